@@ -1,0 +1,196 @@
+//! What a backend supplies: the device calls, and nothing else.
+//!
+//! Every server is [`Server<B>`](crate::Server) for some `B: Backend`. The
+//! core keeps everything the servers share — the buffer table and where
+//! taint lives, scopes around every unit of work, capture windows and the
+//! graph table, cross-stream ordering, the in-flight attribution of late
+//! faults, device poison, fault injection — and a backend answers only the
+//! questions that differ between APIs: how to allocate, copy, compile,
+//! launch, wait, record and replay. The split follows wgpu-hal's `Api`
+//! trait: associated types for the backend's own objects, methods for the
+//! calls. A rule of the failure model that a backend implemented itself
+//! would be a rule the other three do not keep.
+//!
+//! Methods return the core's [`Error`](crate::Error), classified by the
+//! backend: a fault the driver declares sticky is
+//! [`Error::Fault`](crate::Error::Fault) with `sticky: true`, and the core
+//! poisons the device when it sees one. A backend never panics on a driver
+//! error.
+
+use crate::error::Result;
+use crate::kernel::{Kernel, Language};
+
+/// How a launch uses a binding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Read only: in the launch's read set.
+    Read,
+    /// Written only: in the launch's write set.
+    Write,
+    /// Read and written: in both.
+    ReadWrite,
+}
+
+impl Access {
+    /// Whether the launch reads it.
+    pub fn reads(self) -> bool {
+        matches!(self, Access::Read | Access::ReadWrite)
+    }
+
+    /// Whether the launch writes it.
+    pub fn writes(self) -> bool {
+        matches!(self, Access::Write | Access::ReadWrite)
+    }
+}
+
+/// One binding of a launch, resolved to backend memory.
+#[derive(Debug)]
+pub struct Bound<'a, M> {
+    /// The memory.
+    pub memory: &'a M,
+    /// First byte bound.
+    pub offset: u64,
+    /// Bytes bound.
+    pub len: u64,
+    /// How the launch uses it.
+    pub access: Access,
+}
+
+/// How many workgroups a launch runs, resolved to backend memory.
+#[derive(Debug)]
+pub enum BoundDispatch<'a, M> {
+    /// A count known on the host. Never zero in any dimension: the core does
+    /// not call the backend for a launch that runs nothing.
+    Groups([u32; 3]),
+    /// Three `u32` counts read from device memory at `offset`.
+    Indirect {
+        /// The memory holding the counts.
+        memory: &'a M,
+        /// Where they start.
+        offset: u64,
+    },
+}
+
+/// A launch, resolved: what [`Backend::launch`] gets.
+#[derive(Debug)]
+pub struct Launch<'a, M> {
+    /// The kernel's name, for error messages.
+    pub name: &'a str,
+    /// The bindings, in order.
+    pub bindings: &'a [Bound<'a, M>],
+    /// The scalar blob; may be empty.
+    pub scalars: &'a [u8],
+    /// How many workgroups.
+    pub dispatch: BoundDispatch<'a, M>,
+}
+
+/// The device calls of one GPU API.
+///
+/// Calls take `&mut self` and the stream they are for: the core holds the
+/// server behind one lock, so a backend needs no locking of its own.
+///
+/// Within a capture window (between [`begin_capture`](Self::begin_capture)
+/// and [`end_capture`](Self::end_capture) on a stream) writes, copies and
+/// launches on that stream are recorded into the graph and do not run; a
+/// host write records its bytes as given at that moment.
+pub trait Backend: Send + 'static {
+    /// A device allocation.
+    type Memory: Send + 'static;
+    /// A logical stream's device state.
+    type Stream: Send + 'static;
+    /// A compiled kernel.
+    type Kernel: Send + 'static;
+    /// A captured, replayable graph.
+    type Graph: Send + 'static;
+
+    /// The backend's name: `cuda`, `hip`, `vulkan`, `wgpu`, `host`.
+    const NAME: &'static str;
+
+    /// The device, for a person: name, kind, driver.
+    fn describe(&self) -> String;
+
+    /// Whether it compiles kernels written in `language`.
+    fn accepts(&self, language: Language) -> bool;
+
+    /// The largest allocation it can make; a larger request is an invalid
+    /// argument, not an out-of-memory.
+    fn max_allocation(&self) -> u64;
+
+    /// The alignment a binding's offset must have.
+    fn binding_alignment(&self) -> u64 {
+        256
+    }
+
+    /// A new logical stream.
+    fn create_stream(&mut self) -> Result<Self::Stream>;
+
+    /// `size` bytes of device memory. Contents are unspecified.
+    fn allocate(&mut self, size: u64) -> Result<Self::Memory>;
+
+    /// Give memory back. Work still in flight may use it: the backend keeps
+    /// it until that work is done.
+    fn free(&mut self, memory: Self::Memory);
+
+    /// Release memory the backend caches for reuse, before the core retries
+    /// an allocation that ran out (rule 37).
+    fn trim(&mut self) {}
+
+    /// Bytes of device memory the backend holds, in use or cached.
+    fn bytes_reserved(&self) -> u64;
+
+    /// Write `data` at `offset` of `dst`, ordered on `stream`. `data` is only
+    /// borrowed for the call.
+    fn write(&mut self, stream: &mut Self::Stream, dst: &Self::Memory, offset: u64, data: &[u8]) -> Result<()>;
+
+    /// Read `out.len()` bytes at `offset` of `src` after the stream's earlier
+    /// work, waiting for them.
+    fn read(&mut self, stream: &mut Self::Stream, src: &Self::Memory, offset: u64, out: &mut [u8]) -> Result<()>;
+
+    /// Copy `len` bytes, ordered on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    fn copy(
+        &mut self,
+        stream: &mut Self::Stream,
+        src: &Self::Memory,
+        src_offset: u64,
+        dst: &Self::Memory,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()>;
+
+    /// Compile `kernel`. A source the compiler rejects is
+    /// [`Error::Compile`](crate::Error::Compile) with its log.
+    fn compile(&mut self, kernel: &Kernel) -> Result<Self::Kernel>;
+
+    /// Launch, ordered on `stream`.
+    fn launch(&mut self, stream: &mut Self::Stream, kernel: &Self::Kernel, launch: &Launch<'_, Self::Memory>) -> Result<()>;
+
+    /// Submit what the stream has batched, without waiting.
+    fn flush(&mut self, stream: &mut Self::Stream) -> Result<()> {
+        let _ = stream;
+        Ok(())
+    }
+
+    /// Wait for all of the stream's work. A fault that surfaces here is
+    /// returned, and the core attributes it to the work in flight (rule 23).
+    fn sync(&mut self, stream: &mut Self::Stream) -> Result<()>;
+
+    /// Make `then`'s later work wait for `first`'s earlier work.
+    fn order(&mut self, first: &mut Self::Stream, then: &mut Self::Stream) -> Result<()>;
+
+    /// Start recording the stream's work into a graph.
+    fn begin_capture(&mut self, stream: &mut Self::Stream) -> Result<()>;
+
+    /// Stop recording and seal what was recorded. A refusal (an invalidated
+    /// capture, a failed instantiation) is returned as the error.
+    fn end_capture(&mut self, stream: &mut Self::Stream) -> Result<Self::Graph>;
+
+    /// Stop recording and throw the recording away.
+    fn abort_capture(&mut self, stream: &mut Self::Stream);
+
+    /// Replay a graph, ordered on `stream`.
+    fn replay(&mut self, stream: &mut Self::Stream, graph: &Self::Graph) -> Result<()>;
+
+    /// Destroy a graph, waiting for its replays in flight first (rule 35).
+    fn destroy_graph(&mut self, graph: Self::Graph) -> Result<()>;
+}

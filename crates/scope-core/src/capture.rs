@@ -1,0 +1,322 @@
+//! A capture window: the span of one stream's work that becomes a graph.
+//!
+//! Every backend records differently — CUDA and HIP stream capture, a Vulkan
+//! command buffer kept for resubmission, a wgpu list of dispatches re-encoded
+//! on replay — and every one of them can end up with a graph that is missing
+//! work: a launch that was skipped because its input carried a failure, or
+//! one that failed as it was recorded, simply is not in it. A graph with a
+//! hole replays "successfully" and writes garbage forever after, and the
+//! replay contract (write fresh inputs, replay) clears the very claim that
+//! would have explained the hole. So the window, not the backend, keeps the
+//! facts that decide whether a recording may seal (rules 29–33):
+//!
+//! - its lifecycle, where each step is allowed only from its predecessor and
+//!   a rejected call changes nothing;
+//! - its doom: the first failure or skip inside it, which forbids sealing;
+//! - what its clean work wrote, by buffer id (held weakly: a recording never
+//!   keeps a buffer alive), so that a window that cannot seal can claim
+//!   exactly those bytes, and a graph knows its write set for replay.
+//!
+//! The scope is the window's only informant (see
+//! [`WriteScoped::capturing`](crate::WriteScoped::capturing)): what is
+//! recorded and what is in the graph are the same event.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::id::{BufferRange, StreamId};
+
+/// Where a stream's capture stands (rule 29).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CaptureState {
+    /// Not capturing.
+    #[default]
+    NoCapture,
+    /// Asked to capture: the stream's earlier work has been flushed, and the
+    /// backend has not started recording yet.
+    Prepared,
+    /// Recording: work on the stream goes into the graph and does not run.
+    Recording,
+}
+
+/// How a window ended.
+#[derive(Debug)]
+pub enum WindowEnd {
+    /// Clean: the backend may seal a graph that writes `written` and reads
+    /// `read` from outside itself.
+    Sealable {
+        /// What the recorded work writes.
+        written: Vec<BufferRange>,
+        /// What it reads that it did not write first.
+        read: Vec<BufferRange>,
+    },
+    /// It cannot seal (rule 33): these ranges were recorded and the error
+    /// says why. The caller claims them with the error.
+    Unsealable(Vec<BufferRange>, Error),
+}
+
+/// One stream's capture window.
+#[derive(Debug, Default)]
+pub struct CaptureWindow {
+    state: CaptureState,
+    opened_by: Option<StreamId>,
+    written: Vec<BufferRange>,
+    seen: HashSet<BufferRange>,
+    read: Vec<BufferRange>,
+    seen_read: HashSet<BufferRange>,
+    doom: Option<Error>,
+}
+
+impl CaptureWindow {
+    /// A window in [`CaptureState::NoCapture`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Where it stands.
+    pub fn state(&self) -> CaptureState {
+        self.state
+    }
+
+    /// Whether work on the stream is being recorded now.
+    pub fn is_recording(&self) -> bool {
+        self.state == CaptureState::Recording
+    }
+
+    /// The stream that opened it, while one has.
+    pub fn opened_by(&self) -> Option<StreamId> {
+        self.opened_by
+    }
+
+    /// The doom, if work inside the window failed or was skipped.
+    pub fn doom(&self) -> Option<&Error> {
+        self.doom.as_ref()
+    }
+
+    /// What clean work inside the window wrote, de-duplicated.
+    pub fn written(&self) -> &[BufferRange] {
+        &self.written
+    }
+
+    /// What clean work inside the window read that no earlier work in it
+    /// wrote: the graph's inputs, checked before each replay.
+    pub fn read(&self) -> &[BufferRange] {
+        &self.read
+    }
+
+    fn reset(&mut self) {
+        self.written.clear();
+        self.seen.clear();
+        self.read.clear();
+        self.seen_read.clear();
+        self.doom = None;
+    }
+
+    fn step(&mut self, from: CaptureState, to: CaptureState, what: &str) -> Result<()> {
+        if self.state != from {
+            return Err(Error::refused(format!(
+                "cannot {what} a capture that is {:?}; it must be {from:?}",
+                self.state
+            )));
+        }
+        self.state = to;
+        Ok(())
+    }
+
+    /// NoCapture → Prepared, for `stream`. Clears any earlier recording
+    /// (rule 30).
+    ///
+    /// # Errors
+    ///
+    /// A refusal, changing nothing, from any other state.
+    pub fn prepare(&mut self, stream: StreamId) -> Result<()> {
+        self.step(CaptureState::NoCapture, CaptureState::Prepared, "prepare")?;
+        self.reset();
+        self.opened_by = Some(stream);
+        Ok(())
+    }
+
+    /// Prepared → Recording.
+    ///
+    /// # Errors
+    ///
+    /// A refusal, changing nothing, from any other state.
+    pub fn start(&mut self) -> Result<()> {
+        self.step(CaptureState::Prepared, CaptureState::Recording, "start")
+    }
+
+    /// Recording → NoCapture, ended by `stream`: whether the recording may
+    /// seal (rule 33). A window ended by a stream other than the one that
+    /// opened it is abandoned; a doomed one is missing work.
+    ///
+    /// # Errors
+    ///
+    /// A refusal, changing nothing, when not recording.
+    pub fn end(&mut self, stream: StreamId) -> Result<WindowEnd> {
+        self.step(CaptureState::Recording, CaptureState::NoCapture, "end")?;
+        let opened_by = self.opened_by.take().unwrap_or(stream);
+        let written = std::mem::take(&mut self.written);
+        let read = std::mem::take(&mut self.read);
+        self.seen.clear();
+        self.seen_read.clear();
+        let doom = self.doom.take();
+        let reason = if opened_by != stream {
+            Some(Error::refused(format!(
+                "the window opened on {opened_by} was ended by {stream}, which abandons it"
+            )))
+        } else {
+            doom
+        };
+        Ok(match reason {
+            None => WindowEnd::Sealable { written, read },
+            Some(reason) => WindowEnd::Unsealable(
+                written,
+                Error::Unsealed {
+                    stream: opened_by,
+                    reason: Arc::new(reason),
+                },
+            ),
+        })
+    }
+
+    /// Back to NoCapture from any state, clearing the recording (rule 29,
+    /// 30). Returns what had been recorded.
+    pub fn abort(&mut self) -> Vec<BufferRange> {
+        self.state = CaptureState::NoCapture;
+        self.opened_by = None;
+        let written = std::mem::take(&mut self.written);
+        self.reset();
+        written
+    }
+
+    /// Work inside the window failed or was skipped: the recording is
+    /// missing it. The first doom wins; outside a window this does nothing
+    /// (rule 31).
+    pub fn fail(&mut self, error: &Error) {
+        if self.is_recording() && self.doom.is_none() {
+            self.doom = Some(error.clone());
+        }
+    }
+
+    /// Clean work inside the window wrote `written` and read `read`;
+    /// de-duplicated per (buffer, range). Outside a window this does nothing
+    /// (rule 31, 32).
+    pub fn record(&mut self, written: &[BufferRange], read: &[BufferRange]) {
+        if !self.is_recording() {
+            return;
+        }
+        // Reads first: a launch reads its inputs before it writes, so a
+        // binding it both reads and writes is an input of the graph.
+        for r in read {
+            if !self.seen.contains(r) && self.seen_read.insert(*r) {
+                self.read.push(*r);
+            }
+        }
+        for w in written {
+            if self.seen.insert(*w) {
+                self.written.push(*w);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::{BufferId, ByteRange};
+
+    fn w(slot: u32) -> BufferRange {
+        BufferRange {
+            buffer: BufferId::from_parts(slot, 0),
+            range: ByteRange::new(0, 8),
+        }
+    }
+
+    #[test]
+    fn each_step_only_from_its_predecessor() {
+        // Rule 29.
+        let s = StreamId(0);
+        let mut window = CaptureWindow::new();
+        assert!(window.start().unwrap_err().is_refusal());
+        assert!(window.end(s).unwrap_err().is_refusal());
+        assert_eq!(window.state(), CaptureState::NoCapture);
+        window.prepare(s).unwrap();
+        assert!(window.prepare(s).unwrap_err().is_refusal());
+        assert!(window.end(s).unwrap_err().is_refusal());
+        assert_eq!(window.state(), CaptureState::Prepared);
+        window.start().unwrap();
+        assert!(window.start().is_err());
+        assert_eq!(window.state(), CaptureState::Recording);
+        assert!(matches!(window.end(s).unwrap(), WindowEnd::Sealable { written, .. } if written.is_empty()));
+        assert_eq!(window.state(), CaptureState::NoCapture);
+        window.prepare(s).unwrap();
+        window.abort();
+        assert_eq!(window.state(), CaptureState::NoCapture);
+    }
+
+    #[test]
+    fn starting_and_aborting_clear_the_recording() {
+        // Rule 30.
+        let s = StreamId(0);
+        let mut window = CaptureWindow::new();
+        window.prepare(s).unwrap();
+        window.start().unwrap();
+        window.record(&[w(1)], &[]);
+        window.fail(&Error::refused("x"));
+        assert_eq!(window.abort(), vec![w(1)]);
+        assert!(window.doom().is_none() && window.written().is_empty());
+        window.prepare(s).unwrap();
+        window.start().unwrap();
+        assert!(window.written().is_empty());
+        assert!(matches!(window.end(s).unwrap(), WindowEnd::Sealable { .. }));
+    }
+
+    #[test]
+    fn the_first_doom_wins_and_only_inside_a_window() {
+        // Rule 31.
+        let s = StreamId(0);
+        let mut window = CaptureWindow::new();
+        window.fail(&Error::refused("outside"));
+        window.record(&[w(1)], &[]);
+        assert!(window.doom().is_none() && window.written().is_empty());
+        window.prepare(s).unwrap();
+        window.start().unwrap();
+        window.fail(&Error::refused("first"));
+        window.fail(&Error::refused("second"));
+        match window.end(s).unwrap() {
+            WindowEnd::Unsealable(_, error) => assert!(error.to_string().contains("first")),
+            other => panic!("sealed a doomed window: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn recording_is_deduplicated_per_buffer_and_range() {
+        // Rule 32.
+        let s = StreamId(0);
+        let mut window = CaptureWindow::new();
+        window.prepare(s).unwrap();
+        window.start().unwrap();
+        window.record(&[w(1), w(2)], &[w(5)]);
+        window.record(&[w(1)], &[w(2), w(5)]);
+        assert_eq!(window.written(), &[w(1), w(2)]);
+        assert_eq!(window.read(), &[w(5)], "w(2) was written inside before it was read");
+    }
+
+    #[test]
+    fn a_window_ended_by_another_stream_is_abandoned() {
+        // Rule 33.
+        let mut window = CaptureWindow::new();
+        window.prepare(StreamId(0)).unwrap();
+        window.start().unwrap();
+        window.record(&[w(3)], &[]);
+        match window.end(StreamId(1)).unwrap() {
+            WindowEnd::Unsealable(written, error) => {
+                assert_eq!(written, vec![w(3)]);
+                assert!(matches!(error, Error::Unsealed { .. }));
+                assert!(error.to_string().contains("abandons"));
+            }
+            other => panic!("sealed an abandoned window: {other:?}"),
+        }
+    }
+}

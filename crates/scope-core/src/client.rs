@@ -1,0 +1,612 @@
+//! The contract a runtime programs against: [`Client`] and its handles.
+//!
+//! A runtime links one server crate, gets a `Client<ThatBackend>`, and from
+//! then on sees only this module: buffers, byte ranges, kernels, launches,
+//! streams and graphs, with the same failure behaviour on every backend.
+//!
+//! - A [`Client`] is `Clone + Send + Sync`. Each clone is bound to one
+//!   logical stream; [`Client::new_stream`] gives a client on a new one. All
+//!   clients of a server share it behind one `parking_lot` mutex: device work
+//!   is issued from one place, so the failure bookkeeping needs no
+//!   finer-grained locking, and issue is cheap next to the work.
+//! - A [`Buffer`] is a cheap clone of a counted handle. The memory is freed
+//!   when the last clone drops, or at once by [`Client::free`], after which
+//!   the remaining clones are stale and every use of them is an
+//!   [`Error::InvalidArgument`] naming the freed buffer.
+//! - Dropping a buffer never takes the server lock (it could be dropped
+//!   while the lock is held); it queues the id, and the server frees queued
+//!   buffers at the start of its next call.
+
+use std::ops::{Bound as RangeBound, RangeBounds};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::backend::{Access, Backend};
+use crate::capture::CaptureState;
+use crate::error::{Error, Result};
+use crate::id::{BufferId, ByteRange, GraphId, ServerId, StreamId};
+use crate::kernel::Kernel;
+use crate::server::Server;
+
+/// Buffers dropped since the server last looked.
+#[derive(Default)]
+pub(crate) struct FreeQueue {
+    pending: AtomicBool,
+    ids: Mutex<Vec<BufferId>>,
+}
+
+impl FreeQueue {
+    fn push(&self, id: BufferId) {
+        self.ids.lock().push(id);
+        self.pending.store(true, Ordering::Release);
+    }
+
+    /// The queued ids, or none without touching the lock when none are.
+    pub(crate) fn take(&self) -> Vec<BufferId> {
+        if !self.pending.swap(false, Ordering::Acquire) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.ids.lock())
+    }
+}
+
+struct BufferInner {
+    id: BufferId,
+    server: ServerId,
+    size: u64,
+    queue: Arc<FreeQueue>,
+}
+
+impl Drop for BufferInner {
+    fn drop(&mut self) {
+        self.queue.push(self.id);
+    }
+}
+
+/// A device buffer. Clones share it; the last one to drop frees it.
+#[derive(Clone)]
+pub struct Buffer {
+    inner: Arc<BufferInner>,
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({} bytes)", self.inner.id, self.inner.size)
+    }
+}
+
+impl Buffer {
+    /// Its id, as reports name it.
+    pub fn id(&self) -> BufferId {
+        self.inner.id
+    }
+
+    /// Its size in bytes.
+    pub fn size(&self) -> u64 {
+        self.inner.size
+    }
+
+    pub(crate) fn server(&self) -> ServerId {
+        self.inner.server
+    }
+
+    /// All of it.
+    pub fn all(&self) -> Slice<'_> {
+        Slice {
+            buffer: self,
+            range: ByteRange::new(0, self.size()),
+        }
+    }
+
+    /// Bytes `range` of it; checked when used, not here.
+    pub fn slice(&self, range: impl RangeBounds<u64>) -> Slice<'_> {
+        let start = match range.start_bound() {
+            RangeBound::Included(&s) => s,
+            RangeBound::Excluded(&s) => s.saturating_add(1),
+            RangeBound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            RangeBound::Included(&e) => e.saturating_add(1),
+            RangeBound::Excluded(&e) => e,
+            RangeBound::Unbounded => self.size(),
+        };
+        Slice {
+            buffer: self,
+            // Kept as given (even reversed) so validation can name it.
+            range: ByteRange { start, end },
+        }
+    }
+}
+
+/// Bytes of a buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct Slice<'a> {
+    /// The buffer.
+    pub buffer: &'a Buffer,
+    /// The bytes.
+    pub range: ByteRange,
+}
+
+impl<'a> From<&'a Buffer> for Slice<'a> {
+    fn from(buffer: &'a Buffer) -> Self {
+        buffer.all()
+    }
+}
+
+impl<'a> Slice<'a> {
+    /// Bound for reading.
+    pub fn read(self) -> Binding<'a> {
+        Binding {
+            slice: self,
+            access: Access::Read,
+        }
+    }
+
+    /// Bound for writing.
+    pub fn write(self) -> Binding<'a> {
+        Binding {
+            slice: self,
+            access: Access::Write,
+        }
+    }
+
+    /// Bound for reading and writing.
+    pub fn read_write(self) -> Binding<'a> {
+        Binding {
+            slice: self,
+            access: Access::ReadWrite,
+        }
+    }
+}
+
+/// One binding of a launch: bytes of a buffer and how the kernel uses them.
+#[derive(Clone, Copy, Debug)]
+pub struct Binding<'a> {
+    /// The bytes.
+    pub slice: Slice<'a>,
+    /// How they are used.
+    pub access: Access,
+}
+
+impl<'a> Binding<'a> {
+    /// All of `buffer`, read.
+    pub fn read(buffer: &'a Buffer) -> Self {
+        buffer.all().read()
+    }
+
+    /// All of `buffer`, written.
+    pub fn write(buffer: &'a Buffer) -> Self {
+        buffer.all().write()
+    }
+
+    /// All of `buffer`, read and written.
+    pub fn read_write(buffer: &'a Buffer) -> Self {
+        buffer.all().read_write()
+    }
+}
+
+/// How many workgroups a launch runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Dispatch<'a> {
+    /// Known on the host. A zero in any dimension runs nothing, so the
+    /// launch writes nothing and heals nothing.
+    Groups([u32; 3]),
+    /// Three `u32` counts in device memory, which join the launch's read
+    /// set: a launch whose count carries a failure is skipped.
+    Indirect(Slice<'a>),
+}
+
+impl Dispatch<'_> {
+    /// `x` workgroups in one dimension.
+    pub fn linear(x: u32) -> Self {
+        Dispatch::Groups([x, 1, 1])
+    }
+}
+
+/// An open capture window, to end or abort.
+#[derive(Debug)]
+#[must_use = "a capture must be ended or aborted"]
+pub struct Capture {
+    pub(crate) stream: StreamId,
+    pub(crate) server: ServerId,
+}
+
+impl Capture {
+    /// The stream that opened it.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+}
+
+/// A captured graph. Clones name the same graph; destroying it through any
+/// makes the others name a destroyed graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Graph {
+    pub(crate) id: GraphId,
+    pub(crate) server: ServerId,
+}
+
+impl Graph {
+    /// Its id.
+    pub fn id(&self) -> GraphId {
+        self.id
+    }
+}
+
+pub(crate) struct Shared<B: Backend> {
+    pub(crate) server: Mutex<Server<B>>,
+    pub(crate) queue: Arc<FreeQueue>,
+    pub(crate) id: ServerId,
+    pub(crate) description: String,
+}
+
+/// A handle on one server, bound to one of its streams.
+pub struct Client<B: Backend> {
+    shared: Arc<Shared<B>>,
+    stream: StreamId,
+}
+
+impl<B: Backend> Clone for Client<B> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            stream: self.stream,
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for Client<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Client({}: {}, {})", B::NAME, self.shared.description, self.stream)
+    }
+}
+
+impl<B: Backend> Client<B> {
+    /// A server over `backend`, and a client on its stream 0.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the backend's first stream fails with.
+    pub fn new(backend: B) -> Result<Self> {
+        let id = ServerId::next();
+        let description = backend.describe();
+        let queue = Arc::new(FreeQueue::default());
+        let server = Server::new(backend, id)?;
+        tracing::info!(backend = B::NAME, device = %description, "scope server ready");
+        Ok(Self {
+            shared: Arc::new(Shared {
+                server: Mutex::new(server),
+                queue,
+                id,
+                description,
+            }),
+            stream: StreamId(0),
+        })
+    }
+
+    /// Lock the server, after freeing whatever was dropped since.
+    fn server(&self) -> parking_lot::MutexGuard<'_, Server<B>> {
+        let mut server = self.shared.server.lock();
+        for id in self.shared.queue.take() {
+            server.free(id);
+        }
+        server
+    }
+
+    /// The backend's name.
+    pub fn backend(&self) -> &'static str {
+        B::NAME
+    }
+
+    /// The device, for a person.
+    pub fn describe(&self) -> &str {
+        &self.shared.description
+    }
+
+    /// The stream this client issues work on.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// A client on a new stream of the same server.
+    ///
+    /// # Errors
+    ///
+    /// Poison, or the backend's failure to make a stream.
+    pub fn new_stream(&self) -> Result<Self> {
+        let stream = self.server().create_stream()?;
+        Ok(Self {
+            shared: self.shared.clone(),
+            stream,
+        })
+    }
+
+    /// `size` bytes of device memory, contents unspecified.
+    ///
+    /// An allocation the device cannot satisfy still returns a buffer: it
+    /// carries the allocation's error, which every read of it and every
+    /// launch that reads it reports (rules 28, 37), and the device keeps
+    /// working. Use [`try_allocate`](Self::try_allocate) to learn of it here.
+    ///
+    /// # Errors
+    ///
+    /// A size of zero or past the backend's largest allocation; a poisoned
+    /// device.
+    pub fn allocate(&self, size: u64) -> Result<Buffer> {
+        let id = self.server().allocate(self.stream, size, true)?;
+        Ok(self.handle(id, size))
+    }
+
+    /// Like [`allocate`](Self::allocate), but an allocation the device
+    /// cannot satisfy is returned as its error and leaves nothing behind.
+    ///
+    /// # Errors
+    ///
+    /// As `allocate`, and [`Error::OutOfMemory`].
+    pub fn try_allocate(&self, size: u64) -> Result<Buffer> {
+        let id = self.server().allocate(self.stream, size, false)?;
+        Ok(self.handle(id, size))
+    }
+
+    /// A buffer holding `data`.
+    ///
+    /// # Errors
+    ///
+    /// As [`allocate`](Self::allocate) and [`write`](Self::write).
+    pub fn upload(&self, data: &[u8]) -> Result<Buffer> {
+        let buffer = self.try_allocate(data.len() as u64)?;
+        self.write(buffer.all(), data)?;
+        Ok(buffer)
+    }
+
+    fn handle(&self, id: BufferId, size: u64) -> Buffer {
+        Buffer {
+            inner: Arc::new(BufferInner {
+                id,
+                server: self.shared.id,
+                size,
+                queue: self.shared.queue.clone(),
+            }),
+        }
+    }
+
+    /// Free `buffer` now, whatever other clones of it exist; they become
+    /// stale.
+    ///
+    /// # Errors
+    ///
+    /// A buffer of another server, or one already freed.
+    pub fn free(&self, buffer: &Buffer) -> Result<()> {
+        let mut server = self.server();
+        server.resolve(buffer, buffer.all().range, "buffer to free")?;
+        server.free(buffer.id());
+        Ok(())
+    }
+
+    /// Write `data` to `dst` (a scope: rule 15). The bytes written heal.
+    ///
+    /// # Errors
+    ///
+    /// Bad input ([`Error::InvalidArgument`]: a range past the end, empty,
+    /// misaligned, or a length other than `data`'s); poison; the device's
+    /// failure, which the bytes now carry.
+    pub fn write<'a>(&self, dst: impl Into<Slice<'a>>, data: &[u8]) -> Result<()> {
+        self.server().write(self.stream, dst.into(), data)
+    }
+
+    /// The bytes of `src`, after the stream's earlier work.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unwritten`] (or [`Error::SeveralUnwritten`]) when a failure
+    /// claims any of the bytes, with the root error and the chain of skipped
+    /// kernels (rules 24–27); a refusal while the stream is recording; bad
+    /// input; poison; a device fault, attributed to the work in flight.
+    pub fn read<'a>(&self, src: impl Into<Slice<'a>>) -> Result<Vec<u8>> {
+        let src = src.into();
+        let mut out = vec![0; usize::try_from(src.range.len()).unwrap_or(0)];
+        self.server().read(self.stream, src, &mut out)?;
+        Ok(out)
+    }
+
+    /// Like [`read`](Self::read), into `out`, whose length must be the
+    /// slice's.
+    ///
+    /// # Errors
+    ///
+    /// As `read`.
+    pub fn read_into<'a>(&self, src: impl Into<Slice<'a>>, out: &mut [u8]) -> Result<()> {
+        self.server().read(self.stream, src.into(), out)
+    }
+
+    /// Copy `src` into `dst`, which must be as long. A copy reads its source
+    /// as a launch reads an input: a source that carries a failure skips the
+    /// copy, and `dst` carries that failure.
+    ///
+    /// # Errors
+    ///
+    /// Bad input, poison, [`Error::Skipped`], or the device's failure.
+    pub fn copy<'a, 'b>(&self, src: impl Into<Slice<'a>>, dst: impl Into<Slice<'b>>) -> Result<()> {
+        self.server().copy(self.stream, src.into(), dst.into())
+    }
+
+    /// Compile `kernel` now rather than at its first launch.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Compile`] with the compiler's log, or a language this
+    /// backend does not take. Nothing is claimed: no launch was asked for.
+    pub fn compile(&self, kernel: &Kernel) -> Result<()> {
+        self.server().compile(self.stream, kernel)
+    }
+
+    /// Launch `kernel` over `bindings` with `scalars` (see the
+    /// [binding convention](crate::kernel)).
+    ///
+    /// # Errors
+    ///
+    /// Bad input (nothing claimed); [`Error::Skipped`] when an input carried
+    /// a failure; a compile error or the device's failure, which the outputs
+    /// now carry; poison.
+    pub fn launch(&self, kernel: &Kernel, bindings: &[Binding<'_>], scalars: &[u8], dispatch: Dispatch<'_>) -> Result<()> {
+        self.server()
+            .launch(self.stream, kernel, bindings, scalars, dispatch)
+    }
+
+    /// Wait for the stream's work.
+    ///
+    /// # Errors
+    ///
+    /// A refusal while recording; poison; a fault that surfaced, which the
+    /// work in flight on the stream now carries (rule 23).
+    pub fn sync(&self) -> Result<()> {
+        self.server().sync(self.stream, &[])
+    }
+
+    /// Check `buffers` and, if every byte is readable, wait for the stream's
+    /// work (rule 24).
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Self::check), then as [`sync`](Self::sync).
+    pub fn sync_buffers(&self, buffers: &[Slice<'_>]) -> Result<()> {
+        self.server().sync(self.stream, buffers)
+    }
+
+    /// Whether every byte of `slices` is readable, without copying any.
+    ///
+    /// # Errors
+    ///
+    /// As a [`read`](Self::read) of them would fail on a claim.
+    pub fn check(&self, slices: &[Slice<'_>]) -> Result<()> {
+        self.server().check(slices)
+    }
+
+    /// Open a capture window on this stream: its later writes, copies and
+    /// launches are recorded into a graph and do not run.
+    ///
+    /// # Errors
+    ///
+    /// A refusal when the stream is already capturing; poison; the backend's
+    /// failure to start.
+    pub fn begin_capture(&self) -> Result<Capture> {
+        self.server().begin_capture(self.stream)?;
+        Ok(Capture {
+            stream: self.stream,
+            server: self.shared.id,
+        })
+    }
+
+    /// Close `capture` from this client's stream and seal its graph.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsealed`] when work inside failed or was skipped, when this
+    /// is not the stream that opened it, or when the driver refused to
+    /// seal; the recorded outputs then carry that error (rule 33).
+    pub fn end_capture(&self, capture: Capture) -> Result<Graph> {
+        let id = self.server().end_capture(self.stream, &capture)?;
+        Ok(Graph {
+            id,
+            server: self.shared.id,
+        })
+    }
+
+    /// Throw `capture` away; its recorded work never runs and claims nothing.
+    pub fn abort_capture(&self, capture: Capture) {
+        self.server().abort_capture(&capture);
+    }
+
+    /// Where this stream's capture stands.
+    pub fn capture_state(&self) -> CaptureState {
+        self.server().capture_state(self.stream)
+    }
+
+    /// Replay `graph` on this stream (rule 34).
+    ///
+    /// # Errors
+    ///
+    /// An unknown or destroyed graph, or one whose buffers were freed (no
+    /// claim); [`Error::Skipped`] when an input of the graph carries a
+    /// failure; the device's failure, which every output now carries.
+    pub fn replay(&self, graph: &Graph) -> Result<()> {
+        self.server().replay(self.stream, graph)
+    }
+
+    /// Destroy `graph`, after its replays in flight (rule 35).
+    ///
+    /// # Errors
+    ///
+    /// An unknown graph; the failure of that wait, which the graph's outputs
+    /// now carry.
+    pub fn destroy_graph(&self, graph: &Graph) -> Result<()> {
+        self.server().destroy_graph(graph)
+    }
+
+    /// Call `hook` on every skip (with the root error) and every failed exit
+    /// (with the real error), never on success (rule 39). It runs under the
+    /// server's lock, so it must not call back into a client.
+    pub fn on_failure(&self, hook: impl FnMut(StreamId, &Error) + Send + 'static) {
+        self.server().set_hook(Box::new(hook));
+    }
+
+    /// How many failures this stream has seen (skips, failed work, faults):
+    /// a measurement is valid only if this did not change while it ran.
+    pub fn failures_seen(&self) -> u64 {
+        self.server().failures_seen(self.stream)
+    }
+
+    /// How many failures the device holds (rule 7).
+    pub fn failures_held(&self) -> usize {
+        self.server().failures_held()
+    }
+
+    /// How many live buffers carry a failure or an allocation record.
+    pub fn failure_carriers(&self) -> usize {
+        self.server().failure_carriers()
+    }
+
+    /// Bytes of live buffers.
+    pub fn bytes_allocated(&self) -> u64 {
+        self.server().bytes_allocated()
+    }
+
+    /// Bytes the backend holds, in use or cached for reuse.
+    pub fn bytes_reserved(&self) -> u64 {
+        self.server().bytes_reserved()
+    }
+
+    /// The fault that poisoned the device, if one did.
+    pub fn poison(&self) -> Option<Arc<Error>> {
+        self.server().poison()
+    }
+
+    /// Install `plan`: from now on, the device calls it names fail.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject(&self, plan: crate::FaultPlan) {
+        self.server().inject(plan);
+    }
+
+    /// The bytes of `src` whatever claims them: a look under the failure
+    /// model, for tests that must see that a skipped kernel left its
+    /// outputs untouched. Never for a runtime.
+    ///
+    /// # Errors
+    ///
+    /// Bad input; a buffer without memory; a refusal while recording.
+    #[cfg(feature = "fault-injection")]
+    pub fn peek<'a>(&self, src: impl Into<Slice<'a>>) -> Result<Vec<u8>> {
+        let src = src.into();
+        let mut out = vec![0; usize::try_from(src.range.len()).unwrap_or(0)];
+        self.server().peek(self.stream, src, &mut out)?;
+        Ok(out)
+    }
+
+    /// Run `f` with the backend, under the server's lock — for a server
+    /// crate's own extras (a raw-API baseline in a bench, say).
+    pub fn with_backend<R>(&self, f: impl FnOnce(&mut B) -> R) -> R {
+        f(self.server().backend_mut())
+    }
+}

@@ -1,0 +1,356 @@
+//! The one error type every server returns.
+//!
+//! A runtime linking any of the servers matches on the same variants, which is
+//! what "failures behave the same on every backend" means in practice: a CUDA
+//! illegal address and a Vulkan device loss are both a [`DeviceFault`] that
+//! poisons, an NVRTC log and a naga message are both [`Error::Compile`].
+//!
+//! Errors are `Clone` because one error is answered many times: every read of
+//! every buffer a failure claims returns it. The root error of a claimed range
+//! is shared behind an `Arc`, so a report clones a pointer, not a log.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::id::{BufferId, BufferRange, FailureId, GraphId, StreamId};
+
+/// What went wrong with a unit of device work, or with a request for one.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A read, sync or export met bytes that carry one failure (rules 24–26).
+    #[error("{0}")]
+    Unwritten(Box<UnwrittenBytes>),
+
+    /// A read met bytes that carry several distinct failures; each is named
+    /// once, in the order found (rule 25).
+    #[error("{}", several(.0))]
+    SeveralUnwritten(Vec<UnwrittenBytes>),
+
+    /// The launch did not run because an input carried a failure. Its
+    /// outputs carry that failure now; a read of one names the root cause.
+    #[error("skipped `{kernel}` on {stream}: an input carries a failure; read an output for the cause")]
+    Skipped {
+        /// The kernel that did not run.
+        kernel: Arc<str>,
+        /// The stream it was issued on.
+        stream: StreamId,
+    },
+
+    /// Work claimed these bytes and never reached its end: its body returned
+    /// early or panicked (rule 20).
+    #[error("{work} never finished, so the bytes it was writing were never written")]
+    NeverFinished {
+        /// The work, for a person: "launch of `add` on stream 0".
+        work: String,
+    },
+
+    /// The device could not provide the memory. Not sticky (rule 37).
+    #[error("out of memory allocating {requested} bytes on {backend}: {detail}")]
+    OutOfMemory {
+        /// The backend.
+        backend: &'static str,
+        /// Bytes asked for.
+        requested: u64,
+        /// What the driver said.
+        detail: String,
+    },
+
+    /// The kernel did not compile; `log` is the compiler's own message.
+    #[error("kernel `{kernel}` failed to compile for {backend}:\n{log}")]
+    Compile {
+        /// The backend whose compiler refused it.
+        backend: &'static str,
+        /// The kernel.
+        kernel: Arc<str>,
+        /// The compiler's log (a WGSL error keeps its line and column).
+        log: String,
+    },
+
+    /// The launch was rejected when it was issued.
+    #[error("launch of `{kernel}` on {stream} failed: {detail}")]
+    Launch {
+        /// The kernel.
+        kernel: Arc<str>,
+        /// The stream.
+        stream: StreamId,
+        /// What the backend said.
+        detail: String,
+    },
+
+    /// A host or device copy failed when it was issued.
+    #[error("{what} on {stream} failed: {detail}")]
+    Copy {
+        /// Which copy: "write of buffer #3 (bytes 0..16)".
+        what: String,
+        /// The stream.
+        stream: StreamId,
+        /// What the backend said.
+        detail: String,
+    },
+
+    /// The device reported a fault (rule 23, 36).
+    #[error("{0}")]
+    Fault(DeviceFault),
+
+    /// The server declined the request; nothing on the device failed (rule 38).
+    #[error("refused: {reason}")]
+    Refused {
+        /// Why.
+        reason: String,
+    },
+
+    /// A sticky fault poisoned the device; every operation after it fails
+    /// fast with this, naming the fault (rule 36).
+    #[error("the device is poisoned by an earlier fault: {fault}")]
+    DevicePoisoned {
+        /// The original fault.
+        fault: Arc<Error>,
+    },
+
+    /// The buffer has no memory: its allocation failed and left no record
+    /// (rule 28). A buffer whose allocation failed with a recorded error
+    /// answers that error instead.
+    #[error("{buffer} was never allocated")]
+    NeverAllocated {
+        /// The buffer.
+        buffer: BufferId,
+    },
+
+    /// A capture window ended without a graph: it is missing work and cannot
+    /// seal (rule 33). Its recorded outputs carry this error.
+    #[error("the recording on {stream} is missing work and cannot seal: {reason}")]
+    Unsealed {
+        /// The stream that opened the window.
+        stream: StreamId,
+        /// Why: the doom, the abandonment, or the driver's refusal.
+        reason: Arc<Error>,
+    },
+
+    /// A replay of a captured graph failed.
+    #[error("replay of {graph} on {stream} failed: {detail}")]
+    Replay {
+        /// The graph.
+        graph: GraphId,
+        /// The stream.
+        stream: StreamId,
+        /// Why.
+        detail: String,
+    },
+
+    /// The caller passed something the contract does not allow.
+    #[error("invalid {what}: {why}")]
+    InvalidArgument {
+        /// Which argument: "binding 2", "allocation size".
+        what: String,
+        /// What was wrong with it.
+        why: String,
+    },
+
+    /// The backend cannot run here: no driver, no library, no device.
+    #[error("{backend} is unavailable: {reason}")]
+    BackendUnavailable {
+        /// The backend.
+        backend: &'static str,
+        /// Why, for a person deciding what to install.
+        reason: String,
+    },
+}
+
+/// A fault the device or driver reported.
+#[derive(Debug, Clone)]
+pub struct DeviceFault {
+    /// The backend.
+    pub backend: &'static str,
+    /// The driver's name for it: `CUDA_ERROR_ILLEGAL_ADDRESS`,
+    /// `VK_ERROR_DEVICE_LOST`.
+    pub code: String,
+    /// Whether the driver declares it sticky, so it poisons the device.
+    pub sticky: bool,
+    /// The stream it surfaced on, when there was one.
+    pub stream: Option<StreamId>,
+    /// What was being done when it surfaced.
+    pub detail: String,
+}
+
+impl fmt::Display for DeviceFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} device fault {}", self.backend, self.code)?;
+        if let Some(stream) = self.stream {
+            write!(f, " on {stream}")?;
+        }
+        if self.sticky {
+            f.write_str(" (sticky)")?;
+        }
+        if !self.detail.is_empty() {
+            write!(f, ": {}", self.detail)?;
+        }
+        Ok(())
+    }
+}
+
+/// One failure met by a read: its id, how widely it is still held, the root
+/// error and the path from the bytes read back to it.
+#[derive(Debug, Clone)]
+pub struct UnwrittenBytes {
+    /// The bytes the caller asked for that the failure claims part of.
+    pub read: BufferRange,
+    /// The failure.
+    pub failure: FailureId,
+    /// How many allocations the failure still claims.
+    pub carriers: u32,
+    /// What first went wrong.
+    pub root: Arc<Error>,
+    /// The skipped work between the bytes read and the root.
+    pub chain: Chain,
+}
+
+impl fmt::Display for UnwrittenBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} was never written: {} (held by {} allocation{})",
+            self.read,
+            self.failure,
+            self.carriers,
+            if self.carriers == 1 { "" } else { "s" }
+        )?;
+        write!(f, "{}", self.chain)?;
+        write!(f, "\n  root cause: {}", self.root)
+    }
+}
+
+/// The skipped kernels from the bytes read back to the root failure, newest
+/// first (rule 26).
+#[derive(Debug, Clone, Default)]
+pub struct Chain {
+    /// The hops, starting at the buffer read.
+    pub hops: Vec<Hop>,
+    /// Skip records the failure no longer keeps: it keeps the newest
+    /// [`MAX_SKIP_RECORDS`](crate::MAX_SKIP_RECORDS).
+    pub dropped: u64,
+}
+
+impl fmt::Display for Chain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for hop in &self.hops {
+            write!(f, "\n  {hop}")?;
+        }
+        if self.dropped > 0 {
+            write!(
+                f,
+                "\n  ({} older skip record{} dropped)",
+                self.dropped,
+                if self.dropped == 1 { "" } else { "s" }
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// One skipped launch on the way back to a root failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hop {
+    /// The kernel that did not run.
+    pub kernel: Arc<str>,
+    /// The stream it was issued on.
+    pub stream: StreamId,
+    /// The input that stopped it.
+    pub needed: BufferRange,
+    /// The output of it that the previous hop (or the read) reached.
+    pub wrote: BufferRange,
+}
+
+impl fmt::Display for Hop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "skipped `{}` on {} (it would have written {}): it needed {}, which carried the failure",
+            self.kernel, self.stream, self.wrote, self.needed
+        )
+    }
+}
+
+fn several(entries: &[UnwrittenBytes]) -> String {
+    let mut out = format!("{} distinct failures claim the bytes read:", entries.len());
+    for (i, entry) in entries.iter().enumerate() {
+        out.push_str(&format!("\n[{}] {entry}", i + 1));
+    }
+    out
+}
+
+impl Error {
+    /// An invalid argument, named.
+    pub fn invalid(what: impl Into<String>, why: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            what: what.into(),
+            why: why.into(),
+        }
+    }
+
+    /// A refusal with its reason.
+    pub fn refused(reason: impl Into<String>) -> Self {
+        Self::Refused {
+            reason: reason.into(),
+        }
+    }
+
+    /// Whether this error, or any root error a report carries, says the
+    /// device is poisoned (rule 36).
+    pub fn is_device_poisoned(&self) -> bool {
+        self.any_root(&|e| matches!(e, Error::DevicePoisoned { .. }))
+    }
+
+    /// Whether this error, or any root error a report carries, is a refusal
+    /// rather than a device failure (rule 38).
+    pub fn is_refusal(&self) -> bool {
+        self.any_root(&|e| matches!(e, Error::Refused { .. }))
+    }
+
+    /// Whether this error, or any root error a report carries, is an
+    /// out-of-memory error.
+    pub fn is_out_of_memory(&self) -> bool {
+        self.any_root(&|e| matches!(e, Error::OutOfMemory { .. }))
+    }
+
+    /// Whether this is a fault the driver declares sticky: it poisons the
+    /// device when it surfaces.
+    pub fn is_sticky(&self) -> bool {
+        matches!(self, Error::Fault(fault) if fault.sticky)
+    }
+
+    /// The failures a read report names, in the order found; empty for any
+    /// other error.
+    pub fn unwritten(&self) -> &[UnwrittenBytes] {
+        match self {
+            Error::Unwritten(one) => std::slice::from_ref(one),
+            Error::SeveralUnwritten(many) => many,
+            _ => &[],
+        }
+    }
+
+    /// The root error of the first failure a read report names, or `self`.
+    pub fn root(&self) -> &Error {
+        match self.unwritten().first() {
+            Some(entry) => entry.root.root(),
+            None => self,
+        }
+    }
+
+    fn any_root(&self, test: &dyn Fn(&Error) -> bool) -> bool {
+        if test(self) {
+            return true;
+        }
+        match self {
+            Error::Unwritten(_) | Error::SeveralUnwritten(_) => {
+                self.unwritten().iter().any(|e| e.root.any_root(test))
+            }
+            Error::Unsealed { reason, .. } => reason.any_root(test),
+            Error::DevicePoisoned { fault } => fault.any_root(test),
+            _ => false,
+        }
+    }
+}
+
+/// The result every fallible call of the contract returns.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

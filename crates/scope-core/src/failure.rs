@@ -1,0 +1,442 @@
+//! The device's failures: who holds each, and the path each has travelled.
+//!
+//! A failure is a node with an error, a carrier count and a short history of
+//! the launches it stopped. Allocations carry failures by id (see
+//! [`Taint`](crate::Taint)); the store only counts them. The count is what
+//! keeps the store bounded (rule 7): a node lives exactly as long as some
+//! allocation carries it, so a program that never frees a tainted buffer
+//! holds one node per such buffer, and a program that frees everything holds
+//! nothing.
+//!
+//! Most failures never happen. Every write to device memory mints a
+//! *provisional* failure so that a panic or an early return leaves its bytes
+//! claimed (rule 16, 20), and on the success path that failure is released
+//! within the same call. Putting each one through a hash map would charge
+//! every launch an insert and a remove for a failure that almost never
+//! exists. So the newest minted failure lives in a one-slot *nursery*
+//! beside the map: minting fills it, the clean exit empties it, and only a
+//! failure that outlives its scope (or a second mint while the first is still
+//! claimed) moves into the map. The nursery's node has no error yet; its
+//! error is "the work never finished", built only when someone asks.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use crate::error::{Chain, Error, Hop, UnwrittenBytes};
+use crate::id::{BufferRange, FailureId, StreamId};
+
+/// How many skip records a failure keeps: the newest (rule 26).
+pub const MAX_SKIP_RECORDS: usize = 16;
+
+/// What a provisional failure was minted for, so that "never finished" can
+/// name it without building a string on the success path.
+#[derive(Clone, Debug)]
+pub struct Work {
+    /// What kind of work.
+    pub kind: WorkKind,
+    /// The kernel, for a launch.
+    pub kernel: Option<Arc<str>>,
+    /// The stream it was issued on.
+    pub stream: StreamId,
+}
+
+/// The kinds of device work a scope covers (rule 15).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkKind {
+    /// A kernel launch.
+    Launch,
+    /// A host-to-device write.
+    Write,
+    /// A device-to-device copy.
+    Copy,
+    /// A replay of a captured graph.
+    Replay,
+    /// An allocation.
+    Allocate,
+    /// Work attributed at a sync, a fence or a capture's end.
+    Settle,
+}
+
+impl Work {
+    /// Work of `kind` on `stream`.
+    pub fn new(kind: WorkKind, stream: StreamId) -> Self {
+        Self {
+            kind,
+            kernel: None,
+            stream,
+        }
+    }
+
+    /// A launch of `kernel` on `stream`.
+    pub fn launch(kernel: Arc<str>, stream: StreamId) -> Self {
+        Self {
+            kind: WorkKind::Launch,
+            kernel: Some(kernel),
+            stream,
+        }
+    }
+
+    fn describe(&self) -> String {
+        let what = match self.kind {
+            WorkKind::Launch => "launch",
+            WorkKind::Write => "host write",
+            WorkKind::Copy => "device copy",
+            WorkKind::Replay => "graph replay",
+            WorkKind::Allocate => "allocation",
+            WorkKind::Settle => "device work",
+        };
+        match &self.kernel {
+            Some(kernel) => format!("{what} of `{kernel}` on {}", self.stream),
+            None => format!("{what} on {}", self.stream),
+        }
+    }
+}
+
+/// A launch that did not run because of a failure (rule 18).
+#[derive(Clone, Debug)]
+pub struct SkipRecord {
+    /// The kernel.
+    pub kernel: Arc<str>,
+    /// The stream it was issued on.
+    pub stream: StreamId,
+    /// The input that stopped it.
+    pub input: BufferRange,
+    /// What it would have written.
+    pub outputs: Vec<BufferRange>,
+}
+
+/// One failure (rule 2).
+#[derive(Debug)]
+pub struct FailureNode {
+    /// `None` while provisional: the work that minted it has not ended.
+    error: Option<Arc<Error>>,
+    work: Work,
+    carriers: u32,
+    skips: VecDeque<SkipRecord>,
+    total_skips: u64,
+}
+
+impl FailureNode {
+    fn new(work: Work) -> Self {
+        Self {
+            error: None,
+            work,
+            carriers: 0,
+            skips: VecDeque::new(),
+            total_skips: 0,
+        }
+    }
+
+    /// The error every carrier reports.
+    pub fn error(&self) -> Arc<Error> {
+        match &self.error {
+            Some(error) => error.clone(),
+            None => Arc::new(Error::NeverFinished {
+                work: self.work.describe(),
+            }),
+        }
+    }
+
+    /// How many allocations carry it.
+    pub fn carriers(&self) -> u32 {
+        self.carriers
+    }
+
+    /// How many skips it has caused in all, kept or dropped.
+    pub fn total_skips(&self) -> u64 {
+        self.total_skips
+    }
+
+    /// The skip records it keeps, oldest first.
+    pub fn skips(&self) -> impl Iterator<Item = &SkipRecord> {
+        self.skips.iter()
+    }
+}
+
+/// The failures of one device (rules 1–7).
+#[derive(Debug)]
+pub struct Failures {
+    next: u64,
+    nursery: Option<(FailureId, FailureNode)>,
+    nodes: HashMap<FailureId, FailureNode>,
+}
+
+impl Default for Failures {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Failures {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self {
+            next: 1,
+            nursery: None,
+            nodes: HashMap::new(),
+        }
+    }
+
+    /// Mint a failure for `work` with no error yet and no carrier (rule 1).
+    ///
+    /// The caller taints with it and then either replaces its error or lets
+    /// its carriers go; a failure that tainted nothing is the minter's to
+    /// [`prune`](Self::prune) (rule 5).
+    pub fn mint(&mut self, work: Work) -> FailureId {
+        let id = FailureId::new(self.next).expect("the counter starts at one");
+        self.next += 1;
+        if let Some((old, node)) = self.nursery.replace((id, FailureNode::new(work))) {
+            // A second mint while the first is still held: the first graduates.
+            self.nodes.insert(old, node);
+        }
+        id
+    }
+
+    /// Mint a failure that already has its error (a fault attributed later,
+    /// an allocation that failed, a window that cannot seal).
+    pub fn mint_failed(&mut self, work: Work, error: Error) -> FailureId {
+        let id = self.mint(work);
+        self.set_error(id, error);
+        id
+    }
+
+    /// The node of `id`, if it is held.
+    pub fn get(&self, id: FailureId) -> Option<&FailureNode> {
+        match &self.nursery {
+            Some((nursed, node)) if *nursed == id => Some(node),
+            _ => self.nodes.get(&id),
+        }
+    }
+
+    fn get_mut(&mut self, id: FailureId) -> Option<&mut FailureNode> {
+        match &mut self.nursery {
+            Some((nursed, node)) if *nursed == id => Some(node),
+            _ => self.nodes.get_mut(&id),
+        }
+    }
+
+    fn remove(&mut self, id: FailureId) {
+        match &self.nursery {
+            Some((nursed, _)) if *nursed == id => self.nursery = None,
+            _ => {
+                self.nodes.remove(&id);
+            }
+        }
+    }
+
+    /// One more allocation carries `id` (rule 3: the caller counts an
+    /// allocation once however many of its ranges the failure claims).
+    pub fn acquire(&mut self, id: FailureId) {
+        if let Some(node) = self.get_mut(id) {
+            node.carriers += 1;
+        } else {
+            debug_assert!(false, "acquire of unknown {id:?}");
+        }
+    }
+
+    /// One allocation no longer carries `id`; the last one removes it at once
+    /// (rule 4). Releasing more often than acquired floors at zero and
+    /// removes it, and asserts in debug builds.
+    pub fn release(&mut self, id: FailureId) {
+        let Some(node) = self.get_mut(id) else {
+            debug_assert!(false, "release of unknown {id:?}");
+            return;
+        };
+        debug_assert!(node.carriers > 0, "release of uncarried {id:?}");
+        node.carriers = node.carriers.saturating_sub(1);
+        if node.carriers == 0 {
+            self.remove(id);
+        }
+    }
+
+    /// Remove `id` if nothing carries it: the minter's clean-up for a failure
+    /// that tainted nothing. A carried or unknown failure is left alone
+    /// (rule 5).
+    pub fn prune(&mut self, id: FailureId) {
+        if self.get(id).is_some_and(|node| node.carriers == 0) {
+            self.remove(id);
+        }
+    }
+
+    /// Replace the error of `id`: every carrier reports the new one (rule 6).
+    /// A failure that is no longer held is left alone.
+    pub fn set_error(&mut self, id: FailureId, error: Error) {
+        if let Some(node) = self.get_mut(id) {
+            node.error = Some(Arc::new(error));
+        }
+    }
+
+    /// The error `id`'s carriers report.
+    pub fn error(&self, id: FailureId) -> Option<Arc<Error>> {
+        self.get(id).map(FailureNode::error)
+    }
+
+    /// Record that `record.kernel` was skipped because of `root`, keeping the
+    /// newest [`MAX_SKIP_RECORDS`].
+    pub fn record_skip(&mut self, root: FailureId, record: SkipRecord) {
+        if let Some(node) = self.get_mut(root) {
+            if node.skips.len() == MAX_SKIP_RECORDS {
+                node.skips.pop_front();
+            }
+            node.skips.push_back(record);
+            node.total_skips += 1;
+        }
+    }
+
+    /// How many failures are held, provisional ones included.
+    pub fn len(&self) -> usize {
+        self.nodes.len() + usize::from(self.nursery.is_some())
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every failure held, with its carrier count.
+    pub fn held(&self) -> impl Iterator<Item = (FailureId, &FailureNode)> {
+        self.nursery
+            .iter()
+            .map(|(id, node)| (*id, node))
+            .chain(self.nodes.iter().map(|(id, node)| (*id, node)))
+    }
+
+    /// The report a read of `read` gets for `id` (rules 25, 26): the root
+    /// error and the chain from the bytes read back to it.
+    ///
+    /// The chain walks the skip records newest first. The first hop is the
+    /// newest launch that would have written the bytes read; each next hop is
+    /// the newest older launch that would have written the input that
+    /// stopped the previous one. It ends where no record explains the input,
+    /// which is where the root failure itself wrote.
+    pub fn report(&self, id: FailureId, read: BufferRange) -> Option<UnwrittenBytes> {
+        let node = self.get(id)?;
+        let mut hops = Vec::new();
+        let mut wanted = read;
+        let mut before = node.skips.len();
+        while let Some(index) = node.skips.iter().take(before).rposition(|skip| {
+            skip.outputs
+                .iter()
+                .any(|out| out.buffer == wanted.buffer && out.range.intersects(wanted.range))
+        }) {
+            let skip = &node.skips[index];
+            let wrote = skip
+                .outputs
+                .iter()
+                .find(|out| out.buffer == wanted.buffer && out.range.intersects(wanted.range))
+                .copied()
+                .unwrap_or(wanted);
+            hops.push(Hop {
+                kernel: skip.kernel.clone(),
+                stream: skip.stream,
+                needed: skip.input,
+                wrote,
+            });
+            wanted = skip.input;
+            before = index;
+        }
+        Some(UnwrittenBytes {
+            read,
+            failure: id,
+            carriers: node.carriers,
+            root: node.error(),
+            chain: Chain {
+                hops,
+                dropped: node.total_skips - node.skips.len() as u64,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn work() -> Work {
+        Work::new(WorkKind::Write, StreamId(0))
+    }
+
+    #[test]
+    fn ids_are_minted_from_a_counter_and_never_reused() {
+        // Rule 1.
+        let mut failures = Failures::new();
+        let a = failures.mint(work());
+        failures.prune(a);
+        let b = failures.mint(work());
+        assert_ne!(a, b);
+        assert!(b.get() > a.get());
+        assert_eq!(size_of::<Option<FailureId>>(), 8);
+    }
+
+    #[test]
+    fn the_last_carrier_removes_a_failure_and_over_release_floors() {
+        // Rule 4.
+        let mut failures = Failures::new();
+        let f = failures.mint(work());
+        failures.acquire(f);
+        failures.acquire(f);
+        failures.release(f);
+        assert_eq!(failures.get(f).unwrap().carriers(), 1);
+        failures.release(f);
+        assert!(failures.get(f).is_none());
+        assert!(failures.is_empty());
+    }
+
+    #[test]
+    fn pruning_removes_only_an_uncarried_failure() {
+        // Rule 5.
+        let mut failures = Failures::new();
+        let carried = failures.mint(work());
+        failures.acquire(carried);
+        let idle = failures.mint(work());
+        failures.prune(carried);
+        failures.prune(idle);
+        assert!(failures.get(carried).is_some());
+        assert!(failures.get(idle).is_none());
+        failures.prune(FailureId::new(999).unwrap());
+        assert_eq!(failures.len(), 1);
+    }
+
+    #[test]
+    fn replacing_the_error_changes_what_is_reported() {
+        // Rule 6.
+        let mut failures = Failures::new();
+        let f = failures.mint(work());
+        failures.acquire(f);
+        assert!(matches!(*failures.error(f).unwrap(), Error::NeverFinished { .. }));
+        failures.set_error(f, Error::refused("first"));
+        failures.set_error(f, Error::refused("second"));
+        assert!(failures.error(f).unwrap().to_string().contains("second"));
+    }
+
+    #[test]
+    fn skip_records_keep_the_newest_sixteen_and_count_the_rest() {
+        // Rule 2, 26.
+        let mut failures = Failures::new();
+        let f = failures.mint_failed(work(), Error::refused("root"));
+        failures.acquire(f);
+        let buf = |slot| BufferRange {
+            buffer: crate::BufferId::from_parts(slot, 0),
+            range: crate::ByteRange::new(0, 4),
+        };
+        for i in 0..20u32 {
+            failures.record_skip(
+                f,
+                SkipRecord {
+                    kernel: format!("k{i}").into(),
+                    stream: StreamId(0),
+                    input: buf(i),
+                    outputs: vec![buf(i + 1)],
+                },
+            );
+        }
+        let node = failures.get(f).unwrap();
+        assert_eq!(node.skips().count(), MAX_SKIP_RECORDS);
+        assert_eq!(node.total_skips(), 20);
+        let report = failures.report(f, buf(20)).unwrap();
+        assert_eq!(report.chain.hops.len(), 16);
+        assert_eq!(&*report.chain.hops[0].kernel, "k19");
+        assert_eq!(&*report.chain.hops[15].kernel, "k4");
+        assert_eq!(report.chain.dropped, 4);
+    }
+}

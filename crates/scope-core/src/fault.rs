@@ -1,0 +1,177 @@
+//! Fault injection: failing device calls on purpose, at the one place every
+//! server makes them.
+//!
+//! Every device call a [`Server`](crate::Server) makes passes a [`Site`]
+//! first. With the `fault-injection` feature the server consults its
+//! [`FaultPlan`] there and, when a rule matches, returns the planned error
+//! instead of calling the backend — so a test can fail the third launch on
+//! stream 1, or poison the device at its fortieth operation, on any backend,
+//! including one with no device to fault. Without the feature the check is
+//! an empty inline function and the plan does not exist.
+
+use std::collections::HashMap;
+
+use crate::error::{DeviceFault, Error};
+use crate::id::StreamId;
+
+/// A device call site.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Site {
+    /// An allocation.
+    Allocate,
+    /// A host-to-device write.
+    Write,
+    /// A device-to-host read.
+    Read,
+    /// A device-to-device copy.
+    Copy,
+    /// A kernel compile.
+    Compile,
+    /// A kernel launch.
+    Launch,
+    /// A stream sync.
+    Sync,
+    /// The end of a capture, sealing a graph.
+    Seal,
+    /// A graph replay.
+    Replay,
+    /// A graph's destruction.
+    Destroy,
+}
+
+#[derive(Clone, Debug)]
+struct Rule {
+    site: Site,
+    stream: Option<StreamId>,
+    nth: u64,
+    error: Error,
+    fired: bool,
+}
+
+/// Which device calls fail, and how.
+///
+/// Calls are counted from when the plan is installed, per site and per
+/// (site, stream), starting at one.
+#[derive(Clone, Debug, Default)]
+pub struct FaultPlan {
+    rules: Vec<Rule>,
+    poison_at: Option<(u64, Error)>,
+    counts: HashMap<(Site, Option<StreamId>), u64>,
+    operations: u64,
+}
+
+impl FaultPlan {
+    /// A plan that fails nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fail the `nth` call at `site`, on any stream, with `error`.
+    pub fn fail(mut self, site: Site, nth: u64, error: Error) -> Self {
+        self.rules.push(Rule {
+            site,
+            stream: None,
+            nth,
+            error,
+            fired: false,
+        });
+        self
+    }
+
+    /// Fail the `nth` call at `site` on `stream` with `error`.
+    pub fn fail_on(mut self, site: Site, stream: StreamId, nth: u64, error: Error) -> Self {
+        self.rules.push(Rule {
+            site,
+            stream: Some(stream),
+            nth,
+            error,
+            fired: false,
+        });
+        self
+    }
+
+    /// Make the `nth` device call of any kind fail with a sticky fault named
+    /// `code`, which poisons the device.
+    pub fn poison_at(mut self, nth: u64, backend: &'static str, code: &str) -> Self {
+        self.poison_at = Some((
+            nth,
+            Error::Fault(DeviceFault {
+                backend,
+                code: code.to_owned(),
+                sticky: true,
+                stream: None,
+                detail: "injected".to_owned(),
+            }),
+        ));
+        self
+    }
+
+    /// Count a call at `site` on `stream` and say whether it fails.
+    pub fn check(&mut self, site: Site, stream: Option<StreamId>) -> Option<Error> {
+        self.operations += 1;
+        let any = {
+            let n = self.counts.entry((site, None)).or_default();
+            *n += 1;
+            *n
+        };
+        let on_stream = match stream {
+            Some(s) => {
+                let n = self.counts.entry((site, Some(s))).or_default();
+                *n += 1;
+                *n
+            }
+            None => 0,
+        };
+        if let Some((nth, error)) = &self.poison_at
+            && *nth == self.operations
+        {
+            let mut error = error.clone();
+            if let Error::Fault(fault) = &mut error {
+                fault.stream = stream;
+            }
+            return Some(error);
+        }
+        for rule in &mut self.rules {
+            if rule.fired || rule.site != site {
+                continue;
+            }
+            let count = match rule.stream {
+                None => any,
+                Some(s) if Some(s) == stream => on_stream,
+                Some(_) => continue,
+            };
+            if count == rule.nth {
+                rule.fired = true;
+                return Some(rule.error.clone());
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_per_site_and_per_stream() {
+        let mut plan = FaultPlan::new()
+            .fail(Site::Launch, 2, Error::refused("second launch"))
+            .fail_on(Site::Write, StreamId(1), 1, Error::refused("first write on 1"));
+        assert!(plan.check(Site::Launch, Some(StreamId(0))).is_none());
+        assert!(plan.check(Site::Write, Some(StreamId(0))).is_none());
+        assert!(plan.check(Site::Launch, Some(StreamId(1))).is_some());
+        assert!(plan.check(Site::Launch, Some(StreamId(0))).is_none());
+        assert!(plan.check(Site::Write, Some(StreamId(1))).is_some());
+        assert!(plan.check(Site::Write, Some(StreamId(1))).is_none());
+    }
+
+    #[test]
+    fn poison_at_the_nth_operation_is_sticky() {
+        let mut plan = FaultPlan::new().poison_at(3, "host", "ILLEGAL_ADDRESS");
+        assert!(plan.check(Site::Allocate, None).is_none());
+        assert!(plan.check(Site::Write, None).is_none());
+        let error = plan.check(Site::Launch, Some(StreamId(0))).unwrap();
+        assert!(error.is_sticky());
+    }
+}

@@ -1,0 +1,406 @@
+//! The reference host server: the contract's executable specification.
+//!
+//! Memory is host bytes, kernels are Rust closures registered by name, and a
+//! capture records the stream's operations as values and replays them. It
+//! goes through exactly the [`Server`](crate::Server) code the GPU servers go
+//! through — only the device calls differ — so the conformance suite run
+//! against it tests every rule on every CI run, without a GPU.
+//!
+//! It is deliberately simple rather than fast: a launch copies each binding
+//! into a scratch vector, runs the closure, and copies the written bindings
+//! back. That also makes aliasing (one buffer bound twice) well defined:
+//! bindings are written back in order.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::backend::{Access, Backend, BoundDispatch, Launch};
+use crate::error::{Error, Result};
+use crate::kernel::{Kernel, KernelSource, Language};
+
+/// Host memory: shared so that a recorded graph can reach it on replay.
+pub type HostMemory = Arc<Mutex<Vec<u8>>>;
+
+/// What a host kernel gets.
+pub struct HostArgs<'a> {
+    /// Each binding's bytes, in order. Written bindings are copied back after
+    /// the closure returns `Ok`.
+    pub bindings: &'a mut [Vec<u8>],
+    /// The scalar blob.
+    pub scalars: &'a [u8],
+    /// The workgroup count.
+    pub groups: [u32; 3],
+}
+
+impl HostArgs<'_> {
+    /// Scalar `index` of the blob read as a little-endian `u32`, or 0.
+    pub fn scalar_u32(&self, index: usize) -> u32 {
+        self.scalars
+            .get(index * 4..index * 4 + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .unwrap_or(0)
+    }
+}
+
+/// A host kernel. Returning an error fails the launch with it; return a
+/// sticky [`Error::Fault`] to model a device fault.
+pub type HostFn = Arc<dyn Fn(&mut HostArgs<'_>) -> Result<()> + Send + Sync>;
+
+/// Read `bytes` as little-endian `u32` words.
+pub fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Write `words` as little-endian bytes.
+pub fn bytes(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+#[derive(Clone)]
+enum Op {
+    Write {
+        dst: HostMemory,
+        offset: u64,
+        data: Arc<[u8]>,
+    },
+    Copy {
+        src: HostMemory,
+        src_offset: u64,
+        dst: HostMemory,
+        dst_offset: u64,
+        len: u64,
+    },
+    Launch {
+        kernel: HostFn,
+        bindings: Vec<(HostMemory, u64, u64, Access)>,
+        scalars: Arc<[u8]>,
+        groups: Result<[u32; 3], (HostMemory, u64)>,
+    },
+}
+
+fn range(offset: u64, len: u64) -> std::ops::Range<usize> {
+    offset as usize..(offset + len) as usize
+}
+
+impl Op {
+    fn run(&self) -> Result<()> {
+        match self {
+            Op::Write { dst, offset, data } => {
+                dst.lock()[range(*offset, data.len() as u64)].copy_from_slice(data);
+                Ok(())
+            }
+            Op::Copy {
+                src,
+                src_offset,
+                dst,
+                dst_offset,
+                len,
+            } => {
+                let bytes = src.lock()[range(*src_offset, *len)].to_vec();
+                dst.lock()[range(*dst_offset, *len)].copy_from_slice(&bytes);
+                Ok(())
+            }
+            Op::Launch {
+                kernel,
+                bindings,
+                scalars,
+                groups,
+            } => {
+                let groups = match groups {
+                    Ok(groups) => *groups,
+                    Err((memory, offset)) => {
+                        let w = words(&memory.lock()[range(*offset, 12)]);
+                        [w[0], w[1], w[2]]
+                    }
+                };
+                if groups.contains(&0) {
+                    return Ok(());
+                }
+                let mut scratch: Vec<Vec<u8>> = bindings
+                    .iter()
+                    .map(|(m, offset, len, _)| m.lock()[range(*offset, *len)].to_vec())
+                    .collect();
+                kernel(&mut HostArgs {
+                    bindings: &mut scratch,
+                    scalars,
+                    groups,
+                })?;
+                for ((m, offset, len, access), bytes) in bindings.iter().zip(&scratch) {
+                    if access.writes() && bytes.len() as u64 == *len {
+                        m.lock()[range(*offset, *len)].copy_from_slice(bytes);
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A host stream: runs work at once, or records it while capturing.
+#[derive(Default)]
+pub struct HostStream {
+    recording: Option<Vec<Op>>,
+}
+
+impl HostStream {
+    fn issue(&mut self, op: Op) -> Result<()> {
+        match &mut self.recording {
+            Some(ops) => {
+                ops.push(op);
+                Ok(())
+            }
+            None => op.run(),
+        }
+    }
+}
+
+/// A recorded host graph.
+pub struct HostGraph(Vec<Op>);
+
+/// The reference backend.
+pub struct Host {
+    kernels: HashMap<Arc<str>, HostFn>,
+    reserved: u64,
+    max_allocation: u64,
+    limit: Option<u64>,
+}
+
+impl Default for Host {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Host {
+    /// A host backend with the built-in kernels registered:
+    ///
+    /// - `fill`: `out[i] = scalar 1` for `i < scalar 0`; bindings `[out]`.
+    /// - `copy`: `out[i] = in[i]` for `i < scalar 0`; bindings `[in, out]`.
+    /// - `add`: `out[i] = a[i] + b[i]` (wrapping) for `i < scalar 0`;
+    ///   bindings `[a, b, out]`.
+    ///
+    /// All work on `u32` words.
+    pub fn new() -> Self {
+        let mut host = Self {
+            kernels: HashMap::new(),
+            reserved: 0,
+            max_allocation: 1 << 40,
+            // Reserving more than the machine has would succeed under
+            // overcommit and then be killed when touched; a device has a
+            // fixed amount, and so does the reference.
+            limit: Some(8 << 30),
+        };
+        host.register("fill", |args| {
+            let n = args.scalar_u32(0) as usize;
+            let value = args.scalar_u32(1);
+            let out = &mut args.bindings[0];
+            for chunk in out.chunks_exact_mut(4).take(n) {
+                chunk.copy_from_slice(&value.to_le_bytes());
+            }
+            Ok(())
+        });
+        host.register("copy", |args| {
+            let n = (args.scalar_u32(0) as usize).min(args.bindings[0].len() / 4);
+            let input = args.bindings[0][..n * 4].to_vec();
+            args.bindings[1][..n * 4].copy_from_slice(&input);
+            Ok(())
+        });
+        host.register("add", |args| {
+            let n = args.scalar_u32(0) as usize;
+            let a = words(&args.bindings[0]);
+            let b = words(&args.bindings[1]);
+            let out = &mut args.bindings[2];
+            for (i, chunk) in out.chunks_exact_mut(4).take(n).enumerate() {
+                let sum = a.get(i).copied().unwrap_or(0).wrapping_add(b.get(i).copied().unwrap_or(0));
+                chunk.copy_from_slice(&sum.to_le_bytes());
+            }
+            Ok(())
+        });
+        host
+    }
+
+    /// Register `kernel` under `name`, for [`Kernel::host`].
+    pub fn register(&mut self, name: &str, kernel: impl Fn(&mut HostArgs<'_>) -> Result<()> + Send + Sync + 'static) {
+        self.kernels.insert(Arc::from(name), Arc::new(kernel));
+    }
+
+    /// Make allocations past `bytes` in all fail with out-of-memory, as a
+    /// device with that much memory would (8 GiB by default).
+    pub fn with_memory_limit(mut self, bytes: u64) -> Self {
+        self.limit = Some(bytes);
+        self
+    }
+}
+
+impl Backend for Host {
+    type Memory = HostMemory;
+    type Stream = HostStream;
+    type Kernel = HostFn;
+    type Graph = HostGraph;
+
+    const NAME: &'static str = "host";
+
+    fn describe(&self) -> String {
+        "host memory (reference server)".to_owned()
+    }
+
+    fn accepts(&self, language: Language) -> bool {
+        language == Language::Host
+    }
+
+    fn max_allocation(&self) -> u64 {
+        self.max_allocation
+    }
+
+    fn binding_alignment(&self) -> u64 {
+        4
+    }
+
+    fn create_stream(&mut self) -> Result<HostStream> {
+        Ok(HostStream::default())
+    }
+
+    fn allocate(&mut self, size: u64) -> Result<HostMemory> {
+        let len = usize::try_from(size).map_err(|_| Error::invalid("allocation size", "past the address space"))?;
+        if let Some(limit) = self.limit
+            && self.reserved + size > limit
+        {
+            return Err(Error::OutOfMemory {
+                backend: Self::NAME,
+                requested: size,
+                detail: format!("{} of {limit} bytes in use", self.reserved),
+            });
+        }
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(len).map_err(|e| Error::OutOfMemory {
+            backend: Self::NAME,
+            requested: size,
+            detail: e.to_string(),
+        })?;
+        bytes.resize(len, 0);
+        self.reserved += size;
+        Ok(Arc::new(Mutex::new(bytes)))
+    }
+
+    fn free(&mut self, memory: HostMemory) {
+        self.reserved -= memory.lock().len() as u64;
+    }
+
+    fn bytes_reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    fn write(&mut self, stream: &mut HostStream, dst: &HostMemory, offset: u64, data: &[u8]) -> Result<()> {
+        stream.issue(Op::Write {
+            dst: dst.clone(),
+            offset,
+            data: Arc::from(data),
+        })
+    }
+
+    fn read(&mut self, _stream: &mut HostStream, src: &HostMemory, offset: u64, out: &mut [u8]) -> Result<()> {
+        out.copy_from_slice(&src.lock()[range(offset, out.len() as u64)]);
+        Ok(())
+    }
+
+    fn copy(
+        &mut self,
+        stream: &mut HostStream,
+        src: &HostMemory,
+        src_offset: u64,
+        dst: &HostMemory,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        stream.issue(Op::Copy {
+            src: src.clone(),
+            src_offset,
+            dst: dst.clone(),
+            dst_offset,
+            len,
+        })
+    }
+
+    fn compile(&mut self, kernel: &Kernel) -> Result<HostFn> {
+        let KernelSource::Host(name) = kernel.source() else {
+            return Err(Error::Compile {
+                backend: Self::NAME,
+                kernel: kernel.name().clone(),
+                log: "the host server runs registered closures only".to_owned(),
+            });
+        };
+        self.kernels.get(name).cloned().ok_or_else(|| Error::Compile {
+            backend: Self::NAME,
+            kernel: kernel.name().clone(),
+            log: format!("no host kernel is registered as `{name}`"),
+        })
+    }
+
+    fn launch(&mut self, stream: &mut HostStream, kernel: &HostFn, launch: &Launch<'_, HostMemory>) -> Result<()> {
+        let bindings = launch
+            .bindings
+            .iter()
+            .map(|b| (b.memory.clone(), b.offset, b.len, b.access))
+            .collect();
+        let groups = match &launch.dispatch {
+            BoundDispatch::Groups(groups) => Ok(*groups),
+            BoundDispatch::Indirect { memory, offset } => Err(((*memory).clone(), *offset)),
+        };
+        stream.issue(Op::Launch {
+            kernel: kernel.clone(),
+            bindings,
+            scalars: Arc::from(launch.scalars),
+            groups,
+        })
+    }
+
+    fn sync(&mut self, _stream: &mut HostStream) -> Result<()> {
+        Ok(())
+    }
+
+    fn order(&mut self, _first: &mut HostStream, _then: &mut HostStream) -> Result<()> {
+        Ok(())
+    }
+
+    fn begin_capture(&mut self, stream: &mut HostStream) -> Result<()> {
+        stream.recording = Some(Vec::new());
+        Ok(())
+    }
+
+    fn end_capture(&mut self, stream: &mut HostStream) -> Result<HostGraph> {
+        stream
+            .recording
+            .take()
+            .map(HostGraph)
+            .ok_or_else(|| Error::refused("the host stream was not recording"))
+    }
+
+    fn abort_capture(&mut self, stream: &mut HostStream) {
+        stream.recording = None;
+    }
+
+    fn replay(&mut self, stream: &mut HostStream, graph: &HostGraph) -> Result<()> {
+        for op in &graph.0 {
+            stream.issue(op.clone())?;
+        }
+        Ok(())
+    }
+
+    fn destroy_graph(&mut self, _graph: HostGraph) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A client of a new reference host server.
+///
+/// # Errors
+///
+/// None in practice; the signature matches the GPU servers'.
+pub fn client() -> Result<crate::Client<Host>> {
+    crate::Client::new(Host::new())
+}

@@ -1,0 +1,206 @@
+//! Identifiers.
+//!
+//! Each identifier is a plain number with a type of its own, so that a
+//! failure id can never be passed where a buffer id is meant. None of them
+//! keeps anything alive: a capture window or a skip record that names a
+//! buffer by id does not stop that buffer from being freed, which is what
+//! rule 32 of the failure model asks of a recording.
+
+use std::fmt;
+use std::num::NonZeroU64;
+
+/// One failure in a device's [`Failures`](crate::Failures) store.
+///
+/// Minted from a per-device counter and never reused, so a stale id can only
+/// miss, never name a different failure. Non-zero so that `Option<FailureId>`
+/// is one word (rule 1).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FailureId(NonZeroU64);
+
+impl FailureId {
+    /// The id whose number is `n`, or `None` for zero.
+    pub fn new(n: u64) -> Option<Self> {
+        NonZeroU64::new(n).map(Self)
+    }
+
+    /// The number.
+    pub fn get(self) -> u64 {
+        self.0.get()
+    }
+}
+
+impl fmt::Debug for FailureId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "F{}", self.0)
+    }
+}
+
+impl fmt::Display for FailureId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "failure #{}", self.0)
+    }
+}
+
+/// A logical stream of one server: an ordering domain for device work.
+///
+/// Stream 0 is the one every client starts on.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
+pub struct StreamId(pub u32);
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "stream {}", self.0)
+    }
+}
+
+/// A buffer of one server.
+///
+/// A slot index and a generation: the slot is reused after a free, the
+/// generation is not, so a freed handle is recognised as freed instead of
+/// reaching whatever buffer took its slot.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufferId {
+    pub(crate) slot: u32,
+    pub(crate) generation: u32,
+}
+
+impl BufferId {
+    /// A buffer id from its slot and generation (for stores outside a
+    /// [`Server`](crate::Server), such as the property test's).
+    pub fn from_parts(slot: u32, generation: u32) -> Self {
+        Self { slot, generation }
+    }
+
+    /// The slot in the server's buffer table.
+    pub fn slot(self) -> u32 {
+        self.slot
+    }
+
+    /// How many times the slot had been used before this buffer.
+    pub fn generation(self) -> u32 {
+        self.generation
+    }
+}
+
+impl fmt::Debug for BufferId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "B{}.{}", self.slot, self.generation)
+    }
+}
+
+impl fmt::Display for BufferId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.generation == 0 {
+            write!(f, "buffer #{}", self.slot)
+        } else {
+            write!(f, "buffer #{}.{}", self.slot, self.generation)
+        }
+    }
+}
+
+/// A captured graph of one server.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct GraphId(pub(crate) u64);
+
+impl fmt::Display for GraphId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "graph #{}", self.0)
+    }
+}
+
+/// One server instance in this process, so that a handle from another server
+/// is refused by name instead of resolving to an unrelated buffer.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct ServerId(pub(crate) u64);
+
+impl ServerId {
+    pub(crate) fn next() -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A half-open byte range `start..end` of one allocation.
+///
+/// `Copy`, unlike `Range<u64>`, because taint bookkeeping passes ranges around
+/// by the handful on every launch.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct ByteRange {
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+}
+
+impl ByteRange {
+    /// `start..end`; an `end` before `start` gives the empty range at `start`.
+    pub const fn new(start: u64, end: u64) -> Self {
+        Self {
+            start,
+            end: if end < start { start } else { end },
+        }
+    }
+
+    /// The bytes `offset..offset + len`, or `None` when that overflows.
+    pub const fn at(offset: u64, len: u64) -> Option<Self> {
+        match offset.checked_add(len) {
+            Some(end) => Some(Self { start: offset, end }),
+            None => None,
+        }
+    }
+
+    /// How many bytes.
+    pub const fn len(self) -> u64 {
+        self.end - self.start
+    }
+
+    /// Whether it holds no byte.
+    pub const fn is_empty(self) -> bool {
+        self.end <= self.start
+    }
+
+    /// Whether the two share at least one byte (rule 12: an empty range
+    /// never does).
+    pub const fn intersects(self, other: Self) -> bool {
+        self.start < other.end && other.start < self.end
+    }
+
+    /// Whether the two overlap or touch, so that merging them gives one range.
+    pub const fn touches(self, other: Self) -> bool {
+        self.start <= other.end && other.start <= self.end
+    }
+}
+
+impl fmt::Debug for ByteRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}..{}", self.start, self.end)
+    }
+}
+
+impl fmt::Display for ByteRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "bytes {}..{}", self.start, self.end)
+    }
+}
+
+impl From<std::ops::Range<u64>> for ByteRange {
+    fn from(r: std::ops::Range<u64>) -> Self {
+        Self::new(r.start, r.end)
+    }
+}
+
+/// Bytes of one buffer: what a launch binds, a copy writes, a read checks.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct BufferRange {
+    /// The buffer.
+    pub buffer: BufferId,
+    /// The bytes of it.
+    pub range: ByteRange,
+}
+
+impl fmt::Display for BufferRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.buffer, self.range)
+    }
+}

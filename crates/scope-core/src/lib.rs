@@ -1,0 +1,82 @@
+//! The failure model every scope server shares.
+//!
+//! GPU work is asynchronous: the call that fails is rarely the call that
+//! learns of it, and CUDA, HIP and Vulkan answer with device-wide "sticky"
+//! errors. scope attaches a failure to the bytes the failed work was meant to
+//! write, and lets it travel along the dataflow: work that reads those bytes
+//! is skipped and its outputs inherit the failure, a host read returns the
+//! root error and the chain of skipped kernels back to it, a rewrite heals
+//! the bytes, and a captured graph that is missing work refuses to seal.
+//! Everything else on the device keeps working. The rules are numbered in
+//! `docs/ERROR_MODEL.md`; tests cite them by number.
+//!
+//! # Design decisions
+//!
+//! 1. **Failures belong to byte ranges, not to devices or calls.** A claim is
+//!    a failure id over sorted, disjoint ranges of one allocation
+//!    ([`Taint`]). A partial write stays honest, and two chains of work that
+//!    share no buffer never see each other's failures.
+//! 2. **Tainted unless proven written.** Work claims its write set before it
+//!    runs and releases it only at a clean exit ([`ExecuteScope`]), so an
+//!    early return, a panic or a lost submission leaves the bytes failing,
+//!    never silently stale.
+//! 3. **Skip, don't run, on a tainted input.** A launch whose input carries a
+//!    failure does not run — garbage read as an index scatters into clean
+//!    memory — and its outputs point at the *root* failure, so a read names
+//!    the cause rather than the last symptom.
+//! 4. **The store is bounded by what carries it.** A failure lives exactly as
+//!    long as some allocation carries it ([`Failures`]); the success path
+//!    mints into a one-slot nursery and touches no map and no heap.
+//! 5. **Rules live once.** [`FailureStore`] carries every rule as a default
+//!    method over "where does this buffer's taint live"; [`Server`] carries
+//!    every piece of server logic over a [`Backend`] that only makes device
+//!    calls. A GPU server crate is its device calls and nothing else.
+//! 6. **The window, not the backend, decides whether a graph may seal.**
+//!    [`CaptureWindow`] hears of every unit of work from the scope, so what
+//!    is recorded and what is in the graph cannot disagree.
+//! 7. **One error type, written for people.** [`Error`] names the kernel,
+//!    buffer, stream and range, and classifies faults the same way on every
+//!    backend: sticky faults poison, out-of-memory does not.
+//! 8. **Failure on purpose, at the same call sites.** A [`FaultPlan`]
+//!    (feature `fault-injection`) fails any device call of any server, so a
+//!    backend with no device to fault is still tested on every path.
+//!
+//! # Features
+//!
+//! - `host`: the reference host server ([`host`]).
+//! - `fault-injection`: [`Client::inject`] and the fault plan.
+//! - `conformance`: the generic [`conformance`] suite (implies
+//!   `fault-injection`).
+
+mod backend;
+mod capture;
+mod client;
+mod error;
+mod failure;
+mod fault;
+mod id;
+mod kernel;
+mod scope;
+mod server;
+mod store;
+mod table;
+mod taint;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+#[cfg(feature = "host")]
+pub mod host;
+
+pub use backend::{Access, Backend, Bound, BoundDispatch, Launch};
+pub use capture::{CaptureState, CaptureWindow, WindowEnd};
+pub use client::{Binding, Buffer, Capture, Client, Dispatch, Graph, Slice};
+pub use error::{Chain, DeviceFault, Error, Hop, Result, UnwrittenBytes};
+pub use failure::{FailureNode, Failures, MAX_SKIP_RECORDS, SkipRecord, Work, WorkKind};
+pub use fault::{FaultPlan, Site};
+pub use id::{BufferId, BufferRange, ByteRange, FailureId, GraphId, StreamId};
+pub use kernel::{Kernel, KernelId, KernelSource, Language};
+pub use scope::{ExecuteScope, ScopedOutcome, WriteScoped, failed_writing};
+pub use server::{COPY_ALIGNMENT, Server};
+pub use store::{FailureStore, TaintSlot};
+pub use table::BufferTable;
+pub use taint::{Claim, Ranges, Taint};

@@ -1,0 +1,282 @@
+//! The write scope: one unit of device work, and what its bytes owe.
+//!
+//! Every unit of work that writes device memory — a launch, a host write, a
+//! device copy, a graph replay — has the same bookkeeping around it: decide
+//! whether its inputs can be trusted, claim what it writes before it runs,
+//! release the claim if it finishes, replace it with the real error if it
+//! does not, tell a measurement in flight, tell a recording window. Written
+//! by hand in each server, one early return forgets one step and a buffer
+//! reads as healthy garbage. [`ExecuteScope`] is that bookkeeping, once.
+//!
+//! A scope is decided in its constructor and cannot change its mind:
+//!
+//! - [`over`](ExecuteScope::over) and a clean [`launching`](ExecuteScope::launching)
+//!   *enter*: the write set is claimed by a provisional failure, so a body
+//!   that never reaches its end (an early return, a panic) leaves its bytes
+//!   failing with "never finished";
+//! - a [`launching`](ExecuteScope::launching) whose input carries a failure
+//!   *skips*: the outputs are pointed at that failure, the hop is recorded,
+//!   and the body never runs.
+//!
+//! Deciding later would let a skipped scope mint a provisional failure that
+//! the propagated one then overwrites, and that nothing prunes, because the
+//! exit that prunes is on the path a skip does not take.
+//!
+//! The body is a closure and the scope is consumed by
+//! [`execute`](ExecuteScope::execute), rather than a guard settling in `Drop`:
+//! a `Drop` cannot tell a clean end from an unwind without help, must not
+//! panic while one is in progress, and would invite "settle on drop" to mean
+//! "succeeded". A scope that is dropped without `execute` — including by a
+//! panic inside the body — leaves the write set claimed, which is exactly
+//! what a read of those bytes must fail on.
+
+use std::sync::Arc;
+
+use crate::capture::CaptureWindow;
+use crate::error::{Error, Result};
+use crate::failure::Work;
+use crate::id::{BufferRange, FailureId, StreamId};
+use crate::store::FailureStore;
+
+/// A server whose device work runs inside an [`ExecuteScope`].
+///
+/// It supplies what a scope cannot know — where its failure bookkeeping
+/// lives, what a failure means to a measurement in flight, and whether the
+/// stream is recording — and gets the scope's guarantees for it.
+pub trait WriteScoped: Sized {
+    /// The server's failure bookkeeping.
+    type Store: FailureStore;
+
+    /// The bookkeeping, split-borrowed from the server so the scope can claim
+    /// on the way in and settle on the way out around a body that holds the
+    /// rest of it.
+    fn store(&mut self) -> &mut Self::Store;
+
+    /// Told about every skip (with the root error) and every failed exit
+    /// (with the real error), never about success (rule 39).
+    ///
+    /// A server uses it to invalidate a measurement in flight: an autotune
+    /// candidate that failed, or never ran, finishes in close to no time and
+    /// would otherwise win. Defaults to doing nothing.
+    #[allow(unused_variables)]
+    fn on_failure(&mut self, stream: StreamId, error: &Error) {}
+
+    /// The capture window of `stream` while it is recording, for a server
+    /// that captures; `None` otherwise (the default).
+    ///
+    /// The scope is the window's only informant: clean work hands it the
+    /// write set, failed or skipped work dooms it, so "recorded" and "in the
+    /// graph" cannot disagree.
+    #[allow(unused_variables)]
+    fn capturing(&mut self, stream: StreamId) -> Option<&mut CaptureWindow> {
+        None
+    }
+
+    /// An empty write set to fill, from a pool so the success path does not
+    /// allocate. Defaults to a fresh `Vec`.
+    fn write_set(&mut self) -> Vec<BufferRange> {
+        Vec::new()
+    }
+
+    /// A write set the scope is done with, back to the pool. Defaults to
+    /// dropping it.
+    #[allow(unused_variables)]
+    fn recycle(&mut self, write_set: Vec<BufferRange>) {}
+}
+
+/// What a scope's work did.
+#[derive(Debug)]
+#[must_use = "a failed or skipped outcome is the caller's to report"]
+pub enum ScopedOutcome<R> {
+    /// It ran; its write set is written.
+    Executed(R),
+    /// It did not run: an input carried a failure, which its outputs carry
+    /// now.
+    Skipped {
+        /// The kernel that did not run.
+        kernel: Arc<str>,
+        /// The stream.
+        stream: StreamId,
+        /// The root error, for the caller's logs; the read report is the
+        /// place to learn it.
+        root: Arc<Error>,
+    },
+    /// It ran and failed; its write set carries the error.
+    Failed(Error),
+}
+
+impl<R> ScopedOutcome<R> {
+    /// The result.
+    ///
+    /// # Errors
+    ///
+    /// The error the work failed with, or a payload-free
+    /// [`Error::Skipped`] for a skip (rule 18): the root cause is the read's
+    /// to report, not the launch's.
+    pub fn into_result(self) -> Result<R> {
+        match self {
+            ScopedOutcome::Executed(r) => Ok(r),
+            ScopedOutcome::Failed(error) => Err(error),
+            ScopedOutcome::Skipped { kernel, stream, .. } => Err(Error::Skipped { kernel, stream }),
+        }
+    }
+
+    /// Whether the work did not run because of an input.
+    pub fn is_skipped(&self) -> bool {
+        matches!(self, ScopedOutcome::Skipped { .. })
+    }
+}
+
+enum Opened {
+    /// Claimed by a provisional failure (none for an empty write set).
+    Entered { provisional: Option<FailureId> },
+    /// Pointed at the failure that stopped it.
+    Skipped { kernel: Arc<str>, root: Arc<Error> },
+}
+
+/// One unit of device work that writes memory (rule 15).
+pub struct ExecuteScope<'a, S: WriteScoped> {
+    server: &'a mut S,
+    stream: StreamId,
+    written: Vec<BufferRange>,
+    read: &'a [BufferRange],
+    opened: Opened,
+}
+
+impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
+    /// A scope over work that reads nothing it must trust — a host write, a
+    /// device copy whose source was checked, a replay, work that never
+    /// started. Always enters (rule 16).
+    pub fn over(server: &'a mut S, work: Work, written: Vec<BufferRange>) -> Self {
+        let stream = work.stream;
+        let provisional = server.store().enter_write(&written, work);
+        Self {
+            server,
+            stream,
+            written,
+            read: &[],
+            opened: Opened::Entered { provisional },
+        }
+    }
+
+    /// A scope over a launch of `kernel` on `stream` that reads `read` and
+    /// writes `written`.
+    ///
+    /// Skips at the first input range that carries a failure (rule 17): a
+    /// launch that cannot trust an input must not run, because garbage read
+    /// as an index or a dispatch count scatters into bytes that carried no
+    /// failure at all. A skip (rule 18) tells the failure hook the root
+    /// error, dooms a recording window, records the hop, and points the
+    /// outputs at the root failure.
+    pub fn launching(
+        server: &'a mut S,
+        kernel: &Arc<str>,
+        stream: StreamId,
+        read: &'a [BufferRange],
+        written: Vec<BufferRange>,
+    ) -> Self {
+        let Some((root, input)) = server.store().read_failure(read) else {
+            let mut scope = Self::over(server, Work::launch(kernel.clone(), stream), written);
+            scope.read = read;
+            return scope;
+        };
+        let error = server
+            .store()
+            .failures()
+            .error(root)
+            .unwrap_or_else(|| Arc::new(Error::refused("the input's failure is gone")));
+        server.on_failure(stream, &error);
+        if let Some(window) = server.capturing(stream) {
+            window.fail(&Error::Skipped {
+                kernel: kernel.clone(),
+                stream,
+            });
+        }
+        server
+            .store()
+            .propagate(root, kernel, stream, input, &written);
+        tracing::debug!(%kernel, %stream, %input, "skipped: input carries {root}");
+        Self {
+            server,
+            stream,
+            written,
+            read,
+            opened: Opened::Skipped {
+                kernel: kernel.clone(),
+                root: error,
+            },
+        }
+    }
+
+    /// Whether the body will not run.
+    pub fn skipped(&self) -> bool {
+        matches!(self.opened, Opened::Skipped { .. })
+    }
+
+    /// What the work writes.
+    pub fn written(&self) -> &[BufferRange] {
+        &self.written
+    }
+
+    /// Run `body` unless skipped, and settle the write set (rule 19).
+    /// `body` gets the server and the write set.
+    ///
+    /// A clean exit records the write set into a recording window and heals
+    /// it; a failed exit dooms a recording window, gives the provisional
+    /// failure the real error, logs it and tells the failure hook.
+    pub fn execute<R>(self, body: impl FnOnce(&mut S, &[BufferRange]) -> Result<R>) -> ScopedOutcome<R> {
+        let Self {
+            server,
+            stream,
+            written,
+            read,
+            opened,
+        } = self;
+        let provisional = match opened {
+            Opened::Entered { provisional } => provisional,
+            Opened::Skipped { kernel, root } => {
+                server.recycle(written);
+                return ScopedOutcome::Skipped {
+                    kernel,
+                    stream,
+                    root,
+                };
+            }
+        };
+        let result = body(server, &written);
+        if let Some(window) = server.capturing(stream) {
+            match &result {
+                Ok(_) => window.record(&written, read),
+                Err(error) => window.fail(error),
+            }
+        }
+        server
+            .store()
+            .exit_write(provisional, &written, result.as_ref().err());
+        server.recycle(written);
+        match result {
+            Ok(r) => ScopedOutcome::Executed(r),
+            Err(error) => {
+                tracing::warn!(%stream, "device work failed: {error}");
+                server.on_failure(stream, &error);
+                ScopedOutcome::Failed(error)
+            }
+        }
+    }
+}
+
+/// Claim `written` with `error` for work that never started — a kernel that
+/// did not compile, an unknown graph, a refused copy (rule 21). Runs the
+/// same exit as a failed body, so the failure hook and a recording window
+/// hear of it too.
+pub fn failed_writing<S: WriteScoped>(
+    server: &mut S,
+    work: Work,
+    written: Vec<BufferRange>,
+    error: Error,
+) -> Error {
+    match ExecuteScope::over(server, work, written).execute(|_, _| Err::<(), _>(error)) {
+        ScopedOutcome::Failed(error) => error,
+        _ => unreachable!("a body that returns an error fails"),
+    }
+}

@@ -1,0 +1,196 @@
+//! The failure rules, written once, over wherever a server keeps its taint.
+//!
+//! A server knows where the claims on a buffer live — in its buffer table,
+//! next to the memory — and nothing else about failures. [`FailureStore`]
+//! asks it exactly that ([`locate`](FailureStore::locate)) and carries every
+//! rule of the model as a default method on top. A rule written into a
+//! server instead would be written four times and drift four ways; here
+//! there is one place to read and one to test, and the property test drives
+//! these same methods through a store that is nothing but a table.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::failure::{Failures, SkipRecord, Work};
+use crate::id::{BufferId, BufferRange, FailureId, StreamId};
+use crate::taint::Taint;
+
+/// Where the claims on one buffer live.
+pub enum TaintSlot<'a> {
+    /// The buffer has memory; these are the claims on it.
+    Allocated(&'a mut Taint),
+    /// The buffer's allocation failed: the failure recording why, if any
+    /// (rule 28). It cannot be re-tainted or healed; only freeing it ends it.
+    Unallocated(Option<FailureId>),
+    /// No such buffer here (freed already, or never this store's). Claims on
+    /// it are dropped, which is what a weakly held recording wants (rule 32).
+    Gone,
+}
+
+/// A device's failure bookkeeping: a [`Failures`] store and the taint of
+/// each buffer.
+///
+/// Implementors supply [`locate`](Self::locate) and
+/// [`failures`](Self::failures); every rule of the failure model is a
+/// default method, and servers should not override them.
+pub trait FailureStore {
+    /// The device's failures.
+    fn failures(&mut self) -> &mut Failures;
+
+    /// The device's failures and the claims on `buffer`, split-borrowed so
+    /// that a claim can acquire and release failures as it changes.
+    fn locate(&mut self, buffer: BufferId) -> (&mut Failures, TaintSlot<'_>);
+
+    /// Point every range of `written` at `failure` (rules 9, 22).
+    fn taint(&mut self, written: &[BufferRange], failure: FailureId) {
+        for target in written {
+            if let (failures, TaintSlot::Allocated(taint)) = self.locate(target.buffer) {
+                taint.set(target.range, failure, failures);
+            }
+        }
+    }
+
+    /// Remove every range of `written` from every claim: it was written
+    /// (rules 11, 19).
+    fn heal(&mut self, written: &[BufferRange]) {
+        for target in written {
+            if let (failures, TaintSlot::Allocated(taint)) = self.locate(target.buffer) {
+                taint.clear(target.range, failures);
+            }
+        }
+    }
+
+    /// The first input, in order, whose range carries a failure, and that
+    /// failure (rule 17). An unallocated input with a recorded failure
+    /// counts.
+    fn read_failure<'b>(
+        &mut self,
+        reads: impl IntoIterator<Item = &'b BufferRange>,
+    ) -> Option<(FailureId, BufferRange)> {
+        for input in reads {
+            let found = match self.locate(input.buffer).1 {
+                TaintSlot::Allocated(taint) => taint.query(input.range),
+                TaintSlot::Unallocated(record) => record,
+                TaintSlot::Gone => None,
+            };
+            if let Some(failure) = found {
+                return Some((failure, *input));
+            }
+        }
+        None
+    }
+
+    /// Claim `written` for work about to run (rule 16): tainted unless
+    /// proven written. An empty write set mints and claims nothing.
+    fn enter_write(&mut self, written: &[BufferRange], work: Work) -> Option<FailureId> {
+        if written.is_empty() {
+            return None;
+        }
+        let provisional = self.failures().mint(work);
+        self.taint(written, provisional);
+        Some(provisional)
+    }
+
+    /// Settle the claim [`enter_write`](Self::enter_write) made (rule 19).
+    ///
+    /// A clean exit releases every claim on the written ranges, older
+    /// failures' too: a rewrite is how a buffer heals. A failed exit gives
+    /// the provisional failure its real error. Either way a provisional that
+    /// tainted nothing is pruned.
+    fn exit_write(
+        &mut self,
+        provisional: Option<FailureId>,
+        written: &[BufferRange],
+        error: Option<&Error>,
+    ) {
+        let Some(provisional) = provisional else {
+            return;
+        };
+        match error {
+            None => self.heal(written),
+            Some(error) => self.failures().set_error(provisional, error.clone()),
+        }
+        self.failures().prune(provisional);
+    }
+
+    /// A launch of `kernel` was skipped because `input` carries `root`
+    /// (rule 18): record the hop and point its outputs at the root, minting
+    /// nothing.
+    fn propagate(
+        &mut self,
+        root: FailureId,
+        kernel: &Arc<str>,
+        stream: StreamId,
+        input: BufferRange,
+        written: &[BufferRange],
+    ) {
+        self.failures().record_skip(
+            root,
+            SkipRecord {
+                kernel: kernel.clone(),
+                stream,
+                input,
+                outputs: written.to_vec(),
+            },
+        );
+        self.taint(written, root);
+    }
+
+    /// Claim `written` for a new failure with `error`, for work that never
+    /// started or whose fault surfaced later (rules 21, 23, 33). Returns the
+    /// failure, or `None` when it claimed nothing and was pruned.
+    fn claim_failed(&mut self, written: &[BufferRange], work: Work, error: Error) -> Option<FailureId> {
+        let failure = self.failures().mint_failed(work, error);
+        self.taint(written, failure);
+        self.failures().prune(failure);
+        self.failures().get(failure).map(|_| failure)
+    }
+
+    /// Whether every byte of `reads` is readable (rules 24–28).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unwritten`] naming the one failure found, or
+    /// [`Error::SeveralUnwritten`] naming each distinct one once, in the
+    /// order found; [`Error::NeverAllocated`] for a buffer that has no memory
+    /// and no record of why. Nothing is cleared: reads keep failing until the
+    /// bytes are rewritten (rule 27).
+    fn check(&mut self, reads: &[BufferRange]) -> Result<()> {
+        let mut found: Vec<(FailureId, BufferRange)> = Vec::new();
+        for read in reads {
+            match self.locate(read.buffer).1 {
+                TaintSlot::Allocated(taint) => {
+                    if taint.is_clean() {
+                        continue;
+                    }
+                    for failure in taint.query_all(read.range) {
+                        if !found.iter().any(|(f, _)| *f == failure) {
+                            found.push((failure, *read));
+                        }
+                    }
+                }
+                TaintSlot::Unallocated(Some(failure)) => {
+                    if !found.iter().any(|(f, _)| *f == failure) {
+                        found.push((failure, *read));
+                    }
+                }
+                TaintSlot::Unallocated(None) => {
+                    return Err(Error::NeverAllocated {
+                        buffer: read.buffer,
+                    });
+                }
+                TaintSlot::Gone => {}
+            }
+        }
+        let failures = self.failures();
+        let mut reports: Vec<_> = found
+            .into_iter()
+            .filter_map(|(failure, read)| failures.report(failure, read))
+            .collect();
+        match reports.len() {
+            0 => Ok(()),
+            1 => Err(Error::Unwritten(Box::new(reports.remove(0)))),
+            _ => Err(Error::SeveralUnwritten(reports)),
+        }
+    }
+}

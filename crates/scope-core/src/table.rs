@@ -1,0 +1,182 @@
+//! The buffer table: each buffer's memory and the claims on it.
+//!
+//! This is where a [`Server`](crate::Server)'s taint lives, and so the one
+//! [`FailureStore`] every server uses: the table answers
+//! [`locate`](FailureStore::locate) and inherits every rule.
+//!
+//! Buffers are slots with generations. A freed slot is reused by the next
+//! allocation with its generation bumped, so a stale id misses instead of
+//! reaching the new buffer, and a lookup is an index, not a hash.
+
+use crate::error::Error;
+use crate::failure::Failures;
+use crate::id::{BufferId, FailureId, StreamId};
+use crate::store::{FailureStore, TaintSlot};
+use crate::taint::Taint;
+
+/// A live buffer.
+pub(crate) struct Entry<M> {
+    pub(crate) size: u64,
+    /// `None` when the allocation failed.
+    pub(crate) memory: Option<M>,
+    /// Why the allocation failed, while that is recorded (rule 28).
+    pub(crate) record: Option<FailureId>,
+    pub(crate) taint: Taint,
+    /// The stream that last used it, for cross-stream ordering.
+    pub(crate) last_user: StreamId,
+}
+
+struct Slot<M> {
+    generation: u32,
+    entry: Option<Entry<M>>,
+}
+
+/// The buffers of one server and the device's failures.
+pub struct BufferTable<M> {
+    failures: Failures,
+    slots: Vec<Slot<M>>,
+    vacant: Vec<u32>,
+    bytes_allocated: u64,
+}
+
+impl<M> BufferTable<M> {
+    pub(crate) fn new() -> Self {
+        Self {
+            failures: Failures::new(),
+            slots: Vec::new(),
+            vacant: Vec::new(),
+            bytes_allocated: 0,
+        }
+    }
+
+    /// Add a buffer; `memory` is `None` when its allocation failed with
+    /// `record`.
+    pub(crate) fn insert(&mut self, size: u64, memory: Option<M>, record: Option<FailureId>, stream: StreamId) -> BufferId {
+        if memory.is_some() {
+            self.bytes_allocated += size;
+        }
+        if let Some(f) = record {
+            self.failures.acquire(f);
+        }
+        let entry = Entry {
+            size,
+            memory,
+            record,
+            taint: Taint::new(),
+            last_user: stream,
+        };
+        match self.vacant.pop() {
+            Some(slot) => {
+                let s = &mut self.slots[slot as usize];
+                s.entry = Some(entry);
+                BufferId::from_parts(slot, s.generation)
+            }
+            None => {
+                let slot = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+                self.slots.push(Slot {
+                    generation: 0,
+                    entry: Some(entry),
+                });
+                BufferId::from_parts(slot, 0)
+            }
+        }
+    }
+
+    pub(crate) fn get(&self, id: BufferId) -> Option<&Entry<M>> {
+        let slot = self.slots.get(id.slot() as usize)?;
+        if slot.generation != id.generation() {
+            return None;
+        }
+        slot.entry.as_ref()
+    }
+
+    pub(crate) fn get_mut(&mut self, id: BufferId) -> Option<&mut Entry<M>> {
+        let slot = self.slots.get_mut(id.slot() as usize)?;
+        if slot.generation != id.generation() {
+            return None;
+        }
+        slot.entry.as_mut()
+    }
+
+    /// Whether `id` names a live buffer.
+    pub(crate) fn is_live(&self, id: BufferId) -> bool {
+        self.get(id).is_some()
+    }
+
+    /// Remove a buffer, releasing its claims and record (rule 13), and hand
+    /// back its memory. A stale id does nothing.
+    pub(crate) fn remove(&mut self, id: BufferId) -> Option<M> {
+        let slot = self.slots.get_mut(id.slot() as usize)?;
+        if slot.generation != id.generation() {
+            return None;
+        }
+        let mut entry = slot.entry.take()?;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.vacant.push(id.slot());
+        entry.taint.release_all(&mut self.failures);
+        if let Some(f) = entry.record.take() {
+            self.failures.release(f);
+        }
+        if entry.memory.is_some() {
+            self.bytes_allocated -= entry.size;
+        }
+        entry.memory
+    }
+
+    /// Every live buffer's id.
+    pub(crate) fn ids(&self) -> Vec<BufferId> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.entry.is_some())
+            .map(|(i, s)| BufferId::from_parts(i as u32, s.generation))
+            .collect()
+    }
+
+    /// Bytes of live, allocated buffers.
+    pub(crate) fn bytes_allocated(&self) -> u64 {
+        self.bytes_allocated
+    }
+
+    /// How many live buffers carry a claim or a record: the bound of rule 7.
+    pub(crate) fn carriers(&self) -> usize {
+        self.slots
+            .iter()
+            .filter_map(|s| s.entry.as_ref())
+            .filter(|e| !e.taint.is_clean() || e.record.is_some())
+            .count()
+    }
+
+    /// The error a buffer without memory answers.
+    pub(crate) fn unallocated_error(&self, id: BufferId) -> Error {
+        match self.get(id).and_then(|e| e.record).and_then(|f| self.failures.error(f)) {
+            Some(error) => (*error).clone(),
+            None => Error::NeverAllocated { buffer: id },
+        }
+    }
+}
+
+impl<M> FailureStore for BufferTable<M> {
+    fn failures(&mut self) -> &mut Failures {
+        &mut self.failures
+    }
+
+    fn locate(&mut self, buffer: BufferId) -> (&mut Failures, TaintSlot<'_>) {
+        let slot = match self.slots.get_mut(buffer.slot() as usize) {
+            Some(s) if s.generation == buffer.generation() => s.entry.as_mut(),
+            _ => None,
+        };
+        let taint = match slot {
+            Some(entry) if entry.memory.is_some() => TaintSlot::Allocated(&mut entry.taint),
+            Some(entry) => TaintSlot::Unallocated(entry.record),
+            None => TaintSlot::Gone,
+        };
+        (&mut self.failures, taint)
+    }
+}
+
+impl<M> BufferTable<M> {
+    pub(crate) fn failures_len(&self) -> usize {
+        self.failures.len()
+    }
+}
