@@ -51,3 +51,37 @@ pub trait Suite: 'static {
         None
     }
 }
+
+/// Whether `SCOPE_REQUIRE` (a comma-separated list, or `all`) names
+/// `backend`, so that a missing device is a failure rather than a skip.
+pub fn required(backend: &str) -> bool {
+    std::env::var("SCOPE_REQUIRE").is_ok_and(|v| {
+        v.split(',')
+            .map(str::trim)
+            .any(|b| b.eq_ignore_ascii_case(backend) || b.eq_ignore_ascii_case("all"))
+    })
+}
+
+/// A client from `make`, or `None` after printing `skipped: no <backend>
+/// device (<why>)` when the backend is unavailable here.
+///
+/// # Panics
+///
+/// When the backend is unavailable and [`required`]; or when `make` fails
+/// for any reason other than unavailability — a device that is present but
+/// broken is a failure, never a skip.
+pub fn client_or_skip<B: Backend>(make: impl FnOnce() -> Result<Client<B>>) -> Option<Client<B>> {
+    match make() {
+        Ok(client) => Some(client),
+        Err(crate::Error::BackendUnavailable { reason, .. }) => {
+            assert!(
+                !required(B::NAME),
+                "SCOPE_REQUIRE names {} but it is unavailable: {reason}",
+                B::NAME
+            );
+            println!("skipped: no {} device ({reason})", B::NAME);
+            None
+        }
+        Err(other) => panic!("{} is present but failed to start: {other}", B::NAME),
+    }
+}

@@ -56,6 +56,7 @@ mod failure;
 mod fault;
 mod id;
 mod kernel;
+mod probe;
 mod scope;
 mod server;
 mod store;
@@ -75,6 +76,7 @@ pub use failure::{FailureNode, Failures, MAX_SKIP_RECORDS, SkipRecord, Work, Wor
 pub use fault::{FaultPlan, Site};
 pub use id::{BufferId, BufferRange, ByteRange, FailureId, GraphId, StreamId};
 pub use kernel::{Kernel, KernelId, KernelSource, Language};
+pub use probe::{DeviceKind, Probe, ProbedDevice};
 pub use scope::{ExecuteScope, ScopedOutcome, WriteScoped, failed_writing};
 pub use server::{COPY_ALIGNMENT, Server};
 pub use store::{FailureStore, TaintSlot};

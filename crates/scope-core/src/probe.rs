@@ -1,0 +1,73 @@
+//! What a server finds on this machine, without making a server.
+//!
+//! `cargo xtask matrix` asks every server crate's `probe()` and prints the
+//! answers side by side. A probe must never panic or abort: a missing driver
+//! library is an answer ("libcuda.so.1 not found"), not a crash.
+
+use std::fmt;
+
+/// Whether a device is real hardware or a software implementation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// A GPU.
+    Hardware,
+    /// A CPU implementation (lavapipe, llvmpipe, the host server).
+    Software,
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DeviceKind::Hardware => "hardware",
+            DeviceKind::Software => "software",
+        })
+    }
+}
+
+/// One device a probe found.
+#[derive(Clone, Debug)]
+pub struct ProbedDevice {
+    /// Its name.
+    pub name: String,
+    /// Hardware or software.
+    pub kind: DeviceKind,
+    /// Anything else worth a column: compute capability, API, driver.
+    pub detail: String,
+}
+
+/// What one backend found.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    /// The backend.
+    pub backend: &'static str,
+    /// The devices found; empty when none.
+    pub devices: Vec<ProbedDevice>,
+    /// Why there are none, when there are none.
+    pub why_not: Option<String>,
+}
+
+impl Probe {
+    /// A probe that found `devices`.
+    pub fn found(backend: &'static str, devices: Vec<ProbedDevice>) -> Self {
+        let why_not = devices.is_empty().then(|| "no device found".to_owned());
+        Self {
+            backend,
+            devices,
+            why_not,
+        }
+    }
+
+    /// A probe that found nothing, and why.
+    pub fn none(backend: &'static str, why: impl Into<String>) -> Self {
+        Self {
+            backend,
+            devices: Vec::new(),
+            why_not: Some(why.into()),
+        }
+    }
+
+    /// Whether any device was found.
+    pub fn has_device(&self) -> bool {
+        !self.devices.is_empty()
+    }
+}
