@@ -140,11 +140,23 @@ pub trait Backend: Send + 'static {
 
     /// Write `data` at `offset` of `dst`, ordered on `stream`. `data` is only
     /// borrowed for the call.
-    fn write(&mut self, stream: &mut Self::Stream, dst: &Self::Memory, offset: u64, data: &[u8]) -> Result<()>;
+    fn write(
+        &mut self,
+        stream: &mut Self::Stream,
+        dst: &Self::Memory,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()>;
 
     /// Read `out.len()` bytes at `offset` of `src` after the stream's earlier
     /// work, waiting for them.
-    fn read(&mut self, stream: &mut Self::Stream, src: &Self::Memory, offset: u64, out: &mut [u8]) -> Result<()>;
+    fn read(
+        &mut self,
+        stream: &mut Self::Stream,
+        src: &Self::Memory,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()>;
 
     /// Copy `len` bytes, ordered on `stream`.
     #[allow(clippy::too_many_arguments)]
@@ -163,7 +175,12 @@ pub trait Backend: Send + 'static {
     fn compile(&mut self, kernel: &Kernel) -> Result<Self::Kernel>;
 
     /// Launch, ordered on `stream`.
-    fn launch(&mut self, stream: &mut Self::Stream, kernel: &Self::Kernel, launch: &Launch<'_, Self::Memory>) -> Result<()>;
+    fn launch(
+        &mut self,
+        stream: &mut Self::Stream,
+        kernel: &Self::Kernel,
+        launch: &Launch<'_, Self::Memory>,
+    ) -> Result<()>;
 
     /// Submit what the stream has batched, without waiting.
     fn flush(&mut self, stream: &mut Self::Stream) -> Result<()> {

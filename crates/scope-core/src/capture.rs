@@ -248,7 +248,9 @@ mod tests {
         window.start().unwrap();
         assert!(window.start().is_err());
         assert_eq!(window.state(), CaptureState::Recording);
-        assert!(matches!(window.end(s).unwrap(), WindowEnd::Sealable { written, .. } if written.is_empty()));
+        assert!(
+            matches!(window.end(s).unwrap(), WindowEnd::Sealable { written, .. } if written.is_empty())
+        );
         assert_eq!(window.state(), CaptureState::NoCapture);
         window.prepare(s).unwrap();
         window.abort();
@@ -300,7 +302,11 @@ mod tests {
         window.record(&[w(1), w(2)], &[w(5)]);
         window.record(&[w(1)], &[w(2), w(5)]);
         assert_eq!(window.written(), &[w(1), w(2)]);
-        assert_eq!(window.read(), &[w(5)], "w(2) was written inside before it was read");
+        assert_eq!(
+            window.read(),
+            &[w(5)],
+            "w(2) was written inside before it was read"
+        );
     }
 
     #[test]

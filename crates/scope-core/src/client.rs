@@ -259,7 +259,13 @@ impl<B: Backend> Clone for Client<B> {
 
 impl<B: Backend> std::fmt::Debug for Client<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Client({}: {}, {})", B::NAME, self.shared.description, self.stream)
+        write!(
+            f,
+            "Client({}: {}, {})",
+            B::NAME,
+            self.shared.description,
+            self.stream
+        )
     }
 }
 
@@ -405,10 +411,7 @@ impl<B: Backend> Client<B> {
     /// kernels (rules 24–27); a refusal while the stream is recording; bad
     /// input; poison; a device fault, attributed to the work in flight.
     pub fn read<'a>(&self, src: impl Into<Slice<'a>>) -> Result<Vec<u8>> {
-        let src = src.into();
-        let mut out = vec![0; usize::try_from(src.range.len()).unwrap_or(0)];
-        self.server().read(self.stream, src, &mut out)?;
-        Ok(out)
+        self.server().read_vec(self.stream, src.into())
     }
 
     /// Like [`read`](Self::read), into `out`, whose length must be the
@@ -450,7 +453,13 @@ impl<B: Backend> Client<B> {
     /// Bad input (nothing claimed); [`Error::Skipped`] when an input carried
     /// a failure; a compile error or the device's failure, which the outputs
     /// now carry; poison.
-    pub fn launch(&self, kernel: &Kernel, bindings: &[Binding<'_>], scalars: &[u8], dispatch: Dispatch<'_>) -> Result<()> {
+    pub fn launch(
+        &self,
+        kernel: &Kernel,
+        bindings: &[Binding<'_>],
+        scalars: &[u8],
+        dispatch: Dispatch<'_>,
+    ) -> Result<()> {
         self.server()
             .launch(self.stream, kernel, bindings, scalars, dispatch)
     }
@@ -599,8 +608,11 @@ impl<B: Backend> Client<B> {
     #[cfg(feature = "fault-injection")]
     pub fn peek<'a>(&self, src: impl Into<Slice<'a>>) -> Result<Vec<u8>> {
         let src = src.into();
+        let mut server = self.server();
+        // Validate before sizing the buffer from a caller's range.
+        server.resolve(src.buffer, src.range, "peek source")?;
         let mut out = vec![0; usize::try_from(src.range.len()).unwrap_or(0)];
-        self.server().peek(self.stream, src, &mut out)?;
+        server.peek(self.stream, src, &mut out)?;
         Ok(out)
     }
 

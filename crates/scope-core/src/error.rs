@@ -29,7 +29,9 @@ pub enum Error {
 
     /// The launch did not run because an input carried a failure. Its
     /// outputs carry that failure now; a read of one names the root cause.
-    #[error("skipped `{kernel}` on {stream}: an input carries a failure; read an output for the cause")]
+    #[error(
+        "skipped `{kernel}` on {stream}: an input carries a failure; read an output for the cause"
+    )]
     Skipped {
         /// The kernel that did not run.
         kernel: Arc<str>,

@@ -403,7 +403,10 @@ mod tests {
         let mut failures = Failures::new();
         let f = failures.mint(work());
         failures.acquire(f);
-        assert!(matches!(*failures.error(f).unwrap(), Error::NeverFinished { .. }));
+        assert!(matches!(
+            *failures.error(f).unwrap(),
+            Error::NeverFinished { .. }
+        ));
         failures.set_error(f, Error::refused("first"));
         failures.set_error(f, Error::refused("second"));
         assert!(failures.error(f).unwrap().to_string().contains("second"));

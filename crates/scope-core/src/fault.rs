@@ -157,7 +157,12 @@ mod tests {
     fn counts_per_site_and_per_stream() {
         let mut plan = FaultPlan::new()
             .fail(Site::Launch, 2, Error::refused("second launch"))
-            .fail_on(Site::Write, StreamId(1), 1, Error::refused("first write on 1"));
+            .fail_on(
+                Site::Write,
+                StreamId(1),
+                1,
+                Error::refused("first write on 1"),
+            );
         assert!(plan.check(Site::Launch, Some(StreamId(0))).is_none());
         assert!(plan.check(Site::Write, Some(StreamId(0))).is_none());
         assert!(plan.check(Site::Launch, Some(StreamId(1))).is_some());

@@ -216,7 +216,11 @@ impl Host {
             let b = words(&args.bindings[1]);
             let out = &mut args.bindings[2];
             for (i, chunk) in out.chunks_exact_mut(4).take(n).enumerate() {
-                let sum = a.get(i).copied().unwrap_or(0).wrapping_add(b.get(i).copied().unwrap_or(0));
+                let sum = a
+                    .get(i)
+                    .copied()
+                    .unwrap_or(0)
+                    .wrapping_add(b.get(i).copied().unwrap_or(0));
                 chunk.copy_from_slice(&sum.to_le_bytes());
             }
             Ok(())
@@ -225,7 +229,11 @@ impl Host {
     }
 
     /// Register `kernel` under `name`, for [`Kernel::host`].
-    pub fn register(&mut self, name: &str, kernel: impl Fn(&mut HostArgs<'_>) -> Result<()> + Send + Sync + 'static) {
+    pub fn register(
+        &mut self,
+        name: &str,
+        kernel: impl Fn(&mut HostArgs<'_>) -> Result<()> + Send + Sync + 'static,
+    ) {
         self.kernels.insert(Arc::from(name), Arc::new(kernel));
     }
 
@@ -266,7 +274,8 @@ impl Backend for Host {
     }
 
     fn allocate(&mut self, size: u64) -> Result<HostMemory> {
-        let len = usize::try_from(size).map_err(|_| Error::invalid("allocation size", "past the address space"))?;
+        let len = usize::try_from(size)
+            .map_err(|_| Error::invalid("allocation size", "past the address space"))?;
         if let Some(limit) = self.limit
             && self.reserved + size > limit
         {
@@ -277,11 +286,13 @@ impl Backend for Host {
             });
         }
         let mut bytes = Vec::new();
-        bytes.try_reserve_exact(len).map_err(|e| Error::OutOfMemory {
-            backend: Self::NAME,
-            requested: size,
-            detail: e.to_string(),
-        })?;
+        bytes
+            .try_reserve_exact(len)
+            .map_err(|e| Error::OutOfMemory {
+                backend: Self::NAME,
+                requested: size,
+                detail: e.to_string(),
+            })?;
         bytes.resize(len, 0);
         self.reserved += size;
         Ok(Arc::new(Mutex::new(bytes)))
@@ -295,7 +306,13 @@ impl Backend for Host {
         self.reserved
     }
 
-    fn write(&mut self, stream: &mut HostStream, dst: &HostMemory, offset: u64, data: &[u8]) -> Result<()> {
+    fn write(
+        &mut self,
+        stream: &mut HostStream,
+        dst: &HostMemory,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
         stream.issue(Op::Write {
             dst: dst.clone(),
             offset,
@@ -303,7 +320,13 @@ impl Backend for Host {
         })
     }
 
-    fn read(&mut self, _stream: &mut HostStream, src: &HostMemory, offset: u64, out: &mut [u8]) -> Result<()> {
+    fn read(
+        &mut self,
+        _stream: &mut HostStream,
+        src: &HostMemory,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
         out.copy_from_slice(&src.lock()[range(offset, out.len() as u64)]);
         Ok(())
     }
@@ -334,14 +357,22 @@ impl Backend for Host {
                 log: "the host server runs registered closures only".to_owned(),
             });
         };
-        self.kernels.get(name).cloned().ok_or_else(|| Error::Compile {
-            backend: Self::NAME,
-            kernel: kernel.name().clone(),
-            log: format!("no host kernel is registered as `{name}`"),
-        })
+        self.kernels
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::Compile {
+                backend: Self::NAME,
+                kernel: kernel.name().clone(),
+                log: format!("no host kernel is registered as `{name}`"),
+            })
     }
 
-    fn launch(&mut self, stream: &mut HostStream, kernel: &HostFn, launch: &Launch<'_, HostMemory>) -> Result<()> {
+    fn launch(
+        &mut self,
+        stream: &mut HostStream,
+        kernel: &HostFn,
+        launch: &Launch<'_, HostMemory>,
+    ) -> Result<()> {
         let bindings = launch
             .bindings
             .iter()

@@ -152,7 +152,7 @@ impl ByteRange {
 
     /// How many bytes.
     pub const fn len(self) -> u64 {
-        self.end - self.start
+        self.end.saturating_sub(self.start)
     }
 
     /// Whether it holds no byte.

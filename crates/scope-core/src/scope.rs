@@ -224,7 +224,10 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
     /// A clean exit records the write set into a recording window and heals
     /// it; a failed exit dooms a recording window, gives the provisional
     /// failure the real error, logs it and tells the failure hook.
-    pub fn execute<R>(self, body: impl FnOnce(&mut S, &[BufferRange]) -> Result<R>) -> ScopedOutcome<R> {
+    pub fn execute<R>(
+        self,
+        body: impl FnOnce(&mut S, &[BufferRange]) -> Result<R>,
+    ) -> ScopedOutcome<R> {
         let Self {
             server,
             stream,

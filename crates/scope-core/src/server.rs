@@ -193,7 +193,12 @@ impl<B: Backend> Server<B> {
     // ----- handles -----------------------------------------------------
 
     /// Resolve `slice` of `buffer` to a validated range of a live buffer.
-    pub(crate) fn resolve(&self, buffer: &Buffer, range: ByteRange, what: &str) -> Result<BufferRange> {
+    pub(crate) fn resolve(
+        &self,
+        buffer: &Buffer,
+        range: ByteRange,
+        what: &str,
+    ) -> Result<BufferRange> {
         if buffer.server() != self.id {
             return Err(Error::invalid(
                 what,
@@ -206,11 +211,19 @@ impl<B: Backend> Server<B> {
         if range.end < range.start {
             return Err(Error::invalid(
                 what,
-                format!("range {}..{} of {} is reversed", range.start, range.end, buffer.id()),
+                format!(
+                    "range {}..{} of {} is reversed",
+                    range.start,
+                    range.end,
+                    buffer.id()
+                ),
             ));
         }
         if range.is_empty() {
-            return Err(Error::invalid(what, format!("empty range of {}", buffer.id())));
+            return Err(Error::invalid(
+                what,
+                format!("empty range of {}", buffer.id()),
+            ));
         }
         if range.end > entry.size {
             return Err(Error::invalid(
@@ -255,11 +268,17 @@ impl<B: Backend> Server<B> {
 
     /// Make `stream` wait for the last other stream that used each of
     /// `touched`, then mark them used by `stream`.
-    fn order(&mut self, stream: StreamId, touched: impl IntoIterator<Item = BufferId>) -> Result<()> {
+    fn order(
+        &mut self,
+        stream: StreamId,
+        touched: impl IntoIterator<Item = BufferId>,
+    ) -> Result<()> {
         let to = self.stream_index(stream);
         let mut waited: SmallVec<[usize; 4]> = SmallVec::new();
         for id in touched {
-            let Some(entry) = self.table.get_mut(id) else { continue };
+            let Some(entry) = self.table.get_mut(id) else {
+                continue;
+            };
             let from = entry.last_user.0 as usize;
             entry.last_user = stream;
             if from == to || from >= self.streams.len() || waited.contains(&from) {
@@ -329,8 +348,11 @@ impl<B: Backend> Server<B> {
         }
         let index = self.stream_index(stream);
         let in_flight = std::mem::take(&mut self.streams[index].in_flight);
-        self.table
-            .claim_failed(&in_flight, Work::new(WorkKind::Settle, stream), error.clone());
+        self.table.claim_failed(
+            &in_flight,
+            Work::new(WorkKind::Settle, stream),
+            error.clone(),
+        );
     }
 
     /// Poison the device with `fault`: every later operation fails fast, and
@@ -369,7 +391,9 @@ impl<B: Backend> Server<B> {
     pub(crate) fn create_stream(&mut self) -> Result<StreamId> {
         self.check_poison()?;
         let device = self.backend.create_stream()?;
-        let id = StreamId(u32::try_from(self.streams.len()).map_err(|_| Error::refused("too many streams"))?);
+        let id = StreamId(
+            u32::try_from(self.streams.len()).map_err(|_| Error::refused("too many streams"))?,
+        );
         self.streams.push(StreamState {
             device,
             window: CaptureWindow::new(),
@@ -379,7 +403,12 @@ impl<B: Backend> Server<B> {
         Ok(id)
     }
 
-    pub(crate) fn allocate(&mut self, stream: StreamId, size: u64, keep_failed: bool) -> Result<BufferId> {
+    pub(crate) fn allocate(
+        &mut self,
+        stream: StreamId,
+        size: u64,
+        keep_failed: bool,
+    ) -> Result<BufferId> {
         self.check_poison()?;
         if size == 0 {
             return Err(Error::invalid("allocation size", "zero bytes"));
@@ -388,7 +417,10 @@ impl<B: Backend> Server<B> {
         if size > max {
             return Err(Error::invalid(
                 "allocation size",
-                format!("{size} bytes is past {}'s largest allocation of {max} bytes", B::NAME),
+                format!(
+                    "{size} bytes is past {}'s largest allocation of {max} bytes",
+                    B::NAME
+                ),
             ));
         }
         let mut result = self
@@ -440,17 +472,37 @@ impl<B: Backend> Server<B> {
         self.require_memory(r)?;
         let mut written = self.write_set();
         written.push(r);
-        let outcome = ExecuteScope::over(self, Work::new(WorkKind::Write, stream), written).execute(|server, written| {
-            server.fault(Site::Write, Some(stream))?;
-            server.order(stream, [r.buffer])?;
-            let index = server.stream_index(stream);
-            let Server { backend, table, streams, .. } = server;
-            let memory = table.get(r.buffer).and_then(|e| e.memory.as_ref()).ok_or(Error::NeverAllocated { buffer: r.buffer })?;
-            backend.write(&mut streams[index].device, memory, r.range.start, data)?;
-            server.note_in_flight(stream, written);
-            Ok(())
-        });
+        let outcome = ExecuteScope::over(self, Work::new(WorkKind::Write, stream), written)
+            .execute(|server, written| {
+                server.fault(Site::Write, Some(stream))?;
+                server.order(stream, [r.buffer])?;
+                let index = server.stream_index(stream);
+                let Server {
+                    backend,
+                    table,
+                    streams,
+                    ..
+                } = server;
+                let memory = table
+                    .get(r.buffer)
+                    .and_then(|e| e.memory.as_ref())
+                    .ok_or(Error::NeverAllocated { buffer: r.buffer })?;
+                backend.write(&mut streams[index].device, memory, r.range.start, data)?;
+                server.note_in_flight(stream, written);
+                Ok(())
+            });
         self.conclude(outcome)
+    }
+
+    /// A read into a new vector, sized only after the range is validated: a
+    /// bogus range must be an error, not an allocation of its length.
+    pub(crate) fn read_vec(&mut self, stream: StreamId, src: Slice<'_>) -> Result<Vec<u8>> {
+        let r = self.resolve_copy_range(src, "read source")?;
+        let len = usize::try_from(r.range.len())
+            .map_err(|_| Error::invalid("read", "longer than the address space"))?;
+        let mut out = vec![0; len];
+        self.read(stream, src, &mut out)?;
+        Ok(out)
     }
 
     pub(crate) fn read(&mut self, stream: StreamId, src: Slice<'_>, out: &mut [u8]) -> Result<()> {
@@ -468,8 +520,16 @@ impl<B: Backend> Server<B> {
         let result = self.fault(Site::Read, Some(stream)).and_then(|()| {
             self.order(stream, [r.buffer])?;
             let index = self.stream_index(stream);
-            let Server { backend, table, streams, .. } = self;
-            let memory = table.get(r.buffer).and_then(|e| e.memory.as_ref()).ok_or(Error::NeverAllocated { buffer: r.buffer })?;
+            let Server {
+                backend,
+                table,
+                streams,
+                ..
+            } = self;
+            let memory = table
+                .get(r.buffer)
+                .and_then(|e| e.memory.as_ref())
+                .ok_or(Error::NeverAllocated { buffer: r.buffer })?;
             backend.read(&mut streams[index].device, memory, r.range.start, out)
         });
         match result {
@@ -492,7 +552,12 @@ impl<B: Backend> Server<B> {
         self.require_memory(r)?;
         self.order(stream, [r.buffer])?;
         let index = self.stream_index(stream);
-        let Server { backend, table, streams, .. } = self;
+        let Server {
+            backend,
+            table,
+            streams,
+            ..
+        } = self;
         let memory = table
             .get(r.buffer)
             .and_then(|e| e.memory.as_ref())
@@ -518,22 +583,36 @@ impl<B: Backend> Server<B> {
         written.push(d);
         let label = self.copy_label.clone();
         let read = [s];
-        let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(|server, written| {
-            server.require_memory(s)?;
-            server.fault(Site::Copy, Some(stream))?;
-            server.order(stream, [s.buffer, d.buffer])?;
-            let index = server.stream_index(stream);
-            let Server { backend, table, streams, .. } = server;
-            let (Some(src), Some(dst)) = (
-                table.get(s.buffer).and_then(|e| e.memory.as_ref()),
-                table.get(d.buffer).and_then(|e| e.memory.as_ref()),
-            ) else {
-                return Err(Error::NeverAllocated { buffer: s.buffer });
-            };
-            backend.copy(&mut streams[index].device, src, s.range.start, dst, d.range.start, s.range.len())?;
-            server.note_in_flight(stream, written);
-            Ok(())
-        });
+        let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
+            |server, written| {
+                server.require_memory(s)?;
+                server.fault(Site::Copy, Some(stream))?;
+                server.order(stream, [s.buffer, d.buffer])?;
+                let index = server.stream_index(stream);
+                let Server {
+                    backend,
+                    table,
+                    streams,
+                    ..
+                } = server;
+                let (Some(src), Some(dst)) = (
+                    table.get(s.buffer).and_then(|e| e.memory.as_ref()),
+                    table.get(d.buffer).and_then(|e| e.memory.as_ref()),
+                ) else {
+                    return Err(Error::NeverAllocated { buffer: s.buffer });
+                };
+                backend.copy(
+                    &mut streams[index].device,
+                    src,
+                    s.range.start,
+                    dst,
+                    d.range.start,
+                    s.range.len(),
+                )?;
+                server.note_in_flight(stream, written);
+                Ok(())
+            },
+        );
         self.conclude(outcome)
     }
 
@@ -582,7 +661,10 @@ impl<B: Backend> Server<B> {
                 ));
             }
             if r.range.len() % 4 != 0 {
-                return Err(Error::invalid(what(), format!("{} is not whole 4-byte words", r.range)));
+                return Err(Error::invalid(
+                    what(),
+                    format!("{} is not whole 4-byte words", r.range),
+                ));
             }
             if binding.access.reads() {
                 read.push(r);
@@ -618,61 +700,81 @@ impl<B: Backend> Server<B> {
         {
             let error = self.table.unallocated_error(unallocated.buffer);
             written.retain(|w| w.buffer != unallocated.buffer);
-            return Err(failed_writing(self, Work::launch(name, stream), written, error));
+            return Err(failed_writing(
+                self,
+                Work::launch(name, stream),
+                written,
+                error,
+            ));
         }
         if let Err(error) = self.ensure_compiled(stream, kernel) {
-            return Err(failed_writing(self, Work::launch(name, stream), written, error));
+            return Err(failed_writing(
+                self,
+                Work::launch(name, stream),
+                written,
+                error,
+            ));
         }
         let id = kernel.id();
-        let outcome = ExecuteScope::launching(self, &name, stream, &read, written).execute(|server, written| {
-            if runs_nothing {
-                return Ok(());
-            }
-            server.fault(Site::Launch, Some(stream))?;
-            server.order(stream, resolved.iter().map(|(r, _)| r.buffer))?;
-            let index = server.stream_index(stream);
-            {
-            let Server { backend, table, streams, kernels, .. } = server;
-            let mut bound: SmallVec<[Bound<'_, B::Memory>; 8]> = SmallVec::new();
-            for (r, access) in &resolved {
-                let memory = table
-                    .get(r.buffer)
-                    .and_then(|e| e.memory.as_ref())
-                    .ok_or(Error::NeverAllocated { buffer: r.buffer })?;
-                bound.push(Bound {
-                    memory,
-                    offset: r.range.start,
-                    len: r.range.len(),
-                    access: *access,
-                });
-            }
-            let dispatch = match groups {
-                Some(groups) => BoundDispatch::Groups(groups),
-                None => {
-                    let last = bound.pop().ok_or_else(|| Error::invalid("indirect dispatch", "missing"))?;
-                    BoundDispatch::Indirect {
-                        memory: last.memory,
-                        offset: last.offset,
-                    }
+        let outcome = ExecuteScope::launching(self, &name, stream, &read, written).execute(
+            |server, written| {
+                if runs_nothing {
+                    return Ok(());
                 }
-            };
-            let compiled = kernels
-                .get(&id)
-                .ok_or_else(|| Error::refused("the compiled kernel was evicted"))?;
-            backend.launch(
-                &mut streams[index].device,
-                compiled,
-                &Launch {
-                    name: &name,
-                    bindings: &bound,
-                    scalars,
-                    dispatch,
-                },
-            )?;
-            }
-            server.note_in_flight(stream, written);
-            Ok(())
-        });
+                server.fault(Site::Launch, Some(stream))?;
+                server.order(stream, resolved.iter().map(|(r, _)| r.buffer))?;
+                let index = server.stream_index(stream);
+                {
+                    let Server {
+                        backend,
+                        table,
+                        streams,
+                        kernels,
+                        ..
+                    } = server;
+                    let mut bound: SmallVec<[Bound<'_, B::Memory>; 8]> = SmallVec::new();
+                    for (r, access) in &resolved {
+                        let memory = table
+                            .get(r.buffer)
+                            .and_then(|e| e.memory.as_ref())
+                            .ok_or(Error::NeverAllocated { buffer: r.buffer })?;
+                        bound.push(Bound {
+                            memory,
+                            offset: r.range.start,
+                            len: r.range.len(),
+                            access: *access,
+                        });
+                    }
+                    let dispatch = match groups {
+                        Some(groups) => BoundDispatch::Groups(groups),
+                        None => {
+                            let last = bound
+                                .pop()
+                                .ok_or_else(|| Error::invalid("indirect dispatch", "missing"))?;
+                            BoundDispatch::Indirect {
+                                memory: last.memory,
+                                offset: last.offset,
+                            }
+                        }
+                    };
+                    let compiled = kernels
+                        .get(&id)
+                        .ok_or_else(|| Error::refused("the compiled kernel was evicted"))?;
+                    backend.launch(
+                        &mut streams[index].device,
+                        compiled,
+                        &Launch {
+                            name: &name,
+                            bindings: &bound,
+                            scalars,
+                            dispatch,
+                        },
+                    )?;
+                }
+                server.note_in_flight(stream, written);
+                Ok(())
+            },
+        );
         self.conclude(outcome)
     }
 
@@ -815,27 +917,37 @@ impl<B: Backend> Server<B> {
         let graph_written = entry.written.clone();
         let mut written = self.write_set();
         written.extend_from_slice(&graph_written);
-        let touched: SmallVec<[BufferId; 8]> = written.iter().chain(&read).map(|r| r.buffer).collect();
+        let touched: SmallVec<[BufferId; 8]> =
+            written.iter().chain(&read).map(|r| r.buffer).collect();
         let id = graph.id;
-        let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(|server, written| {
-            server.fault(Site::Replay, Some(stream))?;
-            server.order(stream, touched)?;
-            let index = server.stream_index(stream);
-            let Server { backend, streams, graphs, .. } = server;
-            let entry = graphs.get(&id).ok_or_else(|| Error::invalid("graph", "destroyed"))?;
-            backend
-                .replay(&mut streams[index].device, &entry.graph)
-                .map_err(|e| match e {
-                    e @ Error::Fault(_) => e,
-                    other => Error::Replay {
-                        graph: id,
-                        stream,
-                        detail: other.to_string(),
-                    },
-                })?;
-            server.note_in_flight(stream, written);
-            Ok(())
-        });
+        let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
+            |server, written| {
+                server.fault(Site::Replay, Some(stream))?;
+                server.order(stream, touched)?;
+                let index = server.stream_index(stream);
+                let Server {
+                    backend,
+                    streams,
+                    graphs,
+                    ..
+                } = server;
+                let entry = graphs
+                    .get(&id)
+                    .ok_or_else(|| Error::invalid("graph", "destroyed"))?;
+                backend
+                    .replay(&mut streams[index].device, &entry.graph)
+                    .map_err(|e| match e {
+                        e @ Error::Fault(_) => e,
+                        other => Error::Replay {
+                            graph: id,
+                            stream,
+                            detail: other.to_string(),
+                        },
+                    })?;
+                server.note_in_flight(stream, written);
+                Ok(())
+            },
+        );
         self.conclude(outcome)
     }
 

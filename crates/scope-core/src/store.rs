@@ -139,7 +139,12 @@ pub trait FailureStore {
     /// Claim `written` for a new failure with `error`, for work that never
     /// started or whose fault surfaced later (rules 21, 23, 33). Returns the
     /// failure, or `None` when it claimed nothing and was pruned.
-    fn claim_failed(&mut self, written: &[BufferRange], work: Work, error: Error) -> Option<FailureId> {
+    fn claim_failed(
+        &mut self,
+        written: &[BufferRange],
+        work: Work,
+        error: Error,
+    ) -> Option<FailureId> {
         let failure = self.failures().mint_failed(work, error);
         self.taint(written, failure);
         self.failures().prune(failure);

@@ -51,7 +51,13 @@ impl<M> BufferTable<M> {
 
     /// Add a buffer; `memory` is `None` when its allocation failed with
     /// `record`.
-    pub(crate) fn insert(&mut self, size: u64, memory: Option<M>, record: Option<FailureId>, stream: StreamId) -> BufferId {
+    pub(crate) fn insert(
+        &mut self,
+        size: u64,
+        memory: Option<M>,
+        record: Option<FailureId>,
+        stream: StreamId,
+    ) -> BufferId {
         if memory.is_some() {
             self.bytes_allocated += size;
         }
@@ -149,7 +155,11 @@ impl<M> BufferTable<M> {
 
     /// The error a buffer without memory answers.
     pub(crate) fn unallocated_error(&self, id: BufferId) -> Error {
-        match self.get(id).and_then(|e| e.record).and_then(|f| self.failures.error(f)) {
+        match self
+            .get(id)
+            .and_then(|e| e.record)
+            .and_then(|f| self.failures.error(f))
+        {
             Some(error) => (*error).clone(),
             None => Error::NeverAllocated { buffer: id },
         }

@@ -274,12 +274,19 @@ mod tests {
         let mut t = Taint::new();
         t.set(r(0, 100), a, &mut failures);
         t.set(r(200, 300), a, &mut failures);
-        assert_eq!(failures.get(a).unwrap().carriers(), 1, "one tag per allocation");
+        assert_eq!(
+            failures.get(a).unwrap().carriers(),
+            1,
+            "one tag per allocation"
+        );
         t.set(r(50, 250), b, &mut failures);
         assert_eq!(ranges(&t, a), vec![r(0, 50), r(250, 300)]);
         assert_eq!(ranges(&t, b), vec![r(50, 250)]);
         t.set(r(0, 300), b, &mut failures);
-        assert!(failures.get(a).is_none(), "a lost its last range, so it is gone");
+        assert!(
+            failures.get(a).is_none(),
+            "a lost its last range, so it is gone"
+        );
         assert_eq!(failures.get(b).unwrap().carriers(), 1);
         t.set(r(0, 300), b, &mut failures);
         assert_eq!(ranges(&t, b), vec![r(0, 300)]);
