@@ -1,1 +1,146 @@
-fn main() {}
+//! The success-path cycle of a write scope, with nothing else around it.
+//!
+//! Mint a provisional failure, claim N buffers over bytes 0..4096, run an
+//! empty body, release the claims, prune — for N = 1, 2, 4 — through the real
+//! [`ExecuteScope`] over a store that is only a table of taints. Prints
+//! ns/launch and heap allocations/launch (a counting global allocator).
+//! Targets on the 2-core development machine: 0 allocations; at most 20, 35
+//! and 60 ns for N = 1, 2, 4.
+//!
+//! `SCOPE_BENCH_SMOKE=1` runs a few iterations, to prove the bench runs.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use scope_core::{
+    BufferId, BufferRange, ByteRange, ExecuteScope, FailureStore, Failures, ScopedOutcome,
+    StreamId, Taint, TaintSlot, Work, WorkKind, WriteScoped,
+};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the
+// counter has no effect on the memory handed out.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which
+        // is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `alloc` above, i.e. from the system
+        // allocator, with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as for `dealloc`, and `new_size` is the caller's to check.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+struct Store {
+    failures: Failures,
+    taints: Vec<Taint>,
+    pool: Vec<Vec<BufferRange>>,
+}
+
+impl FailureStore for Store {
+    fn failures(&mut self) -> &mut Failures {
+        &mut self.failures
+    }
+
+    fn locate(&mut self, buffer: BufferId) -> (&mut Failures, TaintSlot<'_>) {
+        match self.taints.get_mut(buffer.slot() as usize) {
+            Some(taint) => (&mut self.failures, TaintSlot::Allocated(taint)),
+            None => (&mut self.failures, TaintSlot::Gone),
+        }
+    }
+}
+
+impl WriteScoped for Store {
+    type Store = Self;
+
+    fn store(&mut self) -> &mut Self {
+        self
+    }
+
+    fn write_set(&mut self) -> Vec<BufferRange> {
+        self.pool.pop().unwrap_or_default()
+    }
+
+    fn recycle(&mut self, mut set: Vec<BufferRange>) {
+        set.clear();
+        self.pool.push(set);
+    }
+}
+
+fn cycle(store: &mut Store, targets: &[BufferRange]) {
+    let mut written = store.write_set();
+    for target in targets {
+        written.push(*target);
+    }
+    let outcome = ExecuteScope::over(store, Work::new(WorkKind::Launch, StreamId(0)), written)
+        .execute(|_, written| Ok(black_box(written.len())));
+    match outcome {
+        ScopedOutcome::Executed(n) => {
+            black_box(n);
+        }
+        _ => unreachable!("an empty body succeeds"),
+    }
+}
+
+fn main() {
+    let smoke = std::env::var_os("SCOPE_BENCH_SMOKE").is_some();
+    let iterations: u64 = if smoke { 1_000 } else { 2_000_000 };
+    let rounds = if smoke { 1 } else { 7 };
+    println!("write_scope: the success-path cycle (mint, claim N x 0..4096, release, prune)");
+    for n in [1usize, 2, 4] {
+        let mut store = Store {
+            failures: Failures::new(),
+            taints: (0..n).map(|_| Taint::new()).collect(),
+            pool: Vec::new(),
+        };
+        let targets: Vec<BufferRange> = (0..n)
+            .map(|i| BufferRange {
+                buffer: BufferId::from_parts(i as u32, 0),
+                range: ByteRange::new(0, 4096),
+            })
+            .collect();
+        // Warm the pool so the measured cycles see steady state.
+        for _ in 0..1_000 {
+            cycle(&mut store, &targets);
+        }
+        let mut best = f64::INFINITY;
+        let mut allocations = 0;
+        for _ in 0..rounds {
+            let before = ALLOCATIONS.load(Ordering::Relaxed);
+            let start = Instant::now();
+            for _ in 0..iterations {
+                cycle(&mut store, black_box(&targets));
+            }
+            let ns = start.elapsed().as_nanos() as f64 / iterations as f64;
+            allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+            best = best.min(ns);
+        }
+        assert!(
+            store.failures.is_empty(),
+            "the success path leaves nothing held"
+        );
+        let target = [20.0, 35.0, 60.0][n.trailing_zeros() as usize];
+        println!(
+            "  N={n}: {best:6.1} ns/launch (target <= {target:.0}), {:.3} allocations/launch",
+            allocations as f64 / iterations as f64
+        );
+    }
+}

@@ -523,7 +523,8 @@ impl<B: Backend> Client<B> {
         })
     }
 
-    /// Throw `capture` away; its recorded work never runs and claims nothing.
+    /// Throw `capture` away. Its recorded work never runs, so what that work
+    /// would have written is claimed, as by a window that cannot seal.
     pub fn abort_capture(&self, capture: Capture) {
         self.server().abort_capture(&capture);
     }
@@ -567,14 +568,34 @@ impl<B: Backend> Client<B> {
         self.server().failures_seen(self.stream)
     }
 
+    /// Every failure held and every buffer's claims, for a test that must
+    /// explain a broken invariant.
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn dump_failures(&self) -> String {
+        self.server().dump_failures()
+    }
+
     /// How many failures the device holds (rule 7).
     pub fn failures_held(&self) -> usize {
         self.server().failures_held()
     }
 
-    /// How many live buffers carry a failure or an allocation record.
-    pub fn failure_carriers(&self) -> usize {
-        self.server().failure_carriers()
+    /// How many (buffer, failure) claims are live, allocation records
+    /// included. The store never holds more failures than this (rule 7).
+    pub fn failure_claims(&self) -> usize {
+        self.server().failure_claims()
+    }
+
+    /// Check the store's books: every failure's carrier count matches the
+    /// buffers that claim it, and none is held without a carrier.
+    ///
+    /// # Errors
+    ///
+    /// What does not add up, for a test to print.
+    #[cfg(feature = "fault-injection")]
+    pub fn audit(&self) -> std::result::Result<(), String> {
+        self.server().audit()
     }
 
     /// Bytes of live buffers.

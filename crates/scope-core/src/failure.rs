@@ -20,6 +20,7 @@
 //! error is "the work never finished", built only when someone asks.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use crate::error::{Chain, Error, Hop, UnwrittenBytes};
@@ -30,12 +31,14 @@ pub const MAX_SKIP_RECORDS: usize = 16;
 
 /// What a provisional failure was minted for, so that "never finished" can
 /// name it without building a string on the success path.
-#[derive(Clone, Debug)]
+///
+/// Eight bytes and `Copy`, so that it travels in a register: the success
+/// path passes one on every launch. A launch's kernel name is passed beside
+/// it where there is one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Work {
     /// What kind of work.
     pub kind: WorkKind,
-    /// The kernel, for a launch.
-    pub kernel: Option<Arc<str>>,
     /// The stream it was issued on.
     pub stream: StreamId,
 }
@@ -60,23 +63,10 @@ pub enum WorkKind {
 impl Work {
     /// Work of `kind` on `stream`.
     pub fn new(kind: WorkKind, stream: StreamId) -> Self {
-        Self {
-            kind,
-            kernel: None,
-            stream,
-        }
+        Self { kind, stream }
     }
 
-    /// A launch of `kernel` on `stream`.
-    pub fn launch(kernel: Arc<str>, stream: StreamId) -> Self {
-        Self {
-            kind: WorkKind::Launch,
-            kernel: Some(kernel),
-            stream,
-        }
-    }
-
-    fn describe(&self) -> String {
+    fn describe(&self, kernel: Option<&Arc<str>>) -> String {
         let what = match self.kind {
             WorkKind::Launch => "launch",
             WorkKind::Write => "host write",
@@ -85,7 +75,7 @@ impl Work {
             WorkKind::Allocate => "allocation",
             WorkKind::Settle => "device work",
         };
-        match &self.kernel {
+        match kernel {
             Some(kernel) => format!("{what} of `{kernel}` on {}", self.stream),
             None => format!("{what} on {}", self.stream),
         }
@@ -111,19 +101,28 @@ pub struct FailureNode {
     /// `None` while provisional: the work that minted it has not ended.
     error: Option<Arc<Error>>,
     work: Work,
+    kernel: Option<Arc<str>>,
     carriers: u32,
+    /// Boxed and absent until the first skip: most failures never stop a
+    /// launch, and a provisional one is moved in and out of the nursery on
+    /// every launch, so the node stays small.
+    history: Option<Box<History>>,
+}
+
+#[derive(Debug, Default)]
+struct History {
     skips: VecDeque<SkipRecord>,
-    total_skips: u64,
+    total: u64,
 }
 
 impl FailureNode {
-    fn new(work: Work) -> Self {
+    fn new(work: Work, kernel: Option<Arc<str>>) -> Self {
         Self {
             error: None,
             work,
+            kernel,
             carriers: 0,
-            skips: VecDeque::new(),
-            total_skips: 0,
+            history: None,
         }
     }
 
@@ -132,7 +131,7 @@ impl FailureNode {
         match &self.error {
             Some(error) => error.clone(),
             None => Arc::new(Error::NeverFinished {
-                work: self.work.describe(),
+                work: self.work.describe(self.kernel.as_ref()),
             }),
         }
     }
@@ -144,12 +143,33 @@ impl FailureNode {
 
     /// How many skips it has caused in all, kept or dropped.
     pub fn total_skips(&self) -> u64 {
-        self.total_skips
+        self.history.as_ref().map_or(0, |h| h.total)
     }
 
     /// The skip records it keeps, oldest first.
     pub fn skips(&self) -> impl Iterator<Item = &SkipRecord> {
-        self.skips.iter()
+        self.history.iter().flat_map(|h| h.skips.iter())
+    }
+}
+
+/// Failure ids come from a counter, so they are already well spread: the
+/// map hashes them with one multiplication instead of SipHash.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 
@@ -158,7 +178,7 @@ impl FailureNode {
 pub struct Failures {
     next: u64,
     nursery: Option<(FailureId, FailureNode)>,
-    nodes: HashMap<FailureId, FailureNode>,
+    nodes: HashMap<FailureId, FailureNode, BuildHasherDefault<IdHasher>>,
 }
 
 impl Default for Failures {
@@ -173,7 +193,7 @@ impl Failures {
         Self {
             next: 1,
             nursery: None,
-            nodes: HashMap::new(),
+            nodes: HashMap::default(),
         }
     }
 
@@ -182,13 +202,24 @@ impl Failures {
     /// The caller taints with it and then either replaces its error or lets
     /// its carriers go; a failure that tainted nothing is the minter's to
     /// [`prune`](Self::prune) (rule 5).
+    #[inline]
     pub fn mint(&mut self, work: Work) -> FailureId {
-        let id = FailureId::new(self.next).expect("the counter starts at one");
+        self.mint_for(work, None)
+    }
+
+    /// Mint a failure for `work` running `kernel`, which "never finished"
+    /// names.
+    #[inline]
+    pub fn mint_for(&mut self, work: Work, kernel: Option<&Arc<str>>) -> FailureId {
+        let Some(id) = FailureId::new(self.next) else {
+            unreachable!("the counter starts at one and a u64 does not wrap")
+        };
         self.next += 1;
-        if let Some((old, node)) = self.nursery.replace((id, FailureNode::new(work))) {
+        if let Some((old, node)) = self.nursery.take() {
             // A second mint while the first is still held: the first graduates.
             self.nodes.insert(old, node);
         }
+        self.nursery = Some((id, FailureNode::new(work, kernel.cloned())));
         id
     }
 
@@ -201,6 +232,7 @@ impl Failures {
     }
 
     /// The node of `id`, if it is held.
+    #[inline]
     pub fn get(&self, id: FailureId) -> Option<&FailureNode> {
         match &self.nursery {
             Some((nursed, node)) if *nursed == id => Some(node),
@@ -208,6 +240,7 @@ impl Failures {
         }
     }
 
+    #[inline]
     fn get_mut(&mut self, id: FailureId) -> Option<&mut FailureNode> {
         match &mut self.nursery {
             Some((nursed, node)) if *nursed == id => Some(node),
@@ -215,6 +248,7 @@ impl Failures {
         }
     }
 
+    #[inline]
     fn remove(&mut self, id: FailureId) {
         match &self.nursery {
             Some((nursed, _)) if *nursed == id => self.nursery = None,
@@ -226,6 +260,7 @@ impl Failures {
 
     /// One more allocation carries `id` (rule 3: the caller counts an
     /// allocation once however many of its ranges the failure claims).
+    #[inline]
     pub fn acquire(&mut self, id: FailureId) {
         if let Some(node) = self.get_mut(id) {
             node.carriers += 1;
@@ -237,6 +272,7 @@ impl Failures {
     /// One allocation no longer carries `id`; the last one removes it at once
     /// (rule 4). Releasing more often than acquired floors at zero and
     /// removes it, and asserts in debug builds.
+    #[inline]
     pub fn release(&mut self, id: FailureId) {
         let Some(node) = self.get_mut(id) else {
             debug_assert!(false, "release of unknown {id:?}");
@@ -252,9 +288,22 @@ impl Failures {
     /// Remove `id` if nothing carries it: the minter's clean-up for a failure
     /// that tainted nothing. A carried or unknown failure is left alone
     /// (rule 5).
+    #[inline]
     pub fn prune(&mut self, id: FailureId) {
-        if self.get(id).is_some_and(|node| node.carriers == 0) {
-            self.remove(id);
+        match &self.nursery {
+            Some((nursed, node)) if *nursed == id => {
+                if node.carriers == 0 {
+                    self.nursery = None;
+                }
+            }
+            // The success path: the provisional was released already and
+            // nothing ever graduated to the map.
+            _ if self.nodes.is_empty() => {}
+            _ => {
+                if self.nodes.get(&id).is_some_and(|node| node.carriers == 0) {
+                    self.nodes.remove(&id);
+                }
+            }
         }
     }
 
@@ -275,11 +324,12 @@ impl Failures {
     /// newest [`MAX_SKIP_RECORDS`].
     pub fn record_skip(&mut self, root: FailureId, record: SkipRecord) {
         if let Some(node) = self.get_mut(root) {
-            if node.skips.len() == MAX_SKIP_RECORDS {
-                node.skips.pop_front();
+            let history = node.history.get_or_insert_default();
+            if history.skips.len() == MAX_SKIP_RECORDS {
+                history.skips.pop_front();
             }
-            node.skips.push_back(record);
-            node.total_skips += 1;
+            history.skips.push_back(record);
+            history.total += 1;
         }
     }
 
@@ -311,15 +361,17 @@ impl Failures {
     /// which is where the root failure itself wrote.
     pub fn report(&self, id: FailureId, read: BufferRange) -> Option<UnwrittenBytes> {
         let node = self.get(id)?;
+        let empty = VecDeque::new();
+        let skips = node.history.as_ref().map_or(&empty, |h| &h.skips);
         let mut hops = Vec::new();
         let mut wanted = read;
-        let mut before = node.skips.len();
-        while let Some(index) = node.skips.iter().take(before).rposition(|skip| {
+        let mut before = skips.len();
+        while let Some(index) = skips.iter().take(before).rposition(|skip| {
             skip.outputs
                 .iter()
                 .any(|out| out.buffer == wanted.buffer && out.range.intersects(wanted.range))
         }) {
-            let skip = &node.skips[index];
+            let skip = &skips[index];
             let wrote = skip
                 .outputs
                 .iter()
@@ -342,7 +394,7 @@ impl Failures {
             root: node.error(),
             chain: Chain {
                 hops,
-                dropped: node.total_skips - node.skips.len() as u64,
+                dropped: node.total_skips() - skips.len() as u64,
             },
         })
     }

@@ -55,7 +55,7 @@ mod error;
 mod failure;
 mod fault;
 mod id;
-mod kernel;
+pub mod kernel;
 mod probe;
 mod scope;
 mod server;

@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use crate::capture::CaptureWindow;
 use crate::error::{Error, Result};
-use crate::failure::Work;
+use crate::failure::{Work, WorkKind};
 use crate::id::{BufferRange, FailureId, StreamId};
 use crate::store::FailureStore;
 
@@ -148,8 +148,17 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
     /// device copy whose source was checked, a replay, work that never
     /// started. Always enters (rule 16).
     pub fn over(server: &'a mut S, work: Work, written: Vec<BufferRange>) -> Self {
+        Self::enter(server, work, None, written)
+    }
+
+    fn enter(
+        server: &'a mut S,
+        work: Work,
+        kernel: Option<&Arc<str>>,
+        written: Vec<BufferRange>,
+    ) -> Self {
         let stream = work.stream;
-        let provisional = server.store().enter_write(&written, work);
+        let provisional = server.store().enter_write(&written, work, kernel);
         Self {
             server,
             stream,
@@ -176,7 +185,12 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         written: Vec<BufferRange>,
     ) -> Self {
         let Some((root, input)) = server.store().read_failure(read) else {
-            let mut scope = Self::over(server, Work::launch(kernel.clone(), stream), written);
+            let mut scope = Self::enter(
+                server,
+                Work::new(WorkKind::Launch, stream),
+                Some(kernel),
+                written,
+            );
             scope.read = read;
             return scope;
         };

@@ -702,7 +702,7 @@ impl<B: Backend> Server<B> {
             written.retain(|w| w.buffer != unallocated.buffer);
             return Err(failed_writing(
                 self,
-                Work::launch(name, stream),
+                Work::new(WorkKind::Launch, stream),
                 written,
                 error,
             ));
@@ -710,7 +710,7 @@ impl<B: Backend> Server<B> {
         if let Err(error) = self.ensure_compiled(stream, kernel) {
             return Err(failed_writing(
                 self,
-                Work::launch(name, stream),
+                Work::new(WorkKind::Launch, stream),
                 written,
                 error,
             ));
@@ -868,6 +868,9 @@ impl<B: Backend> Server<B> {
         error
     }
 
+    /// Throw a window away. Its clean work healed what it wrote when it was
+    /// recorded, because recording is its submission (rule 23); withdrawn,
+    /// that work will never run, so its write set is claimed again.
     pub(crate) fn abort_capture(&mut self, capture: &Capture) {
         if capture.server != self.id {
             return;
@@ -875,9 +878,19 @@ impl<B: Backend> Server<B> {
         let index = self.stream_index(capture.stream);
         let state = &mut self.streams[index];
         let was = state.window.state();
-        state.window.abort();
+        let written = state.window.abort();
         if was == CaptureState::Recording {
             self.backend.abort_capture(&mut state.device);
+        }
+        if !written.is_empty() {
+            let error = Error::Unsealed {
+                stream: capture.stream,
+                reason: Arc::new(Error::refused(
+                    "the capture was aborted, so its recorded work never runs",
+                )),
+            };
+            self.table
+                .claim_failed(&written, Work::new(WorkKind::Settle, capture.stream), error);
         }
     }
 
@@ -985,8 +998,18 @@ impl<B: Backend> Server<B> {
         self.table.failures_len()
     }
 
-    pub(crate) fn failure_carriers(&self) -> usize {
-        self.table.carriers()
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn dump_failures(&self) -> String {
+        self.table.dump()
+    }
+
+    pub(crate) fn failure_claims(&self) -> usize {
+        self.table.claims()
+    }
+
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn audit(&self) -> Result<(), String> {
+        self.table.audit()
     }
 
     pub(crate) fn bytes_allocated(&self) -> u64 {

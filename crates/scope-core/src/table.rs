@@ -144,13 +144,47 @@ impl<M> BufferTable<M> {
         self.bytes_allocated
     }
 
-    /// How many live buffers carry a claim or a record: the bound of rule 7.
-    pub(crate) fn carriers(&self) -> usize {
+    /// How many (buffer, failure) claims are live, allocation records
+    /// included: the bound of rule 7, as restated in `docs/ERROR_MODEL.md`.
+    /// One buffer can carry several failures over different ranges, so the
+    /// bound counts claims rather than buffers.
+    pub(crate) fn claims(&self) -> usize {
         self.slots
             .iter()
             .filter_map(|s| s.entry.as_ref())
-            .filter(|e| !e.taint.is_clean() || e.record.is_some())
-            .count()
+            .map(|e| e.taint.claims().len() + usize::from(e.record.is_some()))
+            .sum()
+    }
+
+    /// Whether every failure's carrier count is exactly the number of
+    /// buffers that claim it (rule 3), none is held with no carrier (rules
+    /// 4, 5), and no buffer claims a failure the store does not hold.
+    pub(crate) fn audit(&self) -> Result<(), String> {
+        use std::collections::HashMap;
+        let mut counted: HashMap<FailureId, u32> = HashMap::new();
+        for entry in self.slots.iter().filter_map(|s| s.entry.as_ref()) {
+            for claim in entry.taint.claims() {
+                *counted.entry(claim.failure).or_default() += 1;
+            }
+            if let Some(f) = entry.record {
+                *counted.entry(f).or_default() += 1;
+            }
+        }
+        for (id, node) in self.failures.held() {
+            let claimed = counted.remove(&id).unwrap_or(0);
+            if node.carriers() != claimed || claimed == 0 {
+                return Err(format!(
+                    "{id:?} counts {} carriers but {claimed} buffers claim it",
+                    node.carriers()
+                ));
+            }
+        }
+        match counted.into_keys().next() {
+            Some(orphan) => Err(format!(
+                "a buffer claims {orphan:?}, which the store does not hold"
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The error a buffer without memory answers.
@@ -188,5 +222,30 @@ impl<M> FailureStore for BufferTable<M> {
 impl<M> BufferTable<M> {
     pub(crate) fn failures_len(&self) -> usize {
         self.failures.len()
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+impl<M> BufferTable<M> {
+    pub(crate) fn dump(&self) -> String {
+        let mut out = String::new();
+        for (id, node) in self.failures.held() {
+            out.push_str(&format!(
+                "{id:?}: carriers {} error {}\n",
+                node.carriers(),
+                node.error()
+            ));
+        }
+        for (i, s) in self.slots.iter().enumerate() {
+            if let Some(e) = &s.entry {
+                out.push_str(&format!(
+                    "slot {i}.{}: record {:?} claims {:?}\n",
+                    s.generation,
+                    e.record,
+                    e.taint.claims()
+                ));
+            }
+        }
+        out
     }
 }

@@ -31,8 +31,13 @@ impl Ranges {
     }
 
     /// Merge `range` in, fusing any range it overlaps or touches.
+    #[inline]
     pub fn insert(&mut self, range: ByteRange) {
         if range.is_empty() {
+            return;
+        }
+        if self.0.is_empty() {
+            self.0.push(range);
             return;
         }
         // First range that ends at or after our start: everything before it
@@ -56,8 +61,16 @@ impl Ranges {
     }
 
     /// Remove `range`, splitting a range it falls strictly inside (rule 11).
+    #[inline]
     pub fn remove(&mut self, range: ByteRange) {
         if range.is_empty() {
+            return;
+        }
+        if let [only] = self.0.as_slice()
+            && range.start <= only.start
+            && only.end <= range.end
+        {
+            self.0.clear();
             return;
         }
         let mut i = self.0.partition_point(|r| r.end <= range.start);
@@ -137,8 +150,17 @@ impl Taint {
     /// so at most one failure can explain them. The range is first removed
     /// from every other claim, releasing any left empty, then merged into
     /// `failure`'s. An empty range changes nothing.
+    #[inline]
     pub fn set(&mut self, range: ByteRange, failure: FailureId, failures: &mut Failures) {
         if range.is_empty() {
+            return;
+        }
+        if self.claims.is_empty() {
+            // The success path: a clean allocation gains its first claim.
+            let mut ranges = Ranges::default();
+            ranges.0.push(range);
+            self.claims.push(Claim { failure, ranges });
+            failures.acquire(failure);
             return;
         }
         self.clear_except(range, Some(failure), failures);
@@ -154,8 +176,20 @@ impl Taint {
     }
 
     /// Remove `range` from every claim: the bytes were written (rule 11).
+    #[inline]
     pub fn clear(&mut self, range: ByteRange, failures: &mut Failures) {
         if range.is_empty() || self.claims.is_empty() {
+            return;
+        }
+        if let [only] = self.claims.as_slice()
+            && let [claimed] = only.ranges.0.as_slice()
+            && range.start <= claimed.start
+            && claimed.end <= range.end
+        {
+            // The success path: the one claim, wholly rewritten.
+            let failure = only.failure;
+            self.claims.clear();
+            failures.release(failure);
             return;
         }
         self.clear_except(range, None, failures);
