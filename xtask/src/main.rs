@@ -1,4 +1,343 @@
-//! `cargo xtask`: placeholder until the hardware-matrix issue lands.
-fn main() -> anyhow::Result<()> {
+//! `cargo xtask`: the project's tasks, for people and for CI.
+//!
+//! ```text
+//! cargo xtask matrix [--json]            which backends have a device here
+//! cargo xtask test [--backend B] [--release]
+//!                                        tests per backend, with a summary
+//! cargo xtask ci                         what CI runs
+//! cargo xtask bench [--backend B]        benches, figures printed together
+//! cargo xtask demo [--backend B] [-- ARGS]
+//!                                        the tiny-runtime demo on the best backend
+//! ```
+//!
+//! `B` is one of `cuda`, `hip`, `vulkan`, `wgpu` (and, for `test` and
+//! `bench`, `core` or `all`). xtask is a plain binary so the tasks are Rust,
+//! run the same on every machine, and need nothing but cargo.
+
+mod adapter;
+mod matrix;
+mod run;
+mod tests;
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+/// The environment variable benches honour to run a few iterations only,
+/// so `ci` can check that every bench still builds and runs.
+const BENCH_SMOKE: &str = "SCOPE_BENCH_SMOKE";
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+  matrix [--json]                      probe CUDA, HIP, Vulkan and wgpu for devices
+  test [--backend B] [--release]       run the tests of backend B (cuda|hip|vulkan|wgpu|core|all);
+                                       with --backend X a missing device for X is a failure
+  ci                                   fmt, clippy, doc, every test that can run here, bench smoke runs
+  bench [--backend B]                  run the benches and print their figures together
+  demo [--backend B] [-- ARGS]         run tiny-runtime on the best backend found (or B)";
+
+struct Args {
+    command: String,
+    backend: Option<String>,
+    release: bool,
+    json: bool,
+    rest: Vec<String>,
+}
+
+fn parse() -> Result<Args> {
+    let mut it = std::env::args().skip(1);
+    let command = it.next().unwrap_or_else(|| "help".to_owned());
+    let mut args = Args {
+        command,
+        backend: None,
+        release: false,
+        json: false,
+        rest: Vec::new(),
+    };
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--backend" => {
+                args.backend = Some(
+                    it.next()
+                        .context("--backend needs a value")?
+                        .to_ascii_lowercase(),
+                )
+            }
+            "--release" => args.release = true,
+            "--json" => args.json = true,
+            "--" => args.rest.extend(it.by_ref()),
+            other => match other.strip_prefix("--backend=") {
+                Some(b) => args.backend = Some(b.to_ascii_lowercase()),
+                None => bail!("unknown option `{other}`\n{USAGE}"),
+            },
+        }
+    }
+    Ok(args)
+}
+
+fn main() {
+    let outcome = parse().and_then(|args| match args.command.as_str() {
+        "matrix" => matrix(&args),
+        "test" => test(&args),
+        "ci" => ci(),
+        "bench" => bench(&args),
+        "demo" => demo(&args),
+        "help" | "-h" | "--help" => {
+            println!("{USAGE}");
+            Ok(true)
+        }
+        other => bail!("unknown command `{other}`\n{USAGE}"),
+    });
+    match outcome {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(error) => {
+            eprintln!("xtask: {error:#}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn matrix(args: &Args) -> Result<bool> {
+    let rows = matrix::probe_all();
+    if args.json {
+        println!("{}", matrix::json(&rows));
+    } else {
+        println!("{}", matrix::table(&rows));
+        match matrix::best(&rows) {
+            Some(best) => println!("\ndemo backend: {best}"),
+            None => println!(
+                "\nno device for any backend: `sudo {}` installs a software one",
+                adapter::SCRIPT
+            ),
+        }
+    }
+    Ok(true)
+}
+
+fn test(args: &Args) -> Result<bool> {
+    adapter::ensure()?;
+    let nextest = tests::nextest_installed();
+    if !nextest {
+        println!("==> cargo-nextest is not installed; using cargo test");
+    }
+    let options = tests::Options {
+        backend: args.backend.clone(),
+        release: args.release,
+        nextest,
+    };
+    let mut rows = tests::run(&options)?;
+    if nextest && matches!(args.backend.as_deref(), None | Some("all")) {
+        rows.push(tests::doctests(args.release)?);
+    }
+    let (summary, ok) = tests::summary(&rows);
+    print!("{summary}");
+    Ok(ok)
+}
+
+struct Step {
+    name: &'static str,
+    ok: bool,
+    secs: f64,
+}
+
+fn step(steps: &mut Vec<Step>, name: &'static str, command: std::process::Command) -> Result<()> {
+    let start = Instant::now();
+    let ok = run::status(command)?;
+    steps.push(Step {
+        name,
+        ok,
+        secs: start.elapsed().as_secs_f64(),
+    });
+    if !ok {
+        println!("==> {name}: FAILED");
+    }
     Ok(())
+}
+
+fn ci() -> Result<bool> {
+    let started = Instant::now();
+    let rows = adapter::ensure()?;
+    println!("{}", matrix::table(&rows));
+    let mut steps = Vec::new();
+
+    let mut fmt = run::cargo();
+    fmt.args(["fmt", "--all", "--check"]);
+    step(&mut steps, "fmt", fmt)?;
+
+    let mut clippy = run::cargo();
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--all-features",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    step(&mut steps, "clippy", clippy)?;
+
+    let mut doc = run::cargo();
+    doc.args(["doc", "--workspace", "--no-deps", "--all-features"])
+        .env("RUSTDOCFLAGS", "-D warnings");
+    step(&mut steps, "doc", doc)?;
+
+    let start = Instant::now();
+    let nextest = tests::nextest_installed();
+    let options = tests::Options {
+        backend: None,
+        release: false,
+        nextest,
+    };
+    let mut rows = tests::run(&options)?;
+    if nextest {
+        rows.push(tests::doctests(false)?);
+    }
+    steps.push(Step {
+        name: "tests",
+        ok: rows.iter().all(|r| r.failed == 0),
+        secs: start.elapsed().as_secs_f64(),
+    });
+
+    // Each bench target, built as the test profile and run once with the
+    // smoke variable set: benches honour it by running a few iterations.
+    let mut smoke = run::cargo();
+    smoke
+        .args(["test", "--workspace", "--all-features", "--bench", "*"])
+        .env(BENCH_SMOKE, "1");
+    step(&mut steps, "bench smoke", smoke)?;
+
+    println!("\nci steps");
+    for s in &steps {
+        println!(
+            "  {:<12} {:<6} {:>7.1} s",
+            s.name,
+            if s.ok { "ok" } else { "FAILED" },
+            s.secs
+        );
+    }
+    println!("  total {:.1} min", started.elapsed().as_secs_f64() / 60.0);
+    let (summary, tests_ok) = tests::summary(&rows);
+    print!("{summary}");
+    let ok = tests_ok && steps.iter().all(|s| s.ok);
+    println!("ci: {}", if ok { "ok" } else { "FAILED" });
+    Ok(ok)
+}
+
+fn bench(args: &Args) -> Result<bool> {
+    let backend = args.backend.as_deref().unwrap_or("all");
+    let mut runs: Vec<(&str, Vec<String>)> = Vec::new();
+    if matches!(backend, "all" | "core") {
+        runs.push((
+            "core",
+            vec!["-p".into(), "scope-core".into(), "--all-features".into()],
+        ));
+    }
+    for b in matrix::BACKENDS {
+        if backend == "all" || backend == b {
+            let krate = format!("server-{b}");
+            if run::root()
+                .join("crates")
+                .join(&krate)
+                .join("Cargo.toml")
+                .is_file()
+            {
+                runs.push((b, vec!["-p".into(), krate]));
+            } else if backend == b {
+                bail!("crates/{krate} is not built yet");
+            } else {
+                println!("==> {b}: crate not built yet");
+            }
+        }
+    }
+    if runs.is_empty() {
+        bail!("unknown backend `{backend}`: cuda, hip, vulkan, wgpu, core or all");
+    }
+    let mut figures = Vec::new();
+    let mut ok = true;
+    for (name, pkg) in runs {
+        let mut cmd = run::cargo();
+        cmd.arg("bench").args(&pkg);
+        if std::env::var_os("LP_NUM_THREADS").is_none() {
+            // lavapipe's own threads fight the bench for two cores.
+            cmd.env("LP_NUM_THREADS", "0");
+        }
+        let captured = run::capture(cmd)?;
+        ok &= captured.success;
+        let lines: Vec<String> = captured
+            .lines
+            .into_iter()
+            .filter(|l| is_figure(l))
+            .collect();
+        figures.push((name, lines, captured.success));
+    }
+    println!("\nbench figures");
+    for (name, lines, success) in figures {
+        println!("[{name}]{}", if success { "" } else { " (bench FAILED)" });
+        if lines.is_empty() {
+            println!("  (no figures printed)");
+        }
+        for line in lines {
+            println!("  {}", line.trim());
+        }
+    }
+    Ok(ok)
+}
+
+/// Whether a bench output line is a result rather than progress: a
+/// criterion `time:` line, a throughput, a ratio, or a duration.
+fn is_figure(line: &str) -> bool {
+    let l = line.trim();
+    if l.is_empty()
+        || l.starts_with("Compiling")
+        || l.starts_with("Running")
+        || l.starts_with("Finished")
+    {
+        return false;
+    }
+    l.chars().any(|c| c.is_ascii_digit())
+        && [
+            "time:", "thrpt:", " ns", "µs", "us/", " ms", "/s", "ratio", "×", " x ",
+        ]
+        .iter()
+        .any(|m| l.contains(m))
+}
+
+fn demo(args: &Args) -> Result<bool> {
+    let backend = match args.backend.clone() {
+        Some(b) => {
+            anyhow::ensure!(
+                matrix::BACKENDS.contains(&b.as_str()),
+                "unknown backend `{b}`: cuda, hip, vulkan or wgpu"
+            );
+            b
+        }
+        None => {
+            let rows = adapter::ensure()?;
+            println!("{}", matrix::table(&rows));
+            match matrix::best(&rows) {
+                Some(b) => b.to_owned(),
+                None => {
+                    println!("==> no backend has a device; trying wgpu, which reports why");
+                    "wgpu".to_owned()
+                }
+            }
+        }
+    };
+    println!("==> demo on {backend}");
+    let mut cmd = run::cargo();
+    cmd.args([
+        "run",
+        "-p",
+        "tiny-runtime",
+        "--release",
+        "--no-default-features",
+        "--features",
+    ])
+    .arg(&backend)
+    .args(["--", "--backend"])
+    .arg(&backend)
+    .args(&args.rest);
+    run::status(cmd)
 }

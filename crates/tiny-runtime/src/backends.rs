@@ -1,0 +1,106 @@
+//! Which servers are linked, and the one place the runtime names them.
+//!
+//! A cargo feature links a server crate (`wgpu` by default). Everything
+//! else in the crate is generic over `B: Backend`, so this module is the
+//! whole cost of supporting a backend: one `match` arm here. With several
+//! features on (clippy builds `--all-features`), [`best`] picks at run time
+//! in the order a user would want — a hardware device before a software
+//! one, CUDA, HIP, Vulkan, wgpu — and `--backend` overrides it.
+//!
+//! A generic function cannot be a closure argument, so the work to run on
+//! the chosen client is a [`OnClient`] value.
+
+use scope_core::{Backend, Client, DeviceKind, Error, Probe, Result};
+
+/// Work to run on a client of whichever backend was chosen.
+pub trait OnClient {
+    /// What it returns.
+    type Output;
+    /// Run on `client`.
+    fn run<B: Backend>(self, client: Client<B>) -> Self::Output;
+}
+
+/// The backends this build links, in order of preference.
+pub const LINKED: &[&str] = &[
+    #[cfg(feature = "cuda")]
+    "cuda",
+    #[cfg(feature = "hip")]
+    "hip",
+    #[cfg(feature = "vulkan")]
+    "vulkan",
+    #[cfg(feature = "wgpu")]
+    "wgpu",
+];
+
+/// The probe of a linked backend; `None` for one not linked.
+pub fn probe(backend: &str) -> Option<Probe> {
+    match backend {
+        #[cfg(feature = "cuda")]
+        "cuda" => Some(server_cuda::probe()),
+        #[cfg(feature = "hip")]
+        "hip" => Some(server_hip::probe()),
+        #[cfg(feature = "vulkan")]
+        "vulkan" => Some(server_vulkan::probe()),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => Some(server_wgpu::probe()),
+        _ => None,
+    }
+}
+
+/// The linked backend to use: the first with a hardware device, else the
+/// first with any device, else `None` with each backend's reason.
+pub fn best() -> std::result::Result<&'static str, String> {
+    let probes: Vec<(&'static str, Probe)> = LINKED
+        .iter()
+        .filter_map(|name| probe(name).map(|p| (*name, p)))
+        .collect();
+    let hardware = probes
+        .iter()
+        .find(|(_, p)| p.devices.iter().any(|d| d.kind == DeviceKind::Hardware));
+    let any = probes.iter().find(|(_, p)| p.has_device());
+    match hardware.or(any) {
+        Some((name, _)) => Ok(name),
+        None if probes.is_empty() => {
+            Err("this build links no server: enable a feature (wgpu, vulkan, cuda, hip)".to_owned())
+        }
+        None => Err(probes
+            .iter()
+            .map(|(name, p)| format!("{name}: {}", p.why_not.as_deref().unwrap_or("no device")))
+            .collect::<Vec<_>>()
+            .join("; ")),
+    }
+}
+
+/// Make a client of `backend` and run `work` on it.
+///
+/// # Errors
+///
+/// [`Error::BackendUnavailable`] when the backend has no device here or is
+/// not linked into this build.
+pub fn with_client<W: OnClient>(backend: &str, work: W) -> Result<W::Output> {
+    match backend {
+        #[cfg(feature = "cuda")]
+        "cuda" => Ok(work.run(server_cuda::client()?)),
+        #[cfg(feature = "hip")]
+        "hip" => Ok(work.run(server_hip::client()?)),
+        #[cfg(feature = "vulkan")]
+        "vulkan" => Ok(work.run(server_vulkan::client()?)),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => Ok(work.run(server_wgpu::client()?)),
+        other => {
+            // Keeps `work` used in a build that links nothing.
+            drop(work);
+            Err(Error::BackendUnavailable {
+                backend: "tiny-runtime",
+                reason: format!(
+                    "`{other}` is not linked into this build (linked: {}); build with --features {other}",
+                    if LINKED.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        LINKED.join(", ")
+                    }
+                ),
+            })
+        }
+    }
+}

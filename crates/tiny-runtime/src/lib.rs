@@ -1,0 +1,35 @@
+//! A minimal tensor runtime that links one scope server: what a runtime
+//! author would copy.
+//!
+//! It is written only against the server contract — [`scope_core::Client`],
+//! [`Buffer`](scope_core::Buffer), [`Kernel`](scope_core::Kernel),
+//! [`Binding`](scope_core::Binding), [`Dispatch`](scope_core::Dispatch) — so
+//! the same code runs on CUDA, HIP, Vulkan or wgpu, chosen by cargo feature
+//! (`wgpu` by default). Its shape follows from what the contract promises:
+//!
+//! - **Generic over `B: Backend`, named in one place.** [`runtime`],
+//!   [`mlp`] and [`demo`] never mention a backend; [`backends`] is the only
+//!   module with a `cfg` in it, one arm a server.
+//! - **Kernels side by side.** [`kernels`] holds each operation in WGSL and
+//!   in CUDA C++ next to each other, and the runtime picks the dialect the
+//!   linked server accepts.
+//! - **Issue everything, check at the read.** A failed or skipped launch is
+//!   carried by its outputs, so the runtime does not stop a pass on one: the
+//!   host read at the end returns the root cause and the chain of skipped
+//!   kernels back to it ([`runtime`] explains the two kinds of launch error).
+//! - **Allocate once, capture once.** A model owns every intermediate, so a
+//!   pass allocates nothing and a captured pass replays into the same memory.
+//!
+//! The binary (`cargo run -p tiny-runtime --release`, or `cargo xtask demo`)
+//! runs the three acts of [`demo`]: a checked forward pass, a fault in the
+//! first layer and what the user sees of it, and capture/replay.
+
+pub mod backends;
+pub mod demo;
+pub mod kernels;
+pub mod mlp;
+pub mod runtime;
+
+pub use kernels::Kernels;
+pub use mlp::{Mlp, Shape, Weights};
+pub use runtime::{Runtime, Tensor};

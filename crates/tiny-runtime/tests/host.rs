@@ -1,0 +1,151 @@
+//! The runtime's logic on the reference host server, whose kernels here are
+//! the CPU reference itself: the forward pass, the fault act's chain and
+//! recovery, and capture/replay are checked on every CI run, device or not.
+
+use scope_core::host::{Host, HostArgs};
+use scope_core::{Client, Kernel};
+use tiny_runtime::demo::{self, TOLERANCE};
+use tiny_runtime::{Kernels, Mlp, Runtime, Shape, Weights, mlp};
+
+fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn store(out: &mut [u8], values: &[f32]) {
+    for (chunk, v) in out.chunks_exact_mut(4).zip(values) {
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn host_runtime() -> Runtime<Host> {
+    let mut host = Host::new();
+    host.register("matmul", |args: &mut HostArgs<'_>| {
+        let (m, n, k) = (
+            args.scalar_u32(0) as usize,
+            args.scalar_u32(1) as usize,
+            args.scalar_u32(2) as usize,
+        );
+        let c = mlp::matmul(
+            &floats(&args.bindings[0]),
+            &floats(&args.bindings[1]),
+            m,
+            k,
+            n,
+        );
+        store(&mut args.bindings[2], &c);
+        Ok(())
+    });
+    host.register("bias_add", |args: &mut HostArgs<'_>| {
+        let cols = args.scalar_u32(1) as usize;
+        let bias = floats(&args.bindings[1]);
+        let out: Vec<f32> = floats(&args.bindings[0])
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v + bias[i % cols])
+            .collect();
+        store(&mut args.bindings[2], &out);
+        Ok(())
+    });
+    host.register("gelu", |args: &mut HostArgs<'_>| {
+        let out: Vec<f32> = floats(&args.bindings[0])
+            .into_iter()
+            .map(mlp::gelu)
+            .collect();
+        store(&mut args.bindings[1], &out);
+        Ok(())
+    });
+    host.register("softmax", |args: &mut HostArgs<'_>| {
+        let cols = args.scalar_u32(1) as usize;
+        let out: Vec<f32> = floats(&args.bindings[0])
+            .chunks_exact(cols)
+            .flat_map(mlp::softmax)
+            .collect();
+        store(&mut args.bindings[1], &out);
+        Ok(())
+    });
+    let kernels = Kernels {
+        matmul: Kernel::host("matmul"),
+        bias_add: Kernel::host("bias_add"),
+        gelu: Kernel::host("gelu"),
+        softmax: Kernel::host("softmax"),
+    };
+    Runtime::with_kernels(Client::new(host).expect("host server"), kernels)
+}
+
+#[test]
+fn forward_matches_the_reference() {
+    let rt = host_runtime();
+    let weights = Weights::random(Shape::TEST, 1);
+    let setup = demo::setup(&rt, &weights, 2).unwrap();
+    let fwd = demo::forward(&rt, &setup.mlp, &setup.reference).unwrap();
+    assert!(fwd.max_error <= TOLERANCE, "max error {}", fwd.max_error);
+    // Probabilities: each row sums to one.
+    let probs = rt.read(&setup.mlp.probs).unwrap();
+    for row in probs.chunks_exact(Shape::TEST.output) {
+        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+    }
+}
+
+#[test]
+fn a_fault_in_the_first_matmul_reads_as_its_chain_and_heals() {
+    let rt = host_runtime();
+    let weights = Weights::random(Shape::TEST, 3);
+    let setup = demo::setup(&rt, &weights, 4).unwrap();
+    demo::forward(&rt, &setup.mlp, &setup.reference).unwrap();
+    let fault = demo::fault(&rt, &setup.mlp, &setup.x, &setup.reference).unwrap();
+    println!("what the user sees:\n{}", fault.read_error);
+    let expected: Vec<&str> = Mlp::KERNELS[1..].iter().rev().copied().collect();
+    assert_eq!(fault.skipped, expected, "{}", fault.read_error);
+    assert!(
+        fault.root.contains("INJECTED_LAUNCH_FAILURE"),
+        "{}",
+        fault.root
+    );
+    assert!(fault.read_error.to_string().contains("layer2.softmax"));
+    assert!(!fault.poisoned);
+    assert!(fault.device_kept_working);
+    assert!(
+        fault.rerun_max_error <= TOLERANCE,
+        "{}",
+        fault.rerun_max_error
+    );
+    assert_eq!(
+        rt.client().failures_held(),
+        0,
+        "a healed pass leaves no failure held"
+    );
+}
+
+#[test]
+fn a_captured_pass_replays_to_the_reference() {
+    let rt = host_runtime();
+    let weights = Weights::random(Shape::TEST, 5);
+    let setup = demo::setup(&rt, &weights, 6).unwrap();
+    demo::forward(&rt, &setup.mlp, &setup.reference).unwrap();
+    let replay = demo::replay(&rt, &setup.mlp, &setup.reference, 3).unwrap();
+    assert_eq!(replay.passes, 3);
+    assert!(replay.max_error <= TOLERANCE, "{}", replay.max_error);
+}
+
+#[test]
+fn a_rejected_launch_is_returned_not_carried() {
+    let rt = host_runtime();
+    let a = rt.empty(2, 3).unwrap();
+    let b = rt.empty(4, 5).unwrap();
+    let c = rt.empty(2, 5).unwrap();
+    let error = rt.matmul("bad", &a, &b, &c).unwrap_err();
+    assert!(error.to_string().contains("matmul rhs"), "{error}");
+}
+
+#[test]
+fn the_reference_matmul_is_a_matmul() {
+    // [[1,2],[3,4]] · [[5,6],[7,8]] = [[19,22],[43,50]]
+    let c = mlp::matmul(&[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0], 2, 2, 2);
+    assert_eq!(c, vec![19.0, 22.0, 43.0, 50.0]);
+    let s = mlp::softmax(&[0.0, 0.0]);
+    assert_eq!(s, vec![0.5, 0.5]);
+    assert!((mlp::gelu(1.0) - 0.841_192).abs() < 1e-5);
+}

@@ -1,0 +1,164 @@
+//! Running cargo: shown to the user as it happens, and kept for parsing.
+//!
+//! Test and bench output is both a progress report (the user watches it
+//! scroll) and data (the summary counts pass/fail lines and skip lines), so
+//! every child's stdout and stderr are read line by line on two threads,
+//! echoed to the same stream they came from, and collected in order of
+//! arrival.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+
+use anyhow::{Context, Result};
+
+/// The workspace root: xtask lives one level below it.
+pub fn root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
+}
+
+/// `cargo` as the user invoked it (`$CARGO`), in the workspace root, with
+/// the environment every child gets: a private `XDG_RUNTIME_DIR` when there
+/// is none (Mesa's drivers warn without one).
+pub fn cargo() -> Command {
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    command.current_dir(root());
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        let dir = std::env::temp_dir().join(format!("xdg-{}", whoami()));
+        if std::fs::create_dir_all(&dir).is_ok() {
+            set_private(&dir);
+            command.env("XDG_RUNTIME_DIR", dir);
+        }
+    }
+    command
+}
+
+fn set_private(dir: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+}
+
+/// The user's name, or their uid, for per-user paths.
+pub fn whoami() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .or_else(|| output_of("id", &["-u"]))
+        .unwrap_or_else(|| "user".to_owned())
+}
+
+/// The trimmed stdout of `program args`, when it succeeds.
+pub fn output_of(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program)
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// A command line as a person would type it.
+pub fn show(command: &Command) -> String {
+    let mut parts = Vec::new();
+    for (key, value) in command.get_envs() {
+        if let Some(value) = value {
+            let key = key.to_string_lossy();
+            if key != "XDG_RUNTIME_DIR" {
+                parts.push(format!("{key}={}", value.to_string_lossy()));
+            }
+        }
+    }
+    parts.push("cargo".to_owned());
+    parts.extend(command.get_args().map(|a| a.to_string_lossy().into_owned()));
+    parts.join(" ")
+}
+
+/// What a finished command said and how it ended.
+#[derive(Debug, Default)]
+pub struct Captured {
+    /// Whether it exited with status zero.
+    pub success: bool,
+    /// Its stdout and stderr lines, interleaved as they arrived.
+    pub lines: Vec<String>,
+}
+
+fn pump(
+    stream: impl Read + Send + 'static,
+    to_stderr: bool,
+    tx: mpsc::Sender<String>,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let reader = BufReader::new(stream);
+        for line in reader.split(b'\n') {
+            let Ok(bytes) = line else { break };
+            let line = String::from_utf8_lossy(&bytes)
+                .trim_end_matches('\r')
+                .to_owned();
+            if to_stderr {
+                let _ = writeln!(std::io::stderr().lock(), "{line}");
+            } else {
+                let _ = writeln!(std::io::stdout().lock(), "{line}");
+            }
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    })
+}
+
+/// Run `command`, echoing and collecting its output.
+///
+/// # Errors
+///
+/// When it cannot be started.
+pub fn capture(mut command: Command) -> Result<Captured> {
+    println!("==> {}", show(&command));
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", show(&command)))?;
+    let (tx, rx) = mpsc::channel();
+    let mut pumps = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        pumps.push(pump(out, false, tx.clone()));
+    }
+    if let Some(err) = child.stderr.take() {
+        pumps.push(pump(err, true, tx.clone()));
+    }
+    drop(tx);
+    let lines: Vec<String> = rx.iter().collect();
+    for pump in pumps {
+        let _ = pump.join();
+    }
+    let status = child.wait().context("waiting for cargo")?;
+    Ok(Captured {
+        success: status.success(),
+        lines,
+    })
+}
+
+/// Run `command` with its output going straight to the terminal.
+///
+/// # Errors
+///
+/// When it cannot be started.
+pub fn status(mut command: Command) -> Result<bool> {
+    println!("==> {}", show(&command));
+    let status = command
+        .stdin(Stdio::null())
+        .status()
+        .with_context(|| format!("starting {}", show(&command)))?;
+    Ok(status.success())
+}
