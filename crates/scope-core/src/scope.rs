@@ -297,3 +297,222 @@ pub fn failed_writing<S: WriteScoped>(
         _ => unreachable!("a body that returns an error fails"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::failure::Failures;
+    use crate::id::{BufferId, ByteRange};
+    use crate::store::TaintSlot;
+    use crate::taint::Taint;
+
+    /// A store that is only a table of taints, and a hook log.
+    #[derive(Default)]
+    struct Store {
+        failures: Failures,
+        taints: Vec<Taint>,
+        hooked: Vec<String>,
+        window: CaptureWindow,
+    }
+
+    impl FailureStore for Store {
+        fn failures(&mut self) -> &mut Failures {
+            &mut self.failures
+        }
+
+        fn locate(&mut self, buffer: BufferId) -> (&mut Failures, TaintSlot<'_>) {
+            match self.taints.get_mut(buffer.slot() as usize) {
+                Some(t) => (&mut self.failures, TaintSlot::Allocated(t)),
+                None => (&mut self.failures, TaintSlot::Gone),
+            }
+        }
+    }
+
+    impl WriteScoped for Store {
+        type Store = Self;
+
+        fn store(&mut self) -> &mut Self {
+            self
+        }
+
+        fn on_failure(&mut self, _: StreamId, error: &Error) {
+            self.hooked.push(error.to_string());
+        }
+
+        fn capturing(&mut self, _: StreamId) -> Option<&mut CaptureWindow> {
+            Some(&mut self.window).filter(|w| w.is_recording())
+        }
+    }
+
+    fn store(buffers: usize) -> Store {
+        Store {
+            taints: (0..buffers).map(|_| Taint::new()).collect(),
+            ..Store::default()
+        }
+    }
+
+    fn at(slot: u32, start: u64, end: u64) -> BufferRange {
+        BufferRange {
+            buffer: BufferId::from_parts(slot, 0),
+            range: ByteRange::new(start, end),
+        }
+    }
+
+    const S: StreamId = StreamId(0);
+
+    fn work() -> Work {
+        Work::new(WorkKind::Launch, S)
+    }
+
+    #[test]
+    fn an_empty_write_set_mints_and_claims_nothing() {
+        // Rule 16.
+        let mut s = store(1);
+        let scope = ExecuteScope::over(&mut s, work(), Vec::new());
+        assert!(s_failures_empty_after(scope));
+    }
+
+    fn s_failures_empty_after(scope: ExecuteScope<'_, Store>) -> bool {
+        let outcome = scope.execute(|s, _| Ok(s.failures.len()));
+        matches!(outcome, ScopedOutcome::Executed(0))
+    }
+
+    #[test]
+    fn entering_claims_the_write_set_until_the_exit() {
+        // Rules 16, 19.
+        let mut s = store(2);
+        let outcome = ExecuteScope::over(&mut s, work(), vec![at(0, 0, 8), at(1, 4, 8)]).execute(
+            |s, written| {
+                assert_eq!(written.len(), 2);
+                assert!(
+                    s.read_failure(&[at(0, 0, 4)]).is_some(),
+                    "tainted unless proven written"
+                );
+                assert!(
+                    s.read_failure(&[at(1, 0, 4)]).is_none(),
+                    "only the binding's range"
+                );
+                Ok(())
+            },
+        );
+        assert!(matches!(outcome, ScopedOutcome::Executed(())));
+        assert!(s.failures.is_empty());
+        assert!(s.hooked.is_empty(), "success never calls the hook");
+    }
+
+    #[test]
+    fn a_clean_exit_heals_older_failures_too() {
+        // Rule 19: a rewrite is how a buffer heals.
+        let mut s = store(1);
+        let old = s.claim_failed(&[at(0, 0, 16)], work(), Error::refused("old"));
+        assert!(old.is_some());
+        ExecuteScope::over(&mut s, work(), vec![at(0, 0, 8)])
+            .execute(|_, _| Ok(()))
+            .into_result()
+            .unwrap();
+        assert!(s.read_failure(&[at(0, 0, 8)]).is_none());
+        assert_eq!(s.read_failure(&[at(0, 8, 16)]).map(|f| f.0), old);
+        ExecuteScope::over(&mut s, work(), vec![at(0, 8, 16)])
+            .execute(|_, _| Ok(()))
+            .into_result()
+            .unwrap();
+        assert!(s.failures.is_empty());
+    }
+
+    #[test]
+    fn a_failed_exit_swaps_in_the_real_error_and_tells_the_hook() {
+        // Rules 19, 39.
+        let mut s = store(1);
+        let outcome = ExecuteScope::over(&mut s, work(), vec![at(0, 0, 8)])
+            .execute(|_, _| Err::<(), _>(Error::refused("device said no")));
+        assert!(matches!(outcome, ScopedOutcome::Failed(_)));
+        let error = s.check(&[at(0, 0, 8)]).unwrap_err();
+        assert!(error.to_string().contains("device said no"), "{error}");
+        assert_eq!(s.hooked.len(), 1);
+    }
+
+    #[test]
+    fn a_body_that_panics_leaves_its_bytes_never_finished() {
+        // Rule 20.
+        let mut s = store(1);
+        let kernel: Arc<str> = Arc::from("exploding");
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = ExecuteScope::launching(&mut s, &kernel, S, &[], vec![at(0, 0, 8)])
+                .execute(|_, _| -> Result<()> { panic!("mid-launch") });
+        }));
+        assert!(caught.is_err());
+        let error = s.check(&[at(0, 0, 8)]).unwrap_err();
+        assert!(
+            matches!(&*error.unwritten()[0].root, Error::NeverFinished { .. }),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains("exploding"),
+            "names the kernel: {error}"
+        );
+        // A second scope mints while the first is still claimed.
+        ExecuteScope::over(&mut s, work(), vec![at(0, 0, 8)])
+            .execute(|_, _| Ok(()))
+            .into_result()
+            .unwrap();
+        assert!(s.check(&[at(0, 0, 8)]).is_ok());
+        assert!(
+            s.failures.is_empty(),
+            "the later write healed it and the store emptied"
+        );
+    }
+
+    #[test]
+    fn an_early_return_is_the_same_as_a_panic() {
+        // Rule 20: a scope dropped without `execute`.
+        let mut s = store(1);
+        drop(ExecuteScope::over(&mut s, work(), vec![at(0, 0, 8)]));
+        assert!(s.check(&[at(0, 0, 8)]).is_err());
+    }
+
+    #[test]
+    fn a_skip_points_outputs_at_the_root_and_never_runs() {
+        // Rules 17, 18, 31, 39.
+        let mut s = store(3);
+        let root = s
+            .claim_failed(&[at(0, 0, 8)], work(), Error::refused("root"))
+            .unwrap();
+        s.window.prepare(S).unwrap();
+        s.window.start().unwrap();
+        let kernel: Arc<str> = Arc::from("k");
+        let reads = [at(1, 0, 8), at(0, 4, 8)];
+        let scope = ExecuteScope::launching(&mut s, &kernel, S, &reads, vec![at(2, 0, 8)]);
+        assert!(scope.skipped());
+        let outcome = scope.execute(|_, _| -> Result<()> { panic!("a skipped body never runs") });
+        assert!(outcome.is_skipped());
+        assert!(matches!(outcome.into_result(), Err(Error::Skipped { .. })));
+        assert_eq!(
+            s.read_failure(&[at(2, 0, 8)]).map(|f| f.0),
+            Some(root),
+            "minting nothing"
+        );
+        assert_eq!(s.failures.len(), 1);
+        assert_eq!(s.failures.get(root).unwrap().carriers(), 2);
+        assert!(
+            s.hooked[0].contains("root"),
+            "the hook hears the root error"
+        );
+        assert!(s.window.doom().is_some(), "the window is doomed");
+        let report = s.check(&[at(2, 0, 8)]).unwrap_err();
+        assert_eq!(report.unwritten()[0].chain.hops[0].needed, at(0, 4, 8));
+    }
+
+    #[test]
+    fn failed_writing_claims_without_running() {
+        // Rule 21.
+        let mut s = store(1);
+        let error = failed_writing(
+            &mut s,
+            work(),
+            vec![at(0, 0, 4)],
+            Error::refused("no graph"),
+        );
+        assert!(error.is_refusal());
+        assert!(s.check(&[at(0, 0, 4)]).unwrap_err().is_refusal());
+    }
+}
