@@ -1,0 +1,719 @@
+//! Safe(r) wrappers over the loaded entry points, and owned handles.
+//!
+//! Every `unsafe` call into HIP lives in this file, one small function per
+//! entry point. HIP objects are owned values ([`Stream`], [`Event`],
+//! [`DeviceAlloc`], [`Pinned`], [`Module`], [`Graph`], [`GraphExec`]) that
+//! destroy themselves on drop and keep the library loaded through an
+//! `Arc<Api>`, so a handle is never used after it is destroyed or after
+//! its library is gone. What ownership cannot express — an asynchronous
+//! copy reads or writes host memory *later*, when the stream reaches it —
+//! is an `unsafe fn` whose contract the caller states at the call site.
+
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::sync::Arc;
+
+use crate::error::{HipError, HipResult};
+use crate::ffi::*;
+use crate::loader::{Api, LoadError};
+
+impl Api {
+    fn check(&self, call: &'static str, result: HipErrorCode) -> HipResult<()> {
+        if result == code::SUCCESS {
+            Ok(())
+        } else {
+            let message = match (code_name(result), self.error_name(result)) {
+                // A code newer than the transcribed header: let the runtime
+                // name it.
+                (None, Some(name)) => Some(format!(
+                    "{name}: {}",
+                    self.error_string(result).unwrap_or_default()
+                )),
+                _ => self.error_string(result),
+            };
+            Err(HipError {
+                call,
+                code: result,
+                message,
+            })
+        }
+    }
+
+    /// The runtime's name for `code`.
+    pub fn error_name(&self, value: HipErrorCode) -> Option<String> {
+        // SAFETY: hipGetErrorName takes any value and returns a pointer to a
+        // static NUL-terminated string, or null.
+        let text = unsafe { (self.rt.get_error_name)(value) };
+        if text.is_null() {
+            return None;
+        }
+        // SAFETY: non-null, NUL-terminated and static, per the contract above.
+        Some(
+            unsafe { CStr::from_ptr(text) }
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+
+    /// The runtime's description of `code`.
+    pub fn error_string(&self, value: HipErrorCode) -> Option<String> {
+        // SAFETY: hipGetErrorString takes any value and returns a pointer
+        // to a static NUL-terminated string, or null.
+        let text = unsafe { (self.rt.get_error_string)(value) };
+        if text.is_null() {
+            return None;
+        }
+        // SAFETY: non-null, NUL-terminated and static, per the contract above.
+        Some(
+            unsafe { CStr::from_ptr(text) }
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+
+    /// `hipInit(0)`.
+    pub fn init(&self) -> HipResult<()> {
+        // SAFETY: plain value argument.
+        self.check("hipInit", unsafe { (self.rt.init)(0) })
+    }
+
+    /// `hipRuntimeGetVersion`.
+    pub fn runtime_version(&self) -> HipResult<i32> {
+        let mut version: c_int = 0;
+        // SAFETY: the out-pointer is a live local.
+        self.check("hipRuntimeGetVersion", unsafe {
+            (self.rt.runtime_get_version)(&mut version)
+        })?;
+        Ok(version)
+    }
+
+    /// `hipGetDeviceCount`.
+    pub fn device_count(&self) -> HipResult<i32> {
+        let mut count: c_int = 0;
+        // SAFETY: the out-pointer is a live local.
+        self.check("hipGetDeviceCount", unsafe {
+            (self.rt.get_device_count)(&mut count)
+        })?;
+        Ok(count)
+    }
+
+    /// `hipSetDevice`: the calling thread's current device, which HIP keeps
+    /// per thread, so the server sets it before every call that allocates
+    /// or loads code.
+    pub fn set_device(&self, ordinal: i32) -> HipResult<()> {
+        // SAFETY: plain value argument; HIP validates the ordinal.
+        self.check("hipSetDevice", unsafe { (self.rt.set_device)(ordinal) })
+    }
+
+    /// `hipGetDevicePropertiesR0600`.
+    pub fn device_properties(&self, ordinal: i32) -> HipResult<Box<DevicePropBuffer>> {
+        let mut buffer = DevicePropBuffer::zeroed();
+        // SAFETY: the pointer is to a zeroed R0600 struct followed by 4 KiB of
+        // spare room, owned by `buffer` for the whole call.
+        let result = unsafe { (self.rt.get_device_properties)(&mut buffer.props, ordinal) };
+        self.check("hipGetDevicePropertiesR0600", result)?;
+        Ok(buffer)
+    }
+
+    /// `hipDeviceTotalMem`.
+    pub fn device_total_mem(&self, ordinal: i32) -> HipResult<usize> {
+        let mut bytes = 0usize;
+        // SAFETY: the out-pointer is a live local.
+        self.check("hipDeviceTotalMem", unsafe {
+            (self.rt.device_total_mem)(&mut bytes, ordinal)
+        })?;
+        Ok(bytes)
+    }
+
+    /// A non-blocking stream on the current device.
+    pub fn stream(self: &Arc<Self>) -> HipResult<Stream> {
+        let mut raw: RawStream = std::ptr::null_mut();
+        // SAFETY: the out-pointer is a live local; the flag is a header value.
+        let result = unsafe { (self.rt.stream_create_with_flags)(&mut raw, STREAM_NON_BLOCKING) };
+        self.check("hipStreamCreateWithFlags", result)?;
+        Ok(Stream {
+            raw,
+            api: self.clone(),
+        })
+    }
+
+    /// An event without timing, for ordering and fences.
+    pub fn event(self: &Arc<Self>) -> HipResult<Event> {
+        let mut raw: RawEvent = std::ptr::null_mut();
+        // SAFETY: the out-pointer is a live local; the flag is a header value.
+        let result = unsafe { (self.rt.event_create_with_flags)(&mut raw, EVENT_DISABLE_TIMING) };
+        self.check("hipEventCreateWithFlags", result)?;
+        Ok(Event {
+            raw,
+            api: self.clone(),
+        })
+    }
+
+    /// `bytes` of device memory on the current device.
+    pub fn device_alloc(self: &Arc<Self>, bytes: usize) -> HipResult<DeviceAlloc> {
+        let mut ptr: DevicePtr = std::ptr::null_mut();
+        // SAFETY: the out-pointer is a live local.
+        self.check("hipMalloc", unsafe { (self.rt.malloc)(&mut ptr, bytes) })?;
+        Ok(DeviceAlloc {
+            ptr,
+            bytes,
+            api: self.clone(),
+        })
+    }
+
+    /// `bytes` of page-locked host memory, for DMA.
+    pub fn pinned(self: &Arc<Self>, bytes: usize) -> HipResult<Pinned> {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the out-pointer is a live local; the flag is a header value.
+        let result = unsafe { (self.rt.host_malloc)(&mut ptr, bytes.max(1), HOST_MALLOC_DEFAULT) };
+        self.check("hipHostMalloc", result)?;
+        // SAFETY: hipHostMalloc returned at least `bytes.max(1)` writable
+        // bytes; zeroing them makes every later `&[u8]` view initialised.
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
+        Ok(Pinned {
+            ptr: ptr.cast(),
+            len: bytes,
+            api: self.clone(),
+        })
+    }
+
+    /// Load a code object (the bytes hiprtc produced) on the current device.
+    pub fn load_module(self: &Arc<Self>, image: &[u8]) -> HipResult<Module> {
+        let mut raw: RawModule = std::ptr::null_mut();
+        // SAFETY: `image` is a complete code object that outlives the call;
+        // HIP copies what it keeps.
+        let result = unsafe { (self.rt.module_load_data)(&mut raw, image.as_ptr().cast()) };
+        self.check("hipModuleLoadData", result)?;
+        Ok(Module {
+            raw,
+            api: self.clone(),
+        })
+    }
+
+    /// Compile HIP C++ with hiprtc: the code object, or the failure and the
+    /// compiler's log.
+    pub fn compile(
+        &self,
+        source: &str,
+        name: &str,
+        options: &[String],
+    ) -> Result<Vec<u8>, RtcFailure> {
+        let rtc = self.rtc.as_ref().map_err(|e| RtcFailure {
+            result: -1,
+            log: e.to_string(),
+        })?;
+        let c_source = CString::new(source)
+            .map_err(|_| RtcFailure::input("the source contains a NUL byte"))?;
+        let c_name = CString::new(format!("{name}.hip"))
+            .map_err(|_| RtcFailure::input("the name contains a NUL byte"))?;
+        let c_options: Vec<CString> = options
+            .iter()
+            .map(|o| CString::new(o.as_str()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| RtcFailure::input("an option contains a NUL byte"))?;
+        let option_ptrs: Vec<*const c_char> = c_options.iter().map(|o| o.as_ptr()).collect();
+        let mut program: RawProgram = std::ptr::null_mut();
+        // SAFETY: source and name are NUL-terminated and outlive the call; no
+        // headers are passed (count 0, null arrays).
+        let result = unsafe {
+            (rtc.create_program)(
+                &mut program,
+                c_source.as_ptr(),
+                c_name.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        if result != rtc::SUCCESS {
+            return Err(RtcFailure::from_call(
+                rtc,
+                "hiprtcCreateProgram",
+                result,
+                String::new(),
+            ));
+        }
+        let program = Program { raw: program, rtc };
+        let count = c_int::try_from(option_ptrs.len()).unwrap_or(c_int::MAX);
+        // SAFETY: `program` is live; the option pointers are NUL-terminated
+        // strings owned by `c_options`, alive for the call.
+        let result = unsafe { (rtc.compile_program)(program.raw, count, option_ptrs.as_ptr()) };
+        let log = program.log();
+        if result != rtc::SUCCESS {
+            return Err(RtcFailure::from_call(
+                rtc,
+                "hiprtcCompileProgram",
+                result,
+                log,
+            ));
+        }
+        let mut size = 0usize;
+        // SAFETY: `program` is live and compiled; the out-pointer is a local.
+        let result = unsafe { (rtc.get_code_size)(program.raw, &mut size) };
+        if result != rtc::SUCCESS {
+            return Err(RtcFailure::from_call(rtc, "hiprtcGetCodeSize", result, log));
+        }
+        let mut code = vec![0u8; size];
+        // SAFETY: `code` holds exactly the `size` bytes hiprtc said it writes.
+        let result = unsafe { (rtc.get_code)(program.raw, code.as_mut_ptr().cast()) };
+        if result != rtc::SUCCESS {
+            return Err(RtcFailure::from_call(rtc, "hiprtcGetCode", result, log));
+        }
+        if !log.trim().is_empty() {
+            tracing::debug!(kernel = name, "hiprtc: {log}");
+        }
+        Ok(code)
+    }
+}
+
+/// A hiprtc program, destroyed on drop.
+struct Program<'a> {
+    raw: RawProgram,
+    rtc: &'a crate::loader::Rtc,
+}
+
+impl Program<'_> {
+    fn log(&self) -> String {
+        let mut size = 0usize;
+        // SAFETY: the program is live; the out-pointer is a local.
+        if unsafe { (self.rtc.get_program_log_size)(self.raw, &mut size) } != rtc::SUCCESS
+            || size == 0
+        {
+            return String::new();
+        }
+        let mut log = vec![0u8; size];
+        // SAFETY: `log` holds exactly the `size` bytes hiprtc said it writes.
+        if unsafe { (self.rtc.get_program_log)(self.raw, log.as_mut_ptr().cast()) } != rtc::SUCCESS
+        {
+            return String::new();
+        }
+        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+        String::from_utf8_lossy(&log[..end]).into_owned()
+    }
+}
+
+impl Drop for Program<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the program is live and destroyed exactly once, here.
+        let _ = unsafe { (self.rtc.destroy_program)(&mut self.raw) };
+    }
+}
+
+/// A hiprtc call that failed, with the compiler's log.
+#[derive(Debug, Clone)]
+pub struct RtcFailure {
+    /// Its `hiprtcResult`, or -1 when hiprtc is not loaded.
+    pub result: RtcResult,
+    /// The compiler's log, or the reason.
+    pub log: String,
+}
+
+impl RtcFailure {
+    fn input(why: &str) -> Self {
+        Self {
+            result: 3,
+            log: why.to_owned(),
+        }
+    }
+
+    fn from_call(
+        rtc: &crate::loader::Rtc,
+        call: &'static str,
+        result: RtcResult,
+        log: String,
+    ) -> Self {
+        // SAFETY: hiprtcGetErrorString takes any value and returns a static
+        // string or null.
+        let text = unsafe { (rtc.get_error_string)(result) };
+        let name = if text.is_null() {
+            format!("hiprtcResult({result})")
+        } else {
+            // SAFETY: non-null, NUL-terminated and static.
+            unsafe { CStr::from_ptr(text) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        let log = if log.trim().is_empty() {
+            format!("{call} returned {name}")
+        } else {
+            format!("{call} returned {name}\n{log}")
+        };
+        Self { result, log }
+    }
+
+    /// Whether hiprtc ran out of memory rather than rejecting the source.
+    pub fn out_of_memory(&self) -> bool {
+        self.result == rtc::OUT_OF_MEMORY
+    }
+}
+
+/// Whether hiprtc could be loaded, or why not.
+pub fn rtc_status(api: &Api) -> Result<(), LoadError> {
+    api.rtc.as_ref().map(|_| ()).map_err(Clone::clone)
+}
+
+// ----- owned handles ----------------------------------------------------
+
+/// Declare an owned handle type: `Send` because HIP handles may be used from
+/// any thread, and destroyed by `$destroy` on drop.
+macro_rules! owned {
+    ($(#[$meta:meta])* $name:ident($raw:ty), $destroy:ident) => {
+        $(#[$meta])*
+        pub struct $name {
+            raw: $raw,
+            api: Arc<Api>,
+        }
+
+        // SAFETY: HIP handles are process-wide and usable from any thread;
+        // the runtime serialises access to the objects behind them.
+        unsafe impl Send for $name {}
+        // SAFETY: as for `Send`: every method takes `&self` and is a HIP
+        // call, which the runtime makes thread-safe.
+        unsafe impl Sync for $name {}
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                // SAFETY: the handle was created by this API, is owned
+                // uniquely by this value and is destroyed exactly once, here.
+                let result = unsafe { (self.api.rt.$destroy)(self.raw) };
+                if result != code::SUCCESS {
+                    tracing::debug!(code = result, concat!(stringify!($destroy), " failed on drop"));
+                }
+            }
+        }
+
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, concat!(stringify!($name), "({:p})"), self.raw)
+            }
+        }
+    };
+}
+
+owned!(
+    /// A HIP stream.
+    Stream(RawStream),
+    stream_destroy
+);
+owned!(
+    /// A HIP event.
+    Event(RawEvent),
+    event_destroy
+);
+owned!(
+    /// A loaded code object.
+    Module(RawModule),
+    module_unload
+);
+owned!(
+    /// A captured graph, before or after instantiation.
+    Graph(RawGraph),
+    graph_destroy
+);
+owned!(
+    /// An instantiated, launchable graph.
+    GraphExec(RawGraphExec),
+    graph_exec_destroy
+);
+
+impl Stream {
+    /// Wait on the host for all of the stream's work.
+    pub fn synchronize(&self) -> HipResult<()> {
+        // SAFETY: the stream is live (owned by `self`).
+        self.api.check("hipStreamSynchronize", unsafe {
+            (self.api.rt.stream_synchronize)(self.raw)
+        })
+    }
+
+    /// Make the stream's later work wait for `event`'s last record.
+    pub fn wait(&self, event: &Event) -> HipResult<()> {
+        // SAFETY: stream and event are live.
+        self.api.check("hipStreamWaitEvent", unsafe {
+            (self.api.rt.stream_wait_event)(self.raw, event.raw, 0)
+        })
+    }
+
+    /// Start recording the stream's work into a graph.
+    pub fn begin_capture(&self) -> HipResult<()> {
+        // SAFETY: the stream is live; the mode is a header value.
+        let result = unsafe { (self.api.rt.stream_begin_capture)(self.raw, CAPTURE_MODE_RELAXED) };
+        self.api.check("hipStreamBeginCapture", result)
+    }
+
+    /// Stop recording: the graph, or the runtime's refusal. A refused
+    /// capture still leaves the stream out of capture mode.
+    pub fn end_capture(&self) -> HipResult<Graph> {
+        let mut raw: RawGraph = std::ptr::null_mut();
+        // SAFETY: the stream is live; the out-pointer is a local.
+        let result = unsafe { (self.api.rt.stream_end_capture)(self.raw, &mut raw) };
+        let graph = (!raw.is_null()).then(|| Graph {
+            raw,
+            api: self.api.clone(),
+        });
+        self.api.check("hipStreamEndCapture", result)?;
+        graph.ok_or_else(|| HipError::new("hipStreamEndCapture", code::STREAM_CAPTURE_INVALIDATED))
+    }
+
+    /// Launch an instantiated graph on the stream.
+    pub fn launch_graph(&self, exec: &GraphExec) -> HipResult<()> {
+        // SAFETY: stream and executable graph are live.
+        self.api.check("hipGraphLaunch", unsafe {
+            (self.api.rt.graph_launch)(exec.raw, self.raw)
+        })
+    }
+
+    /// Copy `len` bytes from host `src` to device `dst`, ordered on the
+    /// stream (or recorded, while capturing).
+    ///
+    /// # Safety
+    ///
+    /// `src` must be valid for `len` bytes until the stream has passed this
+    /// copy (for a recording, until the last replay of its graph has
+    /// finished), and `dst` must address `len` bytes of a live device
+    /// allocation.
+    pub unsafe fn copy_to_device(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+    ) -> HipResult<()> {
+        // SAFETY: the caller upholds the pointers' contract; the stream is live.
+        let result = unsafe {
+            (self.api.rt.memcpy_async)(dst, src.cast(), len, MEMCPY_HOST_TO_DEVICE, self.raw)
+        };
+        self.api.check("hipMemcpyAsync", result)
+    }
+
+    /// Copy `len` bytes from device `src` to host `dst`, ordered on the stream.
+    ///
+    /// # Safety
+    ///
+    /// `dst` must be valid for writes of `len` bytes, and not read or
+    /// freed, until the stream has passed this copy; `src` must address
+    /// `len` bytes of a live device allocation.
+    pub unsafe fn copy_to_host(&self, dst: *mut u8, src: DevicePtr, len: usize) -> HipResult<()> {
+        // SAFETY: the caller upholds the pointers' contract; the stream is live.
+        let result = unsafe {
+            (self.api.rt.memcpy_async)(dst.cast(), src, len, MEMCPY_DEVICE_TO_HOST, self.raw)
+        };
+        self.api.check("hipMemcpyAsync", result)
+    }
+
+    /// Copy `len` bytes between device allocations, ordered on the stream.
+    ///
+    /// # Safety
+    ///
+    /// Both pointers must address `len` bytes of live device allocations.
+    pub unsafe fn copy_on_device(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+    ) -> HipResult<()> {
+        // SAFETY: the caller upholds the pointers' contract; the stream is live.
+        let result =
+            unsafe { (self.api.rt.memcpy_async)(dst, src, len, MEMCPY_DEVICE_TO_DEVICE, self.raw) };
+        self.api.check("hipMemcpyAsync", result)
+    }
+
+    /// Launch `function` with `params` (pointers to each argument's value).
+    ///
+    /// # Safety
+    ///
+    /// `function` must belong to a module that stays loaded while the launch
+    /// (or the graph recording it) may run; `params` must match the
+    /// kernel's parameter list, each pointing to a value of the parameter's
+    /// size, valid for the call (HIP copies the values); every device
+    /// pointer among them must address memory the kernel may touch.
+    pub unsafe fn launch(
+        &self,
+        function: RawFunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        params: &mut [*mut c_void],
+    ) -> HipResult<()> {
+        let params_ptr = if params.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            params.as_mut_ptr()
+        };
+        // SAFETY: the caller upholds the function and parameter contract;
+        // the stream is live; no shared memory and no `extra` are passed.
+        let result = unsafe {
+            (self.api.rt.module_launch_kernel)(
+                function,
+                grid[0] as c_uint,
+                grid[1] as c_uint,
+                grid[2] as c_uint,
+                block[0] as c_uint,
+                block[1] as c_uint,
+                block[2] as c_uint,
+                0,
+                self.raw,
+                params_ptr,
+                std::ptr::null_mut(),
+            )
+        };
+        self.api.check("hipModuleLaunchKernel", result)
+    }
+}
+
+impl Event {
+    /// Record the event at the stream's current end.
+    pub fn record(&self, stream: &Stream) -> HipResult<()> {
+        // SAFETY: event and stream are live.
+        self.api.check("hipEventRecord", unsafe {
+            (self.api.rt.event_record)(self.raw, stream.raw)
+        })
+    }
+
+    /// Whether the work before the last record has finished. A never
+    /// recorded event has.
+    pub fn is_done(&self) -> HipResult<bool> {
+        // SAFETY: the event is live.
+        match unsafe { (self.api.rt.event_query)(self.raw) } {
+            code::SUCCESS => Ok(true),
+            code::NOT_READY => Ok(false),
+            other => self.api.check("hipEventQuery", other).map(|()| false),
+        }
+    }
+
+    /// Wait on the host for the work before the last record.
+    pub fn synchronize(&self) -> HipResult<()> {
+        // SAFETY: the event is live.
+        self.api.check("hipEventSynchronize", unsafe {
+            (self.api.rt.event_synchronize)(self.raw)
+        })
+    }
+}
+
+impl Module {
+    /// The kernel named `entry`, valid while the module is loaded.
+    pub fn function(&self, entry: &str) -> HipResult<RawFunction> {
+        let name = CString::new(entry)
+            .map_err(|_| HipError::new("hipModuleGetFunction", code::INVALID_VALUE))?;
+        let mut function: RawFunction = std::ptr::null_mut();
+        // SAFETY: the module is live; the name is NUL-terminated; the
+        // out-pointer is a local.
+        let result =
+            unsafe { (self.api.rt.module_get_function)(&mut function, self.raw, name.as_ptr()) };
+        self.api.check("hipModuleGetFunction", result)?;
+        Ok(function)
+    }
+}
+
+impl Graph {
+    /// Instantiate the graph for launching.
+    pub fn instantiate(&self) -> HipResult<GraphExec> {
+        let mut raw: RawGraphExec = std::ptr::null_mut();
+        // SAFETY: the graph is live; the out-pointer is a local; no error
+        // node or log buffer is requested.
+        let result = unsafe {
+            (self.api.rt.graph_instantiate)(
+                &mut raw,
+                self.raw,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        self.api.check("hipGraphInstantiate", result)?;
+        Ok(GraphExec {
+            raw,
+            api: self.api.clone(),
+        })
+    }
+}
+
+/// Device memory from `hipMalloc`, freed on drop.
+pub struct DeviceAlloc {
+    ptr: DevicePtr,
+    bytes: usize,
+    api: Arc<Api>,
+}
+
+// SAFETY: a device address is usable from any thread.
+unsafe impl Send for DeviceAlloc {}
+
+impl DeviceAlloc {
+    /// The device address of byte `offset`; no bounds are implied.
+    pub fn at(&self, offset: u64) -> DevicePtr {
+        self.ptr.cast::<u8>().wrapping_add(offset as usize).cast()
+    }
+
+    /// Its size.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from hipMalloc, is owned uniquely by this
+        // value and is freed exactly once. hipFree waits for the device.
+        let result = unsafe { (self.api.rt.free)(self.ptr) };
+        if result != code::SUCCESS {
+            tracing::debug!(code = result, "hipFree failed on drop");
+        }
+    }
+}
+
+impl std::fmt::Debug for DeviceAlloc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceAlloc({:p}, {} bytes)", self.ptr, self.bytes)
+    }
+}
+
+/// Page-locked host memory from `hipHostMalloc`, freed on drop.
+pub struct Pinned {
+    ptr: *mut u8,
+    len: usize,
+    api: Arc<Api>,
+}
+
+// SAFETY: the memory is plain host memory owned uniquely by this value.
+unsafe impl Send for Pinned {}
+
+impl Pinned {
+    /// Its bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is a live allocation of at least `len` bytes (at
+        // least one byte was allocated, so it is never null); the borrow of
+        // `self` keeps Rust writers out. The owner guarantees the device is
+        // not writing it (its fence has passed) before reading.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// Its bytes, to fill.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and the unique borrow excludes every
+        // other Rust access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// Its address, for an asynchronous copy.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    /// Its address, for an asynchronous copy into it.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Its size.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from hipHostMalloc, is owned uniquely by
+        // this value and is freed exactly once. Owners drop it only after the
+        // copies that use it are finished.
+        let result = unsafe { (self.api.rt.host_free)(self.ptr.cast()) };
+        if result != code::SUCCESS {
+            tracing::debug!(code = result, "hipHostFree failed on drop");
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The contract: [`Backend`] for [`Hip`], one line per call.
+//!
+//! Each call is implemented in the file that owns its subject — memory,
+//! copies, launches, capture — and this impl only routes to it, so the list
+//! below reads as the whole of what the HIP server does on the device. All
+//! of the failure model (scopes, taint, windows, poison, fault injection)
+//! is the core's `Server<Hip>`.
+
+use scope_core::{Backend, Kernel, Language, Launch, Result};
+
+use crate::capture::HipGraph;
+use crate::device::{Hip, HipStream};
+use crate::launch::HipKernel;
+use crate::memory::HipMemory;
+
+impl Backend for Hip {
+    type Memory = HipMemory;
+    type Stream = HipStream;
+    type Kernel = HipKernel;
+    type Graph = HipGraph;
+
+    const NAME: &'static str = crate::error::BACKEND;
+
+    fn describe(&self) -> String {
+        Hip::describe(self)
+    }
+
+    fn accepts(&self, language: Language) -> bool {
+        language == Language::Hip
+    }
+
+    fn max_allocation(&self) -> u64 {
+        self.info.total_memory
+    }
+
+    fn create_stream(&mut self) -> Result<HipStream> {
+        Hip::create_stream(self)
+    }
+
+    fn allocate(&mut self, size: u64) -> Result<HipMemory> {
+        Hip::allocate(self, size)
+    }
+
+    fn free(&mut self, memory: HipMemory) {
+        Hip::free(self, memory);
+    }
+
+    fn trim(&mut self) {
+        self.pool.trim();
+    }
+
+    fn bytes_reserved(&self) -> u64 {
+        self.pool.reserved()
+    }
+
+    fn write(
+        &mut self,
+        stream: &mut HipStream,
+        dst: &HipMemory,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        Hip::write(self, stream, dst, offset, data)
+    }
+
+    fn read(
+        &mut self,
+        stream: &mut HipStream,
+        src: &HipMemory,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        Hip::read(self, stream, src, offset, out)
+    }
+
+    fn copy(
+        &mut self,
+        stream: &mut HipStream,
+        src: &HipMemory,
+        src_offset: u64,
+        dst: &HipMemory,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        Hip::copy(self, stream, src, src_offset, dst, dst_offset, len)
+    }
+
+    fn compile(&mut self, kernel: &Kernel) -> Result<HipKernel> {
+        Hip::compile(self, kernel)
+    }
+
+    fn launch(
+        &mut self,
+        stream: &mut HipStream,
+        kernel: &HipKernel,
+        launch: &Launch<'_, HipMemory>,
+    ) -> Result<()> {
+        Hip::launch(self, stream, kernel, launch)
+    }
+
+    fn sync(&mut self, stream: &mut HipStream) -> Result<()> {
+        Hip::sync(self, stream)
+    }
+
+    fn order(&mut self, first: &mut HipStream, then: &mut HipStream) -> Result<()> {
+        Hip::order(self, first, then)
+    }
+
+    fn begin_capture(&mut self, stream: &mut HipStream) -> Result<()> {
+        Hip::begin_capture(self, stream)
+    }
+
+    fn end_capture(&mut self, stream: &mut HipStream) -> Result<HipGraph> {
+        Hip::end_capture(self, stream)
+    }
+
+    fn abort_capture(&mut self, stream: &mut HipStream) {
+        Hip::abort_capture(self, stream);
+    }
+
+    fn replay(&mut self, stream: &mut HipStream, graph: &HipGraph) -> Result<()> {
+        Hip::replay(self, stream, graph)
+    }
+
+    fn destroy_graph(&mut self, graph: HipGraph) -> Result<()> {
+        Hip::destroy_graph(self, graph)
+    }
+}

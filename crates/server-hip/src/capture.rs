@@ -1,0 +1,135 @@
+//! Stream capture into HIP graphs, replay and destroy.
+//!
+//! The core's capture window decides whether a recording may seal; this
+//! file only drives HIP's own capture. Capture runs in relaxed mode, so that
+//! other streams may sync and the recording stream may allocate pinned
+//! memory for recorded host writes while it records.
+//!
+//! Starting a capture records the stream's pre-capture fence first (see
+//! `device.rs`): ordering and memory reuse use it in place of the stream
+//! while the stream records. A sealed [`HipGraph`] owns the pinned copies
+//! of the bytes its host writes recorded, and one completion event per
+//! stream it was replayed on, so destroying it can wait for every replay
+//! in flight before the pinned memory and the graph go (rule 35).
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use scope_core::{Error, Result, StreamId};
+
+use crate::api::{Event, Graph, GraphExec, Pinned};
+use crate::device::{Hip, HipStream};
+use crate::error::Doing;
+
+/// A sealed, instantiated graph.
+pub struct HipGraph {
+    exec: GraphExec,
+    _graph: Graph,
+    /// One event per stream the graph was replayed on, recorded after the
+    /// latest replay there.
+    replays: Mutex<Vec<(StreamId, Event)>>,
+    // Dropped last: recorded copies read these at every replay.
+    _retained: Vec<Pinned>,
+}
+
+impl std::fmt::Debug for HipGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "HipGraph({:?}, {} retained buffers)",
+            self.exec,
+            self._retained.len()
+        )
+    }
+}
+
+impl Hip {
+    pub(crate) fn begin_capture(&mut self, stream: &mut HipStream) -> Result<()> {
+        let doing = || Doing::Other(Some(stream.id));
+        if stream.is_capturing() {
+            return Err(Error::refused(format!(
+                "{} is already capturing",
+                stream.id
+            )));
+        }
+        let fence = self.api.event().map_err(|e| e.into_error(doing()))?;
+        fence
+            .record(stream.stream())
+            .map_err(|e| e.into_error(doing()))?;
+        stream
+            .stream()
+            .begin_capture()
+            .map_err(|e| e.into_error(doing()))?;
+        stream.retained.clear();
+        *stream.shared.pre_capture.lock() = Some(Arc::new(fence));
+        Ok(())
+    }
+
+    pub(crate) fn end_capture(&mut self, stream: &mut HipStream) -> Result<HipGraph> {
+        let doing = || Doing::Other(Some(stream.id));
+        if stream.shared.pre_capture.lock().take().is_none() {
+            return Err(Error::refused(format!("{} was not capturing", stream.id)));
+        }
+        let retained = std::mem::take(&mut stream.retained);
+        let graph = stream
+            .stream()
+            .end_capture()
+            .map_err(|e| e.into_error(doing()))?;
+        let exec = graph.instantiate().map_err(|e| e.into_error(doing()))?;
+        Ok(HipGraph {
+            exec,
+            _graph: graph,
+            replays: Mutex::new(Vec::new()),
+            _retained: retained,
+        })
+    }
+
+    pub(crate) fn abort_capture(&mut self, stream: &mut HipStream) {
+        if stream.shared.pre_capture.lock().take().is_some() {
+            // The recording never ran, so its graph and retained bytes can go.
+            if let Err(e) = stream.stream().end_capture() {
+                tracing::debug!("ending an aborted capture on {}: {e}", stream.id);
+            }
+        }
+        stream.retained.clear();
+    }
+
+    pub(crate) fn replay(&mut self, stream: &mut HipStream, graph: &HipGraph) -> Result<()> {
+        let doing = || Doing::Other(Some(stream.id));
+        stream
+            .stream()
+            .launch_graph(&graph.exec)
+            .map_err(|e| e.into_error(doing()))?;
+        let mut replays = graph.replays.lock();
+        let index = match replays.iter().position(|(id, _)| *id == stream.id) {
+            Some(index) => index,
+            None => {
+                let event = self.api.event().map_err(|e| e.into_error(doing()))?;
+                replays.push((stream.id, event));
+                replays.len() - 1
+            }
+        };
+        replays[index]
+            .1
+            .record(stream.stream())
+            .map_err(|e| e.into_error(doing()))
+    }
+
+    pub(crate) fn destroy_graph(&mut self, graph: HipGraph) -> Result<()> {
+        let failed = graph.replays.lock().iter().find_map(|(stream, event)| {
+            event
+                .synchronize()
+                .err()
+                .map(|e| e.into_error(Doing::Waiting(Some(*stream))))
+        });
+        if let Some(error) = failed {
+            // A replay may still be reading the retained bytes; leaking the
+            // graph is safe where freeing them might not be.
+            tracing::warn!("waiting for a graph's replays failed, leaking it: {error}");
+            std::mem::forget(graph);
+            return Err(error);
+        }
+        drop(graph);
+        Ok(())
+    }
+}

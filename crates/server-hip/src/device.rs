@@ -1,0 +1,252 @@
+//! The device and its streams.
+//!
+//! A [`Hip`] backend is one HIP device: its name and architecture (the
+//! `gcnArchName` hiprtc compiles for), the memory pool, the pinned staging
+//! buffers, and a registry of its streams. Each logical stream is a
+//! non-blocking HIP stream plus two events:
+//!
+//! - an *order* event, recorded at the stream's end when another stream
+//!   must wait for it ([`Backend::order`](scope_core::Backend::order)); and
+//! - a *pre-capture* fence, recorded just before a capture begins, which
+//!   stands for "everything this stream submitted that will really run"
+//!   while the stream records. Waiting on the stream itself then would pull
+//!   the waiter into the recording; waiting on the fence does not.
+//!
+//! The registry holds the streams weakly so that freeing memory can fence
+//! every stream (see `memory.rs`) without owning any of them.
+
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use scope_core::{Error, Result, StreamId};
+
+use crate::api::{Event, Pinned, Stream};
+use crate::error::{BACKEND, Doing, HipError};
+use crate::ffi::c_chars;
+use crate::loader::Api;
+use crate::memory::{Pool, Staging};
+
+/// What a stream shares with the device's registry.
+pub(crate) struct StreamShared {
+    pub(crate) stream: Stream,
+    /// Set while the stream records: the fence recorded just before.
+    pub(crate) pre_capture: Mutex<Option<Arc<Event>>>,
+}
+
+/// A logical stream's device state.
+pub struct HipStream {
+    pub(crate) id: StreamId,
+    pub(crate) shared: Arc<StreamShared>,
+    pub(crate) order_event: Event,
+    /// Pinned copies of the bytes host writes recorded into the open
+    /// capture; they move into the graph when it seals.
+    pub(crate) retained: Vec<Pinned>,
+}
+
+impl HipStream {
+    pub(crate) fn stream(&self) -> &Stream {
+        &self.shared.stream
+    }
+
+    pub(crate) fn is_capturing(&self) -> bool {
+        self.shared.pre_capture.lock().is_some()
+    }
+}
+
+impl std::fmt::Debug for HipStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HipStream({}, {:?})", self.id, self.shared.stream)
+    }
+}
+
+/// What a device is, as found by a probe or an open.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// The ordinal.
+    pub ordinal: i32,
+    /// The marketing name.
+    pub name: String,
+    /// `gcnArchName`, with its target features: `gfx90a:sramecc+:xnack-`.
+    pub arch: String,
+    /// Bytes of device memory.
+    pub total_memory: u64,
+}
+
+/// Ask the runtime about device `ordinal`.
+pub(crate) fn device_info(api: &Api, ordinal: i32) -> std::result::Result<DeviceInfo, HipError> {
+    let props = api.device_properties(ordinal)?;
+    let total_memory = api
+        .device_total_mem(ordinal)
+        .map(|b| b as u64)
+        .unwrap_or(props.props.totalGlobalMem as u64);
+    Ok(DeviceInfo {
+        ordinal,
+        name: c_chars(&props.props.name),
+        arch: c_chars(&props.props.gcnArchName),
+        total_memory,
+    })
+}
+
+/// Load HIP and initialise it: the API, or why this backend is unavailable.
+pub(crate) fn load() -> Result<Arc<Api>> {
+    let api = Api::get().map_err(|e| Error::BackendUnavailable {
+        backend: BACKEND,
+        reason: e.to_string(),
+    })?;
+    api.init().map_err(|e| Error::BackendUnavailable {
+        backend: BACKEND,
+        reason: e.to_string(),
+    })?;
+    Ok(api)
+}
+
+/// The HIP backend: one device.
+pub struct Hip {
+    pub(crate) api: Arc<Api>,
+    pub(crate) info: DeviceInfo,
+    pub(crate) runtime_version: i32,
+    pub(crate) pool: Pool,
+    pub(crate) staging: Staging,
+    /// Where reads land before they are copied out; grown on demand.
+    pub(crate) read_buffer: Option<Pinned>,
+    streams: Vec<Weak<StreamShared>>,
+    next_stream: u32,
+}
+
+impl Hip {
+    /// Open device `ordinal`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BackendUnavailable`] when HIP cannot be loaded or there is
+    /// no such device.
+    pub fn open(ordinal: i32) -> Result<Self> {
+        let api = load()?;
+        let unavailable = |reason: String| Error::BackendUnavailable {
+            backend: BACKEND,
+            reason,
+        };
+        let count = api.device_count().map_err(|e| unavailable(e.to_string()))?;
+        if ordinal < 0 || ordinal >= count {
+            return Err(unavailable(format!(
+                "no device {ordinal}: HIP reports {count} device(s)"
+            )));
+        }
+        api.set_device(ordinal)
+            .map_err(|e| unavailable(e.to_string()))?;
+        let info = device_info(&api, ordinal).map_err(|e| unavailable(e.to_string()))?;
+        let runtime_version = api.runtime_version().unwrap_or(0);
+        if let Err(why) = crate::api::rtc_status(&api) {
+            tracing::warn!("hiprtc unavailable, kernels will not compile: {why}");
+        }
+        tracing::info!(device = %info.name, arch = %info.arch, "HIP device open");
+        Ok(Self {
+            api,
+            info,
+            runtime_version,
+            pool: Pool::default(),
+            staging: Staging::default(),
+            read_buffer: None,
+            streams: Vec::new(),
+            next_stream: 0,
+        })
+    }
+
+    /// The device this backend drives.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub(crate) fn make_current(&self) -> Result<()> {
+        self.api
+            .set_device(self.info.ordinal)
+            .map_err(|e| e.into_error(Doing::Other(None)))
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        let version = self.runtime_version;
+        format!(
+            "{} ({}, {} MiB, HIP runtime {}.{}) via {}",
+            self.info.name,
+            self.info.arch,
+            self.info.total_memory >> 20,
+            version / 10_000_000,
+            (version / 100_000) % 100,
+            self.api.runtime_path
+        )
+    }
+
+    pub(crate) fn create_stream(&mut self) -> Result<HipStream> {
+        self.make_current()?;
+        let id = StreamId(self.next_stream);
+        let doing = || Doing::Other(Some(id));
+        let stream = self.api.stream().map_err(|e| e.into_error(doing()))?;
+        let order_event = self.api.event().map_err(|e| e.into_error(doing()))?;
+        let shared = Arc::new(StreamShared {
+            stream,
+            pre_capture: Mutex::new(None),
+        });
+        self.streams.retain(|s| s.strong_count() > 0);
+        self.streams.push(Arc::downgrade(&shared));
+        // The core numbers streams in creation order from 0, counting only
+        // those created successfully; so does this.
+        self.next_stream += 1;
+        Ok(HipStream {
+            id,
+            shared,
+            order_event,
+            retained: Vec::new(),
+        })
+    }
+
+    /// One fence per live stream, marking everything submitted so far that
+    /// will really run: memory freed now may be reused once all have passed.
+    pub(crate) fn fence_all_streams(&mut self) -> std::result::Result<Vec<Arc<Event>>, HipError> {
+        let mut fences = Vec::new();
+        for shared in self.streams.iter().filter_map(Weak::upgrade) {
+            if let Some(fence) = shared.pre_capture.lock().clone() {
+                fences.push(fence);
+                continue;
+            }
+            let event = self.api.event()?;
+            event.record(&shared.stream)?;
+            fences.push(Arc::new(event));
+        }
+        Ok(fences)
+    }
+
+    pub(crate) fn sync(&mut self, stream: &mut HipStream) -> Result<()> {
+        stream
+            .stream()
+            .synchronize()
+            .map_err(|e| e.into_error(Doing::Waiting(Some(stream.id))))
+    }
+
+    pub(crate) fn order(&mut self, first: &mut HipStream, then: &mut HipStream) -> Result<()> {
+        let doing = || Doing::Waiting(Some(then.id));
+        let pre_capture = first.shared.pre_capture.lock().clone();
+        match pre_capture {
+            // `first` is recording: what it records has not run and will not
+            // until a replay, so `then` waits for what it submitted before.
+            Some(fence) => then
+                .stream()
+                .wait(&fence)
+                .map_err(|e| e.into_error(doing())),
+            None => {
+                first
+                    .order_event
+                    .record(first.stream())
+                    .map_err(|e| e.into_error(doing()))?;
+                then.stream()
+                    .wait(&first.order_event)
+                    .map_err(|e| e.into_error(doing()))
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Hip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Hip({})", self.describe())
+    }
+}

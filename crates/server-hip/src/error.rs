@@ -1,0 +1,298 @@
+//! Classifying HIP's answers into the core's one error type.
+//!
+//! HIP mirrors CUDA's error model: a handful of codes mean the device (the
+//! context) is unusable from then on and every later call will fail — those
+//! are sticky and poison the device (rule 36) — while the rest fail one call.
+//! Out-of-memory is never sticky (rule 37). The sticky set is CUDA's, as far
+//! as HIP defines the codes: HIP has no misaligned-address, invalid-PC,
+//! illegal-instruction or hardware-stack codes (an AMD device fault of that
+//! kind surfaces as `hipErrorIllegalAddress` or `hipErrorLaunchFailure`),
+//! and `hipErrorPriorLaunchFailure` says an earlier launch already broke
+//! the context.
+//!
+//! Classification happens in one place, [`HipError::into_error`], which every
+//! call site goes through with a description of what it was doing; a
+//! sticky or out-of-memory code wins over the site, so a fault that surfaces
+//! during a copy is still a fault.
+
+use std::sync::Arc;
+
+use scope_core::{DeviceFault, Error, StreamId};
+
+use crate::ffi::{HipErrorCode, code, code_name};
+
+/// The backend's name in errors.
+pub const BACKEND: &str = "hip";
+
+/// A failed HIP (or hiprtc) call: which entry point, and its code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HipError {
+    /// The entry point: `hipMemcpyAsync`.
+    pub call: &'static str,
+    /// The `hipError_t` it returned.
+    pub code: HipErrorCode,
+    /// The runtime's own description, when it could be asked.
+    pub message: Option<String>,
+}
+
+/// What a failing call was doing, which decides the error it becomes when
+/// its code is neither sticky nor out-of-memory.
+#[derive(Debug, Clone)]
+pub enum Doing {
+    /// Allocating `bytes` of device or pinned memory.
+    Allocating(u64),
+    /// Launching a kernel.
+    Launching {
+        /// The kernel.
+        kernel: Arc<str>,
+        /// The stream.
+        stream: StreamId,
+    },
+    /// A host or device copy.
+    Copying {
+        /// Which copy, for a person.
+        what: String,
+        /// The stream.
+        stream: StreamId,
+    },
+    /// Waiting for, or ordering, a stream's work: a failure here is a fault
+    /// the device reported, attributed by the core to the work in flight.
+    Waiting(Option<StreamId>),
+    /// Anything else: setting up a device, a stream, a capture.
+    Other(Option<StreamId>),
+}
+
+/// Whether HIP declares `code` sticky: the context is unusable after it.
+pub fn is_sticky(code: HipErrorCode) -> bool {
+    matches!(
+        code,
+        code::ILLEGAL_ADDRESS
+            | code::LAUNCH_FAILURE
+            | code::ASSERT
+            | code::LAUNCH_TIME_OUT
+            | code::ECC_NOT_CORRECTABLE
+            | code::CONTEXT_IS_DESTROYED
+            | code::PRIOR_LAUNCH_FAILURE
+    )
+}
+
+/// Whether `code` says the device ran out of memory.
+pub fn is_out_of_memory(code: HipErrorCode) -> bool {
+    code == code::OUT_OF_MEMORY
+}
+
+impl HipError {
+    /// A failure of `call` with `code`.
+    pub fn new(call: &'static str, code: HipErrorCode) -> Self {
+        Self {
+            call,
+            code,
+            message: None,
+        }
+    }
+
+    /// The code's name, from the header; the number when it has none.
+    pub fn name(&self) -> String {
+        code_name(self.code).map_or_else(|| format!("hipError_t({})", self.code), str::to_owned)
+    }
+
+    fn detail(&self) -> String {
+        match &self.message {
+            Some(m) if !m.is_empty() => format!("{} returned {}: {m}", self.call, self.name()),
+            _ => format!("{} returned {}", self.call, self.name()),
+        }
+    }
+
+    /// The core's error for this failure, made while `doing`.
+    pub fn into_error(self, doing: Doing) -> Error {
+        let stream = match &doing {
+            Doing::Launching { stream, .. } | Doing::Copying { stream, .. } => Some(*stream),
+            Doing::Waiting(s) | Doing::Other(s) => *s,
+            Doing::Allocating(_) => None,
+        };
+        if is_sticky(self.code) {
+            return Error::Fault(DeviceFault {
+                backend: BACKEND,
+                code: self.name(),
+                sticky: true,
+                stream,
+                detail: self.detail(),
+            });
+        }
+        if is_out_of_memory(self.code) {
+            let requested = match doing {
+                Doing::Allocating(bytes) => bytes,
+                _ => 0,
+            };
+            return Error::OutOfMemory {
+                backend: BACKEND,
+                requested,
+                detail: self.detail(),
+            };
+        }
+        match doing {
+            Doing::Launching { kernel, stream } => Error::Launch {
+                kernel,
+                stream,
+                detail: self.detail(),
+            },
+            Doing::Copying { what, stream } => Error::Copy {
+                what,
+                stream,
+                detail: self.detail(),
+            },
+            Doing::Waiting(stream) => Error::Fault(DeviceFault {
+                backend: BACKEND,
+                code: self.name(),
+                sticky: false,
+                stream,
+                detail: self.detail(),
+            }),
+            Doing::Allocating(bytes) => {
+                Error::invalid("allocation", format!("{bytes} bytes: {}", self.detail()))
+            }
+            Doing::Other(_) => Error::refused(self.detail()),
+        }
+    }
+}
+
+impl std::fmt::Display for HipError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail())
+    }
+}
+
+/// The result of one HIP call.
+pub type HipResult<T> = std::result::Result<T, HipError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STICKY: [HipErrorCode; 7] = [
+        code::ILLEGAL_ADDRESS,
+        code::LAUNCH_FAILURE,
+        code::ASSERT,
+        code::LAUNCH_TIME_OUT,
+        code::ECC_NOT_CORRECTABLE,
+        code::CONTEXT_IS_DESTROYED,
+        code::PRIOR_LAUNCH_FAILURE,
+    ];
+
+    fn every_site() -> Vec<Doing> {
+        vec![
+            Doing::Allocating(64),
+            Doing::Launching {
+                kernel: Arc::from("k"),
+                stream: StreamId(1),
+            },
+            Doing::Copying {
+                what: "write of buffer #1".into(),
+                stream: StreamId(1),
+            },
+            Doing::Waiting(Some(StreamId(1))),
+            Doing::Other(None),
+        ]
+    }
+
+    #[test]
+    fn every_sticky_code_is_a_sticky_fault_wherever_it_surfaces() {
+        for code in STICKY {
+            for doing in every_site() {
+                let error = HipError::new("hipStreamSynchronize", code).into_error(doing.clone());
+                assert!(error.is_sticky(), "{code} while {doing:?}: {error}");
+                let Error::Fault(fault) = &error else {
+                    unreachable!()
+                };
+                assert_eq!(fault.backend, "hip");
+                assert_eq!(Some(fault.code.as_str()), code_name(code));
+                assert!(fault.detail.contains("hipStreamSynchronize"), "{error}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_sticky_codes_have_the_header_values() {
+        assert_eq!(STICKY, [700, 719, 710, 702, 214, 709, 53]);
+    }
+
+    #[test]
+    fn out_of_memory_is_not_sticky_and_keeps_the_size() {
+        let error =
+            HipError::new("hipMalloc", code::OUT_OF_MEMORY).into_error(Doing::Allocating(1 << 40));
+        assert!(!error.is_sticky());
+        assert!(error.is_out_of_memory());
+        assert!(
+            matches!(error, Error::OutOfMemory { requested, backend: "hip", .. } if requested == 1 << 40)
+        );
+        for doing in every_site() {
+            let error = HipError::new("hipMemcpyAsync", code::OUT_OF_MEMORY).into_error(doing);
+            assert!(error.is_out_of_memory() && !error.is_sticky(), "{error}");
+        }
+    }
+
+    #[test]
+    fn other_codes_follow_the_call_site_and_never_poison() {
+        let others = [
+            code::INVALID_VALUE,
+            code::INVALID_CONFIGURATION,
+            code::LAUNCH_OUT_OF_RESOURCES,
+            code::INVALID_HANDLE,
+            code::ILLEGAL_STATE,
+            code::NOT_SUPPORTED,
+            code::STREAM_CAPTURE_INVALIDATED,
+            code::UNKNOWN,
+            code::RUNTIME_MEMORY,
+            4242,
+        ];
+        for code in others {
+            assert!(!is_sticky(code) && !is_out_of_memory(code));
+            let launch =
+                HipError::new("hipModuleLaunchKernel", code).into_error(Doing::Launching {
+                    kernel: Arc::from("add"),
+                    stream: StreamId(2),
+                });
+            assert!(
+                matches!(&launch, Error::Launch { kernel, stream: StreamId(2), .. } if &**kernel == "add"),
+                "{launch}"
+            );
+            let copy = HipError::new("hipMemcpyAsync", code).into_error(Doing::Copying {
+                what: "copy".into(),
+                stream: StreamId(0),
+            });
+            assert!(matches!(copy, Error::Copy { .. }), "{copy}");
+            let wait = HipError::new("hipStreamSynchronize", code)
+                .into_error(Doing::Waiting(Some(StreamId(3))));
+            assert!(
+                matches!(&wait, Error::Fault(f) if !f.sticky && f.stream == Some(StreamId(3))),
+                "{wait}"
+            );
+            let other = HipError::new("hipStreamBeginCapture", code).into_error(Doing::Other(None));
+            assert!(other.is_refusal(), "{other}");
+            for e in [launch, copy, wait, other] {
+                assert!(!e.is_sticky() && !e.is_device_poisoned());
+            }
+        }
+    }
+
+    #[test]
+    fn an_unnamed_code_still_reads_as_a_number() {
+        let error = HipError::new("hipInit", 4242);
+        assert_eq!(error.name(), "hipError_t(4242)");
+        assert!(
+            error
+                .to_string()
+                .contains("hipInit returned hipError_t(4242)")
+        );
+        let named = HipError {
+            message: Some("an illegal memory access was encountered".into()),
+            ..HipError::new("hipStreamSynchronize", code::ILLEGAL_ADDRESS)
+        };
+        assert!(
+            named
+                .to_string()
+                .contains("hipErrorIllegalAddress: an illegal memory access"),
+            "{named}"
+        );
+    }
+}
