@@ -1,0 +1,521 @@
+//! The instance, the chosen physical device, the logical device and its queue.
+//!
+//! Everything Vulkan hands out is owned by something that must be destroyed
+//! before the device, and the core drops a server's parts in an order it
+//! chooses (the backend before its streams). So the device lives in one
+//! [`Gpu`] behind an `Arc`: every object that needs the device to destroy
+//! itself holds a clone, and the device goes last whatever the order.
+//!
+//! The device is picked by kind — discrete, integrated, virtual, then CPU —
+//! unless `SCOPE_VULKAN_DEVICE` names one by index (enumeration order) or by
+//! a substring of its name. A device qualifies when it offers Vulkan 1.2,
+//! timeline semaphores, `VK_KHR_push_descriptor` and a compute queue; the
+//! first is what streams are built on (one counter per stream, waited on by
+//! value), the second lets a launch write its descriptors into the command
+//! buffer itself, so a recorded command buffer replays without any
+//! descriptor set to keep alive or allocate.
+
+use std::ffi::{CStr, c_void};
+use std::sync::Arc;
+
+use ash::vk;
+use parking_lot::Mutex;
+use scope_core::{DeviceKind, Error, Probe, ProbedDevice, Result};
+
+use crate::error::{NAME, unavailable};
+
+const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
+
+/// Messages the validation layer sent, in order.
+pub(crate) type Messages = Arc<Mutex<Vec<String>>>;
+
+/// The limits and memory facts the rest of the backend consults.
+#[derive(Clone, Debug)]
+pub(crate) struct Limits {
+    pub min_storage_offset: u64,
+    pub max_storage_range: u64,
+    pub max_memory_allocation: u64,
+    pub max_buffer_size: u64,
+    pub max_groups: [u32; 3],
+    /// The memory type pooled allocations come from, and its heap's size.
+    pub device_type: u32,
+    pub device_heap: u64,
+    /// Whether that type can be mapped (unified memory, or lavapipe).
+    pub device_mappable: bool,
+    /// A host-visible, coherent type for staging and scalars.
+    pub host_type: u32,
+}
+
+/// The device and everything created with it that lives as long as it.
+pub(crate) struct Gpu {
+    _entry: ash::Entry,
+    pub instance: ash::Instance,
+    pub device: ash::Device,
+    pub push: ash::khr::push_descriptor::Device,
+    pub queue: vk::Queue,
+    pub family: u32,
+    pub limits: Limits,
+    pub name: String,
+    pub kind: vk::PhysicalDeviceType,
+    pub api: u32,
+    pub bda: bool,
+    debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
+    pub messages: Messages,
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: the last `Arc<Gpu>` is going, so every object created
+        // from the device (each holds a clone) is already destroyed; the
+        // messenger and the instance go after the device they observed.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            self.device.destroy_device(None);
+            if let Some((utils, messenger)) = self.debug.take() {
+                utils.destroy_debug_utils_messenger(messenger, None);
+            }
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+/// How to open the device.
+#[derive(Clone, Debug, Default)]
+pub struct Config {
+    /// Enable `VK_LAYER_KHRONOS_validation` when it is installed, and
+    /// collect what it says (see `Vulkan::validation_messages`).
+    pub validation: bool,
+    /// Panic when the backend is dropped with validation messages
+    /// collected and unread. For tests: it turns a message anywhere in a
+    /// test into a failure of that test.
+    pub fail_on_validation: bool,
+    /// Treat device memory as not host-visible even when it is, so reads
+    /// and writes take the staging path a discrete GPU takes. For tests on
+    /// unified-memory devices (lavapipe).
+    pub force_staging: bool,
+}
+
+/// The validation callback: append the message to the `Messages` behind
+/// `user`.
+unsafe extern "system" fn on_message(
+    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
+    _types: vk::DebugUtilsMessageTypeFlagsEXT,
+    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
+    user: *mut c_void,
+) -> vk::Bool32 {
+    if data.is_null() || user.is_null() {
+        return vk::FALSE;
+    }
+    // SAFETY: the layer passes a valid callback-data struct for the length
+    // of the call; `p_message` is null or a NUL-terminated string.
+    let text = unsafe {
+        let data = &*data;
+        if data.p_message.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(data.p_message)
+                .to_string_lossy()
+                .into_owned()
+        }
+    };
+    // SAFETY: `user` is `Arc::as_ptr` of the `Gpu`'s `Messages`, which the
+    // `Gpu` keeps alive until after it destroys the messenger.
+    let sink = unsafe { &*(user as *const Mutex<Vec<String>>) };
+    tracing::warn!(target: "server_vulkan::validation", "{severity:?}: {text}");
+    sink.lock().push(format!("{severity:?}: {text}"));
+    vk::FALSE
+}
+
+fn load_entry() -> Result<ash::Entry> {
+    // SAFETY: loading libvulkan runs its initialisers; the loader is a
+    // well-behaved system library, and a missing one is an error, not UB.
+    unsafe { ash::Entry::load() }
+        .map_err(|e| unavailable(format!("the Vulkan loader could not be loaded: {e}")))
+}
+
+fn layer_present(entry: &ash::Entry, name: &CStr) -> bool {
+    // SAFETY: a plain query on a loaded entry.
+    let layers = unsafe { entry.enumerate_instance_layer_properties() }.unwrap_or_default();
+    layers
+        .iter()
+        .any(|l| l.layer_name_as_c_str().is_ok_and(|n| n == name))
+}
+
+fn make_instance(entry: &ash::Entry, validation: bool) -> Result<(ash::Instance, u32)> {
+    // SAFETY: a plain query on a loaded entry.
+    let version = unsafe { entry.try_enumerate_instance_version() }
+        .ok()
+        .flatten()
+        .unwrap_or(vk::API_VERSION_1_0);
+    if version < vk::API_VERSION_1_2 {
+        return Err(unavailable(format!(
+            "the Vulkan loader offers {}.{}; timeline semaphores need 1.2",
+            vk::api_version_major(version),
+            vk::api_version_minor(version)
+        )));
+    }
+    let api = version.min(vk::API_VERSION_1_3);
+    let app = vk::ApplicationInfo::default()
+        .application_name(c"scope")
+        .engine_name(c"scope")
+        .api_version(api);
+    let layers = [VALIDATION_LAYER.as_ptr()];
+    let extensions = [ash::ext::debug_utils::NAME.as_ptr()];
+    let mut info = vk::InstanceCreateInfo::default().application_info(&app);
+    if validation {
+        info = info
+            .enabled_layer_names(&layers)
+            .enabled_extension_names(&extensions);
+    }
+    // SAFETY: `info` and everything it points at outlive the call.
+    let instance = unsafe { entry.create_instance(&info, None) }
+        .map_err(|e| unavailable(format!("vkCreateInstance failed: {e}")))?;
+    Ok((instance, api))
+}
+
+fn device_name(props: &vk::PhysicalDeviceProperties) -> String {
+    props
+        .device_name_as_c_str()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unnamed device".to_owned())
+}
+
+fn kind_rank(kind: vk::PhysicalDeviceType) -> u32 {
+    match kind {
+        vk::PhysicalDeviceType::DISCRETE_GPU => 0,
+        vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
+        vk::PhysicalDeviceType::VIRTUAL_GPU => 2,
+        vk::PhysicalDeviceType::CPU => 3,
+        _ => 4,
+    }
+}
+
+fn kind_name(kind: vk::PhysicalDeviceType) -> &'static str {
+    match kind {
+        vk::PhysicalDeviceType::DISCRETE_GPU => "discrete GPU",
+        vk::PhysicalDeviceType::INTEGRATED_GPU => "integrated GPU",
+        vk::PhysicalDeviceType::VIRTUAL_GPU => "virtual GPU",
+        vk::PhysicalDeviceType::CPU => "CPU",
+        _ => "other",
+    }
+}
+
+struct Candidate {
+    physical: vk::PhysicalDevice,
+    props: vk::PhysicalDeviceProperties,
+    name: String,
+}
+
+/// Why `physical` cannot host a server, or its compute queue family.
+fn qualify(instance: &ash::Instance, candidate: &Candidate) -> std::result::Result<u32, String> {
+    if candidate.props.api_version < vk::API_VERSION_1_2 {
+        return Err("it offers Vulkan below 1.2".to_owned());
+    }
+    let physical = candidate.physical;
+    // SAFETY: plain queries on a physical device of a live instance.
+    let (families, extensions) = unsafe {
+        (
+            instance.get_physical_device_queue_family_properties(physical),
+            instance
+                .enumerate_device_extension_properties(physical)
+                .unwrap_or_default(),
+        )
+    };
+    let has_push = extensions.iter().any(|e| {
+        e.extension_name_as_c_str()
+            .is_ok_and(|n| n == ash::khr::push_descriptor::NAME)
+    });
+    if !has_push {
+        return Err("it lacks VK_KHR_push_descriptor".to_owned());
+    }
+    let mut v12 = vk::PhysicalDeviceVulkan12Features::default();
+    let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut v12);
+    // SAFETY: `features` chains a struct that lives across the call.
+    unsafe { instance.get_physical_device_features2(physical, &mut features) };
+    if v12.timeline_semaphore == vk::FALSE {
+        return Err("it lacks timeline semaphores".to_owned());
+    }
+    // A compute-only family runs beside graphics work on real GPUs; any
+    // compute family does.
+    let compute = |f: &vk::QueueFamilyProperties| {
+        f.queue_flags.contains(vk::QueueFlags::COMPUTE) && f.queue_count > 0
+    };
+    let family = families
+        .iter()
+        .position(|f| compute(f) && !f.queue_flags.contains(vk::QueueFlags::GRAPHICS))
+        .or_else(|| families.iter().position(compute))
+        .ok_or_else(|| "it has no compute queue".to_owned())?;
+    Ok(family as u32)
+}
+
+fn candidates(instance: &ash::Instance) -> Vec<Candidate> {
+    // SAFETY: plain queries on a live instance.
+    let physicals = unsafe { instance.enumerate_physical_devices() }.unwrap_or_default();
+    physicals
+        .into_iter()
+        .map(|physical| {
+            // SAFETY: as above.
+            let props = unsafe { instance.get_physical_device_properties(physical) };
+            let name = device_name(&props);
+            Candidate {
+                physical,
+                props,
+                name,
+            }
+        })
+        .collect()
+}
+
+/// Pick the candidate to open: `SCOPE_VULKAN_DEVICE` first, else by kind.
+fn choose(instance: &ash::Instance, all: &[Candidate]) -> Result<(usize, u32)> {
+    if all.is_empty() {
+        return Err(unavailable("the loader found no Vulkan device"));
+    }
+    if let Ok(wanted) = std::env::var("SCOPE_VULKAN_DEVICE") {
+        let index = match wanted.trim().parse::<usize>() {
+            Ok(i) if i < all.len() => Some(i),
+            Ok(_) => None,
+            Err(_) => {
+                let needle = wanted.to_lowercase();
+                all.iter()
+                    .position(|c| c.name.to_lowercase().contains(&needle))
+            }
+        };
+        let Some(index) = index else {
+            let names: Vec<_> = all.iter().map(|c| c.name.as_str()).collect();
+            return Err(unavailable(format!(
+                "SCOPE_VULKAN_DEVICE={wanted} names none of {names:?}"
+            )));
+        };
+        return qualify(instance, &all[index])
+            .map(|family| (index, family))
+            .map_err(|why| {
+                unavailable(format!(
+                    "SCOPE_VULKAN_DEVICE picks {}, but {why}",
+                    all[index].name
+                ))
+            });
+    }
+    let mut order: Vec<usize> = (0..all.len()).collect();
+    order.sort_by_key(|&i| kind_rank(all[i].props.device_type));
+    let mut refusals = Vec::new();
+    for i in order {
+        match qualify(instance, &all[i]) {
+            Ok(family) => return Ok((i, family)),
+            Err(why) => refusals.push(format!("{}: {why}", all[i].name)),
+        }
+    }
+    Err(unavailable(format!(
+        "no usable device ({})",
+        refusals.join("; ")
+    )))
+}
+
+fn memory_facts(
+    instance: &ash::Instance,
+    physical: vk::PhysicalDevice,
+    props: &vk::PhysicalDeviceProperties,
+    api: u32,
+    config: &Config,
+) -> Result<Limits> {
+    let mut m3 = vk::PhysicalDeviceMaintenance3Properties::default();
+    let mut m4 = vk::PhysicalDeviceMaintenance4Properties::default();
+    let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut m3);
+    if api >= vk::API_VERSION_1_3 && props.api_version >= vk::API_VERSION_1_3 {
+        props2 = props2.push_next(&mut m4);
+    }
+    // SAFETY: the chained structs live across the call.
+    unsafe { instance.get_physical_device_properties2(physical, &mut props2) };
+    // SAFETY: a plain query.
+    let memory = unsafe { instance.get_physical_device_memory_properties(physical) };
+    let types = &memory.memory_types[..memory.memory_type_count as usize];
+    let flags = |i: usize| types[i].property_flags;
+    let local = vk::MemoryPropertyFlags::DEVICE_LOCAL;
+    let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+    let device_type = (0..types.len())
+        .find(|&i| flags(i).contains(local | host))
+        .or_else(|| (0..types.len()).find(|&i| flags(i).contains(local)))
+        .or_else(|| (0..types.len()).find(|&i| flags(i).contains(host)))
+        .ok_or_else(|| unavailable("no usable memory type"))?;
+    let host_type = (0..types.len())
+        .find(|&i| flags(i).contains(host))
+        .ok_or_else(|| unavailable("no host-visible, coherent memory type"))?;
+    let heap = memory.memory_heaps[types[device_type].heap_index as usize].size;
+    let max_buffer = if m4.max_buffer_size > 0 {
+        m4.max_buffer_size
+    } else {
+        u64::MAX
+    };
+    Ok(Limits {
+        min_storage_offset: props.limits.min_storage_buffer_offset_alignment.max(4),
+        max_storage_range: u64::from(props.limits.max_storage_buffer_range),
+        max_memory_allocation: m3.max_memory_allocation_size.max(1),
+        max_buffer_size: max_buffer,
+        max_groups: props.limits.max_compute_work_group_count,
+        device_type: device_type as u32,
+        device_heap: heap,
+        device_mappable: flags(device_type).contains(host) && !config.force_staging,
+        host_type: host_type as u32,
+    })
+}
+
+impl Gpu {
+    /// Open the device `config` and the environment ask for.
+    pub(crate) fn open(config: &Config) -> Result<Arc<Gpu>> {
+        let entry = load_entry()?;
+        let validation = config.validation && layer_present(&entry, VALIDATION_LAYER);
+        if config.validation && !validation {
+            tracing::info!("VK_LAYER_KHRONOS_validation is not installed; running without it");
+        }
+        let (instance, api) = make_instance(&entry, validation)?;
+        let messages: Messages = Arc::default();
+        let mut debug = None;
+        if validation {
+            let utils = ash::ext::debug_utils::Instance::new(&entry, &instance);
+            let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
+                .message_severity(
+                    vk::DebugUtilsMessageSeverityFlagsEXT::WARNING
+                        | vk::DebugUtilsMessageSeverityFlagsEXT::ERROR,
+                )
+                .message_type(
+                    vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
+                        | vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
+                        | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
+                )
+                .pfn_user_callback(Some(on_message))
+                .user_data(Arc::as_ptr(&messages) as *mut c_void);
+            // SAFETY: the user data outlives the messenger (the `Gpu` owns
+            // both and destroys the messenger first).
+            match unsafe { utils.create_debug_utils_messenger(&info, None) } {
+                Ok(messenger) => debug = Some((utils, messenger)),
+                Err(e) => tracing::warn!("no validation messenger: {e}"),
+            }
+        }
+        let destroy =
+            |debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>| {
+                // SAFETY: nothing was created from the instance but the
+                // messenger, destroyed first.
+                unsafe {
+                    if let Some((utils, messenger)) = debug {
+                        utils.destroy_debug_utils_messenger(messenger, None);
+                    }
+                    instance.destroy_instance(None);
+                }
+            };
+        let all = candidates(&instance);
+        let (index, family) = match choose(&instance, &all) {
+            Ok(chosen) => chosen,
+            Err(e) => {
+                destroy(debug);
+                return Err(e);
+            }
+        };
+        let chosen = &all[index];
+        let limits = match memory_facts(&instance, chosen.physical, &chosen.props, api, config) {
+            Ok(limits) => limits,
+            Err(e) => {
+                destroy(debug);
+                return Err(e);
+            }
+        };
+        let mut supported = vk::PhysicalDeviceVulkan12Features::default();
+        let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut supported);
+        // SAFETY: the chained struct lives across the call.
+        unsafe { instance.get_physical_device_features2(chosen.physical, &mut features) };
+        let bda = supported.buffer_device_address == vk::TRUE;
+        let mut enable = vk::PhysicalDeviceVulkan12Features::default()
+            .timeline_semaphore(true)
+            .buffer_device_address(bda);
+        let priorities = [1.0_f32];
+        let queues = [vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(family)
+            .queue_priorities(&priorities)];
+        let extensions = [ash::khr::push_descriptor::NAME.as_ptr()];
+        let info = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&queues)
+            .enabled_extension_names(&extensions)
+            .push_next(&mut enable);
+        // SAFETY: `info` and what it points at outlive the call; the
+        // physical device belongs to `instance`.
+        let device = match unsafe { instance.create_device(chosen.physical, &info, None) } {
+            Ok(device) => device,
+            Err(e) => {
+                destroy(debug);
+                return Err(unavailable(format!(
+                    "vkCreateDevice on {} failed: {e}",
+                    chosen.name
+                )));
+            }
+        };
+        // SAFETY: the family was created with one queue.
+        let queue = unsafe { device.get_device_queue(family, 0) };
+        let push = ash::khr::push_descriptor::Device::new(&instance, &device);
+        tracing::info!(device = %chosen.name, validation, bda, "vulkan device open");
+        Ok(Arc::new(Gpu {
+            _entry: entry,
+            instance,
+            device,
+            push,
+            queue,
+            family,
+            limits,
+            name: chosen.name.clone(),
+            kind: chosen.props.device_type,
+            api: chosen.props.api_version,
+            bda,
+            debug,
+            messages,
+        }))
+    }
+
+    /// The device, for a person.
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "{} ({}, Vulkan {}.{}.{})",
+            self.name,
+            kind_name(self.kind),
+            vk::api_version_major(self.api),
+            vk::api_version_minor(self.api),
+            vk::api_version_patch(self.api)
+        )
+    }
+}
+
+/// List the physical devices, never panicking: a missing loader is an
+/// answer.
+pub(crate) fn probe() -> Probe {
+    let entry = match load_entry() {
+        Ok(entry) => entry,
+        Err(Error::BackendUnavailable { reason, .. }) => return Probe::none(NAME, reason),
+        Err(other) => return Probe::none(NAME, other.to_string()),
+    };
+    let (instance, _) = match make_instance(&entry, false) {
+        Ok(made) => made,
+        Err(e) => return Probe::none(NAME, e.to_string()),
+    };
+    let all = candidates(&instance);
+    let devices = all
+        .iter()
+        .map(|c| ProbedDevice {
+            name: c.name.clone(),
+            kind: if c.props.device_type == vk::PhysicalDeviceType::CPU {
+                DeviceKind::Software
+            } else {
+                DeviceKind::Hardware
+            },
+            detail: format!(
+                "{}, Vulkan {}.{}{}",
+                kind_name(c.props.device_type),
+                vk::api_version_major(c.props.api_version),
+                vk::api_version_minor(c.props.api_version),
+                match qualify(&instance, c) {
+                    Ok(_) => String::new(),
+                    Err(why) => format!(", unusable: {why}"),
+                }
+            ),
+        })
+        .collect();
+    // SAFETY: nothing else was created from the instance.
+    unsafe { instance.destroy_instance(None) };
+    Probe::found(NAME, devices)
+}

@@ -1,0 +1,135 @@
+//! Classifying a `VkResult` into the core's typed [`Error`].
+//!
+//! The same `VkResult` means different things at different call sites, so
+//! classification takes the site as well as the code. Out-of-memory at an
+//! allocation is [`Error::OutOfMemory`] and not sticky (rule 37); the same
+//! code from `vkQueueSubmit` means the batch never ran, which is a fault of
+//! the work in flight, not of an allocation — so it becomes a non-sticky
+//! [`Error::Fault`] that the core attributes to that work (rule 23).
+//! `VK_ERROR_DEVICE_LOST` is sticky wherever it surfaces (rule 36): Vulkan
+//! declares every later call on the device undefined.
+
+use std::sync::Arc;
+
+use ash::vk;
+use scope_core::{DeviceFault, Error};
+
+/// The backend's name in every error.
+pub(crate) const NAME: &str = "vulkan";
+
+/// Where a Vulkan call failed: decides what its `VkResult` means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Site {
+    /// `vkAllocateMemory`, `vkCreateBuffer` for pooled memory.
+    Allocate,
+    /// Recording into a command buffer (begin, end, allocation of one).
+    Record,
+    /// `vkQueueSubmit`.
+    Submit,
+    /// A host wait on a timeline semaphore.
+    Wait,
+    /// Object creation for a stream or a graph.
+    Create,
+}
+
+/// Whether Vulkan calls this code out-of-memory.
+pub(crate) fn is_oom(code: vk::Result) -> bool {
+    matches!(
+        code,
+        vk::Result::ERROR_OUT_OF_HOST_MEMORY
+            | vk::Result::ERROR_OUT_OF_DEVICE_MEMORY
+            | vk::Result::ERROR_OUT_OF_POOL_MEMORY
+            | vk::Result::ERROR_FRAGMENTATION
+            | vk::Result::ERROR_FRAGMENTED_POOL
+            | vk::Result::ERROR_TOO_MANY_OBJECTS
+    )
+}
+
+/// A device fault with `code`; sticky for device loss.
+pub(crate) fn fault(code: vk::Result, detail: impl Into<String>) -> Error {
+    Error::Fault(DeviceFault {
+        backend: NAME,
+        code: format!("VK_{code:?}"),
+        sticky: code == vk::Result::ERROR_DEVICE_LOST,
+        stream: None,
+        detail: detail.into(),
+    })
+}
+
+/// The typed error for `code` from a call at `site`, described by `what`.
+pub(crate) fn classify(code: vk::Result, site: Site, what: &str, requested: u64) -> Error {
+    if code == vk::Result::ERROR_DEVICE_LOST {
+        return fault(code, what);
+    }
+    match site {
+        Site::Allocate | Site::Create if is_oom(code) => Error::OutOfMemory {
+            backend: NAME,
+            requested,
+            detail: format!("{what}: VK_{code:?}"),
+        },
+        Site::Record => Error::Launch {
+            kernel: Arc::from(what),
+            stream: scope_core::StreamId(0),
+            detail: format!("recording failed: VK_{code:?}"),
+        },
+        _ => fault(code, what),
+    }
+}
+
+/// An error for a launch that could not be recorded.
+pub(crate) fn launch_error(
+    kernel: &str,
+    stream: scope_core::StreamId,
+    detail: impl Into<String>,
+) -> Error {
+    Error::Launch {
+        kernel: Arc::from(kernel),
+        stream,
+        detail: detail.into(),
+    }
+}
+
+/// The backend is not usable here: the loader, an instance or a device is
+/// missing.
+pub(crate) fn unavailable(reason: impl Into<String>) -> Error {
+    Error::BackendUnavailable {
+        backend: NAME,
+        reason: reason.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_loss_is_sticky_everywhere_and_oom_only_at_allocation() {
+        for site in [
+            Site::Allocate,
+            Site::Record,
+            Site::Submit,
+            Site::Wait,
+            Site::Create,
+        ] {
+            assert!(classify(vk::Result::ERROR_DEVICE_LOST, site, "x", 0).is_sticky());
+        }
+        assert!(
+            classify(
+                vk::Result::ERROR_OUT_OF_DEVICE_MEMORY,
+                Site::Allocate,
+                "x",
+                8
+            )
+            .is_out_of_memory()
+        );
+        let submit = classify(vk::Result::ERROR_OUT_OF_HOST_MEMORY, Site::Submit, "x", 0);
+        assert!(
+            matches!(submit, Error::Fault(ref f) if !f.sticky),
+            "{submit}"
+        );
+        assert!(matches!(
+            classify(vk::Result::ERROR_UNKNOWN, Site::Record, "k", 0),
+            Error::Launch { .. }
+        ));
+    }
+}

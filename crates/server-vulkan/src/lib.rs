@@ -1,0 +1,313 @@
+//! A scope server over raw Vulkan, through `ash` with a runtime-loaded
+//! `libvulkan`.
+//!
+//! The core's [`Server`](scope_core::Server) keeps every rule of the
+//! failure model; this crate is the device calls, split the way the
+//! contract reads:
+//!
+//! - [`device`](crate::Config): the loader, instance, device choice
+//!   (discrete > integrated > virtual > CPU, or `SCOPE_VULKAN_DEVICE` by
+//!   index or name), the compute queue, `bufferDeviceAddress` when offered,
+//!   and the validation layer's messages.
+//! - `memory`: a pool of large blocks, each one `VkDeviceMemory` under one
+//!   `VkBuffer`, sub-allocated by offset, with frees held back until the
+//!   work using them completed; host-visible arenas for staging and scalar
+//!   blobs.
+//! - `stream`: a logical stream is a command pool, a current command buffer
+//!   and a timeline semaphore on the device's one queue; work is batched
+//!   and submitted on sync, on read, at a batch limit, or when another
+//!   stream must wait for it. The module docs argue the mapping.
+//! - `copy`: host writes (inline or staged, always in stream order), reads
+//!   and device copies.
+//! - `launch`: WGSL through naga 30 to SPIR-V, SPIR-V to pipelines with push
+//!   descriptors, and the dispatch.
+//! - `capture`: a window records into a simultaneous-use command buffer
+//!   that a replay resubmits without re-recording; a host write inside a
+//!   window keeps its bytes for every replay.
+//! - `error`: `VkResult` into the core's [`Error`](scope_core::Error), by
+//!   call site: out-of-memory is not sticky, device loss is.
+//!
+//! # Validation
+//!
+//! [`Config::validation`] enables `VK_LAYER_KHRONOS_validation` when it is
+//! installed and collects every warning and error it reports;
+//! [`Vulkan::validation_messages`] returns them. The crate's tests run with
+//! it and [`Config::fail_on_validation`], so any message fails the test.
+//! [`client`] enables it only when `SCOPE_VULKAN_VALIDATION=1`.
+
+mod capture;
+mod copy;
+mod device;
+mod error;
+mod launch;
+mod memory;
+mod stream;
+
+use std::sync::Arc;
+
+use scope_core::{Backend, Client, Kernel, Language, Launch, Probe, Result};
+
+pub use capture::VulkanGraph;
+pub use device::Config;
+pub use launch::VulkanKernel;
+pub use memory::VulkanMemory;
+pub use stream::VulkanStream;
+
+use device::Gpu;
+use launch::Pipelines;
+use memory::{Pool, stamp_now};
+use stream::Track;
+
+/// The Vulkan backend: the device calls behind a [`Client<Vulkan>`].
+pub struct Vulkan {
+    // Field order is drop order: pipelines and the pool wait for the device
+    // and release their objects before the last `Arc<Gpu>` goes.
+    pipelines: Pipelines,
+    pool: Pool,
+    tracks: Vec<Arc<Track>>,
+    config: Config,
+    gpu: Arc<Gpu>,
+}
+
+impl Vulkan {
+    /// Open a device as `config` says.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
+    /// when there is no loader, no instance or no usable device.
+    pub fn new(config: Config) -> Result<Self> {
+        let gpu = Gpu::open(&config)?;
+        Ok(Self {
+            pipelines: Pipelines::new(gpu.clone()),
+            pool: Pool::new(gpu.clone()),
+            tracks: Vec::new(),
+            config,
+            gpu,
+        })
+    }
+
+    /// Every message the validation layer sent so far, draining them.
+    pub fn validation_messages(&mut self) -> Vec<String> {
+        std::mem::take(&mut *self.gpu.messages.lock())
+    }
+
+    /// Whether the validation layer is listening.
+    pub fn validating(&self) -> bool {
+        self.config.validation
+    }
+
+    /// Raw access for a crate-local baseline (the bench's raw-ash path).
+    #[doc(hidden)]
+    pub fn raw(&self) -> RawDevice<'_> {
+        RawDevice {
+            device: &self.gpu.device,
+            push: &self.gpu.push,
+            queue: self.gpu.queue,
+            family: self.gpu.family,
+        }
+    }
+
+    /// The pipeline and layout of a compiled kernel, for the raw baseline.
+    #[doc(hidden)]
+    pub fn raw_kernel(
+        &mut self,
+        kernel: &Kernel,
+    ) -> Result<(ash::vk::Pipeline, ash::vk::PipelineLayout)> {
+        let compiled = self.pipelines.compile(kernel)?;
+        Ok(compiled.raw())
+    }
+}
+
+/// The device handles a raw-API baseline needs.
+#[doc(hidden)]
+pub struct RawDevice<'a> {
+    /// The logical device.
+    pub device: &'a ash::Device,
+    /// The push-descriptor entry points.
+    pub push: &'a ash::khr::push_descriptor::Device,
+    /// The queue.
+    pub queue: ash::vk::Queue,
+    /// Its family.
+    pub family: u32,
+}
+
+impl Drop for Vulkan {
+    fn drop(&mut self) {
+        if !self.config.fail_on_validation || std::thread::panicking() {
+            return;
+        }
+        let messages = self.validation_messages();
+        assert!(
+            messages.is_empty(),
+            "the Vulkan validation layer reported {} message(s):\n{}",
+            messages.len(),
+            messages.join("\n")
+        );
+    }
+}
+
+impl Backend for Vulkan {
+    type Memory = VulkanMemory;
+    type Stream = VulkanStream;
+    type Kernel = VulkanKernel;
+    type Graph = VulkanGraph;
+
+    const NAME: &'static str = error::NAME;
+
+    fn describe(&self) -> String {
+        self.gpu.describe()
+    }
+
+    fn accepts(&self, language: Language) -> bool {
+        matches!(language, Language::Wgsl | Language::SpirV)
+    }
+
+    /// A request is judged against the device's memory, not refused as an
+    /// argument: Vulkan answers an allocation past the heap or past
+    /// `maxMemoryAllocationSize` with `VK_ERROR_OUT_OF_DEVICE_MEMORY`, so
+    /// the only size that is an invalid argument is one past any address
+    /// space (2^48 bytes).
+    fn max_allocation(&self) -> u64 {
+        1 << 48
+    }
+
+    fn binding_alignment(&self) -> u64 {
+        self.gpu.limits.min_storage_offset
+    }
+
+    fn create_stream(&mut self) -> Result<VulkanStream> {
+        let id = scope_core::StreamId(u32::try_from(self.tracks.len()).unwrap_or(u32::MAX));
+        let stream = VulkanStream::new(&self.gpu, id)?;
+        self.tracks.push(stream.track.clone());
+        Ok(stream)
+    }
+
+    fn allocate(&mut self, size: u64) -> Result<VulkanMemory> {
+        self.pool.allocate(size)
+    }
+
+    fn free(&mut self, memory: VulkanMemory) {
+        let stamp = stamp_now(&self.tracks);
+        self.pool.free(memory, stamp);
+    }
+
+    fn trim(&mut self) {
+        self.pool.trim();
+    }
+
+    fn bytes_reserved(&self) -> u64 {
+        self.pool.reserved()
+    }
+
+    fn write(
+        &mut self,
+        stream: &mut VulkanStream,
+        dst: &VulkanMemory,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        copy::write(stream, dst, offset, data)
+    }
+
+    fn read(
+        &mut self,
+        stream: &mut VulkanStream,
+        src: &VulkanMemory,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        copy::read(stream, src, offset, out)
+    }
+
+    fn copy(
+        &mut self,
+        stream: &mut VulkanStream,
+        src: &VulkanMemory,
+        src_offset: u64,
+        dst: &VulkanMemory,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        copy::copy(stream, src, src_offset, dst, dst_offset, len)
+    }
+
+    fn compile(&mut self, kernel: &Kernel) -> Result<VulkanKernel> {
+        self.pipelines.compile(kernel)
+    }
+
+    fn launch(
+        &mut self,
+        stream: &mut VulkanStream,
+        kernel: &VulkanKernel,
+        launch: &Launch<'_, VulkanMemory>,
+    ) -> Result<()> {
+        launch::launch(stream, kernel, launch)
+    }
+
+    fn flush(&mut self, stream: &mut VulkanStream) -> Result<()> {
+        stream.flush()
+    }
+
+    fn sync(&mut self, stream: &mut VulkanStream) -> Result<()> {
+        let result = stream.sync();
+        self.pool.reclaim();
+        result
+    }
+
+    fn order(&mut self, first: &mut VulkanStream, then: &mut VulkanStream) -> Result<()> {
+        VulkanStream::order(first, then)
+    }
+
+    fn begin_capture(&mut self, stream: &mut VulkanStream) -> Result<()> {
+        capture::begin(stream)
+    }
+
+    fn end_capture(&mut self, stream: &mut VulkanStream) -> Result<VulkanGraph> {
+        capture::end(stream)
+    }
+
+    fn abort_capture(&mut self, stream: &mut VulkanStream) {
+        capture::abort(stream);
+    }
+
+    fn replay(&mut self, stream: &mut VulkanStream, graph: &VulkanGraph) -> Result<()> {
+        capture::replay(stream, graph)
+    }
+
+    fn destroy_graph(&mut self, graph: VulkanGraph) -> Result<()> {
+        // Replays in flight hold the graph; the last to complete frees it.
+        drop(graph);
+        Ok(())
+    }
+}
+
+/// A client of a new Vulkan server on the chosen device. Validation is on
+/// when `SCOPE_VULKAN_VALIDATION=1`.
+///
+/// # Errors
+///
+/// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
+/// when there is no loader or no usable device; never a panic.
+pub fn client() -> Result<Client<Vulkan>> {
+    let validation = std::env::var("SCOPE_VULKAN_VALIDATION").is_ok_and(|v| v == "1");
+    client_with(Config {
+        validation,
+        ..Config::default()
+    })
+}
+
+/// A client of a new Vulkan server opened as `config` says.
+///
+/// # Errors
+///
+/// As [`client`].
+pub fn client_with(config: Config) -> Result<Client<Vulkan>> {
+    Client::new(Vulkan::new(config)?)
+}
+
+/// The physical devices the loader sees, usable or not, without opening
+/// one. Never panics: a missing loader is an answer.
+pub fn probe() -> Probe {
+    device::probe()
+}

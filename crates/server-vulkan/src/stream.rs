@@ -1,0 +1,490 @@
+//! Logical streams: a command pool, a current command buffer and a timeline
+//! semaphore each, over the device's one queue.
+//!
+//! **The mapping.** A scope stream is not a Vulkan queue — lavapipe has one,
+//! most GPUs one or two compute queues — but a *timeline* on a shared
+//! queue:
+//!
+//! - Work is recorded into the stream's current command buffer and
+//!   submitted in a batch: when the stream syncs or is read, when
+//!   [`BATCH_LIMIT`] commands are waiting, or when another stream must wait
+//!   for it. A submission signals the stream's timeline semaphore with the
+//!   next value, so "the stream's work up to here" is one number.
+//! - Within a stream, each command buffer opens with a global memory barrier
+//!   (ordering it after everything submitted earlier to the queue) and puts
+//!   one between consecutive commands, so the stream's work is ordered as
+//!   issued. Each batch ends with a barrier to the host, so a host wait on
+//!   the semaphore makes the writes visible to a mapped read.
+//! - Between streams, [`VulkanStream::order`] (the core's `Backend::order`)
+//!   submits the first stream's pending batch and adds a wait on its
+//!   semaphore value to the second stream's next submission. Streams that
+//!   share no buffer never wait on each other.
+//! - Everything a submission needs kept alive — its command buffers, the
+//!   arena chunks holding its scalars and staged bytes, the graphs it
+//!   replays — travels with it in the stream's in-flight list and is
+//!   recycled once the semaphore passes its value.
+//! - A submission that fails means its batch never ran. The error is kept
+//!   and returned by the stream's next sync or read as well, so the core
+//!   attributes it to all the work in flight (rule 23).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ash::vk;
+use scope_core::{Error, Result};
+use smallvec::SmallVec;
+
+use crate::capture::{GraphInner, Recording};
+use crate::device::Gpu;
+use crate::error::{Site, classify, fault};
+use crate::memory::{Arena, Chunk};
+
+/// Commands a batch holds before it is submitted without being asked.
+pub(crate) const BATCH_LIMIT: usize = 1024;
+
+/// How long a host wait may take before it is a fault.
+const WAIT_TIMEOUT_NS: u64 = 120_000_000_000;
+
+/// One stream's timeline, shared with the pool so freed memory can wait
+/// for it.
+pub(crate) struct Track {
+    gpu: Arc<Gpu>,
+    pub semaphore: vk::Semaphore,
+    /// The value that will cover everything recorded on the stream so far.
+    pub covering: AtomicU64,
+    /// The last value the semaphore was seen to reach.
+    completed: AtomicU64,
+}
+
+impl Track {
+    /// Whether the semaphore has reached `value`, asking the device only
+    /// when the cached answer is not enough.
+    pub(crate) fn reached(&self, value: u64) -> bool {
+        if self.completed.load(Ordering::Acquire) >= value {
+            return true;
+        }
+        // SAFETY: the semaphore is a live timeline semaphore of this device.
+        let now =
+            unsafe { self.gpu.device.get_semaphore_counter_value(self.semaphore) }.unwrap_or(0);
+        self.completed.fetch_max(now, Ordering::AcqRel);
+        now >= value
+    }
+}
+
+impl Drop for Track {
+    fn drop(&mut self) {
+        // SAFETY: the stream that signalled it is gone and waited for.
+        unsafe { self.gpu.device.destroy_semaphore(self.semaphore, None) };
+    }
+}
+
+/// What a submission keeps alive until it completes.
+pub(crate) enum Held {
+    /// A batch command buffer, to be reused.
+    Commands(vk::CommandBuffer),
+    /// Staging memory, to be recycled.
+    Chunk(Chunk),
+    /// A replayed graph, released after its last replay.
+    Graph(Arc<GraphInner>),
+}
+
+/// Where commands go: a batch's command buffer or a graph's.
+pub(crate) struct Encoder {
+    pub cmd: vk::CommandBuffer,
+    /// A command since the last barrier wrote memory (or the buffer is
+    /// fresh and must be ordered after earlier submissions).
+    pub needs_barrier: bool,
+    pub bound: vk::Pipeline,
+    pub commands: usize,
+}
+
+impl Encoder {
+    pub(crate) fn new(cmd: vk::CommandBuffer) -> Self {
+        Self {
+            cmd,
+            needs_barrier: true,
+            bound: vk::Pipeline::null(),
+            commands: 0,
+        }
+    }
+
+    /// Order the next command after the earlier ones, if they wrote.
+    pub(crate) fn barrier(&mut self, gpu: &Gpu) {
+        if !self.needs_barrier {
+            return;
+        }
+        let barrier = vk::MemoryBarrier::default()
+            .src_access_mask(
+                vk::AccessFlags::SHADER_WRITE
+                    | vk::AccessFlags::TRANSFER_WRITE
+                    | vk::AccessFlags::HOST_WRITE,
+            )
+            .dst_access_mask(
+                vk::AccessFlags::SHADER_READ
+                    | vk::AccessFlags::SHADER_WRITE
+                    | vk::AccessFlags::TRANSFER_READ
+                    | vk::AccessFlags::TRANSFER_WRITE
+                    | vk::AccessFlags::INDIRECT_COMMAND_READ,
+            );
+        // SAFETY: `cmd` is in the recording state (encoders exist only
+        // between begin and end).
+        unsafe {
+            gpu.device.cmd_pipeline_barrier(
+                self.cmd,
+                vk::PipelineStageFlags::COMPUTE_SHADER
+                    | vk::PipelineStageFlags::TRANSFER
+                    | vk::PipelineStageFlags::HOST,
+                vk::PipelineStageFlags::COMPUTE_SHADER
+                    | vk::PipelineStageFlags::TRANSFER
+                    | vk::PipelineStageFlags::DRAW_INDIRECT,
+                vk::DependencyFlags::empty(),
+                &[barrier],
+                &[],
+                &[],
+            );
+        }
+        self.needs_barrier = false;
+    }
+
+    /// Make everything recorded visible to the host, and end the buffer.
+    pub(crate) fn finish(&mut self, gpu: &Gpu) -> Result<()> {
+        let barrier = vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
+            .dst_access_mask(vk::AccessFlags::HOST_READ);
+        // SAFETY: `cmd` is recording; ending it is the last use here.
+        unsafe {
+            gpu.device.cmd_pipeline_barrier(
+                self.cmd,
+                vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
+                vk::PipelineStageFlags::HOST,
+                vk::DependencyFlags::empty(),
+                &[barrier],
+                &[],
+                &[],
+            );
+            gpu.device.end_command_buffer(self.cmd)
+        }
+        .map_err(|e| classify(e, Site::Record, "vkEndCommandBuffer", 0))
+    }
+}
+
+/// A logical stream: what the core holds as `Backend::Stream`.
+pub struct VulkanStream {
+    /// The core's id for it (streams are numbered in creation order).
+    pub(crate) id: scope_core::StreamId,
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) track: Arc<Track>,
+    pool: vk::CommandPool,
+    free_cmds: Vec<vk::CommandBuffer>,
+    current: Option<Encoder>,
+    /// Ended command buffers in submission order, not yet submitted.
+    pending: Vec<vk::CommandBuffer>,
+    held: Vec<Held>,
+    waits: SmallVec<[(Arc<Track>, u64); 2]>,
+    submitted: u64,
+    in_flight: VecDeque<(u64, Vec<Held>)>,
+    pub(crate) arena: Arena,
+    /// A submission failure not yet reported by a sync or read.
+    deferred: Option<Error>,
+    pub(crate) recording: Option<Recording>,
+}
+
+impl VulkanStream {
+    pub(crate) fn new(gpu: &Arc<Gpu>, id: scope_core::StreamId) -> Result<Self> {
+        let device = &gpu.device;
+        let mut kind = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(vk::SemaphoreType::TIMELINE)
+            .initial_value(0);
+        let info = vk::SemaphoreCreateInfo::default().push_next(&mut kind);
+        // SAFETY: valid create info on a live device.
+        let semaphore = unsafe { device.create_semaphore(&info, None) }
+            .map_err(|e| classify(e, Site::Create, "timeline semaphore", 0))?;
+        let track = Arc::new(Track {
+            gpu: gpu.clone(),
+            semaphore,
+            covering: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+        });
+        let info = vk::CommandPoolCreateInfo::default()
+            .queue_family_index(gpu.family)
+            .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
+        // SAFETY: valid create info on a live device.
+        let pool = unsafe { device.create_command_pool(&info, None) }
+            .map_err(|e| classify(e, Site::Create, "command pool", 0))?;
+        Ok(Self {
+            id,
+            gpu: gpu.clone(),
+            track,
+            pool,
+            free_cmds: Vec::new(),
+            current: None,
+            pending: Vec::new(),
+            held: Vec::new(),
+            waits: SmallVec::new(),
+            submitted: 0,
+            in_flight: VecDeque::new(),
+            arena: Arena::new(gpu.clone()),
+            deferred: None,
+            recording: None,
+        })
+    }
+
+    fn command_buffer(&mut self) -> Result<vk::CommandBuffer> {
+        if let Some(cmd) = self.free_cmds.pop() {
+            return Ok(cmd);
+        }
+        let info = vk::CommandBufferAllocateInfo::default()
+            .command_pool(self.pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        // SAFETY: the pool is this stream's and used only under the
+        // server's lock.
+        let cmds = unsafe { self.gpu.device.allocate_command_buffers(&info) }
+            .map_err(|e| classify(e, Site::Record, "vkAllocateCommandBuffers", 0))?;
+        cmds.first()
+            .copied()
+            .ok_or_else(|| Error::refused("no command buffer"))
+    }
+
+    /// Where the next command goes (the graph while capturing), with the
+    /// arena its bytes go to.
+    pub(crate) fn encoder(&mut self) -> Result<(&mut Encoder, &mut Arena, &Gpu)> {
+        if self.recording.is_some() {
+            let Some(recording) = self.recording.as_mut() else {
+                return Err(Error::refused("the recording vanished"));
+            };
+            return Ok((&mut recording.encoder, &mut recording.arena, &self.gpu));
+        }
+        if self.current.is_none() {
+            let cmd = self.command_buffer()?;
+            let begin = vk::CommandBufferBeginInfo::default()
+                .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+            // SAFETY: `cmd` is initial or executable-and-complete (a reused
+            // one came back only after its submission completed), and the
+            // pool allows implicit reset.
+            if let Err(e) = unsafe { self.gpu.device.begin_command_buffer(cmd, &begin) } {
+                self.free_cmds.push(cmd);
+                return Err(classify(e, Site::Record, "vkBeginCommandBuffer", 0));
+            }
+            self.current = Some(Encoder::new(cmd));
+            self.track
+                .covering
+                .store(self.submitted + 1, Ordering::Release);
+        }
+        let Some(encoder) = self.current.as_mut() else {
+            return Err(Error::refused("no current command buffer"));
+        };
+        Ok((encoder, &mut self.arena, &self.gpu))
+    }
+
+    /// After a command was recorded: submit when the batch is full.
+    pub(crate) fn recorded(&mut self) -> Result<()> {
+        if self.recording.is_some() {
+            return Ok(());
+        }
+        let full = self
+            .current
+            .as_ref()
+            .is_some_and(|e| e.commands >= BATCH_LIMIT)
+            || self.pending.len() >= 64;
+        if full { self.flush() } else { Ok(()) }
+    }
+
+    /// End the current batch's command buffer and queue it for submission.
+    fn close_current(&mut self) -> Result<()> {
+        if let Some(mut encoder) = self.current.take() {
+            self.held.push(Held::Commands(encoder.cmd));
+            encoder.finish(&self.gpu)?;
+            self.pending.push(encoder.cmd);
+        }
+        Ok(())
+    }
+
+    /// Queue a replay of `graph` after the work recorded so far.
+    pub(crate) fn enqueue_graph(&mut self, graph: &Arc<GraphInner>) -> Result<()> {
+        self.close_current()?;
+        self.pending.push(graph.cmd);
+        self.held.push(Held::Graph(graph.clone()));
+        self.track
+            .covering
+            .store(self.submitted + 1, Ordering::Release);
+        self.recorded()
+    }
+
+    /// Submit everything pending (and any waits) as one submission.
+    pub(crate) fn flush(&mut self) -> Result<()> {
+        if let Err(e) = self.close_current() {
+            self.abandon_pending();
+            return Err(self.defer(e));
+        }
+        if self.pending.is_empty() && self.waits.is_empty() {
+            return Ok(());
+        }
+        let value = self.submitted + 1;
+        let wait_semaphores: SmallVec<[vk::Semaphore; 2]> =
+            self.waits.iter().map(|(t, _)| t.semaphore).collect();
+        let wait_values: SmallVec<[u64; 2]> = self.waits.iter().map(|(_, v)| *v).collect();
+        let stages: SmallVec<[vk::PipelineStageFlags; 2]> = self
+            .waits
+            .iter()
+            .map(|_| vk::PipelineStageFlags::ALL_COMMANDS)
+            .collect();
+        let signal = [self.track.semaphore];
+        let signal_values = [value];
+        let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
+            .wait_semaphore_values(&wait_values)
+            .signal_semaphore_values(&signal_values);
+        let submit = vk::SubmitInfo::default()
+            .wait_semaphores(&wait_semaphores)
+            .wait_dst_stage_mask(&stages)
+            .command_buffers(&self.pending)
+            .signal_semaphores(&signal)
+            .push_next(&mut timeline);
+        // SAFETY: every command buffer is executable (batches are
+        // one-time and fresh; graphs are simultaneous-use), the semaphores
+        // are live timeline semaphores, and the queue is used only under the
+        // server's lock.
+        let result = unsafe {
+            self.gpu
+                .device
+                .queue_submit(self.gpu.queue, &[submit], vk::Fence::null())
+        };
+        match result {
+            Ok(()) => {
+                self.submitted = value;
+                self.track.covering.store(value, Ordering::Release);
+                self.pending.clear();
+                self.waits.clear();
+                let mut held = std::mem::take(&mut self.held);
+                held.extend(self.arena.take().into_iter().map(Held::Chunk));
+                self.in_flight.push_back((value, held));
+                Ok(())
+            }
+            Err(code) => {
+                self.abandon_pending();
+                let error = classify(code, Site::Submit, "vkQueueSubmit", 0);
+                Err(self.defer(error))
+            }
+        }
+    }
+
+    /// Drop a batch that will never be submitted.
+    fn abandon_pending(&mut self) {
+        self.pending.clear();
+        self.waits.clear();
+        for held in std::mem::take(&mut self.held) {
+            if let Held::Commands(cmd) = held {
+                // SAFETY: never submitted, so not pending; the pool allows
+                // resetting one buffer.
+                let _ = unsafe {
+                    self.gpu
+                        .device
+                        .reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty())
+                };
+                self.free_cmds.push(cmd);
+            }
+        }
+        for chunk in self.arena.take() {
+            self.arena.recycle(chunk);
+        }
+        self.track.covering.store(self.submitted, Ordering::Release);
+    }
+
+    fn defer(&mut self, error: Error) -> Error {
+        if self.deferred.is_none() {
+            self.deferred = Some(error.clone());
+        }
+        error
+    }
+
+    /// Recycle what completed submissions held.
+    pub(crate) fn reclaim(&mut self) {
+        while let Some((value, _)) = self.in_flight.front() {
+            if !self.track.reached(*value) {
+                break;
+            }
+            let Some((_, held)) = self.in_flight.pop_front() else {
+                break;
+            };
+            for item in held {
+                match item {
+                    Held::Commands(cmd) => self.free_cmds.push(cmd),
+                    Held::Chunk(chunk) => self.arena.recycle(chunk),
+                    Held::Graph(graph) => drop(graph),
+                }
+            }
+        }
+    }
+
+    /// Wait on the host for everything submitted, without recycling.
+    pub(crate) fn wait_submitted(&mut self) -> Result<()> {
+        if self.submitted == 0 || self.track.reached(self.submitted) {
+            return Ok(());
+        }
+        let semaphores = [self.track.semaphore];
+        let values = [self.submitted];
+        let info = vk::SemaphoreWaitInfo::default()
+            .semaphores(&semaphores)
+            .values(&values);
+        // SAFETY: a live timeline semaphore and a value a submission signals.
+        match unsafe { self.gpu.device.wait_semaphores(&info, WAIT_TIMEOUT_NS) } {
+            Ok(()) => Ok(()),
+            Err(vk::Result::TIMEOUT) => Err(fault(
+                vk::Result::TIMEOUT,
+                format!(
+                    "the stream's work did not finish within {} s",
+                    WAIT_TIMEOUT_NS / 1_000_000_000
+                ),
+            )),
+            Err(code) => Err(classify(code, Site::Wait, "vkWaitSemaphores", 0)),
+        }
+    }
+
+    /// Submit and wait for everything; report a deferred submission failure.
+    pub(crate) fn sync(&mut self) -> Result<()> {
+        let flushed = self.flush();
+        let waited = self.wait_submitted();
+        self.reclaim();
+        if let Some(deferred) = self.deferred.take() {
+            return Err(deferred);
+        }
+        flushed?;
+        waited
+    }
+
+    /// Make `then`'s later work wait for `first`'s earlier work.
+    pub(crate) fn order(first: &mut VulkanStream, then: &mut VulkanStream) -> Result<()> {
+        first.flush()?;
+        let value = first.submitted;
+        if value == 0 || first.track.reached(value) {
+            return Ok(());
+        }
+        match then
+            .waits
+            .iter_mut()
+            .find(|(t, _)| Arc::ptr_eq(t, &first.track))
+        {
+            Some((_, v)) => *v = (*v).max(value),
+            None => then.waits.push((first.track.clone(), value)),
+        }
+        Ok(())
+    }
+
+    /// Whether a submission failure is waiting to be reported.
+    pub(crate) fn take_deferred(&mut self) -> Option<Error> {
+        self.deferred.take()
+    }
+}
+
+impl Drop for VulkanStream {
+    fn drop(&mut self) {
+        let _ = self.flush();
+        let _ = self.wait_submitted();
+        self.in_flight.clear();
+        self.recording = None;
+        // SAFETY: the stream's work is complete (or the device is lost and
+        // nothing runs); destroying the pool frees its command buffers.
+        unsafe { self.gpu.device.destroy_command_pool(self.pool, None) };
+    }
+}

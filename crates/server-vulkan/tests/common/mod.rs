@@ -1,0 +1,93 @@
+//! Shared by the crate's tests: a validating client and the WGSL kernels.
+#![allow(dead_code)]
+
+use scope_core::{Client, Kernel, Result};
+use server_vulkan::{Config, Vulkan};
+
+/// A client with the validation layer on (when installed) whose backend
+/// panics on drop if the layer said anything: any message fails the test.
+pub fn validating() -> Result<Client<Vulkan>> {
+    let _ = std::fs::create_dir_all("/tmp/xdg");
+    server_vulkan::client_with(Config {
+        validation: true,
+        fail_on_validation: true,
+        force_staging: false,
+    })
+}
+
+/// As [`validating`], with device memory treated as not host-visible.
+pub fn validating_staged() -> Result<Client<Vulkan>> {
+    server_vulkan::client_with(Config {
+        validation: true,
+        fail_on_validation: true,
+        force_staging: true,
+    })
+}
+
+pub const FILL: &str = r#"
+struct Params { n: u32, value: u32 }
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@group(0) @binding(1) var<storage, read> params: Params;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    if (id.x < params.n) { out[id.x] = params.value; }
+}
+"#;
+
+pub const COPY: &str = r#"
+struct Params { n: u32 }
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<u32>;
+@group(0) @binding(2) var<storage, read> params: Params;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    if (id.x < params.n) { dst[id.x] = src[id.x]; }
+}
+"#;
+
+pub const ADD: &str = r#"
+struct Params { n: u32 }
+@group(0) @binding(0) var<storage, read> a: array<u32>;
+@group(0) @binding(1) var<storage, read> b: array<u32>;
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;
+@group(0) @binding(3) var<storage, read> params: Params;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    if (id.x < params.n) { out[id.x] = a[id.x] + b[id.x]; }
+}
+"#;
+
+/// `x = x * 3 + 1` over `n` words, in place; no scalars beyond `n`.
+pub const STEP: &str = r#"
+struct Params { n: u32 }
+@group(0) @binding(0) var<storage, read_write> x: array<u32>;
+@group(0) @binding(1) var<storage, read> params: Params;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    if (id.x < params.n) { x[id.x] = x[id.x] * 3u + 1u; }
+}
+"#;
+
+pub fn fill() -> Kernel {
+    Kernel::wgsl("fill", FILL)
+}
+pub fn copy() -> Kernel {
+    Kernel::wgsl("copy", COPY)
+}
+pub fn add() -> Kernel {
+    Kernel::wgsl("add", ADD)
+}
+pub fn step() -> Kernel {
+    Kernel::wgsl("step", STEP)
+}
+
+pub fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+pub fn bytes(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}

@@ -1,0 +1,46 @@
+//! The scope-core conformance suite, run for real on this machine's Vulkan
+//! device (lavapipe in CI) with the validation layer on: a validation
+//! message anywhere fails the test that caused it.
+
+mod common;
+
+use scope_core::conformance::Suite;
+use scope_core::{Client, Kernel, Result};
+use server_vulkan::Vulkan;
+
+struct VulkanSuite;
+
+impl Suite for VulkanSuite {
+    type Backend = Vulkan;
+
+    fn client() -> Result<Client<Vulkan>> {
+        common::validating()
+    }
+
+    fn fill() -> Kernel {
+        common::fill()
+    }
+
+    fn copy() -> Kernel {
+        common::copy()
+    }
+
+    fn add() -> Kernel {
+        common::add()
+    }
+
+    fn broken() -> Kernel {
+        Kernel::wgsl(
+            "broken",
+            "@compute @workgroup_size(64) fn main() { let x: u32 = undefined_thing; }",
+        )
+    }
+
+    /// 64 GiB: past lavapipe's 2 GiB heap (and any GPU's this decade), and
+    /// below the server's largest request, so it is a real out-of-memory.
+    fn oversized() -> Option<u64> {
+        Some(64 << 30)
+    }
+}
+
+scope_core::conformance_tests!(VulkanSuite);
