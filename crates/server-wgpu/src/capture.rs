@@ -1,0 +1,428 @@
+//! Capture: a window records its dispatches, copies and host writes as
+//! values; sealing validates them by encoding them once; a replay re-encodes
+//! them into the stream's batch.
+//!
+//! wgpu has no replayable compute command buffer (a `CommandBuffer` is
+//! consumed by its one submission), so a graph here is the recorded sequence
+//! with everything made in advance that can be:
+//!
+//! - **Recording** keeps, per step, the pipeline, the buffers and ranges
+//!   bound, the dispatch size, and the bytes of scalar blobs and host writes
+//!   (copied at call time: the lead's rule for host writes inside a window,
+//!   the same on every server — each replay writes those same bytes, in
+//!   order with the recorded work). Nothing runs until a replay.
+//! - **Sealing** ([`end_capture`](scope_core::Backend::end_capture)) packs
+//!   every recorded byte into one immutable constants buffer, makes every
+//!   bind group, and encodes the whole sequence into a throw-away encoder
+//!   and finishes it, all inside error scopes. Whatever wgpu would refuse
+//!   about the sequence it refuses here, so the core can answer "cannot
+//!   seal" with the recorded outputs claimed; a replay encodes the same
+//!   objects the same way and cannot fail for a reason the seal could have
+//!   found.
+//! - **Replaying** encodes the steps into the stream's open batch —
+//!   dispatches into the open compute pass, a host write as a copy from the
+//!   constants buffer — so a replay is one encoder and (with whatever the
+//!   stream batched around it) one submission.
+//!
+//! A graph holds its wgpu buffers alive; the core refuses to replay a graph
+//! whose buffers a runtime freed, so a pooled buffer handed to a new owner is
+//! never written by an old graph.
+
+use std::sync::Arc;
+
+use scope_core::{BoundDispatch, Error, Launch};
+use smallvec::SmallVec;
+
+use crate::error::{late_fault, message, no_panic, out_of_memory, scoped};
+use crate::launch::{Entry, Pipeline, make_group, round_up};
+use crate::memory::{Memory, Tag, mark, tag_value};
+use crate::stream::{BATCH_LIMIT, Batch, Dispatch};
+
+/// A buffer a recording names.
+#[derive(Clone)]
+struct Held {
+    buffer: wgpu::Buffer,
+    id: u64,
+    tag: Tag,
+}
+
+impl Held {
+    fn of(memory: &Memory) -> Self {
+        Self {
+            buffer: memory.buffer.clone(),
+            id: memory.id,
+            tag: memory.tag.clone(),
+        }
+    }
+}
+
+enum Groups {
+    Host([u32; 3]),
+    Indirect(Held, u64),
+}
+
+enum Op {
+    Launch {
+        kernel: Arc<Pipeline>,
+        bindings: SmallVec<[(Held, u64, u64); 6]>,
+        /// Bytes of the scalar blob in the recording's bytes, and the padded
+        /// size bound.
+        scalars: Option<(usize, usize, u64)>,
+        groups: Groups,
+    },
+    Copy {
+        src: Held,
+        src_offset: u64,
+        dst: Held,
+        dst_offset: u64,
+        len: u64,
+    },
+    Write {
+        dst: Held,
+        offset: u64,
+        /// Where its bytes start in the recording's bytes, and how many.
+        start: usize,
+        len: usize,
+    },
+}
+
+/// What a capture window has recorded so far.
+#[derive(Default)]
+pub(crate) struct Recording {
+    ops: Vec<Op>,
+    bytes: Vec<u8>,
+}
+
+enum Step {
+    Dispatch {
+        kernel: Arc<Pipeline>,
+        group: Option<(u64, wgpu::BindGroup, Option<u32>)>,
+        groups: Groups,
+    },
+    Copy {
+        src: wgpu::Buffer,
+        src_offset: u64,
+        dst: wgpu::Buffer,
+        dst_offset: u64,
+        len: u64,
+    },
+}
+
+/// A sealed recording.
+pub struct Graph {
+    steps: Vec<Step>,
+    /// Every buffer the steps use, to tag with the replaying batch.
+    tags: Vec<Tag>,
+    dispatches: u32,
+    // The constants buffer, kept alive with the bind groups that name it.
+    _constants: Option<wgpu::Buffer>,
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "wgpu graph ({} steps, {} dispatches)",
+            self.steps.len(),
+            self.dispatches
+        )
+    }
+}
+
+/// Encode `steps` into `batch`.
+fn encode(device: &wgpu::Device, batch: &mut Batch, steps: &[Step]) {
+    for step in steps {
+        match step {
+            Step::Dispatch {
+                kernel,
+                group,
+                groups,
+            } => {
+                let dispatch = match groups {
+                    Groups::Host(g) => Dispatch::Groups(*g),
+                    Groups::Indirect(held, offset) => Dispatch::Indirect(&held.buffer, *offset),
+                };
+                batch.dispatch(
+                    device,
+                    (kernel.id, &kernel.pipeline),
+                    group.as_ref().map(|(id, g, d)| (*id, g, *d)),
+                    dispatch,
+                );
+            }
+            Step::Copy {
+                src,
+                src_offset,
+                dst,
+                dst_offset,
+                len,
+            } => batch.encoder(device).copy_buffer_to_buffer(
+                src,
+                *src_offset,
+                dst,
+                *dst_offset,
+                *len,
+            ),
+        }
+    }
+}
+
+impl crate::Wgpu {
+    fn recording(&mut self, s: usize) -> &mut Recording {
+        self.streams[s]
+            .recording
+            .get_or_insert_with(Recording::default)
+    }
+
+    pub(crate) fn record_launch(
+        &mut self,
+        s: usize,
+        kernel: &Arc<Pipeline>,
+        launch: &Launch<'_, Memory>,
+    ) {
+        let align = self.scalar_alignment as usize;
+        let recording = self.recording(s);
+        let scalars = (!launch.scalars.is_empty()).then(|| {
+            let start = recording.bytes.len().next_multiple_of(align);
+            recording.bytes.resize(start, 0);
+            recording.bytes.extend_from_slice(launch.scalars);
+            let padded = round_up(launch.scalars.len() as u64, 4);
+            recording.bytes.resize(start + padded as usize, 0);
+            (start, launch.scalars.len(), padded)
+        });
+        let groups = match &launch.dispatch {
+            BoundDispatch::Groups(g) => Groups::Host(*g),
+            BoundDispatch::Indirect { memory, offset } => {
+                Groups::Indirect(Held::of(memory), *offset)
+            }
+        };
+        recording.ops.push(Op::Launch {
+            kernel: kernel.clone(),
+            bindings: launch
+                .bindings
+                .iter()
+                .map(|b| (Held::of(b.memory), b.offset, b.len))
+                .collect(),
+            scalars,
+            groups,
+        });
+    }
+
+    pub(crate) fn record_write(&mut self, s: usize, dst: &Memory, offset: u64, data: &[u8]) {
+        let align = self.scalar_alignment as usize;
+        let recording = self.recording(s);
+        let start = recording.bytes.len().next_multiple_of(align);
+        recording.bytes.resize(start, 0);
+        recording.bytes.extend_from_slice(data);
+        recording.ops.push(Op::Write {
+            dst: Held::of(dst),
+            offset,
+            start,
+            len: data.len(),
+        });
+    }
+
+    pub(crate) fn record_copy(
+        &mut self,
+        s: usize,
+        src: &Memory,
+        src_offset: u64,
+        dst: &Memory,
+        dst_offset: u64,
+        len: u64,
+    ) {
+        self.recording(s).ops.push(Op::Copy {
+            src: Held::of(src),
+            src_offset,
+            dst: Held::of(dst),
+            dst_offset,
+            len,
+        });
+    }
+
+    /// End stream `s`'s recording and seal it into a graph, or say why not.
+    pub(crate) fn seal(&mut self, s: usize) -> Result<Graph, Error> {
+        self.gpu.sink.check_lost()?;
+        let Some(recording) = self.streams[s].recording.take() else {
+            return Err(Error::refused("the stream was not recording"));
+        };
+        let device = &self.gpu.device;
+        let refused =
+            |what: &str, detail: String| late_fault("wgpu validation", format!("{what}: {detail}"));
+        // One immutable buffer holds every recorded byte.
+        let constants = if recording.bytes.is_empty() {
+            None
+        } else {
+            let size = round_up(recording.bytes.len() as u64, 4).max(4);
+            let (buffer, error) = scoped(device, || {
+                let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("scope graph constants"),
+                    size,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::UNIFORM
+                        | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: true,
+                });
+                if let Ok(mut view) = buffer.get_mapped_range_mut(..) {
+                    view.slice(..recording.bytes.len())
+                        .copy_from_slice(&recording.bytes);
+                }
+                buffer.unmap();
+                buffer
+            });
+            if let Some(error) = error {
+                return Err(out_of_memory(&error, size)
+                    .unwrap_or_else(|| refused("the constants buffer", message(&error))));
+            }
+            Some(buffer)
+        };
+        let mut steps = Vec::with_capacity(recording.ops.len());
+        let mut tags: Vec<Tag> = Vec::new();
+        let mut seen: Vec<u64> = Vec::new();
+        let mut hold = |held: &Held| {
+            if !seen.contains(&held.id) {
+                seen.push(held.id);
+                tags.push(held.tag.clone());
+            }
+        };
+        let mut dispatches = 0u32;
+        for op in &recording.ops {
+            match op {
+                Op::Launch {
+                    kernel,
+                    bindings,
+                    scalars,
+                    groups,
+                } => {
+                    bindings.iter().for_each(|(h, _, _)| hold(h));
+                    if let Groups::Indirect(h, _) = groups {
+                        hold(h);
+                    }
+                    let group = match &kernel.layout {
+                        None => None,
+                        Some(_) => {
+                            let mut entries: SmallVec<[Entry<'_>; 6]> = bindings
+                                .iter()
+                                .map(|(h, offset, size)| Entry {
+                                    buffer: &h.buffer,
+                                    id: h.id,
+                                    offset: *offset,
+                                    size: *size,
+                                })
+                                .collect();
+                            let mut dynamic = kernel.dynamic.then_some(0u32);
+                            if let (Some((start, _, padded)), Some(constants)) =
+                                (scalars, &constants)
+                            {
+                                let (offset, dyn_offset) = if kernel.dynamic {
+                                    (0, Some(*start as u32))
+                                } else {
+                                    (*start as u64, None)
+                                };
+                                dynamic = dyn_offset;
+                                entries.push(Entry {
+                                    buffer: constants,
+                                    id: 0,
+                                    offset,
+                                    size: *padded,
+                                });
+                            }
+                            let group = make_group(device, kernel, &entries)
+                                .map_err(|d| refused(&format!("binding `{}`", kernel.name), d))?;
+                            // Graph bind groups are not in the cache: give
+                            // each its own id so the pass never mistakes one
+                            // for another.
+                            self.next_id += 1;
+                            Some((self.next_id, group, dynamic))
+                        }
+                    };
+                    let groups = match groups {
+                        Groups::Host(g) => Groups::Host(*g),
+                        Groups::Indirect(h, o) => Groups::Indirect(h.clone(), *o),
+                    };
+                    dispatches += 1;
+                    steps.push(Step::Dispatch {
+                        kernel: kernel.clone(),
+                        group,
+                        groups,
+                    });
+                }
+                Op::Copy {
+                    src,
+                    src_offset,
+                    dst,
+                    dst_offset,
+                    len,
+                } => {
+                    hold(src);
+                    hold(dst);
+                    steps.push(Step::Copy {
+                        src: src.buffer.clone(),
+                        src_offset: *src_offset,
+                        dst: dst.buffer.clone(),
+                        dst_offset: *dst_offset,
+                        len: *len,
+                    });
+                }
+                Op::Write {
+                    dst,
+                    offset,
+                    start,
+                    len,
+                } => {
+                    hold(dst);
+                    let Some(constants) = &constants else {
+                        return Err(refused(
+                            "a recorded write",
+                            "its bytes were lost".to_owned(),
+                        ));
+                    };
+                    steps.push(Step::Copy {
+                        src: constants.clone(),
+                        src_offset: *start as u64,
+                        dst: dst.buffer.clone(),
+                        dst_offset: *offset,
+                        len: *len as u64,
+                    });
+                }
+            }
+        }
+        // Encode once, into a batch that is never submitted, and finish it:
+        // this is where wgpu validates the passes and copies.
+        let mut trial = Batch::new(self.streams[s].stream, 0);
+        let (finished, error) = no_panic(&self.gpu.sink, "sealing a recording", || {
+            scoped(device, || {
+                encode(device, &mut trial, &steps);
+                trial.finish()
+            })
+        })?;
+        drop(finished);
+        if let Some(error) = error {
+            return Err(refused("the recorded work", message(&error)));
+        }
+        Ok(Graph {
+            steps,
+            tags,
+            dispatches,
+            _constants: constants,
+        })
+    }
+
+    /// Encode `graph` into stream `s`'s batch.
+    pub(crate) fn replay_now(&mut self, s: usize, graph: &Graph) -> Result<(), Error> {
+        self.gpu.sink.check_lost()?;
+        let device = &self.gpu.device;
+        let batch = &mut self.streams[s];
+        let ((), error) = scoped(device, || encode(device, batch, &graph.steps));
+        let tag = tag_value(s, batch.number);
+        for t in &graph.tags {
+            mark(t, tag);
+        }
+        if let Some(error) = error {
+            return Err(late_fault("wgpu validation", message(&error)));
+        }
+        if batch.dispatches >= BATCH_LIMIT {
+            self.flush_stream(s)?;
+        }
+        Ok(())
+    }
+}

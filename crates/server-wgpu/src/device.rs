@@ -1,0 +1,322 @@
+//! Finding an adapter and opening the device.
+//!
+//! A runtime that links this crate should get the best device the machine
+//! has without configuration, and a person debugging it should be able to
+//! force any other one. So the choice is a ranking with two overrides:
+//!
+//! 1. Candidates are every adapter of the allowed APIs (`SCOPE_WGPU_BACKEND`:
+//!    `vulkan`, `gl`, `metal`, `dx12`; by default Vulkan and GL, the two this
+//!    build carries) whose name contains `SCOPE_WGPU_ADAPTER`, when set
+//!    (case-insensitive), and that can run compute shaders.
+//! 2. Hardware ranks before software (discrete, integrated, virtual, other,
+//!    then CPU), and Vulkan before GL on a tie: GL is the fallback API.
+//! 3. The first candidate whose device opens wins. Falling back to a software
+//!    adapter (lavapipe, llvmpipe) is logged as a warning, and the choice is
+//!    in [`Backend::describe`](scope_core::Backend::describe), so a slow run
+//!    says why.
+//!
+//! No candidate is [`Error::BackendUnavailable`], with what was looked for and
+//! what was found, never a panic: wgpu loads the Vulkan and EGL libraries at
+//! run time and answers their absence with an empty adapter list.
+//!
+//! The device is opened with the adapter's own limits, not WebGPU's defaults,
+//! so that the largest allocation is the adapter's (lavapipe: 128 MiB per
+//! storage binding, 2 GiB per buffer).
+
+use std::sync::Arc;
+
+use scope_core::{DeviceKind, Error, Probe, ProbedDevice};
+
+use crate::error::{NAME, Sink, block_on};
+
+/// A graphics API wgpu can drive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// Vulkan (lavapipe in CI).
+    Vulkan,
+    /// OpenGL / GLES through EGL (llvmpipe in CI).
+    Gl,
+    /// Metal. Not compiled into this build; asking for it finds nothing.
+    Metal,
+    /// Direct3D 12. Not compiled into this build; asking for it finds
+    /// nothing.
+    Dx12,
+}
+
+impl Api {
+    fn parse(text: &str) -> Option<Self> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "vulkan" | "vk" => Some(Api::Vulkan),
+            "gl" | "gles" | "opengl" => Some(Api::Gl),
+            "metal" | "mtl" => Some(Api::Metal),
+            "dx12" | "d3d12" => Some(Api::Dx12),
+            _ => None,
+        }
+    }
+
+    fn backends(self) -> wgpu::Backends {
+        match self {
+            Api::Vulkan => wgpu::Backends::VULKAN,
+            Api::Gl => wgpu::Backends::GL,
+            Api::Metal => wgpu::Backends::METAL,
+            Api::Dx12 => wgpu::Backends::DX12,
+        }
+    }
+
+    /// Its name, as `SCOPE_WGPU_BACKEND` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::Vulkan => "vulkan",
+            Api::Gl => "gl",
+            Api::Metal => "metal",
+            Api::Dx12 => "dx12",
+        }
+    }
+}
+
+/// Which adapter to open.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Only this API; `None` tries Vulkan, then GL.
+    pub api: Option<Api>,
+    /// Only adapters whose name contains this (case-insensitive).
+    pub adapter: Option<String>,
+}
+
+impl Options {
+    /// The options `SCOPE_WGPU_BACKEND` and `SCOPE_WGPU_ADAPTER` ask for.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BackendUnavailable`] when `SCOPE_WGPU_BACKEND` names no API.
+    pub fn from_env() -> Result<Self, Error> {
+        let api = match std::env::var("SCOPE_WGPU_BACKEND") {
+            Ok(text) if !text.trim().is_empty() => {
+                Some(Api::parse(&text).ok_or_else(|| Error::BackendUnavailable {
+                    backend: NAME,
+                    reason: format!(
+                        "SCOPE_WGPU_BACKEND={text} is not one of vulkan, gl, metal, dx12"
+                    ),
+                })?)
+            }
+            _ => None,
+        };
+        let adapter = std::env::var("SCOPE_WGPU_ADAPTER")
+            .ok()
+            .filter(|s| !s.trim().is_empty());
+        Ok(Self { api, adapter })
+    }
+
+    /// Only `api`.
+    pub fn api(api: Api) -> Self {
+        Self {
+            api: Some(api),
+            adapter: None,
+        }
+    }
+
+    fn backends(&self) -> wgpu::Backends {
+        match self.api {
+            Some(api) => api.backends(),
+            None => wgpu::Backends::VULKAN | wgpu::Backends::GL,
+        }
+    }
+
+    fn describe(&self) -> String {
+        let api = self.api.map_or("vulkan or gl", Api::name);
+        match &self.adapter {
+            Some(name) => format!("{api} adapter named like {name:?}"),
+            None => format!("{api} adapter"),
+        }
+    }
+}
+
+/// The opened device and what the server needs to know about it.
+pub(crate) struct Gpu {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) info: wgpu::AdapterInfo,
+    pub(crate) limits: wgpu::Limits,
+    pub(crate) sink: Arc<Sink>,
+    // Kept so the instance outlives the device on every backend.
+    _instance: wgpu::Instance,
+}
+
+fn instance(backends: wgpu::Backends) -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = backends;
+    // The API's own validation layers are for debugging wgpu, not for
+    // running kernels; `WGPU_VALIDATION=1` turns them on.
+    desc.flags = wgpu::InstanceFlags::empty().with_env();
+    wgpu::Instance::new(desc)
+}
+
+fn rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
+    let kind = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    let api = match info.backend {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        _ => 1,
+    };
+    (kind, api)
+}
+
+pub(crate) fn kind(info: &wgpu::AdapterInfo) -> DeviceKind {
+    if info.device_type == wgpu::DeviceType::Cpu {
+        DeviceKind::Software
+    } else {
+        DeviceKind::Hardware
+    }
+}
+
+fn api_name(backend: wgpu::Backend) -> &'static str {
+    match backend {
+        wgpu::Backend::Vulkan => "vulkan",
+        wgpu::Backend::Gl => "gl",
+        wgpu::Backend::Metal => "metal",
+        wgpu::Backend::Dx12 => "dx12",
+        wgpu::Backend::BrowserWebGpu => "webgpu",
+        wgpu::Backend::Noop => "noop",
+    }
+}
+
+/// "llvmpipe (LLVM 15.0.6, 256 bits), software, vulkan, llvmpipe Mesa 22.3.6".
+pub(crate) fn describe(info: &wgpu::AdapterInfo) -> String {
+    let mut text = format!("{}, {}, {}", info.name, kind(info), api_name(info.backend));
+    let driver = [info.driver.as_str(), info.driver_info.as_str()]
+        .iter()
+        .filter(|s| !s.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ");
+    if !driver.is_empty() {
+        text.push_str(", ");
+        text.push_str(&driver);
+    }
+    text
+}
+
+impl Gpu {
+    /// Open the best adapter `options` allow.
+    pub(crate) fn open(options: &Options) -> Result<Self, Error> {
+        let unavailable = |reason: String| Error::BackendUnavailable {
+            backend: NAME,
+            reason,
+        };
+        let backends = options.backends();
+        let instance = instance(backends);
+        let adapters = block_on(instance.enumerate_adapters(backends));
+        let found: Vec<String> = adapters.iter().map(|a| describe(&a.get_info())).collect();
+        let wanted = options.adapter.as_deref().map(str::to_ascii_lowercase);
+        let mut candidates: Vec<wgpu::Adapter> = adapters
+            .into_iter()
+            .filter(|a| {
+                let info = a.get_info();
+                let named = wanted
+                    .as_deref()
+                    .is_none_or(|w| info.name.to_ascii_lowercase().contains(w));
+                let compute = a
+                    .get_downlevel_capabilities()
+                    .flags
+                    .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS);
+                named && compute
+            })
+            .collect();
+        candidates.sort_by_key(|a| rank(&a.get_info()));
+        let mut refused = Vec::new();
+        for adapter in candidates {
+            let info = adapter.get_info();
+            let limits = adapter.limits();
+            let desc = wgpu::DeviceDescriptor {
+                label: Some("scope"),
+                required_features: wgpu::Features::empty(),
+                required_limits: limits.clone(),
+                ..Default::default()
+            };
+            match block_on(adapter.request_device(&desc)) {
+                Ok((device, queue)) => {
+                    let sink = Sink::install(&device);
+                    let text = describe(&info);
+                    if kind(&info) == DeviceKind::Software {
+                        tracing::warn!(backend = NAME, adapter = %text, "no hardware adapter; using a software one");
+                    } else {
+                        tracing::info!(backend = NAME, adapter = %text, "adapter chosen");
+                    }
+                    return Ok(Self {
+                        device,
+                        queue,
+                        info,
+                        limits,
+                        sink,
+                        _instance: instance,
+                    });
+                }
+                Err(error) => {
+                    tracing::warn!(backend = NAME, adapter = %describe(&info), "device refused: {error}");
+                    refused.push(format!("{}: {error}", describe(&info)));
+                }
+            }
+        }
+        let mut reason = format!("no {} with compute shaders", options.describe());
+        if found.is_empty() {
+            reason.push_str(" (wgpu found no adapter at all");
+            if matches!(options.api, Some(Api::Metal | Api::Dx12)) {
+                reason.push_str("; this build carries only vulkan and gl");
+            }
+            reason.push(')');
+        } else {
+            reason.push_str(&format!(" (found: {})", found.join("; ")));
+        }
+        if !refused.is_empty() {
+            reason.push_str(&format!("; device refused: {}", refused.join("; ")));
+        }
+        Err(unavailable(reason))
+    }
+
+    /// The description `Backend::describe` gives.
+    pub(crate) fn describe(&self) -> String {
+        describe(&self.info)
+    }
+}
+
+/// Every adapter wgpu finds, per API, with its type; never panics.
+pub fn probe() -> Probe {
+    let run = || {
+        let mut devices = Vec::new();
+        for api in [Api::Vulkan, Api::Gl] {
+            let instance = instance(api.backends());
+            for adapter in block_on(instance.enumerate_adapters(api.backends())) {
+                let info = adapter.get_info();
+                let compute = adapter
+                    .get_downlevel_capabilities()
+                    .flags
+                    .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS);
+                let mut detail = format!("{}, {:?}", api.name(), info.device_type);
+                if !info.driver.is_empty() || !info.driver_info.is_empty() {
+                    detail.push_str(&format!(", {} {}", info.driver, info.driver_info));
+                }
+                if !compute {
+                    detail.push_str(", no compute shaders");
+                }
+                devices.push(ProbedDevice {
+                    name: info.name.clone(),
+                    kind: kind(&info),
+                    detail: detail.trim_end().to_owned(),
+                });
+            }
+        }
+        devices
+    };
+    match std::panic::catch_unwind(run) {
+        Ok(devices) if devices.is_empty() => {
+            Probe::none(NAME, "wgpu found no vulkan or gl adapter")
+        }
+        Ok(devices) => Probe::found(NAME, devices),
+        Err(_) => Probe::none(NAME, "wgpu panicked while enumerating adapters"),
+    }
+}

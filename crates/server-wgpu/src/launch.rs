@@ -1,0 +1,637 @@
+//! Kernels: WGSL compiled to compute pipelines, and launches encoded into the
+//! stream's open pass.
+//!
+//! # Compiling
+//!
+//! The core caches compiled kernels by [`Kernel::id`] (a hash of source,
+//! entry point and block), so [`compile`] runs once per kernel. It creates the
+//! shader module inside error scopes, so a WGSL error comes back as
+//! [`Error::Compile`] with naga's own text, `line:column` included. It then
+//! reflects the module (naga again) for the bindings of `@group(0)`, because
+//! the pipeline layout is built explicitly rather than derived:
+//!
+//! - an explicit layout can give the *last* binding a dynamic offset, which
+//!   is how a launch's scalar blob is bound into the batch's shared arena
+//!   without a bind group per launch (see [`crate::stream`]);
+//! - the reflected minimum sizes and read-only flags let a launch be checked
+//!   up front ([`check`]). wgpu validates a pass's dispatches only when the
+//!   encoder is finished — in a batch, long after the launch returned — so
+//!   anything it would refuse there must be refused here, where the error
+//!   lands on the launch's own outputs.
+//!
+//! # Launching
+//!
+//! A launch looks up (or makes, inside error scopes) the bind group for its
+//! exact buffers and ranges, then encodes set-pipeline, set-bind-group and
+//! dispatch into the stream's open compute pass, skipping the first two when
+//! the pass already has them bound. No error scope is pushed per dispatch:
+//! recording into an open pass cannot fail in wgpu 30 (validation is
+//! deferred to `finish`), and pushing and popping three scopes would double
+//! the cost of a launch.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+use scope_core::{BoundDispatch, Error, Kernel, KernelSource, Launch, StreamId};
+use smallvec::SmallVec;
+
+use crate::device::Gpu;
+use crate::error::{NAME, message, out_of_memory, scoped};
+use crate::memory::{Memory, mark, tag_value};
+use crate::stream::{ARENA_BYTES, BATCH_LIMIT, Dispatch};
+
+/// One binding the shader declares.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Slot {
+    /// A uniform buffer rather than a storage buffer.
+    pub(crate) uniform: bool,
+    /// Declared `var<storage, read>` (or uniform).
+    pub(crate) read_only: bool,
+    /// The smallest binding the shader's type allows (a runtime-sized array
+    /// counts one element).
+    pub(crate) min_size: u64,
+}
+
+/// A compiled kernel.
+pub struct Pipeline {
+    pub(crate) id: u64,
+    pub(crate) name: Arc<str>,
+    pub(crate) pipeline: wgpu::ComputePipeline,
+    pub(crate) layout: Option<wgpu::BindGroupLayout>,
+    pub(crate) slots: Vec<Slot>,
+    /// Whether the last binding takes a dynamic offset.
+    pub(crate) dynamic: bool,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pipeline `{}` ({} bindings)",
+            self.name,
+            self.slots.len()
+        )
+    }
+}
+
+/// The bindings of `@group(0)` in `source`, by binding number.
+fn reflect(source: &str) -> Result<Vec<Slot>, String> {
+    let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
+    let mut slots: Vec<Option<Slot>> = Vec::new();
+    for (_, var) in module.global_variables.iter() {
+        let Some(binding) = &var.binding else {
+            continue;
+        };
+        let name = var.name.as_deref().unwrap_or("?");
+        if binding.group != 0 {
+            return Err(format!(
+                "`{name}` is at @group({}); the binding convention binds @group(0) only",
+                binding.group
+            ));
+        }
+        let (uniform, read_only) = match var.space {
+            naga::AddressSpace::Storage { access } => {
+                (false, !access.contains(naga::StorageAccess::STORE))
+            }
+            naga::AddressSpace::Uniform => (true, true),
+            other => {
+                return Err(format!(
+                    "`{name}` (@binding({})) is in address space {other:?}; the binding convention binds buffers only",
+                    binding.binding
+                ));
+            }
+        };
+        let min_size = module.types[var.ty]
+            .inner
+            .try_size(module.to_ctx())
+            .ok_or_else(|| format!("`{name}` has a type too large to bind"))?;
+        let index = binding.binding as usize;
+        if index >= 64 {
+            return Err(format!(
+                "`{name}` is at @binding({index}); at most 64 bindings are supported"
+            ));
+        }
+        if slots.len() <= index {
+            slots.resize(index + 1, None);
+        }
+        slots[index] = Some(Slot {
+            uniform,
+            read_only,
+            min_size: u64::from(min_size),
+        });
+    }
+    slots
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.ok_or_else(|| format!("@binding({i}) is missing: bindings must be numbered 0..n"))
+        })
+        .collect()
+}
+
+/// Compile `kernel` to a compute pipeline with id `id`.
+pub(crate) fn compile(gpu: &Gpu, kernel: &Kernel, id: u64) -> Result<Arc<Pipeline>, Error> {
+    gpu.sink.check_lost()?;
+    let fail = |log: String| Error::Compile {
+        backend: NAME,
+        kernel: kernel.name().clone(),
+        log,
+    };
+    let KernelSource::Wgsl(source) = kernel.source() else {
+        return Err(fail(format!(
+            "wgpu takes WGSL kernels; this one is {}",
+            kernel.source().language()
+        )));
+    };
+    let device = &gpu.device;
+    let (module, error) = scoped(device, || {
+        device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(kernel.name()),
+            source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(source)),
+        })
+    });
+    if let Some(error) = error {
+        return Err(out_of_memory(&error, 0).unwrap_or_else(|| fail(message(&error))));
+    }
+    let slots = reflect(source).map_err(fail)?;
+    let limits = &gpu.limits;
+    let last = slots.len().checked_sub(1);
+    let dynamic = slots.last().is_some_and(|slot| {
+        if slot.uniform {
+            limits.max_dynamic_uniform_buffers_per_pipeline_layout > 0
+        } else {
+            limits.max_dynamic_storage_buffers_per_pipeline_layout > 0
+        }
+    });
+    let entries: Vec<wgpu::BindGroupLayoutEntry> = slots
+        .iter()
+        .enumerate()
+        .map(|(i, slot)| wgpu::BindGroupLayoutEntry {
+            binding: i as u32,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: if slot.uniform {
+                    wgpu::BufferBindingType::Uniform
+                } else {
+                    wgpu::BufferBindingType::Storage {
+                        read_only: slot.read_only,
+                    }
+                },
+                has_dynamic_offset: Some(i) == last && dynamic,
+                min_binding_size: None,
+            },
+            count: None,
+        })
+        .collect();
+    let label = Some(&**kernel.name());
+    let ((layout, pipeline), error) = scoped(device, || {
+        let layout = (!entries.is_empty()).then(|| {
+            device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label,
+                entries: &entries,
+            })
+        });
+        let groups = [layout.as_ref()];
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label,
+            bind_group_layouts: if layout.is_some() { &groups } else { &[] },
+            immediate_size: 0,
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label,
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some(kernel.entry_point()),
+            compilation_options: wgpu::PipelineCompilationOptions::default(),
+            cache: None,
+        });
+        (layout, pipeline)
+    });
+    if let Some(error) = error {
+        return Err(out_of_memory(&error, 0).unwrap_or_else(|| fail(message(&error))));
+    }
+    tracing::debug!(kernel = %kernel.name(), bindings = slots.len(), "compiled");
+    Ok(Arc::new(Pipeline {
+        id,
+        name: kernel.name().clone(),
+        pipeline,
+        layout,
+        slots,
+        dynamic,
+    }))
+}
+
+/// `n` rounded up to a multiple of `to`.
+#[inline]
+pub(crate) fn round_up(n: u64, to: u64) -> u64 {
+    n.div_ceil(to) * to
+}
+
+/// What wgpu would refuse about `launch` when the batch is finished,
+/// refused now instead.
+pub(crate) fn check(
+    limits: &wgpu::Limits,
+    kernel: &Pipeline,
+    launch: &Launch<'_, Memory>,
+) -> Result<(), String> {
+    let scalar = usize::from(!launch.scalars.is_empty());
+    if launch.bindings.len() + scalar != kernel.slots.len() {
+        return Err(format!(
+            "the shader declares {} binding{} at @group(0), and the launch binds {} buffer{}{}",
+            kernel.slots.len(),
+            if kernel.slots.len() == 1 { "" } else { "s" },
+            launch.bindings.len(),
+            if launch.bindings.len() == 1 { "" } else { "s" },
+            if scalar == 1 {
+                " and a scalar blob"
+            } else {
+                ""
+            }
+        ));
+    }
+    let fits = |i: usize, slot: &Slot, len: u64| -> Result<(), String> {
+        let max = if slot.uniform {
+            u64::from(limits.max_uniform_buffer_binding_size)
+        } else {
+            u64::from(limits.max_storage_buffer_binding_size)
+        };
+        if len > max {
+            return Err(format!(
+                "binding {i} is {len} bytes, past the device's largest {} binding of {max} bytes",
+                if slot.uniform { "uniform" } else { "storage" }
+            ));
+        }
+        if len < slot.min_size {
+            return Err(format!(
+                "binding {i} is {len} bytes, and the shader's type for it needs at least {}",
+                slot.min_size
+            ));
+        }
+        Ok(())
+    };
+    for (i, (bound, slot)) in launch.bindings.iter().zip(&kernel.slots).enumerate() {
+        fits(i, slot, bound.len)?;
+        if bound.offset + bound.len > bound.memory.capacity {
+            return Err(format!(
+                "binding {i} ({}..{}) runs past the end of its {}-byte buffer",
+                bound.offset,
+                bound.offset + bound.len,
+                bound.memory.capacity
+            ));
+        }
+        if slot.uniform && bound.offset % u64::from(limits.min_uniform_buffer_offset_alignment) != 0
+        {
+            return Err(format!(
+                "binding {i} is a uniform buffer at offset {}, not a multiple of {}",
+                bound.offset, limits.min_uniform_buffer_offset_alignment
+            ));
+        }
+    }
+    if scalar == 1 {
+        let i = launch.bindings.len();
+        if launch.scalars.len() as u64 > ARENA_BYTES {
+            return Err(format!(
+                "the scalar blob is {} bytes; a launch may pass at most {ARENA_BYTES}",
+                launch.scalars.len()
+            ));
+        }
+        fits(
+            i,
+            &kernel.slots[i],
+            round_up(launch.scalars.len() as u64, 4),
+        )?;
+    }
+    // One dispatch is one usage scope: a buffer may be bound read-only any
+    // number of times or writable any number of times, not both.
+    let indirect = match &launch.dispatch {
+        BoundDispatch::Indirect { memory, .. } => Some(memory.id),
+        BoundDispatch::Groups(_) => None,
+    };
+    for (i, (a, slot)) in launch.bindings.iter().zip(&kernel.slots).enumerate() {
+        if slot.read_only {
+            continue;
+        }
+        let clash = launch
+            .bindings
+            .iter()
+            .zip(&kernel.slots)
+            .position(|(b, other)| b.memory.id == a.memory.id && other.read_only);
+        if let Some(j) = clash {
+            return Err(format!(
+                "bindings {i} and {j} are the same buffer, writable in one and read-only in the other; \
+                 wgpu forbids that within one dispatch"
+            ));
+        }
+        if indirect == Some(a.memory.id) {
+            return Err(format!(
+                "binding {i} is writable and also holds the indirect dispatch counts; wgpu forbids that"
+            ));
+        }
+    }
+    if let BoundDispatch::Groups(groups) = &launch.dispatch {
+        let max = limits.max_compute_workgroups_per_dimension;
+        if let Some(g) = groups.iter().find(|&&g| g > max) {
+            return Err(format!(
+                "{g} workgroups in one dimension is past the device's limit of {max}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl crate::Wgpu {
+    /// Check `launch`, then record it (in a capture window) or encode it
+    /// into stream `s`'s open pass.
+    pub(crate) fn launch_now(
+        &mut self,
+        s: usize,
+        kernel: &Arc<Pipeline>,
+        launch: &Launch<'_, Memory>,
+    ) -> Result<(), Error> {
+        self.gpu.sink.check_lost()?;
+        let stream = self.streams[s].stream;
+        check(&self.gpu.limits, kernel, launch).map_err(|d| launch_error(kernel, stream, d))?;
+        if self.streams[s].recording.is_some() {
+            self.record_launch(s, kernel, launch);
+            return Ok(());
+        }
+        let padded = round_up(launch.scalars.len() as u64, 4);
+        let mut scalar_offset = 0u64;
+        if !launch.scalars.is_empty() {
+            let batch = &self.streams[s];
+            let last = batch.last_scalars.clone();
+            let same = batch.arena.is_some()
+                && last.len() == launch.scalars.len()
+                && batch.scalars.get(last.clone()) == Some(launch.scalars);
+            if same {
+                scalar_offset = last.start as u64;
+            } else {
+                scalar_offset = round_up(batch.scalars.len() as u64, self.scalar_alignment);
+                if batch.arena.is_some() && scalar_offset + padded > ARENA_BYTES {
+                    self.flush_stream(s)?;
+                    scalar_offset = 0;
+                }
+                if self.streams[s].arena.is_none() {
+                    let arena = self
+                        .submissions
+                        .arena(&self.gpu.device, &mut self.next_id)?;
+                    self.streams[s].arena = Some(arena);
+                }
+                let batch = &mut self.streams[s];
+                let start = scalar_offset as usize;
+                batch.scalars.resize(start, 0);
+                batch.scalars.extend_from_slice(launch.scalars);
+                batch.scalars.resize(start + padded as usize, 0);
+                batch.last_scalars = start..start + launch.scalars.len();
+            }
+        }
+        let crate::Wgpu {
+            gpu,
+            streams,
+            bind_groups,
+            next_id,
+            ..
+        } = self;
+        let batch = &mut streams[s];
+        let group = match &kernel.layout {
+            None => None,
+            Some(_) => {
+                let mut entries: SmallVec<[Entry<'_>; 6]> = launch
+                    .bindings
+                    .iter()
+                    .map(|b| Entry {
+                        buffer: &b.memory.buffer,
+                        id: b.memory.id,
+                        offset: b.offset,
+                        size: b.len,
+                    })
+                    .collect();
+                let mut dynamic = kernel.dynamic.then_some(0u32);
+                if let Some(arena) = &batch.arena
+                    && !launch.scalars.is_empty()
+                {
+                    // With a dynamic offset the group names the arena at 0
+                    // and is shared by every blob of the batch.
+                    let (offset, dyn_offset) = if kernel.dynamic {
+                        (0, Some(scalar_offset as u32))
+                    } else {
+                        (scalar_offset, None)
+                    };
+                    dynamic = dyn_offset;
+                    entries.push(Entry {
+                        buffer: &arena.buffer,
+                        id: arena.id,
+                        offset,
+                        size: padded,
+                    });
+                }
+                let (id, group) = bind_groups
+                    .get(&gpu.device, kernel, &entries, next_id)
+                    .map_err(|d| launch_error(kernel, stream, d))?;
+                Some((id, group, dynamic))
+            }
+        };
+        let dispatch = match &launch.dispatch {
+            BoundDispatch::Groups(groups) => Dispatch::Groups(*groups),
+            BoundDispatch::Indirect { memory, offset } => {
+                Dispatch::Indirect(&memory.buffer, *offset)
+            }
+        };
+        batch.dispatch(
+            &gpu.device,
+            (kernel.id, &kernel.pipeline),
+            group.as_ref().map(|(id, g, d)| (*id, g, *d)),
+            dispatch,
+        );
+        let tag = tag_value(s, batch.number);
+        for bound in launch.bindings {
+            mark(&bound.memory.tag, tag);
+        }
+        if let BoundDispatch::Indirect { memory, .. } = &launch.dispatch {
+            mark(&memory.tag, tag);
+        }
+        if batch.dispatches >= BATCH_LIMIT {
+            self.flush_stream(s)?;
+        }
+        Ok(())
+    }
+}
+
+/// The launch error for `kernel` on `stream`.
+pub(crate) fn launch_error(kernel: &Pipeline, stream: StreamId, detail: String) -> Error {
+    Error::Launch {
+        kernel: kernel.name.clone(),
+        stream,
+        detail,
+    }
+}
+
+/// A fast hasher for bind-group keys (small arrays of ids).
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0; 8];
+            word.copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+        for &b in chunks.remainder() {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// The identity of a bind group: the pipeline and each entry's
+/// `[buffer id, offset, size]`.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct BindKey {
+    pub(crate) pipeline: u64,
+    pub(crate) entries: SmallVec<[[u64; 3]; 6]>,
+}
+
+/// Bind groups by key. Cleared when full, and whenever the buffers a key
+/// names are destroyed.
+#[derive(Default)]
+pub(crate) struct BindGroups {
+    map: HashMap<BindKey, (u64, wgpu::BindGroup), BuildHasherDefault<IdHasher>>,
+}
+
+/// Cached bind groups before the cache starts over.
+const BIND_GROUPS: usize = 8192;
+
+/// One entry of a bind group to make.
+pub(crate) struct Entry<'a> {
+    pub(crate) buffer: &'a wgpu::Buffer,
+    pub(crate) id: u64,
+    pub(crate) offset: u64,
+    pub(crate) size: u64,
+}
+
+impl BindGroups {
+    /// The bind group for `entries` of `kernel`, made inside error scopes on
+    /// a miss; with its id.
+    pub(crate) fn get(
+        &mut self,
+        device: &wgpu::Device,
+        kernel: &Pipeline,
+        entries: &[Entry<'_>],
+        next_id: &mut u64,
+    ) -> Result<(u64, wgpu::BindGroup), String> {
+        let key = BindKey {
+            pipeline: kernel.id,
+            entries: entries.iter().map(|e| [e.id, e.offset, e.size]).collect(),
+        };
+        if let Some((id, group)) = self.map.get(&key) {
+            return Ok((*id, group.clone()));
+        }
+        let group = make_group(device, kernel, entries)?;
+        if self.map.len() >= BIND_GROUPS {
+            self.map.clear();
+        }
+        *next_id += 1;
+        self.map.insert(key, (*next_id, group.clone()));
+        Ok((*next_id, group))
+    }
+
+    /// Forget bind groups that name buffer `id`.
+    pub(crate) fn evict(&mut self, id: u64) {
+        self.map
+            .retain(|k, _| !k.entries.iter().any(|e| e[0] == id));
+    }
+
+    /// Forget them all.
+    pub(crate) fn clear(&mut self) {
+        self.map.clear();
+    }
+}
+
+/// Make a bind group for `entries` of `kernel`, inside error scopes.
+pub(crate) fn make_group(
+    device: &wgpu::Device,
+    kernel: &Pipeline,
+    entries: &[Entry<'_>],
+) -> Result<wgpu::BindGroup, String> {
+    let Some(layout) = &kernel.layout else {
+        return Err("the kernel has no bindings".to_owned());
+    };
+    let wgpu_entries: SmallVec<[wgpu::BindGroupEntry<'_>; 6]> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: e.buffer,
+                offset: e.offset,
+                size: NonZeroU64::new(e.size),
+            }),
+        })
+        .collect();
+    let (group, error) = scoped(device, || {
+        device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(&*kernel.name),
+            layout,
+            entries: &wgpu_entries,
+        })
+    });
+    match error {
+        Some(error) => Err(message(&error)),
+        None => Ok(group),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reflection_reads_access_and_sizes() {
+        let slots = reflect(
+            "@group(0) @binding(0) var<storage, read> a: array<u32>;
+             @group(0) @binding(1) var<storage, read_write> b: array<u32, 8>;
+             struct P { n: u32, v: u32 }
+             @group(0) @binding(2) var<storage, read> p: P;
+             @compute @workgroup_size(1) fn main() { b[0] = a[0] + p.n; }",
+        )
+        .expect("valid");
+        assert_eq!(slots.len(), 3);
+        assert!(slots[0].read_only && !slots[1].read_only);
+        assert_eq!(
+            (slots[0].min_size, slots[1].min_size, slots[2].min_size),
+            (4, 32, 8)
+        );
+    }
+
+    #[test]
+    fn reflection_refuses_gaps_and_other_groups() {
+        let gap = reflect(
+            "@group(0) @binding(1) var<storage, read_write> b: array<u32>; @compute @workgroup_size(1) fn main() { b[0] = 1u; }",
+        );
+        assert!(gap.unwrap_err().contains("@binding(0) is missing"));
+        let group = reflect(
+            "@group(1) @binding(0) var<storage, read_write> b: array<u32>; @compute @workgroup_size(1) fn main() { b[0] = 1u; }",
+        );
+        assert!(group.unwrap_err().contains("@group(1)"));
+    }
+}

@@ -1,0 +1,367 @@
+//! A scope compute server over wgpu: WGSL kernels on Vulkan or GL (and, in a
+//! build that enables them, Metal or D3D12).
+//!
+//! The core ([`scope_core::Server`]) keeps every rule of the failure model;
+//! this crate is the device calls of [`Backend`] for wgpu and nothing else.
+//! Its shape follows from three facts about wgpu:
+//!
+//! 1. **Errors go to a sink, and the default sink panics.** Every fallible
+//!    call runs inside error scopes ([`error`]), so an error is the return
+//!    value of the call that caused it, with wgpu's message; a handler that
+//!    never panics catches anything else, and device loss is a sticky fault
+//!    the core turns into poison.
+//! 2. **One queue, and passes are what cost.** Logical streams are ordering
+//!    domains on the one queue, and each batches its launches into one open
+//!    encoder and compute pass ([`stream`]), which is what makes a launch
+//!    cost about what a raw dispatch costs.
+//! 3. **No replayable command buffers.** A capture records the dispatches
+//!    and copies as values, is validated by encoding it once when it seals,
+//!    and is re-encoded on each replay ([`capture`]).
+//!
+//! Memory is one buffer per allocation, pooled by size class ([`memory`]);
+//! kernels are compiled with an explicit, reflected layout ([`launch`]);
+//! host copies are queue writes, staged mapped reads and encoder copies
+//! ([`copy`]).
+//!
+//! # Choosing the adapter
+//!
+//! Hardware first, then software; `SCOPE_WGPU_BACKEND` (`vulkan`, `gl`,
+//! `metal`, `dx12`) and `SCOPE_WGPU_ADAPTER` (a name substring) override.
+//! See [`device`].
+
+mod capture;
+mod copy;
+mod device;
+mod error;
+mod launch;
+mod memory;
+mod stream;
+
+use std::sync::Arc;
+
+use scope_core::{Backend, Client, Error, Kernel, Language, Launch, Result, StreamId};
+
+pub use capture::Graph;
+pub use device::{Api, Options, probe};
+pub use launch::Pipeline;
+pub use memory::Memory;
+pub use stream::BATCH_LIMIT;
+
+use crate::device::Gpu;
+use crate::error::{NAME, message, out_of_memory, scoped};
+use crate::launch::BindGroups;
+use crate::memory::Pool;
+use crate::stream::{Batch, Submissions, Submitter};
+
+/// A logical stream: an index into the backend's batches.
+#[derive(Debug)]
+pub struct Stream(usize);
+
+/// The wgpu backend.
+pub struct Wgpu {
+    gpu: Gpu,
+    pool: Pool,
+    streams: Vec<Batch>,
+    submissions: Submissions,
+    bind_groups: BindGroups,
+    /// The read-back buffer, reused while reads fit in it.
+    staging: Option<(wgpu::Buffer, u64)>,
+    /// Ids for buffers, arenas, pipelines and bind groups.
+    next_id: u64,
+    /// Numbers for batches, unique across streams.
+    next_batch: u64,
+    /// The alignment of a scalar blob in an arena.
+    scalar_alignment: u64,
+}
+
+impl std::fmt::Debug for Wgpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Wgpu({})", self.gpu.describe())
+    }
+}
+
+impl Wgpu {
+    /// Open the adapter `options` choose (see [`device`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BackendUnavailable`] when no adapter fits.
+    pub fn new(options: &Options) -> Result<Self> {
+        let gpu = Gpu::open(options)?;
+        let limits = &gpu.limits;
+        let scalar_alignment = u64::from(
+            limits
+                .min_storage_buffer_offset_alignment
+                .max(limits.min_uniform_buffer_offset_alignment),
+        );
+        Ok(Self {
+            gpu,
+            pool: Pool::default(),
+            streams: Vec::new(),
+            submissions: Submissions::default(),
+            bind_groups: BindGroups::default(),
+            staging: None,
+            next_id: 0,
+            next_batch: 0,
+            scalar_alignment,
+        })
+    }
+
+    /// The device's limits, as opened.
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.gpu.limits
+    }
+
+    /// The adapter's information.
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.gpu.info
+    }
+
+    /// The device and queue, for a raw-wgpu baseline beside the server (the
+    /// launch-overhead bench). Work submitted here is outside every scope.
+    pub fn raw(&self) -> (&wgpu::Device, &wgpu::Queue) {
+        (&self.gpu.device, &self.gpu.queue)
+    }
+
+    fn submitter(&mut self) -> (Submitter<'_>, &mut Vec<Batch>) {
+        (
+            Submitter {
+                gpu: &self.gpu,
+                submissions: &mut self.submissions,
+                next_batch: &mut self.next_batch,
+            },
+            &mut self.streams,
+        )
+    }
+
+    /// Submit stream `s`'s open batch.
+    fn flush_stream(&mut self, s: usize) -> Result<()> {
+        let (mut submitter, streams) = self.submitter();
+        submitter.flush(&mut streams[s])
+    }
+
+    /// Submit the batch that last used a buffer tagged `tag`, if it is still
+    /// open, so that the buffer can be handed to a new owner.
+    fn release_tag(&mut self, tag: u64) -> Result<()> {
+        if tag == 0 {
+            return Ok(());
+        }
+        let s = (tag >> 48) as usize;
+        if let Some(batch) = self.streams.get(s)
+            && batch.is_open()
+            && memory::tag_value(s, batch.number) == tag
+        {
+            self.flush_stream(s)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Wgpu {
+    fn drop(&mut self) {
+        // Finish what was submitted before the device goes; wgpu would
+        // otherwise wait in its own drop, and a lost device cannot answer.
+        let _ = error::no_panic(&self.gpu.sink, "the final wait", || {
+            self.gpu.device.poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+        });
+    }
+}
+
+impl Backend for Wgpu {
+    type Memory = Memory;
+    type Stream = Stream;
+    type Kernel = Arc<Pipeline>;
+    type Graph = Graph;
+
+    const NAME: &'static str = NAME;
+
+    fn describe(&self) -> String {
+        self.gpu.describe()
+    }
+
+    fn accepts(&self, language: Language) -> bool {
+        language == Language::Wgsl
+    }
+
+    fn max_allocation(&self) -> u64 {
+        // One allocation is one buffer, bound whole: both limits apply.
+        self.gpu
+            .limits
+            .max_buffer_size
+            .min(u64::from(self.gpu.limits.max_storage_buffer_binding_size))
+    }
+
+    fn binding_alignment(&self) -> u64 {
+        u64::from(self.gpu.limits.min_storage_buffer_offset_alignment)
+    }
+
+    fn create_stream(&mut self) -> Result<Stream> {
+        self.gpu.sink.check_lost()?;
+        let index = self.streams.len();
+        let id = u32::try_from(index).map_err(|_| Error::refused("too many streams"))?;
+        if index >= 1 << 16 {
+            return Err(Error::refused("too many streams"));
+        }
+        self.next_batch += 1;
+        self.streams.push(Batch::new(StreamId(id), self.next_batch));
+        Ok(Stream(index))
+    }
+
+    fn allocate(&mut self, size: u64) -> Result<Memory> {
+        self.gpu.sink.check_lost()?;
+        let class = memory::class(size, self.gpu.limits.max_buffer_size);
+        if let Some(memory) = self.pool.take(class) {
+            let tag = memory.tag.load(std::sync::atomic::Ordering::Relaxed);
+            self.release_tag(tag)?;
+            return Ok(memory);
+        }
+        let device = &self.gpu.device;
+        let (buffer, error) = scoped(device, || {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: class,
+                usage: memory::USAGE,
+                mapped_at_creation: false,
+            })
+        });
+        if let Some(error) = error {
+            return Err(out_of_memory(&error, size).unwrap_or_else(|| {
+                Error::invalid(
+                    "allocation size",
+                    format!("wgpu refused {size} bytes: {}", message(&error)),
+                )
+            }));
+        }
+        self.pool.made(class);
+        self.next_id += 1;
+        Ok(Memory {
+            buffer,
+            id: self.next_id,
+            capacity: class,
+            tag: Arc::default(),
+        })
+    }
+
+    fn free(&mut self, memory: Memory) {
+        if let Some(gone) = self.pool.put(memory) {
+            self.bind_groups.evict(gone.id);
+        }
+    }
+
+    fn trim(&mut self) {
+        let gone = self.pool.drain();
+        if !gone.is_empty() {
+            self.bind_groups.clear();
+        }
+        self.staging = None;
+        self.submissions.trim();
+    }
+
+    fn bytes_reserved(&self) -> u64 {
+        self.pool.reserved()
+    }
+
+    fn write(&mut self, stream: &mut Stream, dst: &Memory, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_now(stream.0, dst, offset, data)
+    }
+
+    fn read(
+        &mut self,
+        stream: &mut Stream,
+        src: &Memory,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        self.read_now(stream.0, src, offset, out)
+    }
+
+    fn copy(
+        &mut self,
+        stream: &mut Stream,
+        src: &Memory,
+        src_offset: u64,
+        dst: &Memory,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.copy_now(stream.0, src, src_offset, dst, dst_offset, len)
+    }
+
+    fn compile(&mut self, kernel: &Kernel) -> Result<Arc<Pipeline>> {
+        self.next_id += 1;
+        launch::compile(&self.gpu, kernel, self.next_id)
+    }
+
+    fn launch(
+        &mut self,
+        stream: &mut Stream,
+        kernel: &Arc<Pipeline>,
+        launch: &Launch<'_, Memory>,
+    ) -> Result<()> {
+        self.launch_now(stream.0, kernel, launch)
+    }
+
+    fn flush(&mut self, stream: &mut Stream) -> Result<()> {
+        self.flush_stream(stream.0)
+    }
+
+    fn sync(&mut self, stream: &mut Stream) -> Result<()> {
+        let (mut submitter, streams) = self.submitter();
+        submitter.sync(&mut streams[stream.0])
+    }
+
+    fn order(&mut self, first: &mut Stream, _then: &mut Stream) -> Result<()> {
+        // One queue: what `first` submits now runs before anything `then`
+        // submits later.
+        self.flush_stream(first.0)
+    }
+
+    fn begin_capture(&mut self, stream: &mut Stream) -> Result<()> {
+        self.gpu.sink.check_lost()?;
+        self.streams[stream.0].recording = Some(capture::Recording::default());
+        Ok(())
+    }
+
+    fn end_capture(&mut self, stream: &mut Stream) -> Result<Graph> {
+        self.seal(stream.0)
+    }
+
+    fn abort_capture(&mut self, stream: &mut Stream) {
+        self.streams[stream.0].recording = None;
+    }
+
+    fn replay(&mut self, stream: &mut Stream, graph: &Graph) -> Result<()> {
+        self.replay_now(stream.0, graph)
+    }
+
+    fn destroy_graph(&mut self, graph: Graph) -> Result<()> {
+        // wgpu keeps every object a submitted or encoded command uses alive
+        // until that work completes, so dropping the graph's handles cannot
+        // pull memory from under a replay in flight: there is nothing to
+        // wait for.
+        drop(graph);
+        Ok(())
+    }
+}
+
+/// A client of a wgpu server on the adapter `SCOPE_WGPU_BACKEND` and
+/// `SCOPE_WGPU_ADAPTER` choose, or the best one found.
+///
+/// # Errors
+///
+/// [`Error::BackendUnavailable`] when there is no usable adapter.
+pub fn client() -> Result<Client<Wgpu>> {
+    client_with(&Options::from_env()?)
+}
+
+/// A client of a wgpu server on the adapter `options` choose.
+///
+/// # Errors
+///
+/// [`Error::BackendUnavailable`] when there is no usable adapter.
+pub fn client_with(options: &Options) -> Result<Client<Wgpu>> {
+    Client::new(Wgpu::new(options)?)
+}
