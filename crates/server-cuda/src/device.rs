@@ -1,0 +1,405 @@
+//! The driver, the context and the streams.
+//!
+//! cudarc loads `libcuda` lazily and **panics** on the first driver call when
+//! the library is missing, so nothing here calls the driver before
+//! [`driver()`] has answered: it asks `is_culib_present()` (which only tries
+//! to `dlopen` the candidate names) and then `cuInit`, once per process, and
+//! remembers the answer. Every entry point — [`client`](crate::client),
+//! [`probe`](crate::probe) — goes through it, so a machine without CUDA gets
+//! [`Error::BackendUnavailable`] and never a panic, with no `catch_unwind` on
+//! any path.
+//!
+//! One [`CudaContext`] (the device's primary context) per server; one
+//! non-blocking cudarc stream per logical stream. Cross-stream ordering is an
+//! event recorded on the earlier stream and waited on by the later one
+//! ([`Cuda::order_streams`]). cudarc's own per-slice event tracking is turned
+//! off: this backend never makes a `CudaSlice`, and the core already decides
+//! which stream must wait for which.
+
+use std::ffi::c_char;
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
+use scope_core::{DeviceKind, Error, Probe, ProbedDevice, Result, StreamId};
+
+use crate::error::{BACKEND, Doing, classify, driver as driver_error, mark_driver_loaded};
+use crate::memory::{Pinned, Staging};
+use crate::{Cuda, CudaMemory};
+
+static DRIVER: OnceLock<Result<()>> = OnceLock::new();
+static NVRTC: OnceLock<bool> = OnceLock::new();
+
+/// Whether the CUDA driver is loaded and initialised here; asked once per
+/// process. Never panics.
+pub(crate) fn driver() -> Result<()> {
+    DRIVER
+        .get_or_init(|| {
+            // SAFETY: `is_culib_present` only tries to open each candidate
+            // library name and drops it; it calls no symbol.
+            if !unsafe { sys::is_culib_present() } {
+                let mut searched = cudarc::get_lib_name_candidates("cuda");
+                let mut seen = std::collections::HashSet::new();
+                searched.retain(|name| seen.insert(name.clone()));
+                return Err(Error::BackendUnavailable {
+                    backend: BACKEND,
+                    reason: format!(
+                        "the CUDA driver library was not found (searched {})",
+                        searched.join(", ")
+                    ),
+                });
+            }
+            result::init().map_err(|e| driver_error(e, Doing::Start { what: "cuInit" }))?;
+            mark_driver_loaded();
+            Ok(())
+        })
+        .clone()
+}
+
+/// Whether NVRTC can be loaded here; asked once per process.
+pub(crate) fn nvrtc_present() -> bool {
+    // SAFETY: as for the driver, this only tries to open the library.
+    *NVRTC.get_or_init(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
+}
+
+/// What the driver says about one device.
+#[derive(Clone, Debug)]
+pub(crate) struct DeviceInfo {
+    pub(crate) ordinal: usize,
+    pub(crate) name: String,
+    /// Compute capability, `(major, minor)`.
+    pub(crate) capability: (i32, i32),
+    pub(crate) total_memory: u64,
+}
+
+/// The driver's CUDA version, `(major, minor)`.
+pub(crate) fn driver_version() -> Result<(i32, i32)> {
+    let mut version = 0;
+    // SAFETY: the driver is loaded (callers go through `driver()` first) and
+    // `version` is a valid place for one int.
+    unsafe { sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .map_err(|e| {
+            driver_error(
+                e,
+                Doing::Start {
+                    what: "cuDriverGetVersion",
+                },
+            )
+        })?;
+    Ok((version / 1000, (version % 1000) / 10))
+}
+
+fn device_name(device: sys::CUdevice) -> Result<String> {
+    let mut buf = [0 as c_char; 256];
+    // SAFETY: the buffer holds `len` chars; the driver writes at most that
+    // many, NUL-terminated.
+    unsafe { sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as i32, device) }
+        .result()
+        .map_err(|e| {
+            driver_error(
+                e,
+                Doing::Start {
+                    what: "cuDeviceGetName",
+                },
+            )
+        })?;
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Ask the driver about device `ordinal`.
+pub(crate) fn device_info(ordinal: usize) -> Result<DeviceInfo> {
+    let start = |what| move |e| driver_error(e, Doing::Start { what });
+    let index =
+        i32::try_from(ordinal).map_err(|_| Error::invalid("device ordinal", "too large"))?;
+    let device = result::device::get(index).map_err(start("cuDeviceGet"))?;
+    let name = device_name(device)?;
+    // SAFETY: `device` is a valid device handle from `cuDeviceGet`.
+    let attribute = |a| unsafe { result::device::get_attribute(device, a) };
+    let major = attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        .map_err(start("reading the compute capability"))?;
+    let minor = attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        .map_err(start("reading the compute capability"))?;
+    // SAFETY: as above.
+    let total = unsafe { result::device::total_mem(device) }.map_err(start("cuDeviceTotalMem"))?;
+    Ok(DeviceInfo {
+        ordinal,
+        name,
+        capability: (major, minor),
+        total_memory: total as u64,
+    })
+}
+
+/// Device `ordinal`'s memory in bytes: the largest allocation this backend
+/// accepts, and a size it cannot provide (the context holds some).
+///
+/// # Errors
+///
+/// [`Error::BackendUnavailable`] with no driver here; the driver's error.
+pub fn total_memory(ordinal: usize) -> Result<u64> {
+    driver()?;
+    device_info(ordinal).map(|info| info.total_memory)
+}
+
+/// What this machine has, for `cargo xtask matrix`. Never panics: with no
+/// driver it says which library it looked for.
+pub fn probe() -> Probe {
+    if let Err(error) = driver() {
+        return Probe::none(BACKEND, error.to_string());
+    }
+    let count = match result::device::get_count() {
+        Ok(count) => count,
+        Err(e) => {
+            return Probe::none(
+                BACKEND,
+                driver_error(
+                    e,
+                    Doing::Start {
+                        what: "cuDeviceGetCount",
+                    },
+                )
+                .to_string(),
+            );
+        }
+    };
+    let version = driver_version()
+        .map(|(major, minor)| format!("driver CUDA {major}.{minor}"))
+        .unwrap_or_else(|e| format!("driver version unknown ({e})"));
+    let nvrtc = if nvrtc_present() {
+        "NVRTC found"
+    } else {
+        "no NVRTC (PTX only)"
+    };
+    let mut devices = Vec::new();
+    for ordinal in 0..usize::try_from(count).unwrap_or(0) {
+        match device_info(ordinal) {
+            Ok(info) => devices.push(ProbedDevice {
+                name: info.name,
+                kind: DeviceKind::Hardware,
+                detail: format!(
+                    "sm_{}{}, {:.1} GiB, {version}, {nvrtc}",
+                    info.capability.0,
+                    info.capability.1,
+                    info.total_memory as f64 / (1u64 << 30) as f64
+                ),
+            }),
+            Err(error) => tracing::warn!(ordinal, "cuda probe: {error}"),
+        }
+    }
+    if devices.is_empty() {
+        return Probe::none(
+            BACKEND,
+            format!("the driver reports {count} devices, none usable"),
+        );
+    }
+    Probe::found(BACKEND, devices)
+}
+
+/// The device state a logical stream shares with the backend, which needs it
+/// to free memory and to wait for graph replays on streams it is not handed.
+pub(crate) struct StreamShared {
+    pub(crate) index: u32,
+    pub(crate) cu: Arc<CudaStream>,
+    /// Re-recorded for every cross-stream wait on this stream.
+    pub(crate) order_event: CudaEvent,
+    /// Recorded just before a capture begins: while the stream records, its
+    /// real work ends here, so a wait on its earlier work waits on this.
+    pub(crate) pre_capture: CudaEvent,
+}
+
+/// What a window records besides the graph itself.
+#[derive(Default)]
+pub(crate) struct Recording {
+    /// Pinned copies of the bytes of host writes inside the window: the
+    /// graph's memcpy nodes read them on every replay, so the graph keeps
+    /// them.
+    pub(crate) staging: Vec<Pinned>,
+    /// The memory the window's work touches, so a replay can mark it used on
+    /// the replaying stream (frees are ordered after the last user).
+    pub(crate) memories: Vec<CudaMemory>,
+}
+
+/// A logical stream: the core's [`Backend::Stream`](scope_core::Backend::Stream).
+pub struct CudaStreamState {
+    pub(crate) shared: Arc<StreamShared>,
+    pub(crate) staging: Staging,
+    pub(crate) recording: Option<Recording>,
+}
+
+impl CudaStreamState {
+    /// The core's id for it: streams are created in the core's order.
+    pub(crate) fn id(&self) -> StreamId {
+        StreamId(self.shared.index)
+    }
+
+    /// The cudarc stream, for a raw-API baseline.
+    pub fn raw(&self) -> &Arc<CudaStream> {
+        &self.shared.cu
+    }
+
+    /// Note that the work being issued touches `memory`.
+    pub(crate) fn touch(&mut self, memory: &CudaMemory) {
+        memory.used_by(self.shared.index);
+        if let Some(recording) = &mut self.recording {
+            recording.memories.push(memory.clone());
+        }
+    }
+}
+
+/// Retain device `ordinal`'s primary context.
+pub(crate) fn open_context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    driver()?;
+    let ctx = CudaContext::new(ordinal).map_err(|e| {
+        driver_error(
+            e,
+            Doing::Start {
+                what: "retaining the primary context",
+            },
+        )
+    })?;
+    // SAFETY: event tracking orders uses of `CudaSlice`s across streams; this
+    // backend never makes one (memory is raw pointers from its own pool) and
+    // orders streams itself when the core asks (`Backend::order`).
+    unsafe { ctx.disable_event_tracking() };
+    Ok(ctx)
+}
+
+impl Cuda {
+    /// Make `ctx` current on this thread: the core's lock may be taken from
+    /// any thread, and raw driver calls act on the current context.
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| {
+            driver_error(
+                e,
+                Doing::Wait {
+                    stream: None,
+                    what: "binding the context",
+                },
+            )
+        })
+    }
+
+    pub(crate) fn new_stream(&mut self) -> Result<CudaStreamState> {
+        self.bind()?;
+        let index =
+            u32::try_from(self.streams.len()).map_err(|_| Error::refused("too many streams"))?;
+        let start = |what| move |e| driver_error(e, Doing::Start { what });
+        let cu = self.ctx.new_stream().map_err(start("cuStreamCreate"))?;
+        let order_event = self.ctx.new_event(None).map_err(start("cuEventCreate"))?;
+        let pre_capture = self.ctx.new_event(None).map_err(start("cuEventCreate"))?;
+        let shared = Arc::new(StreamShared {
+            index,
+            cu,
+            order_event,
+            pre_capture,
+        });
+        self.streams.push(shared.clone());
+        self.capturing.push(false);
+        Ok(CudaStreamState {
+            shared,
+            staging: Staging::default(),
+            recording: None,
+        })
+    }
+
+    pub(crate) fn is_capturing(&self, index: u32) -> bool {
+        self.capturing.get(index as usize).copied().unwrap_or(false)
+    }
+
+    /// Wait on the host for everything issued on stream `index` that runs:
+    /// while it records, that is the work before the capture began.
+    pub(crate) fn finish_on_host(&self, index: u32) -> Result<()> {
+        let Some(shared) = self.streams.get(index as usize) else {
+            return Ok(());
+        };
+        let stream = Some(StreamId(index));
+        if self.is_capturing(index) {
+            shared.pre_capture.synchronize().map_err(|e| {
+                driver_error(
+                    e,
+                    Doing::Wait {
+                        stream,
+                        what: "the work before the capture",
+                    },
+                )
+            })
+        } else {
+            shared.cu.synchronize().map_err(|e| {
+                driver_error(
+                    e,
+                    Doing::Wait {
+                        stream,
+                        what: "the stream",
+                    },
+                )
+            })
+        }
+    }
+
+    pub(crate) fn sync_stream(&mut self, stream: &mut CudaStreamState) -> Result<()> {
+        self.bind()?;
+        if stream.recording.is_some() {
+            return Err(Error::refused("a sync of a stream that is capturing"));
+        }
+        stream.shared.cu.synchronize().map_err(|e| {
+            driver_error(
+                e,
+                Doing::Wait {
+                    stream: Some(stream.id()),
+                    what: "the stream",
+                },
+            )
+        })?;
+        stream.staging.settled();
+        Ok(())
+    }
+
+    /// `then`'s later work waits for `first`'s earlier work.
+    pub(crate) fn order_streams(
+        &mut self,
+        first: &CudaStreamState,
+        then: &CudaStreamState,
+    ) -> Result<()> {
+        self.bind()?;
+        let (f, t) = (first.shared.index, then.shared.index);
+        if self.is_capturing(t) {
+            // A capturing stream may not wait on work outside its graph
+            // (CUDA_ERROR_STREAM_CAPTURE_ISOLATION); finish that work first.
+            return self.finish_on_host(f);
+        }
+        let stream = Some(then.id());
+        let event = if self.is_capturing(f) {
+            // The recorded work does not run until replay; what `then` can
+            // wait for is the work before the capture began.
+            &first.shared.pre_capture
+        } else {
+            first
+                .shared
+                .order_event
+                .record(&first.shared.cu)
+                .map_err(|e| {
+                    classify(
+                        e.0,
+                        Doing::Wait {
+                            stream,
+                            what: "an ordering event",
+                        },
+                    )
+                })?;
+            &first.shared.order_event
+        };
+        then.shared.cu.wait(event).map_err(|e| {
+            classify(
+                e.0,
+                Doing::Wait {
+                    stream,
+                    what: "another stream's work",
+                },
+            )
+        })
+    }
+}

@@ -1,0 +1,473 @@
+//! Kernels: NVRTC and PTX to a loaded module, and launches.
+//!
+//! **Compiling.** CUDA C++ goes through NVRTC for `compute_XY`, where `XY`
+//! is the device's compute capability clamped to the newest architecture
+//! this NVRTC knows (`nvrtcGetSupportedArchs`), so a device newer than the
+//! compiler still gets PTX it can JIT. PTX (ours or the caller's) is loaded
+//! with `cuModuleLoadDataEx`, asking for the JIT's error log. A source
+//! NVRTC rejects is [`Error::Compile`] with NVRTC's log; a PTX the JIT
+//! rejects is [`Error::Compile`] with the JIT's. The entry point is looked up
+//! by name, so it must be `extern "C"`. The core caches compiled kernels by
+//! [`Kernel::id`], so each source is compiled once per server.
+//!
+//! **Parameters**, per the binding convention: the bindings' device pointers
+//! (advanced by the binding's offset), in order, then the scalar blob by value
+//! when it is non-empty. Where the driver has `cuFuncGetParamInfo` (12.4+) the
+//! kernel's own parameter list is read at compile time and a launch whose
+//! bindings or blob do not match it is refused before anything runs; without
+//! it, the blob is passed from a zero-padded copy so that a kernel declaring a
+//! larger struct reads zeros, not past the caller's bytes.
+//!
+//! **Indirect dispatch** reads the three counts back to the host (a DMA and a
+//! stream sync: the launch waits for the stream's earlier work) and launches
+//! with them; CUDA has no indirect launch. For the same reason it cannot be
+//! captured: inside a window it is refused with [`Error::Launch`], which
+//! dooms the window.
+
+use std::ffi::{CString, c_char, c_void};
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::sys::{self, CUresult};
+use cudarc::nvrtc;
+use scope_core::{BoundDispatch, Error, Kernel, KernelSource, Launch, Result};
+use smallvec::SmallVec;
+
+use crate::error::{BACKEND, Doing, classify};
+use crate::{Cuda, CudaMemory, CudaStreamState};
+
+/// The classic kernel parameter space. Without `cuFuncGetParamInfo` the blob
+/// is passed from a zero-padded copy this long, and a longer blob is refused.
+const PARAM_SPACE: usize = 4096;
+
+/// A loaded module, unloaded when the last kernel from it goes.
+struct Module {
+    raw: sys::CUmodule,
+    ctx: Arc<cudarc::driver::CudaContext>,
+}
+
+// SAFETY: a module handle is usable from any thread with its context current.
+unsafe impl Send for Module {}
+// SAFETY: as above; it is only read after loading.
+unsafe impl Sync for Module {}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: loaded once, unloaded once, after every function from it
+        // (which hold the `Arc<Module>`) is gone.
+        if let Err(e) = unsafe { sys::cuModuleUnload(self.raw) }.result() {
+            tracing::warn!("cuda: unloading a module: {e}");
+        }
+    }
+}
+
+/// A compiled kernel: the core's [`Backend::Kernel`](scope_core::Backend::Kernel).
+pub struct CudaKernel {
+    function: sys::CUfunction,
+    _module: Arc<Module>,
+    name: Arc<str>,
+    block: [u32; 3],
+    /// Byte size of each parameter, when the driver can tell.
+    params: Option<Vec<usize>>,
+}
+
+// SAFETY: a function handle is usable from any thread with its context
+// current; the module it lives in is kept alive alongside it.
+unsafe impl Send for CudaKernel {}
+
+impl CudaKernel {
+    /// The raw function handle, for a raw-API baseline.
+    pub fn raw_function(&self) -> sys::CUfunction {
+        self.function
+    }
+
+    /// The block size it launches with.
+    pub fn block(&self) -> [u32; 3] {
+        self.block
+    }
+}
+
+fn compile_error(kernel: &Kernel, log: impl Into<String>) -> Error {
+    Error::Compile {
+        backend: BACKEND,
+        kernel: kernel.name().clone(),
+        log: log.into(),
+    }
+}
+
+fn c_chars(chars: &[c_char]) -> String {
+    let bytes: Vec<u8> = chars
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Whether the loaded driver exports `cuFuncGetParamInfo`; cudarc would
+/// panic calling a symbol the library lacks.
+fn has_param_info() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        // SAFETY: the driver library is loaded (a backend exists); looking a
+        // symbol up calls nothing.
+        unsafe {
+            sys::culib()
+                .get::<unsafe extern "C" fn()>(b"cuFuncGetParamInfo\0")
+                .is_ok()
+        }
+    })
+}
+
+/// The `compute_XY` NVRTC should target for a device of `capability`.
+pub(crate) fn nvrtc_arch(capability: (i32, i32)) -> Result<String> {
+    let fail = |e: nvrtc::result::NvrtcError| Error::BackendUnavailable {
+        backend: BACKEND,
+        reason: format!("NVRTC could not list its architectures: {e}"),
+    };
+    let mut count = 0;
+    // SAFETY: NVRTC is loaded (callers check presence); `count` is one int.
+    unsafe { nvrtc::sys::nvrtcGetNumSupportedArchs(&mut count) }
+        .result()
+        .map_err(fail)?;
+    let mut archs = vec![0i32; usize::try_from(count).unwrap_or(0)];
+    if !archs.is_empty() {
+        // SAFETY: `archs` holds the `count` ints NVRTC writes.
+        unsafe { nvrtc::sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }
+            .result()
+            .map_err(fail)?;
+    }
+    Ok(format!("compute_{}", pick_arch(capability, &archs)))
+}
+
+/// The newest of `supported` not newer than the device; the oldest if all
+/// are newer (the JIT then says why it cannot load).
+pub(crate) fn pick_arch(capability: (i32, i32), supported: &[i32]) -> i32 {
+    let device = capability.0 * 10 + capability.1;
+    supported
+        .iter()
+        .copied()
+        .filter(|&a| a <= device)
+        .max()
+        .or_else(|| supported.iter().copied().min())
+        .unwrap_or(device)
+}
+
+/// NVRTC program, destroyed on drop.
+struct Program(nvrtc::sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: created once by `create_program`, destroyed once here.
+        let _ = unsafe { nvrtc::result::destroy_program(self.0) };
+    }
+}
+
+/// CUDA C++ to NUL-terminated PTX.
+fn nvrtc_compile(kernel: &Kernel, source: &str, arch: &str) -> Result<Vec<u8>> {
+    let src = CString::new(source)
+        .map_err(|_| compile_error(kernel, "the source contains a NUL byte"))?;
+    let program = nvrtc::result::create_program(&src, Some(c"scope_kernel.cu"))
+        .map(Program)
+        .map_err(|e| compile_error(kernel, format!("nvrtcCreateProgram: {e}")))?;
+    let options = [format!("--gpu-architecture={arch}")];
+    // SAFETY: `program` is live until the end of this function.
+    let compiled = unsafe { nvrtc::result::compile_program(program.0, &options) };
+    // SAFETY: as above.
+    let log = unsafe { nvrtc::result::get_program_log(program.0) }
+        .map(|chars| c_chars(&chars))
+        .unwrap_or_default();
+    if let Err(e) = compiled {
+        return Err(compile_error(
+            kernel,
+            format!("{}\n(nvrtc: {e}, {})", log.trim_end(), options.join(" ")),
+        ));
+    }
+    if !log.trim().is_empty() {
+        tracing::debug!(kernel = %kernel.name(), "nvrtc: {log}");
+    }
+    // SAFETY: as above; the program compiled.
+    let ptx = unsafe { nvrtc::result::get_ptx(program.0) }
+        .map_err(|e| compile_error(kernel, format!("nvrtcGetPTX: {e}")))?;
+    let mut bytes: Vec<u8> = ptx
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    bytes.push(0);
+    Ok(bytes)
+}
+
+impl Cuda {
+    pub(crate) fn compile_kernel(&mut self, kernel: &Kernel) -> Result<CudaKernel> {
+        let image: Vec<u8> = match kernel.source() {
+            KernelSource::Cuda(source) => {
+                let Some(arch) = &self.nvrtc_arch else {
+                    return Err(compile_error(
+                        kernel,
+                        "NVRTC (libnvrtc) was not found here; only PTX kernels can be loaded",
+                    ));
+                };
+                nvrtc_compile(kernel, source, arch)?
+            }
+            KernelSource::Ptx(ptx) => CString::new(ptx.as_bytes())
+                .map_err(|_| compile_error(kernel, "the PTX contains a NUL byte"))?
+                .into_bytes_with_nul(),
+            other => {
+                return Err(compile_error(
+                    kernel,
+                    format!("cuda takes CUDA C++ and PTX, not {}", other.language()),
+                ));
+            }
+        };
+        let block = kernel.block_size();
+        if block.contains(&0) {
+            return Err(Error::invalid(
+                "block size",
+                format!("{block:?} has a zero dimension"),
+            ));
+        }
+        self.bind()?;
+        let module = Arc::new(self.load_module(kernel, &image)?);
+        let entry = CString::new(kernel.entry_point())
+            .map_err(|_| compile_error(kernel, "the entry point contains a NUL byte"))?;
+        let mut function: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: `module` is loaded; `function` receives one handle.
+        let found = unsafe { sys::cuModuleGetFunction(&mut function, module.raw, entry.as_ptr()) };
+        if found == CUresult::CUDA_ERROR_NOT_FOUND {
+            return Err(compile_error(
+                kernel,
+                format!(
+                    "no kernel named `{}` in the module (is it `extern \"C\" __global__`?)",
+                    kernel.entry_point()
+                ),
+            ));
+        }
+        found.result().map_err(|e| {
+            classify(
+                e.0,
+                Doing::Load {
+                    kernel: kernel.name(),
+                },
+            )
+        })?;
+        let params = has_param_info().then(|| param_sizes(function));
+        Ok(CudaKernel {
+            function,
+            _module: module,
+            name: kernel.name().clone(),
+            block,
+            params,
+        })
+    }
+
+    fn load_module(&self, kernel: &Kernel, image: &[u8]) -> Result<Module> {
+        let mut log = vec![0 as c_char; 16 * 1024];
+        let mut options = [
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        ];
+        let mut values: [*mut c_void; 2] =
+            [log.as_mut_ptr().cast::<c_void>(), log.len() as *mut c_void];
+        let mut raw: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: `image` is NUL-terminated PTX; the option arrays have two
+        // entries each; the log buffer holds the size passed and outlives
+        // the call.
+        let loaded = unsafe {
+            sys::cuModuleLoadDataEx(
+                &mut raw,
+                image.as_ptr().cast::<c_void>(),
+                2,
+                options.as_mut_ptr(),
+                values.as_mut_ptr(),
+            )
+        };
+        match loaded.result() {
+            Ok(()) => Ok(Module {
+                raw,
+                ctx: self.ctx.clone(),
+            }),
+            Err(e) => match classify(
+                e.0,
+                Doing::Load {
+                    kernel: kernel.name(),
+                },
+            ) {
+                Error::Compile {
+                    backend,
+                    kernel,
+                    log: code,
+                } => Err(Error::Compile {
+                    backend,
+                    kernel,
+                    log: format!("{}\n({code})", c_chars(&log).trim_end()),
+                }),
+                other => Err(other),
+            },
+        }
+    }
+
+    pub(crate) fn launch_kernel(
+        &mut self,
+        stream: &mut CudaStreamState,
+        kernel: &CudaKernel,
+        launch: &Launch<'_, CudaMemory>,
+    ) -> Result<()> {
+        self.bind()?;
+        let id = stream.id();
+        let name = &kernel.name;
+        let refuse = |detail: String| Error::Launch {
+            kernel: name.clone(),
+            stream: id,
+            detail,
+        };
+        let groups = match &launch.dispatch {
+            BoundDispatch::Groups(groups) => *groups,
+            BoundDispatch::Indirect { memory, offset } => {
+                if stream.recording.is_some() {
+                    return Err(refuse(
+                        "indirect dispatch cannot be captured on CUDA: the counts are read back to the host when the launch is issued"
+                            .to_owned(),
+                    ));
+                }
+                let mut counts = [0u8; 12];
+                self.read_bytes(stream, memory, *offset, &mut counts)?;
+                let word = |i: usize| {
+                    u32::from_le_bytes([counts[i], counts[i + 1], counts[i + 2], counts[i + 3]])
+                };
+                [word(0), word(4), word(8)]
+            }
+        };
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let with_blob = !launch.scalars.is_empty();
+        if let Some(params) = &kernel.params {
+            let expected = launch.bindings.len() + usize::from(with_blob);
+            if params.len() != expected {
+                return Err(refuse(format!(
+                    "the kernel takes {} parameters; the launch passes {} pointers{}",
+                    params.len(),
+                    launch.bindings.len(),
+                    if with_blob { " and a scalar blob" } else { "" }
+                )));
+            }
+            if let Some((i, size)) = params
+                .iter()
+                .take(launch.bindings.len())
+                .enumerate()
+                .find(|(_, size)| **size != 8)
+            {
+                return Err(refuse(format!(
+                    "parameter {i} is {size} bytes, but binding {i} passes an 8-byte device pointer"
+                )));
+            }
+            if with_blob && params[expected - 1] != launch.scalars.len() {
+                return Err(refuse(format!(
+                    "the scalar parameter is {} bytes; the blob is {}",
+                    params[expected - 1],
+                    launch.scalars.len()
+                )));
+            }
+        } else if launch.scalars.len() > PARAM_SPACE {
+            return Err(refuse(format!(
+                "a {}-byte scalar blob exceeds the parameter space",
+                launch.scalars.len()
+            )));
+        }
+        let pointers: SmallVec<[u64; 8]> = launch
+            .bindings
+            .iter()
+            .map(|b| b.memory.device_ptr() + b.offset)
+            .collect();
+        let mut args: SmallVec<[*mut c_void; 9]> = pointers
+            .iter()
+            .map(|p| (p as *const u64).cast_mut().cast::<c_void>())
+            .collect();
+        let padded: Vec<u8>;
+        if with_blob {
+            let blob = if kernel.params.is_some() {
+                launch.scalars
+            } else {
+                padded = {
+                    let mut bytes = vec![0u8; PARAM_SPACE];
+                    bytes[..launch.scalars.len()].copy_from_slice(launch.scalars);
+                    bytes
+                };
+                &padded
+            };
+            args.push(blob.as_ptr().cast_mut().cast::<c_void>());
+        }
+        let [bx, by, bz] = kernel.block;
+        // SAFETY: `function` is a loaded kernel; `args` holds one pointer
+        // per parameter (checked against the kernel's own list where the
+        // driver can tell), each pointing at a value that lives until the
+        // call returns — the driver copies parameters at launch. The device
+        // pointers lie inside their allocations (the core validated them).
+        let launched = unsafe {
+            sys::cuLaunchKernel(
+                kernel.function,
+                groups[0],
+                groups[1],
+                groups[2],
+                bx,
+                by,
+                bz,
+                0,
+                stream.shared.cu.cu_stream(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        launched.result().map_err(|e| {
+            classify(
+                e.0,
+                Doing::Launch {
+                    kernel: name,
+                    stream: id,
+                },
+            )
+        })?;
+        for binding in launch.bindings {
+            stream.touch(binding.memory);
+        }
+        if let BoundDispatch::Indirect { memory, .. } = &launch.dispatch {
+            stream.touch(memory);
+        }
+        Ok(())
+    }
+}
+
+/// The byte size of each of `function`'s parameters.
+fn param_sizes(function: sys::CUfunction) -> Vec<usize> {
+    let mut sizes = Vec::new();
+    for index in 0..1024 {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: `function` is loaded; the driver answers INVALID_VALUE past
+        // the last parameter, which ends the loop.
+        let answer = unsafe { sys::cuFuncGetParamInfo(function, index, &mut offset, &mut size) };
+        if answer != CUresult::CUDA_SUCCESS {
+            break;
+        }
+        sizes.push(size);
+    }
+    sizes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_arch;
+
+    #[test]
+    fn the_arch_is_the_newest_the_compiler_knows_not_newer_than_the_device() {
+        let nvrtc_13 = [75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121];
+        assert_eq!(pick_arch((9, 0), &nvrtc_13), 90);
+        assert_eq!(pick_arch((8, 9), &nvrtc_13), 89);
+        // A device newer than the compiler gets the newest PTX, for the JIT.
+        assert_eq!(pick_arch((13, 0), &nvrtc_13), 121);
+        // A device older than every arch gets the oldest; the JIT refuses it
+        // with a message rather than the compiler guessing.
+        assert_eq!(pick_arch((6, 1), &nvrtc_13), 75);
+        assert_eq!(pick_arch((9, 0), &[]), 90);
+    }
+}

@@ -1,0 +1,311 @@
+//! A scope server over the CUDA driver API, through `cudarc`.
+//!
+//! The crate is the CUDA answer to [`scope_core::Backend`] and nothing more:
+//! every rule of the failure model — taint, scopes, capture windows, poison,
+//! in-flight attribution, fault injection — lives in `scope-core`'s
+//! `Server`, and this crate makes device calls. Its files follow the
+//! contract:
+//!
+//! - [`device`](crate::device): loading the driver without panicking, the
+//!   primary context, one cudarc stream per logical stream, cross-stream
+//!   ordering with events, [`probe`].
+//! - [`memory`](crate::memory): a stream-ordered memory pool
+//!   (`cuMemAllocFromPoolAsync`) that caches and reuses freed memory, and the
+//!   pinned staging belt host copies go through.
+//! - [`copy`](crate::copy): host writes and reads, device copies.
+//! - [`launch`](crate::launch): CUDA C++ through NVRTC for the device's
+//!   architecture, PTX through the JIT, and launches per the binding
+//!   convention.
+//! - [`capture`](crate::capture): stream capture into instantiated CUDA
+//!   graphs, replay, destruction after the replays in flight.
+//! - [`error`]: `CUresult` → the core's [`Error`](scope_core::Error); which
+//!   codes are sticky.
+//!
+//! # Without CUDA
+//!
+//! cudarc is built with `dynamic-loading`: nothing links against CUDA, so the
+//! crate builds, and its tests run, on a machine with no toolkit and no GPU.
+//! There cudarc would panic on the first driver call, so [`client`] and
+//! [`probe`] ask first whether the library can be loaded (once per process)
+//! and answer [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
+//! or an empty probe.
+//!
+//! # Which CUDA
+//!
+//! cudarc needs one `cuda-*` feature; it picks the bindings and the library
+//! names searched at run time. This crate uses **`cuda-13000`**:
+//!
+//! - The machine it is checked on (an H200 on driver 580) runs CUDA 13.0.
+//!   The driver is backward compatible, so any of cudarc's 12.x or 13.0
+//!   bindings would call it correctly; the choice matters for NVRTC.
+//! - NVRTC is found by soname. With `cuda-12080`, cudarc searches
+//!   `libnvrtc.so`, `.so.12`, `.so.11`, … and would miss a CUDA 13 toolkit's
+//!   `libnvrtc.so.13` unless the development symlink is installed. With
+//!   `cuda-13000` it searches `.so.13` first and still falls back to `.so.12`,
+//!   so both toolkits in use today are found.
+//! - Every driver entry point this crate calls exists since CUDA 11.4 except
+//!   `cuFuncGetParamInfo` (12.4), which is looked up before it is used, so
+//!   the 13.0 bindings do not raise the driver requirement: a 12.x driver
+//!   runs this crate (with a 12.x NVRTC whose PTX it can JIT).
+//! - Newer features (`cuda-13010`+) change struct layouts this crate fills
+//!   in (`CUmemPoolProps`) and would buy nothing it uses.
+//!
+//! # What is measured and what is not
+//!
+//! See the crate's tests and `benches/launch.rs`; the device tests go
+//! through `client_or_skip` and print `skipped: no cuda device (...)` where
+//! there is none, and fail with `SCOPE_REQUIRE=cuda`.
+
+mod capture;
+mod copy;
+mod device;
+pub mod error;
+mod launch;
+mod memory;
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream};
+use scope_core::{Backend, Client, Kernel, Language, Launch, Result};
+
+pub use capture::CudaGraph;
+pub use device::{CudaStreamState, probe, total_memory};
+pub use launch::CudaKernel;
+pub use memory::CudaMemory;
+
+use device::{DeviceInfo, StreamShared};
+use memory::Pool;
+
+/// The CUDA backend: one device's context, streams, pool and compiler.
+pub struct Cuda {
+    ctx: Arc<CudaContext>,
+    info: DeviceInfo,
+    driver: (i32, i32),
+    /// `compute_XY` for NVRTC; `None` when NVRTC is not here (PTX only).
+    nvrtc_arch: Option<String>,
+    pool: Pool,
+    /// Every logical stream, by index (the core's `StreamId`).
+    streams: Vec<Arc<StreamShared>>,
+    /// Whether each stream is inside a capture.
+    capturing: Vec<bool>,
+    /// Frees whose last user was capturing: `(stream, memory)`.
+    deferred: Vec<(u32, CudaMemory)>,
+}
+
+impl Cuda {
+    /// Open device `ordinal`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
+    /// when there is no driver or no such device; the driver's error when
+    /// starting fails.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        let ctx = device::open_context(ordinal)?;
+        let info = device::device_info(ordinal)?;
+        let driver = device::driver_version()?;
+        let nvrtc_arch = if device::nvrtc_present() {
+            match launch::nvrtc_arch(info.capability) {
+                Ok(arch) => Some(arch),
+                Err(error) => {
+                    tracing::warn!("cuda: NVRTC unusable, PTX only: {error}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let pool = Pool::new(&ctx, ordinal)?;
+        Ok(Self {
+            ctx,
+            info,
+            driver,
+            nvrtc_arch,
+            pool,
+            streams: Vec::new(),
+            capturing: Vec::new(),
+            deferred: Vec::new(),
+        })
+    }
+
+    /// The cudarc context, for a raw-API baseline.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The cudarc stream behind logical stream `index`.
+    pub fn raw_stream(&self, index: u32) -> Option<Arc<CudaStream>> {
+        self.streams.get(index as usize).map(|s| s.cu.clone())
+    }
+
+    /// The compute capability, `(major, minor)`.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.info.capability
+    }
+
+    /// Whether CUDA C++ kernels can be compiled here (NVRTC was found).
+    pub fn has_nvrtc(&self) -> bool {
+        self.nvrtc_arch.is_some()
+    }
+}
+
+impl Drop for Cuda {
+    fn drop(&mut self) {
+        let _ = self.bind();
+        for (index, memory) in std::mem::take(&mut self.deferred) {
+            self.release(Some(index), memory);
+        }
+        self.pool.destroy();
+    }
+}
+
+impl Backend for Cuda {
+    type Memory = CudaMemory;
+    type Stream = CudaStreamState;
+    type Kernel = CudaKernel;
+    type Graph = CudaGraph;
+
+    const NAME: &'static str = "cuda";
+
+    fn describe(&self) -> String {
+        format!(
+            "{} #{} (sm_{}{}, {:.1} GiB, driver CUDA {}.{}, {})",
+            self.info.name,
+            self.info.ordinal,
+            self.info.capability.0,
+            self.info.capability.1,
+            self.info.total_memory as f64 / (1u64 << 30) as f64,
+            self.driver.0,
+            self.driver.1,
+            match &self.nvrtc_arch {
+                Some(arch) => format!("NVRTC → {arch}"),
+                None => "PTX only".to_owned(),
+            }
+        )
+    }
+
+    fn accepts(&self, language: Language) -> bool {
+        match language {
+            Language::Ptx => true,
+            Language::Cuda => self.nvrtc_arch.is_some(),
+            _ => false,
+        }
+    }
+
+    fn max_allocation(&self) -> u64 {
+        self.info.total_memory
+    }
+
+    fn create_stream(&mut self) -> Result<CudaStreamState> {
+        self.new_stream()
+    }
+
+    fn allocate(&mut self, size: u64) -> Result<CudaMemory> {
+        self.allocate_block(size)
+    }
+
+    fn free(&mut self, memory: CudaMemory) {
+        self.free_block(memory);
+    }
+
+    fn trim(&mut self) {
+        self.trim_pool();
+    }
+
+    fn bytes_reserved(&self) -> u64 {
+        self.reserved()
+    }
+
+    fn write(
+        &mut self,
+        stream: &mut CudaStreamState,
+        dst: &CudaMemory,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        self.write_bytes(stream, dst, offset, data)
+    }
+
+    fn read(
+        &mut self,
+        stream: &mut CudaStreamState,
+        src: &CudaMemory,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        self.read_bytes(stream, src, offset, out)
+    }
+
+    fn copy(
+        &mut self,
+        stream: &mut CudaStreamState,
+        src: &CudaMemory,
+        src_offset: u64,
+        dst: &CudaMemory,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.copy_bytes(stream, src, src_offset, dst, dst_offset, len)
+    }
+
+    fn compile(&mut self, kernel: &Kernel) -> Result<CudaKernel> {
+        self.compile_kernel(kernel)
+    }
+
+    fn launch(
+        &mut self,
+        stream: &mut CudaStreamState,
+        kernel: &CudaKernel,
+        launch: &Launch<'_, CudaMemory>,
+    ) -> Result<()> {
+        self.launch_kernel(stream, kernel, launch)
+    }
+
+    fn sync(&mut self, stream: &mut CudaStreamState) -> Result<()> {
+        self.sync_stream(stream)
+    }
+
+    fn order(&mut self, first: &mut CudaStreamState, then: &mut CudaStreamState) -> Result<()> {
+        self.order_streams(first, then)
+    }
+
+    fn begin_capture(&mut self, stream: &mut CudaStreamState) -> Result<()> {
+        self.begin(stream)
+    }
+
+    fn end_capture(&mut self, stream: &mut CudaStreamState) -> Result<CudaGraph> {
+        self.end(stream)
+    }
+
+    fn abort_capture(&mut self, stream: &mut CudaStreamState) {
+        self.abort(stream);
+    }
+
+    fn replay(&mut self, stream: &mut CudaStreamState, graph: &CudaGraph) -> Result<()> {
+        self.replay_graph(stream, graph)
+    }
+
+    fn destroy_graph(&mut self, graph: CudaGraph) -> Result<()> {
+        self.destroy(graph)
+    }
+}
+
+/// A client of a new server on device 0.
+///
+/// # Errors
+///
+/// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) when
+/// there is no CUDA driver or device here (never a panic); the driver's error
+/// when a present device fails to start.
+pub fn client() -> Result<Client<Cuda>> {
+    client_on(0)
+}
+
+/// A client of a new server on device `ordinal`.
+///
+/// # Errors
+///
+/// As [`client`].
+pub fn client_on(ordinal: usize) -> Result<Client<Cuda>> {
+    Client::new(Cuda::open(ordinal)?)
+}

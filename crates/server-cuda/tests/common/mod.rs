@@ -1,0 +1,90 @@
+//! Kernels and helpers the CUDA test binaries share.
+
+#![allow(dead_code)]
+
+use scope_core::Kernel;
+use scope_core::conformance::client_or_skip;
+use server_cuda::Cuda;
+
+/// `out[i] = value` for `i < n`; scalars `{n, value}`.
+pub const FILL: &str = r#"
+struct FillArgs { unsigned int n; unsigned int value; };
+extern "C" __global__ void fill(unsigned int* out, FillArgs a) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < a.n) out[i] = a.value;
+}
+"#;
+
+/// `out[i] = in[i]` for `i < n`; scalars `{n}`.
+pub const COPY: &str = r#"
+struct N { unsigned int n; };
+extern "C" __global__ void copy(const unsigned int* in, unsigned int* out, N a) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < a.n) out[i] = in[i];
+}
+"#;
+
+/// `out[i] = a[i] + b[i]` (wrapping) for `i < n`; scalars `{n}`.
+pub const ADD: &str = r#"
+struct N { unsigned int n; };
+extern "C" __global__ void add(const unsigned int* a, const unsigned int* b, unsigned int* out, N p) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < p.n) out[i] = a[i] + b[i];
+}
+"#;
+
+/// `acc[i] += by[i]` for `i < n`; scalars `{n}`.
+pub const ACCUMULATE: &str = r#"
+struct N { unsigned int n; };
+extern "C" __global__ void accumulate(const unsigned int* by, unsigned int* acc, N p) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < p.n) acc[i] += by[i];
+}
+"#;
+
+/// Writes through a wild pointer: a real `CUDA_ERROR_ILLEGAL_ADDRESS`.
+pub const WILD: &str = r#"
+extern "C" __global__ void wild(unsigned int* out) {
+    unsigned int* nowhere = (unsigned int*)0x10;
+    nowhere[threadIdx.x] = out[threadIdx.x];
+    out[threadIdx.x] = 1;
+}
+"#;
+
+/// A CUDA kernel with block 64.
+pub fn kernel(name: &str, source: &str) -> Kernel {
+    Kernel::cuda(name, source).block([64, 1, 1])
+}
+
+/// A client of a CUDA server with NVRTC, or `None` after printing
+/// `skipped: no cuda device (...)` (a failure with `SCOPE_REQUIRE=cuda`).
+pub fn client() -> Option<scope_core::Client<Cuda>> {
+    client_or_skip(make)
+}
+
+/// A client that can compile CUDA C++; without NVRTC the device is
+/// unavailable *for these tests*.
+pub fn make() -> scope_core::Result<scope_core::Client<Cuda>> {
+    let client = server_cuda::client()?;
+    if !client.with_backend(|b| b.has_nvrtc()) {
+        return Err(scope_core::Error::BackendUnavailable {
+            backend: "cuda",
+            reason: "a device is present but NVRTC (libnvrtc) is not; the tests use CUDA C++"
+                .to_owned(),
+        });
+    }
+    Ok(client)
+}
+
+/// Little-endian bytes of `words`.
+pub fn bytes(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// `bytes` as little-endian words.
+pub fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
