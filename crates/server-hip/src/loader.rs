@@ -186,6 +186,19 @@ fn candidates(base: &str, versioned: &[&str]) -> Vec<String> {
     out
 }
 
+/// An error and its sources: libloading's own message is only "dlopen
+/// failed", and the loader's reason is in the source.
+fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// Open the first of `names` that loads.
 fn open_first(what: &'static str, names: &[String]) -> Result<(Library, String), LoadError> {
     let mut detail = String::from("no candidates");
@@ -195,7 +208,7 @@ fn open_first(what: &'static str, names: &[String]) -> Result<(Library, String),
         // initialisers only set up their own state.
         match unsafe { Library::new(name.as_str()) } {
             Ok(lib) => return Ok((lib, name.clone())),
-            Err(e) => detail = e.to_string(),
+            Err(e) => detail = with_sources(&e),
         }
     }
     Err(LoadError::LibraryNotFound {

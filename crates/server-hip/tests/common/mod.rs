@@ -1,0 +1,80 @@
+//! HIP C++ kernels for the conformance suite and the device tests.
+//!
+//! The binding convention: device pointers of the bindings in order, then
+//! the scalar blob by value as a struct. Blocks of 64, one word each. The
+//! entry points carry a prefix so they cannot meet a name from a header
+//! hiprtc includes on its own; the kernels keep the suite's names for
+//! reports.
+
+#![allow(dead_code)]
+
+use scope_core::Kernel;
+
+const BLOCK: [u32; 3] = [64, 1, 1];
+
+const FILL: &str = r#"
+struct FillArgs { unsigned int n; unsigned int value; };
+extern "C" __global__ void scope_fill(unsigned int* out, FillArgs args) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < args.n) out[i] = args.value;
+}
+"#;
+
+const COPY: &str = r#"
+struct CopyArgs { unsigned int n; };
+extern "C" __global__ void scope_copy(const unsigned int* in, unsigned int* out, CopyArgs args) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < args.n) out[i] = in[i];
+}
+"#;
+
+const ADD: &str = r#"
+struct AddArgs { unsigned int n; };
+extern "C" __global__ void scope_add(const unsigned int* a, const unsigned int* b, unsigned int* out, AddArgs args) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < args.n) out[i] = a[i] + b[i];
+}
+"#;
+
+const BROKEN: &str = r#"
+extern "C" __global__ void scope_broken(unsigned int* out) {
+    out[threadIdx.x] = this_name_is_not_declared_anywhere;
+}
+"#;
+
+fn hip(name: &str, entry: &str, source: &str) -> Kernel {
+    Kernel::hip(name, source).entry(entry).block(BLOCK)
+}
+
+/// `out[i] = value` for `i < n`; bindings `[out]`; scalars `[n, value]`.
+pub fn fill() -> Kernel {
+    hip("fill", "scope_fill", FILL)
+}
+
+/// `out[i] = in[i]` for `i < n`; bindings `[in, out]`; scalars `[n]`.
+pub fn copy() -> Kernel {
+    hip("copy", "scope_copy", COPY)
+}
+
+/// `out[i] = a[i] + b[i]` for `i < n`; bindings `[a, b, out]`; scalars `[n]`.
+pub fn add() -> Kernel {
+    hip("add", "scope_add", ADD)
+}
+
+/// A kernel that does not compile: it names an undeclared identifier.
+pub fn broken() -> Kernel {
+    hip("broken", "scope_broken", BROKEN)
+}
+
+/// Little-endian `u32` scalars.
+pub fn scalars(values: &[u32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Bytes as little-endian `u32` words.
+pub fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
