@@ -18,7 +18,7 @@
 
 use scope_core::{Backend, Binding, Buffer, Client, Dispatch, Error, Kernel, Result};
 
-use crate::kernels::{Dialect, GROUP, Kernels, TILE};
+use crate::kernels::{Dialect, GROUP, Kernels, ROWS};
 
 /// A row-major `f32` matrix on the device.
 #[derive(Clone, Debug)]
@@ -253,7 +253,7 @@ impl<B: Backend> Runtime<B> {
             u32_of(b.cols, "cols")?,
             u32_of(a.cols, "inner")?,
         ]);
-        let dispatch = Dispatch::Groups([groups(b.cols, TILE)?, groups(a.rows, TILE)?, 1]);
+        let dispatch = Dispatch::Groups([groups(b.cols, GROUP)?, groups(a.rows, ROWS)?, 1]);
         self.issue(
             &kernel,
             &[
