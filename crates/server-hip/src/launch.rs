@@ -48,13 +48,15 @@ impl std::fmt::Debug for HipKernel {
     }
 }
 
-/// The hiprtc options for a device of architecture `arch`.
+/// The hiprtc options for a device of architecture `arch`: only the
+/// target, since hiprtc already optimises by default. An empty `arch` (a
+/// runtime that did not report one) leaves the choice to hiprtc.
 pub fn compile_options(arch: &str) -> Vec<String> {
-    let mut options = vec!["-O3".to_owned()];
-    if !arch.is_empty() {
-        options.push(format!("--offload-arch={arch}"));
+    if arch.is_empty() {
+        Vec::new()
+    } else {
+        vec![format!("--offload-arch={arch}")]
     }
-    options
 }
 
 impl Hip {
@@ -74,6 +76,7 @@ impl Hip {
         if block.contains(&0) {
             return Err(failed(format!("block {block:?} has a zero dimension")));
         }
+        self.make_current()?;
         let code = self
             .api
             .compile(source, kernel.name(), &compile_options(&self.info.arch))
@@ -88,7 +91,6 @@ impl Hip {
                     failed(f.log)
                 }
             })?;
-        self.make_current()?;
         let module =
             self.api
                 .load_module(&code)
@@ -197,8 +199,8 @@ mod tests {
     fn options_target_the_device_arch_with_its_features() {
         assert_eq!(
             compile_options("gfx90a:sramecc+:xnack-"),
-            ["-O3", "--offload-arch=gfx90a:sramecc+:xnack-"]
+            ["--offload-arch=gfx90a:sramecc+:xnack-"]
         );
-        assert_eq!(compile_options(""), ["-O3"]);
+        assert!(compile_options("").is_empty());
     }
 }
