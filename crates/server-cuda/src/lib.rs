@@ -6,19 +6,19 @@
 //! `Server`, and this crate makes device calls. Its files follow the
 //! contract:
 //!
-//! - [`device`](crate::device): loading the driver without panicking, the
+//! - `device.rs`: loading the driver without panicking, the
 //!   primary context, one cudarc stream per logical stream, cross-stream
 //!   ordering with events, [`probe`].
-//! - [`memory`](crate::memory): a stream-ordered memory pool
+//! - `memory.rs`: a stream-ordered memory pool
 //!   (`cuMemAllocFromPoolAsync`) that caches and reuses freed memory, and the
 //!   pinned staging belt host copies go through.
-//! - [`copy`](crate::copy): host writes and reads, device copies.
-//! - [`launch`](crate::launch): CUDA C++ through NVRTC for the device's
+//! - `copy.rs`: host writes and reads, device copies.
+//! - `launch.rs`: CUDA C++ through NVRTC for the device's
 //!   architecture, PTX through the JIT, and launches per the binding
 //!   convention.
-//! - [`capture`](crate::capture): stream capture into instantiated CUDA
+//! - `capture.rs`: stream capture into instantiated CUDA
 //!   graphs, replay, destruction after the replays in flight.
-//! - [`error`]: `CUresult` → the core's [`Error`](scope_core::Error); which
+//! - [`error`] (`error.rs`): `CUresult` → the core's [`Error`](scope_core::Error); which
 //!   codes are sticky.
 //!
 //! # Without CUDA
@@ -141,6 +141,12 @@ impl Cuda {
     /// The compute capability, `(major, minor)`.
     pub fn compute_capability(&self) -> (i32, i32) {
         self.info.capability
+    }
+
+    /// The architecture NVRTC compiles for (`compute_90`), when NVRTC is
+    /// here.
+    pub fn nvrtc_arch(&self) -> Option<&str> {
+        self.nvrtc_arch.as_deref()
     }
 
     /// Whether CUDA C++ kernels can be compiled here (NVRTC was found).

@@ -396,39 +396,41 @@ impl Staging {
                 },
             )
         };
-        if let Some(chunk) = &self.current
-            && chunk.used + len > chunk.memory.len()
-        {
-            let Some(chunk) = self.current.take() else {
-                unreachable!()
-            };
-            chunk.done.record(stream).map_err(wait)?;
-            self.retired.push_back(chunk);
+        if let Some(full) = self.current.take_if(|c| c.used + len > c.memory.len()) {
+            full.done.record(stream).map_err(wait)?;
+            self.retired.push_back(full);
         }
-        if self.current.is_none() {
-            let reusable = match self.retired.front() {
-                Some(front) => front.done.try_is_complete().map_err(wait)?,
-                None => false,
-            };
-            let chunk = if reusable || self.retired.len() >= KEEP_CHUNKS {
-                let Some(mut chunk) = self.retired.pop_front() else {
-                    unreachable!()
+        let chunk = match self.current.take() {
+            Some(chunk) => chunk,
+            None => {
+                let reusable = match self.retired.front() {
+                    Some(front) => {
+                        self.retired.len() >= KEEP_CHUNKS
+                            || front.done.try_is_complete().map_err(wait)?
+                    }
+                    None => false,
                 };
-                chunk.done.synchronize().map_err(wait)?;
-                chunk.used = 0;
-                chunk
-            } else {
-                Chunk {
-                    memory: Pinned::new(ctx, STAGING_CHUNK)?,
-                    used: 0,
-                    done: ctx.new_event(None).map_err(wait)?,
+                match self.retired.pop_front() {
+                    Some(mut chunk) if reusable => {
+                        // Complete already, or the oldest of too many: wait.
+                        chunk.done.synchronize().map_err(wait)?;
+                        chunk.used = 0;
+                        chunk
+                    }
+                    other => {
+                        if let Some(chunk) = other {
+                            self.retired.push_front(chunk);
+                        }
+                        Chunk {
+                            memory: Pinned::new(ctx, STAGING_CHUNK)?,
+                            used: 0,
+                            done: ctx.new_event(None).map_err(wait)?,
+                        }
+                    }
                 }
-            };
-            self.current = Some(chunk);
-        }
-        let Some(chunk) = &mut self.current else {
-            unreachable!()
+            }
         };
+        let chunk = self.current.insert(chunk);
         let at = chunk.used;
         // Keep regions 16-byte aligned, as DMA prefers.
         chunk.used += len.div_ceil(16) * 16;
