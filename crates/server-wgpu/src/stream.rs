@@ -322,7 +322,11 @@ impl Submitter<'_> {
         if let Some(arena) = arena {
             self.submissions.retire(number, index.clone(), arena);
         }
-        batch.last_submission = Some(index);
+        if error.is_none() {
+            // A refused submission returns an index nothing will ever reach;
+            // waiting on it would be an error of its own.
+            batch.last_submission = Some(index);
+        }
         *self.next_batch += 1;
         batch.number = *self.next_batch;
         batch.dispatches = 0;
@@ -357,6 +361,11 @@ impl Submitter<'_> {
             })
         })?;
         if let Err(error) = polled {
+            // A submission a lost device dropped is never reached; wgpu
+            // reports the loss at the next maintenance, so poll once more
+            // and let the loss, if that is what it was, speak first.
+            let _ = no_panic(&self.gpu.sink, "a device poll", || device.poll(wgpu::PollType::Poll))?;
+            self.gpu.sink.check_lost()?;
             return Err(late_fault("wgpu poll", error.to_string()));
         }
         self.gpu.sink.check_lost()
