@@ -120,18 +120,18 @@ impl Hip {
     ///
     /// [`Error::BackendUnavailable`] when HIP cannot be loaded or there is
     /// no such device.
-    pub fn open(ordinal: i32) -> Result<Self> {
+    pub fn open(ordinal: usize) -> Result<Self> {
         let api = load()?;
         let unavailable = |reason: String| Error::BackendUnavailable {
             backend: BACKEND,
             reason,
         };
         let count = api.device_count().map_err(|e| unavailable(e.to_string()))?;
-        if ordinal < 0 || ordinal >= count {
+        let Some(ordinal) = i32::try_from(ordinal).ok().filter(|&o| o < count) else {
             return Err(unavailable(format!(
                 "no device {ordinal}: HIP reports {count} device(s)"
             )));
-        }
+        };
         api.set_device(ordinal)
             .map_err(|e| unavailable(e.to_string()))?;
         let info = device_info(&api, ordinal).map_err(|e| unavailable(e.to_string()))?;

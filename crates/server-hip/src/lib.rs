@@ -98,7 +98,7 @@ pub fn client() -> Result<Client<Hip>> {
 /// # Errors
 ///
 /// As [`client`].
-pub fn client_on(ordinal: i32) -> Result<Client<Hip>> {
+pub fn client_on(ordinal: usize) -> Result<Client<Hip>> {
     Client::new(Hip::open(ordinal)?)
 }
 
@@ -190,10 +190,10 @@ mod tests {
 
     #[test]
     fn an_absent_device_ordinal_is_unavailable() {
-        match client_on(i32::MAX) {
+        match client_on(usize::MAX) {
             Err(scope_core::Error::BackendUnavailable { .. }) => {}
             Err(other) => panic!("expected BackendUnavailable, got {other}"),
-            Ok(_) => panic!("device {} exists", i32::MAX),
+            Ok(_) => panic!("device {} exists", usize::MAX),
         }
     }
 }
