@@ -343,7 +343,10 @@ impl Cuda {
     pub(crate) fn sync_stream(&mut self, stream: &mut CudaStreamState) -> Result<()> {
         self.bind()?;
         if stream.recording.is_some() {
-            return Err(Error::refused("a sync of a stream that is capturing"));
+            // The core refuses a caller's sync while recording; it syncs a
+            // recording stream only to order another recording stream after
+            // it, and what runs of it is the work before its capture.
+            return self.finish_on_host(stream.shared.index);
         }
         stream.shared.cu.synchronize().map_err(|e| {
             driver_error(
