@@ -59,6 +59,8 @@ pub(crate) struct Gpu {
     pub kind: vk::PhysicalDeviceType,
     pub api: u32,
     pub bda: bool,
+    /// Whether the validation layer is on and its messenger listening.
+    pub validation: bool,
     debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
     pub messages: Messages,
 }
@@ -463,6 +465,7 @@ impl Gpu {
             kind: chosen.props.device_type,
             api: chosen.props.api_version,
             bda,
+            validation: debug.is_some(),
             debug,
             messages,
         }))

@@ -92,9 +92,10 @@ impl Vulkan {
         std::mem::take(&mut *self.gpu.messages.lock())
     }
 
-    /// Whether the validation layer is listening.
+    /// Whether the validation layer is on and listening (asked for, and
+    /// installed).
     pub fn validating(&self) -> bool {
-        self.config.validation
+        self.gpu.validation
     }
 
     /// Raw access for a crate-local baseline (the bench's raw-ash path).
