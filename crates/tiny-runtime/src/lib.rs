@@ -33,3 +33,32 @@ pub mod runtime;
 pub use kernels::Kernels;
 pub use mlp::{Mlp, Shape, Weights};
 pub use runtime::{Runtime, Tensor};
+
+/// Linking one server into a runtime, whole: get a client, launch, read.
+///
+/// This is the README's example, compiled and run as a doctest. A machine
+/// with no wgpu adapter returns early; a read names any failure upstream,
+/// with the chain of skipped kernels back to it.
+///
+/// ```
+/// use scope_core::{Binding, Dispatch, Error, Kernel};
+///
+/// let client = match server_wgpu::client() {
+///     Ok(client) => client,
+///     Err(Error::BackendUnavailable { reason, .. }) => return eprintln!("no device: {reason}"),
+///     Err(other) => panic!("{other}"),
+/// };
+/// let double = Kernel::wgsl("double", "
+///     @group(0) @binding(0) var<storage, read_write> v: array<f32>;
+///     @compute @workgroup_size(64)
+///     fn main(@builtin(global_invocation_id) i: vec3<u32>) {
+///         if (i.x < arrayLength(&v)) { v[i.x] = 2.0 * v[i.x]; }
+///     }");
+/// let bytes: Vec<u8> = [1.0f32, 2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+/// let buffer = client.upload(&bytes).unwrap();
+/// client.launch(&double, &[Binding::read_write(&buffer)], &[], Dispatch::linear(1)).unwrap();
+/// let out = client.read(&buffer).unwrap(); // a failure upstream is reported here
+/// assert_eq!(out[8..12], 6.0f32.to_le_bytes());
+/// ```
+#[cfg(feature = "wgpu")]
+pub mod linking {}
