@@ -89,14 +89,20 @@ pub(crate) fn device_info(api: &Api, ordinal: i32) -> std::result::Result<Device
 
 /// Load HIP and initialise it: the API, or why this backend is unavailable.
 pub(crate) fn load() -> Result<Arc<Api>> {
-    let api = Api::get().map_err(|e| Error::BackendUnavailable {
+    initialised(Api::get())
+}
+
+/// `hipInit` on a loaded API; a load error or a failed init is
+/// [`Error::BackendUnavailable`].
+pub(crate) fn initialised(
+    api: std::result::Result<Arc<Api>, crate::loader::LoadError>,
+) -> Result<Arc<Api>> {
+    let unavailable = |reason: String| Error::BackendUnavailable {
         backend: BACKEND,
-        reason: e.to_string(),
-    })?;
-    api.init().map_err(|e| Error::BackendUnavailable {
-        backend: BACKEND,
-        reason: e.to_string(),
-    })?;
+        reason,
+    };
+    let api = api.map_err(|e| unavailable(e.to_string()))?;
+    api.init().map_err(|e| unavailable(e.to_string()))?;
     Ok(api)
 }
 
@@ -121,7 +127,25 @@ impl Hip {
     /// [`Error::BackendUnavailable`] when HIP cannot be loaded or there is
     /// no such device.
     pub fn open(ordinal: usize) -> Result<Self> {
-        let api = load()?;
+        Self::on(load()?, ordinal)
+    }
+
+    /// Open device `ordinal` of the HIP runtime at the first of `runtime`
+    /// that loads, with hiprtc from the first of `rtc` that loads (or from
+    /// the runtime itself): for an install the default search does not
+    /// find, or a test double.
+    ///
+    /// # Errors
+    ///
+    /// As [`Hip::open`].
+    pub fn open_from(runtime: &[String], rtc: &[String], ordinal: usize) -> Result<Self> {
+        Self::on(
+            initialised(Api::load_from(runtime, rtc).map(Arc::new))?,
+            ordinal,
+        )
+    }
+
+    fn on(api: Arc<Api>, ordinal: usize) -> Result<Self> {
         let unavailable = |reason: String| Error::BackendUnavailable {
             backend: BACKEND,
             reason,

@@ -4,7 +4,9 @@
 //! machines without ROCm or an AMD GPU: its loader, its error
 //! classification and its struct layouts are unit-tested, and every rule of
 //! the failure model it relies on is tested through the core on the
-//! reference server, but no test here has launched a HIP kernel. Its device
+//! reference server, and the whole server runs the conformance suite
+//! against a mock HIP runtime (`tests/mock/mock_hip.c`) — but no test has
+//! launched a kernel on real HIP. Its device
 //! tests print `skipped: no hip device (...)` until they run on a machine
 //! with ROCm 6 or later and a supported GPU (`SCOPE_REQUIRE=hip` makes them
 //! fail instead of skip).
@@ -100,6 +102,17 @@ pub fn client() -> Result<Client<Hip>> {
 /// As [`client`].
 pub fn client_on(ordinal: usize) -> Result<Client<Hip>> {
     Client::new(Hip::open(ordinal)?)
+}
+
+/// A client of a new server on device `ordinal` of the HIP runtime at the
+/// first of `runtime` that loads, with hiprtc from the first of `rtc` (see
+/// [`Hip::open_from`]).
+///
+/// # Errors
+///
+/// As [`client`].
+pub fn client_from(runtime: &[String], rtc: &[String], ordinal: usize) -> Result<Client<Hip>> {
+    Client::new(Hip::open_from(runtime, rtc, ordinal)?)
 }
 
 /// What HIP finds on this machine: whether the runtime loads, and each

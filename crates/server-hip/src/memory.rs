@@ -108,21 +108,18 @@ impl Pool {
     /// Wait for every cooling block and give every cached block back.
     pub fn trim(&mut self) {
         for entry in std::mem::take(&mut self.cooling) {
-            for fence in &entry.fences {
-                if let Err(e) = fence.synchronize() {
-                    // The block may still be in use by work that faulted;
-                    // leaking it is safe where freeing it might not be.
-                    tracing::warn!("a freed block's fence failed, leaking it: {e}");
-                    self.reserved -= entry.block.bytes() as u64;
-                    std::mem::forget(entry.block);
-                    break;
-                }
+            let bytes = entry.block.bytes() as u64;
+            self.reserved -= bytes;
+            if let Some(error) = entry.fences.iter().find_map(|f| f.synchronize().err()) {
+                // The block may still be in use by work that faulted;
+                // leaking it is safe where freeing it might not be.
+                tracing::warn!("a freed block's fence failed, leaking it: {error}");
+                std::mem::forget(entry.block);
             }
         }
         for (_, blocks) in self.free.drain() {
             for block in blocks {
                 self.reserved -= block.bytes() as u64;
-                drop(block);
             }
         }
     }

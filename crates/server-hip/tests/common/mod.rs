@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod cases;
+
 use scope_core::Kernel;
 
 const BLOCK: [u32; 3] = [64, 1, 1];

@@ -1,0 +1,173 @@
+//! The HIP server against a mock HIP runtime (`tests/mock/mock_hip.c`),
+//! built here with the system C compiler and loaded through the server's
+//! own loader.
+//!
+//! The mock is not HIP — "device" memory is host memory and work runs at
+//! once — so these tests say nothing about AMD hardware. What they do test
+//! is every line of the server's Rust on its success and failure paths: the
+//! loader finding all forty entry points, the struct offsets it reads the
+//! device's name and `gcnArchName` from, the `--offload-arch` option,
+//! staging, pooling, events, capture and replay, the launch parameter
+//! convention, and a real (not injected) sticky fault. The mock also
+//! refuses what real HIP would mis-handle: an event recorded on, or a wait
+//! issued to, a capturing stream, or a capture not in relaxed mode.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use scope_core::conformance::Suite;
+use scope_core::{Binding, Client, Dispatch, Error, Kernel, Result};
+use server_hip::Hip;
+
+/// The mock library, compiled once per test binary.
+fn mock_library() -> String {
+    static PATH: OnceLock<String> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mock/mock_hip.c");
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("libscope_mock_hip.so");
+        let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+        let status = Command::new(&compiler)
+            .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"])
+            .arg(&out)
+            .arg(&source)
+            .status()
+            .unwrap_or_else(|e| {
+                panic!("running the C compiler `{compiler}` for the mock HIP runtime: {e}")
+            });
+        assert!(status.success(), "the mock HIP runtime did not compile");
+        out.to_string_lossy().into_owned()
+    })
+    .clone()
+}
+
+fn mock_client() -> Result<Client<Hip>> {
+    let path = vec![mock_library()];
+    server_hip::client_from(&path, &path, 0)
+}
+
+fn client() -> Client<Hip> {
+    mock_client().expect("the mock HIP runtime loads")
+}
+
+struct MockSuite;
+
+impl Suite for MockSuite {
+    type Backend = Hip;
+
+    fn client() -> Result<Client<Hip>> {
+        mock_client()
+    }
+
+    fn fill() -> Kernel {
+        common::fill()
+    }
+
+    fn copy() -> Kernel {
+        common::copy()
+    }
+
+    fn add() -> Kernel {
+        common::add()
+    }
+
+    fn broken() -> Kernel {
+        common::broken()
+    }
+
+    /// The mock's whole memory (1 GiB), of which its "runtime" holds some.
+    fn oversized() -> Option<u64> {
+        Some(1 << 30)
+    }
+}
+
+mod conformance {
+    scope_core::conformance_tests!(super::MockSuite);
+}
+
+macro_rules! mock_cases {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                common::cases::$name(&client());
+            }
+        )*
+    };
+}
+
+mock_cases!(
+    large_writes_and_reads_cross_staging_chunks,
+    recorded_host_writes_replay_the_bytes_given_at_call_time,
+    captured_kernels_replay_on_current_inputs,
+    indirect_dispatch_inside_a_capture_dooms_it,
+    freed_memory_is_reused,
+    streams_sharing_a_buffer_are_ordered,
+    compile_errors_carry_the_hiprtc_log,
+);
+
+#[test]
+fn the_device_is_described_from_the_r0600_props() {
+    let c = client();
+    let description = c.describe();
+    assert!(
+        description.starts_with(
+            "Mock Radeon (scope test double) (gfx90a:sramecc+:xnack-, 1024 MiB, HIP runtime 6.2)"
+        ),
+        "{description}"
+    );
+    let hip = Hip::open_from(&[mock_library()], &[mock_library()], 0).unwrap();
+    assert_eq!(hip.info().arch, "gfx90a:sramecc+:xnack-");
+    assert_eq!(hip.info().total_memory, 1 << 30);
+    let missing = Hip::open_from(&[mock_library()], &[mock_library()], 1);
+    assert!(
+        matches!(missing, Err(Error::BackendUnavailable { .. })),
+        "{missing:?}"
+    );
+}
+
+/// A kernel that faults leaves a sticky `hipErrorIllegalAddress` on its
+/// stream, which surfaces at the next sync: classified sticky, it poisons
+/// the device, and every later operation fails fast naming it (rule 36).
+#[test]
+fn a_real_sticky_fault_poisons_the_device() {
+    let c = client();
+    let trap = Kernel::hip(
+        "trap",
+        r#"extern "C" __global__ void scope_trap(unsigned int* out) { __builtin_trap(); }"#,
+    )
+    .entry("scope_trap")
+    .block([64, 1, 1]);
+    let out = c.allocate(256).unwrap();
+    let other = c.allocate(256).unwrap();
+    c.write(&other, &[1; 256]).unwrap();
+    c.launch(&trap, &[Binding::write(&out)], &[], Dispatch::linear(1))
+        .unwrap();
+    let surfaced = c.sync().unwrap_err();
+    assert!(surfaced.is_sticky(), "{surfaced}");
+    assert!(
+        surfaced.to_string().contains("hipErrorIllegalAddress"),
+        "{surfaced}"
+    );
+    let poisoned = c.read(&other).unwrap_err();
+    assert!(poisoned.is_device_poisoned(), "{poisoned}");
+    assert!(c.poison().is_some());
+    let again = c.allocate(256).unwrap_err();
+    assert!(again.is_device_poisoned(), "{again}");
+}
+
+/// The pool's blocks are reused once the device is done with them, and
+/// `trim` (the core's step before retrying an allocation that ran out)
+/// gives every cached block back.
+#[test]
+fn trimming_returns_cached_blocks() {
+    let c = client();
+    let buffer = c.allocate(1 << 20).unwrap();
+    c.free(&buffer).unwrap();
+    c.sync().unwrap();
+    assert!(c.bytes_reserved() >= 1 << 20);
+    c.with_backend(scope_core::Backend::trim);
+    assert_eq!(c.bytes_reserved(), 0);
+}

@@ -1,0 +1,267 @@
+/*
+ * A mock of the HIP runtime and hiprtc, for testing the server's Rust side
+ * on machines without ROCm. It is not HIP: "device" memory is host memory,
+ * every operation runs at once, and the only kernels are the test kernels
+ * (scope_fill, scope_copy, scope_add) plus scope_trap, which leaves a
+ * sticky hipErrorIllegalAddress on its stream, as a faulting kernel would.
+ *
+ * It is also a checker: it fails calls that real HIP would mis-handle or
+ * silently capture — an event recorded on, or a wait issued to, a stream
+ * that is capturing; a capture that is not in relaxed mode; a compile
+ * without --offload-arch for the device's gcnArchName.
+ *
+ * Values (error codes, struct offsets) are the ROCm 6 header's.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int hipError_t;
+enum {
+  OK = 0, E_INVALID = 1, E_OOM = 2, E_INVALID_DEVICE = 101, E_ILLEGAL_STATE = 401,
+  E_NOT_FOUND = 500, E_ILLEGAL_ADDRESS = 700, E_CAPTURE_UNSUPPORTED = 900,
+  E_CAPTURE_UNMATCHED = 903, E_CAPTURE_ISOLATION = 905, E_CAPTURED_EVENT = 907
+};
+
+#define TOTAL ((size_t)1 << 30)
+#define RUNTIME_HOLDS ((size_t)64 << 20)
+static size_t used = RUNTIME_HOLDS;
+
+/* ----- kernels and operations ----- */
+
+typedef struct { const char *name; int pointers; size_t scalars; int id; } kernel;
+static const kernel KERNELS[] = {
+  {"scope_fill", 1, 8, 0}, {"scope_copy", 2, 4, 1}, {"scope_add", 3, 4, 2}, {"scope_trap", 1, 0, 3},
+};
+
+typedef struct {
+  int launch; /* 0: copy, 1: launch */
+  void *dst; const void *src; size_t n;
+  const kernel *k; unsigned threads; void *args[3]; unsigned char scalars[8];
+} op;
+
+typedef struct { op *ops; size_t len, cap; } graph;
+typedef struct { graph *capture; hipError_t sticky; } stream;
+typedef struct { stream *last; } event;
+
+static void push(graph *g, op o) {
+  if (g->len == g->cap) {
+    g->cap = g->cap ? g->cap * 2 : 8;
+    g->ops = realloc(g->ops, g->cap * sizeof(op));
+  }
+  g->ops[g->len++] = o;
+}
+
+static void run(stream *s, const op *o) {
+  if (!o->launch) { memcpy(o->dst, o->src, o->n); return; }
+  unsigned *a0 = o->args[0], *a1 = o->args[1], *a2 = o->args[2];
+  unsigned n, value;
+  memcpy(&n, o->scalars, 4);
+  memcpy(&value, o->scalars + 4, 4);
+  if (o->k->id == 3) { s->sticky = E_ILLEGAL_ADDRESS; return; }
+  for (unsigned i = 0; i < o->threads && i < n; i++) {
+    switch (o->k->id) {
+      case 0: a0[i] = value; break;
+      case 1: a1[i] = a0[i]; break;
+      case 2: a2[i] = a0[i] + a1[i]; break;
+    }
+  }
+}
+
+static void issue(stream *s, op o) {
+  if (s->capture) push(s->capture, o); else run(s, &o);
+}
+
+/* ----- device ----- */
+
+hipError_t hipInit(unsigned flags) { (void)flags; return OK; }
+hipError_t hipRuntimeGetVersion(int *v) { *v = 60241134; return OK; }
+hipError_t hipGetDeviceCount(int *c) { *c = 1; return OK; }
+hipError_t hipSetDevice(int d) { return d == 0 ? OK : E_INVALID_DEVICE; }
+hipError_t hipDeviceTotalMem(size_t *b, int d) { if (d) return E_INVALID_DEVICE; *b = TOTAL; return OK; }
+hipError_t hipGetDevicePropertiesR0600(void *p, int d) {
+  if (d) return E_INVALID_DEVICE;
+  memset(p, 0, 1472);
+  strcpy((char *)p, "Mock Radeon (scope test double)");
+  *(size_t *)((char *)p + 288) = TOTAL;
+  strcpy((char *)p + 1160, "gfx90a:sramecc+:xnack-");
+  return OK;
+}
+const char *hipGetErrorName(hipError_t e) {
+  switch (e) {
+    case OK: return "hipSuccess";
+    case E_OOM: return "hipErrorOutOfMemory";
+    case E_ILLEGAL_ADDRESS: return "hipErrorIllegalAddress";
+    default: return "hipErrorMock";
+  }
+}
+const char *hipGetErrorString(hipError_t e) {
+  return e == E_ILLEGAL_ADDRESS ? "an illegal memory access was encountered (mock)" : "mock error";
+}
+
+/* ----- streams and events ----- */
+
+hipError_t hipStreamCreateWithFlags(void **s, unsigned flags) {
+  if (flags != 1) return E_INVALID; /* the server asks for non-blocking streams */
+  *s = calloc(1, sizeof(stream));
+  return OK;
+}
+hipError_t hipStreamDestroy(void *s) { free(s); return OK; }
+hipError_t hipStreamSynchronize(void *p) {
+  stream *s = p;
+  if (s->capture) return E_CAPTURE_UNSUPPORTED;
+  return s->sticky;
+}
+hipError_t hipEventCreateWithFlags(void **e, unsigned flags) { (void)flags; *e = calloc(1, sizeof(event)); return OK; }
+hipError_t hipEventDestroy(void *e) { free(e); return OK; }
+hipError_t hipEventRecord(void *e, void *p) {
+  stream *s = p;
+  if (s->capture) return E_CAPTURED_EVENT; /* the server must never do this */
+  if (s->sticky) return s->sticky;
+  ((event *)e)->last = s;
+  return OK;
+}
+hipError_t hipEventQuery(void *e) { stream *s = ((event *)e)->last; return s ? s->sticky : OK; }
+hipError_t hipEventSynchronize(void *e) { return hipEventQuery(e); }
+hipError_t hipStreamWaitEvent(void *p, void *e, unsigned flags) {
+  stream *s = p;
+  (void)e; (void)flags;
+  if (s->capture) return E_CAPTURE_ISOLATION; /* the server must never do this */
+  return s->sticky;
+}
+
+/* ----- memory ----- */
+
+hipError_t hipMalloc(void **p, size_t n) {
+  size_t now = __atomic_add_fetch(&used, n, __ATOMIC_SEQ_CST);
+  if (now > TOTAL) { __atomic_sub_fetch(&used, n, __ATOMIC_SEQ_CST); return E_OOM; }
+  char *raw = malloc(n + 256);
+  if (!raw) { __atomic_sub_fetch(&used, n, __ATOMIC_SEQ_CST); return E_OOM; }
+  *(size_t *)raw = n;
+  *p = raw + 256;
+  return OK;
+}
+hipError_t hipFree(void *p) {
+  if (!p) return OK;
+  char *raw = (char *)p - 256;
+  __atomic_sub_fetch(&used, *(size_t *)raw, __ATOMIC_SEQ_CST);
+  free(raw);
+  return OK;
+}
+hipError_t hipHostMalloc(void **p, size_t n, unsigned flags) { (void)flags; *p = malloc(n); return *p ? OK : E_OOM; }
+hipError_t hipHostFree(void *p) { free(p); return OK; }
+hipError_t hipMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *p) {
+  stream *s = p;
+  if (kind < 1 || kind > 3) return E_INVALID;
+  if (s->sticky) return s->sticky;
+  /* A recorded copy keeps the source *pointer*, as HIP's memcpy node does. */
+  op o = {0, dst, src, n, NULL, 0, {0}, {0}};
+  issue(s, o);
+  return OK;
+}
+
+/* ----- modules and launches ----- */
+
+hipError_t hipModuleLoadData(void **m, const void *image) { *m = strdup(image); return OK; }
+hipError_t hipModuleUnload(void *m) { free(m); return OK; }
+hipError_t hipModuleGetFunction(void **f, void *m, const char *name) {
+  if (!strstr((const char *)m, name)) return E_NOT_FOUND;
+  for (size_t i = 0; i < sizeof KERNELS / sizeof *KERNELS; i++)
+    if (!strcmp(KERNELS[i].name, name)) { *f = (void *)&KERNELS[i]; return OK; }
+  return E_NOT_FOUND;
+}
+hipError_t hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                 unsigned bz, unsigned shared, void *p, void **params, void **extra) {
+  stream *s = p;
+  const kernel *k = f;
+  (void)shared; (void)extra;
+  if (s->sticky) return s->sticky;
+  if (!gx || !gy || !gz || !bx || !by || !bz) return E_INVALID;
+  op o = {1, NULL, NULL, 0, k, gx * gy * gz * bx * by * bz, {0}, {0}};
+  for (int i = 0; i < k->pointers; i++) o.args[i] = *(void **)params[i];
+  if (k->scalars) memcpy(o.scalars, params[k->pointers], k->scalars);
+  issue(s, o);
+  return OK;
+}
+
+/* ----- capture and graphs ----- */
+
+hipError_t hipStreamBeginCapture(void *p, int mode) {
+  stream *s = p;
+  if (s->capture) return E_ILLEGAL_STATE;
+  if (mode != 2) return E_INVALID; /* the server captures in relaxed mode */
+  s->capture = calloc(1, sizeof(graph));
+  return OK;
+}
+hipError_t hipStreamEndCapture(void *p, void **g) {
+  stream *s = p;
+  if (!s->capture) return E_CAPTURE_UNMATCHED;
+  *g = s->capture;
+  s->capture = NULL;
+  return OK;
+}
+hipError_t hipGraphInstantiate(void **exec, void *g, void *node, char *log, size_t size) {
+  graph *from = g, *to = calloc(1, sizeof(graph));
+  (void)node; (void)log; (void)size;
+  for (size_t i = 0; i < from->len; i++) push(to, from->ops[i]);
+  *exec = to;
+  return OK;
+}
+hipError_t hipGraphLaunch(void *exec, void *p) {
+  stream *s = p;
+  graph *g = exec;
+  if (s->capture) return E_CAPTURE_UNSUPPORTED;
+  if (s->sticky) return s->sticky;
+  for (size_t i = 0; i < g->len; i++) run(s, &g->ops[i]);
+  return OK;
+}
+static void graph_free(graph *g) { free(g->ops); free(g); }
+hipError_t hipGraphExecDestroy(void *exec) { graph_free(exec); return OK; }
+hipError_t hipGraphDestroy(void *g) { graph_free(g); return OK; }
+
+/* ----- hiprtc ----- */
+
+typedef struct { char *source; char *log; } program;
+static const char *ARCH = "--offload-arch=gfx90a:sramecc+:xnack-";
+
+int hiprtcCreateProgram(void **p, const char *src, const char *name, int n, const char **h, const char **hn) {
+  (void)name; (void)h; (void)hn;
+  if (n != 0) return 3;
+  program *prog = calloc(1, sizeof(program));
+  prog->source = strdup(src);
+  prog->log = strdup("");
+  *p = prog;
+  return 0;
+}
+int hiprtcCompileProgram(void *p, int n, const char **options) {
+  program *prog = p;
+  int arch = 0;
+  for (int i = 0; i < n; i++) arch |= !strcmp(options[i], ARCH);
+  free(prog->log);
+  if (!arch) { prog->log = strdup("mock hiprtc: expected --offload-arch=gfx90a:sramecc+:xnack-"); return 5; }
+  const char *bad = strstr(prog->source, "this_name_is_not_declared_anywhere");
+  if (bad) {
+    prog->log = strdup("kernel.hip:3:20: error: use of undeclared identifier 'this_name_is_not_declared_anywhere'");
+    return 6;
+  }
+  prog->log = strdup("");
+  return 0;
+}
+int hiprtcGetCodeSize(void *p, size_t *n) { *n = strlen(((program *)p)->source) + 1; return 0; }
+int hiprtcGetCode(void *p, char *code) { strcpy(code, ((program *)p)->source); return 0; }
+int hiprtcGetProgramLogSize(void *p, size_t *n) { *n = strlen(((program *)p)->log) + 1; return 0; }
+int hiprtcGetProgramLog(void *p, char *log) { strcpy(log, ((program *)p)->log); return 0; }
+int hiprtcDestroyProgram(void **p) {
+  program *prog = *p;
+  free(prog->source); free(prog->log); free(prog);
+  *p = NULL;
+  return 0;
+}
+const char *hiprtcGetErrorString(int r) {
+  switch (r) {
+    case 0: return "HIPRTC_SUCCESS";
+    case 5: return "HIPRTC_ERROR_INVALID_OPTION";
+    case 6: return "HIPRTC_ERROR_COMPILATION";
+    default: return "HIPRTC_ERROR_MOCK";
+  }
+}
