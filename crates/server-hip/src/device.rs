@@ -115,6 +115,9 @@ pub struct Hip {
     pub(crate) staging: Staging,
     /// Where reads land before they are copied out; grown on demand.
     pub(crate) read_buffer: Option<Pinned>,
+    /// Zeroed launch-parameter scratch: the scalar blob goes at the front,
+    /// and is zeroed again after each launch (see `launch.rs`).
+    pub(crate) param_scratch: Box<[u8]>,
     streams: Vec<Weak<StreamShared>>,
     next_stream: u32,
 }
@@ -171,6 +174,7 @@ impl Hip {
             pool: Pool::default(),
             staging: Staging::default(),
             read_buffer: None,
+            param_scratch: vec![0; 2 * crate::launch::PARAM_SLACK].into_boxed_slice(),
             streams: Vec::new(),
             next_stream: 0,
         })

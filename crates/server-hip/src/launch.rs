@@ -25,8 +25,8 @@ use crate::error::{BACKEND, Doing};
 use crate::ffi::RawFunction;
 use crate::memory::HipMemory;
 
-/// The most bytes of kernel arguments an AMD kernel takes.
-const PARAM_SLACK: usize = 4096;
+/// The most bytes of scalars a launch passes, and the zero padding behind them.
+pub(crate) const PARAM_SLACK: usize = 4096;
 /// Parameter slots past the convention's, each pointing at zeros.
 const SPARE_PARAMS: usize = 16;
 
@@ -155,20 +155,29 @@ impl Hip {
             .map(|b| b.memory.block.at(b.offset))
             .collect();
         // HIP copies each parameter with the size the kernel declares, not
-        // the size given. Zero padding after the blob and spare parameter
-        // slots pointing at zeros keep a kernel whose signature does not
-        // match the launch from reading past host memory: the mismatch
-        // becomes wrong values on the device, never a host over-read.
-        let mut scalars = Vec::with_capacity(launch.scalars.len() + PARAM_SLACK);
-        scalars.extend_from_slice(launch.scalars);
-        scalars.resize(launch.scalars.len() + PARAM_SLACK, 0);
-        let mut zeros = vec![0u8; PARAM_SLACK];
+        // the size given. The blob is copied into the front of a zeroed
+        // scratch buffer and the spare parameter slots point at its zeroed
+        // back half, so a kernel whose signature does not match the launch
+        // reads zeros, never past host memory: the mismatch becomes wrong
+        // values on the device, not a host over-read.
+        let len = launch.scalars.len();
+        if len > PARAM_SLACK {
+            return Err(Error::Launch {
+                kernel: launch.name.into(),
+                stream: stream.id,
+                detail: format!(
+                    "a {len}-byte scalar blob is past the {PARAM_SLACK} bytes of scalars this server passes by value"
+                ),
+            });
+        }
+        let (blob, zeros) = self.param_scratch.split_at_mut(PARAM_SLACK);
+        blob[..len].copy_from_slice(launch.scalars);
         let mut params: Vec<*mut c_void> = pointers
             .iter_mut()
             .map(|p| (p as *mut *mut c_void).cast())
             .collect();
-        if !launch.scalars.is_empty() {
-            params.push(scalars.as_mut_ptr().cast());
+        if len > 0 {
+            params.push(blob.as_mut_ptr().cast());
         }
         params.extend(std::iter::repeat_n(
             zeros.as_mut_ptr().cast::<c_void>(),
@@ -176,18 +185,20 @@ impl Hip {
         ));
         // SAFETY: the kernel's module is loaded for as long as `kernel` (the
         // core keeps compiled kernels until the server drops, after its
-        // graphs); `params` point at `pointers`, `scalars` and `zeros`, alive
-        // for the call and padded against a mismatched signature, and HIP
-        // copies the values; each pointer is inside a live
-        // allocation at the binding's offset (validated by the core). That
-        // the kernel's signature matches the binding convention is the
+        // graphs); `params` point at `pointers` and at the scratch buffer,
+        // alive for the call and padded against a mismatched signature, and
+        // HIP copies the values before returning; each pointer is inside a
+        // live allocation at the binding's offset (validated by the core).
+        // That the kernel's signature matches the binding convention is the
         // caller's contract with its kernel source.
-        unsafe {
+        let launched = unsafe {
             stream
                 .stream()
                 .launch(kernel.function, grid, kernel.block, &mut params)
-        }
-        .map_err(|e| e.into_error(doing()))
+        };
+        // Restore the all-zero scratch for the next launch.
+        blob[..len].fill(0);
+        launched.map_err(|e| e.into_error(doing()))
     }
 }
 
