@@ -171,3 +171,44 @@ fn trimming_returns_cached_blocks() {
     c.with_backend(scope_core::Backend::trim);
     assert_eq!(c.bytes_reserved(), 0);
 }
+
+/// hiprtc is found in the runtime library when no separate one loads (ROCm
+/// 5's layout); when it is found nowhere, the server still copies, and a
+/// compile fails with the reason instead.
+#[test]
+fn hiprtc_is_optional_and_its_absence_is_a_compile_error() {
+    let runtime = vec![mock_library()];
+    let fallback =
+        server_hip::client_from(&runtime, &["libscope-no-such-hiprtc.so".to_owned()], 0).unwrap();
+    fallback.compile(&common::fill()).unwrap();
+
+    let without = server_hip::client_from(&runtime, &["libm.so.6".to_owned()], 0).unwrap();
+    let buffer = without.upload(&[7; 64]).unwrap();
+    assert_eq!(without.read(&buffer).unwrap(), vec![7; 64]);
+    let error = without.compile(&common::fill()).unwrap_err();
+    let Error::Compile { log, .. } = &error else {
+        panic!("expected a compile error, got {error}");
+    };
+    assert!(log.contains("hiprtcCreateProgram"), "{log}");
+}
+
+/// A scalar blob larger than the launch scratch is refused as a launch
+/// error, and the outputs carry it.
+#[test]
+fn an_oversized_scalar_blob_is_a_launch_error() {
+    let c = client();
+    let out = c.allocate(256).unwrap();
+    let error = c
+        .launch(
+            &common::fill(),
+            &[Binding::write(&out)],
+            &vec![0; 8192],
+            Dispatch::linear(1),
+        )
+        .unwrap_err();
+    assert!(matches!(error, Error::Launch { .. }), "{error}");
+    assert!(
+        c.read(&out).is_err(),
+        "the output carries the failed launch"
+    );
+}
