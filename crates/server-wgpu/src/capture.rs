@@ -64,7 +64,7 @@ enum Groups {
 enum Op {
     Launch {
         kernel: Arc<Pipeline>,
-        bindings: SmallVec<[(Held, u64, u64); 6]>,
+        bindings: Vec<(Held, u64, u64)>,
         /// Bytes of the scalar blob in the recording's bytes, and the padded
         /// size bound.
         scalars: Option<(usize, usize, u64)>,

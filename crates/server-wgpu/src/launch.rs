@@ -254,9 +254,9 @@ pub(crate) fn check(
     }
     let fits = |i: usize, slot: &Slot, len: u64| -> Result<(), String> {
         let max = if slot.uniform {
-            u64::from(limits.max_uniform_buffer_binding_size)
+            limits.max_uniform_buffer_binding_size
         } else {
-            u64::from(limits.max_storage_buffer_binding_size)
+            limits.max_storage_buffer_binding_size
         };
         if len > max {
             return Err(format!(

@@ -6,28 +6,28 @@
 //! Its shape follows from three facts about wgpu:
 //!
 //! 1. **Errors go to a sink, and the default sink panics.** Every fallible
-//!    call runs inside error scopes ([`error`]), so an error is the return
+//!    call runs inside error scopes (`error.rs`), so an error is the return
 //!    value of the call that caused it, with wgpu's message; a handler that
 //!    never panics catches anything else, and device loss is a sticky fault
 //!    the core turns into poison.
 //! 2. **One queue, and passes are what cost.** Logical streams are ordering
 //!    domains on the one queue, and each batches its launches into one open
-//!    encoder and compute pass ([`stream`]), which is what makes a launch
+//!    encoder and compute pass (`stream.rs`), which is what makes a launch
 //!    cost about what a raw dispatch costs.
 //! 3. **No replayable command buffers.** A capture records the dispatches
 //!    and copies as values, is validated by encoding it once when it seals,
-//!    and is re-encoded on each replay ([`capture`]).
+//!    and is re-encoded on each replay (`capture.rs`).
 //!
-//! Memory is one buffer per allocation, pooled by size class ([`memory`]);
-//! kernels are compiled with an explicit, reflected layout ([`launch`]);
+//! Memory is one buffer per allocation, pooled by size class (`memory.rs`);
+//! kernels are compiled with an explicit, reflected layout (`launch.rs`);
 //! host copies are queue writes, staged mapped reads and encoder copies
-//! ([`copy`]).
+//! (`copy.rs`).
 //!
 //! # Choosing the adapter
 //!
 //! Hardware first, then software; `SCOPE_WGPU_BACKEND` (`vulkan`, `gl`,
 //! `metal`, `dx12`) and `SCOPE_WGPU_ADAPTER` (a name substring) override.
-//! See [`device`].
+//! See `device.rs` and [`Options`].
 
 mod capture;
 mod copy;
@@ -81,7 +81,7 @@ impl std::fmt::Debug for Wgpu {
 }
 
 impl Wgpu {
-    /// Open the adapter `options` choose (see [`device`]).
+    /// Open the adapter `options` choose.
     ///
     /// # Errors
     ///
@@ -191,7 +191,7 @@ impl Backend for Wgpu {
         self.gpu
             .limits
             .max_buffer_size
-            .min(u64::from(self.gpu.limits.max_storage_buffer_binding_size))
+            .min(self.gpu.limits.max_storage_buffer_binding_size)
     }
 
     fn binding_alignment(&self) -> u64 {

@@ -162,7 +162,7 @@ mod tests {
         ] {
             let c = class(size, max);
             assert!(c >= size, "{size} -> {c}");
-            assert!(c % 4 == 0);
+            assert!(c.is_multiple_of(4));
             if size > MIN_CLASS {
                 assert!(c - size <= size / 4 + MIN_CLASS, "{size} -> {c}");
             }

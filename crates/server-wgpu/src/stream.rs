@@ -364,7 +364,9 @@ impl Submitter<'_> {
             // A submission a lost device dropped is never reached; wgpu
             // reports the loss at the next maintenance, so poll once more
             // and let the loss, if that is what it was, speak first.
-            let _ = no_panic(&self.gpu.sink, "a device poll", || device.poll(wgpu::PollType::Poll))?;
+            let _ = no_panic(&self.gpu.sink, "a device poll", || {
+                device.poll(wgpu::PollType::Poll)
+            })?;
             self.gpu.sink.check_lost()?;
             return Err(late_fault("wgpu poll", error.to_string()));
         }

@@ -62,23 +62,48 @@ pub fn invalid_wgsl_names_line_and_column(api: Api) {
     let Some(c) = setup(api) else { return };
     let broken = Kernel::wgsl("broken", BROKEN);
     let error = c.compile(&broken).unwrap_err();
-    let Error::Compile { log, .. } = &error else { panic!("{error}") };
+    let Error::Compile { log, .. } = &error else {
+        panic!("{error}")
+    };
     assert!(log.contains("undefined_name"), "{log}");
-    assert!(log.contains(":4:"), "the log should carry line 4 and a column: {log}");
+    assert!(
+        log.contains(":4:"),
+        "the log should carry line 4 and a column: {log}"
+    );
     let input = c.upload(&bytes(&[1; 64])).unwrap();
     let out = c.upload(&bytes(&[2; 64])).unwrap();
-    let launched = c.launch(&broken, &[Binding::read(&input), Binding::write(&out)], &[], groups(64));
-    assert!(matches!(launched, Err(Error::Compile { .. })), "{launched:?}");
+    let launched = c.launch(
+        &broken,
+        &[Binding::read(&input), Binding::write(&out)],
+        &[],
+        groups(64),
+    );
+    assert!(
+        matches!(launched, Err(Error::Compile { .. })),
+        "{launched:?}"
+    );
     let on_read = c.read(&out).unwrap_err();
     assert!(on_read.to_string().contains(":4:"), "{on_read}");
     // A valid shader that names a missing entry point fails the pipeline,
     // inside the scope, as a compile error too.
     let wrong_entry = Kernel::wgsl("fill", FILL).entry("nope");
-    assert!(matches!(c.compile(&wrong_entry), Err(Error::Compile { .. })));
+    assert!(matches!(
+        c.compile(&wrong_entry),
+        Err(Error::Compile { .. })
+    ));
     // SPIR-V is not taken.
-    assert!(matches!(c.compile(&Kernel::spirv("x", vec![0u32; 5])), Err(Error::Compile { .. })));
+    assert!(matches!(
+        c.compile(&Kernel::spirv("x", vec![0u32; 5])),
+        Err(Error::Compile { .. })
+    ));
     let fill = Kernel::wgsl("fill", FILL);
-    c.launch(&fill, &[Binding::write(&out)], &scalars(&[64, 9]), groups(64)).unwrap();
+    c.launch(
+        &fill,
+        &[Binding::write(&out)],
+        &scalars(&[64, 9]),
+        groups(64),
+    )
+    .unwrap();
     assert_eq!(read_words(&c, &out).unwrap(), vec![9; 64]);
 }
 
@@ -88,12 +113,18 @@ pub fn over_limit_buffer_is_typed(api: Api) {
     let Some(c) = setup(api) else { return };
     let (max_buffer, max_binding, max) = c.with_backend(|b| {
         use scope_core::Backend;
-        (b.limits().max_buffer_size, u64::from(b.limits().max_storage_buffer_binding_size), b.max_allocation())
+        (
+            b.limits().max_buffer_size,
+            b.limits().max_storage_buffer_binding_size,
+            b.max_allocation(),
+        )
     });
     assert_eq!(max, max_buffer.min(max_binding));
     for size in [max + 4, max_buffer + 4, u64::MAX - 3] {
         match c.allocate(size) {
-            Err(Error::InvalidArgument { why, .. }) => assert!(why.contains("largest allocation"), "{why}"),
+            Err(Error::InvalidArgument { why, .. }) => {
+                assert!(why.contains("largest allocation"), "{why}")
+            }
             other => panic!("{size} bytes: expected an invalid argument, got {other:?}"),
         }
     }
@@ -113,9 +144,21 @@ pub fn launch_checks_stand_in_for_deferred_validation(api: Api) {
     let Some(c) = setup(api) else { return };
     let fill = Kernel::wgsl("fill", FILL);
     let buf = c.upload(&bytes(&[7; 64])).unwrap();
-    let past_end = c.launch(&fill, &[buf.slice(0..512).write()], &scalars(&[128, 0]), groups(128));
-    assert!(matches!(past_end, Err(Error::InvalidArgument { .. })), "{past_end:?}");
-    assert_eq!(read_words(&c, &buf).unwrap(), vec![7; 64], "nothing ran, nothing claimed");
+    let past_end = c.launch(
+        &fill,
+        &[buf.slice(0..512).write()],
+        &scalars(&[128, 0]),
+        groups(128),
+    );
+    assert!(
+        matches!(past_end, Err(Error::InvalidArgument { .. })),
+        "{past_end:?}"
+    );
+    assert_eq!(
+        read_words(&c, &buf).unwrap(),
+        vec![7; 64],
+        "nothing ran, nothing claimed"
+    );
 
     let launch_error = |r: scope_core::Result<()>, text: &str| match r {
         Err(Error::Launch { detail, .. }) => assert!(detail.contains(text), "{detail}"),
@@ -123,13 +166,27 @@ pub fn launch_checks_stand_in_for_deferred_validation(api: Api) {
     };
     let fixed = Kernel::wgsl("fixed", FIXED);
     let small = c.allocate(32).unwrap();
-    launch_error(c.launch(&fixed, &[Binding::write(&small)], &[], Dispatch::linear(1)), "at least 64");
-    assert!(c.read(&small).is_err(), "the outputs carry the launch error");
     launch_error(
-        c.launch(&fill, &[Binding::write(&buf)], &scalars(&[64, 1]), Dispatch::linear(1 << 20)),
+        c.launch(&fixed, &[Binding::write(&small)], &[], Dispatch::linear(1)),
+        "at least 64",
+    );
+    assert!(
+        c.read(&small).is_err(),
+        "the outputs carry the launch error"
+    );
+    launch_error(
+        c.launch(
+            &fill,
+            &[Binding::write(&buf)],
+            &scalars(&[64, 1]),
+            Dispatch::linear(1 << 20),
+        ),
         "workgroups",
     );
-    launch_error(c.launch(&fill, &[Binding::write(&buf)], &[], groups(64)), "declares 2 bindings");
+    launch_error(
+        c.launch(&fill, &[Binding::write(&buf)], &[], groups(64)),
+        "declares 2 bindings",
+    );
     let copy = Kernel::wgsl("copy", COPY);
     let whole = c.upload(&bytes(&[3; 128])).unwrap();
     launch_error(
@@ -142,10 +199,20 @@ pub fn launch_checks_stand_in_for_deferred_validation(api: Api) {
         "same buffer",
     );
     // The device is fine, and the claimed bytes heal on a rewrite.
-    c.launch(&fill, &[Binding::write(&buf)], &scalars(&[64, 5]), groups(64)).unwrap();
+    c.launch(
+        &fill,
+        &[Binding::write(&buf)],
+        &scalars(&[64, 5]),
+        groups(64),
+    )
+    .unwrap();
     assert_eq!(read_words(&c, &buf).unwrap(), vec![5; 64]);
-    c.launch(&fixed, &[Binding::write(&whole)], &[], Dispatch::linear(1)).unwrap();
-    assert_eq!(read_words(&c, &whole).unwrap()[..16], (0..16).collect::<Vec<_>>()[..]);
+    c.launch(&fixed, &[Binding::write(&whole)], &[], Dispatch::linear(1))
+        .unwrap();
+    assert_eq!(
+        read_words(&c, &whole).unwrap()[..16],
+        (0..16).collect::<Vec<_>>()[..]
+    );
     c.sync().unwrap();
 }
 
@@ -183,7 +250,8 @@ pub fn chain_with_a_failure_in_the_middle(api: Api) {
     let n = 256u32;
     let size = u64::from(n) * 4;
     let [a, b, sum, last] = [(); 4].map(|_| c.allocate(size).unwrap());
-    c.launch(&fill, &[Binding::write(&a)], &scalars(&[n, 4]), groups(n)).unwrap();
+    c.launch(&fill, &[Binding::write(&a)], &scalars(&[n, 4]), groups(n))
+        .unwrap();
     c.inject(FaultPlan::new().fail(
         Site::Launch,
         1,
@@ -193,7 +261,15 @@ pub fn chain_with_a_failure_in_the_middle(api: Api) {
             detail: "injected in the middle".into(),
         },
     ));
-    assert!(c.launch(&copy, &[Binding::read(&a), Binding::write(&b)], &scalars(&[n]), groups(n)).is_err());
+    assert!(
+        c.launch(
+            &copy,
+            &[Binding::read(&a), Binding::write(&b)],
+            &scalars(&[n]),
+            groups(n)
+        )
+        .is_err()
+    );
     let skipped = c.launch(
         &add,
         &[Binding::read(&a), Binding::read(&b), Binding::write(&sum)],
@@ -201,16 +277,34 @@ pub fn chain_with_a_failure_in_the_middle(api: Api) {
         groups(n),
     );
     assert!(matches!(skipped, Err(Error::Skipped { .. })), "{skipped:?}");
-    let skipped = c.launch(&copy, &[Binding::read(&sum), Binding::write(&last)], &scalars(&[n]), groups(n));
+    let skipped = c.launch(
+        &copy,
+        &[Binding::read(&sum), Binding::write(&last)],
+        &scalars(&[n]),
+        groups(n),
+    );
     assert!(matches!(skipped, Err(Error::Skipped { .. })), "{skipped:?}");
     let report = c.read(&last).unwrap_err();
     let entry = &report.unwritten()[0];
-    assert!(entry.root.to_string().contains("injected in the middle"), "{report}");
+    assert!(
+        entry.root.to_string().contains("injected in the middle"),
+        "{report}"
+    );
     let hops: Vec<&str> = entry.chain.hops.iter().map(|h| &*h.kernel).collect();
     assert_eq!(hops, ["copy", "add"], "{report}");
-    assert_eq!(read_words(&c, &a).unwrap(), vec![4; n as usize], "upstream is clean");
+    assert_eq!(
+        read_words(&c, &a).unwrap(),
+        vec![4; n as usize],
+        "upstream is clean"
+    );
     // Rerun the middle: everything downstream runs and heals.
-    c.launch(&copy, &[Binding::read(&a), Binding::write(&b)], &scalars(&[n]), groups(n)).unwrap();
+    c.launch(
+        &copy,
+        &[Binding::read(&a), Binding::write(&b)],
+        &scalars(&[n]),
+        groups(n),
+    )
+    .unwrap();
     c.launch(
         &add,
         &[Binding::read(&a), Binding::read(&b), Binding::write(&sum)],
@@ -218,7 +312,13 @@ pub fn chain_with_a_failure_in_the_middle(api: Api) {
         groups(n),
     )
     .unwrap();
-    c.launch(&copy, &[Binding::read(&sum), Binding::write(&last)], &scalars(&[n]), groups(n)).unwrap();
+    c.launch(
+        &copy,
+        &[Binding::read(&sum), Binding::write(&last)],
+        &scalars(&[n]),
+        groups(n),
+    )
+    .unwrap();
     assert_eq!(read_words(&c, &last).unwrap(), vec![8; n as usize]);
     assert_eq!(c.failures_held(), 0);
 }
@@ -245,7 +345,11 @@ pub fn thousand_replays_of_a_window(api: Api) {
     .unwrap();
     c.copy(&acc, &mirror).unwrap();
     let graph = c.end_capture(capture).unwrap();
-    assert_eq!(read_words(&c, &acc).unwrap(), vec![0; n as usize], "nothing ran until a replay");
+    assert_eq!(
+        read_words(&c, &acc).unwrap(),
+        vec![0; n as usize],
+        "nothing ran until a replay"
+    );
     for i in 0..1000 {
         if i == 500 {
             // Bytes written between replays are overwritten by the
@@ -269,11 +373,22 @@ pub fn device_loss_poisons(api: Api) {
     let Some(c) = setup(api) else { return };
     let fill = Kernel::wgsl("fill", FILL);
     let buf = c.allocate(256).unwrap();
-    c.launch(&fill, &[Binding::write(&buf)], &scalars(&[64, 1]), groups(64)).unwrap();
+    c.launch(
+        &fill,
+        &[Binding::write(&buf)],
+        &scalars(&[64, 1]),
+        groups(64),
+    )
+    .unwrap();
     c.sync().unwrap();
     c.with_backend(|b| b.raw().0.destroy());
     // wgpu reports the loss at its next poll, so this may still be encoded.
-    let _ = c.launch(&fill, &[Binding::write(&buf)], &scalars(&[64, 2]), groups(64));
+    let _ = c.launch(
+        &fill,
+        &[Binding::write(&buf)],
+        &scalars(&[64, 2]),
+        groups(64),
+    );
     let error = c.sync().unwrap_err();
     assert!(error.is_sticky(), "{error}");
     assert!(error.to_string().contains("DEVICE_LOST"), "{error}");
@@ -306,16 +421,32 @@ pub fn freed_buffers_are_reused(api: Api) {
     let Some(c) = setup(api) else { return };
     let fill = Kernel::wgsl("fill", FILL);
     let first = c.allocate(4000).unwrap();
-    c.launch(&fill, &[Binding::write(&first)], &scalars(&[1000, 1]), groups(1000)).unwrap();
+    c.launch(
+        &fill,
+        &[Binding::write(&first)],
+        &scalars(&[1000, 1]),
+        groups(1000),
+    )
+    .unwrap();
     drop(first);
     let reserved = c.bytes_reserved();
     assert!(reserved >= 4000);
     for i in 0..50u32 {
         let b = c.allocate(3900 + u64::from(i) * 4).unwrap();
-        c.launch(&fill, &[Binding::write(&b)], &scalars(&[900, i]), groups(900)).unwrap();
+        c.launch(
+            &fill,
+            &[Binding::write(&b)],
+            &scalars(&[900, i]),
+            groups(900),
+        )
+        .unwrap();
         assert_eq!(words(&c.read(b.slice(0..8)).unwrap()), vec![i, i]);
     }
-    assert_eq!(c.bytes_reserved(), reserved, "one class, one buffer, reused");
+    assert_eq!(
+        c.bytes_reserved(),
+        reserved,
+        "one class, one buffer, reused"
+    );
 }
 
 /// Two streams share buffers through the core's ordering; each batches on
@@ -329,8 +460,21 @@ pub fn streams_order_through_one_queue(api: Api) {
     let size = u64::from(n) * 4;
     let [a, b, sum] = [(); 3].map(|_| c.allocate(size).unwrap());
     for round in 1..20u32 {
-        c.launch(&fill, &[Binding::write(&a)], &scalars(&[n, round]), groups(n)).unwrap();
-        other.launch(&fill, &[Binding::write(&b)], &scalars(&[n, 2 * round]), groups(n)).unwrap();
+        c.launch(
+            &fill,
+            &[Binding::write(&a)],
+            &scalars(&[n, round]),
+            groups(n),
+        )
+        .unwrap();
+        other
+            .launch(
+                &fill,
+                &[Binding::write(&b)],
+                &scalars(&[n, 2 * round]),
+                groups(n),
+            )
+            .unwrap();
         other
             .launch(
                 &add,
@@ -351,7 +495,8 @@ pub fn scalars_are_per_launch(api: Api) {
     let out = c.allocate(u64::from(count) * 256).unwrap();
     for i in 0..count {
         let slice = out.slice(u64::from(i) * 256..u64::from(i + 1) * 256);
-        c.launch(&fill, &[slice.write()], &scalars(&[64, i]), groups(64)).unwrap();
+        c.launch(&fill, &[slice.write()], &scalars(&[64, i]), groups(64))
+            .unwrap();
     }
     let got = read_words(&c, &out).unwrap();
     for i in 0..count as usize {
@@ -393,11 +538,15 @@ fn unknown_adapter_is_unavailable_and_says_what_was_found() {
         adapter: Some("no-such-adapter-anywhere".into()),
     };
     match server_wgpu::client_with(&options) {
-        Err(Error::BackendUnavailable { reason, .. }) => assert!(reason.contains("no-such-adapter"), "{reason}"),
+        Err(Error::BackendUnavailable { reason, .. }) => {
+            assert!(reason.contains("no-such-adapter"), "{reason}")
+        }
         other => panic!("expected unavailable, got {other:?}"),
     }
     match server_wgpu::client_with(&server_wgpu::Options::api(Api::Metal)) {
-        Err(Error::BackendUnavailable { reason, .. }) => assert!(reason.contains("metal"), "{reason}"),
+        Err(Error::BackendUnavailable { reason, .. }) => {
+            assert!(reason.contains("metal"), "{reason}")
+        }
         other => panic!("expected unavailable, got {other:?}"),
     }
 }
@@ -407,7 +556,10 @@ fn probe_lists_adapters_per_api() {
     let probe = server_wgpu::probe();
     assert_eq!(probe.backend, "wgpu");
     for device in &probe.devices {
-        assert!(device.detail.starts_with("vulkan") || device.detail.starts_with("gl"), "{device:?}");
+        assert!(
+            device.detail.starts_with("vulkan") || device.detail.starts_with("gl"),
+            "{device:?}"
+        );
     }
     if scope_core::conformance::required("wgpu") {
         assert!(probe.has_device(), "{probe:?}");
