@@ -261,6 +261,9 @@ impl Backend for Wgpu {
     }
 
     fn bytes_reserved(&self) -> u64 {
+        // Allocation buffers, live or cached. The read-back staging buffer
+        // and the scalar arenas (256 KiB each) are the server's own and are
+        // not counted.
         self.pool.reserved()
     }
 

@@ -47,7 +47,7 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
 }
 ";
 
-/// Does not compile: the error is on line 4, column 15.
+/// Does not compile: the error is on line 4, column 24.
 pub const BROKEN: &str = "
 @group(0) @binding(0) var<storage, read> src: array<u32>;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;
