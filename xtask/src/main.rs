@@ -305,6 +305,7 @@ fn is_figure(line: &str) -> bool {
 }
 
 fn demo(args: &Args) -> Result<bool> {
+    let rows = adapter::ensure()?;
     let backend = match args.backend.clone() {
         Some(b) => {
             anyhow::ensure!(
@@ -314,7 +315,6 @@ fn demo(args: &Args) -> Result<bool> {
             b
         }
         None => {
-            let rows = adapter::ensure()?;
             println!("{}", matrix::table(&rows));
             match matrix::best(&rows) {
                 Some(b) => b.to_owned(),
