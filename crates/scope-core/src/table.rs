@@ -159,6 +159,7 @@ impl<M> BufferTable<M> {
     /// Whether every failure's carrier count is exactly the number of
     /// buffers that claim it (rule 3), none is held with no carrier (rules
     /// 4, 5), and no buffer claims a failure the store does not hold.
+    #[cfg(feature = "fault-injection")]
     pub(crate) fn audit(&self) -> Result<(), String> {
         use std::collections::HashMap;
         let mut counted: HashMap<FailureId, u32> = HashMap::new();
