@@ -5,7 +5,7 @@
 //! failure model; this crate is the device calls, split the way the
 //! contract reads:
 //!
-//! - [`device`](crate::Config): the loader, instance, device choice
+//! - `device` ([`Config`]): the loader, instance, device choice
 //!   (discrete > integrated > virtual > CPU, or `SCOPE_VULKAN_DEVICE` by
 //!   index or name), the compute queue, `bufferDeviceAddress` when offered,
 //!   and the validation layer's messages.

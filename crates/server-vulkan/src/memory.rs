@@ -527,7 +527,7 @@ impl Arena {
         }
     }
 
-    /// Room for `len` bytes at an `align`ed offset; zero-filled past `fill`.
+    /// Room for `len` bytes (at least 4) at an `align`ed offset.
     pub(crate) fn reserve(&mut self, len: u64, align: u64) -> Result<Staged> {
         let len = len.max(4);
         let fits = |c: &Chunk| round_up(c.used, align).is_some_and(|start| start + len <= c.size);

@@ -41,7 +41,11 @@ use crate::error::{Site, classify, fault};
 use crate::memory::{Arena, Chunk};
 
 /// Commands a batch holds before it is submitted without being asked.
-pub(crate) const BATCH_LIMIT: usize = 1024;
+/// Small enough that the device starts on a long run of launches while the
+/// host is still recording the rest (on lavapipe, 256 overlaps issue and
+/// execution best of 64–1024), large enough that a submission's fixed cost
+/// is spread thin.
+pub(crate) const BATCH_LIMIT: usize = 256;
 
 /// How long a host wait may take before it is a fault.
 const WAIT_TIMEOUT_NS: u64 = 120_000_000_000;
