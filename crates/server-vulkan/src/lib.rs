@@ -34,6 +34,18 @@
 //! [`Vulkan::validation_messages`] returns them. The crate's tests run with
 //! it and [`Config::fail_on_validation`], so any message fails the test.
 //! [`client`] enables it only when `SCOPE_VULKAN_VALIDATION=1`.
+//!
+//! One test runs without it on purpose: garbage SPIR-V. The layer (1.3.239
+//! here) reports the module and then fails on it itself — a C++ exception
+//! through the Vulkan call, which aborts the process, or unbounded
+//! allocation — so the driver's own rejection (`VK_ERROR_UNKNOWN` from
+//! lavapipe, mapped to `Error::Compile`) is tested with the layer off.
+//!
+//! # What the core does not reach
+//!
+//! `VulkanMemory::device_address` gives a buffer device address, but the
+//! core's `Client` does not expose backend memory for a `Buffer`, so a
+//! runtime cannot ask for it yet.
 
 mod capture;
 mod copy;
