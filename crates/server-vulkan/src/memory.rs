@@ -591,13 +591,14 @@ impl Arena {
     }
 }
 
-/// Whether every stream has completed the value `stamp` records for it.
+/// What a range freed now must wait for: each stream's covering value
+/// that it was not already seen to have reached.
 pub(crate) fn stamp_now(tracks: &[Arc<Track>]) -> Stamp {
     tracks
         .iter()
         .filter_map(|t| {
             let covering = t.covering.load(Ordering::Acquire);
-            (!t.reached(covering)).then(|| (t.clone(), covering))
+            (!t.reached_cached(covering)).then(|| (t.clone(), covering))
         })
         .collect()
 }

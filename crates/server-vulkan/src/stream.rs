@@ -65,14 +65,21 @@ impl Track {
     /// Whether the semaphore has reached `value`, asking the device only
     /// when the cached answer is not enough.
     pub(crate) fn reached(&self, value: u64) -> bool {
-        if self.completed.load(Ordering::Acquire) >= value {
-            return true;
-        }
+        self.reached_cached(value) || self.refresh() >= value
+    }
+
+    /// Whether the semaphore was last seen at or past `value`.
+    pub(crate) fn reached_cached(&self, value: u64) -> bool {
+        self.completed.load(Ordering::Acquire) >= value
+    }
+
+    /// Ask the device where the semaphore is now. A lost device answers 0,
+    /// which keeps what waits on it waiting rather than reused early.
+    pub(crate) fn refresh(&self) -> u64 {
         // SAFETY: the semaphore is a live timeline semaphore of this device.
         let now =
             unsafe { self.gpu.device.get_semaphore_counter_value(self.semaphore) }.unwrap_or(0);
-        self.completed.fetch_max(now, Ordering::AcqRel);
-        now >= value
+        self.completed.fetch_max(now, Ordering::AcqRel).max(now)
     }
 }
 
