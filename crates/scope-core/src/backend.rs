@@ -18,6 +18,7 @@
 //! error.
 
 use crate::error::Result;
+use crate::id::StreamId;
 use crate::kernel::{Kernel, Language};
 
 /// How a launch uses a binding.
@@ -121,8 +122,10 @@ pub trait Backend: Send + 'static {
         256
     }
 
-    /// A new logical stream.
-    fn create_stream(&mut self) -> Result<Self::Stream>;
+    /// A new logical stream, which the core calls `id`. Ids are given in
+    /// creation order from 0, counting only streams created successfully,
+    /// so a backend may index its own tables by them.
+    fn create_stream(&mut self, id: StreamId) -> Result<Self::Stream>;
 
     /// `size` bytes of device memory. Contents are unspecified.
     fn allocate(&mut self, size: u64) -> Result<Self::Memory>;
@@ -192,7 +195,10 @@ pub trait Backend: Send + 'static {
     /// returned, and the core attributes it to the work in flight (rule 23).
     fn sync(&mut self, stream: &mut Self::Stream) -> Result<()>;
 
-    /// Make `then`'s later work wait for `first`'s earlier work.
+    /// Make `then`'s later work wait for `first`'s earlier work. The core
+    /// never asks while `first` is recording a capture (the work to wait for
+    /// has not run), and while `then` is recording it finishes `first` on
+    /// the host with [`sync`](Self::sync) instead.
     fn order(&mut self, first: &mut Self::Stream, then: &mut Self::Stream) -> Result<()>;
 
     /// Start recording the stream's work into a graph.

@@ -637,6 +637,23 @@ impl<B: Backend> Client<B> {
         Ok(out)
     }
 
+    /// Run `f` with the backend and `buffer`'s memory, under the server's
+    /// lock — for what only one backend offers (a Vulkan buffer's device
+    /// address, say). The failure model does not see what `f` does: a
+    /// runtime that writes through this must rewrite through the contract
+    /// to heal.
+    ///
+    /// # Errors
+    ///
+    /// A foreign or freed buffer; one without memory.
+    pub fn with_memory<R>(
+        &self,
+        buffer: &Buffer,
+        f: impl FnOnce(&mut B, &B::Memory) -> R,
+    ) -> Result<R> {
+        self.server().with_memory(buffer, f)
+    }
+
     /// Run `f` with the backend, under the server's lock — for a server
     /// crate's own extras (a raw-API baseline in a bench, say).
     pub fn with_backend<R>(&self, f: impl FnOnce(&mut B) -> R) -> R {

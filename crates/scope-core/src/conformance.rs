@@ -792,6 +792,24 @@ pub fn read_write_binding_is_in_both_sets<S: Suite>() {
     assert_eq!(read(&c, &buf).unwrap(), vec![2; WORDS as usize]);
 }
 
+/// A buffer last used by work recorded on one stream cannot be used from
+/// another until that capture ends: the work to wait for has not run (rule
+/// 38). Nothing is doomed or lost.
+pub fn recorded_buffers_wait_for_their_capture<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let other = c.new_stream().unwrap();
+    let a = upload(&c, &vec![1; WORDS as usize]);
+    let b = alloc(&c, WORDS);
+    let capture = c.begin_capture().unwrap();
+    fill::<S>(&c, &a, 2).unwrap();
+    assert!(other.read(&a).unwrap_err().is_refusal());
+    let refused = copy::<S>(&other, &a, &b).unwrap_err();
+    assert!(refused.is_refusal(), "{refused}");
+    let graph = c.end_capture(capture).unwrap();
+    c.replay(&graph).unwrap();
+    assert_eq!(read(&other, &a).unwrap(), vec![2; WORDS as usize]);
+}
+
 /// Freeing every buffer empties the store, whatever failed (rules 7, 13).
 pub fn freeing_everything_empties_the_store<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
@@ -843,6 +861,7 @@ macro_rules! conformance_tests {
             zero_and_indirect_dispatch,
             read_write_binding_is_in_both_sets,
             freeing_everything_empties_the_store,
+            recorded_buffers_wait_for_their_capture,
         );
     };
     (@each $suite:ty; $($name:ident),* $(,)?) => {

@@ -20,7 +20,9 @@
 //! error is "the work never finished", built only when someone asks.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
+
+use crate::id::IdHasher;
 use std::sync::Arc;
 
 use crate::error::{Chain, Error, Hop, UnwrittenBytes};
@@ -149,27 +151,6 @@ impl FailureNode {
     /// The skip records it keeps, oldest first.
     pub fn skips(&self) -> impl Iterator<Item = &SkipRecord> {
         self.history.iter().flat_map(|h| h.skips.iter())
-    }
-}
-
-/// Failure ids come from a counter, so they are already well spread: the
-/// map hashes them with one multiplication instead of SipHash.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 

@@ -269,7 +269,7 @@ impl Backend for Host {
         4
     }
 
-    fn create_stream(&mut self) -> Result<HostStream> {
+    fn create_stream(&mut self, _id: crate::StreamId) -> Result<HostStream> {
         Ok(HostStream::default())
     }
 

@@ -7,6 +7,7 @@
 //! rule 32 of the failure model asks of a recording.
 
 use std::fmt;
+use std::hash::Hasher;
 use std::num::NonZeroU64;
 
 /// One failure in a device's [`Failures`](crate::Failures) store.
@@ -202,5 +203,27 @@ pub struct BufferRange {
 impl fmt::Display for BufferRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} ({})", self.buffer, self.range)
+    }
+}
+
+/// A hasher for keys that are already numbers with no adversary: failure
+/// ids from a counter, kernel ids that are hashes already. One
+/// multiplication instead of SipHash, on paths every launch takes.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }

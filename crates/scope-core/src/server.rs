@@ -14,6 +14,7 @@
 //! one lock.
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -24,7 +25,7 @@ use crate::client::{Binding, Buffer, Capture, Dispatch, Graph, Slice};
 use crate::error::{Error, Result};
 use crate::failure::{Work, WorkKind};
 use crate::fault::Site;
-use crate::id::{BufferId, BufferRange, ByteRange, GraphId, ServerId, StreamId};
+use crate::id::{BufferId, BufferRange, ByteRange, GraphId, IdHasher, ServerId, StreamId};
 use crate::kernel::{Kernel, KernelId};
 use crate::scope::{ExecuteScope, ScopedOutcome, WriteScoped, failed_writing};
 use crate::store::FailureStore;
@@ -62,7 +63,7 @@ pub struct Server<B: Backend> {
     id: ServerId,
     table: BufferTable<B::Memory>,
     streams: Vec<StreamState<B::Stream>>,
-    kernels: HashMap<KernelId, B::Kernel>,
+    kernels: HashMap<KernelId, B::Kernel, BuildHasherDefault<IdHasher>>,
     graphs: HashMap<GraphId, GraphEntry<B::Graph>>,
     next_graph: u64,
     poison: Option<Arc<Error>>,
@@ -122,7 +123,7 @@ fn two<S>(streams: &mut [S], a: usize, b: usize) -> (&mut S, &mut S) {
 
 impl<B: Backend> Server<B> {
     pub(crate) fn new(mut backend: B, id: ServerId) -> Result<Self> {
-        let first = backend.create_stream()?;
+        let first = backend.create_stream(StreamId(0))?;
         Ok(Self {
             backend,
             id,
@@ -133,7 +134,7 @@ impl<B: Backend> Server<B> {
                 in_flight: Vec::new(),
                 failures_seen: 0,
             }],
-            kernels: HashMap::new(),
+            kernels: HashMap::default(),
             graphs: HashMap::new(),
             next_graph: 1,
             poison: None,
@@ -147,6 +148,21 @@ impl<B: Backend> Server<B> {
 
     pub(crate) fn backend_mut(&mut self) -> &mut B {
         &mut self.backend
+    }
+
+    pub(crate) fn with_memory<R>(
+        &mut self,
+        buffer: &Buffer,
+        f: impl FnOnce(&mut B, &B::Memory) -> R,
+    ) -> Result<R> {
+        let r = self.resolve(buffer, ByteRange::new(0, buffer.size()), "buffer")?;
+        self.require_memory(r)?;
+        let Server { backend, table, .. } = self;
+        let memory = table
+            .get(r.buffer)
+            .and_then(|e| e.memory.as_ref())
+            .ok_or(Error::NeverAllocated { buffer: r.buffer })?;
+        Ok(f(backend, memory))
     }
 
     /// Ask the fault plan about a device call.
@@ -199,18 +215,29 @@ impl<B: Backend> Server<B> {
         range: ByteRange,
         what: &str,
     ) -> Result<BufferRange> {
+        self.resolve_with(buffer, range, &|| what.to_owned())
+    }
+
+    /// [`resolve`](Self::resolve), naming the argument only on error: a
+    /// launch must not format a string per binding on the success path.
+    fn resolve_with(
+        &self,
+        buffer: &Buffer,
+        range: ByteRange,
+        what: &dyn Fn() -> String,
+    ) -> Result<BufferRange> {
         if buffer.server() != self.id {
             return Err(Error::invalid(
-                what,
+                what(),
                 format!("{} belongs to another server", buffer.id()),
             ));
         }
         let Some(entry) = self.table.get(buffer.id()) else {
-            return Err(Error::invalid(what, format!("{} was freed", buffer.id())));
+            return Err(Error::invalid(what(), format!("{} was freed", buffer.id())));
         };
         if range.end < range.start {
             return Err(Error::invalid(
-                what,
+                what(),
                 format!(
                     "range {}..{} of {} is reversed",
                     range.start,
@@ -221,13 +248,13 @@ impl<B: Backend> Server<B> {
         }
         if range.is_empty() {
             return Err(Error::invalid(
-                what,
+                what(),
                 format!("empty range of {}", buffer.id()),
             ));
         }
         if range.end > entry.size {
             return Err(Error::invalid(
-                what,
+                what(),
                 format!(
                     "{range} runs past the end of {}, which holds {} bytes",
                     buffer.id(),
@@ -285,6 +312,13 @@ impl<B: Backend> Server<B> {
                 continue;
             }
             waited.push(from);
+            if self.streams[from].window.state() != CaptureState::NoCapture {
+                return Err(Error::refused(format!(
+                    "{id} was last used by work recorded on {}, which has not run; \
+                     use it from {stream} after that capture ends",
+                    StreamId(from as u32)
+                )));
+            }
             let recording = self.streams[to].window.state() != CaptureState::NoCapture;
             let (first, then) = two(&mut self.streams, from, to);
             if recording {
@@ -390,10 +424,10 @@ impl<B: Backend> Server<B> {
 
     pub(crate) fn create_stream(&mut self) -> Result<StreamId> {
         self.check_poison()?;
-        let device = self.backend.create_stream()?;
         let id = StreamId(
             u32::try_from(self.streams.len()).map_err(|_| Error::refused("too many streams"))?,
         );
+        let device = self.backend.create_stream(id)?;
         self.streams.push(StreamState {
             device,
             window: CaptureWindow::new(),
@@ -653,7 +687,7 @@ impl<B: Backend> Server<B> {
         let mut read: SmallVec<[BufferRange; 8]> = SmallVec::new();
         for (i, binding) in bindings.iter().enumerate() {
             let what = || format!("binding {i} of `{}`", kernel.name());
-            let r = self.resolve(binding.slice.buffer, binding.slice.range, &what())?;
+            let r = self.resolve_with(binding.slice.buffer, binding.slice.range, &what)?;
             if r.range.start % alignment != 0 {
                 return Err(Error::invalid(
                     what(),

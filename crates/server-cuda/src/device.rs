@@ -283,10 +283,12 @@ impl Cuda {
         })
     }
 
-    pub(crate) fn new_stream(&mut self) -> Result<CudaStreamState> {
+    pub(crate) fn new_stream(&mut self, id: StreamId) -> Result<CudaStreamState> {
         self.bind()?;
-        let index =
-            u32::try_from(self.streams.len()).map_err(|_| Error::refused("too many streams"))?;
+        // The core's ids count successful creations from 0, which is what
+        // indexes `streams` and `capturing`.
+        let index = id.0;
+        debug_assert_eq!(index as usize, self.streams.len());
         let start = |what| move |e| driver_error(e, Doing::Start { what });
         let cu = self.ctx.new_stream().map_err(start("cuStreamCreate"))?;
         let order_event = self.ctx.new_event(None).map_err(start("cuEventCreate"))?;

@@ -66,7 +66,7 @@ mod memory;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use scope_core::{Backend, Client, Kernel, Language, Launch, Result};
+use scope_core::{Backend, Client, Kernel, Language, Launch, Result, StreamId};
 
 pub use capture::CudaGraph;
 pub use device::{CudaStreamState, probe, total_memory};
@@ -202,8 +202,8 @@ impl Backend for Cuda {
         self.info.total_memory
     }
 
-    fn create_stream(&mut self) -> Result<CudaStreamState> {
-        self.new_stream()
+    fn create_stream(&mut self, id: StreamId) -> Result<CudaStreamState> {
+        self.new_stream(id)
     }
 
     fn allocate(&mut self, size: u64) -> Result<CudaMemory> {

@@ -6,7 +6,7 @@
 //! of the failure model (scopes, taint, windows, poison, fault injection)
 //! is the core's `Server<Hip>`.
 
-use scope_core::{Backend, Kernel, Language, Launch, Result};
+use scope_core::{Backend, Kernel, Language, Launch, Result, StreamId};
 
 use crate::capture::HipGraph;
 use crate::device::{Hip, HipStream};
@@ -33,8 +33,8 @@ impl Backend for Hip {
         self.info.total_memory
     }
 
-    fn create_stream(&mut self) -> Result<HipStream> {
-        Hip::create_stream(self)
+    fn create_stream(&mut self, id: StreamId) -> Result<HipStream> {
+        Hip::create_stream(self, id)
     }
 
     fn allocate(&mut self, size: u64) -> Result<HipMemory> {

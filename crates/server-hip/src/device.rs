@@ -119,7 +119,6 @@ pub struct Hip {
     /// and is zeroed again after each launch (see `launch.rs`).
     pub(crate) param_scratch: Box<[u8]>,
     streams: Vec<Weak<StreamShared>>,
-    next_stream: u32,
 }
 
 impl Hip {
@@ -176,7 +175,6 @@ impl Hip {
             read_buffer: None,
             param_scratch: vec![0; 2 * crate::launch::PARAM_SLACK].into_boxed_slice(),
             streams: Vec::new(),
-            next_stream: 0,
         })
     }
 
@@ -204,9 +202,8 @@ impl Hip {
         )
     }
 
-    pub(crate) fn create_stream(&mut self) -> Result<HipStream> {
+    pub(crate) fn create_stream(&mut self, id: StreamId) -> Result<HipStream> {
         self.make_current()?;
-        let id = StreamId(self.next_stream);
         let doing = || Doing::Other(Some(id));
         let stream = self.api.stream().map_err(|e| e.into_error(doing()))?;
         let order_event = self.api.event().map_err(|e| e.into_error(doing()))?;
@@ -216,9 +213,6 @@ impl Hip {
         });
         self.streams.retain(|s| s.strong_count() > 0);
         self.streams.push(Arc::downgrade(&shared));
-        // The core numbers streams in creation order from 0, counting only
-        // those created successfully; so does this.
-        self.next_stream += 1;
         Ok(HipStream {
             id,
             shared,

@@ -189,8 +189,7 @@ impl Backend for Vulkan {
         self.gpu.limits.min_storage_offset
     }
 
-    fn create_stream(&mut self) -> Result<VulkanStream> {
-        let id = scope_core::StreamId(u32::try_from(self.tracks.len()).unwrap_or(u32::MAX));
+    fn create_stream(&mut self, id: scope_core::StreamId) -> Result<VulkanStream> {
         let stream = VulkanStream::new(&self.gpu, id)?;
         self.tracks.push(stream.track.clone());
         Ok(stream)

@@ -198,15 +198,19 @@ impl Backend for Wgpu {
         u64::from(self.gpu.limits.min_storage_buffer_offset_alignment)
     }
 
-    fn create_stream(&mut self) -> Result<Stream> {
+    fn create_stream(&mut self, id: StreamId) -> Result<Stream> {
         self.gpu.sink.check_lost()?;
-        let index = self.streams.len();
-        let id = u32::try_from(index).map_err(|_| Error::refused("too many streams"))?;
+        let index = id.0 as usize;
+        debug_assert_eq!(
+            index,
+            self.streams.len(),
+            "the core numbers streams in creation order"
+        );
         if index >= 1 << 16 {
             return Err(Error::refused("too many streams"));
         }
         self.next_batch += 1;
-        self.streams.push(Batch::new(StreamId(id), self.next_batch));
+        self.streams.push(Batch::new(id, self.next_batch));
         Ok(Stream(index))
     }
 
