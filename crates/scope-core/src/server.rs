@@ -158,10 +158,7 @@ impl<B: Backend> Server<B> {
         let r = self.resolve(buffer, ByteRange::new(0, buffer.size()), "buffer")?;
         self.require_memory(r)?;
         let Server { backend, table, .. } = self;
-        let memory = table
-            .get(r.buffer)
-            .and_then(|e| e.memory.as_ref())
-            .ok_or(Error::NeverAllocated { buffer: r.buffer })?;
+        let memory = table.memory(r.buffer)?;
         Ok(f(backend, memory))
     }
 
@@ -280,7 +277,7 @@ impl<B: Backend> Server<B> {
     }
 
     fn memory(&self, id: BufferId) -> Option<&B::Memory> {
-        self.table.get(id).and_then(|e| e.memory.as_ref())
+        self.table.memory(id).ok()
     }
 
     /// The error an operation on a buffer without memory gets.
@@ -517,10 +514,7 @@ impl<B: Backend> Server<B> {
                     streams,
                     ..
                 } = server;
-                let memory = table
-                    .get(r.buffer)
-                    .and_then(|e| e.memory.as_ref())
-                    .ok_or(Error::NeverAllocated { buffer: r.buffer })?;
+                let memory = table.memory(r.buffer)?;
                 backend.write(&mut streams[index].device, memory, r.range.start, data)?;
                 server.note_in_flight(stream, written);
                 Ok(())
@@ -551,21 +545,9 @@ impl<B: Backend> Server<B> {
         self.refuse_if_recording(stream, "a host read")?;
         self.table.check(&[r])?;
         self.require_memory(r)?;
-        let result = self.fault(Site::Read, Some(stream)).and_then(|()| {
-            self.order(stream, [r.buffer])?;
-            let index = self.stream_index(stream);
-            let Server {
-                backend,
-                table,
-                streams,
-                ..
-            } = self;
-            let memory = table
-                .get(r.buffer)
-                .and_then(|e| e.memory.as_ref())
-                .ok_or(Error::NeverAllocated { buffer: r.buffer })?;
-            backend.read(&mut streams[index].device, memory, r.range.start, out)
-        });
+        let result = self
+            .fault(Site::Read, Some(stream))
+            .and_then(|()| self.device_read(stream, r, out));
         match result {
             Ok(()) => {
                 let index = self.stream_index(stream);
@@ -584,6 +566,11 @@ impl<B: Backend> Server<B> {
         let r = self.resolve_copy_range(src, "peek source")?;
         self.refuse_if_recording(stream, "a peek")?;
         self.require_memory(r)?;
+        self.device_read(stream, r, out)
+    }
+
+    /// Read `r` on the device, after ordering `stream` behind its last user.
+    fn device_read(&mut self, stream: StreamId, r: BufferRange, out: &mut [u8]) -> Result<()> {
         self.order(stream, [r.buffer])?;
         let index = self.stream_index(stream);
         let Server {
@@ -592,11 +579,12 @@ impl<B: Backend> Server<B> {
             streams,
             ..
         } = self;
-        let memory = table
-            .get(r.buffer)
-            .and_then(|e| e.memory.as_ref())
-            .ok_or(Error::NeverAllocated { buffer: r.buffer })?;
-        backend.read(&mut streams[index].device, memory, r.range.start, out)
+        backend.read(
+            &mut streams[index].device,
+            table.memory(r.buffer)?,
+            r.range.start,
+            out,
+        )
     }
 
     pub(crate) fn copy(&mut self, stream: StreamId, src: Slice<'_>, dst: Slice<'_>) -> Result<()> {
@@ -619,7 +607,6 @@ impl<B: Backend> Server<B> {
         let read = [s];
         let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
             |server, written| {
-                server.require_memory(s)?;
                 server.fault(Site::Copy, Some(stream))?;
                 server.order(stream, [s.buffer, d.buffer])?;
                 let index = server.stream_index(stream);
@@ -629,12 +616,7 @@ impl<B: Backend> Server<B> {
                     streams,
                     ..
                 } = server;
-                let (Some(src), Some(dst)) = (
-                    table.get(s.buffer).and_then(|e| e.memory.as_ref()),
-                    table.get(d.buffer).and_then(|e| e.memory.as_ref()),
-                ) else {
-                    return Err(Error::NeverAllocated { buffer: s.buffer });
-                };
+                let (src, dst) = (table.memory(s.buffer)?, table.memory(d.buffer)?);
                 backend.copy(
                     &mut streams[index].device,
                     src,
@@ -768,10 +750,7 @@ impl<B: Backend> Server<B> {
                     } = server;
                     let mut bound: SmallVec<[Bound<'_, B::Memory>; 8]> = SmallVec::new();
                     for (r, access) in &resolved {
-                        let memory = table
-                            .get(r.buffer)
-                            .and_then(|e| e.memory.as_ref())
-                            .ok_or(Error::NeverAllocated { buffer: r.buffer })?;
+                        let memory = table.memory(r.buffer)?;
                         bound.push(Bound {
                             memory,
                             offset: r.range.start,

@@ -104,6 +104,13 @@ impl<M> BufferTable<M> {
         slot.entry.as_mut()
     }
 
+    /// The memory of a live, allocated buffer.
+    pub(crate) fn memory(&self, id: BufferId) -> Result<&M, Error> {
+        self.get(id)
+            .and_then(|e| e.memory.as_ref())
+            .ok_or(Error::NeverAllocated { buffer: id })
+    }
+
     /// Whether `id` names a live buffer.
     pub(crate) fn is_live(&self, id: BufferId) -> bool {
         self.get(id).is_some()
