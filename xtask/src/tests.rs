@@ -155,8 +155,12 @@ fn other_crates() -> Vec<String> {
     names
 }
 
-/// Whether `cargo nextest` is installed.
+/// Whether `cargo nextest` is installed (and not turned off with
+/// `SCOPE_XTASK_RUNNER=cargo-test`, which is how the fallback is tested).
 pub fn nextest_installed() -> bool {
+    if std::env::var("SCOPE_XTASK_RUNNER").is_ok_and(|r| r == "cargo-test") {
+        return false;
+    }
     run::cargo()
         .args(["nextest", "--version"])
         .stdout(std::process::Stdio::null())
