@@ -62,3 +62,9 @@ pub use runtime::{Runtime, Tensor};
 /// ```
 #[cfg(feature = "wgpu")]
 pub mod linking {}
+
+/// The README's examples, checked as doctests (its linking example compiles;
+/// the copy in [`linking`] also runs).
+#[cfg(all(doctest, feature = "wgpu"))]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
