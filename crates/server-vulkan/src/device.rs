@@ -37,6 +37,8 @@ pub(crate) struct Limits {
     pub max_memory_allocation: u64,
     pub max_buffer_size: u64,
     pub max_groups: [u32; 3],
+    /// `maxPushConstantsSize`.
+    pub max_push_constants: u32,
     /// The memory type pooled allocations come from, and its heap's size.
     pub device_type: u32,
     pub device_heap: u64,
@@ -59,6 +61,9 @@ pub(crate) struct Gpu {
     pub kind: vk::PhysicalDeviceType,
     pub api: u32,
     pub bda: bool,
+    /// Whether `vulkanMemoryModel` is enabled: with `bda`, what SPIR-V that
+    /// reaches buffers by device address (cubecl's) needs.
+    pub memory_model: bool,
     /// Whether the validation layer is on and its messenger listening.
     pub validation: bool,
     debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
@@ -354,6 +359,7 @@ fn memory_facts(
         max_memory_allocation: m3.max_memory_allocation_size.max(1),
         max_buffer_size: max_buffer,
         max_groups: props.limits.max_compute_work_group_count,
+        max_push_constants: props.limits.max_push_constants_size,
         device_type: device_type as u32,
         device_heap: heap,
         device_mappable: flags(device_type).contains(host) && !config.force_staging,
@@ -425,9 +431,13 @@ impl Gpu {
         // SAFETY: the chained struct lives across the call.
         unsafe { instance.get_physical_device_features2(chosen.physical, &mut features) };
         let bda = supported.buffer_device_address == vk::TRUE;
+        let memory_model = supported.vulkan_memory_model == vk::TRUE;
+        let device_scope = memory_model && supported.vulkan_memory_model_device_scope == vk::TRUE;
         let mut enable = vk::PhysicalDeviceVulkan12Features::default()
             .timeline_semaphore(true)
-            .buffer_device_address(bda);
+            .buffer_device_address(bda)
+            .vulkan_memory_model(memory_model)
+            .vulkan_memory_model_device_scope(device_scope);
         let priorities = [1.0_f32];
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(family)
@@ -452,7 +462,7 @@ impl Gpu {
         // SAFETY: the family was created with one queue.
         let queue = unsafe { device.get_device_queue(family, 0) };
         let push = ash::khr::push_descriptor::Device::new(&instance, &device);
-        tracing::info!(device = %chosen.name, validation, bda, "vulkan device open");
+        tracing::info!(device = %chosen.name, validation, bda, memory_model, "vulkan device open");
         Ok(Arc::new(Gpu {
             _entry: entry,
             instance,
@@ -465,6 +475,7 @@ impl Gpu {
             kind: chosen.props.device_type,
             api: chosen.props.api_version,
             bda,
+            memory_model,
             validation: debug.is_some(),
             debug,
             messages,

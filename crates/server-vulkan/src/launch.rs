@@ -16,6 +16,23 @@
 //! module reached twice (two names, or a WGSL and a SPIR-V spelling that
 //! compile alike) makes one pipeline.
 //!
+//! **The device-address interface.** SPIR-V may instead reach its buffers
+//! through buffer device addresses: cubecl's compiler emits a module with
+//! the `PhysicalStorageBuffer64` addressing model and one push-constant
+//! block of 64-bit addresses, the buffers' in order and then the scalar
+//! blob's. The module says so itself, so the server recognises it from the
+//! words (no new kernel language or launch field) and fills that block with
+//! the addresses of the launch's bindings (offset included) and of the blob,
+//! staged as in the descriptor case. The buffers are still the launch's
+//! bindings, with their access: the core's read and write sets, and so every
+//! rule of the failure model, are the same as for a descriptor launch. Such
+//! a module needs `bufferDeviceAddress` and `vulkanMemoryModel`; a device
+//! without them answers with [`Error::Compile`], not a driver crash.
+//!
+//! A SPIR-V module whose entry points do not include the kernel's is a
+//! compile error found here: handing the driver a missing entry point is
+//! undefined behaviour, not an error code.
+//!
 //! A module the driver rejects — lavapipe answers garbage SPIR-V with
 //! `VK_ERROR_UNKNOWN` from `vkCreateComputePipelines` — is
 //! [`Error::Compile`] with the driver's code as its log; the core then
@@ -35,19 +52,29 @@ use crate::error::{NAME, classify, fault, launch_error};
 use crate::memory::VulkanMemory;
 use crate::stream::VulkanStream;
 
+/// How a kernel reaches its buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Interface {
+    /// Storage buffers at set 0, bindings `0..n`, pushed as descriptors.
+    Descriptors(u32),
+    /// `n` 64-bit buffer device addresses in a push-constant block.
+    Addresses(u32),
+}
+
 /// A compiled kernel: what the core caches as `Backend::Kernel`.
 #[derive(Clone, Debug)]
 pub struct VulkanKernel {
     pipeline: vk::Pipeline,
     layout: vk::PipelineLayout,
-    bindings: u32,
+    interface: Interface,
 }
 
-/// Layouts by binding count, pipelines by SPIR-V hash; all destroyed with
-/// the backend.
+/// Layouts by binding count (and push-constant size), pipelines by SPIR-V
+/// hash; all destroyed with the backend.
 pub(crate) struct Pipelines {
     gpu: Arc<Gpu>,
     layouts: HashMap<u32, (vk::DescriptorSetLayout, vk::PipelineLayout)>,
+    address_layouts: HashMap<u32, vk::PipelineLayout>,
     pipelines: HashMap<u64, VulkanKernel>,
 }
 
@@ -64,6 +91,9 @@ impl Drop for Pipelines {
             for (_, (set, layout)) in self.layouts.drain() {
                 device.destroy_pipeline_layout(layout, None);
                 device.destroy_descriptor_set_layout(set, None);
+            }
+            for (_, layout) in self.address_layouts.drain() {
+                device.destroy_pipeline_layout(layout, None);
             }
         }
     }
@@ -115,13 +145,31 @@ fn wgsl_to_spirv(kernel: &Kernel, source: &str) -> Result<(Vec<u32>, u32)> {
     Ok((words, bindings))
 }
 
-/// How many bindings descriptor set 0 of a SPIR-V module declares, read from
-/// its decorations. Garbage yields whatever it yields; the driver judges
-/// the module itself.
-fn spirv_bindings(kernel: &Kernel, words: &[u32]) -> Result<u32> {
+/// A literal string operand: NUL-terminated UTF-8 packed little-endian.
+fn literal_string(words: &[u32]) -> String {
+    let bytes: Vec<u8> = words
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// How a SPIR-V module reaches its buffers, read from its instructions:
+/// the `Binding`/`DescriptorSet` decorations, or the addressing model and
+/// push-constant block of the device-address interface. Garbage yields
+/// whatever it yields; the driver judges the module itself.
+fn spirv_interface(kernel: &Kernel, words: &[u32]) -> Result<Interface> {
+    const OP_ENTRY_POINT: u32 = 15;
+    const OP_MEMORY_MODEL: u32 = 14;
+    const OP_TYPE_STRUCT: u32 = 30;
+    const OP_TYPE_POINTER: u32 = 32;
+    const OP_VARIABLE: u32 = 59;
     const OP_DECORATE: u32 = 71;
     const BINDING: u32 = 33;
     const DESCRIPTOR_SET: u32 = 34;
+    const PHYSICAL_STORAGE_BUFFER_64: u32 = 5348;
+    const PUSH_CONSTANT: u32 = 9;
     if words.len() < 5 || words[0] != 0x0723_0203 {
         return Err(compile_error(
             kernel,
@@ -130,6 +178,11 @@ fn spirv_bindings(kernel: &Kernel, words: &[u32]) -> Result<u32> {
     }
     let mut sets: HashMap<u32, u32> = HashMap::new();
     let mut bindings: HashMap<u32, u32> = HashMap::new();
+    let mut entries: Vec<String> = Vec::new();
+    let mut physical = false;
+    let mut pointers: HashMap<u32, u32> = HashMap::new();
+    let mut structs: HashMap<u32, u32> = HashMap::new();
+    let mut push_blocks: Vec<u32> = Vec::new();
     let mut at = 5;
     while at < words.len() {
         let count = (words[at] >> 16) as usize;
@@ -137,19 +190,45 @@ fn spirv_bindings(kernel: &Kernel, words: &[u32]) -> Result<u32> {
         if count == 0 || at + count > words.len() {
             break;
         }
-        if opcode == OP_DECORATE && count >= 4 {
-            let (target, decoration, value) = (words[at + 1], words[at + 2], words[at + 3]);
-            match decoration {
-                BINDING => {
-                    bindings.insert(target, value);
+        let operands = &words[at + 1..at + count];
+        match opcode {
+            OP_DECORATE if operands.len() >= 3 => {
+                let (target, decoration, value) = (operands[0], operands[1], operands[2]);
+                match decoration {
+                    BINDING => {
+                        bindings.insert(target, value);
+                    }
+                    DESCRIPTOR_SET => {
+                        sets.insert(target, value);
+                    }
+                    _ => {}
                 }
-                DESCRIPTOR_SET => {
-                    sets.insert(target, value);
-                }
-                _ => {}
             }
+            OP_ENTRY_POINT if operands.len() >= 3 => entries.push(literal_string(&operands[2..])),
+            OP_MEMORY_MODEL if !operands.is_empty() => {
+                physical = operands[0] == PHYSICAL_STORAGE_BUFFER_64;
+            }
+            OP_TYPE_POINTER if operands.len() >= 3 => {
+                pointers.insert(operands[0], operands[2]);
+            }
+            OP_TYPE_STRUCT if !operands.is_empty() => {
+                structs.insert(operands[0], (operands.len() - 1) as u32);
+            }
+            OP_VARIABLE if operands.len() >= 3 && operands[2] == PUSH_CONSTANT => {
+                push_blocks.push(operands[0]);
+            }
+            _ => {}
         }
         at += count;
+    }
+    if !entries.is_empty() && !entries.iter().any(|e| e == kernel.entry_point()) {
+        return Err(compile_error(
+            kernel,
+            format!(
+                "the module has no entry point `{}` (it has {entries:?})",
+                kernel.entry_point()
+            ),
+        ));
     }
     let mut count = 0;
     for (target, binding) in &bindings {
@@ -164,7 +243,27 @@ fn spirv_bindings(kernel: &Kernel, words: &[u32]) -> Result<u32> {
         }
         count = count.max(binding.saturating_add(1));
     }
-    Ok(count)
+    if !physical {
+        return Ok(Interface::Descriptors(count));
+    }
+    // The device-address interface: one push-constant block, a struct of
+    // 64-bit addresses, and no descriptors.
+    let members = match push_blocks.as_slice() {
+        [block] => pointers
+            .get(block)
+            .and_then(|pointee| structs.get(pointee))
+            .copied(),
+        _ => None,
+    };
+    match members {
+        Some(members) if count == 0 => Ok(Interface::Addresses(members)),
+        _ => Err(compile_error(
+            kernel,
+            "the module reaches buffers by device address, but not through exactly one \
+             push-constant block of addresses and no descriptors, the only such interface the \
+             server binds",
+        )),
+    }
 }
 
 impl VulkanKernel {
@@ -179,6 +278,7 @@ impl Pipelines {
         Self {
             gpu,
             layouts: HashMap::new(),
+            address_layouts: HashMap::new(),
             pipelines: HashMap::new(),
         }
     }
@@ -218,11 +318,32 @@ impl Pipelines {
         Ok((set, layout))
     }
 
+    /// The layout of kernels that take `addresses` push-constant addresses.
+    fn address_layout(&mut self, addresses: u32) -> Result<vk::PipelineLayout> {
+        if let Some(&layout) = self.address_layouts.get(&addresses) {
+            return Ok(layout);
+        }
+        let ranges = [vk::PushConstantRange::default()
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            .offset(0)
+            .size(addresses * 8)];
+        let info = vk::PipelineLayoutCreateInfo::default().push_constant_ranges(&ranges);
+        // SAFETY: valid create info on a live device; the range is within
+        // `maxPushConstantsSize` (checked by the caller).
+        let layout = unsafe { self.gpu.device.create_pipeline_layout(&info, None) }
+            .map_err(|e| classify(e, crate::error::Site::Create, "pipeline layout", 0))?;
+        self.address_layouts.insert(addresses, layout);
+        Ok(layout)
+    }
+
     /// Compile `kernel` to a pipeline, or find the one its module made.
     pub(crate) fn compile(&mut self, kernel: &Kernel) -> Result<VulkanKernel> {
-        let (words, bindings) = match kernel.source() {
-            KernelSource::Wgsl(source) => wgsl_to_spirv(kernel, source)?,
-            KernelSource::SpirV(words) => (words.to_vec(), spirv_bindings(kernel, words)?),
+        let (words, interface) = match kernel.source() {
+            KernelSource::Wgsl(source) => {
+                let (words, bindings) = wgsl_to_spirv(kernel, source)?;
+                (words, Interface::Descriptors(bindings))
+            }
+            KernelSource::SpirV(words) => (words.to_vec(), spirv_interface(kernel, words)?),
             other => {
                 return Err(compile_error(
                     kernel,
@@ -242,7 +363,38 @@ impl Pipelines {
         }
         let entry = CString::new(kernel.entry_point())
             .map_err(|_| compile_error(kernel, "the entry point name contains a NUL byte"))?;
-        let (_, layout) = self.layout(bindings)?;
+        let layout = match interface {
+            Interface::Descriptors(bindings) => self.layout(bindings)?.1,
+            Interface::Addresses(addresses) => {
+                if !(self.gpu.bda && self.gpu.memory_model) {
+                    return Err(compile_error(
+                        kernel,
+                        format!(
+                            "the module reaches buffers by device address, which needs \
+                             bufferDeviceAddress and vulkanMemoryModel; {} lacks {}",
+                            self.gpu.name,
+                            match (self.gpu.bda, self.gpu.memory_model) {
+                                (false, false) => "both",
+                                (false, true) => "bufferDeviceAddress",
+                                _ => "vulkanMemoryModel",
+                            }
+                        ),
+                    ));
+                }
+                let bytes = u64::from(addresses) * 8;
+                if bytes > u64::from(self.gpu.limits.max_push_constants) {
+                    return Err(compile_error(
+                        kernel,
+                        format!(
+                            "{addresses} addresses need {bytes} bytes of push constants; the \
+                             device offers {}",
+                            self.gpu.limits.max_push_constants
+                        ),
+                    ));
+                }
+                self.address_layout(addresses)?
+            }
+        };
         let device = &self.gpu.device;
         let info = vk::ShaderModuleCreateInfo::default().code(&words);
         // SAFETY: `words` is a whole number of 32-bit words; the driver
@@ -283,7 +435,7 @@ impl Pipelines {
         let compiled = VulkanKernel {
             pipeline,
             layout,
-            bindings,
+            interface,
         };
         self.pipelines.insert(key, compiled.clone());
         Ok(compiled)
@@ -297,15 +449,26 @@ pub(crate) fn launch(
     launch: &Launch<'_, VulkanMemory>,
 ) -> Result<()> {
     let given = launch.bindings.len() as u32 + u32::from(!launch.scalars.is_empty());
-    if given != kernel.bindings {
-        return Err(launch_error(
-            launch.name,
-            stream.id,
-            format!(
-                "the kernel declares {} storage buffers in set 0; the launch binds {given} (bindings, then the scalar blob)",
-                kernel.bindings
-            ),
-        ));
+    match kernel.interface {
+        Interface::Descriptors(bindings) if given != bindings => {
+            return Err(launch_error(
+                launch.name,
+                stream.id,
+                format!(
+                    "the kernel declares {bindings} storage buffers in set 0; the launch binds {given} (bindings, then the scalar blob)"
+                ),
+            ));
+        }
+        Interface::Addresses(addresses) if given != addresses => {
+            return Err(launch_error(
+                launch.name,
+                stream.id,
+                format!(
+                    "the kernel takes {addresses} buffer addresses; the launch binds {given} (bindings, then the scalar blob)"
+                ),
+            ));
+        }
+        _ => {}
     }
     let limits = &stream.gpu.limits;
     let (min_offset, max_range, max_groups) = (
@@ -331,6 +494,9 @@ pub(crate) fn launch(
             stream.id,
             format!("{groups:?} workgroups is past the device's limit of {max_groups:?}"),
         ));
+    }
+    if let Interface::Addresses(_) = kernel.interface {
+        return launch_by_address(stream, kernel, launch);
     }
     let (encoder, arena, gpu) = stream.encoder()?;
     let mut infos: SmallVec<[vk::DescriptorBufferInfo; 8]> = launch
@@ -382,9 +548,18 @@ pub(crate) fn launch(
             )
         };
     }
-    match &launch.dispatch {
-        // SAFETY: `cmd` is recording with a compute pipeline bound and every
-        // binding pushed; counts are within the device's limits.
+    dispatch(gpu, cmd, &launch.dispatch);
+    encoder.needs_barrier = true;
+    encoder.commands += 1;
+    stream.recorded()
+}
+
+/// Record the dispatch on `cmd`, which is recording with a compute
+/// pipeline bound and every binding it reads pushed.
+fn dispatch(gpu: &Gpu, cmd: vk::CommandBuffer, dispatch: &BoundDispatch<'_, VulkanMemory>) {
+    match dispatch {
+        // SAFETY: the caller's promise; counts are within the device's
+        // limits (checked in `launch`).
         BoundDispatch::Groups([x, y, z]) => unsafe { gpu.device.cmd_dispatch(cmd, *x, *y, *z) },
         // SAFETY: as above; the counts are 12 aligned bytes of a buffer with
         // indirect usage (core-checked).
@@ -393,6 +568,57 @@ pub(crate) fn launch(
                 .cmd_dispatch_indirect(cmd, memory.buffer, memory.offset + offset)
         },
     }
+}
+
+/// Record a launch of a device-address kernel: the addresses of the
+/// bindings and of the staged scalar blob, in that order, as push
+/// constants.
+fn launch_by_address(
+    stream: &mut VulkanStream,
+    kernel: &VulkanKernel,
+    launch: &Launch<'_, VulkanMemory>,
+) -> Result<()> {
+    let min_offset = stream.gpu.limits.min_storage_offset;
+    let id = stream.id;
+    let (encoder, arena, gpu) = stream.encoder()?;
+    let mut addresses: SmallVec<[u64; 16]> = launch
+        .bindings
+        .iter()
+        .map(|b| b.memory.device_address() + b.offset)
+        .collect();
+    if !launch.scalars.is_empty() {
+        let padded = (launch.scalars.len() as u64).div_ceil(16) * 16;
+        let staged = arena.push(launch.scalars, padded, min_offset.max(16))?;
+        addresses.push(staged.address);
+    }
+    if addresses.contains(&0) {
+        return Err(launch_error(
+            launch.name,
+            id,
+            "a binding has no device address (bufferDeviceAddress is off)".to_owned(),
+        ));
+    }
+    let bytes: SmallVec<[u8; 128]> = addresses.iter().flat_map(|a| a.to_le_bytes()).collect();
+    encoder.barrier(gpu);
+    let cmd = encoder.cmd;
+    if encoder.bound != kernel.pipeline {
+        // SAFETY: `cmd` is recording; the pipeline is live for the backend's
+        // life.
+        unsafe {
+            gpu.device
+                .cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, kernel.pipeline)
+        };
+        encoder.bound = kernel.pipeline;
+    }
+    // SAFETY: the layout has one compute push-constant range of exactly
+    // `bytes.len()` bytes (the interface's address count, checked against
+    // the launch above); every address is of a live buffer range the core
+    // checked, or of arena memory that travels with the submission.
+    unsafe {
+        gpu.device
+            .cmd_push_constants(cmd, kernel.layout, vk::ShaderStageFlags::COMPUTE, 0, &bytes)
+    };
+    dispatch(gpu, cmd, &launch.dispatch);
     encoder.needs_barrier = true;
     encoder.commands += 1;
     stream.recorded()

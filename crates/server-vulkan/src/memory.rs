@@ -499,6 +499,8 @@ pub(crate) struct Staged {
     pub offset: u64,
     pub len: u64,
     pub ptr: HostPtr,
+    /// The device address of the first byte; 0 without `bufferDeviceAddress`.
+    pub address: u64,
 }
 
 impl Staged {
@@ -555,6 +557,11 @@ impl Arena {
             offset,
             len,
             ptr: chunk.ptr,
+            address: if chunk.backing.address == 0 {
+                0
+            } else {
+                chunk.backing.address + offset
+            },
         })
     }
 
