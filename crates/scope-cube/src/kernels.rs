@@ -1,0 +1,126 @@
+//! Kernels written once, for every server: the conformance operations on
+//! `u32` words, an integer hash whose output must match bit for bit across
+//! servers, and a float kernel compared within a tolerance.
+//!
+//! Each is a `#[cube(launch)]` function plus a constructor that makes its
+//! definition for a target and translates it. Cubes are [`CUBE`] units, one
+//! element each, so a launch over `n` elements runs `ceil(n / CUBE)` cubes.
+//! Scalars come in the order the function declares them.
+
+// The `#[cube]` macro expands each kernel into a module of generated items.
+#![allow(missing_docs, clippy::all)]
+
+use cubecl_core as cubecl;
+use cubecl_core::prelude::*;
+
+use scope_core::Result;
+
+use crate::{CubeKernel, Target, translate};
+
+/// Units per cube of every kernel here.
+pub const CUBE: u32 = 64;
+
+/// `out[i] = value` for `i < n`.
+#[cube(launch)]
+pub fn fill(out: &mut [u32], n: u32, value: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < n {
+        out[ABSOLUTE_POS] = value;
+    }
+}
+
+/// `out[i] = input[i]` for `i < n`.
+#[cube(launch)]
+pub fn copy(input: &[u32], out: &mut [u32], n: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < n {
+        out[ABSOLUTE_POS] = input[ABSOLUTE_POS];
+    }
+}
+
+/// `out[i] = a[i] + b[i]`, wrapping, for `i < n`.
+#[cube(launch)]
+pub fn add(a: &[u32], b: &[u32], out: &mut [u32], n: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < n {
+        out[ABSOLUTE_POS] = a[ABSOLUTE_POS] + b[ABSOLUTE_POS];
+    }
+}
+
+/// An integer hash of `input[i]`, its index and `seed`: multiplies, xors and
+/// shifts that wrap, so any difference between compilers shows in the bits.
+#[cube(launch)]
+pub fn mix(input: &[u32], out: &mut [u32], seed: u32, n: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < n {
+        let mut h = input[ABSOLUTE_POS] ^ seed;
+        h = h * 2654435761u32;
+        h = h ^ (h >> 15u32);
+        h = h + (i * 40503u32);
+        h = h ^ (h << 7u32);
+        out[ABSOLUTE_POS] = h;
+    }
+}
+
+/// `out[i] = alpha * x[i] + sqrt(|y[i]|) + exp(-x[i] * x[i])` for
+/// `i < n` (and inside `out`): a multiply-add and two library functions
+/// whose last bits the servers' compilers may round differently. It takes
+/// scalars of two types and reads a buffer length, so its info struct has
+/// every part.
+#[cube(launch)]
+pub fn blend(x: &[f32], y: &[f32], out: &mut [f32], alpha: f32, n: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < n {
+        if ABSOLUTE_POS < out.len() {
+            let xv = x[ABSOLUTE_POS];
+            let yv = y[ABSOLUTE_POS];
+            out[ABSOLUTE_POS] = alpha * xv + f32::sqrt(f32::abs(yv)) + f32::exp(-(xv * xv));
+        }
+    }
+}
+
+fn unbound() -> BufferCompilationArg {
+    BufferCompilationArg { inplace: None }
+}
+
+macro_rules! constructor {
+    ($(#[$doc:meta])* $name:ident, $module:ident :: $kernel:ident, $($arg:expr),*) => {
+        $(#[$doc])*
+        ///
+        /// # Errors
+        ///
+        /// [`scope_core::Error::Compile`] when the target's compiler refuses it.
+        pub fn $name(target: Target) -> Result<CubeKernel> {
+            let definition = $module::$kernel::new(
+                target.settings([CUBE, 1, 1]),
+                target.device_properties(),
+                target.target_properties(),
+                $($arg),*
+            );
+            translate(&definition, target)
+        }
+    };
+}
+
+constructor!(
+    /// [`fill`](fn@fill), translated: buffers `[out]`, scalars `[n, value]`.
+    fill_kernel, fill::Fill, unbound(), (), ()
+);
+constructor!(
+    /// [`copy`](fn@copy), translated: buffers `[input, out]`, scalars `[n]`.
+    copy_kernel, copy::Copy, unbound(), unbound(), ()
+);
+constructor!(
+    /// [`add`](fn@add), translated: buffers `[a, b, out]`, scalars `[n]`.
+    add_kernel, add::Add, unbound(), unbound(), unbound(), ()
+);
+constructor!(
+    /// [`mix`](fn@mix), translated: buffers `[input, out]`, scalars
+    /// `[seed, n]`.
+    mix_kernel, mix::Mix, unbound(), unbound(), (), ()
+);
+constructor!(
+    /// [`blend`](fn@blend), translated: buffers `[x, y, out]`, scalars
+    /// `[alpha, n]`.
+    blend_kernel, blend::Blend, unbound(), unbound(), unbound(), (), ()
+);

@@ -1,0 +1,182 @@
+//! Which language a server takes, and the device cubecl is told it compiles
+//! for.
+//!
+//! cubecl specialises a kernel while expanding it (plane size, which types
+//! exist, the address width), so a definition is made for one target. The
+//! properties here are deliberately plain — 32-bit addressing, `u32`/`i32`/
+//! `f32`/`bool` — because the scope servers promise nothing more on every
+//! device; a runtime that needs more can build its own definition and still
+//! use [`translate`](crate::translate).
+
+use std::sync::Arc;
+
+use cubecl_core::ir::features::{Features, TypeUsage};
+use cubecl_core::ir::{
+    DeviceIdentity, DeviceProperties, ElemType, FloatKind, HardwareProperties, IntKind,
+    MemoryDeviceProperties, UIntKind, VectorSize,
+};
+use cubecl_core::prelude::{AddressType, CubeDim, ExecutionMode, KernelSettings, TargetProperties};
+use cubecl_core::profile::TimingMethod;
+use cubecl_core::{VulkanCompilationOptions, WgpuCompilationOptions};
+use scope_core::{Backend, Language};
+
+/// The language a kernel is translated into, one per kind of server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// CUDA C++, for `server-cuda` (NVRTC).
+    Cuda,
+    /// HIP C++, for `server-hip` (hiprtc); wavefronts of 64.
+    Hip,
+    /// SPIR-V with buffer device addresses, for `server-vulkan`.
+    SpirV,
+    /// WGSL, for `server-wgpu` (and `server-vulkan` through naga).
+    Wgsl,
+}
+
+/// Push-constant bytes cubecl may use for buffer addresses: the Vulkan
+/// minimum `maxPushConstantsSize`, so every device takes the block.
+pub(crate) const PUSH_CONSTANT_BYTES: usize = 128;
+
+impl Target {
+    /// Every target.
+    pub const ALL: [Target; 4] = [Target::Cuda, Target::Hip, Target::SpirV, Target::Wgsl];
+
+    /// The target for a backend, by its [`Backend::NAME`]; `None` for one
+    /// that takes no compiled language (the host server).
+    pub fn for_backend_name(name: &str) -> Option<Target> {
+        match name {
+            "cuda" => Some(Target::Cuda),
+            "hip" => Some(Target::Hip),
+            "vulkan" => Some(Target::SpirV),
+            "wgpu" => Some(Target::Wgsl),
+            _ => None,
+        }
+    }
+
+    /// The target for backend `B`.
+    pub fn of<B: Backend>() -> Option<Target> {
+        Self::for_backend_name(B::NAME)
+    }
+
+    /// The scope language of the source it produces.
+    pub fn language(self) -> Language {
+        match self {
+            Target::Cuda => Language::Cuda,
+            Target::Hip => Language::Hip,
+            Target::SpirV => Language::SpirV,
+            Target::Wgsl => Language::Wgsl,
+        }
+    }
+
+    /// The backend name errors are reported under.
+    pub(crate) fn backend(self) -> &'static str {
+        match self {
+            Target::Cuda => "cuda",
+            Target::Hip => "hip",
+            Target::SpirV => "vulkan",
+            Target::Wgsl => "wgpu",
+        }
+    }
+
+    /// The plane (warp, wavefront, subgroup) size kernels are specialised
+    /// for.
+    pub fn plane_size(self) -> u32 {
+        match self {
+            Target::Hip => 64,
+            _ => 32,
+        }
+    }
+
+    /// Settings for a definition with cubes of `cube_dim`: bounds-checked,
+    /// 32-bit addressing.
+    pub fn settings(self, cube_dim: [u32; 3]) -> KernelSettings {
+        let [x, y, z] = cube_dim;
+        KernelSettings::new(
+            *CubeDim::new_3d(x, y, z),
+            ExecutionMode::Checked,
+            AddressType::U32,
+        )
+    }
+
+    /// The device a definition for this target is expanded against.
+    pub fn device_properties(self) -> Arc<DeviceProperties> {
+        let plane = self.plane_size();
+        let hardware = HardwareProperties {
+            load_width: 128,
+            vector_register_count: None,
+            plane_size_min: plane,
+            plane_size_max: plane,
+            max_bindings: 32,
+            max_shared_memory_size: 16 << 10,
+            max_cube_count: (
+                u32::from(u16::MAX),
+                u32::from(u16::MAX),
+                u32::from(u16::MAX),
+            ),
+            max_units_per_cube: 256,
+            max_cube_dim: (256, 256, 64),
+            num_streaming_multiprocessors: None,
+            num_tensor_cores: None,
+            min_tensor_cores_dim: None,
+            num_cpu_cores: None,
+            last_level_cache_size: None,
+            max_vector_size: VectorSize::MAX,
+            cube_mma_reserved_shared_memory: 0,
+        };
+        let mut properties = DeviceProperties::new(
+            Features::default(),
+            MemoryDeviceProperties::new(u64::MAX, 256),
+            hardware,
+            TimingMethod::Device,
+            DeviceIdentity {
+                name: format!("scope {self:?}"),
+                fingerprint: format!("scope-cube {self:?}"),
+                physical: None,
+            },
+        );
+        properties.register_address_type(AddressType::U32);
+        for ty in [
+            ElemType::Index,
+            ElemType::UInt(UIntKind::U32),
+            ElemType::Int(IntKind::I32),
+            ElemType::Float(FloatKind::F32),
+            ElemType::Bool,
+        ] {
+            properties.register_type_usage(ty, TypeUsage::all());
+        }
+        Arc::new(properties)
+    }
+
+    /// The target-specific compile-time properties (none that scope uses).
+    pub fn target_properties(self) -> Arc<TargetProperties> {
+        Arc::new(TargetProperties::default())
+    }
+
+    /// Options for the WGSL and SPIR-V compilers.
+    pub(crate) fn wgpu_options(self) -> WgpuCompilationOptions {
+        WgpuCompilationOptions {
+            supports_u64: false,
+            supports_vulkan_compiler: self == Target::SpirV,
+            supports_msl_compiler: false,
+            vulkan: VulkanCompilationOptions {
+                // The server needs Vulkan 1.2, whose SPIR-V is 1.5.
+                max_spirv_version: (1, 5),
+                max_vector_size: 4,
+                push_constant_size: PUSH_CONSTANT_BYTES,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Options for the C++ compilers. `grid_constants` makes the info struct
+    /// a by-value parameter — the convention's scalar blob — instead of a
+    /// pointer to device memory the convention has no binding for.
+    pub(crate) fn cpp_options(self) -> cubecl_cpp::shared::CompilationOptions {
+        let mut options = cubecl_cpp::shared::CompilationOptions {
+            warp_size: self.plane_size() as usize,
+            ..Default::default()
+        };
+        options.supports_features.grid_constants = true;
+        options
+    }
+}

@@ -1,0 +1,242 @@
+//! A cubecl kernel definition, compiled into the language of one server.
+//!
+//! Translation happens once per kernel and target, ahead of any launch, so it
+//! can afford to be strict: everything the launch path will rely on — the
+//! entry point, the per-buffer access the compiler proved, the info layout —
+//! is read here from the definition and the compiler's output and kept in the
+//! [`CubeKernel`]. A launch then only packs values.
+//!
+//! cubecl's compilers report unsupported input with a typed error, but some
+//! of their passes still `expect` on what they consider impossible. A
+//! translation runs under `catch_unwind` so that a kernel cubecl cannot
+//! compile is [`Error::Compile`], never a panic in the caller.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use cubecl_core::Compiler;
+use cubecl_core::ir::AddressType;
+use cubecl_core::ir::attributes::BufferIOAttr;
+use cubecl_core::ir::metadata::Info;
+use cubecl_cpp::shared::CppCompiler;
+use scope_core::{Access, Error, Kernel, Result};
+
+use crate::target::{PUSH_CONSTANT_BYTES, Target};
+
+/// A cubecl kernel translated for one target: the scope [`Kernel`] and what
+/// a launch needs to pack its arguments.
+#[derive(Clone, Debug)]
+pub struct CubeKernel {
+    pub(crate) kernel: Kernel,
+    pub(crate) target: Target,
+    /// The compiler's answer for each buffer, by position.
+    pub(crate) io: Vec<BufferIOAttr>,
+    /// The info struct's layout (scalars by type, buffer lengths).
+    pub(crate) info: Info,
+    pub(crate) address_type: AddressType,
+}
+
+impl CubeKernel {
+    /// The scope kernel: source, entry point and block size.
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    /// The target it was translated for.
+    pub fn target(&self) -> Target {
+        self.target
+    }
+
+    /// How many buffers it takes.
+    pub fn buffers(&self) -> usize {
+        self.io.len()
+    }
+
+    /// How the kernel uses buffer `index`, by the compiler's own analysis:
+    /// the access a launch must declare at least. A buffer the kernel never
+    /// touches is `Read`, the answer that claims nothing.
+    pub fn access(&self, index: usize) -> Option<Access> {
+        self.io.get(index).map(|io| io_access(*io))
+    }
+
+    /// The scalars it takes, as (type, count) in the order the info struct
+    /// holds them (grouped by type).
+    pub fn scalars(&self) -> Vec<(String, usize)> {
+        self.info
+            .scalars
+            .iter()
+            .map(|s| (s.ty.to_string(), s.count))
+            .collect()
+    }
+}
+
+pub(crate) fn io_access(io: BufferIOAttr) -> Access {
+    match io {
+        BufferIOAttr::ReadOnly | BufferIOAttr::Dead => Access::Read,
+        BufferIOAttr::WriteOnly => Access::Write,
+        BufferIOAttr::ReadWrite => Access::ReadWrite,
+    }
+}
+
+/// The name people see: the entry point without cubecl's `_<8 hex>` build
+/// hash, so reports stay stable across builds.
+fn display_name(entry: &str) -> &str {
+    match entry.rsplit_once('_') {
+        Some((base, hash))
+            if !base.is_empty()
+                && hash.len() == 8
+                && hash.bytes().all(|b| b.is_ascii_hexdigit()) =>
+        {
+            base
+        }
+        _ => entry,
+    }
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with no message".to_owned())
+}
+
+/// What a compiler produced, before it becomes a [`Kernel`].
+enum Output {
+    Text(String),
+    Words(Vec<u32>),
+}
+
+/// Translate `kernel` (a definition made with [`Target::settings`] and
+/// [`Target::device_properties`] of the same target) into the language of
+/// `target`.
+///
+/// # Errors
+///
+/// [`Error::Compile`] when the kernel's expansion panics, the cubecl
+/// compiler refuses or panics, or the kernel needs an argument model the
+/// scope convention cannot express (tensor metadata; more buffers than the
+/// Vulkan push-constant block holds).
+pub fn translate(kernel: &impl cubecl_core::CubeKernel, target: Target) -> Result<CubeKernel> {
+    let type_name = kernel.name();
+    let compile_error = |name: &str, log: String| Error::Compile {
+        backend: target.backend(),
+        kernel: Arc::from(name),
+        log,
+    };
+    let definition = cubecl_core::define_kernel(kernel)
+        .map_err(|e| compile_error(type_name, format!("cubecl could not expand it: {e}")))?;
+    // Read before compiling: the compilers consume the definition, and the
+    // entry point carries a hash of this build's kernel id.
+    let entry = definition.settings.kernel_name.clone();
+    let name = display_name(&entry).to_owned();
+    let info = definition.info.clone();
+    let address_type = definition.settings.address_type;
+    let cube = definition.settings.cube_dim;
+    if info.has_dynamic_meta {
+        return Err(compile_error(
+            &name,
+            "the kernel takes tensor metadata (shapes and strides); scope-cube packs buffers and \
+             scalars only"
+                .to_owned(),
+        ));
+    }
+    let compiled = catch_unwind(AssertUnwindSafe(
+        || -> std::result::Result<(Output, Vec<BufferIOAttr>, Option<usize>), String> {
+            match target {
+                Target::Cuda => {
+                    let repr = CppCompiler::<cubecl_cpp::target::Cuda>::default()
+                        .compile(definition, &target.cpp_options())
+                        .map_err(|e| e.to_string())?;
+                    let io = CppCompiler::<cubecl_cpp::target::Cuda>::buffer_io(&repr);
+                    Ok((Output::Text(repr.to_string()), io.unwrap_or_default(), None))
+                }
+                Target::Hip => {
+                    let repr = CppCompiler::<cubecl_cpp::target::Hip>::default()
+                        .compile(definition, &target.cpp_options())
+                        .map_err(|e| e.to_string())?;
+                    let io = CppCompiler::<cubecl_cpp::target::Hip>::buffer_io(&repr);
+                    Ok((Output::Text(repr.to_string()), io.unwrap_or_default(), None))
+                }
+                Target::Wgsl => {
+                    let repr = cubecl_wgpu::WgslCompiler
+                        .compile(definition, &target.wgpu_options())
+                        .map_err(|e| e.to_string())?;
+                    let io = repr.io.clone();
+                    Ok((Output::Text(repr.to_string()), io, None))
+                }
+                Target::SpirV => {
+                    let repr = cubecl_spirv::SpirvCompiler
+                        .compile(definition, &target.wgpu_options())
+                        .map_err(|e| e.to_string())?;
+                    let io = repr.io.clone().unwrap_or_default();
+                    Ok((
+                        Output::Words(repr.assembled_module),
+                        io,
+                        repr.immediate_size,
+                    ))
+                }
+            }
+        },
+    ))
+    .map_err(|payload| {
+        compile_error(
+            &name,
+            format!("the cubecl compiler panicked: {}", panic_text(&*payload)),
+        )
+    })?
+    .map_err(|log| compile_error(&name, log))?;
+    let (output, io, immediate) = compiled;
+    let block = [cube.x, cube.y, cube.z];
+    let kernel = match (target, output) {
+        (Target::Cuda, Output::Text(source)) => Kernel::cuda(name.as_str(), source)
+            .entry(entry)
+            .block(block),
+        (Target::Hip, Output::Text(source)) => {
+            Kernel::hip(name.as_str(), source).entry(entry).block(block)
+        }
+        (Target::Wgsl, Output::Text(source)) => Kernel::wgsl(name.as_str(), source).entry(entry),
+        (Target::SpirV, Output::Words(words)) => {
+            if immediate.is_none() {
+                return Err(compile_error(
+                    &name,
+                    format!(
+                        "the kernel takes {} buffers; cubecl passes more addresses than fit in \
+                         {PUSH_CONSTANT_BYTES} bytes of push constants through a uniform buffer, \
+                         which the Vulkan server does not bind",
+                        io.len()
+                    ),
+                ));
+            }
+            Kernel::spirv(name.as_str(), words).entry(entry)
+        }
+        (target, _) => {
+            return Err(compile_error(
+                &name,
+                format!("the {target:?} compiler produced the wrong kind of output"),
+            ));
+        }
+    };
+    tracing::debug!(kernel = %name, ?target, buffers = io.len(), "translated");
+    Ok(CubeKernel {
+        kernel,
+        target,
+        io,
+        info,
+        address_type,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::display_name;
+
+    #[test]
+    fn the_build_hash_is_dropped_from_the_name() {
+        assert_eq!(display_name("fill_115b64b4"), "fill");
+        assert_eq!(display_name("fill_u32_115b64b4"), "fill_u32");
+        assert_eq!(display_name("fill_u32"), "fill_u32");
+        assert_eq!(display_name("fill_1234567g"), "fill_1234567g");
+        assert_eq!(display_name("_115b64b4"), "_115b64b4");
+    }
+}
