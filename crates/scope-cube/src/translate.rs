@@ -59,6 +59,12 @@ impl CubeKernel {
         self.io.get(index).map(|io| io_access(*io))
     }
 
+    /// Whether it takes an info struct (scalars, buffer lengths), packed as
+    /// the scalar blob. Without one, a launch passes no blob.
+    pub fn has_info(&self) -> bool {
+        self.info.has_info()
+    }
+
     /// The scalars it takes, as (type, count) in the order the info struct
     /// holds them (grouped by type).
     pub fn scalars(&self) -> Vec<(String, usize)> {
