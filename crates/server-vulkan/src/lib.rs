@@ -20,7 +20,11 @@
 //! - `copy`: host writes (inline or staged, always in stream order), reads
 //!   and device copies.
 //! - `launch`: WGSL through naga 30 to SPIR-V, SPIR-V to pipelines with push
-//!   descriptors, and the dispatch.
+//!   descriptors, and the dispatch. SPIR-V that reaches its buffers by
+//!   device address (what cubecl emits; see `scope-cube`) is recognised
+//!   from the module and given the bindings' and the scalar blob's
+//!   addresses as push constants instead — same bindings, same access, so
+//!   the same read and write sets.
 //! - `capture`: a window records into a simultaneous-use command buffer
 //!   that a replay resubmits without re-recording; a host write inside a
 //!   window keeps its bytes for every replay.
@@ -43,9 +47,10 @@
 //!
 //! # What the core does not reach
 //!
-//! `VulkanMemory::device_address` gives a buffer device address, but the
-//! core's `Client` does not expose backend memory for a `Buffer`, so a
-//! runtime cannot ask for it yet.
+//! `VulkanMemory::device_address` gives a buffer device address, which a
+//! runtime reaches through `Client::with_memory`. Writes made through such
+//! an address outside a launch are invisible to the failure model; inside a
+//! launch, the device-address interface keeps every address a binding.
 
 mod capture;
 mod copy;
