@@ -1,0 +1,259 @@
+//! Translation and argument packing, checked without a device: what each
+//! target's source looks like at the seams scope relies on, the blob's
+//! layout, and every refusal. Buffers come from the reference host server;
+//! nothing here launches on it except the one refusal that must happen
+//! before a launch.
+
+use cubecl_core as cubecl;
+use cubecl_core::prelude::*;
+
+use scope_core::{Access, Binding, Dispatch, Error, KernelSource, Language};
+use scope_cube::kernels::{self, CUBE};
+use scope_cube::{Args, Target, translate};
+
+fn host() -> scope_core::Client<scope_core::host::Host> {
+    scope_core::host::client().expect("the host server always starts")
+}
+
+fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+#[test]
+fn every_kernel_translates_for_every_target() {
+    for target in Target::ALL {
+        for kernel in [
+            kernels::fill_kernel(target),
+            kernels::copy_kernel(target),
+            kernels::add_kernel(target),
+            kernels::mix_kernel(target),
+            kernels::blend_kernel(target),
+        ] {
+            let kernel = kernel.unwrap_or_else(|e| panic!("{target:?}: {e}"));
+            let k = kernel.kernel();
+            assert_eq!(k.source().language(), target.language());
+            // The entry point is cubecl's, with its build hash; the name is
+            // the function's.
+            assert!(
+                k.entry_point().starts_with(&format!("{}_", k.name())),
+                "{target:?}: entry {} for {}",
+                k.entry_point(),
+                k.name()
+            );
+            match k.source() {
+                KernelSource::Cuda(text) | KernelSource::Hip(text) => {
+                    assert_eq!(k.block_size(), [CUBE, 1, 1]);
+                    // The info struct is the last parameter, by value: the
+                    // convention's scalar blob.
+                    let signature = text
+                        .lines()
+                        .find(|l| l.contains(k.entry_point()))
+                        .expect("the entry point is defined");
+                    assert!(signature.contains("extern \"C\" __global__"), "{signature}");
+                    assert!(signature.contains("info_st const info"), "{signature}");
+                    assert!(!signature.contains("info_st const*"), "{signature}");
+                    if target == Target::Cuda {
+                        assert!(signature.contains("__grid_constant__"), "{signature}");
+                    }
+                }
+                KernelSource::Wgsl(text) => {
+                    // One storage buffer per argument, the info at the next
+                    // binding, read-only.
+                    let n = kernel.buffers();
+                    assert!(
+                        text.contains(&format!(
+                            "@group(0) @binding({n}) var<storage, read> info_var"
+                        )),
+                        "{text}"
+                    );
+                    assert!(text.contains(&format!("fn {}(", k.entry_point())));
+                }
+                KernelSource::SpirV(words) => assert_eq!(words[0], 0x0723_0203),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn the_compiler_answers_each_buffers_access() {
+    let fill = kernels::fill_kernel(Target::Wgsl).unwrap();
+    assert_eq!(fill.access(0), Some(Access::Write));
+    assert_eq!(fill.access(1), None);
+    let add = kernels::add_kernel(Target::SpirV).unwrap();
+    assert_eq!(
+        (0..3).map(|i| add.access(i).unwrap()).collect::<Vec<_>>(),
+        vec![Access::Read, Access::Read, Access::Write]
+    );
+}
+
+/// The blob is cubecl's info struct: scalars by type, each group padded to
+/// eight bytes, then one length per buffer (in elements), padded likewise.
+#[test]
+fn the_blob_is_cubecls_info_struct() {
+    let c = host();
+    let out = c.allocate(64 * 4).unwrap();
+    let fill = kernels::fill_kernel(Target::Wgsl).unwrap();
+    let (bindings, blob) = fill
+        .pack(&Args::new().slice::<u32>(&out).scalar(5u32).scalar(9u32))
+        .unwrap();
+    assert_eq!(bindings.len(), 1);
+    assert_eq!(bindings[0].access, Access::Write);
+    assert_eq!(words(&blob), vec![5, 9, 64, 0]);
+
+    // Two scalar types: grouped, in the order the kernel's struct declares.
+    let blend = kernels::blend_kernel(Target::Cuda).unwrap();
+    let order = blend.scalars();
+    assert_eq!(
+        order,
+        vec![("f32".to_owned(), 1), ("u32".to_owned(), 1)],
+        "floats sort before unsigned integers, whatever the argument order"
+    );
+    let x = c.allocate(10 * 4).unwrap();
+    let (_, blob) = blend
+        .pack(
+            &Args::new()
+                .slice::<f32>(&x)
+                .slice::<f32>(x.slice(0..20))
+                .slice::<f32>(&x)
+                .scalar(1.5f32)
+                .scalar(7u32),
+        )
+        .unwrap();
+    let alpha = 1.5f32.to_bits();
+    assert_eq!(words(&blob), vec![alpha, 0, 7, 0, 10, 5, 10, 0]);
+}
+
+#[test]
+fn declared_access_must_cover_the_kernels() {
+    let c = host();
+    let a = c.allocate(256).unwrap();
+    let b = c.allocate(256).unwrap();
+    let copy = kernels::copy_kernel(Target::SpirV).unwrap();
+    // The output declared read-only would never carry a failure.
+    let error = copy
+        .pack(
+            &Args::new()
+                .buffer::<u32>(Binding::read(&a))
+                .buffer::<u32>(Binding::read(&b))
+                .scalar(64u32),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::InvalidArgument { why, .. } if why.contains("buffer 1 is declared Read")),
+        "{error}"
+    );
+    // The input declared write-only would be run on even when tainted.
+    let error = copy
+        .pack(
+            &Args::new()
+                .buffer::<u32>(Binding::write(&a))
+                .buffer::<u32>(Binding::write(&b))
+                .scalar(64u32),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::InvalidArgument { why, .. } if why.contains("buffer 0")),
+        "{error}"
+    );
+    // Wider than needed is fine: it only makes the sets larger.
+    let (bindings, _) = copy
+        .pack(
+            &Args::new()
+                .buffer::<u32>(Binding::read_write(&a))
+                .buffer::<u32>(Binding::read_write(&b))
+                .scalar(64u32),
+        )
+        .unwrap();
+    assert!(bindings.iter().all(|b| b.access == Access::ReadWrite));
+}
+
+#[test]
+fn wrong_arguments_are_refused() {
+    let c = host();
+    let a = c.allocate(256).unwrap();
+    let fill = kernels::fill_kernel(Target::Wgsl).unwrap();
+    let refused = |args: Args<'_>, needle: &str| {
+        let error = fill.pack(&args).unwrap_err();
+        assert!(
+            matches!(&error, Error::InvalidArgument { why, .. } if why.contains(needle)),
+            "{error}"
+        );
+    };
+    refused(
+        Args::new().scalar(1u32).scalar(2u32),
+        "takes 1 buffers, 0 given",
+    );
+    refused(
+        Args::new()
+            .slice::<u32>(&a)
+            .slice::<u32>(&a)
+            .scalar(1u32)
+            .scalar(2u32),
+        "takes 1 buffers, 2 given",
+    );
+    refused(Args::new().slice::<u32>(&a).scalar(1u32), "given [1 × u32]");
+    refused(
+        Args::new().slice::<u32>(&a).scalar(1u32).scalar(2.0f32),
+        "takes scalars [2 × u32]",
+    );
+    refused(
+        Args::new()
+            .slice::<u32>(a.slice(0..6))
+            .scalar(1u32)
+            .scalar(2u32),
+        "not a whole number of 4-byte elements",
+    );
+}
+
+#[test]
+fn a_language_the_server_does_not_take_is_refused_before_launching() {
+    let c = host();
+    let a = c.allocate(256).unwrap();
+    let fill = kernels::fill_kernel(Target::Wgsl).unwrap();
+    let error = fill
+        .launch(
+            &c,
+            &Args::new().slice::<u32>(&a).scalar(64u32).scalar(1u32),
+            Dispatch::linear(1),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::InvalidArgument { why, .. } if why.contains("WGSL")),
+        "{error}"
+    );
+    assert!(c.read(&a).is_ok(), "nothing was claimed");
+    assert_eq!(Target::of::<server_vulkan::Vulkan>(), Some(Target::SpirV));
+    assert_eq!(Target::of::<server_wgpu::Wgpu>(), Some(Target::Wgsl));
+    assert_eq!(Target::of::<scope_core::host::Host>(), None);
+    assert_eq!(Target::Hip.language(), Language::Hip);
+}
+
+fn expansion_refuses() -> u32 {
+    panic!("this kernel refuses to expand")
+}
+
+#[cube(launch)]
+fn panics_while_expanding(out: &mut [u32]) {
+    let value = comptime![expansion_refuses()];
+    out[ABSOLUTE_POS] = value;
+}
+
+#[test]
+fn a_kernel_that_panics_while_expanding_is_a_compile_error() {
+    let target = Target::Wgsl;
+    let panicking = panics_while_expanding::PanicsWhileExpanding::new(
+        target.settings([CUBE, 1, 1]),
+        target.device_properties(),
+        target.target_properties(),
+        BufferCompilationArg { inplace: None },
+    );
+    let error = translate(&panicking, target).unwrap_err();
+    assert!(
+        matches!(&error, Error::Compile { log, .. } if log.contains("refuses to expand")),
+        "{error}"
+    );
+}
