@@ -44,6 +44,19 @@ pub trait Suite: 'static {
     /// A kernel in the backend's language that does not compile.
     fn broken() -> Kernel;
 
+    /// The scalar blob for a launch of `kernel` over `bindings` whose scalars
+    /// are `values`. Defaults to the values as little-endian `u32`s; a
+    /// kernel compiler with its own argument layout (cubecl's info struct,
+    /// say) packs them its way.
+    #[allow(unused_variables)]
+    fn scalar_blob(
+        kernel: &Kernel,
+        bindings: &[Binding<'_>],
+        values: &[u32],
+    ) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
     /// A size no larger than the backend's largest allocation that the
     /// device cannot provide, to test a real out-of-memory; `None` to rely
     /// on injected ones only.
@@ -104,12 +117,20 @@ fn groups(n: u32) -> Dispatch<'static> {
     Dispatch::linear(n.div_ceil(64))
 }
 
-fn scalars(values: &[u32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+fn as_bytes(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-fn as_bytes(words: &[u32]) -> Vec<u8> {
-    scalars(words)
+/// Launch `kernel` with `values` packed by the suite's [`Suite::scalar_blob`].
+fn launch<S: Suite>(
+    client: &Client<S::Backend>,
+    kernel: &Kernel,
+    bindings: &[Binding<'_>],
+    values: &[u32],
+    dispatch: Dispatch<'_>,
+) -> Result<()> {
+    let blob = S::scalar_blob(kernel, bindings, values);
+    client.launch(kernel, bindings, &blob, dispatch)
 }
 
 fn as_words(bytes: &[u8]) -> Vec<u32> {
@@ -137,30 +158,33 @@ fn read<B: Backend>(client: &Client<B>, buffer: &Buffer) -> Result<Vec<u32>> {
 
 fn fill<S: Suite>(client: &Client<S::Backend>, out: &Buffer, value: u32) -> Result<()> {
     let n = words_of(out);
-    client.launch(
+    launch::<S>(
+        client,
         &S::fill(),
         &[Binding::write(out)],
-        &scalars(&[n, value]),
+        &[n, value],
         groups(n),
     )
 }
 
 fn copy<S: Suite>(client: &Client<S::Backend>, input: &Buffer, out: &Buffer) -> Result<()> {
     let n = words_of(out);
-    client.launch(
+    launch::<S>(
+        client,
         &S::copy(),
         &[Binding::read(input), Binding::write(out)],
-        &scalars(&[n]),
+        &[n],
         groups(n),
     )
 }
 
 fn add<S: Suite>(client: &Client<S::Backend>, a: &Buffer, b: &Buffer, out: &Buffer) -> Result<()> {
     let n = words_of(out);
-    client.launch(
+    launch::<S>(
+        client,
         &S::add(),
         &[Binding::read(a), Binding::read(b), Binding::write(out)],
-        &scalars(&[n]),
+        &[n],
         groups(n),
     )
 }
@@ -291,10 +315,11 @@ pub fn partial_writes_and_healing<S: Suite>() {
     fail_next_launch(&c, "half");
     let n = WORDS / 2;
     assert!(
-        c.launch(
+        launch::<S>(
+            &c,
             &S::fill(),
             &[buf.slice(0..half).write()],
-            &scalars(&[n, 9]),
+            &[n, 9],
             groups(n)
         )
         .is_err()
@@ -606,20 +631,22 @@ pub fn several_failures_named_once_each<S: Suite>() {
     let n = WORDS / 2;
     fail_next_launch(&c, "first-half");
     assert!(
-        c.launch(
+        launch::<S>(
+            &c,
             &S::fill(),
             &[buf.slice(0..half).write()],
-            &scalars(&[n, 1]),
+            &[n, 1],
             groups(n)
         )
         .is_err()
     );
     fail_next_launch(&c, "second-half");
     assert!(
-        c.launch(
+        launch::<S>(
+            &c,
             &S::fill(),
             &[buf.slice(half..).write()],
-            &scalars(&[n, 1]),
+            &[n, 1],
             groups(n)
         )
         .is_err()
@@ -638,14 +665,14 @@ pub fn compile_error_claims_outputs<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let input = upload(&c, &[1; 64]);
     let out = upload(&c, &[2; 64]);
-    let error = c
-        .launch(
-            &S::broken(),
-            &[Binding::read(&input), Binding::write(&out)],
-            &scalars(&[64]),
-            groups(64),
-        )
-        .unwrap_err();
+    let error = launch::<S>(
+        &c,
+        &S::broken(),
+        &[Binding::read(&input), Binding::write(&out)],
+        &[64],
+        groups(64),
+    )
+    .unwrap_err();
     assert!(matches!(error, Error::Compile { .. }), "{error}");
     let on_read = read(&c, &out).unwrap_err();
     assert!(
@@ -672,10 +699,11 @@ pub fn bad_input_is_typed<S: Suite>() {
         other => panic!("expected an invalid argument, got {other:?}"),
     };
     // A binding past the end of its buffer.
-    invalid(c.launch(
+    invalid(launch::<S>(
+        &c,
         &S::fill(),
         &[buf.slice(0..512).write()],
-        &scalars(&[128, 0]),
+        &[128, 0],
         groups(128),
     ));
     // Zero and overflowing sizes.
@@ -737,29 +765,32 @@ pub fn zero_and_indirect_dispatch<S: Suite>() {
     fail_next_launch(&c, "stale");
     assert!(fill::<S>(&c, &out, 1).is_err());
     let n = WORDS;
-    c.launch(
+    launch::<S>(
+        &c,
         &S::fill(),
         &[Binding::write(&out)],
-        &scalars(&[n, 5]),
+        &[n, 5],
         Dispatch::Groups([0, 1, 1]),
     )
     .unwrap();
     assert!(read(&c, &out).is_err(), "a zero dispatch heals nothing");
     let counts = upload(&c, &[n.div_ceil(64), 1, 1]);
-    c.launch(
+    launch::<S>(
+        &c,
         &S::fill(),
         &[Binding::write(&out)],
-        &scalars(&[n, 5]),
+        &[n, 5],
         Dispatch::Indirect(counts.all()),
     )
     .unwrap();
     assert_eq!(read(&c, &out).unwrap(), vec![5; WORDS as usize]);
     fail_next_launch(&c, "count");
     assert!(fill::<S>(&c, &counts, 0).is_err());
-    let skipped = c.launch(
+    let skipped = launch::<S>(
+        &c,
         &S::fill(),
         &[Binding::write(&out)],
-        &scalars(&[n, 6]),
+        &[n, 6],
         Dispatch::Indirect(counts.all()),
     );
     assert!(matches!(skipped, Err(Error::Skipped { .. })), "{skipped:?}");
@@ -774,18 +805,20 @@ pub fn read_write_binding_is_in_both_sets<S: Suite>() {
     fail_next_launch(&c, "rw");
     assert!(fill::<S>(&c, &buf, 1).is_err());
     let n = WORDS;
-    let rw = c.launch(
+    let rw = launch::<S>(
+        &c,
         &S::fill(),
         &[Binding::read_write(&buf)],
-        &scalars(&[n, 2]),
+        &[n, 2],
         groups(n),
     );
     assert!(matches!(rw, Err(Error::Skipped { .. })), "{rw:?}");
     c.write(&buf, &as_bytes(&vec![0; WORDS as usize])).unwrap();
-    c.launch(
+    launch::<S>(
+        &c,
         &S::fill(),
         &[Binding::read_write(&buf)],
-        &scalars(&[n, 2]),
+        &[n, 2],
         groups(n),
     )
     .unwrap();
