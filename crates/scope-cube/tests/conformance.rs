@@ -1,147 +1,83 @@
-//! The scope-core conformance suite with `#[cube]` kernels, on the Vulkan
-//! server (cubecl's SPIR-V, by device address, validation layer on) and on
-//! the wgpu server (cubecl's WGSL) over both of its adapters here.
+//! The scope-core conformance suite with `#[cube]` kernels — the very
+//! `scope_cube::kernels` fill, copy and add a runtime would use — on the
+//! Vulkan server (cubecl's SPIR-V, by device address, validation layer on)
+//! and on the wgpu server (cubecl's WGSL) over both of its adapters here.
 //!
-//! The suite's helpers pass their scalars raw, as the binding convention
-//! says: little-endian `u32`s, `[n]` for copy and add. cubecl's info struct
-//! pads each scalar group to eight bytes (and would append buffer lengths
-//! in checked mode), so a kernel with cubecl scalars wants a 16-byte blob
-//! where the suite gives 4 — wgpu rightly refuses a binding smaller than
-//! the shader's struct. So these kernels take the blob the way the
-//! convention hands it over: as their last buffer, `params: &[u32]`. cubecl
-//! still declares a table of buffer lengths for every kernel, read only by
-//! bounds checks and `len()`; these kernels are compiled unchecked and call
-//! no `len()`, and [`WithoutLengths`] drops the table from their definition,
-//! so no info struct is left and the bindings are exactly the convention's.
-//! (Were a length read after all, the compiler would find no table and the
-//! kernel would not compile — loud, never silently wrong.) The kernels in
-//! `scope_cube::kernels`, launched through `Args`, use real cubecl scalars;
-//! `tests/servers.rs` runs those.
+//! The suite hands each launch its scalars as `u32` values and asks
+//! [`Suite::scalar_blob`] for the bytes. cubecl's argument model is not the
+//! convention's default (little-endian words): the scalars live in an info
+//! struct, grouped by type and padded to eight bytes, followed — the
+//! kernels are bounds-checked — by each buffer's length. So this suite
+//! answers with [`scope_cube::CubeKernel::pack`] over the suite's own
+//! bindings: the blob is cubecl's `InfoBuilder` output for exactly the
+//! buffers the suite binds, and the packing also checks that the suite's
+//! declared access covers what the compiler says each kernel does.
+//!
+//! The one kernel that is not a cubecl kernel is `broken` (an entry point
+//! its module lacks): the server must refuse it before it reads a blob, so
+//! it gets the convention's plain words.
 
 use std::sync::OnceLock;
 
-use cubecl_core as cubecl;
-use cubecl_core::prelude::*;
-
 use scope_core::conformance::Suite;
-use scope_core::{Client, Kernel, Result};
-use scope_cube::{Target, translate};
-
-#[cube(launch)]
-fn conformance_fill(out: &mut [u32], params: &[u32]) {
-    let n = params[0];
-    if (ABSOLUTE_POS as u32) < n {
-        out[ABSOLUTE_POS] = params[1];
-    }
-}
-
-#[cube(launch)]
-fn conformance_copy(input: &[u32], out: &mut [u32], params: &[u32]) {
-    if (ABSOLUTE_POS as u32) < params[0] {
-        out[ABSOLUTE_POS] = input[ABSOLUTE_POS];
-    }
-}
-
-#[cube(launch)]
-fn conformance_add(a: &[u32], b: &[u32], out: &mut [u32], params: &[u32]) {
-    if (ABSOLUTE_POS as u32) < params[0] {
-        out[ABSOLUTE_POS] = a[ABSOLUTE_POS] + b[ABSOLUTE_POS];
-    }
-}
-
-/// A definition without cubecl's table of buffer lengths (see the module
-/// docs).
-struct WithoutLengths<K>(K);
-
-impl<K: KernelMetadata> KernelMetadata for WithoutLengths<K> {
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-
-    fn id(&self) -> KernelId {
-        self.0.id()
-    }
-
-    fn address_type(&self) -> ElemType {
-        self.0.address_type()
-    }
-}
-
-impl<K: CubeKernel> CubeKernel for WithoutLengths<K> {
-    fn define(&self) -> KernelDefinition {
-        let mut definition = self.0.define();
-        definition.info.sized_meta = None;
-        definition
-    }
-}
-
-fn unbound() -> BufferCompilationArg {
-    BufferCompilationArg { inplace: None }
-}
-
-fn settings(target: Target) -> KernelSettings {
-    let mut settings = target.settings([64, 1, 1]);
-    settings.execution_mode = ExecutionMode::Unchecked;
-    settings
-}
+use scope_core::{Binding, Client, Kernel, Result};
+use scope_cube::kernels::{add_kernel, copy_kernel, fill_kernel};
+use scope_cube::{Args, CubeKernel, Target};
 
 /// The three kernels for one target, translated once per test binary.
 struct Kernels {
-    fill: scope_cube::CubeKernel,
-    copy: scope_cube::CubeKernel,
-    add: scope_cube::CubeKernel,
+    fill: CubeKernel,
+    copy: CubeKernel,
+    add: CubeKernel,
 }
 
-fn kernels(target: Target) -> Kernels {
-    let device = target.device_properties();
-    let props = target.target_properties();
-    let fill = conformance_fill::ConformanceFill::new(
-        settings(target),
-        device.clone(),
-        props.clone(),
-        unbound(),
-        unbound(),
-    );
-    let copy = conformance_copy::ConformanceCopy::new(
-        settings(target),
-        device.clone(),
-        props.clone(),
-        unbound(),
-        unbound(),
-        unbound(),
-    );
-    let add = conformance_add::ConformanceAdd::new(
-        settings(target),
-        device,
-        props,
-        unbound(),
-        unbound(),
-        unbound(),
-        unbound(),
-    );
-    let kernels = Kernels {
-        fill: translate(&WithoutLengths(fill), target).expect("fill translates"),
-        copy: translate(&WithoutLengths(copy), target).expect("copy translates"),
-        add: translate(&WithoutLengths(add), target).expect("add translates"),
-    };
-    for k in [&kernels.fill, &kernels.copy, &kernels.add] {
-        assert!(
-            !k.has_info(),
-            "{}: the blob is a buffer, so cubecl must add no info struct",
-            k.kernel().name()
-        );
+impl Kernels {
+    fn new(target: Target) -> Self {
+        Self {
+            fill: fill_kernel(target).expect("fill translates"),
+            copy: copy_kernel(target).expect("copy translates"),
+            add: add_kernel(target).expect("add translates"),
+        }
     }
-    kernels
+
+    /// The cube kernel `kernel` was taken from, by its id (source, entry
+    /// point and block).
+    fn find(&self, kernel: &Kernel) -> Option<&CubeKernel> {
+        [&self.fill, &self.copy, &self.add]
+            .into_iter()
+            .find(|cube| cube.kernel().id() == kernel.id())
+    }
+
+    /// The scalar blob for a launch the suite makes: cubecl's info struct
+    /// for these bindings and values, or plain words for a kernel that is
+    /// not one of ours (`broken`).
+    fn blob(&self, kernel: &Kernel, bindings: &[Binding<'_>], values: &[u32]) -> Vec<u8> {
+        let Some(cube) = self.find(kernel) else {
+            return values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        };
+        let args = bindings
+            .iter()
+            .fold(Args::new(), |args, binding| args.buffer::<u32>(*binding));
+        let args = values.iter().fold(args, |args, &value| args.scalar(value));
+        let (packed, blob) = cube.pack(&args).unwrap_or_else(|error| {
+            panic!(
+                "the suite's launch of `{}` does not fit the cube kernel: {error}",
+                kernel.name()
+            )
+        });
+        assert_eq!(packed.len(), bindings.len(), "packing keeps the bindings");
+        blob
+    }
 }
 
 fn spirv() -> &'static Kernels {
     static KERNELS: OnceLock<Kernels> = OnceLock::new();
-    KERNELS.get_or_init(|| kernels(Target::SpirV))
+    KERNELS.get_or_init(|| Kernels::new(Target::SpirV))
 }
 
 fn wgsl() -> &'static Kernels {
     static KERNELS: OnceLock<Kernels> = OnceLock::new();
-    KERNELS.get_or_init(|| kernels(Target::Wgsl))
+    KERNELS.get_or_init(|| Kernels::new(Target::Wgsl))
 }
 
 /// A cube kernel that does not compile on the server: `fill`, asked for an
@@ -180,6 +116,10 @@ impl Suite for VulkanCube {
 
     fn broken() -> Kernel {
         broken(spirv())
+    }
+
+    fn scalar_blob(kernel: &Kernel, bindings: &[Binding<'_>], values: &[u32]) -> Vec<u8> {
+        spirv().blob(kernel, bindings, values)
     }
 
     fn oversized() -> Option<u64> {
@@ -229,6 +169,10 @@ impl<A: OnApi> Suite for WgpuCube<A> {
     fn broken() -> Kernel {
         broken(wgsl())
     }
+
+    fn scalar_blob(kernel: &Kernel, bindings: &[Binding<'_>], values: &[u32]) -> Vec<u8> {
+        wgsl().blob(kernel, bindings, values)
+    }
 }
 
 mod wgpu_vulkan {
@@ -239,4 +183,41 @@ mod wgpu_vulkan {
 mod wgpu_gl {
     type Suite = super::WgpuCube<super::WgpuGl>;
     scope_core::conformance_tests!(Suite);
+}
+
+/// The packing the suite relies on, checked without a device: the blob is
+/// cubecl's (scalars padded to eight bytes, then one length per binding,
+/// the binding's and not the buffer's), not the convention's words; a
+/// foreign kernel gets the words.
+#[test]
+fn the_suite_blob_is_cubecls_info_struct() {
+    let buffer = scope_core::Client::new(scope_core::host::Host::new())
+        .expect("host server")
+        .allocate(256)
+        .expect("allocate");
+    for kernels in [spirv(), wgsl()] {
+        let fill = kernels.fill.kernel();
+        let blob = kernels.blob(fill, &[Binding::write(&buffer)], &[64, 9]);
+        let words: Vec<u32> = blob
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        // [n, value] (one u32 group, padded to eight bytes), then the
+        // bound buffer's length in elements, then padding.
+        assert_eq!(words, [64, 9, 64, 0], "cubecl's info struct");
+        let half = kernels.blob(fill, &[buffer.slice(0..128).write()], &[32, 9]);
+        assert_eq!(
+            half[8..12],
+            32u32.to_le_bytes(),
+            "the length is the binding's"
+        );
+        let foreign = broken(kernels);
+        assert_eq!(
+            kernels.blob(&foreign, &[Binding::write(&buffer)], &[64, 9]),
+            [64u32, 9]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<_>>()
+        );
+    }
 }
