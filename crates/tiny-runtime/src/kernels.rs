@@ -1,11 +1,17 @@
-//! The runtime's four kernels, in every language a server takes, side by side.
+//! The native path: the runtime's four kernels hand-written in every
+//! language a server takes, side by side.
 //!
-//! Each operation is written twice: WGSL for wgpu and Vulkan (the Vulkan
-//! server compiles WGSL through naga) and CUDA C++ for CUDA and HIP (hiprtc
-//! accepts the same dialect for what these kernels use). Keeping the two
-//! next to each other is what makes them reviewable as one operation until
-//! the single-source kernel issue replaces them; a change to one that is not
-//! made to the other shows in the same diff.
+//! The runtime's default is the `#[cube]` path ([`crate::cube`]), one
+//! source for every server. These stay because they are the other half of
+//! the comparison the demo prints and the tests run — the same operations
+//! written the way a runtime without cubecl would, launched through the
+//! contract's plain convention — and because a runtime author copying this
+//! crate may have no cubecl. Each operation is written twice: WGSL for wgpu
+//! and Vulkan (the Vulkan server compiles WGSL through naga) and CUDA C++
+//! for CUDA and HIP (hiprtc accepts the same dialect for what these kernels
+//! use). Keeping the two next to each other makes them reviewable as one
+//! operation; a change to one that is not made to the other shows in the
+//! same diff.
 //!
 //! Every kernel follows the contract's binding convention: buffers in order,
 //! then the scalar blob (little-endian `u32`s) as one more read-only storage
@@ -31,7 +37,7 @@ pub const GROUP: u32 = 64;
 /// and most readers run it) a workgroup barrier switches every invocation's
 /// coroutine, and the tiled kernel ran 4.5× slower than this one (0.28 vs
 /// 1.26 GFLOP/s on two cores). On a GPU this is a memory-bound but correct
-/// baseline; the single-source kernel issue is where fast kernels belong.
+/// baseline, and the cube path's matmul keeps the same shape.
 const MATMUL_WGSL: &str = r"
 struct Dims { m: u32, n: u32, k: u32 }
 @group(0) @binding(0) var<storage, read> a: array<f32>;

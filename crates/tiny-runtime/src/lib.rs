@@ -10,9 +10,14 @@
 //! - **Generic over `B: Backend`, named in one place.** [`runtime`],
 //!   [`mlp`] and [`demo`] never mention a backend; [`backends`] is the only
 //!   module with a `cfg` in it, one arm a server.
-//! - **Kernels side by side.** [`kernels`] holds each operation in WGSL and
-//!   in CUDA C++ next to each other, and the runtime picks the dialect the
-//!   linked server accepts.
+//! - **Kernels written once.** [`cube`] holds each operation as a cubecl
+//!   `#[cube(launch)]` function, translated by `scope-cube` into the
+//!   language [`scope_cube::Target::of`] gives the linked server (SPIR-V by
+//!   device address on Vulkan, WGSL on wgpu, C++ on CUDA and HIP) and its
+//!   arguments packed by [`scope_cube::Args`]. That is the default path.
+//!   [`kernels`] keeps the same operations hand-written in WGSL and CUDA
+//!   C++ as the native path ([`Runtime::native`]), which the tests and the
+//!   demo's comparison line run too.
 //! - **Issue everything, check at the read.** A failed or skipped launch is
 //!   carried by its outputs, so the runtime does not stop a pass on one: the
 //!   host read at the end returns the root cause and the chain of skipped
@@ -25,14 +30,16 @@
 //! first layer and what the user sees of it, and capture/replay.
 
 pub mod backends;
+pub mod cube;
 pub mod demo;
 pub mod kernels;
 pub mod mlp;
 pub mod runtime;
 
+pub use cube::CubeKernels;
 pub use kernels::Kernels;
 pub use mlp::{Mlp, Shape, Weights};
-pub use runtime::{Runtime, Tensor};
+pub use runtime::{Path, Runtime, Tensor};
 
 /// Linking one server into a runtime, whole: get a client, launch, read.
 ///

@@ -3,8 +3,14 @@
 //!
 //! ```text
 //! cargo run -p tiny-runtime --release [-- --backend wgpu|vulkan|cuda|hip]
+//!     [--kernels cube|native] [--target spirv|wgsl|cuda|hip]
 //!     [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S]
 //! ```
+//!
+//! The kernels are the `#[cube]` ones by default, translated for the
+//! server's language (`--target` picks another the server takes: `wgsl` on
+//! Vulkan goes through naga). Act one also times a pass of the other path
+//! on the same device, so every run prints cube against native.
 //!
 //! Exits non-zero when a check fails: a result off the CPU reference, a
 //! fault that did not show, a device that did not recover.
@@ -13,24 +19,38 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use scope_core::{Backend, Client};
+use scope_cube::Target;
 use tiny_runtime::backends::{self, OnClient};
 use tiny_runtime::demo::{self, TOLERANCE};
 use tiny_runtime::{Runtime, Shape, Weights};
 
+/// Which kernels the demo runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kernels {
+    Cube,
+    Native,
+}
+
 struct Args {
     backend: Option<String>,
+    kernels: Kernels,
+    target: Option<Target>,
     passes: usize,
     shape: Shape,
     seed: u64,
 }
 
 fn usage() -> String {
-    "usage: tiny-runtime [--backend wgpu|vulkan|cuda|hip] [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S]".to_owned()
+    "usage: tiny-runtime [--backend wgpu|vulkan|cuda|hip] [--kernels cube|native] \
+     [--target spirv|wgsl|cuda|hip] [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S]"
+        .to_owned()
 }
 
 fn parse() -> Result<Args, String> {
     let mut args = Args {
         backend: None,
+        kernels: Kernels::Cube,
+        target: None,
         passes: 5,
         shape: Shape::DEMO,
         seed: 7,
@@ -43,6 +63,23 @@ fn parse() -> Result<Args, String> {
         };
         match arg.as_str() {
             "--backend" => args.backend = Some(value("--backend")?),
+            "--kernels" => {
+                args.kernels = match value("--kernels")?.as_str() {
+                    "cube" => Kernels::Cube,
+                    "native" => Kernels::Native,
+                    other => return Err(format!("--kernels {other}: cube or native")),
+                }
+            }
+            "--target" => {
+                let name = value("--target")?;
+                args.target = Some(match name.as_str() {
+                    "spirv" | "spir-v" => Target::SpirV,
+                    "wgsl" => Target::Wgsl,
+                    "cuda" => Target::Cuda,
+                    "hip" => Target::Hip,
+                    other => return Err(format!("--target {other}: spirv, wgsl, cuda or hip")),
+                });
+            }
             "--passes" => {
                 args.passes = value("--passes")?
                     .parse()
@@ -89,6 +126,8 @@ fn verdict(error: f32) -> &'static str {
 }
 
 struct Demo {
+    kernels: Kernels,
+    target: Option<Target>,
     shape: Shape,
     passes: usize,
     seed: u64,
@@ -101,7 +140,18 @@ impl OnClient for Demo {
         let s = self.shape;
         println!("backend  {}", client.backend());
         println!("device   {}", client.describe());
-        let rt = Runtime::new(client).map_err(|e| e.to_string())?;
+        let make = |kernels: Kernels, client: Client<B>| match (kernels, self.target) {
+            (Kernels::Native, _) => Runtime::native(client),
+            (Kernels::Cube, Some(target)) => Runtime::cube(client, target),
+            (Kernels::Cube, None) => Runtime::new(client),
+        };
+        let other = match self.kernels {
+            Kernels::Cube => Kernels::Native,
+            Kernels::Native => Kernels::Cube,
+        };
+        let rt = make(self.kernels, client.clone()).map_err(|e| e.to_string())?;
+        let twin = make(other, client).map_err(|e| e.to_string())?;
+        println!("kernels  {}", rt.path().describe());
         let weights = Weights::random(s, self.seed);
         let setup = demo::setup(&rt, &weights, self.seed + 1).map_err(|e| e.to_string())?;
         let mut ok = true;
@@ -122,6 +172,19 @@ impl OnClient for Demo {
             verdict(fwd.max_error)
         );
         ok &= fwd.max_error <= TOLERANCE;
+        // The other path on the same model and device, for comparison.
+        let cmp = demo::forward(&twin, &setup.mlp, &setup.reference)
+            .map_err(|e| format!("forward pass ({}): {e}", twin.path().describe()))?;
+        println!(
+            "   {:<31} {}  ({:.2} GFLOP/s, {:.2}× this path's time; max error {:.2e} {})",
+            format!("same pass, {} kernels", twin.path().describe()),
+            secs(cmp.steady),
+            s.flops() / cmp.steady.as_secs_f64() / 1e9,
+            cmp.steady.as_secs_f64() / fwd.steady.as_secs_f64().max(1e-9),
+            cmp.max_error,
+            verdict(cmp.max_error)
+        );
+        ok &= cmp.max_error <= TOLERANCE;
 
         println!("\n2. a fault injected into layer1.matmul");
         let fault = demo::fault(&rt, &setup.mlp, &setup.x, &setup.reference)
@@ -222,6 +285,8 @@ fn main() -> ExitCode {
         s.flops() / 1e9
     );
     let demo = Demo {
+        kernels: args.kernels,
+        target: args.target,
         shape: s,
         passes: args.passes,
         seed: args.seed,

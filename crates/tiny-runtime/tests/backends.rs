@@ -1,6 +1,9 @@
 //! The runtime on each linked server: the forward pass against the CPU
 //! reference, the fault act and capture/replay, at a test size that is not
-//! a multiple of any group size.
+//! a multiple of any group size — each on both kernel paths, the `#[cube]`
+//! kernels (the default) and the hand-written native ones. On Vulkan the
+//! cube kernels also run as WGSL through naga, the target the runtime does
+//! not pick by default.
 //!
 //! A backend with no device here prints `skipped: no <backend> device (...)`
 //! and passes; with `SCOPE_REQUIRE=<backend>` (as `cargo xtask test
@@ -10,12 +13,32 @@
 
 use scope_core::conformance::client_or_skip;
 use scope_core::{Backend, Client, Result};
+use scope_cube::Target;
 use tiny_runtime::demo::{self, TOLERANCE};
 use tiny_runtime::{Mlp, Runtime, Shape, Weights};
 
+/// How a test makes its runtime: one per kernel path.
+type Make<B> = fn(Client<B>) -> Result<Runtime<B>>;
+
+fn paths<B: Backend>() -> Vec<(&'static str, Make<B>)> {
+    let mut paths: Vec<(&'static str, Make<B>)> = vec![
+        ("cube", Runtime::new as Make<B>),
+        ("native", Runtime::native as Make<B>),
+    ];
+    if B::NAME == "vulkan" {
+        paths.push(("cube wgsl", |c| Runtime::cube(c, Target::Wgsl)));
+    }
+    paths
+}
+
 fn forward_matches_the_reference<B: Backend>(client: Option<Client<B>>) {
     let Some(client) = client else { return };
-    let rt = Runtime::new(client).expect("the server takes one of the shipped dialects");
+    for (path, make) in paths::<B>() {
+        forward_on(path, make(client.clone()).expect("the runtime builds"));
+    }
+}
+
+fn forward_on<B: Backend>(path: &str, rt: Runtime<B>) {
     for (shape, seed) in [
         (Shape::TEST, 11),
         (
@@ -31,9 +54,10 @@ fn forward_matches_the_reference<B: Backend>(client: Option<Client<B>>) {
         let weights = Weights::random(shape, seed);
         let setup = demo::setup(&rt, &weights, seed + 100).unwrap();
         let fwd = demo::forward(&rt, &setup.mlp, &setup.reference).unwrap();
+        println!("{} {path}: max error {:.2e}", B::NAME, fwd.max_error);
         assert!(
             fwd.max_error <= TOLERANCE,
-            "{}: max error {} at {shape:?}",
+            "{} {path}: max error {} at {shape:?}",
             B::NAME,
             fwd.max_error
         );
@@ -42,7 +66,13 @@ fn forward_matches_the_reference<B: Backend>(client: Option<Client<B>>) {
 
 fn a_fault_reads_as_its_chain_and_heals<B: Backend>(client: Option<Client<B>>) {
     let Some(client) = client else { return };
-    let rt = Runtime::new(client).unwrap();
+    for (path, make) in paths::<B>() {
+        println!("{} {path}:", B::NAME);
+        fault_on(make(client.clone()).expect("the runtime builds"));
+    }
+}
+
+fn fault_on<B: Backend>(rt: Runtime<B>) {
     let weights = Weights::random(Shape::TEST, 21);
     let setup = demo::setup(&rt, &weights, 22).unwrap();
     demo::forward(&rt, &setup.mlp, &setup.reference).unwrap();
@@ -66,7 +96,13 @@ fn a_fault_reads_as_its_chain_and_heals<B: Backend>(client: Option<Client<B>>) {
 
 fn a_captured_pass_replays<B: Backend>(client: Option<Client<B>>) {
     let Some(client) = client else { return };
-    let rt = Runtime::new(client).unwrap();
+    for (path, make) in paths::<B>() {
+        println!("{} {path}:", B::NAME);
+        replay_on(make(client.clone()).expect("the runtime builds"));
+    }
+}
+
+fn replay_on<B: Backend>(rt: Runtime<B>) {
     let weights = Weights::random(Shape::TEST, 31);
     let setup = demo::setup(&rt, &weights, 32).unwrap();
     demo::forward(&rt, &setup.mlp, &setup.reference).unwrap();

@@ -149,3 +149,53 @@ fn the_reference_matmul_is_a_matmul() {
     assert_eq!(s, vec![0.5, 0.5]);
     assert!((mlp::gelu(1.0) - 0.841_192).abs() < 1e-5);
 }
+
+#[test]
+fn the_cube_path_needs_a_target() {
+    let client = Client::new(scope_core::host::Host::new()).expect("host server");
+    let Err(error) = Runtime::new(client) else {
+        panic!("a cube runtime on the host server, which takes no compiled language");
+    };
+    assert!(
+        matches!(error, scope_core::Error::InvalidArgument { .. }),
+        "{error}"
+    );
+}
+
+/// The cube kernels translate for every target, and the compiler's own
+/// access analysis agrees with what the runtime binds: inputs read,
+/// outputs only written (a kernel that read its output would be skipped
+/// after a failure instead of healing it).
+#[test]
+fn the_cube_kernels_translate_for_every_target_with_write_only_outputs() {
+    use scope_core::Access;
+    use scope_cube::Target;
+    for target in Target::ALL {
+        let k = tiny_runtime::CubeKernels::for_target(target)
+            .unwrap_or_else(|e| panic!("{target:?}: {e}"));
+        for (name, kernel, access) in [
+            (
+                "matmul",
+                &k.matmul,
+                &[Access::Read, Access::Read, Access::Write][..],
+            ),
+            (
+                "bias_add",
+                &k.bias_add,
+                &[Access::Read, Access::Read, Access::Write][..],
+            ),
+            ("gelu", &k.gelu, &[Access::Read, Access::Write][..]),
+            ("softmax", &k.softmax, &[Access::Read, Access::Write][..]),
+        ] {
+            assert_eq!(kernel.target(), target);
+            assert_eq!(kernel.kernel().name().as_ref(), name);
+            assert_eq!(kernel.kernel().source().language(), target.language());
+            let got: Vec<Access> = (0..kernel.buffers())
+                .map(|i| kernel.access(i).unwrap())
+                .collect();
+            assert_eq!(got, access, "{target:?} {name}");
+            let scalars: usize = kernel.scalars().iter().map(|(_, n)| n).sum();
+            assert_eq!(scalars, if name == "matmul" { 3 } else { 2 }, "{name}");
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! The runtime's four operations written once, as `#[cube(launch)]`
+//! functions, and translated for whichever server the runtime runs on.
+//!
+//! These are the kernels the runtime uses by default; [`crate::kernels`]
+//! keeps the hand-written WGSL and CUDA C++ as the native path. Each
+//! function reads like its native twin on purpose — same work per
+//! invocation, same dispatch — so the two paths compute the same thing in
+//! the same order and the forward-pass time compares the compilers, not
+//! the algorithms.
+//!
+//! A [`Tensor`](crate::Tensor) goes in as a slice of its `f32`s plus its
+//! `rows` and `cols` as `u32` scalars; [`scope_cube::Args`] packs the
+//! scalars and the bound lengths into cubecl's info struct, which every
+//! server receives as the contract's scalar blob. The kernels are compiled
+//! bounds-checked ([`scope_cube::Target::settings`]): an index the guards
+//! miss reads zero and writes nothing rather than touching another buffer,
+//! which matters in a runtime whose whole point is that a failure stays
+//! with the bytes it was meant to write. The checks cost little where it
+//! was measured: on lavapipe (two cores) the checked cube forward pass took
+//! 0.95–1.03 s as SPIR-V and 1.19–1.22 s as WGSL, the unchecked native one
+//! 1.11–1.18 s (the demo prints both paths on every run).
+//!
+//! The matmul is the native one's shape: one column of [`ROWS`] consecutive
+//! rows per invocation, no shared memory. cubecl could express the tiled
+//! version, but on lavapipe a workgroup barrier switches every
+//! invocation's coroutine and the tiled kernel ran 4× slower there.
+
+// The `#[cube]` macro expands each kernel into a module of generated items.
+#![allow(missing_docs, clippy::all)]
+
+use scope_core::Result;
+use scope_cube::cubecl_core as cubecl;
+use scope_cube::{CubeKernel, Target, translate};
+
+use cubecl::prelude::*;
+
+use crate::kernels::{GROUP, ROWS};
+
+/// `c[m×n] = a[m×k] · b[k×n]`, row-major. A cube is [`GROUP`] units across
+/// columns; cube `y` owns rows `4y .. 4y + 4` (`ROWS` = 4).
+#[cube(launch)]
+pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], m: u32, n: u32, k: u32) {
+    let col = ABSOLUTE_POS_X;
+    let row0 = CUBE_POS_Y * 4u32;
+    if col < n && row0 < m {
+        // Rows past the end repeat the last one, so the loop needs no
+        // branch; their sums are computed and not stored.
+        let r1 = min(row0 + 1u32, m - 1u32);
+        let r2 = min(row0 + 2u32, m - 1u32);
+        let r3 = min(row0 + 3u32, m - 1u32);
+        let mut acc0 = 0.0f32;
+        let mut acc1 = 0.0f32;
+        let mut acc2 = 0.0f32;
+        let mut acc3 = 0.0f32;
+        for i in 0..k {
+            let bv = b[(i * n + col) as usize];
+            acc0 += a[(row0 * k + i) as usize] * bv;
+            acc1 += a[(r1 * k + i) as usize] * bv;
+            acc2 += a[(r2 * k + i) as usize] * bv;
+            acc3 += a[(r3 * k + i) as usize] * bv;
+        }
+        c[(row0 * n + col) as usize] = acc0;
+        if row0 + 1u32 < m {
+            c[((row0 + 1u32) * n + col) as usize] = acc1;
+        }
+        if row0 + 2u32 < m {
+            c[((row0 + 2u32) * n + col) as usize] = acc2;
+        }
+        if row0 + 3u32 < m {
+            c[((row0 + 3u32) * n + col) as usize] = acc3;
+        }
+    }
+}
+
+/// `out = x + bias`, `x` and `out` `rows × cols`, `bias` one row broadcast
+/// down them. One unit an element.
+#[cube(launch)]
+pub fn bias_add(x: &[f32], bias: &[f32], out: &mut [f32], rows: u32, cols: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < rows * cols {
+        out[ABSOLUTE_POS] = x[ABSOLUTE_POS] + bias[(i % cols) as usize];
+    }
+}
+
+/// `out = gelu(x)` elementwise over `rows × cols`, the tanh approximation
+/// (the native WGSL has no `erf`, and the paths must agree), its argument
+/// clamped so no implementation's `tanh` sees overflowing exponentials.
+#[cube(launch)]
+pub fn gelu(x: &[f32], out: &mut [f32], rows: u32, cols: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < rows * cols {
+        let v = x[ABSOLUTE_POS];
+        let t = clamp(
+            0.7978845608f32 * (v + 0.044715f32 * v * v * v),
+            -15.0f32,
+            15.0f32,
+        );
+        out[ABSOLUTE_POS] = 0.5f32 * v * (1.0f32 + f32::tanh(t));
+    }
+}
+
+/// Row-wise softmax of `x` (`rows × cols`), one unit a row: the output
+/// layer's rows are short.
+///
+/// `out` is only written, never read back: the exponentials are computed
+/// again for the last pass rather than divided in place. A kernel that
+/// reads its output has that output in its read set, so after a failure
+/// had claimed `out` the next pass would be skipped instead of healing it
+/// — and cubecl's access analysis, which [`scope_cube::Args`] holds a
+/// launch to, cannot tell a read of the unit's own earlier write from a
+/// read of the old contents. (The native kernel divides in place; its
+/// launch declares `out` write-only on the author's word.)
+#[cube(launch)]
+pub fn softmax(x: &[f32], out: &mut [f32], rows: u32, cols: u32) {
+    let row = ABSOLUTE_POS as u32;
+    if row < rows {
+        let base = row * cols;
+        let mut top = x[base as usize];
+        for j in 1..cols {
+            top = max(top, x[(base + j) as usize]);
+        }
+        let mut sum = 0.0f32;
+        for j in 0..cols {
+            sum += f32::exp(x[(base + j) as usize] - top);
+        }
+        for j in 0..cols {
+            out[(base + j) as usize] = f32::exp(x[(base + j) as usize] - top) / sum;
+        }
+    }
+}
+
+fn unbound() -> BufferCompilationArg {
+    BufferCompilationArg { inplace: None }
+}
+
+/// The four operations translated for one target.
+#[derive(Clone, Debug)]
+pub struct CubeKernels {
+    /// Buffers `[a, b, c]`, scalars `[m, n, k]`; 64 columns × [`ROWS`] rows
+    /// a cube.
+    pub matmul: CubeKernel,
+    /// Buffers `[x, bias, out]`, scalars `[rows, cols]`; 64 elements a cube.
+    pub bias_add: CubeKernel,
+    /// Buffers `[x, out]`, scalars `[rows, cols]`; 64 elements a cube.
+    pub gelu: CubeKernel,
+    /// Buffers `[x, out]`, scalars `[rows, cols]`; 64 rows a cube.
+    pub softmax: CubeKernel,
+}
+
+impl CubeKernels {
+    /// The four kernels, defined for `target` and translated into its
+    /// language. Translation is pure CPU work (a few milliseconds a
+    /// kernel); the server compiles the result on first use.
+    ///
+    /// # Errors
+    ///
+    /// [`scope_core::Error::Compile`] when cubecl cannot compile one for
+    /// `target`.
+    pub fn for_target(target: Target) -> Result<Self> {
+        const _: () = assert!(ROWS == 4, "the cube matmul hard-codes four rows");
+        let settings = || target.settings([GROUP, 1, 1]);
+        let device = Target::device_properties;
+        let props = Target::target_properties;
+        Ok(Self {
+            matmul: translate(
+                &matmul::Matmul::new(
+                    settings(),
+                    device(target),
+                    props(target),
+                    unbound(),
+                    unbound(),
+                    unbound(),
+                    (),
+                    (),
+                    (),
+                ),
+                target,
+            )?,
+            bias_add: translate(
+                &bias_add::BiasAdd::new(
+                    settings(),
+                    device(target),
+                    props(target),
+                    unbound(),
+                    unbound(),
+                    unbound(),
+                    (),
+                    (),
+                ),
+                target,
+            )?,
+            gelu: translate(
+                &gelu::Gelu::new(
+                    settings(),
+                    device(target),
+                    props(target),
+                    unbound(),
+                    unbound(),
+                    (),
+                    (),
+                ),
+                target,
+            )?,
+            softmax: translate(
+                &softmax::Softmax::new(
+                    settings(),
+                    device(target),
+                    props(target),
+                    unbound(),
+                    unbound(),
+                    (),
+                    (),
+                ),
+                target,
+            )?,
+        })
+    }
+}
