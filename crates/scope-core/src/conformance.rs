@@ -49,11 +49,7 @@ pub trait Suite: 'static {
     /// kernel compiler with its own argument layout (cubecl's info struct,
     /// say) packs them its way.
     #[allow(unused_variables)]
-    fn scalar_blob(
-        kernel: &Kernel,
-        bindings: &[Binding<'_>],
-        values: &[u32],
-    ) -> Vec<u8> {
+    fn scalar_blob(kernel: &Kernel, bindings: &[Binding<'_>], values: &[u32]) -> Vec<u8> {
         values.iter().flat_map(|v| v.to_le_bytes()).collect()
     }
 

@@ -22,12 +22,17 @@ use scope_core::conformance::Suite;
 use scope_core::{Binding, Client, Dispatch, Error, Kernel, Result};
 use server_hip::Hip;
 
-/// The mock library, compiled once per test binary.
+/// The mock library, compiled once per test process.
+///
+/// Each process writes its own file: nextest runs every test in a process of
+/// its own, concurrently, and one process loading the library while another
+/// is still writing it gets a truncated file.
 fn mock_library() -> String {
     static PATH: OnceLock<String> = OnceLock::new();
     PATH.get_or_init(|| {
         let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mock/mock_hip.c");
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("libscope_mock_hip.so");
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("libscope_mock_hip-{}.so", std::process::id()));
         let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
         let status = Command::new(&compiler)
             .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"])
