@@ -95,38 +95,25 @@ impl Cuda {
             )
         };
         stream.touch(src);
-        if out.len() <= STAGING_CHUNK {
-            let region = stream
-                .staging
-                .region(&self.ctx, &stream.shared.cu, out.len())?;
-            // SAFETY: `source` lies inside `src`; the region holds
-            // `out.len()` bytes and is not touched until the sync below.
-            unsafe {
-                sys::cuMemcpyDtoHAsync_v2(
-                    region.as_mut_ptr().cast::<c_void>(),
-                    source,
-                    out.len(),
-                    cu,
-                )
-            }
-            .result()
-            .map_err(|e| {
-                classify(
-                    e.0,
-                    Doing::Copy {
-                        what: &what,
-                        stream: id,
-                    },
-                )
-            })?;
-            stream.shared.cu.synchronize().map_err(waited)?;
-            out.copy_from_slice(region);
+        // Small reads land in pinned staging, large ones straight in `out`;
+        // either way one copy and one sync.
+        let mut region = if out.len() <= STAGING_CHUNK {
+            Some(
+                stream
+                    .staging
+                    .region(&self.ctx, &stream.shared.cu, out.len())?,
+            )
         } else {
-            // SAFETY: `out` holds `out.len()` bytes and outlives the copy,
-            // which completes before the sync below returns.
-            unsafe {
-                sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast::<c_void>(), source, out.len(), cu)
-            }
+            None
+        };
+        let target = match &mut region {
+            Some(region) => region.as_mut_ptr(),
+            None => out.as_mut_ptr(),
+        };
+        // SAFETY: `source` lies inside `src`; `target` holds `out.len()`
+        // bytes (the staging region, or `out` itself) and is not touched
+        // until the sync below returns, which completes the copy.
+        unsafe { sys::cuMemcpyDtoHAsync_v2(target.cast::<c_void>(), source, out.len(), cu) }
             .result()
             .map_err(|e| {
                 classify(
@@ -137,7 +124,9 @@ impl Cuda {
                     },
                 )
             })?;
-            stream.shared.cu.synchronize().map_err(waited)?;
+        stream.shared.cu.synchronize().map_err(waited)?;
+        if let Some(region) = region {
+            out.copy_from_slice(region);
         }
         stream.staging.settled();
         Ok(())
