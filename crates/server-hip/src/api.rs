@@ -41,33 +41,17 @@ impl Api {
     /// The runtime's name for `code`.
     pub fn error_name(&self, value: HipErrorCode) -> Option<String> {
         // SAFETY: hipGetErrorName takes any value and returns a pointer to a
-        // static NUL-terminated string, or null.
-        let text = unsafe { (self.rt.get_error_name)(value) };
-        if text.is_null() {
-            return None;
-        }
-        // SAFETY: non-null, NUL-terminated and static, per the contract above.
-        Some(
-            unsafe { CStr::from_ptr(text) }
-                .to_string_lossy()
-                .into_owned(),
-        )
+        // static NUL-terminated string, or null, which is what static_text
+        // requires.
+        unsafe { static_text((self.rt.get_error_name)(value)) }
     }
 
     /// The runtime's description of `code`.
     pub fn error_string(&self, value: HipErrorCode) -> Option<String> {
         // SAFETY: hipGetErrorString takes any value and returns a pointer
-        // to a static NUL-terminated string, or null.
-        let text = unsafe { (self.rt.get_error_string)(value) };
-        if text.is_null() {
-            return None;
-        }
-        // SAFETY: non-null, NUL-terminated and static, per the contract above.
-        Some(
-            unsafe { CStr::from_ptr(text) }
-                .to_string_lossy()
-                .into_owned(),
-        )
+        // to a static NUL-terminated string, or null, which is what
+        // static_text requires.
+        unsafe { static_text((self.rt.get_error_string)(value)) }
     }
 
     /// `hipInit(0)`.
@@ -716,4 +700,19 @@ impl Drop for Pinned {
             tracing::debug!(code = result, "hipHostFree failed on drop");
         }
     }
+}
+
+/// The text of a string the runtime owns for the life of the process, or
+/// `None` for null.
+fn static_text(text: *const std::ffi::c_char) -> Option<String> {
+    if text.is_null() {
+        return None;
+    }
+    // SAFETY: callers pass what hipGetErrorName/String returned: non-null
+    // here, NUL-terminated and static.
+    Some(
+        unsafe { CStr::from_ptr(text) }
+            .to_string_lossy()
+            .into_owned(),
+    )
 }
