@@ -273,7 +273,13 @@ impl Cuda {
                 tracing::warn!("cuda: trim could not wait for stream {i}: {e}");
             }
         }
-        if let Pool::Ordered { pool, .. } = &self.pool {
+        if let Pool::Ordered { pool, stream } = &self.pool {
+            // Frees of blocks no logical stream used went on the pool's own
+            // stream; the driver keeps a freed block until the host has seen
+            // its free complete, so wait for that stream too.
+            if let Err(e) = stream.synchronize() {
+                tracing::warn!("cuda: trim could not wait for the pool's stream: {e}");
+            }
             // SAFETY: the pool is valid.
             if let Err(e) = unsafe { result::mem_pool::trim_to(*pool, 0) } {
                 tracing::warn!("cuda: trimming the pool: {e}");
