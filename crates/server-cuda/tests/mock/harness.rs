@@ -1,0 +1,186 @@
+//! Building and loading the mock CUDA driver and NVRTC (`mock_cuda.c`,
+//! `mock_nvrtc.c`), for the test binaries that run the server against
+//! them: `mock.rs` and `mock_poison.rs`. The real-device binaries
+//! (`device.rs`, `conformance.rs`, `poison.rs`) never include this file, so
+//! the mock cannot leak into them.
+//!
+//! cudarc finds its libraries by *name* (`libcuda.so`, then versioned
+//! names) with `dlopen`, and the loader's search path cannot change once
+//! the process runs. But glibc's `dlopen` of a bare name first looks among
+//! the objects already loaded, matching their `DT_SONAME`. So each mock is
+//! linked with `-Wl,-soname,libcuda.so` (`libnvrtc.so`), opened here by
+//! absolute path and never closed; cudarc's own `dlopen("libcuda.so")` then
+//! returns the mock. [`mock`] checks that this holds before any test
+//! relies on it: a bare-name open must yield a library with the mock's own
+//! hook.
+//!
+//! Each test process compiles its own copy (nextest runs every test in a
+//! process of its own, concurrently, and one process loading a library
+//! another is still writing gets a truncated file).
+
+// Each binary that includes this uses a different part of it.
+#![allow(dead_code)]
+
+use std::ffi::{CStr, c_char, c_void};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use libloading::Library;
+use scope_core::Client;
+use server_cuda::Cuda;
+
+/// The loaded mocks and their test hooks.
+pub struct Mock {
+    cuda: &'static Library,
+    nvrtc: &'static Library,
+}
+
+fn build(source: &str, soname: &str) -> PathBuf {
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mock")
+        .join(source);
+    let stem = soname.trim_end_matches(".so");
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{stem}-scope-mock-{}.so", std::process::id()));
+    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+    let status = Command::new(&compiler)
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror"])
+        .arg(format!("-Wl,-soname,{soname}"))
+        .arg("-o")
+        .arg(&out)
+        .arg(&source)
+        .arg("-lpthread")
+        .status()
+        .unwrap_or_else(|e| panic!("running the C compiler `{compiler}` for {source:?}: {e}"));
+    assert!(status.success(), "{source:?} did not compile");
+    out
+}
+
+/// Open `path` and keep it loaded for the life of the process.
+fn load_forever(path: &PathBuf) -> &'static Library {
+    // SAFETY: the library is our mock, whose initialisers do nothing; it is
+    // never unloaded (leaked), so no symbol taken from it outlives it.
+    let library =
+        unsafe { Library::new(path) }.unwrap_or_else(|e| panic!("loading the mock {path:?}: {e}"));
+    Box::leak(Box::new(library))
+}
+
+/// The mocks, built and loaded once per process, before any driver call.
+pub fn mock() -> &'static Mock {
+    static MOCK: OnceLock<Mock> = OnceLock::new();
+    MOCK.get_or_init(|| {
+        let cuda = load_forever(&build("mock_cuda.c", "libcuda.so"));
+        let nvrtc = load_forever(&build("mock_nvrtc.c", "libnvrtc.so"));
+        // What cudarc will do: open the first candidate name. It must get
+        // the mock, not a real driver elsewhere on the machine.
+        for (name, hook) in [
+            ("libcuda.so", &b"scope_mock_violations\0"[..]),
+            ("libnvrtc.so", &b"scope_mock_nvrtc_violations\0"[..]),
+        ] {
+            // SAFETY: the name resolves to the mock already loaded (or the
+            // assertion below fails); looking a symbol up calls nothing.
+            let by_name = unsafe { Library::new(name) }
+                .unwrap_or_else(|e| panic!("{name} did not resolve to the loaded mock: {e}"));
+            // SAFETY: as above.
+            let found = unsafe { by_name.get::<unsafe extern "C" fn() -> u64>(hook) }.is_ok();
+            assert!(found, "{name} resolved to a library that is not the mock");
+        }
+        Mock { cuda, nvrtc }
+    })
+}
+
+impl Mock {
+    fn hook<T: Copy>(&self, library: &'static Library, name: &[u8]) -> T {
+        // SAFETY: every hook is declared in the mock with the signature its
+        // caller here names; the library is never unloaded.
+        unsafe { *library.get::<T>(name).expect("a mock hook") }
+    }
+
+    /// Calls the mock driver refused (or flagged) because real CUDA would
+    /// refuse or mis-handle them.
+    pub fn violations(&self) -> u64 {
+        let f: unsafe extern "C" fn() -> u64 = self.hook(self.cuda, b"scope_mock_violations\0");
+        // SAFETY: takes the mock's lock and reads a counter.
+        unsafe { f() }
+    }
+
+    /// What the last violation was.
+    pub fn last_violation(&self) -> String {
+        let f: unsafe extern "C" fn() -> *const c_char =
+            self.hook(self.cuda, b"scope_mock_last_violation\0");
+        // SAFETY: the mock returns its static, NUL-terminated buffer.
+        unsafe { CStr::from_ptr(f()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Graph execs destroyed before the host waited for their last replay
+    /// (legal CUDA; rule 35 has the server wait).
+    pub fn graphs_destroyed_in_flight(&self) -> u64 {
+        let f: unsafe extern "C" fn() -> u64 =
+            self.hook(self.cuda, b"scope_mock_graphs_destroyed_in_flight\0");
+        // SAFETY: reads a counter under the mock's lock.
+        unsafe { f() }
+    }
+
+    /// Invalidate the capture on the raw stream `stream`, as the driver does
+    /// after an illegal call during a capture; whether one was in progress.
+    pub fn invalidate_capture(&self, stream: *mut c_void) -> bool {
+        let f: unsafe extern "C" fn(*mut c_void) -> i32 =
+            self.hook(self.cuda, b"scope_mock_invalidate_capture\0");
+        // SAFETY: the mock checks the handle and flips a flag under its lock.
+        unsafe { f(stream) != 0 }
+    }
+
+    /// Operations issued on the raw stream `stream` that the host has not
+    /// waited for.
+    pub fn pending(&self, stream: *mut c_void) -> u64 {
+        let f: unsafe extern "C" fn(*mut c_void) -> u64 =
+            self.hook(self.cuda, b"scope_mock_stream_pending\0");
+        // SAFETY: the mock reads two counters of a stream it created.
+        unsafe { f(stream) }
+    }
+
+    /// Compiles the mock NVRTC refused for a missing or unknown
+    /// `--gpu-architecture`, or PTX asked for before a compile.
+    pub fn nvrtc_violations(&self) -> u64 {
+        let f: unsafe extern "C" fn() -> u64 =
+            self.hook(self.nvrtc, b"scope_mock_nvrtc_violations\0");
+        // SAFETY: reads an atomic counter.
+        unsafe { f() }
+    }
+
+    /// Fail, naming the last one, if the server made any call the mocks
+    /// refuse.
+    pub fn assert_clean(&self) {
+        assert_eq!(
+            self.violations(),
+            0,
+            "the server made a call real CUDA refuses or mis-handles; the last: {}",
+            self.last_violation()
+        );
+        assert_eq!(self.nvrtc_violations(), 0, "an NVRTC call was refused");
+    }
+}
+
+/// The raw handle of logical stream `index` of `client`, for the hooks.
+pub fn raw_stream(client: &Client<Cuda>, index: u32) -> *mut c_void {
+    client.with_backend(|b| {
+        b.raw_stream(index)
+            .expect("the stream exists")
+            .cu_stream()
+            .cast::<c_void>()
+    })
+}
+
+/// A client of the server on the mock device.
+pub fn mock_client() -> scope_core::Result<Client<Cuda>> {
+    mock();
+    server_cuda::client()
+}
+
+/// [`mock_client`], which must work.
+pub fn client() -> Client<Cuda> {
+    mock_client().expect("the server starts on the mock driver")
+}

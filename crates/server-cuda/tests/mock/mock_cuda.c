@@ -1,0 +1,1024 @@
+/*
+ * A mock of the CUDA driver API, for running the server's Rust on machines
+ * without an NVIDIA GPU. It is not CUDA: "device" memory is host memory,
+ * work runs when it is issued (or is recorded into a graph while its stream
+ * captures), and the only kernels are the ones the mock NVRTC
+ * (mock_nvrtc.c) recognises — fill, copy, add, accumulate, and wild, which
+ * writes through a wild pointer and leaves a sticky
+ * CUDA_ERROR_ILLEGAL_ADDRESS on the context, surfacing at the next sync;
+ * from then on every call returns 700, as in a corrupted CUDA context.
+ *
+ * It is built with -Wl,-soname,libcuda.so and loaded by absolute path
+ * before cudarc looks for "libcuda.so": glibc's dlopen finds an object
+ * already loaded by its soname, so cudarc binds to this file.
+ *
+ * Values (CUresult codes, enum values, the CUmemPoolProps layout, the
+ * kernel parameter convention) are the CUDA 13.0 header's, as cudarc's
+ * generated bindings (feature cuda-13000) spell them.
+ *
+ * Time is modelled just enough to check ordering: each stream counts the
+ * operations issued on it and how many the host knows are done. Only a
+ * host wait (cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize)
+ * advances "done"; cuEventQuery answers CUDA_ERROR_NOT_READY until then. A
+ * pool block freed on a stream is reused only once that free is known done
+ * (or on the same stream), and cuMemPoolTrimTo releases only such blocks.
+ *
+ * It is also a checker. Each call below fails (and counts a violation,
+ * readable through scope_mock_violations / scope_mock_last_violation, and
+ * printed to stderr) where real CUDA refuses the call or would mis-handle
+ * it:
+ *
+ *  - any context-level call with no current context on the calling thread
+ *    (CUDA_ERROR_INVALID_CONTEXT), or before cuInit (NOT_INITIALIZED);
+ *  - cuStreamSynchronize / cuStreamQuery on a stream that is capturing
+ *    (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); the capture is invalidated,
+ *    so its later work and its end answer STREAM_CAPTURE_INVALIDATED;
+ *  - cuStreamWaitEvent from a capturing stream on an event recorded
+ *    outside the capture (STREAM_CAPTURE_ISOLATION, invalidating it), and
+ *    any wait, query or sync on an event last recorded in a capture
+ *    (CUDA_ERROR_CAPTURED_EVENT);
+ *  - a capture begun in a mode other than RELAXED (the server's lock
+ *    serialises calls; the other modes forbid what it does on other
+ *    streams meanwhile), a capture begun twice, an end on a stream that
+ *    is not capturing (CUDA_ERROR_ILLEGAL_STATE);
+ *  - a host-to-device copy from pageable memory inside a capture (the
+ *    graph would read whatever is there at replay: STREAM_CAPTURE_UNSUPPORTED);
+ *  - cuMemAllocFromPoolAsync, cuMemFreeAsync or cuGraphLaunch on a
+ *    capturing stream: legal CUDA, but each would put a node (allocation,
+ *    free, child graph) into the graph (CUDA_ERROR_NOT_PERMITTED here);
+ *  - a copy or kernel argument outside every live allocation — a freed
+ *    pointer, or a range past its block — refused when issued or recorded
+ *    (CUDA_ERROR_INVALID_VALUE), and a fault (ILLEGAL_ADDRESS) when a
+ *    graph replay meets one;
+ *  - a free of a pointer that is not a live block of that pool (double
+ *    free, foreign pointer), cuMemFreeHost of a pointer not from
+ *    cuMemHostAlloc;
+ *  - cuMemPoolCreate with props that are not a pinned device pool on
+ *    device 0 with zeroed reserved bytes (checks the struct layout);
+ *  - cuLaunchKernel with a zero or oversized block/grid, or with no
+ *    kernelParams for a kernel that has parameters;
+ *  - cuModuleLoadDataEx with an error log buffer but no size for it.
+ *
+ * Not errors, but what CUDA does: an allocation past what is free is
+ * CUDA_ERROR_OUT_OF_MEMORY and leaves nothing behind; garbage PTX is
+ * CUDA_ERROR_INVALID_PTX with a log in CU_JIT_ERROR_LOG_BUFFER.
+ *
+ * Counted, not refused: cuGraphExecDestroy of a graph whose last replay
+ * the host has not waited for. Real CUDA allows it (the exec is freed when
+ * the replay completes), but the failure model has the server wait first
+ * (rule 35), so a test can ask whether it did.
+ *
+ * Test hooks (not CUDA): scope_mock_violations, scope_mock_last_violation,
+ * scope_mock_graphs_destroyed_in_flight,
+ * scope_mock_stream_pending (operations the host has not waited for), and
+ * scope_mock_invalidate_capture (what the driver does to a capture when a
+ * thread makes an illegal call in global capture mode).
+ *
+ * Every entry point takes one process-wide recursive lock: concurrent tests
+ * share the mock, and "device" work runs on the caller's thread.
+ */
+#define _GNU_SOURCE /* PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+enum {
+  OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_NOT_INITIALIZED = 3, E_INVALID_DEVICE = 101,
+  E_INVALID_CONTEXT = 201, E_INVALID_PTX = 218, E_INVALID_HANDLE = 400, E_ILLEGAL_STATE = 401,
+  E_NOT_FOUND = 500, E_NOT_READY = 600, E_ILLEGAL_ADDRESS = 700, E_NOT_PERMITTED = 800,
+  E_CAPTURE_UNSUPPORTED = 900, E_CAPTURE_INVALIDATED = 901, E_CAPTURE_ISOLATION = 905,
+  E_CAPTURED_EVENT = 907
+};
+/* CUdevice_attribute, CUmemPool_attribute, CUstreamCaptureMode, CUjit_option. */
+enum { ATTR_CC_MAJOR = 75, ATTR_CC_MINOR = 76, ATTR_MEMORY_POOLS_SUPPORTED = 115 };
+enum { POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3, POOL_RELEASE_THRESHOLD = 4,
+       POOL_RESERVED_MEM_CURRENT = 5, POOL_USED_MEM_CURRENT = 7 };
+enum { CAPTURE_MODE_RELAXED = 2 };
+enum { JIT_ERROR_LOG_BUFFER = 5, JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6 };
+
+#define TOTAL ((size_t)1 << 30)
+#define CONTEXT_HOLDS ((size_t)64 << 20)
+#define DEVICE_CC 90
+#define DEVICE_NAME "Mock H200 (scope test double)"
+
+/* ----- the lock, violations, hooks ----- */
+
+static pthread_mutex_t lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static void unlock(int *held) { if (*held) pthread_mutex_unlock(&lock); }
+#define LOCKED int held_ __attribute__((cleanup(unlock))) = (pthread_mutex_lock(&lock), 1)
+
+static unsigned long long violations;
+static char last_violation[512];
+
+__attribute__((format(printf, 2, 3))) static CUresult refuse(CUresult code, const char *fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  vsnprintf(last_violation, sizeof last_violation, fmt, args);
+  va_end(args);
+  violations++;
+  fprintf(stderr, "mock cuda: refused (%d): %s\n", code, last_violation);
+  return code;
+}
+
+unsigned long long scope_mock_violations(void) { LOCKED; return violations; }
+const char *scope_mock_last_violation(void) { LOCKED; return last_violation; }
+/* Graph execs destroyed while a replay was not yet waited for: legal CUDA, not a violation. */
+static unsigned long long destroyed_in_flight;
+unsigned long long scope_mock_graphs_destroyed_in_flight(void) { LOCKED; return destroyed_in_flight; }
+
+/* ----- the context ----- */
+
+typedef struct { int retained; } context;
+static context primary;
+static int initialized;
+static __thread context *current;
+/* A wild kernel ran: the fault is pending until a sync surfaces it, then sticky. */
+static int fault_pending;
+static CUresult sticky;
+
+/* What every context-level call checks first. */
+static CUresult enter(const char *call) {
+  if (!initialized) return refuse(E_NOT_INITIALIZED, "%s before cuInit", call);
+  if (sticky) return sticky;
+  if (!current || !primary.retained)
+    return refuse(E_INVALID_CONTEXT, "%s with no current context on this thread", call);
+  return OK;
+}
+#define ENTER LOCKED; { CUresult entered_ = enter(__func__); if (entered_) return entered_; }
+
+static CUresult surface(void) {
+  if (fault_pending) { fault_pending = 0; sticky = E_ILLEGAL_ADDRESS; }
+  return sticky;
+}
+
+/* ----- memory: a registry of every live block ----- */
+
+enum { DEVICE = 1, HOST = 2 };
+struct stream;
+struct pool;
+typedef struct block {
+  char *base;
+  size_t size;
+  int kind, live;
+  struct pool *pool;                      /* NULL: cuMemAlloc or host */
+  struct stream *freed_on;                /* pool blocks, once freed */
+  unsigned long long freed_seq;
+  struct block *next;
+} block;
+static block *blocks;
+static size_t used = CONTEXT_HOLDS;
+
+typedef struct pool {
+  int live;
+  size_t reserved, in_use;
+  unsigned long long threshold;
+  struct pool *next;
+} pool;
+static pool *pools;
+
+/* The live block of `kind` holding [p, p + n), if any. */
+static block *find(const void *p, size_t n, int kind) {
+  const char *c = p;
+  for (block *b = blocks; b; b = b->next)
+    if (b->live && b->kind == kind && c >= b->base && c + n <= b->base + b->size && c + n >= c) return b;
+  return NULL;
+}
+
+static block *new_block(size_t size, int kind, pool *owner) {
+  char *base = malloc(size ? size : 1);
+  if (!base) return NULL;
+  block *b = calloc(1, sizeof(block));
+  b->base = base; b->size = size; b->kind = kind; b->live = 1; b->pool = owner;
+  b->next = blocks;
+  blocks = b;
+  return b;
+}
+
+static void drop_block(block *gone) {
+  for (block **at = &blocks; *at; at = &(*at)->next)
+    if (*at == gone) { *at = gone->next; break; }
+  if (gone->kind == DEVICE) used -= gone->size;
+  if (gone->pool) gone->pool->reserved -= gone->size;
+  free(gone->base);
+  free(gone);
+}
+
+/* ----- streams, events, operations ----- */
+
+enum { OP_HTOD, OP_DTOH, OP_DTOD, OP_KERNEL };
+struct function;
+typedef struct {
+  int kind;
+  char *dst; const char *src; size_t n;
+  const struct function *f; unsigned threads; unsigned char *params;
+} op;
+
+typedef struct { op *ops; size_t len, cap; } graph;
+
+typedef struct stream {
+  int live;
+  unsigned long long issued, done;        /* operations issued; known finished */
+  int capturing, invalidated;
+  graph *capture;
+  struct stream *next;
+} stream;
+static stream *streams;
+
+typedef struct { int live; stream *on; unsigned long long seq; stream *captured_by; } event;
+
+typedef struct replayed { stream *on; unsigned long long seq; struct replayed *next; } replayed;
+typedef struct { int live; graph g; replayed *replays; } exec;
+
+static void push(graph *g, op o) {
+  if (g->len == g->cap) {
+    g->cap = g->cap ? g->cap * 2 : 8;
+    g->ops = realloc(g->ops, g->cap * sizeof(op));
+  }
+  g->ops[g->len++] = o;
+}
+
+static void finish(stream *s) { s->done = s->issued; }
+
+/* The host waited for every stream: release what pools hold past their threshold. */
+static void release_over_threshold(pool *only, unsigned long long keep);
+
+static int reusable(const block *b, const stream *on) {
+  return b->freed_on == on || b->freed_on->done >= b->freed_seq;
+}
+
+/* ----- kernels (the module side; see mock_nvrtc.c for the compiler) ----- */
+
+enum { K_FILL, K_COPY, K_ADD, K_ACCUMULATE, K_WILD };
+static const char *KINDS[] = {"fill", "copy", "add", "accumulate", "wild"};
+static const int POINTERS[] = {1, 2, 3, 2, 1};
+#define MAX_PARAMS 8
+
+typedef struct function {
+  char name[128];
+  int kind, nparams;
+  size_t size[MAX_PARAMS], offset[MAX_PARAMS], total;
+  struct module *module;
+} function;
+typedef struct module { int live, nfunctions; function functions[16]; } module;
+
+/* Run one operation now. `replay`: checks failing here are faults, not refusals. */
+static CUresult run(const op *o, int replay) {
+  if (fault_pending || sticky) return OK; /* a faulted context runs nothing more */
+  if (o->kind != OP_KERNEL) {
+    int dst_kind = o->kind == OP_DTOH ? HOST : DEVICE, src_kind = o->kind == OP_HTOD ? HOST : DEVICE;
+    int dst_ok = dst_kind == HOST ? (!replay || find(o->dst, o->n, HOST) != NULL) : find(o->dst, o->n, DEVICE) != NULL;
+    int src_ok = src_kind == HOST ? (!replay || find(o->src, o->n, HOST) != NULL) : find(o->src, o->n, DEVICE) != NULL;
+    if (!dst_ok || !src_ok) {
+      refuse(E_ILLEGAL_ADDRESS, "a replayed copy of %zu bytes touches memory that was freed", o->n);
+      fault_pending = 1;
+      return OK;
+    }
+    memmove(o->dst, o->src, o->n);
+    return OK;
+  }
+  const function *f = o->f;
+  unsigned *arg[3] = {0};
+  for (int i = 0; i < POINTERS[f->kind]; i++) memcpy(&arg[i], o->params + f->offset[i], 8);
+  unsigned n = 0, value = 0;
+  if (f->nparams > POINTERS[f->kind]) {
+    const unsigned char *scalars = o->params + f->offset[POINTERS[f->kind]];
+    size_t size = f->size[POINTERS[f->kind]];
+    if (size >= 4) memcpy(&n, scalars, 4);
+    if (size >= 8) memcpy(&value, scalars + 4, 4);
+  }
+  if (f->kind == K_WILD) { fault_pending = 1; return OK; }
+  size_t count = n < o->threads ? n : o->threads;
+  for (int i = 0; i < POINTERS[f->kind]; i++) {
+    if (!find(arg[i], count * 4, DEVICE)) {
+      if (replay) {
+        refuse(E_ILLEGAL_ADDRESS, "`%s` replayed with argument %d outside every live allocation", f->name, i);
+        fault_pending = 1;
+        return OK;
+      }
+      return refuse(E_INVALID_VALUE, "`%s` argument %d (%p, %zu bytes used) is outside every live allocation",
+                    f->name, i, (void *)arg[i], count * 4);
+    }
+  }
+  for (size_t i = 0; i < count; i++) {
+    switch (f->kind) {
+      case K_FILL: arg[0][i] = value; break;
+      case K_COPY: arg[1][i] = arg[0][i]; break;
+      case K_ADD: arg[2][i] = arg[0][i] + arg[1][i]; break;
+      case K_ACCUMULATE: arg[1][i] += arg[0][i]; break;
+    }
+  }
+  return OK;
+}
+
+static void op_free(op *o) { if (o->kind == OP_KERNEL) free(o->params); }
+
+/* Issue `o` on `s`: record it if capturing, else run it. Takes ownership of o.params. */
+static CUresult issue(stream *s, op o) {
+  if (s->capturing) {
+    if (s->invalidated) { op_free(&o); return E_CAPTURE_INVALIDATED; }
+    if (o.kind == OP_KERNEL) {
+      /* Arguments must be live when recorded, too. */
+      const function *f = o.f;
+      for (int i = 0; i < POINTERS[f->kind]; i++) {
+        void *p;
+        memcpy(&p, o.params + f->offset[i], 8);
+        if (!find(p, 1, DEVICE)) {
+          op_free(&o);
+          return refuse(E_INVALID_VALUE, "`%s` recorded with argument %d outside every live allocation", f->name, i);
+        }
+      }
+    }
+    push(s->capture, o);
+    return OK;
+  }
+  s->issued++;
+  CUresult r = run(&o, 0);
+  op_free(&o);
+  return r;
+}
+
+static CUresult stream_ok(stream *s, const char *call) {
+  if (!s) return refuse(E_INVALID_HANDLE, "%s on the legacy default stream (the server uses its own)", call);
+  if (!s->live) return refuse(E_INVALID_HANDLE, "%s on a destroyed stream", call);
+  return OK;
+}
+#define STREAM(s) { CUresult bad_ = stream_ok(s, __func__); if (bad_) return bad_; }
+
+/* ----- initialisation, device, context ----- */
+
+CUresult cuInit(unsigned flags) {
+  LOCKED;
+  if (flags) return refuse(E_INVALID_VALUE, "cuInit flags must be 0");
+  initialized = 1;
+  return OK;
+}
+CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
+CUresult cuDeviceGetCount(int *n) { LOCKED; if (!initialized) return E_NOT_INITIALIZED; *n = 1; return OK; }
+CUresult cuDeviceGet(int *d, int ordinal) {
+  LOCKED;
+  if (!initialized) return refuse(E_NOT_INITIALIZED, "cuDeviceGet before cuInit");
+  if (ordinal != 0) return E_INVALID_DEVICE;
+  *d = 0;
+  return OK;
+}
+CUresult cuDeviceGetName(char *name, int len, int d) {
+  if (d != 0) return E_INVALID_DEVICE;
+  if (len <= 0) return E_INVALID_VALUE;
+  snprintf(name, (size_t)len, "%s", DEVICE_NAME);
+  return OK;
+}
+CUresult cuDeviceGetAttribute(int *value, int attribute, int d) {
+  if (d != 0) return E_INVALID_DEVICE;
+  switch (attribute) {
+    case ATTR_CC_MAJOR: *value = DEVICE_CC / 10; break;
+    case ATTR_CC_MINOR: *value = DEVICE_CC % 10; break;
+    case ATTR_MEMORY_POOLS_SUPPORTED: *value = 1; break;
+    default: *value = 0;
+  }
+  return OK;
+}
+CUresult cuDeviceTotalMem_v2(size_t *bytes, int d) { if (d != 0) return E_INVALID_DEVICE; *bytes = TOTAL; return OK; }
+
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int d) {
+  LOCKED;
+  if (sticky) return sticky;
+  if (d != 0) return E_INVALID_DEVICE;
+  primary.retained++;
+  *ctx = &primary;
+  return OK;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(int d) {
+  LOCKED;
+  if (d != 0) return E_INVALID_DEVICE;
+  if (primary.retained <= 0) return refuse(E_INVALID_CONTEXT, "primary context released more often than retained");
+  primary.retained--;
+  return OK;
+}
+CUresult cuCtxGetCurrent(void **ctx) { LOCKED; if (sticky) return sticky; *ctx = current; return OK; }
+CUresult cuCtxSetCurrent(void *ctx) {
+  LOCKED;
+  if (sticky) return sticky;
+  if (ctx && (ctx != &primary || !primary.retained))
+    return refuse(E_INVALID_CONTEXT, "cuCtxSetCurrent with a context that is not retained");
+  current = ctx;
+  return OK;
+}
+CUresult cuCtxSynchronize(void) {
+  ENTER;
+  for (stream *s = streams; s; s = s->next) {
+    if (s->live && s->capturing)
+      return refuse(E_CAPTURE_UNSUPPORTED, "cuCtxSynchronize while a stream is capturing");
+  }
+  for (stream *s = streams; s; s = s->next) finish(s);
+  release_over_threshold(NULL, 0);
+  return surface();
+}
+
+static const char *error_string(CUresult e) {
+  switch (e) {
+    case OK: return "no error";
+    case E_INVALID_VALUE: return "invalid argument";
+    case E_OUT_OF_MEMORY: return "out of memory";
+    case E_NOT_INITIALIZED: return "initialization error";
+    case E_INVALID_DEVICE: return "invalid device ordinal";
+    case E_INVALID_CONTEXT: return "invalid device context";
+    case E_INVALID_PTX: return "a PTX JIT compilation failed";
+    case E_INVALID_HANDLE: return "invalid resource handle";
+    case E_ILLEGAL_STATE: return "the operation cannot be performed in the present state";
+    case E_NOT_FOUND: return "named symbol not found";
+    case E_NOT_READY: return "device not ready";
+    case E_ILLEGAL_ADDRESS: return "an illegal memory access was encountered";
+    case E_NOT_PERMITTED: return "operation not permitted";
+    case E_CAPTURE_UNSUPPORTED: return "operation not permitted when stream is capturing";
+    case E_CAPTURE_INVALIDATED: return "operation failed due to a previous error during capture";
+    case E_CAPTURE_ISOLATION: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case E_CAPTURED_EVENT: return "operation not permitted on an event last recorded in a capturing stream";
+    default: return "unknown error (mock)";
+  }
+}
+CUresult cuGetErrorString(CUresult e, const char **s) { *s = error_string(e); return OK; }
+CUresult cuGetErrorName(CUresult e, const char **s) {
+  switch (e) {
+    case E_ILLEGAL_ADDRESS: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
+    case E_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    default: *s = "CUDA_ERROR_MOCK";
+  }
+  return OK;
+}
+
+/* ----- streams and events ----- */
+
+CUresult cuStreamCreate(void **out, unsigned flags) {
+  ENTER;
+  if (flags > 1) return refuse(E_INVALID_VALUE, "cuStreamCreate flags %u", flags);
+  stream *s = calloc(1, sizeof(stream));
+  s->live = 1;
+  s->next = streams;
+  streams = s;
+  *out = s;
+  return OK;
+}
+CUresult cuStreamDestroy_v2(void *p) {
+  ENTER;
+  stream *s = p;
+  STREAM(s);
+  if (s->capturing) return refuse(E_ILLEGAL_STATE, "destroying a stream that is capturing");
+  /* Its work completes on the device; the struct stays, for pool blocks freed on it. */
+  finish(s);
+  s->live = 0;
+  return OK;
+}
+static CUresult capturing_refusal(stream *s, const char *call) {
+  s->invalidated = 1;
+  return refuse(E_CAPTURE_UNSUPPORTED, "%s on a stream that is capturing (the capture is now invalidated)", call);
+}
+CUresult cuStreamSynchronize(void *p) {
+  ENTER;
+  stream *s = p;
+  STREAM(s);
+  if (s->capturing) return capturing_refusal(s, "cuStreamSynchronize");
+  finish(s);
+  release_over_threshold(NULL, 0);
+  return surface();
+}
+CUresult cuStreamQuery(void *p) {
+  ENTER;
+  stream *s = p;
+  STREAM(s);
+  if (s->capturing) return capturing_refusal(s, "cuStreamQuery");
+  return s->done == s->issued ? surface() : E_NOT_READY;
+}
+
+CUresult cuEventCreate(void **out, unsigned flags) {
+  ENTER;
+  (void)flags;
+  event *e = calloc(1, sizeof(event));
+  e->live = 1;
+  *out = e;
+  return OK;
+}
+CUresult cuEventDestroy_v2(void *p) {
+  ENTER;
+  event *e = p;
+  if (!e || !e->live) return refuse(E_INVALID_HANDLE, "destroying an event twice");
+  e->live = 0; /* kept: a stale handle is then caught, not reused */
+  return OK;
+}
+CUresult cuEventRecord(void *pe, void *ps) {
+  ENTER;
+  event *e = pe;
+  stream *s = ps;
+  STREAM(s);
+  if (!e || !e->live) return refuse(E_INVALID_HANDLE, "recording a destroyed event");
+  if (s->capturing) {
+    if (s->invalidated) return E_CAPTURE_INVALIDATED;
+    e->captured_by = s; /* legal: an event node; but nothing outside may wait on it */
+    return OK;
+  }
+  e->on = s;
+  e->seq = s->issued;
+  e->captured_by = NULL;
+  return OK;
+}
+static CUresult event_usable(event *e, const char *call) {
+  if (!e || !e->live) return refuse(E_INVALID_HANDLE, "%s on a destroyed event", call);
+  if (e->captured_by)
+    return refuse(E_CAPTURED_EVENT, "%s on an event last recorded in a capturing stream", call);
+  return OK;
+}
+CUresult cuEventQuery(void *p) {
+  ENTER;
+  event *e = p;
+  CUresult bad = event_usable(e, "cuEventQuery");
+  if (bad) return bad;
+  if (e->on && e->on->done < e->seq) return E_NOT_READY;
+  return surface();
+}
+CUresult cuEventSynchronize(void *p) {
+  ENTER;
+  event *e = p;
+  CUresult bad = event_usable(e, "cuEventSynchronize");
+  if (bad) return bad;
+  if (e->on && e->on->done < e->seq) e->on->done = e->seq;
+  release_over_threshold(NULL, 0);
+  return surface();
+}
+CUresult cuStreamWaitEvent(void *ps, void *pe, unsigned flags) {
+  ENTER;
+  stream *s = ps;
+  event *e = pe;
+  STREAM(s);
+  if (flags) return refuse(E_INVALID_VALUE, "cuStreamWaitEvent flags %u", flags);
+  if (!e || !e->live) return refuse(E_INVALID_HANDLE, "waiting on a destroyed event");
+  if (s->capturing) {
+    if (s->invalidated) return E_CAPTURE_INVALIDATED;
+    if (e->captured_by == s || (!e->on && !e->captured_by)) return OK;
+    s->invalidated = 1;
+    return refuse(E_CAPTURE_ISOLATION,
+                  "a capturing stream waits on an event recorded outside its capture (the capture is now invalidated)");
+  }
+  if (e->captured_by)
+    return refuse(E_CAPTURED_EVENT, "waiting on an event last recorded in a capturing stream");
+  return OK; /* work runs when issued: the order already holds */
+}
+
+/* ----- capture and graphs ----- */
+
+CUresult cuStreamBeginCapture_v2(void *p, int mode) {
+  ENTER;
+  stream *s = p;
+  STREAM(s);
+  if (s->capturing) return refuse(E_ILLEGAL_STATE, "a capture begun on a stream already capturing");
+  if (mode != CAPTURE_MODE_RELAXED) return refuse(E_INVALID_VALUE, "a capture begun in mode %d, not RELAXED", mode);
+  s->capturing = 1;
+  s->invalidated = 0;
+  s->capture = calloc(1, sizeof(graph));
+  return OK;
+}
+static void graph_clear(graph *g) {
+  for (size_t i = 0; i < g->len; i++) op_free(&g->ops[i]);
+  free(g->ops);
+  g->ops = NULL;
+  g->len = g->cap = 0;
+}
+CUresult cuStreamEndCapture(void *p, void **out) {
+  ENTER;
+  stream *s = p;
+  STREAM(s);
+  if (!s->capturing) return refuse(E_ILLEGAL_STATE, "cuStreamEndCapture on a stream that is not capturing");
+  graph *g = s->capture;
+  int invalidated = s->invalidated;
+  s->capturing = s->invalidated = 0;
+  s->capture = NULL;
+  if (invalidated) {
+    graph_clear(g);
+    free(g);
+    *out = NULL;
+    return E_CAPTURE_INVALIDATED;
+  }
+  *out = g;
+  return OK;
+}
+/* Test hook: invalidate `p`'s capture, as the driver does when a thread makes an
+   illegal call during a capture in global mode. Whether there was one. */
+int scope_mock_invalidate_capture(void *p) {
+  LOCKED;
+  stream *s = p;
+  if (!s || !s->live || !s->capturing || s->invalidated) return 0;
+  s->invalidated = 1;
+  return 1;
+}
+/* Test hook: operations issued on `p` that the host has not waited for. */
+unsigned long long scope_mock_stream_pending(void *p) {
+  LOCKED;
+  stream *s = p;
+  return s ? s->issued - s->done : 0;
+}
+static op op_copy(const op *o) {
+  op c = *o;
+  if (o->kind == OP_KERNEL) {
+    c.params = malloc(o->f->total ? o->f->total : 1);
+    memcpy(c.params, o->params, o->f->total);
+  }
+  return c;
+}
+CUresult cuGraphInstantiateWithFlags(void **out, void *pg, unsigned long long flags) {
+  ENTER;
+  graph *g = pg;
+  if (!g) return refuse(E_INVALID_VALUE, "instantiating a null graph");
+  if (flags) return refuse(E_INVALID_VALUE, "cuGraphInstantiateWithFlags flags %llu", flags);
+  exec *x = calloc(1, sizeof(exec));
+  x->live = 1;
+  for (size_t i = 0; i < g->len; i++) push(&x->g, op_copy(&g->ops[i]));
+  *out = x;
+  return OK;
+}
+CUresult cuGraphLaunch(void *px, void *ps) {
+  ENTER;
+  exec *x = px;
+  stream *s = ps;
+  STREAM(s);
+  if (!x || !x->live) return refuse(E_INVALID_HANDLE, "launching a destroyed graph");
+  if (s->capturing) return refuse(E_NOT_PERMITTED, "cuGraphLaunch on a capturing stream (a child-graph node)");
+  s->issued++;
+  for (size_t i = 0; i < x->g.len; i++) run(&x->g.ops[i], 1);
+  replayed *r = x->replays;
+  while (r && r->on != s) r = r->next;
+  if (!r) {
+    r = calloc(1, sizeof(replayed));
+    r->on = s;
+    r->next = x->replays;
+    x->replays = r;
+  }
+  r->seq = s->issued;
+  return OK;
+}
+CUresult cuGraphExecDestroy(void *px) {
+  ENTER;
+  exec *x = px;
+  if (!x || !x->live) return refuse(E_INVALID_HANDLE, "destroying a graph exec twice");
+  for (replayed *r = x->replays; r; r = r->next)
+    if (r->on->done < r->seq) {
+      destroyed_in_flight++;
+      fprintf(stderr, "mock cuda: a graph was destroyed before the host waited for its replay\n");
+      break;
+    }
+  while (x->replays) { replayed *r = x->replays; x->replays = r->next; free(r); }
+  graph_clear(&x->g);
+  x->live = 0;
+  return OK;
+}
+CUresult cuGraphDestroy(void *pg) {
+  ENTER;
+  graph *g = pg;
+  if (!g) return refuse(E_INVALID_VALUE, "destroying a null graph");
+  graph_clear(g);
+  free(g);
+  return OK;
+}
+
+/* ----- memory ----- */
+
+/* CUmemPoolProps, CUDA 12.6 – 13.1: 88 bytes. */
+typedef struct {
+  int allocType, handleTypes;
+  struct { int type, id; } location;
+  void *win32SecurityAttributes;
+  size_t maxSize;
+  unsigned short usage;
+  unsigned char reserved[54];
+} pool_props;
+_Static_assert(sizeof(pool_props) == 88, "CUmemPoolProps is 88 bytes in CUDA 13.0");
+
+CUresult cuMemPoolCreate(void **out, const pool_props *props) {
+  ENTER;
+  int zero = 1;
+  for (size_t i = 0; i < sizeof props->reserved; i++) zero &= props->reserved[i] == 0;
+  if (props->allocType != 1 || props->handleTypes != 0 || props->location.type != 1 || props->location.id != 0 ||
+      props->win32SecurityAttributes || props->maxSize || props->usage || !zero)
+    return refuse(E_INVALID_VALUE, "cuMemPoolCreate: not a plain pinned pool on device 0 (alloc %d, handles %d, "
+                  "location %d/%d, maxSize %zu, usage %u, reserved zero %d)", props->allocType, props->handleTypes,
+                  props->location.type, props->location.id, props->maxSize, props->usage, zero);
+  pool *p = calloc(1, sizeof(pool));
+  p->live = 1;
+  p->next = pools;
+  pools = p;
+  *out = p;
+  return OK;
+}
+static CUresult pool_ok(pool *p, const char *call) {
+  if (!p || !p->live) return refuse(E_INVALID_HANDLE, "%s on a destroyed pool", call);
+  return OK;
+}
+#define POOL(p) { CUresult bad_ = pool_ok(p, __func__); if (bad_) return bad_; }
+
+CUresult cuMemPoolDestroy(void *pp) {
+  ENTER;
+  pool *p = pp;
+  POOL(p);
+  /* CUDA releases outstanding blocks when they are freed; the server frees
+     everything first, so here they all go. */
+  for (block *b = blocks, *next; b; b = next) {
+    next = b->next;
+    if (b->pool == p) drop_block(b);
+  }
+  p->live = 0;
+  return OK;
+}
+CUresult cuMemPoolSetAttribute(void *pp, int attribute, void *value) {
+  ENTER;
+  pool *p = pp;
+  POOL(p);
+  switch (attribute) {
+    case POOL_RELEASE_THRESHOLD: memcpy(&p->threshold, value, 8); return OK;
+    case POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES: return OK; /* the mock never adds dependencies */
+    default: return refuse(E_INVALID_VALUE, "cuMemPoolSetAttribute: attribute %d", attribute);
+  }
+}
+CUresult cuMemPoolGetAttribute(void *pp, int attribute, void *value) {
+  ENTER;
+  pool *p = pp;
+  POOL(p);
+  unsigned long long v;
+  switch (attribute) {
+    case POOL_RELEASE_THRESHOLD: v = p->threshold; break;
+    case POOL_RESERVED_MEM_CURRENT: v = p->reserved; break;
+    case POOL_USED_MEM_CURRENT: v = p->in_use; break;
+    default: return refuse(E_INVALID_VALUE, "cuMemPoolGetAttribute: attribute %d", attribute);
+  }
+  memcpy(value, &v, 8);
+  return OK;
+}
+/* Release freed, finished blocks of `only` (every pool if NULL) while it holds more than `keep`
+   (or its threshold, when only is NULL). */
+static void release_over_threshold(pool *only, unsigned long long keep) {
+  for (block *b = blocks, *next; b; b = next) {
+    next = b->next;
+    pool *p = b->pool;
+    if (!p || b->live || (only && p != only)) continue;
+    unsigned long long limit = only ? keep : p->threshold;
+    if (p->reserved > limit && b->freed_on->done >= b->freed_seq) drop_block(b);
+  }
+}
+CUresult cuMemPoolTrimTo(void *pp, size_t keep) {
+  ENTER;
+  pool *p = pp;
+  POOL(p);
+  release_over_threshold(p, keep);
+  return OK;
+}
+static size_t rounded(size_t n) { return (n + 511) & ~(size_t)511; }
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *out, size_t n, void *pp, void *ps) {
+  ENTER;
+  pool *p = pp;
+  stream *s = ps;
+  POOL(p);
+  STREAM(s);
+  if (s->capturing)
+    return refuse(E_NOT_PERMITTED, "cuMemAllocFromPoolAsync on a capturing stream (an allocation node in the graph)");
+  if (!n) return E_INVALID_VALUE;
+  size_t size = rounded(n);
+  for (block *b = blocks; b; b = b->next) {
+    if (b->pool == p && !b->live && b->size >= size && b->size <= 2 * size && reusable(b, s)) {
+      b->live = 1;
+      b->freed_on = NULL;
+      p->in_use += b->size;
+      *out = (CUdeviceptr)(uintptr_t)b->base;
+      s->issued++;
+      return OK;
+    }
+  }
+  if (used + size > TOTAL) return E_OUT_OF_MEMORY;
+  block *b = new_block(size, DEVICE, p);
+  if (!b) return E_OUT_OF_MEMORY;
+  used += size;
+  p->reserved += size;
+  p->in_use += size;
+  *out = (CUdeviceptr)(uintptr_t)b->base;
+  s->issued++;
+  return OK;
+}
+CUresult cuMemFreeAsync(CUdeviceptr ptr, void *ps) {
+  ENTER;
+  stream *s = ps;
+  STREAM(s);
+  block *b = find((void *)(uintptr_t)ptr, 1, DEVICE);
+  if (!b || b->base != (char *)(uintptr_t)ptr || !b->pool)
+    return refuse(E_INVALID_VALUE, "cuMemFreeAsync of %#llx, which is not a live pool allocation", ptr);
+  if (s->capturing)
+    return refuse(E_NOT_PERMITTED, "cuMemFreeAsync on a capturing stream (a free node in the graph)");
+  b->live = 0;
+  b->pool->in_use -= b->size;
+  s->issued++;
+  b->freed_on = s;
+  b->freed_seq = s->issued;
+  return OK;
+}
+CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t n) {
+  ENTER;
+  if (!n) return E_INVALID_VALUE;
+  if (used + n > TOTAL) return E_OUT_OF_MEMORY;
+  block *b = new_block(n, DEVICE, NULL);
+  if (!b) return E_OUT_OF_MEMORY;
+  used += n;
+  *out = (CUdeviceptr)(uintptr_t)b->base;
+  return OK;
+}
+CUresult cuMemFree_v2(CUdeviceptr ptr) {
+  ENTER;
+  block *b = find((void *)(uintptr_t)ptr, 1, DEVICE);
+  if (!b || b->base != (char *)(uintptr_t)ptr || b->pool)
+    return refuse(E_INVALID_VALUE, "cuMemFree of %#llx, which is not a live cuMemAlloc allocation", ptr);
+  drop_block(b);
+  return OK;
+}
+CUresult cuMemHostAlloc(void **out, size_t n, unsigned flags) {
+  ENTER;
+  (void)flags;
+  block *b = new_block(n, HOST, NULL);
+  if (!b) return E_OUT_OF_MEMORY;
+  *out = b->base;
+  return OK;
+}
+CUresult cuMemFreeHost(void *p) {
+  ENTER;
+  block *b = find(p, 1, HOST);
+  if (!b || b->base != p) return refuse(E_INVALID_VALUE, "cuMemFreeHost of %p, which is not from cuMemHostAlloc", p);
+  drop_block(b);
+  return OK;
+}
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *ps) {
+  ENTER;
+  stream *s = ps;
+  STREAM(s);
+  if (!find((void *)(uintptr_t)dst, n, DEVICE))
+    return refuse(E_INVALID_VALUE, "a write of %zu bytes to %#llx, outside every live allocation", n, dst);
+  if (s->capturing && !s->invalidated && !find(src, n, HOST)) {
+    s->invalidated = 1;
+    return refuse(E_CAPTURE_UNSUPPORTED, "a captured host-to-device copy from pageable memory (the capture is now invalidated)");
+  }
+  op o = {OP_HTOD, (char *)(uintptr_t)dst, src, n, NULL, 0, NULL};
+  return issue(s, o);
+}
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *ps) {
+  ENTER;
+  stream *s = ps;
+  STREAM(s);
+  if (!find((void *)(uintptr_t)src, n, DEVICE))
+    return refuse(E_INVALID_VALUE, "a read of %zu bytes from %#llx, outside every live allocation", n, src);
+  if (s->capturing && !s->invalidated && !find(dst, n, HOST)) {
+    s->invalidated = 1;
+    return refuse(E_CAPTURE_UNSUPPORTED, "a captured device-to-host copy to pageable memory (the capture is now invalidated)");
+  }
+  op o = {OP_DTOH, dst, (const char *)(uintptr_t)src, n, NULL, 0, NULL};
+  return issue(s, o);
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *ps) {
+  ENTER;
+  stream *s = ps;
+  STREAM(s);
+  if (!find((void *)(uintptr_t)dst, n, DEVICE) || !find((void *)(uintptr_t)src, n, DEVICE))
+    return refuse(E_INVALID_VALUE, "a copy of %zu bytes from %#llx to %#llx, outside every live allocation", n, src, dst);
+  op o = {OP_DTOD, (char *)(uintptr_t)dst, (const char *)(uintptr_t)src, n, NULL, 0, NULL};
+  return issue(s, o);
+}
+
+/* ----- modules and launches ----- */
+
+/* Write `text` into the JIT's error log, as far as it fits. */
+static void jit_log(char *log, size_t size, const char *text) {
+  if (!log || !size) return;
+  snprintf(log, size, "%s", text);
+}
+
+/* Parse the mock NVRTC's PTX: header directives, then one `.scope_mock_entry NAME KIND SIZE...` per kernel. */
+static CUresult load(module *m, const char *image, char *log, size_t log_size) {
+  char text[512];
+  int line = 0, target = 0;
+  const char *at = image;
+  while (*at) {
+    line++;
+    const char *end = strchr(at, '\n');
+    size_t len = end ? (size_t)(end - at) : strlen(at);
+    char buf[512];
+    if (len >= sizeof buf) len = sizeof buf - 1;
+    memcpy(buf, at, len);
+    buf[len] = 0;
+    at = end ? end + 1 : at + len;
+    char *t = buf;
+    while (*t == ' ' || *t == '\t' || *t == '\r') t++;
+    if (!*t || !strncmp(t, "//", 2) || !strncmp(t, ".version ", 9) || !strncmp(t, ".address_size ", 14)) continue;
+    if (sscanf(t, ".target sm_%d", &target) == 1) {
+      if (target > DEVICE_CC) {
+        snprintf(text, sizeof text, "ptxas application ptx input, line %d; fatal   : SM version specified by "
+                 ".target (sm_%d) is higher than the device's (sm_%d)", line, target, DEVICE_CC);
+        jit_log(log, log_size, text);
+        return E_INVALID_PTX;
+      }
+      continue;
+    }
+    if (!strncmp(t, ".scope_mock_entry ", 18) && target && m->nfunctions < 16) {
+      function *f = &m->functions[m->nfunctions];
+      char kind[32];
+      int used_chars = 0;
+      if (sscanf(t + 18, "%127s %31s%n", f->name, kind, &used_chars) == 2) {
+        f->kind = -1;
+        for (int k = 0; k < 5; k++) if (!strcmp(kind, KINDS[k])) f->kind = k;
+        const char *sizes = t + 18 + used_chars;
+        int step = 0;
+        size_t size, offset = 0;
+        f->nparams = 0;
+        while (f->nparams < MAX_PARAMS && sscanf(sizes, "%zu%n", &size, &step) == 1) {
+          size_t align = size >= 8 ? 8 : 4;
+          offset = (offset + align - 1) / align * align;
+          f->size[f->nparams] = size;
+          f->offset[f->nparams] = offset;
+          offset += size;
+          f->nparams++;
+          sizes += step;
+        }
+        f->total = offset;
+        f->module = m;
+        if (f->kind >= 0 && f->nparams >= POINTERS[f->kind]) { m->nfunctions++; continue; }
+      }
+    }
+    char token[64];
+    sscanf(t, "%63s", token);
+    snprintf(text, sizeof text, "ptxas application ptx input, line %d; error   : Unknown directive or instruction "
+             "'%s' (the mock JIT loads only the mock NVRTC's PTX)\nptxas fatal   : Ptx assembly aborted due to errors",
+             line, token);
+    jit_log(log, log_size, text);
+    return E_INVALID_PTX;
+  }
+  if (!target || !m->nfunctions) {
+    jit_log(log, log_size, "ptxas fatal   : no .target or no entry in the PTX input");
+    return E_INVALID_PTX;
+  }
+  return OK;
+}
+
+CUresult cuModuleLoadDataEx(void **out, const void *image, unsigned n, int *options, void **values) {
+  ENTER;
+  char *log = NULL;
+  size_t log_size = 0;
+  int has_log = 0, has_size = 0;
+  for (unsigned i = 0; i < n; i++) {
+    if (options[i] == JIT_ERROR_LOG_BUFFER) { log = values[i]; has_log = 1; }
+    if (options[i] == JIT_ERROR_LOG_BUFFER_SIZE_BYTES) { log_size = (size_t)(uintptr_t)values[i]; has_size = 1; }
+  }
+  if (has_log && !has_size) return refuse(E_INVALID_VALUE, "a JIT error log buffer with no size");
+  module *m = calloc(1, sizeof(module));
+  CUresult r = load(m, image, log, log_size);
+  if (r) { free(m); return r; }
+  m->live = 1;
+  *out = m;
+  return OK;
+}
+CUresult cuModuleUnload(void *pm) {
+  ENTER;
+  module *m = pm;
+  if (!m || !m->live) return refuse(E_INVALID_HANDLE, "unloading a module twice");
+  m->live = 0; /* kept: a launch of one of its functions is then caught */
+  return OK;
+}
+CUresult cuModuleGetFunction(void **out, void *pm, const char *name) {
+  ENTER;
+  module *m = pm;
+  if (!m || !m->live) return refuse(E_INVALID_HANDLE, "cuModuleGetFunction on an unloaded module");
+  for (int i = 0; i < m->nfunctions; i++)
+    if (!strcmp(m->functions[i].name, name)) { *out = &m->functions[i]; return OK; }
+  return E_NOT_FOUND;
+}
+CUresult cuFuncGetParamInfo(void *pf, size_t index, size_t *offset, size_t *size) {
+  ENTER;
+  function *f = pf;
+  if (!f || !f->module->live) return refuse(E_INVALID_HANDLE, "cuFuncGetParamInfo on a function of an unloaded module");
+  if (index >= (size_t)f->nparams) return E_INVALID_VALUE;
+  if (offset) *offset = f->offset[index];
+  if (size) *size = f->size[index];
+  return OK;
+}
+CUresult cuLaunchKernel(void *pf, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared, void *ps, void **params, void **extra) {
+  ENTER;
+  function *f = pf;
+  stream *s = ps;
+  STREAM(s);
+  if (!f || !f->module->live) return refuse(E_INVALID_HANDLE, "launching a function of an unloaded module");
+  if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024 || gy > 65535 || gz > 65535)
+    return refuse(E_INVALID_VALUE, "`%s` launched with grid %ux%ux%u, block %ux%ux%u", f->name, gx, gy, gz, bx, by, bz);
+  if (shared > 48 * 1024) return refuse(E_INVALID_VALUE, "`%s` asks for %u bytes of shared memory", f->name, shared);
+  if (extra) return refuse(E_INVALID_VALUE, "`%s` launched with `extra` (the server passes kernelParams)", f->name);
+  if (f->nparams && !params) return refuse(E_INVALID_VALUE, "`%s` takes parameters; kernelParams is null", f->name);
+  op o = {OP_KERNEL, NULL, NULL, 0, f, 0, malloc(f->total ? f->total : 1)};
+  unsigned long long threads = (unsigned long long)gx * gy * gz * bx * by * bz;
+  o.threads = threads > 0xffffffffu ? 0xffffffffu : (unsigned)threads;
+  for (int i = 0; i < f->nparams; i++) memcpy(o.params + f->offset[i], params[i], f->size[i]);
+  return issue(s, o);
+}
