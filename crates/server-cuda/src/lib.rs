@@ -55,6 +55,29 @@
 //! See the crate's tests and `benches/launch.rs`; the device tests go
 //! through `client_or_skip` and print `skipped: no cuda device (...)` where
 //! there is none, and fail with `SCOPE_REQUIRE=cuda`.
+//!
+//! **On a mock driver.** `tests/mock.rs` and `tests/mock_poison.rs` run
+//! this crate's Rust, through cudarc, against a mock CUDA driver and NVRTC
+//! written in C (`tests/mock/`), built per test process and loaded ahead of
+//! cudarc's own lookup by soname. They run on every machine, with no GPU:
+//! the conformance suite, plus NVRTC's options and log, the JIT's log for
+//! bad PTX, the launch-time parameter check against `cuFuncGetParamInfo`,
+//! the pool's props and attributes, a real out-of-memory and the trim and
+//! retry after it, pinned staging, capture and replay, deferred frees,
+//! graph destruction after replays, a capture the driver invalidates, and a
+//! sticky illegal address. The mock also refuses the calls real CUDA
+//! refuses or mis-handles (synchronising a capturing stream, waiting across
+//! a capture boundary, non-relaxed capture, allocating or freeing into a
+//! graph, freed pointers, foreign frees, calls with no current context, an
+//! NVRTC compile without the device's `compute_XY`), and every test
+//! asserts it refused nothing.
+//!
+//! The mock proves nothing about NVIDIA hardware or the real driver: its
+//! "device" memory is host memory, work runs when it is issued (so no
+//! ordering race between streams can show), its kernels are five
+//! recognised test kernels, its values are CUDA 13.0's header values taken
+//! from cudarc's bindings, and its idea of which calls are legal is ours,
+//! not NVIDIA's. Only the device tests, on a GPU, measure CUDA.
 
 mod capture;
 mod copy;
