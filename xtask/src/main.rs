@@ -8,6 +8,8 @@
 //! cargo xtask bench [--backend B]        benches, figures printed together
 //! cargo xtask demo [--backend B] [-- ARGS]
 //!                                        the tiny-runtime demo on the best backend
+//! cargo xtask bundle [--backend B]       B's device tests and bench, built here
+//!                                        for a lent machine with no Rust
 //! ```
 //!
 //! `B` is one of `cuda`, `hip`, `vulkan`, `wgpu` (and, for `test` and
@@ -15,6 +17,7 @@
 //! run the same on every machine, and need nothing but cargo.
 
 mod adapter;
+mod bundle;
 mod matrix;
 mod run;
 mod tests;
@@ -35,7 +38,9 @@ usage: cargo xtask <command> [options]
                                        with --backend X a missing device for X is a failure
   ci                                   fmt, clippy, doc, every test that can run here, bench smoke runs
   bench [--backend B]                  run the benches and print their figures together
-  demo [--backend B] [-- ARGS]         run tiny-runtime on the best backend found (or B)";
+  demo [--backend B] [-- ARGS]         run tiny-runtime on the best backend found (or B)
+  bundle [--backend B]                 build B's device tests and bench (default cuda) into
+                                       .device/ with a run.sh, for a device machine with no Rust";
 
 struct Args {
     command: String,
@@ -83,6 +88,7 @@ fn main() {
         "ci" => ci(),
         "bench" => bench(&args),
         "demo" => demo(&args),
+        "bundle" => bundle::bundle(args.backend.as_deref().unwrap_or("cuda")),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
             Ok(true)

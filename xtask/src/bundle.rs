@@ -1,0 +1,280 @@
+//! `cargo xtask bundle`: one backend's device checks, built here, for a
+//! machine that has the device but no Rust.
+//!
+//! The GPU machine some sessions are lent has a driver, a toolkit and
+//! Python, but no cargo and no network, and a session gets about fifteen
+//! minutes of it in all, its start included. Building the workspace there
+//! is out of the question; so this task builds, on the development machine,
+//! every test binary that exercises the backend on a device, plus its
+//! bench, and packs them into `.device/` with a `run.sh` that runs them
+//! there with `SCOPE_REQUIRE` set (a missing device is a failure, never a
+//! skip) and writes three logs to `$OUT`. The session then makes one call:
+//!
+//! ```text
+//! run(command = "bash .device/run.sh", carry = [".device"], timeout_s = 540)
+//! ```
+//!
+//! Decisions, and what breaks otherwise:
+//!
+//! 1. **Tests build in their own profile** (`device`: the dev profile with
+//!    no debug info, symbols kept for backtraces). Debug info makes each
+//!    test binary ~500 MB; the transfer carries 64 MiB. A separate profile
+//!    also leaves `target/debug`'s cache untouched.
+//! 2. **Benches build as `cargo bench` builds them** (the bench profile), so
+//!    the figures are the ones `cargo xtask bench` would print there.
+//! 3. **The binaries travel compressed** (`tar.xz`) and `run.sh` unpacks
+//!    them in `/tmp`: compressed they fit the transfer with room to spare.
+//! 4. **The glibc they need is printed here**, because a binary linked
+//!    against a newer glibc than the device image's will not start there,
+//!    and that should be known before a device minute is spent.
+//! 5. **Tests that fake the device are left out** (`mock*` binaries): they
+//!    compile C at run time from this checkout's paths, and on the device
+//!    they would answer for the mock, not the hardware.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::run;
+
+/// Where the bundle goes, relative to the workspace root (ignored by git).
+pub const DIR: &str = ".device";
+
+/// The script that runs on the device machine.
+const RUN_SH: &str = include_str!("bundle_run.sh");
+
+/// One cargo build whose executables go into the bundle.
+struct Build {
+    /// Arguments after `cargo`.
+    args: Vec<String>,
+    /// Prefix of the bundled file names: `test` or `bench`.
+    kind: &'static str,
+}
+
+/// One executable in the bundle.
+struct Unit {
+    /// Where cargo put it.
+    from: PathBuf,
+    /// Its name in the bundle: `test-server-cuda-device`.
+    name: String,
+}
+
+fn builds(backend: &str) -> Vec<Build> {
+    let server = format!("server-{backend}");
+    let test = |extra: &[&str]| Build {
+        args: ["test", "--profile", "device", "--no-run"]
+            .iter()
+            .chain(extra)
+            .map(|s| (*s).to_owned())
+            .collect(),
+        kind: "test",
+    };
+    vec![
+        // The server's own unit and integration tests.
+        test(&["-p", &server]),
+        // Single-source kernels compiled by this backend's compiler.
+        test(&["-p", "scope-cube", "--test", "servers"]),
+        // The demo runtime on this backend alone.
+        test(&[
+            "-p",
+            "tiny-runtime",
+            "--no-default-features",
+            "--features",
+            backend,
+            "--test",
+            "backends",
+        ]),
+        Build {
+            args: ["bench", "--no-run", "-p", &server]
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
+            kind: "bench",
+        },
+    ]
+}
+
+/// Build one cargo invocation and return the executables it made.
+fn executables(build: &Build) -> Result<Vec<Unit>> {
+    let mut command = run::cargo();
+    command
+        .args(&build.args)
+        .arg("--message-format=json-render-diagnostics")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    println!("==> {}", run::show(&command));
+    let output = command
+        .output()
+        .with_context(|| format!("starting {}", run::show(&command)))?;
+    ensure!(
+        output.status.success(),
+        "the build failed: {}",
+        run::show(&command)
+    );
+    let mut units = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let Some(path) = message["executable"].as_str() else {
+            continue;
+        };
+        let target = message["target"]["name"].as_str().unwrap_or("unknown");
+        if target.starts_with("mock") {
+            continue;
+        }
+        // `package_id` reads `path+file:///…/crates/server-cuda#0.1.0`.
+        let package = message["package_id"]
+            .as_str()
+            .and_then(|id| id.rsplit('/').next())
+            .and_then(|tail| tail.split(['#', '@']).next())
+            .unwrap_or("unknown");
+        let kinds = &message["target"]["kind"];
+        let has_kind = |kind: &str| {
+            kinds
+                .as_array()
+                .is_some_and(|k| k.iter().any(|v| v == kind))
+        };
+        // A test build also makes the binaries its tests run
+        // (`CARGO_BIN_EXE_*`), and a bench build the library's own bench
+        // harness: neither is a check.
+        let wanted = match build.kind {
+            "bench" => has_kind("bench"),
+            _ => message["profile"]["test"].as_bool() == Some(true),
+        };
+        if !wanted {
+            continue;
+        }
+        let is_lib = has_kind("lib");
+        let name = if is_lib {
+            format!("{}-{package}-unit", build.kind)
+        } else {
+            format!("{}-{package}-{target}", build.kind)
+        };
+        units.push(Unit {
+            from: PathBuf::from(path),
+            name,
+        });
+    }
+    Ok(units)
+}
+
+/// The newest `GLIBC_x.y` symbol version `binary` needs, if `objdump` can
+/// tell.
+fn glibc_needed(binary: &Path) -> Option<String> {
+    let out = Command::new("objdump")
+        .arg("-T")
+        .arg(binary)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut versions: Vec<Vec<u32>> = text
+        .split_whitespace()
+        .filter_map(|w| w.trim_start_matches('(').strip_prefix("GLIBC_"))
+        .map(|v| v.trim_end_matches(')'))
+        .filter_map(|v| v.split('.').map(|p| p.parse().ok()).collect())
+        .collect();
+    versions.sort();
+    versions
+        .last()
+        .map(|v| v.iter().map(u32::to_string).collect::<Vec<_>>().join("."))
+}
+
+fn size_mib(path: &Path) -> f64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0) as f64 / (1 << 20) as f64
+}
+
+/// `cargo xtask bundle --backend B`.
+pub fn bundle(backend: &str) -> Result<bool> {
+    ensure!(
+        crate::matrix::BACKENDS.contains(&backend),
+        "unknown backend `{backend}`: cuda, hip, vulkan or wgpu"
+    );
+    let root = run::root();
+    let dir = root.join(DIR);
+    let staging = dir.join("bin");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&staging)?;
+
+    let mut units = Vec::new();
+    for build in builds(backend) {
+        units.extend(executables(&build)?);
+    }
+    if units.is_empty() {
+        bail!("the builds made no executables");
+    }
+    println!("\nbundle for {backend}");
+    let mut newest_glibc: Option<String> = None;
+    for unit in &units {
+        let to = staging.join(&unit.name);
+        std::fs::copy(&unit.from, &to)
+            .with_context(|| format!("copying {}", unit.from.display()))?;
+        let glibc = glibc_needed(&to);
+        println!(
+            "  {:<44} {:>6.1} MiB  glibc {}",
+            unit.name,
+            size_mib(&to),
+            glibc.as_deref().unwrap_or("?")
+        );
+        if let Some(g) = glibc {
+            let parse =
+                |s: &str| -> Vec<u32> { s.split('.').filter_map(|p| p.parse().ok()).collect() };
+            if newest_glibc.as_deref().is_none_or(|n| parse(&g) > parse(n)) {
+                newest_glibc = Some(g);
+            }
+        }
+    }
+
+    let archive = dir.join("bundle.tar.xz");
+    let tar = Command::new("tar")
+        .env("XZ_OPT", "-6 -T0")
+        .arg("-cJf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&dir)
+        .arg("bin")
+        .status()
+        .context("running tar (with xz) to pack the bundle")?;
+    ensure!(tar.success(), "tar could not pack {}", staging.display());
+    std::fs::remove_dir_all(&staging)?;
+
+    let commit = run::output_of("git", &["rev-parse", "--short", "HEAD"])
+        .unwrap_or_else(|| "unknown".to_owned());
+    let dirty = run::output_of("git", &["status", "--porcelain"]).is_some_and(|s| !s.is_empty());
+    let script = RUN_SH
+        .replace("@BACKEND@", backend)
+        .replace(
+            "@COMMIT@",
+            &format!(
+                "{commit}{}",
+                if dirty { " (uncommitted changes)" } else { "" }
+            ),
+        )
+        .replace("@GLIBC@", newest_glibc.as_deref().unwrap_or("unknown"));
+    let run_sh = dir.join("run.sh");
+    std::fs::write(&run_sh, script)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&run_sh, std::fs::Permissions::from_mode(0o755))?;
+    }
+
+    let total = size_mib(&archive) + size_mib(&run_sh);
+    println!(
+        "\n{} executables, {total:.1} MiB packed in {DIR}/ (the transfer carries 64 MiB with the working tree)",
+        units.len()
+    );
+    println!(
+        "they need glibc {} or newer on the device machine",
+        newest_glibc
+            .as_deref()
+            .unwrap_or("(unknown: objdump missing)")
+    );
+    println!(
+        "on the device: run(command = \"bash {DIR}/run.sh\", carry = [\"{DIR}\"], timeout_s = 540)"
+    );
+    Ok(total < 60.0)
+}

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The @BACKEND@ device checks of scope, built elsewhere by
+# `cargo xtask bundle --backend @BACKEND@` from commit @COMMIT@.
+#
+# Runs on a machine with the device and no Rust: unpacks the test and bench
+# binaries, runs every test with SCOPE_REQUIRE=@BACKEND@ (a missing device
+# fails instead of skipping), then the bench, and writes tests.log,
+# bench.log and summary.txt to $OUT (or ./out beside this script).
+# Exit status: 0 when every test binary passed and the bench ran.
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${OUT:-$here/out}"
+mkdir -p "$out"
+work="$(mktemp -d /tmp/scope-bundle.XXXXXX)"
+summary="$out/summary.txt"
+: >"$summary"
+say() { echo "$*" | tee -a "$summary"; }
+
+say "scope @BACKEND@ device checks, commit @COMMIT@, $(date -u +%FT%TZ)"
+tar -xJf "$here/bundle.tar.xz" -C "$work" || { say "could not unpack the bundle"; exit 3; }
+
+# The binaries were linked against glibc @GLIBC@; an older one cannot run them.
+have="$(ldd --version 2>/dev/null | head -1 | grep -oE '[0-9]+\.[0-9]+$')"
+need="@GLIBC@"
+if [ -n "$have" ] && [ "$need" != unknown ] &&
+   [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then
+  say "glibc here is $have; the bundle needs $need: rebuild it on an older system"
+  exit 3
+fi
+say "glibc $have (bundle needs $need)"
+
+export SCOPE_REQUIRE=@BACKEND@ RUST_BACKTRACE=1 CARGO_TERM_COLOR=never
+export XDG_RUNTIME_DIR="$work/xdg"
+mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+
+# Runtime compilers are found by soname: put the toolkit's and the Python
+# wheels' library folders on the search path (the driver's is there already).
+libs=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /opt/rocm/lib; do
+  [ -d "$d" ] && libs="$libs:$d"
+done
+for f in $(find /usr/local/lib /usr/lib /opt -name 'libnvrtc.so*' -o -name 'libhiprtc.so*' 2>/dev/null | head -20); do
+  libs="$libs:$(dirname "$f")"
+done
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}$libs"
+
+{
+  echo "== machine"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  command -v rocm-smi >/dev/null && rocm-smi --showproductname
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+} 2>&1 | tee -a "$summary"
+
+status=0
+cd "$work/bin"
+for t in test-*; do
+  echo "== $t" | tee -a "$out/tests.log"
+  timeout 240 "./$t" --nocapture >"$work/$t.log" 2>&1
+  rc=$?
+  cat "$work/$t.log" >>"$out/tests.log"
+  passed=$(grep -oE '[0-9]+ passed' "$work/$t.log" | awk '{s+=$1} END {print s+0}')
+  failed=$(grep -oE '[0-9]+ failed' "$work/$t.log" | awk '{s+=$1} END {print s+0}')
+  skipped=$(grep -c 'skipped: no ' "$work/$t.log")
+  say "$(printf '%-44s rc=%-3s %4s passed %4s failed %4s skip lines' "$t" "$rc" "$passed" "$failed" "$skipped")"
+  [ "$rc" -eq 0 ] || status=1
+  # Each failure's panic site and message, the first few.
+  grep -A1 'panicked at' "$work/$t.log" | grep -v '^--$' | head -12 | tee -a "$summary"
+done
+
+for b in bench-*; do
+  [ -e "$b" ] || continue
+  echo "== $b" | tee -a "$out/bench.log"
+  timeout 300 "./$b" --bench 2>&1 | tee -a "$out/bench.log"
+  rc=${PIPESTATUS[0]}
+  say "$(printf '%-44s rc=%s' "$b" "$rc")"
+  [ "$rc" -eq 0 ] || status=1
+done
+
+say "device checks: $([ $status -eq 0 ] && echo ok || echo FAILED)"
+rm -rf "$work"
+exit $status
