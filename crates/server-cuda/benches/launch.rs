@@ -58,6 +58,10 @@ fn main() {
         Ok(client) => client,
         Err(Error::BackendUnavailable { reason, .. }) => {
             println!("skipped: no cuda device ({reason})");
+            if scope_core::conformance::required("cuda") {
+                eprintln!("SCOPE_REQUIRE names cuda: a missing device is a failure");
+                std::process::exit(1);
+            }
             return;
         }
         Err(other) => {
@@ -69,6 +73,9 @@ fn main() {
         println!(
             "skipped: no cuda device (a device is present but NVRTC is not; the bench compiles CUDA C++)"
         );
+        if scope_core::conformance::required("cuda") {
+            std::process::exit(1);
+        }
         return;
     };
     println!("device: {}", client.describe());
