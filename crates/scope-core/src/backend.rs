@@ -127,8 +127,18 @@ pub trait Backend: Send + 'static {
     /// so a backend may index its own tables by them.
     fn create_stream(&mut self, id: StreamId) -> Result<Self::Stream>;
 
-    /// `size` bytes of device memory. Contents are unspecified.
-    fn allocate(&mut self, size: u64) -> Result<Self::Memory>;
+    /// `size` bytes of device memory for work on `stream`. Contents are
+    /// unspecified.
+    ///
+    /// The core records `stream` as the buffer's first user, so any other
+    /// stream's first use of it is ordered after `stream`'s work
+    /// ([`order`](Self::order)), exactly as for a buffer `stream` wrote. A
+    /// backend with stream-ordered allocation (CUDA's and HIP's memory
+    /// pools) may therefore allocate in `stream`'s order and return at once,
+    /// instead of synchronising a stream of its own to make the memory valid
+    /// everywhere. `stream` may be recording a capture: an allocation must
+    /// never become part of the recorded work, which replays.
+    fn allocate(&mut self, stream: &mut Self::Stream, size: u64) -> Result<Self::Memory>;
 
     /// Give memory back. Work still in flight may use it: the backend keeps
     /// it until that work is done.

@@ -273,7 +273,7 @@ impl Backend for Host {
         Ok(HostStream::default())
     }
 
-    fn allocate(&mut self, size: u64) -> Result<HostMemory> {
+    fn allocate(&mut self, _stream: &mut HostStream, size: u64) -> Result<HostMemory> {
         let len = usize::try_from(size)
             .map_err(|_| Error::invalid("allocation size", "past the address space"))?;
         if let Some(limit) = self.limit

@@ -454,15 +454,16 @@ impl<B: Backend> Server<B> {
                 ),
             ));
         }
+        let index = self.stream_index(stream);
         let mut result = self
             .fault(Site::Allocate, Some(stream))
-            .and_then(|()| self.backend.allocate(size));
+            .and_then(|()| self.backend.allocate(&mut self.streams[index].device, size));
         if matches!(&result, Err(e) if e.is_out_of_memory()) {
             // Rule 37: reclaim what the pool caches and try once more.
             self.backend.trim();
             result = self
                 .fault(Site::Allocate, Some(stream))
-                .and_then(|()| self.backend.allocate(size));
+                .and_then(|()| self.backend.allocate(&mut self.streams[index].device, size));
         }
         match result {
             Ok(memory) => Ok(self.table.insert(size, Some(memory), None, stream)),
@@ -982,9 +983,16 @@ impl<B: Backend> Server<B> {
         let Some(entry) = self.graphs.remove(&graph.id) else {
             return Err(Error::invalid("graph", "unknown"));
         };
-        let result = self
-            .fault(Site::Destroy, None)
-            .and_then(|()| self.backend.destroy_graph(entry.graph));
+        // The backend destroys the graph whatever the fault plan says: an
+        // injected failure stands for one that waiting on the replays in
+        // flight surfaced, not for skipping that wait (rule 35), which
+        // would free a graph a replay may still be running.
+        let injected = self.fault(Site::Destroy, None);
+        let destroyed = self.backend.destroy_graph(entry.graph);
+        if let (Err(_), Err(lost)) = (&injected, &destroyed) {
+            tracing::warn!(graph = %graph.id, "destroying the graph also failed: {lost}");
+        }
+        let result = injected.and(destroyed);
         if let Err(error) = result {
             self.table.claim_failed(
                 &entry.written,

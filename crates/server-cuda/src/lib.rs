@@ -69,15 +69,18 @@
 //! refuses or mis-handles (synchronising a capturing stream, waiting across
 //! a capture boundary, non-relaxed capture, allocating or freeing into a
 //! graph, freed pointers, foreign frees, calls with no current context, an
-//! NVRTC compile without the device's `compute_XY`), and every test
-//! asserts it refused nothing.
+//! NVRTC compile without the device's `compute_XY`, memory used on a stream
+//! not yet ordered after its stream-ordered allocation), and every test
+//! asserts it refused nothing and destroyed no graph under a replay.
 //!
 //! The mock proves nothing about NVIDIA hardware or the real driver: its
-//! "device" memory is host memory, work runs when it is issued (so no
-//! ordering race between streams can show), its kernels are five
+//! "device" memory is host memory, work runs when it is issued (so a
+//! missing cross-stream wait shows only where the mock checks order — at
+//! the first use of a stream-ordered allocation — never as wrong data), its kernels are five
 //! recognised test kernels, its values are CUDA 13.0's header values taken
 //! from cudarc's bindings, and its idea of which calls are legal is ours,
-//! not NVIDIA's. Only the device tests, on a GPU, measure CUDA.
+//! not NVIDIA's. Only the device tests, on a GPU, measure CUDA: `cargo
+//! xtask bundle --backend cuda` builds them for a lent GPU with no Rust.
 
 mod capture;
 mod copy;
@@ -229,8 +232,8 @@ impl Backend for Cuda {
         self.new_stream(id)
     }
 
-    fn allocate(&mut self, size: u64) -> Result<CudaMemory> {
-        self.allocate_block(size)
+    fn allocate(&mut self, stream: &mut CudaStreamState, size: u64) -> Result<CudaMemory> {
+        self.allocate_block(stream, size)
     }
 
     fn free(&mut self, memory: CudaMemory) {

@@ -12,18 +12,23 @@
 //! Internal dependencies are turned off so that an allocation never silently
 //! waits for another stream's work.
 //!
-//! **Which stream.** [`Backend::allocate`](scope_core::Backend::allocate) is
-//! not told which stream will use the memory, so allocations are made on a
-//! stream of the pool's own and that stream is synchronised before the
-//! pointer is handed out: the memory is then valid on every stream, at the
-//! cost of one host round trip per allocation (allocation is not the hot
-//! path; launch is). A free *is* ordered: each block remembers the last
-//! stream that used it, and the core makes every use of a buffer on a new
-//! stream wait for its previous user (`Backend::order`), so the last user's
-//! stream is ordered after every use — `cuMemFreeAsync` on it frees after all
-//! of them, without a host wait. A free whose last user is recording a
-//! capture is deferred to the end of that capture (a free issued on a
-//! capturing stream would become a node of the graph).
+//! **Which stream.** An allocation is made in the order of the stream that
+//! asked for it ([`Backend::allocate`](scope_core::Backend::allocate) is
+//! handed it) and returns without waiting: the memory is valid for that
+//! stream's later work at once, and the core records the stream as the
+//! buffer's first user, so another stream's first use waits for it
+//! (`Backend::order`) like any other cross-stream use. A stream that is
+//! recording a capture cannot allocate in its own order — the allocation
+//! would become a node of the graph, repeated by every replay — so there
+//! the allocation is made on a stream of the pool's own, which is
+//! synchronised before the pointer is handed out (valid everywhere, one
+//! host round trip). A free is ordered the same way: each block remembers
+//! the last stream that used it, and since the core orders every use of a
+//! buffer on a new stream after its previous user, the last user's stream
+//! is ordered after every use — `cuMemFreeAsync` on it frees after all of
+//! them, without a host wait. A free whose last user is recording a capture
+//! is deferred to the end of that capture (a free issued on a capturing
+//! stream would become a node of the graph).
 //!
 //! **Without pools** (some virtualised devices), memory is `cuMemAlloc`'d and
 //! `cuMemFree`'d after the last user's stream is synchronised; nothing is
@@ -45,8 +50,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
 use scope_core::{Error, Result};
 
-use crate::Cuda;
 use crate::error::{Doing, driver as driver_error};
+use crate::{Cuda, CudaStreamState};
 
 /// No stream has used a block yet.
 const NO_USER: u32 = u32::MAX;
@@ -169,12 +174,24 @@ impl Pool {
 }
 
 impl Cuda {
-    pub(crate) fn allocate_block(&mut self, size: u64) -> Result<CudaMemory> {
+    pub(crate) fn allocate_block(
+        &mut self,
+        user: &CudaStreamState,
+        size: u64,
+    ) -> Result<CudaMemory> {
         self.bind()?;
         let bytes = usize::try_from(size)
             .map_err(|_| Error::invalid("allocation size", "past the address space"))?;
         let doing = || Doing::Allocate { bytes: size };
+        let in_order = user.recording.is_none();
         let ptr = match &mut self.pool {
+            Pool::Ordered { pool, .. } if in_order => {
+                // SAFETY: the pool and the user's stream are valid and the
+                // stream is not capturing; the memory is used in that
+                // stream's order, or after it (module docs).
+                unsafe { result::mem_pool::alloc_async(*pool, bytes, user.shared.cu.cu_stream()) }
+                    .map_err(|e| driver_error(e, doing()))?
+            }
             Pool::Ordered { pool, stream } => {
                 // SAFETY: the pool and stream are valid; the memory is not
                 // read before something writes it (contents are unspecified
@@ -200,11 +217,16 @@ impl Cuda {
                 ptr
             }
         };
-        Ok(CudaMemory(Arc::new(Block {
+        let memory = CudaMemory(Arc::new(Block {
             ptr,
             size,
             last_user: AtomicU32::new(NO_USER),
-        })))
+        }));
+        if in_order {
+            // Its free must be ordered after the allocation, too.
+            memory.used_by(user.shared.index);
+        }
+        Ok(memory)
     }
 
     pub(crate) fn free_block(&mut self, memory: CudaMemory) {

@@ -37,7 +37,7 @@ impl Backend for Hip {
         Hip::create_stream(self, id)
     }
 
-    fn allocate(&mut self, size: u64) -> Result<HipMemory> {
+    fn allocate(&mut self, _stream: &mut HipStream, size: u64) -> Result<HipMemory> {
         Hip::allocate(self, size)
     }
 

@@ -200,7 +200,7 @@ impl Backend for Vulkan {
         Ok(stream)
     }
 
-    fn allocate(&mut self, size: u64) -> Result<VulkanMemory> {
+    fn allocate(&mut self, _stream: &mut VulkanStream, size: u64) -> Result<VulkanMemory> {
         self.pool.allocate(size)
     }
 

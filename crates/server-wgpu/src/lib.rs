@@ -214,7 +214,7 @@ impl Backend for Wgpu {
         Ok(Stream(index))
     }
 
-    fn allocate(&mut self, size: u64) -> Result<Memory> {
+    fn allocate(&mut self, _stream: &mut Stream, size: u64) -> Result<Memory> {
         self.gpu.sink.check_lost()?;
         let class = memory::class(size, self.gpu.limits.max_buffer_size);
         if let Some(memory) = self.pool.take(class) {

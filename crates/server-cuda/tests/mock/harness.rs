@@ -152,7 +152,7 @@ impl Mock {
     }
 
     /// Fail, naming the last one, if the server made any call the mocks
-    /// refuse.
+    /// refuse, or destroyed a graph under a replay.
     pub fn assert_clean(&self) {
         assert_eq!(
             self.violations(),
@@ -161,6 +161,13 @@ impl Mock {
             self.last_violation()
         );
         assert_eq!(self.nvrtc_violations(), 0, "an NVRTC call was refused");
+        // Legal CUDA, but rule 35 has the server wait for a graph's replays
+        // before destroying it, on every path (fault injection included).
+        assert_eq!(
+            self.graphs_destroyed_in_flight(),
+            0,
+            "a graph was destroyed before the host waited for its replays"
+        );
     }
 }
 

@@ -46,6 +46,11 @@
  *  - cuMemAllocFromPoolAsync, cuMemFreeAsync or cuGraphLaunch on a
  *    capturing stream: legal CUDA, but each would put a node (allocation,
  *    free, child graph) into the graph (CUDA_ERROR_NOT_PERMITTED here);
+ *  - a copy or kernel argument on a stream that is not yet ordered after
+ *    the stream-ordered allocation of its memory on another stream (no
+ *    event wait on the allocating stream's work, no host wait for it):
+ *    real CUDA would race with the allocation (CUDA_ERROR_INVALID_VALUE
+ *    here);
  *  - a copy or kernel argument outside every live allocation — a freed
  *    pointer, or a range past its block — refused when issued or recorded
  *    (CUDA_ERROR_INVALID_VALUE), and a fault (ILLEGAL_ADDRESS) when a
@@ -168,6 +173,8 @@ typedef struct block {
   struct pool *pool;                      /* NULL: cuMemAlloc or host */
   struct stream *freed_on;                /* pool blocks, once freed */
   unsigned long long freed_seq;
+  struct stream *alloc_on;                /* pool blocks: the stream in whose order it was made */
+  unsigned long long alloc_seq;
   struct block *next;
 } block;
 static block *blocks;
@@ -220,9 +227,14 @@ typedef struct {
 
 typedef struct { op *ops; size_t len, cap; } graph;
 
+#define MAX_KNOWN 16
 typedef struct stream {
   int live;
   unsigned long long issued, done;        /* operations issued; known finished */
+  /* What this stream's later work is ordered after, through event waits:
+   * every operation of known[i].of up to known[i].seq. */
+  struct { struct stream *of; unsigned long long seq; } known[MAX_KNOWN];
+  int nknown;
   int capturing, invalidated;
   graph *capture;
   struct stream *next;
@@ -243,6 +255,28 @@ static void push(graph *g, op o) {
 }
 
 static void finish(stream *s) { s->done = s->issued; }
+
+/* How far `s`'s work is ordered after `of`'s: all of it for itself. */
+static unsigned long long known_of(const stream *s, const stream *of) {
+  if (s == of) return ~0ULL;
+  unsigned long long seq = of->done;
+  for (int i = 0; i < s->nknown; i++)
+    if (s->known[i].of == of && s->known[i].seq > seq) seq = s->known[i].seq;
+  return seq;
+}
+static void learn(stream *s, stream *of, unsigned long long seq) {
+  if (s == of) return;
+  for (int i = 0; i < s->nknown; i++)
+    if (s->known[i].of == of) {
+      if (s->known[i].seq < seq) s->known[i].seq = seq;
+      return;
+    }
+  if (s->nknown < MAX_KNOWN) {
+    s->known[s->nknown].of = of;
+    s->known[s->nknown].seq = seq;
+    s->nknown++;
+  }
+}
 
 /* The host waited for every stream: release what pools hold past their threshold. */
 static void release_over_threshold(pool *only, unsigned long long keep);
@@ -317,8 +351,18 @@ static CUresult run(const op *o, int replay) {
 
 static void op_free(op *o) { if (o->kind == OP_KERNEL) free(o->params); }
 
+static CUresult ordered_for(stream *s, const void *p, const char *what);
+
 /* Issue `o` on `s`: record it if capturing, else run it. Takes ownership of o.params. */
 static CUresult issue(stream *s, op o) {
+  if (o.kind == OP_KERNEL) {
+    for (int i = 0; i < POINTERS[o.f->kind]; i++) {
+      void *p;
+      memcpy(&p, o.params + o.f->offset[i], 8);
+      CUresult bad = ordered_for(s, p, o.f->name);
+      if (bad) { op_free(&o); return bad; }
+    }
+  }
   if (s->capturing) {
     if (s->invalidated) { op_free(&o); return E_CAPTURE_INVALIDATED; }
     if (o.kind == OP_KERNEL) {
@@ -340,6 +384,17 @@ static CUresult issue(stream *s, op o) {
   CUresult r = run(&o, 0);
   op_free(&o);
   return r;
+}
+
+/* Work on `s` touching device memory at `p` must be ordered after the
+ * stream-ordered allocation of its block: on the allocating stream, after
+ * an event wait on it, or after the host saw that stream's work finish. */
+static CUresult ordered_for(stream *s, const void *p, const char *what) {
+  block *b = find(p, 1, DEVICE);
+  if (!b || !b->alloc_on || known_of(s, b->alloc_on) >= b->alloc_seq) return OK;
+  return refuse(E_INVALID_VALUE,
+                "%s uses %p on a stream not yet ordered after its stream-ordered allocation on another stream",
+                what, p);
 }
 
 static CUresult stream_ok(stream *s, const char *call) {
@@ -564,7 +619,13 @@ CUresult cuStreamWaitEvent(void *ps, void *pe, unsigned flags) {
   }
   if (e->captured_by)
     return refuse(E_CAPTURED_EVENT, "waiting on an event last recorded in a capturing stream");
-  return OK; /* work runs when issued: the order already holds */
+  /* Work runs when issued, so the data is already there; what the wait
+   * adds is the order, which the allocation check reads. */
+  if (e->on) {
+    learn(s, e->on, e->seq);
+    for (int i = 0; i < e->on->nknown; i++) learn(s, e->on->known[i].of, e->on->known[i].seq);
+  }
+  return OK;
 }
 
 /* ----- capture and graphs ----- */
@@ -791,6 +852,8 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *out, size_t n, void *pp, void *ps)
       p->in_use += b->size;
       *out = (CUdeviceptr)(uintptr_t)b->base;
       s->issued++;
+      b->alloc_on = s;
+      b->alloc_seq = s->issued;
       return OK;
     }
   }
@@ -802,6 +865,8 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *out, size_t n, void *pp, void *ps)
   p->in_use += size;
   *out = (CUdeviceptr)(uintptr_t)b->base;
   s->issued++;
+  b->alloc_on = s;
+  b->alloc_seq = s->issued;
   return OK;
 }
 CUresult cuMemFreeAsync(CUdeviceptr ptr, void *ps) {
@@ -859,6 +924,8 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *
   STREAM(s);
   if (!find((void *)(uintptr_t)dst, n, DEVICE))
     return refuse(E_INVALID_VALUE, "a write of %zu bytes to %#llx, outside every live allocation", n, dst);
+  CUresult unordered = ordered_for(s, (void *)(uintptr_t)dst, "a host-to-device copy");
+  if (unordered) return unordered;
   if (s->capturing && !s->invalidated && !find(src, n, HOST)) {
     s->invalidated = 1;
     return refuse(E_CAPTURE_UNSUPPORTED, "a captured host-to-device copy from pageable memory (the capture is now invalidated)");
@@ -872,6 +939,8 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *ps) {
   STREAM(s);
   if (!find((void *)(uintptr_t)src, n, DEVICE))
     return refuse(E_INVALID_VALUE, "a read of %zu bytes from %#llx, outside every live allocation", n, src);
+  CUresult unordered = ordered_for(s, (void *)(uintptr_t)src, "a device-to-host copy");
+  if (unordered) return unordered;
   if (s->capturing && !s->invalidated && !find(dst, n, HOST)) {
     s->invalidated = 1;
     return refuse(E_CAPTURE_UNSUPPORTED, "a captured device-to-host copy to pageable memory (the capture is now invalidated)");
@@ -885,6 +954,9 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *
   STREAM(s);
   if (!find((void *)(uintptr_t)dst, n, DEVICE) || !find((void *)(uintptr_t)src, n, DEVICE))
     return refuse(E_INVALID_VALUE, "a copy of %zu bytes from %#llx to %#llx, outside every live allocation", n, src, dst);
+  CUresult unordered = ordered_for(s, (void *)(uintptr_t)src, "a device copy's source");
+  if (!unordered) unordered = ordered_for(s, (void *)(uintptr_t)dst, "a device copy's destination");
+  if (unordered) return unordered;
   op o = {OP_DTOD, (char *)(uintptr_t)dst, (const char *)(uintptr_t)src, n, NULL, 0, NULL};
   return issue(s, o);
 }
