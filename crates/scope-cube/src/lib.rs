@@ -34,9 +34,10 @@
 //! (its visibility analysis), [`Args`] can bind with that answer, and a launch
 //! whose declared access does not cover it is refused before anything runs.
 //!
-//! What is not covered: kernels with tensor metadata (`Tensor` arguments need
-//! shapes and strides that the CUDA family would take as one more pointer, which
-//! the convention has no place for — refused for CUDA/HIP, fine elsewhere), and
+//! What is not covered: kernels that read tensor metadata (a `Tensor`'s
+//! shapes and strides travel in a dynamic metadata area the binding
+//! convention — buffers and one scalar blob — has no place for; such a kernel
+//! is refused at translation for every target, tested in `tests/args.rs`), and
 //! kernels with more than sixteen buffers on Vulkan (the push-constant block
 //! would spill into a uniform buffer the server does not bind).
 

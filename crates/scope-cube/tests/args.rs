@@ -257,3 +257,33 @@ fn a_kernel_that_panics_while_expanding_is_a_compile_error() {
         "{error}"
     );
 }
+
+#[cube(launch)]
+fn reads_a_shape(input: &Tensor<u32>, out: &mut [u32]) {
+    out[ABSOLUTE_POS] = input.shape(0) as u32 + input.stride(0) as u32;
+}
+
+/// A kernel that reads a tensor's shape or strides needs metadata the scope
+/// convention has no place for (buffers and one scalar blob): every target
+/// refuses it at translation, naming why, rather than producing a kernel
+/// that would read garbage for its shape.
+#[test]
+fn a_kernel_with_tensor_metadata_is_refused_for_every_target() {
+    for target in [Target::Cuda, Target::Hip, Target::SpirV, Target::Wgsl] {
+        let kernel = reads_a_shape::ReadsAShape::new(
+            target.settings([CUBE, 1, 1]),
+            target.device_properties(),
+            target.target_properties(),
+            TensorCompilationArg {
+                meta: TensorMetaCompilationArg { len: (), rank: () },
+                buffer: BufferCompilationArg { inplace: None },
+            },
+            BufferCompilationArg { inplace: None },
+        );
+        let error = translate(&kernel, target).unwrap_err();
+        assert!(
+            matches!(&error, Error::Compile { log, .. } if log.contains("tensor metadata")),
+            "{target:?}: {error}"
+        );
+    }
+}
