@@ -11,6 +11,10 @@
 //! the test instead, which is how `cargo xtask test --backend X` makes a
 //! missing device an error.
 
+pub mod property;
+
+pub use property::random_sequences;
+
 use crate::backend::Backend;
 use crate::client::Client;
 use crate::error::Result;
