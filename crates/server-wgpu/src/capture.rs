@@ -355,6 +355,26 @@ impl crate::Wgpu {
                 } => {
                     hold(src);
                     hold(dst);
+                    if src.id == dst.id {
+                        // Within one buffer: through a bounce buffer the
+                        // graph owns (see `copy::bounce`).
+                        let bounce = crate::copy::bounce(device, *len);
+                        steps.push(Step::Copy {
+                            src: src.buffer.clone(),
+                            src_offset: *src_offset,
+                            dst: bounce.clone(),
+                            dst_offset: 0,
+                            len: *len,
+                        });
+                        steps.push(Step::Copy {
+                            src: bounce,
+                            src_offset: 0,
+                            dst: dst.buffer.clone(),
+                            dst_offset: *dst_offset,
+                            len: *len,
+                        });
+                        continue;
+                    }
                     steps.push(Step::Copy {
                         src: src.buffer.clone(),
                         src_offset: *src_offset,

@@ -11,7 +11,8 @@
 //!   done. The staging buffer is kept and reused while reads fit in it.
 //! - **Copy**: `copy_buffer_to_buffer` in the stream's open encoder, which
 //!   closes the open compute pass (a pass cannot hold copies) but does not
-//!   submit.
+//!   submit. wgpu refuses a copy within one buffer, so that one goes through
+//!   a [`bounce`] buffer of its own.
 //!
 //! Each is inside error scopes; the core has already checked ranges and
 //! 4-byte alignment, which is all wgpu asks of a buffer copy.
@@ -26,6 +27,19 @@ use crate::memory::{Memory, mark, tag_value};
 
 /// Staging buffers up to this size are kept for the next read.
 const KEEP_STAGING: u64 = 64 << 20;
+
+/// A buffer for a copy within one buffer to pass through: wgpu refuses a
+/// copy whose source and destination are the same buffer, and the contract
+/// allows one whose ranges do not overlap. The encoder keeps it alive until
+/// the copies have run.
+pub(crate) fn bounce(device: &wgpu::Device, len: u64) -> wgpu::Buffer {
+    device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("scope copy within a buffer"),
+        size: len,
+        usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    })
+}
 
 impl crate::Wgpu {
     fn copy_error(&self, s: usize, what: String, error: &wgpu::Error, len: u64) -> Error {
@@ -82,13 +96,21 @@ impl crate::Wgpu {
         let device = &self.gpu.device;
         let batch = &mut self.streams[s];
         let ((), error) = scoped(device, || {
-            batch.encoder(device).copy_buffer_to_buffer(
-                &src.buffer,
-                src_offset,
-                &dst.buffer,
-                dst_offset,
-                len,
-            );
+            let bounce = (src.id == dst.id).then(|| bounce(device, len));
+            let encoder = batch.encoder(device);
+            match &bounce {
+                None => encoder.copy_buffer_to_buffer(
+                    &src.buffer,
+                    src_offset,
+                    &dst.buffer,
+                    dst_offset,
+                    len,
+                ),
+                Some(bounce) => {
+                    encoder.copy_buffer_to_buffer(&src.buffer, src_offset, bounce, 0, len);
+                    encoder.copy_buffer_to_buffer(bounce, 0, &dst.buffer, dst_offset, len);
+                }
+            }
         });
         let tag = tag_value(s, batch.number);
         mark(&src.tag, tag);
