@@ -41,7 +41,7 @@ impl Suite for HostSuite {
 #[test]
 fn random_sequences_match_the_per_word_oracle() {
     scope_core::conformance::random_sequences::<HostSuite>(
-        &[1, 7, 42, 1_000_003, 0x5eed_cafe],
+        &scope_core::conformance::property::SEEDS,
         2_500,
     );
 }

@@ -92,6 +92,18 @@ mod conformance {
     scope_core::conformance_tests!(super::MockSuite);
 }
 
+/// The property test (`scope_core::conformance::property`) against the
+/// mock: random sequences of allocations, writes, launches, copies, reads
+/// and capture windows with injected failures, against the per-word oracle.
+/// `SCOPE_PROPERTY_STEPS` and `SCOPE_PROPERTY_SEED` change its size.
+#[test]
+fn random_sequences() {
+    scope_core::conformance::random_sequences::<MockSuite>(
+        &scope_core::conformance::property::SEEDS,
+        2_500,
+    );
+}
+
 macro_rules! mock_cases {
     ($($name:ident),* $(,)?) => {
         $(

@@ -52,5 +52,8 @@ scope_core::conformance_tests!(VulkanSuite);
 /// it.
 #[test]
 fn random_sequences() {
-    scope_core::conformance::random_sequences::<VulkanSuite>(&[1, 2], 1_000);
+    scope_core::conformance::random_sequences::<VulkanSuite>(
+        &scope_core::conformance::property::SEEDS,
+        2_500,
+    );
 }

@@ -21,14 +21,15 @@ mod gl {
 /// and `SCOPE_PROPERTY_SEED` change it.
 mod property {
     use super::common::{Gl, Vulkan, WgpuSuite};
+    use scope_core::conformance::property::SEEDS;
 
     #[test]
     fn random_sequences_on_vulkan() {
-        scope_core::conformance::random_sequences::<WgpuSuite<Vulkan>>(&[1, 2], 1_000);
+        scope_core::conformance::random_sequences::<WgpuSuite<Vulkan>>(&SEEDS, 2_500);
     }
 
     #[test]
     fn random_sequences_on_gl() {
-        scope_core::conformance::random_sequences::<WgpuSuite<Gl>>(&[1, 2], 1_000);
+        scope_core::conformance::random_sequences::<WgpuSuite<Gl>>(&SEEDS, 2_500);
     }
 }
