@@ -65,7 +65,11 @@
 //! the pool's props and attributes, a real out-of-memory and the trim and
 //! retry after it, pinned staging, capture and replay, deferred frees,
 //! graph destruction after replays, a capture the driver invalidates, and a
-//! sticky illegal address. The mock also refuses the calls real CUDA
+//! sticky illegal address; built as an older driver (no memory pools, no
+//! `cuFuncGetParamInfo`), the plain-allocation and padded-scalar paths; and
+//! driver failures planted one call at a time (a launch out of resources, a
+//! module load, pinned staging or graph instantiation out of memory, a
+//! stream or event that cannot be created). The mock also refuses the calls real CUDA
 //! refuses or mis-handles (synchronising a capturing stream, waiting across
 //! a capture boundary, non-relaxed capture, allocating or freeing into a
 //! graph, freed pointers, foreign frees, calls with no current context, an

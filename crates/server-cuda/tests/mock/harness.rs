@@ -1,6 +1,8 @@
 //! Building and loading the mock CUDA driver and NVRTC (`mock_cuda.c`,
 //! `mock_nvrtc.c`), for the test binaries that run the server against
-//! them: `mock.rs` and `mock_poison.rs`. The real-device binaries
+//! them: `mock.rs`, `mock_poison.rs`, `mock_old_driver.rs` (the driver
+//! built as an older one) and `mock_driver_failures.rs` (failures planted
+//! with [`Mock::fail_next`]). The real-device binaries
 //! (`device.rs`, `conformance.rs`, `poison.rs`) never include this file, so
 //! the mock cannot leak into them.
 //!
@@ -36,7 +38,7 @@ pub struct Mock {
     nvrtc: &'static Library,
 }
 
-fn build(source: &str, soname: &str) -> PathBuf {
+fn build(source: &str, soname: &str, defines: &[&str]) -> PathBuf {
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/mock")
         .join(source);
@@ -47,6 +49,7 @@ fn build(source: &str, soname: &str) -> PathBuf {
     let status = Command::new(&compiler)
         .args(["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror"])
         .arg(format!("-Wl,-soname,{soname}"))
+        .args(defines.iter().map(|d| format!("-D{d}")))
         .arg("-o")
         .arg(&out)
         .arg(&source)
@@ -66,31 +69,57 @@ fn load_forever(path: &PathBuf) -> &'static Library {
     Box::leak(Box::new(library))
 }
 
-/// The mocks, built and loaded once per process, before any driver call.
+static MOCK: OnceLock<(Mock, &'static [&'static str])> = OnceLock::new();
+
+/// The mocks, built and loaded once per process, before any driver call:
+/// the variant a binary asked for with [`mock_built_with`], or the default.
 pub fn mock() -> &'static Mock {
-    static MOCK: OnceLock<Mock> = OnceLock::new();
-    MOCK.get_or_init(|| {
-        let cuda = load_forever(&build("mock_cuda.c", "libcuda.so"));
-        let nvrtc = load_forever(&build("mock_nvrtc.c", "libnvrtc.so"));
-        // What cudarc will do: open the first candidate name. It must get
-        // the mock, not a real driver elsewhere on the machine.
-        for (name, hook) in [
-            ("libcuda.so", &b"scope_mock_violations\0"[..]),
-            ("libnvrtc.so", &b"scope_mock_nvrtc_violations\0"[..]),
-        ] {
-            // SAFETY: the name resolves to the mock already loaded (or the
-            // assertion below fails); looking a symbol up calls nothing.
-            let by_name = unsafe { Library::new(name) }
-                .unwrap_or_else(|e| panic!("{name} did not resolve to the loaded mock: {e}"));
-            // SAFETY: as above.
-            let found = unsafe { by_name.get::<unsafe extern "C" fn() -> u64>(hook) }.is_ok();
-            assert!(found, "{name} resolved to a library that is not the mock");
-        }
-        Mock { cuda, nvrtc }
-    })
+    &MOCK.get_or_init(|| load(&[])).0
+}
+
+/// The mocks, the driver built with `defines` (`SCOPE_MOCK_OLD_DRIVER`).
+/// One variant per process: the first call builds and loads it, and cudarc
+/// binds to whatever was loaded first, so a binary uses one variant only.
+pub fn mock_built_with(defines: &'static [&'static str]) -> &'static Mock {
+    let (mock, built) = MOCK.get_or_init(|| load(defines));
+    assert_eq!(
+        *built, defines,
+        "one mock variant per process: this one was built with {built:?}"
+    );
+    mock
+}
+
+fn load(defines: &'static [&'static str]) -> (Mock, &'static [&'static str]) {
+    let cuda = load_forever(&build("mock_cuda.c", "libcuda.so", defines));
+    let nvrtc = load_forever(&build("mock_nvrtc.c", "libnvrtc.so", &[]));
+    // What cudarc will do: open the first candidate name. It must get
+    // the mock, not a real driver elsewhere on the machine.
+    for (name, hook) in [
+        ("libcuda.so", &b"scope_mock_violations\0"[..]),
+        ("libnvrtc.so", &b"scope_mock_nvrtc_violations\0"[..]),
+    ] {
+        // SAFETY: the name resolves to the mock already loaded (or the
+        // assertion below fails); looking a symbol up calls nothing.
+        let by_name = unsafe { Library::new(name) }
+            .unwrap_or_else(|e| panic!("{name} did not resolve to the loaded mock: {e}"));
+        // SAFETY: as above.
+        let found = unsafe { by_name.get::<unsafe extern "C" fn() -> u64>(hook) }.is_ok();
+        assert!(found, "{name} resolved to a library that is not the mock");
+    }
+    (Mock { cuda, nvrtc }, defines)
 }
 
 impl Mock {
+    /// Make the next call of the driver entry point `call` return `code`:
+    /// a failure where the mock would not make one by itself.
+    pub fn fail_next(&self, call: &str, code: i32) {
+        let f: unsafe extern "C" fn(*const c_char, i32) =
+            self.hook(self.cuda, b"scope_mock_fail_next\0");
+        let call = std::ffi::CString::new(call).expect("an entry point name");
+        // SAFETY: the mock copies the name under its lock before returning.
+        unsafe { f(call.as_ptr(), code) }
+    }
+
     fn hook<T: Copy>(&self, library: &'static Library, name: &[u8]) -> T {
         // SAFETY: every hook is declared in the mock with the signature its
         // caller here names; the library is never unloaded.

@@ -73,7 +73,13 @@
  * the replay completes), but the failure model has the server wait first
  * (rule 35), so a test can ask whether it did.
  *
- * Test hooks (not CUDA): scope_mock_violations, scope_mock_last_violation,
+ * Built with -DSCOPE_MOCK_OLD_DRIVER it is an older or virtualised driver:
+ * no memory pools (the attribute reads 0 and cuMemPoolCreate is refused)
+ * and no cuFuncGetParamInfo (the symbol is absent, as before CUDA 12.4).
+ *
+ * Test hooks (not CUDA): scope_mock_fail_next (the next call of the named
+ * entry point returns the given code: a driver failure where the mock
+ * would not make one), scope_mock_violations, scope_mock_last_violation,
  * scope_mock_graphs_destroyed_in_flight,
  * scope_mock_stream_pending (operations the host has not waited for), and
  * scope_mock_invalidate_capture (what the driver does to a capture when a
@@ -146,12 +152,25 @@ static __thread context *current;
 static int fault_pending;
 static CUresult sticky;
 
+/* A test's planted failure: the next call of `fail_call` returns `fail_code`. */
+static char fail_call[64];
+static CUresult fail_code;
+void scope_mock_fail_next(const char *call, CUresult code) {
+  LOCKED;
+  snprintf(fail_call, sizeof fail_call, "%s", call);
+  fail_code = code;
+}
+
 /* What every context-level call checks first. */
 static CUresult enter(const char *call) {
   if (!initialized) return refuse(E_NOT_INITIALIZED, "%s before cuInit", call);
   if (sticky) return sticky;
   if (!current || !primary.retained)
     return refuse(E_INVALID_CONTEXT, "%s with no current context on this thread", call);
+  if (fail_call[0] && strcmp(fail_call, call) == 0) {
+    fail_call[0] = 0;
+    return fail_code;
+  }
   return OK;
 }
 #define ENTER LOCKED; { CUresult entered_ = enter(__func__); if (entered_) return entered_; }
@@ -432,7 +451,11 @@ CUresult cuDeviceGetAttribute(int *value, int attribute, int d) {
   switch (attribute) {
     case ATTR_CC_MAJOR: *value = DEVICE_CC / 10; break;
     case ATTR_CC_MINOR: *value = DEVICE_CC % 10; break;
+#ifdef SCOPE_MOCK_OLD_DRIVER
+    case ATTR_MEMORY_POOLS_SUPPORTED: *value = 0; break;
+#else
     case ATTR_MEMORY_POOLS_SUPPORTED: *value = 1; break;
+#endif
     default: *value = 0;
   }
   return OK;
@@ -758,6 +781,10 @@ _Static_assert(sizeof(pool_props) == 88, "CUmemPoolProps is 88 bytes in CUDA 13.
 
 CUresult cuMemPoolCreate(void **out, const pool_props *props) {
   ENTER;
+#ifdef SCOPE_MOCK_OLD_DRIVER
+  (void)out; (void)props;
+  return refuse(E_NOT_PERMITTED, "cuMemPoolCreate on a device that reports no memory pool support");
+#endif
   int zero = 1;
   for (size_t i = 0; i < sizeof props->reserved; i++) zero &= props->reserved[i] == 0;
   if (props->allocType != 1 || props->handleTypes != 0 || props->location.type != 1 || props->location.id != 0 ||
@@ -1067,6 +1094,7 @@ CUresult cuModuleGetFunction(void **out, void *pm, const char *name) {
     if (!strcmp(m->functions[i].name, name)) { *out = &m->functions[i]; return OK; }
   return E_NOT_FOUND;
 }
+#ifndef SCOPE_MOCK_OLD_DRIVER
 CUresult cuFuncGetParamInfo(void *pf, size_t index, size_t *offset, size_t *size) {
   ENTER;
   function *f = pf;
@@ -1076,6 +1104,7 @@ CUresult cuFuncGetParamInfo(void *pf, size_t index, size_t *offset, size_t *size
   if (size) *size = f->size[index];
   return OK;
 }
+#endif /* cuFuncGetParamInfo is CUDA 12.4+ */
 CUresult cuLaunchKernel(void *pf, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared, void *ps, void **params, void **extra) {
   ENTER;
