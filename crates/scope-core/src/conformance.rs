@@ -836,6 +836,10 @@ pub fn recorded_buffers_wait_for_their_capture<S: Suite>() {
     let capture = c.begin_capture().unwrap();
     fill::<S>(&c, &a, 2).unwrap();
     assert!(other.read(&a).unwrap_err().is_refusal());
+    assert!(
+        other.read(&a).unwrap_err().is_refusal(),
+        "refused again: a refusal does not make the other stream a's last user"
+    );
     let refused = copy::<S>(&other, &a, &b).unwrap_err();
     assert!(refused.is_refusal(), "{refused}");
     let graph = c.end_capture(capture).unwrap();

@@ -298,6 +298,25 @@ impl<B: Backend> Server<B> {
         touched: impl IntoIterator<Item = BufferId>,
     ) -> Result<()> {
         let to = self.stream_index(stream);
+        let touched: SmallVec<[BufferId; 8]> = touched.into_iter().collect();
+        // Refuse before changing anything: a refused call marks no buffer as
+        // used, so trying again is refused too until the capture ends.
+        for &id in &touched {
+            let Some(entry) = self.table.get(id) else {
+                continue;
+            };
+            let from = entry.last_user.0 as usize;
+            if from != to
+                && from < self.streams.len()
+                && self.streams[from].window.state() != CaptureState::NoCapture
+            {
+                return Err(Error::refused(format!(
+                    "{id} was last used by work recorded on {}, which has not run; \
+                     use it from {stream} after that capture ends",
+                    StreamId(from as u32)
+                )));
+            }
+        }
         let mut waited: SmallVec<[usize; 4]> = SmallVec::new();
         for id in touched {
             let Some(entry) = self.table.get_mut(id) else {
@@ -309,13 +328,6 @@ impl<B: Backend> Server<B> {
                 continue;
             }
             waited.push(from);
-            if self.streams[from].window.state() != CaptureState::NoCapture {
-                return Err(Error::refused(format!(
-                    "{id} was last used by work recorded on {}, which has not run; \
-                     use it from {stream} after that capture ends",
-                    StreamId(from as u32)
-                )));
-            }
             let recording = self.streams[to].window.state() != CaptureState::NoCapture;
             let (first, then) = two(&mut self.streams, from, to);
             if recording {
