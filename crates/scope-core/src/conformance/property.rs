@@ -115,6 +115,15 @@ fn env_number(name: &str) -> Option<u64> {
 struct Rng(u64);
 
 impl Rng {
+    /// Seeded through splitmix64, so that every seed (even ones, zero)
+    /// starts its own sequence.
+    fn new(seed: u64) -> Self {
+        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Self((z ^ (z >> 31)) | 1)
+    }
+
     fn next(&mut self) -> u64 {
         // xorshift64*
         self.0 ^= self.0 >> 12;
@@ -270,7 +279,7 @@ impl<S: Suite> World<S> {
             client,
             other,
             on_other: false,
-            rng: Rng(seed | 1),
+            rng: Rng::new(seed),
             align,
             max_words: (3 * align / 4 + 1).max(64),
             bufs: Vec::new(),
@@ -876,7 +885,7 @@ fn summary(result: &crate::Result<Vec<u8>>) -> String {
 }
 
 /// How many operations the log keeps for a failure report.
-const LOG_TAIL: usize = 24;
+const LOG_TAIL: usize = 32;
 
 fn run<S: Suite>(client: Client<S::Backend>, seed: u64, steps: usize) {
     let mut world = World::<S>::new(client, seed);
