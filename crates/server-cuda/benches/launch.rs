@@ -12,7 +12,11 @@
 //!    reported as the saving per launch.
 //!
 //! Without a device (or without NVRTC) it prints `skipped: no cuda device
-//! (...)` and exits 0.
+//! (...)` and exits 0 (1 under `SCOPE_REQUIRE=cuda`). With
+//! `SCOPE_BENCH_SMOKE` set it runs a few iterations only. `tests/mock_bench.rs`
+//! runs [`run`] at that scale against the mock driver, so the bench's own
+//! code has run before a GPU minute is spent on it (its figures there mean
+//! nothing).
 
 use std::time::{Duration, Instant};
 
@@ -31,8 +35,32 @@ extern "C" __global__ void add(const unsigned int* a, const unsigned int* b, uns
 
 const WORDS: u32 = 256;
 const BATCH: usize = 256;
-const BATCHES: usize = 40;
-const TRIALS: usize = 7;
+
+/// How many times each measurement repeats.
+#[derive(Clone, Copy, Debug)]
+pub struct Scale {
+    /// Batches of `BATCH` launches per trial of the launch-overhead figure.
+    pub batches: usize,
+    /// Trials per figure; the median is reported.
+    pub trials: usize,
+    /// Eager rounds and replays per trial of the graph figure.
+    pub rounds: usize,
+}
+
+impl Scale {
+    /// What `cargo bench` measures.
+    pub const FULL: Scale = Scale {
+        batches: 40,
+        trials: 7,
+        rounds: 200,
+    };
+    /// Enough to run every line once or twice.
+    pub const SMOKE: Scale = Scale {
+        batches: 1,
+        trials: 1,
+        rounds: 2,
+    };
+}
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -79,11 +107,21 @@ fn main() {
         return;
     };
     println!("device: {}", client.describe());
-    launch_overhead(&client, &arch);
-    graph_replay(&client);
+    let scale = if std::env::var_os("SCOPE_BENCH_SMOKE").is_some() {
+        Scale::SMOKE
+    } else {
+        Scale::FULL
+    };
+    run(&client, &arch, scale);
 }
 
-fn launch_overhead(c: &Client<Cuda>, arch: &str) {
+/// Both figures, printed, on `c` whose NVRTC targets `arch`.
+pub fn run(c: &Client<Cuda>, arch: &str, scale: Scale) {
+    launch_overhead(c, arch, scale);
+    graph_replay(c, scale);
+}
+
+fn launch_overhead(c: &Client<Cuda>, arch: &str, scale: Scale) {
     let kernel = Kernel::cuda("add", ADD).block([64, 1, 1]);
     let a = c.upload(&vec![1u8; WORDS as usize * 4]).expect("upload");
     let b = c.upload(&vec![2u8; WORDS as usize * 4]).expect("upload");
@@ -158,28 +196,28 @@ fn launch_overhead(c: &Client<Cuda>, arch: &str) {
         raw_batch();
     }
     let (mut scope, mut raw) = (Vec::new(), Vec::new());
-    for _ in 0..TRIALS {
+    for _ in 0..scale.trials {
         let mut s = Duration::ZERO;
         let mut r = Duration::ZERO;
-        for _ in 0..BATCHES {
+        for _ in 0..scale.batches {
             s += scope_batch();
             r += raw_batch();
         }
-        let launches = (BATCH * BATCHES) as f64;
+        let launches = (BATCH * scale.batches) as f64;
         scope.push(micros(s) / launches);
         raw.push(micros(r) / launches);
     }
     let (s, r) = (median(scope), median(raw));
     println!(
-        "launch overhead: scope {s:.3} µs/launch, raw cudarc {r:.3} µs/launch, ratio {:.3} (target ≤ 1.15) over {TRIALS} trials of {} launches",
+        "launch overhead: scope {s:.3} µs/launch, raw cudarc {r:.3} µs/launch, ratio {:.3} (target ≤ 1.15) over {} trials of {} launches",
         s / r,
-        BATCH * BATCHES
+        scale.trials,
+        BATCH * scale.batches
     );
 }
 
-fn graph_replay(c: &Client<Cuda>) {
+fn graph_replay(c: &Client<Cuda>, scale: Scale) {
     const NODES: usize = 64;
-    const ROUNDS: usize = 200;
     let kernel = Kernel::cuda("add", ADD).block([64, 1, 1]);
     let a = c.upload(&vec![1u8; WORDS as usize * 4]).expect("upload");
     let b = c.upload(&vec![2u8; WORDS as usize * 4]).expect("upload");
@@ -205,19 +243,19 @@ fn graph_replay(c: &Client<Cuda>) {
     c.replay(&graph).expect("replay");
     c.sync().expect("sync");
     let (mut eager, mut replayed) = (Vec::new(), Vec::new());
-    for _ in 0..TRIALS {
+    for _ in 0..scale.trials {
         let start = Instant::now();
-        for _ in 0..ROUNDS {
+        for _ in 0..scale.rounds {
             issue();
             c.sync().expect("sync");
         }
-        eager.push(micros(start.elapsed()) / ROUNDS as f64);
+        eager.push(micros(start.elapsed()) / scale.rounds as f64);
         let start = Instant::now();
-        for _ in 0..ROUNDS {
+        for _ in 0..scale.rounds {
             c.replay(&graph).expect("replay");
             c.sync().expect("sync");
         }
-        replayed.push(micros(start.elapsed()) / ROUNDS as f64);
+        replayed.push(micros(start.elapsed()) / scale.rounds as f64);
     }
     let (e, g) = (median(eager), median(replayed));
     println!(

@@ -912,6 +912,40 @@ CUresult cuMemFreeAsync(CUdeviceptr ptr, void *ps) {
   b->freed_seq = s->issued;
   return OK;
 }
+/* The device's default pool, for cudarc's own allocations (the bench's
+ * raw-API baseline): made on first use, like the driver's. */
+static pool *default_pool(void) {
+  static pool *p;
+  if (!p) {
+    p = calloc(1, sizeof(pool));
+    p->live = 1;
+    p->next = pools;
+    pools = p;
+  }
+  return p;
+}
+CUresult cuMemAllocAsync(CUdeviceptr *out, size_t n, void *ps) {
+  ENTER;
+#ifdef SCOPE_MOCK_OLD_DRIVER
+  (void)out; (void)n; (void)ps;
+  return refuse(E_NOT_PERMITTED, "cuMemAllocAsync on a device that reports no memory pool support");
+#else
+  return cuMemAllocFromPoolAsync(out, n, default_pool(), ps);
+#endif
+}
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, void *ps) {
+  ENTER;
+  stream *s = ps;
+  STREAM(s);
+  if (!find((void *)(uintptr_t)dst, n, DEVICE))
+    return refuse(E_INVALID_VALUE, "a memset of %zu bytes at %#llx, outside every live allocation", n, dst);
+  CUresult unordered = ordered_for(s, (void *)(uintptr_t)dst, "a memset");
+  if (unordered) return unordered;
+  if (s->capturing) return refuse(E_NOT_PERMITTED, "cuMemsetD8Async on a capturing stream (not modelled)");
+  s->issued++;
+  if (!fault_pending && !sticky) memset((void *)(uintptr_t)dst, value, n);
+  return OK;
+}
 CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t n) {
   ENTER;
   if (!n) return E_INVALID_VALUE;
@@ -1078,6 +1112,9 @@ CUresult cuModuleLoadDataEx(void **out, const void *image, unsigned n, int *opti
   m->live = 1;
   *out = m;
   return OK;
+}
+CUresult cuModuleLoadData(void **out, const void *image) {
+  return cuModuleLoadDataEx(out, image, 0, NULL, NULL);
 }
 CUresult cuModuleUnload(void *pm) {
   ENTER;
