@@ -6,6 +6,11 @@
 //! behaviour below. Each test names the rules of `docs/ERROR_MODEL.md` it
 //! checks.
 //!
+//! The same [`Suite`] drives [`random_sequences`] ([`property`]): random
+//! interleavings of every operation, with faults injected, checked against
+//! an oracle after each one — the sequences nobody wrote a test for. Each
+//! server runs it as one more `#[test]`.
+//!
 //! A server with no device here prints `skipped: no <backend> device` and
 //! returns; with `SCOPE_REQUIRE=<backend>` (or `all`) a missing device fails
 //! the test instead, which is how `cargo xtask test --backend X` makes a
