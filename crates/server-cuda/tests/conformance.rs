@@ -45,3 +45,16 @@ impl Suite for CudaSuite {
 }
 
 scope_core::conformance_tests!(CudaSuite);
+
+/// The property test (`scope_core::conformance::property`) on a real
+/// device, at the same scale as on the mock: random sequences of
+/// allocations, writes, launches, copies, reads and capture windows with
+/// injected failures, against the per-word oracle. Without a device it
+/// prints `skipped: no cuda device`.
+#[test]
+fn random_sequences() {
+    scope_core::conformance::random_sequences::<CudaSuite>(
+        &scope_core::conformance::property::SEEDS,
+        2_500,
+    );
+}
