@@ -912,6 +912,7 @@ CUresult cuMemFreeAsync(CUdeviceptr ptr, void *ps) {
   b->freed_seq = s->issued;
   return OK;
 }
+#ifndef SCOPE_MOCK_OLD_DRIVER
 /* The device's default pool, for cudarc's own allocations (the bench's
  * raw-API baseline): made on first use, like the driver's. */
 static pool *default_pool(void) {
@@ -924,6 +925,7 @@ static pool *default_pool(void) {
   }
   return p;
 }
+#endif
 CUresult cuMemAllocAsync(CUdeviceptr *out, size_t n, void *ps) {
   ENTER;
 #ifdef SCOPE_MOCK_OLD_DRIVER
