@@ -25,7 +25,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::id::{BufferRange, StreamId};
+use crate::id::{BufferId, BufferRange, StreamId};
 
 /// Where a stream's capture stands (rule 29).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -65,6 +65,10 @@ pub struct CaptureWindow {
     seen: HashSet<BufferRange>,
     read: Vec<BufferRange>,
     seen_read: HashSet<BufferRange>,
+    /// Buffers that work recorded in the window used: refused on other
+    /// streams until the window ends (the work runs only at replay, so
+    /// nothing can be ordered after it).
+    touched: HashSet<BufferId>,
     doom: Option<Error>,
 }
 
@@ -105,11 +109,25 @@ impl CaptureWindow {
         &self.read
     }
 
+    /// Whether work recorded in the window used buffer `id`.
+    pub fn touches(&self, id: BufferId) -> bool {
+        self.touched.contains(&id)
+    }
+
+    /// Work being recorded in the window uses buffer `id`. Outside a window
+    /// this does nothing.
+    pub fn touch(&mut self, id: BufferId) {
+        if self.is_recording() {
+            self.touched.insert(id);
+        }
+    }
+
     fn reset(&mut self) {
         self.written.clear();
         self.seen.clear();
         self.read.clear();
         self.seen_read.clear();
+        self.touched.clear();
         self.doom = None;
     }
 
@@ -160,6 +178,7 @@ impl CaptureWindow {
         let read = std::mem::take(&mut self.read);
         self.seen.clear();
         self.seen_read.clear();
+        self.touched.clear();
         let doom = self.doom.take();
         let reason = if opened_by != stream {
             Some(Error::refused(format!(

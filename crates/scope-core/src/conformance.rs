@@ -832,12 +832,15 @@ pub fn read_write_binding_is_in_both_sets<S: Suite>() {
 
 /// A buffer last used by work recorded on one stream cannot be used from
 /// another until that capture ends: the work to wait for has not run (rule
-/// 38). Nothing is doomed or lost.
+/// 38). Nothing is doomed or lost. A buffer the capturing stream used only
+/// before its capture began is not refused.
 pub fn recorded_buffers_wait_for_their_capture<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let other = c.new_stream().unwrap();
     let a = upload(&c, &vec![1; WORDS as usize]);
     let b = alloc(&c, WORDS);
+    let early = upload(&c, &vec![7; WORDS as usize]);
+    let seen = (c.failures_seen(), other.failures_seen());
     let capture = c.begin_capture().unwrap();
     fill::<S>(&c, &a, 2).unwrap();
     assert!(other.read(&a).unwrap_err().is_refusal());
@@ -847,6 +850,15 @@ pub fn recorded_buffers_wait_for_their_capture<S: Suite>() {
     );
     let refused = copy::<S>(&other, &a, &b).unwrap_err();
     assert!(refused.is_refusal(), "{refused}");
+    // A refusal is the caller's error, not a device failure (rule 38): the
+    // copy's destination is not claimed and no failure was seen.
+    other.check(&[b.all()]).unwrap();
+    assert_eq!((c.failures_seen(), other.failures_seen()), seen);
+    // What the capturing stream used only before its capture began is
+    // usable from another stream, ordered after that earlier work.
+    assert_eq!(read(&other, &early).unwrap(), vec![7; WORDS as usize]);
+    copy::<S>(&other, &early, &b).unwrap();
+    assert_eq!(read(&other, &b).unwrap(), vec![7; WORDS as usize]);
     let graph = c.end_capture(capture).unwrap();
     c.replay(&graph).unwrap();
     assert_eq!(read(&other, &a).unwrap(), vec![2; WORDS as usize]);

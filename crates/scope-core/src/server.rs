@@ -290,8 +290,53 @@ impl<B: Backend> Server<B> {
 
     // ----- ordering and late faults -------------------------------------
 
+    /// Refuse, changing nothing, a use on `stream` of a buffer whose last
+    /// use was recorded in another stream's open window: that work runs only
+    /// at replay, so nothing can be ordered after it. A buffer the capturing
+    /// stream used only before its capture began is not refused — `stream`
+    /// is ordered after that earlier work — unless `stream` records too (a
+    /// capture cannot wait on another capturing stream's work).
+    ///
+    /// Each call of the contract asks this before its scope opens, so a
+    /// refusal is the caller's error, not a device failure (rule 38): it
+    /// claims nothing, fires no hook, and a retry is refused the same way
+    /// until the capture ends.
+    fn refuse_recorded_elsewhere(&self, stream: StreamId, touched: &[BufferId]) -> Result<()> {
+        let to = self.stream_index(stream);
+        let to_records = self.streams[to].window.state() != CaptureState::NoCapture;
+        for &id in touched {
+            let Some(entry) = self.table.get(id) else {
+                continue;
+            };
+            let from = entry.last_user.0 as usize;
+            if from == to || from >= self.streams.len() {
+                continue;
+            }
+            let window = &self.streams[from].window;
+            if window.state() == CaptureState::NoCapture {
+                continue;
+            }
+            let other = StreamId(from as u32);
+            if window.touches(id) {
+                return Err(Error::refused(format!(
+                    "{id} was last used by work recorded on {other}, which has not run; \
+                     use it from {stream} after that capture ends"
+                )));
+            }
+            if to_records {
+                return Err(Error::refused(format!(
+                    "{id} was last used on {other}, which is capturing, and {stream} is \
+                     capturing too: one capture cannot wait for another's stream; use it \
+                     after one of them ends"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Make `stream` wait for the last other stream that used each of
-    /// `touched`, then mark them used by `stream`.
+    /// `touched`, then mark them used by `stream` (and, while `stream`
+    /// records, used by its window).
     fn order(
         &mut self,
         stream: StreamId,
@@ -299,26 +344,10 @@ impl<B: Backend> Server<B> {
     ) -> Result<()> {
         let to = self.stream_index(stream);
         let touched: SmallVec<[BufferId; 8]> = touched.into_iter().collect();
-        // Refuse before changing anything: a refused call marks no buffer as
-        // used, so trying again is refused too until the capture ends.
-        for &id in &touched {
-            let Some(entry) = self.table.get(id) else {
-                continue;
-            };
-            let from = entry.last_user.0 as usize;
-            if from != to
-                && from < self.streams.len()
-                && self.streams[from].window.state() != CaptureState::NoCapture
-            {
-                return Err(Error::refused(format!(
-                    "{id} was last used by work recorded on {}, which has not run; \
-                     use it from {stream} after that capture ends",
-                    StreamId(from as u32)
-                )));
-            }
-        }
+        self.refuse_recorded_elsewhere(stream, &touched)?;
         let mut waited: SmallVec<[usize; 4]> = SmallVec::new();
         for id in touched {
+            self.streams[to].window.touch(id);
             let Some(entry) = self.table.get_mut(id) else {
                 continue;
             };
@@ -330,6 +359,10 @@ impl<B: Backend> Server<B> {
             waited.push(from);
             let recording = self.streams[to].window.state() != CaptureState::NoCapture;
             let (first, then) = two(&mut self.streams, from, to);
+            // `first` may be capturing, if this buffer's last use on it came
+            // before the capture began (the refusal above let it through):
+            // every backend's `order` then waits for its work before the
+            // capture, which is all of it that runs.
             if recording {
                 // A recording stream cannot wait on work outside its graph;
                 // finish that work on the host instead.
@@ -514,6 +547,7 @@ impl<B: Backend> Server<B> {
             ));
         }
         self.require_memory(r)?;
+        self.refuse_recorded_elsewhere(stream, &[r.buffer])?;
         let mut written = self.write_set();
         written.push(r);
         let outcome = ExecuteScope::over(self, Work::new(WorkKind::Write, stream), written)
@@ -614,6 +648,7 @@ impl<B: Backend> Server<B> {
             return Err(Error::invalid("copy", format!("{s} and {d} overlap")));
         }
         self.require_memory(d)?;
+        self.refuse_recorded_elsewhere(stream, &[s.buffer, d.buffer])?;
         let mut written = self.write_set();
         written.push(d);
         let label = self.copy_label.clone();
@@ -715,6 +750,8 @@ impl<B: Backend> Server<B> {
                 None
             }
         };
+        let touched: SmallVec<[BufferId; 8]> = resolved.iter().map(|(r, _)| r.buffer).collect();
+        self.refuse_recorded_elsewhere(stream, &touched)?;
         let runs_nothing = groups.is_some_and(|g| g.contains(&0));
         let mut written = self.write_set();
         if !runs_nothing {
@@ -958,6 +995,7 @@ impl<B: Backend> Server<B> {
         written.extend_from_slice(&graph_written);
         let touched: SmallVec<[BufferId; 8]> =
             written.iter().chain(&read).map(|r| r.buffer).collect();
+        self.refuse_recorded_elsewhere(stream, &touched)?;
         let id = graph.id;
         let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
             |server, written| {
