@@ -14,11 +14,12 @@
 //! here ends by asserting it refused nothing. The sticky fault is in
 //! `mock_poison.rs`: it corrupts the process's one mock context.
 
+#[macro_use]
 mod common;
 #[path = "mock/harness.rs"]
 mod harness;
 
-use common::{ACCUMULATE, ADD, COPY, FILL, bytes, kernel, words};
+use common::{ADD, COPY, FILL, bytes, kernel, words};
 use harness::{client, mock};
 use scope_core::conformance::Suite;
 use scope_core::{Binding, Client, Dispatch, Error, Kernel, Result};
@@ -76,10 +77,6 @@ fn random_sequences() {
         2_500,
     );
     mock().assert_clean();
-}
-
-fn groups(n: u32) -> Dispatch<'static> {
-    Dispatch::linear(n.div_ceil(64))
 }
 
 #[test]
@@ -161,51 +158,6 @@ fn ptx_loads_and_a_rejected_ptx_carries_the_jit_log() {
     mock().assert_clean();
 }
 
-/// The kernel's own parameter list (`cuFuncGetParamInfo`) is checked at
-/// launch: a blob of the wrong size, or the wrong number of bindings, is
-/// refused before anything runs, and the outputs carry the refusal.
-#[test]
-fn a_launch_that_does_not_match_the_kernel_signature_is_refused_before_it_runs() {
-    let c = client();
-    let out = c.upload(&bytes(&[3; 64])).unwrap();
-    let other = c.upload(&bytes(&[4; 64])).unwrap();
-    // `fill` takes a pointer and an 8-byte struct; pass a 4-byte blob.
-    let short = c
-        .launch(
-            &kernel("fill", FILL),
-            &[Binding::write(&out)],
-            &64u32.to_le_bytes(),
-            Dispatch::linear(1),
-        )
-        .unwrap_err();
-    assert!(
-        matches!(&short, Error::Launch { detail, .. } if detail.contains("the scalar parameter is 8 bytes; the blob is 4")),
-        "{short}"
-    );
-    // `copy` takes two pointers and a blob; pass one binding.
-    let few = c
-        .launch(
-            &kernel("copy", COPY),
-            &[Binding::write(&other)],
-            &64u32.to_le_bytes(),
-            Dispatch::linear(1),
-        )
-        .unwrap_err();
-    assert!(
-        matches!(&few, Error::Launch { detail, .. } if detail.contains("the kernel takes 3 parameters")),
-        "{few}"
-    );
-    assert!(
-        c.read(&out).is_err(),
-        "the refused launch claims its output"
-    );
-    // Nothing ran: the bytes under the claims are the uploaded ones.
-    assert_eq!(words(&c.peek(&out).unwrap()), vec![3; 64]);
-    assert_eq!(words(&c.peek(&other).unwrap()), vec![4; 64]);
-    assert!(c.poison().is_none());
-    mock().assert_clean();
-}
-
 /// A real out-of-memory from the driver is not sticky: the device keeps
 /// working. Memory cached by the pool is what the core's trim-and-retry
 /// gives back: an allocation that fits only once the cache is released
@@ -269,62 +221,6 @@ fn freed_memory_is_reused_and_trimming_returns_it() {
     );
     c.with_backend(scope_core::Backend::trim);
     assert_eq!(c.bytes_reserved(), 0);
-    mock().assert_clean();
-}
-
-/// Writes past one staging chunk go straight from the caller's memory;
-/// thousands of small writes cycle the pinned belt, waiting for the oldest
-/// chunk when the belt is full.
-#[test]
-fn large_and_many_small_writes_round_trip() {
-    let c = client();
-    let data: Vec<u8> = (0..(3u32 << 20) + 12).map(|i| (i * 7 + 1) as u8).collect();
-    let buffer = c.upload(&data).unwrap();
-    assert_eq!(c.read(&buffer).unwrap(), data);
-    assert_eq!(c.read(buffer.slice(4096..8192)).unwrap(), data[4096..8192]);
-    let small = c.allocate(4096 * 64).unwrap();
-    for i in 0..4096u32 {
-        let at = u64::from(i) * 64;
-        c.write(small.slice(at..at + 64), &[(i % 251) as u8; 64])
-            .unwrap();
-    }
-    let back = c.read(&small).unwrap();
-    for i in 0..4096usize {
-        assert!(
-            back[i * 64..i * 64 + 64]
-                .iter()
-                .all(|&b| b == (i % 251) as u8),
-            "write {i}"
-        );
-    }
-    mock().assert_clean();
-}
-
-/// A host write inside a window is recorded from a pinned copy of the
-/// caller's bytes: every replay writes the bytes given at call time, and
-/// the capture never copies from pageable memory (the mock would refuse).
-#[test]
-fn recorded_host_writes_replay_the_bytes_given_at_call_time() {
-    let c = client();
-    // Past the staging chunk too: the pageable path must not be captured.
-    for n in [1024u32, (2 << 20) / 4 + 5] {
-        let buffer = c.allocate(u64::from(n) * 4).unwrap();
-        let mut recorded = bytes(&(0..n).collect::<Vec<_>>());
-        let capture = c.begin_capture().unwrap();
-        c.write(&buffer, &recorded).unwrap();
-        recorded.fill(0xAB);
-        let graph = c.end_capture(capture).unwrap();
-        for round in 0..3 {
-            c.write(&buffer, &bytes(&vec![7; n as usize])).unwrap();
-            c.replay(&graph).unwrap();
-            assert_eq!(
-                words(&c.read(&buffer).unwrap()),
-                (0..n).collect::<Vec<_>>(),
-                "{n} words, replay {round}"
-            );
-        }
-        c.destroy_graph(&graph).unwrap();
-    }
     mock().assert_clean();
 }
 
@@ -399,89 +295,6 @@ fn destroying_a_graph_waits_for_its_replays() {
     mock().assert_clean();
 }
 
-/// Two streams that share a buffer are ordered through events; a stream
-/// that captures is ordered after the other by a host wait instead (a
-/// capturing stream may not wait on outside work).
-#[test]
-fn streams_sharing_a_buffer_are_ordered_even_while_one_captures() {
-    let c = client();
-    let other = c.new_stream().unwrap();
-    let n = 1 << 16;
-    let a = c.allocate(u64::from(n) * 4).unwrap();
-    let b = c.allocate(u64::from(n) * 4).unwrap();
-    for value in 1..=4u32 {
-        c.launch(
-            &kernel("fill", FILL),
-            &[Binding::write(&a)],
-            &bytes(&[n, value]),
-            groups(n),
-        )
-        .unwrap();
-        other
-            .launch(
-                &kernel("copy", COPY),
-                &[Binding::read(&a), Binding::write(&b)],
-                &bytes(&[n]),
-                groups(n),
-            )
-            .unwrap();
-        let got = words(&c.read(&b).unwrap());
-        assert!(got.iter().all(|&w| w == value), "round {value}");
-    }
-    c.launch(
-        &kernel("fill", FILL),
-        &[Binding::write(&a)],
-        &bytes(&[n, 11]),
-        groups(n),
-    )
-    .unwrap();
-    let capture = other.begin_capture().unwrap();
-    other
-        .launch(
-            &kernel("copy", COPY),
-            &[Binding::read(&a), Binding::write(&b)],
-            &bytes(&[n]),
-            groups(n),
-        )
-        .unwrap();
-    let graph = other.end_capture(capture).unwrap();
-    other.replay(&graph).unwrap();
-    assert!(words(&c.read(&b).unwrap()).iter().all(|&w| w == 11));
-    mock().assert_clean();
-}
-
-/// A window replayed a thousand times accumulates a thousand times and
-/// rewrites its recorded bytes each time.
-#[test]
-fn a_window_replayed_a_thousand_times_writes_its_recorded_bytes_each_time() {
-    let c = client();
-    const N: u32 = 1024;
-    let by = c.allocate(u64::from(N) * 4).unwrap();
-    let acc = c.upload(&bytes(&vec![0; N as usize])).unwrap();
-    let step: Vec<u32> = (0..N).map(|i| i % 7 + 1).collect();
-    let capture = c.begin_capture().unwrap();
-    c.write(&by, &bytes(&step)).unwrap();
-    c.launch(
-        &kernel("accumulate", ACCUMULATE),
-        &[Binding::read(&by), Binding::read_write(&acc)],
-        &N.to_le_bytes(),
-        groups(N),
-    )
-    .unwrap();
-    let graph = c.end_capture(capture).unwrap();
-    assert_eq!(words(&c.read(&acc).unwrap()), vec![0; N as usize]);
-    c.write(&by, &bytes(&vec![1000; N as usize])).unwrap();
-    for _ in 0..1000 {
-        c.replay(&graph).unwrap();
-    }
-    let expected: Vec<u32> = step.iter().map(|s| s * 1000).collect();
-    assert_eq!(words(&c.read(&acc).unwrap()), expected);
-    assert_eq!(words(&c.read(&by).unwrap()), step);
-    c.destroy_graph(&graph).unwrap();
-    assert_eq!(c.failures_held(), 0);
-    mock().assert_clean();
-}
-
 /// A capture the driver invalidates yields no graph: the end of capture
 /// reports `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, and the window's
 /// outputs carry it (rule 33). The stream keeps working.
@@ -524,33 +337,17 @@ fn a_capture_invalidated_by_the_driver_claims_the_window_outputs() {
     mock().assert_clean();
 }
 
-/// CUDA has no indirect launch: inside a window it is refused and dooms
-/// the window; outside, the counts are read back and the launch runs.
-#[test]
-fn indirect_dispatch_is_refused_inside_a_window_and_runs_outside() {
-    let c = client();
-    let out = c.allocate(256).unwrap();
-    let counts = c.upload(&bytes(&[1, 1, 1])).unwrap();
-    let capture = c.begin_capture().unwrap();
-    let refused = c.launch(
-        &kernel("fill", FILL),
-        &[Binding::write(&out)],
-        &bytes(&[64, 1]),
-        Dispatch::Indirect(counts.all()),
-    );
-    assert!(
-        matches!(&refused, Err(Error::Launch { detail, .. }) if detail.contains("indirect")),
-        "{refused:?}"
-    );
-    let sealed = c.end_capture(capture);
-    assert!(matches!(sealed, Err(Error::Unsealed { .. })), "{sealed:?}");
-    c.launch(
-        &kernel("fill", FILL),
-        &[Binding::write(&out)],
-        &bytes(&[64, 5]),
-        Dispatch::Indirect(counts.all()),
-    )
-    .unwrap();
-    assert_eq!(words(&c.read(&out).unwrap()), vec![5; 64]);
-    mock().assert_clean();
+/// One `#[test]` per case shared with the real-device tests, on the mock,
+/// each ending with the mock's check that it refused nothing.
+macro_rules! on_the_mock {
+    ($($case:ident),* $(,)?) => {$(
+        #[test]
+        fn $case() {
+            let c = client();
+            common::cases::$case(&c);
+            mock().assert_clean();
+        }
+    )*};
 }
+
+with_every_case!(on_the_mock);

@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+#[macro_use]
+pub mod cases;
+
 use scope_core::Kernel;
 use scope_core::conformance::client_or_skip;
 use server_cuda::Cuda;
