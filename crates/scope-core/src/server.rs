@@ -336,7 +336,9 @@ impl<B: Backend> Server<B> {
 
     /// Make `stream` wait for the last other stream that used each of
     /// `touched`, then mark them used by `stream` (and, while `stream`
-    /// records, used by its window).
+    /// records, used by its window). Callers have asked
+    /// [`refuse_recorded_elsewhere`](Self::refuse_recorded_elsewhere) first,
+    /// before opening their scope; nothing between changes a last user.
     fn order(
         &mut self,
         stream: StreamId,
@@ -344,7 +346,10 @@ impl<B: Backend> Server<B> {
     ) -> Result<()> {
         let to = self.stream_index(stream);
         let touched: SmallVec<[BufferId; 8]> = touched.into_iter().collect();
-        self.refuse_recorded_elsewhere(stream, &touched)?;
+        debug_assert!(
+            self.refuse_recorded_elsewhere(stream, &touched).is_ok(),
+            "a cross-capture use must be refused before its scope opens"
+        );
         let mut waited: SmallVec<[usize; 4]> = SmallVec::new();
         for id in touched {
             self.streams[to].window.touch(id);
@@ -618,6 +623,7 @@ impl<B: Backend> Server<B> {
 
     /// Read `r` on the device, after ordering `stream` behind its last user.
     fn device_read(&mut self, stream: StreamId, r: BufferRange, out: &mut [u8]) -> Result<()> {
+        self.refuse_recorded_elsewhere(stream, &[r.buffer])?;
         self.order(stream, [r.buffer])?;
         let index = self.stream_index(stream);
         let Server {
