@@ -44,13 +44,25 @@
 //! the bytes given at call time, and reads, syncs and replays on the
 //! recording stream are refused.
 //!
-//! Windows open on stream 0. While none is open, about a third of the work
-//! goes to a second stream, so buffers change hands between streams and
-//! the server orders them (`Backend::order`); the values read back say
-//! whether it did. While one is open, all work stays on stream 0: which
-//! buffers the other stream may touch then depends on which stream used
-//! each one last — internal bookkeeping of the server, not the contract —
-//! and an oracle that guessed at it would not be exact.
+//! Windows open on stream 0. About a third of the work goes to a second
+//! stream, windows or not, so buffers change hands between streams and the
+//! server orders them (`Backend::order`); the values read back say whether
+//! it did. During a window the oracle predicts every cross-capture refusal
+//! (`docs/ERROR_MODEL.md`, "Cross-stream ordering is automatic") and
+//! asserts it both ways: a use on stream 1 is refused, as `Error::Refused`
+//! and changing nothing (no claim, no failure seen on either stream),
+//! exactly when one of its buffers was last used by stream 0 and work
+//! recorded in the open window used it; a buffer stream 0 used only before
+//! the capture began is stream 1's to use. For that the oracle keeps, per
+//! buffer, the stream that used it last — set by the allocation and by
+//! every operation that reaches `Server::order` (not one refused, failed
+//! by an injected fault or skipped on a claimed input; a host read only
+//! once its range checks clean) — and, per window, the buffers its recorded
+//! work used. Stream 1's work runs at once, on the buffers' current values,
+//! while stream 0's waits for a replay; the window's buffers are stream 0's
+//! alone until it ends, so the two never meet. Only stream 0 opens windows:
+//! two recording streams (where even a buffer's pre-capture use on the
+//! other is refused) are left to the conformance suite.
 //!
 //! # Reproducing a failure
 //!
@@ -90,18 +102,23 @@ pub fn random_sequences<S: Suite>(seeds: &[u64], steps: usize) {
     let steps = env_number("SCOPE_PROPERTY_STEPS").map_or(steps, |s| s as usize);
     let only = env_number("SCOPE_PROPERTY_SEED");
     let seeds: Vec<u64> = only.map_or_else(|| seeds.to_vec(), |seed| vec![seed]);
+    let mut tally = Tally::default();
     for (i, &seed) in seeds.iter().enumerate() {
         assert!(!seeds[..i].contains(&seed), "seed {seed} given twice");
         let Some(client) = client_or_skip(S::client) else {
             return;
         };
-        run::<S>(client, seed, steps);
+        let t = run::<S>(client, seed, steps);
+        tally.during_windows += t.during_windows;
+        tally.refused += t.refused;
     }
     println!(
-        "{}: {} operations over {} seeds",
+        "{}: {} operations over {} seeds; {} on stream 1 during a window, {} of them refused",
         <S::Backend as Backend>::NAME,
         steps * seeds.len(),
-        seeds.len()
+        seeds.len(),
+        tally.during_windows,
+        tally.refused,
     );
 }
 
@@ -164,6 +181,9 @@ struct Buf {
     handle: Buffer,
     words: Vec<Word>,
     allocated: bool,
+    /// The stream whose work used it last (`Server::order`), as an index:
+    /// 0 or 1. Allocation counts as a use.
+    last_user: usize,
 }
 
 /// Bytes `start..end` of a buffer, by id: a recording or a graph outlives
@@ -190,6 +210,10 @@ struct Window {
     written: Vec<Range>,
     reads: Vec<Range>,
     ops: Vec<Op>,
+    /// Buffers that work recorded in it used (`CaptureWindow::touches`):
+    /// every buffer of a write, copy or launch on the recording stream that
+    /// got past its injected fault, skipped or not recorded aside.
+    touched: Vec<BufferId>,
 }
 
 impl Window {
@@ -225,13 +249,26 @@ enum Shape {
     Add,
 }
 
+/// What a run did on stream 1 while stream 0 recorded.
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    /// Operations on stream 1 during a window.
+    during_windows: usize,
+    /// Of those, how many the oracle expected refused (and were).
+    refused: usize,
+}
+
 struct World<S: Suite> {
     /// Stream 0, which opens every capture window.
     client: Client<S::Backend>,
-    /// Stream 1, for some work while no window is open.
+    /// Stream 1, for about a third of the work, windows or not.
     other: Client<S::Backend>,
     /// Whether this step's work goes to stream 1.
     on_other: bool,
+    /// Whether this step's operation was expected to be refused: the step
+    /// then checks that it changed nothing.
+    refused: bool,
+    tally: Tally,
     rng: Rng,
     /// Launch bindings start at multiples of this.
     align: u64,
@@ -279,6 +316,8 @@ impl<S: Suite> World<S> {
             client,
             other,
             on_other: false,
+            refused: false,
+            tally: Tally::default(),
             rng: Rng::new(seed),
             align,
             max_words: (3 * align / 4 + 1).max(64),
@@ -377,15 +416,117 @@ impl<S: Suite> World<S> {
     /// `percent`, or a quarter of it inside a window, so that some windows
     /// seal and their graphs get replayed.
     fn failure_rate(&self, percent: u64) -> u64 {
-        if self.recording() {
-            percent / 4
-        } else {
-            percent
-        }
+        if self.records() { percent / 4 } else { percent }
     }
 
     fn recording(&self) -> bool {
         self.window.is_some()
+    }
+
+    /// This step's stream, as an index.
+    fn stream(&self) -> usize {
+        usize::from(self.on_other)
+    }
+
+    /// Whether this step's stream is recording: stream 0 with a window
+    /// open (windows open on stream 0 only).
+    fn records(&self) -> bool {
+        self.recording() && !self.on_other
+    }
+
+    /// Whether stream `s` is recording.
+    fn stream_records(&self, s: usize) -> bool {
+        s == 0 && self.recording()
+    }
+
+    /// Whether a use of `ids` on this step's stream is refused, as
+    /// `Server::refuse_recorded_elsewhere` decides: a buffer whose last
+    /// user is another stream that is recording, and either that window's
+    /// recorded work used it or this stream records too.
+    fn refused(&self, ids: &[BufferId]) -> bool {
+        let to = self.stream();
+        ids.iter().any(|&id| {
+            let Some(i) = self.index_of(id) else {
+                return false;
+            };
+            let from = self.bufs[i].last_user;
+            if from == to || !self.stream_records(from) {
+                return false;
+            }
+            let touched = self
+                .window
+                .as_ref()
+                .is_some_and(|(_, w)| w.touched.contains(&id));
+            touched || self.stream_records(to)
+        })
+    }
+
+    /// Work on this step's stream reached `Server::order` with `ids`: they
+    /// are its now, and its window's if it records.
+    fn ordered(&mut self, ids: &[BufferId]) {
+        let to = self.stream();
+        if self.records()
+            && let Some((_, window)) = &mut self.window
+        {
+            for id in ids {
+                if !window.touched.contains(id) {
+                    window.touched.push(*id);
+                }
+            }
+        }
+        for &id in ids {
+            if let Some(i) = self.index_of(id) {
+                self.bufs[i].last_user = to;
+            }
+        }
+    }
+
+    /// Check `result` against the oracle's refusal: refused exactly when
+    /// it says so, as `Error::Refused` itself (a failure read back may
+    /// carry a refusal as its root, which is not this).
+    fn expect_refusal<T: std::fmt::Debug>(
+        &mut self,
+        refused: bool,
+        result: &crate::Result<T>,
+        what: &str,
+    ) {
+        let got = matches!(result, Err(Error::Refused { .. }));
+        assert_eq!(
+            got,
+            refused,
+            "{}: {what}",
+            if refused {
+                "the oracle expected a cross-capture refusal"
+            } else {
+                "the oracle expected no refusal"
+            }
+        );
+        assert!(
+            !refused || result.as_ref().is_err_and(Error::is_refusal),
+            "{what}"
+        );
+        self.refused |= refused;
+    }
+
+    /// A failure on this step's stream dooms its window, if it records.
+    fn doom(&mut self) {
+        if self.records()
+            && let Some((_, window)) = &mut self.window
+        {
+            window.doomed = true;
+        }
+    }
+
+    /// Clean work on this step's stream: recorded if it records, applied
+    /// to the values now if not.
+    fn done(&mut self, reads: &[Range], writes: &[Range], op: Op) {
+        if self.records()
+            && let Some((_, window)) = &mut self.window
+        {
+            window.record(reads, writes, op);
+        } else {
+            self.apply(&op);
+        }
     }
 
     /// The stream this step's work goes to.
@@ -398,7 +539,13 @@ impl<S: Suite> World<S> {
     }
 
     fn step(&mut self) -> String {
-        self.on_other = !self.recording() && self.rng.chance(30);
+        self.on_other = self.rng.chance(30);
+        self.refused = false;
+        let before = (
+            self.client.failures_seen(),
+            self.other.failures_seen(),
+            self.client.failure_claims(),
+        );
         let live = self.bufs.len();
         let roll = self.rng.below(100);
         let what = match roll {
@@ -413,6 +560,21 @@ impl<S: Suite> World<S> {
             82..=95 => self.replay(),
             _ => self.destroy(),
         };
+        if self.refused {
+            let after = (
+                self.client.failures_seen(),
+                self.other.failures_seen(),
+                self.client.failure_claims(),
+            );
+            assert_eq!(
+                before, after,
+                "a refusal changes nothing (failures seen on each stream, claims): {what}"
+            );
+        }
+        if self.on_other && self.recording() {
+            self.tally.during_windows += 1;
+            self.tally.refused += usize::from(self.refused);
+        }
         if self.on_other {
             format!("[stream 1] {what}")
         } else {
@@ -446,6 +608,8 @@ impl<S: Suite> World<S> {
             handle,
             words: vec![if fail { STALE } else { UNKNOWN }; (size / 4) as usize],
             allocated: !fail,
+            // Failed or not, the allocating stream is its first user.
+            last_user: self.stream(),
         });
         format!("allocate {id}: {size} bytes (fails: {fail})")
     }
@@ -483,26 +647,27 @@ impl<S: Suite> World<S> {
         self.client.inject(FaultPlan::new());
         let what = format!("write {r:?} (fails: {fail}) -> {result:?}");
         if !self.bufs[i].allocated {
+            // No memory to write is found before any refusal.
             assert!(result.is_err(), "a write to an unallocated buffer fails");
+            self.expect_refusal(false, &result, &what);
+            return what;
+        }
+        let refused = self.refused(&[r.0]);
+        self.expect_refusal(refused, &result, &what);
+        if refused {
             return what;
         }
         assert_eq!(result.is_err(), fail, "{what}");
         if fail {
             self.mark(&[r], STALE);
-            if let Some((_, window)) = &mut self.window {
-                window.doomed = true;
-            }
+            self.doom();
             return what;
         }
+        self.ordered(&[r.0]);
+        // Healed by the write: its values are known once it ran (at once,
+        // or at each replay of the window that records it).
         self.mark(&[r], UNKNOWN);
-        let op = Op::Write(r, data);
-        match &mut self.window {
-            Some((_, window)) => window.record(&[], &[r], op),
-            None => {
-                // Healed by the write: its values are known once it ran.
-                self.apply(&op);
-            }
-        }
+        self.done(&[], &[r], Op::Write(r, data));
         what
     }
 
@@ -579,6 +744,14 @@ impl<S: Suite> World<S> {
         let clean = !unallocated_out && !skipped && !fail;
         let what =
             format!("launch {shape:?} reads {reads:?} writes {w:?} (fails: {fail}) -> {result:?}");
+        // Refused before anything else: an output without memory, an input
+        // carrying a failure.
+        let ids: Vec<BufferId> = reads.iter().chain([&w]).map(|r| r.0).collect();
+        let refused = self.refused(&ids);
+        self.expect_refusal(refused, &result, &what);
+        if refused {
+            return what;
+        }
         match (&result, clean) {
             (Ok(()), true) => {}
             (Err(Error::Skipped { .. }), false) if skipped => {}
@@ -587,23 +760,18 @@ impl<S: Suite> World<S> {
         }
         if unallocated_out {
             // Never started: nothing to claim, but a window is missing it.
-            if let Some((_, window)) = &mut self.window {
-                window.doomed = true;
-            }
+            self.doom();
             return what;
         }
         if !clean {
+            // Skipped or failed before `order`: no buffer changes hands.
             self.mark(&[w], STALE);
-            if let Some((_, window)) = &mut self.window {
-                window.doomed = true;
-            }
+            self.doom();
             return what;
         }
+        self.ordered(&ids);
         self.mark(&[w], UNKNOWN);
-        match &mut self.window {
-            Some((_, window)) => window.record(&reads, &[w], op),
-            None => self.apply(&op),
-        }
+        self.done(&reads, &[w], op);
         what
     }
 
@@ -636,7 +804,14 @@ impl<S: Suite> World<S> {
             return what;
         }
         if !self.bufs[j].allocated {
+            // No memory to write is found before any refusal.
             assert!(result.is_err(), "{what}");
+            self.expect_refusal(false, &result, &what);
+            return what;
+        }
+        let refused = self.refused(&[s.0, d.0]);
+        self.expect_refusal(refused, &result, &what);
+        if refused {
             return what;
         }
         let skipped = self.any_stale(&[s]);
@@ -649,17 +824,12 @@ impl<S: Suite> World<S> {
         );
         if !clean {
             self.mark(&[d], STALE);
-            if let Some((_, window)) = &mut self.window {
-                window.doomed = true;
-            }
+            self.doom();
             return what;
         }
+        self.ordered(&[s.0, d.0]);
         self.mark(&[d], UNKNOWN);
-        let op = Op::Copy(s, d);
-        match &mut self.window {
-            Some((_, window)) => window.record(&[s], &[d], op),
-            None => self.apply(&op),
-        }
+        self.done(&[s], &[d], Op::Copy(s, d));
         what
     }
 
@@ -668,18 +838,25 @@ impl<S: Suite> World<S> {
         let r = self.range(i);
         let result = self.on().read(self.bufs[i].handle.slice(r.1..r.2));
         let what = format!("read {r:?} -> {}", summary(&result));
-        if self.recording() {
+        if self.records() {
             assert!(
                 result.as_ref().is_err_and(Error::is_refusal),
                 "a read on a recording stream is refused: {what}"
             );
             return what;
         }
+        // The range is checked first: a claimed one returns its failure.
         let stale = self.any_stale(&[r]);
+        let refused = !stale && self.refused(&[r.0]);
+        self.expect_refusal(refused, &result, &what);
+        if refused {
+            return what;
+        }
         match result {
             Err(e) => assert!(stale, "read {r:?} of unclaimed bytes failed: {e}"),
             Ok(bytes) => {
                 assert!(!stale, "read {r:?} of claimed bytes succeeded");
+                self.ordered(&[r.0]);
                 for (k, (got, want)) in as_words(&bytes).iter().zip(self.values(&r)).enumerate() {
                     if let Some(want) = want {
                         assert_eq!(
@@ -714,9 +891,9 @@ impl<S: Suite> World<S> {
         let named = named && self.any_stale(&[r]);
         match &result {
             Err(e) if named => assert!(!e.unwritten().is_empty(), "{what}"),
-            Err(e) if self.recording() => assert!(e.is_refusal(), "{what}"),
+            Err(e) if self.records() => assert!(e.is_refusal(), "{what}"),
             Err(_) => panic!("a sync of unclaimed bytes failed: {what}"),
-            Ok(()) => assert!(!named && !self.recording(), "{what}"),
+            Ok(()) => assert!(!named && !self.records(), "{what}"),
         }
         what
     }
@@ -781,7 +958,7 @@ impl<S: Suite> World<S> {
             "replay {:?} (fails: {fail}) -> {result:?}",
             self.graphs[g].graph.id()
         );
-        if self.recording() {
+        if self.records() {
             assert!(result.is_err_and(|e| e.is_refusal()), "{what}");
             return what;
         }
@@ -798,15 +975,27 @@ impl<S: Suite> World<S> {
             );
             return what;
         }
+        let ids: Vec<BufferId> = model
+            .written
+            .iter()
+            .chain(&model.reads)
+            .map(|r| r.0)
+            .collect();
         let skipped = self.any_stale(&model.reads);
+        let written = model.written.clone();
+        let ops = model.ops.clone();
+        let refused = self.refused(&ids);
+        self.expect_refusal(refused, &result, &what);
+        if refused {
+            return what;
+        }
         let clean = !skipped && !fail;
         assert_eq!(result.is_ok(), clean, "skipped: {skipped}: {what}");
-        let written = model.written.clone();
         if !clean {
             self.mark(&written, STALE);
             return what;
         }
-        let ops = model.ops.clone();
+        self.ordered(&ids);
         self.mark(&written, UNKNOWN);
         for op in &ops {
             self.apply(op);
@@ -887,7 +1076,7 @@ fn summary(result: &crate::Result<Vec<u8>>) -> String {
 /// How many operations the log keeps for a failure report.
 const LOG_TAIL: usize = 32;
 
-fn run<S: Suite>(client: Client<S::Backend>, seed: u64, steps: usize) {
+fn run<S: Suite>(client: Client<S::Backend>, seed: u64, steps: usize) -> Tally {
     let mut world = World::<S>::new(client, seed);
     let mut log: VecDeque<String> = VecDeque::with_capacity(LOG_TAIL + 1);
     for step in 0..steps {
@@ -937,4 +1126,5 @@ fn run<S: Suite>(client: Client<S::Backend>, seed: u64, steps: usize) {
         0,
         "seed {seed}: freeing everything frees every byte"
     );
+    world.tally
 }
