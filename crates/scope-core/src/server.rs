@@ -597,6 +597,8 @@ impl<B: Backend> Server<B> {
         self.refuse_if_recording(stream, "a host read")?;
         self.table.check(&[r])?;
         self.require_memory(r)?;
+        // Before the device call, so before its injected fault too.
+        self.refuse_recorded_elsewhere(stream, &[r.buffer])?;
         let result = self
             .fault(Site::Read, Some(stream))
             .and_then(|()| self.device_read(stream, r, out));
@@ -618,12 +620,13 @@ impl<B: Backend> Server<B> {
         let r = self.resolve_copy_range(src, "peek source")?;
         self.refuse_if_recording(stream, "a peek")?;
         self.require_memory(r)?;
+        self.refuse_recorded_elsewhere(stream, &[r.buffer])?;
         self.device_read(stream, r, out)
     }
 
-    /// Read `r` on the device, after ordering `stream` behind its last user.
+    /// Read `r` on the device, after ordering `stream` behind its last user
+    /// (the caller has refused a cross-capture use).
     fn device_read(&mut self, stream: StreamId, r: BufferRange, out: &mut [u8]) -> Result<()> {
-        self.refuse_recorded_elsewhere(stream, &[r.buffer])?;
         self.order(stream, [r.buffer])?;
         let index = self.stream_index(stream);
         let Server {
