@@ -34,6 +34,11 @@
 //! Staleness is per word because every range is word-aligned: a per-byte
 //! oracle would say the same thing four times.
 //!
+//! Faults planted at a host read are not device faults: a device fault
+//! there claims whatever is in flight on the reading stream (rule 23),
+//! which the oracle does not follow. They still check that a read fails
+//! only after its range checks clean and it is not refused.
+//!
 //! A launch never binds one buffer for writing and for reading: wgpu
 //! forbids that within one dispatch, so the outcome would depend on the
 //! server, and an exact oracle is the point.
@@ -836,8 +841,16 @@ impl<S: Suite> World<S> {
     fn read(&mut self) -> String {
         let i = self.pick();
         let r = self.range(i);
+        // Not a device fault: one would claim what is in flight on the
+        // stream (rule 23), which the oracle does not follow.
+        let fail = self.rng.chance(5);
+        if fail {
+            self.client
+                .inject(FaultPlan::new().fail(Site::Read, 1, injected("read")));
+        }
         let result = self.on().read(self.bufs[i].handle.slice(r.1..r.2));
-        let what = format!("read {r:?} -> {}", summary(&result));
+        self.client.inject(FaultPlan::new());
+        let what = format!("read {r:?} (fails: {fail}) -> {}", summary(&result));
         if self.records() {
             assert!(
                 result.as_ref().is_err_and(Error::is_refusal),
@@ -853,9 +866,14 @@ impl<S: Suite> World<S> {
             return what;
         }
         match result {
+            // Failed before `order`: no buffer changes hands.
+            Err(e) if !stale && fail => assert!(
+                matches!(&e, Error::Launch { detail, .. } if detail == "injected at read"),
+                "{what}"
+            ),
             Err(e) => assert!(stale, "read {r:?} of unclaimed bytes failed: {e}"),
             Ok(bytes) => {
-                assert!(!stale, "read {r:?} of claimed bytes succeeded");
+                assert!(!stale && !fail, "read {r:?} succeeded: {what}");
                 self.ordered(&[r.0]);
                 for (k, (got, want)) in as_words(&bytes).iter().zip(self.values(&r)).enumerate() {
                     if let Some(want) = want {
