@@ -833,7 +833,8 @@ pub fn read_write_binding_is_in_both_sets<S: Suite>() {
 /// A buffer last used by work recorded on one stream cannot be used from
 /// another until that capture ends: the work to wait for has not run (rule
 /// 38). Nothing is doomed or lost. A buffer the capturing stream used only
-/// before its capture began is not refused.
+/// before its capture began is not refused, unless the other stream is
+/// capturing too.
 pub fn recorded_buffers_wait_for_their_capture<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let other = c.new_stream().unwrap();
@@ -862,6 +863,18 @@ pub fn recorded_buffers_wait_for_their_capture<S: Suite>() {
     let graph = c.end_capture(capture).unwrap();
     c.replay(&graph).unwrap();
     assert_eq!(read(&other, &a).unwrap(), vec![2; WORDS as usize]);
+    // Two captures cannot wait for each other's streams: while both record,
+    // a buffer the other capturing stream used, even before its capture, is
+    // refused, and nothing is claimed.
+    let before = upload(&c, &vec![5; WORDS as usize]);
+    let first = c.begin_capture().unwrap();
+    let second = other.begin_capture().unwrap();
+    let refused = copy::<S>(&other, &before, &b).unwrap_err();
+    assert!(refused.is_refusal(), "{refused}");
+    other.abort_capture(second);
+    c.abort_capture(first);
+    assert_eq!(read(&other, &before).unwrap(), vec![5; WORDS as usize]);
+    assert_eq!(read(&other, &b).unwrap(), vec![7; WORDS as usize]);
 }
 
 /// Freeing every buffer empties the store, whatever failed (rules 7, 13).
