@@ -1,4 +1,11 @@
-//! The conformance suite against the reference host server.
+//! The conformance suite against the reference host server, and the
+//! property test at full scale: 12,500 random operations over five seeds,
+//! checked against the per-word oracle after every one. The GPU servers run
+//! both in their own test suites.
+//!
+//! A property failure prints its seed, step and the operations before it;
+//! `SCOPE_PROPERTY_SEED=<seed>` reruns that seed alone, and
+//! `SCOPE_PROPERTY_STEPS` sets the steps per seed.
 
 use scope_core::conformance::Suite;
 use scope_core::host::{self, Host};
@@ -35,3 +42,11 @@ impl Suite for HostSuite {
 }
 
 scope_core::conformance_tests!(HostSuite);
+
+#[test]
+fn random_sequences_match_the_per_word_oracle() {
+    scope_core::conformance::random_sequences::<HostSuite>(
+        &scope_core::conformance::property::SEEDS,
+        2_500,
+    );
+}

@@ -19,47 +19,21 @@ mod common;
 #[path = "mock/harness.rs"]
 mod harness;
 
-use common::{ADD, COPY, FILL, bytes, kernel, words};
+use common::{FILL, bytes, kernel, words};
 use harness::{client, mock};
 use scope_core::conformance::Suite;
-use scope_core::{Binding, Client, Dispatch, Error, Kernel, Result};
-use server_cuda::Cuda;
+use scope_core::{Binding, Dispatch, Error, Kernel};
 
-struct MockSuite;
-
-impl Suite for MockSuite {
-    type Backend = Cuda;
-
-    fn client() -> Result<Client<Cuda>> {
+// The mock's whole memory (1 GiB) is oversized: its context holds some.
+cuda_suite!(
+    MockSuite,
+    {
         let client = harness::mock_client();
         mock().assert_clean();
         client
-    }
-
-    fn fill() -> Kernel {
-        kernel("fill", FILL)
-    }
-
-    fn copy() -> Kernel {
-        kernel("copy", COPY)
-    }
-
-    fn add() -> Kernel {
-        kernel("add", ADD)
-    }
-
-    fn broken() -> Kernel {
-        kernel(
-            "broken",
-            r#"extern "C" __global__ void broken(unsigned int* out) { out[0] = this_is_not_declared; }"#,
-        )
-    }
-
-    /// The mock's whole memory (1 GiB), of which its context holds some.
-    fn oversized() -> Option<u64> {
-        Some(1 << 30)
-    }
-}
+    },
+    Some(1 << 30)
+);
 
 mod conformance {
     scope_core::conformance_tests!(super::MockSuite);

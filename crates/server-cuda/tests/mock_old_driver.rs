@@ -7,14 +7,14 @@
 //!
 //! A binary of its own: the mock variant is chosen once per process.
 
+#[macro_use]
 mod common;
 #[path = "mock/harness.rs"]
 mod harness;
 
-use common::{ADD, COPY, FILL, bytes, kernel, words};
+use common::{FILL, bytes, kernel, words};
 use harness::mock;
-use scope_core::conformance::Suite;
-use scope_core::{Binding, Client, Dispatch, Error, Kernel, Result};
+use scope_core::{Binding, Client, Dispatch, Error, Result};
 use server_cuda::Cuda;
 
 const OLD: &[&str] = &["SCOPE_MOCK_OLD_DRIVER"];
@@ -28,40 +28,15 @@ fn client() -> Client<Cuda> {
     old_client().expect("the server starts on the old mock driver")
 }
 
-struct OldDriverSuite;
-
-impl Suite for OldDriverSuite {
-    type Backend = Cuda;
-
-    fn client() -> Result<Client<Cuda>> {
+cuda_suite!(
+    OldDriverSuite,
+    {
         let client = old_client();
         mock().assert_clean();
         client
-    }
-
-    fn fill() -> Kernel {
-        kernel("fill", FILL)
-    }
-
-    fn copy() -> Kernel {
-        kernel("copy", COPY)
-    }
-
-    fn add() -> Kernel {
-        kernel("add", ADD)
-    }
-
-    fn broken() -> Kernel {
-        kernel(
-            "broken",
-            r#"extern "C" __global__ void broken(unsigned int* out) { out[0] = this_is_not_declared; }"#,
-        )
-    }
-
-    fn oversized() -> Option<u64> {
-        Some(1 << 30)
-    }
-}
+    },
+    Some(1 << 30)
+);
 
 mod conformance {
     scope_core::conformance_tests!(super::OldDriverSuite);

@@ -54,6 +54,48 @@ extern "C" __global__ void wild(unsigned int* out) {
 }
 "#;
 
+/// A kernel that does not compile: NVRTC reports the undeclared name.
+pub const BROKEN: &str =
+    r#"extern "C" __global__ void broken(unsigned int* out) { out[0] = this_is_not_declared; }"#;
+
+/// `struct $name`, a conformance `Suite` over this file's CUDA C++ kernels
+/// whose clients come from `$client` and whose oversized allocation is
+/// `$oversized`: the real-device and mock binaries differ only in those.
+#[allow(unused_macros)] // the binaries that include `common` without a suite
+macro_rules! cuda_suite {
+    ($name:ident, $client:expr, $oversized:expr) => {
+        struct $name;
+
+        impl scope_core::conformance::Suite for $name {
+            type Backend = server_cuda::Cuda;
+
+            fn client() -> scope_core::Result<scope_core::Client<server_cuda::Cuda>> {
+                $client
+            }
+
+            fn fill() -> scope_core::Kernel {
+                common::kernel("fill", common::FILL)
+            }
+
+            fn copy() -> scope_core::Kernel {
+                common::kernel("copy", common::COPY)
+            }
+
+            fn add() -> scope_core::Kernel {
+                common::kernel("add", common::ADD)
+            }
+
+            fn broken() -> scope_core::Kernel {
+                common::kernel("broken", common::BROKEN)
+            }
+
+            fn oversized() -> Option<u64> {
+                $oversized
+            }
+        }
+    };
+}
+
 /// A CUDA kernel with block 64.
 pub fn kernel(name: &str, source: &str) -> Kernel {
     Kernel::cuda(name, source).block([64, 1, 1])
