@@ -302,6 +302,14 @@ impl<B: Backend> Server<B> {
     /// claims nothing, fires no hook, and a retry is refused the same way
     /// until the capture ends.
     fn refuse_recorded_elsewhere(&self, stream: StreamId, touched: &[BufferId]) -> Result<()> {
+        // The common case, and the launch path's: nothing is capturing.
+        if self
+            .streams
+            .iter()
+            .all(|s| s.window.state() == CaptureState::NoCapture)
+        {
+            return Ok(());
+        }
         let to = self.stream_index(stream);
         let to_records = self.streams[to].window.state() != CaptureState::NoCapture;
         for &id in touched {
