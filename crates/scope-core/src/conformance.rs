@@ -68,6 +68,11 @@ pub trait Suite: 'static {
     fn oversized() -> Option<u64> {
         None
     }
+
+    /// Called at the end of every test [`conformance_tests!`] makes, on the
+    /// test's thread: the place for a backend's own end-of-test check (a
+    /// mock driver asserting it refused nothing). Nothing by default.
+    fn finished() {}
 }
 
 /// Whether `SCOPE_REQUIRE` (a comma-separated list, or `all`) names
@@ -897,7 +902,10 @@ pub fn freeing_everything_empties_the_store<S: Suite>() {
 }
 
 /// Expand to one `#[test]` per behaviour of the conformance suite, for the
-/// [`Suite`] implementation `$suite`.
+/// [`Suite`] implementation `$suite`, plus `random_sequences`, the property
+/// test ([`random_sequences`]) at [`property::STEPS`] over
+/// [`property::SEEDS`]: a server that runs the suite runs both. Each ends
+/// with [`Suite::finished`].
 ///
 /// ```ignore
 /// scope_core::conformance_tests!(MySuite);
@@ -936,7 +944,19 @@ macro_rules! conformance_tests {
             #[test]
             fn $name() {
                 $crate::conformance::$name::<$suite>();
+                <$suite as $crate::conformance::Suite>::finished();
             }
         )*
+
+        /// The property test at CI's scale (`SCOPE_PROPERTY_SEED` and
+        /// `SCOPE_PROPERTY_STEPS` change it).
+        #[test]
+        fn random_sequences() {
+            $crate::conformance::random_sequences::<$suite>(
+                &$crate::conformance::property::SEEDS,
+                $crate::conformance::property::STEPS,
+            );
+            <$suite as $crate::conformance::Suite>::finished();
+        }
     };
 }

@@ -42,11 +42,3 @@ impl Suite for HostSuite {
 }
 
 scope_core::conformance_tests!(HostSuite);
-
-#[test]
-fn random_sequences_match_the_per_word_oracle() {
-    scope_core::conformance::random_sequences::<HostSuite>(
-        &scope_core::conformance::property::SEEDS,
-        2_500,
-    );
-}

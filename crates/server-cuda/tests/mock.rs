@@ -32,25 +32,12 @@ cuda_suite!(
         mock().assert_clean();
         client
     },
-    Some(1 << 30)
+    Some(1 << 30),
+    mock().assert_clean()
 );
 
 mod conformance {
     scope_core::conformance_tests!(super::MockSuite);
-}
-
-/// The property test (`scope_core::conformance::property`) against the
-/// mock: random sequences of allocations, writes, launches, copies, reads
-/// and capture windows with injected failures, against the per-word oracle;
-/// then the mock must have refused nothing. `SCOPE_PROPERTY_STEPS` and
-/// `SCOPE_PROPERTY_SEED` change its size.
-#[test]
-fn random_sequences() {
-    scope_core::conformance::random_sequences::<MockSuite>(
-        &scope_core::conformance::property::SEEDS,
-        2_500,
-    );
-    mock().assert_clean();
 }
 
 #[test]

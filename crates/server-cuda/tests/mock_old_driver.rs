@@ -35,7 +35,8 @@ cuda_suite!(
         mock().assert_clean();
         client
     },
-    Some(1 << 30)
+    Some(1 << 30),
+    mock().assert_clean()
 );
 
 mod conformance {

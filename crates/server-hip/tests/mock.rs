@@ -12,13 +12,13 @@
 //! refuses what real HIP would mis-handle: an event recorded on, or a wait
 //! issued to, a capturing stream, or a capture not in relaxed mode.
 
+#[macro_use]
 mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use scope_core::conformance::Suite;
 use scope_core::{Binding, Client, Dispatch, Error, Kernel, Result};
 use server_hip::Hip;
 
@@ -57,51 +57,11 @@ fn client() -> Client<Hip> {
     mock_client().expect("the mock HIP runtime loads")
 }
 
-struct MockSuite;
-
-impl Suite for MockSuite {
-    type Backend = Hip;
-
-    fn client() -> Result<Client<Hip>> {
-        mock_client()
-    }
-
-    fn fill() -> Kernel {
-        common::fill()
-    }
-
-    fn copy() -> Kernel {
-        common::copy()
-    }
-
-    fn add() -> Kernel {
-        common::add()
-    }
-
-    fn broken() -> Kernel {
-        common::broken()
-    }
-
-    /// The mock's whole memory (1 GiB), of which its "runtime" holds some.
-    fn oversized() -> Option<u64> {
-        Some(1 << 30)
-    }
-}
+// The mock's whole memory (1 GiB) is oversized: its "runtime" holds some.
+hip_suite!(MockSuite, mock_client(), Some(1 << 30));
 
 mod conformance {
     scope_core::conformance_tests!(super::MockSuite);
-}
-
-/// The property test (`scope_core::conformance::property`) against the
-/// mock: random sequences of allocations, writes, launches, copies, reads
-/// and capture windows with injected failures, against the per-word oracle.
-/// `SCOPE_PROPERTY_STEPS` and `SCOPE_PROPERTY_SEED` change its size.
-#[test]
-fn random_sequences() {
-    scope_core::conformance::random_sequences::<MockSuite>(
-        &scope_core::conformance::property::SEEDS,
-        2_500,
-    );
 }
 
 macro_rules! mock_cases {

@@ -44,16 +44,3 @@ impl Suite for VulkanSuite {
 }
 
 scope_core::conformance_tests!(VulkanSuite);
-
-/// The property test (`scope_core::conformance::property`): random
-/// sequences of allocations, writes, launches, copies, reads and capture
-/// windows with injected failures, against the per-word oracle. Sized for
-/// CI on lavapipe; `SCOPE_PROPERTY_STEPS` and `SCOPE_PROPERTY_SEED` change
-/// it.
-#[test]
-fn random_sequences() {
-    scope_core::conformance::random_sequences::<VulkanSuite>(
-        &scope_core::conformance::property::SEEDS,
-        2_500,
-    );
-}

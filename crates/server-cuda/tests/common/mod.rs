@@ -59,11 +59,12 @@ pub const BROKEN: &str =
     r#"extern "C" __global__ void broken(unsigned int* out) { out[0] = this_is_not_declared; }"#;
 
 /// `struct $name`, a conformance `Suite` over this file's CUDA C++ kernels
-/// whose clients come from `$client` and whose oversized allocation is
-/// `$oversized`: the real-device and mock binaries differ only in those.
+/// whose clients come from `$client`, whose oversized allocation is
+/// `$oversized`, and whose tests each end with `$finished`: the real-device
+/// and mock binaries differ only in those.
 #[allow(unused_macros)] // the binaries that include `common` without a suite
 macro_rules! cuda_suite {
-    ($name:ident, $client:expr, $oversized:expr) => {
+    ($name:ident, $client:expr, $oversized:expr, $finished:expr) => {
         struct $name;
 
         impl scope_core::conformance::Suite for $name {
@@ -91,6 +92,10 @@ macro_rules! cuda_suite {
 
             fn oversized() -> Option<u64> {
                 $oversized
+            }
+
+            fn finished() {
+                $finished
             }
         }
     };

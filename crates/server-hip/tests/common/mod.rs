@@ -68,6 +68,44 @@ pub fn broken() -> Kernel {
     hip("broken", "scope_broken", BROKEN)
 }
 
+/// `struct $name`, a conformance `Suite` over this file's HIP kernels whose
+/// clients come from `$client` and whose oversized allocation is
+/// `$oversized`: the real-device and mock binaries differ only in those.
+#[allow(unused_macros)] // the binaries that include `common` without a suite
+macro_rules! hip_suite {
+    ($name:ident, $client:expr, $oversized:expr) => {
+        struct $name;
+
+        impl scope_core::conformance::Suite for $name {
+            type Backend = server_hip::Hip;
+
+            fn client() -> scope_core::Result<scope_core::Client<server_hip::Hip>> {
+                $client
+            }
+
+            fn fill() -> scope_core::Kernel {
+                common::fill()
+            }
+
+            fn copy() -> scope_core::Kernel {
+                common::copy()
+            }
+
+            fn add() -> scope_core::Kernel {
+                common::add()
+            }
+
+            fn broken() -> scope_core::Kernel {
+                common::broken()
+            }
+
+            fn oversized() -> Option<u64> {
+                $oversized
+            }
+        }
+    };
+}
+
 /// Little-endian `u32` scalars.
 pub fn scalars(values: &[u32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
