@@ -69,9 +69,10 @@ pub trait Suite: 'static {
         None
     }
 
-    /// Called at the end of every test [`conformance_tests!`] makes, on the
-    /// test's thread: the place for a backend's own end-of-test check (a
-    /// mock driver asserting it refused nothing). Nothing by default.
+    /// Called at the end of every test
+    /// [`conformance_tests!`](crate::conformance_tests) makes, on the test's
+    /// thread: the place for a backend's own end-of-test check (a mock
+    /// driver asserting it refused nothing). Nothing by default.
     fn finished() {}
 }
 
