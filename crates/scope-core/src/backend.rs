@@ -187,6 +187,27 @@ pub trait Backend: Send + 'static {
     /// [`Error::Compile`](crate::Error::Compile) with its log.
     fn compile(&mut self, kernel: &Kernel) -> Result<Self::Kernel>;
 
+    /// Check `launch` against this backend's own limits (binding counts,
+    /// binding sizes, workgroup counts, push-constant room), before the core
+    /// opens the launch's scope.
+    ///
+    /// A launch this refuses is the caller's mistake, not a device failure:
+    /// it must be an [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+    /// naming what was wrong, it claims nothing and fires no hook, exactly
+    /// like the core's own checks (rule 38). A check made later, inside
+    /// [`launch`](Self::launch), would claim the outputs of a launch that
+    /// never could have run and report it as a device failure; the same
+    /// mistake would then read differently on different servers.
+    ///
+    /// Called only for a launch whose bindings all have memory, and also for
+    /// one whose host-side counts hold a zero (which the core then does not
+    /// launch); an indirect dispatch's counts are not among `bindings`, as
+    /// in `launch`.
+    fn check_launch(&self, kernel: &Self::Kernel, launch: &Launch<'_, Self::Memory>) -> Result<()> {
+        let _ = (kernel, launch);
+        Ok(())
+    }
+
     /// Launch, ordered on `stream`.
     fn launch(
         &mut self,

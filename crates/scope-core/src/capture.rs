@@ -70,6 +70,9 @@ pub struct CaptureWindow {
     /// nothing can be ordered after it).
     touched: HashSet<BufferId>,
     doom: Option<Error>,
+    /// Which window this is: counts [`prepare`](Self::prepare)s, so a handle
+    /// on an ended window cannot end or abort a later one.
+    epoch: u64,
 }
 
 impl CaptureWindow {
@@ -86,6 +89,12 @@ impl CaptureWindow {
     /// Whether work on the stream is being recorded now.
     pub fn is_recording(&self) -> bool {
         self.state == CaptureState::Recording
+    }
+
+    /// Which of the stream's windows this is (or was last): each
+    /// [`prepare`](Self::prepare) starts a new one.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// The stream that opened it, while one has.
@@ -151,6 +160,7 @@ impl CaptureWindow {
     pub fn prepare(&mut self, stream: StreamId) -> Result<()> {
         self.step(CaptureState::NoCapture, CaptureState::Prepared, "prepare")?;
         self.reset();
+        self.epoch = self.epoch.wrapping_add(1);
         self.opened_by = Some(stream);
         Ok(())
     }

@@ -26,29 +26,52 @@ use parking_lot::Mutex;
 use crate::backend::{Access, Backend};
 use crate::capture::CaptureState;
 use crate::error::{Error, Result};
+use crate::hooks::Hooks;
 use crate::id::{BufferId, ByteRange, GraphId, ServerId, StreamId};
 use crate::kernel::Kernel;
 use crate::server::Server;
 
-/// Buffers dropped since the server last looked.
+/// A handle dropped without its server being told: the server releases
+/// what it named at the start of its next call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Dropped {
+    /// The last clone of a buffer.
+    Buffer(BufferId),
+    /// A capture neither ended nor aborted: its window is aborted, so the
+    /// stream does not stay capturing for good.
+    Capture {
+        /// The stream that opened it.
+        stream: StreamId,
+        /// Which of that stream's windows.
+        epoch: u64,
+    },
+    /// The last clone of a graph: it is destroyed (after its replays).
+    Graph(GraphId),
+}
+
+/// Handles dropped since the server last looked.
+///
+/// Dropping a handle never takes the server lock — it may be dropped while
+/// the lock is held (inside [`Client::with_backend`], or by a failure hook
+/// that owned it) — so it queues what it named instead.
 #[derive(Default)]
 pub(crate) struct FreeQueue {
     pending: AtomicBool,
-    ids: Mutex<Vec<BufferId>>,
+    dropped: Mutex<Vec<Dropped>>,
 }
 
 impl FreeQueue {
-    fn push(&self, id: BufferId) {
-        self.ids.lock().push(id);
+    fn push(&self, dropped: Dropped) {
+        self.dropped.lock().push(dropped);
         self.pending.store(true, Ordering::Release);
     }
 
-    /// The queued ids, or none without touching the lock when none are.
-    pub(crate) fn take(&self) -> Vec<BufferId> {
+    /// The queued handles, or none without touching the lock when none are.
+    pub(crate) fn take(&self) -> Vec<Dropped> {
         if !self.pending.swap(false, Ordering::Acquire) {
             return Vec::new();
         }
-        std::mem::take(&mut *self.ids.lock())
+        std::mem::take(&mut *self.dropped.lock())
     }
 }
 
@@ -61,7 +84,7 @@ struct BufferInner {
 
 impl Drop for BufferInner {
     fn drop(&mut self) {
-        self.queue.push(self.id);
+        self.queue.push(Dropped::Buffer(self.id));
     }
 }
 
@@ -206,11 +229,23 @@ impl Dispatch<'_> {
 }
 
 /// An open capture window, to end or abort.
-#[derive(Debug)]
-#[must_use = "a capture must be ended or aborted"]
+///
+/// A capture that is dropped instead is aborted at the server's next call,
+/// as [`Client::abort_capture`] would: a forgotten capture must not leave its
+/// stream recording for good, refusing every sync and read.
+#[must_use = "a capture must be ended or aborted; dropping it aborts it"]
 pub struct Capture {
     pub(crate) stream: StreamId,
     pub(crate) server: ServerId,
+    pub(crate) epoch: u64,
+    /// Where to say it was dropped; `None` once ended or aborted.
+    armed: Option<Arc<FreeQueue>>,
+}
+
+impl std::fmt::Debug for Capture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Capture({}, window {})", self.stream, self.epoch)
+    }
 }
 
 impl Capture {
@@ -218,15 +253,71 @@ impl Capture {
     pub fn stream(&self) -> StreamId {
         self.stream
     }
+
+    /// A handle on no window that is open: what a caller holding a capture
+    /// past its end would have, for the suite to try.
+    #[cfg(feature = "conformance")]
+    pub(crate) fn stale(stream: StreamId, server: ServerId) -> Self {
+        Self {
+            stream,
+            server,
+            epoch: 0,
+            armed: None,
+        }
+    }
+
+    /// Ended or aborted by its server: nothing is left for `Drop` to do.
+    fn disarm(&mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        if let Some(queue) = self.armed.take() {
+            queue.push(Dropped::Capture {
+                stream: self.stream,
+                epoch: self.epoch,
+            });
+        }
+    }
+}
+
+struct GraphInner {
+    id: GraphId,
+    queue: Arc<FreeQueue>,
+}
+
+impl Drop for GraphInner {
+    fn drop(&mut self) {
+        self.queue.push(Dropped::Graph(self.id));
+    }
 }
 
 /// A captured graph. Clones name the same graph; destroying it through any
-/// makes the others name a destroyed graph.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// makes the others name a destroyed graph. When the last clone drops, the
+/// graph is destroyed at the server's next call (after its replays in
+/// flight, rule 35), so a runtime that forgets a graph does not leak it.
+#[derive(Clone)]
 pub struct Graph {
     pub(crate) id: GraphId,
     pub(crate) server: ServerId,
+    _inner: Arc<GraphInner>,
 }
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Graph({})", self.id)
+    }
+}
+
+impl PartialEq for Graph {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id && self.server == other.server
+    }
+}
+
+impl Eq for Graph {}
 
 impl Graph {
     /// Its id.
@@ -238,6 +329,7 @@ impl Graph {
 pub(crate) struct Shared<B: Backend> {
     pub(crate) server: Mutex<Server<B>>,
     pub(crate) queue: Arc<FreeQueue>,
+    pub(crate) hooks: Arc<Hooks>,
     pub(crate) id: ServerId,
     pub(crate) description: String,
 }
@@ -279,12 +371,14 @@ impl<B: Backend> Client<B> {
         let id = ServerId::next();
         let description = backend.describe();
         let queue = Arc::new(FreeQueue::default());
-        let server = Server::new(backend, id)?;
+        let hooks = Arc::new(Hooks::default());
+        let server = Server::new(backend, id, hooks.clone())?;
         tracing::info!(backend = B::NAME, device = %description, "scope server ready");
         Ok(Self {
             shared: Arc::new(Shared {
                 server: Mutex::new(server),
                 queue,
+                hooks,
                 id,
                 description,
             }),
@@ -292,13 +386,31 @@ impl<B: Backend> Client<B> {
         })
     }
 
-    /// Lock the server, after freeing whatever was dropped since.
+    /// Lock the server, after releasing whatever was dropped since.
     fn server(&self) -> parking_lot::MutexGuard<'_, Server<B>> {
         let mut server = self.shared.server.lock();
-        for id in self.shared.queue.take() {
-            server.free(id);
+        for dropped in self.shared.queue.take() {
+            server.release(dropped);
         }
         server
+    }
+
+    /// Run `f` on the locked server, then, with the lock released, deliver
+    /// the failure events it queued to the hook (see [`on_failure`](Self::on_failure)).
+    fn call<R>(&self, f: impl FnOnce(&mut Server<B>) -> R) -> R {
+        let result = f(&mut self.server());
+        self.shared.hooks.deliver();
+        result
+    }
+
+    /// A handle that does not keep the server alive: what a failure hook
+    /// should hold, since a hook that owns a `Client` keeps its own server
+    /// alive forever (the server owns the hook).
+    pub fn downgrade(&self) -> WeakClient<B> {
+        WeakClient {
+            shared: Arc::downgrade(&self.shared),
+            stream: self.stream,
+        }
     }
 
     /// The backend's name.
@@ -322,7 +434,7 @@ impl<B: Backend> Client<B> {
     ///
     /// Poison, or the backend's failure to make a stream.
     pub fn new_stream(&self) -> Result<Self> {
-        let stream = self.server().create_stream()?;
+        let stream = self.call(|server| server.create_stream())?;
         Ok(Self {
             shared: self.shared.clone(),
             stream,
@@ -341,7 +453,7 @@ impl<B: Backend> Client<B> {
     /// A size of zero or past the backend's largest allocation; a poisoned
     /// device.
     pub fn allocate(&self, size: u64) -> Result<Buffer> {
-        let id = self.server().allocate(self.stream, size, true)?;
+        let id = self.call(|server| server.allocate(self.stream, size, true))?;
         Ok(self.handle(id, size))
     }
 
@@ -352,7 +464,7 @@ impl<B: Backend> Client<B> {
     ///
     /// As `allocate`, and [`Error::OutOfMemory`].
     pub fn try_allocate(&self, size: u64) -> Result<Buffer> {
-        let id = self.server().allocate(self.stream, size, false)?;
+        let id = self.call(|server| server.allocate(self.stream, size, false))?;
         Ok(self.handle(id, size))
     }
 
@@ -385,10 +497,11 @@ impl<B: Backend> Client<B> {
     ///
     /// A buffer of another server, or one already freed.
     pub fn free(&self, buffer: &Buffer) -> Result<()> {
-        let mut server = self.server();
-        server.resolve(buffer, buffer.all().range, "buffer to free")?;
-        server.free(buffer.id());
-        Ok(())
+        self.call(|server| {
+            server.resolve(buffer, buffer.all().range, "buffer to free")?;
+            server.free(buffer.id());
+            Ok(())
+        })
     }
 
     /// Write `data` to `dst` (a scope: rule 15). The bytes written heal.
@@ -399,7 +512,7 @@ impl<B: Backend> Client<B> {
     /// misaligned, or a length other than `data`'s); poison; the device's
     /// failure, which the bytes now carry.
     pub fn write<'a>(&self, dst: impl Into<Slice<'a>>, data: &[u8]) -> Result<()> {
-        self.server().write(self.stream, dst.into(), data)
+        self.call(|server| server.write(self.stream, dst.into(), data))
     }
 
     /// The bytes of `src`, after the stream's earlier work.
@@ -411,7 +524,7 @@ impl<B: Backend> Client<B> {
     /// kernels (rules 24–27); a refusal while the stream is recording; bad
     /// input; poison; a device fault, attributed to the work in flight.
     pub fn read<'a>(&self, src: impl Into<Slice<'a>>) -> Result<Vec<u8>> {
-        self.server().read_vec(self.stream, src.into())
+        self.call(|server| server.read_vec(self.stream, src.into()))
     }
 
     /// Like [`read`](Self::read), into `out`, whose length must be the
@@ -421,7 +534,7 @@ impl<B: Backend> Client<B> {
     ///
     /// As `read`.
     pub fn read_into<'a>(&self, src: impl Into<Slice<'a>>, out: &mut [u8]) -> Result<()> {
-        self.server().read(self.stream, src.into(), out)
+        self.call(|server| server.read(self.stream, src.into(), out))
     }
 
     /// Copy `src` into `dst`, which must be as long. A copy reads its source
@@ -432,7 +545,7 @@ impl<B: Backend> Client<B> {
     ///
     /// Bad input, poison, [`Error::Skipped`], or the device's failure.
     pub fn copy<'a, 'b>(&self, src: impl Into<Slice<'a>>, dst: impl Into<Slice<'b>>) -> Result<()> {
-        self.server().copy(self.stream, src.into(), dst.into())
+        self.call(|server| server.copy(self.stream, src.into(), dst.into()))
     }
 
     /// Compile `kernel` now rather than at its first launch.
@@ -442,7 +555,7 @@ impl<B: Backend> Client<B> {
     /// [`Error::Compile`] with the compiler's log, or a language this
     /// backend does not take. Nothing is claimed: no launch was asked for.
     pub fn compile(&self, kernel: &Kernel) -> Result<()> {
-        self.server().compile(self.stream, kernel)
+        self.call(|server| server.compile(self.stream, kernel))
     }
 
     /// Launch `kernel` over `bindings` with `scalars` (see the
@@ -460,8 +573,7 @@ impl<B: Backend> Client<B> {
         scalars: &[u8],
         dispatch: Dispatch<'_>,
     ) -> Result<()> {
-        self.server()
-            .launch(self.stream, kernel, bindings, scalars, dispatch)
+        self.call(|server| server.launch(self.stream, kernel, bindings, scalars, dispatch))
     }
 
     /// Wait for the stream's work.
@@ -471,7 +583,7 @@ impl<B: Backend> Client<B> {
     /// A refusal while recording; poison; a fault that surfaced, which the
     /// work in flight on the stream now carries (rule 23).
     pub fn sync(&self) -> Result<()> {
-        self.server().sync(self.stream, &[])
+        self.call(|server| server.sync(self.stream, &[]))
     }
 
     /// Check `buffers` and, if every byte is readable, wait for the stream's
@@ -481,7 +593,7 @@ impl<B: Backend> Client<B> {
     ///
     /// As [`check`](Self::check), then as [`sync`](Self::sync).
     pub fn sync_buffers(&self, buffers: &[Slice<'_>]) -> Result<()> {
-        self.server().sync(self.stream, buffers)
+        self.call(|server| server.sync(self.stream, buffers))
     }
 
     /// Whether every byte of `slices` is readable, without copying any.
@@ -490,21 +602,24 @@ impl<B: Backend> Client<B> {
     ///
     /// As a [`read`](Self::read) of them would fail on a claim.
     pub fn check(&self, slices: &[Slice<'_>]) -> Result<()> {
-        self.server().check(slices)
+        self.call(|server| server.check(slices))
     }
 
     /// Open a capture window on this stream: its later writes, copies and
-    /// launches are recorded into a graph and do not run.
+    /// launches are recorded into a graph and do not run. Dropping the
+    /// returned [`Capture`] aborts it.
     ///
     /// # Errors
     ///
     /// A refusal when the stream is already capturing; poison; the backend's
     /// failure to start.
     pub fn begin_capture(&self) -> Result<Capture> {
-        self.server().begin_capture(self.stream)?;
+        let epoch = self.call(|server| server.begin_capture(self.stream))?;
         Ok(Capture {
             stream: self.stream,
             server: self.shared.id,
+            epoch,
+            armed: Some(self.shared.queue.clone()),
         })
     }
 
@@ -512,26 +627,51 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsealed`] when work inside failed or was skipped, when this
-    /// is not the stream that opened it, or when the driver refused to
-    /// seal; the recorded outputs then carry that error (rule 33).
-    pub fn end_capture(&self, capture: Capture) -> Result<Graph> {
-        let id = self.server().end_capture(self.stream, &capture)?;
+    /// [`Error::InvalidArgument`] for a capture of another server (which is
+    /// then aborted on its own, as a dropped capture is) or one already
+    /// ended; [`Error::Unsealed`] when work inside failed or was skipped,
+    /// when this is not the stream that opened it, or when the driver
+    /// refused to seal — the recorded outputs then carry that error (rule
+    /// 33); poison.
+    pub fn end_capture(&self, mut capture: Capture) -> Result<Graph> {
+        let id = self.call(|server| {
+            let id = server.end_capture(self.stream, &capture);
+            if server.owns(&capture) {
+                capture.disarm();
+            }
+            id
+        })?;
         Ok(Graph {
             id,
             server: self.shared.id,
+            _inner: Arc::new(GraphInner {
+                id,
+                queue: self.shared.queue.clone(),
+            }),
         })
     }
 
     /// Throw `capture` away. Its recorded work never runs, so what that work
     /// would have written is claimed, as by a window that cannot seal.
-    pub fn abort_capture(&self, capture: Capture) {
-        self.server().abort_capture(&capture);
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a capture of another server (which is
+    /// then aborted on its own, as a dropped capture is) or one already
+    /// ended.
+    pub fn abort_capture(&self, mut capture: Capture) -> Result<()> {
+        self.call(|server| {
+            let aborted = server.abort_capture(&capture);
+            if server.owns(&capture) {
+                capture.disarm();
+            }
+            aborted
+        })
     }
 
     /// Where this stream's capture stands.
     pub fn capture_state(&self) -> CaptureState {
-        self.server().capture_state(self.stream)
+        self.call(|server| server.capture_state(self.stream))
     }
 
     /// Replay `graph` on this stream (rule 34).
@@ -542,7 +682,7 @@ impl<B: Backend> Client<B> {
     /// claim); [`Error::Skipped`] when an input of the graph carries a
     /// failure; the device's failure, which every output now carries.
     pub fn replay(&self, graph: &Graph) -> Result<()> {
-        self.server().replay(self.stream, graph)
+        self.call(|server| server.replay(self.stream, graph))
     }
 
     /// Destroy `graph`, after its replays in flight (rule 35).
@@ -552,20 +692,29 @@ impl<B: Backend> Client<B> {
     /// An unknown graph; the failure of that wait, which the graph's outputs
     /// now carry.
     pub fn destroy_graph(&self, graph: &Graph) -> Result<()> {
-        self.server().destroy_graph(graph)
+        self.call(|server| server.destroy_graph(graph))
     }
 
     /// Call `hook` on every skip (with the root error) and every failed exit
-    /// (with the real error), never on success (rule 39). It runs under the
-    /// server's lock, so it must not call back into a client.
+    /// (with the real error), never on success (rule 39); it replaces any
+    /// earlier hook.
+    ///
+    /// The hook runs after the server's lock is released, before the call
+    /// that caused the event returns, so it may call back into a client;
+    /// the events its own calls cause are delivered after it returns, never
+    /// inside it. One hook never runs on two threads at once. A hook that
+    /// panics unwinds out of that call, whose bookkeeping is already
+    /// complete, and stays installed. A hook that needs a client should
+    /// hold a [`WeakClient`]: the server owns its hook, so a hook that owns
+    /// a `Client` keeps the server alive for good.
     pub fn on_failure(&self, hook: impl FnMut(StreamId, &Error) + Send + 'static) {
-        self.server().set_hook(Box::new(hook));
+        self.shared.hooks.install(Box::new(hook));
     }
 
     /// How many failures this stream has seen (skips, failed work, faults):
     /// a measurement is valid only if this did not change while it ran.
     pub fn failures_seen(&self) -> u64 {
-        self.server().failures_seen(self.stream)
+        self.call(|server| server.failures_seen(self.stream))
     }
 
     /// Every failure held and every buffer's claims, for a test that must
@@ -573,18 +722,18 @@ impl<B: Backend> Client<B> {
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
     pub fn dump_failures(&self) -> String {
-        self.server().dump_failures()
+        self.call(|server| server.dump_failures())
     }
 
     /// How many failures the device holds (rule 7).
     pub fn failures_held(&self) -> usize {
-        self.server().failures_held()
+        self.call(|server| server.failures_held())
     }
 
     /// How many (buffer, failure) claims are live, allocation records
     /// included. The store never holds more failures than this (rule 7).
     pub fn failure_claims(&self) -> usize {
-        self.server().failure_claims()
+        self.call(|server| server.failure_claims())
     }
 
     /// Check the store's books: every failure's carrier count matches the
@@ -595,28 +744,28 @@ impl<B: Backend> Client<B> {
     /// What does not add up, for a test to print.
     #[cfg(feature = "fault-injection")]
     pub fn audit(&self) -> std::result::Result<(), String> {
-        self.server().audit()
+        self.call(|server| server.audit())
     }
 
     /// Bytes of live buffers.
     pub fn bytes_allocated(&self) -> u64 {
-        self.server().bytes_allocated()
+        self.call(|server| server.bytes_allocated())
     }
 
     /// Bytes the backend holds, in use or cached for reuse.
     pub fn bytes_reserved(&self) -> u64 {
-        self.server().bytes_reserved()
+        self.call(|server| server.bytes_reserved())
     }
 
     /// The fault that poisoned the device, if one did.
     pub fn poison(&self) -> Option<Arc<Error>> {
-        self.server().poison()
+        self.call(|server| server.poison())
     }
 
     /// Install `plan`: from now on, the device calls it names fail.
     #[cfg(feature = "fault-injection")]
     pub fn inject(&self, plan: crate::FaultPlan) {
-        self.server().inject(plan);
+        self.call(|server| server.inject(plan));
     }
 
     /// The bytes of `src` whatever claims them: a look under the failure
@@ -629,12 +778,7 @@ impl<B: Backend> Client<B> {
     #[cfg(feature = "fault-injection")]
     pub fn peek<'a>(&self, src: impl Into<Slice<'a>>) -> Result<Vec<u8>> {
         let src = src.into();
-        let mut server = self.server();
-        // Validate before sizing the buffer from a caller's range.
-        server.resolve(src.buffer, src.range, "peek source")?;
-        let mut out = vec![0; usize::try_from(src.range.len()).unwrap_or(0)];
-        server.peek(self.stream, src, &mut out)?;
-        Ok(out)
+        self.call(|server| server.peek_vec(self.stream, src))
     }
 
     /// Run `f` with the backend and `buffer`'s memory, under the server's
@@ -643,20 +787,73 @@ impl<B: Backend> Client<B> {
     /// runtime that writes through this must rewrite through the contract
     /// to heal.
     ///
+    /// The backend is lent shared: its [`Backend`] calls take `&mut self`
+    /// and keep tables the core relies on (a stream created behind the
+    /// core's back would desynchronise them), so they stay out of reach.
+    ///
     /// # Errors
     ///
     /// A foreign or freed buffer; one without memory.
     pub fn with_memory<R>(
         &self,
         buffer: &Buffer,
-        f: impl FnOnce(&mut B, &B::Memory) -> R,
+        f: impl FnOnce(&B, &B::Memory) -> R,
     ) -> Result<R> {
-        self.server().with_memory(buffer, f)
+        self.call(|server| server.with_memory(buffer, f))
     }
 
-    /// Run `f` with the backend, under the server's lock — for a server
-    /// crate's own extras (a raw-API baseline in a bench, say).
-    pub fn with_backend<R>(&self, f: impl FnOnce(&mut B) -> R) -> R {
-        f(self.server().backend_mut())
+    /// Run `f` with the backend, shared, under the server's lock — for a
+    /// server crate's own extras (its device limits, its raw handles for a
+    /// raw-API baseline in a bench). See [`with_memory`](Self::with_memory)
+    /// for why it is shared.
+    pub fn with_backend<R>(&self, f: impl FnOnce(&B) -> R) -> R {
+        self.call(|server| f(server.backend()))
+    }
+
+    /// Run `f` with the backend, exclusively, under the server's lock.
+    ///
+    /// # Safety
+    ///
+    /// `f` must leave the backend as the core expects it: it must not call
+    /// [`Backend`] methods that create or destroy streams, memory, kernels or
+    /// graphs the core tracks, nor begin or end a capture, nor leave work on
+    /// a stream that writes memory the core has handed out. Calls that only
+    /// release caches ([`Backend::trim`]) or issue work on objects `f` made
+    /// itself are fine. Breaking this desynchronises the core's tables from
+    /// the device, after which a safe call may use freed device memory.
+    pub unsafe fn with_backend_mut<R>(&self, f: impl FnOnce(&mut B) -> R) -> R {
+        self.call(|server| f(server.backend_mut()))
+    }
+}
+
+/// A [`Client`] that does not keep its server alive; see
+/// [`Client::downgrade`].
+pub struct WeakClient<B: Backend> {
+    shared: std::sync::Weak<Shared<B>>,
+    stream: StreamId,
+}
+
+impl<B: Backend> Clone for WeakClient<B> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            stream: self.stream,
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for WeakClient<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WeakClient({}, {})", B::NAME, self.stream)
+    }
+}
+
+impl<B: Backend> WeakClient<B> {
+    /// The client, while any other client keeps its server alive.
+    pub fn upgrade(&self) -> Option<Client<B>> {
+        Some(Client {
+            shared: self.shared.upgrade()?,
+            stream: self.stream,
+        })
     }
 }

@@ -16,8 +16,15 @@
 //! the test instead, which is how `cargo xtask test --backend X` makes a
 //! missing device an error.
 
+pub mod contract;
 pub mod property;
 
+pub use contract::{
+    a_dropped_capture_is_aborted, a_foreign_capture_is_refused_and_aborted_at_home,
+    a_hook_holding_a_weak_client_is_dropped_with_the_server, a_hook_may_call_back_into_the_client,
+    a_panicking_hook_leaves_the_books_right, past_the_largest_allocation_is_invalid_everywhere,
+    poison_fails_fast_and_releases_still_release, reading_a_huge_failed_buffer_allocates_nothing,
+};
 pub use property::random_sequences;
 
 use crate::backend::Backend;
@@ -122,7 +129,7 @@ use crate::error::Error;
 use crate::fault::{FaultPlan, Site};
 use crate::id::StreamId;
 
-const WORDS: u32 = 256;
+pub(crate) const WORDS: u32 = 256;
 
 fn groups(n: u32) -> Dispatch<'static> {
     Dispatch::linear(n.div_ceil(64))
@@ -761,14 +768,16 @@ pub fn refusals_while_recording<S: Suite>() {
     let graph = c.end_capture(capture).unwrap();
     c.replay(&graph).unwrap();
     assert_eq!(read(&c, &a).unwrap(), vec![1; WORDS as usize]);
-    let stray = crate::Capture {
-        stream: c.stream(),
-        server: graph.server,
-    };
-    assert!(c.end_capture(stray).unwrap_err().is_refusal());
+    // A handle on the window that just ended names no open window.
+    let stray = crate::Capture::stale(c.stream(), graph.server);
+    assert!(matches!(
+        c.end_capture(stray).unwrap_err(),
+        Error::InvalidArgument { .. }
+    ));
 }
 
 /// A launch that runs no workgroup writes nothing and heals nothing; an
+/// indirect launch heals nothing, since its count is on the device; an
 /// indirect count joins the read set (rules 17, 19).
 pub fn zero_and_indirect_dispatch<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
@@ -785,6 +794,19 @@ pub fn zero_and_indirect_dispatch<S: Suite>() {
     )
     .unwrap();
     assert!(read(&c, &out).is_err(), "a zero dispatch heals nothing");
+    // A device-side count is unknown when the launch concludes, so an
+    // indirect launch heals nothing either: a zero count there would leave
+    // the stale bytes, which nobody wrote.
+    let zero = upload(&c, &[0, 1, 1]);
+    launch::<S>(
+        &c,
+        &S::fill(),
+        &[Binding::write(&out)],
+        &[n, 5],
+        Dispatch::Indirect(zero.all()),
+    )
+    .unwrap();
+    assert_root_contains(&read(&c, &out).unwrap_err(), "stale");
     let counts = upload(&c, &[n.div_ceil(64), 1, 1]);
     launch::<S>(
         &c,
@@ -794,7 +816,31 @@ pub fn zero_and_indirect_dispatch<S: Suite>() {
         Dispatch::Indirect(counts.all()),
     )
     .unwrap();
+    assert_root_contains(&read(&c, &out).unwrap_err(), "stale");
+    // Clean bytes it may write: they read as the kernel left them.
+    c.write(&out, &as_bytes(&[0; WORDS as usize])).unwrap();
+    launch::<S>(
+        &c,
+        &S::fill(),
+        &[Binding::write(&out)],
+        &[n, 5],
+        Dispatch::Indirect(counts.all()),
+    )
+    .unwrap();
     assert_eq!(read(&c, &out).unwrap(), vec![5; WORDS as usize]);
+    launch::<S>(
+        &c,
+        &S::fill(),
+        &[Binding::write(&out)],
+        &[n, 7],
+        Dispatch::Indirect(zero.all()),
+    )
+    .unwrap();
+    assert_eq!(
+        read(&c, &out).unwrap(),
+        vec![5; WORDS as usize],
+        "a zero count leaves clean bytes as they were"
+    );
     fail_next_launch(&c, "count");
     assert!(fill::<S>(&c, &counts, 0).is_err());
     let skipped = launch::<S>(
@@ -877,8 +923,8 @@ pub fn recorded_buffers_wait_for_their_capture<S: Suite>() {
     let second = other.begin_capture().unwrap();
     let refused = copy::<S>(&other, &before, &b).unwrap_err();
     assert!(refused.is_refusal(), "{refused}");
-    other.abort_capture(second);
-    c.abort_capture(first);
+    other.abort_capture(second).unwrap();
+    c.abort_capture(first).unwrap();
     assert_eq!(read(&other, &before).unwrap(), vec![5; WORDS as usize]);
     assert_eq!(read(&other, &b).unwrap(), vec![7; WORDS as usize]);
 }
@@ -938,6 +984,14 @@ macro_rules! conformance_tests {
             read_write_binding_is_in_both_sets,
             freeing_everything_empties_the_store,
             recorded_buffers_wait_for_their_capture,
+            a_hook_may_call_back_into_the_client,
+            a_panicking_hook_leaves_the_books_right,
+            a_hook_holding_a_weak_client_is_dropped_with_the_server,
+            a_dropped_capture_is_aborted,
+            a_foreign_capture_is_refused_and_aborted_at_home,
+            reading_a_huge_failed_buffer_allocates_nothing,
+            past_the_largest_allocation_is_invalid_everywhere,
+            poison_fails_fast_and_releases_still_release,
         );
     };
     (@each $suite:ty; $($name:ident),* $(,)?) => {

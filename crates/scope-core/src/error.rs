@@ -149,6 +149,16 @@ pub enum Error {
         why: String,
     },
 
+    /// scope broke one of its own invariants: a bug in scope, neither the
+    /// caller's mistake (that is [`Error::InvalidArgument`] or
+    /// [`Error::Refused`]) nor the device's. The work it interrupted carries
+    /// it like any failure, so nothing reads as written that was not.
+    #[error("internal error in scope, please report it: {detail}")]
+    Internal {
+        /// Which invariant broke.
+        detail: String,
+    },
+
     /// The backend cannot run here: no driver, no library, no device.
     #[error("{backend} is unavailable: {reason}")]
     BackendUnavailable {
@@ -287,6 +297,13 @@ impl Error {
         Self::InvalidArgument {
             what: what.into(),
             why: why.into(),
+        }
+    }
+
+    /// A broken invariant of scope's own (see [`Error::Internal`]).
+    pub fn internal(detail: impl Into<String>) -> Self {
+        Self::Internal {
+            detail: detail.into(),
         }
     }
 

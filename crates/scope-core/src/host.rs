@@ -12,12 +12,14 @@
 //! bindings are written back in order.
 
 use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use crate::backend::{Access, Backend, BoundDispatch, Launch};
 use crate::error::{Error, Result};
+use crate::id::StreamId;
 use crate::kernel::{Kernel, KernelSource, Language};
 
 /// Host memory: shared so that a recorded graph can reach it on replay.
@@ -44,9 +46,38 @@ impl HostArgs<'_> {
     }
 }
 
+impl HostArgs<'_> {
+    /// Binding `index`'s bytes, or an error naming the binding a kernel
+    /// expected and was not given.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when there is no binding `index`.
+    pub fn binding(&mut self, index: usize) -> Result<&mut Vec<u8>> {
+        let given = self.bindings.len();
+        self.bindings.get_mut(index).ok_or_else(|| {
+            Error::invalid(
+                format!("binding {index}"),
+                format!("the kernel reads binding {index} and {given} were given"),
+            )
+        })
+    }
+}
+
 /// A host kernel. Returning an error fails the launch with it; return a
-/// sticky [`Error::Fault`] to model a device fault.
+/// sticky [`Error::Fault`] to model a device fault. A kernel that panics
+/// fails its launch as a trapped GPU kernel would: the panic is caught and
+/// its outputs carry an [`Error::Launch`] that quotes it.
 pub type HostFn = Arc<dyn Fn(&mut HostArgs<'_>) -> Result<()> + Send + Sync>;
+
+/// A registered host kernel: its closure and, when registered with one, the
+/// number of bindings it takes, which [`Backend::check_launch`] holds a
+/// launch to before anything runs.
+#[derive(Clone)]
+pub struct HostKernel {
+    run: HostFn,
+    bindings: Option<usize>,
+}
 
 /// Read `bytes` as little-endian `u32` words.
 pub fn words(bytes: &[u8]) -> Vec<u32> {
@@ -77,6 +108,8 @@ enum Op {
     },
     Launch {
         kernel: HostFn,
+        name: Arc<str>,
+        stream: StreamId,
         bindings: Vec<(HostMemory, u64, u64, Access)>,
         scalars: Arc<[u8]>,
         groups: Result<[u32; 3], (HostMemory, u64)>,
@@ -107,6 +140,8 @@ impl Op {
             }
             Op::Launch {
                 kernel,
+                name,
+                stream,
                 bindings,
                 scalars,
                 groups,
@@ -125,11 +160,28 @@ impl Op {
                     .iter()
                     .map(|(m, offset, len, _)| m.lock()[range(*offset, *len)].to_vec())
                     .collect();
-                kernel(&mut HostArgs {
-                    bindings: &mut scratch,
-                    scalars,
-                    groups,
-                })?;
+                let ran = catch_unwind(AssertUnwindSafe(|| {
+                    kernel(&mut HostArgs {
+                        bindings: &mut scratch,
+                        scalars,
+                        groups,
+                    })
+                }));
+                match ran {
+                    Ok(result) => result?,
+                    Err(panic) => {
+                        let message = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| (*s).to_owned())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "a panic".to_owned());
+                        return Err(Error::Launch {
+                            kernel: name.clone(),
+                            stream: *stream,
+                            detail: format!("the host kernel panicked: {message}"),
+                        });
+                    }
+                }
                 for ((m, offset, len, access), bytes) in bindings.iter().zip(&scratch) {
                     if access.writes() && bytes.len() as u64 == *len {
                         m.lock()[range(*offset, *len)].copy_from_slice(bytes);
@@ -142,8 +194,8 @@ impl Op {
 }
 
 /// A host stream: runs work at once, or records it while capturing.
-#[derive(Default)]
 pub struct HostStream {
+    id: StreamId,
     recording: Option<Vec<Op>>,
 }
 
@@ -164,7 +216,7 @@ pub struct HostGraph(Vec<Op>);
 
 /// The reference backend.
 pub struct Host {
-    kernels: HashMap<Arc<str>, HostFn>,
+    kernels: HashMap<Arc<str>, HostKernel>,
     reserved: u64,
     max_allocation: u64,
     limit: Option<u64>,
@@ -195,26 +247,30 @@ impl Host {
             // fixed amount, and so does the reference.
             limit: Some(8 << 30),
         };
-        host.register("fill", |args| {
+        // The built-ins stop at the shortest binding: a count past a
+        // binding's end writes what fits, as a bounds-checked GPU kernel does.
+        host.register_taking("fill", 1, |args| {
             let n = args.scalar_u32(0) as usize;
             let value = args.scalar_u32(1);
-            let out = &mut args.bindings[0];
-            for chunk in out.chunks_exact_mut(4).take(n) {
+            for chunk in args.binding(0)?.chunks_exact_mut(4).take(n) {
                 chunk.copy_from_slice(&value.to_le_bytes());
             }
             Ok(())
         });
-        host.register("copy", |args| {
-            let n = (args.scalar_u32(0) as usize).min(args.bindings[0].len() / 4);
-            let input = args.bindings[0][..n * 4].to_vec();
-            args.bindings[1][..n * 4].copy_from_slice(&input);
+        host.register_taking("copy", 2, |args| {
+            let input = words(args.binding(0)?);
+            let n = (args.scalar_u32(0) as usize).min(input.len());
+            let out = args.binding(1)?;
+            for (chunk, word) in out.chunks_exact_mut(4).zip(&input[..n]) {
+                chunk.copy_from_slice(&word.to_le_bytes());
+            }
             Ok(())
         });
-        host.register("add", |args| {
+        host.register_taking("add", 3, |args| {
             let n = args.scalar_u32(0) as usize;
-            let a = words(&args.bindings[0]);
-            let b = words(&args.bindings[1]);
-            let out = &mut args.bindings[2];
+            let a = words(args.binding(0)?);
+            let b = words(args.binding(1)?);
+            let out = args.binding(2)?;
             for (i, chunk) in out.chunks_exact_mut(4).take(n).enumerate() {
                 let sum = a
                     .get(i)
@@ -234,7 +290,31 @@ impl Host {
         name: &str,
         kernel: impl Fn(&mut HostArgs<'_>) -> Result<()> + Send + Sync + 'static,
     ) {
-        self.kernels.insert(Arc::from(name), Arc::new(kernel));
+        self.kernels.insert(
+            Arc::from(name),
+            HostKernel {
+                run: Arc::new(kernel),
+                bindings: None,
+            },
+        );
+    }
+
+    /// Register `kernel` under `name`, taking exactly `bindings` bindings:
+    /// a launch with any other number is refused before it runs, as a GPU
+    /// server refuses one that does not match the kernel's layout.
+    pub fn register_taking(
+        &mut self,
+        name: &str,
+        bindings: usize,
+        kernel: impl Fn(&mut HostArgs<'_>) -> Result<()> + Send + Sync + 'static,
+    ) {
+        self.kernels.insert(
+            Arc::from(name),
+            HostKernel {
+                run: Arc::new(kernel),
+                bindings: Some(bindings),
+            },
+        );
     }
 
     /// Make allocations past `bytes` in all fail with out-of-memory, as a
@@ -248,7 +328,7 @@ impl Host {
 impl Backend for Host {
     type Memory = HostMemory;
     type Stream = HostStream;
-    type Kernel = HostFn;
+    type Kernel = HostKernel;
     type Graph = HostGraph;
 
     const NAME: &'static str = "host";
@@ -262,15 +342,22 @@ impl Backend for Host {
     }
 
     fn max_allocation(&self) -> u64 {
-        self.max_allocation
+        // A request past all of the memory there is can never fit: the core
+        // refuses it as an invalid argument, as every server does, and keeps
+        // out-of-memory for "not now".
+        self.limit
+            .map_or(self.max_allocation, |limit| limit.min(self.max_allocation))
     }
 
     fn binding_alignment(&self) -> u64 {
         4
     }
 
-    fn create_stream(&mut self, _id: crate::StreamId) -> Result<HostStream> {
-        Ok(HostStream::default())
+    fn create_stream(&mut self, id: crate::StreamId) -> Result<HostStream> {
+        Ok(HostStream {
+            id,
+            recording: None,
+        })
     }
 
     fn allocate(&mut self, _stream: &mut HostStream, size: u64) -> Result<HostMemory> {
@@ -349,7 +436,7 @@ impl Backend for Host {
         })
     }
 
-    fn compile(&mut self, kernel: &Kernel) -> Result<HostFn> {
+    fn compile(&mut self, kernel: &Kernel) -> Result<HostKernel> {
         let KernelSource::Host(name) = kernel.source() else {
             return Err(Error::Compile {
                 backend: Self::NAME,
@@ -367,10 +454,20 @@ impl Backend for Host {
             })
     }
 
+    fn check_launch(&self, kernel: &HostKernel, launch: &Launch<'_, HostMemory>) -> Result<()> {
+        match kernel.bindings {
+            Some(taken) if taken != launch.bindings.len() => Err(Error::invalid(
+                format!("bindings of `{}`", launch.name),
+                format!("it takes {taken} and {} were given", launch.bindings.len()),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn launch(
         &mut self,
         stream: &mut HostStream,
-        kernel: &HostFn,
+        kernel: &HostKernel,
         launch: &Launch<'_, HostMemory>,
     ) -> Result<()> {
         let bindings = launch
@@ -382,8 +479,11 @@ impl Backend for Host {
             BoundDispatch::Groups(groups) => Ok(*groups),
             BoundDispatch::Indirect { memory, offset } => Err(((*memory).clone(), *offset)),
         };
+        let id = stream.id;
         stream.issue(Op::Launch {
-            kernel: kernel.clone(),
+            kernel: kernel.run.clone(),
+            name: Arc::from(launch.name),
+            stream: id,
             bindings,
             scalars: Arc::from(launch.scalars),
             groups,
@@ -404,11 +504,9 @@ impl Backend for Host {
     }
 
     fn end_capture(&mut self, stream: &mut HostStream) -> Result<HostGraph> {
-        stream
-            .recording
-            .take()
-            .map(HostGraph)
-            .ok_or_else(|| Error::refused("the host stream was not recording"))
+        stream.recording.take().map(HostGraph).ok_or_else(|| {
+            Error::internal("the host stream was asked to end a capture it was not recording")
+        })
     }
 
     fn abort_capture(&mut self, stream: &mut HostStream) {

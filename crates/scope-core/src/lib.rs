@@ -54,6 +54,7 @@ mod client;
 mod error;
 mod failure;
 mod fault;
+mod hooks;
 mod id;
 pub mod kernel;
 mod probe;
@@ -70,7 +71,7 @@ pub mod host;
 
 pub use backend::{Access, Backend, Bound, BoundDispatch, Launch};
 pub use capture::{CaptureState, CaptureWindow, WindowEnd};
-pub use client::{Binding, Buffer, Capture, Client, Dispatch, Graph, Slice};
+pub use client::{Binding, Buffer, Capture, Client, Dispatch, Graph, Slice, WeakClient};
 pub use error::{Chain, DeviceFault, Error, Hop, Result, UnwrittenBytes};
 pub use failure::{FailureNode, Failures, MAX_SKIP_RECORDS, SkipRecord, Work, WorkKind};
 pub use fault::{FaultPlan, Site};

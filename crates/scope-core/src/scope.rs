@@ -194,11 +194,10 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
             scope.read = read;
             return scope;
         };
-        let error = server
-            .store()
-            .failures()
-            .error(root)
-            .unwrap_or_else(|| Arc::new(Error::refused("the input's failure is gone")));
+        let error =
+            server.store().failures().error(root).unwrap_or_else(|| {
+                Arc::new(Error::internal("an input's failure is no longer held"))
+            });
         server.on_failure(stream, &error);
         if let Some(window) = server.capturing(stream) {
             window.fail(&Error::Skipped {

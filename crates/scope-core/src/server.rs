@@ -21,10 +21,11 @@ use smallvec::SmallVec;
 
 use crate::backend::{Access, Backend, Bound, BoundDispatch, Launch};
 use crate::capture::{CaptureState, CaptureWindow, WindowEnd};
-use crate::client::{Binding, Buffer, Capture, Dispatch, Graph, Slice};
+use crate::client::{Binding, Buffer, Capture, Dispatch, Dropped, Graph, Slice};
 use crate::error::{Error, Result};
 use crate::failure::{Work, WorkKind};
 use crate::fault::Site;
+use crate::hooks::Hooks;
 use crate::id::{BufferId, BufferRange, ByteRange, GraphId, IdHasher, ServerId, StreamId};
 use crate::kernel::{Kernel, KernelId};
 use crate::scope::{ExecuteScope, ScopedOutcome, WriteScoped, failed_writing};
@@ -55,8 +56,6 @@ struct GraphEntry<G> {
     read: Vec<BufferRange>,
 }
 
-type Hook = Box<dyn FnMut(StreamId, &Error) + Send>;
-
 /// One device's server: the shared logic over a backend `B`.
 pub struct Server<B: Backend> {
     backend: B,
@@ -68,7 +67,7 @@ pub struct Server<B: Backend> {
     next_graph: u64,
     poison: Option<Arc<Error>>,
     write_sets: Vec<Vec<BufferRange>>,
-    hook: Option<Hook>,
+    hooks: Arc<Hooks>,
     copy_label: Arc<str>,
     #[cfg(feature = "fault-injection")]
     faults: crate::fault::FaultPlan,
@@ -85,9 +84,8 @@ impl<B: Backend> WriteScoped for Server<B> {
         if let Some(state) = self.streams.get_mut(stream.0 as usize) {
             state.failures_seen += 1;
         }
-        if let Some(hook) = &mut self.hook {
-            hook(stream, error);
-        }
+        // Delivered by the client once the lock is released (see `hooks`).
+        self.hooks.queue(stream, error);
     }
 
     fn capturing(&mut self, stream: StreamId) -> Option<&mut CaptureWindow> {
@@ -109,6 +107,34 @@ impl<B: Backend> WriteScoped for Server<B> {
     }
 }
 
+/// What a device call inside [`Server::issue`] may reach: the backend, the
+/// issuing stream's device state, and the tables it looks memory, kernels
+/// and graphs up in.
+struct Issue<'a, B: Backend> {
+    backend: &'a mut B,
+    stream: &'a mut B::Stream,
+    table: &'a BufferTable<B::Memory>,
+    kernels: &'a HashMap<KernelId, B::Kernel, BuildHasherDefault<IdHasher>>,
+    graphs: &'a HashMap<GraphId, GraphEntry<B::Graph>>,
+}
+
+/// `len` zeroed bytes of host memory, or [`Error::OutOfMemory`] when the
+/// host cannot give them: a read of any size must not abort the process.
+fn host_vec(len: u64) -> Result<Vec<u8>> {
+    let out_of_memory = |detail: String| Error::OutOfMemory {
+        backend: "host",
+        requested: len,
+        detail,
+    };
+    let len = usize::try_from(len)
+        .map_err(|_| out_of_memory("longer than the host's address space".to_owned()))?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(len)
+        .map_err(|e| out_of_memory(format!("no room for the bytes read: {e}")))?;
+    out.resize(len, 0);
+    Ok(out)
+}
+
 /// Split-borrow two distinct streams.
 fn two<S>(streams: &mut [S], a: usize, b: usize) -> (&mut S, &mut S) {
     debug_assert_ne!(a, b);
@@ -122,7 +148,7 @@ fn two<S>(streams: &mut [S], a: usize, b: usize) -> (&mut S, &mut S) {
 }
 
 impl<B: Backend> Server<B> {
-    pub(crate) fn new(mut backend: B, id: ServerId) -> Result<Self> {
+    pub(crate) fn new(mut backend: B, id: ServerId, hooks: Arc<Hooks>) -> Result<Self> {
         let first = backend.create_stream(StreamId(0))?;
         Ok(Self {
             backend,
@@ -139,11 +165,15 @@ impl<B: Backend> Server<B> {
             next_graph: 1,
             poison: None,
             write_sets: Vec::new(),
-            hook: None,
+            hooks,
             copy_label: Arc::from("copy"),
             #[cfg(feature = "fault-injection")]
             faults: crate::fault::FaultPlan::new(),
         })
+    }
+
+    pub(crate) fn backend(&self) -> &B {
+        &self.backend
     }
 
     pub(crate) fn backend_mut(&mut self) -> &mut B {
@@ -151,15 +181,14 @@ impl<B: Backend> Server<B> {
     }
 
     pub(crate) fn with_memory<R>(
-        &mut self,
+        &self,
         buffer: &Buffer,
-        f: impl FnOnce(&mut B, &B::Memory) -> R,
+        f: impl FnOnce(&B, &B::Memory) -> R,
     ) -> Result<R> {
         let r = self.resolve(buffer, ByteRange::new(0, buffer.size()), "buffer")?;
         self.require_memory(r)?;
-        let Server { backend, table, .. } = self;
-        let memory = table.memory(r.buffer)?;
-        Ok(f(backend, memory))
+        let memory = self.table.memory(r.buffer)?;
+        Ok(f(&self.backend, memory))
     }
 
     /// Ask the fault plan about a device call.
@@ -347,6 +376,10 @@ impl<B: Backend> Server<B> {
     /// records, used by its window). Callers have asked
     /// [`refuse_recorded_elsewhere`](Self::refuse_recorded_elsewhere) first,
     /// before opening their scope; nothing between changes a last user.
+    ///
+    /// The new last users are recorded only once every wait is set up: a
+    /// failed wait leaves the buffers' last users as they were, so the next
+    /// use still waits for the stream that really used them last.
     fn order(
         &mut self,
         stream: StreamId,
@@ -359,13 +392,11 @@ impl<B: Backend> Server<B> {
             "a cross-capture use must be refused before its scope opens"
         );
         let mut waited: SmallVec<[usize; 4]> = SmallVec::new();
-        for id in touched {
-            self.streams[to].window.touch(id);
-            let Some(entry) = self.table.get_mut(id) else {
+        for &id in &touched {
+            let Some(entry) = self.table.get(id) else {
                 continue;
             };
             let from = entry.last_user.0 as usize;
-            entry.last_user = stream;
             if from == to || from >= self.streams.len() || waited.contains(&from) {
                 continue;
             }
@@ -385,10 +416,54 @@ impl<B: Backend> Server<B> {
                 self.backend.order(&mut first.device, &mut then.device)?;
             }
         }
+        for id in touched {
+            self.streams[to].window.touch(id);
+            if let Some(entry) = self.table.get_mut(id) {
+                entry.last_user = stream;
+            }
+        }
         Ok(())
     }
 
-    /// Remember that submitted work on `stream` writes `written`.
+    /// The body every unit of device work shares — a host write, a copy, a
+    /// launch, a replay — in its one order: the fault plan, waits on the
+    /// streams that used `touched` last, the device call, and the note that
+    /// the call's write set is in flight. Written once, no path can skip a
+    /// step or take them in another order.
+    fn issue(
+        &mut self,
+        site: Site,
+        stream: StreamId,
+        touched: impl IntoIterator<Item = BufferId>,
+        written: &[BufferRange],
+        call: impl FnOnce(Issue<'_, B>) -> Result<()>,
+    ) -> Result<()> {
+        self.fault(site, Some(stream))?;
+        self.order(stream, touched)?;
+        let index = self.stream_index(stream);
+        let Server {
+            backend,
+            table,
+            streams,
+            kernels,
+            graphs,
+            ..
+        } = self;
+        call(Issue {
+            backend,
+            stream: &mut streams[index].device,
+            table,
+            kernels,
+            graphs,
+        })?;
+        self.note_in_flight(stream, written);
+        Ok(())
+    }
+
+    /// Remember that submitted work on `stream` writes `written`. Only
+    /// remembers: bounding the list is [`conclude`](Self::conclude)'s, after
+    /// the work's scope has settled, so that a fault the bounding sync
+    /// surfaces is attributed after — not healed by — the clean exit.
     fn note_in_flight(&mut self, stream: StreamId, written: &[BufferRange]) {
         let index = self.stream_index(stream);
         let state = &mut self.streams[index];
@@ -400,9 +475,6 @@ impl<B: Backend> Server<B> {
             if !state.in_flight[recent..].contains(w) {
                 state.in_flight.push(*w);
             }
-        }
-        if state.in_flight.len() >= IN_FLIGHT_LIMIT {
-            let _ = self.sync_stream(stream);
         }
     }
 
@@ -465,12 +537,34 @@ impl<B: Backend> Server<B> {
         );
     }
 
-    /// The end of a scope: poison on a sticky error, and into a `Result`.
-    fn conclude<R>(&mut self, outcome: ScopedOutcome<R>) -> Result<R> {
-        if let ScopedOutcome::Failed(error) = &outcome
-            && error.is_sticky()
-        {
-            self.poison_with(error);
+    /// The end of a scope on `stream`, in the one order every unit of work
+    /// takes after its scope settled:
+    ///
+    /// 1. a sticky fault poisons the device (rule 36);
+    /// 2. any other device fault means the stream lost what it had
+    ///    submitted, not only this work (a failed batch submit, say), so the
+    ///    write sets in flight on it take the fault too (rule 23);
+    /// 3. the in-flight list is bounded: past its limit the stream is synced,
+    ///    and a fault that sync surfaces lands on what was in flight.
+    fn conclude<R>(&mut self, stream: StreamId, outcome: ScopedOutcome<R>) -> Result<R> {
+        if let ScopedOutcome::Failed(error) = &outcome {
+            if error.is_sticky() {
+                self.poison_with(error);
+            } else if matches!(error, Error::Fault(_)) {
+                let index = self.stream_index(stream);
+                let in_flight = std::mem::take(&mut self.streams[index].in_flight);
+                self.table.claim_failed(
+                    &in_flight,
+                    Work::new(WorkKind::Settle, stream),
+                    error.clone(),
+                );
+            }
+        }
+        let index = self.stream_index(stream);
+        if self.streams[index].in_flight.len() >= IN_FLIGHT_LIMIT {
+            // Attributed by `sync_stream` itself; the work concluded here
+            // succeeded or failed on its own account.
+            let _ = self.sync_stream(stream);
         }
         outcome.into_result()
     }
@@ -544,6 +638,30 @@ impl<B: Backend> Server<B> {
         }
     }
 
+    /// Release what a dropped handle named (see `client::Dropped`).
+    pub(crate) fn release(&mut self, dropped: Dropped) {
+        match dropped {
+            Dropped::Buffer(id) => self.free(id),
+            Dropped::Capture { stream, epoch } => {
+                let index = stream.0 as usize;
+                if index < self.streams.len()
+                    && self.streams[index].window.epoch() == epoch
+                    && self.streams[index].window.state() == CaptureState::Recording
+                {
+                    tracing::warn!(%stream, "a capture was dropped without being ended: aborted");
+                    self.abort_window(stream);
+                }
+            }
+            Dropped::Graph(id) => {
+                if self.graphs.contains_key(&id)
+                    && let Err(error) = self.destroy_graph_id(id)
+                {
+                    tracing::warn!(graph = %id, "destroying a dropped graph failed: {error}");
+                }
+            }
+        }
+    }
+
     pub(crate) fn free(&mut self, id: BufferId) {
         if let Some(memory) = self.table.remove(id) {
             self.backend.free(memory);
@@ -565,32 +683,38 @@ impl<B: Backend> Server<B> {
         written.push(r);
         let outcome = ExecuteScope::over(self, Work::new(WorkKind::Write, stream), written)
             .execute(|server, written| {
-                server.fault(Site::Write, Some(stream))?;
-                server.order(stream, [r.buffer])?;
-                let index = server.stream_index(stream);
-                let Server {
-                    backend,
-                    table,
-                    streams,
-                    ..
-                } = server;
-                let memory = table.memory(r.buffer)?;
-                backend.write(&mut streams[index].device, memory, r.range.start, data)?;
-                server.note_in_flight(stream, written);
-                Ok(())
+                server.issue(Site::Write, stream, [r.buffer], written, |d| {
+                    let memory = d.table.memory(r.buffer)?;
+                    d.backend.write(d.stream, memory, r.range.start, data)
+                })
             });
-        self.conclude(outcome)
+        self.conclude(stream, outcome)
     }
 
-    /// A read into a new vector, sized only after the range is validated: a
-    /// bogus range must be an error, not an allocation of its length.
+    /// A read into a new vector, sized only after everything a read checks
+    /// has passed (rule 24: a read tests its ranges first and does nothing
+    /// else): a bogus range, or a failed buffer of any size, must be an error,
+    /// not an allocation of its length. The allocation itself is fallible:
+    /// room the host cannot give is [`Error::OutOfMemory`], never an abort.
     pub(crate) fn read_vec(&mut self, stream: StreamId, src: Slice<'_>) -> Result<Vec<u8>> {
-        let r = self.resolve_copy_range(src, "read source")?;
-        let len = usize::try_from(r.range.len())
-            .map_err(|_| Error::invalid("read", "longer than the address space"))?;
-        let mut out = vec![0; len];
-        self.read(stream, src, &mut out)?;
+        let r = self.check_read(stream, src)?;
+        let mut out = host_vec(r.range.len())?;
+        self.read_checked(stream, r, &mut out)?;
         Ok(out)
+    }
+
+    /// What every read checks before it touches the device or the host's
+    /// memory: poison, the range, recording, the claims, memory, and a use
+    /// across a capture.
+    fn check_read(&mut self, stream: StreamId, src: Slice<'_>) -> Result<BufferRange> {
+        self.check_poison()?;
+        let r = self.resolve_copy_range(src, "read source")?;
+        self.refuse_if_recording(stream, "a host read")?;
+        self.table.check(&[r])?;
+        self.require_memory(r)?;
+        // Before the device call, so before its injected fault too.
+        self.refuse_recorded_elsewhere(stream, &[r.buffer])?;
+        Ok(r)
     }
 
     pub(crate) fn read(&mut self, stream: StreamId, src: Slice<'_>, out: &mut [u8]) -> Result<()> {
@@ -602,11 +726,11 @@ impl<B: Backend> Server<B> {
                 format!("{} bytes of room for {r}", out.len()),
             ));
         }
-        self.refuse_if_recording(stream, "a host read")?;
-        self.table.check(&[r])?;
-        self.require_memory(r)?;
-        // Before the device call, so before its injected fault too.
-        self.refuse_recorded_elsewhere(stream, &[r.buffer])?;
+        let r = self.check_read(stream, src)?;
+        self.read_checked(stream, r, out)
+    }
+
+    fn read_checked(&mut self, stream: StreamId, r: BufferRange, out: &mut [u8]) -> Result<()> {
         let result = self
             .fault(Site::Read, Some(stream))
             .and_then(|()| self.device_read(stream, r, out));
@@ -624,12 +748,14 @@ impl<B: Backend> Server<B> {
     }
 
     #[cfg(feature = "fault-injection")]
-    pub(crate) fn peek(&mut self, stream: StreamId, src: Slice<'_>, out: &mut [u8]) -> Result<()> {
+    pub(crate) fn peek_vec(&mut self, stream: StreamId, src: Slice<'_>) -> Result<Vec<u8>> {
         let r = self.resolve_copy_range(src, "peek source")?;
         self.refuse_if_recording(stream, "a peek")?;
         self.require_memory(r)?;
         self.refuse_recorded_elsewhere(stream, &[r.buffer])?;
-        self.device_read(stream, r, out)
+        let mut out = host_vec(r.range.len())?;
+        self.device_read(stream, r, &mut out)?;
+        Ok(out)
     }
 
     /// Read `r` on the device, after ordering `stream` behind its last user
@@ -672,29 +798,20 @@ impl<B: Backend> Server<B> {
         let read = [s];
         let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
             |server, written| {
-                server.fault(Site::Copy, Some(stream))?;
-                server.order(stream, [s.buffer, d.buffer])?;
-                let index = server.stream_index(stream);
-                let Server {
-                    backend,
-                    table,
-                    streams,
-                    ..
-                } = server;
-                let (src, dst) = (table.memory(s.buffer)?, table.memory(d.buffer)?);
-                backend.copy(
-                    &mut streams[index].device,
-                    src,
-                    s.range.start,
-                    dst,
-                    d.range.start,
-                    s.range.len(),
-                )?;
-                server.note_in_flight(stream, written);
-                Ok(())
+                server.issue(Site::Copy, stream, [s.buffer, d.buffer], written, |dev| {
+                    let (src, dst) = (dev.table.memory(s.buffer)?, dev.table.memory(d.buffer)?);
+                    dev.backend.copy(
+                        dev.stream,
+                        src,
+                        s.range.start,
+                        dst,
+                        d.range.start,
+                        s.range.len(),
+                    )
+                })
             },
         );
-        self.conclude(outcome)
+        self.conclude(stream, outcome)
     }
 
     pub(crate) fn compile(&mut self, stream: StreamId, kernel: &Kernel) -> Result<()> {
@@ -714,10 +831,23 @@ impl<B: Backend> Server<B> {
                 log: format!("{} does not take {language} kernels", B::NAME),
             });
         }
-        self.fault(Site::Compile, Some(stream))?;
-        let compiled = self.backend.compile(kernel)?;
-        self.kernels.insert(kernel.id(), compiled);
-        Ok(())
+        let compiled = self
+            .fault(Site::Compile, Some(stream))
+            .and_then(|()| self.backend.compile(kernel));
+        match compiled {
+            Ok(compiled) => {
+                self.kernels.insert(kernel.id(), compiled);
+                Ok(())
+            }
+            Err(error) => {
+                // A driver that faults while loading a module is as
+                // poisoned as one that faults running it (rule 36).
+                if error.is_sticky() {
+                    self.poison_with(&error);
+                }
+                Err(error)
+            }
+        }
     }
 
     pub(crate) fn launch(
@@ -771,7 +901,17 @@ impl<B: Backend> Server<B> {
         self.refuse_recorded_elsewhere(stream, &touched)?;
         let runs_nothing = groups.is_some_and(|g| g.contains(&0));
         let mut written = self.write_set();
-        if !runs_nothing {
+        if groups.is_none() {
+            // An indirect launch's counts are on the device: the core cannot
+            // know, when the launch concludes, whether it wrote anything (a
+            // zero count, or one past the device's limit, runs nothing). So
+            // it heals nothing: bytes that carried a failure keep it, and
+            // only bytes that were clean are in its write set — clean
+            // whether it ran or not, and claimed if it fails.
+            for (r, _) in resolved.iter().filter(|(_, a)| a.writes()) {
+                self.table.unclaimed(*r, &mut written);
+            }
+        } else if !runs_nothing {
             written.extend(resolved.iter().filter(|(_, a)| a.writes()).map(|(r, _)| *r));
         }
         let name = kernel.name().clone();
@@ -799,27 +939,18 @@ impl<B: Backend> Server<B> {
             ));
         }
         let id = kernel.id();
+        self.check_launch(id, &name, &resolved, scalars, groups)?;
         let outcome = ExecuteScope::launching(self, &name, stream, &read, written).execute(
             |server, written| {
                 if runs_nothing {
                     return Ok(());
                 }
-                server.fault(Site::Launch, Some(stream))?;
-                server.order(stream, resolved.iter().map(|(r, _)| r.buffer))?;
-                let index = server.stream_index(stream);
-                {
-                    let Server {
-                        backend,
-                        table,
-                        streams,
-                        kernels,
-                        ..
-                    } = server;
+                let touched = resolved.iter().map(|(r, _)| r.buffer);
+                server.issue(Site::Launch, stream, touched, written, |d| {
                     let mut bound: SmallVec<[Bound<'_, B::Memory>; 8]> = SmallVec::new();
                     for (r, access) in &resolved {
-                        let memory = table.memory(r.buffer)?;
                         bound.push(Bound {
-                            memory,
+                            memory: d.table.memory(r.buffer)?,
                             offset: r.range.start,
                             len: r.range.len(),
                             access: *access,
@@ -828,20 +959,20 @@ impl<B: Backend> Server<B> {
                     let dispatch = match groups {
                         Some(groups) => BoundDispatch::Groups(groups),
                         None => {
-                            let last = bound
-                                .pop()
-                                .ok_or_else(|| Error::invalid("indirect dispatch", "missing"))?;
+                            let last = bound.pop().ok_or_else(|| {
+                                Error::internal("an indirect launch lost its counts binding")
+                            })?;
                             BoundDispatch::Indirect {
                                 memory: last.memory,
                                 offset: last.offset,
                             }
                         }
                     };
-                    let compiled = kernels
-                        .get(&id)
-                        .ok_or_else(|| Error::refused("the compiled kernel was evicted"))?;
-                    backend.launch(
-                        &mut streams[index].device,
+                    let compiled = d.kernels.get(&id).ok_or_else(|| {
+                        Error::internal("a compiled kernel is missing from the cache")
+                    })?;
+                    d.backend.launch(
+                        d.stream,
                         compiled,
                         &Launch {
                             name: &name,
@@ -849,13 +980,59 @@ impl<B: Backend> Server<B> {
                             scalars,
                             dispatch,
                         },
-                    )?;
-                }
-                server.note_in_flight(stream, written);
-                Ok(())
+                    )
+                })
             },
         );
-        self.conclude(outcome)
+        self.conclude(stream, outcome)
+    }
+
+    /// The backend's own limits, checked before the launch's scope opens so
+    /// that a launch no device could run is refused like any other bad
+    /// argument ([`Backend::check_launch`]). A binding without memory is left
+    /// to the scope, which skips or claims it.
+    fn check_launch(
+        &self,
+        id: KernelId,
+        name: &str,
+        resolved: &[(BufferRange, Access)],
+        scalars: &[u8],
+        groups: Option<[u32; 3]>,
+    ) -> Result<()> {
+        let Some(compiled) = self.kernels.get(&id) else {
+            return Ok(());
+        };
+        let mut bound: SmallVec<[Bound<'_, B::Memory>; 8]> = SmallVec::new();
+        for (r, access) in resolved {
+            let Some(memory) = self.memory(r.buffer) else {
+                return Ok(());
+            };
+            bound.push(Bound {
+                memory,
+                offset: r.range.start,
+                len: r.range.len(),
+                access: *access,
+            });
+        }
+        let dispatch = match groups {
+            Some(groups) => BoundDispatch::Groups(groups),
+            None => match bound.pop() {
+                Some(last) => BoundDispatch::Indirect {
+                    memory: last.memory,
+                    offset: last.offset,
+                },
+                None => return Ok(()),
+            },
+        };
+        self.backend.check_launch(
+            compiled,
+            &Launch {
+                name,
+                bindings: &bound,
+                scalars,
+                dispatch,
+            },
+        )
     }
 
     pub(crate) fn sync(&mut self, stream: StreamId, buffers: &[Slice<'_>]) -> Result<()> {
@@ -868,6 +1045,7 @@ impl<B: Backend> Server<B> {
     }
 
     pub(crate) fn check(&mut self, slices: &[Slice<'_>]) -> Result<()> {
+        self.check_poison()?;
         let mut ranges = Vec::with_capacity(slices.len());
         for (i, slice) in slices.iter().enumerate() {
             ranges.push(self.resolve(slice.buffer, slice.range, &format!("slice {i}"))?);
@@ -875,7 +1053,36 @@ impl<B: Backend> Server<B> {
         self.table.check(&ranges)
     }
 
-    pub(crate) fn begin_capture(&mut self, stream: StreamId) -> Result<()> {
+    /// Whether `capture` was opened on this server.
+    pub(crate) fn owns(&self, capture: &Capture) -> bool {
+        capture.server == self.id
+    }
+
+    /// The stream's open window that `capture` names, or why it names none.
+    fn open_window(&self, capture: &Capture) -> Result<usize> {
+        if !self.owns(capture) {
+            return Err(Error::invalid(
+                "capture",
+                format!("{capture:?} belongs to another server"),
+            ));
+        }
+        let index = capture.stream.0 as usize;
+        match self.streams.get(index) {
+            Some(state)
+                if state.window.epoch() == capture.epoch
+                    && state.window.state() == CaptureState::Recording =>
+            {
+                Ok(index)
+            }
+            _ => Err(Error::invalid(
+                "capture",
+                format!("{capture:?} has already ended"),
+            )),
+        }
+    }
+
+    /// Open a window on `stream`; its epoch names it for the `Capture`.
+    pub(crate) fn begin_capture(&mut self, stream: StreamId) -> Result<u64> {
         self.check_poison()?;
         let index = self.stream_index(stream);
         self.streams[index].window.prepare(stream)?;
@@ -888,15 +1095,19 @@ impl<B: Backend> Server<B> {
             state.window.abort();
             return Err(error);
         }
-        state.window.start()
+        state.window.start()?;
+        Ok(state.window.epoch())
     }
 
     pub(crate) fn end_capture(&mut self, by: StreamId, capture: &Capture) -> Result<GraphId> {
-        if capture.server != self.id {
-            return Err(Error::invalid("capture", "it belongs to another server"));
-        }
+        let index = self.open_window(capture)?;
         let opened = capture.stream;
-        let index = self.stream_index(opened);
+        if let Err(poisoned) = self.check_poison() {
+            // Rule 36: nothing seals on a poisoned device; the window is
+            // thrown away so the stream does not stay recording.
+            self.abort_window(opened);
+            return Err(poisoned);
+        }
         let end = self.streams[index].window.end(by)?;
         match end {
             WindowEnd::Sealable { written, read } => {
@@ -948,14 +1159,19 @@ impl<B: Backend> Server<B> {
         error
     }
 
-    /// Throw a window away. Its clean work healed what it wrote when it was
-    /// recorded, because recording is its submission (rule 23); withdrawn,
-    /// that work will never run, so its write set is claimed again.
-    pub(crate) fn abort_capture(&mut self, capture: &Capture) {
-        if capture.server != self.id {
-            return;
-        }
-        let index = self.stream_index(capture.stream);
+    /// Throw the window `capture` names away (see [`abort_window`](Self::abort_window)).
+    pub(crate) fn abort_capture(&mut self, capture: &Capture) -> Result<()> {
+        self.open_window(capture)?;
+        self.abort_window(capture.stream);
+        Ok(())
+    }
+
+    /// Throw `stream`'s window away. Its clean work healed what it wrote when
+    /// it was recorded, because recording is its submission (rule 23);
+    /// withdrawn, that work will never run, so its write set is claimed
+    /// again. Allowed on a poisoned device: it issues no work.
+    fn abort_window(&mut self, stream: StreamId) {
+        let index = self.stream_index(stream);
         let state = &mut self.streams[index];
         let was = state.window.state();
         let written = state.window.abort();
@@ -964,13 +1180,13 @@ impl<B: Backend> Server<B> {
         }
         if !written.is_empty() {
             let error = Error::Unsealed {
-                stream: capture.stream,
+                stream,
                 reason: Arc::new(Error::refused(
                     "the capture was aborted, so its recorded work never runs",
                 )),
             };
             self.table
-                .claim_failed(&written, Work::new(WorkKind::Settle, capture.stream), error);
+                .claim_failed(&written, Work::new(WorkKind::Settle, stream), error);
         }
     }
 
@@ -1016,39 +1232,40 @@ impl<B: Backend> Server<B> {
         let id = graph.id;
         let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
             |server, written| {
-                server.fault(Site::Replay, Some(stream))?;
-                server.order(stream, touched)?;
-                let index = server.stream_index(stream);
-                let Server {
-                    backend,
-                    streams,
-                    graphs,
-                    ..
-                } = server;
-                let entry = graphs
-                    .get(&id)
-                    .ok_or_else(|| Error::invalid("graph", "destroyed"))?;
-                backend
-                    .replay(&mut streams[index].device, &entry.graph)
-                    .map_err(|e| match e {
-                        e @ Error::Fault(_) => e,
-                        other => Error::Replay {
-                            graph: id,
-                            stream,
-                            detail: other.to_string(),
-                        },
+                server.issue(Site::Replay, stream, touched, written, |d| {
+                    let entry = d.graphs.get(&id).ok_or_else(|| {
+                        Error::internal("a graph left the table inside its own replay")
                     })?;
-                server.note_in_flight(stream, written);
-                Ok(())
+                    d.backend
+                        .replay(d.stream, &entry.graph)
+                        .map_err(|e| match e {
+                            e @ Error::Fault(_) => e,
+                            other => Error::Replay {
+                                graph: id,
+                                stream,
+                                detail: other.to_string(),
+                            },
+                        })
+                })
             },
         );
-        self.conclude(outcome)
+        self.conclude(stream, outcome)
     }
 
     pub(crate) fn destroy_graph(&mut self, graph: &Graph) -> Result<()> {
         self.graph_entry(graph)?;
-        let Some(entry) = self.graphs.remove(&graph.id) else {
-            return Err(Error::invalid("graph", "unknown"));
+        self.destroy_graph_id(graph.id)
+    }
+
+    /// Destroy a graph in the table. Allowed on a poisoned device — it
+    /// releases rather than issues, and the waits it makes fail fast there —
+    /// so a runtime can still tear down.
+    fn destroy_graph_id(&mut self, id: GraphId) -> Result<()> {
+        let Some(entry) = self.graphs.remove(&id) else {
+            return Err(Error::invalid(
+                "graph",
+                format!("{id} is unknown or destroyed"),
+            ));
         };
         // The backend destroys the graph whatever the fault plan says: an
         // injected failure stands for one that waiting on the replays in
@@ -1057,7 +1274,7 @@ impl<B: Backend> Server<B> {
         let injected = self.fault(Site::Destroy, None);
         let destroyed = self.backend.destroy_graph(entry.graph);
         if let (Err(_), Err(lost)) = (&injected, &destroyed) {
-            tracing::warn!(graph = %graph.id, "destroying the graph also failed: {lost}");
+            tracing::warn!(graph = %id, "destroying the graph also failed: {lost}");
         }
         let result = injected.and(destroyed);
         if let Err(error) = result {
@@ -1072,10 +1289,6 @@ impl<B: Backend> Server<B> {
             return Err(error);
         }
         Ok(())
-    }
-
-    pub(crate) fn set_hook(&mut self, hook: Hook) {
-        self.hook = Some(hook);
     }
 
     pub(crate) fn failures_seen(&self, stream: StreamId) -> u64 {

@@ -10,9 +10,9 @@
 
 use crate::error::Error;
 use crate::failure::Failures;
-use crate::id::{BufferId, FailureId, StreamId};
+use crate::id::{BufferId, BufferRange, FailureId, StreamId};
 use crate::store::{FailureStore, TaintSlot};
-use crate::taint::Taint;
+use crate::taint::{Ranges, Taint};
 
 /// A live buffer.
 pub(crate) struct Entry<M> {
@@ -124,8 +124,13 @@ impl<M> BufferTable<M> {
             return None;
         }
         let mut entry = slot.entry.take()?;
-        slot.generation = slot.generation.wrapping_add(1);
-        self.vacant.push(id.slot());
+        // A slot whose generation would wrap is retired, never reused: a
+        // stale id must never name a later buffer, however long the process
+        // runs. One retired slot per 2^32 reuses of it is all this costs.
+        if let Some(next) = slot.generation.checked_add(1) {
+            slot.generation = next;
+            self.vacant.push(id.slot());
+        }
         entry.taint.release_all(&mut self.failures);
         if let Some(f) = entry.record.take() {
             self.failures.release(f);
@@ -134,6 +139,32 @@ impl<M> BufferTable<M> {
             self.bytes_allocated -= entry.size;
         }
         entry.memory
+    }
+
+    /// The parts of `r` that no failure claims, appended to `out`: all of
+    /// it for a clean buffer, none for a buffer without memory.
+    pub(crate) fn unclaimed(&self, r: BufferRange, out: &mut Vec<BufferRange>) {
+        let Some(entry) = self.get(r.buffer) else {
+            return;
+        };
+        if entry.memory.is_none() {
+            return;
+        }
+        if entry.taint.is_clean() {
+            out.push(r);
+            return;
+        }
+        let mut clean = Ranges::default();
+        clean.insert(r.range);
+        for claim in entry.taint.claims() {
+            for claimed in claim.ranges.iter() {
+                clean.remove(claimed);
+            }
+        }
+        out.extend(clean.iter().map(|range| BufferRange {
+            buffer: r.buffer,
+            range,
+        }));
     }
 
     /// Every live buffer's id.
@@ -255,5 +286,54 @@ impl<M> BufferTable<M> {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::failure::{Work, WorkKind};
+    use crate::id::ByteRange;
+
+    #[test]
+    fn a_slot_whose_generation_would_wrap_is_retired() {
+        let mut table: BufferTable<()> = BufferTable::new();
+        let first = table.insert(16, Some(()), None, StreamId(0));
+        table.slots[first.slot() as usize].generation = u32::MAX;
+        let last = BufferId::from_parts(first.slot(), u32::MAX);
+        assert!(table.remove(last).is_some());
+        let next = table.insert(16, Some(()), None, StreamId(0));
+        assert_ne!(next.slot(), first.slot(), "the wrapped slot is not reused");
+        assert!(table.get(last).is_none());
+        assert!(table.get(BufferId::from_parts(first.slot(), 0)).is_none());
+        // An ordinary slot is reused under its next generation.
+        assert!(table.remove(next).is_some());
+        let again = table.insert(16, Some(()), None, StreamId(0));
+        assert_eq!(again.slot(), next.slot());
+        assert!(table.get(next).is_none(), "the stale id names nothing");
+    }
+
+    #[test]
+    fn unclaimed_leaves_out_what_a_failure_claims() {
+        let mut table: BufferTable<()> = BufferTable::new();
+        let id = table.insert(64, Some(()), None, StreamId(0));
+        let at = |start, end| BufferRange {
+            buffer: id,
+            range: ByteRange::new(start, end),
+        };
+        let mut out = Vec::new();
+        table.unclaimed(at(0, 64), &mut out);
+        assert_eq!(out, vec![at(0, 64)]);
+        table.claim_failed(
+            &[at(16, 32)],
+            Work::new(WorkKind::Launch, StreamId(0)),
+            Error::refused("x"),
+        );
+        out.clear();
+        table.unclaimed(at(0, 64), &mut out);
+        assert_eq!(out, vec![at(0, 16), at(32, 64)]);
+        out.clear();
+        table.unclaimed(at(16, 32), &mut out);
+        assert!(out.is_empty());
     }
 }

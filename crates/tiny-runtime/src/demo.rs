@@ -172,7 +172,7 @@ pub fn replay<B: Backend>(
 
     let capture = client.begin_capture()?;
     if let Err(error) = mlp.forward(rt) {
-        client.abort_capture(capture);
+        client.abort_capture(capture)?;
         return Err(error);
     }
     let graph = client.end_capture(capture)?;

@@ -930,7 +930,7 @@ impl<S: Suite> World<S> {
                 "begin capture".into()
             }
             Some((capture, window)) if self.rng.chance(15) => {
-                self.client.abort_capture(capture);
+                self.client.abort_capture(capture).unwrap();
                 self.mark(&window.written, STALE);
                 format!("abort capture (recorded {:?})", window.written)
             }
@@ -1131,7 +1131,7 @@ fn run<S: Suite>(client: Client<S::Backend>, seed: u64, steps: usize) -> Tally {
         }
     }
     if let Some((capture, _)) = world.window.take() {
-        world.client.abort_capture(capture);
+        world.client.abort_capture(capture).unwrap();
     }
     for model in std::mem::take(&mut world.graphs) {
         let _ = world.client.destroy_graph(&model.graph);

@@ -1,0 +1,241 @@
+//! The contract under abuse: safe calls made the way an adversarial or
+//! careless runtime makes them — hooks that call back in or panic, captures
+//! and graphs dropped on the floor, handles of another server, reads of
+//! buffers no host could hold, requests past the device — each of which must
+//! end in a typed error or a clean outcome, never a deadlock, a wedged
+//! stream, an abort, or bytes reading as written that nobody wrote.
+//!
+//! Every test here failed, hung or aborted on some server before the fix it
+//! names; they run on every server through
+//! [`conformance_tests!`](crate::conformance_tests).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use super::{Suite, WORDS, alloc, assert_root_contains, copy, fail_next_launch, fill, read, setup};
+use crate::capture::CaptureState;
+use crate::error::Error;
+use crate::fault::{FaultPlan, Site};
+
+/// A failure hook runs after the server's lock is released, so it may call
+/// back into the client — to read a counter, or to issue work — without
+/// deadlocking, and the events its own calls cause reach it after it
+/// returns, never inside it (rule 39).
+pub fn a_hook_may_call_back_into_the_client<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let weak = c.downgrade();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let depth = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let spare = alloc(&c, WORDS);
+    let (counter, nesting, held) = (calls.clone(), depth.clone(), seen.clone());
+    c.on_failure(move |_, _| {
+        assert_eq!(
+            nesting.fetch_add(1, Ordering::SeqCst),
+            0,
+            "never inside itself"
+        );
+        let client = weak.upgrade().expect("the test holds the client");
+        held.store(client.failures_held(), Ordering::SeqCst);
+        if counter.fetch_add(1, Ordering::SeqCst) == 0 {
+            // Work issued from the hook that fails too: its event comes
+            // after this call returns.
+            fail_next_launch(&client, "from the hook");
+            assert!(fill::<S>(&client, &spare, 1).is_err());
+        }
+        nesting.fetch_sub(1, Ordering::SeqCst);
+    });
+    let a = alloc(&c, WORDS);
+    fail_next_launch(&c, "first");
+    assert!(fill::<S>(&c, &a, 1).is_err());
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "both failures, in turn");
+    assert!(seen.load(Ordering::SeqCst) >= 1, "the hook read the store");
+    assert_root_contains(&read(&c, &a).unwrap_err(), "first");
+}
+
+/// A hook that panics unwinds out of the call that delivered its event,
+/// after that call's bookkeeping is complete: a skipped launch's output
+/// still carries the failure, a sticky fault still poisons, and the hook
+/// stays installed (rules 18, 36, 39).
+pub fn a_panicking_hook_leaves_the_books_right<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    c.on_failure(move |_, _| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        panic!("a hook that panics");
+    });
+    let quiet = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let a = alloc(&c, WORDS);
+    let b = alloc(&c, WORDS);
+    fill::<S>(&c, &b, 7).unwrap();
+    let caught = |f: &dyn Fn()| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    fail_next_launch(&c, "root");
+    assert!(caught(&|| drop(fill::<S>(&c, &a, 1))).is_err());
+    // The skip's hook panics: `b` must not read as its old sevens.
+    assert!(caught(&|| drop(copy::<S>(&c, &a, &b))).is_err());
+    assert_root_contains(&read(&c, &b).unwrap_err(), "root");
+    c.audit().unwrap();
+    c.inject(FaultPlan::new().poison_at(1, "injected", "ILLEGAL_ADDRESS"));
+    assert!(caught(&|| drop(fill::<S>(&c, &b, 2))).is_err());
+    std::panic::set_hook(quiet);
+    assert!(c.poison().is_some(), "the sticky fault poisoned the device");
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "the hook stayed installed");
+}
+
+/// A hook that holds a [`WeakClient`](crate::WeakClient) does not keep its
+/// server alive: dropping the last client drops the server and its hook.
+pub fn a_hook_holding_a_weak_client_is_dropped_with_the_server<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    struct Flag(Arc<AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let dropped = Arc::new(AtomicBool::new(false));
+    let flag = Flag(dropped.clone());
+    let weak = c.downgrade();
+    c.on_failure(move |_, _| {
+        let _keep = &flag;
+        let _ = weak.upgrade().map(|client| client.failures_held());
+    });
+    let other = c.new_stream().unwrap();
+    drop(c);
+    assert!(!dropped.load(Ordering::SeqCst), "another client holds it");
+    drop(other);
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the server and hook are gone"
+    );
+}
+
+/// A capture dropped without being ended is aborted at the server's next
+/// call: the stream does not stay recording, and what its recorded work
+/// would have written is claimed as by `abort_capture` (rules 29, 33).
+pub fn a_dropped_capture_is_aborted<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let a = alloc(&c, WORDS);
+    fill::<S>(&c, &a, 1).unwrap();
+    {
+        let _forgotten = c.begin_capture().unwrap();
+        fill::<S>(&c, &a, 2).unwrap();
+    }
+    c.sync().unwrap();
+    assert_eq!(c.capture_state(), CaptureState::NoCapture);
+    assert!(
+        read(&c, &a).is_err(),
+        "the recorded write never runs, so it cannot heal"
+    );
+    let capture = c.begin_capture().unwrap();
+    fill::<S>(&c, &a, 3).unwrap();
+    let graph = c.end_capture(capture).unwrap();
+    c.replay(&graph).unwrap();
+    assert_eq!(read(&c, &a).unwrap(), vec![3; WORDS as usize]);
+}
+
+/// A capture handed to another server is an invalid argument there, and
+/// aborted on its own server rather than wedging it; a graph of another
+/// server is refused the same way (rules 29, 34).
+pub fn a_foreign_capture_is_refused_and_aborted_at_home<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let Some(other) = setup::<S>() else { return };
+    let capture = other.begin_capture().unwrap();
+    assert!(matches!(
+        c.end_capture(capture),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert_eq!(c.capture_state(), CaptureState::NoCapture);
+    other.sync().unwrap();
+    assert_eq!(other.capture_state(), CaptureState::NoCapture);
+    let capture = other.begin_capture().unwrap();
+    assert!(matches!(
+        c.abort_capture(capture),
+        Err(Error::InvalidArgument { .. })
+    ));
+    other.sync().unwrap();
+    let a = alloc(&other, WORDS);
+    let capture = other.begin_capture().unwrap();
+    fill::<S>(&other, &a, 4).unwrap();
+    let graph = other.end_capture(capture).unwrap();
+    assert!(matches!(
+        c.replay(&graph),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        c.destroy_graph(&graph),
+        Err(Error::InvalidArgument { .. })
+    ));
+    other.replay(&graph).unwrap();
+    assert_eq!(read(&other, &a).unwrap(), vec![4; WORDS as usize]);
+}
+
+/// A read tests its ranges before anything else, so reading a failed
+/// buffer of the largest size the device allows answers its failure and
+/// allocates nothing; no read of any size aborts (rule 24).
+pub fn reading_a_huge_failed_buffer_allocates_nothing<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let largest = c.with_backend(crate::Backend::max_allocation) & !3;
+    let oom = || Error::OutOfMemory {
+        backend: "injected",
+        requested: largest,
+        detail: "injected".to_owned(),
+    };
+    // The first try and the retry after trimming (rule 37).
+    c.inject(
+        FaultPlan::new()
+            .fail(Site::Allocate, 1, oom())
+            .fail(Site::Allocate, 2, oom()),
+    );
+    let huge = c.allocate(largest).unwrap();
+    let error = c.read(&huge).unwrap_err();
+    assert!(error.is_out_of_memory(), "{error}");
+    drop(huge);
+    let fine = alloc(&c, WORDS);
+    fill::<S>(&c, &fine, 5).unwrap();
+    assert_eq!(read(&c, &fine).unwrap(), vec![5; WORDS as usize]);
+}
+
+/// A request past the largest allocation the device could ever make is an
+/// invalid argument that leaves nothing behind, on every server; "not now"
+/// is out-of-memory (rule 37).
+pub fn past_the_largest_allocation_is_invalid_everywhere<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let largest = c.with_backend(crate::Backend::max_allocation);
+    for size in [largest.saturating_add(4), u64::MAX] {
+        if size <= largest {
+            continue;
+        }
+        assert!(matches!(
+            c.allocate(size),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            c.try_allocate(size),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+    assert_eq!(c.failures_held(), 0);
+    assert_eq!(c.bytes_allocated(), 0);
+}
+
+/// After a sticky fault, every operation that issues, waits, reads or
+/// checks fails fast with the poison — a capture's end included, which
+/// throws the window away — while releases still release, so a runtime can
+/// tear down (rule 36).
+pub fn poison_fails_fast_and_releases_still_release<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let a = alloc(&c, WORDS);
+    let capture = c.begin_capture().unwrap();
+    c.inject(FaultPlan::new().poison_at(1, "injected", "ILLEGAL_ADDRESS"));
+    assert!(fill::<S>(&c, &a, 1).unwrap_err().is_sticky());
+    let ended = c.end_capture(capture).unwrap_err();
+    assert!(ended.is_device_poisoned(), "{ended}");
+    assert_eq!(c.capture_state(), CaptureState::NoCapture);
+    assert!(c.check(&[a.all()]).unwrap_err().is_device_poisoned());
+    assert!(c.sync().unwrap_err().is_device_poisoned());
+    assert!(c.begin_capture().unwrap_err().is_device_poisoned());
+    c.free(&a).unwrap();
+    assert_eq!(c.bytes_allocated(), 0);
+}

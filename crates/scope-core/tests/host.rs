@@ -1,0 +1,115 @@
+//! The reference host server's own promises: its built-in kernels never
+//! index past a binding, a launch that does not match a kernel's bindings is
+//! refused before it runs, a kernel that panics fails its launch like a
+//! trapped GPU kernel, and no read — of any size — aborts the process.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use scope_core::host::{self, Host, HostArgs};
+use scope_core::{Binding, Client, Dispatch, Error, FaultPlan, Kernel, Site};
+
+fn words(values: &[u32]) -> Vec<u8> {
+    host::bytes(values)
+}
+
+#[test]
+fn a_copy_into_a_shorter_output_writes_what_fits() {
+    let c = host::client().unwrap();
+    let input = c.upload(&words(&(1..=16).collect::<Vec<_>>())).unwrap();
+    let out = c.upload(&words(&[0; 4])).unwrap();
+    c.launch(
+        &Kernel::host("copy"),
+        &[Binding::read(&input), Binding::write(&out)],
+        &words(&[16]),
+        Dispatch::linear(1),
+    )
+    .unwrap();
+    assert_eq!(host::words(&c.read(&out).unwrap()), vec![1, 2, 3, 4]);
+}
+
+#[test]
+fn a_launch_with_the_wrong_bindings_is_refused_before_it_runs() {
+    let c = host::client().unwrap();
+    let hooked = Arc::new(AtomicUsize::new(0));
+    let counter = hooked.clone();
+    c.on_failure(move |_, _| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    let out = c.upload(&words(&[7; 4])).unwrap();
+    let error = c
+        .launch(
+            &Kernel::host("copy"),
+            &[Binding::write(&out)],
+            &words(&[4]),
+            Dispatch::linear(1),
+        )
+        .unwrap_err();
+    assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
+    assert!(error.to_string().contains("takes 2"), "{error}");
+    assert_eq!(c.failures_held(), 0, "nothing claimed");
+    assert_eq!(hooked.load(Ordering::SeqCst), 0, "no hook for bad input");
+    assert_eq!(host::words(&c.read(&out).unwrap()), vec![7; 4]);
+}
+
+#[test]
+fn a_kernel_that_panics_fails_its_launch_and_nothing_else() {
+    let mut backend = Host::new();
+    backend.register("explodes", |args: &mut HostArgs<'_>| {
+        let _ = args.bindings[5].len();
+        Ok(())
+    });
+    let c = Client::new(backend).unwrap();
+    let out = c.upload(&words(&[1; 4])).unwrap();
+    let bystander = c.upload(&words(&[2; 4])).unwrap();
+    let error = c
+        .launch(
+            &Kernel::host("explodes"),
+            &[Binding::write(&out)],
+            &[],
+            Dispatch::linear(1),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::Launch { detail, .. } if detail.contains("panicked")),
+        "{error}"
+    );
+    assert!(c.read(&out).is_err(), "its output carries the failure");
+    assert_eq!(host::words(&c.read(&bystander).unwrap()), vec![2; 4]);
+    assert!(c.poison().is_none());
+}
+
+#[test]
+fn reading_a_failed_64_gib_buffer_answers_its_failure() {
+    // The size that used to abort the process: the read sized its output
+    // before testing the bytes for a failure.
+    let c = Client::new(Host::new().with_memory_limit(1 << 40)).unwrap();
+    let oom = || Error::OutOfMemory {
+        backend: "host",
+        requested: 64 << 30,
+        detail: "injected".to_owned(),
+    };
+    c.inject(
+        FaultPlan::new()
+            .fail(Site::Allocate, 1, oom())
+            .fail(Site::Allocate, 2, oom()),
+    );
+    let huge = c.allocate(64 << 30).unwrap();
+    assert!(c.read(&huge).unwrap_err().is_out_of_memory());
+    let mut room = [0u8; 4];
+    assert!(c.read_into(huge.slice(0..4), &mut room).is_err());
+}
+
+#[test]
+fn an_allocation_past_all_memory_is_an_invalid_argument() {
+    let c = Client::new(Host::new().with_memory_limit(1 << 20)).unwrap();
+    assert!(matches!(
+        c.allocate(2 << 20),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let first = c.try_allocate(768 << 10).unwrap();
+    // Fits the device, not now: out of memory, as a buffer that says so.
+    assert!(c.try_allocate(512 << 10).unwrap_err().is_out_of_memory());
+    drop(first);
+    c.try_allocate(512 << 10).unwrap();
+}
