@@ -15,8 +15,9 @@
 //! when it is non-empty. Where the driver has `cuFuncGetParamInfo` (12.4+) the
 //! kernel's own parameter list is read at compile time and a launch whose
 //! bindings or blob do not match it is refused before anything runs; without
-//! it, the blob is passed from a zero-padded copy so that a kernel declaring a
-//! larger struct reads zeros, not past the caller's bytes.
+//! it, the parameter array and the blob are padded with zeros to the most any
+//! kernel can declare, so that a kernel declaring more parameters or a larger
+//! struct reads zeros, never past the caller's bytes (`ParamSlack`).
 //!
 //! **Indirect dispatch** reads the three counts back to the host (a DMA and a
 //! stream sync: the launch waits for the stream's earlier work) and launches
@@ -35,9 +36,60 @@ use smallvec::SmallVec;
 use crate::error::{BACKEND, Doing, classify};
 use crate::{Cuda, CudaMemory, CudaStreamState};
 
-/// The classic kernel parameter space. Without `cuFuncGetParamInfo` the blob
-/// is passed from a zero-padded copy this long, and a longer blob is refused.
+/// The classic kernel parameter space. Without `cuFuncGetParamInfo` a
+/// longer blob is refused.
 const PARAM_SPACE: usize = 4096;
+
+/// The most bytes of parameters any kernel can declare (32,764 since CUDA
+/// 12.1 on Volta and later), rounded up.
+const MAX_PARAM_BYTES: usize = 32 * 1024;
+
+/// The most parameters any kernel can declare: each takes a byte at least.
+const MAX_PARAMS: usize = MAX_PARAM_BYTES;
+
+// `ParamSlack::table` holds addresses as `usize` and is handed to the
+// driver as an array of pointers.
+const _: () = assert!(size_of::<usize>() == size_of::<*mut c_void>());
+
+/// What a launch passes when the driver cannot say what the kernel
+/// declares (no `cuFuncGetParamInfo`).
+///
+/// `cuLaunchKernel` reads one `kernelParams` entry per parameter the kernel
+/// declares, and copies as many bytes from it as that parameter's size. A
+/// kernel that declares more than the launch passes would make it read past
+/// the caller's array, and a scalar struct larger than the blob past the
+/// blob: host memory read by the driver, undefined behaviour from a safe
+/// call. So the array is always [`MAX_PARAMS`] long and the blob always
+/// [`MAX_PARAM_BYTES`]: entries past the launch's point at zeros, and the
+/// blob is copied into the front of a zeroed block. A mismatched kernel
+/// then reads zeros — wrong values on the device, never the host's bytes.
+///
+/// Built once per server, on the first such launch (256 KiB of addresses
+/// and 64 KiB of bytes), and put back to zeros after each launch so that a
+/// launch costs what it writes, not the table's length.
+pub(crate) struct ParamSlack {
+    /// `[blob | zeros]`, each [`MAX_PARAM_BYTES`] long. Boxed, so the
+    /// addresses in `table` stay valid when the server moves.
+    bytes: Box<[u8]>,
+    /// [`MAX_PARAMS`] addresses, as `usize` so the server stays `Send`; all
+    /// point at the zeros between launches.
+    table: Box<[usize]>,
+}
+
+impl ParamSlack {
+    pub(crate) fn new() -> Self {
+        let bytes = vec![0u8; 2 * MAX_PARAM_BYTES].into_boxed_slice();
+        let zeros = bytes[MAX_PARAM_BYTES..].as_ptr() as usize;
+        Self {
+            bytes,
+            table: vec![zeros; MAX_PARAMS].into_boxed_slice(),
+        }
+    }
+
+    fn zeros(&self) -> usize {
+        self.bytes[MAX_PARAM_BYTES..].as_ptr() as usize
+    }
+}
 
 /// A loaded module, unloaded when the last kernel from it goes.
 struct Module {
@@ -341,83 +393,71 @@ impl Cuda {
         if groups.contains(&0) {
             return Ok(());
         }
-        let with_blob = !launch.scalars.is_empty();
-        if let Some(params) = &kernel.params {
-            let expected = launch.bindings.len() + usize::from(with_blob);
-            if params.len() != expected {
-                return Err(refuse(format!(
-                    "the kernel takes {} parameters; the launch passes {} pointers{}",
-                    params.len(),
-                    launch.bindings.len(),
-                    if with_blob { " and a scalar blob" } else { "" }
-                )));
-            }
-            if let Some((i, size)) = params
-                .iter()
-                .take(launch.bindings.len())
-                .enumerate()
-                .find(|(_, size)| **size != 8)
-            {
-                return Err(refuse(format!(
-                    "parameter {i} is {size} bytes, but binding {i} passes an 8-byte device pointer"
-                )));
-            }
-            if with_blob && params[expected - 1] != launch.scalars.len() {
-                return Err(refuse(format!(
-                    "the scalar parameter is {} bytes; the blob is {}",
-                    params[expected - 1],
-                    launch.scalars.len()
-                )));
-            }
-        } else if launch.scalars.len() > PARAM_SPACE {
-            return Err(refuse(format!(
-                "a {}-byte scalar blob exceeds the parameter space",
-                launch.scalars.len()
-            )));
+        if groups.iter().zip(MAX_GRID).any(|(count, max)| *count > max) {
+            // Only an indirect count can be here (host-given ones were
+            // checked before the scope): past the device's grid it runs
+            // nothing, as on every server.
+            return Ok(());
         }
+        let with_blob = !launch.scalars.is_empty();
         let pointers: SmallVec<[u64; 8]> = launch
             .bindings
             .iter()
             .map(|b| b.memory.device_ptr() + b.offset)
             .collect();
-        let mut args: SmallVec<[*mut c_void; 9]> = pointers
-            .iter()
-            .map(|p| (p as *const u64).cast_mut().cast::<c_void>())
-            .collect();
-        let padded: Vec<u8>;
-        if with_blob {
-            let blob = if kernel.params.is_some() {
-                launch.scalars
-            } else {
-                padded = {
-                    let mut bytes = vec![0u8; PARAM_SPACE];
-                    bytes[..launch.scalars.len()].copy_from_slice(launch.scalars);
-                    bytes
-                };
-                &padded
-            };
-            args.push(blob.as_ptr().cast_mut().cast::<c_void>());
-        }
         let [bx, by, bz] = kernel.block;
-        // SAFETY: `function` is a loaded kernel; `args` holds one pointer
-        // per parameter (checked against the kernel's own list where the
-        // driver can tell), each pointing at a value that lives until the
-        // call returns — the driver copies parameters at launch. The device
-        // pointers lie inside their allocations (the core validated them).
-        let launched = unsafe {
-            sys::cuLaunchKernel(
-                kernel.function,
-                groups[0],
-                groups[1],
-                groups[2],
-                bx,
-                by,
-                bz,
-                0,
-                stream.shared.cu.cu_stream(),
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
+        let cu_stream = stream.shared.cu.cu_stream();
+        let fire = |args: *mut *mut c_void| {
+            // SAFETY: `function` is a loaded kernel; `args` holds a pointer
+            // for every parameter the kernel declares — checked against its
+            // own list where the driver can tell, and otherwise padded to
+            // the most any kernel can declare (`ParamSlack`) — each pointing
+            // at as many readable bytes as that parameter can be long, alive
+            // until the call returns (the driver copies parameters at
+            // launch). The device pointers lie inside their allocations (the
+            // core validated them).
+            unsafe {
+                sys::cuLaunchKernel(
+                    kernel.function,
+                    groups[0],
+                    groups[1],
+                    groups[2],
+                    bx,
+                    by,
+                    bz,
+                    0,
+                    cu_stream,
+                    args,
+                    std::ptr::null_mut(),
+                )
+            }
+        };
+        let launched = if kernel.params.is_some() {
+            let mut args: SmallVec<[*mut c_void; 9]> = pointers
+                .iter()
+                .map(|p| (p as *const u64).cast_mut().cast::<c_void>())
+                .collect();
+            if with_blob {
+                args.push(launch.scalars.as_ptr().cast_mut().cast::<c_void>());
+            }
+            fire(args.as_mut_ptr())
+        } else {
+            let slack = self.slack.get_or_insert_with(ParamSlack::new);
+            let zeros = slack.zeros();
+            let len = launch.scalars.len();
+            slack.bytes[..len].copy_from_slice(launch.scalars);
+            let blob = slack.bytes.as_ptr() as usize;
+            let used = pointers.len() + usize::from(with_blob);
+            for (slot, p) in slack.table.iter_mut().zip(&pointers) {
+                *slot = p as *const u64 as usize;
+            }
+            if with_blob {
+                slack.table[pointers.len()] = blob;
+            }
+            let launched = fire(slack.table.as_mut_ptr().cast::<*mut c_void>());
+            slack.table[..used].fill(zeros);
+            slack.bytes[..len].fill(0);
+            launched
         };
         launched.result().map_err(|e| {
             classify(
@@ -436,6 +476,75 @@ impl Cuda {
         }
         Ok(())
     }
+}
+
+/// The largest grid any CUDA device runs (compute capability 3.0 and
+/// later): `x` up to 2^31 - 1 blocks, `y` and `z` up to 65,535.
+const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65_535, 65_535];
+
+/// What [`Backend::check_launch`](scope_core::Backend::check_launch) holds a
+/// CUDA launch to before its scope opens: a host-given grid inside the
+/// device's, no more parameters than a kernel can take, and — where the
+/// driver reports the kernel's parameters — bindings and a blob that match
+/// them; without that report, a blob inside the classic parameter space.
+/// Each refusal is an invalid argument that claims nothing.
+pub(crate) fn check_launch(kernel: &CudaKernel, launch: &Launch<'_, CudaMemory>) -> Result<()> {
+    let invalid = |why: String| Err(Error::invalid(format!("launch of `{}`", kernel.name), why));
+    if let BoundDispatch::Groups(groups) = &launch.dispatch
+        && let Some((axis, (count, max))) = groups
+            .iter()
+            .zip(MAX_GRID)
+            .enumerate()
+            .find(|(_, (count, max))| **count > *max)
+    {
+        return invalid(format!(
+            "{count} blocks along axis {axis} is past the device's {max}"
+        ));
+    }
+    let with_blob = !launch.scalars.is_empty();
+    let passed = launch.bindings.len() + usize::from(with_blob);
+    if passed > MAX_PARAMS {
+        return invalid(format!(
+            "{passed} parameters is past the {MAX_PARAMS} a kernel can take"
+        ));
+    }
+    match &kernel.params {
+        Some(params) => {
+            if params.len() != passed {
+                return invalid(format!(
+                    "the kernel takes {} parameters; the launch passes {} pointers{}",
+                    params.len(),
+                    launch.bindings.len(),
+                    if with_blob { " and a scalar blob" } else { "" }
+                ));
+            }
+            if let Some((i, size)) = params
+                .iter()
+                .take(launch.bindings.len())
+                .enumerate()
+                .find(|(_, size)| **size != 8)
+            {
+                return invalid(format!(
+                    "parameter {i} is {size} bytes, but binding {i} passes an 8-byte device pointer"
+                ));
+            }
+            if with_blob && params[passed - 1] != launch.scalars.len() {
+                return invalid(format!(
+                    "the scalar parameter is {} bytes; the blob is {}",
+                    params[passed - 1],
+                    launch.scalars.len()
+                ));
+            }
+        }
+        None if launch.scalars.len() > PARAM_SPACE => {
+            return invalid(format!(
+                "a {}-byte scalar blob exceeds the {PARAM_SPACE}-byte parameter space",
+                launch.scalars.len()
+            ));
+        }
+        None => {}
+    }
+    Ok(())
 }
 
 /// The byte size of each of `function`'s parameters.

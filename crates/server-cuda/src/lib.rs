@@ -35,9 +35,10 @@
 //! cudarc needs one `cuda-*` feature; it picks the bindings and the library
 //! names searched at run time. This crate uses **`cuda-13000`**:
 //!
-//! - The machine it is checked on (an H200 on driver 580) runs CUDA 13.0.
-//!   The driver is backward compatible, so any of cudarc's 12.x or 13.0
-//!   bindings would call it correctly; the choice matters for NVRTC.
+//! - The bindings are CUDA 13.0's, and so are the mock driver's values; the
+//!   crate has not yet run on a GPU or a real driver. A driver is backward
+//!   compatible, so any of cudarc's 12.x or 13.0 bindings would call a 13.x
+//!   one correctly; the choice matters for NVRTC.
 //! - NVRTC is found by soname. With `cuda-12080`, cudarc searches
 //!   `libnvrtc.so`, `.so.12`, `.so.11`, … and would miss a CUDA 13 toolkit's
 //!   `libnvrtc.so.13` unless the development symlink is installed. With
@@ -84,7 +85,8 @@
 //! recognised test kernels, its values are CUDA 13.0's header values taken
 //! from cudarc's bindings, and its idea of which calls are legal is ours,
 //! not NVIDIA's. Only the device tests, on a GPU, measure CUDA: `cargo
-//! xtask bundle --backend cuda` builds them for a lent GPU with no Rust.
+//! xtask bundle --backend cuda` builds them on one machine to run on an
+//! NVIDIA GPU machine without a Rust toolchain.
 
 mod capture;
 mod copy;
@@ -120,6 +122,9 @@ pub struct Cuda {
     capturing: Vec<bool>,
     /// Frees whose last user was capturing: `(stream, memory)`.
     deferred: Vec<(u32, CudaMemory)>,
+    /// Launch parameters for kernels whose signature the driver cannot
+    /// report; made on first use.
+    slack: Option<launch::ParamSlack>,
 }
 
 impl Cuda {
@@ -155,6 +160,7 @@ impl Cuda {
             streams: Vec::new(),
             capturing: Vec::new(),
             deferred: Vec::new(),
+            slack: None,
         })
     }
 
@@ -286,6 +292,10 @@ impl Backend for Cuda {
 
     fn compile(&mut self, kernel: &Kernel) -> Result<CudaKernel> {
         self.compile_kernel(kernel)
+    }
+
+    fn check_launch(&self, kernel: &CudaKernel, launch: &Launch<'_, CudaMemory>) -> Result<()> {
+        launch::check_launch(kernel, launch)
     }
 
     fn launch(

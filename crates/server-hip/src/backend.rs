@@ -89,6 +89,10 @@ impl Backend for Hip {
         Hip::compile(self, kernel)
     }
 
+    fn check_launch(&self, _kernel: &HipKernel, launch: &Launch<'_, HipMemory>) -> Result<()> {
+        crate::launch::check_launch(launch)
+    }
+
     fn launch(
         &mut self,
         stream: &mut HipStream,

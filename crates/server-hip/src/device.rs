@@ -118,6 +118,8 @@ pub struct Hip {
     /// Zeroed launch-parameter scratch: the scalar blob goes at the front,
     /// and is zeroed again after each launch (see `launch.rs`).
     pub(crate) param_scratch: Box<[u8]>,
+    /// The launch-parameter array, pointing into `param_scratch`.
+    pub(crate) param_table: Box<[usize]>,
     streams: Vec<Weak<StreamShared>>,
 }
 
@@ -166,6 +168,8 @@ impl Hip {
             tracing::warn!("hiprtc unavailable, kernels will not compile: {why}");
         }
         tracing::info!(device = %info.name, arch = %info.arch, "HIP device open");
+        let param_scratch: Box<[u8]> = vec![0; 2 * crate::launch::PARAM_SLACK].into_boxed_slice();
+        let param_table = crate::launch::param_table(&param_scratch);
         Ok(Self {
             api,
             info,
@@ -173,7 +177,8 @@ impl Hip {
             pool: Pool::default(),
             staging: Staging::default(),
             read_buffer: None,
-            param_scratch: vec![0; 2 * crate::launch::PARAM_SLACK].into_boxed_slice(),
+            param_scratch,
+            param_table,
             streams: Vec::new(),
         })
     }

@@ -27,8 +27,60 @@ use crate::memory::HipMemory;
 
 /// The most bytes of scalars a launch passes, and the zero padding behind them.
 pub(crate) const PARAM_SLACK: usize = 4096;
-/// Parameter slots past the convention's, each pointing at zeros.
-const SPARE_PARAMS: usize = 16;
+/// Parameter slots in all: one per parameter the largest kernel argument
+/// segment could declare (each takes a byte at least), so a kernel that
+/// declares more than a launch passes finds a slot pointing at zeros for
+/// every one, never the end of the array.
+const PARAM_SLOTS: usize = PARAM_SLACK;
+
+// `Hip::param_table` holds addresses as `usize` and is handed to HIP as an
+// array of pointers.
+const _: () = assert!(size_of::<usize>() == size_of::<*mut c_void>());
+
+/// The largest grid a HIP device runs: `x` up to 2^31 - 1 blocks, `y` and
+/// `z` up to 65,535.
+const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65_535, 65_535];
+
+/// What [`Backend::check_launch`](scope_core::Backend::check_launch) holds a
+/// HIP launch to before its scope opens: a host-given grid inside the
+/// device's, a blob inside the bytes passed by value, and no more
+/// parameters than the table has slots. Each refusal is an invalid argument
+/// that claims nothing.
+pub(crate) fn check_launch(launch: &Launch<'_, HipMemory>) -> Result<()> {
+    let invalid = |why: String| Err(Error::invalid(format!("launch of `{}`", launch.name), why));
+    if let BoundDispatch::Groups(groups) = &launch.dispatch
+        && let Some((axis, (count, max))) = groups
+            .iter()
+            .zip(MAX_GRID)
+            .enumerate()
+            .find(|(_, (count, max))| **count > *max)
+    {
+        return invalid(format!(
+            "{count} blocks along axis {axis} is past the device's {max}"
+        ));
+    }
+    let len = launch.scalars.len();
+    if len > PARAM_SLACK {
+        return invalid(format!(
+            "a {len}-byte scalar blob is past the {PARAM_SLACK} bytes of scalars this server passes by value"
+        ));
+    }
+    let passed = launch.bindings.len() + usize::from(len > 0);
+    if passed > PARAM_SLOTS {
+        return invalid(format!(
+            "{passed} parameters is past the {PARAM_SLOTS} a kernel can take"
+        ));
+    }
+    Ok(())
+}
+
+/// The parameter table a server keeps: [`PARAM_SLOTS`] addresses of the
+/// zeroed back half of `scratch`, which the launch path overwrites at the
+/// front and puts back after each launch.
+pub(crate) fn param_table(scratch: &[u8]) -> Box<[usize]> {
+    let zeros = scratch[PARAM_SLACK..].as_ptr() as usize;
+    vec![zeros; PARAM_SLOTS].into_boxed_slice()
+}
 
 /// A compiled kernel: its module (kept loaded) and entry point.
 pub struct HipKernel {
@@ -146,7 +198,10 @@ impl Hip {
                 [word(0), word(1), word(2)]
             }
         };
-        if grid.contains(&0) {
+        if grid.contains(&0) || grid.iter().zip(MAX_GRID).any(|(count, max)| *count > max) {
+            // A zero runs nothing; so does an indirect count past the
+            // device's grid (host-given ones were refused before the
+            // scope), as on every server.
             return Ok(());
         }
         let mut pointers: Vec<*mut c_void> = launch
@@ -161,42 +216,45 @@ impl Hip {
         // reads zeros, never past host memory: the mismatch becomes wrong
         // values on the device, not a host over-read.
         let len = launch.scalars.len();
-        if len > PARAM_SLACK {
-            return Err(Error::Launch {
-                kernel: launch.name.into(),
-                stream: stream.id,
-                detail: format!(
-                    "a {len}-byte scalar blob is past the {PARAM_SLACK} bytes of scalars this server passes by value"
-                ),
-            });
+        if len > PARAM_SLACK || pointers.len() >= PARAM_SLOTS {
+            return Err(Error::internal(
+                "a HIP launch past the parameter limits reached the device call",
+            ));
         }
         let (blob, zeros) = self.param_scratch.split_at_mut(PARAM_SLACK);
         blob[..len].copy_from_slice(launch.scalars);
-        let mut params: Vec<*mut c_void> = pointers
-            .iter_mut()
-            .map(|p| (p as *mut *mut c_void).cast())
-            .collect();
-        if len > 0 {
-            params.push(blob.as_mut_ptr().cast());
+        let zeros = zeros.as_mut_ptr() as usize;
+        let table = &mut self.param_table;
+        for (slot, p) in table.iter_mut().zip(pointers.iter_mut()) {
+            *slot = p as *mut *mut c_void as usize;
         }
-        params.extend(std::iter::repeat_n(
-            zeros.as_mut_ptr().cast::<c_void>(),
-            SPARE_PARAMS,
-        ));
+        let mut used = pointers.len();
+        if len > 0 {
+            table[used] = blob.as_mut_ptr() as usize;
+            used += 1;
+        }
+        // SAFETY: `usize` and `*mut c_void` have one size (asserted above)
+        // and alignment, and `table` is borrowed exclusively for as long as
+        // `params` lives.
+        let params: &mut [*mut c_void] = unsafe {
+            std::slice::from_raw_parts_mut(table.as_mut_ptr().cast::<*mut c_void>(), table.len())
+        };
         // SAFETY: the kernel's module is loaded for as long as `kernel` (the
         // core keeps compiled kernels until the server drops, after its
         // graphs); `params` point at `pointers` and at the scratch buffer,
-        // alive for the call and padded against a mismatched signature, and
-        // HIP copies the values before returning; each pointer is inside a
-        // live allocation at the binding's offset (validated by the core).
-        // That the kernel's signature matches the binding convention is the
-        // caller's contract with its kernel source.
+        // alive for the call, and hold a slot for every parameter any kernel
+        // could declare, those past the launch's pointing at zeros at least
+        // as long as any parameter — so a kernel whose signature does not
+        // match the launch reads zeros, never past host memory — and HIP
+        // copies the values before returning; each pointer is inside a live
+        // allocation at the binding's offset (validated by the core).
         let launched = unsafe {
             stream
                 .stream()
-                .launch(kernel.function, grid, kernel.block, &mut params)
+                .launch(kernel.function, grid, kernel.block, params)
         };
-        // Restore the all-zero scratch for the next launch.
+        // Restore the all-zero table and scratch for the next launch.
+        self.param_table[..used].fill(zeros);
         blob[..len].fill(0);
         launched.map_err(|e| e.into_error(doing()))
     }

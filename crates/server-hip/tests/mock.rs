@@ -171,12 +171,13 @@ fn hiprtc_is_optional_and_its_absence_is_a_compile_error() {
     assert!(log.contains("hiprtcCreateProgram"), "{log}");
 }
 
-/// A scalar blob larger than the launch scratch is refused as a launch
-/// error, and the outputs carry it.
+/// A scalar blob larger than the launch scratch is an invalid argument,
+/// refused before the launch's scope opens: nothing runs, nothing is
+/// claimed.
 #[test]
-fn an_oversized_scalar_blob_is_a_launch_error() {
+fn an_oversized_scalar_blob_is_an_invalid_argument() {
     let c = client();
-    let out = c.allocate(256).unwrap();
+    let out = c.upload(&[7; 256]).unwrap();
     let error = c
         .launch(
             &common::fill(),
@@ -185,9 +186,11 @@ fn an_oversized_scalar_blob_is_a_launch_error() {
             Dispatch::linear(1),
         )
         .unwrap_err();
-    assert!(matches!(error, Error::Launch { .. }), "{error}");
-    assert!(
-        c.read(&out).is_err(),
-        "the output carries the failed launch"
+    assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
+    assert_eq!(
+        c.read(&out).unwrap(),
+        vec![7; 256],
+        "nothing ran or was claimed"
     );
+    assert_eq!(c.failures_held(), 0);
 }
