@@ -1,0 +1,253 @@
+//! Capture windows and the graph table: opening, ending and aborting a
+//! window, replaying and destroying what it sealed (rules 29–35).
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::*;
+
+impl<B: Backend> Server<B> {
+    /// Whether `capture` was opened on this server.
+    pub(crate) fn owns(&self, capture: &Capture) -> bool {
+        capture.server == self.id
+    }
+
+    /// The stream's open window that `capture` names, or why it names none.
+    pub(super) fn open_window(&self, capture: &Capture) -> Result<usize> {
+        if !self.owns(capture) {
+            return Err(Error::invalid(
+                "capture",
+                format!("{capture:?} belongs to another server"),
+            ));
+        }
+        let index = capture.stream.0 as usize;
+        match self.streams.get(index) {
+            Some(state)
+                if state.window.epoch() == capture.epoch
+                    && state.window.state() == CaptureState::Recording =>
+            {
+                Ok(index)
+            }
+            _ => Err(Error::invalid(
+                "capture",
+                format!("{capture:?} has already ended"),
+            )),
+        }
+    }
+
+    /// Open a window on `stream`; its epoch names it for the `Capture`.
+    pub(crate) fn begin_capture(&mut self, stream: StreamId) -> Result<u64> {
+        self.check_poison()?;
+        let index = self.stream_index(stream);
+        self.streams[index].window.prepare(stream)?;
+        let state = &mut self.streams[index];
+        let started = self
+            .backend
+            .flush(&mut state.device)
+            .and_then(|()| self.backend.begin_capture(&mut state.device));
+        if let Err(error) = started {
+            state.window.abort();
+            return Err(error);
+        }
+        state.window.start()?;
+        Ok(state.window.epoch())
+    }
+
+    pub(crate) fn end_capture(&mut self, by: StreamId, capture: &Capture) -> Result<GraphId> {
+        let index = self.open_window(capture)?;
+        let opened = capture.stream;
+        if let Err(poisoned) = self.check_poison() {
+            // Rule 36: nothing seals on a poisoned device; the window is
+            // thrown away so the stream does not stay recording.
+            self.abort_window(opened);
+            return Err(poisoned);
+        }
+        let end = self.streams[index].window.end(by)?;
+        match end {
+            WindowEnd::Sealable { written, read } => {
+                let sealed = self
+                    .fault(Site::Seal, Some(opened))
+                    .and_then(|()| self.backend.end_capture(&mut self.streams[index].device));
+                match sealed {
+                    Ok(graph) => {
+                        let id = GraphId(self.next_graph);
+                        self.next_graph += 1;
+                        self.graphs.insert(
+                            id,
+                            GraphEntry {
+                                graph,
+                                label: Arc::from(format!("replay of {id}")),
+                                written,
+                                read,
+                            },
+                        );
+                        Ok(id)
+                    }
+                    Err(reason) => {
+                        self.backend.abort_capture(&mut self.streams[index].device);
+                        let error = Error::Unsealed {
+                            stream: opened,
+                            reason: Arc::new(reason),
+                        };
+                        Err(self.unsealed(opened, &written, error))
+                    }
+                }
+            }
+            WindowEnd::Unsealable(written, error) => {
+                self.backend.abort_capture(&mut self.streams[index].device);
+                Err(self.unsealed(opened, &written, error))
+            }
+        }
+    }
+
+    pub(super) fn unsealed(
+        &mut self,
+        stream: StreamId,
+        written: &[BufferRange],
+        error: Error,
+    ) -> Error {
+        tracing::warn!(%stream, "capture cannot seal: {error}");
+        self.table
+            .claim_failed(written, Work::new(WorkKind::Settle, stream), error.clone());
+        self.on_failure(stream, &error);
+        if let Error::Unsealed { reason, .. } = &error
+            && reason.is_sticky()
+        {
+            self.poison_with(reason);
+        }
+        error
+    }
+
+    /// Throw the window `capture` names away (see [`abort_window`](Self::abort_window)).
+    pub(crate) fn abort_capture(&mut self, capture: &Capture) -> Result<()> {
+        self.open_window(capture)?;
+        self.abort_window(capture.stream);
+        Ok(())
+    }
+
+    /// Throw `stream`'s window away. Its clean work healed what it wrote when
+    /// it was recorded, because recording is its submission (rule 23);
+    /// withdrawn, that work will never run, so its write set is claimed
+    /// again. Allowed on a poisoned device: it issues no work.
+    pub(super) fn abort_window(&mut self, stream: StreamId) {
+        let index = self.stream_index(stream);
+        let state = &mut self.streams[index];
+        let was = state.window.state();
+        let written = state.window.abort();
+        if was == CaptureState::Recording {
+            self.backend.abort_capture(&mut state.device);
+        }
+        if !written.is_empty() {
+            let error = Error::Unsealed {
+                stream,
+                reason: Arc::new(Error::refused(
+                    "the capture was aborted, so its recorded work never runs",
+                )),
+            };
+            self.table
+                .claim_failed(&written, Work::new(WorkKind::Settle, stream), error);
+        }
+    }
+
+    pub(crate) fn capture_state(&self, stream: StreamId) -> CaptureState {
+        self.streams[self.stream_index(stream)].window.state()
+    }
+
+    pub(super) fn graph_entry(&self, graph: &Graph) -> Result<&GraphEntry<B::Graph>> {
+        if graph.server != self.id {
+            return Err(Error::invalid(
+                "graph",
+                format!("{} belongs to another server", graph.id),
+            ));
+        }
+        self.graphs
+            .get(&graph.id)
+            .ok_or_else(|| Error::invalid("graph", format!("{} is unknown or destroyed", graph.id)))
+    }
+
+    pub(crate) fn replay(&mut self, stream: StreamId, graph: &Graph) -> Result<()> {
+        self.check_poison()?;
+        self.refuse_if_recording(stream, "a replay")?;
+        let entry = self.graph_entry(graph)?;
+        if let Some(gone) = entry
+            .written
+            .iter()
+            .chain(&entry.read)
+            .find(|r| !self.table.is_live(r.buffer))
+        {
+            return Err(Error::invalid(
+                "graph",
+                format!("{} uses {}, which was freed", graph.id, gone.buffer),
+            ));
+        }
+        let label = entry.label.clone();
+        let read = entry.read.clone();
+        let graph_written = entry.written.clone();
+        let mut written = self.write_set();
+        written.extend_from_slice(&graph_written);
+        let touched: SmallVec<[BufferId; 8]> =
+            written.iter().chain(&read).map(|r| r.buffer).collect();
+        self.refuse_recorded_elsewhere(stream, &touched)?;
+        let id = graph.id;
+        let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
+            |server, written| {
+                server.issue(Site::Replay, stream, touched, written, |d| {
+                    let entry = d.graphs.get(&id).ok_or_else(|| {
+                        Error::internal("a graph left the table inside its own replay")
+                    })?;
+                    d.backend
+                        .replay(d.stream, &entry.graph)
+                        .map_err(|e| match e {
+                            e @ Error::Fault(_) => e,
+                            other => Error::Replay {
+                                graph: id,
+                                stream,
+                                detail: other.to_string(),
+                            },
+                        })
+                })
+            },
+        );
+        self.conclude(stream, outcome)
+    }
+
+    pub(crate) fn destroy_graph(&mut self, graph: &Graph) -> Result<()> {
+        self.graph_entry(graph)?;
+        self.destroy_graph_id(graph.id)
+    }
+
+    /// Destroy a graph in the table. Allowed on a poisoned device — it
+    /// releases rather than issues, and the waits it makes fail fast there —
+    /// so a runtime can still tear down.
+    pub(super) fn destroy_graph_id(&mut self, id: GraphId) -> Result<()> {
+        let Some(entry) = self.graphs.remove(&id) else {
+            return Err(Error::invalid(
+                "graph",
+                format!("{id} is unknown or destroyed"),
+            ));
+        };
+        // The backend destroys the graph whatever the fault plan says: an
+        // injected failure stands for one that waiting on the replays in
+        // flight surfaced, not for skipping that wait (rule 35), which
+        // would free a graph a replay may still be running.
+        let injected = self.fault(Site::Destroy, None);
+        let destroyed = self.backend.destroy_graph(entry.graph);
+        if let (Err(_), Err(lost)) = (&injected, &destroyed) {
+            tracing::warn!(graph = %id, "destroying the graph also failed: {lost}");
+        }
+        let result = injected.and(destroyed);
+        if let Err(error) = result {
+            self.table.claim_failed(
+                &entry.written,
+                Work::new(WorkKind::Replay, StreamId(0)),
+                error.clone(),
+            );
+            if error.is_sticky() {
+                self.poison_with(&error);
+            }
+            return Err(error);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,187 @@
+//! Handles and their validation: streams, buffers, and every range a call
+//! names, resolved against the table before anything else happens, so bad
+//! input is a typed error that changes nothing.
+
+use super::*;
+
+impl<B: Backend> Server<B> {
+    /// Resolve `slice` of `buffer` to a validated range of a live buffer.
+    pub(crate) fn resolve(
+        &self,
+        buffer: &Buffer,
+        range: ByteRange,
+        what: &str,
+    ) -> Result<BufferRange> {
+        self.resolve_with(buffer, range, &|| what.to_owned())
+    }
+
+    /// [`resolve`](Self::resolve), naming the argument only on error: a
+    /// launch must not format a string per binding on the success path.
+    pub(super) fn resolve_with(
+        &self,
+        buffer: &Buffer,
+        range: ByteRange,
+        what: &dyn Fn() -> String,
+    ) -> Result<BufferRange> {
+        if buffer.server() != self.id {
+            return Err(Error::invalid(
+                what(),
+                format!("{} belongs to another server", buffer.id()),
+            ));
+        }
+        let Some(entry) = self.table.get(buffer.id()) else {
+            return Err(Error::invalid(what(), format!("{} was freed", buffer.id())));
+        };
+        if range.end < range.start {
+            return Err(Error::invalid(
+                what(),
+                format!(
+                    "range {}..{} of {} is reversed",
+                    range.start,
+                    range.end,
+                    buffer.id()
+                ),
+            ));
+        }
+        if range.is_empty() {
+            return Err(Error::invalid(
+                what(),
+                format!("empty range of {}", buffer.id()),
+            ));
+        }
+        if range.end > entry.size {
+            return Err(Error::invalid(
+                what(),
+                format!(
+                    "{range} runs past the end of {}, which holds {} bytes",
+                    buffer.id(),
+                    entry.size
+                ),
+            ));
+        }
+        Ok(BufferRange {
+            buffer: buffer.id(),
+            range,
+        })
+    }
+
+    pub(super) fn resolve_copy_range(&self, slice: Slice<'_>, what: &str) -> Result<BufferRange> {
+        let r = self.resolve(slice.buffer, slice.range, what)?;
+        if r.range.start % COPY_ALIGNMENT != 0 || r.range.len() % COPY_ALIGNMENT != 0 {
+            return Err(Error::invalid(
+                what,
+                format!("{r}: host and device copies move whole {COPY_ALIGNMENT}-byte words"),
+            ));
+        }
+        Ok(r)
+    }
+
+    pub(super) fn memory(&self, id: BufferId) -> Option<&B::Memory> {
+        self.table.memory(id).ok()
+    }
+
+    /// The error an operation on a buffer without memory gets.
+    pub(super) fn require_memory(&self, r: BufferRange) -> Result<()> {
+        match self.memory(r.buffer) {
+            Some(_) => Ok(()),
+            None => Err(self.table.unallocated_error(r.buffer)),
+        }
+    }
+
+    pub(crate) fn create_stream(&mut self) -> Result<StreamId> {
+        self.check_poison()?;
+        let id = StreamId(
+            u32::try_from(self.streams.len()).map_err(|_| Error::refused("too many streams"))?,
+        );
+        let device = self.backend.create_stream(id)?;
+        self.streams.push(StreamState {
+            device,
+            window: CaptureWindow::new(),
+            in_flight: Vec::new(),
+            failures_seen: 0,
+        });
+        Ok(id)
+    }
+
+    pub(crate) fn allocate(
+        &mut self,
+        stream: StreamId,
+        size: u64,
+        keep_failed: bool,
+    ) -> Result<BufferId> {
+        self.check_poison()?;
+        if size == 0 {
+            return Err(Error::invalid("allocation size", "zero bytes"));
+        }
+        let max = self.backend.max_allocation();
+        if size > max {
+            return Err(Error::invalid(
+                "allocation size",
+                format!(
+                    "{size} bytes is past {}'s largest allocation of {max} bytes",
+                    B::NAME
+                ),
+            ));
+        }
+        let index = self.stream_index(stream);
+        let mut result = self
+            .fault(Site::Allocate, Some(stream))
+            .and_then(|()| self.backend.allocate(&mut self.streams[index].device, size));
+        if matches!(&result, Err(e) if e.is_out_of_memory()) {
+            // Rule 37: reclaim what the pool caches and try once more.
+            self.backend.trim();
+            result = self
+                .fault(Site::Allocate, Some(stream))
+                .and_then(|()| self.backend.allocate(&mut self.streams[index].device, size));
+        }
+        match result {
+            Ok(memory) => Ok(self.table.insert(size, Some(memory), None, stream)),
+            Err(error) => {
+                if error.is_sticky() {
+                    self.poison_with(&error);
+                    return Err(error);
+                }
+                if !keep_failed {
+                    return Err(error);
+                }
+                tracing::warn!(%stream, "allocation of {size} bytes failed: {error}");
+                let record = self
+                    .table
+                    .failures()
+                    .mint_failed(Work::new(WorkKind::Allocate, stream), error);
+                let id = self.table.insert(size, None, Some(record), stream);
+                Ok(id)
+            }
+        }
+    }
+
+    /// Release what a dropped handle named (see `client::Dropped`).
+    pub(crate) fn release(&mut self, dropped: Dropped) {
+        match dropped {
+            Dropped::Buffer(id) => self.free(id),
+            Dropped::Capture { stream, epoch } => {
+                let index = stream.0 as usize;
+                if index < self.streams.len()
+                    && self.streams[index].window.epoch() == epoch
+                    && self.streams[index].window.state() == CaptureState::Recording
+                {
+                    tracing::warn!(%stream, "a capture was dropped without being ended: aborted");
+                    self.abort_window(stream);
+                }
+            }
+            Dropped::Graph(id) => {
+                if self.graphs.contains_key(&id)
+                    && let Err(error) = self.destroy_graph_id(id)
+                {
+                    tracing::warn!(graph = %id, "destroying a dropped graph failed: {error}");
+                }
+            }
+        }
+    }
+
+    pub(crate) fn free(&mut self, id: BufferId) {
+        if let Some(memory) = self.table.remove(id) {
+            self.backend.free(memory);
+        }
+    }
+}

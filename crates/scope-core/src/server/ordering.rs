@@ -1,0 +1,284 @@
+//! Ordering, in-flight work and poison: the one order every unit of work
+//! takes — refuse a use across a capture, wait for the streams that used its
+//! buffers last, issue, conclude — and the attribution of faults that
+//! surface later (rules 23, 36).
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::*;
+
+impl<B: Backend> Server<B> {
+    pub(super) fn check_poison(&self) -> Result<()> {
+        match &self.poison {
+            Some(fault) => Err(Error::DevicePoisoned {
+                fault: fault.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn refuse_if_recording(&self, stream: StreamId, what: &str) -> Result<()> {
+        if self.streams[self.stream_index(stream)].window.state() != CaptureState::NoCapture {
+            return Err(Error::refused(format!(
+                "{what} on {stream} while it is capturing: the recorded work has not run"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuse, changing nothing, a use on `stream` of a buffer whose last
+    /// use was recorded in another stream's open window: that work runs only
+    /// at replay, so nothing can be ordered after it. A buffer the capturing
+    /// stream used only before its capture began is not refused — `stream`
+    /// is ordered after that earlier work — unless `stream` records too (a
+    /// capture cannot wait on another capturing stream's work).
+    ///
+    /// Each call of the contract asks this before its scope opens, so a
+    /// refusal is the caller's error, not a device failure (rule 38): it
+    /// claims nothing, fires no hook, and a retry is refused the same way
+    /// until the capture ends.
+    pub(super) fn refuse_recorded_elsewhere(
+        &self,
+        stream: StreamId,
+        touched: &[BufferId],
+    ) -> Result<()> {
+        // The common case, and the launch path's: nothing is capturing.
+        if self
+            .streams
+            .iter()
+            .all(|s| s.window.state() == CaptureState::NoCapture)
+        {
+            return Ok(());
+        }
+        let to = self.stream_index(stream);
+        let to_records = self.streams[to].window.state() != CaptureState::NoCapture;
+        for &id in touched {
+            let Some(entry) = self.table.get(id) else {
+                continue;
+            };
+            let from = entry.last_user.0 as usize;
+            if from == to || from >= self.streams.len() {
+                continue;
+            }
+            let window = &self.streams[from].window;
+            if window.state() == CaptureState::NoCapture {
+                continue;
+            }
+            let other = StreamId(from as u32);
+            if window.touches(id) {
+                return Err(Error::refused(format!(
+                    "{id} was last used by work recorded on {other}, which has not run; \
+                     use it from {stream} after that capture ends"
+                )));
+            }
+            if to_records {
+                return Err(Error::refused(format!(
+                    "{id} was last used on {other}, which is capturing, and {stream} is \
+                     capturing too: one capture cannot wait for another's stream; use it \
+                     after one of them ends"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Make `stream` wait for the last other stream that used each of
+    /// `touched`, then mark them used by `stream` (and, while `stream`
+    /// records, used by its window). Callers have asked
+    /// [`refuse_recorded_elsewhere`](Self::refuse_recorded_elsewhere) first,
+    /// before opening their scope; nothing between changes a last user.
+    ///
+    /// The new last users are recorded only once every wait is set up: a
+    /// failed wait leaves the buffers' last users as they were, so the next
+    /// use still waits for the stream that really used them last.
+    pub(super) fn order(
+        &mut self,
+        stream: StreamId,
+        touched: impl IntoIterator<Item = BufferId>,
+    ) -> Result<()> {
+        let to = self.stream_index(stream);
+        let touched: SmallVec<[BufferId; 8]> = touched.into_iter().collect();
+        debug_assert!(
+            self.refuse_recorded_elsewhere(stream, &touched).is_ok(),
+            "a cross-capture use must be refused before its scope opens"
+        );
+        let mut waited: SmallVec<[usize; 4]> = SmallVec::new();
+        for &id in &touched {
+            let Some(entry) = self.table.get(id) else {
+                continue;
+            };
+            let from = entry.last_user.0 as usize;
+            if from == to || from >= self.streams.len() || waited.contains(&from) {
+                continue;
+            }
+            waited.push(from);
+            let recording = self.streams[to].window.state() != CaptureState::NoCapture;
+            let (first, then) = two(&mut self.streams, from, to);
+            // `first` may be capturing, if this buffer's last use on it came
+            // before the capture began (the refusal above let it through):
+            // every backend's `order` then waits for its work before the
+            // capture, which is all of it that runs.
+            if recording {
+                // A recording stream cannot wait on work outside its graph;
+                // finish that work on the host instead.
+                self.backend.sync(&mut first.device)?;
+                first.in_flight.clear();
+            } else {
+                self.backend.order(&mut first.device, &mut then.device)?;
+            }
+        }
+        for id in touched {
+            self.streams[to].window.touch(id);
+            if let Some(entry) = self.table.get_mut(id) {
+                entry.last_user = stream;
+            }
+        }
+        Ok(())
+    }
+
+    /// The body every unit of device work shares — a host write, a copy, a
+    /// launch, a replay — in its one order: the fault plan, waits on the
+    /// streams that used `touched` last, the device call, and the note that
+    /// the call's write set is in flight. Written once, no path can skip a
+    /// step or take them in another order.
+    pub(super) fn issue(
+        &mut self,
+        site: Site,
+        stream: StreamId,
+        touched: impl IntoIterator<Item = BufferId>,
+        written: &[BufferRange],
+        call: impl FnOnce(Issue<'_, B>) -> Result<()>,
+    ) -> Result<()> {
+        self.fault(site, Some(stream))?;
+        self.order(stream, touched)?;
+        let index = self.stream_index(stream);
+        let Server {
+            backend,
+            table,
+            streams,
+            kernels,
+            graphs,
+            ..
+        } = self;
+        call(Issue {
+            backend,
+            stream: &mut streams[index].device,
+            table,
+            kernels,
+            graphs,
+        })?;
+        self.note_in_flight(stream, written);
+        Ok(())
+    }
+
+    /// Remember that submitted work on `stream` writes `written`. Only
+    /// remembers: bounding the list is [`conclude`](Self::conclude)'s, after
+    /// the work's scope has settled, so that a fault the bounding sync
+    /// surfaces is attributed after — not healed by — the clean exit.
+    pub(super) fn note_in_flight(&mut self, stream: StreamId, written: &[BufferRange]) {
+        let index = self.stream_index(stream);
+        let state = &mut self.streams[index];
+        if state.window.is_recording() {
+            return;
+        }
+        for w in written {
+            let recent = state.in_flight.len().saturating_sub(8);
+            if !state.in_flight[recent..].contains(w) {
+                state.in_flight.push(*w);
+            }
+        }
+    }
+
+    pub(super) fn sync_stream(&mut self, stream: StreamId) -> Result<()> {
+        let index = self.stream_index(stream);
+        let result = self
+            .fault(Site::Sync, Some(stream))
+            .and_then(|()| self.backend.sync(&mut self.streams[index].device));
+        match result {
+            Ok(()) => {
+                self.streams[index].in_flight.clear();
+                Ok(())
+            }
+            Err(error) => {
+                self.settle(stream, &error);
+                Err(error)
+            }
+        }
+    }
+
+    /// A device call outside any scope failed with `error`: attribute it to
+    /// what is in flight on `stream` (rule 23), and poison on a sticky fault
+    /// (rule 36).
+    pub(super) fn settle(&mut self, stream: StreamId, error: &Error) {
+        if !matches!(error, Error::Fault(_)) {
+            return;
+        }
+        self.on_failure(stream, error);
+        if error.is_sticky() {
+            self.poison_with(error);
+            return;
+        }
+        let index = self.stream_index(stream);
+        let in_flight = std::mem::take(&mut self.streams[index].in_flight);
+        self.table.claim_failed(
+            &in_flight,
+            Work::new(WorkKind::Settle, stream),
+            error.clone(),
+        );
+    }
+
+    /// Poison the device with `fault`: every later operation fails fast, and
+    /// every buffer written by work in flight on any stream carries it.
+    pub(super) fn poison_with(&mut self, fault: &Error) {
+        if self.poison.is_some() {
+            return;
+        }
+        tracing::error!("device poisoned: {fault}");
+        let fault = Arc::new(fault.clone());
+        self.poison = Some(fault.clone());
+        let in_flight: Vec<BufferRange> = self
+            .streams
+            .iter_mut()
+            .flat_map(|s| std::mem::take(&mut s.in_flight))
+            .collect();
+        self.table.claim_failed(
+            &in_flight,
+            Work::new(WorkKind::Settle, StreamId(0)),
+            Error::DevicePoisoned { fault },
+        );
+    }
+
+    /// The end of a scope on `stream`, in the one order every unit of work
+    /// takes after its scope settled:
+    ///
+    /// 1. a sticky fault poisons the device (rule 36);
+    /// 2. any other device fault means the stream lost what it had
+    ///    submitted, not only this work (a failed batch submit, say), so the
+    ///    write sets in flight on it take the fault too (rule 23);
+    /// 3. the in-flight list is bounded: past its limit the stream is synced,
+    ///    and a fault that sync surfaces lands on what was in flight.
+    pub(super) fn conclude<R>(&mut self, stream: StreamId, outcome: ScopedOutcome<R>) -> Result<R> {
+        if let ScopedOutcome::Failed(error) = &outcome {
+            if error.is_sticky() {
+                self.poison_with(error);
+            } else if matches!(error, Error::Fault(_)) {
+                let index = self.stream_index(stream);
+                let in_flight = std::mem::take(&mut self.streams[index].in_flight);
+                self.table.claim_failed(
+                    &in_flight,
+                    Work::new(WorkKind::Settle, stream),
+                    error.clone(),
+                );
+            }
+        }
+        let index = self.stream_index(stream);
+        if self.streams[index].in_flight.len() >= IN_FLIGHT_LIMIT {
+            // Attributed by `sync_stream` itself; the work concluded here
+            // succeeded or failed on its own account.
+            let _ = self.sync_stream(stream);
+        }
+        outcome.into_result()
+    }
+}

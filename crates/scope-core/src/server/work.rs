@@ -1,0 +1,404 @@
+//! The contract's operations on memory and kernels: host writes and reads,
+//! device copies, compiles, launches, syncs and checks, each a scope around
+//! [`Server::issue`](super::Server) (rules 15–28).
+
+use smallvec::SmallVec;
+
+use super::*;
+
+impl<B: Backend> Server<B> {
+    pub(crate) fn write(&mut self, stream: StreamId, dst: Slice<'_>, data: &[u8]) -> Result<()> {
+        self.check_poison()?;
+        let r = self.resolve_copy_range(dst, "write destination")?;
+        if data.len() as u64 != r.range.len() {
+            return Err(Error::invalid(
+                "write",
+                format!("{} bytes given for {r}", data.len()),
+            ));
+        }
+        self.require_memory(r)?;
+        self.refuse_recorded_elsewhere(stream, &[r.buffer])?;
+        let mut written = self.write_set();
+        written.push(r);
+        let outcome = ExecuteScope::over(self, Work::new(WorkKind::Write, stream), written)
+            .execute(|server, written| {
+                server.issue(Site::Write, stream, [r.buffer], written, |d| {
+                    let memory = d.table.memory(r.buffer)?;
+                    d.backend.write(d.stream, memory, r.range.start, data)
+                })
+            });
+        self.conclude(stream, outcome)
+    }
+
+    /// A read into a new vector, sized only after everything a read checks
+    /// has passed (rule 24: a read tests its ranges first and does nothing
+    /// else): a bogus range, or a failed buffer of any size, must be an error,
+    /// not an allocation of its length. The allocation itself is fallible:
+    /// room the host cannot give is [`Error::OutOfMemory`], never an abort.
+    pub(crate) fn read_vec(&mut self, stream: StreamId, src: Slice<'_>) -> Result<Vec<u8>> {
+        let r = self.check_read(stream, src)?;
+        let mut out = host_vec(r.range.len())?;
+        self.read_checked(stream, r, &mut out)?;
+        Ok(out)
+    }
+
+    /// What every read checks before it touches the device or the host's
+    /// memory: poison, the range, recording, the claims, memory, and a use
+    /// across a capture.
+    pub(super) fn check_read(&mut self, stream: StreamId, src: Slice<'_>) -> Result<BufferRange> {
+        self.check_poison()?;
+        let r = self.resolve_copy_range(src, "read source")?;
+        self.refuse_if_recording(stream, "a host read")?;
+        self.table.check(&[r])?;
+        self.require_memory(r)?;
+        // Before the device call, so before its injected fault too.
+        self.refuse_recorded_elsewhere(stream, &[r.buffer])?;
+        Ok(r)
+    }
+
+    pub(crate) fn read(&mut self, stream: StreamId, src: Slice<'_>, out: &mut [u8]) -> Result<()> {
+        self.check_poison()?;
+        let r = self.resolve_copy_range(src, "read source")?;
+        if out.len() as u64 != r.range.len() {
+            return Err(Error::invalid(
+                "read",
+                format!("{} bytes of room for {r}", out.len()),
+            ));
+        }
+        let r = self.check_read(stream, src)?;
+        self.read_checked(stream, r, out)
+    }
+
+    pub(super) fn read_checked(
+        &mut self,
+        stream: StreamId,
+        r: BufferRange,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let result = self
+            .fault(Site::Read, Some(stream))
+            .and_then(|()| self.device_read(stream, r, out));
+        match result {
+            Ok(()) => {
+                let index = self.stream_index(stream);
+                self.streams[index].in_flight.clear();
+                Ok(())
+            }
+            Err(error) => {
+                self.settle(stream, &error);
+                Err(error)
+            }
+        }
+    }
+
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn peek_vec(&mut self, stream: StreamId, src: Slice<'_>) -> Result<Vec<u8>> {
+        let r = self.resolve_copy_range(src, "peek source")?;
+        self.refuse_if_recording(stream, "a peek")?;
+        self.require_memory(r)?;
+        self.refuse_recorded_elsewhere(stream, &[r.buffer])?;
+        let mut out = host_vec(r.range.len())?;
+        self.device_read(stream, r, &mut out)?;
+        Ok(out)
+    }
+
+    /// Read `r` on the device, after ordering `stream` behind its last user
+    /// (the caller has refused a cross-capture use).
+    pub(super) fn device_read(
+        &mut self,
+        stream: StreamId,
+        r: BufferRange,
+        out: &mut [u8],
+    ) -> Result<()> {
+        self.order(stream, [r.buffer])?;
+        let index = self.stream_index(stream);
+        let Server {
+            backend,
+            table,
+            streams,
+            ..
+        } = self;
+        backend.read(
+            &mut streams[index].device,
+            table.memory(r.buffer)?,
+            r.range.start,
+            out,
+        )
+    }
+
+    pub(crate) fn copy(&mut self, stream: StreamId, src: Slice<'_>, dst: Slice<'_>) -> Result<()> {
+        self.check_poison()?;
+        let s = self.resolve_copy_range(src, "copy source")?;
+        let d = self.resolve_copy_range(dst, "copy destination")?;
+        if s.range.len() != d.range.len() {
+            return Err(Error::invalid(
+                "copy",
+                format!("source {s} and destination {d} differ in length"),
+            ));
+        }
+        if s.buffer == d.buffer && s.range.intersects(d.range) {
+            return Err(Error::invalid("copy", format!("{s} and {d} overlap")));
+        }
+        self.require_memory(d)?;
+        self.refuse_recorded_elsewhere(stream, &[s.buffer, d.buffer])?;
+        let mut written = self.write_set();
+        written.push(d);
+        let label = self.copy_label.clone();
+        let read = [s];
+        let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
+            |server, written| {
+                server.issue(Site::Copy, stream, [s.buffer, d.buffer], written, |dev| {
+                    let (src, dst) = (dev.table.memory(s.buffer)?, dev.table.memory(d.buffer)?);
+                    dev.backend.copy(
+                        dev.stream,
+                        src,
+                        s.range.start,
+                        dst,
+                        d.range.start,
+                        s.range.len(),
+                    )
+                })
+            },
+        );
+        self.conclude(stream, outcome)
+    }
+
+    pub(crate) fn compile(&mut self, stream: StreamId, kernel: &Kernel) -> Result<()> {
+        self.check_poison()?;
+        self.ensure_compiled(stream, kernel)
+    }
+
+    pub(super) fn ensure_compiled(&mut self, stream: StreamId, kernel: &Kernel) -> Result<()> {
+        if self.kernels.contains_key(&kernel.id()) {
+            return Ok(());
+        }
+        let language = kernel.source().language();
+        if !self.backend.accepts(language) {
+            return Err(Error::Compile {
+                backend: B::NAME,
+                kernel: kernel.name().clone(),
+                log: format!("{} does not take {language} kernels", B::NAME),
+            });
+        }
+        let compiled = self
+            .fault(Site::Compile, Some(stream))
+            .and_then(|()| self.backend.compile(kernel));
+        match compiled {
+            Ok(compiled) => {
+                self.kernels.insert(kernel.id(), compiled);
+                Ok(())
+            }
+            Err(error) => {
+                // A driver that faults while loading a module is as
+                // poisoned as one that faults running it (rule 36).
+                if error.is_sticky() {
+                    self.poison_with(&error);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    pub(crate) fn launch(
+        &mut self,
+        stream: StreamId,
+        kernel: &Kernel,
+        bindings: &[Binding<'_>],
+        scalars: &[u8],
+        dispatch: Dispatch<'_>,
+    ) -> Result<()> {
+        self.check_poison()?;
+        let alignment = self.backend.binding_alignment();
+        let mut resolved: SmallVec<[(BufferRange, Access); 8]> = SmallVec::new();
+        let mut read: SmallVec<[BufferRange; 8]> = SmallVec::new();
+        for (i, binding) in bindings.iter().enumerate() {
+            let what = || format!("binding {i} of `{}`", kernel.name());
+            let r = self.resolve_with(binding.slice.buffer, binding.slice.range, &what)?;
+            if r.range.start % alignment != 0 {
+                return Err(Error::invalid(
+                    what(),
+                    format!("offset {} is not a multiple of {alignment}", r.range.start),
+                ));
+            }
+            if r.range.len() % 4 != 0 {
+                return Err(Error::invalid(
+                    what(),
+                    format!("{} is not whole 4-byte words", r.range),
+                ));
+            }
+            if binding.access.reads() {
+                read.push(r);
+            }
+            resolved.push((r, binding.access));
+        }
+        let groups = match dispatch {
+            Dispatch::Groups(groups) => Some(groups),
+            Dispatch::Indirect(slice) => {
+                let r = self.resolve(slice.buffer, slice.range, "indirect dispatch")?;
+                if r.range.len() != 12 || r.range.start % 4 != 0 {
+                    return Err(Error::invalid(
+                        "indirect dispatch",
+                        format!("{r} must be three aligned u32 counts (12 bytes)"),
+                    ));
+                }
+                read.push(r);
+                resolved.push((r, Access::Read));
+                None
+            }
+        };
+        let touched: SmallVec<[BufferId; 8]> = resolved.iter().map(|(r, _)| r.buffer).collect();
+        self.refuse_recorded_elsewhere(stream, &touched)?;
+        let runs_nothing = groups.is_some_and(|g| g.contains(&0));
+        let mut written = self.write_set();
+        if groups.is_none() {
+            // An indirect launch's counts are on the device: the core cannot
+            // know, when the launch concludes, whether it wrote anything (a
+            // zero count, or one past the device's limit, runs nothing). So
+            // it heals nothing: bytes that carried a failure keep it, and
+            // only bytes that were clean are in its write set — clean
+            // whether it ran or not, and claimed if it fails.
+            for (r, _) in resolved.iter().filter(|(_, a)| a.writes()) {
+                self.table.unclaimed(*r, &mut written);
+            }
+        } else if !runs_nothing {
+            written.extend(resolved.iter().filter(|(_, a)| a.writes()).map(|(r, _)| *r));
+        }
+        let name = kernel.name().clone();
+        // Work that never started: a buffer with no memory to write, a
+        // kernel that does not compile (rule 21).
+        if let Some(&(unallocated, _)) = resolved
+            .iter()
+            .find(|(r, a)| a.writes() && self.memory(r.buffer).is_none())
+        {
+            let error = self.table.unallocated_error(unallocated.buffer);
+            written.retain(|w| w.buffer != unallocated.buffer);
+            return Err(failed_writing(
+                self,
+                Work::new(WorkKind::Launch, stream),
+                written,
+                error,
+            ));
+        }
+        if let Err(error) = self.ensure_compiled(stream, kernel) {
+            return Err(failed_writing(
+                self,
+                Work::new(WorkKind::Launch, stream),
+                written,
+                error,
+            ));
+        }
+        let id = kernel.id();
+        self.check_launch(id, &name, &resolved, scalars, groups)?;
+        let outcome = ExecuteScope::launching(self, &name, stream, &read, written).execute(
+            |server, written| {
+                if runs_nothing {
+                    return Ok(());
+                }
+                let touched = resolved.iter().map(|(r, _)| r.buffer);
+                server.issue(Site::Launch, stream, touched, written, |d| {
+                    let mut bound: SmallVec<[Bound<'_, B::Memory>; 8]> = SmallVec::new();
+                    for (r, access) in &resolved {
+                        bound.push(Bound {
+                            memory: d.table.memory(r.buffer)?,
+                            offset: r.range.start,
+                            len: r.range.len(),
+                            access: *access,
+                        });
+                    }
+                    let dispatch = match groups {
+                        Some(groups) => BoundDispatch::Groups(groups),
+                        None => {
+                            let last = bound.pop().ok_or_else(|| {
+                                Error::internal("an indirect launch lost its counts binding")
+                            })?;
+                            BoundDispatch::Indirect {
+                                memory: last.memory,
+                                offset: last.offset,
+                            }
+                        }
+                    };
+                    let compiled = d.kernels.get(&id).ok_or_else(|| {
+                        Error::internal("a compiled kernel is missing from the cache")
+                    })?;
+                    d.backend.launch(
+                        d.stream,
+                        compiled,
+                        &Launch {
+                            name: &name,
+                            bindings: &bound,
+                            scalars,
+                            dispatch,
+                        },
+                    )
+                })
+            },
+        );
+        self.conclude(stream, outcome)
+    }
+
+    /// The backend's own limits, checked before the launch's scope opens so
+    /// that a launch no device could run is refused like any other bad
+    /// argument ([`Backend::check_launch`]). A binding without memory is left
+    /// to the scope, which skips or claims it.
+    pub(super) fn check_launch(
+        &self,
+        id: KernelId,
+        name: &str,
+        resolved: &[(BufferRange, Access)],
+        scalars: &[u8],
+        groups: Option<[u32; 3]>,
+    ) -> Result<()> {
+        let Some(compiled) = self.kernels.get(&id) else {
+            return Ok(());
+        };
+        let mut bound: SmallVec<[Bound<'_, B::Memory>; 8]> = SmallVec::new();
+        for (r, access) in resolved {
+            let Some(memory) = self.memory(r.buffer) else {
+                return Ok(());
+            };
+            bound.push(Bound {
+                memory,
+                offset: r.range.start,
+                len: r.range.len(),
+                access: *access,
+            });
+        }
+        let dispatch = match groups {
+            Some(groups) => BoundDispatch::Groups(groups),
+            None => match bound.pop() {
+                Some(last) => BoundDispatch::Indirect {
+                    memory: last.memory,
+                    offset: last.offset,
+                },
+                None => return Ok(()),
+            },
+        };
+        self.backend.check_launch(
+            compiled,
+            &Launch {
+                name,
+                bindings: &bound,
+                scalars,
+                dispatch,
+            },
+        )
+    }
+
+    pub(crate) fn sync(&mut self, stream: StreamId, buffers: &[Slice<'_>]) -> Result<()> {
+        self.check_poison()?;
+        if !buffers.is_empty() {
+            self.check(buffers)?;
+        }
+        self.refuse_if_recording(stream, "a sync")?;
+        self.sync_stream(stream)
+    }
+
+    pub(crate) fn check(&mut self, slices: &[Slice<'_>]) -> Result<()> {
+        self.check_poison()?;
+        let mut ranges = Vec::with_capacity(slices.len());
+        for (i, slice) in slices.iter().enumerate() {
+            ranges.push(self.resolve(slice.buffer, slice.range, &format!("slice {i}"))?);
+        }
+        self.table.check(&ranges)
+    }
+}
