@@ -79,6 +79,11 @@ pub struct HostKernel {
     bindings: Option<usize>,
 }
 
+/// The most workgroups a host launch runs in each dimension, as a GPU has a
+/// grid limit: a host-given count past it is an invalid argument, and an
+/// indirect one runs nothing.
+pub const MAX_GROUPS: u32 = 65_535;
+
 /// Read `bytes` as little-endian `u32` words.
 pub fn words(bytes: &[u8]) -> Vec<u32> {
     bytes
@@ -153,7 +158,10 @@ impl Op {
                         [w[0], w[1], w[2]]
                     }
                 };
-                if groups.contains(&0) {
+                if groups.contains(&0) || groups.iter().any(|&g| g > MAX_GROUPS) {
+                    // A zero runs nothing; so does an indirect count past
+                    // the limit (a host-given one was refused before the
+                    // scope), as on every server.
                     return Ok(());
                 }
                 let mut scratch: Vec<Vec<u8>> = bindings
@@ -455,6 +463,14 @@ impl Backend for Host {
     }
 
     fn check_launch(&self, kernel: &HostKernel, launch: &Launch<'_, HostMemory>) -> Result<()> {
+        if let BoundDispatch::Groups(groups) = &launch.dispatch
+            && groups.iter().any(|&g| g > MAX_GROUPS)
+        {
+            return Err(Error::invalid(
+                format!("dispatch of `{}`", launch.name),
+                format!("{groups:?} workgroups is past the {MAX_GROUPS} a dimension runs"),
+            ));
+        }
         match kernel.bindings {
             Some(taken) if taken != launch.bindings.len() => Err(Error::invalid(
                 format!("bindings of `{}`", launch.name),

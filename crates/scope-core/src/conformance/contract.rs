@@ -12,8 +12,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use super::{Suite, WORDS, alloc, assert_root_contains, copy, fail_next_launch, fill, read, setup};
+use super::{
+    Suite, WORDS, alloc, assert_root_contains, copy, fail_next_launch, fill, launch, read, setup,
+    upload,
+};
 use crate::capture::CaptureState;
+use crate::client::{Binding, Dispatch};
 use crate::error::Error;
 use crate::fault::{FaultPlan, Site};
 
@@ -238,4 +242,32 @@ pub fn poison_fails_fast_and_releases_still_release<S: Suite>() {
     assert!(c.begin_capture().unwrap_err().is_device_poisoned());
     c.free(&a).unwrap();
     assert_eq!(c.bytes_allocated(), 0);
+}
+
+/// Workgroup counts past the device's grid: given on the host, an invalid
+/// argument refused before anything runs; read from device memory, where no
+/// check can see them first, a launch that runs nothing — never a hang, and
+/// never a launch clamped to some other size (rules 17, 38).
+pub fn a_count_past_the_device_runs_nothing<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let out = upload(&c, &[3; WORDS as usize]);
+    let huge = Dispatch::Groups([u32::MAX, 1, 1]);
+    let refused = launch::<S>(&c, &S::fill(), &[Binding::write(&out)], &[WORDS, 9], huge);
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(c.failures_held(), 0, "a refusal claims nothing");
+    for counts in [[u32::MAX, 1, 1], [1, u32::MAX, 1], [1, 1, u32::MAX]] {
+        let counts = upload(&c, &counts);
+        launch::<S>(
+            &c,
+            &S::fill(),
+            &[Binding::write(&out)],
+            &[WORDS, 9],
+            Dispatch::Indirect(counts.all()),
+        )
+        .unwrap();
+        assert_eq!(read(&c, &out).unwrap(), vec![3; WORDS as usize]);
+    }
 }
