@@ -147,7 +147,15 @@ fn instance(backends: wgpu::Backends) -> wgpu::Instance {
     desc.backends = backends;
     // The API's own validation layers are for debugging wgpu, not for
     // running kernels; `WGPU_VALIDATION=1` turns them on.
-    desc.flags = wgpu::InstanceFlags::empty().with_env();
+    //
+    // Indirect-call validation is on whatever the environment says: it is
+    // what bounds a dispatch's counts when they live in device memory,
+    // where no host check reaches them. wgpu turns a dispatch whose counts
+    // are past `max_compute_workgroups_per_dimension` into a no-op; without
+    // it wgpu documents the behaviour as undefined, and lavapipe runs
+    // `u32::MAX` workgroups for hours.
+    desc.flags =
+        wgpu::InstanceFlags::empty().with_env() | wgpu::InstanceFlags::VALIDATION_INDIRECT_CALL;
     wgpu::Instance::new(desc)
 }
 

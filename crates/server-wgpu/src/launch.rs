@@ -16,8 +16,10 @@
 //! - the reflected minimum sizes and read-only flags let a launch be checked
 //!   up front ([`check`]). wgpu validates a pass's dispatches only when the
 //!   encoder is finished — in a batch, long after the launch returned — so
-//!   anything it would refuse there must be refused here, where the error
-//!   lands on the launch's own outputs.
+//!   anything it would refuse there must be refused before, as an invalid
+//!   argument. The core calls [`check`] (`Backend::check_launch`) before
+//!   it opens the launch's scope, so such a launch claims nothing and reads
+//!   the same as the core's own argument checks on every server.
 //!
 //! # Launching
 //!
@@ -231,43 +233,64 @@ pub(crate) fn round_up(n: u64, to: u64) -> u64 {
 }
 
 /// What wgpu would refuse about `launch` when the batch is finished,
-/// refused now instead.
+/// refused now instead, as an invalid argument naming the launch.
 pub(crate) fn check(
     limits: &wgpu::Limits,
     kernel: &Pipeline,
     launch: &Launch<'_, Memory>,
-) -> Result<(), String> {
+) -> Result<(), Error> {
+    check_parts(limits, kernel, launch)
+        .map_err(|(what, why)| Error::invalid(format!("{what} of `{}`", kernel.name), why))
+}
+
+/// [`check`]'s findings: which part of the launch, and what is wrong.
+fn check_parts(
+    limits: &wgpu::Limits,
+    kernel: &Pipeline,
+    launch: &Launch<'_, Memory>,
+) -> Result<(), (String, String)> {
+    let bindings = || "the bindings".to_owned();
     let scalar = usize::from(!launch.scalars.is_empty());
     if launch.bindings.len() + scalar != kernel.slots.len() {
-        return Err(format!(
-            "the shader declares {} binding{} at @group(0), and the launch binds {} buffer{}{}",
-            kernel.slots.len(),
-            if kernel.slots.len() == 1 { "" } else { "s" },
-            launch.bindings.len(),
-            if launch.bindings.len() == 1 { "" } else { "s" },
-            if scalar == 1 {
-                " and a scalar blob"
-            } else {
-                ""
-            }
+        return Err((
+            bindings(),
+            format!(
+                "the shader declares {} binding{} at @group(0), and the launch binds {} buffer{}{}",
+                kernel.slots.len(),
+                if kernel.slots.len() == 1 { "" } else { "s" },
+                launch.bindings.len(),
+                if launch.bindings.len() == 1 { "" } else { "s" },
+                if scalar == 1 {
+                    " and a scalar blob"
+                } else {
+                    ""
+                }
+            ),
         ));
     }
-    let fits = |i: usize, slot: &Slot, len: u64| -> Result<(), String> {
+    let fits = |i: usize, slot: &Slot, len: u64| -> Result<(), (String, String)> {
+        let what = format!("binding {i}");
         let max = if slot.uniform {
             limits.max_uniform_buffer_binding_size
         } else {
             limits.max_storage_buffer_binding_size
         };
         if len > max {
-            return Err(format!(
-                "binding {i} is {len} bytes, past the device's largest {} binding of {max} bytes",
-                if slot.uniform { "uniform" } else { "storage" }
+            return Err((
+                what,
+                format!(
+                    "{len} bytes is past the device's largest {} binding of {max} bytes",
+                    if slot.uniform { "uniform" } else { "storage" }
+                ),
             ));
         }
         if len < slot.min_size {
-            return Err(format!(
-                "binding {i} is {len} bytes, and the shader's type for it needs at least {}",
-                slot.min_size
+            return Err((
+                what,
+                format!(
+                    "{len} bytes is less than the shader's type for it needs: at least {}",
+                    slot.min_size
+                ),
             ));
         }
         Ok(())
@@ -275,27 +298,36 @@ pub(crate) fn check(
     for (i, (bound, slot)) in launch.bindings.iter().zip(&kernel.slots).enumerate() {
         fits(i, slot, bound.len)?;
         if bound.offset + bound.len > bound.memory.capacity {
-            return Err(format!(
-                "binding {i} ({}..{}) runs past the end of its {}-byte buffer",
-                bound.offset,
-                bound.offset + bound.len,
-                bound.memory.capacity
+            return Err((
+                format!("binding {i}"),
+                format!(
+                    "{}..{} runs past the end of its {}-byte buffer",
+                    bound.offset,
+                    bound.offset + bound.len,
+                    bound.memory.capacity
+                ),
             ));
         }
         if slot.uniform && bound.offset % u64::from(limits.min_uniform_buffer_offset_alignment) != 0
         {
-            return Err(format!(
-                "binding {i} is a uniform buffer at offset {}, not a multiple of {}",
-                bound.offset, limits.min_uniform_buffer_offset_alignment
+            return Err((
+                format!("binding {i}"),
+                format!(
+                    "a uniform buffer at offset {}, not a multiple of {}",
+                    bound.offset, limits.min_uniform_buffer_offset_alignment
+                ),
             ));
         }
     }
     if scalar == 1 {
         let i = launch.bindings.len();
         if launch.scalars.len() as u64 > ARENA_BYTES {
-            return Err(format!(
-                "the scalar blob is {} bytes; a launch may pass at most {ARENA_BYTES}",
-                launch.scalars.len()
+            return Err((
+                "the scalar blob".to_owned(),
+                format!(
+                    "{} bytes; a launch may pass at most {ARENA_BYTES}",
+                    launch.scalars.len()
+                ),
             ));
         }
         fits(
@@ -320,22 +352,27 @@ pub(crate) fn check(
             .zip(&kernel.slots)
             .position(|(b, other)| b.memory.id == a.memory.id && other.read_only);
         if let Some(j) = clash {
-            return Err(format!(
-                "bindings {i} and {j} are the same buffer, writable in one and read-only in the other; \
-                 wgpu forbids that within one dispatch"
+            return Err((
+                format!("bindings {i} and {j}"),
+                "the same buffer, writable in one and read-only in the other; wgpu forbids that \
+                 within one dispatch"
+                    .to_owned(),
             ));
         }
         if indirect == Some(a.memory.id) {
-            return Err(format!(
-                "binding {i} is writable and also holds the indirect dispatch counts; wgpu forbids that"
+            return Err((
+                format!("binding {i}"),
+                "writable, and its buffer also holds the indirect dispatch counts; wgpu forbids that"
+                    .to_owned(),
             ));
         }
     }
     if let BoundDispatch::Groups(groups) = &launch.dispatch {
         let max = limits.max_compute_workgroups_per_dimension;
         if let Some(g) = groups.iter().find(|&&g| g > max) {
-            return Err(format!(
-                "{g} workgroups in one dimension is past the device's limit of {max}"
+            return Err((
+                "the workgroup count".to_owned(),
+                format!("{g} workgroups in one dimension is past the device's limit of {max}"),
             ));
         }
     }
@@ -353,7 +390,10 @@ impl crate::Wgpu {
     ) -> Result<(), Error> {
         self.gpu.sink.check_lost()?;
         let stream = self.streams[s].stream;
-        check(&self.gpu.limits, kernel, launch).map_err(|d| launch_error(kernel, stream, d))?;
+        // The core checked (`Backend::check_launch`); a launch encoded
+        // anyway would fail wgpu's validation of the whole batch, so the
+        // few compares are repeated to be sure.
+        check(&self.gpu.limits, kernel, launch)?;
         if self.streams[s].recording.is_some() {
             self.record_launch(s, kernel, launch);
             return Ok(());

@@ -23,6 +23,23 @@
 //! host copies are queue writes, staged mapped reads and encoder copies
 //! (`copy.rs`).
 //!
+//! # Launch checks and indirect counts
+//!
+//! A launch the device's limits refuse (a binding count that does not match
+//! the shader, a binding past `max_storage_buffer_binding_size` or smaller
+//! than its type, too many workgroups counted on the host, a buffer bound
+//! writable and read-only at once) is refused by `Backend::check_launch`,
+//! before the core opens the launch's scope: an
+//! [`Error::InvalidArgument`] naming the binding, which claims nothing.
+//!
+//! **An indirect count past the device's limit runs nothing.** Counts read
+//! from device memory are checked on the device: the instance always has
+//! wgpu's indirect-call validation on (`InstanceFlags::VALIDATION_INDIRECT_CALL`,
+//! whatever `WGPU_VALIDATION_INDIRECT_CALL` says), which turns a dispatch
+//! with any count past `max_compute_workgroups_per_dimension` into a no-op.
+//! The launch still succeeds: nothing on the host can know the count when it
+//! returns.
+//!
 //! # Choosing the adapter
 //!
 //! Hardware first, then software; `SCOPE_WGPU_BACKEND` (`vulkan`, `gl`,
@@ -300,6 +317,10 @@ impl Backend for Wgpu {
     fn compile(&mut self, kernel: &Kernel) -> Result<Arc<Pipeline>> {
         self.next_id += 1;
         launch::compile(&self.gpu, kernel, self.next_id)
+    }
+
+    fn check_launch(&self, kernel: &Arc<Pipeline>, launch: &Launch<'_, Memory>) -> Result<()> {
+        launch::check(&self.gpu.limits, kernel, launch)
     }
 
     fn launch(

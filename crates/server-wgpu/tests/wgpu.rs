@@ -136,11 +136,13 @@ pub fn over_limit_buffer_is_typed(api: Api) {
     assert!(c.bytes_reserved() >= max);
 }
 
-/// A binding past the end of its buffer is refused before anything runs; a
-/// binding smaller than the shader's type, too many workgroups, a binding
-/// count that does not match the shader, or one buffer bound read-only and
-/// writable at once are launch errors that claim the outputs — each caught
-/// before wgpu's deferred validation would refuse the whole batch.
+/// A binding past the end of its buffer, a binding smaller than the
+/// shader's type, too many workgroups, a binding count that does not match
+/// the shader, or one buffer bound read-only and writable at once are each
+/// refused before the launch's scope opens (`Backend::check_launch`): an
+/// invalid argument naming what was wrong, which claims nothing and fires
+/// no hook — and is caught before wgpu's deferred validation would refuse
+/// the whole batch.
 pub fn launch_checks_stand_in_for_deferred_validation(api: Api) {
     let Some(c) = setup(api) else { return };
     let fill = Kernel::wgsl("fill", FILL);
@@ -161,9 +163,16 @@ pub fn launch_checks_stand_in_for_deferred_validation(api: Api) {
         "nothing ran, nothing claimed"
     );
 
+    let held = c.failures_held();
+    let seen = c.failures_seen();
     let launch_error = |r: scope_core::Result<()>, text: &str| match r {
-        Err(Error::Launch { detail, .. }) => assert!(detail.contains(text), "{detail}"),
-        other => panic!("expected a launch error about {text:?}, got {other:?}"),
+        Err(Error::InvalidArgument { what, why }) => {
+            assert!(
+                what.contains('`') && format!("{what}: {why}").contains(text),
+                "{what}: {why}"
+            )
+        }
+        other => panic!("expected an invalid argument about {text:?}, got {other:?}"),
     };
     let fixed = Kernel::wgsl("fixed", FIXED);
     let small = c.allocate(32).unwrap();
@@ -171,10 +180,7 @@ pub fn launch_checks_stand_in_for_deferred_validation(api: Api) {
         c.launch(&fixed, &[Binding::write(&small)], &[], Dispatch::linear(1)),
         "at least 64",
     );
-    assert!(
-        c.read(&small).is_err(),
-        "the outputs carry the launch error"
-    );
+    assert!(c.read(&small).is_ok(), "the outputs are not claimed");
     launch_error(
         c.launch(
             &fill,
@@ -199,7 +205,10 @@ pub fn launch_checks_stand_in_for_deferred_validation(api: Api) {
         ),
         "same buffer",
     );
-    // The device is fine, and the claimed bytes heal on a rewrite.
+    assert_eq!(c.failures_held(), held, "nothing was claimed");
+    assert_eq!(c.failures_seen(), seen, "no failure was seen");
+    assert_eq!(read_words(&c, &buf).unwrap(), vec![7; 64]);
+    // The device is fine.
     c.launch(
         &fill,
         &[Binding::write(&buf)],
@@ -506,6 +515,52 @@ pub fn scalars_are_per_launch(api: Api) {
     }
 }
 
+/// An indirect count past `max_compute_workgroups_per_dimension` runs
+/// nothing and returns at once, in a launch and in a replay; a count within
+/// the limit runs. Before the instance kept wgpu's indirect-call validation
+/// on, `[u32::MAX, 1, 1]` hung lavapipe and llvmpipe (still running after
+/// 150 s).
+pub fn an_indirect_count_past_the_limit_runs_nothing(api: Api) {
+    let Some(c) = setup(api) else { return };
+    let fill = Kernel::wgsl("fill", FILL);
+    let max = c.with_backend(|b| b.limits().max_compute_workgroups_per_dimension);
+    let out = c.upload(&bytes(&[4; 64])).unwrap();
+    let counts = c.allocate(64).unwrap();
+    let start = std::time::Instant::now();
+    for bad in [[u32::MAX, 1, 1], [1, max + 1, 1], [1, 1, max + 1]] {
+        c.write(counts.slice(16..28), &bytes(&bad)).unwrap();
+        c.launch(
+            &fill,
+            &[Binding::write(&out)],
+            &scalars(&[64, 9]),
+            Dispatch::Indirect(counts.slice(16..28)),
+        )
+        .unwrap();
+        c.sync().unwrap();
+        assert_eq!(read_words(&c, &out).unwrap(), vec![4; 64], "{bad:?}");
+    }
+    let capture = c.begin_capture().unwrap();
+    c.launch(
+        &fill,
+        &[Binding::write(&out)],
+        &scalars(&[64, 9]),
+        Dispatch::Indirect(counts.slice(16..28)),
+    )
+    .unwrap();
+    let graph = c.end_capture(capture).unwrap();
+    c.replay(&graph).unwrap();
+    assert_eq!(read_words(&c, &out).unwrap(), vec![4; 64], "replayed");
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(30),
+        "took {:?}",
+        start.elapsed()
+    );
+    c.write(counts.slice(16..28), &bytes(&[1, 1, 1])).unwrap();
+    c.replay(&graph).unwrap();
+    assert_eq!(read_words(&c, &out).unwrap(), vec![9; 64]);
+    c.destroy_graph(&graph).unwrap();
+}
+
 macro_rules! on_each_api {
     ($($name:ident),* $(,)?) => {
         mod vulkan {
@@ -522,6 +577,7 @@ on_each_api!(
     invalid_wgsl_names_line_and_column,
     over_limit_buffer_is_typed,
     launch_checks_stand_in_for_deferred_validation,
+    an_indirect_count_past_the_limit_runs_nothing,
     million_element_add_matches_cpu,
     chain_with_a_failure_in_the_middle,
     thousand_replays_of_a_window,
