@@ -19,18 +19,23 @@
 //!
 //! A graph is held behind an `Arc`: each replay in flight holds a clone, so
 //! destroying a graph never frees a command buffer the device may still run
-//! — the last completed replay releases it. Destruction therefore never
-//! needs to block and never fails.
+//! — the last completed replay releases it. A replay is submitted at once
+//! and the graph remembers, per stream, the timeline value that finishes
+//! its latest replay there; destroying it waits for those values (rule 35),
+//! so a fault in a replay surfaces at the destroy and the core gives it to
+//! the graph's write set. A wait that gives up marks the device hung, and
+//! the graph is then leaked, not freed.
 
 use std::sync::Arc;
 
 use ash::vk;
+use parking_lot::Mutex;
 use scope_core::Result;
 
 use crate::device::Gpu;
 use crate::error::{Site, classify};
-use crate::memory::{Arena, Chunk};
-use crate::stream::{Encoder, VulkanStream};
+use crate::memory::{Arena, Chunk, Stamp};
+use crate::stream::{Encoder, Track, VulkanStream, wait_tracks};
 
 /// A window being recorded.
 pub(crate) struct Recording {
@@ -54,14 +59,35 @@ pub struct GraphInner {
     gpu: Arc<Gpu>,
     pool: vk::CommandPool,
     pub(crate) cmd: vk::CommandBuffer,
-    _chunks: Vec<Chunk>,
+    chunks: Vec<Chunk>,
     commands: usize,
+    /// Per stream it was replayed on, the timeline value that finishes its
+    /// latest replay there.
+    replays: Mutex<Stamp>,
+}
+
+impl GraphInner {
+    /// A replay was submitted on `track`; it is done at `value`.
+    pub(crate) fn replayed(&self, track: &Arc<Track>, value: u64) {
+        let mut replays = self.replays.lock();
+        match replays.iter_mut().find(|(t, _)| Arc::ptr_eq(t, track)) {
+            Some((_, v)) => *v = (*v).max(value),
+            None => replays.push((track.clone(), value)),
+        }
+    }
 }
 
 impl Drop for GraphInner {
     fn drop(&mut self) {
+        if self.gpu.is_hung() {
+            // A replay the device never finished may still run it.
+            tracing::error!("leaking a graph: a wait for the device gave up");
+            std::mem::forget(std::mem::take(&mut self.chunks));
+            return;
+        }
         // SAFETY: the last reference is gone, so no replay of it is pending
-        // (each in-flight submission holds a clone).
+        // (each in-flight submission holds a clone, and destroy waited for
+        // the replays it knew of); the device is not hung.
         unsafe { self.gpu.device.destroy_command_pool(self.pool, None) };
     }
 }
@@ -115,15 +141,19 @@ pub(crate) fn end(stream: &mut VulkanStream) -> Result<VulkanGraph> {
     let Some(mut recording) = stream.recording.take() else {
         return Err(scope_core::Error::refused("the stream was not recording"));
     };
-    recording.encoder.finish(&recording.gpu)?;
+    recording
+        .encoder
+        .finish(&recording.gpu)
+        .map_err(|e| classify(e, Site::Record, "vkEndCommandBuffer", 0))?;
     let chunks = recording.arena.take();
     let pool = std::mem::replace(&mut recording.pool, vk::CommandPool::null());
     Ok(VulkanGraph(Arc::new(GraphInner {
         gpu: recording.gpu.clone(),
         pool,
         cmd: recording.encoder.cmd,
-        _chunks: chunks,
+        chunks,
         commands: recording.encoder.commands,
+        replays: Mutex::default(),
     })))
 }
 
@@ -132,7 +162,16 @@ pub(crate) fn abort(stream: &mut VulkanStream) {
     stream.recording = None;
 }
 
-/// Queue a replay of `graph` on `stream`.
+/// Submit a replay of `graph` on `stream`.
 pub(crate) fn replay(stream: &mut VulkanStream, graph: &VulkanGraph) -> Result<()> {
-    stream.enqueue_graph(&graph.0)
+    stream.submit_graph(&graph.0)
+}
+
+/// Destroy `graph` once its replays in flight are done (rule 35). The
+/// graph's own resources go with the last replay that holds them.
+pub(crate) fn destroy(graph: VulkanGraph) -> Result<()> {
+    let replays = std::mem::take(&mut *graph.0.replays.lock());
+    let waited = wait_tracks(&graph.0.gpu, &replays);
+    drop(graph);
+    waited
 }

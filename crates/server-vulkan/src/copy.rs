@@ -28,40 +28,36 @@ pub(crate) fn write(
     offset: u64,
     data: &[u8],
 ) -> Result<()> {
-    let (encoder, arena, gpu) = stream.encoder()?;
-    let staged = if data.len() > INLINE_WRITE {
-        Some(arena.push(data, data.len() as u64, ALIGN)?)
-    } else {
-        None
-    };
-    encoder.barrier(gpu);
-    let target = dst.offset + offset;
-    match staged {
-        // SAFETY: `encoder.cmd` is recording; the destination range lies in
-        // the block buffer (the core checked it against the allocation),
-        // offset and length are multiples of 4 (the core's copy alignment)
-        // and the length is at most 64 KiB.
-        None => unsafe {
-            gpu.device
-                .cmd_update_buffer(encoder.cmd, dst.buffer, target, data)
-        },
-        Some(staged) => {
-            let region = vk::BufferCopy {
-                src_offset: staged.offset,
-                dst_offset: target,
-                size: data.len() as u64,
-            };
-            // SAFETY: as above; the staging range holds the bytes and stays
-            // alive until the submission (or graph) using it is gone.
+    stream.record(|rec| {
+        let target = dst.offset + offset;
+        let cmd = rec.encoder.cmd;
+        if data.len() <= INLINE_WRITE {
+            // SAFETY: `cmd` is recording; the destination range lies in the
+            // block buffer (the core checked it against the allocation),
+            // offset and length are multiples of 4 (the core's copy
+            // alignment) and the length is at most 64 KiB.
             unsafe {
-                gpu.device
-                    .cmd_copy_buffer(encoder.cmd, staged.buffer, dst.buffer, &[region])
+                rec.gpu
+                    .device
+                    .cmd_update_buffer(cmd, dst.buffer, target, data)
             };
+            return Ok(());
         }
-    }
-    encoder.needs_barrier = true;
-    encoder.commands += 1;
-    stream.recorded()
+        let staged = rec.arena.push(data, data.len() as u64, ALIGN)?;
+        let region = vk::BufferCopy {
+            src_offset: staged.offset,
+            dst_offset: target,
+            size: data.len() as u64,
+        };
+        // SAFETY: as above; the staging range holds the bytes and stays
+        // alive until the submission (or graph) using it is gone.
+        unsafe {
+            rec.gpu
+                .device
+                .cmd_copy_buffer(cmd, staged.buffer, dst.buffer, &[region])
+        };
+        Ok(())
+    })
 }
 
 /// Copy `len` bytes between pooled ranges, ordered on `stream`.
@@ -73,24 +69,23 @@ pub(crate) fn copy(
     dst_offset: u64,
     len: u64,
 ) -> Result<()> {
-    let (encoder, _, gpu) = stream.encoder()?;
-    encoder.barrier(gpu);
-    let region = vk::BufferCopy {
-        src_offset: src.offset + src_offset,
-        dst_offset: dst.offset + dst_offset,
-        size: len,
-    };
-    // SAFETY: `encoder.cmd` is recording; both ranges lie in their block
-    // buffers (checked by the core) and do not overlap (the core refuses
-    // overlapping copies within one buffer, and distinct allocations are
-    // disjoint ranges of a block).
-    unsafe {
-        gpu.device
-            .cmd_copy_buffer(encoder.cmd, src.buffer, dst.buffer, &[region])
-    };
-    encoder.needs_barrier = true;
-    encoder.commands += 1;
-    stream.recorded()
+    stream.record(|rec| {
+        let region = vk::BufferCopy {
+            src_offset: src.offset + src_offset,
+            dst_offset: dst.offset + dst_offset,
+            size: len,
+        };
+        // SAFETY: the command buffer is recording; both ranges lie in their
+        // block buffers (checked by the core) and do not overlap (the core
+        // refuses overlapping copies within one buffer, and distinct
+        // allocations are disjoint ranges of a block).
+        unsafe {
+            rec.gpu
+                .device
+                .cmd_copy_buffer(rec.encoder.cmd, src.buffer, dst.buffer, &[region])
+        };
+        Ok(())
+    })
 }
 
 /// Read `out.len()` bytes at `offset` of `src` after the stream's work.
@@ -103,26 +98,26 @@ pub(crate) fn read(
     let len = out.len() as u64;
     let staged = match src.host(offset) {
         Some(_) => None,
-        None => {
-            let (encoder, arena, gpu) = stream.encoder()?;
-            let staged = arena.reserve(len, ALIGN)?;
-            encoder.barrier(gpu);
+        None => Some(stream.record(|rec| {
+            let staged = rec.arena.reserve(len, ALIGN)?;
             let region = vk::BufferCopy {
                 src_offset: src.offset + offset,
                 dst_offset: staged.offset,
                 size: len,
             };
-            // SAFETY: `encoder.cmd` is recording; the source range is in the
-            // block (checked by the core), the staging range was just
+            // SAFETY: the command buffer is recording; the source range is
+            // in the block (checked by the core), the staging range was just
             // reserved.
             unsafe {
-                gpu.device
-                    .cmd_copy_buffer(encoder.cmd, src.buffer, staged.buffer, &[region])
+                rec.gpu.device.cmd_copy_buffer(
+                    rec.encoder.cmd,
+                    src.buffer,
+                    staged.buffer,
+                    &[region],
+                )
             };
-            encoder.needs_barrier = true;
-            encoder.commands += 1;
-            Some(staged)
-        }
+            Ok(staged)
+        })?),
     };
     stream.flush()?;
     let waited = stream.wait_submitted();

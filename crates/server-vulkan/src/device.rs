@@ -17,6 +17,7 @@
 
 use std::ffi::{CStr, c_void};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ash::vk;
 use parking_lot::Mutex;
@@ -39,6 +40,12 @@ pub(crate) struct Limits {
     pub max_groups: [u32; 3],
     /// `maxPushConstantsSize`.
     pub max_push_constants: u32,
+    /// How many storage buffers one kernel's layout may declare:
+    /// `maxPushDescriptors` (every binding is pushed),
+    /// `maxPerStageDescriptorStorageBuffers` and
+    /// `maxDescriptorSetStorageBuffers`, whichever is least. A layout past
+    /// any of them is invalid usage, which Vulkan leaves undefined.
+    pub max_bindings: u32,
     /// The memory type pooled allocations come from, and its heap's size.
     pub device_type: u32,
     pub device_heap: u64,
@@ -66,15 +73,39 @@ pub(crate) struct Gpu {
     pub memory_model: bool,
     /// Whether the validation layer is on and its messenger listening.
     pub validation: bool,
+    /// Whether `robustBufferAccess` is enabled: a descriptor access past
+    /// its binding's range then stays inside it (reads give zeros or values
+    /// of the binding, writes are dropped or land inside it), whatever the
+    /// module does.
+    pub robust: bool,
+    /// What naga may emit for this device: the optional shader
+    /// capabilities whose device features are enabled.
+    pub capabilities: naga::valid::Capabilities,
+    /// Set when a wait for the device timed out or failed for a reason
+    /// other than device loss: work may still be running that nobody can
+    /// wait for any more. Teardown then leaks what that work may use
+    /// instead of destroying it (and does not wait again, unboundedly, in
+    /// `vkDeviceWaitIdle`). A lost device runs nothing, so loss does not
+    /// set it.
+    pub hung: AtomicBool,
     debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
     pub messages: Messages,
 }
 
 impl Drop for Gpu {
     fn drop(&mut self) {
+        if self.is_hung() {
+            tracing::error!(
+                device = %self.name,
+                "work on the device never finished; leaking the device rather than destroying \
+                 it under running work"
+            );
+            return;
+        }
         // SAFETY: the last `Arc<Gpu>` is going, so every object created
         // from the device (each holds a clone) is already destroyed; the
         // messenger and the instance go after the device they observed.
+        // Nothing is hung, so the wait is for work that finishes.
         unsafe {
             let _ = self.device.device_wait_idle();
             self.device.destroy_device(None);
@@ -327,7 +358,10 @@ fn memory_facts(
 ) -> Result<Limits> {
     let mut m3 = vk::PhysicalDeviceMaintenance3Properties::default();
     let mut m4 = vk::PhysicalDeviceMaintenance4Properties::default();
-    let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut m3);
+    let mut push = vk::PhysicalDevicePushDescriptorPropertiesKHR::default();
+    let mut props2 = vk::PhysicalDeviceProperties2::default()
+        .push_next(&mut m3)
+        .push_next(&mut push);
     if api >= vk::API_VERSION_1_3 && props.api_version >= vk::API_VERSION_1_3 {
         props2 = props2.push_next(&mut m4);
     }
@@ -360,6 +394,10 @@ fn memory_facts(
         max_buffer_size: max_buffer,
         max_groups: props.limits.max_compute_work_group_count,
         max_push_constants: props.limits.max_push_constants_size,
+        max_bindings: push
+            .max_push_descriptors
+            .min(props.limits.max_per_stage_descriptor_storage_buffers)
+            .min(props.limits.max_descriptor_set_storage_buffers),
         device_type: device_type as u32,
         device_heap: heap,
         device_mappable: flags(device_type).contains(host) && !config.force_staging,
@@ -430,6 +468,7 @@ impl Gpu {
         let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut supported);
         // SAFETY: the chained struct lives across the call.
         unsafe { instance.get_physical_device_features2(chosen.physical, &mut features) };
+        let core = features.features;
         let bda = supported.buffer_device_address == vk::TRUE;
         let memory_model = supported.vulkan_memory_model == vk::TRUE;
         let device_scope = memory_model && supported.vulkan_memory_model_device_scope == vk::TRUE;
@@ -438,6 +477,25 @@ impl Gpu {
             .buffer_device_address(bda)
             .vulkan_memory_model(memory_model)
             .vulkan_memory_model_device_scope(device_scope);
+        let robust = core.robust_buffer_access == vk::TRUE;
+        let core_enable = vk::PhysicalDeviceFeatures::default()
+            .robust_buffer_access(robust)
+            .shader_float64(core.shader_float64 == vk::TRUE)
+            .shader_int64(core.shader_int64 == vk::TRUE)
+            .shader_int16(core.shader_int16 == vk::TRUE);
+        let mut capabilities = naga::valid::Capabilities::empty();
+        capabilities.set(
+            naga::valid::Capabilities::FLOAT64,
+            core_enable.shader_float64 == vk::TRUE,
+        );
+        capabilities.set(
+            naga::valid::Capabilities::SHADER_INT64,
+            core_enable.shader_int64 == vk::TRUE,
+        );
+        capabilities.set(
+            naga::valid::Capabilities::SHADER_INT16,
+            core_enable.shader_int16 == vk::TRUE,
+        );
         let priorities = [1.0_f32];
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(family)
@@ -446,6 +504,7 @@ impl Gpu {
         let info = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .enabled_extension_names(&extensions)
+            .enabled_features(&core_enable)
             .push_next(&mut enable);
         // SAFETY: `info` and what it points at outlive the call; the
         // physical device belongs to `instance`.
@@ -462,7 +521,7 @@ impl Gpu {
         // SAFETY: the family was created with one queue.
         let queue = unsafe { device.get_device_queue(family, 0) };
         let push = ash::khr::push_descriptor::Device::new(&instance, &device);
-        tracing::info!(device = %chosen.name, validation, bda, memory_model, "vulkan device open");
+        tracing::info!(device = %chosen.name, validation, bda, memory_model, robust, "vulkan device open");
         Ok(Arc::new(Gpu {
             _entry: entry,
             instance,
@@ -477,9 +536,28 @@ impl Gpu {
             bda,
             memory_model,
             validation: debug.is_some(),
+            robust,
+            capabilities,
+            hung: AtomicBool::new(false),
             debug,
             messages,
         }))
+    }
+
+    /// Whether a wait gave up on work that may still be running (see
+    /// [`Gpu::hung`]).
+    pub(crate) fn is_hung(&self) -> bool {
+        self.hung.load(Ordering::Acquire)
+    }
+
+    /// Remember that a wait gave up on running work.
+    pub(crate) fn mark_hung(&self) {
+        if !self.hung.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                device = %self.name,
+                "a wait for the device gave up; what that work uses will be leaked at teardown"
+            );
+        }
     }
 
     /// The device, for a person.

@@ -29,14 +29,48 @@
 //! a module needs `bufferDeviceAddress` and `vulkanMemoryModel`; a device
 //! without them answers with [`Error::Compile`], not a driver crash.
 //!
-//! A SPIR-V module whose entry points do not include the kernel's is a
-//! compile error found here: handing the driver a missing entry point is
-//! undefined behaviour, not an error code.
+//! **What is checked, and what is the caller's promise.**
 //!
-//! A module the driver rejects — lavapipe answers garbage SPIR-V with
-//! `VK_ERROR_UNKNOWN` from `vkCreateComputePipelines` — is
-//! [`Error::Compile`] with the driver's code as its log; the core then
-//! claims the launch's outputs with it.
+//! - *WGSL* is the server's own to vouch for. naga parses and validates it
+//!   against the capabilities this device enabled (a kernel that needs
+//!   `f16` or subgroups on a device without them is [`Error::Compile`]),
+//!   and lowers it with bounds checks: every index into an array, a buffer
+//!   binding included, is restricted to the array (naga's
+//!   `BoundsCheckPolicy::Restrict`; a runtime-sized array's length comes
+//!   from the bound range, `OpArrayLength`). With `robustBufferAccess`
+//!   enabled as well (when the device offers it), an out-of-bounds index
+//!   in a kernel can touch only its own binding — never the neighbouring
+//!   allocations that share the pool's `VkBuffer`, which the failure model
+//!   would otherwise believe untouched.
+//! - *SPIR-V* cannot be vouched for: invalid SPIR-V is undefined behaviour
+//!   by the Vulkan specification, and a module reaching buffers by device
+//!   address is not covered by `robustBufferAccess` at all. Building a
+//!   SPIR-V kernel is therefore the caller's `unsafe` promise (see
+//!   `scope_core::Kernel::spirv`): a valid module for this device, which
+//!   accesses only its bindings' ranges. What the server can check
+//!   cheaply it still does — the magic number, that the module names the
+//!   kernel's entry point (a module that names none is refused too), the
+//!   binding convention — and a module the driver rejects (lavapipe answers
+//!   garbage with `VK_ERROR_UNKNOWN`) is [`Error::Compile`] with the
+//!   driver's code as its log.
+//!
+//! **Launch checks.** Everything about a launch that the device's limits
+//! decide — the binding count against the kernel's layout, each binding's
+//! size against `maxStorageBufferRange`, host-side workgroup counts against
+//! `maxComputeWorkGroupCount` — is checked by [`check`], which the core
+//! calls before it opens the launch's scope, so a launch no device could
+//! run is an `InvalidArgument` that claims nothing. A layout larger than
+//! `maxPushDescriptors` (or the per-stage storage-buffer limit) is refused
+//! when the kernel compiles.
+//!
+//! **Indirect counts** live in device memory, where no host check reaches
+//! them, and a count past `maxComputeWorkGroupCount` is invalid usage
+//! (lavapipe runs `u32::MAX` groups for hours). So an indirect launch first
+//! runs a one-invocation guard kernel that copies the three counts into a
+//! scratch slot of the stream's arena — all three zeroed if any is past
+//! the device's limit — and dispatches from the scratch slot: **an indirect
+//! count past the device's limit runs nothing**, as wgpu's indirect
+//! validation does.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -50,7 +84,7 @@ use smallvec::SmallVec;
 use crate::device::Gpu;
 use crate::error::{NAME, classify, fault, launch_error};
 use crate::memory::VulkanMemory;
-use crate::stream::VulkanStream;
+use crate::stream::{Recorder, VulkanStream};
 
 /// How a kernel reaches its buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,10 +110,16 @@ pub(crate) struct Pipelines {
     layouts: HashMap<u32, (vk::DescriptorSetLayout, vk::PipelineLayout)>,
     address_layouts: HashMap<u32, vk::PipelineLayout>,
     pipelines: HashMap<u64, VulkanKernel>,
+    /// The indirect-count guard, compiled on first use.
+    guard: Option<VulkanKernel>,
 }
 
 impl Drop for Pipelines {
     fn drop(&mut self) {
+        if self.gpu.is_hung() {
+            // Work that never finished may still run these pipelines.
+            return;
+        }
         let device = &self.gpu.device;
         // SAFETY: the backend is going; the device is idle (the pool waited)
         // and no command buffer that uses these will be submitted again.
@@ -107,19 +147,30 @@ fn compile_error(kernel: &Kernel, log: impl Into<String>) -> Error {
     }
 }
 
+/// How naga lowers WGSL: every index restricted to its array, buffers
+/// included, so a kernel cannot address past its own bindings.
+const BOUNDS: naga::proc::BoundsCheckPolicies = naga::proc::BoundsCheckPolicies {
+    index: naga::proc::BoundsCheckPolicy::Restrict,
+    buffer: naga::proc::BoundsCheckPolicy::Restrict,
+    image_load: naga::proc::BoundsCheckPolicy::Restrict,
+    binding_array: naga::proc::BoundsCheckPolicy::Restrict,
+};
+
 /// WGSL to SPIR-V, and how many bindings set 0 declares.
-fn wgsl_to_spirv(kernel: &Kernel, source: &str) -> Result<(Vec<u32>, u32)> {
+fn wgsl_to_spirv(
+    kernel: &Kernel,
+    source: &str,
+    capabilities: naga::valid::Capabilities,
+) -> Result<(Vec<u32>, u32)> {
     let module = naga::front::wgsl::parse_str(source)
         .map_err(|e| compile_error(kernel, e.emit_to_string(source)))?;
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    )
-    .validate(&module)
-    .map_err(|e| compile_error(kernel, e.emit_to_string(source)))?;
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities)
+        .validate(&module)
+        .map_err(|e| compile_error(kernel, e.emit_to_string(source)))?;
     let mut bindings = 0;
     for (_, global) in module.global_variables.iter() {
         if let Some(binding) = &global.binding {
+            let name = global.name.as_deref().unwrap_or("?");
             if binding.group != 0 {
                 return Err(compile_error(
                     kernel,
@@ -129,11 +180,30 @@ fn wgsl_to_spirv(kernel: &Kernel, source: &str) -> Result<(Vec<u32>, u32)> {
                     ),
                 ));
             }
+            // Every binding is pushed as one storage-buffer descriptor; a
+            // uniform, a texture or a binding array would not match the
+            // layout, which is undefined behaviour, not an error code.
+            let buffer = matches!(global.space, naga::AddressSpace::Storage { .. })
+                && !matches!(
+                    module.types[global.ty].inner,
+                    naga::TypeInner::BindingArray { .. }
+                );
+            if !buffer {
+                return Err(compile_error(
+                    kernel,
+                    format!(
+                        "`{name}` (@binding({})) is not a `var<storage>` buffer; the Vulkan server \
+                         binds storage buffers only",
+                        binding.binding
+                    ),
+                ));
+            }
             bindings = bindings.max(binding.binding + 1);
         }
     }
     let options = naga::back::spv::Options {
         flags: naga::back::spv::WriterFlags::empty(),
+        bounds_check_policies: BOUNDS,
         ..Default::default()
     };
     let pipeline = naga::back::spv::PipelineOptions {
@@ -157,8 +227,10 @@ fn literal_string(words: &[u32]) -> String {
 
 /// How a SPIR-V module reaches its buffers, read from its instructions:
 /// the `Binding`/`DescriptorSet` decorations, or the addressing model and
-/// push-constant block of the device-address interface. Garbage yields
-/// whatever it yields; the driver judges the module itself.
+/// push-constant block of the device-address interface. This is a reading,
+/// not a validation: that the module is valid is the promise the caller
+/// made when building the kernel (`unsafe`), and garbage yields whatever
+/// it yields.
 fn spirv_interface(kernel: &Kernel, words: &[u32]) -> Result<Interface> {
     const OP_ENTRY_POINT: u32 = 15;
     const OP_MEMORY_MODEL: u32 = 14;
@@ -221,7 +293,7 @@ fn spirv_interface(kernel: &Kernel, words: &[u32]) -> Result<Interface> {
         }
         at += count;
     }
-    if !entries.is_empty() && !entries.iter().any(|e| e == kernel.entry_point()) {
+    if !entries.iter().any(|e| e == kernel.entry_point()) {
         return Err(compile_error(
             kernel,
             format!(
@@ -280,7 +352,35 @@ impl Pipelines {
             layouts: HashMap::new(),
             address_layouts: HashMap::new(),
             pipelines: HashMap::new(),
+            guard: None,
         }
+    }
+
+    /// The kernel that bounds an indirect launch's counts (see the module
+    /// docs), compiled on first use.
+    pub(crate) fn guard(&mut self) -> Result<VulkanKernel> {
+        if let Some(guard) = &self.guard {
+            return Ok(guard.clone());
+        }
+        let [x, y, z] = self.gpu.limits.max_groups;
+        let source = format!(
+            "@group(0) @binding(0) var<storage, read> counts: array<u32>;
+             @group(0) @binding(1) var<storage, read_write> checked: array<u32, 3>;
+             @compute @workgroup_size(1)
+             fn main() {{
+                 let n = arrayLength(&counts);
+                 let x = counts[n - 3u];
+                 let y = counts[n - 2u];
+                 let z = counts[n - 1u];
+                 let fits = x <= {x}u && y <= {y}u && z <= {z}u;
+                 checked[0] = select(0u, x, fits);
+                 checked[1] = select(0u, y, fits);
+                 checked[2] = select(0u, z, fits);
+             }}"
+        );
+        let guard = self.compile(&Kernel::wgsl("scope indirect-count guard", source))?;
+        self.guard = Some(guard.clone());
+        Ok(guard)
     }
 
     fn layout(&mut self, bindings: u32) -> Result<(vk::DescriptorSetLayout, vk::PipelineLayout)> {
@@ -340,7 +440,7 @@ impl Pipelines {
     pub(crate) fn compile(&mut self, kernel: &Kernel) -> Result<VulkanKernel> {
         let (words, interface) = match kernel.source() {
             KernelSource::Wgsl(source) => {
-                let (words, bindings) = wgsl_to_spirv(kernel, source)?;
+                let (words, bindings) = wgsl_to_spirv(kernel, source, self.gpu.capabilities)?;
                 (words, Interface::Descriptors(bindings))
             }
             KernelSource::SpirV(words) => (words.to_vec(), spirv_interface(kernel, words)?),
@@ -364,7 +464,21 @@ impl Pipelines {
         let entry = CString::new(kernel.entry_point())
             .map_err(|_| compile_error(kernel, "the entry point name contains a NUL byte"))?;
         let layout = match interface {
-            Interface::Descriptors(bindings) => self.layout(bindings)?.1,
+            Interface::Descriptors(bindings) => {
+                let max = self.gpu.limits.max_bindings;
+                if bindings > max {
+                    return Err(compile_error(
+                        kernel,
+                        format!(
+                            "the kernel declares {bindings} storage buffers (bindings and scalar \
+                             blob); {} pushes at most {max} (maxPushDescriptors and the \
+                             storage-buffer limits)",
+                            self.gpu.name
+                        ),
+                    ));
+                }
+                self.layout(bindings)?.1
+            }
             Interface::Addresses(addresses) => {
                 if !(self.gpu.bda && self.gpu.memory_model) {
                     return Err(compile_error(
@@ -397,8 +511,12 @@ impl Pipelines {
         };
         let device = &self.gpu.device;
         let info = vk::ShaderModuleCreateInfo::default().code(&words);
-        // SAFETY: `words` is a whole number of 32-bit words; the driver
-        // judges their meaning and answers with an error code.
+        // SAFETY: `words` is a whole number of 32-bit words, starting with
+        // the SPIR-V magic number. Its validity is not judged here: a WGSL
+        // kernel's words are naga's output for a module naga validated; a
+        // SPIR-V kernel's are the caller's promise, made `unsafe` when the
+        // kernel was built. (Invalid SPIR-V is undefined behaviour; drivers
+        // often, not always, answer it with an error code.)
         let module = unsafe { device.create_shader_module(&info, None) }.map_err(|e| {
             compile_error(kernel, format!("the driver rejected the module: VK_{e:?}"))
         })?;
@@ -442,63 +560,222 @@ impl Pipelines {
     }
 }
 
-/// Record `launch` of `kernel` on `stream`.
-pub(crate) fn launch(
-    stream: &mut VulkanStream,
+/// What the device's limits say about `launch` of `kernel`: the core calls
+/// this (`Backend::check_launch`) before it opens the launch's scope, so a
+/// launch refused here is an invalid argument that claims nothing.
+pub(crate) fn check(
+    gpu: &Gpu,
     kernel: &VulkanKernel,
     launch: &Launch<'_, VulkanMemory>,
 ) -> Result<()> {
     let given = launch.bindings.len() as u32 + u32::from(!launch.scalars.is_empty());
+    let invalid = |what: String, why: String| Err(Error::invalid(what, why));
+    let what = || format!("the bindings of `{}`", launch.name);
     match kernel.interface {
         Interface::Descriptors(bindings) if given != bindings => {
-            return Err(launch_error(
-                launch.name,
-                stream.id,
+            return invalid(
+                what(),
                 format!(
-                    "the kernel declares {bindings} storage buffers in set 0; the launch binds {given} (bindings, then the scalar blob)"
+                    "the kernel declares {bindings} storage buffers in set 0; the launch binds \
+                     {given} (bindings, then the scalar blob)"
                 ),
-            ));
+            );
         }
         Interface::Addresses(addresses) if given != addresses => {
-            return Err(launch_error(
-                launch.name,
-                stream.id,
+            return invalid(
+                what(),
                 format!(
-                    "the kernel takes {addresses} buffer addresses; the launch binds {given} (bindings, then the scalar blob)"
+                    "the kernel takes {addresses} buffer addresses; the launch binds {given} \
+                     (bindings, then the scalar blob)"
                 ),
-            ));
+            );
         }
         _ => {}
     }
-    let limits = &stream.gpu.limits;
-    let (min_offset, max_range, max_groups) = (
-        limits.min_storage_offset,
-        limits.max_storage_range,
-        limits.max_groups,
-    );
-    if let Some(b) = launch.bindings.iter().find(|b| b.len > max_range) {
-        return Err(launch_error(
-            launch.name,
-            stream.id,
-            format!(
-                "a binding of {} bytes is past the device's maxStorageBufferRange of {max_range}",
-                b.len
-            ),
-        ));
+    let limits = &gpu.limits;
+    match kernel.interface {
+        Interface::Descriptors(_) => {
+            let max_range = limits.max_storage_range;
+            if let Some((i, b)) = launch
+                .bindings
+                .iter()
+                .enumerate()
+                .find(|(_, b)| b.len > max_range)
+            {
+                return invalid(
+                    format!("binding {i} of `{}`", launch.name),
+                    format!(
+                        "{} bytes is past the device's maxStorageBufferRange of {max_range}",
+                        b.len
+                    ),
+                );
+            }
+            if scalar_len(launch.scalars) > max_range {
+                return invalid(
+                    format!("the scalar blob of `{}`", launch.name),
+                    format!(
+                        "{} bytes is past the device's maxStorageBufferRange of {max_range}",
+                        launch.scalars.len()
+                    ),
+                );
+            }
+        }
+        Interface::Addresses(_) => {
+            if launch
+                .bindings
+                .iter()
+                .any(|b| b.memory.device_address() == 0)
+            {
+                return invalid(
+                    what(),
+                    "a binding has no device address (bufferDeviceAddress is off)".to_owned(),
+                );
+            }
+        }
     }
     if let BoundDispatch::Groups(groups) = &launch.dispatch
-        && groups.iter().zip(&max_groups).any(|(g, m)| g > m)
+        && groups.iter().zip(&limits.max_groups).any(|(g, m)| g > m)
     {
-        return Err(launch_error(
-            launch.name,
-            stream.id,
-            format!("{groups:?} workgroups is past the device's limit of {max_groups:?}"),
-        ));
+        return invalid(
+            format!("the workgroup count of `{}`", launch.name),
+            format!(
+                "{groups:?} is past the device's maxComputeWorkGroupCount of {:?}",
+                limits.max_groups
+            ),
+        );
     }
-    if let Interface::Addresses(_) = kernel.interface {
-        return launch_by_address(stream, kernel, launch);
+    Ok(())
+}
+
+/// The bytes a scalar blob takes when staged: padded to 16 (a `vec4`'s
+/// alignment, which a blob struct may have).
+fn scalar_len(scalars: &[u8]) -> u64 {
+    (scalars.len() as u64).div_ceil(16) * 16
+}
+
+/// Record `launch` of `kernel` on `stream`. An indirect launch needs the
+/// count guard (`Pipelines::guard`).
+pub(crate) fn launch(
+    stream: &mut VulkanStream,
+    kernel: &VulkanKernel,
+    guard: Option<&VulkanKernel>,
+    launch: &Launch<'_, VulkanMemory>,
+) -> Result<()> {
+    // The core checked already; a mismatch recorded anyway would push
+    // descriptors the layout does not have (undefined behaviour), so this
+    // costs a few compares to make sure.
+    check(&stream.gpu, kernel, launch)?;
+    let id = stream.id;
+    let min_offset = stream.gpu.limits.min_storage_offset;
+    stream.record(|rec| {
+        let dispatch = match &launch.dispatch {
+            BoundDispatch::Groups(groups) => Counts::Host(*groups),
+            BoundDispatch::Indirect { memory, offset } => {
+                let Some(guard) = guard else {
+                    return Err(launch_error(
+                        launch.name,
+                        id,
+                        "an indirect launch without the count guard",
+                    ));
+                };
+                let (buffer, offset) = guard_counts(rec, guard, memory, *offset, min_offset)?;
+                Counts::Device(buffer, offset)
+            }
+        };
+        match kernel.interface {
+            Interface::Descriptors(_) => push_descriptors(rec, kernel, launch, min_offset)?,
+            Interface::Addresses(_) => push_addresses(rec, kernel, launch, min_offset)?,
+        }
+        let cmd = rec.encoder.cmd;
+        match dispatch {
+            // SAFETY: `cmd` is recording with the kernel's pipeline bound
+            // and every binding it reads pushed; the counts are within the
+            // device's limits (`check`).
+            Counts::Host([x, y, z]) => unsafe { rec.gpu.device.cmd_dispatch(cmd, x, y, z) },
+            // SAFETY: as above; the counts are 12 bytes the guard wrote at
+            // a 4-aligned offset of an arena buffer with indirect usage,
+            // each within the device's limits or all zero, and the barrier
+            // after the guard makes them visible to the indirect read.
+            Counts::Device(buffer, offset) => unsafe {
+                rec.gpu.device.cmd_dispatch_indirect(cmd, buffer, offset)
+            },
+        }
+        Ok(())
+    })
+}
+
+/// Where a dispatch's counts come from.
+enum Counts {
+    /// Given on the host.
+    Host([u32; 3]),
+    /// Checked by the guard, in this buffer at this offset.
+    Device(vk::Buffer, u64),
+}
+
+/// Record the count guard: copy the three counts at `offset` of `memory`
+/// into a fresh scratch slot, zeroed if any is past the device's limit,
+/// and order the dispatch that reads the slot after it. Returns the slot.
+fn guard_counts(
+    rec: &mut Recorder<'_>,
+    guard: &VulkanKernel,
+    memory: &VulkanMemory,
+    offset: u64,
+    min_offset: u64,
+) -> Result<(vk::Buffer, u64)> {
+    let scratch = rec.arena.reserve(12, min_offset)?;
+    // The counts are the last three words of a binding that starts at the
+    // alignment below them (a storage binding's offset must be aligned;
+    // the counts need only be 4-aligned).
+    let at = memory.offset + offset;
+    let start = at / min_offset * min_offset;
+    let infos = [
+        vk::DescriptorBufferInfo {
+            buffer: memory.buffer,
+            offset: start,
+            range: at - start + 12,
+        },
+        vk::DescriptorBufferInfo {
+            buffer: scratch.buffer,
+            offset: scratch.offset,
+            range: 12,
+        },
+    ];
+    let gpu = rec.gpu;
+    rec.encoder.bind(gpu, guard.pipeline);
+    let cmd = rec.encoder.cmd;
+    let write = vk::WriteDescriptorSet::default()
+        .dst_binding(0)
+        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+        .buffer_info(&infos);
+    // SAFETY: `cmd` is recording with the guard bound; its layout has two
+    // push-descriptor storage bindings, filled here from binding 0: the
+    // counts' range, inside the pooled block (the core checked the 12
+    // bytes against the allocation) at an aligned offset, and the scratch
+    // slot just reserved at an aligned offset of an arena chunk that
+    // travels with the submission (or graph).
+    unsafe {
+        gpu.push.cmd_push_descriptor_set(
+            cmd,
+            vk::PipelineBindPoint::COMPUTE,
+            guard.layout,
+            0,
+            &[write],
+        );
+        gpu.device.cmd_dispatch(cmd, 1, 1, 1);
     }
-    let (encoder, arena, gpu) = stream.encoder()?;
+    // The dispatch's indirect read must see the guard's write.
+    rec.encoder.needs_barrier = true;
+    rec.encoder.barrier(gpu);
+    Ok((scratch.buffer, scratch.offset))
+}
+
+/// Bind a descriptor kernel and push its bindings and staged scalars.
+fn push_descriptors(
+    rec: &mut Recorder<'_>,
+    kernel: &VulkanKernel,
+    launch: &Launch<'_, VulkanMemory>,
+    min_offset: u64,
+) -> Result<()> {
     let mut infos: SmallVec<[vk::DescriptorBufferInfo; 8]> = launch
         .bindings
         .iter()
@@ -509,38 +786,30 @@ pub(crate) fn launch(
         })
         .collect();
     if !launch.scalars.is_empty() {
-        let padded = (launch.scalars.len() as u64).div_ceil(16) * 16;
-        let staged = arena.push(launch.scalars, padded, min_offset)?;
+        let padded = scalar_len(launch.scalars);
+        let staged = rec.arena.push(launch.scalars, padded, min_offset)?;
         infos.push(vk::DescriptorBufferInfo {
             buffer: staged.buffer,
             offset: staged.offset,
             range: padded,
         });
     }
-    encoder.barrier(gpu);
-    let cmd = encoder.cmd;
-    if encoder.bound != kernel.pipeline {
-        // SAFETY: `cmd` is recording; the pipeline is live for the backend's
-        // life.
-        unsafe {
-            gpu.device
-                .cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, kernel.pipeline)
-        };
-        encoder.bound = kernel.pipeline;
-    }
+    let gpu = rec.gpu;
+    rec.encoder.bind(gpu, kernel.pipeline);
     if !infos.is_empty() {
         let write = vk::WriteDescriptorSet::default()
             .dst_binding(0)
             .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
             .buffer_info(&infos);
-        // SAFETY: the layout was made with the push-descriptor flag and has
-        // exactly `infos.len()` storage-buffer bindings, each one array
+        // SAFETY: the command buffer is recording with the kernel bound;
+        // its layout was made with the push-descriptor flag and has exactly
+        // `infos.len()` storage-buffer bindings (`check`), each one array
         // element, filled consecutively from binding 0; every range lies in
         // a live buffer at an aligned offset (core-checked bindings, arena
-        // scalars at `min_offset`).
+        // scalars at `min_offset`) and within maxStorageBufferRange.
         unsafe {
             gpu.push.cmd_push_descriptor_set(
-                cmd,
+                rec.encoder.cmd,
                 vk::PipelineBindPoint::COMPUTE,
                 kernel.layout,
                 0,
@@ -548,78 +817,49 @@ pub(crate) fn launch(
             )
         };
     }
-    dispatch(gpu, cmd, &launch.dispatch);
-    encoder.needs_barrier = true;
-    encoder.commands += 1;
-    stream.recorded()
+    Ok(())
 }
 
-/// Record the dispatch on `cmd`, which is recording with a compute
-/// pipeline bound and every binding it reads pushed.
-fn dispatch(gpu: &Gpu, cmd: vk::CommandBuffer, dispatch: &BoundDispatch<'_, VulkanMemory>) {
-    match dispatch {
-        // SAFETY: the caller's promise; counts are within the device's
-        // limits (checked in `launch`).
-        BoundDispatch::Groups([x, y, z]) => unsafe { gpu.device.cmd_dispatch(cmd, *x, *y, *z) },
-        // SAFETY: as above; the counts are 12 aligned bytes of a buffer with
-        // indirect usage (core-checked).
-        BoundDispatch::Indirect { memory, offset } => unsafe {
-            gpu.device
-                .cmd_dispatch_indirect(cmd, memory.buffer, memory.offset + offset)
-        },
-    }
-}
-
-/// Record a launch of a device-address kernel: the addresses of the
-/// bindings and of the staged scalar blob, in that order, as push
-/// constants.
-fn launch_by_address(
-    stream: &mut VulkanStream,
+/// Bind a device-address kernel and push the addresses of the bindings
+/// and of the staged scalar blob, in that order, as push constants.
+fn push_addresses(
+    rec: &mut Recorder<'_>,
     kernel: &VulkanKernel,
     launch: &Launch<'_, VulkanMemory>,
+    min_offset: u64,
 ) -> Result<()> {
-    let min_offset = stream.gpu.limits.min_storage_offset;
-    let id = stream.id;
-    let (encoder, arena, gpu) = stream.encoder()?;
     let mut addresses: SmallVec<[u64; 16]> = launch
         .bindings
         .iter()
         .map(|b| b.memory.device_address() + b.offset)
         .collect();
     if !launch.scalars.is_empty() {
-        let padded = (launch.scalars.len() as u64).div_ceil(16) * 16;
-        let staged = arena.push(launch.scalars, padded, min_offset.max(16))?;
+        let padded = scalar_len(launch.scalars);
+        let staged = rec.arena.push(launch.scalars, padded, min_offset.max(16))?;
+        if staged.address == 0 {
+            return Err(Error::invalid(
+                format!("the scalar blob of `{}`", launch.name),
+                "the staging memory has no device address (bufferDeviceAddress is off)",
+            ));
+        }
         addresses.push(staged.address);
     }
-    if addresses.contains(&0) {
-        return Err(launch_error(
-            launch.name,
-            id,
-            "a binding has no device address (bufferDeviceAddress is off)".to_owned(),
-        ));
-    }
     let bytes: SmallVec<[u8; 128]> = addresses.iter().flat_map(|a| a.to_le_bytes()).collect();
-    encoder.barrier(gpu);
-    let cmd = encoder.cmd;
-    if encoder.bound != kernel.pipeline {
-        // SAFETY: `cmd` is recording; the pipeline is live for the backend's
-        // life.
-        unsafe {
-            gpu.device
-                .cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, kernel.pipeline)
-        };
-        encoder.bound = kernel.pipeline;
-    }
-    // SAFETY: the layout has one compute push-constant range of exactly
-    // `bytes.len()` bytes (the interface's address count, checked against
-    // the launch above); every address is of a live buffer range the core
-    // checked, or of arena memory that travels with the submission.
+    let gpu = rec.gpu;
+    rec.encoder.bind(gpu, kernel.pipeline);
+    // SAFETY: the command buffer is recording with the kernel bound; the
+    // layout has one compute push-constant range of exactly `bytes.len()`
+    // bytes (the interface's address count, checked against the launch by
+    // `check`); every address is of a live buffer range the core checked,
+    // or of arena memory that travels with the submission.
     unsafe {
-        gpu.device
-            .cmd_push_constants(cmd, kernel.layout, vk::ShaderStageFlags::COMPUTE, 0, &bytes)
+        gpu.device.cmd_push_constants(
+            rec.encoder.cmd,
+            kernel.layout,
+            vk::ShaderStageFlags::COMPUTE,
+            0,
+            &bytes,
+        )
     };
-    dispatch(gpu, cmd, &launch.dispatch);
-    encoder.needs_barrier = true;
-    encoder.commands += 1;
-    stream.recorded()
+    Ok(())
 }

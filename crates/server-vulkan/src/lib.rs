@@ -16,20 +16,57 @@
 //! - `stream`: a logical stream is a command pool, a current command buffer
 //!   and a timeline semaphore on the device's one queue; work is batched
 //!   and submitted on sync, on read, at a batch limit, or when another
-//!   stream must wait for it. The module docs argue the mapping.
+//!   stream must wait for it; a replay is submitted at once. The module
+//!   docs argue the mapping.
 //! - `copy`: host writes (inline or staged, always in stream order), reads
 //!   and device copies.
-//! - `launch`: WGSL through naga 30 to SPIR-V, SPIR-V to pipelines with push
-//!   descriptors, and the dispatch. SPIR-V that reaches its buffers by
-//!   device address (what cubecl emits; see `scope-cube`) is recognised
-//!   from the module and given the bindings' and the scalar blob's
-//!   addresses as push constants instead — same bindings, same access, so
-//!   the same read and write sets.
+//! - `launch`: WGSL through naga 30 to SPIR-V (bounds-checked), SPIR-V to
+//!   pipelines with push descriptors, the launch checks and the dispatch.
+//!   SPIR-V that reaches its buffers by device address (what cubecl emits;
+//!   see `scope-cube`) is recognised from the module and given the
+//!   bindings' and the scalar blob's addresses as push constants instead —
+//!   same bindings, same access, so the same read and write sets.
 //! - `capture`: a window records into a simultaneous-use command buffer
 //!   that a replay resubmits without re-recording; a host write inside a
 //!   window keeps its bytes for every replay.
 //! - `error`: `VkResult` into the core's [`Error`](scope_core::Error), by
 //!   call site: out-of-memory is not sticky, device loss is.
+//!
+//! # What a kernel can reach
+//!
+//! A WGSL kernel is lowered with every index bounds-checked (naga's
+//! `Restrict` policy) and the device is opened with `robustBufferAccess`
+//! when it offers it, so an out-of-bounds index stays inside the kernel's
+//! own binding: the pool sub-allocates many buffers from one `VkBuffer`,
+//! and a write past a binding would otherwise land in a neighbour that the
+//! failure model believes untouched. A SPIR-V kernel is the caller's
+//! promise (building one is `unsafe`): invalid SPIR-V is undefined
+//! behaviour in Vulkan, and no server can check arbitrary SPIR-V.
+//!
+//! # Launch checks and indirect counts
+//!
+//! A launch the device's limits refuse — a binding count that does not
+//! match the kernel's layout, a binding past `maxStorageBufferRange`, a
+//! host-side workgroup count past `maxComputeWorkGroupCount` — is refused
+//! by `Backend::check_launch` before the core opens the launch's scope: an
+//! [`Error::InvalidArgument`](scope_core::Error::InvalidArgument) naming
+//! what was wrong, which claims nothing. A kernel whose layout is past
+//! `maxPushDescriptors` does not compile.
+//!
+//! **An indirect count past the device's limit runs nothing.** Counts in
+//! device memory are bounded on the device, before the dispatch reads
+//! them: a one-invocation guard kernel copies them into a scratch slot,
+//! zeroing all three if any is past `maxComputeWorkGroupCount`, and the
+//! dispatch reads the slot. This is what wgpu's indirect validation does,
+//! so the two servers agree.
+//!
+//! # Memory in a loop that only launches
+//!
+//! A stream keeps at most eight submissions in flight: each submission
+//! recycles the command buffers and staging chunks of those that completed,
+//! and a ninth waits for the oldest. A runtime that launches millions of
+//! times without a sync runs in bounded memory
+//! ([`Vulkan::batches_in_flight`]).
 //!
 //! # Validation
 //!
@@ -105,7 +142,7 @@ impl Vulkan {
     }
 
     /// Every message the validation layer sent so far, draining them.
-    pub fn validation_messages(&mut self) -> Vec<String> {
+    pub fn validation_messages(&self) -> Vec<String> {
         std::mem::take(&mut *self.gpu.messages.lock())
     }
 
@@ -113,6 +150,46 @@ impl Vulkan {
     /// installed).
     pub fn validating(&self) -> bool {
         self.gpu.validation
+    }
+
+    /// The device's `maxComputeWorkGroupCount`: the most workgroups one
+    /// launch may run per dimension.
+    pub fn max_workgroups(&self) -> [u32; 3] {
+        self.gpu.limits.max_groups
+    }
+
+    /// The device's `maxStorageBufferRange`: the most bytes one binding may
+    /// span.
+    pub fn max_storage_buffer_range(&self) -> u64 {
+        self.gpu.limits.max_storage_range
+    }
+
+    /// Whether `robustBufferAccess` is on: the device offered it, and a
+    /// kernel's out-of-bounds descriptor access then stays inside its own
+    /// binding even where the compiled code had no check.
+    pub fn robust_buffer_access(&self) -> bool {
+        self.gpu.robust
+    }
+
+    /// Submissions on all streams whose command buffers and staging are
+    /// not recycled yet. A stream that submits a ninth waits for its
+    /// oldest first, so each holds at most eight: a loop that only
+    /// launches holds a bounded number however long it runs.
+    pub fn batches_in_flight(&self) -> usize {
+        self.tracks
+            .iter()
+            .map(|t| t.in_flight.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    }
+
+    /// How many streams have work recorded or submitted that the device
+    /// has not finished (asking the device, without waiting). For tests.
+    #[doc(hidden)]
+    pub fn streams_with_work_outstanding(&self) -> usize {
+        self.tracks
+            .iter()
+            .filter(|t| !t.reached(t.covering.load(std::sync::atomic::Ordering::Acquire)))
+            .count()
     }
 
     /// Raw access for a crate-local baseline (the bench's raw-ash path).
@@ -253,13 +330,21 @@ impl Backend for Vulkan {
         self.pipelines.compile(kernel)
     }
 
+    fn check_launch(&self, kernel: &VulkanKernel, launch: &Launch<'_, VulkanMemory>) -> Result<()> {
+        launch::check(&self.gpu, kernel, launch)
+    }
+
     fn launch(
         &mut self,
         stream: &mut VulkanStream,
         kernel: &VulkanKernel,
         launch: &Launch<'_, VulkanMemory>,
     ) -> Result<()> {
-        launch::launch(stream, kernel, launch)
+        let guard = match launch.dispatch {
+            scope_core::BoundDispatch::Indirect { .. } => Some(self.pipelines.guard()?),
+            scope_core::BoundDispatch::Groups(_) => None,
+        };
+        launch::launch(stream, kernel, guard.as_ref(), launch)
     }
 
     fn flush(&mut self, stream: &mut VulkanStream) -> Result<()> {
@@ -293,9 +378,7 @@ impl Backend for Vulkan {
     }
 
     fn destroy_graph(&mut self, graph: VulkanGraph) -> Result<()> {
-        // Replays in flight hold the graph; the last to complete frees it.
-        drop(graph);
-        Ok(())
+        capture::destroy(graph)
     }
 }
 

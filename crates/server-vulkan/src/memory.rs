@@ -439,6 +439,13 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        if self.gpu.is_hung() {
+            tracing::error!(
+                bytes = self.reserved,
+                "leaking device memory: a wait for the device gave up, so work may still use it"
+            );
+            return;
+        }
         // SAFETY: waiting for the device before freeing what it may use.
         let _ = unsafe { self.gpu.device.device_wait_idle() };
         for block in self.blocks.drain(..).flatten() {

@@ -23,13 +23,32 @@
 //!   arena chunks holding its scalars and staged bytes, the graphs it
 //!   replays — travels with it in the stream's in-flight list and is
 //!   recycled once the semaphore passes its value.
-//! - A submission that fails means its batch never ran. The error is kept
-//!   and returned by the stream's next sync or read as well, so the core
-//!   attributes it to all the work in flight (rule 23).
+//! - A submission that fails means its batch never ran. It is a device
+//!   fault ([`Error::Fault`], sticky only for device loss) returned by the
+//!   call that flushed, and the core gives it to all the work in flight on
+//!   the stream (rule 23). Once: a later sync does not report it again,
+//!   since by then the stream's in-flight work is later work that ran. The
+//!   exception is a flush for another stream's sake
+//!   ([`VulkanStream::order`]), whose failure is kept for the flushed
+//!   stream's next sync or read, as the core attributes an error to the
+//!   stream that returned it.
+//! - **Bounded in a loop that only launches.** Each submission polls the
+//!   oldest ones without waiting and recycles what completed (command
+//!   buffers, staging chunks, replayed graphs). When more than
+//!   [`MAX_BATCHES_IN_FLIGHT`] are still running the host waits for the
+//!   oldest: the device, not the host's memory, sets the pace, so a loop of
+//!   launches with no sync holds a fixed number of batches however long it
+//!   runs.
+//! - **Teardown never destroys what may still run.** A wait that gives up
+//!   (times out, or fails for a reason other than device loss) marks the
+//!   device hung; a stream dropped then, or whose own final wait gives up,
+//!   leaks its command pool, its semaphore and what its submissions hold,
+//!   with an error in the log, rather than free memory the device may still
+//!   use.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use ash::vk;
 use scope_core::{Error, Result};
@@ -50,6 +69,13 @@ pub(crate) const BATCH_LIMIT: usize = 256;
 /// How long a host wait may take before it is a fault.
 const WAIT_TIMEOUT_NS: u64 = 120_000_000_000;
 
+/// Submissions of one stream that may run at once before the next waits
+/// for the oldest. Eight batches of up to [`BATCH_LIMIT`] commands keep a
+/// device busy while the host records (lavapipe gains nothing past three),
+/// and bound what a stream holds: eight batches' command buffers and
+/// staging chunks.
+pub(crate) const MAX_BATCHES_IN_FLIGHT: usize = 8;
+
 /// One stream's timeline, shared with the pool so freed memory can wait
 /// for it.
 pub(crate) struct Track {
@@ -59,6 +85,8 @@ pub(crate) struct Track {
     pub covering: AtomicU64,
     /// The last value the semaphore was seen to reach.
     completed: AtomicU64,
+    /// Submissions whose holdings were not recycled yet.
+    pub in_flight: AtomicUsize,
 }
 
 impl Track {
@@ -85,7 +113,13 @@ impl Track {
 
 impl Drop for Track {
     fn drop(&mut self) {
-        // SAFETY: the stream that signalled it is gone and waited for.
+        if self.gpu.is_hung() {
+            // A submission may still signal it.
+            return;
+        }
+        // SAFETY: the stream that signalled it is gone and its work was
+        // waited for (the device is not hung), so no pending submission
+        // signals or waits on it.
         unsafe { self.gpu.device.destroy_semaphore(self.semaphore, None) };
     }
 }
@@ -158,8 +192,23 @@ impl Encoder {
         self.needs_barrier = false;
     }
 
+    /// Bind `pipeline` for the next dispatch unless it is bound already.
+    pub(crate) fn bind(&mut self, gpu: &Gpu, pipeline: vk::Pipeline) {
+        if self.bound != pipeline {
+            // SAFETY: `cmd` is recording; pipelines live as long as the
+            // backend, which outlives every command buffer it records.
+            unsafe {
+                gpu.device
+                    .cmd_bind_pipeline(self.cmd, vk::PipelineBindPoint::COMPUTE, pipeline)
+            };
+            self.bound = pipeline;
+        }
+    }
+
     /// Make everything recorded visible to the host, and end the buffer.
-    pub(crate) fn finish(&mut self, gpu: &Gpu) -> Result<()> {
+    /// The caller classifies a failure: for a batch it loses every command
+    /// in it, for a graph it refuses the seal.
+    pub(crate) fn finish(&mut self, gpu: &Gpu) -> std::result::Result<(), vk::Result> {
         let barrier = vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
             .dst_access_mask(vk::AccessFlags::HOST_READ);
@@ -176,8 +225,51 @@ impl Encoder {
             );
             gpu.device.end_command_buffer(self.cmd)
         }
-        .map_err(|e| classify(e, Site::Record, "vkEndCommandBuffer", 0))
     }
+}
+
+/// What one command is recorded with: the encoder (a batch's command
+/// buffer or a graph's), the arena its staged bytes go to, and the device.
+pub(crate) struct Recorder<'a> {
+    pub encoder: &'a mut Encoder,
+    pub arena: &'a mut Arena,
+    pub gpu: &'a Gpu,
+}
+
+/// Wait on the host until every track reaches its value, for at most
+/// [`WAIT_TIMEOUT_NS`]; each value must be one a submission signals. A
+/// wait that gives up on running work marks the device hung.
+pub(crate) fn wait_tracks(gpu: &Gpu, waits: &[(Arc<Track>, u64)]) -> Result<()> {
+    let (semaphores, values): (SmallVec<[vk::Semaphore; 2]>, SmallVec<[u64; 2]>) = waits
+        .iter()
+        .filter(|(track, value)| !track.reached(*value))
+        .map(|(track, value)| (track.semaphore, *value))
+        .unzip();
+    if semaphores.is_empty() {
+        return Ok(());
+    }
+    let info = vk::SemaphoreWaitInfo::default()
+        .semaphores(&semaphores)
+        .values(&values);
+    // SAFETY: live timeline semaphores, each with a value a submission
+    // signals (the callers pass submitted values only).
+    let result = match unsafe { gpu.device.wait_semaphores(&info, WAIT_TIMEOUT_NS) } {
+        Ok(()) => Ok(()),
+        Err(vk::Result::TIMEOUT) => Err(fault(
+            vk::Result::TIMEOUT,
+            format!(
+                "the work waited for did not finish within {} s",
+                WAIT_TIMEOUT_NS / 1_000_000_000
+            ),
+        )),
+        Err(code) => Err(classify(code, Site::Wait, "vkWaitSemaphores", 0)),
+    };
+    if let Err(Error::Fault(fault)) = &result
+        && !fault.sticky
+    {
+        gpu.mark_hung();
+    }
+    result
 }
 
 /// A logical stream: what the core holds as `Backend::Stream`.
@@ -216,6 +308,7 @@ impl VulkanStream {
             semaphore,
             covering: AtomicU64::new(0),
             completed: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
         });
         let info = vk::CommandPoolCreateInfo::default()
             .queue_family_index(gpu.family)
@@ -289,8 +382,38 @@ impl VulkanStream {
         Ok((encoder, &mut self.arena, &self.gpu))
     }
 
+    /// Record one command with `body`, and keep the stream's invariants
+    /// around it: a barrier first (if an earlier command wrote), so it sees
+    /// every earlier write of the stream; afterwards, the mark that it may
+    /// have written (so the next command waits for it), its count, and the
+    /// submission of a full batch.
+    ///
+    /// Every launch, copy and write goes through here: forgetting any of
+    /// those steps on one path would be a data race or an unbounded batch.
+    /// The mark is set even when `body` fails, since it may have recorded
+    /// part of its work; an extra barrier costs little, a missing one is a
+    /// race.
+    pub(crate) fn record<R>(
+        &mut self,
+        body: impl FnOnce(&mut Recorder<'_>) -> Result<R>,
+    ) -> Result<R> {
+        let (encoder, arena, gpu) = self.encoder()?;
+        encoder.barrier(gpu);
+        let mut recorder = Recorder {
+            encoder,
+            arena,
+            gpu,
+        };
+        let result = body(&mut recorder);
+        recorder.encoder.needs_barrier = true;
+        let value = result?;
+        recorder.encoder.commands += 1;
+        self.recorded()?;
+        Ok(value)
+    }
+
     /// After a command was recorded: submit when the batch is full.
-    pub(crate) fn recorded(&mut self) -> Result<()> {
+    fn recorded(&mut self) -> Result<()> {
         if self.recording.is_some() {
             return Ok(());
         }
@@ -303,32 +426,55 @@ impl VulkanStream {
     }
 
     /// End the current batch's command buffer and queue it for submission.
+    /// A failure loses every command in the batch, so it is a fault of the
+    /// work in flight, like a failed submission.
     fn close_current(&mut self) -> Result<()> {
         if let Some(mut encoder) = self.current.take() {
             self.held.push(Held::Commands(encoder.cmd));
-            encoder.finish(&self.gpu)?;
+            encoder
+                .finish(&self.gpu)
+                .map_err(|e| classify(e, Site::Submit, "vkEndCommandBuffer", 0))?;
             self.pending.push(encoder.cmd);
         }
         Ok(())
     }
 
-    /// Queue a replay of `graph` after the work recorded so far.
-    pub(crate) fn enqueue_graph(&mut self, graph: &Arc<GraphInner>) -> Result<()> {
-        self.close_current()?;
+    /// Submit a replay of `graph` after the work recorded so far, and tell
+    /// the graph which timeline value finishes it.
+    ///
+    /// A replay is submitted at once rather than batched: destroying a
+    /// graph waits for its replays (rule 35), and a replay still in a
+    /// stream's unsubmitted batch is one that nothing could wait for.
+    pub(crate) fn submit_graph(&mut self, graph: &Arc<GraphInner>) -> Result<()> {
+        if let Err(e) = self.close_current() {
+            self.abandon_pending();
+            return Err(e);
+        }
         self.pending.push(graph.cmd);
         self.held.push(Held::Graph(graph.clone()));
         self.track
             .covering
             .store(self.submitted + 1, Ordering::Release);
-        self.recorded()
+        let before = self.submitted;
+        let submitted = self.submit();
+        if self.submitted > before {
+            graph.replayed(&self.track, self.submitted);
+        }
+        submitted
     }
 
     /// Submit everything pending (and any waits) as one submission.
     pub(crate) fn flush(&mut self) -> Result<()> {
         if let Err(e) = self.close_current() {
             self.abandon_pending();
-            return Err(self.defer(e));
+            return Err(e);
         }
+        self.submit()
+    }
+
+    /// Submit the ended command buffers (and any waits), then recycle and
+    /// throttle.
+    fn submit(&mut self) -> Result<()> {
         if self.pending.is_empty() && self.waits.is_empty() {
             return Ok(());
         }
@@ -370,12 +516,14 @@ impl VulkanStream {
                 let mut held = std::mem::take(&mut self.held);
                 held.extend(self.arena.take().into_iter().map(Held::Chunk));
                 self.in_flight.push_back((value, held));
-                Ok(())
+                self.track.in_flight.fetch_add(1, Ordering::Relaxed);
+                self.reclaim();
+                self.throttle()
             }
             Err(code) => {
                 self.abandon_pending();
                 let error = classify(code, Site::Submit, "vkQueueSubmit", 0);
-                Err(self.defer(error))
+                Err(error)
             }
         }
     }
@@ -402,6 +550,7 @@ impl VulkanStream {
         self.track.covering.store(self.submitted, Ordering::Release);
     }
 
+    /// Keep `error` for the stream's next sync or read.
     fn defer(&mut self, error: Error) -> Error {
         if self.deferred.is_none() {
             self.deferred = Some(error.clone());
@@ -409,7 +558,8 @@ impl VulkanStream {
         error
     }
 
-    /// Recycle what completed submissions held.
+    /// Recycle what completed submissions held. Asks the device at most
+    /// once (a semaphore counter read, no wait).
     pub(crate) fn reclaim(&mut self) {
         while let Some((value, _)) = self.in_flight.front() {
             if !self.track.reached(*value) {
@@ -418,6 +568,7 @@ impl VulkanStream {
             let Some((_, held)) = self.in_flight.pop_front() else {
                 break;
             };
+            self.track.in_flight.fetch_sub(1, Ordering::Relaxed);
             for item in held {
                 match item {
                     Held::Commands(cmd) => self.free_cmds.push(cmd),
@@ -428,28 +579,37 @@ impl VulkanStream {
         }
     }
 
+    /// With more than [`MAX_BATCHES_IN_FLIGHT`] submissions running, wait
+    /// for the oldest and recycle it. A wait that fails is a fault of the
+    /// work in flight (the core attributes it, rule 23).
+    fn throttle(&mut self) -> Result<()> {
+        while self.in_flight.len() > MAX_BATCHES_IN_FLIGHT {
+            let Some(&(oldest, _)) = self.in_flight.front() else {
+                break;
+            };
+            self.wait_for(oldest)?;
+            self.reclaim();
+        }
+        Ok(())
+    }
+
     /// Wait on the host for everything submitted, without recycling.
     pub(crate) fn wait_submitted(&mut self) -> Result<()> {
-        if self.submitted == 0 || self.track.reached(self.submitted) {
+        self.wait_for(self.submitted)
+    }
+
+    /// Wait on the host until the stream's semaphore reaches `value`, for
+    /// at most [`WAIT_TIMEOUT_NS`]. Giving up (other than on device loss,
+    /// after which nothing runs) marks the device hung.
+    fn wait_for(&mut self, value: u64) -> Result<()> {
+        if value == 0 || self.track.reached(value) {
             return Ok(());
         }
-        let semaphores = [self.track.semaphore];
-        let values = [self.submitted];
-        let info = vk::SemaphoreWaitInfo::default()
-            .semaphores(&semaphores)
-            .values(&values);
-        // SAFETY: a live timeline semaphore and a value a submission signals.
-        match unsafe { self.gpu.device.wait_semaphores(&info, WAIT_TIMEOUT_NS) } {
-            Ok(()) => Ok(()),
-            Err(vk::Result::TIMEOUT) => Err(fault(
-                vk::Result::TIMEOUT,
-                format!(
-                    "the stream's work did not finish within {} s",
-                    WAIT_TIMEOUT_NS / 1_000_000_000
-                ),
-            )),
-            Err(code) => Err(classify(code, Site::Wait, "vkWaitSemaphores", 0)),
-        }
+        self.wait_semaphore(value)
+    }
+
+    fn wait_semaphore(&self, value: u64) -> Result<()> {
+        wait_tracks(&self.gpu, &[(self.track.clone(), value)])
     }
 
     /// Submit and wait for everything; report a deferred submission failure.
@@ -465,8 +625,15 @@ impl VulkanStream {
     }
 
     /// Make `then`'s later work wait for `first`'s earlier work.
+    ///
+    /// A failure submitting `first`'s batch is returned (the work on `then`
+    /// that needed it cannot run) and also kept for `first`'s next sync or
+    /// read: the core attributes an error to the stream whose call
+    /// returned it, and the batch lost was `first`'s.
     pub(crate) fn order(first: &mut VulkanStream, then: &mut VulkanStream) -> Result<()> {
-        first.flush()?;
+        if let Err(e) = first.flush() {
+            return Err(first.defer(e));
+        }
         let value = first.submitted;
         if value == 0 || first.track.reached(value) {
             return Ok(());
@@ -490,10 +657,31 @@ impl VulkanStream {
 
 impl Drop for VulkanStream {
     fn drop(&mut self) {
-        let _ = self.flush();
-        let _ = self.wait_submitted();
-        self.in_flight.clear();
         self.recording = None;
+        if !self.gpu.is_hung() {
+            let _ = self.flush();
+            let _ = self.wait_submitted();
+        }
+        if self.gpu.is_hung() {
+            // The wait gave up (here or earlier): submitted work may still
+            // be running, and it uses the command buffers in the pool and
+            // what the submissions hold. Leaking them is safe; destroying
+            // them is not.
+            tracing::error!(
+                stream = %self.id,
+                submissions = self.in_flight.len(),
+                "the stream's work did not finish; leaking its command pool and staging"
+            );
+            std::mem::forget(std::mem::take(&mut self.in_flight));
+            std::mem::forget(std::mem::take(&mut self.held));
+            std::mem::forget(std::mem::replace(
+                &mut self.arena,
+                Arena::new(self.gpu.clone()),
+            ));
+            return;
+        }
+        self.in_flight.clear();
+        self.track.in_flight.store(0, Ordering::Relaxed);
         // SAFETY: the stream's work is complete (or the device is lost and
         // nothing runs); destroying the pool frees its command buffers.
         unsafe { self.gpu.device.destroy_command_pool(self.pool, None) };

@@ -76,6 +76,22 @@ fn garbage_spirv_is_a_compile_error_that_claims_the_outputs() {
         0xdead_beef,
         0xdead_beef,
     ];
+    // No entry point at all: refused before the driver sees it (the
+    // driver would be handed a name the module does not have).
+    let error = client
+        .compile(&Kernel::spirv("garbage", garbage.clone()))
+        .expect_err("no entry point");
+    assert!(
+        matches!(&error, Error::Compile { log, .. } if log.contains("no entry point")),
+        "{error}"
+    );
+    // With an `OpEntryPoint GLCompute %1 "main"` ahead of the garbage, the
+    // driver judges it.
+    let mut garbage = garbage;
+    garbage.splice(
+        5..5,
+        [(5 << 16) | 15, 5, 1, u32::from_le_bytes(*b"main"), 0],
+    );
     let kernel = Kernel::spirv("garbage", garbage);
     let out = client.try_allocate(64 * 4).unwrap();
     client.write(&out, &bytes(&[5; 64])).unwrap();
@@ -442,21 +458,54 @@ fn freed_memory_is_reused_and_blocks_are_pooled() {
     drop(first);
 }
 
+/// A launch the device's limits refuse is the caller's mistake: an invalid
+/// argument from `check_launch`, before the scope opens, so it claims
+/// nothing and fires no hook — as the core's own checks, and as wgpu.
 #[test]
-fn a_binding_count_that_does_not_match_the_kernel_is_a_launch_error() {
+fn a_launch_past_the_device_limits_is_an_invalid_argument_that_claims_nothing() {
     let Some(client) = client_or_skip(common::validating) else {
         return;
     };
-    let out = client.try_allocate(256).unwrap();
+    let out = client.upload(&bytes(&[6; 64])).unwrap();
+    let held = client.failures_held();
+    let seen = client.failures_seen();
+    let refused = |r: scope_core::Result<()>, text: &str| match r {
+        Err(Error::InvalidArgument { what, why }) => assert!(
+            what.contains("`fill`") && why.contains(text),
+            "{what}: {why}"
+        ),
+        other => panic!("expected an invalid argument about {text:?}, got {other:?}"),
+    };
     // `fill` declares out and the scalar blob; no scalars given.
-    let error = client
-        .launch(&fill(), &[Binding::write(&out)], &[], Dispatch::linear(1))
-        .expect_err("mismatch");
-    assert!(matches!(error, Error::Launch { .. }), "{error}");
-    assert!(
-        client.read(&out).is_err(),
-        "the output carries the launch error"
+    refused(
+        client.launch(&fill(), &[Binding::write(&out)], &[], Dispatch::linear(1)),
+        "declares 2 storage buffers",
     );
+    let max = client.with_backend(|b| b.max_workgroups());
+    refused(
+        client.launch(
+            &fill(),
+            &[Binding::write(&out)],
+            &scalars(&[64, 1]),
+            Dispatch::Groups([max[0] + 1, 1, 1]),
+        ),
+        "maxComputeWorkGroupCount",
+    );
+    let range = client.with_backend(|b| b.max_storage_buffer_range());
+    let big = client.try_allocate(range + 256).unwrap();
+    refused(
+        client.launch(
+            &fill(),
+            &[Binding::write(&big)],
+            &scalars(&[64, 1]),
+            Dispatch::linear(1),
+        ),
+        "maxStorageBufferRange",
+    );
+    assert_eq!(client.failures_held(), held, "nothing claimed");
+    assert_eq!(client.failures_seen(), seen, "no failure seen");
+    assert_eq!(words(&client.read(&out).unwrap()), vec![6; 64]);
+    assert!(client.read(big.slice(0..256)).is_ok());
 }
 
 #[test]
