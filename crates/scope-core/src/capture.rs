@@ -50,6 +50,9 @@ pub enum WindowEnd {
         written: Vec<BufferRange>,
         /// What it reads that it did not write first.
         read: Vec<BufferRange>,
+        /// What recorded indirect launches may or may not write: a replay
+        /// claims these if it fails, and heals none of them.
+        maybe_written: Vec<BufferRange>,
     },
     /// It cannot seal (rule 33): these ranges were recorded and the error
     /// says why. The caller claims them with the error.
@@ -69,6 +72,9 @@ pub struct CaptureWindow {
     /// streams until the window ends (the work runs only at replay, so
     /// nothing can be ordered after it).
     touched: HashSet<BufferId>,
+    /// What recorded indirect launches may write (see
+    /// [`record_maybe`](Self::record_maybe)).
+    maybe_written: Vec<BufferRange>,
     doom: Option<Error>,
     /// Which window this is: counts [`prepare`](Self::prepare)s, so a handle
     /// on an ended window cannot end or abort a later one.
@@ -137,6 +143,7 @@ impl CaptureWindow {
         self.read.clear();
         self.seen_read.clear();
         self.touched.clear();
+        self.maybe_written.clear();
         self.doom = None;
     }
 
@@ -186,6 +193,7 @@ impl CaptureWindow {
         let opened_by = self.opened_by.take().unwrap_or(stream);
         let written = std::mem::take(&mut self.written);
         let read = std::mem::take(&mut self.read);
+        let maybe_written = std::mem::take(&mut self.maybe_written);
         self.seen.clear();
         self.seen_read.clear();
         self.touched.clear();
@@ -198,7 +206,11 @@ impl CaptureWindow {
             doom
         };
         Ok(match reason {
-            None => WindowEnd::Sealable { written, read },
+            None => WindowEnd::Sealable {
+                written,
+                read,
+                maybe_written,
+            },
             Some(reason) => WindowEnd::Unsealable(
                 written,
                 Error::Unsealed {
@@ -210,7 +222,9 @@ impl CaptureWindow {
     }
 
     /// Back to NoCapture from any state, clearing the recording (rule 29,
-    /// 30). Returns what had been recorded.
+    /// 30). Returns what the recorded work wrote — not what recorded indirect
+    /// launches may write: recording those healed nothing, so withdrawing
+    /// them leaves nothing to claim.
     pub fn abort(&mut self) -> Vec<BufferRange> {
         self.state = CaptureState::NoCapture;
         self.opened_by = None;
@@ -225,6 +239,22 @@ impl CaptureWindow {
     pub fn fail(&mut self, error: &Error) {
         if self.is_recording() && self.doom.is_none() {
             self.doom = Some(error.clone());
+        }
+    }
+
+    /// A clean indirect launch inside the window read `read` and may write
+    /// `written`, depending on counts only the device will know. Its reads
+    /// are the graph's inputs like any other's; its writes are kept apart,
+    /// because a replay cannot know whether they happened either.
+    pub fn record_maybe(&mut self, written: &[BufferRange], read: &[BufferRange]) {
+        if !self.is_recording() {
+            return;
+        }
+        self.record(&[], read);
+        for w in written {
+            if !self.maybe_written.contains(w) {
+                self.maybe_written.push(*w);
+            }
         }
     }
 

@@ -141,6 +141,9 @@ pub struct ExecuteScope<'a, S: WriteScoped> {
     written: Vec<BufferRange>,
     read: &'a [BufferRange],
     opened: Opened,
+    /// Whether the work may write less than its write set (an indirect
+    /// launch): a recording window then keeps its writes apart.
+    maybe: bool,
 }
 
 impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
@@ -165,6 +168,7 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
             written,
             read: &[],
             opened: Opened::Entered { provisional },
+            maybe: false,
         }
     }
 
@@ -218,7 +222,18 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
                 kernel: kernel.clone(),
                 root: error,
             },
+            maybe: false,
         }
+    }
+
+    /// Work whose extent only the device knows (an indirect launch): it may
+    /// write its write set or none of it. The caller gives it only bytes
+    /// that carry no failure, so a clean exit heals nothing; a recording
+    /// window keeps these writes apart, so that a replay does not heal them
+    /// either ([`CaptureWindow::record_maybe`]).
+    pub fn writing_at_most(mut self) -> Self {
+        self.maybe = true;
+        self
     }
 
     /// Whether the body will not run.
@@ -247,6 +262,7 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
             written,
             read,
             opened,
+            maybe,
         } = self;
         let provisional = match opened {
             Opened::Entered { provisional } => provisional,
@@ -262,6 +278,7 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         let result = body(server, &written);
         if let Some(window) = server.capturing(stream) {
             match &result {
+                Ok(_) if maybe => window.record_maybe(&written, read),
                 Ok(_) => window.record(&written, read),
                 Err(error) => window.fail(error),
             }

@@ -67,6 +67,9 @@ struct GraphEntry<G> {
     label: Arc<str>,
     written: Vec<BufferRange>,
     read: Vec<BufferRange>,
+    /// What its indirect launches may write: claimed by a failed replay,
+    /// healed by none.
+    maybe_written: Vec<BufferRange>,
 }
 
 /// One device's server: the shared logic over a backend `B`.

@@ -271,3 +271,50 @@ pub fn a_count_past_the_device_runs_nothing<S: Suite>() {
         assert_eq!(read(&c, &out).unwrap(), vec![3; WORDS as usize]);
     }
 }
+
+/// A replay cannot know a recorded indirect launch's counts any more than
+/// the launch could: bytes it may write that carry a failure when the graph
+/// replays keep it — a zero count there wrote nothing — and its recording
+/// healed nothing, so aborting such a window claims nothing (rules 19, 33,
+/// 34). A server that cannot record an indirect launch refuses it in the
+/// window, which then cannot seal.
+pub fn a_replayed_indirect_launch_heals_nothing<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let out = upload(&c, &[3; WORDS as usize]);
+    let zero = upload(&c, &[0, 1, 1]);
+    let capture = c.begin_capture().unwrap();
+    let recorded = launch::<S>(
+        &c,
+        &S::fill(),
+        &[Binding::write(&out)],
+        &[WORDS, 9],
+        Dispatch::Indirect(zero.all()),
+    );
+    if recorded.is_err() {
+        assert!(matches!(
+            c.end_capture(capture),
+            Err(Error::Unsealed { .. })
+        ));
+        return;
+    }
+    let graph = c.end_capture(capture).unwrap();
+    fail_next_launch(&c, "stale");
+    assert!(fill::<S>(&c, &out, 1).is_err());
+    c.replay(&graph).unwrap();
+    assert_root_contains(&read(&c, &out).unwrap_err(), "stale");
+    c.write(&out, &super::as_bytes(&[4; WORDS as usize]))
+        .unwrap();
+    c.replay(&graph).unwrap();
+    assert_eq!(read(&c, &out).unwrap(), vec![4; WORDS as usize]);
+    let capture = c.begin_capture().unwrap();
+    launch::<S>(
+        &c,
+        &S::fill(),
+        &[Binding::write(&out)],
+        &[WORDS, 9],
+        Dispatch::Indirect(zero.all()),
+    )
+    .unwrap();
+    c.abort_capture(capture).unwrap();
+    assert_eq!(read(&c, &out).unwrap(), vec![4; WORDS as usize]);
+}

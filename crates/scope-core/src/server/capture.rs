@@ -65,7 +65,11 @@ impl<B: Backend> Server<B> {
         }
         let end = self.streams[index].window.end(by)?;
         match end {
-            WindowEnd::Sealable { written, read } => {
+            WindowEnd::Sealable {
+                written,
+                read,
+                maybe_written,
+            } => {
                 let sealed = self
                     .fault(Site::Seal, Some(opened))
                     .and_then(|()| self.backend.end_capture(&mut self.streams[index].device));
@@ -80,6 +84,7 @@ impl<B: Backend> Server<B> {
                                 label: Arc::from(format!("replay of {id}")),
                                 written,
                                 read,
+                                maybe_written,
                             },
                         );
                         Ok(id)
@@ -174,6 +179,7 @@ impl<B: Backend> Server<B> {
             .written
             .iter()
             .chain(&entry.read)
+            .chain(&entry.maybe_written)
             .find(|r| !self.table.is_live(r.buffer))
         {
             return Err(Error::invalid(
@@ -184,10 +190,21 @@ impl<B: Backend> Server<B> {
         let label = entry.label.clone();
         let read = entry.read.clone();
         let graph_written = entry.written.clone();
+        let maybe_written = entry.maybe_written.clone();
         let mut written = self.write_set();
         written.extend_from_slice(&graph_written);
-        let touched: SmallVec<[BufferId; 8]> =
-            written.iter().chain(&read).map(|r| r.buffer).collect();
+        // What the graph's indirect launches may write enters the replay's
+        // write set only where it is clean now, as for the launch itself: a
+        // replay cannot know their counts either, so it heals none of it.
+        for r in &maybe_written {
+            self.table.unclaimed(*r, &mut written);
+        }
+        let touched: SmallVec<[BufferId; 8]> = written
+            .iter()
+            .chain(&read)
+            .chain(&maybe_written)
+            .map(|r| r.buffer)
+            .collect();
         self.refuse_recorded_elsewhere(stream, &touched)?;
         let id = graph.id;
         let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(

@@ -289,50 +289,52 @@ impl<B: Backend> Server<B> {
         }
         let id = kernel.id();
         self.check_launch(id, &name, &resolved, scalars, groups)?;
-        let outcome = ExecuteScope::launching(self, &name, stream, &read, written).execute(
-            |server, written| {
-                if runs_nothing {
-                    return Ok(());
+        let mut scope = ExecuteScope::launching(self, &name, stream, &read, written);
+        if groups.is_none() {
+            scope = scope.writing_at_most();
+        }
+        let outcome = scope.execute(|server, written| {
+            if runs_nothing {
+                return Ok(());
+            }
+            let touched = resolved.iter().map(|(r, _)| r.buffer);
+            server.issue(Site::Launch, stream, touched, written, |d| {
+                let mut bound: SmallVec<[Bound<'_, B::Memory>; 8]> = SmallVec::new();
+                for (r, access) in &resolved {
+                    bound.push(Bound {
+                        memory: d.table.memory(r.buffer)?,
+                        offset: r.range.start,
+                        len: r.range.len(),
+                        access: *access,
+                    });
                 }
-                let touched = resolved.iter().map(|(r, _)| r.buffer);
-                server.issue(Site::Launch, stream, touched, written, |d| {
-                    let mut bound: SmallVec<[Bound<'_, B::Memory>; 8]> = SmallVec::new();
-                    for (r, access) in &resolved {
-                        bound.push(Bound {
-                            memory: d.table.memory(r.buffer)?,
-                            offset: r.range.start,
-                            len: r.range.len(),
-                            access: *access,
-                        });
-                    }
-                    let dispatch = match groups {
-                        Some(groups) => BoundDispatch::Groups(groups),
-                        None => {
-                            let last = bound.pop().ok_or_else(|| {
-                                Error::internal("an indirect launch lost its counts binding")
-                            })?;
-                            BoundDispatch::Indirect {
-                                memory: last.memory,
-                                offset: last.offset,
-                            }
+                let dispatch = match groups {
+                    Some(groups) => BoundDispatch::Groups(groups),
+                    None => {
+                        let last = bound.pop().ok_or_else(|| {
+                            Error::internal("an indirect launch lost its counts binding")
+                        })?;
+                        BoundDispatch::Indirect {
+                            memory: last.memory,
+                            offset: last.offset,
                         }
-                    };
-                    let compiled = d.kernels.get(&id).ok_or_else(|| {
-                        Error::internal("a compiled kernel is missing from the cache")
-                    })?;
-                    d.backend.launch(
-                        d.stream,
-                        compiled,
-                        &Launch {
-                            name: &name,
-                            bindings: &bound,
-                            scalars,
-                            dispatch,
-                        },
-                    )
-                })
-            },
-        );
+                    }
+                };
+                let compiled = d.kernels.get(&id).ok_or_else(|| {
+                    Error::internal("a compiled kernel is missing from the cache")
+                })?;
+                d.backend.launch(
+                    d.stream,
+                    compiled,
+                    &Launch {
+                        name: &name,
+                        bindings: &bound,
+                        scalars,
+                        dispatch,
+                    },
+                )
+            })
+        });
         self.conclude(stream, outcome)
     }
 
