@@ -19,14 +19,7 @@
 pub mod contract;
 pub mod property;
 
-pub use contract::{
-    a_count_past_the_device_runs_nothing, a_dropped_capture_is_aborted,
-    a_foreign_capture_is_refused_and_aborted_at_home,
-    a_hook_holding_a_weak_client_is_dropped_with_the_server, a_hook_may_call_back_into_the_client,
-    a_panicking_hook_leaves_the_books_right, a_replayed_indirect_launch_heals_nothing,
-    past_the_largest_allocation_is_invalid_everywhere,
-    poison_fails_fast_and_releases_still_release, reading_a_huge_failed_buffer_allocates_nothing,
-};
+pub use contract::*;
 pub use property::random_sequences;
 
 use crate::backend::Backend;
@@ -996,6 +989,7 @@ macro_rules! conformance_tests {
             poison_fails_fast_and_releases_still_release,
             a_count_past_the_device_runs_nothing,
             a_replayed_indirect_launch_heals_nothing,
+            threads_racing_frees_against_launches,
         );
     };
     (@each $suite:ty; $($name:ident),* $(,)?) => {

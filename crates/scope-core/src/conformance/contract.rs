@@ -318,3 +318,60 @@ pub fn a_replayed_indirect_launch_heals_nothing<S: Suite>() {
     c.abort_capture(capture).unwrap();
     assert_eq!(read(&c, &out).unwrap(), vec![4; WORDS as usize]);
 }
+
+/// Threads racing frees against launches, reads and copies on shared
+/// buffers: every call ends in success or in the typed error for a freed
+/// buffer, and once everything is dropped the store and the allocator are
+/// empty (rules 7, 13).
+pub fn threads_racing_frees_against_launches<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    const ROUNDS: usize = 40;
+    for _ in 0..ROUNDS {
+        let shared: Vec<crate::Buffer> = (0..4).map(|_| alloc(&c, WORDS)).collect();
+        let shared = Arc::new(shared);
+        std::thread::scope(|scope| {
+            for t in 0..3 {
+                let c = if t == 0 {
+                    c.clone()
+                } else {
+                    c.new_stream().unwrap()
+                };
+                let shared = shared.clone();
+                scope.spawn(move || {
+                    for (i, buffer) in shared.iter().enumerate() {
+                        let outcome = match (t + i) % 3 {
+                            0 => fill::<S>(&c, buffer, t as u32),
+                            1 => copy::<S>(&c, buffer, &shared[(i + 1) % shared.len()]),
+                            _ => c.read(buffer).map(drop),
+                        };
+                        assert!(
+                            outcome.is_ok()
+                                || matches!(
+                                    outcome,
+                                    Err(Error::InvalidArgument { .. }) | Err(Error::Unwritten(_))
+                                )
+                                || outcome.as_ref().is_err_and(Error::is_refusal)
+                                || matches!(outcome, Err(Error::Skipped { .. })),
+                            "{outcome:?}"
+                        );
+                    }
+                });
+            }
+            let c = c.clone();
+            let shared = shared.clone();
+            scope.spawn(move || {
+                for buffer in shared.iter() {
+                    let freed = c.free(buffer);
+                    assert!(
+                        freed.is_ok() || matches!(freed, Err(Error::InvalidArgument { .. })),
+                        "{freed:?}"
+                    );
+                }
+            });
+        });
+    }
+    c.sync().unwrap();
+    c.audit().unwrap();
+    assert_eq!(c.failures_held(), 0, "{}", c.dump_failures());
+    assert_eq!(c.bytes_allocated(), 0);
+}

@@ -69,12 +69,26 @@
 //! two recording streams (where even a buffer's pre-capture use on the
 //! other is refused) are left to the conformance suite.
 //!
+//! # Invalid calls
+//!
+//! About one step in twenty is a call no correct runtime makes ([`abuse`]:
+//! ranges past the end, at `u64::MAX`, empty or reversed; freed and foreign
+//! buffers; allocations of nothing or of everything; misaligned bindings;
+//! grids past the device; an indirect count of `u32::MAX`; a capture
+//! dropped without its end). Each must fail with its typed error, or end in
+//! its defined outcome, and change nothing the oracle sees. Windows are
+//! sometimes dropped rather than aborted, graphs dropped rather than
+//! destroyed, and a failure hook that calls back into the client is
+//! installed throughout: together, the contract fuzzer.
+//!
 //! # Reproducing a failure
 //!
 //! A failing step panics after printing the seed, the step and the tail of
 //! the operation log. `SCOPE_PROPERTY_SEED=<seed>` reruns that seed alone;
 //! `SCOPE_PROPERTY_STEPS=<n>` sets the steps per seed (for every server's
 //! test in the process).
+
+mod abuse;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -120,14 +134,17 @@ pub fn random_sequences<S: Suite>(seeds: &[u64], steps: usize) {
         let t = run::<S>(client, seed, steps);
         tally.during_windows += t.during_windows;
         tally.refused += t.refused;
+        tally.abused += t.abused;
     }
     println!(
-        "{}: {} operations over {} seeds; {} on stream 1 during a window, {} of them refused",
+        "{}: {} operations over {} seeds; {} on stream 1 during a window, {} of them refused; \
+         {} invalid",
         <S::Backend as Backend>::NAME,
         steps * seeds.len(),
         seeds.len(),
         tally.during_windows,
         tally.refused,
+        tally.abused,
     );
 }
 
@@ -265,6 +282,8 @@ struct Tally {
     during_windows: usize,
     /// Of those, how many the oracle expected refused (and were).
     refused: usize,
+    /// Invalid operations (`abuse`), each refused with its typed error.
+    abused: usize,
 }
 
 struct World<S: Suite> {
@@ -272,6 +291,9 @@ struct World<S: Suite> {
     client: Client<S::Backend>,
     /// Stream 1, for about a third of the work, windows or not.
     other: Client<S::Backend>,
+    /// A client of another server, whose buffers every call here must
+    /// refuse ([`abuse`]).
+    stranger: Client<S::Backend>,
     /// Whether this step's work goes to stream 1.
     on_other: bool,
     /// Whether this step's operation was expected to be refused: the step
@@ -321,9 +343,19 @@ impl<S: Suite> World<S> {
     fn new(client: Client<S::Backend>, seed: u64) -> Self {
         let align = client.with_backend(|b| b.binding_alignment()).max(4);
         let other = client.new_stream().expect("a second stream");
+        let stranger = S::client().expect("a second server");
+        // A hook that calls back into the client on every failure: it must
+        // neither deadlock nor change what the oracle sees.
+        let weak = client.downgrade();
+        client.on_failure(move |_, _| {
+            if let Some(c) = weak.upgrade() {
+                assert!(c.failures_held() <= c.failure_claims());
+            }
+        });
         Self {
             client,
             other,
+            stranger,
             on_other: false,
             refused: false,
             tally: Tally::default(),
@@ -556,8 +588,10 @@ impl<S: Suite> World<S> {
             self.client.failure_claims(),
         );
         let live = self.bufs.len();
+        let abused = live >= 3 && self.rng.chance(abuse::PERCENT);
         let roll = self.rng.below(100);
         let what = match roll {
+            _ if abused => self.abuse(),
             _ if live < 3 || (roll < 10 && live < 24) => self.allocate(),
             0..=9 => self.free(),
             10..=27 => self.write(),
@@ -580,7 +614,8 @@ impl<S: Suite> World<S> {
                 "a refusal changes nothing (failures seen on each stream, claims): {what}"
             );
         }
-        if self.on_other && self.recording() {
+        self.tally.abused += usize::from(abused);
+        if self.on_other && self.recording() && !abused {
             self.tally.during_windows += 1;
             self.tally.refused += usize::from(self.refused);
         }
@@ -930,9 +965,19 @@ impl<S: Suite> World<S> {
                 "begin capture".into()
             }
             Some((capture, window)) if self.rng.chance(15) => {
-                self.client.abort_capture(capture).unwrap();
+                // Dropped rather than aborted, a third of the time: the
+                // same, at the next call.
+                let dropped = self.rng.chance(33);
+                if dropped {
+                    drop(capture);
+                } else {
+                    self.client.abort_capture(capture).unwrap();
+                }
                 self.mark(&window.written, STALE);
-                format!("abort capture (recorded {:?})", window.written)
+                format!(
+                    "abort capture (dropped: {dropped}, recorded {:?})",
+                    window.written
+                )
             }
             Some((capture, window)) => {
                 let fail = !window.doomed && self.rng.chance(10);
@@ -1031,6 +1076,13 @@ impl<S: Suite> World<S> {
         }
         let g = self.rng.below(self.graphs.len() as u64) as usize;
         let model = self.graphs.swap_remove(g);
+        if self.rng.chance(25) {
+            // Its last handle dropped: destroyed at the next call, failing
+            // nothing.
+            let id = model.graph.id();
+            drop(model);
+            return format!("drop {id:?}");
+        }
         let fail = self.rng.chance(30);
         if fail {
             self.client
