@@ -71,7 +71,7 @@
 //!
 //! # Invalid calls
 //!
-//! About one step in twenty is a call no correct runtime makes ([`abuse`]:
+//! About one step in twenty is a call no correct runtime makes (`abuse.rs`:
 //! ranges past the end, at `u64::MAX`, empty or reversed; freed and foreign
 //! buffers; allocations of nothing or of everything; misaligned bindings;
 //! grids past the device; an indirect count of `u32::MAX`; a capture
