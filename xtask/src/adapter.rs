@@ -3,11 +3,12 @@
 //!
 //! A fresh machine with no GPU would otherwise pass every device test by
 //! skipping it, which reads as green and tests nothing. So `test`, `ci` and
-//! `demo` first ask the matrix; when no backend has any device and the
+//! `demo` ask the matrix (once the demo binary, which probes, is built); when no backend has any device and the
 //! machine can install the software adapter (Debian or Ubuntu, as root or
 //! with password-less sudo) they install it, saying so; otherwise they print
 //! the exact command and carry on.
 
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::Result;
@@ -39,14 +40,15 @@ fn root_prefix() -> Option<Vec<&'static str>> {
     sudo_ok.then(|| vec!["sudo", "-n"])
 }
 
-/// Probe; when nothing at all is found, install the software adapter if
-/// this machine allows it, else print how. Returns the rows found last.
+/// Probe with the demo binary; when nothing at all is found, install the
+/// software adapter if this machine allows it, else print how. Returns the
+/// rows found last.
 ///
 /// # Errors
 ///
 /// When the install script cannot be started or fails.
-pub fn ensure() -> Result<Vec<matrix::Row>> {
-    let rows = matrix::probe_all();
+pub fn ensure(binary: Option<&Path>) -> Result<Vec<matrix::Row>> {
+    let rows = matrix::probe_all(binary);
     if matrix::any_adapter(&rows) {
         return Ok(rows);
     }
@@ -66,7 +68,7 @@ pub fn ensure() -> Result<Vec<matrix::Row>> {
             };
             let status = command.stdin(std::process::Stdio::null()).status()?;
             anyhow::ensure!(status.success(), "{SCRIPT} failed ({status})");
-            let rows = matrix::probe_all();
+            let rows = matrix::probe_all(binary);
             if !matrix::any_adapter(&rows) {
                 println!(
                     "==> the software adapter is installed but no backend finds it yet:\n{}",

@@ -6,17 +6,23 @@
 //!                                        tests per backend, with a summary
 //! cargo xtask ci                         what CI runs
 //! cargo xtask bench [--backend B]        benches, figures printed together
-//! cargo xtask demo [--backend B] [-- ARGS]
+//! cargo xtask demo [--backend B] [--release] [-- ARGS]
 //!                                        the tiny-runtime demo on the best backend
-//! cargo xtask bundle [--backend B]       B's device tests and bench, built here
-//!                                        for a lent machine with no Rust
+//! cargo xtask bundle [--backend B] [--max-mib N]
+//!                                        B's device tests and bench, built here
+//!                                        to run on a GPU machine without Rust
 //! ```
 //!
 //! `B` is one of `cuda`, `hip`, `vulkan`, `wgpu` (and, for `test` and
 //! `bench`, `core` or `all`). xtask is a plain binary so the tasks are Rust,
-//! run the same on every machine, and need nothing but cargo.
+//! run the same on every machine, and need nothing but cargo. It depends on
+//! `anyhow` and `serde_json` only, so `cargo xtask` builds in seconds and
+//! can say what it is about to build before the long build starts; the
+//! servers are reached through the workspace's own binaries, built once for
+//! every command ([`artifacts`] explains the one build).
 
 mod adapter;
+mod artifacts;
 mod bundle;
 mod matrix;
 mod run;
@@ -38,15 +44,18 @@ usage: cargo xtask <command> [options]
                                        with --backend X a missing device for X is a failure
   ci                                   fmt, clippy, doc, every test that can run here, bench smoke runs
   bench [--backend B]                  run the benches and print their figures together
-  demo [--backend B] [-- ARGS]         run tiny-runtime on the best backend found (or B)
-  bundle [--backend B]                 build B's device tests and bench (default cuda) into
-                                       .device/ with a run.sh, for a device machine with no Rust";
+  demo [--backend B] [--release] [-- ARGS]
+                                       run tiny-runtime on the best backend found (or B)
+  bundle [--backend B] [--max-mib N]   build B's device tests and bench (default cuda) into
+                                       .device/ with a run.sh, to run on a GPU machine without
+                                       Rust; with --max-mib, fail if the bundle is larger";
 
 struct Args {
     command: String,
     backend: Option<String>,
     release: bool,
     json: bool,
+    max_mib: Option<f64>,
     rest: Vec<String>,
 }
 
@@ -58,6 +67,7 @@ fn parse() -> Result<Args> {
         backend: None,
         release: false,
         json: false,
+        max_mib: None,
         rest: Vec::new(),
     };
     while let Some(arg) = it.next() {
@@ -70,6 +80,14 @@ fn parse() -> Result<Args> {
                 )
             }
             "--release" => args.release = true,
+            "--max-mib" => {
+                let value = it.next().context("--max-mib needs a number")?;
+                args.max_mib = Some(
+                    value
+                        .parse()
+                        .with_context(|| format!("--max-mib {value}: a number of MiB"))?,
+                );
+            }
             "--json" => args.json = true,
             "--" => args.rest.extend(it.by_ref()),
             other => match other.strip_prefix("--backend=") {
@@ -88,7 +106,7 @@ fn main() {
         "ci" => ci(),
         "bench" => bench(&args),
         "demo" => demo(&args),
-        "bundle" => bundle::bundle(args.backend.as_deref().unwrap_or("cuda")),
+        "bundle" => bundle::bundle(args.backend.as_deref().unwrap_or("cuda"), args.max_mib),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
             Ok(true)
@@ -106,7 +124,8 @@ fn main() {
 }
 
 fn matrix(args: &Args) -> Result<bool> {
-    let rows = matrix::probe_all();
+    let binary = artifacts::demo_binary(args.release)?;
+    let rows = matrix::probe_all(binary.as_deref());
     if args.json {
         println!("{}", matrix::json(&rows));
     } else {
@@ -123,18 +142,21 @@ fn matrix(args: &Args) -> Result<bool> {
 }
 
 fn test(args: &Args) -> Result<bool> {
-    adapter::ensure()?;
     let nextest = tests::nextest_installed();
     if !nextest {
-        println!("==> cargo-nextest is not installed; using cargo test");
+        println!(
+            "==> cargo-nextest is not installed; running the test binaries as cargo test does"
+        );
     }
+    let built = tests::build(args.release)?;
+    adapter::ensure(built.demo_binary())?;
     let options = tests::Options {
         backend: args.backend.clone(),
         release: args.release,
         nextest,
     };
-    let mut rows = tests::run(&options)?;
-    if nextest && matches!(args.backend.as_deref(), None | Some("all")) {
+    let mut rows = tests::run(&options, &built)?;
+    if matches!(args.backend.as_deref(), None | Some("all")) {
         rows.push(tests::doctests(args.release)?);
     }
     let (summary, ok) = tests::summary(&rows);
@@ -148,7 +170,11 @@ struct Step {
     secs: f64,
 }
 
+/// The steps of `ci`, for its progress lines.
+const CI_STEPS: usize = 5;
+
 fn step(steps: &mut Vec<Step>, name: &'static str, command: std::process::Command) -> Result<()> {
+    println!("\n==> ci [{}/{CI_STEPS}] {name}", steps.len() + 1);
     let start = Instant::now();
     let ok = run::status(command)?;
     steps.push(Step {
@@ -164,8 +190,6 @@ fn step(steps: &mut Vec<Step>, name: &'static str, command: std::process::Comman
 
 fn ci() -> Result<bool> {
     let started = Instant::now();
-    let rows = adapter::ensure()?;
-    println!("{}", matrix::table(&rows));
     let mut steps = Vec::new();
 
     let mut fmt = run::cargo();
@@ -189,6 +213,7 @@ fn ci() -> Result<bool> {
         .env("RUSTDOCFLAGS", "-D warnings");
     step(&mut steps, "doc", doc)?;
 
+    println!("\n==> ci [{}/{CI_STEPS}] tests", steps.len() + 1);
     let start = Instant::now();
     let nextest = tests::nextest_installed();
     let options = tests::Options {
@@ -196,13 +221,14 @@ fn ci() -> Result<bool> {
         release: false,
         nextest,
     };
-    let mut rows = tests::run(&options)?;
-    if nextest {
-        rows.push(tests::doctests(false)?);
-    }
+    let built = tests::build(false)?;
+    let devices = adapter::ensure(built.demo_binary())?;
+    println!("{}", matrix::table(&devices));
+    let mut rows = tests::run(&options, &built)?;
+    rows.push(tests::doctests(false)?);
     steps.push(Step {
         name: "tests",
-        ok: rows.iter().all(|r| r.failed == 0),
+        ok: built.ok && rows.iter().all(|r| r.failed == 0),
         secs: start.elapsed().as_secs_f64(),
     });
 
@@ -233,12 +259,9 @@ fn ci() -> Result<bool> {
 
 fn bench(args: &Args) -> Result<bool> {
     let backend = args.backend.as_deref().unwrap_or("all");
-    let mut runs: Vec<(&str, Vec<String>)> = Vec::new();
+    let mut wanted: Vec<(String, String)> = Vec::new();
     if matches!(backend, "all" | "core") {
-        runs.push((
-            "core",
-            vec!["-p".into(), "scope-core".into(), "--all-features".into()],
-        ));
+        wanted.push(("core".into(), "scope-core".into()));
     }
     for b in matrix::BACKENDS {
         if backend == "all" || backend == b {
@@ -249,7 +272,7 @@ fn bench(args: &Args) -> Result<bool> {
                 .join("Cargo.toml")
                 .is_file()
             {
-                runs.push((b, vec!["-p".into(), krate]));
+                wanted.push((b.into(), krate));
             } else if backend == b {
                 bail!("crates/{krate} is not built yet");
             } else {
@@ -257,14 +280,43 @@ fn bench(args: &Args) -> Result<bool> {
             }
         }
     }
-    if runs.is_empty() {
+    if wanted.is_empty() {
         bail!("unknown backend `{backend}`: cuda, hip, vulkan, wgpu, core or all");
     }
+    // Every bench from one build; one backend's from its package alone.
+    let select: Vec<&str> = if backend == "all" {
+        artifacts::SELECT.to_vec()
+    } else {
+        vec!["-p", wanted[0].1.as_str(), "--all-features"]
+    };
+    let built = artifacts::build_selected(
+        "the benches (bench profile)",
+        &["bench", "--no-run"],
+        &select,
+        false,
+    )?;
+    let runs: Vec<(&str, &artifacts::Artifact)> = wanted
+        .iter()
+        .flat_map(|(name, package)| {
+            built
+                .artifacts
+                .iter()
+                .filter(move |a| a.bench && &a.package == package)
+                .map(move |a| (name.as_str(), a))
+        })
+        .collect();
+    let mut ok = built.ok;
     let mut figures = Vec::new();
-    let mut ok = true;
-    for (name, pkg) in runs {
-        let mut cmd = run::cargo();
-        cmd.arg("bench").args(&pkg);
+    for (i, (name, artifact)) in runs.iter().enumerate() {
+        println!(
+            "\n==> [{}/{}] {name}: {} bench `{}`",
+            i + 1,
+            runs.len(),
+            artifact.package,
+            artifact.target
+        );
+        let mut cmd = artifacts::command(artifact);
+        cmd.arg("--bench");
         if std::env::var_os("LP_NUM_THREADS").is_none() {
             // lavapipe's own threads fight the bench for two cores.
             cmd.env("LP_NUM_THREADS", "0");
@@ -276,7 +328,21 @@ fn bench(args: &Args) -> Result<bool> {
             .into_iter()
             .filter(|l| is_figure(l))
             .collect();
-        figures.push((name, lines, captured.success));
+        figures.push((
+            format!("{name}: {}", artifact.target),
+            lines,
+            captured.success,
+        ));
+    }
+    for (name, package) in &wanted {
+        if !runs.iter().any(|(n, _)| n == name) {
+            ok = false;
+            figures.push((
+                format!("{name}: {package} built no bench"),
+                Vec::new(),
+                false,
+            ));
+        }
     }
     println!("\nbench figures");
     for (name, lines, success) in figures {
@@ -311,15 +377,23 @@ fn is_figure(line: &str) -> bool {
 }
 
 fn demo(args: &Args) -> Result<bool> {
-    let rows = adapter::ensure()?;
+    if let Some(b) = &args.backend {
+        anyhow::ensure!(
+            matrix::BACKENDS.contains(&b.as_str()),
+            "unknown backend `{b}`: cuda, hip, vulkan or wgpu"
+        );
+    }
+    // The dev profile, as the tests build it. The device work runs in the
+    // driver (Mesa compiles lavapipe's shaders itself), so optimising our
+    // crates buys the demo little: on lavapipe with 2 cores the whole demo
+    // takes about 30 s in the dev profile, of which the unoptimised f64 CPU
+    // reference is about 4 s, while a release build of every dependency is
+    // a second cold build of many minutes. `--release` is there for figures.
+    let binary = artifacts::demo_binary(args.release)?
+        .context("tiny-runtime did not build (see the build output above)")?;
+    let rows = adapter::ensure(Some(&binary))?;
     let backend = match args.backend.clone() {
-        Some(b) => {
-            anyhow::ensure!(
-                matrix::BACKENDS.contains(&b.as_str()),
-                "unknown backend `{b}`: cuda, hip, vulkan or wgpu"
-            );
-            b
-        }
+        Some(b) => b,
         None => {
             println!("{}", matrix::table(&rows));
             match matrix::best(&rows) {
@@ -332,18 +406,7 @@ fn demo(args: &Args) -> Result<bool> {
         }
     };
     println!("==> demo on {backend}");
-    let mut cmd = run::cargo();
-    cmd.args([
-        "run",
-        "-p",
-        "tiny-runtime",
-        "--release",
-        "--no-default-features",
-        "--features",
-    ])
-    .arg(&backend)
-    .args(["--", "--backend"])
-    .arg(&backend)
-    .args(&args.rest);
+    let mut cmd = run::program(&binary);
+    cmd.args(["--backend", &backend]).args(&args.rest);
     run::status(cmd)
 }

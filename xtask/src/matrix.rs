@@ -1,20 +1,35 @@
 //! `cargo xtask matrix`: which backends have a device here.
 //!
-//! Each server crate's `probe()` answers for its backend and promises never
-//! to panic or abort — a missing driver library is an answer, not a crash —
-//! so the matrix calls them in-process. A panic is still caught and shown as
-//! that backend's "why not", because a matrix that dies on one backend tells
-//! the user nothing about the other three.
+//! xtask links no server — that is what lets it build in seconds and speak
+//! before the long build — so each server's `probe()` is asked through the
+//! demo binary, `tiny-runtime --probe <backend>`, built with the same
+//! profile and features as the tests (see [`crate::artifacts`]). One
+//! process a backend, run side by side: a probe promises never to panic or
+//! abort, and the binary catches a panic and answers it as that backend's
+//! "why not"; a probe that still takes its process down (an abort inside a
+//! driver) is that backend's "why not" too, because a matrix that dies on
+//! one backend tells the user nothing about the other three.
 //!
-//! A server crate that is not in the tree yet has a row saying so, rather
+//! A backend the binary does not answer for has a row saying why, rather
 //! than no row: the table always has the same four backends.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+use std::process::Stdio;
 
-use scope_core::{DeviceKind, Probe};
+use crate::run;
 
 /// The backends, in the order the demo prefers them.
 pub const BACKENDS: [&str; 4] = ["cuda", "hip", "vulkan", "wgpu"];
+
+/// Whether a device is real hardware or a software implementation (the
+/// probe's `DeviceKind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A GPU.
+    Hardware,
+    /// A CPU implementation (lavapipe, llvmpipe).
+    Software,
+}
 
 /// One row of the table.
 #[derive(Clone, Debug)]
@@ -24,106 +39,145 @@ pub struct Row {
     /// The device's name, or empty.
     pub device: String,
     /// Hardware, software, or none.
-    pub kind: Option<DeviceKind>,
+    pub kind: Option<Kind>,
     /// What else the probe said (API, compute capability, driver).
     pub detail: String,
     /// Why there is no device, when there is none.
     pub why_not: String,
+    /// Whether a probe answered for this backend (even "no device").
+    pub probed: bool,
 }
 
-fn probe_fn(backend: &str) -> Option<fn() -> Probe> {
-    match backend {
-        "cuda" => linked::cuda(),
-        "hip" => linked::hip(),
-        "vulkan" => linked::vulkan(),
-        "wgpu" => linked::wgpu(),
-        _ => None,
-    }
-}
-
-/// The server crates xtask links. While a server crate was still being
-/// written its function answered `None` and its row said "crate not built
-/// yet"; the rows keep that shape for a backend added later.
-mod linked {
-    use scope_core::Probe;
-
-    pub fn cuda() -> Option<fn() -> Probe> {
-        Some(server_cuda::probe)
-    }
-    pub fn hip() -> Option<fn() -> Probe> {
-        Some(server_hip::probe)
-    }
-    pub fn vulkan() -> Option<fn() -> Probe> {
-        Some(server_vulkan::probe)
-    }
-    pub fn wgpu() -> Option<fn() -> Probe> {
-        Some(server_wgpu::probe)
-    }
-}
-
-/// Probe one backend.
-pub fn probe(backend: &'static str) -> Vec<Row> {
-    let Some(probe) = probe_fn(backend) else {
-        return vec![Row {
+impl Row {
+    fn none(backend: &'static str, why_not: String, probed: bool) -> Self {
+        Self {
             backend,
             device: String::new(),
             kind: None,
             detail: String::new(),
-            why_not: format!("crate not built yet (crates/server-{backend})"),
-        }];
-    };
-    let answer = catch_unwind(AssertUnwindSafe(probe));
-    match answer {
-        Ok(probe) if probe.has_device() => probe
-            .devices
-            .into_iter()
-            .map(|d| Row {
-                backend,
-                device: d.name,
-                kind: Some(d.kind),
-                detail: d.detail,
-                why_not: String::new(),
-            })
-            .collect(),
-        Ok(probe) => vec![Row {
-            backend,
-            device: String::new(),
-            kind: None,
-            detail: String::new(),
-            why_not: probe
-                .why_not
-                .unwrap_or_else(|| "no device found".to_owned()),
-        }],
-        Err(panic) => {
-            let message = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "unknown panic".to_owned());
-            vec![Row {
-                backend,
-                device: String::new(),
-                kind: None,
-                detail: String::new(),
-                why_not: format!("the probe panicked (a bug in server-{backend}): {message}"),
-            }]
+            why_not,
+            probed,
         }
     }
 }
 
-/// Probe every backend.
-pub fn probe_all() -> Vec<Row> {
-    BACKENDS.iter().flat_map(|b| probe(b)).collect()
+/// Probe one backend in its own process.
+fn probe(binary: &Path, backend: &'static str) -> Vec<Row> {
+    let output = run::program(binary)
+        .args(["--probe", backend])
+        .stdin(Stdio::null())
+        .output();
+    let output = match output {
+        Ok(output) => output,
+        Err(e) => {
+            return vec![Row::none(
+                backend,
+                format!("could not start {}: {e}", binary.display()),
+                false,
+            )];
+        }
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    match rows_from(backend, &stdout) {
+        // An answer counts even if the process then failed on its way out.
+        Some(rows) => rows,
+        None => {
+            // The process died before it could answer.
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let last = stderr
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("no message");
+            vec![Row::none(
+                backend,
+                format!(
+                    "the probe process died ({}; a bug in server-{backend} or its driver): {}",
+                    output.status,
+                    last.trim()
+                ),
+                true,
+            )]
+        }
+    }
 }
 
-/// Whether any backend found any device, hardware or software. When the
-/// Vulkan and wgpu crates are not built yet, an installed Vulkan driver
-/// manifest (an ICD file) stands in for their answer.
+/// The rows in `tiny-runtime --probe`'s answer for `backend`.
+fn rows_from(backend: &'static str, json: &str) -> Option<Vec<Row>> {
+    let answer: serde_json::Value = serde_json::from_str(json).ok()?;
+    let object = answer
+        .as_array()?
+        .iter()
+        .find(|o| o["backend"] == backend)?;
+    let why_not = object["why_not"].as_str().unwrap_or("no device found");
+    let linked = object["linked"].as_bool() == Some(true);
+    let devices = object["devices"].as_array()?;
+    if devices.is_empty() {
+        return Some(vec![Row::none(backend, why_not.to_owned(), linked)]);
+    }
+    Some(
+        devices
+            .iter()
+            .map(|d| Row {
+                backend,
+                device: d["name"].as_str().unwrap_or_default().to_owned(),
+                kind: Some(if d["kind"] == "software" {
+                    Kind::Software
+                } else {
+                    Kind::Hardware
+                }),
+                detail: d["detail"].as_str().unwrap_or_default().to_owned(),
+                why_not: String::new(),
+                probed: true,
+            })
+            .collect(),
+    )
+}
+
+/// Probe every backend, side by side, with the demo binary; without one (it
+/// did not build), rows that say so.
+pub fn probe_all(binary: Option<&Path>) -> Vec<Row> {
+    let Some(binary) = binary else {
+        return BACKENDS
+            .iter()
+            .map(|b| {
+                Row::none(
+                    b,
+                    "not probed: tiny-runtime did not build (see the build output above)"
+                        .to_owned(),
+                    false,
+                )
+            })
+            .collect();
+    };
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = BACKENDS
+            .iter()
+            .map(|b| scope.spawn(move || probe(binary, b)))
+            .collect();
+        handles
+            .into_iter()
+            .zip(BACKENDS)
+            .flat_map(|(h, b)| {
+                h.join().unwrap_or_else(|_| {
+                    vec![Row::none(b, "probing failed in xtask".to_owned(), false)]
+                })
+            })
+            .collect()
+    })
+}
+
+/// Whether any backend found any device, hardware or software. When no
+/// Vulkan or wgpu probe answered (the demo binary did not build), an
+/// installed Vulkan driver manifest (an ICD file) stands in for their
+/// answer.
 pub fn any_adapter(rows: &[Row]) -> bool {
     if rows.iter().any(|r| r.kind.is_some()) {
         return true;
     }
-    let vulkan_probed = probe_fn("vulkan").is_some() || probe_fn("wgpu").is_some();
+    let vulkan_probed = rows
+        .iter()
+        .any(|r| (r.backend == "vulkan" || r.backend == "wgpu") && r.probed);
     !vulkan_probed && vulkan_icd_installed()
 }
 
@@ -143,11 +197,11 @@ fn vulkan_icd_installed() -> bool {
 /// The backend the demo should use: CUDA, HIP, hardware Vulkan, hardware
 /// wgpu, then a software adapter (wgpu, then Vulkan).
 pub fn best(rows: &[Row]) -> Option<&'static str> {
-    let has = |backend: &str, kind: Option<DeviceKind>| {
+    let has = |backend: &str, kind: Option<Kind>| {
         rows.iter()
             .any(|r| r.backend == backend && r.kind.is_some() && (kind.is_none() || r.kind == kind))
     };
-    let hw = Some(DeviceKind::Hardware);
+    let hw = Some(Kind::Hardware);
     [
         ("cuda", None),
         ("hip", None),
@@ -161,10 +215,10 @@ pub fn best(rows: &[Row]) -> Option<&'static str> {
     .map(|(b, _)| b)
 }
 
-fn kind_text(kind: Option<DeviceKind>) -> &'static str {
+fn kind_text(kind: Option<Kind>) -> &'static str {
     match kind {
-        Some(DeviceKind::Hardware) => "hardware",
-        Some(DeviceKind::Software) => "software",
+        Some(Kind::Hardware) => "hardware",
+        Some(Kind::Software) => "software",
         None => "none",
     }
 }
@@ -256,4 +310,25 @@ pub fn json(rows: &[Row]) -> String {
         })
         .collect();
     format!("[\n{}\n]", objects.join(",\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_probe_answer_becomes_rows() {
+        let json = r#"[{"backend": "wgpu", "linked": true, "devices": [
+            {"name": "llvmpipe", "kind": "software", "detail": "Vulkan, Cpu"},
+            {"name": "llvmpipe", "kind": "software", "detail": "Gl, Cpu"}], "why_not": null}]"#;
+        let rows = rows_from("wgpu", json).expect("rows");
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].kind, Some(Kind::Software));
+        assert_eq!(best(&rows), Some("wgpu"));
+        let none = r#"[{"backend": "cuda", "linked": true, "devices": [], "why_not": "libcuda.so.1 not found"}]"#;
+        let rows = rows_from("cuda", none).expect("a row");
+        assert_eq!(rows[0].why_not, "libcuda.so.1 not found");
+        assert!(rows[0].probed && rows[0].kind.is_none());
+        assert!(rows_from("hip", none).is_none());
+    }
 }

@@ -21,11 +21,17 @@ pub fn root() -> PathBuf {
 }
 
 /// `cargo` as the user invoked it (`$CARGO`), in the workspace root, with
-/// the environment every child gets: a private `XDG_RUNTIME_DIR` when there
-/// is none (Mesa's drivers warn without one).
+/// the environment every child gets (see [`program`]).
 pub fn cargo() -> Command {
-    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    let mut command = program(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     command.current_dir(root());
+    command
+}
+
+/// `program`, with the environment every child gets: a private
+/// `XDG_RUNTIME_DIR` when there is none (Mesa's drivers warn without one).
+pub fn program(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut command = Command::new(program);
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         let dir = std::env::temp_dir().join(format!("xdg-{}", whoami()));
         if std::fs::create_dir_all(&dir).is_ok() {
@@ -67,18 +73,30 @@ pub fn output_of(program: &str, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-/// A command line as a person would type it.
+/// A command line as a person would type it: `cargo …`, or the program's
+/// path relative to the workspace root.
 pub fn show(command: &Command) -> String {
     let mut parts = Vec::new();
     for (key, value) in command.get_envs() {
         if let Some(value) = value {
             let key = key.to_string_lossy();
-            if key != "XDG_RUNTIME_DIR" {
+            if !["XDG_RUNTIME_DIR", "CARGO_MANIFEST_DIR", "CARGO_PKG_NAME"].contains(&&*key) {
                 parts.push(format!("{key}={}", value.to_string_lossy()));
             }
         }
     }
-    parts.push("cargo".to_owned());
+    let program = Path::new(command.get_program());
+    let is_cargo = std::env::var_os("CARGO").is_some_and(|c| c == program.as_os_str())
+        || program == Path::new("cargo");
+    parts.push(if is_cargo {
+        "cargo".to_owned()
+    } else {
+        program
+            .strip_prefix(root())
+            .unwrap_or(program)
+            .display()
+            .to_string()
+    });
     parts.extend(command.get_args().map(|a| a.to_string_lossy().into_owned()));
     parts.join(" ")
 }

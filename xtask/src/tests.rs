@@ -1,18 +1,25 @@
 //! `cargo xtask test`: the tests of each backend, and one summary.
 //!
-//! Each backend's tests run as their own cargo invocation, so the counts
-//! are per backend without parsing test names, and one backend that fails
-//! to build does not hide the others' results. A device test with no device
-//! passes after printing `skipped: no <backend> device (...)`; the runner
-//! counts those lines (tests run with their output shown) so the summary
-//! can tell "passed" from "passed because there was nothing to run on". With
+//! Every test binary comes from one build, `cargo test --workspace
+//! --all-features --no-run` (see [`crate::artifacts`] for why one), and
+//! each row of the summary runs its packages' tests from it: with nextest,
+//! `cargo nextest run -E 'package(=server-wgpu)'` reusing that build (see
+//! [`Reuse`]); without it, the row's test binaries directly, as `cargo test`
+//! would run them. The counts stay
+//! per backend without parsing test names, and a row whose package failed
+//! to build fails alone: the build keeps going past a broken crate, and a
+//! broken build runs what it did build. A device test with no device passes
+//! after printing `skipped: no <backend> device (...)`; the runner counts
+//! those lines (tests run with their output shown) so the summary can tell
+//! "passed" from "passed because there was nothing to run on". With
 //! `--backend X`, `SCOPE_REQUIRE=X` reaches the tests and a missing device
 //! fails them instead.
 
 use std::process::Command;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
+use crate::artifacts::{self, Built};
 use crate::run::{self, Captured};
 
 /// What `test` was asked for.
@@ -30,8 +37,11 @@ pub struct Options {
 #[derive(Clone, Debug)]
 struct Group {
     name: String,
-    /// Cargo invocations: package and feature arguments.
-    runs: Vec<(String, Vec<String>)>,
+    /// The packages whose tests it runs.
+    packages: Vec<String>,
+    /// For `--backend X`: of tiny-runtime's `backends` tests, only X's
+    /// (`X::…`); its other tests run whole.
+    only_backend: Option<String>,
     /// `SCOPE_REQUIRE` for it, if any.
     require: Option<String>,
     /// Why it did not run, when it did not.
@@ -64,27 +74,32 @@ fn crate_exists(name: &str) -> bool {
         .is_file()
 }
 
+fn plain(name: &str) -> Group {
+    Group {
+        name: name.to_owned(),
+        packages: vec![name.to_owned()],
+        only_backend: None,
+        require: None,
+        missing: None,
+    }
+}
+
 fn backend_group(backend: &str, require: bool) -> Group {
     let server = format!("server-{backend}");
-    let mut runs = Vec::new();
+    let mut packages = Vec::new();
     let missing =
         (!crate_exists(&server)).then(|| format!("crate not built yet (crates/{server})"));
     if missing.is_none() {
-        runs.push((server, Vec::new()));
+        packages.push(server);
     }
-    if require && crate_exists("tiny-runtime") {
-        runs.push((
-            "tiny-runtime".to_owned(),
-            vec![
-                "--no-default-features".to_owned(),
-                "--features".to_owned(),
-                backend.to_owned(),
-            ],
-        ));
+    let with_runtime = require && crate_exists("tiny-runtime");
+    if with_runtime {
+        packages.push("tiny-runtime".to_owned());
     }
     Group {
         name: backend.to_owned(),
-        runs,
+        packages,
+        only_backend: with_runtime.then(|| backend.to_owned()),
         require: require.then(|| backend.to_owned()),
         missing,
     }
@@ -93,9 +108,7 @@ fn backend_group(backend: &str, require: bool) -> Group {
 fn groups(backend: Option<&str>) -> Result<Vec<Group>> {
     let core = Group {
         name: "core".to_owned(),
-        runs: vec![("scope-core".to_owned(), vec!["--all-features".to_owned()])],
-        require: None,
-        missing: None,
+        ..plain("scope-core")
     };
     Ok(match backend {
         None | Some("all") => {
@@ -108,19 +121,9 @@ fn groups(backend: Option<&str>) -> Result<Vec<Group>> {
             if crate_exists("tiny-runtime") {
                 // Every server linked at once: its per-backend tests run or
                 // skip, and its host-server tests always run.
-                all.push(Group {
-                    name: "tiny-runtime".to_owned(),
-                    runs: vec![("tiny-runtime".to_owned(), vec!["--all-features".to_owned()])],
-                    require: None,
-                    missing: None,
-                });
+                all.push(plain("tiny-runtime"));
             }
-            all.extend(other_crates().into_iter().map(|name| Group {
-                name: name.clone(),
-                runs: vec![(name, vec!["--all-features".to_owned()])],
-                require: None,
-                missing: None,
-            }));
+            all.extend(other_crates().iter().map(|name| plain(name)));
             all
         }
         Some("core") => vec![core],
@@ -131,8 +134,8 @@ fn groups(backend: Option<&str>) -> Result<Vec<Group>> {
     })
 }
 
-/// Workspace crates that no row above covers, so that a new crate's tests
-/// are never silently left out.
+/// Workspace crates that no row above covers, xtask's own tests included,
+/// so that a new crate's tests are never silently left out.
 fn other_crates() -> Vec<String> {
     let known = [
         "scope-core",
@@ -143,7 +146,7 @@ fn other_crates() -> Vec<String> {
         "tiny-runtime",
     ];
     let Ok(dirs) = std::fs::read_dir(run::root().join("crates")) else {
-        return Vec::new();
+        return vec!["xtask".to_owned()];
     };
     let mut names: Vec<String> = dirs
         .flatten()
@@ -152,6 +155,7 @@ fn other_crates() -> Vec<String> {
         .filter(|n| !known.contains(&n.as_str()))
         .collect();
     names.sort();
+    names.push("xtask".to_owned());
     names
 }
 
@@ -169,35 +173,109 @@ pub fn nextest_installed() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn command(
-    options: &Options,
-    package: &str,
-    features: &[String],
-    require: Option<&str>,
-) -> Command {
+/// The nextest filterset for a group's tests.
+fn filterset(group: &Group) -> String {
+    group
+        .packages
+        .iter()
+        .map(|package| match &group.only_backend {
+            Some(b) if package == "tiny-runtime" => {
+                format!("(package(=tiny-runtime) & (not binary(=backends) | test(/^{b}::/)))")
+            }
+            _ => format!("package(={package})"),
+        })
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+/// What nextest needs to run tests from an existing build without
+/// invoking cargo: `cargo nextest list --list-type binaries-only` and
+/// `cargo metadata`, written once, after the build. Every row then runs the
+/// very binaries that build made, even if the tree changes meanwhile, and
+/// no row pays for cargo's fingerprint checks.
+pub struct Reuse {
+    dir: std::path::PathBuf,
+    binaries: std::path::PathBuf,
+    metadata: std::path::PathBuf,
+}
+
+impl Drop for Reuse {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Write nextest's reuse files for the build `build` made (cargo finds it
+/// fresh). `None`, after saying why, when that fails: the rows then run
+/// the build's binaries directly.
+pub fn reuse(release: bool) -> Option<Reuse> {
+    let dir = std::env::temp_dir().join(format!("scope-xtask-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).ok()?;
+    let reuse = Reuse {
+        binaries: dir.join("binaries-metadata.json"),
+        metadata: dir.join("cargo-metadata.json"),
+        dir,
+    };
+    let mut list = run::cargo();
+    list.args(["nextest", "list", "--list-type", "binaries-only"])
+        .args(["--message-format", "json"])
+        .args(artifacts::SELECT);
+    if release {
+        list.arg("--release");
+    }
+    let mut metadata = run::cargo();
+    metadata.args(["metadata", "--format-version", "1"]);
+    for (command, to) in [(list, &reuse.binaries), (metadata, &reuse.metadata)] {
+        if let Err(why) = write_stdout(command, to) {
+            println!(
+                "==> nextest cannot reuse the build ({why:#}); running the test binaries directly"
+            );
+            return None;
+        }
+    }
+    Some(reuse)
+}
+
+fn write_stdout(mut command: Command, to: &std::path::Path) -> Result<()> {
+    let shown = run::show(&command);
+    let out = command
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("starting {shown}"))?;
+    anyhow::ensure!(out.status.success(), "{shown} failed");
+    std::fs::write(to, out.stdout).with_context(|| format!("writing {}", to.display()))
+}
+
+/// `cargo nextest run` over the shared build, for one group.
+fn nextest(reuse: &Reuse, group: &Group) -> Command {
     let mut cmd = run::cargo();
-    if options.nextest {
-        cmd.args(["nextest", "run", "--no-fail-fast", "--no-tests=pass"]);
-        cmd.args([
+    cmd.args(["nextest", "run", "--no-fail-fast", "--no-tests=pass"])
+        .arg("--binaries-metadata")
+        .arg(&reuse.binaries)
+        .arg("--cargo-metadata")
+        .arg(&reuse.metadata)
+        .args([
             "--success-output",
             "immediate",
             "--failure-output",
             "immediate",
         ]);
-    } else {
-        cmd.args(["test", "--no-fail-fast"]);
-    }
-    cmd.args(["-p", package]).args(features);
-    if options.release {
-        cmd.arg("--release");
-    }
-    if !options.nextest {
-        cmd.args(["--", "--nocapture"]);
-    }
-    if let Some(require) = require {
-        cmd.env("SCOPE_REQUIRE", require);
-    }
+    cmd.args(["-E", &filterset(group)]);
     cmd
+}
+
+/// The build every row runs from.
+///
+/// # Errors
+///
+/// When cargo cannot be started.
+pub fn build(release: bool) -> Result<Built> {
+    artifacts::build(
+        "every test binary of the workspace (and the demo binary, which probes devices)",
+        &["test", "--no-run", "--no-fail-fast"],
+        release,
+    )
 }
 
 /// The number before `word` in `text` ("12 passed" → 12).
@@ -242,20 +320,27 @@ fn tally(counts: &mut Counts, captured: &Captured, nextest: bool) {
     if !captured.success && (!found || failed == 0) {
         // A build error, or a runner that died before its summary.
         failed += 1;
-        counts.note = "cargo failed (see its output above)".to_owned();
+        counts.note = "the run failed before its summary (see its output above)".to_owned();
     }
     counts.passed += passed;
     counts.failed += failed;
 }
 
-/// Run the chosen groups and return a row for each.
+/// Run the chosen groups from `built` and return a row for each, saying
+/// which row is running as it goes.
 ///
 /// # Errors
 ///
-/// When cargo cannot be started, or the backend is unknown.
-pub fn run(options: &Options) -> Result<Vec<Counts>> {
+/// When a runner cannot be started, or the backend is unknown.
+pub fn run(options: &Options, built: &Built) -> Result<Vec<Counts>> {
+    let reuse = (options.nextest && built.ok)
+        .then(|| reuse(options.release))
+        .flatten();
+    let groups = groups(options.backend.as_deref())?;
+    let total = groups.len();
     let mut rows = Vec::new();
-    for group in groups(options.backend.as_deref())? {
+    for (i, group) in groups.iter().enumerate() {
+        println!("\n==> [{}/{total}] {}", i + 1, group.name);
         let mut counts = Counts {
             name: group.name.clone(),
             ..Counts::default()
@@ -267,14 +352,49 @@ pub fn run(options: &Options) -> Result<Vec<Counts>> {
                 counts.failed += 1;
             }
         }
-        for (package, features) in &group.runs {
-            let captured = run::capture(command(
-                options,
-                package,
-                features,
-                group.require.as_deref(),
-            ))?;
-            tally(&mut counts, &captured, options.nextest);
+        let unbuilt: Vec<&str> = group
+            .packages
+            .iter()
+            .filter(|p| !built.has_tests(p))
+            .map(String::as_str)
+            .collect();
+        if group.packages.is_empty() {
+            // Nothing of it exists yet; `missing` says so.
+        } else if !unbuilt.is_empty() {
+            // Its tests did not build: nothing of it can run.
+            println!("==> {}: {} did not build", group.name, unbuilt.join(", "));
+            counts.failed += 1;
+            counts.note = format!(
+                "{} did not build (see the build output above)",
+                unbuilt.join(", ")
+            );
+        } else if let Some(reuse) = &reuse {
+            let mut cmd = nextest(reuse, group);
+            if let Some(require) = &group.require {
+                cmd.env("SCOPE_REQUIRE", require);
+            }
+            tally(&mut counts, &run::capture(cmd)?, true);
+        } else {
+            // No nextest, or a build that failed elsewhere (nextest would
+            // need all of it): the row's binaries, as `cargo test` runs them.
+            for artifact in built
+                .artifacts
+                .iter()
+                .filter(|a| a.test && !a.bench && group.packages.contains(&a.package))
+            {
+                let mut cmd = artifacts::command(artifact);
+                cmd.arg("--nocapture");
+                if let Some(b) = &group.only_backend
+                    && artifact.package == "tiny-runtime"
+                    && artifact.target == "backends"
+                {
+                    cmd.arg(format!("{b}::"));
+                }
+                if let Some(require) = &group.require {
+                    cmd.env("SCOPE_REQUIRE", require);
+                }
+                tally(&mut counts, &run::capture(cmd)?, false);
+            }
         }
         // A test that skipped also passed; count it once, as a skip.
         counts.passed = counts.passed.saturating_sub(counts.skipped);
@@ -283,14 +403,15 @@ pub fn run(options: &Options) -> Result<Vec<Counts>> {
     Ok(rows)
 }
 
-/// Doc tests, which nextest does not run.
+/// Doc tests, which neither nextest nor the test binaries run.
 ///
 /// # Errors
 ///
 /// When cargo cannot be started.
 pub fn doctests(release: bool) -> Result<Counts> {
+    println!("\n==> doc tests");
     let mut cmd = run::cargo();
-    cmd.args(["test", "--workspace", "--all-features", "--doc"]);
+    cmd.args(["test", "--doc"]).args(artifacts::SELECT);
     if release {
         cmd.arg("--release");
     }
@@ -328,7 +449,9 @@ pub fn summary(rows: &[Counts]) -> (String, bool) {
     out.push_str(
         "(skipped: passed after printing `skipped: no <backend> device`; not counted as passed)\n",
     );
-    out.push_str("\nrunner closing lines:\n");
+    out.push_str(
+        "\nrunner closing lines (a nextest \"skipped\" there is a test outside the row's filter):\n",
+    );
     for row in rows {
         for line in &row.closing {
             out.push_str(&format!("  [{}] {line}\n", row.name));
@@ -338,4 +461,43 @@ pub fn summary(rows: &[Counts]) -> (String, bool) {
         "\n{passed} passed, {failed} failed, {skipped} skipped\n"
     ));
     (out, failed == 0)
+}
+
+#[cfg(test)]
+mod checks {
+    use super::*;
+
+    #[test]
+    fn a_backend_row_runs_its_server_and_only_its_runtime_tests() {
+        let group = backend_group("wgpu", true);
+        assert_eq!(
+            filterset(&group),
+            "package(=server-wgpu) | (package(=tiny-runtime) & (not binary(=backends) | test(/^wgpu::/)))"
+        );
+        assert_eq!(
+            filterset(&backend_group("cuda", false)),
+            "package(=server-cuda)"
+        );
+    }
+
+    #[test]
+    fn both_runners_closing_lines_are_counted() {
+        let mut counts = Counts::default();
+        let nextest = Captured {
+            success: false,
+            lines: vec![
+                "skipped: no cuda device (libcuda.so.1 not found)".to_owned(),
+                "     Summary [   1.2s] 40 tests run: 38 passed, 2 failed, 1 skipped".to_owned(),
+            ],
+        };
+        tally(&mut counts, &nextest, true);
+        assert_eq!((counts.passed, counts.failed, counts.skipped), (38, 2, 1));
+        let mut counts = Counts::default();
+        let libtest = Captured {
+            success: true,
+            lines: vec!["test result: ok. 5 passed; 0 failed; 1 ignored".to_owned()],
+        };
+        tally(&mut counts, &libtest, false);
+        assert_eq!((counts.passed, counts.failed), (5, 0));
+    }
 }

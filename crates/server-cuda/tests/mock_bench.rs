@@ -1,8 +1,8 @@
 //! The CUDA bench's own code, run once at smoke scale against the mock
 //! driver: the raw-cudarc baseline (cudarc's allocator, module loader and
 //! launch builder) and the scope path, the capture and the replays. Its
-//! figures mean nothing here; what this buys is that a GPU session spends
-//! its minutes measuring, not finding a bug in the bench.
+//! figures mean nothing here; what this buys is that a run on a GPU
+//! measures, rather than finding a bug in the bench.
 //!
 //! `SCOPE_MOCK_BENCH_FULL=1` runs it at full scale instead: with a driver
 //! that costs next to nothing, the difference between the two launch

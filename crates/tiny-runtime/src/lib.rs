@@ -25,9 +25,9 @@
 //! - **Allocate once, capture once.** A model owns every intermediate, so a
 //!   pass allocates nothing and a captured pass replays into the same memory.
 //!
-//! The binary (`cargo run -p tiny-runtime --release`, or `cargo xtask demo`)
-//! runs the three acts of [`demo`]: a checked forward pass, a fault in the
-//! first layer and what the user sees of it, and capture/replay.
+//! The binary (`cargo xtask demo`, or `cargo run -p tiny-runtime`) runs the
+//! three acts of [`demo`]: a checked forward pass, a fault in the first
+//! layer and what the user sees of it, and capture/replay.
 
 pub mod backends;
 pub mod cube;

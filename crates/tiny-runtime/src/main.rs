@@ -2,9 +2,11 @@
 //! fault it survives, and capture/replay.
 //!
 //! ```text
-//! cargo run -p tiny-runtime --release [-- --backend wgpu|vulkan|cuda|hip]
+//! cargo xtask demo [--backend B]     (or: cargo run -p tiny-runtime -- ARGS)
+//! tiny-runtime [--backend wgpu|vulkan|cuda|hip]
 //!     [--kernels cube|native] [--target spirv|wgsl|cuda|hip]
 //!     [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S]
+//! tiny-runtime --probe [BACKEND]     what each linked server finds, as JSON
 //! ```
 //!
 //! The kernels are the `#[cube]` ones by default, translated for the
@@ -12,13 +14,27 @@
 //! Vulkan goes through naga). Act one also times a pass of the other path
 //! on the same device, so every run prints cube against native.
 //!
+//! On a software adapter (lavapipe, llvmpipe) the "device" is this
+//! machine's CPU emulating a GPU, so the demo says so before any figure:
+//! its times are CPU-emulation times, and what it shows there is behaviour
+//! — agreement with the CPU reference, the failure chain, capture/replay —
+//! not speed.
+//!
+//! `--probe` is here, rather than in `xtask`, so that `cargo xtask` links no
+//! server and builds in seconds, and so that the probe that picks the demo's
+//! backend is the same build, profile and features as the tests
+//! (`--workspace --all-features`): asking it costs no second compile of the
+//! servers. `xtask` runs one probe process per backend, so a probe that
+//! panics — or aborts inside a driver — is that backend's answer, not the
+//! end of the matrix.
+//!
 //! Exits non-zero when a check fails: a result off the CPU reference, a
 //! fault that did not show, a device that did not recover.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use scope_core::{Backend, Client};
+use scope_core::{Backend, Client, DeviceKind, Probe};
 use scope_cube::Target;
 use tiny_runtime::backends::{self, OnClient};
 use tiny_runtime::demo::{self, TOLERANCE};
@@ -42,7 +58,8 @@ struct Args {
 
 fn usage() -> String {
     "usage: tiny-runtime [--backend wgpu|vulkan|cuda|hip] [--kernels cube|native] \
-     [--target spirv|wgsl|cuda|hip] [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S]"
+     [--target spirv|wgsl|cuda|hip] [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S]\n\
+     \x20      tiny-runtime --probe [wgpu|vulkan|cuda|hip]"
         .to_owned()
 }
 
@@ -140,6 +157,15 @@ impl OnClient for Demo {
         let s = self.shape;
         println!("backend  {}", client.backend());
         println!("device   {}", client.describe());
+        let emulated =
+            device_kind(client.backend(), client.describe()) == Some(DeviceKind::Software);
+        if emulated {
+            for line in SOFTWARE_NOTE {
+                println!("         {line}");
+            }
+        }
+        // Every time printed below is labelled when it is an emulation figure.
+        let tag = if emulated { "  [CPU emulation]" } else { "" };
         let make = |kernels: Kernels, client: Client<B>| match (kernels, self.target) {
             (Kernels::Native, _) => Runtime::native(client),
             (Kernels::Cube, Some(target)) => Runtime::cube(client, target),
@@ -159,13 +185,26 @@ impl OnClient for Demo {
         println!("\n1. forward pass");
         let fwd = demo::forward(&rt, &setup.mlp, &setup.reference)
             .map_err(|e| format!("forward pass: {e}"))?;
-        println!("   first pass, compiling kernels   {}", secs(fwd.first));
         println!(
-            "   forward pass                    {}  ({:.2} GFLOP/s)",
+            "   first pass, compiling kernels   {}{tag}",
+            secs(fwd.first)
+        );
+        println!(
+            "   forward pass                    {}  ({:.2} GFLOP/s){tag}",
             secs(fwd.steady),
             s.flops() / fwd.steady.as_secs_f64() / 1e9
         );
-        println!("   CPU reference                   {}", secs(setup.cpu));
+        // The reference is a plain f64 loop in this crate: in the dev profile
+        // (what `cargo xtask demo` runs) it is unoptimised, and says so.
+        println!(
+            "   CPU reference                   {}  (f64 on the host{})",
+            secs(setup.cpu),
+            if cfg!(debug_assertions) {
+                ", unoptimised dev build"
+            } else {
+                ""
+            }
+        );
         println!(
             "   max error vs CPU                {:.2e}  {}",
             fwd.max_error,
@@ -176,7 +215,7 @@ impl OnClient for Demo {
         let cmp = demo::forward(&twin, &setup.mlp, &setup.reference)
             .map_err(|e| format!("forward pass ({}): {e}", twin.path().describe()))?;
         println!(
-            "   {:<31} {}  ({:.2} GFLOP/s, {:.2}× this path's time; max error {:.2e} {})",
+            "   {:<31} {}  ({:.2} GFLOP/s, {:.2}× this path's time; max error {:.2e} {}){tag}",
             format!("same pass, {} kernels", twin.path().describe()),
             secs(cmp.steady),
             s.flops() / cmp.steady.as_secs_f64() / 1e9,
@@ -236,12 +275,12 @@ impl OnClient for Demo {
             .map_err(|e| format!("replay: {e}"))?;
         let per = |d: Duration| d.as_secs_f64() / replay.passes.max(1) as f64;
         println!(
-            "   eager    {}  ({:.4} s a pass)",
+            "   eager    {}  ({:.4} s a pass){tag}",
             secs(replay.eager),
             per(replay.eager)
         );
         println!(
-            "   replay   {}  ({:.4} s a pass, {:.2}× eager)",
+            "   replay   {}  ({:.4} s a pass, {:.2}× eager){tag}",
             secs(replay.replay),
             per(replay.replay),
             replay.eager.as_secs_f64() / replay.replay.as_secs_f64().max(1e-9)
@@ -252,11 +291,21 @@ impl OnClient for Demo {
             verdict(replay.max_error)
         );
         ok &= replay.max_error <= TOLERANCE;
+        if emulated {
+            println!(
+                "\n   (times marked [CPU emulation] measure the software adapter on this CPU; \
+                 on a GPU they measure the device)"
+            );
+        }
         Ok(ok)
     }
 }
 
 fn main() -> ExitCode {
+    let mut argv = std::env::args().skip(1);
+    if argv.next().as_deref() == Some("--probe") {
+        return probe_mode(argv.collect());
+    }
     let args = match parse() {
         Ok(args) => args,
         Err(message) => {
@@ -309,4 +358,122 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// What the demo prints under the device line on a software adapter.
+const SOFTWARE_NOTE: [&str; 4] = [
+    "a software adapter: this machine's CPU emulates the GPU, so every time below",
+    "is a CPU-emulation figure, not a GPU figure. What the run shows is behaviour:",
+    "results that agree with the CPU reference, a fault that reads as its chain and",
+    "heals, and a captured pass that replays.",
+];
+
+/// The kind of the device a client opened: the probed device whose name
+/// the client's description starts with (the longest, if several do).
+/// `None` when the probe does not list it, so the demo claims nothing.
+fn device_kind(backend: &str, describe: &str) -> Option<DeviceKind> {
+    let probe = backends::probe(backend)?;
+    probe
+        .devices
+        .iter()
+        .filter(|d| !d.name.is_empty() && describe.starts_with(&d.name))
+        .max_by_key(|d| d.name.len())
+        .map(|d| d.kind)
+}
+
+/// The backends `--probe` answers for, in the matrix's order.
+const KNOWN: [&str; 4] = ["cuda", "hip", "vulkan", "wgpu"];
+
+/// `tiny-runtime --probe [BACKEND]`: each linked server's `probe()`, as a
+/// JSON array with one object a backend. A panicking probe is caught and
+/// answered as that backend's `why_not`; an unlinked backend says so.
+fn probe_mode(names: Vec<String>) -> ExitCode {
+    let names: Vec<String> = if names.is_empty() {
+        KNOWN.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        names
+    };
+    let mut objects = Vec::new();
+    for name in &names {
+        if !KNOWN.contains(&name.as_str()) {
+            eprintln!("--probe {name}: one of {}", KNOWN.join(", "));
+            return ExitCode::from(2);
+        }
+        let answer = std::panic::catch_unwind(|| backends::probe(name));
+        objects.push(probe_json(name, answer));
+    }
+    println!("[{}]", objects.join(",\n "));
+    ExitCode::SUCCESS
+}
+
+fn probe_json(name: &str, answer: std::thread::Result<Option<Probe>>) -> String {
+    let (linked, devices, why_not) = match answer {
+        Ok(Some(probe)) => {
+            let devices: Vec<String> = probe
+                .devices
+                .iter()
+                .map(|d| {
+                    format!(
+                        "{{\"name\": {}, \"kind\": {}, \"detail\": {}}}",
+                        json_string(&d.name),
+                        json_string(&d.kind.to_string()),
+                        json_string(&d.detail)
+                    )
+                })
+                .collect();
+            let why_not = (!probe.has_device()).then(|| {
+                probe
+                    .why_not
+                    .unwrap_or_else(|| "no device found".to_owned())
+            });
+            (true, devices, why_not)
+        }
+        Ok(None) => (
+            false,
+            Vec::new(),
+            Some(format!(
+                "not linked into this build of tiny-runtime (build it with --features {name})"
+            )),
+        ),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "unknown panic".to_owned());
+            (
+                true,
+                Vec::new(),
+                Some(format!(
+                    "the probe panicked (a bug in server-{name}): {message}"
+                )),
+            )
+        }
+    };
+    format!(
+        "{{\"backend\": {}, \"linked\": {linked}, \"devices\": [{}], \"why_not\": {}}}",
+        json_string(name),
+        devices.join(", "),
+        why_not
+            .as_deref()
+            .map_or_else(|| "null".to_owned(), json_string)
+    )
+}
+
+/// `s` as a JSON string literal.
+fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
