@@ -380,8 +380,8 @@ fn check_parts(
 }
 
 impl crate::Wgpu {
-    /// Check `launch`, then record it (in a capture window) or encode it
-    /// into stream `s`'s open pass.
+    /// Record `launch` (in a capture window) or encode it into stream
+    /// `s`'s open pass.
     pub(crate) fn launch_now(
         &mut self,
         s: usize,
@@ -389,11 +389,11 @@ impl crate::Wgpu {
         launch: &Launch<'_, Memory>,
     ) -> Result<(), Error> {
         self.gpu.sink.check_lost()?;
+        // The core called `check` (`Backend::check_launch`) before the
+        // launch's scope opened; it is not repeated on the success path.
+        // (Were it skipped, wgpu would refuse the batch at submission, a
+        // late fault the core attributes: an error, never a panic or UB.)
         let stream = self.streams[s].stream;
-        // The core checked (`Backend::check_launch`); a launch encoded
-        // anyway would fail wgpu's validation of the whole batch, so the
-        // few compares are repeated to be sure.
-        check(&self.gpu.limits, kernel, launch)?;
         if self.streams[s].recording.is_some() {
             self.record_launch(s, kernel, launch);
             return Ok(());
