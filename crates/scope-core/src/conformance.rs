@@ -18,6 +18,7 @@
 
 pub mod contract;
 pub mod property;
+pub mod soak;
 
 pub use contract::*;
 pub use property::random_sequences;
@@ -1000,6 +1001,19 @@ macro_rules! conformance_tests {
                 <$suite as $crate::conformance::Suite>::finished();
             }
         )*
+
+        /// The soak at CI's scale (`SCOPE_SOAK_LAUNCHES` changes it): many
+        /// threads, failures and captures, and nothing grows.
+        #[test]
+        fn soak() {
+            let config = $crate::conformance::soak::SoakConfig::default();
+            if let Some(samples) = $crate::conformance::soak::soak::<$suite>(&config) {
+                for sample in samples {
+                    println!("soak: {sample}");
+                }
+            }
+            <$suite as $crate::conformance::Suite>::finished();
+        }
 
         /// The property test at CI's scale (`SCOPE_PROPERTY_SEED` and
         /// `SCOPE_PROPERTY_STEPS` change it).
