@@ -88,6 +88,9 @@ pub(crate) struct Gpu {
     /// `vkDeviceWaitIdle`). A lost device runs nothing, so loss does not
     /// set it.
     pub hung: AtomicBool,
+    /// How long one host wait may take before it gives up: 120 s, or
+    /// `SCOPE_VULKAN_WAIT_TIMEOUT_MS`.
+    pub wait_timeout_ns: u64,
     debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
     pub messages: Messages,
 }
@@ -539,6 +542,7 @@ impl Gpu {
             robust,
             capabilities,
             hung: AtomicBool::new(false),
+            wait_timeout_ns: wait_timeout_ns(),
             debug,
             messages,
         }))
@@ -571,6 +575,17 @@ impl Gpu {
             vk::api_version_patch(self.api)
         )
     }
+}
+
+/// The wait timeout `SCOPE_VULKAN_WAIT_TIMEOUT_MS` asks for (at least
+/// 1 ms), or the default.
+fn wait_timeout_ns() -> u64 {
+    std::env::var("SCOPE_VULKAN_WAIT_TIMEOUT_MS")
+        .ok()
+        .and_then(|ms| ms.trim().parse::<u64>().ok())
+        .map_or(crate::stream::WAIT_TIMEOUT_NS, |ms| {
+            ms.max(1).saturating_mul(1_000_000)
+        })
 }
 
 /// List the physical devices, never panicking: a missing loader is an

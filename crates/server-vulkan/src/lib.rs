@@ -68,6 +68,18 @@
 //! times without a sync runs in bounded memory
 //! ([`Vulkan::batches_in_flight`]).
 //!
+//! # Waits and a device that never finishes
+//!
+//! A host wait (a sync, a read, a stream throttled at eight submissions, a
+//! graph's destruction) gives up after 120 s, or after
+//! `SCOPE_VULKAN_WAIT_TIMEOUT_MS`, with a non-sticky
+//! [`Error::Fault`](scope_core::Error::Fault) (`VK_TIMEOUT`) that the core
+//! attributes to the work in flight. The work may still be running then, so
+//! the device is marked hung: dropping the server afterwards leaks what that
+//! work may use — command pools, staging, graphs, pipelines, pooled memory,
+//! the device itself — with an error in the log, instead of destroying it
+//! under the device or blocking forever in `vkDeviceWaitIdle`.
+//!
 //! # Validation
 //!
 //! [`Config::validation`] enables `VK_LAYER_KHRONOS_validation` when it is

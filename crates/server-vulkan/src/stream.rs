@@ -66,8 +66,9 @@ use crate::memory::{Arena, Chunk};
 /// is spread thin.
 pub(crate) const BATCH_LIMIT: usize = 256;
 
-/// How long a host wait may take before it is a fault.
-const WAIT_TIMEOUT_NS: u64 = 120_000_000_000;
+/// How long a host wait may take before it is a fault, unless
+/// `SCOPE_VULKAN_WAIT_TIMEOUT_MS` says otherwise (`Gpu::wait_timeout_ns`).
+pub(crate) const WAIT_TIMEOUT_NS: u64 = 120_000_000_000;
 
 /// Submissions of one stream that may run at once before the next waits
 /// for the oldest. Eight batches of up to [`BATCH_LIMIT`] commands keep a
@@ -237,7 +238,8 @@ pub(crate) struct Recorder<'a> {
 }
 
 /// Wait on the host until every track reaches its value, for at most
-/// [`WAIT_TIMEOUT_NS`]; each value must be one a submission signals. A
+/// the device's wait timeout ([`WAIT_TIMEOUT_NS`] unless configured); each
+/// value must be one a submission signals. A
 /// wait that gives up on running work marks the device hung.
 pub(crate) fn wait_tracks(gpu: &Gpu, waits: &[(Arc<Track>, u64)]) -> Result<()> {
     let (semaphores, values): (SmallVec<[vk::Semaphore; 2]>, SmallVec<[u64; 2]>) = waits
@@ -251,15 +253,16 @@ pub(crate) fn wait_tracks(gpu: &Gpu, waits: &[(Arc<Track>, u64)]) -> Result<()> 
     let info = vk::SemaphoreWaitInfo::default()
         .semaphores(&semaphores)
         .values(&values);
+    let timeout = gpu.wait_timeout_ns;
     // SAFETY: live timeline semaphores, each with a value a submission
     // signals (the callers pass submitted values only).
-    let result = match unsafe { gpu.device.wait_semaphores(&info, WAIT_TIMEOUT_NS) } {
+    let result = match unsafe { gpu.device.wait_semaphores(&info, timeout) } {
         Ok(()) => Ok(()),
         Err(vk::Result::TIMEOUT) => Err(fault(
             vk::Result::TIMEOUT,
             format!(
-                "the work waited for did not finish within {} s",
-                WAIT_TIMEOUT_NS / 1_000_000_000
+                "the work waited for did not finish within {} ms",
+                timeout / 1_000_000
             ),
         )),
         Err(code) => Err(classify(code, Site::Wait, "vkWaitSemaphores", 0)),
@@ -599,7 +602,7 @@ impl VulkanStream {
     }
 
     /// Wait on the host until the stream's semaphore reaches `value`, for
-    /// at most [`WAIT_TIMEOUT_NS`]. Giving up (other than on device loss,
+    /// at most the device's wait timeout. Giving up (other than on device loss,
     /// after which nothing runs) marks the device hung.
     fn wait_for(&mut self, value: u64) -> Result<()> {
         if value == 0 || self.track.reached(value) {
