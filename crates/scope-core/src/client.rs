@@ -596,6 +596,35 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.sync(self.stream, buffers))
     }
 
+    /// Submit the stream's batched work to the device now, without
+    /// waiting for it — for a runtime that wants the device busy while it
+    /// prepares more. Syncs and reads submit on their own.
+    ///
+    /// # Errors
+    ///
+    /// Poison; a fault that surfaced, which the work in flight on the
+    /// stream now carries (rule 23).
+    pub fn flush(&self) -> Result<()> {
+        self.call(|server| server.flush(self.stream))
+    }
+
+    /// Claim `written` with `error`, as the outputs of work on this stream
+    /// that never started (rule 21): for a failure found outside scope
+    /// before work was issued — a runtime's own kernel compiler, a
+    /// validation — that must land on the bytes the work would have written
+    /// exactly as a failed launch's does. Reads of those bytes then return
+    /// `error` as their root ([`Error::external`] keeps a foreign error
+    /// typed), work that reads them is skipped, a recording window is
+    /// doomed, and the failure hook hears it.
+    ///
+    /// # Errors
+    ///
+    /// Bad input (a foreign or freed buffer, a bad range), claiming nothing;
+    /// poison.
+    pub fn fail_writing(&self, written: &[Slice<'_>], error: Error) -> Result<()> {
+        self.call(|server| server.fail_writing(self.stream, written, error))
+    }
+
     /// Whether every byte of `slices` is readable, without copying any.
     ///
     /// # Errors

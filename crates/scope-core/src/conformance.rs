@@ -991,6 +991,8 @@ macro_rules! conformance_tests {
             a_count_past_the_device_runs_nothing,
             a_replayed_indirect_launch_heals_nothing,
             threads_racing_frees_against_launches,
+            a_failure_from_outside_claims_like_a_failed_launch,
+            flush_submits_and_changes_nothing_else,
         );
     };
     (@each $suite:ty; $($name:ident),* $(,)?) => {

@@ -149,6 +149,16 @@ pub enum Error {
         why: String,
     },
 
+    /// A failure found outside scope — by a runtime or an adapter over a
+    /// client, such as a kernel compiler that runs before the launch — kept
+    /// with its own type, so that whoever reads the bytes it claimed can
+    /// match on it ([`Error::external_root`]) as on any of scope's own.
+    #[error("{error}")]
+    External {
+        /// The error, typed as its author made it.
+        error: Arc<dyn std::error::Error + Send + Sync + 'static>,
+    },
+
     /// scope broke one of its own invariants: a bug in scope, neither the
     /// caller's mistake (that is [`Error::InvalidArgument`] or
     /// [`Error::Refused`]) nor the device's. The work it interrupted carries
@@ -297,6 +307,29 @@ impl Error {
         Self::InvalidArgument {
             what: what.into(),
             why: why.into(),
+        }
+    }
+
+    /// A failure from outside scope, kept typed (see [`Error::External`]).
+    pub fn external(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::External {
+            error: Arc::new(error),
+        }
+    }
+
+    /// The first error of type `E` among this error's roots — itself, or
+    /// the root a read report, an unsealed window or poison carries — that
+    /// was made with [`Error::external`].
+    pub fn external_root<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            Error::External { error } => error.downcast_ref::<E>(),
+            Error::Unwritten(_) | Error::SeveralUnwritten(_) => self
+                .unwritten()
+                .iter()
+                .find_map(|entry| entry.root.external_root()),
+            Error::Unsealed { reason, .. } => reason.external_root(),
+            Error::DevicePoisoned { fault } => fault.external_root(),
+            _ => None,
         }
     }
 

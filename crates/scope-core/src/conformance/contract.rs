@@ -375,3 +375,102 @@ pub fn threads_racing_frees_against_launches<S: Suite>() {
     assert_eq!(c.failures_held(), 0, "{}", c.dump_failures());
     assert_eq!(c.bytes_allocated(), 0);
 }
+
+/// A failure found outside scope — say a runtime's own kernel compiler —
+/// claims the bytes its work would have written exactly as a failed launch
+/// does: reads return it as their root, typed as its author made it, work
+/// that reads them is skipped, a recording window is doomed, and the hook
+/// hears it. Bad slices claim nothing (rules 17, 18, 21, 31, 39).
+pub fn a_failure_from_outside_claims_like_a_failed_launch<S: Suite>() {
+    #[derive(Debug)]
+    struct CompilerSaidNo(&'static str);
+    impl std::fmt::Display for CompilerSaidNo {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "the runtime's compiler said no: {}", self.0)
+        }
+    }
+    impl std::error::Error for CompilerSaidNo {}
+
+    let Some(c) = setup::<S>() else { return };
+    let heard = Arc::new(AtomicUsize::new(0));
+    let counter = heard.clone();
+    c.on_failure(move |_, _| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    let out = upload(&c, &[1; WORDS as usize]);
+    let next = alloc(&c, WORDS);
+    let spare = alloc(&c, WORDS);
+    let error = Error::external(CompilerSaidNo("matmul"));
+    c.fail_writing(&[out.slice(0..64)], error).unwrap();
+    assert_eq!(heard.load(Ordering::SeqCst), 1);
+    let report = c.read(&out).unwrap_err();
+    assert_eq!(
+        report.external_root::<CompilerSaidNo>().map(|e| e.0),
+        Some("matmul"),
+        "{report}"
+    );
+    assert_eq!(
+        c.read(out.slice(64..)).unwrap(),
+        super::as_bytes(&[1; WORDS as usize - 16]),
+        "only the bytes named"
+    );
+    assert!(matches!(
+        copy::<S>(&c, &out, &next),
+        Err(Error::Skipped { .. })
+    ));
+    let downstream = c.read(&next).unwrap_err();
+    assert!(downstream.external_root::<CompilerSaidNo>().is_some());
+    assert_eq!(heard.load(Ordering::SeqCst), 2);
+    // Bad input claims nothing.
+    let freed = alloc(&c, WORDS);
+    c.free(&freed).unwrap();
+    let claims = c.failure_claims();
+    assert!(matches!(
+        c.fail_writing(
+            &[spare.all(), freed.all()],
+            Error::external(CompilerSaidNo("x"))
+        ),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert_eq!(c.failure_claims(), claims);
+    // Inside a window it dooms the recording, as a failed launch does.
+    let capture = c.begin_capture().unwrap();
+    c.fail_writing(
+        &[spare.all()],
+        Error::external(CompilerSaidNo("in a window")),
+    )
+    .unwrap();
+    let unsealed = c.end_capture(capture).unwrap_err();
+    assert!(
+        unsealed.external_root::<CompilerSaidNo>().is_some(),
+        "{unsealed}"
+    );
+    // A rewrite heals, as always.
+    c.write(&out, &super::as_bytes(&[2; WORDS as usize]))
+        .unwrap();
+    assert_eq!(read(&c, &out).unwrap(), vec![2; WORDS as usize]);
+}
+
+/// `flush` submits without waiting and changes nothing the contract shows:
+/// clean work reads back, and a recording stream has nothing to submit.
+pub fn flush_submits_and_changes_nothing_else<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let a = alloc(&c, WORDS);
+    fill::<S>(&c, &a, 6).unwrap();
+    c.flush().unwrap();
+    fill::<S>(&c, &a, 7).unwrap();
+    c.flush().unwrap();
+    assert_eq!(read(&c, &a).unwrap(), vec![7; WORDS as usize]);
+    let capture = c.begin_capture().unwrap();
+    fill::<S>(&c, &a, 8).unwrap();
+    c.flush().unwrap();
+    let graph = c.end_capture(capture).unwrap();
+    assert_eq!(
+        read(&c, &a).unwrap(),
+        vec![7; WORDS as usize],
+        "recorded, not run"
+    );
+    c.replay(&graph).unwrap();
+    c.flush().unwrap();
+    assert_eq!(read(&c, &a).unwrap(), vec![8; WORDS as usize]);
+}

@@ -395,6 +395,45 @@ impl<B: Backend> Server<B> {
         self.sync_stream(stream)
     }
 
+    /// Submit what `stream` has batched, without waiting. A recording
+    /// stream has nothing to submit: its work runs at replay.
+    pub(crate) fn flush(&mut self, stream: StreamId) -> Result<()> {
+        self.check_poison()?;
+        let index = self.stream_index(stream);
+        if self.streams[index].window.is_recording() {
+            return Ok(());
+        }
+        let flushed = self.backend.flush(&mut self.streams[index].device);
+        if let Err(error) = &flushed {
+            self.settle(stream, error);
+        }
+        flushed
+    }
+
+    /// Claim `slices` with `error` for work on `stream` that never started
+    /// because of a failure found outside scope (rule 21): exactly what a
+    /// launch whose kernel did not compile does to its outputs — the hook
+    /// hears it, a recording window is doomed, a sticky error poisons.
+    pub(crate) fn fail_writing(
+        &mut self,
+        stream: StreamId,
+        slices: &[Slice<'_>],
+        error: Error,
+    ) -> Result<()> {
+        self.check_poison()?;
+        let mut written = self.write_set();
+        for (i, slice) in slices.iter().enumerate() {
+            written.push(self.resolve_with(slice.buffer, slice.range, &|| {
+                format!("slice {i} of a failed write set")
+            })?);
+        }
+        let error = failed_writing(self, Work::new(WorkKind::Launch, stream), written, error);
+        if error.is_sticky() {
+            self.poison_with(&error);
+        }
+        Ok(())
+    }
+
     pub(crate) fn check(&mut self, slices: &[Slice<'_>]) -> Result<()> {
         self.check_poison()?;
         let mut ranges = Vec::with_capacity(slices.len());
