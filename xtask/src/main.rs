@@ -142,6 +142,7 @@ fn matrix(args: &Args) -> Result<bool> {
 }
 
 fn test(args: &Args) -> Result<bool> {
+    tests::check_backend(args.backend.as_deref())?;
     let nextest = tests::nextest_installed();
     if !nextest {
         println!(

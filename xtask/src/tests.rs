@@ -134,6 +134,15 @@ fn groups(backend: Option<&str>) -> Result<Vec<Group>> {
     })
 }
 
+/// Refuse an unknown backend before anything is built.
+///
+/// # Errors
+///
+/// When `backend` is none of cuda, hip, vulkan, wgpu, core or all.
+pub fn check_backend(backend: Option<&str>) -> Result<()> {
+    groups(backend).map(drop)
+}
+
 /// Workspace crates that no row above covers, xtask's own tests included,
 /// so that a new crate's tests are never silently left out.
 fn other_crates() -> Vec<String> {
