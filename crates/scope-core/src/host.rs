@@ -16,6 +16,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
 use crate::backend::{Access, Backend, BoundDispatch, Launch};
 use crate::error::{Error, Result};
@@ -74,9 +75,23 @@ pub type HostFn = Arc<dyn Fn(&mut HostArgs<'_>) -> Result<()> + Send + Sync>;
 /// number of bindings it takes, which [`Backend::check_launch`] holds a
 /// launch to before anything runs.
 #[derive(Clone)]
-pub struct HostKernel {
+pub struct HostKernel(Arc<KernelInner>);
+
+struct KernelInner {
     run: HostFn,
     bindings: Option<usize>,
+    /// The kernel's name, for the error a panic becomes.
+    name: Arc<str>,
+}
+
+impl HostKernel {
+    fn new(run: HostFn, bindings: Option<usize>, name: Arc<str>) -> Self {
+        Self(Arc::new(KernelInner {
+            run,
+            bindings,
+            name,
+        }))
+    }
 }
 
 /// The most workgroups a host launch runs in each dimension, as a GPU has a
@@ -112,8 +127,7 @@ enum Op {
         len: u64,
     },
     Launch {
-        kernel: HostFn,
-        name: Arc<str>,
+        kernel: HostKernel,
         stream: StreamId,
         bindings: Vec<(HostMemory, u64, u64, Access)>,
         scalars: Arc<[u8]>,
@@ -145,60 +159,84 @@ impl Op {
             }
             Op::Launch {
                 kernel,
-                name,
                 stream,
                 bindings,
                 scalars,
                 groups,
             } => {
-                let groups = match groups {
-                    Ok(groups) => *groups,
-                    Err((memory, offset)) => {
-                        let w = words(&memory.lock()[range(*offset, 12)]);
-                        [w[0], w[1], w[2]]
-                    }
-                };
-                if groups.contains(&0) || groups.iter().any(|&g| g > MAX_GROUPS) {
-                    // A zero runs nothing; so does an indirect count past
-                    // the limit (a host-given one was refused before the
-                    // scope), as on every server.
-                    return Ok(());
-                }
-                let mut scratch: Vec<Vec<u8>> = bindings
+                let bindings: SmallVec<[Binding<'_>; 4]> = bindings
                     .iter()
-                    .map(|(m, offset, len, _)| m.lock()[range(*offset, *len)].to_vec())
+                    .map(|(m, offset, len, access)| (m, *offset, *len, *access))
                     .collect();
-                let ran = catch_unwind(AssertUnwindSafe(|| {
-                    kernel(&mut HostArgs {
-                        bindings: &mut scratch,
-                        scalars,
-                        groups,
-                    })
-                }));
-                match ran {
-                    Ok(result) => result?,
-                    Err(panic) => {
-                        let message = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| (*s).to_owned())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "a panic".to_owned());
-                        return Err(Error::Launch {
-                            kernel: name.clone(),
-                            stream: *stream,
-                            detail: format!("the host kernel panicked: {message}"),
-                        });
-                    }
-                }
-                for ((m, offset, len, access), bytes) in bindings.iter().zip(&scratch) {
-                    if access.writes() && bytes.len() as u64 == *len {
-                        m.lock()[range(*offset, *len)].copy_from_slice(bytes);
-                    }
-                }
-                Ok(())
+                run_launch(
+                    kernel,
+                    *stream,
+                    &bindings,
+                    scalars,
+                    groups.as_ref().map_err(|(memory, offset)| (memory, *offset)),
+                )
             }
         }
     }
+}
+
+/// Run a launch now: each binding copied into a scratch vector, the
+/// closure run on them (a panic caught and made its launch's error), the
+/// written ones copied back.
+/// A binding as a launch runs it: memory, offset, length, access.
+type Binding<'a> = (&'a HostMemory, u64, u64, Access);
+
+fn run_launch(
+    kernel: &HostKernel,
+    stream: StreamId,
+    bindings: &[Binding<'_>],
+    scalars: &[u8],
+    groups: std::result::Result<&[u32; 3], (&HostMemory, u64)>,
+) -> Result<()> {
+    let groups = match groups {
+        Ok(groups) => *groups,
+        Err((memory, offset)) => {
+            let w = words(&memory.lock()[range(offset, 12)]);
+            [w[0], w[1], w[2]]
+        }
+    };
+    if groups.contains(&0) || groups.iter().any(|&g| g > MAX_GROUPS) {
+        // A zero runs nothing; so does an indirect count past the limit (a
+        // host-given one was refused before the scope), as on every server.
+        return Ok(());
+    }
+    let mut scratch: SmallVec<[Vec<u8>; 4]> = bindings
+        .iter()
+        .map(|(m, offset, len, _)| m.lock()[range(*offset, *len)].to_vec())
+        .collect();
+    let ran = catch_unwind(AssertUnwindSafe(|| {
+        (kernel.0.run)(&mut HostArgs {
+            bindings: &mut scratch,
+            scalars,
+            groups,
+        })
+    }));
+    match ran {
+        Ok(result) => result?,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_owned());
+            return Err(Error::Launch {
+                kernel: kernel.0.name.clone(),
+                stream,
+                detail: format!("the host kernel panicked: {message}"),
+            });
+        }
+    }
+    for ((m, offset, len, access), bytes) in bindings.iter().zip(&scratch) {
+        if access.writes() && bytes.len() as u64 == *len {
+            m.lock()[range(*offset, *len)].copy_from_slice(bytes);
+        }
+    }
+    Ok(())
 }
 
 /// A host stream: runs work at once, or records it while capturing.
@@ -300,10 +338,7 @@ impl Host {
     ) {
         self.kernels.insert(
             Arc::from(name),
-            HostKernel {
-                run: Arc::new(kernel),
-                bindings: None,
-            },
+            HostKernel::new(Arc::new(kernel), None, Arc::from(name)),
         );
     }
 
@@ -318,10 +353,7 @@ impl Host {
     ) {
         self.kernels.insert(
             Arc::from(name),
-            HostKernel {
-                run: Arc::new(kernel),
-                bindings: Some(bindings),
-            },
+            HostKernel::new(Arc::new(kernel), Some(bindings), Arc::from(name)),
         );
     }
 
@@ -454,7 +486,13 @@ impl Backend for Host {
         };
         self.kernels
             .get(name)
-            .cloned()
+            .map(|registered| {
+                HostKernel::new(
+                    registered.0.run.clone(),
+                    registered.0.bindings,
+                    kernel.name().clone(),
+                )
+            })
             .ok_or_else(|| Error::Compile {
                 backend: Self::NAME,
                 kernel: kernel.name().clone(),
@@ -471,7 +509,7 @@ impl Backend for Host {
                 format!("{groups:?} workgroups is past the {MAX_GROUPS} a dimension runs"),
             ));
         }
-        match kernel.bindings {
+        match kernel.0.bindings {
             Some(taken) if taken != launch.bindings.len() => Err(Error::invalid(
                 format!("bindings of `{}`", launch.name),
                 format!("it takes {taken} and {} were given", launch.bindings.len()),
@@ -486,6 +524,21 @@ impl Backend for Host {
         kernel: &HostKernel,
         launch: &Launch<'_, HostMemory>,
     ) -> Result<()> {
+        let id = stream.id;
+        if stream.recording.is_none() {
+            // Run now: nothing outlives the call, so nothing is boxed or
+            // shared.
+            let bindings: SmallVec<[Binding<'_>; 4]> = launch
+                .bindings
+                .iter()
+                .map(|b| (b.memory, b.offset, b.len, b.access))
+                .collect();
+            let groups = match &launch.dispatch {
+                BoundDispatch::Groups(groups) => Ok(groups),
+                BoundDispatch::Indirect { memory, offset } => Err((*memory, *offset)),
+            };
+            return run_launch(kernel, id, &bindings, launch.scalars, groups);
+        }
         let bindings = launch
             .bindings
             .iter()
@@ -495,10 +548,8 @@ impl Backend for Host {
             BoundDispatch::Groups(groups) => Ok(*groups),
             BoundDispatch::Indirect { memory, offset } => Err(((*memory).clone(), *offset)),
         };
-        let id = stream.id;
         stream.issue(Op::Launch {
-            kernel: kernel.run.clone(),
-            name: Arc::from(launch.name),
+            kernel: kernel.clone(),
             stream: id,
             bindings,
             scalars: Arc::from(launch.scalars),

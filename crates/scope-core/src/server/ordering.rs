@@ -105,12 +105,19 @@ impl<B: Backend> Server<B> {
             "a cross-capture use must be refused before its scope opens"
         );
         let mut waited: SmallVec<[usize; 4]> = SmallVec::new();
+        // Buffers changing hands; the common case (all already this
+        // stream's) leaves it empty and looks nothing up twice.
+        let mut moved: SmallVec<[BufferId; 8]> = SmallVec::new();
         for &id in &touched {
             let Some(entry) = self.table.get(id) else {
                 continue;
             };
             let from = entry.last_user.0 as usize;
-            if from == to || from >= self.streams.len() || waited.contains(&from) {
+            if from == to {
+                continue;
+            }
+            moved.push(id);
+            if from >= self.streams.len() || waited.contains(&from) {
                 continue;
             }
             waited.push(from);
@@ -129,10 +136,15 @@ impl<B: Backend> Server<B> {
                 self.backend.order(&mut first.device, &mut then.device)?;
             }
         }
-        for id in touched {
-            self.streams[to].window.touch(id);
+        for id in moved {
             if let Some(entry) = self.table.get_mut(id) {
                 entry.last_user = stream;
+            }
+        }
+        let window = &mut self.streams[to].window;
+        if window.is_recording() {
+            for id in touched {
+                window.touch(id);
             }
         }
         Ok(())
