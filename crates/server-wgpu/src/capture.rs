@@ -27,9 +27,17 @@
 //! A graph holds its wgpu buffers alive; the core refuses to replay a graph
 //! whose buffers a runtime freed, so a pooled buffer handed to a new owner is
 //! never written by an old graph.
+//!
+//! **Destroying a graph waits for its replays** (rule 35). A graph
+//! remembers the streams it was replayed on; destruction submits those
+//! streams' batches (a replay may still sit in one) and waits for their
+//! last submissions, so a failure that surfaces there is the destroy's
+//! error, which the core gives to the graph's write set. wgpu would keep the
+//! objects alive for a replay in flight anyway; the wait is for the rule.
 
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use scope_core::{BoundDispatch, Error, Launch};
 use smallvec::SmallVec;
 
@@ -116,6 +124,8 @@ pub struct Graph {
     dispatches: u32,
     // The constants buffer, kept alive with the bind groups that name it.
     _constants: Option<wgpu::Buffer>,
+    /// The streams it was replayed on since it was sealed.
+    replayed_on: Mutex<SmallVec<[usize; 2]>>,
 }
 
 impl std::fmt::Debug for Graph {
@@ -424,7 +434,27 @@ impl crate::Wgpu {
             tags,
             dispatches,
             _constants: constants,
+            replayed_on: Mutex::default(),
         })
+    }
+
+    /// Destroy `graph` once its replays are done (rule 35): submit the
+    /// batches of the streams it was replayed on and wait for them.
+    pub(crate) fn destroy_now(&mut self, graph: Graph) -> Result<(), Error> {
+        let streams = std::mem::take(&mut *graph.replayed_on.lock());
+        let mut result = Ok(());
+        for s in streams {
+            if let Err(error) = self.flush_stream(s) {
+                result = result.and(Err(error));
+                continue;
+            }
+            let (submitter, batches) = self.submitter();
+            if let Some(index) = batches[s].last_submission.clone() {
+                result = result.and(submitter.wait(Some(index)));
+            }
+        }
+        drop(graph);
+        result
     }
 
     /// Encode `graph` into stream `s`'s batch.
@@ -433,6 +463,12 @@ impl crate::Wgpu {
         let device = &self.gpu.device;
         let batch = &mut self.streams[s];
         let ((), error) = scoped(device, || encode(device, batch, &graph.steps));
+        {
+            let mut on = graph.replayed_on.lock();
+            if !on.contains(&s) {
+                on.push(s);
+            }
+        }
         let tag = tag_value(s, batch.number);
         for t in &graph.tags {
             mark(t, tag);

@@ -140,6 +140,17 @@ impl Wgpu {
         (&self.gpu.device, &self.gpu.queue)
     }
 
+    /// Whether any stream has work encoded and not submitted, or submitted
+    /// and not seen complete. For tests.
+    #[doc(hidden)]
+    pub fn work_outstanding(&self) -> bool {
+        let completed = self
+            .submissions
+            .completed
+            .load(std::sync::atomic::Ordering::Acquire);
+        self.streams.iter().any(Batch::is_open) || completed < self.submissions.issued
+    }
+
     fn submitter(&mut self) -> (Submitter<'_>, &mut Vec<Batch>) {
         (
             Submitter {
@@ -366,12 +377,7 @@ impl Backend for Wgpu {
     }
 
     fn destroy_graph(&mut self, graph: Graph) -> Result<()> {
-        // wgpu keeps every object a submitted or encoded command uses alive
-        // until that work completes, so dropping the graph's handles cannot
-        // pull memory from under a replay in flight: there is nothing to
-        // wait for.
-        drop(graph);
-        Ok(())
+        self.destroy_now(graph)
     }
 }
 

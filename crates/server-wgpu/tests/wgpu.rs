@@ -561,6 +561,31 @@ pub fn an_indirect_count_past_the_limit_runs_nothing(api: Api) {
     c.destroy_graph(&graph).unwrap();
 }
 
+/// Rule 35: destroying a graph waits for its replays. Before, the replay
+/// was still in the stream's open batch when destroy returned.
+pub fn destroying_a_graph_waits_for_its_replays(api: Api) {
+    let Some(c) = setup(api) else { return };
+    let fill = Kernel::wgsl("fill", FILL);
+    let out = c.allocate(64 * 4).unwrap();
+    let capture = c.begin_capture().unwrap();
+    c.launch(
+        &fill,
+        &[Binding::write(&out)],
+        &scalars(&[64, 3]),
+        groups(64),
+    )
+    .unwrap();
+    let graph = c.end_capture(capture).unwrap();
+    c.sync().unwrap();
+    c.replay(&graph).unwrap();
+    c.destroy_graph(&graph).unwrap();
+    assert!(
+        !c.with_backend(|b| b.work_outstanding()),
+        "the replay finished before destroy returned"
+    );
+    assert_eq!(read_words(&c, &out).unwrap(), vec![3; 64]);
+}
+
 macro_rules! on_each_api {
     ($($name:ident),* $(,)?) => {
         mod vulkan {
@@ -578,6 +603,7 @@ on_each_api!(
     over_limit_buffer_is_typed,
     launch_checks_stand_in_for_deferred_validation,
     an_indirect_count_past_the_limit_runs_nothing,
+    destroying_a_graph_waits_for_its_replays,
     million_element_add_matches_cpu,
     chain_with_a_failure_in_the_middle,
     thousand_replays_of_a_window,
