@@ -139,10 +139,14 @@ impl Cuda {
         let (recording, graph) = self.stop(stream);
         let graph = graph.map_err(|code| fail(code, "ending the capture"))?;
         if graph.is_null() {
-            return Err(Error::refused(format!("{id} was not capturing")));
+            return Err(Error::internal(format!(
+                "{id} was asked to end a capture it was not recording"
+            )));
         }
         let Some(recording) = recording else {
-            return Err(Error::refused(format!("{id} has no recording")));
+            return Err(Error::internal(format!(
+                "{id} ended a capture with no recording kept"
+            )));
         };
         // SAFETY: `graph` is the valid graph the capture produced.
         let exec =

@@ -79,7 +79,9 @@ impl Cuda {
     ) -> Result<()> {
         self.bind()?;
         if stream.recording.is_some() {
-            return Err(Error::refused("a host read on a stream that is capturing"));
+            return Err(Error::internal(
+                "a host read reached a stream that is capturing",
+            ));
         }
         let id = stream.id();
         let what = format!("read of {} bytes at offset {offset}", out.len());

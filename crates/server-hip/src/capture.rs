@@ -47,8 +47,8 @@ impl Hip {
     pub(crate) fn begin_capture(&mut self, stream: &mut HipStream) -> Result<()> {
         let doing = || Doing::Other(Some(stream.id));
         if stream.is_capturing() {
-            return Err(Error::refused(format!(
-                "{} is already capturing",
+            return Err(Error::internal(format!(
+                "{} was asked to begin a capture while capturing",
                 stream.id
             )));
         }
@@ -68,7 +68,10 @@ impl Hip {
     pub(crate) fn end_capture(&mut self, stream: &mut HipStream) -> Result<HipGraph> {
         let doing = || Doing::Other(Some(stream.id));
         if stream.shared.pre_capture.lock().take().is_none() {
-            return Err(Error::refused(format!("{} was not capturing", stream.id)));
+            return Err(Error::internal(format!(
+                "{} was asked to end a capture it was not recording",
+                stream.id
+            )));
         }
         let retained = std::mem::take(&mut stream.retained);
         let graph = stream
