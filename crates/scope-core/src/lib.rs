@@ -79,7 +79,7 @@ pub use id::{BufferId, BufferRange, ByteRange, FailureId, GraphId, StreamId};
 pub use kernel::{Kernel, KernelId, KernelSource, Language};
 pub use probe::{DeviceKind, Probe, ProbedDevice};
 pub use scope::{ExecuteScope, ScopedOutcome, WriteScoped, failed_writing};
-pub use server::{COPY_ALIGNMENT, Server};
+pub use server::{COPY_ALIGNMENT, MAX_STREAMS, Server};
 pub use store::{FailureStore, TaintSlot};
 pub use table::BufferTable;
 pub use taint::{Claim, Ranges, Taint};

@@ -50,6 +50,9 @@ use crate::table::BufferTable;
 /// runtime's misaligned copy fails the same way everywhere.
 pub const COPY_ALIGNMENT: u64 = 4;
 
+/// The most streams one server makes (see `Server::create_stream`).
+pub const MAX_STREAMS: usize = 1024;
+
 /// How many write ranges a stream remembers as in flight before the server
 /// syncs it to bound the list.
 const IN_FLIGHT_LIMIT: usize = 1 << 16;

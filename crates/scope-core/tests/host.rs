@@ -113,3 +113,22 @@ fn an_allocation_past_all_memory_is_an_invalid_argument() {
     drop(first);
     c.try_allocate(512 << 10).unwrap();
 }
+
+#[test]
+fn streams_are_bounded_and_the_bound_is_a_typed_error() {
+    let c = host::client().unwrap();
+    let mut streams = Vec::new();
+    loop {
+        match c.new_stream() {
+            Ok(s) => streams.push(s),
+            Err(error) => {
+                assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
+                break;
+            }
+        }
+    }
+    assert_eq!(streams.len() + 1, scope_core::MAX_STREAMS);
+    // The server keeps working on every stream it has.
+    let buffer = streams[streams.len() - 1].upload(&words(&[5; 4])).unwrap();
+    assert_eq!(host::words(&c.read(&buffer).unwrap()), vec![5; 4]);
+}

@@ -88,11 +88,23 @@ impl<B: Backend> Server<B> {
         }
     }
 
+    /// A new logical stream. Streams live as long as their server (backends
+    /// index their own tables by stream id), so their number is bounded by
+    /// [`MAX_STREAMS`]: a runtime that makes a stream per request must reuse
+    /// them, and learns so from a typed error rather than from memory that
+    /// never comes back.
     pub(crate) fn create_stream(&mut self) -> Result<StreamId> {
         self.check_poison()?;
-        let id = StreamId(
-            u32::try_from(self.streams.len()).map_err(|_| Error::refused("too many streams"))?,
-        );
+        if self.streams.len() >= MAX_STREAMS {
+            return Err(Error::invalid(
+                "stream",
+                format!(
+                    "a server has at most {MAX_STREAMS} streams, and they live as long as it \
+                     does: reuse the clients you have"
+                ),
+            ));
+        }
+        let id = StreamId(self.streams.len() as u32);
         let device = self.backend.create_stream(id)?;
         self.streams.push(StreamState {
             device,
