@@ -270,13 +270,14 @@ impl Backend for Vulkan {
         matches!(language, Language::Wgsl | Language::SpirV)
     }
 
-    /// A request is judged against the device's memory, not refused as an
-    /// argument: Vulkan answers an allocation past the heap or past
-    /// `maxMemoryAllocationSize` with `VK_ERROR_OUT_OF_DEVICE_MEMORY`, so
-    /// the only size that is an invalid argument is one past any address
-    /// space (2^48 bytes).
+    /// What the device could ever give one allocation: its heap,
+    /// `maxMemoryAllocationSize` and `maxBufferSize`, whichever is least
+    /// (rounded down to the pool's alignment, which every request is
+    /// rounded up to). A larger request is "never", an invalid argument
+    /// with no buffer, as on every server; within it, memory the device
+    /// cannot give now is out-of-memory (rule 37).
     fn max_allocation(&self) -> u64 {
-        1 << 48
+        self.pool.largest()
     }
 
     fn binding_alignment(&self) -> u64 {

@@ -21,9 +21,12 @@
 //!   timeline value it had reached when the range was freed (a [`Stamp`]);
 //!   only then does it rejoin its block's free list (first fit, coalescing).
 //! - A request past the heap, `maxMemoryAllocationSize` or `maxBufferSize`
-//!   is out-of-memory without calling the driver: Vulkan itself answers
-//!   such a request with `VK_ERROR_OUT_OF_DEVICE_MEMORY` (and the
-//!   validation layer flags it), and the device keeps working (rule 37).
+//!   never reaches the driver: it is past the backend's largest allocation
+//!   (`Backend::max_allocation`), which the core refuses as an invalid
+//!   argument — the device could never give it, where a request within it
+//!   that the driver cannot meet now is out-of-memory (rule 37). Handing
+//!   the driver such a request would be invalid usage (the validation layer
+//!   flags it).
 //!
 //! The [`Arena`] is the host-visible side: bump allocation from mapped,
 //! coherent chunks, for scalar blobs, staged writes and readbacks. A
@@ -288,6 +291,19 @@ impl Pool {
     /// Bytes of device memory held in blocks, in use or free.
     pub(crate) fn reserved(&self) -> u64 {
         self.reserved
+    }
+
+    /// The largest request that could ever be met: the least of the heap,
+    /// `maxMemoryAllocationSize` and `maxBufferSize`, rounded down to
+    /// [`ALIGN`].
+    pub(crate) fn largest(&self) -> u64 {
+        let limits = &self.gpu.limits;
+        limits
+            .device_heap
+            .min(limits.max_memory_allocation)
+            .min(limits.max_buffer_size)
+            / ALIGN
+            * ALIGN
     }
 
     fn capacity_check(&self, size: u64) -> Result<u64> {
