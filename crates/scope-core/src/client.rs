@@ -468,6 +468,22 @@ impl<B: Backend> Client<B> {
         Ok(self.handle(id, size))
     }
 
+    /// A buffer of `size` bytes that was never allocated and carries
+    /// `error`, as an allocation the device could not satisfy does (rule
+    /// 28): reads answer `error`, launches that read it are skipped, work
+    /// that writes it fails, and freeing it releases the record. For an
+    /// adapter over the client whose own allocation rules failed a request
+    /// (a size past [`Backend::max_allocation`], say) and must still hand
+    /// back a handle that reads as the failure.
+    ///
+    /// # Errors
+    ///
+    /// A size of zero; a poisoned device.
+    pub fn failed_allocation(&self, size: u64, error: Error) -> Result<Buffer> {
+        let id = self.call(|server| server.failed_allocation(self.stream, size, error))?;
+        Ok(self.handle(id, size))
+    }
+
     /// A buffer holding `data`.
     ///
     /// # Errors

@@ -993,6 +993,7 @@ macro_rules! conformance_tests {
             threads_racing_frees_against_launches,
             a_failure_from_outside_claims_like_a_failed_launch,
             flush_submits_and_changes_nothing_else,
+            a_caller_failed_allocation_behaves_like_the_devices,
         );
     };
     (@each $suite:ty; $($name:ident),* $(,)?) => {

@@ -173,7 +173,9 @@ impl Op {
                     *stream,
                     &bindings,
                     scalars,
-                    groups.as_ref().map_err(|(memory, offset)| (memory, *offset)),
+                    groups
+                        .as_ref()
+                        .map_err(|(memory, offset)| (memory, *offset)),
                 )
             }
         }

@@ -474,3 +474,49 @@ pub fn flush_submits_and_changes_nothing_else<S: Suite>() {
     c.flush().unwrap();
     assert_eq!(read(&c, &a).unwrap(), vec![8; WORDS as usize]);
 }
+
+/// A buffer made failed by the caller reads, skips and frees exactly like
+/// one the device could not provide, whatever its size (rules 17, 28, 37).
+pub fn a_caller_failed_allocation_behaves_like_the_devices<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let size = c
+        .with_backend(crate::Backend::max_allocation)
+        .saturating_add(4)
+        .min(u64::MAX - 3)
+        & !3;
+    let failed = c
+        .failed_allocation(
+            size,
+            Error::OutOfMemory {
+                backend: "adapter",
+                requested: size,
+                detail: "past the device".to_owned(),
+            },
+        )
+        .unwrap();
+    assert_eq!(failed.size(), size);
+    let error = c.read(failed.slice(0..4)).unwrap_err();
+    assert!(error.is_out_of_memory(), "{error}");
+    let out = alloc(&c, WORDS);
+    let n = WORDS;
+    let skipped = launch::<S>(
+        &c,
+        &S::copy(),
+        &[
+            failed.slice(0..4 * u64::from(n)).read(),
+            Binding::write(&out),
+        ],
+        &[n],
+        super::groups(n),
+    );
+    assert!(matches!(skipped, Err(Error::Skipped { .. })), "{skipped:?}");
+    assert!(read(&c, &out).unwrap_err().is_out_of_memory());
+    assert!(c.poison().is_none());
+    assert!(matches!(
+        c.failed_allocation(0, Error::refused("x")),
+        Err(Error::InvalidArgument { .. })
+    ));
+    drop((failed, out));
+    assert_eq!(c.failures_held(), 0);
+    assert_eq!(c.bytes_allocated(), 0);
+}

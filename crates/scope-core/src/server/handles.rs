@@ -157,14 +157,36 @@ impl<B: Backend> Server<B> {
                     return Err(error);
                 }
                 tracing::warn!(%stream, "allocation of {size} bytes failed: {error}");
-                let record = self
-                    .table
-                    .failures()
-                    .mint_failed(Work::new(WorkKind::Allocate, stream), error);
-                let id = self.table.insert(size, None, Some(record), stream);
-                Ok(id)
+                Ok(self.insert_failed(stream, size, error))
             }
         }
+    }
+
+    /// A buffer of `size` bytes with no memory that carries `error`, as an
+    /// allocation that failed with it does (rule 28).
+    fn insert_failed(&mut self, stream: StreamId, size: u64, error: Error) -> BufferId {
+        let record = self
+            .table
+            .failures()
+            .mint_failed(Work::new(WorkKind::Allocate, stream), error);
+        self.table.insert(size, None, Some(record), stream)
+    }
+
+    /// A buffer whose allocation an adapter over the client failed itself —
+    /// a size its own rules refuse, say — carrying `error` exactly as a
+    /// buffer the device could not provide does. Any non-zero size: no
+    /// memory is asked for.
+    pub(crate) fn failed_allocation(
+        &mut self,
+        stream: StreamId,
+        size: u64,
+        error: Error,
+    ) -> Result<BufferId> {
+        self.check_poison()?;
+        if size == 0 {
+            return Err(Error::invalid("allocation size", "zero bytes"));
+        }
+        Ok(self.insert_failed(stream, size, error))
     }
 
     /// Release what a dropped handle named (see `client::Dropped`).
