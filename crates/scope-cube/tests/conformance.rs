@@ -121,10 +121,6 @@ impl Suite for VulkanCube {
     fn scalar_blob(kernel: &Kernel, bindings: &[Binding<'_>], values: &[u32]) -> Vec<u8> {
         spirv().blob(kernel, bindings, values)
     }
-
-    fn oversized() -> Option<u64> {
-        Some(64 << 30)
-    }
 }
 
 mod vulkan {

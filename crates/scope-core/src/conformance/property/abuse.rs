@@ -70,14 +70,10 @@ impl<S: Suite> World<S> {
                     invalid(&c.check(&[r]), &what);
                 }
                 let n = (size / 4) as u32;
-                let blob = S::scalar_blob(&self.kernels[0], &[], &[n, 1]);
+                let bindings = [handle.slice(from..to).write()];
+                let blob = S::scalar_blob(&self.kernels[0], &bindings, &[n, 1]);
                 invalid(
-                    &c.launch(
-                        &self.kernels[0],
-                        &[handle.slice(from..to).write()],
-                        &blob,
-                        Dispatch::linear(1),
-                    ),
+                    &c.launch(&self.kernels[0], &bindings, &blob, Dispatch::linear(1)),
                     &what,
                 );
                 what
@@ -100,15 +96,10 @@ impl<S: Suite> World<S> {
                 invalid(&c.copy(&foreign, handle.slice(0..4)), &what);
                 invalid(&c.copy(handle.slice(0..4), foreign.slice(0..4)), &what);
                 invalid(&c.free(&foreign), &what);
-                let n = 16;
-                let blob = S::scalar_blob(&self.kernels[0], &[], &[n, 1]);
+                let bindings = [Binding::write(&foreign)];
+                let blob = S::scalar_blob(&self.kernels[0], &bindings, &[16, 1]);
                 invalid(
-                    &c.launch(
-                        &self.kernels[0],
-                        &[Binding::write(&foreign)],
-                        &blob,
-                        Dispatch::linear(1),
-                    ),
+                    &c.launch(&self.kernels[0], &bindings, &blob, Dispatch::linear(1)),
                     &what,
                 );
                 what
@@ -125,7 +116,10 @@ impl<S: Suite> World<S> {
                 // argument under test can stop the launch.
                 let scratch = c.try_allocate(4 * 64).expect("allocate");
                 let what = format!("abuse: bad launches over {}", scratch.id());
-                let blob = S::scalar_blob(&self.kernels[0], &[], &[64, 1]);
+                // The blob of the valid launch: the core refuses the bad
+                // binding before it reads any, and a suite may not be able
+                // to pack one for it.
+                let blob = S::scalar_blob(&self.kernels[0], &[Binding::write(&scratch)], &[64, 1]);
                 let fill = |binding: Binding<'_>, dispatch| {
                     c.launch(&self.kernels[0], &[binding], &blob, dispatch)
                 };
@@ -157,13 +151,14 @@ impl<S: Suite> World<S> {
                 // nothing: the bytes stay as they were, stale or not.
                 let counts = c.upload(&as_bytes(&[u32::MAX, 1, 1])).expect("upload");
                 let n = (size / 4) as u32;
-                let blob = S::scalar_blob(&self.kernels[0], &[], &[n, 1]);
+                let bindings = [Binding::write(&handle)];
+                let blob = S::scalar_blob(&self.kernels[0], &bindings, &[n, 1]);
                 let r: Range = (handle.id(), 0, size);
                 let ids = [handle.id()];
                 let what = format!("abuse: an indirect count of u32::MAX over {r:?}");
                 let result = c.launch(
                     &self.kernels[0],
-                    &[Binding::write(&handle)],
+                    &bindings,
                     &blob,
                     Dispatch::Indirect(counts.all()),
                 );
