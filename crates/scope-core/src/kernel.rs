@@ -22,6 +22,25 @@
 //!
 //! The dispatch count is in workgroups (blocks); the workgroup size is the
 //! shader's own (`@workgroup_size`), or [`Kernel::block`] for the CUDA family.
+//!
+//! # What is checked, and what the caller promises
+//!
+//! The failure model believes the bytes outside a launch's write set are
+//! untouched by it. Whether that holds depends on the source language:
+//!
+//! - **WGSL** is checked: naga validates it, server-vulkan lowers it with
+//!   every access restricted to its binding, and wgpu bounds-checks it. A
+//!   WGSL kernel is safe to build ([`Kernel::wgsl`]).
+//! - **Host closures** work on copies of their bindings: safe
+//!   ([`Kernel::host`]).
+//! - **SPIR-V words, CUDA C++, PTX and HIP C++** are machine-level code:
+//!   through a raw pointer or a device address they can read and write any
+//!   memory of the device, bytes of other buffers the failure model then
+//!   believes clean, and an invalid SPIR-V module is undefined behaviour in
+//!   the driver. No server can check them, so they are [`Unchecked`] and
+//!   built only by `unsafe` constructors ([`Kernel::spirv`], [`Kernel::cuda`],
+//!   [`Kernel::ptx`], [`Kernel::hip`]) whose caller promises what cannot be
+//!   checked — as cudarc makes its launch `unsafe` for the same reason.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
@@ -56,19 +75,55 @@ impl std::fmt::Display for Language {
     }
 }
 
+/// Source no server can check, vouched for by whoever made it (see the
+/// [module docs](self)): made only by the `unsafe` [`Unchecked::vouched`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Unchecked<T>(T);
+
+impl<T> Unchecked<T> {
+    /// Vouch for `source`.
+    ///
+    /// # Safety
+    ///
+    /// The caller promises that `source` is a valid module for the devices
+    /// it will be launched on, and that every launch of it — for the
+    /// bindings, scalars and counts it is launched with — reads only the
+    /// bytes of the bindings it reads, writes only the bytes of the bindings
+    /// it writes, and touches no other memory: no raw pointer or device
+    /// address is followed outside them. Breaking this can corrupt buffers
+    /// the failure model reports as written, or be undefined behaviour in
+    /// the driver.
+    pub unsafe fn vouched(source: T) -> Self {
+        Self(source)
+    }
+
+    /// The source.
+    pub fn get(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> std::ops::Deref for Unchecked<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// A kernel's source.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum KernelSource {
     /// WGSL text.
     Wgsl(Arc<str>),
     /// SPIR-V words.
-    SpirV(Arc<[u32]>),
+    SpirV(Unchecked<Arc<[u32]>>),
     /// CUDA C++ text.
-    Cuda(Arc<str>),
+    Cuda(Unchecked<Arc<str>>),
     /// PTX text.
-    Ptx(Arc<str>),
+    Ptx(Unchecked<Arc<str>>),
     /// HIP C++ text.
-    Hip(Arc<str>),
+    Hip(Unchecked<Arc<str>>),
     /// The name a closure was registered under with the host server.
     Host(Arc<str>),
 }
@@ -89,11 +144,8 @@ impl KernelSource {
     /// The text, for the languages that are text.
     pub fn text(&self) -> Option<&str> {
         match self {
-            KernelSource::Wgsl(s)
-            | KernelSource::Cuda(s)
-            | KernelSource::Ptx(s)
-            | KernelSource::Hip(s)
-            | KernelSource::Host(s) => Some(s),
+            KernelSource::Wgsl(s) | KernelSource::Host(s) => Some(s),
+            KernelSource::Cuda(s) | KernelSource::Ptx(s) | KernelSource::Hip(s) => Some(s.get()),
             KernelSource::SpirV(_) => None,
         }
     }
@@ -134,26 +186,60 @@ impl Kernel {
     }
 
     /// A SPIR-V kernel.
-    pub fn spirv(name: impl Into<Arc<str>>, words: impl Into<Arc<[u32]>>) -> Self {
-        Self::new(name, KernelSource::SpirV(words.into()))
+    ///
+    /// # Safety
+    ///
+    /// As [`Unchecked::vouched`]: `words` are a valid SPIR-V module with a
+    /// GLCompute entry point (named by [`entry`](Self::entry)) that follows
+    /// the binding convention or the server's device-address interface, and
+    /// whose every launch stays inside the bindings it is given.
+    pub unsafe fn spirv(name: impl Into<Arc<str>>, words: impl Into<Arc<[u32]>>) -> Self {
+        // SAFETY: the caller vouches for the module, as this function's
+        // contract says.
+        let words = unsafe { Unchecked::vouched(words.into()) };
+        Self::new(name, KernelSource::SpirV(words))
     }
 
     /// A CUDA C++ kernel; the entry point defaults to the name.
-    pub fn cuda(name: impl Into<Arc<str>>, source: impl Into<Arc<str>>) -> Self {
+    ///
+    /// # Safety
+    ///
+    /// As [`Unchecked::vouched`]: the source declares the entry point
+    /// `extern "C"` with the binding convention's parameters, and every
+    /// launch of it dereferences only pointers into the bindings it is given,
+    /// within their lengths.
+    pub unsafe fn cuda(name: impl Into<Arc<str>>, source: impl Into<Arc<str>>) -> Self {
         let name = name.into();
-        Self::new(name.clone(), KernelSource::Cuda(source.into())).entry(name)
+        // SAFETY: the caller vouches for the source, as this function's
+        // contract says.
+        let source = unsafe { Unchecked::vouched(source.into()) };
+        Self::new(name.clone(), KernelSource::Cuda(source)).entry(name)
     }
 
     /// A PTX kernel; the entry point defaults to the name.
-    pub fn ptx(name: impl Into<Arc<str>>, source: impl Into<Arc<str>>) -> Self {
+    ///
+    /// # Safety
+    ///
+    /// As for [`cuda`](Self::cuda).
+    pub unsafe fn ptx(name: impl Into<Arc<str>>, source: impl Into<Arc<str>>) -> Self {
         let name = name.into();
-        Self::new(name.clone(), KernelSource::Ptx(source.into())).entry(name)
+        // SAFETY: the caller vouches for the source, as this function's
+        // contract says.
+        let source = unsafe { Unchecked::vouched(source.into()) };
+        Self::new(name.clone(), KernelSource::Ptx(source)).entry(name)
     }
 
     /// A HIP C++ kernel; the entry point defaults to the name.
-    pub fn hip(name: impl Into<Arc<str>>, source: impl Into<Arc<str>>) -> Self {
+    ///
+    /// # Safety
+    ///
+    /// As for [`cuda`](Self::cuda).
+    pub unsafe fn hip(name: impl Into<Arc<str>>, source: impl Into<Arc<str>>) -> Self {
         let name = name.into();
-        Self::new(name.clone(), KernelSource::Hip(source.into())).entry(name)
+        // SAFETY: the caller vouches for the source, as this function's
+        // contract says.
+        let source = unsafe { Unchecked::vouched(source.into()) };
+        Self::new(name.clone(), KernelSource::Hip(source)).entry(name)
     }
 
     /// A closure registered with the reference host server under `name`.

@@ -76,7 +76,7 @@ pub use error::{Chain, DeviceFault, Error, Hop, Result, UnwrittenBytes};
 pub use failure::{FailureNode, Failures, MAX_SKIP_RECORDS, SkipRecord, Work, WorkKind};
 pub use fault::{FaultPlan, Site};
 pub use id::{BufferId, BufferRange, ByteRange, FailureId, GraphId, StreamId};
-pub use kernel::{Kernel, KernelId, KernelSource, Language};
+pub use kernel::{Kernel, KernelId, KernelSource, Language, Unchecked};
 pub use probe::{DeviceKind, Probe, ProbedDevice};
 pub use scope::{ExecuteScope, ScopedOutcome, WriteScoped, failed_writing};
 pub use server::{COPY_ALIGNMENT, MAX_STREAMS, Server};

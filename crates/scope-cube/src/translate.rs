@@ -19,7 +19,7 @@ use cubecl_core::ir::AddressType;
 use cubecl_core::ir::attributes::BufferIOAttr;
 use cubecl_core::ir::metadata::Info;
 use cubecl_cpp::shared::CppCompiler;
-use scope_core::{Access, Error, Kernel, Result};
+use scope_core::{Access, Error, Kernel, KernelId, KernelSource, Result};
 
 use crate::target::{PUSH_CONSTANT_BYTES, Target};
 
@@ -38,8 +38,32 @@ pub struct CubeKernel {
 
 impl CubeKernel {
     /// The scope kernel: source, entry point and block size.
-    pub fn kernel(&self) -> &Kernel {
+    ///
+    /// # Safety
+    ///
+    /// Every launch of it (or of a clone) that [`launch`](Self::launch)
+    /// does not make passes the scalar blob [`pack`](Self::pack) made for
+    /// the same arguments. The kernel's bounds checks read each buffer's
+    /// length from that blob, so a blob naming more bytes than a binding
+    /// holds lets a CUDA, HIP or SPIR-V kernel write past it (WGSL ones stay
+    /// inside their bindings regardless).
+    pub unsafe fn kernel(&self) -> &Kernel {
         &self.kernel
+    }
+
+    /// The scope kernel's id, to tell which cube kernel a `Kernel` is.
+    pub fn id(&self) -> KernelId {
+        self.kernel.id()
+    }
+
+    /// The scope kernel's name.
+    pub fn name(&self) -> &Arc<str> {
+        self.kernel.name()
+    }
+
+    /// The translated source.
+    pub fn source(&self) -> &KernelSource {
+        self.kernel.source()
     }
 
     /// The target it was translated for.
@@ -194,12 +218,25 @@ pub fn translate(kernel: &impl cubecl_core::CubeKernel, target: Target) -> Resul
     .map_err(|log| compile_error(&name, log))?;
     let (output, io, immediate) = compiled;
     let block = [cube.x, cube.y, cube.z];
+    // SAFETY (for the CUDA, HIP and SPIR-V kernels below): the module is
+    // cubecl's own compiler output for `target`, from a `#[cube]` kernel
+    // expanded with `ExecutionMode::Checked` (`Target::settings`), so every
+    // buffer access is checked against the length the launch's info struct
+    // gives for that buffer — reads past it return zero, writes past it are
+    // dropped — and `CubeKernel::pack` puts each binding's own length there.
+    // A launch of it therefore touches only the bindings it is given.
     let kernel = match (target, output) {
-        (Target::Cuda, Output::Text(source)) => Kernel::cuda(name.as_str(), source)
-            .entry(entry)
-            .block(block),
+        (Target::Cuda, Output::Text(source)) => {
+            // SAFETY: see above.
+            unsafe { Kernel::cuda(name.as_str(), source) }
+                .entry(entry)
+                .block(block)
+        }
         (Target::Hip, Output::Text(source)) => {
-            Kernel::hip(name.as_str(), source).entry(entry).block(block)
+            // SAFETY: see above.
+            unsafe { Kernel::hip(name.as_str(), source) }
+                .entry(entry)
+                .block(block)
         }
         (Target::Wgsl, Output::Text(source)) => Kernel::wgsl(name.as_str(), source).entry(entry),
         (Target::SpirV, Output::Words(words)) => {
@@ -214,7 +251,8 @@ pub fn translate(kernel: &impl cubecl_core::CubeKernel, target: Target) -> Resul
                     ),
                 ));
             }
-            Kernel::spirv(name.as_str(), words).entry(entry)
+            // SAFETY: see above.
+            unsafe { Kernel::spirv(name.as_str(), words) }.entry(entry)
         }
         (target, _) => {
             return Err(compile_error(

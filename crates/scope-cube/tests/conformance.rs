@@ -45,7 +45,7 @@ impl Kernels {
     fn find(&self, kernel: &Kernel) -> Option<&CubeKernel> {
         [&self.fill, &self.copy, &self.add]
             .into_iter()
-            .find(|cube| cube.kernel().id() == kernel.id())
+            .find(|cube| cube.id() == kernel.id())
     }
 
     /// The scalar blob for a launch the suite makes: cubecl's info struct
@@ -85,7 +85,10 @@ fn wgsl() -> &'static Kernels {
 /// not type-check while it expands, before there is any source for the
 /// server to refuse.)
 fn broken(kernels: &Kernels) -> Kernel {
-    kernels.fill.kernel().clone().entry("no_such_entry_point")
+    // SAFETY: it names no entry point the module has, so it never runs.
+    unsafe { kernels.fill.kernel() }
+        .clone()
+        .entry("no_such_entry_point")
 }
 
 struct VulkanCube;
@@ -103,15 +106,24 @@ impl Suite for VulkanCube {
     }
 
     fn fill() -> Kernel {
-        spirv().fill.kernel().clone()
+        // SAFETY: the suite launches it only with blobs `Kernels::blob`
+        // packs for the launch's own bindings, or with bindings the core
+        // refuses before anything runs.
+        unsafe { spirv().fill.kernel() }.clone()
     }
 
     fn copy() -> Kernel {
-        spirv().copy.kernel().clone()
+        // SAFETY: the suite launches it only with blobs `Kernels::blob`
+        // packs for the launch's own bindings, or with bindings the core
+        // refuses before anything runs.
+        unsafe { spirv().copy.kernel() }.clone()
     }
 
     fn add() -> Kernel {
-        spirv().add.kernel().clone()
+        // SAFETY: the suite launches it only with blobs `Kernels::blob`
+        // packs for the launch's own bindings, or with bindings the core
+        // refuses before anything runs.
+        unsafe { spirv().add.kernel() }.clone()
     }
 
     fn broken() -> Kernel {
@@ -151,15 +163,24 @@ impl<A: OnApi> Suite for WgpuCube<A> {
     }
 
     fn fill() -> Kernel {
-        wgsl().fill.kernel().clone()
+        // SAFETY: the suite launches it only with blobs `Kernels::blob`
+        // packs for the launch's own bindings, or with bindings the core
+        // refuses before anything runs.
+        unsafe { wgsl().fill.kernel() }.clone()
     }
 
     fn copy() -> Kernel {
-        wgsl().copy.kernel().clone()
+        // SAFETY: the suite launches it only with blobs `Kernels::blob`
+        // packs for the launch's own bindings, or with bindings the core
+        // refuses before anything runs.
+        unsafe { wgsl().copy.kernel() }.clone()
     }
 
     fn add() -> Kernel {
-        wgsl().add.kernel().clone()
+        // SAFETY: the suite launches it only with blobs `Kernels::blob`
+        // packs for the launch's own bindings, or with bindings the core
+        // refuses before anything runs.
+        unsafe { wgsl().add.kernel() }.clone()
     }
 
     fn broken() -> Kernel {
@@ -192,7 +213,8 @@ fn the_suite_blob_is_cubecls_info_struct() {
         .allocate(256)
         .expect("allocate");
     for kernels in [spirv(), wgsl()] {
-        let fill = kernels.fill.kernel();
+        // SAFETY: used to pack a blob, never launched.
+        let fill = unsafe { kernels.fill.kernel() };
         let blob = kernels.blob(fill, &[Binding::write(&buffer)], &[64, 9]);
         let words: Vec<u32> = blob
             .chunks_exact(4)

@@ -122,7 +122,9 @@ pub fn run(c: &Client<Cuda>, arch: &str, scale: Scale) {
 }
 
 fn launch_overhead(c: &Client<Cuda>, arch: &str, scale: Scale) {
-    let kernel = Kernel::cuda("add", ADD).block([64, 1, 1]);
+    // SAFETY: `ADD` guards every access with `n`, and every launch here
+    // passes the bindings' own length.
+    let kernel = unsafe { Kernel::cuda("add", ADD) }.block([64, 1, 1]);
     let a = c.upload(&vec![1u8; WORDS as usize * 4]).expect("upload");
     let b = c.upload(&vec![2u8; WORDS as usize * 4]).expect("upload");
     let out = c.try_allocate(u64::from(WORDS) * 4).expect("allocate");
@@ -218,7 +220,9 @@ fn launch_overhead(c: &Client<Cuda>, arch: &str, scale: Scale) {
 
 fn graph_replay(c: &Client<Cuda>, scale: Scale) {
     const NODES: usize = 64;
-    let kernel = Kernel::cuda("add", ADD).block([64, 1, 1]);
+    // SAFETY: `ADD` guards every access with `n`, and every launch here
+    // passes the bindings' own length.
+    let kernel = unsafe { Kernel::cuda("add", ADD) }.block([64, 1, 1]);
     let a = c.upload(&vec![1u8; WORDS as usize * 4]).expect("upload");
     let b = c.upload(&vec![2u8; WORDS as usize * 4]).expect("upload");
     let out = c.try_allocate(u64::from(WORDS) * 4).expect("allocate");

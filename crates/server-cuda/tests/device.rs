@@ -44,17 +44,22 @@ fn ptx_kernels_load_and_a_rejected_ptx_carries_the_jit_log() {
 "#;
     let out = c.try_allocate(4).unwrap();
     c.launch(
-        &Kernel::ptx("seven", ptx),
+        // SAFETY: it writes one word through its one parameter, and the
+        // launch binds one word.
+        &unsafe { Kernel::ptx("seven", ptx) },
         &[Binding::write(&out)],
         &[],
         Dispatch::linear(1),
     )
     .unwrap();
     assert_eq!(words(&c.read(&out).unwrap()), vec![7]);
-    let bad = Kernel::ptx(
-        "bad",
-        ".version 7.0\n.target sm_70\n.visible .entry bad() { not_an_instruction; }",
-    );
+    // SAFETY: it does not assemble, so it never runs.
+    let bad = unsafe {
+        Kernel::ptx(
+            "bad",
+            ".version 7.0\n.target sm_70\n.visible .entry bad() { not_an_instruction; }",
+        )
+    };
     let error = c.compile(&bad).unwrap_err();
     assert!(
         matches!(&error, Error::Compile { log, .. } if log.contains("CUDA_ERROR")),

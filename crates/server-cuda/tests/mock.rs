@@ -96,17 +96,22 @@ fn ptx_loads_and_a_rejected_ptx_carries_the_jit_log() {
     let ptx = ".version 9.0\n.target sm_90\n.address_size 64\n.scope_mock_entry seven fill 8 8\n";
     let out = c.allocate(256).unwrap();
     c.launch(
-        &Kernel::ptx("seven", ptx).block([64, 1, 1]),
+        // SAFETY: the mock's `fill` entry, which writes `n` words of its one
+        // binding; the launch passes the binding's length.
+        &unsafe { Kernel::ptx("seven", ptx) }.block([64, 1, 1]),
         &[Binding::write(&out)],
         &bytes(&[64, 7]),
         Dispatch::linear(1),
     )
     .unwrap();
     assert_eq!(words(&c.read(&out).unwrap()), vec![7; 64]);
-    let bad = Kernel::ptx(
-        "bad",
-        ".version 7.0\n.target sm_70\n.visible .entry bad() { not_an_instruction; }",
-    );
+    // SAFETY: it does not assemble, so it never runs.
+    let bad = unsafe {
+        Kernel::ptx(
+            "bad",
+            ".version 7.0\n.target sm_70\n.visible .entry bad() { not_an_instruction; }",
+        )
+    };
     let error = c.compile(&bad).unwrap_err();
     let Error::Compile { log, .. } = &error else {
         panic!("expected a compile error, got {error}");

@@ -111,10 +111,13 @@ fn the_device_is_described_from_the_r0600_props() {
 #[test]
 fn a_real_sticky_fault_poisons_the_device() {
     let c = client();
-    let trap = Kernel::hip(
-        "trap",
-        r#"extern "C" __global__ void scope_trap(unsigned int* out) { __builtin_trap(); }"#,
-    )
+    // SAFETY: it touches no memory: it traps.
+    let trap = unsafe {
+        Kernel::hip(
+            "trap",
+            r#"extern "C" __global__ void scope_trap(unsigned int* out) { __builtin_trap(); }"#,
+        )
+    }
     .entry("scope_trap")
     .block([64, 1, 1]);
     let out = c.allocate(256).unwrap();

@@ -59,19 +59,13 @@ fn an_allocation_past_the_device_is_an_invalid_argument_and_the_device_keeps_wor
     assert!(client.poison().is_none());
 }
 
-/// Garbage that passes the header check (magic, version, bound) so that the
-/// driver itself must judge it: lavapipe answers `VK_ERROR_UNKNOWN` from
-/// `vkCreateComputePipelines`.
-///
-/// This test runs WITHOUT the validation layer, on purpose: the layer
-/// (1.3.239 here) runs spirv-val on the module, reports it, and then its own
-/// SPIR-V handling fails on the garbage — it either throws a C++ exception
-/// through the Vulkan call (the process aborts: "Rust cannot catch foreign
-/// exceptions") or allocates until the kernel kills the process, depending on
-/// the bytes. Neither says anything about the server, so the driver's
-/// rejection is tested on its own.
+/// SPIR-V the server can see is not a module — no entry point, no magic
+/// number — is a compile error before any driver sees it. Garbage that
+/// passes those checks would go to the driver, for which invalid SPIR-V is
+/// undefined behaviour: building such a kernel is the caller's `unsafe`
+/// promise (`Kernel::spirv`), which no test breaks.
 #[test]
-fn garbage_spirv_is_a_compile_error_that_claims_the_outputs() {
+fn spirv_the_server_can_see_is_no_module_is_a_compile_error() {
     let Some(client) =
         client_or_skip(|| server_vulkan::client_with(server_vulkan::Config::default()))
     else {
@@ -90,49 +84,22 @@ fn garbage_spirv_is_a_compile_error_that_claims_the_outputs() {
     ];
     // No entry point at all: refused before the driver sees it (the
     // driver would be handed a name the module does not have).
-    let error = client
-        .compile(&Kernel::spirv("garbage", garbage.clone()))
-        .expect_err("no entry point");
+    // SAFETY: never reaches a driver — the server's own header check
+    // refuses it (asserted below). A module that passed that check would be
+    // handed to the driver, for which invalid SPIR-V is undefined behaviour:
+    // that is the caller's promise (`Kernel::spirv`), so no test makes it.
+    let garbage = unsafe { Kernel::spirv("garbage", garbage) };
+    let error = client.compile(&garbage).expect_err("no entry point");
     assert!(
         matches!(&error, Error::Compile { log, .. } if log.contains("no entry point")),
         "{error}"
     );
-    // With an `OpEntryPoint GLCompute %1 "main"` ahead of the garbage, the
-    // driver judges it.
-    let mut garbage = garbage;
-    garbage.splice(
-        5..5,
-        [(5 << 16) | 15, 5, 1, u32::from_le_bytes(*b"main"), 0],
-    );
-    let kernel = Kernel::spirv("garbage", garbage);
-    let out = client.try_allocate(64 * 4).unwrap();
-    client.write(&out, &bytes(&[5; 64])).unwrap();
-    let error = client
-        .launch(&kernel, &[Binding::write(&out)], &[], Dispatch::linear(1))
-        .expect_err("the driver rejects it");
-    assert!(
-        matches!(&error, Error::Compile { log, .. } if log.contains("driver rejected")),
-        "{error}"
-    );
-    let read = client
-        .read(&out)
-        .expect_err("the outputs carry the compile error");
-    assert!(matches!(read.root(), Error::Compile { .. }), "{read}");
-    // Not a device fault: nothing is poisoned, and a rewrite heals.
     assert!(client.poison().is_none());
-    client
-        .launch(
-            &fill(),
-            &[Binding::write(&out)],
-            &scalars(&[64, 3]),
-            groups(64),
-        )
-        .unwrap();
-    assert_eq!(words(&client.read(&out).unwrap()), vec![3; 64]);
     // A module without the magic number never reaches the driver.
-    let error = client
-        .compile(&Kernel::spirv("not-spirv", vec![1, 2, 3]))
-        .expect_err("no magic");
+    // SAFETY: never reaches a driver: the server checks the magic number
+    // first (asserted below).
+    let not_spirv = unsafe { Kernel::spirv("not-spirv", vec![1, 2, 3]) };
+    let error = client.compile(&not_spirv).expect_err("no magic");
     assert!(
         matches!(&error, Error::Compile { log, .. } if log.contains("magic")),
         "{error}"
@@ -542,7 +509,10 @@ fn spirv_from_naga_runs_like_the_wgsl_it_came_from() {
         }),
     )
     .unwrap();
-    let kernel = Kernel::spirv("fill-spv", words_spv);
+    // SAFETY: naga's own output for a WGSL kernel it validated, lowered
+    // with its bounds checks (the WGSL above guards every access with `n`,
+    // which the launch below sets to the binding's length).
+    let kernel = unsafe { Kernel::spirv("fill-spv", words_spv) };
     let out = client.try_allocate(100 * 4).unwrap();
     client
         .launch(

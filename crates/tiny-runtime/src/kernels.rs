@@ -236,34 +236,55 @@ impl Dialect {
     }
 }
 
-fn make(dialect: Dialect, entry: &str, wgsl: &str, cuda: &str, block: [u32; 3]) -> Kernel {
+/// # Safety
+///
+/// As [`Kernels::for_language`].
+unsafe fn make(dialect: Dialect, entry: &str, wgsl: &str, cuda: &str, block: [u32; 3]) -> Kernel {
     match dialect {
         Dialect::Wgsl => Kernel::wgsl(entry, wgsl),
-        Dialect::Cuda => Kernel::cuda(entry, cuda).block(block),
-        Dialect::Hip => Kernel::hip(entry, cuda).block(block),
+        // SAFETY: each shipped CUDA C++ kernel guards every access with the
+        // sizes in its scalar blob, and the caller promises (this
+        // function's contract) that the blob describes the bindings.
+        Dialect::Cuda => unsafe { Kernel::cuda(entry, cuda) }.block(block),
+        // SAFETY: as for CUDA; hiprtc compiles the same source.
+        Dialect::Hip => unsafe { Kernel::hip(entry, cuda) }.block(block),
     }
 }
 
 impl Kernels {
     /// The shipped kernels in `dialect`.
-    pub fn for_language(dialect: Dialect) -> Self {
-        Self {
-            matmul: make(dialect, "matmul", MATMUL_WGSL, MATMUL_CUDA, [GROUP, 1, 1]),
-            bias_add: make(
-                dialect,
-                "bias_add",
-                BIAS_ADD_WGSL,
-                BIAS_ADD_CUDA,
-                [GROUP, 1, 1],
-            ),
-            gelu: make(dialect, "gelu", GELU_WGSL, GELU_CUDA, [GROUP, 1, 1]),
-            softmax: make(
-                dialect,
-                "softmax",
-                SOFTMAX_WGSL,
-                SOFTMAX_CUDA,
-                [GROUP, 1, 1],
-            ),
+    ///
+    /// # Safety
+    ///
+    /// For the CUDA and HIP dialects: every launch of these kernels passes
+    /// scalars that describe its bindings (the sizes each kernel's docs
+    /// name, no larger than the buffers bound), as [`Runtime`](crate::runtime::Runtime)
+    /// does. The kernels guard every access with those sizes and nothing
+    /// else — CUDA C++ cannot know a buffer's length — so larger ones let a
+    /// launch write past its bindings. WGSL kernels are bounds-checked by the
+    /// servers regardless.
+    pub unsafe fn for_language(dialect: Dialect) -> Self {
+        // SAFETY: `make`'s contract is this function's, which the caller
+        // keeps.
+        unsafe {
+            Self {
+                matmul: make(dialect, "matmul", MATMUL_WGSL, MATMUL_CUDA, [GROUP, 1, 1]),
+                bias_add: make(
+                    dialect,
+                    "bias_add",
+                    BIAS_ADD_WGSL,
+                    BIAS_ADD_CUDA,
+                    [GROUP, 1, 1],
+                ),
+                gelu: make(dialect, "gelu", GELU_WGSL, GELU_CUDA, [GROUP, 1, 1]),
+                softmax: make(
+                    dialect,
+                    "softmax",
+                    SOFTMAX_WGSL,
+                    SOFTMAX_CUDA,
+                    [GROUP, 1, 1],
+                ),
+            }
         }
     }
 }

@@ -195,7 +195,11 @@ impl<B: Backend> Runtime<B> {
                     format!("{} accepts none of WGSL, CUDA C++, HIP C++", B::NAME),
                 )
             })?;
-        Ok(Self::with_kernels(client, Kernels::for_language(dialect)))
+        // SAFETY: `issue` launches each of these kernels with scalars
+        // computed from the shapes of the tensors whose buffers it binds,
+        // which is what `for_language` asks.
+        let kernels = unsafe { Kernels::for_language(dialect) };
+        Ok(Self::with_kernels(client, kernels))
     }
 
     /// A runtime over `client` with native-path `kernels` of its own
@@ -226,7 +230,9 @@ impl<B: Backend> Runtime<B> {
         for op in [Op::Matmul, Op::BiasAdd, Op::Gelu, Op::Softmax] {
             let kernel = match &self.path {
                 Path::Native(k) => Self::native_kernel(k, op),
-                Path::Cube(k) => Self::cube_kernel(k, op).kernel(),
+                // SAFETY: compiled here, not launched; `issue` launches it
+                // with the blob `pack` makes.
+                Path::Cube(k) => unsafe { Self::cube_kernel(k, op).kernel() },
             };
             self.client.compile(kernel)?;
         }
@@ -348,7 +354,9 @@ impl<B: Backend> Runtime<B> {
                 let args = cube.iter().fold(args, |args, &value| args.scalar(value));
                 let (bindings, blob) = cube_kernel.pack(&args)?;
                 (
-                    crate::kernels::named(cube_kernel.kernel(), name),
+                    // SAFETY: launched below with the blob `pack` just made
+                    // for these arguments.
+                    crate::kernels::named(unsafe { cube_kernel.kernel() }, name),
                     bindings,
                     blob,
                 )

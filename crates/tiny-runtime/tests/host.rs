@@ -188,8 +188,8 @@ fn the_cube_kernels_translate_for_every_target_with_write_only_outputs() {
             ("softmax", &k.softmax, &[Access::Read, Access::Write][..]),
         ] {
             assert_eq!(kernel.target(), target);
-            assert_eq!(kernel.kernel().name().as_ref(), name);
-            assert_eq!(kernel.kernel().source().language(), target.language());
+            assert_eq!(kernel.name().as_ref(), name);
+            assert_eq!(kernel.source().language(), target.language());
             let got: Vec<Access> = (0..kernel.buffers())
                 .map(|i| kernel.access(i).unwrap())
                 .collect();

@@ -45,7 +45,13 @@ extern "C" __global__ void scope_broken(unsigned int* out) {
 "#;
 
 fn hip(name: &str, entry: &str, source: &str) -> Kernel {
-    Kernel::hip(name, source).entry(entry).block(BLOCK)
+    // SAFETY: the test kernels guard every access with the sizes their
+    // launches pass, and the tests pass sizes no larger than the bindings;
+    // the poison tests, which fault through a wild pointer on purpose, run
+    // in a process of their own, where no other buffer's bytes are at stake.
+    unsafe { Kernel::hip(name, source) }
+        .entry(entry)
+        .block(BLOCK)
 }
 
 /// `out[i] = value` for `i < n`; bindings `[out]`; scalars `[n, value]`.
