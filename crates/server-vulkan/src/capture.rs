@@ -139,7 +139,9 @@ pub(crate) fn begin(stream: &mut VulkanStream) -> Result<()> {
 /// Seal the recording into a graph.
 pub(crate) fn end(stream: &mut VulkanStream) -> Result<VulkanGraph> {
     let Some(mut recording) = stream.recording.take() else {
-        return Err(scope_core::Error::refused("the stream was not recording"));
+        return Err(scope_core::Error::internal(
+            "the stream was asked to end a capture it was not recording",
+        ));
     };
     recording
         .encoder

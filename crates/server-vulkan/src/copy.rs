@@ -134,7 +134,7 @@ pub(crate) fn read(
         .map(Staged::host)
         .or_else(|| src.host(offset))
     else {
-        return Err(Error::refused("memory is neither mapped nor staged"));
+        return Err(Error::internal("memory is neither mapped nor staged"));
     };
     // SAFETY: the stream's work is complete and its last barrier made the
     // writes visible to the host; `from` points at `len` mapped bytes (the

@@ -571,7 +571,9 @@ impl Arena {
             self.current = Some(chunk);
         }
         let Some(chunk) = self.current.as_mut() else {
-            return Err(Error::refused("arena chunk vanished"));
+            return Err(Error::internal(
+                "an arena chunk left the table while in use",
+            ));
         };
         let offset = round_up(chunk.used, align).unwrap_or(chunk.used);
         chunk.used = offset + len;

@@ -351,7 +351,7 @@ impl VulkanStream {
             .map_err(|e| classify(e, Site::Record, "vkAllocateCommandBuffers", 0))?;
         cmds.first()
             .copied()
-            .ok_or_else(|| Error::refused("no command buffer"))
+            .ok_or_else(|| Error::internal("the stream has no command buffer to record into"))
     }
 
     /// Where the next command goes (the graph while capturing), with the
@@ -359,7 +359,9 @@ impl VulkanStream {
     pub(crate) fn encoder(&mut self) -> Result<(&mut Encoder, &mut Arena, &Gpu)> {
         if self.recording.is_some() {
             let Some(recording) = self.recording.as_mut() else {
-                return Err(Error::refused("the recording vanished"));
+                return Err(Error::internal(
+                    "the recording left the stream while in use",
+                ));
             };
             return Ok((&mut recording.encoder, &mut recording.arena, &self.gpu));
         }
@@ -380,7 +382,7 @@ impl VulkanStream {
                 .store(self.submitted + 1, Ordering::Release);
         }
         let Some(encoder) = self.current.as_mut() else {
-            return Err(Error::refused("no current command buffer"));
+            return Err(Error::internal("the stream has no current command buffer"));
         };
         Ok((encoder, &mut self.arena, &self.gpu))
     }

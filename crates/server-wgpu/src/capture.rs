@@ -253,7 +253,9 @@ impl crate::Wgpu {
     pub(crate) fn seal(&mut self, s: usize) -> Result<Graph, Error> {
         self.gpu.sink.check_lost()?;
         let Some(recording) = self.streams[s].recording.take() else {
-            return Err(Error::refused("the stream was not recording"));
+            return Err(Error::internal(
+                "the stream was asked to end a capture it was not recording",
+            ));
         };
         let device = &self.gpu.device;
         let refused =
