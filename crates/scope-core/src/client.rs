@@ -832,7 +832,7 @@ impl<B: Backend> Client<B> {
     /// runtime that writes through this must rewrite through the contract
     /// to heal.
     ///
-    /// The backend is lent shared: its [`Backend`] calls take `&mut self`
+    /// The backend is handed out shared: its [`Backend`] calls take `&mut self`
     /// and keep tables the core relies on (a stream created behind the
     /// core's back would desynchronise them), so they stay out of reach.
     ///
