@@ -269,7 +269,9 @@ fn check_parts(
         ));
     }
     let fits = |i: usize, slot: &Slot, len: u64| -> Result<(), (String, String)> {
-        let what = format!("binding {i}");
+        // Named only on error: the success path must not format a string
+        // per binding.
+        let what = || format!("binding {i}");
         let max = if slot.uniform {
             limits.max_uniform_buffer_binding_size
         } else {
@@ -277,7 +279,7 @@ fn check_parts(
         };
         if len > max {
             return Err((
-                what,
+                what(),
                 format!(
                     "{len} bytes is past the device's largest {} binding of {max} bytes",
                     if slot.uniform { "uniform" } else { "storage" }
@@ -286,7 +288,7 @@ fn check_parts(
         }
         if len < slot.min_size {
             return Err((
-                what,
+                what(),
                 format!(
                     "{len} bytes is less than the shader's type for it needs: at least {}",
                     slot.min_size

@@ -263,7 +263,7 @@ impl<B: Backend> Server<B> {
         } else if !runs_nothing {
             written.extend(resolved.iter().filter(|(_, a)| a.writes()).map(|(r, _)| *r));
         }
-        let name = kernel.name().clone();
+        let name = kernel.name();
         // Work that never started: a buffer with no memory to write, a
         // kernel that does not compile (rule 21).
         if let Some(&(unallocated, _)) = resolved
@@ -288,8 +288,8 @@ impl<B: Backend> Server<B> {
             ));
         }
         let id = kernel.id();
-        self.check_launch(id, &name, &resolved, scalars, groups)?;
-        let mut scope = ExecuteScope::launching(self, &name, stream, &read, written);
+        self.check_launch(id, name, &resolved, scalars, groups)?;
+        let mut scope = ExecuteScope::launching(self, name, stream, &read, written);
         if groups.is_none() {
             scope = scope.writing_at_most();
         }
@@ -327,7 +327,7 @@ impl<B: Backend> Server<B> {
                     d.stream,
                     compiled,
                     &Launch {
-                        name: &name,
+                        name,
                         bindings: &bound,
                         scalars,
                         dispatch,
