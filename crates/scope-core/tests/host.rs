@@ -132,3 +132,59 @@ fn streams_are_bounded_and_the_bound_is_a_typed_error() {
     let buffer = streams[streams.len() - 1].upload(&words(&[5; 4])).unwrap();
     assert_eq!(host::words(&c.read(&buffer).unwrap()), vec![5; 4]);
 }
+
+fn fault(code: &str) -> Error {
+    Error::Fault(scope_core::DeviceFault {
+        backend: "host",
+        code: code.to_owned(),
+        sticky: false,
+        stream: None,
+        detail: "injected".to_owned(),
+    })
+}
+
+#[test]
+fn a_device_fault_while_issuing_loses_the_streams_batch() {
+    // A failed batch submit claimed only the write set of the work that
+    // triggered it; earlier writes in the same batch read as healthy.
+    let c = host::client().unwrap();
+    let earlier = c.upload(&words(&[1; 4])).unwrap();
+    let out = c.upload(&words(&[2; 4])).unwrap();
+    c.write(&earlier, &words(&[3; 4])).unwrap();
+    c.inject(FaultPlan::new().fail(Site::Launch, 1, fault("BATCH_LOST")));
+    let lost = c
+        .launch(
+            &Kernel::host("fill"),
+            &[Binding::write(&out)],
+            &words(&[4, 9]),
+            Dispatch::linear(1),
+        )
+        .unwrap_err();
+    assert!(matches!(lost, Error::Fault(_)), "{lost}");
+    let error = c.read(&earlier).unwrap_err();
+    assert!(error.to_string().contains("BATCH_LOST"), "{error}");
+    assert!(c.read(&out).is_err());
+    assert!(c.poison().is_none());
+}
+
+#[test]
+fn a_fault_the_in_flight_bound_surfaces_is_not_healed_by_the_work_that_hit_it() {
+    // The in-flight list is bounded by a sync once it holds 65,536 ranges.
+    // That sync ran inside the scope of the write that filled the list, so
+    // the fault it surfaced was claimed and then healed by that write's
+    // clean exit.
+    const WORDS: u64 = 1 << 16;
+    let c = host::client().unwrap();
+    let buffer = c.allocate(WORDS * 4).unwrap();
+    c.sync().unwrap();
+    c.inject(FaultPlan::new().fail(Site::Sync, 1, fault("LATE")));
+    for i in 0..WORDS {
+        c.write(buffer.slice(i * 4..i * 4 + 4), &words(&[i as u32]))
+            .unwrap();
+    }
+    let last = c
+        .read(buffer.slice((WORDS - 1) * 4..WORDS * 4))
+        .unwrap_err();
+    assert!(last.to_string().contains("LATE"), "{last}");
+    assert!(c.read(buffer.slice(0..4)).is_err());
+}

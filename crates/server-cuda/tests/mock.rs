@@ -46,7 +46,7 @@ fn the_mock_device_is_described_and_nvrtc_targets_its_arch() {
     let description = c.describe();
     assert!(
         description.starts_with(
-            "Mock H200 (scope test double) #0 (sm_90, 1.0 GiB, driver CUDA 13.0, NVRTC → compute_90)"
+            "Mock sm_90 GPU (scope test double) #0 (sm_90, 1.0 GiB, driver CUDA 13.0, NVRTC → compute_90)"
         ),
         "{description}"
     );

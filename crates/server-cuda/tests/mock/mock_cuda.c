@@ -115,7 +115,7 @@ enum { JIT_ERROR_LOG_BUFFER = 5, JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6 };
 #define TOTAL ((size_t)1 << 30)
 #define CONTEXT_HOLDS ((size_t)64 << 20)
 #define DEVICE_CC 90
-#define DEVICE_NAME "Mock H200 (scope test double)"
+#define DEVICE_NAME "Mock sm_90 GPU (scope test double)"
 
 /* ----- the lock, violations, hooks ----- */
 
