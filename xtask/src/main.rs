@@ -8,6 +8,9 @@
 //! cargo xtask bench [--backend B]        benches, figures printed together
 //! cargo xtask demo [--backend B] [--release] [-- ARGS]
 //!                                        the tiny-runtime demo on the best backend
+//! cargo xtask fuzz [--backend B] [--minutes M]
+//!                                        the contract fuzzer on fresh seeds
+//! cargo xtask soak [--backend B]         the soak at a million launches
 //! cargo xtask bundle [--backend B] [--max-mib N]
 //!                                        B's device tests and bench, built here
 //!                                        to run on a GPU machine without Rust
@@ -26,6 +29,7 @@ mod artifacts;
 mod bundle;
 mod matrix;
 mod run;
+mod stress;
 mod tests;
 
 use std::time::Instant;
@@ -46,6 +50,10 @@ usage: cargo xtask <command> [options]
   bench [--backend B]                  run the benches and print their figures together
   demo [--backend B] [--release] [-- ARGS]
                                        run tiny-runtime on the best backend found (or B)
+  fuzz [--backend B] [--minutes M]     the property test with its invalid calls on fresh seeds
+                                       for M minutes (default core, 5); a failure prints its seed
+  soak [--backend B]                   the soak alone at SCOPE_SOAK_LAUNCHES (default 1,000,000)
+                                       launches, printing the footprint it samples
   bundle [--backend B] [--max-mib N]   build B's device tests and bench (default cuda) into
                                        .device/ with a run.sh, to run on a GPU machine without
                                        Rust; with --max-mib, fail if the bundle is larger";
@@ -56,6 +64,7 @@ struct Args {
     release: bool,
     json: bool,
     max_mib: Option<f64>,
+    minutes: Option<f64>,
     rest: Vec<String>,
 }
 
@@ -68,6 +77,7 @@ fn parse() -> Result<Args> {
         release: false,
         json: false,
         max_mib: None,
+        minutes: None,
         rest: Vec::new(),
     };
     while let Some(arg) = it.next() {
@@ -88,6 +98,14 @@ fn parse() -> Result<Args> {
                         .with_context(|| format!("--max-mib {value}: a number of MiB"))?,
                 );
             }
+            "--minutes" => {
+                let value = it.next().context("--minutes needs a number")?;
+                args.minutes = Some(
+                    value
+                        .parse()
+                        .with_context(|| format!("--minutes {value}: a number of minutes"))?,
+                );
+            }
             "--json" => args.json = true,
             "--" => args.rest.extend(it.by_ref()),
             other => match other.strip_prefix("--backend=") {
@@ -106,6 +124,12 @@ fn main() {
         "ci" => ci(),
         "bench" => bench(&args),
         "demo" => demo(&args),
+        "fuzz" => stress::fuzz(
+            args.backend.as_deref().unwrap_or("core"),
+            args.minutes.unwrap_or(5.0),
+            args.release,
+        ),
+        "soak" => stress::soak(args.backend.as_deref().unwrap_or("core"), args.release),
         "bundle" => bundle::bundle(args.backend.as_deref().unwrap_or("cuda"), args.max_mib),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");

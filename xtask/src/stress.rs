@@ -1,0 +1,165 @@
+//! `cargo xtask fuzz` and `cargo xtask soak`: the contract fuzzer and the
+//! soak, longer than a test run affords.
+//!
+//! Both already run in every test run, small: the property test (with its
+//! invalid calls, `conformance/property/abuse.rs`) over five fixed seeds,
+//! and the soak over a few thousand launches. Here they run from the same
+//! build `test` makes (so nothing is compiled twice) for as long as asked:
+//! `fuzz` runs the property test on fresh seeds until the minutes are up
+//! and stops at the first failure with the line that replays it alone;
+//! `soak` runs the soak alone in its process at a million launches, so
+//! that its resident-memory check means something, and prints its samples.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, bail};
+
+use crate::artifacts::{self, Artifact};
+
+/// Which test binary holds a backend's conformance suite (and so its
+/// property test and soak): the suite on the device for core, Vulkan and
+/// wgpu, on the mock drivers for CUDA and HIP.
+fn suite_binary(backend: &str) -> Result<(&'static str, &'static str)> {
+    Ok(match backend {
+        "core" | "host" => ("scope-core", "conformance"),
+        "vulkan" => ("server-vulkan", "conformance"),
+        "wgpu" => ("server-wgpu", "conformance"),
+        "cuda" => ("server-cuda", "mock"),
+        "hip" => ("server-hip", "mock"),
+        other => bail!("unknown backend `{other}`: core, vulkan, wgpu, cuda or hip"),
+    })
+}
+
+fn find(backend: &str, release: bool) -> Result<Artifact> {
+    let (package, target) = suite_binary(backend)?;
+    let built = artifacts::build(
+        "the conformance tests",
+        &["test", "--no-run", "--no-fail-fast"],
+        release,
+    )?;
+    built
+        .artifacts
+        .into_iter()
+        .find(|a| a.package == package && a.target == target && a.test)
+        .with_context(|| format!("{package}'s `{target}` tests did not build"))
+}
+
+/// What a run said, without echoing it: a fuzz run prints its own
+/// progress, and the output of a passing seed is noise.
+struct Quiet {
+    success: bool,
+    lines: Vec<String>,
+}
+
+fn quiet(mut command: std::process::Command) -> Result<Quiet> {
+    let output = command
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("starting the test binary")?;
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let lines = text(&output.stdout)
+        .lines()
+        .chain(text(&output.stderr).lines())
+        .map(str::to_owned)
+        .collect();
+    Ok(Quiet {
+        success: output.status.success(),
+        lines,
+    })
+}
+
+/// A seed from the clock, so that each run of `fuzz` tries new ones.
+fn fresh_seed(round: u64) -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Run the property test on fresh seeds for `minutes`.
+///
+/// # Errors
+///
+/// When the build or a run cannot be started.
+pub fn fuzz(backend: &str, minutes: f64, release: bool) -> Result<bool> {
+    const STEPS: u64 = 5_000;
+    let binary = find(backend, release)?;
+    let deadline = Instant::now() + Duration::from_secs_f64(minutes * 60.0);
+    let (mut rounds, mut invalid) = (0u64, 0u64);
+    println!("==> fuzzing {backend} for {minutes} min, {STEPS} operations a seed");
+    while Instant::now() < deadline {
+        let seed = fresh_seed(rounds);
+        let mut command = artifacts::command(&binary);
+        command
+            .args(["random_sequences", "--nocapture", "--test-threads=1"])
+            .env("SCOPE_PROPERTY_SEED", seed.to_string())
+            .env("SCOPE_PROPERTY_STEPS", STEPS.to_string());
+        let captured = quiet(command)?;
+        rounds += 1;
+        invalid += captured
+            .lines
+            .iter()
+            .filter_map(|l| {
+                l.split("; ")
+                    .last()?
+                    .strip_suffix(" invalid")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>();
+        if !captured.success {
+            for line in &captured.lines {
+                println!("{line}");
+            }
+            println!(
+                "fuzz: FAILED on {backend} at seed {seed}; replay it alone with\n  \
+                 SCOPE_PROPERTY_SEED={seed} SCOPE_PROPERTY_STEPS={STEPS} cargo test -p {} --all-features \
+                 --test {} random_sequences",
+                binary.package, binary.target
+            );
+            return Ok(false);
+        }
+        if rounds % 10 == 0 {
+            println!(
+                "==> {rounds} seeds, {} operations, {invalid} invalid",
+                rounds * STEPS
+            );
+        }
+    }
+    println!(
+        "fuzz: {backend}: {rounds} seeds, {} operations ({invalid} invalid calls), no disagreement",
+        rounds * STEPS
+    );
+    Ok(true)
+}
+
+/// Run the soak alone at `SCOPE_SOAK_LAUNCHES` (a million by default) and
+/// print its samples.
+///
+/// # Errors
+///
+/// When the build or the run cannot be started.
+pub fn soak(backend: &str, release: bool) -> Result<bool> {
+    let binary = find(backend, release)?;
+    let launches = std::env::var("SCOPE_SOAK_LAUNCHES").unwrap_or_else(|_| "1000000".to_owned());
+    println!("==> soaking {backend}: {launches} launches, 4 threads x 2 streams");
+    let start = Instant::now();
+    let mut command = artifacts::command(&binary);
+    command
+        .args(["soak", "--nocapture", "--test-threads=1"])
+        .env("SCOPE_SOAK_LAUNCHES", &launches);
+    let captured = quiet(command)?;
+    for line in captured
+        .lines
+        .iter()
+        .filter(|l| l.starts_with("soak:") || l.contains("panicked") || l.contains("skipped:"))
+    {
+        println!("{line}");
+    }
+    println!(
+        "soak: {backend}: {} in {:.0} s",
+        if captured.success { "flat" } else { "FAILED" },
+        start.elapsed().as_secs_f64()
+    );
+    Ok(captured.success)
+}
