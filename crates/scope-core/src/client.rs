@@ -850,7 +850,25 @@ impl<B: Backend> Client<B> {
     /// Run `f` with the backend, shared, under the server's lock — for a
     /// server crate's own extras (its device limits, its raw handles for a
     /// raw-API baseline in a bench). See [`with_memory`](Self::with_memory)
-    /// for why it is shared.
+    /// for why it is shared: the calls that change what the core tracks do
+    /// not compile through it,
+    ///
+    /// ```compile_fail
+    /// fn behind_the_cores_back<B: scope_core::Backend>(c: &scope_core::Client<B>) {
+    ///     c.with_backend(|b| drop(b.create_stream(scope_core::StreamId(1))));
+    /// }
+    /// ```
+    ///
+    /// and only [`with_backend_mut`](Self::with_backend_mut)'s promise
+    /// reaches them:
+    ///
+    /// ```no_run
+    /// fn trimmed<B: scope_core::Backend>(c: &scope_core::Client<B>) {
+    ///     // SAFETY: trimming releases caches; it creates or destroys
+    ///     // nothing the core tracks.
+    ///     unsafe { c.with_backend_mut(|b| b.trim()) };
+    /// }
+    /// ```
     pub fn with_backend<R>(&self, f: impl FnOnce(&B) -> R) -> R {
         self.call(|server| f(server.backend()))
     }
