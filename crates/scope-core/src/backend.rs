@@ -72,6 +72,34 @@ pub enum BoundDispatch<'a, M> {
     },
 }
 
+impl<M> Launch<'_, M> {
+    /// Whether host-given workgroup counts fit a device whose grid is `max`
+    /// in each dimension, as every backend's [`Backend::check_launch`]
+    /// asks: an [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+    /// naming the axis if not. Indirect counts are not known here.
+    ///
+    /// # Errors
+    ///
+    /// A count past `max`.
+    pub fn groups_within(&self, max: [u32; 3]) -> crate::Result<()> {
+        let BoundDispatch::Groups(groups) = &self.dispatch else {
+            return Ok(());
+        };
+        match groups
+            .iter()
+            .zip(max)
+            .enumerate()
+            .find(|(_, (g, m))| **g > *m)
+        {
+            Some((axis, (count, max))) => Err(crate::Error::invalid(
+                format!("dispatch of `{}`", self.name),
+                format!("{count} workgroups along axis {axis} is past the device's {max}"),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A launch, resolved: what [`Backend::launch`] gets.
 #[derive(Debug)]
 pub struct Launch<'a, M> {

@@ -503,14 +503,7 @@ impl Backend for Host {
     }
 
     fn check_launch(&self, kernel: &HostKernel, launch: &Launch<'_, HostMemory>) -> Result<()> {
-        if let BoundDispatch::Groups(groups) = &launch.dispatch
-            && groups.iter().any(|&g| g > MAX_GROUPS)
-        {
-            return Err(Error::invalid(
-                format!("dispatch of `{}`", launch.name),
-                format!("{groups:?} workgroups is past the {MAX_GROUPS} a dimension runs"),
-            ));
-        }
+        launch.groups_within([MAX_GROUPS; 3])?;
         match kernel.0.bindings {
             Some(taken) if taken != launch.bindings.len() => Err(Error::invalid(
                 format!("bindings of `{}`", launch.name),

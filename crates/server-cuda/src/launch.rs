@@ -490,17 +490,7 @@ const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65_535, 65_535];
 /// Each refusal is an invalid argument that claims nothing.
 pub(crate) fn check_launch(kernel: &CudaKernel, launch: &Launch<'_, CudaMemory>) -> Result<()> {
     let invalid = |why: String| Err(Error::invalid(format!("launch of `{}`", kernel.name), why));
-    if let BoundDispatch::Groups(groups) = &launch.dispatch
-        && let Some((axis, (count, max))) = groups
-            .iter()
-            .zip(MAX_GRID)
-            .enumerate()
-            .find(|(_, (count, max))| **count > *max)
-    {
-        return invalid(format!(
-            "{count} blocks along axis {axis} is past the device's {max}"
-        ));
-    }
+    launch.groups_within(MAX_GRID)?;
     let with_blob = !launch.scalars.is_empty();
     let passed = launch.bindings.len() + usize::from(with_blob);
     if passed > MAX_PARAMS {

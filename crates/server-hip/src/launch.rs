@@ -48,17 +48,7 @@ const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65_535, 65_535];
 /// that claims nothing.
 pub(crate) fn check_launch(launch: &Launch<'_, HipMemory>) -> Result<()> {
     let invalid = |why: String| Err(Error::invalid(format!("launch of `{}`", launch.name), why));
-    if let BoundDispatch::Groups(groups) = &launch.dispatch
-        && let Some((axis, (count, max))) = groups
-            .iter()
-            .zip(MAX_GRID)
-            .enumerate()
-            .find(|(_, (count, max))| **count > *max)
-    {
-        return invalid(format!(
-            "{count} blocks along axis {axis} is past the device's {max}"
-        ));
-    }
+    launch.groups_within(MAX_GRID)?;
     let len = launch.scalars.len();
     if len > PARAM_SLACK {
         return invalid(format!(

@@ -232,6 +232,12 @@ impl<B: Backend> Server<B> {
             self.poison_with(error);
             return;
         }
+        self.lose_in_flight(stream, error);
+    }
+
+    /// `error` befell what `stream` had in flight: every write set submitted
+    /// since its last completed sync carries it now (rule 23).
+    fn lose_in_flight(&mut self, stream: StreamId, error: &Error) {
         let index = self.stream_index(stream);
         let in_flight = std::mem::take(&mut self.streams[index].in_flight);
         self.table.claim_failed(
@@ -276,13 +282,7 @@ impl<B: Backend> Server<B> {
             if error.is_sticky() {
                 self.poison_with(error);
             } else if matches!(error, Error::Fault(_)) {
-                let index = self.stream_index(stream);
-                let in_flight = std::mem::take(&mut self.streams[index].in_flight);
-                self.table.claim_failed(
-                    &in_flight,
-                    Work::new(WorkKind::Settle, stream),
-                    error.clone(),
-                );
+                self.lose_in_flight(stream, error);
             }
         }
         let index = self.stream_index(stream);
