@@ -85,7 +85,7 @@ pub fn fuzz(backend: &str, minutes: f64, release: bool) -> Result<bool> {
     const STEPS: u64 = 5_000;
     let binary = find(backend, release)?;
     let deadline = Instant::now() + Duration::from_secs_f64(minutes * 60.0);
-    let (mut rounds, mut invalid) = (0u64, 0u64);
+    let (mut rounds, mut operations, mut invalid) = (0u64, 0u64, 0u64);
     println!("==> fuzzing {backend} for {minutes} min, {STEPS} operations a seed");
     while Instant::now() < deadline {
         let seed = fresh_seed(rounds);
@@ -96,6 +96,20 @@ pub fn fuzz(backend: &str, minutes: f64, release: bool) -> Result<bool> {
             .env("SCOPE_PROPERTY_STEPS", STEPS.to_string());
         let captured = quiet(command)?;
         rounds += 1;
+        // One line per adapter the binary runs the property test on:
+        // "<backend>: N operations over 1 seeds; …; K invalid".
+        operations += captured
+            .lines
+            .iter()
+            .filter_map(|l| {
+                l.split(" operations over ")
+                    .next()?
+                    .rsplit(' ')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>();
         invalid += captured
             .lines
             .iter()
@@ -127,8 +141,8 @@ pub fn fuzz(backend: &str, minutes: f64, release: bool) -> Result<bool> {
         }
     }
     println!(
-        "fuzz: {backend}: {rounds} seeds, {} operations ({invalid} invalid calls), no disagreement",
-        rounds * STEPS
+        "fuzz: {backend}: {rounds} seeds, {operations} operations ({invalid} invalid calls), \
+         no disagreement"
     );
     Ok(true)
 }
