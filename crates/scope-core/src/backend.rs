@@ -116,7 +116,9 @@ pub struct Launch<'a, M> {
 /// The device calls of one GPU API.
 ///
 /// Calls take `&mut self` and the stream they are for: the core holds the
-/// server behind one lock, so a backend needs no locking of its own.
+/// server behind one lock, so a backend needs no locking of its own. The one
+/// call made without the lock is [`wait`](Self::wait), which has no `self`:
+/// it touches only what its waiter holds.
 ///
 /// Within a capture window (between [`begin_capture`](Self::begin_capture)
 /// and [`end_capture`](Self::end_capture) on a stream) writes, copies and
@@ -131,6 +133,10 @@ pub trait Backend: Send + 'static {
     type Kernel: Send + 'static;
     /// A captured, replayable graph.
     type Graph: Send + 'static;
+    /// What waiting for a stream's submitted work needs once the server's
+    /// lock is released (see [`begin_wait`](Self::begin_wait)): a timeline
+    /// value and its semaphore, an event, a submission index.
+    type Waiter: Send + 'static;
 
     /// The backend's name: `cuda`, `hip`, `vulkan`, `wgpu`, `host`.
     const NAME: &'static str;
@@ -252,7 +258,44 @@ pub trait Backend: Send + 'static {
 
     /// Wait for all of the stream's work. A fault that surfaces here is
     /// returned, and the core attributes it to the work in flight (rule 23).
-    fn sync(&mut self, stream: &mut Self::Stream) -> Result<()>;
+    ///
+    /// The core calls this only where it must wait with the lock held (to
+    /// order a recording stream, to bound an in-flight list); a caller's
+    /// sync and read wait through [`begin_wait`](Self::begin_wait) instead.
+    /// The default is exactly that sequence, under the lock.
+    fn sync(&mut self, stream: &mut Self::Stream) -> Result<()> {
+        let Some(waiter) = self.begin_wait(stream)? else {
+            return Ok(());
+        };
+        let waited = Self::wait(&waiter);
+        self.end_wait(stream, waiter).and(waited)
+    }
+
+    /// Submit what the stream has batched and say how to wait for all of its
+    /// work so far without the backend: `None` when nothing is pending.
+    ///
+    /// This is the first of three steps that let a wait run without the
+    /// server's one lock (`begin_wait` and [`end_wait`](Self::end_wait) under
+    /// it, [`wait`](Self::wait) outside): a thread waiting for a long kernel
+    /// would otherwise stall every other thread's calls on every stream.
+    /// Between the steps other threads may issue work on any stream, this
+    /// one included; the waiter covers the work submitted before it was
+    /// made, and nothing the backend recycles in the meantime may be
+    /// something a waiter still names.
+    fn begin_wait(&mut self, stream: &mut Self::Stream) -> Result<Option<Self::Waiter>>;
+
+    /// Wait for what `waiter` covers, bounded by the backend's wait timeout.
+    /// Called with no lock held, perhaps while other threads call the
+    /// backend's other methods: it may touch only what `waiter` holds and
+    /// what the API lets threads share. A fault that surfaces here is
+    /// attributed by the core to the work the waiter covers (rule 23).
+    fn wait(waiter: &Self::Waiter) -> Result<()>;
+
+    /// Under the lock again, after [`wait`](Self::wait) returned: recycle
+    /// what completed work held and report a fault the stream kept for its
+    /// next wait (a lost batch, an error the API reports late). Runs whether
+    /// or not the wait succeeded; its error is reported before the wait's.
+    fn end_wait(&mut self, stream: &mut Self::Stream, waiter: Self::Waiter) -> Result<()>;
 
     /// Make `then`'s later work wait for `first`'s earlier work. The core
     /// never asks while `first` is recording a capture (the work to wait for

@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::hooks::Hooks;
 use crate::id::{BufferId, ByteRange, GraphId, ServerId, StreamId};
 use crate::kernel::Kernel;
-use crate::server::Server;
+use crate::server::{Server, host_vec};
 
 /// A handle dropped without its server being told: the server releases
 /// what it named at the start of its next call.
@@ -540,7 +540,22 @@ impl<B: Backend> Client<B> {
     /// kernels (rules 24–27); a refusal while the stream is recording; bad
     /// input; poison; a device fault, attributed to the work in flight.
     pub fn read<'a>(&self, src: impl Into<Slice<'a>>) -> Result<Vec<u8>> {
-        self.call(|server| server.read_vec(self.stream, src.into()))
+        let src = src.into();
+        let len = self.wait_to_read(src, None)?;
+        let mut out = host_vec(len)?;
+        self.call(|server| server.read(self.stream, src, &mut out))?;
+        Ok(out)
+    }
+
+    /// A read's wait for the stream's work, run with the server's lock
+    /// released so that other threads' calls go on meanwhile: checked and
+    /// begun under the lock, waited for without it, then settled and
+    /// checked again under it. Returns how many bytes the read copies; the
+    /// copy that follows finds the work done.
+    fn wait_to_read(&self, src: Slice<'_>, room: Option<usize>) -> Result<u64> {
+        let pending = self.call(|server| server.begin_read(self.stream, src, room))?;
+        let waited = pending.wait();
+        self.call(|server| server.end_read_wait(pending, waited, src))
     }
 
     /// Like [`read`](Self::read), into `out`, whose length must be the
@@ -550,7 +565,9 @@ impl<B: Backend> Client<B> {
     ///
     /// As `read`.
     pub fn read_into<'a>(&self, src: impl Into<Slice<'a>>, out: &mut [u8]) -> Result<()> {
-        self.call(|server| server.read(self.stream, src.into(), out))
+        let src = src.into();
+        self.wait_to_read(src, Some(out.len()))?;
+        self.call(|server| server.read(self.stream, src, out))
     }
 
     /// Copy `src` into `dst`, which must be as long. A copy reads its source
@@ -599,7 +616,7 @@ impl<B: Backend> Client<B> {
     /// A refusal while recording; poison; a fault that surfaced, which the
     /// work in flight on the stream now carries (rule 23).
     pub fn sync(&self) -> Result<()> {
-        self.call(|server| server.sync(self.stream, &[]))
+        self.sync_buffers(&[])
     }
 
     /// Check `buffers` and, if every byte is readable, wait for the stream's
@@ -609,7 +626,11 @@ impl<B: Backend> Client<B> {
     ///
     /// As [`check`](Self::check), then as [`sync`](Self::sync).
     pub fn sync_buffers(&self, buffers: &[Slice<'_>]) -> Result<()> {
-        self.call(|server| server.sync(self.stream, buffers))
+        // Begun and settled under the lock, waited for without it: a long
+        // wait on one stream must not stall every other thread's calls.
+        let pending = self.call(|server| server.begin_sync(self.stream, buffers))?;
+        let waited = pending.wait();
+        self.call(|server| server.end_wait(pending, waited))
     }
 
     /// Submit the stream's batched work to the device now, without

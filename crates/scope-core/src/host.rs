@@ -372,6 +372,9 @@ impl Backend for Host {
     type Stream = HostStream;
     type Kernel = HostKernel;
     type Graph = HostGraph;
+    /// Nothing: the reference server runs work as it is issued, so a
+    /// stream never has any pending.
+    type Waiter = ();
 
     const NAME: &'static str = "host";
 
@@ -552,7 +555,15 @@ impl Backend for Host {
         })
     }
 
-    fn sync(&mut self, _stream: &mut HostStream) -> Result<()> {
+    fn begin_wait(&mut self, _stream: &mut HostStream) -> Result<Option<()>> {
+        Ok(None)
+    }
+
+    fn wait((): &()) -> Result<()> {
+        Ok(())
+    }
+
+    fn end_wait(&mut self, _stream: &mut HostStream, (): ()) -> Result<()> {
         Ok(())
     }
 

@@ -43,10 +43,10 @@
 //!
 //! # Features
 //!
-//! - `host`: the reference host server ([`host`]).
-//! - `fault-injection`: [`Client::inject`] and the fault plan.
-//! - `conformance`: the generic [`conformance`] suite (implies
-//!   `fault-injection`).
+//! - `host`: the reference host server (module `host`).
+//! - `fault-injection`: `Client::inject` and the fault plan.
+//! - `conformance`: the generic conformance suite, module `conformance`
+//!   (implies `fault-injection`).
 
 mod backend;
 mod capture;

@@ -61,8 +61,75 @@ struct StreamState<S> {
     device: S,
     window: CaptureWindow,
     /// What work submitted since the last completed sync writes (rule 23).
-    in_flight: Vec<BufferRange>,
+    in_flight: InFlight,
     failures_seen: u64,
+}
+
+/// The write sets a stream has submitted since its last completed wait, in
+/// submission order, numbered from the stream's start so that a wait begun
+/// at one point can settle exactly what it covered: other threads may submit
+/// more on the stream while the wait runs without the lock.
+#[derive(Default)]
+struct InFlight {
+    ranges: Vec<BufferRange>,
+    /// How many ranges were settled before `ranges[0]`.
+    settled: u64,
+}
+
+impl InFlight {
+    fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// Everything submitted so far: what a wait begun now covers.
+    fn mark(&self) -> u64 {
+        self.settled + self.ranges.len() as u64
+    }
+
+    /// Remember `w`, unless one of the last few ranges is the same (a loop
+    /// that writes the same buffer over and over stays one entry).
+    fn push(&mut self, w: BufferRange) {
+        let recent = self.ranges.len().saturating_sub(8);
+        if !self.ranges[recent..].contains(&w) {
+            self.ranges.push(w);
+        }
+    }
+
+    /// Take the ranges submitted before `mark` (all of them for
+    /// `u64::MAX`): they completed, or they carry a fault now. Ranges
+    /// someone else settled in the meantime are not taken twice.
+    fn take_to(&mut self, mark: u64) -> Vec<BufferRange> {
+        let n = (mark.saturating_sub(self.settled)).min(self.ranges.len() as u64) as usize;
+        self.settled += n as u64;
+        self.ranges.drain(..n).collect()
+    }
+
+    /// Forget everything: the stream's work all completed.
+    fn clear(&mut self) {
+        self.settled += self.ranges.len() as u64;
+        self.ranges.clear();
+    }
+}
+
+/// A wait for a stream's work, begun under the server's lock
+/// ([`Server::begin_wait`]), run by the client with the lock released
+/// ([`PendingWait::wait`]) and settled under it again
+/// ([`Server::end_wait`]).
+pub(crate) struct PendingWait<B: Backend> {
+    stream: StreamId,
+    waiter: Option<B::Waiter>,
+    /// The stream's in-flight mark when the wait began: what it covers.
+    mark: u64,
+}
+
+impl<B: Backend> PendingWait<B> {
+    /// Wait, with no lock held.
+    pub(crate) fn wait(&self) -> Result<()> {
+        match &self.waiter {
+            Some(waiter) => B::wait(waiter),
+            None => Ok(()),
+        }
+    }
 }
 
 struct GraphEntry<G> {
@@ -139,7 +206,7 @@ struct Issue<'a, B: Backend> {
 
 /// `len` zeroed bytes of host memory, or [`Error::OutOfMemory`] when the
 /// host cannot give them: a read of any size must not abort the process.
-fn host_vec(len: u64) -> Result<Vec<u8>> {
+pub(crate) fn host_vec(len: u64) -> Result<Vec<u8>> {
     let out_of_memory = |detail: String| Error::OutOfMemory {
         backend: "host",
         requested: len,
@@ -176,7 +243,7 @@ impl<B: Backend> Server<B> {
             streams: vec![StreamState {
                 device: first,
                 window: CaptureWindow::new(),
-                in_flight: Vec::new(),
+                in_flight: InFlight::default(),
                 failures_seen: 0,
             }],
             kernels: HashMap::default(),

@@ -15,15 +15,23 @@
 //! ([`Cuda::order_streams`]). cudarc's own per-slice event tracking is turned
 //! off: this backend never makes a `CudaSlice`, and the core already decides
 //! which stream must wait for which.
+//!
+//! A caller's sync or read waits for a stream without the server's lock
+//! ([`Backend::begin_wait`](scope_core::Backend::begin_wait)): an event of
+//! the waiter's own is recorded on the stream under the lock, synchronised
+//! without it, and kept for reuse when the wait ends. The waited work's
+//! pinned staging is freed only if no other thread took staging on the
+//! stream meanwhile (see `memory.rs`).
 
 use std::ffi::c_char;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
 use scope_core::{DeviceKind, Error, Probe, ProbedDevice, Result, StreamId};
 
 use crate::error::{BACKEND, Doing, classify, driver as driver_error, mark_driver_loaded};
-use crate::memory::{Pinned, Staging};
+use crate::memory::{Pinned, Staging, StagingMark};
 use crate::{Cuda, CudaMemory};
 
 static DRIVER: OnceLock<Result<()>> = OnceLock::new();
@@ -228,6 +236,41 @@ pub struct CudaStreamState {
     pub(crate) shared: Arc<StreamShared>,
     pub(crate) staging: Staging,
     pub(crate) recording: Option<Recording>,
+    /// Events for waits on this stream, back from the waits that ended;
+    /// more are made while several threads wait on it at once.
+    spare_wait_events: Vec<CudaEvent>,
+}
+
+/// Wait events a stream keeps for reuse; past this, an ended wait's event
+/// is destroyed.
+const SPARE_WAIT_EVENTS: usize = 4;
+
+/// A wait for a stream's work, run without the server's lock: the core's
+/// [`Backend::Waiter`](scope_core::Backend::Waiter).
+///
+/// The event is recorded on the stream when the wait begins, so it covers
+/// exactly the work issued before that — not what other threads issue on
+/// the stream while the waiter waits — and nothing else records it until
+/// the wait has ended (each waiter has an event of its own).
+pub struct CudaWaiter {
+    event: CudaEvent,
+    stream: StreamId,
+    /// The stream's staging when the event was recorded.
+    staging: StagingMark,
+    /// Set by a wait that returned success: the covered work is finished.
+    finished: AtomicBool,
+}
+
+impl CudaWaiter {
+    fn failed(&self, e: cudarc::driver::DriverError) -> Error {
+        driver_error(
+            e,
+            Doing::Wait {
+                stream: Some(self.stream),
+                what: "the stream",
+            },
+        )
+    }
 }
 
 impl CudaStreamState {
@@ -305,6 +348,7 @@ impl Cuda {
             shared,
             staging: Staging::default(),
             recording: None,
+            spare_wait_events: Vec::new(),
         })
     }
 
@@ -342,24 +386,88 @@ impl Cuda {
         }
     }
 
+    /// [`Backend::sync`](scope_core::Backend::sync): a recording stream
+    /// waits for the work before its capture, any other stream through the
+    /// same three steps as a wait without the lock.
     pub(crate) fn sync_stream(&mut self, stream: &mut CudaStreamState) -> Result<()> {
-        self.bind()?;
         if stream.recording.is_some() {
             // The core refuses a caller's sync while recording; it syncs a
             // recording stream only to order another recording stream after
             // it, and what runs of it is the work before its capture.
+            self.bind()?;
             return self.finish_on_host(stream.shared.index);
         }
-        stream.shared.cu.synchronize().map_err(|e| {
+        let Some(waiter) = self.begin_wait_for(stream)? else {
+            return Ok(());
+        };
+        let waited = Self::wait_for(&waiter);
+        self.end_wait_for(stream, waiter).and(waited)
+    }
+
+    /// [`Backend::begin_wait`](scope_core::Backend::begin_wait): record an
+    /// event at the stream's end. Work is issued as it comes (nothing is
+    /// batched), so there is nothing to submit first.
+    pub(crate) fn begin_wait_for(
+        &mut self,
+        stream: &mut CudaStreamState,
+    ) -> Result<Option<CudaWaiter>> {
+        self.bind()?;
+        if stream.recording.is_some() {
+            return Err(Error::internal(
+                "a wait without the lock reached a stream that is capturing",
+            ));
+        }
+        let id = stream.id();
+        let failed = |e| {
             driver_error(
                 e,
                 Doing::Wait {
-                    stream: Some(stream.id()),
+                    stream: Some(id),
                     what: "the stream",
                 },
             )
-        })?;
-        stream.staging.settled();
+        };
+        let event = match stream.spare_wait_events.pop() {
+            Some(event) => event,
+            None => self.ctx.new_event(None).map_err(failed)?,
+        };
+        if let Err(e) = event.record(&stream.shared.cu) {
+            stream.spare_wait_events.push(event);
+            return Err(failed(e));
+        }
+        Ok(Some(CudaWaiter {
+            event,
+            stream: id,
+            staging: stream.staging.mark(),
+            finished: AtomicBool::new(false),
+        }))
+    }
+
+    /// [`Backend::wait`](scope_core::Backend::wait), with no lock held: only
+    /// the waiter's own event is touched (cudarc binds its context to this
+    /// thread first), and the driver lets any thread synchronise an event
+    /// while others issue work.
+    pub(crate) fn wait_for(waiter: &CudaWaiter) -> Result<()> {
+        waiter.event.synchronize().map_err(|e| waiter.failed(e))?;
+        waiter.finished.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// [`Backend::end_wait`](scope_core::Backend::end_wait): free the
+    /// staging the finished work used, and keep the event for the next wait.
+    pub(crate) fn end_wait_for(
+        &mut self,
+        stream: &mut CudaStreamState,
+        waiter: CudaWaiter,
+    ) -> Result<()> {
+        // After a failed wait the copies may still be in flight: staging
+        // stays as it is.
+        if waiter.finished.load(Ordering::Acquire) {
+            stream.staging.settled_at(waiter.staging);
+        }
+        if stream.spare_wait_events.len() < SPARE_WAIT_EVENTS {
+            stream.spare_wait_events.push(waiter.event);
+        }
         Ok(())
     }
 

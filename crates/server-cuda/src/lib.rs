@@ -8,7 +8,8 @@
 //!
 //! - `device.rs`: loading the driver without panicking, the
 //!   primary context, one cudarc stream per logical stream, cross-stream
-//!   ordering with events, [`probe`].
+//!   ordering with events, waits on an event without the server's lock,
+//!   [`probe`].
 //! - `memory.rs`: a stream-ordered memory pool
 //!   (`cuMemAllocFromPoolAsync`) that caches and reuses freed memory, and the
 //!   pinned staging belt host copies go through.
@@ -101,7 +102,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use scope_core::{Backend, Client, Kernel, Language, Launch, Result, StreamId};
 
 pub use capture::CudaGraph;
-pub use device::{CudaStreamState, probe, total_memory};
+pub use device::{CudaStreamState, CudaWaiter, probe, total_memory};
 pub use launch::CudaKernel;
 pub use memory::CudaMemory;
 
@@ -206,6 +207,7 @@ impl Backend for Cuda {
     type Stream = CudaStreamState;
     type Kernel = CudaKernel;
     type Graph = CudaGraph;
+    type Waiter = CudaWaiter;
 
     const NAME: &'static str = "cuda";
 
@@ -309,6 +311,18 @@ impl Backend for Cuda {
 
     fn sync(&mut self, stream: &mut CudaStreamState) -> Result<()> {
         self.sync_stream(stream)
+    }
+
+    fn begin_wait(&mut self, stream: &mut CudaStreamState) -> Result<Option<CudaWaiter>> {
+        self.begin_wait_for(stream)
+    }
+
+    fn wait(waiter: &CudaWaiter) -> Result<()> {
+        Cuda::wait_for(waiter)
+    }
+
+    fn end_wait(&mut self, stream: &mut CudaStreamState, waiter: CudaWaiter) -> Result<()> {
+        self.end_wait_for(stream, waiter)
     }
 
     fn order(&mut self, first: &mut CudaStreamState, then: &mut CudaStreamState) -> Result<()> {

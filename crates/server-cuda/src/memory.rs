@@ -37,9 +37,11 @@
 //! **Pinned staging.** Host writes copy the caller's bytes into a per-stream
 //! belt of pinned chunks and DMA from there, so the call returns at once and
 //! the caller's slice is free; a chunk is reused when the event recorded
-//! after its last copy has completed. Inside a capture window the bytes go
-//! to a pinned buffer of their own that the graph keeps: every replay writes
-//! the bytes given at call time.
+//! after its last copy has completed, and the chunk being filled starts
+//! over when a wait has finished every copy taken from it (a wait that
+//! began before another thread took more is not enough). Inside a capture
+//! window the bytes go to a pinned buffer of their own that the graph
+//! keeps: every replay writes the bytes given at call time.
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -404,7 +406,15 @@ struct Chunk {
 pub(crate) struct Staging {
     current: Option<Chunk>,
     retired: VecDeque<Chunk>,
+    /// Regions handed out so far, ever: a wait notes it when it begins
+    /// ([`mark`](Self::mark)), and may free the current chunk when it ends
+    /// only if no region was taken in between ([`settled_at`](Self::settled_at)).
+    taken: u64,
 }
+
+/// How much staging a stream had handed out when a wait began.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StagingMark(u64);
 
 impl Staging {
     /// Room for `len` (≤ [`STAGING_CHUNK`]) bytes whose copy is about to be
@@ -459,6 +469,7 @@ impl Staging {
             }
         };
         let chunk = self.current.insert(chunk);
+        self.taken += 1;
         let at = chunk.used;
         // Keep regions 16-byte aligned, as DMA prefers.
         chunk.used += len.div_ceil(16) * 16;
@@ -469,6 +480,26 @@ impl Staging {
     pub(crate) fn settled(&mut self) {
         if let Some(chunk) = &mut self.current {
             chunk.used = 0;
+        }
+    }
+
+    /// Where the belt stands now, for a wait that covers the copies issued
+    /// so far.
+    pub(crate) fn mark(&self) -> StagingMark {
+        StagingMark(self.taken)
+    }
+
+    /// A wait begun at `mark` has finished the work it covers. Every region
+    /// taken up to `mark` had its copy issued before the wait began (a
+    /// region is taken right before its copy, under the server's lock), so
+    /// if none was taken since, the whole current chunk is free. If one
+    /// was — another thread's write or read while this wait ran without
+    /// the lock — its copy may still be in flight and the chunk is left as
+    /// it is: the next wait that covers it frees it, or it fills up and
+    /// retires behind its event.
+    pub(crate) fn settled_at(&mut self, mark: StagingMark) {
+        if mark.0 == self.taken {
+            self.settled();
         }
     }
 }

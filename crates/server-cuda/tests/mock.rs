@@ -319,3 +319,56 @@ macro_rules! on_the_mock {
 }
 
 with_every_case!(on_the_mock);
+
+/// A wait runs without the server's lock, and other threads may issue work
+/// on the same stream meanwhile. The waiter covers exactly the work issued
+/// before it began (an event, not a stream sync), it waits on a thread with
+/// no context of its own, and the write issued during the wait is not
+/// waited for. (That the wait's end leaves that write's pinned staging
+/// alone is not observable here: the mock copies when a copy is issued.)
+#[test]
+fn a_wait_without_the_lock_covers_only_the_work_before_it() {
+    use scope_core::{Backend, StreamId};
+    use server_cuda::Cuda;
+
+    mock();
+    let mut cuda = Cuda::open(0).unwrap();
+    let mut stream = cuda.create_stream(StreamId(0)).unwrap();
+    let raw = stream.raw().cu_stream().cast::<std::ffi::c_void>();
+    let memory = cuda.allocate(&mut stream, 256).unwrap();
+    cuda.write(&mut stream, &memory, 0, &[1; 64]).unwrap();
+    let waiter = cuda
+        .begin_wait(&mut stream)
+        .unwrap()
+        .expect("work is pending");
+    // Another thread's write while the wait runs.
+    cuda.write(&mut stream, &memory, 64, &[2; 64]).unwrap();
+    let pending = mock().pending(raw);
+    let waiter = std::thread::spawn(move || {
+        Cuda::wait(&waiter).unwrap();
+        waiter
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        mock().pending(raw),
+        1,
+        "the wait covered the work before it and only that (of {pending} pending)"
+    );
+    cuda.end_wait(&mut stream, waiter).unwrap();
+    cuda.write(&mut stream, &memory, 128, &[3; 64]).unwrap();
+    let mut out = vec![0; 192];
+    cuda.read(&mut stream, &memory, 0, &mut out).unwrap();
+    assert_eq!(out[..64], [1; 64]);
+    assert_eq!(out[64..128], [2; 64]);
+    assert_eq!(out[128..], [3; 64]);
+    assert_eq!(mock().pending(raw), 0);
+    // The sync path is the same three steps.
+    cuda.write(&mut stream, &memory, 0, &[4; 64]).unwrap();
+    cuda.sync(&mut stream).unwrap();
+    assert_eq!(mock().pending(raw), 0);
+    cuda.free(memory);
+    drop(stream);
+    drop(cuda);
+    mock().assert_clean();
+}

@@ -9,7 +9,7 @@
 use scope_core::{Backend, Kernel, Language, Launch, Result, StreamId};
 
 use crate::capture::HipGraph;
-use crate::device::{Hip, HipStream};
+use crate::device::{Hip, HipStream, HipWaiter};
 use crate::launch::HipKernel;
 use crate::memory::HipMemory;
 
@@ -18,6 +18,7 @@ impl Backend for Hip {
     type Stream = HipStream;
     type Kernel = HipKernel;
     type Graph = HipGraph;
+    type Waiter = HipWaiter;
 
     const NAME: &'static str = crate::error::BACKEND;
 
@@ -102,8 +103,16 @@ impl Backend for Hip {
         Hip::launch(self, stream, kernel, launch)
     }
 
-    fn sync(&mut self, stream: &mut HipStream) -> Result<()> {
-        Hip::sync(self, stream)
+    fn begin_wait(&mut self, stream: &mut HipStream) -> Result<Option<HipWaiter>> {
+        Hip::begin_wait(self, stream)
+    }
+
+    fn wait(waiter: &HipWaiter) -> Result<()> {
+        Hip::wait(waiter)
+    }
+
+    fn end_wait(&mut self, stream: &mut HipStream, waiter: HipWaiter) -> Result<()> {
+        Hip::end_wait(self, stream, waiter)
     }
 
     fn order(&mut self, first: &mut HipStream, then: &mut HipStream) -> Result<()> {

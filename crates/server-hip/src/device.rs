@@ -41,6 +41,34 @@ pub struct HipStream {
     /// Pinned copies of the bytes host writes recorded into the open
     /// capture; they move into the graph when it seals.
     pub(crate) retained: Vec<Pinned>,
+    /// Events for waits on this stream, back from the waits that ended;
+    /// more are made while several threads wait on it at once.
+    spare_wait_events: Vec<Event>,
+}
+
+/// Wait events a stream keeps for reuse; past this, an ended wait's event
+/// is destroyed.
+const SPARE_WAIT_EVENTS: usize = 4;
+
+/// What a wait stands on.
+enum WaitOn {
+    /// An event of the waiter's own, recorded at the stream's end when the
+    /// wait began; back to the stream's spares when it ends.
+    Own(Event),
+    /// The pre-capture fence of a stream that is recording: the work it
+    /// submitted before the capture, which is all of it that runs.
+    Fence(Arc<Event>),
+}
+
+/// A wait for a stream's work, run without the server's lock: the core's
+/// [`Backend::Waiter`](scope_core::Backend::Waiter).
+///
+/// It covers exactly the work submitted before the wait began, not what
+/// other threads submit on the stream while it waits: its event is its own
+/// until the wait ends, and nothing else records it.
+pub struct HipWaiter {
+    on: WaitOn,
+    stream: StreamId,
 }
 
 impl HipStream {
@@ -223,6 +251,7 @@ impl Hip {
             shared,
             order_event,
             retained: Vec::new(),
+            spare_wait_events: Vec::new(),
         })
     }
 
@@ -242,11 +271,63 @@ impl Hip {
         Ok(fences)
     }
 
-    pub(crate) fn sync(&mut self, stream: &mut HipStream) -> Result<()> {
-        stream
-            .stream()
+    /// [`Backend::begin_wait`](scope_core::Backend::begin_wait): record an
+    /// event at the stream's end. Work is submitted as it comes (nothing is
+    /// batched), so there is nothing to submit first. A recording stream
+    /// (the core syncs one only to order another recording stream after
+    /// it) is waited for up to its pre-capture fence: recording an event
+    /// on it, or synchronising it, would act on the capture.
+    pub(crate) fn begin_wait(&mut self, stream: &mut HipStream) -> Result<Option<HipWaiter>> {
+        let id = stream.id;
+        let failed = |e: HipError| e.into_error(Doing::Waiting(Some(id)));
+        if let Some(fence) = stream.shared.pre_capture.lock().clone() {
+            return Ok(Some(HipWaiter {
+                on: WaitOn::Fence(fence),
+                stream: id,
+            }));
+        }
+        let event = match stream.spare_wait_events.pop() {
+            Some(event) => event,
+            None => {
+                // Events belong to the current device.
+                self.make_current()?;
+                self.api.event().map_err(failed)?
+            }
+        };
+        if let Err(e) = event.record(stream.stream()) {
+            stream.spare_wait_events.push(event);
+            return Err(failed(e));
+        }
+        Ok(Some(HipWaiter {
+            on: WaitOn::Own(event),
+            stream: id,
+        }))
+    }
+
+    /// [`Backend::wait`](scope_core::Backend::wait), with no lock held: it
+    /// touches only the waiter's event, and HIP lets any thread synchronise
+    /// an event while others submit work.
+    pub(crate) fn wait(waiter: &HipWaiter) -> Result<()> {
+        let event = match &waiter.on {
+            WaitOn::Own(event) => event,
+            WaitOn::Fence(fence) => fence,
+        };
+        event
             .synchronize()
-            .map_err(|e| e.into_error(Doing::Waiting(Some(stream.id))))
+            .map_err(|e| e.into_error(Doing::Waiting(Some(waiter.stream))))
+    }
+
+    /// [`Backend::end_wait`](scope_core::Backend::end_wait): keep the event
+    /// for the next wait. Nothing else is recycled after a wait: staging
+    /// slots and freed blocks each wait on fences of their own, and reads
+    /// wait for their own copy.
+    pub(crate) fn end_wait(&mut self, stream: &mut HipStream, waiter: HipWaiter) -> Result<()> {
+        if let WaitOn::Own(event) = waiter.on
+            && stream.spare_wait_events.len() < SPARE_WAIT_EVENTS
+        {
+            stream.spare_wait_events.push(event);
+        }
+        Ok(())
     }
 
     pub(crate) fn order(&mut self, first: &mut HipStream, then: &mut HipStream) -> Result<()> {

@@ -22,7 +22,8 @@
 //!   `dlopen`; `ffi.rs`: the C types and constants it uses.
 //! - `api.rs`: every `unsafe` call, and owned handles that destroy
 //!   themselves.
-//! - `device.rs`: the device, streams, cross-stream order, sync.
+//! - `device.rs`: the device, streams, cross-stream order, waits (on an
+//!   event, without the server's lock).
 //! - `memory.rs`: the pooled device memory and pinned staging.
 //! - `copy.rs`: host writes (and recorded ones), reads, device copies.
 //! - `launch.rs`: hiprtc compile for the device's `gcnArchName`, launch.
@@ -78,7 +79,7 @@ mod loader;
 mod memory;
 
 pub use capture::HipGraph;
-pub use device::{DeviceInfo, Hip, HipStream};
+pub use device::{DeviceInfo, Hip, HipStream, HipWaiter};
 pub use launch::HipKernel;
 pub use loader::LoadError;
 pub use memory::HipMemory;

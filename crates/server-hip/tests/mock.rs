@@ -197,3 +197,41 @@ fn an_oversized_scalar_blob_is_an_invalid_argument() {
     );
     assert_eq!(c.failures_held(), 0);
 }
+
+/// A wait runs without the server's lock, on an event of its own recorded
+/// when it began, on a thread that never made the device current; the
+/// same three steps are the backend's sync. A sync of a recording stream
+/// (which `Backend::order`'s contract allows, to order another recording
+/// stream after it; the core refuses that use today) waits for its
+/// pre-capture fence, never for the stream itself, which would act on its
+/// capture.
+#[test]
+fn a_wait_without_the_lock_and_a_recording_streams_sync() {
+    use scope_core::{Backend, StreamId};
+
+    let mut hip = Hip::open_from(&[mock_library()], &[mock_library()], 0).unwrap();
+    let mut stream = hip.create_stream(StreamId(0)).unwrap();
+    let memory = hip.allocate(&mut stream, 256).unwrap();
+    hip.write(&mut stream, &memory, 0, &[1; 64]).unwrap();
+    let waiter = hip
+        .begin_wait(&mut stream)
+        .unwrap()
+        .expect("work is pending");
+    hip.write(&mut stream, &memory, 64, &[2; 64]).unwrap();
+    let waiter = std::thread::spawn(move || {
+        Hip::wait(&waiter).unwrap();
+        waiter
+    })
+    .join()
+    .unwrap();
+    hip.end_wait(&mut stream, waiter).unwrap();
+    let mut out = vec![0; 128];
+    hip.read(&mut stream, &memory, 0, &mut out).unwrap();
+    assert_eq!(out[..64], [1; 64]);
+    assert_eq!(out[64..], [2; 64]);
+    hip.begin_capture(&mut stream).unwrap();
+    hip.sync(&mut stream).unwrap();
+    let graph = hip.end_capture(&mut stream).unwrap();
+    hip.destroy_graph(graph).unwrap();
+    hip.free(memory);
+}

@@ -117,7 +117,7 @@ pub use capture::VulkanGraph;
 pub use device::Config;
 pub use launch::VulkanKernel;
 pub use memory::VulkanMemory;
-pub use stream::VulkanStream;
+pub use stream::{StreamWait, VulkanStream};
 
 use device::Gpu;
 use launch::Pipelines;
@@ -259,6 +259,7 @@ impl Backend for Vulkan {
     type Stream = VulkanStream;
     type Kernel = VulkanKernel;
     type Graph = VulkanGraph;
+    type Waiter = StreamWait;
 
     const NAME: &'static str = error::NAME;
 
@@ -364,10 +365,18 @@ impl Backend for Vulkan {
         stream.flush()
     }
 
-    fn sync(&mut self, stream: &mut VulkanStream) -> Result<()> {
-        let result = stream.sync();
+    fn begin_wait(&mut self, stream: &mut VulkanStream) -> Result<Option<StreamWait>> {
+        stream.begin_wait()
+    }
+
+    fn wait(waiter: &StreamWait) -> Result<()> {
+        waiter.wait()
+    }
+
+    fn end_wait(&mut self, stream: &mut VulkanStream, _waiter: StreamWait) -> Result<()> {
+        stream.reclaim();
         self.pool.reclaim();
-        result
+        stream.take_deferred().map_or(Ok(()), Err)
     }
 
     fn order(&mut self, first: &mut VulkanStream, then: &mut VulkanStream) -> Result<()> {

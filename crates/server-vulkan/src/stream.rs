@@ -275,6 +275,23 @@ pub(crate) fn wait_tracks(gpu: &Gpu, waits: &[(Arc<Track>, u64)]) -> Result<()> 
     result
 }
 
+/// A wait for a stream's submitted work, run without the server's lock:
+/// what `Backend::Waiter` is for this server.
+pub struct StreamWait {
+    gpu: Arc<Gpu>,
+    track: Arc<Track>,
+    value: u64,
+}
+
+impl StreamWait {
+    /// Wait until the stream's semaphore reaches the value, for at most
+    /// the device's wait timeout. `vkWaitSemaphores` synchronises nothing
+    /// externally, so it may run while other threads submit.
+    pub(crate) fn wait(&self) -> Result<()> {
+        wait_tracks(&self.gpu, &[(self.track.clone(), self.value)])
+    }
+}
+
 /// A logical stream: what the core holds as `Backend::Stream`.
 pub struct VulkanStream {
     /// The core's id for it (streams are numbered in creation order).
@@ -617,16 +634,30 @@ impl VulkanStream {
         wait_tracks(&self.gpu, &[(self.track.clone(), value)])
     }
 
-    /// Submit and wait for everything; report a deferred submission failure.
-    pub(crate) fn sync(&mut self) -> Result<()> {
+    /// Submit everything batched and say what waiting for all of it takes:
+    /// the stream's timeline semaphore and the value its last submission
+    /// signals (`None` if that is reached already). A deferred submission
+    /// failure is reported first: that batch is lost, and the core
+    /// attributes it to everything in flight.
+    ///
+    /// The waiter holds the semaphore by `Arc`, so nothing recycled while
+    /// it waits without the lock can be something it names; a timeline only
+    /// counts up, so work submitted meanwhile cannot be mistaken for it.
+    pub(crate) fn begin_wait(&mut self) -> Result<Option<StreamWait>> {
         let flushed = self.flush();
-        let waited = self.wait_submitted();
-        self.reclaim();
         if let Some(deferred) = self.deferred.take() {
             return Err(deferred);
         }
         flushed?;
-        waited
+        let value = self.submitted;
+        if value == 0 || self.track.reached(value) {
+            return Ok(None);
+        }
+        Ok(Some(StreamWait {
+            gpu: self.gpu.clone(),
+            track: self.track.clone(),
+            value,
+        }))
     }
 
     /// Make `then`'s later work wait for `first`'s earlier work.

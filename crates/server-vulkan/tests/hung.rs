@@ -1,6 +1,7 @@
-//! A kernel that never finishes: a sync gives up with a typed fault, and
-//! dropping the server afterwards returns instead of blocking forever or
-//! destroying what the device may still run (issue 14, item 9).
+//! A kernel that never finishes: a sync gives up with a typed fault, other
+//! threads' calls go on while it waits (the wait does not hold the server's
+//! lock), and dropping the server afterwards returns instead of blocking
+//! forever or destroying what the device may still run.
 //!
 //! Its own test binary: it sets `SCOPE_VULKAN_WAIT_TIMEOUT_MS`, and the
 //! hung kernel keeps a lavapipe thread busy until the process exits.
@@ -47,7 +48,32 @@ fn a_hung_kernel_times_out_and_teardown_does_not_block() {
     )
     .unwrap();
     let start = std::time::Instant::now();
-    let error = c.sync().expect_err("the kernel never finishes");
+    let syncing = {
+        let c = c.clone();
+        std::thread::spawn(move || c.sync())
+    };
+    // While the sync waits for the kernel, another stream's calls that need
+    // no device wait return at once; with the wait under the server's lock
+    // they would return only when it gave up, two seconds in.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let other = c.new_stream().unwrap();
+    let asked = std::time::Instant::now();
+    let fresh = other.upload(&bytes(&[2; 64])).unwrap();
+    assert_eq!(other.failures_held(), 0);
+    other.check(&[fresh.all()]).unwrap();
+    let took = asked.elapsed();
+    assert!(
+        !syncing.is_finished(),
+        "the sync returned before the other stream's calls were timed"
+    );
+    assert!(
+        took < std::time::Duration::from_millis(1000),
+        "another stream's calls took {took:?} while a sync waited"
+    );
+    let error = syncing
+        .join()
+        .unwrap()
+        .expect_err("the kernel never finishes");
     assert!(
         matches!(&error, Error::Fault(f) if !f.sticky && f.code == "VK_TIMEOUT"),
         "{error}"
@@ -57,6 +83,8 @@ fn a_hung_kernel_times_out_and_teardown_does_not_block() {
         "the kernel's output carries the fault"
     );
     drop(data);
+    drop(fresh);
+    drop(other);
     drop(c);
     assert!(
         start.elapsed() < std::time::Duration::from_secs(60),

@@ -62,7 +62,7 @@ pub use capture::Graph;
 pub use device::{Api, Options, probe};
 pub use launch::Pipeline;
 pub use memory::Memory;
-pub use stream::BATCH_LIMIT;
+pub use stream::{BATCH_LIMIT, StreamWait};
 
 use crate::device::Gpu;
 use crate::error::{NAME, message, out_of_memory, scoped};
@@ -203,6 +203,7 @@ impl Backend for Wgpu {
     type Stream = Stream;
     type Kernel = Arc<Pipeline>;
     type Graph = Graph;
+    type Waiter = StreamWait;
 
     const NAME: &'static str = NAME;
 
@@ -347,9 +348,18 @@ impl Backend for Wgpu {
         self.flush_stream(stream.0)
     }
 
-    fn sync(&mut self, stream: &mut Stream) -> Result<()> {
+    fn begin_wait(&mut self, stream: &mut Stream) -> Result<Option<StreamWait>> {
         let (mut submitter, streams) = self.submitter();
-        submitter.sync(&mut streams[stream.0])
+        submitter.begin_wait(&mut streams[stream.0])
+    }
+
+    fn wait(waiter: &StreamWait) -> Result<()> {
+        waiter.wait()
+    }
+
+    fn end_wait(&mut self, stream: &mut Stream, _waiter: StreamWait) -> Result<()> {
+        let (submitter, streams) = self.submitter();
+        submitter.surfaced(&mut streams[stream.0])
     }
 
     fn order(&mut self, first: &mut Stream, _then: &mut Stream) -> Result<()> {

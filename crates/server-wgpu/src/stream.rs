@@ -48,7 +48,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use scope_core::{Error, StreamId};
 
-use crate::error::{late_fault, message, no_panic, scoped};
+use crate::error::{Sink, late_fault, message, no_panic, scoped};
 
 /// Dispatches a batch holds before it is submitted.
 pub const BATCH_LIMIT: u32 = 1024;
@@ -282,6 +282,45 @@ impl Submissions {
 }
 
 /// The device handles a batch needs to submit.
+/// A wait for a stream's last submission, run without the server's lock:
+/// what `Backend::Waiter` is for this server.
+pub struct StreamWait {
+    device: wgpu::Device,
+    sink: Arc<Sink>,
+    index: wgpu::SubmissionIndex,
+}
+
+impl StreamWait {
+    pub(crate) fn wait(&self) -> Result<(), Error> {
+        wait_for(&self.device, &self.sink, Some(self.index.clone()))
+    }
+}
+
+/// Wait for submission `index` (or everything) and let a device loss speak
+/// first. wgpu's device is shared between threads; polling it while another
+/// thread submits is allowed.
+fn wait_for(
+    device: &wgpu::Device,
+    sink: &Sink,
+    index: Option<wgpu::SubmissionIndex>,
+) -> Result<(), Error> {
+    let polled = no_panic(sink, "a device wait", || {
+        device.poll(wgpu::PollType::Wait {
+            submission_index: index,
+            timeout: None,
+        })
+    })?;
+    if let Err(error) = polled {
+        // A submission a lost device dropped is never reached; wgpu
+        // reports the loss at the next maintenance, so poll once more
+        // and let the loss, if that is what it was, speak first.
+        let _ = no_panic(sink, "a device poll", || device.poll(wgpu::PollType::Poll))?;
+        sink.check_lost()?;
+        return Err(late_fault("wgpu poll", error.to_string()));
+    }
+    sink.check_lost()
+}
+
 pub(crate) struct Submitter<'a> {
     pub(crate) gpu: &'a crate::device::Gpu,
     pub(crate) submissions: &'a mut Submissions,
@@ -342,35 +381,25 @@ impl Submitter<'_> {
         Ok(())
     }
 
-    /// Submit the stream's batch and wait for it; then report what surfaced.
-    pub(crate) fn sync(&mut self, batch: &mut Batch) -> Result<(), Error> {
+    /// Submit the stream's batch and say what waiting for it takes: its
+    /// last submission (`None` when it never submitted, once what surfaced
+    /// is reported). The waiter holds its own handles to the device, so it
+    /// waits without the server's lock while other threads submit.
+    pub(crate) fn begin_wait(&mut self, batch: &mut Batch) -> Result<Option<StreamWait>, Error> {
         self.flush(batch)?;
-        if let Some(index) = batch.last_submission.clone() {
-            self.wait(Some(index))?;
+        match batch.last_submission.clone() {
+            Some(index) => Ok(Some(StreamWait {
+                device: self.gpu.device.clone(),
+                sink: self.gpu.sink.clone(),
+                index,
+            })),
+            None => self.surfaced(batch).map(|()| None),
         }
-        self.surfaced(batch)
     }
 
     /// Wait for submission `index` (or everything).
     pub(crate) fn wait(&self, index: Option<wgpu::SubmissionIndex>) -> Result<(), Error> {
-        let device = &self.gpu.device;
-        let polled = no_panic(&self.gpu.sink, "a device wait", || {
-            device.poll(wgpu::PollType::Wait {
-                submission_index: index,
-                timeout: None,
-            })
-        })?;
-        if let Err(error) = polled {
-            // A submission a lost device dropped is never reached; wgpu
-            // reports the loss at the next maintenance, so poll once more
-            // and let the loss, if that is what it was, speak first.
-            let _ = no_panic(&self.gpu.sink, "a device poll", || {
-                device.poll(wgpu::PollType::Poll)
-            })?;
-            self.gpu.sink.check_lost()?;
-            return Err(late_fault("wgpu poll", error.to_string()));
-        }
-        self.gpu.sink.check_lost()
+        wait_for(&self.gpu.device, &self.gpu.sink, index)
     }
 
     /// The stream's deferred fault, or an error no scope caught.

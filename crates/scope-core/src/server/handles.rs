@@ -109,7 +109,7 @@ impl<B: Backend> Server<B> {
         self.streams.push(StreamState {
             device,
             window: CaptureWindow::new(),
-            in_flight: Vec::new(),
+            in_flight: InFlight::default(),
             failures_seen: 0,
         });
         Ok(id)

@@ -196,13 +196,12 @@ impl<B: Backend> Server<B> {
             return;
         }
         for w in written {
-            let recent = state.in_flight.len().saturating_sub(8);
-            if !state.in_flight[recent..].contains(w) {
-                state.in_flight.push(*w);
-            }
+            state.in_flight.push(*w);
         }
     }
 
+    /// Wait for `stream`'s work with the lock held: for the waits the core
+    /// cannot give the lock up for (bounding an in-flight list).
     pub(super) fn sync_stream(&mut self, stream: StreamId) -> Result<()> {
         let index = self.stream_index(stream);
         let result = self
@@ -214,16 +213,75 @@ impl<B: Backend> Server<B> {
                 Ok(())
             }
             Err(error) => {
-                self.settle(stream, &error);
+                self.settle(stream, &error, u64::MAX);
                 Err(error)
             }
         }
     }
 
+    /// Submit `stream`'s work and return what waiting for it needs, for the
+    /// client to wait on with the lock released: one stream's long wait must
+    /// not stall every other thread's calls.
+    /// `site` is the fault-plan site the wait stands for, if any (a read
+    /// consults its own site when it copies).
+    pub(super) fn begin_wait(
+        &mut self,
+        stream: StreamId,
+        site: Option<Site>,
+    ) -> Result<PendingWait<B>> {
+        let index = self.stream_index(stream);
+        let mark = self.streams[index].in_flight.mark();
+        let begun = site
+            .map_or(Ok(()), |site| self.fault(site, Some(stream)))
+            .and_then(|()| self.backend.begin_wait(&mut self.streams[index].device));
+        match begun {
+            Ok(waiter) => Ok(PendingWait {
+                stream,
+                waiter,
+                mark,
+            }),
+            Err(error) => {
+                self.settle(stream, &error, u64::MAX);
+                Err(error)
+            }
+        }
+    }
+
+    /// Settle a wait the client ran without the lock, whose outcome is
+    /// `waited`: what it covered completed, or carries the fault that
+    /// surfaced (rule 23). Work other threads submitted meanwhile stays in
+    /// flight. The device may have been poisoned meanwhile; that is
+    /// reported, since every later operation fails fast (rule 36).
+    pub(crate) fn end_wait(&mut self, pending: PendingWait<B>, waited: Result<()>) -> Result<()> {
+        let PendingWait {
+            stream,
+            waiter,
+            mark,
+        } = pending;
+        let index = self.stream_index(stream);
+        let result = match waiter {
+            Some(waiter) => self
+                .backend
+                .end_wait(&mut self.streams[index].device, waiter)
+                .and(waited),
+            None => waited,
+        };
+        match result {
+            Ok(()) => {
+                self.streams[index].in_flight.take_to(mark);
+            }
+            Err(error) => {
+                self.settle(stream, &error, mark);
+                return Err(error);
+            }
+        }
+        self.check_poison()
+    }
+
     /// A device call outside any scope failed with `error`: attribute it to
-    /// what is in flight on `stream` (rule 23), and poison on a sticky fault
-    /// (rule 36).
-    pub(super) fn settle(&mut self, stream: StreamId, error: &Error) {
+    /// what was in flight on `stream` before `mark` (rule 23), and poison on
+    /// a sticky fault (rule 36).
+    pub(super) fn settle(&mut self, stream: StreamId, error: &Error, mark: u64) {
         if !matches!(error, Error::Fault(_)) {
             return;
         }
@@ -232,14 +290,15 @@ impl<B: Backend> Server<B> {
             self.poison_with(error);
             return;
         }
-        self.lose_in_flight(stream, error);
+        self.lose_in_flight(stream, error, mark);
     }
 
-    /// `error` befell what `stream` had in flight: every write set submitted
-    /// since its last completed sync carries it now (rule 23).
-    fn lose_in_flight(&mut self, stream: StreamId, error: &Error) {
+    /// `error` befell what `stream` had in flight before `mark`: every
+    /// write set submitted since its last completed sync, up to there,
+    /// carries it now (rule 23).
+    fn lose_in_flight(&mut self, stream: StreamId, error: &Error, mark: u64) {
         let index = self.stream_index(stream);
-        let in_flight = std::mem::take(&mut self.streams[index].in_flight);
+        let in_flight = self.streams[index].in_flight.take_to(mark);
         self.table.claim_failed(
             &in_flight,
             Work::new(WorkKind::Settle, stream),
@@ -259,7 +318,7 @@ impl<B: Backend> Server<B> {
         let in_flight: Vec<BufferRange> = self
             .streams
             .iter_mut()
-            .flat_map(|s| std::mem::take(&mut s.in_flight))
+            .flat_map(|s| s.in_flight.take_to(u64::MAX))
             .collect();
         self.table.claim_failed(
             &in_flight,
@@ -282,7 +341,7 @@ impl<B: Backend> Server<B> {
             if error.is_sticky() {
                 self.poison_with(error);
             } else if matches!(error, Error::Fault(_)) {
-                self.lose_in_flight(stream, error);
+                self.lose_in_flight(stream, error, u64::MAX);
             }
         }
         let index = self.stream_index(stream);

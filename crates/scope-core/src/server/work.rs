@@ -30,16 +30,51 @@ impl<B: Backend> Server<B> {
         self.conclude(stream, outcome)
     }
 
-    /// A read into a new vector, sized only after everything a read checks
-    /// has passed (rule 24: a read tests its ranges first and does nothing
-    /// else): a bogus range, or a failed buffer of any size, must be an error,
-    /// not an allocation of its length. The allocation itself is fallible:
-    /// room the host cannot give is [`Error::OutOfMemory`], never an abort.
-    pub(crate) fn read_vec(&mut self, stream: StreamId, src: Slice<'_>) -> Result<Vec<u8>> {
+    /// The first half of a host read, under the lock: everything a read
+    /// checks (rule 24: a read tests its ranges first and does nothing
+    /// else), the wait on the buffer's last user, and the start of the wait
+    /// for `stream`'s work. The client waits with the lock released, then
+    /// calls [`end_read_wait`](Self::end_read_wait) and [`read`](Self::read),
+    /// which finds the work done and only copies.
+    ///
+    /// `room`, when the caller gave its own buffer, must be the range's
+    /// length.
+    pub(crate) fn begin_read(
+        &mut self,
+        stream: StreamId,
+        src: Slice<'_>,
+        room: Option<usize>,
+    ) -> Result<PendingWait<B>> {
         let r = self.check_read(stream, src)?;
-        let mut out = host_vec(r.range.len())?;
-        self.read_checked(stream, r, &mut out)?;
-        Ok(out)
+        if let Some(room) = room
+            && room as u64 != r.range.len()
+        {
+            return Err(Error::invalid(
+                "read",
+                format!("{room} bytes of room for {r}"),
+            ));
+        }
+        if let Err(error) = self.order(stream, [r.buffer]) {
+            self.settle(stream, &error, u64::MAX);
+            return Err(error);
+        }
+        self.begin_wait(stream, None)
+    }
+
+    /// Settle a read's wait and check the read again — other threads ran
+    /// while it waited, and a fault it surfaced may claim the bytes — then
+    /// say how many bytes it will read, so that the client sizes its vector
+    /// only for a read that can still succeed: a failed buffer of any size
+    /// must be an error, not an allocation of its length.
+    pub(crate) fn end_read_wait(
+        &mut self,
+        pending: PendingWait<B>,
+        waited: Result<()>,
+        src: Slice<'_>,
+    ) -> Result<u64> {
+        let stream = pending.stream;
+        self.end_wait(pending, waited)?;
+        Ok(self.check_read(stream, src)?.range.len())
     }
 
     /// What every read checks before it touches the device or the host's
@@ -85,7 +120,7 @@ impl<B: Backend> Server<B> {
                 Ok(())
             }
             Err(error) => {
-                self.settle(stream, &error);
+                self.settle(stream, &error, u64::MAX);
                 Err(error)
             }
         }
@@ -386,13 +421,20 @@ impl<B: Backend> Server<B> {
         )
     }
 
-    pub(crate) fn sync(&mut self, stream: StreamId, buffers: &[Slice<'_>]) -> Result<()> {
+    /// The first half of a sync, under the lock: the checks, then the start
+    /// of the wait the client runs with the lock released
+    /// ([`end_wait`](Self::end_wait) settles it).
+    pub(crate) fn begin_sync(
+        &mut self,
+        stream: StreamId,
+        buffers: &[Slice<'_>],
+    ) -> Result<PendingWait<B>> {
         self.check_poison()?;
         if !buffers.is_empty() {
             self.check(buffers)?;
         }
         self.refuse_if_recording(stream, "a sync")?;
-        self.sync_stream(stream)
+        self.begin_wait(stream, Some(Site::Sync))
     }
 
     /// Submit what `stream` has batched, without waiting. A recording
@@ -405,7 +447,7 @@ impl<B: Backend> Server<B> {
         }
         let flushed = self.backend.flush(&mut self.streams[index].device);
         if let Err(error) = &flushed {
-            self.settle(stream, error);
+            self.settle(stream, error, u64::MAX);
         }
         flushed
     }

@@ -1,0 +1,326 @@
+//! A stream's wait runs without the server's lock: while one thread waits
+//! for its stream's work, every other thread's calls go on, and the wait
+//! settles exactly the work it covered — not what others submitted on the
+//! same stream meanwhile.
+//!
+//! The reference server runs work as it is issued, so it never waits. Here
+//! it is wrapped in a backend whose waits block until the test opens a gate,
+//! as a GPU's would until its kernels finish; every other call is the host's.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use scope_core::host::{self, Host, HostGraph, HostKernel, HostMemory, HostStream};
+use scope_core::{Backend, Client, Error, Kernel, Language, Launch, Result, StreamId};
+
+/// How long a call on another thread may take while a wait is blocked
+/// before the test calls it stalled. Generous: it only has to tell
+/// "returned" from "blocked until the gate opened".
+const STALLED: Duration = Duration::from_secs(5);
+
+/// The gate every wait blocks on, and what the wait then reports.
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    /// Whether the next `begin_wait` returns a waiter that blocks (once).
+    armed: bool,
+    /// How many waits are blocked now.
+    waiting: usize,
+    /// Set to let blocked waits return, with this outcome.
+    opened: Option<Result<()>>,
+}
+
+impl Gate {
+    fn arm(&self) {
+        self.state.lock().armed = true;
+    }
+
+    /// Block until some wait is blocked on the gate.
+    fn until_waiting(&self) {
+        let mut state = self.state.lock();
+        while state.waiting == 0 {
+            assert!(
+                !self.changed.wait_for(&mut state, STALLED).timed_out(),
+                "no wait reached the gate"
+            );
+        }
+    }
+
+    fn open(&self, outcome: Result<()>) {
+        let mut state = self.state.lock();
+        state.opened = Some(outcome);
+        self.changed.notify_all();
+    }
+
+    fn pass(&self) -> Result<()> {
+        let mut state = self.state.lock();
+        state.waiting += 1;
+        self.changed.notify_all();
+        while state.opened.is_none() {
+            // Bounded, so that a broken core fails the test instead of
+            // hanging it.
+            if self.changed.wait_for(&mut state, STALLED * 4).timed_out() {
+                break;
+            }
+        }
+        state.waiting -= 1;
+        state.opened.clone().unwrap_or(Ok(()))
+    }
+}
+
+struct Gated {
+    host: Host,
+    gate: Arc<Gate>,
+}
+
+impl Backend for Gated {
+    type Memory = HostMemory;
+    type Stream = HostStream;
+    type Kernel = HostKernel;
+    type Graph = HostGraph;
+    type Waiter = Arc<Gate>;
+
+    const NAME: &'static str = "gated host";
+
+    fn describe(&self) -> String {
+        "host memory whose waits block on a gate".to_owned()
+    }
+
+    fn accepts(&self, language: Language) -> bool {
+        self.host.accepts(language)
+    }
+
+    fn max_allocation(&self) -> u64 {
+        self.host.max_allocation()
+    }
+
+    fn create_stream(&mut self, id: StreamId) -> Result<HostStream> {
+        self.host.create_stream(id)
+    }
+
+    fn allocate(&mut self, stream: &mut HostStream, size: u64) -> Result<HostMemory> {
+        self.host.allocate(stream, size)
+    }
+
+    fn free(&mut self, memory: HostMemory) {
+        self.host.free(memory)
+    }
+
+    fn bytes_reserved(&self) -> u64 {
+        self.host.bytes_reserved()
+    }
+
+    fn write(
+        &mut self,
+        stream: &mut HostStream,
+        dst: &HostMemory,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        self.host.write(stream, dst, offset, data)
+    }
+
+    fn read(
+        &mut self,
+        stream: &mut HostStream,
+        src: &HostMemory,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        self.host.read(stream, src, offset, out)
+    }
+
+    fn copy(
+        &mut self,
+        stream: &mut HostStream,
+        src: &HostMemory,
+        src_offset: u64,
+        dst: &HostMemory,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.host
+            .copy(stream, src, src_offset, dst, dst_offset, len)
+    }
+
+    fn compile(&mut self, kernel: &Kernel) -> Result<HostKernel> {
+        self.host.compile(kernel)
+    }
+
+    fn launch(
+        &mut self,
+        stream: &mut HostStream,
+        kernel: &HostKernel,
+        launch: &Launch<'_, HostMemory>,
+    ) -> Result<()> {
+        self.host.launch(stream, kernel, launch)
+    }
+
+    fn begin_wait(&mut self, _stream: &mut HostStream) -> Result<Option<Arc<Gate>>> {
+        // One wait blocks per arming; the rest pass, as on an idle device.
+        let armed = std::mem::take(&mut self.gate.state.lock().armed);
+        Ok(armed.then(|| self.gate.clone()))
+    }
+
+    fn wait(gate: &Arc<Gate>) -> Result<()> {
+        gate.pass()
+    }
+
+    fn end_wait(&mut self, _stream: &mut HostStream, _gate: Arc<Gate>) -> Result<()> {
+        Ok(())
+    }
+
+    fn order(&mut self, first: &mut HostStream, then: &mut HostStream) -> Result<()> {
+        self.host.order(first, then)
+    }
+
+    fn begin_capture(&mut self, stream: &mut HostStream) -> Result<()> {
+        self.host.begin_capture(stream)
+    }
+
+    fn end_capture(&mut self, stream: &mut HostStream) -> Result<HostGraph> {
+        self.host.end_capture(stream)
+    }
+
+    fn abort_capture(&mut self, stream: &mut HostStream) {
+        self.host.abort_capture(stream)
+    }
+
+    fn replay(&mut self, stream: &mut HostStream, graph: &HostGraph) -> Result<()> {
+        self.host.replay(stream, graph)
+    }
+
+    fn destroy_graph(&mut self, graph: HostGraph) -> Result<()> {
+        self.host.destroy_graph(graph)
+    }
+}
+
+fn gated() -> (Client<Gated>, Arc<Gate>) {
+    let gate = Arc::new(Gate::default());
+    let client = Client::new(Gated {
+        host: Host::new(),
+        gate: gate.clone(),
+    })
+    .unwrap();
+    (client, gate)
+}
+
+fn fault(code: &str) -> Error {
+    Error::Fault(scope_core::DeviceFault {
+        backend: "gated host",
+        code: code.to_owned(),
+        sticky: false,
+        stream: None,
+        detail: "the wait reported it".to_owned(),
+    })
+}
+
+fn words(values: &[u32]) -> Vec<u8> {
+    host::bytes(values)
+}
+
+/// Run `f` on another thread; whether it returned within [`STALLED`].
+fn returns_while_blocked(f: impl FnOnce() + Send + 'static) -> bool {
+    let (done, returned) = mpsc::channel();
+    std::thread::spawn(move || {
+        f();
+        let _ = done.send(());
+    });
+    returned.recv_timeout(STALLED).is_ok()
+}
+
+#[test]
+fn a_waiting_sync_does_not_stall_other_threads() {
+    let (c, gate) = gated();
+    let other = c.new_stream().unwrap();
+    gate.arm();
+    let syncing = {
+        let c = c.clone();
+        std::thread::spawn(move || c.sync())
+    };
+    gate.until_waiting();
+    let went_on = returns_while_blocked(move || {
+        let b = other.upload(&words(&[5; 4])).unwrap();
+        assert_eq!(host::words(&other.read(&b).unwrap()), vec![5; 4]);
+        assert_eq!(other.failures_held(), 0);
+    });
+    gate.open(Ok(()));
+    assert!(
+        went_on,
+        "another stream's calls waited for this stream's sync to finish"
+    );
+    syncing.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_waiting_read_does_not_stall_other_threads_and_reads_after_the_wait() {
+    let (c, gate) = gated();
+    let b = c.upload(&words(&[1; 4])).unwrap();
+    let other = c.new_stream().unwrap();
+    gate.arm();
+    let reading = {
+        let c = c.clone();
+        let b = b.clone();
+        std::thread::spawn(move || c.read(&b))
+    };
+    gate.until_waiting();
+    let went_on = returns_while_blocked(move || {
+        other.allocate(64).unwrap();
+    });
+    gate.open(Ok(()));
+    assert!(went_on, "another thread's call waited for this read's wait");
+    assert_eq!(host::words(&reading.join().unwrap().unwrap()), vec![1; 4]);
+}
+
+#[test]
+fn a_fault_a_wait_surfaces_lands_on_what_it_covered_only() {
+    let (c, gate) = gated();
+    let covered = c.upload(&words(&[1; 4])).unwrap();
+    let later = c.upload(&words(&[2; 4])).unwrap();
+    // Settle the uploads, then submit the work the wait will cover.
+    c.sync().unwrap();
+    c.write(&covered, &words(&[3; 4])).unwrap();
+    gate.arm();
+    let syncing = {
+        let c = c.clone();
+        std::thread::spawn(move || c.sync())
+    };
+    gate.until_waiting();
+    // Submitted on the same stream while the wait runs: not covered by it.
+    let same_stream = c.clone();
+    let later_write = later.clone();
+    assert!(returns_while_blocked(move || {
+        same_stream.write(&later_write, &words(&[4; 4])).unwrap();
+    }));
+    gate.open(Err(fault("LATE")));
+    let surfaced = syncing.join().unwrap().unwrap_err();
+    assert!(surfaced.to_string().contains("LATE"), "{surfaced}");
+    let lost = c.read(&covered).unwrap_err();
+    assert!(lost.to_string().contains("LATE"), "{lost}");
+    assert_eq!(host::words(&c.read(&later).unwrap()), vec![4; 4]);
+    assert!(c.poison().is_none());
+}
+
+#[test]
+fn a_buffer_freed_while_its_read_waits_is_a_typed_error() {
+    let (c, gate) = gated();
+    let b = c.upload(&words(&[1; 4])).unwrap();
+    gate.arm();
+    let reading = {
+        let c = c.clone();
+        let b = b.clone();
+        std::thread::spawn(move || c.read(&b))
+    };
+    gate.until_waiting();
+    c.free(&b).unwrap();
+    gate.open(Ok(()));
+    let error = reading.join().unwrap().unwrap_err();
+    assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
+}
