@@ -205,6 +205,48 @@ pub trait Backend: Send + 'static {
         out: &mut [u8],
     ) -> Result<()>;
 
+    /// Begin a host read of `len` bytes at `offset` of `src`, after the
+    /// stream's earlier work: the first of the three steps a caller's read
+    /// takes (`begin_read` under the lock, [`wait`](Self::wait) without it,
+    /// [`end_read`](Self::end_read) under it again).
+    ///
+    /// The default waits for the stream ([`begin_wait`](Self::begin_wait))
+    /// and copies in `end_read`, which then costs a second, short trip to
+    /// the device. A backend that can issue the copy into staging now, in
+    /// the same submission as the stream's work, returns a waiter that
+    /// covers it and holds the staging.
+    fn begin_read(
+        &mut self,
+        stream: &mut Self::Stream,
+        src: &Self::Memory,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Self::Waiter>> {
+        let _ = (src, offset, len);
+        self.begin_wait(stream)
+    }
+
+    /// Finish a read [`begin_read`](Self::begin_read) began, once
+    /// [`wait`](Self::wait) returned success and the core checked the read
+    /// again: copy the bytes into `out` and recycle what the waiter held.
+    /// (A read the core gives up on instead — the wait failed, or the
+    /// buffer was freed or failed meanwhile — ends with
+    /// [`end_wait`](Self::end_wait), which must recycle a read's waiter
+    /// too.)
+    fn end_read(
+        &mut self,
+        stream: &mut Self::Stream,
+        waiter: Option<Self::Waiter>,
+        src: &Self::Memory,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        if let Some(waiter) = waiter {
+            self.end_wait(stream, waiter)?;
+        }
+        self.read(stream, src, offset, out)
+    }
+
     /// Copy `len` bytes, ordered on `stream`.
     #[allow(clippy::too_many_arguments)]
     fn copy(

@@ -541,21 +541,19 @@ impl<B: Backend> Client<B> {
     /// input; poison; a device fault, attributed to the work in flight.
     pub fn read<'a>(&self, src: impl Into<Slice<'a>>) -> Result<Vec<u8>> {
         let src = src.into();
-        let len = self.wait_to_read(src, None)?;
-        let mut out = host_vec(len)?;
-        self.call(|server| server.read(self.stream, src, &mut out))?;
-        Ok(out)
-    }
-
-    /// A read's wait for the stream's work, run with the server's lock
-    /// released so that other threads' calls go on meanwhile: checked and
-    /// begun under the lock, waited for without it, then settled and
-    /// checked again under it. Returns how many bytes the read copies; the
-    /// copy that follows finds the work done.
-    fn wait_to_read(&self, src: Slice<'_>, room: Option<usize>) -> Result<u64> {
-        let pending = self.call(|server| server.begin_read(self.stream, src, room))?;
+        let (pending, len) = self.call(|server| server.begin_read(self.stream, src, None))?;
         let waited = pending.wait();
-        self.call(|server| server.end_read_wait(pending, waited, src))
+        let mut out = match host_vec(len) {
+            Ok(out) => out,
+            Err(no_room) => {
+                // Give back what the read held; a fault its wait surfaced
+                // speaks first.
+                self.call(|server| server.end_wait(pending, waited))?;
+                return Err(no_room);
+            }
+        };
+        self.call(|server| server.end_read(pending, waited, src, &mut out))?;
+        Ok(out)
     }
 
     /// Like [`read`](Self::read), into `out`, whose length must be the
@@ -566,8 +564,12 @@ impl<B: Backend> Client<B> {
     /// As `read`.
     pub fn read_into<'a>(&self, src: impl Into<Slice<'a>>, out: &mut [u8]) -> Result<()> {
         let src = src.into();
-        self.wait_to_read(src, Some(out.len()))?;
-        self.call(|server| server.read(self.stream, src, out))
+        // Begun and finished under the lock, waited for without it: a long
+        // wait on one stream must not stall every other thread's calls.
+        let (pending, _) =
+            self.call(|server| server.begin_read(self.stream, src, Some(out.len())))?;
+        let waited = pending.wait();
+        self.call(|server| server.end_read(pending, waited, src, out))
     }
 
     /// Copy `src` into `dst`, which must be as long. A copy reads its source

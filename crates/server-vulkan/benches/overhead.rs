@@ -268,6 +268,27 @@ fn replayed_window(client: &Client<Vulkan>, kernel: &Kernel, rounds: u32) -> (Du
     (issued, elapsed)
 }
 
+/// A one-workgroup launch then a read of its 256-byte output, one after
+/// the other, `n` times: the latency a runtime that reads every result
+/// sees. A read waits for the stream with the server's lock released, then
+/// copies.
+fn read_round_trips(client: &Client<Vulkan>, kernel: &Kernel, n: u32) -> Duration {
+    let out = client.try_allocate(256).expect("allocate");
+    let start = Instant::now();
+    for i in 0..n {
+        client
+            .launch(
+                kernel,
+                &[Binding::write(&out)],
+                &scalars(64, i),
+                Dispatch::linear(1),
+            )
+            .expect("launch");
+        std::hint::black_box(client.read(&out).expect("read"));
+    }
+    start.elapsed()
+}
+
 fn main() {
     let _ = std::fs::create_dir_all("/tmp/xdg");
     let client = match server_vulkan::client_with(Config::default()) {
@@ -326,6 +347,17 @@ fn main() {
         "capture, host issue time only: eager {:.3} µs/launch, replayed {:.3} µs/launch",
         per(eager_issue, launches),
         per(replay_issue, launches)
+    );
+    let trips = 500;
+    read_round_trips(&client, &kernel, 10);
+    let round_trips = median(
+        (0..RUNS)
+            .map(|_| read_round_trips(&client, &kernel, trips))
+            .collect(),
+    );
+    println!(
+        "read round trip (launch, then read 256 bytes): {:.1} µs",
+        per(round_trips, trips)
     );
     let overhead = server.as_secs_f64() / raw.as_secs_f64();
     let overhead_best = server_min.as_secs_f64() / raw_min.as_secs_f64();

@@ -321,6 +321,38 @@ fn allocation(c: &Client<Wgpu>) {
     );
 }
 
+/// A one-workgroup launch then a read of its 256-byte output, one after
+/// the other: the latency a runtime that reads every result sees. A read
+/// waits for the stream with the server's lock released, then copies.
+fn read_round_trip(c: &Client<Wgpu>) {
+    const N: u32 = 500;
+    let kernel = Kernel::wgsl("trivial", TRIVIAL);
+    let out = c.allocate(256).expect("allocate");
+    let once = |i: u32| {
+        c.launch(
+            &kernel,
+            &[Binding::write(&out)],
+            &scalars(64, i),
+            Dispatch::linear(1),
+        )
+        .expect("launch");
+        c.read(&out).expect("read")
+    };
+    once(0);
+    let mut samples = Vec::new();
+    for _ in 0..ROUNDS {
+        let start = Instant::now();
+        for i in 0..N {
+            std::hint::black_box(once(i));
+        }
+        samples.push(start.elapsed());
+    }
+    println!(
+        "  read round trip (launch, then read 256 bytes): {:.1} µs",
+        per(median(samples), N)
+    );
+}
+
 fn main() {
     if std::env::var_os("LP_NUM_THREADS").is_none() {
         // SAFETY: the first statement of `main`, before any other thread
@@ -352,5 +384,6 @@ fn main() {
         launch_overhead(&c);
         capture_replay(&c);
         allocation(&c);
+        read_round_trip(&c);
     }
 }

@@ -6,9 +6,14 @@
 //!   submits the stream's open batch: the stream's earlier launches must not
 //!   see the new bytes.
 //! - **Read**: a copy into a mapped-read staging buffer is appended to the
-//!   stream's batch, the batch is submitted, the staging buffer is mapped
-//!   with `map_async`, and the device is polled until that submission is
-//!   done. The staging buffer is kept and reused while reads fit in it.
+//!   stream's batch, the batch is submitted and the staging buffer is
+//!   mapped with `map_async` (`Backend::begin_read`, under the server's
+//!   lock); the device is polled until that submission is done without the
+//!   lock (`Backend::wait`); then the bytes are copied out
+//!   (`Backend::end_read`). One submission and one wait carry the stream's
+//!   work and the read together. The staging buffer is taken by the read
+//!   while it runs — two reads in flight never share one — and kept for the
+//!   next while reads fit in it.
 //! - **Copy**: `copy_buffer_to_buffer` in the stream's open encoder, which
 //!   closes the open compute pass (a pass cannot hold copies) but does not
 //!   submit. wgpu refuses a copy within one buffer, so that one goes through
@@ -24,6 +29,7 @@ use scope_core::Error;
 
 use crate::error::{late_fault, message, out_of_memory, scoped};
 use crate::memory::{Memory, mark, tag_value};
+use crate::stream::StreamWait;
 
 /// Staging buffers up to this size are kept for the next read.
 const KEEP_STAGING: u64 = 64 << 20;
@@ -122,12 +128,14 @@ impl crate::Wgpu {
         Ok(())
     }
 
-    /// The staging buffer for a read of `len` bytes.
-    fn staging(&mut self, len: u64) -> Result<wgpu::Buffer, Error> {
-        if let Some((buffer, size)) = &self.staging
-            && *size >= len
-        {
-            return Ok(buffer.clone());
+    /// A staging buffer for a read of `len` bytes, and its size: the kept
+    /// one if it is free and large enough, else a new one.
+    fn take_staging(&mut self, len: u64) -> Result<(wgpu::Buffer, u64), Error> {
+        if let Some((buffer, size)) = self.staging.take() {
+            if size >= len {
+                return Ok((buffer, size));
+            }
+            self.staging = Some((buffer, size));
         }
         let size = len.next_power_of_two().max(64 << 10);
         let device = &self.gpu.device;
@@ -143,26 +151,34 @@ impl crate::Wgpu {
             return Err(out_of_memory(&error, size)
                 .unwrap_or_else(|| late_fault("wgpu validation", message(&error))));
         }
-        if size <= KEEP_STAGING {
-            self.staging = Some((buffer.clone(), size));
-        }
-        Ok(buffer)
+        Ok((buffer, size))
     }
 
-    /// Read `out.len()` bytes at `offset` of `src` after stream `s`'s work.
-    pub(crate) fn read_now(
+    /// Keep an unmapped staging buffer for the next read, if it is the
+    /// keeping size and none is kept.
+    fn keep_staging(&mut self, buffer: wgpu::Buffer, size: u64) {
+        if size <= KEEP_STAGING && self.staging.is_none() {
+            self.staging = Some((buffer, size));
+        }
+    }
+
+    /// Begin a read of `len` bytes at `offset` of `src` after stream `s`'s
+    /// work: copy them into staging at the end of the stream's batch,
+    /// submit, and map the staging buffer. The waiter waits for that
+    /// submission; [`end_read_now`](Self::end_read_now) copies the bytes.
+    pub(crate) fn begin_read_now(
         &mut self,
         s: usize,
         src: &Memory,
         offset: u64,
-        out: &mut [u8],
-    ) -> Result<(), Error> {
+        len: u64,
+    ) -> Result<Option<StreamWait>, Error> {
         self.gpu.sink.check_lost()?;
-        let len = out.len() as u64;
         if len == 0 {
-            return Ok(());
+            let (mut submitter, streams) = self.submitter();
+            return submitter.begin_wait(&mut streams[s]);
         }
-        let staging = self.staging(len)?;
+        let (staging, size) = self.take_staging(len)?;
         let device = &self.gpu.device;
         let batch = &mut self.streams[s];
         let ((), error) = scoped(device, || {
@@ -171,6 +187,7 @@ impl crate::Wgpu {
                 .copy_buffer_to_buffer(&src.buffer, offset, &staging, 0, len);
         });
         if let Some(error) = error {
+            self.keep_staging(staging, size);
             return Err(self.copy_error(
                 s,
                 format!("read of {len} bytes at offset {offset}"),
@@ -180,33 +197,110 @@ impl crate::Wgpu {
         }
         let (mut submitter, streams) = self.submitter();
         let batch = &mut streams[s];
+        // A failed flush drops the staging buffer: the copy into it may
+        // have been submitted.
         submitter.flush(batch)?;
         let mapped: Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>> = Arc::default();
         let answer = mapped.clone();
         let device = &submitter.gpu.device;
-        let ((), error) = scoped(device, || {
+        let ((), map_error) = scoped(device, || {
             staging.map_async(wgpu::MapMode::Read, 0..len, move |result| {
                 *answer.lock() = Some(result);
             });
         });
-        let waited = submitter.wait(batch.last_submission.clone());
-        // Whatever else surfaced belongs to the batch, and so to this read.
-        let surfaced = submitter.surfaced(batch);
-        let result = mapped.lock().take();
-        let unmap = |staging: &wgpu::Buffer| {
-            if matches!(result, Some(Ok(()))) {
-                staging.unmap();
-            }
+        Ok(Some(submitter.waiter(
+            batch,
+            Some(ReadBack {
+                staging,
+                size,
+                len,
+                mapped,
+                map_error: map_error.map(|e| late_fault("wgpu map", message(&e))),
+            }),
+        )))
+    }
+
+    /// Finish a read begun by [`begin_read_now`](Self::begin_read_now)
+    /// once its wait succeeded: report what surfaced on the stream, then
+    /// copy the mapped bytes into `out`.
+    pub(crate) fn end_read_now(
+        &mut self,
+        s: usize,
+        waiter: Option<StreamWait>,
+        out: &mut [u8],
+    ) -> Result<(), Error> {
+        let (submitter, streams) = self.submitter();
+        let surfaced = submitter.surfaced(&mut streams[s]);
+        let Some(read) = waiter.and_then(StreamWait::into_read) else {
+            return surfaced.and(if out.is_empty() {
+                Ok(())
+            } else {
+                Err(Error::internal("a wgpu read ended that never began"))
+            });
         };
-        if let Some(error) = error {
-            unmap(&staging);
-            return Err(late_fault("wgpu map", message(&error)));
+        let copied = surfaced.and_then(|()| read.copy_into(out));
+        if let Some((staging, size)) = read.give_back() {
+            self.keep_staging(staging, size);
         }
-        if let Err(error) = waited.and(surfaced) {
-            unmap(&staging);
-            return Err(error);
+        copied
+    }
+
+    /// Recycle what a read's waiter holds when the read is given up
+    /// (`Backend::end_wait`).
+    pub(crate) fn abandon_read(&mut self, read: ReadBack) {
+        if let Some((staging, size)) = read.give_back() {
+            self.keep_staging(staging, size);
         }
-        match result {
+    }
+
+    /// Read `out.len()` bytes at `offset` of `src` after stream `s`'s work,
+    /// waiting under the lock: the three steps of a read in one.
+    pub(crate) fn read_now(
+        &mut self,
+        s: usize,
+        src: &Memory,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), Error> {
+        let Some(waiter) = self.begin_read_now(s, src, offset, out.len() as u64)? else {
+            return self.end_read_now(s, None, out);
+        };
+        match waiter.wait() {
+            Ok(()) => self.end_read_now(s, Some(waiter), out),
+            Err(error) => {
+                if let Some(read) = waiter.into_read() {
+                    self.abandon_read(read);
+                }
+                Err(error)
+            }
+        }
+    }
+}
+
+/// A read's copy into staging, submitted and mapped by
+/// [`Wgpu::begin_read_now`]; the waiter holds it while it waits.
+pub struct ReadBack {
+    staging: wgpu::Buffer,
+    size: u64,
+    len: u64,
+    mapped: Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>>,
+    map_error: Option<Error>,
+}
+
+impl ReadBack {
+    /// Copy the mapped bytes into `out`.
+    fn copy_into(&self, out: &mut [u8]) -> Result<(), Error> {
+        if let Some(error) = &self.map_error {
+            return Err(error.clone());
+        }
+        if out.len() as u64 != self.len {
+            return Err(Error::internal(format!(
+                "a {}-byte wgpu read finished into {} bytes",
+                self.len,
+                out.len()
+            )));
+        }
+        match self.mapped.lock().as_ref() {
             Some(Ok(())) => {}
             Some(Err(error)) => return Err(late_fault("wgpu map", error.to_string())),
             None => {
@@ -216,14 +310,22 @@ impl crate::Wgpu {
                 ));
             }
         }
-        let copied = match staging.get_mapped_range(0..len) {
+        match self.staging.get_mapped_range(0..self.len) {
             Ok(view) => {
                 out.copy_from_slice(&view);
                 Ok(())
             }
             Err(error) => Err(late_fault("wgpu map", error.to_string())),
-        };
-        staging.unmap();
-        copied
+        }
+    }
+
+    /// The staging buffer, unmapped, if it can serve another read: a map
+    /// still pending (the wait gave up) or failed leaves it unusable.
+    fn give_back(self) -> Option<(wgpu::Buffer, u64)> {
+        if self.map_error.is_some() || !matches!(self.mapped.lock().as_ref(), Some(Ok(()))) {
+            return None;
+        }
+        self.staging.unmap();
+        Some((self.staging, self.size))
     }
 }

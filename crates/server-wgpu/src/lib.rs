@@ -357,9 +357,33 @@ impl Backend for Wgpu {
         waiter.wait()
     }
 
-    fn end_wait(&mut self, stream: &mut Stream, _waiter: StreamWait) -> Result<()> {
+    fn end_wait(&mut self, stream: &mut Stream, waiter: StreamWait) -> Result<()> {
+        if let Some(read) = waiter.into_read() {
+            self.abandon_read(read);
+        }
         let (submitter, streams) = self.submitter();
         submitter.surfaced(&mut streams[stream.0])
+    }
+
+    fn begin_read(
+        &mut self,
+        stream: &mut Stream,
+        src: &Memory,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<StreamWait>> {
+        self.begin_read_now(stream.0, src, offset, len)
+    }
+
+    fn end_read(
+        &mut self,
+        stream: &mut Stream,
+        waiter: Option<StreamWait>,
+        _src: &Memory,
+        _offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        self.end_read_now(stream.0, waiter, out)
     }
 
     fn order(&mut self, first: &mut Stream, _then: &mut Stream) -> Result<()> {

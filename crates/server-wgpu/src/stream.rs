@@ -48,6 +48,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use scope_core::{Error, StreamId};
 
+use crate::copy::ReadBack;
 use crate::error::{Sink, late_fault, message, no_panic, scoped};
 
 /// Dispatches a batch holds before it is submitted.
@@ -287,12 +288,24 @@ impl Submissions {
 pub struct StreamWait {
     device: wgpu::Device,
     sink: Arc<Sink>,
-    index: wgpu::SubmissionIndex,
+    /// `None` when the stream never had a submission accepted (a refused
+    /// one is reported by `surfaced` when the wait ends).
+    index: Option<wgpu::SubmissionIndex>,
+    /// The read it carries, if it is a read's.
+    read: Option<ReadBack>,
 }
 
 impl StreamWait {
     pub(crate) fn wait(&self) -> Result<(), Error> {
-        wait_for(&self.device, &self.sink, Some(self.index.clone()))
+        match &self.index {
+            Some(index) => wait_for(&self.device, &self.sink, Some(index.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// The read it carries, if any.
+    pub(crate) fn into_read(self) -> Option<ReadBack> {
+        self.read
     }
 }
 
@@ -387,13 +400,20 @@ impl Submitter<'_> {
     /// waits without the server's lock while other threads submit.
     pub(crate) fn begin_wait(&mut self, batch: &mut Batch) -> Result<Option<StreamWait>, Error> {
         self.flush(batch)?;
-        match batch.last_submission.clone() {
-            Some(index) => Ok(Some(StreamWait {
-                device: self.gpu.device.clone(),
-                sink: self.gpu.sink.clone(),
-                index,
-            })),
-            None => self.surfaced(batch).map(|()| None),
+        if batch.last_submission.is_none() {
+            return self.surfaced(batch).map(|()| None);
+        }
+        Ok(Some(self.waiter(batch, None)))
+    }
+
+    /// A waiter for the stream's last submission, holding `read` if it is
+    /// for a read.
+    pub(crate) fn waiter(&self, batch: &Batch, read: Option<ReadBack>) -> StreamWait {
+        StreamWait {
+            device: self.gpu.device.clone(),
+            sink: self.gpu.sink.clone(),
+            index: batch.last_submission.clone(),
+            read,
         }
     }
 

@@ -319,6 +319,38 @@ pub fn a_replayed_indirect_launch_heals_nothing<S: Suite>() {
     assert_eq!(read(&c, &out).unwrap(), vec![4; WORDS as usize]);
 }
 
+/// Reads on several threads at once — on streams of their own and on one
+/// stream shared — each get their own bytes: a read waits without the
+/// server's lock, and what it holds meanwhile (staging, an event) is its
+/// own, never another read's.
+pub fn reads_on_many_threads_each_get_their_own_bytes<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    const ROUNDS: u32 = 25;
+    std::thread::scope(|scope| {
+        for t in 0..4u32 {
+            let c = if t % 2 == 0 {
+                c.clone()
+            } else {
+                c.new_stream().unwrap()
+            };
+            scope.spawn(move || {
+                let buffer = alloc(&c, WORDS);
+                for round in 0..ROUNDS {
+                    let value = t * 1000 + round;
+                    fill::<S>(&c, &buffer, value).unwrap();
+                    assert_eq!(
+                        read(&c, &buffer).unwrap(),
+                        vec![value; WORDS as usize],
+                        "thread {t}, round {round}"
+                    );
+                }
+            });
+        }
+    });
+    c.audit().unwrap();
+    assert_eq!(c.failures_held(), 0, "{}", c.dump_failures());
+}
+
 /// Threads racing frees against launches, reads and copies on shared
 /// buffers: every call ends in success or in the typed error for a freed
 /// buffer, and once everything is dropped the store and the allocator are

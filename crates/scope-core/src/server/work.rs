@@ -32,49 +32,122 @@ impl<B: Backend> Server<B> {
 
     /// The first half of a host read, under the lock: everything a read
     /// checks (rule 24: a read tests its ranges first and does nothing
-    /// else), the wait on the buffer's last user, and the start of the wait
-    /// for `stream`'s work. The client waits with the lock released, then
-    /// calls [`end_read_wait`](Self::end_read_wait) and [`read`](Self::read),
-    /// which finds the work done and only copies.
+    /// else), the wait on the buffer's last user, and the backend's start of
+    /// the read ([`Backend::begin_read`]: a copy into staging, submitted, on
+    /// a server that can; a wait for the stream otherwise). The client
+    /// waits with the lock released, then calls [`end_read`](Self::end_read).
     ///
     /// `room`, when the caller gave its own buffer, must be the range's
-    /// length.
+    /// length. Returns the wait and how many bytes the read copies.
     pub(crate) fn begin_read(
         &mut self,
         stream: StreamId,
         src: Slice<'_>,
         room: Option<usize>,
-    ) -> Result<PendingWait<B>> {
+    ) -> Result<(PendingWait<B>, u64)> {
         let r = self.check_read(stream, src)?;
+        let len = r.range.len();
         if let Some(room) = room
-            && room as u64 != r.range.len()
+            && room as u64 != len
         {
             return Err(Error::invalid(
                 "read",
                 format!("{room} bytes of room for {r}"),
             ));
         }
-        if let Err(error) = self.order(stream, [r.buffer]) {
-            self.settle(stream, &error, u64::MAX);
-            return Err(error);
+        let index = self.stream_index(stream);
+        let mark = self.streams[index].in_flight.mark();
+        let begun = self
+            .fault(Site::Read, Some(stream))
+            .and_then(|()| self.order(stream, [r.buffer]))
+            .and_then(|()| {
+                let Server {
+                    backend,
+                    table,
+                    streams,
+                    ..
+                } = &mut *self;
+                backend.begin_read(
+                    &mut streams[index].device,
+                    table.memory(r.buffer)?,
+                    r.range.start,
+                    len,
+                )
+            });
+        match begun {
+            Ok(waiter) => Ok((
+                PendingWait {
+                    stream,
+                    waiter,
+                    mark,
+                },
+                len,
+            )),
+            Err(error) => {
+                self.settle(stream, &error, u64::MAX);
+                Err(error)
+            }
         }
-        self.begin_wait(stream, None)
     }
 
-    /// Settle a read's wait and check the read again — other threads ran
-    /// while it waited, and a fault it surfaced may claim the bytes — then
-    /// say how many bytes it will read, so that the client sizes its vector
-    /// only for a read that can still succeed: a failed buffer of any size
-    /// must be an error, not an allocation of its length.
-    pub(crate) fn end_read_wait(
+    /// The second half of a host read, under the lock again once the wait
+    /// returned `waited`: settle the wait, check the read again — other
+    /// threads ran while it waited: a failure, a free, a capture or poison
+    /// that came meanwhile answers it as if it had come first — and copy
+    /// the bytes out ([`Backend::end_read`]).
+    pub(crate) fn end_read(
         &mut self,
         pending: PendingWait<B>,
         waited: Result<()>,
         src: Slice<'_>,
-    ) -> Result<u64> {
-        let stream = pending.stream;
-        self.end_wait(pending, waited)?;
-        Ok(self.check_read(stream, src)?.range.len())
+        out: &mut [u8],
+    ) -> Result<()> {
+        let PendingWait {
+            stream,
+            waiter,
+            mark,
+        } = pending;
+        let r = match waited.and_then(|()| self.check_read(stream, src)) {
+            Ok(r) => r,
+            Err(error) => {
+                // Give back what the read held, and settle what the wait
+                // surfaced on the work it covered.
+                return self.end_wait(
+                    PendingWait {
+                        stream,
+                        waiter,
+                        mark,
+                    },
+                    Err(error),
+                );
+            }
+        };
+        let index = self.stream_index(stream);
+        let Server {
+            backend,
+            table,
+            streams,
+            ..
+        } = &mut *self;
+        let read = table.memory(r.buffer).and_then(|memory| {
+            backend.end_read(
+                &mut streams[index].device,
+                waiter,
+                memory,
+                r.range.start,
+                out,
+            )
+        });
+        match read {
+            Ok(()) => {
+                self.streams[index].in_flight.take_to(mark);
+                Ok(())
+            }
+            Err(error) => {
+                self.settle(stream, &error, u64::MAX);
+                Err(error)
+            }
+        }
     }
 
     /// What every read checks before it touches the device or the host's
@@ -89,41 +162,6 @@ impl<B: Backend> Server<B> {
         // Before the device call, so before its injected fault too.
         self.refuse_recorded_elsewhere(stream, &[r.buffer])?;
         Ok(r)
-    }
-
-    pub(crate) fn read(&mut self, stream: StreamId, src: Slice<'_>, out: &mut [u8]) -> Result<()> {
-        self.check_poison()?;
-        let r = self.resolve_copy_range(src, "read source")?;
-        if out.len() as u64 != r.range.len() {
-            return Err(Error::invalid(
-                "read",
-                format!("{} bytes of room for {r}", out.len()),
-            ));
-        }
-        let r = self.check_read(stream, src)?;
-        self.read_checked(stream, r, out)
-    }
-
-    pub(super) fn read_checked(
-        &mut self,
-        stream: StreamId,
-        r: BufferRange,
-        out: &mut [u8],
-    ) -> Result<()> {
-        let result = self
-            .fault(Site::Read, Some(stream))
-            .and_then(|()| self.device_read(stream, r, out));
-        match result {
-            Ok(()) => {
-                let index = self.stream_index(stream);
-                self.streams[index].in_flight.clear();
-                Ok(())
-            }
-            Err(error) => {
-                self.settle(stream, &error, u64::MAX);
-                Err(error)
-            }
-        }
     }
 
     #[cfg(feature = "fault-injection")]
