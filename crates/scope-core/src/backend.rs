@@ -359,5 +359,8 @@ pub trait Backend: Send + 'static {
     fn replay(&mut self, stream: &mut Self::Stream, graph: &Self::Graph) -> Result<()>;
 
     /// Destroy a graph, waiting for its replays in flight first (rule 35).
+    /// The core [`flush`](Self::flush)es every stream that is not recording
+    /// just before, so a backend may batch a replay like any other work:
+    /// by now it has been submitted.
     fn destroy_graph(&mut self, graph: Self::Graph) -> Result<()>;
 }

@@ -27,6 +27,7 @@
 //! the graph is then leaked, not freed.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use ash::vk;
 use parking_lot::Mutex;
@@ -172,7 +173,10 @@ pub(crate) fn replay(stream: &mut VulkanStream, graph: &VulkanGraph) -> Result<(
 /// Destroy `graph` once its replays in flight are done (rule 35). The
 /// graph's own resources go with the last replay that holds them.
 pub(crate) fn destroy(graph: VulkanGraph) -> Result<()> {
-    let replays = std::mem::take(&mut *graph.0.replays.lock());
+    let mut replays = std::mem::take(&mut *graph.0.replays.lock());
+    // The core flushed every stream first; a replay whose batch was never
+    // submitted (it failed) signals nothing to wait for.
+    replays.retain(|(track, value)| *value <= track.submitted.load(Ordering::Acquire));
     let waited = wait_tracks(&graph.0.gpu, &replays);
     drop(graph);
     waited

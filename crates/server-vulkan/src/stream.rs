@@ -84,6 +84,10 @@ pub(crate) struct Track {
     pub semaphore: vk::Semaphore,
     /// The value that will cover everything recorded on the stream so far.
     pub covering: AtomicU64,
+    /// The value the stream's last accepted submission signals: a value
+    /// past it belongs to work not submitted yet, or abandoned with a
+    /// failed batch, which nothing may wait for.
+    pub submitted: AtomicU64,
     /// The last value the semaphore was seen to reach.
     completed: AtomicU64,
     /// Submissions whose holdings were not recycled yet.
@@ -327,6 +331,7 @@ impl VulkanStream {
             gpu: gpu.clone(),
             semaphore,
             covering: AtomicU64::new(0),
+            submitted: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
         });
@@ -461,12 +466,15 @@ impl VulkanStream {
         Ok(())
     }
 
-    /// Submit a replay of `graph` after the work recorded so far, and tell
-    /// the graph which timeline value finishes it.
+    /// Queue a replay of `graph` after the work recorded so far, in the
+    /// stream's next submission, and tell the graph which timeline value
+    /// finishes it.
     ///
-    /// A replay is submitted at once rather than batched: destroying a
-    /// graph waits for its replays (rule 35), and a replay still in a
-    /// stream's unsubmitted batch is one that nothing could wait for.
+    /// A replay is batched like any other work: destroying a graph waits
+    /// for its replays (rule 35), and the core flushes every stream before
+    /// it asks (`Backend::destroy_graph`), so a replay still in a batch is
+    /// submitted by then. One that is never submitted (its batch failed)
+    /// is not waited for: its value is past the track's `submitted`.
     pub(crate) fn submit_graph(&mut self, graph: &Arc<GraphInner>) -> Result<()> {
         if let Err(e) = self.close_current() {
             self.abandon_pending();
@@ -474,15 +482,14 @@ impl VulkanStream {
         }
         self.pending.push(graph.cmd);
         self.held.push(Held::Graph(graph.clone()));
-        self.track
-            .covering
-            .store(self.submitted + 1, Ordering::Release);
-        let before = self.submitted;
-        let submitted = self.submit();
-        if self.submitted > before {
-            graph.replayed(&self.track, self.submitted);
+        let value = self.submitted + 1;
+        self.track.covering.store(value, Ordering::Release);
+        graph.replayed(&self.track, value);
+        if self.pending.len() >= 64 {
+            self.flush()
+        } else {
+            Ok(())
         }
-        submitted
     }
 
     /// Submit everything pending (and any waits) as one submission.
@@ -533,6 +540,7 @@ impl VulkanStream {
             Ok(()) => {
                 self.submitted = value;
                 self.track.covering.store(value, Ordering::Release);
+                self.track.submitted.store(value, Ordering::Release);
                 self.pending.clear();
                 self.waits.clear();
                 let mut held = std::mem::take(&mut self.held);

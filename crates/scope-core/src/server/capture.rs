@@ -244,6 +244,9 @@ impl<B: Backend> Server<B> {
                 format!("{id} is unknown or destroyed"),
             ));
         };
+        // Every replay of it is submitted before the backend waits for
+        // them (rule 35): a backend may batch replays like other work.
+        self.flush_streams();
         // The backend destroys the graph whatever the fault plan says: an
         // injected failure stands for one that waiting on the replays in
         // flight surfaced, not for skipping that wait (rule 35), which
@@ -266,5 +269,18 @@ impl<B: Backend> Server<B> {
             return Err(error);
         }
         Ok(())
+    }
+
+    /// Submit what every stream that is not recording has batched; a
+    /// failure lands on that stream's work in flight (rule 23).
+    fn flush_streams(&mut self) {
+        for index in 0..self.streams.len() {
+            if self.streams[index].window.is_recording() {
+                continue;
+            }
+            if let Err(error) = self.backend.flush(&mut self.streams[index].device) {
+                self.settle(StreamId(index as u32), &error, u64::MAX);
+            }
+        }
     }
 }
