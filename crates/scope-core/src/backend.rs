@@ -20,6 +20,7 @@
 use crate::error::Result;
 use crate::id::StreamId;
 use crate::kernel::{Kernel, Language};
+use crate::limits::LaunchLimits;
 
 /// How a launch uses a binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -155,6 +156,14 @@ pub trait Backend: Send + 'static {
     fn binding_alignment(&self) -> u64 {
         256
     }
+
+    /// What one launch may ask for: the limits
+    /// [`check_launch`](Self::check_launch) enforces, read from the same
+    /// values, and the optional features the backend enabled. A launch
+    /// inside every one of them must not be refused as an invalid argument,
+    /// and one past the grid must be (rule 38). Asked once, when the server
+    /// starts.
+    fn launch_limits(&self) -> LaunchLimits;
 
     /// A new logical stream, which the core calls `id`. Ids are given in
     /// creation order from 0, counting only streams created successfully,

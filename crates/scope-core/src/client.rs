@@ -29,6 +29,7 @@ use crate::error::{Error, Result};
 use crate::hooks::Hooks;
 use crate::id::{BufferId, ByteRange, GraphId, ServerId, StreamId};
 use crate::kernel::Kernel;
+use crate::limits::DeviceLimits;
 use crate::server::{Server, host_vec};
 
 /// A handle dropped without its server being told: the server releases
@@ -332,6 +333,9 @@ pub(crate) struct Shared<B: Backend> {
     pub(crate) hooks: Arc<Hooks>,
     pub(crate) id: ServerId,
     pub(crate) description: String,
+    /// Asked of the backend once: they do not change while the server
+    /// lives, and reading them must not wait for the lock.
+    pub(crate) limits: DeviceLimits,
 }
 
 /// A handle on one server, bound to one of its streams.
@@ -370,6 +374,11 @@ impl<B: Backend> Client<B> {
     pub fn new(backend: B) -> Result<Self> {
         let id = ServerId::next();
         let description = backend.describe();
+        let limits = DeviceLimits {
+            max_allocation: backend.max_allocation(),
+            binding_alignment: backend.binding_alignment(),
+            launch: backend.launch_limits(),
+        };
         let queue = Arc::new(FreeQueue::default());
         let hooks = Arc::new(Hooks::default());
         let server = Server::new(backend, id, hooks.clone())?;
@@ -381,6 +390,7 @@ impl<B: Backend> Client<B> {
                 hooks,
                 id,
                 description,
+                limits,
             }),
             stream: StreamId(0),
         })
@@ -421,6 +431,15 @@ impl<B: Backend> Client<B> {
     /// The device, for a person.
     pub fn describe(&self) -> &str {
         &self.shared.description
+    }
+
+    /// What the device can run, as this server opened it: the largest
+    /// allocation, the binding alignment, and the limits and features a
+    /// launch must keep to. A launch inside every limit is never refused as
+    /// an invalid argument; one past any is refused before it runs, and
+    /// claims nothing (rule 38).
+    pub fn limits(&self) -> &DeviceLimits {
+        &self.shared.limits
     }
 
     /// The stream this client issues work on.

@@ -992,6 +992,7 @@ macro_rules! conformance_tests {
             a_replayed_indirect_launch_heals_nothing,
             threads_racing_frees_against_launches,
             reads_on_many_threads_each_get_their_own_bytes,
+            the_limits_reported_are_the_limits_enforced,
             a_failure_from_outside_claims_like_a_failed_launch,
             flush_submits_and_changes_nothing_else,
             a_caller_failed_allocation_behaves_like_the_devices,

@@ -22,6 +22,7 @@ use crate::backend::{Access, Backend, BoundDispatch, Launch};
 use crate::error::{Error, Result};
 use crate::id::StreamId;
 use crate::kernel::{Kernel, KernelSource, Language};
+use crate::limits::LaunchLimits;
 
 /// Host memory: shared so that a recorded graph can reach it on replay.
 pub type HostMemory = Arc<Mutex<Vec<u8>>>;
@@ -384,6 +385,24 @@ impl Backend for Host {
 
     fn accepts(&self, language: Language) -> bool {
         language == Language::Host
+    }
+
+    /// A host kernel is one closure per launch that sees the workgroup
+    /// count: it has no workgroup of invocations, no workgroup memory and no
+    /// shader types, so those are reported as one invocation and none. It
+    /// takes any number of bindings and any scalar blob, each as large as
+    /// memory allows; only the grid is bounded.
+    fn launch_limits(&self) -> LaunchLimits {
+        LaunchLimits {
+            max_bindings: u32::MAX,
+            max_binding_size: self.max_allocation(),
+            max_scalar_bytes: u32::MAX,
+            max_workgroups: [MAX_GROUPS; 3],
+            max_workgroup_size: [1; 3],
+            max_invocations: 1,
+            max_workgroup_memory: 0,
+            ..LaunchLimits::default()
+        }
     }
 
     fn max_allocation(&self) -> u64 {

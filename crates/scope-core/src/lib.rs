@@ -57,6 +57,7 @@ mod fault;
 mod hooks;
 mod id;
 pub mod kernel;
+mod limits;
 mod probe;
 mod scope;
 mod server;
@@ -77,6 +78,7 @@ pub use failure::{FailureNode, Failures, MAX_SKIP_RECORDS, SkipRecord, Work, Wor
 pub use fault::{FaultPlan, Site};
 pub use id::{BufferId, BufferRange, ByteRange, FailureId, GraphId, StreamId};
 pub use kernel::{Kernel, KernelId, KernelSource, Language, Unchecked};
+pub use limits::{DeviceFeatures, DeviceLimits, LaunchLimits};
 pub use probe::{DeviceKind, Probe, ProbedDevice};
 pub use scope::{ExecuteScope, ScopedOutcome, WriteScoped, failed_writing};
 pub use server::{COPY_ALIGNMENT, MAX_STREAMS, Server};

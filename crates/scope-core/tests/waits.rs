@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use scope_core::host::{self, Host, HostGraph, HostKernel, HostMemory, HostStream};
-use scope_core::{Backend, Client, Error, Kernel, Language, Launch, Result, StreamId};
+use scope_core::{
+    Backend, Client, Error, Kernel, Language, Launch, LaunchLimits, Result, StreamId,
+};
 
 /// How long a call on another thread may take while a wait is blocked
 /// before the test calls it stalled. Generous: it only has to tell
@@ -99,6 +101,10 @@ impl Backend for Gated {
 
     fn max_allocation(&self) -> u64 {
         self.host.max_allocation()
+    }
+
+    fn launch_limits(&self) -> LaunchLimits {
+        self.host.launch_limits()
     }
 
     fn create_stream(&mut self, id: StreamId) -> Result<HostStream> {

@@ -79,6 +79,82 @@ pub(crate) struct DeviceInfo {
     pub(crate) total_memory: u64,
 }
 
+/// What the device lets one launch ask for, in `cuDeviceGetAttribute`'s
+/// words: the numbers [`launch_limits`](crate::launch::launch_limits)
+/// reports and `check_launch` enforces. Read once, when the server opens,
+/// so that a runtime sizing its grid and the check refusing one past it
+/// use the same figures: a constant would be wrong for a device with a
+/// smaller grid, which would then fail the launch on the device (claiming
+/// its outputs) instead of refusing it as an invalid argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LaunchGeometry {
+    /// `MAX_GRID_DIM_X/Y/Z`: blocks per launch, per axis.
+    pub(crate) grid: [u32; 3],
+    /// `MAX_BLOCK_DIM_X/Y/Z`: threads per block, per axis.
+    pub(crate) block: [u32; 3],
+    /// `MAX_THREADS_PER_BLOCK`.
+    pub(crate) threads: u32,
+    /// `MAX_SHARED_MEMORY_PER_BLOCK`: the static shared memory a block may
+    /// declare (this server passes no dynamic shared memory, and so never
+    /// opts into more).
+    pub(crate) shared_memory: u32,
+    /// `WARP_SIZE`.
+    pub(crate) warp: u32,
+}
+
+/// What every device this crate can run on has (compute capability 3.0
+/// and later; CUDA 12 dropped everything older): a `2^31 - 1 x 65,535 x
+/// 65,535` grid, `1024 x 1024 x 64` blocks of at most 1,024 threads, 48 KiB
+/// of static shared memory per block, 32-thread warps. An attribute the
+/// driver will not read falls back to its value here, so a server still
+/// opens — every figure is one each supported architecture has, never a
+/// guess past what the device can do.
+pub(crate) const ARCHITECTURAL_GEOMETRY: LaunchGeometry = LaunchGeometry {
+    grid: [i32::MAX as u32, 65_535, 65_535],
+    block: [1024, 1024, 64],
+    threads: 1024,
+    shared_memory: 48 << 10,
+    warp: 32,
+};
+
+/// Ask the driver what one launch on `ctx`'s device may ask for; see
+/// [`LaunchGeometry`]. Never fails: an attribute the driver does not answer
+/// with a positive number takes its [`ARCHITECTURAL_GEOMETRY`] value, with
+/// a warning.
+pub(crate) fn launch_geometry(ctx: &CudaContext) -> LaunchGeometry {
+    use sys::CUdevice_attribute as A;
+    let read = |attribute: A, fallback: u32| -> u32 {
+        match ctx.attribute(attribute) {
+            Ok(value) if value > 0 => value.unsigned_abs(),
+            answer => {
+                tracing::warn!(
+                    "cuda: {attribute:?} reads {answer:?}; using {fallback}, which every supported architecture has"
+                );
+                fallback
+            }
+        }
+    };
+    let f = ARCHITECTURAL_GEOMETRY;
+    LaunchGeometry {
+        grid: [
+            read(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, f.grid[0]),
+            read(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, f.grid[1]),
+            read(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, f.grid[2]),
+        ],
+        block: [
+            read(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, f.block[0]),
+            read(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, f.block[1]),
+            read(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, f.block[2]),
+        ],
+        threads: read(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, f.threads),
+        shared_memory: read(
+            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+            f.shared_memory,
+        ),
+        warp: read(A::CU_DEVICE_ATTRIBUTE_WARP_SIZE, f.warp),
+    }
+}
+
 /// The driver's CUDA version, `(major, minor)`.
 pub(crate) fn driver_version() -> Result<(i32, i32)> {
     let mut version = 0;

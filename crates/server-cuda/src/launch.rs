@@ -30,9 +30,12 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::nvrtc;
-use scope_core::{BoundDispatch, Error, Kernel, KernelSource, Launch, Result};
+use scope_core::{
+    BoundDispatch, DeviceFeatures, Error, Kernel, KernelSource, Launch, LaunchLimits, Result,
+};
 use smallvec::SmallVec;
 
+use crate::device::LaunchGeometry;
 use crate::error::{BACKEND, Doing, classify};
 use crate::{Cuda, CudaMemory, CudaStreamState};
 
@@ -393,7 +396,11 @@ impl Cuda {
         if groups.contains(&0) {
             return Ok(());
         }
-        if groups.iter().zip(MAX_GRID).any(|(count, max)| *count > max) {
+        if groups
+            .iter()
+            .zip(self.limits.max_workgroups)
+            .any(|(count, max)| *count > max)
+        {
             // Only an indirect count can be here (host-given ones were
             // checked before the scope): past the device's grid it runs
             // nothing, as on every server.
@@ -478,61 +485,130 @@ impl Cuda {
     }
 }
 
-/// The largest grid any CUDA device runs (compute capability 3.0 and
-/// later): `x` up to 2^31 - 1 blocks, `y` and `z` up to 65,535.
-const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65_535, 65_535];
+/// What one launch may ask for on a device of `geometry` and `capability`
+/// whose largest allocation is `max_allocation`: the one set of numbers
+/// both [`Backend::launch_limits`](scope_core::Backend::launch_limits)
+/// reports and [`check_launch`] enforces, kept in the backend so the two
+/// cannot drift apart (a launch the report allows but the check refuses,
+/// or the reverse, is what rule 38 forbids).
+///
+/// - Bindings: [`MAX_PARAMS`] parameters, the blob counted as one.
+/// - Scalars: where the driver reports each kernel's parameters, the most
+///   bytes any kernel can declare ([`MAX_PARAM_BYTES`]; the blob must also
+///   match the kernel's own parameter); without that report, the classic
+///   [`PARAM_SPACE`], which is all the padded launch passes.
+/// - Grid, block, threads, shared memory, warp: the device's
+///   ([`LaunchGeometry`]).
+/// - Features: what CUDA C++ (NVRTC) and PTX give every kernel on this
+///   device: 64-bit floats and integers, `atomicAdd` on `float` in global
+///   memory (compute capability 2.0 on) and warp intrinsics (`__shfl_sync`
+///   and friends) everywhere; 16-bit float arithmetic from compute
+///   capability 5.3, where `cuda_fp16.h` and PTX's `.f16` instructions
+///   have it natively.
+pub(crate) fn launch_limits(
+    geometry: &LaunchGeometry,
+    capability: (i32, i32),
+    max_allocation: u64,
+) -> LaunchLimits {
+    let scalar_bytes = if has_param_info() {
+        MAX_PARAM_BYTES
+    } else {
+        PARAM_SPACE
+    };
+    let mut features = DeviceFeatures::default();
+    features.f16 = capability >= (5, 3);
+    features.f64 = true;
+    features.i64 = true;
+    features.f32_atomic_add = true;
+    features.subgroups = true;
+    let mut limits = LaunchLimits::default();
+    limits.max_bindings = MAX_PARAMS as u32;
+    limits.max_binding_size = max_allocation;
+    limits.max_scalar_bytes = scalar_bytes as u32;
+    limits.max_workgroups = geometry.grid;
+    limits.max_workgroup_size = geometry.block;
+    limits.max_invocations = geometry.threads;
+    limits.max_workgroup_memory = geometry.shared_memory;
+    limits.subgroup_size = Some((geometry.warp, geometry.warp));
+    limits.features = features;
+    limits
+}
 
 /// What [`Backend::check_launch`](scope_core::Backend::check_launch) holds a
-/// CUDA launch to before its scope opens: a host-given grid inside the
-/// device's, no more parameters than a kernel can take, and — where the
-/// driver reports the kernel's parameters — bindings and a blob that match
-/// them; without that report, a blob inside the classic parameter space.
-/// Each refusal is an invalid argument that claims nothing.
-pub(crate) fn check_launch(kernel: &CudaKernel, launch: &Launch<'_, CudaMemory>) -> Result<()> {
+/// CUDA launch to before its scope opens — exactly `limits`, the backend's
+/// [`launch_limits`]: a host-given grid inside the device's, the kernel's
+/// block inside the device's, no more parameters and no more scalar bytes
+/// than the limits allow, and — where the driver reports the kernel's
+/// parameters — bindings and a blob that match them. Each refusal is an
+/// invalid argument that claims nothing; the device would otherwise fail
+/// the launch inside its scope, claiming outputs of work that never could
+/// have run.
+pub(crate) fn check_launch(
+    limits: &LaunchLimits,
+    kernel: &CudaKernel,
+    launch: &Launch<'_, CudaMemory>,
+) -> Result<()> {
     let invalid = |why: String| Err(Error::invalid(format!("launch of `{}`", kernel.name), why));
-    launch.groups_within(MAX_GRID)?;
-    let with_blob = !launch.scalars.is_empty();
-    let passed = launch.bindings.len() + usize::from(with_blob);
-    if passed > MAX_PARAMS {
+    launch.groups_within(limits.max_workgroups)?;
+    let block = kernel.block;
+    if let Some((axis, (size, max))) = block
+        .iter()
+        .zip(limits.max_workgroup_size)
+        .enumerate()
+        .find(|(_, (size, max))| **size > *max)
+    {
         return invalid(format!(
-            "{passed} parameters is past the {MAX_PARAMS} a kernel can take"
+            "a block of {size} threads along axis {axis} is past the device's {max}"
         ));
     }
-    match &kernel.params {
-        Some(params) => {
-            if params.len() != passed {
-                return invalid(format!(
-                    "the kernel takes {} parameters; the launch passes {} pointers{}",
-                    params.len(),
-                    launch.bindings.len(),
-                    if with_blob { " and a scalar blob" } else { "" }
-                ));
-            }
-            if let Some((i, size)) = params
-                .iter()
-                .take(launch.bindings.len())
-                .enumerate()
-                .find(|(_, size)| **size != 8)
-            {
-                return invalid(format!(
-                    "parameter {i} is {size} bytes, but binding {i} passes an 8-byte device pointer"
-                ));
-            }
-            if with_blob && params[passed - 1] != launch.scalars.len() {
-                return invalid(format!(
-                    "the scalar parameter is {} bytes; the blob is {}",
-                    params[passed - 1],
-                    launch.scalars.len()
-                ));
-            }
-        }
-        None if launch.scalars.len() > PARAM_SPACE => {
+    let threads = block.iter().map(|&b| u64::from(b)).product::<u64>();
+    if threads > u64::from(limits.max_invocations) {
+        return invalid(format!(
+            "a block of {threads} threads ({block:?}) is past the device's {}",
+            limits.max_invocations
+        ));
+    }
+    let with_blob = !launch.scalars.is_empty();
+    let passed = launch.bindings.len() + usize::from(with_blob);
+    if passed > limits.max_bindings as usize {
+        return invalid(format!(
+            "{passed} parameters is past the {} a kernel can take",
+            limits.max_bindings
+        ));
+    }
+    if launch.scalars.len() > limits.max_scalar_bytes as usize {
+        return invalid(format!(
+            "a {}-byte scalar blob exceeds the {}-byte parameter space",
+            launch.scalars.len(),
+            limits.max_scalar_bytes
+        ));
+    }
+    if let Some(params) = &kernel.params {
+        if params.len() != passed {
             return invalid(format!(
-                "a {}-byte scalar blob exceeds the {PARAM_SPACE}-byte parameter space",
+                "the kernel takes {} parameters; the launch passes {} pointers{}",
+                params.len(),
+                launch.bindings.len(),
+                if with_blob { " and a scalar blob" } else { "" }
+            ));
+        }
+        if let Some((i, size)) = params
+            .iter()
+            .take(launch.bindings.len())
+            .enumerate()
+            .find(|(_, size)| **size != 8)
+        {
+            return invalid(format!(
+                "parameter {i} is {size} bytes, but binding {i} passes an 8-byte device pointer"
+            ));
+        }
+        if with_blob && params[passed - 1] != launch.scalars.len() {
+            return invalid(format!(
+                "the scalar parameter is {} bytes; the blob is {}",
+                params[passed - 1],
                 launch.scalars.len()
             ));
         }
-        None => {}
     }
     Ok(())
 }

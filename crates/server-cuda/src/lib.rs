@@ -64,6 +64,7 @@
 //! cudarc's own lookup by soname. They run on every machine, with no GPU:
 //! the conformance suite, plus NVRTC's options and log, the JIT's log for
 //! bad PTX, the launch-time parameter check against `cuFuncGetParamInfo`,
+//! the launch limits read from `cuDeviceGetAttribute` and enforced,
 //! the pool's props and attributes, a real out-of-memory and the trim and
 //! retry after it, pinned staging, capture and replay, deferred frees,
 //! graph destruction after replays, a capture the driver invalidates, and a
@@ -99,7 +100,7 @@ mod memory;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use scope_core::{Backend, Client, Kernel, Language, Launch, Result, StreamId};
+use scope_core::{Backend, Client, Kernel, Language, Launch, LaunchLimits, Result, StreamId};
 
 pub use capture::CudaGraph;
 pub use device::{CudaStreamState, CudaWaiter, probe, total_memory};
@@ -114,6 +115,10 @@ pub struct Cuda {
     ctx: Arc<CudaContext>,
     info: DeviceInfo,
     driver: (i32, i32),
+    /// What one launch may ask for: read from the device once, reported by
+    /// [`Backend::launch_limits`] and enforced by
+    /// [`Backend::check_launch`] from this one copy, so the two agree.
+    limits: LaunchLimits,
     /// `compute_XY` for NVRTC; `None` when NVRTC is not here (PTX only).
     nvrtc_arch: Option<String>,
     pool: Pool,
@@ -140,6 +145,11 @@ impl Cuda {
         let ctx = device::open_context(ordinal)?;
         let info = device::device_info(ordinal)?;
         let driver = device::driver_version()?;
+        let limits = launch::launch_limits(
+            &device::launch_geometry(&ctx),
+            info.capability,
+            info.total_memory,
+        );
         let nvrtc_arch = if device::nvrtc_present() {
             match launch::nvrtc_arch(info.capability) {
                 Ok(arch) => Some(arch),
@@ -156,6 +166,7 @@ impl Cuda {
             ctx,
             info,
             driver,
+            limits,
             nvrtc_arch,
             pool,
             streams: Vec::new(),
@@ -240,6 +251,10 @@ impl Backend for Cuda {
         self.info.total_memory
     }
 
+    fn launch_limits(&self) -> LaunchLimits {
+        self.limits.clone()
+    }
+
     fn create_stream(&mut self, id: StreamId) -> Result<CudaStreamState> {
         self.new_stream(id)
     }
@@ -297,7 +312,7 @@ impl Backend for Cuda {
     }
 
     fn check_launch(&self, kernel: &CudaKernel, launch: &Launch<'_, CudaMemory>) -> Result<()> {
-        launch::check_launch(kernel, launch)
+        launch::check_launch(&self.limits, kernel, launch)
     }
 
     fn launch(

@@ -305,6 +305,81 @@ fn a_capture_invalidated_by_the_driver_claims_the_window_outputs() {
     mock().assert_clean();
 }
 
+/// What `Client::limits` reports is what the driver says of the device (an
+/// H100/H200's numbers on the mock) and what `check_launch` enforces: a
+/// grid at the edge of an axis runs, and a grid one block past any axis, or
+/// a block past the device's, is an invalid argument refused before its
+/// scope opens — nothing runs, nothing is claimed, and the driver is never
+/// asked (it would fail the launch inside its scope instead).
+#[test]
+fn limits_are_the_devices_and_a_launch_past_them_is_refused() {
+    let c = client();
+    let limits = c.limits();
+    assert_eq!(limits.max_allocation, 1 << 30);
+    let launch = &limits.launch;
+    assert_eq!(launch.max_workgroups, [2_147_483_647, 65_535, 65_535]);
+    assert_eq!(launch.max_workgroup_size, [1024, 1024, 64]);
+    assert_eq!(launch.max_invocations, 1024);
+    assert_eq!(launch.max_workgroup_memory, 48 << 10);
+    assert_eq!(launch.subgroup_size, Some((32, 32)));
+    assert_eq!(launch.max_binding_size, 1 << 30);
+    // The driver reports each kernel's parameters (`cuFuncGetParamInfo`):
+    // as many and as large as any kernel can declare.
+    assert_eq!(launch.max_bindings, 32 * 1024);
+    assert_eq!(launch.max_scalar_bytes, 32 * 1024);
+    let features = launch.features;
+    assert!(features.f16 && features.f64 && features.i64, "{features:?}");
+    assert!(
+        features.f32_atomic_add && features.subgroups,
+        "{features:?}"
+    );
+
+    let out = c.upload(&bytes(&[7; 64])).unwrap();
+    let fill = kernel("fill", FILL);
+    let edge = launch.max_workgroups[1];
+    c.launch(
+        &fill,
+        &[Binding::write(&out)],
+        &bytes(&[64, 3]),
+        Dispatch::Groups([1, edge, 1]),
+    )
+    .unwrap();
+    assert_eq!(words(&c.read(&out).unwrap()), vec![3; 64]);
+    for axis in 0..3 {
+        let mut groups = [1; 3];
+        groups[axis] = launch.max_workgroups[axis] + 1;
+        let refused = c
+            .launch(
+                &fill,
+                &[Binding::write(&out)],
+                &bytes(&[64, 9]),
+                Dispatch::Groups(groups),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&refused, Error::InvalidArgument { why, .. } if why.contains(&format!("axis {axis}"))),
+            "{refused}"
+        );
+    }
+    for block in [[1, 1, 65], [1024, 2, 1]] {
+        let refused = c
+            .launch(
+                &kernel("fill", FILL).block(block),
+                &[Binding::write(&out)],
+                &bytes(&[64, 9]),
+                Dispatch::linear(1),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&refused, Error::InvalidArgument { why, .. } if why.contains("block")),
+            "{refused}"
+        );
+    }
+    assert_eq!(words(&c.read(&out).unwrap()), vec![3; 64], "nothing ran");
+    assert_eq!(c.failures_held(), 0, "nothing was claimed");
+    mock().assert_clean();
+}
+
 /// One `#[test]` per case shared with the real-device tests, on the mock,
 /// each ending with the mock's check that it refused nothing.
 macro_rules! on_the_mock {

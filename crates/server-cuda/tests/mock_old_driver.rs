@@ -81,6 +81,8 @@ fn without_pools_memory_is_allocated_and_counted_by_the_server() {
 #[test]
 fn without_param_info_a_short_blob_reads_zeros_and_a_huge_one_is_refused() {
     let c = client();
+    // What the padded launch can pass, and so what the server reports.
+    assert_eq!(c.limits().launch.max_scalar_bytes, 4096);
     let out = c.try_allocate(256).unwrap();
     let fill = kernel("fill", FILL);
     c.launch(

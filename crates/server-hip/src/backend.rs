@@ -6,7 +6,7 @@
 //! of the failure model (scopes, taint, windows, poison, fault injection)
 //! is the core's `Server<Hip>`.
 
-use scope_core::{Backend, Kernel, Language, Launch, Result, StreamId};
+use scope_core::{Backend, Kernel, Language, Launch, LaunchLimits, Result, StreamId};
 
 use crate::capture::HipGraph;
 use crate::device::{Hip, HipStream, HipWaiter};
@@ -32,6 +32,10 @@ impl Backend for Hip {
 
     fn max_allocation(&self) -> u64 {
         self.info.total_memory
+    }
+
+    fn launch_limits(&self) -> LaunchLimits {
+        self.limits.clone()
     }
 
     fn create_stream(&mut self, id: StreamId) -> Result<HipStream> {
@@ -90,8 +94,8 @@ impl Backend for Hip {
         Hip::compile(self, kernel)
     }
 
-    fn check_launch(&self, _kernel: &HipKernel, launch: &Launch<'_, HipMemory>) -> Result<()> {
-        crate::launch::check_launch(launch)
+    fn check_launch(&self, kernel: &HipKernel, launch: &Launch<'_, HipMemory>) -> Result<()> {
+        crate::launch::check_launch(&self.limits, kernel, launch)
     }
 
     fn launch(

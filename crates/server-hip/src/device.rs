@@ -18,11 +18,11 @@
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
-use scope_core::{Error, Result, StreamId};
+use scope_core::{Error, LaunchLimits, Result, StreamId};
 
 use crate::api::{Event, Pinned, Stream};
 use crate::error::{BACKEND, Doing, HipError};
-use crate::ffi::c_chars;
+use crate::ffi::{DevicePropR0600, c_chars};
 use crate::loader::Api;
 use crate::memory::{Pool, Staging};
 
@@ -102,17 +102,119 @@ pub struct DeviceInfo {
 
 /// Ask the runtime about device `ordinal`.
 pub(crate) fn device_info(api: &Api, ordinal: i32) -> std::result::Result<DeviceInfo, HipError> {
+    read_device(api, ordinal).map(|(info, _)| info)
+}
+
+/// What device `ordinal` is and what one launch on it may ask for, from one
+/// `hipGetDevicePropertiesR0600`.
+pub(crate) fn read_device(
+    api: &Api,
+    ordinal: i32,
+) -> std::result::Result<(DeviceInfo, LaunchGeometry), HipError> {
     let props = api.device_properties(ordinal)?;
     let total_memory = api
         .device_total_mem(ordinal)
         .map(|b| b as u64)
         .unwrap_or(props.props.totalGlobalMem as u64);
-    Ok(DeviceInfo {
+    let info = DeviceInfo {
         ordinal,
         name: c_chars(&props.props.name),
         arch: c_chars(&props.props.gcnArchName),
         total_memory,
-    })
+    };
+    Ok((info, launch_geometry(&props.props)))
+}
+
+/// What the device lets one launch ask for, in `hipDeviceProp_t`'s words:
+/// the numbers [`launch_limits`](crate::launch::launch_limits) reports and
+/// `check_launch` enforces. Read once, when the server opens, so that a
+/// runtime sizing its grid and the check refusing one past it use the same
+/// figures: a constant would be wrong for a device that differs, which
+/// would then fail the launch on the device (claiming its outputs) instead
+/// of refusing it as an invalid argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LaunchGeometry {
+    /// `maxGridSize`: blocks per launch, per axis, as the device reports
+    /// them (HIP bounds the grid further; see `launch_limits`).
+    pub(crate) grid: [u32; 3],
+    /// `maxThreadsDim`: threads per block, per axis.
+    pub(crate) block: [u32; 3],
+    /// `maxThreadsPerBlock`.
+    pub(crate) threads: u32,
+    /// `sharedMemPerBlock`: the LDS one block may use.
+    pub(crate) shared_memory: u32,
+    /// `warpSize`, the wavefront; `None` when the runtime did not give a
+    /// usable one (it is 32 or 64 depending on the architecture, so there
+    /// is no value to assume).
+    pub(crate) wavefront: Option<u32>,
+}
+
+/// What every GPU ROCm 6 supports (GCN 5, CDNA, RDNA) has: `1024 x 1024 x
+/// 1024` blocks of at most 1,024 threads and 64 KiB of LDS per block, and a
+/// grid of at least `2^31 - 1 x 65,535 x 65,535`. A property the runtime
+/// leaves at zero or negative (a runtime whose struct differs from the
+/// header transcribed in `ffi.rs`) falls back to its value here, so the
+/// server still opens with figures each supported device meets, never a
+/// guess past what it can do.
+pub(crate) const ARCHITECTURAL_GEOMETRY: LaunchGeometry = LaunchGeometry {
+    grid: [i32::MAX as u32, 65_535, 65_535],
+    block: [1024; 3],
+    threads: 1024,
+    shared_memory: 64 << 10,
+    wavefront: None,
+};
+
+/// [`LaunchGeometry`] from the device's properties. Never fails: a field
+/// without a positive value takes its [`ARCHITECTURAL_GEOMETRY`] value (the
+/// wavefront stays unknown), with a warning.
+pub(crate) fn launch_geometry(props: &DevicePropR0600) -> LaunchGeometry {
+    let f = ARCHITECTURAL_GEOMETRY;
+    let axes = |what: &str, values: [i32; 3], fallback: [u32; 3]| {
+        [0, 1, 2].map(|i| match values[i] {
+            // A runtime that stores UINT32_MAX ("no limit of its own") in
+            // the `int`; `launch_limits` bounds the grid by the block.
+            -1 if what == "maxGridSize" => u32::MAX,
+            value => positive(&format!("{what}[{i}]"), value.into(), fallback[i]),
+        })
+    };
+    let wavefront = u32::try_from(props.warpSize).ok().filter(|&w| w > 0);
+    if wavefront.is_none() {
+        tracing::warn!(
+            "hip: warpSize reads {}; subgroup operations are not reported",
+            props.warpSize
+        );
+    }
+    LaunchGeometry {
+        grid: axes("maxGridSize", props.maxGridSize, f.grid),
+        block: axes("maxThreadsDim", props.maxThreadsDim, f.block),
+        threads: positive(
+            "maxThreadsPerBlock",
+            props.maxThreadsPerBlock.into(),
+            f.threads,
+        ),
+        shared_memory: positive(
+            "sharedMemPerBlock",
+            u32::try_from(props.sharedMemPerBlock)
+                .unwrap_or(u32::MAX)
+                .into(),
+            f.shared_memory,
+        ),
+        wavefront,
+    }
+}
+
+/// `value` as a `u32` when it is positive; otherwise `fallback`, with a
+/// warning naming the property.
+fn positive(what: &str, value: i64, fallback: u32) -> u32 {
+    match u32::try_from(value) {
+        Ok(value) if value > 0 => value,
+        _ => {
+            tracing::warn!(
+                "hip: {what} reads {value}; using {fallback}, which every supported architecture has"
+            );
+            fallback
+        }
+    }
 }
 
 /// Load HIP and initialise it: the API, or why this backend is unavailable.
@@ -138,6 +240,10 @@ pub(crate) fn initialised(
 pub struct Hip {
     pub(crate) api: Arc<Api>,
     pub(crate) info: DeviceInfo,
+    /// What one launch may ask for: read from the device once, reported by
+    /// `Backend::launch_limits` and enforced by `Backend::check_launch`
+    /// from this one copy, so the two agree.
+    pub(crate) limits: LaunchLimits,
     pub(crate) runtime_version: i32,
     pub(crate) pool: Pool,
     pub(crate) staging: Staging,
@@ -190,7 +296,9 @@ impl Hip {
         };
         api.set_device(ordinal)
             .map_err(|e| unavailable(e.to_string()))?;
-        let info = device_info(&api, ordinal).map_err(|e| unavailable(e.to_string()))?;
+        let (info, geometry) =
+            read_device(&api, ordinal).map_err(|e| unavailable(e.to_string()))?;
+        let limits = crate::launch::launch_limits(&geometry, info.total_memory);
         let runtime_version = api.runtime_version().unwrap_or(0);
         if let Err(why) = crate::api::rtc_status(&api) {
             tracing::warn!("hiprtc unavailable, kernels will not compile: {why}");
@@ -201,6 +309,7 @@ impl Hip {
         Ok(Self {
             api,
             info,
+            limits,
             runtime_version,
             pool: Pool::default(),
             staging: Staging::default(),

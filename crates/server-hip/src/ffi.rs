@@ -181,9 +181,11 @@ pub struct HipUuid {
 
 /// `hipDeviceProp_tR0600`, the layout `hipGetDevicePropertiesR0600` fills
 /// (ROCm 6.0 onwards; the `R0600` tag freezes it). Transcribed field by
-/// field from `hip_runtime_api.h`; only `name`, `totalGlobalMem` and
-/// `gcnArchName` are read, the rest is there to put those at the right
-/// offsets. A unit test pins the offsets.
+/// field from `hip_runtime_api.h`; only `name`, `totalGlobalMem`,
+/// `gcnArchName` and the launch limits (`sharedMemPerBlock`, `warpSize`,
+/// `maxThreadsPerBlock`, `maxThreadsDim`, `maxGridSize`) are read, the rest
+/// is there to put those at the right offsets. A unit test pins the
+/// offsets.
 #[repr(C)]
 #[derive(Clone, Copy)]
 #[allow(non_snake_case, missing_docs)]
@@ -336,11 +338,18 @@ mod tests {
 
     /// The offsets an independent count of the R0600 header gives: the
     /// architecture name sits after 1160 bytes and the struct is 1472 bytes
-    /// on LP64.
+    /// on LP64; the mock runtime writes the launch limits at the offsets
+    /// pinned here.
     #[test]
     fn device_props_match_the_r0600_layout() {
         assert_eq!(offset_of!(DevicePropR0600, uuid), 256);
         assert_eq!(offset_of!(DevicePropR0600, totalGlobalMem), 288);
+        // The launch limits, in the order `cudaDeviceProp` has them too.
+        assert_eq!(offset_of!(DevicePropR0600, sharedMemPerBlock), 296);
+        assert_eq!(offset_of!(DevicePropR0600, warpSize), 308);
+        assert_eq!(offset_of!(DevicePropR0600, maxThreadsPerBlock), 320);
+        assert_eq!(offset_of!(DevicePropR0600, maxThreadsDim), 324);
+        assert_eq!(offset_of!(DevicePropR0600, maxGridSize), 336);
         assert_eq!(offset_of!(DevicePropR0600, gcnArchName), 1160);
         assert_eq!(size_of::<DevicePropR0600>(), 1472);
     }

@@ -17,10 +17,12 @@
 
 use std::ffi::c_void;
 
-use scope_core::{BoundDispatch, Error, Kernel, KernelSource, Launch, Result};
+use scope_core::{
+    BoundDispatch, DeviceFeatures, Error, Kernel, KernelSource, Launch, LaunchLimits, Result,
+};
 
 use crate::api::Module;
-use crate::device::{Hip, HipStream};
+use crate::device::{Hip, HipStream, LaunchGeometry};
 use crate::error::{BACKEND, Doing};
 use crate::ffi::RawFunction;
 use crate::memory::HipMemory;
@@ -37,28 +39,93 @@ const PARAM_SLOTS: usize = PARAM_SLACK;
 // array of pointers.
 const _: () = assert!(size_of::<usize>() == size_of::<*mut c_void>());
 
-/// The largest grid a HIP device runs: `x` up to 2^31 - 1 blocks, `y` and
-/// `z` up to 65,535.
-const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65_535, 65_535];
+/// What one launch may ask for on a device of `geometry` whose largest
+/// allocation is `max_allocation`: the one set of numbers both
+/// [`Backend::launch_limits`](scope_core::Backend::launch_limits) reports
+/// and [`check_launch`] enforces, kept in the backend so the two cannot
+/// drift apart (a launch the report allows but the check refuses, or the
+/// reverse, is what rule 38 forbids).
+///
+/// - Bindings: [`PARAM_SLOTS`] parameters, the blob counted as one.
+/// - Scalars: [`PARAM_SLACK`] bytes, all the launch scratch passes.
+/// - Grid: the device's `maxGridSize`, but no more along an axis than keeps
+///   blocks times threads within `u32::MAX` for the largest block the
+///   device allows: `hipModuleLaunchKernel` refuses a launch whose total
+///   threads along any axis pass that (`hipErrorInvalidConfiguration`), so
+///   reporting the device's `2^31 - 1` would promise launches HIP refuses
+///   on the device. On a `1024`-thread axis that is `4,194,303` blocks.
+/// - Block, threads, LDS, wavefront: the device's ([`LaunchGeometry`]).
+/// - Features: what HIP C++ (hiprtc) gives every kernel on a ROCm 6 device:
+///   `_Float16`/`__half`, 64-bit floats and integers, `atomicAdd` on
+///   `float` (a native instruction from gfx90a, a compare-and-swap loop
+///   before), and wavefront intrinsics (`__shfl`, `__ballot`) wherever the
+///   runtime reports the wavefront's width.
+pub(crate) fn launch_limits(geometry: &LaunchGeometry, max_allocation: u64) -> LaunchLimits {
+    let grid = [0, 1, 2].map(|i| geometry.grid[i].min(u32::MAX / geometry.block[i].max(1)));
+    let mut features = DeviceFeatures::default();
+    features.f16 = true;
+    features.f64 = true;
+    features.i64 = true;
+    features.f32_atomic_add = true;
+    features.subgroups = geometry.wavefront.is_some();
+    let mut limits = LaunchLimits::default();
+    limits.max_bindings = PARAM_SLOTS as u32;
+    limits.max_binding_size = max_allocation;
+    limits.max_scalar_bytes = PARAM_SLACK as u32;
+    limits.max_workgroups = grid;
+    limits.max_workgroup_size = geometry.block;
+    limits.max_invocations = geometry.threads;
+    limits.max_workgroup_memory = geometry.shared_memory;
+    limits.subgroup_size = geometry.wavefront.map(|w| (w, w));
+    limits.features = features;
+    limits
+}
 
 /// What [`Backend::check_launch`](scope_core::Backend::check_launch) holds a
-/// HIP launch to before its scope opens: a host-given grid inside the
-/// device's, a blob inside the bytes passed by value, and no more
-/// parameters than the table has slots. Each refusal is an invalid argument
-/// that claims nothing.
-pub(crate) fn check_launch(launch: &Launch<'_, HipMemory>) -> Result<()> {
+/// HIP launch to before its scope opens — exactly `limits`, the backend's
+/// [`launch_limits`]: a host-given grid inside the reported one, the
+/// kernel's block inside the device's, a blob inside the bytes passed by
+/// value, and no more parameters than the table has slots. Each refusal is
+/// an invalid argument that claims nothing; HIP would otherwise fail the
+/// launch inside its scope, claiming outputs of work that never could have
+/// run.
+pub(crate) fn check_launch(
+    limits: &LaunchLimits,
+    kernel: &HipKernel,
+    launch: &Launch<'_, HipMemory>,
+) -> Result<()> {
     let invalid = |why: String| Err(Error::invalid(format!("launch of `{}`", launch.name), why));
-    launch.groups_within(MAX_GRID)?;
-    let len = launch.scalars.len();
-    if len > PARAM_SLACK {
+    launch.groups_within(limits.max_workgroups)?;
+    let block = kernel.block;
+    if let Some((axis, (size, max))) = block
+        .iter()
+        .zip(limits.max_workgroup_size)
+        .enumerate()
+        .find(|(_, (size, max))| **size > *max)
+    {
         return invalid(format!(
-            "a {len}-byte scalar blob is past the {PARAM_SLACK} bytes of scalars this server passes by value"
+            "a block of {size} threads along axis {axis} is past the device's {max}"
+        ));
+    }
+    let threads = block.iter().map(|&b| u64::from(b)).product::<u64>();
+    if threads > u64::from(limits.max_invocations) {
+        return invalid(format!(
+            "a block of {threads} threads ({block:?}) is past the device's {}",
+            limits.max_invocations
+        ));
+    }
+    let len = launch.scalars.len();
+    if len > limits.max_scalar_bytes as usize {
+        return invalid(format!(
+            "a {len}-byte scalar blob is past the {} bytes of scalars this server passes by value",
+            limits.max_scalar_bytes
         ));
     }
     let passed = launch.bindings.len() + usize::from(len > 0);
-    if passed > PARAM_SLOTS {
+    if passed > limits.max_bindings as usize {
         return invalid(format!(
-            "{passed} parameters is past the {PARAM_SLOTS} a kernel can take"
+            "{passed} parameters is past the {} a kernel can take",
+            limits.max_bindings
         ));
     }
     Ok(())
@@ -188,7 +255,12 @@ impl Hip {
                 [word(0), word(1), word(2)]
             }
         };
-        if grid.contains(&0) || grid.iter().zip(MAX_GRID).any(|(count, max)| *count > max) {
+        if grid.contains(&0)
+            || grid
+                .iter()
+                .zip(self.limits.max_workgroups)
+                .any(|(count, max)| *count > max)
+        {
             // A zero runs nothing; so does an indirect count past the
             // device's grid (host-given ones were refused before the
             // scope), as on every server.
@@ -206,7 +278,7 @@ impl Hip {
         // reads zeros, never past host memory: the mismatch becomes wrong
         // values on the device, not a host over-read.
         let len = launch.scalars.len();
-        if len > PARAM_SLACK || pointers.len() >= PARAM_SLOTS {
+        if len > PARAM_SLACK || pointers.len() + usize::from(len > 0) > PARAM_SLOTS {
             return Err(Error::internal(
                 "a HIP launch past the parameter limits reached the device call",
             ));

@@ -6,7 +6,8 @@
 //! once — so these tests say nothing about AMD hardware. What they do test
 //! is every line of the server's Rust on its success and failure paths: the
 //! loader finding all forty entry points, the struct offsets it reads the
-//! device's name and `gcnArchName` from, the `--offload-arch` option,
+//! device's name, `gcnArchName` and launch limits from, the launch limits
+//! reported and enforced, the `--offload-arch` option,
 //! staging, pooling, events, capture and replay, the launch parameter
 //! convention, and a real (not injected) sticky fault. The mock also
 //! refuses what real HIP would mis-handle: an event recorded on, or a wait
@@ -196,6 +197,92 @@ fn an_oversized_scalar_blob_is_an_invalid_argument() {
         "nothing ran or was claimed"
     );
     assert_eq!(c.failures_held(), 0);
+}
+
+fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn fill_args(n: u32, value: u32) -> Vec<u8> {
+    [n, value].iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// What `Client::limits` reports is what the runtime says of the device
+/// (an MI300's numbers on the mock) and what `check_launch` enforces. The
+/// grid along each axis is the device's `maxGridSize`, bounded so that
+/// blocks times threads of the largest block stay within `u32::MAX`, which
+/// HIP itself refuses past: a grid at the edge runs, and one block past any
+/// axis, or a block past the device's, is an invalid argument refused
+/// before its scope opens — nothing runs, nothing is claimed.
+#[test]
+fn limits_are_the_devices_and_a_launch_past_them_is_refused() {
+    let c = client();
+    let limits = c.limits();
+    assert_eq!(limits.max_allocation, 1 << 30);
+    let launch = &limits.launch;
+    // 2^32 - 1 threads / 1024 per block along x; y and z are the device's.
+    assert_eq!(launch.max_workgroups, [4_194_303, 65_535, 65_535]);
+    assert_eq!(launch.max_workgroup_size, [1024, 1024, 1024]);
+    assert_eq!(launch.max_invocations, 1024);
+    assert_eq!(launch.max_workgroup_memory, 64 << 10);
+    assert_eq!(launch.subgroup_size, Some((64, 64)));
+    assert_eq!(launch.max_binding_size, 1 << 30);
+    assert_eq!(launch.max_bindings, 4096);
+    assert_eq!(launch.max_scalar_bytes, 4096);
+    let features = launch.features;
+    assert!(features.f16 && features.f64 && features.i64, "{features:?}");
+    assert!(
+        features.f32_atomic_add && features.subgroups,
+        "{features:?}"
+    );
+
+    let out = c.upload(&[7; 256]).unwrap();
+    let fill = common::fill();
+    for groups in [[launch.max_workgroups[0], 1, 1], [1, 65_535, 1]] {
+        c.launch(
+            &fill,
+            &[Binding::write(&out)],
+            &fill_args(64, 3),
+            Dispatch::Groups(groups),
+        )
+        .unwrap_or_else(|e| panic!("{groups:?} is within the limits: {e}"));
+    }
+    assert_eq!(words(&c.read(&out).unwrap()), vec![3; 64]);
+    for axis in 0..3 {
+        let mut groups = [1; 3];
+        groups[axis] = launch.max_workgroups[axis] + 1;
+        let refused = c
+            .launch(
+                &fill,
+                &[Binding::write(&out)],
+                &fill_args(64, 9),
+                Dispatch::Groups(groups),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&refused, Error::InvalidArgument { why, .. } if why.contains(&format!("axis {axis}"))),
+            "{refused}"
+        );
+    }
+    for block in [[1, 1, 1025], [1024, 2, 1]] {
+        let refused = c
+            .launch(
+                &fill.clone().block(block),
+                &[Binding::write(&out)],
+                &fill_args(64, 9),
+                Dispatch::linear(1),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&refused, Error::InvalidArgument { why, .. } if why.contains("block")),
+            "{refused}"
+        );
+    }
+    assert_eq!(words(&c.read(&out).unwrap()), vec![3; 64], "nothing ran");
+    assert_eq!(c.failures_held(), 0, "nothing was claimed");
 }
 
 /// A wait runs without the server's lock, on an event of its own recorded

@@ -38,6 +38,13 @@ pub(crate) struct Limits {
     pub max_memory_allocation: u64,
     pub max_buffer_size: u64,
     pub max_groups: [u32; 3],
+    /// `maxComputeWorkGroupSize`, `maxComputeWorkGroupInvocations` and
+    /// `maxComputeSharedMemorySize`: what a kernel may declare. A pipeline
+    /// past them is invalid usage, which Vulkan leaves undefined, so a WGSL
+    /// kernel past them does not compile.
+    pub max_workgroup_size: [u32; 3],
+    pub max_invocations: u32,
+    pub max_workgroup_memory: u32,
     /// `maxPushConstantsSize`.
     pub max_push_constants: u32,
     /// How many storage buffers one kernel's layout may declare:
@@ -396,6 +403,9 @@ fn memory_facts(
         max_memory_allocation: m3.max_memory_allocation_size.max(1),
         max_buffer_size: max_buffer,
         max_groups: props.limits.max_compute_work_group_count,
+        max_workgroup_size: props.limits.max_compute_work_group_size,
+        max_invocations: props.limits.max_compute_work_group_invocations,
+        max_workgroup_memory: props.limits.max_compute_shared_memory_size,
         max_push_constants: props.limits.max_push_constants_size,
         max_bindings: push
             .max_push_descriptors

@@ -81,7 +81,7 @@ use ash::vk;
 use scope_core::{BoundDispatch, Error, Kernel, KernelSource, Launch, Result};
 use smallvec::SmallVec;
 
-use crate::device::Gpu;
+use crate::device::{Gpu, Limits};
 use crate::error::{NAME, classify, fault, launch_error};
 use crate::memory::VulkanMemory;
 use crate::stream::{Recorder, VulkanStream};
@@ -156,17 +156,81 @@ const BOUNDS: naga::proc::BoundsCheckPolicies = naga::proc::BoundsCheckPolicies 
     binding_array: naga::proc::BoundsCheckPolicy::Restrict,
 };
 
+/// Refuse a WGSL kernel whose workgroup the device cannot run: naga knows
+/// no device limits, and a pipeline whose workgroup size, invocation count
+/// or workgroup memory is past the device's is invalid usage — undefined
+/// behaviour, not an error code. (wgpu makes the same checks itself.)
+fn check_workgroup(
+    kernel: &Kernel,
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+    limits: &Limits,
+) -> Result<()> {
+    let Some((index, entry)) = module
+        .entry_points
+        .iter()
+        .enumerate()
+        .find(|(_, e)| e.name == kernel.entry_point())
+    else {
+        // No such entry point: SPIR-V generation names it.
+        return Ok(());
+    };
+    let uses = info.get_entry_point(index);
+    let size = entry.workgroup_size;
+    for (axis, (declared, max)) in size.iter().zip(limits.max_workgroup_size).enumerate() {
+        if *declared > max {
+            return Err(compile_error(
+                kernel,
+                format!(
+                    "@workgroup_size is {declared} along axis {axis}; the device's \
+                     maxComputeWorkGroupSize there is {max}"
+                ),
+            ));
+        }
+    }
+    let invocations = size.iter().map(|&n| u64::from(n)).product::<u64>();
+    if invocations > u64::from(limits.max_invocations) {
+        return Err(compile_error(
+            kernel,
+            format!(
+                "a workgroup of {invocations} invocations is past the device's \
+                 maxComputeWorkGroupInvocations of {}",
+                limits.max_invocations
+            ),
+        ));
+    }
+    let shared: u64 = module
+        .global_variables
+        .iter()
+        .filter(|(handle, g)| g.space == naga::AddressSpace::WorkGroup && !uses[*handle].is_empty())
+        .map(|(_, g)| u64::from(module.types[g.ty].inner.size(module.to_ctx())))
+        .sum();
+    if shared > u64::from(limits.max_workgroup_memory) {
+        return Err(compile_error(
+            kernel,
+            format!(
+                "{shared} bytes of workgroup memory is past the device's \
+                 maxComputeSharedMemorySize of {}",
+                limits.max_workgroup_memory
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// WGSL to SPIR-V, and how many bindings set 0 declares.
 fn wgsl_to_spirv(
     kernel: &Kernel,
     source: &str,
     capabilities: naga::valid::Capabilities,
+    limits: &Limits,
 ) -> Result<(Vec<u32>, u32)> {
     let module = naga::front::wgsl::parse_str(source)
         .map_err(|e| compile_error(kernel, e.emit_to_string(source)))?;
     let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities)
         .validate(&module)
         .map_err(|e| compile_error(kernel, e.emit_to_string(source)))?;
+    check_workgroup(kernel, &module, &info, limits)?;
     let mut bindings = 0;
     for (_, global) in module.global_variables.iter() {
         if let Some(binding) = &global.binding {
@@ -440,7 +504,8 @@ impl Pipelines {
     pub(crate) fn compile(&mut self, kernel: &Kernel) -> Result<VulkanKernel> {
         let (words, interface) = match kernel.source() {
             KernelSource::Wgsl(source) => {
-                let (words, bindings) = wgsl_to_spirv(kernel, source, self.gpu.capabilities)?;
+                let (words, bindings) =
+                    wgsl_to_spirv(kernel, source, self.gpu.capabilities, &self.gpu.limits)?;
                 (words, Interface::Descriptors(bindings))
             }
             KernelSource::SpirV(words) => (words.to_vec(), spirv_interface(kernel, words)?),

@@ -82,6 +82,67 @@ fn a_wgsl_binding_that_is_not_a_storage_buffer_does_not_compile() {
     );
 }
 
+/// A workgroup the device cannot run — too wide along an axis, too many
+/// invocations, too much workgroup memory — is invalid usage when the
+/// pipeline is made (undefined behaviour, which naga does not know to
+/// prevent): a compile error naming the limit instead. The same kernel
+/// within the limits compiles.
+#[test]
+fn a_workgroup_past_the_device_does_not_compile() {
+    let Some(c) = client_or_skip(common::validating) else {
+        return;
+    };
+    let limits = c.limits().launch.clone();
+    let kernel = |name: &str, size: String, shared_words: u32| {
+        Kernel::wgsl(
+            name,
+            format!(
+                "var<workgroup> scratch: array<u32, {shared_words}>;
+                 @group(0) @binding(0) var<storage, read_write> out: array<u32>;
+                 @compute @workgroup_size({size}) fn main() {{
+                     scratch[0] = 1u;
+                     workgroupBarrier();
+                     out[0] = scratch[0];
+                 }}"
+            ),
+        )
+    };
+    let [x, y, _] = limits.max_workgroup_size;
+    // As wide as the device allows, then one row more than fits.
+    let wide = x.min(limits.max_invocations);
+    let rows = limits.max_invocations / wide + 1;
+    assert!(rows <= y, "{limits:?}");
+    let within = kernel("within", format!("{wide}"), limits.max_workgroup_memory / 4);
+    c.compile(&within)
+        .expect("a workgroup at the device's limits");
+    for (name, size, shared, names) in [
+        (
+            "too wide",
+            format!("{}", x + 1),
+            1,
+            "maxComputeWorkGroupSize",
+        ),
+        (
+            "too many",
+            format!("{wide}, {rows}"),
+            1,
+            "maxComputeWorkGroupInvocations",
+        ),
+        (
+            "too much memory",
+            "1".to_owned(),
+            limits.max_workgroup_memory / 4 + 1,
+            "maxComputeSharedMemorySize",
+        ),
+    ] {
+        let error = c.compile(&kernel(name, size, shared)).expect_err(name);
+        assert!(
+            matches!(&error, scope_core::Error::Compile { log, .. } if log.contains(names)),
+            "{name}: {error}"
+        );
+    }
+}
+
 fn indirect_counts(
     c: &scope_core::Client<server_vulkan::Vulkan>,
     x: u32,

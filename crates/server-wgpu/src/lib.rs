@@ -227,6 +227,35 @@ impl Backend for Wgpu {
         u64::from(self.gpu.limits.min_storage_buffer_offset_alignment)
     }
 
+    /// wgpu's limits for the device as opened, as `check_launch` and wgpu's
+    /// own pipeline validation apply them. A kernel's bindings are storage
+    /// buffers and its scalar blob one more (storage or uniform, as the
+    /// kernel declares it), so the count is the storage-buffer limit; the
+    /// blob lives in the stream's scalar arena, so it is bounded by the
+    /// arena and the storage binding size — and, for a kernel that declares
+    /// its blob `var<uniform>` rather than the convention's
+    /// `var<storage, read>`, by the uniform binding size too, which the
+    /// check names. No optional feature is requested.
+    fn launch_limits(&self) -> scope_core::LaunchLimits {
+        let limits = &self.gpu.limits;
+        let mut launch = scope_core::LaunchLimits::default();
+        launch.max_bindings = limits.max_storage_buffers_per_shader_stage;
+        launch.max_binding_size = limits.max_storage_buffer_binding_size;
+        launch.max_scalar_bytes =
+            u32::try_from(stream::ARENA_BYTES.min(limits.max_storage_buffer_binding_size))
+                .unwrap_or(u32::MAX);
+        launch.max_workgroups = [limits.max_compute_workgroups_per_dimension; 3];
+        launch.max_workgroup_size = [
+            limits.max_compute_workgroup_size_x,
+            limits.max_compute_workgroup_size_y,
+            limits.max_compute_workgroup_size_z,
+        ];
+        launch.max_invocations = limits.max_compute_invocations_per_workgroup;
+        launch.max_workgroup_memory = limits.max_compute_workgroup_storage_size;
+        launch.subgroup_size = None;
+        launch
+    }
+
     fn create_stream(&mut self, id: StreamId) -> Result<Stream> {
         self.gpu.sink.check_lost()?;
         let index = id.0 as usize;

@@ -319,6 +319,101 @@ pub fn a_replayed_indirect_launch_heals_nothing<S: Suite>() {
     assert_eq!(read(&c, &out).unwrap(), vec![4; WORDS as usize]);
 }
 
+/// The limits a server reports are its own: the largest allocation and the
+/// binding alignment are the backend's, and the grid is exact — a launch at
+/// the edge of each axis runs (where that is cheap to run) and one past it
+/// is an invalid argument that claims nothing (rule 38), as are too many
+/// bindings and too long a scalar blob.
+pub fn the_limits_reported_are_the_limits_enforced<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let limits = c.limits().clone();
+    assert_eq!(
+        limits.max_allocation,
+        c.with_backend(crate::Backend::max_allocation)
+    );
+    assert_eq!(
+        limits.binding_alignment,
+        c.with_backend(crate::Backend::binding_alignment)
+    );
+    let launch_limits = &limits.launch;
+    assert!(launch_limits.max_bindings >= 2, "{limits:?}");
+    assert!(
+        launch_limits.max_invocations >= 1
+            && launch_limits.max_workgroup_size.iter().all(|&n| n >= 1),
+        "{limits:?}"
+    );
+    let out = upload(&c, &[3; WORDS as usize]);
+    let mut expected = 3;
+    for axis in 0..3 {
+        let max = launch_limits.max_workgroups[axis];
+        // Enough workgroups along x to cover the buffer (the suite's
+        // kernels index by x), then the edge along `axis`.
+        let mut groups = [WORDS.div_ceil(64), 1, 1];
+        if max <= 65_535 {
+            groups[axis] = max;
+            launch::<S>(
+                &c,
+                &S::fill(),
+                &[Binding::write(&out)],
+                &[WORDS, axis as u32],
+                Dispatch::Groups(groups),
+            )
+            .unwrap_or_else(|e| panic!("{groups:?} is within {max} along axis {axis}: {e}"));
+            expected = axis as u32;
+            assert_eq!(read(&c, &out).unwrap(), vec![expected; WORDS as usize]);
+        }
+        if let Some(past) = max.checked_add(1) {
+            groups[axis] = past;
+            let refused = launch::<S>(
+                &c,
+                &S::fill(),
+                &[Binding::write(&out)],
+                &[WORDS, 9],
+                Dispatch::Groups(groups),
+            );
+            assert!(
+                matches!(refused, Err(Error::InvalidArgument { .. })),
+                "{groups:?} along axis {axis}: {refused:?}"
+            );
+        }
+    }
+    if launch_limits.max_bindings <= 64 {
+        let many: Vec<crate::Buffer> = (0..launch_limits.max_bindings)
+            .map(|_| alloc(&c, 4))
+            .collect();
+        let bindings: Vec<Binding<'_>> = many.iter().map(Binding::write).collect();
+        // With a scalar blob, one more than the limit. (Raw words, not the
+        // suite's packing: no kernel of the suite takes these bindings.)
+        let refused = c.launch(
+            &S::fill(),
+            &bindings,
+            &[4, 0, 0, 0, 9, 0, 0, 0],
+            Dispatch::Groups([1, 1, 1]),
+        );
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument { .. })),
+            "{} bindings and a blob: {refused:?}",
+            many.len()
+        );
+    }
+    if launch_limits.max_scalar_bytes < 1 << 20 {
+        let blob = vec![0u8; launch_limits.max_scalar_bytes as usize + 4];
+        let refused = c.launch(
+            &S::fill(),
+            &[Binding::write(&out)],
+            &blob,
+            Dispatch::Groups([1, 1, 1]),
+        );
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument { .. })),
+            "a {}-byte blob: {refused:?}",
+            blob.len()
+        );
+    }
+    assert_eq!(c.failures_held(), 0, "a refusal claims nothing");
+    assert_eq!(read(&c, &out).unwrap(), vec![expected; WORDS as usize]);
+}
+
 /// Reads on several threads at once — on streams of their own and on one
 /// stream shared — each get their own bytes: a read waits without the
 /// server's lock, and what it holds meanwhile (staging, an event) is its

@@ -177,6 +177,7 @@ impl<B: Backend> Server<B> {
 
     /// Read `r` on the device, after ordering `stream` behind its last user
     /// (the caller has refused a cross-capture use).
+    #[cfg(feature = "fault-injection")]
     pub(super) fn device_read(
         &mut self,
         stream: StreamId,

@@ -16,6 +16,11 @@
  * kernel parameter convention) are the CUDA 13.0 header's, as cudarc's
  * generated bindings (feature cuda-13000) spell them.
  *
+ * The device is an sm_90 one: cuDeviceGetAttribute answers an H100/H200's
+ * launch limits (grid 2^31-1 x 65,535 x 65,535, block 1024 x 1024 x 64 of
+ * at most 1,024 threads, 48 KiB of shared memory per block, 32-thread
+ * warps), and cuLaunchKernel refuses a launch past them.
+ *
  * Time is modelled just enough to check ordering: each stream counts the
  * operations issued on it and how many the host knows are done. Only a
  * host wait (cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize)
@@ -106,7 +111,11 @@ enum {
   E_CAPTURED_EVENT = 907
 };
 /* CUdevice_attribute, CUmemPool_attribute, CUstreamCaptureMode, CUjit_option. */
-enum { ATTR_CC_MAJOR = 75, ATTR_CC_MINOR = 76, ATTR_MEMORY_POOLS_SUPPORTED = 115 };
+enum {
+  ATTR_MAX_THREADS_PER_BLOCK = 1, ATTR_MAX_BLOCK_DIM_X = 2, ATTR_MAX_BLOCK_DIM_Y = 3, ATTR_MAX_BLOCK_DIM_Z = 4,
+  ATTR_MAX_GRID_DIM_X = 5, ATTR_MAX_GRID_DIM_Y = 6, ATTR_MAX_GRID_DIM_Z = 7, ATTR_MAX_SHARED_MEMORY_PER_BLOCK = 8,
+  ATTR_WARP_SIZE = 10, ATTR_CC_MAJOR = 75, ATTR_CC_MINOR = 76, ATTR_MEMORY_POOLS_SUPPORTED = 115
+};
 enum { POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3, POOL_RELEASE_THRESHOLD = 4,
        POOL_RESERVED_MEM_CURRENT = 5, POOL_USED_MEM_CURRENT = 7 };
 enum { CAPTURE_MODE_RELAXED = 2 };
@@ -116,6 +125,13 @@ enum { JIT_ERROR_LOG_BUFFER = 5, JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6 };
 #define CONTEXT_HOLDS ((size_t)64 << 20)
 #define DEVICE_CC 90
 #define DEVICE_NAME "Mock sm_90 GPU (scope test double)"
+/* An H100/H200's launch limits, as cuDeviceGetAttribute reports them; the
+ * same numbers bound what cuLaunchKernel accepts. */
+static const unsigned GRID[3] = {2147483647u, 65535, 65535};
+static const unsigned BLOCK[3] = {1024, 1024, 64};
+#define THREADS_PER_BLOCK 1024
+#define SHARED_PER_BLOCK (48 * 1024)
+#define WARP 32
 
 /* ----- the lock, violations, hooks ----- */
 
@@ -451,6 +467,13 @@ CUresult cuDeviceGetAttribute(int *value, int attribute, int d) {
   switch (attribute) {
     case ATTR_CC_MAJOR: *value = DEVICE_CC / 10; break;
     case ATTR_CC_MINOR: *value = DEVICE_CC % 10; break;
+    case ATTR_MAX_THREADS_PER_BLOCK: *value = THREADS_PER_BLOCK; break;
+    case ATTR_MAX_BLOCK_DIM_X: case ATTR_MAX_BLOCK_DIM_Y: case ATTR_MAX_BLOCK_DIM_Z:
+      *value = (int)BLOCK[attribute - ATTR_MAX_BLOCK_DIM_X]; break;
+    case ATTR_MAX_GRID_DIM_X: case ATTR_MAX_GRID_DIM_Y: case ATTR_MAX_GRID_DIM_Z:
+      *value = (int)GRID[attribute - ATTR_MAX_GRID_DIM_X]; break;
+    case ATTR_MAX_SHARED_MEMORY_PER_BLOCK: *value = SHARED_PER_BLOCK; break;
+    case ATTR_WARP_SIZE: *value = WARP; break;
 #ifdef SCOPE_MOCK_OLD_DRIVER
     case ATTR_MEMORY_POOLS_SUPPORTED: *value = 0; break;
 #else
@@ -1151,9 +1174,10 @@ CUresult cuLaunchKernel(void *pf, unsigned gx, unsigned gy, unsigned gz, unsigne
   stream *s = ps;
   STREAM(s);
   if (!f || !f->module->live) return refuse(E_INVALID_HANDLE, "launching a function of an unloaded module");
-  if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024 || gy > 65535 || gz > 65535)
+  if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > THREADS_PER_BLOCK ||
+      gx > GRID[0] || gy > GRID[1] || gz > GRID[2] || bx > BLOCK[0] || by > BLOCK[1] || bz > BLOCK[2])
     return refuse(E_INVALID_VALUE, "`%s` launched with grid %ux%ux%u, block %ux%ux%u", f->name, gx, gy, gz, bx, by, bz);
-  if (shared > 48 * 1024) return refuse(E_INVALID_VALUE, "`%s` asks for %u bytes of shared memory", f->name, shared);
+  if (shared > SHARED_PER_BLOCK) return refuse(E_INVALID_VALUE, "`%s` asks for %u bytes of shared memory", f->name, shared);
   if (extra) return refuse(E_INVALID_VALUE, "`%s` launched with `extra` (the server passes kernelParams)", f->name);
   if (f->nparams && !params) return refuse(E_INVALID_VALUE, "`%s` takes parameters; kernelParams is null", f->name);
   op o = {OP_KERNEL, NULL, NULL, 0, f, 0, malloc(f->total ? f->total : 1)};

@@ -10,7 +10,10 @@
  * that is capturing; a capture that is not in relaxed mode; a compile
  * without --offload-arch for the device's gcnArchName.
  *
- * Values (error codes, struct offsets) are the ROCm 6 header's.
+ * Values (error codes, struct offsets) are the ROCm 6 header's. The device
+ * is an MI300-like one: its launch limits (grid 2^31-1 x 65,535 x 65,535,
+ * blocks 1024 x 1024 x 1024 of at most 1,024 threads, 64 KiB of LDS,
+ * 64-wide wavefronts) are in its properties, and a launch past them fails.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,11 +22,20 @@
 typedef int hipError_t;
 enum {
   OK = 0, E_INVALID = 1, E_OOM = 2, E_INVALID_DEVICE = 101, E_ILLEGAL_STATE = 401,
-  E_NOT_FOUND = 500, E_ILLEGAL_ADDRESS = 700, E_CAPTURE_UNSUPPORTED = 900,
+  E_INVALID_CONFIGURATION = 9, E_NOT_FOUND = 500, E_ILLEGAL_ADDRESS = 700, E_CAPTURE_UNSUPPORTED = 900,
   E_CAPTURE_UNMATCHED = 903, E_CAPTURE_ISOLATION = 905, E_CAPTURED_EVENT = 907
 };
 
 #define TOTAL ((size_t)1 << 30)
+/* An MI300-like device's launch limits, as hipGetDevicePropertiesR0600
+ * reports them; hipModuleLaunchKernel refuses past them, and (as real HIP
+ * does, with hipErrorInvalidConfiguration) a launch whose blocks times
+ * threads along an axis pass UINT32_MAX. */
+static const int GRID[3] = {2147483647, 65535, 65535};
+static const int BLOCK[3] = {1024, 1024, 1024};
+#define THREADS_PER_BLOCK 1024
+#define SHARED_PER_BLOCK ((size_t)64 << 10)
+#define WAVEFRONT 64
 #define RUNTIME_HOLDS ((size_t)64 << 20)
 static size_t used = RUNTIME_HOLDS;
 
@@ -84,6 +96,12 @@ hipError_t hipGetDevicePropertiesR0600(void *p, int d) {
   memset(p, 0, 1472);
   strcpy((char *)p, "Mock Radeon (scope test double)");
   *(size_t *)((char *)p + 288) = TOTAL;
+  /* sharedMemPerBlock, warpSize, maxThreadsPerBlock, maxThreadsDim, maxGridSize */
+  *(size_t *)((char *)p + 296) = SHARED_PER_BLOCK;
+  *(int *)((char *)p + 308) = WAVEFRONT;
+  *(int *)((char *)p + 320) = THREADS_PER_BLOCK;
+  memcpy((char *)p + 324, BLOCK, sizeof BLOCK);
+  memcpy((char *)p + 336, GRID, sizeof GRID);
   strcpy((char *)p + 1160, "gfx90a:sramecc+:xnack-");
   return OK;
 }
@@ -177,7 +195,14 @@ hipError_t hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz,
   (void)shared; (void)extra;
   if (s->sticky) return s->sticky;
   if (!gx || !gy || !gz || !bx || !by || !bz) return E_INVALID;
-  op o = {1, NULL, NULL, 0, k, gx * gy * gz * bx * by * bz, {0}, {0}};
+  const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+  if ((unsigned long long)bx * by * bz > THREADS_PER_BLOCK) return E_INVALID;
+  for (int i = 0; i < 3; i++) {
+    if (grid[i] > (unsigned)GRID[i] || block[i] > (unsigned)BLOCK[i]) return E_INVALID;
+    if ((unsigned long long)grid[i] * block[i] > UINT32_MAX) return E_INVALID_CONFIGURATION;
+  }
+  unsigned long long threads = (unsigned long long)gx * gy * gz * bx * by * bz;
+  op o = {1, NULL, NULL, 0, k, threads > UINT32_MAX ? UINT32_MAX : (unsigned)threads, {0}, {0}};
   for (int i = 0; i < k->pointers; i++) o.args[i] = *(void **)params[i];
   if (k->scalars) memcpy(o.scalars, params[k->pointers], k->scalars);
   issue(s, o);
