@@ -77,6 +77,39 @@ impl Default for LaunchLimits {
     }
 }
 
+impl LaunchLimits {
+    /// Whether a workgroup of `size` fits: each axis within
+    /// `max_workgroup_size` and all of it within `max_invocations`. The
+    /// reason, if not, names the axis or the count. One check for every
+    /// server that learns a kernel's workgroup size (CUDA's and HIP's
+    /// block, Vulkan's WGSL `@workgroup_size`): a workgroup past the device
+    /// is a launch that fails inside its scope, or undefined behaviour.
+    ///
+    /// # Errors
+    ///
+    /// The reason it does not fit.
+    pub fn workgroup_fits(&self, size: [u32; 3]) -> Result<(), String> {
+        if let Some((axis, (declared, max))) = size
+            .iter()
+            .zip(self.max_workgroup_size)
+            .enumerate()
+            .find(|(_, (declared, max))| **declared > *max)
+        {
+            return Err(format!(
+                "a workgroup of {declared} along axis {axis} is past the device's {max}"
+            ));
+        }
+        let invocations = size.iter().map(|&n| u64::from(n)).product::<u64>();
+        if invocations > u64::from(self.max_invocations) {
+            return Err(format!(
+                "a workgroup of {invocations} invocations ({size:?}) is past the device's {}",
+                self.max_invocations
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Everything [`Client::limits`](crate::Client::limits) reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

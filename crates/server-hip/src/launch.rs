@@ -96,24 +96,9 @@ pub(crate) fn check_launch(
 ) -> Result<()> {
     let invalid = |why: String| Err(Error::invalid(format!("launch of `{}`", launch.name), why));
     launch.groups_within(limits.max_workgroups)?;
-    let block = kernel.block;
-    if let Some((axis, (size, max))) = block
-        .iter()
-        .zip(limits.max_workgroup_size)
-        .enumerate()
-        .find(|(_, (size, max))| **size > *max)
-    {
-        return invalid(format!(
-            "a block of {size} threads along axis {axis} is past the device's {max}"
-        ));
-    }
-    let threads = block.iter().map(|&b| u64::from(b)).product::<u64>();
-    if threads > u64::from(limits.max_invocations) {
-        return invalid(format!(
-            "a block of {threads} threads ({block:?}) is past the device's {}",
-            limits.max_invocations
-        ));
-    }
+    limits
+        .workgroup_fits(kernel.block)
+        .or_else(|why| invalid(format!("the kernel's block: {why}")))?;
     let len = launch.scalars.len();
     if len > limits.max_scalar_bytes as usize {
         return invalid(format!(

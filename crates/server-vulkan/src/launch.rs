@@ -78,10 +78,10 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use ash::vk;
-use scope_core::{BoundDispatch, Error, Kernel, KernelSource, Launch, Result};
+use scope_core::{BoundDispatch, Error, Kernel, KernelSource, Launch, LaunchLimits, Result};
 use smallvec::SmallVec;
 
-use crate::device::{Gpu, Limits};
+use crate::device::Gpu;
 use crate::error::{NAME, classify, fault, launch_error};
 use crate::memory::VulkanMemory;
 use crate::stream::{Recorder, VulkanStream};
@@ -156,6 +156,35 @@ const BOUNDS: naga::proc::BoundsCheckPolicies = naga::proc::BoundsCheckPolicies 
     binding_array: naga::proc::BoundsCheckPolicy::Restrict,
 };
 
+/// The device's limits as `check_launch` and `compile` apply them. A
+/// launch binds its buffers (and its scalar blob) as pushed descriptors
+/// — or, for SPIR-V that takes device addresses, as 8-byte addresses
+/// in push constants — so the binding count is the smaller of the two
+/// rooms: within it, every kernel kind binds. The blob is staged as one
+/// more storage buffer, padded to 16 bytes. `shaderFloat64` and
+/// `shaderInt64` are enabled where the device has them; `shaderFloat16`,
+/// subgroup operations in WGSL and float atomics are not.
+pub(crate) fn launch_limits(gpu: &Gpu) -> LaunchLimits {
+    let limits = &gpu.limits;
+    let mut launch = LaunchLimits::default();
+    launch.max_bindings = limits.max_bindings.min(limits.max_push_constants / 8);
+    launch.max_binding_size = limits.max_storage_range;
+    launch.max_scalar_bytes =
+        u32::try_from(limits.max_storage_range / 16 * 16).unwrap_or(u32::MAX / 16 * 16);
+    launch.max_workgroups = limits.max_groups;
+    launch.max_workgroup_size = limits.max_workgroup_size;
+    launch.max_invocations = limits.max_invocations;
+    launch.max_workgroup_memory = limits.max_workgroup_memory;
+    launch.subgroup_size = None;
+    launch.features.f64 = gpu
+        .capabilities
+        .contains(naga::valid::Capabilities::FLOAT64);
+    launch.features.i64 = gpu
+        .capabilities
+        .contains(naga::valid::Capabilities::SHADER_INT64);
+    launch
+}
+
 /// Refuse a WGSL kernel whose workgroup the device cannot run: naga knows
 /// no device limits, and a pipeline whose workgroup size, invocation count
 /// or workgroup memory is past the device's is invalid usage — undefined
@@ -164,7 +193,7 @@ fn check_workgroup(
     kernel: &Kernel,
     module: &naga::Module,
     info: &naga::valid::ModuleInfo,
-    limits: &Limits,
+    limits: &LaunchLimits,
 ) -> Result<()> {
     let Some((index, entry)) = module
         .entry_points
@@ -176,29 +205,14 @@ fn check_workgroup(
         return Ok(());
     };
     let uses = info.get_entry_point(index);
-    let size = entry.workgroup_size;
-    for (axis, (declared, max)) in size.iter().zip(limits.max_workgroup_size).enumerate() {
-        if *declared > max {
-            return Err(compile_error(
-                kernel,
-                format!(
-                    "@workgroup_size is {declared} along axis {axis}; the device's \
-                     maxComputeWorkGroupSize there is {max}"
-                ),
-            ));
-        }
-    }
-    let invocations = size.iter().map(|&n| u64::from(n)).product::<u64>();
-    if invocations > u64::from(limits.max_invocations) {
-        return Err(compile_error(
+    limits.workgroup_fits(entry.workgroup_size).map_err(|why| {
+        compile_error(
             kernel,
             format!(
-                "a workgroup of {invocations} invocations is past the device's \
-                 maxComputeWorkGroupInvocations of {}",
-                limits.max_invocations
+                "@workgroup_size: {why} (maxComputeWorkGroupSize, maxComputeWorkGroupInvocations)"
             ),
-        ));
-    }
+        )
+    })?;
     let shared: u64 = module
         .global_variables
         .iter()
@@ -223,7 +237,7 @@ fn wgsl_to_spirv(
     kernel: &Kernel,
     source: &str,
     capabilities: naga::valid::Capabilities,
-    limits: &Limits,
+    limits: &LaunchLimits,
 ) -> Result<(Vec<u32>, u32)> {
     let module = naga::front::wgsl::parse_str(source)
         .map_err(|e| compile_error(kernel, e.emit_to_string(source)))?;
@@ -504,8 +518,12 @@ impl Pipelines {
     pub(crate) fn compile(&mut self, kernel: &Kernel) -> Result<VulkanKernel> {
         let (words, interface) = match kernel.source() {
             KernelSource::Wgsl(source) => {
-                let (words, bindings) =
-                    wgsl_to_spirv(kernel, source, self.gpu.capabilities, &self.gpu.limits)?;
+                let (words, bindings) = wgsl_to_spirv(
+                    kernel,
+                    source,
+                    self.gpu.capabilities,
+                    &launch_limits(&self.gpu),
+                )?;
                 (words, Interface::Descriptors(bindings))
             }
             KernelSource::SpirV(words) => (words.to_vec(), spirv_interface(kernel, words)?),

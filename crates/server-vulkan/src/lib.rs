@@ -285,35 +285,8 @@ impl Backend for Vulkan {
         self.gpu.limits.min_storage_offset
     }
 
-    /// The device's limits as `check_launch` and `compile` apply them. A
-    /// launch binds its buffers (and its scalar blob) as pushed descriptors
-    /// — or, for SPIR-V that takes device addresses, as 8-byte addresses
-    /// in push constants — so the binding count is the smaller of the two
-    /// rooms: within it, every kernel kind binds. The blob is staged as one
-    /// more storage buffer, padded to 16 bytes. `shaderFloat64` and
-    /// `shaderInt64` are enabled where the device has them; `shaderFloat16`,
-    /// subgroup operations in WGSL and float atomics are not.
     fn launch_limits(&self) -> scope_core::LaunchLimits {
-        let limits = &self.gpu.limits;
-        let mut launch = scope_core::LaunchLimits::default();
-        launch.max_bindings = limits.max_bindings.min(limits.max_push_constants / 8);
-        launch.max_binding_size = limits.max_storage_range;
-        launch.max_scalar_bytes =
-            u32::try_from(limits.max_storage_range / 16 * 16).unwrap_or(u32::MAX / 16 * 16);
-        launch.max_workgroups = limits.max_groups;
-        launch.max_workgroup_size = limits.max_workgroup_size;
-        launch.max_invocations = limits.max_invocations;
-        launch.max_workgroup_memory = limits.max_workgroup_memory;
-        launch.subgroup_size = None;
-        launch.features.f64 = self
-            .gpu
-            .capabilities
-            .contains(naga::valid::Capabilities::FLOAT64);
-        launch.features.i64 = self
-            .gpu
-            .capabilities
-            .contains(naga::valid::Capabilities::SHADER_INT64);
-        launch
+        launch::launch_limits(&self.gpu)
     }
 
     fn create_stream(&mut self, id: scope_core::StreamId) -> Result<VulkanStream> {
