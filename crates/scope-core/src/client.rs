@@ -436,8 +436,8 @@ impl<B: Backend> Client<B> {
     /// What the device can run, as this server opened it: the largest
     /// allocation, the binding alignment, and the limits and features a
     /// launch must keep to. A launch inside every limit is never refused as
-    /// an invalid argument; one past any is refused before it runs, and
-    /// claims nothing (rule 38).
+    /// an invalid argument, and the grid is exact: one workgroup past an
+    /// axis is refused before it runs and claims nothing (rule 38).
     pub fn limits(&self) -> &DeviceLimits {
         &self.shared.limits
     }

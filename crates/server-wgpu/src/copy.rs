@@ -154,10 +154,11 @@ impl crate::Wgpu {
         Ok((buffer, size))
     }
 
-    /// Keep an unmapped staging buffer for the next read, if it is the
-    /// keeping size and none is kept.
+    /// Keep an unmapped staging buffer for the next read, if it is of a
+    /// keeping size and larger than the one kept (reads in flight at once
+    /// each took their own; the largest serves the most).
     fn keep_staging(&mut self, buffer: wgpu::Buffer, size: u64) {
-        if size <= KEEP_STAGING && self.staging.is_none() {
+        if size <= KEEP_STAGING && self.staging.as_ref().is_none_or(|(_, kept)| *kept < size) {
             self.staging = Some((buffer, size));
         }
     }

@@ -222,6 +222,7 @@ impl<B: Backend> Server<B> {
     /// Submit `stream`'s work and return what waiting for it needs, for the
     /// client to wait on with the lock released: one stream's long wait must
     /// not stall every other thread's calls.
+    ///
     /// `site` is the fault-plan site the wait stands for, if any (a read
     /// consults its own site when it copies).
     pub(super) fn begin_wait(
