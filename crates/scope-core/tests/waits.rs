@@ -37,6 +37,9 @@ struct GateState {
     waiting: usize,
     /// Set to let blocked waits return, with this outcome.
     opened: Option<Result<()>>,
+    /// What the next `end_wait` reports: a fault the backend kept for the
+    /// stream's next wait, as a batch lost at submission is.
+    kept: Option<Error>,
 }
 
 impl Gate {
@@ -180,7 +183,10 @@ impl Backend for Gated {
     }
 
     fn end_wait(&mut self, _stream: &mut HostStream, _gate: Arc<Gate>) -> Result<()> {
-        Ok(())
+        match self.gate.state.lock().kept.take() {
+            Some(kept) => Err(kept),
+            None => Ok(()),
+        }
     }
 
     fn order(&mut self, first: &mut HostStream, then: &mut HostStream) -> Result<()> {
@@ -312,6 +318,37 @@ fn a_fault_a_wait_surfaces_lands_on_what_it_covered_only() {
     assert!(lost.to_string().contains("LATE"), "{lost}");
     assert_eq!(host::words(&c.read(&later).unwrap()), vec![4; 4]);
     assert!(c.poison().is_none());
+}
+
+#[test]
+fn a_fault_kept_for_the_next_wait_lands_on_everything_in_flight() {
+    // A batch lost at submission is reported at the stream's next wait, and
+    // that batch may hold work another thread submitted while this wait
+    // ran: the report cannot be limited to what the wait covered.
+    let (c, gate) = gated();
+    let covered = c.upload(&words(&[1; 4])).unwrap();
+    let later = c.upload(&words(&[2; 4])).unwrap();
+    c.sync().unwrap();
+    c.write(&covered, &words(&[3; 4])).unwrap();
+    gate.arm();
+    let syncing = {
+        let c = c.clone();
+        std::thread::spawn(move || c.sync())
+    };
+    gate.until_waiting();
+    let same_stream = c.clone();
+    let later_write = later.clone();
+    assert!(returns_while_blocked(move || {
+        same_stream.write(&later_write, &words(&[4; 4])).unwrap();
+    }));
+    gate.state.lock().kept = Some(fault("BATCH_LOST"));
+    gate.open(Ok(()));
+    let lost = syncing.join().unwrap().unwrap_err();
+    assert!(lost.to_string().contains("BATCH_LOST"), "{lost}");
+    for buffer in [&covered, &later] {
+        let error = c.read(buffer).unwrap_err();
+        assert!(error.to_string().contains("BATCH_LOST"), "{error}");
+    }
 }
 
 #[test]

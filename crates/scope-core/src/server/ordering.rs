@@ -260,22 +260,24 @@ impl<B: Backend> Server<B> {
             mark,
         } = pending;
         let index = self.stream_index(stream);
-        let result = match waiter {
-            Some(waiter) => self
+        // What the backend kept for the stream's next wait (a lost batch,
+        // an error reported late) may belong to work submitted after the
+        // mark, by another thread while this one waited: it lands on
+        // everything in flight. What the wait itself surfaced lands on the
+        // work it covered.
+        if let Some(waiter) = waiter
+            && let Err(error) = self
                 .backend
                 .end_wait(&mut self.streams[index].device, waiter)
-                .and(waited),
-            None => waited,
-        };
-        match result {
-            Ok(()) => {
-                self.streams[index].in_flight.take_to(mark);
-            }
-            Err(error) => {
-                self.settle(stream, &error, mark);
-                return Err(error);
-            }
+        {
+            self.settle(stream, &error, u64::MAX);
+            return Err(error);
         }
+        if let Err(error) = waited {
+            self.settle(stream, &error, mark);
+            return Err(error);
+        }
+        self.streams[index].in_flight.take_to(mark);
         self.check_poison()
     }
 
