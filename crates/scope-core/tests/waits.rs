@@ -14,7 +14,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 use scope_core::host::{self, Host, HostGraph, HostKernel, HostMemory, HostStream};
 use scope_core::{
-    Backend, Client, Error, Kernel, Language, Launch, LaunchLimits, Result, StreamId,
+    Backend, Buffer, Client, Error, Kernel, Language, Launch, LaunchLimits, Result, StreamId,
 };
 
 /// How long a call on another thread may take while a wait is blocked
@@ -291,9 +291,13 @@ fn a_waiting_read_does_not_stall_other_threads_and_reads_after_the_wait() {
     assert_eq!(host::words(&reading.join().unwrap().unwrap()), vec![1; 4]);
 }
 
-#[test]
-fn a_fault_a_wait_surfaces_lands_on_what_it_covered_only() {
-    let (c, gate) = gated();
+/// A write the next wait covers (`covered`), a sync blocked on the gate,
+/// and, while it is blocked, a write on the same stream that it does not
+/// cover (`later`).
+fn a_sync_blocked_with_work_behind_it(
+    c: &Client<Gated>,
+    gate: &Gate,
+) -> (Buffer, Buffer, std::thread::JoinHandle<Result<()>>) {
     let covered = c.upload(&words(&[1; 4])).unwrap();
     let later = c.upload(&words(&[2; 4])).unwrap();
     // Settle the uploads, then submit the work the wait will cover.
@@ -305,12 +309,18 @@ fn a_fault_a_wait_surfaces_lands_on_what_it_covered_only() {
         std::thread::spawn(move || c.sync())
     };
     gate.until_waiting();
-    // Submitted on the same stream while the wait runs: not covered by it.
     let same_stream = c.clone();
     let later_write = later.clone();
     assert!(returns_while_blocked(move || {
         same_stream.write(&later_write, &words(&[4; 4])).unwrap();
     }));
+    (covered, later, syncing)
+}
+
+#[test]
+fn a_fault_a_wait_surfaces_lands_on_what_it_covered_only() {
+    let (c, gate) = gated();
+    let (covered, later, syncing) = a_sync_blocked_with_work_behind_it(&c, &gate);
     gate.open(Err(fault("LATE")));
     let surfaced = syncing.join().unwrap().unwrap_err();
     assert!(surfaced.to_string().contains("LATE"), "{surfaced}");
@@ -326,21 +336,7 @@ fn a_fault_kept_for_the_next_wait_lands_on_everything_in_flight() {
     // that batch may hold work another thread submitted while this wait
     // ran: the report cannot be limited to what the wait covered.
     let (c, gate) = gated();
-    let covered = c.upload(&words(&[1; 4])).unwrap();
-    let later = c.upload(&words(&[2; 4])).unwrap();
-    c.sync().unwrap();
-    c.write(&covered, &words(&[3; 4])).unwrap();
-    gate.arm();
-    let syncing = {
-        let c = c.clone();
-        std::thread::spawn(move || c.sync())
-    };
-    gate.until_waiting();
-    let same_stream = c.clone();
-    let later_write = later.clone();
-    assert!(returns_while_blocked(move || {
-        same_stream.write(&later_write, &words(&[4; 4])).unwrap();
-    }));
+    let (covered, later, syncing) = a_sync_blocked_with_work_behind_it(&c, &gate);
     gate.state.lock().kept = Some(fault("BATCH_LOST"));
     gate.open(Ok(()));
     let lost = syncing.join().unwrap().unwrap_err();
