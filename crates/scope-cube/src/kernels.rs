@@ -79,6 +79,60 @@ pub fn blend(x: &[f32], y: &[f32], out: &mut [f32], alpha: f32, n: u32) {
     }
 }
 
+/// `out[i] = a0[i] + a1[i] + … + a19[i]`, wrapping, for `i < n`: twenty-one
+/// buffers and an info struct, more addresses than 128 bytes of push
+/// constants hold, so cubecl's SPIR-V passes them in a uniform table.
+#[cube(launch)]
+pub fn wide_sum(
+    a0: &[u32],
+    a1: &[u32],
+    a2: &[u32],
+    a3: &[u32],
+    a4: &[u32],
+    a5: &[u32],
+    a6: &[u32],
+    a7: &[u32],
+    a8: &[u32],
+    a9: &[u32],
+    a10: &[u32],
+    a11: &[u32],
+    a12: &[u32],
+    a13: &[u32],
+    a14: &[u32],
+    a15: &[u32],
+    a16: &[u32],
+    a17: &[u32],
+    a18: &[u32],
+    a19: &[u32],
+    out: &mut [u32],
+    n: u32,
+) {
+    let i = ABSOLUTE_POS as u32;
+    if i < n {
+        let p = ABSOLUTE_POS;
+        out[p] = a0[p]
+            + a1[p]
+            + a2[p]
+            + a3[p]
+            + a4[p]
+            + a5[p]
+            + a6[p]
+            + a7[p]
+            + a8[p]
+            + a9[p]
+            + a10[p]
+            + a11[p]
+            + a12[p]
+            + a13[p]
+            + a14[p]
+            + a15[p]
+            + a16[p]
+            + a17[p]
+            + a18[p]
+            + a19[p];
+    }
+}
+
 fn unbound() -> BufferCompilationArg {
     BufferCompilationArg { inplace: None }
 }
@@ -123,4 +177,14 @@ constructor!(
     /// [`blend`](fn@blend), translated: buffers `[x, y, out]`, scalars
     /// `[alpha, n]`.
     blend_kernel, blend::Blend, unbound(), unbound(), unbound(), (), ()
+);
+constructor!(
+    /// [`wide_sum`](fn@wide_sum), translated: buffers `[a0, …, a19, out]`,
+    /// scalars `[n]`.
+    wide_sum_kernel, wide_sum::WideSum,
+    unbound(), unbound(), unbound(), unbound(), unbound(),
+    unbound(), unbound(), unbound(), unbound(), unbound(),
+    unbound(), unbound(), unbound(), unbound(), unbound(),
+    unbound(), unbound(), unbound(), unbound(), unbound(),
+    unbound(), ()
 );

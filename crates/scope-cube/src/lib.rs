@@ -37,9 +37,11 @@
 //! What is not covered: kernels that read tensor metadata (a `Tensor`'s
 //! shapes and strides travel in a dynamic metadata area the binding
 //! convention — buffers and one scalar blob — has no place for; such a kernel
-//! is refused at translation for every target, tested in `tests/args.rs`), and
-//! kernels with more than sixteen buffers on Vulkan (the push-constant block
-//! would spill into a uniform buffer the server does not bind).
+//! is refused at translation for every target, tested in `tests/args.rs`).
+//! On Vulkan, a kernel whose buffer addresses do not fit in 128 bytes of push
+//! constants (more than fifteen buffers and the info struct) gets them in a
+//! uniform table instead, which server-vulkan binds
+//! (`tests/servers.rs`, a twenty-one-buffer kernel under validation).
 
 mod args;
 pub mod kernels;

@@ -21,7 +21,7 @@ use cubecl_core::ir::metadata::Info;
 use cubecl_cpp::shared::CppCompiler;
 use scope_core::{Access, Error, Kernel, KernelId, KernelSource, Result};
 
-use crate::target::{PUSH_CONSTANT_BYTES, Target};
+use crate::target::Target;
 
 /// A cubecl kernel translated for one target: the scope [`Kernel`] and what
 /// a launch needs to pack its arguments.
@@ -240,17 +240,10 @@ pub fn translate(kernel: &impl cubecl_core::CubeKernel, target: Target) -> Resul
         }
         (Target::Wgsl, Output::Text(source)) => Kernel::wgsl(name.as_str(), source).entry(entry),
         (Target::SpirV, Output::Words(words)) => {
-            if immediate.is_none() {
-                return Err(compile_error(
-                    &name,
-                    format!(
-                        "the kernel takes {} buffers; cubecl passes more addresses than fit in \
-                         {PUSH_CONSTANT_BYTES} bytes of push constants through a uniform buffer, \
-                         which the Vulkan server does not bind",
-                        io.len()
-                    ),
-                ));
-            }
+            // Addresses that fit in push constants go there (`immediate`
+            // is their size); more go in a uniform table at set 0, binding
+            // 0, which the Vulkan server binds too.
+            tracing::trace!(kernel = %name, push_constants = ?immediate, "SPIR-V addresses");
             // SAFETY: see above.
             unsafe { Kernel::spirv(name.as_str(), words) }.entry(entry)
         }

@@ -287,3 +287,49 @@ fn vulkan_device_addresses_under_validation() {
     let got = run(&c, Target::SpirV, &inputs).unwrap();
     assert_matches("vulkan spir-v (validated)", &cpu(&inputs), &got);
 }
+
+/// A kernel with more buffers than 128 bytes of push constants hold
+/// addresses for (twenty-one and the info struct): cubecl's SPIR-V passes
+/// them in a uniform table at set 0, binding 0, which the Vulkan server
+/// stages and binds — under the validation layer, with memory staged as on
+/// a discrete GPU — and the sum matches the CPU.
+#[test]
+fn vulkan_binds_a_kernel_wider_than_push_constants() {
+    let _ = std::fs::create_dir_all("/tmp/xdg");
+    let make = || {
+        server_vulkan::client_with(server_vulkan::Config {
+            validation: true,
+            fail_on_validation: true,
+            force_staging: true,
+        })
+    };
+    let Some(c) = client_or_skip(make) else {
+        return;
+    };
+    let n = 1000u32;
+    let inputs: Vec<Vec<u32>> = (0..20u32)
+        .map(|k| (0..n).map(|i| i.wrapping_mul(k + 1) ^ (k << 20)).collect())
+        .collect();
+    let buffers: Vec<_> = inputs
+        .iter()
+        .map(|words| c.upload(&bytes_of(words, u32::to_le_bytes)).unwrap())
+        .collect();
+    let out = c.allocate(u64::from(n) * 4).unwrap();
+    let kernel = kernels::wide_sum_kernel(Target::SpirV).unwrap();
+    let args = buffers
+        .iter()
+        .fold(Args::new(), |args, buffer| args.slice::<u32>(buffer))
+        .slice::<u32>(&out)
+        .scalar(n);
+    kernel
+        .launch(&c, &args, Dispatch::linear(n.div_ceil(CUBE)))
+        .unwrap();
+    let expected: Vec<u32> = (0..n as usize)
+        .map(|i| {
+            inputs
+                .iter()
+                .fold(0u32, |sum, words| sum.wrapping_add(words[i]))
+        })
+        .collect();
+    assert_eq!(u32s(&c.read(&out).unwrap()), expected);
+}

@@ -19,9 +19,11 @@
 //!
 //! A graph is held behind an `Arc`: each replay in flight holds a clone, so
 //! destroying a graph never frees a command buffer the device may still run
-//! — the last completed replay releases it. A replay is submitted at once
-//! and the graph remembers, per stream, the timeline value that finishes
-//! its latest replay there; destroying it waits for those values (rule 35),
+//! — the last completed replay releases it. A replay is batched like any
+//! other work, and the graph remembers, per stream, the timeline value that
+//! will finish its latest replay there; the core flushes every stream
+//! before it destroys a graph, and destroying waits for those values (rule
+//! 35) — but not for a replay whose batch failed and was never submitted —
 //! so a fault in a replay surfaces at the destroy and the core gives it to
 //! the graph's write set. A wait that gives up marks the device hung, and
 //! the graph is then leaked, not freed.

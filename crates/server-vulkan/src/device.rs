@@ -35,6 +35,11 @@ pub(crate) type Messages = Arc<Mutex<Vec<String>>>;
 pub(crate) struct Limits {
     pub min_storage_offset: u64,
     pub max_storage_range: u64,
+    /// `minUniformBufferOffsetAlignment` and `maxUniformBufferRange`: where
+    /// a device-address kernel's table of addresses may be staged, and how
+    /// many addresses it may hold.
+    pub min_uniform_offset: u64,
+    pub max_uniform_range: u64,
     pub max_memory_allocation: u64,
     pub max_buffer_size: u64,
     pub max_groups: [u32; 3],
@@ -400,6 +405,8 @@ fn memory_facts(
     Ok(Limits {
         min_storage_offset: props.limits.min_storage_buffer_offset_alignment.max(4),
         max_storage_range: u64::from(props.limits.max_storage_buffer_range),
+        min_uniform_offset: props.limits.min_uniform_buffer_offset_alignment.max(16),
+        max_uniform_range: u64::from(props.limits.max_uniform_buffer_range),
         max_memory_allocation: m3.max_memory_allocation_size.max(1),
         max_buffer_size: max_buffer,
         max_groups: props.limits.max_compute_work_group_count,

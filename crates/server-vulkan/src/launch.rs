@@ -23,7 +23,12 @@
 //! blob's. The module says so itself, so the server recognises it from the
 //! words (no new kernel language or launch field) and fills that block with
 //! the addresses of the launch's bindings (offset included) and of the blob,
-//! staged as in the descriptor case. The buffers are still the launch's
+//! staged as in the descriptor case. When the addresses do not fit in push
+//! constants, cubecl puts the same struct in a uniform block at set 0,
+//! binding 0 instead; the server recognises that form too, stages the
+//! table in the arena and pushes it as the kernel's one uniform-buffer
+//! descriptor, so a kernel may take as many buffers as
+//! `maxUniformBufferRange` holds addresses. The buffers are still the launch's
 //! bindings, with their access: the core's read and write sets, and so every
 //! rule of the failure model, are the same as for a descriptor launch. Such
 //! a module needs `bufferDeviceAddress` and `vulkanMemoryModel`; a device
@@ -91,8 +96,10 @@ use crate::stream::{Recorder, VulkanStream};
 enum Interface {
     /// Storage buffers at set 0, bindings `0..n`, pushed as descriptors.
     Descriptors(u32),
-    /// `n` 64-bit buffer device addresses in a push-constant block.
-    Addresses(u32),
+    /// `count` 64-bit buffer device addresses: in a push-constant block, or,
+    /// when they do not fit there (`table`), in a uniform buffer at set 0,
+    /// binding 0 — the two forms cubecl's SPIR-V compiler emits.
+    Addresses { count: u32, table: bool },
 }
 
 /// A compiled kernel: what the core caches as `Backend::Kernel`.
@@ -109,6 +116,9 @@ pub(crate) struct Pipelines {
     gpu: Arc<Gpu>,
     layouts: HashMap<u32, (vk::DescriptorSetLayout, vk::PipelineLayout)>,
     address_layouts: HashMap<u32, vk::PipelineLayout>,
+    /// The layout of kernels whose addresses are a uniform table: one
+    /// pushed uniform-buffer descriptor, whatever the count.
+    table_layout: Option<(vk::DescriptorSetLayout, vk::PipelineLayout)>,
     pipelines: HashMap<u64, VulkanKernel>,
     /// The indirect-count guard, compiled on first use.
     guard: Option<VulkanKernel>,
@@ -135,6 +145,10 @@ impl Drop for Pipelines {
             for (_, layout) in self.address_layouts.drain() {
                 device.destroy_pipeline_layout(layout, None);
             }
+            if let Some((set, layout)) = self.table_layout.take() {
+                device.destroy_pipeline_layout(layout, None);
+                device.destroy_descriptor_set_layout(set, None);
+            }
         }
     }
 }
@@ -158,16 +172,18 @@ const BOUNDS: naga::proc::BoundsCheckPolicies = naga::proc::BoundsCheckPolicies 
 
 /// The device's limits as `check_launch` and `compile` apply them. A
 /// launch binds its buffers (and its scalar blob) as pushed descriptors
-/// — or, for SPIR-V that takes device addresses, as 8-byte addresses
-/// in push constants — so the binding count is the smaller of the two
-/// rooms: within it, every kernel kind binds. The blob is staged as one
+/// — or, for SPIR-V that takes device addresses, as 8-byte addresses in
+/// push constants or, past their room, in a uniform table — so the binding
+/// count is the smaller of the descriptor room and the table's. The blob is staged as one
 /// more storage buffer, padded to 16 bytes. `shaderFloat64` and
 /// `shaderInt64` are enabled where the device has them; `shaderFloat16`,
 /// subgroup operations in WGSL and float atomics are not.
 pub(crate) fn launch_limits(gpu: &Gpu) -> LaunchLimits {
     let limits = &gpu.limits;
     let mut launch = LaunchLimits::default();
-    launch.max_bindings = limits.max_bindings.min(limits.max_push_constants / 8);
+    launch.max_bindings = limits
+        .max_bindings
+        .min(u32::try_from(limits.max_uniform_range / 8).unwrap_or(u32::MAX));
     launch.max_binding_size = limits.max_storage_range;
     launch.max_scalar_bytes =
         u32::try_from(limits.max_storage_range / 16 * 16).unwrap_or(u32::MAX / 16 * 16);
@@ -320,6 +336,7 @@ fn spirv_interface(kernel: &Kernel, words: &[u32]) -> Result<Interface> {
     const DESCRIPTOR_SET: u32 = 34;
     const PHYSICAL_STORAGE_BUFFER_64: u32 = 5348;
     const PUSH_CONSTANT: u32 = 9;
+    const UNIFORM: u32 = 2;
     if words.len() < 5 || words[0] != 0x0723_0203 {
         return Err(compile_error(
             kernel,
@@ -333,6 +350,8 @@ fn spirv_interface(kernel: &Kernel, words: &[u32]) -> Result<Interface> {
     let mut pointers: HashMap<u32, u32> = HashMap::new();
     let mut structs: HashMap<u32, u32> = HashMap::new();
     let mut push_blocks: Vec<u32> = Vec::new();
+    // (variable, pointer type) of each `Uniform` variable.
+    let mut uniforms: Vec<(u32, u32)> = Vec::new();
     let mut at = 5;
     while at < words.len() {
         let count = (words[at] >> 16) as usize;
@@ -367,6 +386,9 @@ fn spirv_interface(kernel: &Kernel, words: &[u32]) -> Result<Interface> {
             OP_VARIABLE if operands.len() >= 3 && operands[2] == PUSH_CONSTANT => {
                 push_blocks.push(operands[0]);
             }
+            OP_VARIABLE if operands.len() >= 3 && operands[2] == UNIFORM => {
+                uniforms.push((operands[1], operands[0]));
+            }
             _ => {}
         }
         at += count;
@@ -396,21 +418,34 @@ fn spirv_interface(kernel: &Kernel, words: &[u32]) -> Result<Interface> {
     if !physical {
         return Ok(Interface::Descriptors(count));
     }
-    // The device-address interface: one push-constant block, a struct of
-    // 64-bit addresses, and no descriptors.
-    let members = match push_blocks.as_slice() {
-        [block] => pointers
-            .get(block)
+    // The device-address interface: a struct of 64-bit addresses, in one
+    // push-constant block and no descriptors, or — cubecl's form when they
+    // do not fit in push constants — in one uniform block at set 0,
+    // binding 0, the only descriptor.
+    let members = |pointer: u32| {
+        pointers
+            .get(&pointer)
             .and_then(|pointee| structs.get(pointee))
-            .copied(),
+            .copied()
+    };
+    let table = match (push_blocks.as_slice(), uniforms.as_slice()) {
+        ([pointer], []) if count == 0 => members(*pointer).map(|count| (count, false)),
+        ([], [(variable, pointer)])
+            if bindings.len() == 1
+                && bindings.get(variable) == Some(&0)
+                && sets.get(variable).copied().unwrap_or(0) == 0 =>
+        {
+            members(*pointer).map(|count| (count, true))
+        }
         _ => None,
     };
-    match members {
-        Some(members) if count == 0 => Ok(Interface::Addresses(members)),
-        _ => Err(compile_error(
+    match table {
+        Some((count, table)) => Ok(Interface::Addresses { count, table }),
+        None => Err(compile_error(
             kernel,
-            "the module reaches buffers by device address, but not through exactly one \
-             push-constant block of addresses and no descriptors, the only such interface the \
+            "the module reaches buffers by device address, but neither through exactly one \
+             push-constant block of addresses and no descriptors nor through one uniform block \
+             of addresses at set 0, binding 0 and no other descriptor: the two interfaces the \
              server binds",
         )),
     }
@@ -429,6 +464,7 @@ impl Pipelines {
             gpu,
             layouts: HashMap::new(),
             address_layouts: HashMap::new(),
+            table_layout: None,
             pipelines: HashMap::new(),
             guard: None,
         }
@@ -465,12 +501,34 @@ impl Pipelines {
         if let Some(&layout) = self.layouts.get(&bindings) {
             return Ok(layout);
         }
+        let layout = self.pushed_layout(vk::DescriptorType::STORAGE_BUFFER, bindings)?;
+        self.layouts.insert(bindings, layout);
+        Ok(layout)
+    }
+
+    /// The layout of kernels whose addresses are a uniform table.
+    fn table_layout(&mut self) -> Result<vk::PipelineLayout> {
+        if let Some((_, layout)) = self.table_layout {
+            return Ok(layout);
+        }
+        let layout = self.pushed_layout(vk::DescriptorType::UNIFORM_BUFFER, 1)?;
+        self.table_layout = Some(layout);
+        Ok(layout.1)
+    }
+
+    /// A pipeline layout of one push-descriptor set of `bindings`
+    /// descriptors of `kind`, at bindings `0..bindings`.
+    fn pushed_layout(
+        &self,
+        kind: vk::DescriptorType,
+        bindings: u32,
+    ) -> Result<(vk::DescriptorSetLayout, vk::PipelineLayout)> {
         let device = &self.gpu.device;
         let entries: Vec<_> = (0..bindings)
             .map(|i| {
                 vk::DescriptorSetLayoutBinding::default()
                     .binding(i)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_type(kind)
                     .descriptor_count(1)
                     .stage_flags(vk::ShaderStageFlags::COMPUTE)
             })
@@ -492,7 +550,6 @@ impl Pipelines {
                 return Err(what(e));
             }
         };
-        self.layouts.insert(bindings, (set, layout));
         Ok((set, layout))
     }
 
@@ -562,7 +619,10 @@ impl Pipelines {
                 }
                 self.layout(bindings)?.1
             }
-            Interface::Addresses(addresses) => {
+            Interface::Addresses {
+                count: addresses,
+                table,
+            } => {
                 if !(self.gpu.bda && self.gpu.memory_model) {
                     return Err(compile_error(
                         kernel,
@@ -579,17 +639,28 @@ impl Pipelines {
                     ));
                 }
                 let bytes = u64::from(addresses) * 8;
-                if bytes > u64::from(self.gpu.limits.max_push_constants) {
+                let (room, limit) = if table {
+                    (self.gpu.limits.max_uniform_range, "maxUniformBufferRange")
+                } else {
+                    (
+                        u64::from(self.gpu.limits.max_push_constants),
+                        "maxPushConstantsSize",
+                    )
+                };
+                if bytes > room {
                     return Err(compile_error(
                         kernel,
                         format!(
-                            "{addresses} addresses need {bytes} bytes of push constants; the \
-                             device offers {}",
-                            self.gpu.limits.max_push_constants
+                            "{addresses} addresses need {bytes} bytes; the device's {limit} is \
+                             {room}"
                         ),
                     ));
                 }
-                self.address_layout(addresses)?
+                if table {
+                    self.table_layout()?
+                } else {
+                    self.address_layout(addresses)?
+                }
             }
         };
         let device = &self.gpu.device;
@@ -664,7 +735,9 @@ pub(crate) fn check(
                 ),
             );
         }
-        Interface::Addresses(addresses) if given != addresses => {
+        Interface::Addresses {
+            count: addresses, ..
+        } if given != addresses => {
             return invalid(
                 what(),
                 format!(
@@ -703,7 +776,7 @@ pub(crate) fn check(
                 );
             }
         }
-        Interface::Addresses(_) => {
+        Interface::Addresses { .. } => {
             if launch
                 .bindings
                 .iter()
@@ -767,7 +840,9 @@ pub(crate) fn launch(
         };
         match kernel.interface {
             Interface::Descriptors(_) => push_descriptors(rec, kernel, launch, min_offset)?,
-            Interface::Addresses(_) => push_addresses(rec, kernel, launch, min_offset)?,
+            Interface::Addresses { table, .. } => {
+                push_addresses(rec, kernel, launch, min_offset, table)?
+            }
         }
         let cmd = rec.encoder.cmd;
         match dispatch {
@@ -903,13 +978,16 @@ fn push_descriptors(
     Ok(())
 }
 
-/// Bind a device-address kernel and push the addresses of the bindings
-/// and of the staged scalar blob, in that order, as push constants.
+/// Bind a device-address kernel and give it the addresses of the bindings
+/// and of the staged scalar blob, in that order: as push constants, or,
+/// for a kernel that takes them as a uniform table (`table`), staged in the
+/// arena and pushed as its one uniform-buffer descriptor.
 fn push_addresses(
     rec: &mut Recorder<'_>,
     kernel: &VulkanKernel,
     launch: &Launch<'_, VulkanMemory>,
     min_offset: u64,
+    table: bool,
 ) -> Result<()> {
     let mut addresses: SmallVec<[u64; 16]> = launch
         .bindings
@@ -929,6 +1007,39 @@ fn push_addresses(
     }
     let bytes: SmallVec<[u8; 128]> = addresses.iter().flat_map(|a| a.to_le_bytes()).collect();
     let gpu = rec.gpu;
+    if table {
+        let len = bytes.len() as u64;
+        let staged =
+            rec.arena
+                .push(&bytes, len.div_ceil(16) * 16, gpu.limits.min_uniform_offset)?;
+        rec.encoder.bind(gpu, kernel.pipeline);
+        let info = [vk::DescriptorBufferInfo {
+            buffer: staged.buffer,
+            offset: staged.offset,
+            range: len,
+        }];
+        let write = vk::WriteDescriptorSet::default()
+            .dst_binding(0)
+            .descriptor_type(vk::DescriptorType::UNIFORM_BUFFER)
+            .buffer_info(&info);
+        // SAFETY: the command buffer is recording with the kernel bound;
+        // its layout is the push-descriptor table layout, one uniform
+        // buffer at binding 0; the range is arena memory with uniform
+        // usage, at a `minUniformBufferOffsetAlignment` offset, within
+        // `maxUniformBufferRange` (compile checked the table's size), and
+        // travels with the submission; every address in it is of a live
+        // buffer range the core checked or of the staged blob.
+        unsafe {
+            gpu.push.cmd_push_descriptor_set(
+                rec.encoder.cmd,
+                vk::PipelineBindPoint::COMPUTE,
+                kernel.layout,
+                0,
+                &[write],
+            )
+        };
+        return Ok(());
+    }
     rec.encoder.bind(gpu, kernel.pipeline);
     // SAFETY: the command buffer is recording with the kernel bound; the
     // layout has one compute push-constant range of exactly `bytes.len()`

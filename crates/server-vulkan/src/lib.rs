@@ -16,7 +16,8 @@
 //! - `stream`: a logical stream is a command pool, a current command buffer
 //!   and a timeline semaphore on the device's one queue; work is batched
 //!   and submitted on sync, on read, at a batch limit, or when another
-//!   stream must wait for it; a replay is submitted at once. The module
+//!   stream must wait for it; a replay is batched like other work (the
+//!   core flushes every stream before a graph is destroyed). The module
 //!   docs argue the mapping.
 //! - `copy`: host writes (inline or staged, always in stream order), reads
 //!   and device copies.
@@ -24,8 +25,9 @@
 //!   pipelines with push descriptors, the launch checks and the dispatch.
 //!   SPIR-V that reaches its buffers by device address (what cubecl emits;
 //!   see `scope-cube`) is recognised from the module and given the
-//!   bindings' and the scalar blob's addresses as push constants instead —
-//!   same bindings, same access, so the same read and write sets.
+//!   bindings' and the scalar blob's addresses as push constants instead,
+//!   or, when they do not fit there, as a uniform table staged with the
+//!   launch — same bindings, same access, so the same read and write sets.
 //! - `capture`: a window records into a simultaneous-use command buffer
 //!   that a replay resubmits without re-recording; a host write inside a
 //!   window keeps its bytes for every replay.

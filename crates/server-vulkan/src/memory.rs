@@ -102,12 +102,13 @@ fn create_backing(
     size: u64,
     memory_type: u32,
     map: bool,
+    usage: vk::BufferUsageFlags,
     what: &str,
 ) -> Result<Backing> {
     let device = &gpu.device;
     let info = vk::BufferCreateInfo::default()
         .size(size)
-        .usage(storage_usage(gpu))
+        .usage(usage)
         .sharing_mode(vk::SharingMode::EXCLUSIVE);
     // SAFETY: a valid create info on a live device.
     let buffer = unsafe { device.create_buffer(&info, None) }
@@ -360,6 +361,7 @@ impl Pool {
             block_len,
             limits.device_type,
             limits.device_mappable,
+            storage_usage(&self.gpu),
             "pooled block",
         )
         .map_err(|e| match e {
@@ -481,7 +483,17 @@ pub(crate) struct Chunk {
 
 impl Chunk {
     fn new(gpu: &Arc<Gpu>, size: u64) -> Result<Chunk> {
-        let backing = create_backing(gpu, size, gpu.limits.host_type, true, "staging chunk")?;
+        // Staged scalar blobs are storage buffers; a device-address
+        // kernel's table of addresses is a uniform buffer.
+        let usage = storage_usage(gpu) | vk::BufferUsageFlags::UNIFORM_BUFFER;
+        let backing = create_backing(
+            gpu,
+            size,
+            gpu.limits.host_type,
+            true,
+            usage,
+            "staging chunk",
+        )?;
         let Some(ptr) = backing.mapped else {
             destroy_backing(gpu, &backing);
             return Err(Error::OutOfMemory {
