@@ -181,7 +181,11 @@ impl CubeKernel {
     /// # Errors
     ///
     /// What [`pack`](Self::pack) refuses; a client whose backend does not
-    /// take this kernel's language; then whatever the launch returns.
+    /// take this kernel's language; more workgroup memory than the
+    /// device's workgroups hold ([`shared_memory`](Self::shared_memory)
+    /// against `max_workgroup_memory`: no server checks a translated
+    /// kernel's own declaration, and past it the launch would fail on the
+    /// device, or worse); then whatever the launch returns.
     pub fn launch<B: Backend>(
         &self,
         client: &Client<B>,
@@ -195,6 +199,16 @@ impl CubeKernel {
                 format!(
                     "it was translated to {language}, which the {} server does not take",
                     B::NAME
+                ),
+            ));
+        }
+        let room = client.limits().launch.max_workgroup_memory;
+        if self.shared_memory > room as usize {
+            return Err(invalid(
+                self,
+                format!(
+                    "it declares {} bytes of workgroup memory; the device gives a workgroup {room}",
+                    self.shared_memory
                 ),
             ));
         }

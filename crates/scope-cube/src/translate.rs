@@ -34,6 +34,8 @@ pub struct CubeKernel {
     /// The info struct's layout (scalars by type, buffer lengths).
     pub(crate) info: Info,
     pub(crate) address_type: AddressType,
+    /// Bytes of workgroup (shared) memory the compiled kernel declares.
+    pub(crate) shared_memory: usize,
 }
 
 impl CubeKernel {
@@ -81,6 +83,13 @@ impl CubeKernel {
     /// touches is `Read`, the answer that claims nothing.
     pub fn access(&self, index: usize) -> Option<Access> {
         self.io.get(index).map(|io| io_access(*io))
+    }
+
+    /// Bytes of workgroup (shared) memory the compiled kernel declares:
+    /// what [`launch`](Self::launch) holds against the device's
+    /// `max_workgroup_memory` before anything runs.
+    pub fn shared_memory(&self) -> usize {
+        self.shared_memory
     }
 
     /// Whether it takes an info struct (scalars, buffer lengths), packed as
@@ -137,17 +146,30 @@ enum Output {
     Words(Vec<u32>),
 }
 
+/// What one compiler produced: the source, each buffer's access, the size
+/// of the SPIR-V push-constant block (`None` for a uniform address table,
+/// or another target), and the workgroup memory declared.
+struct Compiled {
+    output: Output,
+    io: Vec<BufferIOAttr>,
+    immediate: Option<usize>,
+    shared_memory: usize,
+}
+
 /// Translate `kernel` (a definition made with [`Target::settings`] and
 /// [`Target::device_properties`] of the same target) into the language of
-/// `target`.
+/// `target`. `kernel` may be a trait object (`&dyn CubeKernel`), as a
+/// runtime's launcher holds it.
 ///
 /// # Errors
 ///
 /// [`Error::Compile`] when the kernel's expansion panics, the cubecl
 /// compiler refuses or panics, or the kernel needs an argument model the
-/// scope convention cannot express (tensor metadata; more buffers than the
-/// Vulkan push-constant block holds).
-pub fn translate(kernel: &impl cubecl_core::CubeKernel, target: Target) -> Result<CubeKernel> {
+/// scope convention cannot express (tensor metadata).
+pub fn translate(
+    kernel: &(impl cubecl_core::CubeKernel + ?Sized),
+    target: Target,
+) -> Result<CubeKernel> {
     let type_name = kernel.name();
     let compile_error = |name: &str, log: String| Error::Compile {
         backend: target.backend(),
@@ -172,39 +194,53 @@ pub fn translate(kernel: &impl cubecl_core::CubeKernel, target: Target) -> Resul
         ));
     }
     let compiled = catch_unwind(AssertUnwindSafe(
-        || -> std::result::Result<(Output, Vec<BufferIOAttr>, Option<usize>), String> {
+        || -> std::result::Result<Compiled, String> {
             match target {
                 Target::Cuda => {
                     let repr = CppCompiler::<cubecl_cpp::target::Cuda>::default()
                         .compile(definition, &target.cpp_options())
                         .map_err(|e| e.to_string())?;
                     let io = CppCompiler::<cubecl_cpp::target::Cuda>::buffer_io(&repr);
-                    Ok((Output::Text(repr.to_string()), io.unwrap_or_default(), None))
+                    Ok(Compiled {
+                        shared_memory: repr.shared_memory_size,
+                        output: Output::Text(repr.to_string()),
+                        io: io.unwrap_or_default(),
+                        immediate: None,
+                    })
                 }
                 Target::Hip => {
                     let repr = CppCompiler::<cubecl_cpp::target::Hip>::default()
                         .compile(definition, &target.cpp_options())
                         .map_err(|e| e.to_string())?;
                     let io = CppCompiler::<cubecl_cpp::target::Hip>::buffer_io(&repr);
-                    Ok((Output::Text(repr.to_string()), io.unwrap_or_default(), None))
+                    Ok(Compiled {
+                        shared_memory: repr.shared_memory_size,
+                        output: Output::Text(repr.to_string()),
+                        io: io.unwrap_or_default(),
+                        immediate: None,
+                    })
                 }
                 Target::Wgsl => {
                     let repr = cubecl_wgpu::WgslCompiler
                         .compile(definition, &target.wgpu_options())
                         .map_err(|e| e.to_string())?;
-                    let io = repr.io.clone();
-                    Ok((Output::Text(repr.to_string()), io, None))
+                    Ok(Compiled {
+                        shared_memory: repr.shared_memory_size,
+                        io: repr.io.clone(),
+                        output: Output::Text(repr.to_string()),
+                        immediate: None,
+                    })
                 }
                 Target::SpirV => {
                     let repr = cubecl_spirv::SpirvCompiler
                         .compile(definition, &target.wgpu_options())
                         .map_err(|e| e.to_string())?;
-                    let io = repr.io.clone().unwrap_or_default();
-                    Ok((
-                        Output::Words(repr.assembled_module),
-                        io,
-                        repr.immediate_size,
-                    ))
+                    Ok(Compiled {
+                        io: repr.io.clone().unwrap_or_default(),
+                        immediate: repr.immediate_size,
+                        shared_memory: repr.shared_size,
+                        output: Output::Words(repr.assembled_module),
+                    })
                 }
             }
         },
@@ -216,7 +252,12 @@ pub fn translate(kernel: &impl cubecl_core::CubeKernel, target: Target) -> Resul
         )
     })?
     .map_err(|log| compile_error(&name, log))?;
-    let (output, io, immediate) = compiled;
+    let Compiled {
+        output,
+        io,
+        immediate,
+        shared_memory,
+    } = compiled;
     let block = [cube.x, cube.y, cube.z];
     // SAFETY (for the CUDA, HIP and SPIR-V kernels below): the module is
     // cubecl's own compiler output for `target`, from a `#[cube]` kernel
@@ -261,6 +302,7 @@ pub fn translate(kernel: &impl cubecl_core::CubeKernel, target: Target) -> Resul
         io,
         info,
         address_type,
+        shared_memory,
     })
 }
 

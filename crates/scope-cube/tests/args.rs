@@ -288,3 +288,79 @@ fn a_kernel_with_tensor_metadata_is_refused_for_every_target() {
         );
     }
 }
+
+#[cube(launch)]
+fn reverses_through_shared(out: &mut [u32], #[comptime] words: usize) {
+    let mut shared = Shared::new_slice(words);
+    let i = UNIT_POS as usize;
+    if i < words {
+        shared[words - i - 1] = out[i];
+    }
+    sync_cube();
+    if i < words {
+        out[i] = shared[i];
+    }
+}
+
+fn reverses_through_shared_kernel(target: Target, words: usize) -> scope_cube::CubeKernel {
+    let kernel = reverses_through_shared::ReversesThroughShared::new(
+        target.settings([CUBE, 1, 1]),
+        target.device_properties(),
+        target.target_properties(),
+        BufferCompilationArg { inplace: None },
+        words,
+    );
+    // Through a trait object, as a runtime's launcher holds its kernels.
+    let as_dyn: &dyn cubecl::CubeKernel = &kernel;
+    translate(as_dyn, target).unwrap_or_else(|e| panic!("{target:?}: {e}"))
+}
+
+/// Every target reports the workgroup memory its compiled kernel declares,
+/// and a launch on a server whose workgroups hold less is refused before it
+/// runs, as an invalid argument that claims nothing.
+#[test]
+fn workgroup_memory_is_reported_and_held_to_the_device() {
+    for target in Target::ALL {
+        let kernel = reverses_through_shared_kernel(target, 64);
+        assert!(
+            kernel.shared_memory() >= 64 * 4,
+            "{target:?}: {} bytes",
+            kernel.shared_memory()
+        );
+    }
+    let _ = std::fs::create_dir_all("/tmp/xdg");
+    let Some(c) = scope_core::conformance::client_or_skip(|| {
+        server_vulkan::client_with(server_vulkan::Config {
+            validation: true,
+            fail_on_validation: true,
+            force_staging: false,
+        })
+    }) else {
+        return;
+    };
+    let room = c.limits().launch.max_workgroup_memory as usize;
+    let out = c.upload(&[0u8; 256]).unwrap();
+    let too_big = reverses_through_shared_kernel(Target::SpirV, room / 4 + 1024);
+    let refused = too_big
+        .launch(&c, &Args::new().slice::<u32>(&out), Dispatch::linear(1))
+        .unwrap_err();
+    assert!(
+        matches!(&refused, Error::InvalidArgument { why, .. } if why.contains("workgroup memory")),
+        "{refused}"
+    );
+    assert_eq!(c.failures_held(), 0);
+    // WGSL: cubecl's SPIR-V for this kernel makes lavapipe (Mesa 22.3)
+    // crash while it creates the pipeline; see docs/CUBECL.md (9).
+    let fits = reverses_through_shared_kernel(Target::Wgsl, 64);
+    c.write(
+        &out,
+        &(0..64u32).flat_map(u32::to_le_bytes).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    fits.launch(&c, &Args::new().slice::<u32>(&out), Dispatch::linear(1))
+        .unwrap();
+    assert_eq!(
+        words(&c.read(&out).unwrap()),
+        (0..64u32).rev().collect::<Vec<_>>()
+    );
+}
