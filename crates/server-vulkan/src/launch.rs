@@ -952,30 +952,50 @@ fn push_descriptors(
             range: padded,
         });
     }
-    let gpu = rec.gpu;
-    rec.encoder.bind(gpu, kernel.pipeline);
+    rec.encoder.bind(rec.gpu, kernel.pipeline);
     if !infos.is_empty() {
-        let write = vk::WriteDescriptorSet::default()
-            .dst_binding(0)
-            .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-            .buffer_info(&infos);
-        // SAFETY: the command buffer is recording with the kernel bound;
-        // its layout was made with the push-descriptor flag and has exactly
-        // `infos.len()` storage-buffer bindings (`check`), each one array
-        // element, filled consecutively from binding 0; every range lies in
-        // a live buffer at an aligned offset (core-checked bindings, arena
-        // scalars at `min_offset`) and within maxStorageBufferRange.
-        unsafe {
-            gpu.push.cmd_push_descriptor_set(
-                rec.encoder.cmd,
-                vk::PipelineBindPoint::COMPUTE,
-                kernel.layout,
-                0,
-                &[write],
-            )
-        };
+        // SAFETY: the kernel is bound; its layout is a push-descriptor
+        // layout of exactly `infos.len()` storage-buffer bindings (`check`);
+        // every range lies in a live buffer at an aligned offset
+        // (core-checked bindings, arena scalars at `min_offset`) and within
+        // maxStorageBufferRange, and the arena travels with the submission.
+        unsafe { push_set(rec, kernel, vk::DescriptorType::STORAGE_BUFFER, &infos) };
     }
     Ok(())
+}
+
+/// Push `infos` as the bound kernel's set 0, one `kind` descriptor per
+/// binding from 0 — the one place a launch writes descriptors.
+///
+/// # Safety
+///
+/// `kernel` is bound on `rec`'s recording command buffer; its layout was
+/// made with the push-descriptor flag and has exactly `infos.len()` `kind`
+/// bindings of one element each; every range is valid for `kind` (usage,
+/// offset alignment, size limit) and its buffer lives until the submission
+/// completes.
+unsafe fn push_set(
+    rec: &mut Recorder<'_>,
+    kernel: &VulkanKernel,
+    kind: vk::DescriptorType,
+    infos: &[vk::DescriptorBufferInfo],
+) {
+    let write = vk::WriteDescriptorSet::default()
+        .dst_binding(0)
+        .descriptor_type(kind)
+        .buffer_info(infos);
+    // SAFETY: the caller's promise above is exactly what
+    // vkCmdPushDescriptorSetKHR requires of the command buffer, the layout
+    // and the descriptors.
+    unsafe {
+        rec.gpu.push.cmd_push_descriptor_set(
+            rec.encoder.cmd,
+            vk::PipelineBindPoint::COMPUTE,
+            kernel.layout,
+            0,
+            &[write],
+        )
+    };
 }
 
 /// Bind a device-address kernel and give it the addresses of the bindings
@@ -1018,26 +1038,14 @@ fn push_addresses(
             offset: staged.offset,
             range: len,
         }];
-        let write = vk::WriteDescriptorSet::default()
-            .dst_binding(0)
-            .descriptor_type(vk::DescriptorType::UNIFORM_BUFFER)
-            .buffer_info(&info);
-        // SAFETY: the command buffer is recording with the kernel bound;
-        // its layout is the push-descriptor table layout, one uniform
-        // buffer at binding 0; the range is arena memory with uniform
-        // usage, at a `minUniformBufferOffsetAlignment` offset, within
-        // `maxUniformBufferRange` (compile checked the table's size), and
-        // travels with the submission; every address in it is of a live
-        // buffer range the core checked or of the staged blob.
-        unsafe {
-            gpu.push.cmd_push_descriptor_set(
-                rec.encoder.cmd,
-                vk::PipelineBindPoint::COMPUTE,
-                kernel.layout,
-                0,
-                &[write],
-            )
-        };
+        // SAFETY: the kernel is bound; its layout is the push-descriptor
+        // table layout, one uniform buffer at binding 0; the range is arena
+        // memory with uniform usage, at a `minUniformBufferOffsetAlignment`
+        // offset, within `maxUniformBufferRange` (compile checked the
+        // table's size), and travels with the submission; every address in
+        // it is of a live buffer range the core checked or of the staged
+        // blob.
+        unsafe { push_set(rec, kernel, vk::DescriptorType::UNIFORM_BUFFER, &info) };
         return Ok(());
     }
     rec.encoder.bind(gpu, kernel.pipeline);
