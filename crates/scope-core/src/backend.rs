@@ -83,21 +83,29 @@ impl<M> Launch<'_, M> {
     ///
     /// A count past `max`.
     pub fn groups_within(&self, max: [u32; 3]) -> crate::Result<()> {
-        let BoundDispatch::Groups(groups) = &self.dispatch else {
-            return Ok(());
-        };
-        match groups
-            .iter()
-            .zip(max)
-            .enumerate()
-            .find(|(_, (g, m))| **g > *m)
-        {
-            Some((axis, (count, max))) => Err(crate::Error::invalid(
-                format!("dispatch of `{}`", self.name),
-                format!("{count} workgroups along axis {axis} is past the device's {max}"),
-            )),
-            None => Ok(()),
+        match &self.dispatch {
+            BoundDispatch::Groups(groups) => grid_within(self.name, *groups, max),
+            BoundDispatch::Indirect { .. } => Ok(()),
         }
+    }
+}
+
+/// Whether host-given workgroup counts `groups` fit a grid of `max`: an
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming the axis
+/// if not. The core asks it of every launch, against the backend's
+/// [`LaunchLimits::max_workgroups`], before the backend's own checks.
+pub(crate) fn grid_within(name: &str, groups: [u32; 3], max: [u32; 3]) -> crate::Result<()> {
+    match groups
+        .iter()
+        .zip(max)
+        .enumerate()
+        .find(|(_, (g, m))| **g > *m)
+    {
+        Some((axis, (count, max))) => Err(crate::Error::invalid(
+            format!("dispatch of `{name}`"),
+            format!("{count} workgroups along axis {axis} is past the device's {max}"),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -273,8 +281,11 @@ pub trait Backend: Send + 'static {
     fn compile(&mut self, kernel: &Kernel) -> Result<Self::Kernel>;
 
     /// Check `launch` against this backend's own limits (binding counts,
-    /// binding sizes, workgroup counts, push-constant room), before the core
-    /// opens the launch's scope.
+    /// binding sizes, block sizes, push-constant room), before the core
+    /// opens the launch's scope. Host-given workgroup counts are not among
+    /// them: the core has checked those against
+    /// [`launch_limits`](Self::launch_limits)' `max_workgroups`, the one
+    /// grid rule for every server.
     ///
     /// A launch this refuses is the caller's mistake, not a device failure:
     /// it must be an [`Error::InvalidArgument`](crate::Error::InvalidArgument)

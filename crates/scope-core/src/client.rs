@@ -381,7 +381,7 @@ impl<B: Backend> Client<B> {
         };
         let queue = Arc::new(FreeQueue::default());
         let hooks = Arc::new(Hooks::default());
-        let server = Server::new(backend, id, hooks.clone())?;
+        let server = Server::new(backend, id, hooks.clone(), limits.launch.max_workgroups)?;
         tracing::info!(backend = B::NAME, device = %description, "scope server ready");
         Ok(Self {
             shared: Arc::new(Shared {

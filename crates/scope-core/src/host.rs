@@ -525,7 +525,6 @@ impl Backend for Host {
     }
 
     fn check_launch(&self, kernel: &HostKernel, launch: &Launch<'_, HostMemory>) -> Result<()> {
-        launch.groups_within([MAX_GROUPS; 3])?;
         match kernel.0.bindings {
             Some(taken) if taken != launch.bindings.len() => Err(Error::invalid(
                 format!("bindings of `{}`", launch.name),

@@ -152,6 +152,9 @@ pub struct Server<B: Backend> {
     graphs: HashMap<GraphId, GraphEntry<B::Graph>>,
     next_graph: u64,
     poison: Option<Arc<Error>>,
+    /// The backend's grid (`LaunchLimits::max_workgroups`): host-given
+    /// counts past it are refused before any backend check.
+    max_workgroups: [u32; 3],
     write_sets: Vec<Vec<BufferRange>>,
     hooks: Arc<Hooks>,
     copy_label: Arc<str>,
@@ -234,7 +237,12 @@ fn two<S>(streams: &mut [S], a: usize, b: usize) -> (&mut S, &mut S) {
 }
 
 impl<B: Backend> Server<B> {
-    pub(crate) fn new(mut backend: B, id: ServerId, hooks: Arc<Hooks>) -> Result<Self> {
+    pub(crate) fn new(
+        mut backend: B,
+        id: ServerId,
+        hooks: Arc<Hooks>,
+        max_workgroups: [u32; 3],
+    ) -> Result<Self> {
         let first = backend.create_stream(StreamId(0))?;
         Ok(Self {
             backend,
@@ -250,6 +258,7 @@ impl<B: Backend> Server<B> {
             graphs: HashMap::new(),
             next_graph: 1,
             poison: None,
+            max_workgroups,
             write_sets: Vec::new(),
             hooks,
             copy_label: Arc::from("copy"),

@@ -549,7 +549,6 @@ pub(crate) fn check_launch(
     launch: &Launch<'_, CudaMemory>,
 ) -> Result<()> {
     let invalid = |why: String| Err(Error::invalid(format!("launch of `{}`", kernel.name), why));
-    launch.groups_within(limits.max_workgroups)?;
     limits
         .workgroup_fits(kernel.block)
         .or_else(|why| invalid(format!("the kernel's block: {why}")))?;

@@ -789,17 +789,8 @@ pub(crate) fn check(
             }
         }
     }
-    if let BoundDispatch::Groups(groups) = &launch.dispatch
-        && groups.iter().zip(&limits.max_groups).any(|(g, m)| g > m)
-    {
-        return invalid(
-            format!("the workgroup count of `{}`", launch.name),
-            format!(
-                "{groups:?} is past the device's maxComputeWorkGroupCount of {:?}",
-                limits.max_groups
-            ),
-        );
-    }
+    // Host-given workgroup counts: the core checked them against
+    // `launch_limits`' grid (maxComputeWorkGroupCount).
     Ok(())
 }
 

@@ -468,7 +468,8 @@ fn a_launch_past_the_device_limits_is_an_invalid_argument_that_claims_nothing() 
             &scalars(&[64, 1]),
             Dispatch::Groups([max[0] + 1, 1, 1]),
         ),
-        "maxComputeWorkGroupCount",
+        // The core's grid check, against `maxComputeWorkGroupCount`.
+        &format!("workgroups along axis 0 is past the device's {}", max[0]),
     );
     let range = client.with_backend(|b| b.max_storage_buffer_range());
     let big = client.try_allocate(range + 256).unwrap();

@@ -369,15 +369,8 @@ fn check_parts(
             ));
         }
     }
-    if let BoundDispatch::Groups(groups) = &launch.dispatch {
-        let max = limits.max_compute_workgroups_per_dimension;
-        if let Some(g) = groups.iter().find(|&&g| g > max) {
-            return Err((
-                "the workgroup count".to_owned(),
-                format!("{g} workgroups in one dimension is past the device's limit of {max}"),
-            ));
-        }
-    }
+    // Host-given workgroup counts: the core checked them against
+    // `launch_limits`' grid (max_compute_workgroups_per_dimension).
     Ok(())
 }
 

@@ -424,6 +424,9 @@ impl<B: Backend> Server<B> {
         scalars: &[u8],
         groups: Option<[u32; 3]>,
     ) -> Result<()> {
+        if let Some(groups) = groups {
+            crate::backend::grid_within(name, groups, self.max_workgroups)?;
+        }
         let Some(compiled) = self.kernels.get(&id) else {
             return Ok(());
         };
