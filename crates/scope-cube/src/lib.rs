@@ -50,7 +50,7 @@ mod translate;
 
 pub use args::Args;
 pub use target::Target;
-pub use translate::{CubeKernel, translate};
+pub use translate::{CubeKernel, Translation, translate, translate_definition};
 
 /// The cubecl crates, re-exported so a runtime writes kernels against the same
 /// versions this crate compiles.

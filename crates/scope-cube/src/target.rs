@@ -20,6 +20,8 @@ use cubecl_core::profile::TimingMethod;
 use cubecl_core::{VulkanCompilationOptions, WgpuCompilationOptions};
 use scope_core::{Backend, Language};
 
+use crate::translate::Translation;
+
 /// The language a kernel is translated into, one per kind of server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Target {
@@ -153,16 +155,16 @@ impl Target {
     }
 
     /// Options for the WGSL and SPIR-V compilers.
-    pub(crate) fn wgpu_options(self) -> WgpuCompilationOptions {
+    pub(crate) fn wgpu_options(self, translation: &Translation) -> WgpuCompilationOptions {
         WgpuCompilationOptions {
-            supports_u64: false,
+            supports_u64: translation.supports_u64,
             supports_vulkan_compiler: self == Target::SpirV,
             supports_msl_compiler: false,
             vulkan: VulkanCompilationOptions {
                 // The server needs Vulkan 1.2, whose SPIR-V is 1.5.
                 max_spirv_version: (1, 5),
-                max_vector_size: 4,
-                push_constant_size: PUSH_CONSTANT_BYTES,
+                max_vector_size: translation.max_vector_size,
+                push_constant_size: translation.push_constant_bytes,
                 ..Default::default()
             },
         }

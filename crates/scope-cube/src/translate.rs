@@ -14,14 +14,17 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
+use cubecl_core::CompilationError;
 use cubecl_core::Compiler;
+use cubecl_core::environment::backtrace::BackTrace;
 use cubecl_core::ir::AddressType;
 use cubecl_core::ir::attributes::BufferIOAttr;
 use cubecl_core::ir::metadata::Info;
+use cubecl_core::prelude::KernelDefinition;
 use cubecl_cpp::shared::CppCompiler;
-use scope_core::{Access, Error, Kernel, KernelId, KernelSource, Result};
+use scope_core::{Access, DeviceLimits, Error, Kernel, KernelId, KernelSource, Result};
 
-use crate::target::Target;
+use crate::target::{PUSH_CONSTANT_BYTES, Target};
 
 /// A cubecl kernel translated for one target: the scope [`Kernel`] and what
 /// a launch needs to pack its arguments.
@@ -83,6 +86,12 @@ impl CubeKernel {
     /// touches is `Read`, the answer that claims nothing.
     pub fn access(&self, index: usize) -> Option<Access> {
         self.io.get(index).map(|io| io_access(*io))
+    }
+
+    /// The compiler's answer for every buffer, by position: what a runtime
+    /// that binds the kernel itself stages its read and write sets from.
+    pub fn buffer_io(&self) -> &[BufferIOAttr] {
+        &self.io
     }
 
     /// Bytes of workgroup (shared) memory the compiled kernel declares:
@@ -178,14 +187,10 @@ pub fn translate(
     };
     let definition = cubecl_core::define_kernel(kernel)
         .map_err(|e| compile_error(type_name, format!("cubecl could not expand it: {e}")))?;
-    // Read before compiling: the compilers consume the definition, and the
-    // entry point carries a hash of this build's kernel id.
-    let entry = definition.settings.kernel_name.clone();
-    let name = display_name(&entry).to_owned();
-    let info = definition.info.clone();
-    let address_type = definition.settings.address_type;
-    let cube = definition.settings.cube_dim;
-    if info.has_dynamic_meta {
+    let name = display_name(&definition.settings.kernel_name).to_owned();
+    // `Args` packs buffers and scalars; a runtime that packs cubecl's whole
+    // info struct itself (dynamic metadata included) uses `translate_definition`.
+    if definition.info.has_dynamic_meta {
         return Err(compile_error(
             &name,
             "the kernel takes tensor metadata (shapes and strides); scope-cube packs buffers and \
@@ -193,13 +198,85 @@ pub fn translate(
                 .to_owned(),
         ));
     }
+    translate_definition(definition, target, &Translation::default())
+        .map_err(|e| compile_error(&name, e.to_string()))
+}
+
+/// Compile options that follow the device rather than the target's
+/// constants: what the server reported in its [`DeviceLimits`].
+///
+/// A definition expanded for one device and compiled with another's options
+/// can use what the server never enabled (64-bit integers), which the
+/// server's own compiler then refuses — or, worse, accepts on a device
+/// where it means something else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Translation {
+    /// Whether the kernel may use 64-bit integers (WGSL, SPIR-V).
+    pub supports_u64: bool,
+    /// The widest vector the compilers may emit.
+    pub max_vector_size: usize,
+    /// Push-constant bytes cubecl may use for SPIR-V buffer addresses;
+    /// more addresses go in a uniform table.
+    pub push_constant_bytes: usize,
+}
+
+impl Default for Translation {
+    /// What every device of every target takes: no 64-bit integers,
+    /// vectors of four, the Vulkan minimum push-constant block.
+    fn default() -> Self {
+        Self {
+            supports_u64: false,
+            max_vector_size: 4,
+            push_constant_bytes: PUSH_CONSTANT_BYTES,
+        }
+    }
+}
+
+impl Translation {
+    /// The options a server's device takes, from its reported limits.
+    pub fn for_device(limits: &DeviceLimits) -> Self {
+        Self {
+            supports_u64: limits.launch.features.i64,
+            ..Self::default()
+        }
+    }
+}
+
+/// Compile an expanded cubecl kernel definition into the language of
+/// `target` — the half of [`translate`] a cubecl runtime needs, since its
+/// launcher has already expanded the kernel (and built the info struct,
+/// tensor metadata included, which the caller then packs whole as the
+/// scalar blob).
+///
+/// # Errors
+///
+/// cubecl's own [`CompilationError`], typed, so that a runtime can tell a
+/// refusal from a failure: the compiler's error as it gave it, and a
+/// compiler panic or an output of the wrong kind as
+/// [`CompilationError::Generic`].
+pub fn translate_definition(
+    definition: KernelDefinition,
+    target: Target,
+    translation: &Translation,
+) -> std::result::Result<CubeKernel, CompilationError> {
+    // Read before compiling: the compilers consume the definition, and the
+    // entry point carries a hash of this build's kernel id.
+    let entry = definition.settings.kernel_name.clone();
+    let name = display_name(&entry).to_owned();
+    let info = definition.info.clone();
+    let address_type = definition.settings.address_type;
+    let cube = definition.settings.cube_dim;
+    let generic = |reason: String| CompilationError::Generic {
+        reason,
+        backtrace: BackTrace::capture(),
+    };
     let compiled = catch_unwind(AssertUnwindSafe(
-        || -> std::result::Result<Compiled, String> {
+        || -> std::result::Result<Compiled, CompilationError> {
             match target {
                 Target::Cuda => {
                     let repr = CppCompiler::<cubecl_cpp::target::Cuda>::default()
-                        .compile(definition, &target.cpp_options())
-                        .map_err(|e| e.to_string())?;
+                        .compile(definition, &target.cpp_options())?;
                     let io = CppCompiler::<cubecl_cpp::target::Cuda>::buffer_io(&repr);
                     Ok(Compiled {
                         shared_memory: repr.shared_memory_size,
@@ -210,8 +287,7 @@ pub fn translate(
                 }
                 Target::Hip => {
                     let repr = CppCompiler::<cubecl_cpp::target::Hip>::default()
-                        .compile(definition, &target.cpp_options())
-                        .map_err(|e| e.to_string())?;
+                        .compile(definition, &target.cpp_options())?;
                     let io = CppCompiler::<cubecl_cpp::target::Hip>::buffer_io(&repr);
                     Ok(Compiled {
                         shared_memory: repr.shared_memory_size,
@@ -222,8 +298,7 @@ pub fn translate(
                 }
                 Target::Wgsl => {
                     let repr = cubecl_wgpu::WgslCompiler
-                        .compile(definition, &target.wgpu_options())
-                        .map_err(|e| e.to_string())?;
+                        .compile(definition, &target.wgpu_options(translation))?;
                     Ok(Compiled {
                         shared_memory: repr.shared_memory_size,
                         io: repr.io.clone(),
@@ -233,8 +308,7 @@ pub fn translate(
                 }
                 Target::SpirV => {
                     let repr = cubecl_spirv::SpirvCompiler
-                        .compile(definition, &target.wgpu_options())
-                        .map_err(|e| e.to_string())?;
+                        .compile(definition, &target.wgpu_options(translation))?;
                     Ok(Compiled {
                         io: repr.io.clone().unwrap_or_default(),
                         immediate: repr.immediate_size,
@@ -246,12 +320,11 @@ pub fn translate(
         },
     ))
     .map_err(|payload| {
-        compile_error(
-            &name,
-            format!("the cubecl compiler panicked: {}", panic_text(&*payload)),
-        )
-    })?
-    .map_err(|log| compile_error(&name, log))?;
+        generic(format!(
+            "the cubecl compiler panicked: {}",
+            panic_text(&*payload)
+        ))
+    })??;
     let Compiled {
         output,
         io,
@@ -289,10 +362,9 @@ pub fn translate(
             unsafe { Kernel::spirv(name.as_str(), words) }.entry(entry)
         }
         (target, _) => {
-            return Err(compile_error(
-                &name,
-                format!("the {target:?} compiler produced the wrong kind of output"),
-            ));
+            return Err(generic(format!(
+                "the {target:?} compiler produced the wrong kind of output"
+            )));
         }
     };
     tracing::debug!(kernel = %name, ?target, buffers = io.len(), "translated");

@@ -1,0 +1,111 @@
+//! Which scope servers can sit under a [`ScopeRuntime`](crate::ScopeRuntime),
+//! and how each is opened.
+//!
+//! One small trait over [`scope_core::Backend`] rather than a parameter per
+//! server: the adapter is written once, generic over it, and a server joins
+//! by saying how to open it, how to find its devices, and which cubecl
+//! compiler speaks its language. Everything else — failures, ordering,
+//! memory — is already the same on every server, because the contract is.
+
+use scope_core::{Backend, Client, Probe, Result};
+use scope_cube::Target;
+
+use crate::device::ScopeDevice;
+
+/// A scope server a cubecl runtime can run on.
+pub trait CubeBackend: Backend + Sized {
+    /// The runtime's name, as cubecl reports it ("scope-vulkan").
+    const RUNTIME_NAME: &'static str;
+
+    /// The language cubecl's kernels are compiled into for this server.
+    fn target() -> Target;
+
+    /// Open a server on `device`.
+    ///
+    /// # Errors
+    ///
+    /// [`scope_core::Error::BackendUnavailable`] when there is no such device.
+    fn open(device: &ScopeDevice) -> Result<Client<Self>>;
+
+    /// The devices there are, without opening one; never panics.
+    fn probe() -> Probe;
+}
+
+#[cfg(feature = "wgpu")]
+impl CubeBackend for server_wgpu::Wgpu {
+    /// cubecl reads a name starting with "wgpu" as WGSL's float rules,
+    /// which let the shader compiler fold NaN, infinity and the sign of
+    /// zero (its IEEE test relaxes on it); scope's wgpu server runs WGSL.
+    const RUNTIME_NAME: &'static str = "wgpu<scope>";
+
+    fn target() -> Target {
+        Target::Wgsl
+    }
+
+    /// The adapter `SCOPE_WGPU_BACKEND` and `SCOPE_WGPU_ADAPTER` choose.
+    fn open(_device: &ScopeDevice) -> Result<Client<Self>> {
+        server_wgpu::client()
+    }
+
+    fn probe() -> Probe {
+        server_wgpu::probe()
+    }
+}
+
+#[cfg(feature = "vulkan")]
+impl CubeBackend for server_vulkan::Vulkan {
+    const RUNTIME_NAME: &'static str = "scope-vulkan";
+
+    /// SPIR-V by device address (cubecl's own Vulkan path) when
+    /// `SCOPE_CUBECL_VULKAN=spirv`; WGSL through naga otherwise.
+    fn target() -> Target {
+        match std::env::var("SCOPE_CUBECL_VULKAN").as_deref() {
+            Ok("spirv") => Target::SpirV,
+            _ => Target::Wgsl,
+        }
+    }
+
+    /// The device `SCOPE_VULKAN_DEVICE` chooses, under the validation layer
+    /// when `SCOPE_VULKAN_VALIDATION=1`.
+    fn open(_device: &ScopeDevice) -> Result<Client<Self>> {
+        server_vulkan::client()
+    }
+
+    fn probe() -> Probe {
+        server_vulkan::probe()
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl CubeBackend for server_cuda::Cuda {
+    const RUNTIME_NAME: &'static str = "scope-cuda";
+
+    fn target() -> Target {
+        Target::Cuda
+    }
+
+    fn open(device: &ScopeDevice) -> Result<Client<Self>> {
+        server_cuda::client_on(usize::from(device.index))
+    }
+
+    fn probe() -> Probe {
+        server_cuda::probe()
+    }
+}
+
+#[cfg(feature = "hip")]
+impl CubeBackend for server_hip::Hip {
+    const RUNTIME_NAME: &'static str = "scope-hip";
+
+    fn target() -> Target {
+        Target::Hip
+    }
+
+    fn open(device: &ScopeDevice) -> Result<Client<Self>> {
+        server_hip::client_on(usize::from(device.index))
+    }
+
+    fn probe() -> Probe {
+        server_hip::probe()
+    }
+}

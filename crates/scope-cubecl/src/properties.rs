@@ -1,0 +1,99 @@
+//! What cubecl is told about the device: the scope server's own limits.
+//!
+//! cubecl kernels specialise on these values while expanding — cube sizes,
+//! shared memory, which types exist, how far a grid may spread — so they
+//! must be what the *scope server* enforces ([`scope_core::Client::limits`]),
+//! not what the same GPU could do under another runtime. A property that
+//! promised more would make a kernel library pick a kernel the server then
+//! refuses; one that promised less only costs speed.
+
+use cubecl_common::profile::TimingMethod;
+use cubecl_core::ir::features::{AtomicUsage, TypeUsage};
+use cubecl_core::ir::{
+    AddressType, DeviceIdentity, DeviceProperties, ElemType, FloatKind, HardwareProperties,
+    IntKind, MemoryDeviceProperties, Type, UIntKind,
+};
+use scope_core::DeviceLimits;
+use scope_cube::Target;
+
+/// The device properties a server with `limits` offers cubecl.
+pub(crate) fn device_properties(
+    limits: &DeviceLimits,
+    target: Target,
+    runtime: &str,
+    device: &str,
+) -> DeviceProperties {
+    let launch = &limits.launch;
+    // Planes are reported only where the server enabled subgroup
+    // operations; otherwise the range the target's kernels are written for,
+    // with no plane feature, so that nothing depends on it.
+    let (plane_min, plane_max) = launch
+        .subgroup_size
+        .unwrap_or((target.plane_size(), target.plane_size()));
+    let [gx, gy, gz] = launch.max_workgroups;
+    let [dx, dy, dz] = launch.max_workgroup_size;
+    let hardware = HardwareProperties {
+        load_width: 128,
+        vector_register_count: None,
+        plane_size_min: plane_min,
+        plane_size_max: plane_max,
+        // One binding is the info struct (the scope convention's blob).
+        max_bindings: launch.max_bindings.saturating_sub(1),
+        max_shared_memory_size: launch.max_workgroup_memory as usize,
+        max_cube_count: (gx, gy, gz),
+        max_units_per_cube: launch.max_invocations,
+        max_cube_dim: (dx, dy, dz),
+        num_streaming_multiprocessors: None,
+        num_tensor_cores: None,
+        min_tensor_cores_dim: None,
+        num_cpu_cores: None,
+        last_level_cache_size: None,
+        max_vector_size: 4,
+        cube_mma_reserved_shared_memory: 0,
+    };
+    let memory = MemoryDeviceProperties::new(
+        limits.max_allocation.min(launch.max_binding_size),
+        limits.binding_alignment,
+    );
+    let mut properties = DeviceProperties::new(
+        Default::default(),
+        memory,
+        hardware,
+        // scope's contract has no device timestamps; a failed window is
+        // still never timed (rule 39), which is what autotune needs.
+        TimingMethod::System,
+        DeviceIdentity {
+            name: device.to_owned(),
+            fingerprint: format!("{runtime}-{device}"),
+            physical: None,
+        },
+    );
+    properties.register_address_type(AddressType::U32);
+    for ty in [
+        ElemType::Index,
+        ElemType::UInt(UIntKind::U32),
+        ElemType::Int(IntKind::I32),
+        ElemType::Float(FloatKind::F32),
+        ElemType::Float(FloatKind::Flex32),
+        ElemType::Bool,
+    ] {
+        properties.register_type_usage(ty, TypeUsage::all());
+    }
+    if target == Target::Wgsl {
+        // cubecl's WGSL compiler converts these in software, four to a word.
+        for ty in [FloatKind::E4M3, FloatKind::E5M2, FloatKind::UE8M0] {
+            properties.register_type_usage(ElemType::Float(ty), TypeUsage::Conversion);
+        }
+    }
+    let integer_atomics = AtomicUsage::LoadStore | AtomicUsage::Exchange | AtomicUsage::Add;
+    for ty in [ElemType::Int(IntKind::I32), ElemType::UInt(UIntKind::U32)] {
+        properties.register_atomic_type_usage(Type::atomic(ty), integer_atomics);
+        properties.register_shared_atomic_type_usage(Type::atomic(ty), integer_atomics);
+    }
+    if launch.features.f32_atomic_add {
+        let f32_atomic = Type::atomic(ElemType::Float(FloatKind::F32));
+        properties
+            .register_atomic_type_usage(f32_atomic, AtomicUsage::LoadStore | AtomicUsage::Add);
+    }
+    properties
+}

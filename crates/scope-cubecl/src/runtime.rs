@@ -1,0 +1,140 @@
+//! [`ScopeRuntime`]: the type a cubecl program names to run on a scope
+//! server.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+
+use cubecl_common::device::{Device, DeviceId, DeviceService, ServerUtilitiesHandle, ServiceId};
+use cubecl_core::ir::TargetProperties;
+use cubecl_core::zspace::{Shape, Strides};
+use cubecl_runtime::runtime::Runtime;
+use cubecl_runtime::server::ServerUtilities;
+use cubecl_server::allocator::ContiguousMemoryLayoutPolicy;
+use scope_core::Client;
+
+use crate::backend::CubeBackend;
+use crate::device::ScopeDevice;
+use crate::properties::device_properties;
+use crate::server::ScopeServer;
+
+/// A cubecl runtime whose server is a scope server of backend `B`.
+pub struct ScopeRuntime<B>(PhantomData<fn() -> B>);
+
+impl<B> Clone for ScopeRuntime<B> {
+    fn clone(&self) -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<B> std::fmt::Debug for ScopeRuntime<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ScopeRuntime<{}>", std::any::type_name::<B>())
+    }
+}
+
+impl<B: CubeBackend> ScopeRuntime<B> {
+    /// The scope client under `device`'s cubecl server (stream 0): for
+    /// scope-native work on the same device, fault plans in tests, and
+    /// reading scope's own failure reports.
+    ///
+    /// Opens the device's cubecl server first if no cubecl client has.
+    pub fn scope_client(device: &ScopeDevice) -> Client<B> {
+        // Loading a cubecl client runs `DeviceService::init` once per device.
+        drop(Self::client(device));
+        opened::<B>(device.to_id()).expect("the server registered its client when it opened")
+    }
+}
+
+/// The scope clients of the servers opened so far, by backend and device:
+/// cubecl's registry owns the servers and gives no way back to one, so each
+/// registers its client here when it opens.
+static OPENED: OnceLock<Mutex<HashMap<(TypeId, DeviceId), OpenedClient>>> = OnceLock::new();
+
+/// A `Client<B>` for the `B` its key names.
+type OpenedClient = Box<dyn Any + Send + Sync>;
+
+fn register<B: CubeBackend>(device: DeviceId, client: Client<B>) {
+    OPENED
+        .get_or_init(Default::default)
+        .lock()
+        .insert((TypeId::of::<B>(), device), Box::new(client));
+}
+
+fn opened<B: CubeBackend>(device: DeviceId) -> Option<Client<B>> {
+    OPENED
+        .get_or_init(Default::default)
+        .lock()
+        .get(&(TypeId::of::<B>(), device))
+        .and_then(|client| client.downcast_ref::<Client<B>>())
+        .cloned()
+}
+
+impl<B: CubeBackend> DeviceService for ScopeServer<B> {
+    /// Opens the scope server. cubecl's device registry cannot take an
+    /// error here, so a device that is not there panics with scope's own
+    /// reason — as cubecl's runtimes do; ask
+    /// [`Runtime::enumerate_all_devices`] first.
+    fn init(device_id: DeviceId) -> Self {
+        let device = ScopeDevice::from_id(device_id);
+        let client = match B::open(&device) {
+            Ok(client) => client,
+            Err(error) => panic!("{}: {error}", B::RUNTIME_NAME),
+        };
+        let properties = device_properties(
+            client.limits(),
+            B::target(),
+            B::RUNTIME_NAME,
+            client.describe(),
+        );
+        let layout = ContiguousMemoryLayoutPolicy::new(client.limits().binding_alignment as usize);
+        let (utilities, captures) = ServerUtilities::init(
+            ServiceId::of::<ScopeServer<B>>(device_id),
+            B::RUNTIME_NAME,
+            properties,
+            TargetProperties::default(),
+            Default::default(),
+            layout,
+        );
+        register(device_id, client.clone());
+        ScopeServer::new(client, utilities, captures)
+    }
+
+    fn utilities(&self) -> ServerUtilitiesHandle {
+        cubecl_runtime::server::Server::utilities(self) as ServerUtilitiesHandle
+    }
+}
+
+impl<B: CubeBackend> Runtime for ScopeRuntime<B> {
+    type Server = ScopeServer<B>;
+    type Device = ScopeDevice;
+
+    /// Contiguous row-major only: scope's copies are linear.
+    fn can_read_tensor(shape: &Shape, strides: &Strides) -> bool {
+        let mut expected = 1usize;
+        for (&dim, &stride) in shape.iter().zip(strides.iter()).rev() {
+            if dim > 1 && stride != expected {
+                return false;
+            }
+            expected *= dim;
+        }
+        true
+    }
+
+    fn target_properties() -> TargetProperties {
+        TargetProperties::default()
+    }
+
+    /// One device (the one the server's environment chooses) when the
+    /// server finds any, none otherwise.
+    fn enumerate_devices(type_id: u16) -> Vec<DeviceId> {
+        if type_id == 0 && B::probe().has_device() {
+            vec![DeviceId::new(0, 0)]
+        } else {
+            Vec::new()
+        }
+    }
+}

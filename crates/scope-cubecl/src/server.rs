@@ -1,0 +1,667 @@
+//! cubecl's `Server`, over a scope client.
+//!
+//! Every call resolves cubecl's handles to scope slices and asks scope. The
+//! server keeps translation tables — memory ids to buffers
+//! ([`MemoryTable`]), stream ids to scope streams ([`Streams`]), kernel ids
+//! to compiled kernels ([`Kernels`]), graph ids to graphs — and no failure
+//! of its own: a failure found here (a compiler refusal, a limit, a binding
+//! scope cannot take) is handed to scope with [`Client::fail_writing`], so
+//! it lands on the bytes exactly as a failed launch's does, and cubecl's
+//! questions about those bytes are answered from scope's store.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cubecl_common::bytes::Bytes;
+use cubecl_common::profile::ProfileDuration;
+use cubecl_core::zspace::{Shape, Strides};
+use cubecl_environment::backtrace::BackTrace;
+use cubecl_environment::future::DynFut;
+use cubecl_environment::stream::StreamId;
+use cubecl_environment::time::Instant;
+use cubecl_runtime::compiler::CompilationError;
+use cubecl_runtime::execution::LaunchMode;
+use cubecl_runtime::id::GraphId;
+use cubecl_runtime::kernel::{BufferIOAttr, CubeKernel as CubeclKernel};
+use cubecl_runtime::logging::ServerLogger;
+use cubecl_runtime::memory_management::{
+    ManagedMemoryHandle, MemoryAllocationMode, StreamMemoryReport,
+};
+use cubecl_runtime::server::{
+    BufferBinding, CopyDescriptor, CubeCount, DeviceCaptures, IoError, KernelArguments,
+    KernelResource, LaunchError, ProfileError, ProfilingToken, Server, ServerCommunication,
+    ServerError, ServerStorage, ServerUtilities,
+};
+use cubecl_runtime::storage::ManagedResource;
+use scope_core::{Access, Binding, Client, Dispatch, Error, Slice};
+use scope_cube::Translation;
+
+use crate::backend::CubeBackend;
+use crate::compile::{CompileTarget, Kernels};
+use crate::error::{external, to_server_error};
+use crate::memory::{MemoryTable, scope_size};
+use crate::storage::{ScopeResource, ScopeStorage};
+use crate::streams::Streams;
+
+/// The cubecl server of one scope device.
+pub struct ScopeServer<B: CubeBackend> {
+    streams: Streams<B>,
+    memory: MemoryTable,
+    kernels: Kernels,
+    translation: Translation,
+    graphs: HashMap<GraphId, scope_core::Graph>,
+    profiles: HashMap<u64, Profile>,
+    next_profile: u64,
+    utilities: Arc<ServerUtilities>,
+    logger: Arc<ServerLogger>,
+}
+
+/// A profiling window: when it started, and how many failures scope had
+/// seen then (a window a failure fell in is not a timing).
+struct Profile {
+    start: Instant,
+    failures: u64,
+}
+
+impl<B: CubeBackend> std::fmt::Debug for ScopeServer<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScopeServer")
+            .field("client", self.streams.base())
+            .field("memory", &self.memory.len())
+            .field("kernels", &self.kernels)
+            .finish()
+    }
+}
+
+fn validation(message: impl Into<String>) -> ServerError {
+    ServerError::Validation {
+        message: message.into(),
+        backtrace: BackTrace::capture(),
+    }
+}
+
+fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
+    Box::pin(std::future::ready(value))
+}
+
+/// Whether `strides` lay `shape` out row-major with no gaps: the only
+/// layout scope's linear copies can move.
+fn contiguous(shape: &Shape, strides: &Strides) -> bool {
+    let mut expected = 1usize;
+    for (&dim, &stride) in shape.iter().zip(strides.iter()).rev() {
+        if dim > 1 && stride != expected {
+            return false;
+        }
+        expected *= dim;
+    }
+    shape.len() == strides.len()
+}
+
+fn unsupported_strides() -> ServerError {
+    ServerError::Io(IoError::UnsupportedStrides {
+        backtrace: BackTrace::capture(),
+    })
+}
+
+impl<B: CubeBackend> ScopeServer<B> {
+    pub(crate) fn new(
+        client: Client<B>,
+        utilities: ServerUtilities,
+        captures: DeviceCaptures,
+    ) -> Self {
+        let translation = Translation::for_device(client.limits());
+        let logger = utilities.logger.clone();
+        Self {
+            streams: Streams::new(client, captures),
+            memory: MemoryTable::default(),
+            kernels: Kernels::default(),
+            translation,
+            graphs: HashMap::new(),
+            profiles: HashMap::new(),
+            next_profile: 0,
+            utilities: Arc::new(utilities),
+            logger,
+        }
+    }
+
+    /// The scope client of stream 0, for mixing scope-native work with
+    /// cubecl's on the same device.
+    pub fn scope_client(&self) -> Client<B> {
+        self.streams.base().clone()
+    }
+
+    fn client(&mut self, stream: StreamId) -> Result<Client<B>, ServerError> {
+        self.streams.client(stream)
+    }
+
+    /// Claim `written` with `error` on `stream`'s scope stream: the exit a
+    /// failure found before scope saw the work takes.
+    fn fail_outputs<'a>(
+        &mut self,
+        stream: StreamId,
+        written: impl Iterator<Item = &'a BufferBinding>,
+        error: ServerError,
+    ) {
+        let client = match self.client(stream) {
+            Ok(client) => client,
+            Err(_) => self.streams.base().clone(),
+        };
+        let mut slices = Vec::new();
+        for binding in written {
+            match self.memory.resolve(binding) {
+                Ok(Some(resolved)) => slices.push(resolved.slice()),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(%e, "a failed launch's output is not known here"),
+            }
+        }
+        if slices.is_empty() {
+            return;
+        }
+        if let Err(e) = client.fail_writing(&slices, external(error)) {
+            tracing::warn!(%e, "could not claim a failed launch's outputs");
+        }
+    }
+
+    /// The check a read makes, without the read.
+    fn check_bindings(
+        &mut self,
+        handles: &[BufferBinding],
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let client = self.client(stream)?;
+        let mut slices = Vec::with_capacity(handles.len());
+        for binding in handles {
+            if let Some(resolved) = self.memory.resolve(binding)? {
+                slices.push(resolved.slice());
+            }
+        }
+        if slices.is_empty() {
+            return Ok(());
+        }
+        client.check(&slices).map_err(|e| to_server_error(&e))
+    }
+
+    fn read_now(
+        &mut self,
+        descriptors: Vec<CopyDescriptor>,
+        stream: StreamId,
+    ) -> Result<Vec<Bytes>, ServerError> {
+        let client = self.client(stream)?;
+        let mut out = Vec::with_capacity(descriptors.len());
+        for descriptor in descriptors {
+            if !contiguous(&descriptor.shape, &descriptor.strides) {
+                return Err(unsupported_strides());
+            }
+            let Some(resolved) = self.memory.resolve(&descriptor.handle)? else {
+                out.push(Bytes::from_bytes_vec(Vec::new()));
+                continue;
+            };
+            let words = client
+                .read(resolved.slice())
+                .map_err(|e| to_server_error(&e))?;
+            let skip = resolved.skip();
+            out.push(Bytes::from_bytes_vec(
+                words[skip..skip + resolved.len()].to_vec(),
+            ));
+        }
+        Ok(out)
+    }
+
+    fn write_one(&mut self, descriptor: CopyDescriptor, data: &[u8], client: &Client<B>) {
+        let refuse = |server: &mut Self, error: ServerError| {
+            server.fail_outputs(
+                descriptor.handle.stream,
+                std::iter::once(&descriptor.handle),
+                error,
+            );
+        };
+        if !contiguous(&descriptor.shape, &descriptor.strides) {
+            return refuse(self, unsupported_strides());
+        }
+        let resolved = match self.memory.resolve(&descriptor.handle) {
+            Ok(Some(resolved)) => resolved,
+            Ok(None) => return,
+            Err(error) => return tracing::warn!(%error, "a write to unknown memory"),
+        };
+        if resolved.skip() != 0 {
+            return refuse(
+                self,
+                validation(format!(
+                    "a write starting at byte {} is not word-aligned; scope writes whole words",
+                    resolved.range.start
+                )),
+            );
+        }
+        let len = data.len().min(resolved.len());
+        let words = (resolved.words.end - resolved.words.start) as usize;
+        let result = if len == words {
+            client.write(resolved.slice(), &data[..len])
+        } else {
+            // The tail word's other bytes are the allocation's slack (the
+            // layout policy starts every tensor on its own aligned boundary).
+            let mut padded = vec![0u8; words];
+            padded[..len].copy_from_slice(&data[..len]);
+            client.write(resolved.slice(), &padded)
+        };
+        if let Err(e @ Error::InvalidArgument { .. }) = result {
+            // Refused without a claim; cubecl has no other way to hear it.
+            refuse(self, to_server_error(&e));
+        }
+    }
+}
+
+impl<B: CubeBackend> ServerCommunication for ScopeServer<B> {}
+
+impl<B: CubeBackend> Server for ScopeServer<B> {
+    fn initialize_memory(
+        &mut self,
+        memory: ManagedMemoryHandle,
+        size: u64,
+        stream_id: StreamId,
+    ) -> Result<(), ServerError> {
+        let client = self.client(stream_id)?;
+        let scope_bytes = scope_size(size);
+        let (buffer, error) = if scope_bytes > client.limits().max_allocation {
+            let error = ServerError::Io(IoError::BufferTooBig {
+                size,
+                backtrace: BackTrace::capture(),
+            });
+            let buffer = client
+                .failed_allocation(scope_bytes, external(error.clone()))
+                .map_err(|e| to_server_error(&e))?;
+            (buffer, Some(error))
+        } else {
+            match client.try_allocate(scope_bytes) {
+                Ok(buffer) => (buffer, None),
+                Err(e) if e.is_out_of_memory() => {
+                    let buffer = client
+                        .failed_allocation(scope_bytes, e.clone())
+                        .map_err(|e| to_server_error(&e))?;
+                    (buffer, Some(to_server_error(&e)))
+                }
+                Err(e) => return Err(to_server_error(&e)),
+            }
+        };
+        let mode = self.streams.slot(stream_id)?.mode;
+        self.memory
+            .insert(memory, buffer, size, self.streams.key(stream_id), mode);
+        error.map_or(Ok(()), Err)
+    }
+
+    fn logger(&self) -> Arc<ServerLogger> {
+        self.logger.clone()
+    }
+
+    fn utilities(&self) -> Arc<ServerUtilities> {
+        self.utilities.clone()
+    }
+
+    fn read(
+        &mut self,
+        descriptors: Vec<CopyDescriptor>,
+        stream_id: StreamId,
+    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        ready(self.read_now(descriptors, stream_id))
+    }
+
+    fn write(&mut self, descriptors: Vec<(CopyDescriptor, Bytes)>, stream_id: StreamId) {
+        let client = match self.client(stream_id) {
+            Ok(client) => client,
+            Err(error) => {
+                for (descriptor, _) in &descriptors {
+                    self.fail_outputs(
+                        stream_id,
+                        std::iter::once(&descriptor.handle),
+                        error.clone(),
+                    );
+                }
+                return;
+            }
+        };
+        for (descriptor, data) in descriptors {
+            self.write_one(descriptor, &data, &client);
+        }
+    }
+
+    fn sync(
+        &mut self,
+        handles: Vec<BufferBinding>,
+        stream_id: StreamId,
+    ) -> DynFut<Result<(), ServerError>> {
+        let result = self.client(stream_id).and_then(|client| {
+            client.sync().map_err(|e| to_server_error(&e))?;
+            self.memory.sweep();
+            self.check_bindings(&handles, stream_id)
+        });
+        ready(result)
+    }
+
+    fn check(
+        &mut self,
+        handles: Vec<BufferBinding>,
+        stream_id: StreamId,
+    ) -> Result<(), ServerError> {
+        self.check_bindings(&handles, stream_id)
+    }
+
+    unsafe fn launch(
+        &mut self,
+        kernel: Box<dyn CubeclKernel>,
+        count: CubeCount,
+        args: KernelArguments,
+        stream_id: StreamId,
+        mode: LaunchMode,
+    ) {
+        if mode == LaunchMode::Queue {
+            self.kernels.enqueue(kernel);
+            return;
+        }
+        let compiled = match self.compiled(&*kernel) {
+            Ok(compiled) => compiled,
+            Err(error) => {
+                if !mode.discards_launch() {
+                    let written: Vec<_> = args.buffers_written(None).cloned().collect();
+                    self.fail_outputs(stream_id, written.iter(), ServerError::Launch(error));
+                }
+                return;
+            }
+        };
+        if mode.discards_launch() {
+            return;
+        }
+        let io = compiled.buffer_io();
+        if let Err(error) = self.launch_compiled(&compiled, io, &count, &args, stream_id) {
+            let written: Vec<_> = args.buffers_written(Some(io)).cloned().collect();
+            self.fail_outputs(stream_id, written.iter(), error);
+        }
+    }
+
+    fn flush(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
+        self.client(stream_id)?
+            .flush()
+            .map_err(|e| to_server_error(&e))
+    }
+
+    fn compile_queued(&mut self) {
+        let translation = self.translation;
+        let properties = self.utilities.properties.clone();
+        self.kernels.compile_queued(&CompileTarget {
+            target: B::target(),
+            translation,
+            properties: &properties,
+        });
+    }
+
+    fn graph_prepare(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
+        self.streams.slot(stream_id)?.phase.prepare(stream_id)
+    }
+
+    fn begin_capture(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
+        let slot = self.streams.slot(stream_id)?;
+        slot.phase.begin()?;
+        match slot.client.begin_capture() {
+            Ok(window) => {
+                slot.window = Some(window);
+                Ok(())
+            }
+            Err(e) => {
+                slot.phase.abort();
+                Err(to_server_error(&e))
+            }
+        }
+    }
+
+    fn end_capture(&mut self, stream_id: StreamId) -> Result<GraphId, ServerError> {
+        let slot = self.streams.slot(stream_id)?;
+        let end = match slot.phase.end(stream_id) {
+            Ok(end) => end,
+            Err(error) => {
+                // A capture prepared but never begun still holds the stream,
+                // and closing it is the only call left to a caller whose
+                // warmup failed: unwind it rather than hold it forever.
+                if slot.phase.is_active() {
+                    slot.phase.abort();
+                }
+                return Err(error);
+            }
+        };
+        let window = slot
+            .window
+            .take()
+            .ok_or_else(|| ServerError::graph_state("end_capture: no scope window is open"))?;
+        if end.is_abandoned() {
+            let _ = slot.client.abort_capture(window);
+            return Err(end.abandoned_error(stream_id, None));
+        }
+        let graph = slot
+            .client
+            .end_capture(window)
+            .map_err(|e| to_server_error(&e))?;
+        let id = GraphId::new();
+        self.graphs.insert(id, graph);
+        Ok(id)
+    }
+
+    fn replay(&mut self, graph: GraphId, stream_id: StreamId) -> Result<(), ServerError> {
+        let client = self.client(stream_id)?;
+        let graph = self
+            .graphs
+            .get(&graph)
+            .ok_or_else(|| ServerError::graph_state(format!("replay: no graph {graph:?}")))?;
+        client.replay(graph).map_err(|e| to_server_error(&e))
+    }
+
+    fn graph_destroy(&mut self, graph: GraphId, stream_id: StreamId) {
+        if let Some(graph) = self.graphs.remove(&graph)
+            && let Ok(client) = self.client(stream_id)
+            && let Err(error) = client.destroy_graph(&graph)
+        {
+            tracing::warn!(%error, "destroying a graph");
+        }
+    }
+
+    fn memory_report(&mut self, stream_id: StreamId) -> Option<StreamMemoryReport> {
+        let key = self.streams.key(stream_id);
+        let pools = self
+            .memory
+            .report(key, self.streams.base().bytes_reserved());
+        Some(StreamMemoryReport {
+            stream: stream_id,
+            pools,
+            auxiliary: Vec::new(),
+        })
+    }
+
+    fn stream_ids(&self) -> Vec<StreamId> {
+        self.streams.ids()
+    }
+
+    fn memory_cleanup(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
+        let _ = stream_id;
+        if self.streams.any_capture() {
+            return Err(ServerError::graph_state(
+                "memory_cleanup: a graph capture is active",
+            ));
+        }
+        self.memory.sweep();
+        Ok(())
+    }
+
+    fn start_profile(&mut self, stream_id: StreamId) -> Result<ProfilingToken, ServerError> {
+        let client = self.client(stream_id)?;
+        client.sync().map_err(|e| to_server_error(&e))?;
+        let id = self.next_profile;
+        self.next_profile += 1;
+        self.profiles.insert(
+            id,
+            Profile {
+                start: Instant::now(),
+                failures: client.failures_seen(),
+            },
+        );
+        Ok(ProfilingToken { id })
+    }
+
+    fn end_profile(
+        &mut self,
+        stream_id: StreamId,
+        token: ProfilingToken,
+    ) -> Result<ProfileDuration, ProfileError> {
+        let profile =
+            self.profiles
+                .remove(&token.id)
+                .ok_or_else(|| ProfileError::NotRegistered {
+                    backtrace: BackTrace::capture(),
+                })?;
+        let client = self
+            .client(stream_id)
+            .map_err(|e| ProfileError::Server(Box::new(e)))?;
+        client
+            .sync()
+            .map_err(|e| ProfileError::Server(Box::new(to_server_error(&e))))?;
+        let end = Instant::now();
+        if client.failures_seen() != profile.failures {
+            return Err(ProfileError::Server(Box::new(ServerError::Generic {
+                reason: "a failure happened inside the profiled window, so it is not a timing"
+                    .to_owned(),
+                backtrace: BackTrace::capture(),
+            })));
+        }
+        Ok(ProfileDuration::new_system_time(profile.start, end))
+    }
+
+    fn abandon_profile(&mut self, _stream_id: StreamId, token: ProfilingToken) {
+        self.profiles.remove(&token.id);
+    }
+
+    /// Recorded for `memory_report` only: scope has one allocator, so the
+    /// mode changes where an allocation is counted, not where it lives.
+    fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream_id: StreamId) {
+        if let Ok(slot) = self.streams.slot(stream_id) {
+            slot.mode = mode;
+        }
+    }
+}
+
+impl<B: CubeBackend> ScopeServer<B> {
+    /// `kernel`, compiled for this server (cached by id).
+    fn compiled(
+        &mut self,
+        kernel: &dyn CubeclKernel,
+    ) -> Result<Arc<scope_cube::CubeKernel>, LaunchError> {
+        // A clone of the `Arc`, so the cache can be borrowed mutably.
+        let properties = self.utilities.properties.clone();
+        let to = CompileTarget {
+            target: B::target(),
+            translation: self.translation,
+            properties: &properties,
+        };
+        self.kernels.get(kernel, &to)
+    }
+
+    /// Bind and launch a compiled kernel. An error returned here is one
+    /// scope did not claim for (a refusal before the launch); the caller
+    /// claims the outputs with it.
+    fn launch_compiled(
+        &mut self,
+        compiled: &scope_cube::CubeKernel,
+        io: &[BufferIOAttr],
+        count: &CubeCount,
+        args: &KernelArguments,
+        stream_id: StreamId,
+    ) -> Result<(), ServerError> {
+        let client = self.client(stream_id)?;
+        let mut bindings: Vec<Binding<'_>> = Vec::with_capacity(args.resources.len());
+        for (index, resource) in args.resources.iter().enumerate() {
+            let KernelResource::Buffer(binding) = resource else {
+                return Err(refusal("tensor maps are not supported by scope servers"));
+            };
+            let access = io
+                .get(index)
+                .copied()
+                .or_else(|| args.declared_io.get(index).copied())
+                .map_or(Access::ReadWrite, io_access);
+            let slice = self.binding_slice(binding)?;
+            bindings.push(Binding { slice, access });
+        }
+        let blob: Vec<u8> = args
+            .info
+            .data
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        let dispatch = match count {
+            CubeCount::Static(x, y, z) => Dispatch::Groups([*x, *y, *z]),
+            CubeCount::Dynamic(binding) => Dispatch::Indirect(self.binding_slice(binding)?),
+        };
+        // SAFETY: `Server::launch` is an unsafe contract: its caller (cubecl's
+        // launcher, for `launch_unchecked`) promises that the info struct —
+        // each buffer's length among it — describes the buffers bound, and
+        // every binding here covers at least the bytes the caller's handle
+        // names (rounded out to whole words), so the kernel's bounds checks
+        // keep it inside its bindings.
+        let kernel = unsafe { compiled.kernel() };
+        match client.launch(kernel, &bindings, &blob, dispatch) {
+            Err(e @ Error::InvalidArgument { .. }) => Err(ServerError::Launch(
+                LaunchError::CompilationError(CompilationError::Validation {
+                    reason: e.to_string(),
+                    backtrace: BackTrace::capture(),
+                }),
+            )),
+            // Anything else is on the outputs already (or was poison).
+            _ => Ok(()),
+        }
+    }
+
+    /// The scope slice a kernel binding covers: whole words, and at least
+    /// one (an empty tensor still takes a binding slot; its length in the
+    /// info struct is zero, so the kernel touches none of it).
+    fn binding_slice(&self, binding: &BufferBinding) -> Result<Slice<'_>, ServerError> {
+        match self.memory.resolve(binding)? {
+            Some(resolved) => Ok(resolved.slice()),
+            None => self
+                .memory
+                .first_word(binding)
+                .ok_or_else(|| validation("an empty binding of unknown memory")),
+        }
+    }
+}
+
+fn refusal(reason: &str) -> ServerError {
+    ServerError::Launch(LaunchError::CompilationError(
+        CompilationError::Validation {
+            reason: reason.to_owned(),
+            backtrace: BackTrace::capture(),
+        },
+    ))
+}
+
+fn io_access(io: BufferIOAttr) -> Access {
+    match io {
+        BufferIOAttr::ReadOnly | BufferIOAttr::Dead => Access::Read,
+        BufferIOAttr::WriteOnly => Access::Write,
+        BufferIOAttr::ReadWrite => Access::ReadWrite,
+    }
+}
+
+impl<B: CubeBackend> ServerStorage for ScopeServer<B> {
+    type Storage = ScopeStorage<B>;
+
+    fn get_resource(
+        &mut self,
+        binding: BufferBinding,
+        stream_id: StreamId,
+    ) -> Result<ManagedResource<ScopeResource<B>>, ServerError> {
+        self.check_bindings(std::slice::from_ref(&binding), stream_id)?;
+        let resolved = self
+            .memory
+            .resolve(&binding)?
+            .ok_or_else(|| validation("get_resource of an empty range"))?;
+        let resource = ScopeResource {
+            buffer: resolved.buffer.clone(),
+            range: resolved.range.clone(),
+            client: self.streams.base().clone(),
+        };
+        Ok(ManagedResource::new(binding.memory, resource))
+    }
+}
