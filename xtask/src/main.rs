@@ -27,6 +27,7 @@
 mod adapter;
 mod artifacts;
 mod bundle;
+mod cubecl;
 mod matrix;
 mod run;
 mod stress;

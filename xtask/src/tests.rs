@@ -20,6 +20,7 @@ use std::process::Command;
 use anyhow::{Context, Result};
 
 use crate::artifacts::{self, Built};
+use crate::cubecl;
 use crate::run::{self, Captured};
 
 /// What `test` was asked for.
@@ -46,6 +47,37 @@ struct Group {
     require: Option<String>,
     /// Why it did not run, when it did not.
     missing: Option<String>,
+    /// Which of the packages' test binaries it runs.
+    binaries: Binaries,
+    /// Environment for its tests (what picks the device).
+    env: Vec<(&'static str, &'static str)>,
+    /// Tests it leaves out, with the reason.
+    skip: Vec<cubecl::Skip>,
+    /// A device the probe must have found (backend, API prefix), or the row
+    /// is skipped for no device.
+    needs: Option<(&'static str, &'static str)>,
+}
+
+/// Which test binaries of its packages a group runs.
+#[derive(Clone, Debug, Default)]
+enum Binaries {
+    /// All of them.
+    #[default]
+    All,
+    /// Only this one.
+    Only(&'static str),
+    /// All but these.
+    Except(Vec<&'static str>),
+}
+
+impl Binaries {
+    fn runs(&self, target: &str) -> bool {
+        match self {
+            Binaries::All => true,
+            Binaries::Only(name) => target == *name,
+            Binaries::Except(names) => !names.contains(&target),
+        }
+    }
 }
 
 /// The counts of one row.
@@ -75,13 +107,43 @@ fn crate_exists(name: &str) -> bool {
 }
 
 fn plain(name: &str) -> Group {
+    let binaries = match name {
+        "scope-cubecl" => Binaries::Except(cubecl::binaries()),
+        _ => Binaries::All,
+    };
     Group {
         name: name.to_owned(),
         packages: vec![name.to_owned()],
         only_backend: None,
         require: None,
         missing: None,
+        binaries,
+        env: Vec::new(),
+        skip: Vec::new(),
+        needs: None,
     }
+}
+
+/// cubecl's runtime tests on `row`'s server.
+fn cubecl_group(row: &cubecl::Row, require: bool) -> Group {
+    Group {
+        name: row.name.to_owned(),
+        binaries: Binaries::Only(row.binary),
+        env: row.env.to_vec(),
+        skip: row.skip.to_vec(),
+        needs: Some((row.backend, row.api)),
+        require: require.then(|| row.backend.to_owned()),
+        missing: (!crate_exists("scope-cubecl"))
+            .then(|| "crate not built yet (crates/scope-cubecl)".to_owned()),
+        ..plain("scope-cubecl")
+    }
+}
+
+fn cubecl_groups(backend: Option<&str>, require: bool) -> impl Iterator<Item = Group> {
+    cubecl::ROWS
+        .iter()
+        .filter(move |row| backend.is_none_or(|b| b == row.backend))
+        .map(move |row| cubecl_group(row, require))
 }
 
 fn backend_group(backend: &str, require: bool) -> Group {
@@ -102,6 +164,7 @@ fn backend_group(backend: &str, require: bool) -> Group {
         only_backend: with_runtime.then(|| backend.to_owned()),
         require: require.then(|| backend.to_owned()),
         missing,
+        ..plain("")
     }
 }
 
@@ -123,11 +186,16 @@ fn groups(backend: Option<&str>) -> Result<Vec<Group>> {
                 // skip, and its host-server tests always run.
                 all.push(plain("tiny-runtime"));
             }
+            all.extend(cubecl_groups(None, false));
             all.extend(other_crates().iter().map(|name| plain(name)));
             all
         }
         Some("core") => vec![core],
-        Some(b) if crate::matrix::BACKENDS.contains(&b) => vec![backend_group(b, true)],
+        Some(b) if crate::matrix::BACKENDS.contains(&b) => {
+            let mut one = vec![backend_group(b, true)];
+            one.extend(cubecl_groups(Some(b), true));
+            one
+        }
         Some(other) => {
             anyhow::bail!("unknown backend `{other}`: cuda, hip, vulkan, wgpu, core or all")
         }
@@ -184,7 +252,7 @@ pub fn nextest_installed() -> bool {
 
 /// The nextest filterset for a group's tests.
 fn filterset(group: &Group) -> String {
-    group
+    let packages = group
         .packages
         .iter()
         .map(|package| match &group.only_backend {
@@ -194,7 +262,32 @@ fn filterset(group: &Group) -> String {
             _ => format!("package(={package})"),
         })
         .collect::<Vec<_>>()
-        .join(" | ")
+        .join(" | ");
+    let mut narrowed = match &group.binaries {
+        Binaries::All => packages,
+        Binaries::Only(name) => format!("({packages}) & binary(={name})"),
+        Binaries::Except(names) => names.iter().fold(format!("({packages})"), |f, name| {
+            format!("{f} & not binary(={name})")
+        }),
+    };
+    for skip in &group.skip {
+        narrowed = format!("({narrowed}) & not test(={})", skip.test);
+    }
+    narrowed
+}
+
+/// Why `group` cannot run here, if its device is missing.
+fn no_device(group: &Group, probed: &[crate::matrix::Row]) -> Option<String> {
+    let (backend, api) = group.needs?;
+    let found = probed
+        .iter()
+        .any(|r| r.backend == backend && r.kind.is_some() && r.detail.starts_with(api));
+    let what = if api.is_empty() {
+        backend.to_owned()
+    } else {
+        format!("{backend} {api}")
+    };
+    (!found).then(|| format!("skipped: no {what} device"))
 }
 
 /// What nextest needs to run tests from an existing build without
@@ -346,6 +439,11 @@ pub fn run(options: &Options, built: &Built) -> Result<Vec<Counts>> {
         .then(|| reuse(options.release))
         .flatten();
     let groups = groups(options.backend.as_deref())?;
+    let probed = if groups.iter().any(|g| g.needs.is_some()) {
+        crate::matrix::probe_all(built.demo_binary())
+    } else {
+        Vec::new()
+    };
     let total = groups.len();
     let mut rows = Vec::new();
     for (i, group) in groups.iter().enumerate() {
@@ -360,6 +458,28 @@ pub fn run(options: &Options, built: &Built) -> Result<Vec<Counts>> {
             if group.require.is_some() {
                 counts.failed += 1;
             }
+        }
+        if group.missing.is_none()
+            && let Some(why) = no_device(group, &probed)
+        {
+            println!("==> {}: {why}", group.name);
+            counts.note = why;
+            if group.require.is_some() {
+                counts.failed += 1;
+            } else {
+                counts.skipped += 1;
+            }
+            rows.push(counts);
+            continue;
+        }
+        for skip in &group.skip {
+            println!(
+                "==> {}: not running {}: {}",
+                group.name, skip.test, skip.why
+            );
+        }
+        if !group.skip.is_empty() {
+            counts.note = format!("{} not run (reasons above)", group.skip.len());
         }
         let unbuilt: Vec<&str> = group
             .packages
@@ -382,6 +502,7 @@ pub fn run(options: &Options, built: &Built) -> Result<Vec<Counts>> {
             if let Some(require) = &group.require {
                 cmd.env("SCOPE_REQUIRE", require);
             }
+            cmd.envs(group.env.iter().copied());
             tally(&mut counts, &run::capture(cmd)?, true);
         } else {
             // No nextest, or a build that failed elsewhere (nextest would
@@ -390,9 +511,17 @@ pub fn run(options: &Options, built: &Built) -> Result<Vec<Counts>> {
                 .artifacts
                 .iter()
                 .filter(|a| a.test && !a.bench && group.packages.contains(&a.package))
+                .filter(|a| group.binaries.runs(&a.target))
             {
                 let mut cmd = artifacts::command(artifact);
                 cmd.arg("--nocapture");
+                cmd.envs(group.env.iter().copied());
+                if !group.skip.is_empty() {
+                    cmd.arg("--exact");
+                    for skip in &group.skip {
+                        cmd.args(["--skip", skip.test]);
+                    }
+                }
                 if let Some(b) = &group.only_backend
                     && artifact.package == "tiny-runtime"
                     && artifact.target == "backends"
@@ -437,18 +566,19 @@ pub fn doctests(release: bool) -> Result<Counts> {
 pub fn summary(rows: &[Counts]) -> (String, bool) {
     let mut out = String::new();
     out.push_str("\ntest summary\n");
+    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0).max(14);
     out.push_str(&format!(
-        "{:<14} {:>7} {:>7} {:>8}  {}\n",
+        "{:<width$} {:>7} {:>7} {:>8}  {}\n",
         "backend", "passed", "failed", "skipped", "note"
     ));
     out.push_str(&format!(
-        "{:-<14} {:->7} {:->7} {:->8}  {:-<4}\n",
+        "{:-<width$} {:->7} {:->7} {:->8}  {:-<4}\n",
         "", "", "", "", ""
     ));
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     for row in rows {
         out.push_str(&format!(
-            "{:<14} {:>7} {:>7} {:>8}  {}\n",
+            "{:<width$} {:>7} {:>7} {:>8}  {}\n",
             row.name, row.passed, row.failed, row.skipped, row.note
         ));
         passed += row.passed;
@@ -486,6 +616,41 @@ mod checks {
         assert_eq!(
             filterset(&backend_group("cuda", false)),
             "package(=server-cuda)"
+        );
+    }
+
+    #[test]
+    fn cubecl_rows_run_one_binary_each_and_leave_out_what_they_name() {
+        let gl = cubecl_group(&cubecl::ROWS[1], false);
+        assert_eq!(
+            filterset(&gl),
+            "((package(=scope-cubecl)) & binary(=runtime_wgpu)) \
+             & not test(=wgpu::binary_untyped::test_signed_remainder)"
+        );
+        assert_eq!(
+            filterset(&plain("scope-cubecl")),
+            "(package(=scope-cubecl)) & not binary(=runtime_wgpu) & not binary(=runtime_vulkan)"
+        );
+        let probed = |detail: &str| crate::matrix::Row {
+            backend: "wgpu",
+            device: "llvmpipe".to_owned(),
+            kind: Some(crate::matrix::Kind::Software),
+            detail: detail.to_owned(),
+            why_not: String::new(),
+            probed: true,
+        };
+        assert_eq!(no_device(&gl, &[probed("gl, Cpu")]), None);
+        assert_eq!(
+            no_device(&gl, &[probed("vulkan, Cpu")]).as_deref(),
+            Some("skipped: no wgpu gl device")
+        );
+        let with_vulkan = groups(Some("vulkan")).unwrap();
+        assert_eq!(
+            with_vulkan
+                .iter()
+                .map(|g| g.name.as_str())
+                .collect::<Vec<_>>(),
+            ["vulkan", "cubecl on vulkan"]
         );
     }
 
