@@ -76,6 +76,7 @@ impl Kernels {
         let definition = define_kernel(kernel)?;
         let compiled = translate_definition(definition, to.target, &to.translation)?;
         validate_shared_memory(to.properties, Some(compiled.shared_memory()))?;
+        tracing::trace!(kernel = %compiled.name(), source = ?compiled.source(), "compiled");
         let compiled = Arc::new(compiled);
         self.compiled.insert(id, compiled.clone());
         Ok(compiled)

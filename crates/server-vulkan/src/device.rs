@@ -93,6 +93,12 @@ pub(crate) struct Gpu {
     /// What naga may emit for this device: the optional shader
     /// capabilities whose device features are enabled.
     pub capabilities: naga::valid::Capabilities,
+    /// Whether `shaderZeroInitializeWorkgroupMemory` (Vulkan 1.3) is
+    /// enabled: WGSL's zero-initialised workgroup memory is then the
+    /// driver's, instead of naga's polyfill — a store loop and a barrier at
+    /// the top of every kernel, which lavapipe (Mesa 22.3) runs into a hang
+    /// on cubecl's tiled matmul.
+    pub zero_init: bool,
     /// Set when a wait for the device timed out or failed for a reason
     /// other than device loss: work may still be running that nobody can
     /// wait for any more. Teardown then leaks what that work may use
@@ -485,10 +491,19 @@ impl Gpu {
             }
         };
         let mut supported = vk::PhysicalDeviceVulkan12Features::default();
+        let mut supported13 = vk::PhysicalDeviceVulkan13Features::default();
+        // The 1.3 structure only where instance and device both speak 1.3.
+        let v13 = api >= vk::API_VERSION_1_3 && chosen.props.api_version >= vk::API_VERSION_1_3;
         let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut supported);
-        // SAFETY: the chained struct lives across the call.
+        if v13 {
+            features = features.push_next(&mut supported13);
+        }
+        // SAFETY: the chained structs live across the call.
         unsafe { instance.get_physical_device_features2(chosen.physical, &mut features) };
         let core = features.features;
+        let zero_init = v13 && supported13.shader_zero_initialize_workgroup_memory == vk::TRUE;
+        let mut enable13 = vk::PhysicalDeviceVulkan13Features::default()
+            .shader_zero_initialize_workgroup_memory(zero_init);
         let bda = supported.buffer_device_address == vk::TRUE;
         let memory_model = supported.vulkan_memory_model == vk::TRUE;
         let device_scope = memory_model && supported.vulkan_memory_model_device_scope == vk::TRUE;
@@ -521,11 +536,14 @@ impl Gpu {
             .queue_family_index(family)
             .queue_priorities(&priorities)];
         let extensions = [ash::khr::push_descriptor::NAME.as_ptr()];
-        let info = vk::DeviceCreateInfo::default()
+        let mut info = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .enabled_extension_names(&extensions)
             .enabled_features(&core_enable)
             .push_next(&mut enable);
+        if v13 {
+            info = info.push_next(&mut enable13);
+        }
         // SAFETY: `info` and what it points at outlive the call; the
         // physical device belongs to `instance`.
         let device = match unsafe { instance.create_device(chosen.physical, &info, None) } {
@@ -541,7 +559,7 @@ impl Gpu {
         // SAFETY: the family was created with one queue.
         let queue = unsafe { device.get_device_queue(family, 0) };
         let push = ash::khr::push_descriptor::Device::new(&instance, &device);
-        tracing::info!(device = %chosen.name, validation, bda, memory_model, robust, "vulkan device open");
+        tracing::info!(device = %chosen.name, validation, bda, memory_model, robust, zero_init, "vulkan device open");
         Ok(Arc::new(Gpu {
             _entry: entry,
             instance,
@@ -558,6 +576,7 @@ impl Gpu {
             validation: debug.is_some(),
             robust,
             capabilities,
+            zero_init,
             hung: AtomicBool::new(false),
             wait_timeout_ns: wait_timeout_ns(),
             debug,

@@ -254,6 +254,7 @@ fn wgsl_to_spirv(
     source: &str,
     capabilities: naga::valid::Capabilities,
     limits: &LaunchLimits,
+    zero_init: bool,
 ) -> Result<(Vec<u32>, u32)> {
     let module = naga::front::wgsl::parse_str(source)
         .map_err(|e| compile_error(kernel, e.emit_to_string(source)))?;
@@ -295,9 +296,17 @@ fn wgsl_to_spirv(
             bindings = bindings.max(binding.binding + 1);
         }
     }
+    // WGSL promises zeroed workgroup memory: the device's own
+    // initialisation where enabled, naga's store-and-barrier otherwise.
+    let zero_initialize_workgroup_memory = if zero_init {
+        naga::back::spv::ZeroInitializeWorkgroupMemoryMode::Native
+    } else {
+        naga::back::spv::ZeroInitializeWorkgroupMemoryMode::Polyfill
+    };
     let options = naga::back::spv::Options {
         flags: naga::back::spv::WriterFlags::empty(),
         bounds_check_policies: BOUNDS,
+        zero_initialize_workgroup_memory,
         ..Default::default()
     };
     let pipeline = naga::back::spv::PipelineOptions {
@@ -580,6 +589,7 @@ impl Pipelines {
                     source,
                     self.gpu.capabilities,
                     &launch_limits(&self.gpu),
+                    self.gpu.zero_init,
                 )?;
                 (words, Interface::Descriptors(bindings))
             }
