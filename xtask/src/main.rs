@@ -306,14 +306,25 @@ fn bench(args: &Args) -> Result<bool> {
             }
         }
     }
+    // scope's servers as cubecl runtimes, against cubecl-wgpu.
+    if matches!(backend, "all" | "wgpu" | "vulkan")
+        && run::root().join("crates/scope-cubecl/Cargo.toml").is_file()
+    {
+        wanted.push(("cubecl".into(), "scope-cubecl".into()));
+    }
     if wanted.is_empty() {
         bail!("unknown backend `{backend}`: cuda, hip, vulkan, wgpu, core or all");
     }
-    // Every bench from one build; one backend's from its package alone.
+    // Every bench from one build; one backend's from its packages alone.
     let select: Vec<&str> = if backend == "all" {
         artifacts::SELECT.to_vec()
     } else {
-        vec!["-p", wanted[0].1.as_str(), "--all-features"]
+        let mut select: Vec<&str> = wanted
+            .iter()
+            .flat_map(|(_, package)| ["-p", package.as_str()])
+            .collect();
+        select.push("--all-features");
+        select
     };
     let built = artifacts::build_selected(
         "the benches (bench profile)",

@@ -30,7 +30,14 @@
 //!
 //! - **WGSL** is checked: naga validates it, server-vulkan lowers it with
 //!   every access restricted to its binding, and wgpu bounds-checks it. A
-//!   WGSL kernel is safe to build ([`Kernel::wgsl`]).
+//!   WGSL kernel is safe to build ([`Kernel::wgsl`]). Those runtime checks
+//!   cost a kernel that indexes heavily several times its speed (cubek's
+//!   matmul runs four times slower with them on lavapipe), so a kernel whose
+//!   every access is already checked by its own code — a cubecl kernel
+//!   built in checked mode — can be vouched for with the `unsafe`
+//!   [`Kernel::vouch_in_bounds`], and the servers then drop theirs. Loops
+//!   are bounded the same way, and vouched for with
+//!   [`Kernel::vouch_terminates`].
 //! - **Host closures** work on copies of their bindings: safe
 //!   ([`Kernel::host`]).
 //! - **SPIR-V words, CUDA C++, PTX and HIP C++** are machine-level code:
@@ -163,6 +170,12 @@ pub struct Kernel {
     entry: Arc<str>,
     source: KernelSource,
     block: [u32; 3],
+    /// Set by [`vouch_in_bounds`](Self::vouch_in_bounds): the server may
+    /// compile without runtime bounds checks.
+    in_bounds: bool,
+    /// Set by [`vouch_terminates`](Self::vouch_terminates): the server may
+    /// compile without bounding its loops.
+    terminates: bool,
     id: KernelId,
 }
 
@@ -174,6 +187,8 @@ impl Kernel {
             entry: Arc::from("main"),
             source,
             block: [1, 1, 1],
+            in_bounds: false,
+            terminates: false,
             id: KernelId(0),
         };
         kernel.rehash();
@@ -263,11 +278,65 @@ impl Kernel {
         self
     }
 
+    /// The same kernel, vouched to keep every access inside its bindings
+    /// and its workgroup arrays by its own code, so that a server may
+    /// compile it without the runtime bounds checks it adds to WGSL
+    /// (wgpu's and naga's). The other languages are never checked by the
+    /// server, so for them this changes nothing.
+    ///
+    /// # Safety
+    ///
+    /// As [`Unchecked::vouched`]: every launch of the kernel — for the
+    /// bindings, scalars and counts it is launched with — indexes only
+    /// inside the bindings and arrays it indexes. Without the server's
+    /// checks an access outside them is undefined behaviour in the driver,
+    /// and can write bytes of other buffers the failure model reports as
+    /// written.
+    pub unsafe fn vouch_in_bounds(mut self) -> Self {
+        self.in_bounds = true;
+        self.rehash();
+        self
+    }
+
+    /// Whether the kernel was vouched for with
+    /// [`vouch_in_bounds`](Self::vouch_in_bounds): a server may then skip
+    /// its runtime bounds checks.
+    pub fn vouched_in_bounds(&self) -> bool {
+        self.in_bounds
+    }
+
+    /// The same kernel, vouched to end every loop it enters, so that a
+    /// server may compile it without the loop bound naga adds to WGSL (a
+    /// counter in every loop, which turns a loop that never ends — undefined
+    /// behaviour to the driver's compiler — into one that does). The
+    /// counter costs a loop-heavy kernel dearly: cubek's matmul runs four
+    /// times slower with it on lavapipe.
+    ///
+    /// # Safety
+    ///
+    /// Every loop of every launch of the kernel ends. A loop that does not
+    /// is undefined behaviour in the driver's compiler, which may miscompile
+    /// what follows it, including the kernel's own bounds checks.
+    pub unsafe fn vouch_terminates(mut self) -> Self {
+        self.terminates = true;
+        self.rehash();
+        self
+    }
+
+    /// Whether the kernel was vouched for with
+    /// [`vouch_terminates`](Self::vouch_terminates): a server may then
+    /// leave its loops unbounded.
+    pub fn vouched_terminates(&self) -> bool {
+        self.terminates
+    }
+
     fn rehash(&mut self) {
         let mut hasher = DefaultHasher::new();
         self.source.hash(&mut hasher);
         self.entry.hash(&mut hasher);
         self.block.hash(&mut hasher);
+        self.in_bounds.hash(&mut hasher);
+        self.terminates.hash(&mut hasher);
         self.id = KernelId(hasher.finish());
     }
 
@@ -294,5 +363,26 @@ impl Kernel {
     /// The compile-cache key.
     pub fn id(&self) -> KernelId {
         self.id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_vouched_in_bounds_is_another_compiled_kernel() {
+        let checked = Kernel::wgsl("k", "@compute @workgroup_size(1) fn main() {}");
+        assert!(!checked.vouched_in_bounds());
+        // SAFETY: the kernel touches no memory at all.
+        let vouched = unsafe { checked.clone().vouch_in_bounds() };
+        assert!(vouched.vouched_in_bounds());
+        // Servers cache compiled kernels by id: the two must not share one.
+        assert_ne!(checked.id(), vouched.id());
+        assert_eq!(vouched.clone().entry("main").id(), vouched.id());
+        // SAFETY: the kernel has no loop.
+        let ends = unsafe { vouched.clone().vouch_terminates() };
+        assert!(ends.vouched_terminates() && !vouched.vouched_terminates());
+        assert_ne!(ends.id(), vouched.id());
     }
 }

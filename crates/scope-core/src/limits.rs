@@ -52,6 +52,14 @@ pub struct LaunchLimits {
     /// The subgroup size range, `Some` only where the server enabled
     /// subgroup operations.
     pub subgroup_size: Option<(u32, u32)>,
+    /// The width the device runs invocations in lockstep (its subgroup,
+    /// warp or wavefront size range), where it says, whether or not
+    /// subgroup operations are enabled: a hint for sizing workgroups, never
+    /// a promise of subgroup operations (that is
+    /// [`subgroup_size`](Self::subgroup_size)). A kernel library that sizes
+    /// its workgroups for 32 lanes on an 8-lane device runs a quarter as
+    /// many of them.
+    pub native_width: Option<(u32, u32)>,
     /// What the server enabled.
     pub features: DeviceFeatures,
 }
@@ -72,6 +80,7 @@ impl Default for LaunchLimits {
             max_invocations: 256,
             max_workgroup_memory: 16 << 10,
             subgroup_size: None,
+            native_width: None,
             features: DeviceFeatures::default(),
         }
     }

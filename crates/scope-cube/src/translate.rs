@@ -20,6 +20,7 @@ use cubecl_core::environment::backtrace::BackTrace;
 use cubecl_core::ir::AddressType;
 use cubecl_core::ir::attributes::BufferIOAttr;
 use cubecl_core::ir::metadata::Info;
+use cubecl_core::prelude::ExecutionMode;
 use cubecl_core::prelude::KernelDefinition;
 use cubecl_cpp::shared::CppCompiler;
 use scope_core::{Access, DeviceLimits, Error, Kernel, KernelId, KernelSource, Result};
@@ -188,6 +189,17 @@ pub fn translate(
     let definition = cubecl_core::define_kernel(kernel)
         .map_err(|e| compile_error(type_name, format!("cubecl could not expand it: {e}")))?;
     let name = display_name(&definition.settings.kernel_name).to_owned();
+    // What makes the result safe to launch is the kernel's own checks.
+    if definition.settings.execution_mode != ExecutionMode::Checked {
+        return Err(compile_error(
+            &name,
+            format!(
+                "the kernel was defined in {:?} mode; scope-cube translates checked kernels \
+                 only (see `translate_definition`)",
+                definition.settings.execution_mode
+            ),
+        ));
+    }
     // `Args` packs buffers and scalars; a runtime that packs cubecl's whole
     // info struct itself (dynamic metadata included) uses `translate_definition`.
     if definition.info.has_dynamic_meta {
@@ -198,7 +210,9 @@ pub fn translate(
                 .to_owned(),
         ));
     }
-    translate_definition(definition, target, &Translation::default())
+    // SAFETY: the definition is in checked mode (refused above otherwise),
+    // which is all `translate_definition` asks.
+    unsafe { translate_definition(definition, target, &Translation::default()) }
         .map_err(|e| compile_error(&name, e.to_string()))
 }
 
@@ -255,7 +269,17 @@ impl Translation {
 /// refusal from a failure: the compiler's error as it gave it, and a
 /// compiler panic or an output of the wrong kind as
 /// [`CompilationError::Generic`].
-pub fn translate_definition(
+///
+/// # Safety
+///
+/// A definition in [`ExecutionMode::Checked`] needs nothing more: the
+/// kernel checks its own accesses, and its loops stay bounded by the
+/// server. A definition in any other mode has no such checks, so the
+/// caller promises what cubecl's `launch_unchecked` promises: every launch
+/// of the translated kernel stays inside the bindings it is given and ends
+/// every loop. The result is vouched for accordingly
+/// ([`Kernel::vouch_in_bounds`], [`Kernel::vouch_terminates`]).
+pub unsafe fn translate_definition(
     definition: KernelDefinition,
     target: Target,
     translation: &Translation,
@@ -264,6 +288,7 @@ pub fn translate_definition(
     // entry point carries a hash of this build's kernel id.
     let entry = definition.settings.kernel_name.clone();
     let name = display_name(&entry).to_owned();
+    let mode = definition.settings.execution_mode;
     let info = definition.info.clone();
     let address_type = definition.settings.address_type;
     let cube = definition.settings.cube_dim;
@@ -332,13 +357,15 @@ pub fn translate_definition(
         shared_memory,
     } = compiled;
     let block = [cube.x, cube.y, cube.z];
-    // SAFETY (for the CUDA, HIP and SPIR-V kernels below): the module is
-    // cubecl's own compiler output for `target`, from a `#[cube]` kernel
-    // expanded with `ExecutionMode::Checked` (`Target::settings`), so every
-    // buffer access is checked against the length the launch's info struct
-    // gives for that buffer — reads past it return zero, writes past it are
-    // dropped — and `CubeKernel::pack` puts each binding's own length there.
-    // A launch of it therefore touches only the bindings it is given.
+    // SAFETY (for the kernels below): the module is cubecl's own compiler
+    // output for `target`. From a definition in `ExecutionMode::Checked`
+    // (what `translate` requires, `Target::settings`), every buffer access
+    // is checked against the length the launch's info struct gives for
+    // that buffer — reads past it return zero, writes past it are dropped —
+    // and `CubeKernel::pack` puts each binding's own length there, so a
+    // launch of it touches only the bindings it is given. From any other
+    // mode, that is this function's caller's promise (its `# Safety`).
+    let checked = mode == ExecutionMode::Checked;
     let kernel = match (target, output) {
         (Target::Cuda, Output::Text(source)) => {
             // SAFETY: see above.
@@ -352,7 +379,22 @@ pub fn translate_definition(
                 .entry(entry)
                 .block(block)
         }
-        (Target::Wgsl, Output::Text(source)) => Kernel::wgsl(name.as_str(), source).entry(entry),
+        (Target::Wgsl, Output::Text(source)) => {
+            let kernel = Kernel::wgsl(name.as_str(), source).entry(entry);
+            // SAFETY: see above: the kernel's own checks (or the caller's
+            // promise) keep its accesses inside its bindings, so the
+            // server's need not.
+            let kernel = unsafe { kernel.vouch_in_bounds() };
+            if checked {
+                // Loops stay bounded, as cubecl's own runtimes keep them
+                // for a checked kernel: nothing promised they end.
+                kernel
+            } else {
+                // SAFETY: outside checked mode, the caller promised every
+                // loop ends (this function's `# Safety`).
+                unsafe { kernel.vouch_terminates() }
+            }
+        }
         (Target::SpirV, Output::Words(words)) => {
             // Addresses that fit in push constants go there (`immediate`
             // is their size); more go in a uniform table at set 0, binding

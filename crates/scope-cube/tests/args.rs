@@ -259,6 +259,34 @@ fn a_kernel_that_panics_while_expanding_is_a_compile_error() {
     );
 }
 
+/// `translate` vouches for what it translates on the strength of the
+/// kernel's own bounds checks, so a kernel defined without them (cubecl's
+/// unchecked mode, which a caller chooses with `launch_unchecked`) is
+/// refused for every target rather than launched with no checks at all.
+#[test]
+fn a_kernel_defined_without_checks_is_refused_for_every_target() {
+    for target in [Target::Cuda, Target::Hip, Target::SpirV, Target::Wgsl] {
+        let settings = KernelSettings::new(
+            *CubeDim::new_1d(CUBE),
+            ExecutionMode::Unchecked,
+            AddressType::U32,
+        );
+        let fill = kernels::fill::Fill::new(
+            settings,
+            target.device_properties(),
+            target.target_properties(),
+            BufferCompilationArg { inplace: None },
+            (),
+            (),
+        );
+        let error = translate(&fill, target).unwrap_err();
+        assert!(
+            matches!(&error, Error::Compile { log, .. } if log.contains("Unchecked mode")),
+            "{target:?}: {error}"
+        );
+    }
+}
+
 #[cube(launch)]
 fn reads_a_shape(input: &Tensor<u32>, out: &mut [u32]) {
     out[ABSOLUTE_POS] = input.shape(0) as u32 + input.stride(0) as u32;

@@ -12,7 +12,6 @@
 //! and fails the same way, which costs a compile but keeps no second record
 //! of a failure beside scope's.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use cubecl_core::ir::DeviceProperties;
@@ -22,10 +21,12 @@ use cubecl_runtime::server::LaunchError;
 use cubecl_server::validation::{validate_cube_dim, validate_shared_memory, validate_units};
 use scope_cube::{CubeKernel, Target, Translation, translate_definition};
 
+use crate::memory::IdMap;
+
 /// Compiled kernels, and the ones queued for compilation.
 #[derive(Default)]
 pub(crate) struct Kernels {
-    compiled: HashMap<KernelId, Arc<CubeKernel>>,
+    compiled: IdMap<KernelId, Arc<CubeKernel>>,
     queued: Vec<Box<dyn CubeclKernel>>,
 }
 
@@ -74,7 +75,11 @@ impl Kernels {
         validate_cube_dim(to.properties, &id)?;
         validate_units(to.properties, &id)?;
         let definition = define_kernel(kernel)?;
-        let compiled = translate_definition(definition, to.target, &to.translation)?;
+        // SAFETY: a kernel compiled here runs only through `Server::launch`,
+        // an unsafe contract whose caller — cubecl's launcher, for
+        // `launch_unchecked` — promises what an unchecked definition needs:
+        // its launches stay inside their bindings and end their loops.
+        let compiled = unsafe { translate_definition(definition, to.target, &to.translation) }?;
         validate_shared_memory(to.properties, Some(compiled.shared_memory()))?;
         tracing::trace!(kernel = %compiled.name(), source = ?compiled.source(), "compiled");
         let compiled = Arc::new(compiled);

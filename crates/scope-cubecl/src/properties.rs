@@ -24,11 +24,13 @@ pub(crate) fn device_properties(
     device: &str,
 ) -> DeviceProperties {
     let launch = &limits.launch;
-    // Planes are reported only where the server enabled subgroup
-    // operations; otherwise the range the target's kernels are written for,
-    // with no plane feature, so that nothing depends on it.
+    // The plane feature only where the server enabled subgroup operations;
+    // the plane *size* either way, as the device's native width where it
+    // says (kernel libraries size their cubes by it: cubek's unit matmul
+    // runs four times slower on an 8-lane lavapipe sized for 32).
     let (plane_min, plane_max) = launch
         .subgroup_size
+        .or(launch.native_width)
         .unwrap_or((target.plane_size(), target.plane_size()));
     let [gx, gy, gz] = launch.max_workgroups;
     let [dx, dy, dz] = launch.max_workgroup_size;

@@ -35,6 +35,7 @@ use cubecl_runtime::server::{
 use cubecl_runtime::storage::ManagedResource;
 use scope_core::{Access, Binding, Client, Dispatch, Error, Slice};
 use scope_cube::Translation;
+use smallvec::SmallVec;
 
 use crate::backend::CubeBackend;
 use crate::compile::{CompileTarget, Kernels};
@@ -50,6 +51,8 @@ pub struct ScopeServer<B: CubeBackend> {
     kernels: Kernels,
     translation: Translation,
     graphs: HashMap<GraphId, scope_core::Graph>,
+    /// The scalar blob of the launch being made, kept to reuse its buffer.
+    blob: Vec<u8>,
     profiles: HashMap<u64, Profile>,
     next_profile: u64,
     utilities: Arc<ServerUtilities>,
@@ -117,6 +120,7 @@ impl<B: CubeBackend> ScopeServer<B> {
             kernels: Kernels::default(),
             translation,
             graphs: HashMap::new(),
+            blob: Vec::new(),
             profiles: HashMap::new(),
             next_profile: 0,
             utilities: Arc::new(utilities),
@@ -571,7 +575,24 @@ impl<B: CubeBackend> ScopeServer<B> {
         stream_id: StreamId,
     ) -> Result<(), ServerError> {
         let client = self.client(stream_id)?;
-        let mut bindings: Vec<Binding<'_>> = Vec::with_capacity(args.resources.len());
+        let mut blob = std::mem::take(&mut self.blob);
+        blob.clear();
+        blob.extend(args.info.data.iter().flat_map(|w| w.to_le_bytes()));
+        let launched = self.launch_with(&client, compiled, io, count, args, &blob);
+        self.blob = blob;
+        launched
+    }
+
+    fn launch_with(
+        &self,
+        client: &Client<B>,
+        compiled: &scope_cube::CubeKernel,
+        io: &[BufferIOAttr],
+        count: &CubeCount,
+        args: &KernelArguments,
+        blob: &[u8],
+    ) -> Result<(), ServerError> {
+        let mut bindings: SmallVec<[Binding<'_>; 8]> = SmallVec::new();
         for (index, resource) in args.resources.iter().enumerate() {
             let KernelResource::Buffer(binding) = resource else {
                 return Err(refusal("tensor maps are not supported by scope servers"));
@@ -584,12 +605,6 @@ impl<B: CubeBackend> ScopeServer<B> {
             let slice = self.binding_slice(binding)?;
             bindings.push(Binding { slice, access });
         }
-        let blob: Vec<u8> = args
-            .info
-            .data
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .collect();
         let dispatch = match count {
             CubeCount::Static(x, y, z) => Dispatch::Groups([*x, *y, *z]),
             CubeCount::Dynamic(binding) => Dispatch::Indirect(self.binding_slice(binding)?),
@@ -597,11 +612,11 @@ impl<B: CubeBackend> ScopeServer<B> {
         // SAFETY: `Server::launch` is an unsafe contract: its caller (cubecl's
         // launcher, for `launch_unchecked`) promises that the info struct —
         // each buffer's length among it — describes the buffers bound, and
-        // every binding here covers at least the bytes the caller's handle
-        // names (rounded out to whole words), so the kernel's bounds checks
-        // keep it inside its bindings.
+        // that a kernel without checks stays inside them; every binding here
+        // covers at least the bytes the caller's handle names (rounded out to
+        // whole words), so the kernel stays inside its bindings.
         let kernel = unsafe { compiled.kernel() };
-        match client.launch(kernel, &bindings, &blob, dispatch) {
+        match client.launch(kernel, &bindings, blob, dispatch) {
             Err(e @ Error::InvalidArgument { .. }) => Err(ServerError::Launch(
                 LaunchError::CompilationError(CompilationError::Validation {
                     reason: e.to_string(),

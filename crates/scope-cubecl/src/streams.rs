@@ -8,8 +8,6 @@
 //! their number bounded. Ordering between streams is scope's: each buffer
 //! remembers its last user, and work on another stream waits for it.
 
-use std::collections::HashMap;
-
 use cubecl_environment::stream::StreamId;
 use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
 use cubecl_runtime::memory_management::MemoryAllocationMode;
@@ -18,6 +16,7 @@ use scope_core::{Capture, Client};
 
 use crate::backend::CubeBackend;
 use crate::error::to_server_error;
+use crate::memory::IdMap;
 
 /// One scope stream and the capture cubecl sees on it.
 pub(crate) struct Slot<B: CubeBackend> {
@@ -34,9 +33,10 @@ pub(crate) struct Slot<B: CubeBackend> {
 pub(crate) struct Streams<B: CubeBackend> {
     base: Client<B>,
     captures: DeviceCaptures,
-    slots: HashMap<u64, Slot<B>>,
-    /// A representative cubecl id per slot, for `stream_ids`.
-    seen: HashMap<u64, StreamId>,
+    slots: IdMap<u64, Slot<B>>,
+    /// A representative cubecl id per slot (the first seen), for
+    /// `stream_ids`.
+    seen: IdMap<u64, StreamId>,
     max: u64,
 }
 
@@ -47,8 +47,8 @@ impl<B: CubeBackend> Streams<B> {
         Self {
             base,
             captures,
-            slots: HashMap::new(),
-            seen: HashMap::new(),
+            slots: IdMap::default(),
+            seen: IdMap::default(),
             max,
         }
     }
@@ -66,8 +66,8 @@ impl<B: CubeBackend> Streams<B> {
     /// The slot `stream` folds onto, made on first use.
     pub(crate) fn slot(&mut self, stream: StreamId) -> Result<&mut Slot<B>, ServerError> {
         let key = self.key(stream);
-        self.seen.entry(key).or_insert(stream);
         if !self.slots.contains_key(&key) {
+            self.seen.insert(key, stream);
             let client = if key == 0 {
                 self.base.clone()
             } else {

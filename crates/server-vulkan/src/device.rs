@@ -50,6 +50,9 @@ pub(crate) struct Limits {
     pub max_workgroup_size: [u32; 3],
     pub max_invocations: u32,
     pub max_workgroup_memory: u32,
+    /// `subgroupSize` (Vulkan 1.1): the lanes the device runs in lockstep;
+    /// 0 where it does not say.
+    pub subgroup_width: u32,
     /// `maxPushConstantsSize`.
     pub max_push_constants: u32,
     /// How many storage buffers one kernel's layout may declare:
@@ -380,9 +383,11 @@ fn memory_facts(
     let mut m3 = vk::PhysicalDeviceMaintenance3Properties::default();
     let mut m4 = vk::PhysicalDeviceMaintenance4Properties::default();
     let mut push = vk::PhysicalDevicePushDescriptorPropertiesKHR::default();
+    let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
     let mut props2 = vk::PhysicalDeviceProperties2::default()
         .push_next(&mut m3)
-        .push_next(&mut push);
+        .push_next(&mut push)
+        .push_next(&mut subgroup);
     if api >= vk::API_VERSION_1_3 && props.api_version >= vk::API_VERSION_1_3 {
         props2 = props2.push_next(&mut m4);
     }
@@ -418,6 +423,7 @@ fn memory_facts(
         max_groups: props.limits.max_compute_work_group_count,
         max_workgroup_size: props.limits.max_compute_work_group_size,
         max_invocations: props.limits.max_compute_work_group_invocations,
+        subgroup_width: subgroup.subgroup_size,
         max_workgroup_memory: props.limits.max_compute_shared_memory_size,
         max_push_constants: props.limits.max_push_constants_size,
         max_bindings: push

@@ -192,6 +192,8 @@ pub(crate) fn launch_limits(gpu: &Gpu) -> LaunchLimits {
     launch.max_invocations = limits.max_invocations;
     launch.max_workgroup_memory = limits.max_workgroup_memory;
     launch.subgroup_size = None;
+    launch.native_width =
+        (limits.subgroup_width > 0).then_some((limits.subgroup_width, limits.subgroup_width));
     launch.features.f64 = gpu
         .capabilities
         .contains(naga::valid::Capabilities::FLOAT64);
@@ -303,10 +305,21 @@ fn wgsl_to_spirv(
     } else {
         naga::back::spv::ZeroInitializeWorkgroupMemoryMode::Polyfill
     };
+    // A kernel vouched in bounds (`Kernel::vouch_in_bounds`, unsafe) keeps
+    // its accesses inside its bindings itself; the checks would only slow
+    // it down.
+    let bounds_check_policies = if kernel.vouched_in_bounds() {
+        naga::proc::BoundsCheckPolicies::default()
+    } else {
+        BOUNDS
+    };
     let options = naga::back::spv::Options {
         flags: naga::back::spv::WriterFlags::empty(),
-        bounds_check_policies: BOUNDS,
+        bounds_check_policies,
         zero_initialize_workgroup_memory,
+        // A kernel vouched to end its loops (`Kernel::vouch_terminates`,
+        // unsafe) does without naga's loop counter.
+        force_loop_bounding: !kernel.vouched_terminates(),
         ..Default::default()
     };
     let pipeline = naga::back::spv::PipelineOptions {

@@ -149,11 +149,25 @@ pub(crate) fn compile(gpu: &Gpu, kernel: &Kernel, id: u64) -> Result<Arc<Pipelin
         )));
     };
     let device = &gpu.device;
+    let descriptor = wgpu::ShaderModuleDescriptor {
+        label: Some(kernel.name()),
+        source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(source)),
+    };
     let (module, error) = scoped(device, || {
-        device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(kernel.name()),
-            source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(source)),
-        })
+        if kernel.vouched_in_bounds() || kernel.vouched_terminates() {
+            let checks = wgpu::ShaderRuntimeChecks {
+                bounds_checks: !kernel.vouched_in_bounds(),
+                force_loop_bounding: !kernel.vouched_terminates(),
+                ..wgpu::ShaderRuntimeChecks::checked()
+            };
+            // SAFETY: each check dropped was vouched for with the unsafe
+            // `Kernel::vouch_in_bounds` (every access stays inside its
+            // bindings and arrays) or `Kernel::vouch_terminates` (every loop
+            // ends): what the check would have enforced.
+            unsafe { device.create_shader_module_trusted(descriptor, checks) }
+        } else {
+            device.create_shader_module(descriptor)
+        }
     });
     if let Some(error) = error {
         return Err(out_of_memory(&error, 0).unwrap_or_else(|| fail(message(&error))));

@@ -253,6 +253,9 @@ impl Backend for Wgpu {
         launch.max_invocations = limits.max_compute_invocations_per_workgroup;
         launch.max_workgroup_memory = limits.max_compute_workgroup_storage_size;
         launch.subgroup_size = None;
+        let info = &self.gpu.info;
+        launch.native_width = (info.subgroup_min_size > 0)
+            .then_some((info.subgroup_min_size, info.subgroup_max_size));
         launch
     }
 
