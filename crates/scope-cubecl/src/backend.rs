@@ -31,6 +31,24 @@ pub trait CubeBackend: Backend + Sized {
     fn probe() -> Probe;
 }
 
+/// wgpu and Vulkan open the one device their environment chooses, as index
+/// 0: another index is a device that does not exist, not a second server
+/// on the same one.
+#[cfg(any(feature = "wgpu", feature = "vulkan"))]
+fn only_the_chosen_one(device: &ScopeDevice, backend: &'static str) -> Result<()> {
+    if device.index == 0 {
+        return Ok(());
+    }
+    Err(scope_core::Error::BackendUnavailable {
+        backend,
+        reason: format!(
+            "device {} does not exist: the {backend} server opens the one device its environment \
+             chooses, as device 0",
+            device.index
+        ),
+    })
+}
+
 #[cfg(feature = "wgpu")]
 impl CubeBackend for server_wgpu::Wgpu {
     /// cubecl reads a name starting with "wgpu" as WGSL's float rules,
@@ -42,8 +60,10 @@ impl CubeBackend for server_wgpu::Wgpu {
         Target::Wgsl
     }
 
-    /// The adapter `SCOPE_WGPU_BACKEND` and `SCOPE_WGPU_ADAPTER` choose.
-    fn open(_device: &ScopeDevice) -> Result<Client<Self>> {
+    /// The adapter `SCOPE_WGPU_BACKEND` and `SCOPE_WGPU_ADAPTER` choose:
+    /// device 0, the only one `enumerate_devices` lists.
+    fn open(device: &ScopeDevice) -> Result<Client<Self>> {
+        only_the_chosen_one(device, Self::NAME)?;
         server_wgpu::client()
     }
 
@@ -66,8 +86,10 @@ impl CubeBackend for server_vulkan::Vulkan {
     }
 
     /// The device `SCOPE_VULKAN_DEVICE` chooses, under the validation layer
-    /// when `SCOPE_VULKAN_VALIDATION=1`.
-    fn open(_device: &ScopeDevice) -> Result<Client<Self>> {
+    /// when `SCOPE_VULKAN_VALIDATION=1`: device 0, the only one
+    /// `enumerate_devices` lists.
+    fn open(device: &ScopeDevice) -> Result<Client<Self>> {
+        only_the_chosen_one(device, Self::NAME)?;
         server_vulkan::client()
     }
 
