@@ -49,7 +49,7 @@ mod target;
 mod translate;
 
 pub use args::Args;
-pub use target::Target;
+pub use target::{Target, register_portable_types};
 pub use translate::{CubeKernel, Translation, translate, translate_definition};
 
 /// The cubecl crates, re-exported so a runtime writes kernels against the same

@@ -35,6 +35,24 @@ pub enum Target {
     Wgsl,
 }
 
+/// Register what every scope server computes with on every device:
+/// 32-bit addressing and `u32`, `i32`, `f32` (and its relaxed `flex32`),
+/// `bool`, for every use. Anything more is the device's, reported by the
+/// server that enabled it.
+pub fn register_portable_types(properties: &mut DeviceProperties) {
+    properties.register_address_type(AddressType::U32);
+    for ty in [
+        ElemType::Index,
+        ElemType::UInt(UIntKind::U32),
+        ElemType::Int(IntKind::I32),
+        ElemType::Float(FloatKind::F32),
+        ElemType::Float(FloatKind::Flex32),
+        ElemType::Bool,
+    ] {
+        properties.register_type_usage(ty, TypeUsage::all());
+    }
+}
+
 /// Push-constant bytes cubecl may use for buffer addresses: the Vulkan
 /// minimum `maxPushConstantsSize`, so every device takes the block.
 pub(crate) const PUSH_CONSTANT_BYTES: usize = 128;
@@ -136,16 +154,7 @@ impl Target {
                 physical: None,
             },
         );
-        properties.register_address_type(AddressType::U32);
-        for ty in [
-            ElemType::Index,
-            ElemType::UInt(UIntKind::U32),
-            ElemType::Int(IntKind::I32),
-            ElemType::Float(FloatKind::F32),
-            ElemType::Bool,
-        ] {
-            properties.register_type_usage(ty, TypeUsage::all());
-        }
+        register_portable_types(&mut properties);
         Arc::new(properties)
     }
 

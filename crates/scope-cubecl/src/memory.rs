@@ -226,6 +226,20 @@ impl<'a> Resolved<'a> {
     }
 }
 
+/// Whether `strides` lay `shape` out row-major with no gaps: the only
+/// layout scope's linear copies move, so the only one cubecl may read
+/// (`Runtime::can_read_tensor`) or copy.
+pub(crate) fn contiguous(shape: &[usize], strides: &[usize]) -> bool {
+    let mut expected = 1usize;
+    for (&dim, &stride) in shape.iter().zip(strides).rev() {
+        if dim > 1 && stride != expected {
+            return false;
+        }
+        expected *= dim;
+    }
+    shape.len() == strides.len()
+}
+
 /// `range` widened to whole words, never past `size`.
 fn round_out(range: Range<u64>, size: u64) -> Range<u64> {
     let start = range.start / WORD * WORD;
@@ -250,5 +264,17 @@ mod tests {
         assert_eq!(round_out(250..255, 254), 248..254);
         assert_eq!(scope_size(0), 4);
         assert_eq!(scope_size(5), 8);
+    }
+
+    #[test]
+    fn only_row_major_without_gaps_is_contiguous() {
+        assert!(contiguous(&[2, 3], &[3, 1]));
+        assert!(
+            contiguous(&[2, 1, 3], &[3, 7, 1]),
+            "a unit axis's stride is free"
+        );
+        assert!(!contiguous(&[2, 3], &[1, 2]), "column-major");
+        assert!(!contiguous(&[2, 3], &[4, 1]), "a gap between rows");
+        assert!(!contiguous(&[2, 3], &[3]), "a stride missing");
     }
 }

@@ -10,11 +10,11 @@
 use cubecl_common::profile::TimingMethod;
 use cubecl_core::ir::features::{AtomicUsage, TypeUsage};
 use cubecl_core::ir::{
-    AddressType, DeviceIdentity, DeviceProperties, ElemType, FloatKind, HardwareProperties,
-    IntKind, MemoryDeviceProperties, Type, UIntKind,
+    DeviceIdentity, DeviceProperties, ElemType, FloatKind, HardwareProperties, IntKind,
+    MemoryDeviceProperties, Type, UIntKind,
 };
 use scope_core::DeviceLimits;
-use scope_cube::Target;
+use scope_cube::{Target, register_portable_types};
 
 /// The device properties a server with `limits` offers cubecl.
 pub(crate) fn device_properties(
@@ -70,17 +70,7 @@ pub(crate) fn device_properties(
             physical: None,
         },
     );
-    properties.register_address_type(AddressType::U32);
-    for ty in [
-        ElemType::Index,
-        ElemType::UInt(UIntKind::U32),
-        ElemType::Int(IntKind::I32),
-        ElemType::Float(FloatKind::F32),
-        ElemType::Float(FloatKind::Flex32),
-        ElemType::Bool,
-    ] {
-        properties.register_type_usage(ty, TypeUsage::all());
-    }
+    register_portable_types(&mut properties);
     if target == Target::Wgsl {
         // cubecl's WGSL compiler converts these in software, four to a word.
         for ty in [FloatKind::E4M3, FloatKind::E5M2, FloatKind::UE8M0] {

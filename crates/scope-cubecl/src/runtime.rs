@@ -18,6 +18,7 @@ use scope_core::Client;
 
 use crate::backend::CubeBackend;
 use crate::device::ScopeDevice;
+use crate::memory::contiguous;
 use crate::properties::device_properties;
 use crate::server::ScopeServer;
 
@@ -114,14 +115,7 @@ impl<B: CubeBackend> Runtime for ScopeRuntime<B> {
 
     /// Contiguous row-major only: scope's copies are linear.
     fn can_read_tensor(shape: &Shape, strides: &Strides) -> bool {
-        let mut expected = 1usize;
-        for (&dim, &stride) in shape.iter().zip(strides.iter()).rev() {
-            if dim > 1 && stride != expected {
-                return false;
-            }
-            expected *= dim;
-        }
-        true
+        contiguous(shape, strides)
     }
 
     fn target_properties() -> TargetProperties {

@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use cubecl_common::bytes::Bytes;
 use cubecl_common::profile::ProfileDuration;
-use cubecl_core::zspace::{Shape, Strides};
 use cubecl_environment::backtrace::BackTrace;
 use cubecl_environment::future::DynFut;
 use cubecl_environment::stream::StreamId;
@@ -40,7 +39,7 @@ use smallvec::SmallVec;
 use crate::backend::CubeBackend;
 use crate::compile::{CompileTarget, Kernels};
 use crate::error::{external, to_server_error};
-use crate::memory::{MemoryTable, scope_size};
+use crate::memory::{MemoryTable, contiguous, scope_size};
 use crate::storage::{ScopeResource, ScopeStorage};
 use crate::streams::Streams;
 
@@ -85,19 +84,6 @@ fn validation(message: impl Into<String>) -> ServerError {
 
 fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
     Box::pin(std::future::ready(value))
-}
-
-/// Whether `strides` lay `shape` out row-major with no gaps: the only
-/// layout scope's linear copies can move.
-fn contiguous(shape: &Shape, strides: &Strides) -> bool {
-    let mut expected = 1usize;
-    for (&dim, &stride) in shape.iter().zip(strides.iter()).rev() {
-        if dim > 1 && stride != expected {
-            return false;
-        }
-        expected *= dim;
-    }
-    shape.len() == strides.len()
 }
 
 fn unsupported_strides() -> ServerError {
