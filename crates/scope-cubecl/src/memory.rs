@@ -7,7 +7,11 @@
 //! the table keeps the handle beside the scope buffer and sweeps entries
 //! whose handle is free — dropping the [`Buffer`], which scope releases at
 //! its next call. Graphs and lazy reads hold bindings, which keep the handle
-//! alive, so nothing they name is swept.
+//! alive, so nothing they name is swept. The sweep runs when the table has
+//! doubled since the last one (amortised O(1) per allocation, where a sweep
+//! per sync would cost O(live tensors) per sync), when an allocation finds
+//! the device full (freed memory may be what it lacks), and on
+//! `memory_cleanup`.
 //!
 //! The table holds no failure state: whether bytes were written is asked of
 //! scope, every time.

@@ -197,13 +197,17 @@ impl<B: CubeBackend> ScopeServer<B> {
         Ok(out)
     }
 
-    fn write_one(&mut self, descriptor: CopyDescriptor, data: &[u8], client: &Client<B>) {
+    /// One host write on `stream`; a refusal fails the destination's bytes
+    /// on the writer's stream, where the next read reports it.
+    fn write_one(
+        &mut self,
+        descriptor: CopyDescriptor,
+        data: &[u8],
+        client: &Client<B>,
+        stream: StreamId,
+    ) {
         let refuse = |server: &mut Self, error: ServerError| {
-            server.fail_outputs(
-                descriptor.handle.stream,
-                std::iter::once(&descriptor.handle),
-                error,
-            );
+            server.fail_outputs(stream, std::iter::once(&descriptor.handle), error);
         };
         if !contiguous(&descriptor.shape, &descriptor.strides) {
             return refuse(self, unsupported_strides());
@@ -261,7 +265,15 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
                 .map_err(|e| to_server_error(&e))?;
             (buffer, Some(error))
         } else {
-            match client.try_allocate(scope_bytes) {
+            // Memory cubecl freed since the last sweep may be what this
+            // allocation is missing: give it back and ask once more before
+            // calling the device full.
+            let mut allocated = client.try_allocate(scope_bytes);
+            if allocated.as_ref().is_err_and(Error::is_out_of_memory) {
+                self.memory.sweep();
+                allocated = client.try_allocate(scope_bytes);
+            }
+            match allocated {
                 Ok(buffer) => (buffer, None),
                 Err(e) if e.is_out_of_memory() => {
                     let buffer = client
@@ -309,7 +321,7 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
             }
         };
         for (descriptor, data) in descriptors {
-            self.write_one(descriptor, &data, &client);
+            self.write_one(descriptor, &data, &client, stream_id);
         }
     }
 
@@ -320,7 +332,6 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
     ) -> DynFut<Result<(), ServerError>> {
         let result = self.client(stream_id).and_then(|client| {
             client.sync().map_err(|e| to_server_error(&e))?;
-            self.memory.sweep();
             self.check_bindings(&handles, stream_id)
         });
         ready(result)
