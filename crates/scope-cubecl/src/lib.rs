@@ -56,7 +56,8 @@
 //!   accumulates onto what was there).
 //! - **On GL only**, `binary_untyped::test_signed_remainder`: WGSL becomes
 //!   GLSL there, whose `%` is undefined for negative operands (llvmpipe
-//!   answers `-7 % 3 = 0`).
+//!   answers `-7 % 3 = 0`; cubecl-wgpu on the same llvmpipe fails the test
+//!   the same way).
 //! - **On the Vulkan server only**, `binary_untyped::test_ieee_constant_folds`:
 //!   the kernels are WGSL through naga, with WGSL's licence to fold NaN,
 //!   infinity and the sign of zero; cubecl relaxes the test only for a
