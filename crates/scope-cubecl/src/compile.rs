@@ -25,9 +25,9 @@ use scope_cube::{CubeKernel, Target, Translation, translate_definition};
 
 use crate::memory::IdMap;
 
-/// Compiled kernels, and the ones queued for compilation.
-#[derive(Default)]
+/// Compiled kernels, and the ones queued for compilation, for one device.
 pub(crate) struct Kernels {
+    to: CompileTarget,
     compiled: IdMap<KernelId, Arc<CubeKernel>>,
     queued: Vec<Box<dyn CubeclKernel>>,
 }
@@ -35,20 +35,31 @@ pub(crate) struct Kernels {
 impl std::fmt::Debug for Kernels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Kernels")
+            .field("target", &self.to.target)
             .field("compiled", &self.compiled.len())
             .field("queued", &self.queued.len())
             .finish()
     }
 }
 
-/// What a compile needs to know about the device.
-pub(crate) struct CompileTarget<'a> {
+/// What a compile needs to know about the device, fixed when the server
+/// opens.
+pub(crate) struct CompileTarget {
     pub(crate) target: Target,
     pub(crate) translation: Translation,
-    pub(crate) properties: &'a DeviceProperties,
+    pub(crate) properties: Arc<DeviceProperties>,
 }
 
 impl Kernels {
+    /// No kernel yet, compiling for `to`.
+    pub(crate) fn new(to: CompileTarget) -> Self {
+        Self {
+            to,
+            compiled: IdMap::default(),
+            queued: Vec::new(),
+        }
+    }
+
     /// Keep `kernel` for [`compile_queued`](Self::compile_queued).
     pub(crate) fn enqueue(&mut self, kernel: Box<dyn CubeclKernel>) {
         self.queued.push(kernel);
@@ -56,26 +67,26 @@ impl Kernels {
 
     /// Compile every queued kernel. A failure is dropped here — nothing was
     /// asked to run — and found again by the launch that needs the kernel.
-    pub(crate) fn compile_queued(&mut self, to: &CompileTarget<'_>) {
+    pub(crate) fn compile_queued(&mut self) {
         for kernel in std::mem::take(&mut self.queued) {
-            if let Err(error) = self.get(&*kernel, to) {
+            if let Err(error) = self.get(&*kernel) {
                 tracing::debug!(kernel = kernel.name(), %error, "queued compile failed");
             }
         }
     }
 
-    /// `kernel` compiled for `to`, from the cache or now.
+    /// `kernel` compiled, from the cache or now.
     pub(crate) fn get(
         &mut self,
         kernel: &dyn CubeclKernel,
-        to: &CompileTarget<'_>,
     ) -> Result<Arc<CubeKernel>, LaunchError> {
         let id = kernel.id();
         if let Some(compiled) = self.compiled.get(&id) {
             return Ok(compiled.clone());
         }
-        validate_cube_dim(to.properties, &id)?;
-        validate_units(to.properties, &id)?;
+        let to = &self.to;
+        validate_cube_dim(&to.properties, &id)?;
+        validate_units(&to.properties, &id)?;
         let definition = define_kernel(kernel)?;
         if definition.info.has_dynamic_meta && matches!(to.target, Target::Cuda | Target::Hip) {
             // cubecl-cpp passes tensor metadata as a pointer parameter before
@@ -97,7 +108,7 @@ impl Kernels {
         // `launch_unchecked` — promises what an unchecked definition needs:
         // its launches stay inside their bindings and end their loops.
         let compiled = unsafe { translate_definition(definition, to.target, &to.translation) }?;
-        validate_shared_memory(to.properties, Some(compiled.shared_memory()))?;
+        validate_shared_memory(&to.properties, Some(compiled.shared_memory()))?;
         tracing::trace!(kernel = %compiled.name(), source = ?compiled.source(), "compiled");
         let compiled = Arc::new(compiled);
         self.compiled.insert(id, compiled.clone());

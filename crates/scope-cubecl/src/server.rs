@@ -48,7 +48,6 @@ pub struct ScopeServer<B: CubeBackend> {
     streams: Streams<B>,
     memory: MemoryTable,
     kernels: Kernels,
-    translation: Translation,
     graphs: HashMap<GraphId, scope_core::Graph>,
     /// The scalar blob of the launch being made, kept to reuse its buffer.
     blob: Vec<u8>,
@@ -98,13 +97,16 @@ impl<B: CubeBackend> ScopeServer<B> {
         utilities: ServerUtilities,
         captures: DeviceCaptures,
     ) -> Self {
-        let translation = Translation::for_device(client.limits());
+        let kernels = Kernels::new(CompileTarget {
+            target: B::target(),
+            translation: Translation::for_device(client.limits()),
+            properties: utilities.properties.clone(),
+        });
         let logger = utilities.logger.clone();
         Self {
             streams: Streams::new(client, captures),
             memory: MemoryTable::default(),
-            kernels: Kernels::default(),
-            translation,
+            kernels,
             graphs: HashMap::new(),
             blob: Vec::new(),
             profiles: HashMap::new(),
@@ -357,7 +359,7 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
             self.kernels.enqueue(kernel);
             return;
         }
-        let compiled = match self.compiled(&*kernel) {
+        let compiled = match self.kernels.get(&*kernel) {
             Ok(compiled) => compiled,
             Err(error) => {
                 if !mode.discards_launch() {
@@ -384,13 +386,7 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
     }
 
     fn compile_queued(&mut self) {
-        let translation = self.translation;
-        let properties = self.utilities.properties.clone();
-        self.kernels.compile_queued(&CompileTarget {
-            target: B::target(),
-            translation,
-            properties: &properties,
-        });
+        self.kernels.compile_queued();
     }
 
     fn graph_prepare(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
@@ -545,21 +541,6 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
 }
 
 impl<B: CubeBackend> ScopeServer<B> {
-    /// `kernel`, compiled for this server (cached by id).
-    fn compiled(
-        &mut self,
-        kernel: &dyn CubeclKernel,
-    ) -> Result<Arc<scope_cube::CubeKernel>, LaunchError> {
-        // A clone of the `Arc`, so the cache can be borrowed mutably.
-        let properties = self.utilities.properties.clone();
-        let to = CompileTarget {
-            target: B::target(),
-            translation: self.translation,
-            properties: &properties,
-        };
-        self.kernels.get(kernel, &to)
-    }
-
     /// Bind and launch a compiled kernel. An error returned here is one
     /// scope did not claim for (a refusal before the launch); the caller
     /// claims the outputs with it.
