@@ -34,10 +34,14 @@
 //! (its visibility analysis), [`Args`] can bind with that answer, and a launch
 //! whose declared access does not cover it is refused before anything runs.
 //!
-//! What is not covered: kernels that read tensor metadata (a `Tensor`'s
-//! shapes and strides travel in a dynamic metadata area the binding
-//! convention — buffers and one scalar blob — has no place for; such a kernel
-//! is refused at translation for every target, tested in `tests/args.rs`).
+//! What [`translate`] and [`Args`] do not cover: kernels that read tensor
+//! metadata (a `Tensor`'s shapes and strides travel in a dynamic metadata
+//! area that `Args`, which packs buffers and scalars, does not build; such
+//! a kernel is refused there for every target, tested in `tests/args.rs`).
+//! A runtime that packs cubecl's whole info struct itself (`scope-cubecl`)
+//! translates it with [`translate_definition`], and
+//! [`CubeKernel::split_info`] says where the metadata goes: inside the blob
+//! for WGSL and SPIR-V, one more read-only binding for CUDA and HIP.
 //! On Vulkan, a kernel whose buffer addresses do not fit in 128 bytes of push
 //! constants (more than fifteen buffers and the info struct) gets them in a
 //! uniform table instead, which server-vulkan binds

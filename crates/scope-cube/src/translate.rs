@@ -108,6 +108,40 @@ impl CubeKernel {
         self.info.has_info()
     }
 
+    /// Whether a launch binds cubecl's tensor metadata (shapes and strides)
+    /// as one more read-only buffer, after the kernel's own.
+    ///
+    /// So it is for a C++ (CUDA, HIP) kernel that reads shapes or strides:
+    /// compiled with `grid_constants`, its parameters are the buffers, then
+    /// a pointer to the dynamic metadata, then the info struct by value —
+    /// exactly a scope launch whose last binding is the metadata and whose
+    /// blob is the info struct without it ([`split_info`](Self::split_info)).
+    /// A WGSL or SPIR-V kernel reads the metadata from the info itself, so
+    /// the whole info is its blob. Launched with the metadata missing, a
+    /// C++ kernel would take the blob for a pointer: the driver's parameter
+    /// check refuses that where it can, and nothing can where it cannot.
+    pub fn binds_tensor_metadata(&self) -> bool {
+        self.info.has_dynamic_meta && matches!(self.target, Target::Cuda | Target::Hip)
+    }
+
+    /// cubecl's info words (`MetadataBindingInfo::data`, with its
+    /// `dynamic_metadata_offset`) as this kernel's launch takes them: the
+    /// scalar blob, and, where [`binds_tensor_metadata`](Self::binds_tensor_metadata),
+    /// the words of the metadata binding. An offset past the end is read as
+    /// the end (no dynamic part).
+    pub fn split_info<'a>(
+        &self,
+        words: &'a [u64],
+        dynamic_offset: usize,
+    ) -> (&'a [u64], Option<&'a [u64]>) {
+        if self.binds_tensor_metadata() {
+            let (blob, metadata) = words.split_at(dynamic_offset.min(words.len()));
+            (blob, Some(metadata))
+        } else {
+            (words, None)
+        }
+    }
+
     /// The scalars it takes, as (type, count) in the order the info struct
     /// holds them (grouped by type).
     pub fn scalars(&self) -> Vec<(String, usize)> {

@@ -317,6 +317,88 @@ fn a_kernel_with_tensor_metadata_is_refused_for_every_target() {
     }
 }
 
+fn reads_a_shape_definition(target: Target) -> cubecl_core::prelude::KernelDefinition {
+    let kernel = reads_a_shape::ReadsAShape::new(
+        target.settings([CUBE, 1, 1]),
+        target.device_properties(),
+        target.target_properties(),
+        TensorCompilationArg {
+            meta: TensorMetaCompilationArg { len: (), rank: () },
+            buffer: BufferCompilationArg { inplace: None },
+        },
+        BufferCompilationArg { inplace: None },
+    );
+    cubecl_core::define_kernel(&kernel).expect("the kernel expands")
+}
+
+/// The parameter list of `entry` in C++ `text`, one entry per parameter.
+fn cpp_parameters(text: &str, entry: &str) -> Vec<String> {
+    let at = text
+        .find(&format!("{entry}("))
+        .unwrap_or_else(|| panic!("no `{entry}(` in {text}"));
+    let open = at + entry.len() + 1;
+    let close = open + text[open..].find(')').expect("the parameter list closes");
+    text[open..close]
+        .split(',')
+        .map(|p| p.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// What `translate_definition` gives a runtime that packs cubecl's whole
+/// info struct: on CUDA and HIP the kernel's parameters are its buffers,
+/// the metadata pointer, then the info struct by value — the layout
+/// `binds_tensor_metadata` promises (a scope launch whose last binding is
+/// the metadata and whose blob is the info up to the dynamic offset); on
+/// WGSL and SPIR-V the metadata stays inside the blob.
+#[test]
+fn tensor_metadata_is_the_last_binding_on_the_cuda_family_only() {
+    for target in Target::ALL {
+        // SAFETY: a checked definition; inspected, never launched.
+        let kernel = unsafe {
+            scope_cube::translate_definition(
+                reads_a_shape_definition(target),
+                target,
+                &scope_cube::Translation::default(),
+            )
+        }
+        .unwrap_or_else(|e| panic!("{target:?}: {e}"));
+        let words = [1, 2, 3, 4, 5];
+        let (blob, metadata) = kernel.split_info(&words, 3);
+        match target {
+            Target::Cuda | Target::Hip => {
+                assert!(kernel.binds_tensor_metadata(), "{target:?}");
+                assert_eq!((blob, metadata), (&words[..3], Some(&words[3..])));
+                // An offset past the end is no dynamic part, never a panic.
+                assert_eq!(kernel.split_info(&words, 9), (&words[..], Some(&[][..])));
+                // SAFETY: inspected, never launched.
+                let k = unsafe { kernel.kernel() };
+                let (KernelSource::Cuda(text) | KernelSource::Hip(text)) = k.source() else {
+                    panic!("{target:?}: C++ expected");
+                };
+                let parameters = cpp_parameters(text, k.entry_point());
+                assert_eq!(parameters.len(), kernel.buffers() + 2, "{parameters:?}");
+                // The name is the last word; cubecl numbers it (`dynamic_meta_v25`).
+                let name = |p: &str| p.rsplit(' ').next().unwrap_or_default().to_owned();
+                let metadata = &parameters[kernel.buffers()];
+                assert!(
+                    metadata.contains('*') && name(metadata).starts_with("dynamic_meta"),
+                    "{target:?}: the parameter after the buffers is the metadata pointer: \
+                     {parameters:?}"
+                );
+                let info = parameters.last().expect("two at least");
+                assert!(
+                    name(info).starts_with("info") && !info.contains('*'),
+                    "{target:?}: the last parameter is the info struct by value: {parameters:?}"
+                );
+            }
+            Target::Wgsl | Target::SpirV => {
+                assert!(!kernel.binds_tensor_metadata(), "{target:?}");
+                assert_eq!((blob, metadata), (&words[..], None));
+            }
+        }
+    }
+}
+
 #[cube(launch)]
 fn reverses_through_shared(out: &mut [u32], #[comptime] words: usize) {
     let mut shared = Shared::new_slice(words);
