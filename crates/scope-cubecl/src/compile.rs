@@ -15,8 +15,6 @@
 use std::sync::Arc;
 
 use cubecl_core::ir::DeviceProperties;
-use cubecl_environment::backtrace::BackTrace;
-use cubecl_runtime::compiler::CompilationError;
 use cubecl_runtime::id::KernelId;
 use cubecl_runtime::kernel::{CubeKernel as CubeclKernel, define_kernel};
 use cubecl_runtime::server::LaunchError;
@@ -88,21 +86,6 @@ impl Kernels {
         validate_cube_dim(&to.properties, &id)?;
         validate_units(&to.properties, &id)?;
         let definition = define_kernel(kernel)?;
-        if definition.info.has_dynamic_meta && matches!(to.target, Target::Cuda | Target::Hip) {
-            // cubecl-cpp passes tensor metadata as a pointer parameter before
-            // the info struct; the adapter does not bind it yet, and a launch
-            // with a parameter missing is undefined behaviour, not an error.
-            return Err(LaunchError::CompilationError(
-                CompilationError::UnsupportedInstruction {
-                    reason: format!(
-                        "`{}` reads tensor metadata, which scope-cubecl does not yet bind for {:?}",
-                        kernel.name(),
-                        to.target
-                    ),
-                    backtrace: BackTrace::capture(),
-                },
-            ));
-        }
         // SAFETY: a kernel compiled here runs only through `Server::launch`,
         // an unsafe contract whose caller — cubecl's launcher, for
         // `launch_unchecked` — promises what an unchecked definition needs:

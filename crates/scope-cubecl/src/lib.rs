@@ -21,9 +21,11 @@
 //!    downstream still answers `is_refusal()` as cubecl's tests expect.
 //! 3. **cubecl's compilers, scope's launch path.** Kernels are compiled by
 //!    the compilers cubecl's runtimes use, through `scope-cube`, and
-//!    launched as ordinary scope kernels: the whole info struct (scalars,
-//!    buffer lengths, tensor shapes and strides) is the scope convention's
-//!    scalar blob.
+//!    launched as ordinary scope kernels: the info struct (scalars, buffer
+//!    lengths, tensor shapes and strides) is the scope convention's scalar
+//!    blob — all of it for WGSL and SPIR-V; for CUDA and HIP, whose C++
+//!    reads shapes and strides through a pointer of their own, all but
+//!    those, which become one more read-only binding.
 //! 4. **The device cubecl sees is the server's.** `DeviceProperties` come
 //!    from [`scope_core::Client::limits`], never from what the same GPU
 //!    could do under another runtime: a kernel library specialises on
@@ -43,8 +45,12 @@
 //! (`tests/cubek.rs`). Not run, and why:
 //!
 //! - **Not instantiated by `testgen_all!`**: `complex` (no complex types
-//!   here), `profiling` (written for device timing; this runtime times by
-//!   system clock, see decision 5), `value_form_literals`.
+//!   here), `profiling` (it asserts `TimingMethod::Device`; this runtime
+//!   times by system clock, see decision 5), `value_form_literals`, and
+//!   `relocation` (it checks cubecl's adaptive page pools, which the
+//!   adapter does not use: scope allocates each buffer from its server,
+//!   and `memory_report` shows one direct pool). `offline` and `traits`
+//!   hold helpers, no tests.
 //! - **Ignored upstream** (5), with upstream's reasons:
 //!   `launch::test_launch_with_max_shared` ("flaky with CPU emulation"),
 //!   `assign::test_assign_mut_expr` ("broken right now"), minifloat's two
@@ -75,11 +81,16 @@
 //! lavapipe (Mesa 22.3) crash inside `vkCreateComputePipelines`, taking the
 //! test process with it.
 //!
-//! On CUDA and HIP the adapter compiles (`cuda`, `hip` features) but has not
-//! run: cubecl's C++ passes tensor metadata as a pointer parameter the
-//! adapter does not bind yet, so a kernel that reads shapes or strides is
-//! refused there as an unsupported instruction rather than launched with a
-//! parameter missing.
+//! On CUDA and HIP the adapter builds (`cuda`, `hip` features) and has not
+//! run on a GPU. cubecl's C++ takes tensor metadata (shapes, strides) as a
+//! pointer parameter between the buffers and the info struct; the adapter
+//! stages those words in a read-only buffer of their own and binds it there
+//! ([`scope_cube::CubeKernel::split_info`]), pinned to the graph while a
+//! capture records. The same runtime tests for CUDA are
+//! `tests/runtime_cuda.rs`, which `cargo xtask bundle --backend cuda`
+//! carries to a machine with an NVIDIA GPU; where there is none the row is
+//! skipped for no device. HIP has no such binary: it is untested on
+//! hardware, and its mock executes no kernel.
 //!
 //! # What Burn would need
 //!

@@ -48,13 +48,24 @@ pub struct ScopeServer<B: CubeBackend> {
     streams: Streams<B>,
     memory: MemoryTable,
     kernels: Kernels,
-    graphs: HashMap<GraphId, scope_core::Graph>,
+    graphs: HashMap<GraphId, Captured>,
     /// The scalar blob of the launch being made, kept to reuse its buffer.
     blob: Vec<u8>,
     profiles: HashMap<u64, Profile>,
     next_profile: u64,
     utilities: Arc<ServerUtilities>,
     logger: Arc<ServerLogger>,
+}
+
+/// A sealed graph, and the buffers only it keeps alive.
+struct Captured {
+    graph: scope_core::Graph,
+    /// Tensor metadata staged by the recorded launches ([`Slot::pinned`]):
+    /// every replay reads them, and scope's windows never keep a buffer
+    /// alive.
+    ///
+    /// [`Slot::pinned`]: crate::streams::Slot::pinned
+    _pinned: Vec<scope_core::Buffer>,
 }
 
 /// A profiling window: when it started, and how many failures scope had
@@ -399,6 +410,7 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
         match slot.client.begin_capture() {
             Ok(window) => {
                 slot.window = Some(window);
+                slot.pinned.clear();
                 Ok(())
             }
             Err(e) => {
@@ -426,6 +438,7 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
             .window
             .take()
             .ok_or_else(|| ServerError::graph_state("end_capture: no scope window is open"))?;
+        let pinned = std::mem::take(&mut slot.pinned);
         if end.is_abandoned() {
             let _ = slot.client.abort_capture(window);
             return Err(end.abandoned_error(stream_id, None));
@@ -435,23 +448,34 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
             .end_capture(window)
             .map_err(|e| to_server_error(&e))?;
         let id = GraphId::new();
-        self.graphs.insert(id, graph);
+        self.graphs.insert(
+            id,
+            Captured {
+                graph,
+                _pinned: pinned,
+            },
+        );
         Ok(id)
     }
 
     fn replay(&mut self, graph: GraphId, stream_id: StreamId) -> Result<(), ServerError> {
         let client = self.client(stream_id)?;
-        let graph = self
+        let captured = self
             .graphs
             .get(&graph)
             .ok_or_else(|| ServerError::graph_state(format!("replay: no graph {graph:?}")))?;
-        client.replay(graph).map_err(|e| to_server_error(&e))
+        client
+            .replay(&captured.graph)
+            .map_err(|e| to_server_error(&e))
     }
 
     fn graph_destroy(&mut self, graph: GraphId, stream_id: StreamId) {
-        if let Some(graph) = self.graphs.remove(&graph)
+        // The pinned metadata goes after the graph: destroying it waits
+        // for its replays in flight, and a backend keeps freed memory until
+        // the work using it is done.
+        if let Some(captured) = self.graphs.remove(&graph)
             && let Ok(client) = self.client(stream_id)
-            && let Err(error) = client.destroy_graph(&graph)
+            && let Err(error) = client.destroy_graph(&captured.graph)
         {
             tracing::warn!(%error, "destroying a graph");
         }
@@ -553,12 +577,51 @@ impl<B: CubeBackend> ScopeServer<B> {
         stream_id: StreamId,
     ) -> Result<(), ServerError> {
         let client = self.client(stream_id)?;
+        let (info, metadata) =
+            compiled.split_info(&args.info.data, args.info.dynamic_metadata_offset);
+        let metadata = match metadata {
+            Some(words) => Some(self.stage_metadata(&client, words, stream_id)?),
+            None => None,
+        };
         let mut blob = std::mem::take(&mut self.blob);
         blob.clear();
-        blob.extend(args.info.data.iter().flat_map(|w| w.to_le_bytes()));
-        let launched = self.launch_with(&client, compiled, io, count, args, &blob);
+        blob.extend(info.iter().flat_map(|w| w.to_le_bytes()));
+        let staged = Staged {
+            blob: &blob,
+            metadata: metadata.as_ref(),
+        };
+        let launched = self.launch_with(&client, compiled, io, count, args, staged);
         self.blob = blob;
         launched
+    }
+
+    /// A device buffer holding a launch's tensor metadata (shapes and
+    /// strides), for a kernel that reads it through a binding of its own
+    /// (see [`scope_cube::CubeKernel::binds_tensor_metadata`]).
+    ///
+    /// Written on the launch's own stream, so the launch is ordered after
+    /// the write; the handle may drop as soon as the launch is made, since a
+    /// backend keeps freed memory until the work using it is done. While
+    /// the stream records, the write is recorded with its bytes and the
+    /// buffer is pinned to the graph-to-be: every replay reads it again.
+    fn stage_metadata(
+        &mut self,
+        client: &Client<B>,
+        words: &[u64],
+        stream_id: StreamId,
+    ) -> Result<scope_core::Buffer, ServerError> {
+        // An empty area still takes its parameter: one word the kernel never
+        // reads.
+        let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        if bytes.is_empty() {
+            bytes.resize(8, 0);
+        }
+        let buffer = client.upload(&bytes).map_err(|e| to_server_error(&e))?;
+        let slot = self.streams.slot(stream_id)?;
+        if slot.window.is_some() {
+            slot.pinned.push(buffer.clone());
+        }
+        Ok(buffer)
     }
 
     fn launch_with(
@@ -568,7 +631,7 @@ impl<B: CubeBackend> ScopeServer<B> {
         io: &[BufferIOAttr],
         count: &CubeCount,
         args: &KernelArguments,
-        blob: &[u8],
+        staged: Staged<'_>,
     ) -> Result<(), ServerError> {
         let mut bindings: SmallVec<[Binding<'_>; 8]> = SmallVec::new();
         for (index, resource) in args.resources.iter().enumerate() {
@@ -583,6 +646,9 @@ impl<B: CubeBackend> ScopeServer<B> {
             let slice = self.binding_slice(binding)?;
             bindings.push(Binding { slice, access });
         }
+        if let Some(metadata) = staged.metadata {
+            bindings.push(Binding::read(metadata));
+        }
         let dispatch = match count {
             CubeCount::Static(x, y, z) => Dispatch::Groups([*x, *y, *z]),
             CubeCount::Dynamic(binding) => Dispatch::Indirect(self.binding_slice(binding)?),
@@ -594,7 +660,7 @@ impl<B: CubeBackend> ScopeServer<B> {
         // covers at least the bytes the caller's handle names (rounded out to
         // whole words), so the kernel stays inside its bindings.
         let kernel = unsafe { compiled.kernel() };
-        match client.launch(kernel, &bindings, blob, dispatch) {
+        match client.launch(kernel, &bindings, staged.blob, dispatch) {
             Err(e @ Error::InvalidArgument { .. }) => Err(ServerError::Launch(
                 LaunchError::CompilationError(CompilationError::Validation {
                     reason: e.to_string(),
@@ -618,6 +684,14 @@ impl<B: CubeBackend> ScopeServer<B> {
                 .ok_or_else(|| validation("an empty binding of unknown memory")),
         }
     }
+}
+
+/// What the adapter made for a launch beside cubecl's arguments.
+struct Staged<'a> {
+    /// The scalar blob: cubecl's info struct, less any metadata bound apart.
+    blob: &'a [u8],
+    /// The tensor metadata binding, for a kernel that takes one.
+    metadata: Option<&'a scope_core::Buffer>,
 }
 
 fn refusal(reason: &str) -> ServerError {

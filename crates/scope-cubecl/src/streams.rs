@@ -12,7 +12,7 @@ use cubecl_environment::stream::StreamId;
 use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
 use cubecl_runtime::memory_management::MemoryAllocationMode;
 use cubecl_runtime::server::{DeviceCaptures, ServerError, StreamCaptureState};
-use scope_core::{Capture, Client};
+use scope_core::{Buffer, Capture, Client};
 
 use crate::backend::CubeBackend;
 use crate::error::to_server_error;
@@ -27,6 +27,9 @@ pub(crate) struct Slot<B: CubeBackend> {
     pub(crate) window: Option<Capture>,
     /// Where `memory_report` counts this stream's next allocations.
     pub(crate) mode: MemoryAllocationMode,
+    /// Buffers the open window's recorded launches read that only the
+    /// adapter holds (staged tensor metadata): the graph keeps them.
+    pub(crate) pinned: Vec<Buffer>,
 }
 
 /// Every slot in use.
@@ -78,6 +81,7 @@ impl<B: CubeBackend> Streams<B> {
                 phase: self.captures.stream(),
                 window: None,
                 mode: MemoryAllocationMode::Auto,
+                pinned: Vec::new(),
             };
             self.slots.insert(key, slot);
         }

@@ -7,7 +7,12 @@
 //! mean by `1e-5` relative to the sum of magnitudes; a max or argmax not at
 //! all.
 
-#![cfg(any(feature = "wgpu", feature = "vulkan"))]
+#![cfg(any(
+    feature = "wgpu",
+    feature = "vulkan",
+    feature = "cuda",
+    feature = "hip"
+))]
 
 use cubecl_core as cubecl;
 use cubecl_core::prelude::*;
@@ -354,3 +359,5 @@ macro_rules! on_server {
 
 on_server!(wgpu, "wgpu", server_wgpu::Wgpu, "wgpu");
 on_server!(vulkan, "vulkan", server_vulkan::Vulkan, "vulkan");
+on_server!(cuda, "cuda", server_cuda::Cuda, "cuda");
+on_server!(hip, "hip", server_hip::Hip, "hip");
