@@ -87,6 +87,8 @@ fn builds(backend: &str) -> Vec<Build> {
             "--test",
             "backends",
         ]),
+        // cubecl's runtime tests and cubek's kernels through the adapter.
+        scope_cubecl(backend),
         Build {
             args: ["bench", "--no-run", "-p", &server]
                 .iter()
@@ -95,6 +97,32 @@ fn builds(backend: &str) -> Vec<Build> {
             kind: "bench",
         },
     ]
+}
+
+/// `scope-cubecl` on `backend` alone: its runtime-test binary, where the
+/// server has one, and the cubek tests.
+fn scope_cubecl(backend: &str) -> Build {
+    let features = format!("{backend},runtime-tests");
+    let mut args: Vec<String> = [
+        "test",
+        "--profile",
+        "device",
+        "--no-run",
+        "-p",
+        "scope-cubecl",
+        "--no-default-features",
+        "--features",
+        &features,
+        "--test",
+        "cubek",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    if let Some(binary) = crate::cubecl::binary_of(backend) {
+        args.extend(["--test".to_owned(), binary.to_owned()]);
+    }
+    Build { args, kind: "test" }
 }
 
 /// Build one cargo invocation and return the executables it made.
@@ -283,5 +311,32 @@ pub fn bundle(backend: &str, max_mib: Option<f64>) -> Result<bool> {
             Ok(false)
         }
         _ => Ok(true),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cubecl_build(backend: &str) -> String {
+        builds(backend)
+            .iter()
+            .map(|b| b.args.join(" "))
+            .find(|a| a.contains("scope-cubecl"))
+            .unwrap_or_else(|| panic!("no scope-cubecl build for {backend}"))
+    }
+
+    #[test]
+    fn each_bundle_carries_cubecls_tests_on_its_server_alone() {
+        assert!(
+            cubecl_build("cuda").ends_with(
+                "--no-default-features --features cuda,runtime-tests --test cubek --test runtime_cuda"
+            ),
+            "{}",
+            cubecl_build("cuda")
+        );
+        // HIP has no runtime-test binary (its mock executes no kernel): the
+        // cubek tests only.
+        assert!(cubecl_build("hip").ends_with("--features hip,runtime-tests --test cubek"));
     }
 }

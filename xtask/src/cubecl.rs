@@ -49,7 +49,7 @@ const GL_SIGNED_REMAINDER: Skip = Skip {
 };
 
 /// The rows, in the order they run.
-pub const ROWS: [Row; 3] = [
+pub const ROWS: [Row; 4] = [
     Row {
         name: "cubecl on wgpu (vulkan)",
         backend: "wgpu",
@@ -74,7 +74,22 @@ pub const ROWS: [Row; 3] = [
         env: &[("SCOPE_VULKAN_VALIDATION", "1")],
         skip: &[IEEE_UNDER_WGSL],
     },
+    // No machine that runs CI has CUDA: the row is skipped there, and
+    // `cargo xtask bundle --backend cuda` carries the binary to one that has.
+    Row {
+        name: "cubecl on cuda",
+        backend: "cuda",
+        binary: "runtime_cuda",
+        api: "",
+        env: &[],
+        skip: &[],
+    },
 ];
+
+/// The runtime-test binary of `backend`'s server, if it has one.
+pub fn binary_of(backend: &str) -> Option<&'static str> {
+    ROWS.iter().find(|r| r.backend == backend).map(|r| r.binary)
+}
 
 /// The runtime-test binaries: the plain `scope-cubecl` row leaves them to
 /// the rows above.

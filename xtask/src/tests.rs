@@ -629,7 +629,8 @@ mod checks {
         );
         assert_eq!(
             filterset(&plain("scope-cubecl")),
-            "(package(=scope-cubecl)) & not binary(=runtime_wgpu) & not binary(=runtime_vulkan)"
+            "(package(=scope-cubecl)) & not binary(=runtime_wgpu) & not binary(=runtime_vulkan) \
+             & not binary(=runtime_cuda)"
         );
         let probed = |detail: &str| crate::matrix::Row {
             backend: "wgpu",
@@ -651,6 +652,18 @@ mod checks {
                 .map(|g| g.name.as_str())
                 .collect::<Vec<_>>(),
             ["vulkan", "cubecl on vulkan"]
+        );
+        let with_cuda = groups(Some("cuda")).unwrap();
+        assert_eq!(
+            with_cuda
+                .iter()
+                .map(|g| g.name.as_str())
+                .collect::<Vec<_>>(),
+            ["cuda", "cubecl on cuda"]
+        );
+        assert_eq!(
+            no_device(&with_cuda[1], &[]).as_deref(),
+            Some("skipped: no cuda device")
         );
     }
 

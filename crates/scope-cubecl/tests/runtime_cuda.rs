@@ -1,0 +1,11 @@
+//! cubecl-core's own runtime tests, on scope's CUDA server.
+//!
+//! Built only with the `cuda` and `runtime-tests` features. The device is
+//! CUDA device 0. No machine that runs the project's CI has one: there
+//! `cargo xtask test` reports the row skipped for no device, and
+//! `cargo xtask bundle --backend cuda` carries this binary to a machine
+//! that has one, where every test must pass.
+
+mod common;
+
+runtime_tests!(cuda, scope_cubecl::ScopeRuntime<server_cuda::Cuda>);
