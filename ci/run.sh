@@ -30,5 +30,8 @@ fi
 # Plain output for logs; rust-toolchain.toml picks the compiler.
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export CARGO_TERM_PROGRESS_WHEN="${CARGO_TERM_PROGRESS_WHEN:-never}"
+# A clean clone builds once: incremental caches would only cost time and
+# disk (gigabytes, beside each workspace crate's test binaries).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 cargo --version
 cargo xtask ci </dev/null

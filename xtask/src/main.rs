@@ -214,9 +214,33 @@ fn step(steps: &mut Vec<Step>, name: &'static str, command: std::process::Comman
     Ok(())
 }
 
+/// The build's footprint and the room left beside it, as a line for the
+/// log: a CI run that runs out of disk fails in whichever compile it was
+/// in, and this says how close the last one came.
+fn disk_line() -> String {
+    let target = run::root().join("target");
+    let target = target.to_string_lossy();
+    let kib = |text: Option<String>, column: usize| {
+        text.and_then(|t| {
+            t.lines()
+                .last()?
+                .split_whitespace()
+                .nth(column)?
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    let gib = |k: Option<f64>| k.map_or("?".to_owned(), |k| format!("{:.1}", k / 1048576.0));
+    let used = kib(run::output_of("du", &["-sk", &target]), 0);
+    let free = kib(run::output_of("df", &["-Pk", &target]), 3)
+        .or_else(|| kib(run::output_of("df", &["-Pk", "."]), 3));
+    format!("disk: target/ {} GiB, {} GiB free", gib(used), gib(free))
+}
+
 fn ci() -> Result<bool> {
     let started = Instant::now();
     let mut steps = Vec::new();
+    println!("{}", disk_line());
 
     let mut fmt = run::cargo();
     fmt.args(["fmt", "--all", "--check"]);
@@ -276,6 +300,7 @@ fn ci() -> Result<bool> {
         );
     }
     println!("  total {:.1} min", started.elapsed().as_secs_f64() / 60.0);
+    println!("  {}", disk_line());
     let (summary, tests_ok) = tests::summary(&rows);
     print!("{summary}");
     let ok = tests_ok && steps.iter().all(|s| s.ok);
