@@ -5,13 +5,18 @@
 //!
 //! `cargo bench -p scope-cubecl` (`LP_NUM_THREADS=0` is set when unset).
 //!
-//! 1. **Launch overhead**: one `#[cube(launch)]` kernel over 1,024 `u32`,
-//!    launched 10,000 times then synced, through `ScopeRuntime<Wgpu>`,
+//! 1. **Launch overhead**: one `#[cube(launch)]` kernel launched 10,000
+//!    times then synced, through `ScopeRuntime<Wgpu>`,
 //!    `ScopeRuntime<Vulkan>` and `cubecl_wgpu::WgpuRuntime`; µs per launch
 //!    and the ratio to cubecl-wgpu (target ≤ 0.5). All three pay the same
 //!    cubecl client front (argument packing, the device handle); the fourth
 //!    figure, scope's own `Client::launch` of the same kind of kernel
 //!    without cubecl in front, shows how much of each is that front.
+//!    Twice: over one workgroup (64 `u32`), the overhead itself, and over
+//!    sixteen (1,024 `u32`). On a software adapter a launch's execution
+//!    is the CPU's too, the same for every runtime, and at sixteen
+//!    workgroups it is most of each figure (lavapipe's compiled shader
+//!    took about 60% of the device thread's samples under `perf`).
 //! 2. **Matmul**: cubek's unit matmul, f32, square sizes; ms per matmul
 //!    and the ratio to cubecl-wgpu (target ≤ 1.1).
 //!
@@ -41,6 +46,8 @@ use server_wgpu::Wgpu;
 
 const ELEMENTS: usize = 1024;
 const CUBE: u32 = 64;
+/// The launch-overhead kernel's sizes, in workgroups of `CUBE`.
+const GROUPS: [u32; 2] = [1, 16];
 
 /// `out[i] = value`: one buffer and one scalar, the smallest real launch.
 #[cube(launch)]
@@ -72,16 +79,18 @@ impl Subject {
         Self { name, client, out }
     }
 
-    /// `launches` launches, then a sync.
-    fn launches(&self, launches: u32) -> Duration {
+    /// `launches` launches over `groups` workgroups, then a sync.
+    fn launches(&self, launches: u32, groups: u32) -> Duration {
+        let elements = (groups * CUBE) as usize;
         let start = Instant::now();
         for _ in 0..launches {
             fill::launch(
                 &self.client,
-                CubeCount::Static(ELEMENTS as u32 / CUBE, 1, 1),
+                CubeCount::Static(groups, 1, 1),
                 CubeDim::new_1d(CUBE),
-                // SAFETY: `out` holds `ELEMENTS` u32s, the length given.
-                unsafe { BufferArg::from_raw_parts(self.out.clone(), ELEMENTS) },
+                // SAFETY: `out` holds `ELEMENTS` u32s, at least the length
+                // given.
+                unsafe { BufferArg::from_raw_parts(self.out.clone(), elements) },
                 7u32,
             );
         }
@@ -116,21 +125,54 @@ impl Subject {
 
 /// Scope's own launch of the same kind of kernel, without cubecl's client
 /// in front: what is left of each figure when the front is taken away.
-fn scope_alone(launches: u32) -> Duration {
+fn scope_alone(launches: u32, groups: u32) -> Duration {
     let scope = ScopeRuntime::<Wgpu>::scope_client(&ScopeDevice::default());
     let kernel = scope_cube::kernels::fill_kernel(Target::Wgsl).expect("translate");
-    let out = scope.allocate(ELEMENTS as u64 * 4).expect("allocate");
+    let elements = groups * scope_cube::kernels::CUBE;
+    let out = scope.allocate(u64::from(elements) * 4).expect("allocate");
     let args = Args::new()
         .buffer::<u32>(out.all().write())
-        .scalar(ELEMENTS as u32)
+        .scalar(elements)
         .scalar(7u32);
-    let dispatch = Dispatch::linear(ELEMENTS as u32 / scope_cube::kernels::CUBE);
+    let dispatch = Dispatch::linear(groups);
     let start = Instant::now();
     for _ in 0..launches {
         kernel.launch(&scope, &args, dispatch).expect("launch");
     }
     scope.sync().expect("sync");
     start.elapsed()
+}
+
+/// The launch figures over `groups` workgroups, every runtime's rounds
+/// interleaved.
+fn launch_overhead(subjects: &[Subject], launches: u32, rounds: usize, groups: u32) {
+    for subject in subjects {
+        subject.launches(launches.min(200), groups);
+    }
+    scope_alone(launches.min(200), groups);
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); subjects.len() + 1];
+    for _ in 0..rounds {
+        for (i, subject) in subjects.iter().enumerate() {
+            samples[i].push(subject.launches(launches, groups));
+        }
+        samples[subjects.len()].push(scope_alone(launches, groups));
+    }
+    let base = per_launch(median(samples[0].clone()), launches);
+    let what = format!("{groups} workgroup{}", if groups == 1 { "" } else { "s" });
+    for (i, subject) in subjects.iter().enumerate() {
+        let us = per_launch(median(samples[i].clone()), launches);
+        println!(
+            "launch+sync, {what:<13} via {:<13} {us:>8.2} µs/launch  ({:.2}x cubecl-wgpu; target <= 0.5)",
+            subject.name,
+            us / base
+        );
+    }
+    let alone = per_launch(median(samples[subjects.len()].clone()), launches);
+    println!(
+        "launch+sync, {what:<13} via scope Client::launch (no cubecl front) {alone:>8.2} µs/launch  \
+         ({:.2}x cubecl-wgpu)",
+        alone / base
+    );
 }
 
 fn per_launch(d: Duration, launches: u32) -> f64 {
@@ -190,31 +232,9 @@ fn main() {
     );
 
     // 1. Launch overhead.
-    for subject in &subjects {
-        subject.launches(launches.min(200));
+    for groups in GROUPS {
+        launch_overhead(&subjects, launches, rounds, groups);
     }
-    scope_alone(launches.min(200));
-    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); subjects.len() + 1];
-    for _ in 0..rounds {
-        for (i, subject) in subjects.iter().enumerate() {
-            samples[i].push(subject.launches(launches));
-        }
-        samples[subjects.len()].push(scope_alone(launches));
-    }
-    let base = per_launch(median(samples[0].clone()), launches);
-    for (i, subject) in subjects.iter().enumerate() {
-        let us = per_launch(median(samples[i].clone()), launches);
-        println!(
-            "launch+sync via {:<13} {us:>8.2} µs/launch  ({:.2}x cubecl-wgpu; target <= 0.5)",
-            subject.name,
-            us / base
-        );
-    }
-    let alone = per_launch(median(samples[subjects.len()].clone()), launches);
-    println!(
-        "launch+sync via scope Client::launch (no cubecl front) {alone:>8.2} µs/launch  ({:.2}x cubecl-wgpu)",
-        alone / base
-    );
 
     // 2. Matmul.
     for &size in sizes {
