@@ -645,22 +645,11 @@ mod checks {
             no_device(&gl, &[probed("vulkan, Cpu")]).as_deref(),
             Some("skipped: no wgpu gl device")
         );
+        let names = |groups: &[Group]| groups.iter().map(|g| g.name.clone()).collect::<Vec<_>>();
         let with_vulkan = groups(Some("vulkan")).unwrap();
-        assert_eq!(
-            with_vulkan
-                .iter()
-                .map(|g| g.name.as_str())
-                .collect::<Vec<_>>(),
-            ["vulkan", "cubecl on vulkan"]
-        );
+        assert_eq!(names(&with_vulkan), ["vulkan", "cubecl on vulkan"]);
         let with_cuda = groups(Some("cuda")).unwrap();
-        assert_eq!(
-            with_cuda
-                .iter()
-                .map(|g| g.name.as_str())
-                .collect::<Vec<_>>(),
-            ["cuda", "cubecl on cuda"]
-        );
+        assert_eq!(names(&with_cuda), ["cuda", "cubecl on cuda"]);
         assert_eq!(
             no_device(&with_cuda[1], &[]).as_deref(),
             Some("skipped: no cuda device")

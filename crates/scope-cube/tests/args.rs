@@ -292,33 +292,9 @@ fn reads_a_shape(input: &Tensor<u32>, out: &mut [u32]) {
     out[ABSOLUTE_POS] = input.shape(0) as u32 + input.stride(0) as u32;
 }
 
-/// A kernel that reads a tensor's shape or strides needs metadata the scope
-/// convention has no place for (buffers and one scalar blob): every target
-/// refuses it at translation, naming why, rather than producing a kernel
-/// that would read garbage for its shape.
-#[test]
-fn a_kernel_with_tensor_metadata_is_refused_for_every_target() {
-    for target in [Target::Cuda, Target::Hip, Target::SpirV, Target::Wgsl] {
-        let kernel = reads_a_shape::ReadsAShape::new(
-            target.settings([CUBE, 1, 1]),
-            target.device_properties(),
-            target.target_properties(),
-            TensorCompilationArg {
-                meta: TensorMetaCompilationArg { len: (), rank: () },
-                buffer: BufferCompilationArg { inplace: None },
-            },
-            BufferCompilationArg { inplace: None },
-        );
-        let error = translate(&kernel, target).unwrap_err();
-        assert!(
-            matches!(&error, Error::Compile { log, .. } if log.contains("tensor metadata")),
-            "{target:?}: {error}"
-        );
-    }
-}
-
-fn reads_a_shape_definition(target: Target) -> cubecl_core::prelude::KernelDefinition {
-    let kernel = reads_a_shape::ReadsAShape::new(
+/// `reads_a_shape`, compiled for `target`.
+fn reads_a_shape_kernel(target: Target) -> reads_a_shape::ReadsAShape {
+    reads_a_shape::ReadsAShape::new(
         target.settings([CUBE, 1, 1]),
         target.device_properties(),
         target.target_properties(),
@@ -327,8 +303,26 @@ fn reads_a_shape_definition(target: Target) -> cubecl_core::prelude::KernelDefin
             buffer: BufferCompilationArg { inplace: None },
         },
         BufferCompilationArg { inplace: None },
-    );
-    cubecl_core::define_kernel(&kernel).expect("the kernel expands")
+    )
+}
+
+/// A kernel that reads a tensor's shape or strides needs metadata the scope
+/// convention has no place for (buffers and one scalar blob): every target
+/// refuses it at translation, naming why, rather than producing a kernel
+/// that would read garbage for its shape.
+#[test]
+fn a_kernel_with_tensor_metadata_is_refused_for_every_target() {
+    for target in [Target::Cuda, Target::Hip, Target::SpirV, Target::Wgsl] {
+        let error = translate(&reads_a_shape_kernel(target), target).unwrap_err();
+        assert!(
+            matches!(&error, Error::Compile { log, .. } if log.contains("tensor metadata")),
+            "{target:?}: {error}"
+        );
+    }
+}
+
+fn reads_a_shape_definition(target: Target) -> cubecl_core::prelude::KernelDefinition {
+    cubecl_core::define_kernel(&reads_a_shape_kernel(target)).expect("the kernel expands")
 }
 
 /// The parameter list of `entry` in C++ `text`, one entry per parameter.
