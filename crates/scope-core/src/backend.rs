@@ -16,6 +16,48 @@
 //! [`Error::Fault`](crate::Error::Fault) with `sticky: true`, and the core
 //! poisons the device when it sees one. A backend never panics on a driver
 //! error.
+//!
+//! # An `unsafe` contract, as wgpu-hal's
+//!
+//! The calls that touch device memory or the backend's objects are `unsafe
+//! fn`s. A backend trusts what it is handed — an offset inside the
+//! allocation, a stream it made, a graph not yet destroyed — because
+//! checking again in every server would be the same rule written four times
+//! and would still leave a raw pointer's arithmetic one forgotten check
+//! from undefined behaviour. The checks live once, in [`Server<B>`]
+//! (`server/handles.rs`), and only the server calls these methods; every
+//! call there sits in an `unsafe` block whose `SAFETY` comment cites the
+//! validation that made it true. A safe caller outside the core cannot
+//! reach them:
+//!
+//! ```compile_fail
+//! fn behind_the_cores_back<B: scope_core::Backend>(b: &mut B, s: &mut B::Stream) {
+//!     // error[E0133]: call to unsafe function requires an unsafe block
+//!     let _ = b.allocate(s, 4);
+//! }
+//! ```
+//!
+//! What every `unsafe` method asks of its caller, besides its own `#
+//! Safety` section:
+//!
+//! 1. **Objects are this backend's and alive.** Every stream, memory,
+//!    kernel, graph and waiter passed was returned by this same backend
+//!    value, and has not been given back (`free`, `destroy_graph`,
+//!    `end_wait`/`end_read` for a waiter).
+//! 2. **Ranges are inside.** Every `offset`/`len` pair named on a memory
+//!    lies inside the size it was allocated with, and a slice's length is
+//!    the length of the range it stands for.
+//! 3. **One stream, one state.** A stream is recording a capture exactly
+//!    between a successful `begin_capture` and its `end_capture` or
+//!    `abort_capture`; `begin_capture` is never called on a recording
+//!    stream, nor `end_capture`/`abort_capture` on one that is not.
+//!
+//! Implementing the trait stays safe to write outside this crate (a
+//! third-party server): the `unsafe` is on the caller's side. A backend that
+//! holds these promises may then do raw pointer arithmetic on them, and its
+//! own `SAFETY` comments cite the contract, not "the core checked".
+//!
+//! [`Server<B>`]: crate::Server
 
 use crate::error::Result;
 use crate::id::StreamId;
@@ -73,23 +115,6 @@ pub enum BoundDispatch<'a, M> {
     },
 }
 
-impl<M> Launch<'_, M> {
-    /// Whether host-given workgroup counts fit a device whose grid is `max`
-    /// in each dimension, as every backend's [`Backend::check_launch`]
-    /// asks: an [`Error::InvalidArgument`](crate::Error::InvalidArgument)
-    /// naming the axis if not. Indirect counts are not known here.
-    ///
-    /// # Errors
-    ///
-    /// A count past `max`.
-    pub fn groups_within(&self, max: [u32; 3]) -> crate::Result<()> {
-        match &self.dispatch {
-            BoundDispatch::Groups(groups) => grid_within(self.name, *groups, max),
-            BoundDispatch::Indirect { .. } => Ok(()),
-        }
-    }
-}
-
 /// Whether host-given workgroup counts `groups` fit a grid of `max`: an
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming the axis
 /// if not. The core asks it of every launch, against the backend's
@@ -132,7 +157,15 @@ pub struct Launch<'a, M> {
 /// Within a capture window (between [`begin_capture`](Self::begin_capture)
 /// and [`end_capture`](Self::end_capture) on a stream) writes, copies and
 /// launches on that stream are recorded into the graph and do not run; a
-/// host write records its bytes as given at that moment.
+/// host write records its bytes as given at that moment. A graph keeps
+/// alive what its replays use: the kernels it recorded, and any staging a
+/// recorded write or launch reads, for as long as the graph lives — a
+/// kernel the core drops from its cache must not leave a graph pointing at
+/// an unloaded module.
+///
+/// The `unsafe` methods share the promises listed in [the module
+/// docs](self#an-unsafe-contract-as-wgpu-hals): objects from this backend
+/// and alive, ranges inside, one capture state per stream.
 pub trait Backend: Send + 'static {
     /// A device allocation.
     type Memory: Send + 'static;
@@ -176,7 +209,13 @@ pub trait Backend: Send + 'static {
     /// A new logical stream, which the core calls `id`. Ids are given in
     /// creation order from 0, counting only streams created successfully,
     /// so a backend may index its own tables by them.
-    fn create_stream(&mut self, id: StreamId) -> Result<Self::Stream>;
+    ///
+    /// # Safety
+    ///
+    /// `id` is the number of streams this backend has created successfully
+    /// so far: a backend may index a table by it without a bounds check
+    /// beyond its own growth.
+    unsafe fn create_stream(&mut self, id: StreamId) -> Result<Self::Stream>;
 
     /// `size` bytes of device memory for work on `stream`. Contents are
     /// unspecified.
@@ -189,11 +228,22 @@ pub trait Backend: Send + 'static {
     /// instead of synchronising a stream of its own to make the memory valid
     /// everywhere. `stream` may be recording a capture: an allocation must
     /// never become part of the recorded work, which replays.
-    fn allocate(&mut self, stream: &mut Self::Stream, size: u64) -> Result<Self::Memory>;
+    ///
+    /// # Safety
+    ///
+    /// `stream` is this backend's and alive. `size` is non-zero and at most
+    /// [`max_allocation`](Self::max_allocation).
+    unsafe fn allocate(&mut self, stream: &mut Self::Stream, size: u64) -> Result<Self::Memory>;
 
     /// Give memory back. Work still in flight may use it: the backend keeps
     /// it until that work is done.
-    fn free(&mut self, memory: Self::Memory);
+    ///
+    /// # Safety
+    ///
+    /// `memory` is this backend's, and no later call names it: no graph
+    /// that a later replay runs recorded work on it (the core destroys such
+    /// graphs first, or never frees what a live graph uses).
+    unsafe fn free(&mut self, memory: Self::Memory);
 
     /// Release memory the backend caches for reuse, before the core retries
     /// an allocation that ran out (rule 37).
@@ -204,7 +254,13 @@ pub trait Backend: Send + 'static {
 
     /// Write `data` at `offset` of `dst`, ordered on `stream`. `data` is only
     /// borrowed for the call.
-    fn write(
+    ///
+    /// # Safety
+    ///
+    /// `stream` and `dst` are this backend's and alive;
+    /// `offset..offset + data.len()` lies inside `dst`, and both are
+    /// multiples of 4.
+    unsafe fn write(
         &mut self,
         stream: &mut Self::Stream,
         dst: &Self::Memory,
@@ -214,7 +270,13 @@ pub trait Backend: Send + 'static {
 
     /// Read `out.len()` bytes at `offset` of `src` after the stream's earlier
     /// work, waiting for them.
-    fn read(
+    ///
+    /// # Safety
+    ///
+    /// `stream` and `src` are this backend's and alive;
+    /// `offset..offset + out.len()` lies inside `src`, and both are
+    /// multiples of 4. `stream` is not recording.
+    unsafe fn read(
         &mut self,
         stream: &mut Self::Stream,
         src: &Self::Memory,
@@ -232,7 +294,13 @@ pub trait Backend: Send + 'static {
     /// the device. A backend that can issue the copy into staging now, in
     /// the same submission as the stream's work, returns a waiter that
     /// covers it and holds the staging.
-    fn begin_read(
+    ///
+    /// # Safety
+    ///
+    /// As for [`read`](Self::read), with `len` for `out.len()`; the waiter
+    /// returned is ended exactly once, by `end_read` or `end_wait` on the
+    /// same stream.
+    unsafe fn begin_read(
         &mut self,
         stream: &mut Self::Stream,
         src: &Self::Memory,
@@ -240,7 +308,10 @@ pub trait Backend: Send + 'static {
         len: u64,
     ) -> Result<Option<Self::Waiter>> {
         let _ = (src, offset, len);
-        self.begin_wait(stream)
+        // SAFETY: the caller's promises for `begin_read` include
+        // `begin_wait`'s: `stream` is this backend's, alive and not
+        // recording.
+        unsafe { self.begin_wait(stream) }
     }
 
     /// Finish a read [`begin_read`](Self::begin_read) began, once
@@ -250,7 +321,13 @@ pub trait Backend: Send + 'static {
     /// buffer was freed or failed meanwhile — ends with
     /// [`end_wait`](Self::end_wait), which must recycle a read's waiter
     /// too.)
-    fn end_read(
+    ///
+    /// # Safety
+    ///
+    /// `waiter` is what `begin_read` returned for this same `stream`, `src`,
+    /// `offset` and `out.len()`, and [`wait`](Self::wait) on it returned
+    /// `Ok`; the range still lies inside `src`, which is still alive.
+    unsafe fn end_read(
         &mut self,
         stream: &mut Self::Stream,
         waiter: Option<Self::Waiter>,
@@ -259,14 +336,25 @@ pub trait Backend: Send + 'static {
         out: &mut [u8],
     ) -> Result<()> {
         if let Some(waiter) = waiter {
-            self.end_wait(stream, waiter)?;
+            // SAFETY: the waiter came from `begin_wait` on this stream (the
+            // default `begin_read`) and is ended here, once.
+            unsafe { self.end_wait(stream, waiter)? };
         }
-        self.read(stream, src, offset, out)
+        // SAFETY: `end_read`'s caller promises `read`'s conditions for this
+        // range.
+        unsafe { self.read(stream, src, offset, out) }
     }
 
     /// Copy `len` bytes, ordered on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// `stream`, `src` and `dst` are this backend's and alive;
+    /// `src_offset..src_offset + len` lies inside `src` and
+    /// `dst_offset..dst_offset + len` inside `dst`, all multiples of 4, and
+    /// the two ranges do not overlap when `src` and `dst` are one memory.
     #[allow(clippy::too_many_arguments)]
-    fn copy(
+    unsafe fn copy(
         &mut self,
         stream: &mut Self::Stream,
         src: &Self::Memory,
@@ -305,7 +393,18 @@ pub trait Backend: Send + 'static {
     }
 
     /// Launch, ordered on `stream`.
-    fn launch(
+    ///
+    /// # Safety
+    ///
+    /// `stream`, `kernel` and every memory in `launch` are this backend's
+    /// and alive. Every binding's `offset..offset + len` lies inside its
+    /// memory and `offset` is a multiple of
+    /// [`binding_alignment`](Self::binding_alignment); an indirect
+    /// dispatch's 12 bytes lie inside theirs. Host-given counts are non-zero
+    /// and within [`launch_limits`](Self::launch_limits)' `max_workgroups`,
+    /// and [`check_launch`](Self::check_launch) accepted this launch for
+    /// this kernel.
+    unsafe fn launch(
         &mut self,
         stream: &mut Self::Stream,
         kernel: &Self::Kernel,
@@ -313,7 +412,11 @@ pub trait Backend: Send + 'static {
     ) -> Result<()>;
 
     /// Submit what the stream has batched, without waiting.
-    fn flush(&mut self, stream: &mut Self::Stream) -> Result<()> {
+    ///
+    /// # Safety
+    ///
+    /// `stream` is this backend's and alive.
+    unsafe fn flush(&mut self, stream: &mut Self::Stream) -> Result<()> {
         let _ = stream;
         Ok(())
     }
@@ -325,12 +428,22 @@ pub trait Backend: Send + 'static {
     /// order a recording stream, to bound an in-flight list); a caller's
     /// sync and read wait through [`begin_wait`](Self::begin_wait) instead.
     /// The default is exactly that sequence, under the lock.
-    fn sync(&mut self, stream: &mut Self::Stream) -> Result<()> {
-        let Some(waiter) = self.begin_wait(stream)? else {
+    ///
+    /// # Safety
+    ///
+    /// `stream` is this backend's and alive.
+    unsafe fn sync(&mut self, stream: &mut Self::Stream) -> Result<()> {
+        // SAFETY: the caller's promise for `sync` is `begin_wait`'s but for
+        // recording, which a backend's `begin_wait` must then answer (the
+        // default here is the wait the core asks for).
+        let Some(waiter) = (unsafe { self.begin_wait(stream)? }) else {
             return Ok(());
         };
-        let waited = Self::wait(&waiter);
-        self.end_wait(stream, waiter).and(waited)
+        // SAFETY: the waiter was just made by this backend and is ended
+        // below, after the wait.
+        let waited = unsafe { Self::wait(&waiter) };
+        // SAFETY: as above: this stream's waiter, ended once.
+        unsafe { self.end_wait(stream, waiter) }.and(waited)
     }
 
     /// Submit what the stream has batched and say how to wait for all of its
@@ -344,43 +457,85 @@ pub trait Backend: Send + 'static {
     /// one included; the waiter covers the work submitted before it was
     /// made, and nothing the backend recycles in the meantime may be
     /// something a waiter still names.
-    fn begin_wait(&mut self, stream: &mut Self::Stream) -> Result<Option<Self::Waiter>>;
+    ///
+    /// # Safety
+    ///
+    /// `stream` is this backend's and alive, and not recording; the waiter
+    /// returned is ended exactly once, by `end_wait` on the same stream.
+    unsafe fn begin_wait(&mut self, stream: &mut Self::Stream) -> Result<Option<Self::Waiter>>;
 
     /// Wait for what `waiter` covers, bounded by the backend's wait timeout.
     /// Called with no lock held, perhaps while other threads call the
     /// backend's other methods: it may touch only what `waiter` holds and
     /// what the API lets threads share. A fault that surfaces here is
     /// attributed by the core to the work the waiter covers (rule 23).
-    fn wait(waiter: &Self::Waiter) -> Result<()>;
+    ///
+    /// # Safety
+    ///
+    /// `waiter` came from this backend type's `begin_wait` or `begin_read`
+    /// on a backend that is still alive, and has not been ended yet.
+    unsafe fn wait(waiter: &Self::Waiter) -> Result<()>;
 
     /// Under the lock again, after [`wait`](Self::wait) returned: recycle
     /// what completed work held and report a fault the stream kept for its
     /// next wait (a lost batch, an error the API reports late). Runs whether
     /// or not the wait succeeded; its error is reported before the wait's.
-    fn end_wait(&mut self, stream: &mut Self::Stream, waiter: Self::Waiter) -> Result<()>;
+    ///
+    /// # Safety
+    ///
+    /// `waiter` came from `begin_wait` or `begin_read` on this `stream`,
+    /// and is ended here once.
+    unsafe fn end_wait(&mut self, stream: &mut Self::Stream, waiter: Self::Waiter) -> Result<()>;
 
     /// Make `then`'s later work wait for `first`'s earlier work. The core
     /// never asks while `first` is recording a capture (the work to wait for
     /// has not run), and while `then` is recording it finishes `first` on
     /// the host with [`sync`](Self::sync) instead.
-    fn order(&mut self, first: &mut Self::Stream, then: &mut Self::Stream) -> Result<()>;
+    ///
+    /// # Safety
+    ///
+    /// Both streams are this backend's, alive and distinct.
+    unsafe fn order(&mut self, first: &mut Self::Stream, then: &mut Self::Stream) -> Result<()>;
 
     /// Start recording the stream's work into a graph.
-    fn begin_capture(&mut self, stream: &mut Self::Stream) -> Result<()>;
+    ///
+    /// # Safety
+    ///
+    /// `stream` is this backend's, alive and not recording.
+    unsafe fn begin_capture(&mut self, stream: &mut Self::Stream) -> Result<()>;
 
     /// Stop recording and seal what was recorded. A refusal (an invalidated
     /// capture, a failed instantiation) is returned as the error.
-    fn end_capture(&mut self, stream: &mut Self::Stream) -> Result<Self::Graph>;
+    ///
+    /// # Safety
+    ///
+    /// `stream` is this backend's, alive and recording; every memory the
+    /// recording names stays alive while the graph does.
+    unsafe fn end_capture(&mut self, stream: &mut Self::Stream) -> Result<Self::Graph>;
 
     /// Stop recording and throw the recording away.
-    fn abort_capture(&mut self, stream: &mut Self::Stream);
+    ///
+    /// # Safety
+    ///
+    /// `stream` is this backend's, alive, and recording or just refused by
+    /// [`end_capture`](Self::end_capture).
+    unsafe fn abort_capture(&mut self, stream: &mut Self::Stream);
 
     /// Replay a graph, ordered on `stream`.
-    fn replay(&mut self, stream: &mut Self::Stream, graph: &Self::Graph) -> Result<()>;
+    ///
+    /// # Safety
+    ///
+    /// `stream` and `graph` are this backend's and alive, `stream` is not
+    /// recording, and every memory the graph recorded work on is alive.
+    unsafe fn replay(&mut self, stream: &mut Self::Stream, graph: &Self::Graph) -> Result<()>;
 
     /// Destroy a graph, waiting for its replays in flight first (rule 35).
     /// The core [`flush`](Self::flush)es every stream that is not recording
     /// just before, so a backend may batch a replay like any other work:
     /// by now it has been submitted.
-    fn destroy_graph(&mut self, graph: Self::Graph) -> Result<()>;
+    ///
+    /// # Safety
+    ///
+    /// `graph` is this backend's, and no later call names it.
+    unsafe fn destroy_graph(&mut self, graph: Self::Graph) -> Result<()>;
 }

@@ -417,14 +417,14 @@ impl Backend for Host {
         4
     }
 
-    fn create_stream(&mut self, id: crate::StreamId) -> Result<HostStream> {
+    unsafe fn create_stream(&mut self, id: crate::StreamId) -> Result<HostStream> {
         Ok(HostStream {
             id,
             recording: None,
         })
     }
 
-    fn allocate(&mut self, _stream: &mut HostStream, size: u64) -> Result<HostMemory> {
+    unsafe fn allocate(&mut self, _stream: &mut HostStream, size: u64) -> Result<HostMemory> {
         let len = usize::try_from(size)
             .map_err(|_| Error::invalid("allocation size", "past the address space"))?;
         if let Some(limit) = self.limit
@@ -449,7 +449,7 @@ impl Backend for Host {
         Ok(Arc::new(Mutex::new(bytes)))
     }
 
-    fn free(&mut self, memory: HostMemory) {
+    unsafe fn free(&mut self, memory: HostMemory) {
         self.reserved -= memory.lock().len() as u64;
     }
 
@@ -457,7 +457,7 @@ impl Backend for Host {
         self.reserved
     }
 
-    fn write(
+    unsafe fn write(
         &mut self,
         stream: &mut HostStream,
         dst: &HostMemory,
@@ -471,7 +471,7 @@ impl Backend for Host {
         })
     }
 
-    fn read(
+    unsafe fn read(
         &mut self,
         _stream: &mut HostStream,
         src: &HostMemory,
@@ -482,7 +482,7 @@ impl Backend for Host {
         Ok(())
     }
 
-    fn copy(
+    unsafe fn copy(
         &mut self,
         stream: &mut HostStream,
         src: &HostMemory,
@@ -534,7 +534,7 @@ impl Backend for Host {
         }
     }
 
-    fn launch(
+    unsafe fn launch(
         &mut self,
         stream: &mut HostStream,
         kernel: &HostKernel,
@@ -573,45 +573,45 @@ impl Backend for Host {
         })
     }
 
-    fn begin_wait(&mut self, _stream: &mut HostStream) -> Result<Option<()>> {
+    unsafe fn begin_wait(&mut self, _stream: &mut HostStream) -> Result<Option<()>> {
         Ok(None)
     }
 
-    fn wait((): &()) -> Result<()> {
+    unsafe fn wait((): &()) -> Result<()> {
         Ok(())
     }
 
-    fn end_wait(&mut self, _stream: &mut HostStream, (): ()) -> Result<()> {
+    unsafe fn end_wait(&mut self, _stream: &mut HostStream, (): ()) -> Result<()> {
         Ok(())
     }
 
-    fn order(&mut self, _first: &mut HostStream, _then: &mut HostStream) -> Result<()> {
+    unsafe fn order(&mut self, _first: &mut HostStream, _then: &mut HostStream) -> Result<()> {
         Ok(())
     }
 
-    fn begin_capture(&mut self, stream: &mut HostStream) -> Result<()> {
+    unsafe fn begin_capture(&mut self, stream: &mut HostStream) -> Result<()> {
         stream.recording = Some(Vec::new());
         Ok(())
     }
 
-    fn end_capture(&mut self, stream: &mut HostStream) -> Result<HostGraph> {
+    unsafe fn end_capture(&mut self, stream: &mut HostStream) -> Result<HostGraph> {
         stream.recording.take().map(HostGraph).ok_or_else(|| {
             Error::internal("the host stream was asked to end a capture it was not recording")
         })
     }
 
-    fn abort_capture(&mut self, stream: &mut HostStream) {
+    unsafe fn abort_capture(&mut self, stream: &mut HostStream) {
         stream.recording = None;
     }
 
-    fn replay(&mut self, stream: &mut HostStream, graph: &HostGraph) -> Result<()> {
+    unsafe fn replay(&mut self, stream: &mut HostStream, graph: &HostGraph) -> Result<()> {
         for op in &graph.0 {
             stream.issue(op.clone())?;
         }
         Ok(())
     }
 
-    fn destroy_graph(&mut self, _graph: HostGraph) -> Result<()> {
+    unsafe fn destroy_graph(&mut self, _graph: HostGraph) -> Result<()> {
         Ok(())
     }
 }

@@ -40,6 +40,14 @@
 //! 8. **Failure on purpose, at the same call sites.** A [`FaultPlan`]
 //!    (feature `fault-injection`) fails any device call of any server, so a
 //!    backend with no device to fault is still tested on every path.
+//! 9. **The device calls are an `unsafe` contract.** [`Backend`]'s methods
+//!    that touch device memory or the backend's objects are `unsafe fn`s,
+//!    as wgpu-hal's are: a backend trusts the offsets and objects it is
+//!    handed, and only [`Server`], which validated them, calls it. Safe code
+//!    reaches a device only through [`Client`].
+//! 10. **The core is measured alone.** The [`null`] backend does nothing at
+//!    once, so a bench over it is the core's own cost, and a test backend
+//!    scripts one device behaviour on it instead of forwarding every call.
 //!
 //! # Features
 //!
@@ -58,6 +66,7 @@ mod hooks;
 mod id;
 pub mod kernel;
 mod limits;
+pub mod null;
 mod probe;
 mod scope;
 mod server;

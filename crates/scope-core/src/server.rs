@@ -126,7 +126,11 @@ impl<B: Backend> PendingWait<B> {
     /// Wait, with no lock held.
     pub(crate) fn wait(&self) -> Result<()> {
         match &self.waiter {
-            Some(waiter) => B::wait(waiter),
+            // SAFETY: only `Server::begin_wait` and `begin_read` make a
+            // `PendingWait`, from their backend's waiter; the client that
+            // waits holds the server alive, and the waiter is ended only
+            // when `end_wait` or `end_read` consumes this value.
+            Some(waiter) => unsafe { B::wait(waiter) },
             None => Ok(()),
         }
     }
@@ -243,7 +247,8 @@ impl<B: Backend> Server<B> {
         hooks: Arc<Hooks>,
         max_workgroups: [u32; 3],
     ) -> Result<Self> {
-        let first = backend.create_stream(StreamId(0))?;
+        // SAFETY: the backend's first stream, numbered 0.
+        let first = unsafe { backend.create_stream(StreamId(0))? };
         Ok(Self {
             backend,
             id,
@@ -350,16 +355,21 @@ impl<B: Backend> Drop for Server<B> {
         // nobody left to tell.
         for state in &mut self.streams {
             if state.window.state() == CaptureState::Recording {
-                self.backend.abort_capture(&mut state.device);
+                // SAFETY: this server's stream, recording by its window.
+                unsafe { self.backend.abort_capture(&mut state.device) };
             }
-            let _ = self.backend.sync(&mut state.device);
+            // SAFETY: this server's stream, no longer recording.
+            let _ = unsafe { self.backend.sync(&mut state.device) };
         }
         for (_, entry) in self.graphs.drain() {
-            let _ = self.backend.destroy_graph(entry.graph);
+            // SAFETY: drained from the table, so named by no later call.
+            let _ = unsafe { self.backend.destroy_graph(entry.graph) };
         }
         for id in self.table.ids() {
             if let Some(memory) = self.table.remove(id) {
-                self.backend.free(memory);
+                // SAFETY: removed from the table, so named by no later call;
+                // every graph that recorded work on it is destroyed above.
+                unsafe { self.backend.free(memory) };
             }
         }
     }

@@ -255,15 +255,15 @@ impl Backend for Cuda {
         self.limits.clone()
     }
 
-    fn create_stream(&mut self, id: StreamId) -> Result<CudaStreamState> {
+    unsafe fn create_stream(&mut self, id: StreamId) -> Result<CudaStreamState> {
         self.new_stream(id)
     }
 
-    fn allocate(&mut self, stream: &mut CudaStreamState, size: u64) -> Result<CudaMemory> {
+    unsafe fn allocate(&mut self, stream: &mut CudaStreamState, size: u64) -> Result<CudaMemory> {
         self.allocate_block(stream, size)
     }
 
-    fn free(&mut self, memory: CudaMemory) {
+    unsafe fn free(&mut self, memory: CudaMemory) {
         self.free_block(memory);
     }
 
@@ -275,7 +275,7 @@ impl Backend for Cuda {
         self.reserved()
     }
 
-    fn write(
+    unsafe fn write(
         &mut self,
         stream: &mut CudaStreamState,
         dst: &CudaMemory,
@@ -285,7 +285,7 @@ impl Backend for Cuda {
         self.write_bytes(stream, dst, offset, data)
     }
 
-    fn read(
+    unsafe fn read(
         &mut self,
         stream: &mut CudaStreamState,
         src: &CudaMemory,
@@ -295,7 +295,7 @@ impl Backend for Cuda {
         self.read_bytes(stream, src, offset, out)
     }
 
-    fn copy(
+    unsafe fn copy(
         &mut self,
         stream: &mut CudaStreamState,
         src: &CudaMemory,
@@ -315,7 +315,7 @@ impl Backend for Cuda {
         launch::check_launch(&self.limits, kernel, launch)
     }
 
-    fn launch(
+    unsafe fn launch(
         &mut self,
         stream: &mut CudaStreamState,
         kernel: &CudaKernel,
@@ -324,43 +324,43 @@ impl Backend for Cuda {
         self.launch_kernel(stream, kernel, launch)
     }
 
-    fn sync(&mut self, stream: &mut CudaStreamState) -> Result<()> {
+    unsafe fn sync(&mut self, stream: &mut CudaStreamState) -> Result<()> {
         self.sync_stream(stream)
     }
 
-    fn begin_wait(&mut self, stream: &mut CudaStreamState) -> Result<Option<CudaWaiter>> {
+    unsafe fn begin_wait(&mut self, stream: &mut CudaStreamState) -> Result<Option<CudaWaiter>> {
         self.begin_wait_for(stream)
     }
 
-    fn wait(waiter: &CudaWaiter) -> Result<()> {
+    unsafe fn wait(waiter: &CudaWaiter) -> Result<()> {
         Cuda::wait_for(waiter)
     }
 
-    fn end_wait(&mut self, stream: &mut CudaStreamState, waiter: CudaWaiter) -> Result<()> {
+    unsafe fn end_wait(&mut self, stream: &mut CudaStreamState, waiter: CudaWaiter) -> Result<()> {
         self.end_wait_for(stream, waiter)
     }
 
-    fn order(&mut self, first: &mut CudaStreamState, then: &mut CudaStreamState) -> Result<()> {
+    unsafe fn order(&mut self, first: &mut CudaStreamState, then: &mut CudaStreamState) -> Result<()> {
         self.order_streams(first, then)
     }
 
-    fn begin_capture(&mut self, stream: &mut CudaStreamState) -> Result<()> {
+    unsafe fn begin_capture(&mut self, stream: &mut CudaStreamState) -> Result<()> {
         self.begin(stream)
     }
 
-    fn end_capture(&mut self, stream: &mut CudaStreamState) -> Result<CudaGraph> {
+    unsafe fn end_capture(&mut self, stream: &mut CudaStreamState) -> Result<CudaGraph> {
         self.end(stream)
     }
 
-    fn abort_capture(&mut self, stream: &mut CudaStreamState) {
+    unsafe fn abort_capture(&mut self, stream: &mut CudaStreamState) {
         self.abort(stream);
     }
 
-    fn replay(&mut self, stream: &mut CudaStreamState, graph: &CudaGraph) -> Result<()> {
+    unsafe fn replay(&mut self, stream: &mut CudaStreamState, graph: &CudaGraph) -> Result<()> {
         self.replay_graph(stream, graph)
     }
 
-    fn destroy_graph(&mut self, graph: CudaGraph) -> Result<()> {
+    unsafe fn destroy_graph(&mut self, graph: CudaGraph) -> Result<()> {
         self.destroy(graph)
     }
 }

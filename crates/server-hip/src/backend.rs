@@ -38,15 +38,15 @@ impl Backend for Hip {
         self.limits.clone()
     }
 
-    fn create_stream(&mut self, id: StreamId) -> Result<HipStream> {
+    unsafe fn create_stream(&mut self, id: StreamId) -> Result<HipStream> {
         Hip::create_stream(self, id)
     }
 
-    fn allocate(&mut self, _stream: &mut HipStream, size: u64) -> Result<HipMemory> {
+    unsafe fn allocate(&mut self, _stream: &mut HipStream, size: u64) -> Result<HipMemory> {
         Hip::allocate(self, size)
     }
 
-    fn free(&mut self, memory: HipMemory) {
+    unsafe fn free(&mut self, memory: HipMemory) {
         Hip::free(self, memory);
     }
 
@@ -58,7 +58,7 @@ impl Backend for Hip {
         self.pool.reserved()
     }
 
-    fn write(
+    unsafe fn write(
         &mut self,
         stream: &mut HipStream,
         dst: &HipMemory,
@@ -68,7 +68,7 @@ impl Backend for Hip {
         Hip::write(self, stream, dst, offset, data)
     }
 
-    fn read(
+    unsafe fn read(
         &mut self,
         stream: &mut HipStream,
         src: &HipMemory,
@@ -78,7 +78,7 @@ impl Backend for Hip {
         Hip::read(self, stream, src, offset, out)
     }
 
-    fn copy(
+    unsafe fn copy(
         &mut self,
         stream: &mut HipStream,
         src: &HipMemory,
@@ -98,7 +98,7 @@ impl Backend for Hip {
         crate::launch::check_launch(&self.limits, kernel, launch)
     }
 
-    fn launch(
+    unsafe fn launch(
         &mut self,
         stream: &mut HipStream,
         kernel: &HipKernel,
@@ -107,39 +107,39 @@ impl Backend for Hip {
         Hip::launch(self, stream, kernel, launch)
     }
 
-    fn begin_wait(&mut self, stream: &mut HipStream) -> Result<Option<HipWaiter>> {
+    unsafe fn begin_wait(&mut self, stream: &mut HipStream) -> Result<Option<HipWaiter>> {
         Hip::begin_wait(self, stream)
     }
 
-    fn wait(waiter: &HipWaiter) -> Result<()> {
+    unsafe fn wait(waiter: &HipWaiter) -> Result<()> {
         Hip::wait(waiter)
     }
 
-    fn end_wait(&mut self, stream: &mut HipStream, waiter: HipWaiter) -> Result<()> {
+    unsafe fn end_wait(&mut self, stream: &mut HipStream, waiter: HipWaiter) -> Result<()> {
         Hip::end_wait(self, stream, waiter)
     }
 
-    fn order(&mut self, first: &mut HipStream, then: &mut HipStream) -> Result<()> {
+    unsafe fn order(&mut self, first: &mut HipStream, then: &mut HipStream) -> Result<()> {
         Hip::order(self, first, then)
     }
 
-    fn begin_capture(&mut self, stream: &mut HipStream) -> Result<()> {
+    unsafe fn begin_capture(&mut self, stream: &mut HipStream) -> Result<()> {
         Hip::begin_capture(self, stream)
     }
 
-    fn end_capture(&mut self, stream: &mut HipStream) -> Result<HipGraph> {
+    unsafe fn end_capture(&mut self, stream: &mut HipStream) -> Result<HipGraph> {
         Hip::end_capture(self, stream)
     }
 
-    fn abort_capture(&mut self, stream: &mut HipStream) {
+    unsafe fn abort_capture(&mut self, stream: &mut HipStream) {
         Hip::abort_capture(self, stream);
     }
 
-    fn replay(&mut self, stream: &mut HipStream, graph: &HipGraph) -> Result<()> {
+    unsafe fn replay(&mut self, stream: &mut HipStream, graph: &HipGraph) -> Result<()> {
         Hip::replay(self, stream, graph)
     }
 
-    fn destroy_graph(&mut self, graph: HipGraph) -> Result<()> {
+    unsafe fn destroy_graph(&mut self, graph: HipGraph) -> Result<()> {
         Hip::destroy_graph(self, graph)
     }
 }

@@ -291,17 +291,17 @@ impl Backend for Vulkan {
         launch::launch_limits(&self.gpu)
     }
 
-    fn create_stream(&mut self, id: scope_core::StreamId) -> Result<VulkanStream> {
+    unsafe fn create_stream(&mut self, id: scope_core::StreamId) -> Result<VulkanStream> {
         let stream = VulkanStream::new(&self.gpu, id)?;
         self.tracks.push(stream.track.clone());
         Ok(stream)
     }
 
-    fn allocate(&mut self, _stream: &mut VulkanStream, size: u64) -> Result<VulkanMemory> {
+    unsafe fn allocate(&mut self, _stream: &mut VulkanStream, size: u64) -> Result<VulkanMemory> {
         self.pool.allocate(size)
     }
 
-    fn free(&mut self, memory: VulkanMemory) {
+    unsafe fn free(&mut self, memory: VulkanMemory) {
         let stamp = stamp_now(&self.tracks);
         self.pool.free(memory, stamp);
     }
@@ -314,7 +314,7 @@ impl Backend for Vulkan {
         self.pool.reserved()
     }
 
-    fn write(
+    unsafe fn write(
         &mut self,
         stream: &mut VulkanStream,
         dst: &VulkanMemory,
@@ -324,7 +324,7 @@ impl Backend for Vulkan {
         copy::write(stream, dst, offset, data)
     }
 
-    fn read(
+    unsafe fn read(
         &mut self,
         stream: &mut VulkanStream,
         src: &VulkanMemory,
@@ -334,7 +334,7 @@ impl Backend for Vulkan {
         copy::read(stream, src, offset, out)
     }
 
-    fn copy(
+    unsafe fn copy(
         &mut self,
         stream: &mut VulkanStream,
         src: &VulkanMemory,
@@ -354,7 +354,7 @@ impl Backend for Vulkan {
         launch::check(&self.gpu, kernel, launch)
     }
 
-    fn launch(
+    unsafe fn launch(
         &mut self,
         stream: &mut VulkanStream,
         kernel: &VulkanKernel,
@@ -367,45 +367,45 @@ impl Backend for Vulkan {
         launch::launch(stream, kernel, guard.as_ref(), launch)
     }
 
-    fn flush(&mut self, stream: &mut VulkanStream) -> Result<()> {
+    unsafe fn flush(&mut self, stream: &mut VulkanStream) -> Result<()> {
         stream.flush()
     }
 
-    fn begin_wait(&mut self, stream: &mut VulkanStream) -> Result<Option<StreamWait>> {
+    unsafe fn begin_wait(&mut self, stream: &mut VulkanStream) -> Result<Option<StreamWait>> {
         stream.begin_wait()
     }
 
-    fn wait(waiter: &StreamWait) -> Result<()> {
+    unsafe fn wait(waiter: &StreamWait) -> Result<()> {
         waiter.wait()
     }
 
-    fn end_wait(&mut self, stream: &mut VulkanStream, _waiter: StreamWait) -> Result<()> {
+    unsafe fn end_wait(&mut self, stream: &mut VulkanStream, _waiter: StreamWait) -> Result<()> {
         stream.reclaim();
         self.pool.reclaim();
         stream.take_deferred().map_or(Ok(()), Err)
     }
 
-    fn order(&mut self, first: &mut VulkanStream, then: &mut VulkanStream) -> Result<()> {
+    unsafe fn order(&mut self, first: &mut VulkanStream, then: &mut VulkanStream) -> Result<()> {
         VulkanStream::order(first, then)
     }
 
-    fn begin_capture(&mut self, stream: &mut VulkanStream) -> Result<()> {
+    unsafe fn begin_capture(&mut self, stream: &mut VulkanStream) -> Result<()> {
         capture::begin(stream)
     }
 
-    fn end_capture(&mut self, stream: &mut VulkanStream) -> Result<VulkanGraph> {
+    unsafe fn end_capture(&mut self, stream: &mut VulkanStream) -> Result<VulkanGraph> {
         capture::end(stream)
     }
 
-    fn abort_capture(&mut self, stream: &mut VulkanStream) {
+    unsafe fn abort_capture(&mut self, stream: &mut VulkanStream) {
         capture::abort(stream);
     }
 
-    fn replay(&mut self, stream: &mut VulkanStream, graph: &VulkanGraph) -> Result<()> {
+    unsafe fn replay(&mut self, stream: &mut VulkanStream, graph: &VulkanGraph) -> Result<()> {
         capture::replay(stream, graph)
     }
 
-    fn destroy_graph(&mut self, graph: VulkanGraph) -> Result<()> {
+    unsafe fn destroy_graph(&mut self, graph: VulkanGraph) -> Result<()> {
         capture::destroy(graph)
     }
 }

@@ -259,7 +259,7 @@ impl Backend for Wgpu {
         launch
     }
 
-    fn create_stream(&mut self, id: StreamId) -> Result<Stream> {
+    unsafe fn create_stream(&mut self, id: StreamId) -> Result<Stream> {
         self.gpu.sink.check_lost()?;
         let index = id.0 as usize;
         debug_assert_eq!(
@@ -275,7 +275,7 @@ impl Backend for Wgpu {
         Ok(Stream(index))
     }
 
-    fn allocate(&mut self, _stream: &mut Stream, size: u64) -> Result<Memory> {
+    unsafe fn allocate(&mut self, _stream: &mut Stream, size: u64) -> Result<Memory> {
         self.gpu.sink.check_lost()?;
         let class = memory::class(size, self.gpu.limits.max_buffer_size);
         if let Some(memory) = self.pool.take(class) {
@@ -310,7 +310,7 @@ impl Backend for Wgpu {
         })
     }
 
-    fn free(&mut self, memory: Memory) {
+    unsafe fn free(&mut self, memory: Memory) {
         if let Some(gone) = self.pool.put(memory) {
             self.bind_groups.evict(gone.id);
         }
@@ -332,11 +332,11 @@ impl Backend for Wgpu {
         self.pool.reserved()
     }
 
-    fn write(&mut self, stream: &mut Stream, dst: &Memory, offset: u64, data: &[u8]) -> Result<()> {
+    unsafe fn write(&mut self, stream: &mut Stream, dst: &Memory, offset: u64, data: &[u8]) -> Result<()> {
         self.write_now(stream.0, dst, offset, data)
     }
 
-    fn read(
+    unsafe fn read(
         &mut self,
         stream: &mut Stream,
         src: &Memory,
@@ -346,7 +346,7 @@ impl Backend for Wgpu {
         self.read_now(stream.0, src, offset, out)
     }
 
-    fn copy(
+    unsafe fn copy(
         &mut self,
         stream: &mut Stream,
         src: &Memory,
@@ -367,7 +367,7 @@ impl Backend for Wgpu {
         launch::check(&self.gpu.limits, kernel, launch)
     }
 
-    fn launch(
+    unsafe fn launch(
         &mut self,
         stream: &mut Stream,
         kernel: &Arc<Pipeline>,
@@ -376,20 +376,20 @@ impl Backend for Wgpu {
         self.launch_now(stream.0, kernel, launch)
     }
 
-    fn flush(&mut self, stream: &mut Stream) -> Result<()> {
+    unsafe fn flush(&mut self, stream: &mut Stream) -> Result<()> {
         self.flush_stream(stream.0)
     }
 
-    fn begin_wait(&mut self, stream: &mut Stream) -> Result<Option<StreamWait>> {
+    unsafe fn begin_wait(&mut self, stream: &mut Stream) -> Result<Option<StreamWait>> {
         let (mut submitter, streams) = self.submitter();
         submitter.begin_wait(&mut streams[stream.0])
     }
 
-    fn wait(waiter: &StreamWait) -> Result<()> {
+    unsafe fn wait(waiter: &StreamWait) -> Result<()> {
         waiter.wait()
     }
 
-    fn end_wait(&mut self, stream: &mut Stream, waiter: StreamWait) -> Result<()> {
+    unsafe fn end_wait(&mut self, stream: &mut Stream, waiter: StreamWait) -> Result<()> {
         if let Some(read) = waiter.into_read() {
             self.abandon_read(read);
         }
@@ -397,7 +397,7 @@ impl Backend for Wgpu {
         submitter.surfaced(&mut streams[stream.0])
     }
 
-    fn begin_read(
+    unsafe fn begin_read(
         &mut self,
         stream: &mut Stream,
         src: &Memory,
@@ -407,7 +407,7 @@ impl Backend for Wgpu {
         self.begin_read_now(stream.0, src, offset, len)
     }
 
-    fn end_read(
+    unsafe fn end_read(
         &mut self,
         stream: &mut Stream,
         waiter: Option<StreamWait>,
@@ -418,31 +418,31 @@ impl Backend for Wgpu {
         self.end_read_now(stream.0, waiter, out)
     }
 
-    fn order(&mut self, first: &mut Stream, _then: &mut Stream) -> Result<()> {
+    unsafe fn order(&mut self, first: &mut Stream, _then: &mut Stream) -> Result<()> {
         // One queue: what `first` submits now runs before anything `then`
         // submits later.
         self.flush_stream(first.0)
     }
 
-    fn begin_capture(&mut self, stream: &mut Stream) -> Result<()> {
+    unsafe fn begin_capture(&mut self, stream: &mut Stream) -> Result<()> {
         self.gpu.sink.check_lost()?;
         self.streams[stream.0].recording = Some(capture::Recording::default());
         Ok(())
     }
 
-    fn end_capture(&mut self, stream: &mut Stream) -> Result<Graph> {
+    unsafe fn end_capture(&mut self, stream: &mut Stream) -> Result<Graph> {
         self.seal(stream.0)
     }
 
-    fn abort_capture(&mut self, stream: &mut Stream) {
+    unsafe fn abort_capture(&mut self, stream: &mut Stream) {
         self.streams[stream.0].recording = None;
     }
 
-    fn replay(&mut self, stream: &mut Stream, graph: &Graph) -> Result<()> {
+    unsafe fn replay(&mut self, stream: &mut Stream, graph: &Graph) -> Result<()> {
         self.replay_now(stream.0, graph)
     }
 
-    fn destroy_graph(&mut self, graph: Graph) -> Result<()> {
+    unsafe fn destroy_graph(&mut self, graph: Graph) -> Result<()> {
         self.destroy_now(graph)
     }
 }

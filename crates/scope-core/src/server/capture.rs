@@ -42,10 +42,11 @@ impl<B: Backend> Server<B> {
         let index = self.stream_index(stream);
         self.streams[index].window.prepare(stream)?;
         let state = &mut self.streams[index];
-        let started = self
-            .backend
-            .flush(&mut state.device)
-            .and_then(|()| self.backend.begin_capture(&mut state.device));
+        // SAFETY: this server's stream; `prepare` refused one whose window
+        // is already open, so it is not recording.
+        let started = unsafe { self.backend.flush(&mut state.device) }
+            // SAFETY: as above.
+            .and_then(|()| unsafe { self.backend.begin_capture(&mut state.device) });
         if let Err(error) = started {
             state.window.abort();
             return Err(error);
@@ -72,7 +73,14 @@ impl<B: Backend> Server<B> {
             } => {
                 let sealed = self
                     .fault(Site::Seal, Some(opened))
-                    .and_then(|()| self.backend.end_capture(&mut self.streams[index].device));
+                    // SAFETY: this server's stream, recording: its window
+                    // was open until `end` above, and a window opens only
+                    // after the backend's `begin_capture` succeeded. The
+                    // graph's buffers stay alive while it does, or it is
+                    // never replayed (`replay` refuses a freed one).
+                    .and_then(|()| unsafe {
+                        self.backend.end_capture(&mut self.streams[index].device)
+                    });
                 match sealed {
                     Ok(graph) => {
                         let id = GraphId(self.next_graph);
@@ -90,7 +98,9 @@ impl<B: Backend> Server<B> {
                         Ok(id)
                     }
                     Err(reason) => {
-                        self.backend.abort_capture(&mut self.streams[index].device);
+                        // SAFETY: the stream whose `end_capture` just
+                        // failed.
+                        unsafe { self.backend.abort_capture(&mut self.streams[index].device) };
                         let error = Error::Unsealed {
                             stream: opened,
                             reason: Arc::new(reason),
@@ -100,7 +110,9 @@ impl<B: Backend> Server<B> {
                 }
             }
             WindowEnd::Unsealable(written, error) => {
-                self.backend.abort_capture(&mut self.streams[index].device);
+                // SAFETY: this server's stream, recording until its window's
+                // `end` above.
+                unsafe { self.backend.abort_capture(&mut self.streams[index].device) };
                 Err(self.unsealed(opened, &written, error))
             }
         }
@@ -141,7 +153,8 @@ impl<B: Backend> Server<B> {
         let was = state.window.state();
         let written = state.window.abort();
         if was == CaptureState::Recording {
-            self.backend.abort_capture(&mut state.device);
+            // SAFETY: this server's stream, recording by its window.
+            unsafe { self.backend.abort_capture(&mut state.device) };
         }
         if !written.is_empty() {
             let error = Error::Unsealed {
@@ -213,8 +226,10 @@ impl<B: Backend> Server<B> {
                     let entry = d.graphs.get(&id).ok_or_else(|| {
                         Error::internal("a graph left the table inside its own replay")
                     })?;
-                    d.backend
-                        .replay(d.stream, &entry.graph)
+                    // SAFETY: this server's graph, in its table, and stream;
+                    // `refuse_if_recording` refused a recording stream, and
+                    // every buffer the graph uses is live (checked above).
+                    unsafe { d.backend.replay(d.stream, &entry.graph) }
                         .map_err(|e| match e {
                             e @ Error::Fault(_) => e,
                             other => Error::Replay {
@@ -252,7 +267,8 @@ impl<B: Backend> Server<B> {
         // flight surfaced, not for skipping that wait (rule 35), which
         // would free a graph a replay may still be running.
         let injected = self.fault(Site::Destroy, None);
-        let destroyed = self.backend.destroy_graph(entry.graph);
+        // SAFETY: removed from the table above, so no later call names it.
+        let destroyed = unsafe { self.backend.destroy_graph(entry.graph) };
         if let (Err(_), Err(lost)) = (&injected, &destroyed) {
             tracing::warn!(graph = %id, "destroying the graph also failed: {lost}");
         }
@@ -278,7 +294,8 @@ impl<B: Backend> Server<B> {
             if self.streams[index].window.is_recording() {
                 continue;
             }
-            if let Err(error) = self.backend.flush(&mut self.streams[index].device) {
+            // SAFETY: this server's stream, not recording (above).
+            if let Err(error) = unsafe { self.backend.flush(&mut self.streams[index].device) } {
                 self.settle(StreamId(index as u32), &error, u64::MAX);
             }
         }

@@ -105,7 +105,9 @@ impl<B: Backend> Server<B> {
             ));
         }
         let id = StreamId(self.streams.len() as u32);
-        let device = self.backend.create_stream(id)?;
+        // SAFETY: `id` is the count of streams made so far: the core pushes
+        // one for every stream the backend created, and only then.
+        let device = unsafe { self.backend.create_stream(id)? };
         self.streams.push(StreamState {
             device,
             window: CaptureWindow::new(),
@@ -138,13 +140,18 @@ impl<B: Backend> Server<B> {
         let index = self.stream_index(stream);
         let mut result = self
             .fault(Site::Allocate, Some(stream))
-            .and_then(|()| self.backend.allocate(&mut self.streams[index].device, size));
+            // SAFETY: this server's stream; `size` is non-zero and within the
+            // backend's largest allocation (both checked above).
+            .and_then(|()| unsafe { self.backend.allocate(&mut self.streams[index].device, size) });
         if matches!(&result, Err(e) if e.is_out_of_memory()) {
             // Rule 37: reclaim what the pool caches and try once more.
             self.backend.trim();
             result = self
                 .fault(Site::Allocate, Some(stream))
-                .and_then(|()| self.backend.allocate(&mut self.streams[index].device, size));
+                // SAFETY: as for the first try.
+                .and_then(|()| unsafe {
+                    self.backend.allocate(&mut self.streams[index].device, size)
+                });
         }
         match result {
             Ok(memory) => Ok(self.table.insert(size, Some(memory), None, stream)),
@@ -215,7 +222,10 @@ impl<B: Backend> Server<B> {
 
     pub(crate) fn free(&mut self, id: BufferId) {
         if let Some(memory) = self.table.remove(id) {
-            self.backend.free(memory);
+            // SAFETY: removed from the table, so no later call names it; a
+            // graph that recorded work on it is never replayed again
+            // (`replay` refuses a graph whose buffers are not all live).
+            unsafe { self.backend.free(memory) };
         }
     }
 }

@@ -130,10 +130,13 @@ impl<B: Backend> Server<B> {
             if recording {
                 // A recording stream cannot wait on work outside its graph;
                 // finish that work on the host instead.
-                self.backend.sync(&mut first.device)?;
+                // SAFETY: a stream of this server's, alive as long as it.
+                unsafe { self.backend.sync(&mut first.device)? };
                 first.in_flight.clear();
             } else {
-                self.backend.order(&mut first.device, &mut then.device)?;
+                // SAFETY: two distinct streams of this server's (`from !=
+                // to`, split by `two`), alive as long as it.
+                unsafe { self.backend.order(&mut first.device, &mut then.device)? };
             }
         }
         for id in moved {
@@ -206,7 +209,8 @@ impl<B: Backend> Server<B> {
         let index = self.stream_index(stream);
         let result = self
             .fault(Site::Sync, Some(stream))
-            .and_then(|()| self.backend.sync(&mut self.streams[index].device));
+            // SAFETY: a stream of this server's, alive as long as it.
+            .and_then(|()| unsafe { self.backend.sync(&mut self.streams[index].device) });
         match result {
             Ok(()) => {
                 self.streams[index].in_flight.clear();
@@ -234,7 +238,10 @@ impl<B: Backend> Server<B> {
         let mark = self.streams[index].in_flight.mark();
         let begun = site
             .map_or(Ok(()), |site| self.fault(site, Some(stream)))
-            .and_then(|()| self.backend.begin_wait(&mut self.streams[index].device));
+            // SAFETY: a stream of this server's; every caller refused a
+            // recording stream first (`refuse_if_recording`), and the
+            // waiter is ended once, by `end_wait`.
+            .and_then(|()| unsafe { self.backend.begin_wait(&mut self.streams[index].device) });
         match begun {
             Ok(waiter) => Ok(PendingWait {
                 stream,
@@ -265,10 +272,12 @@ impl<B: Backend> Server<B> {
         // mark, by another thread while this one waited: it lands on
         // everything in flight. What the wait itself surfaced lands on the
         // work it covered.
+        // SAFETY: the waiter came from this stream's `begin_wait` or
+        // `begin_read` (only they make a `PendingWait`), which is consumed
+        // here, so it is ended once.
         if let Some(waiter) = waiter
-            && let Err(error) = self
-                .backend
-                .end_wait(&mut self.streams[index].device, waiter)
+            && let Err(error) =
+                unsafe { self.backend.end_wait(&mut self.streams[index].device, waiter) }
         {
             self.settle(stream, &error, u64::MAX);
             return Err(error);

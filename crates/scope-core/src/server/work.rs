@@ -24,7 +24,11 @@ impl<B: Backend> Server<B> {
             .execute(|server, written| {
                 server.issue(Site::Write, stream, [r.buffer], written, |d| {
                     let memory = d.table.memory(r.buffer)?;
-                    d.backend.write(d.stream, memory, r.range.start, data)
+                    // SAFETY: `r` was resolved inside this live buffer and
+                    // word-aligned (`resolve_copy_range`), `data` is exactly
+                    // its length (checked above), and the memory and stream
+                    // are the ones this server's backend made for them.
+                    unsafe { d.backend.write(d.stream, memory, r.range.start, data) }
                 })
             });
         self.conclude(stream, outcome)
@@ -67,12 +71,12 @@ impl<B: Backend> Server<B> {
                     streams,
                     ..
                 } = &mut *self;
-                backend.begin_read(
-                    &mut streams[index].device,
-                    table.memory(r.buffer)?,
-                    r.range.start,
-                    len,
-                )
+                let memory = table.memory(r.buffer)?;
+                // SAFETY: `check_read` resolved `r` inside this live,
+                // allocated buffer, word-aligned, and refused a recording
+                // stream; the waiter is ended once, by `end_read` or
+                // `end_wait`.
+                unsafe { backend.begin_read(&mut streams[index].device, memory, r.range.start, len) }
             });
         match begun {
             Ok(waiter) => Ok((
@@ -130,13 +134,20 @@ impl<B: Backend> Server<B> {
             ..
         } = &mut *self;
         let read = table.memory(r.buffer).and_then(|memory| {
-            backend.end_read(
-                &mut streams[index].device,
-                waiter,
-                memory,
-                r.range.start,
-                out,
-            )
+            // SAFETY: the waiter is this stream's, from `begin_read` on the
+            // same range, and its wait returned `Ok`; `check_read` found the
+            // range again inside the same live buffer (it was not freed
+            // meanwhile), and `out` is exactly its length (`begin_read`'s
+            // `room`, or a vector made for `len`).
+            unsafe {
+                backend.end_read(
+                    &mut streams[index].device,
+                    waiter,
+                    memory,
+                    r.range.start,
+                    out,
+                )
+            }
         });
         match read {
             Ok(()) => {
@@ -192,12 +203,11 @@ impl<B: Backend> Server<B> {
             streams,
             ..
         } = self;
-        backend.read(
-            &mut streams[index].device,
-            table.memory(r.buffer)?,
-            r.range.start,
-            out,
-        )
+        let memory = table.memory(r.buffer)?;
+        // SAFETY: the caller resolved `r` inside this live buffer,
+        // word-aligned, sized `out` to it (`peek_vec`) and refused a
+        // recording stream.
+        unsafe { backend.read(&mut streams[index].device, memory, r.range.start, out) }
     }
 
     pub(crate) fn copy(&mut self, stream: StreamId, src: Slice<'_>, dst: Slice<'_>) -> Result<()> {
@@ -223,14 +233,19 @@ impl<B: Backend> Server<B> {
             |server, written| {
                 server.issue(Site::Copy, stream, [s.buffer, d.buffer], written, |dev| {
                     let (src, dst) = (dev.table.memory(s.buffer)?, dev.table.memory(d.buffer)?);
-                    dev.backend.copy(
-                        dev.stream,
-                        src,
-                        s.range.start,
-                        dst,
-                        d.range.start,
-                        s.range.len(),
-                    )
+                    // SAFETY: both ranges were resolved inside their live
+                    // buffers and word-aligned, are of one length, and do
+                    // not overlap within one buffer (all checked above).
+                    unsafe {
+                        dev.backend.copy(
+                            dev.stream,
+                            src,
+                            s.range.start,
+                            dst,
+                            d.range.start,
+                            s.range.len(),
+                        )
+                    }
                 })
             },
         );
@@ -373,40 +388,26 @@ impl<B: Backend> Server<B> {
             }
             let touched = resolved.iter().map(|(r, _)| r.buffer);
             server.issue(Site::Launch, stream, touched, written, |d| {
-                let mut bound: SmallVec<[Bound<'_, B::Memory>; 8]> = SmallVec::new();
-                for (r, access) in &resolved {
-                    bound.push(Bound {
-                        memory: d.table.memory(r.buffer)?,
-                        offset: r.range.start,
-                        len: r.range.len(),
-                        access: *access,
-                    });
-                }
-                let dispatch = match groups {
-                    Some(groups) => BoundDispatch::Groups(groups),
-                    None => {
-                        let last = bound.pop().ok_or_else(|| {
-                            Error::internal("an indirect launch lost its counts binding")
-                        })?;
-                        BoundDispatch::Indirect {
-                            memory: last.memory,
-                            offset: last.offset,
-                        }
-                    }
-                };
+                let (bound, dispatch) = bind(d.table, &resolved, groups).ok_or_else(|| {
+                    Error::internal("a launch's binding lost its memory after its check")
+                })?;
                 let compiled = d.kernels.get(&id).ok_or_else(|| {
                     Error::internal("a compiled kernel is missing from the cache")
                 })?;
-                d.backend.launch(
-                    d.stream,
-                    compiled,
-                    &Launch {
-                        name,
-                        bindings: &bound,
-                        scalars,
-                        dispatch,
-                    },
-                )
+                let launch = Launch {
+                    name,
+                    bindings: &bound,
+                    scalars,
+                    dispatch,
+                };
+                // SAFETY: every binding was resolved inside its live buffer
+                // with an aligned offset and whole words, an indirect
+                // dispatch's 12 aligned bytes likewise (all above);
+                // host-given counts are non-zero (`runs_nothing`) and within
+                // the grid, and the backend's `check_launch` accepted these
+                // same bindings for this kernel (`Server::check_launch`,
+                // which `bind` builds them for, identically).
+                unsafe { d.backend.launch(d.stream, compiled, &launch) }
             })
         });
         self.conclude(stream, outcome)
@@ -430,27 +431,8 @@ impl<B: Backend> Server<B> {
         let Some(compiled) = self.kernels.get(&id) else {
             return Ok(());
         };
-        let mut bound: SmallVec<[Bound<'_, B::Memory>; 8]> = SmallVec::new();
-        for (r, access) in resolved {
-            let Some(memory) = self.memory(r.buffer) else {
-                return Ok(());
-            };
-            bound.push(Bound {
-                memory,
-                offset: r.range.start,
-                len: r.range.len(),
-                access: *access,
-            });
-        }
-        let dispatch = match groups {
-            Some(groups) => BoundDispatch::Groups(groups),
-            None => match bound.pop() {
-                Some(last) => BoundDispatch::Indirect {
-                    memory: last.memory,
-                    offset: last.offset,
-                },
-                None => return Ok(()),
-            },
+        let Some((bound, dispatch)) = bind(&self.table, resolved, groups) else {
+            return Ok(());
         };
         self.backend.check_launch(
             compiled,
@@ -487,7 +469,8 @@ impl<B: Backend> Server<B> {
         if self.streams[index].window.is_recording() {
             return Ok(());
         }
-        let flushed = self.backend.flush(&mut self.streams[index].device);
+        // SAFETY: the stream is this server's and not recording (above).
+        let flushed = unsafe { self.backend.flush(&mut self.streams[index].device) };
         if let Err(error) = &flushed {
             self.settle(stream, error, u64::MAX);
         }
@@ -526,4 +509,38 @@ impl<B: Backend> Server<B> {
         }
         self.table.check(&ranges)
     }
+}
+
+/// A launch's resolved bindings as the backend sees them — the same list
+/// for [`Backend::check_launch`] and [`Backend::launch`], so that what the
+/// backend accepted is what it runs. `None` when a binding has no memory
+/// (the scope then skips the launch or claims its outputs, and the backend
+/// is not asked). An indirect launch's counts are its last binding, which
+/// becomes the dispatch.
+#[allow(clippy::type_complexity)]
+fn bind<'t, M>(
+    table: &'t BufferTable<M>,
+    resolved: &[(BufferRange, Access)],
+    groups: Option<[u32; 3]>,
+) -> Option<(SmallVec<[Bound<'t, M>; 8]>, BoundDispatch<'t, M>)> {
+    let mut bound: SmallVec<[Bound<'t, M>; 8]> = SmallVec::new();
+    for (r, access) in resolved {
+        bound.push(Bound {
+            memory: table.memory(r.buffer).ok()?,
+            offset: r.range.start,
+            len: r.range.len(),
+            access: *access,
+        });
+    }
+    let dispatch = match groups {
+        Some(groups) => BoundDispatch::Groups(groups),
+        None => {
+            let last = bound.pop()?;
+            BoundDispatch::Indirect {
+                memory: last.memory,
+                offset: last.offset,
+            }
+        }
+    };
+    Some((bound, dispatch))
 }

@@ -1,0 +1,294 @@
+//! A backend that does nothing, at once: wgpu-hal's `noop` for scope.
+//!
+//! Every device call succeeds without touching memory: an allocation is a
+//! size, a write and a copy are forgotten, a launch runs nothing, a read
+//! leaves the caller's bytes as they were (zeros, from the core), a graph
+//! is a token. What is left when a server runs over it is the core alone —
+//! handle resolution, validation, the compile cache, scopes, capture
+//! windows, in-flight bookkeeping — which is what two things need:
+//!
+//! - **a bench of the core's own cost** (`benches/launch_path.rs`): over a
+//!   real backend the figure mixes the layer with the device's, and over the
+//!   host server with its copies of every binding;
+//! - **a base for test backends.** A test that needs one behaviour of a
+//!   device — a wait that blocks until the test opens a gate, a fault kept
+//!   for the stream's next wait, a launch that fails — writes a [`Script`]
+//!   that says only that, instead of a whole backend forwarding two dozen
+//!   calls to the host server by hand (and drifting from it each time the
+//!   trait gains a call).
+//!
+//! Because it never touches memory, a test over it checks outcomes
+//! (`Ok`, which error, which bytes a failure claims), never values.
+
+use std::sync::Arc;
+
+use crate::backend::{Backend, Launch};
+use crate::error::{Error, Result};
+use crate::id::StreamId;
+use crate::kernel::{Kernel, Language};
+use crate::limits::LaunchLimits;
+
+/// What a test backend adds to the null backend: each method is asked at
+/// the device call of its name and does nothing by default.
+pub trait Script: Send + 'static {
+    /// The waiter the stream's next wait blocks on; `None` (nothing pending,
+    /// as on an idle device) by default.
+    fn begin_wait(&mut self, stream: StreamId) -> Option<NullWaiter> {
+        let _ = stream;
+        None
+    }
+
+    /// What the stream's wait reports once it returned: a fault the device
+    /// kept for the next wait (a batch lost at submission), or `Ok`.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the script makes the device report.
+    fn end_wait(&mut self, stream: StreamId) -> Result<()> {
+        let _ = stream;
+        Ok(())
+    }
+
+    /// What a launch of `kernel` on `stream` reports, `Ok` by default.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the script makes the device report.
+    fn launch(&mut self, stream: StreamId, kernel: &str) -> Result<()> {
+        let _ = (stream, kernel);
+        Ok(())
+    }
+}
+
+/// No script: every call succeeds at once.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Quiet;
+
+impl Script for Quiet {}
+
+/// A wait a [`Script`] hands out: the function the core runs, without the
+/// server's lock, to wait for the stream.
+#[derive(Clone)]
+pub struct NullWaiter(Arc<dyn Fn() -> Result<()> + Send + Sync>);
+
+impl NullWaiter {
+    /// A waiter that runs `wait` when the core waits.
+    pub fn new(wait: impl Fn() -> Result<()> + Send + Sync + 'static) -> Self {
+        Self(Arc::new(wait))
+    }
+}
+
+impl std::fmt::Debug for NullWaiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NullWaiter")
+    }
+}
+
+/// A null allocation: its size, and no bytes.
+#[derive(Debug)]
+pub struct NullMemory {
+    size: u64,
+}
+
+/// A null stream: its id, and whether it is recording.
+#[derive(Debug)]
+pub struct NullStream {
+    id: StreamId,
+    recording: bool,
+}
+
+/// A null kernel, which runs nothing.
+#[derive(Debug)]
+pub struct NullKernel;
+
+/// A null graph, which replays nothing.
+#[derive(Debug)]
+pub struct NullGraph;
+
+/// The backend that does nothing; see the [module docs](self).
+#[derive(Debug, Default)]
+pub struct Null<S: Script = Quiet> {
+    script: S,
+    reserved: u64,
+}
+
+impl Null {
+    /// A null backend with no script.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl<S: Script> Null<S> {
+    /// A null backend that asks `script` at its device calls.
+    pub fn scripted(script: S) -> Self {
+        Self {
+            script,
+            reserved: 0,
+        }
+    }
+
+    /// The script.
+    pub fn script(&self) -> &S {
+        &self.script
+    }
+}
+
+/// The largest null allocation: any size the core can index, since nothing
+/// is allocated.
+const MAX_ALLOCATION: u64 = 1 << 48;
+
+impl<S: Script> Backend for Null<S> {
+    type Memory = NullMemory;
+    type Stream = NullStream;
+    type Kernel = NullKernel;
+    type Graph = NullGraph;
+    type Waiter = NullWaiter;
+
+    const NAME: &'static str = "null";
+
+    fn describe(&self) -> String {
+        "no device (null backend: every call succeeds and does nothing)".to_owned()
+    }
+
+    fn accepts(&self, _language: Language) -> bool {
+        true
+    }
+
+    fn max_allocation(&self) -> u64 {
+        MAX_ALLOCATION
+    }
+
+    fn binding_alignment(&self) -> u64 {
+        4
+    }
+
+    fn launch_limits(&self) -> LaunchLimits {
+        LaunchLimits {
+            max_bindings: u32::MAX,
+            max_binding_size: MAX_ALLOCATION,
+            max_scalar_bytes: u32::MAX,
+            max_workgroups: [u32::MAX; 3],
+            ..LaunchLimits::default()
+        }
+    }
+
+    unsafe fn create_stream(&mut self, id: StreamId) -> Result<NullStream> {
+        Ok(NullStream {
+            id,
+            recording: false,
+        })
+    }
+
+    unsafe fn allocate(&mut self, _stream: &mut NullStream, size: u64) -> Result<NullMemory> {
+        self.reserved += size;
+        Ok(NullMemory { size })
+    }
+
+    unsafe fn free(&mut self, memory: NullMemory) {
+        self.reserved -= memory.size;
+    }
+
+    fn bytes_reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    unsafe fn write(
+        &mut self,
+        _stream: &mut NullStream,
+        _dst: &NullMemory,
+        _offset: u64,
+        _data: &[u8],
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn read(
+        &mut self,
+        _stream: &mut NullStream,
+        _src: &NullMemory,
+        _offset: u64,
+        _out: &mut [u8],
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn copy(
+        &mut self,
+        _stream: &mut NullStream,
+        _src: &NullMemory,
+        _src_offset: u64,
+        _dst: &NullMemory,
+        _dst_offset: u64,
+        _len: u64,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    fn compile(&mut self, _kernel: &Kernel) -> Result<NullKernel> {
+        Ok(NullKernel)
+    }
+
+    unsafe fn launch(
+        &mut self,
+        stream: &mut NullStream,
+        _kernel: &NullKernel,
+        launch: &Launch<'_, NullMemory>,
+    ) -> Result<()> {
+        if stream.recording {
+            return Ok(());
+        }
+        self.script.launch(stream.id, launch.name)
+    }
+
+    unsafe fn begin_wait(&mut self, stream: &mut NullStream) -> Result<Option<NullWaiter>> {
+        Ok(self.script.begin_wait(stream.id))
+    }
+
+    unsafe fn wait(waiter: &NullWaiter) -> Result<()> {
+        (waiter.0)()
+    }
+
+    unsafe fn end_wait(&mut self, stream: &mut NullStream, _waiter: NullWaiter) -> Result<()> {
+        self.script.end_wait(stream.id)
+    }
+
+    unsafe fn order(&mut self, _first: &mut NullStream, _then: &mut NullStream) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn begin_capture(&mut self, stream: &mut NullStream) -> Result<()> {
+        stream.recording = true;
+        Ok(())
+    }
+
+    unsafe fn end_capture(&mut self, stream: &mut NullStream) -> Result<NullGraph> {
+        if !std::mem::take(&mut stream.recording) {
+            return Err(Error::internal(
+                "the null stream was asked to end a capture it was not recording",
+            ));
+        }
+        Ok(NullGraph)
+    }
+
+    unsafe fn abort_capture(&mut self, stream: &mut NullStream) {
+        stream.recording = false;
+    }
+
+    unsafe fn replay(&mut self, _stream: &mut NullStream, _graph: &NullGraph) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn destroy_graph(&mut self, _graph: NullGraph) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A client of a new null server.
+///
+/// # Errors
+///
+/// None in practice; the signature matches the other servers'.
+pub fn client() -> Result<crate::Client<Null>> {
+    crate::Client::new(Null::new())
+}
