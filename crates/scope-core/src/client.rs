@@ -1,8 +1,9 @@
-//! The contract a runtime programs against: [`Client`] and its handles.
+//! The contract a runtime programs against: [`Client`].
 //!
 //! A runtime links one server crate, gets a `Client<ThatBackend>`, and from
-//! then on sees only this module: buffers, byte ranges, kernels, launches,
-//! streams and graphs, with the same failure behaviour on every backend.
+//! then on sees only this and the handles it returns (`handle.rs`):
+//! buffers, byte ranges, kernels, launches, streams and graphs, with the
+//! same failure behaviour on every backend.
 //!
 //! - A [`Client`] is `Clone + Send + Sync`. Each clone is bound to one
 //!   logical stream; [`Client::new_stream`] gives a client on a new one. All
@@ -16,315 +17,38 @@
 //! - Dropping a buffer never takes the server lock (it could be dropped
 //!   while the lock is held); it queues the id, and the server frees queued
 //!   buffers at the start of its next call.
+//! - No call deadlocks its own thread. The closures of
+//!   [`Client::with_backend`] and [`Client::with_memory`] run under the
+//!   lock; a call they make back into a client of the same server is
+//!   answered from the lent server when it only looks, and is a typed error
+//!   when it would change something (`lend.rs`).
 
-use std::ops::{Bound as RangeBound, RangeBounds};
+mod lend;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
-use crate::backend::{Access, Backend};
+use crate::backend::Backend;
 use crate::capture::CaptureState;
 use crate::error::{Error, Result};
+use crate::handle::{Binding, Buffer, Capture, Dispatch, FreeQueue, Graph, Slice};
 use crate::hooks::Hooks;
-use crate::id::{BufferId, ByteRange, GraphId, ServerId, StreamId};
+use crate::id::{BufferId, ServerId, StreamId};
 use crate::kernel::Kernel;
 use crate::limits::DeviceLimits;
 use crate::server::{Server, host_vec};
 
-/// A handle dropped without its server being told: the server releases
-/// what it named at the start of its next call.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Dropped {
-    /// The last clone of a buffer.
-    Buffer(BufferId),
-    /// A capture neither ended nor aborted: its window is aborted, so the
-    /// stream does not stay capturing for good.
-    Capture {
-        /// The stream that opened it.
-        stream: StreamId,
-        /// Which of that stream's windows.
-        epoch: u64,
-    },
-    /// The last clone of a graph: it is destroyed (after its replays).
-    Graph(GraphId),
-}
+use lend::Lent;
 
-/// Handles dropped since the server last looked.
-///
-/// Dropping a handle never takes the server lock — it may be dropped while
-/// the lock is held (inside [`Client::with_backend`], or by a failure hook
-/// that owned it) — so it queues what it named instead.
-#[derive(Default)]
-pub(crate) struct FreeQueue {
-    pending: AtomicBool,
-    dropped: Mutex<Vec<Dropped>>,
-}
-
-impl FreeQueue {
-    fn push(&self, dropped: Dropped) {
-        self.dropped.lock().push(dropped);
-        self.pending.store(true, Ordering::Release);
-    }
-
-    /// The queued handles, or none without touching the lock when none are.
-    pub(crate) fn take(&self) -> Vec<Dropped> {
-        if !self.pending.swap(false, Ordering::Acquire) {
-            return Vec::new();
-        }
-        std::mem::take(&mut *self.dropped.lock())
-    }
-}
-
-struct BufferInner {
-    id: BufferId,
-    server: ServerId,
-    size: u64,
-    queue: Arc<FreeQueue>,
-}
-
-impl Drop for BufferInner {
-    fn drop(&mut self) {
-        self.queue.push(Dropped::Buffer(self.id));
-    }
-}
-
-/// A device buffer. Clones share it; the last one to drop frees it.
-#[derive(Clone)]
-pub struct Buffer {
-    inner: Arc<BufferInner>,
-}
-
-impl std::fmt::Debug for Buffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({} bytes)", self.inner.id, self.inner.size)
-    }
-}
-
-impl Buffer {
-    /// Its id, as reports name it.
-    pub fn id(&self) -> BufferId {
-        self.inner.id
-    }
-
-    /// Its size in bytes.
-    pub fn size(&self) -> u64 {
-        self.inner.size
-    }
-
-    pub(crate) fn server(&self) -> ServerId {
-        self.inner.server
-    }
-
-    /// All of it.
-    pub fn all(&self) -> Slice<'_> {
-        Slice {
-            buffer: self,
-            range: ByteRange::new(0, self.size()),
-        }
-    }
-
-    /// Bytes `range` of it; checked when used, not here.
-    pub fn slice(&self, range: impl RangeBounds<u64>) -> Slice<'_> {
-        let start = match range.start_bound() {
-            RangeBound::Included(&s) => s,
-            RangeBound::Excluded(&s) => s.saturating_add(1),
-            RangeBound::Unbounded => 0,
-        };
-        let end = match range.end_bound() {
-            RangeBound::Included(&e) => e.saturating_add(1),
-            RangeBound::Excluded(&e) => e,
-            RangeBound::Unbounded => self.size(),
-        };
-        Slice {
-            buffer: self,
-            // Kept as given (even reversed) so validation can name it.
-            range: ByteRange { start, end },
-        }
-    }
-}
-
-/// Bytes of a buffer.
-#[derive(Clone, Copy, Debug)]
-pub struct Slice<'a> {
-    /// The buffer.
-    pub buffer: &'a Buffer,
-    /// The bytes.
-    pub range: ByteRange,
-}
-
-impl<'a> From<&'a Buffer> for Slice<'a> {
-    fn from(buffer: &'a Buffer) -> Self {
-        buffer.all()
-    }
-}
-
-impl<'a> Slice<'a> {
-    /// Bound for reading.
-    pub fn read(self) -> Binding<'a> {
-        Binding {
-            slice: self,
-            access: Access::Read,
-        }
-    }
-
-    /// Bound for writing.
-    pub fn write(self) -> Binding<'a> {
-        Binding {
-            slice: self,
-            access: Access::Write,
-        }
-    }
-
-    /// Bound for reading and writing.
-    pub fn read_write(self) -> Binding<'a> {
-        Binding {
-            slice: self,
-            access: Access::ReadWrite,
-        }
-    }
-}
-
-/// One binding of a launch: bytes of a buffer and how the kernel uses them.
-#[derive(Clone, Copy, Debug)]
-pub struct Binding<'a> {
-    /// The bytes.
-    pub slice: Slice<'a>,
-    /// How they are used.
-    pub access: Access,
-}
-
-impl<'a> Binding<'a> {
-    /// All of `buffer`, read.
-    pub fn read(buffer: &'a Buffer) -> Self {
-        buffer.all().read()
-    }
-
-    /// All of `buffer`, written.
-    pub fn write(buffer: &'a Buffer) -> Self {
-        buffer.all().write()
-    }
-
-    /// All of `buffer`, read and written.
-    pub fn read_write(buffer: &'a Buffer) -> Self {
-        buffer.all().read_write()
-    }
-}
-
-/// How many workgroups a launch runs.
-#[derive(Clone, Copy, Debug)]
-pub enum Dispatch<'a> {
-    /// Known on the host. A zero in any dimension runs nothing, so the
-    /// launch writes nothing and heals nothing.
-    Groups([u32; 3]),
-    /// Three `u32` counts in device memory, which join the launch's read
-    /// set: a launch whose count carries a failure is skipped.
-    Indirect(Slice<'a>),
-}
-
-impl Dispatch<'_> {
-    /// `x` workgroups in one dimension.
-    pub fn linear(x: u32) -> Self {
-        Dispatch::Groups([x, 1, 1])
-    }
-}
-
-/// An open capture window, to end or abort.
-///
-/// A capture that is dropped instead is aborted at the server's next call,
-/// as [`Client::abort_capture`] would: a forgotten capture must not leave its
-/// stream recording for good, refusing every sync and read.
-#[must_use = "a capture must be ended or aborted; dropping it aborts it"]
-pub struct Capture {
-    pub(crate) stream: StreamId,
-    pub(crate) server: ServerId,
-    pub(crate) epoch: u64,
-    /// Where to say it was dropped; `None` once ended or aborted.
-    armed: Option<Arc<FreeQueue>>,
-}
-
-impl std::fmt::Debug for Capture {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Capture({}, window {})", self.stream, self.epoch)
-    }
-}
-
-impl Capture {
-    /// The stream that opened it.
-    pub fn stream(&self) -> StreamId {
-        self.stream
-    }
-
-    /// A handle on no window that is open: what a caller holding a capture
-    /// past its end would have, for the suite to try.
-    #[cfg(feature = "conformance")]
-    pub(crate) fn stale(stream: StreamId, server: ServerId) -> Self {
-        Self {
-            stream,
-            server,
-            epoch: 0,
-            armed: None,
-        }
-    }
-
-    /// Ended or aborted by its server: nothing is left for `Drop` to do.
-    fn disarm(&mut self) {
-        self.armed = None;
-    }
-}
-
-impl Drop for Capture {
-    fn drop(&mut self) {
-        if let Some(queue) = self.armed.take() {
-            queue.push(Dropped::Capture {
-                stream: self.stream,
-                epoch: self.epoch,
-            });
-        }
-    }
-}
-
-struct GraphInner {
-    id: GraphId,
-    queue: Arc<FreeQueue>,
-}
-
-impl Drop for GraphInner {
-    fn drop(&mut self) {
-        self.queue.push(Dropped::Graph(self.id));
-    }
-}
-
-/// A captured graph. Clones name the same graph; destroying it through any
-/// makes the others name a destroyed graph. When the last clone drops, the
-/// graph is destroyed at the server's next call (after its replays in
-/// flight, rule 35), so a runtime that forgets a graph does not leak it.
-#[derive(Clone)]
-pub struct Graph {
-    pub(crate) id: GraphId,
-    pub(crate) server: ServerId,
-    _inner: Arc<GraphInner>,
-}
-
-impl std::fmt::Debug for Graph {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Graph({})", self.id)
-    }
-}
-
-impl PartialEq for Graph {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id && self.server == other.server
-    }
-}
-
-impl Eq for Graph {}
-
-impl Graph {
-    /// Its id.
-    pub fn id(&self) -> GraphId {
-        self.id
-    }
+/// What a call gets when it is made from inside a closure that holds its
+/// server's lock on the same thread, and would change the server.
+fn reentrant() -> Error {
+    Error::invalid(
+        "call",
+        "made from inside a `with_backend` or `with_memory` closure on the same server, \
+         which holds the server's lock until it returns: make the call after it",
+    )
 }
 
 pub(crate) struct Shared<B: Backend> {
@@ -336,6 +60,12 @@ pub(crate) struct Shared<B: Backend> {
     /// Asked of the backend once: they do not change while the server
     /// lives, and reading them must not wait for the lock.
     pub(crate) limits: DeviceLimits,
+    /// The server while a `with_backend` or `with_memory` closure has it.
+    lent: Lent<Server<B>>,
+    /// A plan `inject` was given inside such a closure: installed when the
+    /// closure returns.
+    #[cfg(feature = "fault-injection")]
+    deferred_plan: Mutex<Option<crate::FaultPlan>>,
 }
 
 /// A handle on one server, bound to one of its streams.
@@ -391,24 +121,79 @@ impl<B: Backend> Client<B> {
                 id,
                 description,
                 limits,
+                lent: Lent::default(),
+                #[cfg(feature = "fault-injection")]
+                deferred_plan: Mutex::new(None),
             }),
             stream: StreamId(0),
         })
     }
 
-    /// Lock the server, after releasing whatever was dropped since.
-    fn server(&self) -> parking_lot::MutexGuard<'_, Server<B>> {
-        let mut server = self.shared.server.lock();
+    /// Lock the server, after releasing whatever was dropped since; `None`
+    /// when a closure on this thread holds it (see `lend.rs`), which
+    /// waiting for would deadlock.
+    fn lock(&self) -> Option<MutexGuard<'_, Server<B>>> {
+        let mut server = match self.shared.server.try_lock() {
+            Some(server) => server,
+            None if self.shared.lent.is_here() => return None,
+            None => self.shared.server.lock(),
+        };
         for dropped in self.shared.queue.take() {
             server.release(dropped);
         }
-        server
+        Some(server)
     }
 
     /// Run `f` on the locked server, then, with the lock released, deliver
     /// the failure events it queued to the hook (see [`on_failure`](Self::on_failure)).
-    fn call<R>(&self, f: impl FnOnce(&mut Server<B>) -> R) -> R {
-        let result = f(&mut self.server());
+    ///
+    /// # Errors
+    ///
+    /// `f`'s, or [`reentrant`] inside a closure that holds the lock.
+    fn call<R>(&self, f: impl FnOnce(&mut Server<B>) -> Result<R>) -> Result<R> {
+        let Some(mut server) = self.lock() else {
+            return Err(reentrant());
+        };
+        let result = f(&mut server);
+        drop(server);
+        self.shared.hooks.deliver();
+        result
+    }
+
+    /// Run `f`, which only looks, on the server: locked, or as lent to a
+    /// closure on this thread. With `lending`, `f` runs the caller's closure
+    /// and the server is lent to it meanwhile.
+    fn look<R>(&self, lending: bool, f: impl FnOnce(&Server<B>) -> R) -> R {
+        let f = match self.shared.server.try_lock() {
+            Some(server) => return self.look_locked(server, lending, f),
+            None => match self.shared.lent.here(f) {
+                Ok(looked) => return looked,
+                Err(f) => f,
+            },
+        };
+        self.look_locked(self.shared.server.lock(), lending, f)
+    }
+
+    fn look_locked<R>(
+        &self,
+        mut server: MutexGuard<'_, Server<B>>,
+        lending: bool,
+        f: impl FnOnce(&Server<B>) -> R,
+    ) -> R {
+        for dropped in self.shared.queue.take() {
+            server.release(dropped);
+        }
+        let result = if lending {
+            let _lent = self.shared.lent.lend(&server);
+            f(&server)
+        } else {
+            f(&server)
+        };
+        #[cfg(feature = "fault-injection")]
+        if lending && let Some(plan) = self.shared.deferred_plan.lock().take() {
+            server.inject(plan);
+        }
+        drop(server);
         self.shared.hooks.deliver();
         result
     }
@@ -515,14 +300,7 @@ impl<B: Backend> Client<B> {
     }
 
     fn handle(&self, id: BufferId, size: u64) -> Buffer {
-        Buffer {
-            inner: Arc::new(BufferInner {
-                id,
-                server: self.shared.id,
-                size,
-                queue: self.shared.queue.clone(),
-            }),
-        }
+        Buffer::new(id, self.shared.id, size, self.shared.queue.clone())
     }
 
     /// Free `buffer` now, whatever other clones of it exist; they become
@@ -702,12 +480,12 @@ impl<B: Backend> Client<B> {
     /// failure to start.
     pub fn begin_capture(&self) -> Result<Capture> {
         let epoch = self.call(|server| server.begin_capture(self.stream))?;
-        Ok(Capture {
-            stream: self.stream,
-            server: self.shared.id,
+        Ok(Capture::open(
+            self.stream,
+            self.shared.id,
             epoch,
-            armed: Some(self.shared.queue.clone()),
-        })
+            self.shared.queue.clone(),
+        ))
     }
 
     /// Close `capture` from this client's stream and seal its graph.
@@ -728,14 +506,7 @@ impl<B: Backend> Client<B> {
             }
             id
         })?;
-        Ok(Graph {
-            id,
-            server: self.shared.id,
-            _inner: Arc::new(GraphInner {
-                id,
-                queue: self.shared.queue.clone(),
-            }),
-        })
+        Ok(Graph::new(id, self.shared.id, self.shared.queue.clone()))
     }
 
     /// Throw `capture` away. Its recorded work never runs, so what that work
@@ -758,7 +529,7 @@ impl<B: Backend> Client<B> {
 
     /// Where this stream's capture stands.
     pub fn capture_state(&self) -> CaptureState {
-        self.call(|server| server.capture_state(self.stream))
+        self.look(false, |server| server.capture_state(self.stream))
     }
 
     /// Replay `graph` on this stream (rule 34).
@@ -801,7 +572,7 @@ impl<B: Backend> Client<B> {
     /// How many failures this stream has seen (skips, failed work, faults):
     /// a measurement is valid only if this did not change while it ran.
     pub fn failures_seen(&self) -> u64 {
-        self.call(|server| server.failures_seen(self.stream))
+        self.look(false, |server| server.failures_seen(self.stream))
     }
 
     /// Every failure held and every buffer's claims, for a test that must
@@ -809,18 +580,18 @@ impl<B: Backend> Client<B> {
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
     pub fn dump_failures(&self) -> String {
-        self.call(|server| server.dump_failures())
+        self.look(false, |server| server.dump_failures())
     }
 
     /// How many failures the device holds (rule 7).
     pub fn failures_held(&self) -> usize {
-        self.call(|server| server.failures_held())
+        self.look(false, |server| server.failures_held())
     }
 
     /// How many (buffer, failure) claims are live, allocation records
     /// included. The store never holds more failures than this (rule 7).
     pub fn failure_claims(&self) -> usize {
-        self.call(|server| server.failure_claims())
+        self.look(false, |server| server.failure_claims())
     }
 
     /// Check the store's books: every failure's carrier count matches the
@@ -831,28 +602,39 @@ impl<B: Backend> Client<B> {
     /// What does not add up, for a test to print.
     #[cfg(feature = "fault-injection")]
     pub fn audit(&self) -> std::result::Result<(), String> {
-        self.call(|server| server.audit())
+        self.look(false, |server| server.audit())
     }
 
     /// Bytes of live buffers.
     pub fn bytes_allocated(&self) -> u64 {
-        self.call(|server| server.bytes_allocated())
+        self.look(false, |server| server.bytes_allocated())
     }
 
     /// Bytes the backend holds, in use or cached for reuse.
     pub fn bytes_reserved(&self) -> u64 {
-        self.call(|server| server.bytes_reserved())
+        self.look(false, |server| server.bytes_reserved())
     }
 
     /// The fault that poisoned the device, if one did.
     pub fn poison(&self) -> Option<Arc<Error>> {
-        self.call(|server| server.poison())
+        self.look(false, |server| server.poison())
     }
 
     /// Install `plan`: from now on, the device calls it names fail.
     #[cfg(feature = "fault-injection")]
+    ///
+    /// Called from inside a [`with_backend`](Self::with_backend) or
+    /// [`with_memory`](Self::with_memory) closure on the same server, it
+    /// takes effect when that closure returns.
     pub fn inject(&self, plan: crate::FaultPlan) {
-        self.call(|server| server.inject(plan));
+        if self.shared.lent.is_here() {
+            *self.shared.deferred_plan.lock() = Some(plan);
+            return;
+        }
+        let _ = self.call(|server| {
+            server.inject(plan);
+            Ok(())
+        });
     }
 
     /// The bytes of `src` whatever claims them: a look under the failure
@@ -878,6 +660,12 @@ impl<B: Backend> Client<B> {
     /// and keep tables the core relies on (a stream created behind the
     /// core's back would desynchronise them), so they stay out of reach.
     ///
+    /// `f` may call back into any client of this server: a call that only
+    /// looks (a count, the poison, `with_backend` again) is answered at
+    /// once; one that would change the server — a launch, a read, a new
+    /// stream — is an [`Error::InvalidArgument`] saying it was made inside
+    /// this closure, never a deadlock.
+    ///
     /// # Errors
     ///
     /// A foreign or freed buffer; one without memory.
@@ -886,7 +674,7 @@ impl<B: Backend> Client<B> {
         buffer: &Buffer,
         f: impl FnOnce(&B, &B::Memory) -> R,
     ) -> Result<R> {
-        self.call(|server| server.with_memory(buffer, f))
+        self.look(true, |server| server.with_memory(buffer, f))
     }
 
     /// Run `f` with the backend, shared, under the server's lock — for a
@@ -908,11 +696,14 @@ impl<B: Backend> Client<B> {
     /// fn trimmed<B: scope_core::Backend>(c: &scope_core::Client<B>) {
     ///     // SAFETY: trimming releases caches; it creates or destroys
     ///     // nothing the core tracks.
-    ///     unsafe { c.with_backend_mut(|b| b.trim()) };
+    ///     let _ = unsafe { c.with_backend_mut(|b| b.trim()) };
     /// }
     /// ```
+    ///
+    /// `f` may call back into clients of this server as
+    /// [`with_memory`](Self::with_memory)'s may.
     pub fn with_backend<R>(&self, f: impl FnOnce(&B) -> R) -> R {
-        self.call(|server| f(server.backend()))
+        self.look(true, |server| f(server.backend()))
     }
 
     /// Run `f` with the backend, exclusively, under the server's lock.
@@ -926,8 +717,15 @@ impl<B: Backend> Client<B> {
     /// release caches ([`Backend::trim`]) or issue work on objects `f` made
     /// itself are fine. Breaking this desynchronises the core's tables from
     /// the device, after which a safe call may use freed device memory.
-    pub unsafe fn with_backend_mut<R>(&self, f: impl FnOnce(&mut B) -> R) -> R {
-        self.call(|server| f(server.backend_mut()))
+    ///
+    /// # Errors
+    ///
+    /// An [`Error::InvalidArgument`] when called from inside a
+    /// [`with_backend`](Self::with_backend) or
+    /// [`with_memory`](Self::with_memory) closure on the same server, which
+    /// still borrows the backend.
+    pub unsafe fn with_backend_mut<R>(&self, f: impl FnOnce(&mut B) -> R) -> Result<R> {
+        self.call(|server| Ok(f(server.backend_mut())))
     }
 }
 

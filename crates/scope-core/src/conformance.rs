@@ -120,9 +120,9 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::capture::CaptureState;
-use crate::client::{Binding, Buffer, Dispatch};
 use crate::error::Error;
 use crate::fault::{FaultPlan, Site};
+use crate::handle::{Binding, Buffer, Dispatch};
 use crate::id::StreamId;
 
 pub(crate) const WORDS: u32 = 256;
@@ -996,6 +996,7 @@ macro_rules! conformance_tests {
             a_failure_from_outside_claims_like_a_failed_launch,
             flush_submits_and_changes_nothing_else,
             a_caller_failed_allocation_behaves_like_the_devices,
+            a_closure_holding_the_lock_may_call_back,
         );
     };
     (@each $suite:ty; $($name:ident),* $(,)?) => {

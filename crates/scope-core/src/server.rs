@@ -34,10 +34,10 @@ use std::sync::Arc;
 
 use crate::backend::{Access, Backend, Bound, BoundDispatch, Launch};
 use crate::capture::{CaptureState, CaptureWindow, WindowEnd};
-use crate::client::{Binding, Buffer, Capture, Dispatch, Dropped, Graph, Slice};
 use crate::error::{Error, Result};
 use crate::failure::{Work, WorkKind};
 use crate::fault::Site;
+use crate::handle::{Binding, Buffer, Capture, Dispatch, Dropped, Graph, Slice};
 use crate::hooks::Hooks;
 use crate::id::{BufferId, BufferRange, ByteRange, GraphId, IdHasher, ServerId, StreamId};
 use crate::kernel::{Kernel, KernelId};

@@ -17,9 +17,9 @@ use super::{
     upload,
 };
 use crate::capture::CaptureState;
-use crate::client::{Binding, Dispatch};
 use crate::error::Error;
 use crate::fault::{FaultPlan, Site};
+use crate::handle::{Binding, Dispatch};
 
 /// A failure hook runs after the server's lock is released, so it may call
 /// back into the client — to read a counter, or to issue work — without
@@ -646,4 +646,52 @@ pub fn a_caller_failed_allocation_behaves_like_the_devices<S: Suite>() {
     drop((failed, out));
     assert_eq!(c.failures_held(), 0);
     assert_eq!(c.bytes_allocated(), 0);
+}
+
+/// A closure passed to `with_backend` or `with_memory` runs under the
+/// server's lock, which is not re-entrant; a call it makes back into a
+/// client of the same server — on its own stream or another — must not wait
+/// for that lock. One that only looks is answered; one that would change the
+/// server is an [`Error::InvalidArgument`] that claims nothing; afterwards
+/// every client works. Run on a thread with a deadline, so that the
+/// deadlock it guards against fails the test instead of hanging it.
+pub fn a_closure_holding_the_lock_may_call_back<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let same = c.clone();
+        let other = c.new_stream().expect("a second stream");
+        let a = upload(&c, &[1; WORDS as usize]);
+        let b = upload(&c, &[2; WORDS as usize]);
+        // Looking is answered from inside, with what is true outside.
+        let held = c.with_backend(|_| same.failures_held());
+        assert_eq!(held, c.failures_held());
+        let largest = c.with_backend(|_| same.with_backend(crate::Backend::max_allocation));
+        assert_eq!(largest, c.limits().max_allocation);
+        let nested = c.with_memory(&a, |_, _| same.with_memory(&b, |_, _| 7));
+        assert_eq!(nested.ok().and_then(Result::ok), Some(7));
+        // Changing is refused, typed, on any stream, claiming nothing.
+        let invalid = |r: &Result<(), Error>| matches!(r, Err(Error::InvalidArgument { .. }));
+        let read_inside = c.with_backend(|_| same.read(&a).map(drop));
+        assert!(invalid(&read_inside), "{read_inside:?}");
+        let launched = c.with_memory(&a, |_, _| fill::<S>(&same, &b, 3)).unwrap();
+        assert!(invalid(&launched), "{launched:?}");
+        let allocated = c.with_backend(|_| other.allocate(64).map(drop));
+        assert!(invalid(&allocated), "{allocated:?}");
+        let synced = c.with_backend(|_| other.sync());
+        assert!(invalid(&synced), "{synced:?}");
+        // SAFETY: the closure does nothing to the backend.
+        let exclusive = c.with_backend(|_| unsafe { same.with_backend_mut(|_| ()) });
+        assert!(invalid(&exclusive), "{exclusive:?}");
+        assert_eq!(read(&c, &b).unwrap(), vec![2; WORDS as usize]);
+        // And after the closure, all of it works.
+        fill::<S>(&same, &b, 3).unwrap();
+        assert_eq!(read(&other, &b).unwrap(), vec![3; WORDS as usize]);
+        assert_eq!(read(&same, &a).unwrap(), vec![1; WORDS as usize]);
+        assert_eq!(c.failures_held(), 0);
+        done.send(()).expect("the test waits");
+    });
+    finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("a call from inside a closure holding the server's lock deadlocked");
 }

@@ -95,9 +95,10 @@ use std::sync::Arc;
 
 use super::{Suite, client_or_skip};
 use crate::backend::Backend;
-use crate::client::{Binding, Buffer, Capture, Client, Dispatch, Graph};
+use crate::client::Client;
 use crate::error::Error;
 use crate::fault::{FaultPlan, Site};
+use crate::handle::{Binding, Buffer, Capture, Dispatch, Graph};
 use crate::id::{BufferId, StreamId};
 use crate::kernel::Kernel;
 

@@ -27,8 +27,9 @@ use std::time::{Duration, Instant};
 
 use super::{Suite, WORDS, add, alloc, as_words, copy, fill, setup};
 use crate::backend::Backend;
-use crate::client::{Binding, Client, Dispatch};
+use crate::client::Client;
 use crate::error::Error;
+use crate::handle::{Binding, Dispatch};
 
 /// Resident memory the second half of a run may add over the first's
 /// peak: allocator and driver noise, not growth with the launch count.

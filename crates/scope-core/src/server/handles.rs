@@ -196,7 +196,7 @@ impl<B: Backend> Server<B> {
         Ok(self.insert_failed(stream, size, error))
     }
 
-    /// Release what a dropped handle named (see `client::Dropped`).
+    /// Release what a dropped handle named (see `handle::Dropped`).
     pub(crate) fn release(&mut self, dropped: Dropped) {
         match dropped {
             Dropped::Buffer(id) => self.free(id),

@@ -16,7 +16,7 @@
 //! are found rather than guessed.
 
 use super::{Error, Range, STALE, Suite, World, as_bytes};
-use crate::client::{Binding, Dispatch};
+use crate::handle::{Binding, Dispatch};
 
 /// How many of every hundred steps are invalid.
 pub(super) const PERCENT: u64 = 5;
