@@ -20,9 +20,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use scope_core::{
-    BufferId, BufferRange, ByteRange, ExecuteScope, FailureStore, Failures, ScopedOutcome,
-    StreamId, Taint, TaintSlot, Work, WorkKind, WriteScoped,
+    BufferId, BufferRange, ByteRange, ExecuteScope, FailureStore, ScopedOutcome, StreamId, Work,
+    WorkKind, WriteScoped,
 };
+
+#[path = "common/store.rs"]
+mod store;
+
+use store::Store;
 
 struct Counting;
 
@@ -53,42 +58,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-struct Store {
-    failures: Failures,
-    taints: Vec<Taint>,
-    pool: Vec<Vec<BufferRange>>,
-}
-
-impl FailureStore for Store {
-    fn failures(&mut self) -> &mut Failures {
-        &mut self.failures
-    }
-
-    fn locate(&mut self, buffer: BufferId) -> (&mut Failures, TaintSlot<'_>) {
-        match self.taints.get_mut(buffer.slot() as usize) {
-            Some(taint) => (&mut self.failures, TaintSlot::Allocated(taint)),
-            None => (&mut self.failures, TaintSlot::Gone),
-        }
-    }
-}
-
-impl WriteScoped for Store {
-    type Store = Self;
-
-    fn store(&mut self) -> &mut Self {
-        self
-    }
-
-    fn write_set(&mut self) -> Vec<BufferRange> {
-        self.pool.pop().unwrap_or_default()
-    }
-
-    fn recycle(&mut self, mut set: Vec<BufferRange>) {
-        set.clear();
-        self.pool.push(set);
-    }
-}
 
 fn cycle(store: &mut Store, targets: &[BufferRange]) {
     let mut written = store.write_set();
@@ -137,11 +106,7 @@ fn main() {
     let rounds = if smoke { 1 } else { 7 };
     println!("write_scope: the success-path cycle (mint, claim N x 0..4096, release, prune)");
     for n in [1usize, 2, 4] {
-        let mut store = Store {
-            failures: Failures::new(),
-            taints: (0..n).map(|_| Taint::new()).collect(),
-            pool: Vec::new(),
-        };
+        let mut store = Store::new(n);
         let targets: Vec<BufferRange> = (0..n)
             .map(|i| BufferRange {
                 buffer: BufferId::from_parts(i as u32, 0),

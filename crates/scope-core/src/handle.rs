@@ -55,7 +55,9 @@ impl FreeQueue {
 
     /// The queued handles, or none without touching the lock when none are.
     pub(crate) fn take(&self) -> Vec<Dropped> {
-        if !self.pending.swap(false, Ordering::Acquire) {
+        // A plain load first: every call asks, and a swap is a locked
+        // read-modify-write even when nothing is queued.
+        if !self.pending.load(Ordering::Acquire) || !self.pending.swap(false, Ordering::Acquire) {
             return Vec::new();
         }
         std::mem::take(&mut *self.dropped.lock())

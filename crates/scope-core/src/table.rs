@@ -106,9 +106,15 @@ impl<M> BufferTable<M> {
 
     /// The memory of a live, allocated buffer.
     pub(crate) fn memory(&self, id: BufferId) -> Result<&M, Error> {
-        self.get(id)
-            .and_then(|e| e.memory.as_ref())
-            .ok_or(Error::NeverAllocated { buffer: id })
+        // `ok_or_else`: an `Error` built eagerly and dropped on success cost
+        // the launch path more than the lookup.
+        self.memory_of(id)
+            .ok_or_else(|| Error::NeverAllocated { buffer: id })
+    }
+
+    /// The memory of a live, allocated buffer, or `None`.
+    pub(crate) fn memory_of(&self, id: BufferId) -> Option<&M> {
+        self.get(id).and_then(|e| e.memory.as_ref())
     }
 
     /// Whether `id` names a live buffer.

@@ -222,22 +222,21 @@ impl<B: Backend> Server<B> {
         let id = graph.id;
         let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
             |server, written| {
-                server.issue(Site::Replay, stream, touched, written, |d| {
+                server.issue(Site::Replay, stream, &touched, written, |d| {
                     let entry = d.graphs.get(&id).ok_or_else(|| {
                         Error::internal("a graph left the table inside its own replay")
                     })?;
                     // SAFETY: this server's graph, in its table, and stream;
                     // `refuse_if_recording` refused a recording stream, and
                     // every buffer the graph uses is live (checked above).
-                    unsafe { d.backend.replay(d.stream, &entry.graph) }
-                        .map_err(|e| match e {
-                            e @ Error::Fault(_) => e,
-                            other => Error::Replay {
-                                graph: id,
-                                stream,
-                                detail: other.to_string(),
-                            },
-                        })
+                    unsafe { d.backend.replay(d.stream, &entry.graph) }.map_err(|e| match e {
+                        e @ Error::Fault(_) => e,
+                        other => Error::Replay {
+                            graph: id,
+                            stream,
+                            detail: other.to_string(),
+                        },
+                    })
                 })
             },
         );

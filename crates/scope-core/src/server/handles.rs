@@ -77,7 +77,7 @@ impl<B: Backend> Server<B> {
     }
 
     pub(super) fn memory(&self, id: BufferId) -> Option<&B::Memory> {
-        self.table.memory(id).ok()
+        self.table.memory_of(id)
     }
 
     /// The error an operation on a buffer without memory gets.

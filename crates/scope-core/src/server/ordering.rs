@@ -93,22 +93,17 @@ impl<B: Backend> Server<B> {
     /// The new last users are recorded only once every wait is set up: a
     /// failed wait leaves the buffers' last users as they were, so the next
     /// use still waits for the stream that really used them last.
-    pub(super) fn order(
-        &mut self,
-        stream: StreamId,
-        touched: impl IntoIterator<Item = BufferId>,
-    ) -> Result<()> {
+    pub(super) fn order(&mut self, stream: StreamId, touched: &[BufferId]) -> Result<()> {
         let to = self.stream_index(stream);
-        let touched: SmallVec<[BufferId; 8]> = touched.into_iter().collect();
         debug_assert!(
-            self.refuse_recorded_elsewhere(stream, &touched).is_ok(),
+            self.refuse_recorded_elsewhere(stream, touched).is_ok(),
             "a cross-capture use must be refused before its scope opens"
         );
         let mut waited: SmallVec<[usize; 4]> = SmallVec::new();
         // Buffers changing hands; the common case (all already this
         // stream's) leaves it empty and looks nothing up twice.
         let mut moved: SmallVec<[BufferId; 8]> = SmallVec::new();
-        for &id in &touched {
+        for &id in touched {
             let Some(entry) = self.table.get(id) else {
                 continue;
             };
@@ -146,7 +141,7 @@ impl<B: Backend> Server<B> {
         }
         let window = &mut self.streams[to].window;
         if window.is_recording() {
-            for id in touched {
+            for &id in touched {
                 window.touch(id);
             }
         }
@@ -162,7 +157,7 @@ impl<B: Backend> Server<B> {
         &mut self,
         site: Site,
         stream: StreamId,
-        touched: impl IntoIterator<Item = BufferId>,
+        touched: &[BufferId],
         written: &[BufferRange],
         call: impl FnOnce(Issue<'_, B>) -> Result<()>,
     ) -> Result<()> {
@@ -272,15 +267,18 @@ impl<B: Backend> Server<B> {
         // mark, by another thread while this one waited: it lands on
         // everything in flight. What the wait itself surfaced lands on the
         // work it covered.
-        // SAFETY: the waiter came from this stream's `begin_wait` or
-        // `begin_read` (only they make a `PendingWait`), which is consumed
-        // here, so it is ended once.
-        if let Some(waiter) = waiter
-            && let Err(error) =
-                unsafe { self.backend.end_wait(&mut self.streams[index].device, waiter) }
-        {
-            self.settle(stream, &error, u64::MAX);
-            return Err(error);
+        if let Some(waiter) = waiter {
+            // SAFETY: the waiter came from this stream's `begin_wait` or
+            // `begin_read` (only they make a `PendingWait`), which is
+            // consumed here, so it is ended once.
+            let ended = unsafe {
+                self.backend
+                    .end_wait(&mut self.streams[index].device, waiter)
+            };
+            if let Err(error) = ended {
+                self.settle(stream, &error, u64::MAX);
+                return Err(error);
+            }
         }
         if let Err(error) = waited {
             self.settle(stream, &error, mark);

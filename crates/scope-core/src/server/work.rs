@@ -22,7 +22,7 @@ impl<B: Backend> Server<B> {
         written.push(r);
         let outcome = ExecuteScope::over(self, Work::new(WorkKind::Write, stream), written)
             .execute(|server, written| {
-                server.issue(Site::Write, stream, [r.buffer], written, |d| {
+                server.issue(Site::Write, stream, &[r.buffer], written, |d| {
                     let memory = d.table.memory(r.buffer)?;
                     // SAFETY: `r` was resolved inside this live buffer and
                     // word-aligned (`resolve_copy_range`), `data` is exactly
@@ -63,7 +63,7 @@ impl<B: Backend> Server<B> {
         let mark = self.streams[index].in_flight.mark();
         let begun = self
             .fault(Site::Read, Some(stream))
-            .and_then(|()| self.order(stream, [r.buffer]))
+            .and_then(|()| self.order(stream, &[r.buffer]))
             .and_then(|()| {
                 let Server {
                     backend,
@@ -76,7 +76,9 @@ impl<B: Backend> Server<B> {
                 // allocated buffer, word-aligned, and refused a recording
                 // stream; the waiter is ended once, by `end_read` or
                 // `end_wait`.
-                unsafe { backend.begin_read(&mut streams[index].device, memory, r.range.start, len) }
+                unsafe {
+                    backend.begin_read(&mut streams[index].device, memory, r.range.start, len)
+                }
             });
         match begun {
             Ok(waiter) => Ok((
@@ -195,7 +197,7 @@ impl<B: Backend> Server<B> {
         r: BufferRange,
         out: &mut [u8],
     ) -> Result<()> {
-        self.order(stream, [r.buffer])?;
+        self.order(stream, &[r.buffer])?;
         let index = self.stream_index(stream);
         let Server {
             backend,
@@ -231,7 +233,7 @@ impl<B: Backend> Server<B> {
         let read = [s];
         let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
             |server, written| {
-                server.issue(Site::Copy, stream, [s.buffer, d.buffer], written, |dev| {
+                server.issue(Site::Copy, stream, &[s.buffer, d.buffer], written, |dev| {
                     let (src, dst) = (dev.table.memory(s.buffer)?, dev.table.memory(d.buffer)?);
                     // SAFETY: both ranges were resolved inside their live
                     // buffers and word-aligned, are of one length, and do
@@ -386,9 +388,9 @@ impl<B: Backend> Server<B> {
             if runs_nothing {
                 return Ok(());
             }
-            let touched = resolved.iter().map(|(r, _)| r.buffer);
-            server.issue(Site::Launch, stream, touched, written, |d| {
-                let (bound, dispatch) = bind(d.table, &resolved, groups).ok_or_else(|| {
+            server.issue(Site::Launch, stream, &touched, written, |d| {
+                let mut bound = SmallVec::new();
+                let dispatch = bind(d.table, &resolved, groups, &mut bound).ok_or_else(|| {
                     Error::internal("a launch's binding lost its memory after its check")
                 })?;
                 let compiled = d.kernels.get(&id).ok_or_else(|| {
@@ -431,7 +433,8 @@ impl<B: Backend> Server<B> {
         let Some(compiled) = self.kernels.get(&id) else {
             return Ok(());
         };
-        let Some((bound, dispatch)) = bind(&self.table, resolved, groups) else {
+        let mut bound = SmallVec::new();
+        let Some(dispatch) = bind(&self.table, resolved, groups, &mut bound) else {
             return Ok(());
         };
         self.backend.check_launch(
@@ -511,28 +514,30 @@ impl<B: Backend> Server<B> {
     }
 }
 
-/// A launch's resolved bindings as the backend sees them — the same list
-/// for [`Backend::check_launch`] and [`Backend::launch`], so that what the
-/// backend accepted is what it runs. `None` when a binding has no memory
-/// (the scope then skips the launch or claims its outputs, and the backend
-/// is not asked). An indirect launch's counts are its last binding, which
-/// becomes the dispatch.
-#[allow(clippy::type_complexity)]
+/// A launch's resolved bindings as the backend sees them, into `bound` —
+/// the same list for [`Backend::check_launch`] and [`Backend::launch`], so
+/// that what the backend accepted is what it runs — and its dispatch.
+/// `None` when a binding has no memory (the scope then skips the launch or
+/// claims its outputs, and the backend is not asked). An indirect launch's
+/// counts are its last binding, which becomes the dispatch.
+///
+/// `bound` is the caller's, not returned: a list of eight bindings inline is
+/// a few hundred bytes, and returning it copied them on every launch.
 fn bind<'t, M>(
     table: &'t BufferTable<M>,
     resolved: &[(BufferRange, Access)],
     groups: Option<[u32; 3]>,
-) -> Option<(SmallVec<[Bound<'t, M>; 8]>, BoundDispatch<'t, M>)> {
-    let mut bound: SmallVec<[Bound<'t, M>; 8]> = SmallVec::new();
+    bound: &mut SmallVec<[Bound<'t, M>; 8]>,
+) -> Option<BoundDispatch<'t, M>> {
     for (r, access) in resolved {
         bound.push(Bound {
-            memory: table.memory(r.buffer).ok()?,
+            memory: table.memory_of(r.buffer)?,
             offset: r.range.start,
             len: r.range.len(),
             access: *access,
         });
     }
-    let dispatch = match groups {
+    Some(match groups {
         Some(groups) => BoundDispatch::Groups(groups),
         None => {
             let last = bound.pop()?;
@@ -541,6 +546,5 @@ fn bind<'t, M>(
                 offset: last.offset,
             }
         }
-    };
-    Some((bound, dispatch))
+    })
 }
