@@ -152,7 +152,11 @@ pub struct Server<B: Backend> {
     id: ServerId,
     table: BufferTable<B::Memory>,
     streams: Vec<StreamState<B::Stream>>,
-    kernels: HashMap<KernelId, B::Kernel, BuildHasherDefault<IdHasher>>,
+    /// The compile cache: kernels by the index `kernel_index` gives their
+    /// id, so a launch hashes its kernel's id once and not at each of its
+    /// three uses (the cache check, the backend's check, the launch).
+    kernels: Vec<B::Kernel>,
+    kernel_index: HashMap<KernelId, usize, BuildHasherDefault<IdHasher>>,
     graphs: HashMap<GraphId, GraphEntry<B::Graph>>,
     next_graph: u64,
     poison: Option<Arc<Error>>,
@@ -207,7 +211,7 @@ struct Issue<'a, B: Backend> {
     backend: &'a mut B,
     stream: &'a mut B::Stream,
     table: &'a BufferTable<B::Memory>,
-    kernels: &'a HashMap<KernelId, B::Kernel, BuildHasherDefault<IdHasher>>,
+    kernels: &'a [B::Kernel],
     graphs: &'a HashMap<GraphId, GraphEntry<B::Graph>>,
 }
 
@@ -259,7 +263,8 @@ impl<B: Backend> Server<B> {
                 in_flight: InFlight::default(),
                 failures_seen: 0,
             }],
-            kernels: HashMap::default(),
+            kernels: Vec::new(),
+            kernel_index: HashMap::default(),
             graphs: HashMap::new(),
             next_graph: 1,
             poison: None,

@@ -256,12 +256,13 @@ impl<B: Backend> Server<B> {
 
     pub(crate) fn compile(&mut self, stream: StreamId, kernel: &Kernel) -> Result<()> {
         self.check_poison()?;
-        self.ensure_compiled(stream, kernel)
+        self.ensure_compiled(stream, kernel).map(drop)
     }
 
-    pub(super) fn ensure_compiled(&mut self, stream: StreamId, kernel: &Kernel) -> Result<()> {
-        if self.kernels.contains_key(&kernel.id()) {
-            return Ok(());
+    /// Compile `kernel` unless the cache has it; its index in the cache.
+    pub(super) fn ensure_compiled(&mut self, stream: StreamId, kernel: &Kernel) -> Result<usize> {
+        if let Some(&index) = self.kernel_index.get(&kernel.id()) {
+            return Ok(index);
         }
         let language = kernel.source().language();
         if !self.backend.accepts(language) {
@@ -276,8 +277,10 @@ impl<B: Backend> Server<B> {
             .and_then(|()| self.backend.compile(kernel));
         match compiled {
             Ok(compiled) => {
-                self.kernels.insert(kernel.id(), compiled);
-                Ok(())
+                let index = self.kernels.len();
+                self.kernels.push(compiled);
+                self.kernel_index.insert(kernel.id(), index);
+                Ok(index)
             }
             Err(error) => {
                 // A driver that faults while loading a module is as
@@ -370,16 +373,18 @@ impl<B: Backend> Server<B> {
                 error,
             ));
         }
-        if let Err(error) = self.ensure_compiled(stream, kernel) {
-            return Err(failed_writing(
-                self,
-                Work::new(WorkKind::Launch, stream),
-                written,
-                error,
-            ));
-        }
-        let id = kernel.id();
-        self.check_launch(id, name, &resolved, scalars, groups)?;
+        let compiled = match self.ensure_compiled(stream, kernel) {
+            Ok(compiled) => compiled,
+            Err(error) => {
+                return Err(failed_writing(
+                    self,
+                    Work::new(WorkKind::Launch, stream),
+                    written,
+                    error,
+                ));
+            }
+        };
+        self.check_launch(compiled, name, &resolved, scalars, groups)?;
         let mut scope = ExecuteScope::launching(self, name, stream, &read, written);
         if groups.is_none() {
             scope = scope.writing_at_most();
@@ -393,7 +398,7 @@ impl<B: Backend> Server<B> {
                 let dispatch = bind(d.table, &resolved, groups, &mut bound).ok_or_else(|| {
                     Error::internal("a launch's binding lost its memory after its check")
                 })?;
-                let compiled = d.kernels.get(&id).ok_or_else(|| {
+                let compiled = d.kernels.get(compiled).ok_or_else(|| {
                     Error::internal("a compiled kernel is missing from the cache")
                 })?;
                 let launch = Launch {
@@ -421,7 +426,7 @@ impl<B: Backend> Server<B> {
     /// to the scope, which skips or claims it.
     pub(super) fn check_launch(
         &self,
-        id: KernelId,
+        compiled: usize,
         name: &str,
         resolved: &[(BufferRange, Access)],
         scalars: &[u8],
@@ -430,7 +435,7 @@ impl<B: Backend> Server<B> {
         if let Some(groups) = groups {
             crate::backend::grid_within(name, groups, self.max_workgroups)?;
         }
-        let Some(compiled) = self.kernels.get(&id) else {
+        let Some(compiled) = self.kernels.get(compiled) else {
             return Ok(());
         };
         let mut bound = SmallVec::new();
