@@ -87,15 +87,7 @@ pub trait Suite: 'static {
     fn finished() {}
 }
 
-/// Whether `SCOPE_REQUIRE` (a comma-separated list, or `all`) names
-/// `backend`, so that a missing device is a failure rather than a skip.
-pub fn required(backend: &str) -> bool {
-    std::env::var("SCOPE_REQUIRE").is_ok_and(|v| {
-        v.split(',')
-            .map(str::trim)
-            .any(|b| b.eq_ignore_ascii_case(backend) || b.eq_ignore_ascii_case("all"))
-    })
-}
+pub use crate::probe::required;
 
 /// A client from `make`, or `None` after printing `skipped: no <backend>
 /// device (<why>)` when the backend is unavailable here.

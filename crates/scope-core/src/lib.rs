@@ -46,8 +46,8 @@
 //!    handed, and only [`Server`], which validated them, calls it. Safe code
 //!    reaches a device only through [`Client`].
 //! 10. **The core is measured alone.** The [`null`] backend does nothing at
-//!    once, so a bench over it is the core's own cost, and a test backend
-//!    scripts one device behaviour on it instead of forwarding every call.
+//!     once, so a bench over it is the core's own cost, and a test backend
+//!     scripts one device behaviour on it instead of forwarding every call.
 //!
 //! # Features
 //!
@@ -90,7 +90,7 @@ pub use handle::{Binding, Buffer, Capture, Dispatch, Graph, Slice};
 pub use id::{BufferId, BufferRange, ByteRange, FailureId, GraphId, StreamId};
 pub use kernel::{Kernel, KernelId, KernelSource, Language, Unchecked};
 pub use limits::{DeviceFeatures, DeviceLimits, LaunchLimits};
-pub use probe::{DeviceKind, Probe, ProbedDevice};
+pub use probe::{DeviceKind, Probe, ProbedDevice, required};
 pub use scope::{ExecuteScope, ScopedOutcome, WriteScoped, failed_writing};
 pub use server::{COPY_ALIGNMENT, MAX_STREAMS, Server};
 pub use store::{FailureStore, TaintSlot};

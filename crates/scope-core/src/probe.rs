@@ -6,6 +6,41 @@
 
 use std::fmt;
 
+/// Whether `SCOPE_REQUIRE` (a comma-separated list, or `all`) names
+/// `backend`, so that a missing device is a failure rather than a skip.
+///
+/// The one reading of the variable: every test crate asks this, so that
+/// `SCOPE_REQUIRE=all`, `SCOPE_REQUIRE=vulkan,wgpu` and `SCOPE_REQUIRE=Vulkan`
+/// mean the same to all of them (a test that compared the variable for
+/// equality skipped silently under `all`).
+pub fn required(backend: &str) -> bool {
+    std::env::var("SCOPE_REQUIRE").is_ok_and(|v| names(&v, backend))
+}
+
+/// Whether the `SCOPE_REQUIRE` value `value` names `backend`.
+fn names(value: &str, backend: &str) -> bool {
+    value
+        .split(',')
+        .map(str::trim)
+        .any(|b| b.eq_ignore_ascii_case(backend) || b.eq_ignore_ascii_case("all"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names;
+
+    #[test]
+    fn scope_require_is_a_list_or_all_in_any_case() {
+        assert!(names("vulkan", "vulkan"));
+        assert!(names("wgpu, Vulkan", "vulkan"));
+        assert!(names("all", "cuda"));
+        assert!(names("ALL", "hip"));
+        assert!(!names("", "vulkan"));
+        assert!(!names("vulkan-gl", "vulkan"));
+        assert!(!names("wgpu", "vulkan"));
+    }
+}
+
 /// Whether a device is real hardware or a software implementation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceKind {
