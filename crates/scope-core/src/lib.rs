@@ -67,6 +67,7 @@ mod hooks;
 mod id;
 pub mod kernel;
 mod limits;
+pub mod native;
 pub mod null;
 mod probe;
 mod scope;
