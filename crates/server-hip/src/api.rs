@@ -438,8 +438,15 @@ impl Stream {
     }
 
     /// Launch an instantiated graph on the stream.
-    pub fn launch_graph(&self, exec: &GraphExec) -> HipResult<()> {
-        // SAFETY: stream and executable graph are live.
+    ///
+    /// # Safety
+    ///
+    /// What the graph's work touches is alive until the replay has run: the
+    /// memory its copies and launches name, the host bytes its copies read,
+    /// and the modules of the functions it launches.
+    pub unsafe fn launch_graph(&self, exec: &GraphExec) -> HipResult<()> {
+        // SAFETY: stream and executable graph are live (owned); the caller
+        // keeps what the graph's work touches alive.
         self.api.check("hipGraphLaunch", unsafe {
             (self.api.rt.graph_launch)(exec.raw, self.raw)
         })
@@ -619,8 +626,17 @@ pub struct DeviceAlloc {
 unsafe impl Send for DeviceAlloc {}
 
 impl DeviceAlloc {
-    /// The device address of byte `offset`; no bounds are implied.
-    pub fn at(&self, offset: u64) -> DevicePtr {
+    /// The device address of byte `offset`.
+    ///
+    /// # Safety
+    ///
+    /// `offset` is at most [`bytes`](Self::bytes): the address is then
+    /// inside the allocation (or one past its end), which every unsafe copy
+    /// or launch it is handed relies on. Past it, the address would name
+    /// memory this allocation does not own.
+    pub unsafe fn at(&self, offset: u64) -> DevicePtr {
+        // A device address, not host memory: wrapping arithmetic, never
+        // dereferenced here.
         self.ptr.cast::<u8>().wrapping_add(offset as usize).cast()
     }
 
@@ -704,12 +720,17 @@ impl Drop for Pinned {
 
 /// The text of a string the runtime owns for the life of the process, or
 /// `None` for null.
-fn static_text(text: *const std::ffi::c_char) -> Option<String> {
+///
+/// # Safety
+///
+/// `text` is null, or points at a NUL-terminated string that stays valid
+/// while this runs (what hipGetErrorName and hipGetErrorString return).
+unsafe fn static_text(text: *const std::ffi::c_char) -> Option<String> {
     if text.is_null() {
         return None;
     }
-    // SAFETY: callers pass what hipGetErrorName/String returned: non-null
-    // here, NUL-terminated and static.
+    // SAFETY: non-null here, and so NUL-terminated and valid (this
+    // function's contract).
     Some(
         unsafe { CStr::from_ptr(text) }
             .to_string_lossy()

@@ -65,7 +65,8 @@ impl Backend for Hip {
         offset: u64,
         data: &[u8],
     ) -> Result<()> {
-        Hip::write(self, stream, dst, offset, data)
+        // SAFETY: the contract of `Backend::write` is `Hip::write`'s.
+        unsafe { Hip::write(self, stream, dst, offset, data) }
     }
 
     unsafe fn read(
@@ -75,7 +76,8 @@ impl Backend for Hip {
         offset: u64,
         out: &mut [u8],
     ) -> Result<()> {
-        Hip::read(self, stream, src, offset, out)
+        // SAFETY: the contract of `Backend::read` is `Hip::read`'s.
+        unsafe { Hip::read(self, stream, src, offset, out) }
     }
 
     unsafe fn copy(
@@ -87,7 +89,8 @@ impl Backend for Hip {
         dst_offset: u64,
         len: u64,
     ) -> Result<()> {
-        Hip::copy(self, stream, src, src_offset, dst, dst_offset, len)
+        // SAFETY: the contract of `Backend::copy` is `Hip::copy`'s.
+        unsafe { Hip::copy(self, stream, src, src_offset, dst, dst_offset, len) }
     }
 
     fn compile(&mut self, kernel: &Kernel) -> Result<HipKernel> {
@@ -104,7 +107,8 @@ impl Backend for Hip {
         kernel: &HipKernel,
         launch: &Launch<'_, HipMemory>,
     ) -> Result<()> {
-        Hip::launch(self, stream, kernel, launch)
+        // SAFETY: the contract of `Backend::launch` is `Hip::launch`'s.
+        unsafe { Hip::launch(self, stream, kernel, launch) }
     }
 
     unsafe fn begin_wait(&mut self, stream: &mut HipStream) -> Result<Option<HipWaiter>> {
@@ -136,7 +140,8 @@ impl Backend for Hip {
     }
 
     unsafe fn replay(&mut self, stream: &mut HipStream, graph: &HipGraph) -> Result<()> {
-        Hip::replay(self, stream, graph)
+        // SAFETY: the contract of `Backend::replay` is `Hip::replay`'s.
+        unsafe { Hip::replay(self, stream, graph) }
     }
 
     unsafe fn destroy_graph(&mut self, graph: HipGraph) -> Result<()> {

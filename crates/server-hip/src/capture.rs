@@ -97,12 +97,19 @@ impl Hip {
         stream.retained.clear();
     }
 
-    pub(crate) fn replay(&mut self, stream: &mut HipStream, graph: &HipGraph) -> Result<()> {
+    /// [`Backend::replay`](scope_core::Backend::replay).
+    ///
+    /// # Safety
+    ///
+    /// The contract of `Backend::replay`: `stream` and `graph` are this
+    /// backend's and alive, and every memory the graph recorded work on is
+    /// alive.
+    pub(crate) unsafe fn replay(&mut self, stream: &mut HipStream, graph: &HipGraph) -> Result<()> {
         let doing = || Doing::Other(Some(stream.id));
-        stream
-            .stream()
-            .launch_graph(&graph.exec)
-            .map_err(|e| e.into_error(doing()))?;
+        // SAFETY: the bytes the graph's copies read are alive (`graph` owns
+        // them); the contract of `Backend::replay`: every memory it recorded
+        // work on is alive.
+        unsafe { stream.stream().launch_graph(&graph.exec) }.map_err(|e| e.into_error(doing()))?;
         let mut replays = graph.replays.lock();
         let index = match replays.iter().position(|(id, _)| *id == stream.id) {
             Some(index) => index,

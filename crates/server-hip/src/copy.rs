@@ -26,7 +26,14 @@ fn copying(what: String, stream: &HipStream) -> Doing {
 }
 
 impl Hip {
-    pub(crate) fn write(
+    /// [`Backend::write`](scope_core::Backend::write).
+    ///
+    /// # Safety
+    ///
+    /// The contract of `Backend::write`: `stream` and `dst` are this
+    /// backend's and alive, and `offset..offset + data.len()` lies inside
+    /// `dst`.
+    pub(crate) unsafe fn write(
         &mut self,
         stream: &mut HipStream,
         dst: &HipMemory,
@@ -41,8 +48,9 @@ impl Hip {
                 .map_err(|e| e.into_error(copying(what(), stream)))?;
             copy.as_mut_slice().copy_from_slice(data);
             // SAFETY: `copy` is retained by the stream and then by the graph
-            // until the graph is destroyed, after its last replay; `dst`
-            // holds `offset + len` bytes (the core validated the range).
+            // until the graph is destroyed, after its last replay; the
+            // contract of `Backend::write`: `offset..offset + len` lies
+            // inside `dst`, which is alive.
             unsafe {
                 stream
                     .stream()
@@ -61,8 +69,9 @@ impl Hip {
             let (buffer, fence) = self.staging_parts(slot);
             buffer.as_mut_slice()[..chunk.len()].copy_from_slice(chunk);
             // SAFETY: the slot is not refilled until `fence`, recorded right
-            // after this copy, has passed; `dst` holds the range (validated
-            // by the core).
+            // after this copy, has passed; the contract of `Backend::write`:
+            // the whole range, and so this chunk of it, lies inside `dst`,
+            // which is alive.
             unsafe {
                 stream.stream().copy_to_device(
                     dst.block.at(offset + done as u64),
@@ -79,7 +88,14 @@ impl Hip {
         Ok(())
     }
 
-    pub(crate) fn read(
+    /// [`Backend::read`](scope_core::Backend::read).
+    ///
+    /// # Safety
+    ///
+    /// The contract of `Backend::read`: `stream` and `src` are this
+    /// backend's and alive, and `offset..offset + out.len()` lies inside
+    /// `src`.
+    pub(crate) unsafe fn read(
         &mut self,
         stream: &mut HipStream,
         src: &HipMemory,
@@ -94,7 +110,9 @@ impl Hip {
             let waiting = || Doing::Waiting(Some(id));
             let buffer = self.read_buffer(len).map_err(|e| e.into_error(waiting()))?;
             // SAFETY: the buffer is owned by the backend and not touched
-            // until the stream sync below returns; `src` holds the range.
+            // until the stream sync below returns; the contract of
+            // `Backend::read`: the whole range, and so this chunk of it, lies
+            // inside `src`, which is alive.
             unsafe {
                 stream.stream().copy_to_host(
                     buffer.as_mut_ptr(),
@@ -115,8 +133,15 @@ impl Hip {
         Ok(())
     }
 
+    /// [`Backend::copy`](scope_core::Backend::copy).
+    ///
+    /// # Safety
+    ///
+    /// The contract of `Backend::copy`: `stream`, `src` and `dst` are this
+    /// backend's and alive; `src_offset..src_offset + len` lies inside `src`
+    /// and `dst_offset..dst_offset + len` inside `dst`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn copy(
+    pub(crate) unsafe fn copy(
         &mut self,
         stream: &mut HipStream,
         src: &HipMemory,
@@ -128,9 +153,9 @@ impl Hip {
         let what = || format!("copy of {len} bytes");
         let bytes = usize::try_from(len)
             .map_err(|_| scope_core::Error::invalid("copy", "past the address space"))?;
-        // SAFETY: both ranges lie in their allocations (validated by the
-        // core), which the core keeps alive, and the pool keeps freed ones
-        // until their fences pass.
+        // SAFETY: the contract of `Backend::copy`: both ranges lie inside
+        // their allocations, which are alive (and the pool keeps freed ones
+        // until their fences pass).
         unsafe {
             stream.stream().copy_on_device(
                 dst.block.at(dst_offset),

@@ -18,11 +18,13 @@
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
+use scope_core::native::{self, LaunchGeometry, ParamTable, c_chars};
 use scope_core::{Error, LaunchLimits, Result, StreamId};
 
 use crate::api::{Event, Pinned, Stream};
 use crate::error::{BACKEND, Doing, HipError};
-use crate::ffi::{DevicePropR0600, c_chars};
+use crate::ffi::DevicePropR0600;
+use crate::launch::API_RULES;
 use crate::loader::Api;
 use crate::memory::{Pool, Staging};
 
@@ -125,30 +127,6 @@ pub(crate) fn read_device(
     Ok((info, launch_geometry(&props.props)))
 }
 
-/// What the device lets one launch ask for, in `hipDeviceProp_t`'s words:
-/// the numbers [`launch_limits`](crate::launch::launch_limits) reports and
-/// `check_launch` enforces. Read once, when the server opens, so that a
-/// runtime sizing its grid and the check refusing one past it use the same
-/// figures: a constant would be wrong for a device that differs, which
-/// would then fail the launch on the device (claiming its outputs) instead
-/// of refusing it as an invalid argument.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct LaunchGeometry {
-    /// `maxGridSize`: blocks per launch, per axis, as the device reports
-    /// them (HIP bounds the grid further; see `launch_limits`).
-    pub(crate) grid: [u32; 3],
-    /// `maxThreadsDim`: threads per block, per axis.
-    pub(crate) block: [u32; 3],
-    /// `maxThreadsPerBlock`.
-    pub(crate) threads: u32,
-    /// `sharedMemPerBlock`: the LDS one block may use.
-    pub(crate) shared_memory: u32,
-    /// `warpSize`, the wavefront; `None` when the runtime did not give a
-    /// usable one (it is 32 or 64 depending on the architecture, so there
-    /// is no value to assume).
-    pub(crate) wavefront: Option<u32>,
-}
-
 /// What every GPU ROCm 6 supports (GCN 5, CDNA, RDNA) has: `1024 x 1024 x
 /// 1024` blocks of at most 1,024 threads and 64 KiB of LDS per block, and a
 /// grid of at least `2^31 - 1 x 65,535 x 65,535`. A property the runtime
@@ -161,18 +139,26 @@ pub(crate) const ARCHITECTURAL_GEOMETRY: LaunchGeometry = LaunchGeometry {
     block: [1024; 3],
     threads: 1024,
     shared_memory: 64 << 10,
-    wavefront: None,
+    subgroup: None,
 };
 
-/// [`LaunchGeometry`] from the device's properties. Never fails: a field
-/// without a positive value takes its [`ARCHITECTURAL_GEOMETRY`] value (the
-/// wavefront stays unknown), with a warning.
+/// What the device lets one launch ask for, in `hipDeviceProp_t`'s words
+/// (`maxGridSize` as the device reports it, which HIP's rules bound
+/// further; `maxThreadsDim`, `maxThreadsPerBlock`, `sharedMemPerBlock`, and
+/// `warpSize`, the wavefront, which is 32 or 64 depending on the
+/// architecture, so there is no value to assume). Read once, when the
+/// server opens, so that a runtime sizing its grid and the check refusing
+/// one past it use the same figures: a constant would be wrong for a device
+/// that differs, which would then fail the launch on the device (claiming
+/// its outputs) instead of refusing it as an invalid argument. Never fails:
+/// a field without a positive value takes its [`ARCHITECTURAL_GEOMETRY`]
+/// value (the wavefront stays unknown), with a warning.
 pub(crate) fn launch_geometry(props: &DevicePropR0600) -> LaunchGeometry {
     let f = ARCHITECTURAL_GEOMETRY;
     let axes = |what: &str, values: [i32; 3], fallback: [u32; 3]| {
         [0, 1, 2].map(|i| match values[i] {
             // A runtime that stores UINT32_MAX ("no limit of its own") in
-            // the `int`; `launch_limits` bounds the grid by the block.
+            // the `int`; HIP's rules (`API_RULES`) bound the grid by the block.
             -1 if what == "maxGridSize" => u32::MAX,
             value => positive(&format!("{what}[{i}]"), value.into(), fallback[i]),
         })
@@ -199,7 +185,7 @@ pub(crate) fn launch_geometry(props: &DevicePropR0600) -> LaunchGeometry {
                 .into(),
             f.shared_memory,
         ),
-        wavefront,
+        subgroup: wavefront,
     }
 }
 
@@ -249,11 +235,8 @@ pub struct Hip {
     pub(crate) staging: Staging,
     /// Where reads land before they are copied out; grown on demand.
     pub(crate) read_buffer: Option<Pinned>,
-    /// Zeroed launch-parameter scratch: the scalar blob goes at the front,
-    /// and is zeroed again after each launch (see `launch.rs`).
-    pub(crate) param_scratch: Box<[u8]>,
-    /// The launch-parameter array, pointing into `param_scratch`.
-    pub(crate) param_table: Box<[usize]>,
+    /// The launch-parameter array, padded with zeros (see `launch.rs`).
+    pub(crate) params: ParamTable,
     streams: Vec<Weak<StreamShared>>,
 }
 
@@ -298,14 +281,12 @@ impl Hip {
             .map_err(|e| unavailable(e.to_string()))?;
         let (info, geometry) =
             read_device(&api, ordinal).map_err(|e| unavailable(e.to_string()))?;
-        let limits = crate::launch::launch_limits(&geometry, info.total_memory);
+        let limits = native::launch_limits(&geometry, info.total_memory, &API_RULES);
         let runtime_version = api.runtime_version().unwrap_or(0);
         if let Err(why) = crate::api::rtc_status(&api) {
             tracing::warn!("hiprtc unavailable, kernels will not compile: {why}");
         }
         tracing::info!(device = %info.name, arch = %info.arch, "HIP device open");
-        let param_scratch: Box<[u8]> = vec![0; 2 * crate::launch::PARAM_SLACK].into_boxed_slice();
-        let param_table = crate::launch::param_table(&param_scratch);
         Ok(Self {
             api,
             info,
@@ -314,8 +295,7 @@ impl Hip {
             pool: Pool::default(),
             staging: Staging::default(),
             read_buffer: None,
-            param_scratch,
-            param_table,
+            params: ParamTable::new(&API_RULES),
             streams: Vec::new(),
         })
     }

@@ -320,17 +320,6 @@ impl DevicePropBuffer {
     }
 }
 
-/// A NUL-terminated C character array as a `String`, stopping at the end of
-/// the array if there is no NUL.
-pub fn c_chars(chars: &[c_char]) -> String {
-    let bytes: Vec<u8> = chars
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,16 +358,5 @@ mod tests {
             assert!(code_name(c).is_some(), "{c}");
         }
         assert_eq!(code_name(12345), None);
-    }
-
-    #[test]
-    fn c_chars_stop_at_nul_or_the_end() {
-        let mut a = [0 as c_char; 8];
-        for (i, b) in b"gfx90a".iter().enumerate() {
-            a[i] = *b as c_char;
-        }
-        assert_eq!(c_chars(&a), "gfx90a");
-        let full = [b'x' as c_char; 4];
-        assert_eq!(c_chars(&full), "xxxx");
     }
 }

@@ -9,118 +9,66 @@
 //!
 //! A launch follows the binding convention of `scope_core::kernel`: the
 //! parameters are the bindings' device pointers, already advanced by their
-//! offsets, in order, then the scalar blob by value when it is non-empty.
+//! offsets, in order, then the scalar blob by value when it is non-empty —
+//! the rules HIP shares with CUDA, in [`scope_core::native`], with HIP's
+//! numbers ([`api_rules`]).
 //! The block is the kernel's [`block_size`](scope_core::Kernel::block_size).
 //! HIP has no indirect launch: an indirect dispatch reads its three counts
 //! back to the host first, which a capture cannot record, so inside a
 //! capture it fails (and so dooms the window, rule 31).
 
-use std::ffi::c_void;
-
-use scope_core::{
-    BoundDispatch, DeviceFeatures, Error, Kernel, KernelSource, Launch, LaunchLimits, Result,
-};
+use scope_core::native::{self, ApiRules};
+use scope_core::{BoundDispatch, Error, Kernel, KernelSource, Launch, LaunchLimits, Result};
 
 use crate::api::Module;
-use crate::device::{Hip, HipStream, LaunchGeometry};
+use crate::device::{Hip, HipStream};
 use crate::error::{BACKEND, Doing};
 use crate::ffi::RawFunction;
 use crate::memory::HipMemory;
 
-/// The most bytes of scalars a launch passes, and the zero padding behind them.
-pub(crate) const PARAM_SLACK: usize = 4096;
+/// The most bytes of scalars a launch passes, and of the zero padding behind
+/// them: the largest kernel argument segment.
+const PARAM_SLACK: usize = 4096;
 /// Parameter slots in all: one per parameter the largest kernel argument
 /// segment could declare (each takes a byte at least), so a kernel that
 /// declares more than a launch passes finds a slot pointing at zeros for
 /// every one, never the end of the array.
 const PARAM_SLOTS: usize = PARAM_SLACK;
 
-// `Hip::param_table` holds addresses as `usize` and is handed to HIP as an
-// array of pointers.
-const _: () = assert!(size_of::<usize>() == size_of::<*mut c_void>());
-
-/// What one launch may ask for on a device of `geometry` whose largest
-/// allocation is `max_allocation`: the one set of numbers both
-/// [`Backend::launch_limits`](scope_core::Backend::launch_limits) reports
-/// and [`check_launch`] enforces, kept in the backend so the two cannot
-/// drift apart (a launch the report allows but the check refuses, or the
-/// reverse, is what rule 38 forbids).
+/// HIP's numbers for the launch rules it shares with CUDA
+/// ([`scope_core::native`]):
 ///
 /// - Bindings: [`PARAM_SLOTS`] parameters, the blob counted as one.
-/// - Scalars: [`PARAM_SLACK`] bytes, all the launch scratch passes.
+/// - Scalars: [`PARAM_SLACK`] bytes, all the padded launch passes, with as
+///   many zeros behind.
 /// - Grid: the device's `maxGridSize`, but no more along an axis than keeps
 ///   blocks times threads within `u32::MAX` for the largest block the
 ///   device allows: `hipModuleLaunchKernel` refuses a launch whose total
 ///   threads along any axis pass that (`hipErrorInvalidConfiguration`), so
 ///   reporting the device's `2^31 - 1` would promise launches HIP refuses
-///   on the device. On a `1024`-thread axis that is `4,194,303` blocks.
-/// - Block, threads, LDS, wavefront: the device's ([`LaunchGeometry`]).
-/// - Features: what HIP C++ (hiprtc) gives every kernel on a ROCm 6 device:
-///   `_Float16`/`__half`, 64-bit floats and integers, `atomicAdd` on
-///   `float` (a native instruction from gfx90a, a compare-and-swap loop
-///   before), and wavefront intrinsics (`__shfl`, `__ballot`) wherever the
-///   runtime reports the wavefront's width.
-pub(crate) fn launch_limits(geometry: &LaunchGeometry, max_allocation: u64) -> LaunchLimits {
-    let grid = [0, 1, 2].map(|i| geometry.grid[i].min(u32::MAX / geometry.block[i].max(1)));
-    let mut features = DeviceFeatures::default();
-    features.f16 = true;
-    features.f64 = true;
-    features.i64 = true;
-    features.f32_atomic_add = true;
-    features.subgroups = geometry.wavefront.is_some();
-    let mut limits = LaunchLimits::default();
-    limits.max_bindings = PARAM_SLOTS as u32;
-    limits.max_binding_size = max_allocation;
-    limits.max_scalar_bytes = PARAM_SLACK as u32;
-    limits.max_workgroups = grid;
-    limits.max_workgroup_size = geometry.block;
-    limits.max_invocations = geometry.threads;
-    limits.max_workgroup_memory = geometry.shared_memory;
-    limits.subgroup_size = geometry.wavefront.map(|w| (w, w));
-    limits.features = features;
-    limits
-}
+///   on the device.
+/// - Features: HIP C++ (hiprtc) gives every kernel on a ROCm 6 device
+///   `_Float16`/`__half`; `atomicAdd` on `float` is a native instruction
+///   from gfx90a and a compare-and-swap loop before.
+pub(crate) const API_RULES: ApiRules = ApiRules {
+    max_params: PARAM_SLOTS,
+    max_scalar_bytes: PARAM_SLACK,
+    max_param_bytes: PARAM_SLACK,
+    grid_threads_within_u32: true,
+    f16: true,
+};
 
 /// What [`Backend::check_launch`](scope_core::Backend::check_launch) holds a
-/// HIP launch to before its scope opens — exactly `limits`, the backend's
-/// [`launch_limits`]: a host-given grid inside the reported one, the
-/// kernel's block inside the device's, a blob inside the bytes passed by
-/// value, and no more parameters than the table has slots. Each refusal is
-/// an invalid argument that claims nothing; HIP would otherwise fail the
-/// launch inside its scope, claiming outputs of work that never could have
-/// run.
+/// HIP launch to before its scope opens: the rules HIP shares with CUDA
+/// ([`native::check_launch`]) against `limits`, the backend's launch limits.
+/// HIP cannot report a kernel's parameters, so the launch is padded instead
+/// of matched.
 pub(crate) fn check_launch(
     limits: &LaunchLimits,
     kernel: &HipKernel,
     launch: &Launch<'_, HipMemory>,
 ) -> Result<()> {
-    let invalid = |why: String| Err(Error::invalid(format!("launch of `{}`", launch.name), why));
-    limits
-        .workgroup_fits(kernel.block)
-        .or_else(|why| invalid(format!("the kernel's block: {why}")))?;
-    let len = launch.scalars.len();
-    if len > limits.max_scalar_bytes as usize {
-        return invalid(format!(
-            "a {len}-byte scalar blob is past the {} bytes of scalars this server passes by value",
-            limits.max_scalar_bytes
-        ));
-    }
-    let passed = launch.bindings.len() + usize::from(len > 0);
-    if passed > limits.max_bindings as usize {
-        return invalid(format!(
-            "{passed} parameters is past the {} a kernel can take",
-            limits.max_bindings
-        ));
-    }
-    Ok(())
-}
-
-/// The parameter table a server keeps: [`PARAM_SLOTS`] addresses of the
-/// zeroed back half of `scratch`, which the launch path overwrites at the
-/// front and puts back after each launch.
-pub(crate) fn param_table(scratch: &[u8]) -> Box<[usize]> {
-    let zeros = scratch[PARAM_SLACK..].as_ptr() as usize;
-    vec![zeros; PARAM_SLOTS].into_boxed_slice()
+    native::check_launch(limits, kernel.block, None, launch)
 }
 
 /// A compiled kernel: its module (kept loaded) and entry point.
@@ -204,7 +152,16 @@ impl Hip {
         })
     }
 
-    pub(crate) fn launch(
+    /// [`Backend::launch`](scope_core::Backend::launch).
+    ///
+    /// # Safety
+    ///
+    /// The contract of `Backend::launch`: `stream`, `kernel` and every
+    /// memory in `launch` are this backend's and alive; every binding's
+    /// range lies inside its memory, and an indirect dispatch's 12 bytes
+    /// inside theirs; [`Backend::check_launch`](scope_core::Backend::check_launch)
+    /// accepted this launch for this kernel.
+    pub(crate) unsafe fn launch(
         &mut self,
         stream: &mut HipStream,
         kernel: &HipKernel,
@@ -227,81 +184,41 @@ impl Hip {
                     });
                 }
                 let mut counts = [0u8; 12];
-                self.read(stream, memory, *offset, &mut counts)?;
-                let word = |i: usize| {
-                    u32::from_le_bytes([
-                        counts[i * 4],
-                        counts[i * 4 + 1],
-                        counts[i * 4 + 2],
-                        counts[i * 4 + 3],
-                    ])
-                };
-                [word(0), word(1), word(2)]
+                // SAFETY: the contract of `Backend::launch`: the indirect
+                // dispatch's 12 bytes at `offset` lie inside `memory`, which
+                // is this backend's and alive, as is `stream`.
+                unsafe { self.read(stream, memory, *offset, &mut counts)? };
+                native::indirect_counts(counts)
             }
         };
-        if grid.contains(&0)
-            || grid
-                .iter()
-                .zip(self.limits.max_workgroups)
-                .any(|(count, max)| *count > max)
-        {
-            // A zero runs nothing; so does an indirect count past the
-            // device's grid (host-given ones were refused before the
-            // scope), as on every server.
+        if !native::runs_anything(grid, &self.limits) {
             return Ok(());
         }
-        let mut pointers: Vec<*mut c_void> = launch
+        let pointers: Vec<u64> = launch
             .bindings
             .iter()
-            .map(|b| b.memory.block.at(b.offset))
+            // SAFETY: the contract of `Backend::launch`: every binding's
+            // range, and so its offset, lies inside its memory's block.
+            .map(|b| unsafe { b.memory.block.at(b.offset) } as u64)
             .collect();
-        // HIP copies each parameter with the size the kernel declares, not
-        // the size given. The blob is copied into the front of a zeroed
-        // scratch buffer and the spare parameter slots point at its zeroed
-        // back half, so a kernel whose signature does not match the launch
-        // reads zeros, never past host memory: the mismatch becomes wrong
-        // values on the device, not a host over-read.
-        let len = launch.scalars.len();
-        if len > PARAM_SLACK || pointers.len() + usize::from(len > 0) > PARAM_SLOTS {
-            return Err(Error::internal(
-                "a HIP launch past the parameter limits reached the device call",
-            ));
-        }
-        let (blob, zeros) = self.param_scratch.split_at_mut(PARAM_SLACK);
-        blob[..len].copy_from_slice(launch.scalars);
-        let zeros = zeros.as_mut_ptr() as usize;
-        let table = &mut self.param_table;
-        for (slot, p) in table.iter_mut().zip(pointers.iter_mut()) {
-            *slot = p as *mut *mut c_void as usize;
-        }
-        let mut used = pointers.len();
-        if len > 0 {
-            table[used] = blob.as_mut_ptr() as usize;
-            used += 1;
-        }
-        // SAFETY: `usize` and `*mut c_void` have one size (asserted above)
-        // and alignment, and `table` is borrowed exclusively for as long as
-        // `params` lives.
-        let params: &mut [*mut c_void] = unsafe {
-            std::slice::from_raw_parts_mut(table.as_mut_ptr().cast::<*mut c_void>(), table.len())
-        };
-        // SAFETY: the kernel's module is loaded for as long as `kernel` (the
-        // core keeps compiled kernels until the server drops, after its
-        // graphs); `params` point at `pointers` and at the scratch buffer,
-        // alive for the call, and hold a slot for every parameter any kernel
-        // could declare, those past the launch's pointing at zeros at least
-        // as long as any parameter — so a kernel whose signature does not
-        // match the launch reads zeros, never past host memory — and HIP
-        // copies the values before returning; each pointer is inside a live
-        // allocation at the binding's offset (validated by the core).
-        let launched = unsafe {
-            stream
-                .stream()
-                .launch(kernel.function, grid, kernel.block, params)
-        };
-        // Restore the all-zero table and scratch for the next launch.
-        self.param_table[..used].fill(zeros);
-        blob[..len].fill(0);
+        let function = kernel.function;
+        let block = kernel.block;
+        let hip = stream.stream();
+        let launched = self
+            .params
+            .launch(&pointers, launch.scalars, false, |params| {
+                // SAFETY: the kernel's module is loaded for as long as `kernel`
+                // (the core keeps compiled kernels until the server drops,
+                // after its graphs); `params` come from the padded table: a
+                // slot for every parameter any kernel could declare, each
+                // pointing into one block alive for the call with as many bytes
+                // behind it as any parameter is long — so a kernel whose
+                // signature does not match the launch reads zeros, never past
+                // host memory — and HIP copies the values before returning.
+                // Each device pointer is inside a live allocation at the
+                // binding's offset: the contract of `Backend::launch`.
+                unsafe { hip.launch(function, grid, block, params) }
+            })?;
         launched.map_err(|e| e.into_error(doing()))
     }
 }

@@ -26,7 +26,9 @@
 //!   event, without the server's lock).
 //! - `memory.rs`: the pooled device memory and pinned staging.
 //! - `copy.rs`: host writes (and recorded ones), reads, device copies.
-//! - `launch.rs`: hiprtc compile for the device's `gcnArchName`, launch.
+//! - `launch.rs`: hiprtc compile for the device's `gcnArchName`, launch,
+//!   under the launch rules HIP shares with CUDA
+//!   ([`scope_core::native`]) with HIP's numbers.
 //! - `capture.rs`: stream capture into HIP graphs, replay, destroy.
 //! - `error.rs`: HIP's codes classified into the core's error.
 //! - `backend.rs`: the `Backend` impl, routing to the above.

@@ -151,7 +151,7 @@ fn trimming_returns_cached_blocks() {
     assert!(c.bytes_reserved() >= 1 << 20);
     // SAFETY: trimming only releases cached blocks the core no longer
     // hands out; it creates or destroys nothing the core tracks.
-    unsafe { c.with_backend_mut(scope_core::Backend::trim) };
+    unsafe { c.with_backend_mut(scope_core::Backend::trim) }.unwrap();
     assert_eq!(c.bytes_reserved(), 0);
 }
 
@@ -297,28 +297,46 @@ fn a_wait_without_the_lock_and_a_recording_streams_sync() {
     use scope_core::{Backend, StreamId};
 
     let mut hip = Hip::open_from(&[mock_library()], &[mock_library()], 0).unwrap();
-    let mut stream = hip.create_stream(StreamId(0)).unwrap();
-    let memory = hip.allocate(&mut stream, 256).unwrap();
-    hip.write(&mut stream, &memory, 0, &[1; 64]).unwrap();
-    let waiter = hip
-        .begin_wait(&mut stream)
+    // SAFETY: the backend's first stream, so its id is 0.
+    let mut stream = unsafe { hip.create_stream(StreamId(0)) }.unwrap();
+    // SAFETY: `stream` is this backend's; 256 bytes is within its largest
+    // allocation.
+    let memory = unsafe { hip.allocate(&mut stream, 256) }.unwrap();
+    // SAFETY: `stream` and `memory` are this backend's and alive; bytes
+    // 0..64 lie inside the 256.
+    unsafe { hip.write(&mut stream, &memory, 0, &[1; 64]) }.unwrap();
+    // SAFETY: `stream` is this backend's, alive and not recording; the
+    // waiter is ended once, below.
+    let waiter = unsafe { hip.begin_wait(&mut stream) }
         .unwrap()
         .expect("work is pending");
-    hip.write(&mut stream, &memory, 64, &[2; 64]).unwrap();
+    // SAFETY: as the first write; bytes 64..128.
+    unsafe { hip.write(&mut stream, &memory, 64, &[2; 64]) }.unwrap();
     let waiter = std::thread::spawn(move || {
-        Hip::wait(&waiter).unwrap();
+        // SAFETY: the waiter came from this backend, which is alive (the
+        // thread is joined before it drops), and is not ended yet.
+        unsafe { Hip::wait(&waiter) }.unwrap();
         waiter
     })
     .join()
     .unwrap();
-    hip.end_wait(&mut stream, waiter).unwrap();
+    // SAFETY: the waiter `begin_wait` gave for this stream, ended once.
+    unsafe { hip.end_wait(&mut stream, waiter) }.unwrap();
     let mut out = vec![0; 128];
-    hip.read(&mut stream, &memory, 0, &mut out).unwrap();
+    // SAFETY: `stream` and `memory` are alive, `stream` is not recording,
+    // and bytes 0..128 lie inside the 256.
+    unsafe { hip.read(&mut stream, &memory, 0, &mut out) }.unwrap();
     assert_eq!(out[..64], [1; 64]);
     assert_eq!(out[64..], [2; 64]);
-    hip.begin_capture(&mut stream).unwrap();
-    hip.sync(&mut stream).unwrap();
-    let graph = hip.end_capture(&mut stream).unwrap();
-    hip.destroy_graph(graph).unwrap();
-    hip.free(memory);
+    // SAFETY: `stream` is this backend's, alive and not recording.
+    unsafe { hip.begin_capture(&mut stream) }.unwrap();
+    // SAFETY: `stream` is this backend's and alive (recording, which a
+    // backend's `sync` answers for `order`'s sake).
+    unsafe { hip.sync(&mut stream) }.unwrap();
+    // SAFETY: `stream` is recording; the capture names no memory.
+    let graph = unsafe { hip.end_capture(&mut stream) }.unwrap();
+    // SAFETY: the graph is this backend's and nothing names it again.
+    unsafe { hip.destroy_graph(graph) }.unwrap();
+    // SAFETY: `memory` is this backend's and nothing names it again.
+    unsafe { hip.free(memory) };
 }
