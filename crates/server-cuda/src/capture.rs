@@ -49,7 +49,8 @@ pub struct CudaGraph {
 }
 
 // SAFETY: graph handles may be used from any thread with the context current
-// as long as calls on one graph are serialised, which the core's lock does.
+// as long as calls on one graph are serialised, which they are: a graph that
+// is `Send` but not `Sync` is reached by one thread at a time.
 unsafe impl Send for CudaGraph {}
 
 impl CudaGraph {
@@ -97,8 +98,8 @@ impl Cuda {
             .pre_capture
             .record(&stream.shared.cu)
             .map_err(|e| fail(e.0))?;
-        // SAFETY: the stream is valid and not capturing (the core's window
-        // allows `begin` only from Prepared).
+        // SAFETY: the stream is live: `stream` owns it. (A stream already
+        // capturing is no hazard: the driver refuses it with an error.)
         unsafe {
             result::stream::begin_capture(
                 stream.shared.cu.cu_stream(),
@@ -184,16 +185,23 @@ impl Cuda {
         }
     }
 
-    pub(crate) fn replay_graph(
+    /// [`Backend::replay`](scope_core::Backend::replay).
+    ///
+    /// # Safety
+    ///
+    /// The contract of `Backend::replay`: `stream` and `graph` are this
+    /// backend's and alive, and every memory the graph recorded work on is
+    /// alive.
+    pub(crate) unsafe fn replay_graph(
         &mut self,
         stream: &mut CudaStreamState,
         graph: &CudaGraph,
     ) -> Result<()> {
         self.bind()?;
         let id = stream.id();
-        // SAFETY: the exec is live (the core holds the graph until destroy)
-        // and the stream is valid and not capturing (the core refuses a
-        // replay on a recording stream).
+        // SAFETY: the exec is live (`graph` owns it), and so are the pinned
+        // bytes its copies read. The contract of `Backend::replay`: every
+        // memory the graph recorded work on is alive, and so is `stream`.
         unsafe { result::graph::launch(graph.exec, stream.shared.cu.cu_stream()) }.map_err(
             |e| {
                 classify(

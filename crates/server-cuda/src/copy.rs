@@ -20,7 +20,14 @@ use crate::memory::{Pinned, STAGING_CHUNK};
 use crate::{Cuda, CudaMemory, CudaStreamState};
 
 impl Cuda {
-    pub(crate) fn write_bytes(
+    /// [`Backend::write`](scope_core::Backend::write).
+    ///
+    /// # Safety
+    ///
+    /// The contract of `Backend::write`: `stream` and `dst` are this
+    /// backend's and alive, and `offset..offset + data.len()` lies inside
+    /// `dst`.
+    pub(crate) unsafe fn write_bytes(
         &mut self,
         stream: &mut CudaStreamState,
         dst: &CudaMemory,
@@ -58,11 +65,12 @@ impl Cuda {
             // call returns, so `data` may go as soon as it does.
             data.as_ptr()
         };
-        // SAFETY: `target` lies inside `dst` (the core validated the range);
-        // `source` holds `data.len()` bytes that stay valid until the copy
-        // has read them: staging outlives the copy (event-guarded belt, or
-        // kept by the graph), and a pageable source is staged by the driver
-        // before this returns.
+        // SAFETY: the contract of `Backend::write`: `target..target +
+        // data.len()` lies inside `dst`, which is alive. `source` holds
+        // `data.len()` bytes that stay valid until the copy has read them:
+        // staging outlives the copy (event-guarded belt, or kept by the
+        // graph), and a pageable source is staged by the driver before this
+        // returns.
         unsafe { sys::cuMemcpyHtoDAsync_v2(target, source.cast::<c_void>(), data.len(), cu) }
             .result()
             .map_err(|e| fail(e.0))?;
@@ -70,7 +78,14 @@ impl Cuda {
         Ok(())
     }
 
-    pub(crate) fn read_bytes(
+    /// [`Backend::read`](scope_core::Backend::read).
+    ///
+    /// # Safety
+    ///
+    /// The contract of `Backend::read`: `stream` and `src` are this
+    /// backend's and alive, and `offset..offset + out.len()` lies inside
+    /// `src`.
+    pub(crate) unsafe fn read_bytes(
         &mut self,
         stream: &mut CudaStreamState,
         src: &CudaMemory,
@@ -112,9 +127,10 @@ impl Cuda {
             Some(region) => region.as_mut_ptr(),
             None => out.as_mut_ptr(),
         };
-        // SAFETY: `source` lies inside `src`; `target` holds `out.len()`
-        // bytes (the staging region, or `out` itself) and is not touched
-        // until the sync below returns, which completes the copy.
+        // SAFETY: the contract of `Backend::read`: `source..source +
+        // out.len()` lies inside `src`, which is alive. `target` holds
+        // `out.len()` bytes (the staging region, or `out` itself) and is not
+        // touched until the sync below returns, which completes the copy.
         unsafe { sys::cuMemcpyDtoHAsync_v2(target.cast::<c_void>(), source, out.len(), cu) }
             .result()
             .map_err(|e| {
@@ -134,8 +150,16 @@ impl Cuda {
         Ok(())
     }
 
+    /// [`Backend::copy`](scope_core::Backend::copy).
+    ///
+    /// # Safety
+    ///
+    /// The contract of `Backend::copy`: `stream`, `src` and `dst` are this
+    /// backend's and alive; `src_offset..src_offset + len` lies inside `src`
+    /// and `dst_offset..dst_offset + len` inside `dst`, and the two do not
+    /// overlap.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn copy_bytes(
+    pub(crate) unsafe fn copy_bytes(
         &mut self,
         stream: &mut CudaStreamState,
         src: &CudaMemory,
@@ -149,8 +173,8 @@ impl Cuda {
         let what = format!("copy of {len} bytes");
         let bytes =
             usize::try_from(len).map_err(|_| Error::invalid("copy", "past the address space"))?;
-        // SAFETY: both ranges lie inside their allocations (validated by the
-        // core) and do not overlap (the core refuses overlapping copies).
+        // SAFETY: the contract of `Backend::copy`: both ranges lie inside
+        // their live allocations and do not overlap.
         unsafe {
             sys::cuMemcpyDtoDAsync_v2(
                 dst.device_ptr() + dst_offset,

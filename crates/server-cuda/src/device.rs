@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
+use scope_core::native::{LaunchGeometry, c_chars};
 use scope_core::{DeviceKind, Error, Probe, ProbedDevice, Result, StreamId};
 
 use crate::error::{BACKEND, Doing, classify, driver as driver_error, mark_driver_loaded};
@@ -79,33 +80,14 @@ pub(crate) struct DeviceInfo {
     pub(crate) total_memory: u64,
 }
 
-/// What the device lets one launch ask for, in `cuDeviceGetAttribute`'s
-/// words: the numbers [`launch_limits`](crate::launch::launch_limits)
-/// reports and `check_launch` enforces. Read once, when the server opens,
-/// so that a runtime sizing its grid and the check refusing one past it
-/// use the same figures: a constant would be wrong for a device with a
-/// smaller grid, which would then fail the launch on the device (claiming
-/// its outputs) instead of refusing it as an invalid argument.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct LaunchGeometry {
-    /// `MAX_GRID_DIM_X/Y/Z`: blocks per launch, per axis.
-    pub(crate) grid: [u32; 3],
-    /// `MAX_BLOCK_DIM_X/Y/Z`: threads per block, per axis.
-    pub(crate) block: [u32; 3],
-    /// `MAX_THREADS_PER_BLOCK`.
-    pub(crate) threads: u32,
-    /// `MAX_SHARED_MEMORY_PER_BLOCK`: the static shared memory a block may
-    /// declare (this server passes no dynamic shared memory, and so never
-    /// opts into more).
-    pub(crate) shared_memory: u32,
-    /// `WARP_SIZE`.
-    pub(crate) warp: u32,
-}
+/// The warp every CUDA device has.
+const WARP: u32 = 32;
 
 /// What every device this crate can run on has (compute capability 3.0
 /// and later; CUDA 12 dropped everything older): a `2^31 - 1 x 65,535 x
 /// 65,535` grid, `1024 x 1024 x 64` blocks of at most 1,024 threads, 48 KiB
-/// of static shared memory per block, 32-thread warps. An attribute the
+/// of static shared memory per block (this server passes no dynamic shared
+/// memory, and so never opts into more), 32-thread warps. An attribute the
 /// driver will not read falls back to its value here, so a server still
 /// opens — every figure is one each supported architecture has, never a
 /// guess past what the device can do.
@@ -114,11 +96,17 @@ pub(crate) const ARCHITECTURAL_GEOMETRY: LaunchGeometry = LaunchGeometry {
     block: [1024, 1024, 64],
     threads: 1024,
     shared_memory: 48 << 10,
-    warp: 32,
+    subgroup: Some(WARP),
 };
 
-/// Ask the driver what one launch on `ctx`'s device may ask for; see
-/// [`LaunchGeometry`]. Never fails: an attribute the driver does not answer
+/// Ask the driver what one launch on `ctx`'s device may ask for, in
+/// `cuDeviceGetAttribute`'s words (`MAX_GRID_DIM_*`, `MAX_BLOCK_DIM_*`,
+/// `MAX_THREADS_PER_BLOCK`, `MAX_SHARED_MEMORY_PER_BLOCK`, `WARP_SIZE`):
+/// read once, when the server opens, so that a runtime sizing its grid and
+/// the check refusing one past it use the same figures (a constant would be
+/// wrong for a device with a smaller grid, which would then fail the launch
+/// on the device, claiming its outputs, instead of refusing it as an
+/// invalid argument). Never fails: an attribute the driver does not answer
 /// with a positive number takes its [`ARCHITECTURAL_GEOMETRY`] value, with
 /// a warning.
 pub(crate) fn launch_geometry(ctx: &CudaContext) -> LaunchGeometry {
@@ -151,7 +139,7 @@ pub(crate) fn launch_geometry(ctx: &CudaContext) -> LaunchGeometry {
             A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
             f.shared_memory,
         ),
-        warp: read(A::CU_DEVICE_ATTRIBUTE_WARP_SIZE, f.warp),
+        subgroup: Some(read(A::CU_DEVICE_ATTRIBUTE_WARP_SIZE, WARP)),
     }
 }
 
@@ -187,12 +175,7 @@ fn device_name(device: sys::CUdevice) -> Result<String> {
                 },
             )
         })?;
-    let bytes: Vec<u8> = buf
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
+    Ok(c_chars(&buf))
 }
 
 /// Ask the driver about device `ordinal`.

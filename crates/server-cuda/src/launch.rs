@@ -12,12 +12,15 @@
 //!
 //! **Parameters**, per the binding convention: the bindings' device pointers
 //! (advanced by the binding's offset), in order, then the scalar blob by value
-//! when it is non-empty. Where the driver has `cuFuncGetParamInfo` (12.4+) the
-//! kernel's own parameter list is read at compile time and a launch whose
+//! when it is non-empty — the rules CUDA shares with HIP, in
+//! [`scope_core::native`]. Where the driver has `cuFuncGetParamInfo` (12.4+)
+//! the kernel's own parameter list is read at compile time and a launch whose
 //! bindings or blob do not match it is refused before anything runs; without
 //! it, the parameter array and the blob are padded with zeros to the most any
 //! kernel can declare, so that a kernel declaring more parameters or a larger
-//! struct reads zeros, never past the caller's bytes (`ParamSlack`).
+//! struct reads zeros, never past the caller's bytes
+//! ([`ParamTable`](scope_core::native::ParamTable)).
+
 //!
 //! **Indirect dispatch** reads the three counts back to the host (a DMA and a
 //! stream sync: the launch waits for the stream's earlier work) and launches
@@ -30,12 +33,10 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::nvrtc;
-use scope_core::{
-    BoundDispatch, DeviceFeatures, Error, Kernel, KernelSource, Launch, LaunchLimits, Result,
-};
+use scope_core::native::{self, ApiRules, c_chars};
+use scope_core::{BoundDispatch, Error, Kernel, KernelSource, Launch, Result};
 use smallvec::SmallVec;
 
-use crate::device::LaunchGeometry;
 use crate::error::{BACKEND, Doing, classify};
 use crate::{Cuda, CudaMemory, CudaStreamState};
 
@@ -50,47 +51,29 @@ const MAX_PARAM_BYTES: usize = 32 * 1024;
 /// The most parameters any kernel can declare: each takes a byte at least.
 const MAX_PARAMS: usize = MAX_PARAM_BYTES;
 
-// `ParamSlack::table` holds addresses as `usize` and is handed to the
-// driver as an array of pointers.
-const _: () = assert!(size_of::<usize>() == size_of::<*mut c_void>());
-
-/// What a launch passes when the driver cannot say what the kernel
-/// declares (no `cuFuncGetParamInfo`).
+/// CUDA's numbers for the launch rules it shares with HIP
+/// ([`scope_core::native`]), on a device of `capability`:
 ///
-/// `cuLaunchKernel` reads one `kernelParams` entry per parameter the kernel
-/// declares, and copies as many bytes from it as that parameter's size. A
-/// kernel that declares more than the launch passes would make it read past
-/// the caller's array, and a scalar struct larger than the blob past the
-/// blob: host memory read by the driver, undefined behaviour from a safe
-/// call. So the array is always [`MAX_PARAMS`] long and the blob always
-/// [`MAX_PARAM_BYTES`]: entries past the launch's point at zeros, and the
-/// blob is copied into the front of a zeroed block. A mismatched kernel
-/// then reads zeros — wrong values on the device, never the host's bytes.
-///
-/// Built once per server, on the first such launch (256 KiB of addresses
-/// and 64 KiB of bytes), and put back to zeros after each launch so that a
-/// launch costs what it writes, not the table's length.
-pub(crate) struct ParamSlack {
-    /// `[blob | zeros]`, each [`MAX_PARAM_BYTES`] long. Boxed, so the
-    /// addresses in `table` stay valid when the server moves.
-    bytes: Box<[u8]>,
-    /// [`MAX_PARAMS`] addresses, as `usize` so the server stays `Send`; all
-    /// point at the zeros between launches.
-    table: Box<[usize]>,
-}
-
-impl ParamSlack {
-    pub(crate) fn new() -> Self {
-        let bytes = vec![0u8; 2 * MAX_PARAM_BYTES].into_boxed_slice();
-        let zeros = bytes[MAX_PARAM_BYTES..].as_ptr() as usize;
-        Self {
-            bytes,
-            table: vec![zeros; MAX_PARAMS].into_boxed_slice(),
-        }
-    }
-
-    fn zeros(&self) -> usize {
-        self.bytes[MAX_PARAM_BYTES..].as_ptr() as usize
+/// - Bindings: [`MAX_PARAMS`] parameters, the blob counted as one.
+/// - Scalars: where the driver reports each kernel's parameters, the most
+///   bytes any kernel can declare ([`MAX_PARAM_BYTES`]; the blob must also
+///   match the kernel's own parameter); without that report, the classic
+///   [`PARAM_SPACE`], which is all the padded launch passes.
+/// - Grid: the device's, unbounded by the block (CUDA counts blocks, not
+///   threads, per axis).
+/// - 16-bit float arithmetic from compute capability 5.3, where
+///   `cuda_fp16.h` and PTX's `.f16` instructions have it natively.
+pub(crate) fn api_rules(capability: (i32, i32)) -> ApiRules {
+    ApiRules {
+        max_params: MAX_PARAMS,
+        max_scalar_bytes: if has_param_info() {
+            MAX_PARAM_BYTES
+        } else {
+            PARAM_SPACE
+        },
+        max_param_bytes: MAX_PARAM_BYTES,
+        grid_threads_within_u32: false,
+        f16: capability >= (5, 3),
     }
 }
 
@@ -148,15 +131,6 @@ fn compile_error(kernel: &Kernel, log: impl Into<String>) -> Error {
         kernel: kernel.name().clone(),
         log: log.into(),
     }
-}
-
-fn c_chars(chars: &[c_char]) -> String {
-    let bytes: Vec<u8> = chars
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// Whether the loaded driver exports `cuFuncGetParamInfo`; cudarc would
@@ -362,7 +336,17 @@ impl Cuda {
         }
     }
 
-    pub(crate) fn launch_kernel(
+    /// [`Backend::launch`](scope_core::Backend::launch).
+    ///
+    /// # Safety
+    ///
+    /// The contract of `Backend::launch`: `stream`, `kernel` and every
+    /// memory in `launch` are this backend's and alive; every binding's
+    /// range lies inside its memory, and an indirect dispatch's 12 bytes
+    /// inside theirs; host-given counts are within the grid, and
+    /// [`Backend::check_launch`](scope_core::Backend::check_launch)
+    /// accepted this launch for this kernel.
+    pub(crate) unsafe fn launch_kernel(
         &mut self,
         stream: &mut CudaStreamState,
         kernel: &CudaKernel,
@@ -386,27 +370,17 @@ impl Cuda {
                     ));
                 }
                 let mut counts = [0u8; 12];
-                self.read_bytes(stream, memory, *offset, &mut counts)?;
-                let word = |i: usize| {
-                    u32::from_le_bytes([counts[i], counts[i + 1], counts[i + 2], counts[i + 3]])
-                };
-                [word(0), word(4), word(8)]
+                // SAFETY: the contract of `Backend::launch`: the indirect
+                // dispatch's 12 bytes at `offset` lie inside `memory`, which
+                // is this backend's and alive, as is `stream`, which is not
+                // recording (checked above).
+                unsafe { self.read_bytes(stream, memory, *offset, &mut counts)? };
+                native::indirect_counts(counts)
             }
         };
-        if groups.contains(&0) {
+        if !native::runs_anything(groups, &self.limits) {
             return Ok(());
         }
-        if groups
-            .iter()
-            .zip(self.limits.max_workgroups)
-            .any(|(count, max)| *count > max)
-        {
-            // Only an indirect count can be here (host-given ones were
-            // checked before the scope): past the device's grid it runs
-            // nothing, as on every server.
-            return Ok(());
-        }
-        let with_blob = !launch.scalars.is_empty();
         let pointers: SmallVec<[u64; 8]> = launch
             .bindings
             .iter()
@@ -414,58 +388,36 @@ impl Cuda {
             .collect();
         let [bx, by, bz] = kernel.block;
         let cu_stream = stream.shared.cu.cu_stream();
-        let fire = |args: *mut *mut c_void| {
-            // SAFETY: `function` is a loaded kernel; `args` holds a pointer
-            // for every parameter the kernel declares — checked against its
-            // own list where the driver can tell, and otherwise padded to
-            // the most any kernel can declare (`ParamSlack`) — each pointing
-            // at as many readable bytes as that parameter can be long, alive
-            // until the call returns (the driver copies parameters at
-            // launch). The device pointers lie inside their allocations (the
-            // core validated them).
-            unsafe {
-                sys::cuLaunchKernel(
-                    kernel.function,
-                    groups[0],
-                    groups[1],
-                    groups[2],
-                    bx,
-                    by,
-                    bz,
-                    0,
-                    cu_stream,
-                    args,
-                    std::ptr::null_mut(),
-                )
-            }
-        };
-        let launched = if kernel.params.is_some() {
-            let mut args: SmallVec<[*mut c_void; 9]> = pointers
-                .iter()
-                .map(|p| (p as *const u64).cast_mut().cast::<c_void>())
-                .collect();
-            if with_blob {
-                args.push(launch.scalars.as_ptr().cast_mut().cast::<c_void>());
-            }
-            fire(args.as_mut_ptr())
-        } else {
-            let slack = self.slack.get_or_insert_with(ParamSlack::new);
-            let zeros = slack.zeros();
-            let len = launch.scalars.len();
-            slack.bytes[..len].copy_from_slice(launch.scalars);
-            let blob = slack.bytes.as_ptr() as usize;
-            let used = pointers.len() + usize::from(with_blob);
-            for (slot, p) in slack.table.iter_mut().zip(&pointers) {
-                *slot = p as *const u64 as usize;
-            }
-            if with_blob {
-                slack.table[pointers.len()] = blob;
-            }
-            let launched = fire(slack.table.as_mut_ptr().cast::<*mut c_void>());
-            slack.table[..used].fill(zeros);
-            slack.bytes[..len].fill(0);
-            launched
-        };
+        let exact = kernel.params.is_some();
+        let launched = self
+            .params
+            .launch(&pointers, launch.scalars, exact, |args| {
+                // SAFETY: `function` is a loaded kernel; `args` holds a
+                // pointer for every parameter the kernel declares — checked
+                // against its own list where the driver can tell (`exact`),
+                // and otherwise padded to the most any kernel can declare —
+                // each pointing at as many readable bytes as that parameter
+                // can be long, alive until the call returns (the driver
+                // copies parameters at launch). The device pointers lie
+                // inside their allocations: the contract of
+                // `Backend::launch` puts every binding's range inside its
+                // live memory.
+                unsafe {
+                    sys::cuLaunchKernel(
+                        kernel.function,
+                        groups[0],
+                        groups[1],
+                        groups[2],
+                        bx,
+                        by,
+                        bz,
+                        0,
+                        cu_stream,
+                        args.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    )
+                }
+            })?;
         launched.result().map_err(|e| {
             classify(
                 e.0,
@@ -485,116 +437,17 @@ impl Cuda {
     }
 }
 
-/// What one launch may ask for on a device of `geometry` and `capability`
-/// whose largest allocation is `max_allocation`: the one set of numbers
-/// both [`Backend::launch_limits`](scope_core::Backend::launch_limits)
-/// reports and [`check_launch`] enforces, kept in the backend so the two
-/// cannot drift apart (a launch the report allows but the check refuses,
-/// or the reverse, is what rule 38 forbids).
-///
-/// - Bindings: [`MAX_PARAMS`] parameters, the blob counted as one.
-/// - Scalars: where the driver reports each kernel's parameters, the most
-///   bytes any kernel can declare ([`MAX_PARAM_BYTES`]; the blob must also
-///   match the kernel's own parameter); without that report, the classic
-///   [`PARAM_SPACE`], which is all the padded launch passes.
-/// - Grid, block, threads, shared memory, warp: the device's
-///   ([`LaunchGeometry`]).
-/// - Features: what CUDA C++ (NVRTC) and PTX give every kernel on this
-///   device: 64-bit floats and integers, `atomicAdd` on `float` in global
-///   memory (compute capability 2.0 on) and warp intrinsics (`__shfl_sync`
-///   and friends) everywhere; 16-bit float arithmetic from compute
-///   capability 5.3, where `cuda_fp16.h` and PTX's `.f16` instructions
-///   have it natively.
-pub(crate) fn launch_limits(
-    geometry: &LaunchGeometry,
-    capability: (i32, i32),
-    max_allocation: u64,
-) -> LaunchLimits {
-    let scalar_bytes = if has_param_info() {
-        MAX_PARAM_BYTES
-    } else {
-        PARAM_SPACE
-    };
-    let mut features = DeviceFeatures::default();
-    features.f16 = capability >= (5, 3);
-    features.f64 = true;
-    features.i64 = true;
-    features.f32_atomic_add = true;
-    features.subgroups = true;
-    let mut limits = LaunchLimits::default();
-    limits.max_bindings = MAX_PARAMS as u32;
-    limits.max_binding_size = max_allocation;
-    limits.max_scalar_bytes = scalar_bytes as u32;
-    limits.max_workgroups = geometry.grid;
-    limits.max_workgroup_size = geometry.block;
-    limits.max_invocations = geometry.threads;
-    limits.max_workgroup_memory = geometry.shared_memory;
-    limits.subgroup_size = Some((geometry.warp, geometry.warp));
-    limits.features = features;
-    limits
-}
-
 /// What [`Backend::check_launch`](scope_core::Backend::check_launch) holds a
-/// CUDA launch to before its scope opens — exactly `limits`, the backend's
-/// [`launch_limits`]: a host-given grid inside the device's, the kernel's
-/// block inside the device's, no more parameters and no more scalar bytes
-/// than the limits allow, and — where the driver reports the kernel's
-/// parameters — bindings and a blob that match them. Each refusal is an
-/// invalid argument that claims nothing; the device would otherwise fail
-/// the launch inside its scope, claiming outputs of work that never could
-/// have run.
+/// CUDA launch to before its scope opens: the rules CUDA shares with HIP
+/// ([`native::check_launch`]) against `limits`, the backend's launch
+/// limits, and — where the driver reports the kernel's parameters — the
+/// kernel's own parameter list.
 pub(crate) fn check_launch(
-    limits: &LaunchLimits,
+    limits: &scope_core::LaunchLimits,
     kernel: &CudaKernel,
     launch: &Launch<'_, CudaMemory>,
 ) -> Result<()> {
-    let invalid = |why: String| Err(Error::invalid(format!("launch of `{}`", kernel.name), why));
-    limits
-        .workgroup_fits(kernel.block)
-        .or_else(|why| invalid(format!("the kernel's block: {why}")))?;
-    let with_blob = !launch.scalars.is_empty();
-    let passed = launch.bindings.len() + usize::from(with_blob);
-    if passed > limits.max_bindings as usize {
-        return invalid(format!(
-            "{passed} parameters is past the {} a kernel can take",
-            limits.max_bindings
-        ));
-    }
-    if launch.scalars.len() > limits.max_scalar_bytes as usize {
-        return invalid(format!(
-            "a {}-byte scalar blob exceeds the {}-byte parameter space",
-            launch.scalars.len(),
-            limits.max_scalar_bytes
-        ));
-    }
-    if let Some(params) = &kernel.params {
-        if params.len() != passed {
-            return invalid(format!(
-                "the kernel takes {} parameters; the launch passes {} pointers{}",
-                params.len(),
-                launch.bindings.len(),
-                if with_blob { " and a scalar blob" } else { "" }
-            ));
-        }
-        if let Some((i, size)) = params
-            .iter()
-            .take(launch.bindings.len())
-            .enumerate()
-            .find(|(_, size)| **size != 8)
-        {
-            return invalid(format!(
-                "parameter {i} is {size} bytes, but binding {i} passes an 8-byte device pointer"
-            ));
-        }
-        if with_blob && params[passed - 1] != launch.scalars.len() {
-            return invalid(format!(
-                "the scalar parameter is {} bytes; the blob is {}",
-                params[passed - 1],
-                launch.scalars.len()
-            ));
-        }
-    }
-    Ok(())
+    native::check_launch(limits, kernel.block, kernel.params.as_deref(), launch)
 }
 
 /// The byte size of each of `function`'s parameters.

@@ -16,7 +16,8 @@
 //! - `copy.rs`: host writes and reads, device copies.
 //! - `launch.rs`: CUDA C++ through NVRTC for the device's
 //!   architecture, PTX through the JIT, and launches per the binding
-//!   convention.
+//!   convention, under the launch rules CUDA shares with HIP
+//!   ([`scope_core::native`]) with CUDA's numbers.
 //! - `capture.rs`: stream capture into instantiated CUDA
 //!   graphs, replay, destruction after the replays in flight.
 //! - [`error`] (`error.rs`): `CUresult` → the core's [`Error`](scope_core::Error); which
@@ -100,6 +101,7 @@ mod memory;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
+use scope_core::native::{self, ParamTable};
 use scope_core::{Backend, Client, Kernel, Language, Launch, LaunchLimits, Result, StreamId};
 
 pub use capture::CudaGraph;
@@ -126,11 +128,13 @@ pub struct Cuda {
     streams: Vec<Arc<StreamShared>>,
     /// Whether each stream is inside a capture.
     capturing: Vec<bool>,
-    /// Frees whose last user was capturing: `(stream, memory)`.
+    /// Frees whose last user was capturing: `(stream, memory)`. Only
+    /// [`Backend::free`] puts memory here, so each is given back once and
+    /// named by no later call.
     deferred: Vec<(u32, CudaMemory)>,
-    /// Launch parameters for kernels whose signature the driver cannot
-    /// report; made on first use.
-    slack: Option<launch::ParamSlack>,
+    /// Launch parameters: exact for kernels whose signature the driver
+    /// reports, padded with zeros for the others.
+    params: ParamTable,
 }
 
 impl Cuda {
@@ -145,11 +149,9 @@ impl Cuda {
         let ctx = device::open_context(ordinal)?;
         let info = device::device_info(ordinal)?;
         let driver = device::driver_version()?;
-        let limits = launch::launch_limits(
-            &device::launch_geometry(&ctx),
-            info.capability,
-            info.total_memory,
-        );
+        let rules = launch::api_rules(info.capability);
+        let limits =
+            native::launch_limits(&device::launch_geometry(&ctx), info.total_memory, &rules);
         let nvrtc_arch = if device::nvrtc_present() {
             match launch::nvrtc_arch(info.capability) {
                 Ok(arch) => Some(arch),
@@ -172,7 +174,7 @@ impl Cuda {
             streams: Vec::new(),
             capturing: Vec::new(),
             deferred: Vec::new(),
-            slack: None,
+            params: ParamTable::new(&rules),
         })
     }
 
@@ -207,7 +209,10 @@ impl Drop for Cuda {
     fn drop(&mut self) {
         let _ = self.bind();
         for (index, memory) in std::mem::take(&mut self.deferred) {
-            self.release(Some(index), memory);
+            // SAFETY: `deferred` holds only memory `Backend::free` was given,
+            // whose contract is that nothing names it again; taken out of
+            // the list, it is released here once.
+            unsafe { self.release(Some(index), memory) };
         }
         self.pool.destroy();
     }
@@ -264,7 +269,9 @@ impl Backend for Cuda {
     }
 
     unsafe fn free(&mut self, memory: CudaMemory) {
-        self.free_block(memory);
+        // SAFETY: the contract of `Backend::free`: `memory` is this
+        // backend's, given back once, and named by no later call.
+        unsafe { self.free_block(memory) };
     }
 
     fn trim(&mut self) {
@@ -282,7 +289,8 @@ impl Backend for Cuda {
         offset: u64,
         data: &[u8],
     ) -> Result<()> {
-        self.write_bytes(stream, dst, offset, data)
+        // SAFETY: the contract of `Backend::write` is `write_bytes`'s.
+        unsafe { self.write_bytes(stream, dst, offset, data) }
     }
 
     unsafe fn read(
@@ -292,7 +300,8 @@ impl Backend for Cuda {
         offset: u64,
         out: &mut [u8],
     ) -> Result<()> {
-        self.read_bytes(stream, src, offset, out)
+        // SAFETY: the contract of `Backend::read` is `read_bytes`'s.
+        unsafe { self.read_bytes(stream, src, offset, out) }
     }
 
     unsafe fn copy(
@@ -304,7 +313,8 @@ impl Backend for Cuda {
         dst_offset: u64,
         len: u64,
     ) -> Result<()> {
-        self.copy_bytes(stream, src, src_offset, dst, dst_offset, len)
+        // SAFETY: the contract of `Backend::copy` is `copy_bytes`'s.
+        unsafe { self.copy_bytes(stream, src, src_offset, dst, dst_offset, len) }
     }
 
     fn compile(&mut self, kernel: &Kernel) -> Result<CudaKernel> {
@@ -321,7 +331,8 @@ impl Backend for Cuda {
         kernel: &CudaKernel,
         launch: &Launch<'_, CudaMemory>,
     ) -> Result<()> {
-        self.launch_kernel(stream, kernel, launch)
+        // SAFETY: the contract of `Backend::launch` is `launch_kernel`'s.
+        unsafe { self.launch_kernel(stream, kernel, launch) }
     }
 
     unsafe fn sync(&mut self, stream: &mut CudaStreamState) -> Result<()> {
@@ -340,7 +351,11 @@ impl Backend for Cuda {
         self.end_wait_for(stream, waiter)
     }
 
-    unsafe fn order(&mut self, first: &mut CudaStreamState, then: &mut CudaStreamState) -> Result<()> {
+    unsafe fn order(
+        &mut self,
+        first: &mut CudaStreamState,
+        then: &mut CudaStreamState,
+    ) -> Result<()> {
         self.order_streams(first, then)
     }
 
@@ -357,7 +372,8 @@ impl Backend for Cuda {
     }
 
     unsafe fn replay(&mut self, stream: &mut CudaStreamState, graph: &CudaGraph) -> Result<()> {
-        self.replay_graph(stream, graph)
+        // SAFETY: the contract of `Backend::replay` is `replay_graph`'s.
+        unsafe { self.replay_graph(stream, graph) }
     }
 
     unsafe fn destroy_graph(&mut self, graph: CudaGraph) -> Result<()> {

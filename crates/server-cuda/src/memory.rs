@@ -70,8 +70,9 @@ struct Block {
 /// Clones name the same block: a captured graph keeps clones of what its
 /// work touches, to mark them used when it replays. The block is given back
 /// by [`Backend::free`](scope_core::Backend::free), never by a drop; the
-/// core refuses to replay a graph whose buffers were freed, so a stale clone
-/// is never used on the device.
+/// contract of [`Backend::replay`](scope_core::Backend::replay) has every
+/// memory a graph recorded work on alive, so a stale clone is never used on
+/// the device.
 #[derive(Clone)]
 pub struct CudaMemory(Arc<Block>);
 
@@ -110,8 +111,8 @@ pub(crate) enum Pool {
 }
 
 // SAFETY: `CUmemoryPool` is a driver handle, usable from any thread with the
-// context current; the backend is used under the core's lock, one thread at
-// a time.
+// context current; a pool that is `Send` but not `Sync` is used by one thread
+// at a time.
 unsafe impl Send for Pool {}
 
 impl Pool {
@@ -231,7 +232,15 @@ impl Cuda {
         Ok(memory)
     }
 
-    pub(crate) fn free_block(&mut self, memory: CudaMemory) {
+    /// [`Backend::free`](scope_core::Backend::free): release `memory` after
+    /// its last user, or when that user's capture ends.
+    ///
+    /// # Safety
+    ///
+    /// The contract of `Backend::free`: `memory` is this backend's and is
+    /// given back once — no clone of it is freed again — and no later call
+    /// names it.
+    pub(crate) unsafe fn free_block(&mut self, memory: CudaMemory) {
         if let Err(e) = self.bind() {
             tracing::warn!("cuda: free of {} bytes skipped: {e}", memory.size());
             return;
@@ -243,11 +252,17 @@ impl Cuda {
             self.deferred.push((index, memory));
             return;
         }
-        self.release(last, memory);
+        // SAFETY: this function's contract is `release`'s.
+        unsafe { self.release(last, memory) };
     }
 
     /// Give `memory` back, ordered after its last user.
-    pub(crate) fn release(&mut self, last: Option<u32>, memory: CudaMemory) {
+    ///
+    /// # Safety
+    ///
+    /// As for [`free_block`](Self::free_block): `memory` is this backend's,
+    /// released once, and named by no later call.
+    pub(crate) unsafe fn release(&mut self, last: Option<u32>, memory: CudaMemory) {
         let ptr = memory.device_ptr();
         let outcome = match &mut self.pool {
             Pool::Ordered { stream, .. } => {
@@ -255,9 +270,9 @@ impl Cuda {
                     .and_then(|i| self.streams.get(i as usize))
                     .map(|s| s.cu.cu_stream())
                     .unwrap_or_else(|| stream.cu_stream());
-                // SAFETY: `ptr` came from this pool and is freed once (the
-                // core frees a buffer once); `on` is ordered after every use
-                // of it (module docs).
+                // SAFETY: `ptr` came from this pool and is freed once (this
+                // function's contract); `on` is ordered after every use of it
+                // (module docs).
                 unsafe { result::free_async(ptr, on) }
             }
             Pool::Plain { reserved } => {
@@ -267,7 +282,7 @@ impl Cuda {
                     None => Ok(()),
                 };
                 // SAFETY: the last user's work is finished (waited above), and
-                // `ptr` is freed once.
+                // `ptr` is freed once (this function's contract).
                 waited.and_then(|()| unsafe { result::free_sync(ptr) })
             }
         };
@@ -283,7 +298,10 @@ impl Cuda {
             .partition(|(i, _)| *i == index);
         self.deferred = later;
         for (i, memory) in now {
-            self.release(Some(i), memory);
+            // SAFETY: `deferred` holds only memory `free_block` was given,
+            // whose contract is that nothing names it again; taken out of
+            // the list, it is released here once.
+            unsafe { self.release(Some(i), memory) };
         }
     }
 

@@ -187,7 +187,7 @@ fn freed_memory_is_reused_and_trimming_returns_it() {
     );
     // SAFETY: trimming only releases cached blocks the core no longer
     // hands out; it creates or destroys nothing the core tracks.
-    unsafe { c.with_backend_mut(scope_core::Backend::trim) };
+    unsafe { c.with_backend_mut(scope_core::Backend::trim) }.unwrap();
     assert_eq!(c.bytes_reserved(), 0);
     mock().assert_clean();
 }
@@ -408,19 +408,28 @@ fn a_wait_without_the_lock_covers_only_the_work_before_it() {
 
     mock();
     let mut cuda = Cuda::open(0).unwrap();
-    let mut stream = cuda.create_stream(StreamId(0)).unwrap();
+    // SAFETY: the backend's first stream, so its id is 0.
+    let mut stream = unsafe { cuda.create_stream(StreamId(0)) }.unwrap();
     let raw = stream.raw().cu_stream().cast::<std::ffi::c_void>();
-    let memory = cuda.allocate(&mut stream, 256).unwrap();
-    cuda.write(&mut stream, &memory, 0, &[1; 64]).unwrap();
-    let waiter = cuda
-        .begin_wait(&mut stream)
+    // SAFETY: `stream` is this backend's; 256 bytes is within its largest
+    // allocation.
+    let memory = unsafe { cuda.allocate(&mut stream, 256) }.unwrap();
+    // SAFETY: `stream` and `memory` are this backend's and alive; bytes
+    // 0..64 lie inside the 256.
+    unsafe { cuda.write(&mut stream, &memory, 0, &[1; 64]) }.unwrap();
+    // SAFETY: `stream` is this backend's, alive and not recording; the
+    // waiter is ended once, below.
+    let waiter = unsafe { cuda.begin_wait(&mut stream) }
         .unwrap()
         .expect("work is pending");
     // Another thread's write while the wait runs.
-    cuda.write(&mut stream, &memory, 64, &[2; 64]).unwrap();
+    // SAFETY: as the first write; bytes 64..128.
+    unsafe { cuda.write(&mut stream, &memory, 64, &[2; 64]) }.unwrap();
     let pending = mock().pending(raw);
     let waiter = std::thread::spawn(move || {
-        Cuda::wait(&waiter).unwrap();
+        // SAFETY: the waiter came from this backend, which is alive (the
+        // thread is joined before it drops), and is not ended yet.
+        unsafe { Cuda::wait(&waiter) }.unwrap();
         waiter
     })
     .join()
@@ -430,19 +439,26 @@ fn a_wait_without_the_lock_covers_only_the_work_before_it() {
         1,
         "the wait covered the work before it and only that (of {pending} pending)"
     );
-    cuda.end_wait(&mut stream, waiter).unwrap();
-    cuda.write(&mut stream, &memory, 128, &[3; 64]).unwrap();
+    // SAFETY: the waiter `begin_wait` gave for this stream, ended once.
+    unsafe { cuda.end_wait(&mut stream, waiter) }.unwrap();
+    // SAFETY: as the first write; bytes 128..192.
+    unsafe { cuda.write(&mut stream, &memory, 128, &[3; 64]) }.unwrap();
     let mut out = vec![0; 192];
-    cuda.read(&mut stream, &memory, 0, &mut out).unwrap();
+    // SAFETY: `stream` and `memory` are alive, `stream` is not recording,
+    // and bytes 0..192 lie inside the 256.
+    unsafe { cuda.read(&mut stream, &memory, 0, &mut out) }.unwrap();
     assert_eq!(out[..64], [1; 64]);
     assert_eq!(out[64..128], [2; 64]);
     assert_eq!(out[128..], [3; 64]);
     assert_eq!(mock().pending(raw), 0);
     // The sync path is the same three steps.
-    cuda.write(&mut stream, &memory, 0, &[4; 64]).unwrap();
-    cuda.sync(&mut stream).unwrap();
+    // SAFETY: as the first write.
+    unsafe { cuda.write(&mut stream, &memory, 0, &[4; 64]) }.unwrap();
+    // SAFETY: `stream` is this backend's and alive.
+    unsafe { cuda.sync(&mut stream) }.unwrap();
     assert_eq!(mock().pending(raw), 0);
-    cuda.free(memory);
+    // SAFETY: `memory` is this backend's and nothing names it again.
+    unsafe { cuda.free(memory) };
     drop(stream);
     drop(cuda);
     mock().assert_clean();
