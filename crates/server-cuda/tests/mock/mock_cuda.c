@@ -67,6 +67,9 @@
  *    device 0 with zeroed reserved bytes (checks the struct layout);
  *  - cuLaunchKernel with a zero or oversized block/grid, or with no
  *    kernelParams for a kernel that has parameters;
+ *  - a launch of a function whose module was unloaded, and a graph
+ *    replay that would launch one (CUDA_ERROR_INVALID_HANDLE): a graph
+ *    must keep the modules of its kernels loaded;
  *  - cuModuleLoadDataEx with an error log buffer but no size for it.
  *
  * Not errors, but what CUDA does: an allocation past what is free is
@@ -752,6 +755,10 @@ CUresult cuGraphLaunch(void *px, void *ps) {
   STREAM(s);
   if (!x || !x->live) return refuse(E_INVALID_HANDLE, "launching a destroyed graph");
   if (s->capturing) return refuse(E_NOT_PERMITTED, "cuGraphLaunch on a capturing stream (a child-graph node)");
+  for (size_t i = 0; i < x->g.len; i++)
+    if (x->g.ops[i].kind == OP_KERNEL && !x->g.ops[i].f->module->live)
+      return refuse(E_INVALID_HANDLE, "replaying a graph that launches `%s`, whose module was unloaded",
+                    x->g.ops[i].f->name);
   s->issued++;
   for (size_t i = 0; i < x->g.len; i++) run(&x->g.ops[i], 1);
   replayed *r = x->replays;

@@ -8,7 +8,11 @@
  * It is also a checker: it fails calls that real HIP would mis-handle or
  * silently capture — an event recorded on, or a wait issued to, a stream
  * that is capturing; a capture that is not in relaxed mode; a compile
- * without --offload-arch for the device's gcnArchName.
+ * without --offload-arch for the device's gcnArchName; a launch of a
+ * function whose module was unloaded, and a graph replay that would launch
+ * one (hipErrorInvalidHandle: a graph must keep its kernels' modules
+ * loaded). An unloaded module's record is kept, so that a stale function
+ * handle is caught rather than read from freed memory.
  *
  * Values (error codes, struct offsets) are the ROCm 6 header's. The device
  * is an MI300-like one: its launch limits (grid 2^31-1 x 65,535 x 65,535,
@@ -21,7 +25,7 @@
 
 typedef int hipError_t;
 enum {
-  OK = 0, E_INVALID = 1, E_OOM = 2, E_INVALID_DEVICE = 101, E_ILLEGAL_STATE = 401,
+  OK = 0, E_INVALID = 1, E_OOM = 2, E_INVALID_DEVICE = 101, E_INVALID_HANDLE = 400, E_ILLEGAL_STATE = 401,
   E_INVALID_CONFIGURATION = 9, E_NOT_FOUND = 500, E_ILLEGAL_ADDRESS = 700, E_CAPTURE_UNSUPPORTED = 900,
   E_CAPTURE_UNMATCHED = 903, E_CAPTURE_ISOLATION = 905, E_CAPTURED_EVENT = 907
 };
@@ -42,14 +46,20 @@ static size_t used = RUNTIME_HOLDS;
 /* ----- kernels and operations ----- */
 
 typedef struct { const char *name; int pointers; size_t scalars; int id; } kernel;
-static const kernel KERNELS[] = {
+#define NKERNELS 4
+static const kernel KERNELS[NKERNELS] = {
   {"scope_fill", 1, 8, 0}, {"scope_copy", 2, 4, 1}, {"scope_add", 3, 4, 2}, {"scope_trap", 1, 0, 3},
 };
+
+/* A loaded module: its code, and one function handle per kernel it holds. */
+struct module;
+typedef struct { const kernel *k; struct module *m; } function;
+typedef struct module { int live; char *image; function functions[NKERNELS]; } module;
 
 typedef struct {
   int launch; /* 0: copy, 1: launch */
   void *dst; const void *src; size_t n;
-  const kernel *k; unsigned threads; void *args[3]; unsigned char scalars[8];
+  const function *f; unsigned threads; void *args[3]; unsigned char scalars[8];
 } op;
 
 typedef struct { op *ops; size_t len, cap; } graph;
@@ -70,9 +80,9 @@ static void run(stream *s, const op *o) {
   unsigned n, value;
   memcpy(&n, o->scalars, 4);
   memcpy(&value, o->scalars + 4, 4);
-  if (o->k->id == 3) { s->sticky = E_ILLEGAL_ADDRESS; return; }
+  if (o->f->k->id == 3) { s->sticky = E_ILLEGAL_ADDRESS; return; }
   for (unsigned i = 0; i < o->threads && i < n; i++) {
-    switch (o->k->id) {
+    switch (o->f->k->id) {
       case 0: a0[i] = value; break;
       case 1: a1[i] = a0[i]; break;
       case 2: a2[i] = a0[i] + a1[i]; break;
@@ -180,19 +190,37 @@ hipError_t hipMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *
 
 /* ----- modules and launches ----- */
 
-hipError_t hipModuleLoadData(void **m, const void *image) { *m = strdup(image); return OK; }
-hipError_t hipModuleUnload(void *m) { free(m); return OK; }
-hipError_t hipModuleGetFunction(void **f, void *m, const char *name) {
-  if (!strstr((const char *)m, name)) return E_NOT_FOUND;
-  for (size_t i = 0; i < sizeof KERNELS / sizeof *KERNELS; i++)
-    if (!strcmp(KERNELS[i].name, name)) { *f = (void *)&KERNELS[i]; return OK; }
+hipError_t hipModuleLoadData(void **out, const void *image) {
+  module *m = calloc(1, sizeof(module));
+  m->live = 1;
+  m->image = strdup(image);
+  for (int i = 0; i < NKERNELS; i++) { m->functions[i].k = &KERNELS[i]; m->functions[i].m = m; }
+  *out = m;
+  return OK;
+}
+hipError_t hipModuleUnload(void *p) {
+  module *m = p;
+  if (!m || !m->live) return E_INVALID_HANDLE;
+  free(m->image);
+  m->image = NULL;
+  m->live = 0; /* the record stays: a launch of one of its functions is then caught */
+  return OK;
+}
+hipError_t hipModuleGetFunction(void **f, void *p, const char *name) {
+  module *m = p;
+  if (!m || !m->live) return E_INVALID_HANDLE;
+  if (!strstr(m->image, name)) return E_NOT_FOUND;
+  for (int i = 0; i < NKERNELS; i++)
+    if (!strcmp(KERNELS[i].name, name)) { *f = &m->functions[i]; return OK; }
   return E_NOT_FOUND;
 }
 hipError_t hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                  unsigned bz, unsigned shared, void *p, void **params, void **extra) {
   stream *s = p;
-  const kernel *k = f;
+  const function *fn = f;
   (void)shared; (void)extra;
+  if (!fn || !fn->m->live) return E_INVALID_HANDLE; /* a function of an unloaded module */
+  const kernel *k = fn->k;
   if (s->sticky) return s->sticky;
   if (!gx || !gy || !gz || !bx || !by || !bz) return E_INVALID;
   const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
@@ -202,7 +230,7 @@ hipError_t hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz,
     if ((unsigned long long)grid[i] * block[i] > UINT32_MAX) return E_INVALID_CONFIGURATION;
   }
   unsigned long long threads = (unsigned long long)gx * gy * gz * bx * by * bz;
-  op o = {1, NULL, NULL, 0, k, threads > UINT32_MAX ? UINT32_MAX : (unsigned)threads, {0}, {0}};
+  op o = {1, NULL, NULL, 0, fn, threads > UINT32_MAX ? UINT32_MAX : (unsigned)threads, {0}, {0}};
   for (int i = 0; i < k->pointers; i++) o.args[i] = *(void **)params[i];
   if (k->scalars) memcpy(o.scalars, params[k->pointers], k->scalars);
   issue(s, o);
@@ -237,6 +265,8 @@ hipError_t hipGraphLaunch(void *exec, void *p) {
   graph *g = exec;
   if (s->capture) return E_CAPTURE_UNSUPPORTED;
   if (s->sticky) return s->sticky;
+  for (size_t i = 0; i < g->len; i++)
+    if (g->ops[i].launch && !g->ops[i].f->m->live) return E_INVALID_HANDLE; /* its module was unloaded */
   for (size_t i = 0; i < g->len; i++) run(s, &g->ops[i]);
   return OK;
 }
