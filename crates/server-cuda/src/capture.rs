@@ -19,7 +19,10 @@
 //! wait for it and for destroying a graph replayed there.
 //!
 //! A graph keeps the pinned copies of its host writes (replays read them)
-//! and remembers the streams it was replayed on; destroying it first waits
+//! and the modules of the kernels it launches loaded (a kernel dropped
+//! while the graph lives must not leave it launching a function of an
+//! unloaded module), and remembers the streams it was replayed on;
+//! destroying it first waits
 //! for those streams, so no replay in flight loses its graph (rule 35); if a
 //! wait fails, the graph is leaked rather than freed under a replay.
 
@@ -32,6 +35,7 @@ use scope_core::{Error, Result, StreamId};
 
 use crate::device::Recording;
 use crate::error::{Doing, classify};
+use crate::launch::Module;
 use crate::memory::Pinned;
 use crate::{Cuda, CudaMemory, CudaStreamState};
 
@@ -43,6 +47,10 @@ pub struct CudaGraph {
     _staging: Vec<Pinned>,
     /// What the window's work touches.
     memories: Vec<CudaMemory>,
+    /// The modules of the kernels the window launched: loaded while the
+    /// graph lives, unloaded (if nothing else holds them) only after `Drop`
+    /// destroyed the exec.
+    _modules: Vec<Arc<Module>>,
     /// Bit `i` set: replayed on stream `i` (bit 63: on some stream ≥ 63).
     replayed_on: AtomicU64,
     ctx: Arc<CudaContext>,
@@ -167,6 +175,7 @@ impl Cuda {
             exec,
             _staging: recording.staging,
             memories,
+            _modules: recording.modules,
             replayed_on: AtomicU64::new(0),
             ctx: self.ctx.clone(),
         })
@@ -199,9 +208,11 @@ impl Cuda {
     ) -> Result<()> {
         self.bind()?;
         let id = stream.id();
-        // SAFETY: the exec is live (`graph` owns it), and so are the pinned
-        // bytes its copies read. The contract of `Backend::replay`: every
-        // memory the graph recorded work on is alive, and so is `stream`.
+        // SAFETY: the exec is live (`graph` owns it) and every kernel it
+        // launches is loaded (`graph` holds their modules); the pinned bytes
+        // its copies read are `graph`'s too. The contract of
+        // `Backend::replay`: every memory the graph recorded work on is
+        // alive, and so is `stream`.
         unsafe { result::graph::launch(graph.exec, stream.shared.cu.cu_stream()) }.map_err(
             |e| {
                 classify(

@@ -32,6 +32,7 @@ use scope_core::native::{LaunchGeometry, c_chars};
 use scope_core::{DeviceKind, Error, Probe, ProbedDevice, Result, StreamId};
 
 use crate::error::{BACKEND, Doing, classify, driver as driver_error, mark_driver_loaded};
+use crate::launch::Module;
 use crate::memory::{Pinned, Staging, StagingMark};
 use crate::{Cuda, CudaMemory};
 
@@ -288,6 +289,18 @@ pub(crate) struct Recording {
     /// The memory the window's work touches, so a replay can mark it used on
     /// the replaying stream (frees are ordered after the last user).
     pub(crate) memories: Vec<CudaMemory>,
+    /// The modules of the kernels the window launches, once each: the graph
+    /// keeps them loaded for its replays.
+    pub(crate) modules: Vec<Arc<Module>>,
+}
+
+impl Recording {
+    /// Keep `module` loaded for as long as the graph recorded here lives.
+    pub(crate) fn keep_module(&mut self, module: &Arc<Module>) {
+        if !self.modules.iter().any(|m| Arc::ptr_eq(m, module)) {
+            self.modules.push(module.clone());
+        }
+    }
 }
 
 /// A logical stream: the core's [`Backend::Stream`](scope_core::Backend::Stream).

@@ -20,7 +20,12 @@
 //! kernel can declare, so that a kernel declaring more parameters or a larger
 //! struct reads zeros, never past the caller's bytes
 //! ([`ParamTable`](scope_core::native::ParamTable)).
-
+//!
+//! **Graphs own their kernels.** A launch recorded into a capture keeps the
+//! kernel's module (an `Arc`) in the recording, and the sealed
+//! [`CudaGraph`](crate::CudaGraph) keeps it loaded for as long as it lives:
+//! a kernel dropped meanwhile never leaves a graph replaying a function of
+//! an unloaded module.
 //!
 //! **Indirect dispatch** reads the three counts back to the host (a DMA and a
 //! stream sync: the launch waits for the stream's earlier work) and launches
@@ -77,8 +82,8 @@ pub(crate) fn api_rules(capability: (i32, i32)) -> ApiRules {
     }
 }
 
-/// A loaded module, unloaded when the last kernel from it goes.
-struct Module {
+/// A loaded module, unloaded when the last kernel or graph holding it goes.
+pub(crate) struct Module {
     raw: sys::CUmodule,
     ctx: Arc<cudarc::driver::CudaContext>,
 }
@@ -91,8 +96,9 @@ unsafe impl Sync for Module {}
 impl Drop for Module {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
-        // SAFETY: loaded once, unloaded once, after every function from it
-        // (which hold the `Arc<Module>`) is gone.
+        // SAFETY: loaded once, unloaded once, after every kernel from it and
+        // every graph that launches one (each holds the `Arc<Module>`) is
+        // gone.
         if let Err(e) = unsafe { sys::cuModuleUnload(self.raw) }.result() {
             tracing::warn!("cuda: unloading a module: {e}");
         }
@@ -102,7 +108,9 @@ impl Drop for Module {
 /// A compiled kernel: the core's [`Backend::Kernel`](scope_core::Backend::Kernel).
 pub struct CudaKernel {
     function: sys::CUfunction,
-    _module: Arc<Module>,
+    /// Keeps `function` loaded; a recorded launch of it clones it into the
+    /// graph.
+    pub(crate) module: Arc<Module>,
     name: Arc<str>,
     block: [u32; 3],
     /// Byte size of each parameter, when the driver can tell.
@@ -110,7 +118,7 @@ pub struct CudaKernel {
 }
 
 // SAFETY: a function handle is usable from any thread with its context
-// current; the module it lives in is kept alive alongside it.
+// current; the module it lives in is kept loaded by `module`.
 unsafe impl Send for CudaKernel {}
 
 impl CudaKernel {
@@ -283,7 +291,7 @@ impl Cuda {
         let params = has_param_info().then(|| param_sizes(function));
         Ok(CudaKernel {
             function,
-            _module: module,
+            module,
             name: kernel.name().clone(),
             block,
             params,
@@ -386,22 +394,26 @@ impl Cuda {
             .iter()
             .map(|b| b.memory.device_ptr() + b.offset)
             .collect();
+        if let Some(recording) = &mut stream.recording {
+            recording.keep_module(&kernel.module);
+        }
         let [bx, by, bz] = kernel.block;
         let cu_stream = stream.shared.cu.cu_stream();
         let exact = kernel.params.is_some();
         let launched = self
             .params
             .launch(&pointers, launch.scalars, exact, |args| {
-                // SAFETY: `function` is a loaded kernel; `args` holds a
-                // pointer for every parameter the kernel declares — checked
-                // against its own list where the driver can tell (`exact`),
-                // and otherwise padded to the most any kernel can declare —
-                // each pointing at as many readable bytes as that parameter
-                // can be long, alive until the call returns (the driver
-                // copies parameters at launch). The device pointers lie
-                // inside their allocations: the contract of
-                // `Backend::launch` puts every binding's range inside its
-                // live memory.
+                // SAFETY: `function` is loaded while `kernel` lives (it holds
+                // the module), and a recording that captures this launch holds
+                // the module too (kept just above), so a replay never meets an
+                // unloaded one; `args` holds a pointer for every parameter the
+                // kernel declares — checked against its own list where the
+                // driver can tell (`exact`), and otherwise padded to the most any
+                // kernel can declare — each pointing at as many readable bytes
+                // as that parameter can be long, alive until the call returns
+                // (the driver copies parameters at launch). The device pointers
+                // lie inside their allocations: the contract of `Backend::launch`
+                // puts every binding's range inside its live memory.
                 unsafe {
                     sys::cuLaunchKernel(
                         kernel.function,

@@ -19,7 +19,8 @@
 //!   convention, under the launch rules CUDA shares with HIP
 //!   ([`scope_core::native`]) with CUDA's numbers.
 //! - `capture.rs`: stream capture into instantiated CUDA
-//!   graphs, replay, destruction after the replays in flight.
+//!   graphs, which keep the modules of the kernels they launch loaded,
+//!   replay, destruction after the replays in flight.
 //! - [`error`] (`error.rs`): `CUresult` → the core's [`Error`](scope_core::Error); which
 //!   codes are sticky.
 //!
@@ -67,7 +68,8 @@
 //! bad PTX, the launch-time parameter check against `cuFuncGetParamInfo`,
 //! the launch limits read from `cuDeviceGetAttribute` and enforced,
 //! the pool's props and attributes, a real out-of-memory and the trim and
-//! retry after it, pinned staging, capture and replay, deferred frees,
+//! retry after it, pinned staging, capture and replay (also after the
+//! kernel a graph launches was dropped), deferred frees,
 //! graph destruction after replays, a capture the driver invalidates, and a
 //! sticky illegal address; built as an older driver (no memory pools, no
 //! `cuFuncGetParamInfo`), the plain-allocation and padded-scalar paths; and
@@ -78,7 +80,8 @@
 //! a capture boundary, non-relaxed capture, allocating or freeing into a
 //! graph, freed pointers, foreign frees, calls with no current context, an
 //! NVRTC compile without the device's `compute_XY`, memory used on a stream
-//! not yet ordered after its stream-ordered allocation), and every test
+//! not yet ordered after its stream-ordered allocation, a launch or graph
+//! replay of a function whose module was unloaded), and every test
 //! asserts it refused nothing and destroyed no graph under a replay.
 //!
 //! The mock proves nothing about NVIDIA hardware or the real driver: its

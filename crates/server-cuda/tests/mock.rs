@@ -463,3 +463,62 @@ fn a_wait_without_the_lock_covers_only_the_work_before_it() {
     drop(cuda);
     mock().assert_clean();
 }
+
+/// A graph keeps the kernels it launches loaded. The `Backend` contract
+/// lets the core drop a compiled kernel while a graph that launches it
+/// lives; the replay must then still launch a loaded function, not one of
+/// an unloaded module (undefined on real CUDA; the mock refuses it).
+#[test]
+fn a_graph_keeps_the_kernels_it_launches_loaded() {
+    use scope_core::{Access, Backend, Bound, BoundDispatch, Launch, StreamId};
+    use server_cuda::Cuda;
+
+    mock();
+    let mut cuda = Cuda::open(0).unwrap();
+    // SAFETY: the backend's first stream, so its id is 0.
+    let mut stream = unsafe { cuda.create_stream(StreamId(0)) }.unwrap();
+    // SAFETY: `stream` is this backend's; 256 bytes is within its largest
+    // allocation.
+    let memory = unsafe { cuda.allocate(&mut stream, 256) }.unwrap();
+    let fill = cuda.compile(&kernel("fill", FILL)).unwrap();
+    let bindings = [Bound {
+        memory: &memory,
+        offset: 0,
+        len: 256,
+        access: Access::Write,
+    }];
+    let scalars = bytes(&[64, 5]);
+    let launch = Launch {
+        name: "fill",
+        bindings: &bindings,
+        scalars: &scalars,
+        dispatch: BoundDispatch::Groups([1, 1, 1]),
+    };
+    cuda.check_launch(&fill, &launch).unwrap();
+    // SAFETY: `stream` is this backend's, alive and not recording.
+    unsafe { cuda.begin_capture(&mut stream) }.unwrap();
+    // SAFETY: `stream`, `fill` and `memory` are this backend's and alive;
+    // the binding is all 256 bytes of `memory`, at offset 0; one group is
+    // within the grid; `check_launch` accepted this launch.
+    unsafe { cuda.launch(&mut stream, &fill, &launch) }.unwrap();
+    // SAFETY: `stream` is recording; `memory`, the one memory the recording
+    // names, is freed only after the graph is destroyed.
+    let graph = unsafe { cuda.end_capture(&mut stream) }.unwrap();
+    drop(fill);
+    // SAFETY: `stream` and `graph` are this backend's and alive, `stream`
+    // is not recording, and `memory` is alive.
+    unsafe { cuda.replay(&mut stream, &graph) }.unwrap();
+    let mut out = vec![0; 256];
+    // SAFETY: `stream` and `memory` are alive, `stream` is not recording,
+    // and bytes 0..256 are all of `memory`.
+    unsafe { cuda.read(&mut stream, &memory, 0, &mut out) }.unwrap();
+    assert_eq!(words(&out), vec![5; 64], "the replay ran the fill");
+    // SAFETY: the graph is this backend's and nothing names it again.
+    unsafe { cuda.destroy_graph(graph) }.unwrap();
+    // SAFETY: `memory` is this backend's, no graph that names it is left,
+    // and nothing names it again.
+    unsafe { cuda.free(memory) };
+    drop(stream);
+    drop(cuda);
+    mock().assert_clean();
+}

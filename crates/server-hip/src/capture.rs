@@ -8,16 +8,19 @@
 //! Starting a capture records the stream's pre-capture fence first (see
 //! `device.rs`): ordering and memory reuse use it in place of the stream
 //! while the stream records. A sealed [`HipGraph`] owns the pinned copies
-//! of the bytes its host writes recorded, and one completion event per
-//! stream it was replayed on, so destroying it can wait for every replay
-//! in flight before the pinned memory and the graph go (rule 35).
+//! of the bytes its host writes recorded and the modules of the kernels it
+//! launches (a kernel dropped while the graph lives must not leave it
+//! launching a function of an unloaded module), and one completion event
+//! per stream it was replayed on, so destroying it can wait for every
+//! replay in flight before the pinned memory, the modules and the graph go
+//! (rule 35).
 
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use scope_core::{Error, Result, StreamId};
 
-use crate::api::{Event, Graph, GraphExec, Pinned};
+use crate::api::{Event, Graph, GraphExec, Module, Pinned};
 use crate::device::{Hip, HipStream};
 use crate::error::Doing;
 
@@ -28,8 +31,11 @@ pub struct HipGraph {
     /// One event per stream the graph was replayed on, recorded after the
     /// latest replay there.
     replays: Mutex<Vec<(StreamId, Event)>>,
-    // Dropped last: recorded copies read these at every replay.
+    // Dropped after the graph: recorded copies read these at every replay.
     _retained: Vec<Pinned>,
+    // Dropped after the graph: recorded launches run their functions at
+    // every replay.
+    _modules: Vec<Arc<Module>>,
 }
 
 impl std::fmt::Debug for HipGraph {
@@ -61,6 +67,7 @@ impl Hip {
             .begin_capture()
             .map_err(|e| e.into_error(doing()))?;
         stream.retained.clear();
+        stream.modules.clear();
         *stream.shared.pre_capture.lock() = Some(Arc::new(fence));
         Ok(())
     }
@@ -74,6 +81,7 @@ impl Hip {
             )));
         }
         let retained = std::mem::take(&mut stream.retained);
+        let modules = std::mem::take(&mut stream.modules);
         let graph = stream
             .stream()
             .end_capture()
@@ -84,6 +92,7 @@ impl Hip {
             _graph: graph,
             replays: Mutex::new(Vec::new()),
             _retained: retained,
+            _modules: modules,
         })
     }
 
@@ -95,6 +104,7 @@ impl Hip {
             }
         }
         stream.retained.clear();
+        stream.modules.clear();
     }
 
     /// [`Backend::replay`](scope_core::Backend::replay).
@@ -106,9 +116,9 @@ impl Hip {
     /// alive.
     pub(crate) unsafe fn replay(&mut self, stream: &mut HipStream, graph: &HipGraph) -> Result<()> {
         let doing = || Doing::Other(Some(stream.id));
-        // SAFETY: the bytes the graph's copies read are alive (`graph` owns
-        // them); the contract of `Backend::replay`: every memory it recorded
-        // work on is alive.
+        // SAFETY: the graph's kernels are loaded and the bytes its copies
+        // read are alive (`graph` owns both); the contract of
+        // `Backend::replay`: every memory it recorded work on is alive.
         unsafe { stream.stream().launch_graph(&graph.exec) }.map_err(|e| e.into_error(doing()))?;
         let mut replays = graph.replays.lock();
         let index = match replays.iter().position(|(id, _)| *id == stream.id) {

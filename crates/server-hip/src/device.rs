@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use scope_core::native::{self, LaunchGeometry, ParamTable, c_chars};
 use scope_core::{Error, LaunchLimits, Result, StreamId};
 
-use crate::api::{Event, Pinned, Stream};
+use crate::api::{Event, Module, Pinned, Stream};
 use crate::error::{BACKEND, Doing, HipError};
 use crate::ffi::DevicePropR0600;
 use crate::launch::API_RULES;
@@ -43,6 +43,9 @@ pub struct HipStream {
     /// Pinned copies of the bytes host writes recorded into the open
     /// capture; they move into the graph when it seals.
     pub(crate) retained: Vec<Pinned>,
+    /// The modules of the kernels the open capture launches, once each;
+    /// they move into the graph when it seals, which keeps them loaded.
+    pub(crate) modules: Vec<Arc<Module>>,
     /// Events for waits on this stream, back from the waits that ended;
     /// more are made while several threads wait on it at once.
     spare_wait_events: Vec<Event>,
@@ -80,6 +83,14 @@ impl HipStream {
 
     pub(crate) fn is_capturing(&self) -> bool {
         self.shared.pre_capture.lock().is_some()
+    }
+
+    /// Keep `module` loaded for as long as the graph the open capture seals
+    /// lives.
+    pub(crate) fn keep_module(&mut self, module: &Arc<Module>) {
+        if !self.modules.iter().any(|m| Arc::ptr_eq(m, module)) {
+            self.modules.push(module.clone());
+        }
     }
 }
 
@@ -340,6 +351,7 @@ impl Hip {
             shared,
             order_event,
             retained: Vec::new(),
+            modules: Vec::new(),
             spare_wait_events: Vec::new(),
         })
     }

@@ -16,6 +16,13 @@
 //! HIP has no indirect launch: an indirect dispatch reads its three counts
 //! back to the host first, which a capture cannot record, so inside a
 //! capture it fails (and so dooms the window, rule 31).
+//!
+//! A kernel holds its module in an `Arc`, and a launch recorded into a
+//! capture keeps a clone of it in the recording and then the
+//! [`HipGraph`](crate::HipGraph), so a kernel dropped while the graph lives
+//! never leaves it launching a function of an unloaded module.
+
+use std::sync::Arc;
 
 use scope_core::native::{self, ApiRules};
 use scope_core::{BoundDispatch, Error, Kernel, KernelSource, Launch, LaunchLimits, Result};
@@ -75,8 +82,9 @@ pub(crate) fn check_launch(
 pub struct HipKernel {
     function: RawFunction,
     block: [u32; 3],
-    // Declared after `function`, which points into it.
-    _module: Module,
+    /// Keeps `function` loaded; a recorded launch of it clones it into the
+    /// graph.
+    module: Arc<Module>,
 }
 
 // SAFETY: a function handle is a process-wide HIP handle, usable from any
@@ -148,7 +156,7 @@ impl Hip {
         Ok(HipKernel {
             function,
             block,
-            _module: module,
+            module: Arc::new(module),
         })
     }
 
@@ -201,15 +209,19 @@ impl Hip {
             // range, and so its offset, lies inside its memory's block.
             .map(|b| unsafe { b.memory.block.at(b.offset) } as u64)
             .collect();
+        if stream.is_capturing() {
+            stream.keep_module(&kernel.module);
+        }
         let function = kernel.function;
         let block = kernel.block;
         let hip = stream.stream();
         let launched = self
             .params
             .launch(&pointers, launch.scalars, false, |params| {
-                // SAFETY: the kernel's module is loaded for as long as `kernel`
-                // (the core keeps compiled kernels until the server drops,
-                // after its graphs); `params` come from the padded table: a
+                // SAFETY: the kernel's module is loaded while `kernel` lives (it
+                // holds an `Arc` of it), and a recording that captures this
+                // launch holds a clone (kept just above), which its graph keeps
+                // until it is destroyed; `params` come from the padded table: a
                 // slot for every parameter any kernel could declare, each
                 // pointing into one block alive for the call with as many bytes
                 // behind it as any parameter is long — so a kernel whose

@@ -29,7 +29,8 @@
 //! - `launch.rs`: hiprtc compile for the device's `gcnArchName`, launch,
 //!   under the launch rules HIP shares with CUDA
 //!   ([`scope_core::native`]) with HIP's numbers.
-//! - `capture.rs`: stream capture into HIP graphs, replay, destroy.
+//! - `capture.rs`: stream capture into HIP graphs (which keep the modules
+//!   of the kernels they launch loaded), replay, destroy.
 //! - `error.rs`: HIP's codes classified into the core's error.
 //! - `backend.rs`: the `Backend` impl, routing to the above.
 //!
