@@ -2,7 +2,7 @@
 //!
 //! Two figures for N = 1, 2, 4 buffers claimed over bytes 0..4096:
 //!
-//! - the **store cycle**, as the issue defines it: mint a provisional
+//! - the **store cycle**, the least every write pays: mint a provisional
 //!   failure, claim N buffers, release them, prune (`enter_write` +
 //!   `exit_write`);
 //! - the **whole `ExecuteScope`** around an empty body: the same cycle plus
@@ -74,7 +74,7 @@ fn cycle(store: &mut Store, targets: &[BufferRange]) {
     }
 }
 
-/// The store-level cycle alone, as the issue defines it: mint, claim,
+/// The store-level cycle alone, the least every write pays: mint, claim,
 /// release, prune, with no scope, pool or body around it.
 fn store_cycle(store: &mut Store, targets: &[BufferRange]) {
     let provisional = store.enter_write(targets, Work::new(WorkKind::Launch, StreamId(0)), None);
