@@ -332,7 +332,13 @@ impl Backend for Wgpu {
         self.pool.reserved()
     }
 
-    unsafe fn write(&mut self, stream: &mut Stream, dst: &Memory, offset: u64, data: &[u8]) -> Result<()> {
+    unsafe fn write(
+        &mut self,
+        stream: &mut Stream,
+        dst: &Memory,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
         self.write_now(stream.0, dst, offset, data)
     }
 
