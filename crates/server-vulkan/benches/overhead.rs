@@ -216,7 +216,7 @@ fn raw_launches(client: &Client<Vulkan>, kernel: &Kernel) -> Duration {
     // SAFETY: `run` compiles a pipeline into the backend's own cache and
     // runs work only on objects it creates (and destroys) itself; no
     // stream, memory, kernel or graph the core tracks is touched.
-    unsafe { client.with_backend_mut(run) }
+    unsafe { client.with_backend_mut(run) }.expect("the bench holds no other backend borrow")
 }
 
 /// (host time to issue, time until the work completed).
