@@ -552,6 +552,12 @@ pub(crate) struct Arena {
     /// Chunks filled since they were last handed out by [`take`](Self::take).
     full: Vec<Chunk>,
     spare: Vec<Chunk>,
+    /// Chunks recycled but not kept as spares, released at the arena's
+    /// next [`reserve`](Self::reserve) or [`take`](Self::take) rather than
+    /// at once: a stream recycles right after it submits, and may find that
+    /// submission done already, while the read that staged into one of its
+    /// chunks has yet to copy out of it.
+    retired: Vec<Chunk>,
 }
 
 impl Arena {
@@ -561,11 +567,13 @@ impl Arena {
             current: None,
             full: Vec::new(),
             spare: Vec::new(),
+            retired: Vec::new(),
         }
     }
 
     /// Room for `len` bytes (at least 4) at an `align`ed offset.
     pub(crate) fn reserve(&mut self, len: u64, align: u64) -> Result<Staged> {
+        self.retired.clear();
         let len = len.max(4);
         let fits = |c: &Chunk| round_up(c.used, align).is_some_and(|start| start + len <= c.size);
         if !self.current.as_ref().is_some_and(fits) {
@@ -619,6 +627,7 @@ impl Arena {
     /// Every chunk used since the last call, to travel with a submission
     /// (or a graph).
     pub(crate) fn take(&mut self) -> Vec<Chunk> {
+        self.retired.clear();
         let mut out = std::mem::take(&mut self.full);
         if let Some(chunk) = self.current.take_if(|c| c.used > 0) {
             out.push(chunk);
@@ -626,11 +635,16 @@ impl Arena {
         out
     }
 
-    /// A chunk whose work completed, back for reuse.
+    /// A chunk whose work completed (or was never submitted), back for
+    /// reuse. Whether kept as a spare or retired, it stays mapped and
+    /// unwritten until the arena's next `reserve` or `take`, so a
+    /// [`Staged`] of it may still be read until then.
     pub(crate) fn recycle(&mut self, mut chunk: Chunk) {
         if chunk.standard() && self.spare.len() < 8 {
             chunk.reset();
             self.spare.push(chunk);
+        } else {
+            self.retired.push(chunk);
         }
     }
 }
