@@ -128,11 +128,7 @@ pub fn build_selected(what: &str, args: &[&str], select: &[&str], release: bool)
     eprintln!(
         "    {} ({}): a cold build takes {COLD}; an up-to-date one, seconds",
         run::show(&command).replace(" --message-format=json-render-diagnostics", ""),
-        if release {
-            "release profile"
-        } else {
-            "dev profile"
-        },
+        profile(args, release),
     );
     let start = Instant::now();
     let mut child = command
@@ -157,6 +153,17 @@ pub fn build_selected(what: &str, args: &[&str], select: &[&str], release: bool)
         ok: status.success(),
         artifacts,
     })
+}
+
+/// The profile cargo builds with for `cargo <args>`: `bench` builds the
+/// bench profile (optimised, as release), whatever `--release` says;
+/// `build` and `test` build dev (`test` is dev's) unless `--release`.
+fn profile(args: &[&str], release: bool) -> &'static str {
+    match args.first() {
+        Some(&"bench") => "bench profile",
+        _ if release => "release profile",
+        _ => "dev profile",
+    }
 }
 
 /// The demo binary, built as `demo` and `matrix` need it.
@@ -217,6 +224,17 @@ pub fn command(artifact: &Artifact) -> Command {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_build_line_names_the_profile_cargo_uses() {
+        assert_eq!(profile(&["bench", "--no-run"], false), "bench profile");
+        assert_eq!(profile(&["test", "--no-run"], false), "dev profile");
+        assert_eq!(profile(&["test", "--no-run"], true), "release profile");
+        assert_eq!(
+            profile(&["build", "--bin", "tiny-runtime"], false),
+            "dev profile"
+        );
+    }
 
     #[test]
     fn package_names_come_from_either_id_form() {
