@@ -74,6 +74,8 @@ pub struct Built {
     pub ok: bool,
     /// The executables it made, or found fresh.
     pub artifacts: Vec<Artifact>,
+    /// How long it took.
+    pub secs: f64,
 }
 
 impl Built {
@@ -144,14 +146,15 @@ pub fn build_selected(what: &str, args: &[&str], select: &[&str], release: bool)
         }
     }
     let status = child.wait().context("waiting for cargo")?;
+    let secs = start.elapsed().as_secs_f64();
     eprintln!(
-        "==> build {} in {:.0} s",
+        "==> build {} in {secs:.0} s",
         if status.success() { "done" } else { "FAILED" },
-        start.elapsed().as_secs_f64()
     );
     Ok(Built {
         ok: status.success(),
         artifacts,
+        secs,
     })
 }
 

@@ -2,9 +2,9 @@
 //!
 //! ```text
 //! cargo xtask matrix [--json]            which backends have a device here
-//! cargo xtask test [--backend B] [--release]
+//! cargo xtask test [--backend B] [--release] [--verbose]
 //!                                        tests per backend, with a summary
-//! cargo xtask ci                         what CI runs
+//! cargo xtask ci [--verbose]             what CI runs
 //! cargo xtask bench [--backend B]        benches, figures printed together
 //! cargo xtask demo [--backend B] [--release] [-- ARGS]
 //!                                        the tiny-runtime demo on the best backend
@@ -29,6 +29,7 @@ mod artifacts;
 mod bundle;
 mod cubecl;
 mod matrix;
+mod report;
 mod run;
 mod stress;
 mod tests;
@@ -45,9 +46,12 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [options]
 
   matrix [--json]                      probe CUDA, HIP, Vulkan and wgpu for devices
-  test [--backend B] [--release]       run the tests of backend B (cuda|hip|vulkan|wgpu|core|all);
-                                       with --backend X a missing device for X is a failure
-  ci                                   fmt, clippy, doc, every test that can run here, bench smoke runs
+  test [--backend B] [--release] [--verbose]
+                                       run the tests of backend B (cuda|hip|vulkan|wgpu|core|all);
+                                       with --backend X a missing device for X is a failure; a line
+                                       per row and the failures in full, everything else in
+                                       target/xtask/test.log (--verbose: shown as it runs too)
+  ci [--verbose]                       fmt, clippy, doc, every test that can run here, bench smoke runs
   bench [--backend B]                  run the benches and print their figures together
   demo [--backend B] [--release] [-- ARGS]
                                        run tiny-runtime on the best backend found (or B)
@@ -63,6 +67,7 @@ struct Args {
     command: String,
     backend: Option<String>,
     release: bool,
+    verbose: bool,
     json: bool,
     max_mib: Option<f64>,
     minutes: Option<f64>,
@@ -76,6 +81,7 @@ fn parse() -> Result<Args> {
         command,
         backend: None,
         release: false,
+        verbose: false,
         json: false,
         max_mib: None,
         minutes: None,
@@ -91,6 +97,7 @@ fn parse() -> Result<Args> {
                 )
             }
             "--release" => args.release = true,
+            "--verbose" | "-v" => args.verbose = true,
             "--max-mib" => {
                 let value = it.next().context("--max-mib needs a number")?;
                 args.max_mib = Some(
@@ -122,7 +129,7 @@ fn main() {
     let outcome = parse().and_then(|args| match args.command.as_str() {
         "matrix" => matrix(&args),
         "test" => test(&args),
-        "ci" => ci(),
+        "ci" => ci(&args),
         "bench" => bench(&args),
         "demo" => demo(&args),
         "fuzz" => stress::fuzz(
@@ -180,12 +187,11 @@ fn test(args: &Args) -> Result<bool> {
         backend: args.backend.clone(),
         release: args.release,
         nextest,
+        doctests: matches!(args.backend.as_deref(), None | Some("all")),
     };
-    let mut rows = tests::run(&options, &built)?;
-    if matches!(args.backend.as_deref(), None | Some("all")) {
-        rows.push(tests::doctests(args.release)?);
-    }
-    let (summary, ok) = tests::summary(&rows);
+    let mut out = tests::Output::new(args.verbose);
+    let rows = tests::run(&options, &built, &mut out)?;
+    let (summary, ok) = tests::summary(&rows, &built, &mut out);
     print!("{summary}");
     Ok(ok)
 }
@@ -237,7 +243,7 @@ fn disk_line() -> String {
     format!("disk: target/ {} GiB, {} GiB free", gib(used), gib(free))
 }
 
-fn ci() -> Result<bool> {
+fn ci(args: &Args) -> Result<bool> {
     let started = Instant::now();
     let mut steps = Vec::new();
     println!("{}", disk_line());
@@ -270,12 +276,13 @@ fn ci() -> Result<bool> {
         backend: None,
         release: false,
         nextest,
+        doctests: true,
     };
     let built = tests::build(false)?;
     let devices = adapter::ensure(built.demo_binary())?;
     println!("{}", matrix::table(&devices));
-    let mut rows = tests::run(&options, &built)?;
-    rows.push(tests::doctests(false)?);
+    let mut out = tests::Output::new(args.verbose);
+    let rows = tests::run(&options, &built, &mut out)?;
     steps.push(Step {
         name: "tests",
         ok: built.ok && rows.iter().all(|r| r.failed == 0),
@@ -301,7 +308,7 @@ fn ci() -> Result<bool> {
     }
     println!("  total {:.1} min", started.elapsed().as_secs_f64() / 60.0);
     println!("  {}", disk_line());
-    let (summary, tests_ok) = tests::summary(&rows);
+    let (summary, tests_ok) = tests::summary(&rows, &built, &mut out);
     print!("{summary}");
     let ok = tests_ok && steps.iter().all(|s| s.ok);
     println!("ci: {}", if ok { "ok" } else { "FAILED" });

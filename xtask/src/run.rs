@@ -1,10 +1,11 @@
 //! Running cargo: shown to the user as it happens, and kept for parsing.
 //!
-//! Test and bench output is both a progress report (the user watches it
-//! scroll) and data (the summary counts pass/fail lines and skip lines), so
-//! every child's stdout and stderr are read line by line on two threads,
-//! echoed to the same stream they came from, and collected in order of
-//! arrival.
+//! Test and bench output is both a progress report and data (the summary
+//! counts pass/fail lines and skip lines), so every child's stdout and
+//! stderr are read line by line on two threads and collected in order of
+//! arrival; each line is echoed to the stream it came from (benches,
+//! `test --verbose`) or written to a log file only (`test`, which shows a
+//! line per row and the failures).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -113,7 +114,7 @@ pub struct Captured {
 fn pump(
     stream: impl Read + Send + 'static,
     to_stderr: bool,
-    tx: mpsc::Sender<String>,
+    tx: mpsc::Sender<(bool, String)>,
 ) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         let reader = BufReader::new(stream);
@@ -122,12 +123,7 @@ fn pump(
             let line = String::from_utf8_lossy(&bytes)
                 .trim_end_matches('\r')
                 .to_owned();
-            if to_stderr {
-                let _ = writeln!(std::io::stderr().lock(), "{line}");
-            } else {
-                let _ = writeln!(std::io::stdout().lock(), "{line}");
-            }
-            if tx.send(line).is_err() {
+            if tx.send((to_stderr, line)).is_err() {
                 break;
             }
         }
@@ -139,14 +135,36 @@ fn pump(
 /// # Errors
 ///
 /// When it cannot be started.
-pub fn capture(mut command: Command) -> Result<Captured> {
-    println!("==> {}", show(&command));
+pub fn capture(command: Command) -> Result<Captured> {
+    capture_with(command, true, None)
+}
+
+/// Run `command` and collect its output (without ANSI colour codes),
+/// echoing it to the terminal when `echo`, and writing it to `log`, line by
+/// line as it arrives, when given. The command line goes where the output
+/// goes.
+///
+/// # Errors
+///
+/// When it cannot be started.
+pub fn capture_with(
+    mut command: Command,
+    echo: bool,
+    mut log: Option<&mut dyn Write>,
+) -> Result<Captured> {
+    let shown = show(&command);
+    if echo {
+        println!("==> {shown}");
+    }
+    if let Some(log) = log.as_mut() {
+        let _ = writeln!(log, "==> {shown}");
+    }
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .with_context(|| format!("starting {}", show(&command)))?;
+        .with_context(|| format!("starting {shown}"))?;
     let (tx, rx) = mpsc::channel();
     let mut pumps = Vec::new();
     if let Some(out) = child.stdout.take() {
@@ -156,11 +174,28 @@ pub fn capture(mut command: Command) -> Result<Captured> {
         pumps.push(pump(err, true, tx.clone()));
     }
     drop(tx);
-    let lines: Vec<String> = rx.iter().collect();
+    let mut lines = Vec::new();
+    for (to_stderr, line) in rx {
+        if echo {
+            if to_stderr {
+                let _ = writeln!(std::io::stderr().lock(), "{line}");
+            } else {
+                let _ = writeln!(std::io::stdout().lock(), "{line}");
+            }
+        }
+        let line = crate::report::strip_ansi(&line);
+        if let Some(log) = log.as_mut() {
+            let _ = writeln!(log, "{line}");
+        }
+        lines.push(line);
+    }
     for pump in pumps {
         let _ = pump.join();
     }
     let status = child.wait().context("waiting for cargo")?;
+    if let Some(log) = log.as_mut() {
+        let _ = writeln!(log, "==> exit: {status}");
+    }
     Ok(Captured {
         success: status.success(),
         lines,

@@ -8,20 +8,29 @@
 //! would run them. The counts stay
 //! per backend without parsing test names, and a row whose package failed
 //! to build fails alone: the build keeps going past a broken crate, and a
-//! broken build runs what it did build. A device test with no device passes
-//! after printing `skipped: no <backend> device (...)`; the runner counts
-//! those lines (tests run with their output shown) so the summary can tell
-//! "passed" from "passed because there was nothing to run on". With
-//! `--backend X`, `SCOPE_REQUIRE=X` reaches the tests and a missing device
-//! fails them instead.
+//! broken build runs what it did build. A device test with nothing to run
+//! on passes after printing `skipped: <reason>`; the runners are told to
+//! show every test's output, and [`crate::report`] reads it test by test so
+//! the summary can tell "passed" from "passed because there was nothing to
+//! run on", with the reason. With `--backend X`, `SCOPE_REQUIRE=X` reaches
+//! the tests and a missing device fails them instead.
+//!
+//! A person reads one line per row (its counts and time), the reasons for
+//! its skips, and every failure in full; everything the runners printed
+//! goes to a log file, `target/xtask/test.log`. `--verbose` shows it all as
+//! it runs, as well.
 
+use std::io::{LineWriter, Write};
+use std::path::PathBuf;
 use std::process::Command;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 
 use crate::artifacts::{self, Built};
 use crate::cubecl;
-use crate::run::{self, Captured};
+use crate::report::{self, Counts};
+use crate::run;
 
 /// What `test` was asked for.
 #[derive(Clone, Debug)]
@@ -32,6 +41,8 @@ pub struct Options {
     pub release: bool,
     /// Use `cargo nextest` (when installed).
     pub nextest: bool,
+    /// Run the doc tests as a last row.
+    pub doctests: bool,
 }
 
 /// One group of tests: a row of the summary.
@@ -78,24 +89,6 @@ impl Binaries {
             Binaries::Except(names) => !names.contains(&target),
         }
     }
-}
-
-/// The counts of one row.
-#[derive(Clone, Debug, Default)]
-pub struct Counts {
-    /// The row.
-    pub name: String,
-    /// Tests that ran on a device (or needed none) and passed.
-    pub passed: u64,
-    /// Tests that failed, or 1 for a run that failed without a count (a
-    /// build error).
-    pub failed: u64,
-    /// Tests that passed after printing `skipped: no <backend> device`.
-    pub skipped: u64,
-    /// Why the row did not run, or a note.
-    pub note: String,
-    /// The runner's closing lines, verbatim.
-    pub closing: Vec<String>,
 }
 
 fn crate_exists(name: &str) -> bool {
@@ -380,61 +373,133 @@ pub fn build(release: bool) -> Result<Built> {
     )
 }
 
-/// The number before `word` in `text` ("12 passed" → 12).
-fn number_before(text: &str, word: &str) -> Option<u64> {
-    let at = text.find(word)?;
-    text[..at]
-        .split(|c: char| !c.is_ascii_digit())
-        .rev()
-        .find(|s| !s.is_empty())?
-        .parse()
-        .ok()
+/// Where a test run's output goes: a line per row and the failures on the
+/// terminal, everything in the log (and on the terminal too, verbose).
+pub struct Output {
+    verbose: bool,
+    log: Option<LineWriter<std::fs::File>>,
+    path: PathBuf,
 }
 
-/// Add what one invocation printed to `counts`.
-fn tally(counts: &mut Counts, captured: &Captured, nextest: bool) {
-    let mut passed = 0;
-    let mut failed = 0;
-    let mut found = false;
-    for line in &captured.lines {
-        let trimmed = line.trim();
-        if trimmed.contains("skipped: no ") && trimmed.contains(" device") {
-            counts.skipped += 1;
-        }
-        if nextest {
-            // "Summary [  1.2s] 40 tests run: 39 passed, 1 failed, 2 skipped"
-            if trimmed.starts_with("Summary") && trimmed.contains("run:") {
-                let tail = &trimmed[trimmed.find("run:").unwrap_or(0)..];
-                passed += number_before(tail, " passed").unwrap_or(0);
-                failed += number_before(tail, " failed").unwrap_or(0)
-                    + number_before(tail, " timed out").unwrap_or(0);
-                found = true;
-                counts.closing.push(trimmed.to_owned());
+/// The log's place: `target/xtask/<name>` (under `CARGO_TARGET_DIR` when
+/// set).
+fn log_path(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|t| {
+            if t.is_absolute() {
+                t
+            } else {
+                run::root().join(t)
             }
-        } else if let Some(rest) = trimmed.strip_prefix("test result:") {
-            // "test result: ok. 5 passed; 0 failed; 1 ignored; ..."
-            passed += number_before(rest, " passed").unwrap_or(0);
-            failed += number_before(rest, " failed").unwrap_or(0);
-            found = true;
-            counts.closing.push(trimmed.to_owned());
-        }
-    }
-    if !captured.success && (!found || failed == 0) {
-        // A build error, or a runner that died before its summary.
-        failed += 1;
-        counts.note = "the run failed before its summary (see its output above)".to_owned();
-    }
-    counts.passed += passed;
-    counts.failed += failed;
+        })
+        .unwrap_or_else(|| run::root().join("target"));
+    target.join("xtask").join(name)
 }
 
-/// Run the chosen groups from `built` and return a row for each, saying
-/// which row is running as it goes.
+impl Output {
+    /// Start `target/xtask/test.log` afresh. Without a log to write, the
+    /// output is shown whole rather than lost.
+    pub fn new(verbose: bool) -> Self {
+        let path = log_path("test.log");
+        let log = path
+            .parent()
+            .map(std::fs::create_dir_all)
+            .transpose()
+            .and_then(|_| std::fs::File::create(&path))
+            .map(LineWriter::new);
+        match log {
+            Ok(log) => Self {
+                verbose,
+                log: Some(log),
+                path,
+            },
+            Err(e) => {
+                println!(
+                    "==> cannot write {} ({e}): showing every test's output instead",
+                    path.display()
+                );
+                Self {
+                    verbose: true,
+                    log: None,
+                    path,
+                }
+            }
+        }
+    }
+
+    /// The log, as a person would type its path.
+    pub fn log_shown(&self) -> Option<String> {
+        self.log.as_ref()?;
+        let shown = self
+            .path
+            .strip_prefix(run::root())
+            .unwrap_or(&self.path)
+            .display()
+            .to_string();
+        Some(shown)
+    }
+
+    fn log(&mut self, text: &str) {
+        if let Some(log) = self.log.as_mut() {
+            let _ = writeln!(log, "{text}");
+        }
+    }
+
+    fn capture(&mut self, command: Command) -> Result<run::Captured> {
+        let log = self.log.as_mut().map(|l| l as &mut dyn Write);
+        run::capture_with(command, self.verbose, log)
+    }
+
+    fn start_row(&mut self, at: usize, total: usize, width: usize, name: &str) {
+        let head = format!(
+            "[{at:>w$}/{total}] {name:<width$} ",
+            w = total.to_string().len()
+        );
+        self.log(&format!("\n==> {}", head.trim_end()));
+        if self.verbose {
+            println!("\n==> {head}");
+        } else {
+            print!("{head}");
+            let _ = std::io::stdout().flush();
+        }
+    }
+
+    fn end_row(&mut self, counts: &Counts, at: usize, total: usize) {
+        let outcome = counts.outcome();
+        self.log(&format!("==> [{at}/{total}] {}: {outcome}", counts.name));
+        for detail in counts.details() {
+            self.log(&format!("    {detail}"));
+        }
+        if self.verbose {
+            println!("==> [{at}/{total}] {}: {outcome}", counts.name);
+        } else {
+            println!("{outcome}");
+        }
+        let indent = " ".repeat(total.to_string().len() * 2 + 4);
+        for detail in counts.details() {
+            println!("{indent}{detail}");
+        }
+        if !self.verbose {
+            // The failures in full: the verbose stream has shown them.
+            for failure in &counts.failures {
+                println!("\n---- FAILED: {} ----", failure.name);
+                for line in &failure.lines {
+                    println!("{line}");
+                }
+                println!("---- end of {} ----\n", failure.name);
+            }
+        }
+    }
+}
+
+/// Run the chosen groups from `built` and return a row for each, with a
+/// line for each as it ends.
 ///
 /// # Errors
 ///
 /// When a runner cannot be started, or the backend is unknown.
-pub fn run(options: &Options, built: &Built) -> Result<Vec<Counts>> {
+pub fn run(options: &Options, built: &Built, out: &mut Output) -> Result<Vec<Counts>> {
     let reuse = (options.nextest && built.ok)
         .then(|| reuse(options.release))
         .flatten();
@@ -444,101 +509,130 @@ pub fn run(options: &Options, built: &Built) -> Result<Vec<Counts>> {
     } else {
         Vec::new()
     };
-    let total = groups.len();
+    let total = groups.len() + usize::from(options.doctests);
+    let width = groups
+        .iter()
+        .map(|g| g.name.len())
+        .chain(options.doctests.then_some("doctests".len()))
+        .max()
+        .unwrap_or(0);
+    if !out.verbose
+        && let Some(log) = out.log_shown()
+    {
+        println!("\n==> running {total} rows; every test's output goes to {log}");
+    }
     let mut rows = Vec::new();
     for (i, group) in groups.iter().enumerate() {
-        println!("\n==> [{}/{total}] {}", i + 1, group.name);
-        let mut counts = Counts {
-            name: group.name.clone(),
-            ..Counts::default()
-        };
-        if let Some(missing) = &group.missing {
-            println!("==> {}: {missing}", group.name);
-            counts.note = missing.clone();
-            if group.require.is_some() {
-                counts.failed += 1;
-            }
-        }
-        if group.missing.is_none()
-            && let Some(why) = no_device(group, &probed)
-        {
-            println!("==> {}: {why}", group.name);
-            counts.note = why;
-            if group.require.is_some() {
-                counts.failed += 1;
-            } else {
-                counts.skipped += 1;
-            }
-            rows.push(counts);
-            continue;
-        }
-        for skip in &group.skip {
-            println!(
-                "==> {}: not running {}: {}",
-                group.name, skip.test, skip.why
-            );
-        }
-        if !group.skip.is_empty() {
-            counts.note = format!("{} not run (reasons above)", group.skip.len());
-        }
-        let unbuilt: Vec<&str> = group
-            .packages
-            .iter()
-            .filter(|p| !built.has_tests(p))
-            .map(String::as_str)
-            .collect();
-        if group.packages.is_empty() {
-            // Nothing of it exists yet; `missing` says so.
-        } else if !unbuilt.is_empty() {
-            // Its tests did not build: nothing of it can run.
-            println!("==> {}: {} did not build", group.name, unbuilt.join(", "));
-            counts.failed += 1;
-            counts.note = format!(
-                "{} did not build (see the build output above)",
-                unbuilt.join(", ")
-            );
-        } else if let Some(reuse) = &reuse {
-            let mut cmd = nextest(reuse, group);
-            if let Some(require) = &group.require {
-                cmd.env("SCOPE_REQUIRE", require);
-            }
-            cmd.envs(group.env.iter().copied());
-            tally(&mut counts, &run::capture(cmd)?, true);
-        } else {
-            // No nextest, or a build that failed elsewhere (nextest would
-            // need all of it): the row's binaries, as `cargo test` runs them.
-            for artifact in built
-                .artifacts
-                .iter()
-                .filter(|a| a.test && !a.bench && group.packages.contains(&a.package))
-                .filter(|a| group.binaries.runs(&a.target))
-            {
-                let mut cmd = artifacts::command(artifact);
-                cmd.arg("--nocapture");
-                cmd.envs(group.env.iter().copied());
-                if !group.skip.is_empty() {
-                    cmd.arg("--exact");
-                    for skip in &group.skip {
-                        cmd.args(["--skip", skip.test]);
-                    }
-                }
-                if let Some(b) = &group.only_backend
-                    && artifact.package == "tiny-runtime"
-                    && artifact.target == "backends"
-                {
-                    cmd.arg(format!("{b}::"));
-                }
-                if let Some(require) = &group.require {
-                    cmd.env("SCOPE_REQUIRE", require);
-                }
-                tally(&mut counts, &run::capture(cmd)?, false);
-            }
-        }
-        // A test that skipped also passed; count it once, as a skip.
-        counts.passed = counts.passed.saturating_sub(counts.skipped);
+        out.start_row(i + 1, total, width, &group.name);
+        let start = Instant::now();
+        let mut counts = run_group(group, built, reuse.as_ref(), &probed, out)?;
+        counts.secs = start.elapsed().as_secs_f64();
+        out.end_row(&counts, i + 1, total);
+        rows.push(counts);
+    }
+    if options.doctests {
+        out.start_row(total, total, width, "doctests");
+        let start = Instant::now();
+        let mut counts = doctests(options.release, out)?;
+        counts.secs = start.elapsed().as_secs_f64();
+        out.end_row(&counts, total, total);
         rows.push(counts);
     }
     Ok(rows)
+}
+
+/// One row: its runner invocations, counted.
+fn run_group(
+    group: &Group,
+    built: &Built,
+    reuse: Option<&Reuse>,
+    probed: &[crate::matrix::Row],
+    out: &mut Output,
+) -> Result<Counts> {
+    let mut counts = Counts::new(&group.name);
+    if let Some(missing) = &group.missing {
+        counts.note = missing.clone();
+        if group.require.is_some() {
+            counts.failed += 1;
+        }
+    }
+    if group.missing.is_none()
+        && let Some(why) = no_device(group, probed)
+    {
+        if let Some(require) = &group.require {
+            counts.failed += 1;
+            let why = why.trim_start_matches("skipped: ");
+            counts.note = format!("{why}, and --backend {require} requires one");
+        } else {
+            counts.skipped += 1;
+            counts.note = why;
+        }
+        return Ok(counts);
+    }
+    for skip in &group.skip {
+        counts
+            .left_out
+            .push(format!("not run: {} ({})", skip.test, skip.why));
+    }
+    let unbuilt: Vec<&str> = group
+        .packages
+        .iter()
+        .filter(|p| !built.has_tests(p))
+        .map(String::as_str)
+        .collect();
+    if group.packages.is_empty() {
+        // Nothing of it exists yet; `missing` says so.
+    } else if !unbuilt.is_empty() {
+        // Its tests did not build: nothing of it can run.
+        counts.failed += 1;
+        counts.note = format!(
+            "{} did not build (see the build output above)",
+            unbuilt.join(", ")
+        );
+    } else if let Some(reuse) = reuse {
+        let mut cmd = nextest(reuse, group);
+        if let Some(require) = &group.require {
+            cmd.env("SCOPE_REQUIRE", require);
+        }
+        cmd.envs(group.env.iter().copied());
+        let what = run::show(&cmd);
+        let captured = out.capture(cmd)?;
+        counts.add(&what, captured.success, &captured.lines, true);
+    } else {
+        // No nextest, or a build that failed elsewhere (nextest would
+        // need all of it): the row's binaries, as `cargo test` runs them,
+        // each test's output shown after the run so that it can be told
+        // apart from the others'.
+        for artifact in built
+            .artifacts
+            .iter()
+            .filter(|a| a.test && !a.bench && group.packages.contains(&a.package))
+            .filter(|a| group.binaries.runs(&a.target))
+        {
+            let mut cmd = artifacts::command(artifact);
+            cmd.arg("--show-output");
+            cmd.envs(group.env.iter().copied());
+            if !group.skip.is_empty() {
+                cmd.arg("--exact");
+                for skip in &group.skip {
+                    cmd.args(["--skip", skip.test]);
+                }
+            }
+            if let Some(b) = &group.only_backend
+                && artifact.package == "tiny-runtime"
+                && artifact.target == "backends"
+            {
+                cmd.arg(format!("{b}::"));
+            }
+            if let Some(require) = &group.require {
+                cmd.env("SCOPE_REQUIRE", require);
+            }
+            let what = run::show(&cmd);
+            let captured = out.capture(cmd)?;
+            counts.add(&what, captured.success, &captured.lines, false);
+        }
+    }
+    Ok(counts)
 }
 
 /// Doc tests, which neither nextest nor the test binaries run.
@@ -546,60 +640,45 @@ pub fn run(options: &Options, built: &Built) -> Result<Vec<Counts>> {
 /// # Errors
 ///
 /// When cargo cannot be started.
-pub fn doctests(release: bool) -> Result<Counts> {
-    println!("\n==> doc tests");
+fn doctests(release: bool, out: &mut Output) -> Result<Counts> {
     let mut cmd = run::cargo();
     cmd.args(["test", "--doc"]).args(artifacts::SELECT);
     if release {
         cmd.arg("--release");
     }
-    let captured = run::capture(cmd)?;
-    let mut counts = Counts {
-        name: "doctests".to_owned(),
-        ..Counts::default()
-    };
-    tally(&mut counts, &captured, false);
+    cmd.args(["--", "--show-output"]);
+    let what = run::show(&cmd);
+    let captured = out.capture(cmd)?;
+    let mut counts = Counts::new("doctests");
+    counts.add(&what, captured.success, &captured.lines, false);
     Ok(counts)
 }
 
-/// The summary table, the runners' closing lines, and the plain total.
-pub fn summary(rows: &[Counts]) -> (String, bool) {
-    let mut out = String::new();
-    out.push_str("\ntest summary\n");
-    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0).max(14);
-    out.push_str(&format!(
-        "{:<width$} {:>7} {:>7} {:>8}  {}\n",
-        "backend", "passed", "failed", "skipped", "note"
-    ));
-    out.push_str(&format!(
-        "{:-<width$} {:->7} {:->7} {:->8}  {:-<4}\n",
-        "", "", "", "", ""
-    ));
-    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
-    for row in rows {
-        out.push_str(&format!(
-            "{:<width$} {:>7} {:>7} {:>8}  {}\n",
-            row.name, row.passed, row.failed, row.skipped, row.note
-        ));
-        passed += row.passed;
-        failed += row.failed;
-        skipped += row.skipped;
-    }
-    out.push_str(
-        "(skipped: passed after printing `skipped: no <backend> device`; not counted as passed)\n",
-    );
-    out.push_str(
-        "\nrunner closing lines (a nextest \"skipped\" there is a test outside the row's filter):\n",
+/// The summary table, with the build's time and each row's, and the
+/// runners' closing lines in the log; whether everything passed, the
+/// build included (a broken example fails no row, but fails this).
+pub fn summary(rows: &[Counts], built: &Built, out: &mut Output) -> (String, bool) {
+    out.log(
+        "\nrunner closing lines (a nextest \"skipped\" there is a test outside the row's filter):",
     );
     for row in rows {
         for line in &row.closing {
-            out.push_str(&format!("  [{}] {line}\n", row.name));
+            out.log(&format!("  [{}] {line}", row.name));
         }
     }
-    out.push_str(&format!(
-        "\n{passed} passed, {failed} failed, {skipped} skipped\n"
-    ));
-    (out, failed == 0)
+    let log = out.log_shown();
+    let build_note = if built.ok {
+        "compiling the test binaries"
+    } else {
+        "FAILED: see the build output above (what did build has run)"
+    };
+    let (mut text, ok) =
+        report::summary(rows, &[("build", built.secs, build_note)], log.as_deref());
+    if !built.ok {
+        text.push_str("the build failed\n");
+    }
+    out.log(&text);
+    (text, ok && built.ok)
 }
 
 #[cfg(test)]
@@ -654,26 +733,5 @@ mod checks {
             no_device(&with_cuda[1], &[]).as_deref(),
             Some("skipped: no cuda device")
         );
-    }
-
-    #[test]
-    fn both_runners_closing_lines_are_counted() {
-        let mut counts = Counts::default();
-        let nextest = Captured {
-            success: false,
-            lines: vec![
-                "skipped: no cuda device (libcuda.so.1 not found)".to_owned(),
-                "     Summary [   1.2s] 40 tests run: 38 passed, 2 failed, 1 skipped".to_owned(),
-            ],
-        };
-        tally(&mut counts, &nextest, true);
-        assert_eq!((counts.passed, counts.failed, counts.skipped), (38, 2, 1));
-        let mut counts = Counts::default();
-        let libtest = Captured {
-            success: true,
-            lines: vec!["test result: ok. 5 passed; 0 failed; 1 ignored".to_owned()],
-        };
-        tally(&mut counts, &libtest, false);
-        assert_eq!((counts.passed, counts.failed), (5, 0));
     }
 }

@@ -15,14 +15,19 @@
 use ash::vk;
 use scope_core::{Error, Result};
 
-use crate::memory::{ALIGN, Staged, VulkanMemory};
+use crate::memory::{ALIGN, VulkanMemory};
 use crate::stream::VulkanStream;
 
 /// The most `vkCmdUpdateBuffer` takes in one command.
 const INLINE_WRITE: usize = 65536;
 
 /// Write `data` at `offset` of `dst`, ordered on `stream`.
-pub(crate) fn write(
+///
+/// # Safety
+///
+/// As for `Backend::write`: `dst` is alive, and `offset..offset +
+/// data.len()` lies inside it, both multiples of 4.
+pub(crate) unsafe fn write(
     stream: &mut VulkanStream,
     dst: &VulkanMemory,
     offset: u64,
@@ -32,10 +37,10 @@ pub(crate) fn write(
         let target = dst.offset + offset;
         let cmd = rec.encoder.cmd;
         if data.len() <= INLINE_WRITE {
-            // SAFETY: `cmd` is recording; the destination range lies in the
-            // block buffer (the core checked it against the allocation),
-            // offset and length are multiples of 4 (the core's copy
-            // alignment) and the length is at most 64 KiB.
+            // SAFETY: `cmd` is recording. The Backend contract of `write`:
+            // `offset..offset + data.len()` lies inside `dst`, which is that
+            // many bytes at `dst.offset` of its live block buffer, and both
+            // are multiples of 4; the length is at most 64 KiB.
             unsafe {
                 rec.gpu
                     .device
@@ -45,23 +50,29 @@ pub(crate) fn write(
         }
         let staged = rec.arena.push(data, data.len() as u64, ALIGN)?;
         let region = vk::BufferCopy {
-            src_offset: staged.offset,
+            src_offset: staged.offset(),
             dst_offset: target,
             size: data.len() as u64,
         };
-        // SAFETY: as above; the staging range holds the bytes and stays
+        // SAFETY: as above for the destination (the Backend contract of
+        // `write`); the staging range holds the bytes and its chunk stays
         // alive until the submission (or graph) using it is gone.
         unsafe {
             rec.gpu
                 .device
-                .cmd_copy_buffer(cmd, staged.buffer, dst.buffer, &[region])
+                .cmd_copy_buffer(cmd, staged.buffer(), dst.buffer, &[region])
         };
         Ok(())
     })
 }
 
 /// Copy `len` bytes between pooled ranges, ordered on `stream`.
-pub(crate) fn copy(
+///
+/// # Safety
+///
+/// As for `Backend::copy`: `src` and `dst` are alive, each range lies
+/// inside its memory, and the two do not overlap when they are one memory.
+pub(crate) unsafe fn copy(
     stream: &mut VulkanStream,
     src: &VulkanMemory,
     src_offset: u64,
@@ -75,10 +86,11 @@ pub(crate) fn copy(
             dst_offset: dst.offset + dst_offset,
             size: len,
         };
-        // SAFETY: the command buffer is recording; both ranges lie in their
-        // block buffers (checked by the core) and do not overlap (the core
-        // refuses overlapping copies within one buffer, and distinct
-        // allocations are disjoint ranges of a block).
+        // SAFETY: the command buffer is recording. The Backend contract of
+        // `copy`: `src_offset..src_offset + len` lies inside `src` and
+        // `dst_offset..dst_offset + len` inside `dst`, so both lie in their
+        // live block buffers, and they do not overlap within one memory;
+        // distinct live allocations are disjoint ranges of a block.
         unsafe {
             rec.gpu
                 .device
@@ -89,35 +101,43 @@ pub(crate) fn copy(
 }
 
 /// Read `out.len()` bytes at `offset` of `src` after the stream's work.
-pub(crate) fn read(
+///
+/// # Safety
+///
+/// As for `Backend::read`: `src` is alive, `offset..offset + out.len()`
+/// lies inside it, and `stream` is not recording (so the staging copy goes
+/// into the batch submitted here).
+pub(crate) unsafe fn read(
     stream: &mut VulkanStream,
     src: &VulkanMemory,
     offset: u64,
     out: &mut [u8],
 ) -> Result<()> {
     let len = out.len() as u64;
-    let staged = match src.host(offset) {
-        Some(_) => None,
-        None => Some(stream.record(|rec| {
+    let staged = if src.is_mapped() {
+        None
+    } else {
+        Some(stream.record(|rec| {
             let staged = rec.arena.reserve(len, ALIGN)?;
             let region = vk::BufferCopy {
                 src_offset: src.offset + offset,
-                dst_offset: staged.offset,
+                dst_offset: staged.offset(),
                 size: len,
             };
-            // SAFETY: the command buffer is recording; the source range is
-            // in the block (checked by the core), the staging range was just
+            // SAFETY: the command buffer is recording. The Backend contract
+            // of `read`: `offset..offset + len` lies inside `src`, so in its
+            // live block buffer; the staging range of `len` bytes was just
             // reserved.
             unsafe {
                 rec.gpu.device.cmd_copy_buffer(
                     rec.encoder.cmd,
                     src.buffer,
-                    staged.buffer,
+                    staged.buffer(),
                     &[region],
                 )
             };
             Ok(staged)
-        })?),
+        })?)
     };
     stream.flush()?;
     let waited = stream.wait_submitted();
@@ -129,18 +149,27 @@ pub(crate) fn read(
         stream.reclaim();
         return Err(error);
     }
-    let Some(from) = staged
-        .as_ref()
-        .map(Staged::host)
-        .or_else(|| src.host(offset))
-    else {
+    let from = match &staged {
+        // SAFETY: the stream is not recording (this function's contract),
+        // so the staging chunk went with the stream's last submission and
+        // was at most recycled since (if the stream found that submission
+        // done), which leaves it mapped until the arena's next `reserve` or
+        // `take`; nothing was recorded or submitted after the copy into it.
+        Some(staged) => Some(unsafe { staged.host() }),
+        // SAFETY: the Backend contract of `read`: `src` is alive and
+        // `offset` is inside it.
+        None => unsafe { src.host(offset) },
+    };
+    let Some(from) = from else {
         return Err(Error::internal("memory is neither mapped nor staged"));
     };
     // SAFETY: the stream's work is complete and its last barrier made the
     // writes visible to the host; `from` points at `len` mapped bytes (the
-    // core checked the range; a staging reservation is `len` long) that
-    // nothing on the device touches until more work is submitted, which
-    // needs the server's lock we hold.
+    // Backend contract of `read` puts `offset..offset + len` inside `src`;
+    // a staging reservation is `len` long) that nothing on the device
+    // touches until more work is submitted, which needs the backend that
+    // `Backend::read`'s caller holds by `&mut`; `out` is the caller's
+    // slice, outside every mapping.
     unsafe { std::ptr::copy_nonoverlapping(from, out.as_mut_ptr(), out.len()) };
     stream.reclaim();
     Ok(())

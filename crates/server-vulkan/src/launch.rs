@@ -825,15 +825,24 @@ fn scalar_len(scalars: &[u8]) -> u64 {
 
 /// Record `launch` of `kernel` on `stream`. An indirect launch needs the
 /// count guard (`Pipelines::guard`).
-pub(crate) fn launch(
+///
+/// # Safety
+///
+/// As for `Backend::launch`: `kernel`, `guard` and every memory in
+/// `launch` are this backend's and alive; every binding's range lies inside
+/// its memory at a `binding_alignment` offset, an indirect dispatch's 12
+/// bytes inside theirs, and host-given counts are within the device's
+/// `maxComputeWorkGroupCount`.
+pub(crate) unsafe fn launch(
     stream: &mut VulkanStream,
     kernel: &VulkanKernel,
     guard: Option<&VulkanKernel>,
     launch: &Launch<'_, VulkanMemory>,
 ) -> Result<()> {
-    // The core checked already; a mismatch recorded anyway would push
-    // descriptors the layout does not have (undefined behaviour), so this
-    // costs a few compares to make sure.
+    // The Backend contract says `check_launch` accepted this launch; a
+    // mismatch recorded anyway would push descriptors the layout does not
+    // have (undefined behaviour), so a few compares make sure of it here
+    // rather than trust a promise this crate can keep for itself.
     check(&stream.gpu, kernel, launch)?;
     let id = stream.id;
     let min_offset = stream.gpu.limits.min_storage_offset;
@@ -848,21 +857,35 @@ pub(crate) fn launch(
                         "an indirect launch without the count guard",
                     ));
                 };
-                let (buffer, offset) = guard_counts(rec, guard, memory, *offset, min_offset)?;
+                // SAFETY: the Backend contract of `launch`: the 12 bytes at
+                // `offset` lie inside `memory`, which is alive.
+                let (buffer, offset) =
+                    unsafe { guard_counts(rec, guard, memory, *offset, min_offset)? };
                 Counts::Device(buffer, offset)
             }
         };
         match kernel.interface {
-            Interface::Descriptors(_) => push_descriptors(rec, kernel, launch, min_offset)?,
-            Interface::Addresses { table, .. } => {
+            // SAFETY: the Backend contract of `launch`: every binding is a
+            // live memory's range at an aligned offset; `check` matched the
+            // binding count to the kernel's layout and each length to
+            // `maxStorageBufferRange`.
+            Interface::Descriptors(_) => unsafe {
+                push_descriptors(rec, kernel, launch, min_offset)?
+            },
+            // SAFETY: the Backend contract of `launch`: every binding is a
+            // live memory's range; `check` matched the binding count to the
+            // kernel's address count.
+            Interface::Addresses { table, .. } => unsafe {
                 push_addresses(rec, kernel, launch, min_offset, table)?
-            }
+            },
         }
         let cmd = rec.encoder.cmd;
         match dispatch {
             // SAFETY: `cmd` is recording with the kernel's pipeline bound
-            // and every binding it reads pushed; the counts are within the
-            // device's limits (`check`).
+            // and every binding it reads pushed; the Backend contract of
+            // `launch` puts host-given counts within `launch_limits`'
+            // `max_workgroups`, which is the device's
+            // maxComputeWorkGroupCount.
             Counts::Host([x, y, z]) => unsafe { rec.gpu.device.cmd_dispatch(cmd, x, y, z) },
             // SAFETY: as above; the counts are 12 bytes the guard wrote at
             // a 4-aligned offset of an arena buffer with indirect usage,
@@ -887,7 +910,12 @@ enum Counts {
 /// Record the count guard: copy the three counts at `offset` of `memory`
 /// into a fresh scratch slot, zeroed if any is past the device's limit,
 /// and order the dispatch that reads the slot after it. Returns the slot.
-fn guard_counts(
+///
+/// # Safety
+///
+/// `memory` is alive and `offset..offset + 12` lies inside it: the guard
+/// binds the block buffer up to those 12 bytes.
+unsafe fn guard_counts(
     rec: &mut Recorder<'_>,
     guard: &VulkanKernel,
     memory: &VulkanMemory,
@@ -907,8 +935,8 @@ fn guard_counts(
             range: at - start + 12,
         },
         vk::DescriptorBufferInfo {
-            buffer: scratch.buffer,
-            offset: scratch.offset,
+            buffer: scratch.buffer(),
+            offset: scratch.offset(),
             range: 12,
         },
     ];
@@ -921,10 +949,12 @@ fn guard_counts(
         .buffer_info(&infos);
     // SAFETY: `cmd` is recording with the guard bound; its layout has two
     // push-descriptor storage bindings, filled here from binding 0: the
-    // counts' range, inside the pooled block (the core checked the 12
-    // bytes against the allocation) at an aligned offset, and the scratch
-    // slot just reserved at an aligned offset of an arena chunk that
-    // travels with the submission (or graph).
+    // counts' range, from the aligned offset at or below them (an
+    // allocation starts at an `ALIGN`ed offset, a multiple of the device's
+    // alignment) to their end, inside the live allocation by this
+    // function's contract; and the scratch slot just reserved at an
+    // aligned offset of an arena chunk that travels with the submission
+    // (or graph).
     unsafe {
         gpu.push.cmd_push_descriptor_set(
             cmd,
@@ -938,11 +968,18 @@ fn guard_counts(
     // The dispatch's indirect read must see the guard's write.
     rec.encoder.needs_barrier = true;
     rec.encoder.barrier(gpu);
-    Ok((scratch.buffer, scratch.offset))
+    Ok((scratch.buffer(), scratch.offset()))
 }
 
 /// Bind a descriptor kernel and push its bindings and staged scalars.
-fn push_descriptors(
+///
+/// # Safety
+///
+/// Every binding's memory is alive and its range lies inside it at an
+/// offset aligned to `min_offset`, at most `maxStorageBufferRange` long;
+/// the launch's binding count (with the blob) is the kernel's layout's
+/// (`check`).
+unsafe fn push_descriptors(
     rec: &mut Recorder<'_>,
     kernel: &VulkanKernel,
     launch: &Launch<'_, VulkanMemory>,
@@ -961,18 +998,20 @@ fn push_descriptors(
         let padded = scalar_len(launch.scalars);
         let staged = rec.arena.push(launch.scalars, padded, min_offset)?;
         infos.push(vk::DescriptorBufferInfo {
-            buffer: staged.buffer,
-            offset: staged.offset,
+            buffer: staged.buffer(),
+            offset: staged.offset(),
             range: padded,
         });
     }
     rec.encoder.bind(rec.gpu, kernel.pipeline);
     if !infos.is_empty() {
         // SAFETY: the kernel is bound; its layout is a push-descriptor
-        // layout of exactly `infos.len()` storage-buffer bindings (`check`);
-        // every range lies in a live buffer at an aligned offset
-        // (core-checked bindings, arena scalars at `min_offset`) and within
-        // maxStorageBufferRange, and the arena travels with the submission.
+        // layout of exactly `infos.len()` storage-buffer bindings (this
+        // function's contract); every range lies in a live buffer at an
+        // aligned offset and within maxStorageBufferRange (the bindings by
+        // this function's contract, the arena's scalars at `min_offset`,
+        // padded to at most the range `check` allowed), and the arena
+        // travels with the submission.
         unsafe { push_set(rec, kernel, vk::DescriptorType::STORAGE_BUFFER, &infos) };
     }
     Ok(())
@@ -1016,7 +1055,13 @@ unsafe fn push_set(
 /// and of the staged scalar blob, in that order: as push constants, or,
 /// for a kernel that takes them as a uniform table (`table`), staged in the
 /// arena and pushed as its one uniform-buffer descriptor.
-fn push_addresses(
+///
+/// # Safety
+///
+/// Every binding's memory is alive and its range lies inside it: the
+/// kernel may reach any byte of the addresses given. The launch's address
+/// count (with the blob) is the kernel's (`check`).
+unsafe fn push_addresses(
     rec: &mut Recorder<'_>,
     kernel: &VulkanKernel,
     launch: &Launch<'_, VulkanMemory>,
@@ -1031,13 +1076,13 @@ fn push_addresses(
     if !launch.scalars.is_empty() {
         let padded = scalar_len(launch.scalars);
         let staged = rec.arena.push(launch.scalars, padded, min_offset.max(16))?;
-        if staged.address == 0 {
+        if staged.address() == 0 {
             return Err(Error::invalid(
                 format!("the scalar blob of `{}`", launch.name),
                 "the staging memory has no device address (bufferDeviceAddress is off)",
             ));
         }
-        addresses.push(staged.address);
+        addresses.push(staged.address());
     }
     let bytes: SmallVec<[u8; 128]> = addresses.iter().flat_map(|a| a.to_le_bytes()).collect();
     let gpu = rec.gpu;
@@ -1048,8 +1093,8 @@ fn push_addresses(
                 .push(&bytes, len.div_ceil(16) * 16, gpu.limits.min_uniform_offset)?;
         rec.encoder.bind(gpu, kernel.pipeline);
         let info = [vk::DescriptorBufferInfo {
-            buffer: staged.buffer,
-            offset: staged.offset,
+            buffer: staged.buffer(),
+            offset: staged.offset(),
             range: len,
         }];
         // SAFETY: the kernel is bound; its layout is the push-descriptor
@@ -1057,8 +1102,8 @@ fn push_addresses(
         // memory with uniform usage, at a `minUniformBufferOffsetAlignment`
         // offset, within `maxUniformBufferRange` (compile checked the
         // table's size), and travels with the submission; every address in
-        // it is of a live buffer range the core checked or of the staged
-        // blob.
+        // it is of a live binding range (this function's contract) or of
+        // the staged blob.
         unsafe { push_set(rec, kernel, vk::DescriptorType::UNIFORM_BUFFER, &info) };
         return Ok(());
     }
@@ -1066,8 +1111,8 @@ fn push_addresses(
     // SAFETY: the command buffer is recording with the kernel bound; the
     // layout has one compute push-constant range of exactly `bytes.len()`
     // bytes (the interface's address count, checked against the launch by
-    // `check`); every address is of a live buffer range the core checked,
-    // or of arena memory that travels with the submission.
+    // `check`); every address is of a live binding range (this function's
+    // contract), or of arena memory that travels with the submission.
     unsafe {
         gpu.device.cmd_push_constants(
             rec.encoder.cmd,

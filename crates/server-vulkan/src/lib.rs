@@ -321,7 +321,9 @@ impl Backend for Vulkan {
         offset: u64,
         data: &[u8],
     ) -> Result<()> {
-        copy::write(stream, dst, offset, data)
+        // SAFETY: the Backend contract of `write`: `dst` is alive and
+        // `offset..offset + data.len()` lies inside it, both multiples of 4.
+        unsafe { copy::write(stream, dst, offset, data) }
     }
 
     unsafe fn read(
@@ -331,7 +333,9 @@ impl Backend for Vulkan {
         offset: u64,
         out: &mut [u8],
     ) -> Result<()> {
-        copy::read(stream, src, offset, out)
+        // SAFETY: the Backend contract of `read`: `src` is alive and
+        // `offset..offset + out.len()` lies inside it.
+        unsafe { copy::read(stream, src, offset, out) }
     }
 
     unsafe fn copy(
@@ -343,7 +347,10 @@ impl Backend for Vulkan {
         dst_offset: u64,
         len: u64,
     ) -> Result<()> {
-        copy::copy(stream, src, src_offset, dst, dst_offset, len)
+        // SAFETY: the Backend contract of `copy`: both memories are alive,
+        // each range lies inside its memory, and they do not overlap when
+        // `src` and `dst` are one memory.
+        unsafe { copy::copy(stream, src, src_offset, dst, dst_offset, len) }
     }
 
     fn compile(&mut self, kernel: &Kernel) -> Result<VulkanKernel> {
@@ -364,7 +371,14 @@ impl Backend for Vulkan {
             scope_core::BoundDispatch::Indirect { .. } => Some(self.pipelines.guard()?),
             scope_core::BoundDispatch::Groups(_) => None,
         };
-        launch::launch(stream, kernel, guard.as_ref(), launch)
+        // SAFETY: the Backend contract of `launch`: the kernel and every
+        // memory are alive, every binding's range lies inside its memory at
+        // a `binding_alignment` offset (this device's
+        // minStorageBufferOffsetAlignment), the indirect counts' 12 bytes
+        // inside theirs, and host-given counts within `launch_limits`'
+        // `max_workgroups`; the guard is this backend's, alive in
+        // `pipelines`.
+        unsafe { launch::launch(stream, kernel, guard.as_ref(), launch) }
     }
 
     unsafe fn flush(&mut self, stream: &mut VulkanStream) -> Result<()> {

@@ -66,9 +66,18 @@ unsafe impl Send for HostPtr {}
 unsafe impl Sync for HostPtr {}
 
 impl HostPtr {
-    fn at(self, offset: u64) -> *mut u8 {
-        // SAFETY: callers pass offsets inside the mapping (checked by the
-        // core's range validation against the allocation's size).
+    /// The pointer to byte `offset` of the mapping.
+    ///
+    /// # Safety
+    ///
+    /// The mapping `self` points at is still mapped (its block or chunk is
+    /// alive) and `offset` is at most its length, so the result points into
+    /// it or one past its end. `pointer::add` past that is undefined
+    /// behaviour even if the pointer is never read.
+    unsafe fn at(self, offset: u64) -> *mut u8 {
+        // SAFETY: the caller's promise: `offset` stays inside one live
+        // mapping, which lies in the address space, so it fits a `usize`
+        // and the sum does not wrap.
         unsafe { self.0.as_ptr().add(offset as usize) }
     }
 }
@@ -215,9 +224,25 @@ impl VulkanMemory {
         }
     }
 
+    /// Whether the device memory is host-visible and mapped, so
+    /// [`host`](Self::host) answers.
+    pub(crate) fn is_mapped(&self) -> bool {
+        self.mapped.is_some()
+    }
+
     /// Pointer to byte `offset` of it, when it is mapped.
-    pub(crate) fn host(&self, offset: u64) -> Option<*mut u8> {
-        self.mapped.map(|p| p.at(self.offset + offset))
+    ///
+    /// # Safety
+    ///
+    /// `self` is alive (not given to [`Pool::free`]) and `offset` is at
+    /// most the size it was allocated with — what the `Backend` contract
+    /// promises of every range the core names on a memory.
+    pub(crate) unsafe fn host(&self, offset: u64) -> Option<*mut u8> {
+        // SAFETY: a live allocation is `reserved` bytes at `self.offset` of
+        // its block, and a mapped block is mapped whole for its life, so
+        // `self.offset + offset` is inside that mapping (the caller's
+        // promise bounds `offset` by the allocation's size).
+        self.mapped.map(|p| unsafe { p.at(self.offset + offset) })
     }
 }
 
@@ -527,21 +552,51 @@ impl Drop for Chunk {
     }
 }
 
-/// Where staged bytes landed.
+/// Where staged bytes landed: `len` bytes at `offset` of an arena chunk.
+///
+/// Only [`Arena::reserve`] makes one, and its fields are private to this
+/// module, so `offset..offset + len` always lies inside the chunk's mapping:
+/// [`host`](Self::host) needs its caller to promise only that the chunk is
+/// still alive.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Staged {
-    pub buffer: vk::Buffer,
-    pub offset: u64,
-    pub len: u64,
-    pub ptr: HostPtr,
+    buffer: vk::Buffer,
+    offset: u64,
+    len: u64,
+    ptr: HostPtr,
     /// The device address of the first byte; 0 without `bufferDeviceAddress`.
-    pub address: u64,
+    address: u64,
 }
 
 impl Staged {
-    /// The host pointer to its first byte.
-    pub(crate) fn host(&self) -> *mut u8 {
-        self.ptr.at(self.offset)
+    /// The chunk's buffer.
+    pub(crate) fn buffer(&self) -> vk::Buffer {
+        self.buffer
+    }
+
+    /// Where in the chunk's buffer the bytes start.
+    pub(crate) fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The device address of the first byte; 0 without
+    /// `bufferDeviceAddress`.
+    pub(crate) fn address(&self) -> u64 {
+        self.address
+    }
+
+    /// The host pointer to its first byte, valid for its `len` bytes.
+    ///
+    /// # Safety
+    ///
+    /// The chunk it was reserved from is still alive: held by the arena, a
+    /// submission in flight or a graph, or recycled but not yet released
+    /// (see [`Arena::recycle`]).
+    pub(crate) unsafe fn host(&self) -> *mut u8 {
+        // SAFETY: `Arena::reserve` made `self` with `offset + len` at most
+        // the chunk's size, and the chunk is mapped whole while it lives
+        // (the caller's promise).
+        unsafe { self.ptr.at(self.offset) }
     }
 }
 
@@ -613,11 +668,14 @@ impl Arena {
     /// Copy `data` in, padded with zeros to `padded` bytes.
     pub(crate) fn push(&mut self, data: &[u8], padded: u64, align: u64) -> Result<Staged> {
         let staged = self.reserve(padded.max(data.len() as u64), align)?;
-        // SAFETY: `staged` is `staged.len` fresh bytes of a live mapping
-        // that no submitted work uses (a chunk is reused only after the
-        // work that used it completed).
+        // SAFETY: `staged` was reserved from the arena's current chunk,
+        // which the arena holds.
+        let dst = unsafe { staged.host() };
+        // SAFETY: `dst` is `staged.len` (at least `data.len()`) fresh bytes
+        // of a live mapping that no submitted work uses (a chunk is reused
+        // only after the work that used it completed), and `data` is a
+        // caller's slice, not in that mapping.
         unsafe {
-            let dst = staged.host();
             std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len());
             std::ptr::write_bytes(dst.add(data.len()), 0, staged.len as usize - data.len());
         }
