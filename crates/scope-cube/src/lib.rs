@@ -34,6 +34,15 @@
 //! (its visibility analysis), [`Args`] can bind with that answer, and a launch
 //! whose declared access does not cover it is refused before anything runs.
 //!
+//! The failure model also depends on a launch touching only its bindings.
+//! [`translate`] is safe because it makes a checked kernel's bounds checks
+//! itself: cubecl 0.12's checked mode clamps no index at all (and was never
+//! meant to clamp a workgroup array's), so every index into a buffer, a
+//! workgroup array or a local array is clamped to it before the compiler
+//! runs, and the WGSL servers keep their own checks on top
+//! ([`translate_definition`] says what is checked; `tests/workgroup_bounds.rs`
+//! indexes past both kinds of array on every server here).
+//!
 //! What [`translate`] and [`Args`] do not cover: kernels that read tensor
 //! metadata (a `Tensor`'s shapes and strides travel in a dynamic metadata
 //! area that `Args`, which packs buffers and scalars, does not build; such
@@ -48,6 +57,7 @@
 //! (`tests/servers.rs`, a twenty-one-buffer kernel under validation).
 
 mod args;
+mod checks;
 pub mod kernels;
 mod target;
 mod translate;

@@ -223,7 +223,8 @@ pub fn translate(
     let definition = cubecl_core::define_kernel(kernel)
         .map_err(|e| compile_error(type_name, format!("cubecl could not expand it: {e}")))?;
     let name = display_name(&definition.settings.kernel_name).to_owned();
-    // What makes the result safe to launch is the kernel's own checks.
+    // What makes the result safe to launch is the bounds checks a checked
+    // definition gets (`translate_definition`); an unchecked one has none.
     if definition.settings.execution_mode != ExecutionMode::Checked {
         return Err(compile_error(
             &name,
@@ -245,7 +246,8 @@ pub fn translate(
         ));
     }
     // SAFETY: the definition is in checked mode (refused above otherwise),
-    // which is all `translate_definition` asks.
+    // which `translate_definition` asks nothing more of: it clamps every
+    // index itself, and vouches for nothing.
     unsafe { translate_definition(definition, target, &Translation::default()) }
         .map_err(|e| compile_error(&name, e.to_string()))
 }
@@ -304,15 +306,29 @@ impl Translation {
 /// compiler panic or an output of the wrong kind as
 /// [`CompilationError::Generic`].
 ///
+/// # What is checked
+///
+/// A definition in [`ExecutionMode::Checked`] gets its bounds checks here,
+/// before the compiler sees it: every index into a buffer, a workgroup
+/// (shared) array or a local array is clamped to that array (see
+/// `checks.rs` for why cubecl's own checked mode cannot be relied on: in
+/// 0.12.0-pre.1 it clamps no index at all, and it never meant to clamp a
+/// workgroup array's). A kernel with an index no check can bound is
+/// refused. Its WGSL is still not vouched for
+/// ([`Kernel::vouch_in_bounds`]): what the servers check (naga's bounds
+/// checks, wgpu's) stays on, so a gap in cubecl's IR this crate has not
+/// seen cannot reach a neighbouring buffer through a WGSL server, and its
+/// loops stay bounded too.
+///
 /// # Safety
 ///
-/// A definition in [`ExecutionMode::Checked`] needs nothing more: the
-/// kernel checks its own accesses, and its loops stay bounded by the
-/// server. A definition in any other mode has no such checks, so the
-/// caller promises what cubecl's `launch_unchecked` promises: every launch
-/// of the translated kernel stays inside the bindings it is given and ends
-/// every loop. The result is vouched for accordingly
-/// ([`Kernel::vouch_in_bounds`], [`Kernel::vouch_terminates`]).
+/// A definition in [`ExecutionMode::Checked`] needs nothing more. A
+/// definition in any other mode gets no checks, so the caller promises what
+/// cubecl's `launch_unchecked` promises: every launch of the translated
+/// kernel indexes only inside the bindings it is given and the workgroup
+/// and local arrays it declares, and ends every loop. The result is vouched
+/// for accordingly ([`Kernel::vouch_in_bounds`],
+/// [`Kernel::vouch_terminates`]), so a WGSL server drops its own checks.
 pub unsafe fn translate_definition(
     definition: KernelDefinition,
     target: Target,
@@ -332,6 +348,9 @@ pub unsafe fn translate_definition(
     };
     let compiled = catch_unwind(AssertUnwindSafe(
         || -> std::result::Result<Compiled, CompilationError> {
+            if mode == ExecutionMode::Checked {
+                crate::checks::clamp_indices(&definition).map_err(generic)?;
+            }
             match target {
                 Target::Cuda => {
                     let repr = CppCompiler::<cubecl_cpp::target::Cuda>::default()
@@ -393,12 +412,13 @@ pub unsafe fn translate_definition(
     let block = [cube.x, cube.y, cube.z];
     // SAFETY (for the kernels below): the module is cubecl's own compiler
     // output for `target`. From a definition in `ExecutionMode::Checked`
-    // (what `translate` requires, `Target::settings`), every buffer access
-    // is checked against the length the launch's info struct gives for
-    // that buffer — reads past it return zero, writes past it are dropped —
-    // and `CubeKernel::pack` puts each binding's own length there, so a
-    // launch of it touches only the bindings it is given. From any other
-    // mode, that is this function's caller's promise (its `# Safety`).
+    // (what `translate` requires, `Target::settings`), every index into a
+    // buffer was clamped above (`checks::clamp_indices`) to the length the
+    // launch's info struct gives for that buffer, and `CubeKernel::pack`
+    // puts each binding's own length there; every index into a workgroup
+    // or local array, to the array's length. So a launch of it touches only
+    // the bindings it is given and its own arrays. From any other mode,
+    // that is this function's caller's promise (its `# Safety`).
     let checked = mode == ExecutionMode::Checked;
     let kernel = match (target, output) {
         (Target::Cuda, Output::Text(source)) => {
@@ -415,18 +435,20 @@ pub unsafe fn translate_definition(
         }
         (Target::Wgsl, Output::Text(source)) => {
             let kernel = Kernel::wgsl(name.as_str(), source).entry(entry);
-            // SAFETY: see above: the kernel's own checks (or the caller's
-            // promise) keep its accesses inside its bindings, so the
-            // server's need not.
-            let kernel = unsafe { kernel.vouch_in_bounds() };
             if checked {
-                // Loops stay bounded, as cubecl's own runtimes keep them
-                // for a checked kernel: nothing promised they end.
+                // No vouch: the server keeps its bounds checks and its loop
+                // bound. The clamps above are this crate's reading of
+                // cubecl's IR, and cubecl's own checked mode has already
+                // been found to check nothing (`checks.rs`); a vouch rests
+                // on them alone only where nothing else can check — the
+                // other languages. Nothing promised the loops end either.
                 kernel
             } else {
-                // SAFETY: outside checked mode, the caller promised every
-                // loop ends (this function's `# Safety`).
-                unsafe { kernel.vouch_terminates() }
+                // SAFETY: outside checked mode, the caller promised that
+                // every access stays inside the bindings and arrays it
+                // indexes, and that every loop ends (this function's
+                // `# Safety`): what the two checks would enforce.
+                unsafe { kernel.vouch_in_bounds().vouch_terminates() }
             }
         }
         (Target::SpirV, Output::Words(words)) => {

@@ -259,10 +259,11 @@ fn a_kernel_that_panics_while_expanding_is_a_compile_error() {
     );
 }
 
-/// `translate` vouches for what it translates on the strength of the
-/// kernel's own bounds checks, so a kernel defined without them (cubecl's
-/// unchecked mode, which a caller chooses with `launch_unchecked`) is
-/// refused for every target rather than launched with no checks at all.
+/// `translate` is safe because a checked definition gets bounds checks
+/// (`translate_definition` clamps every index), so a kernel defined
+/// without them (cubecl's unchecked mode, which a caller chooses with
+/// `launch_unchecked`) is refused for every target rather than launched
+/// with no checks at all.
 #[test]
 fn a_kernel_defined_without_checks_is_refused_for_every_target() {
     for target in [Target::Cuda, Target::Hip, Target::SpirV, Target::Wgsl] {
