@@ -99,10 +99,13 @@
 //! Burn's devices without patching published crates, which this crate does
 //! not do. Upstream, cubecl would need a registered-runtime variant
 //! (`Device::External { runtime, id }` with a registry of each runtime's
-//! `client`, `can_read_tensor` and enumeration functions); `burn-cubecl`
-//! would need nothing more as long as it reaches runtimes only through that
-//! enum's methods; `burn` would need a feature that registers the runtime
-//! at start-up. See `docs/CUBECL.md`, section 7.
+//! `client`, `can_read_tensor` and enumeration functions), with a runtime
+//! tag of its own: of the tag's eight values cubecl uses 0–4 and Burn's
+//! router devices 7, so two such runtimes fit. `burn-dispatch` would need an
+//! arm for them in its exhaustive `match` on `RuntimeId`, which a new id
+//! breaks; `burn-cubecl` would need nothing more as long as it reaches
+//! runtimes only through that enum's methods; `burn` would need a feature
+//! that registers the runtime at start-up. See `docs/CUBECL.md`, section 7.
 
 mod backend;
 mod compile;
