@@ -21,13 +21,16 @@
 //!   docs argue the mapping.
 //! - `copy`: host writes (inline or staged, always in stream order), reads
 //!   and device copies.
-//! - `launch`: WGSL through naga 30 to SPIR-V (bounds-checked), SPIR-V to
-//!   pipelines with push descriptors, the launch checks and the dispatch.
-//!   SPIR-V that reaches its buffers by device address (what cubecl emits;
-//!   see `scope-cube`) is recognised from the module and given the
-//!   bindings' and the scalar blob's addresses as push constants instead,
-//!   or, when they do not fit there, as a uniform table staged with the
-//!   launch — same bindings, same access, so the same read and write sets.
+//! - `compile`: WGSL through naga 30 to SPIR-V (bounds-checked), SPIR-V to
+//!   pipelines with push-descriptor layouts, cached by module. SPIR-V that
+//!   reaches its buffers by device address (what cubecl emits; see
+//!   `scope-cube`) is recognised from the module, and its kernel told to
+//!   take addresses instead of descriptors.
+//! - `launch`: the launch checks and the recording of a launch — pushed
+//!   descriptors, or for a device-address kernel the bindings' and the
+//!   scalar blob's addresses as push constants or, when they do not fit
+//!   there, as a uniform table staged with the launch (same bindings, same
+//!   access, so the same read and write sets) — and the dispatch.
 //! - `capture`: a window records into a simultaneous-use command buffer
 //!   that a replay resubmits without re-recording; a host write inside a
 //!   window keeps its bytes for every replay.
@@ -104,6 +107,7 @@
 //! launch, the device-address interface keeps every address a binding.
 
 mod capture;
+mod compile;
 mod copy;
 mod device;
 mod error;
@@ -116,13 +120,13 @@ use std::sync::Arc;
 use scope_core::{Backend, Client, Kernel, Language, Launch, Probe, Result};
 
 pub use capture::VulkanGraph;
+pub use compile::VulkanKernel;
 pub use device::Config;
-pub use launch::VulkanKernel;
 pub use memory::VulkanMemory;
 pub use stream::{StreamWait, VulkanStream};
 
+use compile::Pipelines;
 use device::Gpu;
-use launch::Pipelines;
 use memory::{Pool, stamp_now};
 use stream::Track;
 
@@ -288,7 +292,7 @@ impl Backend for Vulkan {
     }
 
     fn launch_limits(&self) -> scope_core::LaunchLimits {
-        launch::launch_limits(&self.gpu)
+        compile::launch_limits(&self.gpu)
     }
 
     unsafe fn create_stream(&mut self, id: scope_core::StreamId) -> Result<VulkanStream> {
