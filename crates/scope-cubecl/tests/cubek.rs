@@ -14,6 +14,8 @@
     feature = "hip"
 ))]
 
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
 use cubecl_core as cubecl;
 use cubecl_core::prelude::*;
 use cubecl_core::zspace::{Shape, Strides, Tiling};
@@ -328,6 +330,21 @@ fn check_fault_through_matmul<B: CubeBackend>(client: &Client) {
     check_matmul(client, [m, k, n]);
 }
 
+/// Held for writing while a fault plan is installed, for reading by every
+/// other test. The plan names a scope stream, and cubecl folds its streams
+/// onto scope's, so a test running beside the fault on another thread can
+/// be handed the same stream and take the injected fault in place of the
+/// `fill` it was meant for — failing both tests.
+static FAULT_WINDOW: RwLock<()> = RwLock::new(());
+
+fn beside_faults() -> RwLockReadGuard<'static, ()> {
+    FAULT_WINDOW.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn alone() -> RwLockWriteGuard<'static, ()> {
+    FAULT_WINDOW.write().unwrap_or_else(PoisonError::into_inner)
+}
+
 macro_rules! on_server {
     ($module:ident, $feature:literal, $backend:ty, $name:literal) => {
         #[cfg(feature = $feature)]
@@ -336,6 +353,7 @@ macro_rules! on_server {
 
             #[test]
             fn matmul_agrees_with_the_cpu() {
+                let _beside = beside_faults();
                 let Some(client) = client::<$backend>($name) else {
                     return;
                 };
@@ -346,6 +364,7 @@ macro_rules! on_server {
 
             #[test]
             fn reductions_agree_with_the_cpu() {
+                let _beside = beside_faults();
                 let Some(client) = client::<$backend>($name) else {
                     return;
                 };
@@ -354,6 +373,7 @@ macro_rules! on_server {
 
             #[test]
             fn a_fault_upstream_of_a_matmul_is_read_through_it() {
+                let _alone = alone();
                 let Some(client) = client::<$backend>($name) else {
                     return;
                 };
