@@ -25,8 +25,9 @@ const INLINE_WRITE: usize = 65536;
 ///
 /// # Safety
 ///
-/// As for `Backend::write`: `dst` is alive, and `offset..offset +
-/// data.len()` lies inside it, both multiples of 4.
+/// As for `Backend::write`: `dst` was allocated on `stream`'s device and is
+/// alive, and `offset..offset + data.len()` lies inside it, both multiples
+/// of 4.
 pub(crate) unsafe fn write(
     stream: &mut VulkanStream,
     dst: &VulkanMemory,
@@ -70,8 +71,9 @@ pub(crate) unsafe fn write(
 ///
 /// # Safety
 ///
-/// As for `Backend::copy`: `src` and `dst` are alive, each range lies
-/// inside its memory, and the two do not overlap when they are one memory.
+/// As for `Backend::copy`: `src` and `dst` were allocated on `stream`'s
+/// device and are alive, each range lies inside its memory, and the two do
+/// not overlap when they are one memory.
 pub(crate) unsafe fn copy(
     stream: &mut VulkanStream,
     src: &VulkanMemory,
@@ -104,9 +106,9 @@ pub(crate) unsafe fn copy(
 ///
 /// # Safety
 ///
-/// As for `Backend::read`: `src` is alive, `offset..offset + out.len()`
-/// lies inside it, and `stream` is not recording (so the staging copy goes
-/// into the batch submitted here).
+/// As for `Backend::read`: `src` was allocated on `stream`'s device and is
+/// alive, `offset..offset + out.len()` lies inside it, and `stream` is not
+/// recording (so the staging copy goes into the batch submitted here).
 pub(crate) unsafe fn read(
     stream: &mut VulkanStream,
     src: &VulkanMemory,

@@ -145,7 +145,7 @@ fn scalar_len(scalars: &[u8]) -> u64 {
 /// # Safety
 ///
 /// As for `Backend::launch`: `kernel`, `guard` and every memory in
-/// `launch` are this backend's and alive; every binding's range lies inside
+/// `launch` were made on `stream`'s device and are alive; every binding's range lies inside
 /// its memory at a `binding_alignment` offset, an indirect dispatch's 12
 /// bytes inside theirs, and host-given counts are within the device's
 /// `maxComputeWorkGroupCount`.
