@@ -61,7 +61,11 @@ usage: cargo xtask <command> [options]
                                        launches, printing the footprint it samples
   bundle [--backend B] [--max-mib N]   build B's device tests and bench (default cuda) into
                                        .device/ with a run.sh, to run on a GPU machine without
-                                       Rust; with --max-mib, fail if the bundle is larger";
+                                       Rust; with --max-mib, fail if the bundle is larger
+
+demo, test and ci first install the Vulkan loader, lavapipe and the validation layer where
+they are missing and this machine can (Debian/Ubuntu, root or password-less sudo), else print
+the command that would; SCOPE_NO_INSTALL=1 makes them print it only.";
 
 struct Args {
     command: String,
@@ -175,6 +179,7 @@ fn matrix(args: &Args) -> Result<bool> {
 
 fn test(args: &Args) -> Result<bool> {
     tests::check_backend(args.backend.as_deref())?;
+    adapter::prepare()?;
     let nextest = tests::nextest_installed();
     if !nextest {
         println!(
@@ -247,6 +252,7 @@ fn ci(args: &Args) -> Result<bool> {
     let started = Instant::now();
     let mut steps = Vec::new();
     println!("{}", disk_line());
+    adapter::prepare()?;
 
     let mut fmt = run::cargo();
     fmt.args(["fmt", "--all", "--check"]);
@@ -462,6 +468,7 @@ fn demo(args: &Args) -> Result<bool> {
     // takes about 30 s in the dev profile, of which the unoptimised f64 CPU
     // reference is about 4 s, while a release build of every dependency is
     // a second cold build of many minutes. `--release` is there for figures.
+    adapter::prepare()?;
     let binary = artifacts::demo_binary(args.release)?
         .context("tiny-runtime did not build (see the build output above)")?;
     let rows = adapter::ensure(Some(&binary))?;
@@ -478,7 +485,10 @@ fn demo(args: &Args) -> Result<bool> {
             }
         }
     };
-    println!("==> demo on {backend}");
+    match matrix::device_of(&rows, &backend) {
+        Some(row) => println!("==> demo on {backend}: {} ({})", row.device, row.detail),
+        None => println!("==> demo on {backend}"),
+    }
     let mut cmd = run::program(&binary);
     cmd.args(["--backend", &backend]).args(&args.rest);
     run::status(cmd)

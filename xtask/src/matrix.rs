@@ -194,25 +194,47 @@ fn vulkan_icd_installed() -> bool {
     .any(|entry| entry.path().extension().is_some_and(|e| e == "json"))
 }
 
+/// Whether `row` is a device reached through Vulkan: every Vulkan server
+/// row, and a wgpu row whose API is Vulkan.
+fn on_vulkan(row: &Row) -> bool {
+    row.backend == "vulkan" || row.detail.to_ascii_lowercase().starts_with("vulkan")
+}
+
 /// The backend the demo should use: CUDA, HIP, hardware Vulkan, hardware
-/// wgpu, then a software adapter (wgpu, then Vulkan).
+/// wgpu; then a software adapter, Vulkan (lavapipe: wgpu on its Vulkan
+/// adapter, which the wgpu server ranks before GL, or the Vulkan server)
+/// before GL (wgpu on llvmpipe).
 pub fn best(rows: &[Row]) -> Option<&'static str> {
-    let has = |backend: &str, kind: Option<Kind>| {
-        rows.iter()
-            .any(|r| r.backend == backend && r.kind.is_some() && (kind.is_none() || r.kind == kind))
+    let has = |backend: &str, kind: Option<Kind>, vulkan: bool| {
+        rows.iter().any(|r| {
+            r.backend == backend
+                && r.kind.is_some()
+                && (kind.is_none() || r.kind == kind)
+                && (!vulkan || on_vulkan(r))
+        })
     };
     let hw = Some(Kind::Hardware);
     [
-        ("cuda", None),
-        ("hip", None),
-        ("vulkan", hw),
-        ("wgpu", hw),
-        ("wgpu", None),
-        ("vulkan", None),
+        ("cuda", None, false),
+        ("hip", None, false),
+        ("vulkan", hw, false),
+        ("wgpu", hw, false),
+        ("wgpu", None, true),
+        ("vulkan", None, false),
+        ("wgpu", None, false),
     ]
     .into_iter()
-    .find(|(b, k)| has(b, *k))
-    .map(|(b, _)| b)
+    .find(|(b, k, v)| has(b, *k, *v))
+    .map(|(b, _, _)| b)
+}
+
+/// The device `backend` will most likely open, for the line that says
+/// where the demo runs: hardware first, then Vulkan before GL, as the
+/// servers rank their adapters.
+pub fn device_of<'a>(rows: &'a [Row], backend: &str) -> Option<&'a Row> {
+    rows.iter()
+        .filter(|r| r.backend == backend && r.kind.is_some())
+        .min_by_key(|r| (r.kind != Some(Kind::Hardware), !on_vulkan(r)))
 }
 
 fn kind_text(kind: Option<Kind>) -> &'static str {
@@ -317,5 +339,38 @@ mod tests {
         assert_eq!(rows[0].why_not, "libcuda.so.1 not found");
         assert!(rows[0].probed && rows[0].kind.is_none());
         assert!(rows_from("hip", none).is_none());
+    }
+
+    fn software(backend: &'static str, detail: &str) -> Row {
+        Row {
+            backend,
+            device: "llvmpipe (LLVM 15.0.6, 256 bits)".to_owned(),
+            kind: Some(Kind::Software),
+            detail: detail.to_owned(),
+            why_not: String::new(),
+            probed: true,
+        }
+    }
+
+    #[test]
+    fn the_demo_prefers_vulkan_to_gl_on_a_software_adapter() {
+        // llvmpipe GL only (no lavapipe): wgpu on GL.
+        let gl = [software("wgpu", "Gl, Cpu")];
+        assert_eq!(best(&gl), Some("wgpu"));
+        assert_eq!(device_of(&gl, "wgpu").unwrap().detail, "Gl, Cpu");
+        // lavapipe installed: wgpu on its Vulkan adapter.
+        let both = [
+            software("vulkan", "Vulkan 1.3, lavapipe"),
+            software("wgpu", "Gl, Cpu"),
+            software("wgpu", "Vulkan, Cpu"),
+        ];
+        assert_eq!(best(&both), Some("wgpu"));
+        assert_eq!(device_of(&both, "wgpu").unwrap().detail, "Vulkan, Cpu");
+        // wgpu without its Vulkan adapter: the Vulkan server, not GL.
+        let split = [software("vulkan", "lavapipe"), software("wgpu", "Gl, Cpu")];
+        assert_eq!(best(&split), Some("vulkan"));
+        let mut gpu = software("wgpu", "Vulkan, DiscreteGpu");
+        gpu.kind = Some(Kind::Hardware);
+        assert_eq!(best(&[software("vulkan", "lavapipe"), gpu]), Some("wgpu"));
     }
 }
