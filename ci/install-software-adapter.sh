@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install Mesa's software Vulkan driver (lavapipe) and what the wgpu and
 # Vulkan servers need around it, so their tests run on a machine without a
-# GPU instead of skipping. Debian/Ubuntu only.
+# GPU instead of skipping. Debian/Ubuntu only. `cargo xtask demo|test|ci`
+# run this before building when one of the first three is missing here.
 #
 # Idempotent: when every package is already installed it changes nothing and
 # needs no root; otherwise it runs `apt-get update` once and installs only
@@ -9,10 +10,10 @@
 set -euo pipefail
 
 PACKAGES=(
-  mesa-vulkan-drivers
-  libvulkan1
-  vulkan-validationlayers
-  libegl1
+  mesa-vulkan-drivers     # lavapipe (lvp_icd.*.json)
+  libvulkan1              # the Vulkan loader, libvulkan.so.1
+  vulkan-validationlayers # VK_LAYER_KHRONOS_validation, which server-vulkan's tests run under
+  libegl1                 # EGL, for wgpu on GL (llvmpipe)
   libegl-mesa0
   libgl1-mesa-dri
 )
