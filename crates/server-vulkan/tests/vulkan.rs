@@ -400,6 +400,30 @@ fn the_staging_path_writes_reads_and_copies() {
     assert_eq!(words(&client.read(&out).unwrap()), expect);
 }
 
+/// A staged read past one arena chunk (256 KiB) stages into a chunk of its
+/// own size, which is not kept as a spare once its submission completes.
+/// The read copies out of it after that submission, so recycling must
+/// leave it mapped until then (the stream reclaims right after it submits
+/// and may already see the copy done). Repeated, each read after a write
+/// to the same buffer, which it must see.
+#[test]
+fn a_staged_read_larger_than_a_chunk() {
+    let Some(client) = client_or_skip(common::validating_staged) else {
+        return;
+    };
+    let n = 300_000u32; // 1.2 MB: past a 256 KiB chunk
+    let data: Vec<u32> = (0..n).map(|i| i ^ 0x5a5a).collect();
+    let buf = client.upload(&bytes(&data)).unwrap();
+    for round in 0..8u32 {
+        client
+            .write(buf.slice(0..8), &bytes(&[round, round + 1]))
+            .unwrap();
+        let read = words(&client.read(&buf).unwrap());
+        assert_eq!(read[..2], [round, round + 1]);
+        assert_eq!(read[2..], data[2..]);
+    }
+}
+
 #[test]
 fn freed_memory_is_reused_and_blocks_are_pooled() {
     let Some(client) = client_or_skip(common::validating) else {
