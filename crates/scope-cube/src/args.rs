@@ -110,16 +110,24 @@ impl CubeKernel {
                 ));
             }
             let bytes = arg.slice.range.end.saturating_sub(arg.slice.range.start);
-            if bytes % arg.elem_size != 0 {
-                return Err(invalid(
-                    self,
-                    format!(
-                        "buffer {i} binds {bytes} bytes, not a whole number of {}-byte elements",
-                        arg.elem_size
-                    ),
-                ));
+            // The length the kernel's bounds checks read counts its own
+            // elements (a vector is one), whatever `T` the caller named.
+            let element = self.element_bytes.get(i).copied().flatten();
+            for (size, whose) in [
+                (Some(arg.elem_size), "the type given"),
+                (element, "the kernel's element"),
+            ] {
+                if let Some(size) = size.filter(|&size| bytes % size != 0) {
+                    return Err(invalid(
+                        self,
+                        format!(
+                            "buffer {i} binds {bytes} bytes, not a whole number of {size}-byte \
+                             elements ({whose})"
+                        ),
+                    ));
+                }
             }
-            lengths.push(bytes / arg.elem_size);
+            lengths.push(bytes / element.unwrap_or(arg.elem_size));
             bindings.push(Binding {
                 slice: arg.slice,
                 access,

@@ -27,14 +27,17 @@
 //! pass would have used, `cubecl_core::io::expand_checked_index`), scaled
 //! when the kernel reinterprets the buffer at another vector width; each
 //! checked index into a workgroup or local array is clamped to the array's
-//! own length. What is left unchecked is what the kernel's author wrote
-//! under `unsafe` (`get_unchecked`), and the instructions that move whole
-//! tiles (cmma, tensor maps, asynchronous copies), which no scope WGSL or
-//! SPIR-V device offers.
+//! own length. The length a buffer's clamp reads must count the kernel's
+//! own elements, a vector being one: [`buffer_element_bytes`] tells
+//! `CubeKernel::pack` what that is. What is left unchecked is what the
+//! kernel's author wrote under `unsafe` (`get_unchecked`), a vector lane
+//! chosen at run time (`insert_dynamic`; naga restricts it in WGSL), and
+//! the instructions that move whole tiles (cmma, tensor maps, asynchronous
+//! copies), which no scope WGSL or SPIR-V device offers.
 
 use cubecl_core as cubecl;
 use cubecl_core::frontend::buffer_len::expand_buffer_length_native;
-use cubecl_core::ir::attributes::{ATTR_BUFFER_BINDING, FuncInterface};
+use cubecl_core::ir::attributes::{ATTR_BUFFER_BINDING, BufferBindingAttr, FuncInterface};
 use cubecl_core::ir::dialect::OperationPtrExt;
 use cubecl_core::ir::dialect::memory::IndexOp;
 use cubecl_core::ir::interfaces::TypedExt;
@@ -202,4 +205,44 @@ pub(crate) fn clamp_indices(definition: &KernelDefinition) -> std::result::Resul
             "the kernel has {what}, which no check can keep inside its array"
         )),
     }
+}
+
+/// The bytes of one element of each buffer the kernel declares, by buffer
+/// position (`None` for a binding that is not a buffer of sized elements).
+///
+/// A clamp reads a buffer's length from the info struct, in the kernel's
+/// own elements, so that is what a launch must put there: a buffer of
+/// `Vector<u32, 4>` holds a quarter as many elements as a buffer of `u32`
+/// of the same bytes, and a length counted in `u32`s would let an index
+/// run three quarters of the buffer past its end.
+pub(crate) fn buffer_element_bytes(definition: &KernelDefinition) -> Vec<Option<u64>> {
+    let entry = definition.body.state().entry_func;
+    let ctx = definition.body.ctx();
+    let block = entry.get_entry_block(ctx);
+    let arguments = block.deref(ctx).get_num_arguments();
+    let mut sizes: Vec<Option<u64>> = Vec::new();
+    for i in 0..arguments {
+        let Some(position) = entry
+            .get_arg_attr::<BufferBindingAttr>(ctx, i, &ATTR_BUFFER_BINDING)
+            .map(|binding| binding.buffer_pos)
+        else {
+            continue;
+        };
+        let argument = block.deref(ctx).get_argument(i);
+        let element = {
+            let ty = argument.get_type(ctx).deref(ctx);
+            ty.downcast_ref::<PointerType>().and_then(|pointer| {
+                pointer
+                    .inner
+                    .deref(ctx)
+                    .downcast_ref::<RuntimeArrayType>()
+                    .map(|array| array.inner)
+            })
+        };
+        if sizes.len() <= position {
+            sizes.resize(position + 1, None);
+        }
+        sizes[position] = element.map(|element| element.size(ctx) as u64);
+    }
+    sizes
 }

@@ -40,6 +40,10 @@ pub struct CubeKernel {
     pub(crate) address_type: AddressType,
     /// Bytes of workgroup (shared) memory the compiled kernel declares.
     pub(crate) shared_memory: usize,
+    /// Bytes of one element of each buffer, by position, as the kernel
+    /// declares it (a vector counts as one element): the unit of the
+    /// lengths its bounds checks read.
+    pub(crate) element_bytes: Vec<Option<u64>>,
 }
 
 impl CubeKernel {
@@ -346,8 +350,10 @@ pub unsafe fn translate_definition(
         reason,
         backtrace: BackTrace::capture(),
     };
+    let mut element_bytes = Vec::new();
     let compiled = catch_unwind(AssertUnwindSafe(
         || -> std::result::Result<Compiled, CompilationError> {
+            element_bytes = crate::checks::buffer_element_bytes(&definition);
             if mode == ExecutionMode::Checked {
                 crate::checks::clamp_indices(&definition).map_err(generic)?;
             }
@@ -473,6 +479,7 @@ pub unsafe fn translate_definition(
         info,
         address_type,
         shared_memory,
+        element_bytes,
     })
 }
 

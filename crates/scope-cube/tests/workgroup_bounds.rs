@@ -5,7 +5,7 @@
 //! failure model believes that a launch touches only the bytes of its
 //! bindings, and no `unsafe` promised anything about the kernel's indexes.
 //! So a kernel that indexes past its workgroup (shared) array, or past a
-//! buffer, must not reach anything else — however far past it reaches, and
+//! buffer (of words, or of vectors), must not reach anything else — however far past it reaches, and
 //! with the index read from a buffer so that no compiler folds it away.
 //! Each case runs on the Vulkan server (cubecl's SPIR-V and WGSL) and on
 //! the wgpu server (both adapters), with buffers allocated on either side
@@ -53,6 +53,13 @@ fn writes_past_global(at: &[u32], out: &mut [u32]) {
     out[at[0] as usize + ABSOLUTE_POS] = POISON;
 }
 
+/// Each unit writes `out[at[0] + ABSOLUTE_POS]`, a buffer of four-word
+/// vectors: its length, and so its clamp, counts vectors.
+#[cube(launch)]
+fn writes_past_vectors<N: Size>(at: &[u32], out: &mut [Vector<u32, N>]) {
+    out[at[0] as usize + ABSOLUTE_POS] = Vector::new(POISON);
+}
+
 fn writes_past_shared_kernel(target: Target) -> CubeKernel {
     let kernel = writes_past_shared::WritesPastShared::new(
         target.settings([CUBE, 1, 1]),
@@ -72,6 +79,18 @@ fn writes_past_global_kernel(target: Target) -> CubeKernel {
         target.target_properties(),
         BufferCompilationArg { inplace: None },
         BufferCompilationArg { inplace: None },
+    );
+    translate(&kernel, target).unwrap_or_else(|e| panic!("{target:?}: {e}"))
+}
+
+fn writes_past_vectors_kernel(target: Target) -> CubeKernel {
+    let kernel = writes_past_vectors::WritesPastVectors::new(
+        target.settings([CUBE, 1, 1]),
+        target.device_properties(),
+        target.target_properties(),
+        BufferCompilationArg { inplace: None },
+        BufferCompilationArg { inplace: None },
+        4,
     );
     translate(&kernel, target).unwrap_or_else(|e| panic!("{target:?}: {e}"))
 }
@@ -118,6 +137,7 @@ fn every_target_clamps_what_cubecl_leaves_unchecked() {
         for kernel in [
             writes_past_shared_kernel(target),
             writes_past_global_kernel(target),
+            writes_past_vectors_kernel(target),
         ] {
             // SAFETY: inspected, never launched.
             let k = unsafe { kernel.kernel() };
@@ -138,6 +158,31 @@ fn every_target_clamps_what_cubecl_leaves_unchecked() {
                 }
             }
         }
+    }
+}
+
+/// The length a kernel's clamp reads counts the kernel's own elements: a
+/// buffer of four-word vectors bound as `u32` words holds a quarter as many
+/// (counted in words, an index could run three quarters of the buffer past
+/// its end), and a binding that is not whole vectors is refused.
+#[test]
+fn a_vector_buffers_length_counts_vectors() {
+    let c = scope_core::host::client().expect("the host server always starts");
+    let at = c.allocate(4).unwrap();
+    let out = c.allocate(u64::from(OUT_WORDS) * 4).unwrap();
+    for target in Target::ALL {
+        let kernel = writes_past_vectors_kernel(target);
+        let (_, blob) = kernel
+            .pack(&Args::new().slice::<u32>(&at).slice::<u32>(&out))
+            .unwrap();
+        assert_eq!(words(&blob), vec![1, OUT_WORDS / 4], "{target:?}");
+        let refused = kernel
+            .pack(&Args::new().slice::<u32>(&at).slice::<u32>(out.slice(0..20)))
+            .unwrap_err();
+        assert!(
+            refused.to_string().contains("16-byte elements"),
+            "{target:?}: {refused}"
+        );
     }
 }
 
@@ -332,5 +377,24 @@ fn a_buffer_indexed_out_of_bounds_reaches_nothing_on_wgpu() {
     for (name, c) in wgpu_clients() {
         let kernel = writes_past_global_kernel(Target::Wgsl);
         survives(&c, name, &kernel, Target::Wgsl, 4);
+    }
+}
+
+#[test]
+fn a_vector_buffer_indexed_out_of_bounds_reaches_nothing_on_vulkan() {
+    let Some(c) = vulkan() else {
+        return;
+    };
+    for target in [Target::SpirV, Target::Wgsl] {
+        let kernel = writes_past_vectors_kernel(target);
+        survives(&c, &format!("vulkan {target:?}"), &kernel, target, 1);
+    }
+}
+
+#[test]
+fn a_vector_buffer_indexed_out_of_bounds_reaches_nothing_on_wgpu() {
+    for (name, c) in wgpu_clients() {
+        let kernel = writes_past_vectors_kernel(Target::Wgsl);
+        survives(&c, name, &kernel, Target::Wgsl, 1);
     }
 }
