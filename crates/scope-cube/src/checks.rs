@@ -40,8 +40,8 @@ use cubecl_core::frontend::buffer_len::expand_buffer_length_native;
 use cubecl_core::ir::attributes::{ATTR_BUFFER_BINDING, BufferBindingAttr, FuncInterface};
 use cubecl_core::ir::dialect::OperationPtrExt;
 use cubecl_core::ir::dialect::memory::IndexOp;
-use cubecl_core::ir::interfaces::TypedExt;
 use cubecl_core::ir::interfaces::aliasing::PointerExt;
+use cubecl_core::ir::interfaces::{SizedType, TypedExt};
 use cubecl_core::ir::pliron::builtin::ops::FuncOp;
 use cubecl_core::ir::pliron::value::DefiningEntity;
 use cubecl_core::ir::prelude::*;
@@ -242,7 +242,11 @@ pub(crate) fn buffer_element_bytes(definition: &KernelDefinition) -> Vec<Option<
         if sizes.len() <= position {
             sizes.resize(position + 1, None);
         }
-        sizes[position] = element.map(|element| element.size(ctx) as u64);
+        // A type with no size (an opaque one) leaves the caller's count.
+        sizes[position] = element.and_then(|element| {
+            let ty = element.deref(ctx);
+            type_cast::<dyn SizedType>(&*ty).map(|sized| sized.size(ctx) as u64)
+        });
     }
     sizes
 }
