@@ -54,9 +54,10 @@ impl CubeKernel {
     /// Every launch of it (or of a clone) that [`launch`](Self::launch)
     /// does not make passes the scalar blob [`pack`](Self::pack) made for
     /// the same arguments. The kernel's bounds checks read each buffer's
-    /// length from that blob, so a blob naming more bytes than a binding
-    /// holds lets a CUDA, HIP or SPIR-V kernel write past it (WGSL ones stay
-    /// inside their bindings regardless).
+    /// length from that blob, so a blob naming more elements than a binding
+    /// holds lets a CUDA, HIP or SPIR-V kernel write past it (WGSL from a
+    /// checked definition stays inside its bindings regardless: it is not
+    /// vouched in bounds, so the server checks it too).
     pub unsafe fn kernel(&self) -> &Kernel {
         &self.kernel
     }
