@@ -31,8 +31,10 @@
 //! own elements, a vector being one: [`buffer_element_bytes`] tells
 //! `CubeKernel::pack` what that is. What is left unchecked is what the
 //! kernel's author wrote under `unsafe` (`get_unchecked`), a vector lane
-//! chosen at run time (`insert_dynamic`; naga restricts it in WGSL), and
-//! the instructions that move whole tiles (cmma, tensor maps, asynchronous
+//! chosen at run time (`insert_dynamic`; naga restricts it in WGSL), a
+//! binding shorter than one element of the width the kernel reinterprets
+//! it at (no index is inside it, so none can be clamped into it), and the
+//! instructions that move whole tiles (cmma, tensor maps, asynchronous
 //! copies), which no scope WGSL or SPIR-V device offers.
 
 use cubecl_core as cubecl;
