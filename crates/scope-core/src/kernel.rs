@@ -32,12 +32,17 @@
 //!   every access restricted to its binding, and wgpu bounds-checks it. A
 //!   WGSL kernel is safe to build ([`Kernel::wgsl`]). Those runtime checks
 //!   cost a kernel that indexes heavily several times its speed (cubek's
-//!   matmul runs four times slower with them on lavapipe), so a kernel whose
-//!   every access is already checked by its own code — a cubecl kernel
-//!   built in checked mode — can be vouched for with the `unsafe`
-//!   [`Kernel::vouch_in_bounds`], and the servers then drop theirs. Loops
-//!   are bounded the same way, and vouched for with
-//!   [`Kernel::vouch_terminates`].
+//!   matmul runs four times slower with them on lavapipe), so a kernel
+//!   whose author guarantees every access — to buffers *and* to workgroup
+//!   and local arrays — stays inside can be vouched for with the `unsafe`
+//!   [`Kernel::vouch_in_bounds`], and the servers then drop theirs. A
+//!   promise that a checking pass keeps accesses inside is only as good as
+//!   that pass: cubecl 0.12's checked mode clamps no index at all (its
+//!   pass never matches a buffer, and was never meant for workgroup
+//!   arrays), so scope-cube adds its own clamps to checked kernels and
+//!   vouches none of them; only a kernel the caller vouches for, unsafely,
+//!   runs without the servers' checks. Loops are bounded the same way, and
+//!   vouched for with [`Kernel::vouch_terminates`].
 //! - **Host closures** work on copies of their bindings: safe
 //!   ([`Kernel::host`]).
 //! - **SPIR-V words, CUDA C++, PTX and HIP C++** are machine-level code:
