@@ -17,47 +17,8 @@
 //! poisons the device when it sees one. A backend never panics on a driver
 //! error.
 //!
-//! # An `unsafe` contract, as wgpu-hal's
-//!
-//! The calls that touch device memory or the backend's objects are `unsafe
-//! fn`s. A backend trusts what it is handed — an offset inside the
-//! allocation, a stream it made, a graph not yet destroyed — because
-//! checking again in every server would be the same rule written four times
-//! and would still leave a raw pointer's arithmetic one forgotten check
-//! from undefined behaviour. The checks live once, in [`Server<B>`]
-//! (`server/handles.rs`), and only the server calls these methods; every
-//! call there sits in an `unsafe` block whose `SAFETY` comment cites the
-//! validation that made it true. A safe caller outside the core cannot
-//! reach them:
-//!
-//! ```compile_fail
-//! fn behind_the_cores_back<B: scope_core::Backend>(b: &mut B, s: &mut B::Stream) {
-//!     // error[E0133]: call to unsafe function requires an unsafe block
-//!     let _ = b.allocate(s, 4);
-//! }
-//! ```
-//!
-//! What every `unsafe` method asks of its caller, besides its own `#
-//! Safety` section:
-//!
-//! 1. **Objects are this backend's and alive.** Every stream, memory,
-//!    kernel, graph and waiter passed was returned by this same backend
-//!    value, and has not been given back (`free`, `destroy_graph`,
-//!    `end_wait`/`end_read` for a waiter).
-//! 2. **Ranges are inside.** Every `offset`/`len` pair named on a memory
-//!    lies inside the size it was allocated with, and a slice's length is
-//!    the length of the range it stands for.
-//! 3. **One stream, one state.** A stream is recording a capture exactly
-//!    between a successful `begin_capture` and its `end_capture` or
-//!    `abort_capture`; `begin_capture` is never called on a recording
-//!    stream, nor `end_capture`/`abort_capture` on one that is not.
-//!
-//! Implementing the trait stays safe to write outside this crate (a
-//! third-party server): the `unsafe` is on the caller's side. A backend that
-//! holds these promises may then do raw pointer arithmetic on them, and its
-//! own `SAFETY` comments cite the contract, not "the core checked".
-//!
-//! [`Server<B>`]: crate::Server
+//! The device calls are an `unsafe` contract, as wgpu-hal's are: see
+//! [`Backend`].
 
 use crate::error::Result;
 use crate::id::StreamId;
@@ -163,9 +124,47 @@ pub struct Launch<'a, M> {
 /// kernel the core drops from its cache must not leave a graph pointing at
 /// an unloaded module.
 ///
-/// The `unsafe` methods share the promises listed in [the module
-/// docs](self#an-unsafe-contract-as-wgpu-hals): objects from this backend
-/// and alive, ranges inside, one capture state per stream.
+/// # An `unsafe` contract, as wgpu-hal's
+///
+/// The calls that touch device memory or the backend's objects are `unsafe
+/// fn`s. A backend trusts what it is handed — an offset inside the
+/// allocation, a stream it made, a graph not yet destroyed — because
+/// checking again in every server would be the same rule written four times
+/// and would still leave a raw pointer's arithmetic one forgotten check
+/// from undefined behaviour. The checks live once, in [`Server<B>`]
+/// (`server/handles.rs`), and only the server calls these methods; every
+/// call there sits in an `unsafe` block whose `SAFETY` comment cites the
+/// validation that made it true. A safe caller outside the core cannot
+/// reach them:
+///
+/// ```compile_fail
+/// fn behind_the_cores_back<B: scope_core::Backend>(b: &mut B, s: &mut B::Stream) {
+///     // error[E0133]: call to unsafe function requires an unsafe block
+///     let _ = b.allocate(s, 4);
+/// }
+/// ```
+///
+/// What every `unsafe` method asks of its caller, besides its own `#
+/// Safety` section:
+///
+/// 1. **Objects are this backend's and alive.** Every stream, memory,
+///    kernel, graph and waiter passed was returned by this same backend
+///    value, and has not been given back (`free`, `destroy_graph`,
+///    `end_wait`/`end_read` for a waiter).
+/// 2. **Ranges are inside.** Every `offset`/`len` pair named on a memory
+///    lies inside the size it was allocated with, and a slice's length is
+///    the length of the range it stands for.
+/// 3. **One stream, one state.** A stream is recording a capture exactly
+///    between a successful `begin_capture` and its `end_capture` or
+///    `abort_capture`; `begin_capture` is never called on a recording
+///    stream, nor `end_capture`/`abort_capture` on one that is not.
+///
+/// Implementing the trait stays safe to write outside this crate (a
+/// third-party server): the `unsafe` is on the caller's side. A backend that
+/// holds these promises may then do raw pointer arithmetic on them, and its
+/// own `SAFETY` comments cite the contract, not "the core checked".
+///
+/// [`Server<B>`]: crate::Server
 pub trait Backend: Send + 'static {
     /// A device allocation.
     type Memory: Send + 'static;

@@ -233,7 +233,7 @@ impl Dispatch<'_> {
 /// An open capture window, to end or abort.
 ///
 /// A capture that is dropped instead is aborted at the server's next call,
-/// as [`Client::abort_capture`] would: a forgotten capture must not leave its
+/// as [`Client::abort_capture`](crate::Client::abort_capture) would: a forgotten capture must not leave its
 /// stream recording for good, refusing every sync and read.
 #[must_use = "a capture must be ended or aborted; dropping it aborts it"]
 pub struct Capture {
