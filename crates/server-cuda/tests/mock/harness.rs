@@ -2,7 +2,8 @@
 //! `mock_nvrtc.c`), for the test binaries that run the server against
 //! them: `mock.rs`, `mock_poison.rs`, `mock_old_driver.rs` (the driver
 //! built as an older one) and `mock_driver_failures.rs` (failures planted
-//! with [`Mock::fail_next`]). The real-device binaries
+//! with [`Mock::fail_next`]), and `toolchain.rs`, which builds them for
+//! the child processes it collects CUDA sources from. The real-device binaries
 //! (`device.rs`, `conformance.rs`, `poison.rs`) never include this file, so
 //! the mock cannot leak into them.
 //!
@@ -38,7 +39,10 @@ pub struct Mock {
     nvrtc: &'static Library,
 }
 
-fn build(source: &str, soname: &str, defines: &[&str]) -> PathBuf {
+/// Compile the mock `source` (in `tests/mock`) into a shared library whose
+/// `DT_SONAME` is `soname`; its path. `toolchain.rs` also puts copies
+/// named by their sonames on a child process's `LD_LIBRARY_PATH`.
+pub fn build(source: &str, soname: &str, defines: &[&str]) -> PathBuf {
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/mock")
         .join(source);

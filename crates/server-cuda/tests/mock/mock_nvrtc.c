@@ -23,12 +23,19 @@
  * Asking for PTX or its size before a successful compile is
  * NVRTC_ERROR_INVALID_PROGRAM, also counted.
  *
+ * With SCOPE_MOCK_NVRTC_DUMP naming a directory, every source given to
+ * nvrtcCompileProgram is also written there, as `<FNV-1a 64 of the
+ * source>.cu` (so a source compiled many times is one file), before the
+ * mock looks at it: how tests/toolchain.rs collects the CUDA C++ that
+ * test binaries run on the mock emit, to compile it with the real NVRTC.
+ *
  * Values are the CUDA 13.0 nvrtc.h's, as cudarc's bindings spell them.
  */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { NVRTC_SUCCESS = 0, NVRTC_ERROR_INVALID_INPUT = 3, NVRTC_ERROR_INVALID_PROGRAM = 4,
        NVRTC_ERROR_INVALID_OPTION = 5, NVRTC_ERROR_COMPILATION = 6 };
@@ -185,6 +192,24 @@ static const char *kind_of(const char *body, const char *end) {
 
 static void set_log(program *p, const char *text) { free(p->log); p->log = strdup(text); }
 
+/* Write `source` into $SCOPE_MOCK_NVRTC_DUMP, if set, named by its hash;
+ * written beside and renamed into place, so a reader never sees half a
+ * file and two processes dumping the same source do not interleave. */
+static void dump(const char *source) {
+  const char *dir = getenv("SCOPE_MOCK_NVRTC_DUMP");
+  if (!dir || !*dir) return;
+  unsigned long long hash = 1469598103934665603ULL;
+  for (const char *c = source; *c; c++) { hash ^= (unsigned char)*c; hash *= 1099511628211ULL; }
+  char path[4096], partial[4200];
+  snprintf(path, sizeof path, "%s/%016llx.cu", dir, hash);
+  snprintf(partial, sizeof partial, "%s.%ld.partial", path, (long)getpid());
+  FILE *f = fopen(partial, "w");
+  if (!f) { fprintf(stderr, "mock nvrtc: cannot write %s\n", partial); return; }
+  int ok = fputs(source, f) >= 0;
+  ok = (fclose(f) == 0) && ok;
+  if (!ok || rename(partial, path) != 0) { fprintf(stderr, "mock nvrtc: cannot write %s\n", path); remove(partial); }
+}
+
 int nvrtcCompileProgram(program *p, int n, const char *const *options) {
   if (!p) return NVRTC_ERROR_INVALID_PROGRAM;
   char buf[1024];
@@ -196,6 +221,7 @@ int nvrtcCompileProgram(program *p, int n, const char *const *options) {
       for (int a = 0; a < NARCHS; a++) if (ARCHS[a] == xy) arch = xy;
     }
   }
+  dump(p->source);
   if (archs != 1 || !arch) {
     snprintf(buf, sizeof buf, "nvrtc: error: invalid value for --gpu-architecture (-arch): expected one "
              "--gpu-architecture=compute_XY from nvrtcGetSupportedArchs (%d given)", archs);
