@@ -200,6 +200,45 @@ impl Drop for Program {
     }
 }
 
+/// The options the server gives NVRTC when it compiles for `arch`
+/// (`compute_90`): the architecture and nothing else.
+pub fn nvrtc_options(arch: &str) -> Vec<String> {
+    vec![format!("--gpu-architecture={arch}")]
+}
+
+/// The PTX NVRTC makes of `kernel`, a CUDA C++ kernel, for `arch`
+/// (`compute_80`), exactly as the server compiles it when it loads the
+/// kernel — the same options ([`nvrtc_options`]), program name and errors
+/// — but with no driver or device: for checking kernels against the real
+/// compiler ahead of a GPU run (`tests/toolchain.rs` does, and assembles
+/// the PTX with `ptxas`).
+///
+/// # Errors
+///
+/// [`Error::BackendUnavailable`] when NVRTC cannot be loaded here;
+/// [`Error::Compile`] with NVRTC's log when it refuses the source, or when
+/// `kernel` is not CUDA C++.
+pub fn nvrtc_ptx(kernel: &Kernel, arch: &str) -> Result<String> {
+    let KernelSource::Cuda(source) = kernel.source() else {
+        return Err(compile_error(
+            kernel,
+            format!(
+                "NVRTC compiles CUDA C++, not {}",
+                kernel.source().language()
+            ),
+        ));
+    };
+    if !crate::device::nvrtc_present() {
+        return Err(Error::BackendUnavailable {
+            backend: BACKEND,
+            reason: "NVRTC (libnvrtc) was not found here".to_owned(),
+        });
+    }
+    let mut ptx = nvrtc_compile(kernel, source, arch)?;
+    ptx.pop(); // the NUL the driver needs
+    String::from_utf8(ptx).map_err(|_| compile_error(kernel, "NVRTC's PTX is not UTF-8"))
+}
+
 /// CUDA C++ to NUL-terminated PTX.
 fn nvrtc_compile(kernel: &Kernel, source: &str, arch: &str) -> Result<Vec<u8>> {
     let src = CString::new(source)
@@ -207,7 +246,7 @@ fn nvrtc_compile(kernel: &Kernel, source: &str, arch: &str) -> Result<Vec<u8>> {
     let program = nvrtc::result::create_program(&src, Some(c"scope_kernel.cu"))
         .map(Program)
         .map_err(|e| compile_error(kernel, format!("nvrtcCreateProgram: {e}")))?;
-    let options = [format!("--gpu-architecture={arch}")];
+    let options = nvrtc_options(arch);
     // SAFETY: `program` is live until the end of this function.
     let compiled = unsafe { nvrtc::result::compile_program(program.0, &options) };
     // SAFETY: as above.

@@ -93,6 +93,17 @@
 //! not NVIDIA's. Only the device tests, on a GPU, measure CUDA: `cargo
 //! xtask bundle --backend cuda` builds them on one machine to run on an
 //! NVIDIA GPU machine without a Rust toolchain.
+//!
+//! **On the real compilers, without a GPU.** `tests/toolchain.rs` compiles
+//! every CUDA kernel the project emits — this crate's test kernels,
+//! tiny-runtime's, scope-cube's translations, and the CUDA C++ cubecl-cpp
+//! writes for cubecl-core's runtime tests and cubek on `ScopeRuntime<Cuda>`
+//! — through [`nvrtc_ptx`] (the server's own NVRTC call) on NVIDIA's NVRTC
+//! 13.0 for `compute_80` and `compute_90`, and assembles each PTX with
+//! NVIDIA's `ptxas` for `sm_80` and `sm_90`, the checks the driver's JIT
+//! makes when the module loads. `ci/install-cuda-toolchain.sh` installs
+//! both from PyPI; without them the test is skipped. It proves the kernels
+//! compile and assemble, not that they compute the right thing.
 
 mod capture;
 mod copy;
@@ -109,7 +120,7 @@ use scope_core::{Backend, Client, Kernel, Language, Launch, LaunchLimits, Result
 
 pub use capture::CudaGraph;
 pub use device::{CudaStreamState, CudaWaiter, probe, total_memory};
-pub use launch::CudaKernel;
+pub use launch::{CudaKernel, nvrtc_options, nvrtc_ptx};
 pub use memory::CudaMemory;
 
 use device::{DeviceInfo, StreamShared};
