@@ -1,0 +1,257 @@
+//! NVIDIA's real CUDA compilers on every CUDA kernel the project emits, on
+//! a machine with no GPU.
+//!
+//! The other CUDA tests run against a mock NVRTC, which recognises five
+//! test kernels and refuses the rest: a kernel the real NVRTC rejects, or
+//! whose PTX the driver's JIT cannot assemble for the device, would be
+//! found only on a GPU machine. Here every kernel goes through the
+//! server's own compile path ([`server_cuda::nvrtc_ptx`]: NVRTC with the
+//! server's options) on the real NVRTC for `compute_80` and `compute_90`,
+//! and its PTX through the real `ptxas` for `sm_80` and `sm_90` — the
+//! assembler the driver's JIT is built on, so register and shared-memory
+//! limits are checked as loading the module would check them, and a block
+//! whose registers no SM has is refused as its launch would be.
+//!
+//! The compilers come from the folder `SCOPE_CUDA_TOOLCHAIN` names
+//! (relative to the workspace root), which `ci/install-cuda-toolchain.sh`
+//! fills from NVIDIA's PyPI wheels (NVRTC and ptxas 13.0); a CUDA toolkit's
+//! folder works too. Without it each test prints `skipped: no cuda
+//! toolchain (...)`; with `SCOPE_REQUIRE` naming `cuda-toolchain` (or
+//! `all`) that is a failure.
+//!
+//! The kernels, a test per group, each printing how many distinct kernels
+//! it compiled and assembled per architecture:
+//!
+//! - [`server_and_tiny_runtime_kernels`]: the CUDA C++ of this crate's tests
+//!   (the conformance suite's `fill`, `copy`, `add`, the `accumulate` and
+//!   `wild` kernels; the bench's `add` is the same source) and
+//!   tiny-runtime's native CUDA C++; and NVRTC's log for the suite's
+//!   `broken` kernel, whose wording the mock NVRTC imitates.
+//! - [`cube_kernels`]: scope-cube's kernels and tiny-runtime's `#[cube]`
+//!   kernels, translated to CUDA C++ by `scope_cube::translate`.
+//! - [`cubecl_kernels`]: what cubecl-cpp writes for `ScopeRuntime<Cuda>`
+//!   when cubecl-core's runtime tests and cubek's matmul and reductions
+//!   run on it, collected in child processes on the mock
+//!   (`toolchain/harvest.rs` says how, and what that misses).
+
+#[macro_use]
+mod common;
+#[path = "mock/harness.rs"]
+mod harness;
+#[path = "toolchain/harvest.rs"]
+mod harvest;
+#[path = "toolchain/nvidia.rs"]
+mod nvidia;
+
+use nvidia::{Item, Toolchain};
+use scope_core::{Error, Kernel};
+use scope_cube::Target;
+
+/// A kernel of `origin`, checked under the name `name`.
+fn item(origin: &str, name: &str, kernel: Kernel) -> Item {
+    Item {
+        origin: format!("{origin}: {name}"),
+        kernel,
+    }
+}
+
+/// The translated kernel inside `cube`, to compile.
+fn translated(cube: &scope_cube::CubeKernel) -> Kernel {
+    // SAFETY: this test only compiles it; nothing launches it.
+    unsafe { cube.kernel() }.clone()
+}
+
+#[test]
+fn server_and_tiny_runtime_kernels() {
+    let Some(toolchain) = Toolchain::find() else {
+        return;
+    };
+    let mut items: Vec<Item> = [
+        ("fill", common::FILL),
+        ("copy", common::COPY),
+        ("add", common::ADD),
+        ("accumulate", common::ACCUMULATE),
+        ("wild", common::WILD),
+    ]
+    .into_iter()
+    .map(|(name, source)| item("server-cuda tests", name, common::kernel(name, source)))
+    .collect();
+    // SAFETY: only compiled here, never launched.
+    let native = unsafe {
+        tiny_runtime::kernels::Kernels::for_language(tiny_runtime::kernels::Dialect::Cuda)
+    };
+    for kernel in [native.matmul, native.bias_add, native.gelu, native.softmax] {
+        let name = kernel.name().to_string();
+        items.push(item("tiny-runtime native", &name, kernel));
+    }
+    toolchain.check("server-cuda and tiny-runtime CUDA C++", items);
+
+    // The suite's broken kernel: refused, in the words the mock NVRTC
+    // (tests/mock/mock_nvrtc.c) puts in its log.
+    let broken = common::kernel("broken", common::BROKEN);
+    match server_cuda::nvrtc_ptx(&broken, "compute_90") {
+        Err(Error::Compile { log, .. }) => {
+            assert!(
+                log.contains(
+                    r#"scope_kernel.cu(1): error: identifier "this_is_not_declared" is undefined"#
+                ),
+                "the real NVRTC's log differs from the mock's wording:\n{log}"
+            );
+            assert!(log.contains("NVRTC_ERROR_COMPILATION"), "{log}");
+        }
+        other => panic!("the real NVRTC accepted the broken kernel: {other:?}"),
+    }
+}
+
+#[test]
+fn cube_kernels() {
+    let Some(toolchain) = Toolchain::find() else {
+        return;
+    };
+    use scope_cube::kernels;
+    let mut items = Vec::new();
+    for (name, kernel) in [
+        ("fill", kernels::fill_kernel(Target::Cuda)),
+        ("copy", kernels::copy_kernel(Target::Cuda)),
+        ("add", kernels::add_kernel(Target::Cuda)),
+        ("mix", kernels::mix_kernel(Target::Cuda)),
+        ("blend", kernels::blend_kernel(Target::Cuda)),
+        ("wide_sum", kernels::wide_sum_kernel(Target::Cuda)),
+    ] {
+        let kernel = kernel.unwrap_or_else(|e| panic!("scope-cube's {name} for CUDA: {e}"));
+        items.push(item("scope-cube", name, translated(&kernel)));
+    }
+    let tiny = tiny_runtime::CubeKernels::for_target(Target::Cuda)
+        .expect("tiny-runtime's cube kernels translate for CUDA");
+    for (name, kernel) in [
+        ("matmul", &tiny.matmul),
+        ("bias_add", &tiny.bias_add),
+        ("gelu", &tiny.gelu),
+        ("softmax", &tiny.softmax),
+    ] {
+        items.push(item("tiny-runtime cube", name, translated(kernel)));
+    }
+    toolchain.check("#[cube] kernels translated to CUDA C++", items);
+}
+
+#[test]
+fn cubecl_kernels() {
+    let Some(toolchain) = Toolchain::find() else {
+        return;
+    };
+    let scratch = &toolchain.scratch;
+    let mock = harvest::mock_folder(scratch).unwrap_or_else(|e| panic!("{e}"));
+    let me = std::env::current_exe().expect("this test binary's path");
+    let runtime = harvest::runtime_cuda().unwrap_or_else(|e| panic!("{e}"));
+    let children = [
+        harvest::collect(
+            "cubecl-core runtime tests",
+            "runtime-tests",
+            &runtime,
+            &["--test-threads=2"],
+            &[],
+            &mock,
+            scratch,
+        ),
+        harvest::collect(
+            "cubek",
+            "cubek",
+            &me,
+            &["--exact", harvest::CUBEK_TEST, "--nocapture"],
+            &[(harvest::CHILD, "cubek")],
+            &mock,
+            scratch,
+        ),
+    ];
+    let mut items = Vec::new();
+    for child in children {
+        let child = child.unwrap_or_else(|e| panic!("{e}"));
+        println!(
+            "{}: {} distinct sources (the child's tests on the mock: {})",
+            child.what,
+            child.sources.len(),
+            child.summary
+        );
+        for source in child.sources {
+            let entry = entry_point(&source)
+                .unwrap_or_else(|| panic!("no `__global__` function in:\n{source}"));
+            let threads = launch_bounds(&source).unwrap_or(1);
+            // SAFETY: only compiled here, never launched.
+            let kernel = unsafe { Kernel::cuda(entry.as_str(), source) }.block([threads, 1, 1]);
+            items.push(item(child.what, &entry, kernel));
+        }
+    }
+    toolchain.check("cubecl-cpp's CUDA C++ for ScopeRuntime<Cuda>", items);
+}
+
+/// The check itself: a kernel NVRTC accepts but ptxas refuses (inline PTX
+/// of sm_90a, which neither sm_80 nor plain sm_90 has) is reported, named,
+/// for both architectures, with ptxas's words.
+#[test]
+fn a_kernel_ptxas_refuses_is_named_with_its_log() {
+    let Some(toolchain) = Toolchain::find() else {
+        return;
+    };
+    // SAFETY: only compiled here, never launched.
+    let kernel = unsafe {
+        Kernel::cuda(
+            "needs_sm_90a",
+            r#"extern "C" __global__ void needs_sm_90a(unsigned int* out) {
+                asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+                out[threadIdx.x] = 1;
+            }"#,
+        )
+    }
+    .block([128, 1, 1]);
+    let (checked, refusals) =
+        toolchain.refusals("the check", vec![item("this test", "needs_sm_90a", kernel)]);
+    assert_eq!(checked, 1);
+    assert_eq!(
+        refusals.iter().map(|r| r.arch).collect::<Vec<_>>(),
+        nvidia::ARCHS
+    );
+    for r in &refusals {
+        assert_eq!(r.origin, "this test: needs_sm_90a");
+        assert!(
+            r.what.contains("ptxas") && r.what.contains("setmaxnreg"),
+            "{}",
+            r.what
+        );
+    }
+}
+
+/// Not a test of its own: the child [`cubecl_kernels`] starts to collect
+/// cubek's kernels (`toolchain/harvest.rs`). Anywhere else it does nothing.
+#[test]
+fn cubek_kernels_for_the_toolchain_test() {
+    if std::env::var(harvest::CHILD).as_deref() != Ok("cubek") {
+        return;
+    }
+    let tried = harvest::cubek_on_the_mock();
+    println!("cubek: {tried} launches tried on the mock");
+}
+
+/// The name of the first `__global__` function of `source`.
+fn entry_point(source: &str) -> Option<String> {
+    let after = &source[source.find("__global__")? + "__global__".len()..];
+    let open = after.find('(')?;
+    let mut head = &after[..open];
+    // `void __launch_bounds__(N) name(`: the parenthesis found was the
+    // bounds'.
+    if head.contains("__launch_bounds__") {
+        let rest = &after[after[open..].find(')')? + open + 1..];
+        head = &rest[..rest.find('(')?];
+    }
+    head.split_whitespace().last().map(str::to_owned)
+}
+
+/// `N` of the first `__launch_bounds__(N)` in `source`.
+fn launch_bounds(source: &str) -> Option<u32> {
+    let after = &source[source.find("__launch_bounds__(")? + "__launch_bounds__(".len()..];
+    after[..after.find(')')?]
+        .split(',')
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
