@@ -227,6 +227,11 @@ impl<B: Backend> Client<B> {
         &self.shared.limits
     }
 
+    /// Which server this is a client of.
+    pub(crate) fn server_id(&self) -> ServerId {
+        self.shared.id
+    }
+
     /// The stream this client issues work on.
     pub fn stream(&self) -> StreamId {
         self.stream

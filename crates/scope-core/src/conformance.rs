@@ -17,6 +17,7 @@
 //! missing device an error.
 
 pub mod capture;
+pub mod collective;
 pub mod contract;
 pub mod dataflow;
 pub mod device;
@@ -25,6 +26,7 @@ pub mod property;
 pub mod soak;
 
 pub use capture::*;
+pub use collective::*;
 pub use contract::*;
 pub use dataflow::*;
 pub use device::*;
@@ -283,6 +285,10 @@ macro_rules! conformance_tests {
             flush_submits_and_changes_nothing_else,
             a_caller_failed_allocation_behaves_like_the_devices,
             a_closure_holding_the_lock_may_call_back,
+            collectives_compute_on_every_rank,
+            a_failed_input_fails_every_ranks_output,
+            a_rank_that_never_joins_fails_the_others_within_the_deadline,
+            bad_collective_input_is_refused_everywhere,
         );
     };
     (@each $suite:ty; $($name:ident),* $(,)?) => {

@@ -169,6 +169,12 @@ pub enum Error {
         detail: String,
     },
 
+    /// A collective over a group of devices did not deliver its result:
+    /// an input that failed on some rank, a rank that did not join, a
+    /// refusal, a broken group (see [`crate::collective`]).
+    #[error("{0}")]
+    Collective(Box<crate::collective::CollectiveError>),
+
     /// The backend cannot run here: no driver, no library, no device.
     #[error("{backend} is unavailable: {reason}")]
     BackendUnavailable {

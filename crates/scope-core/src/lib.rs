@@ -59,6 +59,7 @@
 mod backend;
 mod capture;
 mod client;
+pub mod collective;
 mod error;
 mod failure;
 mod fault;

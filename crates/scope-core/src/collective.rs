@@ -1,0 +1,730 @@
+//! Collectives over a group of devices: the failure rules carried across
+//! them (rules 41–45 of `docs/ERROR_MODEL.md`).
+//!
+//! A collective's outputs on every rank are bytes it was supposed to write,
+//! so the one-device rule extends as it is: if any rank's input carries a
+//! failure, every rank's output carries one — naming that rank, its root
+//! cause and its chain — and no rank reads garbage as clean. The field's
+//! collectives do not know whether the data they move is valid: a rank
+//! whose input failed either skips the collective, and its peers wait
+//! forever, or sends what it has.
+//!
+//! # Why this shape
+//!
+//! 1. **Every rank decides the same way, before data moves.** Each rank
+//!    reads its input through its own client — a read that answers a
+//!    failure, with its chain, is exactly what rule 24 already gives — and
+//!    arrives at a rendezvous with either the bytes or that failure. The
+//!    last rank to arrive computes one outcome for the round, and every rank
+//!    applies it: the reduced bytes, written through its client (a write
+//!    heals, rule 15), or the failure, claimed on its output through
+//!    [`Client::fail_writing`] (rule 21). Nobody decides from a partial
+//!    view, so no two ranks can disagree.
+//! 2. **No rank waits forever.** A rank waits for its peers at most the
+//!    group's deadline. A rank that never joins — dead, stuck, or still in
+//!    an earlier step — fails every waiting rank's collective with
+//!    [`CollectiveError::Missing`] naming it, and their outputs carry that
+//!    failure: bytes the collective did not write never read as written.
+//! 3. **A group that lost a rank stays broken, explicitly.** After a
+//!    missing rank the ranks no longer agree on which call is which (the
+//!    late rank would join a round its peers gave up), so every later
+//!    collective is refused with [`CollectiveError::Broken`], claiming
+//!    nothing, until the caller makes a new [`Group`] — as NCCL requires an
+//!    aborted communicator to be re-created, and as cubecl's
+//!    `test_a_failed_part_breaks_its_group` expects.
+//! 4. **Bad input is refused on every rank, claiming nothing** (rule 38).
+//!    A rank whose own arguments are wrong still arrives, with its refusal,
+//!    so its peers fail at once instead of at the deadline; ranks that call
+//!    different collectives, or the same one with different sizes, element
+//!    types or roots, are refused alike. All ranks stay in step, so the
+//!    group stays usable.
+//! 5. **Host staging, through the contract.** The transport here reads
+//!    every part to the host and writes the results back through each
+//!    rank's [`Client`], so it works for every backend in one process, the
+//!    CUDA and HIP mocks included, and inherits every rule of the contract
+//!    on each device (ordering on the rank's stream, poison, capture
+//!    refusals). Ranks in separate processes or machines need a device
+//!    transport (NCCL, RCCL), which this module does not provide.
+//!
+//! A group is made of clients of distinct servers; one server cannot be two
+//! ranks. Each rank's calls come from its own thread (as with NCCL, one call
+//! per rank per collective); [`Group::run`] runs a closure on one scoped
+//! thread per rank.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::backend::Backend;
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::handle::Slice;
+
+/// How a collective combines the ranks' values, element by element, in rank
+/// order (so every rank, and every run, gets the same floating-point sum).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduce {
+    /// The sum.
+    Sum,
+    /// The product.
+    Prod,
+    /// The least value.
+    Min,
+    /// The greatest value.
+    Max,
+    /// The sum divided by the number of ranks (integer division for integer
+    /// elements).
+    Mean,
+}
+
+/// What a reduction reads the bytes as: little-endian 4-byte words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Element {
+    /// `f32`.
+    F32,
+    /// `i32`.
+    I32,
+    /// `u32`.
+    U32,
+}
+
+/// Why a collective did not deliver its result. Carried inside
+/// [`Error::Collective`].
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CollectiveError {
+    /// A rank's input carried a failure (or its read failed): every rank's
+    /// output carries this (rule 41).
+    #[error(
+        "{collective} #{round}: rank {rank}'s input could not be read, so no rank's output was written: {cause}"
+    )]
+    InputFailed {
+        /// The collective.
+        collective: &'static str,
+        /// Which collective of the group, counted from 0.
+        round: u64,
+        /// The lowest rank whose input failed.
+        rank: usize,
+        /// What its read answered: the root cause and the chain.
+        cause: Error,
+    },
+    /// Ranks did not join within the group's deadline: the waiting ranks'
+    /// outputs carry this, and the group is broken (rules 42, 43).
+    #[error(
+        "{collective} #{round}: rank(s) {missing:?} did not join within {deadline:?}; the group is broken"
+    )]
+    Missing {
+        /// The collective.
+        collective: &'static str,
+        /// Which collective of the group.
+        round: u64,
+        /// The ranks that never arrived.
+        missing: Vec<usize>,
+        /// How long the waiting ranks waited.
+        deadline: Duration,
+    },
+    /// A rank's arguments were wrong, or the ranks disagreed on the call:
+    /// refused on every rank, claiming nothing (rule 44).
+    #[error("{collective} #{round}: refused: rank {rank} {why}")]
+    Refused {
+        /// The collective.
+        collective: &'static str,
+        /// Which collective of the group.
+        round: u64,
+        /// The rank the refusal is about.
+        rank: usize,
+        /// What was wrong.
+        why: String,
+    },
+    /// The group lost a rank earlier; make a new [`Group`] (rule 43).
+    #[error("the group is broken ({cause}); make a new group")]
+    Broken {
+        /// What broke it.
+        cause: Arc<CollectiveError>,
+    },
+}
+
+impl From<CollectiveError> for Error {
+    fn from(error: CollectiveError) -> Self {
+        Error::Collective(Box::new(error))
+    }
+}
+
+/// What one call is, as its peers must agree on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    AllReduce { element: Element, op: Reduce },
+    AllGather,
+    ReduceScatter { element: Element, op: Reduce },
+    Broadcast { root: usize },
+    AllToAll,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::AllReduce { .. } => "all_reduce",
+            Kind::AllGather => "all_gather",
+            Kind::ReduceScatter { .. } => "reduce_scatter",
+            Kind::Broadcast { .. } => "broadcast",
+            Kind::AllToAll => "all_to_all",
+        }
+    }
+
+    /// The output length a part of `input` bytes must have over `ranks`
+    /// ranks, or why none can.
+    fn output_len(self, input: u64, ranks: u64) -> std::result::Result<u64, String> {
+        let divisible = |what: &str| {
+            if input.is_multiple_of(4 * ranks) {
+                Ok(input / ranks)
+            } else {
+                Err(format!(
+                    "passed {input} input bytes to {what}, which are not {ranks} equal parts of whole words"
+                ))
+            }
+        };
+        match self {
+            Kind::AllReduce { .. } | Kind::Broadcast { .. } => Ok(input),
+            Kind::AllGather => Ok(input * ranks),
+            Kind::ReduceScatter { .. } => divisible("reduce_scatter"),
+            Kind::AllToAll => divisible("all_to_all").map(|_| input),
+        }
+    }
+}
+
+/// What one rank brings to a round.
+struct Part {
+    kind: Kind,
+    len: u64,
+    input: Input,
+}
+
+enum Input {
+    Bytes(Vec<u8>),
+    /// The rank's read failed.
+    Failed(Error),
+    /// The rank's own arguments were wrong.
+    Refused(String),
+}
+
+/// What every rank applies, decided once per round.
+enum Outcome {
+    /// Each rank's output bytes, by rank.
+    Written(Vec<Vec<u8>>),
+    /// Every rank's output carries this.
+    Failed(Error),
+    /// Every rank's call is refused with this, claiming nothing.
+    Refused(Error),
+}
+
+#[derive(Default)]
+struct Round {
+    parts: Vec<Option<Part>>,
+    outcome: Option<Arc<Outcome>>,
+    taken: usize,
+}
+
+#[derive(Default)]
+struct State {
+    /// How many collectives each rank has called: its next round.
+    issued: Vec<u64>,
+    rounds: BTreeMap<u64, Round>,
+    broken: Option<Arc<CollectiveError>>,
+}
+
+struct Shared<B: Backend> {
+    clients: Vec<Client<B>>,
+    deadline: Duration,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// A group of clients, one per device: rank `i` is `clients[i]`.
+pub struct Group<B: Backend> {
+    shared: Arc<Shared<B>>,
+}
+
+impl<B: Backend> Clone for Group<B> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for Group<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Group({} {} ranks)", self.shared.clients.len(), B::NAME)
+    }
+}
+
+/// How long a rank waits for its peers unless the group says otherwise.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
+
+impl<B: Backend> Group<B> {
+    /// A group of `clients`, rank `i` being `clients[i]`, whose ranks wait
+    /// at most `deadline` for each other.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for no clients, or two clients of one
+    /// server (one device cannot be two ranks).
+    pub fn new(clients: Vec<Client<B>>, deadline: Duration) -> Result<Self> {
+        if clients.is_empty() {
+            return Err(Error::invalid("group", "no clients"));
+        }
+        for (i, client) in clients.iter().enumerate() {
+            if let Some(j) = clients[..i]
+                .iter()
+                .position(|c| c.server_id() == client.server_id())
+            {
+                return Err(Error::invalid(
+                    "group",
+                    format!(
+                        "ranks {j} and {i} are clients of one server; each rank needs its own device"
+                    ),
+                ));
+            }
+        }
+        let state = State {
+            issued: vec![0; clients.len()],
+            ..State::default()
+        };
+        Ok(Self {
+            shared: Arc::new(Shared {
+                clients,
+                deadline,
+                state: Mutex::new(state),
+                changed: Condvar::new(),
+            }),
+        })
+    }
+
+    /// How many ranks.
+    pub fn ranks(&self) -> usize {
+        self.shared.clients.len()
+    }
+
+    /// Rank `rank`'s handle, whose collectives run on its client.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a rank past the group.
+    pub fn rank(&self, rank: usize) -> Result<Rank<B>> {
+        if rank >= self.ranks() {
+            return Err(Error::invalid(
+                "rank",
+                format!("{rank} in a group of {}", self.ranks()),
+            ));
+        }
+        Ok(Rank {
+            shared: self.shared.clone(),
+            rank,
+        })
+    }
+
+    /// What broke the group, if a rank went missing.
+    pub fn broken(&self) -> Option<Arc<CollectiveError>> {
+        self.shared.state.lock().broken.clone()
+    }
+
+    /// Run `f` once per rank, each on a thread of its own, and return what
+    /// each returned, by rank.
+    pub fn run<R: Send>(&self, f: impl Fn(Rank<B>) -> R + Sync) -> Vec<R> {
+        let f = &f;
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..self.ranks())
+                .map(|rank| {
+                    let handle = Rank {
+                        shared: self.shared.clone(),
+                        rank,
+                    };
+                    scope.spawn(move || f(handle))
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| match t.join() {
+                    Ok(r) => r,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                })
+                .collect()
+        })
+    }
+}
+
+/// One rank of a [`Group`]: its collectives, each called once by this rank
+/// and once by every other.
+pub struct Rank<B: Backend> {
+    shared: Arc<Shared<B>>,
+    rank: usize,
+}
+
+impl<B: Backend> std::fmt::Debug for Rank<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Rank({} of {})", self.rank, self.shared.clients.len())
+    }
+}
+
+impl<B: Backend> Rank<B> {
+    /// Its index in the group.
+    pub fn index(&self) -> usize {
+        self.rank
+    }
+
+    /// Its client.
+    pub fn client(&self) -> &Client<B> {
+        &self.shared.clients[self.rank]
+    }
+
+    /// Every rank's `input`, combined element by element with `op`, into
+    /// every rank's `output` (as long as `input`; it may be the same
+    /// bytes).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Collective`]: an input that failed on some rank (every
+    /// output then carries it), a rank that did not join in time (the
+    /// outputs carry it too), a refusal (claiming nothing), a broken group.
+    /// The write's own errors, as [`Client::write`].
+    pub fn all_reduce(
+        &self,
+        input: Slice<'_>,
+        output: Slice<'_>,
+        element: Element,
+        op: Reduce,
+    ) -> Result<()> {
+        self.collective(Kind::AllReduce { element, op }, input, output)
+    }
+
+    /// Every rank's `input`, in rank order, into every rank's `output`
+    /// (`ranks` times as long).
+    ///
+    /// # Errors
+    ///
+    /// As [`all_reduce`](Self::all_reduce).
+    pub fn all_gather(&self, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
+        self.collective(Kind::AllGather, input, output)
+    }
+
+    /// Every rank's `input` combined with `op`, then split in `ranks` equal
+    /// parts: rank `i`'s `output` gets part `i`.
+    ///
+    /// # Errors
+    ///
+    /// As [`all_reduce`](Self::all_reduce).
+    pub fn reduce_scatter(
+        &self,
+        input: Slice<'_>,
+        output: Slice<'_>,
+        element: Element,
+        op: Reduce,
+    ) -> Result<()> {
+        self.collective(Kind::ReduceScatter { element, op }, input, output)
+    }
+
+    /// Rank `root`'s `data` into every rank's `data`. Every rank passes
+    /// bytes of the same length; only the root's are read.
+    ///
+    /// # Errors
+    ///
+    /// As [`all_reduce`](Self::all_reduce); a root past the group is
+    /// refused.
+    pub fn broadcast(&self, root: usize, data: Slice<'_>) -> Result<()> {
+        self.collective(Kind::Broadcast { root }, data, data)
+    }
+
+    /// Each rank's `input` in `ranks` equal parts: part `j` of rank `i`'s
+    /// input becomes part `i` of rank `j`'s `output` (as long as `input`).
+    ///
+    /// # Errors
+    ///
+    /// As [`all_reduce`](Self::all_reduce).
+    pub fn all_to_all(&self, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
+        self.collective(Kind::AllToAll, input, output)
+    }
+
+    /// Why this rank's own arguments cannot be run, if they cannot.
+    fn refusal(&self, kind: Kind, input: Slice<'_>, output: Slice<'_>) -> Option<String> {
+        let ranks = self.shared.clients.len();
+        let server = self.client().server_id();
+        if input.buffer.server() != server || output.buffer.server() != server {
+            return Some("passed a buffer of another rank's device".to_owned());
+        }
+        if let Kind::Broadcast { root } = kind
+            && root >= ranks
+        {
+            return Some(format!("named root {root} in a group of {ranks}"));
+        }
+        let len = input.range.end.saturating_sub(input.range.start);
+        if input.range.end < input.range.start || len == 0 || !len.is_multiple_of(4) {
+            return Some(format!(
+                "passed input bytes {}..{}, not whole 4-byte words",
+                input.range.start, input.range.end
+            ));
+        }
+        let out = output.range.end.saturating_sub(output.range.start);
+        match kind.output_len(len, ranks as u64) {
+            Err(why) => Some(why),
+            Ok(expected) if expected != out => Some(format!(
+                "passed {out} output bytes where {} of {len} input bytes over {ranks} ranks writes {expected}",
+                kind.name()
+            )),
+            Ok(_) => None,
+        }
+    }
+
+    fn collective(&self, kind: Kind, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
+        if let Some(cause) = self.shared.state.lock().broken.clone() {
+            return Err(CollectiveError::Broken { cause }.into());
+        }
+        let refused = self.refusal(kind, input, output);
+        let reads = match kind {
+            Kind::Broadcast { root } => root == self.rank,
+            _ => true,
+        };
+        let part = Part {
+            kind,
+            len: input.range.end.saturating_sub(input.range.start),
+            input: match refused {
+                Some(why) => Input::Refused(why),
+                None if !reads => Input::Bytes(Vec::new()),
+                None => match self.client().read(input) {
+                    Ok(bytes) => Input::Bytes(bytes),
+                    Err(failed) => Input::Failed(failed),
+                },
+            },
+        };
+        let outcome = match self.meet(part) {
+            Ok(outcome) => outcome,
+            Err(missing) => {
+                // A rank went missing: this output was to be written and
+                // was not, so it carries that (rule 42).
+                self.client().fail_writing(&[output], missing.clone())?;
+                return Err(missing);
+            }
+        };
+        match &*outcome {
+            Outcome::Written(parts) => {
+                if matches!(kind, Kind::Broadcast { root } if root == self.rank) {
+                    return Ok(());
+                }
+                self.client().write(output, &parts[self.rank])
+            }
+            Outcome::Refused(error) => Err(error.clone()),
+            Outcome::Failed(error) => {
+                self.client().fail_writing(&[output], error.clone())?;
+                Err(error.clone())
+            }
+        }
+    }
+
+    /// Arrive with `part`, wait for every rank's, and take the round's
+    /// outcome.
+    ///
+    /// # Errors
+    ///
+    /// [`CollectiveError::Missing`] when a rank did not arrive in time —
+    /// this rank's wait, or a peer's that ran out first.
+    fn meet(&self, part: Part) -> Result<Arc<Outcome>> {
+        let shared = &*self.shared;
+        let ranks = shared.clients.len();
+        let kind = part.kind;
+        let mut state = shared.state.lock();
+        let round = state.issued[self.rank];
+        state.issued[self.rank] += 1;
+        let entry = state.rounds.entry(round).or_default();
+        if entry.parts.is_empty() {
+            entry.parts = (0..ranks).map(|_| None).collect();
+        }
+        entry.parts[self.rank] = Some(part);
+        if entry.parts.iter().all(Option::is_some) {
+            let parts: Vec<Part> = entry.parts.iter_mut().filter_map(Option::take).collect();
+            entry.outcome = Some(Arc::new(decide(round, &parts)));
+            shared.changed.notify_all();
+        }
+        let until = Instant::now() + shared.deadline;
+        loop {
+            if let Some(outcome) = state.rounds.get_mut(&round).and_then(|r| r.outcome.clone()) {
+                let r = state.rounds.get_mut(&round);
+                if let Some(r) = r {
+                    r.taken += 1;
+                    if r.taken == ranks {
+                        state.rounds.remove(&round);
+                    }
+                }
+                return Ok(outcome);
+            }
+            if let Some(cause) = state.broken.clone() {
+                return Err(Error::Collective(Box::new((*cause).clone())));
+            }
+            if shared.changed.wait_until(&mut state, until).timed_out()
+                && state.rounds.get(&round).is_none_or(|r| r.outcome.is_none())
+            {
+                let missing = state
+                    .rounds
+                    .get(&round)
+                    .map(|r| {
+                        (0..ranks)
+                            .filter(|&i| r.parts[i].is_none() && i != self.rank)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let error = CollectiveError::Missing {
+                    collective: kind.name(),
+                    round,
+                    missing,
+                    deadline: shared.deadline,
+                };
+                tracing::warn!("{error}");
+                state.broken = Some(Arc::new(error.clone()));
+                shared.changed.notify_all();
+                return Err(error.into());
+            }
+        }
+    }
+}
+
+/// The one outcome of a round every rank applies.
+fn decide(round: u64, parts: &[Part]) -> Outcome {
+    let kind = parts[0].kind;
+    let collective = kind.name();
+    let refuse = |rank: usize, why: String| {
+        Outcome::Refused(
+            CollectiveError::Refused {
+                collective,
+                round,
+                rank,
+                why,
+            }
+            .into(),
+        )
+    };
+    for (rank, part) in parts.iter().enumerate() {
+        if let Input::Refused(why) = &part.input {
+            return refuse(rank, why.clone());
+        }
+    }
+    for (rank, part) in parts.iter().enumerate().skip(1) {
+        if part.kind != kind {
+            return refuse(
+                rank,
+                format!("called {:?} where rank 0 called {:?}", part.kind, kind),
+            );
+        }
+        if part.len != parts[0].len {
+            return refuse(
+                rank,
+                format!(
+                    "passed {} input bytes where rank 0 passed {}",
+                    part.len, parts[0].len
+                ),
+            );
+        }
+    }
+    if let Some((rank, cause)) = parts
+        .iter()
+        .enumerate()
+        .find_map(|(rank, p)| match &p.input {
+            Input::Failed(cause) => Some((rank, cause.clone())),
+            _ => None,
+        })
+    {
+        return Outcome::Failed(
+            CollectiveError::InputFailed {
+                collective,
+                round,
+                rank,
+                cause,
+            }
+            .into(),
+        );
+    }
+    let inputs: Vec<&[u8]> = parts
+        .iter()
+        .map(|p| match &p.input {
+            Input::Bytes(bytes) => bytes.as_slice(),
+            _ => &[],
+        })
+        .collect();
+    Outcome::Written(compute(kind, &inputs))
+}
+
+/// Each rank's output bytes for inputs that all read clean.
+fn compute(kind: Kind, inputs: &[&[u8]]) -> Vec<Vec<u8>> {
+    let ranks = inputs.len();
+    match kind {
+        Kind::AllReduce { element, op } => vec![reduce(element, op, inputs); ranks],
+        Kind::AllGather => vec![inputs.concat(); ranks],
+        Kind::ReduceScatter { element, op } => {
+            let all = reduce(element, op, inputs);
+            let part = all.len() / ranks;
+            all.chunks(part).map(<[u8]>::to_vec).collect()
+        }
+        Kind::Broadcast { root } => vec![inputs[root].to_vec(); ranks],
+        Kind::AllToAll => {
+            let part = inputs[0].len() / ranks;
+            (0..ranks)
+                .map(|to| {
+                    inputs
+                        .iter()
+                        .flat_map(|from| &from[to * part..(to + 1) * part])
+                        .copied()
+                        .collect()
+                })
+                .collect()
+        }
+    }
+}
+
+/// `inputs` combined with `op` as `element`s, in rank order.
+fn reduce(element: Element, op: Reduce, inputs: &[&[u8]]) -> Vec<u8> {
+    let n = inputs.len();
+    let len = inputs[0].len() / 4;
+    let mut out = Vec::with_capacity(len * 4);
+    for i in 0..len {
+        let at = |input: &&[u8]| -> [u8; 4] {
+            let w = &input[i * 4..i * 4 + 4];
+            [w[0], w[1], w[2], w[3]]
+        };
+        let word = match element {
+            Element::F32 => {
+                let values = inputs.iter().map(|x| f32::from_le_bytes(at(x)));
+                let v = match op {
+                    Reduce::Sum => values.sum::<f32>(),
+                    Reduce::Mean => values.sum::<f32>() / n as f32,
+                    Reduce::Prod => values.product(),
+                    Reduce::Min => values.fold(f32::INFINITY, f32::min),
+                    Reduce::Max => values.fold(f32::NEG_INFINITY, f32::max),
+                };
+                v.to_le_bytes()
+            }
+            Element::I32 => {
+                let values = inputs.iter().map(|x| i32::from_le_bytes(at(x)));
+                let v = match op {
+                    Reduce::Sum => values.fold(0i32, i32::wrapping_add),
+                    Reduce::Mean => values.fold(0i64, |a, v| a + i64::from(v)) as i32 / n as i32,
+                    Reduce::Prod => values.fold(1i32, i32::wrapping_mul),
+                    Reduce::Min => values.fold(i32::MAX, i32::min),
+                    Reduce::Max => values.fold(i32::MIN, i32::max),
+                };
+                v.to_le_bytes()
+            }
+            Element::U32 => {
+                let values = inputs.iter().map(|x| u32::from_le_bytes(at(x)));
+                let v = match op {
+                    Reduce::Sum => values.fold(0u32, u32::wrapping_add),
+                    Reduce::Mean => (values.fold(0u64, |a, v| a + u64::from(v)) / n as u64) as u32,
+                    Reduce::Prod => values.fold(1u32, u32::wrapping_mul),
+                    Reduce::Min => values.fold(u32::MAX, u32::min),
+                    Reduce::Max => values.fold(u32::MIN, u32::max),
+                };
+                v.to_le_bytes()
+            }
+        };
+        out.extend_from_slice(&word);
+    }
+    out
+}

@@ -1,0 +1,330 @@
+//! Collectives over several devices of one backend (rules 41–45): a group
+//! of four servers of the suite's backend (four logical devices, on one
+//! adapter where there is one), their collectives computed right, a failed
+//! input failing every rank's output, a rank that never joins failing the
+//! others within the deadline and breaking the group, and bad input refused
+//! everywhere, claiming nothing.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::collective::{CollectiveError, Element, Group, Reduce};
+
+/// How many ranks the behaviours use.
+const RANKS: usize = 4;
+
+/// Words per rank's part.
+const PART: u32 = 64;
+
+/// A group of [`RANKS`] servers of the suite's backend, or `None` (skipped)
+/// without a device.
+fn group<S: Suite>(deadline: Duration) -> Option<Group<S::Backend>> {
+    let clients: Option<Vec<_>> = (0..RANKS).map(|_| setup::<S>()).collect();
+    Some(Group::new(clients?, deadline).expect("four servers make a group"))
+}
+
+fn collective_error(error: &Error) -> &CollectiveError {
+    match error {
+        Error::Collective(c) => c,
+        other => panic!("expected a collective error, got: {other}"),
+    }
+}
+
+/// The root a read of a claimed output reports, as a collective error.
+fn claimed_by<B: Backend>(client: &Client<B>, buffer: &Buffer) -> CollectiveError {
+    let error = read(client, buffer).expect_err("the output carries the collective's failure");
+    collective_error(error.root()).clone()
+}
+
+/// Each collective computes, on every rank, what it says; the reductions
+/// agree across ranks (rule 41's clean case).
+pub fn collectives_compute_on_every_rank<S: Suite>() {
+    let Some(group) = group::<S>(DEFAULT_WAIT) else {
+        return;
+    };
+    let n = RANKS as u32;
+    let results = group.run(|rank| {
+        let c = rank.client();
+        let r = rank.index() as u32;
+        let input = upload(c, &vec![r + 1; PART as usize]);
+        let sum = alloc(c, PART);
+        rank.all_reduce(input.all(), sum.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        let max = alloc(c, PART);
+        rank.all_reduce(input.all(), max.all(), Element::U32, Reduce::Max)
+            .unwrap();
+        let gathered = alloc(c, PART * n);
+        rank.all_gather(input.all(), gathered.all()).unwrap();
+        let scattered = alloc(c, PART / n);
+        rank.reduce_scatter(input.all(), scattered.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        let sent = upload(
+            c,
+            &(0..PART)
+                .map(|i| r * 1000 + i / (PART / n))
+                .collect::<Vec<_>>(),
+        );
+        let exchanged = alloc(c, PART);
+        rank.all_to_all(sent.all(), exchanged.all()).unwrap();
+        let shared = upload(c, &vec![r * 7; PART as usize]);
+        rank.broadcast(2, shared.all()).unwrap();
+        let floats = c
+            .upload(&(r as f32 + 0.5).to_le_bytes().repeat(PART as usize))
+            .unwrap();
+        let mean = alloc(c, PART);
+        rank.all_reduce(floats.all(), mean.all(), Element::F32, Reduce::Mean)
+            .unwrap();
+        (
+            read(c, &sum).unwrap(),
+            read(c, &max).unwrap(),
+            read(c, &gathered).unwrap(),
+            read(c, &scattered).unwrap(),
+            read(c, &exchanged).unwrap(),
+            read(c, &shared).unwrap(),
+            c.read(&mean).unwrap(),
+        )
+    });
+    let total: u32 = (1..=n).sum();
+    for (rank, (sum, max, gathered, scattered, exchanged, shared, mean)) in
+        results.into_iter().enumerate()
+    {
+        assert_eq!(sum, vec![total; PART as usize], "rank {rank}: sum");
+        assert_eq!(max, vec![n; PART as usize], "rank {rank}: max");
+        let expected: Vec<u32> = (1..=n)
+            .flat_map(|v| std::iter::repeat_n(v, PART as usize))
+            .collect();
+        assert_eq!(gathered, expected, "rank {rank}: gather");
+        assert_eq!(
+            scattered,
+            vec![total; (PART / n) as usize],
+            "rank {rank}: reduce_scatter"
+        );
+        let expected: Vec<u32> = (0..n)
+            .flat_map(|from| std::iter::repeat_n(from * 1000 + rank as u32, (PART / n) as usize))
+            .collect();
+        assert_eq!(exchanged, expected, "rank {rank}: all_to_all");
+        assert_eq!(shared, vec![14; PART as usize], "rank {rank}: broadcast");
+        let mean_value = (0..RANKS).map(|r| r as f32 + 0.5).sum::<f32>() / RANKS as f32;
+        assert_eq!(
+            mean,
+            mean_value.to_le_bytes().repeat(PART as usize),
+            "rank {rank}: mean"
+        );
+        let _ = rank;
+    }
+    assert!(group.broken().is_none());
+}
+
+/// How long a rank waits where no rank is meant to go missing.
+const DEFAULT_WAIT: Duration = Duration::from_secs(120);
+
+/// A failed input on one rank fails every rank's output of that collective,
+/// naming the rank, its root cause and chain; every input is left as it
+/// was, the group keeps working, and a clean collective then heals the
+/// outputs (rule 41).
+pub fn a_failed_input_fails_every_ranks_output<S: Suite>() {
+    let Some(group) = group::<S>(DEFAULT_WAIT) else {
+        return;
+    };
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let input = upload(c, &[rank.index() as u32; PART as usize]);
+        if rank.index() == 2 {
+            // Rank 2's input: written by a launch that fails, copied on.
+            let failed = alloc(c, PART);
+            fail_next_launch(c, "rank two's backward pass");
+            assert!(fill::<S>(c, &failed, 9).is_err());
+            assert!(copy::<S>(c, &failed, &input).is_err());
+        }
+        let output = upload(c, &[77; PART as usize]);
+        let reduced = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
+        let claim = claimed_by(c, &output);
+        let untouched = read(c, &input);
+        // The next collective, on clean inputs, runs and heals.
+        let clean = upload(c, &[1; PART as usize]);
+        rank.all_reduce(clean.all(), output.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        (reduced, claim, untouched, read(c, &output).unwrap())
+    });
+    for (rank, (reduced, claim, untouched, healed)) in outcomes.into_iter().enumerate() {
+        let error = reduced.expect_err("every rank's collective fails");
+        for reported in [collective_error(&error), &claim] {
+            let CollectiveError::InputFailed {
+                rank: failed,
+                cause,
+                ..
+            } = reported
+            else {
+                panic!("rank {rank}: {reported}");
+            };
+            assert_eq!(*failed, 2, "rank {rank} names the rank whose input failed");
+            let text = cause.to_string();
+            assert!(
+                text.contains("rank two's backward pass"),
+                "rank {rank}: the root cause travels: {text}"
+            );
+            assert!(
+                !cause.unwritten().is_empty() && !cause.unwritten()[0].chain.hops.is_empty(),
+                "rank {rank}: the chain travels: {text}"
+            );
+        }
+        match rank {
+            2 => assert!(untouched.is_err(), "rank 2's input still fails"),
+            _ => assert_eq!(
+                untouched.unwrap(),
+                vec![rank as u32; PART as usize],
+                "rank {rank}'s input is untouched"
+            ),
+        }
+        assert_eq!(healed, vec![RANKS as u32; PART as usize]);
+    }
+    assert!(group.broken().is_none());
+}
+
+/// A rank that never joins fails every waiting rank's collective within
+/// the deadline, naming it; their outputs carry that; the group is broken
+/// for later collectives (a typed refusal, claiming nothing), and a new
+/// group over the same devices works (rules 42, 43).
+pub fn a_rank_that_never_joins_fails_the_others_within_the_deadline<S: Suite>() {
+    let deadline = Duration::from_millis(300);
+    let Some(group) = group::<S>(deadline) else {
+        return;
+    };
+    let started = Instant::now();
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let input = upload(c, &[1; PART as usize]);
+        let output = upload(c, &[5; PART as usize]);
+        if rank.index() == 3 {
+            return None;
+        }
+        let reduced = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
+        let waited = started.elapsed();
+        let claim = claimed_by(c, &output);
+        let later = rank.all_gather(input.all(), alloc(c, PART * RANKS as u32).all());
+        Some((reduced, waited, claim, later))
+    });
+    for (rank, outcome) in outcomes.into_iter().enumerate().take(3) {
+        let (reduced, waited, claim, later) = outcome.expect("ranks 0 to 2 joined");
+        let error = reduced.expect_err("a missing rank fails the collective");
+        for reported in [collective_error(&error), &claim] {
+            let CollectiveError::Missing { missing, .. } = reported else {
+                panic!("rank {rank}: {reported}");
+            };
+            assert_eq!(missing, &vec![3], "rank {rank} names the missing rank");
+        }
+        assert!(
+            waited < deadline + Duration::from_secs(30),
+            "rank {rank} waited {waited:?}, past its deadline"
+        );
+        let later = later.expect_err("the group is broken");
+        assert!(
+            matches!(collective_error(&later), CollectiveError::Broken { .. }),
+            "{later}"
+        );
+    }
+    assert!(group.broken().is_some());
+    // Rank 3 arriving late is refused too, and a new group works.
+    let late = group.rank(3).unwrap();
+    let c = late.client();
+    let input = upload(c, &[1; PART as usize]);
+    let output = upload(c, &[5; PART as usize]);
+    let refused = late.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
+    assert!(matches!(
+        collective_error(&refused.unwrap_err()),
+        CollectiveError::Broken { .. }
+    ));
+    assert_eq!(
+        read(c, &output).unwrap(),
+        vec![5; PART as usize],
+        "a refusal claims nothing"
+    );
+    let clients = (0..RANKS)
+        .map(|r| group.rank(r).unwrap().client().clone())
+        .collect();
+    let fresh = Group::new(clients, DEFAULT_WAIT).unwrap();
+    let sums = fresh.run(|rank| {
+        let c = rank.client();
+        let input = upload(c, &[2; PART as usize]);
+        let output = alloc(c, PART);
+        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        read(c, &output).unwrap()
+    });
+    assert!(sums.iter().all(|s| *s == vec![8; PART as usize]));
+}
+
+/// Bad input is refused on every rank as a typed error that claims nothing,
+/// and the group stays in step: one server twice, a rank that calls another
+/// collective, mismatched sizes, an output too small, a buffer of another
+/// rank's device, a root past the group (rule 44).
+pub fn bad_collective_input_is_refused_everywhere<S: Suite>() {
+    let Some(group) = group::<S>(DEFAULT_WAIT) else {
+        return;
+    };
+    let one = group.rank(0).unwrap().client().clone();
+    assert!(matches!(
+        Group::new(vec![one.clone(), one.clone()], DEFAULT_WAIT),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        Group::<S::Backend>::new(Vec::new(), DEFAULT_WAIT),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        group.rank(RANKS),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let foreign = upload(&one, &[0; PART as usize]);
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let r = rank.index();
+        let input = upload(c, &[1; PART as usize]);
+        let output = upload(c, &[5; PART as usize]);
+        let mut refusals = Vec::new();
+        // Rank 1 calls another collective.
+        refusals.push(if r == 1 {
+            rank.all_gather(input.all(), alloc(c, PART * RANKS as u32).all())
+        } else {
+            rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+        });
+        // Rank 2 passes fewer bytes.
+        let short = input.slice(0..u64::from(PART) * 2);
+        let mine = if r == 2 { short } else { input.all() };
+        let out = if r == 2 {
+            output.slice(0..u64::from(PART) * 2)
+        } else {
+            output.all()
+        };
+        refusals.push(rank.all_reduce(mine, out, Element::U32, Reduce::Sum));
+        // Rank 3's output is too small for a gather.
+        let gathered = alloc(c, PART * RANKS as u32);
+        let small = gathered.slice(0..u64::from(PART) * 4);
+        refusals.push(rank.all_gather(input.all(), if r == 3 { small } else { gathered.all() }));
+        // Rank 1 passes a buffer of rank 0's device.
+        refusals.push(if r == 1 {
+            rank.broadcast(0, foreign.all())
+        } else {
+            rank.broadcast(0, input.all())
+        });
+        // Everyone names a root past the group.
+        refusals.push(rank.broadcast(RANKS, input.all()));
+        let kept = read(c, &output).unwrap();
+        // Still in step: a clean collective runs.
+        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        (refusals, kept, read(c, &output).unwrap())
+    });
+    for (rank, (refusals, kept, summed)) in outcomes.into_iter().enumerate() {
+        for (i, refused) in refusals.into_iter().enumerate() {
+            let error = refused.expect_err("refused on every rank");
+            assert!(
+                matches!(collective_error(&error), CollectiveError::Refused { .. }),
+                "rank {rank}, refusal {i}: {error}"
+            );
+        }
+        assert_eq!(kept, vec![5; PART as usize], "rank {rank}: nothing claimed");
+        assert_eq!(summed, vec![RANKS as u32; PART as usize]);
+    }
+    assert!(group.broken().is_none());
+}
