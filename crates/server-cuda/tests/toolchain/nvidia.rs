@@ -336,9 +336,9 @@ fn load() -> Result<Option<Toolchain>, String> {
         .split_whitespace()
         .rfind(|w| w.starts_with('V'))
         .map_or_else(|| "(version unknown)".to_owned(), |w| w[1..].to_owned());
-    let scratch = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("cuda-toolchain")
-        .join(std::process::id().to_string());
+    let scratches = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-toolchain");
+    forget_finished(&scratches);
+    let scratch = scratches.join(std::process::id().to_string());
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
     let toolchain = Toolchain {
@@ -350,6 +350,23 @@ fn load() -> Result<Option<Toolchain>, String> {
     };
     toolchain.check_binding()?;
     Ok(Some(toolchain))
+}
+
+/// Remove the scratch folders (named by process id) of test processes that
+/// have ended; a failed run's stays until the next run, to be read.
+fn forget_finished(scratches: &Path) {
+    let Ok(entries) = std::fs::read_dir(scratches) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let pid = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// `major.minor` of the NVRTC at `path` (already loaded).
