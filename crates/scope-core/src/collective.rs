@@ -138,6 +138,15 @@ pub enum CollectiveError {
         /// What was wrong.
         why: String,
     },
+    /// A copy from another device met bytes that carry a failure there (or
+    /// could not read them): the destination carries this (rule 46).
+    #[error("copied from {from}, whose bytes could not be read: {cause}")]
+    SourceFailed {
+        /// The device copied from, as its client describes it.
+        from: String,
+        /// What the read there answered: the root cause and the chain.
+        cause: Error,
+    },
     /// The group lost a rank earlier; make a new [`Group`] (rule 43).
     #[error("the group is broken ({cause}); make a new group")]
     Broken {
@@ -150,6 +159,59 @@ impl From<CollectiveError> for Error {
     fn from(error: CollectiveError) -> Self {
         Error::Collective(Box::new(error))
     }
+}
+
+/// Copy `src`, on one device, into `dst`, on another — of any backend —
+/// keeping the failure model across them (rule 46): clean bytes are written
+/// and heal `dst`; bytes that carry a failure on `from` (or whose read
+/// fails) are not copied, and `dst` carries
+/// [`CollectiveError::SourceFailed`] naming the device, the root cause and
+/// the chain. The bytes travel through the host.
+///
+/// # Errors
+///
+/// [`Error::Collective`] with `SourceFailed` when the source could not be
+/// read (`dst` now carries it); [`Error::InvalidArgument`] for slices of
+/// different lengths (nothing read, nothing claimed); the destination
+/// write's own errors, as [`Client::write`].
+pub fn copy_across<A: Backend, B: Backend>(
+    from: &Client<A>,
+    src: Slice<'_>,
+    to: &Client<B>,
+    dst: Slice<'_>,
+) -> Result<()> {
+    let len = |s: &Slice<'_>| s.range.end.saturating_sub(s.range.start);
+    if len(&src) != len(&dst) {
+        return Err(Error::invalid(
+            "copy across devices",
+            format!(
+                "{} source bytes for {} destination bytes",
+                len(&src),
+                len(&dst)
+            ),
+        ));
+    }
+    match from.read(src) {
+        Ok(bytes) => to.write(dst, &bytes),
+        Err(refused) if is_refusal(&refused) => Err(refused),
+        Err(cause) => {
+            let error: Error = CollectiveError::SourceFailed {
+                from: format!("{} ({})", A::NAME, from.describe()),
+                cause,
+            }
+            .into();
+            to.fail_writing(&[dst], error.clone())?;
+            Err(error)
+        }
+    }
+}
+
+/// Whether a read's error is the caller's mistake — a freed or foreign
+/// buffer, a read refused while the stream records — rather than bytes that
+/// could not be produced: a mistake is refused, claiming nothing (rule 38),
+/// a failure travels (rules 41, 46).
+fn is_refusal(error: &Error) -> bool {
+    matches!(error, Error::InvalidArgument { .. } | Error::Refused { .. })
 }
 
 /// What one call is, as its peers must agree on it.
@@ -493,6 +555,9 @@ impl<B: Backend> Rank<B> {
                 None if !reads => Input::Bytes(Vec::new()),
                 None => match self.client().read(input) {
                     Ok(bytes) => Input::Bytes(bytes),
+                    Err(refused) if is_refusal(&refused) => {
+                        Input::Refused(format!("could not read its input: {refused}"))
+                    }
                     Err(failed) => Input::Failed(failed),
                 },
             },

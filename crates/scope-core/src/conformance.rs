@@ -289,6 +289,7 @@ macro_rules! conformance_tests {
             a_failed_input_fails_every_ranks_output,
             a_rank_that_never_joins_fails_the_others_within_the_deadline,
             bad_collective_input_is_refused_everywhere,
+            copies_across_devices_carry_failures,
         );
     };
     (@each $suite:ty; $($name:ident),* $(,)?) => {

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::collective::{CollectiveError, Element, Group, Reduce};
+use crate::collective::{CollectiveError, Element, Group, Reduce, copy_across};
 
 /// How many ranks the behaviours use.
 const RANKS: usize = 4;
@@ -327,4 +327,43 @@ pub fn bad_collective_input_is_refused_everywhere<S: Suite>() {
         assert_eq!(summed, vec![RANKS as u32; PART as usize]);
     }
     assert!(group.broken().is_none());
+}
+
+/// A copy between two devices keeps the failure model across them: failed
+/// bytes on one make the destination on the other carry a failure naming
+/// the source device, its root cause and chain; clean bytes heal it; a
+/// mismatched length is refused, claiming nothing (rule 46).
+pub fn copies_across_devices_carry_failures<S: Suite>() {
+    let (Some(a), Some(b)) = (setup::<S>(), setup::<S>()) else {
+        return;
+    };
+    let failed = alloc(&a, WORDS);
+    fail_next_launch(&a, "on device a");
+    assert!(fill::<S>(&a, &failed, 3).is_err());
+    let dst = upload(&b, &[5; WORDS as usize]);
+    let error = copy_across(&a, failed.all(), &b, dst.all()).unwrap_err();
+    for reported in [collective_error(&error), &claimed_by(&b, &dst)] {
+        let CollectiveError::SourceFailed { cause, .. } = reported else {
+            panic!("{reported}");
+        };
+        assert!(cause.to_string().contains("on device a"), "{cause}");
+    }
+    let clean = upload(&a, &[8; WORDS as usize]);
+    let short = upload(&b, &[1; 4]);
+    assert!(matches!(
+        copy_across(&a, clean.all(), &b, short.all()),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert_eq!(
+        read(&b, &short).unwrap(),
+        vec![1; 4],
+        "a refusal claims nothing"
+    );
+    copy_across(&a, clean.all(), &b, dst.all()).unwrap();
+    assert_eq!(
+        read(&b, &dst).unwrap(),
+        vec![8; WORDS as usize],
+        "clean bytes heal"
+    );
+    assert_eq!(read(&a, &clean).unwrap(), vec![8; WORDS as usize]);
 }
