@@ -27,6 +27,23 @@ use crate::error::{NAME, unavailable};
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 
+/// What is missing when the validation layer is, and where it comes from.
+pub const VALIDATION_LAYER_MISSING: &str =
+    "VK_LAYER_KHRONOS_validation is not installed (apt-get install vulkan-validationlayers)";
+
+/// Why a missing validation layer is an error here rather than a run
+/// without it: `CI=true`, or `SCOPE_REQUIRE` naming vulkan (the one parser,
+/// [`scope_core::required`]). `None` elsewhere.
+pub fn validation_required_by() -> Option<&'static str> {
+    if std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1") {
+        Some("CI=true")
+    } else if scope_core::required(NAME) {
+        Some("SCOPE_REQUIRE names vulkan")
+    } else {
+        None
+    }
+}
+
 /// Messages the validation layer sent, in order.
 pub(crate) type Messages = Arc<Mutex<Vec<String>>>;
 
@@ -144,8 +161,14 @@ impl Drop for Gpu {
 /// How to open the device.
 #[derive(Clone, Debug, Default)]
 pub struct Config {
-    /// Enable `VK_LAYER_KHRONOS_validation` when it is installed, and
-    /// collect what it says (see `Vulkan::validation_messages`).
+    /// Enable `VK_LAYER_KHRONOS_validation` and collect what it says (see
+    /// `Vulkan::validation_messages`). Where the layer is not installed the
+    /// device opens without it (`Vulkan::validating` says so) — except
+    /// under CI (`CI=true`) or when `SCOPE_REQUIRE` names vulkan, where
+    /// asking for it makes it a requirement and opening is
+    /// [`Error::Refused`](scope_core::Error::Refused), naming the layer and
+    /// its package ([`VALIDATION_LAYER_MISSING`]): a test that promises
+    /// validation must not pass there without it.
     pub validation: bool,
     /// Panic when the backend is dropped with validation messages
     /// collected and unread. For tests: it turns a message anywhere in a
@@ -443,7 +466,15 @@ impl Gpu {
         let entry = load_entry()?;
         let validation = config.validation && layer_present(&entry, VALIDATION_LAYER);
         if config.validation && !validation {
-            tracing::info!("VK_LAYER_KHRONOS_validation is not installed; running without it");
+            if let Some(why) = validation_required_by() {
+                return Err(Error::Refused {
+                    reason: format!(
+                        "{VALIDATION_LAYER_MISSING}; validation was asked for and is required \
+                         here ({why})"
+                    ),
+                });
+            }
+            tracing::info!("{VALIDATION_LAYER_MISSING}; running without it");
         }
         let (instance, api) = make_instance(&entry, validation)?;
         let messages: Messages = Arc::default();

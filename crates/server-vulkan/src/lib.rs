@@ -87,11 +87,22 @@
 //!
 //! # Validation
 //!
-//! [`Config::validation`] enables `VK_LAYER_KHRONOS_validation` when it is
-//! installed and collects every warning and error it reports;
+//! [`Config::validation`] enables `VK_LAYER_KHRONOS_validation` and
+//! collects every warning and error it reports;
 //! [`Vulkan::validation_messages`] returns them. The crate's tests run with
 //! it and [`Config::fail_on_validation`], so any message fails the test.
 //! [`client`] enables it only when `SCOPE_VULKAN_VALIDATION=1`.
+//!
+//! Where the layer is not installed, asking for it opens the device
+//! without it ([`Vulkan::validating`] is false), and the tests that promise
+//! validation print `skipped: VK_LAYER_KHRONOS_validation is not installed
+//! (apt-get install vulkan-validationlayers)` instead of passing. Under CI
+//! (`CI=true`) or with `SCOPE_REQUIRE` naming vulkan the layer is a
+//! requirement: asking for it where it is missing is
+//! [`Error::Refused`](scope_core::Error::Refused), naming the layer and the
+//! package, so those tests — and the cubecl row that sets
+//! `SCOPE_VULKAN_VALIDATION=1` — fail rather than run unvalidated
+//! ([`validation_required_by`]).
 //!
 //! One test runs without it on purpose: garbage SPIR-V. The layer (1.3.239
 //! here) reports the module and then fails on it itself — a C++ exception
@@ -121,7 +132,7 @@ use scope_core::{Backend, Client, Kernel, Language, Launch, Probe, Result};
 
 pub use capture::VulkanGraph;
 pub use compile::VulkanKernel;
-pub use device::Config;
+pub use device::{Config, VALIDATION_LAYER_MISSING, validation_required_by};
 pub use memory::VulkanMemory;
 pub use stream::{StreamWait, VulkanStream};
 
@@ -147,7 +158,10 @@ impl Vulkan {
     /// # Errors
     ///
     /// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
-    /// when there is no loader, no instance or no usable device.
+    /// when there is no loader, no instance or no usable device;
+    /// [`Error::Refused`](scope_core::Error::Refused) when validation is
+    /// asked for, the layer is missing and [`validation_required_by`] says
+    /// it is a requirement here.
     pub fn new(config: Config) -> Result<Self> {
         let gpu = Gpu::open(&config)?;
         Ok(Self {
@@ -434,7 +448,10 @@ impl Backend for Vulkan {
 /// # Errors
 ///
 /// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
-/// when there is no loader or no usable device; never a panic.
+/// when there is no loader or no usable device; with
+/// `SCOPE_VULKAN_VALIDATION=1`, [`Error::Refused`](scope_core::Error::Refused)
+/// when the layer is missing where it is required ([`Config::validation`]).
+/// Never a panic.
 pub fn client() -> Result<Client<Vulkan>> {
     let validation = std::env::var("SCOPE_VULKAN_VALIDATION").is_ok_and(|v| v == "1");
     client_with(Config {

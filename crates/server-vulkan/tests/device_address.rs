@@ -17,8 +17,7 @@
 
 mod common;
 
-use common::{bytes, validating, words};
-use scope_core::conformance::client_or_skip;
+use common::{bytes, validating_or_skip, words};
 use scope_core::{Binding, Dispatch, Error, FaultPlan, Kernel, Site, StreamId};
 
 const ENTRY: &str = "fill_6aceb640";
@@ -41,7 +40,7 @@ fn fill() -> Kernel {
 /// says nothing.
 #[test]
 fn a_device_address_kernel_writes_its_binding() {
-    let Some(c) = client_or_skip(validating) else {
+    let Some(c) = validating_or_skip() else {
         return;
     };
     let buffer = c.upload(&bytes(&vec![1; 512])).unwrap();
@@ -66,7 +65,7 @@ fn a_device_address_kernel_writes_its_binding() {
 /// and a rewrite through the address kernel heals it.
 #[test]
 fn the_failure_model_holds_for_address_kernels() {
-    let Some(c) = client_or_skip(validating) else {
+    let Some(c) = validating_or_skip() else {
         return;
     };
     let out = c.try_allocate(256 * 4).unwrap();
@@ -110,7 +109,7 @@ fn the_failure_model_holds_for_address_kernels() {
 /// is recorded.
 #[test]
 fn the_address_count_must_match_the_block() {
-    let Some(c) = client_or_skip(validating) else {
+    let Some(c) = validating_or_skip() else {
         return;
     };
     let a = c.try_allocate(256).unwrap();
@@ -138,7 +137,7 @@ fn the_address_count_must_match_the_block() {
 /// behaviour).
 #[test]
 fn a_missing_entry_point_is_a_compile_error() {
-    let Some(c) = client_or_skip(validating) else {
+    let Some(c) = validating_or_skip() else {
         return;
     };
     let error = c.compile(&fill().entry("main")).unwrap_err();

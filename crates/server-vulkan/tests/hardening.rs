@@ -5,7 +5,6 @@
 mod common;
 
 use common::{bytes, fill, words};
-use scope_core::conformance::client_or_skip;
 use scope_core::{Binding, Dispatch, Kernel};
 
 /// Writes `value` at `out[base + id.x]` for every invocation, with no bounds
@@ -29,7 +28,7 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
 /// to it on drivers that do not.
 #[test]
 fn an_out_of_bounds_kernel_stays_inside_its_binding() {
-    let Some(c) = client_or_skip(common::validating) else {
+    let Some(c) = common::validating_or_skip() else {
         return;
     };
     if c.describe().contains("llvmpipe") {
@@ -66,7 +65,7 @@ fn an_out_of_bounds_kernel_stays_inside_its_binding() {
 /// push-descriptor layout (undefined behaviour): a compile error instead.
 #[test]
 fn a_wgsl_binding_that_is_not_a_storage_buffer_does_not_compile() {
-    let Some(c) = client_or_skip(common::validating) else {
+    let Some(c) = common::validating_or_skip() else {
         return;
     };
     let uniform = Kernel::wgsl(
@@ -89,7 +88,7 @@ fn a_wgsl_binding_that_is_not_a_storage_buffer_does_not_compile() {
 /// within the limits compiles.
 #[test]
 fn a_workgroup_past_the_device_does_not_compile() {
-    let Some(c) = client_or_skip(common::validating) else {
+    let Some(c) = common::validating_or_skip() else {
         return;
     };
     let limits = c.limits().launch.clone();
@@ -159,7 +158,7 @@ fn indirect_counts(
 /// for hours (a sync gave up after 120 s with a timeout fault).
 #[test]
 fn an_indirect_count_past_the_limit_runs_nothing() {
-    let Some(c) = client_or_skip(common::validating) else {
+    let Some(c) = common::validating_or_skip() else {
         return;
     };
     let max = c.with_backend(|b| b.max_workgroups());
@@ -202,7 +201,7 @@ fn an_indirect_count_past_the_limit_runs_nothing() {
 /// finds in memory then.
 #[test]
 fn a_replayed_indirect_launch_judges_the_counts_of_each_replay() {
-    let Some(c) = client_or_skip(common::validating) else {
+    let Some(c) = common::validating_or_skip() else {
         return;
     };
     let out = c.upload(&bytes(&[4; 64])).unwrap();
@@ -231,7 +230,7 @@ fn a_replayed_indirect_launch_judges_the_counts_of_each_replay() {
 /// in the stream's unsubmitted batch.
 #[test]
 fn destroying_a_graph_waits_for_its_replays() {
-    let Some(c) = client_or_skip(common::validating) else {
+    let Some(c) = common::validating_or_skip() else {
         return;
     };
     let out = c.try_allocate(64 * 1024 * 4).unwrap();

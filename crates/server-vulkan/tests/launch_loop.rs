@@ -6,7 +6,6 @@
 mod common;
 
 use common::{bytes, copy, words};
-use scope_core::conformance::client_or_skip;
 use scope_core::{Binding, Dispatch};
 
 /// Resident set size in KiB (Linux), or `None` where `/proc` is absent.
@@ -23,7 +22,7 @@ fn rss_kib() -> Option<u64> {
 /// and the resident size stay flat.
 #[test]
 fn a_loop_that_only_launches_runs_in_bounded_memory() {
-    let Some(c) = client_or_skip(common::validating) else {
+    let Some(c) = common::validating_or_skip() else {
         return;
     };
     let n = 64u32;

@@ -24,7 +24,7 @@ fn groups(n: u32) -> Dispatch<'static> {
 /// The largest allocation itself is fine, and so is the device.
 #[test]
 fn an_allocation_past_the_device_is_an_invalid_argument_and_the_device_keeps_working() {
-    let Some(client) = client_or_skip(common::validating) else {
+    let Some(client) = common::validating_or_skip() else {
         return;
     };
     let largest = client.with_backend(scope_core::Backend::max_allocation);
@@ -113,7 +113,7 @@ fn step_cpu(x: u32) -> u32 {
 
 #[test]
 fn a_captured_window_replayed_a_thousand_times_gives_the_right_numbers() {
-    let Some(client) = client_or_skip(common::validating) else {
+    let Some(client) = common::validating_or_skip() else {
         return;
     };
     let n = 1000u32;
@@ -177,7 +177,7 @@ fn a_captured_window_replayed_a_thousand_times_gives_the_right_numbers() {
 
 #[test]
 fn two_streams_order_through_shared_buffers_and_run_independently() {
-    let Some(a) = client_or_skip(common::validating) else {
+    let Some(a) = common::validating_or_skip() else {
         return;
     };
     let b = a.new_stream().unwrap();
@@ -255,7 +255,7 @@ fn two_streams_order_through_shared_buffers_and_run_independently() {
 
 #[test]
 fn a_million_element_kernel_matches_the_cpu() {
-    let Some(client) = client_or_skip(common::validating) else {
+    let Some(client) = common::validating_or_skip() else {
         return;
     };
     let n = 1u32 << 20;
@@ -284,7 +284,7 @@ fn a_million_element_kernel_matches_the_cpu() {
 
 #[test]
 fn a_failure_in_the_middle_of_a_chain_is_reported_with_the_chain() {
-    let Some(client) = client_or_skip(common::validating) else {
+    let Some(client) = common::validating_or_skip() else {
         return;
     };
     let n = 256u32;
@@ -367,7 +367,7 @@ fn a_failure_in_the_middle_of_a_chain_is_reported_with_the_chain() {
 
 #[test]
 fn the_staging_path_writes_reads_and_copies() {
-    let Some(client) = client_or_skip(common::validating_staged) else {
+    let Some(client) = common::validating_staged_or_skip() else {
         return;
     };
     let n = 50_000u32; // 200 KB: a staged write, not an inline one
@@ -408,7 +408,7 @@ fn the_staging_path_writes_reads_and_copies() {
 /// to the same buffer, which it must see.
 #[test]
 fn a_staged_read_larger_than_a_chunk() {
-    let Some(client) = client_or_skip(common::validating_staged) else {
+    let Some(client) = common::validating_staged_or_skip() else {
         return;
     };
     let n = 300_000u32; // 1.2 MB: past a 256 KiB chunk
@@ -426,7 +426,7 @@ fn a_staged_read_larger_than_a_chunk() {
 
 #[test]
 fn freed_memory_is_reused_and_blocks_are_pooled() {
-    let Some(client) = client_or_skip(common::validating) else {
+    let Some(client) = common::validating_or_skip() else {
         return;
     };
     let first = client.try_allocate(1 << 20).unwrap();
@@ -466,7 +466,7 @@ fn freed_memory_is_reused_and_blocks_are_pooled() {
 /// nothing and fires no hook — as the core's own checks, and as wgpu.
 #[test]
 fn a_launch_past_the_device_limits_is_an_invalid_argument_that_claims_nothing() {
-    let Some(client) = client_or_skip(common::validating) else {
+    let Some(client) = common::validating_or_skip() else {
         return;
     };
     let out = client.upload(&bytes(&[6; 64])).unwrap();
@@ -514,7 +514,7 @@ fn a_launch_past_the_device_limits_is_an_invalid_argument_that_claims_nothing() 
 
 #[test]
 fn spirv_from_naga_runs_like_the_wgsl_it_came_from() {
-    let Some(client) = client_or_skip(common::validating) else {
+    let Some(client) = common::validating_or_skip() else {
         return;
     };
     let module = naga::front::wgsl::parse_str(common::FILL).unwrap();
@@ -588,13 +588,10 @@ fn provoke_validation_error(client: &scope_core::Client<server_vulkan::Vulkan>) 
 /// backend panics when dropped with messages unread.
 #[test]
 fn a_validation_message_is_collected_and_fails_the_test() {
-    let Some(client) = client_or_skip(common::validating) else {
+    let Some(client) = common::validating_or_skip() else {
         return;
     };
-    if !client.with_backend(|b| b.validating()) {
-        println!("skipped: VK_LAYER_KHRONOS_validation is not installed");
-        return;
-    }
+    assert!(client.with_backend(|b| b.validating()));
     provoke_validation_error(&client);
     let messages = client.with_backend(|b| b.validation_messages());
     assert!(messages.iter().any(|m| m.contains("00912")), "{messages:?}");

@@ -1,27 +1,66 @@
 //! Shared by the crate's tests: a validating client and the WGSL kernels.
 #![allow(dead_code)]
 
-use scope_core::{Client, Kernel, Result};
-use server_vulkan::{Config, Vulkan};
+use scope_core::conformance::client_or_skip;
+use scope_core::{Client, Error, Kernel, Result};
+use server_vulkan::{Config, VALIDATION_LAYER_MISSING, Vulkan};
 
-/// A client with the validation layer on (when installed) whose backend
-/// panics on drop if the layer said anything: any message fails the test.
+/// A client with the validation layer on whose backend panics on drop if
+/// the layer said anything: any message fails the test.
+///
+/// Where the layer is not installed: under CI or `SCOPE_REQUIRE=vulkan`
+/// the server refuses to open without it (a failure, through
+/// `client_or_skip`); elsewhere this is
+/// [`Error::BackendUnavailable`] with [`VALIDATION_LAYER_MISSING`] as the
+/// reason, so that a test that promises validation skips instead of
+/// passing without it.
 pub fn validating() -> Result<Client<Vulkan>> {
-    let _ = std::fs::create_dir_all("/tmp/xdg");
-    server_vulkan::client_with(Config {
-        validation: true,
-        fail_on_validation: true,
-        force_staging: false,
-    })
+    open(false)
 }
 
 /// As [`validating`], with device memory treated as not host-visible.
 pub fn validating_staged() -> Result<Client<Vulkan>> {
-    server_vulkan::client_with(Config {
+    open(true)
+}
+
+fn open(force_staging: bool) -> Result<Client<Vulkan>> {
+    let _ = std::fs::create_dir_all("/tmp/xdg");
+    let client = server_vulkan::client_with(Config {
         validation: true,
         fail_on_validation: true,
-        force_staging: true,
-    })
+        force_staging,
+    })?;
+    if client.with_backend(Vulkan::validating) {
+        Ok(client)
+    } else {
+        Err(Error::BackendUnavailable {
+            backend: "vulkan",
+            reason: VALIDATION_LAYER_MISSING.to_owned(),
+        })
+    }
+}
+
+/// A [`validating`] client, or `None` after printing why the test is
+/// skipped: `skipped: VK_LAYER_KHRONOS_validation is not installed (…)`
+/// where the layer is missing, `skipped: no vulkan device (…)` where the
+/// device is. Panics where either is required and missing.
+pub fn validating_or_skip() -> Option<Client<Vulkan>> {
+    or_skip(validating())
+}
+
+/// As [`validating_or_skip`], with memory staged ([`validating_staged`]).
+pub fn validating_staged_or_skip() -> Option<Client<Vulkan>> {
+    or_skip(validating_staged())
+}
+
+fn or_skip(made: Result<Client<Vulkan>>) -> Option<Client<Vulkan>> {
+    match made {
+        Err(Error::BackendUnavailable { reason, .. }) if reason == VALIDATION_LAYER_MISSING => {
+            println!("skipped: {VALIDATION_LAYER_MISSING}");
+            None
+        }
+        made => client_or_skip(|| made),
+    }
 }
 
 pub const FILL: &str = r#"
