@@ -185,6 +185,20 @@ impl Api {
             result: -1,
             log: e.to_string(),
         })?;
+        rtc.compile(source, name, options)
+    }
+}
+
+impl crate::loader::Rtc {
+    /// Compile HIP C++ (the program `<name>.hip`) with `options`: the code
+    /// object, or the failure and the compiler's log.
+    pub fn compile(
+        &self,
+        source: &str,
+        name: &str,
+        options: &[String],
+    ) -> Result<Vec<u8>, RtcFailure> {
+        let rtc = self;
         let c_source = CString::new(source)
             .map_err(|_| RtcFailure::input("the source contains a NUL byte"))?;
         let c_name = CString::new(format!("{name}.hip"))

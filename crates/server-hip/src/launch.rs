@@ -108,6 +108,56 @@ pub fn compile_options(arch: &str) -> Vec<String> {
     }
 }
 
+/// The code object hiprtc makes of `kernel`, a HIP C++ kernel, for `arch`
+/// (`gfx90a`), exactly as the server compiles it when it loads the kernel —
+/// the same options ([`compile_options`]), program name and errors — with
+/// hiprtc from the first of `rtc` that loads (hiprtc's own library, or a
+/// runtime that carries it, as ROCm 5's `libamdhip64.so.5` does), and no
+/// runtime or device: for checking kernels against the real compiler ahead
+/// of a run on AMD hardware (`tests/toolchain.rs` does).
+///
+/// # Errors
+///
+/// [`Error::BackendUnavailable`] when no hiprtc loads from `rtc`;
+/// [`Error::Compile`] with hiprtc's log when it refuses the source, or when
+/// `kernel` is not HIP C++; [`Error::OutOfMemory`] when hiprtc runs out.
+pub fn hiprtc_code(rtc: &[String], kernel: &Kernel, arch: &str) -> Result<Vec<u8>> {
+    let KernelSource::Hip(source) = kernel.source() else {
+        return Err(Error::Compile {
+            backend: BACKEND,
+            kernel: kernel.name().clone(),
+            log: format!(
+                "hiprtc compiles HIP C++, not {}",
+                kernel.source().language()
+            ),
+        });
+    };
+    let table = crate::loader::Api::rtc_from(rtc).map_err(|e| Error::BackendUnavailable {
+        backend: BACKEND,
+        reason: e.to_string(),
+    })?;
+    table
+        .compile(source, kernel.name(), &compile_options(arch))
+        .map_err(|f| rtc_error(kernel, f))
+}
+
+/// A hiprtc failure as the core's error.
+fn rtc_error(kernel: &Kernel, failure: crate::api::RtcFailure) -> Error {
+    if failure.out_of_memory() {
+        Error::OutOfMemory {
+            backend: BACKEND,
+            requested: 0,
+            detail: failure.log,
+        }
+    } else {
+        Error::Compile {
+            backend: BACKEND,
+            kernel: kernel.name().clone(),
+            log: failure.log,
+        }
+    }
+}
+
 impl Hip {
     pub(crate) fn compile(&mut self, kernel: &Kernel) -> Result<HipKernel> {
         let failed = |log: String| Error::Compile {
@@ -129,17 +179,7 @@ impl Hip {
         let code = self
             .api
             .compile(source, kernel.name(), &compile_options(&self.info.arch))
-            .map_err(|f| {
-                if f.out_of_memory() {
-                    Error::OutOfMemory {
-                        backend: BACKEND,
-                        requested: 0,
-                        detail: f.log,
-                    }
-                } else {
-                    failed(f.log)
-                }
-            })?;
+            .map_err(|f| rtc_error(kernel, f))?;
         let module =
             self.api
                 .load_module(&code)

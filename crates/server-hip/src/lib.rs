@@ -60,6 +60,25 @@
 //! the server still copies and captures, and compiling fails with the
 //! reason.
 //!
+//! ROCm 5's runtime is refused, typed: `libamdhip64.so.5` has no
+//! `hipGetDevicePropertiesR0600`, so loading it answers
+//! [`LoadError::MissingSymbol`] (`BackendUnavailable` from [`client`])
+//! before any call. Its `hipDeviceProp_t` is another layout (792 bytes,
+//! `totalGlobalMem` at 256 and `gcnArchName` at 396, where ROCm 6's put a
+//! UUID and LUID first and have them at 288 and 1160 of 1472), so it could
+//! not be read through this crate's struct in any case.
+//!
+//! # Checked against the real compiler
+//!
+//! `tests/toolchain.rs` compiles every HIP kernel the project emits (this
+//! crate's test kernels, tiny-runtime's, scope-cube's translations) through
+//! [`hiprtc_code`] — the server's own hiprtc call, with no runtime or
+//! device — on a real hiprtc, for `gfx90a` and `gfx942`, and checks each
+//! code object defines the entry point. CI can install only Debian's ROCm
+//! 5.2 (`ci/install-hip-toolchain.sh`), whose hiprtc compiles for gfx90a
+//! but predates gfx942 and aborts the process when asked for it; the test
+//! reports gfx942 skipped there.
+//!
 //! # What differs from CUDA
 //!
 //! - HIP has no indirect launch: an indirect dispatch reads its counts back
@@ -83,7 +102,7 @@ mod memory;
 
 pub use capture::HipGraph;
 pub use device::{DeviceInfo, Hip, HipStream, HipWaiter};
-pub use launch::HipKernel;
+pub use launch::{HipKernel, compile_options, hiprtc_code};
 pub use loader::LoadError;
 pub use memory::HipMemory;
 

@@ -242,6 +242,26 @@ impl Api {
         })
     }
 
+    /// hiprtc alone, from the first of `names` that opens — hiprtc's own
+    /// library, or a runtime that carries it (ROCm 5's `libamdhip64.so.5`)
+    /// — without the runtime's table, so a runtime this crate does not
+    /// drive can still compile. Loaded once per list of names and kept for
+    /// the life of the process, as the runtime is.
+    pub fn rtc_from(names: &[String]) -> Result<&'static Rtc, LoadError> {
+        type Loaded = Vec<(Vec<String>, &'static Rtc)>;
+        static LOADED: parking_lot::Mutex<Loaded> = parking_lot::Mutex::new(Vec::new());
+        let mut loaded = LOADED.lock();
+        if let Some((_, rtc)) = loaded.iter().find(|(n, _)| n == names) {
+            return Ok(rtc);
+        }
+        let (lib, path) = open_first("hiprtc (libhiprtc)", names)?;
+        let rtc: &'static Rtc = Box::leak(Box::new(Rtc::resolve(&lib, &path)?));
+        // Never unloaded: the table's pointers point into it.
+        std::mem::forget(lib);
+        loaded.push((names.to_vec(), rtc));
+        Ok(rtc)
+    }
+
     /// The process's HIP, loaded on first use.
     pub fn get() -> Result<Arc<Api>, LoadError> {
         static API: OnceLock<Result<Arc<Api>, LoadError>> = OnceLock::new();
