@@ -16,8 +16,8 @@ use server_wgpu::Wgpu;
 fn client() -> Option<Client> {
     if ScopeRuntime::<Wgpu>::enumerate_all_devices().is_empty() {
         assert!(
-            std::env::var("SCOPE_REQUIRE").as_deref() != Ok("wgpu"),
-            "SCOPE_REQUIRE=wgpu, and there is no wgpu device"
+            !scope_core::required("wgpu"),
+            "SCOPE_REQUIRE names wgpu, and there is no wgpu device"
         );
         println!("skipped: no wgpu device");
         return None;

@@ -40,8 +40,8 @@ use scope_cubecl::{CubeBackend, ScopeDevice, ScopeRuntime};
 fn client<B: CubeBackend>(name: &str) -> Option<Client> {
     if ScopeRuntime::<B>::enumerate_all_devices().is_empty() {
         assert!(
-            std::env::var("SCOPE_REQUIRE").as_deref() != Ok(name),
-            "SCOPE_REQUIRE={name}, and there is no {name} device"
+            !scope_core::required(name),
+            "SCOPE_REQUIRE names {name}, and there is no {name} device"
         );
         println!("skipped: no {name} device");
         return None;
