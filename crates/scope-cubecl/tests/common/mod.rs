@@ -1,6 +1,35 @@
 //! What every runtime-test binary instantiates, once: one binary per
 //! server (each monomorphises every test for its runtime), the same tests
-//! in each.
+//! in each, and three things cubecl's generated tests cannot say for
+//! themselves.
+//!
+//! - **Whether a test exercised anything.** cubecl's runtime tests return
+//!   early, and pass, when the device lacks what they test (plane
+//!   operations, cmma, barriers, float atomics, a second device…). The
+//!   tests name the runtime as `TestRuntime`, which is [`Watched<B>`]:
+//!   `ScopeRuntime<B>` with a hook on every call a test makes to it (its
+//!   client, the device list). The first such call starts the test's
+//!   count; when the test's thread ends, the count says whether anything
+//!   reached the device in between — a kernel launch, which cubecl reports
+//!   to a [`LaunchObserver`] on the thread that issues it, or any thread's
+//!   first operation on a device (an allocation, a write, a read, a sync, a
+//!   launch), which cubecl answers by giving that thread a fresh stream id.
+//!   A test with neither prints `not exercised: nothing reached the device
+//!   [<test>]`, and `cargo xtask test` counts it as not exercised rather
+//!   than passed. Nothing here names a family or a feature: a family a
+//!   server starts to support counts as exercised the first time it
+//!   reaches the device, and a host-only test (one of cubecl's checks a
+//!   kernel's name and launches nothing) counts as not exercised.
+//! - **One test at a time.** Launches and stream ids are counted for the
+//!   whole process, so the tests of one process take turns at the device:
+//!   nextest runs each test in a process of its own anyway, and under plain
+//!   libtest they queue. That is also what counts the threads a test
+//!   spawns as the test's.
+//! - **No device.** The first call probes the server. With no device, the
+//!   binary prints `skipped: no <backend> device (<why>)` and ends the
+//!   process successfully, since a generated test cannot return early by
+//!   itself; with `SCOPE_REQUIRE` naming the backend
+//!   ([`scope_core::required`]), every test fails instead.
 //!
 //! A test known not to hold on a backend is marked in its binary, with its
 //! reason, by a `not_run` function the binary passes to
@@ -8,14 +37,306 @@
 //! Only `binary_untyped` is instantiated test by test for this (the two
 //! such tests are there); the other families come from cubecl's macros
 //! whole.
+//!
+//! libtest captures a test's output only while the test function runs, and
+//! the verdict comes when its thread ends, after that: it goes to stdout
+//! directly and names the test in brackets, so that it can be told whose
+//! it is under plain libtest (nextest shows each process's output whole).
 
 #![allow(dead_code)]
 
+use std::cell::RefCell;
+use std::io::Write;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Once, OnceLock, PoisonError};
+
+use cubecl_common::device::DeviceId;
+use cubecl_core::ir::TargetProperties;
+use cubecl_core::zspace::{Shape, Strides};
+use cubecl_environment::stream::{StreamId, StreamPolicy};
+use cubecl_runtime::client::Client;
+use cubecl_runtime::logging::{LaunchObservation, LaunchObserver};
+use cubecl_runtime::runtime::{
+    DeviceDescription, DevicePower, DeviceTemperature, DeviceUtilization, Runtime,
+    UtilizationUnavailable,
+};
 use scope_cubecl::{CubeBackend, ScopeDevice, ScopeRuntime};
 
-/// The running test does not run, for `why`: say so.
+/// `ScopeRuntime<B>`, with a hook where each test gets its client: the
+/// runtime the tests name as `TestRuntime`. Everything else is
+/// `ScopeRuntime<B>`'s, the server type included, so the tests run on the
+/// same server and service a program naming `ScopeRuntime<B>` gets.
+pub struct Watched<B>(PhantomData<fn() -> B>);
+
+impl<B> Clone for Watched<B> {
+    fn clone(&self) -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<B> std::fmt::Debug for Watched<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Watched")
+    }
+}
+
+impl<B: CubeBackend> Runtime for Watched<B> {
+    type Server = <ScopeRuntime<B> as Runtime>::Server;
+    type Device = <ScopeRuntime<B> as Runtime>::Device;
+
+    fn client(device: &Self::Device) -> Client {
+        watched::<B, _>(|| ScopeRuntime::<B>::client(device))
+    }
+
+    fn can_read_tensor(shape: &Shape, strides: &Strides) -> bool {
+        watched::<B, _>(|| ScopeRuntime::<B>::can_read_tensor(shape, strides))
+    }
+
+    fn target_properties() -> TargetProperties {
+        watched::<B, _>(ScopeRuntime::<B>::target_properties)
+    }
+
+    fn enumerate_devices(type_id: u16) -> Vec<DeviceId> {
+        watched::<B, _>(|| ScopeRuntime::<B>::enumerate_devices(type_id))
+    }
+
+    fn enumerate_all_devices() -> Vec<DeviceId> {
+        watched::<B, _>(ScopeRuntime::<B>::enumerate_all_devices)
+    }
+
+    fn enumerate_devices_like(device_id: DeviceId) -> Vec<DeviceId> {
+        watched::<B, _>(|| ScopeRuntime::<B>::enumerate_devices_like(device_id))
+    }
+
+    fn find_device(device_id: DeviceId) -> Result<(), usize> {
+        watched::<B, _>(|| ScopeRuntime::<B>::find_device(device_id))
+    }
+
+    fn is_available() -> bool {
+        watched::<B, _>(ScopeRuntime::<B>::is_available)
+    }
+
+    fn description(device: &Self::Device) -> Option<DeviceDescription> {
+        watched::<B, _>(|| ScopeRuntime::<B>::description(device))
+    }
+
+    fn utilization(device: &Self::Device) -> Result<DeviceUtilization, UtilizationUnavailable> {
+        watched::<B, _>(|| ScopeRuntime::<B>::utilization(device))
+    }
+
+    fn temperature(device: &Self::Device) -> Result<DeviceTemperature, UtilizationUnavailable> {
+        watched::<B, _>(|| ScopeRuntime::<B>::temperature(device))
+    }
+
+    fn power(device: &Self::Device) -> Result<DevicePower, UtilizationUnavailable> {
+        watched::<B, _>(|| ScopeRuntime::<B>::power(device))
+    }
+}
+
+/// `call`, `ScopeRuntime<B>`'s answer, as the first thing a test asks of
+/// its runtime (a client, or the device list for the tests that need two
+/// devices) starts the test's count: after the call, so that opening the
+/// server is not counted as the test's work.
+fn watched<B: CubeBackend, T>(call: impl FnOnce() -> T) -> T {
+    let test = starting::<B>();
+    let answer = call();
+    if test {
+        mark_start();
+    }
+    answer
+}
+
+/// Kernel launches issued in this process, on any thread, since the
+/// observer was installed.
+static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// Counts every launch cubecl issues. cubecl calls it on the issuing thread
+/// before the launch is submitted, discarded launches (compile-only modes)
+/// included.
+struct CountLaunches;
+
+impl LaunchObserver for CountLaunches {
+    fn launched(&self, _kernel: &'static str) {
+        LAUNCHES.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether a test holds the device; the others wait for it.
+static SLOT: Mutex<bool> = Mutex::new(false);
+static SLOT_FREED: Condvar = Condvar::new();
+
+/// Wait for the device, and hold it.
+fn take_slot() {
+    let mut busy = SLOT.lock().unwrap_or_else(PoisonError::into_inner);
+    while *busy {
+        busy = SLOT_FREED
+            .wait(busy)
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+    *busy = true;
+}
+
+/// Hold the device if no test does.
+fn try_take_slot() -> bool {
+    let mut busy = SLOT.lock().unwrap_or_else(PoisonError::into_inner);
+    !std::mem::replace(&mut *busy, true)
+}
+
+fn give_slot() {
+    *SLOT.lock().unwrap_or_else(PoisonError::into_inner) = false;
+    SLOT_FREED.notify_one();
+}
+
+/// The test whose count this thread keeps, from its start to the end of
+/// the thread.
+struct Running {
+    /// Its name, on libtest's thread for it; `None` on a thread it spawned.
+    test: Option<String>,
+    /// [`LAUNCHES`] when it started, once its first call to the runtime
+    /// returned; `None` before, or when it is not run.
+    launches: Option<u64>,
+    /// A stream id allocated when it started: every thread's first
+    /// operation on a device allocates the next one.
+    streams: u64,
+}
+
+impl Drop for Running {
+    /// The thread is ending: say whether anything reached the device since
+    /// the test started, then let the next test have the device.
+    fn drop(&mut self) {
+        if let Some(launches) = self.launches {
+            let launched = LAUNCHES.load(Ordering::Relaxed) - launches;
+            // Ids handed out since the start, less the one asked for now.
+            let first_operations = StreamId::allocate().value - self.streams - 1;
+            if launched == 0 && first_operations == 0 {
+                match &self.test {
+                    // Straight to stdout: libtest stopped capturing this
+                    // thread's output when the test returned, so the line
+                    // names the test.
+                    Some(test) => {
+                        let _ = writeln!(
+                            std::io::stdout().lock(),
+                            "not exercised: nothing reached the device [{test}]"
+                        );
+                    }
+                    // A spawned thread prints into its test's captured
+                    // output, which the test collects when it joins it.
+                    None => println!("not exercised: nothing reached the device"),
+                }
+            }
+        }
+        give_slot();
+    }
+}
+
+std::thread_local! {
+    static RUNNING: RefCell<Option<Running>> = const { RefCell::new(None) };
+}
+
+/// Something asks the runtime for the first time on this thread: check the
+/// device (once per process), install the launch counter (once), and start
+/// a test's count if this is where its test starts. Whether it did.
+///
+/// libtest runs each test on a thread named after it: there, the test
+/// waits for the device and starts. A thread a test spawns has no name;
+/// it belongs to the test that holds the device, if one does (its work
+/// counts in that test's window). If none does, it is the first thread of
+/// its test to ask anything (cubecl's collectives run on a thread they
+/// spawn), and its test starts there. Under plain libtest another test may
+/// hold the device at that moment; then that test's window counts the
+/// thread's work and the test it belongs to has no verdict. nextest, which
+/// runs each test in a process of its own, never meets that case.
+fn starting<B: CubeBackend>() -> bool {
+    device_or_skip::<B>();
+    static OBSERVE: Once = Once::new();
+    OBSERVE.call_once(|| {
+        // For the life of the process: its guard is never dropped.
+        std::mem::forget(LaunchObservation::new(Arc::new(CountLaunches)));
+    });
+    if RUNNING.with(|running| running.borrow().is_some()) {
+        return false;
+    }
+    let thread = std::thread::current();
+    let test = thread.name().filter(|name| *name != "main");
+    if test.is_some() {
+        take_slot();
+    } else if !try_take_slot() {
+        return false;
+    }
+    RUNNING.with(|running| {
+        *running.borrow_mut() = Some(Running {
+            test: test.map(str::to_owned),
+            launches: None,
+            streams: 0,
+        });
+    });
+    true
+}
+
+/// The test's count starts now.
+fn mark_start() {
+    RUNNING.with(|running| {
+        if let Some(running) = running.borrow_mut().as_mut() {
+            running.launches = Some(LAUNCHES.load(Ordering::Relaxed));
+            running.streams = StreamId::allocate().value;
+        }
+    });
+}
+
+/// With no device for `B`, end the process after saying so (or fail, when
+/// `SCOPE_REQUIRE` names the backend). Probes once per process.
+fn device_or_skip<B: CubeBackend>() {
+    static NONE: OnceLock<Option<(&'static str, String)>> = OnceLock::new();
+    let missing = NONE.get_or_init(|| {
+        // Only the default stream policy gives each thread its own stream
+        // id on its first operation, which the count relies on.
+        assert!(
+            matches!(
+                cubecl_environment::stream::policy(),
+                StreamPolicy::PerThread
+            ),
+            "these tests count a thread's first device operation by the stream id it is given, \
+             which needs cubecl's per-thread stream policy"
+        );
+        let probe = B::probe();
+        if probe.has_device() {
+            return None;
+        }
+        let why = probe
+            .why_not
+            .clone()
+            .unwrap_or_else(|| "none found".to_owned());
+        if !scope_core::required(probe.backend) {
+            // To stdout itself: libtest would capture a `println!` and never
+            // show it, since the process ends here.
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(
+                out,
+                "skipped: no {} device ({why}): every test of this binary needs one; it stops here",
+                probe.backend
+            );
+            let _ = out.flush();
+            // A generated test cannot return early; the whole binary can.
+            // Other tests' threads wait on this initialisation until then.
+            std::process::exit(0);
+        }
+        Some((probe.backend, why))
+    });
+    if let Some((backend, why)) = missing {
+        panic!("SCOPE_REQUIRE names {backend}, and there is no {backend} device: {why}");
+    }
+}
+
+/// The running test does not run, for `why`: say so, in place of a verdict
+/// on what reached the device.
 pub fn not_run(why: &str) {
     println!("not run: {why}");
+    RUNNING.with(|running| {
+        if let Some(running) = running.borrow_mut().as_mut() {
+            running.launches = None;
+        }
+    });
 }
 
 /// The scope client of `B`'s default device, for a `not_run` condition
@@ -34,7 +355,7 @@ pub fn scope_client<B: CubeBackend>() -> scope_core::Client<B> {
 macro_rules! runtime_tests {
     ($module:ident, $backend:ty, not_run: $not_run:path) => {
         mod $module {
-            pub type TestRuntime = ::scope_cubecl::ScopeRuntime<$backend>;
+            pub type TestRuntime = $crate::common::Watched<$backend>;
 
             use ::cubecl_core::__private::Runtime;
 
