@@ -1,4 +1,4 @@
-//! The runtime's four operations written once, as `#[cube(launch)]`
+//! The runtime's operations written once, as `#[cube(launch)]`
 //! functions, and translated for whichever server the runtime runs on.
 //!
 //! These are the kernels the runtime uses by default; [`crate::kernels`]
@@ -129,11 +129,59 @@ pub fn softmax(x: &[f32], out: &mut [f32], rows: u32, cols: u32) {
     }
 }
 
+/// `out = xᵀ`: `x` is `rows × cols`, `out` `cols × rows`. One unit an
+/// element of `x`.
+#[cube(launch)]
+pub fn transpose(x: &[f32], out: &mut [f32], rows: u32, cols: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < rows * cols {
+        out[((i % cols) * rows + i / cols) as usize] = x[ABSOLUTE_POS];
+    }
+}
+
+/// `out = dy · gelu'(x)` elementwise over `rows × cols`: the derivative of
+/// the approximation [`gelu`] computes, with the same clamp.
+#[cube(launch)]
+pub fn gelu_grad(x: &[f32], dy: &[f32], out: &mut [f32], rows: u32, cols: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < rows * cols {
+        let v = x[ABSOLUTE_POS];
+        let t = f32::tanh(clamp(
+            0.7978845608f32 * (v + 0.044715f32 * v * v * v),
+            -15.0f32,
+            15.0f32,
+        ));
+        let du = 0.7978845608f32 * (1.0f32 + 0.134145f32 * v * v);
+        out[ABSOLUTE_POS] =
+            dy[ABSOLUTE_POS] * (0.5f32 * (1.0f32 + t) + 0.5f32 * v * (1.0f32 - t * t) * du);
+    }
+}
+
+/// The gradient of the mean cross-entropy over the `rows` rows with
+/// respect to the logits: `(probs - targets) / rows`, `targets` one-hot.
+#[cube(launch)]
+pub fn loss_grad(probs: &[f32], targets: &[f32], out: &mut [f32], rows: u32, cols: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < rows * cols {
+        out[ABSOLUTE_POS] = (probs[ABSOLUTE_POS] - targets[ABSOLUTE_POS]) / f32::cast_from(rows);
+    }
+}
+
+/// Plain SGD into new memory: `out = w - lr[0] · g` over `rows × cols`.
+#[cube(launch)]
+pub fn sgd(w: &[f32], g: &[f32], lr: &[f32], out: &mut [f32], rows: u32, cols: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < rows * cols {
+        out[ABSOLUTE_POS] = w[ABSOLUTE_POS] - lr[0] * g[ABSOLUTE_POS];
+    }
+}
+
 fn unbound() -> BufferCompilationArg {
     BufferCompilationArg { inplace: None }
 }
 
-/// The four operations translated for one target.
+/// The operations translated for one target: the forward four, then the
+/// four the data-parallel training step adds.
 #[derive(Clone, Debug)]
 pub struct CubeKernels {
     /// Buffers `[a, b, c]`, scalars `[m, n, k]`; 64 columns × [`ROWS`] rows
@@ -145,10 +193,21 @@ pub struct CubeKernels {
     pub gelu: CubeKernel,
     /// Buffers `[x, out]`, scalars `[rows, cols]`; 64 rows a cube.
     pub softmax: CubeKernel,
+    /// Buffers `[x, out]`, scalars `[rows, cols]` of `x`; 64 elements a
+    /// cube.
+    pub transpose: CubeKernel,
+    /// Buffers `[x, dy, out]`, scalars `[rows, cols]`; 64 elements a cube.
+    pub gelu_grad: CubeKernel,
+    /// Buffers `[probs, targets, out]`, scalars `[rows, cols]`; 64
+    /// elements a cube.
+    pub loss_grad: CubeKernel,
+    /// Buffers `[w, g, lr, out]`, scalars `[rows, cols]`; 64 elements a
+    /// cube.
+    pub sgd: CubeKernel,
 }
 
 impl CubeKernels {
-    /// The four kernels, defined for `target` and translated into its
+    /// The kernels, defined for `target` and translated into its
     /// language. Translation is pure CPU work (a few milliseconds a
     /// kernel); the server compiles the result on first use.
     ///
@@ -206,6 +265,58 @@ impl CubeKernels {
                     settings(),
                     device(target),
                     props(target),
+                    unbound(),
+                    unbound(),
+                    (),
+                    (),
+                ),
+                target,
+            )?,
+            transpose: translate(
+                &transpose::Transpose::new(
+                    settings(),
+                    device(target),
+                    props(target),
+                    unbound(),
+                    unbound(),
+                    (),
+                    (),
+                ),
+                target,
+            )?,
+            gelu_grad: translate(
+                &gelu_grad::GeluGrad::new(
+                    settings(),
+                    device(target),
+                    props(target),
+                    unbound(),
+                    unbound(),
+                    unbound(),
+                    (),
+                    (),
+                ),
+                target,
+            )?,
+            loss_grad: translate(
+                &loss_grad::LossGrad::new(
+                    settings(),
+                    device(target),
+                    props(target),
+                    unbound(),
+                    unbound(),
+                    unbound(),
+                    (),
+                    (),
+                ),
+                target,
+            )?,
+            sgd: translate(
+                &sgd::Sgd::new(
+                    settings(),
+                    device(target),
+                    props(target),
+                    unbound(),
+                    unbound(),
                     unbound(),
                     unbound(),
                     (),

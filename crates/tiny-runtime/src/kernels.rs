@@ -1,4 +1,4 @@
-//! The native path: the runtime's four kernels hand-written in every
+//! The native path: the runtime's kernels hand-written in every
 //! language a server takes, side by side.
 //!
 //! The runtime's default is the `#[cube]` path ([`crate::cube`]), one
@@ -193,7 +193,122 @@ extern "C" __global__ void softmax(const float* x, float* out, Dims d) {
 }
 "#;
 
-/// The four operations, as the kernels one server compiles.
+/// `out = xᵀ`: `x` is `rows × cols`, `out` `cols × rows`. Bindings
+/// `[x, out]`; scalars `[rows, cols]`. One invocation an element of `x`.
+/// The backward pass's matmuls run on transposed copies, so the matmul
+/// kernel stays the one the forward pass uses.
+const TRANSPOSE_WGSL: &str = r"
+struct Dims { rows: u32, cols: u32 }
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<storage, read> dims: Dims;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    if (i < dims.rows * dims.cols) {
+        out[(i % dims.cols) * dims.rows + i / dims.cols] = x[i];
+    }
+}
+";
+
+const TRANSPOSE_CUDA: &str = r#"
+struct Dims { unsigned int rows, cols; };
+extern "C" __global__ void transpose(const float* x, float* out, Dims d) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < d.rows * d.cols) { out[(size_t)(i % d.cols) * d.rows + i / d.cols] = x[i]; }
+}
+"#;
+
+/// `out[i] = dy[i] · gelu'(x[i])`, the derivative of the tanh
+/// approximation [`GELU_WGSL`] computes (same clamp). Bindings
+/// `[x, dy, out]`; scalars `[len]`.
+const GELU_GRAD_WGSL: &str = r"
+struct Dims { len: u32 }
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> dy: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<storage, read> dims: Dims;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    if (i < dims.len) {
+        let v = x[i];
+        let t = tanh(clamp(0.7978845608 * (v + 0.044715 * v * v * v), -15.0, 15.0));
+        let du = 0.7978845608 * (1.0 + 0.134145 * v * v);
+        out[i] = dy[i] * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du);
+    }
+}
+";
+
+const GELU_GRAD_CUDA: &str = r#"
+struct Dims { unsigned int len; };
+extern "C" __global__ void gelu_grad(const float* x, const float* dy, float* out, Dims d) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < d.len) {
+        float v = x[i];
+        float t = tanhf(fminf(fmaxf(0.7978845608f * (v + 0.044715f * v * v * v), -15.0f), 15.0f));
+        float du = 0.7978845608f * (1.0f + 0.134145f * v * v);
+        out[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    }
+}
+"#;
+
+/// The gradient of the mean cross-entropy over `rows` rows with respect to
+/// the logits, given the softmax `probs` and one-hot `targets`:
+/// `out[i] = (probs[i] - targets[i]) / rows`. Bindings
+/// `[probs, targets, out]`; scalars `[len, rows]`.
+const LOSS_GRAD_WGSL: &str = r"
+struct Dims { len: u32, rows: u32 }
+@group(0) @binding(0) var<storage, read> probs: array<f32>;
+@group(0) @binding(1) var<storage, read> targets: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<storage, read> dims: Dims;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    if (i < dims.len) { out[i] = (probs[i] - targets[i]) / f32(dims.rows); }
+}
+";
+
+const LOSS_GRAD_CUDA: &str = r#"
+struct Dims { unsigned int len, rows; };
+extern "C" __global__ void loss_grad(const float* probs, const float* targets, float* out, Dims d) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < d.len) { out[i] = (probs[i] - targets[i]) / (float)d.rows; }
+}
+"#;
+
+/// A step of plain SGD into new memory: `out[i] = w[i] - lr[0] · g[i]`.
+/// The learning rate is a one-element buffer, so no kernel takes a float
+/// scalar. Bindings `[w, g, lr, out]`; scalars `[len]`.
+const SGD_WGSL: &str = r"
+struct Dims { len: u32 }
+@group(0) @binding(0) var<storage, read> w: array<f32>;
+@group(0) @binding(1) var<storage, read> g: array<f32>;
+@group(0) @binding(2) var<storage, read> lr: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> dims: Dims;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    if (i < dims.len) { out[i] = w[i] - lr[0] * g[i]; }
+}
+";
+
+const SGD_CUDA: &str = r#"
+struct Dims { unsigned int len; };
+extern "C" __global__ void sgd(const float* w, const float* g, const float* lr, float* out, Dims d) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < d.len) { out[i] = w[i] - lr[0] * g[i]; }
+}
+"#;
+
+/// The operations, as the kernels one server compiles: the forward four,
+/// then the four the data-parallel training step adds.
 ///
 /// Fields are public so that a server with another language (the reference
 /// host server's registered closures, in this crate's tests) can supply its
@@ -208,6 +323,14 @@ pub struct Kernels {
     pub gelu: Kernel,
     /// `[x, out]`, scalars `[rows, cols]`, 64 rows a group.
     pub softmax: Kernel,
+    /// `[x, out]`, scalars `[rows, cols]` of `x`, 64 a group.
+    pub transpose: Kernel,
+    /// `[x, dy, out]`, scalars `[len]`, 64 a group.
+    pub gelu_grad: Kernel,
+    /// `[probs, targets, out]`, scalars `[len, rows]`, 64 a group.
+    pub loss_grad: Kernel,
+    /// `[w, g, lr, out]`, scalars `[len]`, 64 a group.
+    pub sgd: Kernel,
 }
 
 /// Which of the shipped sources a server takes.
@@ -284,6 +407,28 @@ impl Kernels {
                     SOFTMAX_CUDA,
                     [GROUP, 1, 1],
                 ),
+                transpose: make(
+                    dialect,
+                    "transpose",
+                    TRANSPOSE_WGSL,
+                    TRANSPOSE_CUDA,
+                    [GROUP, 1, 1],
+                ),
+                gelu_grad: make(
+                    dialect,
+                    "gelu_grad",
+                    GELU_GRAD_WGSL,
+                    GELU_GRAD_CUDA,
+                    [GROUP, 1, 1],
+                ),
+                loss_grad: make(
+                    dialect,
+                    "loss_grad",
+                    LOSS_GRAD_WGSL,
+                    LOSS_GRAD_CUDA,
+                    [GROUP, 1, 1],
+                ),
+                sgd: make(dialect, "sgd", SGD_WGSL, SGD_CUDA, [GROUP, 1, 1]),
             }
         }
     }

@@ -171,6 +171,16 @@ pub fn gelu(v: f32) -> f32 {
     (0.5 * v * (1.0 + t.tanh())) as f32
 }
 
+/// The derivative of [`gelu`] at `v` (same approximation, same clamp).
+pub fn gelu_grad(v: f32) -> f32 {
+    let v = f64::from(v);
+    let t = (0.797_884_560_8 * (v + 0.044_715 * v * v * v))
+        .clamp(-15.0, 15.0)
+        .tanh();
+    let du = 0.797_884_560_8 * (1.0 + 3.0 * 0.044_715 * v * v);
+    (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du) as f32
+}
+
 /// Softmax of one row.
 pub fn softmax(row: &[f32]) -> Vec<f32> {
     let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);

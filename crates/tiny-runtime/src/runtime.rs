@@ -1,4 +1,4 @@
-//! Tensors and the four operations, issued through the server contract.
+//! Tensors and the operations, issued through the server contract.
 //!
 //! The runtime is generic over `B: Backend` and touches nothing but
 //! [`Client`]: it never matches on a backend, never syncs between kernels,
@@ -16,16 +16,19 @@
 //!   away and leave a half-issued pass, so the runtime logs it and carries
 //!   on; [`Runtime::read`] is where the caller learns of it.
 
-use scope_core::{Backend, Binding, Buffer, Client, Dispatch, Error, Kernel, Result};
+use scope_core::{Backend, Binding, Buffer, Client, Dispatch, Error, Kernel, Result, Slice};
 use scope_cube::{Args, CubeKernel, Target};
 
 use crate::cube::CubeKernels;
 use crate::kernels::{Dialect, GROUP, Kernels, ROWS};
 
-/// A row-major `f32` matrix on the device.
+/// A row-major `f32` matrix on the device: a whole buffer, or a part of
+/// one that [`Runtime::packed`] laid out.
 #[derive(Clone, Debug)]
 pub struct Tensor {
     buffer: Buffer,
+    /// Where its bytes start in `buffer`.
+    offset: u64,
     rows: usize,
     cols: usize,
 }
@@ -52,8 +55,20 @@ impl Tensor {
     }
 
     /// The device buffer, for reports and for work outside the runtime.
+    /// A packed tensor is part of it: see [`slice`](Self::slice).
     pub fn buffer(&self) -> &Buffer {
         &self.buffer
+    }
+
+    /// Where its bytes start in [`buffer`](Self::buffer).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Its bytes: what a launch binds, a read reads and a collective moves.
+    pub fn slice(&self) -> Slice<'_> {
+        self.buffer
+            .slice(self.offset..self.offset + self.len() as u64 * 4)
     }
 }
 
@@ -119,6 +134,17 @@ enum Op {
     BiasAdd,
     Gelu,
     Softmax,
+    Transpose,
+    GeluGrad,
+    LossGrad,
+    Sgd,
+}
+
+impl Op {
+    /// The forward pass's operations.
+    const FORWARD: [Op; 4] = [Op::Matmul, Op::BiasAdd, Op::Gelu, Op::Softmax];
+    /// What a training step adds to them.
+    const TRAINING: [Op; 4] = [Op::Transpose, Op::GeluGrad, Op::LossGrad, Op::Sgd];
 }
 
 /// A client and the kernels its server compiles.
@@ -221,13 +247,29 @@ impl<B: Backend> Runtime<B> {
         &self.path
     }
 
-    /// Compile every kernel now, so the first pass does not time compiles.
+    /// Compile the forward pass's kernels now, so the first pass does not
+    /// time compiles.
     ///
     /// # Errors
     ///
     /// The first compile error, with the compiler's log.
     pub fn compile(&self) -> Result<()> {
-        for op in [Op::Matmul, Op::BiasAdd, Op::Gelu, Op::Softmax] {
+        self.compile_ops(&Op::FORWARD)
+    }
+
+    /// Compile every kernel a training step launches (the forward pass's
+    /// and the backward pass's), so the first step does not time compiles.
+    ///
+    /// # Errors
+    ///
+    /// As [`compile`](Self::compile).
+    pub fn compile_training(&self) -> Result<()> {
+        self.compile_ops(&Op::FORWARD)?;
+        self.compile_ops(&Op::TRAINING)
+    }
+
+    fn compile_ops(&self, ops: &[Op]) -> Result<()> {
+        for &op in ops {
             let kernel = match &self.path {
                 Path::Native(k) => Self::native_kernel(k, op),
                 // SAFETY: compiled here, not launched; `issue` launches it
@@ -245,6 +287,10 @@ impl<B: Backend> Runtime<B> {
             Op::BiasAdd => &kernels.bias_add,
             Op::Gelu => &kernels.gelu,
             Op::Softmax => &kernels.softmax,
+            Op::Transpose => &kernels.transpose,
+            Op::GeluGrad => &kernels.gelu_grad,
+            Op::LossGrad => &kernels.loss_grad,
+            Op::Sgd => &kernels.sgd,
         }
     }
 
@@ -254,6 +300,10 @@ impl<B: Backend> Runtime<B> {
             Op::BiasAdd => &kernels.bias_add,
             Op::Gelu => &kernels.gelu,
             Op::Softmax => &kernels.softmax,
+            Op::Transpose => &kernels.transpose,
+            Op::GeluGrad => &kernels.gelu_grad,
+            Op::LossGrad => &kernels.loss_grad,
+            Op::Sgd => &kernels.sgd,
         }
     }
 
@@ -269,7 +319,50 @@ impl<B: Backend> Runtime<B> {
             .and_then(|n| n.checked_mul(4))
             .ok_or_else(|| Error::invalid("tensor shape", format!("{rows}×{cols} overflows")))?;
         let buffer = self.client.try_allocate(bytes as u64)?;
-        Ok(Tensor { buffer, rows, cols })
+        Ok(Tensor {
+            buffer,
+            offset: 0,
+            rows,
+            cols,
+        })
+    }
+
+    /// Tensors of the `shapes` given (`(rows, cols)` each) laid out in one
+    /// zeroed buffer, each at an offset the backend can bind (its
+    /// `binding_alignment`), and the whole buffer as one `1 × n` tensor
+    /// (the gaps included, which stay zero). One buffer holds a model's
+    /// parameters, or its gradients, so that one collective or one launch
+    /// covers them all.
+    ///
+    /// # Errors
+    ///
+    /// As [`empty`](Self::empty) and [`write`](Self::write); no shapes.
+    pub fn packed(&self, shapes: &[(usize, usize)]) -> Result<(Tensor, Vec<Tensor>)> {
+        if shapes.is_empty() {
+            return Err(Error::invalid("packed tensors", "no shapes"));
+        }
+        let align = self.client.limits().binding_alignment.max(4);
+        let mut offsets = Vec::with_capacity(shapes.len());
+        let mut end = 0u64;
+        for &(rows, cols) in shapes {
+            let start = end.div_ceil(align) * align;
+            offsets.push(start);
+            end = start + (rows * cols) as u64 * 4;
+        }
+        let words = usize::try_from(end / 4)
+            .map_err(|_| Error::invalid("packed tensors", format!("{end} bytes")))?;
+        let whole = self.upload(1, words, &vec![0.0; words])?;
+        let parts = shapes
+            .iter()
+            .zip(offsets)
+            .map(|(&(rows, cols), offset)| Tensor {
+                buffer: whole.buffer.clone(),
+                offset,
+                rows,
+                cols,
+            })
+            .collect();
+        Ok((whole, parts))
     }
 
     /// A `rows × cols` tensor holding `data`.
@@ -302,7 +395,7 @@ impl<B: Backend> Runtime<B> {
             ));
         }
         let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.client.write(&tensor.buffer, &bytes)
+        self.client.write(tensor.slice(), &bytes)
     }
 
     /// The values of `tensor`, after the work that writes them.
@@ -312,7 +405,7 @@ impl<B: Backend> Runtime<B> {
     /// [`Error::Unwritten`] when a failure claims them: the root error and
     /// the chain of kernels that were skipped on the way here.
     pub fn read(&self, tensor: &Tensor) -> Result<Vec<f32>> {
-        let bytes = self.client.read(&tensor.buffer)?;
+        let bytes = self.client.read(tensor.slice())?;
         Ok(bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -410,11 +503,7 @@ impl<B: Backend> Runtime<B> {
         self.issue(
             Op::Matmul,
             name,
-            &[
-                Binding::read(&a.buffer),
-                Binding::read(&b.buffer),
-                Binding::write(&out.buffer),
-            ],
+            &[a.slice().read(), b.slice().read(), out.slice().write()],
             &dims,
             &dims,
             dispatch,
@@ -433,11 +522,7 @@ impl<B: Backend> Runtime<B> {
         self.issue(
             Op::BiasAdd,
             name,
-            &[
-                Binding::read(&x.buffer),
-                Binding::read(&bias.buffer),
-                Binding::write(&out.buffer),
-            ],
+            &[x.slice().read(), bias.slice().read(), out.slice().write()],
             &[len, cols],
             &[rows, cols],
             Dispatch::linear(groups(x.len(), GROUP)?),
@@ -455,7 +540,7 @@ impl<B: Backend> Runtime<B> {
         self.issue(
             Op::Gelu,
             name,
-            &[Binding::read(&x.buffer), Binding::write(&out.buffer)],
+            &[x.slice().read(), out.slice().write()],
             &[len],
             &[rows, cols],
             Dispatch::linear(groups(x.len(), GROUP)?),
@@ -473,10 +558,110 @@ impl<B: Backend> Runtime<B> {
         self.issue(
             Op::Softmax,
             name,
-            &[Binding::read(&x.buffer), Binding::write(&out.buffer)],
+            &[x.slice().read(), out.slice().write()],
             &[rows, cols],
             &[rows, cols],
             Dispatch::linear(groups(x.rows, GROUP)?),
+        )
+    }
+}
+
+/// The operations a training step adds: the backward pass's and the
+/// update's.
+impl<B: Backend> Runtime<B> {
+    /// `out = xᵀ`.
+    ///
+    /// # Errors
+    ///
+    /// As [`matmul`](Self::matmul).
+    pub fn transpose(&self, name: &str, x: &Tensor, out: &Tensor) -> Result<()> {
+        Self::expect_shape("transpose output", out, x.cols, x.rows)?;
+        let (_, rows, cols) = Self::dims(x)?;
+        self.issue(
+            Op::Transpose,
+            name,
+            &[x.slice().read(), out.slice().write()],
+            &[rows, cols],
+            &[rows, cols],
+            Dispatch::linear(groups(x.len(), GROUP)?),
+        )
+    }
+
+    /// `out = dy · gelu'(x)`, elementwise: the gradient through
+    /// [`gelu`](Self::gelu) at its input `x`.
+    ///
+    /// # Errors
+    ///
+    /// As [`matmul`](Self::matmul).
+    pub fn gelu_grad(&self, name: &str, x: &Tensor, dy: &Tensor, out: &Tensor) -> Result<()> {
+        Self::expect_shape("gelu_grad dy", dy, x.rows, x.cols)?;
+        Self::expect_shape("gelu_grad output", out, x.rows, x.cols)?;
+        let (len, rows, cols) = Self::dims(x)?;
+        self.issue(
+            Op::GeluGrad,
+            name,
+            &[x.slice().read(), dy.slice().read(), out.slice().write()],
+            &[len],
+            &[rows, cols],
+            Dispatch::linear(groups(x.len(), GROUP)?),
+        )
+    }
+
+    /// `out = (probs - targets) / rows`: the gradient of the mean
+    /// cross-entropy of a softmax output over its rows, with respect to the
+    /// logits, `targets` one-hot.
+    ///
+    /// # Errors
+    ///
+    /// As [`matmul`](Self::matmul).
+    pub fn loss_grad(
+        &self,
+        name: &str,
+        probs: &Tensor,
+        targets: &Tensor,
+        out: &Tensor,
+    ) -> Result<()> {
+        Self::expect_shape("loss_grad targets", targets, probs.rows, probs.cols)?;
+        Self::expect_shape("loss_grad output", out, probs.rows, probs.cols)?;
+        let (len, rows, cols) = Self::dims(probs)?;
+        self.issue(
+            Op::LossGrad,
+            name,
+            &[
+                probs.slice().read(),
+                targets.slice().read(),
+                out.slice().write(),
+            ],
+            &[len, rows],
+            &[rows, cols],
+            Dispatch::linear(groups(probs.len(), GROUP)?),
+        )
+    }
+
+    /// `out = w - lr · g`, `lr` a `1 × 1` tensor. `out` is other memory
+    /// than `w`: an update that is skipped (its gradient carries a failure)
+    /// leaves that failure on `out`, and `w` as it was.
+    ///
+    /// # Errors
+    ///
+    /// As [`matmul`](Self::matmul).
+    pub fn sgd(&self, name: &str, w: &Tensor, g: &Tensor, lr: &Tensor, out: &Tensor) -> Result<()> {
+        Self::expect_shape("sgd gradient", g, w.rows, w.cols)?;
+        Self::expect_shape("sgd learning rate", lr, 1, 1)?;
+        Self::expect_shape("sgd output", out, w.rows, w.cols)?;
+        let (len, rows, cols) = Self::dims(w)?;
+        self.issue(
+            Op::Sgd,
+            name,
+            &[
+                w.slice().read(),
+                g.slice().read(),
+                lr.slice().read(),
+                out.slice().write(),
+            ],
+            &[len],
+            &[rows, cols],
+            Dispatch::linear(groups(w.len(), GROUP)?),
         )
     }
 }

@@ -66,11 +66,56 @@ fn host_runtime() -> Runtime<Host> {
         store(&mut args.bindings[1], &out);
         Ok(())
     });
+    host.register("transpose", |args: &mut HostArgs<'_>| {
+        let (rows, cols) = (args.scalar_u32(0) as usize, args.scalar_u32(1) as usize);
+        let x = floats(&args.bindings[0]);
+        let mut out = vec![0.0; rows * cols];
+        for r in 0..rows {
+            for c in 0..cols {
+                out[c * rows + r] = x[r * cols + c];
+            }
+        }
+        store(&mut args.bindings[1], &out);
+        Ok(())
+    });
+    host.register("gelu_grad", |args: &mut HostArgs<'_>| {
+        let out: Vec<f32> = floats(&args.bindings[0])
+            .into_iter()
+            .zip(floats(&args.bindings[1]))
+            .map(|(x, dy)| dy * mlp::gelu_grad(x))
+            .collect();
+        store(&mut args.bindings[2], &out);
+        Ok(())
+    });
+    host.register("loss_grad", |args: &mut HostArgs<'_>| {
+        let rows = args.scalar_u32(1) as f32;
+        let out: Vec<f32> = floats(&args.bindings[0])
+            .into_iter()
+            .zip(floats(&args.bindings[1]))
+            .map(|(p, t)| (p - t) / rows)
+            .collect();
+        store(&mut args.bindings[2], &out);
+        Ok(())
+    });
+    host.register("sgd", |args: &mut HostArgs<'_>| {
+        let lr = floats(&args.bindings[2])[0];
+        let out: Vec<f32> = floats(&args.bindings[0])
+            .into_iter()
+            .zip(floats(&args.bindings[1]))
+            .map(|(w, g)| w - lr * g)
+            .collect();
+        store(&mut args.bindings[3], &out);
+        Ok(())
+    });
     let kernels = Kernels {
         matmul: Kernel::host("matmul"),
         bias_add: Kernel::host("bias_add"),
         gelu: Kernel::host("gelu"),
         softmax: Kernel::host("softmax"),
+        transpose: Kernel::host("transpose"),
+        gelu_grad: Kernel::host("gelu_grad"),
+        loss_grad: Kernel::host("loss_grad"),
+        sgd: Kernel::host("sgd"),
     };
     Runtime::with_kernels(Client::new(host).expect("host server"), kernels)
 }
@@ -186,6 +231,26 @@ fn the_cube_kernels_translate_for_every_target_with_write_only_outputs() {
             ),
             ("gelu", &k.gelu, &[Access::Read, Access::Write][..]),
             ("softmax", &k.softmax, &[Access::Read, Access::Write][..]),
+            (
+                "transpose",
+                &k.transpose,
+                &[Access::Read, Access::Write][..],
+            ),
+            (
+                "gelu_grad",
+                &k.gelu_grad,
+                &[Access::Read, Access::Read, Access::Write][..],
+            ),
+            (
+                "loss_grad",
+                &k.loss_grad,
+                &[Access::Read, Access::Read, Access::Write][..],
+            ),
+            (
+                "sgd",
+                &k.sgd,
+                &[Access::Read, Access::Read, Access::Read, Access::Write][..],
+            ),
         ] {
             assert_eq!(kernel.target(), target);
             assert_eq!(kernel.name().as_ref(), name);
