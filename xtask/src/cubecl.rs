@@ -1,19 +1,13 @@
 //! The rows of `scope-cubecl`'s runtime tests: cubecl-core's own test
 //! suite, one binary per server, run once per device it must pass on.
 //!
-//! Each row names the binary, the environment that picks the device, the
-//! adapter the probe must have found (a row without one is skipped for no
-//! device, like any device test), and the tests it does not run with the
-//! reason — written here, next to the row, so the summary can print it.
-
-/// A test a row leaves out, and why.
-#[derive(Clone, Debug)]
-pub struct Skip {
-    /// The test's full name, as libtest prints it.
-    pub test: &'static str,
-    /// Why it is not run.
-    pub why: &'static str,
-}
+//! Each row names the binary, the environment that picks the device, and
+//! the adapter the probe must have found (a row without one is skipped for
+//! no device, like any device test). A row runs its binary whole: a test
+//! known not to hold on a device is marked in the binary, which prints
+//! `not run: <reason>` for it, and a test that returned early for a
+//! feature the device lacks prints `not exercised: …`; the summary counts
+//! both as not exercised (`crates/scope-cubecl/tests/common/mod.rs`).
 
 /// One runtime-test row.
 #[derive(Clone, Debug)]
@@ -29,24 +23,7 @@ pub struct Row {
     pub api: &'static str,
     /// What picks that device.
     pub env: &'static [(&'static str, &'static str)],
-    /// What it leaves out.
-    pub skip: &'static [Skip],
 }
-
-/// cubecl's IEEE test relaxes for a runtime whose name starts with `wgpu`
-/// (WGSL lets the compiler fold NaN, infinity and the sign of zero); the
-/// Vulkan server runs the same WGSL through naga with the same latitude,
-/// under a name that does not say so.
-const IEEE_UNDER_WGSL: Skip = Skip {
-    test: "vulkan::binary_untyped::test_ieee_constant_folds",
-    why: "WGSL's float latitude (naga folds NaN - NaN); cubecl relaxes this test only for runtimes named wgpu*",
-};
-
-/// On GL, WGSL becomes GLSL, whose `%` is undefined for negative operands.
-const GL_SIGNED_REMAINDER: Skip = Skip {
-    test: "wgpu::binary_untyped::test_signed_remainder",
-    why: "on GL, -7 % 3 reads back 0 where WGSL says -1 (GLSL leaves % of negative operands undefined); cubecl-wgpu fails it the same way on this llvmpipe",
-};
 
 /// The rows, in the order they run.
 pub const ROWS: [Row; 4] = [
@@ -56,7 +33,6 @@ pub const ROWS: [Row; 4] = [
         binary: "runtime_wgpu",
         api: "vulkan",
         env: &[("SCOPE_WGPU_BACKEND", "vulkan")],
-        skip: &[],
     },
     Row {
         name: "cubecl on wgpu (gl)",
@@ -64,7 +40,6 @@ pub const ROWS: [Row; 4] = [
         binary: "runtime_wgpu",
         api: "gl",
         env: &[("SCOPE_WGPU_BACKEND", "gl")],
-        skip: &[GL_SIGNED_REMAINDER],
     },
     Row {
         name: "cubecl on vulkan",
@@ -72,7 +47,6 @@ pub const ROWS: [Row; 4] = [
         binary: "runtime_vulkan",
         api: "",
         env: &[("SCOPE_VULKAN_VALIDATION", "1")],
-        skip: &[IEEE_UNDER_WGSL],
     },
     // No machine that runs CI has CUDA: the row is skipped there, and
     // `cargo xtask bundle --backend cuda` carries the binary to one that has.
@@ -82,7 +56,6 @@ pub const ROWS: [Row; 4] = [
         binary: "runtime_cuda",
         api: "",
         env: &[],
-        skip: &[],
     },
 ];
 

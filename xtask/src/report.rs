@@ -11,6 +11,16 @@
 //! the absent ones): it stays a pass, and its skip reasons are listed as
 //! parts skipped.
 //!
+//! A test that ran but did nothing on its device says so too, and is counted
+//! apart, as **not exercised**, never as passed: `not exercised: <reason>`
+//! (cubecl's runtime tests print `not exercised: nothing reached the device
+//! [<test>]` when they returned early for a feature the device lacks; see
+//! `crates/scope-cubecl/tests/common/mod.rs`), or `not run: <reason>` for a
+//! test its binary marks as not holding on this device. The first is
+//! printed as the test's thread ends, after libtest stopped capturing its
+//! output, so under plain libtest it stands outside the test's block: the
+//! name in brackets says whose it is.
+//!
 //! Each test's output is found in the runner's own framing:
 //!
 //! - nextest, with `--success-output immediate --failure-output immediate`:
@@ -34,6 +44,41 @@ pub fn skip_reason(line: &str) -> Option<String> {
     }
     let reason = trimmed[8..].trim();
     (!reason.is_empty()).then(|| reason.to_owned())
+}
+
+/// A line that says its test did nothing on the device: `not exercised:
+/// <reason>`, optionally ending in the test's name in brackets
+/// (`not exercised: nothing reached the device [wgpu::plane::sum]`), at the
+/// start of a line (after indentation) → (reason, name).
+pub fn not_exercised(line: &str) -> Option<(String, Option<String>)> {
+    let line = strip_ansi_ref(line);
+    let rest = after_label(line.trim(), "not exercised:")?;
+    if let Some(open) = rest.rfind('[')
+        && let Some(name) = rest[open + 1..].strip_suffix(']')
+        && !name.is_empty()
+    {
+        let reason = rest[..open].trim();
+        return (!reason.is_empty()).then(|| (reason.to_owned(), Some(name.to_owned())));
+    }
+    Some((rest.to_owned(), None))
+}
+
+/// The reason in a `not run: <reason>` line: a test its binary marks as not
+/// holding on this device.
+pub fn not_run_reason(line: &str) -> Option<String> {
+    let line = strip_ansi_ref(line);
+    after_label(line.trim(), "not run:").map(str::to_owned)
+}
+
+/// What follows `label` (any case) at the start of `trimmed`, when there is
+/// something.
+fn after_label<'a>(trimmed: &'a str, label: &str) -> Option<&'a str> {
+    let head = trimmed.get(..label.len())?;
+    if !head.eq_ignore_ascii_case(label) {
+        return None;
+    }
+    let rest = trimmed[label.len()..].trim();
+    (!rest.is_empty()).then_some(rest)
 }
 
 /// `line` without its ANSI colour and style sequences (a runner told to
@@ -398,8 +443,14 @@ pub struct Counts {
     pub skips: Vec<(String, u64)>,
     /// Reasons for parts of passing tests skipped, with counts.
     pub partly: Vec<(String, u64)>,
-    /// Tests the row leaves out on purpose, with the reason.
-    pub left_out: Vec<String>,
+    /// Tests that passed having done nothing on the device: they said `not
+    /// exercised: <reason>` (returned early for a feature the device lacks)
+    /// or `not run: <reason>` (marked as not holding on it).
+    pub not_exercised: u64,
+    /// `not exercised` reasons, each with how many tests gave it.
+    pub unexercised: Vec<(String, u64)>,
+    /// The tests marked not run, as `not run: <test> (<reason>)`.
+    pub not_run: Vec<String>,
     /// Why the row did not run, or a note.
     pub note: String,
     /// Failures, in full.
@@ -435,17 +486,29 @@ impl Counts {
             parse_libtest(lines)
         };
         let mut skipped = 0;
+        let mut unexercised = 0;
         if parsed.tests.is_empty() && parsed.passed > 0 {
-            // The runner's framing was not recognised: count the skip lines
-            // themselves, as an older xtask did, and say so.
+            // The runner's framing was not recognised: count the skip and
+            // not-exercised lines themselves, as an older xtask did, and
+            // say so.
             for reason in lines.iter().filter_map(|l| skip_reason(l)) {
                 skipped += 1;
                 bump(&mut self.skips, &reason);
             }
-            if skipped > 0 {
-                self.note = "skips counted by line: the runner's output was not recognised".into();
+            for (reason, _) in lines.iter().filter_map(|l| not_exercised(l)) {
+                unexercised += 1;
+                bump(&mut self.unexercised, &reason);
+            }
+            if skipped + unexercised > 0 {
+                self.note = "counted by line: the runner's output was not recognised".into();
             }
         }
+        // Verdicts that name their test, wherever they stand.
+        let named: Vec<(String, String)> = lines
+            .iter()
+            .filter_map(|l| not_exercised(l))
+            .filter_map(|(reason, name)| Some((name?, reason)))
+            .collect();
         let mut failures = Vec::new();
         for test in &parsed.tests {
             if !test.passed {
@@ -460,12 +523,33 @@ impl Counts {
                 Skip::Whole(reason) => {
                     skipped += 1;
                     bump(&mut self.skips, &reason);
+                    continue;
                 }
                 Skip::Partly(reasons) => {
                     for reason in reasons {
                         bump(&mut self.partly, &reason);
                     }
                 }
+            }
+            if let Some(why) = test.stdout.iter().find_map(|l| not_run_reason(l)) {
+                unexercised += 1;
+                self.not_run
+                    .push(format!("not run: {} ({why})", short_name(&test.name)));
+            } else if let Some(reason) = test
+                .stdout
+                .iter()
+                .filter_map(|l| not_exercised(l))
+                .map(|(reason, _)| reason)
+                .next()
+                .or_else(|| {
+                    named
+                        .iter()
+                        .find(|(name, _)| is_named(&test.name, name))
+                        .map(|(_, reason)| reason.clone())
+                })
+            {
+                unexercised += 1;
+                bump(&mut self.unexercised, &reason);
             }
         }
         let mut failed = parsed.failed;
@@ -481,8 +565,9 @@ impl Counts {
                 lines: lines.iter().map(|l| strip_ansi(l)).collect(),
             }];
         }
-        self.passed += parsed.passed.saturating_sub(skipped);
+        self.passed += parsed.passed.saturating_sub(skipped + unexercised);
         self.skipped += skipped.min(parsed.passed);
+        self.not_exercised += unexercised.min(parsed.passed.saturating_sub(skipped));
         self.failed += failed;
         self.failures.extend(failures);
         self.closing.extend(parsed.closing);
@@ -491,17 +576,18 @@ impl Counts {
     /// The counts and time, for the row's progress line.
     pub fn outcome(&self) -> String {
         format!(
-            "{:>5} passed {:>3} failed {:>4} skipped {:>8}{}",
+            "{:>5} passed {:>3} failed {:>4} skipped {:>4} not exercised {:>8}{}",
             self.passed,
             self.failed,
             self.skipped,
+            self.not_exercised,
             seconds(self.secs),
             if self.failed > 0 { "  FAILED" } else { "" }
         )
     }
 
-    /// The lines under the row's progress line: why it skipped, what it
-    /// left out, and its note.
+    /// The lines under the row's progress line: why it skipped, why tests
+    /// were not exercised, which were not run, and its note.
     pub fn details(&self) -> Vec<String> {
         let mut out = Vec::new();
         const SHOWN: usize = 6;
@@ -521,12 +607,33 @@ impl Counts {
                 clip(reason, 90)
             ));
         }
-        out.extend(self.left_out.iter().cloned());
+        for (reason, n) in self.unexercised.iter().take(SHOWN) {
+            out.push(format!("not exercised {n:>3} × {}", clip(reason, 100)));
+        }
+        if self.unexercised.len() > SHOWN {
+            out.push(format!(
+                "not exercised for {} other reasons (see the log)",
+                self.unexercised.len() - SHOWN
+            ));
+        }
+        out.extend(self.not_run.iter().cloned());
         if !self.note.is_empty() {
             out.push(self.note.clone());
         }
         out
     }
+}
+
+/// A test's name without nextest's binary prefix (`scope-cubecl::runtime_wgpu
+/// wgpu::x` → `wgpu::x`).
+fn short_name(name: &str) -> &str {
+    name.rsplit_once(' ').map_or(name, |(_, test)| test)
+}
+
+/// Whether the runner's `name` for a test is the libtest name `test`
+/// (nextest puts the binary before it).
+fn is_named(name: &str, test: &str) -> bool {
+    short_name(name) == test
 }
 
 /// `text`, cut to `chars` characters with an ellipsis: a skip reason can
@@ -561,22 +668,25 @@ pub fn summary(rows: &[Counts], extra: &[(&str, f64, &str)], log: Option<&str>) 
         .max()
         .unwrap_or(0)
         .max(14);
-    let line = |name: &str, p: &str, f: &str, s: &str, t: &str, note: &str| {
-        format!("{name:<width$} {p:>7} {f:>7} {s:>8} {t:>9}  {note}")
+    let line = |name: &str, [p, f, s, n]: [&str; 4], t: &str, note: &str| {
+        format!("{name:<width$} {p:>7} {f:>7} {s:>8} {n:>14} {t:>9}  {note}")
             .trim_end()
             .to_owned()
             + "\n"
     };
-    out.push_str(&line("row", "passed", "failed", "skipped", "time", "note"));
+    out.push_str(&line(
+        "row",
+        ["passed", "failed", "skipped", "not exercised"],
+        "time",
+        "note",
+    ));
     out.push_str(&line(
         &"-".repeat(width),
-        "-------",
-        "-------",
-        "--------",
+        ["-------", "-------", "--------", "--------------"],
         "---------",
         "----",
     ));
-    let (mut passed, mut failed, mut skipped, mut secs) = (0, 0, 0, 0.0);
+    let (mut passed, mut failed, mut skipped, mut unexercised, mut secs) = (0, 0, 0, 0, 0.0);
     for row in rows {
         let note = if row.note.is_empty() {
             row.skips
@@ -595,37 +705,48 @@ pub fn summary(rows: &[Counts], extra: &[(&str, f64, &str)], log: Option<&str>) 
         };
         out.push_str(&line(
             &row.name,
-            &row.passed.to_string(),
-            &row.failed.to_string(),
-            &row.skipped.to_string(),
+            [
+                &row.passed.to_string(),
+                &row.failed.to_string(),
+                &row.skipped.to_string(),
+                &row.not_exercised.to_string(),
+            ],
             &seconds(row.secs),
             &note,
         ));
         passed += row.passed;
         failed += row.failed;
         skipped += row.skipped;
+        unexercised += row.not_exercised;
         secs += row.secs;
     }
     for (name, t, note) in extra {
-        out.push_str(&line(name, "", "", "", &seconds(*t), note));
+        out.push_str(&line(name, ["", "", "", ""], &seconds(*t), note));
         secs += t;
     }
     out.push_str(&line(
         "total",
-        &passed.to_string(),
-        &failed.to_string(),
-        &skipped.to_string(),
+        [
+            &passed.to_string(),
+            &failed.to_string(),
+            &skipped.to_string(),
+            &unexercised.to_string(),
+        ],
         &seconds(secs),
         "",
     ));
     out.push_str(
         "(skipped: the test printed `skipped: <reason>` and returned; counted once, not as passed)\n",
     );
+    out.push_str(
+        "(not exercised: the test printed `not exercised: <reason>` or `not run: <reason>`, \
+         having done nothing on its device; not counted as passed)\n",
+    );
     if let Some(log) = log {
         out.push_str(&format!("every test's output: {log}\n"));
     }
     out.push_str(&format!(
-        "\n{passed} passed, {failed} failed, {skipped} skipped\n"
+        "\n{passed} passed, {failed} failed, {skipped} skipped, {unexercised} not exercised\n"
     ));
     (out, failed == 0)
 }
@@ -947,19 +1068,213 @@ test result: FAILED. 4 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
         );
         assert!(ok);
         assert!(
-            text.contains("core               412       0        0    58.2 s"),
+            text.contains("core               412       0        0              0    58.2 s"),
             "{text}"
         );
         assert!(text.contains("skipped: VK_LAYER_KHRONOS_validation is not installed"));
         assert!(
-            text.contains("build                                    13.5 min  cargo test --no-run"),
+            text.contains(
+                "build                                                   13.5 min  cargo test --no-run"
+            ),
             "{text}"
         );
         assert!(
-            text.contains("total              449       0        3  15.3 min"),
+            text.contains("total              449       0        3              0  15.3 min"),
             "{text}"
         );
-        assert!(text.contains("449 passed, 0 failed, 3 skipped"));
+        assert!(text.contains("449 passed, 0 failed, 3 skipped, 0 not exercised"));
         assert!(text.contains("target/xtask/test.log"));
+    }
+
+    #[test]
+    fn a_not_exercised_line_gives_its_reason_and_may_name_its_test() {
+        assert_eq!(
+            not_exercised("not exercised: nothing reached the device [wgpu::f32_ty::test_x]"),
+            Some((
+                "nothing reached the device".to_owned(),
+                Some("wgpu::f32_ty::test_x".to_owned())
+            ))
+        );
+        assert_eq!(
+            not_exercised("    not exercised: nothing reached the device"),
+            Some(("nothing reached the device".to_owned(), None))
+        );
+        assert_eq!(
+            not_exercised("\u{1b}[1mNot exercised: no plane ops [t]\u{1b}[0m"),
+            Some(("no plane ops".to_owned(), Some("t".to_owned())))
+        );
+        // Not one: no reason, or the words inside another message.
+        assert_eq!(not_exercised("not exercised:"), None);
+        assert_eq!(not_exercised("not exercised: [t]"), None);
+        assert_eq!(not_exercised("INFO x: not exercised: y"), None);
+        assert_eq!(
+            not_run_reason("not run: GLSL's % of a negative operand").as_deref(),
+            Some("GLSL's % of a negative operand")
+        );
+        assert_eq!(not_run_reason("not run:").as_deref(), None);
+        assert_eq!(not_run_reason("test a ... not run: x").as_deref(), None);
+    }
+
+    /// nextest runs each test in a process of its own, so the verdict a
+    /// runtime test prints as its thread ends is in its own output.
+    const NEXTEST_UNEXERCISED: &str = "\
+        PASS [   0.041s] (1/5) scope-cubecl::runtime_wgpu wgpu::f32_ty::test_plane_sum_vec1
+  stdout ───
+
+    running 1 test
+    not exercised: nothing reached the device [wgpu::f32_ty::test_plane_sum_vec1]
+    test wgpu::f32_ty::test_plane_sum_vec1 ... ok
+
+    test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 388 filtered out; finished in 0.02s
+
+        PASS [   0.043s] (2/5) scope-cubecl::runtime_wgpu wgpu::f32_ty::test_plane_max_vec1
+  stdout ───
+
+    running 1 test
+    not exercised: nothing reached the device [wgpu::f32_ty::test_plane_max_vec1]
+    test wgpu::f32_ty::test_plane_max_vec1 ... ok
+
+    test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 388 filtered out; finished in 0.02s
+
+        PASS [   0.052s] (3/5) scope-cubecl::runtime_wgpu wgpu::binary_untyped::test_signed_remainder
+  stdout ───
+
+    running 1 test
+    not run: GLSL leaves % of a negative operand undefined
+    test wgpu::binary_untyped::test_signed_remainder ... ok
+
+    test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 388 filtered out; finished in 0.03s
+
+        PASS [   0.061s] (4/5) scope-cubecl::runtime_wgpu wgpu::test_a_group_all_reduce_sums_and_averages
+  stdout ───
+
+    running 1 test
+    not exercised: nothing reached the device
+    test wgpu::test_a_group_all_reduce_sums_and_averages ... ok
+
+    test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 388 filtered out; finished in 0.03s
+
+        PASS [   0.210s] (5/5) scope-cubecl::runtime_wgpu wgpu::f32_ty::test_unary_abs
+  stdout ───
+
+    running 1 test
+    test wgpu::f32_ty::test_unary_abs ... ok
+
+    test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 388 filtered out; finished in 0.19s
+
+────────────
+     Summary [   0.450s] 5 tests run: 5 passed, 0 skipped";
+
+    #[test]
+    fn tests_that_did_nothing_on_the_device_are_not_exercised_not_passed() {
+        let mut row = Counts::new("cubecl on wgpu (gl)");
+        row.add("cargo nextest run", true, &lines(NEXTEST_UNEXERCISED), true);
+        assert_eq!(
+            (row.passed, row.failed, row.skipped, row.not_exercised),
+            (1, 0, 0, 4)
+        );
+        assert_eq!(
+            row.unexercised,
+            [("nothing reached the device".to_owned(), 3)]
+        );
+        assert_eq!(
+            row.not_run,
+            ["not run: wgpu::binary_untyped::test_signed_remainder \
+              (GLSL leaves % of a negative operand undefined)"]
+        );
+        let details = row.details();
+        assert!(
+            details.contains(&"not exercised   3 × nothing reached the device".to_owned()),
+            "{details:?}"
+        );
+        assert!(
+            row.outcome().contains("4 not exercised"),
+            "{}",
+            row.outcome()
+        );
+    }
+
+    /// Plain libtest: the verdict comes as the test's thread ends, after
+    /// its output was captured, so it stands outside the test's block,
+    /// named; one printed by a thread the test spawned is in its block.
+    const LIBTEST_UNEXERCISED: &str = "\
+running 5 tests
+not exercised: nothing reached the device [wgpu::test_cmma_simple_1]
+test wgpu::test_cmma_simple_1 ... ok
+test wgpu::test_all_gather_concatenates_in_member_order ... ok
+test wgpu::f32_ty::test_unary_abs ... ok
+not exercised: nothing reached the device [wgpu::test_fails_early]
+test wgpu::test_fails_early ... FAILED
+test wgpu::binary_untyped::test_ieee_constant_folds ... ok
+
+successes:
+
+---- wgpu::test_all_gather_concatenates_in_member_order stdout ----
+not exercised: nothing reached the device
+
+---- wgpu::binary_untyped::test_ieee_constant_folds stdout ----
+not run: WGSL may fold NaN
+
+
+successes:
+    wgpu::binary_untyped::test_ieee_constant_folds
+    wgpu::f32_ty::test_unary_abs
+    wgpu::test_all_gather_concatenates_in_member_order
+    wgpu::test_cmma_simple_1
+
+failures:
+
+---- wgpu::test_fails_early stdout ----
+
+thread 'wgpu::test_fails_early' panicked at src/x.rs:1:1:
+boom
+
+
+failures:
+    wgpu::test_fails_early
+
+test result: FAILED. 4 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.10s
+";
+
+    #[test]
+    fn under_libtest_a_verdict_outside_the_block_is_its_named_tests() {
+        let mut row = Counts::new("cubecl on vulkan");
+        row.add(
+            "target/debug/deps/runtime_vulkan-1",
+            false,
+            &lines(LIBTEST_UNEXERCISED),
+            false,
+        );
+        // The failure stays a failure whatever it printed.
+        assert_eq!(
+            (row.passed, row.failed, row.skipped, row.not_exercised),
+            (1, 1, 0, 3)
+        );
+        assert_eq!(
+            row.unexercised,
+            [("nothing reached the device".to_owned(), 2)]
+        );
+        assert_eq!(
+            row.not_run,
+            ["not run: wgpu::binary_untyped::test_ieee_constant_folds (WGSL may fold NaN)"]
+        );
+    }
+
+    #[test]
+    fn the_summary_counts_not_exercised_in_a_column_of_its_own() {
+        let mut gl = Counts::new("cubecl on wgpu (gl)");
+        gl.passed = 250;
+        gl.not_exercised = 134;
+        gl.secs = 40.0;
+        let mut cuda = Counts::new("cubecl on cuda");
+        cuda.skipped = 1;
+        cuda.note = "skipped: no cuda device".to_owned();
+        let (text, ok) = summary(&[gl, cuda], &[], None);
+        assert!(ok);
+        assert!(
+            text.contains("cubecl on wgpu (gl)     250       0        0            134    40.0 s"),
+            "{text}"
+        );
+        assert!(text.contains("250 passed, 0 failed, 1 skipped, 134 not exercised"));
     }
 }
