@@ -168,9 +168,11 @@ const BOUNDS: naga::proc::BoundsCheckPolicies = naga::proc::BoundsCheckPolicies 
 /// — or, for SPIR-V that takes device addresses, as 8-byte addresses in
 /// push constants or, past their room, in a uniform table — so the binding
 /// count is the smaller of the descriptor room and the table's. The blob is staged as one
-/// more storage buffer, padded to 16 bytes. `shaderFloat64` and
-/// `shaderInt64` are enabled where the device has them; `shaderFloat16`,
-/// subgroup operations in WGSL and float atomics are not.
+/// more storage buffer, padded to 16 bytes. `shaderFloat64`,
+/// `shaderInt64`, `shaderFloat16` (with 16-bit storage), subgroup
+/// operations and `f32` atomics in storage buffers are enabled where the
+/// device has them (see `device::Features`); the subgroup size is the
+/// device's `subgroupSize`, which every kernel runs at (SPIR-V 1.3).
 pub(crate) fn launch_limits(gpu: &Gpu) -> LaunchLimits {
     let limits = &gpu.limits;
     let mut launch = LaunchLimits::default();
@@ -193,6 +195,12 @@ pub(crate) fn launch_limits(gpu: &Gpu) -> LaunchLimits {
     launch.features.i64 = gpu
         .capabilities
         .contains(naga::valid::Capabilities::SHADER_INT64);
+    launch.features.f16 = gpu.features.f16;
+    launch.features.subgroups = gpu.features.subgroups;
+    launch.features.f32_atomic_add = gpu.features.f32_atomics;
+    if gpu.features.subgroups {
+        launch.subgroup_size = launch.native_width;
+    }
     launch
 }
 
@@ -243,17 +251,27 @@ fn check_workgroup(
     Ok(())
 }
 
+/// The SPIR-V version WGSL is lowered to: 1.3, the first with subgroup
+/// operations (`GroupNonUniform*`), which every Vulkan 1.1 device takes.
+/// Below 1.6 a compute kernel's subgroups are exactly `subgroupSize` wide,
+/// the size `launch_limits` reports.
+const SPIRV_VERSION: (u8, u8) = (1, 3);
+
 /// WGSL to SPIR-V, and how many bindings set 0 declares.
 fn wgsl_to_spirv(
     kernel: &Kernel,
     source: &str,
-    capabilities: naga::valid::Capabilities,
+    gpu: &Gpu,
     limits: &LaunchLimits,
-    zero_init: bool,
 ) -> Result<(Vec<u32>, u32)> {
     let module = naga::front::wgsl::parse_str(source)
         .map_err(|e| compile_error(kernel, e.emit_to_string(source)))?;
-    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities)
+    let mut validator =
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), gpu.capabilities);
+    validator
+        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+        .subgroup_operations(gpu.subgroup_operations);
+    let info = validator
         .validate(&module)
         .map_err(|e| compile_error(kernel, e.emit_to_string(source)))?;
     check_workgroup(kernel, &module, &info, limits)?;
@@ -293,7 +311,7 @@ fn wgsl_to_spirv(
     }
     // WGSL promises zeroed workgroup memory: the device's own
     // initialisation where enabled, naga's store-and-barrier otherwise.
-    let zero_initialize_workgroup_memory = if zero_init {
+    let zero_initialize_workgroup_memory = if gpu.zero_init {
         naga::back::spv::ZeroInitializeWorkgroupMemoryMode::Native
     } else {
         naga::back::spv::ZeroInitializeWorkgroupMemoryMode::Polyfill
@@ -307,6 +325,12 @@ fn wgsl_to_spirv(
         BOUNDS
     };
     let options = naga::back::spv::Options {
+        lang_version: SPIRV_VERSION,
+        // A compute kernel has no stage inputs or outputs for `f16` to
+        // travel in, and `storageInputOutput16` is not enabled (lavapipe
+        // lacks it): naga must not declare `StorageInputOutput16` for a
+        // kernel that merely uses `f16`.
+        use_storage_input_output_16: false,
         flags: naga::back::spv::WriterFlags::empty(),
         bounds_check_policies,
         zero_initialize_workgroup_memory,
@@ -590,13 +614,8 @@ impl Pipelines {
     pub(crate) fn compile(&mut self, kernel: &Kernel) -> Result<VulkanKernel> {
         let (words, interface) = match kernel.source() {
             KernelSource::Wgsl(source) => {
-                let (words, bindings) = wgsl_to_spirv(
-                    kernel,
-                    source,
-                    self.gpu.capabilities,
-                    &launch_limits(&self.gpu),
-                    self.gpu.zero_init,
-                )?;
+                let (words, bindings) =
+                    wgsl_to_spirv(kernel, source, &self.gpu, &launch_limits(&self.gpu))?;
                 (words, Interface::Descriptors(bindings))
             }
             KernelSource::SpirV(words) => (words.to_vec(), spirv_interface(kernel, words)?),

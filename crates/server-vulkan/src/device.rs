@@ -68,8 +68,13 @@ pub(crate) struct Limits {
     pub max_invocations: u32,
     pub max_workgroup_memory: u32,
     /// `subgroupSize` (Vulkan 1.1): the lanes the device runs in lockstep;
-    /// 0 where it does not say.
+    /// 0 where it does not say. A compute kernel of SPIR-V below 1.6 (the
+    /// server emits 1.3) runs in subgroups of exactly this size.
     pub subgroup_width: u32,
+    /// `subgroupSupportedStages` and `subgroupSupportedOperations`: where
+    /// and which subgroup operations the device runs.
+    pub subgroup_stages: vk::ShaderStageFlags,
+    pub subgroup_operations: vk::SubgroupFeatureFlags,
     /// `maxPushConstantsSize`.
     pub max_push_constants: u32,
     /// How many storage buffers one kernel's layout may declare:
@@ -113,6 +118,12 @@ pub(crate) struct Gpu {
     /// What naga may emit for this device: the optional shader
     /// capabilities whose device features are enabled.
     pub capabilities: naga::valid::Capabilities,
+    /// The subgroup operations naga may emit, in compute kernels: the
+    /// device's, where subgroups are enabled ([`Features::subgroups`]);
+    /// none otherwise.
+    pub subgroup_operations: naga::valid::SubgroupOperationSet,
+    /// The optional features enabled on the device.
+    pub features: Features,
     /// Whether `shaderZeroInitializeWorkgroupMemory` (Vulkan 1.3) is
     /// enabled: WGSL's zero-initialised workgroup memory is then the
     /// driver's, instead of naga's polyfill — a store loop and a barrier at
@@ -178,6 +189,59 @@ pub struct Config {
     /// and writes take the staging path a discrete GPU takes. For tests on
     /// unified-memory devices (lavapipe).
     pub force_staging: bool,
+}
+
+/// The optional features the device was opened with: each enabled where
+/// the device offers it, and reported in `launch_limits`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Features {
+    /// `f16` in kernels: `shaderFloat16`, with `storageBuffer16BitAccess`
+    /// and `uniformAndStorageBuffer16BitAccess` so that it can live in a
+    /// buffer (what wgpu asks for `SHADER_F16`).
+    pub f16: bool,
+    /// Subgroup operations in compute kernels: the device runs subgroups
+    /// in the compute stage with the basic, vote, arithmetic, ballot,
+    /// shuffle and relative-shuffle operations (Vulkan 1.1's subgroup
+    /// properties; nothing to enable, but the SPIR-V must be 1.3).
+    pub subgroups: bool,
+    /// Atomic load, store, exchange and add of `f32` in storage buffers:
+    /// `VK_EXT_shader_atomic_float`'s `shaderBufferFloat32Atomics` and
+    /// `shaderBufferFloat32AtomicAdd`.
+    pub f32_atomics: bool,
+}
+
+/// The subgroup operations [`Features::subgroups`] needs: what a subgroup
+/// kernel (WGSL's, cubecl's plane operations) takes for granted.
+const SUBGROUP_OPERATIONS: vk::SubgroupFeatureFlags = vk::SubgroupFeatureFlags::from_raw(
+    vk::SubgroupFeatureFlags::BASIC.as_raw()
+        | vk::SubgroupFeatureFlags::VOTE.as_raw()
+        | vk::SubgroupFeatureFlags::ARITHMETIC.as_raw()
+        | vk::SubgroupFeatureFlags::BALLOT.as_raw()
+        | vk::SubgroupFeatureFlags::SHUFFLE.as_raw()
+        | vk::SubgroupFeatureFlags::SHUFFLE_RELATIVE.as_raw(),
+);
+
+/// naga's name for each subgroup operation the device offers.
+fn naga_subgroup_operations(
+    offered: vk::SubgroupFeatureFlags,
+) -> naga::valid::SubgroupOperationSet {
+    use naga::valid::SubgroupOperationSet as S;
+    let mut set = S::empty();
+    for (vk_flag, naga_flag) in [
+        (vk::SubgroupFeatureFlags::BASIC, S::BASIC),
+        (vk::SubgroupFeatureFlags::VOTE, S::VOTE),
+        (vk::SubgroupFeatureFlags::ARITHMETIC, S::ARITHMETIC),
+        (vk::SubgroupFeatureFlags::BALLOT, S::BALLOT),
+        (vk::SubgroupFeatureFlags::SHUFFLE, S::SHUFFLE),
+        (
+            vk::SubgroupFeatureFlags::SHUFFLE_RELATIVE,
+            S::SHUFFLE_RELATIVE,
+        ),
+        (vk::SubgroupFeatureFlags::QUAD, S::QUAD_FRAGMENT_COMPUTE),
+    ] {
+        set.set(naga_flag, offered.contains(vk_flag));
+    }
+    set
 }
 
 /// The validation callback: append the message to the `Messages` behind
@@ -447,6 +511,8 @@ fn memory_facts(
         max_workgroup_size: props.limits.max_compute_work_group_size,
         max_invocations: props.limits.max_compute_work_group_invocations,
         subgroup_width: subgroup.subgroup_size,
+        subgroup_stages: subgroup.supported_stages,
+        subgroup_operations: subgroup.supported_operations,
         max_workgroup_memory: props.limits.max_compute_shared_memory_size,
         max_push_constants: props.limits.max_push_constants_size,
         max_bindings: push
@@ -527,17 +593,56 @@ impl Gpu {
                 return Err(e);
             }
         };
+        // SAFETY: a plain query on a physical device of a live instance.
+        let extensions = unsafe {
+            instance
+                .enumerate_device_extension_properties(chosen.physical)
+                .unwrap_or_default()
+        };
+        let offers = |name: &CStr| {
+            extensions
+                .iter()
+                .any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name))
+        };
+        let atomic_float_offered = offers(ash::ext::shader_atomic_float::NAME);
+        let mut supported11 = vk::PhysicalDeviceVulkan11Features::default();
         let mut supported = vk::PhysicalDeviceVulkan12Features::default();
         let mut supported13 = vk::PhysicalDeviceVulkan13Features::default();
-        // The 1.3 structure only where instance and device both speak 1.3.
+        let mut supported_atomic_float = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default();
+        // The 1.3 structure only where instance and device both speak 1.3;
+        // an extension's only where the device offers the extension.
         let v13 = api >= vk::API_VERSION_1_3 && chosen.props.api_version >= vk::API_VERSION_1_3;
-        let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut supported);
+        let mut features = vk::PhysicalDeviceFeatures2::default()
+            .push_next(&mut supported11)
+            .push_next(&mut supported);
         if v13 {
             features = features.push_next(&mut supported13);
+        }
+        if atomic_float_offered {
+            features = features.push_next(&mut supported_atomic_float);
         }
         // SAFETY: the chained structs live across the call.
         unsafe { instance.get_physical_device_features2(chosen.physical, &mut features) };
         let core = features.features;
+        let enabled = Features {
+            f16: supported.shader_float16 == vk::TRUE
+                && supported11.storage_buffer16_bit_access == vk::TRUE
+                && supported11.uniform_and_storage_buffer16_bit_access == vk::TRUE,
+            subgroups: limits
+                .subgroup_stages
+                .contains(vk::ShaderStageFlags::COMPUTE)
+                && limits.subgroup_operations.contains(SUBGROUP_OPERATIONS)
+                && limits.subgroup_width > 0,
+            f32_atomics: atomic_float_offered
+                && supported_atomic_float.shader_buffer_float32_atomics == vk::TRUE
+                && supported_atomic_float.shader_buffer_float32_atomic_add == vk::TRUE,
+        };
+        let mut enable11 = vk::PhysicalDeviceVulkan11Features::default()
+            .storage_buffer16_bit_access(enabled.f16)
+            .uniform_and_storage_buffer16_bit_access(enabled.f16);
+        let mut enable_atomic_float = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default()
+            .shader_buffer_float32_atomics(true)
+            .shader_buffer_float32_atomic_add(true);
         let zero_init = v13 && supported13.shader_zero_initialize_workgroup_memory == vk::TRUE;
         let mut enable13 = vk::PhysicalDeviceVulkan13Features::default()
             .shader_zero_initialize_workgroup_memory(zero_init);
@@ -548,7 +653,8 @@ impl Gpu {
             .timeline_semaphore(true)
             .buffer_device_address(bda)
             .vulkan_memory_model(memory_model)
-            .vulkan_memory_model_device_scope(device_scope);
+            .vulkan_memory_model_device_scope(device_scope)
+            .shader_float16(enabled.f16);
         let robust = core.robust_buffer_access == vk::TRUE;
         let core_enable = vk::PhysicalDeviceFeatures::default()
             .robust_buffer_access(robust)
@@ -568,18 +674,39 @@ impl Gpu {
             naga::valid::Capabilities::SHADER_INT16,
             core_enable.shader_int16 == vk::TRUE,
         );
+        capabilities.set(naga::valid::Capabilities::SHADER_FLOAT16, enabled.f16);
+        capabilities.set(
+            naga::valid::Capabilities::SUBGROUP | naga::valid::Capabilities::SUBGROUP_BARRIER,
+            enabled.subgroups,
+        );
+        capabilities.set(
+            naga::valid::Capabilities::SHADER_FLOAT32_ATOMIC,
+            enabled.f32_atomics,
+        );
+        let subgroup_operations = if enabled.subgroups {
+            naga_subgroup_operations(limits.subgroup_operations)
+        } else {
+            naga::valid::SubgroupOperationSet::empty()
+        };
         let priorities = [1.0_f32];
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(family)
             .queue_priorities(&priorities)];
-        let extensions = [ash::khr::push_descriptor::NAME.as_ptr()];
+        let mut extensions = vec![ash::khr::push_descriptor::NAME.as_ptr()];
+        if enabled.f32_atomics {
+            extensions.push(ash::ext::shader_atomic_float::NAME.as_ptr());
+        }
         let mut info = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .enabled_extension_names(&extensions)
             .enabled_features(&core_enable)
+            .push_next(&mut enable11)
             .push_next(&mut enable);
         if v13 {
             info = info.push_next(&mut enable13);
+        }
+        if enabled.f32_atomics {
+            info = info.push_next(&mut enable_atomic_float);
         }
         // SAFETY: `info` and what it points at outlive the call; the
         // physical device belongs to `instance`.
@@ -596,7 +723,7 @@ impl Gpu {
         // SAFETY: the family was created with one queue.
         let queue = unsafe { device.get_device_queue(family, 0) };
         let push = ash::khr::push_descriptor::Device::new(&instance, &device);
-        tracing::info!(device = %chosen.name, validation, bda, memory_model, robust, zero_init, "vulkan device open");
+        tracing::info!(device = %chosen.name, validation, bda, memory_model, robust, zero_init, features = ?enabled, "vulkan device open");
         Ok(Arc::new(Gpu {
             _entry: entry,
             instance,
@@ -613,6 +740,8 @@ impl Gpu {
             validation: debug.is_some(),
             robust,
             capabilities,
+            subgroup_operations,
+            features: enabled,
             zero_init,
             hung: AtomicBool::new(false),
             wait_timeout_ns: wait_timeout_ns(),

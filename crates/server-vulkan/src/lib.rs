@@ -8,7 +8,10 @@
 //! - `device` ([`Config`]): the loader, instance, device choice
 //!   (discrete > integrated > virtual > CPU, or `SCOPE_VULKAN_DEVICE` by
 //!   index or name), the compute queue, `bufferDeviceAddress` when offered,
-//!   and the validation layer's messages.
+//!   the optional kernel features when offered (`f64`, `i64`, `f16` with
+//!   16-bit storage, subgroup operations, `f32` atomics through
+//!   `VK_EXT_shader_atomic_float`; reported in `launch_limits`), and the
+//!   validation layer's messages.
 //! - `memory`: a pool of large blocks, each one `VkDeviceMemory` under one
 //!   `VkBuffer`, sub-allocated by offset, with frees held back until the
 //!   work using them completed; host-visible arenas for staging and scalar
