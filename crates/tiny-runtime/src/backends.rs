@@ -8,7 +8,9 @@
 //! one, CUDA, HIP, Vulkan, wgpu — and `--backend` overrides it.
 //!
 //! A generic function cannot be a closure argument, so the work to run on
-//! the chosen client is a [`OnClient`] value.
+//! the chosen client is a [`OnClient`] value ([`OnClients`] for work on
+//! several devices of one backend: each `client()` call of a server crate
+//! opens a server of its own, on the same adapter).
 
 use scope_core::{Backend, Client, DeviceKind, Error, Probe, Result};
 
@@ -18,6 +20,15 @@ pub trait OnClient {
     type Output;
     /// Run on `client`.
     fn run<B: Backend>(self, client: Client<B>) -> Self::Output;
+}
+
+/// Work to run on several clients of whichever backend was chosen, each a
+/// server of its own.
+pub trait OnClients {
+    /// What it returns.
+    type Output;
+    /// Run on `clients`.
+    fn run<B: Backend>(self, clients: Vec<Client<B>>) -> Self::Output;
 }
 
 /// The backends this build links, in order of preference.
@@ -101,6 +112,51 @@ pub fn with_client<W: OnClient>(backend: &str, work: W) -> Result<W::Output> {
                     }
                 ),
             })
+        }
+    }
+}
+
+#[cfg_attr(
+    not(any(
+        feature = "cuda",
+        feature = "hip",
+        feature = "vulkan",
+        feature = "wgpu"
+    )),
+    allow(dead_code)
+)]
+/// `count` clients (at least one) of `backend`, each from its own `client()`
+/// call, so each its own server: logical devices on one adapter, or as
+/// many contexts on one GPU.
+fn open<B: Backend>(count: usize, client: fn() -> Result<Client<B>>) -> Result<Vec<Client<B>>> {
+    (0..count.max(1)).map(|_| client()).collect()
+}
+
+/// Make `count` clients of `backend`, each a server of its own, and run
+/// `work` on them.
+///
+/// # Errors
+///
+/// As [`with_client`]; the first error opening any of them.
+pub fn with_clients<W: OnClients>(backend: &str, count: usize, work: W) -> Result<W::Output> {
+    match backend {
+        #[cfg(feature = "cuda")]
+        "cuda" => Ok(work.run(open(count, server_cuda::client)?)),
+        #[cfg(feature = "hip")]
+        "hip" => Ok(work.run(open(count, server_hip::client)?)),
+        #[cfg(feature = "vulkan")]
+        "vulkan" => Ok(work.run(open(count, server_vulkan::client)?)),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => Ok(work.run(open(count, server_wgpu::client)?)),
+        other => {
+            struct Unlinked<W>(W);
+            impl<W: OnClients> OnClient for Unlinked<W> {
+                type Output = W::Output;
+                fn run<B: Backend>(self, client: Client<B>) -> Self::Output {
+                    self.0.run(vec![client])
+                }
+            }
+            with_client(other, Unlinked(work))
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The demo's three acts, as functions that return what they saw.
+//! The demo's acts, as functions that return what they saw.
 //!
 //! The binary prints these reports; the tests assert on them. Keeping the
 //! acts here rather than in `main` means the thing the README shows people
@@ -8,7 +8,11 @@ use std::time::{Duration, Instant};
 
 use scope_core::{Backend, DeviceFault, Error, FaultPlan, Result, Site};
 
-use crate::mlp::{Mlp, Weights, max_error};
+use crate::data_parallel::{
+    self, BACKWARD, DataParallel, Injection, RankStep, ReferenceStep, UPDATE, identical,
+    input_failed, max_difference, reference_step,
+};
+use crate::mlp::{Mlp, Shape, Weights, max_error};
 use crate::runtime::Runtime;
 
 /// How close a device result must be to the CPU reference. The outputs are
@@ -70,12 +74,17 @@ pub struct Fault {
 /// The fault the demo injects: a launch failure the driver does not declare
 /// sticky, such as an invalid launch configuration, on `layer1.matmul`.
 pub fn injected_fault(backend: &'static str) -> Error {
+    injected_fault_in(backend, "`layer1.matmul`")
+}
+
+/// The same fault, on `what` (a kernel, as the detail names it).
+pub fn injected_fault_in(backend: &'static str, what: &str) -> Error {
     Error::Fault(DeviceFault {
         backend,
         code: "INJECTED_LAUNCH_FAILURE".to_owned(),
         sticky: false,
         stream: None,
-        detail: "the demo failed `layer1.matmul` on purpose".to_owned(),
+        detail: format!("the demo failed {what} on purpose"),
     })
 }
 
@@ -225,5 +234,323 @@ pub fn setup<B: Backend>(rt: &Runtime<B>, weights: &Weights, seed: u64) -> Resul
         x,
         reference,
         cpu,
+    })
+}
+
+/// Rows of the batch each rank of act four gets.
+pub const ROWS_PER_RANK: usize = 64;
+
+/// Act four's sizes over `ranks` ranks: [`ROWS_PER_RANK`] rows each,
+/// `256 → 128 → 32`, small enough that a step on four logical devices
+/// takes well under a second on lavapipe.
+pub fn data_parallel_shape(ranks: usize) -> Shape {
+    Shape {
+        batch: ROWS_PER_RANK * ranks.max(1),
+        input: 256,
+        hidden: 128,
+        output: 32,
+    }
+}
+
+/// Act four's learning rate.
+pub const LEARNING_RATE: f32 = 0.5;
+
+/// The rank act four fails: rank 2, or the last one in a smaller group.
+pub fn faulted_rank(ranks: usize) -> usize {
+    2.min(ranks.saturating_sub(1))
+}
+
+/// One step of act four, checked against what it should have done.
+#[derive(Debug)]
+pub struct StepCheck {
+    /// What each rank saw.
+    pub ranks: Vec<RankStep>,
+    /// The step's wall time, every rank's work and the collective.
+    pub time: Duration,
+    /// The ranks' mean loss before the update (`None` if a rank could not
+    /// read its output), and the CPU's on the whole batch.
+    pub loss: Option<f64>,
+    /// The CPU's loss on the whole batch.
+    pub reference_loss: f64,
+    /// Every rank read its all-reduced gradient, and all were the same
+    /// bits.
+    pub gradients_identical: bool,
+    /// Rank 0's all-reduced gradient against the CPU's on the whole batch
+    /// (infinite when unreadable).
+    pub gradient_error: f32,
+    /// Every rank read its weights after the step, and all were the same
+    /// bits.
+    pub weights_identical: bool,
+    /// Rank 0's weights after the step against the expected ones: the
+    /// CPU's updated weights after a clean step, the weights before the
+    /// step after a failed one (infinite when unreadable).
+    pub weights_error: f32,
+    /// The largest change of rank 0's weights in the step.
+    pub weights_change: f32,
+    /// How many ranks' updates wrote their new weights.
+    pub updated: usize,
+}
+
+impl StepCheck {
+    fn new(
+        ranks: Vec<RankStep>,
+        time: Duration,
+        before: &Weights,
+        reference: &ReferenceStep,
+        expect_update: bool,
+    ) -> Self {
+        let losses: Option<Vec<f64>> = ranks
+            .iter()
+            .map(|r| r.loss.as_ref().ok().copied())
+            .collect();
+        let loss = losses.map(|l| l.iter().sum::<f64>() / l.len().max(1) as f64);
+        let all_same = |get: &dyn Fn(&RankStep) -> Option<&Weights>| match get(&ranks[0]) {
+            Some(first) => ranks
+                .iter()
+                .all(|r| get(r).is_some_and(|w| identical(w, first))),
+            None => false,
+        };
+        let gradients_identical = all_same(&|r| r.gradient.as_ref().ok());
+        let weights_identical = all_same(&|r| r.weights.as_ref().ok());
+        let gradient_error = ranks[0]
+            .gradient
+            .as_ref()
+            .map_or(f32::INFINITY, |g| max_difference(g, &reference.gradient));
+        let expected = if expect_update {
+            &reference.next
+        } else {
+            before
+        };
+        let (weights_error, weights_change) = ranks[0]
+            .weights
+            .as_ref()
+            .map_or((f32::INFINITY, f32::INFINITY), |w| {
+                (max_difference(w, expected), max_difference(w, before))
+            });
+        let updated = ranks.iter().filter(|r| r.update.is_ok()).count();
+        Self {
+            loss,
+            reference_loss: reference.loss,
+            gradients_identical,
+            gradient_error,
+            weights_identical,
+            weights_error,
+            weights_change,
+            updated,
+            time,
+            ranks,
+        }
+    }
+
+    /// The loss's distance from the CPU's (infinite when unreadable).
+    pub fn loss_error(&self) -> f64 {
+        self.loss
+            .map_or(f64::INFINITY, |l| (l - self.reference_loss).abs())
+    }
+
+    /// A clean step did what it should: every rank's gradient the same and
+    /// the CPU's, every rank's update written, the same weights everywhere
+    /// and the CPU's.
+    pub fn clean(&self) -> bool {
+        self.gradients_identical
+            && self.gradient_error <= TOLERANCE
+            && self.updated == self.ranks.len()
+            && self.weights_identical
+            && self.weights_error <= TOLERANCE
+            && self.loss_error() <= f64::from(TOLERANCE)
+    }
+}
+
+/// How one rank's view of a failed step reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failed {
+    /// The rank its all-reduce call named as the one whose input failed.
+    pub all_reduce_names: Option<usize>,
+    /// The rank a read of its all-reduced gradient names.
+    pub gradient_names: Option<usize>,
+    /// The root cause that read gives for that rank's input.
+    pub root: Option<String>,
+    /// The kernels the named rank's chain walks, from its gradient back to
+    /// the root.
+    pub chain: Vec<String>,
+    /// Whether its update was skipped for the failed gradient: the new
+    /// weights carry it, first hop the update's kernel.
+    pub update_skipped: bool,
+}
+
+impl Failed {
+    fn of(step: &RankStep) -> Self {
+        let all_reduce_names = step
+            .all_reduce
+            .as_ref()
+            .err()
+            .and_then(input_failed)
+            .map(|(rank, _)| rank);
+        let read = step.gradient.as_ref().err();
+        let named = read.and_then(input_failed);
+        let (root, chain) = match named {
+            Some((_, cause)) => (
+                Some(cause.root().to_string()),
+                cause
+                    .unwritten()
+                    .first()
+                    .map(|entry| {
+                        entry
+                            .chain
+                            .hops
+                            .iter()
+                            .map(|h| h.kernel.to_string())
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            ),
+            None => (None, Vec::new()),
+        };
+        let update_skipped = step.update.as_ref().err().is_some_and(|e| {
+            input_failed(e).is_some()
+                && e.unwritten()
+                    .first()
+                    .and_then(|entry| entry.chain.hops.first())
+                    .is_some_and(|hop| &*hop.kernel == UPDATE)
+        });
+        Self {
+            all_reduce_names,
+            gradient_names: named.map(|(rank, _)| rank),
+            root,
+            chain,
+            update_skipped,
+        }
+    }
+}
+
+/// Act four: a data-parallel training step on several devices, a fault in
+/// one rank's backward pass, and the next step.
+#[derive(Debug)]
+pub struct DataParallelReport {
+    /// How many ranks (devices).
+    pub ranks: usize,
+    /// The whole batch's sizes.
+    pub shape: Shape,
+    /// The learning rate.
+    pub lr: f32,
+    /// Bytes each rank's all-reduce moves.
+    pub gradient_bytes: u64,
+    /// Compiling the step's kernels on every device.
+    pub compile: Duration,
+    /// Every rank read back the initial weights exactly.
+    pub loaded: bool,
+    /// The rank whose backward pass fails in the second step.
+    pub faulted_rank: usize,
+    /// The kernel that fails there.
+    pub faulted_kernel: &'static str,
+    /// The first, clean step.
+    pub clean: StepCheck,
+    /// The step with the fault.
+    pub faulted: StepCheck,
+    /// How each rank saw the faulted step.
+    pub failed: Vec<Failed>,
+    /// The step after it.
+    pub recovered: StepCheck,
+    /// Failures each device still holds after the last step.
+    pub failures_held: Vec<usize>,
+}
+
+impl DataParallelReport {
+    /// The faulted step did what it should: every rank's all-reduce and
+    /// gradient read name the faulted rank and its injected root cause, no
+    /// rank's update ran, and the weights read back unchanged and the same
+    /// everywhere.
+    pub fn fault_contained(&self) -> bool {
+        let f = &self.faulted;
+        self.failed.iter().all(|r| {
+            r.all_reduce_names == Some(self.faulted_rank)
+                && r.gradient_names == Some(self.faulted_rank)
+                && r.root
+                    .as_deref()
+                    .is_some_and(|root| root.contains("INJECTED_LAUNCH_FAILURE"))
+                && r.update_skipped
+        }) && f.updated == 0
+            && f.weights_identical
+            && f.weights_error == 0.0
+            && f.weights_change == 0.0
+            && f.loss_error() <= f64::from(TOLERANCE)
+    }
+
+    /// Every check of the act passed.
+    pub fn passed(&self) -> bool {
+        self.loaded
+            && self.clean.clean()
+            && self.fault_contained()
+            && self.recovered.clean()
+            && self.failures_held.iter().all(|&n| n == 0)
+    }
+}
+
+/// Run act four on `runtimes` (one per device, rank `i` on `runtimes[i]`):
+/// random weights and a batch of `shape`, three steps of SGD at `lr` — the
+/// second with a launch failure injected into rank
+/// [`faulted_rank`]'s `loss.grad`, its backward pass's first kernel — each
+/// checked against the CPU's step on the whole batch.
+///
+/// # Errors
+///
+/// A device error outside the steps (allocating, writing, compiling), or a
+/// batch the ranks do not divide.
+pub fn data_parallel<B: Backend>(
+    runtimes: Vec<Runtime<B>>,
+    shape: Shape,
+    lr: f32,
+    seed: u64,
+) -> Result<DataParallelReport> {
+    let ranks = runtimes.len();
+    let weights = Weights::random(shape, seed);
+    let x = weights.input(seed + 1);
+    let targets = data_parallel::targets(shape, seed + 2);
+    let dp = DataParallel::new(runtimes, &weights, lr)?;
+    let start = Instant::now();
+    dp.compile()?;
+    let compile = start.elapsed();
+    dp.load(&x, &targets)?;
+    let loaded = (0..ranks).all(|r| dp.weights(r).is_ok_and(|w| identical(&w, &weights)));
+
+    let first = reference_step(&weights, &x, &targets, lr);
+    let (steps, time) = dp.step(None);
+    let clean = StepCheck::new(steps, time, &weights, &first, true);
+    let after_clean = dp.weights(0)?;
+
+    let faulted_rank = faulted_rank(ranks);
+    let faulted_kernel = BACKWARD[0];
+    let injection = Injection {
+        rank: faulted_rank,
+        launch: 1,
+        error: injected_fault_in(
+            B::NAME,
+            &format!("`{faulted_kernel}` on rank {faulted_rank}"),
+        ),
+    };
+    // The CPU's trajectory: the failed step changes nothing, so the step
+    // after it is the CPU's step from the first step's weights.
+    let second = reference_step(&first.next, &x, &targets, lr);
+    let (steps, time) = dp.step(Some(&injection));
+    let failed = steps.iter().map(Failed::of).collect();
+    let faulted = StepCheck::new(steps, time, &after_clean, &second, false);
+    let before = dp.weights(0)?;
+
+    let (steps, time) = dp.step(None);
+    let recovered = StepCheck::new(steps, time, &before, &second, true);
+    Ok(DataParallelReport {
+        ranks,
+        shape,
+        lr,
+        gradient_bytes: dp.gradient_bytes(),
+        compile,
+        loaded,
+        faulted_rank,
+        faulted_kernel,
+        clean,
+        faulted,
+        failed,
+        recovered,
+        failures_held: dp.failures_held(),
     })
 }

@@ -8,8 +8,8 @@
 //! (`wgpu` by default). Its shape follows from what the contract promises:
 //!
 //! - **Generic over `B: Backend`, named in one place.** [`runtime`],
-//!   [`mlp`] and [`demo`] never mention a backend; [`backends`] is the only
-//!   module with a `cfg` in it, one arm a server.
+//!   [`mlp`], [`data_parallel`] and [`demo`] never mention a backend;
+//!   [`backends`] is the only module with a `cfg` in it, one arm a server.
 //! - **Kernels written once.** [`cube`] holds each operation as a cubecl
 //!   `#[cube(launch)]` function, translated by `scope-cube` into the
 //!   language [`scope_cube::Target::of`] gives the linked server (SPIR-V by
@@ -24,13 +24,20 @@
 //!   kernels back to it ([`runtime`] explains the two kinds of launch error).
 //! - **Allocate once, capture once.** A model owns every intermediate, so a
 //!   pass allocates nothing and a captured pass replays into the same memory.
+//! - **Across devices, the same rule.** [`data_parallel`] trains on a
+//!   [`scope_core::collective::Group`] of devices: a failure in one rank's
+//!   backward pass fails every rank's all-reduced gradient, the update that
+//!   reads it is skipped everywhere, and every rank keeps the same weights.
 //!
 //! The binary (`cargo xtask demo`, or `cargo run -p tiny-runtime`) runs the
-//! three acts of [`demo`]: a checked forward pass, a fault in the first
-//! layer and what the user sees of it, and capture/replay.
+//! four acts of [`demo`]: a checked forward pass, a fault in the first
+//! layer and what the user sees of it, capture/replay, and a data-parallel
+//! training step on four devices — clean, with a fault on rank 2, and clean
+//! again.
 
 pub mod backends;
 pub mod cube;
+pub mod data_parallel;
 pub mod demo;
 pub mod kernels;
 pub mod mlp;

@@ -1,13 +1,19 @@
 //! `tiny-runtime`: the demo. A 2-layer MLP on the best linked backend, a
-//! fault it survives, and capture/replay.
+//! fault it survives, capture/replay, and a data-parallel training step on
+//! several devices with a fault on one of them.
 //!
 //! ```text
 //! cargo xtask demo [--backend B]     (or: cargo run -p tiny-runtime -- ARGS)
 //! tiny-runtime [--backend wgpu|vulkan|cuda|hip]
 //!     [--kernels cube|native] [--target spirv|wgsl|cuda|hip]
-//!     [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S]
+//!     [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S] [--devices N]
 //! tiny-runtime --probe [BACKEND]     what each linked server finds, as JSON
 //! ```
+//!
+//! `--devices N` (4 by default) is how many servers of the backend act four
+//! opens, one per rank of its data-parallel group; `--devices 1` leaves the
+//! act out. Each `client()` call of a server crate opens a server of its
+//! own, so on one adapter (or one GPU) the ranks are logical devices.
 //!
 //! The kernels are the `#[cube]` ones by default, translated for the
 //! server's language (`--target` picks another the server takes: `wgsl` on
@@ -36,8 +42,8 @@ use std::time::Duration;
 
 use scope_core::{Backend, Client, DeviceKind, Probe};
 use scope_cube::Target;
-use tiny_runtime::backends::{self, OnClient};
-use tiny_runtime::demo::{self, TOLERANCE};
+use tiny_runtime::backends::{self, OnClients};
+use tiny_runtime::demo::{self, DataParallelReport, StepCheck, TOLERANCE};
 use tiny_runtime::{Runtime, Shape, Weights};
 
 /// Which kernels the demo runs.
@@ -54,11 +60,13 @@ struct Args {
     passes: usize,
     shape: Shape,
     seed: u64,
+    devices: usize,
 }
 
 fn usage() -> String {
     "usage: tiny-runtime [--backend wgpu|vulkan|cuda|hip] [--kernels cube|native] \
-     [--target spirv|wgsl|cuda|hip] [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S]\n\
+     [--target spirv|wgsl|cuda|hip] [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S] \
+     [--devices N]\n\
      \x20      tiny-runtime --probe [wgpu|vulkan|cuda|hip]"
         .to_owned()
 }
@@ -71,6 +79,7 @@ fn parse() -> Result<Args, String> {
         passes: 5,
         shape: Shape::DEMO,
         seed: 7,
+        devices: 4,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -101,6 +110,14 @@ fn parse() -> Result<Args, String> {
                 args.passes = value("--passes")?
                     .parse()
                     .map_err(|e| format!("--passes: {e}"))?
+            }
+            "--devices" => {
+                args.devices = value("--devices")?
+                    .parse()
+                    .map_err(|e| format!("--devices: {e}"))?;
+                if args.devices == 0 {
+                    return Err("--devices 0: at least one".to_owned());
+                }
             }
             "--seed" => {
                 args.seed = value("--seed")?
@@ -150,10 +167,11 @@ struct Demo {
     seed: u64,
 }
 
-impl OnClient for Demo {
+impl OnClients for Demo {
     type Output = Result<bool, String>;
 
-    fn run<B: Backend>(self, client: Client<B>) -> Self::Output {
+    fn run<B: Backend>(self, clients: Vec<Client<B>>) -> Self::Output {
+        let client = clients[0].clone();
         let s = self.shape;
         println!("backend  {}", client.backend());
         println!("device   {}", client.describe());
@@ -175,6 +193,7 @@ impl OnClient for Demo {
             Kernels::Cube => Kernels::Native,
             Kernels::Native => Kernels::Cube,
         };
+        let devices = clients.len();
         let rt = make(self.kernels, client.clone()).map_err(|e| e.to_string())?;
         let twin = make(other, client).map_err(|e| e.to_string())?;
         println!("kernels  {}", rt.path().describe());
@@ -291,6 +310,23 @@ impl OnClient for Demo {
             verdict(replay.max_error)
         );
         ok &= replay.max_error <= TOLERANCE;
+
+        if devices > 1 {
+            let runtimes = clients
+                .into_iter()
+                .map(|c| make(self.kernels, c))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| e.to_string())?;
+            let report = demo::data_parallel(
+                runtimes,
+                demo::data_parallel_shape(devices),
+                demo::LEARNING_RATE,
+                self.seed + 10,
+            )
+            .map_err(|e| format!("data-parallel step: {e}"))?;
+            print_data_parallel(&report, B::NAME, tag);
+            ok &= report.passed();
+        }
         if emulated {
             println!(
                 "\n   (times marked [CPU emulation] measure the software adapter on this CPU; \
@@ -299,6 +335,191 @@ impl OnClient for Demo {
         }
         Ok(ok)
     }
+}
+
+fn ok(pass: bool) -> &'static str {
+    if pass { "ok" } else { "FAILED" }
+}
+
+/// The same bits on every rank, or not.
+fn same(identical: bool, ranks: usize) -> String {
+    if identical {
+        format!("the same bits on all {ranks} ranks")
+    } else {
+        "DIFFERENT on some rank, or unreadable".to_owned()
+    }
+}
+
+/// One line of act four: a label in the demo's column, then `value`.
+fn line(label: &str, value: impl std::fmt::Display) {
+    println!("   {label:<31} {value}");
+}
+
+/// A clean step's lines.
+fn print_clean(check: &StepCheck, ranks: usize, tag: &str) {
+    line(
+        "loss on the batch",
+        format!(
+            "{:.6}  (CPU {:.6})  {}",
+            check.loss.unwrap_or(f64::NAN),
+            check.reference_loss,
+            ok(check.loss_error() <= f64::from(TOLERANCE))
+        ),
+    );
+    line(
+        "all-reduced gradient",
+        format!(
+            "{}  {}",
+            same(check.gradients_identical, ranks),
+            ok(check.gradients_identical)
+        ),
+    );
+    line(
+        "  max error vs CPU",
+        format!(
+            "{:.2e}  {}",
+            check.gradient_error,
+            verdict(check.gradient_error)
+        ),
+    );
+    line(
+        "weights after the update",
+        format!(
+            "{}, {} of {ranks} updated  {}",
+            same(check.weights_identical, ranks),
+            check.updated,
+            ok(check.weights_identical && check.updated == ranks)
+        ),
+    );
+    line(
+        "  max error vs CPU",
+        format!(
+            "{:.2e}  (the step moved them up to {:.2e})  {}",
+            check.weights_error,
+            check.weights_change,
+            verdict(check.weights_error)
+        ),
+    );
+    line("step time", format!("{}{tag}", secs(check.time)));
+}
+
+/// Act four, printed.
+fn print_data_parallel(r: &DataParallelReport, backend: &str, tag: &str) {
+    let s = r.shape;
+    println!(
+        "\n4. a data-parallel training step on {} devices ({} {backend} servers, a rank each)",
+        r.ranks, r.ranks
+    );
+    println!(
+        "   batch {} × {} → {} → {}, {} rows a rank. Every rank: forward and backward on its rows,",
+        s.batch,
+        s.input,
+        s.hidden,
+        s.output,
+        s.batch / r.ranks
+    );
+    println!(
+        "   all_reduce(Mean, F32) of its {:.1} KiB gradient (host-staged), sgd (lr {}) into",
+        r.gradient_bytes as f64 / 1024.0,
+        r.lr
+    );
+    println!("   its other weights. Checked against the CPU's step on the whole batch (f64 sums)");
+    println!("   to within {TOLERANCE:.0e}.");
+    line(
+        "compiling the step's kernels",
+        format!("{}  (every device at once){tag}", secs(r.compile)),
+    );
+    line("same weights on every rank", ok(r.loaded));
+
+    println!("\n   step 1");
+    print_clean(&r.clean, r.ranks, tag);
+
+    let f = &r.faulted;
+    println!(
+        "\n   step 2, a fault injected into rank {}'s backward pass (`{}`, its first kernel)",
+        r.faulted_rank, r.faulted_kernel
+    );
+    println!("   rank 0 reads its all-reduced gradient, which fails:");
+    match &f.ranks[0].gradient {
+        Ok(_) => println!("   | (the read succeeded)"),
+        Err(error) => {
+            for text in error.to_string().lines() {
+                println!("   | {text}");
+            }
+        }
+    }
+    for (rank, seen) in r.failed.iter().enumerate() {
+        let names = |n: Option<usize>| n.map_or("no rank".to_owned(), |n| format!("rank {n}"));
+        let contained = seen.all_reduce_names == Some(r.faulted_rank)
+            && seen.gradient_names == Some(r.faulted_rank)
+            && seen.update_skipped;
+        line(
+            &format!("rank {rank}"),
+            format!(
+                "all_reduce names {}, its gradient names {}, update {}  {}",
+                names(seen.all_reduce_names),
+                names(seen.gradient_names),
+                if seen.update_skipped {
+                    "skipped"
+                } else {
+                    "NOT skipped"
+                },
+                ok(contained)
+            ),
+        );
+    }
+    if let Some(seen) = r.failed.get(r.faulted_rank) {
+        line("root", seen.root.as_deref().unwrap_or("(none named)"));
+        let mut chain = seen.chain.clone();
+        chain.push("root".to_owned());
+        line(
+            "chain",
+            format!("rank {}'s gradient ← {}", r.faulted_rank, chain.join(" ← ")),
+        );
+    }
+    let skipped = r.failed.iter().all(|seen| seen.update_skipped);
+    line(
+        "update",
+        format!(
+            "`{}` {}: its input, the gradient, carries the failure  {}",
+            tiny_runtime::data_parallel::UPDATE,
+            if skipped {
+                "skipped on every rank"
+            } else {
+                "NOT skipped on some rank"
+            },
+            ok(skipped)
+        ),
+    );
+    line(
+        "loss on the batch",
+        format!(
+            "{:.6}  (CPU {:.6}; the forward pass ran clean)  {}",
+            f.loss.unwrap_or(f64::NAN),
+            f.reference_loss,
+            ok(f.loss_error() <= f64::from(TOLERANCE))
+        ),
+    );
+    line(
+        "weights read back",
+        format!(
+            "unchanged ({:.2e}), {}, {} of {} updated  {}",
+            f.weights_change,
+            same(f.weights_identical, r.ranks),
+            f.updated,
+            r.ranks,
+            ok(f.weights_identical && f.updated == 0 && f.weights_error == 0.0)
+        ),
+    );
+    line("step time", format!("{}{tag}", secs(f.time)));
+
+    println!("\n   step 3, the next step");
+    print_clean(&r.recovered, r.ranks, tag);
+    let held: usize = r.failures_held.iter().sum();
+    line(
+        "failures held on the devices",
+        format!("{held}  {}", ok(held == 0)),
+    );
 }
 
 fn main() -> ExitCode {
@@ -340,7 +561,7 @@ fn main() -> ExitCode {
         passes: args.passes,
         seed: args.seed,
     };
-    match backends::with_client(&backend, demo) {
+    match backends::with_clients(&backend, args.devices, demo) {
         Ok(Ok(true)) => {
             println!("\nall checks passed");
             ExitCode::SUCCESS
