@@ -21,7 +21,10 @@
 //!
 //! The device is opened with the adapter's own limits, not WebGPU's defaults,
 //! so that the largest allocation is the adapter's (lavapipe: 128 MiB per
-//! storage binding, 2 GiB per buffer).
+//! storage binding, 2 GiB per buffer), and with each of the optional
+//! features in [`OPTIONAL`] that the adapter offers: `f16`, subgroups and
+//! `f32` atomics (lavapipe offers all of them; llvmpipe's GL none). What
+//! was enabled is reported in `launch_limits`.
 
 use std::sync::Arc;
 
@@ -131,12 +134,25 @@ impl Options {
     }
 }
 
+/// The optional features the server enables where the adapter offers
+/// them, so that a kernel may use them: `f16` in kernels (WGSL's `enable
+/// f16;`), subgroup operations and barriers, and atomic add and exchange on
+/// `f32` in storage buffers. Each is reported in
+/// [`LaunchLimits`](scope_core::LaunchLimits)' features.
+pub const OPTIONAL: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::SUBGROUP_BARRIER)
+    .union(wgpu::Features::SHADER_FLOAT32_ATOMIC);
+
 /// The opened device and what the server needs to know about it.
 pub(crate) struct Gpu {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     pub(crate) info: wgpu::AdapterInfo,
     pub(crate) limits: wgpu::Limits,
+    /// The optional features enabled: [`OPTIONAL`], as far as the adapter
+    /// offers them.
+    pub(crate) features: wgpu::Features,
     pub(crate) sink: Arc<Sink>,
     // Kept so the instance outlives the device on every backend.
     _instance: wgpu::Instance,
@@ -240,9 +256,10 @@ impl Gpu {
         for adapter in candidates {
             let info = adapter.get_info();
             let limits = adapter.limits();
+            let features = adapter.features() & OPTIONAL;
             let desc = wgpu::DeviceDescriptor {
                 label: Some("scope"),
-                required_features: wgpu::Features::empty(),
+                required_features: features,
                 required_limits: limits.clone(),
                 ..Default::default()
             };
@@ -255,11 +272,13 @@ impl Gpu {
                     } else {
                         tracing::info!(backend = NAME, adapter = %text, "adapter chosen");
                     }
+                    tracing::info!(backend = NAME, ?features, "optional features enabled");
                     return Ok(Self {
                         device,
                         queue,
                         info,
                         limits,
+                        features,
                         sink,
                         _instance: instance,
                     });

@@ -59,7 +59,7 @@ use std::sync::Arc;
 use scope_core::{Backend, Client, Error, Kernel, Language, Launch, Result, StreamId};
 
 pub use capture::Graph;
-pub use device::{Api, Options, probe};
+pub use device::{Api, OPTIONAL, Options, probe};
 pub use launch::Pipeline;
 pub use memory::Memory;
 pub use stream::{BATCH_LIMIT, StreamWait};
@@ -235,7 +235,9 @@ impl Backend for Wgpu {
     /// arena and the storage binding size — and, for a kernel that declares
     /// its blob `var<uniform>` rather than the convention's
     /// `var<storage, read>`, by the uniform binding size too, which the
-    /// check names. No optional feature is requested.
+    /// check names. The features are those of [`OPTIONAL`] the adapter
+    /// offered, and the subgroup size the adapter's range where subgroups
+    /// are among them.
     fn launch_limits(&self) -> scope_core::LaunchLimits {
         let limits = &self.gpu.limits;
         let mut launch = scope_core::LaunchLimits::default();
@@ -252,10 +254,18 @@ impl Backend for Wgpu {
         ];
         launch.max_invocations = limits.max_compute_invocations_per_workgroup;
         launch.max_workgroup_memory = limits.max_compute_workgroup_storage_size;
-        launch.subgroup_size = None;
         let info = &self.gpu.info;
         launch.native_width = (info.subgroup_min_size > 0)
             .then_some((info.subgroup_min_size, info.subgroup_max_size));
+        let features = self.gpu.features;
+        launch.features.f16 = features.contains(wgpu::Features::SHADER_F16);
+        launch.features.subgroups = features.contains(wgpu::Features::SUBGROUP);
+        launch.features.f32_atomic_add = features.contains(wgpu::Features::SHADER_FLOAT32_ATOMIC);
+        launch.subgroup_size = if launch.features.subgroups {
+            launch.native_width
+        } else {
+            None
+        };
         launch
     }
 
