@@ -1,15 +1,18 @@
 //! The runtime on each linked server: the forward pass against the CPU
-//! reference, the fault act and capture/replay, at a test size that is not
-//! a multiple of any group size — each on both kernel paths, the `#[cube]`
-//! kernels (the default) and the hand-written native ones. On Vulkan the
-//! cube kernels also run as WGSL through naga, the target the runtime does
-//! not pick by default.
+//! reference, the fault act, capture/replay and the data-parallel step on
+//! four servers of the backend (four logical devices on one adapter), at a
+//! test size that is not a multiple of any group size — each on both
+//! kernel paths, the `#[cube]` kernels (the default) and the hand-written
+//! native ones. On Vulkan the cube kernels also run as WGSL through naga,
+//! the target the runtime does not pick by default.
 //!
 //! A backend with no device here prints `skipped: no <backend> device (...)`
 //! and passes; with `SCOPE_REQUIRE=<backend>` (as `cargo xtask test
 //! --backend <backend>` sets) it fails instead.
 
 #![allow(unused)]
+
+mod common;
 
 use scope_core::conformance::client_or_skip;
 use scope_core::{Backend, Client, Result};
@@ -115,6 +118,27 @@ fn replay_on<B: Backend>(rt: Runtime<B>) {
     );
 }
 
+/// Act four on four clients of one backend, each its own server, on every
+/// kernel path; `None` (no device) has already printed the skip.
+fn a_data_parallel_step<B: Backend>(clients: Option<Vec<Client<B>>>) {
+    let Some(clients) = clients else { return };
+    for (path, make) in paths::<B>() {
+        println!("{} {path}:", B::NAME);
+        let runtimes: Vec<Runtime<B>> = clients
+            .iter()
+            .map(|c| make(c.clone()).expect("the runtime builds"))
+            .collect();
+        let report = demo::data_parallel(
+            runtimes,
+            common::data_parallel_shape(clients.len()),
+            demo::LEARNING_RATE,
+            61,
+        )
+        .unwrap();
+        common::assert_data_parallel(&report);
+    }
+}
+
 macro_rules! backend_tests {
     ($feature:literal, $module:ident, $server:ident) => {
         #[cfg(feature = $feature)]
@@ -134,6 +158,15 @@ macro_rules! backend_tests {
             #[test]
             fn a_captured_pass_replays_to_the_reference() {
                 a_captured_pass_replays(client_or_skip($server::client));
+            }
+
+            #[test]
+            fn a_data_parallel_step_on_four_devices_survives_a_fault_on_rank_2() {
+                a_data_parallel_step(
+                    (0..4)
+                        .map(|_| client_or_skip($server::client))
+                        .collect::<Option<Vec<_>>>(),
+                );
             }
         }
     };

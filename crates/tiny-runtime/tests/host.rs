@@ -1,6 +1,9 @@
 //! The runtime's logic on the reference host server, whose kernels here are
 //! the CPU reference itself: the forward pass, the fault act's chain and
-//! recovery, and capture/replay are checked on every CI run, device or not.
+//! recovery, capture/replay and the data-parallel step on four host
+//! servers are checked on every CI run, device or not.
+
+mod common;
 
 use scope_core::host::{Host, HostArgs};
 use scope_core::{Client, Kernel};
@@ -173,6 +176,60 @@ fn a_captured_pass_replays_to_the_reference() {
     let replay = demo::replay(&rt, &setup.mlp, &setup.reference, 3).unwrap();
     assert_eq!(replay.passes, 3);
     assert!(replay.max_error <= TOLERANCE, "{}", replay.max_error);
+}
+
+/// Act four on four host servers: a clean data-parallel step agreeing with
+/// the CPU's on the whole batch, a fault in rank 2's backward pass failing
+/// every rank's gradient and no rank's weights, and the next step clean.
+#[test]
+fn a_data_parallel_step_on_four_host_devices() {
+    let runtimes: Vec<_> = (0..4).map(|_| host_runtime()).collect();
+    let report = demo::data_parallel(
+        runtimes,
+        common::data_parallel_shape(4),
+        demo::LEARNING_RATE,
+        41,
+    )
+    .unwrap();
+    assert_eq!(report.faulted_rank, 2);
+    common::assert_data_parallel(&report);
+}
+
+/// The CPU reference's gradient is the gradient: a central difference of
+/// the loss along one weight of each tensor agrees with it.
+#[test]
+fn the_reference_gradient_matches_finite_differences() {
+    use tiny_runtime::data_parallel::{reference_step, targets};
+    let shape = Shape {
+        batch: 6,
+        input: 5,
+        hidden: 4,
+        output: 3,
+    };
+    let weights = Weights::random(shape, 51);
+    let x = weights.input(52);
+    let t = targets(shape, 53);
+    let step = reference_step(&weights, &x, &t, 0.1);
+    let loss_at = |w: &Weights| reference_step(w, &x, &t, 0.0).loss;
+    let h = 1e-3f32;
+    type Pick = fn(&mut Weights) -> &mut Vec<f32>;
+    let picks: [(&str, Pick, usize); 4] = [
+        ("w1", |w| &mut w.w1, 7),
+        ("b1", |w| &mut w.b1, 2),
+        ("w2", |w| &mut w.w2, 5),
+        ("b2", |w| &mut w.b2, 1),
+    ];
+    for (name, pick, i) in picks {
+        let (mut up, mut down) = (weights.clone(), weights.clone());
+        pick(&mut up)[i] += h;
+        pick(&mut down)[i] -= h;
+        let numeric = (loss_at(&up) - loss_at(&down)) / (2.0 * f64::from(h));
+        let analytic = f64::from(pick(&mut step.gradient.clone())[i]);
+        assert!(
+            (numeric - analytic).abs() < 1e-3,
+            "{name}[{i}]: finite difference {numeric}, gradient {analytic}"
+        );
+    }
 }
 
 #[test]

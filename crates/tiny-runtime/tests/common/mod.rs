@@ -1,0 +1,147 @@
+//! What every test of act four asserts, on whichever server it ran.
+
+use tiny_runtime::data_parallel::BACKWARD;
+use tiny_runtime::demo::{DataParallelReport, StepCheck, TOLERANCE};
+
+/// Rows a rank in the tests' data-parallel step: not a multiple of any
+/// group size, so edges are exercised.
+pub const ROWS_PER_RANK: usize = 11;
+
+/// The tests' sizes over `ranks` ranks: none a multiple of a group size.
+pub fn data_parallel_shape(ranks: usize) -> tiny_runtime::Shape {
+    tiny_runtime::Shape {
+        batch: ROWS_PER_RANK * ranks,
+        input: 70,
+        hidden: 45,
+        output: 19,
+    }
+}
+
+fn assert_clean(name: &str, step: &StepCheck, ranks: usize) {
+    for r in &step.ranks {
+        assert!(
+            r.all_reduce.is_ok(),
+            "{name}: rank {}: {:?}",
+            r.rank,
+            r.all_reduce
+        );
+        assert!(r.update.is_ok(), "{name}: rank {}: {:?}", r.rank, r.update);
+    }
+    assert!(
+        step.gradients_identical,
+        "{name}: every rank's all-reduced gradient is the same bits"
+    );
+    assert!(
+        step.gradient_error <= TOLERANCE,
+        "{name}: gradient off the CPU's by {}",
+        step.gradient_error
+    );
+    assert_eq!(step.updated, ranks, "{name}: every rank updated");
+    assert!(
+        step.weights_identical,
+        "{name}: the updated weights are the same bits on every rank"
+    );
+    assert!(
+        step.weights_error <= TOLERANCE,
+        "{name}: weights off the CPU's by {}",
+        step.weights_error
+    );
+    assert!(
+        step.weights_change > 0.0,
+        "{name}: the update moved the weights"
+    );
+    assert!(
+        step.loss_error() <= f64::from(TOLERANCE),
+        "{name}: loss {:?} against the CPU's {}",
+        step.loss,
+        step.reference_loss
+    );
+}
+
+/// Everything act four shows: a clean step agreeing with the CPU on every
+/// rank; a fault in one rank's backward pass failing every rank's
+/// all-reduced gradient, naming that rank, its root cause and its chain,
+/// the update skipped everywhere and the weights unchanged and identical;
+/// and the next step clean again, with no failure left held.
+pub fn assert_data_parallel(report: &DataParallelReport) {
+    let ranks = report.ranks;
+    assert!(report.loaded, "every rank starts from the same weights");
+    assert_clean("step 1", &report.clean, ranks);
+
+    let faulted = report.faulted_rank;
+    assert_eq!(report.faulted_kernel, BACKWARD[0]);
+    let step = &report.faulted;
+    for (r, seen) in step.ranks.iter().zip(&report.failed) {
+        let rank = r.rank;
+        let error = r
+            .gradient
+            .as_ref()
+            .expect_err("every rank's all-reduced gradient reads as failed");
+        println!("rank {rank} reads its all-reduced gradient:\n{error}");
+        assert!(r.all_reduce.is_err(), "rank {rank}: its all_reduce fails");
+        assert_eq!(
+            seen.all_reduce_names,
+            Some(faulted),
+            "rank {rank}: all_reduce names the faulted rank"
+        );
+        assert_eq!(
+            seen.gradient_names,
+            Some(faulted),
+            "rank {rank}: the read names the faulted rank: {error}"
+        );
+        let root = seen.root.as_deref().unwrap_or_default();
+        assert!(
+            root.contains("INJECTED_LAUNCH_FAILURE") && root.contains("`loss.grad` on rank"),
+            "rank {rank}: the root cause travels: {root}"
+        );
+        assert_eq!(
+            seen.chain,
+            ["layer1.bias_grad", "layer1.gelu_grad", "layer2.input_grad"],
+            "rank {rank}: the faulted rank's chain travels: {error}"
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains(&format!("rank {faulted}'s input could not be read"))
+                && text.contains("skipped `layer2.input_grad`"),
+            "rank {rank}: the read's text names the rank and the chain: {text}"
+        );
+        assert!(
+            seen.update_skipped,
+            "rank {rank}: the update was skipped for the failed gradient: {:?}",
+            r.update
+        );
+        assert!(
+            r.loss.is_ok(),
+            "rank {rank}: the forward pass ran clean: {:?}",
+            r.loss
+        );
+    }
+    assert_eq!(step.updated, 0, "no rank updated");
+    assert!(
+        step.weights_identical,
+        "the weights are the same bits on every rank"
+    );
+    assert_eq!(
+        step.weights_error, 0.0,
+        "the weights read back as before the step"
+    );
+    assert_eq!(step.weights_change, 0.0);
+    assert!(
+        step.loss_error() <= f64::from(TOLERANCE),
+        "loss {:?} against the CPU's {}",
+        step.loss,
+        step.reference_loss
+    );
+
+    assert_clean("step 3", &report.recovered, ranks);
+    assert_eq!(
+        report.recovered.loss, report.faulted.loss,
+        "step 3 starts where step 2 did: the failed step changed nothing"
+    );
+    assert!(
+        report.failures_held.iter().all(|&n| n == 0),
+        "the next step healed every failure: {:?}",
+        report.failures_held
+    );
+    assert!(report.passed());
+}
