@@ -69,11 +69,17 @@
 //!   infinity and the sign of zero; cubecl relaxes the test only for a
 //!   runtime whose name starts with `wgpu`.
 //! - **Pass without exercising anything** (they return early when the
-//!   device lacks the feature, and the servers do not enable it): `plane`,
-//!   `synchronization` (subgroup operations), `cmma`, `cmma2`, `wgmma`,
-//!   `tensormap`, `barrier`, `cluster`, `bf16` and the f16 cases, float
-//!   atomics, and `collectives`, `all_reduce`, `to_client` (one device, no
-//!   transport).
+//!   device properties lack the feature): `plane` and `synchronization`
+//!   (subgroup operations) — on GL there are none; on lavapipe both servers
+//!   enable them, but its planes are 8 lanes wide and cubecl's plane tests
+//!   assume 32 (26 of them fail there), so the adapter offers `Plane::Ops`
+//!   only on planes of 32 lanes or more (`properties.rs`); `cmma`, `cmma2`,
+//!   `wgmma`, `tensormap`, `barrier`, `cluster`, `bf16`; float atomic
+//!   min/max and float atomics in workgroup memory (WGSL has neither), and
+//!   every float atomic on GL; and `collectives`, `all_reduce`, `to_client`
+//!   (one device, no transport). `f16` is offered where the server enables
+//!   it (lavapipe, through both servers: cubecl's float families pass with
+//!   it), but the runtime-test binaries instantiate them for `f32` only.
 //!
 //! The Vulkan server compiles cubecl's kernels as WGSL by default.
 //! cubecl's SPIR-V (`SCOPE_CUBECL_VULKAN=spirv`) runs the families without

@@ -8,7 +8,7 @@
 //! refuses; one that promised less only costs speed.
 
 use cubecl_common::profile::TimingMethod;
-use cubecl_core::ir::features::{AtomicUsage, TypeUsage};
+use cubecl_core::ir::features::{AtomicUsage, Plane, TypeUsage};
 use cubecl_core::ir::{
     DeviceIdentity, DeviceProperties, ElemType, FloatKind, HardwareProperties, IntKind,
     MemoryDeviceProperties, Type, UIntKind,
@@ -24,8 +24,9 @@ pub(crate) fn device_properties(
     device: &str,
 ) -> DeviceProperties {
     let launch = &limits.launch;
-    // The plane feature only where the server enabled subgroup operations;
-    // the plane *size* either way, as the device's native width where it
+    // The plane feature only where the server enabled subgroup operations
+    // on planes as wide as cubecl assumes (`CUBECL_PLANE_FLOOR`); the plane
+    // *size* either way, as the device's native width where it
     // says (kernel libraries size their cubes by it: cubek's unit matmul
     // runs four times slower on an 8-lane lavapipe sized for 32).
     let (plane_min, plane_max) = launch
@@ -77,15 +78,51 @@ pub(crate) fn device_properties(
             properties.register_type_usage(ElemType::Float(ty), TypeUsage::Conversion);
         }
     }
-    let integer_atomics = AtomicUsage::LoadStore | AtomicUsage::Exchange | AtomicUsage::Add;
+    // Every language the servers take has the whole set on 32-bit integers,
+    // in device and workgroup memory: WGSL's `atomicMin`/`Max`/`And`/`Or`/
+    // `Xor`/`atomicCompareExchangeWeak`, SPIR-V's `OpAtomic*`, CUDA's and
+    // HIP's `atomic*` (cubecl-wgpu 0.12 registers only the first three).
+    let integer_atomics = AtomicUsage::LoadStore
+        | AtomicUsage::Exchange
+        | AtomicUsage::Add
+        | AtomicUsage::MinMax
+        | AtomicUsage::Bitwise
+        | AtomicUsage::CompareExchange;
     for ty in [ElemType::Int(IntKind::I32), ElemType::UInt(UIntKind::U32)] {
         properties.register_atomic_type_usage(Type::atomic(ty), integer_atomics);
         properties.register_shared_atomic_type_usage(Type::atomic(ty), integer_atomics);
     }
-    if launch.features.f32_atomic_add {
+    let features = &launch.features;
+    if features.f16 {
+        properties.register_type_usage(ElemType::Float(FloatKind::F16), TypeUsage::all());
+    }
+    if features.f32_atomic_add {
+        // Device memory only, as cubecl-wgpu registers it: no server
+        // promises float atomics in workgroup memory. Exchange comes with
+        // add on every server that reports it (Vulkan's
+        // `shaderBufferFloat32Atomics`, wgpu's `SHADER_FLOAT32_ATOMIC`,
+        // CUDA's and HIP's `atomicExch` on `float`).
         let f32_atomic = Type::atomic(ElemType::Float(FloatKind::F32));
-        properties
-            .register_atomic_type_usage(f32_atomic, AtomicUsage::LoadStore | AtomicUsage::Add);
+        properties.register_atomic_type_usage(
+            f32_atomic,
+            AtomicUsage::LoadStore | AtomicUsage::Exchange | AtomicUsage::Add,
+        );
+    }
+    if features.subgroups && plane_min >= CUBECL_PLANE_FLOOR {
+        // Plane operations only; plane barriers (`Plane::Sync`) and votes
+        // in diverged control flow are not promised by WGSL.
+        properties.features.plane.insert(Plane::Ops);
     }
     properties
 }
+
+/// The narrowest plane cubecl's plane operations are offered on. cubecl's
+/// own runtime tests of them launch one cube of 32 units and expect it to
+/// be one plane (`plane_sum` of 32 values, `plane_all` over 32 lanes…):
+/// on lavapipe's 8 lanes, whose subgroup operations are right (the
+/// servers' own `features` tests), 26 of them read the answer for 8 lanes
+/// (a sum of 28 where 32 lanes give 496). cubecl-wgpu 0.12 keeps plane
+/// operations off on every CPU adapter. The server still reports its
+/// subgroups to scope's own clients, and the plane size stays the
+/// device's.
+const CUBECL_PLANE_FLOOR: u32 = 32;
