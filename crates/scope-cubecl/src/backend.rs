@@ -93,8 +93,22 @@ impl CubeBackend for server_vulkan::Vulkan {
         server_vulkan::client()
     }
 
+    /// The devices `open` can open. With `SCOPE_VULKAN_VALIDATION=1` that
+    /// is a device under the validation layer: where the layer is not
+    /// installed there is none, so that tests promising validation skip
+    /// rather than pass without it — unless CI or `SCOPE_REQUIRE` make the
+    /// layer a requirement, where the device is listed and opening it is
+    /// refused, naming the layer (`server_vulkan::Config::validation`).
     fn probe() -> Probe {
-        server_vulkan::probe()
+        let probe = server_vulkan::probe();
+        if probe.has_device()
+            && server_vulkan::validation_from_env()
+            && server_vulkan::validation_required_by().is_none()
+            && !server_vulkan::validation_layer_installed()
+        {
+            return Probe::none(Self::NAME, server_vulkan::VALIDATION_LAYER_MISSING);
+        }
+        probe
     }
 }
 

@@ -31,6 +31,12 @@ const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 pub const VALIDATION_LAYER_MISSING: &str =
     "VK_LAYER_KHRONOS_validation is not installed (apt-get install vulkan-validationlayers)";
 
+/// Whether `VK_LAYER_KHRONOS_validation` is installed, as the loader sees
+/// it (`VK_LAYER_PATH` and the manifest folders); false without a loader.
+pub fn validation_layer_installed() -> bool {
+    load_entry().is_ok_and(|entry| layer_present(&entry, VALIDATION_LAYER))
+}
+
 /// Why a missing validation layer is an error here rather than a run
 /// without it: `CI=true`, or `SCOPE_REQUIRE` naming vulkan (the one parser,
 /// [`scope_core::required`]). `None` elsewhere.

@@ -135,7 +135,9 @@ use scope_core::{Backend, Client, Kernel, Language, Launch, Probe, Result};
 
 pub use capture::VulkanGraph;
 pub use compile::VulkanKernel;
-pub use device::{Config, VALIDATION_LAYER_MISSING, validation_required_by};
+pub use device::{
+    Config, VALIDATION_LAYER_MISSING, validation_layer_installed, validation_required_by,
+};
 pub use memory::VulkanMemory;
 pub use stream::{StreamWait, VulkanStream};
 
@@ -456,11 +458,16 @@ impl Backend for Vulkan {
 /// when the layer is missing where it is required ([`Config::validation`]).
 /// Never a panic.
 pub fn client() -> Result<Client<Vulkan>> {
-    let validation = std::env::var("SCOPE_VULKAN_VALIDATION").is_ok_and(|v| v == "1");
     client_with(Config {
-        validation,
+        validation: validation_from_env(),
         ..Config::default()
     })
+}
+
+/// Whether `SCOPE_VULKAN_VALIDATION=1` asks [`client`] for the validation
+/// layer.
+pub fn validation_from_env() -> bool {
+    std::env::var("SCOPE_VULKAN_VALIDATION").is_ok_and(|v| v == "1")
 }
 
 /// A client of a new Vulkan server opened as `config` says.
