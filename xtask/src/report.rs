@@ -17,9 +17,10 @@
 //! [<test>]` when they returned early for a feature the device lacks; see
 //! `crates/scope-cubecl/tests/common/mod.rs`), or `not run: <reason>` for a
 //! test its binary marks as not holding on this device. The first is
-//! printed as the test's thread ends, after libtest stopped capturing its
-//! output, so under plain libtest it stands outside the test's block: the
-//! name in brackets says whose it is.
+//! printed (to stderr) as the test's thread ends, after libtest stopped
+//! capturing its output, so under plain libtest it stands outside the
+//! test's block, and under nextest in its stderr: the name in brackets says
+//! whose it is.
 //!
 //! Each test's output is found in the runner's own framing:
 //!
@@ -1116,25 +1117,30 @@ test result: FAILED. 4 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
     }
 
     /// nextest runs each test in a process of its own, so the verdict a
-    /// runtime test prints as its thread ends is in its own output.
+    /// runtime test prints (to stderr) as its thread ends is in its own
+    /// output; one printed by a thread the test spawned is in its stdout.
     const NEXTEST_UNEXERCISED: &str = "\
         PASS [   0.041s] (1/5) scope-cubecl::runtime_wgpu wgpu::f32_ty::test_plane_sum_vec1
   stdout ───
 
     running 1 test
-    not exercised: nothing reached the device [wgpu::f32_ty::test_plane_sum_vec1]
     test wgpu::f32_ty::test_plane_sum_vec1 ... ok
 
     test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 388 filtered out; finished in 0.02s
+
+  stderr ───
+    not exercised: nothing reached the device [wgpu::f32_ty::test_plane_sum_vec1]
 
         PASS [   0.043s] (2/5) scope-cubecl::runtime_wgpu wgpu::f32_ty::test_plane_max_vec1
   stdout ───
 
     running 1 test
-    not exercised: nothing reached the device [wgpu::f32_ty::test_plane_max_vec1]
     test wgpu::f32_ty::test_plane_max_vec1 ... ok
 
     test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 388 filtered out; finished in 0.02s
+
+  stderr ───
+    not exercised: nothing reached the device [wgpu::f32_ty::test_plane_max_vec1]
 
         PASS [   0.052s] (3/5) scope-cubecl::runtime_wgpu wgpu::binary_untyped::test_signed_remainder
   stdout ───

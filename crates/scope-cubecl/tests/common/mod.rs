@@ -39,9 +39,11 @@
 //! whole.
 //!
 //! libtest captures a test's output only while the test function runs, and
-//! the verdict comes when its thread ends, after that: it goes to stdout
+//! the verdict comes when its thread ends, after that: it goes to stderr
 //! directly and names the test in brackets, so that it can be told whose
 //! it is under plain libtest (nextest shows each process's output whole).
+//! A thread the test spawned prints its verdict into the test's captured
+//! stdout instead, unnamed.
 
 #![allow(dead_code)]
 
@@ -50,6 +52,7 @@ use std::io::Write;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once, OnceLock, PoisonError};
+use std::time::Duration;
 
 use cubecl_common::device::DeviceId;
 use cubecl_core::ir::TargetProperties;
@@ -162,30 +165,56 @@ impl LaunchObserver for CountLaunches {
     }
 }
 
-/// Whether a test holds the device; the others wait for it.
-static SLOT: Mutex<bool> = Mutex::new(false);
-static SLOT_FREED: Condvar = Condvar::new();
-
-/// Wait for the device, and hold it.
-fn take_slot() {
-    let mut busy = SLOT.lock().unwrap_or_else(PoisonError::into_inner);
-    while *busy {
-        busy = SLOT_FREED
-            .wait(busy)
-            .unwrap_or_else(PoisonError::into_inner);
-    }
-    *busy = true;
+/// Who holds the device: one test at a time; the others wait for it.
+struct Slot {
+    busy: bool,
+    /// Spawned threads waiting for it (see [`starting`]), which go first.
+    spawned_waiting: usize,
 }
 
-/// Hold the device if no test does.
-fn try_take_slot() -> bool {
-    let mut busy = SLOT.lock().unwrap_or_else(PoisonError::into_inner);
-    !std::mem::replace(&mut *busy, true)
+static SLOT: Mutex<Slot> = Mutex::new(Slot {
+    busy: false,
+    spawned_waiting: 0,
+});
+static SLOT_FREED: Condvar = Condvar::new();
+
+/// How long a spawned thread waits for the device before taking itself for
+/// a thread of the test that holds it.
+const SPAWNED_WAIT: Duration = Duration::from_secs(5);
+
+/// Wait for the device, after any spawned thread waiting for it, and hold
+/// it.
+fn take_slot() {
+    let mut slot = SLOT.lock().unwrap_or_else(PoisonError::into_inner);
+    while slot.busy || slot.spawned_waiting > 0 {
+        slot = SLOT_FREED
+            .wait(slot)
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+    slot.busy = true;
+}
+
+/// Wait for the device for [`SPAWNED_WAIT`] at most, and hold it if it
+/// came free.
+fn take_slot_within() -> bool {
+    let mut slot = SLOT.lock().unwrap_or_else(PoisonError::into_inner);
+    slot.spawned_waiting += 1;
+    let (mut slot, _) = SLOT_FREED
+        .wait_timeout_while(slot, SPAWNED_WAIT, |slot| slot.busy)
+        .unwrap_or_else(PoisonError::into_inner);
+    slot.spawned_waiting -= 1;
+    if slot.busy {
+        // Not taken: the named tests it held back may go on waiting as before.
+        SLOT_FREED.notify_all();
+        return false;
+    }
+    slot.busy = true;
+    true
 }
 
 fn give_slot() {
-    *SLOT.lock().unwrap_or_else(PoisonError::into_inner) = false;
-    SLOT_FREED.notify_one();
+    SLOT.lock().unwrap_or_else(PoisonError::into_inner).busy = false;
+    SLOT_FREED.notify_all();
 }
 
 /// The test whose count this thread keeps, from its start to the end of
@@ -211,12 +240,14 @@ impl Drop for Running {
             let first_operations = StreamId::allocate().value - self.streams - 1;
             if launched == 0 && first_operations == 0 {
                 match &self.test {
-                    // Straight to stdout: libtest stopped capturing this
-                    // thread's output when the test returned, so the line
-                    // names the test.
+                    // libtest stopped capturing this thread's output when
+                    // the test returned, so the line names the test; and it
+                    // goes to stderr, where libtest does not write: on
+                    // stdout it could land inside the result line libtest
+                    // is printing for the previous test.
                     Some(test) => {
                         let _ = writeln!(
-                            std::io::stdout().lock(),
+                            std::io::stderr().lock(),
                             "not exercised: nothing reached the device [{test}]"
                         );
                     }
@@ -239,14 +270,17 @@ std::thread_local! {
 /// a test's count if this is where its test starts. Whether it did.
 ///
 /// libtest runs each test on a thread named after it: there, the test
-/// waits for the device and starts. A thread a test spawns has no name;
-/// it belongs to the test that holds the device, if one does (its work
-/// counts in that test's window). If none does, it is the first thread of
-/// its test to ask anything (cubecl's collectives run on a thread they
-/// spawn), and its test starts there. Under plain libtest another test may
-/// hold the device at that moment; then that test's window counts the
-/// thread's work and the test it belongs to has no verdict. nextest, which
-/// runs each test in a process of its own, never meets that case.
+/// waits for the device and starts. A thread a test spawns has no name.
+/// If it is the first thread of its test to ask anything (cubecl's
+/// collectives run their body on a thread they spawn), its test starts
+/// there, once the device is free. But it may instead belong to the test
+/// that holds the device, whose window already counts its work, and which
+/// may be waiting for it: so it waits [`SPAWNED_WAIT`] at most, ahead of
+/// the named tests, and takes itself for that test's thread if the device
+/// is still held then. Under nextest, one test a process, the device is
+/// free or held by the thread's own test; under plain libtest, a test
+/// that held it longer than that would count a spawned thread of another
+/// test as its own, and that other test would have no verdict.
 fn starting<B: CubeBackend>() -> bool {
     device_or_skip::<B>();
     static OBSERVE: Once = Once::new();
@@ -261,7 +295,7 @@ fn starting<B: CubeBackend>() -> bool {
     let test = thread.name().filter(|name| *name != "main");
     if test.is_some() {
         take_slot();
-    } else if !try_take_slot() {
+    } else if !take_slot_within() {
         return false;
     }
     RUNNING.with(|running| {
