@@ -29,22 +29,32 @@ pub trait CubeBackend: Backend + Sized {
 
     /// The devices there are, without opening one; never panics.
     fn probe() -> Probe;
+
+    /// Whether `SCOPE_LOGICAL_DEVICES` splits this server's one device into
+    /// several ([`crate::logical_devices`]). CUDA and HIP number their real
+    /// devices instead.
+    const SPLITS: bool = true;
 }
 
 /// wgpu and Vulkan open the one device their environment chooses, as index
 /// 0: another index is a device that does not exist, not a second server
-/// on the same one.
+/// on the same one — unless `SCOPE_LOGICAL_DEVICES=N`
+/// ([`logical_devices`](crate::logical_devices)) splits the adapter, when
+/// indices `0..N` each open a server of their own on it.
 #[cfg(any(feature = "wgpu", feature = "vulkan"))]
 fn only_the_chosen_one(device: &ScopeDevice, backend: &'static str) -> Result<()> {
-    if device.index == 0 {
+    let count = crate::device::logical_devices().unwrap_or(1);
+    if device.index < count {
         return Ok(());
     }
     Err(scope_core::Error::BackendUnavailable {
         backend,
         reason: format!(
             "device {} does not exist: the {backend} server opens the one device its environment \
-             chooses, as device 0",
-            device.index
+             chooses, as device 0, or {} devices on it under {}={count}",
+            device.index,
+            count,
+            crate::device::LOGICAL_DEVICES_VAR,
         ),
     })
 }
@@ -61,7 +71,8 @@ impl CubeBackend for server_wgpu::Wgpu {
     }
 
     /// The adapter `SCOPE_WGPU_BACKEND` and `SCOPE_WGPU_ADAPTER` choose:
-    /// device 0, the only one `enumerate_devices` lists.
+    /// device 0, the only one `enumerate_devices` lists — or, under
+    /// `SCOPE_LOGICAL_DEVICES`, a new wgpu device on that adapter per index.
     fn open(device: &ScopeDevice) -> Result<Client<Self>> {
         only_the_chosen_one(device, Self::NAME)?;
         server_wgpu::client()
@@ -115,6 +126,7 @@ impl CubeBackend for server_vulkan::Vulkan {
 #[cfg(feature = "cuda")]
 impl CubeBackend for server_cuda::Cuda {
     const RUNTIME_NAME: &'static str = "scope-cuda";
+    const SPLITS: bool = false;
 
     fn target() -> Target {
         Target::Cuda
@@ -132,6 +144,7 @@ impl CubeBackend for server_cuda::Cuda {
 #[cfg(feature = "hip")]
 impl CubeBackend for server_hip::Hip {
     const RUNTIME_NAME: &'static str = "scope-hip";
+    const SPLITS: bool = false;
 
     fn target() -> Target {
         Target::Hip

@@ -27,3 +27,46 @@ impl Device for ScopeDevice {
         DeviceId::new(0, self.index)
     }
 }
+
+/// The environment variable that splits one adapter into several logical
+/// devices: `SCOPE_LOGICAL_DEVICES=N` makes the runtime list devices
+/// `0..N` of type 0, each opening a scope server of its own — its own
+/// device object, queue and memory — on the adapter the server's
+/// environment chooses. For testing what needs several devices (the
+/// collectives, `to_client`) without several GPUs, as XLA's
+/// `--xla_force_host_platform_device_count` does.
+pub const LOGICAL_DEVICES_VAR: &str = "SCOPE_LOGICAL_DEVICES";
+
+static LOGICAL: std::sync::OnceLock<Option<u16>> = std::sync::OnceLock::new();
+
+/// How many logical devices the adapter is split into: `SCOPE_LOGICAL_DEVICES`
+/// as read the first time any device is listed or opened (a count that
+/// changed under cubecl's registry would name servers that never open), or
+/// what [`split_into_logical_devices`] set before that; `None` when unset,
+/// empty, zero or not a number — today's one device.
+pub fn logical_devices() -> Option<u16> {
+    *LOGICAL.get_or_init(|| {
+        std::env::var(LOGICAL_DEVICES_VAR)
+            .ok()
+            .and_then(|n| n.trim().parse::<u16>().ok())
+            .filter(|&n| n > 0)
+    })
+}
+
+/// Split the adapter into `count` logical devices, as
+/// `SCOPE_LOGICAL_DEVICES=count` would, without touching the environment.
+/// Only before the count is first read (by listing or opening a device):
+/// afterwards servers are open under the count already decided.
+///
+/// # Errors
+///
+/// The count already decided, when it is not `count`.
+pub fn split_into_logical_devices(count: u16) -> Result<(), Option<u16>> {
+    let wanted = Some(count).filter(|&n| n > 0);
+    let decided = *LOGICAL.get_or_init(|| wanted);
+    if decided == wanted {
+        Ok(())
+    } else {
+        Err(decided)
+    }
+}

@@ -76,10 +76,37 @@
 //!   only on planes of 32 lanes or more (`properties.rs`); `cmma`, `cmma2`,
 //!   `wgmma`, `tensormap`, `barrier`, `cluster`, `bf16`; float atomic
 //!   min/max and float atomics in workgroup memory (WGSL has neither), and
-//!   every float atomic on GL; and `collectives`, `all_reduce`, `to_client`
-//!   (one device, no transport). `f16` is offered where the server enables
+//!   every float atomic on GL; and, in these binaries, `collectives`,
+//!   `all_reduce` and `to_client` where they need two devices or more (one
+//!   device here; the groups of one device and the refusals do run).
+//!   `f16` is offered where the server enables
 //!   it (lavapipe, through both servers: cubecl's float families pass with
 //!   it), but the runtime-test binaries instantiate them for `f32` only.
+//!
+//! # Several devices, and the collectives
+//!
+//! `SCOPE_LOGICAL_DEVICES=N` (or [`split_into_logical_devices`], before the
+//! first device is listed) splits the wgpu or Vulkan server's one adapter
+//! into `N` logical devices, as XLA's
+//! `--xla_force_host_platform_device_count` does: `enumerate_devices(0)`
+//! lists `0..N`, and each index opens a scope server of its own — its own
+//! device object, queue and memory — on that adapter. Unset, there is one
+//! device, as before. CUDA and HIP number their real devices instead.
+//!
+//! Every server has a device transport: `ServerCommunication` — `to_client`'s
+//! send and receive, `all_reduce`, `all_gather`, `reduce_scatter`,
+//! `broadcast`, `all_to_all` — runs over [`scope_core::collective`], staged
+//! through the host on each device's scope client, with scope's failure
+//! rules across devices (`docs/ERROR_MODEL.md` 41–46) and two of cubecl's:
+//! a part refused on its device leaves its destination carrying the
+//! refusal, and a failed part breaks its group (`communication.rs`).
+//! `tests/collectives.rs` runs cubecl-core's `collectives`, `all_reduce`
+//! and `to_client` families on four logical devices of the wgpu and the
+//! Vulkan server, and fails any that moved nothing between the devices it
+//! should ([`communication_counts`]). Reductions take `f32`, `i32` and
+//! `u32` (scope reduces 4-byte words); the bytes pass through the host, so
+//! a transfer costs two copies and a device-to-host round trip, and ranks
+//! in other processes are out of reach.
 //!
 //! The Vulkan server compiles cubecl's kernels as WGSL by default.
 //! cubecl's SPIR-V (`SCOPE_CUBECL_VULKAN=spirv`) runs the families without
@@ -114,6 +141,7 @@
 //! that registers the runtime at start-up. See `docs/CUBECL.md`, section 7.
 
 mod backend;
+mod communication;
 mod compile;
 mod device;
 mod error;
@@ -125,7 +153,8 @@ mod storage;
 mod streams;
 
 pub use backend::CubeBackend;
-pub use device::ScopeDevice;
+pub use communication::{CommunicationCounts, communication_counts};
+pub use device::{LOGICAL_DEVICES_VAR, ScopeDevice, logical_devices, split_into_logical_devices};
 pub use runtime::ScopeRuntime;
 pub use server::ScopeServer;
 pub use storage::{ScopeResource, ScopeStorage};

@@ -65,7 +65,7 @@ fn register<B: CubeBackend>(device: DeviceId, client: Client<B>) {
         .insert((TypeId::of::<B>(), device), Box::new(client));
 }
 
-fn opened<B: CubeBackend>(device: DeviceId) -> Option<Client<B>> {
+pub(crate) fn opened<B: CubeBackend>(device: DeviceId) -> Option<Client<B>> {
     OPENED
         .get_or_init(Default::default)
         .lock()
@@ -92,7 +92,7 @@ impl<B: CubeBackend> DeviceService for ScopeServer<B> {
             client.describe(),
         );
         let layout = ContiguousMemoryLayoutPolicy::new(client.limits().binding_alignment as usize);
-        let (utilities, captures) = ServerUtilities::init(
+        let (mut utilities, captures) = ServerUtilities::init(
             ServiceId::of::<ScopeServer<B>>(device_id),
             B::RUNTIME_NAME,
             properties,
@@ -100,8 +100,11 @@ impl<B: CubeBackend> DeviceService for ScopeServer<B> {
             Default::default(),
             layout,
         );
+        // Every scope server moves bytes to its peers, staged through the
+        // host (`communication.rs`).
+        utilities.device_transport = Some(crate::communication::transport());
         register(device_id, client.clone());
-        ScopeServer::new(client, utilities, captures)
+        ScopeServer::new(device_id, client, utilities, captures)
     }
 
     fn utilities(&self) -> ServerUtilitiesHandle {
@@ -123,10 +126,15 @@ impl<B: CubeBackend> Runtime for ScopeRuntime<B> {
     }
 
     /// One device (the one the server's environment chooses) when the
-    /// server finds any, none otherwise.
+    /// server finds any, none otherwise; `N` logical devices on it under
+    /// `SCOPE_LOGICAL_DEVICES=N` ([`crate::logical_devices`]).
     fn enumerate_devices(type_id: u16) -> Vec<DeviceId> {
         if type_id == 0 && B::probe().has_device() {
-            vec![DeviceId::new(0, 0)]
+            let count = match B::SPLITS {
+                true => crate::device::logical_devices().unwrap_or(1),
+                false => 1,
+            };
+            (0..count).map(|index| DeviceId::new(0, index)).collect()
         } else {
             Vec::new()
         }

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cubecl_common::bytes::Bytes;
+use cubecl_common::device::DeviceId;
 use cubecl_common::profile::ProfileDuration;
 use cubecl_environment::backtrace::BackTrace;
 use cubecl_environment::future::DynFut;
@@ -27,9 +28,9 @@ use cubecl_runtime::memory_management::{
     ManagedMemoryHandle, MemoryAllocationMode, StreamMemoryReport,
 };
 use cubecl_runtime::server::{
-    BufferBinding, CopyDescriptor, CubeCount, DeviceCaptures, IoError, KernelArguments,
-    KernelResource, LaunchError, ProfileError, ProfilingToken, Server, ServerCommunication,
-    ServerError, ServerStorage, ServerUtilities,
+    BufferBinding, ComputeWait, CopyDescriptor, CubeCount, DeviceCaptures, Handle, IoError,
+    KernelArguments, KernelResource, LaunchError, ProfileError, ProfilingToken, Reduction, Server,
+    ServerCommunication, ServerError, ServerStorage, ServerUtilities,
 };
 use cubecl_runtime::storage::ManagedResource;
 use scope_core::{Access, Binding, Client, Dispatch, Error, Slice};
@@ -37,6 +38,7 @@ use scope_cube::Translation;
 use smallvec::SmallVec;
 
 use crate::backend::CubeBackend;
+use crate::communication::{Communication, Kind, Owned, reduction};
 use crate::compile::{CompileTarget, Kernels};
 use crate::error::{external, to_server_error};
 use crate::memory::{MemoryTable, contiguous, scope_size};
@@ -55,6 +57,9 @@ pub struct ScopeServer<B: CubeBackend> {
     next_profile: u64,
     utilities: Arc<ServerUtilities>,
     logger: Arc<ServerLogger>,
+    /// Collectives and transfers to other devices, and the parts of them
+    /// later calls wait for.
+    communication: Communication<B>,
 }
 
 /// A sealed graph, and the buffers only it keeps alive.
@@ -104,6 +109,7 @@ fn unsupported_strides() -> ServerError {
 
 impl<B: CubeBackend> ScopeServer<B> {
     pub(crate) fn new(
+        device: DeviceId,
         client: Client<B>,
         utilities: ServerUtilities,
         captures: DeviceCaptures,
@@ -124,7 +130,53 @@ impl<B: CubeBackend> ScopeServer<B> {
             next_profile: 0,
             utilities: Arc::new(utilities),
             logger,
+            communication: Communication::new(device),
         }
+    }
+
+    /// Wait for the collectives and transfers that touch `bindings`.
+    fn settle<'a>(&mut self, bindings: impl IntoIterator<Item = &'a BufferBinding>) {
+        self.communication
+            .settle(bindings.into_iter().map(|binding| binding.memory.id()));
+    }
+
+    /// `binding`'s bytes, owned, for a part that outlives the call.
+    fn owned(&self, binding: &BufferBinding) -> Result<Owned, ServerError> {
+        let resolved = self
+            .memory
+            .resolve(binding)?
+            .ok_or_else(|| validation("an empty buffer between devices"))?;
+        Ok(Owned {
+            buffer: resolved.buffer.clone(),
+            words: resolved.words.clone(),
+            skip: resolved.skip(),
+            len: resolved.len(),
+            memory: binding.memory.id(),
+        })
+    }
+
+    /// Queue this device's part of `kind`; a part refused here leaves its
+    /// destination carrying the refusal, since cubecl queued it
+    /// fire-and-forget.
+    fn queue_part(
+        &mut self,
+        kind: Result<Kind, ServerError>,
+        src: Option<BufferBinding>,
+        dst: BufferBinding,
+        stream_id: StreamId,
+        device_ids: &[DeviceId],
+    ) -> Result<(), ServerError> {
+        let queued = kind.and_then(|kind| {
+            let src = src.as_ref().map(|src| self.owned(src)).transpose()?;
+            let owned = self.owned(&dst)?;
+            let client = self.streams.base().clone();
+            self.communication
+                .collective(kind, src, owned, device_ids, client, stream_id)
+        });
+        if let Err(error) = &queued {
+            self.fail_outputs(stream_id, std::iter::once(&dst), error.clone());
+        }
+        queued
     }
 
     /// The scope client of stream 0, for mixing scope-native work with
@@ -210,6 +262,27 @@ impl<B: CubeBackend> ScopeServer<B> {
         Ok(out)
     }
 
+    /// What a read of `descriptors` reads, resolved now for a read made
+    /// later.
+    fn plan_read(
+        &mut self,
+        descriptors: &[CopyDescriptor],
+        stream: StreamId,
+    ) -> Result<(Client<B>, Vec<Option<Owned>>), ServerError> {
+        let client = self.client(stream)?;
+        let mut plan = Vec::with_capacity(descriptors.len());
+        for descriptor in descriptors {
+            if !contiguous(&descriptor.shape, &descriptor.strides) {
+                return Err(unsupported_strides());
+            }
+            plan.push(match self.memory.resolve(&descriptor.handle)? {
+                None => None,
+                Some(_) => Some(self.owned(&descriptor.handle)?),
+            });
+        }
+        Ok((client, plan))
+    }
+
     /// One host write on `stream`; a refusal fails the destination's bytes
     /// on the writer's stream, where the next read reports it.
     fn write_one(
@@ -257,7 +330,144 @@ impl<B: CubeBackend> ScopeServer<B> {
     }
 }
 
-impl<B: CubeBackend> ServerCommunication for ScopeServer<B> {}
+/// A reduction scope's collectives carry, or why not.
+fn reduced(reduction_: Reduction) -> Result<Kind, ServerError> {
+    reduction(reduction_.dtype, reduction_.op)
+        .map(|(element, op)| Kind::AllReduce(element, op))
+        .ok_or_else(|| {
+            validation(format!(
+                "scope's collectives reduce f32, i32 and u32, not {:?}",
+                reduction_.dtype
+            ))
+        })
+}
+
+/// cubecl's communication, over `scope_core::collective` (see
+/// `communication.rs`): every part is queued to the device's collectives or
+/// transfers thread, and returns at once.
+impl<B: CubeBackend> ServerCommunication for ScopeServer<B> {
+    /// Nothing to do: every later call on a part's buffers waits for the
+    /// part already, and a part keeps its buffers alive until it is done.
+    fn sync_collective(&mut self, _stream_id: StreamId) -> Result<(), ServerError> {
+        Ok(())
+    }
+
+    fn comm_init(&mut self, device_ids: Vec<DeviceId>) -> Result<(), ServerError> {
+        self.communication.init(&device_ids)
+    }
+
+    /// Under either [`ComputeWait`], later calls on `dst` wait for it, so
+    /// `AtSync` is kept too (it only allows the wait to come later).
+    fn all_reduce(
+        &mut self,
+        src: BufferBinding,
+        dst: BufferBinding,
+        reduction: Reduction,
+        stream_id: StreamId,
+        device_ids: Vec<DeviceId>,
+        _wait: ComputeWait,
+    ) -> Result<(), ServerError> {
+        let kind = reduced(reduction);
+        self.queue_part(kind, Some(src), dst, stream_id, &device_ids)
+    }
+
+    fn all_gather(
+        &mut self,
+        src: BufferBinding,
+        dst: BufferBinding,
+        stream_id: StreamId,
+        device_ids: Vec<DeviceId>,
+    ) -> Result<(), ServerError> {
+        self.queue_part(Ok(Kind::AllGather), Some(src), dst, stream_id, &device_ids)
+    }
+
+    fn reduce_scatter(
+        &mut self,
+        src: BufferBinding,
+        dst: BufferBinding,
+        reduction: Reduction,
+        stream_id: StreamId,
+        device_ids: Vec<DeviceId>,
+    ) -> Result<(), ServerError> {
+        let kind = reduced(reduction).map(|kind| match kind {
+            Kind::AllReduce(element, op) => Kind::ReduceScatter(element, op),
+            other => other,
+        });
+        self.queue_part(kind, Some(src), dst, stream_id, &device_ids)
+    }
+
+    fn broadcast(
+        &mut self,
+        src: Option<BufferBinding>,
+        dst: BufferBinding,
+        stream_id: StreamId,
+        root: DeviceId,
+        device_ids: Vec<DeviceId>,
+    ) -> Result<(), ServerError> {
+        let kind = device_ids
+            .iter()
+            .position(|id| *id == root)
+            .map(|root| Kind::Broadcast { root })
+            .ok_or_else(|| validation(format!("broadcast root {root:?} is no member")));
+        self.queue_part(kind, src, dst, stream_id, &device_ids)
+    }
+
+    fn all_to_all(
+        &mut self,
+        src: BufferBinding,
+        dst: BufferBinding,
+        stream_id: StreamId,
+        device_ids: Vec<DeviceId>,
+    ) -> Result<(), ServerError> {
+        self.queue_part(Ok(Kind::AllToAll), Some(src), dst, stream_id, &device_ids)
+    }
+
+    /// Hands the source to the peer's receive, which reads it through this
+    /// device's client. A refused send still reaches the receive, whose
+    /// destination then carries the refusal: no receive waits for a send
+    /// that will not come.
+    fn send(
+        &mut self,
+        desc: CopyDescriptor,
+        stream_id: StreamId,
+        device_id_dst: DeviceId,
+    ) -> Result<(), ServerError> {
+        let src = if contiguous(&desc.shape, &desc.strides) {
+            self.owned(&desc.handle)
+                .map(|src| (src, self.streams.base().clone()))
+        } else {
+            Err(unsupported_strides())
+        };
+        let refused = src.as_ref().err().cloned();
+        self.communication.send(src, device_id_dst, stream_id);
+        refused.map_or(Ok(()), Err)
+    }
+
+    fn recv(
+        &mut self,
+        handle: Handle,
+        stream_id: StreamId,
+        device_id_src: DeviceId,
+    ) -> Result<(), ServerError> {
+        let size = handle.size();
+        let made = self
+            .initialize_memory(handle.memory.clone(), size, stream_id)
+            .and_then(|()| self.owned(&handle.binding()));
+        let client = self.streams.base().clone();
+        match made {
+            Ok(dst) => {
+                self.communication
+                    .recv(Some(dst), device_id_src, client, stream_id);
+                Ok(())
+            }
+            Err(error) => {
+                self.communication
+                    .recv(None, device_id_src, client, stream_id);
+                Err(error)
+            }
+        }
+    }
+}
 
 impl<B: CubeBackend> Server for ScopeServer<B> {
     fn initialize_memory(
@@ -316,10 +526,34 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
         descriptors: Vec<CopyDescriptor>,
         stream_id: StreamId,
     ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
-        ready(self.read_now(descriptors, stream_id))
+        let memory = descriptors
+            .iter()
+            .map(|descriptor| descriptor.handle.memory.id());
+        let waits = self.communication.waits(memory, None);
+        if waits.is_empty() {
+            return ready(self.read_now(descriptors, stream_id));
+        }
+        // A collective or transfer still to land in these bytes: the caller
+        // waits for it, not the device thread, whose other streams go on
+        // (a peer's part may be queued behind them).
+        let planned = self.plan_read(&descriptors, stream_id);
+        Box::pin(async move {
+            let (client, plan) = planned?;
+            waits.wait();
+            plan.iter()
+                .map(|owned| match owned {
+                    None => Ok(Bytes::from_bytes_vec(Vec::new())),
+                    Some(owned) => owned
+                        .read(&client)
+                        .map(Bytes::from_bytes_vec)
+                        .map_err(|e| to_server_error(&e)),
+                })
+                .collect()
+        })
     }
 
     fn write(&mut self, descriptors: Vec<(CopyDescriptor, Bytes)>, stream_id: StreamId) {
+        self.settle(descriptors.iter().map(|(descriptor, _)| &descriptor.handle));
         let client = match self.client(stream_id) {
             Ok(client) => client,
             Err(error) => {
@@ -343,6 +577,30 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
         handles: Vec<BufferBinding>,
         stream_id: StreamId,
     ) -> DynFut<Result<(), ServerError>> {
+        let memory = handles.iter().map(|binding| binding.memory.id());
+        let waits = self.communication.waits(memory, Some(stream_id));
+        if !waits.is_empty() {
+            // As a read: the caller waits for the parts, not the device thread.
+            let planned = self.client(stream_id).and_then(|client| {
+                let mut owned = Vec::new();
+                for binding in &handles {
+                    if self.memory.resolve(binding)?.is_some() {
+                        owned.push(self.owned(binding)?);
+                    }
+                }
+                Ok((client, owned))
+            });
+            return Box::pin(async move {
+                let (client, owned) = planned?;
+                waits.wait();
+                client.sync().map_err(|e| to_server_error(&e))?;
+                let slices: Vec<_> = owned.iter().map(Owned::slice).collect();
+                if slices.is_empty() {
+                    return Ok(());
+                }
+                client.check(&slices).map_err(|e| to_server_error(&e))
+            });
+        }
         let result = self.client(stream_id).and_then(|client| {
             client.sync().map_err(|e| to_server_error(&e))?;
             self.check_bindings(&handles, stream_id)
@@ -355,6 +613,7 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
         handles: Vec<BufferBinding>,
         stream_id: StreamId,
     ) -> Result<(), ServerError> {
+        self.settle(&handles);
         self.check_bindings(&handles, stream_id)
     }
 
@@ -383,6 +642,19 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
         if mode.discards_launch() {
             return;
         }
+        let buffers = args.resources.iter().filter_map(|resource| match resource {
+            KernelResource::Buffer(binding) => Some(binding),
+            _ => None,
+        });
+        let count_buffer = match &count {
+            CubeCount::Dynamic(binding) => Some(binding),
+            CubeCount::Static(..) => None,
+        };
+        let memory: SmallVec<[_; 8]> = buffers
+            .chain(count_buffer)
+            .map(|binding| binding.memory.id())
+            .collect();
+        self.communication.settle(memory);
         let io = compiled.buffer_io();
         if let Err(error) = self.launch_compiled(&compiled, io, &count, &args, stream_id) {
             let written: Vec<_> = args.buffers_written(Some(io)).cloned().collect();
@@ -719,6 +991,7 @@ impl<B: CubeBackend> ServerStorage for ScopeServer<B> {
         binding: BufferBinding,
         stream_id: StreamId,
     ) -> Result<ManagedResource<ScopeResource<B>>, ServerError> {
+        self.settle(std::iter::once(&binding));
         self.check_bindings(std::slice::from_ref(&binding), stream_id)?;
         let resolved = self
             .memory

@@ -1,0 +1,207 @@
+//! cubecl-core's `collectives`, `all_reduce` and `to_client` runtime tests,
+//! on four logical devices of one adapter, for the wgpu and the Vulkan
+//! server.
+//!
+//! Before the first device is listed, the adapter is split into four
+//! (`scope_cubecl::split_into_logical_devices`, what
+//! `SCOPE_LOGICAL_DEVICES=4` does), each device opening a scope server of
+//! its own, and every scope server moves bytes between them through
+//! `scope_core::collective`. cubecl's tests return early, passing, when
+//! there are too few devices or no transport, so each one here is wrapped:
+//! the adapter's per-device counts (`scope_cubecl::communication_counts`)
+//! before and after show how many devices took part, and a test that moved
+//! nothing between at least two devices fails — or, where there is no
+//! device, says `not exercised: …`. The tests take turns (one lock), so
+//! each one's counts are its own.
+//!
+//! The wgpu device is the one `SCOPE_WGPU_BACKEND`/`SCOPE_WGPU_ADAPTER`
+//! choose (lavapipe through Vulkan, llvmpipe through GL), the Vulkan one
+//! the one `SCOPE_VULKAN_DEVICE` chooses.
+
+use std::sync::Mutex;
+
+use cubecl_common::device::DeviceId;
+use cubecl_runtime::runtime::Runtime;
+use scope_cubecl::{
+    CommunicationCounts, CubeBackend, ScopeRuntime, communication_counts,
+    split_into_logical_devices,
+};
+
+const DEVICES: u16 = 4;
+
+/// One test at a time, so each test's counts are its own.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn counts() -> Vec<CommunicationCounts> {
+    (0..DEVICES).map(communication_counts).collect()
+}
+
+/// Run `test` on `B`'s four logical devices, and check it moved bytes
+/// between at least `devices` of them.
+fn run<B: CubeBackend>(name: &str, devices: usize, test: fn()) {
+    split_into_logical_devices(DEVICES)
+        .unwrap_or_else(|decided| panic!("the device count was decided already: {decided:?}"));
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let probe = B::probe();
+    if !probe.has_device() {
+        println!("not exercised: no {} device", B::RUNTIME_NAME);
+        return;
+    }
+    let listed = ScopeRuntime::<B>::enumerate_devices(0).len();
+    assert_eq!(listed, usize::from(DEVICES), "logical devices listed");
+
+    let before = counts();
+    test();
+    let after = counts();
+
+    let mut parts = 0;
+    let mut transfers = 0;
+    let mut sent = 0;
+    let mut took_part = Vec::new();
+    for (index, (before, after)) in before.iter().zip(&after).enumerate() {
+        let p = after.collective_parts - before.collective_parts;
+        let t = after.transfers_received - before.transfers_received;
+        let s = after.transfers_sent - before.transfers_sent;
+        parts += p;
+        transfers += t;
+        sent += s;
+        if p + t + s > 0 {
+            took_part.push(index);
+        }
+    }
+    println!(
+        "{name} on {}: {parts} collective parts, {sent} transfers sent and {transfers} received, \
+         on devices {took_part:?}",
+        B::RUNTIME_NAME
+    );
+    assert!(
+        took_part.len() >= devices,
+        "{name} moved bytes on devices {took_part:?}, where it should on at least {devices}"
+    );
+}
+
+/// `family::test` of cubecl-core's runtime tests, moving bytes on at least
+/// `devices` devices.
+macro_rules! cubecl_test {
+    ($backend:ty, $family:ident :: $test:ident, $devices:expr) => {
+        #[test]
+        fn $test() {
+            crate::run::<$backend>(stringify!($test), $devices, || {
+                ::cubecl_core::runtime_tests::$family::$test::<::scope_cubecl::ScopeRuntime<$backend>>()
+            });
+        }
+    };
+}
+
+macro_rules! families {
+    ($module:ident, $backend:ty) => {
+        mod $module {
+            cubecl_test!($backend, to_client::test_to_client, 4);
+            cubecl_test!($backend, to_client::test_to_client_concurrent, 2);
+
+            cubecl_test!($backend, all_reduce::test_all_reduce_sync_collective, 4);
+            cubecl_test!($backend, all_reduce::test_all_reduce_beside_transfers, 2);
+            cubecl_test!(
+                $backend,
+                all_reduce::test_all_reduce_first_use_many_parts,
+                4
+            );
+            cubecl_test!($backend, all_reduce::test_all_reduce_tensor_and_pipeline, 4);
+
+            cubecl_test!(
+                $backend,
+                collectives::test_a_group_all_reduce_sums_and_averages,
+                4
+            );
+            cubecl_test!(
+                $backend,
+                collectives::test_all_gather_concatenates_in_member_order,
+                4
+            );
+            cubecl_test!(
+                $backend,
+                collectives::test_reduce_scatter_gives_each_member_its_chunk,
+                4
+            );
+            cubecl_test!(
+                $backend,
+                collectives::test_broadcast_copies_the_root_to_every_member,
+                4
+            );
+            cubecl_test!(
+                $backend,
+                collectives::test_all_to_all_exchanges_chunks_by_rank,
+                4
+            );
+            cubecl_test!(
+                $backend,
+                collectives::test_a_group_without_the_first_device_gathers,
+                3
+            );
+            cubecl_test!(
+                $backend,
+                collectives::test_a_group_takes_a_source_from_another_stream,
+                4
+            );
+            cubecl_test!(
+                $backend,
+                collectives::test_a_transfer_moves_bytes_of_any_type,
+                2
+            );
+            // A refusal on the caller: no part reaches a device.
+            cubecl_test!(
+                $backend,
+                collectives::test_a_collective_refuses_a_repeated_device,
+                0
+            );
+            cubecl_test!(
+                $backend,
+                collectives::test_a_refused_collective_queues_no_part,
+                4
+            );
+            cubecl_test!(
+                $backend,
+                collectives::test_a_failed_part_breaks_its_group,
+                4
+            );
+            // A group of one device, by design.
+            cubecl_test!(
+                $backend,
+                collectives::test_a_group_of_one_device_runs_its_collectives,
+                1
+            );
+            cubecl_test!(
+                $backend,
+                collectives::test_a_group_moves_bytes_no_element_type_divides,
+                4
+            );
+            cubecl_test!(
+                $backend,
+                collectives::test_an_all_to_all_reads_and_writes_at_offsets,
+                4
+            );
+        }
+    };
+}
+
+families!(wgpu, server_wgpu::Wgpu);
+families!(vulkan, server_vulkan::Vulkan);
+
+/// Device 0 alone, without the split, is what every other test binary sees;
+/// here the split is what is listed.
+#[test]
+fn the_split_lists_four_devices_of_type_zero_only() {
+    split_into_logical_devices(DEVICES).unwrap();
+    if server_wgpu::probe().has_device() {
+        let ids = ScopeRuntime::<server_wgpu::Wgpu>::enumerate_devices(0);
+        assert_eq!(
+            ids,
+            (0..DEVICES)
+                .map(|i| DeviceId::new(0, i))
+                .collect::<Vec<_>>()
+        );
+        assert!(ScopeRuntime::<server_wgpu::Wgpu>::enumerate_devices(1).is_empty());
+    }
+}
