@@ -140,7 +140,7 @@ pub fn transpose(x: &[f32], out: &mut [f32], rows: u32, cols: u32) {
 }
 
 /// `out = dy · gelu'(x)` elementwise over `rows × cols`: the derivative of
-/// the approximation [`gelu`] computes, with the same clamp.
+/// the approximation [`gelu()`] computes, with the same clamp.
 #[cube(launch)]
 pub fn gelu_grad(x: &[f32], dy: &[f32], out: &mut [f32], rows: u32, cols: u32) {
     let i = ABSOLUTE_POS as u32;
