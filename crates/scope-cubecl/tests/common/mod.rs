@@ -277,10 +277,16 @@ std::thread_local! {
 /// that holds the device, whose window already counts its work, and which
 /// may be waiting for it: so it waits [`SPAWNED_WAIT`] at most, ahead of
 /// the named tests, and takes itself for that test's thread if the device
-/// is still held then. Under nextest, one test a process, the device is
-/// free or held by the thread's own test; under plain libtest, a test
-/// that held it longer than that would count a spawned thread of another
-/// test as its own, and that other test would have no verdict.
+/// is still held then. With several devices listed (logical devices,
+/// `SCOPE_LOGICAL_DEVICES`), cubecl's multi-device tests spawn threads
+/// that ask for clients while their test holds the device, and such a
+/// thread takes itself for the holder's at once rather than wait.
+///
+/// Under nextest, one test a process, the device is free or held by the
+/// thread's own test. Under plain libtest, a test that held it longer than
+/// the wait (or held it at all, with several devices) would count a
+/// spawned thread of another test as its own, and that other test would
+/// have no verdict.
 fn starting<B: CubeBackend>() -> bool {
     device_or_skip::<B>();
     static OBSERVE: Once = Once::new();
@@ -295,7 +301,7 @@ fn starting<B: CubeBackend>() -> bool {
     let test = thread.name().filter(|name| *name != "main");
     if test.is_some() {
         take_slot();
-    } else if !take_slot_within() {
+    } else if several_devices::<B>() || !take_slot_within() {
         return false;
     }
     RUNNING.with(|running| {
@@ -306,6 +312,12 @@ fn starting<B: CubeBackend>() -> bool {
         });
     });
     true
+}
+
+/// Whether `B`'s runtime lists more than one device, asked once.
+fn several_devices<B: CubeBackend>() -> bool {
+    static SEVERAL: OnceLock<bool> = OnceLock::new();
+    *SEVERAL.get_or_init(|| ScopeRuntime::<B>::enumerate_all_devices().len() > 1)
 }
 
 /// The test's count starts now.
