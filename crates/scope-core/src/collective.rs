@@ -74,8 +74,8 @@ pub enum Reduce {
     Min,
     /// The greatest value.
     Max,
-    /// The sum divided by the number of ranks (integer division for integer
-    /// elements).
+    /// The sum divided by the number of ranks (for integer elements, the
+    /// sum wraps as [`Sum`](Self::Sum)'s does, and the division truncates).
     Mean,
 }
 
@@ -274,7 +274,7 @@ enum Input {
 /// What every rank applies, decided once per round.
 enum Outcome {
     /// Each rank's output bytes, by rank.
-    Written(Vec<Vec<u8>>),
+    Written(Vec<Arc<Vec<u8>>>),
     /// Every rank's output carries this.
     Failed(Error),
     /// Every rank's call is refused with this, claiming nothing.
@@ -717,79 +717,129 @@ fn decide(round: u64, parts: &[Part]) -> Outcome {
     Outcome::Written(compute(kind, &inputs))
 }
 
-/// Each rank's output bytes for inputs that all read clean.
-fn compute(kind: Kind, inputs: &[&[u8]]) -> Vec<Vec<u8>> {
+/// Each rank's output bytes for inputs that all read clean. Ranks that
+/// get the same bytes share one vector.
+fn compute(kind: Kind, inputs: &[&[u8]]) -> Vec<Arc<Vec<u8>>> {
     let ranks = inputs.len();
     match kind {
-        Kind::AllReduce { element, op } => vec![reduce(element, op, inputs); ranks],
-        Kind::AllGather => vec![inputs.concat(); ranks],
+        Kind::AllReduce { element, op } => vec![Arc::new(reduce(element, op, inputs)); ranks],
+        Kind::AllGather => vec![Arc::new(inputs.concat()); ranks],
         Kind::ReduceScatter { element, op } => {
             let all = reduce(element, op, inputs);
             let part = all.len() / ranks;
-            all.chunks(part).map(<[u8]>::to_vec).collect()
+            all.chunks(part).map(|c| Arc::new(c.to_vec())).collect()
         }
-        Kind::Broadcast { root } => vec![inputs[root].to_vec(); ranks],
+        Kind::Broadcast { root } => vec![Arc::new(inputs[root].to_vec()); ranks],
         Kind::AllToAll => {
             let part = inputs[0].len() / ranks;
             (0..ranks)
                 .map(|to| {
-                    inputs
-                        .iter()
-                        .flat_map(|from| &from[to * part..(to + 1) * part])
-                        .copied()
-                        .collect()
+                    Arc::new(
+                        inputs
+                            .iter()
+                            .flat_map(|from| &from[to * part..(to + 1) * part])
+                            .copied()
+                            .collect(),
+                    )
                 })
                 .collect()
         }
     }
 }
 
-/// `inputs` combined with `op` as `element`s, in rank order.
-fn reduce(element: Element, op: Reduce, inputs: &[&[u8]]) -> Vec<u8> {
-    let n = inputs.len();
-    let len = inputs[0].len() / 4;
-    let mut out = Vec::with_capacity(len * 4);
-    for i in 0..len {
-        let at = |input: &&[u8]| -> [u8; 4] {
-            let w = &input[i * 4..i * 4 + 4];
-            [w[0], w[1], w[2], w[3]]
-        };
-        let word = match element {
-            Element::F32 => {
-                let values = inputs.iter().map(|x| f32::from_le_bytes(at(x)));
-                let v = match op {
-                    Reduce::Sum => values.sum::<f32>(),
-                    Reduce::Mean => values.sum::<f32>() / n as f32,
-                    Reduce::Prod => values.product(),
-                    Reduce::Min => values.fold(f32::INFINITY, f32::min),
-                    Reduce::Max => values.fold(f32::NEG_INFINITY, f32::max),
-                };
-                v.to_le_bytes()
-            }
-            Element::I32 => {
-                let values = inputs.iter().map(|x| i32::from_le_bytes(at(x)));
-                let v = match op {
-                    Reduce::Sum => values.fold(0i32, i32::wrapping_add),
-                    Reduce::Mean => values.fold(0i64, |a, v| a + i64::from(v)) as i32 / n as i32,
-                    Reduce::Prod => values.fold(1i32, i32::wrapping_mul),
-                    Reduce::Min => values.fold(i32::MAX, i32::min),
-                    Reduce::Max => values.fold(i32::MIN, i32::max),
-                };
-                v.to_le_bytes()
-            }
-            Element::U32 => {
-                let values = inputs.iter().map(|x| u32::from_le_bytes(at(x)));
-                let v = match op {
-                    Reduce::Sum => values.fold(0u32, u32::wrapping_add),
-                    Reduce::Mean => (values.fold(0u64, |a, v| a + u64::from(v)) / n as u64) as u32,
-                    Reduce::Prod => values.fold(1u32, u32::wrapping_mul),
-                    Reduce::Min => values.fold(u32::MAX, u32::min),
-                    Reduce::Max => values.fold(u32::MIN, u32::max),
-                };
-                v.to_le_bytes()
-            }
-        };
-        out.extend_from_slice(&word);
+/// A 4-byte element a reduction combines.
+trait Word: Copy {
+    fn from_le(bytes: [u8; 4]) -> Self;
+    fn to_le(self) -> [u8; 4];
+    fn combine(self, other: Self, op: Reduce) -> Self;
+    /// The sum divided by `n`, for [`Reduce::Mean`].
+    fn mean(sum: Self, n: usize) -> Self;
+}
+
+impl Word for f32 {
+    fn from_le(bytes: [u8; 4]) -> Self {
+        f32::from_le_bytes(bytes)
     }
-    out
+    fn to_le(self) -> [u8; 4] {
+        self.to_le_bytes()
+    }
+    fn combine(self, other: Self, op: Reduce) -> Self {
+        match op {
+            Reduce::Sum | Reduce::Mean => self + other,
+            Reduce::Prod => self * other,
+            Reduce::Min => self.min(other),
+            Reduce::Max => self.max(other),
+        }
+    }
+    fn mean(sum: Self, n: usize) -> Self {
+        sum / n as f32
+    }
+}
+
+impl Word for i32 {
+    fn from_le(bytes: [u8; 4]) -> Self {
+        i32::from_le_bytes(bytes)
+    }
+    fn to_le(self) -> [u8; 4] {
+        self.to_le_bytes()
+    }
+    fn combine(self, other: Self, op: Reduce) -> Self {
+        match op {
+            Reduce::Sum | Reduce::Mean => self.wrapping_add(other),
+            Reduce::Prod => self.wrapping_mul(other),
+            Reduce::Min => self.min(other),
+            Reduce::Max => self.max(other),
+        }
+    }
+    fn mean(sum: Self, n: usize) -> Self {
+        sum.wrapping_div(i32::try_from(n).unwrap_or(i32::MAX))
+    }
+}
+
+impl Word for u32 {
+    fn from_le(bytes: [u8; 4]) -> Self {
+        u32::from_le_bytes(bytes)
+    }
+    fn to_le(self) -> [u8; 4] {
+        self.to_le_bytes()
+    }
+    fn combine(self, other: Self, op: Reduce) -> Self {
+        match op {
+            Reduce::Sum | Reduce::Mean => self.wrapping_add(other),
+            Reduce::Prod => self.wrapping_mul(other),
+            Reduce::Min => self.min(other),
+            Reduce::Max => self.max(other),
+        }
+    }
+    fn mean(sum: Self, n: usize) -> Self {
+        sum / u32::try_from(n).unwrap_or(u32::MAX)
+    }
+}
+
+/// `inputs` combined with `op` as `element`s, in rank order: rank 0's
+/// values, then each next rank's folded in, part by part (a loop over one
+/// rank's words at a time, which the compiler vectorises; every rank and
+/// every run gets the same bits).
+fn reduce(element: Element, op: Reduce, inputs: &[&[u8]]) -> Vec<u8> {
+    match element {
+        Element::F32 => reduce_as::<f32>(op, inputs),
+        Element::I32 => reduce_as::<i32>(op, inputs),
+        Element::U32 => reduce_as::<u32>(op, inputs),
+    }
+}
+
+fn reduce_as<W: Word>(op: Reduce, inputs: &[&[u8]]) -> Vec<u8> {
+    let word = |c: &[u8]| W::from_le([c[0], c[1], c[2], c[3]]);
+    let mut acc: Vec<W> = inputs[0].chunks_exact(4).map(word).collect();
+    for input in &inputs[1..] {
+        for (a, c) in acc.iter_mut().zip(input.chunks_exact(4)) {
+            *a = a.combine(word(c), op);
+        }
+    }
+    if op == Reduce::Mean {
+        for a in &mut acc {
+            *a = W::mean(*a, inputs.len());
+        }
+    }
+    acc.into_iter().flat_map(W::to_le).collect()
 }
