@@ -721,15 +721,19 @@ fn decide(round: u64, parts: &[Part]) -> Outcome {
 /// get the same bytes share one vector.
 fn compute(kind: Kind, inputs: &[&[u8]]) -> Vec<Arc<Vec<u8>>> {
     let ranks = inputs.len();
+    let shared = |bytes: Vec<u8>| {
+        let one = Arc::new(bytes);
+        (0..ranks).map(|_| one.clone()).collect()
+    };
     match kind {
-        Kind::AllReduce { element, op } => vec![Arc::new(reduce(element, op, inputs)); ranks],
-        Kind::AllGather => vec![Arc::new(inputs.concat()); ranks],
+        Kind::AllReduce { element, op } => shared(reduce(element, op, inputs)),
+        Kind::AllGather => shared(inputs.concat()),
         Kind::ReduceScatter { element, op } => {
             let all = reduce(element, op, inputs);
             let part = all.len() / ranks;
             all.chunks(part).map(|c| Arc::new(c.to_vec())).collect()
         }
-        Kind::Broadcast { root } => vec![Arc::new(inputs[root].to_vec()); ranks],
+        Kind::Broadcast { root } => shared(inputs[root].to_vec()),
         Kind::AllToAll => {
             let part = inputs[0].len() / ranks;
             (0..ranks)
