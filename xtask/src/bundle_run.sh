@@ -61,7 +61,11 @@ for t in test-*; do
   passed=$(grep -oE '[0-9]+ passed' "$work/$t.log" | awk '{s+=$1} END {print s+0}')
   failed=$(grep -oE '[0-9]+ failed' "$work/$t.log" | awk '{s+=$1} END {print s+0}')
   skipped=$(grep -c 'skipped: no ' "$work/$t.log")
-  say "$(printf '%-44s rc=%-3s %4s passed %4s failed %4s skip lines' "$t" "$rc" "$passed" "$failed" "$skipped")"
+  # Tests that passed having done nothing on the device (cubecl's runtime
+  # tests that returned early for a missing feature, or marked not run).
+  unexercised=$(grep -cE '^[[:space:]]*not (exercised|run):' "$work/$t.log")
+  say "$(printf '%-44s rc=%-3s %4s passed %4s failed %4s skip lines %4s of the passed not exercised' \
+    "$t" "$rc" "$passed" "$failed" "$skipped" "$unexercised")"
   [ "$rc" -eq 0 ] || status=1
   # Each failure's panic site and message, the first few.
   grep -A1 'panicked at' "$work/$t.log" | grep -v '^--$' | head -12 | tee -a "$summary"
