@@ -658,7 +658,7 @@ pub fn a_caller_failed_allocation_behaves_like_the_devices<S: Suite>() {
 pub fn a_closure_holding_the_lock_may_call_back<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    let calling = std::thread::spawn(move || {
         let same = c.clone();
         let other = c.new_stream().expect("a second stream");
         let a = upload(&c, &[1; WORDS as usize]);
@@ -694,4 +694,7 @@ pub fn a_closure_holding_the_lock_may_call_back<S: Suite>() {
     finished
         .recv_timeout(std::time::Duration::from_secs(120))
         .expect("a call from inside a closure holding the server's lock deadlocked");
+    // Let the thread drop its clients (and so the server) before the test
+    // returns: a device torn down while the process exits can crash it.
+    calling.join().expect("the calling thread finished");
 }
