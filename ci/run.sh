@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# What CI runs: make sure a software Vulkan adapter is there, give Mesa a
-# private runtime directory, and run `cargo xtask ci` (fmt, clippy, doc,
-# every test that can run here, a smoke run of each bench).
+# What CI runs: make sure a software Vulkan adapter and the real CUDA and
+# HIP compilers are there, give Mesa a private runtime directory, and run
+# `cargo xtask ci` (fmt, clippy, doc, every test that can run here, a smoke
+# run of each bench).
 #
 # Works from a fresh clone, with no stdin and CI=true. Under CI a software
 # adapter that cannot be installed is an error: without one the Vulkan and
@@ -16,6 +17,18 @@ if ! ci/install-software-adapter.sh </dev/null; then
   fi
   echo "ci/run.sh: carrying on without a software adapter; device tests will skip" >&2
 fi
+
+# The real CUDA and HIP compilers for the toolchain rows (no GPU needed):
+# every CUDA and HIP kernel the project emits is compiled by them.
+for installer in ci/install-cuda-toolchain.sh ci/install-hip-toolchain.sh; do
+  if ! "$installer" </dev/null; then
+    if [ "${CI:-}" = "true" ]; then
+      echo "ci/run.sh: $installer failed; refusing to run its toolchain row as a skip" >&2
+      exit 1
+    fi
+    echo "ci/run.sh: carrying on without $installer's compilers; its toolchain row will skip" >&2
+  fi
+done
 
 XDG_RUNTIME_DIR="$(mktemp -d "${TMPDIR:-/tmp}/scope-xdg.XXXXXX")"
 chmod 700 "$XDG_RUNTIME_DIR"

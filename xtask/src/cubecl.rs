@@ -26,7 +26,7 @@ pub struct Row {
 }
 
 /// The rows, in the order they run.
-pub const ROWS: [Row; 4] = [
+pub const ROWS: [Row; 6] = [
     Row {
         name: "cubecl on wgpu (vulkan)",
         backend: "wgpu",
@@ -56,6 +56,29 @@ pub const ROWS: [Row; 4] = [
         binary: "runtime_cuda",
         api: "",
         env: &[],
+    },
+    // cubecl's collectives, all_reduce and to_client families on four
+    // logical devices (the binary splits the adapter itself): on wgpu over
+    // each adapter, and on the Vulkan server under validation in both rows.
+    Row {
+        name: "cubecl collectives on wgpu (vulkan) and vulkan",
+        backend: "wgpu",
+        binary: "collectives",
+        api: "vulkan",
+        env: &[
+            ("SCOPE_WGPU_BACKEND", "vulkan"),
+            ("SCOPE_VULKAN_VALIDATION", "1"),
+        ],
+    },
+    Row {
+        name: "cubecl collectives on wgpu (gl) and vulkan",
+        backend: "wgpu",
+        binary: "collectives",
+        api: "gl",
+        env: &[
+            ("SCOPE_WGPU_BACKEND", "gl"),
+            ("SCOPE_VULKAN_VALIDATION", "1"),
+        ],
     },
 ];
 

@@ -350,6 +350,11 @@ fn bench(args: &Args) -> Result<bool> {
     {
         wanted.push(("cubecl".into(), "scope-cubecl".into()));
     }
+    // The collectives' all-reduce over four devices, against the same
+    // reduction written directly.
+    if backend == "all" && run::root().join("crates/tiny-runtime/Cargo.toml").is_file() {
+        wanted.push(("runtime".into(), "tiny-runtime".into()));
+    }
     if wanted.is_empty() {
         bail!("unknown backend `{backend}`: cuda, hip, vulkan, wgpu, core or all");
     }

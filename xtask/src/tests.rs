@@ -139,6 +139,26 @@ fn cubecl_groups(backend: Option<&str>, require: bool) -> impl Iterator<Item = G
         .map(move |row| cubecl_group(row, require))
 }
 
+/// The real compilers of a GPU API on every kernel the project emits, with
+/// no device (`crates/server-*/tests/toolchain.rs`): under CI a missing
+/// toolchain is a failure, since `ci/run.sh` installs it.
+fn toolchain_group(
+    name: &str,
+    package: &str,
+    env: (&'static str, &'static str),
+    require: &str,
+) -> Group {
+    Group {
+        name: name.to_owned(),
+        binaries: Binaries::Only("toolchain"),
+        env: vec![env],
+        require: std::env::var("CI")
+            .is_ok_and(|v| v == "true")
+            .then(|| require.to_owned()),
+        ..plain(package)
+    }
+}
+
 fn backend_group(backend: &str, require: bool) -> Group {
     let server = format!("server-{backend}");
     let mut packages = Vec::new();
@@ -157,6 +177,11 @@ fn backend_group(backend: &str, require: bool) -> Group {
         only_backend: with_runtime.then(|| backend.to_owned()),
         require: require.then(|| backend.to_owned()),
         missing,
+        // The toolchain rows run that binary, with their own requirement.
+        binaries: match backend {
+            "cuda" | "hip" => Binaries::Except(vec!["toolchain"]),
+            _ => Binaries::All,
+        },
         ..plain("")
     }
 }
@@ -180,6 +205,21 @@ fn groups(backend: Option<&str>) -> Result<Vec<Group>> {
                 all.push(plain("tiny-runtime"));
             }
             all.extend(cubecl_groups(None, false));
+            all.push(toolchain_group(
+                "cuda toolchain",
+                "server-cuda",
+                ("SCOPE_CUDA_TOOLCHAIN", "target/cuda-toolchain"),
+                "cuda-toolchain",
+            ));
+            all.push(toolchain_group(
+                "hip toolchain",
+                "server-hip",
+                (
+                    "SCOPE_HIP_TOOLCHAIN",
+                    "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5",
+                ),
+                "hip-toolchain",
+            ));
             all.extend(other_crates().iter().map(|name| plain(name)));
             all
         }
@@ -677,9 +717,10 @@ mod checks {
             filterset(&group),
             "package(=server-wgpu) | (package(=tiny-runtime) & (not binary(=backends) | test(/^wgpu::/)))"
         );
+        // The CUDA row leaves its toolchain binary to the toolchain row.
         assert_eq!(
             filterset(&backend_group("cuda", false)),
-            "package(=server-cuda)"
+            "(package(=server-cuda)) & not binary(=toolchain)"
         );
     }
 
@@ -695,7 +736,7 @@ mod checks {
         assert_eq!(
             filterset(&plain("scope-cubecl")),
             "(package(=scope-cubecl)) & not binary(=runtime_wgpu) & not binary(=runtime_vulkan) \
-             & not binary(=runtime_cuda)"
+             & not binary(=runtime_cuda) & not binary(=collectives)"
         );
         let probed = |detail: &str| crate::matrix::Row {
             backend: "wgpu",
