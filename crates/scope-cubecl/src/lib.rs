@@ -69,7 +69,8 @@
 //!   infinity and the sign of zero; cubecl relaxes the test only for a
 //!   runtime whose name starts with `wgpu`.
 //! - **Pass without exercising anything** (they return early when the
-//!   device properties lack the feature): `plane` and `synchronization`
+//!   device properties lack the feature; each prints `not exercised`, and
+//!   `cargo xtask test` counts it so, never as passed): `plane` and `synchronization`
 //!   (subgroup operations) — on GL there are none; on lavapipe both servers
 //!   enable them, but its planes are 8 lanes wide and cubecl's plane tests
 //!   assume 32 (26 of them fail there), so the adapter offers `Plane::Ops`

@@ -80,7 +80,16 @@ fn server_and_tiny_runtime_kernels() {
     let native = unsafe {
         tiny_runtime::kernels::Kernels::for_language(tiny_runtime::kernels::Dialect::Cuda)
     };
-    for kernel in [native.matmul, native.bias_add, native.gelu, native.softmax] {
+    for kernel in [
+        native.matmul,
+        native.bias_add,
+        native.gelu,
+        native.softmax,
+        native.transpose,
+        native.gelu_grad,
+        native.loss_grad,
+        native.sgd,
+    ] {
         let name = kernel.name().to_string();
         items.push(item("tiny-runtime native", &name, kernel));
     }
@@ -128,6 +137,10 @@ fn cube_kernels() {
         ("bias_add", &tiny.bias_add),
         ("gelu", &tiny.gelu),
         ("softmax", &tiny.softmax),
+        ("transpose", &tiny.transpose),
+        ("gelu_grad", &tiny.gelu_grad),
+        ("loss_grad", &tiny.loss_grad),
+        ("sgd", &tiny.sgd),
     ] {
         items.push(item("tiny-runtime cube", name, translated(kernel)));
     }
