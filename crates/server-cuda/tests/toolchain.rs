@@ -33,6 +33,9 @@
 //!   when cubecl-core's runtime tests and cubek's matmul and reductions
 //!   run on it, collected in child processes on the mock
 //!   (`toolchain/harvest.rs` says how, and what that misses).
+//! - [`nccl_library`]: cudarc's `nccl` loads the real NCCL of the same
+//!   folder, `ncclGetVersion` answers, and every symbol a device transport
+//!   for the collectives calls is there.
 
 #[macro_use]
 mod common;
@@ -267,4 +270,97 @@ fn launch_bounds(source: &str) -> Option<u32> {
         .trim()
         .parse()
         .ok()
+}
+
+/// The NCCL symbols a device transport for the collectives
+/// (`scope_core::collective`) calls: communicator identity and setup
+/// (non-blocking, so a missing rank can be aborted instead of hanging),
+/// the five collectives and point-to-point, groups, and the asynchronous
+/// error and abort a deadline needs.
+const NCCL_SYMBOLS: [&str; 17] = [
+    "ncclGetVersion",
+    "ncclGetUniqueId",
+    "ncclCommInitRankConfig",
+    "ncclCommInitRank",
+    "ncclCommGetAsyncError",
+    "ncclCommAbort",
+    "ncclCommDestroy",
+    "ncclCommCount",
+    "ncclAllReduce",
+    "ncclAllGather",
+    "ncclReduceScatter",
+    "ncclBroadcast",
+    "ncclSend",
+    "ncclRecv",
+    "ncclGroupStart",
+    "ncclGroupEnd",
+    "ncclGetErrorString",
+];
+
+/// cudarc's `nccl` loads the real NCCL the toolchain folder holds
+/// (`nvidia-nccl-cu13`), `ncclGetVersion` answers, and every symbol a
+/// device transport needs is there — all without a GPU. cudarc finds NCCL
+/// by name on the loader's path, which is fixed when a process starts, so
+/// the check runs in a child process of this binary with the wheel's
+/// folder on `LD_LIBRARY_PATH`.
+#[test]
+fn nccl_library() {
+    const CHILD: &str = "SCOPE_NCCL_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        // SAFETY: asks the loader whether a library of NCCL's names opens;
+        // loading NCCL runs no code of ours.
+        assert!(
+            unsafe { cudarc::nccl::sys::is_culib_present() },
+            "cudarc finds no NCCL on LD_LIBRARY_PATH"
+        );
+        let version = cudarc::nccl::result::get_nccl_version().expect("ncclGetVersion answers");
+        // SAFETY: the library is NCCL, found above; it stays loaded for the
+        // life of the process (cudarc keeps it in a static).
+        let library = unsafe { cudarc::nccl::sys::culib() };
+        let missing: Vec<_> = NCCL_SYMBOLS
+            .iter()
+            .filter(|name| {
+                // SAFETY: the symbol is only looked up, never called.
+                unsafe { library.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err()
+            })
+            .collect();
+        assert!(missing.is_empty(), "NCCL {version} lacks {missing:?}");
+        println!(
+            "NCCL {version} loaded by cudarc: ncclGetVersion answers, and all {} symbols a device transport calls are there",
+            NCCL_SYMBOLS.len()
+        );
+        return;
+    }
+    let Some(toolchain) = Toolchain::find() else {
+        return;
+    };
+    let lib = toolchain.dir.join("nvidia/nccl/lib");
+    assert!(
+        lib.join("libnccl.so").exists(),
+        "no NCCL in {} (rerun ci/install-cuda-toolchain.sh)",
+        toolchain.dir.display()
+    );
+    let output = std::process::Command::new(std::env::current_exe().expect("this test binary"))
+        .args([
+            "nccl_library",
+            "--exact",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, "1")
+        .env("LD_LIBRARY_PATH", &lib)
+        .output()
+        .expect("the child runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "the NCCL check failed:\n{said}");
+    let reported = said
+        .lines()
+        .find_map(|l| l.find("NCCL ").map(|at| &l[at..]))
+        .expect("the child says which NCCL it loaded");
+    println!("{reported}");
 }
