@@ -309,10 +309,8 @@ fn nccl_library() {
     if std::env::var_os(CHILD).is_some() {
         // SAFETY: asks the loader whether a library of NCCL's names opens;
         // loading NCCL runs no code of ours.
-        assert!(
-            unsafe { cudarc::nccl::sys::is_culib_present() },
-            "cudarc finds no NCCL on LD_LIBRARY_PATH"
-        );
+        let present = unsafe { cudarc::nccl::sys::is_culib_present() };
+        assert!(present, "cudarc finds no NCCL on LD_LIBRARY_PATH");
         let version = cudarc::nccl::result::get_nccl_version().expect("ncclGetVersion answers");
         // SAFETY: the library is NCCL, found above; it stays loaded for the
         // life of the process (cudarc keeps it in a static).
