@@ -780,45 +780,32 @@ impl Word for f32 {
     }
 }
 
-impl Word for i32 {
-    fn from_le(bytes: [u8; 4]) -> Self {
-        i32::from_le_bytes(bytes)
-    }
-    fn to_le(self) -> [u8; 4] {
-        self.to_le_bytes()
-    }
-    fn combine(self, other: Self, op: Reduce) -> Self {
-        match op {
-            Reduce::Sum | Reduce::Mean => self.wrapping_add(other),
-            Reduce::Prod => self.wrapping_mul(other),
-            Reduce::Min => self.min(other),
-            Reduce::Max => self.max(other),
+/// The integer elements: sums and products wrap, and a mean truncates.
+macro_rules! integer_word {
+    ($($t:ty),*) => {$(
+        impl Word for $t {
+            fn from_le(bytes: [u8; 4]) -> Self {
+                <$t>::from_le_bytes(bytes)
+            }
+            fn to_le(self) -> [u8; 4] {
+                self.to_le_bytes()
+            }
+            fn combine(self, other: Self, op: Reduce) -> Self {
+                match op {
+                    Reduce::Sum | Reduce::Mean => self.wrapping_add(other),
+                    Reduce::Prod => self.wrapping_mul(other),
+                    Reduce::Min => self.min(other),
+                    Reduce::Max => self.max(other),
+                }
+            }
+            fn mean(sum: Self, n: usize) -> Self {
+                sum.wrapping_div(<$t>::try_from(n).unwrap_or(<$t>::MAX))
+            }
         }
-    }
-    fn mean(sum: Self, n: usize) -> Self {
-        sum.wrapping_div(i32::try_from(n).unwrap_or(i32::MAX))
-    }
+    )*};
 }
 
-impl Word for u32 {
-    fn from_le(bytes: [u8; 4]) -> Self {
-        u32::from_le_bytes(bytes)
-    }
-    fn to_le(self) -> [u8; 4] {
-        self.to_le_bytes()
-    }
-    fn combine(self, other: Self, op: Reduce) -> Self {
-        match op {
-            Reduce::Sum | Reduce::Mean => self.wrapping_add(other),
-            Reduce::Prod => self.wrapping_mul(other),
-            Reduce::Min => self.min(other),
-            Reduce::Max => self.max(other),
-        }
-    }
-    fn mean(sum: Self, n: usize) -> Self {
-        sum / u32::try_from(n).unwrap_or(u32::MAX)
-    }
-}
+integer_word!(i32, u32);
 
 /// `inputs` combined with `op` as `element`s, in rank order: rank 0's
 /// values, then each next rank's folded in, part by part (a loop over one
