@@ -1,4 +1,4 @@
-//! Issue 14's hardening on the Vulkan server, through the public client:
+//! The Vulkan server's hardening, through the public client:
 //! what a kernel can reach, indirect counts past the device's limits, and
 //! destroying a graph with replays in flight.
 

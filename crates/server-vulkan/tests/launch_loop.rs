@@ -1,4 +1,6 @@
-//! A loop that only launches runs in bounded memory (issue 14, item 6).
+//! A loop that only launches runs in bounded memory: the batches it submits
+//! are recycled as they complete, so neither the process's resident size nor
+//! the batches in flight grow with the number of launches.
 //!
 //! Its own test binary, so that no other test's allocations move the
 //! process's resident size while it is measured.
