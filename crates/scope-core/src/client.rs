@@ -385,6 +385,25 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.copy(self.stream, src.into(), dst.into()))
     }
 
+    /// Issue one rank's part of a collective on a device transport
+    /// (`collective::device`): `call` gets the backend, this client's
+    /// stream and both ranges resolved to memory, inside the server's scope
+    /// for work that reads `input` and writes `output`.
+    pub(crate) fn issue_collective(
+        &self,
+        name: &str,
+        input: Slice<'_>,
+        output: Slice<'_>,
+        call: impl FnOnce(
+            &mut B,
+            &mut B::Stream,
+            (&B::Memory, std::ops::Range<u64>),
+            (&B::Memory, std::ops::Range<u64>),
+        ) -> Result<()>,
+    ) -> Result<()> {
+        self.call(|server| server.issue_collective(self.stream, name, input, output, call))
+    }
+
     /// Compile `kernel` now rather than at its first launch.
     ///
     /// # Errors

@@ -43,15 +43,17 @@
 //!    rank's [`Client`], so it works for every backend in one process, the
 //!    CUDA and HIP mocks included, and inherits every rule of the contract
 //!    on each device (ordering on the rank's stream, poison, capture
-//!    refusals). Ranks in separate processes or machines need a device
-//!    transport (NCCL, RCCL), which this module does not provide.
+//!    refusals). A backend with a vendor library (NCCL, RCCL) moves the
+//!    bytes on its devices instead ([`device`], [`Group::over_device`]):
+//!    the decision before data moves stays the same.
 //!
 //! A group is made of clients of distinct servers; one server cannot be two
 //! ranks. Each rank's calls come from its own thread (as with NCCL, one call
 //! per rank per collective); [`Group::run`] runs a closure on one scoped
 //! thread per rank.
 
-mod compute;
+pub(crate) mod compute;
+pub mod device;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -59,6 +61,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use self::device::{Communicators, DeviceCollectives, Mover};
 use crate::backend::Backend;
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -149,6 +152,23 @@ pub enum CollectiveError {
         /// What the read there answered: the root cause and the chain.
         cause: Error,
     },
+    /// Over a device transport, rank `rank`'s call to the library failed
+    /// after every rank had agreed to run it: every rank's output carries
+    /// this, every communicator is aborted, and the group is broken (rules
+    /// 42, 43).
+    #[error(
+        "{collective} #{round}: rank {rank}'s device call failed after the ranks agreed, so no rank's output is trusted; the group is broken: {cause}"
+    )]
+    IssueFailed {
+        /// The collective.
+        collective: &'static str,
+        /// Which collective of the group.
+        round: u64,
+        /// The lowest rank whose call failed.
+        rank: usize,
+        /// What the call answered.
+        cause: Error,
+    },
     /// The group lost a rank earlier; make a new [`Group`] (rule 43).
     #[error("the group is broken ({cause}); make a new group")]
     Broken {
@@ -216,24 +236,44 @@ fn is_refusal(error: &Error) -> bool {
     matches!(error, Error::InvalidArgument { .. } | Error::Refused { .. })
 }
 
-/// What one call is, as its peers must agree on it.
+/// What one collective call is, as every rank must agree on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    AllReduce { element: Element, op: Reduce },
+#[non_exhaustive]
+pub enum Call {
+    /// [`Rank::all_reduce`].
+    AllReduce {
+        /// What the bytes are.
+        element: Element,
+        /// How they combine.
+        op: Reduce,
+    },
+    /// [`Rank::all_gather`].
     AllGather,
-    ReduceScatter { element: Element, op: Reduce },
-    Broadcast { root: usize },
+    /// [`Rank::reduce_scatter`].
+    ReduceScatter {
+        /// What the bytes are.
+        element: Element,
+        /// How they combine.
+        op: Reduce,
+    },
+    /// [`Rank::broadcast`].
+    Broadcast {
+        /// The rank whose bytes every rank gets.
+        root: usize,
+    },
+    /// [`Rank::all_to_all`].
     AllToAll,
 }
 
-impl Kind {
-    fn name(self) -> &'static str {
+impl Call {
+    /// The collective's name, as errors give it.
+    pub fn name(self) -> &'static str {
         match self {
-            Kind::AllReduce { .. } => "all_reduce",
-            Kind::AllGather => "all_gather",
-            Kind::ReduceScatter { .. } => "reduce_scatter",
-            Kind::Broadcast { .. } => "broadcast",
-            Kind::AllToAll => "all_to_all",
+            Call::AllReduce { .. } => "all_reduce",
+            Call::AllGather => "all_gather",
+            Call::ReduceScatter { .. } => "reduce_scatter",
+            Call::Broadcast { .. } => "broadcast",
+            Call::AllToAll => "all_to_all",
         }
     }
 
@@ -250,23 +290,31 @@ impl Kind {
             }
         };
         match self {
-            Kind::AllReduce { .. } | Kind::Broadcast { .. } => Ok(input),
-            Kind::AllGather => Ok(input * ranks),
-            Kind::ReduceScatter { .. } => divisible("reduce_scatter"),
-            Kind::AllToAll => divisible("all_to_all").map(|_| input),
+            Call::AllReduce { .. } | Call::Broadcast { .. } => Ok(input),
+            Call::AllGather => Ok(input * ranks),
+            Call::ReduceScatter { .. } => divisible("reduce_scatter"),
+            Call::AllToAll => divisible("all_to_all").map(|_| input),
         }
     }
 }
 
 /// What one rank brings to a round.
 struct Part {
-    kind: Kind,
+    kind: Call,
     len: u64,
     input: Input,
 }
 
 enum Input {
     Bytes(Vec<u8>),
+    /// Over a device transport: the rank's input is readable (its bytes
+    /// stay on the device); in a round's second meeting, its call was
+    /// issued.
+    Ready,
+    /// Over a device transport: the rank's call to the library failed;
+    /// whether it failed first (the others may have failed because it
+    /// aborted their communicators).
+    IssueFailed(Error, bool),
     /// The rank's read failed.
     Failed(Error),
     /// The rank's own arguments were wrong.
@@ -281,6 +329,9 @@ enum Outcome {
     Failed(Error),
     /// Every rank's call is refused with this, claiming nothing.
     Refused(Error),
+    /// Over a device transport: every rank's input is readable, so every
+    /// rank issues the call (or, in the second meeting, every rank did).
+    Agreed,
 }
 
 #[derive(Default)]
@@ -296,11 +347,17 @@ struct State {
     issued: Vec<u64>,
     rounds: BTreeMap<u64, Round>,
     broken: Option<Arc<CollectiveError>>,
+    /// Over a device transport: the first rank whose call failed, which
+    /// aborted every communicator.
+    first_failed: Option<usize>,
 }
 
 struct Shared<B: Backend> {
     clients: Vec<Client<B>>,
     deadline: Duration,
+    /// Where the bytes move: `None` through the host, else the devices'
+    /// own transport.
+    device: Option<Box<dyn Mover<B>>>,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -320,7 +377,17 @@ impl<B: Backend> Clone for Group<B> {
 
 impl<B: Backend> std::fmt::Debug for Group<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Group({} {} ranks)", self.shared.clients.len(), B::NAME)
+        let over = if self.shared.device.is_some() {
+            "device transport"
+        } else {
+            "host staging"
+        };
+        write!(
+            f,
+            "Group({} {} ranks, {over})",
+            self.shared.clients.len(),
+            B::NAME
+        )
     }
 }
 
@@ -336,6 +403,11 @@ impl<B: Backend> Group<B> {
     /// [`Error::InvalidArgument`] for no clients, or two clients of one
     /// server (one device cannot be two ranks).
     pub fn new(clients: Vec<Client<B>>, deadline: Duration) -> Result<Self> {
+        Self::check_clients(&clients)?;
+        Ok(Self::over(clients, deadline, None))
+    }
+
+    fn check_clients(clients: &[Client<B>]) -> Result<()> {
         if clients.is_empty() {
             return Err(Error::invalid("group", "no clients"));
         }
@@ -352,18 +424,33 @@ impl<B: Backend> Group<B> {
                 ));
             }
         }
+        Ok(())
+    }
+
+    fn over(
+        clients: Vec<Client<B>>,
+        deadline: Duration,
+        device: Option<Box<dyn Mover<B>>>,
+    ) -> Self {
         let state = State {
             issued: vec![0; clients.len()],
             ..State::default()
         };
-        Ok(Self {
+        Self {
             shared: Arc::new(Shared {
                 clients,
                 deadline,
+                device,
                 state: Mutex::new(state),
                 changed: Condvar::new(),
             }),
-        })
+        }
+    }
+
+    /// Whether the group's bytes move on the devices' own transport
+    /// ([`over_device`](Self::over_device)) rather than through the host.
+    pub fn is_over_device(&self) -> bool {
+        self.shared.device.is_some()
     }
 
     /// How many ranks.
@@ -419,6 +506,61 @@ impl<B: Backend> Group<B> {
     }
 }
 
+impl<B: DeviceCollectives> Group<B> {
+    /// A group of `clients`, rank `i` being `clients[i]`, whose collectives
+    /// move their bytes on the devices through the backend's library (NCCL
+    /// for CUDA): every rank joins one communicator, each on a thread of its
+    /// own. Each round decides as a host-staged one does, before any byte
+    /// moves ([`device`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new); [`Error::BackendUnavailable`] where the
+    /// library is not installed; the library's refusal to make the
+    /// communicator (two ranks on one device, say).
+    pub fn over_device(clients: Vec<Client<B>>, deadline: Duration) -> Result<Self> {
+        Self::check_clients(&clients)?;
+        let identity = B::identity()?;
+        let ranks = clients.len();
+        let joined: Vec<Result<B::Communicator>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = clients
+                .iter()
+                .enumerate()
+                .map(|(rank, client)| {
+                    let identity = &identity;
+                    scope.spawn(move || {
+                        let join = |backend: &mut B| {
+                            // SAFETY: every rank joins this one identity
+                            // with the same count, once, on a thread of its
+                            // own; `check_clients` made every rank's server
+                            // distinct.
+                            unsafe { backend.join(identity, rank, ranks) }
+                        };
+                        // SAFETY: joining makes a library object the core
+                        // does not track, and leaves no work on any stream.
+                        unsafe { client.with_backend_mut(join) }.and_then(|j| j)
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| match t.join() {
+                    Ok(r) => r,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                })
+                .collect()
+        });
+        let mut communicators = Vec::with_capacity(ranks);
+        for communicator in joined {
+            communicators.push(Arc::new(communicator?));
+        }
+        let device: Box<dyn Mover<B>> = Box::new(Communicators::<B> {
+            ranks: communicators,
+        });
+        Ok(Self::over(clients, deadline, Some(device)))
+    }
+}
+
 /// One rank of a [`Group`]: its collectives, each called once by this rank
 /// and once by every other.
 pub struct Rank<B: Backend> {
@@ -460,7 +602,7 @@ impl<B: Backend> Rank<B> {
         element: Element,
         op: Reduce,
     ) -> Result<()> {
-        self.collective(Kind::AllReduce { element, op }, input, output)
+        self.collective(Call::AllReduce { element, op }, input, output)
     }
 
     /// Every rank's `input`, in rank order, into every rank's `output`
@@ -470,7 +612,7 @@ impl<B: Backend> Rank<B> {
     ///
     /// As [`all_reduce`](Self::all_reduce).
     pub fn all_gather(&self, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
-        self.collective(Kind::AllGather, input, output)
+        self.collective(Call::AllGather, input, output)
     }
 
     /// Every rank's `input` combined with `op`, then split in `ranks` equal
@@ -486,7 +628,7 @@ impl<B: Backend> Rank<B> {
         element: Element,
         op: Reduce,
     ) -> Result<()> {
-        self.collective(Kind::ReduceScatter { element, op }, input, output)
+        self.collective(Call::ReduceScatter { element, op }, input, output)
     }
 
     /// Rank `root`'s `data` into every rank's `data`. Every rank passes
@@ -497,7 +639,7 @@ impl<B: Backend> Rank<B> {
     /// As [`all_reduce`](Self::all_reduce); a root past the group is
     /// refused.
     pub fn broadcast(&self, root: usize, data: Slice<'_>) -> Result<()> {
-        self.collective(Kind::Broadcast { root }, data, data)
+        self.collective(Call::Broadcast { root }, data, data)
     }
 
     /// Each rank's `input` in `ranks` equal parts: part `j` of rank `i`'s
@@ -507,17 +649,17 @@ impl<B: Backend> Rank<B> {
     ///
     /// As [`all_reduce`](Self::all_reduce).
     pub fn all_to_all(&self, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
-        self.collective(Kind::AllToAll, input, output)
+        self.collective(Call::AllToAll, input, output)
     }
 
     /// Why this rank's own arguments cannot be run, if they cannot.
-    fn refusal(&self, kind: Kind, input: Slice<'_>, output: Slice<'_>) -> Option<String> {
+    fn refusal(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Option<String> {
         let ranks = self.shared.clients.len();
         let server = self.client().server_id();
         if input.buffer.server() != server || output.buffer.server() != server {
             return Some("passed a buffer of another rank's device".to_owned());
         }
-        if let Kind::Broadcast { root } = kind
+        if let Call::Broadcast { root } = kind
             && root >= ranks
         {
             return Some(format!("named root {root} in a group of {ranks}"));
@@ -540,21 +682,24 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    fn collective(&self, kind: Kind, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
+    fn collective(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
         if let Some(cause) = self.shared.state.lock().broken.clone() {
             return Err(CollectiveError::Broken { cause }.into());
         }
         let refused = self.refusal(kind, input, output);
         let reads = match kind {
-            Kind::Broadcast { root } => root == self.rank,
+            Call::Broadcast { root } => root == self.rank,
             _ => true,
         };
+        let on_device = self.shared.device.is_some();
         let part = Part {
             kind,
             len: input.range.end.saturating_sub(input.range.start),
             input: match refused {
                 Some(why) => Input::Refused(why),
+                None if !reads && on_device => Input::Ready,
                 None if !reads => Input::Bytes(Vec::new()),
+                None if on_device => self.ready(input),
                 None => match self.client().read(input) {
                     Ok(bytes) => Input::Bytes(bytes),
                     Err(refused) if is_refusal(&refused) => {
@@ -564,27 +709,92 @@ impl<B: Backend> Rank<B> {
                 },
             },
         };
-        let outcome = match self.meet(part) {
-            Ok(outcome) => outcome,
-            Err(missing) => {
-                // A rank went missing: this output was to be written and
-                // was not, so it carries that (rule 42).
-                self.client().fail_writing(&[output], missing.clone())?;
-                return Err(missing);
-            }
-        };
+        let outcome = self.meet_or_claim(part, output)?;
         match &*outcome {
             Outcome::Written(parts) => {
-                if matches!(kind, Kind::Broadcast { root } if root == self.rank) {
+                if matches!(kind, Call::Broadcast { root } if root == self.rank) {
                     return Ok(());
                 }
                 self.client().write(output, &parts[self.rank])
             }
+            Outcome::Agreed => self.issue(kind, input, output),
             Outcome::Refused(error) => Err(error.clone()),
             Outcome::Failed(error) => {
                 self.client().fail_writing(&[output], error.clone())?;
                 Err(error.clone())
             }
+        }
+    }
+
+    /// [`meet`](Self::meet); a rank that went missing leaves this rank's
+    /// output unwritten, so it carries that (rule 42).
+    fn meet_or_claim(&self, part: Part, output: Slice<'_>) -> Result<Arc<Outcome>> {
+        self.meet(part).or_else(|missing| {
+            self.client().fail_writing(&[output], missing.clone())?;
+            Err(missing)
+        })
+    }
+
+    /// Over a device transport, whether this rank's input can be sent:
+    /// the stream's work waited for, then the bytes checked, none read.
+    /// A wait that fails on work other than the input's does not fail the
+    /// input; the check decides.
+    fn ready(&self, input: Slice<'_>) -> Input {
+        let client = self.client();
+        if let Err(refused) = client.sync_buffers(&[input])
+            && is_refusal(&refused)
+        {
+            return Input::Refused(format!("could not read its input: {refused}"));
+        }
+        match client.check(&[input]) {
+            Ok(()) => Input::Ready,
+            Err(refused) if is_refusal(&refused) => {
+                Input::Refused(format!("could not read its input: {refused}"))
+            }
+            Err(failed) => Input::Failed(failed),
+        }
+    }
+
+    /// Issue an agreed round on the device transport, then meet again: if
+    /// any rank's call failed, no rank's output is trusted (its peers' calls
+    /// may have been aborted mid-way), every output carries the failure and
+    /// the group breaks.
+    fn issue(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
+        let Some(device) = &self.shared.device else {
+            return Err(Error::internal(
+                "a round agreed for a device transport in a host-staged group",
+            ));
+        };
+        let issued = device.issue(self.rank, self.client(), kind, input, output);
+        let status = match issued {
+            Ok(()) => Input::Ready,
+            Err(cause) => {
+                let first = {
+                    let mut state = self.shared.state.lock();
+                    let first = state.first_failed.is_none();
+                    state.first_failed.get_or_insert(self.rank);
+                    first
+                };
+                // Peers may already wait inside the library for this
+                // rank's part: release them before meeting them.
+                device.abort_all();
+                Input::IssueFailed(cause, first)
+            }
+        };
+        let part = Part {
+            kind,
+            len: input.range.end.saturating_sub(input.range.start),
+            input: status,
+        };
+        match &*self.meet_or_claim(part, output)? {
+            Outcome::Agreed => Ok(()),
+            Outcome::Failed(error) | Outcome::Refused(error) => {
+                self.client().fail_writing(&[output], error.clone())?;
+                Err(error.clone())
+            }
+            Outcome::Written(_) => Err(Error::internal(
+                "a device transport's second meeting computed bytes",
+            )),
         }
     }
 
@@ -609,7 +819,15 @@ impl<B: Backend> Rank<B> {
         entry.parts[self.rank] = Some(part);
         if entry.parts.iter().all(Option::is_some) {
             let parts: Vec<Part> = entry.parts.iter_mut().filter_map(Option::take).collect();
-            entry.outcome = Some(Arc::new(decide(round, &parts)));
+            let outcome = decide(round, &parts);
+            if let Outcome::Failed(Error::Collective(failed)) = &outcome
+                && matches!(**failed, CollectiveError::IssueFailed { .. })
+            {
+                state.broken = Some(Arc::new((**failed).clone()));
+            }
+            if let Some(entry) = state.rounds.get_mut(&round) {
+                entry.outcome = Some(Arc::new(outcome));
+            }
             shared.changed.notify_all();
         }
         let until = Instant::now() + shared.deadline;
@@ -647,6 +865,11 @@ impl<B: Backend> Rank<B> {
                 };
                 tracing::warn!("{error}");
                 state.broken = Some(Arc::new(error.clone()));
+                // A broken group's communicators take no more calls (NCCL
+                // requires an aborted communicator to be re-created).
+                if let Some(device) = &shared.device {
+                    device.abort_all();
+                }
                 shared.changed.notify_all();
                 return Err(error.into());
             }
@@ -708,6 +931,23 @@ fn decide(round: u64, parts: &[Part]) -> Outcome {
             }
             .into(),
         );
+    }
+    let failed_call = |first: bool| {
+        parts
+            .iter()
+            .enumerate()
+            .find_map(|(rank, p)| match &p.input {
+                Input::IssueFailed(cause, was_first) if *was_first || !first => {
+                    Some((rank, cause.clone()))
+                }
+                _ => None,
+            })
+    };
+    if let Some((rank, cause)) = failed_call(true).or_else(|| failed_call(false)) {
+        return Outcome::Failed(device::issue_failed(kind, round, rank, cause).into());
+    }
+    if parts.iter().all(|p| matches!(p.input, Input::Ready)) {
+        return Outcome::Agreed;
     }
     let inputs: Vec<&[u8]> = parts
         .iter()

@@ -82,6 +82,26 @@ pub trait Suite: 'static {
         None
     }
 
+    /// A client of the server for rank `rank` of the collective behaviours'
+    /// groups: a fresh server of [`client`](Self::client)'s by default (a
+    /// logical device); a backend that enumerates devices gives each rank
+    /// its own.
+    #[allow(unused_variables)]
+    fn rank_client(rank: usize) -> Result<Client<Self::Backend>> {
+        Self::client()
+    }
+
+    /// The group the collective behaviours run on: host staging by
+    /// default ([`Group::new`](crate::collective::Group::new)); a suite for
+    /// a device transport makes it with
+    /// [`Group::over_device`](crate::collective::Group::over_device).
+    fn group(
+        clients: Vec<Client<Self::Backend>>,
+        deadline: std::time::Duration,
+    ) -> Result<crate::collective::Group<Self::Backend>> {
+        crate::collective::Group::new(clients, deadline)
+    }
+
     /// Called at the end of every test
     /// [`conformance_tests!`](crate::conformance_tests) makes, on the test's
     /// thread: the place for a backend's own end-of-test check (a mock
@@ -241,6 +261,11 @@ fn assert_root_contains(error: &Error, text: &str) {
 /// ```ignore
 /// scope_core::conformance_tests!(MySuite);
 /// ```
+///
+/// `conformance_tests!(@device_collectives MySuite)` expands to the
+/// collective behaviours alone, plus the one only a device transport has,
+/// for a suite whose [`Suite::group`] makes its groups with
+/// [`Group::over_device`](crate::collective::Group::over_device).
 #[macro_export]
 macro_rules! conformance_tests {
     ($suite:ty) => {
@@ -291,6 +316,24 @@ macro_rules! conformance_tests {
             bad_collective_input_is_refused_everywhere,
             copies_across_devices_carry_failures,
         );
+    };
+    (@device_collectives $suite:ty) => {
+        $crate::conformance_tests!(@only $suite;
+            collectives_compute_on_every_rank,
+            a_failed_input_fails_every_ranks_output,
+            a_rank_that_never_joins_fails_the_others_within_the_deadline,
+            bad_collective_input_is_refused_everywhere,
+            a_failed_device_call_breaks_the_group,
+        );
+    };
+    (@only $suite:ty; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::conformance::$name::<$suite>();
+                <$suite as $crate::conformance::Suite>::finished();
+            }
+        )*
     };
     (@each $suite:ty; $($name:ident),* $(,)?) => {
         $(

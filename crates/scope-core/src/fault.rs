@@ -37,6 +37,8 @@ pub enum Site {
     Replay,
     /// A graph's destruction.
     Destroy,
+    /// One rank's call into a device transport's collective library.
+    Collective,
 }
 
 #[derive(Clone, Debug)]

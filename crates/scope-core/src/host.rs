@@ -18,6 +18,10 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
+mod loopback;
+
+pub use loopback::{Loopback, LoopbackId};
+
 use crate::backend::{Access, Backend, BoundDispatch, Launch};
 use crate::error::{Error, Result};
 use crate::id::StreamId;

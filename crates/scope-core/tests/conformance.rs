@@ -44,3 +44,46 @@ impl Suite for HostSuite {
 }
 
 scope_core::conformance_tests!(HostSuite);
+
+/// The collective behaviours again, over the host's device transport
+/// ([`host::Loopback`]): the path a CUDA group takes through NCCL — the
+/// agreement before any byte moves, the library's call as device work, the
+/// second meeting, the abort — on every machine.
+mod over_device {
+    use super::*;
+    use scope_core::collective::Group;
+
+    struct HostDeviceSuite;
+
+    impl Suite for HostDeviceSuite {
+        type Backend = Host;
+
+        fn client() -> Result<Client<Host>> {
+            HostSuite::client()
+        }
+        fn fill() -> Kernel {
+            HostSuite::fill()
+        }
+        fn copy() -> Kernel {
+            HostSuite::copy()
+        }
+        fn add() -> Kernel {
+            HostSuite::add()
+        }
+        fn broken() -> Kernel {
+            HostSuite::broken()
+        }
+        fn group(clients: Vec<Client<Host>>, deadline: std::time::Duration) -> Result<Group<Host>> {
+            Group::over_device(clients, deadline)
+        }
+        fn finished() {
+            assert_eq!(
+                host::Loopback::mismatches(),
+                0,
+                "ranks issued different calls into the transport"
+            );
+        }
+    }
+
+    scope_core::conformance_tests!(@device_collectives HostDeviceSuite);
+}

@@ -6,26 +6,26 @@
 
 use std::sync::Arc;
 
-use super::{Element, Kind, Reduce};
+use super::{Call, Element, Reduce};
 
 /// Each rank's output bytes for inputs that all read clean. Ranks that
 /// get the same bytes share one vector.
-pub(super) fn compute(kind: Kind, inputs: &[&[u8]]) -> Vec<Arc<Vec<u8>>> {
+pub(crate) fn compute(kind: Call, inputs: &[&[u8]]) -> Vec<Arc<Vec<u8>>> {
     let ranks = inputs.len();
     let shared = |bytes: Vec<u8>| {
         let one = Arc::new(bytes);
         (0..ranks).map(|_| one.clone()).collect()
     };
     match kind {
-        Kind::AllReduce { element, op } => shared(reduce(element, op, inputs)),
-        Kind::AllGather => shared(inputs.concat()),
-        Kind::ReduceScatter { element, op } => {
+        Call::AllReduce { element, op } => shared(reduce(element, op, inputs)),
+        Call::AllGather => shared(inputs.concat()),
+        Call::ReduceScatter { element, op } => {
             let all = reduce(element, op, inputs);
             let part = all.len() / ranks;
             all.chunks(part).map(|c| Arc::new(c.to_vec())).collect()
         }
-        Kind::Broadcast { root } => shared(inputs[root].to_vec()),
-        Kind::AllToAll => {
+        Call::Broadcast { root } => shared(inputs[root].to_vec()),
+        Call::AllToAll => {
             let part = inputs[0].len() / ranks;
             (0..ranks)
                 .map(|to| {

@@ -19,8 +19,10 @@ const PART: u32 = 64;
 /// A group of [`RANKS`] servers of the suite's backend, or `None` (skipped)
 /// without a device.
 fn group<S: Suite>(deadline: Duration) -> Option<Group<S::Backend>> {
-    let clients: Option<Vec<_>> = (0..RANKS).map(|_| setup::<S>()).collect();
-    Some(Group::new(clients?, deadline).expect("four servers make a group"))
+    let clients: Option<Vec<_>> = (0..RANKS)
+        .map(|rank| client_or_skip(|| S::rank_client(rank)))
+        .collect();
+    Some(S::group(clients?, deadline).expect("four servers make a group"))
 }
 
 fn collective_error(error: &Error) -> &CollectiveError {
@@ -242,7 +244,7 @@ pub fn a_rank_that_never_joins_fails_the_others_within_the_deadline<S: Suite>() 
     let clients = (0..RANKS)
         .map(|r| group.rank(r).unwrap().client().clone())
         .collect();
-    let fresh = Group::new(clients, DEFAULT_WAIT).unwrap();
+    let fresh = S::group(clients, DEFAULT_WAIT).unwrap();
     let sums = fresh.run(|rank| {
         let c = rank.client();
         let input = upload(c, &[2; PART as usize]);
@@ -252,6 +254,74 @@ pub fn a_rank_that_never_joins_fails_the_others_within_the_deadline<S: Suite>() 
         read(c, &output).unwrap()
     });
     assert!(sums.iter().all(|s| *s == vec![8; PART as usize]));
+}
+
+/// Over a device transport, a rank whose call into the library fails after
+/// the ranks agreed (injected at [`Site::Collective`] on rank 2) fails every
+/// rank's collective naming it and its cause, every rank's output carries
+/// that, the peers waiting inside the library are released, the group is
+/// broken, and a new group over the same devices works (rules 42, 43).
+pub fn a_failed_device_call_breaks_the_group<S: Suite>() {
+    let Some(group) = group::<S>(DEFAULT_WAIT) else {
+        return;
+    };
+    assert!(
+        group.is_over_device(),
+        "this behaviour is for a suite whose groups are over a device transport"
+    );
+    let started = Instant::now();
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let input = upload(c, &[1; PART as usize]);
+        let output = upload(c, &[5; PART as usize]);
+        if rank.index() == 2 {
+            c.inject(FaultPlan::new().fail(Site::Collective, 1, injected("rank 2's call")));
+        }
+        let reduced = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
+        let claim = claimed_by(c, &output);
+        let later = rank.all_gather(input.all(), alloc(c, PART * RANKS as u32).all());
+        (reduced, claim, later)
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the peers were released, not left to a timeout: {:?}",
+        started.elapsed()
+    );
+    for (rank, (reduced, claim, later)) in outcomes.into_iter().enumerate() {
+        let error = reduced.expect_err("a failed call fails every rank's collective");
+        for reported in [collective_error(&error), &claim] {
+            let CollectiveError::IssueFailed {
+                rank: failed,
+                cause,
+                ..
+            } = reported
+            else {
+                panic!("rank {rank}: {reported}");
+            };
+            assert_eq!(*failed, 2, "rank {rank} names the failed rank: {reported}");
+            assert!(cause.to_string().contains("rank 2's call"), "{cause}");
+        }
+        let later = later.expect_err("the group is broken");
+        assert!(
+            matches!(collective_error(&later), CollectiveError::Broken { .. }),
+            "{later}"
+        );
+    }
+    assert!(group.broken().is_some());
+    let clients = (0..RANKS)
+        .map(|r| group.rank(r).unwrap().client().clone())
+        .collect();
+    drop(group);
+    let fresh = S::group(clients, DEFAULT_WAIT).unwrap();
+    let sums = fresh.run(|rank| {
+        let c = rank.client();
+        let input = upload(c, &[3; PART as usize]);
+        let output = alloc(c, PART);
+        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        read(c, &output).unwrap()
+    });
+    assert!(sums.iter().all(|s| *s == vec![12; PART as usize]));
 }
 
 /// Bad input is refused on every rank as a typed error that claims nothing,
@@ -264,11 +334,11 @@ pub fn bad_collective_input_is_refused_everywhere<S: Suite>() {
     };
     let one = group.rank(0).unwrap().client().clone();
     assert!(matches!(
-        Group::new(vec![one.clone(), one.clone()], DEFAULT_WAIT),
+        S::group(vec![one.clone(), one.clone()], DEFAULT_WAIT),
         Err(Error::InvalidArgument { .. })
     ));
     assert!(matches!(
-        Group::<S::Backend>::new(Vec::new(), DEFAULT_WAIT),
+        S::group(Vec::new(), DEFAULT_WAIT),
         Err(Error::InvalidArgument { .. })
     ));
     assert!(matches!(

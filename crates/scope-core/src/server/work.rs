@@ -254,6 +254,65 @@ impl<B: Backend> Server<B> {
         self.conclude(stream, outcome)
     }
 
+    /// One rank's part of a collective on a device transport, as device
+    /// work of this server's: `input` read, `output` written, on `stream`,
+    /// through `call` (the backend's library). Its group decided before
+    /// that every rank issues it; a scope that skips it here (the input
+    /// failed since) answers an error like a failed call, and the group
+    /// learns it at its second meeting (`collective::device`).
+    pub(crate) fn issue_collective(
+        &mut self,
+        stream: StreamId,
+        name: &str,
+        input: Slice<'_>,
+        output: Slice<'_>,
+        call: impl FnOnce(
+            &mut B,
+            &mut B::Stream,
+            (&B::Memory, std::ops::Range<u64>),
+            (&B::Memory, std::ops::Range<u64>),
+        ) -> Result<()>,
+    ) -> Result<()> {
+        self.check_poison()?;
+        let i = self.resolve_copy_range(input, "collective input")?;
+        let o = self.resolve_copy_range(output, "collective output")?;
+        self.require_memory(i)?;
+        self.require_memory(o)?;
+        if self.streams[self.stream_index(stream)]
+            .window
+            .is_recording()
+        {
+            return Err(Error::refused(format!(
+                "{name} on a recording stream: collectives are not recorded into graphs"
+            )));
+        }
+        self.refuse_recorded_elsewhere(stream, &[i.buffer, o.buffer])?;
+        let mut written = self.write_set();
+        written.push(o);
+        let label: Arc<str> = Arc::from(name);
+        let read = [i];
+        let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
+            |server, written| {
+                server.issue(
+                    Site::Collective,
+                    stream,
+                    &[i.buffer, o.buffer],
+                    written,
+                    |dev| {
+                        let (src, dst) = (dev.table.memory(i.buffer)?, dev.table.memory(o.buffer)?);
+                        call(
+                            dev.backend,
+                            dev.stream,
+                            (src, i.range.start..i.range.end),
+                            (dst, o.range.start..o.range.end),
+                        )
+                    },
+                )
+            },
+        );
+        self.conclude(stream, outcome)
+    }
+
     pub(crate) fn compile(&mut self, stream: StreamId, kernel: &Kernel) -> Result<()> {
         self.check_poison()?;
         self.ensure_compiled(stream, kernel).map(drop)

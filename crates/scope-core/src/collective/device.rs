@@ -1,0 +1,195 @@
+//! A device transport for collectives: the bytes move on the devices
+//! (NCCL, RCCL), the decision about them stays where it is.
+//!
+//! Host staging (the rest of this module) reads every part to the host, so
+//! it works for every backend but moves every byte twice over the bus. A
+//! backend whose vendor ships a collective library implements
+//! [`DeviceCollectives`], and [`Group::over_device`](super::Group::over_device)
+//! makes a group whose rounds go through it. What does not change is the
+//! order of things, and that is the point:
+//!
+//! 1. **Every rank still decides before data moves.** A rank waits for its
+//!    stream and checks its input (no bytes are read), then meets its peers
+//!    at the same rendezvous host staging uses, carrying *whether* its input
+//!    is readable and, if not, the failure with its chain. One outcome is
+//!    decided for the round, as before (rules 41, 44). Only when every
+//!    rank's input is clean does any rank call the library, so no rank sends
+//!    bytes another would read as clean when they are not, and a mismatched
+//!    call (another collective, another size) never reaches the library,
+//!    where NCCL would hang or read past a buffer rather than refuse.
+//! 2. **The library's call is device work like any other.** It is issued
+//!    through the server on the rank's stream ([`Site::Collective`] for fault
+//!    injection), ordered after the work that wrote its buffers, its output
+//!    in flight until a wait: a fault the device reports later lands on the
+//!    output by the same in-flight attribution every launch gets.
+//! 3. **A rank whose call fails after the ranks agreed breaks the group and
+//!    aborts every rank's communicator.** Its peers have called the library
+//!    and would wait inside it for a rank that is not coming; one process
+//!    holds every rank's communicator, so the failing rank aborts them all
+//!    (`ncclCommAbort` is the library's documented way out of a hung
+//!    communicator), and every later collective gets
+//!    [`CollectiveError::Broken`](super::CollectiveError::Broken) (rule 43).
+//!
+//! [`Site::Collective`]: crate::Site::Collective
+
+use std::sync::Arc;
+
+use super::{Call, CollectiveError};
+use crate::backend::Backend;
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::handle::Slice;
+
+/// A backend whose devices run collectives themselves, through the vendor's
+/// library: an `unsafe` contract, as [`Backend`]'s device calls are, which
+/// only the group (through its clients' servers) calls.
+pub trait DeviceCollectives: Backend {
+    /// One rank's membership of a communicator. Dropping it releases the
+    /// library's resources (`ncclCommDestroy`); it is shared between the
+    /// rank that calls through it and a peer that may abort it.
+    type Communicator: Send + Sync + 'static;
+
+    /// What every rank of one communicator must be given, made once
+    /// (`ncclGetUniqueId`) and passed to every rank — by a launcher, out of
+    /// band, where the ranks are separate processes.
+    type Identity: Clone + Send + Sync + 'static;
+
+    /// A new identity.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BackendUnavailable`] where the library is not installed.
+    fn identity() -> Result<Self::Identity>;
+
+    /// Join the communicator `identity` names as rank `rank` of `ranks`,
+    /// on this backend's device. Blocks until every rank joined.
+    ///
+    /// # Safety
+    ///
+    /// Every rank of the communicator is called with the same identity and
+    /// `ranks`, each rank once, each on a thread of its own (or in its own
+    /// process), and no rank's device is another's.
+    unsafe fn join(
+        &mut self,
+        identity: &Self::Identity,
+        rank: usize,
+        ranks: usize,
+    ) -> Result<Self::Communicator>;
+
+    /// Issue `call` on `stream`, through `communicator`.
+    ///
+    /// # Safety
+    ///
+    /// `communicator` is one this backend joined; `stream`, `call.input`
+    /// and `call.output` are this backend's and alive, their ranges inside
+    /// them; every rank of the communicator issues the same call (kind,
+    /// element, operation, root, length) as its next one, with output
+    /// lengths as the call requires ([`Call`]'s rules, which the group
+    /// checked).
+    unsafe fn collective(
+        &mut self,
+        communicator: &Self::Communicator,
+        stream: &mut Self::Stream,
+        call: &DeviceCall<'_, Self::Memory>,
+    ) -> Result<()>;
+
+    /// Abort `communicator`: calls waiting in it return, and it takes no
+    /// more. Called from any thread, as often as need be.
+    ///
+    /// # Safety
+    ///
+    /// `communicator` came from [`join`](Self::join) on a backend of this
+    /// type.
+    unsafe fn abort(communicator: &Self::Communicator);
+}
+
+/// One rank's part of a collective, resolved to device memory.
+#[derive(Debug)]
+pub struct DeviceCall<'a, M> {
+    /// What the ranks agreed to run.
+    pub call: Call,
+    /// This rank's input: its memory and the byte range in it.
+    pub input: (&'a M, std::ops::Range<u64>),
+    /// This rank's output.
+    pub output: (&'a M, std::ops::Range<u64>),
+    /// This rank's index.
+    pub rank: usize,
+    /// How many ranks.
+    pub ranks: usize,
+}
+
+/// How an agreed round's bytes move for a group over a device transport:
+/// the one thing host staging does differently, erased so that a
+/// [`Group<B>`](super::Group) needs no more than `B: Backend`.
+pub(super) trait Mover<B: Backend>: Send + Sync {
+    /// Issue rank `rank`'s part of `call` through its client.
+    fn issue(
+        &self,
+        rank: usize,
+        client: &Client<B>,
+        call: Call,
+        input: Slice<'_>,
+        output: Slice<'_>,
+    ) -> Result<()>;
+
+    /// Abort every rank's communicator.
+    fn abort_all(&self);
+}
+
+/// Every rank's communicator of one group.
+pub(super) struct Communicators<B: DeviceCollectives> {
+    pub(super) ranks: Vec<Arc<B::Communicator>>,
+}
+
+impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
+    fn issue(
+        &self,
+        rank: usize,
+        client: &Client<B>,
+        call: Call,
+        input: Slice<'_>,
+        output: Slice<'_>,
+    ) -> Result<()> {
+        let communicator = &self.ranks[rank];
+        let ranks = self.ranks.len();
+        client.issue_collective(
+            call.name(),
+            input,
+            output,
+            |backend, stream, input, output| {
+                let call = DeviceCall {
+                    call,
+                    input,
+                    output,
+                    rank,
+                    ranks,
+                };
+                // SAFETY: the communicator is this rank's, joined on this
+                // backend (`Group::over_device`); the server resolved both
+                // ranges inside their live memory and hands its own stream;
+                // every rank issues this same call as its next, because the
+                // ranks met and agreed on it (`decide`) before any issued, and
+                // a group issues rounds in order.
+                unsafe { backend.collective(communicator, stream, &call) }
+            },
+        )
+    }
+
+    fn abort_all(&self) {
+        for communicator in &self.ranks {
+            // SAFETY: every communicator here was joined on a `B`.
+            unsafe { B::abort(communicator) };
+        }
+    }
+}
+
+/// The error every rank's output carries when one rank's device call
+/// failed after the ranks agreed: the group breaks with it.
+pub(super) fn issue_failed(call: Call, round: u64, rank: usize, cause: Error) -> CollectiveError {
+    CollectiveError::IssueFailed {
+        collective: call.name(),
+        round,
+        rank,
+        cause,
+    }
+}
