@@ -1,5 +1,5 @@
 //! Collectives over a group of devices: the failure rules carried across
-//! them (rules 41–45 of `docs/ERROR_MODEL.md`).
+//! them (rules 41–47 of `docs/ERROR_MODEL.md`).
 //!
 //! A collective's outputs on every rank are bytes it was supposed to write,
 //! so the one-device rule extends as it is: if any rank's input carries a

@@ -21,6 +21,10 @@
 //! - `capture.rs`: stream capture into instantiated CUDA
 //!   graphs, which keep the modules of the kernels they launch loaded,
 //!   replay, destruction after the replays in flight.
+//! - `collective.rs`: the collectives on the devices through NCCL
+//!   ([`scope_core::collective::device::DeviceCollectives`], for
+//!   `Group::over_device`), on non-blocking communicators that an abort
+//!   can always reach.
 //! - [`error`] (`error.rs`): `CUresult` → the core's [`Error`](scope_core::Error); which
 //!   codes are sticky.
 //!
@@ -61,10 +65,11 @@
 //! there is none, and fail with `SCOPE_REQUIRE=cuda`.
 //!
 //! **On a mock driver.** `tests/mock.rs` and `tests/mock_poison.rs` run
-//! this crate's Rust, through cudarc, against a mock CUDA driver and NVRTC
-//! written in C (`tests/mock/`), built per test process and loaded ahead of
-//! cudarc's own lookup by soname. They run on every machine, with no GPU:
-//! the conformance suite, plus NVRTC's options and log, the JIT's log for
+//! this crate's Rust, through cudarc, against a mock CUDA driver (four
+//! devices), NVRTC and NCCL written in C (`tests/mock/`), built per test
+//! process and loaded ahead of cudarc's own lookup by soname. They run on
+//! every machine, with no GPU: the conformance suite, its collective
+//! behaviours over NCCL on the four devices, plus NVRTC's options and log, the JIT's log for
 //! bad PTX, the launch-time parameter check against `cuFuncGetParamInfo`,
 //! the launch limits read from `cuDeviceGetAttribute` and enforced,
 //! the pool's props and attributes, a real out-of-memory and the trim and
@@ -106,6 +111,7 @@
 //! compile and assemble, not that they compute the right thing.
 
 mod capture;
+mod collective;
 mod copy;
 mod device;
 pub mod error;
@@ -119,6 +125,7 @@ use scope_core::native::{self, ParamTable};
 use scope_core::{Backend, Client, Kernel, Language, Launch, LaunchLimits, Result, StreamId};
 
 pub use capture::CudaGraph;
+pub use collective::{NcclComm, NcclId, STUCK};
 pub use device::{CudaStreamState, CudaWaiter, probe, total_memory};
 pub use launch::{CudaKernel, nvrtc_options, nvrtc_ptx};
 pub use memory::CudaMemory;

@@ -40,6 +40,71 @@ mod conformance {
     scope_core::conformance_tests!(super::MockSuite);
 }
 
+/// The collective behaviours over NCCL (the mock's, `mock/mock_nccl.c`):
+/// four ranks on the mock's four devices, one communicator, every call
+/// checked by the mock as real NCCL would take it.
+struct MockNcclSuite;
+
+impl Suite for MockNcclSuite {
+    type Backend = server_cuda::Cuda;
+
+    fn client() -> scope_core::Result<scope_core::Client<server_cuda::Cuda>> {
+        MockSuite::client()
+    }
+    fn rank_client(rank: usize) -> scope_core::Result<scope_core::Client<server_cuda::Cuda>> {
+        mock();
+        server_cuda::client_on(rank)
+    }
+    fn group(
+        clients: Vec<scope_core::Client<server_cuda::Cuda>>,
+        deadline: std::time::Duration,
+    ) -> scope_core::Result<scope_core::collective::Group<server_cuda::Cuda>> {
+        scope_core::collective::Group::over_device(clients, deadline)
+    }
+    fn fill() -> Kernel {
+        MockSuite::fill()
+    }
+    fn copy() -> Kernel {
+        MockSuite::copy()
+    }
+    fn add() -> Kernel {
+        MockSuite::add()
+    }
+    fn broken() -> Kernel {
+        MockSuite::broken()
+    }
+    fn finished() {
+        mock().assert_clean();
+    }
+}
+
+mod over_nccl {
+    scope_core::conformance_tests!(@device_collectives super::MockNcclSuite);
+}
+
+/// The mock's four devices are four servers, each with its own context,
+/// pool and streams, whose bytes stay apart.
+#[test]
+fn four_devices_are_four_servers() {
+    mock();
+    let probe = server_cuda::probe();
+    assert_eq!(probe.devices.len(), 4, "{probe:?}");
+    let clients: Vec<_> = (0..4).map(|d| server_cuda::client_on(d).unwrap()).collect();
+    let buffers: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(d, c)| {
+            assert!(c.describe().contains(&format!("#{d}")), "{}", c.describe());
+            c.upload(&bytes(&[d as u32; 16])).unwrap()
+        })
+        .collect();
+    for (d, (c, b)) in clients.iter().zip(&buffers).enumerate() {
+        assert_eq!(words(&c.read(b.all()).unwrap()), vec![d as u32; 16]);
+    }
+    assert!(server_cuda::client_on(4).is_err());
+    mock().assert_clean();
+}
+
 #[test]
 fn the_mock_device_is_described_and_nvrtc_targets_its_arch() {
     let c = client();

@@ -272,12 +272,12 @@ fn launch_bounds(source: &str) -> Option<u32> {
         .ok()
 }
 
-/// The NCCL symbols a device transport for the collectives
-/// (`scope_core::collective`) calls: communicator identity and setup
-/// (non-blocking, so a missing rank can be aborted instead of hanging),
-/// the five collectives and point-to-point, groups, and the asynchronous
+/// The NCCL symbols server-cuda's device transport (`src/collective.rs`)
+/// calls, and the point-to-point and group calls send/recv would: the
+/// communicator's identity and setup (non-blocking, so a missing rank can
+/// be aborted instead of hanging), the five collectives, the asynchronous
 /// error and abort a deadline needs.
-const NCCL_SYMBOLS: [&str; 17] = [
+const NCCL_SYMBOLS: [&str; 18] = [
     "ncclGetVersion",
     "ncclGetUniqueId",
     "ncclCommInitRankConfig",
@@ -290,6 +290,7 @@ const NCCL_SYMBOLS: [&str; 17] = [
     "ncclAllGather",
     "ncclReduceScatter",
     "ncclBroadcast",
+    "ncclAlltoAll",
     "ncclSend",
     "ncclRecv",
     "ncclGroupStart",

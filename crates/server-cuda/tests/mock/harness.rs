@@ -1,5 +1,5 @@
-//! Building and loading the mock CUDA driver and NVRTC (`mock_cuda.c`,
-//! `mock_nvrtc.c`), for the test binaries that run the server against
+//! Building and loading the mock CUDA driver, NVRTC and NCCL (`mock_cuda.c`,
+//! `mock_nvrtc.c`, `mock_nccl.c`), for the test binaries that run the server against
 //! them: `mock.rs`, `mock_poison.rs`, `mock_old_driver.rs` (the driver
 //! built as an older one) and `mock_driver_failures.rs` (failures planted
 //! with [`Mock::fail_next`]), and `toolchain.rs`, which builds them for
@@ -37,6 +37,7 @@ use server_cuda::Cuda;
 pub struct Mock {
     cuda: &'static Library,
     nvrtc: &'static Library,
+    nccl: &'static Library,
 }
 
 /// Compile the mock `source` (in `tests/mock`) into a shared library whose
@@ -57,7 +58,7 @@ pub fn build(source: &str, soname: &str, defines: &[&str]) -> PathBuf {
         .arg("-o")
         .arg(&out)
         .arg(&source)
-        .arg("-lpthread")
+        .args(["-lpthread", "-ldl"])
         .status()
         .unwrap_or_else(|e| panic!("running the C compiler `{compiler}` for {source:?}: {e}"));
     assert!(status.success(), "{source:?} did not compile");
@@ -96,11 +97,13 @@ pub fn mock_built_with(defines: &'static [&'static str]) -> &'static Mock {
 fn load(defines: &'static [&'static str]) -> (Mock, &'static [&'static str]) {
     let cuda = load_forever(&build("mock_cuda.c", "libcuda.so", defines));
     let nvrtc = load_forever(&build("mock_nvrtc.c", "libnvrtc.so", &[]));
+    let nccl = load_forever(&build("mock_nccl.c", "libnccl.so", &[]));
     // What cudarc will do: open the first candidate name. It must get
     // the mock, not a real driver elsewhere on the machine.
     for (name, hook) in [
         ("libcuda.so", &b"scope_mock_violations\0"[..]),
         ("libnvrtc.so", &b"scope_mock_nvrtc_violations\0"[..]),
+        ("libnccl.so", &b"scope_mock_nccl_violations\0"[..]),
     ] {
         // SAFETY: the name resolves to the mock already loaded (or the
         // assertion below fails); looking a symbol up calls nothing.
@@ -110,7 +113,7 @@ fn load(defines: &'static [&'static str]) -> (Mock, &'static [&'static str]) {
         let found = unsafe { by_name.get::<unsafe extern "C" fn() -> u64>(hook) }.is_ok();
         assert!(found, "{name} resolved to a library that is not the mock");
     }
-    (Mock { cuda, nvrtc }, defines)
+    (Mock { cuda, nvrtc, nccl }, defines)
 }
 
 impl Mock {
@@ -184,6 +187,25 @@ impl Mock {
         unsafe { f() }
     }
 
+    /// NCCL calls the mock NCCL refused (or flagged) because real NCCL
+    /// would refuse, hang or move the wrong bytes.
+    pub fn nccl_violations(&self) -> u64 {
+        let f: unsafe extern "C" fn() -> u64 =
+            self.hook(self.nccl, b"scope_mock_nccl_violations\0");
+        // SAFETY: takes the mock's lock and reads a counter.
+        unsafe { f() }
+    }
+
+    /// What the last NCCL violation was.
+    pub fn last_nccl_violation(&self) -> String {
+        let f: unsafe extern "C" fn() -> *const c_char =
+            self.hook(self.nccl, b"scope_mock_nccl_last_violation\0");
+        // SAFETY: the mock returns its static, NUL-terminated buffer.
+        unsafe { CStr::from_ptr(f()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
     /// Fail, naming the last one, if the server made any call the mocks
     /// refuse, or destroyed a graph under a replay.
     pub fn assert_clean(&self) {
@@ -194,6 +216,12 @@ impl Mock {
             self.last_violation()
         );
         assert_eq!(self.nvrtc_violations(), 0, "an NVRTC call was refused");
+        assert_eq!(
+            self.nccl_violations(),
+            0,
+            "the server made an NCCL call real NCCL refuses or mis-handles; the last: {}",
+            self.last_nccl_violation()
+        );
         // Legal CUDA, but rule 35 has the server wait for a graph's replays
         // before destroying it, on every path (fault injection included).
         assert_eq!(

@@ -16,7 +16,9 @@
  * kernel parameter convention) are the CUDA 13.0 header's, as cudarc's
  * generated bindings (feature cuda-13000) spell them.
  *
- * The device is an sm_90 one: cuDeviceGetAttribute answers an H100/H200's
+ * There are four devices, for groups of four ranks (mock_nccl.c), each
+ * with its own primary context; they share the memory budget, the sticky
+ * error and the lock. Each is an sm_90 one: cuDeviceGetAttribute answers an H100/H200's
  * launch limits (grid 2^31-1 x 65,535 x 65,535, block 1024 x 1024 x 64 of
  * at most 1,024 threads, 48 KiB of shared memory per block, 32-thread
  * warps), and cuLaunchKernel refuses a launch past them.
@@ -91,7 +93,9 @@
  * scope_mock_graphs_destroyed_in_flight,
  * scope_mock_stream_pending (operations the host has not waited for), and
  * scope_mock_invalidate_capture (what the driver does to a capture when a
- * thread makes an illegal call in global capture mode).
+ * thread makes an illegal call in global capture mode); and for the mock
+ * NCCL, scope_mock_current_device, scope_mock_device_range and
+ * scope_mock_stream_capturing.
  *
  * Every entry point takes one process-wide recursive lock: concurrent tests
  * share the mock, and "device" work runs on the caller's thread.
@@ -125,6 +129,8 @@ enum { CAPTURE_MODE_RELAXED = 2 };
 enum { JIT_ERROR_LOG_BUFFER = 5, JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6 };
 
 #define TOTAL ((size_t)1 << 30)
+/* Devices cuDeviceGetCount reports: enough for a group of four ranks. */
+#define DEVICES 4
 #define CONTEXT_HOLDS ((size_t)64 << 20)
 #define DEVICE_CC 90
 #define DEVICE_NAME "Mock sm_90 GPU (scope test double)"
@@ -163,8 +169,11 @@ unsigned long long scope_mock_graphs_destroyed_in_flight(void) { LOCKED; return 
 
 /* ----- the context ----- */
 
-typedef struct { int retained; } context;
-static context primary;
+typedef struct { int retained; int ordinal; } context;
+/* One primary context per device. The devices share everything else: the
+ * memory budget, the sticky error and the lock (a sticky fault on one
+ * poisons them all, which is stricter than CUDA's per-context one). */
+static context primaries[DEVICES] = {{0, 0}, {0, 1}, {0, 2}, {0, 3}};
 static int initialized;
 static __thread context *current;
 /* A wild kernel ran: the fault is pending until a sync surfaces it, then sticky. */
@@ -184,7 +193,7 @@ void scope_mock_fail_next(const char *call, CUresult code) {
 static CUresult enter(const char *call) {
   if (!initialized) return refuse(E_NOT_INITIALIZED, "%s before cuInit", call);
   if (sticky) return sticky;
-  if (!current || !primary.retained)
+  if (!current || !current->retained)
     return refuse(E_INVALID_CONTEXT, "%s with no current context on this thread", call);
   if (fail_call[0] && strcmp(fail_call, call) == 0) {
     fail_call[0] = 0;
@@ -442,6 +451,29 @@ static CUresult stream_ok(stream *s, const char *call) {
 }
 #define STREAM(s) { CUresult bad_ = stream_ok(s, __func__); if (bad_) return bad_; }
 
+/* ----- hooks for the mock NCCL (mock_nccl.c) ----- */
+
+/* The device the calling thread's current context is on, or -1. */
+int scope_mock_current_device(void) {
+  LOCKED;
+  return current && current->retained ? current->ordinal : -1;
+}
+
+/* Whether [p, p + n) lies inside one live device allocation. */
+int scope_mock_device_range(const void *p, size_t n) {
+  LOCKED;
+  return find(p, n, DEVICE) != NULL;
+}
+
+/* Whether `s` is a live stream that is capturing (-1: not a live stream). */
+int scope_mock_stream_capturing(void *s) {
+  LOCKED;
+  stream *st = s;
+  for (stream *it = streams; it; it = it->next)
+    if (it == st) return st->live ? st->capturing : -1;
+  return -1;
+}
+
 /* ----- initialisation, device, context ----- */
 
 CUresult cuInit(unsigned flags) {
@@ -451,22 +483,22 @@ CUresult cuInit(unsigned flags) {
   return OK;
 }
 CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
-CUresult cuDeviceGetCount(int *n) { LOCKED; if (!initialized) return E_NOT_INITIALIZED; *n = 1; return OK; }
+CUresult cuDeviceGetCount(int *n) { LOCKED; if (!initialized) return E_NOT_INITIALIZED; *n = DEVICES; return OK; }
 CUresult cuDeviceGet(int *d, int ordinal) {
   LOCKED;
   if (!initialized) return refuse(E_NOT_INITIALIZED, "cuDeviceGet before cuInit");
-  if (ordinal != 0) return E_INVALID_DEVICE;
-  *d = 0;
+  if (ordinal < 0 || ordinal >= DEVICES) return E_INVALID_DEVICE;
+  *d = ordinal;
   return OK;
 }
 CUresult cuDeviceGetName(char *name, int len, int d) {
-  if (d != 0) return E_INVALID_DEVICE;
+  if (d < 0 || d >= DEVICES) return E_INVALID_DEVICE;
   if (len <= 0) return E_INVALID_VALUE;
   snprintf(name, (size_t)len, "%s", DEVICE_NAME);
   return OK;
 }
 CUresult cuDeviceGetAttribute(int *value, int attribute, int d) {
-  if (d != 0) return E_INVALID_DEVICE;
+  if (d < 0 || d >= DEVICES) return E_INVALID_DEVICE;
   switch (attribute) {
     case ATTR_CC_MAJOR: *value = DEVICE_CC / 10; break;
     case ATTR_CC_MINOR: *value = DEVICE_CC % 10; break;
@@ -486,28 +518,29 @@ CUresult cuDeviceGetAttribute(int *value, int attribute, int d) {
   }
   return OK;
 }
-CUresult cuDeviceTotalMem_v2(size_t *bytes, int d) { if (d != 0) return E_INVALID_DEVICE; *bytes = TOTAL; return OK; }
+CUresult cuDeviceTotalMem_v2(size_t *bytes, int d) { if (d < 0 || d >= DEVICES) return E_INVALID_DEVICE; *bytes = TOTAL; return OK; }
 
 CUresult cuDevicePrimaryCtxRetain(void **ctx, int d) {
   LOCKED;
   if (sticky) return sticky;
-  if (d != 0) return E_INVALID_DEVICE;
-  primary.retained++;
-  *ctx = &primary;
+  if (d < 0 || d >= DEVICES) return E_INVALID_DEVICE;
+  primaries[d].retained++;
+  *ctx = &primaries[d];
   return OK;
 }
 CUresult cuDevicePrimaryCtxRelease_v2(int d) {
   LOCKED;
-  if (d != 0) return E_INVALID_DEVICE;
-  if (primary.retained <= 0) return refuse(E_INVALID_CONTEXT, "primary context released more often than retained");
-  primary.retained--;
+  if (d < 0 || d >= DEVICES) return E_INVALID_DEVICE;
+  if (primaries[d].retained <= 0) return refuse(E_INVALID_CONTEXT, "primary context released more often than retained");
+  primaries[d].retained--;
   return OK;
 }
 CUresult cuCtxGetCurrent(void **ctx) { LOCKED; if (sticky) return sticky; *ctx = current; return OK; }
 CUresult cuCtxSetCurrent(void *ctx) {
   LOCKED;
   if (sticky) return sticky;
-  if (ctx && (ctx != &primary || !primary.retained))
+  context *c = ctx;
+  if (c && (c < primaries || c >= primaries + DEVICES || !c->retained))
     return refuse(E_INVALID_CONTEXT, "cuCtxSetCurrent with a context that is not retained");
   current = ctx;
   return OK;
@@ -817,9 +850,9 @@ CUresult cuMemPoolCreate(void **out, const pool_props *props) {
 #endif
   int zero = 1;
   for (size_t i = 0; i < sizeof props->reserved; i++) zero &= props->reserved[i] == 0;
-  if (props->allocType != 1 || props->handleTypes != 0 || props->location.type != 1 || props->location.id != 0 ||
+  if (props->allocType != 1 || props->handleTypes != 0 || props->location.type != 1 || props->location.id != current->ordinal ||
       props->win32SecurityAttributes || props->maxSize || props->usage || !zero)
-    return refuse(E_INVALID_VALUE, "cuMemPoolCreate: not a plain pinned pool on device 0 (alloc %d, handles %d, "
+    return refuse(E_INVALID_VALUE, "cuMemPoolCreate: not a plain pinned pool on the current device (alloc %d, handles %d, "
                   "location %d/%d, maxSize %zu, usage %u, reserved zero %d)", props->allocType, props->handleTypes,
                   props->location.type, props->location.id, props->maxSize, props->usage, zero);
   pool *p = calloc(1, sizeof(pool));

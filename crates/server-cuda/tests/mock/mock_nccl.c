@@ -1,0 +1,414 @@
+/*
+ * A mock of NCCL, beside the mock CUDA driver (mock_cuda.c), for running
+ * server-cuda's device transport on machines without a GPU. It is not
+ * NCCL: there is no network and no kernel; a collective's bytes move when
+ * the last rank of the communicator posts its part, on that rank's thread,
+ * between the mock driver's "device" allocations (host memory).
+ *
+ * It is built with -Wl,-soname,libnccl.so and loaded by absolute path
+ * before cudarc looks for "libnccl.so" (see harness.rs). Values (result
+ * codes, data types, reduction operations, the ncclConfig_t head) are NCCL
+ * 2.30's, as cudarc's bindings (feature nccl-02030) spell them.
+ *
+ * Like a non-blocking communicator, a collective returns as soon as it is
+ * posted (ncclSuccess), and ncclCommInitRankConfig with blocking = 0
+ * returns ncclInProgress until every rank joined, which
+ * ncclCommGetAsyncError reports. A blocking init waits for its peers.
+ *
+ * It is a checker too. Each of these fails and counts a violation
+ * (scope_mock_nccl_violations / scope_mock_nccl_last_violation, printed to
+ * stderr), where real NCCL refuses the call, hangs, or reads or writes past
+ * a buffer:
+ *
+ *  - a config without NCCL_API_MAGIC, a unique id not from
+ *    ncclGetUniqueId, a rank outside the communicator, ranks that disagree
+ *    on its size, a rank joined twice;
+ *  - two ranks of one communicator on one device ("Duplicate GPU detected"),
+ *    and an init with no current CUDA context on the thread;
+ *  - a collective before every rank joined, or on a communicator that was
+ *    aborted or destroyed (a use after free in NCCL), an abort or destroy
+ *    of one already aborted;
+ *  - ranks that post different calls for one sequence number: another
+ *    collective, another count, type, operation or root (NCCL would hang
+ *    or move the wrong bytes);
+ *  - a send or receive buffer not inside one live device allocation for
+ *    the bytes the call touches;
+ *  - a collective on a stream that is capturing (the server does not
+ *    record collectives into graphs);
+ *  - a data type other than int32, uint32 and float32, an unknown
+ *    operation.
+ *
+ * Every entry point takes one process-wide lock.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum {
+  SUCCESS = 0, UNHANDLED_CUDA = 1, SYSTEM = 2, INTERNAL = 3, INVALID_ARGUMENT = 4,
+  INVALID_USAGE = 5, REMOTE = 6, IN_PROGRESS = 7
+};
+enum { INT32 = 2, UINT32 = 3, FLOAT32 = 7 };
+enum { SUM = 0, PROD = 1, MAX = 2, MIN = 3, AVG = 4 };
+enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, ALL_TO_ALL };
+static const char *CALLS[] = {"ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast",
+                              "ncclAlltoAll"};
+
+#define API_MAGIC 0xcafebeefu
+#define ID_MAGIC "scopemck"
+#define MAX_RANKS 8
+#define VERSION 23007
+
+typedef struct { char internal[128]; } ncclUniqueId;
+/* The head of ncclConfig_t every version shares. */
+typedef struct { size_t size; unsigned magic, version; int blocking; } config_head;
+
+typedef struct {
+  int posted, kind, dtype, op, root;
+  size_t count;
+  const void *send;
+  void *recv;
+} post;
+typedef struct call {
+  unsigned long long seq;
+  int nposted, mismatched;
+  post posts[MAX_RANKS];
+  struct call *next;
+} call;
+typedef struct clique {
+  unsigned long long id;
+  int nranks, joined, aborted;
+  int devices[MAX_RANKS], present[MAX_RANKS];
+  call *calls;
+  struct clique *next;
+} clique;
+typedef struct comm {
+  clique *c;
+  int rank, aborted, destroyed;
+  unsigned long long next_seq;
+} comm;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
+static clique *cliques;
+static unsigned long long next_id = 1;
+static unsigned long long violations;
+static char last_violation[512];
+
+static void unlock(int *unused) { (void)unused; pthread_mutex_unlock(&lock); }
+#define LOCKED int held_ __attribute__((cleanup(unlock))) = (pthread_mutex_lock(&lock), 1)
+
+static int refuse(int code, const char *fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  vsnprintf(last_violation, sizeof last_violation, fmt, args);
+  va_end(args);
+  violations++;
+  fprintf(stderr, "mock nccl: refused (%d): %s\n", code, last_violation);
+  return code;
+}
+
+unsigned long long scope_mock_nccl_violations(void) { LOCKED; return violations; }
+const char *scope_mock_nccl_last_violation(void) { return last_violation; }
+
+/* The mock driver's hooks, found through the copy already loaded. */
+static void *driver_hook(const char *name) {
+  void *driver = dlopen("libcuda.so", RTLD_NOLOAD | RTLD_LAZY);
+  return driver ? dlsym(driver, name) : NULL;
+}
+static int current_device(void) {
+  int (*f)(void) = (int (*)(void))driver_hook("scope_mock_current_device");
+  return f ? f() : -1;
+}
+static int device_range(const void *p, size_t n) {
+  int (*f)(const void *, size_t) = (int (*)(const void *, size_t))driver_hook("scope_mock_device_range");
+  return f ? f(p, n) : 0;
+}
+static int stream_capturing(void *s) {
+  int (*f)(void *) = (int (*)(void *))driver_hook("scope_mock_stream_capturing");
+  return f ? f(s) : -1;
+}
+
+int ncclGetVersion(int *version) {
+  if (!version) return INVALID_ARGUMENT;
+  *version = VERSION;
+  return SUCCESS;
+}
+
+const char *ncclGetErrorString(int result) {
+  switch (result) {
+    case SUCCESS: return "no error";
+    case UNHANDLED_CUDA: return "unhandled cuda error";
+    case SYSTEM: return "unhandled system error";
+    case INTERNAL: return "internal error";
+    case INVALID_ARGUMENT: return "invalid argument";
+    case INVALID_USAGE: return "invalid usage";
+    case REMOTE: return "remote process exited or there was a network error";
+    case IN_PROGRESS: return "NCCL operation in progress";
+    default: return "unknown result code";
+  }
+}
+
+const char *ncclGetLastError(comm *c) { (void)c; return last_violation; }
+
+int ncclGetUniqueId(ncclUniqueId *id) {
+  LOCKED;
+  if (!id) return refuse(INVALID_ARGUMENT, "ncclGetUniqueId with a null id");
+  memset(id, 0, sizeof *id);
+  memcpy(id->internal, ID_MAGIC, 8);
+  unsigned long long n = next_id++;
+  memcpy(id->internal + 8, &n, sizeof n);
+  return SUCCESS;
+}
+
+int ncclCommInitRankConfig(comm **out, int nranks, ncclUniqueId id, int rank, config_head *config) {
+  LOCKED;
+  if (!out) return refuse(INVALID_ARGUMENT, "ncclCommInitRankConfig with a null communicator pointer");
+  if (config && config->magic != API_MAGIC)
+    return refuse(INVALID_ARGUMENT, "ncclCommInitRankConfig: the config was not made from NCCL_CONFIG_INITIALIZER "
+                  "(magic %#x)", config->magic);
+  if (memcmp(id.internal, ID_MAGIC, 8) != 0)
+    return refuse(INVALID_ARGUMENT, "ncclCommInitRankConfig: a unique id not made by ncclGetUniqueId");
+  if (nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks)
+    return refuse(INVALID_ARGUMENT, "ncclCommInitRankConfig: rank %d of %d", rank, nranks);
+  int device = current_device();
+  if (device < 0) return refuse(INVALID_USAGE, "ncclCommInitRankConfig with no current CUDA context on the thread");
+  unsigned long long key;
+  memcpy(&key, id.internal + 8, sizeof key);
+  clique *c = cliques;
+  while (c && c->id != key) c = c->next;
+  if (!c) {
+    c = calloc(1, sizeof *c);
+    c->id = key;
+    c->nranks = nranks;
+    c->next = cliques;
+    cliques = c;
+  }
+  if (c->nranks != nranks)
+    return refuse(INVALID_ARGUMENT, "ncclCommInitRankConfig: %d ranks where a peer said %d", nranks, c->nranks);
+  if (c->present[rank]) return refuse(INVALID_USAGE, "ncclCommInitRankConfig: rank %d joined twice", rank);
+  for (int r = 0; r < nranks; r++)
+    if (c->present[r] && c->devices[r] == device)
+      return refuse(INVALID_USAGE, "Duplicate GPU detected: ranks %d and %d both on device %d", r, rank, device);
+  c->present[rank] = 1;
+  c->devices[rank] = device;
+  c->joined++;
+  pthread_cond_broadcast(&changed);
+  comm *m = calloc(1, sizeof *m);
+  m->c = c;
+  m->rank = rank;
+  *out = m;
+  int blocking = !config || config->blocking != 0;
+  if (!blocking) return c->joined == c->nranks ? SUCCESS : IN_PROGRESS;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 30;
+  while (c->joined < c->nranks && !c->aborted)
+    if (pthread_cond_timedwait(&changed, &lock, &until) != 0)
+      return refuse(INTERNAL, "ncclCommInitRank: rank %d waited 30 s for its peers", rank);
+  return c->aborted ? REMOTE : SUCCESS;
+}
+
+static int usable(comm *m, const char *call) {
+  if (!m) return refuse(INVALID_ARGUMENT, "%s with a null communicator", call);
+  if (m->aborted) return refuse(INVALID_ARGUMENT, "%s on an aborted communicator (freed by ncclCommAbort)", call);
+  if (m->destroyed) return refuse(INVALID_ARGUMENT, "%s on a destroyed communicator", call);
+  return SUCCESS;
+}
+
+int ncclCommGetAsyncError(comm *m, int *error) {
+  LOCKED;
+  int bad = usable(m, "ncclCommGetAsyncError");
+  if (bad) return bad;
+  *error = m->c->aborted ? REMOTE : m->c->joined < m->c->nranks ? IN_PROGRESS : SUCCESS;
+  return SUCCESS;
+}
+
+int ncclCommCount(comm *m, int *count) {
+  LOCKED;
+  int bad = usable(m, "ncclCommCount");
+  if (bad) return bad;
+  *count = m->c->nranks;
+  return SUCCESS;
+}
+
+int ncclCommAbort(comm *m) {
+  LOCKED;
+  int bad = usable(m, "ncclCommAbort");
+  if (bad) return bad;
+  m->aborted = 1;
+  m->c->aborted = 1;
+  pthread_cond_broadcast(&changed);
+  return SUCCESS;
+}
+
+int ncclCommDestroy(comm *m) {
+  LOCKED;
+  int bad = usable(m, "ncclCommDestroy");
+  if (bad) return bad;
+  m->destroyed = 1;
+  return SUCCESS;
+}
+
+/* ----- the collectives ----- */
+
+static size_t send_bytes(const post *p, int n) {
+  switch (p->kind) {
+    case ALL_REDUCE: case ALL_GATHER: case BROADCAST: return p->count * 4;
+    default: return p->count * 4 * (size_t)n; /* reduce-scatter, all-to-all */
+  }
+}
+static size_t recv_bytes(const post *p, int n) {
+  switch (p->kind) {
+    case ALL_REDUCE: case REDUCE_SCATTER: case BROADCAST: return p->count * 4;
+    default: return p->count * 4 * (size_t)n; /* all-gather, all-to-all */
+  }
+}
+
+/* Combine word `i` of every rank's send buffer into `out`. */
+static uint32_t reduce_word(const call *k, int n, size_t i) {
+  const post *p0 = &k->posts[0];
+  if (p0->dtype == FLOAT32) {
+    float acc = 0;
+    for (int r = 0; r < n; r++) {
+      float v;
+      memcpy(&v, (const char *)k->posts[r].send + i * 4, 4);
+      if (r == 0) { acc = v; continue; }
+      switch (p0->op) {
+        case SUM: case AVG: acc += v; break;
+        case PROD: acc *= v; break;
+        case MAX: acc = v > acc ? v : acc; break;
+        case MIN: acc = v < acc ? v : acc; break;
+      }
+    }
+    if (p0->op == AVG) acc /= (float)n;
+    uint32_t bits;
+    memcpy(&bits, &acc, 4);
+    return bits;
+  }
+  uint32_t acc = 0;
+  for (int r = 0; r < n; r++) {
+    uint32_t v;
+    memcpy(&v, (const char *)k->posts[r].send + i * 4, 4);
+    if (r == 0) { acc = v; continue; }
+    int signed_ = p0->dtype == INT32;
+    switch (p0->op) {
+      case SUM: case AVG: acc += v; break;
+      case PROD: acc *= v; break;
+      case MAX: acc = signed_ ? ((int32_t)v > (int32_t)acc ? v : acc) : (v > acc ? v : acc); break;
+      case MIN: acc = signed_ ? ((int32_t)v < (int32_t)acc ? v : acc) : (v < acc ? v : acc); break;
+    }
+  }
+  if (p0->op == AVG) acc = p0->dtype == INT32 ? (uint32_t)((int32_t)acc / n) : acc / (uint32_t)n;
+  return acc;
+}
+
+/* Every rank posted: compute every output, then write them (a send buffer
+ * may be its rank's receive buffer). */
+static void run(call *k, int n) {
+  const post *p0 = &k->posts[0];
+  char *out[MAX_RANKS];
+  for (int r = 0; r < n; r++) out[r] = malloc(recv_bytes(&k->posts[r], n) + 1);
+  size_t words = p0->count, part = p0->count * 4;
+  switch (p0->kind) {
+    case ALL_REDUCE:
+      for (size_t i = 0; i < words; i++) {
+        uint32_t w = reduce_word(k, n, i);
+        for (int r = 0; r < n; r++) memcpy(out[r] + i * 4, &w, 4);
+      }
+      break;
+    case REDUCE_SCATTER:
+      for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < words; i++) {
+          uint32_t w = reduce_word(k, n, (size_t)r * words + i);
+          memcpy(out[r] + i * 4, &w, 4);
+        }
+      break;
+    case ALL_GATHER:
+      for (int r = 0; r < n; r++)
+        for (int from = 0; from < n; from++) memcpy(out[r] + (size_t)from * part, k->posts[from].send, part);
+      break;
+    case BROADCAST:
+      for (int r = 0; r < n; r++) memcpy(out[r], k->posts[p0->root].send, part);
+      break;
+    case ALL_TO_ALL:
+      for (int to = 0; to < n; to++)
+        for (int from = 0; from < n; from++)
+          memcpy(out[to] + (size_t)from * part, (const char *)k->posts[from].send + (size_t)to * part, part);
+      break;
+  }
+  for (int r = 0; r < n; r++) {
+    memmove(k->posts[r].recv, out[r], recv_bytes(&k->posts[r], n));
+    free(out[r]);
+  }
+}
+
+static int post_call(comm *m, int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
+                     void *stream) {
+  LOCKED;
+  const char *name = CALLS[kind];
+  int bad = usable(m, name);
+  if (bad) return bad;
+  clique *c = m->c;
+  int n = c->nranks;
+  if (c->joined < n) return refuse(INVALID_USAGE, "%s before every rank joined the communicator", name);
+  if (dtype != INT32 && dtype != UINT32 && dtype != FLOAT32)
+    return refuse(INVALID_ARGUMENT, "%s: data type %d (the mock moves int32, uint32 and float32)", name, dtype);
+  if (op < SUM || op > AVG) return refuse(INVALID_ARGUMENT, "%s: operation %d", name, op);
+  if (kind == BROADCAST && (root < 0 || root >= n)) return refuse(INVALID_ARGUMENT, "%s: root %d of %d", name, root, n);
+  if (stream_capturing(stream) != 0)
+    return refuse(INVALID_USAGE, "%s on a stream that is capturing or not a live stream", name);
+  post p = {1, kind, dtype, op, root, count, send, recv};
+  int sends = kind != BROADCAST || m->rank == root;
+  if ((sends && !device_range(send, send_bytes(&p, n))) || !device_range(recv, recv_bytes(&p, n)))
+    return refuse(INVALID_ARGUMENT, "%s on rank %d: a buffer is not inside one live device allocation", name,
+                  m->rank);
+  unsigned long long seq = m->next_seq++;
+  call *k = c->calls;
+  while (k && k->seq != seq) k = k->next;
+  if (!k) {
+    k = calloc(1, sizeof *k);
+    k->seq = seq;
+    k->next = c->calls;
+    c->calls = k;
+  }
+  for (int r = 0; r < n; r++) {
+    const post *q = &k->posts[r];
+    if (q->posted && (q->kind != kind || q->count != count || q->dtype != dtype || q->op != op || q->root != root)) {
+      k->mismatched = 1;
+      return refuse(INVALID_USAGE, "call #%llu: rank %d posted %s of %zu (type %d, op %d, root %d) where rank %d "
+                    "posted %s of %zu (type %d, op %d, root %d)", seq, m->rank, name, count, dtype, op, root, r,
+                    CALLS[q->kind], q->count, q->dtype, q->op, q->root);
+    }
+  }
+  k->posts[m->rank] = p;
+  k->nposted++;
+  if (k->nposted == n && !k->mismatched) {
+    run(k, n);
+    for (call **at = &c->calls; *at; at = &(*at)->next)
+      if (*at == k) { *at = k->next; break; }
+    free(k);
+  }
+  return SUCCESS;
+}
+
+int ncclAllReduce(const void *send, void *recv, size_t count, int dtype, int op, comm *m, void *stream) {
+  return post_call(m, ALL_REDUCE, send, recv, count, dtype, op, 0, stream);
+}
+int ncclAllGather(const void *send, void *recv, size_t count, int dtype, comm *m, void *stream) {
+  return post_call(m, ALL_GATHER, send, recv, count, dtype, SUM, 0, stream);
+}
+int ncclReduceScatter(const void *send, void *recv, size_t count, int dtype, int op, comm *m, void *stream) {
+  return post_call(m, REDUCE_SCATTER, send, recv, count, dtype, op, 0, stream);
+}
+int ncclBroadcast(const void *send, void *recv, size_t count, int dtype, int root, comm *m, void *stream) {
+  return post_call(m, BROADCAST, send, recv, count, dtype, SUM, root, stream);
+}
+int ncclAlltoAll(const void *send, void *recv, size_t count, int dtype, comm *m, void *stream) {
+  return post_call(m, ALL_TO_ALL, send, recv, count, dtype, SUM, 0, stream);
+}
