@@ -28,7 +28,7 @@
 //!    holds every rank's communicator, so the failing rank aborts them all
 //!    (`ncclCommAbort` is the library's documented way out of a hung
 //!    communicator), and every later collective gets
-//!    [`CollectiveError::Broken`](super::CollectiveError::Broken) (rule 43).
+//!    [`CollectiveError::Broken`] (rule 43).
 //!
 //! [`Site::Collective`]: crate::Site::Collective
 

@@ -23,6 +23,7 @@ macro_rules! with_every_case {
             streams_sharing_a_buffer_are_ordered_even_while_one_captures,
             a_launch_that_does_not_match_the_kernel_signature_is_refused_before_it_runs,
             recorded_host_writes_replay_the_bytes_given_at_call_time,
+            nccl_collectives_and_their_failure_rules_on_every_device,
         );
     };
 }
@@ -349,4 +350,89 @@ pub fn recorded_host_writes_replay_the_bytes_given_at_call_time(c: &Client<Cuda>
         }
         c.destroy_graph(&graph).unwrap();
     }
+}
+
+/// NCCL over every device, one rank each (the mock's four; one rank on a
+/// one-GPU machine): a clean all-reduce, a failed input failing every rank's output
+/// before NCCL is called, a failed call breaking the group and aborting its
+/// communicators, and a new group working after it. Skipped, saying so,
+/// where `libnccl.so` is not installed.
+pub fn nccl_collectives_and_their_failure_rules_on_every_device(first: &Client<Cuda>) {
+    use scope_core::collective::{CollectiveError, Element, Group, Reduce};
+    use scope_core::{FaultPlan, Site};
+    let gpus = server_cuda::probe().devices.len().max(1);
+    let mut clients = vec![first.clone()];
+    for ordinal in 1..gpus {
+        clients.push(server_cuda::client_on(ordinal).expect("every GPU the probe lists opens"));
+    }
+    let group = match Group::over_device(clients.clone(), std::time::Duration::from_secs(60)) {
+        Err(Error::BackendUnavailable { reason, .. }) => {
+            println!("skipped: no nccl library ({reason})");
+            return;
+        }
+        other => other.expect("an NCCL communicator over every GPU"),
+    };
+    let ranks = group.ranks() as u32;
+    let sums = group.run(|rank| {
+        let c = rank.client();
+        let input = c.upload(&bytes(&[rank.index() as u32 + 1; 1024])).unwrap();
+        let output = c.try_allocate(4096).unwrap();
+        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        words(&c.read(&output).unwrap())
+    });
+    let expected = ranks * (ranks + 1) / 2;
+    assert!(sums.iter().all(|s| *s == vec![expected; 1024]), "{sums:?}");
+    let failed = group.run(|rank| {
+        let c = rank.client();
+        let input = c.try_allocate(4096).unwrap();
+        if rank.index() == 0 {
+            c.fail_writing(
+                &[input.all()],
+                Error::internal("rank 0's input never written"),
+            )
+            .unwrap();
+        }
+        let output = c.upload(&bytes(&[9; 1024])).unwrap();
+        let error = rank
+            .all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+            .unwrap_err();
+        (error, c.read(&output).unwrap_err())
+    });
+    for (error, read) in failed {
+        assert!(error.to_string().contains("rank 0's input"), "{error}");
+        assert!(
+            read.to_string().contains("rank 0's input never written"),
+            "{read}"
+        );
+    }
+    let broken = group.run(|rank| {
+        let c = rank.client();
+        let input = c.upload(&bytes(&[1; 1024])).unwrap();
+        if rank.index() == 0 {
+            c.inject(FaultPlan::new().fail(Site::Collective, 1, Error::internal("rank 0's call")));
+        }
+        rank.all_reduce(input.all(), input.all(), Element::U32, Reduce::Sum)
+            .unwrap_err()
+    });
+    for error in broken {
+        let Error::Collective(c) = &error else {
+            panic!("{error}")
+        };
+        assert!(
+            matches!(**c, CollectiveError::IssueFailed { rank: 0, .. }),
+            "{error}"
+        );
+    }
+    assert!(group.broken().is_some());
+    drop(group);
+    let fresh = Group::over_device(clients, std::time::Duration::from_secs(60)).unwrap();
+    let again = fresh.run(|rank| {
+        let c = rank.client();
+        let input = c.upload(&bytes(&[2; 1024])).unwrap();
+        rank.all_reduce(input.all(), input.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        words(&c.read(&input).unwrap())
+    });
+    assert!(again.iter().all(|s| *s == vec![2 * ranks; 1024]));
 }
