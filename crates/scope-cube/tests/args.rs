@@ -439,6 +439,7 @@ fn workgroup_memory_is_reported_and_held_to_the_device() {
             validation: true,
             fail_on_validation: true,
             force_staging: false,
+            ..Default::default()
         })
     }) else {
         return;

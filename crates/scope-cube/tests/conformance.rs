@@ -102,6 +102,7 @@ impl Suite for VulkanCube {
             validation: true,
             fail_on_validation: true,
             force_staging: false,
+            ..Default::default()
         })
     }
 

@@ -278,6 +278,7 @@ fn vulkan_device_addresses_under_validation() {
             validation: true,
             fail_on_validation: true,
             force_staging: true,
+            ..Default::default()
         })
     };
     let Some(c) = client_or_skip(make) else {
@@ -301,6 +302,7 @@ fn vulkan_binds_a_kernel_wider_than_push_constants() {
             validation: true,
             fail_on_validation: true,
             force_staging: true,
+            ..Default::default()
         })
     };
     let Some(c) = client_or_skip(make) else {

@@ -30,30 +30,37 @@ pub trait CubeBackend: Backend + Sized {
     /// The devices there are, without opening one; never panics.
     fn probe() -> Probe;
 
+    /// How many devices [`open`](Self::open) numbers (without a logical
+    /// split): every GPU for CUDA and HIP, every usable physical device
+    /// for Vulkan, every usable adapter for wgpu.
+    fn device_count() -> u16;
+
     /// Whether `SCOPE_LOGICAL_DEVICES` splits this server's one device into
     /// several ([`crate::logical_devices`]). CUDA and HIP number their real
     /// devices instead.
     const SPLITS: bool = true;
 }
 
-/// wgpu and Vulkan open the one device their environment chooses, as index
-/// 0: another index is a device that does not exist, not a second server
-/// on the same one — unless `SCOPE_LOGICAL_DEVICES=N`
-/// ([`logical_devices`](crate::logical_devices)) splits the adapter, when
-/// indices `0..N` each open a server of their own on it.
+/// Which device wgpu and Vulkan open for `device`: under
+/// `SCOPE_LOGICAL_DEVICES=N` ([`logical_devices`](crate::logical_devices))
+/// indices `0..N` each open a server of their own on the one device the
+/// environment chooses (`None`: that one), and another index does not
+/// exist; without it, index `i` is the server's device `i` (device 0 being
+/// the one the environment chooses).
 #[cfg(any(feature = "wgpu", feature = "vulkan"))]
-fn only_the_chosen_one(device: &ScopeDevice, backend: &'static str) -> Result<()> {
-    let count = crate::device::logical_devices().unwrap_or(1);
+fn logical_or_real(device: &ScopeDevice, backend: &'static str) -> Result<Option<usize>> {
+    let Some(count) = crate::device::logical_devices() else {
+        return Ok(Some(usize::from(device.index)));
+    };
     if device.index < count {
-        return Ok(());
+        return Ok(None);
     }
     Err(scope_core::Error::BackendUnavailable {
         backend,
         reason: format!(
-            "device {} does not exist: the {backend} server opens the one device its environment \
-             chooses, as device 0, or {} devices on it under {}={count}",
+            "device {} does not exist: {}={count} splits the {backend} server's one device into \
+             {count}",
             device.index,
-            count,
             crate::device::LOGICAL_DEVICES_VAR,
         ),
     })
@@ -70,16 +77,26 @@ impl CubeBackend for server_wgpu::Wgpu {
         Target::Wgsl
     }
 
-    /// The adapter `SCOPE_WGPU_BACKEND` and `SCOPE_WGPU_ADAPTER` choose:
-    /// device 0, the only one `enumerate_devices` lists — or, under
-    /// `SCOPE_LOGICAL_DEVICES`, a new wgpu device on that adapter per index.
+    /// Adapter `index` of those `SCOPE_WGPU_BACKEND` and
+    /// `SCOPE_WGPU_ADAPTER` allow (device 0: the one they choose) — or,
+    /// under `SCOPE_LOGICAL_DEVICES`, a new wgpu device on that one adapter
+    /// per index.
     fn open(device: &ScopeDevice) -> Result<Client<Self>> {
-        only_the_chosen_one(device, Self::NAME)?;
-        server_wgpu::client()
+        let options = server_wgpu::Options {
+            index: logical_or_real(device, Self::NAME)?,
+            ..server_wgpu::Options::from_env()?
+        };
+        server_wgpu::client_with(&options)
     }
 
     fn probe() -> Probe {
         server_wgpu::probe()
+    }
+
+    fn device_count() -> u16 {
+        server_wgpu::Options::from_env().map_or(0, |options| {
+            u16::try_from(server_wgpu::adapter_count(&options)).unwrap_or(u16::MAX)
+        })
     }
 }
 
@@ -96,12 +113,19 @@ impl CubeBackend for server_vulkan::Vulkan {
         }
     }
 
-    /// The device `SCOPE_VULKAN_DEVICE` chooses, under the validation layer
-    /// when `SCOPE_VULKAN_VALIDATION=1`: device 0, the only one
-    /// `enumerate_devices` lists.
+    /// Device `index` of the server's (device 0: the one
+    /// `SCOPE_VULKAN_DEVICE` chooses), under the validation layer when
+    /// `SCOPE_VULKAN_VALIDATION=1` — or, under `SCOPE_LOGICAL_DEVICES`, a
+    /// new server on device 0 per index.
     fn open(device: &ScopeDevice) -> Result<Client<Self>> {
-        only_the_chosen_one(device, Self::NAME)?;
-        server_vulkan::client()
+        match logical_or_real(device, Self::NAME)? {
+            Some(index) => server_vulkan::client_on(index),
+            None => server_vulkan::client(),
+        }
+    }
+
+    fn device_count() -> u16 {
+        u16::try_from(server_vulkan::device_count()).unwrap_or(u16::MAX)
     }
 
     /// The devices `open` can open. With `SCOPE_VULKAN_VALIDATION=1` that
@@ -139,6 +163,10 @@ impl CubeBackend for server_cuda::Cuda {
     fn probe() -> Probe {
         server_cuda::probe()
     }
+
+    fn device_count() -> u16 {
+        u16::try_from(server_cuda::probe().devices.len()).unwrap_or(u16::MAX)
+    }
 }
 
 #[cfg(feature = "hip")]
@@ -156,5 +184,9 @@ impl CubeBackend for server_hip::Hip {
 
     fn probe() -> Probe {
         server_hip::probe()
+    }
+
+    fn device_count() -> u16 {
+        u16::try_from(server_hip::probe().devices.len()).unwrap_or(u16::MAX)
     }
 }

@@ -125,15 +125,14 @@ impl<B: CubeBackend> Runtime for ScopeRuntime<B> {
         TargetProperties::default()
     }
 
-    /// One device (the one the server's environment chooses) when the
-    /// server finds any, none otherwise; `N` logical devices on it under
-    /// `SCOPE_LOGICAL_DEVICES=N` ([`crate::logical_devices`]).
+    /// Every device the server can open ([`CubeBackend::device_count`]),
+    /// device 0 being the one its environment chooses; none without one;
+    /// `N` logical devices on that one under `SCOPE_LOGICAL_DEVICES=N`
+    /// ([`crate::logical_devices`]).
     fn enumerate_devices(type_id: u16) -> Vec<DeviceId> {
         if type_id == 0 && B::probe().has_device() {
-            let count = match B::SPLITS {
-                true => crate::device::logical_devices().unwrap_or(1),
-                false => 1,
-            };
+            let logical = B::SPLITS.then(crate::device::logical_devices).flatten();
+            let count = logical.unwrap_or_else(B::device_count);
             (0..count).map(|index| DeviceId::new(0, index)).collect()
         } else {
             Vec::new()

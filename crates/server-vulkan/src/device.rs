@@ -195,6 +195,11 @@ pub struct Config {
     /// and writes take the staging path a discrete GPU takes. For tests on
     /// unified-memory devices (lavapipe).
     pub force_staging: bool,
+    /// Which device to open, numbered `0..`[`device_count`]: device 0 is
+    /// the one `SCOPE_VULKAN_DEVICE` names, or else the best by kind
+    /// (hardware first), then every other usable device by kind. `None`
+    /// is device 0.
+    pub device: Option<usize>,
 }
 
 /// The optional features the device was opened with: each enabled where
@@ -421,11 +426,17 @@ fn candidates(instance: &ash::Instance) -> Vec<Candidate> {
         .collect()
 }
 
-/// Pick the candidate to open: `SCOPE_VULKAN_DEVICE` first, else by kind.
-fn choose(instance: &ash::Instance, all: &[Candidate]) -> Result<(usize, u32)> {
+/// The usable candidates in the order the server numbers its devices, each
+/// with its compute queue family: the one `SCOPE_VULKAN_DEVICE` names
+/// first (an error when it names none, or one that cannot compute), then
+/// every other usable device, hardware before software. Device 0 is what
+/// [`Config::device`] `None` opens, so a program that never names a device
+/// gets the one it always got.
+fn usable_in_order(instance: &ash::Instance, all: &[Candidate]) -> Result<Vec<(usize, u32)>> {
     if all.is_empty() {
         return Err(unavailable("the loader found no Vulkan device"));
     }
+    let mut chosen = Vec::new();
     if let Ok(wanted) = std::env::var("SCOPE_VULKAN_DEVICE") {
         let index = match wanted.trim().parse::<usize>() {
             Ok(i) if i < all.len() => Some(i),
@@ -442,28 +453,64 @@ fn choose(instance: &ash::Instance, all: &[Candidate]) -> Result<(usize, u32)> {
                 "SCOPE_VULKAN_DEVICE={wanted} names none of {names:?}"
             )));
         };
-        return qualify(instance, &all[index])
-            .map(|family| (index, family))
-            .map_err(|why| {
-                unavailable(format!(
-                    "SCOPE_VULKAN_DEVICE picks {}, but {why}",
-                    all[index].name
-                ))
-            });
+        let family = qualify(instance, &all[index]).map_err(|why| {
+            unavailable(format!(
+                "SCOPE_VULKAN_DEVICE picks {}, but {why}",
+                all[index].name
+            ))
+        })?;
+        chosen.push((index, family));
     }
     let mut order: Vec<usize> = (0..all.len()).collect();
     order.sort_by_key(|&i| kind_rank(all[i].props.device_type));
     let mut refusals = Vec::new();
     for i in order {
+        if chosen.iter().any(|&(c, _)| c == i) {
+            continue;
+        }
         match qualify(instance, &all[i]) {
-            Ok(family) => return Ok((i, family)),
+            Ok(family) => chosen.push((i, family)),
             Err(why) => refusals.push(format!("{}: {why}", all[i].name)),
         }
     }
-    Err(unavailable(format!(
-        "no usable device ({})",
-        refusals.join("; ")
-    )))
+    if chosen.is_empty() {
+        return Err(unavailable(format!(
+            "no usable device ({})",
+            refusals.join("; ")
+        )));
+    }
+    Ok(chosen)
+}
+
+/// The candidate [`Config::device`] names (device 0 when it names none).
+fn choose(
+    instance: &ash::Instance,
+    all: &[Candidate],
+    device: Option<usize>,
+) -> Result<(usize, u32)> {
+    let order = usable_in_order(instance, all)?;
+    let wanted = device.unwrap_or(0);
+    order.get(wanted).copied().ok_or_else(|| {
+        unavailable(format!(
+            "device {wanted} does not exist: {} usable Vulkan device(s) here",
+            order.len()
+        ))
+    })
+}
+
+/// How many devices the server can open here ([`Config::device`] numbers
+/// them `0..count`); 0 without a loader or a usable device.
+pub fn device_count() -> usize {
+    let Ok(entry) = load_entry() else {
+        return 0;
+    };
+    let Ok((instance, _)) = make_instance(&entry, false) else {
+        return 0;
+    };
+    let count = usable_in_order(&instance, &candidates(&instance)).map_or(0, |o| o.len());
+    // SAFETY: nothing else was created from the instance.
+    unsafe { instance.destroy_instance(None) };
+    count
 }
 
 fn memory_facts(
@@ -584,7 +631,7 @@ impl Gpu {
                 }
             };
         let all = candidates(&instance);
-        let (index, family) = match choose(&instance, &all) {
+        let (index, family) = match choose(&instance, &all, config.device) {
             Ok(chosen) => chosen,
             Err(e) => {
                 destroy(debug);

@@ -136,7 +136,8 @@ use scope_core::{Backend, Client, Kernel, Language, Launch, Probe, Result};
 pub use capture::VulkanGraph;
 pub use compile::VulkanKernel;
 pub use device::{
-    Config, VALIDATION_LAYER_MISSING, validation_layer_installed, validation_required_by,
+    Config, VALIDATION_LAYER_MISSING, device_count, validation_layer_installed,
+    validation_required_by,
 };
 pub use memory::VulkanMemory;
 pub use stream::{StreamWait, VulkanStream};
@@ -468,6 +469,22 @@ pub fn client() -> Result<Client<Vulkan>> {
 /// layer.
 pub fn validation_from_env() -> bool {
     std::env::var("SCOPE_VULKAN_VALIDATION").is_ok_and(|v| v == "1")
+}
+
+/// A client of a new Vulkan server on device `index` (of
+/// [`device_count`]; device 0 is what [`client`] opens), with the
+/// validation layer as [`client`] decides it.
+///
+/// # Errors
+///
+/// As [`client`]; [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
+/// for an index past the devices.
+pub fn client_on(index: usize) -> Result<Client<Vulkan>> {
+    client_with(Config {
+        validation: validation_from_env(),
+        device: Some(index),
+        ..Config::default()
+    })
 }
 
 /// A client of a new Vulkan server opened as `config` says.

@@ -15,7 +15,7 @@ fn unset(key: &str) {
 }
 
 #[test]
-fn scope_vulkan_device_picks_by_index_or_name_and_no_device_is_unavailable() {
+fn scope_vulkan_device_picks_by_index_or_name_devices_are_numbered_and_no_device_is_unavailable() {
     let _ = std::fs::create_dir_all("/tmp/xdg");
     let probe = server_vulkan::probe();
     if !probe.has_device() {
@@ -60,6 +60,30 @@ fn scope_vulkan_device_picks_by_index_or_name_and_no_device_is_unavailable() {
         Err(Error::BackendUnavailable { .. })
     ));
     unset("SCOPE_VULKAN_DEVICE");
+
+    // Every usable device by number: device 0 is the one `client` opens,
+    // each index its own server, and the index past them does not exist.
+    let count = server_vulkan::device_count();
+    assert!(count >= 1, "a usable device, so at least one numbered");
+    let chosen = server_vulkan::client().unwrap();
+    let on_zero = server_vulkan::client_on(0).unwrap();
+    assert_eq!(chosen.describe(), on_zero.describe());
+    let mine = chosen.upload(&[0; 16]).unwrap();
+    assert!(
+        matches!(on_zero.read(&mine), Err(Error::InvalidArgument { .. })),
+        "a server of its own: the other's buffer is foreign to it"
+    );
+    for index in 1..count {
+        let other = server_vulkan::client_on(index).expect("every numbered device opens");
+        println!("device {index}: {}", other.describe());
+    }
+    match server_vulkan::client_on(count) {
+        Err(Error::BackendUnavailable { reason, .. }) => {
+            assert!(reason.contains("does not exist"), "{reason}")
+        }
+        other => panic!("expected BackendUnavailable, got {other:?}"),
+    }
+    drop((chosen, on_zero));
 
     // No driver at all: the loader finds no device; unavailable, no panic,
     // and the probe says why.

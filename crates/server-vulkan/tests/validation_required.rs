@@ -28,6 +28,7 @@ const ASKED: Config = Config {
     validation: true,
     fail_on_validation: true,
     force_staging: false,
+    device: None,
 };
 
 #[test]

@@ -84,6 +84,11 @@ pub struct Options {
     pub api: Option<Api>,
     /// Only adapters whose name contains this (case-insensitive).
     pub adapter: Option<String>,
+    /// Which of the adapters the other options allow, numbered
+    /// `0..`[`adapter_count`] in the order the server prefers them
+    /// (hardware first, Vulkan before GL): `None` opens the first that
+    /// works, `Some(i)` adapter `i` and no other.
+    pub index: Option<usize>,
 }
 
 impl Options {
@@ -107,14 +112,18 @@ impl Options {
         let adapter = std::env::var("SCOPE_WGPU_ADAPTER")
             .ok()
             .filter(|s| !s.trim().is_empty());
-        Ok(Self { api, adapter })
+        Ok(Self {
+            api,
+            adapter,
+            index: None,
+        })
     }
 
     /// Only `api`.
     pub fn api(api: Api) -> Self {
         Self {
             api: Some(api),
-            adapter: None,
+            ..Self::default()
         }
     }
 
@@ -232,26 +241,18 @@ impl Gpu {
             backend: NAME,
             reason,
         };
-        let backends = options.backends();
-        let instance = instance(backends);
-        let adapters = block_on(instance.enumerate_adapters(backends));
-        let found: Vec<String> = adapters.iter().map(|a| describe(&a.get_info())).collect();
-        let wanted = options.adapter.as_deref().map(str::to_ascii_lowercase);
-        let mut candidates: Vec<wgpu::Adapter> = adapters
-            .into_iter()
-            .filter(|a| {
-                let info = a.get_info();
-                let named = wanted
-                    .as_deref()
-                    .is_none_or(|w| info.name.to_ascii_lowercase().contains(w));
-                let compute = a
-                    .get_downlevel_capabilities()
-                    .flags
-                    .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS);
-                named && compute
-            })
-            .collect();
-        candidates.sort_by_key(|a| rank(&a.get_info()));
+        let instance = instance(options.backends());
+        let (found, mut candidates) = candidates(&instance, options);
+        if let Some(index) = options.index {
+            let count = candidates.len();
+            candidates = candidates.into_iter().skip(index).take(1).collect();
+            if candidates.is_empty() {
+                return Err(unavailable(format!(
+                    "adapter {index} does not exist: {count} {} here",
+                    options.describe()
+                )));
+            }
+        }
         let mut refused = Vec::new();
         for adapter in candidates {
             let info = adapter.get_info();
@@ -309,6 +310,36 @@ impl Gpu {
     pub(crate) fn describe(&self) -> String {
         describe(&self.info)
     }
+}
+
+/// The adapters `options` allow, in the order the server prefers them,
+/// and a description of every adapter found (for the error when none fits).
+fn candidates(instance: &wgpu::Instance, options: &Options) -> (Vec<String>, Vec<wgpu::Adapter>) {
+    let adapters = block_on(instance.enumerate_adapters(options.backends()));
+    let found: Vec<String> = adapters.iter().map(|a| describe(&a.get_info())).collect();
+    let wanted = options.adapter.as_deref().map(str::to_ascii_lowercase);
+    let mut allowed: Vec<wgpu::Adapter> = adapters
+        .into_iter()
+        .filter(|a| {
+            let info = a.get_info();
+            let named = wanted
+                .as_deref()
+                .is_none_or(|w| info.name.to_ascii_lowercase().contains(w));
+            let compute = a
+                .get_downlevel_capabilities()
+                .flags
+                .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS);
+            named && compute
+        })
+        .collect();
+    allowed.sort_by_key(|a| rank(&a.get_info()));
+    (found, allowed)
+}
+
+/// How many adapters `options` allow, which [`Options::index`] numbers;
+/// 0 where there is none.
+pub fn adapter_count(options: &Options) -> usize {
+    candidates(&instance(options.backends()), options).1.len()
 }
 
 /// Every adapter wgpu finds, per API, with its type; never panics.

@@ -599,7 +599,39 @@ macro_rules! on_each_api {
     };
 }
 
+/// Every adapter an API offers is numbered, in the server's order: adapter
+/// 0 is the one a plain open chooses, each index opens a server of its own,
+/// and the index past them does not exist.
+pub fn adapters_are_numbered(api: Api) {
+    let Some(chosen) = setup(api) else { return };
+    let count = server_wgpu::adapter_count(&server_wgpu::Options::api(api));
+    assert!(count >= 1, "an adapter opened, so at least one is numbered");
+    let numbered = |index| server_wgpu::Options {
+        index: Some(index),
+        ..server_wgpu::Options::api(api)
+    };
+    let on_zero = server_wgpu::client_with(&numbered(0)).unwrap();
+    assert_eq!(chosen.describe(), on_zero.describe());
+    let mine = chosen.upload(&[0; 16]).unwrap();
+    assert!(
+        matches!(on_zero.read(&mine), Err(Error::InvalidArgument { .. })),
+        "a server of its own: the other's buffer is foreign to it"
+    );
+    for index in 1..count {
+        let other =
+            server_wgpu::client_with(&numbered(index)).expect("every numbered adapter opens");
+        println!("adapter {index}: {}", other.describe());
+    }
+    match server_wgpu::client_with(&numbered(count)) {
+        Err(Error::BackendUnavailable { reason, .. }) => {
+            assert!(reason.contains("does not exist"), "{reason}")
+        }
+        other => panic!("expected unavailable, got {other:?}"),
+    }
+}
+
 on_each_api!(
+    adapters_are_numbered,
     describes_the_adapter,
     invalid_wgsl_names_line_and_column,
     over_limit_buffer_is_typed,
@@ -619,8 +651,8 @@ on_each_api!(
 #[test]
 fn unknown_adapter_is_unavailable_and_says_what_was_found() {
     let options = server_wgpu::Options {
-        api: None,
         adapter: Some("no-such-adapter-anywhere".into()),
+        ..server_wgpu::Options::default()
     };
     match server_wgpu::client_with(&options) {
         Err(Error::BackendUnavailable { reason, .. }) => {

@@ -29,6 +29,7 @@ fn open(force_staging: bool) -> Result<Client<Vulkan>> {
         validation: true,
         fail_on_validation: true,
         force_staging,
+        ..Default::default()
     })?;
     if client.with_backend(Vulkan::validating) {
         Ok(client)
