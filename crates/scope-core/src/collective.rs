@@ -1,5 +1,5 @@
 //! Collectives over a group of devices: the failure rules carried across
-//! them (rules 41–47 of `docs/ERROR_MODEL.md`).
+//! them (rules 41–48 of `docs/ERROR_MODEL.md`).
 //!
 //! A collective's outputs on every rank are bytes it was supposed to write,
 //! so the one-device rule extends as it is: if any rank's input carries a
@@ -54,14 +54,16 @@
 
 pub(crate) mod compute;
 pub mod device;
+mod p2p;
+mod round;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use self::device::{Communicators, DeviceCollectives, Mover};
+use self::device::Mover;
+use self::round::{Input, Outcome, Part, State};
 use crate::backend::Backend;
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -298,60 +300,6 @@ impl Call {
     }
 }
 
-/// What one rank brings to a round.
-struct Part {
-    kind: Call,
-    len: u64,
-    input: Input,
-}
-
-enum Input {
-    Bytes(Vec<u8>),
-    /// Over a device transport: the rank's input is readable (its bytes
-    /// stay on the device); in a round's second meeting, its call was
-    /// issued.
-    Ready,
-    /// Over a device transport: the rank's call to the library failed;
-    /// whether it failed first (the others may have failed because it
-    /// aborted their communicators).
-    IssueFailed(Error, bool),
-    /// The rank's read failed.
-    Failed(Error),
-    /// The rank's own arguments were wrong.
-    Refused(String),
-}
-
-/// What every rank applies, decided once per round.
-enum Outcome {
-    /// Each rank's output bytes, by rank.
-    Written(Vec<Arc<Vec<u8>>>),
-    /// Every rank's output carries this.
-    Failed(Error),
-    /// Every rank's call is refused with this, claiming nothing.
-    Refused(Error),
-    /// Over a device transport: every rank's input is readable, so every
-    /// rank issues the call (or, in the second meeting, every rank did).
-    Agreed,
-}
-
-#[derive(Default)]
-struct Round {
-    parts: Vec<Option<Part>>,
-    outcome: Option<Arc<Outcome>>,
-    taken: usize,
-}
-
-#[derive(Default)]
-struct State {
-    /// How many collectives each rank has called: its next round.
-    issued: Vec<u64>,
-    rounds: BTreeMap<u64, Round>,
-    broken: Option<Arc<CollectiveError>>,
-    /// Over a device transport: the first rank whose call failed, which
-    /// aborted every communicator.
-    first_failed: Option<usize>,
-}
-
 struct Shared<B: Backend> {
     clients: Vec<Client<B>>,
     deadline: Duration,
@@ -503,61 +451,6 @@ impl<B: Backend> Group<B> {
                 })
                 .collect()
         })
-    }
-}
-
-impl<B: DeviceCollectives> Group<B> {
-    /// A group of `clients`, rank `i` being `clients[i]`, whose collectives
-    /// move their bytes on the devices through the backend's library (NCCL
-    /// for CUDA): every rank joins one communicator, each on a thread of its
-    /// own. Each round decides as a host-staged one does, before any byte
-    /// moves ([`device`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`new`](Self::new); [`Error::BackendUnavailable`] where the
-    /// library is not installed; the library's refusal to make the
-    /// communicator (two ranks on one device, say).
-    pub fn over_device(clients: Vec<Client<B>>, deadline: Duration) -> Result<Self> {
-        Self::check_clients(&clients)?;
-        let identity = B::identity()?;
-        let ranks = clients.len();
-        let joined: Vec<Result<B::Communicator>> = std::thread::scope(|scope| {
-            let threads: Vec<_> = clients
-                .iter()
-                .enumerate()
-                .map(|(rank, client)| {
-                    let identity = &identity;
-                    scope.spawn(move || {
-                        let join = |backend: &mut B| {
-                            // SAFETY: every rank joins this one identity
-                            // with the same count, once, on a thread of its
-                            // own; `check_clients` made every rank's server
-                            // distinct.
-                            unsafe { backend.join(identity, rank, ranks) }
-                        };
-                        // SAFETY: joining makes a library object the core
-                        // does not track, and leaves no work on any stream.
-                        unsafe { client.with_backend_mut(join) }.and_then(|j| j)
-                    })
-                })
-                .collect();
-            threads
-                .into_iter()
-                .map(|t| match t.join() {
-                    Ok(r) => r,
-                    Err(panic) => std::panic::resume_unwind(panic),
-                })
-                .collect()
-        });
-        let mut communicators = Vec::with_capacity(ranks);
-        for communicator in joined {
-            communicators.push(Arc::new(communicator?));
-        }
-        let device: Box<dyn Mover<B>> = Box::new(Communicators::<B> {
-            ranks: communicators,
-        });
-        Ok(Self::over(clients, deadline, Some(device)))
     }
 }
 
@@ -725,236 +618,4 @@ impl<B: Backend> Rank<B> {
             }
         }
     }
-
-    /// [`meet`](Self::meet); a rank that went missing leaves this rank's
-    /// output unwritten, so it carries that (rule 42).
-    fn meet_or_claim(&self, part: Part, output: Slice<'_>) -> Result<Arc<Outcome>> {
-        self.meet(part).or_else(|missing| {
-            self.client().fail_writing(&[output], missing.clone())?;
-            Err(missing)
-        })
-    }
-
-    /// Over a device transport, whether this rank's input can be sent:
-    /// the stream's work waited for, then the bytes checked, none read.
-    /// A wait that fails on work other than the input's does not fail the
-    /// input; the check decides.
-    fn ready(&self, input: Slice<'_>) -> Input {
-        let client = self.client();
-        if let Err(refused) = client.sync_buffers(&[input])
-            && is_refusal(&refused)
-        {
-            return Input::Refused(format!("could not read its input: {refused}"));
-        }
-        match client.check(&[input]) {
-            Ok(()) => Input::Ready,
-            Err(refused) if is_refusal(&refused) => {
-                Input::Refused(format!("could not read its input: {refused}"))
-            }
-            Err(failed) => Input::Failed(failed),
-        }
-    }
-
-    /// Issue an agreed round on the device transport, then meet again: if
-    /// any rank's call failed, no rank's output is trusted (its peers' calls
-    /// may have been aborted mid-way), every output carries the failure and
-    /// the group breaks.
-    fn issue(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
-        let Some(device) = &self.shared.device else {
-            return Err(Error::internal(
-                "a round agreed for a device transport in a host-staged group",
-            ));
-        };
-        let issued = device.issue(self.rank, self.client(), kind, input, output);
-        let status = match issued {
-            Ok(()) => Input::Ready,
-            Err(cause) => {
-                let first = {
-                    let mut state = self.shared.state.lock();
-                    let first = state.first_failed.is_none();
-                    state.first_failed.get_or_insert(self.rank);
-                    first
-                };
-                // Peers may already wait inside the library for this
-                // rank's part: release them before meeting them.
-                device.abort_all();
-                Input::IssueFailed(cause, first)
-            }
-        };
-        let part = Part {
-            kind,
-            len: input.range.end.saturating_sub(input.range.start),
-            input: status,
-        };
-        match &*self.meet_or_claim(part, output)? {
-            Outcome::Agreed => Ok(()),
-            Outcome::Failed(error) | Outcome::Refused(error) => {
-                self.client().fail_writing(&[output], error.clone())?;
-                Err(error.clone())
-            }
-            Outcome::Written(_) => Err(Error::internal(
-                "a device transport's second meeting computed bytes",
-            )),
-        }
-    }
-
-    /// Arrive with `part`, wait for every rank's, and take the round's
-    /// outcome.
-    ///
-    /// # Errors
-    ///
-    /// [`CollectiveError::Missing`] when a rank did not arrive in time —
-    /// this rank's wait, or a peer's that ran out first.
-    fn meet(&self, part: Part) -> Result<Arc<Outcome>> {
-        let shared = &*self.shared;
-        let ranks = shared.clients.len();
-        let kind = part.kind;
-        let mut state = shared.state.lock();
-        let round = state.issued[self.rank];
-        state.issued[self.rank] += 1;
-        let entry = state.rounds.entry(round).or_default();
-        if entry.parts.is_empty() {
-            entry.parts = (0..ranks).map(|_| None).collect();
-        }
-        entry.parts[self.rank] = Some(part);
-        if entry.parts.iter().all(Option::is_some) {
-            let parts: Vec<Part> = entry.parts.iter_mut().filter_map(Option::take).collect();
-            let outcome = decide(round, &parts);
-            if let Outcome::Failed(Error::Collective(failed)) = &outcome
-                && matches!(**failed, CollectiveError::IssueFailed { .. })
-            {
-                state.broken = Some(Arc::new((**failed).clone()));
-            }
-            if let Some(entry) = state.rounds.get_mut(&round) {
-                entry.outcome = Some(Arc::new(outcome));
-            }
-            shared.changed.notify_all();
-        }
-        let until = Instant::now() + shared.deadline;
-        loop {
-            if let Some(outcome) = state.rounds.get_mut(&round).and_then(|r| r.outcome.clone()) {
-                let r = state.rounds.get_mut(&round);
-                if let Some(r) = r {
-                    r.taken += 1;
-                    if r.taken == ranks {
-                        state.rounds.remove(&round);
-                    }
-                }
-                return Ok(outcome);
-            }
-            if let Some(cause) = state.broken.clone() {
-                return Err(Error::Collective(Box::new((*cause).clone())));
-            }
-            if shared.changed.wait_until(&mut state, until).timed_out()
-                && state.rounds.get(&round).is_none_or(|r| r.outcome.is_none())
-            {
-                let missing = state
-                    .rounds
-                    .get(&round)
-                    .map(|r| {
-                        (0..ranks)
-                            .filter(|&i| r.parts[i].is_none() && i != self.rank)
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let error = CollectiveError::Missing {
-                    collective: kind.name(),
-                    round,
-                    missing,
-                    deadline: shared.deadline,
-                };
-                tracing::warn!("{error}");
-                state.broken = Some(Arc::new(error.clone()));
-                // A broken group's communicators take no more calls (NCCL
-                // requires an aborted communicator to be re-created).
-                if let Some(device) = &shared.device {
-                    device.abort_all();
-                }
-                shared.changed.notify_all();
-                return Err(error.into());
-            }
-        }
-    }
-}
-
-/// The one outcome of a round every rank applies.
-fn decide(round: u64, parts: &[Part]) -> Outcome {
-    let kind = parts[0].kind;
-    let collective = kind.name();
-    let refuse = |rank: usize, why: String| {
-        Outcome::Refused(
-            CollectiveError::Refused {
-                collective,
-                round,
-                rank,
-                why,
-            }
-            .into(),
-        )
-    };
-    for (rank, part) in parts.iter().enumerate() {
-        if let Input::Refused(why) = &part.input {
-            return refuse(rank, why.clone());
-        }
-    }
-    for (rank, part) in parts.iter().enumerate().skip(1) {
-        if part.kind != kind {
-            return refuse(
-                rank,
-                format!("called {:?} where rank 0 called {:?}", part.kind, kind),
-            );
-        }
-        if part.len != parts[0].len {
-            return refuse(
-                rank,
-                format!(
-                    "passed {} input bytes where rank 0 passed {}",
-                    part.len, parts[0].len
-                ),
-            );
-        }
-    }
-    if let Some((rank, cause)) = parts
-        .iter()
-        .enumerate()
-        .find_map(|(rank, p)| match &p.input {
-            Input::Failed(cause) => Some((rank, cause.clone())),
-            _ => None,
-        })
-    {
-        return Outcome::Failed(
-            CollectiveError::InputFailed {
-                collective,
-                round,
-                rank,
-                cause,
-            }
-            .into(),
-        );
-    }
-    let failed_call = |first: bool| {
-        parts
-            .iter()
-            .enumerate()
-            .find_map(|(rank, p)| match &p.input {
-                Input::IssueFailed(cause, was_first) if *was_first || !first => {
-                    Some((rank, cause.clone()))
-                }
-                _ => None,
-            })
-    };
-    if let Some((rank, cause)) = failed_call(true).or_else(|| failed_call(false)) {
-        return Outcome::Failed(device::issue_failed(kind, round, rank, cause).into());
-    }
-    if parts.iter().all(|p| matches!(p.input, Input::Ready)) {
-        return Outcome::Agreed;
-    }
-    let inputs: Vec<&[u8]> = parts
-        .iter()
-        .map(|p| match &p.input {
-            Input::Bytes(bytes) => bytes.as_slice(),
-            _ => &[],
-        })
-        .collect();
-    Outcome::Written(compute::compute(kind, &inputs))
 }

@@ -314,6 +314,7 @@ macro_rules! conformance_tests {
             a_failed_input_fails_every_ranks_output,
             a_rank_that_never_joins_fails_the_others_within_the_deadline,
             bad_collective_input_is_refused_everywhere,
+            send_and_recv_carry_failures_between_ranks,
             copies_across_devices_carry_failures,
         );
     };
@@ -323,6 +324,7 @@ macro_rules! conformance_tests {
             a_failed_input_fails_every_ranks_output,
             a_rank_that_never_joins_fails_the_others_within_the_deadline,
             bad_collective_input_is_refused_everywhere,
+            send_and_recv_carry_failures_between_ranks,
             a_failed_device_call_breaks_the_group,
         );
     };

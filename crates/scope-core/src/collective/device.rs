@@ -33,8 +33,10 @@
 //! [`Site::Collective`]: crate::Site::Collective
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::{Call, CollectiveError};
+use super::round::{Input, Outcome, Part};
+use super::{Call, CollectiveError, Group, Rank, is_refusal};
 use crate::backend::Backend;
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -191,5 +193,125 @@ pub(super) fn issue_failed(call: Call, round: u64, rank: usize, cause: Error) ->
         round,
         rank,
         cause,
+    }
+}
+
+impl<B: DeviceCollectives> Group<B> {
+    /// A group of `clients`, rank `i` being `clients[i]`, whose collectives
+    /// move their bytes on the devices through the backend's library (NCCL
+    /// for CUDA): every rank joins one communicator, each on a thread of its
+    /// own. Each round decides as a host-staged one does, before any byte
+    /// moves ([`device`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new); [`Error::BackendUnavailable`] where the
+    /// library is not installed; the library's refusal to make the
+    /// communicator (two ranks on one device, say).
+    pub fn over_device(clients: Vec<Client<B>>, deadline: Duration) -> Result<Self> {
+        Self::check_clients(&clients)?;
+        let identity = B::identity()?;
+        let ranks = clients.len();
+        let joined: Vec<Result<B::Communicator>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = clients
+                .iter()
+                .enumerate()
+                .map(|(rank, client)| {
+                    let identity = &identity;
+                    scope.spawn(move || {
+                        let join = |backend: &mut B| {
+                            // SAFETY: every rank joins this one identity
+                            // with the same count, once, on a thread of its
+                            // own; `check_clients` made every rank's server
+                            // distinct.
+                            unsafe { backend.join(identity, rank, ranks) }
+                        };
+                        // SAFETY: joining makes a library object the core
+                        // does not track, and leaves no work on any stream.
+                        unsafe { client.with_backend_mut(join) }.and_then(|j| j)
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| match t.join() {
+                    Ok(r) => r,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                })
+                .collect()
+        });
+        let mut communicators = Vec::with_capacity(ranks);
+        for communicator in joined {
+            communicators.push(Arc::new(communicator?));
+        }
+        let device: Box<dyn Mover<B>> = Box::new(Communicators::<B> {
+            ranks: communicators,
+        });
+        Ok(Self::over(clients, deadline, Some(device)))
+    }
+}
+
+impl<B: Backend> Rank<B> {
+    /// Over a device transport, whether this rank's input can be sent:
+    /// the stream's work waited for, then the bytes checked, none read.
+    /// A wait that fails on work other than the input's does not fail the
+    /// input; the check decides.
+    pub(super) fn ready(&self, input: Slice<'_>) -> Input {
+        let client = self.client();
+        if let Err(refused) = client.sync_buffers(&[input])
+            && is_refusal(&refused)
+        {
+            return Input::Refused(format!("could not read its input: {refused}"));
+        }
+        match client.check(&[input]) {
+            Ok(()) => Input::Ready,
+            Err(refused) if is_refusal(&refused) => {
+                Input::Refused(format!("could not read its input: {refused}"))
+            }
+            Err(failed) => Input::Failed(failed),
+        }
+    }
+
+    /// Issue an agreed round on the device transport, then meet again: if
+    /// any rank's call failed, no rank's output is trusted (its peers' calls
+    /// may have been aborted mid-way), every output carries the failure and
+    /// the group breaks.
+    pub(super) fn issue(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
+        let Some(device) = &self.shared.device else {
+            return Err(Error::internal(
+                "a round agreed for a device transport in a host-staged group",
+            ));
+        };
+        let issued = device.issue(self.rank, self.client(), kind, input, output);
+        let status = match issued {
+            Ok(()) => Input::Ready,
+            Err(cause) => {
+                let first = {
+                    let mut state = self.shared.state.lock();
+                    let first = state.first_failed.is_none();
+                    state.first_failed.get_or_insert(self.rank);
+                    first
+                };
+                // Peers may already wait inside the library for this
+                // rank's part: release them before meeting them.
+                device.abort_all();
+                Input::IssueFailed(cause, first)
+            }
+        };
+        let part = Part {
+            kind,
+            len: input.range.end.saturating_sub(input.range.start),
+            input: status,
+        };
+        match &*self.meet_or_claim(part, output)? {
+            Outcome::Agreed => Ok(()),
+            Outcome::Failed(error) | Outcome::Refused(error) => {
+                self.client().fail_writing(&[output], error.clone())?;
+                Err(error.clone())
+            }
+            Outcome::Written(_) => Err(Error::internal(
+                "a device transport's second meeting computed bytes",
+            )),
+        }
     }
 }

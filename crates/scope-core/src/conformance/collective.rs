@@ -399,6 +399,97 @@ pub fn bad_collective_input_is_refused_everywhere<S: Suite>() {
     assert!(group.broken().is_none());
 }
 
+/// Point-to-point: clean bytes sent arrive and heal the receiver's buffer;
+/// bytes that carry a failure at the sender are not sent, and the
+/// receiver's buffer carries the failure naming the sending rank, its root
+/// cause and chain; parcels arrive in the order sent; bad peers are
+/// refused claiming nothing; a receive from a rank that never sends fails
+/// within the deadline, claims its buffer and breaks the group.
+pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
+    let Some(group) = group::<S>(DEFAULT_WAIT) else {
+        return;
+    };
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let r = rank.index() as u32;
+        match rank.index() {
+            0 => {
+                rank.send(1, upload(c, &[10; PART as usize]).all()).unwrap();
+                rank.send(1, upload(c, &[11; PART as usize]).all()).unwrap();
+                let refused = rank.send(0, upload(c, &[1; 4]).all());
+                assert!(
+                    matches!(refused, Err(Error::InvalidArgument { .. })),
+                    "{refused:?}"
+                );
+                Vec::new()
+            }
+            1 => {
+                let first = upload(c, &[r; PART as usize]);
+                let second = upload(c, &[r; PART as usize]);
+                rank.recv(0, first.all()).unwrap();
+                rank.recv(0, second.all()).unwrap();
+                vec![read(c, &first).unwrap(), read(c, &second).unwrap()]
+            }
+            2 => {
+                let failed = alloc(c, PART);
+                fail_next_launch(c, "rank 2's send");
+                assert!(fill::<S>(c, &failed, 3).is_err());
+                let sent = rank.send(3, failed.all()).unwrap_err();
+                assert!(
+                    matches!(
+                        collective_error(&sent),
+                        CollectiveError::InputFailed { rank: 2, .. }
+                    ),
+                    "{sent}"
+                );
+                Vec::new()
+            }
+            _ => {
+                let into = upload(c, &[5; PART as usize]);
+                let error = rank.recv(2, into.all()).unwrap_err();
+                for reported in [collective_error(&error), &claimed_by(c, &into)] {
+                    let CollectiveError::InputFailed { rank, cause, .. } = reported else {
+                        panic!("{reported}");
+                    };
+                    assert_eq!(*rank, 2, "{reported}");
+                    assert!(cause.to_string().contains("rank 2's send"), "{cause}");
+                }
+                let refused = rank.recv(RANKS, into.all());
+                assert!(
+                    matches!(refused, Err(Error::InvalidArgument { .. })),
+                    "{refused:?}"
+                );
+                Vec::new()
+            }
+        }
+    });
+    assert_eq!(
+        outcomes[1],
+        vec![vec![10; PART as usize], vec![11; PART as usize]],
+        "in the order sent"
+    );
+    assert!(group.broken().is_none());
+    let clients: Vec<_> = (0..RANKS)
+        .map(|r| group.rank(r).unwrap().client().clone())
+        .collect();
+    drop(group);
+    let deadline = Duration::from_millis(300);
+    let short = S::group(clients, deadline).unwrap();
+    let waiting = short.rank(0).unwrap();
+    let c = waiting.client();
+    let into = upload(c, &[5; PART as usize]);
+    let started = Instant::now();
+    let error = waiting.recv(1, into.all()).unwrap_err();
+    assert!(started.elapsed() < deadline + Duration::from_secs(30));
+    for reported in [collective_error(&error), &claimed_by(c, &into)] {
+        assert!(
+            matches!(reported, CollectiveError::Missing { missing, .. } if missing == &vec![1]),
+            "{reported}"
+        );
+    }
+    assert!(short.broken().is_some());
+}
+
 /// A copy between two devices keeps the failure model across them: failed
 /// bytes on one make the destination on the other carry a failure naming
 /// the source device, its root cause and chain; clean bytes heal it; a
