@@ -22,7 +22,11 @@
 //!   more than a launch passes reads zeros, never past the caller's bytes;
 //! - [`indirect_counts`] and [`runs_anything`]: neither API launches
 //!   indirectly, so the counts come back to the host and are read here;
-//! - [`c_chars`]: the names and logs these APIs write into `char` arrays.
+//! - [`c_chars`]: the names and logs these APIs write into `char` arrays;
+//! - [`nccl`]: the collective library both ship under one API (NCCL,
+//!   RCCL), for their device transports.
+
+pub mod nccl;
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_void};

@@ -324,10 +324,36 @@ fn nccl_library() {
             })
             .collect();
         assert!(missing.is_empty(), "NCCL {version} lacks {missing:?}");
+        // The device transport's own table resolves from the real library,
+        // and its first call (a unique id: no GPU needed) answers.
+        // SAFETY: each address is looked up by its NCCL name in NCCL,
+        // which stays loaded.
+        let table = unsafe {
+            scope_core::native::nccl::NcclTable::resolve(|name| {
+                library
+                    .get::<*const std::ffi::c_void>(name.as_bytes())
+                    .ok()
+                    .map(|s| *s)
+            })
+        }
+        .expect("the transport's table resolves from the real NCCL");
+        let id = table.unique_id();
         println!(
-            "NCCL {version} loaded by cudarc: ncclGetVersion answers, and all {} symbols a device transport calls are there",
-            NCCL_SYMBOLS.len()
+            "NCCL {version} loaded by cudarc: ncclGetVersion answers, all {} symbols a device transport calls are there, the transport's table resolves, and ncclGetUniqueId answers {}",
+            NCCL_SYMBOLS.len(),
+            match &id {
+                Ok(_) => "an id".to_owned(),
+                Err(e) => format!("an error ({e})"),
+            }
         );
+        let id = id.expect("ncclGetUniqueId answers without a GPU");
+        // Joining needs a GPU: without one (no driver here) the real
+        // library's refusal comes back typed, through the non-blocking
+        // join's poll, rather than as a hang or an abort.
+        // SAFETY: the table is NCCL's; one rank of one, joining once.
+        let joined = unsafe { scope_core::native::nccl::Communicator::join(table, id, 0, 1) };
+        let refused = joined.expect_err("no GPU here, so no communicator");
+        println!("ncclCommInitRankConfig without a GPU: {refused}");
         return;
     }
     let Some(toolchain) = Toolchain::find() else {
@@ -362,4 +388,10 @@ fn nccl_library() {
         .find_map(|l| l.find("NCCL ").map(|at| &l[at..]))
         .expect("the child says which NCCL it loaded");
     println!("{reported}");
+    if let Some(join) = said
+        .lines()
+        .find(|l| l.contains("ncclCommInitRankConfig without"))
+    {
+        println!("{join}");
+    }
 }

@@ -414,6 +414,12 @@ owned!(
 );
 
 impl Stream {
+    /// The raw handle, for a library that issues work on the stream
+    /// itself (RCCL); it stays valid while `self` lives.
+    pub(crate) fn raw(&self) -> RawStream {
+        self.raw
+    }
+
     /// Wait on the host for all of the stream's work.
     pub fn synchronize(&self) -> HipResult<()> {
         // SAFETY: the stream is live (owned by `self`).

@@ -29,6 +29,9 @@
 //! - `launch.rs`: hiprtc compile for the device's `gcnArchName`, launch,
 //!   under the launch rules HIP shares with CUDA
 //!   ([`scope_core::native`]) with HIP's numbers.
+//! - `collective.rs`: the collectives on the devices through RCCL
+//!   (`DeviceCollectives`, for `Group::over_device`), loaded at run time;
+//!   the communicator is the core's, shared with CUDA's NCCL.
 //! - `capture.rs`: stream capture into HIP graphs (which keep the modules
 //!   of the kernels they launch loaded), replay, destroy.
 //! - `error.rs`: HIP's codes classified into the core's error.
@@ -92,6 +95,7 @@
 mod api;
 mod backend;
 mod capture;
+mod collective;
 mod copy;
 mod device;
 mod error;
@@ -101,6 +105,7 @@ mod loader;
 mod memory;
 
 pub use capture::HipGraph;
+pub use collective::load_rccl_from;
 pub use device::{DeviceInfo, Hip, HipStream, HipWaiter};
 pub use launch::{HipKernel, compile_options, hiprtc_code};
 pub use loader::LoadError;

@@ -66,6 +66,111 @@ mod conformance {
     scope_core::conformance_tests!(super::MockSuite);
 }
 
+/// The mock RCCL: server-cuda's mock NCCL (RCCL is NCCL's API), built
+/// over this process's mock HIP runtime and loaded as the server's RCCL,
+/// once per process; its path.
+fn mock_rccl() -> &'static libloading::Library {
+    static RCCL: OnceLock<libloading::Library> = OnceLock::new();
+    RCCL.get_or_init(|| {
+        let source =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../server-cuda/tests/mock/mock_nccl.c");
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("libscope_mock_rccl-{}.so", std::process::id()));
+        let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+        let status = Command::new(&compiler)
+            .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror"])
+            .arg(format!("-DSCOPE_MOCK_DRIVER=\"{}\"", mock_library()))
+            .arg("-o")
+            .arg(&out)
+            .arg(&source)
+            .args(["-lpthread", "-ldl"])
+            .status()
+            .unwrap_or_else(|e| {
+                panic!("running the C compiler `{compiler}` for the mock RCCL: {e}")
+            });
+        assert!(status.success(), "the mock RCCL did not compile");
+        // The runtime first: the mock RCCL asks it for the current device.
+        drop(client());
+        let path = out.to_string_lossy().into_owned();
+        server_hip::load_rccl_from(std::slice::from_ref(&path)).expect("the mock RCCL loads");
+        // SAFETY: the mock's initialisers do nothing; it is loaded already
+        // (above), so this only takes another reference to it.
+        unsafe { libloading::Library::new(&path) }.expect("the mock RCCL is loaded")
+    })
+}
+
+/// Calls the mock RCCL refused because real RCCL would refuse, hang or move
+/// the wrong bytes; and the last.
+fn rccl_violations() -> (u64, String) {
+    let rccl = mock_rccl();
+    // SAFETY: the hooks are declared in the mock with these signatures;
+    // the library stays loaded for the process.
+    unsafe {
+        let count = rccl
+            .get::<unsafe extern "C" fn() -> u64>(b"scope_mock_nccl_violations\0")
+            .expect("the mock's hook");
+        let last = rccl
+            .get::<unsafe extern "C" fn() -> *const std::ffi::c_char>(
+                b"scope_mock_nccl_last_violation\0",
+            )
+            .expect("the mock's hook");
+        (
+            count(),
+            std::ffi::CStr::from_ptr(last())
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+}
+
+/// The collective behaviours over RCCL (the mock's): four ranks on the mock
+/// runtime's four devices, every call checked by the mock as RCCL would
+/// take it.
+struct MockRcclSuite;
+
+impl scope_core::conformance::Suite for MockRcclSuite {
+    type Backend = Hip;
+
+    fn client() -> Result<Client<Hip>> {
+        mock_client()
+    }
+    fn rank_client(rank: usize) -> Result<Client<Hip>> {
+        mock_rccl();
+        let path = vec![mock_library()];
+        server_hip::client_from(&path, &path, rank)
+    }
+    fn group(
+        clients: Vec<Client<Hip>>,
+        deadline: std::time::Duration,
+    ) -> Result<scope_core::collective::Group<Hip>> {
+        mock_rccl();
+        scope_core::collective::Group::over_device(clients, deadline)
+    }
+    fn fill() -> Kernel {
+        common::fill()
+    }
+    fn copy() -> Kernel {
+        common::copy()
+    }
+    fn add() -> Kernel {
+        common::add()
+    }
+    fn broken() -> Kernel {
+        common::broken()
+    }
+    fn finished() {
+        let (count, last) = rccl_violations();
+        assert_eq!(
+            count, 0,
+            "a call real RCCL refuses or mis-handles; the last: {last}"
+        );
+    }
+}
+
+mod over_rccl {
+    scope_core::conformance_tests!(@device_collectives super::MockRcclSuite);
+}
+
 macro_rules! mock_cases {
     ($($name:ident),* $(,)?) => {
         $(
@@ -100,7 +205,7 @@ fn the_device_is_described_from_the_r0600_props() {
     let hip = Hip::open_from(&[mock_library()], &[mock_library()], 0).unwrap();
     assert_eq!(hip.info().arch, "gfx90a:sramecc+:xnack-");
     assert_eq!(hip.info().total_memory, 1 << 30);
-    let missing = Hip::open_from(&[mock_library()], &[mock_library()], 1);
+    let missing = Hip::open_from(&[mock_library()], &[mock_library()], 4);
     assert!(
         matches!(missing, Err(Error::BackendUnavailable { .. })),
         "{missing:?}"

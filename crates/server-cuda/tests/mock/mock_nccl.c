@@ -6,7 +6,9 @@
  * between the mock driver's "device" allocations (host memory).
  *
  * It is built with -Wl,-soname,libnccl.so and loaded by absolute path
- * before cudarc looks for "libnccl.so" (see harness.rs). Values (result
+ * before cudarc looks for "libnccl.so" (see harness.rs). server-hip's
+ * tests build the same file as a mock RCCL (RCCL is NCCL's API), with
+ * SCOPE_MOCK_DRIVER naming their mock HIP runtime. Values (result
  * codes, data types, reduction operations, the ncclConfig_t head) are NCCL
  * 2.30's, as cudarc's bindings (feature nccl-02030) spell them.
  *
@@ -116,9 +118,15 @@ static int refuse(int code, const char *fmt, ...) {
 unsigned long long scope_mock_nccl_violations(void) { LOCKED; return violations; }
 const char *scope_mock_nccl_last_violation(void) { return last_violation; }
 
-/* The mock driver's hooks, found through the copy already loaded. */
+/* The mock driver's hooks, found through the copy already loaded: the
+ * mock CUDA driver by its soname, or the library SCOPE_MOCK_DRIVER names
+ * (server-hip's tests build this file as a mock RCCL over their mock HIP
+ * runtime, loaded by path). */
+#ifndef SCOPE_MOCK_DRIVER
+#define SCOPE_MOCK_DRIVER "libcuda.so"
+#endif
 static void *driver_hook(const char *name) {
-  void *driver = dlopen("libcuda.so", RTLD_NOLOAD | RTLD_LAZY);
+  void *driver = dlopen(SCOPE_MOCK_DRIVER, RTLD_NOLOAD | RTLD_LAZY);
   return driver ? dlsym(driver, name) : NULL;
 }
 static int current_device(void) {

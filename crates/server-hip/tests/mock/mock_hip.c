@@ -14,8 +14,8 @@
  * loaded). An unloaded module's record is kept, so that a stale function
  * handle is caught rather than read from freed memory.
  *
- * Values (error codes, struct offsets) are the ROCm 6 header's. The device
- * is an MI300-like one: its launch limits (grid 2^31-1 x 65,535 x 65,535,
+ * Values (error codes, struct offsets) are the ROCm 6 header's. There are
+ * four devices (for the mock RCCL's groups), each an MI300-like one: its launch limits (grid 2^31-1 x 65,535 x 65,535,
  * blocks 1024 x 1024 x 1024 of at most 1,024 threads, 64 KiB of LDS,
  * 64-wide wavefronts) are in its properties, and a launch past them fails.
  */
@@ -98,11 +98,20 @@ static void issue(stream *s, op o) {
 
 hipError_t hipInit(unsigned flags) { (void)flags; return OK; }
 hipError_t hipRuntimeGetVersion(int *v) { *v = 60241134; return OK; }
-hipError_t hipGetDeviceCount(int *c) { *c = 1; return OK; }
-hipError_t hipSetDevice(int d) { return d == 0 ? OK : E_INVALID_DEVICE; }
-hipError_t hipDeviceTotalMem(size_t *b, int d) { if (d) return E_INVALID_DEVICE; *b = TOTAL; return OK; }
+/* Four devices, for groups of four ranks (the mock RCCL); the device a
+ * thread last set is its current one, as HIP keeps it. They share the
+ * memory budget. */
+#define DEVICES 4
+static __thread int current_device;
+hipError_t hipGetDeviceCount(int *c) { *c = DEVICES; return OK; }
+hipError_t hipSetDevice(int d) {
+  if (d < 0 || d >= DEVICES) return E_INVALID_DEVICE;
+  current_device = d;
+  return OK;
+}
+hipError_t hipDeviceTotalMem(size_t *b, int d) { if (d < 0 || d >= DEVICES) return E_INVALID_DEVICE; *b = TOTAL; return OK; }
 hipError_t hipGetDevicePropertiesR0600(void *p, int d) {
-  if (d) return E_INVALID_DEVICE;
+  if (d < 0 || d >= DEVICES) return E_INVALID_DEVICE;
   memset(p, 0, 1472);
   strcpy((char *)p, "Mock Radeon (scope test double)");
   *(size_t *)((char *)p + 288) = TOTAL;
@@ -126,6 +135,14 @@ const char *hipGetErrorName(hipError_t e) {
 const char *hipGetErrorString(hipError_t e) {
   return e == E_ILLEGAL_ADDRESS ? "an illegal memory access was encountered (mock)" : "mock error";
 }
+
+/* ----- hooks for the mock RCCL (server-cuda's tests/mock/mock_nccl.c) ----- */
+
+int scope_mock_current_device(void) { return current_device; }
+/* Allocations are not registered here, so a range cannot be checked:
+ * every range passes (the CUDA mock checks them). */
+int scope_mock_device_range(const void *p, size_t n) { (void)p; (void)n; return 1; }
+int scope_mock_stream_capturing(void *p) { stream *s = p; return s ? s->capture != NULL : -1; }
 
 /* ----- streams and events ----- */
 

@@ -1,0 +1,495 @@
+//! The NCCL API, which NVIDIA's NCCL and AMD's RCCL both implement: one
+//! communicator wrapper for the CUDA and HIP servers' device transports
+//! ([`DeviceCollectives`](crate::collective::device::DeviceCollectives)).
+//!
+//! RCCL is NCCL's API with NCCL's names, types and values, so the two
+//! servers differ only in where the library is found; everything that
+//! keeps the library from doing what it does instead of failing is here,
+//! once:
+//!
+//! 1. **Non-blocking communicators.** A blocking NCCL call can wait without
+//!    bound for a peer (connection setup, a rank that never calls). Every
+//!    communicator is made with `blocking = 0`: a call returns
+//!    `ncclInProgress` at once, and the rank polls
+//!    `ncclCommGetAsyncError` with the communicator's lock released between
+//!    polls, for at most [`STUCK`]. No thread stays inside the library, so
+//!    an abort — `ncclCommAbort`, the library's way out of a hung
+//!    communicator — never waits behind one.
+//! 2. **No call after an abort.** `ncclCommAbort` frees the communicator.
+//!    The handle sits behind a lock with an `aborted` flag: a call takes it
+//!    shared and refuses once the flag is set; an abort takes it
+//!    exclusively, sets the flag and frees; a drop destroys only what was
+//!    not aborted. A use after free inside the library cannot come from
+//!    here.
+//! 3. **The oldest config that says what is needed.** The config is the
+//!    NCCL 2.17 head (`size`, `magic`, `version`, `blocking`, …) with its
+//!    own `size`: NCCL and RCCL read a config by its size, so every version
+//!    since takes it, and only `blocking` is set.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+
+use crate::collective::{Call, Element, Reduce};
+use crate::error::{Error, Result};
+
+/// The longest a rank polls a call (or its join) before it reports it:
+/// far past any call the group agreed to, so reaching it means a peer is
+/// gone.
+pub const STUCK: Duration = Duration::from_secs(60);
+
+/// `ncclComm_t`.
+pub type RawComm = *mut c_void;
+
+/// `ncclResult_t`.
+pub type NcclResult = c_int;
+
+const SUCCESS: NcclResult = 0;
+const IN_PROGRESS: NcclResult = 7;
+
+/// `ncclUniqueId`: what every rank of one communicator joins with.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct UniqueId(pub [c_char; 128]);
+
+impl std::fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UniqueId(..)")
+    }
+}
+
+/// `ncclConfig_t` as NCCL 2.17 declared it (`ncclConfig_v21700`): the
+/// fields every later version begins with.
+#[repr(C)]
+struct Config {
+    size: usize,
+    magic: u32,
+    version: u32,
+    blocking: c_int,
+    cga_cluster_size: c_int,
+    min_ctas: c_int,
+    max_ctas: c_int,
+    net_name: *const c_char,
+    split_share: c_int,
+}
+
+/// `NCCL_API_MAGIC`.
+const API_MAGIC: u32 = 0xcafe_beef;
+/// `NCCL_CONFIG_UNDEF_INT`: "the library's default".
+const UNDEF: c_int = c_int::MIN;
+/// `NCCL_VERSION(2, 17, 0)`, the version of the config's layout.
+const CONFIG_VERSION: u32 = 21_700;
+
+/// `ncclGetUniqueId`.
+pub type GetUniqueId = unsafe extern "C" fn(*mut UniqueId) -> NcclResult;
+/// `ncclCommInitRankConfig`.
+pub type CommInitRankConfig =
+    unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int, *mut c_void) -> NcclResult;
+/// `ncclCommGetAsyncError`.
+pub type CommGetAsyncError = unsafe extern "C" fn(RawComm, *mut NcclResult) -> NcclResult;
+/// `ncclCommAbort` and `ncclCommDestroy`.
+pub type CommEnd = unsafe extern "C" fn(RawComm) -> NcclResult;
+/// `ncclAllReduce` and `ncclReduceScatter`: send, receive, count, type,
+/// operation, communicator, stream.
+pub type Reducing = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    RawComm,
+    *mut c_void,
+) -> NcclResult;
+/// `ncclAllGather` and `ncclAlltoAll`: send, receive, count, type,
+/// communicator, stream.
+pub type Moving = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    RawComm,
+    *mut c_void,
+) -> NcclResult;
+/// `ncclBroadcast`: send, receive, count, type, root, communicator, stream.
+pub type Rooted = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    RawComm,
+    *mut c_void,
+) -> NcclResult;
+/// `ncclGetErrorString`.
+pub type ErrorString = unsafe extern "C" fn(NcclResult) -> *const c_char;
+
+/// The NCCL API's entry points a device transport calls, as C function
+/// pointers: what `nccl.h` (and `rccl.h`) declare.
+#[allow(missing_docs)]
+#[derive(Clone, Copy)]
+pub struct NcclTable {
+    pub get_unique_id: GetUniqueId,
+    pub comm_init_rank_config: CommInitRankConfig,
+    pub comm_get_async_error: CommGetAsyncError,
+    pub comm_abort: CommEnd,
+    pub comm_destroy: CommEnd,
+    pub all_reduce: Reducing,
+    pub all_gather: Moving,
+    pub reduce_scatter: Reducing,
+    pub broadcast: Rooted,
+    pub all_to_all: Moving,
+    pub get_error_string: ErrorString,
+}
+
+impl NcclTable {
+    /// The symbols the table holds, in field order.
+    pub const SYMBOLS: [&'static str; 11] = [
+        "ncclGetUniqueId",
+        "ncclCommInitRankConfig",
+        "ncclCommGetAsyncError",
+        "ncclCommAbort",
+        "ncclCommDestroy",
+        "ncclAllReduce",
+        "ncclAllGather",
+        "ncclReduceScatter",
+        "ncclBroadcast",
+        "ncclAlltoAll",
+        "ncclGetErrorString",
+    ];
+
+    /// The table, each entry point's address from `address` (a `dlsym` of
+    /// the loaded library); `Err` names the first symbol it lacks.
+    ///
+    /// # Safety
+    ///
+    /// Every address `address` returns is the named function of an NCCL API
+    /// library (NCCL 2.17 or later, or RCCL), loaded for as long as the
+    /// table is used.
+    pub unsafe fn resolve(
+        mut address: impl FnMut(&'static str) -> Option<*const c_void>,
+    ) -> std::result::Result<Self, &'static str> {
+        let mut next = |name: &'static str| address(name).filter(|p| !p.is_null()).ok_or(name);
+        macro_rules! entry {
+            ($name:literal, $ty:ty) => {{
+                let raw = next($name)?;
+                // SAFETY: the caller vouches that `raw` is `$name` of an
+                // NCCL API library, whose C declaration is `$ty`.
+                unsafe { std::mem::transmute::<*const c_void, $ty>(raw) }
+            }};
+        }
+        Ok(Self {
+            get_unique_id: entry!("ncclGetUniqueId", GetUniqueId),
+            comm_init_rank_config: entry!("ncclCommInitRankConfig", CommInitRankConfig),
+            comm_get_async_error: entry!("ncclCommGetAsyncError", CommGetAsyncError),
+            comm_abort: entry!("ncclCommAbort", CommEnd),
+            comm_destroy: entry!("ncclCommDestroy", CommEnd),
+            all_reduce: entry!("ncclAllReduce", Reducing),
+            all_gather: entry!("ncclAllGather", Moving),
+            reduce_scatter: entry!("ncclReduceScatter", Reducing),
+            broadcast: entry!("ncclBroadcast", Rooted),
+            all_to_all: entry!("ncclAlltoAll", Moving),
+            get_error_string: entry!("ncclGetErrorString", ErrorString),
+        })
+    }
+
+    /// What `call` answered, as the core's error.
+    fn error(&self, call: &str, result: NcclResult) -> Error {
+        // SAFETY: `ncclGetErrorString` returns a static, NUL-terminated
+        // string for any code.
+        let text = unsafe { CStr::from_ptr((self.get_error_string)(result)) };
+        Error::Launch {
+            kernel: call.into(),
+            stream: crate::id::StreamId(0),
+            detail: format!("result {result}: {}", text.to_string_lossy()),
+        }
+    }
+
+    /// A new unique id (`ncclGetUniqueId`).
+    ///
+    /// # Errors
+    ///
+    /// What the library answered.
+    pub fn unique_id(&self) -> Result<UniqueId> {
+        let mut id = UniqueId([0; 128]);
+        // SAFETY: the library writes the 128 bytes of `id`.
+        let made = unsafe { (self.get_unique_id)(&mut id) };
+        if made != SUCCESS {
+            return Err(self.error("ncclGetUniqueId", made));
+        }
+        Ok(id)
+    }
+}
+
+/// One rank's communicator, non-blocking, abortable from any thread.
+pub struct Communicator {
+    table: NcclTable,
+    handle: RwLock<Handle>,
+}
+
+struct Handle {
+    comm: RawComm,
+    aborted: bool,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread; every use here
+// goes through the lock, and `aborted` keeps a freed one from being used.
+unsafe impl Send for Communicator {}
+// SAFETY: as above.
+unsafe impl Sync for Communicator {}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Communicator(..)")
+    }
+}
+
+fn aborted(call: &str) -> Error {
+    Error::Launch {
+        kernel: call.into(),
+        stream: crate::id::StreamId(0),
+        detail: "the communicator was aborted (a rank of its group failed)".to_owned(),
+    }
+}
+
+fn data_type(element: Element) -> c_int {
+    match element {
+        Element::I32 => 2,
+        Element::U32 => 3,
+        Element::F32 => 7,
+    }
+}
+
+fn operation(op: Reduce) -> c_int {
+    match op {
+        Reduce::Sum => 0,
+        Reduce::Prod => 1,
+        Reduce::Max => 2,
+        Reduce::Min => 3,
+        Reduce::Mean => 4,
+    }
+}
+
+/// `ncclUint32`, for the calls that only move words.
+const WORDS: c_int = 3;
+
+impl Communicator {
+    /// Join the communicator `id` names as rank `rank` of `ranks`, on the
+    /// device current on this thread, waiting (by polling) until every rank
+    /// joined or [`STUCK`] passed.
+    ///
+    /// # Safety
+    ///
+    /// `table` is a live NCCL API library's; the device this rank runs on is
+    /// current on the calling thread (the library takes it from there);
+    /// every rank joins with the same `id` and `ranks`, once.
+    ///
+    /// # Errors
+    ///
+    /// What the library answered; a join still in progress after
+    /// [`STUCK`].
+    pub unsafe fn join(table: NcclTable, id: UniqueId, rank: usize, ranks: usize) -> Result<Self> {
+        let (Ok(rank), Ok(ranks)) = (c_int::try_from(rank), c_int::try_from(ranks)) else {
+            return Err(Error::invalid("nccl communicator", "too many ranks"));
+        };
+        let mut config = Config {
+            size: size_of::<Config>(),
+            magic: API_MAGIC,
+            version: CONFIG_VERSION,
+            blocking: 0,
+            cga_cluster_size: UNDEF,
+            min_ctas: UNDEF,
+            max_ctas: UNDEF,
+            net_name: std::ptr::null(),
+            split_share: UNDEF,
+        };
+        let mut comm: RawComm = std::ptr::null_mut();
+        // SAFETY: `comm` and `config` outlive the call; the config is
+        // NCCL_CONFIG_INITIALIZER's head with its own size and `blocking =
+        // 0`; the caller made the device current and gives every rank this
+        // id and count.
+        let made = unsafe {
+            (table.comm_init_rank_config)(
+                &mut comm,
+                ranks,
+                id,
+                rank,
+                (&raw mut config).cast::<c_void>(),
+            )
+        };
+        if made != SUCCESS && made != IN_PROGRESS {
+            return Err(table.error("ncclCommInitRankConfig", made));
+        }
+        let joined = Self {
+            table,
+            handle: RwLock::new(Handle {
+                comm,
+                aborted: false,
+            }),
+        };
+        joined.settle("ncclCommInitRankConfig")?;
+        Ok(joined)
+    }
+
+    /// Poll until the communicator's pending work is no longer in
+    /// progress: `Ok` when it completed, the error it ended with, or
+    /// [`STUCK`] passed.
+    fn settle(&self, call: &str) -> Result<()> {
+        let until = Instant::now() + STUCK;
+        loop {
+            {
+                let handle = self.handle.read();
+                if handle.aborted {
+                    return Err(aborted(call));
+                }
+                let mut state = IN_PROGRESS;
+                // SAFETY: the handle is live (not aborted, under the lock).
+                let asked = unsafe { (self.table.comm_get_async_error)(handle.comm, &mut state) };
+                if asked != SUCCESS {
+                    return Err(self.table.error("ncclCommGetAsyncError", asked));
+                }
+                match state {
+                    SUCCESS => return Ok(()),
+                    IN_PROGRESS => {}
+                    failed => return Err(self.table.error(call, failed)),
+                }
+            }
+            if Instant::now() >= until {
+                return Err(Error::Launch {
+                    kernel: call.into(),
+                    stream: crate::id::StreamId(0),
+                    detail: format!("still in progress after {STUCK:?}: a peer never joined"),
+                });
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Issue `call` from `send` into `recv` (each a device address and a
+    /// length in bytes) on `stream`, as a rank of `ranks`, and wait until
+    /// the library took it.
+    ///
+    /// # Safety
+    ///
+    /// `send` and `recv` are on this communicator's device, as long as
+    /// `call` requires of its input and output over `ranks`, and alive until
+    /// the work completes; `stream` is a live stream of that device; every
+    /// rank of the communicator issues the same call as its next.
+    ///
+    /// # Errors
+    ///
+    /// What the library answered; an aborted communicator.
+    pub unsafe fn issue(
+        &self,
+        call: Call,
+        (send, send_bytes): (u64, u64),
+        (recv, recv_bytes): (u64, u64),
+        ranks: usize,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let words = |bytes: u64| (bytes / 4) as usize;
+        let (send_ptr, recv_ptr) = (send as *const c_void, recv as *mut c_void);
+        let t = &self.table;
+        let (name, issued) = {
+            let handle = self.handle.read();
+            if handle.aborted {
+                return Err(aborted(call.name()));
+            }
+            let comm = handle.comm;
+            // SAFETY: the communicator is live (not aborted, under its
+            // lock); the caller vouches for the buffers, the stream and the
+            // agreement of every rank; each count is the one the NCCL API
+            // takes for that call (per rank for a gather's input, a
+            // scatter's output and an all-to-all's part).
+            unsafe {
+                match call {
+                    Call::AllReduce { element, op } => (
+                        "ncclAllReduce",
+                        (t.all_reduce)(
+                            send_ptr,
+                            recv_ptr,
+                            words(send_bytes),
+                            data_type(element),
+                            operation(op),
+                            comm,
+                            stream,
+                        ),
+                    ),
+                    Call::AllGather => (
+                        "ncclAllGather",
+                        (t.all_gather)(send_ptr, recv_ptr, words(send_bytes), WORDS, comm, stream),
+                    ),
+                    Call::ReduceScatter { element, op } => (
+                        "ncclReduceScatter",
+                        (t.reduce_scatter)(
+                            send_ptr,
+                            recv_ptr,
+                            words(recv_bytes),
+                            data_type(element),
+                            operation(op),
+                            comm,
+                            stream,
+                        ),
+                    ),
+                    Call::Broadcast { root } => (
+                        "ncclBroadcast",
+                        (t.broadcast)(
+                            send_ptr,
+                            recv_ptr,
+                            words(send_bytes),
+                            WORDS,
+                            c_int::try_from(root).unwrap_or(c_int::MAX),
+                            comm,
+                            stream,
+                        ),
+                    ),
+                    Call::AllToAll => (
+                        "ncclAlltoAll",
+                        (t.all_to_all)(
+                            send_ptr,
+                            recv_ptr,
+                            words(send_bytes) / ranks.max(1),
+                            WORDS,
+                            comm,
+                            stream,
+                        ),
+                    ),
+                }
+            }
+        };
+        if issued != SUCCESS && issued != IN_PROGRESS {
+            return Err(t.error(name, issued));
+        }
+        self.settle(name)
+    }
+
+    /// Abort: calls waiting in the library return, and the communicator
+    /// takes no more. Idempotent; any thread.
+    pub fn abort(&self) {
+        let mut handle = self.handle.write();
+        if handle.aborted {
+            return;
+        }
+        handle.aborted = true;
+        // SAFETY: a live communicator (the flag was clear under the
+        // exclusive lock), aborted once; no call is inside the library on
+        // it (calls hold the lock shared), and none will be (the flag).
+        let result = unsafe { (self.table.comm_abort)(handle.comm) };
+        if result != SUCCESS {
+            tracing::warn!("ncclCommAbort: result {result}");
+        }
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        let handle = self.handle.get_mut();
+        if !handle.aborted {
+            // SAFETY: a live communicator, destroyed once, by its owner.
+            let result = unsafe { (self.table.comm_destroy)(handle.comm) };
+            if result != SUCCESS {
+                tracing::warn!("ncclCommDestroy: result {result}");
+            }
+        }
+    }
+}
