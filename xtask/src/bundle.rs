@@ -31,7 +31,15 @@
 //!    and that should be known before anything is copied.
 //! 5. **Tests that fake the device are left out** (`mock*` binaries): they
 //!    compile C at run time from this checkout's paths, and on the device
-//!    they would answer for the mock, not the hardware.
+//!    they would answer for the mock, not the hardware. So is the toolchain
+//!    row (`toolchain`), which needs the compilers installed here and no
+//!    device.
+//! 6. **The CUDA bundle carries NVRTC** from NVIDIA's wheel (what
+//!    `ci/install-cuda-toolchain.sh` puts in `target/cuda-toolchain`), so
+//!    that `run.sh` needs only the driver: it puts the bundled NVRTC on the
+//!    library path only where the machine has none of its own. NVRTC 13.0
+//!    writes PTX a 13.x driver can JIT; an older driver reports that as a
+//!    compile error naming the PTX version.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -45,6 +53,21 @@ pub const DIR: &str = ".device";
 
 /// The script that runs on the device machine.
 const RUN_SH: &str = include_str!("bundle_run.sh");
+
+/// Test targets of a bundled package that are not device checks: the
+/// toolchain row (`tests/toolchain.rs`) compiles with the real compilers
+/// and loads the real NCCL from `target/cuda-toolchain` on the machine that
+/// builds, needs no device, and links all of cubecl and cubek.
+const NOT_DEVICE_CHECKS: [&str; 1] = ["toolchain"];
+
+/// The NVRTC libraries `ci/install-cuda-toolchain.sh` installs (NVIDIA's
+/// wheel), relative to the workspace root: carried in the CUDA bundle for a
+/// GPU machine without a toolkit, where `run.sh` uses them only if the
+/// machine has no NVRTC of its own.
+const NVRTC_FROM_WHEEL: [&str; 2] = [
+    "target/cuda-toolchain/nvidia/cu13/lib/libnvrtc.so.13",
+    "target/cuda-toolchain/nvidia/cu13/lib/libnvrtc-builtins.so.13.0",
+];
 
 /// One cargo build whose executables go into the bundle.
 struct Build {
@@ -151,7 +174,7 @@ fn executables(build: &Build) -> Result<Vec<Unit>> {
             continue;
         };
         let target = message["target"]["name"].as_str().unwrap_or("unknown");
-        if target.starts_with("mock") {
+        if target.starts_with("mock") || NOT_DEVICE_CHECKS.contains(&target) {
             continue;
         }
         // `package_id` reads `path+file:///…/crates/server-cuda#0.1.0`.
@@ -259,18 +282,44 @@ pub fn bundle(backend: &str, max_mib: Option<f64>) -> Result<bool> {
         }
     }
 
+    let mut packed = vec!["bin"];
+    if backend == "cuda" {
+        let wheel: Vec<PathBuf> = NVRTC_FROM_WHEEL.iter().map(|p| root.join(p)).collect();
+        if wheel.iter().all(|p| p.exists()) {
+            let lib = dir.join("lib");
+            std::fs::create_dir_all(&lib)?;
+            for from in &wheel {
+                let to = lib.join(from.file_name().unwrap_or_default());
+                std::fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
+                println!(
+                    "  {:<44} {:>6.1} MiB  (NVRTC, for a machine without one)",
+                    to.file_name().unwrap_or_default().to_string_lossy(),
+                    size_mib(&to)
+                );
+            }
+            packed.push("lib");
+        } else {
+            println!(
+                "  no NVRTC carried: {} is missing (ci/install-cuda-toolchain.sh installs it); \
+                 the GPU machine must have its own",
+                NVRTC_FROM_WHEEL[0]
+            );
+        }
+    }
     let archive = dir.join("bundle.tar.xz");
     let tar = Command::new("tar")
-        .env("XZ_OPT", "-6 -T0")
+        .env("XZ_OPT", "-9 -T0")
         .arg("-cJf")
         .arg(&archive)
         .arg("-C")
         .arg(&dir)
-        .arg("bin")
+        .args(&packed)
         .status()
         .context("running tar (with xz) to pack the bundle")?;
     ensure!(tar.success(), "tar could not pack {}", staging.display());
-    std::fs::remove_dir_all(&staging)?;
+    for folder in &packed {
+        std::fs::remove_dir_all(dir.join(folder))?;
+    }
 
     let commit = run::output_of("git", &["rev-parse", "--short", "HEAD"])
         .unwrap_or_else(|| "unknown".to_owned());

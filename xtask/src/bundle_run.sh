@@ -42,6 +42,21 @@ done
 for f in $(find /usr/local/lib /usr/lib /opt -name 'libnvrtc.so*' -o -name 'libhiprtc.so*' 2>/dev/null | head -20); do
   libs="$libs:$(dirname "$f")"
 done
+# NVRTC from NVIDIA's wheel travels in the CUDA bundle (lib/): used only
+# where this machine has none of its own.
+if [ -d "$work/lib" ]; then
+  own=""
+  ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so' && own=yes
+  for d in ${libs//:/ }; do
+    ls "$d"/libnvrtc.so* >/dev/null 2>&1 && own=yes
+  done
+  if [ -n "$own" ]; then
+    say "NVRTC: this machine's"
+  else
+    libs="$libs:$work/lib"
+    say "NVRTC: the bundle's (NVIDIA's wheel; none on this machine)"
+  fi
+fi
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}$libs"
 
 {
