@@ -114,7 +114,8 @@ impl<B: Backend> Rank<B> {
     /// [`Error::Collective`]: `InputFailed` (claimed), `Missing` when
     /// nothing came in time (claimed; the group is broken), `Refused` when
     /// the parcel's length is not `data`'s (the parcel is consumed,
-    /// nothing claimed), a broken group; the write's own errors.
+    /// nothing claimed), a group broken before the call (nothing claimed)
+    /// or while it waited (claimed); the write's own errors.
     pub fn recv(&self, from: usize, data: Slice<'_>) -> Result<()> {
         if let Some(refused) = self.p2p_refusal("recv", from, data) {
             return Err(refused);
@@ -122,10 +123,16 @@ impl<B: Backend> Rank<B> {
         let shared = &*self.shared;
         let until = Instant::now() + shared.deadline;
         let mut state = shared.state.lock();
+        if let Some(cause) = state.broken.clone() {
+            return Err(CollectiveError::Broken { cause }.into());
+        }
         let (number, parcel) = loop {
             if let Some(cause) = state.broken.clone() {
+                // Broken while this receive waited: its bytes will not
+                // come, so `data` carries why (rule 42).
                 drop(state);
-                let error: Error = CollectiveError::Broken { cause }.into();
+                let error: Error = (*cause).clone().into();
+                self.client().fail_writing(&[data], error.clone())?;
                 return Err(error);
             }
             let mailbox = state.mail.entry((from, self.rank)).or_default();

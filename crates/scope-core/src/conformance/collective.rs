@@ -474,7 +474,7 @@ pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
         .collect();
     drop(group);
     let deadline = Duration::from_millis(300);
-    let short = S::group(clients, deadline).unwrap();
+    let short = S::group(clients.clone(), deadline).unwrap();
     let waiting = short.rank(0).unwrap();
     let c = waiting.client();
     let into = upload(c, &[5; PART as usize]);
@@ -488,6 +488,38 @@ pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
         );
     }
     assert!(short.broken().is_some());
+    // A group that breaks while a receive waits (rank 1's all-reduce runs
+    // out first) fails that receive with what broke it, claimed.
+    let short = S::group(clients, deadline).unwrap();
+    let outcomes = short.run(|rank| match rank.index() {
+        0 => {
+            std::thread::sleep(Duration::from_millis(100));
+            let c = rank.client();
+            let into = upload(c, &[5; PART as usize]);
+            let error = rank.recv(3, into.all()).unwrap_err();
+            Some((error, claimed_by(c, &into)))
+        }
+        1 => {
+            let c = rank.client();
+            let input = upload(c, &[1; PART as usize]);
+            let _ = rank.all_reduce(input.all(), alloc(c, PART).all(), Element::U32, Reduce::Sum);
+            None
+        }
+        _ => None,
+    });
+    let (error, claim) = outcomes[0].as_ref().expect("rank 0 received");
+    for reported in [collective_error(error), claim] {
+        assert!(
+            matches!(
+                reported,
+                CollectiveError::Missing {
+                    collective: "all_reduce",
+                    ..
+                }
+            ),
+            "{reported}"
+        );
+    }
 }
 
 /// A copy between two devices keeps the failure model across them: failed
