@@ -34,7 +34,12 @@
 //!    they would answer for the mock, not the hardware. So is the toolchain
 //!    row (`toolchain`), which needs the compilers installed here and no
 //!    device.
-//! 6. **The CUDA bundle carries NVRTC** from NVIDIA's wheel (what
+//! 6. **Binaries outside the server's own package are stripped** of their
+//!    symbol tables: they link all of cubecl (and wgpu, ash) and are what
+//!    makes the bundle large — a third of each is symbols. A failure there
+//!    still prints its panic message and source location; only backtrace
+//!    frames lose their names. The server's own tests keep theirs.
+//! 7. **The CUDA bundle carries NVRTC** from NVIDIA's wheel (what
 //!    `ci/install-cuda-toolchain.sh` puts in `target/cuda-toolchain`), so
 //!    that `run.sh` needs only the driver: it puts the bundled NVRTC on the
 //!    library path only where the machine has none of its own. NVRTC 13.0
@@ -213,6 +218,19 @@ fn executables(build: &Build) -> Result<Vec<Unit>> {
     Ok(units)
 }
 
+/// Drop `binary`'s symbol tables (`strip --strip-all`), or say why not.
+fn strip(binary: &Path) {
+    match Command::new("strip")
+        .arg("--strip-all")
+        .arg(binary)
+        .status()
+    {
+        Ok(status) if status.success() => {}
+        Ok(status) => println!("  (strip failed on {}: {status})", binary.display()),
+        Err(e) => println!("  (not stripped, no `strip` here: {e})"),
+    }
+}
+
 /// The newest `GLIBC_x.y` symbol version `binary` needs, if `objdump` can
 /// tell.
 fn glibc_needed(binary: &Path) -> Option<String> {
@@ -262,10 +280,14 @@ pub fn bundle(backend: &str, max_mib: Option<f64>) -> Result<bool> {
     }
     println!("\nbundle for {backend}");
     let mut newest_glibc: Option<String> = None;
+    let own = format!("-server-{backend}-");
     for unit in &units {
         let to = staging.join(&unit.name);
         std::fs::copy(&unit.from, &to)
             .with_context(|| format!("copying {}", unit.from.display()))?;
+        if !unit.name.contains(&own) {
+            strip(&to);
+        }
         let glibc = glibc_needed(&to);
         println!(
             "  {:<44} {:>6.1} MiB  glibc {}",
