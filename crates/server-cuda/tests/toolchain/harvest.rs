@@ -22,7 +22,7 @@
 //! writing them out), so the launch fails and a test that compiles several
 //! kernels one after another stops at its first. The runtime tests' other
 //! kernels are not collected — about half: the same tests on lavapipe
-//! compile 469 WGSL kernels where the mock collects 212 CUDA sources, the
+//! compile 469 WGSL kernels where the mock collects 273 CUDA sources, the
 //! rest being the later vectorisations and steps of tests that compile
 //! several. The cubek launches are each tried on their own, so all of
 //! theirs are.
