@@ -201,7 +201,7 @@ impl<B: DeviceCollectives> Group<B> {
     /// move their bytes on the devices through the backend's library (NCCL
     /// for CUDA): every rank joins one communicator, each on a thread of its
     /// own. Each round decides as a host-staged one does, before any byte
-    /// moves ([`device`]).
+    /// moves ([`device`](crate::collective::device)).
     ///
     /// # Errors
     ///
