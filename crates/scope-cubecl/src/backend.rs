@@ -66,6 +66,22 @@ fn logical_or_real(device: &ScopeDevice, backend: &'static str) -> Result<Option
     })
 }
 
+/// The options wgpu's devices are numbered under: the environment's, on one
+/// API — the one it names, or else the API of the adapter device 0 is.
+/// Devices of one runtime share an API: what a kernel may use differs
+/// between Vulkan and GL, and a group of a lavapipe-Vulkan and an
+/// llvmpipe-GL device failed cubecl's
+/// `test_a_group_without_the_first_device_gathers` with a WGSL validation
+/// error on the GL device (why exactly was not pinned down).
+#[cfg(feature = "wgpu")]
+fn one_api() -> Result<server_wgpu::Options> {
+    let mut options = server_wgpu::Options::from_env()?;
+    if options.api.is_none() {
+        options.api = server_wgpu::first_api(&options);
+    }
+    Ok(options)
+}
+
 #[cfg(feature = "wgpu")]
 impl CubeBackend for server_wgpu::Wgpu {
     /// cubecl reads a name starting with "wgpu" as WGSL's float rules,
@@ -84,7 +100,7 @@ impl CubeBackend for server_wgpu::Wgpu {
     fn open(device: &ScopeDevice) -> Result<Client<Self>> {
         let options = server_wgpu::Options {
             index: logical_or_real(device, Self::NAME)?,
-            ..server_wgpu::Options::from_env()?
+            ..one_api()?
         };
         server_wgpu::client_with(&options)
     }
@@ -94,7 +110,7 @@ impl CubeBackend for server_wgpu::Wgpu {
     }
 
     fn device_count() -> u16 {
-        server_wgpu::Options::from_env().map_or(0, |options| {
+        one_api().map_or(0, |options| {
             u16::try_from(server_wgpu::adapter_count(&options)).unwrap_or(u16::MAX)
         })
     }

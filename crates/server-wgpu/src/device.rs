@@ -336,6 +336,21 @@ fn candidates(instance: &wgpu::Instance, options: &Options) -> (Vec<String>, Vec
     (found, allowed)
 }
 
+/// The API of the adapter an open with `options` tries first (the one
+/// [`client_with`](crate::client_with) without an index would take), if
+/// any: the API a program's several devices should share, since what a
+/// kernel may use differs between them.
+pub fn first_api(options: &Options) -> Option<Api> {
+    let (_, allowed) = candidates(&instance(options.backends()), options);
+    match allowed.first()?.get_info().backend {
+        wgpu::Backend::Vulkan => Some(Api::Vulkan),
+        wgpu::Backend::Gl => Some(Api::Gl),
+        wgpu::Backend::Metal => Some(Api::Metal),
+        wgpu::Backend::Dx12 => Some(Api::Dx12),
+        _ => None,
+    }
+}
+
 /// How many adapters `options` allow, which [`Options::index`] numbers;
 /// 0 where there is none.
 pub fn adapter_count(options: &Options) -> usize {

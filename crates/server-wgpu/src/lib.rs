@@ -59,7 +59,7 @@ use std::sync::Arc;
 use scope_core::{Backend, Client, Error, Kernel, Language, Launch, Result, StreamId};
 
 pub use capture::Graph;
-pub use device::{Api, OPTIONAL, Options, adapter_count, probe};
+pub use device::{Api, OPTIONAL, Options, adapter_count, first_api, probe};
 pub use launch::Pipeline;
 pub use memory::Memory;
 pub use stream::{BATCH_LIMIT, StreamWait};
