@@ -432,26 +432,32 @@ impl<B: Backend> Group<B> {
     /// Run `f` once per rank, each on a thread of its own, and return what
     /// each returned, by rank.
     pub fn run<R: Send>(&self, f: impl Fn(Rank<B>) -> R + Sync) -> Vec<R> {
-        let f = &f;
-        std::thread::scope(|scope| {
-            let threads: Vec<_> = (0..self.ranks())
-                .map(|rank| {
-                    let handle = Rank {
-                        shared: self.shared.clone(),
-                        rank,
-                    };
-                    scope.spawn(move || f(handle))
-                })
-                .collect();
-            threads
-                .into_iter()
-                .map(|t| match t.join() {
-                    Ok(r) => r,
-                    Err(panic) => std::panic::resume_unwind(panic),
-                })
-                .collect()
+        per_rank(self.ranks(), |rank| {
+            f(Rank {
+                shared: self.shared.clone(),
+                rank,
+            })
         })
     }
+}
+
+/// `f(rank)` for every rank of `ranks`, each on a scoped thread of its own
+/// (a rank's calls block until its peers make theirs), by rank; a panic on
+/// any thread is resumed here.
+fn per_rank<R: Send>(ranks: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
+    let f = &f;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..ranks)
+            .map(|rank| scope.spawn(move || f(rank)))
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| match t.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    })
 }
 
 /// One rank of a [`Group`]: its collectives, each called once by this rank

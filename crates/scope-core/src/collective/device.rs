@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::round::{Input, Outcome, Part};
-use super::{Call, CollectiveError, Group, Rank, is_refusal};
+use super::{Call, CollectiveError, Group, Rank, is_refusal, per_rank};
 use crate::backend::Backend;
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -212,33 +212,16 @@ impl<B: DeviceCollectives> Group<B> {
         Self::check_clients(&clients)?;
         let identity = B::identity()?;
         let ranks = clients.len();
-        let joined: Vec<Result<B::Communicator>> = std::thread::scope(|scope| {
-            let threads: Vec<_> = clients
-                .iter()
-                .enumerate()
-                .map(|(rank, client)| {
-                    let identity = &identity;
-                    scope.spawn(move || {
-                        let join = |backend: &mut B| {
-                            // SAFETY: every rank joins this one identity
-                            // with the same count, once, on a thread of its
-                            // own; `check_clients` made every rank's server
-                            // distinct.
-                            unsafe { backend.join(identity, rank, ranks) }
-                        };
-                        // SAFETY: joining makes a library object the core
-                        // does not track, and leaves no work on any stream.
-                        unsafe { client.with_backend_mut(join) }.and_then(|j| j)
-                    })
-                })
-                .collect();
-            threads
-                .into_iter()
-                .map(|t| match t.join() {
-                    Ok(r) => r,
-                    Err(panic) => std::panic::resume_unwind(panic),
-                })
-                .collect()
+        let joined: Vec<Result<B::Communicator>> = per_rank(ranks, |rank| {
+            let join = |backend: &mut B| {
+                // SAFETY: every rank joins this one identity with the same
+                // count, once, on a thread of its own (`per_rank`);
+                // `check_clients` made every rank's server distinct.
+                unsafe { backend.join(&identity, rank, ranks) }
+            };
+            // SAFETY: joining makes a library object the core does not
+            // track, and leaves no work on any stream.
+            unsafe { clients[rank].with_backend_mut(join) }.and_then(|j| j)
         });
         let mut communicators = Vec::with_capacity(ranks);
         for communicator in joined {

@@ -13,7 +13,6 @@
 //! not called for them).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::Instant;
 
 use super::{CollectiveError, Rank, is_refusal};
@@ -154,12 +153,7 @@ impl<B: Backend> Rank<B> {
                     missing: vec![from],
                     deadline: shared.deadline,
                 };
-                tracing::warn!("{error}");
-                state.broken = Some(Arc::new(error.clone()));
-                if let Some(device) = &shared.device {
-                    device.abort_all();
-                }
-                shared.changed.notify_all();
+                shared.break_with(&mut state, &error);
                 drop(state);
                 let error: Error = error.into();
                 self.client().fail_writing(&[data], error.clone())?;

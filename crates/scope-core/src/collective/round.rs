@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{Call, CollectiveError, Rank, compute, device};
+use super::{Call, CollectiveError, Rank, Shared, compute, device};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::handle::Slice;
@@ -145,17 +145,27 @@ impl<B: Backend> Rank<B> {
                     missing,
                     deadline: shared.deadline,
                 };
-                tracing::warn!("{error}");
-                state.broken = Some(Arc::new(error.clone()));
-                // A broken group's communicators take no more calls (NCCL
-                // requires an aborted communicator to be re-created).
-                if let Some(device) = &shared.device {
-                    device.abort_all();
-                }
-                shared.changed.notify_all();
+                shared.break_with(&mut state, &error);
                 return Err(error.into());
             }
         }
+    }
+}
+
+impl<B: Backend> Shared<B> {
+    /// Break the group with `error` (a rank that never came): later calls
+    /// are refused, every waiter wakes to it, and — over a device transport
+    /// — every communicator is aborted, since NCCL requires an aborted
+    /// communicator to be re-created and a broken group takes no more calls.
+    /// The one way a group breaks for a missing rank, collective or
+    /// point-to-point.
+    pub(super) fn break_with(&self, state: &mut State, error: &CollectiveError) {
+        tracing::warn!("{error}");
+        state.broken = Some(Arc::new(error.clone()));
+        if let Some(device) = &self.device {
+            device.abort_all();
+        }
+        self.changed.notify_all();
     }
 }
 
