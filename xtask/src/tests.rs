@@ -749,7 +749,7 @@ mod checks {
         assert_eq!(
             filterset(&plain("scope-cubecl")),
             "(package(=scope-cubecl)) & not binary(=runtime_wgpu) & not binary(=runtime_vulkan) \
-             & not binary(=runtime_cuda) & not binary(=collectives)"
+             & not binary(=runtime_cuda) & not binary(=runtime_hip) & not binary(=collectives)"
         );
         let probed = |detail: &str| crate::matrix::Row {
             backend: "wgpu",
@@ -772,6 +772,12 @@ mod checks {
         assert_eq!(
             no_device(&with_cuda[1], &[]).as_deref(),
             Some("skipped: no cuda device")
+        );
+        let with_hip = groups(Some("hip")).unwrap();
+        assert_eq!(names(&with_hip), ["hip", "cubecl on hip"]);
+        assert_eq!(
+            no_device(&with_hip[1], &[]).as_deref(),
+            Some("skipped: no hip device")
         );
     }
 }

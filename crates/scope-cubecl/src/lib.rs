@@ -123,8 +123,10 @@
 //! capture records. The same runtime tests for CUDA are
 //! `tests/runtime_cuda.rs`, which `cargo xtask bundle --backend cuda`
 //! carries to a machine with an NVIDIA GPU; where there is none the row is
-//! skipped for no device. HIP has no such binary: it is untested on
-//! hardware, and its mock executes no kernel.
+//! skipped for no device. For HIP they are `tests/runtime_hip.rs`, untested
+//! on hardware (the row is skipped for no device too); its mock executes no
+//! kernel, and the HIP toolchain row runs the binary over it only to compile
+//! the HIP C++ cubecl writes with the real hiprtc.
 //!
 //! # What Burn would need
 //!

@@ -27,7 +27,7 @@ typedef int hipError_t;
 enum {
   OK = 0, E_INVALID = 1, E_OOM = 2, E_INVALID_DEVICE = 101, E_INVALID_HANDLE = 400, E_ILLEGAL_STATE = 401,
   E_INVALID_CONFIGURATION = 9, E_NOT_FOUND = 500, E_ILLEGAL_ADDRESS = 700, E_CAPTURE_UNSUPPORTED = 900,
-  E_CAPTURE_UNMATCHED = 903, E_CAPTURE_ISOLATION = 905, E_CAPTURED_EVENT = 907
+  E_CAPTURE_UNMATCHED = 903, E_CAPTURE_ISOLATION = 905, E_CAPTURED_EVENT = 907, E_NOT_READY = 600
 };
 
 #define TOTAL ((size_t)1 << 30)
@@ -63,8 +63,10 @@ typedef struct {
 } op;
 
 typedef struct { op *ops; size_t len, cap; } graph;
-typedef struct { graph *capture; hipError_t sticky; } stream;
-typedef struct { stream *last; } event;
+/* `issued` counts only the collectives the mock RCCL posts on the stream
+ * (the rest of its work runs as it is issued). */
+typedef struct { graph *capture; hipError_t sticky; unsigned long long issued; } stream;
+typedef struct { stream *last; unsigned long long seq; } event;
 
 static void push(graph *g, op o) {
   if (g->len == g->cap) {
@@ -144,6 +146,24 @@ int scope_mock_current_device(void) { return current_device; }
 int scope_mock_device_range(const void *p, size_t n) { (void)p; (void)n; return 1; }
 int scope_mock_stream_capturing(void *p) { stream *s = p; return s ? s->capture != NULL : -1; }
 
+/* A collective the mock RCCL posted is an operation of its stream that
+ * finishes when every rank posted: the mock RCCL registers how to ask. */
+static int (*collectives_pending)(void *, unsigned long long);
+static void (*collectives_wait)(void *, unsigned long long);
+void scope_mock_register_collectives(int (*pending)(void *, unsigned long long),
+                                     void (*wait)(void *, unsigned long long)) {
+  collectives_pending = pending;
+  collectives_wait = wait;
+}
+/* A new operation on stream `p` (a collective), its number there. */
+unsigned long long scope_mock_stream_op(void *p) { return ++((stream *)p)->issued; }
+static int pending_on(void *s, unsigned long long upto) {
+  return s && collectives_pending && collectives_pending(s, upto);
+}
+static void wait_on(void *s, unsigned long long upto) {
+  if (s && collectives_wait) collectives_wait(s, upto);
+}
+
 /* ----- streams and events ----- */
 
 hipError_t hipStreamCreateWithFlags(void **s, unsigned flags) {
@@ -155,6 +175,7 @@ hipError_t hipStreamDestroy(void *s) { free(s); return OK; }
 hipError_t hipStreamSynchronize(void *p) {
   stream *s = p;
   if (s->capture) return E_CAPTURE_UNSUPPORTED;
+  wait_on(s, s->issued);
   return s->sticky;
 }
 hipError_t hipEventCreateWithFlags(void **e, unsigned flags) { (void)flags; *e = calloc(1, sizeof(event)); return OK; }
@@ -164,10 +185,19 @@ hipError_t hipEventRecord(void *e, void *p) {
   if (s->capture) return E_CAPTURED_EVENT; /* the server must never do this */
   if (s->sticky) return s->sticky;
   ((event *)e)->last = s;
+  ((event *)e)->seq = s->issued;
   return OK;
 }
-hipError_t hipEventQuery(void *e) { stream *s = ((event *)e)->last; return s ? s->sticky : OK; }
-hipError_t hipEventSynchronize(void *e) { return hipEventQuery(e); }
+hipError_t hipEventQuery(void *p) {
+  event *e = p;
+  if (pending_on(e->last, e->seq)) return E_NOT_READY;
+  return e->last ? e->last->sticky : OK;
+}
+hipError_t hipEventSynchronize(void *p) {
+  event *e = p;
+  wait_on(e->last, e->seq);
+  return e->last ? e->last->sticky : OK;
+}
 hipError_t hipStreamWaitEvent(void *p, void *e, unsigned flags) {
   stream *s = p;
   (void)e; (void)flags;
