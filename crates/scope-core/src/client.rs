@@ -456,6 +456,32 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.end_wait(pending, waited))
     }
 
+    /// Wait for the stream's work until `until`, asking `finished` (the
+    /// backend's non-blocking query) with the lock released; when time
+    /// runs out, or `finished` fails, `stall` runs — it must make the work
+    /// finish (an abort of the library the work waits in) — and the wait
+    /// then completes. Whether the work finished in time; `finished`'s
+    /// error. Only the wait's own outcome lands on the stream's work (rule
+    /// 23), not `finished`'s error: the work it would blame may be the
+    /// caller's, issued before and unrelated.
+    pub(crate) fn sync_within(
+        &self,
+        until: std::time::Instant,
+        finished: impl Fn(&B::Waiter) -> Result<bool>,
+        stall: impl FnOnce(),
+    ) -> Result<bool> {
+        let pending = self.call(|server| server.begin_sync(self.stream, &[]))?;
+        let (answer, waited) = match pending.finished_by(until, finished) {
+            Ok(true) => (Ok(true), Ok(())),
+            answer => {
+                stall();
+                (answer, pending.wait())
+            }
+        };
+        self.call(|server| server.end_wait(pending, waited))?;
+        answer
+    }
+
     /// Submit the stream's batched work to the device now, without
     /// waiting for it — for a runtime that wants the device busy while it
     /// prepares more. Syncs and reads submit on their own.

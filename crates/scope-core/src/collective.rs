@@ -1,5 +1,5 @@
 //! Collectives over a group of devices: the failure rules carried across
-//! them (rules 41–48 of `docs/ERROR_MODEL.md`).
+//! them (rules 41–49 of `docs/ERROR_MODEL.md`).
 //!
 //! A collective's outputs on every rank are bytes it was supposed to write,
 //! so the one-device rule extends as it is: if any rank's input carries a
@@ -46,6 +46,10 @@
 //!    refusals). A backend with a vendor library (NCCL, RCCL) moves the
 //!    bytes on its devices instead ([`device`], [`Group::over_device`]):
 //!    the decision before data moves stays the same.
+//! 6. **Across processes, the meeting rides the transport.** A rank whose
+//!    peers are other processes joins alone ([`Rank::join`]) and meets them
+//!    by a ballot all-gathered through the library, with every wait bounded
+//!    by the deadline ([`remote`]); scope adds no wire of its own.
 //!
 //! A group is made of clients of distinct servers; one server cannot be two
 //! ranks. Each rank's calls come from its own thread (as with NCCL, one call
@@ -55,6 +59,7 @@
 pub(crate) mod compute;
 pub mod device;
 mod p2p;
+pub mod remote;
 mod round;
 
 use std::sync::Arc;
@@ -63,6 +68,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use self::device::Mover;
+use self::remote::Ballot;
 use self::round::{Input, Outcome, Part, State};
 use crate::backend::Backend;
 use crate::client::Client;
@@ -170,6 +176,23 @@ pub enum CollectiveError {
         rank: usize,
         /// What the call answered.
         cause: Error,
+    },
+    /// Across processes ([`Rank::join`]): the round did not complete — a
+    /// peer never called within the deadline, is stuck, or failed and
+    /// aborted, and the library cannot say which. This rank's communicator
+    /// is aborted, its output carries this, and its group is broken (rules
+    /// 42, 43, 49). A transport's own calls answer it too, for a peer that
+    /// did not come ([`device::DeviceCollectives::join`]).
+    #[error(
+        "{collective} #{round}: not every rank completed it (a peer in another process is missing, stuck or failed, and the library cannot say which; this rank waited at most {deadline:?}); the group is broken"
+    )]
+    Stalled {
+        /// The collective.
+        collective: &'static str,
+        /// Which collective of the group.
+        round: u64,
+        /// How long this rank waited.
+        deadline: Duration,
     },
     /// The group lost a rank earlier; make a new [`Group`] (rule 43).
     #[error("the group is broken ({cause}); make a new group")]
@@ -301,13 +324,52 @@ impl Call {
 }
 
 struct Shared<B: Backend> {
+    /// The clients of this process's ranks: every rank's, or — for a rank
+    /// whose peers live in other processes ([`Rank::join`]) — its own.
     clients: Vec<Client<B>>,
+    /// The rank `clients[0]` is.
+    first: usize,
+    /// How many ranks the group has.
+    ranks: usize,
     deadline: Duration,
     /// Where the bytes move: `None` through the host, else the devices'
     /// own transport.
     device: Option<Box<dyn Mover<B>>>,
+    /// Where the ranks meet: `None` in this process's memory, else by
+    /// exchanging ballots on the transport, across processes.
+    ballot: Option<Box<dyn Ballot<B>>>,
     state: Mutex<State>,
     changed: Condvar,
+}
+
+impl<B: Backend> Shared<B> {
+    fn new(
+        clients: Vec<Client<B>>,
+        (first, ranks): (usize, usize),
+        deadline: Duration,
+        device: Option<Box<dyn Mover<B>>>,
+        ballot: Option<Box<dyn Ballot<B>>>,
+    ) -> Self {
+        let state = State {
+            issued: vec![0; ranks],
+            ..State::default()
+        };
+        Self {
+            clients,
+            first,
+            ranks,
+            deadline,
+            device,
+            ballot,
+            state: Mutex::new(state),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Rank `rank`'s client; only this process's ranks are asked for.
+    fn client(&self, rank: usize) -> &Client<B> {
+        &self.clients[rank - self.first]
+    }
 }
 
 /// A group of clients, one per device: rank `i` is `clients[i]`.
@@ -330,12 +392,7 @@ impl<B: Backend> std::fmt::Debug for Group<B> {
         } else {
             "host staging"
         };
-        write!(
-            f,
-            "Group({} {} ranks, {over})",
-            self.shared.clients.len(),
-            B::NAME
-        )
+        write!(f, "Group({} {} ranks, {over})", self.shared.ranks, B::NAME)
     }
 }
 
@@ -380,18 +437,9 @@ impl<B: Backend> Group<B> {
         deadline: Duration,
         device: Option<Box<dyn Mover<B>>>,
     ) -> Self {
-        let state = State {
-            issued: vec![0; clients.len()],
-            ..State::default()
-        };
+        let ranks = clients.len();
         Self {
-            shared: Arc::new(Shared {
-                clients,
-                deadline,
-                device,
-                state: Mutex::new(state),
-                changed: Condvar::new(),
-            }),
+            shared: Arc::new(Shared::new(clients, (0, ranks), deadline, device, None)),
         }
     }
 
@@ -403,7 +451,7 @@ impl<B: Backend> Group<B> {
 
     /// How many ranks.
     pub fn ranks(&self) -> usize {
-        self.shared.clients.len()
+        self.shared.ranks
     }
 
     /// Rank `rank`'s handle, whose collectives run on its client.
@@ -469,7 +517,7 @@ pub struct Rank<B: Backend> {
 
 impl<B: Backend> std::fmt::Debug for Rank<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Rank({} of {})", self.rank, self.shared.clients.len())
+        write!(f, "Rank({} of {})", self.rank, self.shared.ranks)
     }
 }
 
@@ -479,9 +527,19 @@ impl<B: Backend> Rank<B> {
         self.rank
     }
 
+    /// What broke its group, if anything did.
+    pub fn broken(&self) -> Option<Arc<CollectiveError>> {
+        self.shared.state.lock().broken.clone()
+    }
+
     /// Its client.
     pub fn client(&self) -> &Client<B> {
-        &self.shared.clients[self.rank]
+        self.shared.client(self.rank)
+    }
+
+    /// How many ranks its group has.
+    pub fn ranks(&self) -> usize {
+        self.shared.ranks
     }
 
     /// Every rank's `input`, combined element by element with `op`, into
@@ -553,7 +611,7 @@ impl<B: Backend> Rank<B> {
 
     /// Why this rank's own arguments cannot be run, if they cannot.
     fn refusal(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Option<String> {
-        let ranks = self.shared.clients.len();
+        let ranks = self.shared.ranks;
         let server = self.client().server_id();
         if input.buffer.server() != server || output.buffer.server() != server {
             return Some("passed a buffer of another rank's device".to_owned());

@@ -16,6 +16,7 @@
 //! the test instead, which is how `cargo xtask test --backend X` makes a
 //! missing device an error.
 
+pub mod across;
 pub mod capture;
 pub mod collective;
 pub mod contract;
@@ -25,6 +26,7 @@ pub mod input;
 pub mod property;
 pub mod soak;
 
+pub use across::*;
 pub use capture::*;
 pub use collective::*;
 pub use contract::*;
@@ -263,9 +265,12 @@ fn assert_root_contains(error: &Error, text: &str) {
 /// ```
 ///
 /// `conformance_tests!(@device_collectives MySuite)` expands to the
-/// collective behaviours alone, plus the one only a device transport has,
+/// collective behaviours alone, plus those only a device transport has —
+/// a failed library call, and ranks that share no memory ([`across`]) —
 /// for a suite whose [`Suite::group`] makes its groups with
-/// [`Group::over_device`](crate::collective::Group::over_device).
+/// [`Group::over_device`](crate::collective::Group::over_device) and whose
+/// backend implements
+/// [`DeviceCollectives`](crate::collective::device::DeviceCollectives).
 #[macro_export]
 macro_rules! conformance_tests {
     ($suite:ty) => {
@@ -326,6 +331,8 @@ macro_rules! conformance_tests {
             bad_collective_input_is_refused_everywhere,
             send_and_recv_carry_failures_between_ranks,
             a_failed_device_call_breaks_the_group,
+            ranks_in_separate_processes_decide_alike,
+            a_silent_rank_in_another_process_stalls_its_peers_within_the_deadline,
         );
     };
     (@only $suite:ty; $($name:ident),* $(,)?) => {

@@ -134,6 +134,27 @@ impl<B: Backend> PendingWait<B> {
             None => Ok(()),
         }
     }
+
+    /// Ask `finished` about the waiter, with no lock held, until it says
+    /// so or `until` passes: whether the work finished in time.
+    pub(crate) fn finished_by(
+        &self,
+        until: std::time::Instant,
+        finished: impl Fn(&B::Waiter) -> Result<bool>,
+    ) -> Result<bool> {
+        let Some(waiter) = &self.waiter else {
+            return Ok(true);
+        };
+        loop {
+            if finished(waiter)? {
+                return Ok(true);
+            }
+            if std::time::Instant::now() >= until {
+                return Ok(false);
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
 }
 
 struct GraphEntry<G> {

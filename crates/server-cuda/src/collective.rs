@@ -20,10 +20,13 @@
 //! collective on a capturing stream): NCCL supports capture, but the
 //! group's agreement is a host meeting that a replay would not repeat.
 //!
-//! Only one process: the group's meetings are in memory, so every rank of
-//! a communicator is a server of this process. The identity is NCCL's
-//! unique id, what a launcher would hand to ranks in other processes;
-//! meetings across processes are not built.
+//! Ranks in other processes, or on other machines, join with
+//! [`Rank::join`](scope_core::collective::Rank::join) and NCCL's unique id
+//! ([`UniqueId::to_bytes`], handed out by the launcher): they decide by a
+//! ballot all-gathered through NCCL itself, and poll every wait with
+//! [`finished`](DeviceCollectives::finished) (`cuEventQuery`) and
+//! [`health`](DeviceCollectives::health) (`ncclCommGetAsyncError`) up to
+//! the deadline (`scope_core::collective::remote`).
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -32,7 +35,7 @@ use scope_core::collective::device::{DeviceCall, DeviceCollectives};
 use scope_core::native::nccl::{Communicator, NcclTable, UniqueId};
 use scope_core::{Error, Result};
 
-use crate::{Cuda, CudaMemory, CudaStreamState};
+use crate::{Cuda, CudaMemory, CudaStreamState, CudaWaiter};
 
 /// NCCL's entry points, from the library cudarc loads, once per process;
 /// why not, where it is missing or lacks one.
@@ -82,13 +85,14 @@ impl DeviceCollectives for Cuda {
         identity: &UniqueId,
         rank: usize,
         ranks: usize,
+        patience: std::time::Duration,
     ) -> Result<Communicator> {
         let table = nccl()?;
         self.bind()?;
         // SAFETY: the table is NCCL's; this server's context is current on
         // the thread (bound above), which is the device NCCL takes; every
         // rank joins with this id and count (`join`'s contract).
-        unsafe { Communicator::join(table, *identity, rank, ranks) }
+        unsafe { Communicator::join(table, *identity, rank, ranks, patience) }
     }
 
     unsafe fn collective(
@@ -126,5 +130,13 @@ impl DeviceCollectives for Cuda {
 
     unsafe fn abort(communicator: &Communicator) {
         communicator.abort();
+    }
+
+    unsafe fn finished(waiter: &CudaWaiter) -> Result<bool> {
+        Cuda::finished(waiter)
+    }
+
+    unsafe fn health(communicator: &Communicator) -> Result<()> {
+        communicator.health()
     }
 }

@@ -515,6 +515,19 @@ impl Cuda {
         }))
     }
 
+    /// Whether the waiter's work finished, without blocking (for
+    /// [`DeviceCollectives::finished`](scope_core::collective::device::DeviceCollectives::finished)).
+    pub(crate) fn finished(waiter: &CudaWaiter) -> Result<bool> {
+        let done = waiter
+            .event
+            .try_is_complete()
+            .map_err(|e| waiter.failed(e))?;
+        if done {
+            waiter.finished.store(true, Ordering::Release);
+        }
+        Ok(done)
+    }
+
     /// [`Backend::wait`](scope_core::Backend::wait), with no lock held: only
     /// the waiter's own event is touched (cudarc binds its context to this
     /// thread first), and the driver lets any thread synchronise an event

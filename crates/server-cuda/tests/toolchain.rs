@@ -354,7 +354,15 @@ fn nccl_library() {
         // library's refusal comes back typed, through the non-blocking
         // join's poll, rather than as a hang or an abort.
         // SAFETY: the table is NCCL's; one rank of one, joining once.
-        let joined = unsafe { scope_core::native::nccl::Communicator::join(table, id, 0, 1) };
+        let joined = unsafe {
+            scope_core::native::nccl::Communicator::join(
+                table,
+                id,
+                0,
+                1,
+                std::time::Duration::from_secs(5),
+            )
+        };
         let refused = joined.expect_err("no GPU here, so no communicator");
         println!("ncclCommInitRankConfig without a GPU: {refused}");
         return;

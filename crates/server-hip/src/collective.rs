@@ -14,7 +14,9 @@
 //! missing) and which device a rank runs on (the server's, made current on
 //! the joining thread with `hipSetDevice`, where RCCL reads it from).
 //!
-//! As on CUDA: one process, and nothing recorded into graphs.
+//! As on CUDA: nothing recorded into graphs, and ranks in other processes
+//! join with [`Rank::join`](scope_core::collective::Rank::join), deciding
+//! by a ballot all-gathered through RCCL.
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -24,7 +26,7 @@ use scope_core::collective::device::{DeviceCall, DeviceCollectives};
 use scope_core::native::nccl::{Communicator, NcclTable, UniqueId};
 use scope_core::{Error, Result};
 
-use crate::{Hip, HipMemory, HipStream};
+use crate::{Hip, HipMemory, HipStream, HipWaiter};
 
 /// The loaded RCCL: its table, and the library the table points into.
 struct Rccl {
@@ -132,13 +134,14 @@ impl DeviceCollectives for Hip {
         identity: &UniqueId,
         rank: usize,
         ranks: usize,
+        patience: std::time::Duration,
     ) -> Result<Communicator> {
         let table = rccl()?;
         self.make_current()?;
         // SAFETY: the table is RCCL's; this server's device is current on
         // the thread (above), which is the device RCCL takes; every rank
         // joins with this id and count (`join`'s contract).
-        unsafe { Communicator::join(table, *identity, rank, ranks) }
+        unsafe { Communicator::join(table, *identity, rank, ranks, patience) }
     }
 
     unsafe fn collective(
@@ -173,5 +176,13 @@ impl DeviceCollectives for Hip {
 
     unsafe fn abort(communicator: &Communicator) {
         communicator.abort();
+    }
+
+    unsafe fn finished(waiter: &HipWaiter) -> Result<bool> {
+        Hip::finished(waiter)
+    }
+
+    unsafe fn health(communicator: &Communicator) -> Result<()> {
+        communicator.health()
     }
 }

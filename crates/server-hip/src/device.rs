@@ -405,6 +405,18 @@ impl Hip {
         }))
     }
 
+    /// Whether the waiter's work finished, without blocking (for
+    /// [`DeviceCollectives::finished`](scope_core::collective::device::DeviceCollectives::finished)).
+    pub(crate) fn finished(waiter: &HipWaiter) -> Result<bool> {
+        let event = match &waiter.on {
+            WaitOn::Own(event) => event,
+            WaitOn::Fence(fence) => fence,
+        };
+        event
+            .is_done()
+            .map_err(|e| e.into_error(Doing::Waiting(Some(waiter.stream))))
+    }
+
     /// [`Backend::wait`](scope_core::Backend::wait), with no lock held: it
     /// touches only the waiter's event, and HIP lets any thread synchronise
     /// an event while others submit work.

@@ -64,7 +64,14 @@ pub trait DeviceCollectives: Backend {
     fn identity() -> Result<Self::Identity>;
 
     /// Join the communicator `identity` names as rank `rank` of `ranks`,
-    /// on this backend's device. Blocks until every rank joined.
+    /// on this backend's device. Blocks until every rank joined, or
+    /// `patience` passed. `patience` is also the longest any later call
+    /// through the communicator waits on the host for its peers (the
+    /// library's, to take a call; a transport whose calls block, to finish
+    /// one). A join or call that gave up waiting, or found its
+    /// communicator aborted by a peer, answers [`CollectiveError::Stalled`],
+    /// which a rank across processes reports as its peers' absence rather
+    /// than its own failure.
     ///
     /// # Safety
     ///
@@ -76,6 +83,7 @@ pub trait DeviceCollectives: Backend {
         identity: &Self::Identity,
         rank: usize,
         ranks: usize,
+        patience: Duration,
     ) -> Result<Self::Communicator>;
 
     /// Issue `call` on `stream`, through `communicator`.
@@ -103,6 +111,37 @@ pub trait DeviceCollectives: Backend {
     /// `communicator` came from [`join`](Self::join) on a backend of this
     /// type.
     unsafe fn abort(communicator: &Self::Communicator);
+
+    /// Whether the work `waiter` covers has finished, without blocking:
+    /// how a rank whose peers live in other processes waits for a call
+    /// with a deadline ([`Rank::join`](super::Rank::join)), where
+    /// [`Backend::wait`] would block for as long as a missing peer keeps
+    /// the library's kernel waiting.
+    ///
+    /// # Safety
+    ///
+    /// As [`Backend::wait`]: `waiter` came from this backend's
+    /// [`Backend::begin_wait`] and has not been ended.
+    ///
+    /// # Errors
+    ///
+    /// A failure of the covered work the device reports, as
+    /// [`Backend::wait`] would.
+    unsafe fn finished(waiter: &Self::Waiter) -> Result<bool>;
+
+    /// Whether `communicator` still works: a peer's abort, or a failed
+    /// link to one, answers [`CollectiveError::Stalled`] (NCCL's
+    /// `ncclCommGetAsyncError`). Asked while a rank across processes waits
+    /// for a call, which will then not complete.
+    ///
+    /// # Safety
+    ///
+    /// As [`abort`](Self::abort).
+    ///
+    /// # Errors
+    ///
+    /// As above; what the library answered.
+    unsafe fn health(communicator: &Self::Communicator) -> Result<()>;
 }
 
 /// One rank's part of a collective, resolved to device memory.
@@ -138,9 +177,14 @@ pub(super) trait Mover<B: Backend>: Send + Sync {
     fn abort_all(&self);
 }
 
-/// Every rank's communicator of one group.
+/// This process's ranks' communicators of one group: every rank's, or —
+/// for a rank whose peers live in other processes — its own.
 pub(super) struct Communicators<B: DeviceCollectives> {
-    pub(super) ranks: Vec<Arc<B::Communicator>>,
+    /// The rank `mine[0]` is.
+    pub(super) first: usize,
+    pub(super) mine: Vec<Arc<B::Communicator>>,
+    /// How many ranks the group has.
+    pub(super) ranks: usize,
 }
 
 impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
@@ -152,8 +196,8 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
         input: Slice<'_>,
         output: Slice<'_>,
     ) -> Result<()> {
-        let communicator = &self.ranks[rank];
-        let ranks = self.ranks.len();
+        let communicator = &self.mine[rank - self.first];
+        let ranks = self.ranks;
         client.issue_collective(
             call.name(),
             input,
@@ -178,7 +222,7 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
     }
 
     fn abort_all(&self) {
-        for communicator in &self.ranks {
+        for communicator in &self.mine {
             // SAFETY: every communicator here was joined on a `B`.
             unsafe { B::abort(communicator) };
         }
@@ -217,7 +261,7 @@ impl<B: DeviceCollectives> Group<B> {
                 // SAFETY: every rank joins this one identity with the same
                 // count, once, on a thread of its own (`per_rank`);
                 // `check_clients` made every rank's server distinct.
-                unsafe { backend.join(&identity, rank, ranks) }
+                unsafe { backend.join(&identity, rank, ranks, deadline) }
             };
             // SAFETY: joining makes a library object the core does not
             // track, and leaves no work on any stream.
@@ -228,7 +272,9 @@ impl<B: DeviceCollectives> Group<B> {
             communicators.push(Arc::new(communicator?));
         }
         let device: Box<dyn Mover<B>> = Box::new(Communicators::<B> {
-            ranks: communicators,
+            first: 0,
+            mine: communicators,
+            ranks,
         });
         Ok(Self::over(clients, deadline, Some(device)))
     }
@@ -266,6 +312,9 @@ impl<B: Backend> Rank<B> {
             ));
         };
         let issued = device.issue(self.rank, self.client(), kind, input, output);
+        if let Some(ballot) = &self.shared.ballot {
+            return self.settle_issued(ballot.as_ref(), kind, issued, output);
+        }
         let status = match issued {
             Ok(()) => Input::Ready,
             Err(cause) => {

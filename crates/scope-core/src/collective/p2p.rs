@@ -39,7 +39,13 @@ pub(super) struct Mailbox {
 impl<B: Backend> Rank<B> {
     /// Why `peer` cannot be this rank's partner, or `data` its bytes.
     fn p2p_refusal(&self, what: &str, peer: usize, data: Slice<'_>) -> Option<Error> {
-        let ranks = self.shared.clients.len();
+        let ranks = self.shared.ranks;
+        if self.shared.ballot.is_some() {
+            return Some(Error::refused(format!(
+                "{what} between ranks in separate processes: point-to-point moves its bytes \
+                 through this process's memory, which those ranks do not share"
+            )));
+        }
         if peer >= ranks || peer == self.rank {
             return Some(Error::invalid(
                 what,

@@ -88,8 +88,11 @@ impl<B: Backend> Rank<B> {
     /// [`CollectiveError::Missing`] when a rank did not arrive in time —
     /// this rank's wait, or a peer's that ran out first.
     pub(super) fn meet(&self, part: Part) -> Result<Arc<Outcome>> {
+        if let Some(ballot) = &self.shared.ballot {
+            return self.vote(ballot.as_ref(), part);
+        }
         let shared = &*self.shared;
-        let ranks = shared.clients.len();
+        let ranks = shared.ranks;
         let kind = part.kind;
         let mut state = shared.state.lock();
         let round = state.issued[self.rank];
@@ -149,6 +152,16 @@ impl<B: Backend> Rank<B> {
                 return Err(error.into());
             }
         }
+    }
+}
+
+impl<B: Backend> Rank<B> {
+    /// This rank's next round, counted.
+    pub(super) fn next_round(&self) -> u64 {
+        let mut state = self.shared.state.lock();
+        let round = state.issued[self.rank];
+        state.issued[self.rank] += 1;
+        round
     }
 }
 

@@ -21,15 +21,10 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::{Host, HostStream, Op, range};
-use crate::collective::Call;
 use crate::collective::compute::compute;
 use crate::collective::device::{DeviceCall, DeviceCollectives};
+use crate::collective::{Call, CollectiveError};
 use crate::error::{Error, Result};
-
-/// How long a rank waits inside the transport for its peers: a guard
-/// against a broken contract, not the group's deadline (the group met its
-/// peers before calling).
-const STUCK: Duration = Duration::from_secs(60);
 
 /// Calls whose ranks disagreed, process-wide.
 static MISMATCHES: AtomicU64 = AtomicU64::new(0);
@@ -68,6 +63,10 @@ pub struct Loopback {
     clique: Arc<Clique>,
     rank: usize,
     next: AtomicU64,
+    /// How long a call waits inside the transport for its peers (the
+    /// `patience` of [`DeviceCollectives::join`]), as NCCL's kernel would
+    /// until aborted.
+    patience: Duration,
 }
 
 impl Loopback {
@@ -78,24 +77,33 @@ impl Loopback {
     }
 }
 
-/// Wait on `clique` until `done` holds, it is aborted, or [`STUCK`] passes.
+/// What a call answers when its peers did not come, or one aborted.
+fn stalled(collective: &'static str, seq: u64, patience: Duration) -> Error {
+    CollectiveError::Stalled {
+        collective,
+        round: seq,
+        deadline: patience,
+    }
+    .into()
+}
+
+/// Wait on `clique` until `done` holds, it is aborted, or `patience`
+/// passes — then [`CollectiveError::Stalled`] for call `seq` of
+/// `collective`, as [`DeviceCollectives::join`] asks of a transport whose
+/// peers did not come.
 fn wait_until(
     clique: &Clique,
     state: &mut parking_lot::MutexGuard<'_, CliqueState>,
-    what: &str,
+    patience: Duration,
+    (collective, seq): (&'static str, u64),
     done: impl Fn(&CliqueState) -> bool,
 ) -> Result<()> {
-    let until = Instant::now() + STUCK;
+    let until = Instant::now() + patience;
     while !done(state) {
-        if state.aborted {
-            return Err(Error::internal(format!(
-                "{what}: the communicator was aborted"
-            )));
-        }
-        if clique.changed.wait_until(state, until).timed_out() && !done(state) {
-            return Err(Error::internal(format!(
-                "{what}: peers did not arrive within {STUCK:?}"
-            )));
+        let timed_out =
+            state.aborted || (clique.changed.wait_until(state, until).timed_out() && !done(state));
+        if timed_out {
+            return Err(stalled(collective, seq, patience));
         }
     }
     Ok(())
@@ -114,6 +122,7 @@ impl DeviceCollectives for Host {
         identity: &LoopbackId,
         rank: usize,
         ranks: usize,
+        patience: Duration,
     ) -> Result<Loopback> {
         let clique = identity.0.clone();
         let mut state = clique.state.lock();
@@ -132,7 +141,7 @@ impl DeviceCollectives for Host {
         }
         state.joined[rank] = true;
         clique.changed.notify_all();
-        wait_until(&clique, &mut state, "joining", |s| {
+        wait_until(&clique, &mut state, patience, ("join", 0), |s| {
             s.joined.iter().all(|j| *j)
         })?;
         drop(state);
@@ -140,6 +149,7 @@ impl DeviceCollectives for Host {
             clique,
             rank,
             next: AtomicU64::new(0),
+            patience,
         })
     }
 
@@ -178,8 +188,8 @@ impl DeviceCollectives for Host {
             posted.outputs = Some(Ok(compute(call.call, &inputs)));
         }
         clique.changed.notify_all();
-        let what = format!("{} #{seq}", call.call.name());
-        wait_until(clique, &mut state, &what, |s| {
+        let what = (call.call.name(), seq);
+        wait_until(clique, &mut state, communicator.patience, what, |s| {
             s.calls.get(&seq).is_some_and(|p| p.outputs.is_some())
         })?;
         let Some(posted) = state.calls.get_mut(&seq) else {
@@ -211,5 +221,17 @@ impl DeviceCollectives for Host {
         let mut state = communicator.clique.state.lock();
         state.aborted = true;
         communicator.clique.changed.notify_all();
+    }
+
+    /// The host runs work as it is issued: a call that returned finished.
+    unsafe fn finished((): &()) -> Result<bool> {
+        Ok(true)
+    }
+
+    unsafe fn health(communicator: &Loopback) -> Result<()> {
+        if communicator.clique.state.lock().aborted {
+            return Err(stalled("communicator", 0, communicator.patience));
+        }
+        Ok(())
     }
 }

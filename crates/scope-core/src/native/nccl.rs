@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 
-use crate::collective::{Call, Element, Reduce};
+use crate::collective::{Call, CollectiveError, Element, Reduce};
 use crate::error::{Error, Result};
 
 /// The longest a rank polls a call (or its join) before it reports it:
@@ -47,11 +47,38 @@ pub type NcclResult = c_int;
 
 const SUCCESS: NcclResult = 0;
 const IN_PROGRESS: NcclResult = 7;
+/// `ncclRemoteError`: a peer aborted, or its link failed.
+const REMOTE: NcclResult = 6;
 
 /// `ncclUniqueId`: what every rank of one communicator joins with.
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub struct UniqueId(pub [c_char; 128]);
+
+impl UniqueId {
+    /// Its 128 bytes, for a launcher to hand to the ranks in other
+    /// processes.
+    pub fn to_bytes(&self) -> [u8; 128] {
+        self.0.map(|c| c as u8)
+    }
+
+    /// The id whose bytes `bytes` are ([`to_bytes`](Self::to_bytes)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] unless `bytes` is 128 bytes long. Bytes
+    /// not made by the library are the library's to refuse when a rank
+    /// joins with them.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let bytes: &[u8; 128] = bytes.try_into().map_err(|_| {
+            Error::invalid(
+                "nccl unique id",
+                format!("{} bytes where an id has 128", bytes.len()),
+            )
+        })?;
+        Ok(Self(bytes.map(|b| b as c_char)))
+    }
+}
 
 impl std::fmt::Debug for UniqueId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -225,6 +252,8 @@ impl NcclTable {
 pub struct Communicator {
     table: NcclTable,
     handle: RwLock<Handle>,
+    /// How long a call (or the join) is polled before it is reported.
+    patience: Duration,
 }
 
 struct Handle {
@@ -276,7 +305,8 @@ const WORDS: c_int = 3;
 impl Communicator {
     /// Join the communicator `id` names as rank `rank` of `ranks`, on the
     /// device current on this thread, waiting (by polling) until every rank
-    /// joined or [`STUCK`] passed.
+    /// joined or `patience` passed (at most [`STUCK`]); later calls are
+    /// polled as long.
     ///
     /// # Safety
     ///
@@ -287,8 +317,14 @@ impl Communicator {
     /// # Errors
     ///
     /// What the library answered; a join still in progress after
-    /// [`STUCK`].
-    pub unsafe fn join(table: NcclTable, id: UniqueId, rank: usize, ranks: usize) -> Result<Self> {
+    /// `patience`.
+    pub unsafe fn join(
+        table: NcclTable,
+        id: UniqueId,
+        rank: usize,
+        ranks: usize,
+        patience: Duration,
+    ) -> Result<Self> {
         let (Ok(rank), Ok(ranks)) = (c_int::try_from(rank), c_int::try_from(ranks)) else {
             return Err(Error::invalid("nccl communicator", "too many ranks"));
         };
@@ -326,16 +362,17 @@ impl Communicator {
                 comm,
                 aborted: false,
             }),
+            patience: patience.min(STUCK),
         };
         joined.settle("ncclCommInitRankConfig")?;
         Ok(joined)
     }
 
     /// Poll until the communicator's pending work is no longer in
-    /// progress: `Ok` when it completed, the error it ended with, or
-    /// [`STUCK`] passed.
-    fn settle(&self, call: &str) -> Result<()> {
-        let until = Instant::now() + STUCK;
+    /// progress: `Ok` when it completed, the error it ended with, or the
+    /// communicator's patience ran out.
+    fn settle(&self, call: &'static str) -> Result<()> {
+        let until = Instant::now() + self.patience;
         loop {
             {
                 let handle = self.handle.read();
@@ -351,17 +388,51 @@ impl Communicator {
                 match state {
                     SUCCESS => return Ok(()),
                     IN_PROGRESS => {}
+                    REMOTE => return Err(self.stalled(call)),
                     failed => return Err(self.table.error(call, failed)),
                 }
             }
             if Instant::now() >= until {
-                return Err(Error::Launch {
-                    kernel: call.into(),
-                    stream: crate::id::StreamId(0),
-                    detail: format!("still in progress after {STUCK:?}: a peer never joined"),
-                });
+                return Err(self.stalled(call));
             }
             std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// A peer never came, or one aborted (`ncclRemoteError`): what
+    /// `DeviceCollectives::join` asks a transport to answer then.
+    fn stalled(&self, call: &'static str) -> Error {
+        CollectiveError::Stalled {
+            collective: call,
+            round: 0,
+            deadline: self.patience,
+        }
+        .into()
+    }
+
+    /// Whether the communicator still works: its asynchronous error,
+    /// without waiting (`ncclCommGetAsyncError`). A call still in progress
+    /// is fine; a peer's abort or a failed link is
+    /// [`CollectiveError::Stalled`].
+    ///
+    /// # Errors
+    ///
+    /// As above; an aborted communicator; what the library answered.
+    pub fn health(&self) -> Result<()> {
+        let handle = self.handle.read();
+        if handle.aborted {
+            return Err(aborted("ncclCommGetAsyncError"));
+        }
+        let mut state = SUCCESS;
+        // SAFETY: the handle is live (not aborted, under the lock).
+        let asked = unsafe { (self.table.comm_get_async_error)(handle.comm, &mut state) };
+        if asked != SUCCESS {
+            return Err(self.table.error("ncclCommGetAsyncError", asked));
+        }
+        match state {
+            SUCCESS | IN_PROGRESS => Ok(()),
+            REMOTE => Err(self.stalled("communicator")),
+            failed => Err(self.table.error("ncclCommGetAsyncError", failed)),
         }
     }
 
@@ -491,5 +562,25 @@ impl Drop for Communicator {
                 tracing::warn!("ncclCommDestroy: result {result}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An id travels as its 128 bytes and back; other lengths are refused.
+    #[test]
+    fn a_unique_id_travels_as_bytes() {
+        let mut id = UniqueId([0; 128]);
+        for (i, c) in id.0.iter_mut().enumerate() {
+            *c = (i as u8).wrapping_mul(37) as c_char;
+        }
+        let back = UniqueId::from_bytes(&id.to_bytes()).unwrap();
+        assert_eq!(back.0, id.0);
+        assert!(matches!(
+            UniqueId::from_bytes(&[0; 127]),
+            Err(Error::InvalidArgument { .. })
+        ));
     }
 }

@@ -26,7 +26,9 @@
  * Time is modelled just enough to check ordering: each stream counts the
  * operations issued on it and how many the host knows are done. Only a
  * host wait (cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize)
- * advances "done"; cuEventQuery answers CUDA_ERROR_NOT_READY until then. A
+ * or an event query that finds the work done (cuEventQuery) advances
+ * "done"; work runs as it is issued, so only a collective the mock NCCL
+ * holds until its peers post is ever not done (see its hooks below). A
  * pool block freed on a stream is reused only once that free is known done
  * (or on the same stream), and cuMemPoolTrimTo releases only such blocks.
  *
@@ -453,6 +455,32 @@ static CUresult stream_ok(stream *s, const char *call) {
 
 /* ----- hooks for the mock NCCL (mock_nccl.c) ----- */
 
+/* A collective the mock NCCL posted on a stream is an operation of that
+ * stream which finishes when every rank posted: the mock NCCL registers
+ * how to ask, and these ask it, with the driver's lock released (the mock
+ * NCCL calls into the driver under its own lock). */
+static int (*collectives_pending)(void *, unsigned long long);
+static void (*collectives_wait)(void *, unsigned long long);
+void scope_mock_register_collectives(int (*pending)(void *, unsigned long long),
+                                     void (*wait)(void *, unsigned long long)) {
+  LOCKED;
+  collectives_pending = pending;
+  collectives_wait = wait;
+}
+static int pending_on(void *s, unsigned long long upto) {
+  return s && collectives_pending && collectives_pending(s, upto);
+}
+static void wait_on(void *s, unsigned long long upto) {
+  if (s && collectives_wait) collectives_wait(s, upto);
+}
+
+/* A new operation on live stream `p` (a collective), its number there. */
+unsigned long long scope_mock_stream_op(void *p) {
+  LOCKED;
+  stream *s = p;
+  return ++s->issued;
+}
+
 /* The device the calling thread's current context is on, or -1. */
 int scope_mock_current_device(void) {
   LOCKED;
@@ -615,10 +643,18 @@ static CUresult capturing_refusal(stream *s, const char *call) {
   return refuse(E_CAPTURE_UNSUPPORTED, "%s on a stream that is capturing (the capture is now invalidated)", call);
 }
 CUresult cuStreamSynchronize(void *p) {
+  unsigned long long upto;
+  {
+    ENTER;
+    stream *s = p;
+    STREAM(s);
+    if (s->capturing) return capturing_refusal(s, "cuStreamSynchronize");
+    upto = s->issued;
+  }
+  wait_on(p, upto);
   ENTER;
   stream *s = p;
   STREAM(s);
-  if (s->capturing) return capturing_refusal(s, "cuStreamSynchronize");
   finish(s);
   release_over_threshold(NULL, 0);
   return surface();
@@ -628,6 +664,7 @@ CUresult cuStreamQuery(void *p) {
   stream *s = p;
   STREAM(s);
   if (s->capturing) return capturing_refusal(s, "cuStreamQuery");
+  if (pending_on(p, s->issued)) return E_NOT_READY;
   return s->done == s->issued ? surface() : E_NOT_READY;
 }
 
@@ -669,18 +706,28 @@ static CUresult event_usable(event *e, const char *call) {
   return OK;
 }
 CUresult cuEventQuery(void *p) {
-  ENTER;
   event *e = p;
-  CUresult bad = event_usable(e, "cuEventQuery");
-  if (bad) return bad;
-  if (e->on && e->on->done < e->seq) return E_NOT_READY;
+  {
+    ENTER;
+    CUresult bad = event_usable(e, "cuEventQuery");
+    if (bad) return bad;
+  }
+  if (pending_on(e->on, e->seq)) return E_NOT_READY;
+  ENTER;
+  /* Nothing it covers waits on a collective, and work runs as it is
+   * issued: it is done, and now the host knows. */
+  if (e->on && e->on->done < e->seq) e->on->done = e->seq;
   return surface();
 }
 CUresult cuEventSynchronize(void *p) {
-  ENTER;
   event *e = p;
-  CUresult bad = event_usable(e, "cuEventSynchronize");
-  if (bad) return bad;
+  {
+    ENTER;
+    CUresult bad = event_usable(e, "cuEventSynchronize");
+    if (bad) return bad;
+  }
+  wait_on(e->on, e->seq);
+  ENTER;
   if (e->on && e->on->done < e->seq) e->on->done = e->seq;
   release_over_threshold(NULL, 0);
   return surface();

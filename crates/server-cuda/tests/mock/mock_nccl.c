@@ -13,7 +13,10 @@
  * 2.30's, as cudarc's bindings (feature nccl-02030) spell them.
  *
  * Like a non-blocking communicator, a collective returns as soon as it is
- * posted (ncclSuccess), and ncclCommInitRankConfig with blocking = 0
+ * posted (ncclSuccess) — and, like NCCL's kernel, it is work on its stream
+ * that is not done until every rank posted: the driver's queries answer
+ * "not ready" and its host waits wait until then (or an abort). And
+ * ncclCommInitRankConfig with blocking = 0
  * returns ncclInProgress until every rank joined, which
  * ncclCommGetAsyncError reports. A blocking init waits for its peers.
  *
@@ -75,6 +78,10 @@ typedef struct {
   size_t count;
   const void *send;
   void *recv;
+  /* The stream it was posted on, and its operation number there (the
+   * driver's scope_mock_stream_op): the stream's later work waits for it. */
+  void *stream;
+  unsigned long long seq;
 } post;
 typedef struct call {
   unsigned long long seq;
@@ -142,6 +149,54 @@ static int stream_capturing(void *s) {
   return f ? f(s) : -1;
 }
 
+static unsigned long long stream_op(void *s) {
+  unsigned long long (*f)(void *) = (unsigned long long (*)(void *))driver_hook("scope_mock_stream_op");
+  return f ? f(s) : 0;
+}
+
+/* ----- collectives on streams -----
+ * A posted call is work on its stream that finishes only when every rank
+ * posted (or the communicator is aborted): the driver asks here before it
+ * reports the stream's work done (a query answers "not ready"; a host wait
+ * waits). A host wait behind a call whose peers never post would never
+ * return on a GPU: here it gives up after 30 s and counts a violation. */
+
+static int pending_locked(void *stream, unsigned long long upto) {
+  for (clique *c = cliques; c; c = c->next) {
+    if (c->aborted) continue;
+    for (call *k = c->calls; k; k = k->next)
+      for (int r = 0; r < c->nranks; r++)
+        if (k->posts[r].posted && k->posts[r].stream == stream && k->posts[r].seq <= upto) return 1;
+  }
+  return 0;
+}
+
+int scope_mock_nccl_pending(void *stream, unsigned long long upto) {
+  LOCKED;
+  return pending_locked(stream, upto);
+}
+
+void scope_mock_nccl_wait(void *stream, unsigned long long upto) {
+  LOCKED;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 30;
+  while (pending_locked(stream, upto))
+    if (pthread_cond_timedwait(&changed, &lock, &until) != 0) {
+      refuse(INTERNAL, "a host wait on a stream behind a collective whose peers never posted: on a GPU it "
+             "would not return (wait for a collective with a deadline, and abort)");
+      return;
+    }
+}
+
+/* Tell the driver where to ask, once a communicator exists. */
+static void register_with_driver(void) {
+  void (*f)(int (*)(void *, unsigned long long), void (*)(void *, unsigned long long)) =
+      (void (*)(int (*)(void *, unsigned long long), void (*)(void *, unsigned long long)))driver_hook(
+          "scope_mock_register_collectives");
+  if (f) f(scope_mock_nccl_pending, scope_mock_nccl_wait);
+}
+
 int ncclGetVersion(int *version) {
   if (!version) return INVALID_ARGUMENT;
   *version = VERSION;
@@ -186,6 +241,7 @@ int ncclCommInitRankConfig(comm **out, int nranks, ncclUniqueId id, int rank, co
     return refuse(INVALID_ARGUMENT, "ncclCommInitRankConfig: rank %d of %d", rank, nranks);
   int device = current_device();
   if (device < 0) return refuse(INVALID_USAGE, "ncclCommInitRankConfig with no current CUDA context on the thread");
+  register_with_driver();
   unsigned long long key;
   memcpy(&key, id.internal + 8, sizeof key);
   clique *c = cliques;
@@ -371,7 +427,7 @@ static int post_call(comm *m, int kind, const void *send, void *recv, size_t cou
   if (kind == BROADCAST && (root < 0 || root >= n)) return refuse(INVALID_ARGUMENT, "%s: root %d of %d", name, root, n);
   if (stream_capturing(stream) != 0)
     return refuse(INVALID_USAGE, "%s on a stream that is capturing or not a live stream", name);
-  post p = {1, kind, dtype, op, root, count, send, recv};
+  post p = {1, kind, dtype, op, root, count, send, recv, stream, 0};
   int sends = kind != BROADCAST || m->rank == root;
   if ((sends && !device_range(send, send_bytes(&p, n))) || !device_range(recv, recv_bytes(&p, n)))
     return refuse(INVALID_ARGUMENT, "%s on rank %d: a buffer is not inside one live device allocation", name,
@@ -394,6 +450,7 @@ static int post_call(comm *m, int kind, const void *send, void *recv, size_t cou
                     CALLS[q->kind], q->count, q->dtype, q->op, q->root);
     }
   }
+  p.seq = stream_op(stream);
   k->posts[m->rank] = p;
   k->nposted++;
   if (k->nposted == n && !k->mismatched) {
@@ -401,6 +458,7 @@ static int post_call(comm *m, int kind, const void *send, void *recv, size_t cou
     for (call **at = &c->calls; *at; at = &(*at)->next)
       if (*at == k) { *at = k->next; break; }
     free(k);
+    pthread_cond_broadcast(&changed);
   }
   return SUCCESS;
 }

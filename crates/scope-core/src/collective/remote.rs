@@ -1,0 +1,508 @@
+//! Ranks in separate processes: the meeting moves onto the transport.
+//!
+//! In one process the ranks meet in memory (`collective/round.rs`). A rank
+//! whose peers are other processes, or other machines, shares no memory
+//! with them, and scope adds no wire of its own between machines: the
+//! library that moves the bytes (NCCL, RCCL) is the only one. So the
+//! meeting becomes a collective too, and the rules stay what they are:
+//!
+//! 1. **A ballot before every round.** Each rank writes what it brings —
+//!    the call (kind, element, operation, root), its input's length, and
+//!    whether its input is readable: ready, failed (with the failure as its
+//!    process renders it: the root cause and the chain), or refused (why) —
+//!    into a record of [`RECORD`] bytes, and the ranks all-gather their
+//!    records through the communicator. Every rank then holds every rank's
+//!    record and runs the same decision on them
+//!    (`round::decide`): one outcome, reached alike
+//!    everywhere, before a byte of data moves (rules 41, 44). It is the
+//!    vote torchft adds by hand (`should_commit`), taken by the transport
+//!    that will carry the data.
+//! 2. **Every wait has the deadline.** The ballot's completion, and the
+//!    data call's, are polled ([`DeviceCollectives::finished`]) with the
+//!    server's lock released, for at most the group's deadline. A peer
+//!    that never calls — dead, stuck, or in another collective — leaves the
+//!    library's kernel waiting for it; at the deadline the rank aborts its
+//!    communicator (`ncclCommAbort` releases that kernel), its output
+//!    carries [`CollectiveError::Stalled`], and its group is broken (rules
+//!    42, 43). Across processes the library cannot say which peer is
+//!    missing, so the error names none.
+//! 3. **A failed call breaks what it can reach.** A rank whose call into
+//!    the library fails aborts its own communicator and breaks its group;
+//!    its peers' calls then wait for it, reach their deadline, and break
+//!    theirs. Every rank's output carries a failure; none reads as
+//!    written. (In one process the failing rank aborts every rank's
+//!    communicator at once and names itself to all; here it cannot.)
+//! 4. **The price**: one all-gather of [`RECORD`] bytes per rank, and a
+//!    wait on the host, before each collective, and a wait on the host
+//!    after it (so the output is never left to a stream that a missing peer
+//!    could hold forever). Point-to-point moves its bytes through the
+//!    process's memory and is refused between processes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::device::{Communicators, DeviceCall, DeviceCollectives, Mover, issue_failed};
+use super::round::{Input, Outcome, Part, decide};
+use super::{Call, CollectiveError, Element, Rank, Reduce, Shared};
+use crate::backend::Backend;
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::handle::Buffer;
+
+/// The bytes of one rank's ballot: a fixed size, so that every rank's
+/// all-gather has the same count. What does not fit of a failure's text is
+/// cut, and says so.
+pub const RECORD: usize = 1024;
+
+/// Marks a ballot record, and its layout's version.
+const MAGIC: u32 = 0x5343_4231;
+
+/// Where the text of a record begins.
+const TEXT: usize = 36;
+
+/// A peer's failure as its own process rendered it — the root cause and
+/// the chain, as text: what of an [`Error`] crosses processes. A rank's
+/// [`CollectiveError::InputFailed`] for a peer's input carries this as its
+/// cause ([`Error::external_root`] finds it).
+#[derive(Debug, thiserror::Error)]
+#[error("{report}")]
+pub struct PeerReport {
+    /// The failure, as the peer's [`Error`] displayed it.
+    pub report: String,
+}
+
+/// How the ranks meet when they share no memory, erased so that a
+/// [`Shared<B>`] needs no more than `B: Backend`.
+pub(super) trait Ballot<B: Backend>: Send + Sync {
+    /// Exchange rank `rank`'s `part` of round `round` for every rank's,
+    /// waiting at most `deadline`.
+    ///
+    /// # Errors
+    ///
+    /// What breaks the group: [`CollectiveError::Stalled`] when the
+    /// exchange did not complete in time (the communicator is aborted), or
+    /// [`CollectiveError::IssueFailed`] naming this rank when its own part
+    /// could not be sent or read.
+    fn vote(
+        &self,
+        client: &Client<B>,
+        seat: (usize, u64),
+        part: Part,
+        deadline: Duration,
+    ) -> std::result::Result<Vec<Part>, CollectiveError>;
+
+    /// Wait until `until` for the work issued so far on `client`'s
+    /// stream; `false` when it did not finish in time, after aborting the
+    /// communicator (which lets it finish); an error when the communicator
+    /// failed meanwhile (a peer aborted: aborted here too).
+    fn settle(&self, client: &Client<B>, until: Instant) -> Result<bool>;
+}
+
+/// One rank's ballot boxes: what it sends, and where every rank's lands.
+struct Ballots<B: DeviceCollectives> {
+    communicator: Arc<B::Communicator>,
+    send: Buffer,
+    gathered: Buffer,
+    ranks: usize,
+}
+
+impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
+    fn vote(
+        &self,
+        client: &Client<B>,
+        (rank, round): (usize, u64),
+        part: Part,
+        deadline: Duration,
+    ) -> std::result::Result<Vec<Part>, CollectiveError> {
+        let kind = part.kind;
+        let failed = |cause: Error| blame(kind, (rank, round), deadline, cause);
+        let until = Instant::now() + deadline;
+        client
+            .write(self.send.all(), &encode(round, &part))
+            .map_err(failed)?;
+        let ranks = self.ranks;
+        let communicator = &self.communicator;
+        client
+            .issue_collective(
+                "ballot",
+                self.send.all(),
+                self.gathered.all(),
+                |backend, stream, input, output| {
+                    let call = DeviceCall {
+                        call: Call::AllGather,
+                        input,
+                        output,
+                        rank,
+                        ranks,
+                    };
+                    // SAFETY: the communicator is this rank's, joined on
+                    // this backend (`Rank::join`); the server resolved both
+                    // ballot buffers, RECORD and RECORD × ranks bytes, as
+                    // an all-gather needs; every rank's next call through
+                    // the communicator is this round's ballot, since every
+                    // collective of a group begins with one and a rank
+                    // whose round failed breaks its group and calls no
+                    // more.
+                    unsafe { backend.collective(communicator, stream, &call) }
+                },
+            )
+            .map_err(failed)?;
+        if !self.settle(client, until).map_err(failed)? {
+            return Err(CollectiveError::Stalled {
+                collective: kind.name(),
+                round,
+                deadline,
+            });
+        }
+        let gathered = client.read(self.gathered.all()).map_err(failed)?;
+        let mut parts: Vec<Option<Part>> = gathered
+            .chunks_exact(RECORD)
+            .map(|record| Some(decode(round, record)))
+            .collect();
+        // This rank's own failure keeps its error whole, not its text.
+        if let Some(mine) = parts.get_mut(rank) {
+            *mine = Some(part);
+        }
+        Ok(parts.into_iter().flatten().collect())
+    }
+
+    fn settle(&self, client: &Client<B>, until: Instant) -> Result<bool> {
+        client.sync_within(
+            until,
+            // SAFETY: the communicator was joined on a `B`; the client
+            // hands only a waiter its backend's `begin_wait` made and has
+            // not ended.
+            |waiter| unsafe {
+                B::health(&self.communicator)?;
+                B::finished(waiter)
+            },
+            // SAFETY: the communicator was joined on a `B`.
+            || unsafe { B::abort(&self.communicator) },
+        )
+    }
+}
+
+/// Why rank `rank`'s round `round` of `kind` failed, when its own call
+/// answered `cause`: a transport that gave up waiting for its peers
+/// ([`CollectiveError::Stalled`]) says the peers are missing; anything else
+/// is this rank's own failure.
+fn blame(
+    kind: Call,
+    (rank, round): (usize, u64),
+    deadline: Duration,
+    cause: Error,
+) -> CollectiveError {
+    match &cause {
+        Error::Collective(stalled) if matches!(**stalled, CollectiveError::Stalled { .. }) => {
+            CollectiveError::Stalled {
+                collective: kind.name(),
+                round,
+                deadline,
+            }
+        }
+        _ => issue_failed(kind, round, rank, cause),
+    }
+}
+
+/// `part` of round `round` as a ballot record.
+fn encode(round: u64, part: &Part) -> Vec<u8> {
+    let mut record = vec![0u8; RECORD];
+    let (kind, element, op, root) = match part.kind {
+        Call::AllReduce { element, op } => (0u8, element, op, 0u32),
+        Call::AllGather => (1, Element::U32, Reduce::Sum, 0),
+        Call::ReduceScatter { element, op } => (2, element, op, 0),
+        Call::Broadcast { root } => (3, Element::U32, Reduce::Sum, root as u32),
+        Call::AllToAll => (4, Element::U32, Reduce::Sum, 0),
+    };
+    let element = match element {
+        Element::F32 => 0u8,
+        Element::I32 => 1,
+        Element::U32 => 2,
+    };
+    let op = match op {
+        Reduce::Sum => 0u8,
+        Reduce::Prod => 1,
+        Reduce::Min => 2,
+        Reduce::Max => 3,
+        Reduce::Mean => 4,
+    };
+    let (status, text) = match &part.input {
+        Input::Ready | Input::Bytes(_) => (0u32, String::new()),
+        Input::Failed(cause) => (1, cause.to_string()),
+        Input::Refused(why) => (2, why.clone()),
+        Input::IssueFailed(cause, _) => (1, cause.to_string()),
+    };
+    let mut text = text.into_bytes();
+    if text.len() > RECORD - TEXT {
+        const CUT: &[u8] = " [cut]".as_bytes();
+        text.truncate(RECORD - TEXT - CUT.len());
+        while std::str::from_utf8(&text).is_err() {
+            text.pop();
+        }
+        text.extend_from_slice(CUT);
+    }
+    record[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    record[4..8].copy_from_slice(&[kind, element, op, 0]);
+    record[8..12].copy_from_slice(&root.to_le_bytes());
+    record[12..20].copy_from_slice(&part.len.to_le_bytes());
+    record[20..28].copy_from_slice(&round.to_le_bytes());
+    record[28..32].copy_from_slice(&status.to_le_bytes());
+    record[32..36].copy_from_slice(&(text.len() as u32).to_le_bytes());
+    record[TEXT..TEXT + text.len()].copy_from_slice(&text);
+    record
+}
+
+/// A rank's record, read in round `round`, as the part it stands for; a
+/// record that is not one, or is of another round, as a refusal every rank
+/// reaches alike.
+fn decode(round: u64, record: &[u8]) -> Part {
+    let word = |at: usize| {
+        u32::from_le_bytes([record[at], record[at + 1], record[at + 2], record[at + 3]])
+    };
+    let long = |at: usize| {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&record[at..at + 8]);
+        u64::from_le_bytes(bytes)
+    };
+    let refused = |why: String| Part {
+        kind: Call::AllGather,
+        len: 0,
+        input: Input::Refused(why),
+    };
+    if word(0) != MAGIC {
+        return refused(
+            "sent a ballot scope did not write (another program on the communicator?)".to_owned(),
+        );
+    }
+    if long(20) != round {
+        return refused(format!(
+            "voted for collective #{} where this rank is at #{round}: the ranks are out of step",
+            long(20)
+        ));
+    }
+    let element = match record[5] {
+        0 => Element::F32,
+        1 => Element::I32,
+        _ => Element::U32,
+    };
+    let op = match record[6] {
+        0 => Reduce::Sum,
+        1 => Reduce::Prod,
+        2 => Reduce::Min,
+        3 => Reduce::Max,
+        _ => Reduce::Mean,
+    };
+    let kind = match record[4] {
+        0 => Call::AllReduce { element, op },
+        1 => Call::AllGather,
+        2 => Call::ReduceScatter { element, op },
+        3 => Call::Broadcast {
+            root: word(8) as usize,
+        },
+        _ => Call::AllToAll,
+    };
+    let len = (word(32) as usize).min(RECORD - TEXT);
+    let text = String::from_utf8_lossy(&record[TEXT..TEXT + len]).into_owned();
+    let input = match word(28) {
+        0 => Input::Ready,
+        1 => Input::Failed(Error::external(PeerReport { report: text })),
+        _ => Input::Refused(text),
+    };
+    Part {
+        kind,
+        len: long(12),
+        input,
+    }
+}
+
+impl<B: DeviceCollectives> Rank<B> {
+    /// Rank `rank` of a group of `ranks` whose other ranks live in other
+    /// processes, or on other machines: each joins with its own client and
+    /// the same `identity`, made once by [`DeviceCollectives::identity`]
+    /// and handed to every rank by the launcher, out of band (for NCCL and
+    /// RCCL, a `UniqueId`'s [`to_bytes`](crate::native::nccl::UniqueId::to_bytes)).
+    /// Its collectives decide by ballot on the transport
+    /// ([`remote`](self)); every wait is bounded by `deadline`, the join's
+    /// included.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a rank past `ranks`; the library's
+    /// refusal to join (an identity it did not make, two ranks on one
+    /// device), or a join whose peers did not all arrive within
+    /// `deadline`; the ballot buffers' allocation.
+    pub fn join(
+        client: Client<B>,
+        identity: &B::Identity,
+        rank: usize,
+        ranks: usize,
+        deadline: Duration,
+    ) -> Result<Self> {
+        if rank >= ranks {
+            return Err(Error::invalid(
+                "rank",
+                format!("{rank} in a group of {ranks}"),
+            ));
+        }
+        let join = |backend: &mut B| {
+            // SAFETY: the caller's launcher gives every rank this identity
+            // and count, each rank once, each in its own process or on its
+            // own thread; the library refuses two ranks on one device.
+            unsafe { backend.join(identity, rank, ranks, deadline) }
+        };
+        // SAFETY: joining makes a library object the core does not track,
+        // and leaves no work on any stream.
+        let communicator = Arc::new(unsafe { client.with_backend_mut(join) }??);
+        let send = client.allocate(RECORD as u64)?;
+        let gathered = client.allocate((RECORD * ranks) as u64)?;
+        let mover: Box<dyn Mover<B>> = Box::new(Communicators::<B> {
+            first: rank,
+            mine: vec![communicator.clone()],
+            ranks,
+        });
+        let ballot: Box<dyn Ballot<B>> = Box::new(Ballots::<B> {
+            communicator,
+            send,
+            gathered,
+            ranks,
+        });
+        let shared = Shared::new(
+            vec![client],
+            (rank, ranks),
+            deadline,
+            Some(mover),
+            Some(ballot),
+        );
+        Ok(Self {
+            shared: Arc::new(shared),
+            rank,
+        })
+    }
+}
+
+impl<B: Backend> Rank<B> {
+    /// Meet by ballot: every rank's part, then the one outcome.
+    ///
+    /// # Errors
+    ///
+    /// What broke the group ([`Ballot::vote`]).
+    pub(super) fn vote(&self, ballot: &dyn Ballot<B>, part: Part) -> Result<Arc<Outcome>> {
+        let round = self.next_round();
+        match ballot.vote(
+            self.client(),
+            (self.rank, round),
+            part,
+            self.shared.deadline,
+        ) {
+            Ok(parts) => Ok(Arc::new(decide(round, &parts))),
+            Err(error) => {
+                self.shared
+                    .break_with(&mut self.shared.state.lock(), &error);
+                Err(error.into())
+            }
+        }
+    }
+
+    /// After a ballot agreed and this rank issued its call (`issued`): wait
+    /// for the call within the deadline. A call that failed, or did not
+    /// finish in time, breaks the group (aborting the communicator) and its
+    /// output carries why.
+    pub(super) fn settle_issued(
+        &self,
+        ballot: &dyn Ballot<B>,
+        kind: Call,
+        issued: Result<()>,
+        output: crate::handle::Slice<'_>,
+    ) -> Result<()> {
+        let round = self.shared.state.lock().issued[self.rank].saturating_sub(1);
+        let deadline = self.shared.deadline;
+        let seat = (self.rank, round);
+        let error = match issued {
+            Err(cause) => blame(kind, seat, deadline, cause),
+            Ok(()) => match ballot.settle(self.client(), Instant::now() + deadline) {
+                Ok(true) => return Ok(()),
+                Ok(false) => CollectiveError::Stalled {
+                    collective: kind.name(),
+                    round,
+                    deadline,
+                },
+                Err(cause) => blame(kind, seat, deadline, cause),
+            },
+        };
+        self.shared
+            .break_with(&mut self.shared.state.lock(), &error);
+        let error: Error = error.into();
+        self.client().fail_writing(&[output], error.clone())?;
+        Err(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every call, with each status, reads back as written; a failure's
+    /// text too long for a record is cut on a character boundary, and
+    /// says so.
+    #[test]
+    fn a_ballot_reads_back_as_written() {
+        let calls = [
+            Call::AllReduce {
+                element: Element::F32,
+                op: Reduce::Mean,
+            },
+            Call::AllGather,
+            Call::ReduceScatter {
+                element: Element::I32,
+                op: Reduce::Min,
+            },
+            Call::Broadcast { root: 3 },
+            Call::AllToAll,
+        ];
+        let long = "é".repeat(RECORD);
+        for (i, kind) in calls.into_iter().enumerate() {
+            for input in [
+                Input::Ready,
+                Input::Refused("passed 3 bytes".to_owned()),
+                Input::Failed(Error::internal(long.clone())),
+            ] {
+                let part = Part {
+                    kind,
+                    len: 4096 + i as u64,
+                    input,
+                };
+                let record = encode(7, &part);
+                assert_eq!(record.len(), RECORD);
+                let read = decode(7, &record);
+                assert_eq!(read.kind, kind);
+                assert_eq!(read.len, 4096 + i as u64);
+                match (&part.input, &read.input) {
+                    (Input::Ready, Input::Ready) => {}
+                    (Input::Refused(a), Input::Refused(b)) => assert_eq!(a, b),
+                    (Input::Failed(_), Input::Failed(cause)) => {
+                        let text = cause.to_string();
+                        assert!(text.ends_with(" [cut]"), "{text}");
+                        assert!(text.len() <= RECORD - TEXT);
+                        assert!(cause.external_root::<PeerReport>().is_some());
+                    }
+                    _ => panic!("{kind:?}: the status changed"),
+                }
+            }
+        }
+    }
+
+    /// A record of another round, or one scope did not write, is a refusal.
+    #[test]
+    fn a_foreign_or_stale_ballot_is_refused() {
+        let part = Part {
+            kind: Call::AllGather,
+            len: 64,
+            input: Input::Ready,
+        };
+        assert!(matches!(
+            decode(8, &encode(7, &part)).input,
+            Input::Refused(why) if why.contains("#7") && why.contains("#8")
+        ));
+        assert!(matches!(decode(0, &[0; RECORD]).input, Input::Refused(_)));
+    }
+}

@@ -1,0 +1,232 @@
+//! Ranks that share no memory (rule 49): each rank joins its group on its
+//! own, from the identity alone ([`Rank::join`]), as a rank in another
+//! process would, and the rules of one process hold by ballot on the
+//! transport.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::collective::device::DeviceCollectives;
+use crate::collective::remote::PeerReport;
+use crate::collective::{CollectiveError, Element, Rank, Reduce};
+
+const RANKS: usize = 4;
+const PART: u32 = 64;
+
+fn collective_error(error: &Error) -> &CollectiveError {
+    match error {
+        Error::Collective(c) => c,
+        other => panic!("expected a collective error, got: {other}"),
+    }
+}
+
+/// `f(rank)` on a thread per rank, each holding nothing of its peers' but
+/// the identity; `None` (skipped) without a device or the library.
+fn each_rank_alone<S: Suite, R: Send>(
+    deadline: Duration,
+    f: impl Fn(Rank<S::Backend>) -> R + Sync,
+) -> Option<Vec<R>>
+where
+    S::Backend: DeviceCollectives,
+{
+    let clients: Option<Vec<_>> = (0..RANKS)
+        .map(|rank| client_or_skip(|| S::rank_client(rank)))
+        .collect();
+    let clients = clients?;
+    let identity = <S::Backend as DeviceCollectives>::identity()
+        .expect("the suite's backend has its collectives library");
+    let (identity, f) = (&identity, &f);
+    Some(std::thread::scope(|scope| {
+        let threads: Vec<_> = clients
+            .into_iter()
+            .enumerate()
+            .map(|(rank, client)| {
+                scope.spawn(move || {
+                    let joined = Rank::join(client, identity, rank, RANKS, deadline)
+                        .expect("every rank joins");
+                    f(joined)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    }))
+}
+
+/// Ranks that each joined alone, as in separate processes, compute every
+/// collective; a failed input on rank 2 fails every rank's output naming
+/// rank 2 and its root cause (as rank 2's process rendered it), leaving the
+/// inputs as they were; ranks that disagree on the call are refused
+/// everywhere, claiming nothing; and the group goes on (rules 41, 44, 49).
+pub fn ranks_in_separate_processes_decide_alike<S: Suite>()
+where
+    S::Backend: DeviceCollectives,
+{
+    let outcomes = each_rank_alone::<S, _>(Duration::from_secs(120), |rank| {
+        let c = rank.client();
+        let r = rank.index() as u32;
+        let input = upload(c, &vec![r + 1; PART as usize]);
+        let sum = alloc(c, PART);
+        rank.all_reduce(input.all(), sum.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        let gathered = alloc(c, PART * RANKS as u32);
+        rank.all_gather(input.all(), gathered.all()).unwrap();
+        let shared = upload(c, &vec![r * 7; PART as usize]);
+        rank.broadcast(1, shared.all()).unwrap();
+        // Rank 2's input carries a failure.
+        let mine = upload(c, &vec![r; PART as usize]);
+        if r == 2 {
+            c.fail_writing(&[mine.all()], injected("rank two's backward pass"))
+                .unwrap();
+        }
+        let output = upload(c, &[77; PART as usize]);
+        let failed = rank.all_reduce(mine.all(), output.all(), Element::U32, Reduce::Sum);
+        let claim = read(c, &output).expect_err("the output carries the failure");
+        let untouched = read(c, &mine);
+        // Rank 1 calls another collective.
+        let kept = upload(c, &[5; PART as usize]);
+        let refused = if r == 1 {
+            rank.all_gather(input.all(), alloc(c, PART * RANKS as u32).all())
+        } else {
+            rank.all_reduce(input.all(), kept.all(), Element::U32, Reduce::Sum)
+        };
+        let kept = read(c, &kept).unwrap();
+        // Still in step.
+        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Max)
+            .unwrap();
+        (
+            (read(c, &sum).unwrap(), read(c, &gathered).unwrap()),
+            read(c, &shared).unwrap(),
+            (failed, claim, untouched),
+            (refused, kept),
+            read(c, &output).unwrap(),
+            rank.broken(),
+        )
+    });
+    let Some(outcomes) = outcomes else {
+        return;
+    };
+    let total: u32 = (1..=RANKS as u32).sum();
+    for (
+        rank,
+        ((sum, gathered), shared, (failed, claim, untouched), (refused, kept), healed, broken),
+    ) in outcomes.into_iter().enumerate()
+    {
+        assert_eq!(sum, vec![total; PART as usize], "rank {rank}: sum");
+        let expected: Vec<u32> = (1..=RANKS as u32)
+            .flat_map(|v| std::iter::repeat_n(v, PART as usize))
+            .collect();
+        assert_eq!(gathered, expected, "rank {rank}: gather");
+        assert_eq!(shared, vec![7; PART as usize], "rank {rank}: broadcast");
+        let error = failed.expect_err("every rank's collective fails");
+        for reported in [collective_error(&error), collective_error(claim.root())] {
+            let CollectiveError::InputFailed {
+                rank: from, cause, ..
+            } = reported
+            else {
+                panic!("rank {rank}: {reported}");
+            };
+            assert_eq!(*from, 2, "rank {rank} names rank 2");
+            assert!(
+                cause.to_string().contains("rank two's backward pass"),
+                "rank {rank}: the root cause travels: {cause}"
+            );
+            if rank != 2 {
+                assert!(
+                    cause.external_root::<PeerReport>().is_some(),
+                    "rank {rank}: a peer's failure arrives as its report: {cause:?}"
+                );
+            }
+        }
+        match rank {
+            2 => assert!(untouched.is_err(), "rank 2's input still fails"),
+            _ => assert_eq!(untouched.unwrap(), vec![rank as u32; PART as usize]),
+        }
+        let refused = refused.expect_err("a mismatched call is refused everywhere");
+        assert!(
+            matches!(
+                collective_error(&refused),
+                CollectiveError::Refused { rank: 1, .. }
+            ),
+            "rank {rank}: {refused}"
+        );
+        assert_eq!(
+            kept,
+            vec![5; PART as usize],
+            "rank {rank}: a refusal claims nothing"
+        );
+        assert_eq!(
+            healed,
+            vec![RANKS as u32; PART as usize],
+            "rank {rank}: healed"
+        );
+        assert!(broken.is_none(), "rank {rank}: {broken:?}");
+    }
+}
+
+/// A rank that never calls: every other rank, joined alone, fails within
+/// the deadline with [`CollectiveError::Stalled`] (across processes no rank
+/// can name the missing one), its output carries that, and its group is
+/// broken for later calls, claiming nothing (rules 42, 43, 49).
+pub fn a_silent_rank_in_another_process_stalls_its_peers_within_the_deadline<S: Suite>()
+where
+    S::Backend: DeviceCollectives,
+{
+    let deadline = Duration::from_millis(500);
+    let started = Instant::now();
+    let outcomes = each_rank_alone::<S, _>(deadline, |rank| {
+        let c = rank.client();
+        let input = upload(c, &[1; PART as usize]);
+        let output = upload(c, &[5; PART as usize]);
+        // One clean round, then rank 3 falls silent.
+        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        if rank.index() == 3 {
+            return None;
+        }
+        let before = started.elapsed();
+        let stalled = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
+        let waited = started.elapsed() - before;
+        let claim = read(c, &output).expect_err("the output carries the stall");
+        let kept = upload(c, &[9; PART as usize]);
+        let later = rank.all_reduce(input.all(), kept.all(), Element::U32, Reduce::Sum);
+        Some((stalled, waited, claim, later, read(c, &kept).unwrap()))
+    });
+    let Some(outcomes) = outcomes else {
+        return;
+    };
+    let mut longest = Duration::ZERO;
+    for (rank, outcome) in outcomes.into_iter().enumerate().take(3) {
+        let (stalled, waited, claim, later, kept) = outcome.expect("ranks 0 to 2 called");
+        let error = stalled.expect_err("a silent peer fails the collective");
+        for reported in [collective_error(&error), collective_error(claim.root())] {
+            assert!(
+                matches!(reported, CollectiveError::Stalled { round: 1, .. }),
+                "rank {rank}: {reported}"
+            );
+        }
+        assert!(
+            waited < deadline + Duration::from_secs(30),
+            "rank {rank} waited {waited:?} for a deadline of {deadline:?}"
+        );
+        longest = longest.max(waited);
+        let later = later.expect_err("the group is broken");
+        assert!(
+            matches!(collective_error(&later), CollectiveError::Broken { .. }),
+            "rank {rank}: {later}"
+        );
+        assert_eq!(
+            kept,
+            vec![9; PART as usize],
+            "rank {rank}: a refusal claims nothing"
+        );
+    }
+    // The first to give up waited its deadline out; its peers may learn
+    // of its abort sooner.
+    assert!(
+        longest >= deadline,
+        "no rank waited the deadline: {longest:?}"
+    );
+}
