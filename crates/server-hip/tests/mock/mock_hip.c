@@ -20,8 +20,10 @@
  * 64-wide wavefronts) are in its properties, and a launch past them fails.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int hipError_t;
 enum {
@@ -326,6 +328,30 @@ hipError_t hipGraphDestroy(void *g) { graph_free(g); return OK; }
 typedef struct { char *source; char *log; } program;
 static const char *ARCH = "--offload-arch=gfx90a:sramecc+:xnack-";
 
+/* With SCOPE_MOCK_HIPRTC_DUMP naming a directory, every source given to
+ * hiprtcCompileProgram is also written there, as `<FNV-1a 64 of the
+ * source>.hip` (so a source compiled many times is one file), before the
+ * mock looks at it: how server-hip's tests/toolchain.rs collects the HIP C++
+ * that test binaries run on the mock emit, to compile it with the real
+ * hiprtc. Written beside and renamed into place, so a reader never sees half
+ * a file and two processes dumping the same source do not interleave. The
+ * compile then goes on as without it: a kernel the mock does not know
+ * compiles, and its hipModuleGetFunction fails, so a test stops there. */
+static void dump(const char *source) {
+  const char *dir = getenv("SCOPE_MOCK_HIPRTC_DUMP");
+  if (!dir || !*dir) return;
+  unsigned long long hash = 1469598103934665603ULL;
+  for (const char *c = source; *c; c++) { hash ^= (unsigned char)*c; hash *= 1099511628211ULL; }
+  char path[4096], partial[4200];
+  snprintf(path, sizeof path, "%s/%016llx.hip", dir, hash);
+  snprintf(partial, sizeof partial, "%s.%ld.partial", path, (long)getpid());
+  FILE *f = fopen(partial, "w");
+  if (!f) { fprintf(stderr, "mock hiprtc: cannot write %s\n", partial); return; }
+  int ok = fputs(source, f) >= 0;
+  ok = (fclose(f) == 0) && ok;
+  if (!ok || rename(partial, path) != 0) { fprintf(stderr, "mock hiprtc: cannot write %s\n", path); remove(partial); }
+}
+
 int hiprtcCreateProgram(void **p, const char *src, const char *name, int n, const char **h, const char **hn) {
   (void)name; (void)h; (void)hn;
   if (n != 0) return 3;
@@ -338,6 +364,7 @@ int hiprtcCreateProgram(void **p, const char *src, const char *name, int n, cons
 int hiprtcCompileProgram(void *p, int n, const char **options) {
   program *prog = p;
   int arch = 0;
+  dump(prog->source);
   for (int i = 0; i < n; i++) arch |= !strcmp(options[i], ARCH);
   free(prog->log);
   if (!arch) { prog->log = strdup("mock hiprtc: expected --offload-arch=gfx90a:sramecc+:xnack-"); return 5; }
