@@ -194,6 +194,18 @@ pub enum CollectiveError {
         /// How long this rank waited.
         deadline: Duration,
     },
+    /// The device transport's library (NCCL, RCCL) answered an error of
+    /// its own: a refusal, an internal failure, a call on an aborted
+    /// communicator.
+    #[error("{library} `{call}` failed: {detail}")]
+    Library {
+        /// Which library ("nccl", "rccl").
+        library: &'static str,
+        /// The entry point.
+        call: &'static str,
+        /// Its result code and what the library says it means.
+        detail: String,
+    },
     /// The group lost a rank earlier; make a new [`Group`] (rule 43).
     #[error("the group is broken ({cause}); make a new group")]
     Broken {

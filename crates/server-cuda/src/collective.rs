@@ -57,7 +57,7 @@ fn nccl() -> Result<NcclTable> {
         // SAFETY: every address is looked up by its NCCL name in NCCL
         // itself, loaded for the life of the process.
         unsafe {
-            NcclTable::resolve(|name| {
+            NcclTable::resolve("nccl", |name| {
                 library
                     .get::<*const c_void>(name.as_bytes())
                     .ok()

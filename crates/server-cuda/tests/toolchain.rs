@@ -332,7 +332,7 @@ fn nccl_library() {
         // SAFETY: each address is looked up by its NCCL name in NCCL,
         // which stays loaded.
         let table = unsafe {
-            scope_core::native::nccl::NcclTable::resolve(|name| {
+            scope_core::native::nccl::NcclTable::resolve("nccl", |name| {
                 library
                     .get::<*const std::ffi::c_void>(name.as_bytes())
                     .ok()

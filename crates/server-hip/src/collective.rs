@@ -66,7 +66,7 @@ fn load(names: &[String]) -> std::result::Result<Rccl, String> {
         // SAFETY: each address is looked up by its NCCL API name in the
         // RCCL just opened, which `Rccl` keeps loaded with the table.
         let table = unsafe {
-            NcclTable::resolve(|symbol| {
+            NcclTable::resolve("rccl", |symbol| {
                 library
                     .get::<*const c_void>(symbol.as_bytes())
                     .ok()

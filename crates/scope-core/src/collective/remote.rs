@@ -157,8 +157,20 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
         let gathered = client.read(self.gathered.all()).map_err(failed)?;
         let mut parts: Vec<Option<Part>> = gathered
             .chunks_exact(RECORD)
-            .map(|record| Some(decode(round, record)))
+            .map(|record| decode(round, record))
             .collect();
+        if parts.iter().any(Option::is_none) {
+            // A record scope did not write for this round: the exchange
+            // ended without every rank's ballot (an abort, say), and what
+            // the buffer holds is not a vote.
+            // SAFETY: the communicator was joined on a `B`.
+            unsafe { B::abort(communicator) };
+            return Err(CollectiveError::Stalled {
+                collective: kind.name(),
+                round,
+                deadline,
+            });
+        }
         // This rank's own failure keeps its error whole, not its text.
         if let Some(mine) = parts.get_mut(rank) {
             *mine = Some(part);
@@ -172,9 +184,13 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
             // SAFETY: the communicator was joined on a `B`; the client
             // hands only a waiter its backend's `begin_wait` made and has
             // not ended.
+            // Health is asked after the work says finished: a peer's abort
+            // also ends the work, with nothing written, and must not read
+            // as a completion.
             |waiter| unsafe {
+                let finished = B::finished(waiter)?;
                 B::health(&self.communicator)?;
-                B::finished(waiter)
+                Ok(finished)
             },
             // SAFETY: the communicator was joined on a `B`.
             || unsafe { B::abort(&self.communicator) },
@@ -252,10 +268,9 @@ fn encode(round: u64, part: &Part) -> Vec<u8> {
     record
 }
 
-/// A rank's record, read in round `round`, as the part it stands for; a
-/// record that is not one, or is of another round, as a refusal every rank
-/// reaches alike.
-fn decode(round: u64, record: &[u8]) -> Part {
+/// A rank's record, read in round `round`, as the part it stands for;
+/// `None` for a record that is not one, or is of another round.
+fn decode(round: u64, record: &[u8]) -> Option<Part> {
     let word = |at: usize| {
         u32::from_le_bytes([record[at], record[at + 1], record[at + 2], record[at + 3]])
     };
@@ -264,21 +279,8 @@ fn decode(round: u64, record: &[u8]) -> Part {
         bytes.copy_from_slice(&record[at..at + 8]);
         u64::from_le_bytes(bytes)
     };
-    let refused = |why: String| Part {
-        kind: Call::AllGather,
-        len: 0,
-        input: Input::Refused(why),
-    };
-    if word(0) != MAGIC {
-        return refused(
-            "sent a ballot scope did not write (another program on the communicator?)".to_owned(),
-        );
-    }
-    if long(20) != round {
-        return refused(format!(
-            "voted for collective #{} where this rank is at #{round}: the ranks are out of step",
-            long(20)
-        ));
+    if word(0) != MAGIC || long(20) != round {
+        return None;
     }
     let element = match record[5] {
         0 => Element::F32,
@@ -308,11 +310,11 @@ fn decode(round: u64, record: &[u8]) -> Part {
         1 => Input::Failed(Error::external(PeerReport { report: text })),
         _ => Input::Refused(text),
     };
-    Part {
+    Some(Part {
         kind,
         len: long(12),
         input,
-    }
+    })
 }
 
 impl<B: DeviceCollectives> Rank<B> {
@@ -473,7 +475,7 @@ mod tests {
                 };
                 let record = encode(7, &part);
                 assert_eq!(record.len(), RECORD);
-                let read = decode(7, &record);
+                let read = decode(7, &record).expect("a ballot of this round");
                 assert_eq!(read.kind, kind);
                 assert_eq!(read.len, 4096 + i as u64);
                 match (&part.input, &read.input) {
@@ -491,18 +493,16 @@ mod tests {
         }
     }
 
-    /// A record of another round, or one scope did not write, is a refusal.
+    /// A record of another round, or one scope did not write, is no vote.
     #[test]
-    fn a_foreign_or_stale_ballot_is_refused() {
+    fn a_foreign_or_stale_ballot_is_no_vote() {
         let part = Part {
             kind: Call::AllGather,
             len: 64,
             input: Input::Ready,
         };
-        assert!(matches!(
-            decode(8, &encode(7, &part)).input,
-            Input::Refused(why) if why.contains("#7") && why.contains("#8")
-        ));
-        assert!(matches!(decode(0, &[0; RECORD]).input, Input::Refused(_)));
+        assert!(decode(7, &encode(7, &part)).is_some());
+        assert!(decode(8, &encode(7, &part)).is_none());
+        assert!(decode(0, &[0; RECORD]).is_none());
     }
 }

@@ -156,6 +156,8 @@ pub type ErrorString = unsafe extern "C" fn(NcclResult) -> *const c_char;
 #[allow(missing_docs)]
 #[derive(Clone, Copy)]
 pub struct NcclTable {
+    /// Which library this is ("nccl", "rccl"), as its errors name it.
+    pub library: &'static str,
     pub get_unique_id: GetUniqueId,
     pub comm_init_rank_config: CommInitRankConfig,
     pub comm_get_async_error: CommGetAsyncError,
@@ -194,6 +196,7 @@ impl NcclTable {
     /// library (NCCL 2.17 or later, or RCCL), loaded for as long as the
     /// table is used.
     pub unsafe fn resolve(
+        library: &'static str,
         mut address: impl FnMut(&'static str) -> Option<*const c_void>,
     ) -> std::result::Result<Self, &'static str> {
         let mut next = |name: &'static str| address(name).filter(|p| !p.is_null()).ok_or(name);
@@ -206,6 +209,7 @@ impl NcclTable {
             }};
         }
         Ok(Self {
+            library,
             get_unique_id: entry!("ncclGetUniqueId", GetUniqueId),
             comm_init_rank_config: entry!("ncclCommInitRankConfig", CommInitRankConfig),
             comm_get_async_error: entry!("ncclCommGetAsyncError", CommGetAsyncError),
@@ -221,15 +225,16 @@ impl NcclTable {
     }
 
     /// What `call` answered, as the core's error.
-    fn error(&self, call: &str, result: NcclResult) -> Error {
+    fn error(&self, call: &'static str, result: NcclResult) -> Error {
         // SAFETY: `ncclGetErrorString` returns a static, NUL-terminated
         // string for any code.
         let text = unsafe { CStr::from_ptr((self.get_error_string)(result)) };
-        Error::Launch {
-            kernel: call.into(),
-            stream: crate::id::StreamId(0),
+        CollectiveError::Library {
+            library: self.library,
+            call,
             detail: format!("result {result}: {}", text.to_string_lossy()),
         }
+        .into()
     }
 
     /// A new unique id (`ncclGetUniqueId`).
@@ -273,12 +278,13 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
-fn aborted(call: &str) -> Error {
-    Error::Launch {
-        kernel: call.into(),
-        stream: crate::id::StreamId(0),
+fn aborted(library: &'static str, call: &'static str) -> Error {
+    CollectiveError::Library {
+        library,
+        call,
         detail: "the communicator was aborted (a rank of its group failed)".to_owned(),
     }
+    .into()
 }
 
 fn data_type(element: Element) -> c_int {
@@ -377,7 +383,7 @@ impl Communicator {
             {
                 let handle = self.handle.read();
                 if handle.aborted {
-                    return Err(aborted(call));
+                    return Err(aborted(self.table.library, call));
                 }
                 let mut state = IN_PROGRESS;
                 // SAFETY: the handle is live (not aborted, under the lock).
@@ -421,7 +427,7 @@ impl Communicator {
     pub fn health(&self) -> Result<()> {
         let handle = self.handle.read();
         if handle.aborted {
-            return Err(aborted("ncclCommGetAsyncError"));
+            return Err(aborted(self.table.library, "ncclCommGetAsyncError"));
         }
         let mut state = SUCCESS;
         // SAFETY: the handle is live (not aborted, under the lock).
@@ -464,7 +470,7 @@ impl Communicator {
         let (name, issued) = {
             let handle = self.handle.read();
             if handle.aborted {
-                return Err(aborted(call.name()));
+                return Err(aborted(t.library, call.name()));
             }
             let comm = handle.comm;
             // SAFETY: the communicator is live (not aborted, under its
@@ -528,10 +534,11 @@ impl Communicator {
                 }
             }
         };
-        if issued != SUCCESS && issued != IN_PROGRESS {
-            return Err(t.error(name, issued));
+        match issued {
+            SUCCESS | IN_PROGRESS => self.settle(name),
+            REMOTE => Err(self.stalled(name)),
+            failed => Err(t.error(name, failed)),
         }
-        self.settle(name)
     }
 
     /// Abort: calls waiting in the library return, and the communicator

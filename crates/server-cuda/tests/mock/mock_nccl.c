@@ -420,6 +420,8 @@ static int post_call(comm *m, int kind, const void *send, void *recv, size_t cou
   if (bad) return bad;
   clique *c = m->c;
   int n = c->nranks;
+  /* A peer aborted: NCCL answers the communicator's error (not a misuse). */
+  if (c->aborted) return REMOTE;
   if (c->joined < n) return refuse(INVALID_USAGE, "%s before every rank joined the communicator", name);
   if (dtype != INT32 && dtype != UINT32 && dtype != FLOAT32)
     return refuse(INVALID_ARGUMENT, "%s: data type %d (the mock moves int32, uint32 and float32)", name, dtype);
