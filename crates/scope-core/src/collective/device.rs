@@ -256,12 +256,17 @@ impl<B: DeviceCollectives> Group<B> {
         Self::check_clients(&clients)?;
         let identity = B::identity()?;
         let ranks = clients.len();
+        // The ranks meet in memory before every call, and that meeting
+        // keeps the deadline; the transport's own patience only guards
+        // against a broken contract, and must not fail a join or a call
+        // that a loaded machine merely scheduled late.
+        let patience = deadline.max(super::DEFAULT_DEADLINE);
         let joined: Vec<Result<B::Communicator>> = per_rank(ranks, |rank| {
             let join = |backend: &mut B| {
                 // SAFETY: every rank joins this one identity with the same
                 // count, once, on a thread of its own (`per_rank`);
                 // `check_clients` made every rank's server distinct.
-                unsafe { backend.join(&identity, rank, ranks, deadline) }
+                unsafe { backend.join(&identity, rank, ranks, patience) }
             };
             // SAFETY: joining makes a library object the core does not
             // track, and leaves no work on any stream.

@@ -325,7 +325,8 @@ impl<B: DeviceCollectives> Rank<B> {
     /// RCCL, a `UniqueId`'s [`to_bytes`](crate::native::nccl::UniqueId::to_bytes)).
     /// Its collectives decide by ballot on the transport
     /// ([`remote`](self)); every wait is bounded by `deadline`, the join's
-    /// included.
+    /// included — so a deadline must also cover the library's setup (NCCL
+    /// connecting machines takes seconds).
     ///
     /// # Errors
     ///
