@@ -31,8 +31,9 @@
 //!   kernels, translated to CUDA C++ by `scope_cube::translate`.
 //! - [`cubecl_kernels`]: what cubecl-cpp writes for `ScopeRuntime<Cuda>`
 //!   when cubecl-core's runtime tests and cubek's matmul and reductions
-//!   run on it, collected in child processes on the mock
-//!   (`toolchain/harvest.rs` says how, and what that misses).
+//!   run on it, collected in child processes on the mock (scope-cubecl's
+//!   `tests/support/toolchain.rs`, shared with server-hip, says how, and
+//!   `toolchain/harvest.rs` what that misses).
 //! - [`nccl_library`]: cudarc's `nccl` loads the real NCCL of the same
 //!   folder, `ncclGetVersion` answers, and every symbol a device transport
 //!   for the collectives calls is there.
@@ -45,6 +46,8 @@ mod harness;
 mod harvest;
 #[path = "toolchain/nvidia.rs"]
 mod nvidia;
+#[path = "../../scope-cubecl/tests/support/toolchain.rs"]
+mod support;
 
 use nvidia::{Item, Toolchain};
 use scope_core::{Error, Kernel};
@@ -156,46 +159,17 @@ fn cubecl_kernels() {
         return;
     };
     let scratch = &toolchain.scratch;
-    let mock = harvest::mock_folder(scratch).unwrap_or_else(|e| panic!("{e}"));
-    let me = std::env::current_exe().expect("this test binary's path");
-    let runtime = harvest::runtime_cuda().unwrap_or_else(|e| panic!("{e}"));
-    let children = [
-        harvest::collect(
-            "cubecl-core runtime tests",
-            "runtime-tests",
-            &runtime,
-            &["--test-threads=2"],
-            &[],
-            &mock,
-            scratch,
-        ),
-        harvest::collect(
-            "cubek",
-            "cubek",
-            &me,
-            &["--exact", harvest::CUBEK_TEST, "--ignored", "--nocapture"],
-            &[(harvest::CHILD, "cubek")],
-            &mock,
-            scratch,
-        ),
-    ];
+    let sources = harvest::mock(scratch)
+        .and_then(|mock| support::harvest(&mock, &harvest::runtime_cuda()?, scratch))
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut items = Vec::new();
-    for child in children {
-        let child = child.unwrap_or_else(|e| panic!("{e}"));
-        println!(
-            "{}: {} distinct sources (the child's tests on the mock: {})",
-            child.what,
-            child.sources.len(),
-            child.summary
-        );
-        for source in child.sources {
-            let entry = entry_point(&source)
-                .unwrap_or_else(|| panic!("no `__global__` function in:\n{source}"));
-            let threads = launch_bounds(&source).unwrap_or(1);
-            // SAFETY: only compiled here, never launched.
-            let kernel = unsafe { Kernel::cuda(entry.as_str(), source) }.block([threads, 1, 1]);
-            items.push(item(child.what, &entry, kernel));
-        }
+    for (what, source) in sources {
+        let entry = support::entry_point(&source)
+            .unwrap_or_else(|| panic!("no `__global__` function in:\n{source}"));
+        let threads = launch_bounds(&source).unwrap_or(1);
+        // SAFETY: only compiled here, never launched.
+        let kernel = unsafe { Kernel::cuda(entry.as_str(), source) }.block([threads, 1, 1]);
+        items.push(item(what, &entry, kernel));
     }
     toolchain.check("cubecl-cpp's CUDA C++ for ScopeRuntime<Cuda>", items);
 }
@@ -237,31 +211,13 @@ fn a_kernel_ptxas_refuses_is_named_with_its_log() {
 }
 
 /// Not a test of its own: the child [`cubecl_kernels`] starts (with
-/// `--ignored`) to collect cubek's kernels (`toolchain/harvest.rs`).
+/// `--ignored`) to collect cubek's kernels ([`support::CUBEK_TEST`]).
 /// Ignored, so that a run that does nothing with it is never counted as
 /// passed.
 #[test]
 #[ignore = "a helper: cubecl_kernels runs it in a child process"]
 fn cubek_kernels_for_the_toolchain_test() {
-    if std::env::var(harvest::CHILD).as_deref() != Ok("cubek") {
-        return;
-    }
-    let tried = harvest::cubek_on_the_mock();
-    println!("cubek: {tried} launches tried on the mock");
-}
-
-/// The name of the first `__global__` function of `source`.
-fn entry_point(source: &str) -> Option<String> {
-    let after = &source[source.find("__global__")? + "__global__".len()..];
-    let open = after.find('(')?;
-    let mut head = &after[..open];
-    // `void __launch_bounds__(N) name(`: the parenthesis found was the
-    // bounds'.
-    if head.contains("__launch_bounds__") {
-        let rest = &after[after[open..].find(')')? + open + 1..];
-        head = &rest[..rest.find('(')?];
-    }
-    head.split_whitespace().last().map(str::to_owned)
+    support::cubek_child::<server_cuda::Cuda>(harvest::assert_on_the_mock);
 }
 
 /// `N` of the first `__launch_bounds__(N)` in `source`.

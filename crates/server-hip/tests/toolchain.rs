@@ -32,7 +32,8 @@
 //! - [`cubecl_kernels_compile_for_gfx90a`] (and `_gfx942`): what cubecl-cpp
 //!   writes for `ScopeRuntime<Hip>` when cubecl-core's runtime tests and
 //!   cubek's matmul and reductions run on it, collected in child processes
-//!   on the mock (`toolchain/harvest.rs` says how, and what that misses).
+//!   on the mock (scope-cubecl's `tests/support/toolchain.rs`, shared with
+//!   server-cuda, says how, and `toolchain/harvest.rs` what is HIP's).
 //!
 //! Also here: the server's loader given ROCm 5.2's runtime refuses it with
 //! a typed error, and hiprtc's log for the suite's `broken` kernel, whose
@@ -41,6 +42,8 @@
 mod common;
 #[path = "toolchain/harvest.rs"]
 mod harvest;
+#[path = "../../scope-cubecl/tests/support/toolchain.rs"]
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -357,48 +360,15 @@ fn every_hip_kernel_compiles_for_gfx942() {
 }
 
 /// The HIP C++ cubecl-cpp writes for `ScopeRuntime<Hip>`, collected once
-/// per process from the children `toolchain/harvest.rs` runs on the mock.
+/// per process from the children [`support::harvest`] runs on the mock.
 fn cubecl_items() -> &'static [(&'static str, String)] {
     static COLLECTED: OnceLock<Result<Vec<(&'static str, String)>, String>> = OnceLock::new();
     let collected = COLLECTED.get_or_init(|| {
         let scratch = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join("hip-toolchain")
             .join(std::process::id().to_string());
-        let rocm = harvest::mock_rocm(&scratch)?;
-        let me = std::env::current_exe().map_err(|e| format!("this test binary's path: {e}"))?;
-        let runtime = harvest::runtime_hip()?;
-        let children = [
-            harvest::collect(
-                "cubecl-core runtime tests",
-                "runtime-tests",
-                &runtime,
-                &["--test-threads=2"],
-                &[],
-                &rocm,
-                &scratch,
-            )?,
-            harvest::collect(
-                "cubek",
-                "cubek",
-                &me,
-                &["--exact", harvest::CUBEK_TEST, "--ignored", "--nocapture"],
-                &[(harvest::CHILD, "cubek")],
-                &rocm,
-                &scratch,
-            )?,
-        ];
-        let mut sources = Vec::new();
-        for child in children {
-            println!(
-                "{}: {} distinct sources in {:.1} s (the child's tests on the mock: {})",
-                child.what,
-                child.sources.len(),
-                child.took.as_secs_f64(),
-                child.summary
-            );
-            sources.extend(child.sources.into_iter().map(|s| (child.what, s)));
-        }
-        Ok(sources)
+        let mock = harvest::mock(&scratch)?;
+        support::harvest(&mock, &harvest::runtime_hip()?, &scratch)
     });
     collected.as_deref().unwrap_or_else(|e| panic!("{e}"))
 }
@@ -411,7 +381,7 @@ fn check_cubecl(arch: &str) {
     let items = cubecl_items()
         .iter()
         .map(|(what, source)| {
-            let entry = harvest::entry_point(source)
+            let entry = support::entry_point(source)
                 .unwrap_or_else(|| panic!("no `__global__` function in:\n{source}"));
             // SAFETY: only compiled here, never launched.
             let kernel = unsafe { Kernel::hip(entry.as_str(), source.as_str()) };
@@ -437,17 +407,13 @@ fn cubecl_kernels_compile_for_gfx942() {
 }
 
 /// Not a test of its own: the child [`cubecl_items`] starts (with
-/// `--ignored`) to collect cubek's kernels (`toolchain/harvest.rs`).
+/// `--ignored`) to collect cubek's kernels ([`support::CUBEK_TEST`]).
 /// Ignored, so that a run that does nothing with it is never counted as
 /// passed.
 #[test]
 #[ignore = "a helper: cubecl_items runs it in a child process"]
 fn cubek_kernels_for_the_toolchain_test() {
-    if std::env::var(harvest::CHILD).as_deref() != Ok("cubek") {
-        return;
-    }
-    let tried = harvest::cubek_on_the_mock();
-    println!("cubek: {tried} launches tried on the mock");
+    support::cubek_child::<server_hip::Hip>(harvest::assert_on_the_mock);
 }
 
 /// The rule that reports a kernel as not compiled matches ROCm 5's hiprtc
