@@ -27,6 +27,11 @@ pub const ARCHS: [u32; 2] = [80, 90];
 /// Registers one block may use on sm_80 and sm_90.
 const REGISTERS_PER_BLOCK: u64 = 64 * 1024;
 
+/// Jobs numbered so far in this process: each job's files in the one
+/// scratch folder are named by its number, and tests that compile at the
+/// same time must not write (and delete) each other's.
+static JOBS: AtomicUsize = AtomicUsize::new(0);
+
 /// NVRTC and ptxas, found and loaded.
 pub struct Toolchain {
     /// The folder `SCOPE_CUDA_TOOLCHAIN` named.
@@ -124,6 +129,7 @@ impl Toolchain {
             .flat_map(|i| ARCHS.map(|arch| (i, arch)))
             .collect();
         let next = AtomicUsize::new(0);
+        let first_job = JOBS.fetch_add(jobs.len(), Ordering::Relaxed);
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
         let mut results: Vec<(usize, u32, Result<Assembled, String>)> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..workers)
@@ -135,7 +141,8 @@ impl Toolchain {
                             let Some(&(i, arch)) = jobs.get(at) else {
                                 break done;
                             };
-                            done.push((i, arch, self.compile(&items[i].kernel, arch, at)));
+                            let job = first_job + at;
+                            done.push((i, arch, self.compile(&items[i].kernel, arch, job)));
                         }
                     })
                 })
