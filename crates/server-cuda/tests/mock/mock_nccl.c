@@ -46,13 +46,16 @@
  * Every entry point takes one process-wide lock.
  */
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 enum {
   SUCCESS = 0, UNHANDLED_CUDA = 1, SYSTEM = 2, INTERNAL = 3, INVALID_ARGUMENT = 4,
@@ -96,8 +99,10 @@ typedef struct clique {
   call *calls;
   struct clique *next;
 } clique;
+struct shared_clique;
 typedef struct comm {
-  clique *c;
+  clique *c;                 /* in this process */
+  struct shared_clique *sh;  /* or across processes (see "shared mode") */
   int rank, aborted, destroyed;
   unsigned long long next_seq;
 } comm;
@@ -154,6 +159,104 @@ static unsigned long long stream_op(void *s) {
   return f ? f(s) : 0;
 }
 
+/* ----- shared mode: ranks in separate processes -----
+ * After scope_mock_nccl_share_under(dir), ncclGetUniqueId makes a clique
+ * that lives in a file of `dir`, mapped by every process that joins it
+ * (the id carries the file's path): ranks in separate processes, each with
+ * its own mock driver, meet there as real NCCL's ranks meet over the
+ * network. A post copies its send bytes into the clique's slot for the
+ * call; the last rank to post computes every rank's output there; each
+ * process copies its rank's output into its own "device" memory when its
+ * driver next asks whether the stream's work is done. Nothing else of a
+ * rank's process is visible to its peers. */
+
+#define SLOTS 8
+#define SLOT_BYTES (64 * 1024)
+typedef struct {
+  unsigned long long seq;
+  int used, nposted, done, mismatched, taken;
+  post meta[MAX_RANKS]; /* pointers unused: each process maps the file elsewhere */
+} shared_call;
+typedef struct shared_clique {
+  pthread_mutex_t lock;
+  int nranks, joined, aborted;
+  int present[MAX_RANKS], devices[MAX_RANKS];
+  shared_call calls[SLOTS];
+  unsigned char bytes[SLOTS][MAX_RANKS][2][SLOT_BYTES];
+} shared_clique;
+
+/* A shared post of this process, until its output is copied home. */
+typedef struct local_post {
+  shared_clique *sh;
+  int slot, rank;
+  unsigned long long seq, stream_seq;
+  void *recv, *stream;
+  size_t recv_bytes;
+  struct local_post *next;
+} local_post;
+static local_post *shared_posts;
+static char share_dir[96];
+
+void scope_mock_nccl_share_under(const char *dir) {
+  LOCKED;
+  snprintf(share_dir, sizeof share_dir, "%s", dir ? dir : "");
+}
+
+/* The clique file `path`, mapped; NULL when it cannot be. */
+static shared_clique *map_clique(const char *path, int create) {
+  int fd = open(path, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
+  if (fd < 0) return NULL;
+  if (create && ftruncate(fd, sizeof(shared_clique)) != 0) { close(fd); return NULL; }
+  void *at = mmap(NULL, sizeof(shared_clique), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (at == MAP_FAILED) return NULL;
+  shared_clique *sh = at;
+  if (create) {
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutex_init(&sh->lock, &a);
+  }
+  return sh;
+}
+
+/* Whether this process's shared post `p` still waits for its peers; once
+ * done, its output is copied home and the post forgotten (returns 0). */
+static int shared_pending(local_post *p) {
+  shared_clique *sh = p->sh;
+  pthread_mutex_lock(&sh->lock);
+  shared_call *k = &sh->calls[p->slot];
+  int pending = 0;
+  if (sh->aborted) {
+    /* ended, nothing written */
+  } else if (k->used && k->seq == p->seq && k->done) {
+    memcpy(p->recv, sh->bytes[p->slot][p->rank][1], p->recv_bytes);
+    if (++k->taken == sh->nranks) k->used = 0;
+  } else {
+    pending = 1;
+  }
+  pthread_mutex_unlock(&sh->lock);
+  return pending;
+}
+
+static int shared_pending_on(void *stream, unsigned long long upto) {
+  int pending = 0;
+  for (local_post **at = &shared_posts; *at;) {
+    local_post *p = *at;
+    if (p->stream == stream && p->stream_seq <= upto) {
+      if (shared_pending(p)) {
+        pending = 1;
+      } else {
+        *at = p->next;
+        free(p);
+        continue;
+      }
+    }
+    at = &p->next;
+  }
+  return pending;
+}
+
 /* ----- collectives on streams -----
  * A posted call is work on its stream that finishes only when every rank
  * posted (or the communicator is aborted): the driver asks here before it
@@ -162,6 +265,7 @@ static unsigned long long stream_op(void *s) {
  * return on a GPU: here it gives up after 30 s and counts a violation. */
 
 static int pending_locked(void *stream, unsigned long long upto) {
+  if (shared_pending_on(stream, upto)) return 1;
   for (clique *c = cliques; c; c = c->next) {
     if (c->aborted) continue;
     for (call *k = c->calls; k; k = k->next)
@@ -181,12 +285,20 @@ void scope_mock_nccl_wait(void *stream, unsigned long long upto) {
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
   until.tv_sec += 30;
-  while (pending_locked(stream, upto))
-    if (pthread_cond_timedwait(&changed, &lock, &until) != 0) {
+  while (pending_locked(stream, upto)) {
+    /* A peer in another process signals nothing here: look again every
+     * millisecond. */
+    struct timespec soon;
+    clock_gettime(CLOCK_REALTIME, &soon);
+    soon.tv_nsec += 1000000;
+    if (soon.tv_nsec >= 1000000000) { soon.tv_sec++; soon.tv_nsec -= 1000000000; }
+    pthread_cond_timedwait(&changed, &lock, &soon);
+    if (soon.tv_sec > until.tv_sec || (soon.tv_sec == until.tv_sec && soon.tv_nsec >= until.tv_nsec)) {
       refuse(INTERNAL, "a host wait on a stream behind a collective whose peers never posted: on a GPU it "
              "would not return (wait for a collective with a deadline, and abort)");
       return;
     }
+  }
 }
 
 /* Tell the driver where to ask, once a communicator exists. */
@@ -226,6 +338,13 @@ int ncclGetUniqueId(ncclUniqueId *id) {
   memcpy(id->internal, ID_MAGIC, 8);
   unsigned long long n = next_id++;
   memcpy(id->internal + 8, &n, sizeof n);
+  if (share_dir[0]) {
+    /* Shared mode: the id names the clique's file. */
+    snprintf(id->internal + 16, sizeof id->internal - 16, "%s/clique-%d-%llu", share_dir, (int)getpid(), n);
+    shared_clique *sh = map_clique(id->internal + 16, 1);
+    if (!sh) return refuse(SYSTEM, "ncclGetUniqueId: cannot make the shared clique %s", id->internal + 16);
+    munmap(sh, sizeof *sh);
+  }
   return SUCCESS;
 }
 
@@ -242,6 +361,32 @@ int ncclCommInitRankConfig(comm **out, int nranks, ncclUniqueId id, int rank, co
   int device = current_device();
   if (device < 0) return refuse(INVALID_USAGE, "ncclCommInitRankConfig with no current CUDA context on the thread");
   register_with_driver();
+  if (id.internal[16]) {
+    /* Shared mode: the clique is the file the id names. */
+    shared_clique *sh = map_clique(id.internal + 16, 0);
+    if (!sh) return refuse(INVALID_ARGUMENT, "ncclCommInitRankConfig: no shared clique at %s", id.internal + 16);
+    pthread_mutex_lock(&sh->lock);
+    if (!sh->nranks) sh->nranks = nranks;
+    int bad = sh->nranks != nranks ? 1 : sh->present[rank] ? 2 : 0;
+    for (int r = 0; r < sh->nranks && !bad; r++)
+      if (sh->present[r] && sh->devices[r] == device) bad = 3;
+    if (!bad) {
+      sh->present[rank] = 1;
+      sh->devices[rank] = device;
+      sh->joined++;
+    }
+    int joined = sh->joined;
+    pthread_mutex_unlock(&sh->lock);
+    if (bad == 1) return refuse(INVALID_ARGUMENT, "ncclCommInitRankConfig: %d ranks where a peer said otherwise", nranks);
+    if (bad == 2) return refuse(INVALID_USAGE, "ncclCommInitRankConfig: rank %d joined twice", rank);
+    if (bad == 3) return refuse(INVALID_USAGE, "Duplicate GPU detected: two ranks on device %d", device);
+    comm *m = calloc(1, sizeof *m);
+    m->sh = sh;
+    m->rank = rank;
+    *out = m;
+    if (config && config->blocking == 0) return joined == nranks ? SUCCESS : IN_PROGRESS;
+    return refuse(INVALID_USAGE, "ncclCommInitRankConfig: the mock's shared mode takes non-blocking communicators");
+  }
   unsigned long long key;
   memcpy(&key, id.internal + 8, sizeof key);
   clique *c = cliques;
@@ -289,6 +434,12 @@ int ncclCommGetAsyncError(comm *m, int *error) {
   LOCKED;
   int bad = usable(m, "ncclCommGetAsyncError");
   if (bad) return bad;
+  if (m->sh) {
+    pthread_mutex_lock(&m->sh->lock);
+    *error = m->sh->aborted ? REMOTE : m->sh->joined < m->sh->nranks ? IN_PROGRESS : SUCCESS;
+    pthread_mutex_unlock(&m->sh->lock);
+    return SUCCESS;
+  }
   *error = m->c->aborted ? REMOTE : m->c->joined < m->c->nranks ? IN_PROGRESS : SUCCESS;
   return SUCCESS;
 }
@@ -297,7 +448,7 @@ int ncclCommCount(comm *m, int *count) {
   LOCKED;
   int bad = usable(m, "ncclCommCount");
   if (bad) return bad;
-  *count = m->c->nranks;
+  *count = m->sh ? m->sh->nranks : m->c->nranks;
   return SUCCESS;
 }
 
@@ -306,7 +457,13 @@ int ncclCommAbort(comm *m) {
   int bad = usable(m, "ncclCommAbort");
   if (bad) return bad;
   m->aborted = 1;
-  m->c->aborted = 1;
+  if (m->sh) {
+    pthread_mutex_lock(&m->sh->lock);
+    m->sh->aborted = 1;
+    pthread_mutex_unlock(&m->sh->lock);
+  } else {
+    m->c->aborted = 1;
+  }
   pthread_cond_broadcast(&changed);
   return SUCCESS;
 }
@@ -412,12 +569,78 @@ static void run(call *k, int n) {
   }
 }
 
+/* A post of a communicator in shared mode (the caller holds `lock`). */
+static int post_shared(comm *m, int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
+                       void *stream) {
+  const char *name = CALLS[kind];
+  shared_clique *sh = m->sh;
+  if (stream_capturing(stream) != 0)
+    return refuse(INVALID_USAGE, "%s on a stream that is capturing or not a live stream", name);
+  pthread_mutex_lock(&sh->lock);
+  int n = sh->nranks;
+  post p = {1, kind, dtype, op, root, count, send, recv, stream, 0};
+  size_t sb = send_bytes(&p, n), rb = recv_bytes(&p, n);
+  int sends = kind != BROADCAST || m->rank == root;
+  const char *why = NULL;
+  if (sh->aborted) why = "";
+  else if (sh->joined < n) why = "before every rank joined the communicator";
+  else if (sb > SLOT_BYTES || rb > SLOT_BYTES) why = "more bytes than the mock's shared mode carries (64 KiB a rank)";
+  else if ((sends && !device_range(send, sb)) || !device_range(recv, rb)) why = "a buffer is not inside one live device allocation";
+  unsigned long long seq = m->next_seq;
+  int slot = -1;
+  for (int i = 0; i < SLOTS && !why; i++)
+    if (sh->calls[i].used && sh->calls[i].seq == seq) slot = i;
+  for (int i = 0; i < SLOTS && !why && slot < 0; i++)
+    if (!sh->calls[i].used) {
+      slot = i;
+      memset(&sh->calls[i], 0, sizeof sh->calls[i]);
+      sh->calls[i].used = 1;
+      sh->calls[i].seq = seq;
+    }
+  if (!why && slot < 0) why = "every slot of the shared clique is taken";
+  shared_call *k = why ? NULL : &sh->calls[slot];
+  for (int r = 0; k && r < n; r++) {
+    const post *q = &k->meta[r];
+    if (q->posted && (q->kind != kind || q->count != count || q->dtype != dtype || q->op != op || q->root != root)) {
+      k->mismatched = 1;
+      why = "posted another call than a peer for the same sequence number";
+    }
+  }
+  if (why) {
+    int aborted = sh->aborted;
+    pthread_mutex_unlock(&sh->lock);
+    if (aborted) return REMOTE; /* a peer aborted: the communicator's error, not a misuse */
+    return refuse(INVALID_USAGE, "%s on rank %d (shared): %s", name, m->rank, why);
+  }
+  m->next_seq++;
+  if (sends) memcpy(sh->bytes[slot][m->rank][0], send, sb);
+  k->meta[m->rank] = p;
+  k->nposted++;
+  if (k->nposted == n && !k->mismatched) {
+    call local;
+    memset(&local, 0, sizeof local);
+    for (int r = 0; r < n; r++) {
+      local.posts[r] = k->meta[r];
+      local.posts[r].send = sh->bytes[slot][r][0];
+      local.posts[r].recv = sh->bytes[slot][r][1];
+    }
+    run(&local, n);
+    k->done = 1;
+  }
+  pthread_mutex_unlock(&sh->lock);
+  local_post *mine = calloc(1, sizeof *mine);
+  *mine = (local_post){sh, slot, m->rank, seq, stream_op(stream), recv, stream, rb, shared_posts};
+  shared_posts = mine;
+  return SUCCESS;
+}
+
 static int post_call(comm *m, int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
                      void *stream) {
   LOCKED;
   const char *name = CALLS[kind];
   int bad = usable(m, name);
   if (bad) return bad;
+  if (m->sh) return post_shared(m, kind, send, recv, count, dtype, op, root, stream);
   clique *c = m->c;
   int n = c->nranks;
   /* A peer aborted: NCCL answers the communicator's error (not a misuse). */
