@@ -12,9 +12,12 @@
 //!    communicator is made with `blocking = 0`: a call returns
 //!    `ncclInProgress` at once, and the rank polls
 //!    `ncclCommGetAsyncError` with the communicator's lock released between
-//!    polls, for at most [`STUCK`]. No thread stays inside the library, so
-//!    an abort — `ncclCommAbort`, the library's way out of a hung
-//!    communicator — never waits behind one.
+//!    polls, for at most the communicator's patience (what the group gives
+//!    [`DeviceCollectives::join`](crate::collective::device::DeviceCollectives::join):
+//!    its deadline across processes, a guard of at least a minute in one).
+//!    No thread stays inside the library, so an abort — `ncclCommAbort`,
+//!    the library's way out of a hung communicator — never waits behind
+//!    one.
 //! 2. **No call after an abort.** `ncclCommAbort` frees the communicator.
 //!    The handle sits behind a lock with an `aborted` flag: a call takes it
 //!    shared and refuses once the flag is set; an abort takes it
@@ -33,11 +36,6 @@ use parking_lot::RwLock;
 
 use crate::collective::{Call, CollectiveError, Element, Reduce};
 use crate::error::{Error, Result};
-
-/// The longest a rank polls a call (or its join) before it reports it:
-/// far past any call the group agreed to, so reaching it means a peer is
-/// gone.
-pub const STUCK: Duration = Duration::from_secs(60);
 
 /// `ncclComm_t`.
 pub type RawComm = *mut c_void;
@@ -311,7 +309,7 @@ const WORDS: c_int = 3;
 impl Communicator {
     /// Join the communicator `id` names as rank `rank` of `ranks`, on the
     /// device current on this thread, waiting (by polling) until every rank
-    /// joined or `patience` passed (at most [`STUCK`]); later calls are
+    /// joined or `patience` passed; later calls are
     /// polled as long.
     ///
     /// # Safety
@@ -368,7 +366,7 @@ impl Communicator {
                 comm,
                 aborted: false,
             }),
-            patience: patience.min(STUCK),
+            patience,
         };
         joined.settle("ncclCommInitRankConfig")?;
         Ok(joined)
