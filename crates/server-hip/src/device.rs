@@ -76,6 +76,16 @@ pub struct HipWaiter {
     stream: StreamId,
 }
 
+impl HipWaiter {
+    /// The event whose completion is the wait's.
+    fn event(&self) -> &Event {
+        match &self.on {
+            WaitOn::Own(event) => event,
+            WaitOn::Fence(fence) => fence,
+        }
+    }
+}
+
 impl HipStream {
     pub(crate) fn stream(&self) -> &Stream {
         &self.shared.stream
@@ -408,11 +418,8 @@ impl Hip {
     /// Whether the waiter's work finished, without blocking (for
     /// [`DeviceCollectives::finished`](scope_core::collective::device::DeviceCollectives::finished)).
     pub(crate) fn finished(waiter: &HipWaiter) -> Result<bool> {
-        let event = match &waiter.on {
-            WaitOn::Own(event) => event,
-            WaitOn::Fence(fence) => fence,
-        };
-        event
+        waiter
+            .event()
             .is_done()
             .map_err(|e| e.into_error(Doing::Waiting(Some(waiter.stream))))
     }
@@ -421,11 +428,8 @@ impl Hip {
     /// touches only the waiter's event, and HIP lets any thread synchronise
     /// an event while others submit work.
     pub(crate) fn wait(waiter: &HipWaiter) -> Result<()> {
-        let event = match &waiter.on {
-            WaitOn::Own(event) => event,
-            WaitOn::Fence(fence) => fence,
-        };
-        event
+        waiter
+            .event()
             .synchronize()
             .map_err(|e| e.into_error(Doing::Waiting(Some(waiter.stream))))
     }

@@ -10,15 +10,7 @@ use crate::collective::device::DeviceCollectives;
 use crate::collective::remote::PeerReport;
 use crate::collective::{CollectiveError, Element, Rank, Reduce};
 
-const RANKS: usize = 4;
-const PART: u32 = 64;
-
-fn collective_error(error: &Error) -> &CollectiveError {
-    match error {
-        Error::Collective(c) => c,
-        other => panic!("expected a collective error, got: {other}"),
-    }
-}
+use super::collective::{PART, RANKS, collective_error};
 
 /// `f(rank)` on a thread per rank, each holding nothing of its peers' but
 /// the identity; `None` (skipped) without a device or the library.

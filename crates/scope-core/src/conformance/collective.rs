@@ -11,10 +11,10 @@ use super::*;
 use crate::collective::{CollectiveError, Element, Group, Reduce, copy_across};
 
 /// How many ranks the behaviours use.
-const RANKS: usize = 4;
+pub(super) const RANKS: usize = 4;
 
 /// Words per rank's part.
-const PART: u32 = 64;
+pub(super) const PART: u32 = 64;
 
 /// A group of [`RANKS`] servers of the suite's backend, or `None` (skipped)
 /// without a device.
@@ -25,7 +25,7 @@ fn group<S: Suite>(deadline: Duration) -> Option<Group<S::Backend>> {
     Some(S::group(clients?, deadline).expect("four servers make a group"))
 }
 
-fn collective_error(error: &Error) -> &CollectiveError {
+pub(super) fn collective_error(error: &Error) -> &CollectiveError {
     match error {
         Error::Collective(c) => c,
         other => panic!("expected a collective error, got: {other}"),
