@@ -264,6 +264,11 @@ fn assert_root_contains(error: &Error, text: &str) {
 /// scope_core::conformance_tests!(MySuite);
 /// ```
 ///
+/// `conformance_tests!(@processes MySuite, "module::path", share)`
+/// expands, in the module the path names, to four ranks in four processes
+/// ([`ranks_in_separate_processes`]), for a backend whose identity is
+/// NCCL's unique id; `share(dir)` readies its library first.
+///
 /// `conformance_tests!(@device_collectives MySuite)` expands to the
 /// collective behaviours alone, plus those only a device transport has —
 /// a failed library call, and ranks that share no memory ([`across`]) —
@@ -334,6 +339,25 @@ macro_rules! conformance_tests {
             ranks_in_separate_processes_decide_alike,
             a_silent_rank_in_another_process_stalls_its_peers_within_the_deadline,
         );
+    };
+    (@processes $suite:ty, $module:literal, $share:expr) => {
+        /// Four ranks in four processes: this binary runs [`rank`] four
+        /// times.
+        #[test]
+        fn ranks_in_separate_processes() {
+            $crate::conformance::ranks_in_separate_processes::<$suite>(
+                concat!($module, "::rank"),
+                $share,
+            );
+            <$suite as $crate::conformance::Suite>::finished();
+        }
+
+        /// One rank of [`ranks_in_separate_processes`], run only by it.
+        #[test]
+        #[ignore = "a child process of ranks_in_separate_processes"]
+        fn rank() {
+            $crate::conformance::one_rank_in_its_own_process::<$suite>();
+        }
     };
     (@only $suite:ty; $($name:ident),* $(,)?) => {
         $(

@@ -171,6 +171,31 @@ mod over_rccl {
     scope_core::conformance_tests!(@device_collectives super::MockRcclSuite);
 }
 
+/// Four ranks in four processes, each a child of this binary with its own
+/// mock runtime and mock RCCL, meeting in the mock's shared mode (a file
+/// each maps, where real RCCL's ranks meet over the network).
+mod across_processes {
+    scope_core::conformance_tests!(@processes super::MockRcclSuite, "across_processes", |dir| {
+        super::share_rccl_under(dir)
+    });
+}
+
+/// Make the mock RCCL's next unique ids name cliques in files of `dir`,
+/// which ranks in other processes join (its shared mode).
+fn share_rccl_under(dir: &std::path::Path) {
+    let rccl = mock_rccl();
+    let dir = std::ffi::CString::new(dir.to_string_lossy().as_bytes())
+        .expect("a folder path without NUL");
+    // SAFETY: the hook is declared in the mock with this signature and
+    // copies the path under its lock; the library stays loaded.
+    unsafe {
+        let share = rccl
+            .get::<unsafe extern "C" fn(*const std::ffi::c_char)>(b"scope_mock_nccl_share_under\0")
+            .expect("the mock's hook");
+        share(dir.as_ptr());
+    }
+}
+
 macro_rules! mock_cases {
     ($($name:ident),* $(,)?) => {
         $(

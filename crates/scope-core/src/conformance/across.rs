@@ -224,3 +224,163 @@ where
         "no rank waited the deadline: {longest:?}"
     );
 }
+
+/// The variables a parent hands each child process of
+/// [`ranks_in_separate_processes`].
+const CHILD_RANK: &str = "SCOPE_CONFORMANCE_RANK";
+const CHILD_ID: &str = "SCOPE_CONFORMANCE_ID";
+const CHILD_DIR: &str = "SCOPE_CONFORMANCE_DIR";
+
+/// Four ranks in four processes, for a backend whose identity is NCCL's
+/// unique id: this test binary runs itself four times, running only the
+/// test `child` (the one that calls [`one_rank_in_its_own_process`]), each
+/// child a rank with its own server, handed nothing of its peers' but the
+/// id, as hex. `share` readies the library for it first: a mock NCCL told
+/// to make ids its children in other processes can join (real NCCL's are).
+/// Each child asserts its own part; here every child must pass (rules 41,
+/// 42, 49).
+pub fn ranks_in_separate_processes<S: Suite>(child: &str, share: impl FnOnce(&std::path::Path))
+where
+    S::Backend: DeviceCollectives<Identity = crate::native::nccl::UniqueId>,
+{
+    use std::process::{Command, Stdio};
+
+    let dir = std::env::temp_dir().join(format!(
+        "scope-conformance-ranks-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a folder for the children");
+    // The server first: the library it loads is the one `share` readies.
+    if client_or_skip(|| S::rank_client(0)).is_none() {
+        return;
+    }
+    share(&dir);
+    let id = <S::Backend as DeviceCollectives>::identity().expect("the library makes an id");
+    let hex: String = id.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let me = std::env::current_exe().expect("this test binary");
+    let children: Vec<_> = (0..RANKS)
+        .map(|rank| {
+            Command::new(&me)
+                .args(["--exact", child, "--ignored", "--nocapture"])
+                .env(CHILD_RANK, rank.to_string())
+                .env(CHILD_ID, &hex)
+                .env(CHILD_DIR, &dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("a child process")
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for (rank, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().expect("the child's output");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !out.status.success() || !said.contains("1 passed") {
+            failed.push(format!("rank {rank} ({}):\n{said}", out.status));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// One child of [`ranks_in_separate_processes`]: rank
+/// `SCOPE_CONFORMANCE_RANK` of four, on the suite's rank client of that
+/// number. A clean all-reduce and all-gather; rank 2's failed input
+/// failing every rank's output, its text crossing as a [`PeerReport`];
+/// then rank 3's process ending, and the others stalling within the
+/// deadline, their group broken.
+pub fn one_rank_in_its_own_process<S: Suite>()
+where
+    S::Backend: DeviceCollectives<Identity = crate::native::nccl::UniqueId>,
+{
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} (a child only)"));
+    let rank: usize = var(CHILD_RANK).parse().expect("a rank");
+    let hex = var(CHILD_ID);
+    let raw: Vec<u8> = (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect();
+    let id = crate::native::nccl::UniqueId::from_bytes(&raw).expect("128 bytes");
+    let dir = std::path::PathBuf::from(var(CHILD_DIR));
+    let client = S::rank_client(rank).expect("the suite's rank client");
+    // Every child starts (and readies its library) at its own pace: meet
+    // on the folder first, so the deadline below times the ranks, not the
+    // start-up.
+    std::fs::write(dir.join(format!("ready-{rank}")), b"").expect("a mark");
+    let started = Instant::now();
+    while (0..RANKS).any(|r| !dir.join(format!("ready-{r}")).exists()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "peers never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Generous for four processes on a loaded two-core machine; the silent
+    // step waits it out.
+    let deadline = Duration::from_secs(5);
+    let me = Rank::join(client, &id, rank, RANKS, deadline).expect("every rank joins");
+    let c = me.client();
+    let r = rank as u32;
+
+    let input = upload(c, &vec![r + 1; PART as usize]);
+    let sum = alloc(c, PART);
+    me.all_reduce(input.all(), sum.all(), Element::U32, Reduce::Sum)
+        .unwrap();
+    assert_eq!(read(c, &sum).unwrap(), vec![10; PART as usize]);
+    let gathered = alloc(c, PART * RANKS as u32);
+    me.all_gather(input.all(), gathered.all()).unwrap();
+    let expected: Vec<u32> = (1..=RANKS as u32)
+        .flat_map(|v| std::iter::repeat_n(v, PART as usize))
+        .collect();
+    assert_eq!(read(c, &gathered).unwrap(), expected);
+
+    let mine = upload(c, &vec![r; PART as usize]);
+    if rank == 2 {
+        c.fail_writing(
+            &[mine.all()],
+            injected("rank two's backward pass, in its own process"),
+        )
+        .unwrap();
+    }
+    let out = upload(c, &[77; PART as usize]);
+    let failed = me
+        .all_reduce(mine.all(), out.all(), Element::U32, Reduce::Sum)
+        .expect_err("every rank's collective fails");
+    let claimed = read(c, &out).expect_err("the output carries the failure");
+    for reported in [collective_error(&failed), collective_error(claimed.root())] {
+        let CollectiveError::InputFailed {
+            rank: from, cause, ..
+        } = reported
+        else {
+            panic!("rank {rank}: {reported}");
+        };
+        assert_eq!(*from, 2, "rank {rank}: {reported}");
+        assert!(cause.to_string().contains("in its own process"), "{cause}");
+        assert_eq!(cause.external_root::<PeerReport>().is_some(), rank != 2);
+    }
+
+    if rank == 3 {
+        S::finished();
+        return;
+    }
+    let before = Instant::now();
+    let stalled = me
+        .all_reduce(input.all(), sum.all(), Element::U32, Reduce::Sum)
+        .expect_err("a silent peer fails the collective");
+    assert!(before.elapsed() < deadline + Duration::from_secs(20));
+    assert!(
+        matches!(collective_error(&stalled), CollectiveError::Stalled { .. }),
+        "rank {rank}: {stalled}"
+    );
+    assert!(read(c, &sum).is_err(), "the output carries the stall");
+    assert!(me.broken().is_some());
+    S::finished();
+}
