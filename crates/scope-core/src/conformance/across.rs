@@ -302,6 +302,13 @@ pub fn one_rank_in_its_own_process<S: Suite>()
 where
     S::Backend: DeviceCollectives<Identity = crate::native::nccl::UniqueId>,
 {
+    if std::env::var_os(CHILD_RANK).is_none() {
+        // Run by hand (`--ignored`), not by its parent: nothing to join.
+        println!(
+            "not run: a child process of ranks_in_separate_processes, which sets {CHILD_RANK}"
+        );
+        return;
+    }
     let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} (a child only)"));
     let rank: usize = var(CHILD_RANK).parse().expect("a rank");
     let hex = var(CHILD_ID);
