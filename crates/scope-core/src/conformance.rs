@@ -264,10 +264,10 @@ fn assert_root_contains(error: &Error, text: &str) {
 /// scope_core::conformance_tests!(MySuite);
 /// ```
 ///
-/// `conformance_tests!(@processes MySuite, "module::path", share)`
+/// `conformance_tests!(@processes MySuite, "module::path", identity)`
 /// expands, in the module the path names, to four ranks in four processes
 /// ([`ranks_in_separate_processes`]), for a backend whose identity is
-/// NCCL's unique id; `share(dir)` readies its library first.
+/// NCCL's unique id, made by `identity(dir)`.
 ///
 /// `conformance_tests!(@device_collectives MySuite)` expands to the
 /// collective behaviours alone, plus those only a device transport has —
@@ -340,14 +340,14 @@ macro_rules! conformance_tests {
             a_silent_rank_in_another_process_stalls_its_peers_within_the_deadline,
         );
     };
-    (@processes $suite:ty, $module:literal, $share:expr) => {
+    (@processes $suite:ty, $module:literal, $identity:expr) => {
         /// Four ranks in four processes: this binary runs [`rank`] four
         /// times.
         #[test]
         fn ranks_in_separate_processes() {
             $crate::conformance::ranks_in_separate_processes::<$suite>(
                 concat!($module, "::rank"),
-                $share,
+                $identity,
             );
             <$suite as $crate::conformance::Suite>::finished();
         }

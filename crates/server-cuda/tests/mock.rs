@@ -593,6 +593,6 @@ fn a_graph_keeps_the_kernels_it_launches_loaded() {
 /// file each maps, where real NCCL's ranks meet over the network).
 mod across_processes {
     scope_core::conformance_tests!(@processes super::MockNcclSuite, "across_processes", |dir| {
-        super::mock().share_nccl_under(dir)
+        super::mock().shared_nccl_id(dir)
     });
 }

@@ -176,24 +176,31 @@ mod over_rccl {
 /// each maps, where real RCCL's ranks meet over the network).
 mod across_processes {
     scope_core::conformance_tests!(@processes super::MockRcclSuite, "across_processes", |dir| {
-        super::share_rccl_under(dir)
+        super::shared_rccl_id(dir)
     });
 }
 
-/// Make the mock RCCL's next unique ids name cliques in files of `dir`,
-/// which ranks in other processes join (its shared mode).
-fn share_rccl_under(dir: &std::path::Path) {
+/// A unique id of the mock RCCL's shared mode: its clique a file of `dir`,
+/// which ranks in other processes join.
+fn shared_rccl_id(dir: &std::path::Path) -> scope_core::native::nccl::UniqueId {
+    use scope_core::native::nccl::UniqueId;
     let rccl = mock_rccl();
     let dir = std::ffi::CString::new(dir.to_string_lossy().as_bytes())
         .expect("a folder path without NUL");
-    // SAFETY: the hook is declared in the mock with this signature and
-    // copies the path under its lock; the library stays loaded.
-    unsafe {
-        let share = rccl
-            .get::<unsafe extern "C" fn(*const std::ffi::c_char)>(b"scope_mock_nccl_share_under\0")
+    let mut id = UniqueId([0; 128]);
+    // SAFETY: the hook is declared in the mock with this signature; it
+    // reads the path and writes the 128 bytes of `id` (`ncclUniqueId`'s
+    // layout, which `UniqueId` is); the library stays loaded.
+    let made = unsafe {
+        let make = rccl
+            .get::<unsafe extern "C" fn(*const std::ffi::c_char, *mut UniqueId) -> i32>(
+                b"scope_mock_nccl_shared_id\0",
+            )
             .expect("the mock's hook");
-        share(dir.as_ptr());
-    }
+        make(dir.as_ptr(), &mut id)
+    };
+    assert_eq!(made, 0, "the mock made no shared id");
+    id
 }
 
 macro_rules! mock_cases {

@@ -235,12 +235,15 @@ const CHILD_DIR: &str = "SCOPE_CONFORMANCE_DIR";
 /// unique id: this test binary runs itself four times, running only the
 /// test `child` (the one that calls [`one_rank_in_its_own_process`]), each
 /// child a rank with its own server, handed nothing of its peers' but the
-/// id, as hex. `share` readies the library for it first: a mock NCCL told
-/// to make ids its children in other processes can join (real NCCL's are).
-/// Each child asserts its own part; here every child must pass (rules 41,
-/// 42, 49).
-pub fn ranks_in_separate_processes<S: Suite>(child: &str, share: impl FnOnce(&std::path::Path))
-where
+/// id, as hex. `identity(dir)` makes the id: real NCCL's
+/// [`DeviceCollectives::identity`] is joinable from anywhere; a mock's must
+/// be made to be (its clique a file of `dir`, the children's to map). Each
+/// child asserts its own part; here every child must pass (rules 41, 42,
+/// 49).
+pub fn ranks_in_separate_processes<S: Suite>(
+    child: &str,
+    identity: impl FnOnce(&std::path::Path) -> crate::native::nccl::UniqueId,
+) where
     S::Backend: DeviceCollectives<Identity = crate::native::nccl::UniqueId>,
 {
     use std::process::{Command, Stdio};
@@ -254,12 +257,11 @@ where
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a folder for the children");
-    // The server first: the library it loads is the one `share` readies.
+    // The server first: the library it loads is the one `identity` asks.
     if client_or_skip(|| S::rank_client(0)).is_none() {
         return;
     }
-    share(&dir);
-    let id = <S::Backend as DeviceCollectives>::identity().expect("the library makes an id");
+    let id = identity(&dir);
     let hex: String = id.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
     let me = std::env::current_exe().expect("this test binary");
     let children: Vec<_> = (0..RANKS)

@@ -160,9 +160,9 @@ static unsigned long long stream_op(void *s) {
 }
 
 /* ----- shared mode: ranks in separate processes -----
- * After scope_mock_nccl_share_under(dir), ncclGetUniqueId makes a clique
- * that lives in a file of `dir`, mapped by every process that joins it
- * (the id carries the file's path): ranks in separate processes, each with
+ * scope_mock_nccl_shared_id(dir, &id) makes an id whose clique lives in a
+ * file of `dir`, mapped by every process that joins it (the id carries
+ * the file's path): ranks in separate processes, each with
  * its own mock driver, meet there as real NCCL's ranks meet over the
  * network. A post copies its send bytes into the clique's slot for the
  * call; the last rank to post computes every rank's output there; each
@@ -195,12 +195,6 @@ typedef struct local_post {
   struct local_post *next;
 } local_post;
 static local_post *shared_posts;
-static char share_dir[96];
-
-void scope_mock_nccl_share_under(const char *dir) {
-  LOCKED;
-  snprintf(share_dir, sizeof share_dir, "%s", dir ? dir : "");
-}
 
 /* The clique file `path`, mapped; NULL when it cannot be. */
 static shared_clique *map_clique(const char *path, int create) {
@@ -338,13 +332,22 @@ int ncclGetUniqueId(ncclUniqueId *id) {
   memcpy(id->internal, ID_MAGIC, 8);
   unsigned long long n = next_id++;
   memcpy(id->internal + 8, &n, sizeof n);
-  if (share_dir[0]) {
-    /* Shared mode: the id names the clique's file. */
-    snprintf(id->internal + 16, sizeof id->internal - 16, "%s/clique-%d-%llu", share_dir, (int)getpid(), n);
-    shared_clique *sh = map_clique(id->internal + 16, 1);
-    if (!sh) return refuse(SYSTEM, "ncclGetUniqueId: cannot make the shared clique %s", id->internal + 16);
-    munmap(sh, sizeof *sh);
-  }
+  return SUCCESS;
+}
+
+/* Shared mode: an id (as ncclGetUniqueId's) naming a new clique in a file
+ * of `dir`, which ranks in other processes join. Only ids made here are
+ * shared, so the process's other communicators stay in memory. */
+int scope_mock_nccl_shared_id(const char *dir, ncclUniqueId *id) {
+  int made = ncclGetUniqueId(id);
+  if (made != SUCCESS) return made;
+  LOCKED;
+  unsigned long long n;
+  memcpy(&n, id->internal + 8, sizeof n);
+  snprintf(id->internal + 16, sizeof id->internal - 16, "%s/clique-%d-%llu", dir, (int)getpid(), n);
+  shared_clique *sh = map_clique(id->internal + 16, 1);
+  if (!sh) return refuse(SYSTEM, "scope_mock_nccl_shared_id: cannot make the shared clique %s", id->internal + 16);
+  munmap(sh, sizeof *sh);
   return SUCCESS;
 }
 
