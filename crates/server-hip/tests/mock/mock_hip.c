@@ -19,6 +19,7 @@
  * blocks 1024 x 1024 x 1024 of at most 1,024 threads, 64 KiB of LDS,
  * 64-wide wavefronts) are in its properties, and a launch past them fails.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,9 +144,41 @@ const char *hipGetErrorString(hipError_t e) {
 /* ----- hooks for the mock RCCL (server-cuda's tests/mock/mock_nccl.c) ----- */
 
 int scope_mock_current_device(void) { return current_device; }
-/* Allocations are not registered here, so a range cannot be checked:
- * every range passes (the CUDA mock checks them). */
-int scope_mock_device_range(const void *p, size_t n) { (void)p; (void)n; return 1; }
+/* Live device allocations, so that the mock RCCL can check that a
+ * collective's buffer lies inside one (as the CUDA mock's registry lets
+ * the mock NCCL). */
+typedef struct allocation { char *at; size_t n; struct allocation *next; } allocation;
+static allocation *allocations;
+static pthread_mutex_t allocations_lock = PTHREAD_MUTEX_INITIALIZER;
+static void remember(char *at, size_t n) {
+  allocation *a = malloc(sizeof *a);
+  if (!a) return;
+  pthread_mutex_lock(&allocations_lock);
+  *a = (allocation){at, n, allocations};
+  allocations = a;
+  pthread_mutex_unlock(&allocations_lock);
+}
+static void forget(char *at) {
+  pthread_mutex_lock(&allocations_lock);
+  for (allocation **it = &allocations; *it; it = &(*it)->next)
+    if ((*it)->at == at) {
+      allocation *gone = *it;
+      *it = gone->next;
+      free(gone);
+      break;
+    }
+  pthread_mutex_unlock(&allocations_lock);
+}
+/* Whether [p, p + n) lies inside one live device allocation. */
+int scope_mock_device_range(const void *p, size_t n) {
+  const char *c = p;
+  int inside = 0;
+  pthread_mutex_lock(&allocations_lock);
+  for (allocation *a = allocations; a && !inside; a = a->next)
+    inside = c >= a->at && n <= a->n && (size_t)(c - a->at) <= a->n - n;
+  pthread_mutex_unlock(&allocations_lock);
+  return inside;
+}
 int scope_mock_stream_capturing(void *p) { stream *s = p; return s ? s->capture != NULL : -1; }
 
 /* A collective the mock RCCL posted is an operation of its stream that
@@ -216,10 +249,12 @@ hipError_t hipMalloc(void **p, size_t n) {
   if (!raw) { __atomic_sub_fetch(&used, n, __ATOMIC_SEQ_CST); return E_OOM; }
   *(size_t *)raw = n;
   *p = raw + 256;
+  remember(raw + 256, n);
   return OK;
 }
 hipError_t hipFree(void *p) {
   if (!p) return OK;
+  forget(p);
   char *raw = (char *)p - 256;
   __atomic_sub_fetch(&used, *(size_t *)raw, __ATOMIC_SEQ_CST);
   free(raw);
