@@ -25,6 +25,7 @@
 //! broken promise would be wgpu's typed error, not undefined behaviour.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use scope_core::Error;
@@ -280,6 +281,10 @@ impl crate::Wgpu {
     }
 }
 
+/// How long a finished read waits for its map's callback to run on another
+/// thread ([`ReadBack::until_mapped`]).
+const MAP_GRACE: Duration = Duration::from_secs(10);
+
 /// A read's copy into staging, submitted and mapped by
 /// [`Wgpu::begin_read_now`]; the waiter holds it while it waits.
 pub struct ReadBack {
@@ -291,6 +296,34 @@ pub struct ReadBack {
 }
 
 impl ReadBack {
+    /// Once its submission finished, wait for the map's callback. wgpu runs
+    /// callbacks on whichever thread polls the device: when another thread's
+    /// poll took this one, the waiting thread's own poll can return while
+    /// that thread has yet to run it, and the read would find the staging
+    /// unmapped (seen with four logical devices of one adapter read from four
+    /// threads at once). So poll again until the callback ran, for at most
+    /// [`MAP_GRACE`]; past it, [`copy_into`](Self::copy_into) reports the
+    /// read-back never mapped.
+    pub(crate) fn until_mapped(
+        &self,
+        device: &wgpu::Device,
+        sink: &crate::error::Sink,
+    ) -> Result<(), Error> {
+        if self.map_error.is_some() {
+            return Ok(());
+        }
+        let until = Instant::now() + MAP_GRACE;
+        while self.mapped.lock().is_none() && Instant::now() < until {
+            let _ = crate::error::no_panic(sink, "a device poll", || {
+                device.poll(wgpu::PollType::Poll)
+            })?;
+            // A lost device runs no more callbacks: say so now.
+            sink.check_lost()?;
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        Ok(())
+    }
+
     /// Copy the mapped bytes into `out`.
     fn copy_into(&self, out: &mut [u8]) -> Result<(), Error> {
         if let Some(error) = &self.map_error {

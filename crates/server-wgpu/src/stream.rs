@@ -297,8 +297,11 @@ pub struct StreamWait {
 
 impl StreamWait {
     pub(crate) fn wait(&self) -> Result<(), Error> {
-        match &self.index {
-            Some(index) => wait_for(&self.device, &self.sink, Some(index.clone())),
+        if let Some(index) = &self.index {
+            wait_for(&self.device, &self.sink, Some(index.clone()))?;
+        }
+        match &self.read {
+            Some(read) => read.until_mapped(&self.device, &self.sink),
             None => Ok(()),
         }
     }
