@@ -47,6 +47,28 @@ where
     }))
 }
 
+/// What rank `rank` hears when rank 2's input failed with `text`: rank 2
+/// named, the text carried — as a [`PeerReport`] on every other rank, as
+/// the error itself on rank 2.
+fn names_rank_two(rank: usize, reported: &CollectiveError, text: &str) {
+    let CollectiveError::InputFailed {
+        rank: from, cause, ..
+    } = reported
+    else {
+        panic!("rank {rank}: {reported}");
+    };
+    assert_eq!(*from, 2, "rank {rank} names rank 2: {reported}");
+    assert!(
+        cause.to_string().contains(text),
+        "rank {rank}: the root cause travels: {cause}"
+    );
+    assert_eq!(
+        cause.external_root::<PeerReport>().is_some(),
+        rank != 2,
+        "rank {rank}: a peer's failure arrives as its report: {cause:?}"
+    );
+}
+
 /// Ranks that each joined alone, as in separate processes, compute every
 /// collective; a failed input on rank 2 fails every rank's output naming
 /// rank 2 and its root cause (as rank 2's process rendered it), leaving the
@@ -114,23 +136,7 @@ where
         assert_eq!(shared, vec![7; PART as usize], "rank {rank}: broadcast");
         let error = failed.expect_err("every rank's collective fails");
         for reported in [collective_error(&error), collective_error(claim.root())] {
-            let CollectiveError::InputFailed {
-                rank: from, cause, ..
-            } = reported
-            else {
-                panic!("rank {rank}: {reported}");
-            };
-            assert_eq!(*from, 2, "rank {rank} names rank 2");
-            assert!(
-                cause.to_string().contains("rank two's backward pass"),
-                "rank {rank}: the root cause travels: {cause}"
-            );
-            if rank != 2 {
-                assert!(
-                    cause.external_root::<PeerReport>().is_some(),
-                    "rank {rank}: a peer's failure arrives as its report: {cause:?}"
-                );
-            }
+            names_rank_two(rank, reported, "rank two's backward pass");
         }
         match rank {
             2 => assert!(untouched.is_err(), "rank 2's input still fails"),
@@ -365,15 +371,7 @@ where
         .expect_err("every rank's collective fails");
     let claimed = read(c, &out).expect_err("the output carries the failure");
     for reported in [collective_error(&failed), collective_error(claimed.root())] {
-        let CollectiveError::InputFailed {
-            rank: from, cause, ..
-        } = reported
-        else {
-            panic!("rank {rank}: {reported}");
-        };
-        assert_eq!(*from, 2, "rank {rank}: {reported}");
-        assert!(cause.to_string().contains("in its own process"), "{cause}");
-        assert_eq!(cause.external_root::<PeerReport>().is_some(), rank != 2);
+        names_rank_two(rank, reported, "in its own process");
     }
 
     if rank == 3 {
