@@ -53,10 +53,25 @@ pub enum WindowEnd {
         /// What recorded indirect launches may or may not write: a replay
         /// claims these if it fails, and heals none of them.
         maybe_written: Vec<BufferRange>,
+        /// The collective rounds recorded, in order: a graph holding any is
+        /// replayed by its group's ranks together, never alone.
+        rounds: Vec<RecordedRound>,
     },
     /// It cannot seal (rule 33): these ranges were recorded and the error
     /// says why. The caller claims them with the error.
     Unsealable(Vec<BufferRange>, Error),
+}
+
+/// A collective round recorded into a window: which group (a number
+/// unique in the process) and which of its rounds. Every rank of the group
+/// recorded the same rounds, because the ranks agreed on each before any
+/// recorded it; a replay of the graph is a round of that group too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RecordedRound {
+    /// The group, as [`Group`](crate::collective::Group) numbers it.
+    pub group: u64,
+    /// The round, counted from 0 in that group.
+    pub round: u64,
 }
 
 /// One stream's capture window.
@@ -75,6 +90,8 @@ pub struct CaptureWindow {
     /// What recorded indirect launches may write (see
     /// [`record_maybe`](Self::record_maybe)).
     maybe_written: Vec<BufferRange>,
+    /// The collective rounds recorded (see [`RecordedRound`]).
+    rounds: Vec<RecordedRound>,
     doom: Option<Error>,
     /// Which window this is: counts [`prepare`](Self::prepare)s, so a handle
     /// on an ended window cannot end or abort a later one.
@@ -144,6 +161,7 @@ impl CaptureWindow {
         self.seen_read.clear();
         self.touched.clear();
         self.maybe_written.clear();
+        self.rounds.clear();
         self.doom = None;
     }
 
@@ -194,6 +212,7 @@ impl CaptureWindow {
         let written = std::mem::take(&mut self.written);
         let read = std::mem::take(&mut self.read);
         let maybe_written = std::mem::take(&mut self.maybe_written);
+        let rounds = std::mem::take(&mut self.rounds);
         self.seen.clear();
         self.seen_read.clear();
         self.touched.clear();
@@ -210,6 +229,7 @@ impl CaptureWindow {
                 written,
                 read,
                 maybe_written,
+                rounds,
             },
             Some(reason) => WindowEnd::Unsealable(
                 written,
@@ -255,6 +275,14 @@ impl CaptureWindow {
             if !self.maybe_written.contains(w) {
                 self.maybe_written.push(*w);
             }
+        }
+    }
+
+    /// A collective round was recorded. Outside a window this does
+    /// nothing.
+    pub fn record_round(&mut self, round: RecordedRound) {
+        if self.is_recording() {
+            self.rounds.push(round);
         }
     }
 

@@ -391,7 +391,7 @@ impl<B: Backend> Client<B> {
     /// for work that reads `input` and writes `output`.
     pub(crate) fn issue_collective(
         &self,
-        name: &str,
+        name: (&str, Option<crate::RecordedRound>),
         input: Slice<'_>,
         output: Slice<'_>,
         call: impl FnOnce(
@@ -588,9 +588,34 @@ impl<B: Backend> Client<B> {
     ///
     /// An unknown or destroyed graph, or one whose buffers were freed (no
     /// claim); [`Error::Skipped`] when an input of the graph carries a
-    /// failure; the device's failure, which every output now carries.
+    /// failure; the device's failure, which every output now carries. A
+    /// refusal, claiming nothing, for a graph that recorded collectives:
+    /// its group's ranks replay it together, with
+    /// [`Rank::replay`](crate::collective::Rank::replay).
     pub fn replay(&self, graph: &Graph) -> Result<()> {
-        self.call(|server| server.replay(self.stream, graph))
+        self.call(|server| server.replay(self.stream, graph, None))
+    }
+
+    /// Replay `graph` as a round of group `group`, which its ranks agreed
+    /// on.
+    pub(crate) fn replay_in_group(&self, graph: &Graph, group: u64) -> Result<()> {
+        self.call(|server| server.replay(self.stream, graph, Some(group)))
+    }
+
+    /// The collective rounds `graph` recorded.
+    pub(crate) fn graph_rounds(&self, graph: &Graph) -> Result<Vec<crate::RecordedRound>> {
+        self.call(|server| server.graph_rounds(graph))
+    }
+
+    /// Whether `graph`'s inputs are readable now (see
+    /// [`check`](Self::check)).
+    pub(crate) fn check_graph(&self, graph: &Graph) -> Result<()> {
+        self.call(|server| server.check_graph(graph))
+    }
+
+    /// Claim what a replay of `graph` would write with `error`.
+    pub(crate) fn fail_graph(&self, graph: &Graph, error: Error) -> Result<()> {
+        self.call(|server| server.fail_graph(self.stream, graph, error))
     }
 
     /// Destroy `graph`, after its replays in flight (rule 35).

@@ -1,5 +1,5 @@
 //! Collectives over a group of devices: the failure rules carried across
-//! them (rules 41–49 of `docs/ERROR_MODEL.md`).
+//! them (rules 41–50 of `docs/ERROR_MODEL.md`).
 //!
 //! A collective's outputs on every rank are bytes it was supposed to write,
 //! so the one-device rule extends as it is: if any rank's input carries a
@@ -43,13 +43,18 @@
 //!    rank's [`Client`], so it works for every backend in one process, the
 //!    CUDA and HIP mocks included, and inherits every rule of the contract
 //!    on each device (ordering on the rank's stream, poison, capture
-//!    refusals). A backend with a vendor library (NCCL, RCCL) moves the
+//!    refusals: host staging is not recorded into graphs). A backend with a vendor library (NCCL, RCCL) moves the
 //!    bytes on its devices instead ([`device`], [`Group::over_device`]):
 //!    the decision before data moves stays the same.
 //! 6. **Across processes, the meeting rides the transport.** A rank whose
 //!    peers are other processes joins alone ([`Rank::join`]) and meets them
 //!    by a ballot all-gathered through the library, with every wait bounded
 //!    by the deadline ([`remote`]); scope adds no wire of its own.
+//! 7. **A graph that holds collectives is a promise to its peers.** Over a
+//!    device transport a collective may be recorded into a capture window,
+//!    as a round every rank records; the graphs are then replayed by every
+//!    rank together ([`Rank::replay`]), each replay decided like a call
+//!    before any rank runs it (`collective/replay.rs`).
 //!
 //! A group is made of clients of distinct servers; one server cannot be two
 //! ranks. Each rank's calls come from its own thread (as with NCCL, one call
@@ -60,17 +65,20 @@ pub(crate) mod compute;
 pub mod device;
 mod p2p;
 pub mod remote;
+mod replay;
 mod round;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use self::device::Mover;
+use self::device::{Mover, Written};
 use self::remote::Ballot;
-use self::round::{Input, Outcome, Part, State};
+use self::round::{Input, Kind, Outcome, Part, State};
 use crate::backend::Backend;
+use crate::capture::CaptureState;
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::handle::Slice;
@@ -336,6 +344,9 @@ impl Call {
 }
 
 struct Shared<B: Backend> {
+    /// The group's number, unique in the process: what a capture window
+    /// records its rounds under.
+    id: u64,
     /// The clients of this process's ranks: every rank's, or — for a rank
     /// whose peers live in other processes ([`Rank::join`]) — its own.
     clients: Vec<Client<B>>,
@@ -366,7 +377,9 @@ impl<B: Backend> Shared<B> {
             issued: vec![0; ranks],
             ..State::default()
         };
+        static GROUPS: AtomicU64 = AtomicU64::new(0);
         Self {
+            id: GROUPS.fetch_add(1, Ordering::Relaxed),
             clients,
             first,
             ranks,
@@ -661,14 +674,22 @@ impl<B: Backend> Rank<B> {
             _ => true,
         };
         let on_device = self.shared.device.is_some();
+        let recorded = self.client().capture_state() == CaptureState::Recording;
         let part = Part {
-            kind,
+            kind: Kind::Call(kind),
             len: input.range.end.saturating_sub(input.range.start),
+            recorded,
             input: match refused {
                 Some(why) => Input::Refused(why),
+                None if recorded && !on_device => Input::Refused(
+                    "records it into a capture window, which a host-staged group cannot: \
+                     its bytes move through the host when the call runs, and a replay \
+                     would not move them"
+                        .to_owned(),
+                ),
                 None if !reads && on_device => Input::Ready,
                 None if !reads => Input::Bytes(Vec::new()),
-                None if on_device => self.ready(input),
+                None if on_device => self.ready(input, recorded),
                 None => match self.client().read(input) {
                     Ok(bytes) => Input::Bytes(bytes),
                     Err(refused) if is_refusal(&refused) => {
@@ -678,7 +699,7 @@ impl<B: Backend> Rank<B> {
                 },
             },
         };
-        let outcome = self.meet_or_claim(part, output)?;
+        let outcome = self.meet_or_claim(part, Written::Output(output))?;
         match &*outcome {
             Outcome::Written(parts) => {
                 if matches!(kind, Call::Broadcast { root } if root == self.rank) {

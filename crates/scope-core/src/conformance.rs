@@ -24,6 +24,7 @@ pub mod dataflow;
 pub mod device;
 pub mod input;
 pub mod property;
+pub mod recorded;
 pub mod soak;
 
 pub use across::*;
@@ -34,6 +35,7 @@ pub use dataflow::*;
 pub use device::*;
 pub use input::*;
 pub use property::random_sequences;
+pub use recorded::*;
 
 use crate::backend::Backend;
 use crate::client::Client;
@@ -326,6 +328,7 @@ macro_rules! conformance_tests {
             bad_collective_input_is_refused_everywhere,
             send_and_recv_carry_failures_between_ranks,
             copies_across_devices_carry_failures,
+            a_host_staged_collective_is_not_recorded,
         );
     };
     (@device_collectives $suite:ty) => {
@@ -338,6 +341,11 @@ macro_rules! conformance_tests {
             a_failed_device_call_breaks_the_group,
             ranks_in_separate_processes_decide_alike,
             a_silent_rank_in_another_process_stalls_its_peers_within_the_deadline,
+            collectives_recorded_in_a_graph_replay_on_every_rank,
+            a_failed_input_fails_every_ranks_replay,
+            recorded_collectives_that_disagree_are_refused_everywhere,
+            a_rank_that_never_replays_fails_the_others_within_the_deadline,
+            ranks_in_separate_processes_record_and_replay,
         );
     };
     (@processes $suite:ty, $module:literal, $identity:expr) => {

@@ -138,6 +138,8 @@ enum Op {
         scalars: Arc<[u8]>,
         groups: Result<[u32; 3], (HostMemory, u64)>,
     },
+    /// A rank's part of a loopback collective.
+    Collective(loopback::Exchange),
 }
 
 fn range(offset: u64, len: u64) -> std::ops::Range<usize> {
@@ -147,6 +149,7 @@ fn range(offset: u64, len: u64) -> std::ops::Range<usize> {
 impl Op {
     fn run(&self) -> Result<()> {
         match self {
+            Op::Collective(exchange) => exchange.run(),
             Op::Write { dst, offset, data } => {
                 dst.lock()[range(*offset, data.len() as u64)].copy_from_slice(data);
                 Ok(())

@@ -83,7 +83,7 @@ pub mod conformance;
 pub mod host;
 
 pub use backend::{Access, Backend, Bound, BoundDispatch, Launch};
-pub use capture::{CaptureState, CaptureWindow, WindowEnd};
+pub use capture::{CaptureState, CaptureWindow, RecordedRound, WindowEnd};
 pub use client::{Client, WeakClient};
 pub use error::{Chain, DeviceFault, Error, Hop, Result, UnwrittenBytes};
 pub use failure::{FailureNode, Failures, MAX_SKIP_RECORDS, SkipRecord, Work, WorkKind};

@@ -33,7 +33,7 @@ use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use crate::backend::{Access, Backend, Bound, BoundDispatch, Launch};
-use crate::capture::{CaptureState, CaptureWindow, WindowEnd};
+use crate::capture::{CaptureState, CaptureWindow, RecordedRound, WindowEnd};
 use crate::error::{Error, Result};
 use crate::failure::{Work, WorkKind};
 use crate::fault::Site;
@@ -165,6 +165,9 @@ struct GraphEntry<G> {
     /// What its indirect launches may write: claimed by a failed replay,
     /// healed by none.
     maybe_written: Vec<BufferRange>,
+    /// The collective rounds it recorded: a graph with any is replayed only
+    /// by its group's ranks together ([`Rank::replay`](crate::collective::Rank::replay)).
+    rounds: Vec<crate::capture::RecordedRound>,
 }
 
 /// One device's server: the shared logic over a backend `B`.

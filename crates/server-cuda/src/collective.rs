@@ -16,9 +16,12 @@
 //! - **The rank's device is the server's**: its context is made current on
 //!   the joining thread, where NCCL reads the device from.
 //!
-//! Collectives are not recorded into CUDA graphs (the server refuses a
-//! collective on a capturing stream): NCCL supports capture, but the
-//! group's agreement is a host meeting that a replay would not repeat.
+//! A collective on a capturing stream is recorded into the CUDA graph, as
+//! NCCL captures its kernels. The group's agreement is a host meeting a
+//! replay alone would not repeat, so the ranks replay their graphs
+//! together with [`Rank::replay`](scope_core::collective::Rank::replay),
+//! which meets first (rule 50); the server refuses to replay such a graph
+//! alone.
 //!
 //! Ranks in other processes, or on other machines, join with
 //! [`Rank::join`](scope_core::collective::Rank::join) and NCCL's unique id

@@ -14,9 +14,15 @@
 //! missing) and which device a rank runs on (the server's, made current on
 //! the joining thread with `hipSetDevice`, where RCCL reads it from).
 //!
-//! As on CUDA: nothing recorded into graphs, and ranks in other processes
-//! join with [`Rank::join`](scope_core::collective::Rank::join), deciding
-//! by a ballot all-gathered through RCCL.
+//! As on CUDA, a call on a capturing stream is recorded into the HIP graph
+//! (RCCL captures its kernels; older RCCL needs `RCCL_ENABLE_HIPGRAPH=1`,
+//! and where it refuses, the ranks' windows are doomed and the group
+//! breaks as for any failed call), replayed with
+//! [`Rank::replay`](scope_core::collective::Rank::replay); and ranks in
+//! other processes join with
+//! [`Rank::join`](scope_core::collective::Rank::join), deciding by a
+//! ballot all-gathered through RCCL. None of this has run on AMD
+//! hardware: it runs against the mock RCCL.
 
 use std::ffi::c_void;
 use std::sync::OnceLock;

@@ -35,12 +35,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::round::{Input, Outcome, Part};
+use super::round::{Input, Kind, Outcome, Part};
 use super::{Call, CollectiveError, Group, Rank, is_refusal, per_rank};
 use crate::backend::Backend;
+use crate::capture::{CaptureState, RecordedRound};
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::handle::Slice;
+use crate::handle::{Graph, Slice};
 
 /// A backend whose devices run collectives themselves, through the vendor's
 /// library: an `unsafe` contract, as [`Backend`]'s device calls are, which
@@ -86,7 +87,10 @@ pub trait DeviceCollectives: Backend {
         patience: Duration,
     ) -> Result<Self::Communicator>;
 
-    /// Issue `call` on `stream`, through `communicator`.
+    /// Issue `call` on `stream`, through `communicator`. On a stream that
+    /// is recording a capture, record it instead (NCCL and RCCL capture
+    /// their kernels): each replay of the graph then makes the call, as the
+    /// communicator's next.
     ///
     /// # Safety
     ///
@@ -95,7 +99,9 @@ pub trait DeviceCollectives: Backend {
     /// them; every rank of the communicator issues the same call (kind,
     /// element, operation, root, length) as its next one, with output
     /// lengths as the call requires ([`Call`]'s rules, which the group
-    /// checked).
+    /// checked). A recorded call: every rank records it, and the ranks
+    /// replay their graphs together, each replay as their next call (the
+    /// group's [`Rank::replay`](super::Rank::replay) does both).
     unsafe fn collective(
         &mut self,
         communicator: &Self::Communicator,
@@ -163,12 +169,13 @@ pub struct DeviceCall<'a, M> {
 /// the one thing host staging does differently, erased so that a
 /// [`Group<B>`](super::Group) needs no more than `B: Backend`.
 pub(super) trait Mover<B: Backend>: Send + Sync {
-    /// Issue rank `rank`'s part of `call` through its client.
+    /// Issue rank `rank`'s part of `call`, round `round` of its group,
+    /// through its client (recorded, where its stream records).
     fn issue(
         &self,
         rank: usize,
         client: &Client<B>,
-        call: Call,
+        call: (Call, RecordedRound),
         input: Slice<'_>,
         output: Slice<'_>,
     ) -> Result<()>;
@@ -192,14 +199,14 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
         &self,
         rank: usize,
         client: &Client<B>,
-        call: Call,
+        (call, round): (Call, RecordedRound),
         input: Slice<'_>,
         output: Slice<'_>,
     ) -> Result<()> {
         let communicator = &self.mine[rank - self.first];
         let ranks = self.ranks;
         client.issue_collective(
-            call.name(),
+            (call.name(), Some(round)),
             input,
             output,
             |backend, stream, input, output| {
@@ -231,9 +238,14 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
 
 /// The error every rank's output carries when one rank's device call
 /// failed after the ranks agreed: the group breaks with it.
-pub(super) fn issue_failed(call: Call, round: u64, rank: usize, cause: Error) -> CollectiveError {
+pub(super) fn issue_failed(
+    collective: &'static str,
+    round: u64,
+    rank: usize,
+    cause: Error,
+) -> CollectiveError {
     CollectiveError::IssueFailed {
-        collective: call.name(),
+        collective,
         round,
         rank,
         cause,
@@ -288,37 +300,48 @@ impl<B: DeviceCollectives> Group<B> {
 impl<B: Backend> Rank<B> {
     /// Over a device transport, whether this rank's input can be sent:
     /// the stream's work waited for, then the bytes checked, none read.
-    /// A wait that fails on work other than the input's does not fail the
-    /// input; the check decides.
-    pub(super) fn ready(&self, input: Slice<'_>) -> Input {
+    /// A recording stream runs nothing until its graph is replayed, and
+    /// what its window's work wrote is healed or claimed as it is recorded
+    /// (rule 23), so there the check alone decides.
+    pub(super) fn ready(&self, input: Slice<'_>, recording: bool) -> Input {
         let client = self.client();
-        if let Err(refused) = client.sync_buffers(&[input])
-            && is_refusal(&refused)
-        {
-            return Input::Refused(format!("could not read its input: {refused}"));
-        }
-        match client.check(&[input]) {
-            Ok(()) => Input::Ready,
-            Err(refused) if is_refusal(&refused) => {
-                Input::Refused(format!("could not read its input: {refused}"))
-            }
-            Err(failed) => Input::Failed(failed),
-        }
+        let waited = if recording {
+            Ok(())
+        } else {
+            client.sync_buffers(&[input])
+        };
+        readiness(waited, || client.check(&[input]))
     }
 
-    /// Issue an agreed round on the device transport, then meet again: if
-    /// any rank's call failed, no rank's output is trusted (its peers' calls
-    /// may have been aborted mid-way), every output carries the failure and
-    /// the group breaks.
+    /// Issue an agreed round's call on the device transport, then settle
+    /// it (see [`settle`](Self::settle)).
     pub(super) fn issue(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
         let Some(device) = &self.shared.device else {
             return Err(Error::internal(
                 "a round agreed for a device transport in a host-staged group",
             ));
         };
-        let issued = device.issue(self.rank, self.client(), kind, input, output);
+        let round = self.recorded_round();
+        let issued = device.issue(self.rank, self.client(), (kind, round), input, output);
+        let len = input.range.end.saturating_sub(input.range.start);
+        self.settle(Kind::Call(kind), len, issued, Written::Output(output))
+    }
+
+    /// After this rank issued (or recorded) an agreed round, `issued`
+    /// answering how that went: meet again. If any rank's call failed, no
+    /// rank's output is trusted (its peers' calls may have been aborted
+    /// mid-way), every output carries the failure and the group breaks.
+    /// Across processes, wait for the call within the deadline instead.
+    pub(super) fn settle(
+        &self,
+        kind: Kind,
+        len: u64,
+        issued: Result<()>,
+        written: Written<'_>,
+    ) -> Result<()> {
+        let recorded = self.client().capture_state() == CaptureState::Recording;
         if let Some(ballot) = &self.shared.ballot {
-            return self.settle_issued(ballot.as_ref(), kind, issued, output);
+            return self.settle_issued(ballot.as_ref(), (kind, recorded), issued, written);
         }
         let status = match issued {
             Ok(()) => Input::Ready,
@@ -331,24 +354,73 @@ impl<B: Backend> Rank<B> {
                 };
                 // Peers may already wait inside the library for this
                 // rank's part: release them before meeting them.
-                device.abort_all();
+                if let Some(device) = &self.shared.device {
+                    device.abort_all();
+                }
                 Input::IssueFailed(cause, first)
             }
         };
         let part = Part {
             kind,
-            len: input.range.end.saturating_sub(input.range.start),
+            len,
+            recorded,
             input: status,
         };
-        match &*self.meet_or_claim(part, output)? {
+        match &*self.meet_or_claim(part, written)? {
             Outcome::Agreed => Ok(()),
             Outcome::Failed(error) | Outcome::Refused(error) => {
-                self.client().fail_writing(&[output], error.clone())?;
+                self.claim(written, error.clone())?;
                 Err(error.clone())
             }
             Outcome::Written(_) => Err(Error::internal(
                 "a device transport's second meeting computed bytes",
             )),
+        }
+    }
+}
+
+/// What a rank brings from a wait for its stream (`waited`) and a check of
+/// its inputs. A wait that fails on work other than the inputs' does not
+/// fail them; the check decides. A refusal of either is the rank's own
+/// mistake.
+pub(super) fn readiness(waited: Result<()>, check: impl FnOnce() -> Result<()>) -> Input {
+    if let Err(refused) = waited
+        && is_refusal(&refused)
+    {
+        return Input::Refused(format!("could not read its input: {refused}"));
+    }
+    match check() {
+        Ok(()) => Input::Ready,
+        Err(refused) if is_refusal(&refused) => {
+            Input::Refused(format!("could not read its input: {refused}"))
+        }
+        Err(failed) => Input::Failed(failed),
+    }
+}
+
+/// What a round writes on one rank, which carries the round's failure:
+/// a collective's output, or everything a replayed graph writes.
+#[derive(Clone, Copy)]
+pub(super) enum Written<'a> {
+    Output(Slice<'a>),
+    Graph(&'a Graph),
+}
+
+impl<B: Backend> Rank<B> {
+    /// Claim what this rank's round writes with `error` (rule 21).
+    pub(super) fn claim(&self, written: Written<'_>, error: Error) -> Result<()> {
+        match written {
+            Written::Output(output) => self.client().fail_writing(&[output], error),
+            Written::Graph(graph) => self.client().fail_graph(graph, error),
+        }
+    }
+
+    /// The round this rank met last, as a capture window records it.
+    pub(super) fn recorded_round(&self) -> RecordedRound {
+        let issued = self.shared.state.lock().issued[self.rank];
+        RecordedRound {
+            group: self.shared.id,
+            round: issued.saturating_sub(1),
         }
     }
 }

@@ -37,12 +37,16 @@
 //!    after it (so the output is never left to a stream that a missing peer
 //!    could hold forever). Point-to-point moves its bytes through the
 //!    process's memory and is refused between processes.
+//! 5. **Ballots have a stream of their own**, on the rank's device, so a
+//!    ballot is taken — and waited for — while the rank's stream records
+//!    a capture: a recorded collective is decided like any other, and a
+//!    replay of its graph by ballot too (`collective/replay.rs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::device::{Communicators, DeviceCall, DeviceCollectives, Mover, issue_failed};
-use super::round::{Input, Outcome, Part, decide};
+use super::device::{Communicators, DeviceCall, DeviceCollectives, Mover, Written, issue_failed};
+use super::round::{Input, Kind, Outcome, Part, decide};
 use super::{Call, CollectiveError, Element, Rank, Reduce, Shared};
 use crate::backend::Backend;
 use crate::client::Client;
@@ -55,10 +59,10 @@ use crate::handle::Buffer;
 pub const RECORD: usize = 1024;
 
 /// Marks a ballot record, and its layout's version.
-const MAGIC: u32 = 0x5343_4231;
+const MAGIC: u32 = 0x5343_4232;
 
 /// Where the text of a record begins.
-const TEXT: usize = 36;
+const TEXT: usize = 44;
 
 /// A peer's failure as its own process rendered it — the root cause and
 /// the chain, as text: what of an [`Error`] crosses processes. A rank's
@@ -85,7 +89,6 @@ pub(super) trait Ballot<B: Backend>: Send + Sync {
     /// could not be sent or read.
     fn vote(
         &self,
-        client: &Client<B>,
         seat: (usize, u64),
         part: Part,
         deadline: Duration,
@@ -100,6 +103,9 @@ pub(super) trait Ballot<B: Backend>: Send + Sync {
 
 /// One rank's ballot boxes: what it sends, and where every rank's lands.
 struct Ballots<B: DeviceCollectives> {
+    /// A stream of the rank's device of the ballots' own: a ballot is
+    /// taken, and waited for, while the rank's stream may be recording.
+    client: Client<B>,
     communicator: Arc<B::Communicator>,
     send: Buffer,
     gathered: Buffer,
@@ -109,11 +115,11 @@ struct Ballots<B: DeviceCollectives> {
 impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
     fn vote(
         &self,
-        client: &Client<B>,
         (rank, round): (usize, u64),
         part: Part,
         deadline: Duration,
     ) -> std::result::Result<Vec<Part>, CollectiveError> {
+        let client = &self.client;
         let kind = part.kind;
         let failed = |cause: Error| blame(kind, (rank, round), deadline, cause);
         let until = Instant::now() + deadline;
@@ -124,7 +130,7 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
         let communicator = &self.communicator;
         client
             .issue_collective(
-                "ballot",
+                ("ballot", None),
                 self.send.all(),
                 self.gathered.all(),
                 |backend, stream, input, output| {
@@ -203,7 +209,7 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
 /// ([`CollectiveError::Stalled`]) says the peers are missing; anything else
 /// is this rank's own failure.
 fn blame(
-    kind: Call,
+    kind: Kind,
     (rank, round): (usize, u64),
     deadline: Duration,
     cause: Error,
@@ -216,19 +222,24 @@ fn blame(
                 deadline,
             }
         }
-        _ => issue_failed(kind, round, rank, cause),
+        _ => issue_failed(kind.name(), round, rank, cause),
     }
 }
 
 /// `part` of round `round` as a ballot record.
 fn encode(round: u64, part: &Part) -> Vec<u8> {
     let mut record = vec![0u8; RECORD];
+    let mut digest = 0u64;
     let (kind, element, op, root) = match part.kind {
-        Call::AllReduce { element, op } => (0u8, element, op, 0u32),
-        Call::AllGather => (1, Element::U32, Reduce::Sum, 0),
-        Call::ReduceScatter { element, op } => (2, element, op, 0),
-        Call::Broadcast { root } => (3, Element::U32, Reduce::Sum, root as u32),
-        Call::AllToAll => (4, Element::U32, Reduce::Sum, 0),
+        Kind::Call(Call::AllReduce { element, op }) => (0u8, element, op, 0u32),
+        Kind::Call(Call::AllGather) => (1, Element::U32, Reduce::Sum, 0),
+        Kind::Call(Call::ReduceScatter { element, op }) => (2, element, op, 0),
+        Kind::Call(Call::Broadcast { root }) => (3, Element::U32, Reduce::Sum, root as u32),
+        Kind::Call(Call::AllToAll) => (4, Element::U32, Reduce::Sum, 0),
+        Kind::Replay { digest: d } => {
+            digest = d;
+            (5, Element::U32, Reduce::Sum, 0)
+        }
     };
     let element = match element {
         Element::F32 => 0u8,
@@ -258,12 +269,13 @@ fn encode(round: u64, part: &Part) -> Vec<u8> {
         text.extend_from_slice(CUT);
     }
     record[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-    record[4..8].copy_from_slice(&[kind, element, op, 0]);
+    record[4..8].copy_from_slice(&[kind, element, op, u8::from(part.recorded)]);
     record[8..12].copy_from_slice(&root.to_le_bytes());
     record[12..20].copy_from_slice(&part.len.to_le_bytes());
     record[20..28].copy_from_slice(&round.to_le_bytes());
     record[28..32].copy_from_slice(&status.to_le_bytes());
     record[32..36].copy_from_slice(&(text.len() as u32).to_le_bytes());
+    record[36..44].copy_from_slice(&digest.to_le_bytes());
     record[TEXT..TEXT + text.len()].copy_from_slice(&text);
     record
 }
@@ -295,13 +307,14 @@ fn decode(round: u64, record: &[u8]) -> Option<Part> {
         _ => Reduce::Mean,
     };
     let kind = match record[4] {
-        0 => Call::AllReduce { element, op },
-        1 => Call::AllGather,
-        2 => Call::ReduceScatter { element, op },
-        3 => Call::Broadcast {
+        0 => Kind::Call(Call::AllReduce { element, op }),
+        1 => Kind::Call(Call::AllGather),
+        2 => Kind::Call(Call::ReduceScatter { element, op }),
+        3 => Kind::Call(Call::Broadcast {
             root: word(8) as usize,
-        },
-        _ => Call::AllToAll,
+        }),
+        4 => Kind::Call(Call::AllToAll),
+        _ => Kind::Replay { digest: long(36) },
     };
     let len = (word(32) as usize).min(RECORD - TEXT);
     let text = String::from_utf8_lossy(&record[TEXT..TEXT + len]).into_owned();
@@ -313,6 +326,7 @@ fn decode(round: u64, record: &[u8]) -> Option<Part> {
     Some(Part {
         kind,
         len: long(12),
+        recorded: record[7] != 0,
         input,
     })
 }
@@ -356,14 +370,16 @@ impl<B: DeviceCollectives> Rank<B> {
         // SAFETY: joining makes a library object the core does not track,
         // and leaves no work on any stream.
         let communicator = Arc::new(unsafe { client.with_backend_mut(join) }??);
-        let send = client.allocate(RECORD as u64)?;
-        let gathered = client.allocate((RECORD * ranks) as u64)?;
+        let ballots = client.new_stream()?;
+        let send = ballots.allocate(RECORD as u64)?;
+        let gathered = ballots.allocate((RECORD * ranks) as u64)?;
         let mover: Box<dyn Mover<B>> = Box::new(Communicators::<B> {
             first: rank,
             mine: vec![communicator.clone()],
             ranks,
         });
         let ballot: Box<dyn Ballot<B>> = Box::new(Ballots::<B> {
+            client: ballots,
             communicator,
             send,
             gathered,
@@ -391,12 +407,7 @@ impl<B: Backend> Rank<B> {
     /// What broke the group ([`Ballot::vote`]).
     pub(super) fn vote(&self, ballot: &dyn Ballot<B>, part: Part) -> Result<Arc<Outcome>> {
         let round = self.next_round();
-        match ballot.vote(
-            self.client(),
-            (self.rank, round),
-            part,
-            self.shared.deadline,
-        ) {
+        match ballot.vote((self.rank, round), part, self.shared.deadline) {
             Ok(parts) => Ok(Arc::new(decide(round, &parts))),
             Err(error) => {
                 self.shared
@@ -407,21 +418,24 @@ impl<B: Backend> Rank<B> {
     }
 
     /// After a ballot agreed and this rank issued its call (`issued`): wait
-    /// for the call within the deadline. A call that failed, or did not
+    /// for the call within the deadline (a recorded call is not waited
+    /// for: it runs when its graph is replayed). A call that failed, or did not
     /// finish in time, breaks the group (aborting the communicator) and its
     /// output carries why.
     pub(super) fn settle_issued(
         &self,
         ballot: &dyn Ballot<B>,
-        kind: Call,
+        (kind, recorded): (Kind, bool),
         issued: Result<()>,
-        output: crate::handle::Slice<'_>,
+        written: Written<'_>,
     ) -> Result<()> {
         let round = self.shared.state.lock().issued[self.rank].saturating_sub(1);
         let deadline = self.shared.deadline;
         let seat = (self.rank, round);
         let error = match issued {
             Err(cause) => blame(kind, seat, deadline, cause),
+            // A recorded call runs at its graph's replay, which waits then.
+            Ok(()) if recorded => return Ok(()),
             Ok(()) => match ballot.settle(self.client(), Instant::now() + deadline) {
                 Ok(true) => return Ok(()),
                 Ok(false) => CollectiveError::Stalled {
@@ -435,7 +449,7 @@ impl<B: Backend> Rank<B> {
         self.shared
             .break_with(&mut self.shared.state.lock(), &error);
         let error: Error = error.into();
-        self.client().fail_writing(&[output], error.clone())?;
+        self.claim(written, error.clone())?;
         Err(error)
     }
 }
@@ -463,7 +477,10 @@ mod tests {
             Call::AllToAll,
         ];
         let long = "é".repeat(RECORD);
-        for (i, kind) in calls.into_iter().enumerate() {
+        let kinds = calls.into_iter().map(Kind::Call).chain([Kind::Replay {
+            digest: u64::MAX - 1,
+        }]);
+        for (i, kind) in kinds.enumerate() {
             for input in [
                 Input::Ready,
                 Input::Refused("passed 3 bytes".to_owned()),
@@ -472,12 +489,14 @@ mod tests {
                 let part = Part {
                     kind,
                     len: 4096 + i as u64,
+                    recorded: i % 2 == 1,
                     input,
                 };
                 let record = encode(7, &part);
                 assert_eq!(record.len(), RECORD);
                 let read = decode(7, &record).expect("a ballot of this round");
                 assert_eq!(read.kind, kind);
+                assert_eq!(read.recorded, i % 2 == 1);
                 assert_eq!(read.len, 4096 + i as u64);
                 match (&part.input, &read.input) {
                     (Input::Ready, Input::Ready) => {}
@@ -498,8 +517,9 @@ mod tests {
     #[test]
     fn a_foreign_or_stale_ballot_is_no_vote() {
         let part = Part {
-            kind: Call::AllGather,
+            kind: Kind::Call(Call::AllGather),
             len: 64,
+            recorded: false,
             input: Input::Ready,
         };
         assert!(decode(7, &encode(7, &part)).is_some());

@@ -9,15 +9,37 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::device::Written;
 use super::{Call, CollectiveError, Rank, Shared, compute, device};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::handle::Slice;
+
+/// What a round runs: a collective call, or a replay of graphs that
+/// recorded some (every rank's graph recorded the same rounds, which
+/// `digest` sums up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    Call(Call),
+    Replay { digest: u64 },
+}
+
+impl Kind {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Kind::Call(call) => call.name(),
+            Kind::Replay { .. } => "replay",
+        }
+    }
+}
 
 /// What one rank brings to a round.
 pub(super) struct Part {
-    pub(super) kind: Call,
+    pub(super) kind: Kind,
+    /// The input's bytes; for a replay, how many rounds its graph recorded.
     pub(super) len: u64,
+    /// Whether the rank records the round into a capture window rather than
+    /// running it: every rank must (rule 50).
+    pub(super) recorded: bool,
     pub(super) input: Input,
 }
 
@@ -73,9 +95,9 @@ pub(super) struct State {
 impl<B: Backend> Rank<B> {
     /// [`meet`](Self::meet); a rank that went missing leaves this rank's
     /// output unwritten, so it carries that (rule 42).
-    pub(super) fn meet_or_claim(&self, part: Part, output: Slice<'_>) -> Result<Arc<Outcome>> {
+    pub(super) fn meet_or_claim(&self, part: Part, written: Written<'_>) -> Result<Arc<Outcome>> {
         self.meet(part).or_else(|missing| {
-            self.client().fail_writing(&[output], missing.clone())?;
+            self.claim(written, missing.clone())?;
             Err(missing)
         })
     }
@@ -204,9 +226,37 @@ pub(super) fn decide(round: u64, parts: &[Part]) -> Outcome {
     }
     for (rank, part) in parts.iter().enumerate().skip(1) {
         if part.kind != kind {
+            let what = |kind: Kind| match kind {
+                Kind::Call(call) => format!("{call:?}"),
+                Kind::Replay { .. } => "a replay of its graph".to_owned(),
+            };
+            let why = match (part.kind, kind) {
+                (Kind::Replay { .. }, Kind::Replay { .. }) => {
+                    "replayed a graph that recorded other rounds than rank 0's".to_owned()
+                }
+                _ => format!(
+                    "called {} where rank 0 called {}",
+                    what(part.kind),
+                    what(kind)
+                ),
+            };
+            return refuse(rank, why);
+        }
+        if part.recorded != parts[0].recorded {
+            let does = |recorded: bool| {
+                if recorded {
+                    "records it into a capture window"
+                } else {
+                    "runs it"
+                }
+            };
             return refuse(
                 rank,
-                format!("called {:?} where rank 0 called {:?}", part.kind, kind),
+                format!(
+                    "{} where rank 0 {}",
+                    does(part.recorded),
+                    does(parts[0].recorded)
+                ),
             );
         }
         if part.len != parts[0].len {
@@ -249,11 +299,16 @@ pub(super) fn decide(round: u64, parts: &[Part]) -> Outcome {
             })
     };
     if let Some((rank, cause)) = failed_call(true).or_else(|| failed_call(false)) {
-        return Outcome::Failed(device::issue_failed(kind, round, rank, cause).into());
+        return Outcome::Failed(device::issue_failed(collective, round, rank, cause).into());
     }
     if parts.iter().all(|p| matches!(p.input, Input::Ready)) {
         return Outcome::Agreed;
     }
+    let Kind::Call(call) = kind else {
+        return Outcome::Refused(Error::internal(
+            "a replay's parts held bytes: a replay moves none through the host",
+        ));
+    };
     let inputs: Vec<&[u8]> = parts
         .iter()
         .map(|p| match &p.input {
@@ -261,5 +316,5 @@ pub(super) fn decide(round: u64, parts: &[Part]) -> Outcome {
             _ => &[],
         })
         .collect();
-    Outcome::Written(compute::compute(kind, &inputs))
+    Outcome::Written(compute::compute(call, &inputs))
 }

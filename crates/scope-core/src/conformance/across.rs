@@ -164,6 +164,68 @@ where
     }
 }
 
+/// Ranks that each joined alone record collectives into a graph and
+/// replay it together, deciding each replay by ballot: the recorded calls
+/// run only at the replays; rank 2's failed input fails every rank's
+/// replay naming rank 2 and its root cause; once it is written again, the
+/// next replay runs (rules 49, 50).
+pub fn ranks_in_separate_processes_record_and_replay<S: Suite>()
+where
+    S::Backend: DeviceCollectives,
+{
+    let outcomes = each_rank_alone::<S, _>(Duration::from_secs(120), |rank| {
+        let c = rank.client();
+        let r = rank.index() as u32;
+        let input = upload(c, &[0; PART as usize]);
+        let sum = upload(c, &[9; PART as usize]);
+        let capture = c.begin_capture().unwrap();
+        rank.all_reduce(input.all(), sum.all(), Element::U32, Reduce::Sum)
+            .expect("recorded on every rank");
+        let graph = c.end_capture(capture).expect("a clean window seals");
+        c.write(input.all(), &as_bytes(&vec![r + 1; PART as usize]))
+            .unwrap();
+        rank.replay(&graph).expect("every rank replays");
+        let replayed = read(c, &sum).unwrap();
+        if r == 2 {
+            c.fail_writing(&[input.all()], injected("rank two's forward pass"))
+                .unwrap();
+        }
+        let failed = rank.replay(&graph);
+        let claim = read(c, &sum).expect_err("the output carries the failure");
+        c.write(input.all(), &as_bytes(&vec![1; PART as usize]))
+            .unwrap();
+        rank.replay(&graph).expect("a clean replay runs");
+        (
+            replayed,
+            failed,
+            claim,
+            read(c, &sum).unwrap(),
+            rank.broken(),
+        )
+    });
+    let Some(outcomes) = outcomes else {
+        return;
+    };
+    let total: u32 = (1..=RANKS as u32).sum();
+    for (rank, (replayed, failed, claim, healed, broken)) in outcomes.into_iter().enumerate() {
+        assert_eq!(
+            replayed,
+            vec![total; PART as usize],
+            "rank {rank}: replayed"
+        );
+        let error = failed.expect_err("every rank's replay fails");
+        for reported in [collective_error(&error), collective_error(claim.root())] {
+            names_rank_two(rank, reported, "rank two's forward pass");
+        }
+        assert_eq!(
+            healed,
+            vec![RANKS as u32; PART as usize],
+            "rank {rank}: healed"
+        );
+        assert!(broken.is_none(), "rank {rank}: {broken:?}");
+    }
+}
+
 /// A rank that never calls: every other rank, joined alone, fails within
 /// the deadline with [`CollectiveError::Stalled`] (across processes no rank
 /// can name the missing one), its output carries that, and its group is
@@ -302,7 +364,8 @@ pub fn ranks_in_separate_processes<S: Suite>(
 
 /// One child of [`ranks_in_separate_processes`]: rank
 /// `SCOPE_CONFORMANCE_RANK` of four, on the suite's rank client of that
-/// number. A clean all-reduce and all-gather; rank 2's failed input
+/// number. A clean all-reduce and all-gather, and a graph of an
+/// all-reduce recorded and replayed in every process; rank 2's failed input
 /// failing every rank's output, its text crossing as a [`PeerReport`];
 /// then rank 3's process ending, and the others stalling within the
 /// deadline, their group broken.
@@ -356,6 +419,18 @@ where
         .flat_map(|v| std::iter::repeat_n(v, PART as usize))
         .collect();
     assert_eq!(read(c, &gathered).unwrap(), expected);
+
+    // A graph of an all-reduce, recorded by every process, replayed by
+    // every process together.
+    let recorded = alloc(c, PART);
+    let capture = c.begin_capture().unwrap();
+    me.all_reduce(input.all(), recorded.all(), Element::U32, Reduce::Sum)
+        .expect("recorded in every process");
+    let graph = c.end_capture(capture).expect("a clean window seals");
+    c.write(input.all(), &as_bytes(&vec![2 * r; PART as usize]))
+        .unwrap();
+    me.replay(&graph).expect("every process replays");
+    assert_eq!(read(c, &recorded).unwrap(), vec![12; PART as usize]);
 
     let mine = upload(c, &vec![r; PART as usize]);
     if rank == 2 {

@@ -59,7 +59,9 @@ struct Posted {
 pub struct LoopbackId(Arc<Clique>);
 
 /// One rank's membership of a loopback communicator.
-pub struct Loopback {
+pub struct Loopback(Arc<Member>);
+
+struct Member {
     clique: Arc<Clique>,
     rank: usize,
     next: AtomicU64,
@@ -67,6 +69,17 @@ pub struct Loopback {
     /// `patience` of [`DeviceCollectives::join`]), as NCCL's kernel would
     /// until aborted.
     patience: Duration,
+}
+
+/// One rank's part of a call, as stream work: it runs when issued, or —
+/// recorded into a graph — at each replay, where it is the next call of
+/// the communicator, as a captured NCCL call is.
+#[derive(Clone)]
+pub(super) struct Exchange {
+    member: Arc<Member>,
+    call: Call,
+    input: (super::HostMemory, std::ops::Range<u64>),
+    output: (super::HostMemory, std::ops::Range<u64>),
 }
 
 impl Loopback {
@@ -145,12 +158,12 @@ impl DeviceCollectives for Host {
             s.joined.iter().all(|j| *j)
         })?;
         drop(state);
-        Ok(Loopback {
+        Ok(Loopback(Arc::new(Member {
             clique,
             rank,
             next: AtomicU64::new(0),
             patience,
-        })
+        })))
     }
 
     unsafe fn collective(
@@ -159,68 +172,19 @@ impl DeviceCollectives for Host {
         stream: &mut HostStream,
         call: &DeviceCall<'_, super::HostMemory>,
     ) -> Result<()> {
-        let reads = !matches!(call.call, Call::Broadcast { root } if root != communicator.rank);
-        let input = if reads {
-            let (memory, r) = &call.input;
-            memory.lock()[range(r.start, r.end - r.start)].to_vec()
-        } else {
-            Vec::new()
-        };
-        let seq = communicator.next.fetch_add(1, Ordering::Relaxed);
-        let clique = &communicator.clique;
-        let mut state = clique.state.lock();
-        let ranks = state.ranks;
-        let posted = state.calls.entry(seq).or_default();
-        if posted.inputs.is_empty() {
-            posted.inputs = vec![None; ranks];
-            posted.call = Some(call.call);
-        }
-        if posted.call != Some(call.call) {
-            MISMATCHES.fetch_add(1, Ordering::Relaxed);
-            posted.outputs = Some(Err(format!(
-                "rank {} called {:?} where a peer called {:?}",
-                communicator.rank, call.call, posted.call
-            )));
-        }
-        posted.inputs[communicator.rank] = Some(input);
-        if posted.outputs.is_none() && posted.inputs.iter().all(Option::is_some) {
-            let inputs: Vec<&[u8]> = posted.inputs.iter().flatten().map(Vec::as_slice).collect();
-            posted.outputs = Some(Ok(compute(call.call, &inputs)));
-        }
-        clique.changed.notify_all();
-        let what = (call.call.name(), seq);
-        wait_until(clique, &mut state, communicator.patience, what, |s| {
-            s.calls.get(&seq).is_some_and(|p| p.outputs.is_some())
-        })?;
-        let Some(posted) = state.calls.get_mut(&seq) else {
-            return Err(Error::internal("a loopback call lost its outputs"));
-        };
-        posted.taken += 1;
-        let mine = match &posted.outputs {
-            Some(Ok(outputs)) => Ok(outputs[communicator.rank].clone()),
-            Some(Err(why)) => Err(Error::internal(why.clone())),
-            None => Err(Error::internal("a loopback call lost its outputs")),
-        };
-        if posted.taken == ranks {
-            state.calls.remove(&seq);
-        }
-        drop(state);
-        let mine = mine?;
-        if matches!(call.call, Call::Broadcast { root } if root == communicator.rank) {
-            return Ok(());
-        }
-        let (memory, r) = &call.output;
-        stream.issue(Op::Write {
-            dst: (*memory).clone(),
-            offset: r.start,
-            data: Arc::from(mine.as_slice()),
-        })
+        stream.issue(Op::Collective(Exchange {
+            member: communicator.0.clone(),
+            call: call.call,
+            input: (call.input.0.clone(), call.input.1.clone()),
+            output: (call.output.0.clone(), call.output.1.clone()),
+        }))
     }
 
     unsafe fn abort(communicator: &Loopback) {
-        let mut state = communicator.clique.state.lock();
+        let clique = &communicator.0.clique;
+        let mut state = clique.state.lock();
         state.aborted = true;
-        communicator.clique.changed.notify_all();
+        clique.changed.notify_all();
     }
 
     /// The host runs work as it is issued: a call that returned finished.
@@ -229,9 +193,71 @@ impl DeviceCollectives for Host {
     }
 
     unsafe fn health(communicator: &Loopback) -> Result<()> {
-        if communicator.clique.state.lock().aborted {
-            return Err(stalled("communicator", 0, communicator.patience));
+        let member = &communicator.0;
+        if member.clique.state.lock().aborted {
+            return Err(stalled("communicator", 0, member.patience));
         }
+        Ok(())
+    }
+}
+
+impl Exchange {
+    /// Post this rank's input, wait for every rank's, and write this rank's
+    /// output: the call itself, blocking as NCCL's kernel does.
+    pub(super) fn run(&self) -> Result<()> {
+        let member = &*self.member;
+        let reads = !matches!(self.call, Call::Broadcast { root } if root != member.rank);
+        let input = if reads {
+            let (memory, r) = &self.input;
+            memory.lock()[range(r.start, r.end - r.start)].to_vec()
+        } else {
+            Vec::new()
+        };
+        let seq = member.next.fetch_add(1, Ordering::Relaxed);
+        let clique = &member.clique;
+        let mut state = clique.state.lock();
+        let ranks = state.ranks;
+        let posted = state.calls.entry(seq).or_default();
+        if posted.inputs.is_empty() {
+            posted.inputs = vec![None; ranks];
+            posted.call = Some(self.call);
+        }
+        if posted.call != Some(self.call) {
+            MISMATCHES.fetch_add(1, Ordering::Relaxed);
+            posted.outputs = Some(Err(format!(
+                "rank {} called {:?} where a peer called {:?}",
+                member.rank, self.call, posted.call
+            )));
+        }
+        posted.inputs[member.rank] = Some(input);
+        if posted.outputs.is_none() && posted.inputs.iter().all(Option::is_some) {
+            let inputs: Vec<&[u8]> = posted.inputs.iter().flatten().map(Vec::as_slice).collect();
+            posted.outputs = Some(Ok(compute(self.call, &inputs)));
+        }
+        clique.changed.notify_all();
+        let what = (self.call.name(), seq);
+        wait_until(clique, &mut state, member.patience, what, |s| {
+            s.calls.get(&seq).is_some_and(|p| p.outputs.is_some())
+        })?;
+        let Some(posted) = state.calls.get_mut(&seq) else {
+            return Err(Error::internal("a loopback call lost its outputs"));
+        };
+        posted.taken += 1;
+        let mine = match &posted.outputs {
+            Some(Ok(outputs)) => Ok(outputs[member.rank].clone()),
+            Some(Err(why)) => Err(Error::internal(why.clone())),
+            None => Err(Error::internal("a loopback call lost its outputs")),
+        };
+        if posted.taken == ranks {
+            state.calls.remove(&seq);
+        }
+        drop(state);
+        let mine = mine?;
+        if matches!(self.call, Call::Broadcast { root } if root == member.rank) {
+            return Ok(());
+        }
+        let (memory, r) = &self.output;
+        memory.lock()[range(r.start, mine.len() as u64)].copy_from_slice(&mine);
         Ok(())
     }
 }

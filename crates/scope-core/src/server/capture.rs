@@ -70,6 +70,7 @@ impl<B: Backend> Server<B> {
                 written,
                 read,
                 maybe_written,
+                rounds,
             } => {
                 let sealed = self
                     .fault(Site::Seal, Some(opened))
@@ -93,6 +94,7 @@ impl<B: Backend> Server<B> {
                                 written,
                                 read,
                                 maybe_written,
+                                rounds,
                             },
                         );
                         Ok(id)
@@ -184,10 +186,35 @@ impl<B: Backend> Server<B> {
             .ok_or_else(|| Error::invalid("graph", format!("{} is unknown or destroyed", graph.id)))
     }
 
-    pub(crate) fn replay(&mut self, stream: StreamId, graph: &Graph) -> Result<()> {
+    /// Replay `graph` on `stream`. A graph that recorded collective rounds
+    /// replays only as a round of its group (`group`), which every rank
+    /// agreed to: alone, its collectives would wait on the device for peers
+    /// that are not replaying.
+    pub(crate) fn replay(
+        &mut self,
+        stream: StreamId,
+        graph: &Graph,
+        group: Option<u64>,
+    ) -> Result<()> {
         self.check_poison()?;
         self.refuse_if_recording(stream, "a replay")?;
         let entry = self.graph_entry(graph)?;
+        match (entry.rounds.first(), group) {
+            (Some(_), None) => {
+                return Err(Error::refused(format!(
+                    "{} recorded collectives, so its group's ranks replay it together \
+                     (Rank::replay); replayed alone they would wait for peers that are not",
+                    graph.id
+                )));
+            }
+            (Some(first), Some(group)) if first.group != group => {
+                return Err(Error::invalid(
+                    "graph",
+                    format!("{} recorded another group's collectives", graph.id),
+                ));
+            }
+            _ => {}
+        }
         if let Some(gone) = entry
             .written
             .iter()
@@ -241,6 +268,57 @@ impl<B: Backend> Server<B> {
             },
         );
         self.conclude(stream, outcome)
+    }
+
+    /// The collective rounds `graph` recorded, in order.
+    pub(crate) fn graph_rounds(&self, graph: &Graph) -> Result<Vec<RecordedRound>> {
+        Ok(self.graph_entry(graph)?.rounds.clone())
+    }
+
+    /// Whether `graph`'s inputs — what it reads that it does not write
+    /// first — are readable now: the failure one carries, as a replay would
+    /// inherit it, or a refusal for a graph this server cannot replay.
+    pub(crate) fn check_graph(&mut self, graph: &Graph) -> Result<()> {
+        self.check_poison()?;
+        let entry = self.graph_entry(graph)?;
+        if let Some(gone) = entry
+            .written
+            .iter()
+            .chain(&entry.read)
+            .chain(&entry.maybe_written)
+            .find(|r| !self.table.is_live(r.buffer))
+        {
+            return Err(Error::invalid(
+                "graph",
+                format!("{} uses {}, which was freed", graph.id, gone.buffer),
+            ));
+        }
+        let read = entry.read.clone();
+        self.table.check(&read)
+    }
+
+    /// Claim what a replay of `graph` would have written with `error`, as a
+    /// replay that was skipped does (rule 21): its group decided it may
+    /// not run.
+    pub(crate) fn fail_graph(
+        &mut self,
+        stream: StreamId,
+        graph: &Graph,
+        error: Error,
+    ) -> Result<()> {
+        self.check_poison()?;
+        let entry = self.graph_entry(graph)?;
+        let claimed: Vec<BufferRange> = entry
+            .written
+            .iter()
+            .chain(&entry.maybe_written)
+            .copied()
+            .collect();
+        let mut written = self.write_set();
+        written.extend(claimed);
+        written.retain(|r| self.table.is_live(r.buffer));
+        failed_writing(self, Work::new(WorkKind::Replay, stream), written, error);
+        Ok(())
     }
 
     pub(crate) fn destroy_graph(&mut self, graph: &Graph) -> Result<()> {

@@ -260,10 +260,14 @@ impl<B: Backend> Server<B> {
     /// that every rank issues it; a scope that skips it here (the input
     /// failed since) answers an error like a failed call, and the group
     /// learns it at its second meeting (`collective::device`).
+    /// Issue a collective's device call on `stream`, as work that reads
+    /// `input` and writes `output`. On a recording stream the call is
+    /// recorded as round `round` of its group; a call that is no group's
+    /// round (a ballot) is refused there.
     pub(crate) fn issue_collective(
         &mut self,
         stream: StreamId,
-        name: &str,
+        (name, round): (&str, Option<RecordedRound>),
         input: Slice<'_>,
         output: Slice<'_>,
         call: impl FnOnce(
@@ -278,12 +282,12 @@ impl<B: Backend> Server<B> {
         let o = self.resolve_copy_range(output, "collective output")?;
         self.require_memory(i)?;
         self.require_memory(o)?;
-        if self.streams[self.stream_index(stream)]
+        let recording = self.streams[self.stream_index(stream)]
             .window
-            .is_recording()
-        {
+            .is_recording();
+        if recording && round.is_none() {
             return Err(Error::refused(format!(
-                "{name} on a recording stream: collectives are not recorded into graphs"
+                "{name} on a recording stream: it is no round of a group, so it is not recorded"
             )));
         }
         self.refuse_recorded_elsewhere(stream, &[i.buffer, o.buffer])?;
@@ -310,7 +314,12 @@ impl<B: Backend> Server<B> {
                 )
             },
         );
-        self.conclude(stream, outcome)
+        self.conclude(stream, outcome)?;
+        if let Some(round) = round {
+            let index = self.stream_index(stream);
+            self.streams[index].window.record_round(round);
+        }
+        Ok(())
     }
 
     pub(crate) fn compile(&mut self, stream: StreamId, kernel: &Kernel) -> Result<()> {

@@ -96,8 +96,9 @@
  * scope_mock_stream_pending (operations the host has not waited for), and
  * scope_mock_invalidate_capture (what the driver does to a capture when a
  * thread makes an illegal call in global capture mode); and for the mock
- * NCCL, scope_mock_current_device, scope_mock_device_range and
- * scope_mock_stream_capturing.
+ * NCCL, scope_mock_current_device, scope_mock_device_range,
+ * scope_mock_stream_capturing and scope_mock_record_collective (a
+ * collective recorded into a capture, posted by each replay).
  *
  * Every entry point takes one process-wide recursive lock: concurrent tests
  * share the mock, and "device" work runs on the caller's thread.
@@ -266,12 +267,17 @@ static void drop_block(block *gone) {
 
 /* ----- streams, events, operations ----- */
 
-enum { OP_HTOD, OP_DTOH, OP_DTOD, OP_KERNEL };
+enum { OP_HTOD, OP_DTOH, OP_DTOD, OP_KERNEL, OP_HOOK };
 struct function;
+/* A recorded collective (OP_HOOK): the mock NCCL's `hook`, called with its
+ * `blob` (n bytes, owned), the stream and the replay's operation number
+ * there, when a graph holding it is replayed. */
+typedef void (*replay_hook)(const void *blob, void *stream, unsigned long long seq);
 typedef struct {
   int kind;
   char *dst; const char *src; size_t n;
   const struct function *f; unsigned threads; unsigned char *params;
+  replay_hook hook;
 } op;
 
 typedef struct { op *ops; size_t len, cap; } graph;
@@ -352,6 +358,7 @@ typedef struct module { int live, nfunctions; function functions[16]; } module;
 /* Run one operation now. `replay`: checks failing here are faults, not refusals. */
 static CUresult run(const op *o, int replay) {
   if (fault_pending || sticky) return OK; /* a faulted context runs nothing more */
+  if (o->kind == OP_HOOK) return OK; /* cuGraphLaunch calls it, unlocked */
   if (o->kind != OP_KERNEL) {
     int dst_kind = o->kind == OP_DTOH ? HOST : DEVICE, src_kind = o->kind == OP_HTOD ? HOST : DEVICE;
     int dst_ok = dst_kind == HOST ? (!replay || find(o->dst, o->n, HOST) != NULL) : find(o->dst, o->n, DEVICE) != NULL;
@@ -398,7 +405,7 @@ static CUresult run(const op *o, int replay) {
   return OK;
 }
 
-static void op_free(op *o) { if (o->kind == OP_KERNEL) free(o->params); }
+static void op_free(op *o) { if (o->kind == OP_KERNEL || o->kind == OP_HOOK) free(o->params); }
 
 static CUresult ordered_for(stream *s, const void *p, const char *what);
 
@@ -479,6 +486,25 @@ unsigned long long scope_mock_stream_op(void *p) {
   LOCKED;
   stream *s = p;
   return ++s->issued;
+}
+
+/* Record a collective into capturing stream `p`'s graph: `hook(blob, stream,
+ * seq)` is called at each replay. Whether it was recorded (0: not a live,
+ * capturing stream, or its capture is invalidated). */
+int scope_mock_record_collective(void *p, replay_hook hook, const void *blob, size_t n) {
+  LOCKED;
+  stream *s = p;
+  int live = 0;
+  for (stream *it = streams; it; it = it->next) live |= it == s && s->live;
+  if (!live || !s->capturing || s->invalidated) return 0;
+  op o = {0};
+  o.kind = OP_HOOK;
+  o.hook = hook;
+  o.n = n;
+  o.params = malloc(n ? n : 1);
+  memcpy(o.params, blob, n);
+  push(s->capture, o);
+  return 1;
 }
 
 /* The device the calling thread's current context is on, or -1. */
@@ -815,6 +841,10 @@ static op op_copy(const op *o) {
     c.params = malloc(o->f->total ? o->f->total : 1);
     memcpy(c.params, o->params, o->f->total);
   }
+  if (o->kind == OP_HOOK) {
+    c.params = malloc(o->n ? o->n : 1);
+    memcpy(c.params, o->params, o->n);
+  }
   return c;
 }
 CUresult cuGraphInstantiateWithFlags(void **out, void *pg, unsigned long long flags) {
@@ -828,7 +858,23 @@ CUresult cuGraphInstantiateWithFlags(void **out, void *pg, unsigned long long fl
   *out = x;
   return OK;
 }
+static CUresult graph_launch(void *px, void *ps, unsigned long long *seq);
+/* A replay runs the graph's work under the driver's lock, then its
+ * recorded collectives without it: the mock NCCL takes its own lock and
+ * then the driver's, so calling it with the driver's held could deadlock
+ * against a rank posting on another thread. (Work after a collective in
+ * a graph runs before the collective completes, as eager work after one
+ * does in this mock: a test reads a collective's output from the host.) */
 CUresult cuGraphLaunch(void *px, void *ps) {
+  unsigned long long seq = 0;
+  CUresult r = graph_launch(px, ps, &seq);
+  if (r != OK) return r;
+  exec *x = px;
+  for (size_t i = 0; i < x->g.len; i++)
+    if (x->g.ops[i].kind == OP_HOOK) x->g.ops[i].hook(x->g.ops[i].params, ps, seq);
+  return OK;
+}
+static CUresult graph_launch(void *px, void *ps, unsigned long long *seq) {
   ENTER;
   exec *x = px;
   stream *s = ps;
@@ -850,6 +896,7 @@ CUresult cuGraphLaunch(void *px, void *ps) {
     x->replays = r;
   }
   r->seq = s->issued;
+  *seq = s->issued;
   return OK;
 }
 CUresult cuGraphExecDestroy(void *px) {
@@ -1103,7 +1150,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *
     s->invalidated = 1;
     return refuse(E_CAPTURE_UNSUPPORTED, "a captured host-to-device copy from pageable memory (the capture is now invalidated)");
   }
-  op o = {OP_HTOD, (char *)(uintptr_t)dst, src, n, NULL, 0, NULL};
+  op o = {OP_HTOD, (char *)(uintptr_t)dst, src, n, NULL, 0, NULL, NULL};
   return issue(s, o);
 }
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *ps) {
@@ -1118,7 +1165,7 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *ps) {
     s->invalidated = 1;
     return refuse(E_CAPTURE_UNSUPPORTED, "a captured device-to-host copy to pageable memory (the capture is now invalidated)");
   }
-  op o = {OP_DTOH, dst, (const char *)(uintptr_t)src, n, NULL, 0, NULL};
+  op o = {OP_DTOH, dst, (const char *)(uintptr_t)src, n, NULL, 0, NULL, NULL};
   return issue(s, o);
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *ps) {
@@ -1130,7 +1177,7 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *
   CUresult unordered = ordered_for(s, (void *)(uintptr_t)src, "a device copy's source");
   if (!unordered) unordered = ordered_for(s, (void *)(uintptr_t)dst, "a device copy's destination");
   if (unordered) return unordered;
-  op o = {OP_DTOD, (char *)(uintptr_t)dst, (const char *)(uintptr_t)src, n, NULL, 0, NULL};
+  op o = {OP_DTOD, (char *)(uintptr_t)dst, (const char *)(uintptr_t)src, n, NULL, 0, NULL, NULL};
   return issue(s, o);
 }
 
@@ -1267,7 +1314,7 @@ CUresult cuLaunchKernel(void *pf, unsigned gx, unsigned gy, unsigned gz, unsigne
   if (shared > SHARED_PER_BLOCK) return refuse(E_INVALID_VALUE, "`%s` asks for %u bytes of shared memory", f->name, shared);
   if (extra) return refuse(E_INVALID_VALUE, "`%s` launched with `extra` (the server passes kernelParams)", f->name);
   if (f->nparams && !params) return refuse(E_INVALID_VALUE, "`%s` takes parameters; kernelParams is null", f->name);
-  op o = {OP_KERNEL, NULL, NULL, 0, f, 0, malloc(f->total ? f->total : 1)};
+  op o = {OP_KERNEL, NULL, NULL, 0, f, 0, malloc(f->total ? f->total : 1), NULL};
   unsigned long long threads = (unsigned long long)gx * gy * gz * bx * by * bz;
   o.threads = threads > 0xffffffffu ? 0xffffffffu : (unsigned)threads;
   for (int i = 0; i < f->nparams; i++) memcpy(o.params + f->offset[i], params[i], f->size[i]);

@@ -38,10 +38,15 @@
  *    or move the wrong bytes);
  *  - a send or receive buffer not inside one live device allocation for
  *    the bytes the call touches;
- *  - a collective on a stream that is capturing (the server does not
- *    record collectives into graphs);
+ *  - a recorded call whose replays disagree across ranks, or that a
+ *    replay posts on an aborted communicator;
  *  - a data type other than int32, uint32 and float32, an unknown
  *    operation.
+ *
+ * A call on a capturing stream is recorded (through the driver's
+ * scope_mock_record_collective) and checked as a post would be, without
+ * taking a sequence number: each replay of its graph posts it then, as
+ * the next call of its communicator, as NCCL's captured kernels run.
  *
  * Every entry point takes one process-wide lock.
  */
@@ -152,6 +157,22 @@ static int device_range(const void *p, size_t n) {
 static int stream_capturing(void *s) {
   int (*f)(void *) = (int (*)(void *))driver_hook("scope_mock_stream_capturing");
   return f ? f(s) : -1;
+}
+
+/* A call recorded into a capturing stream's graph: what its replays post. */
+typedef struct {
+  comm *m;
+  int kind, dtype, op, root;
+  size_t count;
+  const void *send;
+  void *recv;
+} recorded;
+static void replay_recorded(const void *blob, void *stream, unsigned long long seq);
+static int record_call(void *stream, const recorded *r) {
+  typedef void (*hook)(const void *, void *, unsigned long long);
+  int (*f)(void *, hook, const void *, size_t) =
+      (int (*)(void *, hook, const void *, size_t))driver_hook("scope_mock_record_collective");
+  return f ? f(stream, replay_recorded, r, sizeof *r) : 0;
 }
 
 static unsigned long long stream_op(void *s) {
@@ -574,11 +595,22 @@ static void run(call *k, int n) {
 
 /* A post of a communicator in shared mode (the caller holds `lock`). */
 static int post_shared(comm *m, int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
-                       void *stream) {
+                       void *stream, unsigned long long stream_seq) {
   const char *name = CALLS[kind];
   shared_clique *sh = m->sh;
-  if (stream_capturing(stream) != 0)
-    return refuse(INVALID_USAGE, "%s on a stream that is capturing or not a live stream", name);
+  int capturing = stream_seq ? 0 : stream_capturing(stream);
+  if (capturing < 0) return refuse(INVALID_USAGE, "%s on a stream that is not a live stream", name);
+  if (capturing) {
+    /* Recorded: its replays post it (NCCL captures a call as kernels). */
+    post p = {1, kind, dtype, op, root, count, send, recv, stream, 0};
+    int sends = kind != BROADCAST || m->rank == root;
+    if ((sends && !device_range(send, send_bytes(&p, sh->nranks))) || !device_range(recv, recv_bytes(&p, sh->nranks)))
+      return refuse(INVALID_ARGUMENT, "%s recorded on rank %d: a buffer is not inside one live device allocation",
+                    name, m->rank);
+    recorded r = {m, kind, dtype, op, root, count, send, recv};
+    if (!record_call(stream, &r)) return refuse(INVALID_USAGE, "%s: the capture could not record it", name);
+    return SUCCESS;
+  }
   pthread_mutex_lock(&sh->lock);
   int n = sh->nranks;
   post p = {1, kind, dtype, op, root, count, send, recv, stream, 0};
@@ -632,18 +664,22 @@ static int post_shared(comm *m, int kind, const void *send, void *recv, size_t c
   }
   pthread_mutex_unlock(&sh->lock);
   local_post *mine = calloc(1, sizeof *mine);
-  *mine = (local_post){sh, slot, m->rank, seq, stream_op(stream), recv, stream, rb, shared_posts};
+  *mine = (local_post){sh, slot, m->rank, seq, stream_seq ? stream_seq : stream_op(stream), recv, stream, rb,
+                       shared_posts};
   shared_posts = mine;
   return SUCCESS;
 }
 
+/* Post a call on `stream`: now (stream_seq 0: a new operation of the
+ * stream, or recorded if the stream captures), or as part of a graph's
+ * replay, operation `stream_seq` of the stream. */
 static int post_call(comm *m, int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
-                     void *stream) {
+                     void *stream, unsigned long long stream_seq) {
   LOCKED;
   const char *name = CALLS[kind];
   int bad = usable(m, name);
   if (bad) return bad;
-  if (m->sh) return post_shared(m, kind, send, recv, count, dtype, op, root, stream);
+  if (m->sh) return post_shared(m, kind, send, recv, count, dtype, op, root, stream, stream_seq);
   clique *c = m->c;
   int n = c->nranks;
   /* A peer aborted: NCCL answers the communicator's error (not a misuse). */
@@ -653,13 +689,19 @@ static int post_call(comm *m, int kind, const void *send, void *recv, size_t cou
     return refuse(INVALID_ARGUMENT, "%s: data type %d (the mock moves int32, uint32 and float32)", name, dtype);
   if (op < SUM || op > AVG) return refuse(INVALID_ARGUMENT, "%s: operation %d", name, op);
   if (kind == BROADCAST && (root < 0 || root >= n)) return refuse(INVALID_ARGUMENT, "%s: root %d of %d", name, root, n);
-  if (stream_capturing(stream) != 0)
-    return refuse(INVALID_USAGE, "%s on a stream that is capturing or not a live stream", name);
+  int capturing = stream_seq ? 0 : stream_capturing(stream);
+  if (capturing < 0) return refuse(INVALID_USAGE, "%s on a stream that is not a live stream", name);
   post p = {1, kind, dtype, op, root, count, send, recv, stream, 0};
   int sends = kind != BROADCAST || m->rank == root;
   if ((sends && !device_range(send, send_bytes(&p, n))) || !device_range(recv, recv_bytes(&p, n)))
     return refuse(INVALID_ARGUMENT, "%s on rank %d: a buffer is not inside one live device allocation", name,
                   m->rank);
+  if (capturing) {
+    /* Recorded: its replays post it (NCCL captures a call as kernels). */
+    recorded r = {m, kind, dtype, op, root, count, send, recv};
+    if (!record_call(stream, &r)) return refuse(INVALID_USAGE, "%s: the capture could not record it", name);
+    return SUCCESS;
+  }
   unsigned long long seq = m->next_seq++;
   call *k = c->calls;
   while (k && k->seq != seq) k = k->next;
@@ -678,7 +720,7 @@ static int post_call(comm *m, int kind, const void *send, void *recv, size_t cou
                     CALLS[q->kind], q->count, q->dtype, q->op, q->root);
     }
   }
-  p.seq = stream_op(stream);
+  p.seq = stream_seq ? stream_seq : stream_op(stream);
   k->posts[m->rank] = p;
   k->nposted++;
   if (k->nposted == n && !k->mismatched) {
@@ -691,18 +733,27 @@ static int post_call(comm *m, int kind, const void *send, void *recv, size_t cou
   return SUCCESS;
 }
 
+/* A graph holding a recorded call was replayed on `stream` as its
+ * operation `seq`: the call is posted, as its kernel would start. A
+ * refusal here (an aborted communicator, ranks whose replays disagree)
+ * counts a violation like any other. */
+static void replay_recorded(const void *blob, void *stream, unsigned long long seq) {
+  const recorded *r = blob;
+  post_call(r->m, r->kind, r->send, r->recv, r->count, r->dtype, r->op, r->root, stream, seq);
+}
+
 int ncclAllReduce(const void *send, void *recv, size_t count, int dtype, int op, comm *m, void *stream) {
-  return post_call(m, ALL_REDUCE, send, recv, count, dtype, op, 0, stream);
+  return post_call(m, ALL_REDUCE, send, recv, count, dtype, op, 0, stream, 0);
 }
 int ncclAllGather(const void *send, void *recv, size_t count, int dtype, comm *m, void *stream) {
-  return post_call(m, ALL_GATHER, send, recv, count, dtype, SUM, 0, stream);
+  return post_call(m, ALL_GATHER, send, recv, count, dtype, SUM, 0, stream, 0);
 }
 int ncclReduceScatter(const void *send, void *recv, size_t count, int dtype, int op, comm *m, void *stream) {
-  return post_call(m, REDUCE_SCATTER, send, recv, count, dtype, op, 0, stream);
+  return post_call(m, REDUCE_SCATTER, send, recv, count, dtype, op, 0, stream, 0);
 }
 int ncclBroadcast(const void *send, void *recv, size_t count, int dtype, int root, comm *m, void *stream) {
-  return post_call(m, BROADCAST, send, recv, count, dtype, SUM, root, stream);
+  return post_call(m, BROADCAST, send, recv, count, dtype, SUM, root, stream, 0);
 }
 int ncclAlltoAll(const void *send, void *recv, size_t count, int dtype, comm *m, void *stream) {
-  return post_call(m, ALL_TO_ALL, send, recv, count, dtype, SUM, 0, stream);
+  return post_call(m, ALL_TO_ALL, send, recv, count, dtype, SUM, 0, stream, 0);
 }

@@ -59,10 +59,15 @@ struct module;
 typedef struct { const kernel *k; struct module *m; } function;
 typedef struct module { int live; char *image; function functions[NKERNELS]; } module;
 
+/* A recorded collective (launch 2): the mock RCCL's `hook`, called with
+ * its `blob` (n bytes, owned by the op's graph), the stream and the
+ * replay's operation number there, at each replay. */
+typedef void (*replay_hook)(const void *blob, void *stream, unsigned long long seq);
 typedef struct {
-  int launch; /* 0: copy, 1: launch */
+  int launch; /* 0: copy, 1: launch, 2: a recorded collective */
   void *dst; const void *src; size_t n;
   const function *f; unsigned threads; void *args[3]; unsigned char scalars[8];
+  replay_hook hook;
 } op;
 
 typedef struct { op *ops; size_t len, cap; } graph;
@@ -81,6 +86,7 @@ static void push(graph *g, op o) {
 
 static void run(stream *s, const op *o) {
   if (!o->launch) { memcpy(o->dst, o->src, o->n); return; }
+  if (o->launch == 2) return; /* hipGraphLaunch posts it */
   unsigned *a0 = o->args[0], *a1 = o->args[1], *a2 = o->args[2];
   unsigned n, value;
   memcpy(&n, o->scalars, 4);
@@ -267,7 +273,7 @@ hipError_t hipMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *
   if (kind < 1 || kind > 3) return E_INVALID;
   if (s->sticky) return s->sticky;
   /* A recorded copy keeps the source *pointer*, as HIP's memcpy node does. */
-  op o = {0, dst, src, n, NULL, 0, {0}, {0}};
+  op o = {0, dst, src, n, NULL, 0, {0}, {0}, NULL};
   issue(s, o);
   return OK;
 }
@@ -314,7 +320,7 @@ hipError_t hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz,
     if ((unsigned long long)grid[i] * block[i] > UINT32_MAX) return E_INVALID_CONFIGURATION;
   }
   unsigned long long threads = (unsigned long long)gx * gy * gz * bx * by * bz;
-  op o = {1, NULL, NULL, 0, fn, threads > UINT32_MAX ? UINT32_MAX : (unsigned)threads, {0}, {0}};
+  op o = {1, NULL, NULL, 0, fn, threads > UINT32_MAX ? UINT32_MAX : (unsigned)threads, {0}, {0}, NULL};
   for (int i = 0; i < k->pointers; i++) o.args[i] = *(void **)params[i];
   if (k->scalars) memcpy(o.scalars, params[k->pointers], k->scalars);
   issue(s, o);
@@ -340,9 +346,32 @@ hipError_t hipStreamEndCapture(void *p, void **g) {
 hipError_t hipGraphInstantiate(void **exec, void *g, void *node, char *log, size_t size) {
   graph *from = g, *to = calloc(1, sizeof(graph));
   (void)node; (void)log; (void)size;
-  for (size_t i = 0; i < from->len; i++) push(to, from->ops[i]);
+  for (size_t i = 0; i < from->len; i++) {
+    op o = from->ops[i];
+    if (o.launch == 2) {
+      void *blob = malloc(o.n ? o.n : 1);
+      memcpy(blob, o.dst, o.n);
+      o.dst = blob;
+    }
+    push(to, o);
+  }
   *exec = to;
   return OK;
+}
+
+/* Record a collective into capturing stream `p`'s graph: `hook(blob,
+ * stream, seq)` is called at each replay. Whether it was recorded. */
+int scope_mock_record_collective(void *p, replay_hook hook, const void *blob, size_t n) {
+  stream *s = p;
+  if (!s || !s->capture) return 0;
+  op o = {0};
+  o.launch = 2;
+  o.hook = hook;
+  o.n = n;
+  o.dst = malloc(n ? n : 1);
+  memcpy(o.dst, blob, n);
+  push(s->capture, o);
+  return 1;
 }
 hipError_t hipGraphLaunch(void *exec, void *p) {
   stream *s = p;
@@ -350,11 +379,22 @@ hipError_t hipGraphLaunch(void *exec, void *p) {
   if (s->capture) return E_CAPTURE_UNSUPPORTED;
   if (s->sticky) return s->sticky;
   for (size_t i = 0; i < g->len; i++)
-    if (g->ops[i].launch && !g->ops[i].f->m->live) return E_INVALID_HANDLE; /* its module was unloaded */
+    if (g->ops[i].launch == 1 && !g->ops[i].f->m->live) return E_INVALID_HANDLE; /* its module was unloaded */
   for (size_t i = 0; i < g->len; i++) run(s, &g->ops[i]);
+  unsigned long long seq = 0;
+  for (size_t i = 0; i < g->len; i++)
+    if (g->ops[i].launch == 2) {
+      if (!seq) seq = ++s->issued;
+      g->ops[i].hook(g->ops[i].dst, s, seq);
+    }
   return OK;
 }
-static void graph_free(graph *g) { free(g->ops); free(g); }
+static void graph_free(graph *g) {
+  for (size_t i = 0; i < g->len; i++)
+    if (g->ops[i].launch == 2) free(g->ops[i].dst);
+  free(g->ops);
+  free(g);
+}
 hipError_t hipGraphExecDestroy(void *exec) { graph_free(exec); return OK; }
 hipError_t hipGraphDestroy(void *g) { graph_free(g); return OK; }
 

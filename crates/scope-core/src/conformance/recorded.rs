@@ -1,0 +1,311 @@
+//! Collectives in captured graphs (rule 50): recorded by every rank as a
+//! round, replayed by every rank together with [`Rank::replay`], never
+//! alone; a failed input at replay fails every rank's replay naming the
+//! rank, graphs of other rounds are refused everywhere, and a rank that
+//! never replays fails the others within the deadline.
+
+use std::time::{Duration, Instant};
+
+use super::collective::{PART, RANKS, collective_error};
+use super::*;
+use crate::collective::{CollectiveError, Element, Group, Rank, Reduce};
+use crate::handle::Graph;
+
+/// A group of [`RANKS`] servers made by the suite, or `None` (skipped)
+/// without a device.
+fn group<S: Suite>(deadline: Duration) -> Option<Group<S::Backend>> {
+    let clients: Option<Vec<_>> = (0..RANKS)
+        .map(|rank| client_or_skip(|| S::rank_client(rank)))
+        .collect();
+    Some(S::group(clients?, deadline).expect("four servers make a group"))
+}
+
+/// How long a rank waits where no rank is meant to go missing.
+const WAIT: Duration = Duration::from_secs(120);
+
+/// One rank's graph of a sum and a gather of `input`, and their outputs.
+struct Recorded {
+    input: Buffer,
+    sum: Buffer,
+    gathered: Buffer,
+    graph: Graph,
+}
+
+/// Record, on `rank`, an all-reduce of `input` into `sum` and an
+/// all-gather of it into `gathered`: every rank must call this together.
+fn record<B: Backend>(rank: &Rank<B>) -> Recorded {
+    let c = rank.client();
+    let input = upload(c, &[0; PART as usize]);
+    let sum = alloc(c, PART);
+    let gathered = alloc(c, PART * RANKS as u32);
+    let capture = c.begin_capture().unwrap();
+    rank.all_reduce(input.all(), sum.all(), Element::U32, Reduce::Sum)
+        .expect("recorded on every rank");
+    rank.all_gather(input.all(), gathered.all())
+        .expect("recorded on every rank");
+    let graph = c.end_capture(capture).expect("a clean window seals");
+    Recorded {
+        input,
+        sum,
+        gathered,
+        graph,
+    }
+}
+
+/// Collectives recorded in a window on every rank replay together, with
+/// fresh inputs each time, and compute what they say; a graph that holds
+/// collectives is refused when one client replays it alone, claiming
+/// nothing (rule 50).
+pub fn collectives_recorded_in_a_graph_replay_on_every_rank<S: Suite>() {
+    let Some(group) = group::<S>(WAIT) else {
+        return;
+    };
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let r = rank.index() as u32;
+        let g = record(&rank);
+        let alone = c
+            .replay(&g.graph)
+            .expect_err("a graph of collectives is not replayed alone");
+        assert!(alone.is_refusal(), "{alone}");
+        let mut seen = Vec::new();
+        for step in 1..=2u32 {
+            c.write(g.input.all(), &as_bytes(&vec![r + step; PART as usize]))
+                .unwrap();
+            rank.replay(&g.graph).expect("every rank replays");
+            seen.push((read(c, &g.sum).unwrap(), read(c, &g.gathered).unwrap()));
+        }
+        seen
+    });
+    let n = RANKS as u32;
+    for (rank, seen) in outcomes.into_iter().enumerate() {
+        for (step, (sum, gathered)) in (1..=2u32).zip(seen) {
+            let total: u32 = (0..n).map(|r| r + step).sum();
+            assert_eq!(
+                sum,
+                vec![total; PART as usize],
+                "rank {rank}, replay {step}"
+            );
+            let expected: Vec<u32> = (0..n)
+                .flat_map(|r| std::iter::repeat_n(r + step, PART as usize))
+                .collect();
+            assert_eq!(gathered, expected, "rank {rank}, replay {step}: gather");
+        }
+    }
+    assert!(group.broken().is_none());
+}
+
+/// An input that carries a failure on rank 2 when the graphs are replayed
+/// fails every rank's replay, naming rank 2 and its root cause; nothing is
+/// replayed, everything every graph writes carries the failure, and once
+/// the input is written again the next replay runs and heals (rule 50).
+pub fn a_failed_input_fails_every_ranks_replay<S: Suite>() {
+    let Some(group) = group::<S>(WAIT) else {
+        return;
+    };
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let g = record(&rank);
+        let r = rank.index() as u32;
+        c.write(g.input.all(), &as_bytes(&vec![r; PART as usize]))
+            .unwrap();
+        if rank.index() == 2 {
+            fail_next_launch(c, "rank two's forward pass");
+            assert!(fill::<S>(c, &g.input, 9).is_err());
+        }
+        let replayed = rank.replay(&g.graph);
+        let claims = [claimed(c, &g.sum), claimed(c, &g.gathered)];
+        c.write(g.input.all(), &as_bytes(&vec![1; PART as usize]))
+            .unwrap();
+        rank.replay(&g.graph).expect("a clean replay runs");
+        (replayed, claims, read(c, &g.sum).unwrap())
+    });
+    for (rank, (replayed, claims, healed)) in outcomes.into_iter().enumerate() {
+        let error = replayed.expect_err("every rank's replay fails");
+        for reported in std::iter::once(collective_error(&error)).chain(&claims) {
+            let CollectiveError::InputFailed {
+                rank: failed,
+                cause,
+                collective,
+                ..
+            } = reported
+            else {
+                panic!("rank {rank}: {reported}");
+            };
+            assert_eq!(*collective, "replay", "rank {rank}: {reported}");
+            assert_eq!(*failed, 2, "rank {rank} names rank 2: {reported}");
+            assert!(
+                cause.to_string().contains("rank two's forward pass"),
+                "rank {rank}: the root cause travels: {cause}"
+            );
+        }
+        assert_eq!(healed, vec![RANKS as u32; PART as usize], "rank {rank}");
+    }
+    assert!(group.broken().is_none());
+}
+
+/// The collective error a read of `buffer` reports as its root.
+fn claimed<B: Backend>(client: &Client<B>, buffer: &Buffer) -> CollectiveError {
+    let error = read(client, buffer).expect_err("the output carries the replay's failure");
+    collective_error(error.root()).clone()
+}
+
+/// Ranks that disagree are refused on every rank, claiming nothing, and
+/// the group stays in step: a rank that runs a collective while its peers
+/// record it, a rank that replays a graph of other rounds. An input that
+/// already carries a failure when the call is recorded dooms every rank's
+/// window (rules 44, 50).
+pub fn recorded_collectives_that_disagree_are_refused_everywhere<S: Suite>() {
+    let Some(group) = group::<S>(WAIT) else {
+        return;
+    };
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let input = upload(c, &[1; PART as usize]);
+        let output = upload(c, &[5; PART as usize]);
+        // Rank 0 runs the call; its peers record it.
+        let capture = (rank.index() != 0).then(|| c.begin_capture().unwrap());
+        let mixed = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
+        if let Some(capture) = capture {
+            c.end_capture(capture)
+                .expect("nothing was recorded, nothing is missing");
+        }
+        let untouched = read(c, &output).unwrap();
+        // Graphs of different rounds: rank 3 replays its second.
+        let first = record(&rank);
+        let second = record(&rank);
+        let graph = if rank.index() == 3 {
+            &second.graph
+        } else {
+            &first.graph
+        };
+        let other = rank.replay(graph);
+        // A failed input when recording: every window is doomed.
+        if rank.index() == 2 {
+            fail_next_launch(c, "rank two's input");
+            assert!(fill::<S>(c, &input, 9).is_err());
+        }
+        let capture = c.begin_capture().unwrap();
+        let recorded = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
+        let sealed = c.end_capture(capture);
+        // The group is in step: a clean collective runs.
+        let clean = upload(c, &[2; PART as usize]);
+        rank.all_reduce(clean.all(), output.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        (
+            mixed,
+            untouched,
+            other,
+            recorded,
+            sealed.map(drop),
+            read(c, &output).unwrap(),
+        )
+    });
+    for (rank, (mixed, untouched, other, recorded, sealed, after)) in
+        outcomes.into_iter().enumerate()
+    {
+        let mixed = mixed.expect_err("recording and running are refused");
+        assert!(
+            matches!(collective_error(&mixed), CollectiveError::Refused { rank: 1, why, .. } if why.contains("capture window")),
+            "rank {rank}: {mixed}"
+        );
+        assert_eq!(
+            untouched,
+            vec![5; PART as usize],
+            "rank {rank}: nothing claimed"
+        );
+        let other = other.expect_err("graphs of other rounds are refused");
+        assert!(
+            matches!(
+                collective_error(&other),
+                CollectiveError::Refused { rank: 3, .. }
+            ),
+            "rank {rank}: {other}"
+        );
+        let recorded = recorded.expect_err("a failed input is not recorded");
+        assert!(
+            matches!(
+                collective_error(&recorded),
+                CollectiveError::InputFailed { rank: 2, .. }
+            ),
+            "rank {rank}: {recorded}"
+        );
+        let sealed = sealed.expect_err("every rank's window is missing the call");
+        assert!(
+            matches!(sealed, Error::Unsealed { .. }),
+            "rank {rank}: {sealed}"
+        );
+        assert_eq!(after, vec![8; PART as usize], "rank {rank}");
+    }
+    assert!(group.broken().is_none());
+}
+
+/// A rank that never replays fails every waiting rank's replay within the
+/// deadline, naming it; nothing was replayed, what each graph writes
+/// carries that, and the group is broken (rules 42, 43, 50).
+pub fn a_rank_that_never_replays_fails_the_others_within_the_deadline<S: Suite>() {
+    let deadline = Duration::from_millis(500);
+    let Some(group) = group::<S>(deadline) else {
+        return;
+    };
+    let started = Instant::now();
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let g = record(&rank);
+        if rank.index() == 3 {
+            return None;
+        }
+        let replayed = rank.replay(&g.graph);
+        Some((replayed, claimed(c, &g.sum)))
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "bounded by the deadline: {:?}",
+        started.elapsed()
+    );
+    for (rank, outcome) in outcomes.into_iter().enumerate().take(3) {
+        let (replayed, claim) = outcome.expect("ranks 0 to 2 replayed");
+        let error = replayed.expect_err("rank 3 never replays");
+        for reported in [collective_error(&error), &claim] {
+            assert!(
+                matches!(reported, CollectiveError::Missing { missing, .. } if missing.contains(&3))
+                    || matches!(reported, CollectiveError::Broken { .. }),
+                "rank {rank}: {reported}"
+            );
+        }
+    }
+    assert!(group.broken().is_some());
+}
+
+/// A host-staged group cannot record a collective: refused on every rank,
+/// claiming nothing, and the window seals without it (rule 50).
+pub fn a_host_staged_collective_is_not_recorded<S: Suite>() {
+    let clients: Option<Vec<_>> = (0..RANKS)
+        .map(|rank| client_or_skip(|| S::rank_client(rank)))
+        .collect();
+    let Some(clients) = clients else { return };
+    let group = Group::new(clients, WAIT).unwrap();
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let input = upload(c, &[1; PART as usize]);
+        let output = upload(c, &[5; PART as usize]);
+        let capture = c.begin_capture().unwrap();
+        let refused = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
+        let sealed = c.end_capture(capture).map(drop);
+        (refused, sealed, read(c, &output).unwrap())
+    });
+    for (rank, (refused, sealed, output)) in outcomes.into_iter().enumerate() {
+        let refused = refused.expect_err("host staging is not recorded");
+        assert!(
+            matches!(collective_error(&refused), CollectiveError::Refused { why, .. } if why.contains("host-staged")),
+            "rank {rank}: {refused}"
+        );
+        sealed.expect("nothing was recorded, nothing is missing");
+        assert_eq!(
+            output,
+            vec![5; PART as usize],
+            "rank {rank}: nothing claimed"
+        );
+    }
+    assert!(group.broken().is_none());
+}
