@@ -397,11 +397,23 @@ impl<B: Backend> Client<B> {
         call: impl FnOnce(
             &mut B,
             &mut B::Stream,
-            (&B::Memory, std::ops::Range<u64>),
-            (&B::Memory, std::ops::Range<u64>),
+            crate::server::Resolved<'_, B>,
+            crate::server::Resolved<'_, B>,
         ) -> Result<()>,
     ) -> Result<()> {
         self.call(|server| server.issue_collective(self.stream, name, input, output, call))
+    }
+
+    /// Issue one rank's half of a point-to-point transfer of `data` (read
+    /// by a send, written by a receive: `writes`) through `call`, on this
+    /// stream.
+    pub(crate) fn issue_transfer(
+        &self,
+        name: &str,
+        data: (Slice<'_>, bool),
+        call: impl FnOnce(&mut B, &mut B::Stream, crate::server::Resolved<'_, B>) -> Result<()>,
+    ) -> Result<()> {
+        self.call(|server| server.issue_transfer(self.stream, name, data, call))
     }
 
     /// Compile `kernel` now rather than at its first launch.

@@ -346,6 +346,8 @@ macro_rules! conformance_tests {
             recorded_collectives_that_disagree_are_refused_everywhere,
             a_rank_that_never_replays_fails_the_others_within_the_deadline,
             ranks_in_separate_processes_record_and_replay,
+            ranks_in_separate_processes_send_and_receive,
+            a_silent_sender_in_another_process_stalls_its_receiver_within_the_deadline,
         );
     };
     (@processes $suite:ty, $module:literal, $identity:expr) => {

@@ -50,6 +50,10 @@ use crate::table::BufferTable;
 /// runtime's misaligned copy fails the same way everywhere.
 pub const COPY_ALIGNMENT: u64 = 4;
 
+/// A buffer range resolved to the backend's memory, as a library call is
+/// handed it.
+pub(crate) type Resolved<'a, B> = (&'a <B as Backend>::Memory, std::ops::Range<u64>);
+
 /// The most streams one server makes (see `Server::create_stream`).
 pub const MAX_STREAMS: usize = 1024;
 

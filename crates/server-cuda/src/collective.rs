@@ -34,7 +34,7 @@
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-use scope_core::collective::device::{DeviceCall, DeviceCollectives};
+use scope_core::collective::device::{DeviceCall, DeviceCollectives, DeviceTransfer};
 use scope_core::native::nccl::{Communicator, NcclTable, UniqueId};
 use scope_core::{Error, Result};
 
@@ -128,6 +128,31 @@ impl DeviceCollectives for Cuda {
         }?;
         stream.touch(input.0);
         stream.touch(output.0);
+        Ok(())
+    }
+
+    unsafe fn point_to_point(
+        &mut self,
+        communicator: &Communicator,
+        stream: &mut CudaStreamState,
+        call: &DeviceTransfer<'_, CudaMemory>,
+    ) -> Result<()> {
+        self.bind()?;
+        let (memory, range) = &call.data;
+        let cu = stream.raw().cu_stream().cast::<c_void>();
+        // SAFETY: the range lies inside a live allocation of this device
+        // (the contract of `point_to_point`); `cu` is this server's
+        // stream; the peer issues the opposite half next (the ranks
+        // exchanged headers and agreed).
+        unsafe {
+            communicator.point_to_point(
+                call.direction,
+                call.peer,
+                (memory.device_ptr() + range.start, range.end - range.start),
+                cu,
+            )
+        }?;
+        stream.touch(memory);
         Ok(())
     }
 

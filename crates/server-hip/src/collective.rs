@@ -28,7 +28,7 @@ use std::ffi::c_void;
 use std::sync::OnceLock;
 
 use libloading::Library;
-use scope_core::collective::device::{DeviceCall, DeviceCollectives};
+use scope_core::collective::device::{DeviceCall, DeviceCollectives, DeviceTransfer};
 use scope_core::native::nccl::{Communicator, NcclTable, UniqueId};
 use scope_core::{Error, Result};
 
@@ -175,6 +175,30 @@ impl DeviceCollectives for Hip {
                 (send, input.1.end - input.1.start),
                 (recv, output.1.end - output.1.start),
                 call.ranks,
+                stream.shared.stream.raw(),
+            )
+        }
+    }
+
+    unsafe fn point_to_point(
+        &mut self,
+        communicator: &Communicator,
+        stream: &mut HipStream,
+        call: &DeviceTransfer<'_, HipMemory>,
+    ) -> Result<()> {
+        self.make_current()?;
+        let (memory, range) = &call.data;
+        // SAFETY: the range lies inside its live allocation (the contract
+        // of `point_to_point`), so the offset is within its block.
+        let data = unsafe { memory.block.at(range.start) } as u64;
+        // SAFETY: the address is on this device, as long as the range;
+        // the stream is this server's; the peer issues the opposite half
+        // next (the ranks exchanged headers and agreed).
+        unsafe {
+            communicator.point_to_point(
+                call.direction,
+                call.peer,
+                (data, range.end - range.start),
                 stream.shared.stream.raw(),
             )
         }

@@ -109,6 +109,25 @@ pub trait DeviceCollectives: Backend {
         call: &DeviceCall<'_, Self::Memory>,
     ) -> Result<()>;
 
+    /// Issue this rank's half of a transfer with `call.peer` on `stream`,
+    /// through `communicator` (NCCL's `ncclSend` or `ncclRecv`): how ranks
+    /// in separate processes move point-to-point bytes
+    /// ([`Rank::send`](super::Rank::send) across processes).
+    ///
+    /// # Safety
+    ///
+    /// `communicator` is one this backend joined; `stream` and
+    /// `call.data` are this backend's and alive, the range inside the
+    /// memory; `stream` is not recording; the peer issues the opposite
+    /// half, of the same length, as its next transfer with this rank (the
+    /// ranks exchanged headers and agreed).
+    unsafe fn point_to_point(
+        &mut self,
+        communicator: &Self::Communicator,
+        stream: &mut Self::Stream,
+        call: &DeviceTransfer<'_, Self::Memory>,
+    ) -> Result<()>;
+
     /// Abort `communicator`: calls waiting in it return, and it takes no
     /// more. Called from any thread, as often as need be.
     ///
@@ -163,6 +182,27 @@ pub struct DeviceCall<'a, M> {
     pub rank: usize,
     /// How many ranks.
     pub ranks: usize,
+}
+
+/// Which way a transfer moves its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// This rank's bytes go to the peer.
+    Send,
+    /// The peer's bytes come into this rank's buffer.
+    Recv,
+}
+
+/// One rank's half of a point-to-point transfer, resolved to device
+/// memory.
+#[derive(Debug)]
+pub struct DeviceTransfer<'a, M> {
+    /// Send or receive.
+    pub direction: Direction,
+    /// The other rank.
+    pub peer: usize,
+    /// This rank's buffer: its memory and the byte range in it.
+    pub data: (&'a M, std::ops::Range<u64>),
 }
 
 /// How an agreed round's bytes move for a group over a device transport:

@@ -8,13 +8,24 @@
 //! deadline: clean bytes are written (and heal), a failure is claimed on
 //! the receive's output naming the sending rank, and a sender that never
 //! sends fails the receive with [`CollectiveError::Missing`] and breaks
-//! the group, as a missing rank does for a collective. The bytes move
-//! through the host on every transport (a device transport's library is
-//! not called for them).
+//! the group, as a missing rank does for a collective. In one process the
+//! bytes move through the host on every transport (a device transport's
+//! library is not called for them).
+//!
+//! Between ranks in separate processes ([`Rank::join`]) there is no
+//! mailbox to share: the sender and the receiver exchange headers through
+//! the library (`collective/remote.rs`), and clean bytes of the agreed
+//! length move on the devices (`ncclSend`, `ncclRecv`). Neither half
+//! waits past the deadline. Unlike in one process, a send there returns
+//! once its bytes have moved, and lengths that differ are refused on both
+//! ends.
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use super::device::{Direction, readiness};
+use super::remote::Ballot;
+use super::round::{Input, Kind, Part};
 use super::{CollectiveError, Rank, is_refusal};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -40,12 +51,6 @@ impl<B: Backend> Rank<B> {
     /// Why `peer` cannot be this rank's partner, or `data` its bytes.
     fn p2p_refusal(&self, what: &str, peer: usize, data: Slice<'_>) -> Option<Error> {
         let ranks = self.shared.ranks;
-        if self.shared.ballot.is_some() {
-            return Some(Error::refused(format!(
-                "{what} between ranks in separate processes: point-to-point moves its bytes \
-                 through this process's memory, which those ranks do not share"
-            )));
-        }
         if peer >= ranks || peer == self.rank {
             return Some(Error::invalid(
                 what,
@@ -72,12 +77,18 @@ impl<B: Backend> Rank<B> {
     /// or a buffer of another device (nothing sent); the read's refusal
     /// (nothing sent); [`Error::Collective`] with `InputFailed` when the
     /// bytes could not be read (the failure was sent); a broken group.
+    /// Across processes also `Refused` when the receiver's length differs
+    /// (nothing sent), and `Stalled` when the receiver did not take its
+    /// part in time (the group breaks).
     pub fn send(&self, to: usize, data: Slice<'_>) -> Result<()> {
         if let Some(cause) = self.shared.state.lock().broken.clone() {
             return Err(CollectiveError::Broken { cause }.into());
         }
         if let Some(refused) = self.p2p_refusal("send", to, data) {
             return Err(refused);
+        }
+        if let Some(ballot) = &self.shared.ballot {
+            return self.send_across(ballot.as_ref(), to, data);
         }
         let parcel = match self.client().read(data) {
             Ok(bytes) => Parcel::Bytes(bytes),
@@ -124,6 +135,12 @@ impl<B: Backend> Rank<B> {
     pub fn recv(&self, from: usize, data: Slice<'_>) -> Result<()> {
         if let Some(refused) = self.p2p_refusal("recv", from, data) {
             return Err(refused);
+        }
+        if let Some(ballot) = &self.shared.ballot {
+            if let Some(cause) = self.shared.state.lock().broken.clone() {
+                return Err(CollectiveError::Broken { cause }.into());
+            }
+            return self.recv_across(ballot.as_ref(), from, data);
         }
         let shared = &*self.shared;
         let until = Instant::now() + shared.deadline;
@@ -193,5 +210,181 @@ impl<B: Backend> Rank<B> {
                 Err(error)
             }
         }
+    }
+}
+
+impl<B: Backend> Rank<B> {
+    /// This rank's next transfer number with `peer`, counted per
+    /// direction: the sender's and the receiver's agree, because each
+    /// counts the transfers of that pair in order.
+    fn next_transfer(&self, from: usize, to: usize) -> u64 {
+        let mut state = self.shared.state.lock();
+        let mailbox = state.mail.entry((from, to)).or_default();
+        let number = if from == self.rank {
+            mailbox.sent
+        } else {
+            mailbox.taken
+        };
+        if from == self.rank {
+            mailbox.sent += 1;
+        } else {
+            mailbox.taken += 1;
+        }
+        number
+    }
+
+    /// A send to a rank in another process: the two exchange headers
+    /// through the library — this rank's status (ready, or the failure its
+    /// bytes carry, as text) and length, the receiver's length — then, only
+    /// if both agree and the bytes are clean, the bytes move on the
+    /// devices (`ncclSend`), waited for within the deadline.
+    fn send_across(&self, ballot: &dyn Ballot<B>, to: usize, data: Slice<'_>) -> Result<()> {
+        let client = self.client();
+        let input = readiness(client.sync_buffers(&[data]), || client.check(&[data]));
+        if let Input::Refused(why) = input {
+            return Err(Error::refused(why));
+        }
+        let number = self.next_transfer(self.rank, to);
+        let len = data.range.end.saturating_sub(data.range.start);
+        let failed = match &input {
+            Input::Failed(cause) => Some(cause.clone()),
+            _ => None,
+        };
+        let part = Part {
+            kind: Kind::Send,
+            len,
+            recorded: false,
+            input,
+        };
+        let theirs = self.exchange_or_break(ballot, to, number, part)?;
+        if let Some(cause) = failed {
+            return Err(CollectiveError::InputFailed {
+                collective: "send",
+                round: number,
+                rank: self.rank,
+                cause,
+            }
+            .into());
+        }
+        let refused = |why: String| {
+            Err(CollectiveError::Refused {
+                collective: "send",
+                round: number,
+                rank: to,
+                why,
+            }
+            .into())
+        };
+        if let Input::Refused(why) = theirs.input {
+            return refused(why);
+        }
+        if theirs.len != len {
+            return refused(format!(
+                "receives {} bytes where rank {} sends {len}",
+                theirs.len, self.rank
+            ));
+        }
+        let moved = ballot.transfer(client, Direction::Send, to, data);
+        self.settle_transfer(ballot, (Kind::Send, number), moved, None)
+    }
+
+    /// A receive from a rank in another process: the headers first (see
+    /// [`send_across`](Self::send_across)); a failure the sender's bytes
+    /// carry is claimed on `data` naming the sender, as its process
+    /// rendered it; clean bytes move on the devices (`ncclRecv`).
+    fn recv_across(&self, ballot: &dyn Ballot<B>, from: usize, data: Slice<'_>) -> Result<()> {
+        let client = self.client();
+        let number = self.next_transfer(from, self.rank);
+        let len = data.range.end.saturating_sub(data.range.start);
+        let part = Part {
+            kind: Kind::Recv,
+            len,
+            recorded: false,
+            input: Input::Ready,
+        };
+        let theirs = match self.exchange_or_break(ballot, from, number, part) {
+            Ok(theirs) => theirs,
+            Err(error) => {
+                client.fail_writing(&[data], error.clone())?;
+                return Err(error);
+            }
+        };
+        match theirs.input {
+            Input::Failed(cause) => {
+                let error: Error = CollectiveError::InputFailed {
+                    collective: "send",
+                    round: number,
+                    rank: from,
+                    cause,
+                }
+                .into();
+                client.fail_writing(&[data], error.clone())?;
+                Err(error)
+            }
+            _ if theirs.len != len => Err(CollectiveError::Refused {
+                collective: "recv",
+                round: number,
+                rank: from,
+                why: format!(
+                    "sent {} bytes where rank {} receives {len}",
+                    theirs.len, self.rank
+                ),
+            }
+            .into()),
+            _ => {
+                let moved = ballot.transfer(client, Direction::Recv, from, data);
+                self.settle_transfer(ballot, (Kind::Recv, number), moved, Some(data))
+            }
+        }
+    }
+
+    /// [`Ballot::exchange`]; a peer that did not exchange in time breaks
+    /// the group.
+    fn exchange_or_break(
+        &self,
+        ballot: &dyn Ballot<B>,
+        peer: usize,
+        number: u64,
+        part: Part,
+    ) -> Result<Part> {
+        let deadline = self.shared.deadline;
+        ballot
+            .exchange((self.rank, number), peer, part, deadline)
+            .map_err(|error| {
+                self.shared
+                    .break_with(&mut self.shared.state.lock(), &error);
+                error.into()
+            })
+    }
+
+    /// Wait for an issued transfer (`moved`) within the deadline; one that
+    /// failed or did not finish breaks the group, and a receive's buffer
+    /// (`written`) carries why.
+    fn settle_transfer(
+        &self,
+        ballot: &dyn Ballot<B>,
+        (kind, number): (Kind, u64),
+        moved: Result<()>,
+        written: Option<Slice<'_>>,
+    ) -> Result<()> {
+        let deadline = self.shared.deadline;
+        let error = match moved
+            .and_then(|()| ballot.settle(self.client(), std::time::Instant::now() + deadline))
+        {
+            Ok(true) => return Ok(()),
+            Ok(false) => CollectiveError::Stalled {
+                collective: kind.name(),
+                round: number,
+                deadline,
+            },
+            Err(cause) => super::remote::blame(kind, (self.rank, number), deadline, cause),
+        };
+        self.shared
+            .break_with(&mut self.shared.state.lock(), &error);
+        let error: Error = error.into();
+        if let Some(data) = written {
+            self.client().fail_writing(&[data], error.clone())?;
+        }
+        Err(error)
     }
 }

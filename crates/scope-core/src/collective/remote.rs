@@ -35,9 +35,16 @@
 //! 4. **The price**: one all-gather of [`RECORD`] bytes per rank, and a
 //!    wait on the host, before each collective, and a wait on the host
 //!    after it (so the output is never left to a stream that a missing peer
-//!    could hold forever). Point-to-point moves its bytes through the
-//!    process's memory and is refused between processes.
-//! 5. **Ballots have a stream of their own**, on the rank's device, so a
+//!    could hold forever).
+//! 5. **Point-to-point pairs its headers.** A send and its receive
+//!    exchange fixed-size headers through the library first — the
+//!    sender's status (ready, or its failure as text) and length, the
+//!    receiver's length — sender first, receiver first, so the halves
+//!    pair. Only clean bytes of agreed length then move (`ncclSend`,
+//!    `ncclRecv`); a failure is claimed on the receiver's buffer naming
+//!    the sender, lengths that differ are refused on both ends, claiming
+//!    nothing, and every wait has the deadline (rule 48).
+//! 6. **Ballots have a stream of their own**, on the rank's device, so a
 //!    ballot is taken — and waited for — while the rank's stream records
 //!    a capture: a recorded collective is decided like any other, and a
 //!    replay of its graph by ballot too (`collective/replay.rs`).
@@ -45,13 +52,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::device::{Communicators, DeviceCall, DeviceCollectives, Mover, Written, issue_failed};
+use super::device::{
+    Communicators, DeviceCall, DeviceCollectives, DeviceTransfer, Direction, Mover, Written,
+    issue_failed,
+};
 use super::round::{Input, Kind, Outcome, Part, decide};
 use super::{Call, CollectiveError, Element, Rank, Reduce, Shared};
 use crate::backend::Backend;
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::handle::Buffer;
+use crate::handle::{Buffer, Slice};
 
 /// The bytes of one rank's ballot: a fixed size, so that every rank's
 /// all-gather has the same count. What does not fit of a failure's text is
@@ -99,6 +109,29 @@ pub(super) trait Ballot<B: Backend>: Send + Sync {
     /// communicator (which lets it finish); an error when the communicator
     /// failed meanwhile (a peer aborted: aborted here too).
     fn settle(&self, client: &Client<B>, until: Instant) -> Result<bool>;
+
+    /// Exchange rank `rank`'s `part` of its transfer number `number`
+    /// (`seat`) with
+    /// rank `peer` — sent first when `part` is a send's, received first
+    /// when a receive's, so the two halves pair — for `peer`'s, waiting at
+    /// most `deadline`. Errors as [`vote`](Self::vote)'s.
+    fn exchange(
+        &self,
+        seat: (usize, u64),
+        peer: usize,
+        part: Part,
+        deadline: Duration,
+    ) -> std::result::Result<Part, CollectiveError>;
+
+    /// Issue this rank's half of the transfer of `data` with `peer` on
+    /// `client` (the rank's stream), after the headers agreed.
+    fn transfer(
+        &self,
+        client: &Client<B>,
+        direction: Direction,
+        peer: usize,
+        data: Slice<'_>,
+    ) -> Result<()>;
 }
 
 /// One rank's ballot boxes: what it sends, and where every rank's lands.
@@ -184,6 +217,87 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
         Ok(parts.into_iter().flatten().collect())
     }
 
+    fn exchange(
+        &self,
+        (rank, number): (usize, u64),
+        peer: usize,
+        part: Part,
+        deadline: Duration,
+    ) -> std::result::Result<Part, CollectiveError> {
+        let client = &self.client;
+        let kind = part.kind;
+        let failed = |cause: Error| blame(kind, (rank, number), deadline, cause);
+        let until = Instant::now() + deadline;
+        client
+            .write(self.send.all(), &encode(number, &part))
+            .map_err(failed)?;
+        let header = self.gathered.slice(0..RECORD as u64);
+        let send = || self.transfer(client, Direction::Send, peer, self.send.all());
+        let recv = || self.transfer(client, Direction::Recv, peer, header);
+        let exchanged = if kind == Kind::Send {
+            send().and_then(|()| recv())
+        } else {
+            recv().and_then(|()| send())
+        };
+        exchanged.map_err(failed)?;
+        if !self.settle(client, until).map_err(failed)? {
+            return Err(CollectiveError::Stalled {
+                collective: kind.name(),
+                round: number,
+                deadline,
+            });
+        }
+        let record = client.read(header).map_err(failed)?;
+        let expected = if kind == Kind::Send {
+            Kind::Recv
+        } else {
+            Kind::Send
+        };
+        match decode(number, &record) {
+            Some(theirs) if theirs.kind == expected => Ok(theirs),
+            _ => {
+                // Not the peer's header for this transfer: the exchange
+                // ended without it (an abort), or the ranks are out of
+                // step; either way nothing here is a header.
+                // SAFETY: the communicator was joined on a `B`.
+                unsafe { B::abort(&self.communicator) };
+                Err(CollectiveError::Stalled {
+                    collective: kind.name(),
+                    round: number,
+                    deadline,
+                })
+            }
+        }
+    }
+
+    fn transfer(
+        &self,
+        client: &Client<B>,
+        direction: Direction,
+        peer: usize,
+        data: Slice<'_>,
+    ) -> Result<()> {
+        let communicator = &self.communicator;
+        let (name, writes) = match direction {
+            Direction::Send => ("send", false),
+            Direction::Recv => ("recv", true),
+        };
+        client.issue_transfer(name, (data, writes), |backend, stream, data| {
+            let call = DeviceTransfer {
+                direction,
+                peer,
+                data,
+            };
+            // SAFETY: the communicator is this rank's, joined on this
+            // backend (`Rank::join`); the server resolved the buffer and
+            // refused a recording stream; the peer issues the opposite
+            // half of the same length next with this rank, because the
+            // two exchanged headers in this order before any data moved
+            // and agreed on the length.
+            unsafe { backend.point_to_point(communicator, stream, &call) }
+        })
+    }
+
     fn settle(&self, client: &Client<B>, until: Instant) -> Result<bool> {
         client.sync_within(
             until,
@@ -208,7 +322,7 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
 /// answered `cause`: a transport that gave up waiting for its peers
 /// ([`CollectiveError::Stalled`]) says the peers are missing; anything else
 /// is this rank's own failure.
-fn blame(
+pub(super) fn blame(
     kind: Kind,
     (rank, round): (usize, u64),
     deadline: Duration,
@@ -240,6 +354,8 @@ fn encode(round: u64, part: &Part) -> Vec<u8> {
             digest = d;
             (5, Element::U32, Reduce::Sum, 0)
         }
+        Kind::Send => (6, Element::U32, Reduce::Sum, 0),
+        Kind::Recv => (7, Element::U32, Reduce::Sum, 0),
     };
     let element = match element {
         Element::F32 => 0u8,
@@ -314,6 +430,8 @@ fn decode(round: u64, record: &[u8]) -> Option<Part> {
             root: word(8) as usize,
         }),
         4 => Kind::Call(Call::AllToAll),
+        6 => Kind::Send,
+        7 => Kind::Recv,
         _ => Kind::Replay { digest: long(36) },
     };
     let len = (word(32) as usize).min(RECORD - TEXT);

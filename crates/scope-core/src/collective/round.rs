@@ -20,7 +20,14 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Kind {
     Call(Call),
-    Replay { digest: u64 },
+    Replay {
+        digest: u64,
+    },
+    /// Across processes, the header a point-to-point transfer's sender
+    /// (or receiver) exchanges with its peer before any byte moves; never
+    /// met in a round.
+    Send,
+    Recv,
 }
 
 impl Kind {
@@ -28,6 +35,8 @@ impl Kind {
         match self {
             Kind::Call(call) => call.name(),
             Kind::Replay { .. } => "replay",
+            Kind::Send => "send",
+            Kind::Recv => "recv",
         }
     }
 }
@@ -229,6 +238,7 @@ pub(super) fn decide(round: u64, parts: &[Part]) -> Outcome {
             let what = |kind: Kind| match kind {
                 Kind::Call(call) => format!("{call:?}"),
                 Kind::Replay { .. } => "a replay of its graph".to_owned(),
+                other => other.name().to_owned(),
             };
             let why = match (part.kind, kind) {
                 (Kind::Replay { .. }, Kind::Replay { .. }) => {

@@ -226,6 +226,111 @@ where
     }
 }
 
+/// Ranks that each joined alone send and receive through the library:
+/// clean bytes arrive; rank 2's failed bytes are claimed on rank 3's
+/// buffer naming rank 2 and its root cause (as rank 2's process rendered
+/// it), and rank 2 hears its own failure; lengths that differ are refused
+/// on both ends, claiming nothing; and the group goes on (rules 41, 44, 48,
+/// 49).
+pub fn ranks_in_separate_processes_send_and_receive<S: Suite>()
+where
+    S::Backend: DeviceCollectives,
+{
+    let outcomes = each_rank_alone::<S, _>(Duration::from_secs(120), |rank| {
+        let c = rank.client();
+        let r = rank.index();
+        // Pairs: 0 with 1, 2 with 3; the even rank sends first.
+        let peer = r ^ 1;
+        let mine = upload(c, &vec![r as u32 * 10 + 1; PART as usize]);
+        let got = upload(c, &[7; PART as usize]);
+        let (there, back) = if r.is_multiple_of(2) {
+            (rank.send(peer, mine.all()), rank.recv(peer, got.all()))
+        } else {
+            let there = rank.recv(peer, got.all());
+            (there, rank.send(peer, mine.all()))
+        };
+        let clean = (there, back, read(c, &got).unwrap());
+        // Rank 2's bytes carry a failure.
+        if r == 2 {
+            c.fail_writing(&[mine.all()], injected("rank two's activations"))
+                .unwrap();
+        }
+        let failed = if r.is_multiple_of(2) {
+            rank.send(peer, mine.all())
+        } else {
+            rank.recv(peer, got.all())
+        };
+        let claimed = read(c, &got);
+        // Lengths that differ: rank 1 receives half.
+        let kept = upload(c, &[5; PART as usize]);
+        let mismatched = match r {
+            0 => rank.send(1, mine.all()),
+            1 => rank.recv(0, kept.slice(0..u64::from(PART) * 2)),
+            _ => Ok(()),
+        };
+        let kept = read(c, &kept).unwrap();
+        // Still in step.
+        let ones = upload(c, &[1; PART as usize]);
+        let sum = alloc(c, PART);
+        rank.all_reduce(ones.all(), sum.all(), Element::U32, Reduce::Sum)
+            .expect("the group goes on");
+        assert_eq!(read(c, &sum).unwrap(), vec![RANKS as u32; PART as usize]);
+        (clean, (failed, claimed), (mismatched, kept), rank.broken())
+    });
+    let Some(outcomes) = outcomes else {
+        return;
+    };
+    for (rank, ((there, back, got), (failed, claimed), (mismatched, kept), broken)) in
+        outcomes.into_iter().enumerate()
+    {
+        there.expect("the first transfer of each pair");
+        back.expect("the second transfer of each pair");
+        let peer = rank ^ 1;
+        assert_eq!(
+            got,
+            vec![peer as u32 * 10 + 1; PART as usize],
+            "rank {rank} got its peer's bytes"
+        );
+        match rank {
+            2 | 3 => {
+                let error = failed.expect_err("rank 2's failed bytes fail both ends");
+                names_rank_two(rank, collective_error(&error), "rank two's activations");
+                if rank == 3 {
+                    let claim = claimed.expect_err("rank 3's buffer carries the failure");
+                    names_rank_two(
+                        rank,
+                        collective_error(claim.root()),
+                        "rank two's activations",
+                    );
+                }
+            }
+            _ => {
+                failed.expect("clean bytes travel");
+                assert_eq!(
+                    claimed.unwrap(),
+                    vec![if rank == 1 { 1 } else { 11 }; PART as usize]
+                );
+            }
+        }
+        match rank {
+            0 | 1 => {
+                let refused = mismatched.expect_err("lengths that differ are refused");
+                assert!(
+                    matches!(collective_error(&refused), CollectiveError::Refused { .. }),
+                    "rank {rank}: {refused}"
+                );
+            }
+            _ => mismatched.unwrap(),
+        }
+        assert_eq!(
+            kept,
+            vec![5; PART as usize],
+            "rank {rank}: a refusal claims nothing"
+        );
+        assert!(broken.is_none(), "rank {rank}: {broken:?}");
+    }
+}
+
 /// A rank that never calls: every other rank, joined alone, fails within
 /// the deadline with [`CollectiveError::Stalled`] (across processes no rank
 /// can name the missing one), its output carries that, and its group is
@@ -291,6 +396,43 @@ where
         longest >= deadline,
         "no rank waited the deadline: {longest:?}"
     );
+}
+
+/// A sender that never sends: its receiver, joined alone, fails within the
+/// deadline with [`CollectiveError::Stalled`], its buffer carries that, and
+/// its group is broken (rules 42, 48, 49).
+pub fn a_silent_sender_in_another_process_stalls_its_receiver_within_the_deadline<S: Suite>()
+where
+    S::Backend: DeviceCollectives,
+{
+    let deadline = Duration::from_secs(2);
+    let outcomes = each_rank_alone::<S, _>(deadline, |rank| {
+        if rank.index() != 1 {
+            return None;
+        }
+        let c = rank.client();
+        let data = upload(c, &[5; PART as usize]);
+        let started = Instant::now();
+        let stalled = rank.recv(0, data.all());
+        Some((stalled, started.elapsed(), read(c, &data), rank.broken()))
+    });
+    let Some(mut outcomes) = outcomes else {
+        return;
+    };
+    let (stalled, waited, claim, broken) = outcomes.remove(1).expect("rank 1 received");
+    let error = stalled.expect_err("a silent sender fails the receive");
+    let claim = claim.expect_err("the buffer carries the stall");
+    for reported in [collective_error(&error), collective_error(claim.root())] {
+        assert!(
+            matches!(reported, CollectiveError::Stalled { .. }),
+            "{reported}"
+        );
+    }
+    assert!(
+        waited >= deadline && waited < deadline + Duration::from_secs(30),
+        "waited {waited:?} for a deadline of {deadline:?}"
+    );
+    assert!(broken.is_some(), "the group is broken");
 }
 
 /// The variables a parent hands each child process of
@@ -365,7 +507,8 @@ pub fn ranks_in_separate_processes<S: Suite>(
 /// One child of [`ranks_in_separate_processes`]: rank
 /// `SCOPE_CONFORMANCE_RANK` of four, on the suite's rank client of that
 /// number. A clean all-reduce and all-gather, and a graph of an
-/// all-reduce recorded and replayed in every process; rank 2's failed input
+/// all-reduce recorded and replayed in every process, a send and a receive
+/// between pairs of processes; rank 2's failed input
 /// failing every rank's output, its text crossing as a [`PeerReport`];
 /// then rank 3's process ending, and the others stalling within the
 /// deadline, their group broken.
@@ -431,6 +574,18 @@ where
         .unwrap();
     me.replay(&graph).expect("every process replays");
     assert_eq!(read(c, &recorded).unwrap(), vec![12; PART as usize]);
+
+    // Point-to-point between processes: 0 with 1, 2 with 3.
+    let peer = rank ^ 1;
+    let got = alloc(c, PART);
+    if rank.is_multiple_of(2) {
+        me.send(peer, input.all()).expect("sent");
+        me.recv(peer, got.all()).expect("received");
+    } else {
+        me.recv(peer, got.all()).expect("received");
+        me.send(peer, input.all()).expect("sent");
+    }
+    assert_eq!(read(c, &got).unwrap(), vec![2 * peer as u32; PART as usize]);
 
     let mine = upload(c, &vec![r; PART as usize]);
     if rank == 2 {

@@ -13,7 +13,7 @@
 //! transport refuses with an internal error and counts it
 //! ([`Loopback::mismatches`]), which the suite asserts stays zero.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -22,7 +22,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::{Host, HostStream, Op, range};
 use crate::collective::compute::compute;
-use crate::collective::device::{DeviceCall, DeviceCollectives};
+use crate::collective::device::{DeviceCall, DeviceCollectives, DeviceTransfer, Direction};
 use crate::collective::{Call, CollectiveError};
 use crate::error::{Error, Result};
 
@@ -43,6 +43,9 @@ struct CliqueState {
     aborted: bool,
     /// Calls by sequence number: each rank's input, then the outputs.
     calls: BTreeMap<u64, Posted>,
+    /// Transfers sent and not yet received, by (sender, receiver), in
+    /// order.
+    mail: BTreeMap<(usize, usize), VecDeque<Vec<u8>>>,
 }
 
 #[derive(Default)]
@@ -178,6 +181,61 @@ impl DeviceCollectives for Host {
             input: (call.input.0.clone(), call.input.1.clone()),
             output: (call.output.0.clone(), call.output.1.clone()),
         }))
+    }
+
+    /// A send leaves its bytes for the receiver at once (NCCL buffers
+    /// small sends too); a receive waits for them within the patience. A
+    /// length that is not the receiver's is a broken contract, refused and
+    /// counted as a mismatch.
+    unsafe fn point_to_point(
+        &mut self,
+        communicator: &Loopback,
+        _stream: &mut HostStream,
+        call: &DeviceTransfer<'_, super::HostMemory>,
+    ) -> Result<()> {
+        let member = &*communicator.0;
+        let clique = &member.clique;
+        let (memory, r) = &call.data;
+        let mut state = clique.state.lock();
+        if state.aborted {
+            return Err(stalled("transfer", 0, member.patience));
+        }
+        match call.direction {
+            Direction::Send => {
+                let bytes = memory.lock()[range(r.start, r.end - r.start)].to_vec();
+                state
+                    .mail
+                    .entry((member.rank, call.peer))
+                    .or_default()
+                    .push_back(bytes);
+                clique.changed.notify_all();
+                Ok(())
+            }
+            Direction::Recv => {
+                let from = (call.peer, member.rank);
+                wait_until(clique, &mut state, member.patience, ("recv", 0), |s| {
+                    s.mail.get(&from).is_some_and(|q| !q.is_empty())
+                })?;
+                let bytes = state
+                    .mail
+                    .get_mut(&from)
+                    .and_then(VecDeque::pop_front)
+                    .ok_or_else(|| Error::internal("a loopback transfer lost its bytes"))?;
+                drop(state);
+                if bytes.len() as u64 != r.end - r.start {
+                    MISMATCHES.fetch_add(1, Ordering::Relaxed);
+                    return Err(Error::internal(format!(
+                        "rank {} sent {} bytes where rank {} receives {}",
+                        call.peer,
+                        bytes.len(),
+                        member.rank,
+                        r.end - r.start
+                    )));
+                }
+                memory.lock()[range(r.start, r.end - r.start)].copy_from_slice(&bytes);
+                Ok(())
+            }
+        }
     }
 
     unsafe fn abort(communicator: &Loopback) {

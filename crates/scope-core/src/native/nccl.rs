@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 
+use crate::collective::device::Direction;
 use crate::collective::{Call, CollectiveError, Element, Reduce};
 use crate::error::{Error, Result};
 
@@ -146,6 +147,10 @@ pub type Rooted = unsafe extern "C" fn(
     RawComm,
     *mut c_void,
 ) -> NcclResult;
+/// `ncclSend` and `ncclRecv`: buffer (read by a send, written by a
+/// receive), count, type, peer, communicator, stream.
+pub type PointToPoint =
+    unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, *mut c_void) -> NcclResult;
 /// `ncclGetErrorString`.
 pub type ErrorString = unsafe extern "C" fn(NcclResult) -> *const c_char;
 
@@ -166,12 +171,14 @@ pub struct NcclTable {
     pub reduce_scatter: Reducing,
     pub broadcast: Rooted,
     pub all_to_all: Moving,
+    pub send: PointToPoint,
+    pub recv: PointToPoint,
     pub get_error_string: ErrorString,
 }
 
 impl NcclTable {
     /// The symbols the table holds, in field order.
-    pub const SYMBOLS: [&'static str; 11] = [
+    pub const SYMBOLS: [&'static str; 13] = [
         "ncclGetUniqueId",
         "ncclCommInitRankConfig",
         "ncclCommGetAsyncError",
@@ -182,6 +189,8 @@ impl NcclTable {
         "ncclReduceScatter",
         "ncclBroadcast",
         "ncclAlltoAll",
+        "ncclSend",
+        "ncclRecv",
         "ncclGetErrorString",
     ];
 
@@ -218,6 +227,8 @@ impl NcclTable {
             reduce_scatter: entry!("ncclReduceScatter", Reducing),
             broadcast: entry!("ncclBroadcast", Rooted),
             all_to_all: entry!("ncclAlltoAll", Moving),
+            send: entry!("ncclSend", PointToPoint),
+            recv: entry!("ncclRecv", PointToPoint),
             get_error_string: entry!("ncclGetErrorString", ErrorString),
         })
     }
@@ -305,6 +316,8 @@ fn operation(op: Reduce) -> c_int {
 
 /// `ncclUint32`, for the calls that only move words.
 const WORDS: c_int = 3;
+/// `ncclInt8`, for transfers of bytes.
+const BYTES: c_int = 0;
 
 impl Communicator {
     /// Join the communicator `id` names as rank `rank` of `ranks`, on the
@@ -530,6 +543,61 @@ impl Communicator {
                         ),
                     ),
                 }
+            }
+        };
+        match issued {
+            SUCCESS | IN_PROGRESS => self.settle(name),
+            REMOTE => Err(self.stalled(name)),
+            failed => Err(t.error(name, failed)),
+        }
+    }
+
+    /// Issue this rank's half of a transfer with rank `peer` — a send of
+    /// `data` (a device address and a length in bytes) or a receive into
+    /// it — on `stream`, and wait until the library took it.
+    ///
+    /// # Safety
+    ///
+    /// `data` is on this communicator's device and alive until the work
+    /// completes; `stream` is a live stream of that device; `peer` issues
+    /// the opposite half, of the same length, as its next transfer with
+    /// this rank.
+    ///
+    /// # Errors
+    ///
+    /// What the library answered; an aborted communicator.
+    pub unsafe fn point_to_point(
+        &self,
+        direction: Direction,
+        peer: usize,
+        (data, bytes): (u64, u64),
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let t = &self.table;
+        let (name, entry) = match direction {
+            Direction::Send => ("ncclSend", t.send),
+            Direction::Recv => ("ncclRecv", t.recv),
+        };
+        let peer = c_int::try_from(peer)
+            .map_err(|_| Error::invalid("nccl peer", format!("rank {peer}")))?;
+        let issued = {
+            let handle = self.handle.read();
+            if handle.aborted {
+                return Err(aborted(t.library, name));
+            }
+            // SAFETY: the communicator is live (not aborted, under its
+            // lock); the caller vouches for the buffer, the stream and the
+            // peer's matching half; bytes move as `ncclInt8`, so the count
+            // is the length.
+            unsafe {
+                entry(
+                    data as *mut c_void,
+                    bytes as usize,
+                    BYTES,
+                    peer,
+                    handle.comm,
+                    stream,
+                )
             }
         };
         match issued {

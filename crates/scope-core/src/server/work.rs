@@ -260,28 +260,79 @@ impl<B: Backend> Server<B> {
     /// that every rank issues it; a scope that skips it here (the input
     /// failed since) answers an error like a failed call, and the group
     /// learns it at its second meeting (`collective::device`).
-    /// Issue a collective's device call on `stream`, as work that reads
-    /// `input` and writes `output`. On a recording stream the call is
-    /// recorded as round `round` of its group; a call that is no group's
-    /// round (a ballot) is refused there.
+    /// On a recording stream the call is recorded as round `round` of its
+    /// group; a call that is no group's round (a ballot) is refused there.
     pub(crate) fn issue_collective(
         &mut self,
         stream: StreamId,
-        (name, round): (&str, Option<RecordedRound>),
+        name: (&str, Option<RecordedRound>),
         input: Slice<'_>,
         output: Slice<'_>,
+        call: impl FnOnce(&mut B, &mut B::Stream, Resolved<'_, B>, Resolved<'_, B>) -> Result<()>,
+    ) -> Result<()> {
+        self.issue_library_call(
+            stream,
+            name,
+            (Some(input), Some(output)),
+            |backend, stream, input, output| match (input, output) {
+                (Some(input), Some(output)) => call(backend, stream, input, output),
+                _ => Err(Error::internal("a collective lost its buffers")),
+            },
+        )
+    }
+
+    /// Issue one rank's half of a point-to-point transfer on `stream`
+    /// through `call`: work that reads `data` (a send) or writes it (a
+    /// receive). Never recorded: transfers are not rounds of a group.
+    pub(crate) fn issue_transfer(
+        &mut self,
+        stream: StreamId,
+        name: &str,
+        (data, writes): (Slice<'_>, bool),
+        call: impl FnOnce(&mut B, &mut B::Stream, Resolved<'_, B>) -> Result<()>,
+    ) -> Result<()> {
+        let buffers = if writes {
+            (None, Some(data))
+        } else {
+            (Some(data), None)
+        };
+        self.issue_library_call(
+            stream,
+            (name, None),
+            buffers,
+            |backend, stream, input, output| match input.or(output) {
+                Some(data) => call(backend, stream, data),
+                None => Err(Error::internal("a transfer lost its buffer")),
+            },
+        )
+    }
+
+    /// A call into the backend's collective library as work of this
+    /// server's, reading `input` and writing `output` (either may be
+    /// absent), with poison, ranges, recording and in-flight attribution
+    /// as any work has them.
+    fn issue_library_call(
+        &mut self,
+        stream: StreamId,
+        (name, round): (&str, Option<RecordedRound>),
+        (input, output): (Option<Slice<'_>>, Option<Slice<'_>>),
         call: impl FnOnce(
             &mut B,
             &mut B::Stream,
-            (&B::Memory, std::ops::Range<u64>),
-            (&B::Memory, std::ops::Range<u64>),
+            Option<Resolved<'_, B>>,
+            Option<Resolved<'_, B>>,
         ) -> Result<()>,
     ) -> Result<()> {
         self.check_poison()?;
-        let i = self.resolve_copy_range(input, "collective input")?;
-        let o = self.resolve_copy_range(output, "collective output")?;
-        self.require_memory(i)?;
-        self.require_memory(o)?;
+        let i = input
+            .map(|input| self.resolve_copy_range(input, "collective input"))
+            .transpose()?;
+        let o = output
+            .map(|output| self.resolve_copy_range(output, "collective output"))
+            .transpose()?;
+        for r in i.iter().chain(&o) {
+            self.require_memory(*r)?;
+        }
         let recording = self.streams[self.stream_index(stream)]
             .window
             .is_recording();
@@ -290,28 +341,22 @@ impl<B: Backend> Server<B> {
                 "{name} on a recording stream: it is no round of a group, so it is not recorded"
             )));
         }
-        self.refuse_recorded_elsewhere(stream, &[i.buffer, o.buffer])?;
+        let touched: SmallVec<[BufferId; 2]> = i.iter().chain(&o).map(|r| r.buffer).collect();
+        self.refuse_recorded_elsewhere(stream, &touched)?;
         let mut written = self.write_set();
-        written.push(o);
+        written.extend(o);
         let label: Arc<str> = Arc::from(name);
-        let read = [i];
+        let read: SmallVec<[BufferRange; 1]> = i.into_iter().collect();
         let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
             |server, written| {
-                server.issue(
-                    Site::Collective,
-                    stream,
-                    &[i.buffer, o.buffer],
-                    written,
-                    |dev| {
-                        let (src, dst) = (dev.table.memory(i.buffer)?, dev.table.memory(o.buffer)?);
-                        call(
-                            dev.backend,
-                            dev.stream,
-                            (src, i.range.start..i.range.end),
-                            (dst, o.range.start..o.range.end),
-                        )
-                    },
-                )
+                server.issue(Site::Collective, stream, &touched, written, |dev| {
+                    let resolve = |r: Option<BufferRange>| -> Result<Option<Resolved<'_, B>>> {
+                        r.map(|r| Ok((dev.table.memory(r.buffer)?, r.range.start..r.range.end)))
+                            .transpose()
+                    };
+                    let (src, dst) = (resolve(i)?, resolve(o)?);
+                    call(dev.backend, dev.stream, src, dst)
+                })
             },
         );
         self.conclude(stream, outcome)?;

@@ -40,8 +40,11 @@
  *    the bytes the call touches;
  *  - a recorded call whose replays disagree across ranks, or that a
  *    replay posts on an aborted communicator;
- *  - a data type other than int32, uint32 and float32, an unknown
- *    operation.
+ *  - a data type other than int32, uint32 and float32 (int8 too for a
+ *    send or receive), an unknown operation;
+ *  - a send or receive whose peer is outside the communicator or the rank
+ *    itself, halves of one transfer of different lengths, or a transfer
+ *    on a capturing stream.
  *
  * A call on a capturing stream is recorded (through the driver's
  * scope_mock_record_collective) and checked as a post would be, without
@@ -66,7 +69,7 @@ enum {
   SUCCESS = 0, UNHANDLED_CUDA = 1, SYSTEM = 2, INTERNAL = 3, INVALID_ARGUMENT = 4,
   INVALID_USAGE = 5, REMOTE = 6, IN_PROGRESS = 7
 };
-enum { INT32 = 2, UINT32 = 3, FLOAT32 = 7 };
+enum { INT8 = 0, INT32 = 2, UINT32 = 3, FLOAT32 = 7 };
 enum { SUM = 0, PROD = 1, MAX = 2, MIN = 3, AVG = 4 };
 enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, ALL_TO_ALL };
 static const char *CALLS[] = {"ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast",
@@ -97,11 +100,24 @@ typedef struct call {
   post posts[MAX_RANKS];
   struct call *next;
 } call;
+/* A point-to-point transfer, number n from one rank to another: bytes
+ * move when both halves are posted. */
+typedef struct transfer {
+  int from, to, has_send, has_recv;
+  unsigned long long n;
+  const void *send;
+  void *recv;
+  size_t send_bytes, recv_bytes;
+  void *send_stream, *recv_stream;
+  unsigned long long send_seq, recv_seq;
+  struct transfer *next;
+} transfer;
 typedef struct clique {
   unsigned long long id;
   int nranks, joined, aborted;
   int devices[MAX_RANKS], present[MAX_RANKS];
   call *calls;
+  transfer *transfers;
   struct clique *next;
 } clique;
 struct shared_clique;
@@ -110,6 +126,8 @@ typedef struct comm {
   struct shared_clique *sh;  /* or across processes (see "shared mode") */
   int rank, aborted, destroyed;
   unsigned long long next_seq;
+  /* Transfers posted to, and from, each peer: their numbers. */
+  unsigned long long sent[MAX_RANKS], received[MAX_RANKS];
 } comm;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -198,15 +216,24 @@ typedef struct {
   int used, nposted, done, mismatched, taken;
   post meta[MAX_RANKS]; /* pointers unused: each process maps the file elsewhere */
 } shared_call;
+typedef struct {
+  int used, from, to, has_send, has_recv, done, taken;
+  unsigned long long n;
+  size_t send_bytes, recv_bytes;
+} shared_transfer;
 typedef struct shared_clique {
   pthread_mutex_t lock;
   int nranks, joined, aborted;
   int present[MAX_RANKS], devices[MAX_RANKS];
   shared_call calls[SLOTS];
   unsigned char bytes[SLOTS][MAX_RANKS][2][SLOT_BYTES];
+  shared_transfer transfers[SLOTS];
+  unsigned char transfer_bytes[SLOTS][SLOT_BYTES];
 } shared_clique;
 
-/* A shared post of this process, until its output is copied home. */
+/* A shared post of this process, until its output is copied home: a
+ * collective's (transfer 0), or a transfer's half (1 a send, 2 a receive,
+ * of transfer `seq` from rank `from` to rank `to`). */
 typedef struct local_post {
   shared_clique *sh;
   int slot, rank;
@@ -214,6 +241,7 @@ typedef struct local_post {
   void *recv, *stream;
   size_t recv_bytes;
   struct local_post *next;
+  int transfer, from, to;
 } local_post;
 static local_post *shared_posts;
 
@@ -237,7 +265,25 @@ static shared_clique *map_clique(const char *path, int create) {
 
 /* Whether this process's shared post `p` still waits for its peers; once
  * done, its output is copied home and the post forgotten (returns 0). */
+static int shared_transfer_pending(local_post *p) {
+  shared_clique *sh = p->sh;
+  pthread_mutex_lock(&sh->lock);
+  shared_transfer *t = &sh->transfers[p->slot];
+  int pending = 0;
+  if (sh->aborted) {
+    /* ended, nothing written */
+  } else if (t->used && t->from == p->from && t->to == p->to && t->n == p->seq && t->done) {
+    if (p->transfer == 2) memcpy(p->recv, sh->transfer_bytes[p->slot], p->recv_bytes);
+    if (++t->taken == 2) t->used = 0;
+  } else {
+    pending = 1;
+  }
+  pthread_mutex_unlock(&sh->lock);
+  return pending;
+}
+
 static int shared_pending(local_post *p) {
+  if (p->transfer) return shared_transfer_pending(p);
   shared_clique *sh = p->sh;
   pthread_mutex_lock(&sh->lock);
   shared_call *k = &sh->calls[p->slot];
@@ -286,6 +332,10 @@ static int pending_locked(void *stream, unsigned long long upto) {
     for (call *k = c->calls; k; k = k->next)
       for (int r = 0; r < c->nranks; r++)
         if (k->posts[r].posted && k->posts[r].stream == stream && k->posts[r].seq <= upto) return 1;
+    for (transfer *t = c->transfers; t; t = t->next)
+      if ((t->has_send && t->send_stream == stream && t->send_seq <= upto) ||
+          (t->has_recv && t->recv_stream == stream && t->recv_seq <= upto))
+        return 1;
   }
   return 0;
 }
@@ -665,7 +715,7 @@ static int post_shared(comm *m, int kind, const void *send, void *recv, size_t c
   pthread_mutex_unlock(&sh->lock);
   local_post *mine = calloc(1, sizeof *mine);
   *mine = (local_post){sh, slot, m->rank, seq, stream_seq ? stream_seq : stream_op(stream), recv, stream, rb,
-                       shared_posts};
+                       shared_posts, 0, 0, 0};
   shared_posts = mine;
   return SUCCESS;
 }
@@ -756,4 +806,130 @@ int ncclBroadcast(const void *send, void *recv, size_t count, int dtype, int roo
 }
 int ncclAlltoAll(const void *send, void *recv, size_t count, int dtype, comm *m, void *stream) {
   return post_call(m, ALL_TO_ALL, send, recv, count, dtype, SUM, 0, stream, 0);
+}
+
+/* ----- point-to-point ----- */
+
+/* A transfer's half in shared mode (the caller holds `lock`): a send
+ * copies its bytes into the transfer's slot; a receive copies them home
+ * when its driver next asks, once both halves are posted. */
+static int transfer_shared(comm *m, int is_send, void *buf, size_t bytes, int peer, void *stream) {
+  const char *name = is_send ? "ncclSend" : "ncclRecv";
+  shared_clique *sh = m->sh;
+  int from = is_send ? m->rank : peer, to = is_send ? peer : m->rank;
+  unsigned long long n = is_send ? m->sent[peer] : m->received[peer];
+  pthread_mutex_lock(&sh->lock);
+  const char *why = NULL;
+  if (sh->aborted) why = "";
+  else if (sh->joined < sh->nranks) why = "before every rank joined the communicator";
+  else if (bytes > SLOT_BYTES) why = "more bytes than the mock's shared mode carries (64 KiB a transfer)";
+  int slot = -1;
+  for (int i = 0; i < SLOTS && !why; i++) {
+    shared_transfer *t = &sh->transfers[i];
+    if (t->used && t->from == from && t->to == to && t->n == n) slot = i;
+  }
+  for (int i = 0; i < SLOTS && !why && slot < 0; i++)
+    if (!sh->transfers[i].used) {
+      slot = i;
+      memset(&sh->transfers[i], 0, sizeof sh->transfers[i]);
+      sh->transfers[i] = (shared_transfer){1, from, to, 0, 0, 0, 0, n, 0, 0};
+    }
+  if (!why && slot < 0) why = "every transfer slot of the shared clique is taken";
+  shared_transfer *t = why ? NULL : &sh->transfers[slot];
+  if (t && ((is_send && t->has_recv && t->recv_bytes != bytes) || (!is_send && t->has_send && t->send_bytes != bytes)))
+    why = "a length the other half does not post";
+  if (why) {
+    int aborted = sh->aborted;
+    pthread_mutex_unlock(&sh->lock);
+    if (aborted) return REMOTE;
+    return refuse(INVALID_USAGE, "%s #%llu from rank %d to rank %d (shared): %s", name, n, from, to, why);
+  }
+  if (is_send) {
+    m->sent[peer]++;
+    memcpy(sh->transfer_bytes[slot], buf, bytes);
+    t->has_send = 1;
+    t->send_bytes = bytes;
+  } else {
+    m->received[peer]++;
+    t->has_recv = 1;
+    t->recv_bytes = bytes;
+  }
+  if (t->has_send && t->has_recv) t->done = 1;
+  pthread_mutex_unlock(&sh->lock);
+  local_post *mine = calloc(1, sizeof *mine);
+  *mine = (local_post){sh, slot, m->rank, n, stream_op(stream), is_send ? NULL : buf, stream, is_send ? 0 : bytes,
+                       shared_posts, is_send ? 1 : 2, from, to};
+  shared_posts = mine;
+  return SUCCESS;
+}
+
+/* One half of transfer number n from one rank to another: the bytes move
+ * when both halves are posted, on the thread of the later one. Refused (a
+ * violation) where real NCCL would hang or misbehave: a peer outside the
+ * communicator or the rank itself, halves of different lengths, a buffer
+ * outside the live allocations, a capturing stream (scope does not record
+ * transfers). */
+static int post_transfer(comm *m, int is_send, void *buf, size_t count, int dtype, int peer, void *stream) {
+  LOCKED;
+  const char *name = is_send ? "ncclSend" : "ncclRecv";
+  int bad = usable(m, name);
+  if (bad) return bad;
+  int n = m->sh ? m->sh->nranks : m->c->nranks;
+  if (peer < 0 || peer >= n || peer == m->rank)
+    return refuse(INVALID_ARGUMENT, "%s on rank %d: peer %d of %d", name, m->rank, peer, n);
+  if (dtype != INT8 && dtype != INT32 && dtype != UINT32 && dtype != FLOAT32)
+    return refuse(INVALID_ARGUMENT, "%s: data type %d", name, dtype);
+  size_t bytes = count * (dtype == INT8 ? 1 : 4);
+  if (stream_capturing(stream) != 0)
+    return refuse(INVALID_USAGE, "%s on a stream that is capturing or not a live stream", name);
+  if (!device_range(buf, bytes))
+    return refuse(INVALID_ARGUMENT, "%s on rank %d: a buffer is not inside one live device allocation", name,
+                  m->rank);
+  if (m->sh) return transfer_shared(m, is_send, buf, bytes, peer, stream);
+  clique *c = m->c;
+  if (c->aborted) return REMOTE;
+  if (c->joined < n) return refuse(INVALID_USAGE, "%s before every rank joined the communicator", name);
+  int from = is_send ? m->rank : peer, to = is_send ? peer : m->rank;
+  unsigned long long k = is_send ? m->sent[peer]++ : m->received[peer]++;
+  transfer *t = c->transfers;
+  while (t && !(t->from == from && t->to == to && t->n == k)) t = t->next;
+  if (!t) {
+    t = calloc(1, sizeof *t);
+    t->from = from;
+    t->to = to;
+    t->n = k;
+    t->next = c->transfers;
+    c->transfers = t;
+  }
+  if (is_send) {
+    t->has_send = 1;
+    t->send = buf;
+    t->send_bytes = bytes;
+    t->send_stream = stream;
+    t->send_seq = stream_op(stream);
+  } else {
+    t->has_recv = 1;
+    t->recv = buf;
+    t->recv_bytes = bytes;
+    t->recv_stream = stream;
+    t->recv_seq = stream_op(stream);
+  }
+  if (!(t->has_send && t->has_recv)) return SUCCESS;
+  for (transfer **at = &c->transfers; *at; at = &(*at)->next)
+    if (*at == t) { *at = t->next; break; }
+  size_t sent = t->send_bytes, received = t->recv_bytes;
+  if (sent == received) memmove(t->recv, t->send, sent);
+  free(t);
+  pthread_cond_broadcast(&changed);
+  if (sent != received)
+    return refuse(INVALID_USAGE, "transfer #%llu from rank %d to rank %d: %zu bytes sent, %zu received", k, from,
+                  to, sent, received);
+  return SUCCESS;
+}
+
+int ncclSend(const void *send, size_t count, int dtype, int peer, comm *m, void *stream) {
+  return post_transfer(m, 1, (void *)(uintptr_t)send, count, dtype, peer, stream);
+}
+int ncclRecv(void *recv, size_t count, int dtype, int peer, comm *m, void *stream) {
+  return post_transfer(m, 0, recv, count, dtype, peer, stream);
 }
