@@ -198,22 +198,31 @@ impl<B: Backend> Rank<B> {
             }
             .into()),
             Parcel::Bytes(bytes) => self.client().write(data, &bytes),
-            Parcel::Failed(cause) => {
-                let error: Error = CollectiveError::InputFailed {
-                    collective: "send",
-                    round: number,
-                    rank: from,
-                    cause,
-                }
-                .into();
-                self.client().fail_writing(&[data], error.clone())?;
-                Err(error)
-            }
+            Parcel::Failed(cause) => self.claim_sent_failure(data, (from, number), cause),
         }
     }
 }
 
 impl<B: Backend> Rank<B> {
+    /// Rank `from`'s send number `number` carried a failure (`cause`):
+    /// the receive's buffer carries it, naming the sender (rule 48).
+    fn claim_sent_failure(
+        &self,
+        data: Slice<'_>,
+        (from, number): (usize, u64),
+        cause: Error,
+    ) -> Result<()> {
+        let error: Error = CollectiveError::InputFailed {
+            collective: "send",
+            round: number,
+            rank: from,
+            cause,
+        }
+        .into();
+        self.client().fail_writing(&[data], error.clone())?;
+        Err(error)
+    }
+
     /// This rank's next transfer number with `peer`, counted per
     /// direction: the sender's and the receiver's agree, because each
     /// counts the transfers of that pair in order.
@@ -310,17 +319,7 @@ impl<B: Backend> Rank<B> {
             }
         };
         match theirs.input {
-            Input::Failed(cause) => {
-                let error: Error = CollectiveError::InputFailed {
-                    collective: "send",
-                    round: number,
-                    rank: from,
-                    cause,
-                }
-                .into();
-                client.fail_writing(&[data], error.clone())?;
-                Err(error)
-            }
+            Input::Failed(cause) => self.claim_sent_failure(data, (from, number), cause),
             _ if theirs.len != len => Err(CollectiveError::Refused {
                 collective: "recv",
                 round: number,

@@ -215,18 +215,7 @@ impl<B: Backend> Server<B> {
             }
             _ => {}
         }
-        if let Some(gone) = entry
-            .written
-            .iter()
-            .chain(&entry.read)
-            .chain(&entry.maybe_written)
-            .find(|r| !self.table.is_live(r.buffer))
-        {
-            return Err(Error::invalid(
-                "graph",
-                format!("{} uses {}, which was freed", graph.id, gone.buffer),
-            ));
-        }
+        self.refuse_freed(graph, entry)?;
         let label = entry.label.clone();
         let read = entry.read.clone();
         let graph_written = entry.written.clone();
@@ -270,6 +259,22 @@ impl<B: Backend> Server<B> {
         self.conclude(stream, outcome)
     }
 
+    /// A replay of `graph` would use a buffer that was freed: refused,
+    /// as its memory may now be another buffer's.
+    fn refuse_freed(&self, graph: &Graph, entry: &GraphEntry<B::Graph>) -> Result<()> {
+        let buffers = entry.written.iter().chain(&entry.read);
+        match buffers
+            .chain(&entry.maybe_written)
+            .find(|r| !self.table.is_live(r.buffer))
+        {
+            Some(gone) => Err(Error::invalid(
+                "graph",
+                format!("{} uses {}, which was freed", graph.id, gone.buffer),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The collective rounds `graph` recorded, in order.
     pub(crate) fn graph_rounds(&self, graph: &Graph) -> Result<Vec<RecordedRound>> {
         Ok(self.graph_entry(graph)?.rounds.clone())
@@ -281,18 +286,7 @@ impl<B: Backend> Server<B> {
     pub(crate) fn check_graph(&mut self, graph: &Graph) -> Result<()> {
         self.check_poison()?;
         let entry = self.graph_entry(graph)?;
-        if let Some(gone) = entry
-            .written
-            .iter()
-            .chain(&entry.read)
-            .chain(&entry.maybe_written)
-            .find(|r| !self.table.is_live(r.buffer))
-        {
-            return Err(Error::invalid(
-                "graph",
-                format!("{} uses {}, which was freed", graph.id, gone.buffer),
-            ));
-        }
+        self.refuse_freed(graph, entry)?;
         let read = entry.read.clone();
         self.table.check(&read)
     }
