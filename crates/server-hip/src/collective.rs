@@ -15,9 +15,10 @@
 //! the joining thread with `hipSetDevice`, where RCCL reads it from).
 //!
 //! As on CUDA, a call on a capturing stream is recorded into the HIP graph
-//! (RCCL captures its kernels; older RCCL needs `RCCL_ENABLE_HIPGRAPH=1`,
-//! and where it refuses, the ranks' windows are doomed and the group
-//! breaks as for any failed call), replayed with
+//! (RCCL captures its kernels — opt-in through `RCCL_ENABLE_HIPGRAPH` in
+//! the releases that first supported it; where a release refuses, the
+//! ranks' windows are doomed and the group breaks as for any failed
+//! call), replayed with
 //! [`Rank::replay`](scope_core::collective::Rank::replay); and ranks in
 //! other processes join with
 //! [`Rank::join`](scope_core::collective::Rank::join), deciding by a

@@ -47,7 +47,10 @@
 //! 6. **Ballots have a stream of their own**, on the rank's device, so a
 //!    ballot is taken — and waited for — while the rank's stream records
 //!    a capture: a recorded collective is decided like any other, and a
-//!    replay of its graph by ballot too (`collective/replay.rs`).
+//!    replay of its graph by ballot too (`collective/replay.rs`). NCCL
+//!    supports a communicator's captured and eager calls outstanding
+//!    together; the ballot is waited for before the recorded call is made
+//!    in any case.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

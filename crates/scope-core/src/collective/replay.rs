@@ -33,6 +33,16 @@
 //!    for a failed call (rule 47); across processes a replay is waited for
 //!    within the deadline (rule 49).
 //!
+//!
+//! NCCL states the same contract from its side: whether a call is captured
+//! is a collective property that must be uniform over its ranks, and the
+//! launch of a graph holding a captured call is collective over the ranks
+//! of the capture, each launching the graph derived from it. Here the
+//! ranks check that before any launch, rather than hang when it is broken.
+//! NCCL also warns that several GPUs of one process launching such graphs
+//! from one thread may deadlock; a group's ranks replay from a thread each
+//! ([`Group::run`](super::Group::run)).
+//!
 //! [`Client::replay`]: crate::Client::replay
 
 use super::device::{Written, readiness};
