@@ -461,14 +461,17 @@ impl<B: DeviceCollectives> Rank<B> {
     /// Its collectives decide by ballot on the transport
     /// ([`remote`](self)); every wait is bounded by `deadline`, the join's
     /// included — so a deadline must also cover the library's setup (NCCL
-    /// connecting machines takes seconds).
+    /// connecting machines takes seconds). The rank takes a stream of its
+    /// client's server for its ballots, and streams live as long as their
+    /// server (at most [`MAX_STREAMS`](crate::MAX_STREAMS)): a runtime that
+    /// joins again after its group broke spends one each time.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a rank past `ranks`; the library's
-    /// refusal to join (an identity it did not make, two ranks on one
-    /// device), or a join whose peers did not all arrive within
-    /// `deadline`; the ballot buffers' allocation.
+    /// [`Error::InvalidArgument`] for a rank past `ranks`, or a server out
+    /// of streams; the library's refusal to join (an identity it did not
+    /// make, two ranks on one device), or a join whose peers did not all
+    /// arrive within `deadline`; the ballot buffers' allocation.
     pub fn join(
         client: Client<B>,
         identity: &B::Identity,
@@ -482,6 +485,12 @@ impl<B: DeviceCollectives> Rank<B> {
                 format!("{rank} in a group of {ranks}"),
             ));
         }
+        // What can fail here is made first, so a rank that cannot take
+        // part never joins: its peers then wait their deadline for it,
+        // rather than find a communicator its owner already destroyed.
+        let ballots = client.new_stream()?;
+        let send = ballots.allocate(RECORD as u64)?;
+        let gathered = ballots.allocate((RECORD * ranks) as u64)?;
         let join = |backend: &mut B| {
             // SAFETY: the caller's launcher gives every rank this identity
             // and count, each rank once, each in its own process or on its
@@ -491,9 +500,6 @@ impl<B: DeviceCollectives> Rank<B> {
         // SAFETY: joining makes a library object the core does not track,
         // and leaves no work on any stream.
         let communicator = Arc::new(unsafe { client.with_backend_mut(join) }??);
-        let ballots = client.new_stream()?;
-        let send = ballots.allocate(RECORD as u64)?;
-        let gathered = ballots.allocate((RECORD * ranks) as u64)?;
         let mover: Box<dyn Mover<B>> = Box::new(Communicators::<B> {
             first: rank,
             mine: vec![communicator.clone()],
