@@ -344,6 +344,28 @@ mod tests {
         assert_eq!(window.state(), CaptureState::NoCapture);
     }
 
+    /// The rounds a window recorded reach its end, in order; outside a
+    /// window, or after an abort, none are kept (rule 50).
+    #[test]
+    fn recorded_rounds_reach_the_end_of_the_window() {
+        let s = StreamId(0);
+        let round = |round| RecordedRound { group: 7, round };
+        let mut window = CaptureWindow::new();
+        window.record_round(round(0));
+        window.prepare(s).unwrap();
+        window.start().unwrap();
+        window.record_round(round(1));
+        window.abort();
+        window.prepare(s).unwrap();
+        window.start().unwrap();
+        window.record_round(round(2));
+        window.record_round(round(3));
+        match window.end(s).unwrap() {
+            WindowEnd::Sealable { rounds, .. } => assert_eq!(rounds, vec![round(2), round(3)]),
+            WindowEnd::Unsealable(_, error) => panic!("{error}"),
+        }
+    }
+
     #[test]
     fn starting_and_aborting_clear_the_recording() {
         // Rule 30.

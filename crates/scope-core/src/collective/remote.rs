@@ -604,9 +604,14 @@ mod tests {
             Call::AllToAll,
         ];
         let long = "é".repeat(RECORD);
-        let kinds = calls.into_iter().map(Kind::Call).chain([Kind::Replay {
-            digest: u64::MAX - 1,
-        }]);
+        let others = [
+            Kind::Replay {
+                digest: u64::MAX - 1,
+            },
+            Kind::Send,
+            Kind::Recv,
+        ];
+        let kinds = calls.into_iter().map(Kind::Call).chain(others);
         for (i, kind) in kinds.enumerate() {
             for input in [
                 Input::Ready,
