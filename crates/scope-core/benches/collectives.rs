@@ -12,6 +12,12 @@
 //!   in another process pays — a ballot of one 1 KiB record a rank,
 //!   all-gathered through the transport, then the call, then a wait on it
 //!   — with nothing of its peers' in its memory.
+//! - **replayed**: the device transport's all-reduce recorded once into a
+//!   graph per rank (untimed), then `Rank::replay` — one process, and
+//!   joined alone — against calling it each time.
+//! - **transfers**: ranks 0 and 2 send `size` bytes to ranks 1 and 3 —
+//!   through the host mailbox in one process, and through the transport
+//!   (a header exchange, then the bytes) for ranks joined alone.
 //!
 //! The figures that matter are the ratios: the ballot's price (alone over
 //! one process) at one word, where it is all fixed cost, and at 16 MiB,
@@ -32,6 +38,21 @@
 //! | 64 KiB | 1.04–1.08× | 1.55–1.70× |
 //! | 1 MiB | 1.08–1.24× | 0.99–1.25× |
 //! | 16 MiB | 0.95–1.05× | 0.96–1.12× |
+//!
+//! Replays and transfers, the same runs (two):
+//!
+//! | a rank | replayed / called, one process | replayed / called, joined alone | transfer joined alone / one process |
+//! |---|---|---|---|
+//! | 4 B | 0.98–1.04× | 1.01–1.02× | 2.1–2.3× |
+//! | 64 KiB | 1.01–1.03× | 0.90–0.91× | 0.25–0.32× |
+//! | 1 MiB | 0.75–0.88× | 0.66–0.81× | 0.29–0.43× |
+//! | 16 MiB | 1.04–1.18× | 0.69–0.73× | 0.51–0.59× |
+//!
+//! A replay costs what a call does: its meeting is the same meeting, with
+//! a check of the graph's inputs for the input's. A transfer between ranks
+//! joined alone pays a header exchange first (twice the mailbox's time at
+//! one word), then moves the bytes once instead of reading them to the
+//! host and writing them back, which is why it is faster from 64 KiB on.
 //!
 //! The ballot costs nothing measurable here: at one word, a rank alone
 //! (two handoffs: the ballot's all-gather, then the call) is faster than
@@ -68,10 +89,20 @@ fn buffers(c: &Client<Host>, size: usize) -> Result<(Buffer, Buffer)> {
     Ok((input, output))
 }
 
+/// How a rank runs its all-reduce in the timed loop.
+#[derive(Clone, Copy)]
+enum How {
+    /// Called each time.
+    Called,
+    /// Recorded once into a graph, untimed, then replayed with
+    /// `Rank::replay` each time.
+    Replayed,
+}
+
 /// Time `rounds` all-reduces of the ranks `ranks` (one thread each, each
 /// with its own buffers), every rank's output synced when the clock stops;
 /// the time of each, from the first rank's start to the last rank's end.
-fn time_ranks(ranks: &[Rank<Host>], size: usize, rounds: usize) -> Vec<Duration> {
+fn time_ranks(ranks: &[Rank<Host>], size: usize, rounds: usize, how: How) -> Vec<Duration> {
     let per_rank: Vec<Vec<(Instant, Instant)>> = std::thread::scope(|scope| {
         let threads: Vec<_> = ranks
             .iter()
@@ -79,11 +110,64 @@ fn time_ranks(ranks: &[Rank<Host>], size: usize, rounds: usize) -> Vec<Duration>
                 scope.spawn(move || {
                     let c = rank.client();
                     let (input, output) = buffers(c, size).expect("buffers");
+                    let reduce =
+                        || rank.all_reduce(input.all(), output.all(), Element::F32, Reduce::Sum);
+                    let graph = match how {
+                        How::Called => None,
+                        How::Replayed => {
+                            let capture = c.begin_capture().expect("a capture");
+                            reduce().expect("a recorded all-reduce");
+                            Some(c.end_capture(capture).expect("a graph"))
+                        }
+                    };
                     (0..rounds)
                         .map(|_| {
                             let start = Instant::now();
-                            rank.all_reduce(input.all(), output.all(), Element::F32, Reduce::Sum)
-                                .expect("a clean all-reduce");
+                            match &graph {
+                                None => reduce().expect("a clean all-reduce"),
+                                Some(graph) => rank.replay(graph).expect("a clean replay"),
+                            }
+                            c.sync().expect("sync");
+                            (start, Instant::now())
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("a rank's thread"))
+            .collect()
+    });
+    (0..rounds)
+        .map(|i| {
+            let start = per_rank.iter().map(|r| r[i].0).min().expect("ranks");
+            let end = per_rank.iter().map(|r| r[i].1).max().expect("ranks");
+            end - start
+        })
+        .collect()
+}
+
+/// Time `rounds` transfers of `size` bytes from rank 0 to rank 1 and from
+/// rank 2 to rank 3 at once, each received buffer synced when the clock
+/// stops: from the first start to the last end of each round.
+fn time_transfers(ranks: &[Rank<Host>], size: usize, rounds: usize) -> Vec<Duration> {
+    let per_rank: Vec<Vec<(Instant, Instant)>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = ranks
+            .iter()
+            .map(|rank| {
+                scope.spawn(move || {
+                    let c = rank.client();
+                    let (data, _) = buffers(c, size).expect("buffers");
+                    let r = rank.index();
+                    (0..rounds)
+                        .map(|_| {
+                            let start = Instant::now();
+                            if r.is_multiple_of(2) {
+                                rank.send(r + 1, data.all()).expect("a clean send");
+                            } else {
+                                rank.recv(r - 1, data.all()).expect("a clean receive");
+                            }
                             c.sync().expect("sync");
                             (start, Instant::now())
                         })
@@ -152,19 +236,39 @@ fn main() {
             (false, s) if s >= 1 << 20 => (11, 4),
             _ => (15, 50),
         };
-        let mut times: [Vec<Duration>; 3] = Default::default();
+        let ways = [
+            (&staged, How::Called),
+            (&device, How::Called),
+            (&alone, How::Called),
+            (&device, How::Replayed),
+            (&alone, How::Replayed),
+        ];
+        let mut times: [Vec<Duration>; 7] = Default::default();
         for _ in 0..=rounds {
-            for (way, ranks) in [&staged, &device, &alone].into_iter().enumerate() {
-                let each = time_ranks(ranks, size, per_round);
+            for (way, (ranks, how)) in ways.into_iter().enumerate() {
+                let each = time_ranks(ranks, size, per_round, how);
                 times[way].push(each.into_iter().sum::<Duration>() / per_round as u32);
+            }
+            for (way, ranks) in [&staged, &alone].into_iter().enumerate() {
+                let each = time_transfers(ranks, size, per_round);
+                times[5 + way].push(each.into_iter().sum::<Duration>() / per_round as u32);
             }
         }
         // The first round warms up.
-        let [staged_t, device_t, alone_t] = times.map(|mut t| {
+        let [
+            staged_t,
+            device_t,
+            alone_t,
+            replayed_t,
+            replayed_alone_t,
+            mailbox_t,
+            sent_alone_t,
+        ] = times.map(|mut t| {
             t.remove(0);
             median(t)
         });
         let us = |d: Duration| d.as_secs_f64() * 1e6;
+        let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
         println!(
             "  {size:>9} B a rank: host staging {:9.1} µs, device transport {:9.1} µs, joined alone {:9.1} µs",
             us(staged_t),
@@ -172,9 +276,25 @@ fn main() {
             us(alone_t)
         );
         println!(
+            "  {size:>9} B a rank: replayed graph, one process {:9.1} µs, joined alone {:9.1} µs",
+            us(replayed_t),
+            us(replayed_alone_t)
+        );
+        println!(
+            "  {size:>9} B a transfer: in one process (host mailbox) {:9.1} µs, joined alone (library) {:9.1} µs",
+            us(mailbox_t),
+            us(sent_alone_t)
+        );
+        println!(
             "  {size:>9} B a rank: ratio joined alone / one process {:.2}×, device transport / host staging {:.2}×",
-            alone_t.as_secs_f64() / device_t.as_secs_f64(),
-            device_t.as_secs_f64() / staged_t.as_secs_f64()
+            ratio(alone_t, device_t),
+            ratio(device_t, staged_t)
+        );
+        println!(
+            "  {size:>9} B a rank: ratio replayed / called {:.2}× (one process), {:.2}× (joined alone); transfer joined alone / one process {:.2}×",
+            ratio(replayed_t, device_t),
+            ratio(replayed_alone_t, alone_t),
+            ratio(sent_alone_t, mailbox_t)
         );
     }
 }
