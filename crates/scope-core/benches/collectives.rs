@@ -39,20 +39,23 @@
 //! | 1 MiB | 1.08–1.24× | 0.99–1.25× |
 //! | 16 MiB | 0.95–1.05× | 0.96–1.12× |
 //!
-//! Replays and transfers, the same runs (two):
+//! Replays and transfers (two later runs, every rank starting each
+//! transfer round together):
 //!
 //! | a rank | replayed / called, one process | replayed / called, joined alone | transfer joined alone / one process |
 //! |---|---|---|---|
-//! | 4 B | 0.98–1.04× | 1.01–1.02× | 2.1–2.3× |
-//! | 64 KiB | 1.01–1.03× | 0.90–0.91× | 0.25–0.32× |
-//! | 1 MiB | 0.75–0.88× | 0.66–0.81× | 0.29–0.43× |
-//! | 16 MiB | 1.04–1.18× | 0.69–0.73× | 0.51–0.59× |
+//! | 4 B | 1.03× | 0.94–0.97× | 2.30–2.33× |
+//! | 64 KiB | 0.99–1.06× | 0.88–0.90× | 1.86–1.87× |
+//! | 1 MiB | 0.83–1.03× | 0.60–0.63× | 1.04–1.07× |
+//! | 16 MiB | 0.91–1.08× | 0.65–0.76× | 0.50–0.57× |
 //!
 //! A replay costs what a call does: its meeting is the same meeting, with
-//! a check of the graph's inputs for the input's. A transfer between ranks
-//! joined alone pays a header exchange first (twice the mailbox's time at
-//! one word), then moves the bytes once instead of reading them to the
-//! host and writing them back, which is why it is faster from 64 KiB on.
+//! a check of the graph's inputs for the input's (joined alone it came out
+//! faster than a call from 64 KiB on, which this bench does not explain).
+//! A transfer between ranks joined alone pays a header exchange first
+//! (2.3× the mailbox's time at one word), then moves the bytes once
+//! instead of reading them to the host and writing them back: even at
+//! 1 MiB, and twice as fast at 16 MiB.
 //!
 //! The ballot costs nothing measurable here: at one word, a rank alone
 //! (two handoffs: the ballot's all-gather, then the call) is faster than
@@ -151,7 +154,12 @@ fn time_ranks(ranks: &[Rank<Host>], size: usize, rounds: usize, how: How) -> Vec
 /// Time `rounds` transfers of `size` bytes from rank 0 to rank 1 and from
 /// rank 2 to rank 3 at once, each received buffer synced when the clock
 /// stops: from the first start to the last end of each round.
+///
+/// Every rank starts each round together: a send through the host mailbox
+/// does not wait for its receiver, and a sender running rounds ahead would
+/// time the queue, not the transfer.
 fn time_transfers(ranks: &[Rank<Host>], size: usize, rounds: usize) -> Vec<Duration> {
+    let together = &std::sync::Barrier::new(ranks.len());
     let per_rank: Vec<Vec<(Instant, Instant)>> = std::thread::scope(|scope| {
         let threads: Vec<_> = ranks
             .iter()
@@ -162,6 +170,7 @@ fn time_transfers(ranks: &[Rank<Host>], size: usize, rounds: usize) -> Vec<Durat
                     let r = rank.index();
                     (0..rounds)
                         .map(|_| {
+                            together.wait();
                             let start = Instant::now();
                             if r.is_multiple_of(2) {
                                 rank.send(r + 1, data.all()).expect("a clean send");
