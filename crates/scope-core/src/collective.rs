@@ -75,6 +75,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use self::device::{Mover, Written};
+pub use self::p2p::{MAILBOX_BYTES, MAILBOX_PARCELS};
 use self::remote::Ballot;
 use self::round::{Input, Kind, Outcome, Part, State};
 use crate::backend::Backend;

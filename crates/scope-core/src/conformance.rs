@@ -327,6 +327,7 @@ macro_rules! conformance_tests {
             a_rank_that_never_joins_fails_the_others_within_the_deadline,
             bad_collective_input_is_refused_everywhere,
             send_and_recv_carry_failures_between_ranks,
+            a_sender_ahead_of_a_silent_receiver_holds_a_bounded_mailbox,
             copies_across_devices_carry_failures,
             a_host_staged_collective_is_not_recorded,
         );
@@ -338,6 +339,7 @@ macro_rules! conformance_tests {
             a_rank_that_never_joins_fails_the_others_within_the_deadline,
             bad_collective_input_is_refused_everywhere,
             send_and_recv_carry_failures_between_ranks,
+            a_sender_ahead_of_a_silent_receiver_holds_a_bounded_mailbox,
             a_failed_device_call_breaks_the_group,
             ranks_in_separate_processes_decide_alike,
             a_silent_rank_in_another_process_stalls_its_peers_within_the_deadline,

@@ -3,7 +3,10 @@
 //!
 //! A send reads its bytes and leaves them — or the failure they carry,
 //! with its root cause and chain — in the receiver's mailbox for that
-//! sender; it does not wait for the receiver. A receive takes the next
+//! sender; it does not wait for the receiver, unless the mailbox already
+//! holds [`MAILBOX_PARCELS`] parcels or [`MAILBOX_BYTES`] bytes the
+//! receiver has not taken: then it waits for room, and a receiver that
+//! takes nothing for a whole deadline is missing (the group breaks). A receive takes the next
 //! parcel from that sender, in the order sent, waiting at most the group's
 //! deadline: clean bytes are written (and heal), a failure is claimed on
 //! the receive's output naming the sending rank, and a sender that never
@@ -38,10 +41,22 @@ pub(super) enum Parcel {
     Failed(Error),
 }
 
+/// How many parcels one sender may leave for one receiver that has not
+/// taken them: past it, a send waits for the receiver (at most the
+/// deadline), so a sender running ahead of a receiver that never comes
+/// holds a bounded amount of memory, not all it ever sent.
+pub const MAILBOX_PARCELS: usize = 256;
+
+/// How many bytes those parcels may hold; a single larger parcel still
+/// goes when the mailbox is empty.
+pub const MAILBOX_BYTES: usize = 256 << 20;
+
 /// One sender's parcels for one receiver, in the order sent.
 #[derive(Default)]
 pub(super) struct Mailbox {
     queue: VecDeque<Parcel>,
+    /// The bytes the queued parcels hold.
+    queued: usize,
     /// Parcels sent and taken so far, numbering them in errors.
     sent: u64,
     taken: u64,
@@ -77,6 +92,8 @@ impl<B: Backend> Rank<B> {
     /// or a buffer of another device (nothing sent); the read's refusal
     /// (nothing sent); [`Error::Collective`] with `InputFailed` when the
     /// bytes could not be read (the failure was sent); a broken group.
+    /// `Missing` when the mailbox stayed full for a whole deadline (the
+    /// receiver took nothing; the group is broken, nothing was sent).
     /// Across processes also `Refused` when the receiver's length differs
     /// (nothing sent), and `Stalled` when the receiver did not take its
     /// part in time (the group breaks).
@@ -96,7 +113,35 @@ impl<B: Backend> Rank<B> {
             Err(failed) => Parcel::Failed(failed),
         };
         let shared = &*self.shared;
+        let size = match &parcel {
+            Parcel::Bytes(bytes) => bytes.len(),
+            Parcel::Failed(_) => 0,
+        };
+        let until = Instant::now() + shared.deadline;
         let mut state = shared.state.lock();
+        loop {
+            if let Some(cause) = state.broken.clone() {
+                return Err(CollectiveError::Broken { cause }.into());
+            }
+            let mailbox = state.mail.entry((self.rank, to)).or_default();
+            let full = mailbox.queue.len() >= MAILBOX_PARCELS
+                || (!mailbox.queue.is_empty() && mailbox.queued + size > MAILBOX_BYTES);
+            if !full {
+                break;
+            }
+            if shared.changed.wait_until(&mut state, until).timed_out() {
+                // The receiver took nothing for a whole deadline: it is as
+                // missing as a rank that never joins a collective.
+                let error = CollectiveError::Missing {
+                    collective: "send",
+                    round: state.mail.get(&(self.rank, to)).map_or(0, |m| m.sent),
+                    missing: vec![to],
+                    deadline: shared.deadline,
+                };
+                shared.break_with(&mut state, &error);
+                return Err(error.into());
+            }
+        }
         let mailbox = state.mail.entry((self.rank, to)).or_default();
         let number = mailbox.sent;
         mailbox.sent += 1;
@@ -105,6 +150,7 @@ impl<B: Backend> Rank<B> {
             Parcel::Bytes(_) => None,
         };
         mailbox.queue.push_back(parcel);
+        mailbox.queued += size;
         shared.changed.notify_all();
         match failed {
             None => Ok(()),
@@ -161,6 +207,11 @@ impl<B: Backend> Rank<B> {
             if let Some(parcel) = mailbox.queue.pop_front() {
                 let number = mailbox.taken;
                 mailbox.taken += 1;
+                if let Parcel::Bytes(bytes) = &parcel {
+                    mailbox.queued -= bytes.len();
+                }
+                // A sender may wait for room in the mailbox.
+                shared.changed.notify_all();
                 break (number, parcel);
             }
             if shared.changed.wait_until(&mut state, until).timed_out()

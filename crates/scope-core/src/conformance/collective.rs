@@ -324,6 +324,36 @@ pub fn a_failed_device_call_breaks_the_group<S: Suite>() {
     assert!(sums.iter().all(|s| *s == vec![12; PART as usize]));
 }
 
+/// A sender running ahead of a receiver that never receives holds at most
+/// [`MAILBOX_PARCELS`](crate::collective::MAILBOX_PARCELS) parcels: the
+/// next send waits for room, then fails within the deadline naming the
+/// receiver as missing, and the group is broken (rules 42, 48).
+pub fn a_sender_ahead_of_a_silent_receiver_holds_a_bounded_mailbox<S: Suite>() {
+    let deadline = Duration::from_millis(300);
+    let Some(group) = group::<S>(deadline) else {
+        return;
+    };
+    let rank = group.rank(0).unwrap();
+    let c = rank.client();
+    let data = upload(c, &[1]);
+    for sent in 0..crate::collective::MAILBOX_PARCELS {
+        rank.send(1, data.all())
+            .unwrap_or_else(|e| panic!("send {sent} fits: {e}"));
+    }
+    let started = Instant::now();
+    let error = rank.send(1, data.all()).expect_err("the mailbox is full");
+    assert!(
+        matches!(collective_error(&error), CollectiveError::Missing { missing, .. } if missing == &[1]),
+        "{error}"
+    );
+    assert!(
+        started.elapsed() >= deadline && started.elapsed() < deadline + Duration::from_secs(30),
+        "waited {:?} for a deadline of {deadline:?}",
+        started.elapsed()
+    );
+    assert!(group.broken().is_some());
+}
+
 /// Bad input is refused on every rank as a typed error that claims nothing,
 /// and the group stays in step: one server twice, a rank that calls another
 /// collective, mismatched sizes, an output too small, a buffer of another
