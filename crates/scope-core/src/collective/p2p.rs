@@ -6,14 +6,16 @@
 //! sender; it does not wait for the receiver, unless the mailbox already
 //! holds [`MAILBOX_PARCELS`] parcels or [`MAILBOX_BYTES`] bytes the
 //! receiver has not taken: then it waits for room, and a receiver that
-//! takes nothing for a whole deadline is missing (the group breaks). A receive takes the next
-//! parcel from that sender, in the order sent, waiting at most the group's
-//! deadline: clean bytes are written (and heal), a failure is claimed on
-//! the receive's output naming the sending rank, and a sender that never
-//! sends fails the receive with [`CollectiveError::Missing`] and breaks
-//! the group, as a missing rank does for a collective. In one process the
-//! bytes move through the host on every transport (a device transport's
-//! library is not called for them).
+//! takes nothing for a whole deadline is missing (the group breaks).
+//!
+//! A receive takes the next parcel from that sender, in the order sent,
+//! waiting at most the group's deadline: clean bytes are written (and
+//! heal), a failure is claimed on the receive's output naming the sending
+//! rank, and a sender that never sends fails the receive with
+//! [`CollectiveError::Missing`] and breaks the group, as a missing rank
+//! does for a collective. In one process the bytes move through the host
+//! on every transport (a device transport's library is not called for
+//! them).
 //!
 //! Between ranks in separate processes ([`Rank::join`]) there is no
 //! mailbox to share: the sender and the receiver exchange headers through
