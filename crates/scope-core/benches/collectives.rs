@@ -106,49 +106,30 @@ enum How {
 /// with its own buffers), every rank's output synced when the clock stops;
 /// the time of each, from the first rank's start to the last rank's end.
 fn time_ranks(ranks: &[Rank<Host>], size: usize, rounds: usize, how: How) -> Vec<Duration> {
-    let per_rank: Vec<Vec<(Instant, Instant)>> = std::thread::scope(|scope| {
-        let threads: Vec<_> = ranks
-            .iter()
-            .map(|rank| {
-                scope.spawn(move || {
-                    let c = rank.client();
-                    let (input, output) = buffers(c, size).expect("buffers");
-                    let reduce =
-                        || rank.all_reduce(input.all(), output.all(), Element::F32, Reduce::Sum);
-                    let graph = match how {
-                        How::Called => None,
-                        How::Replayed => {
-                            let capture = c.begin_capture().expect("a capture");
-                            reduce().expect("a recorded all-reduce");
-                            Some(c.end_capture(capture).expect("a graph"))
-                        }
-                    };
-                    (0..rounds)
-                        .map(|_| {
-                            let start = Instant::now();
-                            match &graph {
-                                None => reduce().expect("a clean all-reduce"),
-                                Some(graph) => rank.replay(graph).expect("a clean replay"),
-                            }
-                            c.sync().expect("sync");
-                            (start, Instant::now())
-                        })
-                        .collect()
-                })
+    spans(ranks, rounds, |rank| {
+        let c = rank.client();
+        let (input, output) = buffers(c, size).expect("buffers");
+        let reduce = || rank.all_reduce(input.all(), output.all(), Element::F32, Reduce::Sum);
+        let graph = match how {
+            How::Called => None,
+            How::Replayed => {
+                let capture = c.begin_capture().expect("a capture");
+                reduce().expect("a recorded all-reduce");
+                Some(c.end_capture(capture).expect("a graph"))
+            }
+        };
+        (0..rounds)
+            .map(|_| {
+                let start = Instant::now();
+                match &graph {
+                    None => reduce().expect("a clean all-reduce"),
+                    Some(graph) => rank.replay(graph).expect("a clean replay"),
+                }
+                c.sync().expect("sync");
+                (start, Instant::now())
             })
-            .collect();
-        threads
-            .into_iter()
-            .map(|t| t.join().expect("a rank's thread"))
             .collect()
-    });
-    (0..rounds)
-        .map(|i| {
-            let start = per_rank.iter().map(|r| r[i].0).min().expect("ranks");
-            let end = per_rank.iter().map(|r| r[i].1).max().expect("ranks");
-            end - start
-        })
-        .collect()
+    })
 }
 
 /// Time `rounds` transfers of `size` bytes from rank 0 to rank 1 and from
@@ -160,29 +141,38 @@ fn time_ranks(ranks: &[Rank<Host>], size: usize, rounds: usize, how: How) -> Vec
 /// time the queue, not the transfer.
 fn time_transfers(ranks: &[Rank<Host>], size: usize, rounds: usize) -> Vec<Duration> {
     let together = &std::sync::Barrier::new(ranks.len());
+    spans(ranks, rounds, |rank| {
+        let c = rank.client();
+        let (data, _) = buffers(c, size).expect("buffers");
+        let r = rank.index();
+        (0..rounds)
+            .map(|_| {
+                together.wait();
+                let start = Instant::now();
+                if r.is_multiple_of(2) {
+                    rank.send(r + 1, data.all()).expect("a clean send");
+                } else {
+                    rank.recv(r - 1, data.all()).expect("a clean receive");
+                }
+                c.sync().expect("sync");
+                (start, Instant::now())
+            })
+            .collect()
+    })
+}
+
+/// Run `each` on every rank, a thread each; it times its rounds, and a
+/// round's span is from the first rank's start to the last rank's end.
+fn spans(
+    ranks: &[Rank<Host>],
+    rounds: usize,
+    each: impl Fn(&Rank<Host>) -> Vec<(Instant, Instant)> + Sync,
+) -> Vec<Duration> {
+    let each = &each;
     let per_rank: Vec<Vec<(Instant, Instant)>> = std::thread::scope(|scope| {
         let threads: Vec<_> = ranks
             .iter()
-            .map(|rank| {
-                scope.spawn(move || {
-                    let c = rank.client();
-                    let (data, _) = buffers(c, size).expect("buffers");
-                    let r = rank.index();
-                    (0..rounds)
-                        .map(|_| {
-                            together.wait();
-                            let start = Instant::now();
-                            if r.is_multiple_of(2) {
-                                rank.send(r + 1, data.all()).expect("a clean send");
-                            } else {
-                                rank.recv(r - 1, data.all()).expect("a clean receive");
-                            }
-                            c.sync().expect("sync");
-                            (start, Instant::now())
-                        })
-                        .collect()
-                })
-            })
+            .map(|rank| scope.spawn(move || each(rank)))
             .collect();
         threads
             .into_iter()

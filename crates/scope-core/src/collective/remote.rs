@@ -148,6 +148,17 @@ struct Ballots<B: DeviceCollectives> {
     ranks: usize,
 }
 
+impl<B: DeviceCollectives> Ballots<B> {
+    /// Write this rank's record of `part` (round or transfer `number`)
+    /// into its send box, the start of a ballot or a header exchange;
+    /// when the exchange must be done by.
+    fn post(&self, number: u64, part: &Part, deadline: Duration) -> Result<Instant> {
+        let until = Instant::now() + deadline;
+        self.client.write(self.send.all(), &encode(number, part))?;
+        Ok(until)
+    }
+}
+
 impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
     fn vote(
         &self,
@@ -158,10 +169,7 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
         let client = &self.client;
         let kind = part.kind;
         let failed = |cause: Error| blame(kind, (rank, round), deadline, cause);
-        let until = Instant::now() + deadline;
-        client
-            .write(self.send.all(), &encode(round, &part))
-            .map_err(failed)?;
+        let until = self.post(round, &part, deadline).map_err(failed)?;
         let ranks = self.ranks;
         let communicator = &self.communicator;
         client
@@ -230,10 +238,7 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
         let client = &self.client;
         let kind = part.kind;
         let failed = |cause: Error| blame(kind, (rank, number), deadline, cause);
-        let until = Instant::now() + deadline;
-        client
-            .write(self.send.all(), &encode(number, &part))
-            .map_err(failed)?;
+        let until = self.post(number, &part, deadline).map_err(failed)?;
         let header = self.gathered.slice(0..RECORD as u64);
         let send = || self.transfer(client, Direction::Send, peer, self.send.all());
         let recv = || self.transfer(client, Direction::Recv, peer, header);
