@@ -334,7 +334,9 @@ impl Communicator {
     /// # Errors
     ///
     /// What the library answered; a join still in progress after
-    /// `patience`.
+    /// `patience` ([`CollectiveError::Stalled`]), whose communicator is
+    /// then aborted — NCCL's own answer to an init that must end, where a
+    /// destroy would wait for the missing peers.
     pub unsafe fn join(
         table: NcclTable,
         id: UniqueId,
@@ -381,7 +383,12 @@ impl Communicator {
             }),
             patience,
         };
-        joined.settle("ncclCommInitRankConfig")?;
+        // An init that did not settle is aborted, never destroyed: NCCL's
+        // destroy waits for the init, and so for peers that never come.
+        if let Err(e) = joined.settle("ncclCommInitRankConfig") {
+            joined.abort();
+            return Err(e);
+        }
         Ok(joined)
     }
 

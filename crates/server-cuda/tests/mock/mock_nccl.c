@@ -32,7 +32,8 @@
  *    and an init with no current CUDA context on the thread;
  *  - a collective before every rank joined, or on a communicator that was
  *    aborted or destroyed (a use after free in NCCL), an abort or destroy
- *    of one already aborted;
+ *    of one already aborted, a destroy of one whose init is still in
+ *    progress (NCCL's destroy would wait for peers that never come);
  *  - ranks that post different calls for one sequence number: another
  *    collective, another count, type, operation or root (NCCL would hang
  *    or move the wrong bytes);
@@ -546,6 +547,21 @@ int ncclCommDestroy(comm *m) {
   LOCKED;
   int bad = usable(m, "ncclCommDestroy");
   if (bad) return bad;
+  /* An init still in progress, its clique neither complete nor aborted:
+   * NCCL's destroy waits for that init, for peers that may never come. A
+   * caller whose join did not settle aborts. */
+  int joined, nranks, aborted;
+  if (m->sh) {
+    pthread_mutex_lock(&m->sh->lock);
+    joined = m->sh->joined, nranks = m->sh->nranks, aborted = m->sh->aborted;
+    pthread_mutex_unlock(&m->sh->lock);
+  } else {
+    joined = m->c->joined, nranks = m->c->nranks, aborted = m->c->aborted;
+  }
+  if (joined < nranks && !aborted)
+    return refuse(INVALID_USAGE, "ncclCommDestroy of rank %d while its init is in progress (%d of %d ranks "
+                  "joined): NCCL waits there for the missing peers; ncclCommAbort ends an init", m->rank,
+                  joined, nranks);
   m->destroyed = 1;
   return SUCCESS;
 }
