@@ -25,6 +25,7 @@ pub mod device;
 pub mod input;
 pub mod property;
 pub mod recorded;
+pub mod sizes;
 pub mod soak;
 
 pub use across::*;
@@ -36,6 +37,7 @@ pub use device::*;
 pub use input::*;
 pub use property::random_sequences;
 pub use recorded::*;
+pub use sizes::*;
 
 use crate::backend::Backend;
 use crate::client::Client;
@@ -95,6 +97,16 @@ pub trait Suite: 'static {
         Self::client()
     }
 
+    /// How many ranks of distinct devices [`rank_client`](Self::rank_client)
+    /// can make: the behaviours at every group size ([`sizes`]) run at one
+    /// rank and at this many (at most [`MOST_RANKS`]). Four by default,
+    /// the logical devices any number of servers can share; a suite over
+    /// real devices answers the machine's count, so that a machine with one
+    /// GPU runs a group of one.
+    fn devices() -> usize {
+        collective::RANKS
+    }
+
     /// The group the collective behaviours run on: host staging by
     /// default ([`Group::new`](crate::collective::Group::new)); a suite for
     /// a device transport makes it with
@@ -116,7 +128,11 @@ pub trait Suite: 'static {
 pub use crate::probe::required;
 
 /// A client from `make`, or `None` after printing `skipped: no <backend>
-/// device (<why>)` when the backend is unavailable here.
+/// device (<why>)` when the backend is unavailable here — the backend the
+/// error names, which is not always the server's: a suite of NCCL's
+/// collectives on a machine with a GPU and no NCCL is `skipped: no nccl
+/// device`, a skip `SCOPE_REQUIRE=cuda` allows and `SCOPE_REQUIRE=nccl`
+/// does not.
 ///
 /// # Panics
 ///
@@ -126,13 +142,12 @@ pub use crate::probe::required;
 pub fn client_or_skip<B: Backend>(make: impl FnOnce() -> Result<Client<B>>) -> Option<Client<B>> {
     match make() {
         Ok(client) => Some(client),
-        Err(crate::Error::BackendUnavailable { reason, .. }) => {
+        Err(crate::Error::BackendUnavailable { backend, reason }) => {
             assert!(
-                !required(B::NAME),
-                "SCOPE_REQUIRE names {} but it is unavailable: {reason}",
-                B::NAME
+                !required(backend),
+                "SCOPE_REQUIRE names {backend} but it is unavailable: {reason}"
             );
-            println!("skipped: no {} device ({reason})", B::NAME);
+            println!("skipped: no {backend} device ({reason})");
             None
         }
         Err(other) => panic!("{} is present but failed to start: {other}", B::NAME),
@@ -277,7 +292,10 @@ fn assert_root_contains(error: &Error, text: &str) {
 /// for a suite whose [`Suite::group`] makes its groups with
 /// [`Group::over_device`](crate::collective::Group::over_device) and whose
 /// backend implements
-/// [`DeviceCollectives`](crate::collective::device::DeviceCollectives).
+/// [`DeviceCollectives`](crate::collective::device::DeviceCollectives);
+/// they include `conformance_tests!(@every_group_size MySuite)`, the
+/// behaviours at one rank and at one per device ([`sizes`]), which a suite
+/// over a machine's real devices expands alone, since the others need four.
 #[macro_export]
 macro_rules! conformance_tests {
     ($suite:ty) => {
@@ -350,6 +368,18 @@ macro_rules! conformance_tests {
             ranks_in_separate_processes_record_and_replay,
             ranks_in_separate_processes_send_and_receive,
             a_silent_sender_in_another_process_stalls_its_receiver_within_the_deadline,
+        );
+        $crate::conformance_tests!(@every_group_size $suite);
+    };
+    (@every_group_size $suite:ty) => {
+        $crate::conformance_tests!(@only $suite;
+            every_collective_computes_at_every_group_size,
+            a_failed_input_fails_every_output_at_every_group_size,
+            a_refused_collective_claims_nothing_at_every_group_size,
+            recorded_collectives_replay_at_every_group_size,
+            ranks_joined_alone_agree_at_every_group_size,
+            a_join_short_of_its_peers_ends_within_the_deadline,
+            a_failed_library_call_breaks_the_group_at_every_group_size,
         );
     };
     (@processes $suite:ty, $module:literal, $identity:expr) => {

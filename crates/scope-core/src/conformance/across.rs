@@ -27,24 +27,42 @@ where
     let clients = clients?;
     let identity = <S::Backend as DeviceCollectives>::identity()
         .expect("the suite's backend has its collectives library");
-    let (identity, f) = (&identity, &f);
-    Some(std::thread::scope(|scope| {
+    Some(on_threads_joined::<S, _>(
+        clients,
+        &identity,
+        RANKS,
+        deadline,
+        |joined| f(joined.expect("every rank joins")),
+    ))
+}
+
+/// `f` of what [`Rank::join`] answered client `i` of `clients`, as rank
+/// `i` of `ranks` with `identity`, each on a thread of its own; what each
+/// returned, in rank order.
+pub(super) fn on_threads_joined<S: Suite, R: Send>(
+    clients: Vec<Client<S::Backend>>,
+    identity: &<S::Backend as DeviceCollectives>::Identity,
+    ranks: usize,
+    deadline: Duration,
+    f: impl Fn(Result<Rank<S::Backend>>) -> R + Sync,
+) -> Vec<R>
+where
+    S::Backend: DeviceCollectives,
+{
+    let f = &f;
+    std::thread::scope(|scope| {
         let threads: Vec<_> = clients
             .into_iter()
             .enumerate()
             .map(|(rank, client)| {
-                scope.spawn(move || {
-                    let joined = Rank::join(client, identity, rank, RANKS, deadline)
-                        .expect("every rank joins");
-                    f(joined)
-                })
+                scope.spawn(move || f(Rank::join(client, identity, rank, ranks, deadline)))
             })
             .collect();
         threads
             .into_iter()
             .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
-    }))
+    })
 }
 
 /// What rank `rank` hears when rank 2's input failed with `text`: rank 2
