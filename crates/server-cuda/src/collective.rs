@@ -8,11 +8,13 @@
 //! ([`scope_core::native::nccl`], shared with HIP's RCCL). What is CUDA's
 //! here is where the library comes from and which device it runs on:
 //!
-//! - **The library cudarc loads.** cudarc's `nccl` finds `libnccl.so` by
-//!   name on first use; the entry points are taken from that same library
-//!   (so a test's mock, loaded under that name first, is what runs), and
-//!   without it [`identity`](DeviceCollectives::identity) answers
-//!   [`Error::BackendUnavailable`] instead of cudarc's panic.
+//! - **The library, by both its names.** NCCL is opened on first use as
+//!   `libnccl.so` or, failing that, by its soname `libnccl.so.2` — the only
+//!   name NCCL's runtime packages and NVIDIA's wheel install, and one
+//!   cudarc's loader does not try — and the entry points are taken from
+//!   that library (so a test's mock, loaded under `libnccl.so` first, is
+//!   what runs). Without it [`identity`](DeviceCollectives::identity)
+//!   answers [`Error::BackendUnavailable`] naming every name tried.
 //! - **The rank's device is the server's**: its context is made current on
 //!   the joining thread, where NCCL reads the device from.
 //!
@@ -34,45 +36,76 @@
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
+use libloading::Library;
+
 use scope_core::collective::device::{DeviceCall, DeviceCollectives, DeviceTransfer};
 use scope_core::native::nccl::{Communicator, NcclTable, UniqueId};
 use scope_core::{Error, Result};
 
 use crate::{Cuda, CudaMemory, CudaStreamState, CudaWaiter};
 
-/// NCCL's entry points, from the library cudarc loads, once per process;
-/// why not, where it is missing or lacks one.
+/// The loaded NCCL: its table, and the library the table points into.
+struct Nccl {
+    table: NcclTable,
+    _library: Library,
+}
+
+/// Where NCCL is looked for: its development name (`libnccl.so`, a
+/// toolkit's or `libnccl-dev`'s), then its soname (`libnccl.so.2`), which is
+/// all NCCL's runtime packages and NVIDIA's wheel install — a name cudarc's
+/// own loader never tries.
+const NCCL_NAMES: [&str; 2] = ["libnccl.so", "libnccl.so.2"];
+
+/// NCCL's entry points, from the first of [`NCCL_NAMES`] the loader opens
+/// (so a test's mock, loaded under `libnccl.so` first, is what runs), once
+/// per process; why not, where it is missing or lacks one.
 fn nccl() -> Result<NcclTable> {
-    static TABLE: OnceLock<std::result::Result<NcclTable, String>> = OnceLock::new();
-    let table = TABLE.get_or_init(|| {
-        // SAFETY: opening the library by name runs its initialisers, as any
-        // use of it would; nothing is called.
-        if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-            return Err(
-                "libnccl.so was not found (install NCCL, or the nvidia-nccl-cu13 \
-                        wheel, on the library path)"
-                    .to_owned(),
-            );
+    static NCCL: OnceLock<std::result::Result<Nccl, String>> = OnceLock::new();
+    let loaded = NCCL.get_or_init(|| {
+        let names = NCCL_NAMES.map(String::from);
+        // SAFETY: every name is NCCL's, whose initialisers only set up its
+        // own state; symbols are looked up by name in the library opened,
+        // which `Nccl` keeps loaded with the table, for the process.
+        let (table, library) = unsafe {
+            NcclTable::load_first(
+                "nccl",
+                &names,
+                |name| Library::new(name).map_err(|e| e.to_string()),
+                |library: &Library, symbol| {
+                    library
+                        .get::<*const c_void>(symbol.as_bytes())
+                        .ok()
+                        .map(|s| *s)
+                },
+            )
         }
-        // SAFETY: present (above), so cudarc's loader returns the library,
-        // which it keeps loaded for the life of the process.
-        let library = unsafe { cudarc::nccl::sys::culib() };
-        // SAFETY: every address is looked up by its NCCL name in NCCL
-        // itself, loaded for the life of the process.
-        unsafe {
-            NcclTable::resolve("nccl", |name| {
-                library
-                    .get::<*const c_void>(name.as_bytes())
-                    .ok()
-                    .map(|symbol| *symbol)
-            })
-        }
-        .map_err(|missing| format!("libnccl.so has no `{missing}` (NCCL 2.19 or later is needed)"))
+        .map_err(|why| {
+            format!("{why} (install NCCL, or the nvidia-nccl-cu13 wheel, on the library path)")
+        })?;
+        Ok(Nccl {
+            table,
+            _library: library,
+        })
     });
-    table.clone().map_err(|reason| Error::BackendUnavailable {
-        backend: "nccl",
-        reason,
-    })
+    match loaded {
+        Ok(nccl) => Ok(nccl.table),
+        Err(reason) => Err(Error::BackendUnavailable {
+            backend: "nccl",
+            reason: reason.clone(),
+        }),
+    }
+}
+
+/// Load NCCL now, as the first collective would, and keep it loaded: a
+/// runtime that needs collectives learns at start-up, not at its first
+/// all-reduce, that the library is missing.
+///
+/// # Errors
+///
+/// [`Error::BackendUnavailable`] (`nccl`) naming every name tried, or the
+/// entry point the library found lacks.
+pub fn load_nccl() -> Result<()> {
+    nccl().map(drop)
 }
 
 impl DeviceCollectives for Cuda {

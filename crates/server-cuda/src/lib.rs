@@ -125,6 +125,7 @@ use scope_core::native::{self, ParamTable};
 use scope_core::{Backend, Client, Kernel, Language, Launch, LaunchLimits, Result, StreamId};
 
 pub use capture::CudaGraph;
+pub use collective::load_nccl;
 pub use device::{CudaStreamState, CudaWaiter, probe, total_memory};
 pub use launch::{CudaKernel, nvrtc_options, nvrtc_ptx};
 pub use memory::CudaMemory;

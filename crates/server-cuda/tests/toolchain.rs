@@ -36,7 +36,9 @@
 //!   `toolchain/harvest.rs` what that misses).
 //! - [`nccl_library`]: cudarc's `nccl` loads the real NCCL of the same
 //!   folder, `ncclGetVersion` answers, and every symbol a device transport
-//!   for the collectives calls is there.
+//!   for the collectives calls is there; and where NCCL is on the path
+//!   only under its soname (`libnccl.so.2`, as its packages install it),
+//!   cudarc's loader misses it and the server's opens it.
 
 #[macro_use]
 mod common;
@@ -266,6 +268,17 @@ const NCCL_SYMBOLS: [&str; 18] = [
 #[test]
 fn nccl_library() {
     const CHILD: &str = "SCOPE_NCCL_CHILD";
+    if std::env::var_os(CHILD).is_some_and(|v| v == "soname") {
+        // Only `libnccl.so.2` on the path, as NCCL's runtime packages and
+        // NVIDIA's wheel install it: cudarc's loader misses it, the
+        // server's finds it.
+        // SAFETY: asks the loader whether a library of NCCL's names opens.
+        let by_cudarc = unsafe { cudarc::nccl::sys::is_culib_present() };
+        assert!(!by_cudarc, "cudarc found an NCCL beside the soname alone");
+        server_cuda::load_nccl().expect("the server opens NCCL by its soname");
+        println!("NCCL by its soname alone: cudarc's loader misses it, server-cuda's opens it");
+        return;
+    }
     if std::env::var_os(CHILD).is_some() {
         // SAFETY: asks the loader whether a library of NCCL's names opens;
         // loading NCCL runs no code of ours.
@@ -361,4 +374,32 @@ fn nccl_library() {
     {
         println!("{join}");
     }
+    // A folder holding NCCL under its soname alone.
+    let soname_only =
+        std::env::temp_dir().join(format!("scope-nccl-soname-{}", std::process::id()));
+    std::fs::create_dir_all(&soname_only).expect("a folder");
+    let link = soname_only.join("libnccl.so.2");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(lib.join("libnccl.so.2"), &link).expect("a link");
+    let output = std::process::Command::new(std::env::current_exe().expect("this test binary"))
+        .args([
+            "nccl_library",
+            "--exact",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, "soname")
+        .env("LD_LIBRARY_PATH", &soname_only)
+        .output()
+        .expect("the child runs");
+    let _ = std::fs::remove_dir_all(&soname_only);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "the soname check failed:\n{said}");
+    assert!(said.contains("NCCL by its soname alone"), "{said}");
+    println!("NCCL by its soname alone: cudarc's loader misses it, server-cuda's opens it");
 }

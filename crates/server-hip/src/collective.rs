@@ -59,37 +59,26 @@ fn candidates() -> Vec<String> {
 }
 
 fn load(names: &[String]) -> std::result::Result<Rccl, String> {
-    let mut why = String::from("no candidates");
-    for name in names {
-        // SAFETY: opening RCCL runs its initialisers, which only set up its
-        // own state.
-        let library = match unsafe { Library::new(name.as_str()) } {
-            Ok(library) => library,
-            Err(e) => {
-                why = e.to_string();
-                continue;
-            }
-        };
-        // SAFETY: each address is looked up by its NCCL API name in the
-        // RCCL just opened, which `Rccl` keeps loaded with the table.
-        let table = unsafe {
-            NcclTable::resolve("rccl", |symbol| {
+    // SAFETY: every name is RCCL's (`librccl`), whose initialisers only set
+    // up its own state; symbols are looked up by name in the library
+    // opened, which `Rccl` keeps loaded with the table.
+    let (table, library) = unsafe {
+        NcclTable::load_first(
+            "rccl",
+            names,
+            |name| Library::new(name).map_err(|e| e.to_string()),
+            |library: &Library, symbol| {
                 library
                     .get::<*const c_void>(symbol.as_bytes())
                     .ok()
                     .map(|s| *s)
-            })
-        }
-        .map_err(|missing| format!("{name} has no `{missing}`"))?;
-        return Ok(Rccl {
-            table,
-            _library: library,
-        });
-    }
-    Err(format!(
-        "RCCL (librccl) not found (tried {}): {why}",
-        names.join(", ")
-    ))
+            },
+        )
+    }?;
+    Ok(Rccl {
+        table,
+        _library: library,
+    })
 }
 
 /// Load RCCL from the first of `names` that opens, for the rest of the
@@ -126,6 +115,18 @@ fn rccl() -> Result<NcclTable> {
             reason: reason.clone(),
         }),
     }
+}
+
+/// Load RCCL now, as the first collective would, and keep it loaded: a
+/// runtime that needs collectives learns at start-up, not at its first
+/// all-reduce, that the library is missing.
+///
+/// # Errors
+///
+/// [`Error::BackendUnavailable`] (`rccl`) naming every place tried, or the
+/// entry point the library found lacks.
+pub fn load_rccl() -> Result<()> {
+    rccl().map(drop)
 }
 
 impl DeviceCollectives for Hip {

@@ -105,7 +105,7 @@ mod loader;
 mod memory;
 
 pub use capture::HipGraph;
-pub use collective::load_rccl_from;
+pub use collective::{load_rccl, load_rccl_from};
 pub use device::{DeviceInfo, Hip, HipStream, HipWaiter};
 pub use launch::{HipKernel, compile_options, hiprtc_code};
 pub use loader::LoadError;
