@@ -57,6 +57,27 @@ if [ -d "$work/lib" ]; then
     say "NVRTC: the bundle's (NVIDIA's wheel; none on this machine)"
   fi
 fi
+# The collectives' library (NCCL for CUDA, RCCL for HIP) is too large to
+# travel in the bundle (NCCL is 250 MB). Where this machine has it, its
+# folder joins the search path and SCOPE_REQUIRE names it, so that a library
+# present but refused fails; where it has none, the collectives tests print
+# `skipped: no <library> device` and count as skipped.
+case "@BACKEND@" in
+  cuda) collectives=nccl ;;
+  hip) collectives=rccl ;;
+  *) collectives="" ;;
+esac
+if [ -n "$collectives" ]; then
+  found="$(ldconfig -p 2>/dev/null | grep -oE "/[^ ]*lib${collectives}\.so[.0-9]*" | head -1)"
+  [ -n "$found" ] || found="$(find /usr/local /usr/lib /opt -name "lib${collectives}.so*" 2>/dev/null | head -1)"
+  if [ -n "$found" ]; then
+    libs="$libs:$(dirname "$found")"
+    export SCOPE_REQUIRE="$SCOPE_REQUIRE,$collectives"
+    say "$collectives: $found (required)"
+  else
+    say "$collectives: none on this machine (its tests skip)"
+  fi
+fi
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}$libs"
 
 {

@@ -119,7 +119,12 @@ pub fn client() -> Option<scope_core::Client<Cuda>> {
 /// A client that can compile CUDA C++; without NVRTC the device is
 /// unavailable *for these tests*.
 pub fn make() -> scope_core::Result<scope_core::Client<Cuda>> {
-    let client = server_cuda::client()?;
+    make_on(0)
+}
+
+/// [`make`] on device `ordinal`.
+pub fn make_on(ordinal: usize) -> scope_core::Result<scope_core::Client<Cuda>> {
+    let client = server_cuda::client_on(ordinal)?;
     if !client.with_backend(|b| b.has_nvrtc()) {
         return Err(scope_core::Error::BackendUnavailable {
             backend: "cuda",

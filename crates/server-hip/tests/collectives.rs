@@ -1,0 +1,59 @@
+//! The collectives through RCCL on this machine's AMD GPUs — the real
+//! library on real devices: the behaviours at every group size
+//! (`scope_core::conformance::sizes`), at one rank and at one rank per GPU
+//! where there are several. Never run on AMD hardware.
+//!
+//! Without a HIP device every test prints `skipped: no hip device (...)`;
+//! with a device and no RCCL, `skipped: no rccl device (...)`, which
+//! `SCOPE_REQUIRE=hip` allows and `SCOPE_REQUIRE=rccl` makes a failure.
+
+#[macro_use]
+mod common;
+
+use scope_core::collective::Group;
+use scope_core::conformance::Suite;
+use scope_core::{Client, Kernel, Result};
+use server_hip::Hip;
+
+/// One rank per GPU, each a server of its own device, grouped over RCCL.
+struct RcclSuite;
+
+impl Suite for RcclSuite {
+    type Backend = Hip;
+
+    fn client() -> Result<Client<Hip>> {
+        Self::rank_client(0)
+    }
+
+    fn rank_client(rank: usize) -> Result<Client<Hip>> {
+        let client = server_hip::client_on(rank)?;
+        server_hip::load_rccl()?;
+        Ok(client)
+    }
+
+    fn devices() -> usize {
+        server_hip::probe().devices.len()
+    }
+
+    fn group(clients: Vec<Client<Hip>>, deadline: std::time::Duration) -> Result<Group<Hip>> {
+        Group::over_device(clients, deadline)
+    }
+
+    fn fill() -> Kernel {
+        common::fill()
+    }
+
+    fn copy() -> Kernel {
+        common::copy()
+    }
+
+    fn add() -> Kernel {
+        common::add()
+    }
+
+    fn broken() -> Kernel {
+        common::broken()
+    }
+}
+
+scope_core::conformance_tests!(@every_group_size RcclSuite);
