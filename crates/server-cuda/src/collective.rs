@@ -1,20 +1,22 @@
-//! Collectives on the devices, through NCCL: the CUDA answer to
-//! [`DeviceCollectives`], for
-//! [`Group::over_device`](scope_core::collective::Group::over_device).
+//! Collectives on the devices, through NCCL: what CUDA states as an
+//! [`NcclDevice`], which makes it a
+//! [`DeviceCollectives`](scope_core::collective::device::DeviceCollectives)
+//! for [`Group::over_device`](scope_core::collective::Group::over_device).
 //!
 //! The group decides every round before a byte moves
 //! (`scope_core::collective::device`), and the communicator that keeps NCCL
-//! from hanging or being called after an abort is the core's
-//! ([`scope_core::native::nccl`], shared with HIP's RCCL). What is CUDA's
-//! here is where the library comes from and which device it runs on:
+//! from hanging or being called after an abort, and the order in which a
+//! call is issued, are the core's ([`scope_core::native::nccl`], shared
+//! with HIP's RCCL). What is CUDA's here is where the library comes from,
+//! which device it runs on, and where its bytes and streams are:
 //!
 //! - **The library, by both its names.** NCCL is opened on first use as
 //!   `libnccl.so` or, failing that, by its soname `libnccl.so.2` — the only
 //!   name NCCL's runtime packages and NVIDIA's wheel install, and one
 //!   cudarc's loader does not try — and the entry points are taken from
 //!   that library (so a test's mock, loaded under `libnccl.so` first, is
-//!   what runs). Without it [`identity`](DeviceCollectives::identity)
-//!   answers [`Error::BackendUnavailable`] naming every name tried.
+//!   what runs). Without it a group's join answers
+//!   [`Error::BackendUnavailable`] naming every name tried.
 //! - **The rank's device is the server's**: its context is made current on
 //!   the joining thread, where NCCL reads the device from.
 //!
@@ -27,19 +29,18 @@
 //!
 //! Ranks in other processes, or on other machines, join with
 //! [`Rank::join`](scope_core::collective::Rank::join) and NCCL's unique id
-//! ([`UniqueId::to_bytes`], handed out by the launcher): they decide by a
-//! ballot all-gathered through NCCL itself, and poll every wait with
-//! [`finished`](DeviceCollectives::finished) (`cuEventQuery`) and
-//! [`health`](DeviceCollectives::health) (`ncclCommGetAsyncError`) up to
-//! the deadline (`scope_core::collective::remote`).
+//! ([`UniqueId::to_bytes`](scope_core::native::nccl::UniqueId::to_bytes),
+//! handed out by the launcher): they decide by a ballot all-gathered
+//! through NCCL itself, and poll every wait with `cuEventQuery` and
+//! `ncclCommGetAsyncError` up to the deadline
+//! (`scope_core::collective::remote`).
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
 use libloading::Library;
 
-use scope_core::collective::device::{DeviceCall, DeviceCollectives, DeviceTransfer};
-use scope_core::native::nccl::{Communicator, NcclTable, UniqueId};
+use scope_core::native::nccl::{NcclDevice, NcclTable};
 use scope_core::{Error, Result};
 
 use crate::{Cuda, CudaMemory, CudaStreamState, CudaWaiter};
@@ -108,96 +109,34 @@ pub fn load_nccl() -> Result<()> {
     nccl().map(drop)
 }
 
-impl DeviceCollectives for Cuda {
-    type Communicator = Communicator;
-    type Identity = UniqueId;
-
-    fn identity() -> Result<UniqueId> {
-        nccl()?.unique_id()
+// SAFETY: the table is NCCL's, loaded for the process (`nccl`); `bind`
+// makes this server's context, so its device, current on the thread; a
+// memory's device pointer plus an offset inside it is that byte's device
+// address; the stream's `CUstream` is this server's, on its device.
+unsafe impl NcclDevice for Cuda {
+    fn table() -> Result<NcclTable> {
+        nccl()
     }
 
-    unsafe fn join(
-        &mut self,
-        identity: &UniqueId,
-        rank: usize,
-        ranks: usize,
-        patience: std::time::Duration,
-    ) -> Result<Communicator> {
-        let table = nccl()?;
-        self.bind()?;
-        // SAFETY: the table is NCCL's; this server's context is current on
-        // the thread (bound above), which is the device NCCL takes; every
-        // rank joins with this id and count (`join`'s contract).
-        unsafe { Communicator::join(table, *identity, rank, ranks, patience) }
+    fn bind_device(&mut self) -> Result<()> {
+        self.bind()
     }
 
-    unsafe fn collective(
-        &mut self,
-        communicator: &Communicator,
-        stream: &mut CudaStreamState,
-        call: &DeviceCall<'_, CudaMemory>,
-    ) -> Result<()> {
-        self.bind()?;
-        let (input, output) = (&call.input, &call.output);
-        let cu = stream.raw().cu_stream().cast::<c_void>();
-        // SAFETY: both ranges lie inside live allocations of this device
-        // (the contract of `collective`), as long as the call requires;
-        // `cu` is this server's stream; every rank issues this call next
-        // (the group agreed on it).
-        unsafe {
-            communicator.issue(
-                call.call,
-                (
-                    input.0.device_ptr() + input.1.start,
-                    input.1.end - input.1.start,
-                ),
-                (
-                    output.0.device_ptr() + output.1.start,
-                    output.1.end - output.1.start,
-                ),
-                call.ranks,
-                cu,
-            )
-        }?;
-        stream.touch(input.0);
-        stream.touch(output.0);
-        Ok(())
+    unsafe fn address(memory: &CudaMemory, offset: u64) -> u64 {
+        memory.device_ptr() + offset
     }
 
-    unsafe fn point_to_point(
-        &mut self,
-        communicator: &Communicator,
-        stream: &mut CudaStreamState,
-        call: &DeviceTransfer<'_, CudaMemory>,
-    ) -> Result<()> {
-        self.bind()?;
-        let (memory, range) = &call.data;
-        let cu = stream.raw().cu_stream().cast::<c_void>();
-        // SAFETY: the range lies inside a live allocation of this device
-        // (the contract of `point_to_point`); `cu` is this server's
-        // stream; the peer issues the opposite half next (the ranks
-        // exchanged headers and agreed).
-        unsafe {
-            communicator.point_to_point(
-                call.direction,
-                call.peer,
-                (memory.device_ptr() + range.start, range.end - range.start),
-                cu,
-            )
-        }?;
+    fn library_stream(stream: &CudaStreamState) -> *mut c_void {
+        stream.raw().cu_stream().cast::<c_void>()
+    }
+
+    /// The allocation is used by the stream (a free waits for it) and, on
+    /// a recording stream, held by the graph.
+    fn used(stream: &mut CudaStreamState, memory: &CudaMemory) {
         stream.touch(memory);
-        Ok(())
     }
 
-    unsafe fn abort(communicator: &Communicator) {
-        communicator.abort();
-    }
-
-    unsafe fn finished(waiter: &CudaWaiter) -> Result<bool> {
+    fn waiter_done(waiter: &CudaWaiter) -> Result<bool> {
         Cuda::finished(waiter)
-    }
-
-    unsafe fn health(communicator: &Communicator) -> Result<()> {
-        communicator.health()
     }
 }

@@ -1,14 +1,16 @@
-//! Collectives on the devices, through RCCL: the HIP answer to
-//! [`DeviceCollectives`], for
-//! [`Group::over_device`](scope_core::collective::Group::over_device).
+//! Collectives on the devices, through RCCL: what HIP states as an
+//! [`NcclDevice`], which makes it a
+//! [`DeviceCollectives`](scope_core::collective::device::DeviceCollectives)
+//! for [`Group::over_device`](scope_core::collective::Group::over_device).
 //!
 //! **Untested on AMD hardware and on the real RCCL**, like the rest of this
 //! crate: it runs against a mock RCCL (the mock NCCL server-cuda's tests
 //! build, with this crate's mock runtime underneath).
 //!
 //! RCCL is NCCL's API under NCCL's names, so the communicator — non-blocking,
-//! abortable from any thread, never called after an abort — is the core's
-//! ([`scope_core::native::nccl`]), shared with CUDA's NCCL. What is HIP's
+//! abortable from any thread, never called after an abort — and the order
+//! a call is issued in are the core's ([`scope_core::native::nccl`]),
+//! shared with CUDA's NCCL. What is HIP's
 //! here is where the library comes from (`librccl`, loaded at run time as
 //! the runtime is, a typed [`Error::BackendUnavailable`] where it is
 //! missing) and which device a rank runs on (the server's, made current on
@@ -29,8 +31,7 @@ use std::ffi::c_void;
 use std::sync::OnceLock;
 
 use libloading::Library;
-use scope_core::collective::device::{DeviceCall, DeviceCollectives, DeviceTransfer};
-use scope_core::native::nccl::{Communicator, NcclTable, UniqueId};
+use scope_core::native::nccl::{NcclDevice, NcclTable};
 use scope_core::{Error, Result};
 
 use crate::{Hip, HipMemory, HipStream, HipWaiter};
@@ -129,92 +130,30 @@ pub fn load_rccl() -> Result<()> {
     rccl().map(drop)
 }
 
-impl DeviceCollectives for Hip {
-    type Communicator = Communicator;
-    type Identity = UniqueId;
-
-    fn identity() -> Result<UniqueId> {
-        rccl()?.unique_id()
+// SAFETY: the table is RCCL's, loaded for the process (`rccl`);
+// `make_current` sets this server's device on the thread (`hipSetDevice`);
+// a block's address at an offset inside it is that byte's device address;
+// the stream's `hipStream_t` is this server's, on its device.
+unsafe impl NcclDevice for Hip {
+    fn table() -> Result<NcclTable> {
+        rccl()
     }
 
-    unsafe fn join(
-        &mut self,
-        identity: &UniqueId,
-        rank: usize,
-        ranks: usize,
-        patience: std::time::Duration,
-    ) -> Result<Communicator> {
-        let table = rccl()?;
-        self.make_current()?;
-        // SAFETY: the table is RCCL's; this server's device is current on
-        // the thread (above), which is the device RCCL takes; every rank
-        // joins with this id and count (`join`'s contract).
-        unsafe { Communicator::join(table, *identity, rank, ranks, patience) }
+    fn bind_device(&mut self) -> Result<()> {
+        self.make_current()
     }
 
-    unsafe fn collective(
-        &mut self,
-        communicator: &Communicator,
-        stream: &mut HipStream,
-        call: &DeviceCall<'_, HipMemory>,
-    ) -> Result<()> {
-        self.make_current()?;
-        let (input, output) = (&call.input, &call.output);
-        // SAFETY: both ranges lie inside their live allocations (the
-        // contract of `collective`), so each offset is within its block.
-        let (send, recv) = unsafe {
-            (
-                input.0.block.at(input.1.start) as u64,
-                output.0.block.at(output.1.start) as u64,
-            )
-        };
-        // SAFETY: both addresses are on this device, as long as the call
-        // requires (above); the stream is this server's; every rank issues
-        // this call next (the group agreed on it).
-        unsafe {
-            communicator.issue(
-                call.call,
-                (send, input.1.end - input.1.start),
-                (recv, output.1.end - output.1.start),
-                call.ranks,
-                stream.shared.stream.raw(),
-            )
-        }
+    unsafe fn address(memory: &HipMemory, offset: u64) -> u64 {
+        // SAFETY: `offset` lies inside the live block (the caller's
+        // promise).
+        unsafe { memory.block.at(offset) as u64 }
     }
 
-    unsafe fn point_to_point(
-        &mut self,
-        communicator: &Communicator,
-        stream: &mut HipStream,
-        call: &DeviceTransfer<'_, HipMemory>,
-    ) -> Result<()> {
-        self.make_current()?;
-        let (memory, range) = &call.data;
-        // SAFETY: the range lies inside its live allocation (the contract
-        // of `point_to_point`), so the offset is within its block.
-        let data = unsafe { memory.block.at(range.start) } as u64;
-        // SAFETY: the address is on this device, as long as the range;
-        // the stream is this server's; the peer issues the opposite half
-        // next (the ranks exchanged headers and agreed).
-        unsafe {
-            communicator.point_to_point(
-                call.direction,
-                call.peer,
-                (data, range.end - range.start),
-                stream.shared.stream.raw(),
-            )
-        }
+    fn library_stream(stream: &HipStream) -> *mut c_void {
+        stream.shared.stream.raw()
     }
 
-    unsafe fn abort(communicator: &Communicator) {
-        communicator.abort();
-    }
-
-    unsafe fn finished(waiter: &HipWaiter) -> Result<bool> {
+    fn waiter_done(waiter: &HipWaiter) -> Result<bool> {
         Hip::finished(waiter)
-    }
-
-    unsafe fn health(communicator: &Communicator) -> Result<()> {
-        communicator.health()
     }
 }

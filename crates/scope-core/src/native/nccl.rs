@@ -1,6 +1,8 @@
 //! The NCCL API, which NVIDIA's NCCL and AMD's RCCL both implement: one
-//! communicator wrapper for the CUDA and HIP servers' device transports
-//! ([`DeviceCollectives`](crate::collective::device::DeviceCollectives)).
+//! communicator wrapper, and one device transport
+//! ([`DeviceCollectives`](crate::collective::device::DeviceCollectives),
+//! for every backend that is an [`NcclDevice`]), for the CUDA and HIP
+//! servers.
 //!
 //! RCCL is NCCL's API with NCCL's names, types and values, so the two
 //! servers differ only in where the library is found; everything that
@@ -28,6 +30,10 @@
 //!    NCCL 2.17 head (`size`, `magic`, `version`, `blocking`, …) with its
 //!    own `size`: NCCL and RCCL read a config by its size, so every version
 //!    since takes it, and only `blocking` is set.
+
+mod transport;
+
+pub use transport::NcclDevice;
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::time::{Duration, Instant};
