@@ -45,6 +45,14 @@
 //!    library path only where the machine has none of its own. NVRTC 13.0
 //!    writes PTX a 13.x driver can JIT; an older driver reports that as a
 //!    compile error naming the PTX version.
+//! 8. **`run.sh` keeps one time budget** (`SCOPE_BUNDLE_SECONDS`, 540 s by
+//!    default) and runs the server's own tests first, then tiny-runtime's,
+//!    scope-cube's and cubecl's, then the bench: a GPU machine lent for a
+//!    few minutes reaches the checks that say most, and what the budget
+//!    does not reach is reported as not run (exit status 2), never passed.
+//! 9. **The collectives' library does not travel** (NCCL is 250 MB):
+//!    `run.sh` uses the machine's own, requires it where it finds one
+//!    (`SCOPE_REQUIRE=cuda,nccl`), and says so where there is none.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
