@@ -68,6 +68,31 @@ pub(crate) struct Shared<B: Backend> {
     deferred_plan: Mutex<Option<crate::FaultPlan>>,
 }
 
+/// A client on a stream lent by its server ([`Client::lend_stream`]),
+/// given back when this drops. Whoever holds it keeps no other client of
+/// its stream past it.
+pub(crate) struct LentStream<B: Backend>(Client<B>);
+
+impl<B: Backend> std::ops::Deref for LentStream<B> {
+    type Target = Client<B>;
+
+    fn deref(&self) -> &Client<B> {
+        &self.0
+    }
+}
+
+impl<B: Backend> Drop for LentStream<B> {
+    fn drop(&mut self) {
+        let stream = self.0.stream;
+        // Where the server is lent to a closure on this thread it cannot
+        // take the stream back now, and the stream stays spent.
+        let _ = self.0.call(|server| {
+            server.take_back_stream(stream);
+            Ok(())
+        });
+    }
+}
+
 /// A handle on one server, bound to one of its streams.
 pub struct Client<B: Backend> {
     shared: Arc<Shared<B>>,
@@ -248,6 +273,18 @@ impl<B: Backend> Client<B> {
             shared: self.shared.clone(),
             stream,
         })
+    }
+
+    /// A client on a stream the server lends for as long as the
+    /// [`LentStream`] lives, then takes back for the next loan: for what
+    /// the core itself keeps a stream for a while (a joined rank's
+    /// ballots), so that joining again and again spends no streams.
+    pub(crate) fn lend_stream(&self) -> Result<LentStream<B>> {
+        let stream = self.call(|server| server.lend_stream())?;
+        Ok(LentStream(Self {
+            shared: self.shared.clone(),
+            stream,
+        }))
     }
 
     /// `size` bytes of device memory, contents unspecified.

@@ -180,6 +180,9 @@ pub struct Server<B: Backend> {
     id: ServerId,
     table: BufferTable<B::Memory>,
     streams: Vec<StreamState<B::Stream>>,
+    /// Streams lent out and given back ([`Server::lend_stream`]), idle,
+    /// for the next loan before a new one is made.
+    spare_streams: Vec<StreamId>,
     /// The compile cache: kernels by the index `kernel_index` gives their
     /// id, so a launch hashes its kernel's id once and not at each of its
     /// three uses (the cache check, the backend's check, the launch).
@@ -291,6 +294,7 @@ impl<B: Backend> Server<B> {
                 in_flight: InFlight::default(),
                 failures_seen: 0,
             }],
+            spare_streams: Vec::new(),
             kernels: Vec::new(),
             kernel_index: HashMap::default(),
             graphs: HashMap::new(),

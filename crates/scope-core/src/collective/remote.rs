@@ -62,7 +62,7 @@ use super::device::{
 use super::round::{Input, Kind, Outcome, Part, decide};
 use super::{Call, CollectiveError, Element, Rank, Reduce, Shared};
 use crate::backend::Backend;
-use crate::client::Client;
+use crate::client::{Client, LentStream};
 use crate::error::{Error, Result};
 use crate::handle::{Buffer, Slice};
 
@@ -139,13 +139,15 @@ pub(super) trait Ballot<B: Backend>: Send + Sync {
 
 /// One rank's ballot boxes: what it sends, and where every rank's lands.
 struct Ballots<B: DeviceCollectives> {
-    /// A stream of the rank's device of the ballots' own: a ballot is
-    /// taken, and waited for, while the rank's stream may be recording.
-    client: Client<B>,
     communicator: Arc<B::Communicator>,
     send: Buffer,
     gathered: Buffer,
     ranks: usize,
+    /// A stream of the rank's device of the ballots' own: a ballot is
+    /// taken, and waited for, while the rank's stream may be recording.
+    /// Lent by the server and given back when the rank goes, after the
+    /// buffers above (fields drop in order), so joining again spends none.
+    client: LentStream<B>,
 }
 
 impl<B: DeviceCollectives> Ballots<B> {
@@ -466,10 +468,11 @@ impl<B: DeviceCollectives> Rank<B> {
     /// Its collectives decide by ballot on the transport
     /// ([`remote`](self)); every wait is bounded by `deadline`, the join's
     /// included — so a deadline must also cover the library's setup (NCCL
-    /// connecting machines takes seconds). The rank takes a stream of its
-    /// client's server for its ballots, and streams live as long as their
-    /// server (at most [`MAX_STREAMS`](crate::MAX_STREAMS)): a runtime that
-    /// joins again after its group broke spends one each time.
+    /// connecting machines takes seconds). The rank borrows a stream of
+    /// its client's server for its ballots and gives it back when the last
+    /// clone of the rank drops, so a runtime that joins again after its
+    /// group broke (or after a join failed) reuses it: only ranks alive at
+    /// once count against the server's [`MAX_STREAMS`](crate::MAX_STREAMS).
     ///
     /// # Errors
     ///
@@ -493,7 +496,7 @@ impl<B: DeviceCollectives> Rank<B> {
         // What can fail here is made first, so a rank that cannot take
         // part never joins: its peers then wait their deadline for it,
         // rather than find a communicator its owner already destroyed.
-        let ballots = client.new_stream()?;
+        let ballots = client.lend_stream()?;
         let send = ballots.allocate(RECORD as u64)?;
         let gathered = ballots.allocate((RECORD * ranks) as u64)?;
         let join = |backend: &mut B| {
@@ -662,5 +665,48 @@ mod tests {
         assert!(decode(7, &encode(7, &part)).is_some());
         assert!(decode(8, &encode(7, &part)).is_none());
         assert!(decode(0, &[0; RECORD]).is_none());
+    }
+
+    /// A rank that joins alone and goes, more times than a server has
+    /// streams, spends none: its ballot stream is lent and given back, a
+    /// failed join's too; a group of two alive at once holds two.
+    #[cfg(feature = "host")]
+    #[test]
+    fn joining_again_and_again_spends_no_stream() {
+        use crate::host::Host;
+        let client = crate::host::client().unwrap();
+        for attempt in 0..crate::MAX_STREAMS + 8 {
+            let identity = Host::identity().unwrap();
+            let rank = Rank::join(client.clone(), &identity, 0, 1, Duration::from_secs(5))
+                .unwrap_or_else(|e| panic!("join {attempt}: {e}"));
+            let input = client.upload(&[1, 0, 0, 0]).unwrap();
+            let output = client.allocate(4).unwrap();
+            rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+                .unwrap_or_else(|e| panic!("all-reduce {attempt}: {e}"));
+            if attempt % 64 == 0 {
+                // A join short of its peer fails, and gives its stream back.
+                let short = Host::identity().unwrap();
+                let failed = Rank::join(client.clone(), &short, 0, 2, Duration::from_millis(1));
+                assert!(failed.is_err());
+            }
+        }
+        // Two ranks alive at once hold two streams; after them, a new
+        // stream is the third made, not the thousandth.
+        let identity = Host::identity().unwrap();
+        let other = crate::host::client().unwrap();
+        let pair = std::thread::scope(|scope| {
+            let a = scope.spawn(|| {
+                Rank::join(client.clone(), &identity, 0, 2, Duration::from_secs(5)).unwrap()
+            });
+            let b = Rank::join(other.clone(), &identity, 1, 2, Duration::from_secs(5)).unwrap();
+            (a.join().unwrap(), b)
+        });
+        drop(pair);
+        let fresh = client.new_stream().unwrap();
+        assert!(
+            fresh.stream().0 <= 3,
+            "streams made on this server: {}",
+            fresh.stream().0
+        );
     }
 }

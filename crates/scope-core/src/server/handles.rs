@@ -117,6 +117,34 @@ impl<B: Backend> Server<B> {
         Ok(id)
     }
 
+    /// A stream for the core's own use while something lives (a joined
+    /// rank's ballots): one given back earlier, or a new one. Streams live
+    /// as long as their server, so what the core makes for a while must
+    /// come back ([`take_back_stream`](Self::take_back_stream)) or a
+    /// runtime that re-forms its group every few minutes runs out of
+    /// [`MAX_STREAMS`] in a week.
+    pub(crate) fn lend_stream(&mut self) -> Result<StreamId> {
+        self.check_poison()?;
+        match self.spare_streams.pop() {
+            Some(stream) => Ok(stream),
+            None => self.create_stream(),
+        }
+    }
+
+    /// `stream`, lent by [`lend_stream`](Self::lend_stream), back for the
+    /// next loan. Its work stays queued on it, in order, ahead of the next
+    /// borrower's; a stream whose capture window is open is not taken back
+    /// (it stays spent), so no borrower inherits a recording.
+    pub(crate) fn take_back_stream(&mut self, stream: StreamId) {
+        let idle = self
+            .streams
+            .get(stream.0 as usize)
+            .is_some_and(|s| s.window.state() == CaptureState::NoCapture);
+        if idle && !self.spare_streams.contains(&stream) {
+            self.spare_streams.push(stream);
+        }
+    }
+
     pub(crate) fn allocate(
         &mut self,
         stream: StreamId,
