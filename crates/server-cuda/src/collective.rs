@@ -38,18 +38,10 @@
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-use libloading::Library;
-
-use scope_core::native::nccl::{NcclDevice, NcclTable};
-use scope_core::{Error, Result};
+use scope_core::Result;
+use scope_core::native::nccl::{NcclDevice, NcclLibrary, NcclTable};
 
 use crate::{Cuda, CudaMemory, CudaStreamState, CudaWaiter};
-
-/// The loaded NCCL: its table, and the library the table points into.
-struct Nccl {
-    table: NcclTable,
-    _library: Library,
-}
 
 /// Where NCCL is looked for: its development name (`libnccl.so`, a
 /// toolkit's or `libnccl-dev`'s), then its soname (`libnccl.so.2`), which is
@@ -61,40 +53,14 @@ const NCCL_NAMES: [&str; 2] = ["libnccl.so", "libnccl.so.2"];
 /// (so a test's mock, loaded under `libnccl.so` first, is what runs), once
 /// per process; why not, where it is missing or lacks one.
 fn nccl() -> Result<NcclTable> {
-    static NCCL: OnceLock<std::result::Result<Nccl, String>> = OnceLock::new();
+    static NCCL: OnceLock<std::result::Result<NcclLibrary, String>> = OnceLock::new();
     let loaded = NCCL.get_or_init(|| {
-        let names = NCCL_NAMES.map(String::from);
-        // SAFETY: every name is NCCL's, whose initialisers only set up its
-        // own state; symbols are looked up by name in the library opened,
-        // which `Nccl` keeps loaded with the table, for the process.
-        let (table, library) = unsafe {
-            NcclTable::load_first(
-                "nccl",
-                &names,
-                |name| Library::new(name).map_err(|e| e.to_string()),
-                |library: &Library, symbol| {
-                    library
-                        .get::<*const c_void>(symbol.as_bytes())
-                        .ok()
-                        .map(|s| *s)
-                },
-            )
-        }
-        .map_err(|why| {
+        // SAFETY: every name is NCCL's.
+        unsafe { NcclLibrary::open_first("nccl", &NCCL_NAMES.map(String::from)) }.map_err(|why| {
             format!("{why} (install NCCL, or the nvidia-nccl-cu13 wheel, on the library path)")
-        })?;
-        Ok(Nccl {
-            table,
-            _library: library,
         })
     });
-    match loaded {
-        Ok(nccl) => Ok(nccl.table),
-        Err(reason) => Err(Error::BackendUnavailable {
-            backend: "nccl",
-            reason: reason.clone(),
-        }),
-    }
+    NcclLibrary::table_of("nccl", loaded)
 }
 
 /// Load NCCL now, as the first collective would, and keep it loaded: a

@@ -13,22 +13,12 @@
 #[macro_use]
 mod common;
 
-use scope_core::collective::Group;
-use scope_core::conformance::Suite;
-use scope_core::{Client, Kernel, Result};
+use scope_core::Client;
 use server_cuda::Cuda;
 
-/// One rank per GPU, each a server of its own device, grouped over NCCL.
-struct NcclSuite;
-
-impl Suite for NcclSuite {
-    type Backend = Cuda;
-
-    fn client() -> Result<Client<Cuda>> {
-        Self::rank_client(0)
-    }
-
-    fn rank_client(rank: usize) -> Result<Client<Cuda>> {
+// One rank per GPU, each a server of its own device, grouped over NCCL.
+cuda_suite!(NcclSuite, Self::rank_client(0), None, (), {
+    fn rank_client(rank: usize) -> scope_core::Result<Client<Cuda>> {
         let client = common::make_on(rank)?;
         server_cuda::load_nccl()?;
         Ok(client)
@@ -38,25 +28,12 @@ impl Suite for NcclSuite {
         server_cuda::probe().devices.len()
     }
 
-    fn group(clients: Vec<Client<Cuda>>, deadline: std::time::Duration) -> Result<Group<Cuda>> {
-        Group::over_device(clients, deadline)
+    fn group(
+        clients: Vec<Client<Cuda>>,
+        deadline: std::time::Duration,
+    ) -> scope_core::Result<scope_core::collective::Group<Cuda>> {
+        scope_core::collective::Group::over_device(clients, deadline)
     }
-
-    fn fill() -> Kernel {
-        common::kernel("fill", common::FILL)
-    }
-
-    fn copy() -> Kernel {
-        common::kernel("copy", common::COPY)
-    }
-
-    fn add() -> Kernel {
-        common::kernel("add", common::ADD)
-    }
-
-    fn broken() -> Kernel {
-        common::kernel("broken", common::BROKEN)
-    }
-}
+});
 
 scope_core::conformance_tests!(@every_group_size NcclSuite);

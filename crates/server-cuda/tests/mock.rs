@@ -40,43 +40,28 @@ mod conformance {
     scope_core::conformance_tests!(super::MockSuite);
 }
 
-/// The collective behaviours over NCCL (the mock's, `mock/mock_nccl.c`):
-/// four ranks on the mock's four devices, one communicator, every call
-/// checked by the mock as real NCCL would take it.
-struct MockNcclSuite;
+// The collective behaviours over NCCL (the mock's, `mock/mock_nccl.c`):
+// four ranks on the mock's four devices, one communicator, every call
+// checked by the mock as real NCCL would take it.
+cuda_suite!(
+    MockNcclSuite,
+    MockSuite::client(),
+    None,
+    mock().assert_clean(),
+    {
+        fn rank_client(rank: usize) -> scope_core::Result<scope_core::Client<server_cuda::Cuda>> {
+            mock();
+            server_cuda::client_on(rank)
+        }
 
-impl Suite for MockNcclSuite {
-    type Backend = server_cuda::Cuda;
-
-    fn client() -> scope_core::Result<scope_core::Client<server_cuda::Cuda>> {
-        MockSuite::client()
+        fn group(
+            clients: Vec<scope_core::Client<server_cuda::Cuda>>,
+            deadline: std::time::Duration,
+        ) -> scope_core::Result<scope_core::collective::Group<server_cuda::Cuda>> {
+            scope_core::collective::Group::over_device(clients, deadline)
+        }
     }
-    fn rank_client(rank: usize) -> scope_core::Result<scope_core::Client<server_cuda::Cuda>> {
-        mock();
-        server_cuda::client_on(rank)
-    }
-    fn group(
-        clients: Vec<scope_core::Client<server_cuda::Cuda>>,
-        deadline: std::time::Duration,
-    ) -> scope_core::Result<scope_core::collective::Group<server_cuda::Cuda>> {
-        scope_core::collective::Group::over_device(clients, deadline)
-    }
-    fn fill() -> Kernel {
-        MockSuite::fill()
-    }
-    fn copy() -> Kernel {
-        MockSuite::copy()
-    }
-    fn add() -> Kernel {
-        MockSuite::add()
-    }
-    fn broken() -> Kernel {
-        MockSuite::broken()
-    }
-    fn finished() {
-        mock().assert_clean();
-    }
-}
+);
 
 mod over_nccl {
     scope_core::conformance_tests!(@device_collectives super::MockNcclSuite);

@@ -345,24 +345,30 @@ fn nccl_library() {
         "no NCCL in {} (rerun ci/install-cuda-toolchain.sh)",
         toolchain.dir.display()
     );
-    let output = std::process::Command::new(std::env::current_exe().expect("this test binary"))
-        .args([
-            "nccl_library",
-            "--exact",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(CHILD, "1")
-        .env("LD_LIBRARY_PATH", &lib)
-        .output()
-        .expect("the child runs");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(output.status.success(), "the NCCL check failed:\n{said}");
+    // This test again, in a child whose loader searches `path`, as `mode`:
+    // whether it passed, and what it said.
+    let child = |mode: &str, path: &std::path::Path| {
+        let output = std::process::Command::new(std::env::current_exe().expect("this test binary"))
+            .args([
+                "nccl_library",
+                "--exact",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(CHILD, mode)
+            .env("LD_LIBRARY_PATH", path)
+            .output()
+            .expect("the child runs");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.success(), said)
+    };
+    let (passed, said) = child("1", &lib);
+    assert!(passed, "the NCCL check failed:\n{said}");
     let reported = said
         .lines()
         .find_map(|l| l.find("NCCL ").map(|at| &l[at..]))
@@ -381,25 +387,9 @@ fn nccl_library() {
     let link = soname_only.join("libnccl.so.2");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(lib.join("libnccl.so.2"), &link).expect("a link");
-    let output = std::process::Command::new(std::env::current_exe().expect("this test binary"))
-        .args([
-            "nccl_library",
-            "--exact",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(CHILD, "soname")
-        .env("LD_LIBRARY_PATH", &soname_only)
-        .output()
-        .expect("the child runs");
+    let (passed, said) = child("soname", &soname_only);
     let _ = std::fs::remove_dir_all(&soname_only);
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(output.status.success(), "the soname check failed:\n{said}");
+    assert!(passed, "the soname check failed:\n{said}");
     assert!(said.contains("NCCL by its soname alone"), "{said}");
     println!("NCCL by its soname alone: cudarc's loader misses it, server-cuda's opens it");
 }

@@ -30,19 +30,12 @@
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-use libloading::Library;
-use scope_core::native::nccl::{NcclDevice, NcclTable};
+use scope_core::native::nccl::{NcclDevice, NcclLibrary, NcclTable};
 use scope_core::{Error, Result};
 
 use crate::{Hip, HipMemory, HipStream, HipWaiter};
 
-/// The loaded RCCL: its table, and the library the table points into.
-struct Rccl {
-    table: NcclTable,
-    _library: Library,
-}
-
-static RCCL: OnceLock<std::result::Result<Rccl, String>> = OnceLock::new();
+static RCCL: OnceLock<std::result::Result<NcclLibrary, String>> = OnceLock::new();
 
 /// Where RCCL is looked for, most specific first: `ROCM_PATH` and
 /// `HIP_PATH`, the loader's path, `/opt/rocm`.
@@ -59,27 +52,9 @@ fn candidates() -> Vec<String> {
     out
 }
 
-fn load(names: &[String]) -> std::result::Result<Rccl, String> {
-    // SAFETY: every name is RCCL's (`librccl`), whose initialisers only set
-    // up its own state; symbols are looked up by name in the library
-    // opened, which `Rccl` keeps loaded with the table.
-    let (table, library) = unsafe {
-        NcclTable::load_first(
-            "rccl",
-            names,
-            |name| Library::new(name).map_err(|e| e.to_string()),
-            |library: &Library, symbol| {
-                library
-                    .get::<*const c_void>(symbol.as_bytes())
-                    .ok()
-                    .map(|s| *s)
-            },
-        )
-    }?;
-    Ok(Rccl {
-        table,
-        _library: library,
-    })
+fn load(names: &[String]) -> std::result::Result<NcclLibrary, String> {
+    // SAFETY: every name is RCCL's (`librccl`).
+    unsafe { NcclLibrary::open_first("rccl", names) }
 }
 
 /// Load RCCL from the first of `names` that opens, for the rest of the
@@ -99,23 +74,11 @@ pub fn load_rccl_from(names: &[String]) -> Result<()> {
     if !fresh {
         return Err(Error::invalid("load_rccl_from", "RCCL is loaded already"));
     }
-    loaded
-        .as_ref()
-        .map(drop)
-        .map_err(|reason| Error::BackendUnavailable {
-            backend: "rccl",
-            reason: reason.clone(),
-        })
+    NcclLibrary::table_of("rccl", loaded).map(drop)
 }
 
 fn rccl() -> Result<NcclTable> {
-    match RCCL.get_or_init(|| load(&candidates())) {
-        Ok(rccl) => Ok(rccl.table),
-        Err(reason) => Err(Error::BackendUnavailable {
-            backend: "rccl",
-            reason: reason.clone(),
-        }),
-    }
+    NcclLibrary::table_of("rccl", RCCL.get_or_init(|| load(&candidates())))
 }
 
 /// Load RCCL now, as the first collective would, and keep it loaded: a

@@ -10,22 +10,12 @@
 #[macro_use]
 mod common;
 
-use scope_core::collective::Group;
-use scope_core::conformance::Suite;
-use scope_core::{Client, Kernel, Result};
+use scope_core::Client;
 use server_hip::Hip;
 
-/// One rank per GPU, each a server of its own device, grouped over RCCL.
-struct RcclSuite;
-
-impl Suite for RcclSuite {
-    type Backend = Hip;
-
-    fn client() -> Result<Client<Hip>> {
-        Self::rank_client(0)
-    }
-
-    fn rank_client(rank: usize) -> Result<Client<Hip>> {
+// One rank per GPU, each a server of its own device, grouped over RCCL.
+hip_suite!(RcclSuite, Self::rank_client(0), None, {
+    fn rank_client(rank: usize) -> scope_core::Result<Client<Hip>> {
         let client = server_hip::client_on(rank)?;
         server_hip::load_rccl()?;
         Ok(client)
@@ -35,25 +25,12 @@ impl Suite for RcclSuite {
         server_hip::probe().devices.len()
     }
 
-    fn group(clients: Vec<Client<Hip>>, deadline: std::time::Duration) -> Result<Group<Hip>> {
-        Group::over_device(clients, deadline)
+    fn group(
+        clients: Vec<Client<Hip>>,
+        deadline: std::time::Duration,
+    ) -> scope_core::Result<scope_core::collective::Group<Hip>> {
+        scope_core::collective::Group::over_device(clients, deadline)
     }
-
-    fn fill() -> Kernel {
-        common::fill()
-    }
-
-    fn copy() -> Kernel {
-        common::copy()
-    }
-
-    fn add() -> Kernel {
-        common::add()
-    }
-
-    fn broken() -> Kernel {
-        common::broken()
-    }
-}
+});
 
 scope_core::conformance_tests!(@every_group_size RcclSuite);

@@ -123,22 +123,16 @@ fn rccl_violations() -> (u64, String) {
     }
 }
 
-/// The collective behaviours over RCCL (the mock's): four ranks on the mock
-/// runtime's four devices, every call checked by the mock as RCCL would
-/// take it.
-struct MockRcclSuite;
-
-impl scope_core::conformance::Suite for MockRcclSuite {
-    type Backend = Hip;
-
-    fn client() -> Result<Client<Hip>> {
-        mock_client()
-    }
+// The collective behaviours over RCCL (the mock's): four ranks on the mock
+// runtime's four devices, every call checked by the mock as RCCL would
+// take it.
+hip_suite!(MockRcclSuite, mock_client(), None, {
     fn rank_client(rank: usize) -> Result<Client<Hip>> {
         mock_rccl();
         let path = vec![mock_library()];
         server_hip::client_from(&path, &path, rank)
     }
+
     fn group(
         clients: Vec<Client<Hip>>,
         deadline: std::time::Duration,
@@ -146,18 +140,7 @@ impl scope_core::conformance::Suite for MockRcclSuite {
         mock_rccl();
         scope_core::collective::Group::over_device(clients, deadline)
     }
-    fn fill() -> Kernel {
-        common::fill()
-    }
-    fn copy() -> Kernel {
-        common::copy()
-    }
-    fn add() -> Kernel {
-        common::add()
-    }
-    fn broken() -> Kernel {
-        common::broken()
-    }
+
     fn finished() {
         let (count, last) = rccl_violations();
         assert_eq!(
@@ -165,7 +148,7 @@ impl scope_core::conformance::Suite for MockRcclSuite {
             "a call real RCCL refuses or mis-handles; the last: {last}"
         );
     }
-}
+});
 
 mod over_rccl {
     scope_core::conformance_tests!(@device_collectives super::MockRcclSuite);

@@ -24,20 +24,25 @@ fn group<S: Suite>(deadline: Duration) -> Option<Group<S::Backend>> {
 const WAIT: Duration = Duration::from_secs(120);
 
 /// One rank's graph of a sum and a gather of `input`, and their outputs.
-struct Recorded {
-    input: Buffer,
-    sum: Buffer,
-    gathered: Buffer,
-    graph: Graph,
+pub(super) struct Recorded {
+    pub(super) input: Buffer,
+    pub(super) sum: Buffer,
+    pub(super) gathered: Buffer,
+    pub(super) graph: Graph,
 }
 
 /// Record, on `rank`, an all-reduce of `input` into `sum` and an
 /// all-gather of it into `gathered`: every rank must call this together.
 fn record<B: Backend>(rank: &Rank<B>) -> Recorded {
+    record_sized(rank, PART, RANKS)
+}
+
+/// [`record`] with parts of `words` words, in a group of `ranks`.
+pub(super) fn record_sized<B: Backend>(rank: &Rank<B>, words: u32, ranks: usize) -> Recorded {
     let c = rank.client();
-    let input = upload(c, &[0; PART as usize]);
-    let sum = alloc(c, PART);
-    let gathered = alloc(c, PART * RANKS as u32);
+    let input = upload(c, &vec![0; words as usize]);
+    let sum = alloc(c, words);
+    let gathered = alloc(c, words * ranks as u32);
     let capture = c.begin_capture().unwrap();
     rank.all_reduce(input.all(), sum.all(), Element::U32, Reduce::Sum)
         .expect("recorded on every rank");

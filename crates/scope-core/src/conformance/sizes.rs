@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::across::on_threads_joined;
 use super::collective::collective_error;
+use super::recorded::{Recorded, record_sized};
 use super::*;
 use crate::collective::device::DeviceCollectives;
 use crate::collective::{CollectiveError, Element, Group, Rank, Reduce};
@@ -294,15 +295,12 @@ pub fn recorded_collectives_replay_at_every_group_size<S: Suite>() {
         let outcomes = group.run(|rank| {
             let c = rank.client();
             let r = rank.index() as u32;
-            let input = upload(c, &vec![0; words as usize]);
-            let sum = alloc(c, words);
-            let gathered = alloc(c, words * n as u32);
-            let capture = c.begin_capture().unwrap();
-            rank.all_reduce(input.all(), sum.all(), Element::U32, Reduce::Sum)
-                .expect("recorded on every rank");
-            rank.all_gather(input.all(), gathered.all())
-                .expect("recorded on every rank");
-            let graph = c.end_capture(capture).expect("a clean window seals");
+            let Recorded {
+                input,
+                sum,
+                gathered,
+                graph,
+            } = record_sized(&rank, words, n);
             let alone = c.replay(&graph).expect_err("not replayed alone");
             assert!(alone.is_refusal(), "{alone}");
             let mut seen = Vec::new();
@@ -487,13 +485,7 @@ where
         }
         let identity = <S::Backend as DeviceCollectives>::identity().unwrap();
         let sums = on_threads_joined::<S, _>(clients, &identity, n, WAIT, |joined| {
-            let rank = joined.expect("the ranks there are join");
-            let c = rank.client();
-            let ones = upload(c, &[1; 16]);
-            let sum = alloc(c, 16);
-            rank.all_reduce(ones.all(), sum.all(), Element::U32, Reduce::Sum)
-                .expect("the new group works");
-            read(c, &sum).unwrap()
+            sum_of_ones(&joined.expect("the ranks there are join"))
         });
         assert!(sums.iter().all(|s| *s == vec![n as u32; 16]), "{sums:?}");
     }
@@ -547,14 +539,17 @@ pub fn a_failed_library_call_breaks_the_group_at_every_group_size<S: Suite>() {
             .collect();
         drop(group);
         let fresh = S::group(clients, WAIT).expect("a new group over the same devices");
-        let sums = fresh.run(|rank| {
-            let c = rank.client();
-            let ones = upload(c, &[1; 16]);
-            let sum = alloc(c, 16);
-            rank.all_reduce(ones.all(), sum.all(), Element::U32, Reduce::Sum)
-                .expect("the new group works");
-            read(c, &sum).unwrap()
-        });
+        let sums = fresh.run(|rank| sum_of_ones(&rank));
         assert!(sums.iter().all(|s| *s == vec![n as u32; 16]), "{sums:?}");
     });
+}
+
+/// Every rank of a group that is meant to work sums ones: what it read.
+fn sum_of_ones<B: Backend>(rank: &Rank<B>) -> Vec<u32> {
+    let c = rank.client();
+    let ones = upload(c, &[1; 16]);
+    let sum = alloc(c, 16);
+    rank.all_reduce(ones.all(), sum.all(), Element::U32, Reduce::Sum)
+        .expect("the new group works");
+    read(c, &sum).unwrap()
 }

@@ -31,8 +31,12 @@
 //!    own `size`: NCCL and RCCL read a config by its size, so every version
 //!    since takes it, and only `blocking` is set.
 
+#[cfg(feature = "native-libraries")]
+mod library;
 mod transport;
 
+#[cfg(feature = "native-libraries")]
+pub use library::NcclLibrary;
 pub use transport::NcclDevice;
 
 use std::ffi::{CStr, c_char, c_int, c_void};
@@ -237,49 +241,6 @@ impl NcclTable {
             recv: entry!("ncclRecv", PointToPoint),
             get_error_string: entry!("ncclGetErrorString", ErrorString),
         })
-    }
-
-    /// The table of the first of `names` that `open` opens, with what it
-    /// opened (which keeps the library loaded: hold it as long as the
-    /// table), each entry point's address from `address`. Why not, where
-    /// none opens — every name tried, and the last refusal — or where the
-    /// first that opens lacks an entry point: a library found but too old
-    /// is an answer, not a reason to look further.
-    ///
-    /// One loop for every server, because the way a library is found is
-    /// where servers drift: CUDA's NCCL under its soname `libnccl.so.2`
-    /// (what NCCL's packages and wheel install) as well as `libnccl.so`
-    /// (a development install), HIP's RCCL under `ROCM_PATH` first.
-    ///
-    /// # Safety
-    ///
-    /// Every library `open` returns is an NCCL API library (NCCL 2.19 or
-    /// later, or RCCL), and `address` looks symbols up in it, by name.
-    pub unsafe fn load_first<L>(
-        library: &'static str,
-        names: &[String],
-        open: impl Fn(&str) -> std::result::Result<L, String>,
-        address: impl Fn(&L, &'static str) -> Option<*const c_void>,
-    ) -> std::result::Result<(Self, L), String> {
-        let mut why = String::from("no candidates");
-        for name in names {
-            let opened = match open(name) {
-                Ok(opened) => opened,
-                Err(e) => {
-                    why = e;
-                    continue;
-                }
-            };
-            // SAFETY: `opened` is an NCCL API library (the caller's
-            // promise), which the caller keeps loaded with the table.
-            let table = unsafe { Self::resolve(library, |symbol| address(&opened, symbol)) }
-                .map_err(|missing| format!("{name} has no `{missing}`"))?;
-            return Ok((table, opened));
-        }
-        Err(format!(
-            "{library} not found (tried {}): {why}",
-            names.join(", ")
-        ))
     }
 
     /// What `call` answered, as the core's error.

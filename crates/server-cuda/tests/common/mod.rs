@@ -61,10 +61,14 @@ pub const BROKEN: &str =
 /// `struct $name`, a conformance `Suite` over this file's CUDA C++ kernels
 /// whose clients come from `$client`, whose oversized allocation is
 /// `$oversized`, and whose tests each end with `$finished`: the real-device
-/// and mock binaries differ only in those.
+/// and mock binaries differ only in those. A last `{ ... }` adds (or
+/// overrides) `Suite` methods: a collectives suite's ranks and group.
 #[allow(unused_macros)] // the binaries that include `common` without a suite
 macro_rules! cuda_suite {
     ($name:ident, $client:expr, $oversized:expr, $finished:expr) => {
+        cuda_suite!($name, $client, $oversized, $finished, {});
+    };
+    ($name:ident, $client:expr, $oversized:expr, $finished:expr, { $($more:tt)* }) => {
         struct $name;
 
         impl scope_core::conformance::Suite for $name {
@@ -97,6 +101,8 @@ macro_rules! cuda_suite {
             fn finished() {
                 $finished
             }
+
+            $($more)*
         }
     };
 }

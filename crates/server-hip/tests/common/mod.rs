@@ -76,10 +76,15 @@ pub fn broken() -> Kernel {
 
 /// `struct $name`, a conformance `Suite` over this file's HIP kernels whose
 /// clients come from `$client` and whose oversized allocation is
-/// `$oversized`: the real-device and mock binaries differ only in those.
+/// `$oversized`: the real-device and mock binaries differ only in those. A
+/// last `{ ... }` adds `Suite` methods: a collectives suite's ranks and
+/// group.
 #[allow(unused_macros)] // the binaries that include `common` without a suite
 macro_rules! hip_suite {
     ($name:ident, $client:expr, $oversized:expr) => {
+        hip_suite!($name, $client, $oversized, {});
+    };
+    ($name:ident, $client:expr, $oversized:expr, { $($more:tt)* }) => {
         struct $name;
 
         impl scope_core::conformance::Suite for $name {
@@ -108,6 +113,8 @@ macro_rules! hip_suite {
             fn oversized() -> Option<u64> {
                 $oversized
             }
+
+            $($more)*
         }
     };
 }
