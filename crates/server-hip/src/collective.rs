@@ -12,7 +12,7 @@
 //! a call is issued in are the core's ([`scope_core::native::nccl`]),
 //! shared with CUDA's NCCL. What is HIP's
 //! here is where the library comes from (`librccl`, loaded at run time as
-//! the runtime is, a typed [`Error::BackendUnavailable`] where it is
+//! the runtime is, a typed [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) where it is
 //! missing) and which device a rank runs on (the server's, made current on
 //! the joining thread with `hipSetDevice`, where RCCL reads it from).
 //!
@@ -87,7 +87,7 @@ fn rccl() -> Result<NcclTable> {
 ///
 /// # Errors
 ///
-/// [`Error::BackendUnavailable`] (`rccl`) naming every place tried, or the
+/// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) (`rccl`) naming every place tried, or the
 /// entry point the library found lacks.
 pub fn load_rccl() -> Result<()> {
     rccl().map(drop)
