@@ -189,15 +189,29 @@ impl Api {
     }
 }
 
+/// One hiprtc program at a time in the process, from its creation to its
+/// destruction. ROCm 5.2's hiprtc is not safe to call from two threads at
+/// once: two servers compiling on two threads abort the process (`LLVM
+/// ERROR: inconsistency in registered CommandLine options`) or crash it.
+/// Later releases are not known to be safe either, and a compile is
+/// neither frequent (the server caches kernels) nor short enough for the
+/// lock to matter, so every release takes it: a safe call must not end
+/// the process.
+static ONE_PROGRAM_AT_A_TIME: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
 impl crate::loader::Rtc {
     /// Compile HIP C++ (the program `<name>.hip`) with `options`: the code
-    /// object, or the failure and the compiler's log.
+    /// object, or the failure and the compiler's log. One compile at a time
+    /// in the process ([`ONE_PROGRAM_AT_A_TIME`]).
     pub fn compile(
         &self,
         source: &str,
         name: &str,
         options: &[String],
     ) -> Result<Vec<u8>, RtcFailure> {
+        // Taken before the program is made, so it is released after the
+        // program is destroyed (locals drop in reverse).
+        let _one = ONE_PROGRAM_AT_A_TIME.lock();
         let rtc = self;
         let c_source = CString::new(source)
             .map_err(|_| RtcFailure::input("the source contains a NUL byte"))?;

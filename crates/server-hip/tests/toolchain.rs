@@ -36,8 +36,10 @@
 //!   server-cuda, says how, and `toolchain/harvest.rs` what is HIP's).
 //!
 //! Also here: the server's loader given ROCm 5.2's runtime refuses it with
-//! a typed error, and hiprtc's log for the suite's `broken` kernel, whose
-//! wording the mock imitates.
+//! a typed error; hiprtc's log for the suite's `broken` kernel, whose
+//! wording the mock imitates; and eight threads compiling at once, which
+//! ROCm 5.2's hiprtc survives only because the server compiles one program
+//! at a time.
 
 mod common;
 #[path = "toolchain/harvest.rs"]
@@ -243,18 +245,6 @@ fn check_arch(arch: &str) {
     check(&library, arch, "HIP kernels", kernels());
 }
 
-/// One hiprtc compile at a time in this process: ROCm 5.2's hiprtc is not
-/// safe to call from two threads at once (two threads compiling abort the
-/// process with `LLVM ERROR: inconsistency in registered CommandLine
-/// options`, or crash), and libtest runs this binary's tests on threads of
-/// one process.
-fn one_compile_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static HIPRTC: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    HIPRTC
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// Why hiprtc's refusal of a kernel, with `log`, is ROCm 5's and not the
 /// kernel's, when it is; `None` for every other refusal, which fails the
 /// test.
@@ -296,10 +286,7 @@ fn check(library: &Path, arch: &str, what: &str, items: Vec<Item>) {
         server_hip::compile_options(arch)
     );
     for i in &items {
-        let compiled = {
-            let _one = one_compile_at_a_time();
-            server_hip::hiprtc_code(&rtc, &i.kernel, arch)
-        };
+        let compiled = server_hip::hiprtc_code(&rtc, &i.kernel, arch);
         if let Err(Error::Compile { log, .. }) = &compiled
             && let Some(reason) = older_rocm(library, log)
         {
@@ -440,6 +427,44 @@ fn only_rocm_5s_missing_activemask_is_not_compiled() {
     assert_eq!(older_rocm(rocm5, ""), None);
 }
 
+/// Eight threads compile at once through the server's path, twice each:
+/// ROCm 5.2's hiprtc aborts the process when two threads compile at once
+/// (`LLVM ERROR: inconsistency in registered CommandLine options`), so the
+/// server takes one program at a time, and every compile here succeeds.
+/// (This binary's other tests compile on libtest's threads too, without a
+/// lock of their own.)
+#[test]
+fn hiprtc_compiles_from_many_threads_at_once() {
+    let Some(library) = hiprtc() else {
+        return;
+    };
+    let rtc = [library.display().to_string()];
+    let objects: Vec<usize> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                scope.spawn(|| {
+                    (0..2)
+                        .map(|_| {
+                            server_hip::hiprtc_code(&rtc, &common::fill(), "gfx90a")
+                                .expect("hiprtc compiles the fill kernel")
+                                .len()
+                        })
+                        .sum::<usize>()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("no compiling thread panicked"))
+            .collect()
+    });
+    assert!(objects.iter().all(|bytes| *bytes > 0), "{objects:?}");
+    println!(
+        "16 compiles on 8 threads: {} bytes of code objects",
+        objects.iter().sum::<usize>()
+    );
+}
+
 /// hiprtc's log for the suite's broken kernel names the identifier in the
 /// words the mock hiprtc (tests/mock/mock_hip.c) uses.
 #[test]
@@ -448,10 +473,7 @@ fn the_broken_kernel_is_refused_in_the_mocks_words() {
         return;
     };
     let rtc = [library.display().to_string()];
-    let compiled = {
-        let _one = one_compile_at_a_time();
-        server_hip::hiprtc_code(&rtc, &common::broken(), "gfx90a")
-    };
+    let compiled = server_hip::hiprtc_code(&rtc, &common::broken(), "gfx90a");
     match compiled {
         Err(Error::Compile { log, .. }) => {
             println!("{log}");
