@@ -13,7 +13,7 @@
 //! nothing, replays decided together, ranks joined alone agreeing by
 //! ballot, a join short of its peers ending within its deadline, and a
 //! failed library call breaking the group for a new one to replace (rules
-//! 41–45, 47, 49, 50).
+//! 41–45, 47–50).
 //!
 //! On a suite of logical devices the sizes are one and four; on the CUDA
 //! bundle's suite they are one and the machine's GPUs.
