@@ -16,7 +16,8 @@
 //!   cudarc's loader does not try — and the entry points are taken from
 //!   that library (so a test's mock, loaded under `libnccl.so` first, is
 //!   what runs). Without it a group's join answers
-//!   [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) naming every name tried.
+//!   [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
+//!   naming every name tried.
 //! - **The rank's device is the server's**: its context is made current on
 //!   the joining thread, where NCCL reads the device from.
 //!
@@ -69,8 +70,9 @@ fn nccl() -> Result<NcclTable> {
 ///
 /// # Errors
 ///
-/// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) (`nccl`) naming every name tried, or the
-/// entry point the library found lacks.
+/// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
+/// (`nccl`) naming every name tried, or the entry point the library
+/// found lacks.
 pub fn load_nccl() -> Result<()> {
     nccl().map(drop)
 }

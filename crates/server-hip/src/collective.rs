@@ -10,11 +10,12 @@
 //! RCCL is NCCL's API under NCCL's names, so the communicator — non-blocking,
 //! abortable from any thread, never called after an abort — and the order
 //! a call is issued in are the core's ([`scope_core::native::nccl`]),
-//! shared with CUDA's NCCL. What is HIP's
-//! here is where the library comes from (`librccl`, loaded at run time as
-//! the runtime is, a typed [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) where it is
-//! missing) and which device a rank runs on (the server's, made current on
-//! the joining thread with `hipSetDevice`, where RCCL reads it from).
+//! shared with CUDA's NCCL. What is HIP's here is where the library comes
+//! from (`librccl`, loaded at run time as the runtime is, a typed
+//! [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
+//! where it is missing) and which device a rank runs on (the server's, made
+//! current on the joining thread with `hipSetDevice`, where RCCL reads it
+//! from).
 //!
 //! As on CUDA, a call on a capturing stream is recorded into the HIP graph
 //! (RCCL captures its kernels — opt-in through `RCCL_ENABLE_HIPGRAPH` in
@@ -87,8 +88,9 @@ fn rccl() -> Result<NcclTable> {
 ///
 /// # Errors
 ///
-/// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) (`rccl`) naming every place tried, or the
-/// entry point the library found lacks.
+/// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
+/// (`rccl`) naming every place tried, or the entry point the library
+/// found lacks.
 pub fn load_rccl() -> Result<()> {
     rccl().map(drop)
 }
