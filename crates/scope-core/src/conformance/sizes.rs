@@ -49,10 +49,20 @@ fn part(n: usize) -> u32 {
 
 /// Clients for ranks `0..n`, or `None` (skipped) without a device, or
 /// without the suite's collectives library.
+///
+/// # Panics
+///
+/// When rank 0 can be made and a later one cannot: the suite said it had
+/// `n` devices ([`Suite::devices`]), and a size it cannot reach must not
+/// pass as skipped after the smaller sizes ran.
 fn clients<S: Suite>(n: usize) -> Option<Vec<Client<S::Backend>>> {
-    (0..n)
-        .map(|rank| client_or_skip(|| S::rank_client(rank)))
-        .collect()
+    let first = client_or_skip(|| S::rank_client(0))?;
+    let rest = (1..n).map(|rank| {
+        S::rank_client(rank).unwrap_or_else(|e| {
+            panic!("the suite says it has {n} devices, but rank {rank} cannot be made: {e}")
+        })
+    });
+    Some(std::iter::once(first).chain(rest).collect())
 }
 
 /// `f(group, n)` for a group of each size in [`sizes`], made by the suite;
