@@ -47,8 +47,8 @@
 //!    compile error naming the PTX version.
 //! 8. **`run.sh` keeps one time budget** (`SCOPE_BUNDLE_SECONDS`, 540 s by
 //!    default) and runs the server's own tests first, then tiny-runtime's,
-//!    scope-cube's and cubecl's, then the bench: a GPU machine lent for a
-//!    few minutes reaches the checks that say most, and what the budget
+//!    scope-cube's and cubecl's, then the bench: a GPU machine available
+//!    for a few minutes reaches the checks that say most, and what the budget
 //!    does not reach is reported as not run (exit status 2), never passed.
 //! 9. **The collectives' library does not travel** (NCCL is 250 MB):
 //!    `run.sh` uses the machine's own, requires it where it finds one

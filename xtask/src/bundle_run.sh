@@ -90,7 +90,7 @@ export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}$libs"
 } 2>&1 | tee -a "$summary"
 
 # One budget for the whole run (SCOPE_BUNDLE_SECONDS, 540 by default), so
-# that it ends inside a device session's limit with its logs written: the
+# that it ends inside a GPU machine's time limit with its logs written: the
 # server's own tests run first, then the demo runtime's, scope-cube's, and
 # cubecl's; a binary the budget does not reach is reported as not run, and
 # the run as incomplete — never as passed.
