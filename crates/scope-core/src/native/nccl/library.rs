@@ -71,14 +71,17 @@ impl NcclLibrary {
 
     /// The table of what a server's `static` holds for `library`, or
     /// [`Error::BackendUnavailable`] naming `library` and why it is not
-    /// there.
+    /// there. `loaded` lives for the program, so the library the table
+    /// points into is never closed while the table is in use: a table from
+    /// a library that could be dropped would let safe calls jump into
+    /// unmapped code.
     ///
     /// # Errors
     ///
     /// As above.
     pub fn table_of(
         library: &'static str,
-        loaded: &std::result::Result<Self, String>,
+        loaded: &'static std::result::Result<Self, String>,
     ) -> Result<NcclTable> {
         match loaded {
             Ok(opened) => Ok(opened.table),
