@@ -8,6 +8,17 @@
 //! scope cannot take) is handed to scope with [`Client::fail_writing`], so
 //! it lands on the bytes exactly as a failed launch's does, and cubecl's
 //! questions about those bytes are answered from scope's store.
+//!
+//! This file holds the server's state and the calls that only look things
+//! up; each part of cubecl's contract that does work has a file of its own
+//! beside it, as a backend's do: `copy.rs` (reads, writes, syncs),
+//! `launch.rs`, `capture.rs` and `collective.rs` (cubecl's
+//! `ServerCommunication`).
+
+mod capture;
+mod collective;
+mod copy;
+mod launch;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,29 +30,27 @@ use cubecl_environment::backtrace::BackTrace;
 use cubecl_environment::future::DynFut;
 use cubecl_environment::stream::StreamId;
 use cubecl_environment::time::Instant;
-use cubecl_runtime::compiler::CompilationError;
 use cubecl_runtime::execution::LaunchMode;
 use cubecl_runtime::id::GraphId;
-use cubecl_runtime::kernel::{BufferIOAttr, CubeKernel as CubeclKernel};
+use cubecl_runtime::kernel::CubeKernel as CubeclKernel;
 use cubecl_runtime::logging::ServerLogger;
 use cubecl_runtime::memory_management::{
     ManagedMemoryHandle, MemoryAllocationMode, StreamMemoryReport,
 };
 use cubecl_runtime::server::{
-    BufferBinding, ComputeWait, CopyDescriptor, CubeCount, DeviceCaptures, Handle, IoError,
-    KernelArguments, KernelResource, LaunchError, ProfileError, ProfilingToken, Reduction, Server,
-    ServerCommunication, ServerError, ServerStorage, ServerUtilities,
+    BufferBinding, CopyDescriptor, CubeCount, DeviceCaptures, IoError, KernelArguments,
+    ProfileError, ProfilingToken, Server, ServerError, ServerStorage, ServerUtilities,
 };
 use cubecl_runtime::storage::ManagedResource;
-use scope_core::{Access, Binding, Client, Dispatch, Error, Slice};
+use scope_core::{Client, Error};
 use scope_cube::Translation;
-use smallvec::SmallVec;
 
+use self::capture::Captured;
 use crate::backend::CubeBackend;
-use crate::communication::{Communication, Kind, Owned, reduction};
+use crate::communication::Communication;
 use crate::compile::{CompileTarget, Kernels};
 use crate::error::{external, to_server_error};
-use crate::memory::{MemoryTable, contiguous, scope_size};
+use crate::memory::{MemoryTable, scope_size};
 use crate::storage::{ScopeResource, ScopeStorage};
 use crate::streams::Streams;
 
@@ -60,17 +69,6 @@ pub struct ScopeServer<B: CubeBackend> {
     /// Collectives and transfers to other devices, and the parts of them
     /// later calls wait for.
     communication: Communication<B>,
-}
-
-/// A sealed graph, and the buffers only it keeps alive.
-struct Captured {
-    graph: scope_core::Graph,
-    /// Tensor metadata staged by the recorded launches ([`Slot::pinned`]):
-    /// every replay reads them, and scope's windows never keep a buffer
-    /// alive.
-    ///
-    /// [`Slot::pinned`]: crate::streams::Slot::pinned
-    _pinned: Vec<scope_core::Buffer>,
 }
 
 /// A profiling window: when it started, and how many failures scope had
@@ -134,51 +132,6 @@ impl<B: CubeBackend> ScopeServer<B> {
         }
     }
 
-    /// Wait for the collectives and transfers that touch `bindings`.
-    fn settle<'a>(&mut self, bindings: impl IntoIterator<Item = &'a BufferBinding>) {
-        self.communication
-            .settle(bindings.into_iter().map(|binding| binding.memory.id()));
-    }
-
-    /// `binding`'s bytes, owned, for a part that outlives the call.
-    fn owned(&self, binding: &BufferBinding) -> Result<Owned, ServerError> {
-        let resolved = self
-            .memory
-            .resolve(binding)?
-            .ok_or_else(|| validation("an empty buffer between devices"))?;
-        Ok(Owned {
-            buffer: resolved.buffer.clone(),
-            words: resolved.words.clone(),
-            skip: resolved.skip(),
-            len: resolved.len(),
-            memory: binding.memory.id(),
-        })
-    }
-
-    /// Queue this device's part of `kind`; a part refused here leaves its
-    /// destination carrying the refusal, since cubecl queued it
-    /// fire-and-forget.
-    fn queue_part(
-        &mut self,
-        kind: Result<Kind, ServerError>,
-        src: Option<BufferBinding>,
-        dst: BufferBinding,
-        stream_id: StreamId,
-        device_ids: &[DeviceId],
-    ) -> Result<(), ServerError> {
-        let queued = kind.and_then(|kind| {
-            let src = src.as_ref().map(|src| self.owned(src)).transpose()?;
-            let owned = self.owned(&dst)?;
-            let client = self.streams.base().clone();
-            self.communication
-                .collective(kind, src, owned, device_ids, client, stream_id)
-        });
-        if let Err(error) = &queued {
-            self.fail_outputs(stream_id, std::iter::once(&dst), error.clone());
-        }
-        queued
-    }
-
     /// The scope client of stream 0, for mixing scope-native work with
     /// cubecl's on the same device.
     pub fn scope_client(&self) -> Client<B> {
@@ -214,257 +167,6 @@ impl<B: CubeBackend> ScopeServer<B> {
         }
         if let Err(e) = client.fail_writing(&slices, external(error)) {
             tracing::warn!(%e, "could not claim a failed launch's outputs");
-        }
-    }
-
-    /// The check a read makes, without the read.
-    fn check_bindings(
-        &mut self,
-        handles: &[BufferBinding],
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        let client = self.client(stream)?;
-        let mut slices = Vec::with_capacity(handles.len());
-        for binding in handles {
-            if let Some(resolved) = self.memory.resolve(binding)? {
-                slices.push(resolved.slice());
-            }
-        }
-        if slices.is_empty() {
-            return Ok(());
-        }
-        client.check(&slices).map_err(|e| to_server_error(&e))
-    }
-
-    fn read_now(
-        &mut self,
-        descriptors: Vec<CopyDescriptor>,
-        stream: StreamId,
-    ) -> Result<Vec<Bytes>, ServerError> {
-        let client = self.client(stream)?;
-        let mut out = Vec::with_capacity(descriptors.len());
-        for descriptor in descriptors {
-            if !contiguous(&descriptor.shape, &descriptor.strides) {
-                return Err(unsupported_strides());
-            }
-            let Some(resolved) = self.memory.resolve(&descriptor.handle)? else {
-                out.push(Bytes::from_bytes_vec(Vec::new()));
-                continue;
-            };
-            let words = client
-                .read(resolved.slice())
-                .map_err(|e| to_server_error(&e))?;
-            let skip = resolved.skip();
-            out.push(Bytes::from_bytes_vec(
-                words[skip..skip + resolved.len()].to_vec(),
-            ));
-        }
-        Ok(out)
-    }
-
-    /// What a read of `descriptors` reads, resolved now for a read made
-    /// later.
-    fn plan_read(
-        &mut self,
-        descriptors: &[CopyDescriptor],
-        stream: StreamId,
-    ) -> Result<(Client<B>, Vec<Option<Owned>>), ServerError> {
-        let client = self.client(stream)?;
-        let mut plan = Vec::with_capacity(descriptors.len());
-        for descriptor in descriptors {
-            if !contiguous(&descriptor.shape, &descriptor.strides) {
-                return Err(unsupported_strides());
-            }
-            plan.push(match self.memory.resolve(&descriptor.handle)? {
-                None => None,
-                Some(_) => Some(self.owned(&descriptor.handle)?),
-            });
-        }
-        Ok((client, plan))
-    }
-
-    /// One host write on `stream`; a refusal fails the destination's bytes
-    /// on the writer's stream, where the next read reports it.
-    fn write_one(
-        &mut self,
-        descriptor: CopyDescriptor,
-        data: &[u8],
-        client: &Client<B>,
-        stream: StreamId,
-    ) {
-        let refuse = |server: &mut Self, error: ServerError| {
-            server.fail_outputs(stream, std::iter::once(&descriptor.handle), error);
-        };
-        if !contiguous(&descriptor.shape, &descriptor.strides) {
-            return refuse(self, unsupported_strides());
-        }
-        let resolved = match self.memory.resolve(&descriptor.handle) {
-            Ok(Some(resolved)) => resolved,
-            Ok(None) => return,
-            Err(error) => return tracing::warn!(%error, "a write to unknown memory"),
-        };
-        if resolved.skip() != 0 {
-            return refuse(
-                self,
-                validation(format!(
-                    "a write starting at byte {} is not word-aligned; scope writes whole words",
-                    resolved.range.start
-                )),
-            );
-        }
-        let len = data.len().min(resolved.len());
-        let words = (resolved.words.end - resolved.words.start) as usize;
-        let result = if len == words {
-            client.write(resolved.slice(), &data[..len])
-        } else {
-            // The tail word's other bytes are the allocation's slack (the
-            // layout policy starts every tensor on its own aligned boundary).
-            let mut padded = vec![0u8; words];
-            padded[..len].copy_from_slice(&data[..len]);
-            client.write(resolved.slice(), &padded)
-        };
-        if let Err(e @ Error::InvalidArgument { .. }) = result {
-            // Refused without a claim; cubecl has no other way to hear it.
-            refuse(self, to_server_error(&e));
-        }
-    }
-}
-
-/// A reduction scope's collectives carry, or why not.
-fn reduced(reduction_: Reduction) -> Result<Kind, ServerError> {
-    reduction(reduction_.dtype, reduction_.op)
-        .map(|(element, op)| Kind::AllReduce(element, op))
-        .ok_or_else(|| {
-            validation(format!(
-                "scope's collectives reduce f32, i32 and u32, not {:?}",
-                reduction_.dtype
-            ))
-        })
-}
-
-/// cubecl's communication, over `scope_core::collective` (see
-/// `communication.rs`): every part is queued to the device's collectives or
-/// transfers thread, and returns at once.
-impl<B: CubeBackend> ServerCommunication for ScopeServer<B> {
-    /// Nothing to do: every later call on a part's buffers waits for the
-    /// part already, and a part keeps its buffers alive until it is done.
-    fn sync_collective(&mut self, _stream_id: StreamId) -> Result<(), ServerError> {
-        Ok(())
-    }
-
-    fn comm_init(&mut self, device_ids: Vec<DeviceId>) -> Result<(), ServerError> {
-        self.communication.init(&device_ids)
-    }
-
-    /// Under either [`ComputeWait`], later calls on `dst` wait for it, so
-    /// `AtSync` is kept too (it only allows the wait to come later).
-    fn all_reduce(
-        &mut self,
-        src: BufferBinding,
-        dst: BufferBinding,
-        reduction: Reduction,
-        stream_id: StreamId,
-        device_ids: Vec<DeviceId>,
-        _wait: ComputeWait,
-    ) -> Result<(), ServerError> {
-        let kind = reduced(reduction);
-        self.queue_part(kind, Some(src), dst, stream_id, &device_ids)
-    }
-
-    fn all_gather(
-        &mut self,
-        src: BufferBinding,
-        dst: BufferBinding,
-        stream_id: StreamId,
-        device_ids: Vec<DeviceId>,
-    ) -> Result<(), ServerError> {
-        self.queue_part(Ok(Kind::AllGather), Some(src), dst, stream_id, &device_ids)
-    }
-
-    fn reduce_scatter(
-        &mut self,
-        src: BufferBinding,
-        dst: BufferBinding,
-        reduction: Reduction,
-        stream_id: StreamId,
-        device_ids: Vec<DeviceId>,
-    ) -> Result<(), ServerError> {
-        let kind = reduced(reduction).map(|kind| match kind {
-            Kind::AllReduce(element, op) => Kind::ReduceScatter(element, op),
-            other => other,
-        });
-        self.queue_part(kind, Some(src), dst, stream_id, &device_ids)
-    }
-
-    fn broadcast(
-        &mut self,
-        src: Option<BufferBinding>,
-        dst: BufferBinding,
-        stream_id: StreamId,
-        root: DeviceId,
-        device_ids: Vec<DeviceId>,
-    ) -> Result<(), ServerError> {
-        let kind = device_ids
-            .iter()
-            .position(|id| *id == root)
-            .map(|root| Kind::Broadcast { root })
-            .ok_or_else(|| validation(format!("broadcast root {root:?} is no member")));
-        self.queue_part(kind, src, dst, stream_id, &device_ids)
-    }
-
-    fn all_to_all(
-        &mut self,
-        src: BufferBinding,
-        dst: BufferBinding,
-        stream_id: StreamId,
-        device_ids: Vec<DeviceId>,
-    ) -> Result<(), ServerError> {
-        self.queue_part(Ok(Kind::AllToAll), Some(src), dst, stream_id, &device_ids)
-    }
-
-    /// Hands the source to the peer's receive, which reads it through this
-    /// device's client. A refused send still reaches the receive, whose
-    /// destination then carries the refusal: no receive waits for a send
-    /// that will not come.
-    fn send(
-        &mut self,
-        desc: CopyDescriptor,
-        stream_id: StreamId,
-        device_id_dst: DeviceId,
-    ) -> Result<(), ServerError> {
-        let src = if contiguous(&desc.shape, &desc.strides) {
-            self.owned(&desc.handle)
-                .map(|src| (src, self.streams.base().clone()))
-        } else {
-            Err(unsupported_strides())
-        };
-        let refused = src.as_ref().err().cloned();
-        self.communication.send(src, device_id_dst, stream_id);
-        refused.map_or(Ok(()), Err)
-    }
-
-    fn recv(
-        &mut self,
-        handle: Handle,
-        stream_id: StreamId,
-        device_id_src: DeviceId,
-    ) -> Result<(), ServerError> {
-        let size = handle.size();
-        let made = self
-            .initialize_memory(handle.memory.clone(), size, stream_id)
-            .and_then(|()| self.owned(&handle.binding()));
-        let client = self.streams.base().clone();
-        match made {
-            Ok(dst) => {
-                self.communication
-                    .recv(Some(dst), device_id_src, client, stream_id);
-                Ok(())
-            }
-            Err(error) => {
-                self.communication
-                    .recv(None, device_id_src, client, stream_id);
-                Err(error)
-            }
         }
     }
 }
@@ -512,7 +214,6 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
             .insert(memory, buffer, size, self.streams.key(stream_id), mode);
         error.map_or(Ok(()), Err)
     }
-
     fn logger(&self) -> Arc<ServerLogger> {
         self.logger.clone()
     }
@@ -520,56 +221,16 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
     fn utilities(&self) -> Arc<ServerUtilities> {
         self.utilities.clone()
     }
-
     fn read(
         &mut self,
         descriptors: Vec<CopyDescriptor>,
         stream_id: StreamId,
     ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
-        let memory = descriptors
-            .iter()
-            .map(|descriptor| descriptor.handle.memory.id());
-        let waits = self.communication.waits(memory, None);
-        if waits.is_empty() {
-            return ready(self.read_now(descriptors, stream_id));
-        }
-        // A collective or transfer still to land in these bytes: the caller
-        // waits for it, not the device thread, whose other streams go on
-        // (a peer's part may be queued behind them).
-        let planned = self.plan_read(&descriptors, stream_id);
-        Box::pin(async move {
-            let (client, plan) = planned?;
-            waits.wait();
-            plan.iter()
-                .map(|owned| match owned {
-                    None => Ok(Bytes::from_bytes_vec(Vec::new())),
-                    Some(owned) => owned
-                        .read(&client)
-                        .map(Bytes::from_bytes_vec)
-                        .map_err(|e| to_server_error(&e)),
-                })
-                .collect()
-        })
+        self.read_copies(descriptors, stream_id)
     }
 
     fn write(&mut self, descriptors: Vec<(CopyDescriptor, Bytes)>, stream_id: StreamId) {
-        self.settle(descriptors.iter().map(|(descriptor, _)| &descriptor.handle));
-        let client = match self.client(stream_id) {
-            Ok(client) => client,
-            Err(error) => {
-                for (descriptor, _) in &descriptors {
-                    self.fail_outputs(
-                        stream_id,
-                        std::iter::once(&descriptor.handle),
-                        error.clone(),
-                    );
-                }
-                return;
-            }
-        };
-        for (descriptor, data) in descriptors {
-            self.write_one(descriptor, &data, &client, stream_id);
-        }
+        self.write_copies(descriptors, stream_id);
     }
 
     fn sync(
@@ -577,35 +238,7 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
         handles: Vec<BufferBinding>,
         stream_id: StreamId,
     ) -> DynFut<Result<(), ServerError>> {
-        let memory = handles.iter().map(|binding| binding.memory.id());
-        let waits = self.communication.waits(memory, Some(stream_id));
-        if !waits.is_empty() {
-            // As a read: the caller waits for the parts, not the device thread.
-            let planned = self.client(stream_id).and_then(|client| {
-                let mut owned = Vec::new();
-                for binding in &handles {
-                    if self.memory.resolve(binding)?.is_some() {
-                        owned.push(self.owned(binding)?);
-                    }
-                }
-                Ok((client, owned))
-            });
-            return Box::pin(async move {
-                let (client, owned) = planned?;
-                waits.wait();
-                client.sync().map_err(|e| to_server_error(&e))?;
-                let slices: Vec<_> = owned.iter().map(Owned::slice).collect();
-                if slices.is_empty() {
-                    return Ok(());
-                }
-                client.check(&slices).map_err(|e| to_server_error(&e))
-            });
-        }
-        let result = self.client(stream_id).and_then(|client| {
-            client.sync().map_err(|e| to_server_error(&e))?;
-            self.check_bindings(&handles, stream_id)
-        });
-        ready(result)
+        self.sync_bindings(handles, stream_id)
     }
 
     fn check(
@@ -625,41 +258,7 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
         stream_id: StreamId,
         mode: LaunchMode,
     ) {
-        if mode == LaunchMode::Queue {
-            self.kernels.enqueue(kernel);
-            return;
-        }
-        let compiled = match self.kernels.get(&*kernel) {
-            Ok(compiled) => compiled,
-            Err(error) => {
-                if !mode.discards_launch() {
-                    let written: Vec<_> = args.buffers_written(None).cloned().collect();
-                    self.fail_outputs(stream_id, written.iter(), ServerError::Launch(error));
-                }
-                return;
-            }
-        };
-        if mode.discards_launch() {
-            return;
-        }
-        let buffers = args.resources.iter().filter_map(|resource| match resource {
-            KernelResource::Buffer(binding) => Some(binding),
-            _ => None,
-        });
-        let count_buffer = match &count {
-            CubeCount::Dynamic(binding) => Some(binding),
-            CubeCount::Static(..) => None,
-        };
-        let memory: SmallVec<[_; 8]> = buffers
-            .chain(count_buffer)
-            .map(|binding| binding.memory.id())
-            .collect();
-        self.communication.settle(memory);
-        let io = compiled.buffer_io();
-        if let Err(error) = self.launch_compiled(&compiled, io, &count, &args, stream_id) {
-            let written: Vec<_> = args.buffers_written(Some(io)).cloned().collect();
-            self.fail_outputs(stream_id, written.iter(), error);
-        }
+        self.launch_kernel(kernel, count, args, stream_id, mode);
     }
 
     fn flush(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
@@ -677,57 +276,11 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
     }
 
     fn begin_capture(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
-        let slot = self.streams.slot(stream_id)?;
-        slot.phase.begin()?;
-        match slot.client.begin_capture() {
-            Ok(window) => {
-                slot.window = Some(window);
-                slot.pinned.clear();
-                Ok(())
-            }
-            Err(e) => {
-                slot.phase.abort();
-                Err(to_server_error(&e))
-            }
-        }
+        self.begin_window(stream_id)
     }
 
     fn end_capture(&mut self, stream_id: StreamId) -> Result<GraphId, ServerError> {
-        let slot = self.streams.slot(stream_id)?;
-        let end = match slot.phase.end(stream_id) {
-            Ok(end) => end,
-            Err(error) => {
-                // A capture prepared but never begun still holds the stream,
-                // and closing it is the only call left to a caller whose
-                // warmup failed: unwind it rather than hold it forever.
-                if slot.phase.is_active() {
-                    slot.phase.abort();
-                }
-                return Err(error);
-            }
-        };
-        let window = slot
-            .window
-            .take()
-            .ok_or_else(|| ServerError::graph_state("end_capture: no scope window is open"))?;
-        let pinned = std::mem::take(&mut slot.pinned);
-        if end.is_abandoned() {
-            let _ = slot.client.abort_capture(window);
-            return Err(end.abandoned_error(stream_id, None));
-        }
-        let graph = slot
-            .client
-            .end_capture(window)
-            .map_err(|e| to_server_error(&e))?;
-        let id = GraphId::new();
-        self.graphs.insert(
-            id,
-            Captured {
-                graph,
-                _pinned: pinned,
-            },
-        );
-        Ok(id)
+        self.end_window(stream_id)
     }
 
     fn replay(&mut self, graph: GraphId, stream_id: StreamId) -> Result<(), ServerError> {
@@ -835,154 +388,6 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
         }
     }
 }
-
-impl<B: CubeBackend> ScopeServer<B> {
-    /// Bind and launch a compiled kernel. An error returned here is one
-    /// scope did not claim for (a refusal before the launch); the caller
-    /// claims the outputs with it.
-    fn launch_compiled(
-        &mut self,
-        compiled: &scope_cube::CubeKernel,
-        io: &[BufferIOAttr],
-        count: &CubeCount,
-        args: &KernelArguments,
-        stream_id: StreamId,
-    ) -> Result<(), ServerError> {
-        let client = self.client(stream_id)?;
-        let (info, metadata) =
-            compiled.split_info(&args.info.data, args.info.dynamic_metadata_offset);
-        let metadata = match metadata {
-            Some(words) => Some(self.stage_metadata(&client, words, stream_id)?),
-            None => None,
-        };
-        let mut blob = std::mem::take(&mut self.blob);
-        blob.clear();
-        blob.extend(info.iter().flat_map(|w| w.to_le_bytes()));
-        let staged = Staged {
-            blob: &blob,
-            metadata: metadata.as_ref(),
-        };
-        let launched = self.launch_with(&client, compiled, io, count, args, staged);
-        self.blob = blob;
-        launched
-    }
-
-    /// A device buffer holding a launch's tensor metadata (shapes and
-    /// strides), for a kernel that reads it through a binding of its own
-    /// (see [`scope_cube::CubeKernel::binds_tensor_metadata`]).
-    ///
-    /// Written on the launch's own stream, so the launch is ordered after
-    /// the write; the handle may drop as soon as the launch is made, since a
-    /// backend keeps freed memory until the work using it is done. While
-    /// the stream records, the write is recorded with its bytes and the
-    /// buffer is pinned to the graph-to-be: every replay reads it again.
-    fn stage_metadata(
-        &mut self,
-        client: &Client<B>,
-        words: &[u64],
-        stream_id: StreamId,
-    ) -> Result<scope_core::Buffer, ServerError> {
-        // An empty area still takes its parameter: one word the kernel never
-        // reads.
-        let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        if bytes.is_empty() {
-            bytes.resize(8, 0);
-        }
-        let buffer = client.upload(&bytes).map_err(|e| to_server_error(&e))?;
-        let slot = self.streams.slot(stream_id)?;
-        if slot.window.is_some() {
-            slot.pinned.push(buffer.clone());
-        }
-        Ok(buffer)
-    }
-
-    fn launch_with(
-        &self,
-        client: &Client<B>,
-        compiled: &scope_cube::CubeKernel,
-        io: &[BufferIOAttr],
-        count: &CubeCount,
-        args: &KernelArguments,
-        staged: Staged<'_>,
-    ) -> Result<(), ServerError> {
-        let mut bindings: SmallVec<[Binding<'_>; 8]> = SmallVec::new();
-        for (index, resource) in args.resources.iter().enumerate() {
-            let KernelResource::Buffer(binding) = resource else {
-                return Err(refusal("tensor maps are not supported by scope servers"));
-            };
-            let access = io
-                .get(index)
-                .copied()
-                .or_else(|| args.declared_io.get(index).copied())
-                .map_or(Access::ReadWrite, io_access);
-            let slice = self.binding_slice(binding)?;
-            bindings.push(Binding { slice, access });
-        }
-        if let Some(metadata) = staged.metadata {
-            bindings.push(Binding::read(metadata));
-        }
-        let dispatch = match count {
-            CubeCount::Static(x, y, z) => Dispatch::Groups([*x, *y, *z]),
-            CubeCount::Dynamic(binding) => Dispatch::Indirect(self.binding_slice(binding)?),
-        };
-        // SAFETY: `Server::launch` is an unsafe contract: its caller (cubecl's
-        // launcher, for `launch_unchecked`) promises that the info struct —
-        // each buffer's length among it — describes the buffers bound, and
-        // that a kernel without checks stays inside them; every binding here
-        // covers at least the bytes the caller's handle names (rounded out to
-        // whole words), so the kernel stays inside its bindings.
-        let kernel = unsafe { compiled.kernel() };
-        match client.launch(kernel, &bindings, staged.blob, dispatch) {
-            Err(e @ Error::InvalidArgument { .. }) => Err(ServerError::Launch(
-                LaunchError::CompilationError(CompilationError::Validation {
-                    reason: e.to_string(),
-                    backtrace: BackTrace::capture(),
-                }),
-            )),
-            // Anything else is on the outputs already (or was poison).
-            _ => Ok(()),
-        }
-    }
-
-    /// The scope slice a kernel binding covers: whole words, and at least
-    /// one (an empty tensor still takes a binding slot; its length in the
-    /// info struct is zero, so the kernel touches none of it).
-    fn binding_slice(&self, binding: &BufferBinding) -> Result<Slice<'_>, ServerError> {
-        match self.memory.resolve(binding)? {
-            Some(resolved) => Ok(resolved.slice()),
-            None => self
-                .memory
-                .first_word(binding)
-                .ok_or_else(|| validation("an empty binding of unknown memory")),
-        }
-    }
-}
-
-/// What the adapter made for a launch beside cubecl's arguments.
-struct Staged<'a> {
-    /// The scalar blob: cubecl's info struct, less any metadata bound apart.
-    blob: &'a [u8],
-    /// The tensor metadata binding, for a kernel that takes one.
-    metadata: Option<&'a scope_core::Buffer>,
-}
-
-fn refusal(reason: &str) -> ServerError {
-    ServerError::Launch(LaunchError::CompilationError(
-        CompilationError::Validation {
-            reason: reason.to_owned(),
-            backtrace: BackTrace::capture(),
-        },
-    ))
-}
-
-fn io_access(io: BufferIOAttr) -> Access {
-    match io {
-        BufferIOAttr::ReadOnly | BufferIOAttr::Dead => Access::Read,
-        BufferIOAttr::WriteOnly => Access::Write,
-        BufferIOAttr::ReadWrite => Access::ReadWrite,
-    }
-}
-
 impl<B: CubeBackend> ServerStorage for ScopeServer<B> {
     type Storage = ScopeStorage<B>;
 
