@@ -22,17 +22,24 @@
 //!   lock; a call they make back into a client of the same server is
 //!   answered from the lent server when it only looks, and is a typed error
 //!   when it would change something (`lend.rs`).
+//!
+//! The calls are grouped by what they touch: work, copies and memory here;
+//! capture windows and graphs in `capture.rs`; the questions a runtime or
+//! test asks beside its work (failures, bytes, poison, faults) in
+//! `observe.rs`; the backend's own doors in `raw.rs`.
 
+mod capture;
 mod lend;
+mod observe;
+mod raw;
 
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::backend::Backend;
-use crate::capture::CaptureState;
 use crate::error::{Error, Result};
-use crate::handle::{Binding, Buffer, Capture, Dispatch, FreeQueue, Graph, Slice};
+use crate::handle::{Binding, Buffer, Dispatch, FreeQueue, Slice};
 use crate::hooks::Hooks;
 use crate::id::{BufferId, ServerId, StreamId};
 use crate::kernel::Kernel;
@@ -567,289 +574,6 @@ impl<B: Backend> Client<B> {
     /// As a [`read`](Self::read) of them would fail on a claim.
     pub fn check(&self, slices: &[Slice<'_>]) -> Result<()> {
         self.call(|server| server.check(slices))
-    }
-
-    /// Open a capture window on this stream: its later writes, copies and
-    /// launches are recorded into a graph and do not run. Dropping the
-    /// returned [`Capture`] aborts it.
-    ///
-    /// # Errors
-    ///
-    /// A refusal when the stream is already capturing; poison; the backend's
-    /// failure to start.
-    pub fn begin_capture(&self) -> Result<Capture> {
-        let epoch = self.call(|server| server.begin_capture(self.stream))?;
-        Ok(Capture::open(
-            self.stream,
-            self.shared.id,
-            epoch,
-            self.shared.queue.clone(),
-        ))
-    }
-
-    /// Close `capture` from this client's stream and seal its graph.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for a capture of another server (which is
-    /// then aborted on its own, as a dropped capture is) or one already
-    /// ended; [`Error::Unsealed`] when work inside failed or was skipped,
-    /// when this is not the stream that opened it, or when the driver
-    /// refused to seal — the recorded outputs then carry that error (rule
-    /// 33); poison.
-    pub fn end_capture(&self, mut capture: Capture) -> Result<Graph> {
-        let id = self.call(|server| {
-            let id = server.end_capture(self.stream, &capture);
-            if server.owns(&capture) {
-                capture.disarm();
-            }
-            id
-        })?;
-        Ok(Graph::new(id, self.shared.id, self.shared.queue.clone()))
-    }
-
-    /// Throw `capture` away. Its recorded work never runs, so what that work
-    /// would have written is claimed, as by a window that cannot seal.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for a capture of another server (which is
-    /// then aborted on its own, as a dropped capture is) or one already
-    /// ended.
-    pub fn abort_capture(&self, mut capture: Capture) -> Result<()> {
-        self.call(|server| {
-            let aborted = server.abort_capture(&capture);
-            if server.owns(&capture) {
-                capture.disarm();
-            }
-            aborted
-        })
-    }
-
-    /// Where this stream's capture stands.
-    pub fn capture_state(&self) -> CaptureState {
-        self.look(false, |server| server.capture_state(self.stream))
-    }
-
-    /// Replay `graph` on this stream (rule 34).
-    ///
-    /// # Errors
-    ///
-    /// An unknown or destroyed graph, or one whose buffers were freed (no
-    /// claim); [`Error::Skipped`] when an input of the graph carries a
-    /// failure; the device's failure, which every output now carries. A
-    /// refusal, claiming nothing, for a graph that recorded collectives:
-    /// its group's ranks replay it together, with
-    /// [`Rank::replay`](crate::collective::Rank::replay).
-    pub fn replay(&self, graph: &Graph) -> Result<()> {
-        self.call(|server| server.replay(self.stream, graph, None))
-    }
-
-    /// Replay `graph` as a round of group `group`, which its ranks agreed
-    /// on.
-    pub(crate) fn replay_in_group(&self, graph: &Graph, group: u64) -> Result<()> {
-        self.call(|server| server.replay(self.stream, graph, Some(group)))
-    }
-
-    /// The collective rounds `graph` recorded.
-    pub(crate) fn graph_rounds(&self, graph: &Graph) -> Result<Vec<crate::RecordedRound>> {
-        self.call(|server| server.graph_rounds(graph))
-    }
-
-    /// Whether `graph`'s inputs are readable now (see
-    /// [`check`](Self::check)).
-    pub(crate) fn check_graph(&self, graph: &Graph) -> Result<()> {
-        self.call(|server| server.check_graph(graph))
-    }
-
-    /// Claim what a replay of `graph` would write with `error`.
-    pub(crate) fn fail_graph(&self, graph: &Graph, error: Error) -> Result<()> {
-        self.call(|server| server.fail_graph(self.stream, graph, error))
-    }
-
-    /// Destroy `graph`, after its replays in flight (rule 35).
-    ///
-    /// # Errors
-    ///
-    /// An unknown graph; the failure of that wait, which the graph's outputs
-    /// now carry.
-    pub fn destroy_graph(&self, graph: &Graph) -> Result<()> {
-        self.call(|server| server.destroy_graph(graph))
-    }
-
-    /// Call `hook` on every skip (with the root error) and every failed exit
-    /// (with the real error), never on success (rule 39); it replaces any
-    /// earlier hook.
-    ///
-    /// The hook runs after the server's lock is released, before the call
-    /// that caused the event returns, so it may call back into a client;
-    /// the events its own calls cause are delivered after it returns, never
-    /// inside it. One hook never runs on two threads at once. A hook that
-    /// panics unwinds out of that call, whose bookkeeping is already
-    /// complete, and stays installed. A hook that needs a client should
-    /// hold a [`WeakClient`]: the server owns its hook, so a hook that owns
-    /// a `Client` keeps the server alive for good.
-    pub fn on_failure(&self, hook: impl FnMut(StreamId, &Error) + Send + 'static) {
-        self.shared.hooks.install(Box::new(hook));
-    }
-
-    /// How many failures this stream has seen (skips, failed work, faults):
-    /// a measurement is valid only if this did not change while it ran.
-    pub fn failures_seen(&self) -> u64 {
-        self.look(false, |server| server.failures_seen(self.stream))
-    }
-
-    /// Every failure held and every buffer's claims, for a test that must
-    /// explain a broken invariant.
-    #[cfg(feature = "fault-injection")]
-    #[doc(hidden)]
-    pub fn dump_failures(&self) -> String {
-        self.look(false, |server| server.dump_failures())
-    }
-
-    /// How many failures the device holds (rule 7).
-    pub fn failures_held(&self) -> usize {
-        self.look(false, |server| server.failures_held())
-    }
-
-    /// How many (buffer, failure) claims are live, allocation records
-    /// included. The store never holds more failures than this (rule 7).
-    pub fn failure_claims(&self) -> usize {
-        self.look(false, |server| server.failure_claims())
-    }
-
-    /// Check the store's books: every failure's carrier count matches the
-    /// buffers that claim it, and none is held without a carrier.
-    ///
-    /// # Errors
-    ///
-    /// What does not add up, for a test to print.
-    #[cfg(feature = "fault-injection")]
-    pub fn audit(&self) -> std::result::Result<(), String> {
-        self.look(false, |server| server.audit())
-    }
-
-    /// Bytes of live buffers.
-    pub fn bytes_allocated(&self) -> u64 {
-        self.look(false, |server| server.bytes_allocated())
-    }
-
-    /// Bytes the backend holds, in use or cached for reuse.
-    pub fn bytes_reserved(&self) -> u64 {
-        self.look(false, |server| server.bytes_reserved())
-    }
-
-    /// The fault that poisoned the device, if one did.
-    pub fn poison(&self) -> Option<Arc<Error>> {
-        self.look(false, |server| server.poison())
-    }
-
-    /// Install `plan`: from now on, the device calls it names fail.
-    #[cfg(feature = "fault-injection")]
-    ///
-    /// Called from inside a [`with_backend`](Self::with_backend) or
-    /// [`with_memory`](Self::with_memory) closure on the same server, it
-    /// takes effect when that closure returns.
-    pub fn inject(&self, plan: crate::FaultPlan) {
-        if self.shared.lent.is_here() {
-            *self.shared.deferred_plan.lock() = Some(plan);
-            return;
-        }
-        let _ = self.call(|server| {
-            server.inject(plan);
-            Ok(())
-        });
-    }
-
-    /// The bytes of `src` whatever claims them: a look under the failure
-    /// model, for tests that must see that a skipped kernel left its
-    /// outputs untouched. Never for a runtime.
-    ///
-    /// # Errors
-    ///
-    /// Bad input; a buffer without memory; a refusal while recording.
-    #[cfg(feature = "fault-injection")]
-    pub fn peek<'a>(&self, src: impl Into<Slice<'a>>) -> Result<Vec<u8>> {
-        let src = src.into();
-        self.call(|server| server.peek_vec(self.stream, src))
-    }
-
-    /// Run `f` with the backend and `buffer`'s memory, under the server's
-    /// lock — for what only one backend offers (a Vulkan buffer's device
-    /// address, say). The failure model does not see what `f` does: a
-    /// runtime that writes through this must rewrite through the contract
-    /// to heal.
-    ///
-    /// The backend is handed out shared: its [`Backend`] calls take `&mut self`
-    /// and keep tables the core relies on (a stream created behind the
-    /// core's back would desynchronise them), so they stay out of reach.
-    ///
-    /// `f` may call back into any client of this server: a call that only
-    /// looks (a count, the poison, `with_backend` again) is answered at
-    /// once; one that would change the server — a launch, a read, a new
-    /// stream — is an [`Error::InvalidArgument`] saying it was made inside
-    /// this closure, never a deadlock.
-    ///
-    /// # Errors
-    ///
-    /// A foreign or freed buffer; one without memory.
-    pub fn with_memory<R>(
-        &self,
-        buffer: &Buffer,
-        f: impl FnOnce(&B, &B::Memory) -> R,
-    ) -> Result<R> {
-        self.look(true, |server| server.with_memory(buffer, f))
-    }
-
-    /// Run `f` with the backend, shared, under the server's lock — for a
-    /// server crate's own extras (its device limits, its raw handles for a
-    /// raw-API baseline in a bench). See [`with_memory`](Self::with_memory)
-    /// for why it is shared: the calls that change what the core tracks do
-    /// not compile through it,
-    ///
-    /// ```compile_fail
-    /// fn behind_the_cores_back<B: scope_core::Backend>(c: &scope_core::Client<B>) {
-    ///     c.with_backend(|b| drop(b.create_stream(scope_core::StreamId(1))));
-    /// }
-    /// ```
-    ///
-    /// and only [`with_backend_mut`](Self::with_backend_mut)'s promise
-    /// reaches them:
-    ///
-    /// ```no_run
-    /// fn trimmed<B: scope_core::Backend>(c: &scope_core::Client<B>) {
-    ///     // SAFETY: trimming releases caches; it creates or destroys
-    ///     // nothing the core tracks.
-    ///     let _ = unsafe { c.with_backend_mut(|b| b.trim()) };
-    /// }
-    /// ```
-    ///
-    /// `f` may call back into clients of this server as
-    /// [`with_memory`](Self::with_memory)'s may.
-    pub fn with_backend<R>(&self, f: impl FnOnce(&B) -> R) -> R {
-        self.look(true, |server| f(server.backend()))
-    }
-
-    /// Run `f` with the backend, exclusively, under the server's lock.
-    ///
-    /// # Safety
-    ///
-    /// `f` must leave the backend as the core expects it: it must not call
-    /// [`Backend`] methods that create or destroy streams, memory, kernels or
-    /// graphs the core tracks, nor begin or end a capture, nor leave work on
-    /// a stream that writes memory the core has handed out. Calls that only
-    /// release caches ([`Backend::trim`]) or issue work on objects `f` made
-    /// itself are fine. Breaking this desynchronises the core's tables from
-    /// the device, after which a safe call may use freed device memory.
-    ///
-    /// # Errors
-    ///
-    /// An [`Error::InvalidArgument`] when called from inside a
-    /// [`with_backend`](Self::with_backend) or
-    /// [`with_memory`](Self::with_memory) closure on the same server, which
-    /// still borrows the backend.
-    pub unsafe fn with_backend_mut<R>(&self, f: impl FnOnce(&mut B) -> R) -> Result<R> {
-        self.call(|server| Ok(f(server.backend_mut())))
     }
 }
 

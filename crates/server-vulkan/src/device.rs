@@ -14,44 +14,29 @@
 //! value), the second lets a launch write its descriptors into the command
 //! buffer itself, so a recorded command buffer replays without any
 //! descriptor set to keep alive or allocate.
+//!
+//! Which devices qualify, and their order, is `choice.rs`; the instance
+//! and its validation layer are `instance.rs`; opening the chosen one, and
+//! what it offers, is here.
 
 use std::ffi::{CStr, c_void};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ash::vk;
-use parking_lot::Mutex;
-use scope_core::{DeviceKind, Error, Probe, ProbedDevice, Result};
+use scope_core::{Error, Result};
 
-use crate::error::{NAME, unavailable};
+use crate::error::unavailable;
 
-const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
+mod choice;
+mod instance;
 
-/// What is missing when the validation layer is, and where it comes from.
-pub const VALIDATION_LAYER_MISSING: &str =
-    "VK_LAYER_KHRONOS_validation is not installed (apt-get install vulkan-validationlayers)";
-
-/// Whether `VK_LAYER_KHRONOS_validation` is installed, as the loader sees
-/// it (`VK_LAYER_PATH` and the manifest folders); false without a loader.
-pub fn validation_layer_installed() -> bool {
-    load_entry().is_ok_and(|entry| layer_present(&entry, VALIDATION_LAYER))
-}
-
-/// Why a missing validation layer is an error here rather than a run
-/// without it: `CI=true`, or `SCOPE_REQUIRE` naming vulkan (the one parser,
-/// [`scope_core::required`]). `None` elsewhere.
-pub fn validation_required_by() -> Option<&'static str> {
-    if std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1") {
-        Some("CI=true")
-    } else if scope_core::required(NAME) {
-        Some("SCOPE_REQUIRE names vulkan")
-    } else {
-        None
-    }
-}
-
-/// Messages the validation layer sent, in order.
-pub(crate) type Messages = Arc<Mutex<Vec<String>>>;
+pub use choice::device_count;
+pub(crate) use choice::probe;
+use choice::{candidates, choose, kind_name};
+pub(crate) use instance::Messages;
+use instance::{VALIDATION_LAYER, layer_present, load_entry, make_instance, on_message};
+pub use instance::{VALIDATION_LAYER_MISSING, validation_layer_installed, validation_required_by};
 
 /// The limits and memory facts the rest of the backend consults.
 #[derive(Clone, Debug)]
@@ -183,7 +168,7 @@ pub struct Config {
     /// device opens without it (`Vulkan::validating` says so) — except
     /// under CI (`CI=true`) or when `SCOPE_REQUIRE` names vulkan, where
     /// asking for it makes it a requirement and opening is
-    /// [`Error::Refused`](scope_core::Error::Refused), naming the layer and
+    /// [`Error::Refused`], naming the layer and
     /// its package ([`VALIDATION_LAYER_MISSING`]): a test that promises
     /// validation must not pass there without it.
     pub validation: bool,
@@ -253,264 +238,6 @@ fn naga_subgroup_operations(
         set.set(naga_flag, offered.contains(vk_flag));
     }
     set
-}
-
-/// The validation callback: append the message to the `Messages` behind
-/// `user`.
-unsafe extern "system" fn on_message(
-    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
-    _types: vk::DebugUtilsMessageTypeFlagsEXT,
-    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
-    user: *mut c_void,
-) -> vk::Bool32 {
-    if data.is_null() || user.is_null() {
-        return vk::FALSE;
-    }
-    // SAFETY: the layer passes a valid callback-data struct for the length
-    // of the call; `p_message` is null or a NUL-terminated string.
-    let text = unsafe {
-        let data = &*data;
-        if data.p_message.is_null() {
-            String::new()
-        } else {
-            CStr::from_ptr(data.p_message)
-                .to_string_lossy()
-                .into_owned()
-        }
-    };
-    // SAFETY: `user` is `Arc::as_ptr` of the `Gpu`'s `Messages`, which the
-    // `Gpu` keeps alive until after it destroys the messenger.
-    let sink = unsafe { &*(user as *const Mutex<Vec<String>>) };
-    tracing::warn!(target: "server_vulkan::validation", "{severity:?}: {text}");
-    sink.lock().push(format!("{severity:?}: {text}"));
-    vk::FALSE
-}
-
-fn load_entry() -> Result<ash::Entry> {
-    // SAFETY: loading libvulkan runs its initialisers; the loader is a
-    // well-behaved system library, and a missing one is an error, not UB.
-    unsafe { ash::Entry::load() }
-        .map_err(|e| unavailable(format!("the Vulkan loader could not be loaded: {e}")))
-}
-
-fn layer_present(entry: &ash::Entry, name: &CStr) -> bool {
-    // SAFETY: a plain query on a loaded entry.
-    let layers = unsafe { entry.enumerate_instance_layer_properties() }.unwrap_or_default();
-    layers
-        .iter()
-        .any(|l| l.layer_name_as_c_str().is_ok_and(|n| n == name))
-}
-
-fn make_instance(entry: &ash::Entry, validation: bool) -> Result<(ash::Instance, u32)> {
-    // SAFETY: a plain query on a loaded entry.
-    let version = unsafe { entry.try_enumerate_instance_version() }
-        .ok()
-        .flatten()
-        .unwrap_or(vk::API_VERSION_1_0);
-    if version < vk::API_VERSION_1_2 {
-        return Err(unavailable(format!(
-            "the Vulkan loader offers {}.{}; timeline semaphores need 1.2",
-            vk::api_version_major(version),
-            vk::api_version_minor(version)
-        )));
-    }
-    let api = version.min(vk::API_VERSION_1_3);
-    let app = vk::ApplicationInfo::default()
-        .application_name(c"scope")
-        .engine_name(c"scope")
-        .api_version(api);
-    let layers = [VALIDATION_LAYER.as_ptr()];
-    let extensions = [ash::ext::debug_utils::NAME.as_ptr()];
-    let mut info = vk::InstanceCreateInfo::default().application_info(&app);
-    if validation {
-        info = info
-            .enabled_layer_names(&layers)
-            .enabled_extension_names(&extensions);
-    }
-    // SAFETY: `info` and everything it points at outlive the call.
-    let instance = unsafe { entry.create_instance(&info, None) }
-        .map_err(|e| unavailable(format!("vkCreateInstance failed: {e}")))?;
-    Ok((instance, api))
-}
-
-fn device_name(props: &vk::PhysicalDeviceProperties) -> String {
-    props
-        .device_name_as_c_str()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "unnamed device".to_owned())
-}
-
-fn kind_rank(kind: vk::PhysicalDeviceType) -> u32 {
-    match kind {
-        vk::PhysicalDeviceType::DISCRETE_GPU => 0,
-        vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
-        vk::PhysicalDeviceType::VIRTUAL_GPU => 2,
-        vk::PhysicalDeviceType::CPU => 3,
-        _ => 4,
-    }
-}
-
-fn kind_name(kind: vk::PhysicalDeviceType) -> &'static str {
-    match kind {
-        vk::PhysicalDeviceType::DISCRETE_GPU => "discrete GPU",
-        vk::PhysicalDeviceType::INTEGRATED_GPU => "integrated GPU",
-        vk::PhysicalDeviceType::VIRTUAL_GPU => "virtual GPU",
-        vk::PhysicalDeviceType::CPU => "CPU",
-        _ => "other",
-    }
-}
-
-struct Candidate {
-    physical: vk::PhysicalDevice,
-    props: vk::PhysicalDeviceProperties,
-    name: String,
-}
-
-/// Why `physical` cannot host a server, or its compute queue family.
-fn qualify(instance: &ash::Instance, candidate: &Candidate) -> std::result::Result<u32, String> {
-    if candidate.props.api_version < vk::API_VERSION_1_2 {
-        return Err("it offers Vulkan below 1.2".to_owned());
-    }
-    let physical = candidate.physical;
-    // SAFETY: plain queries on a physical device of a live instance.
-    let (families, extensions) = unsafe {
-        (
-            instance.get_physical_device_queue_family_properties(physical),
-            instance
-                .enumerate_device_extension_properties(physical)
-                .unwrap_or_default(),
-        )
-    };
-    let has_push = extensions.iter().any(|e| {
-        e.extension_name_as_c_str()
-            .is_ok_and(|n| n == ash::khr::push_descriptor::NAME)
-    });
-    if !has_push {
-        return Err("it lacks VK_KHR_push_descriptor".to_owned());
-    }
-    let mut v12 = vk::PhysicalDeviceVulkan12Features::default();
-    let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut v12);
-    // SAFETY: `features` chains a struct that lives across the call.
-    unsafe { instance.get_physical_device_features2(physical, &mut features) };
-    if v12.timeline_semaphore == vk::FALSE {
-        return Err("it lacks timeline semaphores".to_owned());
-    }
-    // A compute-only family runs beside graphics work on real GPUs; any
-    // compute family does.
-    let compute = |f: &vk::QueueFamilyProperties| {
-        f.queue_flags.contains(vk::QueueFlags::COMPUTE) && f.queue_count > 0
-    };
-    let family = families
-        .iter()
-        .position(|f| compute(f) && !f.queue_flags.contains(vk::QueueFlags::GRAPHICS))
-        .or_else(|| families.iter().position(compute))
-        .ok_or_else(|| "it has no compute queue".to_owned())?;
-    Ok(family as u32)
-}
-
-fn candidates(instance: &ash::Instance) -> Vec<Candidate> {
-    // SAFETY: plain queries on a live instance.
-    let physicals = unsafe { instance.enumerate_physical_devices() }.unwrap_or_default();
-    physicals
-        .into_iter()
-        .map(|physical| {
-            // SAFETY: as above.
-            let props = unsafe { instance.get_physical_device_properties(physical) };
-            let name = device_name(&props);
-            Candidate {
-                physical,
-                props,
-                name,
-            }
-        })
-        .collect()
-}
-
-/// The usable candidates in the order the server numbers its devices, each
-/// with its compute queue family: the one `SCOPE_VULKAN_DEVICE` names
-/// first (an error when it names none, or one that cannot compute), then
-/// every other usable device, hardware before software. Device 0 is what
-/// [`Config::device`] `None` opens, so a program that never names a device
-/// gets the one it always got.
-fn usable_in_order(instance: &ash::Instance, all: &[Candidate]) -> Result<Vec<(usize, u32)>> {
-    if all.is_empty() {
-        return Err(unavailable("the loader found no Vulkan device"));
-    }
-    let mut chosen = Vec::new();
-    if let Ok(wanted) = std::env::var("SCOPE_VULKAN_DEVICE") {
-        let index = match wanted.trim().parse::<usize>() {
-            Ok(i) if i < all.len() => Some(i),
-            Ok(_) => None,
-            Err(_) => {
-                let needle = wanted.to_lowercase();
-                all.iter()
-                    .position(|c| c.name.to_lowercase().contains(&needle))
-            }
-        };
-        let Some(index) = index else {
-            let names: Vec<_> = all.iter().map(|c| c.name.as_str()).collect();
-            return Err(unavailable(format!(
-                "SCOPE_VULKAN_DEVICE={wanted} names none of {names:?}"
-            )));
-        };
-        let family = qualify(instance, &all[index]).map_err(|why| {
-            unavailable(format!(
-                "SCOPE_VULKAN_DEVICE picks {}, but {why}",
-                all[index].name
-            ))
-        })?;
-        chosen.push((index, family));
-    }
-    let mut order: Vec<usize> = (0..all.len()).collect();
-    order.sort_by_key(|&i| kind_rank(all[i].props.device_type));
-    let mut refusals = Vec::new();
-    for i in order {
-        if chosen.iter().any(|&(c, _)| c == i) {
-            continue;
-        }
-        match qualify(instance, &all[i]) {
-            Ok(family) => chosen.push((i, family)),
-            Err(why) => refusals.push(format!("{}: {why}", all[i].name)),
-        }
-    }
-    if chosen.is_empty() {
-        return Err(unavailable(format!(
-            "no usable device ({})",
-            refusals.join("; ")
-        )));
-    }
-    Ok(chosen)
-}
-
-/// The candidate [`Config::device`] names (device 0 when it names none).
-fn choose(
-    instance: &ash::Instance,
-    all: &[Candidate],
-    device: Option<usize>,
-) -> Result<(usize, u32)> {
-    let order = usable_in_order(instance, all)?;
-    let wanted = device.unwrap_or(0);
-    order.get(wanted).copied().ok_or_else(|| {
-        unavailable(format!(
-            "device {wanted} does not exist: {} usable Vulkan device(s) here",
-            order.len()
-        ))
-    })
-}
-
-/// How many devices the server can open here ([`Config::device`] numbers
-/// them `0..count`); 0 without a loader or a usable device.
-pub fn device_count() -> usize {
-    let Ok(entry) = load_entry() else {
-        return 0;
-    };
-    let Ok((instance, _)) = make_instance(&entry, false) else {
-        return 0;
-    };
-    let count = usable_in_order(&instance, &candidates(&instance)).map_or(0, |o| o.len());
-    // SAFETY: nothing else was created from the instance.
-    unsafe { instance.destroy_instance(None) };
-    count
 }
 
 fn memory_facts(
@@ -841,43 +568,4 @@ fn wait_timeout_ns() -> u64 {
         .map_or(crate::stream::WAIT_TIMEOUT_NS, |ms| {
             ms.max(1).saturating_mul(1_000_000)
         })
-}
-
-/// List the physical devices, never panicking: a missing loader is an
-/// answer.
-pub(crate) fn probe() -> Probe {
-    let entry = match load_entry() {
-        Ok(entry) => entry,
-        Err(Error::BackendUnavailable { reason, .. }) => return Probe::none(NAME, reason),
-        Err(other) => return Probe::none(NAME, other.to_string()),
-    };
-    let (instance, _) = match make_instance(&entry, false) {
-        Ok(made) => made,
-        Err(e) => return Probe::none(NAME, e.to_string()),
-    };
-    let all = candidates(&instance);
-    let devices = all
-        .iter()
-        .map(|c| ProbedDevice {
-            name: c.name.clone(),
-            kind: if c.props.device_type == vk::PhysicalDeviceType::CPU {
-                DeviceKind::Software
-            } else {
-                DeviceKind::Hardware
-            },
-            detail: format!(
-                "{}, Vulkan {}.{}{}",
-                kind_name(c.props.device_type),
-                vk::api_version_major(c.props.api_version),
-                vk::api_version_minor(c.props.api_version),
-                match qualify(&instance, c) {
-                    Ok(_) => String::new(),
-                    Err(why) => format!(", unusable: {why}"),
-                }
-            ),
-        })
-        .collect();
-    // SAFETY: nothing else was created from the instance.
-    unsafe { instance.destroy_instance(None) };
-    Probe::found(NAME, devices)
 }

@@ -1,0 +1,119 @@
+//! Capture windows and the graphs they seal: recording, replay and
+//! destruction, each one call under the server's lock.
+
+use crate::backend::Backend;
+use crate::capture::CaptureState;
+use crate::error::{Error, Result};
+use crate::handle::{Capture, Graph};
+
+use super::Client;
+
+impl<B: Backend> Client<B> {
+    /// Open a capture window on this stream: its later writes, copies and
+    /// launches are recorded into a graph and do not run. Dropping the
+    /// returned [`Capture`] aborts it.
+    ///
+    /// # Errors
+    ///
+    /// A refusal when the stream is already capturing; poison; the backend's
+    /// failure to start.
+    pub fn begin_capture(&self) -> Result<Capture> {
+        let epoch = self.call(|server| server.begin_capture(self.stream))?;
+        Ok(Capture::open(
+            self.stream,
+            self.shared.id,
+            epoch,
+            self.shared.queue.clone(),
+        ))
+    }
+
+    /// Close `capture` from this client's stream and seal its graph.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a capture of another server (which is
+    /// then aborted on its own, as a dropped capture is) or one already
+    /// ended; [`Error::Unsealed`] when work inside failed or was skipped,
+    /// when this is not the stream that opened it, or when the driver
+    /// refused to seal — the recorded outputs then carry that error (rule
+    /// 33); poison.
+    pub fn end_capture(&self, mut capture: Capture) -> Result<Graph> {
+        let id = self.call(|server| {
+            let id = server.end_capture(self.stream, &capture);
+            if server.owns(&capture) {
+                capture.disarm();
+            }
+            id
+        })?;
+        Ok(Graph::new(id, self.shared.id, self.shared.queue.clone()))
+    }
+
+    /// Throw `capture` away. Its recorded work never runs, so what that work
+    /// would have written is claimed, as by a window that cannot seal.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a capture of another server (which is
+    /// then aborted on its own, as a dropped capture is) or one already
+    /// ended.
+    pub fn abort_capture(&self, mut capture: Capture) -> Result<()> {
+        self.call(|server| {
+            let aborted = server.abort_capture(&capture);
+            if server.owns(&capture) {
+                capture.disarm();
+            }
+            aborted
+        })
+    }
+
+    /// Where this stream's capture stands.
+    pub fn capture_state(&self) -> CaptureState {
+        self.look(false, |server| server.capture_state(self.stream))
+    }
+
+    /// Replay `graph` on this stream (rule 34).
+    ///
+    /// # Errors
+    ///
+    /// An unknown or destroyed graph, or one whose buffers were freed (no
+    /// claim); [`Error::Skipped`] when an input of the graph carries a
+    /// failure; the device's failure, which every output now carries. A
+    /// refusal, claiming nothing, for a graph that recorded collectives:
+    /// its group's ranks replay it together, with
+    /// [`Rank::replay`](crate::collective::Rank::replay).
+    pub fn replay(&self, graph: &Graph) -> Result<()> {
+        self.call(|server| server.replay(self.stream, graph, None))
+    }
+
+    /// Replay `graph` as a round of group `group`, which its ranks agreed
+    /// on.
+    pub(crate) fn replay_in_group(&self, graph: &Graph, group: u64) -> Result<()> {
+        self.call(|server| server.replay(self.stream, graph, Some(group)))
+    }
+
+    /// The collective rounds `graph` recorded.
+    pub(crate) fn graph_rounds(&self, graph: &Graph) -> Result<Vec<crate::RecordedRound>> {
+        self.call(|server| server.graph_rounds(graph))
+    }
+
+    /// Whether `graph`'s inputs are readable now (see
+    /// [`check`](Self::check)).
+    pub(crate) fn check_graph(&self, graph: &Graph) -> Result<()> {
+        self.call(|server| server.check_graph(graph))
+    }
+
+    /// Claim what a replay of `graph` would write with `error`.
+    pub(crate) fn fail_graph(&self, graph: &Graph, error: Error) -> Result<()> {
+        self.call(|server| server.fail_graph(self.stream, graph, error))
+    }
+
+    /// Destroy `graph`, after its replays in flight (rule 35).
+    ///
+    /// # Errors
+    ///
+    /// An unknown graph; the failure of that wait, which the graph's outputs
+    /// now carry.
+    pub fn destroy_graph(&self, graph: &Graph) -> Result<()> {
+        self.call(|server| server.destroy_graph(graph))
+    }
+}
