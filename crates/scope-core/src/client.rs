@@ -432,11 +432,12 @@ impl<B: Backend> Client<B> {
     /// Issue one rank's part of a collective on a device transport
     /// (`collective::device`): `call` gets the backend, this client's
     /// stream and both ranges resolved to memory, inside the server's scope
-    /// for work that reads `input` and writes `output`.
+    /// for work that reads `input` (where the flag beside it says this rank
+    /// reads it) and writes `output`.
     pub(crate) fn issue_collective(
         &self,
         name: (&str, Option<crate::RecordedRound>),
-        input: Slice<'_>,
+        input: (Slice<'_>, bool),
         output: Slice<'_>,
         call: impl FnOnce(
             &mut B,

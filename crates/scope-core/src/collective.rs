@@ -312,6 +312,13 @@ pub enum Call {
 }
 
 impl Call {
+    /// Whether rank `rank` reads its input: every rank does, but in a
+    /// broadcast only the root — the others' bytes are only written, so a
+    /// failure they carry is healed, never a reason to skip their part.
+    pub(crate) fn reads_input_of(self, rank: usize) -> bool {
+        !matches!(self, Call::Broadcast { root } if root != rank)
+    }
+
     /// The collective's name, as errors give it.
     pub fn name(self) -> &'static str {
         match self {
@@ -670,10 +677,7 @@ impl<B: Backend> Rank<B> {
             return Err(CollectiveError::Broken { cause }.into());
         }
         let refused = self.refusal(kind, input, output);
-        let reads = match kind {
-            Call::Broadcast { root } => root == self.rank,
-            _ => true,
-        };
+        let reads = kind.reads_input_of(self.rank);
         let on_device = self.shared.device.is_some();
         let recorded = self.client().capture_state() == CaptureState::Recording;
         let part = Part {

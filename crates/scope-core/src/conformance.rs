@@ -25,6 +25,7 @@ pub mod device;
 pub mod input;
 pub mod property;
 pub mod recorded;
+pub mod rounds;
 pub mod sizes;
 pub mod soak;
 
@@ -37,6 +38,7 @@ pub use device::*;
 pub use input::*;
 pub use property::random_sequences;
 pub use recorded::*;
+pub use rounds::*;
 pub use sizes::*;
 
 use crate::backend::Backend;
@@ -342,18 +344,21 @@ macro_rules! conformance_tests {
             a_closure_holding_the_lock_may_call_back,
             collectives_compute_on_every_rank,
             a_failed_input_fails_every_ranks_output,
+            a_broadcast_heals_the_other_ranks_failed_buffers,
             a_rank_that_never_joins_fails_the_others_within_the_deadline,
             bad_collective_input_is_refused_everywhere,
             send_and_recv_carry_failures_between_ranks,
             a_sender_ahead_of_a_silent_receiver_holds_a_bounded_mailbox,
             copies_across_devices_carry_failures,
             a_host_staged_collective_is_not_recorded,
+            random_rounds_of_collectives_match_the_oracle,
         );
     };
     (@device_collectives $suite:ty) => {
         $crate::conformance_tests!(@only $suite;
             collectives_compute_on_every_rank,
             a_failed_input_fails_every_ranks_output,
+            a_broadcast_heals_the_other_ranks_failed_buffers,
             a_rank_that_never_joins_fails_the_others_within_the_deadline,
             bad_collective_input_is_refused_everywhere,
             send_and_recv_carry_failures_between_ranks,
@@ -368,6 +373,7 @@ macro_rules! conformance_tests {
             ranks_in_separate_processes_record_and_replay,
             ranks_in_separate_processes_send_and_receive,
             a_silent_sender_in_another_process_stalls_its_receiver_within_the_deadline,
+            random_rounds_of_collectives_match_the_oracle,
         );
         $crate::conformance_tests!(@every_group_size $suite);
     };

@@ -247,7 +247,7 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
         let ranks = self.ranks;
         client.issue_collective(
             (call.name(), Some(round)),
-            input,
+            (input, call.reads_input_of(rank)),
             output,
             |backend, stream, input, output| {
                 let call = DeviceCall {

@@ -177,7 +177,7 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
         client
             .issue_collective(
                 ("ballot", None),
-                self.send.all(),
+                (self.send.all(), true),
                 self.gathered.all(),
                 |backend, stream, input, output| {
                     let call = DeviceCall {

@@ -18,7 +18,7 @@ pub(super) const PART: u32 = 64;
 
 /// A group of [`RANKS`] servers of the suite's backend, or `None` (skipped)
 /// without a device.
-fn group<S: Suite>(deadline: Duration) -> Option<Group<S::Backend>> {
+pub(super) fn group<S: Suite>(deadline: Duration) -> Option<Group<S::Backend>> {
     let clients: Option<Vec<_>> = (0..RANKS)
         .map(|rank| client_or_skip(|| S::rank_client(rank)))
         .collect();
@@ -118,7 +118,7 @@ pub fn collectives_compute_on_every_rank<S: Suite>() {
 }
 
 /// How long a rank waits where no rank is meant to go missing.
-const DEFAULT_WAIT: Duration = Duration::from_secs(120);
+pub(super) const DEFAULT_WAIT: Duration = Duration::from_secs(120);
 
 /// A failed input on one rank fails every rank's output of that collective,
 /// naming the rank, its root cause and chain; every input is left as it
@@ -179,6 +179,69 @@ pub fn a_failed_input_fails_every_ranks_output<S: Suite>() {
             ),
         }
         assert_eq!(healed, vec![RANKS as u32; PART as usize]);
+    }
+    assert!(group.broken().is_none());
+}
+
+/// A broadcast reads only the root's bytes: a failure the other ranks'
+/// buffers carry is healed by it, never a reason to skip their part —
+/// eagerly, and (over a device transport) in a recorded round replayed
+/// after the failure — while a failure at the root fails every rank's
+/// buffer naming the root (rules 41, 50).
+pub fn a_broadcast_heals_the_other_ranks_failed_buffers<S: Suite>() {
+    let Some(group) = group::<S>(DEFAULT_WAIT) else {
+        return;
+    };
+    let over_device = group.is_over_device();
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let r = rank.index() as u32;
+        let data = upload(c, &[r + 10; PART as usize]);
+        let fail_unless_root = |root: usize, what: &str| {
+            if rank.index() != root {
+                c.fail_writing(&[data.all()], injected(what)).unwrap();
+            }
+        };
+        fail_unless_root(1, "a stale buffer off the root");
+        let healed = rank.broadcast(1, data.all());
+        let eager = read(c, &data);
+        let replayed = over_device.then(|| {
+            c.write(data.all(), &as_bytes(&[r + 20; PART as usize]))
+                .unwrap();
+            let capture = c.begin_capture().unwrap();
+            rank.broadcast(3, data.all())
+                .expect("recorded on every rank");
+            let graph = c.end_capture(capture).expect("a clean window seals");
+            fail_unless_root(3, "stale after the recording");
+            let replayed = rank.replay(&graph);
+            c.destroy_graph(&graph).unwrap();
+            (replayed, read(c, &data))
+        });
+        if rank.index() == 2 {
+            c.fail_writing(&[data.all()], injected("the root's own bytes"))
+                .unwrap();
+        }
+        let failed = rank.broadcast(2, data.all());
+        (healed, eager, replayed, failed, claimed_by(c, &data))
+    });
+    for (rank, (healed, eager, replayed, failed, claim)) in outcomes.into_iter().enumerate() {
+        healed.unwrap_or_else(|e| panic!("rank {rank}: a broadcast heals, not skips: {e}"));
+        assert_eq!(eager.unwrap(), vec![11; PART as usize], "rank {rank}");
+        if let Some((replayed, read)) = replayed {
+            replayed.unwrap_or_else(|e| panic!("rank {rank}: the replay heals: {e}"));
+            assert_eq!(
+                read.unwrap(),
+                vec![23; PART as usize],
+                "rank {rank}, replayed"
+            );
+        }
+        let error = failed.expect_err("the root's failure fails every rank");
+        for reported in [collective_error(&error), &claim] {
+            assert!(
+                matches!(reported, CollectiveError::InputFailed { rank: 2, .. }),
+                "rank {rank}: {reported}"
+            );
+        }
     }
     assert!(group.broken().is_none());
 }

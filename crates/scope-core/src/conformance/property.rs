@@ -127,7 +127,7 @@ pub const STEPS: usize = 2_500;
 /// step and the last operations.
 pub fn random_sequences<S: Suite>(seeds: &[u64], steps: usize) {
     let steps = env_number("SCOPE_PROPERTY_STEPS").map_or(steps, |s| s as usize);
-    let only = env_number("SCOPE_PROPERTY_SEED");
+    let only = env_seed();
     let seeds: Vec<u64> = only.map_or_else(|| seeds.to_vec(), |seed| vec![seed]);
     let mut tally = Tally::default();
     for (i, &seed) in seeds.iter().enumerate() {
@@ -150,6 +150,11 @@ pub fn random_sequences<S: Suite>(seeds: &[u64], steps: usize) {
         tally.refused,
         tally.abused,
     );
+}
+
+/// The one seed `SCOPE_PROPERTY_SEED` names, for every random test here.
+pub(super) fn env_seed() -> Option<u64> {
+    env_number("SCOPE_PROPERTY_SEED")
 }
 
 fn env_number(name: &str) -> Option<u64> {

@@ -260,22 +260,31 @@ impl<B: Backend> Server<B> {
     /// that every rank issues it; a scope that skips it here (the input
     /// failed since) answers an error like a failed call, and the group
     /// learns it at its second meeting (`collective::device`).
+    ///
+    /// A rank that does not read its input (`reads` false: a broadcast's
+    /// other ranks, whose input is their output) issues work that only
+    /// writes it, and `call` gets the output's range as both: were it
+    /// declared a read, a failure the output carries from before would
+    /// skip this rank's part of a round every rank agreed to run, and
+    /// break the group, where the round should heal it (rule 41).
+    ///
     /// On a recording stream the call is recorded as round `round` of its
     /// group; a call that is no group's round (a ballot) is refused there.
     pub(crate) fn issue_collective(
         &mut self,
         stream: StreamId,
         name: (&str, Option<RecordedRound>),
-        input: Slice<'_>,
+        (input, reads): (Slice<'_>, bool),
         output: Slice<'_>,
         call: impl FnOnce(&mut B, &mut B::Stream, Resolved<'_, B>, Resolved<'_, B>) -> Result<()>,
     ) -> Result<()> {
         self.issue_library_call(
             stream,
             name,
-            (Some(input), Some(output)),
+            (reads.then_some(input), Some(output)),
             |backend, stream, input, output| match (input, output) {
                 (Some(input), Some(output)) => call(backend, stream, input, output),
+                (None, Some(output)) => call(backend, stream, output.clone(), output),
                 _ => Err(Error::internal("a collective lost its buffers")),
             },
         )

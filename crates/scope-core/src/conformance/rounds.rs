@@ -1,0 +1,745 @@
+//! Random rounds of collectives against an oracle, for any group.
+//!
+//! The collective behaviours test each rule with the sequence someone
+//! wrote; this runs the sequences nobody did. Each round, every rank may
+//! write fresh bytes into one of its buffers, fail one (as a failed kernel
+//! would), or copy one into another; then the group runs one collective
+//! over those buffers — an all-reduce (`u32` or `i32`, any reduction, in
+//! place now and then), an all-gather into a wide buffer, a reduce-scatter
+//! out of it, an all-to-all, a broadcast from any root, every rank sending
+//! to the next and receiving from the one before, or a call the ranks
+//! disagree on (another collective, or an output of another length on one
+//! rank). Over a device transport a round whose inputs are clean is
+//! sometimes recorded on every rank and replayed together, with a failure
+//! claimed on one rank in between (rule 50). Beside the group, an oracle
+//! keeps, for every buffer of every rank, either its words or the failures
+//! a read of it may name. After every round each rank reads all of its
+//! buffers, and:
+//!
+//! - a read fails exactly when the oracle says the buffer is stale, and a
+//!   clean read returns the oracle's words (rule 41's healing, 45's stream
+//!   order);
+//! - a stale buffer's root is the one the oracle expects: the injected
+//!   failure, or `InputFailed` naming the lowest rank whose input failed,
+//!   with that failure's text somewhere in its chain (rules 41, 48);
+//! - every rank's call answered as the oracle expects: `Ok`, `InputFailed`
+//!   naming that rank, or `Refused` on every rank with nothing claimed
+//!   (rule 44) — including rounds whose inputs also failed;
+//! - the group never breaks, and the store's books add up
+//!   ([`Client::audit`]).
+//!
+//! # Why this shape
+//!
+//! Every rank's thread draws the whole round — every rank's part — from
+//! the same seed, and keeps the whole oracle: so a rank needs no message
+//! from another to know what its reads must return, and the ranks run as
+//! a runtime's would, each on its own thread, meeting only inside the
+//! collectives. Buffers are whole parts (no sub-ranges), so staleness is
+//! per buffer, not per word. The words are random over all of `u32`, so
+//! sums and products wrap and `i32`'s order differs from `u32`'s: a
+//! transport that computes in another width or sign is caught.
+//!
+//! `SCOPE_PROPERTY_SEED=<seed>` runs one seed alone (as for
+//! [`random_sequences`]); a failing round prints the seed and the rounds
+//! before it.
+
+use super::collective::{DEFAULT_WAIT, PART, collective_error, group};
+use super::*;
+use crate::collective::{CollectiveError, Element, Rank, Reduce};
+
+/// The seeds every suite runs.
+pub const ROUND_SEEDS: [u64; 3] = [5, 77, 0x0dd_ba11];
+
+/// Rounds per seed: a tenth of a second a seed on the host server here,
+/// under a second on lavapipe.
+pub const ROUNDS: usize = 100;
+
+/// Buffers of one part per rank; the wide buffer (a part per rank, for the
+/// all-gather and the reduce-scatter) comes after them.
+const SLOTS: usize = 4;
+const WIDE: usize = SLOTS;
+
+/// A failure a read of a stale buffer may name: the rank the outermost
+/// `InputFailed` names (`None`: the injected failure itself), and the tag of
+/// the injected failure at the bottom of its chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Origin {
+    named: Option<usize>,
+    tag: u32,
+}
+
+/// What the oracle knows of one buffer.
+#[derive(Clone, Debug)]
+enum Held {
+    Clean(Vec<u32>),
+    /// A read must fail, naming one of these.
+    Stale(Vec<Origin>),
+}
+
+fn tag_text(tag: u32) -> String {
+    format!("round-failure#{tag};")
+}
+
+/// One rank's part of a round, before the collective.
+#[derive(Clone)]
+enum Local {
+    Write { slot: usize, words: Vec<u32> },
+    Fail { slot: usize, tag: u32 },
+    Copy { from: usize, to: usize },
+}
+
+/// A write's words are random: the log names the first.
+impl std::fmt::Debug for Local {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Local::Write { slot, words } => write!(
+                f,
+                "Write {{ slot: {slot}, {} words from {:#x} }}",
+                words.len(),
+                words.first().copied().unwrap_or_default()
+            ),
+            Local::Fail { slot, tag } => write!(f, "Fail {{ slot: {slot}, tag: {tag} }}"),
+            Local::Copy { from, to } => write!(f, "Copy {{ from: {from}, to: {to} }}"),
+        }
+    }
+}
+
+/// How the ranks disagree in a refused round.
+#[derive(Clone, Copy, Debug)]
+enum Disagreement {
+    /// The odd rank calls an all-gather where the others all-reduce.
+    Call,
+    /// The odd rank's output is half as long.
+    Length,
+}
+
+/// The collective of a round, the same on every rank.
+#[derive(Clone, Copy, Debug)]
+enum Collective {
+    AllReduce {
+        src: usize,
+        dst: usize,
+        element: Element,
+        op: Reduce,
+    },
+    AllGather {
+        src: usize,
+    },
+    ReduceScatter {
+        dst: usize,
+        element: Element,
+        op: Reduce,
+    },
+    AllToAll {
+        src: usize,
+        dst: usize,
+    },
+    Broadcast {
+        root: usize,
+        slot: usize,
+    },
+    /// Every rank sends `src` to the next and receives into `dst` from the
+    /// one before.
+    Shift {
+        src: usize,
+        dst: usize,
+    },
+    Refused {
+        odd: usize,
+        src: usize,
+        dst: usize,
+        how: Disagreement,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Round {
+    locals: Vec<Vec<Local>>,
+    collective: Collective,
+    /// Over a device transport, where every input it reads is clean:
+    /// record the collective on every rank, then replay the graphs
+    /// together (rule 50) — after `late`, a failure claimed on one rank
+    /// between the recording and the replay.
+    recorded: bool,
+    late: Option<(usize, Local)>,
+}
+
+impl Collective {
+    /// The buffer `rank` reads as a collective's input, if any: a broadcast
+    /// reads only the root's. A shift's reads are its sends' (the oracle
+    /// follows each), and a refused call reads nothing.
+    fn reads(self, rank: usize) -> Option<usize> {
+        match self {
+            Collective::AllReduce { src, .. }
+            | Collective::AllGather { src }
+            | Collective::AllToAll { src, .. } => Some(src),
+            Collective::ReduceScatter { .. } => Some(WIDE),
+            Collective::Broadcast { root, slot } => (root == rank).then_some(slot),
+            Collective::Shift { .. } | Collective::Refused { .. } => None,
+        }
+    }
+
+    /// Whether it is a round a graph may record: transfers are no rounds,
+    /// and a refused call records nothing.
+    fn recordable(self) -> bool {
+        !matches!(self, Collective::Shift { .. } | Collective::Refused { .. })
+    }
+}
+
+/// What a rank's call must answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    Ok,
+    /// `InputFailed` naming this rank.
+    InputFailed(usize),
+    Refused,
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        // splitmix64, so that every seed starts its own sequence.
+        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Self((z ^ (z >> 31)) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    fn words(&mut self, n: u32) -> Vec<u32> {
+        (0..n).map(|_| self.next() as u32).collect()
+    }
+
+    /// Two distinct part-sized buffers.
+    fn two(&mut self) -> (usize, usize) {
+        let a = self.below(SLOTS);
+        (a, (a + 1 + self.below(SLOTS - 1)) % SLOTS)
+    }
+}
+
+/// The words of a part-sized buffer, or of the wide one.
+fn words_in(slot: usize, n: usize) -> u32 {
+    if slot == WIDE { PART * n as u32 } else { PART }
+}
+
+impl Round {
+    fn draw(rng: &mut Rng, n: usize, next_tag: &mut u32) -> Self {
+        let locals = (0..n)
+            .map(|_| {
+                let mut locals = Vec::new();
+                if rng.chance(50) {
+                    let slot = rng.below(SLOTS + 1);
+                    locals.push(Local::Write {
+                        slot,
+                        words: rng.words(words_in(slot, n)),
+                    });
+                }
+                if rng.chance(10) {
+                    *next_tag += 1;
+                    locals.push(Local::Fail {
+                        slot: rng.below(SLOTS + 1),
+                        tag: *next_tag,
+                    });
+                }
+                if rng.chance(15) {
+                    let (from, to) = rng.two();
+                    locals.push(Local::Copy { from, to });
+                }
+                locals
+            })
+            .collect();
+        let element = if rng.chance(50) {
+            Element::U32
+        } else {
+            Element::I32
+        };
+        let op = [
+            Reduce::Sum,
+            Reduce::Prod,
+            Reduce::Min,
+            Reduce::Max,
+            Reduce::Mean,
+        ][rng.below(5)];
+        let (src, dst) = rng.two();
+        // An all-reduce in place, now and then (NCCL's `sendbuff ==
+        // recvbuff`).
+        let in_place = if rng.chance(20) { src } else { dst };
+        let kinds = if n > 1 { 7 } else { 5 };
+        let collective = match rng.below(kinds) {
+            0 => Collective::AllReduce {
+                src,
+                dst: in_place,
+                element,
+                op,
+            },
+            1 => Collective::AllGather { src },
+            2 => Collective::ReduceScatter { dst, element, op },
+            3 => Collective::AllToAll { src, dst },
+            4 => Collective::Broadcast {
+                root: rng.below(n),
+                slot: src,
+            },
+            5 => Collective::Shift { src, dst },
+            _ => Collective::Refused {
+                odd: rng.below(n),
+                src,
+                dst,
+                how: if rng.chance(50) {
+                    Disagreement::Call
+                } else {
+                    Disagreement::Length
+                },
+            },
+        };
+        let recorded = rng.chance(35);
+        *next_tag += 1;
+        let late = rng.chance(30).then(|| {
+            (
+                rng.below(n),
+                Local::Fail {
+                    slot: rng.below(SLOTS + 1),
+                    tag: *next_tag,
+                },
+            )
+        });
+        Self {
+            locals,
+            collective,
+            recorded,
+            late,
+        }
+    }
+}
+
+/// Every buffer of every rank, as the oracle knows it.
+struct Oracle {
+    held: Vec<Vec<Held>>,
+}
+
+fn combine(element: Element, op: Reduce, a: u32, b: u32) -> u32 {
+    let signed = element == Element::I32;
+    match op {
+        Reduce::Sum | Reduce::Mean => a.wrapping_add(b),
+        Reduce::Prod => a.wrapping_mul(b),
+        Reduce::Min if signed => (a as i32).min(b as i32) as u32,
+        Reduce::Max if signed => (a as i32).max(b as i32) as u32,
+        Reduce::Min => a.min(b),
+        Reduce::Max => a.max(b),
+    }
+}
+
+/// `words[0] op words[1] op …`, then the mean's division (truncating, as
+/// the element's own division does).
+fn reduce_words(element: Element, op: Reduce, words: &[u32]) -> u32 {
+    let total = words[1..]
+        .iter()
+        .fold(words[0], |acc, &w| combine(element, op, acc, w));
+    if op != Reduce::Mean {
+        return total;
+    }
+    let n = words.len() as u32;
+    match element {
+        Element::I32 => (total as i32).wrapping_div(n as i32) as u32,
+        _ => total / n,
+    }
+}
+
+impl Oracle {
+    fn new(rng: &mut Rng, n: usize) -> Self {
+        let held = (0..n)
+            .map(|_| {
+                (0..=SLOTS)
+                    .map(|slot| Held::Clean(rng.words(words_in(slot, n))))
+                    .collect()
+            })
+            .collect();
+        Self { held }
+    }
+
+    fn ranks(&self) -> usize {
+        self.held.len()
+    }
+
+    fn local(&mut self, rank: usize, local: &Local) {
+        let held = &mut self.held[rank];
+        match local {
+            Local::Write { slot, words } => held[*slot] = Held::Clean(words.clone()),
+            Local::Fail { slot, tag } => {
+                held[*slot] = Held::Stale(vec![Origin {
+                    named: None,
+                    tag: *tag,
+                }]);
+            }
+            Local::Copy { from, to } => held[*to] = held[*from].clone(),
+        }
+    }
+
+    /// The origins an output names when `rank`'s `slot` is what failed: the
+    /// outermost `InputFailed` names `rank`, over any of its tags.
+    fn failed_at(&self, rank: usize, slot: usize) -> Vec<Origin> {
+        match &self.held[rank][slot] {
+            Held::Stale(origins) => origins
+                .iter()
+                .map(|o| Origin {
+                    named: Some(rank),
+                    tag: o.tag,
+                })
+                .collect(),
+            Held::Clean(_) => Vec::new(),
+        }
+    }
+
+    /// The lowest rank whose buffer `collective` reads is stale, and that
+    /// buffer.
+    fn first_failed(&self, collective: Collective) -> Option<(usize, usize)> {
+        (0..self.ranks()).find_map(|r| {
+            let slot = collective.reads(r)?;
+            matches!(self.held[r][slot], Held::Stale(_)).then_some((r, slot))
+        })
+    }
+
+    fn words(&self, rank: usize, slot: usize) -> &[u32] {
+        match &self.held[rank][slot] {
+            Held::Clean(words) => words,
+            Held::Stale(_) => unreachable!("only clean inputs are combined"),
+        }
+    }
+
+    /// Apply `collective`, which every rank calls the same way: it reads
+    /// what [`Collective::reads`] says, and writes `outputs(rank)`, made
+    /// from the clean inputs, into every rank's `dst`. Every rank's answer.
+    fn collective(
+        &mut self,
+        collective: Collective,
+        dst: usize,
+        outputs: impl Fn(&Self, usize) -> Vec<u32>,
+    ) -> Vec<Answer> {
+        let n = self.ranks();
+        if let Some((failed, slot)) = self.first_failed(collective) {
+            let origins = self.failed_at(failed, slot);
+            for held in &mut self.held {
+                held[dst] = Held::Stale(origins.clone());
+            }
+            return vec![Answer::InputFailed(failed); n];
+        }
+        let written: Vec<Vec<u32>> = (0..n).map(|r| outputs(self, r)).collect();
+        for (held, words) in self.held.iter_mut().zip(written) {
+            held[dst] = Held::Clean(words);
+        }
+        vec![Answer::Ok; n]
+    }
+
+    /// Apply `collective`; every rank's answers, in the order the rank
+    /// makes its calls (a shift answers its send, then its receive).
+    fn apply(&mut self, collective: Collective) -> Vec<Vec<Answer>> {
+        let n = self.ranks();
+        let chunk = PART as usize / n;
+        let single = |answers: Vec<Answer>| answers.into_iter().map(|a| vec![a]).collect();
+        match collective {
+            Collective::AllReduce {
+                src,
+                dst,
+                element,
+                op,
+            } => single(self.collective(collective, dst, |o, _| {
+                (0..PART as usize)
+                    .map(|i| {
+                        let column: Vec<u32> = (0..n).map(|r| o.words(r, src)[i]).collect();
+                        reduce_words(element, op, &column)
+                    })
+                    .collect()
+            })),
+            Collective::AllGather { src } => single(self.collective(collective, WIDE, |o, _| {
+                (0..n).flat_map(|r| o.words(r, src).to_vec()).collect()
+            })),
+            Collective::ReduceScatter { dst, element, op } => {
+                single(self.collective(collective, dst, |o, rank| {
+                    (0..PART as usize)
+                        .map(|i| {
+                            let column: Vec<u32> = (0..n)
+                                .map(|r| o.words(r, WIDE)[rank * PART as usize + i])
+                                .collect();
+                            reduce_words(element, op, &column)
+                        })
+                        .collect()
+                }))
+            }
+            Collective::AllToAll { src, dst } => {
+                single(self.collective(collective, dst, |o, rank| {
+                    (0..n)
+                        .flat_map(|from| {
+                            o.words(from, src)[rank * chunk..(rank + 1) * chunk].to_vec()
+                        })
+                        .collect()
+                }))
+            }
+            Collective::Broadcast { root, slot } => {
+                single(self.collective(collective, slot, |o, _| o.words(root, slot).to_vec()))
+            }
+            Collective::Shift { src, dst } => {
+                let sent: Vec<Held> = (0..n).map(|r| self.held[r][src].clone()).collect();
+                let mut answers = Vec::with_capacity(n);
+                for rank in 0..n {
+                    let before = (rank + n - 1) % n;
+                    let send = match &sent[rank] {
+                        Held::Stale(_) => Answer::InputFailed(rank),
+                        Held::Clean(_) => Answer::Ok,
+                    };
+                    let (recv, held) = match &sent[before] {
+                        Held::Stale(origins) => (
+                            Answer::InputFailed(before),
+                            Held::Stale(
+                                origins
+                                    .iter()
+                                    .map(|o| Origin {
+                                        named: Some(before),
+                                        tag: o.tag,
+                                    })
+                                    .collect(),
+                            ),
+                        ),
+                        Held::Clean(words) => (Answer::Ok, Held::Clean(words.clone())),
+                    };
+                    self.held[rank][dst] = held;
+                    answers.push(vec![send, recv]);
+                }
+                answers
+            }
+            Collective::Refused { .. } => vec![vec![Answer::Refused]; n],
+        }
+    }
+}
+
+/// Make `rank`'s calls of `collective` on `buffers`, in the order
+/// [`Oracle::apply`] answers them.
+fn call<B: Backend>(rank: &Rank<B>, buffers: &[Buffer], collective: Collective) -> Vec<Result<()>> {
+    let n = rank.ranks();
+    let r = rank.index();
+    let all = |slot: usize| buffers[slot].all();
+    match collective {
+        Collective::AllReduce {
+            src,
+            dst,
+            element,
+            op,
+        } => vec![rank.all_reduce(all(src), all(dst), element, op)],
+        Collective::AllGather { src } => vec![rank.all_gather(all(src), all(WIDE))],
+        Collective::ReduceScatter { dst, element, op } => {
+            vec![rank.reduce_scatter(all(WIDE), all(dst), element, op)]
+        }
+        Collective::AllToAll { src, dst } => vec![rank.all_to_all(all(src), all(dst))],
+        Collective::Broadcast { root, slot } => vec![rank.broadcast(root, all(slot))],
+        Collective::Shift { src, dst } => {
+            let sent = rank.send((r + 1) % n, all(src));
+            let received = rank.recv((r + n - 1) % n, all(dst));
+            vec![sent, received]
+        }
+        Collective::Refused { odd, src, dst, how } => vec![match how {
+            Disagreement::Call if r == odd => rank.all_gather(all(src), all(WIDE)),
+            Disagreement::Length if r == odd => rank.all_reduce(
+                all(src),
+                buffers[dst].slice(0..u64::from(PART) * 2),
+                Element::U32,
+                Reduce::Sum,
+            ),
+            _ => rank.all_reduce(all(src), all(dst), Element::U32, Reduce::Sum),
+        }],
+    }
+}
+
+/// Whether `got` is what the oracle said the call answers.
+fn answered(at: &str, got: &Result<()>, expected: Answer) {
+    match (got, expected) {
+        (Ok(()), Answer::Ok) => {}
+        (Err(error), Answer::InputFailed(rank)) => match error {
+            Error::Collective(c) => match &**c {
+                CollectiveError::InputFailed { rank: named, .. } if *named == rank => {}
+                other => panic!("{at}: expected InputFailed naming rank {rank}, got {other}"),
+            },
+            other => panic!("{at}: expected InputFailed naming rank {rank}, got {other}"),
+        },
+        (Err(error), Answer::Refused) => assert!(
+            matches!(collective_error(error), CollectiveError::Refused { .. }),
+            "{at}: expected a refusal, got {error}"
+        ),
+        (got, expected) => panic!("{at}: expected {expected:?}, got {got:?}"),
+    }
+}
+
+/// Read `buffer` and hold it to what the oracle knows, narrowing a stale
+/// buffer's origins to those its root matches.
+fn check_read<B: Backend>(at: &str, client: &Client<B>, buffer: &Buffer, held: &mut Held) {
+    match (read(client, buffer), held) {
+        (Ok(words), Held::Clean(expected)) => {
+            assert!(
+                words == *expected,
+                "{at}: read {words:?}, expected {expected:?}"
+            );
+        }
+        (Err(error), Held::Stale(origins)) => {
+            let root = error.root();
+            let named = match root {
+                Error::Collective(c) => match &**c {
+                    CollectiveError::InputFailed { rank, .. } => Some(*rank),
+                    other => panic!("{at}: a stale buffer's root is {other}"),
+                },
+                _ => None,
+            };
+            let text = format!("{root:?}");
+            let before = origins.clone();
+            origins.retain(|o| o.named == named && text.contains(&tag_text(o.tag)));
+            assert!(
+                !origins.is_empty(),
+                "{at}: the root names {named:?} and is {root}; expected one of {before:?}"
+            );
+        }
+        (Ok(words), Held::Stale(origins)) => {
+            panic!(
+                "{at}: read {} words as clean; expected a failure from {origins:?}",
+                words.len()
+            )
+        }
+        (Err(error), Held::Clean(_)) => panic!("{at}: expected clean words, read failed: {error}"),
+    }
+}
+
+/// `rounds` random rounds per seed of `seeds` (`SCOPE_PROPERTY_SEED`
+/// replaces them with one) on a group of the suite's ranks, each rank
+/// holding its buffers to the oracle after every round.
+///
+/// # Panics
+///
+/// When a rank's call or read disagrees with the oracle, or the group
+/// breaks, or the store's books do not add up — after printing the seed
+/// and the rounds so far.
+pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
+    let seeds = property::env_seed().map_or_else(|| seeds.to_vec(), |seed| vec![seed]);
+    for seed in seeds {
+        let Some(group) = group::<S>(DEFAULT_WAIT) else {
+            return;
+        };
+        let n = group.ranks();
+        let over_device = group.is_over_device();
+        let tallies = group.run(|rank| {
+            let mut tally = [0usize; 4];
+            let r = rank.index();
+            let c = rank.client();
+            let mut rng = Rng::new(seed);
+            let mut oracle = Oracle::new(&mut rng, n);
+            let buffers: Vec<Buffer> = (0..=SLOTS)
+                .map(|slot| upload(c, oracle.words(r, slot)))
+                .collect();
+            let mut next_tag = 0;
+            let mut log: Vec<String> = Vec::new();
+            for round in 0..rounds {
+                let plan = Round::draw(&mut rng, n, &mut next_tag);
+                log.push(format!("{round}: {plan:?}"));
+                let at = |what: &str| {
+                    let tail = log[log.len().saturating_sub(4)..].join("\n  ");
+                    format!(
+                        "seed {seed}, rank {r}, round {round}, {what}; the last rounds:\n  {tail}"
+                    )
+                };
+                for (owner, locals) in plan.locals.iter().enumerate() {
+                    for local in locals {
+                        oracle.local(owner, local);
+                        if owner == r {
+                            do_local(c, &buffers, local);
+                        }
+                    }
+                }
+                let collective = plan.collective;
+                let answers = if plan.recorded
+                    && over_device
+                    && collective.recordable()
+                    && oracle.first_failed(collective).is_none()
+                {
+                    let capture = c.begin_capture().expect("a window opens");
+                    for recorded in call(&rank, &buffers, collective) {
+                        recorded.unwrap_or_else(|e| panic!("{}: {e}", at("recording")));
+                    }
+                    let graph = c
+                        .end_capture(capture)
+                        .unwrap_or_else(|e| panic!("{}: {e}", at("sealing")));
+                    if let Some((owner, late)) = &plan.late {
+                        oracle.local(*owner, late);
+                        if *owner == r {
+                            do_local(c, &buffers, late);
+                        }
+                    }
+                    tally[0] += 1;
+                    let replayed = rank.replay(&graph);
+                    c.destroy_graph(&graph)
+                        .unwrap_or_else(|e| panic!("{}: {e}", at("destroying the graph")));
+                    vec![replayed]
+                } else {
+                    call(&rank, &buffers, collective)
+                };
+                let expected = oracle.apply(collective);
+                for (i, (got, &want)) in answers.iter().zip(&expected[r]).enumerate() {
+                    answered(&at(&format!("call {i}")), got, want);
+                    match want {
+                        Answer::Ok => tally[1] += 1,
+                        Answer::InputFailed(_) => tally[2] += 1,
+                        Answer::Refused => tally[3] += 1,
+                    }
+                }
+                for (slot, buffer) in buffers.iter().enumerate() {
+                    check_read(
+                        &at(&format!("buffer {slot}")),
+                        c,
+                        buffer,
+                        &mut oracle.held[r][slot],
+                    );
+                }
+                assert!(rank.broken().is_none(), "{}", at("the group broke"));
+                if let Err(books) = c.audit() {
+                    panic!("{}: {books}", at("the store's books"));
+                }
+            }
+            tally
+        });
+        let [recorded, ok, failed, refused] = tallies[0];
+        println!(
+            "random rounds: seed {seed}, {rounds} rounds on {n} ranks; rank 0's calls: {ok} ran, \
+             {failed} failed on an input, {refused} refused; {recorded} rounds recorded and replayed"
+        );
+    }
+}
+
+fn do_local<B: Backend>(c: &Client<B>, buffers: &[Buffer], local: &Local) {
+    match local {
+        Local::Write { slot, words } => c
+            .write(buffers[*slot].all(), &as_bytes(words))
+            .expect("a host write"),
+        Local::Fail { slot, tag } => c
+            .fail_writing(&[buffers[*slot].all()], injected(&tag_text(*tag)))
+            .expect("a claim from outside"),
+        Local::Copy { from, to } => {
+            // A copy of stale bytes is skipped, its destination claimed.
+            let _ = c.copy(buffers[*from].all(), buffers[*to].all());
+        }
+    }
+}
+
+/// Random rounds of every collective, with failed, healed and copied
+/// buffers between them, hold to the oracle on every rank ([`ROUND_SEEDS`],
+/// [`ROUNDS`] each; rules 41, 44, 45, 48).
+pub fn random_rounds_of_collectives_match_the_oracle<S: Suite>() {
+    random_rounds::<S>(&ROUND_SEEDS, ROUNDS);
+}
