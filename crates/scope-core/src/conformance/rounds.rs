@@ -46,6 +46,7 @@
 use super::collective::{DEFAULT_WAIT, PART, collective_error, group};
 use super::*;
 use crate::collective::{CollectiveError, Element, Rank, Reduce};
+use crate::handle::Slice;
 
 /// The seeds every suite runs.
 pub const ROUND_SEEDS: [u64; 3] = [5, 77, 0x0dd_ba11];
@@ -58,6 +59,61 @@ pub const ROUNDS: usize = 100;
 /// all-gather and the reduce-scatter) comes after them.
 const SLOTS: usize = 4;
 const WIDE: usize = SLOTS;
+
+/// Words before and after each part in its buffer. A part starts three
+/// words in — a whole word, but no backend's binding alignment — so a
+/// transport that drops the offset, or writes past the part, is caught:
+/// the margins must read back clean, as uploaded, after every round.
+const MARGIN: u32 = 3;
+
+/// One rank's buffers, each a part between two margins.
+struct Parts {
+    buffers: Vec<Buffer>,
+    /// Each buffer's margins, as uploaded.
+    margins: Vec<(Vec<u32>, Vec<u32>)>,
+}
+
+impl Parts {
+    /// `oracle`'s parts of rank `rank`, between margins drawn from `rng`.
+    fn upload<B: Backend>(c: &Client<B>, oracle: &Oracle, rank: usize, rng: &mut Rng) -> Self {
+        let (buffers, margins) = (0..=SLOTS)
+            .map(|slot| {
+                let (before, after) = (rng.words(MARGIN), rng.words(MARGIN));
+                let words: Vec<u32> = [&before[..], oracle.words(rank, slot), &after[..]].concat();
+                (upload(c, &words), (before, after))
+            })
+            .unzip();
+        Self { buffers, margins }
+    }
+
+    /// The first `words` words of `slot`'s part.
+    fn words(&self, slot: usize, words: u32) -> Slice<'_> {
+        let start = u64::from(MARGIN) * 4;
+        self.buffers[slot].slice(start..start + u64::from(words) * 4)
+    }
+
+    /// `slot`'s part.
+    fn view(&self, slot: usize) -> Slice<'_> {
+        let words = words_of(&self.buffers[slot]) - 2 * MARGIN;
+        self.words(slot, words)
+    }
+
+    /// Whether every margin reads back clean, as uploaded.
+    fn check_margins<B: Backend>(&self, at: &str, c: &Client<B>) {
+        for (slot, (buffer, (before, after))) in self.buffers.iter().zip(&self.margins).enumerate()
+        {
+            let end = buffer.size();
+            let margin = u64::from(MARGIN) * 4;
+            for (range, expected) in [(0..margin, before), (end - margin..end, after)] {
+                let read = c.read(buffer.slice(range.clone())).map(|b| as_words(&b));
+                assert!(
+                    read.as_ref().is_ok_and(|words| words == expected),
+                    "{at}: buffer {slot}'s margin {range:?} was touched: {read:?}"
+                );
+            }
+        }
+    }
+}
 
 /// A failure a read of a stale buffer may name: the rank the outermost
 /// `InputFailed` names (`None`: the injected failure itself), and the tag of
@@ -527,10 +583,10 @@ impl Oracle {
 
 /// Make `rank`'s calls of `collective` on `buffers`, in the order
 /// [`Oracle::apply`] answers them.
-fn call<B: Backend>(rank: &Rank<B>, buffers: &[Buffer], collective: Collective) -> Vec<Result<()>> {
+fn call<B: Backend>(rank: &Rank<B>, parts: &Parts, collective: Collective) -> Vec<Result<()>> {
     let n = rank.ranks();
     let r = rank.index();
-    let all = |slot: usize| buffers[slot].all();
+    let all = |slot: usize| parts.view(slot);
     match collective {
         Collective::AllReduce {
             src,
@@ -553,7 +609,7 @@ fn call<B: Backend>(rank: &Rank<B>, buffers: &[Buffer], collective: Collective) 
             Disagreement::Call if r == odd => rank.all_gather(all(src), all(WIDE)),
             Disagreement::Length if r == odd => rank.all_reduce(
                 all(src),
-                buffers[dst].slice(0..u64::from(PART) * 2),
+                parts.words(dst, PART / 2),
                 Element::U32,
                 Reduce::Sum,
             ),
@@ -581,10 +637,10 @@ fn answered(at: &str, got: &Result<()>, expected: Answer) {
     }
 }
 
-/// Read `buffer` and hold it to what the oracle knows, narrowing a stale
-/// buffer's origins to those its root matches.
-fn check_read<B: Backend>(at: &str, client: &Client<B>, buffer: &Buffer, held: &mut Held) {
-    match (read(client, buffer), held) {
+/// Read `part` and hold it to what the oracle knows, narrowing a stale
+/// part's origins to those its root matches.
+fn check_read<B: Backend>(at: &str, client: &Client<B>, part: Slice<'_>, held: &mut Held) {
+    match (client.read(part).map(|b| as_words(&b)), held) {
         (Ok(words), Held::Clean(expected)) => {
             assert!(
                 words == *expected,
@@ -641,9 +697,7 @@ pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
             let c = rank.client();
             let mut rng = Rng::new(seed);
             let mut oracle = Oracle::new(&mut rng, n);
-            let buffers: Vec<Buffer> = (0..=SLOTS)
-                .map(|slot| upload(c, oracle.words(r, slot)))
-                .collect();
+            let parts = Parts::upload(c, &oracle, r, &mut Rng::new(seed ^ (r as u64 + 1)));
             let mut next_tag = 0;
             let mut log: Vec<String> = Vec::new();
             for round in 0..rounds {
@@ -659,7 +713,7 @@ pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
                     for local in locals {
                         oracle.local(owner, local);
                         if owner == r {
-                            do_local(c, &buffers, local);
+                            do_local(c, &parts, local);
                         }
                     }
                 }
@@ -670,7 +724,7 @@ pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
                     && oracle.first_failed(collective).is_none()
                 {
                     let capture = c.begin_capture().expect("a window opens");
-                    for recorded in call(&rank, &buffers, collective) {
+                    for recorded in call(&rank, &parts, collective) {
                         recorded.unwrap_or_else(|e| panic!("{}: {e}", at("recording")));
                     }
                     let graph = c
@@ -679,7 +733,7 @@ pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
                     if let Some((owner, late)) = &plan.late {
                         oracle.local(*owner, late);
                         if *owner == r {
-                            do_local(c, &buffers, late);
+                            do_local(c, &parts, late);
                         }
                     }
                     tally[0] += 1;
@@ -688,7 +742,7 @@ pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
                         .unwrap_or_else(|e| panic!("{}: {e}", at("destroying the graph")));
                     vec![replayed]
                 } else {
-                    call(&rank, &buffers, collective)
+                    call(&rank, &parts, collective)
                 };
                 let expected = oracle.apply(collective);
                 for (i, (got, &want)) in answers.iter().zip(&expected[r]).enumerate() {
@@ -699,14 +753,15 @@ pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
                         Answer::Refused => tally[3] += 1,
                     }
                 }
-                for (slot, buffer) in buffers.iter().enumerate() {
+                for slot in 0..=SLOTS {
                     check_read(
                         &at(&format!("buffer {slot}")),
                         c,
-                        buffer,
+                        parts.view(slot),
                         &mut oracle.held[r][slot],
                     );
                 }
+                parts.check_margins(&at("the margins"), c);
                 assert!(rank.broken().is_none(), "{}", at("the group broke"));
                 if let Err(books) = c.audit() {
                     panic!("{}: {books}", at("the store's books"));
@@ -722,17 +777,17 @@ pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
     }
 }
 
-fn do_local<B: Backend>(c: &Client<B>, buffers: &[Buffer], local: &Local) {
+fn do_local<B: Backend>(c: &Client<B>, parts: &Parts, local: &Local) {
     match local {
         Local::Write { slot, words } => c
-            .write(buffers[*slot].all(), &as_bytes(words))
+            .write(parts.view(*slot), &as_bytes(words))
             .expect("a host write"),
         Local::Fail { slot, tag } => c
-            .fail_writing(&[buffers[*slot].all()], injected(&tag_text(*tag)))
+            .fail_writing(&[parts.view(*slot)], injected(&tag_text(*tag)))
             .expect("a claim from outside"),
         Local::Copy { from, to } => {
             // A copy of stale bytes is skipped, its destination claimed.
-            let _ = c.copy(buffers[*from].all(), buffers[*to].all());
+            let _ = c.copy(parts.view(*from), parts.view(*to));
         }
     }
 }
