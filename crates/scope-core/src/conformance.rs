@@ -374,6 +374,7 @@ macro_rules! conformance_tests {
             ranks_in_separate_processes_send_and_receive,
             a_silent_sender_in_another_process_stalls_its_receiver_within_the_deadline,
             random_rounds_of_collectives_match_the_oracle,
+            random_rounds_of_ranks_joined_alone_match_the_oracle,
         );
         $crate::conformance_tests!(@every_group_size $suite);
     };

@@ -350,6 +350,36 @@ pub(super) fn blame(
     }
 }
 
+/// What a record's text holds between the part it keeps of a long
+/// failure's head and the part it keeps of its end.
+const CUT: &str = " [… cut …] ";
+
+/// `text` in at most `room` bytes: whole where it fits; else its head and
+/// its end, with [`CUT`] between, each cut on a character boundary.
+///
+/// A failure renders outermost first and its root cause last: a failure
+/// passed on through several collectives nests one "rank r's input could
+/// not be read" in the next, and what went wrong first is the end of the
+/// text. So the middle goes — the hops between — never the end: cutting
+/// the tail would keep the hops and lose the root cause the rules promise
+/// every rank (rules 41, 49).
+fn fit(text: &str, room: usize) -> String {
+    if text.len() <= room {
+        return text.to_owned();
+    }
+    let keep = room.saturating_sub(CUT.len());
+    let head = keep / 3;
+    let mut start = head;
+    while !text.is_char_boundary(start) {
+        start -= 1;
+    }
+    let mut end = text.len() - (keep - head);
+    while !text.is_char_boundary(end) {
+        end += 1;
+    }
+    format!("{}{CUT}{}", &text[..start], &text[end..])
+}
+
 /// `part` of round `round` as a ballot record.
 fn encode(round: u64, part: &Part) -> Vec<u8> {
     let mut record = vec![0u8; RECORD];
@@ -385,15 +415,7 @@ fn encode(round: u64, part: &Part) -> Vec<u8> {
         Input::Refused(why) => (2, why.clone()),
         Input::IssueFailed(cause, _) => (1, cause.to_string()),
     };
-    let mut text = text.into_bytes();
-    if text.len() > RECORD - TEXT {
-        const CUT: &[u8] = " [cut]".as_bytes();
-        text.truncate(RECORD - TEXT - CUT.len());
-        while std::str::from_utf8(&text).is_err() {
-            text.pop();
-        }
-        text.extend_from_slice(CUT);
-    }
+    let text = fit(&text, RECORD - TEXT).into_bytes();
     record[0..4].copy_from_slice(&MAGIC.to_le_bytes());
     record[4..8].copy_from_slice(&[kind, element, op, u8::from(part.recorded)]);
     record[8..12].copy_from_slice(&root.to_le_bytes());
@@ -643,7 +665,8 @@ mod tests {
                     (Input::Refused(a), Input::Refused(b)) => assert_eq!(a, b),
                     (Input::Failed(_), Input::Failed(cause)) => {
                         let text = cause.to_string();
-                        assert!(text.ends_with(" [cut]"), "{text}");
+                        assert!(text.contains(CUT), "{text}");
+                        assert!(text.ends_with("éé"), "the end is kept: {text}");
                         assert!(text.len() <= RECORD - TEXT);
                         assert!(cause.external_root::<PeerReport>().is_some());
                     }
@@ -651,6 +674,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A long failure keeps its head and its root cause, at its end, and
+    /// loses the middle: whole characters, within the room.
+    #[test]
+    fn a_long_failure_loses_its_middle_not_its_root_cause() {
+        let nested = format!(
+            "all_gather #9: rank 0's input could not be read: {}root cause: the tag",
+            "rank 1's input could not be read: ".repeat(60)
+        );
+        for room in [60, 200, RECORD - TEXT] {
+            let kept = fit(&nested, room);
+            assert!(kept.len() <= room, "{room}: {}", kept.len());
+            assert!(kept.starts_with("all_gather #9"), "{kept}");
+            assert!(kept.ends_with("root cause: the tag"), "{kept}");
+            assert!(kept.contains(CUT));
+        }
+        assert_eq!(fit("short", 60), "short");
+        let wide = "é".repeat(100);
+        let kept = fit(&wide, 61);
+        assert!(kept.len() <= 61 && kept.starts_with('é') && kept.ends_with('é'));
     }
 
     /// A record of another round, or one scope did not write, is no vote.

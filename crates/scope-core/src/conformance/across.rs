@@ -14,7 +14,7 @@ use super::collective::{PART, RANKS, collective_error};
 
 /// `f(rank)` on a thread per rank, each holding nothing of its peers' but
 /// the identity; `None` (skipped) without a device or the library.
-fn each_rank_alone<S: Suite, R: Send>(
+pub(super) fn each_rank_alone<S: Suite, R: Send>(
     deadline: Duration,
     f: impl Fn(Rank<S::Backend>) -> R + Sync,
 ) -> Option<Vec<R>>

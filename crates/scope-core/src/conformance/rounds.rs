@@ -43,8 +43,10 @@
 //! [`random_sequences`]); a failing round prints the seed and the rounds
 //! before it.
 
+use super::across::each_rank_alone;
 use super::collective::{DEFAULT_WAIT, PART, collective_error, group};
 use super::*;
+use crate::collective::device::DeviceCollectives;
 use crate::collective::{CollectiveError, Element, Rank, Reduce};
 use crate::handle::Slice;
 
@@ -601,9 +603,18 @@ fn call<B: Backend>(rank: &Rank<B>, parts: &Parts, collective: Collective) -> Ve
         Collective::AllToAll { src, dst } => vec![rank.all_to_all(all(src), all(dst))],
         Collective::Broadcast { root, slot } => vec![rank.broadcast(root, all(slot))],
         Collective::Shift { src, dst } => {
-            let sent = rank.send((r + 1) % n, all(src));
-            let received = rank.recv((r + n - 1) % n, all(dst));
-            vec![sent, received]
+            // Even ranks send first, odd ones receive first: between
+            // processes a send waits for its receiver (rule 48), so a ring
+            // in which every rank sends first would stall.
+            let send = || rank.send((r + 1) % n, all(src));
+            let recv = || rank.recv((r + n - 1) % n, all(dst));
+            if r.is_multiple_of(2) {
+                let sent = send();
+                vec![sent, recv()]
+            } else {
+                let received = recv();
+                vec![send(), received]
+            }
         }
         Collective::Refused { odd, src, dst, how } => vec![match how {
             Disagreement::Call if r == odd => rank.all_gather(all(src), all(WIDE)),
@@ -674,6 +685,92 @@ fn check_read<B: Backend>(at: &str, client: &Client<B>, part: Slice<'_>, held: &
     }
 }
 
+/// What one rank's thread counted: rounds recorded and replayed, and its
+/// calls that ran, failed on an input, and were refused.
+type Tally = [usize; 4];
+
+/// Rank `rank`'s side of `rounds` random rounds from `seed`: every round
+/// drawn whole, the whole oracle kept, this rank's parts played and its
+/// buffers held to the oracle. `over_device`: the group's transport can
+/// record a round.
+fn play<B: Backend>(rank: &Rank<B>, seed: u64, rounds: usize, over_device: bool) -> Tally {
+    let n = rank.ranks();
+    let mut tally = [0usize; 4];
+    let r = rank.index();
+    let c = rank.client();
+    let mut rng = Rng::new(seed);
+    let mut oracle = Oracle::new(&mut rng, n);
+    let parts = Parts::upload(c, &oracle, r, &mut Rng::new(seed ^ (r as u64 + 1)));
+    let mut next_tag = 0;
+    let mut log: Vec<String> = Vec::new();
+    for round in 0..rounds {
+        let plan = Round::draw(&mut rng, n, &mut next_tag);
+        log.push(format!("{round}: {plan:?}"));
+        let at = |what: &str| {
+            let tail = log[log.len().saturating_sub(4)..].join("\n  ");
+            format!("seed {seed}, rank {r}, round {round}, {what}; the last rounds:\n  {tail}")
+        };
+        for (owner, locals) in plan.locals.iter().enumerate() {
+            for local in locals {
+                oracle.local(owner, local);
+                if owner == r {
+                    do_local(c, &parts, local);
+                }
+            }
+        }
+        let collective = plan.collective;
+        let answers = if plan.recorded
+            && over_device
+            && collective.recordable()
+            && oracle.first_failed(collective).is_none()
+        {
+            let capture = c.begin_capture().expect("a window opens");
+            for recorded in call(rank, &parts, collective) {
+                recorded.unwrap_or_else(|e| panic!("{}: {e}", at("recording")));
+            }
+            let graph = c
+                .end_capture(capture)
+                .unwrap_or_else(|e| panic!("{}: {e}", at("sealing")));
+            if let Some((owner, late)) = &plan.late {
+                oracle.local(*owner, late);
+                if *owner == r {
+                    do_local(c, &parts, late);
+                }
+            }
+            tally[0] += 1;
+            let replayed = rank.replay(&graph);
+            c.destroy_graph(&graph)
+                .unwrap_or_else(|e| panic!("{}: {e}", at("destroying the graph")));
+            vec![replayed]
+        } else {
+            call(rank, &parts, collective)
+        };
+        let expected = oracle.apply(collective);
+        for (i, (got, &want)) in answers.iter().zip(&expected[r]).enumerate() {
+            answered(&at(&format!("call {i}")), got, want);
+            match want {
+                Answer::Ok => tally[1] += 1,
+                Answer::InputFailed(_) => tally[2] += 1,
+                Answer::Refused => tally[3] += 1,
+            }
+        }
+        for slot in 0..=SLOTS {
+            check_read(
+                &at(&format!("buffer {slot}")),
+                c,
+                parts.view(slot),
+                &mut oracle.held[r][slot],
+            );
+        }
+        parts.check_margins(&at("the margins"), c);
+        assert!(rank.broken().is_none(), "{}", at("the group broke"));
+        if let Err(books) = c.audit() {
+            panic!("{}: {books}", at("the store's books"));
+        }
+    }
+    tally
+}
+
 /// `rounds` random rounds per seed of `seeds` (`SCOPE_PROPERTY_SEED`
 /// replaces them with one) on a group of the suite's ranks, each rank
 /// holding its buffers to the oracle after every round.
@@ -684,97 +781,48 @@ fn check_read<B: Backend>(at: &str, client: &Client<B>, part: Slice<'_>, held: &
 /// breaks, or the store's books do not add up — after printing the seed
 /// and the rounds so far.
 pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
-    let seeds = property::env_seed().map_or_else(|| seeds.to_vec(), |seed| vec![seed]);
-    for seed in seeds {
+    for seed in seeds_or_the_one_asked(seeds) {
         let Some(group) = group::<S>(DEFAULT_WAIT) else {
             return;
         };
-        let n = group.ranks();
         let over_device = group.is_over_device();
-        let tallies = group.run(|rank| {
-            let mut tally = [0usize; 4];
-            let r = rank.index();
-            let c = rank.client();
-            let mut rng = Rng::new(seed);
-            let mut oracle = Oracle::new(&mut rng, n);
-            let parts = Parts::upload(c, &oracle, r, &mut Rng::new(seed ^ (r as u64 + 1)));
-            let mut next_tag = 0;
-            let mut log: Vec<String> = Vec::new();
-            for round in 0..rounds {
-                let plan = Round::draw(&mut rng, n, &mut next_tag);
-                log.push(format!("{round}: {plan:?}"));
-                let at = |what: &str| {
-                    let tail = log[log.len().saturating_sub(4)..].join("\n  ");
-                    format!(
-                        "seed {seed}, rank {r}, round {round}, {what}; the last rounds:\n  {tail}"
-                    )
-                };
-                for (owner, locals) in plan.locals.iter().enumerate() {
-                    for local in locals {
-                        oracle.local(owner, local);
-                        if owner == r {
-                            do_local(c, &parts, local);
-                        }
-                    }
-                }
-                let collective = plan.collective;
-                let answers = if plan.recorded
-                    && over_device
-                    && collective.recordable()
-                    && oracle.first_failed(collective).is_none()
-                {
-                    let capture = c.begin_capture().expect("a window opens");
-                    for recorded in call(&rank, &parts, collective) {
-                        recorded.unwrap_or_else(|e| panic!("{}: {e}", at("recording")));
-                    }
-                    let graph = c
-                        .end_capture(capture)
-                        .unwrap_or_else(|e| panic!("{}: {e}", at("sealing")));
-                    if let Some((owner, late)) = &plan.late {
-                        oracle.local(*owner, late);
-                        if *owner == r {
-                            do_local(c, &parts, late);
-                        }
-                    }
-                    tally[0] += 1;
-                    let replayed = rank.replay(&graph);
-                    c.destroy_graph(&graph)
-                        .unwrap_or_else(|e| panic!("{}: {e}", at("destroying the graph")));
-                    vec![replayed]
-                } else {
-                    call(&rank, &parts, collective)
-                };
-                let expected = oracle.apply(collective);
-                for (i, (got, &want)) in answers.iter().zip(&expected[r]).enumerate() {
-                    answered(&at(&format!("call {i}")), got, want);
-                    match want {
-                        Answer::Ok => tally[1] += 1,
-                        Answer::InputFailed(_) => tally[2] += 1,
-                        Answer::Refused => tally[3] += 1,
-                    }
-                }
-                for slot in 0..=SLOTS {
-                    check_read(
-                        &at(&format!("buffer {slot}")),
-                        c,
-                        parts.view(slot),
-                        &mut oracle.held[r][slot],
-                    );
-                }
-                parts.check_margins(&at("the margins"), c);
-                assert!(rank.broken().is_none(), "{}", at("the group broke"));
-                if let Err(books) = c.audit() {
-                    panic!("{}: {books}", at("the store's books"));
-                }
-            }
-            tally
-        });
-        let [recorded, ok, failed, refused] = tallies[0];
-        println!(
-            "random rounds: seed {seed}, {rounds} rounds on {n} ranks; rank 0's calls: {ok} ran, \
-             {failed} failed on an input, {refused} refused; {recorded} rounds recorded and replayed"
-        );
+        let tallies = group.run(|rank| play(&rank, seed, rounds, over_device));
+        report("", seed, rounds, &tallies);
     }
+}
+
+/// [`random_rounds`] on ranks that each joined alone, from the identity
+/// ([`Rank::join`]), as ranks in separate processes do: every decision is
+/// a ballot through the device transport.
+///
+/// # Panics
+///
+/// As [`random_rounds`]; when a rank does not join.
+pub fn random_rounds_joined<S: Suite>(seeds: &[u64], rounds: usize)
+where
+    S::Backend: DeviceCollectives,
+{
+    for seed in seeds_or_the_one_asked(seeds) {
+        let Some(tallies) =
+            each_rank_alone::<S, _>(DEFAULT_WAIT, |rank| play(&rank, seed, rounds, true))
+        else {
+            return;
+        };
+        report(" joined alone", seed, rounds, &tallies);
+    }
+}
+
+fn seeds_or_the_one_asked(seeds: &[u64]) -> Vec<u64> {
+    property::env_seed().map_or_else(|| seeds.to_vec(), |seed| vec![seed])
+}
+
+fn report(how: &str, seed: u64, rounds: usize, tallies: &[Tally]) {
+    let [recorded, ok, failed, refused] = tallies[0];
+    println!(
+        "random rounds: seed {seed}, {rounds} rounds on {} ranks{how}; rank 0's calls: {ok} ran, \
+         {failed} failed on an input, {refused} refused; {recorded} rounds recorded and replayed",
+        tallies.len()
+    );
 }
 
 fn do_local<B: Backend>(c: &Client<B>, parts: &Parts, local: &Local) {
@@ -797,4 +845,13 @@ fn do_local<B: Backend>(c: &Client<B>, parts: &Parts, local: &Local) {
 /// [`ROUNDS`] each; rules 41, 44, 45, 48).
 pub fn random_rounds_of_collectives_match_the_oracle<S: Suite>() {
     random_rounds::<S>(&ROUND_SEEDS, ROUNDS);
+}
+
+/// [`random_rounds_of_collectives_match_the_oracle`] on ranks that each
+/// joined alone, deciding by ballot (rules 41, 44, 48, 49, 50).
+pub fn random_rounds_of_ranks_joined_alone_match_the_oracle<S: Suite>()
+where
+    S::Backend: DeviceCollectives,
+{
+    random_rounds_joined::<S>(&ROUND_SEEDS, ROUNDS);
 }
