@@ -14,14 +14,26 @@ use super::collective::{PART, RANKS, collective_error};
 
 /// `f(rank)` on a thread per rank, each holding nothing of its peers' but
 /// the identity; `None` (skipped) without a device or the library.
-pub(super) fn each_rank_alone<S: Suite, R: Send>(
+fn each_rank_alone<S: Suite, R: Send>(
     deadline: Duration,
     f: impl Fn(Rank<S::Backend>) -> R + Sync,
 ) -> Option<Vec<R>>
 where
     S::Backend: DeviceCollectives,
 {
-    let clients: Option<Vec<_>> = (0..RANKS)
+    each_of_ranks_alone::<S, R>(RANKS, deadline, f)
+}
+
+/// [`each_rank_alone`] for `ranks` ranks.
+pub(super) fn each_of_ranks_alone<S: Suite, R: Send>(
+    ranks: usize,
+    deadline: Duration,
+    f: impl Fn(Rank<S::Backend>) -> R + Sync,
+) -> Option<Vec<R>>
+where
+    S::Backend: DeviceCollectives,
+{
+    let clients: Option<Vec<_>> = (0..ranks)
         .map(|rank| client_or_skip(|| S::rank_client(rank)))
         .collect();
     let clients = clients?;
@@ -30,7 +42,7 @@ where
     Some(on_threads_joined::<S, _>(
         clients,
         &identity,
-        RANKS,
+        ranks,
         deadline,
         |joined| f(joined.expect("every rank joins")),
     ))

@@ -19,10 +19,19 @@ pub(super) const PART: u32 = 64;
 /// A group of [`RANKS`] servers of the suite's backend, or `None` (skipped)
 /// without a device.
 pub(super) fn group<S: Suite>(deadline: Duration) -> Option<Group<S::Backend>> {
-    let clients: Option<Vec<_>> = (0..RANKS)
+    group_of::<S>(RANKS, deadline)
+}
+
+/// A group of `ranks` servers made by the suite, or `None` (skipped)
+/// without a device.
+pub(super) fn group_of<S: Suite>(ranks: usize, deadline: Duration) -> Option<Group<S::Backend>> {
+    let clients: Option<Vec<_>> = (0..ranks)
         .map(|rank| client_or_skip(|| S::rank_client(rank)))
         .collect();
-    Some(S::group(clients?, deadline).expect("four servers make a group"))
+    Some(
+        S::group(clients?, deadline)
+            .unwrap_or_else(|e| panic!("{ranks} servers of distinct devices make a group: {e}")),
+    )
 }
 
 pub(super) fn collective_error(error: &Error) -> &CollectiveError {

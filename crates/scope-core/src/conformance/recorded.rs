@@ -6,19 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::collective::{PART, RANKS, collective_error};
+use super::collective::{PART, RANKS, collective_error, group};
 use super::*;
 use crate::collective::{CollectiveError, Element, Group, Rank, Reduce};
 use crate::handle::Graph;
-
-/// A group of [`RANKS`] servers made by the suite, or `None` (skipped)
-/// without a device.
-fn group<S: Suite>(deadline: Duration) -> Option<Group<S::Backend>> {
-    let clients: Option<Vec<_>> = (0..RANKS)
-        .map(|rank| client_or_skip(|| S::rank_client(rank)))
-        .collect();
-    Some(S::group(clients?, deadline).expect("four servers make a group"))
-}
 
 /// How long a rank waits where no rank is meant to go missing.
 const WAIT: Duration = Duration::from_secs(120);

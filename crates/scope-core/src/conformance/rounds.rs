@@ -43,15 +43,28 @@
 //! [`random_sequences`]); a failing round prints the seed and the rounds
 //! before it.
 
-use super::across::each_rank_alone;
-use super::collective::{DEFAULT_WAIT, PART, collective_error, group};
+use super::across::each_of_ranks_alone;
+use super::collective::{DEFAULT_WAIT, collective_error, group_of};
 use super::*;
 use crate::collective::device::DeviceCollectives;
 use crate::collective::{CollectiveError, Element, Rank, Reduce};
 use crate::handle::Slice;
 
-/// The seeds every suite runs.
-pub const ROUND_SEEDS: [u64; 3] = [5, 77, 0x0dd_ba11];
+/// The seeds every suite runs: the group's size is one more than the
+/// seed's remainder by four ([`ranks_for`]), so these are four, three,
+/// two, one and four ranks.
+pub const ROUND_SEEDS: [u64; 5] = [3, 6, 9, 12, 0x0dd_ba13];
+
+/// How many ranks seed `seed` plays: one to four, and no more than the
+/// suite has devices ([`Suite::devices`]: on a machine with one GPU, every
+/// seed plays one rank).
+pub fn ranks_for<S: Suite>(seed: u64) -> usize {
+    (1 + (seed % 4) as usize).min(S::devices().max(1))
+}
+
+/// Words of each rank's part: whole chunks of an all-to-all or a
+/// reduce-scatter over one to four ranks (48 = 4 × 12 = 3 × 16).
+const PART: u32 = 48;
 
 /// Rounds per seed: a tenth of a second a seed on the host server here,
 /// under a second on lavapipe.
@@ -782,7 +795,7 @@ fn play<B: Backend>(rank: &Rank<B>, seed: u64, rounds: usize, over_device: bool)
 /// and the rounds so far.
 pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
     for seed in seeds_or_the_one_asked(seeds) {
-        let Some(group) = group::<S>(DEFAULT_WAIT) else {
+        let Some(group) = group_of::<S>(ranks_for::<S>(seed), DEFAULT_WAIT) else {
             return;
         };
         let over_device = group.is_over_device();
@@ -804,7 +817,9 @@ where
 {
     for seed in seeds_or_the_one_asked(seeds) {
         let Some(tallies) =
-            each_rank_alone::<S, _>(DEFAULT_WAIT, |rank| play(&rank, seed, rounds, true))
+            each_of_ranks_alone::<S, _>(ranks_for::<S>(seed), DEFAULT_WAIT, |rank| {
+                play(&rank, seed, rounds, true)
+            })
         else {
             return;
         };
@@ -819,7 +834,7 @@ fn seeds_or_the_one_asked(seeds: &[u64]) -> Vec<u64> {
 fn report(how: &str, seed: u64, rounds: usize, tallies: &[Tally]) {
     let [recorded, ok, failed, refused] = tallies[0];
     println!(
-        "random rounds: seed {seed}, {rounds} rounds on {} ranks{how}; rank 0's calls: {ok} ran, \
+        "random rounds: seed {seed}, {rounds} rounds on {} rank(s){how}; rank 0's calls: {ok} ran, \
          {failed} failed on an input, {refused} refused; {recorded} rounds recorded and replayed",
         tallies.len()
     );
