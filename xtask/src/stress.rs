@@ -76,7 +76,9 @@ fn fresh_seed(round: u64) -> u64 {
     nanos ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// Run the property test on fresh seeds for `minutes`.
+/// Run the property tests on fresh seeds for `minutes`: the contract's
+/// (`random_sequences`) and the collectives' (`random_rounds`, on one to
+/// four ranks by seed), each seed through both.
 ///
 /// # Errors
 ///
@@ -85,13 +87,18 @@ pub fn fuzz(backend: &str, minutes: f64, release: bool) -> Result<bool> {
     const STEPS: u64 = 5_000;
     let binary = find(backend, release)?;
     let deadline = Instant::now() + Duration::from_secs_f64(minutes * 60.0);
-    let (mut rounds, mut operations, mut invalid) = (0u64, 0u64, 0u64);
+    let (mut rounds, mut operations, mut invalid, mut collectives) = (0u64, 0u64, 0u64, 0u64);
     println!("==> fuzzing {backend} for {minutes} min, {STEPS} operations a seed");
     while Instant::now() < deadline {
         let seed = fresh_seed(rounds);
         let mut command = artifacts::command(&binary);
         command
-            .args(["random_sequences", "--nocapture", "--test-threads=1"])
+            .args([
+                "random_sequences",
+                "random_rounds",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("SCOPE_PROPERTY_SEED", seed.to_string())
             .env("SCOPE_PROPERTY_STEPS", STEPS.to_string());
         let captured = quiet(command)?;
@@ -121,6 +128,22 @@ pub fn fuzz(backend: &str, minutes: f64, release: bool) -> Result<bool> {
                     .ok()
             })
             .sum::<u64>();
+        // One line per group the rounds ran on, after libtest's own
+        // "test … ": "random rounds: seed S, N rounds on …".
+        collectives += captured
+            .lines
+            .iter()
+            .filter_map(|l| {
+                l.split("random rounds: ")
+                    .nth(1)?
+                    .split(", ")
+                    .nth(1)?
+                    .split(' ')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>();
         if !captured.success {
             for line in &captured.lines {
                 println!("{line}");
@@ -128,7 +151,7 @@ pub fn fuzz(backend: &str, minutes: f64, release: bool) -> Result<bool> {
             println!(
                 "fuzz: FAILED on {backend} at seed {seed}; replay it alone with\n  \
                  SCOPE_PROPERTY_SEED={seed} SCOPE_PROPERTY_STEPS={STEPS} cargo test -p {} --all-features \
-                 --test {} random_sequences",
+                 --test {} random_sequences random_rounds",
                 binary.package, binary.target
             );
             return Ok(false);
@@ -142,7 +165,7 @@ pub fn fuzz(backend: &str, minutes: f64, release: bool) -> Result<bool> {
     }
     println!(
         "fuzz: {backend}: {rounds} seeds, {operations} operations ({invalid} invalid calls), \
-         no disagreement"
+         {collectives} rounds of collectives, no disagreement"
     );
     Ok(true)
 }
