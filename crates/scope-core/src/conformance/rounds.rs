@@ -45,6 +45,7 @@
 
 use super::across::each_of_ranks_alone;
 use super::collective::{DEFAULT_WAIT, collective_error, group_of};
+use super::property::Rng;
 use super::*;
 use crate::collective::device::DeviceCollectives;
 use crate::collective::{CollectiveError, Element, Rank, Reduce};
@@ -266,30 +267,12 @@ enum Answer {
     Refused,
 }
 
-struct Rng(u64);
-
+/// The rounds' draws, on the property test's generator (so a seed means
+/// one sequence everywhere).
 impl Rng {
-    fn new(seed: u64) -> Self {
-        // splitmix64, so that every seed starts its own sequence.
-        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        Self((z ^ (z >> 31)) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
+    /// An index below `n`.
+    fn index(&mut self, n: usize) -> usize {
+        self.below(n as u64) as usize
     }
 
     fn words(&mut self, n: u32) -> Vec<u32> {
@@ -298,8 +281,8 @@ impl Rng {
 
     /// Two distinct part-sized buffers.
     fn two(&mut self) -> (usize, usize) {
-        let a = self.below(SLOTS);
-        (a, (a + 1 + self.below(SLOTS - 1)) % SLOTS)
+        let a = self.index(SLOTS);
+        (a, (a + 1 + self.index(SLOTS - 1)) % SLOTS)
     }
 }
 
@@ -314,7 +297,7 @@ impl Round {
             .map(|_| {
                 let mut locals = Vec::new();
                 if rng.chance(50) {
-                    let slot = rng.below(SLOTS + 1);
+                    let slot = rng.index(SLOTS + 1);
                     locals.push(Local::Write {
                         slot,
                         words: rng.words(words_in(slot, n)),
@@ -323,7 +306,7 @@ impl Round {
                 if rng.chance(10) {
                     *next_tag += 1;
                     locals.push(Local::Fail {
-                        slot: rng.below(SLOTS + 1),
+                        slot: rng.index(SLOTS + 1),
                         tag: *next_tag,
                     });
                 }
@@ -345,13 +328,13 @@ impl Round {
             Reduce::Min,
             Reduce::Max,
             Reduce::Mean,
-        ][rng.below(5)];
+        ][rng.index(5)];
         let (src, dst) = rng.two();
         // An all-reduce in place, now and then (NCCL's `sendbuff ==
         // recvbuff`).
         let in_place = if rng.chance(20) { src } else { dst };
         let kinds = if n > 1 { 7 } else { 5 };
-        let collective = match rng.below(kinds) {
+        let collective = match rng.index(kinds) {
             0 => Collective::AllReduce {
                 src,
                 dst: in_place,
@@ -362,12 +345,12 @@ impl Round {
             2 => Collective::ReduceScatter { dst, element, op },
             3 => Collective::AllToAll { src, dst },
             4 => Collective::Broadcast {
-                root: rng.below(n),
+                root: rng.index(n),
                 slot: src,
             },
             5 => Collective::Shift { src, dst },
             _ => Collective::Refused {
-                odd: rng.below(n),
+                odd: rng.index(n),
                 src,
                 dst,
                 how: if rng.chance(50) {
@@ -381,9 +364,9 @@ impl Round {
         *next_tag += 1;
         let late = rng.chance(30).then(|| {
             (
-                rng.below(n),
+                rng.index(n),
                 Local::Fail {
-                    slot: rng.below(SLOTS + 1),
+                    slot: rng.index(SLOTS + 1),
                     tag: *next_tag,
                 },
             )
