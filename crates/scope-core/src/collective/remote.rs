@@ -367,7 +367,15 @@ fn fit(text: &str, room: usize) -> String {
     if text.len() <= room {
         return text.to_owned();
     }
-    let keep = room.saturating_sub(CUT.len());
+    if room <= CUT.len() {
+        // No room for the mark: the head alone.
+        let mut end = room;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        return text[..end].to_owned();
+    }
+    let keep = room - CUT.len();
     let head = keep / 3;
     let mut start = head;
     while !text.is_char_boundary(start) {
@@ -692,6 +700,7 @@ mod tests {
             assert!(kept.contains(CUT));
         }
         assert_eq!(fit("short", 60), "short");
+        assert_eq!(fit(&nested, 5), "all_g", "too small for the mark");
         let wide = "é".repeat(100);
         let kept = fit(&wide, 61);
         assert!(kept.len() <= 61 && kept.starts_with('é') && kept.ends_with('é'));
