@@ -258,7 +258,9 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
         stream_id: StreamId,
         mode: LaunchMode,
     ) {
-        self.launch_kernel(kernel, count, args, stream_id, mode);
+        // SAFETY: `Server::launch`'s contract, which this method's caller
+        // keeps, is `launch_kernel`'s.
+        unsafe { self.launch_kernel(kernel, count, args, stream_id, mode) };
     }
 
     fn flush(&mut self, stream_id: StreamId) -> Result<(), ServerError> {

@@ -19,9 +19,14 @@ use crate::backend::CubeBackend;
 use crate::error::to_server_error;
 
 impl<B: CubeBackend> ScopeServer<B> {
-    /// cubecl's `Server::launch`, whose safety contract the caller keeps
-    /// (see [`Self::launch_with`]).
-    pub(super) fn launch_kernel(
+    /// cubecl's `Server::launch`.
+    ///
+    /// # Safety
+    ///
+    /// `Server::launch`'s: the info struct in `args` — each buffer's length
+    /// among it — describes the buffers bound, and a kernel launched without
+    /// checks stays inside them.
+    pub(super) unsafe fn launch_kernel(
         &mut self,
         kernel: Box<dyn CubeclKernel>,
         count: CubeCount,
@@ -60,7 +65,9 @@ impl<B: CubeBackend> ScopeServer<B> {
             .collect();
         self.communication.settle(memory);
         let io = compiled.buffer_io();
-        if let Err(error) = self.launch_compiled(&compiled, io, &count, &args, stream_id) {
+        // SAFETY: this function's contract is `launch_compiled`'s.
+        let launched = unsafe { self.launch_compiled(&compiled, io, &count, &args, stream_id) };
+        if let Err(error) = launched {
             let written: Vec<_> = args.buffers_written(Some(io)).cloned().collect();
             self.fail_outputs(stream_id, written.iter(), error);
         }
@@ -69,7 +76,11 @@ impl<B: CubeBackend> ScopeServer<B> {
     /// Bind and launch a compiled kernel. An error returned here is one
     /// scope did not claim for (a refusal before the launch); the caller
     /// claims the outputs with it.
-    fn launch_compiled(
+    ///
+    /// # Safety
+    ///
+    /// As [`launch_kernel`](Self::launch_kernel).
+    unsafe fn launch_compiled(
         &mut self,
         compiled: &scope_cube::CubeKernel,
         io: &[BufferIOAttr],
@@ -91,7 +102,8 @@ impl<B: CubeBackend> ScopeServer<B> {
             blob: &blob,
             metadata: metadata.as_ref(),
         };
-        let launched = self.launch_with(&client, compiled, io, count, args, staged);
+        // SAFETY: this function's contract is `launch_with`'s.
+        let launched = unsafe { self.launch_with(&client, compiled, io, count, args, staged) };
         self.blob = blob;
         launched
     }
@@ -125,7 +137,12 @@ impl<B: CubeBackend> ScopeServer<B> {
         Ok(buffer)
     }
 
-    fn launch_with(
+    /// Bind `args` and launch `compiled` on `client`.
+    ///
+    /// # Safety
+    ///
+    /// As [`launch_kernel`](Self::launch_kernel).
+    unsafe fn launch_with(
         &self,
         client: &Client<B>,
         compiled: &scope_cube::CubeKernel,
@@ -154,10 +171,11 @@ impl<B: CubeBackend> ScopeServer<B> {
             CubeCount::Static(x, y, z) => Dispatch::Groups([*x, *y, *z]),
             CubeCount::Dynamic(binding) => Dispatch::Indirect(self.binding_slice(binding)?),
         };
-        // SAFETY: `Server::launch` is an unsafe contract: its caller (cubecl's
-        // launcher, for `launch_unchecked`) promises that the info struct —
-        // each buffer's length among it — describes the buffers bound, and
-        // that a kernel without checks stays inside them; every binding here
+        // SAFETY: this function's contract, carried from `Server::launch`'s
+        // caller (cubecl's launcher, for `launch_unchecked`), is that the
+        // info struct — each buffer's length among it — describes the
+        // buffers bound, and that a kernel without checks stays inside them;
+        // every binding here
         // covers at least the bytes the caller's handle names (rounded out to
         // whole words), so the kernel stays inside its bindings.
         let kernel = unsafe { compiled.kernel() };
