@@ -21,7 +21,7 @@ use crate::artifacts::{self, Artifact};
 /// wgpu, on the mock drivers for CUDA and HIP.
 fn suite_binary(backend: &str) -> Result<(&'static str, &'static str)> {
     Ok(match backend {
-        "core" | "host" => ("scope-core", "conformance"),
+        "core" | "host" => ("scope-test", "conformance"),
         "vulkan" => ("server-vulkan", "conformance"),
         "wgpu" => ("server-wgpu", "conformance"),
         "cuda" => ("server-cuda", "mock"),

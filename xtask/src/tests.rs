@@ -101,6 +101,9 @@ fn crate_exists(name: &str) -> bool {
         .is_file()
 }
 
+/// The packages of the "core" row.
+const CORE: [&str; 3] = ["scope-core", "scope-test", "scope-native"];
+
 fn plain(name: &str) -> Group {
     let binaries = match name {
         "scope-cubecl" => Binaries::Except(cubecl::binaries()),
@@ -195,8 +198,11 @@ fn backend_group(backend: &str, require: bool) -> Group {
 }
 
 fn groups(backend: Option<&str>) -> Result<Vec<Group>> {
+    // The core is three crates: the failure model, its test kit (the
+    // suite on the reference host server), and what CUDA and HIP share.
     let core = Group {
         name: "core".to_owned(),
+        packages: CORE.iter().map(|p| (*p).to_owned()).collect(),
         ..plain("scope-core")
     };
     Ok(match backend {
@@ -257,6 +263,8 @@ pub fn check_backend(backend: Option<&str>) -> Result<()> {
 fn other_crates() -> Vec<String> {
     let known = [
         "scope-core",
+        "scope-native",
+        "scope-test",
         "server-cuda",
         "server-hip",
         "server-vulkan",

@@ -70,8 +70,8 @@ use std::time::{Duration, Instant};
 
 use scope_core::collective::device::DeviceCollectives;
 use scope_core::collective::{Element, Group, Rank, Reduce};
-use scope_core::host::{Host, client};
 use scope_core::{Buffer, Client, Result};
+use scope_test::host::{Host, client};
 
 const RANKS: usize = 4;
 const DEADLINE: Duration = Duration::from_secs(120);

@@ -19,23 +19,78 @@
 //! so a machine that slows down slows each of them alike, and each figure is
 //! the median of its rounds.
 //!
+//! Beside each launch figure, the heap allocations one launch makes on the
+//! success path, counted by the bench's global allocator (which counts and
+//! forwards to the system's): the target is none.
+//!
 //! `SCOPE_BENCH_SMOKE=1` runs a few iterations, to prove the bench runs.
+//! `SCOPE_BENCH_ONLY=scope|null|host` times one figure alone, for a
+//! profiler (`valgrind --tool=callgrind`) to count that path and no other.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use scope_core::host::Host;
+use scope_core::internals::{ExecuteScope, ScopedOutcome, WriteScoped};
 use scope_core::null::Null;
 use scope_core::{
-    Backend, Binding, BufferId, BufferRange, ByteRange, Client, Dispatch, ExecuteScope, Kernel,
-    ScopedOutcome, StreamId, WriteScoped,
+    Backend, Binding, BufferId, BufferRange, ByteRange, Client, Dispatch, Kernel, StreamId,
 };
+use scope_test::host::Host;
 
 #[path = "common/store.rs"]
 mod store;
 
 use store::Store;
+
+/// The system allocator, counting the allocations made through it.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call forwards to `System` with the caller's own arguments,
+// so `System`'s guarantees are this allocator's; the count is a relaxed
+// atomic, which allocates nothing and never unwinds.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's promises for `alloc`, passed on.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's promises for `alloc_zeroed`, passed on.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's promises for `realloc`, passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's promises for `dealloc`, passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+/// Heap allocations per call of `f`, over `calls` calls after one warm-up
+/// call (which may fill a pool the rest reuse).
+fn allocations_per(calls: u32, mut f: impl FnMut()) -> f64 {
+    f();
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..calls {
+        f();
+    }
+    (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / f64::from(calls)
+}
 
 /// The scope a launch opens: 2 reads, 1 write, an empty body.
 fn scope_cycle(store: &mut Store, name: &Arc<str>, read: &[BufferRange], write: BufferRange) {
@@ -102,6 +157,8 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn main() {
     let smoke = std::env::var_os("SCOPE_BENCH_SMOKE").is_some();
+    let only = std::env::var("SCOPE_BENCH_ONLY").ok();
+    let runs = |figure: &str| only.as_deref().is_none_or(|only| only == figure);
     let iterations: u32 = if smoke { 1_000 } else { 300_000 };
     let rounds = if smoke { 1 } else { 9 };
 
@@ -127,24 +184,38 @@ fn main() {
 
     let (mut scope, mut core, mut reference) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
-        scope.push(time(iterations, || {
-            scope_cycle(&mut store, &name, black_box(&read), black_box(write))
-        }));
-        core.push(time(iterations, || null.launch()));
-        null.settle();
-        reference.push(time(iterations, || host.launch()));
-        host.settle();
+        if runs("scope") {
+            scope.push(time(iterations, || {
+                scope_cycle(&mut store, &name, black_box(&read), black_box(write))
+            }));
+        }
+        if runs("null") {
+            core.push(time(iterations, || null.launch()));
+            null.settle();
+        }
+        if runs("host") {
+            reference.push(time(iterations, || host.launch()));
+            host.settle();
+        }
     }
     assert!(store.failures.is_empty(), "the success path holds nothing");
+    if only.is_some() {
+        println!("launch_path: {only:?} alone, for a profiler");
+        return;
+    }
+    let null_allocations = allocations_per(1_000, || null.launch());
+    null.settle();
+    let host_allocations = allocations_per(1_000, || host.launch());
+    host.settle();
     let (scope, core, reference) = (median(scope), median(core), median(reference));
     println!("launch_path: one launch, 2 reads + 1 write, median of {rounds} rounds");
     println!("  scope cycle (ExecuteScope::launching, empty body): {scope:6.1} ns");
     println!(
-        "  core on the null backend (Client::launch):        {core:6.1} ns = {:.2}x the scope cycle (target <= 2x)",
+        "  core on the null backend (Client::launch):        {core:6.1} ns = {:.2}x the scope cycle (target <= 2x), {null_allocations} heap allocations a launch (target 0)",
         core / scope
     );
     println!(
-        "  reference host server (Client::launch):           {reference:6.1} ns = {:.2}x the scope cycle",
+        "  reference host server (Client::launch):           {reference:6.1} ns = {:.2}x the scope cycle, {host_allocations} heap allocations a launch",
         reference / scope
     );
 }

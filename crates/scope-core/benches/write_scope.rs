@@ -19,10 +19,10 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use scope_core::{
-    BufferId, BufferRange, ByteRange, ExecuteScope, FailureStore, ScopedOutcome, StreamId, Work,
-    WorkKind, WriteScoped,
+use scope_core::internals::{
+    ExecuteScope, FailureStore, ScopedOutcome, Work, WorkKind, WriteScoped,
 };
+use scope_core::{BufferId, BufferRange, ByteRange, StreamId};
 
 #[path = "common/store.rs"]
 mod store;

@@ -1,6 +1,6 @@
 //! What a backend supplies: the device calls, and nothing else.
 //!
-//! Every server is [`Server<B>`](crate::Server) for some `B: Backend`. The
+//! Every server is the core's `Server<B>` for some `B: Backend`. The
 //! core keeps everything the servers share — the buffer table and where
 //! taint lives, scopes around every unit of work, capture windows and the
 //! graph table, cross-stream ordering, the in-flight attribution of late
@@ -131,7 +131,7 @@ pub struct Launch<'a, M> {
 /// allocation, a stream it made, a graph not yet destroyed — because
 /// checking again in every server would be the same rule written four times
 /// and would still leave a raw pointer's arithmetic one forgotten check
-/// from undefined behaviour. The checks live once, in [`Server<B>`]
+/// from undefined behaviour. The checks live once, in the core's `Server<B>`
 /// (`server/handles.rs`), and only the server calls these methods; every
 /// call there sits in an `unsafe` block whose `SAFETY` comment cites the
 /// validation that made it true. A safe caller outside the core cannot
@@ -163,8 +163,6 @@ pub struct Launch<'a, M> {
 /// third-party server): the `unsafe` is on the caller's side. A backend that
 /// holds these promises may then do raw pointer arithmetic on them, and its
 /// own `SAFETY` comments cite the contract, not "the core checked".
-///
-/// [`Server<B>`]: crate::Server
 pub trait Backend: Send + 'static {
     /// A device allocation.
     type Memory: Send + 'static;

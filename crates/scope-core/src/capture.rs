@@ -121,22 +121,26 @@ impl CaptureWindow {
     }
 
     /// The stream that opened it, while one has.
+    #[cfg(any(test, feature = "internals"))]
     pub fn opened_by(&self) -> Option<StreamId> {
         self.opened_by
     }
 
     /// The doom, if work inside the window failed or was skipped.
+    #[cfg(any(test, feature = "internals"))]
     pub fn doom(&self) -> Option<&Error> {
         self.doom.as_ref()
     }
 
     /// What clean work inside the window wrote, de-duplicated.
+    #[cfg(any(test, feature = "internals"))]
     pub fn written(&self) -> &[BufferRange] {
         &self.written
     }
 
     /// What clean work inside the window read that no earlier work in it
     /// wrote: the graph's inputs, checked before each replay.
+    #[cfg(any(test, feature = "internals"))]
     pub fn read(&self) -> &[BufferRange] {
         &self.read
     }

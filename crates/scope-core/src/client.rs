@@ -436,7 +436,7 @@ impl<B: Backend> Client<B> {
     /// reads it) and writes `output`.
     pub(crate) fn issue_collective(
         &self,
-        name: (&str, Option<crate::RecordedRound>),
+        name: (&str, Option<crate::capture::RecordedRound>),
         input: (Slice<'_>, bool),
         output: Slice<'_>,
         call: impl FnOnce(

@@ -283,8 +283,12 @@ fn is_refusal(error: &Error) -> bool {
 }
 
 /// What one collective call is, as every rank must agree on it.
+///
+/// Exhaustive on purpose: a device transport (`DeviceCollectives`) matches
+/// on it to issue the library's call, and a collective added here must
+/// fail to compile in every transport until each issues it, rather than
+/// reach one as a call it silently cannot make.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Call {
     /// [`Rank::all_reduce`].
     AllReduce {
@@ -312,6 +316,16 @@ pub enum Call {
 }
 
 impl Call {
+    /// Each rank's output bytes, in rank order, for `inputs` (one per rank,
+    /// in rank order) that all read clean: the arithmetic of a transport
+    /// that combines on the host, as host staging and the reference
+    /// loopback transport do. Reductions fold rank by rank, so every rank
+    /// and every run get the same floating-point result; ranks that get the
+    /// same bytes share one vector.
+    pub fn outputs(self, inputs: &[&[u8]]) -> Vec<Arc<Vec<u8>>> {
+        compute::compute(self, inputs)
+    }
+
     /// Whether rank `rank` reads its input: every rank does, but in a
     /// broadcast only the root — the others' bytes are only written, so a
     /// failure they carry is healed, never a reason to skip their part.

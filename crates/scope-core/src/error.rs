@@ -255,7 +255,7 @@ pub struct Chain {
     /// The hops, starting at the buffer read.
     pub hops: Vec<Hop>,
     /// Skip records the failure no longer keeps: it keeps the newest
-    /// [`MAX_SKIP_RECORDS`](crate::MAX_SKIP_RECORDS).
+    /// 16 (`MAX_SKIP_RECORDS`).
     pub dropped: u64,
 }
 

@@ -52,8 +52,6 @@ pub enum WorkKind {
     Launch,
     /// A host-to-device write.
     Write,
-    /// A device-to-device copy.
-    Copy,
     /// A replay of a captured graph.
     Replay,
     /// An allocation.
@@ -72,7 +70,6 @@ impl Work {
         let what = match self.kind {
             WorkKind::Launch => "launch",
             WorkKind::Write => "host write",
-            WorkKind::Copy => "device copy",
             WorkKind::Replay => "graph replay",
             WorkKind::Allocate => "allocation",
             WorkKind::Settle => "device work",
@@ -139,6 +136,7 @@ impl FailureNode {
     }
 
     /// How many allocations carry it.
+    #[cfg(any(test, feature = "internals", feature = "fault-injection"))]
     pub fn carriers(&self) -> u32 {
         self.carriers
     }
@@ -149,6 +147,7 @@ impl FailureNode {
     }
 
     /// The skip records it keeps, oldest first.
+    #[cfg(any(test, feature = "internals"))]
     pub fn skips(&self) -> impl Iterator<Item = &SkipRecord> {
         self.history.iter().flat_map(|h| h.skips.iter())
     }
@@ -320,11 +319,13 @@ impl Failures {
     }
 
     /// Whether none is held.
+    #[cfg(any(test, feature = "internals"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Every failure held, with its carrier count.
+    #[cfg(any(test, feature = "internals", feature = "fault-injection"))]
     pub fn held(&self) -> impl Iterator<Item = (FailureId, &FailureNode)> {
         self.nursery
             .iter()

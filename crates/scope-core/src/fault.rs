@@ -1,7 +1,7 @@
 //! Fault injection: failing device calls on purpose, at the one place every
 //! server makes them.
 //!
-//! Every device call a [`Server`](crate::Server) makes passes a [`Site`]
+//! Every device call a server makes passes a [`Site`]
 //! first. With the `fault-injection` feature the server consults its
 //! [`FaultPlan`] there and, when a rule matches, returns the planned error
 //! instead of calling the backend — so a test can fail the third launch on

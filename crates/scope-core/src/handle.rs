@@ -272,8 +272,8 @@ impl Capture {
     }
 
     /// A handle on no window that is open: what a caller holding a capture
-    /// past its end would have, for the suite to try.
-    #[cfg(feature = "conformance")]
+    /// past its end would have, for a test to try.
+    #[cfg(test)]
     pub(crate) fn stale(stream: StreamId, server: ServerId) -> Self {
         Self {
             stream,

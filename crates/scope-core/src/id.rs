@@ -10,7 +10,7 @@ use std::fmt;
 use std::hash::Hasher;
 use std::num::NonZeroU64;
 
-/// One failure in a device's [`Failures`](crate::Failures) store.
+/// One failure in a device's failure store.
 ///
 /// Minted from a per-device counter and never reused, so a stale id can only
 /// miss, never name a different failure. Non-zero so that `Option<FailureId>`
@@ -67,7 +67,7 @@ pub struct BufferId {
 
 impl BufferId {
     /// A buffer id from its slot and generation (for stores outside a
-    /// [`Server`](crate::Server), such as the property test's).
+    /// server, such as the benches').
     pub fn from_parts(slot: u32, generation: u32) -> Self {
         Self { slot, generation }
     }

@@ -97,9 +97,6 @@ pub enum ScopedOutcome<R> {
         kernel: Arc<str>,
         /// The stream.
         stream: StreamId,
-        /// The root error, for the caller's logs; the read report is the
-        /// place to learn it.
-        root: Arc<Error>,
     },
     /// It ran and failed; its write set carries the error.
     Failed(Error),
@@ -122,6 +119,7 @@ impl<R> ScopedOutcome<R> {
     }
 
     /// Whether the work did not run because of an input.
+    #[cfg(any(test, feature = "internals"))]
     pub fn is_skipped(&self) -> bool {
         matches!(self, ScopedOutcome::Skipped { .. })
     }
@@ -131,7 +129,7 @@ enum Opened {
     /// Claimed by a provisional failure (none for an empty write set).
     Entered { provisional: Option<FailureId> },
     /// Pointed at the failure that stopped it.
-    Skipped { kernel: Arc<str>, root: Arc<Error> },
+    Skipped { kernel: Arc<str> },
 }
 
 /// One unit of device work that writes memory (rule 15).
@@ -220,7 +218,6 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
             read,
             opened: Opened::Skipped {
                 kernel: kernel.clone(),
-                root: error,
             },
             maybe: false,
         }
@@ -237,11 +234,13 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
     }
 
     /// Whether the body will not run.
+    #[cfg(any(test, feature = "internals"))]
     pub fn skipped(&self) -> bool {
         matches!(self.opened, Opened::Skipped { .. })
     }
 
     /// What the work writes.
+    #[cfg(any(test, feature = "internals"))]
     pub fn written(&self) -> &[BufferRange] {
         &self.written
     }
@@ -266,13 +265,9 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         } = self;
         let provisional = match opened {
             Opened::Entered { provisional } => provisional,
-            Opened::Skipped { kernel, root } => {
+            Opened::Skipped { kernel } => {
                 server.recycle(written);
-                return ScopedOutcome::Skipped {
-                    kernel,
-                    stream,
-                    root,
-                };
+                return ScopedOutcome::Skipped { kernel, stream };
             }
         };
         let result = body(server, &written);

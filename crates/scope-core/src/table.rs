@@ -1,6 +1,6 @@
 //! The buffer table: each buffer's memory and the claims on it.
 //!
-//! This is where a [`Server`](crate::Server)'s taint lives, and so the one
+//! This is where a server's taint lives, and so the one
 //! [`FailureStore`] every server uses: the table answers
 //! [`locate`](FailureStore::locate) and inherits every rule.
 //!

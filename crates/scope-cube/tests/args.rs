@@ -11,8 +11,8 @@ use scope_core::{Access, Binding, Dispatch, Error, KernelSource, Language};
 use scope_cube::kernels::{self, CUBE};
 use scope_cube::{Args, Target, translate};
 
-fn host() -> scope_core::Client<scope_core::host::Host> {
-    scope_core::host::client().expect("the host server always starts")
+fn host() -> scope_core::Client<scope_test::host::Host> {
+    scope_test::host::client().expect("the host server always starts")
 }
 
 fn words(bytes: &[u8]) -> Vec<u32> {
@@ -229,7 +229,7 @@ fn a_language_the_server_does_not_take_is_refused_before_launching() {
     assert!(c.read(&a).is_ok(), "nothing was claimed");
     assert_eq!(Target::of::<server_vulkan::Vulkan>(), Some(Target::SpirV));
     assert_eq!(Target::of::<server_wgpu::Wgpu>(), Some(Target::Wgsl));
-    assert_eq!(Target::of::<scope_core::host::Host>(), None);
+    assert_eq!(Target::of::<scope_test::host::Host>(), None);
     assert_eq!(Target::Hip.language(), Language::Hip);
 }
 
@@ -434,7 +434,7 @@ fn workgroup_memory_is_reported_and_held_to_the_device() {
         );
     }
     let _ = std::fs::create_dir_all("/tmp/xdg");
-    let Some(c) = scope_core::conformance::client_or_skip(|| {
+    let Some(c) = scope_test::client_or_skip(|| {
         server_vulkan::client_with(server_vulkan::Config {
             validation: true,
             fail_on_validation: true,

@@ -19,10 +19,10 @@
 
 use std::sync::OnceLock;
 
-use scope_core::conformance::Suite;
 use scope_core::{Binding, Client, Kernel, Result};
 use scope_cube::kernels::{add_kernel, copy_kernel, fill_kernel};
 use scope_cube::{Args, CubeKernel, Target};
+use scope_test::Suite;
 
 /// The three kernels for one target, translated once per test binary.
 struct Kernels {
@@ -137,7 +137,7 @@ impl Suite for VulkanCube {
 }
 
 mod vulkan {
-    scope_core::conformance_tests!(super::VulkanCube);
+    scope_test::conformance_tests!(super::VulkanCube);
 }
 
 trait OnApi: 'static {
@@ -195,12 +195,12 @@ impl<A: OnApi> Suite for WgpuCube<A> {
 
 mod wgpu_vulkan {
     type Suite = super::WgpuCube<super::WgpuVulkan>;
-    scope_core::conformance_tests!(Suite);
+    scope_test::conformance_tests!(Suite);
 }
 
 mod wgpu_gl {
     type Suite = super::WgpuCube<super::WgpuGl>;
-    scope_core::conformance_tests!(Suite);
+    scope_test::conformance_tests!(Suite);
 }
 
 /// The packing the suite relies on, checked without a device: the blob is
@@ -209,7 +209,7 @@ mod wgpu_gl {
 /// foreign kernel gets the words.
 #[test]
 fn the_suite_blob_is_cubecls_info_struct() {
-    let buffer = scope_core::Client::new(scope_core::host::Host::new())
+    let buffer = scope_core::Client::new(scope_test::host::Host::new())
         .expect("host server")
         .allocate(256)
         .expect("allocate");

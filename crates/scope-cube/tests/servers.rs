@@ -12,10 +12,10 @@
 //! A server with no device prints `skipped: no <backend> device (...)`; with
 //! `SCOPE_REQUIRE=<backend>` it fails instead.
 
-use scope_core::conformance::client_or_skip;
 use scope_core::{Backend, Binding, Client, Dispatch, Result};
 use scope_cube::kernels::{self, CUBE};
 use scope_cube::{Args, Target};
+use scope_test::client_or_skip;
 
 /// `f32` outputs may differ from the CPU by this much, relative to
 /// `max(1, |reference|)`.

@@ -23,10 +23,10 @@
 use cubecl_core as cubecl;
 use cubecl_core::prelude::*;
 
-use scope_core::conformance::client_or_skip;
 use scope_core::{Backend, Binding, Buffer, Client, Dispatch, KernelSource};
 use scope_cube::kernels::{self, CUBE};
 use scope_cube::{Args, CubeKernel, Target, translate};
+use scope_test::client_or_skip;
 
 /// Words of the workgroup array the shared-memory kernel declares.
 const SHARED_WORDS: usize = 4;
@@ -167,7 +167,7 @@ fn every_target_clamps_what_cubecl_leaves_unchecked() {
 /// its end), and a binding that is not whole vectors is refused.
 #[test]
 fn a_vector_buffers_length_counts_vectors() {
-    let c = scope_core::host::client().expect("the host server always starts");
+    let c = scope_test::host::client().expect("the host server always starts");
     let at = c.allocate(4).unwrap();
     let out = c.allocate(u64::from(OUT_WORDS) * 4).unwrap();
     for target in Target::ALL {

@@ -86,7 +86,7 @@ fn main() {
         Ok(client) => client,
         Err(Error::BackendUnavailable { reason, .. }) => {
             println!("skipped: no cuda device ({reason})");
-            if scope_core::conformance::required("cuda") {
+            if scope_test::required("cuda") {
                 eprintln!("SCOPE_REQUIRE names cuda: a missing device is a failure");
                 std::process::exit(1);
             }
@@ -101,7 +101,7 @@ fn main() {
         println!(
             "skipped: no cuda device (a device is present but NVRTC is not; the bench compiles CUDA C++)"
         );
-        if scope_core::conformance::required("cuda") {
+        if scope_test::required("cuda") {
             std::process::exit(1);
         }
         return;

@@ -6,7 +6,7 @@
 //! The group decides every round before a byte moves
 //! (`scope_core::collective::device`), and the communicator that keeps NCCL
 //! from hanging or being called after an abort, and the order in which a
-//! call is issued, are the core's ([`scope_core::native::nccl`], shared
+//! call is issued, are the core's ([`scope_native::nccl`], shared
 //! with HIP's RCCL). What is CUDA's here is where the library comes from,
 //! which device it runs on, and where its bytes and streams are:
 //!
@@ -30,7 +30,7 @@
 //!
 //! Ranks in other processes, or on other machines, join with
 //! [`Rank::join`](scope_core::collective::Rank::join) and NCCL's unique id
-//! ([`UniqueId::to_bytes`](scope_core::native::nccl::UniqueId::to_bytes),
+//! ([`UniqueId::to_bytes`](scope_native::nccl::UniqueId::to_bytes),
 //! handed out by the launcher): they decide by a ballot all-gathered
 //! through NCCL itself, and poll every wait with `cuEventQuery` and
 //! `ncclCommGetAsyncError` up to the deadline
@@ -40,7 +40,7 @@ use std::ffi::c_void;
 use std::sync::OnceLock;
 
 use scope_core::Result;
-use scope_core::native::nccl::{NcclDevice, NcclLibrary, NcclTable};
+use scope_native::nccl::{NcclDevice, NcclLibrary, NcclTable};
 
 use crate::{Cuda, CudaMemory, CudaStreamState, CudaWaiter};
 
@@ -76,6 +76,10 @@ fn nccl() -> Result<NcclTable> {
 pub fn load_nccl() -> Result<()> {
     nccl().map(drop)
 }
+
+// The collectives through the library, in the order of steps scope-native
+// writes once for CUDA and HIP.
+scope_native::nccl_collectives!(Cuda);
 
 // SAFETY: the table is NCCL's, loaded for the process (`nccl`); `bind`
 // makes this server's context, so its device, current on the thread; a

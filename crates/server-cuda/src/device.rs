@@ -28,8 +28,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
-use scope_core::native::{LaunchGeometry, c_chars};
 use scope_core::{DeviceKind, Error, Probe, ProbedDevice, Result, StreamId};
+use scope_native::{LaunchGeometry, c_chars};
 
 use crate::error::{BACKEND, Doing, classify, driver as driver_error, mark_driver_loaded};
 use crate::launch::Module;

@@ -13,13 +13,13 @@
 //! **Parameters**, per the binding convention: the bindings' device pointers
 //! (advanced by the binding's offset), in order, then the scalar blob by value
 //! when it is non-empty — the rules CUDA shares with HIP, in
-//! [`scope_core::native`]. Where the driver has `cuFuncGetParamInfo` (12.4+)
+//! [`scope_native`]. Where the driver has `cuFuncGetParamInfo` (12.4+)
 //! the kernel's own parameter list is read at compile time and a launch whose
 //! bindings or blob do not match it is refused before anything runs; without
 //! it, the parameter array and the blob are padded with zeros to the most any
 //! kernel can declare, so that a kernel declaring more parameters or a larger
 //! struct reads zeros, never past the caller's bytes
-//! ([`ParamTable`](scope_core::native::ParamTable)).
+//! ([`ParamTable`](scope_native::ParamTable)).
 //!
 //! **Graphs own their kernels.** A launch recorded into a capture keeps the
 //! kernel's module (an `Arc`) in the recording, and the sealed
@@ -38,8 +38,9 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::nvrtc;
-use scope_core::native::{self, ApiRules, c_chars};
-use scope_core::{BoundDispatch, Error, Kernel, KernelSource, Launch, Result};
+use scope_core::backend::{BoundDispatch, Launch};
+use scope_core::{Error, Kernel, KernelSource, Result};
+use scope_native::{ApiRules, c_chars};
 use smallvec::SmallVec;
 
 use crate::error::{BACKEND, Doing, classify};
@@ -57,7 +58,7 @@ const MAX_PARAM_BYTES: usize = 32 * 1024;
 const MAX_PARAMS: usize = MAX_PARAM_BYTES;
 
 /// CUDA's numbers for the launch rules it shares with HIP
-/// ([`scope_core::native`]), on a device of `capability`:
+/// ([`scope_native`]), on a device of `capability`:
 ///
 /// - Bindings: [`MAX_PARAMS`] parameters, the blob counted as one.
 /// - Scalars: where the driver reports each kernel's parameters, the most
@@ -422,10 +423,10 @@ impl Cuda {
                 // is this backend's and alive, as is `stream`, which is not
                 // recording (checked above).
                 unsafe { self.read_bytes(stream, memory, *offset, &mut counts)? };
-                native::indirect_counts(counts)
+                scope_native::indirect_counts(counts)
             }
         };
-        if !native::runs_anything(groups, &self.limits) {
+        if !scope_native::runs_anything(groups, &self.limits) {
             return Ok(());
         }
         let pointers: SmallVec<[u64; 8]> = launch
@@ -490,7 +491,7 @@ impl Cuda {
 
 /// What [`Backend::check_launch`](scope_core::Backend::check_launch) holds a
 /// CUDA launch to before its scope opens: the rules CUDA shares with HIP
-/// ([`native::check_launch`]) against `limits`, the backend's launch
+/// ([`scope_native::check_launch`]) against `limits`, the backend's launch
 /// limits, and — where the driver reports the kernel's parameters — the
 /// kernel's own parameter list.
 pub(crate) fn check_launch(
@@ -498,7 +499,7 @@ pub(crate) fn check_launch(
     kernel: &CudaKernel,
     launch: &Launch<'_, CudaMemory>,
 ) -> Result<()> {
-    native::check_launch(limits, kernel.block, kernel.params.as_deref(), launch)
+    scope_native::check_launch(limits, kernel.block, kernel.params.as_deref(), launch)
 }
 
 /// The byte size of each of `function`'s parameters.

@@ -17,7 +17,7 @@
 //! - `launch.rs`: CUDA C++ through NVRTC for the device's
 //!   architecture, PTX through the JIT, and launches per the binding
 //!   convention, under the launch rules CUDA shares with HIP
-//!   ([`scope_core::native`]) with CUDA's numbers.
+//!   ([`scope_native`]) with CUDA's numbers.
 //! - `capture.rs`: stream capture into instantiated CUDA
 //!   graphs, which keep the modules of the kernels they launch loaded,
 //!   replay, destruction after the replays in flight.
@@ -121,8 +121,9 @@ mod memory;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use scope_core::native::{self, ParamTable};
-use scope_core::{Backend, Client, Kernel, Language, Launch, LaunchLimits, Result, StreamId};
+use scope_core::backend::Launch;
+use scope_core::{Backend, Client, Kernel, Language, LaunchLimits, Result, StreamId};
+use scope_native::ParamTable;
 
 pub use capture::CudaGraph;
 pub use collective::load_nccl;
@@ -172,7 +173,7 @@ impl Cuda {
         let driver = device::driver_version()?;
         let rules = launch::api_rules(info.capability);
         let limits =
-            native::launch_limits(&device::launch_geometry(&ctx), info.total_memory, &rules);
+            scope_native::launch_limits(&device::launch_geometry(&ctx), info.total_memory, &rules);
         let nvrtc_arch = if device::nvrtc_present() {
             match launch::nvrtc_arch(info.capability) {
                 Ok(arch) => Some(arch),

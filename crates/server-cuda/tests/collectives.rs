@@ -1,6 +1,6 @@
 //! The collectives through NCCL on this machine's GPUs — the real library
 //! on real devices: the behaviours at every group size
-//! (`scope_core::conformance::sizes`), at one rank and at one rank per GPU
+//! (`scope_test::sizes`), at one rank and at one rank per GPU
 //! where there are several. One GPU is enough for the first: a one-rank
 //! communicator still builds, runs every call, is captured into a CUDA
 //! graph, ballots for ranks joined alone, and is aborted and made again.
@@ -36,4 +36,4 @@ cuda_suite!(NcclSuite, Self::rank_client(0), None, (), {
     }
 });
 
-scope_core::conformance_tests!(@every_group_size NcclSuite);
+scope_test::conformance_tests!(@every_group_size NcclSuite);

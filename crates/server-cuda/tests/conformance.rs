@@ -15,4 +15,4 @@ cuda_suite!(
     ()
 );
 
-scope_core::conformance_tests!(CudaSuite);
+scope_test::conformance_tests!(CudaSuite);

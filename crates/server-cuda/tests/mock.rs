@@ -21,8 +21,8 @@ mod harness;
 
 use common::{FILL, bytes, kernel, words};
 use harness::{client, mock};
-use scope_core::conformance::Suite;
 use scope_core::{Binding, Dispatch, Error, Kernel};
+use scope_test::Suite;
 
 // The mock's whole memory (1 GiB) is oversized: its context holds some.
 cuda_suite!(
@@ -37,7 +37,7 @@ cuda_suite!(
 );
 
 mod conformance {
-    scope_core::conformance_tests!(super::MockSuite);
+    scope_test::conformance_tests!(super::MockSuite);
 }
 
 // The collective behaviours over NCCL (the mock's, `mock/mock_nccl.c`):
@@ -64,7 +64,7 @@ cuda_suite!(
 );
 
 mod over_nccl {
-    scope_core::conformance_tests!(@device_collectives super::MockNcclSuite);
+    scope_test::conformance_tests!(@device_collectives super::MockNcclSuite);
 }
 
 /// The mock's four devices are four servers, each with its own context,
@@ -520,7 +520,8 @@ fn a_wait_without_the_lock_covers_only_the_work_before_it() {
 /// an unloaded module (undefined on real CUDA; the mock refuses it).
 #[test]
 fn a_graph_keeps_the_kernels_it_launches_loaded() {
-    use scope_core::{Access, Backend, Bound, BoundDispatch, Launch, StreamId};
+    use scope_core::backend::{Bound, BoundDispatch, Launch};
+    use scope_core::{Access, Backend, StreamId};
     use server_cuda::Cuda;
 
     mock();
@@ -577,7 +578,7 @@ fn a_graph_keeps_the_kernels_it_launches_loaded() {
 /// mock driver and mock NCCL, meeting in the mock NCCL's shared mode (a
 /// file each maps, where real NCCL's ranks meet over the network).
 mod across_processes {
-    scope_core::conformance_tests!(@processes super::MockNcclSuite, "across_processes", |dir| {
+    scope_test::conformance_tests!(@processes super::MockNcclSuite, "across_processes", |dir| {
         super::mock().shared_nccl_id(dir)
     });
 }

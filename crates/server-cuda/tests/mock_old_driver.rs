@@ -40,7 +40,7 @@ cuda_suite!(
 );
 
 mod conformance {
-    scope_core::conformance_tests!(super::OldDriverSuite);
+    scope_test::conformance_tests!(super::OldDriverSuite);
 }
 
 /// Without pools, memory is `cuMemAlloc`'d and counted by the server:

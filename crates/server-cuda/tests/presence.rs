@@ -3,7 +3,7 @@
 //! why; with one, both find it. They must agree.
 
 use scope_core::Error;
-use scope_core::conformance::required;
+use scope_test::required;
 
 #[test]
 fn client_and_probe_agree_and_never_panic() {

@@ -301,7 +301,7 @@ fn nccl_library() {
         // SAFETY: each address is looked up by its NCCL name in NCCL,
         // which stays loaded.
         let table = unsafe {
-            scope_core::native::nccl::NcclTable::resolve("nccl", |name| {
+            scope_native::nccl::NcclTable::resolve("nccl", |name| {
                 library
                     .get::<*const std::ffi::c_void>(name.as_bytes())
                     .ok()
@@ -324,7 +324,7 @@ fn nccl_library() {
         // join's poll, rather than as a hang or an abort.
         // SAFETY: the table is NCCL's; one rank of one, joining once.
         let joined = unsafe {
-            scope_core::native::nccl::Communicator::join(
+            scope_native::nccl::Communicator::join(
                 table,
                 id,
                 0,

@@ -6,7 +6,8 @@
 //! of the failure model (scopes, taint, windows, poison, fault injection)
 //! is the core's `Server<Hip>`.
 
-use scope_core::{Backend, Kernel, Language, Launch, LaunchLimits, Result, StreamId};
+use scope_core::backend::Launch;
+use scope_core::{Backend, Kernel, Language, LaunchLimits, Result, StreamId};
 
 use crate::capture::HipGraph;
 use crate::device::{Hip, HipStream, HipWaiter};

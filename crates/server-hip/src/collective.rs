@@ -9,7 +9,7 @@
 //!
 //! RCCL is NCCL's API under NCCL's names, so the communicator — non-blocking,
 //! abortable from any thread, never called after an abort — and the order
-//! a call is issued in are the core's ([`scope_core::native::nccl`]),
+//! a call is issued in are the core's ([`scope_native::nccl`]),
 //! shared with CUDA's NCCL. What is HIP's here is where the library comes
 //! from (`librccl`, loaded at run time as the runtime is, a typed
 //! [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
@@ -31,8 +31,8 @@
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-use scope_core::native::nccl::{NcclDevice, NcclLibrary, NcclTable};
 use scope_core::{Error, Result};
+use scope_native::nccl::{NcclDevice, NcclLibrary, NcclTable};
 
 use crate::{Hip, HipMemory, HipStream, HipWaiter};
 
@@ -94,6 +94,10 @@ fn rccl() -> Result<NcclTable> {
 pub fn load_rccl() -> Result<()> {
     rccl().map(drop)
 }
+
+// The collectives through the library, in the order of steps scope-native
+// writes once for CUDA and HIP.
+scope_native::nccl_collectives!(Hip);
 
 // SAFETY: the table is RCCL's, loaded for the process (`rccl`);
 // `make_current` sets this server's device on the thread (`hipSetDevice`);

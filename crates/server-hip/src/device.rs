@@ -18,8 +18,8 @@
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
-use scope_core::native::{self, LaunchGeometry, ParamTable, c_chars};
 use scope_core::{Error, LaunchLimits, Result, StreamId};
+use scope_native::{LaunchGeometry, ParamTable, c_chars};
 
 use crate::api::{Event, Module, Pinned, Stream};
 use crate::error::{BACKEND, Doing, HipError};
@@ -302,7 +302,7 @@ impl Hip {
             .map_err(|e| unavailable(e.to_string()))?;
         let (info, geometry) =
             read_device(&api, ordinal).map_err(|e| unavailable(e.to_string()))?;
-        let limits = native::launch_limits(&geometry, info.total_memory, &API_RULES);
+        let limits = scope_native::launch_limits(&geometry, info.total_memory, &API_RULES);
         let runtime_version = api.runtime_version().unwrap_or(0);
         if let Err(why) = crate::api::rtc_status(&api) {
             tracing::warn!("hiprtc unavailable, kernels will not compile: {why}");

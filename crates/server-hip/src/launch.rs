@@ -10,7 +10,7 @@
 //! A launch follows the binding convention of `scope_core::kernel`: the
 //! parameters are the bindings' device pointers, already advanced by their
 //! offsets, in order, then the scalar blob by value when it is non-empty —
-//! the rules HIP shares with CUDA, in [`scope_core::native`], with HIP's
+//! the rules HIP shares with CUDA, in [`scope_native`], with HIP's
 //! numbers ([`api_rules`]).
 //! The block is the kernel's [`block_size`](scope_core::Kernel::block_size).
 //! HIP has no indirect launch: an indirect dispatch reads its three counts
@@ -24,8 +24,9 @@
 
 use std::sync::Arc;
 
-use scope_core::native::{self, ApiRules};
-use scope_core::{BoundDispatch, Error, Kernel, KernelSource, Launch, LaunchLimits, Result};
+use scope_core::backend::{BoundDispatch, Launch};
+use scope_core::{Error, Kernel, KernelSource, LaunchLimits, Result};
+use scope_native::ApiRules;
 
 use crate::api::Module;
 use crate::device::{Hip, HipStream};
@@ -43,7 +44,7 @@ const PARAM_SLACK: usize = 4096;
 const PARAM_SLOTS: usize = PARAM_SLACK;
 
 /// HIP's numbers for the launch rules it shares with CUDA
-/// ([`scope_core::native`]):
+/// ([`scope_native`]):
 ///
 /// - Bindings: [`PARAM_SLOTS`] parameters, the blob counted as one.
 /// - Scalars: [`PARAM_SLACK`] bytes, all the padded launch passes, with as
@@ -67,7 +68,7 @@ pub(crate) const API_RULES: ApiRules = ApiRules {
 
 /// What [`Backend::check_launch`](scope_core::Backend::check_launch) holds a
 /// HIP launch to before its scope opens: the rules HIP shares with CUDA
-/// ([`native::check_launch`]) against `limits`, the backend's launch limits.
+/// ([`scope_native::check_launch`]) against `limits`, the backend's launch limits.
 /// HIP cannot report a kernel's parameters, so the launch is padded instead
 /// of matched.
 pub(crate) fn check_launch(
@@ -75,7 +76,7 @@ pub(crate) fn check_launch(
     kernel: &HipKernel,
     launch: &Launch<'_, HipMemory>,
 ) -> Result<()> {
-    native::check_launch(limits, kernel.block, None, launch)
+    scope_native::check_launch(limits, kernel.block, None, launch)
 }
 
 /// A compiled kernel: its module (kept loaded) and entry point.
@@ -236,10 +237,10 @@ impl Hip {
                 // dispatch's 12 bytes at `offset` lie inside `memory`, which
                 // is this backend's and alive, as is `stream`.
                 unsafe { self.read(stream, memory, *offset, &mut counts)? };
-                native::indirect_counts(counts)
+                scope_native::indirect_counts(counts)
             }
         };
-        if !native::runs_anything(grid, &self.limits) {
+        if !scope_native::runs_anything(grid, &self.limits) {
             return Ok(());
         }
         let pointers: Vec<u64> = launch

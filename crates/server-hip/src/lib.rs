@@ -28,7 +28,7 @@
 //! - `copy.rs`: host writes (and recorded ones), reads, device copies.
 //! - `launch.rs`: hiprtc compile for the device's `gcnArchName`, launch,
 //!   under the launch rules HIP shares with CUDA
-//!   ([`scope_core::native`]) with HIP's numbers.
+//!   ([`scope_native`]) with HIP's numbers.
 //! - `collective.rs`: the collectives on the devices through RCCL
 //!   (`DeviceCollectives`, for `Group::over_device`), loaded at run time;
 //!   the communicator is the core's, shared with CUDA's NCCL.

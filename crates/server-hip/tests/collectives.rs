@@ -1,6 +1,6 @@
 //! The collectives through RCCL on this machine's AMD GPUs — the real
 //! library on real devices: the behaviours at every group size
-//! (`scope_core::conformance::sizes`), at one rank and at one rank per GPU
+//! (`scope_test::sizes`), at one rank and at one rank per GPU
 //! where there are several. Never run on AMD hardware.
 //!
 //! Without a HIP device every test prints `skipped: no hip device (...)`;
@@ -33,4 +33,4 @@ hip_suite!(RcclSuite, Self::rank_client(0), None, {
     }
 });
 
-scope_core::conformance_tests!(@every_group_size RcclSuite);
+scope_test::conformance_tests!(@every_group_size RcclSuite);

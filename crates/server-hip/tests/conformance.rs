@@ -18,4 +18,4 @@ hip_suite!(
     Hip::open(0).ok().map(|hip| hip.info().total_memory)
 );
 
-scope_core::conformance_tests!(HipSuite);
+scope_test::conformance_tests!(HipSuite);

@@ -7,7 +7,7 @@
 mod common;
 
 use scope_core::Client;
-use scope_core::conformance::client_or_skip;
+use scope_test::client_or_skip;
 use server_hip::Hip;
 
 fn client() -> Option<Client<Hip>> {

@@ -63,7 +63,7 @@ fn client() -> Client<Hip> {
 hip_suite!(MockSuite, mock_client(), Some(1 << 30));
 
 mod conformance {
-    scope_core::conformance_tests!(super::MockSuite);
+    scope_test::conformance_tests!(super::MockSuite);
 }
 
 /// The mock RCCL: server-cuda's mock NCCL (RCCL is NCCL's API), built
@@ -151,22 +151,22 @@ hip_suite!(MockRcclSuite, mock_client(), None, {
 });
 
 mod over_rccl {
-    scope_core::conformance_tests!(@device_collectives super::MockRcclSuite);
+    scope_test::conformance_tests!(@device_collectives super::MockRcclSuite);
 }
 
 /// Four ranks in four processes, each a child of this binary with its own
 /// mock runtime and mock RCCL, meeting in the mock's shared mode (a file
 /// each maps, where real RCCL's ranks meet over the network).
 mod across_processes {
-    scope_core::conformance_tests!(@processes super::MockRcclSuite, "across_processes", |dir| {
+    scope_test::conformance_tests!(@processes super::MockRcclSuite, "across_processes", |dir| {
         super::shared_rccl_id(dir)
     });
 }
 
 /// A unique id of the mock RCCL's shared mode: its clique a file of `dir`,
 /// which ranks in other processes join.
-fn shared_rccl_id(dir: &std::path::Path) -> scope_core::native::nccl::UniqueId {
-    use scope_core::native::nccl::UniqueId;
+fn shared_rccl_id(dir: &std::path::Path) -> scope_native::nccl::UniqueId {
+    use scope_native::nccl::UniqueId;
     let rccl = mock_rccl();
     let dir = std::ffi::CString::new(dir.to_string_lossy().as_bytes())
         .expect("a folder path without NUL");
@@ -468,7 +468,8 @@ fn a_wait_without_the_lock_and_a_recording_streams_sync() {
 /// an unloaded module (undefined on real HIP; the mock refuses it).
 #[test]
 fn a_graph_keeps_the_kernels_it_launches_loaded() {
-    use scope_core::{Access, Backend, Bound, BoundDispatch, Launch, StreamId};
+    use scope_core::backend::{Bound, BoundDispatch, Launch};
+    use scope_core::{Access, Backend, StreamId};
 
     let mut hip = Hip::open_from(&[mock_library()], &[mock_library()], 0).unwrap();
     // SAFETY: the backend's first stream, so its id is 0.

@@ -44,7 +44,8 @@
 //! device's limit runs nothing**, as wgpu's indirect validation does.
 
 use ash::vk;
-use scope_core::{BoundDispatch, Error, Launch, Result};
+use scope_core::backend::{BoundDispatch, Launch};
+use scope_core::{Error, Result};
 use smallvec::SmallVec;
 
 use crate::compile::{Interface, VulkanKernel};

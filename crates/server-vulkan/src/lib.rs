@@ -1,7 +1,7 @@
 //! A scope server over raw Vulkan, through `ash` with a runtime-loaded
 //! `libvulkan`.
 //!
-//! The core's [`Server`](scope_core::Server) keeps every rule of the
+//! The core's `Server<B>` keeps every rule of the
 //! failure model; this crate is the device calls, split the way the
 //! contract reads:
 //!
@@ -131,7 +131,8 @@ mod stream;
 
 use std::sync::Arc;
 
-use scope_core::{Backend, Client, Kernel, Language, Launch, Probe, Result};
+use scope_core::backend::Launch;
+use scope_core::{Backend, Client, Kernel, Language, Probe, Result};
 
 pub use capture::VulkanGraph;
 pub use compile::VulkanKernel;
@@ -392,8 +393,8 @@ impl Backend for Vulkan {
         launch: &Launch<'_, VulkanMemory>,
     ) -> Result<()> {
         let guard = match launch.dispatch {
-            scope_core::BoundDispatch::Indirect { .. } => Some(self.pipelines.guard()?),
-            scope_core::BoundDispatch::Groups(_) => None,
+            scope_core::backend::BoundDispatch::Indirect { .. } => Some(self.pipelines.guard()?),
+            scope_core::backend::BoundDispatch::Groups(_) => None,
         };
         // SAFETY: the Backend contract of `launch`: the kernel and every
         // memory are alive, every binding's range lies inside its memory at

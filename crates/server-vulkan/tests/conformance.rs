@@ -4,8 +4,8 @@
 
 mod common;
 
-use scope_core::conformance::Suite;
 use scope_core::{Client, Kernel, Result};
+use scope_test::Suite;
 use server_vulkan::Vulkan;
 
 struct VulkanSuite;
@@ -41,4 +41,4 @@ impl Suite for VulkanSuite {
     // met. Out-of-memory is tested with injected failures.
 }
 
-scope_core::conformance_tests!(VulkanSuite);
+scope_test::conformance_tests!(VulkanSuite);

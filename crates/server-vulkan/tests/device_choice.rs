@@ -20,7 +20,7 @@ fn scope_vulkan_device_picks_by_index_or_name_devices_are_numbered_and_no_device
     let probe = server_vulkan::probe();
     if !probe.has_device() {
         println!("skipped: no vulkan device ({:?})", probe.why_not);
-        assert!(!scope_core::conformance::required("vulkan"));
+        assert!(!scope_test::required("vulkan"));
         return;
     }
     let first = probe.devices[0].name.clone();

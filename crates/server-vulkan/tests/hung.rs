@@ -6,8 +6,8 @@
 //! Its own test binary: it sets `SCOPE_VULKAN_WAIT_TIMEOUT_MS`, and the
 //! hung kernel keeps a lavapipe thread busy until the process exits.
 
-use scope_core::conformance::client_or_skip;
 use scope_core::{Binding, Dispatch, Error, Kernel};
+use scope_test::client_or_skip;
 
 /// Counts atomically until a word it never changes becomes zero: a loop
 /// that makes progress (an atomic in every iteration), so no compiler may

@@ -40,7 +40,7 @@ fn a_missing_validation_layer_is_a_skip_here_and_a_refusal_where_required() {
     let probe = server_vulkan::probe();
     if !probe.has_device() {
         println!("skipped: no vulkan device ({:?})", probe.why_not);
-        assert!(!scope_core::conformance::required("vulkan"));
+        assert!(!scope_test::required("vulkan"));
         return;
     }
     // What this machine has does not matter from here on: the loader sees

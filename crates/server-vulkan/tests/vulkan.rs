@@ -6,8 +6,8 @@
 mod common;
 
 use common::{add, bytes, copy, fill, step, words};
-use scope_core::conformance::client_or_skip;
 use scope_core::{Binding, Dispatch, Error, FaultPlan, Kernel, Site};
+use scope_test::client_or_skip;
 
 fn scalars(values: &[u32]) -> Vec<u8> {
     bytes(values)
@@ -555,7 +555,7 @@ fn probe_lists_the_devices() {
     let probe = server_vulkan::probe();
     if !probe.has_device() {
         println!("skipped: no vulkan device ({:?})", probe.why_not);
-        assert!(!scope_core::conformance::required("vulkan"));
+        assert!(!scope_test::required("vulkan"));
         return;
     }
     for device in &probe.devices {

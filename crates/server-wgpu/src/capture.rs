@@ -38,7 +38,8 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use scope_core::{BoundDispatch, Error, Launch};
+use scope_core::Error;
+use scope_core::backend::{BoundDispatch, Launch};
 use smallvec::SmallVec;
 
 use crate::error::{late_fault, message, no_panic, out_of_memory, scoped};

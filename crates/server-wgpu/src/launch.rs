@@ -37,7 +37,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
-use scope_core::{BoundDispatch, Error, Kernel, KernelSource, Launch, StreamId};
+use scope_core::backend::{BoundDispatch, Launch};
+use scope_core::{Error, Kernel, KernelSource, StreamId};
 use smallvec::SmallVec;
 
 use crate::device::Gpu;

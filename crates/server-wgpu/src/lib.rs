@@ -1,7 +1,7 @@
 //! A scope compute server over wgpu: WGSL kernels on Vulkan or GL (and, in a
 //! build that enables them, Metal or D3D12).
 //!
-//! The core ([`scope_core::Server`]) keeps every rule of the failure model;
+//! The core (scope-core's `Server<B>`) keeps every rule of the failure model;
 //! this crate is the device calls of [`Backend`] for wgpu and nothing else.
 //! Its shape follows from three facts about wgpu:
 //!
@@ -56,7 +56,8 @@ mod stream;
 
 use std::sync::Arc;
 
-use scope_core::{Backend, Client, Error, Kernel, Language, Launch, Result, StreamId};
+use scope_core::backend::Launch;
+use scope_core::{Backend, Client, Error, Kernel, Language, Result, StreamId};
 
 pub use capture::Graph;
 pub use device::{Api, OPTIONAL, Options, adapter_count, first_api, probe};

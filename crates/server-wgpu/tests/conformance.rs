@@ -6,10 +6,10 @@ mod common;
 
 mod vulkan {
     type Suite = super::common::WgpuSuite<super::common::Vulkan>;
-    scope_core::conformance_tests!(Suite);
+    scope_test::conformance_tests!(Suite);
 }
 
 mod gl {
     type Suite = super::common::WgpuSuite<super::common::Gl>;
-    scope_core::conformance_tests!(Suite);
+    scope_test::conformance_tests!(Suite);
 }

@@ -6,8 +6,8 @@
 
 mod common;
 
-use scope_core::conformance::client_or_skip;
 use scope_core::{Binding, Client, Dispatch, Error, Kernel};
+use scope_test::client_or_skip;
 use server_wgpu::{Api, OPTIONAL, Wgpu};
 
 use common::{bytes, words};

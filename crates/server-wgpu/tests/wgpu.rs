@@ -5,8 +5,8 @@
 
 mod common;
 
-use scope_core::conformance::client_or_skip;
 use scope_core::{Binding, Client, Dispatch, Error, FaultPlan, Kernel, Site, StreamId};
+use scope_test::client_or_skip;
 use server_wgpu::{Api, Wgpu};
 
 use common::{ADD, BROKEN, COPY, FILL, bytes, words};
@@ -678,7 +678,7 @@ fn probe_lists_adapters_per_api() {
             "{device:?}"
         );
     }
-    if scope_core::conformance::required("wgpu") {
+    if scope_test::required("wgpu") {
         assert!(probe.has_device(), "{probe:?}");
     }
     println!("{probe:?}");

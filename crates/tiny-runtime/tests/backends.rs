@@ -14,9 +14,9 @@
 
 mod common;
 
-use scope_core::conformance::client_or_skip;
 use scope_core::{Backend, Client, Result};
 use scope_cube::Target;
+use scope_test::client_or_skip;
 use tiny_runtime::demo::{self, TOLERANCE};
 use tiny_runtime::{Mlp, Runtime, Shape, Weights};
 

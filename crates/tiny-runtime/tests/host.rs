@@ -5,8 +5,8 @@
 
 mod common;
 
-use scope_core::host::{Host, HostArgs};
 use scope_core::{Client, Kernel};
+use scope_test::host::{Host, HostArgs};
 use tiny_runtime::demo::{self, TOLERANCE};
 use tiny_runtime::{Kernels, Mlp, Runtime, Shape, Weights, mlp};
 
@@ -254,7 +254,7 @@ fn the_reference_matmul_is_a_matmul() {
 
 #[test]
 fn the_cube_path_needs_a_target() {
-    let client = Client::new(scope_core::host::Host::new()).expect("host server");
+    let client = Client::new(scope_test::host::Host::new()).expect("host server");
     let Err(error) = Runtime::new(client) else {
         panic!("a cube runtime on the host server, which takes no compiled language");
     };

@@ -3,7 +3,8 @@
 //! the least a server's `FailureStore` can be, so a figure over it is the
 //! scope's own cycle.
 
-use scope_core::{BufferId, BufferRange, FailureStore, Failures, Taint, TaintSlot, WriteScoped};
+use scope_core::internals::{FailureStore, Failures, Taint, TaintSlot, WriteScoped};
+use scope_core::{BufferId, BufferRange};
 
 pub struct Store {
     pub failures: Failures,

@@ -92,7 +92,7 @@ impl<B: Backend> Client<B> {
     }
 
     /// The collective rounds `graph` recorded.
-    pub(crate) fn graph_rounds(&self, graph: &Graph) -> Result<Vec<crate::RecordedRound>> {
+    pub(crate) fn graph_rounds(&self, graph: &Graph) -> Result<Vec<crate::capture::RecordedRound>> {
         self.call(|server| server.graph_rounds(graph))
     }
 
@@ -115,5 +115,35 @@ impl<B: Backend> Client<B> {
     /// now carry.
     pub fn destroy_graph(&self, graph: &Graph) -> Result<()> {
         self.call(|server| server.destroy_graph(graph))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::handle::Capture;
+    use crate::null::Null;
+    use crate::{CaptureState, Client, Error};
+
+    /// A handle on a window that already ended names no open window: ending
+    /// or aborting it is an invalid argument that changes nothing (rule 29).
+    #[test]
+    fn a_capture_of_a_window_that_ended_is_refused() {
+        let c = Client::new(Null::new()).unwrap();
+        let capture = c.begin_capture().unwrap();
+        let graph = c.end_capture(capture).unwrap();
+        let stray = Capture::stale(c.stream(), c.shared.id);
+        assert!(matches!(
+            c.end_capture(stray).unwrap_err(),
+            Error::InvalidArgument { .. }
+        ));
+        let again = c.begin_capture().unwrap();
+        let stray = Capture::stale(c.stream(), c.shared.id);
+        assert!(matches!(
+            c.abort_capture(stray).unwrap_err(),
+            Error::InvalidArgument { .. }
+        ));
+        assert_eq!(c.capture_state(), CaptureState::Recording);
+        c.end_capture(again).unwrap();
+        c.replay(&graph).unwrap();
     }
 }

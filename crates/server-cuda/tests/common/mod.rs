@@ -6,7 +6,7 @@
 pub mod cases;
 
 use scope_core::Kernel;
-use scope_core::conformance::client_or_skip;
+use scope_test::client_or_skip;
 use server_cuda::Cuda;
 
 /// `out[i] = value` for `i < n`; scalars `{n, value}`.
@@ -71,7 +71,7 @@ macro_rules! cuda_suite {
     ($name:ident, $client:expr, $oversized:expr, $finished:expr, { $($more:tt)* }) => {
         struct $name;
 
-        impl scope_core::conformance::Suite for $name {
+        impl scope_test::Suite for $name {
             type Backend = server_cuda::Cuda;
 
             fn client() -> scope_core::Result<scope_core::Client<server_cuda::Cuda>> {

@@ -189,12 +189,12 @@ impl Mock {
 
     /// A unique id of the mock NCCL's shared mode: its clique a file of
     /// `dir`, which ranks in other processes join.
-    pub fn shared_nccl_id(&self, dir: &std::path::Path) -> scope_core::native::nccl::UniqueId {
-        let f: unsafe extern "C" fn(*const c_char, *mut scope_core::native::nccl::UniqueId) -> i32 =
+    pub fn shared_nccl_id(&self, dir: &std::path::Path) -> scope_native::nccl::UniqueId {
+        let f: unsafe extern "C" fn(*const c_char, *mut scope_native::nccl::UniqueId) -> i32 =
             self.hook(self.nccl, b"scope_mock_nccl_shared_id\0");
         let dir = std::ffi::CString::new(dir.to_string_lossy().as_bytes())
             .expect("a folder path without NUL");
-        let mut id = scope_core::native::nccl::UniqueId([0; 128]);
+        let mut id = scope_native::nccl::UniqueId([0; 128]);
         // SAFETY: the mock reads the path and writes the 128 bytes of `id`
         // (`ncclUniqueId`'s layout, which `UniqueId` is).
         let made = unsafe { f(dir.as_ptr(), &mut id) };

@@ -87,7 +87,7 @@ macro_rules! hip_suite {
     ($name:ident, $client:expr, $oversized:expr, { $($more:tt)* }) => {
         struct $name;
 
-        impl scope_core::conformance::Suite for $name {
+        impl scope_test::Suite for $name {
             type Backend = server_hip::Hip;
 
             fn client() -> scope_core::Result<scope_core::Client<server_hip::Hip>> {

@@ -1,8 +1,8 @@
 //! Shared by the crate's tests: a validating client and the WGSL kernels.
 #![allow(dead_code)]
 
-use scope_core::conformance::client_or_skip;
 use scope_core::{Client, Error, Kernel, Result};
+use scope_test::client_or_skip;
 use server_vulkan::{Config, VALIDATION_LAYER_MISSING, Vulkan};
 
 /// A client with the validation layer on whose backend panics on drop if

@@ -2,8 +2,8 @@
 
 #![allow(dead_code)]
 
-use scope_core::conformance::Suite;
 use scope_core::{Client, Kernel, Result};
+use scope_test::Suite;
 use server_wgpu::{Api, Options, Wgpu};
 
 /// `out[i] = value` for `i < n`; scalars `[n, value]`.

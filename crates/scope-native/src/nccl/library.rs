@@ -13,7 +13,7 @@ use std::ffi::c_void;
 use libloading::Library;
 
 use super::NcclTable;
-use crate::error::{Error, Result};
+use scope_core::{Error, Result};
 
 /// An NCCL API library a server opened, and its table, whose addresses
 /// point into it: a server keeps it in a `static` for the life of the

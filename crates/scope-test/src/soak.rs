@@ -26,10 +26,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{Suite, WORDS, add, alloc, as_words, copy, fill, setup};
-use crate::backend::Backend;
-use crate::client::Client;
-use crate::error::Error;
-use crate::handle::{Binding, Dispatch};
+use scope_core::Client;
+use scope_core::Error;
+use scope_core::backend::Backend;
+use scope_core::{Binding, Dispatch};
 
 /// Resident memory the second half of a run may add over the first's
 /// peak: allocator and driver noise, not growth with the launch count.
@@ -123,7 +123,7 @@ fn sample<B: Backend>(c: &Client<B>, launches: u64, start: Instant) -> Sample {
 /// What each word of a thread's buffer holds, or that a read must fail.
 type Expect = Option<u32>;
 
-fn check_read<B: Backend>(c: &Client<B>, buffer: &crate::Buffer, expect: Expect, what: &str) {
+fn check_read<B: Backend>(c: &Client<B>, buffer: &scope_core::Buffer, expect: Expect, what: &str) {
     match (c.read(buffer), expect) {
         (Ok(bytes), Some(value)) => {
             assert!(

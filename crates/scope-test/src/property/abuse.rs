@@ -16,12 +16,12 @@
 //! are found rather than guessed.
 
 use super::{Error, Range, STALE, Suite, World, as_bytes};
-use crate::handle::{Binding, Dispatch};
+use scope_core::{Binding, Dispatch};
 
 /// How many of every hundred steps are invalid.
 pub(super) const PERCENT: u64 = 5;
 
-fn invalid<T: std::fmt::Debug>(result: &crate::Result<T>, what: &str) {
+fn invalid<T: std::fmt::Debug>(result: &scope_core::Result<T>, what: &str) {
     assert!(
         matches!(result, Err(Error::InvalidArgument { .. })),
         "an invalid argument: {what} -> {result:?}"

@@ -11,7 +11,7 @@ impl<S: Suite> World<S> {
     pub(super) fn expect_refusal<T: std::fmt::Debug>(
         &mut self,
         refused: bool,
-        result: &crate::Result<T>,
+        result: &scope_core::Result<T>,
         what: &str,
     ) {
         let got = matches!(result, Err(Error::Refused { .. }));

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use scope_core::host::{self, Host, HostArgs};
 use scope_core::{Binding, Client, Dispatch, Error, FaultPlan, Kernel, Site};
+use scope_test::host::{self, Host, HostArgs};
 
 fn words(values: &[u32]) -> Vec<u8> {
     host::bytes(values)

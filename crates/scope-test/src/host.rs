@@ -2,7 +2,7 @@
 //!
 //! Memory is host bytes, kernels are Rust closures registered by name, and a
 //! capture records the stream's operations as values and replays them. It
-//! goes through exactly the [`Server`](crate::Server) code the GPU servers go
+//! goes through exactly the core's `Server<B>` code the GPU servers go
 //! through — only the device calls differ — so the conformance suite run
 //! against it tests every rule on every CI run, without a GPU.
 //!
@@ -22,11 +22,11 @@ mod loopback;
 
 pub use loopback::{Loopback, LoopbackId};
 
-use crate::backend::{Access, Backend, BoundDispatch, Launch};
-use crate::error::{Error, Result};
-use crate::id::StreamId;
-use crate::kernel::{Kernel, KernelSource, Language};
-use crate::limits::LaunchLimits;
+use scope_core::LaunchLimits;
+use scope_core::StreamId;
+use scope_core::backend::{Access, Backend, BoundDispatch, Launch};
+use scope_core::kernel::{Kernel, KernelSource, Language};
+use scope_core::{Error, Result};
 
 /// Host memory: shared so that a recorded graph can reach it on replay.
 pub type HostMemory = Arc<Mutex<Vec<u8>>>;
@@ -400,16 +400,15 @@ impl Backend for Host {
     /// takes any number of bindings and any scalar blob, each as large as
     /// memory allows; only the grid is bounded.
     fn launch_limits(&self) -> LaunchLimits {
-        LaunchLimits {
-            max_bindings: u32::MAX,
-            max_binding_size: self.max_allocation(),
-            max_scalar_bytes: u32::MAX,
-            max_workgroups: [MAX_GROUPS; 3],
-            max_workgroup_size: [1; 3],
-            max_invocations: 1,
-            max_workgroup_memory: 0,
-            ..LaunchLimits::default()
-        }
+        let mut limits = LaunchLimits::default();
+        limits.max_bindings = u32::MAX;
+        limits.max_binding_size = self.max_allocation();
+        limits.max_scalar_bytes = u32::MAX;
+        limits.max_workgroups = [MAX_GROUPS; 3];
+        limits.max_workgroup_size = [1; 3];
+        limits.max_invocations = 1;
+        limits.max_workgroup_memory = 0;
+        limits
     }
 
     fn max_allocation(&self) -> u64 {
@@ -424,7 +423,7 @@ impl Backend for Host {
         4
     }
 
-    unsafe fn create_stream(&mut self, id: crate::StreamId) -> Result<HostStream> {
+    unsafe fn create_stream(&mut self, id: scope_core::StreamId) -> Result<HostStream> {
         Ok(HostStream {
             id,
             recording: None,
@@ -628,6 +627,6 @@ impl Backend for Host {
 /// # Errors
 ///
 /// None in practice; the signature matches the GPU servers'.
-pub fn client() -> Result<crate::Client<Host>> {
-    crate::Client::new(Host::new())
+pub fn client() -> Result<scope_core::Client<Host>> {
+    scope_core::Client::new(Host::new())
 }

@@ -22,6 +22,7 @@ pub mod collective;
 pub mod contract;
 pub mod dataflow;
 pub mod device;
+pub mod host;
 pub mod input;
 pub mod property;
 pub mod recorded;
@@ -41,10 +42,10 @@ pub use recorded::*;
 pub use rounds::*;
 pub use sizes::*;
 
-use crate::backend::Backend;
-use crate::client::Client;
-use crate::error::Result;
-use crate::kernel::Kernel;
+use scope_core::Client;
+use scope_core::Result;
+use scope_core::backend::Backend;
+use scope_core::kernel::Kernel;
 
 /// What a server supplies to run the suite against itself.
 ///
@@ -55,7 +56,7 @@ pub trait Suite: 'static {
     /// The backend under test.
     type Backend: Backend;
 
-    /// A client of a fresh server; [`crate::Error::BackendUnavailable`]
+    /// A client of a fresh server; [`scope_core::Error::BackendUnavailable`]
     /// when there is no device here.
     fn client() -> Result<Client<Self::Backend>>;
 
@@ -110,14 +111,14 @@ pub trait Suite: 'static {
     }
 
     /// The group the collective behaviours run on: host staging by
-    /// default ([`Group::new`](crate::collective::Group::new)); a suite for
+    /// default ([`Group::new`](scope_core::collective::Group::new)); a suite for
     /// a device transport makes it with
-    /// [`Group::over_device`](crate::collective::Group::over_device).
+    /// [`Group::over_device`](scope_core::collective::Group::over_device).
     fn group(
         clients: Vec<Client<Self::Backend>>,
         deadline: std::time::Duration,
-    ) -> Result<crate::collective::Group<Self::Backend>> {
-        crate::collective::Group::new(clients, deadline)
+    ) -> Result<scope_core::collective::Group<Self::Backend>> {
+        scope_core::collective::Group::new(clients, deadline)
     }
 
     /// Called at the end of every test
@@ -127,7 +128,7 @@ pub trait Suite: 'static {
     fn finished() {}
 }
 
-pub use crate::probe::required;
+pub use scope_core::required;
 
 /// A client from `make`, or `None` after printing `skipped: no <backend>
 /// device (<why>)` when the backend is unavailable here — the backend the
@@ -144,7 +145,7 @@ pub use crate::probe::required;
 pub fn client_or_skip<B: Backend>(make: impl FnOnce() -> Result<Client<B>>) -> Option<Client<B>> {
     match make() {
         Ok(client) => Some(client),
-        Err(crate::Error::BackendUnavailable { backend, reason }) => {
+        Err(scope_core::Error::BackendUnavailable { backend, reason }) => {
             assert!(
                 !required(backend),
                 "SCOPE_REQUIRE names {backend} but it is unavailable: {reason}"
@@ -162,11 +163,11 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::capture::CaptureState;
-use crate::error::Error;
-use crate::fault::{FaultPlan, Site};
-use crate::handle::{Binding, Buffer, Dispatch};
-use crate::id::StreamId;
+use scope_core::CaptureState;
+use scope_core::Error;
+use scope_core::StreamId;
+use scope_core::{Binding, Buffer, Dispatch};
+use scope_core::{FaultPlan, Site};
 
 pub(crate) const WORDS: u32 = 256;
 
@@ -292,9 +293,9 @@ fn assert_root_contains(error: &Error, text: &str) {
 /// collective behaviours alone, plus those only a device transport has —
 /// a failed library call, and ranks that share no memory ([`across`]) —
 /// for a suite whose [`Suite::group`] makes its groups with
-/// [`Group::over_device`](crate::collective::Group::over_device) and whose
+/// [`Group::over_device`](scope_core::collective::Group::over_device) and whose
 /// backend implements
-/// [`DeviceCollectives`](crate::collective::device::DeviceCollectives);
+/// [`DeviceCollectives`](scope_core::collective::device::DeviceCollectives);
 /// they include `conformance_tests!(@every_group_size MySuite)`, the
 /// behaviours at one rank and at one per device ([`sizes`]), which a suite
 /// over a machine's real devices expands alone, since the others need four.
@@ -394,26 +395,26 @@ macro_rules! conformance_tests {
         /// times.
         #[test]
         fn ranks_in_separate_processes() {
-            $crate::conformance::ranks_in_separate_processes::<$suite>(
+            $crate::ranks_in_separate_processes::<$suite>(
                 concat!($module, "::rank"),
                 $identity,
             );
-            <$suite as $crate::conformance::Suite>::finished();
+            <$suite as $crate::Suite>::finished();
         }
 
         /// One rank of [`ranks_in_separate_processes`], run only by it.
         #[test]
         #[ignore = "a child process of ranks_in_separate_processes"]
         fn rank() {
-            $crate::conformance::one_rank_in_its_own_process::<$suite>();
+            $crate::one_rank_in_its_own_process::<$suite>();
         }
     };
     (@only $suite:ty; $($name:ident),* $(,)?) => {
         $(
             #[test]
             fn $name() {
-                $crate::conformance::$name::<$suite>();
-                <$suite as $crate::conformance::Suite>::finished();
+                $crate::$name::<$suite>();
+                <$suite as $crate::Suite>::finished();
             }
         )*
     };
@@ -421,8 +422,8 @@ macro_rules! conformance_tests {
         $(
             #[test]
             fn $name() {
-                $crate::conformance::$name::<$suite>();
-                <$suite as $crate::conformance::Suite>::finished();
+                $crate::$name::<$suite>();
+                <$suite as $crate::Suite>::finished();
             }
         )*
 
@@ -430,24 +431,24 @@ macro_rules! conformance_tests {
         /// threads, failures and captures, and nothing grows.
         #[test]
         fn soak() {
-            let config = $crate::conformance::soak::SoakConfig::default();
-            if let Some(samples) = $crate::conformance::soak::soak::<$suite>(&config) {
+            let config = $crate::soak::SoakConfig::default();
+            if let Some(samples) = $crate::soak::soak::<$suite>(&config) {
                 for sample in samples {
                     println!("soak: {sample}");
                 }
             }
-            <$suite as $crate::conformance::Suite>::finished();
+            <$suite as $crate::Suite>::finished();
         }
 
         /// The property test at CI's scale (`SCOPE_PROPERTY_SEED` and
         /// `SCOPE_PROPERTY_STEPS` change it).
         #[test]
         fn random_sequences() {
-            $crate::conformance::random_sequences::<$suite>(
-                &$crate::conformance::property::SEEDS,
-                $crate::conformance::property::STEPS,
+            $crate::random_sequences::<$suite>(
+                &$crate::property::SEEDS,
+                $crate::property::STEPS,
             );
-            <$suite as $crate::conformance::Suite>::finished();
+            <$suite as $crate::Suite>::finished();
         }
     };
 }

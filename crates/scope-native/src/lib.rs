@@ -5,7 +5,7 @@
 //! block and `void** kernelParams`: one entry per parameter the kernel
 //! declares, each pointing at that parameter's value, from which the API
 //! copies as many bytes as the kernel says the parameter is long. Under the
-//! binding convention of [`kernel`](crate::kernel) the parameters are the
+//! binding convention of [`kernel`](scope_core::kernel) the parameters are the
 //! bindings' device pointers, in order, then the scalar blob by value when
 //! it is non-empty. The two APIs differ in numbers (how many parameters,
 //! how many bytes of them, how far a grid may reach), not in these rules,
@@ -33,9 +33,9 @@ use std::ffi::{c_char, c_void};
 
 use smallvec::SmallVec;
 
-use crate::backend::Launch;
-use crate::error::{Error, Result};
-use crate::limits::{DeviceFeatures, LaunchLimits};
+use scope_core::LaunchLimits;
+use scope_core::backend::Launch;
+use scope_core::{Error, Result};
 
 /// The bytes of one device pointer parameter (`T*` on a 64-bit host): what
 /// every binding passes.
@@ -87,7 +87,7 @@ pub struct ApiRules {
 
 /// What one launch may ask for on a device of `geometry` whose largest
 /// allocation is `max_allocation`, under the API's `rules`: the one set of
-/// numbers a server's [`Backend::launch_limits`](crate::Backend::launch_limits)
+/// numbers a server's [`Backend::launch_limits`](scope_core::Backend::launch_limits)
 /// reports and its [`check_launch`] enforces, so the two cannot drift apart
 /// (a launch the report allows but the check refuses, or the reverse, is
 /// what rule 38 forbids).
@@ -112,28 +112,24 @@ pub fn launch_limits(
     } else {
         geometry.grid
     };
-    let features = DeviceFeatures {
-        f16: rules.f16,
-        f64: true,
-        i64: true,
-        f32_atomic_add: true,
-        subgroups: geometry.subgroup.is_some(),
-    };
-    LaunchLimits {
-        max_bindings: u32::try_from(rules.max_params).unwrap_or(u32::MAX),
-        max_binding_size: max_allocation,
-        max_scalar_bytes: u32::try_from(rules.max_scalar_bytes).unwrap_or(u32::MAX),
-        max_workgroups: grid,
-        max_workgroup_size: geometry.block,
-        max_invocations: geometry.threads,
-        max_workgroup_memory: geometry.shared_memory,
-        subgroup_size: geometry.subgroup.map(|w| (w, w)),
-        features,
-        ..LaunchLimits::default()
-    }
+    let mut limits = LaunchLimits::default();
+    limits.max_bindings = u32::try_from(rules.max_params).unwrap_or(u32::MAX);
+    limits.max_binding_size = max_allocation;
+    limits.max_scalar_bytes = u32::try_from(rules.max_scalar_bytes).unwrap_or(u32::MAX);
+    limits.max_workgroups = grid;
+    limits.max_workgroup_size = geometry.block;
+    limits.max_invocations = geometry.threads;
+    limits.max_workgroup_memory = geometry.shared_memory;
+    limits.subgroup_size = geometry.subgroup.map(|w| (w, w));
+    limits.features.f16 = rules.f16;
+    limits.features.f64 = true;
+    limits.features.i64 = true;
+    limits.features.f32_atomic_add = true;
+    limits.features.subgroups = geometry.subgroup.is_some();
+    limits
 }
 
-/// What a server's [`Backend::check_launch`](crate::Backend::check_launch)
+/// What a server's [`Backend::check_launch`](scope_core::Backend::check_launch)
 /// holds a launch of a kernel with `block` to before its scope opens —
 /// exactly `limits`, the server's [`launch_limits`]: the kernel's block
 /// inside the device's, no more parameters and no more scalar bytes than
@@ -390,7 +386,7 @@ pub fn c_chars(chars: &[c_char]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{Access, Bound, BoundDispatch};
+    use scope_core::backend::{Access, Bound, BoundDispatch};
 
     const RULES: ApiRules = ApiRules {
         max_params: 6,

@@ -97,13 +97,13 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::{Suite, client_or_skip};
-use crate::backend::Backend;
-use crate::client::Client;
-use crate::error::Error;
-use crate::fault::{FaultPlan, Site};
-use crate::handle::{Binding, Buffer, Capture, Dispatch, Graph};
-use crate::id::{BufferId, StreamId};
-use crate::kernel::Kernel;
+use scope_core::Client;
+use scope_core::Error;
+use scope_core::backend::Backend;
+use scope_core::kernel::Kernel;
+use scope_core::{Binding, Buffer, Capture, Dispatch, Graph};
+use scope_core::{BufferId, StreamId};
+use scope_core::{FaultPlan, Site};
 
 /// The seeds every server's test runs: five, so that a sequence one seed
 /// never reaches another may.
@@ -381,7 +381,7 @@ impl<S: Suite> World<S> {
     }
 }
 
-fn summary(result: &crate::Result<Vec<u8>>) -> String {
+fn summary(result: &scope_core::Result<Vec<u8>>) -> String {
     match result {
         Ok(bytes) => format!("Ok({} bytes)", bytes.len()),
         Err(e) => format!("Err({e})"),

@@ -7,9 +7,9 @@
 //! `SCOPE_PROPERTY_SEED=<seed>` reruns that seed alone, and
 //! `SCOPE_PROPERTY_STEPS` sets the steps per seed.
 
-use scope_core::conformance::Suite;
-use scope_core::host::{self, Host};
 use scope_core::{Client, Kernel, Result};
+use scope_test::Suite;
+use scope_test::host::{self, Host};
 
 struct HostSuite;
 
@@ -43,7 +43,7 @@ impl Suite for HostSuite {
     }
 }
 
-scope_core::conformance_tests!(HostSuite);
+scope_test::conformance_tests!(HostSuite);
 
 /// The collective behaviours again, over the host's device transport
 /// ([`host::Loopback`]): the path a CUDA group takes through NCCL — the
@@ -85,5 +85,5 @@ mod over_device {
         }
     }
 
-    scope_core::conformance_tests!(@device_collectives HostDeviceSuite);
+    scope_test::conformance_tests!(@device_collectives HostDeviceSuite);
 }

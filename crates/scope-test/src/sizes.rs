@@ -24,8 +24,8 @@ use super::across::on_threads_joined;
 use super::collective::collective_error;
 use super::recorded::{Recorded, record_sized};
 use super::*;
-use crate::collective::device::DeviceCollectives;
-use crate::collective::{CollectiveError, Element, Group, Rank, Reduce};
+use scope_core::collective::device::DeviceCollectives;
+use scope_core::collective::{CollectiveError, Element, Group, Rank, Reduce};
 
 /// The most ranks a group of these behaviours has, however many devices a
 /// machine has: eight keeps every product of `2..=n+1` inside a `u32`.

@@ -47,9 +47,9 @@ use super::across::each_of_ranks_alone;
 use super::collective::{DEFAULT_WAIT, collective_error, group_of};
 use super::property::Rng;
 use super::*;
-use crate::collective::device::DeviceCollectives;
-use crate::collective::{CollectiveError, Element, Rank, Reduce};
-use crate::handle::Slice;
+use scope_core::Slice;
+use scope_core::collective::device::DeviceCollectives;
+use scope_core::collective::{CollectiveError, Element, Rank, Reduce};
 
 /// The seeds every suite runs: the group's size is one more than the
 /// seed's remainder by four ([`ranks_for`]), so these are four, three,

@@ -16,10 +16,10 @@ use super::{
     Suite, WORDS, alloc, assert_root_contains, copy, fail_next_launch, fill, launch, read, setup,
     upload,
 };
-use crate::capture::CaptureState;
-use crate::error::Error;
-use crate::fault::{FaultPlan, Site};
-use crate::handle::{Binding, Dispatch};
+use scope_core::CaptureState;
+use scope_core::Error;
+use scope_core::{Binding, Dispatch};
+use scope_core::{FaultPlan, Site};
 
 /// A failure hook runs after the server's lock is released, so it may call
 /// back into the client — to read a counter, or to issue work — without
@@ -88,7 +88,7 @@ pub fn a_panicking_hook_leaves_the_books_right<S: Suite>() {
     assert_eq!(calls.load(Ordering::SeqCst), 3, "the hook stayed installed");
 }
 
-/// A hook that holds a [`WeakClient`](crate::WeakClient) does not keep its
+/// A hook that holds a [`WeakClient`](scope_core::WeakClient) does not keep its
 /// server alive: dropping the last client drops the server and its hook.
 pub fn a_hook_holding_a_weak_client_is_dropped_with_the_server<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
@@ -180,7 +180,7 @@ pub fn a_foreign_capture_is_refused_and_aborted_at_home<S: Suite>() {
 /// allocates nothing; no read of any size aborts (rule 24).
 pub fn reading_a_huge_failed_buffer_allocates_nothing<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
-    let largest = c.with_backend(crate::Backend::max_allocation) & !3;
+    let largest = c.with_backend(scope_core::Backend::max_allocation) & !3;
     let oom = || Error::OutOfMemory {
         backend: "injected",
         requested: largest,
@@ -206,7 +206,7 @@ pub fn reading_a_huge_failed_buffer_allocates_nothing<S: Suite>() {
 /// is out-of-memory (rule 37).
 pub fn past_the_largest_allocation_is_invalid_everywhere<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
-    let largest = c.with_backend(crate::Backend::max_allocation);
+    let largest = c.with_backend(scope_core::Backend::max_allocation);
     for size in [largest.saturating_add(4), u64::MAX] {
         if size <= largest {
             continue;
@@ -329,11 +329,11 @@ pub fn the_limits_reported_are_the_limits_enforced<S: Suite>() {
     let limits = c.limits().clone();
     assert_eq!(
         limits.max_allocation,
-        c.with_backend(crate::Backend::max_allocation)
+        c.with_backend(scope_core::Backend::max_allocation)
     );
     assert_eq!(
         limits.binding_alignment,
-        c.with_backend(crate::Backend::binding_alignment)
+        c.with_backend(scope_core::Backend::binding_alignment)
     );
     let launch_limits = &limits.launch;
     assert!(launch_limits.max_bindings >= 2, "{limits:?}");
@@ -378,7 +378,7 @@ pub fn the_limits_reported_are_the_limits_enforced<S: Suite>() {
         }
     }
     if launch_limits.max_bindings <= 64 {
-        let many: Vec<crate::Buffer> = (0..launch_limits.max_bindings)
+        let many: Vec<scope_core::Buffer> = (0..launch_limits.max_bindings)
             .map(|_| alloc(&c, 4))
             .collect();
         let bindings: Vec<Binding<'_>> = many.iter().map(Binding::write).collect();
@@ -454,7 +454,7 @@ pub fn threads_racing_frees_against_launches<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     const ROUNDS: usize = 40;
     for _ in 0..ROUNDS {
-        let shared: Vec<crate::Buffer> = (0..4).map(|_| alloc(&c, WORDS)).collect();
+        let shared: Vec<scope_core::Buffer> = (0..4).map(|_| alloc(&c, WORDS)).collect();
         let shared = Arc::new(shared);
         std::thread::scope(|scope| {
             for t in 0..3 {
@@ -607,7 +607,7 @@ pub fn flush_submits_and_changes_nothing_else<S: Suite>() {
 pub fn a_caller_failed_allocation_behaves_like_the_devices<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let size = c
-        .with_backend(crate::Backend::max_allocation)
+        .with_backend(scope_core::Backend::max_allocation)
         .saturating_add(4)
         .min(u64::MAX - 3)
         & !3;
@@ -666,7 +666,7 @@ pub fn a_closure_holding_the_lock_may_call_back<S: Suite>() {
         // Looking is answered from inside, with what is true outside.
         let held = c.with_backend(|_| same.failures_held());
         assert_eq!(held, c.failures_held());
-        let largest = c.with_backend(|_| same.with_backend(crate::Backend::max_allocation));
+        let largest = c.with_backend(|_| same.with_backend(scope_core::Backend::max_allocation));
         assert_eq!(largest, c.limits().max_allocation);
         let nested = c.with_memory(&a, |_, _| same.with_memory(&b, |_, _| 7));
         assert_eq!(nested.ok().and_then(Result::ok), Some(7));

@@ -1,6 +1,6 @@
 //! The NCCL API, which NVIDIA's NCCL and AMD's RCCL both implement: one
 //! communicator wrapper, and one device transport
-//! ([`DeviceCollectives`](crate::collective::device::DeviceCollectives),
+//! ([`DeviceCollectives`](scope_core::collective::device::DeviceCollectives),
 //! for every backend that is an [`NcclDevice`]), for the CUDA and HIP
 //! servers.
 //!
@@ -15,7 +15,7 @@
 //!    `ncclInProgress` at once, and the rank polls
 //!    `ncclCommGetAsyncError` with the communicator's lock released between
 //!    polls, for at most the communicator's patience (what the group gives
-//!    [`DeviceCollectives::join`](crate::collective::device::DeviceCollectives::join):
+//!    [`DeviceCollectives::join`](scope_core::collective::device::DeviceCollectives::join):
 //!    its deadline across processes, a guard of at least a minute in one).
 //!    No thread stays inside the library, so an abort — `ncclCommAbort`,
 //!    the library's way out of a hung communicator — never waits behind
@@ -31,11 +31,9 @@
 //!    own `size`: NCCL and RCCL read a config by its size, so every version
 //!    since takes it, and only `blocking` is set.
 
-#[cfg(feature = "native-libraries")]
 mod library;
-mod transport;
+pub mod transport;
 
-#[cfg(feature = "native-libraries")]
 pub use library::NcclLibrary;
 pub use transport::NcclDevice;
 
@@ -44,9 +42,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 
-use crate::collective::device::Direction;
-use crate::collective::{Call, CollectiveError, Element, Reduce};
-use crate::error::{Error, Result};
+use scope_core::collective::device::Direction;
+use scope_core::collective::{Call, CollectiveError, Element, Reduce};
+use scope_core::{Error, Result};
 
 /// `ncclComm_t`.
 pub type RawComm = *mut c_void;

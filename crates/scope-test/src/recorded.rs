@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use super::collective::{PART, RANKS, collective_error, group};
 use super::*;
-use crate::collective::{CollectiveError, Element, Group, Rank, Reduce};
-use crate::handle::Graph;
+use scope_core::Graph;
+use scope_core::collective::{CollectiveError, Element, Group, Rank, Reduce};
 
 /// How long a rank waits where no rank is meant to go missing.
 const WAIT: Duration = Duration::from_secs(120);

@@ -6,9 +6,9 @@
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::collective::device::DeviceCollectives;
-use crate::collective::remote::PeerReport;
-use crate::collective::{CollectiveError, Element, Rank, Reduce};
+use scope_core::collective::device::DeviceCollectives;
+use scope_core::collective::remote::PeerReport;
+use scope_core::collective::{CollectiveError, Element, Rank, Reduce};
 
 use super::collective::{PART, RANKS, collective_error};
 
@@ -482,9 +482,9 @@ const CHILD_DIR: &str = "SCOPE_CONFORMANCE_DIR";
 /// 49).
 pub fn ranks_in_separate_processes<S: Suite>(
     child: &str,
-    identity: impl FnOnce(&std::path::Path) -> crate::native::nccl::UniqueId,
+    identity: impl FnOnce(&std::path::Path) -> scope_native::nccl::UniqueId,
 ) where
-    S::Backend: DeviceCollectives<Identity = crate::native::nccl::UniqueId>,
+    S::Backend: DeviceCollectives<Identity = scope_native::nccl::UniqueId>,
 {
     use std::process::{Command, Stdio};
 
@@ -544,7 +544,7 @@ pub fn ranks_in_separate_processes<S: Suite>(
 /// deadline, their group broken.
 pub fn one_rank_in_its_own_process<S: Suite>()
 where
-    S::Backend: DeviceCollectives<Identity = crate::native::nccl::UniqueId>,
+    S::Backend: DeviceCollectives<Identity = scope_native::nccl::UniqueId>,
 {
     if std::env::var_os(CHILD_RANK).is_none() {
         // Run by hand (`--ignored`), not by its parent: nothing to join.
@@ -559,7 +559,7 @@ where
     let raw: Vec<u8> = (0..hex.len() / 2)
         .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex"))
         .collect();
-    let id = crate::native::nccl::UniqueId::from_bytes(&raw).expect("128 bytes");
+    let id = scope_native::nccl::UniqueId::from_bytes(&raw).expect("128 bytes");
     let dir = std::path::PathBuf::from(var(CHILD_DIR));
     let client = S::rank_client(rank).expect("the suite's rank client");
     // Every child starts (and readies its library) at its own pace: meet

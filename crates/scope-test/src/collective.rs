@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::collective::{CollectiveError, Element, Group, Reduce, copy_across};
+use scope_core::collective::{CollectiveError, Element, Group, Reduce, copy_across};
 
 /// How many ranks the behaviours use.
 pub(super) const RANKS: usize = 4;
@@ -397,7 +397,7 @@ pub fn a_failed_device_call_breaks_the_group<S: Suite>() {
 }
 
 /// A sender running ahead of a receiver that never receives holds at most
-/// [`MAILBOX_PARCELS`](crate::collective::MAILBOX_PARCELS) parcels: the
+/// [`MAILBOX_PARCELS`](scope_core::collective::MAILBOX_PARCELS) parcels: the
 /// next send waits for room, then fails within the deadline naming the
 /// receiver as missing, and the group is broken (rules 42, 48).
 pub fn a_sender_ahead_of_a_silent_receiver_holds_a_bounded_mailbox<S: Suite>() {
@@ -408,7 +408,7 @@ pub fn a_sender_ahead_of_a_silent_receiver_holds_a_bounded_mailbox<S: Suite>() {
     let rank = group.rank(0).unwrap();
     let c = rank.client();
     let data = upload(c, &[1]);
-    for sent in 0..crate::collective::MAILBOX_PARCELS {
+    for sent in 0..scope_core::collective::MAILBOX_PARCELS {
         rank.send(1, data.all())
             .unwrap_or_else(|e| panic!("send {sent} fits: {e}"));
     }

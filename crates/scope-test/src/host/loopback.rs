@@ -1,6 +1,6 @@
 //! The reference server's device transport: an in-process communicator
 //! that behaves as NCCL's does where the group relies on it, so that the
-//! device path of [`Group::over_device`](crate::collective::Group::over_device)
+//! device path of [`Group::over_device`](scope_core::collective::Group::over_device)
 //! — the agreement, the call, the second meeting, the abort — runs on every
 //! machine, and the conformance suite's collectives run on it beside host
 //! staging.
@@ -21,10 +21,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::{Host, HostStream, Op, range};
-use crate::collective::compute::compute;
-use crate::collective::device::{DeviceCall, DeviceCollectives, DeviceTransfer, Direction};
-use crate::collective::{Call, CollectiveError};
-use crate::error::{Error, Result};
+use scope_core::collective::device::{DeviceCall, DeviceCollectives, DeviceTransfer, Direction};
+use scope_core::collective::{Call, CollectiveError};
+use scope_core::{Error, Result};
 
 /// Calls whose ranks disagreed, process-wide.
 static MISMATCHES: AtomicU64 = AtomicU64::new(0);
@@ -290,7 +289,7 @@ impl Exchange {
         posted.inputs[member.rank] = Some(input);
         if posted.outputs.is_none() && posted.inputs.iter().all(Option::is_some) {
             let inputs: Vec<&[u8]> = posted.inputs.iter().flatten().map(Vec::as_slice).collect();
-            posted.outputs = Some(Ok(compute(self.call, &inputs)));
+            posted.outputs = Some(Ok(self.call.outputs(&inputs)));
         }
         clique.changed.notify_all();
         let what = (self.call.name(), seq);

@@ -1,0 +1,49 @@
+//! A rank that joins alone (`Rank::join`) borrows a stream of its server
+//! for its ballots: joining over and over must give it back, or a runtime
+//! that re-forms its group every few minutes runs out of streams.
+
+use std::time::Duration;
+
+use scope_core::collective::device::DeviceCollectives;
+use scope_core::collective::{Element, Rank, Reduce};
+use scope_test::host::{self, Host};
+
+/// A rank that joins alone and goes, more times than a server has
+/// streams, spends none: its ballot stream is lent and given back, a
+/// failed join's too; a group of two alive at once holds two.
+#[test]
+fn joining_again_and_again_spends_no_stream() {
+    let client = host::client().unwrap();
+    for attempt in 0..scope_core::MAX_STREAMS + 8 {
+        let identity = Host::identity().unwrap();
+        let rank = Rank::join(client.clone(), &identity, 0, 1, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("join {attempt}: {e}"));
+        let input = client.upload(&[1, 0, 0, 0]).unwrap();
+        let output = client.allocate(4).unwrap();
+        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+            .unwrap_or_else(|e| panic!("all-reduce {attempt}: {e}"));
+        if attempt % 64 == 0 {
+            // A join short of its peer fails, and gives its stream back.
+            let short = Host::identity().unwrap();
+            let failed = Rank::join(client.clone(), &short, 0, 2, Duration::from_millis(1));
+            assert!(failed.is_err());
+        }
+    }
+    // Two ranks alive at once hold two streams; after them, a new
+    // stream is the third made, not the thousandth.
+    let identity = Host::identity().unwrap();
+    let other = host::client().unwrap();
+    let pair = std::thread::scope(|scope| {
+        let a = scope
+            .spawn(|| Rank::join(client.clone(), &identity, 0, 2, Duration::from_secs(5)).unwrap());
+        let b = Rank::join(other.clone(), &identity, 1, 2, Duration::from_secs(5)).unwrap();
+        (a.join().unwrap(), b)
+    });
+    drop(pair);
+    let fresh = client.new_stream().unwrap();
+    assert!(
+        fresh.stream().0 <= 3,
+        "streams made on this server: {}",
+        fresh.stream().0
+    );
+}
