@@ -17,11 +17,13 @@
 //! missing device an error.
 
 pub mod across;
+pub mod backend;
 pub mod capture;
 pub mod collective;
 pub mod contract;
 pub mod dataflow;
 pub mod device;
+pub mod features;
 pub mod host;
 pub mod input;
 pub mod property;
@@ -31,11 +33,13 @@ pub mod sizes;
 pub mod soak;
 
 pub use across::*;
+pub use backend::*;
 pub use capture::*;
 pub use collective::*;
 pub use contract::*;
 pub use dataflow::*;
 pub use device::*;
+pub use features::*;
 pub use input::*;
 pub use property::random_sequences;
 pub use recorded::*;
@@ -119,6 +123,26 @@ pub trait Suite: 'static {
         deadline: std::time::Duration,
     ) -> Result<scope_core::collective::Group<Self::Backend>> {
         scope_core::collective::Group::new(clients, deadline)
+    }
+
+    /// A fresh backend of the suite's device, for the behaviours that drive
+    /// the [`Backend`] contract below the server
+    /// (`conformance_tests!(@backend MySuite)`, [`backend`]): what
+    /// [`client`](Self::client) would wrap. `None` by default, for a suite
+    /// that only makes clients; those behaviours then do nothing, so only a
+    /// suite that gives one expands them. Their kernels get their scalars
+    /// from [`scalar_blob`](Self::scalar_blob) with no bindings.
+    fn backend() -> Option<Result<Self::Backend>> {
+        None
+    }
+
+    /// How much work `stream` has issued that has not finished, where the
+    /// suite can count it (a mock driver's own counter); `None` by default.
+    /// The backend behaviours use it to see that a wait covers exactly the
+    /// work before it.
+    #[allow(unused_variables)]
+    fn pending(stream: &<Self::Backend as Backend>::Stream) -> Option<u64> {
+        None
     }
 
     /// Called at the end of every test
@@ -284,6 +308,12 @@ fn assert_root_contains(error: &Error, text: &str) {
 /// scope_core::conformance_tests!(MySuite);
 /// ```
 ///
+/// `conformance_tests!(@backend MySuite)` expands to the behaviours that
+/// drive the [`Backend`] contract directly ([`backend`]), for a suite whose
+/// [`Suite::backend`] makes one; `conformance_tests!(@wgsl_features
+/// MySuite)` to the optional features' WGSL kernels ([`features`]), for a
+/// backend that compiles WGSL.
+///
 /// `conformance_tests!(@processes MySuite, "module::path", identity)`
 /// expands, in the module the path names, to four ranks in four processes
 /// ([`ranks_in_separate_processes`]), for a backend whose identity is
@@ -388,6 +418,20 @@ macro_rules! conformance_tests {
             a_failed_library_call_breaks_the_group_at_every_group_size,
             random_rounds_of_collectives_match_the_oracle,
             random_rounds_of_ranks_joined_alone_match_the_oracle,
+        );
+    };
+    (@backend $suite:ty) => {
+        $crate::conformance_tests!(@only $suite;
+            a_graph_keeps_the_kernels_it_launches_alive,
+            a_wait_covers_the_work_before_it_and_loses_none_after,
+        );
+    };
+    (@wgsl_features $suite:ty) => {
+        $crate::conformance_tests!(@only $suite;
+            f16_kernels_run_where_f16_is_enabled,
+            subgroup_kernels_run_where_subgroups_are_enabled,
+            f32_atomics_run_where_enabled,
+            subgroup_sizes_come_with_subgroups,
         );
     };
     (@processes $suite:ty, $module:literal, $identity:expr) => {

@@ -20,6 +20,10 @@ impl Suite for HostSuite {
         host::client()
     }
 
+    fn backend() -> Option<Result<Host>> {
+        Some(Ok(Host::new()))
+    }
+
     fn fill() -> Kernel {
         Kernel::host("fill")
     }
@@ -44,6 +48,7 @@ impl Suite for HostSuite {
 }
 
 scope_test::conformance_tests!(HostSuite);
+scope_test::conformance_tests!(@backend HostSuite);
 
 /// The collective behaviours again, over the host's device transport
 /// ([`host::Loopback`]): the path a CUDA group takes through NCCL — the

@@ -33,11 +33,22 @@ cuda_suite!(
         client
     },
     Some(1 << 30),
-    mock().assert_clean()
+    mock().assert_clean(),
+    {
+        fn backend() -> Option<scope_core::Result<server_cuda::Cuda>> {
+            mock();
+            Some(server_cuda::Cuda::open(0))
+        }
+
+        fn pending(stream: &server_cuda::CudaStreamState) -> Option<u64> {
+            Some(mock().pending(stream.raw().cu_stream().cast()))
+        }
+    }
 );
 
 mod conformance {
     scope_test::conformance_tests!(super::MockSuite);
+    scope_test::conformance_tests!(@backend super::MockSuite);
 }
 
 // The collective behaviours over NCCL (the mock's, `mock/mock_nccl.c`):
@@ -444,135 +455,6 @@ macro_rules! on_the_mock {
 }
 
 with_every_case!(on_the_mock);
-
-/// A wait runs without the server's lock, and other threads may issue work
-/// on the same stream meanwhile. The waiter covers exactly the work issued
-/// before it began (an event, not a stream sync), it waits on a thread with
-/// no context of its own, and the write issued during the wait is not
-/// waited for. (That the wait's end leaves that write's pinned staging
-/// alone is not observable here: the mock copies when a copy is issued.)
-#[test]
-fn a_wait_without_the_lock_covers_only_the_work_before_it() {
-    use scope_core::{Backend, StreamId};
-    use server_cuda::Cuda;
-
-    mock();
-    let mut cuda = Cuda::open(0).unwrap();
-    // SAFETY: the backend's first stream, so its id is 0.
-    let mut stream = unsafe { cuda.create_stream(StreamId(0)) }.unwrap();
-    let raw = stream.raw().cu_stream().cast::<std::ffi::c_void>();
-    // SAFETY: `stream` is this backend's; 256 bytes is within its largest
-    // allocation.
-    let memory = unsafe { cuda.allocate(&mut stream, 256) }.unwrap();
-    // SAFETY: `stream` and `memory` are this backend's and alive; bytes
-    // 0..64 lie inside the 256.
-    unsafe { cuda.write(&mut stream, &memory, 0, &[1; 64]) }.unwrap();
-    // SAFETY: `stream` is this backend's, alive and not recording; the
-    // waiter is ended once, below.
-    let waiter = unsafe { cuda.begin_wait(&mut stream) }
-        .unwrap()
-        .expect("work is pending");
-    // Another thread's write while the wait runs.
-    // SAFETY: as the first write; bytes 64..128.
-    unsafe { cuda.write(&mut stream, &memory, 64, &[2; 64]) }.unwrap();
-    let pending = mock().pending(raw);
-    let waiter = std::thread::spawn(move || {
-        // SAFETY: the waiter came from this backend, which is alive (the
-        // thread is joined before it drops), and is not ended yet.
-        unsafe { Cuda::wait(&waiter) }.unwrap();
-        waiter
-    })
-    .join()
-    .unwrap();
-    assert_eq!(
-        mock().pending(raw),
-        1,
-        "the wait covered the work before it and only that (of {pending} pending)"
-    );
-    // SAFETY: the waiter `begin_wait` gave for this stream, ended once.
-    unsafe { cuda.end_wait(&mut stream, waiter) }.unwrap();
-    // SAFETY: as the first write; bytes 128..192.
-    unsafe { cuda.write(&mut stream, &memory, 128, &[3; 64]) }.unwrap();
-    let mut out = vec![0; 192];
-    // SAFETY: `stream` and `memory` are alive, `stream` is not recording,
-    // and bytes 0..192 lie inside the 256.
-    unsafe { cuda.read(&mut stream, &memory, 0, &mut out) }.unwrap();
-    assert_eq!(out[..64], [1; 64]);
-    assert_eq!(out[64..128], [2; 64]);
-    assert_eq!(out[128..], [3; 64]);
-    assert_eq!(mock().pending(raw), 0);
-    // The sync path is the same three steps.
-    // SAFETY: as the first write.
-    unsafe { cuda.write(&mut stream, &memory, 0, &[4; 64]) }.unwrap();
-    // SAFETY: `stream` is this backend's and alive.
-    unsafe { cuda.sync(&mut stream) }.unwrap();
-    assert_eq!(mock().pending(raw), 0);
-    // SAFETY: `memory` is this backend's and nothing names it again.
-    unsafe { cuda.free(memory) };
-    drop(stream);
-    drop(cuda);
-    mock().assert_clean();
-}
-
-/// A graph keeps the kernels it launches loaded. The `Backend` contract
-/// lets the core drop a compiled kernel while a graph that launches it
-/// lives; the replay must then still launch a loaded function, not one of
-/// an unloaded module (undefined on real CUDA; the mock refuses it).
-#[test]
-fn a_graph_keeps_the_kernels_it_launches_loaded() {
-    use scope_core::backend::{Bound, BoundDispatch, Launch};
-    use scope_core::{Access, Backend, StreamId};
-    use server_cuda::Cuda;
-
-    mock();
-    let mut cuda = Cuda::open(0).unwrap();
-    // SAFETY: the backend's first stream, so its id is 0.
-    let mut stream = unsafe { cuda.create_stream(StreamId(0)) }.unwrap();
-    // SAFETY: `stream` is this backend's; 256 bytes is within its largest
-    // allocation.
-    let memory = unsafe { cuda.allocate(&mut stream, 256) }.unwrap();
-    let fill = cuda.compile(&kernel("fill", FILL)).unwrap();
-    let bindings = [Bound {
-        memory: &memory,
-        offset: 0,
-        len: 256,
-        access: Access::Write,
-    }];
-    let scalars = bytes(&[64, 5]);
-    let launch = Launch {
-        name: "fill",
-        bindings: &bindings,
-        scalars: &scalars,
-        dispatch: BoundDispatch::Groups([1, 1, 1]),
-    };
-    cuda.check_launch(&fill, &launch).unwrap();
-    // SAFETY: `stream` is this backend's, alive and not recording.
-    unsafe { cuda.begin_capture(&mut stream) }.unwrap();
-    // SAFETY: `stream`, `fill` and `memory` are this backend's and alive;
-    // the binding is all 256 bytes of `memory`, at offset 0; one group is
-    // within the grid; `check_launch` accepted this launch.
-    unsafe { cuda.launch(&mut stream, &fill, &launch) }.unwrap();
-    // SAFETY: `stream` is recording; `memory`, the one memory the recording
-    // names, is freed only after the graph is destroyed.
-    let graph = unsafe { cuda.end_capture(&mut stream) }.unwrap();
-    drop(fill);
-    // SAFETY: `stream` and `graph` are this backend's and alive, `stream`
-    // is not recording, and `memory` is alive.
-    unsafe { cuda.replay(&mut stream, &graph) }.unwrap();
-    let mut out = vec![0; 256];
-    // SAFETY: `stream` and `memory` are alive, `stream` is not recording,
-    // and bytes 0..256 are all of `memory`.
-    unsafe { cuda.read(&mut stream, &memory, 0, &mut out) }.unwrap();
-    assert_eq!(words(&out), vec![5; 64], "the replay ran the fill");
-    // SAFETY: the graph is this backend's and nothing names it again.
-    unsafe { cuda.destroy_graph(graph) }.unwrap();
-    // SAFETY: `memory` is this backend's, no graph that names it is left,
-    // and nothing names it again.
-    unsafe { cuda.free(memory) };
-    drop(stream);
-    drop(cuda);
-    mock().assert_clean();
-}
 
 /// Four ranks in four processes, each a child of this binary with its own
 /// mock driver and mock NCCL, meeting in the mock NCCL's shared mode (a

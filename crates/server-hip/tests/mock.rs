@@ -60,10 +60,15 @@ fn client() -> Client<Hip> {
 }
 
 // The mock's whole memory (1 GiB) is oversized: its "runtime" holds some.
-hip_suite!(MockSuite, mock_client(), Some(1 << 30));
+hip_suite!(MockSuite, mock_client(), Some(1 << 30), {
+    fn backend() -> Option<Result<Hip>> {
+        Some(Hip::open_from(&[mock_library()], &[mock_library()], 0))
+    }
+});
 
 mod conformance {
     scope_test::conformance_tests!(super::MockSuite);
+    scope_test::conformance_tests!(@backend super::MockSuite);
 }
 
 /// The mock RCCL: server-cuda's mock NCCL (RCCL is NCCL's API), built
@@ -404,115 +409,4 @@ fn limits_are_the_devices_and_a_launch_past_them_is_refused() {
     }
     assert_eq!(words(&c.read(&out).unwrap()), vec![3; 64], "nothing ran");
     assert_eq!(c.failures_held(), 0, "nothing was claimed");
-}
-
-/// A wait runs without the server's lock, on an event of its own recorded
-/// when it began, on a thread that never made the device current; the
-/// same three steps are the backend's sync. A sync of a recording stream
-/// (which `Backend::order`'s contract allows, to order another recording
-/// stream after it; the core refuses that use today) waits for its
-/// pre-capture fence, never for the stream itself, which would act on its
-/// capture.
-#[test]
-fn a_wait_without_the_lock_and_a_recording_streams_sync() {
-    use scope_core::{Backend, StreamId};
-
-    let mut hip = Hip::open_from(&[mock_library()], &[mock_library()], 0).unwrap();
-    // SAFETY: the backend's first stream, so its id is 0.
-    let mut stream = unsafe { hip.create_stream(StreamId(0)) }.unwrap();
-    // SAFETY: `stream` is this backend's; 256 bytes is within its largest
-    // allocation.
-    let memory = unsafe { hip.allocate(&mut stream, 256) }.unwrap();
-    // SAFETY: `stream` and `memory` are this backend's and alive; bytes
-    // 0..64 lie inside the 256.
-    unsafe { hip.write(&mut stream, &memory, 0, &[1; 64]) }.unwrap();
-    // SAFETY: `stream` is this backend's, alive and not recording; the
-    // waiter is ended once, below.
-    let waiter = unsafe { hip.begin_wait(&mut stream) }
-        .unwrap()
-        .expect("work is pending");
-    // SAFETY: as the first write; bytes 64..128.
-    unsafe { hip.write(&mut stream, &memory, 64, &[2; 64]) }.unwrap();
-    let waiter = std::thread::spawn(move || {
-        // SAFETY: the waiter came from this backend, which is alive (the
-        // thread is joined before it drops), and is not ended yet.
-        unsafe { Hip::wait(&waiter) }.unwrap();
-        waiter
-    })
-    .join()
-    .unwrap();
-    // SAFETY: the waiter `begin_wait` gave for this stream, ended once.
-    unsafe { hip.end_wait(&mut stream, waiter) }.unwrap();
-    let mut out = vec![0; 128];
-    // SAFETY: `stream` and `memory` are alive, `stream` is not recording,
-    // and bytes 0..128 lie inside the 256.
-    unsafe { hip.read(&mut stream, &memory, 0, &mut out) }.unwrap();
-    assert_eq!(out[..64], [1; 64]);
-    assert_eq!(out[64..], [2; 64]);
-    // SAFETY: `stream` is this backend's, alive and not recording.
-    unsafe { hip.begin_capture(&mut stream) }.unwrap();
-    // SAFETY: `stream` is this backend's and alive (recording, which a
-    // backend's `sync` answers for `order`'s sake).
-    unsafe { hip.sync(&mut stream) }.unwrap();
-    // SAFETY: `stream` is recording; the capture names no memory.
-    let graph = unsafe { hip.end_capture(&mut stream) }.unwrap();
-    // SAFETY: the graph is this backend's and nothing names it again.
-    unsafe { hip.destroy_graph(graph) }.unwrap();
-    // SAFETY: `memory` is this backend's and nothing names it again.
-    unsafe { hip.free(memory) };
-}
-
-/// A graph keeps the kernels it launches loaded. The `Backend` contract
-/// lets the core drop a compiled kernel while a graph that launches it
-/// lives; the replay must then still launch a loaded function, not one of
-/// an unloaded module (undefined on real HIP; the mock refuses it).
-#[test]
-fn a_graph_keeps_the_kernels_it_launches_loaded() {
-    use scope_core::backend::{Bound, BoundDispatch, Launch};
-    use scope_core::{Access, Backend, StreamId};
-
-    let mut hip = Hip::open_from(&[mock_library()], &[mock_library()], 0).unwrap();
-    // SAFETY: the backend's first stream, so its id is 0.
-    let mut stream = unsafe { hip.create_stream(StreamId(0)) }.unwrap();
-    // SAFETY: `stream` is this backend's; 256 bytes is within its largest
-    // allocation.
-    let memory = unsafe { hip.allocate(&mut stream, 256) }.unwrap();
-    let fill = hip.compile(&common::fill()).unwrap();
-    let bindings = [Bound {
-        memory: &memory,
-        offset: 0,
-        len: 256,
-        access: Access::Write,
-    }];
-    let scalars = fill_args(64, 5);
-    let launch = Launch {
-        name: "fill",
-        bindings: &bindings,
-        scalars: &scalars,
-        dispatch: BoundDispatch::Groups([1, 1, 1]),
-    };
-    hip.check_launch(&fill, &launch).unwrap();
-    // SAFETY: `stream` is this backend's, alive and not recording.
-    unsafe { hip.begin_capture(&mut stream) }.unwrap();
-    // SAFETY: `stream`, `fill` and `memory` are this backend's and alive;
-    // the binding is all 256 bytes of `memory`, at offset 0; one group is
-    // within the grid; `check_launch` accepted this launch.
-    unsafe { hip.launch(&mut stream, &fill, &launch) }.unwrap();
-    // SAFETY: `stream` is recording; `memory`, the one memory the recording
-    // names, is freed only after the graph is destroyed.
-    let graph = unsafe { hip.end_capture(&mut stream) }.unwrap();
-    drop(fill);
-    // SAFETY: `stream` and `graph` are this backend's and alive, `stream`
-    // is not recording, and `memory` is alive.
-    unsafe { hip.replay(&mut stream, &graph) }.unwrap();
-    let mut out = vec![0; 256];
-    // SAFETY: `stream` and `memory` are alive, `stream` is not recording,
-    // and bytes 0..256 are all of `memory`.
-    unsafe { hip.read(&mut stream, &memory, 0, &mut out) }.unwrap();
-    assert_eq!(words(&out), vec![5; 64], "the replay ran the fill");
-    // SAFETY: the graph is this backend's and nothing names it again.
-    unsafe { hip.destroy_graph(graph) }.unwrap();
-    // SAFETY: `memory` is this backend's, no graph that names it is left,
-    // and nothing names it again.
-    unsafe { hip.free(memory) };
 }

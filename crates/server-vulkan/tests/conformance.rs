@@ -17,6 +17,10 @@ impl Suite for VulkanSuite {
         common::validating()
     }
 
+    fn backend() -> Option<Result<Vulkan>> {
+        Some(common::validating_backend())
+    }
+
     fn fill() -> Kernel {
         common::fill()
     }
@@ -42,3 +46,5 @@ impl Suite for VulkanSuite {
 }
 
 scope_test::conformance_tests!(VulkanSuite);
+scope_test::conformance_tests!(@backend VulkanSuite);
+scope_test::conformance_tests!(@wgsl_features VulkanSuite);

@@ -7,9 +7,13 @@ mod common;
 mod vulkan {
     type Suite = super::common::WgpuSuite<super::common::Vulkan>;
     scope_test::conformance_tests!(Suite);
+    scope_test::conformance_tests!(@backend Suite);
+    scope_test::conformance_tests!(@wgsl_features Suite);
 }
 
 mod gl {
     type Suite = super::common::WgpuSuite<super::common::Gl>;
     scope_test::conformance_tests!(Suite);
+    scope_test::conformance_tests!(@backend Suite);
+    scope_test::conformance_tests!(@wgsl_features Suite);
 }

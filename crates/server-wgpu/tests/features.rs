@@ -1,91 +1,17 @@
-//! The optional features the server enables where the adapter offers them
-//! — `f16`, subgroups, `f32` atomics — each used by a kernel: where the
-//! server reports it, the kernel runs and gives the right numbers; where it
-//! does not (llvmpipe's GL offers none of them), the kernel is a compile
-//! error, never a kernel that runs without what it needs.
+//! What the wgpu server reports of its optional features — `f16`,
+//! subgroups, `f32` atomics — is what its device was opened with; the
+//! kernels that use them run in the conformance suite on each adapter
+//! (`@wgsl_features`, in `conformance.rs`), and llvmpipe's GL, which offers
+//! none of them, refuses each kernel as a compile error.
 
 mod common;
 
-use scope_core::{Binding, Client, Dispatch, Error, Kernel};
+use scope_core::Client;
 use scope_test::client_or_skip;
 use server_wgpu::{Api, OPTIONAL, Wgpu};
 
-use common::{bytes, words};
-
-/// `out[i] = f16(x[i]) * 1.5 + 0.25`, in `f16`, into an `f16` buffer.
-const F16: &str = "
-enable f16;
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out: array<f16>;
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) id: vec3<u32>) {
-    let i = id.x;
-    if (i < arrayLength(&out) && i < arrayLength(&x)) {
-        out[i] = f16(x[i]) * 1.5h + 0.25h;
-    }
-}
-";
-
-/// Per invocation, five words: the subgroup's size, `subgroupAdd(1)`,
-/// `subgroupMax` of the lane index, lane 0's lane index by
-/// `subgroupShuffle`, and whether `subgroupAll` saw every lane agree.
-const SUBGROUPS: &str = "
-@group(0) @binding(0) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(64)
-fn main(
-    @builtin(global_invocation_id) id: vec3<u32>,
-    @builtin(subgroup_size) size: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
-) {
-    subgroupBarrier();
-    let lanes = subgroupAdd(1u);
-    let at = id.x * 5u;
-    out[at] = size;
-    out[at + 1u] = lanes;
-    out[at + 2u] = subgroupMax(lane);
-    out[at + 3u] = subgroupShuffle(lane, 0u);
-    out[at + 4u] = select(0u, 1u, subgroupAll(lanes == subgroupBroadcastFirst(lanes)));
-}
-";
-
-/// Every invocation adds 0.5 to `acc[0]` and subtracts 0.25 from `acc[2]`;
-/// the first exchanges 3.0 into `acc[1]`.
-const F32_ATOMICS: &str = "
-@group(0) @binding(0) var<storage, read_write> acc: array<atomic<f32>>;
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) id: vec3<u32>) {
-    atomicAdd(&acc[0], 0.5);
-    atomicSub(&acc[2], 0.25);
-    if (id.x == 0u) {
-        atomicExchange(&acc[1], 3.0);
-    }
-}
-";
-
 fn setup(api: Api) -> Option<Client<Wgpu>> {
     client_or_skip(|| common::client_on(api))
-}
-
-/// An `f16`'s value (normal numbers and zero, which is all the tests make).
-fn f16_value(bits: u16) -> f32 {
-    let sign = if bits & 0x8000 != 0 { -1.0 } else { 1.0 };
-    let exponent = i32::from((bits >> 10) & 0x1f);
-    let mantissa = f32::from(bits & 0x3ff);
-    assert!(exponent != 0x1f, "not a finite f16: {bits:#06x}");
-    if exponent == 0 {
-        return sign * mantissa * 2f32.powi(-24);
-    }
-    sign * (1.0 + mantissa / 1024.0) * 2f32.powi(exponent - 15)
-}
-
-/// A kernel the server did not enable the features for does not compile.
-fn refused(c: &Client<Wgpu>, kernel: &Kernel, what: &str) {
-    let error = c.compile(kernel).map(drop).unwrap_err();
-    assert!(
-        matches!(error, Error::Compile { .. }),
-        "{what} is not enabled, so the kernel must not compile: {error}"
-    );
-    println!("{what} not enabled on {}: {error}", c.describe());
 }
 
 /// What the server reports is what the device was opened with, and the
@@ -112,7 +38,8 @@ fn reported_features_are_the_devices(api: Api) {
         launch.subgroup_size
     );
     // lavapipe offers all three (Mesa 22.3 and later): a regression guard,
-    // so that the kernels below do not take their refusal branch there.
+    // so that the suite's feature kernels do not take their refusal branch
+    // there.
     let info = c.with_backend(|b| b.adapter_info().clone());
     if info.backend == wgpu::Backend::Vulkan && info.name.starts_with("llvmpipe") {
         assert!(
@@ -122,101 +49,12 @@ fn reported_features_are_the_devices(api: Api) {
     }
 }
 
-fn f16_kernels_run_where_f16_is_enabled(api: Api) {
-    let Some(c) = setup(api) else { return };
-    let kernel = Kernel::wgsl("f16", F16);
-    if !c.limits().launch.features.f16 {
-        return refused(&c, &kernel, "f16");
-    }
-    let x: Vec<f32> = (0..64u16).map(f32::from).collect();
-    let input = c
-        .upload(&x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>())
-        .unwrap();
-    let out = c.upload(&[0u8; 128]).unwrap();
-    c.launch(
-        &kernel,
-        &[Binding::read(&input), Binding::write(&out)],
-        &[],
-        Dispatch::linear(1),
-    )
-    .unwrap();
-    let halves: Vec<f32> = c
-        .read(&out)
-        .unwrap()
-        .chunks_exact(2)
-        .map(|h| f16_value(u16::from_le_bytes([h[0], h[1]])))
-        .collect();
-    let expected: Vec<f32> = x.iter().map(|v| v * 1.5 + 0.25).collect();
-    assert_eq!(halves, expected);
+#[test]
+fn reported_features_are_the_devices_on_vulkan() {
+    reported_features_are_the_devices(Api::Vulkan);
 }
 
-fn subgroup_kernels_run_where_subgroups_are_enabled(api: Api) {
-    let Some(c) = setup(api) else { return };
-    let kernel = Kernel::wgsl("subgroups", SUBGROUPS);
-    let Some((min, max)) = c.limits().launch.subgroup_size else {
-        return refused(&c, &kernel, "subgroups");
-    };
-    let invocations = 256;
-    let out = c.upload(&bytes(&vec![u32::MAX; invocations * 5])).unwrap();
-    c.launch(
-        &kernel,
-        &[Binding::write(&out)],
-        &[],
-        Dispatch::linear(invocations as u32 / 64),
-    )
-    .unwrap();
-    let got = words(&c.read(&out).unwrap());
-    for (i, row) in got.chunks_exact(5).enumerate() {
-        let [size, lanes, last, first, agreed] = [row[0], row[1], row[2], row[3], row[4]];
-        assert!(
-            (min..=max).contains(&size),
-            "invocation {i}: a subgroup of {size}, outside the reported {min}..={max}"
-        );
-        // A workgroup of 64 fills each of its subgroups.
-        let full = size.min(64);
-        assert_eq!(
-            (lanes, last, first, agreed),
-            (full, full - 1, 0, 1),
-            "invocation {i}"
-        );
-    }
+#[test]
+fn reported_features_are_the_devices_on_gl() {
+    reported_features_are_the_devices(Api::Gl);
 }
-
-fn f32_atomics_run_where_enabled(api: Api) {
-    let Some(c) = setup(api) else { return };
-    let kernel = Kernel::wgsl("f32 atomics", F32_ATOMICS);
-    if !c.limits().launch.features.f32_atomic_add {
-        return refused(&c, &kernel, "f32 atomics");
-    }
-    let acc = c.upload(&[0u8; 16]).unwrap();
-    c.launch(
-        &kernel,
-        &[Binding::read_write(&acc)],
-        &[],
-        Dispatch::linear(4),
-    )
-    .unwrap();
-    let values: Vec<f32> = words(&c.read(&acc).unwrap())
-        .into_iter()
-        .map(f32::from_bits)
-        .collect();
-    assert_eq!(values, [128.0, 3.0, -64.0, 0.0]);
-}
-
-macro_rules! on_each_api {
-    ($($name:ident),* $(,)?) => {
-        mod vulkan {
-            $( #[test] fn $name() { super::$name(server_wgpu::Api::Vulkan); } )*
-        }
-        mod gl {
-            $( #[test] fn $name() { super::$name(server_wgpu::Api::Gl); } )*
-        }
-    };
-}
-
-on_each_api!(
-    reported_features_are_the_devices,
-    f16_kernels_run_where_f16_is_enabled,
-    subgroup_kernels_run_where_subgroups_are_enabled,
-    f32_atomics_run_where_enabled,
-);

@@ -4,7 +4,7 @@
 //! each, no copy to drift. What only one side can check stays there (the
 //! mock's hooks, real PTX, the mock's exact pool figures).
 
-use super::{ACCUMULATE, ADD, COPY, FILL, bytes, kernel, words};
+use super::{ACCUMULATE, ADD, COPY, FILL, WILD, bytes, kernel, words};
 use scope_core::{Binding, Client, Dispatch, Error};
 use server_cuda::Cuda;
 
@@ -435,4 +435,52 @@ pub fn nccl_collectives_and_their_failure_rules_on_every_device(first: &Client<C
         words(&c.read(&input).unwrap())
     });
     assert!(again.iter().all(|s| *s == vec![2 * ranks; 1024]));
+}
+
+/// A wild kernel's illegal address is a sticky fault that poisons the
+/// device (rule 36): the launch is accepted or refused, the fault surfaces
+/// by the next sync, every later operation fails fast naming it, and the
+/// work in flight when it surfaced carries it. Not in [`with_every_case`]:
+/// the fault corrupts the process's context, so each binary that runs it
+/// runs nothing else. Returns the fault, for the driver's own words.
+#[allow(dead_code)] // the binaries that include `common` without it
+pub fn an_illegal_address_poisons_the_device(c: &Client<Cuda>) -> Error {
+    let clean = c.try_allocate(256).unwrap();
+    c.launch(
+        &kernel("fill", FILL),
+        &[Binding::write(&clean)],
+        &bytes(&[64, 5]),
+        Dispatch::linear(1),
+    )
+    .unwrap();
+    assert_eq!(words(&c.read(&clean).unwrap()), vec![5; 64]);
+    let victim = c.try_allocate(256).unwrap();
+    let launched = c.launch(
+        &kernel("wild", WILD),
+        &[Binding::read_write(&victim)],
+        &[],
+        Dispatch::linear(1),
+    );
+    let fault = match launched {
+        Ok(()) => c.sync().unwrap_err(),
+        Err(error) => error,
+    };
+    assert!(fault.is_sticky(), "{fault}");
+    let Error::Fault(f) = &fault else {
+        panic!("a sticky fault is a device fault: {fault}");
+    };
+    assert!(
+        ["CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED"].contains(&f.code.as_str()),
+        "{f}"
+    );
+    assert!(c.poison().is_some());
+    // Everything after fails fast, naming the fault.
+    let later = c.try_allocate(64).unwrap_err();
+    assert!(later.is_device_poisoned(), "{later}");
+    assert!(later.to_string().contains(&f.code), "{later}");
+    assert!(c.read(&clean).unwrap_err().is_device_poisoned());
+    // The work in flight when it surfaced carries the poison.
+    let report = c.check(&[victim.all()]).unwrap_err();
+    assert!(report.is_device_poisoned(), "{report}");
+    fault
 }

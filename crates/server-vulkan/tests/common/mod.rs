@@ -24,15 +24,25 @@ pub fn validating_staged() -> Result<Client<Vulkan>> {
 }
 
 fn open(force_staging: bool) -> Result<Client<Vulkan>> {
+    Client::new(open_backend(force_staging)?)
+}
+
+/// A backend as [`validating`] wraps it, for the behaviours that drive the
+/// `Backend` contract directly.
+pub fn validating_backend() -> Result<Vulkan> {
+    open_backend(false)
+}
+
+fn open_backend(force_staging: bool) -> Result<Vulkan> {
     let _ = std::fs::create_dir_all("/tmp/xdg");
-    let client = server_vulkan::client_with(Config {
+    let backend = Vulkan::new(Config {
         validation: true,
         fail_on_validation: true,
         force_staging,
         ..Default::default()
     })?;
-    if client.with_backend(Vulkan::validating) {
-        Ok(client)
+    if backend.validating() {
+        Ok(backend)
     } else {
         Err(Error::BackendUnavailable {
             backend: "vulkan",

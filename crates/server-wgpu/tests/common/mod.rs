@@ -89,6 +89,10 @@ impl<A: OnApi> Suite for WgpuSuite<A> {
         client_on(A::API)
     }
 
+    fn backend() -> Option<Result<Wgpu>> {
+        Some(Wgpu::new(&Options::api(A::API)))
+    }
+
     fn fill() -> Kernel {
         Kernel::wgsl("fill", FILL)
     }
