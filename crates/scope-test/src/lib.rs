@@ -305,7 +305,7 @@ fn assert_root_contains(error: &Error, text: &str) {
 /// with [`Suite::finished`].
 ///
 /// ```ignore
-/// scope_core::conformance_tests!(MySuite);
+/// scope_test::conformance_tests!(MySuite);
 /// ```
 ///
 /// `conformance_tests!(@backend MySuite)` expands to the behaviours that
