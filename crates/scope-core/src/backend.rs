@@ -61,6 +61,16 @@ pub struct Bound<'a, M> {
     pub access: Access,
 }
 
+// `Copy` whatever `M` is: a binding holds a reference to the memory, never
+// the memory (a derive would ask `M: Copy`).
+impl<M> Clone for Bound<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<M> Copy for Bound<'_, M> {}
+
 /// How many workgroups a launch runs, resolved to backend memory.
 #[derive(Debug)]
 pub enum BoundDispatch<'a, M> {
@@ -80,7 +90,18 @@ pub enum BoundDispatch<'a, M> {
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming the axis
 /// if not. The core asks it of every launch, against the backend's
 /// [`LaunchLimits::max_workgroups`], before the backend's own checks.
+#[inline(always)]
 pub(crate) fn grid_within(name: &str, groups: [u32; 3], max: [u32; 3]) -> crate::Result<()> {
+    if groups[0] <= max[0] && groups[1] <= max[1] && groups[2] <= max[2] {
+        return Ok(());
+    }
+    past_the_grid(name, groups, max)
+}
+
+/// The error of [`grid_within`], out of the launch's way.
+#[cold]
+#[inline(never)]
+fn past_the_grid(name: &str, groups: [u32; 3], max: [u32; 3]) -> crate::Result<()> {
     match groups
         .iter()
         .zip(max)

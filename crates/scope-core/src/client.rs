@@ -164,14 +164,17 @@ impl<B: Backend> Client<B> {
     /// Lock the server, after releasing whatever was dropped since; `None`
     /// when a closure on this thread holds it (see `lend.rs`), which
     /// waiting for would deadlock.
+    #[inline]
     fn lock(&self) -> Option<MutexGuard<'_, Server<B>>> {
         let mut server = match self.shared.server.try_lock() {
             Some(server) => server,
             None if self.shared.lent.is_here() => return None,
             None => self.shared.server.lock(),
         };
-        for dropped in self.shared.queue.take() {
-            server.release(dropped);
+        if self.shared.queue.pending() {
+            for dropped in self.shared.queue.take() {
+                server.release(dropped);
+            }
         }
         Some(server)
     }
@@ -182,6 +185,7 @@ impl<B: Backend> Client<B> {
     /// # Errors
     ///
     /// `f`'s, or [`reentrant`] inside a closure that holds the lock.
+    #[inline]
     fn call<R>(&self, f: impl FnOnce(&mut Server<B>) -> Result<R>) -> Result<R> {
         let Some(mut server) = self.lock() else {
             return Err(reentrant());

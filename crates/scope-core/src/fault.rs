@@ -112,10 +112,15 @@ impl FaultPlan {
     #[inline]
     pub fn check(&mut self, site: Site, stream: Option<StreamId>) -> Option<Error> {
         // An empty plan fails nothing; counting for it would only cost every
-        // device call a hash-map update.
+        // device call a hash-map update (and, out of line, a call).
         if self.rules.is_empty() && self.poison_at.is_none() {
             return None;
         }
+        self.count(site, stream)
+    }
+
+    #[inline(never)]
+    fn count(&mut self, site: Site, stream: Option<StreamId>) -> Option<Error> {
         self.operations += 1;
         let any = {
             let n = self.counts.entry((site, None)).or_default();

@@ -53,11 +53,17 @@ impl FreeQueue {
         self.pending.store(true, Ordering::Release);
     }
 
+    /// Whether anything may be queued: a plain load, which every call
+    /// makes, where a swap would be a locked read-modify-write even when
+    /// nothing is queued.
+    #[inline]
+    pub(crate) fn pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire)
+    }
+
     /// The queued handles, or none without touching the lock when none are.
     pub(crate) fn take(&self) -> Vec<Dropped> {
-        // A plain load first: every call asks, and a swap is a locked
-        // read-modify-write even when nothing is queued.
-        if !self.pending.load(Ordering::Acquire) || !self.pending.swap(false, Ordering::Acquire) {
+        if !self.pending() || !self.pending.swap(false, Ordering::Acquire) {
             return Vec::new();
         }
         std::mem::take(&mut *self.dropped.lock())

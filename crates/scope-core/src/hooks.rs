@@ -77,11 +77,17 @@ impl Hooks {
         event
     }
 
-    /// Deliver the queued events. Called with the server lock released.
+    /// Deliver the queued events. Called with the server lock released,
+    /// after every call: the check is inline, the delivery is not.
+    #[inline]
     pub(crate) fn deliver(&self) {
-        if !self.pending.load(Ordering::Acquire) {
-            return;
+        if self.pending.load(Ordering::Acquire) {
+            self.deliver_queued();
         }
+    }
+
+    #[inline(never)]
+    fn deliver_queued(&self) {
         let delivering = self.delivering.lock();
         if delivering.get() {
             // Called from inside the hook: the outer loop delivers these.

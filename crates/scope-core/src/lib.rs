@@ -100,6 +100,7 @@ pub mod collective;
 mod error;
 mod failure;
 mod fault;
+mod few;
 mod handle;
 mod hooks;
 mod id;

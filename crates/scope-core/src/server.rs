@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
-use crate::backend::{Access, Backend, Bound, BoundDispatch, Launch};
+use crate::backend::{Backend, Bound, BoundDispatch, Launch};
 use crate::capture::{CaptureState, CaptureWindow, RecordedRound, WindowEnd};
 use crate::error::{Error, Result};
 use crate::failure::{Work, WorkKind};
@@ -43,7 +43,7 @@ use crate::id::{BufferId, BufferRange, ByteRange, GraphId, IdHasher, ServerId, S
 use crate::kernel::{Kernel, KernelId};
 use crate::scope::{ExecuteScope, ScopedOutcome, WriteScoped, failed_writing};
 use crate::store::FailureStore;
-use crate::table::BufferTable;
+use crate::table::{BufferTable, Ledger, Memories};
 
 /// Host copies move whole 4-byte words on every backend: Vulkan's and
 /// wgpu's copy commands require it, so the contract does too, and a
@@ -61,7 +61,7 @@ pub const MAX_STREAMS: usize = 1024;
 /// syncs it to bound the list.
 const IN_FLIGHT_LIMIT: usize = 1 << 16;
 
-struct StreamState<S> {
+pub(crate) struct StreamState<S> {
     device: S,
     window: CaptureWindow,
     /// What work submitted since the last completed sync writes (rule 23).
@@ -92,7 +92,11 @@ impl InFlight {
 
     /// Remember `w`, unless one of the last few ranges is the same (a loop
     /// that writes the same buffer over and over stays one entry).
+    #[inline]
     fn push(&mut self, w: BufferRange) {
+        if self.ranges.last() == Some(&w) {
+            return;
+        }
         let recent = self.ranges.len().saturating_sub(8);
         if !self.ranges[recent..].contains(&w) {
             self.ranges.push(w);
@@ -188,6 +192,10 @@ pub struct Server<B: Backend> {
     /// three uses (the cache check, the backend's check, the launch).
     kernels: Vec<B::Kernel>,
     kernel_index: HashMap<KernelId, usize, BuildHasherDefault<IdHasher>>,
+    /// The kernel launched last and its index: a loop launches one kernel
+    /// over and over, and a hash lookup per launch was a tenth of the
+    /// core's cost of one.
+    last_kernel: Option<(KernelId, usize)>,
     graphs: HashMap<GraphId, GraphEntry<B::Graph>>,
     next_graph: u64,
     poison: Option<Arc<Error>>,
@@ -201,11 +209,31 @@ pub struct Server<B: Backend> {
     faults: crate::fault::FaultPlan,
 }
 
-impl<B: Backend> WriteScoped for Server<B> {
-    type Store = BufferTable<B::Memory>;
+/// What a unit of work's scope settles, split from the rest of its server:
+/// the failure books, the streams (their windows, in-flight lists and
+/// failure counts, and the backend's stream objects), the pool of write
+/// sets and the hook's queue.
+///
+/// Neither the memory nor the backend is in it. A launch resolves its
+/// bindings to the backend's memory once, before its scope opens, so that
+/// the backend's check refuses a launch no device could run before
+/// anything is claimed; the same list is what the backend then launches.
+/// The list borrows the memory, and the scope borrows these books mutably
+/// in between: were they one table, the launch would build the list twice,
+/// once on each side of the scope.
+pub(crate) struct Books<'s, S> {
+    pub(crate) id: ServerId,
+    pub(crate) ledger: &'s mut Ledger,
+    pub(crate) streams: &'s mut [StreamState<S>],
+    write_sets: &'s mut Vec<Vec<BufferRange>>,
+    hooks: &'s Hooks,
+}
 
-    fn store(&mut self) -> &mut Self::Store {
-        &mut self.table
+impl<S> WriteScoped for Books<'_, S> {
+    type Store = Ledger;
+
+    fn store(&mut self) -> &mut Ledger {
+        self.ledger
     }
 
     fn on_failure(&mut self, stream: StreamId, error: &Error) {
@@ -235,15 +263,45 @@ impl<B: Backend> WriteScoped for Server<B> {
     }
 }
 
-/// What a device call inside [`Server::issue`] may reach: the backend, the
-/// issuing stream's device state, and the tables it looks memory, kernels
-/// and graphs up in.
+/// The rest of a server, as a unit of work's device call reaches it: the
+/// backend, the memory, the compiled kernels, the graphs and the fault
+/// plan ([`Books`] says why it is apart).
+pub(crate) struct Device<'s, B: Backend> {
+    pub(crate) backend: &'s mut B,
+    pub(crate) memory: &'s Memories<B::Memory>,
+    kernels: &'s [B::Kernel],
+    kernel_index: &'s HashMap<KernelId, usize, BuildHasherDefault<IdHasher>>,
+    last_kernel: &'s mut Option<(KernelId, usize)>,
+    max_workgroups: [u32; 3],
+    graphs: &'s HashMap<GraphId, GraphEntry<B::Graph>>,
+    #[cfg(feature = "fault-injection")]
+    faults: &'s mut crate::fault::FaultPlan,
+}
+
+/// What a device call inside [`Device::issue`] may reach: the backend, the
+/// issuing stream's device state, and the tables it looks memory and
+/// graphs up in.
 struct Issue<'a, B: Backend> {
     backend: &'a mut B,
     stream: &'a mut B::Stream,
-    table: &'a BufferTable<B::Memory>,
-    kernels: &'a [B::Kernel],
+    memory: &'a Memories<B::Memory>,
     graphs: &'a HashMap<GraphId, GraphEntry<B::Graph>>,
+}
+
+/// Ask the fault plan about a device call.
+#[inline(always)]
+fn consult(
+    #[cfg(feature = "fault-injection")] faults: &mut crate::fault::FaultPlan,
+    site: Site,
+    stream: Option<StreamId>,
+) -> Result<()> {
+    #[cfg(feature = "fault-injection")]
+    if let Some(error) = faults.check(site, stream) {
+        tracing::debug!(?site, ?stream, "injected: {error}");
+        return Err(error);
+    }
+    let _ = (site, stream);
+    Ok(())
 }
 
 /// `len` zeroed bytes of host memory, or [`Error::OutOfMemory`] when the
@@ -297,6 +355,7 @@ impl<B: Backend> Server<B> {
             spare_streams: Vec::new(),
             kernels: Vec::new(),
             kernel_index: HashMap::default(),
+            last_kernel: None,
             graphs: HashMap::new(),
             next_graph: 1,
             poison: None,
@@ -331,13 +390,75 @@ impl<B: Backend> Server<B> {
     /// Ask the fault plan about a device call.
     #[inline]
     pub(super) fn fault(&mut self, site: Site, stream: Option<StreamId>) -> Result<()> {
-        #[cfg(feature = "fault-injection")]
-        if let Some(error) = self.faults.check(site, stream) {
-            tracing::debug!(?site, ?stream, "injected: {error}");
-            return Err(error);
-        }
-        let _ = (site, stream);
-        Ok(())
+        consult(
+            #[cfg(feature = "fault-injection")]
+            &mut self.faults,
+            site,
+            stream,
+        )
+    }
+
+    /// The server split into what a scope settles and what the work it
+    /// wraps runs on.
+    pub(crate) fn split(&mut self) -> (Books<'_, B::Stream>, Device<'_, B>) {
+        let Server {
+            backend,
+            id,
+            table,
+            streams,
+            kernels,
+            kernel_index,
+            last_kernel,
+            graphs,
+            max_workgroups,
+            write_sets,
+            hooks,
+            #[cfg(feature = "fault-injection")]
+            faults,
+            ..
+        } = self;
+        (
+            Books {
+                id: *id,
+                ledger: &mut table.ledger,
+                streams,
+                write_sets,
+                hooks,
+            },
+            Device {
+                backend,
+                memory: &table.memory,
+                kernels,
+                kernel_index,
+                last_kernel,
+                max_workgroups: *max_workgroups,
+                graphs,
+                #[cfg(feature = "fault-injection")]
+                faults,
+            },
+        )
+    }
+
+    /// The books alone, for work that reaches no device (a failure claimed
+    /// from outside, work that never started).
+    pub(crate) fn books(&mut self) -> Books<'_, B::Stream> {
+        self.split().0
+    }
+
+    /// A write set back to the pool ([`WriteScoped::recycle`]).
+    pub(super) fn recycle_write_set(&mut self, written: Vec<BufferRange>) {
+        self.books().recycle(written);
+    }
+
+    /// An empty write set from the pool ([`WriteScoped::write_set`]).
+    pub(super) fn write_set(&mut self) -> Vec<BufferRange> {
+        self.books().write_set()
+    }
+
+    /// Tell the stream's count and the hook of a failure
+    /// ([`WriteScoped::on_failure`]).
+    pub(super) fn on_failure(&mut self, stream: StreamId, error: &Error) {
+        self.books().on_failure(stream, error);
     }
 
     #[cfg(feature = "fault-injection")]
@@ -356,25 +477,25 @@ impl<B: Backend> Server<B> {
     }
 
     pub(crate) fn failures_held(&self) -> usize {
-        self.table.failures_len()
+        self.table.ledger.failures_len()
     }
 
     #[cfg(feature = "fault-injection")]
     pub(crate) fn dump_failures(&self) -> String {
-        self.table.dump()
+        self.table.ledger.dump()
     }
 
     pub(crate) fn failure_claims(&self) -> usize {
-        self.table.claims()
+        self.table.ledger.claims()
     }
 
     #[cfg(feature = "fault-injection")]
     pub(crate) fn audit(&self) -> Result<(), String> {
-        self.table.audit()
+        self.table.ledger.audit()
     }
 
     pub(crate) fn bytes_allocated(&self) -> u64 {
-        self.table.bytes_allocated()
+        self.table.ledger.bytes_allocated()
     }
 
     pub(crate) fn bytes_reserved(&self) -> u64 {
@@ -402,7 +523,7 @@ impl<B: Backend> Drop for Server<B> {
             // SAFETY: drained from the table, so named by no later call.
             let _ = unsafe { self.backend.destroy_graph(entry.graph) };
         }
-        for id in self.table.ids() {
+        for id in self.table.ledger.ids() {
             if let Some(memory) = self.table.remove(id) {
                 // SAFETY: removed from the table, so named by no later call;
                 // every graph that recorded work on it is destroyed above.

@@ -42,7 +42,7 @@ pub trait FailureStore {
     fn locate(&mut self, buffer: BufferId) -> (&mut Failures, TaintSlot<'_>);
 
     /// Point every range of `written` at `failure` (rules 9, 22).
-    #[inline]
+    #[inline(always)]
     fn taint(&mut self, written: &[BufferRange], failure: FailureId) {
         for target in written {
             if let (failures, TaintSlot::Allocated(taint)) = self.locate(target.buffer) {
@@ -53,7 +53,7 @@ pub trait FailureStore {
 
     /// Remove every range of `written` from every claim: it was written
     /// (rules 11, 19).
-    #[inline]
+    #[inline(always)]
     fn heal(&mut self, written: &[BufferRange]) {
         for target in written {
             if let (failures, TaintSlot::Allocated(taint)) = self.locate(target.buffer) {
@@ -65,7 +65,7 @@ pub trait FailureStore {
     /// The first input, in order, whose range carries a failure, and that
     /// failure (rule 17). An unallocated input with a recorded failure
     /// counts.
-    #[inline]
+    #[inline(always)]
     fn read_failure<'b>(
         &mut self,
         reads: impl IntoIterator<Item = &'b BufferRange>,
@@ -86,7 +86,7 @@ pub trait FailureStore {
     /// Claim `written` for work about to run (rule 16): tainted unless
     /// proven written. An empty write set mints and claims nothing. `kernel`
     /// names a launch in the "never finished" error.
-    #[inline]
+    #[inline(always)]
     fn enter_write(
         &mut self,
         written: &[BufferRange],
@@ -107,7 +107,7 @@ pub trait FailureStore {
     /// failures' too: a rewrite is how a buffer heals. A failed exit gives
     /// the provisional failure its real error. Either way a provisional that
     /// tainted nothing is pruned.
-    #[inline]
+    #[inline(always)]
     fn exit_write(
         &mut self,
         provisional: Option<FailureId>,

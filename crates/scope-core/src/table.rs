@@ -1,12 +1,20 @@
 //! The buffer table: each buffer's memory and the claims on it.
 //!
-//! This is where a server's taint lives, and so the one
-//! [`FailureStore`] every server uses: the table answers
-//! [`locate`](FailureStore::locate) and inherits every rule.
+//! This is where a server's taint lives, and so the one [`FailureStore`]
+//! every server uses: the table answers [`locate`](FailureStore::locate)
+//! and inherits every rule.
 //!
 //! Buffers are slots with generations. A freed slot is reused by the next
 //! allocation with its generation bumped, so a stale id misses instead of
 //! reaching the new buffer, and a lookup is an index, not a hash.
+//!
+//! The table is two tables over the same slots: the [`Ledger`] (sizes,
+//! claims, allocation records, last users — what the failure model reads
+//! and writes) and the memory ([`Memories`]). They are apart so that a
+//! launch can hold its bindings, which borrow the memory, across the scope
+//! that claims and heals in the ledger: the backend's check and its launch
+//! then see one list, built once, where one table would have had the launch
+//! build the list twice, once on each side of the scope's borrow.
 
 use crate::error::Error;
 use crate::failure::Failures;
@@ -14,11 +22,11 @@ use crate::id::{BufferId, BufferRange, FailureId, StreamId};
 use crate::store::{FailureStore, TaintSlot};
 use crate::taint::{Ranges, Taint};
 
-/// A live buffer.
-pub(crate) struct Entry<M> {
+/// A live buffer, as the failure model sees it.
+pub(crate) struct Entry {
     pub(crate) size: u64,
-    /// `None` when the allocation failed.
-    pub(crate) memory: Option<M>,
+    /// Whether it has memory: `false` when its allocation failed.
+    pub(crate) allocated: bool,
     /// Why the allocation failed, while that is recorded (rule 28).
     pub(crate) record: Option<FailureId>,
     pub(crate) taint: Taint,
@@ -26,26 +34,63 @@ pub(crate) struct Entry<M> {
     pub(crate) last_user: StreamId,
 }
 
-struct Slot<M> {
+struct Slot<T> {
     generation: u32,
-    entry: Option<Entry<M>>,
+    entry: Option<T>,
+}
+
+/// The failure model's half of the table: every live buffer's size,
+/// claims, allocation record and last user, and the device's failures.
+pub struct Ledger {
+    failures: Failures,
+    slots: Vec<Slot<Entry>>,
+    vacant: Vec<u32>,
+    bytes_allocated: u64,
+}
+
+/// The memory half of the table: each live buffer's backend memory, in the
+/// same slots under the same generations as the [`Ledger`], so that a stale
+/// id misses here too.
+pub struct Memories<M> {
+    slots: Vec<Slot<M>>,
+}
+
+impl<M> Memories<M> {
+    /// The memory of a live, allocated buffer, or `None`.
+    #[inline]
+    pub(crate) fn of(&self, id: BufferId) -> Option<&M> {
+        let slot = self.slots.get(id.slot() as usize)?;
+        if slot.generation != id.generation() {
+            return None;
+        }
+        slot.entry.as_ref()
+    }
+
+    /// The memory of a live, allocated buffer.
+    pub(crate) fn get(&self, id: BufferId) -> Result<&M, Error> {
+        // `ok_or_else`: an `Error` built eagerly and dropped on success cost
+        // the launch path more than the lookup.
+        self.of(id)
+            .ok_or_else(|| Error::NeverAllocated { buffer: id })
+    }
 }
 
 /// The buffers of one server and the device's failures.
 pub struct BufferTable<M> {
-    failures: Failures,
-    slots: Vec<Slot<M>>,
-    vacant: Vec<u32>,
-    bytes_allocated: u64,
+    pub(crate) ledger: Ledger,
+    pub(crate) memory: Memories<M>,
 }
 
 impl<M> BufferTable<M> {
     pub(crate) fn new() -> Self {
         Self {
-            failures: Failures::new(),
-            slots: Vec::new(),
-            vacant: Vec::new(),
-            bytes_allocated: 0,
+            ledger: Ledger {
+                failures: Failures::new(),
+                slots: Vec::new(),
+                vacant: Vec::new(),
+                bytes_allocated: 0,
+            },
+            memory: Memories { slots: Vec::new() },
         }
     }
 
@@ -58,74 +103,59 @@ impl<M> BufferTable<M> {
         record: Option<FailureId>,
         stream: StreamId,
     ) -> BufferId {
+        let ledger = &mut self.ledger;
         if memory.is_some() {
-            self.bytes_allocated += size;
+            ledger.bytes_allocated += size;
         }
         if let Some(f) = record {
-            self.failures.acquire(f);
+            ledger.failures.acquire(f);
         }
         let entry = Entry {
             size,
-            memory,
+            allocated: memory.is_some(),
             record,
             taint: Taint::new(),
             last_user: stream,
         };
-        match self.vacant.pop() {
+        match ledger.vacant.pop() {
             Some(slot) => {
-                let s = &mut self.slots[slot as usize];
+                let s = &mut ledger.slots[slot as usize];
                 s.entry = Some(entry);
+                let m = &mut self.memory.slots[slot as usize];
+                m.generation = s.generation;
+                m.entry = memory;
                 BufferId::from_parts(slot, s.generation)
             }
             None => {
-                let slot = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
-                self.slots.push(Slot {
+                let slot = u32::try_from(ledger.slots.len()).unwrap_or(u32::MAX);
+                ledger.slots.push(Slot {
                     generation: 0,
                     entry: Some(entry),
+                });
+                self.memory.slots.push(Slot {
+                    generation: 0,
+                    entry: memory,
                 });
                 BufferId::from_parts(slot, 0)
             }
         }
     }
 
-    pub(crate) fn get(&self, id: BufferId) -> Option<&Entry<M>> {
-        let slot = self.slots.get(id.slot() as usize)?;
-        if slot.generation != id.generation() {
-            return None;
-        }
-        slot.entry.as_ref()
-    }
-
-    pub(crate) fn get_mut(&mut self, id: BufferId) -> Option<&mut Entry<M>> {
-        let slot = self.slots.get_mut(id.slot() as usize)?;
-        if slot.generation != id.generation() {
-            return None;
-        }
-        slot.entry.as_mut()
-    }
-
     /// The memory of a live, allocated buffer.
     pub(crate) fn memory(&self, id: BufferId) -> Result<&M, Error> {
-        // `ok_or_else`: an `Error` built eagerly and dropped on success cost
-        // the launch path more than the lookup.
-        self.memory_of(id)
-            .ok_or_else(|| Error::NeverAllocated { buffer: id })
+        self.memory.get(id)
     }
 
     /// The memory of a live, allocated buffer, or `None`.
     pub(crate) fn memory_of(&self, id: BufferId) -> Option<&M> {
-        self.get(id).and_then(|e| e.memory.as_ref())
-    }
-
-    /// Whether `id` names a live buffer.
-    pub(crate) fn is_live(&self, id: BufferId) -> bool {
-        self.get(id).is_some()
+        self.memory.of(id)
     }
 
     /// Remove a buffer, releasing its claims and record (rule 13), and hand
     /// back its memory. A stale id does nothing.
     pub(crate) fn remove(&mut self, id: BufferId) -> Option<M> {
-        let slot = self.slots.get_mut(id.slot() as usize)?;
+        let ledger = &mut self.ledger;
+        let slot = ledger.slots.get_mut(id.slot() as usize)?;
         if slot.generation != id.generation() {
             return None;
         }
@@ -135,16 +165,43 @@ impl<M> BufferTable<M> {
         // runs. One retired slot per 2^32 reuses of it is all this costs.
         if let Some(next) = slot.generation.checked_add(1) {
             slot.generation = next;
-            self.vacant.push(id.slot());
+            ledger.vacant.push(id.slot());
         }
-        entry.taint.release_all(&mut self.failures);
+        entry.taint.release_all(&mut ledger.failures);
         if let Some(f) = entry.record.take() {
-            self.failures.release(f);
+            ledger.failures.release(f);
         }
-        if entry.memory.is_some() {
-            self.bytes_allocated -= entry.size;
+        if entry.allocated {
+            ledger.bytes_allocated -= entry.size;
         }
-        entry.memory
+        let memory = self.memory.slots.get_mut(id.slot() as usize)?;
+        // The next generation misses here too, retired or not.
+        memory.generation = memory.generation.wrapping_add(1);
+        memory.entry.take()
+    }
+}
+
+impl Ledger {
+    #[inline]
+    pub(crate) fn get(&self, id: BufferId) -> Option<&Entry> {
+        let slot = self.slots.get(id.slot() as usize)?;
+        if slot.generation != id.generation() {
+            return None;
+        }
+        slot.entry.as_ref()
+    }
+
+    pub(crate) fn get_mut(&mut self, id: BufferId) -> Option<&mut Entry> {
+        let slot = self.slots.get_mut(id.slot() as usize)?;
+        if slot.generation != id.generation() {
+            return None;
+        }
+        slot.entry.as_mut()
+    }
+
+    /// Whether `id` names a live buffer.
+    pub(crate) fn is_live(&self, id: BufferId) -> bool {
+        self.get(id).is_some()
     }
 
     /// The parts of `r` that no failure claims, appended to `out`: all of
@@ -153,7 +210,7 @@ impl<M> BufferTable<M> {
         let Some(entry) = self.get(r.buffer) else {
             return;
         };
-        if entry.memory.is_none() {
+        if !entry.allocated {
             return;
         }
         if entry.taint.is_clean() {
@@ -245,18 +302,20 @@ impl<M> BufferTable<M> {
     }
 }
 
-impl<M> FailureStore for BufferTable<M> {
+impl FailureStore for Ledger {
+    #[inline(always)]
     fn failures(&mut self) -> &mut Failures {
         &mut self.failures
     }
 
+    #[inline(always)]
     fn locate(&mut self, buffer: BufferId) -> (&mut Failures, TaintSlot<'_>) {
         let slot = match self.slots.get_mut(buffer.slot() as usize) {
             Some(s) if s.generation == buffer.generation() => s.entry.as_mut(),
             _ => None,
         };
         let taint = match slot {
-            Some(entry) if entry.memory.is_some() => TaintSlot::Allocated(&mut entry.taint),
+            Some(entry) if entry.allocated => TaintSlot::Allocated(&mut entry.taint),
             Some(entry) => TaintSlot::Unallocated(entry.record),
             None => TaintSlot::Gone,
         };
@@ -264,14 +323,24 @@ impl<M> FailureStore for BufferTable<M> {
     }
 }
 
-impl<M> BufferTable<M> {
+impl<M> FailureStore for BufferTable<M> {
+    fn failures(&mut self) -> &mut Failures {
+        self.ledger.failures()
+    }
+
+    fn locate(&mut self, buffer: BufferId) -> (&mut Failures, TaintSlot<'_>) {
+        self.ledger.locate(buffer)
+    }
+}
+
+impl Ledger {
     pub(crate) fn failures_len(&self) -> usize {
         self.failures.len()
     }
 }
 
 #[cfg(feature = "fault-injection")]
-impl<M> BufferTable<M> {
+impl Ledger {
     pub(crate) fn dump(&self) -> String {
         let mut out = String::new();
         for (id, node) in self.failures.held() {
@@ -305,18 +374,28 @@ mod tests {
     fn a_slot_whose_generation_would_wrap_is_retired() {
         let mut table: BufferTable<()> = BufferTable::new();
         let first = table.insert(16, Some(()), None, StreamId(0));
-        table.slots[first.slot() as usize].generation = u32::MAX;
+        table.ledger.slots[first.slot() as usize].generation = u32::MAX;
+        table.memory.slots[first.slot() as usize].generation = u32::MAX;
         let last = BufferId::from_parts(first.slot(), u32::MAX);
         assert!(table.remove(last).is_some());
         let next = table.insert(16, Some(()), None, StreamId(0));
         assert_ne!(next.slot(), first.slot(), "the wrapped slot is not reused");
-        assert!(table.get(last).is_none());
-        assert!(table.get(BufferId::from_parts(first.slot(), 0)).is_none());
+        assert!(table.ledger.get(last).is_none());
+        assert!(table.memory_of(last).is_none(), "nor its memory");
+        assert!(
+            table
+                .ledger
+                .get(BufferId::from_parts(first.slot(), 0))
+                .is_none()
+        );
         // An ordinary slot is reused under its next generation.
         assert!(table.remove(next).is_some());
         let again = table.insert(16, Some(()), None, StreamId(0));
         assert_eq!(again.slot(), next.slot());
-        assert!(table.get(next).is_none(), "the stale id names nothing");
+        assert!(
+            table.ledger.get(next).is_none(),
+            "the stale id names nothing"
+        );
     }
 
     #[test]
@@ -328,7 +407,7 @@ mod tests {
             range: ByteRange::new(start, end),
         };
         let mut out = Vec::new();
-        table.unclaimed(at(0, 64), &mut out);
+        table.ledger.unclaimed(at(0, 64), &mut out);
         assert_eq!(out, vec![at(0, 64)]);
         table.claim_failed(
             &[at(16, 32)],
@@ -336,10 +415,10 @@ mod tests {
             Error::refused("x"),
         );
         out.clear();
-        table.unclaimed(at(0, 64), &mut out);
+        table.ledger.unclaimed(at(0, 64), &mut out);
         assert_eq!(out, vec![at(0, 16), at(32, 64)]);
         out.clear();
-        table.unclaimed(at(16, 32), &mut out);
+        table.ledger.unclaimed(at(16, 32), &mut out);
         assert!(out.is_empty());
     }
 }

@@ -226,7 +226,7 @@ impl<B: Backend> Server<B> {
         // write set only where it is clean now, as for the launch itself: a
         // replay cannot know their counts either, so it heals none of it.
         for r in &maybe_written {
-            self.table.unclaimed(*r, &mut written);
+            self.table.ledger.unclaimed(*r, &mut written);
         }
         let touched: SmallVec<[BufferId; 8]> = written
             .iter()
@@ -236,24 +236,32 @@ impl<B: Backend> Server<B> {
             .collect();
         self.refuse_recorded_elsewhere(stream, &touched)?;
         let id = graph.id;
-        let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
-            |server, written| {
-                server.issue(Site::Replay, stream, &touched, written, |d| {
-                    let entry = d.graphs.get(&id).ok_or_else(|| {
-                        Error::internal("a graph left the table inside its own replay")
-                    })?;
-                    // SAFETY: this server's graph, in its table, and stream;
-                    // `refuse_if_recording` refused a recording stream, and
-                    // every buffer the graph uses is live (checked above).
-                    unsafe { d.backend.replay(d.stream, &entry.graph) }.map_err(|e| match e {
-                        e @ Error::Fault(_) => e,
-                        other => Error::Replay {
-                            graph: id,
-                            stream,
-                            detail: other.to_string(),
-                        },
-                    })
-                })
+        let (mut books, mut device) = self.split();
+        let outcome = ExecuteScope::launching(&mut books, &label, stream, &read, written).execute(
+            |books, written| {
+                device.issue(
+                    books,
+                    Site::Replay,
+                    stream,
+                    (touched.iter().copied(), false),
+                    written,
+                    |d| {
+                        let entry = d.graphs.get(&id).ok_or_else(|| {
+                            Error::internal("a graph left the table inside its own replay")
+                        })?;
+                        // SAFETY: this server's graph, in its table, and stream;
+                        // `refuse_if_recording` refused a recording stream, and
+                        // every buffer the graph uses is live (checked above).
+                        unsafe { d.backend.replay(d.stream, &entry.graph) }.map_err(|e| match e {
+                            e @ Error::Fault(_) => e,
+                            other => Error::Replay {
+                                graph: id,
+                                stream,
+                                detail: other.to_string(),
+                            },
+                        })
+                    },
+                )
             },
         );
         self.conclude(stream, outcome)
@@ -265,7 +273,7 @@ impl<B: Backend> Server<B> {
         let buffers = entry.written.iter().chain(&entry.read);
         match buffers
             .chain(&entry.maybe_written)
-            .find(|r| !self.table.is_live(r.buffer))
+            .find(|r| !self.table.ledger.is_live(r.buffer))
         {
             Some(gone) => Err(Error::invalid(
                 "graph",
@@ -310,8 +318,13 @@ impl<B: Backend> Server<B> {
             .collect();
         let mut written = self.write_set();
         written.extend(claimed);
-        written.retain(|r| self.table.is_live(r.buffer));
-        failed_writing(self, Work::new(WorkKind::Replay, stream), written, error);
+        written.retain(|r| self.table.ledger.is_live(r.buffer));
+        failed_writing(
+            &mut self.books(),
+            Work::new(WorkKind::Replay, stream),
+            written,
+            error,
+        );
         Ok(())
     }
 

@@ -23,46 +23,7 @@ impl<B: Backend> Server<B> {
         range: ByteRange,
         what: &dyn Fn() -> String,
     ) -> Result<BufferRange> {
-        if buffer.server() != self.id {
-            return Err(Error::invalid(
-                what(),
-                format!("{} belongs to another server", buffer.id()),
-            ));
-        }
-        let Some(entry) = self.table.get(buffer.id()) else {
-            return Err(Error::invalid(what(), format!("{} was freed", buffer.id())));
-        };
-        if range.end < range.start {
-            return Err(Error::invalid(
-                what(),
-                format!(
-                    "range {}..{} of {} is reversed",
-                    range.start,
-                    range.end,
-                    buffer.id()
-                ),
-            ));
-        }
-        if range.is_empty() {
-            return Err(Error::invalid(
-                what(),
-                format!("empty range of {}", buffer.id()),
-            ));
-        }
-        if range.end > entry.size {
-            return Err(Error::invalid(
-                what(),
-                format!(
-                    "{range} runs past the end of {}, which holds {} bytes",
-                    buffer.id(),
-                    entry.size
-                ),
-            ));
-        }
-        Ok(BufferRange {
-            buffer: buffer.id(),
-            range,
-        })
+        resolve(&self.table.ledger, self.id, buffer, range, what).map(|(r, _)| r)
     }
 
     pub(super) fn resolve_copy_range(&self, slice: Slice<'_>, what: &str) -> Result<BufferRange> {
@@ -84,7 +45,7 @@ impl<B: Backend> Server<B> {
     pub(super) fn require_memory(&self, r: BufferRange) -> Result<()> {
         match self.memory(r.buffer) {
             Some(_) => Ok(()),
-            None => Err(self.table.unallocated_error(r.buffer)),
+            None => Err(self.table.ledger.unallocated_error(r.buffer)),
         }
     }
 
@@ -256,4 +217,61 @@ impl<B: Backend> Server<B> {
             unsafe { self.backend.free(memory) };
         }
     }
+}
+
+/// `buffer`'s `range` validated against `ledger`, the ledger of server
+/// `server`, with the buffer's entry: what [`Server::resolve_with`] checks,
+/// and what a launch asks of each binding, looked up once. `what` names
+/// the argument, and runs only on error.
+#[inline]
+pub(super) fn resolve<'l>(
+    ledger: &'l Ledger,
+    server: ServerId,
+    buffer: &Buffer,
+    range: ByteRange,
+    what: &dyn Fn() -> String,
+) -> Result<(BufferRange, &'l crate::table::Entry)> {
+    if buffer.server() != server {
+        return Err(Error::invalid(
+            what(),
+            format!("{} belongs to another server", buffer.id()),
+        ));
+    }
+    let Some(entry) = ledger.get(buffer.id()) else {
+        return Err(Error::invalid(what(), format!("{} was freed", buffer.id())));
+    };
+    if range.end < range.start {
+        return Err(Error::invalid(
+            what(),
+            format!(
+                "range {}..{} of {} is reversed",
+                range.start,
+                range.end,
+                buffer.id()
+            ),
+        ));
+    }
+    if range.is_empty() {
+        return Err(Error::invalid(
+            what(),
+            format!("empty range of {}", buffer.id()),
+        ));
+    }
+    if range.end > entry.size {
+        return Err(Error::invalid(
+            what(),
+            format!(
+                "{range} runs past the end of {}, which holds {} bytes",
+                buffer.id(),
+                entry.size
+            ),
+        ));
+    }
+    Ok((
+        BufferRange {
+            buffer: buffer.id(),
+            range,
+        },
+        entry,
+    ))
 }

@@ -28,174 +28,29 @@ impl<B: Backend> Server<B> {
         Ok(())
     }
 
-    /// Refuse, changing nothing, a use on `stream` of a buffer whose last
-    /// use was recorded in another stream's open window: that work runs only
-    /// at replay, so nothing can be ordered after it. A buffer the capturing
-    /// stream used only before its capture began is not refused — `stream`
-    /// is ordered after that earlier work — unless `stream` records too (a
-    /// capture cannot wait on another capturing stream's work).
-    ///
-    /// Each call of the contract asks this before its scope opens, so a
-    /// refusal is the caller's error, not a device failure (rule 38): it
-    /// claims nothing, fires no hook, and a retry is refused the same way
-    /// until the capture ends.
+    #[inline]
     pub(super) fn refuse_recorded_elsewhere(
         &self,
         stream: StreamId,
         touched: &[BufferId],
     ) -> Result<()> {
-        // The common case, and the launch path's: nothing is capturing.
-        if self
-            .streams
-            .iter()
-            .all(|s| s.window.state() == CaptureState::NoCapture)
-        {
-            return Ok(());
-        }
-        let to = self.stream_index(stream);
-        let to_records = self.streams[to].window.state() != CaptureState::NoCapture;
-        for &id in touched {
-            let Some(entry) = self.table.get(id) else {
-                continue;
-            };
-            let from = entry.last_user.0 as usize;
-            if from == to || from >= self.streams.len() {
-                continue;
-            }
-            let window = &self.streams[from].window;
-            if window.state() == CaptureState::NoCapture {
-                continue;
-            }
-            let other = StreamId(from as u32);
-            if window.touches(id) {
-                return Err(Error::refused(format!(
-                    "{id} was last used by work recorded on {other}, which has not run; \
-                     use it from {stream} after that capture ends"
-                )));
-            }
-            if to_records {
-                return Err(Error::refused(format!(
-                    "{id} was last used on {other}, which is capturing, and {stream} is \
-                     capturing too: one capture cannot wait for another's stream; use it \
-                     after one of them ends"
-                )));
-            }
-        }
-        Ok(())
+        refuse_recorded_elsewhere(
+            &self.streams,
+            &self.table.ledger,
+            stream,
+            touched.iter().copied(),
+        )
     }
 
     /// Make `stream` wait for the last other stream that used each of
-    /// `touched`, then mark them used by `stream` (and, while `stream`
-    /// records, used by its window). Callers have asked
-    /// [`refuse_recorded_elsewhere`](Self::refuse_recorded_elsewhere) first,
-    /// before opening their scope; nothing between changes a last user.
-    ///
-    /// The new last users are recorded only once every wait is set up: a
-    /// failed wait leaves the buffers' last users as they were, so the next
-    /// use still waits for the stream that really used them last.
+    /// `touched` ([`Books::order`]).
     pub(super) fn order(&mut self, stream: StreamId, touched: &[BufferId]) -> Result<()> {
-        let to = self.stream_index(stream);
         debug_assert!(
             self.refuse_recorded_elsewhere(stream, touched).is_ok(),
             "a cross-capture use must be refused before its scope opens"
         );
-        let mut waited: SmallVec<[usize; 4]> = SmallVec::new();
-        // Buffers changing hands; the common case (all already this
-        // stream's) leaves it empty and looks nothing up twice.
-        let mut moved: SmallVec<[BufferId; 8]> = SmallVec::new();
-        for &id in touched {
-            let Some(entry) = self.table.get(id) else {
-                continue;
-            };
-            let from = entry.last_user.0 as usize;
-            if from == to {
-                continue;
-            }
-            moved.push(id);
-            if from >= self.streams.len() || waited.contains(&from) {
-                continue;
-            }
-            waited.push(from);
-            let recording = self.streams[to].window.state() != CaptureState::NoCapture;
-            let (first, then) = two(&mut self.streams, from, to);
-            // `first` may be capturing, if this buffer's last use on it came
-            // before the capture began (the refusal above let it through):
-            // every backend's `order` then waits for its work before the
-            // capture, which is all of it that runs.
-            if recording {
-                // A recording stream cannot wait on work outside its graph;
-                // finish that work on the host instead.
-                // SAFETY: a stream of this server's, alive as long as it.
-                unsafe { self.backend.sync(&mut first.device)? };
-                first.in_flight.clear();
-            } else {
-                // SAFETY: two distinct streams of this server's (`from !=
-                // to`, split by `two`), alive as long as it.
-                unsafe { self.backend.order(&mut first.device, &mut then.device)? };
-            }
-        }
-        for id in moved {
-            if let Some(entry) = self.table.get_mut(id) {
-                entry.last_user = stream;
-            }
-        }
-        let window = &mut self.streams[to].window;
-        if window.is_recording() {
-            for &id in touched {
-                window.touch(id);
-            }
-        }
-        Ok(())
-    }
-
-    /// The body every unit of device work shares — a host write, a copy, a
-    /// launch, a replay — in its one order: the fault plan, waits on the
-    /// streams that used `touched` last, the device call, and the note that
-    /// the call's write set is in flight. Written once, no path can skip a
-    /// step or take them in another order.
-    pub(super) fn issue(
-        &mut self,
-        site: Site,
-        stream: StreamId,
-        touched: &[BufferId],
-        written: &[BufferRange],
-        call: impl FnOnce(Issue<'_, B>) -> Result<()>,
-    ) -> Result<()> {
-        self.fault(site, Some(stream))?;
-        self.order(stream, touched)?;
-        let index = self.stream_index(stream);
-        let Server {
-            backend,
-            table,
-            streams,
-            kernels,
-            graphs,
-            ..
-        } = self;
-        call(Issue {
-            backend,
-            stream: &mut streams[index].device,
-            table,
-            kernels,
-            graphs,
-        })?;
-        self.note_in_flight(stream, written);
-        Ok(())
-    }
-
-    /// Remember that submitted work on `stream` writes `written`. Only
-    /// remembers: bounding the list is [`conclude`](Self::conclude)'s, after
-    /// the work's scope has settled, so that a fault the bounding sync
-    /// surfaces is attributed after — not healed by — the clean exit.
-    pub(super) fn note_in_flight(&mut self, stream: StreamId, written: &[BufferRange]) {
-        let index = self.stream_index(stream);
-        let state = &mut self.streams[index];
-        if state.window.is_recording() {
-            return;
-        }
-        for w in written {
-            state.in_flight.push(*w);
-        }
+        let (mut books, device) = self.split();
+        books.order(device.backend, stream, touched.iter().copied(), false)
     }
 
     /// Wait for `stream`'s work with the lock held: for the waits the core
@@ -362,4 +217,248 @@ impl<B: Backend> Server<B> {
         }
         outcome.into_result()
     }
+}
+
+impl<S> Books<'_, S> {
+    #[inline]
+    pub(super) fn stream_index(&self, stream: StreamId) -> usize {
+        let index = stream.0 as usize;
+        debug_assert!(index < self.streams.len());
+        index.min(self.streams.len() - 1)
+    }
+
+    /// Make `stream` wait for the last other stream that used each of
+    /// `touched`, then mark them used by `stream` (and, while `stream`
+    /// records, used by its window). Callers have asked
+    /// [`refuse_recorded_elsewhere`](Server::refuse_recorded_elsewhere)
+    /// first, before opening their scope; nothing between changes a last
+    /// user.
+    ///
+    /// The new last users are recorded only once every wait is set up: a
+    /// failed wait leaves the buffers' last users as they were, so the next
+    /// use still waits for the stream that really used them last.
+    ///
+    /// `mine` says the caller already knows that every buffer touched was
+    /// last used on `stream` (a launch looks as it resolves its bindings),
+    /// so this need not look again.
+    #[inline]
+    pub(super) fn order<B: Backend<Stream = S>>(
+        &mut self,
+        backend: &mut B,
+        stream: StreamId,
+        touched: impl Iterator<Item = BufferId> + Clone,
+        mine: bool,
+    ) -> Result<()> {
+        let to = self.stream_index(stream);
+        // The common case: every buffer was last used on this stream, and
+        // nothing waits or changes hands.
+        let mine = mine
+            || touched
+                .clone()
+                .all(|id| self.ledger.get(id).is_none_or(|e| e.last_user == stream));
+        if mine {
+            let window = &mut self.streams[to].window;
+            if window.is_recording() {
+                for id in touched {
+                    window.touch(id);
+                }
+            }
+            return Ok(());
+        }
+        self.order_across(backend, stream, touched)
+    }
+
+    /// [`order`](Self::order) once some buffer was last used on another
+    /// stream.
+    #[inline(never)]
+    fn order_across<B: Backend<Stream = S>>(
+        &mut self,
+        backend: &mut B,
+        stream: StreamId,
+        touched: impl Iterator<Item = BufferId> + Clone,
+    ) -> Result<()> {
+        let to = self.stream_index(stream);
+        let mut waited: SmallVec<[usize; 4]> = SmallVec::new();
+        // Buffers changing hands; the common case (all already this
+        // stream's) leaves it empty and looks nothing up twice.
+        let mut moved: SmallVec<[BufferId; 8]> = SmallVec::new();
+        for id in touched.clone() {
+            let Some(entry) = self.ledger.get(id) else {
+                continue;
+            };
+            let from = entry.last_user.0 as usize;
+            if from == to {
+                continue;
+            }
+            moved.push(id);
+            if from >= self.streams.len() || waited.contains(&from) {
+                continue;
+            }
+            waited.push(from);
+            let recording = self.streams[to].window.state() != CaptureState::NoCapture;
+            let (first, then) = two(self.streams, from, to);
+            // `first` may be capturing, if this buffer's last use on it came
+            // before the capture began (the refusal above let it through):
+            // every backend's `order` then waits for its work before the
+            // capture, which is all of it that runs.
+            if recording {
+                // A recording stream cannot wait on work outside its graph;
+                // finish that work on the host instead.
+                // SAFETY: a stream of this server's, alive as long as it.
+                unsafe { backend.sync(&mut first.device)? };
+                first.in_flight.clear();
+            } else {
+                // SAFETY: two distinct streams of this server's (`from !=
+                // to`, split by `two`), alive as long as it.
+                unsafe { backend.order(&mut first.device, &mut then.device)? };
+            }
+        }
+        for id in moved {
+            if let Some(entry) = self.ledger.get_mut(id) {
+                entry.last_user = stream;
+            }
+        }
+        let window = &mut self.streams[to].window;
+        if window.is_recording() {
+            for id in touched {
+                window.touch(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Remember that submitted work on `stream` writes `written`. Only
+    /// remembers: bounding the list is [`conclude`](Server::conclude)'s,
+    /// after the work's scope has settled, so that a fault the bounding
+    /// sync surfaces is attributed after — not healed by — the clean exit.
+    #[inline]
+    pub(super) fn note_in_flight(&mut self, stream: StreamId, written: &[BufferRange]) {
+        let index = self.stream_index(stream);
+        let state = &mut self.streams[index];
+        if state.window.is_recording() {
+            return;
+        }
+        for w in written {
+            state.in_flight.push(*w);
+        }
+    }
+}
+
+impl<'s, B: Backend> Device<'s, B> {
+    /// `kernel` compiled, if the cache has it: the kernel launched last
+    /// first (a loop launches one kernel over and over, and a hash lookup
+    /// per launch cost a tenth of the core's part of it), then any.
+    #[inline]
+    pub(super) fn cached(&mut self, kernel: &Kernel) -> Option<&'s B::Kernel> {
+        let id = kernel.id();
+        let index = match *self.last_kernel {
+            Some((last, index)) if last == id => index,
+            _ => {
+                let index = *self.kernel_index.get(&id)?;
+                *self.last_kernel = Some((id, index));
+                index
+            }
+        };
+        self.kernels.get(index)
+    }
+
+    /// The body every unit of device work shares — a host write, a copy, a
+    /// launch, a replay — in its one order: the fault plan, waits on the
+    /// streams that used `touched` last, the device call, and the note that
+    /// the call's write set is in flight. Written once, no path can skip a
+    /// step or take them in another order.
+    #[inline]
+    pub(super) fn issue(
+        &mut self,
+        books: &mut Books<'_, B::Stream>,
+        site: Site,
+        stream: StreamId,
+        (touched, mine): (impl Iterator<Item = BufferId> + Clone, bool),
+        written: &[BufferRange],
+        call: impl FnOnce(Issue<'_, B>) -> Result<()>,
+    ) -> Result<()> {
+        consult(
+            #[cfg(feature = "fault-injection")]
+            self.faults,
+            site,
+            Some(stream),
+        )?;
+        books.order(self.backend, stream, touched, mine)?;
+        let index = books.stream_index(stream);
+        call(Issue {
+            backend: self.backend,
+            stream: &mut books.streams[index].device,
+            memory: self.memory,
+            graphs: self.graphs,
+        })?;
+        books.note_in_flight(stream, written);
+        Ok(())
+    }
+}
+
+/// Refuse, changing nothing, a use on `stream` of a buffer whose last
+/// use was recorded in another stream's open window: that work runs only
+/// at replay, so nothing can be ordered after it. A buffer the capturing
+/// stream used only before its capture began is not refused — `stream`
+/// is ordered after that earlier work — unless `stream` records too (a
+/// capture cannot wait on another capturing stream's work).
+///
+/// Each call of the contract asks this before its scope opens, so a
+/// refusal is the caller's error, not a device failure (rule 38): it
+/// claims nothing, fires no hook, and a retry is refused the same way
+/// until the capture ends.
+#[inline]
+pub(super) fn refuse_recorded_elsewhere<S>(
+    streams: &[StreamState<S>],
+    ledger: &Ledger,
+    stream: StreamId,
+    touched: impl Iterator<Item = BufferId>,
+) -> Result<()> {
+    // The common case, and the launch path's: nothing is capturing.
+    for s in streams {
+        if s.window.state() != CaptureState::NoCapture {
+            return refuse_recorded_while_capturing(streams, ledger, stream, touched);
+        }
+    }
+    Ok(())
+}
+
+/// [`refuse_recorded_elsewhere`] once some stream is capturing.
+#[inline(never)]
+fn refuse_recorded_while_capturing<S>(
+    streams: &[StreamState<S>],
+    ledger: &Ledger,
+    stream: StreamId,
+    touched: impl Iterator<Item = BufferId>,
+) -> Result<()> {
+    let to = (stream.0 as usize).min(streams.len() - 1);
+    let to_records = streams[to].window.state() != CaptureState::NoCapture;
+    for id in touched {
+        let Some(entry) = ledger.get(id) else {
+            continue;
+        };
+        let from = entry.last_user.0 as usize;
+        if from == to || from >= streams.len() {
+            continue;
+        }
+        let window = &streams[from].window;
+        if window.state() == CaptureState::NoCapture {
+            continue;
+        }
+        let other = StreamId(from as u32);
+        if window.touches(id) {
+            return Err(Error::refused(format!(
+                "{id} was last used by work recorded on {other}, which has not run; \
+                 use it from {stream} after that capture ends"
+            )));
+        }
+        if to_records {
+            return Err(Error::refused(format!(
+                "{id} was last used on {other}, which is capturing, and {stream} is \
+                 capturing too: one capture cannot wait for another's stream; use it \
+                 after one of them ends"
+            )));
+        }
+    }
+    Ok(())
 }

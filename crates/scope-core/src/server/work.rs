@@ -4,6 +4,10 @@
 
 use smallvec::SmallVec;
 
+use super::handles;
+use super::ordering::refuse_recorded_elsewhere;
+use crate::few::Few;
+
 use super::*;
 
 impl<B: Backend> Server<B> {
@@ -20,16 +24,24 @@ impl<B: Backend> Server<B> {
         self.refuse_recorded_elsewhere(stream, &[r.buffer])?;
         let mut written = self.write_set();
         written.push(r);
-        let outcome = ExecuteScope::over(self, Work::new(WorkKind::Write, stream), written)
-            .execute(|server, written| {
-                server.issue(Site::Write, stream, &[r.buffer], written, |d| {
-                    let memory = d.table.memory(r.buffer)?;
-                    // SAFETY: `r` was resolved inside this live buffer and
-                    // word-aligned (`resolve_copy_range`), `data` is exactly
-                    // its length (checked above), and the memory and stream
-                    // are the ones this server's backend made for them.
-                    unsafe { d.backend.write(d.stream, memory, r.range.start, data) }
-                })
+        let (mut books, mut device) = self.split();
+        let outcome = ExecuteScope::over(&mut books, Work::new(WorkKind::Write, stream), written)
+            .execute(|books, written| {
+                device.issue(
+                    books,
+                    Site::Write,
+                    stream,
+                    ([r.buffer].into_iter(), false),
+                    written,
+                    |d| {
+                        let memory = d.memory.get(r.buffer)?;
+                        // SAFETY: `r` was resolved inside this live buffer and
+                        // word-aligned (`resolve_copy_range`), `data` is exactly
+                        // its length (checked above), and the memory and stream
+                        // are the ones this server's backend made for them.
+                        unsafe { d.backend.write(d.stream, memory, r.range.start, data) }
+                    },
+                )
             });
         self.conclude(stream, outcome)
     }
@@ -231,24 +243,32 @@ impl<B: Backend> Server<B> {
         written.push(d);
         let label = self.copy_label.clone();
         let read = [s];
-        let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
-            |server, written| {
-                server.issue(Site::Copy, stream, &[s.buffer, d.buffer], written, |dev| {
-                    let (src, dst) = (dev.table.memory(s.buffer)?, dev.table.memory(d.buffer)?);
-                    // SAFETY: both ranges were resolved inside their live
-                    // buffers and word-aligned, are of one length, and do
-                    // not overlap within one buffer (all checked above).
-                    unsafe {
-                        dev.backend.copy(
-                            dev.stream,
-                            src,
-                            s.range.start,
-                            dst,
-                            d.range.start,
-                            s.range.len(),
-                        )
-                    }
-                })
+        let (mut books, mut device) = self.split();
+        let outcome = ExecuteScope::launching(&mut books, &label, stream, &read, written).execute(
+            |books, written| {
+                device.issue(
+                    books,
+                    Site::Copy,
+                    stream,
+                    ([s.buffer, d.buffer].into_iter(), false),
+                    written,
+                    |dev| {
+                        let (src, dst) = (dev.memory.get(s.buffer)?, dev.memory.get(d.buffer)?);
+                        // SAFETY: both ranges were resolved inside their live
+                        // buffers and word-aligned, are of one length, and do
+                        // not overlap within one buffer (all checked above).
+                        unsafe {
+                            dev.backend.copy(
+                                dev.stream,
+                                src,
+                                s.range.start,
+                                dst,
+                                d.range.start,
+                                s.range.len(),
+                            )
+                        }
+                    },
+                )
             },
         );
         self.conclude(stream, outcome)
@@ -356,16 +376,24 @@ impl<B: Backend> Server<B> {
         written.extend(o);
         let label: Arc<str> = Arc::from(name);
         let read: SmallVec<[BufferRange; 1]> = i.into_iter().collect();
-        let outcome = ExecuteScope::launching(self, &label, stream, &read, written).execute(
-            |server, written| {
-                server.issue(Site::Collective, stream, &touched, written, |dev| {
-                    let resolve = |r: Option<BufferRange>| -> Result<Option<Resolved<'_, B>>> {
-                        r.map(|r| Ok((dev.table.memory(r.buffer)?, r.range.start..r.range.end)))
-                            .transpose()
-                    };
-                    let (src, dst) = (resolve(i)?, resolve(o)?);
-                    call(dev.backend, dev.stream, src, dst)
-                })
+        let (mut books, mut device) = self.split();
+        let outcome = ExecuteScope::launching(&mut books, &label, stream, &read, written).execute(
+            |books, written| {
+                device.issue(
+                    books,
+                    Site::Collective,
+                    stream,
+                    (touched.iter().copied(), false),
+                    written,
+                    |dev| {
+                        let resolve = |r: Option<BufferRange>| -> Result<Option<Resolved<'_, B>>> {
+                            r.map(|r| Ok((dev.memory.get(r.buffer)?, r.range.start..r.range.end)))
+                                .transpose()
+                        };
+                        let (src, dst) = (resolve(i)?, resolve(o)?);
+                        call(dev.backend, dev.stream, src, dst)
+                    },
+                )
             },
         );
         self.conclude(stream, outcome)?;
@@ -383,7 +411,14 @@ impl<B: Backend> Server<B> {
 
     /// Compile `kernel` unless the cache has it; its index in the cache.
     pub(super) fn ensure_compiled(&mut self, stream: StreamId, kernel: &Kernel) -> Result<usize> {
-        if let Some(&index) = self.kernel_index.get(&kernel.id()) {
+        let id = kernel.id();
+        if let Some((last, index)) = self.last_kernel
+            && last == id
+        {
+            return Ok(index);
+        }
+        if let Some(&index) = self.kernel_index.get(&id) {
+            self.last_kernel = Some((id, index));
             return Ok(index);
         }
         let language = kernel.source().language();
@@ -401,7 +436,8 @@ impl<B: Backend> Server<B> {
             Ok(compiled) => {
                 let index = self.kernels.len();
                 self.kernels.push(compiled);
-                self.kernel_index.insert(kernel.id(), index);
+                self.kernel_index.insert(id, index);
+                self.last_kernel = Some((id, index));
                 Ok(index)
             }
             Err(error) => {
@@ -424,12 +460,95 @@ impl<B: Backend> Server<B> {
         dispatch: Dispatch<'_>,
     ) -> Result<()> {
         self.check_poison()?;
-        let alignment = self.backend.binding_alignment();
-        let mut resolved: SmallVec<[(BufferRange, Access); 8]> = SmallVec::new();
-        let mut read: SmallVec<[BufferRange; 8]> = SmallVec::new();
+        match self.launch_compiled(stream, kernel, bindings, scalars, dispatch) {
+            Launched::Concluded(result) => result,
+            Launched::Uncompiled(written) => {
+                // Compiled only now, after every check of the launch's
+                // arguments: a launch refused for them never compiles, and
+                // one whose kernel does not compile claims its outputs
+                // (rule 21).
+                if let Err(error) = self.ensure_compiled(stream, kernel) {
+                    return Err(failed_writing(
+                        &mut self.books(),
+                        Work::new(WorkKind::Launch, stream),
+                        written,
+                        error,
+                    ));
+                }
+                self.recycle_write_set(written);
+                match self.launch_compiled(stream, kernel, bindings, scalars, dispatch) {
+                    Launched::Concluded(result) => result,
+                    Launched::Uncompiled(_) => Err(Error::internal(
+                        "a kernel just compiled is missing from the cache",
+                    )),
+                }
+            }
+        }
+    }
+
+    /// A launch of a kernel in the cache, over the server split into its
+    /// books and its device ([`Books`] says why): one pass over the
+    /// bindings resolves each with one lookup, checks it, and adds it to
+    /// every list the launch needs — the read set, the write set, the
+    /// buffers it touches, and the one list the backend both checks and
+    /// launches. A kernel not yet in the cache comes back `Uncompiled`,
+    /// with its write set, once every check has passed.
+    fn launch_compiled(
+        &mut self,
+        stream: StreamId,
+        kernel: &Kernel,
+        bindings: &[Binding<'_>],
+        scalars: &[u8],
+        dispatch: Dispatch<'_>,
+    ) -> Launched {
+        match self.launch_scoped(stream, kernel, bindings, scalars, dispatch) {
+            Ok(Scoped::Settled(outcome)) => Launched::Concluded(self.conclude(stream, outcome)),
+            Ok(Scoped::Uncompiled(written)) => Launched::Uncompiled(written),
+            Err(error) => Launched::Concluded(Err(error)),
+        }
+    }
+
+    /// [`launch_compiled`](Self::launch_compiled) up to its scope's end.
+    #[inline(always)]
+    fn launch_scoped(
+        &mut self,
+        stream: StreamId,
+        kernel: &Kernel,
+        bindings: &[Binding<'_>],
+        scalars: &[u8],
+        dispatch: Dispatch<'_>,
+    ) -> Result<Scoped> {
+        let (mut books, mut device) = self.split();
+        let alignment = device.backend.binding_alignment();
+        let name = kernel.name();
+        let memory = device.memory;
+        let indirect = matches!(dispatch, Dispatch::Indirect(_));
+        let runs_nothing = match dispatch {
+            Dispatch::Groups(groups) => groups.contains(&0),
+            Dispatch::Indirect(_) => false,
+        };
+        let mut read: Few<BufferRange, 8> = Few::new();
+        // What a clean launch over host-given counts writes: its written
+        // bindings (an indirect launch's is worked out below).
+        let mut written = books.write_set();
+        let writes_all = !indirect && !runs_nothing;
+        let mut bound: Few<Bound<'_, B::Memory>, 8> = Few::new();
+        // The first buffer written that has no memory; whether every
+        // buffer has memory (else the scope skips or claims, and the
+        // backend is asked nothing); whether every buffer was last used on
+        // this stream (else the launch waits for another).
+        let mut unallocated: Option<BufferId> = None;
+        let mut all_allocated = true;
+        let mut mine = true;
         for (i, binding) in bindings.iter().enumerate() {
-            let what = || format!("binding {i} of `{}`", kernel.name());
-            let r = self.resolve_with(binding.slice.buffer, binding.slice.range, &what)?;
+            let what = || format!("binding {i} of `{name}`");
+            let (r, entry) = handles::resolve(
+                books.ledger,
+                books.id,
+                binding.slice.buffer,
+                binding.slice.range,
+                &what,
+            )?;
             // A binding alignment is a power of two on every API (Vulkan's
             // by specification); a mask then spares a 64-bit division per
             // binding.
@@ -450,137 +569,143 @@ impl<B: Backend> Server<B> {
                     format!("{} is not whole 4-byte words", r.range),
                 ));
             }
-            if binding.access.reads() {
+            mine &= entry.last_user == stream;
+            let access = binding.access;
+            match memory.of(r.buffer) {
+                Some(memory) => bound.push(Bound {
+                    memory,
+                    offset: r.range.start,
+                    len: r.range.len(),
+                    access,
+                }),
+                None => {
+                    all_allocated = false;
+                    if access.writes() && unallocated.is_none() {
+                        unallocated = Some(r.buffer);
+                    }
+                }
+            }
+            if access.reads() {
                 read.push(r);
             }
-            resolved.push((r, binding.access));
+            if access.writes() && writes_all {
+                written.push(r);
+            }
         }
-        let groups = match dispatch {
-            Dispatch::Groups(groups) => Some(groups),
+        // `None` when the counts' buffer has no memory.
+        let bound_dispatch = match dispatch {
+            Dispatch::Groups(groups) => Some(BoundDispatch::Groups(groups)),
             Dispatch::Indirect(slice) => {
-                let r = self.resolve(slice.buffer, slice.range, "indirect dispatch")?;
+                let (r, entry) =
+                    handles::resolve(books.ledger, books.id, slice.buffer, slice.range, &|| {
+                        "indirect dispatch".to_owned()
+                    })?;
                 if r.range.len() != 12 || r.range.start % 4 != 0 {
                     return Err(Error::invalid(
                         "indirect dispatch",
                         format!("{r} must be three aligned u32 counts (12 bytes)"),
                     ));
                 }
+                mine &= entry.last_user == stream;
                 read.push(r);
-                resolved.push((r, Access::Read));
-                None
+                memory.of(r.buffer).map(|memory| BoundDispatch::Indirect {
+                    memory,
+                    offset: r.range.start,
+                })
             }
         };
-        let touched: SmallVec<[BufferId; 8]> = resolved.iter().map(|(r, _)| r.buffer).collect();
-        self.refuse_recorded_elsewhere(stream, &touched)?;
-        let runs_nothing = groups.is_some_and(|g| g.contains(&0));
-        let mut written = self.write_set();
-        if groups.is_none() {
+        // The buffers it touches, asked for only where some stream captures
+        // or some buffer was last used on another stream.
+        let indirect_buffer = match dispatch {
+            Dispatch::Indirect(slice) => Some(slice.buffer.id()),
+            Dispatch::Groups(_) => None,
+        };
+        let touched = bindings
+            .iter()
+            .map(|b| b.slice.buffer.id())
+            .chain(indirect_buffer);
+        refuse_recorded_elsewhere(books.streams, books.ledger, stream, touched.clone())?;
+        if indirect {
             // An indirect launch's counts are on the device: the core cannot
             // know, when the launch concludes, whether it wrote anything (a
             // zero count, or one past the device's limit, runs nothing). So
             // it heals nothing: bytes that carried a failure keep it, and
             // only bytes that were clean are in its write set — clean
             // whether it ran or not, and claimed if it fails.
-            for (r, _) in resolved.iter().filter(|(_, a)| a.writes()) {
-                self.table.unclaimed(*r, &mut written);
+            for binding in bindings.iter().filter(|b| b.access.writes()) {
+                let r = BufferRange {
+                    buffer: binding.slice.buffer.id(),
+                    range: binding.slice.range,
+                };
+                books.ledger.unclaimed(r, &mut written);
             }
-        } else if !runs_nothing {
-            written.extend(resolved.iter().filter(|(_, a)| a.writes()).map(|(r, _)| *r));
         }
-        let name = kernel.name();
         // Work that never started: a buffer with no memory to write, a
         // kernel that does not compile (rule 21).
-        if let Some(&(unallocated, _)) = resolved
-            .iter()
-            .find(|(r, a)| a.writes() && self.memory(r.buffer).is_none())
-        {
-            let error = self.table.unallocated_error(unallocated.buffer);
-            written.retain(|w| w.buffer != unallocated.buffer);
+        if let Some(unallocated) = unallocated {
+            let error = books.ledger.unallocated_error(unallocated);
+            written.retain(|w| w.buffer != unallocated);
             return Err(failed_writing(
-                self,
+                &mut books,
                 Work::new(WorkKind::Launch, stream),
                 written,
                 error,
             ));
         }
-        let compiled = match self.ensure_compiled(stream, kernel) {
-            Ok(compiled) => compiled,
-            Err(error) => {
-                return Err(failed_writing(
-                    self,
-                    Work::new(WorkKind::Launch, stream),
-                    written,
-                    error,
-                ));
-            }
+        let Some(compiled) = device.cached(kernel) else {
+            return Ok(Scoped::Uncompiled(written));
         };
-        self.check_launch(compiled, name, &resolved, scalars, groups)?;
-        let mut scope = ExecuteScope::launching(self, name, stream, &read, written);
-        if groups.is_none() {
-            scope = scope.writing_at_most();
+        if let Dispatch::Groups(groups) = dispatch {
+            crate::backend::grid_within(name, groups, device.max_workgroups)?;
         }
-        let outcome = scope.execute(|server, written| {
-            if runs_nothing {
-                return Ok(());
-            }
-            server.issue(Site::Launch, stream, &touched, written, |d| {
-                let mut bound = SmallVec::new();
-                let dispatch = bind(d.table, &resolved, groups, &mut bound).ok_or_else(|| {
-                    Error::internal("a launch's binding lost its memory after its check")
-                })?;
-                let compiled = d.kernels.get(compiled).ok_or_else(|| {
-                    Error::internal("a compiled kernel is missing from the cache")
-                })?;
-                let launch = Launch {
-                    name,
-                    bindings: &bound,
-                    scalars,
-                    dispatch,
-                };
-                // SAFETY: every binding was resolved inside its live buffer
-                // with an aligned offset and whole words, an indirect
-                // dispatch's 12 aligned bytes likewise (all above);
-                // host-given counts are non-zero (`runs_nothing`) and within
-                // the grid, and the backend's `check_launch` accepted these
-                // same bindings for this kernel (`Server::check_launch`,
-                // which `bind` builds them for, identically).
-                unsafe { d.backend.launch(d.stream, compiled, &launch) }
-            })
-        });
-        self.conclude(stream, outcome)
-    }
-
-    /// The backend's own limits, checked before the launch's scope opens so
-    /// that a launch no device could run is refused like any other bad
-    /// argument ([`Backend::check_launch`]). A binding without memory is left
-    /// to the scope, which skips or claims it.
-    pub(super) fn check_launch(
-        &self,
-        compiled: usize,
-        name: &str,
-        resolved: &[(BufferRange, Access)],
-        scalars: &[u8],
-        groups: Option<[u32; 3]>,
-    ) -> Result<()> {
-        if let Some(groups) = groups {
-            crate::backend::grid_within(name, groups, self.max_workgroups)?;
-        }
-        let Some(compiled) = self.kernels.get(compiled) else {
-            return Ok(());
-        };
-        let mut bound = SmallVec::new();
-        let Some(dispatch) = bind(&self.table, resolved, groups, &mut bound) else {
-            return Ok(());
-        };
-        self.backend.check_launch(
-            compiled,
-            &Launch {
+        // The launch as the backend sees it: checked now, before the scope
+        // opens (a launch no device could run claims nothing), and launched
+        // as it was checked. `None` when a buffer has no memory: the scope
+        // then skips the launch (an input carries why) or claims its
+        // outputs, and the backend is asked nothing.
+        let launch = match bound_dispatch {
+            Some(dispatch) if all_allocated => Some(Launch {
                 name,
                 bindings: &bound,
                 scalars,
                 dispatch,
-            },
-        )
+            }),
+            _ => None,
+        };
+        if let Some(launch) = &launch {
+            device.backend.check_launch(compiled, launch)?;
+        }
+        let mut scope = ExecuteScope::launching(&mut books, name, stream, &read, written);
+        if indirect {
+            scope = scope.writing_at_most();
+        }
+        let outcome = scope.execute(|books, written| {
+            if runs_nothing {
+                return Ok(());
+            }
+            device.issue(
+                books,
+                Site::Launch,
+                stream,
+                (touched.clone(), mine),
+                written,
+                |d| {
+                    let Some(launch) = &launch else {
+                        return Err(Error::internal(
+                            "a launch's binding lost its memory after its check",
+                        ));
+                    };
+                    // SAFETY: every binding was resolved inside its live buffer
+                    // with an aligned offset and whole words, an indirect
+                    // dispatch's 12 aligned bytes likewise (all above);
+                    // host-given counts are non-zero (`runs_nothing`) and within
+                    // the grid, and the backend's `check_launch` accepted this
+                    // very launch for this kernel, above.
+                    unsafe { d.backend.launch(d.stream, compiled, launch) }
+                },
+            )
+        });
+        Ok(Scoped::Settled(outcome))
     }
 
     /// The first half of a sync, under the lock: the checks, then the start
@@ -632,7 +757,12 @@ impl<B: Backend> Server<B> {
                 format!("slice {i} of a failed write set")
             })?);
         }
-        let error = failed_writing(self, Work::new(WorkKind::Launch, stream), written, error);
+        let error = failed_writing(
+            &mut self.books(),
+            Work::new(WorkKind::Launch, stream),
+            written,
+            error,
+        );
         if error.is_sticky() {
             self.poison_with(&error);
         }
@@ -649,37 +779,19 @@ impl<B: Backend> Server<B> {
     }
 }
 
-/// A launch's resolved bindings as the backend sees them, into `bound` —
-/// the same list for [`Backend::check_launch`] and [`Backend::launch`], so
-/// that what the backend accepted is what it runs — and its dispatch.
-/// `None` when a binding has no memory (the scope then skips the launch or
-/// claims its outputs, and the backend is not asked). An indirect launch's
-/// counts are its last binding, which becomes the dispatch.
-///
-/// `bound` is the caller's, not returned: a list of eight bindings inline is
-/// a few hundred bytes, and returning it copied them on every launch.
-fn bind<'t, M>(
-    table: &'t BufferTable<M>,
-    resolved: &[(BufferRange, Access)],
-    groups: Option<[u32; 3]>,
-    bound: &mut SmallVec<[Bound<'t, M>; 8]>,
-) -> Option<BoundDispatch<'t, M>> {
-    for (r, access) in resolved {
-        bound.push(Bound {
-            memory: table.memory_of(r.buffer)?,
-            offset: r.range.start,
-            len: r.range.len(),
-            access: *access,
-        });
-    }
-    Some(match groups {
-        Some(groups) => BoundDispatch::Groups(groups),
-        None => {
-            let last = bound.pop()?;
-            BoundDispatch::Indirect {
-                memory: last.memory,
-                offset: last.offset,
-            }
-        }
-    })
+/// How [`Server::launch_compiled`] ended.
+enum Launched {
+    /// Done: concluded, or refused before its scope.
+    Concluded(Result<()>),
+    /// Its kernel is not in the cache yet: every check passed, and this is
+    /// the write set a compile failure claims.
+    Uncompiled(Vec<BufferRange>),
+}
+
+/// How [`Server::launch_scoped`] ended.
+enum Scoped {
+    /// Its scope settled, as this says.
+    Settled(ScopedOutcome<()>),
+    /// As [`Launched::Uncompiled`].
+    Uncompiled(Vec<BufferRange>),
 }

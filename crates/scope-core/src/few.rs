@@ -1,0 +1,101 @@
+//! [`Few`]: a list of a few `Copy` values, inline up to `N`, on the heap past
+//! that — the launch path's lists of bindings.
+//!
+//! A launch gathers four short lists (its bindings resolved, the ranges it
+//! reads, the buffers it touches, the bindings as the backend sees them).
+//! A `Vec` per list allocates on every launch; `smallvec`'s inline vector
+//! does not, but its bookkeeping on each push (which of its two
+//! representations it is in, its length behind a pointer) cost the launch
+//! more than the table lookups the lists serve. This is the least that
+//! does neither: a length, an inline array, and a `Vec` that stays empty
+//! until the list outgrows the array. `Copy` values only, so nothing needs
+//! dropping but the `Vec`, which drops itself.
+
+use std::mem::MaybeUninit;
+
+/// Up to `N` values inline, more on the heap.
+pub(crate) struct Few<T: Copy, const N: usize> {
+    /// How many of `inline` are written, while `heap` is empty.
+    len: usize,
+    inline: [MaybeUninit<T>; N],
+    /// Every value, once there were more than `N`.
+    heap: Vec<T>,
+}
+
+impl<T: Copy, const N: usize> Few<T, N> {
+    /// An empty list.
+    #[inline]
+    pub(crate) fn new() -> Self {
+        Self {
+            len: 0,
+            inline: [const { MaybeUninit::uninit() }; N],
+            heap: Vec::new(),
+        }
+    }
+
+    /// Append `value`.
+    #[inline]
+    pub(crate) fn push(&mut self, value: T) {
+        match self.inline.get_mut(self.len) {
+            Some(slot) => {
+                *slot = MaybeUninit::new(value);
+                self.len += 1;
+            }
+            None => self.spill(value),
+        }
+    }
+
+    /// The list has outgrown its array: from now on every value is on the
+    /// heap.
+    #[cold]
+    fn spill(&mut self, value: T) {
+        if self.heap.is_empty() {
+            let inline = self.inline_values().to_vec();
+            self.heap = inline;
+            // `len` stays `N`: `push` keeps coming here.
+        }
+        self.heap.push(value);
+    }
+
+    fn inline_values(&self) -> &[T] {
+        let len = self.len.min(N);
+        // SAFETY: the first `len` elements of `inline` were written by
+        // `push` (it writes element `len` before counting it, and nothing
+        // else changes `len` or `inline`); `MaybeUninit<T>` has `T`'s layout.
+        unsafe { std::slice::from_raw_parts(self.inline.as_ptr().cast::<T>(), len) }
+    }
+
+    /// The values, in order.
+    #[inline]
+    pub(crate) fn as_slice(&self) -> &[T] {
+        if self.heap.is_empty() {
+            self.inline_values()
+        } else {
+            &self.heap
+        }
+    }
+}
+
+impl<T: Copy, const N: usize> std::ops::Deref for Few<T, N> {
+    type Target = [T];
+
+    #[inline]
+    fn deref(&self) -> &[T] {
+        self.as_slice()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Few;
+
+    #[test]
+    fn a_list_past_its_array_keeps_every_value_in_order() {
+        let mut few: Few<u32, 2> = Few::new();
+        assert!(few.is_empty());
+        for i in 0..5 {
+            few.push(i);
+            assert_eq!(&few[..], &(0..=i).collect::<Vec<_>>()[..]);
+        }
+    }
+}
