@@ -18,6 +18,11 @@
 //!    (why a dispatch into an open pass does not push scopes).
 //!
 //! Each figure is the median of several timed rounds after a warm-up.
+//!
+//! `SCOPE_BENCH_ONLY=server-same|server-distinct|raw-same|raw-distinct`
+//! runs that one loop of the launch overhead for a few seconds and prints
+//! nothing else, for a sampling profiler (`perf record`) to see that path
+//! alone.
 
 use std::time::{Duration, Instant};
 
@@ -353,6 +358,26 @@ fn read_round_trip(c: &Client<Wgpu>) {
     );
 }
 
+/// One loop of the launch overhead, alone, for a profiler: about `seconds`
+/// of it.
+fn only(c: &Client<Wgpu>, which: &str, seconds: f64) {
+    let kernel = Kernel::wgsl("trivial", TRIVIAL);
+    let out = c.allocate(256).expect("allocate");
+    let raw = Raw::new(c);
+    let distinct = which.ends_with("distinct");
+    let start = Instant::now();
+    let mut rounds = 0;
+    while start.elapsed().as_secs_f64() < seconds {
+        if which.starts_with("server") {
+            server_run(c, &kernel, &out, distinct);
+        } else {
+            raw.run(distinct);
+        }
+        rounds += 1;
+    }
+    println!("  {which}: {rounds} rounds of {LAUNCHES} launches");
+}
+
 fn main() {
     if std::env::var_os("LP_NUM_THREADS").is_none() {
         // SAFETY: the first statement of `main`, before any other thread
@@ -381,6 +406,10 @@ fn main() {
             c.describe(),
             server_wgpu::BATCH_LIMIT
         );
+        if let Ok(which) = std::env::var("SCOPE_BENCH_ONLY") {
+            only(&c, &which, 5.0);
+            continue;
+        }
         launch_overhead(&c);
         capture_replay(&c);
         allocation(&c);

@@ -490,12 +490,7 @@ impl crate::Wgpu {
                 Dispatch::Indirect(&memory.buffer, *offset)
             }
         };
-        batch.dispatch(
-            &gpu.device,
-            (kernel.id, &kernel.pipeline),
-            group.as_ref().map(|(id, g, d)| (*id, g, *d)),
-            dispatch,
-        );
+        batch.dispatch(&gpu.device, (kernel.id, &kernel.pipeline), group, dispatch);
         let tag = tag_value(s, batch.number);
         for bound in launch.bindings {
             mark(&bound.memory.tag, tag);
@@ -566,6 +561,10 @@ pub(crate) struct BindKey {
 #[derive(Default)]
 pub(crate) struct BindGroups {
     map: HashMap<BindKey, (u64, wgpu::BindGroup), BuildHasherDefault<IdHasher>>,
+    /// The group the last lookup found, with its key: a loop launches one
+    /// kernel over the same buffers again and again, and comparing its
+    /// entries is a tenth of building, hashing and looking up a key.
+    last: Option<(BindKey, u64, wgpu::BindGroup)>,
 }
 
 /// Cached bind groups before the cache starts over.
@@ -588,32 +587,58 @@ impl BindGroups {
         kernel: &Pipeline,
         entries: &[Entry<'_>],
         next_id: &mut u64,
-    ) -> Result<(u64, wgpu::BindGroup), String> {
-        let key = BindKey {
-            pipeline: kernel.id,
-            entries: entries.iter().map(|e| [e.id, e.offset, e.size]).collect(),
-        };
-        if let Some((id, group)) = self.map.get(&key) {
-            return Ok((*id, group.clone()));
+    ) -> Result<(u64, &wgpu::BindGroup), String> {
+        let same = self.last.as_ref().is_some_and(|(key, _, _)| {
+            key.pipeline == kernel.id
+                && key.entries.len() == entries.len()
+                && key
+                    .entries
+                    .iter()
+                    .zip(entries)
+                    .all(|(k, e)| *k == [e.id, e.offset, e.size])
+        });
+        if !same {
+            let key = BindKey {
+                pipeline: kernel.id,
+                entries: entries.iter().map(|e| [e.id, e.offset, e.size]).collect(),
+            };
+            let (id, group) = match self.map.get(&key) {
+                Some((id, group)) => (*id, group.clone()),
+                None => {
+                    let group = make_group(device, kernel, entries)?;
+                    if self.map.len() >= BIND_GROUPS {
+                        self.map.clear();
+                    }
+                    *next_id += 1;
+                    self.map.insert(key.clone(), (*next_id, group.clone()));
+                    (*next_id, group)
+                }
+            };
+            self.last = Some((key, id, group));
         }
-        let group = make_group(device, kernel, entries)?;
-        if self.map.len() >= BIND_GROUPS {
-            self.map.clear();
+        match &self.last {
+            Some((_, id, group)) => Ok((*id, group)),
+            None => Err("the bind group cache lost its last group".to_owned()),
         }
-        *next_id += 1;
-        self.map.insert(key, (*next_id, group.clone()));
-        Ok((*next_id, group))
     }
 
     /// Forget bind groups that name buffer `id`.
     pub(crate) fn evict(&mut self, id: u64) {
         self.map
             .retain(|k, _| !k.entries.iter().any(|e| e[0] == id));
+        if self
+            .last
+            .as_ref()
+            .is_some_and(|(k, _, _)| k.entries.iter().any(|e| e[0] == id))
+        {
+            self.last = None;
+        }
     }
 
     /// Forget them all.
     pub(crate) fn clear(&mut self) {
         self.map.clear();
+        self.last = None;
     }
 }
 
