@@ -19,6 +19,7 @@
 pub mod across;
 pub mod backend;
 pub mod capture;
+pub mod clib;
 pub mod collective;
 pub mod contract;
 pub mod dataflow;

@@ -17,35 +17,28 @@
 #[macro_use]
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use scope_core::{Binding, Client, Dispatch, Error, Kernel, Result};
+use scope_test::clib::CLibrary;
 use server_hip::Hip;
 
-/// The mock library, compiled once per test process.
-///
-/// Each process writes its own file: nextest runs every test in a process of
-/// its own, concurrently, and one process loading the library while another
-/// is still writing it gets a truncated file.
+/// The mock library, built once for every test process
+/// ([`scope_test::clib`]); its path.
 fn mock_library() -> String {
     static PATH: OnceLock<String> = OnceLock::new();
     PATH.get_or_init(|| {
         let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mock/mock_hip.c");
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("libscope_mock_hip-{}.so", std::process::id()));
-        let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
-        let status = Command::new(&compiler)
-            .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"])
-            .arg(&out)
-            .arg(&source)
-            .status()
-            .unwrap_or_else(|e| {
-                panic!("running the C compiler `{compiler}` for the mock HIP runtime: {e}")
-            });
-        assert!(status.success(), "the mock HIP runtime did not compile");
-        out.to_string_lossy().into_owned()
+        CLibrary {
+            source: &source,
+            stem: "libscope_mock_hip",
+            ..CLibrary::default()
+        }
+        .build(Path::new(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("the mock HIP runtime: {e}"))
+        .to_string_lossy()
+        .into_owned()
     })
     .clone()
 }
@@ -79,21 +72,15 @@ fn mock_rccl() -> &'static libloading::Library {
     RCCL.get_or_init(|| {
         let source =
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../server-cuda/tests/mock/mock_nccl.c");
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("libscope_mock_rccl-{}.so", std::process::id()));
-        let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
-        let status = Command::new(&compiler)
-            .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror"])
-            .arg(format!("-DSCOPE_MOCK_DRIVER=\"{}\"", mock_library()))
-            .arg("-o")
-            .arg(&out)
-            .arg(&source)
-            .args(["-lpthread", "-ldl"])
-            .status()
-            .unwrap_or_else(|e| {
-                panic!("running the C compiler `{compiler}` for the mock RCCL: {e}")
-            });
-        assert!(status.success(), "the mock RCCL did not compile");
+        let out = CLibrary {
+            source: &source,
+            stem: "libscope_mock_rccl",
+            defines: &[format!("SCOPE_MOCK_DRIVER=\"{}\"", mock_library())],
+            libs: &["pthread", "dl"],
+            ..CLibrary::default()
+        }
+        .build(Path::new(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("the mock RCCL: {e}"));
         // The runtime first: the mock RCCL asks it for the current device.
         drop(client());
         let path = out.to_string_lossy().into_owned();

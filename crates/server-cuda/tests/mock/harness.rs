@@ -25,8 +25,7 @@
 #![allow(dead_code)]
 
 use std::ffi::{CStr, c_char, c_void};
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use libloading::Library;
@@ -44,25 +43,21 @@ pub struct Mock {
 /// `DT_SONAME` is `soname`; its path. `toolchain.rs` also puts copies
 /// named by their sonames on a child process's `LD_LIBRARY_PATH`.
 pub fn build(source: &str, soname: &str, defines: &[&str]) -> PathBuf {
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/mock")
         .join(source);
-    let stem = soname.trim_end_matches(".so");
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("{stem}-scope-mock-{}.so", std::process::id()));
-    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
-    let status = Command::new(&compiler)
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror"])
-        .arg(format!("-Wl,-soname,{soname}"))
-        .args(defines.iter().map(|d| format!("-D{d}")))
-        .arg("-o")
-        .arg(&out)
-        .arg(&source)
-        .args(["-lpthread", "-ldl"])
-        .status()
-        .unwrap_or_else(|e| panic!("running the C compiler `{compiler}` for {source:?}: {e}"));
-    assert!(status.success(), "{source:?} did not compile");
-    out
+    let stem = format!("{}-scope-mock", soname.trim_end_matches(".so"));
+    let defines: Vec<String> = defines.iter().map(|d| (*d).to_owned()).collect();
+    scope_test::clib::CLibrary {
+        source: &path,
+        stem: &stem,
+        soname: Some(soname),
+        defines: &defines,
+        flags: &["-Wextra"],
+        libs: &["pthread", "dl"],
+    }
+    .build(Path::new(env!("CARGO_TARGET_TMPDIR")))
+    .unwrap_or_else(|e| panic!("the mock {source}: {e}"))
 }
 
 /// Open `path` and keep it loaded for the life of the process.

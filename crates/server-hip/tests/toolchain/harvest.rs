@@ -21,7 +21,6 @@
 //! harvest.rs` counts what that misses).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::support;
 
@@ -32,17 +31,14 @@ pub fn mock(scratch: &Path) -> Result<support::Mock, String> {
     let lib = rocm.join("lib");
     std::fs::create_dir_all(&lib).map_err(|e| format!("{}: {e}", lib.display()))?;
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mock/mock_hip.c");
-    let runtime = lib.join("libamdhip64.so");
-    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
-    let status = Command::new(&compiler)
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"])
-        .arg(&runtime)
-        .arg(&source)
-        .status()
-        .map_err(|e| format!("running the C compiler `{compiler}` for the mock: {e}"))?;
-    if !status.success() {
-        return Err(format!("{} did not compile", source.display()));
+    let built = scope_test::clib::CLibrary {
+        source: &source,
+        stem: "libscope_mock_hip",
+        ..Default::default()
     }
+    .build(Path::new(env!("CARGO_TARGET_TMPDIR")))?;
+    let runtime = lib.join("libamdhip64.so");
+    std::fs::copy(&built, &runtime).map_err(|e| format!("{}: {e}", runtime.display()))?;
     let rtc = lib.join("libhiprtc.so");
     let _ = std::fs::remove_file(&rtc);
     std::os::unix::fs::symlink("libamdhip64.so", &rtc)
