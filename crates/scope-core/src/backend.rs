@@ -547,6 +547,40 @@ pub trait Backend: Send + 'static {
     /// recording, and every memory the graph recorded work on is alive.
     unsafe fn replay(&mut self, stream: &mut Self::Stream, graph: &Self::Graph) -> Result<()>;
 
+    /// Open the device again after it was lost, in place: what
+    /// [`Client::recover`](crate::Client::recover) asks once `fault` has
+    /// poisoned the server. The backend tears down what is left of the lost
+    /// device — never waiting on it past its wait timeout — opens the same
+    /// device anew (Vulkan: a new `VkDevice` on the same physical device;
+    /// wgpu: a new device from the same adapter; CUDA: a reset of the
+    /// primary context), and gives each stream of `streams` new device
+    /// state in place, not recording. The core then asks the limits again
+    /// and re-creates every allocation.
+    ///
+    /// A backend whose driver says the process cannot go on after `fault`
+    /// (CUDA's and HIP's process-fatal faults) answers
+    /// [`Error::RestartRequired`](crate::Error::RestartRequired) and touches
+    /// nothing; one that cannot reopen at all answers a refusal (the
+    /// default).
+    ///
+    /// # Safety
+    ///
+    /// Every memory, kernel and graph this backend made has been given
+    /// back (`free`, `destroy_graph`, dropped), no capture is open, and no
+    /// waiter is outstanding; `streams` are every stream this backend made,
+    /// in id order, and nothing else names their old device state.
+    unsafe fn reopen(
+        &mut self,
+        fault: &crate::Error,
+        streams: &mut [&mut Self::Stream],
+    ) -> Result<()> {
+        let _ = (fault, streams);
+        Err(crate::Error::refused(format!(
+            "{} cannot open a lost device again",
+            Self::NAME
+        )))
+    }
+
     /// Destroy a graph, waiting for its replays in flight first (rule 35).
     /// The core [`flush`](Self::flush)es every stream that is not recording
     /// just before, so a backend may batch a replay like any other work:

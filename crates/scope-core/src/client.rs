@@ -32,6 +32,9 @@ mod capture;
 mod lend;
 mod observe;
 mod raw;
+mod recover;
+
+pub use recover::RECOVER_PATIENCE;
 
 use std::sync::Arc;
 
@@ -64,9 +67,10 @@ pub(crate) struct Shared<B: Backend> {
     pub(crate) hooks: Arc<Hooks>,
     pub(crate) id: ServerId,
     pub(crate) description: String,
-    /// Asked of the backend once: they do not change while the server
-    /// lives, and reading them must not wait for the lock.
-    pub(crate) limits: DeviceLimits,
+    /// Asked of the backend when the server starts and again when its
+    /// device is opened again (the new device may differ); behind a lock of
+    /// their own, since reading them must not wait for the server's.
+    pub(crate) limits: parking_lot::RwLock<DeviceLimits>,
     /// The server while a `with_backend` or `with_memory` closure has it.
     lent: Lent<Server<B>>,
     /// A plan `inject` was given inside such a closure: installed when the
@@ -152,7 +156,7 @@ impl<B: Backend> Client<B> {
                 hooks,
                 id,
                 description,
-                limits,
+                limits: parking_lot::RwLock::new(limits),
                 lent: Lent::default(),
                 #[cfg(feature = "fault-injection")]
                 deferred_plan: Mutex::new(None),
@@ -259,8 +263,8 @@ impl<B: Backend> Client<B> {
     /// launch must keep to. A launch inside every limit is never refused as
     /// an invalid argument, and the grid is exact: one workgroup past an
     /// axis is refused before it runs and claims nothing (rule 38).
-    pub fn limits(&self) -> &DeviceLimits {
-        &self.shared.limits
+    pub fn limits(&self) -> DeviceLimits {
+        *self.shared.limits.read()
     }
 
     /// Which server this is a client of.

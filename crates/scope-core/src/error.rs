@@ -110,6 +110,31 @@ pub enum Error {
         fault: Arc<Error>,
     },
 
+    /// The bytes were on a device that was lost and opened again
+    /// ([`Client::recover`](crate::Client::recover)): every allocation was
+    /// made anew on the device that came back, so whatever they held is
+    /// gone. A rewrite heals them, as it heals any failure (rule 51).
+    #[error("lost with the device, which was opened again: {fault}")]
+    LostWithDevice {
+        /// The fault that lost the device.
+        fault: Arc<Error>,
+    },
+
+    /// The device cannot come back in this process: its driver says that
+    /// after `fault` the process must be restarted (CUDA's and HIP's
+    /// process-fatal faults). The client stays poisoned; work survives
+    /// through a group that shrinks to its other ranks and admits this one
+    /// again from a new process (rules 52, 55).
+    #[error("{backend} cannot recover from {fault} in this process: {reason}")]
+    RestartRequired {
+        /// The backend.
+        backend: &'static str,
+        /// The fault that lost the device.
+        fault: Arc<Error>,
+        /// What the driver's documentation says.
+        reason: String,
+    },
+
     /// The buffer has no memory: its allocation failed and left no record
     /// (rule 28). A buffer whose allocation failed with a recorded error
     /// answers that error instead.
@@ -334,7 +359,9 @@ impl Error {
                 .iter()
                 .find_map(|entry| entry.root.external_root()),
             Error::Unsealed { reason, .. } => reason.external_root(),
-            Error::DevicePoisoned { fault } => fault.external_root(),
+            Error::DevicePoisoned { fault } | Error::LostWithDevice { fault } => {
+                fault.external_root()
+            }
             _ => None,
         }
     }
@@ -357,6 +384,12 @@ impl Error {
     /// device is poisoned (rule 36).
     pub fn is_device_poisoned(&self) -> bool {
         self.any_root(&|e| matches!(e, Error::DevicePoisoned { .. }))
+    }
+
+    /// Whether this error, or any root error a report carries, says the
+    /// bytes were lost with a device that was opened again (rule 51).
+    pub fn is_lost_with_device(&self) -> bool {
+        self.any_root(&|e| matches!(e, Error::LostWithDevice { .. }))
     }
 
     /// Whether this error, or any root error a report carries, is a refusal
@@ -405,6 +438,7 @@ impl Error {
             }
             Error::Unsealed { reason, .. } => reason.any_root(test),
             Error::DevicePoisoned { fault } => fault.any_root(test),
+            Error::LostWithDevice { fault } => fault.any_root(test),
             _ => false,
         }
     }

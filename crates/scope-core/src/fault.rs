@@ -39,6 +39,8 @@ pub enum Site {
     Destroy,
     /// One rank's call into a device transport's collective library.
     Collective,
+    /// Opening a lost device again ([`Client::recover`](crate::Client::recover)).
+    Reopen,
 }
 
 #[derive(Clone, Debug)]

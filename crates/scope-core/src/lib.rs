@@ -116,7 +116,7 @@ mod taint;
 
 pub use backend::{Access, Backend};
 pub use capture::CaptureState;
-pub use client::{Client, WeakClient};
+pub use client::{Client, RECOVER_PATIENCE, WeakClient};
 pub use error::{Chain, DeviceFault, Error, Hop, Result, UnwrittenBytes};
 pub use fault::{FaultPlan, Site};
 pub use handle::{Binding, Buffer, Capture, Dispatch, Graph, Slice};
@@ -124,7 +124,7 @@ pub use id::{BufferId, BufferRange, ByteRange, FailureId, GraphId, StreamId};
 pub use kernel::{Kernel, KernelId, KernelSource, Language, Unchecked};
 pub use limits::{DeviceFeatures, DeviceLimits, LaunchLimits};
 pub use probe::{DeviceKind, Probe, ProbedDevice, required};
-pub use server::{COPY_ALIGNMENT, MAX_STREAMS};
+pub use server::{COPY_ALIGNMENT, MAX_STREAMS, Recovered};
 
 /// The bookkeeping below the contract, for the crate's own benches to
 /// measure alone: the write scope over a bare store, the store's rules,

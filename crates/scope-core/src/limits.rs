@@ -30,7 +30,7 @@ pub struct DeviceFeatures {
 }
 
 /// The limits a launch must keep to, as the backend checks them.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LaunchLimits {
     /// Buffers one launch may bind, counting its scalar blob, when it has
@@ -120,7 +120,7 @@ impl LaunchLimits {
 }
 
 /// Everything [`Client::limits`](crate::Client::limits) reports.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeviceLimits {
     /// The largest buffer the device could ever give

@@ -282,6 +282,19 @@ impl<S: Script> Backend for Null<S> {
     unsafe fn destroy_graph(&mut self, _graph: NullGraph) -> Result<()> {
         Ok(())
     }
+
+    /// Nothing to open: every stream stops recording, nothing is held.
+    unsafe fn reopen(
+        &mut self,
+        _fault: &crate::Error,
+        streams: &mut [&mut NullStream],
+    ) -> Result<()> {
+        for stream in streams {
+            stream.recording = false;
+        }
+        self.reserved = 0;
+        Ok(())
+    }
 }
 
 /// A client of a new null server.

@@ -26,11 +26,15 @@
 mod capture;
 mod handles;
 mod ordering;
+mod recover;
 mod work;
+
+pub use recover::Recovered;
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
 use crate::backend::{Backend, Bound, BoundDispatch, Launch};
 use crate::capture::{CaptureState, CaptureWindow, RecordedRound, WindowEnd};
@@ -128,6 +132,31 @@ pub(crate) struct PendingWait<B: Backend> {
     waiter: Option<B::Waiter>,
     /// The stream's in-flight mark when the wait began: what it covers.
     mark: u64,
+    /// Counts the wait as in flight until it ends, however it ends.
+    token: WaitToken,
+}
+
+/// One wait in flight with the lock released: while any is, the server's
+/// device must stay as it is, since the waiter names its objects
+/// (`Server::recover` waits for none to be left).
+pub(crate) struct WaitToken(Option<Arc<AtomicUsize>>);
+
+impl WaitToken {
+    fn new(waits: &Arc<AtomicUsize>, waiting: bool) -> Self {
+        if !waiting {
+            return Self(None);
+        }
+        waits.fetch_add(1, AtomicOrdering::AcqRel);
+        Self(Some(waits.clone()))
+    }
+}
+
+impl Drop for WaitToken {
+    fn drop(&mut self) {
+        if let Some(waits) = &self.0 {
+            waits.fetch_sub(1, AtomicOrdering::AcqRel);
+        }
+    }
 }
 
 impl<B: Backend> PendingWait<B> {
@@ -166,7 +195,9 @@ impl<B: Backend> PendingWait<B> {
 }
 
 struct GraphEntry<G> {
-    graph: G,
+    /// `None` once the device it was recorded on was lost: it cannot
+    /// replay, and is re-captured by the caller.
+    graph: Option<G>,
     label: Arc<str>,
     written: Vec<BufferRange>,
     read: Vec<BufferRange>,
@@ -199,6 +230,17 @@ pub struct Server<B: Backend> {
     graphs: HashMap<GraphId, GraphEntry<B::Graph>>,
     next_graph: u64,
     poison: Option<Arc<Error>>,
+    /// Waits in flight with the lock released ([`WaitToken`]).
+    waits: Arc<AtomicUsize>,
+    /// Whether the backend holds no device: a recovery gave the lost one
+    /// up and could not open it again. The streams name nothing then, and
+    /// nothing may be asked of them; the server stays poisoned.
+    detached: bool,
+    /// How many times the device was opened again.
+    reopened: u64,
+    /// Buffers whose memory a recovery gave up, to be made again once the
+    /// device opens (kept across attempts that fail).
+    to_remake: Vec<BufferId>,
     /// The backend's grid (`LaunchLimits::max_workgroups`): host-given
     /// counts past it are refused before any backend check.
     max_workgroups: [u32; 3],
@@ -359,6 +401,10 @@ impl<B: Backend> Server<B> {
             graphs: HashMap::new(),
             next_graph: 1,
             poison: None,
+            waits: Arc::new(AtomicUsize::new(0)),
+            detached: false,
+            reopened: 0,
+            to_remake: Vec::new(),
             max_workgroups,
             write_sets: Vec::new(),
             hooks,
@@ -510,8 +556,8 @@ impl<B: Backend> Server<B> {
 impl<B: Backend> Drop for Server<B> {
     fn drop(&mut self) {
         // Wait for the device before handing memory back; a fault now has
-        // nobody left to tell.
-        for state in &mut self.streams {
+        // nobody left to tell. A detached server's streams name no device.
+        for state in self.streams.iter_mut().filter(|_| !self.detached) {
             if state.window.state() == CaptureState::Recording {
                 // SAFETY: this server's stream, recording by its window.
                 unsafe { self.backend.abort_capture(&mut state.device) };
@@ -520,8 +566,10 @@ impl<B: Backend> Drop for Server<B> {
             let _ = unsafe { self.backend.sync(&mut state.device) };
         }
         for (_, entry) in self.graphs.drain() {
-            // SAFETY: drained from the table, so named by no later call.
-            let _ = unsafe { self.backend.destroy_graph(entry.graph) };
+            if let Some(graph) = entry.graph {
+                // SAFETY: drained from the table, so named by no later call.
+                let _ = unsafe { self.backend.destroy_graph(graph) };
+            }
         }
         for id in self.table.ledger.ids() {
             if let Some(memory) = self.table.remove(id) {

@@ -151,6 +151,64 @@ impl<M> BufferTable<M> {
         self.memory.of(id)
     }
 
+    /// Take a live buffer's memory out, keeping the buffer: its device is
+    /// being given up (`Server::recover`). Its claims are released with its
+    /// bytes, which no longer exist; until memory is given back
+    /// ([`give_memory`](Self::give_memory)) it is a buffer without memory.
+    pub(crate) fn take_memory(&mut self, id: BufferId) -> Option<M> {
+        let Ledger {
+            failures,
+            slots,
+            bytes_allocated,
+            ..
+        } = &mut self.ledger;
+        let slot = slots.get_mut(id.slot() as usize)?;
+        if slot.generation != id.generation() {
+            return None;
+        }
+        let entry = slot.entry.as_mut()?;
+        if !entry.allocated {
+            return None;
+        }
+        entry.allocated = false;
+        entry.taint.release_all(failures);
+        *bytes_allocated -= entry.size;
+        self.memory.slots.get_mut(id.slot() as usize)?.entry.take()
+    }
+
+    /// Give a live buffer without memory new memory (`Server::recover`),
+    /// releasing the record of why it had none.
+    pub(crate) fn give_memory(&mut self, id: BufferId, memory: M) {
+        let Some(entry) = self.ledger.get_mut(id) else {
+            return;
+        };
+        entry.allocated = true;
+        let (size, record) = (entry.size, entry.record.take());
+        if let Some(record) = record {
+            self.ledger.failures.release(record);
+        }
+        self.ledger.bytes_allocated += size;
+        if let Some(slot) = self.memory.slots.get_mut(id.slot() as usize) {
+            slot.entry = Some(memory);
+        }
+    }
+
+    /// Record why a live buffer has no memory (rule 28): `record` replaces
+    /// any record it had.
+    pub(crate) fn record_unallocated(&mut self, id: BufferId, record: FailureId) {
+        let Some(entry) = self.ledger.get_mut(id) else {
+            return;
+        };
+        if entry.allocated {
+            return;
+        }
+        let old = entry.record.replace(record);
+        self.ledger.failures.acquire(record);
+        if let Some(old) = old {
+            self.ledger.failures.release(old);
+        }
+    }
+
     /// Remove a buffer, releasing its claims and record (rule 13), and hand
     /// back its memory. A stale id does nothing.
     pub(crate) fn remove(&mut self, id: BufferId) -> Option<M> {

@@ -251,3 +251,41 @@ fn a_buffer_freed_while_its_read_waits_is_a_typed_error() {
     let error = reading.join().unwrap().unwrap_err();
     assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
 }
+
+/// A recovery while another thread's wait is blocked does not give the
+/// device up under it (the waiter names the device's objects): it waits
+/// for the wait to end, then opens the device again (rule 52).
+#[test]
+fn a_recovery_waits_for_a_wait_in_flight_to_end() {
+    let (c, gate) = gated();
+    let b = c.upload(&words(&[1; 4])).unwrap();
+    gate.arm();
+    let syncing = {
+        let c = c.clone();
+        std::thread::spawn(move || c.sync())
+    };
+    gate.until_waiting();
+    // The device is lost while the sync waits with the lock released.
+    c.inject(scope_core::FaultPlan::new().poison_at(1, "null", "DEVICE_LOST"));
+    assert!(c.write(&b, &words(&[2; 4])).unwrap_err().is_sticky());
+    let recovering = {
+        let c = c.clone();
+        std::thread::spawn(move || c.recover())
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !recovering.is_finished(),
+        "the recovery gave the device up while a wait named it"
+    );
+    gate.open(Ok(()));
+    assert!(syncing.join().unwrap().unwrap_err().is_device_poisoned());
+    let recovered = recovering.join().unwrap().unwrap();
+    assert!(
+        matches!(
+            recovered,
+            scope_core::Recovered::Reopened { buffers: 1, .. }
+        ),
+        "{recovered:?}"
+    );
+    assert!(c.read(&b).unwrap_err().is_lost_with_device());
+}

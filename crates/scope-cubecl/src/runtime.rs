@@ -86,7 +86,7 @@ impl<B: CubeBackend> DeviceService for ScopeServer<B> {
             Err(error) => panic!("{}: {error}", B::RUNTIME_NAME),
         };
         let properties = device_properties(
-            client.limits(),
+            &client.limits(),
             B::target(),
             B::RUNTIME_NAME,
             client.describe(),

@@ -114,7 +114,7 @@ impl<B: CubeBackend> ScopeServer<B> {
     ) -> Self {
         let kernels = Kernels::new(CompileTarget {
             target: B::target(),
-            translation: Translation::for_device(client.limits()),
+            translation: Translation::for_device(&client.limits()),
             properties: utilities.properties.clone(),
         });
         let logger = utilities.logger.clone();

@@ -326,7 +326,7 @@ pub fn a_replayed_indirect_launch_heals_nothing<S: Suite>() {
 /// bindings and too long a scalar blob.
 pub fn the_limits_reported_are_the_limits_enforced<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
-    let limits = c.limits().clone();
+    let limits = c.limits();
     assert_eq!(
         limits.max_allocation,
         c.with_backend(scope_core::Backend::max_allocation)

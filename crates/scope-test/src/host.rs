@@ -276,6 +276,9 @@ pub struct Host {
     reserved: u64,
     max_allocation: u64,
     limit: Option<u64>,
+    /// The largest allocation the device has once it is opened again
+    /// ([`reopens_smaller`](Self::reopens_smaller)).
+    reopened_max_allocation: Option<u64>,
 }
 
 impl Default for Host {
@@ -302,6 +305,7 @@ impl Host {
             // overcommit and then be killed when touched; a device has a
             // fixed amount, and so does the reference.
             limit: Some(8 << 30),
+            reopened_max_allocation: None,
         };
         // The built-ins stop at the shortest binding: a count past a
         // binding's end writes what fits, as a bounds-checked GPU kernel does.
@@ -338,6 +342,15 @@ impl Host {
             Ok(())
         });
         host
+    }
+
+    /// The next time the device is opened again
+    /// ([`Client::recover`](scope_core::Client::recover)), its largest
+    /// allocation is `max_allocation`: a device that comes back smaller,
+    /// for a test of what no longer fits.
+    pub fn reopens_smaller(mut self, max_allocation: u64) -> Self {
+        self.reopened_max_allocation = Some(max_allocation);
+        self
     }
 
     /// Register `kernel` under `name`, for [`Kernel::host`].
@@ -618,6 +631,21 @@ impl Backend for Host {
     }
 
     unsafe fn destroy_graph(&mut self, _graph: HostGraph) -> Result<()> {
+        Ok(())
+    }
+
+    /// Host memory is never lost, so opening the "device" again is
+    /// forgetting what the streams recorded and what was reserved (the
+    /// core gave every allocation back first), and taking the smaller
+    /// largest allocation a test asked for ([`Host::reopens_smaller`]).
+    unsafe fn reopen(&mut self, _fault: &Error, streams: &mut [&mut HostStream]) -> Result<()> {
+        for stream in streams {
+            stream.recording = None;
+        }
+        self.reserved = 0;
+        if let Some(max) = self.reopened_max_allocation.take() {
+            self.max_allocation = max;
+        }
         Ok(())
     }
 }

@@ -29,6 +29,7 @@ pub mod host;
 pub mod input;
 pub mod property;
 pub mod recorded;
+pub mod recover;
 pub mod rounds;
 pub mod sizes;
 pub mod soak;
@@ -44,6 +45,7 @@ pub use features::*;
 pub use input::*;
 pub use property::random_sequences;
 pub use recorded::*;
+pub use recover::*;
 pub use rounds::*;
 pub use sizes::*;
 
@@ -419,6 +421,18 @@ macro_rules! conformance_tests {
             a_failed_library_call_breaks_the_group_at_every_group_size,
             random_rounds_of_collectives_match_the_oracle,
             random_rounds_of_ranks_joined_alone_match_the_oracle,
+        );
+    };
+    (@recovery $suite:ty) => {
+        $crate::conformance_tests!(@only $suite;
+            a_lost_device_comes_back_with_every_handle,
+            a_loss_in_the_middle_of_a_chain_heals_from_its_head,
+            a_loss_during_a_capture_aborts_it_and_old_graphs_refuse,
+            a_device_lost_twice_comes_back_twice,
+            recovering_a_healthy_device_changes_nothing,
+            a_loss_while_reopening_leaves_it_poisoned_and_recoverable,
+            two_recoveries_at_once_open_the_device_once,
+            reads_in_flight_on_other_threads_meet_a_recovery,
         );
     };
     (@backend $suite:ty) => {

@@ -49,6 +49,7 @@ impl Suite for HostSuite {
 
 scope_test::conformance_tests!(HostSuite);
 scope_test::conformance_tests!(@backend HostSuite);
+scope_test::conformance_tests!(@recovery HostSuite);
 
 /// The collective behaviours again, over the host's device transport
 /// ([`host::Loopback`]): the path a CUDA group takes through NCCL — the

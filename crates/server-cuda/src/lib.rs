@@ -279,7 +279,7 @@ impl Backend for Cuda {
     }
 
     fn launch_limits(&self) -> LaunchLimits {
-        self.limits.clone()
+        self.limits
     }
 
     unsafe fn create_stream(&mut self, id: StreamId) -> Result<CudaStreamState> {

@@ -36,7 +36,7 @@ impl Backend for Hip {
     }
 
     fn launch_limits(&self) -> LaunchLimits {
-        self.limits.clone()
+        self.limits
     }
 
     unsafe fn create_stream(&mut self, id: StreamId) -> Result<HipStream> {

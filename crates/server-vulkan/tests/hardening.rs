@@ -91,7 +91,7 @@ fn a_workgroup_past_the_device_does_not_compile() {
     let Some(c) = common::validating_or_skip() else {
         return;
     };
-    let limits = c.limits().launch.clone();
+    let limits = c.limits().launch;
     let kernel = |name: &str, size: String, shared_words: u32| {
         Kernel::wgsl(
             name,

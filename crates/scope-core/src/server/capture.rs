@@ -89,7 +89,7 @@ impl<B: Backend> Server<B> {
                         self.graphs.insert(
                             id,
                             GraphEntry {
-                                graph,
+                                graph: Some(graph),
                                 label: Arc::from(format!("replay of {id}")),
                                 written,
                                 read,
@@ -216,6 +216,13 @@ impl<B: Backend> Server<B> {
             _ => {}
         }
         self.refuse_freed(graph, entry)?;
+        if entry.graph.is_none() {
+            return Err(Error::refused(format!(
+                "{} was recorded on a device that was lost and opened again: nothing of it is \
+                 left to replay; capture the work again",
+                graph.id
+            )));
+        }
         let label = entry.label.clone();
         let read = entry.read.clone();
         let graph_written = entry.written.clone();
@@ -246,13 +253,14 @@ impl<B: Backend> Server<B> {
                     (touched.iter().copied(), false),
                     written,
                     |d| {
-                        let entry = d.graphs.get(&id).ok_or_else(|| {
+                        let graph = d.graphs.get(&id).and_then(|e| e.graph.as_ref());
+                        let graph = graph.ok_or_else(|| {
                             Error::internal("a graph left the table inside its own replay")
                         })?;
                         // SAFETY: this server's graph, in its table, and stream;
                         // `refuse_if_recording` refused a recording stream, and
                         // every buffer the graph uses is live (checked above).
-                        unsafe { d.backend.replay(d.stream, &entry.graph) }.map_err(|e| match e {
+                        unsafe { d.backend.replay(d.stream, graph) }.map_err(|e| match e {
                             e @ Error::Fault(_) => e,
                             other => Error::Replay {
                                 graph: id,
@@ -351,8 +359,12 @@ impl<B: Backend> Server<B> {
         // flight surfaced, not for skipping that wait (rule 35), which
         // would free a graph a replay may still be running.
         let injected = self.fault(Site::Destroy, None);
+        let Some(graph) = entry.graph else {
+            // Recorded on a device that was lost: nothing of it is left.
+            return Ok(());
+        };
         // SAFETY: removed from the table above, so no later call names it.
-        let destroyed = unsafe { self.backend.destroy_graph(entry.graph) };
+        let destroyed = unsafe { self.backend.destroy_graph(graph) };
         if let (Err(_), Err(lost)) = (&injected, &destroyed) {
             tracing::warn!(graph = %id, "destroying the graph also failed: {lost}");
         }
@@ -373,7 +385,7 @@ impl<B: Backend> Server<B> {
 
     /// Submit what every stream that is not recording has batched; a
     /// failure lands on that stream's work in flight (rule 23).
-    fn flush_streams(&mut self) {
+    pub(super) fn flush_streams(&mut self) {
         for index in 0..self.streams.len() {
             if self.streams[index].window.is_recording() {
                 continue;

@@ -95,6 +95,7 @@ impl<B: Backend> Server<B> {
         match begun {
             Ok(waiter) => Ok(PendingWait {
                 stream,
+                token: WaitToken::new(&self.waits, waiter.is_some()),
                 waiter,
                 mark,
             }),
@@ -115,6 +116,7 @@ impl<B: Backend> Server<B> {
             stream,
             waiter,
             mark,
+            token: _token,
         } = pending;
         let index = self.stream_index(stream);
         // What the backend kept for the stream's next wait (a lost batch,

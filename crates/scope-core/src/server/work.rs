@@ -96,6 +96,7 @@ impl<B: Backend> Server<B> {
             Ok(waiter) => Ok((
                 PendingWait {
                     stream,
+                    token: WaitToken::new(&self.waits, waiter.is_some()),
                     waiter,
                     mark,
                 },
@@ -124,6 +125,7 @@ impl<B: Backend> Server<B> {
             stream,
             waiter,
             mark,
+            token,
         } = pending;
         let r = match waited.and_then(|()| self.check_read(stream, src)) {
             Ok(r) => r,
@@ -135,6 +137,7 @@ impl<B: Backend> Server<B> {
                         stream,
                         waiter,
                         mark,
+                        token,
                     },
                     Err(error),
                 );

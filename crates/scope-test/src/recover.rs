@@ -1,0 +1,288 @@
+//! A lost device opened again (`Client::recover`), with every handle kept
+//! (rules 51–53): the bytes it held fail as "lost with the device" until
+//! rewritten, graphs recorded on it refuse to replay, open captures are
+//! aborted, and the client, its buffers, hook and counts carry over.
+//!
+//! Each behaviour loses the device by an injected sticky fault (the
+//! backend's own tests lose it for real: wgpu's `Device::destroy`, a
+//! Vulkan device torn down and made again, the mocks' process-fatal and
+//! resettable faults), so that every server, the host included, keeps the
+//! same promises.
+
+use super::*;
+use scope_core::Recovered;
+
+/// Poison the device on the next device call, and make one happen.
+fn lose<S: Suite>(c: &Client<S::Backend>, victim: &Buffer) -> Error {
+    c.inject(FaultPlan::new().poison_at(1, "injected", "DEVICE_LOST"));
+    let error = fill::<S>(c, victim, 0xdead).unwrap_err();
+    assert!(error.is_sticky(), "{error}");
+    assert!(c.poison().is_some());
+    error
+}
+
+/// Recover, expecting the device to open again.
+fn reopen<B: scope_core::Backend>(c: &Client<B>) -> (usize, usize) {
+    match c.recover() {
+        Ok(Recovered::Reopened {
+            buffers, graphs, ..
+        }) => (buffers, graphs),
+        other => panic!("the device should have opened again: {other:?}"),
+    }
+}
+
+/// A read of bytes the lost device held: "lost with the device", naming
+/// the fault.
+fn assert_lost<B: scope_core::Backend>(c: &Client<B>, buffer: &Buffer) {
+    let error = read(c, buffer).unwrap_err();
+    assert!(error.is_lost_with_device(), "{error}");
+    assert!(
+        !error.is_device_poisoned(),
+        "the device is not poisoned now: {error}"
+    );
+    assert!(
+        error.to_string().contains("DEVICE_LOST"),
+        "names the fault: {error}"
+    );
+}
+
+/// The device comes back with every handle valid: its buffers fail as lost
+/// until rewritten, work reading them is skipped, a rewrite heals them, and
+/// the client, its hook and its count of failures seen carry over (rules
+/// 51, 52).
+pub fn a_lost_device_comes_back_with_every_handle<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let heard = Arc::new(Mutex::new(0usize));
+    let hook = heard.clone();
+    c.on_failure(move |_, _| *hook.lock() += 1);
+    let a = alloc(&c, WORDS);
+    let b = alloc(&c, WORDS);
+    let other = c.new_stream().unwrap();
+    fill::<S>(&c, &a, 1).unwrap();
+    copy::<S>(&c, &a, &b).unwrap();
+    assert_eq!(read(&c, &b).unwrap(), vec![1; WORDS as usize]);
+    lose::<S>(&c, &a);
+    let seen = c.failures_seen();
+    assert!(seen > 0);
+    let (buffers, _) = reopen(&c);
+    assert_eq!(buffers, 2, "both buffers are made again");
+    assert!(c.poison().is_none());
+    assert_eq!(c.failures_seen(), seen, "the count carries over");
+    assert_lost(&c, &a);
+    assert_lost(&other, &b);
+    assert!(c.check(&[a.all()]).unwrap_err().is_lost_with_device());
+    // Work reading lost bytes is skipped; its outputs carry the loss.
+    assert!(matches!(copy::<S>(&c, &a, &b), Err(Error::Skipped { .. })));
+    assert_lost(&c, &b);
+    assert!(
+        *heard.lock() > 0,
+        "the hook carried over and heard the skip"
+    );
+    // A rewrite heals, on any stream, and the device works as before.
+    fill::<S>(&other, &a, 7).unwrap();
+    copy::<S>(&c, &a, &b).unwrap();
+    assert_eq!(read(&c, &b).unwrap(), vec![7; WORDS as usize]);
+    let fresh = alloc(&c, WORDS);
+    fill::<S>(&c, &fresh, 3).unwrap();
+    assert_eq!(read(&c, &fresh).unwrap(), vec![3; WORDS as usize]);
+    c.audit().unwrap();
+    drop((a, b, fresh));
+    c.sync().unwrap();
+    assert_eq!(c.failures_held(), 0, "the store empties with the buffers");
+}
+
+/// A device lost in the middle of a chain: everything downstream of the
+/// loss reads as lost, and rewriting the head of the chain heals it all
+/// (rules 17, 51).
+pub fn a_loss_in_the_middle_of_a_chain_heals_from_its_head<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let a = alloc(&c, WORDS);
+    let b = alloc(&c, WORDS);
+    let sum = alloc(&c, WORDS);
+    fill::<S>(&c, &a, 2).unwrap();
+    c.inject(FaultPlan::new().poison_at(1, "injected", "DEVICE_LOST"));
+    assert!(copy::<S>(&c, &a, &b).unwrap_err().is_sticky());
+    assert!(add::<S>(&c, &a, &b, &sum).unwrap_err().is_device_poisoned());
+    reopen(&c);
+    for buffer in [&a, &b, &sum] {
+        assert_lost(&c, buffer);
+    }
+    assert!(matches!(
+        add::<S>(&c, &a, &b, &sum),
+        Err(Error::Skipped { .. })
+    ));
+    fill::<S>(&c, &a, 2).unwrap();
+    copy::<S>(&c, &a, &b).unwrap();
+    add::<S>(&c, &a, &b, &sum).unwrap();
+    assert_eq!(read(&c, &sum).unwrap(), vec![4; WORDS as usize]);
+    c.audit().unwrap();
+}
+
+/// A device lost while a window records: recovery aborts the window (its
+/// handle then names no open window), a graph recorded before the loss
+/// refuses to replay, claiming nothing, and can still be destroyed, and a
+/// capture made afterwards replays (rules 33, 53).
+pub fn a_loss_during_a_capture_aborts_it_and_old_graphs_refuse<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let a = alloc(&c, WORDS);
+    let before = c.begin_capture().unwrap();
+    fill::<S>(&c, &a, 5).unwrap();
+    let old = c.end_capture(before).unwrap();
+    c.replay(&old).unwrap();
+    assert_eq!(read(&c, &a).unwrap(), vec![5; WORDS as usize]);
+    let open = c.begin_capture().unwrap();
+    fill::<S>(&c, &a, 6).unwrap();
+    c.inject(FaultPlan::new().poison_at(1, "injected", "DEVICE_LOST"));
+    assert!(fill::<S>(&c, &a, 7).unwrap_err().is_sticky());
+    let (_, graphs) = reopen(&c);
+    assert_eq!(graphs, 1, "the graph recorded before the loss is lost");
+    assert_eq!(
+        c.capture_state(),
+        CaptureState::NoCapture,
+        "the window is aborted"
+    );
+    assert!(matches!(
+        c.end_capture(open).unwrap_err(),
+        Error::InvalidArgument { .. }
+    ));
+    let held = c.failures_held();
+    let refused = c.replay(&old).unwrap_err();
+    assert!(refused.is_refusal(), "{refused}");
+    assert_eq!(c.failures_held(), held, "a refused replay claims nothing");
+    assert_lost(&c, &a);
+    c.destroy_graph(&old).unwrap();
+    let again = c.begin_capture().unwrap();
+    fill::<S>(&c, &a, 8).unwrap();
+    let new = c.end_capture(again).unwrap();
+    c.replay(&new).unwrap();
+    assert_eq!(read(&c, &a).unwrap(), vec![8; WORDS as usize]);
+    c.audit().unwrap();
+}
+
+/// Lost, recovered, lost again, recovered again: the same handles work
+/// after both, and the store holds no more than its buffers claim (rules 7,
+/// 51).
+pub fn a_device_lost_twice_comes_back_twice<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let a = alloc(&c, WORDS);
+    let b = alloc(&c, WORDS);
+    for round in 0..2u32 {
+        lose::<S>(&c, &a);
+        assert_eq!(reopen(&c).0, 2, "round {round}");
+        assert_lost(&c, &a);
+        assert_lost(&c, &b);
+        assert!(c.failures_held() <= c.failure_claims());
+        fill::<S>(&c, &a, round).unwrap();
+        fill::<S>(&c, &b, round + 1).unwrap();
+        assert_eq!(read(&c, &a).unwrap(), vec![round; WORDS as usize]);
+        assert_eq!(read(&c, &b).unwrap(), vec![round + 1; WORDS as usize]);
+        c.audit().unwrap();
+    }
+    assert_eq!(c.failures_held(), 0);
+}
+
+/// Recovering a device that is not lost changes nothing: its bytes read
+/// as they were, and it answers that it was healthy.
+pub fn recovering_a_healthy_device_changes_nothing<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let a = alloc(&c, WORDS);
+    fill::<S>(&c, &a, 4).unwrap();
+    let recovered = c.recover().unwrap();
+    assert!(matches!(recovered, Recovered::Healthy), "{recovered:?}");
+    assert_eq!(read(&c, &a).unwrap(), vec![4; WORDS as usize]);
+    assert_eq!(c.failures_held(), 0);
+}
+
+/// A loss while the device is opened again (injected where the backend
+/// reopens it) leaves the client poisoned, its buffers without memory, and
+/// every call failing fast; a later recovery succeeds (rule 52).
+pub fn a_loss_while_reopening_leaves_it_poisoned_and_recoverable<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let a = alloc(&c, WORDS);
+    fill::<S>(&c, &a, 1).unwrap();
+    lose::<S>(&c, &a);
+    c.inject(FaultPlan::new().fail(
+        Site::Reopen,
+        1,
+        Error::Fault(scope_core::DeviceFault {
+            backend: "injected",
+            code: "DEVICE_LOST".into(),
+            sticky: true,
+            stream: None,
+            detail: "lost again while opening".into(),
+        }),
+    ));
+    let failed = c.recover().unwrap_err();
+    assert!(failed.to_string().contains("lost again"), "{failed}");
+    assert!(c.poison().is_some(), "still poisoned");
+    assert!(c.allocate(64).unwrap_err().is_device_poisoned());
+    assert!(read(&c, &a).unwrap_err().is_device_poisoned());
+    assert_eq!(reopen(&c).0, 1);
+    assert_lost(&c, &a);
+    fill::<S>(&c, &a, 2).unwrap();
+    assert_eq!(read(&c, &a).unwrap(), vec![2; WORDS as usize]);
+    c.audit().unwrap();
+}
+
+/// Two threads that both saw the poison recover at once: one opens the
+/// device again, the other learns it is healthy; neither waits forever.
+pub fn two_recoveries_at_once_open_the_device_once<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let a = alloc(&c, WORDS);
+    lose::<S>(&c, &a);
+    let outcomes: Vec<Recovered> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let c = c.clone();
+                scope.spawn(move || c.recover().unwrap())
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let reopened = outcomes
+        .iter()
+        .filter(|r| matches!(r, Recovered::Reopened { .. }))
+        .count();
+    assert_eq!(reopened, 1, "{outcomes:?}");
+    assert_lost(&c, &a);
+}
+
+/// Threads reading on their own streams while the device is lost and
+/// opened again: each read answers its bytes, the poison or the loss —
+/// never a hang, never bytes read as clean that were not rewritten — and
+/// once rewritten, every stream reads them (rules 24, 51).
+pub fn reads_in_flight_on_other_threads_meet_a_recovery<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let a = alloc(&c, WORDS);
+    fill::<S>(&c, &a, 9).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            let reader = c.new_stream().unwrap();
+            let (a, stop) = (&a, &stop);
+            scope.spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    match read(&reader, a) {
+                        Ok(words) => assert!(
+                            words == vec![9; WORDS as usize] || words == vec![10; WORDS as usize],
+                            "a clean read holds words some write wrote"
+                        ),
+                        Err(error) => assert!(
+                            error.is_device_poisoned() || error.is_lost_with_device(),
+                            "{error}"
+                        ),
+                    }
+                }
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        lose::<S>(&c, &a);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        reopen(&c);
+        fill::<S>(&c, &a, 10).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        stop.store(true, std::sync::atomic::Ordering::Release);
+    });
+    assert_eq!(read(&c, &a).unwrap(), vec![10; WORDS as usize]);
+    c.audit().unwrap();
+}
