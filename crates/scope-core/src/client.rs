@@ -272,6 +272,19 @@ impl<B: Backend> Client<B> {
         self.shared.id
     }
 
+    /// Why `buffer` cannot be named in a call to this client, if it
+    /// cannot: another server's, or freed. What a collective asks of each
+    /// rank's buffers before the ranks agree, so that a mistake is refused
+    /// on every rank rather than found by one rank's write after the others
+    /// wrote theirs (rule 44).
+    pub(crate) fn unusable(&self, buffer: &Buffer) -> Option<String> {
+        if buffer.server() != self.shared.id {
+            return Some("passed a buffer of another rank's device".to_owned());
+        }
+        let live = self.look(false, |server| server.holds(buffer.id()));
+        (!live).then(|| format!("passed {}, which was freed", buffer.id()))
+    }
+
     /// The stream this client issues work on.
     pub fn stream(&self) -> StreamId {
         self.stream

@@ -659,9 +659,11 @@ impl<B: Backend> Rank<B> {
     /// Why this rank's own arguments cannot be run, if they cannot.
     fn refusal(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Option<String> {
         let ranks = self.shared.ranks;
-        let server = self.client().server_id();
-        if input.buffer.server() != server || output.buffer.server() != server {
-            return Some("passed a buffer of another rank's device".to_owned());
+        if let Some(why) = self.client().unusable(input.buffer) {
+            return Some(why);
+        }
+        if let Some(why) = self.client().unusable(output.buffer) {
+            return Some(why);
         }
         if let Call::Broadcast { root } = kind
             && root >= ranks

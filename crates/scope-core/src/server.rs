@@ -522,6 +522,11 @@ impl<B: Backend> Server<B> {
         self.streams[self.stream_index(stream)].failures_seen
     }
 
+    /// Whether `id` names a live buffer of this server.
+    pub(crate) fn holds(&self, id: BufferId) -> bool {
+        self.table.ledger.is_live(id)
+    }
+
     pub(crate) fn failures_held(&self) -> usize {
         self.table.ledger.failures_len()
     }

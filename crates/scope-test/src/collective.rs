@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use super::*;
-use scope_core::collective::{CollectiveError, Element, Group, Reduce, copy_across};
+use scope_core::collective::{Call, CollectiveError, Element, Group, Reduce, copy_across};
 
 /// How many ranks the behaviours use.
 pub(super) const RANKS: usize = 4;
@@ -497,6 +497,130 @@ pub fn bad_collective_input_is_refused_everywhere<S: Suite>() {
         }
         assert_eq!(kept, vec![5; PART as usize], "rank {rank}: nothing claimed");
         assert_eq!(summed, vec![RANKS as u32; PART as usize]);
+    }
+    assert!(group.broken().is_none());
+}
+
+/// A freed buffer is a wrong argument like a foreign one: one rank that
+/// passes a freed input or output to any collective is refused with every
+/// other rank, before the ranks agree, claiming nothing, and the group
+/// stays in step (rule 44). A receive into a freed buffer is refused before
+/// it takes anything, so the parcel waits for the next receive (rule 48).
+pub fn a_freed_buffer_is_refused_on_every_rank<S: Suite>() {
+    let Some(group) = group::<S>(DEFAULT_WAIT) else {
+        return;
+    };
+    let calls: [(&str, Call); 5] = [
+        (
+            "all_reduce",
+            Call::AllReduce {
+                element: Element::U32,
+                op: Reduce::Sum,
+            },
+        ),
+        ("all_gather", Call::AllGather),
+        (
+            "reduce_scatter",
+            Call::ReduceScatter {
+                element: Element::U32,
+                op: Reduce::Sum,
+            },
+        ),
+        ("broadcast", Call::Broadcast { root: 0 }),
+        ("all_to_all", Call::AllToAll),
+    ];
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let r = rank.index();
+        let parts = RANKS as u32;
+        let mut answers = Vec::new();
+        for (i, (name, call)) in calls.iter().enumerate() {
+            for freed_input in [false, true] {
+                let words = PART * parts;
+                let out_words = match call {
+                    Call::AllGather => words * parts,
+                    Call::ReduceScatter { .. } => PART,
+                    _ => words,
+                };
+                let input = upload(c, &vec![1; words as usize]);
+                let output = upload(c, &vec![5; out_words as usize]);
+                // Rank `i % RANKS` frees one of its buffers first.
+                let culprit = r == i % RANKS;
+                if culprit {
+                    c.free(if freed_input { &input } else { &output }).unwrap();
+                }
+                let answer = match call {
+                    Call::AllReduce { element, op } => {
+                        rank.all_reduce(input.all(), output.all(), *element, *op)
+                    }
+                    Call::AllGather => rank.all_gather(input.all(), output.all()),
+                    Call::ReduceScatter { element, op } => {
+                        rank.reduce_scatter(input.all(), output.all(), *element, *op)
+                    }
+                    Call::Broadcast { root } => rank.broadcast(
+                        *root,
+                        if freed_input {
+                            input.all()
+                        } else {
+                            output.all()
+                        },
+                    ),
+                    Call::AllToAll => rank.all_to_all(input.all(), output.all()),
+                };
+                let kept = if culprit { None } else { read(c, &output).ok() };
+                answers.push((*name, freed_input, answer, kept, out_words));
+            }
+        }
+        assert_eq!(c.failures_held(), 0, "rank {r}: nothing claimed");
+        // Still in step: a clean collective runs.
+        let input = upload(c, &[1; PART as usize]);
+        let output = alloc(c, PART);
+        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        let summed = read(c, &output).unwrap();
+        // A receive into a freed buffer takes nothing.
+        let ring = if r % 2 == 0 { r + 1 } else { r - 1 };
+        let received = if ring < RANKS && r % 2 == 1 {
+            let gone = alloc(c, PART);
+            c.free(&gone).unwrap();
+            let refused = rank.recv(ring, gone.all());
+            let buffer = alloc(c, PART);
+            let after = rank
+                .recv(ring, buffer.all())
+                .map(|()| read(c, &buffer).unwrap());
+            Some((refused, after))
+        } else {
+            if ring < RANKS {
+                rank.send(ring, upload(c, &[7; PART as usize]).all())
+                    .unwrap();
+            }
+            None
+        };
+        (answers, summed, received)
+    });
+    for (rank, (answers, summed, received)) in outcomes.into_iter().enumerate() {
+        for (name, freed_input, answer, kept, out_words) in answers {
+            let error = answer.expect_err("refused on every rank");
+            assert!(
+                matches!(collective_error(&error), CollectiveError::Refused { .. }),
+                "rank {rank}, {name} (freed input: {freed_input}): {error}"
+            );
+            if let Some(kept) = kept {
+                assert_eq!(
+                    kept,
+                    vec![5; out_words as usize],
+                    "rank {rank}, {name}: its output untouched"
+                );
+            }
+        }
+        assert_eq!(summed, vec![RANKS as u32; PART as usize]);
+        if let Some((refused, after)) = received {
+            assert!(
+                matches!(refused, Err(Error::InvalidArgument { .. })),
+                "rank {rank}: {refused:?}"
+            );
+            assert_eq!(after.unwrap(), vec![7; PART as usize], "the parcel waited");
+        }
     }
     assert!(group.broken().is_none());
 }

@@ -74,13 +74,9 @@ impl<B: Backend> Rank<B> {
                 format!("rank {} named rank {peer} in a group of {ranks}", self.rank),
             ));
         }
-        if data.buffer.server() != self.client().server_id() {
-            return Some(Error::invalid(
-                what,
-                "a buffer of another rank's device".to_owned(),
-            ));
-        }
-        None
+        self.client()
+            .unusable(data.buffer)
+            .map(|why| Error::invalid(what, why))
     }
 
     /// Send `data` to rank `to`, whose next [`recv`](Self::recv) from this
