@@ -267,6 +267,12 @@ impl<B: Backend> Client<B> {
         *self.shared.limits.read()
     }
 
+    /// Whether `other` is a client of this client's server: the same
+    /// device, as a group counts ranks (one device cannot be two).
+    pub fn same_server(&self, other: &Self) -> bool {
+        self.shared.id == other.shared.id
+    }
+
     /// Which server this is a client of.
     pub(crate) fn server_id(&self) -> ServerId {
         self.shared.id

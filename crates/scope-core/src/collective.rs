@@ -63,6 +63,7 @@
 
 pub(crate) mod compute;
 pub mod device;
+mod membership;
 mod p2p;
 pub mod remote;
 mod replay;
@@ -215,12 +216,34 @@ pub enum CollectiveError {
         /// Its result code and what the library says it means.
         detail: String,
     },
-    /// The group lost a rank earlier; make a new [`Group`] (rule 43).
-    #[error("the group is broken ({cause}); make a new group")]
+    /// The group lost a rank earlier: its survivors go on by
+    /// [`Rank::shrink`], or a new [`Group`] is made (rules 43, 54).
+    #[error("the group is broken ({cause}); shrink it to its survivors, or make a new group")]
     Broken {
         /// What broke it.
         cause: Arc<CollectiveError>,
     },
+    /// A call through a rank of a membership epoch that a change
+    /// superseded ([`Rank::shrink`], [`Rank::admit`]): refused, claiming
+    /// nothing (rule 55).
+    #[error("called through membership epoch {epoch}, which epoch {current} superseded{}", stale_advice(*left_out, *current))]
+    Stale {
+        /// The epoch the call came through.
+        epoch: u64,
+        /// The epoch that superseded it.
+        current: u64,
+        /// Whether the new epoch left this rank out.
+        left_out: bool,
+    },
+}
+
+/// What a [`CollectiveError::Stale`] tells the caller to do.
+fn stale_advice(left_out: bool, current: u64) -> String {
+    if left_out {
+        format!(" without this rank: it is no member of epoch {current}; the group must admit it")
+    } else {
+        format!(": call through this rank's handle of epoch {current}, which the change returned")
+    }
 }
 
 impl From<CollectiveError> for Error {
@@ -383,6 +406,9 @@ struct Shared<B: Backend> {
     /// Where the ranks meet: `None` in this process's memory, else by
     /// exchanging ballots on the transport, across processes.
     ballot: Option<Box<dyn Ballot<B>>>,
+    /// The membership epoch: 0 for a group as made, one more per change
+    /// (`collective/membership.rs`).
+    epoch: u64,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -394,6 +420,7 @@ impl<B: Backend> Shared<B> {
         deadline: Duration,
         device: Option<Box<dyn Mover<B>>>,
         ballot: Option<Box<dyn Ballot<B>>>,
+        epoch: u64,
     ) -> Self {
         let state = State {
             issued: vec![0; ranks],
@@ -408,6 +435,7 @@ impl<B: Backend> Shared<B> {
             deadline,
             device,
             ballot,
+            epoch,
             state: Mutex::new(state),
             changed: Condvar::new(),
         }
@@ -486,7 +514,7 @@ impl<B: Backend> Group<B> {
     ) -> Self {
         let ranks = clients.len();
         Self {
-            shared: Arc::new(Shared::new(clients, (0, ranks), deadline, device, None)),
+            shared: Arc::new(Shared::new(clients, (0, ranks), deadline, device, None, 0)),
         }
     }
 
@@ -688,10 +716,26 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    fn collective(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
-        if let Some(cause) = self.shared.state.lock().broken.clone() {
+    /// Whether the group takes calls: not through a superseded epoch
+    /// (rule 55), not once broken (rule 43). The one check every call
+    /// makes before anything else, claiming nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`CollectiveError::Stale`], then [`CollectiveError::Broken`].
+    pub(super) fn usable(&self) -> Result<()> {
+        let state = self.shared.state.lock();
+        if let Some(stale) = state.stale(self.shared.epoch, self.rank) {
+            return Err(stale.into());
+        }
+        if let Some(cause) = state.broken.clone() {
             return Err(CollectiveError::Broken { cause }.into());
         }
+        Ok(())
+    }
+
+    fn collective(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
+        self.usable()?;
         let refused = self.refusal(kind, input, output);
         let reads = kind.reads_input_of(self.rank);
         let on_device = self.shared.device.is_some();
@@ -699,6 +743,7 @@ impl<B: Backend> Rank<B> {
         let part = Part {
             kind: Kind::Call(kind),
             len: input.range.end.saturating_sub(input.range.start),
+            epoch: self.shared.epoch,
             recorded,
             input: match refused {
                 Some(why) => Input::Refused(why),

@@ -222,6 +222,17 @@ pub(super) trait Mover<B: Backend>: Send + Sync {
 
     /// Abort every rank's communicator.
     fn abort_all(&self);
+
+    /// The transport of a new membership epoch over `clients`, its ranks
+    /// in order (`collective/membership.rs`): every member joins new
+    /// communicators, each on a thread of its own, before the change is
+    /// decided on any rank.
+    ///
+    /// # Errors
+    ///
+    /// What the library answered to a member's join: no member gets the
+    /// new epoch.
+    fn regroup(&self, clients: &[Client<B>], deadline: Duration) -> Result<Box<dyn Mover<B>>>;
 }
 
 /// This process's ranks' communicators of one group: every rank's, or —
@@ -274,6 +285,54 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
             unsafe { B::abort(communicator) };
         }
     }
+
+    fn regroup(&self, clients: &[Client<B>], deadline: Duration) -> Result<Box<dyn Mover<B>>> {
+        // A fresh identity, not the library's own shrink: every survivor
+        // is in this process, so joining anew costs one setup, and it works
+        // the same whether the old communicators were aborted (a rank
+        // failed its call) or are intact (a rank never came).
+        Ok(Box::new(join_all::<B>(clients, deadline)?))
+    }
+}
+
+/// Every one of `clients` joins one new communicator, rank `i` being
+/// `clients[i]`, each on a thread of its own.
+///
+/// # Errors
+///
+/// [`Error::BackendUnavailable`] where the library is not installed; the
+/// first member's join that failed.
+fn join_all<B: DeviceCollectives>(
+    clients: &[Client<B>],
+    deadline: Duration,
+) -> Result<Communicators<B>> {
+    let identity = B::identity()?;
+    let ranks = clients.len();
+    // The ranks meet in memory before every call, and that meeting
+    // keeps the deadline; the transport's own patience only guards
+    // against a broken contract, and must not fail a join or a call
+    // that a loaded machine merely scheduled late.
+    let patience = deadline.max(super::DEFAULT_DEADLINE);
+    let joined: Vec<Result<B::Communicator>> = per_rank(ranks, |rank| {
+        let join = |backend: &mut B| {
+            // SAFETY: every rank joins this one identity with the same
+            // count, once, on a thread of its own (`per_rank`); the group
+            // checked that every rank's server is distinct.
+            unsafe { backend.join(&identity, rank, ranks, patience) }
+        };
+        // SAFETY: joining makes a library object the core does not
+        // track, and leaves no work on any stream.
+        unsafe { clients[rank].with_backend_mut(join) }.and_then(|j| j)
+    });
+    let mut mine = Vec::with_capacity(ranks);
+    for communicator in joined {
+        mine.push(Arc::new(communicator?));
+    }
+    Ok(Communicators {
+        first: 0,
+        mine,
+        ranks,
+    })
 }
 
 /// The error every rank's output carries when one rank's device call
@@ -306,33 +365,7 @@ impl<B: DeviceCollectives> Group<B> {
     /// communicator (two ranks on one device, say).
     pub fn over_device(clients: Vec<Client<B>>, deadline: Duration) -> Result<Self> {
         Self::check_clients(&clients)?;
-        let identity = B::identity()?;
-        let ranks = clients.len();
-        // The ranks meet in memory before every call, and that meeting
-        // keeps the deadline; the transport's own patience only guards
-        // against a broken contract, and must not fail a join or a call
-        // that a loaded machine merely scheduled late.
-        let patience = deadline.max(super::DEFAULT_DEADLINE);
-        let joined: Vec<Result<B::Communicator>> = per_rank(ranks, |rank| {
-            let join = |backend: &mut B| {
-                // SAFETY: every rank joins this one identity with the same
-                // count, once, on a thread of its own (`per_rank`);
-                // `check_clients` made every rank's server distinct.
-                unsafe { backend.join(&identity, rank, ranks, patience) }
-            };
-            // SAFETY: joining makes a library object the core does not
-            // track, and leaves no work on any stream.
-            unsafe { clients[rank].with_backend_mut(join) }.and_then(|j| j)
-        });
-        let mut communicators = Vec::with_capacity(ranks);
-        for communicator in joined {
-            communicators.push(Arc::new(communicator?));
-        }
-        let device: Box<dyn Mover<B>> = Box::new(Communicators::<B> {
-            first: 0,
-            mine: communicators,
-            ranks,
-        });
+        let device: Box<dyn Mover<B>> = Box::new(join_all::<B>(&clients, deadline)?);
         Ok(Self::over(clients, deadline, Some(device)))
     }
 }
@@ -403,6 +436,7 @@ impl<B: Backend> Rank<B> {
         let part = Part {
             kind,
             len,
+            epoch: self.shared.epoch,
             recorded,
             input: status,
         };

@@ -96,9 +96,7 @@ impl<B: Backend> Rank<B> {
     /// (nothing sent), and `Stalled` when the receiver did not take its
     /// part in time (the group breaks).
     pub fn send(&self, to: usize, data: Slice<'_>) -> Result<()> {
-        if let Some(cause) = self.shared.state.lock().broken.clone() {
-            return Err(CollectiveError::Broken { cause }.into());
-        }
+        self.usable()?;
         if let Some(refused) = self.p2p_refusal("send", to, data) {
             return Err(refused);
         }
@@ -120,6 +118,9 @@ impl<B: Backend> Rank<B> {
         loop {
             if let Some(cause) = state.broken.clone() {
                 return Err(CollectiveError::Broken { cause }.into());
+            }
+            if let Some(stale) = state.stale(shared.epoch, self.rank) {
+                return Err(stale.into());
             }
             let mailbox = state.mail.entry((self.rank, to)).or_default();
             let full = mailbox.queue.len() >= MAILBOX_PARCELS
@@ -180,24 +181,27 @@ impl<B: Backend> Rank<B> {
         if let Some(refused) = self.p2p_refusal("recv", from, data) {
             return Err(refused);
         }
+        self.usable()?;
         if let Some(ballot) = &self.shared.ballot {
-            if let Some(cause) = self.shared.state.lock().broken.clone() {
-                return Err(CollectiveError::Broken { cause }.into());
-            }
             return self.recv_across(ballot.as_ref(), from, data);
         }
         let shared = &*self.shared;
         let until = Instant::now() + shared.deadline;
         let mut state = shared.state.lock();
-        if let Some(cause) = state.broken.clone() {
-            return Err(CollectiveError::Broken { cause }.into());
-        }
         let (number, parcel) = loop {
             if let Some(cause) = state.broken.clone() {
                 // Broken while this receive waited: its bytes will not
                 // come, so `data` carries why (rule 42).
                 drop(state);
                 let error: Error = (*cause).clone().into();
+                self.client().fail_writing(&[data], error.clone())?;
+                return Err(error);
+            }
+            if let Some(stale) = state.stale(shared.epoch, self.rank) {
+                // Superseded while this receive waited: no sender of this
+                // epoch will come, so `data` carries why.
+                drop(state);
+                let error: Error = stale.into();
                 self.client().fail_writing(&[data], error.clone())?;
                 return Err(error);
             }
@@ -311,6 +315,7 @@ impl<B: Backend> Rank<B> {
         let part = Part {
             kind: Kind::Send,
             len,
+            epoch: self.shared.epoch,
             recorded: false,
             input,
         };
@@ -357,6 +362,7 @@ impl<B: Backend> Rank<B> {
         let part = Part {
             kind: Kind::Recv,
             len,
+            epoch: self.shared.epoch,
             recorded: false,
             input: Input::Ready,
         };

@@ -72,10 +72,10 @@ use crate::handle::{Buffer, Slice};
 pub const RECORD: usize = 1024;
 
 /// Marks a ballot record, and its layout's version.
-const MAGIC: u32 = 0x5343_4232;
+const MAGIC: u32 = 0x5343_4233;
 
 /// Where the text of a record begins.
-const TEXT: usize = 44;
+const TEXT: usize = 52;
 
 /// A peer's failure as its own process rendered it — the root cause and
 /// the chain, as text: what of an [`Error`] crosses processes. A rank's
@@ -432,6 +432,7 @@ fn encode(round: u64, part: &Part) -> Vec<u8> {
     record[28..32].copy_from_slice(&status.to_le_bytes());
     record[32..36].copy_from_slice(&(text.len() as u32).to_le_bytes());
     record[36..44].copy_from_slice(&digest.to_le_bytes());
+    record[44..52].copy_from_slice(&part.epoch.to_le_bytes());
     record[TEXT..TEXT + text.len()].copy_from_slice(&text);
     record
 }
@@ -484,6 +485,7 @@ fn decode(round: u64, record: &[u8]) -> Option<Part> {
     Some(Part {
         kind,
         len: long(12),
+        epoch: long(44),
         recorded: record[7] != 0,
         input,
     })
@@ -515,6 +517,31 @@ impl<B: DeviceCollectives> Rank<B> {
         identity: &B::Identity,
         rank: usize,
         ranks: usize,
+        deadline: Duration,
+    ) -> Result<Self> {
+        Self::join_epoch(client, identity, rank, ranks, 0, deadline)
+    }
+
+    /// [`join`](Self::join), as a member of membership epoch `epoch`: how
+    /// ranks in separate processes change membership (rules 54–56). They
+    /// share no memory to meet in, so their launcher decides who goes on
+    /// — the survivors of a broken group, a restarted process admitted —
+    /// and hands every member a fresh identity, its new rank and the next
+    /// epoch; each joins again. Every ballot carries the epoch, and a
+    /// member that joined with another epoch than its peers — a restarted
+    /// process the launcher gave a stale one — has every call refused on
+    /// every rank, claiming nothing (rule 55), rather than meet peers that
+    /// count its ranks differently.
+    ///
+    /// # Errors
+    ///
+    /// As [`join`](Self::join).
+    pub fn join_epoch(
+        client: Client<B>,
+        identity: &B::Identity,
+        rank: usize,
+        ranks: usize,
+        epoch: u64,
         deadline: Duration,
     ) -> Result<Self> {
         if rank >= ranks {
@@ -556,6 +583,7 @@ impl<B: DeviceCollectives> Rank<B> {
             deadline,
             Some(mover),
             Some(ballot),
+            epoch,
         );
         Ok(Self {
             shared: Arc::new(shared),
@@ -659,6 +687,7 @@ mod tests {
                 let part = Part {
                     kind,
                     len: 4096 + i as u64,
+                    epoch: i as u64,
                     recorded: i % 2 == 1,
                     input,
                 };
@@ -668,6 +697,7 @@ mod tests {
                 assert_eq!(read.kind, kind);
                 assert_eq!(read.recorded, i % 2 == 1);
                 assert_eq!(read.len, 4096 + i as u64);
+                assert_eq!(read.epoch, i as u64);
                 match (&part.input, &read.input) {
                     (Input::Ready, Input::Ready) => {}
                     (Input::Refused(a), Input::Refused(b)) => assert_eq!(a, b),
@@ -712,6 +742,7 @@ mod tests {
         let part = Part {
             kind: Kind::Call(Call::AllGather),
             len: 64,
+            epoch: 0,
             recorded: false,
             input: Input::Ready,
         };

@@ -45,9 +45,9 @@
 //!
 //! [`Client::replay`]: crate::Client::replay
 
+use super::Rank;
 use super::device::{Written, readiness};
 use super::round::{Input, Kind, Outcome, Part};
-use super::{CollectiveError, Rank};
 use crate::backend::Backend;
 use crate::capture::{CaptureState, RecordedRound};
 use crate::error::{Error, Result};
@@ -68,9 +68,7 @@ impl<B: Backend> Rank<B> {
     /// refusal claiming nothing — graphs of different rounds, a graph of
     /// another group or server, a recording stream — and a broken group.
     pub fn replay(&self, graph: &Graph) -> Result<()> {
-        if let Some(cause) = self.shared.state.lock().broken.clone() {
-            return Err(CollectiveError::Broken { cause }.into());
-        }
+        self.usable()?;
         let client = self.client();
         let group = self.shared.id;
         let (kind, len, refused) = match client.graph_rounds(graph) {
@@ -98,6 +96,7 @@ impl<B: Backend> Rank<B> {
         let part = Part {
             kind,
             len,
+            epoch: self.shared.epoch,
             recorded: false,
             input,
         };

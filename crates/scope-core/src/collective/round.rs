@@ -46,6 +46,9 @@ pub(super) struct Part {
     pub(super) kind: Kind,
     /// The input's bytes; for a replay, how many rounds its graph recorded.
     pub(super) len: u64,
+    /// The membership epoch the rank calls through: ranks across processes
+    /// that joined with different epochs are refused (rule 55).
+    pub(super) epoch: u64,
     /// Whether the rank records the round into a capture window rather than
     /// running it: every rank must (rule 50).
     pub(super) recorded: bool,
@@ -99,6 +102,26 @@ pub(super) struct State {
     pub(super) first_failed: Option<usize>,
     /// Point-to-point parcels, by (sender, receiver).
     pub(super) mail: BTreeMap<(usize, usize), super::p2p::Mailbox>,
+    /// The epoch that superseded this group's, once a membership change
+    /// decided one, and which old ranks it kept: every later call is stale
+    /// (rule 55).
+    pub(super) superseded: Option<(u64, Vec<bool>)>,
+    /// The membership changes called on this epoch
+    /// (`collective/membership.rs`).
+    pub(super) changes: Option<super::membership::Changes>,
+}
+
+impl State {
+    /// Why a call through rank `rank` of epoch `epoch` is stale, once a
+    /// change superseded the epoch.
+    pub(super) fn stale(&self, epoch: u64, rank: usize) -> Option<CollectiveError> {
+        let (current, kept) = self.superseded.as_ref()?;
+        Some(CollectiveError::Stale {
+            epoch,
+            current: *current,
+            left_out: !kept.get(rank).copied().unwrap_or(false),
+        })
+    }
 }
 
 impl<B: Backend> Rank<B> {
@@ -160,6 +183,11 @@ impl<B: Backend> Rank<B> {
             }
             if let Some(cause) = state.broken.clone() {
                 return Err(Error::Collective(Box::new((*cause).clone())));
+            }
+            if let Some(stale) = state.stale(shared.epoch, self.rank) {
+                // Peers changed membership while this rank waited in a
+                // round they will not come to: it is stale, not missing.
+                return Err(stale.into());
             }
             if shared.changed.wait_until(&mut state, until).timed_out()
                 && state.rounds.get(&round).is_none_or(|r| r.outcome.is_none())
@@ -266,6 +294,15 @@ pub(super) fn decide(round: u64, parts: &[Part]) -> Outcome {
                     "{} where rank 0 {}",
                     does(part.recorded),
                     does(parts[0].recorded)
+                ),
+            );
+        }
+        if part.epoch != parts[0].epoch {
+            return refuse(
+                rank,
+                format!(
+                    "joined membership epoch {} where rank 0 joined epoch {}",
+                    part.epoch, parts[0].epoch
                 ),
             );
         }
