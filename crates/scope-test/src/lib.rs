@@ -27,6 +27,7 @@ pub mod device;
 pub mod features;
 pub mod host;
 pub mod input;
+pub mod membership;
 pub mod property;
 pub mod recorded;
 pub mod recover;
@@ -43,6 +44,7 @@ pub use dataflow::*;
 pub use device::*;
 pub use features::*;
 pub use input::*;
+pub use membership::*;
 pub use property::random_sequences;
 pub use recorded::*;
 pub use recover::*;
@@ -317,6 +319,14 @@ fn assert_root_contains(error: &Error, text: &str) {
 /// MySuite)` to the optional features' WGSL kernels ([`features`]), for a
 /// backend that compiles WGSL.
 ///
+/// `conformance_tests!(@recovery MySuite)` expands to the behaviours of a
+/// lost device opened again ([`recover`]), for a suite whose backend
+/// reopens ([`Backend::reopen`](scope_core::backend::Backend::reopen)),
+/// with `conformance_tests!(@recovering_groups MySuite)`: a group whose
+/// ranks lose and recover devices, shrink and grow ([`membership`],
+/// [`random_rounds_with_changes`]), which a suite over a device transport
+/// expands alone.
+///
 /// `conformance_tests!(@processes MySuite, "module::path", identity)`
 /// expands, in the module the path names, to four ranks in four processes
 /// ([`ranks_in_separate_processes`]), for a backend whose identity is
@@ -387,6 +397,11 @@ macro_rules! conformance_tests {
             copies_across_devices_carry_failures,
             a_host_staged_collective_is_not_recorded,
             random_rounds_of_collectives_match_the_oracle,
+            survivors_of_a_missing_rank_shrink_and_go_on,
+            a_rank_absent_from_a_shrink_is_left_out_at_the_deadline,
+            a_rank_whose_device_is_lost_is_not_waited_for,
+            a_newcomer_is_admitted_and_healed_by_its_peers,
+            bad_membership_changes_are_refused_everywhere,
         );
     };
     (@device_collectives $suite:ty) => {
@@ -400,6 +415,10 @@ macro_rules! conformance_tests {
             send_and_recv_carry_failures_between_ranks,
             a_sender_ahead_of_a_silent_receiver_holds_a_bounded_mailbox,
             a_failed_device_call_breaks_the_group,
+            survivors_of_a_missing_rank_shrink_and_go_on,
+            a_rank_whose_device_is_lost_is_not_waited_for,
+            a_newcomer_is_admitted_and_healed_by_its_peers,
+            bad_membership_changes_are_refused_everywhere,
             ranks_in_separate_processes_decide_alike,
             a_silent_rank_in_another_process_stalls_its_peers_within_the_deadline,
             collectives_recorded_in_a_graph_replay_on_every_rank,
@@ -435,6 +454,13 @@ macro_rules! conformance_tests {
             a_loss_while_reopening_leaves_it_poisoned_and_recoverable,
             two_recoveries_at_once_open_the_device_once,
             reads_in_flight_on_other_threads_meet_a_recovery,
+        );
+        $crate::conformance_tests!(@recovering_groups $suite);
+    };
+    (@recovering_groups $suite:ty) => {
+        $crate::conformance_tests!(@only $suite;
+            a_lost_rank_recovers_and_is_admitted_back,
+            random_rounds_with_losses_and_changes_match_the_oracle,
         );
     };
     (@backend $suite:ty) => {

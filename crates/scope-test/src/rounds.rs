@@ -43,6 +43,9 @@
 //! [`random_sequences`]); a failing round prints the seed and the rounds
 //! before it.
 
+mod changes;
+
+use self::changes::{Event, Handoff};
 use super::across::each_of_ranks_alone;
 use super::collective::{DEFAULT_WAIT, collective_error, group_of};
 use super::property::Rng;
@@ -681,25 +684,47 @@ fn check_read<B: Backend>(at: &str, client: &Client<B>, part: Slice<'_>, held: &
     }
 }
 
-/// What one rank's thread counted: rounds recorded and replayed, and its
-/// calls that ran, failed on an input, and were refused.
-type Tally = [usize; 4];
+/// What one rank's thread counted: rounds recorded and replayed; its calls
+/// that ran, failed on an input, and were refused; devices lost and
+/// recovered in place, shrinks of every rank, and ranks lost, shrunk away
+/// and admitted back.
+type Tally = [usize; 7];
 
 /// Rank `rank`'s side of `rounds` random rounds from `seed`: every round
 /// drawn whole, the whole oracle kept, this rank's parts played and its
 /// buffers held to the oracle. `over_device`: the group's transport can
 /// record a round.
-fn play<B: Backend>(rank: &Rank<B>, seed: u64, rounds: usize, over_device: bool) -> Tally {
+fn play<B: Backend>(
+    mut rank: Rank<B>,
+    seed: u64,
+    rounds: usize,
+    over_device: bool,
+    changes: Option<&Handoff<B>>,
+) -> Tally {
     let n = rank.ranks();
-    let mut tally = [0usize; 4];
-    let r = rank.index();
-    let c = rank.client();
+    let mut tally = [0usize; 7];
+    let c = rank.client().clone();
+    let c = &c;
     let mut rng = Rng::new(seed);
     let mut oracle = Oracle::new(&mut rng, n);
-    let parts = Parts::upload(c, &oracle, r, &mut Rng::new(seed ^ (r as u64 + 1)));
+    let first = rank.index();
+    let parts = Parts::upload(c, &oracle, first, &mut Rng::new(seed ^ (first as u64 + 1)));
     let mut next_tag = 0;
     let mut log: Vec<String> = Vec::new();
     for round in 0..rounds {
+        let event = changes.and_then(|_| Event::draw(&mut rng, n, &mut next_tag));
+        if let (Some(event), Some(handoff)) = (event, changes) {
+            log.push(format!("{round}: {event:?}"));
+            let at = format!("seed {seed}, round {round}, {event:?}");
+            rank = changes::apply(&at, (event, round), rank, &mut oracle, &parts, handoff);
+            tally[match event {
+                Event::Lose { .. } => 4,
+                Event::Reform => 5,
+                Event::Rotate { .. } => 6,
+            }] += 1;
+        }
+        let r = rank.index();
+        let rank = &rank;
         let plan = Round::draw(&mut rng, n, &mut next_tag);
         log.push(format!("{round}: {plan:?}"));
         let at = |what: &str| {
@@ -782,8 +807,28 @@ pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
             return;
         };
         let over_device = group.is_over_device();
-        let tallies = group.run(|rank| play(&rank, seed, rounds, over_device));
+        let tallies = group.run(|rank| play(rank, seed, rounds, over_device, None));
         report("", seed, rounds, &tallies);
+    }
+}
+
+/// [`random_rounds`] with events between rounds: a rank's device lost and
+/// recovered in place, every rank shrinking to a new epoch, a rank lost,
+/// shrunk away, recovered and admitted back (`rounds/changes.rs`), for a
+/// suite whose devices recover ([`Client::recover`]).
+///
+/// # Panics
+///
+/// As [`random_rounds`]; when a change or a recovery fails.
+pub fn random_rounds_with_changes<S: Suite>(seeds: &[u64], rounds: usize) {
+    for seed in seeds_or_the_one_asked(seeds) {
+        let Some(group) = group_of::<S>(ranks_for::<S>(seed), DEFAULT_WAIT) else {
+            return;
+        };
+        let over_device = group.is_over_device();
+        let handoff = Handoff::new();
+        let tallies = group.run(|rank| play(rank, seed, rounds, over_device, Some(&handoff)));
+        report(" with losses and changes", seed, rounds, &tallies);
     }
 }
 
@@ -801,7 +846,7 @@ where
     for seed in seeds_or_the_one_asked(seeds) {
         let Some(tallies) =
             each_of_ranks_alone::<S, _>(ranks_for::<S>(seed), DEFAULT_WAIT, |rank| {
-                play(&rank, seed, rounds, true)
+                play(rank, seed, rounds, true, None)
             })
         else {
             return;
@@ -815,10 +860,19 @@ fn seeds_or_the_one_asked(seeds: &[u64]) -> Vec<u64> {
 }
 
 fn report(how: &str, seed: u64, rounds: usize, tallies: &[Tally]) {
-    let [recorded, ok, failed, refused] = tallies[0];
+    let [recorded, ok, failed, refused, lost, reformed, rotated] = tallies[0];
+    let events = if lost + reformed + rotated > 0 {
+        format!(
+            "; {lost} devices lost and recovered in place, {reformed} shrinks of every rank, \
+             {rotated} ranks lost, shrunk away and admitted back"
+        )
+    } else {
+        String::new()
+    };
     println!(
         "random rounds: seed {seed}, {rounds} rounds on {} rank(s){how}; rank 0's calls: {ok} ran, \
-         {failed} failed on an input, {refused} refused; {recorded} rounds recorded and replayed",
+         {failed} failed on an input, {refused} refused; {recorded} rounds recorded and replayed\
+         {events}",
         tallies.len()
     );
 }
@@ -843,6 +897,14 @@ fn do_local<B: Backend>(c: &Client<B>, parts: &Parts, local: &Local) {
 /// [`ROUNDS`] each; rules 41, 44, 45, 48).
 pub fn random_rounds_of_collectives_match_the_oracle<S: Suite>() {
     random_rounds::<S>(&ROUND_SEEDS, ROUNDS);
+}
+
+/// [`random_rounds_of_collectives_match_the_oracle`] with devices lost
+/// and recovered, and the group shrunk and grown, between rounds, every
+/// rank's buffers held to the oracle throughout ([`ROUND_SEEDS`],
+/// [`ROUNDS`] each; rules 41, 44, 51, 54–57).
+pub fn random_rounds_with_losses_and_changes_match_the_oracle<S: Suite>() {
+    random_rounds_with_changes::<S>(&ROUND_SEEDS, ROUNDS);
 }
 
 /// [`random_rounds_of_collectives_match_the_oracle`] on ranks that each

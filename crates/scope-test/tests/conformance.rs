@@ -92,4 +92,5 @@ mod over_device {
     }
 
     scope_test::conformance_tests!(@device_collectives HostDeviceSuite);
+    scope_test::conformance_tests!(@recovering_groups HostDeviceSuite);
 }
