@@ -247,6 +247,15 @@ pub fn two_recoveries_at_once_open_the_device_once<S: Suite>() {
     assert_lost(&c, &a);
 }
 
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// Threads reading on their own streams while the device is lost and
 /// opened again: each read answers its bytes, the poison or the loss —
 /// never a hang, never bytes read as clean that were not rewritten — and
@@ -267,21 +276,31 @@ pub fn reads_in_flight_on_other_threads_meet_a_recovery<S: Suite>() {
                             words == vec![9; WORDS as usize] || words == vec![10; WORDS as usize],
                             "a clean read holds words some write wrote"
                         ),
+                        // A reader's call may be the one the loss
+                        // surfaces at (sticky), or come after it.
                         Err(error) => assert!(
-                            error.is_device_poisoned() || error.is_lost_with_device(),
+                            error.is_sticky()
+                                || error.is_device_poisoned()
+                                || error.is_lost_with_device(),
                             "{error}"
                         ),
                     }
                 }
             });
         }
+        // However this thread leaves the scope — a failed assertion
+        // included — the readers stop, so a failure fails and never hangs.
+        let _stop = StopOnDrop(&stop);
         std::thread::sleep(std::time::Duration::from_millis(20));
-        lose::<S>(&c, &a);
+        // The loss surfaces at the next device call of any thread: a
+        // reader's or this fill's.
+        c.inject(FaultPlan::new().poison_at(1, "injected", "DEVICE_LOST"));
+        let _ = fill::<S>(&c, &a, 0xdead);
+        assert!(c.poison().is_some(), "the device is lost");
         std::thread::sleep(std::time::Duration::from_millis(10));
         reopen(&c);
         fill::<S>(&c, &a, 10).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(10));
-        stop.store(true, std::sync::atomic::Ordering::Release);
     });
     assert_eq!(read(&c, &a).unwrap(), vec![10; WORDS as usize]);
     c.audit().unwrap();
