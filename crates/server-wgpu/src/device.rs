@@ -158,6 +158,7 @@ pub(crate) struct Gpu {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     pub(crate) info: wgpu::AdapterInfo,
+    /// The limits the device was asked for: the adapter's own.
     pub(crate) limits: wgpu::Limits,
     /// The optional features enabled: [`OPTIONAL`], as far as the adapter
     /// offers them.
@@ -165,6 +166,45 @@ pub(crate) struct Gpu {
     pub(crate) sink: Arc<Sink>,
     // Kept so the instance outlives the device on every backend.
     _instance: wgpu::Instance,
+}
+
+/// A device just opened, with the server's error sink and loss callback
+/// installed on it.
+struct Opened {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    sink: Arc<Sink>,
+}
+
+/// Ask `adapter` for a device with `features` and `limits`, and install
+/// the sink on it before anything else can reach it: what opening the
+/// server and opening a lost device again share. Never panics.
+fn request(
+    adapter: &wgpu::Adapter,
+    features: wgpu::Features,
+    limits: &wgpu::Limits,
+) -> Result<Opened, String> {
+    let desc = wgpu::DeviceDescriptor {
+        label: Some("scope"),
+        required_features: features,
+        required_limits: limits.clone(),
+        ..Default::default()
+    };
+    let asked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        block_on(adapter.request_device(&desc)).map(|(device, queue)| {
+            let sink = Sink::install(&device);
+            Opened {
+                device,
+                queue,
+                sink,
+            }
+        })
+    }));
+    match asked {
+        Ok(Ok(opened)) => Ok(opened),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err("wgpu panicked while opening the device".to_owned()),
+    }
 }
 
 fn instance(backends: wgpu::Backends) -> wgpu::Instance {
@@ -258,15 +298,12 @@ impl Gpu {
             let info = adapter.get_info();
             let limits = adapter.limits();
             let features = adapter.features() & OPTIONAL;
-            let desc = wgpu::DeviceDescriptor {
-                label: Some("scope"),
-                required_features: features,
-                required_limits: limits.clone(),
-                ..Default::default()
-            };
-            match block_on(adapter.request_device(&desc)) {
-                Ok((device, queue)) => {
-                    let sink = Sink::install(&device);
+            match request(&adapter, features, &limits) {
+                Ok(Opened {
+                    device,
+                    queue,
+                    sink,
+                }) => {
                     let text = describe(&info);
                     if kind(&info) == DeviceKind::Software {
                         tracing::warn!(backend = NAME, adapter = %text, "no hardware adapter; using a software one");
