@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use scope_core::{DeviceKind, Error, Probe, ProbedDevice};
 
-use crate::error::{NAME, Sink, block_on};
+use crate::error::{NAME, Sink, block_on, no_panic};
 
 /// A graphics API wgpu can drive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,6 +164,9 @@ pub(crate) struct Gpu {
     /// offers them.
     pub(crate) features: wgpu::Features,
     pub(crate) sink: Arc<Sink>,
+    /// The adapter the device came from, which a lost device is asked of
+    /// again ([`Gpu::reopen`]).
+    adapter: wgpu::Adapter,
     // Kept so the instance outlives the device on every backend.
     _instance: wgpu::Instance,
 }
@@ -318,6 +321,7 @@ impl Gpu {
                         limits,
                         features,
                         sink,
+                        adapter,
                         _instance: instance,
                     });
                 }
@@ -341,6 +345,46 @@ impl Gpu {
             reason.push_str(&format!("; device refused: {}", refused.join("; ")));
         }
         Err(unavailable(reason))
+    }
+
+    /// Give the device up and ask the same adapter for a new one, with the
+    /// features and limits the first was asked for.
+    ///
+    /// The old device's sink is retired first, so nothing its teardown
+    /// reports (its loss callback, errors no scope caught) reads as a
+    /// fault; the old device is destroyed — whatever still names it stops
+    /// working rather than keep running beside the new one — and polled
+    /// once, never waited on. Every object the server made on it must be
+    /// gone already. When the adapter gives no device, the old one stays,
+    /// given up: every call answers the sticky fault, and a later call here
+    /// tries again.
+    pub(crate) fn reopen(&mut self) -> Result<(), Error> {
+        self.sink.retire();
+        let device = &self.device;
+        let _ = no_panic(&self.sink, "giving the lost device up", || {
+            device.destroy();
+            let _ = device.poll(wgpu::PollType::Poll);
+        });
+        let opened = request(&self.adapter, self.features, &self.limits).map_err(|error| {
+            Error::BackendUnavailable {
+                backend: NAME,
+                reason: format!(
+                    "{} gave no new device for the lost one: {error}",
+                    describe(&self.info)
+                ),
+            }
+        })?;
+        let old = (
+            std::mem::replace(&mut self.queue, opened.queue),
+            std::mem::replace(&mut self.device, opened.device),
+        );
+        let retired = std::mem::replace(&mut self.sink, opened.sink);
+        // The queue's drop waits for the old device to go idle, which a
+        // lost device answers at once and an injected loss after the work
+        // in flight.
+        let _ = no_panic(&retired, "dropping the lost device", move || drop(old));
+        tracing::info!(backend = NAME, adapter = %self.describe(), "device opened again");
+        Ok(())
     }
 
     /// The description `Backend::describe` gives.

@@ -115,16 +115,33 @@ pub(crate) fn device_lost(detail: &str) -> Error {
 
 /// What the device told us outside any call: loss, and errors no scope
 /// caught. Shared with wgpu's callbacks, which may run on any thread.
+///
+/// One sink per device: a device opened again gets a new one, so nothing
+/// the old device reports late reaches the new device's calls.
 #[derive(Default)]
 pub(crate) struct Sink {
     lost: AtomicBool,
     lost_reason: Mutex<String>,
     uncaptured: Mutex<Vec<String>>,
     any_uncaptured: AtomicBool,
+    /// The server gave the device up ([`retire`](Self::retire)): what it
+    /// reports from here on is its teardown, not a fault.
+    retired: AtomicBool,
 }
 
 impl Sink {
     /// A sink, with its handlers installed on `device`.
+    ///
+    /// A loss poisons, whatever its reason, unless the server gave the
+    /// device up first. wgpu reports two: `Unknown` (the driver lost the
+    /// device) and `Destroyed` (`Device::destroy` was called). The server
+    /// destroys a device only after retiring its sink, when it opens the
+    /// device again ([`Gpu::reopen`](crate::device::Gpu::reopen)), and
+    /// dropping a device reports no loss at all; so a `Destroyed` on a sink
+    /// still in service is a destroy the server never asked for (through
+    /// `Wgpu::raw`), and the device is as lost as by any driver fault. wgpu
+    /// runs the callback at a poll once the queue is empty, so the loss is
+    /// learned at the next wait or read, as a real loss is.
     pub(crate) fn install(device: &wgpu::Device) -> Arc<Self> {
         let sink = Arc::new(Self::default());
         let on_error = Arc::downgrade(&sink);
@@ -132,26 +149,66 @@ impl Sink {
             // Never panic here: this replaces wgpu's default handler, which
             // does.
             let text = message(&error);
-            tracing::error!(backend = NAME, "wgpu error outside any scope: {text}");
-            if let Some(sink) = on_error.upgrade() {
-                sink.uncaptured.lock().push(text);
-                sink.any_uncaptured.store(true, Ordering::Release);
+            let Some(sink) = on_error.upgrade() else {
+                tracing::debug!(backend = NAME, "wgpu error after the device went: {text}");
+                return;
+            };
+            if sink.retired.load(Ordering::Acquire) {
+                tracing::debug!(
+                    backend = NAME,
+                    "wgpu error while giving a device up: {text}"
+                );
+                return;
             }
+            tracing::error!(backend = NAME, "wgpu error outside any scope: {text}");
+            sink.uncaptured.lock().push(text);
+            sink.any_uncaptured.store(true, Ordering::Release);
         }));
         let on_lost = Arc::downgrade(&sink);
         device.set_device_lost_callback(move |reason, text| {
-            if let Some(sink) = on_lost.upgrade() {
-                if reason == wgpu::DeviceLostReason::Destroyed {
-                    // Our own drop of the device: nobody is left to tell.
-                    tracing::debug!(backend = NAME, "device destroyed: {text}");
-                } else {
-                    tracing::error!(backend = NAME, ?reason, "device lost: {text}");
-                }
-                *sink.lost_reason.lock() = format!("{reason:?}: {text}");
-                sink.lost.store(true, Ordering::Release);
+            let Some(sink) = on_lost.upgrade() else {
+                tracing::debug!(backend = NAME, ?reason, "device gone: {text}");
+                return;
+            };
+            if sink.retired.load(Ordering::Acquire) {
+                // The server's own teardown: nobody is left to tell.
+                tracing::debug!(backend = NAME, ?reason, "device given up: {text}");
+                return;
             }
+            let why = if reason == wgpu::DeviceLostReason::Destroyed {
+                format!(
+                    "the device was destroyed by a call the server did not make \
+                     (wgpu::Device::destroy){}",
+                    if text.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {text}")
+                    }
+                )
+            } else {
+                format!("{reason:?}: {text}")
+            };
+            tracing::error!(backend = NAME, "device lost: {why}");
+            *sink.lost_reason.lock() = why;
+            sink.lost.store(true, Ordering::Release);
         });
         sink
+    }
+
+    /// The server gives the device up (to open it again, or on drop): from
+    /// here every call answers the sticky fault, and what the device
+    /// reports as it goes — its loss callback, errors no scope caught — is
+    /// logged, never kept as a fault.
+    pub(crate) fn retire(&self) {
+        if self.retired.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if !self.lost.load(Ordering::Acquire) {
+            *self.lost_reason.lock() = "the server gave the device up".to_owned();
+            self.lost.store(true, Ordering::Release);
+        }
+        self.any_uncaptured.store(false, Ordering::Release);
+        self.uncaptured.lock().clear();
     }
 
     /// The sticky fault, once the device is lost.
@@ -165,6 +222,10 @@ impl Sink {
 
     /// Mark the device lost (a panic inside wgpu, a lost-device poll).
     pub(crate) fn mark_lost(&self, why: String) {
+        if self.retired.load(Ordering::Acquire) {
+            tracing::debug!(backend = NAME, "while giving a device up: {why}");
+            return;
+        }
         tracing::error!(backend = NAME, "device treated as lost: {why}");
         *self.lost_reason.lock() = why;
         self.lost.store(true, Ordering::Release);

@@ -106,12 +106,7 @@ impl Wgpu {
     /// [`Error::BackendUnavailable`] when no adapter fits.
     pub fn new(options: &Options) -> Result<Self> {
         let gpu = Gpu::open(options)?;
-        let limits = &gpu.limits;
-        let scalar_alignment = u64::from(
-            limits
-                .min_storage_buffer_offset_alignment
-                .max(limits.min_uniform_buffer_offset_alignment),
-        );
+        let scalar_alignment = scalar_alignment(&gpu.limits);
         Ok(Self {
             gpu,
             pool: Pool::default(),
@@ -123,6 +118,46 @@ impl Wgpu {
             next_batch: 0,
             scalar_alignment,
         })
+    }
+
+    /// Drop everything the server made on the device — every stream's
+    /// open encoder, pass, scalar image and deferred error, the scalar
+    /// arenas and what submissions are counted, the read-back staging, the
+    /// bind-group cache and its last group, the pooled buffers — then ask
+    /// the adapter for a new device ([`Gpu::reopen`]) and give every stream
+    /// a fresh batch on it. Safe to call again after it failed: what it
+    /// drops is already empty, and the adapter is asked again.
+    fn reopen_now(&mut self, fault: &Error, streams: &[&mut Stream]) -> Result<()> {
+        tracing::warn!(backend = NAME, "opening the device again after: {fault}");
+        if let Some(stray) = streams.iter().find(|s| s.0 >= self.streams.len()) {
+            return Err(Error::internal(format!(
+                "reopen was given stream {} of {}",
+                stray.0,
+                self.streams.len()
+            )));
+        }
+        let sink = self.gpu.sink.clone();
+        // Retired before anything goes, so that nothing dropped below
+        // reports a fault on the way.
+        sink.retire();
+        let mut batches = Vec::with_capacity(self.streams.len());
+        for batch in &self.streams {
+            self.next_batch += 1;
+            batches.push(Batch::new(batch.stream, self.next_batch));
+        }
+        let old = (
+            std::mem::replace(&mut self.streams, batches),
+            std::mem::take(&mut self.submissions),
+            std::mem::take(&mut self.bind_groups),
+            self.staging.take(),
+            std::mem::take(&mut self.pool),
+        );
+        let _ = error::no_panic(&sink, "dropping the lost device's objects", move || {
+            drop(old)
+        });
+        self.gpu.reopen()?;
+        self.scalar_alignment = scalar_alignment(&self.gpu.limits);
+        Ok(())
     }
 
     /// The device's limits, as opened.
@@ -186,8 +221,19 @@ impl Wgpu {
     }
 }
 
+/// The alignment of a scalar blob in an arena, bound as storage or uniform.
+fn scalar_alignment(limits: &wgpu::Limits) -> u64 {
+    u64::from(
+        limits
+            .min_storage_buffer_offset_alignment
+            .max(limits.min_uniform_buffer_offset_alignment),
+    )
+}
+
 impl Drop for Wgpu {
     fn drop(&mut self) {
+        // Nobody is left to hear what the device reports as it goes.
+        self.gpu.sink.retire();
         // Finish what was submitted before the device goes; wgpu would
         // otherwise wait in its own drop, and a lost device cannot answer.
         let _ = error::no_panic(&self.gpu.sink, "the final wait", || {
@@ -462,6 +508,16 @@ impl Backend for Wgpu {
     unsafe fn destroy_graph(&mut self, graph: Graph) -> Result<()> {
         self.destroy_now(graph)
     }
+
+    /// A new device from the same adapter, with the features and limits
+    /// the server asked for when it opened; every stream gets a fresh,
+    /// empty batch on it. Every loss is recoverable here: wgpu has no
+    /// process-fatal fault. When the adapter gives no device the error is
+    /// [`Error::BackendUnavailable`] and the server stays as it was, given
+    /// up; a later call tries again.
+    unsafe fn reopen(&mut self, fault: &Error, streams: &mut [&mut Stream]) -> Result<()> {
+        self.reopen_now(fault, streams)
+    }
 }
 
 /// A client of a wgpu server on the adapter `SCOPE_WGPU_BACKEND` and
@@ -481,4 +537,52 @@ pub fn client() -> Result<Client<Wgpu>> {
 /// [`Error::BackendUnavailable`] when there is no usable adapter.
 pub fn client_with(options: &Options) -> Result<Client<Wgpu>> {
     Client::new(Wgpu::new(options)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reopen the adapter refuses leaves the server given up — every call
+    /// the sticky fault, nothing panics — and the next reopen opens it.
+    /// The adapter is made to refuse by asking for limits past its own.
+    #[test]
+    fn a_refused_reopen_can_be_tried_again() {
+        for api in [Api::Vulkan, Api::Gl] {
+            let Ok(mut wgpu) = Wgpu::new(&Options::api(api)) else {
+                println!("skipped: no {} adapter", api.name());
+                continue;
+            };
+            let fault = error::device_lost("lost for the test");
+            // SAFETY: the backend's first stream, made in id order; no
+            // memory, kernel, graph, capture or waiter is outstanding at
+            // either reopen (the one allocation is freed before).
+            unsafe {
+                let mut stream = wgpu.create_stream(StreamId(0)).unwrap();
+                let memory = wgpu.allocate(&mut stream, 1024).unwrap();
+                wgpu.write(&mut stream, &memory, 0, &[7; 16]).unwrap();
+                wgpu.free(memory);
+                let asked = wgpu.gpu.limits.clone();
+                wgpu.gpu.limits.max_buffer_size = u64::MAX;
+                let refused = wgpu.reopen(&fault, &mut [&mut stream]).unwrap_err();
+                assert!(
+                    matches!(refused, Error::BackendUnavailable { .. }),
+                    "{refused}"
+                );
+                assert!(wgpu.allocate(&mut stream, 64).unwrap_err().is_sticky());
+                assert!(wgpu.flush(&mut stream).unwrap_err().is_sticky());
+                assert_eq!(wgpu.bytes_reserved(), 0, "the pool went with the device");
+                wgpu.gpu.limits = asked;
+                let before = wgpu.gpu.device.clone();
+                wgpu.reopen(&fault, &mut [&mut stream]).unwrap();
+                assert_ne!(before, wgpu.gpu.device);
+                let memory = wgpu.allocate(&mut stream, 1024).unwrap();
+                wgpu.write(&mut stream, &memory, 0, &[9; 16]).unwrap();
+                let mut out = [0; 16];
+                wgpu.read(&mut stream, &memory, 0, &mut out).unwrap();
+                assert_eq!(out, [9; 16]);
+                wgpu.free(memory);
+            }
+        }
+    }
 }

@@ -1,6 +1,8 @@
 //! The conformance suite, once per software adapter: Vulkan (lavapipe) and
 //! GL through EGL (llvmpipe). Each prints `skipped: no wgpu device (...)`
-//! when its adapter is absent, and fails under `SCOPE_REQUIRE=wgpu`.
+//! when its adapter is absent, and fails under `SCOPE_REQUIRE=wgpu`. The
+//! recovery group loses the device by an injected fault; `recover.rs` loses
+//! it for real.
 
 mod common;
 
@@ -9,6 +11,7 @@ mod vulkan {
     scope_test::conformance_tests!(Suite);
     scope_test::conformance_tests!(@backend Suite);
     scope_test::conformance_tests!(@wgsl_features Suite);
+    scope_test::conformance_tests!(@recovery Suite);
 }
 
 mod gl {
@@ -16,4 +19,5 @@ mod gl {
     scope_test::conformance_tests!(Suite);
     scope_test::conformance_tests!(@backend Suite);
     scope_test::conformance_tests!(@wgsl_features Suite);
+    scope_test::conformance_tests!(@recovery Suite);
 }
