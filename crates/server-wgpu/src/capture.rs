@@ -42,7 +42,7 @@ use scope_core::Error;
 use scope_core::backend::{BoundDispatch, Launch};
 use smallvec::SmallVec;
 
-use crate::error::{late_fault, message, no_panic, out_of_memory, scoped};
+use crate::error::{late_fault, lost_first, message, no_panic, out_of_memory, scoped};
 use crate::launch::{Entry, Pipeline, make_group, round_up};
 use crate::memory::{Memory, Tag, mark, tag_value};
 use crate::stream::{BATCH_LIMIT, Batch, Dispatch};
@@ -283,6 +283,7 @@ impl crate::Wgpu {
                 buffer
             });
             if let Some(error) = error {
+                lost_first(device, &self.gpu.sink)?;
                 return Err(out_of_memory(&error, size)
                     .unwrap_or_else(|| refused("the constants buffer", message(&error))));
             }
@@ -339,8 +340,14 @@ impl crate::Wgpu {
                                     size: *padded,
                                 });
                             }
-                            let group = make_group(device, kernel, &entries)
-                                .map_err(|d| refused(&format!("binding `{}`", kernel.name), d))?;
+                            let group = match make_group(device, kernel, &entries) {
+                                Ok(group) => group,
+                                Err(detail) => {
+                                    lost_first(device, &self.gpu.sink)?;
+                                    let what = format!("binding `{}`", kernel.name);
+                                    return Err(refused(&what, detail));
+                                }
+                            };
                             // Graph bind groups are not in the cache: give
                             // each its own id so the pass never mistakes one
                             // for another.
@@ -430,6 +437,7 @@ impl crate::Wgpu {
         })?;
         drop(finished);
         if let Some(error) = error {
+            lost_first(device, &self.gpu.sink)?;
             return Err(refused("the recorded work", message(&error)));
         }
         Ok(Graph {
@@ -477,6 +485,7 @@ impl crate::Wgpu {
             mark(t, tag);
         }
         if let Some(error) = error {
+            lost_first(device, &self.gpu.sink)?;
             return Err(late_fault("wgpu validation", message(&error)));
         }
         if batch.dispatches >= BATCH_LIMIT {

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use scope_core::Error;
 
-use crate::error::{late_fault, message, out_of_memory, scoped};
+use crate::error::{late_fault, lost_first, message, out_of_memory, scoped};
 use crate::memory::{Memory, mark, tag_value};
 use crate::stream::StreamWait;
 
@@ -52,6 +52,9 @@ pub(crate) fn bounce(device: &wgpu::Device, len: u64) -> wgpu::Buffer {
 
 impl crate::Wgpu {
     fn copy_error(&self, s: usize, what: String, error: &wgpu::Error, len: u64) -> Error {
+        if let Err(lost) = lost_first(&self.gpu.device, &self.gpu.sink) {
+            return lost;
+        }
         out_of_memory(error, len).unwrap_or_else(|| Error::Copy {
             what,
             stream: self.streams[s].stream,
@@ -151,6 +154,7 @@ impl crate::Wgpu {
             })
         });
         if let Some(error) = error {
+            lost_first(device, &self.gpu.sink)?;
             return Err(out_of_memory(&error, size)
                 .unwrap_or_else(|| late_fault("wgpu validation", message(&error))));
         }
@@ -242,7 +246,14 @@ impl crate::Wgpu {
                 Err(Error::internal("a wgpu read ended that never began"))
             });
         };
-        let copied = surfaced.and_then(|()| read.copy_into(out));
+        let copied = surfaced.and_then(|()| {
+            read.copy_into(out).map_err(|error| {
+                // A map that failed may be a device that went.
+                lost_first(&self.gpu.device, &self.gpu.sink)
+                    .err()
+                    .unwrap_or(error)
+            })
+        });
         if let Some((staging, size)) = read.give_back() {
             self.keep_staging(staging, size);
         }

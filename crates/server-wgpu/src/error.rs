@@ -32,6 +32,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use scope_core::{DeviceFault, Error};
@@ -240,6 +241,38 @@ impl Sink {
         let all = std::mem::take(&mut *self.uncaptured.lock());
         (!all.is_empty()).then(|| late_fault("uncaptured wgpu error", all.join("\n")))
     }
+}
+
+/// How long an error path waits for the device's submitted work so that a
+/// loss can speak ([`lost_first`]).
+const LOSS_PROBE: Duration = Duration::from_secs(2);
+
+/// On an error path, before the error is classified as anything else: the
+/// sticky fault if the device turns out to be lost.
+///
+/// wgpu says little at the moment a device goes. On a destroyed device
+/// (`Device::destroy`) every call is a silent no-op — objects made on it
+/// are invalid, and wgpu drops the errors that say why — and the loss
+/// callback runs only at a poll that finds the queue empty. What the
+/// server does see is the consequence: a submission refused because a
+/// buffer is invalid, a map that fails, a write into an invalid buffer.
+/// Each of those, classified on its own, would read as a recoverable
+/// validation error on one piece of work. So every error a scope catches
+/// first polls the device (waiting at most [`LOSS_PROBE`] for the work in
+/// flight) and asks the sink: a lost device answers the sticky fault, which
+/// poisons, and only a device still in service gets the error's own
+/// classification. Errors are rare, so the wait costs nothing on the path
+/// that matters; work that runs past the probe leaves the loss to the next
+/// wait, as any loss is learned.
+pub(crate) fn lost_first(device: &wgpu::Device, sink: &Sink) -> Result<(), Error> {
+    sink.check_lost()?;
+    let _ = no_panic(sink, "a device poll after an error", || {
+        device.poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: Some(LOSS_PROBE),
+        })
+    })?;
+    sink.check_lost()
 }
 
 /// Run `f`, turning a panic inside wgpu into a lost device.

@@ -42,7 +42,7 @@ use scope_core::{Error, Kernel, KernelSource, StreamId};
 use smallvec::SmallVec;
 
 use crate::device::Gpu;
-use crate::error::{NAME, message, out_of_memory, scoped};
+use crate::error::{NAME, lost_first, message, out_of_memory, scoped};
 use crate::memory::{Memory, mark, tag_value};
 use crate::stream::{ARENA_BYTES, BATCH_LIMIT, Dispatch};
 
@@ -171,6 +171,7 @@ pub(crate) fn compile(gpu: &Gpu, kernel: &Kernel, id: u64) -> Result<Arc<Pipelin
         }
     });
     if let Some(error) = error {
+        lost_first(device, &gpu.sink)?;
         return Err(out_of_memory(&error, 0).unwrap_or_else(|| fail(message(&error))));
     }
     let slots = reflect(source).map_err(fail)?;
@@ -228,6 +229,7 @@ pub(crate) fn compile(gpu: &Gpu, kernel: &Kernel, id: u64) -> Result<Arc<Pipelin
         (layout, pipeline)
     });
     if let Some(error) = error {
+        lost_first(device, &gpu.sink)?;
         return Err(out_of_memory(&error, 0).unwrap_or_else(|| fail(message(&error))));
     }
     tracing::debug!(kernel = %kernel.name(), bindings = slots.len(), "compiled");
@@ -425,9 +427,11 @@ impl crate::Wgpu {
                     scalar_offset = 0;
                 }
                 if self.streams[s].arena.is_none() {
-                    let arena = self
-                        .submissions
-                        .arena(&self.gpu.device, &mut self.next_id)?;
+                    let arena = self.submissions.arena(
+                        &self.gpu.device,
+                        &self.gpu.sink,
+                        &mut self.next_id,
+                    )?;
                     self.streams[s].arena = Some(arena);
                 }
                 let batch = &mut self.streams[s];
@@ -478,9 +482,13 @@ impl crate::Wgpu {
                         size: padded,
                     });
                 }
-                let (id, group) = bind_groups
-                    .get(&gpu.device, kernel, &entries, next_id)
-                    .map_err(|d| launch_error(kernel, stream, d))?;
+                let (id, group) = match bind_groups.get(&gpu.device, kernel, &entries, next_id) {
+                    Ok(found) => found,
+                    Err(detail) => {
+                        lost_first(&gpu.device, &gpu.sink)?;
+                        return Err(launch_error(kernel, stream, detail));
+                    }
+                };
                 Some((id, group, dynamic))
             }
         };

@@ -350,6 +350,7 @@ impl Backend for Wgpu {
             })
         });
         if let Some(error) = error {
+            error::lost_first(device, &self.gpu.sink)?;
             return Err(out_of_memory(&error, size).unwrap_or_else(|| {
                 Error::invalid(
                     "allocation size",

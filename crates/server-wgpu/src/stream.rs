@@ -49,7 +49,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use scope_core::{Error, StreamId};
 
 use crate::copy::ReadBack;
-use crate::error::{Sink, late_fault, message, no_panic, scoped};
+use crate::error::{Sink, late_fault, lost_first, message, no_panic, scoped};
 
 /// Dispatches a batch holds before it is submitted.
 pub const BATCH_LIMIT: u32 = 1024;
@@ -230,6 +230,7 @@ impl Submissions {
     pub(crate) fn arena(
         &mut self,
         device: &wgpu::Device,
+        sink: &Sink,
         next_id: &mut u64,
     ) -> Result<Arena, Error> {
         if let Some(arena) = self.idle.pop() {
@@ -261,6 +262,7 @@ impl Submissions {
             })
         });
         if let Some(error) = error {
+            lost_first(device, sink)?;
             return Err(crate::error::out_of_memory(&error, ARENA_BYTES)
                 .unwrap_or_else(|| late_fault("wgpu validation", message(&error))));
         }
@@ -328,10 +330,9 @@ fn wait_for(
     })?;
     if let Err(error) = polled {
         // A submission a lost device dropped is never reached; wgpu
-        // reports the loss at the next maintenance, so poll once more
-        // and let the loss, if that is what it was, speak first.
-        let _ = no_panic(sink, "a device poll", || device.poll(wgpu::PollType::Poll))?;
-        sink.check_lost()?;
+        // reports the loss at a later maintenance, so let the loss, if
+        // that is what it was, speak first.
+        lost_first(device, sink)?;
         return Err(late_fault("wgpu poll", error.to_string()));
     }
     sink.check_lost()
@@ -389,6 +390,9 @@ impl Submitter<'_> {
         batch.last_scalars = 0..0;
         batch.writes_pending = false;
         if let Some(error) = error {
+            // A batch naming objects of a device that went (destroyed, its
+            // objects invalid) is refused too: the loss is the fault.
+            lost_first(device, sink)?;
             tracing::error!(stream = %batch.stream, "wgpu refused a submitted batch: {}", message(&error));
             batch.deferred.get_or_insert_with(|| {
                 late_fault("wgpu validation at submission", message(&error))
@@ -427,13 +431,12 @@ impl Submitter<'_> {
 
     /// The stream's deferred fault, or an error no scope caught.
     pub(crate) fn surfaced(&self, batch: &mut Batch) -> Result<(), Error> {
-        self.gpu.sink.check_lost()?;
-        if let Some(error) = batch.deferred.take() {
-            return Err(error);
-        }
-        match self.gpu.sink.take_uncaptured() {
-            Some(error) => Err(error),
-            None => Ok(()),
-        }
+        let sink = &self.gpu.sink;
+        sink.check_lost()?;
+        let Some(error) = batch.deferred.take().or_else(|| sink.take_uncaptured()) else {
+            return Ok(());
+        };
+        lost_first(&self.gpu.device, sink)?;
+        Err(error)
     }
 }
