@@ -25,6 +25,10 @@
 //! features in [`OPTIONAL`] that the adapter offers: `f16`, subgroups and
 //! `f32` atomics (lavapipe offers all of them; llvmpipe's GL none). What
 //! was enabled is reported in `launch_limits`.
+//!
+//! A lost device is opened again from the same adapter with the same
+//! features and limits ([`Gpu::reopen`]), through the one function that
+//! opened it first.
 
 use std::sync::Arc;
 

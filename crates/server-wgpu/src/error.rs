@@ -18,6 +18,13 @@
 //!   installed by [`Sink::install`], which logs it and keeps it for the next
 //!   sync instead of panicking; device loss sets a flag that every later call
 //!   answers with a sticky fault, which the core turns into poison.
+//! - A loss is learned late (wgpu runs the loss callback at a poll), and
+//!   until then the lost device's objects fail in ways that look like
+//!   validation errors. So an error a scope catches is classified only
+//!   after [`lost_first`] has let a loss speak.
+//! - One sink per device. The server retires it ([`Sink::retire`]) before
+//!   it gives the device up — to open it again, or on drop — so nothing the
+//!   teardown reports reads as a fault.
 //!
 //! wgpu validates encoded commands (passes, copies) when the encoder is
 //! finished, not when they are recorded. The launch and copy paths check up

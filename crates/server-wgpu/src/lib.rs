@@ -9,7 +9,7 @@
 //!    call runs inside error scopes (`error.rs`), so an error is the return
 //!    value of the call that caused it, with wgpu's message; a handler that
 //!    never panics catches anything else, and device loss is a sticky fault
-//!    the core turns into poison.
+//!    the core turns into poison (see [below](#device-loss-and-recovery)).
 //! 2. **One queue, and passes are what cost.** Logical streams are ordering
 //!    domains on the one queue, and each batches its launches into one open
 //!    encoder and compute pass (`stream.rs`), which is what makes a launch
@@ -39,6 +39,39 @@
 //! with any count past `max_compute_workgroups_per_dimension` into a no-op.
 //! The launch still succeeds: nothing on the host can know the count when it
 //! returns.
+//!
+//! # Device loss and recovery
+//!
+//! A lost device is a sticky fault (`DEVICE_LOST`), which poisons the
+//! client. wgpu says little when a device goes: on a device destroyed with
+//! `Device::destroy` every call is a silent no-op and the loss callback
+//! runs at a poll once the queue is empty. So the loss is learned at the
+//! next wait or read, and every error a scope catches first polls the
+//! device and lets a loss speak: a batch refused because its buffers went
+//! with the device is the loss, not a validation error of its own.
+//! `DeviceLostReason::Destroyed` counts as a loss like any other unless
+//! the server gave the device up first (its sink retired, in
+//! `Backend::reopen` and on drop), so a destroy the server did not ask for
+//! poisons, and the server's own teardown reports nothing.
+//!
+//! [`Client::recover`] opens the device again (`Backend::reopen`): once the
+//! core has given back every buffer, graph and kernel, the server drops
+//! everything it made on the lost device — each stream's open encoder,
+//! pass and scalar image, the scalar arenas and the count of submissions,
+//! the read-back staging, the bind-group cache, the pooled buffers — then
+//! destroys the old device, asks **the same adapter** for a new one with
+//! the features and limits it first asked for (the same function
+//! [`Wgpu::new`] opens with), installs a new sink on it, and gives every
+//! stream a fresh batch. wgpu has no process-fatal fault, so every loss is
+//! recoverable here; an adapter that gives no device is
+//! [`Error::BackendUnavailable`], the client stays poisoned, and a later
+//! `recover` asks again.
+//!
+//! The loss in `tests/recover.rs` is real: `Device::destroy` on the
+//! server's own device, which lavapipe and llvmpipe both honour. The
+//! conformance group's loss (`@recovery` in `tests/conformance.rs`) is
+//! injected: a sticky fault poisons the client while the wgpu device stays
+//! healthy, and `reopen` gives that device up all the same.
 //!
 //! # Choosing the adapter
 //!
@@ -172,6 +205,9 @@ impl Wgpu {
 
     /// The device and queue, for a raw-wgpu baseline beside the server (the
     /// launch-overhead bench). Work submitted here is outside every scope.
+    /// A `Device::destroy` through it loses the device for real: the server
+    /// learns it at its next wait or read as the sticky device-lost fault,
+    /// and [`Client::recover`] opens a new device (a new handle here).
     pub fn raw(&self) -> (&wgpu::Device, &wgpu::Queue) {
         (&self.gpu.device, &self.gpu.queue)
     }
