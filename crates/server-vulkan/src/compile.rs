@@ -648,7 +648,7 @@ impl Pipelines {
                             "the kernel declares {bindings} storage buffers (bindings and scalar \
                              blob); {} pushes at most {max} (maxPushDescriptors and the \
                              storage-buffer limits)",
-                            self.gpu.name
+                            self.gpu.adapter.name
                         ),
                     ));
                 }
@@ -664,7 +664,7 @@ impl Pipelines {
                         format!(
                             "the module reaches buffers by device address, which needs \
                              bufferDeviceAddress and vulkanMemoryModel; {} lacks {}",
-                            self.gpu.name,
+                            self.gpu.adapter.name,
                             match (self.gpu.bda, self.gpu.memory_model) {
                                 (false, false) => "both",
                                 (false, true) => "bufferDeviceAddress",

@@ -4,7 +4,11 @@
 //! before the device, and the core drops a server's parts in an order it
 //! chooses (the backend before its streams). So the device lives in one
 //! [`Gpu`] behind an `Arc`: every object that needs the device to destroy
-//! itself holds a clone, and the device goes last whatever the order.
+//! itself holds a clone, and the device goes last whatever the order. The
+//! instance and the chosen physical device live one level up, in an
+//! [`Adapter`] every `Gpu` holds: a recovery (`Backend::reopen`) destroys
+//! the device and everything made on it, and opens a new one on the same
+//! adapter with [`Gpu::open`], the function that opened the first.
 //!
 //! The device is picked by kind — discrete, integrated, virtual, then CPU —
 //! unless `SCOPE_VULKAN_DEVICE` names one by index (enumeration order) or by
@@ -19,12 +23,12 @@
 //! and its validation layer are `instance.rs`; opening the chosen one, and
 //! what it offers, is here.
 
-use std::ffi::{CStr, c_void};
+use std::ffi::CStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ash::vk;
-use scope_core::{Error, Result};
+use scope_core::Result;
 
 use crate::error::unavailable;
 
@@ -34,8 +38,7 @@ mod instance;
 pub use choice::device_count;
 pub(crate) use choice::probe;
 use choice::{candidates, choose, kind_name};
-pub(crate) use instance::Messages;
-use instance::{VALIDATION_LAYER, layer_present, load_entry, make_instance, on_message};
+use instance::Instance;
 pub use instance::{VALIDATION_LAYER_MISSING, validation_layer_installed, validation_required_by};
 
 /// The limits and memory facts the rest of the backend consults.
@@ -83,24 +86,65 @@ pub(crate) struct Limits {
     pub host_type: u32,
 }
 
+/// The instance and the physical device chosen on it: what outlives every
+/// device the server opens, so that a recovery opens the same device again
+/// (same physical device, same queue family, and from the same queries the
+/// same features and extensions) and the validation layer's messages carry
+/// over.
+pub(crate) struct Adapter {
+    pub instance: Instance,
+    pub physical: vk::PhysicalDevice,
+    pub props: vk::PhysicalDeviceProperties,
+    pub name: String,
+    /// The compute queue family.
+    pub family: u32,
+}
+
+impl Adapter {
+    /// The instance and the physical device `config` and the environment
+    /// ask for.
+    pub(crate) fn open(config: &Config) -> Result<Arc<Adapter>> {
+        // On an error below, dropping `instance` destroys it.
+        let instance = Instance::open(config)?;
+        let all = candidates(&instance.raw);
+        let (index, family) = choose(&instance.raw, &all, config.device)?;
+        let chosen = &all[index];
+        Ok(Arc::new(Adapter {
+            physical: chosen.physical,
+            props: chosen.props,
+            name: chosen.name.clone(),
+            family,
+            instance,
+        }))
+    }
+
+    /// The device, for a person.
+    pub(crate) fn describe(&self) -> String {
+        let api = self.props.api_version;
+        format!(
+            "{} ({}, Vulkan {}.{}.{})",
+            self.name,
+            kind_name(self.props.device_type),
+            vk::api_version_major(api),
+            vk::api_version_minor(api),
+            vk::api_version_patch(api)
+        )
+    }
+}
+
 /// The device and everything created with it that lives as long as it.
 pub(crate) struct Gpu {
-    _entry: ash::Entry,
-    pub instance: ash::Instance,
+    /// The instance and physical device it was opened on.
+    pub adapter: Arc<Adapter>,
     pub device: ash::Device,
     pub push: ash::khr::push_descriptor::Device,
     pub queue: vk::Queue,
     pub family: u32,
     pub limits: Limits,
-    pub name: String,
-    pub kind: vk::PhysicalDeviceType,
-    pub api: u32,
     pub bda: bool,
     /// Whether `vulkanMemoryModel` is enabled: with `bda`, what SPIR-V that
     /// reaches buffers by device address (cubecl's) needs.
     pub memory_model: bool,
-    /// Whether the validation layer is on and its messenger listening.
-    pub validation: bool,
     /// Whether `robustBufferAccess` is enabled: a descriptor access past
     /// its binding's range then stays inside it (reads give zeros or values
     /// of the binding, writes are dropped or land inside it), whatever the
@@ -131,31 +175,29 @@ pub(crate) struct Gpu {
     /// How long one host wait may take before it gives up: 120 s, or
     /// `SCOPE_VULKAN_WAIT_TIMEOUT_MS`.
     pub wait_timeout_ns: u64,
-    debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
-    pub messages: Messages,
 }
 
 impl Drop for Gpu {
     fn drop(&mut self) {
         if self.is_hung() {
             tracing::error!(
-                device = %self.name,
+                device = %self.adapter.name,
                 "work on the device never finished; leaking the device rather than destroying \
                  it under running work"
             );
+            // The instance must outlive the device it made, which is never
+            // destroyed now: a reference that is never dropped keeps it.
+            std::mem::forget(self.adapter.clone());
             return;
         }
         // SAFETY: the last `Arc<Gpu>` is going, so every object created
-        // from the device (each holds a clone) is already destroyed; the
-        // messenger and the instance go after the device they observed.
-        // Nothing is hung, so the wait is for work that finishes.
+        // from the device (each holds a clone) is already destroyed.
+        // Nothing is hung, so the wait is for work that finishes (a lost
+        // device answers at once). The instance goes after, with the last
+        // `Arc<Adapter>`.
         unsafe {
             let _ = self.device.device_wait_idle();
             self.device.destroy_device(None);
-            if let Some((utils, messenger)) = self.debug.take() {
-                utils.destroy_debug_utils_messenger(messenger, None);
-            }
-            self.instance.destroy_instance(None);
         }
     }
 }
@@ -168,7 +210,7 @@ pub struct Config {
     /// device opens without it (`Vulkan::validating` says so) — except
     /// under CI (`CI=true`) or when `SCOPE_REQUIRE` names vulkan, where
     /// asking for it makes it a requirement and opening is
-    /// [`Error::Refused`], naming the layer and
+    /// [`Error::Refused`](scope_core::Error::Refused), naming the layer and
     /// its package ([`VALIDATION_LAYER_MISSING`]): a test that promises
     /// validation must not pass there without it.
     pub validation: bool,
@@ -307,76 +349,21 @@ fn memory_facts(
 }
 
 impl Gpu {
-    /// Open the device `config` and the environment ask for.
-    pub(crate) fn open(config: &Config) -> Result<Arc<Gpu>> {
-        let entry = load_entry()?;
-        let validation = config.validation && layer_present(&entry, VALIDATION_LAYER);
-        if config.validation && !validation {
-            if let Some(why) = validation_required_by() {
-                return Err(Error::Refused {
-                    reason: format!(
-                        "{VALIDATION_LAYER_MISSING}; validation was asked for and is required \
-                         here ({why})"
-                    ),
-                });
-            }
-            tracing::info!("{VALIDATION_LAYER_MISSING}; running without it");
-        }
-        let (instance, api) = make_instance(&entry, validation)?;
-        let messages: Messages = Arc::default();
-        let mut debug = None;
-        if validation {
-            let utils = ash::ext::debug_utils::Instance::new(&entry, &instance);
-            let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
-                .message_severity(
-                    vk::DebugUtilsMessageSeverityFlagsEXT::WARNING
-                        | vk::DebugUtilsMessageSeverityFlagsEXT::ERROR,
-                )
-                .message_type(
-                    vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
-                        | vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
-                        | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
-                )
-                .pfn_user_callback(Some(on_message))
-                .user_data(Arc::as_ptr(&messages) as *mut c_void);
-            // SAFETY: the user data outlives the messenger (the `Gpu` owns
-            // both and destroys the messenger first).
-            match unsafe { utils.create_debug_utils_messenger(&info, None) } {
-                Ok(messenger) => debug = Some((utils, messenger)),
-                Err(e) => tracing::warn!("no validation messenger: {e}"),
-            }
-        }
-        let destroy =
-            |debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>| {
-                // SAFETY: nothing was created from the instance but the
-                // messenger, destroyed first.
-                unsafe {
-                    if let Some((utils, messenger)) = debug {
-                        utils.destroy_debug_utils_messenger(messenger, None);
-                    }
-                    instance.destroy_instance(None);
-                }
-            };
-        let all = candidates(&instance);
-        let (index, family) = match choose(&instance, &all, config.device) {
-            Ok(chosen) => chosen,
-            Err(e) => {
-                destroy(debug);
-                return Err(e);
-            }
-        };
-        let chosen = &all[index];
-        let limits = match memory_facts(&instance, chosen.physical, &chosen.props, api, config) {
-            Ok(limits) => limits,
-            Err(e) => {
-                destroy(debug);
-                return Err(e);
-            }
-        };
+    /// Open a device on `adapter`'s physical device, with every feature
+    /// and extension the server uses that it offers: what `Vulkan::new`
+    /// opens, and what a recovery opens again once it gave the lost one
+    /// up. The limits and features are asked anew each time.
+    pub(crate) fn open(adapter: &Arc<Adapter>, config: &Config) -> Result<Arc<Gpu>> {
+        let instance = &adapter.instance.raw;
+        let api = adapter.instance.api;
+        let physical = adapter.physical;
+        let props = &adapter.props;
+        let family = adapter.family;
+        let limits = memory_facts(instance, physical, props, api, config)?;
         // SAFETY: a plain query on a physical device of a live instance.
         let extensions = unsafe {
             instance
-                .enumerate_device_extension_properties(chosen.physical)
+                .enumerate_device_extension_properties(physical)
                 .unwrap_or_default()
         };
         let offers = |name: &CStr| {
@@ -391,7 +378,7 @@ impl Gpu {
         let mut supported_atomic_float = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default();
         // The 1.3 structure only where instance and device both speak 1.3;
         // an extension's only where the device offers the extension.
-        let v13 = api >= vk::API_VERSION_1_3 && chosen.props.api_version >= vk::API_VERSION_1_3;
+        let v13 = api >= vk::API_VERSION_1_3 && props.api_version >= vk::API_VERSION_1_3;
         let mut features = vk::PhysicalDeviceFeatures2::default()
             .push_next(&mut supported11)
             .push_next(&mut supported);
@@ -402,7 +389,7 @@ impl Gpu {
             features = features.push_next(&mut supported_atomic_float);
         }
         // SAFETY: the chained structs live across the call.
-        unsafe { instance.get_physical_device_features2(chosen.physical, &mut features) };
+        unsafe { instance.get_physical_device_features2(physical, &mut features) };
         let core = features.features;
         let enabled = Features {
             f16: supported.shader_float16 == vk::TRUE
@@ -488,36 +475,20 @@ impl Gpu {
         if enabled.f32_atomics {
             info = info.push_next(&mut enable_atomic_float);
         }
-        // SAFETY: `info` and what it points at outlive the call; the
-        // physical device belongs to `instance`.
-        let device = match unsafe { instance.create_device(chosen.physical, &info, None) } {
-            Ok(device) => device,
-            Err(e) => {
-                destroy(debug);
-                return Err(unavailable(format!(
-                    "vkCreateDevice on {} failed: {e}",
-                    chosen.name
-                )));
-            }
-        };
+        let device = create_device(instance, physical, &info, &adapter.name)?;
         // SAFETY: the family was created with one queue.
         let queue = unsafe { device.get_device_queue(family, 0) };
-        let push = ash::khr::push_descriptor::Device::new(&instance, &device);
-        tracing::info!(device = %chosen.name, validation, bda, memory_model, robust, zero_init, features = ?enabled, "vulkan device open");
+        let push = ash::khr::push_descriptor::Device::new(instance, &device);
+        tracing::info!(device = %adapter.name, validation = adapter.instance.validation, bda, memory_model, robust, zero_init, features = ?enabled, "vulkan device open");
         Ok(Arc::new(Gpu {
-            _entry: entry,
-            instance,
+            adapter: adapter.clone(),
             device,
             push,
             queue,
             family,
             limits,
-            name: chosen.name.clone(),
-            kind: chosen.props.device_type,
-            api: chosen.props.api_version,
             bda,
             memory_model,
-            validation: debug.is_some(),
             robust,
             capabilities,
             subgroup_operations,
@@ -525,8 +496,6 @@ impl Gpu {
             zero_init,
             hung: AtomicBool::new(false),
             wait_timeout_ns: wait_timeout_ns(),
-            debug,
-            messages,
         }))
     }
 
@@ -540,23 +509,25 @@ impl Gpu {
     pub(crate) fn mark_hung(&self) {
         if !self.hung.swap(true, Ordering::AcqRel) {
             tracing::error!(
-                device = %self.name,
+                device = %self.adapter.name,
                 "a wait for the device gave up; what that work uses will be leaked at teardown"
             );
         }
     }
+}
 
-    /// The device, for a person.
-    pub(crate) fn describe(&self) -> String {
-        format!(
-            "{} ({}, Vulkan {}.{}.{})",
-            self.name,
-            kind_name(self.kind),
-            vk::api_version_major(self.api),
-            vk::api_version_minor(self.api),
-            vk::api_version_patch(self.api)
-        )
-    }
+/// `vkCreateDevice` on `physical` as `info` says; a refusal is the backend
+/// unavailable, naming the device.
+fn create_device(
+    instance: &ash::Instance,
+    physical: vk::PhysicalDevice,
+    info: &vk::DeviceCreateInfo<'_>,
+    name: &str,
+) -> Result<ash::Device> {
+    // SAFETY: `info` and what it points at outlive the call; the physical
+    // device was enumerated on `instance`, which is alive.
+    unsafe { instance.create_device(physical, info, None) }
+        .map_err(|e| unavailable(format!("vkCreateDevice on {name} failed: {e}")))
 }
 
 /// The wait timeout `SCOPE_VULKAN_WAIT_TIMEOUT_MS` asks for (at least

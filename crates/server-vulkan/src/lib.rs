@@ -144,7 +144,7 @@ pub use memory::VulkanMemory;
 pub use stream::{StreamWait, VulkanStream};
 
 use compile::Pipelines;
-use device::Gpu;
+use device::{Adapter, Gpu};
 use memory::{Pool, stamp_now};
 use stream::Track;
 
@@ -170,7 +170,7 @@ impl Vulkan {
     /// asked for, the layer is missing and [`validation_required_by`] says
     /// it is a requirement here.
     pub fn new(config: Config) -> Result<Self> {
-        let gpu = Gpu::open(&config)?;
+        let gpu = Gpu::open(&Adapter::open(&config)?, &config)?;
         Ok(Self {
             pipelines: Pipelines::new(gpu.clone()),
             pool: Pool::new(gpu.clone()),
@@ -182,13 +182,13 @@ impl Vulkan {
 
     /// Every message the validation layer sent so far, draining them.
     pub fn validation_messages(&self) -> Vec<String> {
-        std::mem::take(&mut *self.gpu.messages.lock())
+        std::mem::take(&mut *self.gpu.adapter.instance.messages.lock())
     }
 
     /// Whether the validation layer is on and listening (asked for, and
     /// installed).
     pub fn validating(&self) -> bool {
-        self.gpu.validation
+        self.gpu.adapter.instance.validation
     }
 
     /// The device's `maxComputeWorkGroupCount`: the most workgroups one
@@ -291,7 +291,7 @@ impl Backend for Vulkan {
     const NAME: &'static str = error::NAME;
 
     fn describe(&self) -> String {
-        self.gpu.describe()
+        self.gpu.adapter.describe()
     }
 
     fn accepts(&self, language: Language) -> bool {

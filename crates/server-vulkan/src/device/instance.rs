@@ -1,6 +1,9 @@
 //! The Vulkan instance, and the validation layer it may load: the loader
-//! is asked once per opening (and once per [`device_count`] or probe),
-//! and the layer's messages land in the `Gpu` that asked for them.
+//! is asked once per server (and once per [`device_count`] or probe), and
+//! the layer's messages land in the [`Instance`] that asked for them. The
+//! instance outlives every device the server opens on it: a recovery
+//! destroys the device and opens another, and the layer, its messenger and
+//! the messages collected so far carry over.
 //!
 //! [`device_count`]: super::device_count
 
@@ -9,8 +12,9 @@ use std::sync::Arc;
 
 use ash::vk;
 use parking_lot::Mutex;
-use scope_core::Result;
+use scope_core::{Error, Result};
 
+use super::Config;
 use crate::error::{NAME, unavailable};
 
 pub(super) const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
@@ -64,12 +68,107 @@ pub(super) unsafe extern "system" fn on_message(
                 .into_owned()
         }
     };
-    // SAFETY: `user` is `Arc::as_ptr` of the `Gpu`'s `Messages`, which the
-    // `Gpu` keeps alive until after it destroys the messenger.
+    // SAFETY: `user` is `Arc::as_ptr` of the `Instance`'s `Messages`, which
+    // the `Instance` keeps alive until after it destroys the messenger.
     let sink = unsafe { &*(user as *const Mutex<Vec<String>>) };
     tracing::warn!(target: "server_vulkan::validation", "{severity:?}: {text}");
     sink.lock().push(format!("{severity:?}: {text}"));
     vk::FALSE
+}
+
+/// A messenger and the debug-utils entry points that destroy it.
+type Messenger = (ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT);
+
+/// The instance a server opens its devices on, with the validation layer's
+/// messenger when it listens: destroyed (messenger first) when dropped.
+pub(crate) struct Instance {
+    _entry: ash::Entry,
+    pub raw: ash::Instance,
+    /// The API version the instance speaks: the loader's, at most 1.3.
+    pub api: u32,
+    /// Whether the validation layer is on and its messenger listening.
+    pub validation: bool,
+    debug: Option<Messenger>,
+    /// What the layer said, in order; the messenger's user data.
+    pub messages: Messages,
+}
+
+impl Instance {
+    /// An instance as `config` and the environment ask: with the
+    /// validation layer when asked for and installed, or refused where it
+    /// is asked for, missing and required ([`validation_required_by`]).
+    pub(super) fn open(config: &Config) -> Result<Instance> {
+        let entry = load_entry()?;
+        let validation = config.validation && layer_present(&entry, VALIDATION_LAYER);
+        if config.validation && !validation {
+            if let Some(why) = validation_required_by() {
+                return Err(Error::Refused {
+                    reason: format!(
+                        "{VALIDATION_LAYER_MISSING}; validation was asked for and is required \
+                         here ({why})"
+                    ),
+                });
+            }
+            tracing::info!("{VALIDATION_LAYER_MISSING}; running without it");
+        }
+        let (raw, api) = make_instance(&entry, validation)?;
+        let messages: Messages = Arc::default();
+        let debug = if validation {
+            listen(&entry, &raw, &messages)
+        } else {
+            None
+        };
+        Ok(Instance {
+            validation: debug.is_some(),
+            _entry: entry,
+            raw,
+            api,
+            debug,
+            messages,
+        })
+    }
+}
+
+/// A messenger that appends every warning and error of the layer to
+/// `messages`; `None` (with a warning in the log) if it cannot be made.
+fn listen(entry: &ash::Entry, instance: &ash::Instance, messages: &Messages) -> Option<Messenger> {
+    let utils = ash::ext::debug_utils::Instance::new(entry, instance);
+    let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
+        .message_severity(
+            vk::DebugUtilsMessageSeverityFlagsEXT::WARNING
+                | vk::DebugUtilsMessageSeverityFlagsEXT::ERROR,
+        )
+        .message_type(
+            vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
+                | vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
+                | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
+        )
+        .pfn_user_callback(Some(on_message))
+        .user_data(Arc::as_ptr(messages) as *mut c_void);
+    // SAFETY: the user data outlives the messenger: the `Instance` owns
+    // both and destroys the messenger before its `Messages` go.
+    match unsafe { utils.create_debug_utils_messenger(&info, None) } {
+        Ok(messenger) => Some((utils, messenger)),
+        Err(e) => {
+            tracing::warn!("no validation messenger: {e}");
+            None
+        }
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        // SAFETY: every device made on the instance holds it (through its
+        // `Adapter`) and is destroyed, or leaked along with a reference
+        // that keeps this from running; the messenger goes before the
+        // instance it observes.
+        unsafe {
+            if let Some((utils, messenger)) = self.debug.take() {
+                utils.destroy_debug_utils_messenger(messenger, None);
+            }
+            self.raw.destroy_instance(None);
+        }
+    }
 }
 
 pub(super) fn load_entry() -> Result<ash::Entry> {
