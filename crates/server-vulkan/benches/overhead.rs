@@ -118,7 +118,7 @@ fn raw_buffer(device: &ash::Device, size: u64, init: Option<&[u8]>) -> RawBuffer
 fn raw_launches(client: &Client<Vulkan>, kernel: &Kernel) -> Duration {
     let run = |backend: &mut Vulkan| {
         let (pipeline, layout) = backend.raw_kernel(kernel).expect("pipeline");
-        let raw = backend.raw();
+        let raw = backend.raw().expect("the device is open");
         let device = raw.device;
         let out = raw_buffer(device, 256, None);
         // Each dispatch gets its own scalars, as each server launch does.

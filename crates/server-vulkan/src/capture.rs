@@ -38,7 +38,7 @@ use scope_core::Result;
 use crate::device::Gpu;
 use crate::error::{Site, classify};
 use crate::memory::{Arena, Chunk, Stamp};
-use crate::stream::{Encoder, Track, VulkanStream, wait_tracks};
+use crate::stream::{Encoder, OpenStream, Track, wait_tracks};
 
 /// A window being recorded.
 pub(crate) struct Recording {
@@ -106,7 +106,7 @@ impl VulkanGraph {
 }
 
 /// Start recording `stream`'s work into a new command buffer.
-pub(crate) fn begin(stream: &mut VulkanStream) -> Result<()> {
+pub(crate) fn begin(stream: &mut OpenStream) -> Result<()> {
     let gpu = stream.gpu.clone();
     let device = &gpu.device;
     let info = vk::CommandPoolCreateInfo::default().queue_family_index(gpu.family);
@@ -140,7 +140,7 @@ pub(crate) fn begin(stream: &mut VulkanStream) -> Result<()> {
 }
 
 /// Seal the recording into a graph.
-pub(crate) fn end(stream: &mut VulkanStream) -> Result<VulkanGraph> {
+pub(crate) fn end(stream: &mut OpenStream) -> Result<VulkanGraph> {
     let Some(mut recording) = stream.recording.take() else {
         return Err(scope_core::Error::internal(
             "the stream was asked to end a capture it was not recording",
@@ -163,12 +163,12 @@ pub(crate) fn end(stream: &mut VulkanStream) -> Result<VulkanGraph> {
 }
 
 /// Throw the recording away.
-pub(crate) fn abort(stream: &mut VulkanStream) {
+pub(crate) fn abort(stream: &mut OpenStream) {
     stream.recording = None;
 }
 
 /// Submit a replay of `graph` on `stream`.
-pub(crate) fn replay(stream: &mut VulkanStream, graph: &VulkanGraph) -> Result<()> {
+pub(crate) fn replay(stream: &mut OpenStream, graph: &VulkanGraph) -> Result<()> {
     stream.submit_graph(&graph.0)
 }
 

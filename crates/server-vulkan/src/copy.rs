@@ -16,7 +16,7 @@ use ash::vk;
 use scope_core::{Error, Result};
 
 use crate::memory::{ALIGN, VulkanMemory};
-use crate::stream::VulkanStream;
+use crate::stream::OpenStream;
 
 /// The most `vkCmdUpdateBuffer` takes in one command.
 const INLINE_WRITE: usize = 65536;
@@ -29,7 +29,7 @@ const INLINE_WRITE: usize = 65536;
 /// alive, and `offset..offset + data.len()` lies inside it, both multiples
 /// of 4.
 pub(crate) unsafe fn write(
-    stream: &mut VulkanStream,
+    stream: &mut OpenStream,
     dst: &VulkanMemory,
     offset: u64,
     data: &[u8],
@@ -75,7 +75,7 @@ pub(crate) unsafe fn write(
 /// device and are alive, each range lies inside its memory, and the two do
 /// not overlap when they are one memory.
 pub(crate) unsafe fn copy(
-    stream: &mut VulkanStream,
+    stream: &mut OpenStream,
     src: &VulkanMemory,
     src_offset: u64,
     dst: &VulkanMemory,
@@ -110,7 +110,7 @@ pub(crate) unsafe fn copy(
 /// alive, `offset..offset + out.len()` lies inside it, and `stream` is not
 /// recording (so the staging copy goes into the batch submitted here).
 pub(crate) unsafe fn read(
-    stream: &mut VulkanStream,
+    stream: &mut OpenStream,
     src: &VulkanMemory,
     offset: u64,
     out: &mut [u8],

@@ -52,7 +52,7 @@ use crate::compile::{Interface, VulkanKernel};
 use crate::device::Gpu;
 use crate::error::launch_error;
 use crate::memory::VulkanMemory;
-use crate::stream::{Recorder, VulkanStream};
+use crate::stream::{OpenStream, Recorder};
 
 /// What the device's limits say about `launch` of `kernel`: the core calls
 /// this (`Backend::check_launch`) before it opens the launch's scope, so a
@@ -151,7 +151,7 @@ fn scalar_len(scalars: &[u8]) -> u64 {
 /// bytes inside theirs, and host-given counts are within the device's
 /// `maxComputeWorkGroupCount`.
 pub(crate) unsafe fn launch(
-    stream: &mut VulkanStream,
+    stream: &mut OpenStream,
     kernel: &VulkanKernel,
     guard: Option<&VulkanKernel>,
     launch: &Launch<'_, VulkanMemory>,

@@ -150,13 +150,72 @@ use stream::Track;
 
 /// The Vulkan backend: the device calls behind a [`Client<Vulkan>`].
 pub struct Vulkan {
-    // Field order is drop order: pipelines and the pool wait for the device
-    // and release their objects before the last `Arc<Gpu>` goes.
+    /// The device and what was made on it; `None` while it is closed: a
+    /// recovery destroyed the lost device and could not open another
+    /// (`Backend::reopen`), and the next recovery tries again.
+    open: Option<Open>,
+    /// What the device last opened reports, asked through `Backend` and
+    /// the accessors below; kept while it is closed.
+    facts: Facts,
+    config: Config,
+    adapter: Arc<Adapter>,
+    /// Where the next recovery fails on purpose ([`Vulkan::fail_next_reopen`]).
+    fail_reopen: Option<usize>,
+}
+
+/// An open device and the objects made on it, all of which must go before
+/// it. Field order is drop order: pipelines and the pool wait for the
+/// device and release their objects, then the streams' semaphores, then
+/// (with the last `Arc<Gpu>`, once every stream let go of its own) the
+/// device.
+struct Open {
     pipelines: Pipelines,
     pool: Pool,
     tracks: Vec<Arc<Track>>,
-    config: Config,
     gpu: Arc<Gpu>,
+}
+
+impl Open {
+    fn new(gpu: Arc<Gpu>) -> Self {
+        Self {
+            pipelines: Pipelines::new(gpu.clone()),
+            pool: Pool::new(gpu.clone()),
+            tracks: Vec::new(),
+            gpu,
+        }
+    }
+}
+
+/// The device's answers the core and the accessors ask for, from the
+/// device last opened.
+struct Facts {
+    launch: scope_core::LaunchLimits,
+    max_allocation: u64,
+    binding_alignment: u64,
+    max_storage_range: u64,
+    robust: bool,
+}
+
+impl Facts {
+    fn of(open: &Open) -> Self {
+        Self {
+            launch: compile::launch_limits(&open.gpu),
+            max_allocation: open.pool.largest(),
+            binding_alignment: open.gpu.limits.min_storage_offset,
+            max_storage_range: open.gpu.limits.max_storage_range,
+            robust: open.gpu.robust,
+        }
+    }
+}
+
+/// What a call needing the device answers while it is closed. The core
+/// asks nothing of a server whose recovery failed but the next recovery,
+/// so only a caller outside it meets this.
+fn closed() -> scope_core::Error {
+    scope_core::Error::refused(
+        "the Vulkan device is closed: a recovery destroyed the lost device and could not open \
+         another; recover again",
+    )
 }
 
 impl Vulkan {
@@ -170,44 +229,55 @@ impl Vulkan {
     /// asked for, the layer is missing and [`validation_required_by`] says
     /// it is a requirement here.
     pub fn new(config: Config) -> Result<Self> {
-        let gpu = Gpu::open(&Adapter::open(&config)?, &config)?;
+        let adapter = Adapter::open(&config)?;
+        let open = Open::new(Gpu::open(&adapter, &config)?);
         Ok(Self {
-            pipelines: Pipelines::new(gpu.clone()),
-            pool: Pool::new(gpu.clone()),
-            tracks: Vec::new(),
+            facts: Facts::of(&open),
+            open: Some(open),
             config,
-            gpu,
+            adapter,
+            fail_reopen: None,
         })
+    }
+
+    /// The open device, or why there is none.
+    fn open(&self) -> Result<&Open> {
+        self.open.as_ref().ok_or_else(closed)
+    }
+
+    /// As [`open`](Self::open), to change it.
+    fn open_mut(&mut self) -> Result<&mut Open> {
+        self.open.as_mut().ok_or_else(closed)
     }
 
     /// Every message the validation layer sent so far, draining them.
     pub fn validation_messages(&self) -> Vec<String> {
-        std::mem::take(&mut *self.gpu.adapter.instance.messages.lock())
+        std::mem::take(&mut *self.adapter.instance.messages.lock())
     }
 
     /// Whether the validation layer is on and listening (asked for, and
     /// installed).
     pub fn validating(&self) -> bool {
-        self.gpu.adapter.instance.validation
+        self.adapter.instance.validation
     }
 
     /// The device's `maxComputeWorkGroupCount`: the most workgroups one
     /// launch may run per dimension.
     pub fn max_workgroups(&self) -> [u32; 3] {
-        self.gpu.limits.max_groups
+        self.facts.launch.max_workgroups
     }
 
     /// The device's `maxStorageBufferRange`: the most bytes one binding may
     /// span.
     pub fn max_storage_buffer_range(&self) -> u64 {
-        self.gpu.limits.max_storage_range
+        self.facts.max_storage_range
     }
 
     /// Whether `robustBufferAccess` is on: the device offered it, and a
     /// kernel's out-of-bounds descriptor access then stays inside its own
     /// binding even where the compiled code had no check.
     pub fn robust_buffer_access(&self) -> bool {
-        self.gpu.robust
+        self.facts.robust
     }
 
     /// Submissions on all streams whose command buffers and staging are
@@ -215,7 +285,7 @@ impl Vulkan {
     /// oldest first, so each holds at most eight: a loop that only
     /// launches holds a bounded number however long it runs.
     pub fn batches_in_flight(&self) -> usize {
-        self.tracks
+        self.tracks()
             .iter()
             .map(|t| t.in_flight.load(std::sync::atomic::Ordering::Relaxed))
             .sum()
@@ -225,21 +295,28 @@ impl Vulkan {
     /// has not finished (asking the device, without waiting). For tests.
     #[doc(hidden)]
     pub fn streams_with_work_outstanding(&self) -> usize {
-        self.tracks
+        self.tracks()
             .iter()
             .filter(|t| !t.reached(t.covering.load(std::sync::atomic::Ordering::Acquire)))
             .count()
     }
 
-    /// Raw access for a crate-local baseline (the bench's raw-ash path).
+    /// The streams' timelines on the open device; none while it is closed.
+    fn tracks(&self) -> &[Arc<Track>] {
+        self.open.as_ref().map_or(&[], |open| &open.tracks)
+    }
+
+    /// Raw access for a crate-local baseline (the bench's raw-ash path) and
+    /// for tests: the open device's handles, `None` while it is closed. A
+    /// recovery destroys the device these name and opens another.
     #[doc(hidden)]
-    pub fn raw(&self) -> RawDevice<'_> {
-        RawDevice {
-            device: &self.gpu.device,
-            push: &self.gpu.push,
-            queue: self.gpu.queue,
-            family: self.gpu.family,
-        }
+    pub fn raw(&self) -> Option<RawDevice<'_>> {
+        self.open.as_ref().map(|open| RawDevice {
+            device: &open.gpu.device,
+            push: &open.gpu.push,
+            queue: open.gpu.queue,
+            family: open.gpu.family,
+        })
     }
 
     /// The pipeline and layout of a compiled kernel, for the raw baseline.
@@ -248,8 +325,124 @@ impl Vulkan {
         &mut self,
         kernel: &Kernel,
     ) -> Result<(ash::vk::Pipeline, ash::vk::PipelineLayout)> {
-        let compiled = self.pipelines.compile(kernel)?;
+        let compiled = self.open_mut()?.pipelines.compile(kernel)?;
         Ok(compiled.raw())
+    }
+
+    /// Close the device: [`give_up`](Self::give_up) what was made on it,
+    /// then [`destroy`](Self::destroy) the device itself.
+    fn close(&mut self, streams: &mut [&mut VulkanStream]) {
+        if let Some(gpu) = self.give_up(streams) {
+            Self::destroy(gpu);
+        }
+    }
+
+    /// Wait for every stream's submitted work on the open device, bounded
+    /// by its wait timeout, then destroy everything made on it; the streams
+    /// are left closed, and the device, which nothing names any more, is
+    /// returned for [`destroy`](Self::destroy). A wait that gives up marks
+    /// the device hung, and then everything is leaked instead (what the
+    /// work still running may use), as at any teardown.
+    ///
+    /// The order: each stream's command pool (its batch command buffers),
+    /// the staging chunks and replayed graphs its submissions held, its
+    /// arena and its waits on other streams; then the pool — the ranges
+    /// whose frees were deferred rejoin their blocks, and every block goes;
+    /// then the pipelines, their layouts and descriptor-set layouts; then
+    /// the timeline semaphores, which nothing names any more.
+    fn give_up(&mut self, streams: &mut [&mut VulkanStream]) -> Option<Arc<Gpu>> {
+        let Some(open) = self.open.take() else {
+            for stream in streams.iter_mut() {
+                stream.close();
+            }
+            return None;
+        };
+        let waits: Vec<(Arc<Track>, u64)> = open
+            .tracks
+            .iter()
+            .map(|t| {
+                (
+                    t.clone(),
+                    t.submitted.load(std::sync::atomic::Ordering::Acquire),
+                )
+            })
+            .collect();
+        if let Err(error) = stream::wait_tracks(&open.gpu, &waits) {
+            tracing::warn!("waiting for the device before destroying it: {error}");
+        }
+        drop(waits);
+        let Open {
+            pipelines,
+            mut pool,
+            tracks,
+            gpu,
+        } = open;
+        for stream in streams.iter_mut() {
+            stream.close();
+        }
+        pool.reclaim();
+        drop(pool);
+        drop(pipelines);
+        drop(tracks);
+        Some(gpu)
+    }
+
+    /// Destroy a device that nothing made on it names any more: its last
+    /// `Arc` goes, and with it the `VkDevice` (`Gpu`'s `Drop`).
+    fn destroy(gpu: Arc<Gpu>) {
+        match Arc::try_unwrap(gpu) {
+            Ok(gpu) => drop(gpu),
+            Err(gpu) => tracing::error!(
+                references = Arc::strong_count(&gpu),
+                "an object of the lost device outlived its teardown; the device is destroyed \
+                 when the last one goes"
+            ),
+        }
+    }
+
+    /// Make the next recovery fail after it gave the lost device up: at
+    /// `0`, where it opens the new device; at `n`, where it gives the
+    /// `n`-th stream (from 1, in id order) its state on the new one. For
+    /// tests of a recovery that fails, which lavapipe never does by itself;
+    /// it creates or destroys nothing the core tracks.
+    #[doc(hidden)]
+    pub fn fail_next_reopen(&mut self, at: usize) {
+        self.fail_reopen = Some(at);
+    }
+
+    /// Open a new device on the same adapter, as `Vulkan::new` did, and
+    /// give every stream new state on it; on an error, everything made is
+    /// destroyed again and the device stays closed.
+    fn open_again(&mut self, streams: &mut [&mut VulkanStream]) -> Result<()> {
+        let fail = self.fail_reopen.take();
+        let injected = |what: &str| {
+            error::unavailable(format!(
+                "{what} failed: injected by `Vulkan::fail_next_reopen`"
+            ))
+        };
+        let gpu = match fail {
+            Some(0) => Err(injected("opening the device again")),
+            _ => Gpu::open(&self.adapter, &self.config),
+        };
+        let mut open = Open::new(gpu?);
+        for index in 0..streams.len() {
+            let made = if fail == Some(index + 1) {
+                Err(injected("a stream's state on the new device"))
+            } else {
+                streams[index].open_on(&open.gpu)
+            };
+            match made {
+                Ok(track) => open.tracks.push(track),
+                Err(error) => {
+                    self.open = Some(open);
+                    self.close(streams);
+                    return Err(error);
+                }
+            }
+        }
+        self.facts = Facts::of(&open);
+        self.open = Some(open);
+        Ok(())
     }
 }
 
@@ -291,7 +484,7 @@ impl Backend for Vulkan {
     const NAME: &'static str = error::NAME;
 
     fn describe(&self) -> String {
-        self.gpu.adapter.describe()
+        self.adapter.describe()
     }
 
     fn accepts(&self, language: Language) -> bool {
@@ -305,38 +498,44 @@ impl Backend for Vulkan {
     /// with no buffer, as on every server; within it, memory the device
     /// cannot give now is out-of-memory (rule 37).
     fn max_allocation(&self) -> u64 {
-        self.pool.largest()
+        self.facts.max_allocation
     }
 
     fn binding_alignment(&self) -> u64 {
-        self.gpu.limits.min_storage_offset
+        self.facts.binding_alignment
     }
 
     fn launch_limits(&self) -> scope_core::LaunchLimits {
-        compile::launch_limits(&self.gpu)
+        self.facts.launch
     }
 
     unsafe fn create_stream(&mut self, id: scope_core::StreamId) -> Result<VulkanStream> {
-        let stream = VulkanStream::new(&self.gpu, id)?;
-        self.tracks.push(stream.track.clone());
+        let open = self.open_mut()?;
+        let stream = VulkanStream::new(&open.gpu, id)?;
+        open.tracks.push(stream.track()?.clone());
         Ok(stream)
     }
 
     unsafe fn allocate(&mut self, _stream: &mut VulkanStream, size: u64) -> Result<VulkanMemory> {
-        self.pool.allocate(size)
+        self.open_mut()?.pool.allocate(size)
     }
 
     unsafe fn free(&mut self, memory: VulkanMemory) {
-        let stamp = stamp_now(&self.tracks);
-        self.pool.free(memory, stamp);
+        // Memory outlives no device: a closed backend has none to free.
+        if let Some(open) = &mut self.open {
+            let stamp = stamp_now(&open.tracks);
+            open.pool.free(memory, stamp);
+        }
     }
 
     fn trim(&mut self) {
-        self.pool.trim();
+        if let Some(open) = &mut self.open {
+            open.pool.trim();
+        }
     }
 
     fn bytes_reserved(&self) -> u64 {
-        self.pool.reserved()
+        self.open.as_ref().map_or(0, |open| open.pool.reserved())
     }
 
     unsafe fn write(
@@ -348,7 +547,7 @@ impl Backend for Vulkan {
     ) -> Result<()> {
         // SAFETY: the Backend contract of `write`: `dst` is alive and
         // `offset..offset + data.len()` lies inside it, both multiples of 4.
-        unsafe { copy::write(stream, dst, offset, data) }
+        unsafe { copy::write(stream.state()?, dst, offset, data) }
     }
 
     unsafe fn read(
@@ -360,7 +559,7 @@ impl Backend for Vulkan {
     ) -> Result<()> {
         // SAFETY: the Backend contract of `read`: `src` is alive and
         // `offset..offset + out.len()` lies inside it.
-        unsafe { copy::read(stream, src, offset, out) }
+        unsafe { copy::read(stream.state()?, src, offset, out) }
     }
 
     unsafe fn copy(
@@ -375,15 +574,15 @@ impl Backend for Vulkan {
         // SAFETY: the Backend contract of `copy`: both memories are alive,
         // each range lies inside its memory, and they do not overlap when
         // `src` and `dst` are one memory.
-        unsafe { copy::copy(stream, src, src_offset, dst, dst_offset, len) }
+        unsafe { copy::copy(stream.state()?, src, src_offset, dst, dst_offset, len) }
     }
 
     fn compile(&mut self, kernel: &Kernel) -> Result<VulkanKernel> {
-        self.pipelines.compile(kernel)
+        self.open_mut()?.pipelines.compile(kernel)
     }
 
     fn check_launch(&self, kernel: &VulkanKernel, launch: &Launch<'_, VulkanMemory>) -> Result<()> {
-        launch::check(&self.gpu, kernel, launch)
+        launch::check(&self.open()?.gpu, kernel, launch)
     }
 
     unsafe fn launch(
@@ -392,8 +591,9 @@ impl Backend for Vulkan {
         kernel: &VulkanKernel,
         launch: &Launch<'_, VulkanMemory>,
     ) -> Result<()> {
+        let open = self.open_mut()?;
         let guard = match launch.dispatch {
-            scope_core::backend::BoundDispatch::Indirect { .. } => Some(self.pipelines.guard()?),
+            scope_core::backend::BoundDispatch::Indirect { .. } => Some(open.pipelines.guard()?),
             scope_core::backend::BoundDispatch::Groups(_) => None,
         };
         // SAFETY: the Backend contract of `launch`: the kernel and every
@@ -403,15 +603,18 @@ impl Backend for Vulkan {
         // inside theirs, and host-given counts within `launch_limits`'
         // `max_workgroups`; the guard is this backend's, alive in
         // `pipelines`.
-        unsafe { launch::launch(stream, kernel, guard.as_ref(), launch) }
+        unsafe { launch::launch(stream.state()?, kernel, guard.as_ref(), launch) }
     }
 
     unsafe fn flush(&mut self, stream: &mut VulkanStream) -> Result<()> {
-        stream.flush()
+        // A closed stream has nothing batched. The core flushes every
+        // stream before it gives a device up, a closed one's too when a
+        // recovery comes again after one that failed.
+        stream.state().map_or(Ok(()), |state| state.flush())
     }
 
     unsafe fn begin_wait(&mut self, stream: &mut VulkanStream) -> Result<Option<StreamWait>> {
-        stream.begin_wait()
+        stream.state()?.begin_wait()
     }
 
     unsafe fn wait(waiter: &StreamWait) -> Result<()> {
@@ -419,33 +622,67 @@ impl Backend for Vulkan {
     }
 
     unsafe fn end_wait(&mut self, stream: &mut VulkanStream, _waiter: StreamWait) -> Result<()> {
-        stream.reclaim();
-        self.pool.reclaim();
-        stream.take_deferred().map_or(Ok(()), Err)
+        // A waiter ends before its device can close (`reopen` is called
+        // with none outstanding), so both are open here.
+        let state = stream.state()?;
+        state.reclaim();
+        self.open_mut()?.pool.reclaim();
+        state.take_deferred().map_or(Ok(()), Err)
     }
 
     unsafe fn order(&mut self, first: &mut VulkanStream, then: &mut VulkanStream) -> Result<()> {
-        VulkanStream::order(first, then)
+        stream::OpenStream::order(first.state()?, then.state()?)
     }
 
     unsafe fn begin_capture(&mut self, stream: &mut VulkanStream) -> Result<()> {
-        capture::begin(stream)
+        capture::begin(stream.state()?)
     }
 
     unsafe fn end_capture(&mut self, stream: &mut VulkanStream) -> Result<VulkanGraph> {
-        capture::end(stream)
+        capture::end(stream.state()?)
     }
 
     unsafe fn abort_capture(&mut self, stream: &mut VulkanStream) {
-        capture::abort(stream);
+        if let Ok(state) = stream.state() {
+            capture::abort(state);
+        }
     }
 
     unsafe fn replay(&mut self, stream: &mut VulkanStream, graph: &VulkanGraph) -> Result<()> {
-        capture::replay(stream, graph)
+        capture::replay(stream.state()?, graph)
     }
 
     unsafe fn destroy_graph(&mut self, graph: VulkanGraph) -> Result<()> {
         capture::destroy(graph)
+    }
+
+    /// Destroy the device and open a new one on the same physical device,
+    /// with the same queue family, features and extensions (see the crate
+    /// docs, "Recovery"). The lost device's work is waited for with the
+    /// server's own bounded wait: a lost device answers at once, a device
+    /// poisoned by an injected fault finishes its work. Everything made on
+    /// it is destroyed in a valid order; the device is opened as
+    /// `Vulkan::new` opened it, the lost `VkDevice` destroyed
+    /// (`vkDestroyDevice`), and every stream gets a new command pool,
+    /// timeline semaphore and arena, not recording.
+    ///
+    /// If the new device cannot be opened the error is returned and the
+    /// backend stays closed, every stream with it; a later call opens it.
+    unsafe fn reopen(
+        &mut self,
+        fault: &scope_core::Error,
+        streams: &mut [&mut VulkanStream],
+    ) -> Result<()> {
+        tracing::info!(device = %self.adapter.name, "destroying the lost device to open it again: {fault}");
+        let lost = self.give_up(streams);
+        // The lost `VkDevice` goes once the new one is open (or failed to
+        // open): the two are never one object, whatever the allocator
+        // would hand out after a free.
+        let opened = self.open_again(streams);
+        if let Some(lost) = lost {
+            Self::destroy(lost);
+        }
+        opened
     }
 }
 

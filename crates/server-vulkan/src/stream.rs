@@ -15,7 +15,7 @@
 //!   one between consecutive commands, so the stream's work is ordered as
 //!   issued. Each batch ends with a barrier to the host, so a host wait on
 //!   the semaphore makes the writes visible to a mapped read.
-//! - Between streams, [`VulkanStream::order`] (the core's `Backend::order`)
+//! - Between streams, [`OpenStream::order`] (the core's `Backend::order`)
 //!   submits the first stream's pending batch and adds a wait on its
 //!   semaphore value to the second stream's next submission. Streams that
 //!   share no buffer never wait on each other.
@@ -29,7 +29,7 @@
 //!   the stream (rule 23). Once: a later sync does not report it again,
 //!   since by then the stream's in-flight work is later work that ran. The
 //!   exception is a flush for another stream's sake
-//!   ([`VulkanStream::order`]), whose failure is kept for the flushed
+//!   ([`OpenStream::order`]), whose failure is kept for the flushed
 //!   stream's next sync or read, as the core attributes an error to the
 //!   stream that returned it.
 //! - **Bounded in a loop that only launches.** Each submission polls the
@@ -39,6 +39,12 @@
 //!   oldest: the device, not the host's memory, sets the pace, so a loop of
 //!   launches with no sync holds a fixed number of batches however long it
 //!   runs.
+//! - **A recovery gives the stream new state in place.** Its device state
+//!   (everything above) is an `OpenStream`; a recovery drops it — after the
+//!   bounded wait for its submissions — and makes a new one on the device
+//!   opened again, while the `VulkanStream` the core holds, and its id,
+//!   carry over. Between a recovery that failed and the next, a stream has
+//!   no device state at all.
 //! - **Teardown never destroys what may still run.** A wait that gives up
 //!   (times out, or fails for a reason other than device loss) marks the
 //!   device hung; a stream dropped then, or whose own final wait gives up,
@@ -296,9 +302,60 @@ impl StreamWait {
     }
 }
 
-/// A logical stream: what the core holds as `Backend::Stream`.
+/// A logical stream: what the core holds as `Backend::Stream`. Its device
+/// state is given up when a recovery destroys the device, and made anew
+/// on the device opened again; the stream itself, and the core's id for
+/// it, carry over.
 pub struct VulkanStream {
     /// The core's id for it (streams are numbered in creation order).
+    id: scope_core::StreamId,
+    /// Its state on the open device; `None` while the device is closed (a
+    /// recovery destroyed it and could not open another).
+    state: Option<OpenStream>,
+}
+
+impl VulkanStream {
+    /// Stream `id`, on `gpu`.
+    pub(crate) fn new(gpu: &Arc<Gpu>, id: scope_core::StreamId) -> Result<Self> {
+        Ok(Self {
+            id,
+            state: Some(OpenStream::new(gpu, id)?),
+        })
+    }
+
+    /// Its state on the open device, or why there is none.
+    pub(crate) fn state(&mut self) -> Result<&mut OpenStream> {
+        self.state.as_mut().ok_or_else(crate::closed)
+    }
+
+    /// Its timeline on the open device.
+    pub(crate) fn track(&self) -> Result<&Arc<Track>> {
+        self.state
+            .as_ref()
+            .map(|state| &state.track)
+            .ok_or_else(crate::closed)
+    }
+
+    /// Give up its device state: its command pool and batches, what its
+    /// submissions held, its arena and its waits on other streams (see
+    /// `OpenStream`'s `Drop`). Its timeline semaphore goes once nothing
+    /// else names it.
+    pub(crate) fn close(&mut self) {
+        self.state = None;
+    }
+
+    /// New state on `gpu`, not recording, in place of whatever it had; its
+    /// timeline, for the backend to count.
+    pub(crate) fn open_on(&mut self, gpu: &Arc<Gpu>) -> Result<Arc<Track>> {
+        self.close();
+        let state = self.state.insert(OpenStream::new(gpu, self.id)?);
+        Ok(state.track.clone())
+    }
+}
+
+/// A stream's state on an open device.
+pub(crate) struct OpenStream {
+    /// The core's id for it.
     pub(crate) id: scope_core::StreamId,
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) track: Arc<Track>,
@@ -317,8 +374,8 @@ pub struct VulkanStream {
     pub(crate) recording: Option<Recording>,
 }
 
-impl VulkanStream {
-    pub(crate) fn new(gpu: &Arc<Gpu>, id: scope_core::StreamId) -> Result<Self> {
+impl OpenStream {
+    fn new(gpu: &Arc<Gpu>, id: scope_core::StreamId) -> Result<Self> {
         let device = &gpu.device;
         let mut kind = vk::SemaphoreTypeCreateInfo::default()
             .semaphore_type(vk::SemaphoreType::TIMELINE)
@@ -674,7 +731,7 @@ impl VulkanStream {
     /// that needed it cannot run) and also kept for `first`'s next sync or
     /// read: the core attributes an error to the stream whose call
     /// returned it, and the batch lost was `first`'s.
-    pub(crate) fn order(first: &mut VulkanStream, then: &mut VulkanStream) -> Result<()> {
+    pub(crate) fn order(first: &mut OpenStream, then: &mut OpenStream) -> Result<()> {
         if let Err(e) = first.flush() {
             return Err(first.defer(e));
         }
@@ -699,7 +756,7 @@ impl VulkanStream {
     }
 }
 
-impl Drop for VulkanStream {
+impl Drop for OpenStream {
     fn drop(&mut self) {
         self.recording = None;
         if !self.gpu.is_hung() {

@@ -48,3 +48,4 @@ impl Suite for VulkanSuite {
 scope_test::conformance_tests!(VulkanSuite);
 scope_test::conformance_tests!(@backend VulkanSuite);
 scope_test::conformance_tests!(@wgsl_features VulkanSuite);
+scope_test::conformance_tests!(@recovery VulkanSuite);

@@ -570,7 +570,7 @@ fn probe_lists_the_devices() {
 /// (VUID-VkBufferCreateInfo-size-00912).
 fn provoke_validation_error(client: &scope_core::Client<server_vulkan::Vulkan>) {
     client.with_backend(|b| {
-        let raw = b.raw();
+        let raw = b.raw().expect("the device is open");
         let info = ash::vk::BufferCreateInfo::default()
             .size(0)
             .usage(ash::vk::BufferUsageFlags::STORAGE_BUFFER);
