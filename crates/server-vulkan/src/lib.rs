@@ -7,7 +7,8 @@
 //!
 //! - `device` ([`Config`]): the loader, instance, device choice
 //!   (discrete > integrated > virtual > CPU, or `SCOPE_VULKAN_DEVICE` by
-//!   index or name), the compute queue, `bufferDeviceAddress` when offered,
+//!   index or name) — kept for the server's life, so that a recovery opens
+//!   the same device again — the compute queue, `bufferDeviceAddress` when offered,
 //!   the optional kernel features when offered (`f64`, `i64`, `f16` with
 //!   16-bit storage, subgroup operations, `f32` atomics through
 //!   `VK_EXT_shader_atomic_float`; reported in `launch_limits`), and the
@@ -87,6 +88,53 @@
 //! work may use — command pools, staging, graphs, pipelines, pooled memory,
 //! the device itself — with an error in the log, instead of destroying it
 //! under the device or blocking forever in `vkDeviceWaitIdle`.
+//!
+//! # Recovery: the device destroyed and opened again
+//!
+//! `Client::recover` gives a lost device up (the core frees every
+//! allocation, destroys every graph, drops every kernel) and then asks the
+//! backend to open it again (`Backend::reopen`). Here that is:
+//!
+//! 1. **Wait**, with the server's own bounded wait, for each stream's
+//!    submitted work: a lost device answers `VK_ERROR_DEVICE_LOST` at once;
+//!    a healthy one finishes. A wait that gives up marks the device hung,
+//!    and what follows leaks instead of destroying, as at any teardown.
+//! 2. **Destroy everything made on the device**, in a valid order: each
+//!    stream's command pool (its batch command buffers), the staging chunks
+//!    and replayed graphs its submissions held, its arena; then the pool's
+//!    blocks, the ranges whose frees were deferred behind work among them;
+//!    then the pipelines and their layouts; then the timeline semaphores.
+//! 3. **Open a new `VkDevice`** on the same physical device, with the same
+//!    queue family, features and extensions, by the function that opened
+//!    the first (the limits and features are asked again), and only then
+//!    destroy the lost one: the two are never one object, so the new
+//!    handle differs (a `VkDevice` is a pointer, which the allocator could
+//!    otherwise hand out again).
+//! 4. **Give every stream new state** in place: a command pool, a timeline
+//!    semaphore and an arena on the new device, not recording. Kernels
+//!    compile again on first use, the indirect-count guard too.
+//!
+//! The instance, the validation layer's messenger and the messages it
+//! collected carry over. If the new device cannot be opened, or a stream
+//! cannot get its state on it, what was made is destroyed again, the error
+//! is returned, and the backend stays closed — no device, no stream state,
+//! `Vulkan::raw` answers `None` — until the next recovery opens it.
+//! Meanwhile the core asks it nothing but that recovery's flush of every
+//! stream, which a closed stream answers with nothing to submit.
+//!
+//! **What is real and what is injected.** Lavapipe cannot lose a device on
+//! demand, so the tests lose it with an injected sticky fault: the core's
+//! fault plan poisons the server while the device itself is fine, and its
+//! work in flight finishes. Everything after that is real: the wait, the
+//! teardown, `vkDestroyDevice`, `vkCreateDevice` and the work that runs on
+//! the new device, under the validation layer, which reports any object
+//! left on a device when it is destroyed and fails the test
+//! (`tests/recover.rs`; the core's `@recovery` behaviours in
+//! `tests/conformance.rs`; `tests/hung_recover.rs` for a device whose
+//! kernel never finishes, which is leaked after the wait gives up). A real
+//! `VK_ERROR_DEVICE_LOST` takes the same path, but what a driver answers on
+//! a device it really lost (every wait failing at once) is not exercised
+//! here.
 //!
 //! # Validation
 //!
