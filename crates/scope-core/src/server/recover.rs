@@ -25,9 +25,10 @@
 //! The client, every buffer, stream, graph and capture handle, the failure
 //! hook, each stream's count of failures seen and every failure already
 //! claimed on a buffer the device never held (a failed allocation's record)
-//! carry over. A recovery is refused while a wait runs on another thread
-//! with the lock released: its waiter names the lost device's objects, so
-//! the client tries again once it ends.
+//! carry over. A recovery is refused while a wait or a read runs on
+//! another thread with the lock released — a waiter names the lost
+//! device's objects, and a read's second half copies out of the memory its
+//! first half named — so the client tries again once it ends.
 
 use super::*;
 
@@ -127,7 +128,11 @@ impl<B: Backend> Server<B> {
         // A backend may batch replays; every one is submitted before a
         // graph is destroyed (`Backend::destroy_graph`). On a lost device
         // the submission fails fast, and its fault lands on nothing new.
-        self.flush_streams();
+        // A server detached by an earlier attempt whose reopen failed has
+        // nothing left to submit, and its streams name no device to ask.
+        if !self.detached {
+            self.flush_streams();
+        }
         let mut lost = 0;
         for entry in self.graphs.values_mut() {
             if let Some(graph) = entry.graph.take() {

@@ -96,7 +96,11 @@ impl<B: Backend> Server<B> {
             Ok(waiter) => Ok((
                 PendingWait {
                     stream,
-                    token: WaitToken::new(&self.waits, waiter.is_some()),
+                    // Every read counts, waiter or not: its second half
+                    // copies out of memory the first half named, and a
+                    // recovery between the two would hand it the new
+                    // device's bytes as clean.
+                    token: WaitToken::new(&self.waits, true),
                     waiter,
                     mark,
                 },
