@@ -160,3 +160,38 @@ pub fn with_clients<W: OnClients>(backend: &str, count: usize, work: W) -> Resul
         }
     }
 }
+
+/// Lose `client`'s device for act four's survival: for real where the
+/// server can lose one on demand, else by an injected sticky fault
+/// ([`demo::inject_loss`](crate::demo::inject_loss)).
+///
+/// # Errors
+///
+/// As the loss: a device that was not lost.
+pub fn lose_device<B: Backend>(client: &Client<B>) -> Result<(String, bool)> {
+    #[cfg(feature = "wgpu")]
+    if let Some(wgpu) = (client as &dyn std::any::Any).downcast_ref::<Client<server_wgpu::Wgpu>>() {
+        return destroy_wgpu_device(wgpu);
+    }
+    crate::demo::inject_loss(client)
+}
+
+/// `wgpu::Device::destroy` on the server's own device, behind its back —
+/// a real loss on lavapipe and llvmpipe as on a GPU — and a read, which is
+/// where wgpu lets a destroyed device be learned.
+///
+/// # Errors
+///
+/// [`Error::Internal`] when the read did not find the device lost.
+#[cfg(feature = "wgpu")]
+fn destroy_wgpu_device(client: &Client<server_wgpu::Wgpu>) -> Result<(String, bool)> {
+    let probe = client.upload(&[0; 4])?;
+    client.with_backend(|wgpu| wgpu.raw().0.destroy());
+    let seen = client.read(&probe);
+    if client.poison().is_none() {
+        return Err(Error::internal(format!(
+            "a destroyed wgpu device was not seen lost: the read answered {seen:?}"
+        )));
+    }
+    Ok(("wgpu::Device::destroy on its device".to_owned(), true))
+}

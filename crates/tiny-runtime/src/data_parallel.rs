@@ -33,9 +33,9 @@
 //! claims its gradient with that error before joining the collective, so
 //! its peers never reduce last step's gradient as if it were this one's.
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use parking_lot::{Mutex, MutexGuard};
 use scope_core::collective::{CollectiveError, DEFAULT_DEADLINE, Element, Group, Rank, Reduce};
 use scope_core::{Backend, Error, FaultPlan, Result, Site};
 
@@ -147,11 +147,15 @@ pub struct Replica<B: Backend> {
     grads: Params,
     reduced: Params,
     lr: Tensor,
+    /// The learning rate, to write again after a recovery.
+    lr_host: f32,
     /// `1 × rows` of ones: a column sum is a matmul by it.
     ones: Tensor,
     x: Tensor,
     targets: Tensor,
-    /// The shard's targets on the host, for its loss.
+    /// The shard on the host: its targets for its loss, and both to write
+    /// again after a recovery.
+    x_host: Vec<f32>,
     targets_host: Vec<f32>,
     h1: Tensor,
     h2: Tensor,
@@ -183,9 +187,11 @@ impl<B: Backend> Replica<B> {
             grads: Params::new(&rt, s)?,
             reduced: Params::new(&rt, s)?,
             lr: rt.upload(1, 1, &[lr])?,
+            lr_host: lr,
             ones: rt.upload(1, s.batch, &vec![1.0; s.batch])?,
             x: rt.empty(s.batch, s.input)?,
             targets: rt.empty(s.batch, s.output)?,
+            x_host: vec![0.0; s.batch * s.input],
             targets_host: vec![0.0; s.batch * s.output],
             h1: rt.empty(s.batch, s.hidden)?,
             h2: rt.empty(s.batch, s.hidden)?,
@@ -220,8 +226,44 @@ impl<B: Backend> Replica<B> {
     pub fn load(&mut self, x: &[f32], targets: &[f32]) -> Result<()> {
         self.rt.write(&self.x, x)?;
         self.rt.write(&self.targets, targets)?;
+        self.x_host = x.to_vec();
         self.targets_host = targets.to_vec();
         Ok(())
+    }
+
+    /// After its device came back (`Client::recover`), every byte it held
+    /// reads as lost with the device: write again what only this rank
+    /// knows — its shard and its constants — and zero the packed buffers
+    /// the step's kernels write only in part. Its weights come from a
+    /// healthy peer ([`Rank::heal`]); every other buffer is written whole
+    /// by the next step's kernels before it is read.
+    ///
+    /// The packed buffers are why: a gradient, its reduced sum and the next
+    /// weights are four tensors in one buffer, with gaps where a backend
+    /// aligns each tensor's offset. The kernels write the tensors, never
+    /// the gaps; the all-reduce and the weights' read take the whole
+    /// buffer. Left lost, a gap would fail every step after the rank came
+    /// back — on a backend whose alignment leaves gaps, and only there.
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::write`].
+    pub fn reload(&mut self) -> Result<()> {
+        let rows = self.shard.batch;
+        self.rt.write(&self.ones, &vec![1.0; rows])?;
+        self.rt.write(&self.lr, &[self.lr_host])?;
+        self.rt.write(&self.x, &self.x_host)?;
+        self.rt.write(&self.targets, &self.targets_host)?;
+        let next = &self.weights[1 - self.current];
+        for packed in [&self.grads, &self.reduced, next] {
+            self.rt.write(&packed.flat, &vec![0.0; packed.flat.len()])?;
+        }
+        Ok(())
+    }
+
+    /// Its current weights' buffer: what a heal writes.
+    pub(crate) fn current_weights(&self) -> &Params {
+        &self.weights[self.current]
     }
 
     /// The weights it holds now, read back.
@@ -330,10 +372,10 @@ impl<B: Backend> Replica<B> {
     }
 }
 
-/// A fault to install on one rank's client for its backward pass.
+/// A fault to install on one replica's client for its backward pass.
 #[derive(Clone, Debug)]
 pub struct Injection {
-    /// The rank.
+    /// The replica (its rank, while every replica is a member).
     pub rank: usize,
     /// Which launch of the backward pass fails, from 1 ([`BACKWARD`]).
     pub launch: u64,
@@ -361,9 +403,17 @@ pub struct RankStep {
 }
 
 /// A group of replicas, one per device.
+///
+/// The group's members may change ([`crate::elastic`]): a rank whose
+/// device is lost is left out, and admitted back once it recovers, so the
+/// ranks of the current group are some of the replicas, in `members`
+/// order. A replica keeps its index (and its shard of the batch) through
+/// every change.
 #[derive(Debug)]
 pub struct DataParallel<B: Backend> {
-    group: Group<B>,
+    pub(crate) group: Group<B>,
+    /// By rank of the current group, the replica it is.
+    pub(crate) members: Vec<usize>,
     replicas: Vec<Mutex<Replica<B>>>,
     shape: Shape,
 }
@@ -400,14 +450,20 @@ impl<B: Backend> DataParallel<B> {
             .collect::<Result<_>>()?;
         Ok(Self {
             group,
+            members: (0..ranks).collect(),
             replicas,
             shape,
         })
     }
 
-    /// How many ranks.
+    /// How many replicas (ranks, when every one is a member).
     pub fn ranks(&self) -> usize {
         self.replicas.len()
+    }
+
+    /// The current group's members, by rank: the replica each rank is.
+    pub fn members(&self) -> &[usize] {
+        &self.members
     }
 
     /// The whole batch's sizes.
@@ -420,10 +476,8 @@ impl<B: Backend> DataParallel<B> {
         self.replica(0).grads.flat.slice().buffer.size()
     }
 
-    fn replica(&self, rank: usize) -> std::sync::MutexGuard<'_, Replica<B>> {
-        self.replicas[rank]
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    pub(crate) fn replica(&self, index: usize) -> MutexGuard<'_, Replica<B>> {
+        self.replicas[index].lock()
     }
 
     /// Compile every kernel a step launches, on every rank at once.
@@ -470,26 +524,43 @@ impl<B: Backend> DataParallel<B> {
         Ok(())
     }
 
-    /// One step on every rank, each on its own thread, with `inject`'s
-    /// fault on its rank's backward pass; what each rank saw, by rank, and
-    /// the step's wall time.
+    /// One step on every member, each on its own thread, with `inject`'s
+    /// fault on its replica's backward pass; what each member saw, by rank,
+    /// and the step's wall time.
     pub fn step(&self, inject: Option<&Injection>) -> (Vec<RankStep>, Duration) {
         let start = Instant::now();
         let steps = self.group.run(|rank| {
-            let i = rank.index();
+            let i = self.members[rank.index()];
             let fault = inject.filter(|f| f.rank == i);
             self.replica(i).step(&rank, fault)
         });
         (steps, start.elapsed())
     }
 
-    /// The weights rank `rank` holds now, read back.
+    /// The weights replica `replica` holds now, read back.
     ///
     /// # Errors
     ///
-    /// As [`Params::read`].
-    pub fn weights(&self, rank: usize) -> Result<Weights> {
-        self.replica(rank).weights()
+    /// [`Error::InvalidArgument`] for a replica this runtime does not
+    /// have; as [`Params::read`].
+    pub fn weights(&self, replica: usize) -> Result<Weights> {
+        self.ensure_replica("weights", replica)?;
+        self.replica(replica).weights()
+    }
+
+    /// Refuses a replica index this runtime does not have, naming the
+    /// call, so a wrong index is an error and never a panic.
+    pub(crate) fn ensure_replica(&self, call: &'static str, index: usize) -> Result<()> {
+        if index < self.ranks() {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            call,
+            format!(
+                "there is no replica {index}: the runtime has {}",
+                self.ranks()
+            ),
+        ))
     }
 
     /// Each rank's count of failures its device still holds.

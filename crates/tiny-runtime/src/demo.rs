@@ -15,6 +15,10 @@ use crate::data_parallel::{
 use crate::mlp::{Mlp, Shape, Weights, max_error};
 use crate::runtime::Runtime;
 
+mod survival;
+
+pub use survival::{Event, Lose, Survival};
+
 /// How close a device result must be to the CPU reference. The outputs are
 /// probabilities; `f32` accumulation over a thousand terms differs from the
 /// `f64` reference by about 1e-6 of a logit.
@@ -423,6 +427,27 @@ impl Failed {
     }
 }
 
+/// Lose `client`'s device by a sticky fault (`DEVICE_LOST`) injected at
+/// its next device call, and make one: the loss every backend can show.
+/// What it did, for the timeline, and `false`: the loss was not real.
+///
+/// # Errors
+///
+/// [`Error::Internal`] when the device was not lost.
+pub fn inject_loss<B: Backend>(client: &scope_core::Client<B>) -> Result<(String, bool)> {
+    client.inject(FaultPlan::new().poison_at(1, "injected", "DEVICE_LOST"));
+    let _ = client.allocate(4);
+    if client.poison().is_none() {
+        return Err(Error::internal(
+            "an injected loss did not poison the device",
+        ));
+    }
+    Ok((
+        "a sticky fault (DEVICE_LOST) injected at its next device call".to_owned(),
+        false,
+    ))
+}
+
 /// Act four: a data-parallel training step on several devices, a fault in
 /// one rank's backward pass, and the next step.
 #[derive(Debug)]
@@ -453,6 +478,9 @@ pub struct DataParallelReport {
     pub recovered: StepCheck,
     /// Failures each device still holds after the last step.
     pub failures_held: Vec<usize>,
+    /// Then rank [`faulted_rank`]'s device is lost, the others go on, and
+    /// it comes back ([`survival`]); what stopped it, if something did.
+    pub survival: Result<Survival>,
 }
 
 impl DataParallelReport {
@@ -483,6 +511,7 @@ impl DataParallelReport {
             && self.fault_contained()
             && self.recovered.clean()
             && self.failures_held.iter().all(|&n| n == 0)
+            && self.survival.as_ref().is_ok_and(Survival::passed)
     }
 }
 
@@ -490,7 +519,8 @@ impl DataParallelReport {
 /// random weights and a batch of `shape`, three steps of SGD at `lr` — the
 /// second with a launch failure injected into rank
 /// [`faulted_rank`]'s `loss.grad`, its backward pass's first kernel — each
-/// checked against the CPU's step on the whole batch.
+/// checked against the CPU's step on the whole batch; then the same rank's
+/// device lost with `lose` and the group surviving it ([`survival`]).
 ///
 /// # Errors
 ///
@@ -498,15 +528,14 @@ impl DataParallelReport {
 /// batch the ranks do not divide.
 pub fn data_parallel<B: Backend>(
     runtimes: Vec<Runtime<B>>,
-    shape: Shape,
-    lr: f32,
-    seed: u64,
+    (shape, lr, seed): (Shape, f32, u64),
+    lose: Lose<'_, B>,
 ) -> Result<DataParallelReport> {
     let ranks = runtimes.len();
     let weights = Weights::random(shape, seed);
     let x = weights.input(seed + 1);
     let targets = data_parallel::targets(shape, seed + 2);
-    let dp = DataParallel::new(runtimes, &weights, lr)?;
+    let mut dp = DataParallel::new(runtimes, &weights, lr)?;
     let start = Instant::now();
     dp.compile()?;
     let compile = start.elapsed();
@@ -538,6 +567,13 @@ pub fn data_parallel<B: Backend>(
 
     let (steps, time) = dp.step(None);
     let recovered = StepCheck::new(steps, time, &before, &second, true);
+    let failures_held = dp.failures_held();
+    let survival = survival::survive(
+        &mut dp,
+        (&x, &targets, lr),
+        &second.next,
+        (faulted_rank, lose),
+    );
     Ok(DataParallelReport {
         ranks,
         shape,
@@ -551,6 +587,7 @@ pub fn data_parallel<B: Backend>(
         faulted,
         failed,
         recovered,
-        failures_held: dp.failures_held(),
+        failures_held,
+        survival,
     })
 }

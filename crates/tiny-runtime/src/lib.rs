@@ -39,6 +39,7 @@ pub mod backends;
 pub mod cube;
 pub mod data_parallel;
 pub mod demo;
+pub mod elastic;
 pub mod kernels;
 pub mod mlp;
 pub mod runtime;

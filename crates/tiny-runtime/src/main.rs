@@ -43,7 +43,7 @@ use std::time::Duration;
 use scope_core::{Backend, Client, DeviceKind, Probe};
 use scope_cube::Target;
 use tiny_runtime::backends::{self, OnClients};
-use tiny_runtime::demo::{self, DataParallelReport, StepCheck, TOLERANCE};
+use tiny_runtime::demo::{self, DataParallelReport, StepCheck, Survival, TOLERANCE};
 use tiny_runtime::{Runtime, Shape, Weights};
 
 /// Which kernels the demo runs.
@@ -319,9 +319,12 @@ impl OnClients for Demo {
                 .map_err(|e| e.to_string())?;
             let report = demo::data_parallel(
                 runtimes,
-                demo::data_parallel_shape(devices),
-                demo::LEARNING_RATE,
-                self.seed + 10,
+                (
+                    demo::data_parallel_shape(devices),
+                    demo::LEARNING_RATE,
+                    self.seed + 10,
+                ),
+                &backends::lose_device,
             )
             .map_err(|e| format!("data-parallel step: {e}"))?;
             print_data_parallel(&report, B::NAME, tag);
@@ -520,6 +523,13 @@ fn print_data_parallel(r: &DataParallelReport, backend: &str, tag: &str) {
         "failures held on the devices",
         format!("{held}  {}", ok(held == 0)),
     );
+    match &r.survival {
+        Ok(survival) => print_survival(survival, r.ranks, tag),
+        Err(error) => println!(
+            "\n   losing rank {}'s device: FAILED: {error}",
+            r.faulted_rank
+        ),
+    }
 }
 
 fn main() -> ExitCode {
@@ -697,4 +707,64 @@ fn json_string(s: &str) -> String {
     }
     out.push('"');
     out
+}
+
+/// Act four, continued: a lost device survived.
+fn print_survival(s: &Survival, ranks: usize, tag: &str) {
+    println!(
+        "\n   then rank {}'s device is lost ({}); the group goes on without it, and takes it back",
+        s.lost,
+        if s.real {
+            "for real, by the backend"
+        } else {
+            "injected: this backend cannot lose a device on demand"
+        }
+    );
+    println!("   membership timeline:");
+    for event in &s.timeline {
+        let members: Vec<String> = event.members.iter().map(usize::to_string).collect();
+        println!(
+            "   | epoch {} [{}]  {}  ({}{tag})",
+            event.epoch,
+            members.join(", "),
+            event.what,
+            secs(event.took)
+        );
+    }
+    let f = &s.lost_step;
+    line(
+        "the step it was lost in",
+        format!(
+            "every survivor's all_reduce names rank {}, {} of {} updated, weights unchanged ({:.2e})  {}",
+            s.lost,
+            f.updated,
+            f.ranks.len(),
+            f.weights_change,
+            ok(s.lost_step_contained)
+        ),
+    );
+    for (i, step) in s.shrunk_steps.iter().enumerate() {
+        println!(
+            "\n   survivors' step {} ({} ranks, the mean over their rows)",
+            i + 1,
+            step.ranks.len()
+        );
+        print_clean(step, step.ranks.len(), tag);
+    }
+    line(
+        "after the heal",
+        format!(
+            "{} buffers came back lost with the device; weights {}  {}",
+            s.lost_buffers,
+            same(s.healed_identical, ranks),
+            ok(s.healed_identical)
+        ),
+    );
+    println!("\n   the step after it came back, on every rank");
+    print_clean(&s.rejoined_step, ranks, tag);
+    let held: usize = s.failures_held.iter().sum();
+    line(
+        "failures held on the devices",
+        format!("{held}  {}", ok(held == 0)),
+    );
 }

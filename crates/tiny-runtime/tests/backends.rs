@@ -130,9 +130,14 @@ fn a_data_parallel_step<B: Backend>(clients: Option<Vec<Client<B>>>) {
             .collect();
         let report = demo::data_parallel(
             runtimes,
-            common::data_parallel_shape(clients.len()),
-            demo::LEARNING_RATE,
-            61,
+            (
+                common::data_parallel_shape(clients.len()),
+                demo::LEARNING_RATE,
+                61,
+            ),
+            // A real loss where the backend has one (wgpu's destroy), so
+            // the recovery replaces a device that is really gone.
+            &tiny_runtime::backends::lose_device,
         )
         .unwrap();
         common::assert_data_parallel(&report);

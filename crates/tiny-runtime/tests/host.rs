@@ -186,9 +186,8 @@ fn a_data_parallel_step_on_four_host_devices() {
     let runtimes: Vec<_> = (0..4).map(|_| host_runtime()).collect();
     let report = demo::data_parallel(
         runtimes,
-        common::data_parallel_shape(4),
-        demo::LEARNING_RATE,
-        41,
+        (common::data_parallel_shape(4), demo::LEARNING_RATE, 41),
+        &demo::inject_loss,
     )
     .unwrap();
     assert_eq!(report.faulted_rank, 2);

@@ -143,5 +143,65 @@ pub fn assert_data_parallel(report: &DataParallelReport) {
         "the next step healed every failure: {:?}",
         report.failures_held
     );
+    assert_survival(report);
     assert!(report.passed());
+}
+
+/// Then the faulted rank's device is lost (rules 51, 54–57): the step it
+/// is lost in fails on every survivor naming it, nothing updated; the
+/// survivors shrink without it and train on, each step the CPU's over
+/// their rows; it comes back, is admitted and healed, and the next step on
+/// every rank is the CPU's over every row, the weights the same bits
+/// everywhere and no failure left held.
+fn assert_survival(report: &DataParallelReport) {
+    let survival = report
+        .survival
+        .as_ref()
+        .unwrap_or_else(|e| panic!("the group survives the lost device: {e}"));
+    let lost = report.faulted_rank;
+    for event in &survival.timeline {
+        println!(
+            "epoch {} members {:?}: {} ({:?})",
+            event.epoch, event.members, event.what, event.took
+        );
+    }
+    assert!(
+        survival.lost_step_contained,
+        "the step it was lost in is contained: {:?}",
+        survival.lost_step.ranks
+    );
+    let survivors: Vec<usize> = (0..report.ranks).filter(|&r| r != lost).collect();
+    assert_eq!(
+        survival.timeline[2].members, survivors,
+        "the survivors shrank"
+    );
+    for (i, step) in survival.shrunk_steps.iter().enumerate() {
+        assert_clean(&format!("survivors' step {i}"), step, survivors.len());
+    }
+    assert!(
+        survival.lost_buffers > 0,
+        "the recovered device made its buffers again"
+    );
+    assert!(
+        survival.healed_identical,
+        "the heal gave it the same weights"
+    );
+    let mut every = survivors.clone();
+    every.push(lost);
+    assert_eq!(
+        survival.timeline.last().map(|e| e.members.clone()),
+        Some(every),
+        "admitted as the last rank"
+    );
+    assert_clean(
+        "the step after it came back",
+        &survival.rejoined_step,
+        report.ranks,
+    );
+    assert!(
+        survival.failures_held.iter().all(|&n| n == 0),
+        "nothing left held: {:?}",
+        survival.failures_held
+    );
+    assert!(survival.passed());
 }
