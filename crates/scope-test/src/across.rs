@@ -467,6 +467,84 @@ where
 
 /// The variables a parent hands each child process of
 /// [`ranks_in_separate_processes`].
+/// Ranks that joined alone with different membership epochs — a
+/// restarted process its launcher gave a stale one — are refused on every
+/// rank, every call, claiming nothing, and never meet as one group; ranks
+/// that joined a changed group alone cannot shrink it in memory, they join
+/// again (rules 44, 55).
+pub fn a_rank_joined_with_a_stale_epoch_is_refused_everywhere<S: Suite>()
+where
+    S::Backend: DeviceCollectives,
+{
+    let clients: Option<Vec<_>> = (0..RANKS)
+        .map(|rank| client_or_skip(|| S::rank_client(rank)))
+        .collect();
+    let Some(clients) = clients else {
+        return;
+    };
+    let identity = <S::Backend as DeviceCollectives>::identity()
+        .expect("the suite's backend has its collectives library");
+    let identity = &identity;
+    let outcomes = std::thread::scope(|scope| {
+        let threads: Vec<_> = clients
+            .into_iter()
+            .enumerate()
+            .map(|(rank, client)| {
+                scope.spawn(move || {
+                    // Rank 3 comes back with the epoch before.
+                    let epoch = if rank == 3 { 1 } else { 2 };
+                    let me = Rank::join_epoch(
+                        client,
+                        identity,
+                        rank,
+                        RANKS,
+                        epoch,
+                        Duration::from_secs(120),
+                    )
+                    .expect("every rank joins");
+                    let c = me.client();
+                    let input = upload(c, &[1; PART as usize]);
+                    let output = upload(c, &[5; PART as usize]);
+                    let calls = [
+                        me.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum),
+                        me.broadcast(0, output.all()),
+                    ];
+                    let shrink = me.shrink().map(|_| ());
+                    (calls, read(c, &output).unwrap(), shrink, me.broken())
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect::<Vec<_>>()
+    });
+    for (rank, (calls, output, shrink, broken)) in outcomes.into_iter().enumerate() {
+        for call in calls {
+            let error = call.expect_err("a stale epoch is refused");
+            let CollectiveError::Refused {
+                rank: named, why, ..
+            } = collective_error(&error)
+            else {
+                panic!("rank {rank}: {error}");
+            };
+            assert_eq!(*named, 3, "rank {rank} names the stale rank: {error}");
+            assert!(why.contains("epoch 1"), "rank {rank}: {why}");
+        }
+        assert_eq!(
+            output,
+            vec![5; PART as usize],
+            "rank {rank}: nothing claimed"
+        );
+        let shrink = shrink.expect_err("joined alone, a rank joins again instead");
+        assert!(
+            matches!(shrink, Error::Refused { .. }),
+            "rank {rank}: {shrink}"
+        );
+        assert!(broken.is_none(), "rank {rank}: refusals break nothing");
+    }
+}
+
 const CHILD_RANK: &str = "SCOPE_CONFORMANCE_RANK";
 const CHILD_ID: &str = "SCOPE_CONFORMANCE_ID";
 const CHILD_DIR: &str = "SCOPE_CONFORMANCE_DIR";

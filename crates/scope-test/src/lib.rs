@@ -34,6 +34,7 @@ pub mod recover;
 pub mod rounds;
 pub mod sizes;
 pub mod soak;
+pub mod survival;
 
 pub use across::*;
 pub use backend::*;
@@ -50,6 +51,7 @@ pub use recorded::*;
 pub use recover::*;
 pub use rounds::*;
 pub use sizes::*;
+pub use survival::{one_survivor_in_its_own_process, ranks_survive_a_killed_process};
 
 use scope_core::Client;
 use scope_core::Result;
@@ -420,6 +422,7 @@ macro_rules! conformance_tests {
             a_newcomer_is_admitted_and_healed_by_its_peers,
             bad_membership_changes_are_refused_everywhere,
             ranks_in_separate_processes_decide_alike,
+            a_rank_joined_with_a_stale_epoch_is_refused_everywhere,
             a_silent_rank_in_another_process_stalls_its_peers_within_the_deadline,
             collectives_recorded_in_a_graph_replay_on_every_rank,
             a_failed_input_fails_every_ranks_replay,
@@ -494,6 +497,26 @@ macro_rules! conformance_tests {
         #[ignore = "a child process of ranks_in_separate_processes"]
         fn rank() {
             $crate::one_rank_in_its_own_process::<$suite>();
+        }
+
+        /// Four ranks in four processes, one killed in the middle of
+        /// training: the others shrink to a new epoch and go on, a
+        /// restarted process is admitted and healed, and every rank's
+        /// weights end the same bits.
+        #[test]
+        fn ranks_survive_a_killed_process() {
+            $crate::ranks_survive_a_killed_process::<$suite>(
+                concat!($module, "::survivor"),
+                $identity,
+            );
+            <$suite as $crate::Suite>::finished();
+        }
+
+        /// One rank of [`ranks_survive_a_killed_process`], run only by it.
+        #[test]
+        #[ignore = "a child process of ranks_survive_a_killed_process"]
+        fn survivor() {
+            $crate::one_survivor_in_its_own_process::<$suite>();
         }
     };
     (@only $suite:ty; $($name:ident),* $(,)?) => {
