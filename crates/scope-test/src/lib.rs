@@ -443,6 +443,7 @@ macro_rules! conformance_tests {
             ranks_joined_alone_agree_at_every_group_size,
             a_join_short_of_its_peers_ends_within_the_deadline,
             a_failed_library_call_breaks_the_group_at_every_group_size,
+            membership_changes_at_every_group_size,
             random_rounds_of_collectives_match_the_oracle,
             random_rounds_of_ranks_joined_alone_match_the_oracle,
         );

@@ -11,9 +11,10 @@
 //! each size what the rules ask of four: right values, a failed input
 //! failing every output naming its rank and root, a refusal claiming
 //! nothing, replays decided together, ranks joined alone agreeing by
-//! ballot, a join short of its peers ending within its deadline, and a
-//! failed library call breaking the group for a new one to replace (rules
-//! 41–45, 47–50).
+//! ballot, a join short of its peers ending within its deadline, a
+//! failed library call breaking the group for a new one to replace, and
+//! membership changing: a shrink to a new epoch, an admission and a heal
+//! (rules 41–45, 47–50, 54–57).
 //!
 //! On a suite of logical devices the sizes are one and four; on the CUDA
 //! bundle's suite they are one and the machine's GPUs.
@@ -551,6 +552,118 @@ pub fn a_failed_library_call_breaks_the_group_at_every_group_size<S: Suite>() {
         let fresh = S::group(clients, WAIT).expect("a new group over the same devices");
         let sums = fresh.run(|rank| sum_of_ones(&rank));
         assert!(sums.iter().all(|s| *s == vec![n as u32; 16]), "{sums:?}");
+    });
+}
+
+/// Membership changes at every group size (rules 54–57): every rank of
+/// the group shrinks (none is gone, so the new epoch keeps them all, in
+/// order) and the new epoch computes while the old one refuses, claiming
+/// nothing; then, where there is a second device, a group of all but the
+/// last admits it and heals its weights from rank 0. On the CUDA bundle's
+/// suite this is a new communicator made from a fresh identity on the
+/// machine's own NCCL — at one rank, a shrink to itself. The admission
+/// needs a rank that is not a member, so a machine of one device has no
+/// admission to run, and says so.
+pub fn membership_changes_at_every_group_size<S: Suite>() {
+    at_every_size::<S>(WAIT, |group, n| {
+        let shrunk = group.run(|rank| {
+            rank.shrink().unwrap_or_else(|e| {
+                panic!(
+                    "{n} ranks: rank {}: a whole group shrinks: {e}",
+                    rank.index()
+                )
+            })
+        });
+        for (index, rank) in shrunk.iter().enumerate() {
+            assert_eq!(
+                (rank.epoch(), rank.ranks(), rank.index()),
+                (1, n, index),
+                "{n} ranks: nobody gone, nobody left out, the order kept"
+            );
+        }
+        let sums = shrunk[0].group().run(|rank| sum_of_ones(&rank));
+        assert!(
+            sums.iter().all(|s| *s == vec![n as u32; 16]),
+            "{n} ranks: {sums:?}"
+        );
+        let old = group.rank(0).unwrap();
+        let c = old.client();
+        let (ones, untouched) = (upload(c, &[1; 16]), upload(c, &[5; 16]));
+        let stale = old
+            .all_reduce(ones.all(), untouched.all(), Element::U32, Reduce::Sum)
+            .expect_err("the superseded epoch takes no calls");
+        assert!(
+            matches!(
+                collective_error(&stale),
+                CollectiveError::Stale {
+                    epoch: 0,
+                    current: 1,
+                    left_out: false
+                }
+            ),
+            "{n} ranks: {stale}"
+        );
+        assert_eq!(
+            read(c, &untouched).unwrap(),
+            vec![5; 16],
+            "a stale call claims nothing"
+        );
+        if n < 2 {
+            println!(
+                "membership at one rank: the shrink ran; the admission not exercised \
+                 (a newcomer needs a device that is not a member)"
+            );
+            return;
+        }
+        let clients: Vec<Client<S::Backend>> = (0..n)
+            .map(|r| group.rank(r).unwrap().client().clone())
+            .collect();
+        drop((shrunk, group));
+        let newcomer = clients[n - 1].clone();
+        let fewer =
+            S::group(clients[..n - 1].to_vec(), WAIT).expect("a group of all but the last device");
+        // What the newcomer holds is not the group's until healed.
+        let weights: Vec<Buffer> = clients
+            .iter()
+            .enumerate()
+            .map(|(rank, c)| upload(c, &[if rank == n - 1 { 97 } else { 7 }; 16]))
+            .collect();
+        newcomer
+            .fail_writing(&[weights[n - 1].all()], injected("never trained"))
+            .unwrap();
+        let admitted = fewer.run(|rank| {
+            rank.admit(std::slice::from_ref(&newcomer))
+                .unwrap_or_else(|e| panic!("{n} ranks: rank {}: the admission: {e}", rank.index()))
+        });
+        let grown = admitted[0].group();
+        assert_eq!((admitted[0].epoch(), admitted[0].ranks()), (1, n));
+        let outcomes = grown.run(|rank| {
+            let c = rank.client();
+            let mine = &weights[rank.index()];
+            let sum = alloc(c, 16);
+            let unhealed = rank.all_reduce(mine.all(), sum.all(), Element::U32, Reduce::Sum);
+            rank.heal(0, &[mine.all()])
+                .unwrap_or_else(|e| panic!("{n} ranks: rank {}: the heal: {e}", rank.index()));
+            rank.all_reduce(mine.all(), sum.all(), Element::U32, Reduce::Sum)
+                .unwrap_or_else(|e| {
+                    panic!("{n} ranks: rank {}: healed, it reduces: {e}", rank.index())
+                });
+            (unhealed, read(c, &sum).unwrap())
+        });
+        for (rank, (unhealed, sum)) in outcomes.into_iter().enumerate() {
+            let unhealed = unhealed.expect_err("the newcomer's weights were not the group's");
+            names_the_failed_rank(
+                &format!("{n} ranks: rank {rank}, before the heal"),
+                collective_error(&unhealed),
+                n - 1,
+                "never trained",
+            );
+            assert_eq!(
+                sum,
+                vec![7 * n as u32; 16],
+                "{n} ranks: rank {rank}'s healed sum"
+            );
+        }
     });
 }
 
