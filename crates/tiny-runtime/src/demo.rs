@@ -479,7 +479,7 @@ pub struct DataParallelReport {
     /// Failures each device still holds after the last step.
     pub failures_held: Vec<usize>,
     /// Then rank [`faulted_rank`]'s device is lost, the others go on, and
-    /// it comes back ([`survival`]); what stopped it, if something did.
+    /// it comes back (its `survival` act); what stopped it, if something did.
     pub survival: Result<Survival>,
 }
 
@@ -520,7 +520,7 @@ impl DataParallelReport {
 /// second with a launch failure injected into rank
 /// [`faulted_rank`]'s `loss.grad`, its backward pass's first kernel — each
 /// checked against the CPU's step on the whole batch; then the same rank's
-/// device lost with `lose` and the group surviving it ([`survival`]).
+/// device lost with `lose` and the group surviving it (its `survival` act).
 ///
 /// # Errors
 ///
