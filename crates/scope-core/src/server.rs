@@ -241,6 +241,10 @@ pub struct Server<B: Backend> {
     /// Buffers whose memory a recovery gave up, to be made again once the
     /// device opens (kept across attempts that fail).
     to_remake: Vec<BufferId>,
+    /// Graphs a recovery gave up, to be reported once the device opens
+    /// (kept across attempts that fail, as `to_remake` is: a later attempt
+    /// finds them already given up).
+    graphs_lost: usize,
     /// The backend's grid (`LaunchLimits::max_workgroups`): host-given
     /// counts past it are refused before any backend check.
     max_workgroups: [u32; 3],
@@ -405,6 +409,7 @@ impl<B: Backend> Server<B> {
             detached: false,
             reopened: 0,
             to_remake: Vec::new(),
+            graphs_lost: 0,
             max_workgroups,
             write_sets: Vec::new(),
             hooks,

@@ -224,6 +224,39 @@ pub fn a_loss_while_reopening_leaves_it_poisoned_and_recoverable<S: Suite>() {
     c.audit().unwrap();
 }
 
+/// A graph given up by a recovery whose reopen failed is counted by the
+/// recovery that opens the device: `Recovered::Reopened` counts the graphs
+/// lost with the device, however many attempts it took, and the graph
+/// refuses to replay either way (rules 52, 53).
+pub fn graphs_lost_before_a_failed_reopen_are_counted_when_it_opens<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let a = alloc(&c, WORDS);
+    let capture = c.begin_capture().unwrap();
+    fill::<S>(&c, &a, 5).unwrap();
+    let graph = c.end_capture(capture).unwrap();
+    lose::<S>(&c, &a);
+    c.inject(FaultPlan::new().fail(
+        Site::Reopen,
+        1,
+        Error::Fault(scope_core::DeviceFault {
+            backend: "injected",
+            code: "DEVICE_LOST".into(),
+            sticky: true,
+            stream: None,
+            detail: "lost again while opening".into(),
+        }),
+    ));
+    assert!(c.recover().is_err(), "the first attempt fails");
+    assert!(c.poison().is_some(), "still poisoned");
+    let (buffers, graphs) = reopen(&c);
+    assert_eq!(buffers, 1);
+    assert_eq!(graphs, 1, "the graph the failed attempt gave up is counted");
+    assert!(c.replay(&graph).unwrap_err().is_refusal());
+    c.destroy_graph(&graph).unwrap();
+    assert_lost(&c, &a);
+    c.audit().unwrap();
+}
+
 /// Two threads that both saw the poison recover at once: one opens the
 /// device again, the other learns it is healthy; neither waits forever.
 pub fn two_recoveries_at_once_open_the_device_once<S: Suite>() {

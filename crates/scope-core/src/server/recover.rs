@@ -63,7 +63,9 @@ impl<B: Backend> Server<B> {
         if self.waits.load(AtomicOrdering::Acquire) > 0 {
             return Ok(None);
         }
-        let graphs = self.give_up_device();
+        // Counted across attempts: one whose reopen failed gave graphs up
+        // that the next attempt no longer finds.
+        self.graphs_lost += self.give_up_device();
         self.fault(Site::Reopen, None)?;
         let mut streams: Vec<&mut B::Stream> =
             self.streams.iter_mut().map(|s| &mut s.device).collect();
@@ -90,6 +92,7 @@ impl<B: Backend> Server<B> {
         if let Some(again) = self.poison.clone() {
             return Err(Error::DevicePoisoned { fault: again });
         }
+        let graphs = std::mem::take(&mut self.graphs_lost);
         tracing::info!(
             backend = B::NAME,
             buffers,
@@ -116,7 +119,8 @@ impl<B: Backend> Server<B> {
 
     /// Step 1: abort every capture, destroy every graph, free every
     /// allocation (remembering whose, for step 3, however many attempts it
-    /// takes) and empty the kernel cache; the number of graphs lost.
+    /// takes) and empty the kernel cache; the number of graphs this attempt
+    /// gave up (an earlier attempt's are counted in `graphs_lost`).
     /// Afterwards the server is detached: its streams name a device that is
     /// being given up.
     fn give_up_device(&mut self) -> usize {
