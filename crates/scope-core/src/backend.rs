@@ -560,8 +560,8 @@ pub trait Backend: Send + 'static {
     /// A backend whose driver says the process cannot go on after `fault`
     /// (CUDA's and HIP's process-fatal faults) answers
     /// [`Error::RestartRequired`](crate::Error::RestartRequired) and touches
-    /// nothing; one that cannot reopen at all answers a refusal (the
-    /// default).
+    /// nothing; so does one that cannot reopen at all (the default), as
+    /// rule 52 says: the device comes back only with a new process.
     ///
     /// # Safety
     ///
@@ -574,11 +574,12 @@ pub trait Backend: Send + 'static {
         fault: &crate::Error,
         streams: &mut [&mut Self::Stream],
     ) -> Result<()> {
-        let _ = (fault, streams);
-        Err(crate::Error::refused(format!(
-            "{} cannot open a lost device again",
-            Self::NAME
-        )))
+        let _ = streams;
+        Err(crate::Error::RestartRequired {
+            backend: Self::NAME,
+            fault: std::sync::Arc::new(fault.clone()),
+            reason: "this backend cannot open a lost device again".to_owned(),
+        })
     }
 
     /// Destroy a graph, waiting for its replays in flight first (rule 35).

@@ -122,7 +122,8 @@ pub enum Error {
 
     /// The device cannot come back in this process: its driver says that
     /// after `fault` the process must be restarted (CUDA's and HIP's
-    /// process-fatal faults). The client stays poisoned; work survives
+    /// process-fatal faults), or its backend cannot open a device again.
+    /// The client stays poisoned; work survives
     /// through a group that shrinks to its other ranks and admits this one
     /// again from a new process (rules 52, 55).
     #[error("{backend} cannot recover from {fault} in this process: {reason}")]

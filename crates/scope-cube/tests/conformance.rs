@@ -96,6 +96,12 @@ struct VulkanCube;
 impl Suite for VulkanCube {
     type Backend = server_vulkan::Vulkan;
 
+    /// It does, so the property test
+    /// expects its lost devices to come back.
+    fn reopens() -> bool {
+        true
+    }
+
     fn client() -> Result<Client<server_vulkan::Vulkan>> {
         let _ = std::fs::create_dir_all("/tmp/xdg");
         server_vulkan::client_with(server_vulkan::Config {
@@ -158,6 +164,12 @@ struct WgpuCube<A>(std::marker::PhantomData<A>);
 
 impl<A: OnApi> Suite for WgpuCube<A> {
     type Backend = server_wgpu::Wgpu;
+
+    /// It does, so the property test
+    /// expects its lost devices to come back.
+    fn reopens() -> bool {
+        true
+    }
 
     fn client() -> Result<Client<server_wgpu::Wgpu>> {
         server_wgpu::client_with(&server_wgpu::Options::api(A::API))

@@ -279,6 +279,8 @@ pub struct Host {
     /// The largest allocation the device has once it is opened again
     /// ([`reopens_smaller`](Self::reopens_smaller)).
     reopened_max_allocation: Option<u64>,
+    /// Whether a lost device can be opened again ([`cannot_reopen`](Self::cannot_reopen)).
+    reopens: bool,
 }
 
 impl Default for Host {
@@ -306,6 +308,7 @@ impl Host {
             // fixed amount, and so does the reference.
             limit: Some(8 << 30),
             reopened_max_allocation: None,
+            reopens: true,
         };
         // The built-ins stop at the shortest binding: a count past a
         // binding's end writes what fits, as a bounds-checked GPU kernel does.
@@ -350,6 +353,16 @@ impl Host {
     /// for a test of what no longer fits.
     pub fn reopens_smaller(mut self, max_allocation: u64) -> Self {
         self.reopened_max_allocation = Some(max_allocation);
+        self
+    }
+
+    /// A device that, once lost, cannot be opened again in this process:
+    /// [`Client::recover`](scope_core::Client::recover) is refused with
+    /// [`Error::RestartRequired`], as on a backend with no
+    /// [`Backend::reopen`] of its own (CUDA's and HIP's), and the client
+    /// stays poisoned (rule 52).
+    pub fn cannot_reopen(mut self) -> Self {
+        self.reopens = false;
         self
     }
 
@@ -634,11 +647,18 @@ impl Backend for Host {
         Ok(())
     }
 
-    /// Host memory is never lost, so opening the "device" again is
-    /// forgetting what the streams recorded and what was reserved (the
+    /// Host memory is never lost, so opening the "device" again is — unless
+    /// it was built not to ([`Host::cannot_reopen`]) — forgetting what the streams recorded and what was reserved (the
     /// core gave every allocation back first), and taking the smaller
     /// largest allocation a test asked for ([`Host::reopens_smaller`]).
-    unsafe fn reopen(&mut self, _fault: &Error, streams: &mut [&mut HostStream]) -> Result<()> {
+    unsafe fn reopen(&mut self, fault: &Error, streams: &mut [&mut HostStream]) -> Result<()> {
+        if !self.reopens {
+            return Err(Error::RestartRequired {
+                backend: Self::NAME,
+                fault: Arc::new(fault.clone()),
+                reason: "built not to open a lost device again (Host::cannot_reopen)".to_owned(),
+            });
+        }
         for stream in streams {
             stream.recording = None;
         }

@@ -152,6 +152,17 @@ pub trait Suite: 'static {
         None
     }
 
+    /// Whether the backend opens a lost device again
+    /// ([`Backend::reopen`](scope_core::backend::Backend::reopen)): the
+    /// property test ([`random_sequences`]) loses the device now and then
+    /// and expects [`Client::recover`] to answer `Reopened` when this says
+    /// so, and [`scope_core::Error::RestartRequired`] when not (rule 52).
+    /// `false` by default, as `Backend::reopen`'s default; a suite that
+    /// expands `conformance_tests!(@recovery …)` answers `true`.
+    fn reopens() -> bool {
+        false
+    }
+
     /// Called at the end of every test
     /// [`conformance_tests!`](crate::conformance_tests) makes, on the test's
     /// thread: the place for a backend's own end-of-test check (a mock
@@ -378,6 +389,7 @@ macro_rules! conformance_tests {
             a_foreign_capture_is_refused_and_aborted_at_home,
             reading_a_huge_failed_buffer_allocates_nothing,
             past_the_largest_allocation_is_invalid_everywhere,
+            recovery_is_refused_where_the_backend_cannot_reopen,
             poison_fails_fast_and_releases_still_release,
             a_count_past_the_device_runs_nothing,
             a_replayed_indirect_launch_heals_nothing,

@@ -257,6 +257,40 @@ pub fn graphs_lost_before_a_failed_reopen_are_counted_when_it_opens<S: Suite>() 
     c.audit().unwrap();
 }
 
+/// A device whose backend cannot open it again ([`Suite::reopens`] says
+/// so): recovery is refused with `Error::RestartRequired` naming the fault,
+/// again at a second attempt, the client stays poisoned, and its releases
+/// still release (rules 36, 52). Where the backend reopens, the same loss
+/// comes back. In every suite's list, so each server's answer is checked
+/// against what its suite says of it.
+pub fn recovery_is_refused_where_the_backend_cannot_reopen<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let a = alloc(&c, WORDS);
+    let b = alloc(&c, WORDS);
+    fill::<S>(&c, &b, 1).unwrap();
+    lose::<S>(&c, &a);
+    if S::reopens() {
+        assert_eq!(reopen(&c).0, 2, "both buffers are made again");
+        assert_lost(&c, &b);
+        return;
+    }
+    for attempt in 0..2 {
+        match c.recover() {
+            Err(Error::RestartRequired { fault, .. }) => assert!(
+                fault.to_string().contains("DEVICE_LOST"),
+                "attempt {attempt} names the fault: {fault}"
+            ),
+            other => panic!("attempt {attempt}: a restart is required: {other:?}"),
+        }
+        assert!(c.poison().is_some(), "still poisoned");
+    }
+    assert!(read(&c, &b).unwrap_err().is_device_poisoned());
+    c.free(&a).expect("a release still releases");
+    drop((a, b));
+    assert_eq!(c.failures_held(), 0, "the store empties with the buffers");
+    assert_eq!(c.bytes_allocated(), 0);
+}
+
 /// Two threads that both saw the poison recover at once: one opens the
 /// device again, the other learns it is healthy; neither waits forever.
 pub fn two_recoveries_at_once_open_the_device_once<S: Suite>() {

@@ -16,6 +16,12 @@ struct HostSuite;
 impl Suite for HostSuite {
     type Backend = Host;
 
+    /// It does (`conformance_tests!(@recovery …)`), so the property test
+    /// expects its lost devices to come back.
+    fn reopens() -> bool {
+        true
+    }
+
     fn client() -> Result<Client<Host>> {
         host::client()
     }
@@ -64,6 +70,12 @@ mod over_device {
     impl Suite for HostDeviceSuite {
         type Backend = Host;
 
+        /// It does (`conformance_tests!(@recovery …)`), so the property test
+        /// expects its lost devices to come back.
+        fn reopens() -> bool {
+            true
+        }
+
         fn client() -> Result<Client<Host>> {
             HostSuite::client()
         }
@@ -93,4 +105,51 @@ mod over_device {
 
     scope_test::conformance_tests!(@device_collectives HostDeviceSuite);
     scope_test::conformance_tests!(@recovering_groups HostDeviceSuite);
+}
+
+/// The reference server built not to open a lost device again
+/// ([`Host::cannot_reopen`]), as CUDA's and HIP's backends cannot: the
+/// property test's losses are refused with `Error::RestartRequired`, and
+/// the run goes on with a fresh server, as a restarted process would.
+mod without_reopening {
+    use super::*;
+
+    struct HostCannotReopen;
+
+    impl Suite for HostCannotReopen {
+        type Backend = Host;
+
+        fn client() -> Result<Client<Host>> {
+            Client::new(Host::new().cannot_reopen())
+        }
+
+        fn fill() -> Kernel {
+            Kernel::host("fill")
+        }
+
+        fn copy() -> Kernel {
+            Kernel::host("copy")
+        }
+
+        fn add() -> Kernel {
+            Kernel::host("add")
+        }
+
+        fn broken() -> Kernel {
+            Kernel::host("no-such-kernel")
+        }
+    }
+
+    scope_test::conformance_tests!(@only HostCannotReopen;
+        recovery_is_refused_where_the_backend_cannot_reopen,
+    );
+
+    /// The property test, its losses refused.
+    #[test]
+    fn random_sequences() {
+        scope_test::random_sequences::<HostCannotReopen>(
+            &scope_test::property::SEEDS,
+            scope_test::property::STEPS,
+        );
+    }
 }

@@ -13,6 +13,12 @@ struct VulkanSuite;
 impl Suite for VulkanSuite {
     type Backend = Vulkan;
 
+    /// It does (`conformance_tests!(@recovery …)`), so the property test
+    /// expects its lost devices to come back.
+    fn reopens() -> bool {
+        true
+    }
+
     fn client() -> Result<Client<Vulkan>> {
         common::validating()
     }

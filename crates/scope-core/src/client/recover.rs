@@ -30,9 +30,9 @@ impl<B: Backend> Client<B> {
     /// # Errors
     ///
     /// [`Error::RestartRequired`] where the driver says the process cannot
-    /// go on after the fault (the client stays poisoned; a group carries
-    /// the work, rules 54–56); a refusal from a backend that cannot open a
-    /// device again; the error opening it again met (the client stays
+    /// go on after the fault, and from a backend that cannot open a device
+    /// again (the client stays poisoned, its releases still release; a
+    /// group carries the work, rules 54–56); the error opening it again met (the client stays
     /// poisoned, and may try again); [`Error::Refused`] when a wait on
     /// another thread did not end within [`RECOVER_PATIENCE`]; the
     /// re-entrant call's error inside a `with_backend` closure.

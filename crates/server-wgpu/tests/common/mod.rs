@@ -85,6 +85,12 @@ pub struct WgpuSuite<A>(std::marker::PhantomData<A>);
 impl<A: OnApi> Suite for WgpuSuite<A> {
     type Backend = Wgpu;
 
+    /// It does (`conformance_tests!(@recovery …)`), so the property test
+    /// expects its lost devices to come back.
+    fn reopens() -> bool {
+        true
+    }
+
     fn client() -> Result<Client<Wgpu>> {
         client_on(A::API)
     }
