@@ -469,6 +469,7 @@ macro_rules! conformance_tests {
             recovering_a_healthy_device_changes_nothing,
             a_loss_while_reopening_leaves_it_poisoned_and_recoverable,
             graphs_lost_before_a_failed_reopen_are_counted_when_it_opens,
+            a_loss_while_remaking_buffers_leaves_none_behind,
             two_recoveries_at_once_open_the_device_once,
             reads_in_flight_on_other_threads_meet_a_recovery,
         );

@@ -257,6 +257,38 @@ pub fn graphs_lost_before_a_failed_reopen_are_counted_when_it_opens<S: Suite>() 
     c.audit().unwrap();
 }
 
+/// The device lost again while a recovery makes its buffers again: that
+/// recovery fails and leaves the client poisoned, and the next one makes
+/// every buffer again — those the failed attempt made and those it had
+/// not reached — each lost with the device until rewritten (rules 51, 52).
+pub fn a_loss_while_remaking_buffers_leaves_none_behind<S: Suite>() {
+    let Some(c) = setup::<S>() else { return };
+    let buffers: Vec<Buffer> = (0..3).map(|_| alloc(&c, WORDS)).collect();
+    lose::<S>(&c, &buffers[0]);
+    c.inject(FaultPlan::new().fail(
+        Site::Allocate,
+        2,
+        Error::Fault(scope_core::DeviceFault {
+            backend: "injected",
+            code: "DEVICE_LOST".into(),
+            sticky: true,
+            stream: None,
+            detail: "lost again while remaking".into(),
+        }),
+    ));
+    let failed = c.recover().unwrap_err();
+    c.inject(FaultPlan::new());
+    assert!(failed.to_string().contains("lost again"), "{failed}");
+    assert!(c.poison().is_some(), "still poisoned");
+    assert_eq!(reopen(&c).0, 3, "every buffer is made again");
+    for (i, buffer) in (0u32..).zip(&buffers) {
+        assert_lost(&c, buffer);
+        fill::<S>(&c, buffer, i).unwrap();
+        assert_eq!(read(&c, buffer).unwrap(), vec![i; WORDS as usize]);
+    }
+    c.audit().unwrap();
+}
+
 /// A device whose backend cannot open it again ([`Suite::reopens`] says
 /// so): recovery is refused with `Error::RestartRequired` naming the fault,
 /// again at a second attempt, the client stays poisoned, and its releases

@@ -169,8 +169,10 @@ impl<B: Backend> Server<B> {
     /// Step 3: every buffer in `held` (those the lost device held) gets
     /// memory again, on the stream that used it last, claimed whole by one
     /// failure naming `fault`; one the new device cannot hold records why.
-    /// A buffer the lost device never held keeps its record. The numbers
-    /// made and not made.
+    /// A buffer the lost device never held keeps its record. When the
+    /// device is lost again meanwhile, the buffers not yet made record the
+    /// loss and wait in `to_remake` for the next recovery. The numbers made
+    /// and not made.
     fn allocate_again(&mut self, fault: &Arc<Error>, held: &[BufferId]) -> (usize, usize) {
         let max = self.backend.max_allocation();
         let mut made: Vec<BufferRange> = Vec::new();
@@ -211,6 +213,10 @@ impl<B: Backend> Server<B> {
                     });
                 }
                 Err(error) => {
+                    // Lost again before this buffer got memory (at it or
+                    // earlier): not a buffer the device cannot hold, so the
+                    // next recovery makes it again.
+                    let lost_again = error.is_sticky() || sticky.is_some();
                     if error.is_sticky() && sticky.is_none() {
                         sticky = Some(error.clone());
                     }
@@ -220,6 +226,9 @@ impl<B: Backend> Server<B> {
                         .mint_failed(Work::new(WorkKind::Allocate, stream), error);
                     self.table.record_unallocated(id, record);
                     self.table.failures().prune(record);
+                    if lost_again {
+                        self.to_remake.push(id);
+                    }
                     not_made += 1;
                 }
             }
