@@ -90,6 +90,7 @@
 
 mod abuse;
 mod checks;
+mod loss;
 mod oracle;
 mod steps;
 
@@ -139,15 +140,25 @@ pub fn random_sequences<S: Suite>(seeds: &[u64], steps: usize) {
         tally.during_windows += t.during_windows;
         tally.refused += t.refused;
         tally.abused += t.abused;
+        tally.lost += t.lost;
+        tally.reopened += t.reopened;
+        tally.failed_attempts += t.failed_attempts;
+        tally.restarts += t.restarts;
     }
+    // "invalid" stays last: `cargo xtask fuzz` reads the counts by place.
     println!(
         "{}: {} operations over {} seeds; {} on stream 1 during a window, {} of them refused; \
-         {} invalid",
+         {} devices lost and {} opened again ({} after a failed attempt, {} refused: restart \
+         required); {} invalid",
         <S::Backend as Backend>::NAME,
         steps * seeds.len(),
         seeds.len(),
         tally.during_windows,
         tally.refused,
+        tally.lost,
+        tally.reopened,
+        tally.failed_attempts,
+        tally.restarts,
         tally.abused,
     );
 }
@@ -273,6 +284,9 @@ impl Window {
 
 struct GraphModel {
     graph: Graph,
+    /// Recorded on a device that was lost since: a replay is refused,
+    /// claiming nothing, and a destroy succeeds (rule 53).
+    lost: bool,
     written: Vec<Range>,
     reads: Vec<Range>,
     ops: Vec<Op>,
@@ -295,6 +309,16 @@ struct Tally {
     refused: usize,
     /// Invalid operations (`abuse`), each refused with its typed error.
     abused: usize,
+    /// Devices lost (`loss`).
+    lost: usize,
+    /// Of those, how many opened again.
+    reopened: usize,
+    /// Recoveries that failed before one opened the device: a fault
+    /// reopening it, or the device lost again while remaking buffers.
+    failed_attempts: usize,
+    /// Losses on a backend that cannot reopen: recovery refused, a fresh
+    /// server.
+    restarts: usize,
 }
 
 struct World<S: Suite> {
@@ -312,6 +336,8 @@ struct World<S: Suite> {
     refused: bool,
     tally: Tally,
     rng: Rng,
+    /// Whether the backend opens a lost device again ([`Suite::reopens`]).
+    reopens: bool,
     /// Launch bindings start at multiples of this.
     align: u64,
     /// The largest buffer, in words: at least three binding offsets' worth,
@@ -371,6 +397,7 @@ impl<S: Suite> World<S> {
             refused: false,
             tally: Tally::default(),
             rng: Rng::new(seed),
+            reopens: S::reopens(),
             align,
             max_words: (3 * align / 4 + 1).max(64),
             bufs: Vec::new(),

@@ -69,9 +69,11 @@ impl<S: Suite> World<S> {
         );
         let live = self.bufs.len();
         let abused = live >= 3 && self.rng.chance(abuse::PERCENT);
+        let lost = live >= 3 && !abused && self.rng.below(loss::ONE_IN) == 0;
         let roll = self.rng.below(100);
         let what = match roll {
             _ if abused => self.abuse(),
+            _ if lost => self.lose(),
             _ if live < 3 || (roll < 10 && live < 24) => self.allocate(),
             0..=9 => self.free(),
             10..=27 => self.write(),
@@ -478,6 +480,7 @@ impl<S: Suite> World<S> {
                     let graph = result.unwrap_or_else(|e| panic!("a clean window seals: {e}"));
                     self.graphs.push(GraphModel {
                         graph,
+                        lost: false,
                         written: window.written,
                         reads: window.reads,
                         ops: window.ops,
@@ -520,6 +523,15 @@ impl<S: Suite> World<S> {
                 matches!(result, Err(Error::InvalidArgument { .. })),
                 "a graph with a freed buffer: {what}"
             );
+            return what;
+        }
+        if model.lost {
+            // Nothing of it is left to replay: refused, claiming nothing.
+            assert!(
+                matches!(result, Err(Error::Refused { .. })),
+                "a graph of a lost device: {what}"
+            );
+            self.refused = true;
             return what;
         }
         let ids: Vec<BufferId> = model
@@ -574,9 +586,15 @@ impl<S: Suite> World<S> {
             "destroy {:?} (fails: {fail}) -> {result:?}",
             model.graph.id()
         );
-        assert_eq!(result.is_err(), fail, "{what}");
-        if fail {
-            self.mark(&model.written, STALE);
+        if model.lost {
+            // Nothing of it is left on the device: destroyed cleanly, the
+            // planned fault or not.
+            assert!(result.is_ok(), "a graph of a lost device: {what}");
+        } else {
+            assert_eq!(result.is_err(), fail, "{what}");
+            if fail {
+                self.mark(&model.written, STALE);
+            }
         }
         assert!(
             matches!(
