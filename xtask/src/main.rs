@@ -55,8 +55,9 @@ usage: cargo xtask <command> [options]
   bench [--backend B]                  run the benches and print their figures together
   demo [--backend B] [--release] [-- ARGS]
                                        run tiny-runtime on the best backend found (or B)
-  fuzz [--backend B] [--minutes M]     the property test with its invalid calls on fresh seeds
-                                       for M minutes (default core, 5); a failure prints its seed
+  fuzz [--backend B] [--minutes M]     the property test with its invalid calls and device losses
+                                       on fresh seeds for M minutes (default core, 5); a failure
+                                       prints its seed
   soak [--backend B]                   the soak alone at SCOPE_SOAK_LAUNCHES (default 1,000,000)
                                        launches, printing the footprint it samples
   bundle [--backend B] [--max-mib N]   build B's device tests and bench (default cuda) into

@@ -2,7 +2,8 @@
 //! soak, longer than a test run affords.
 //!
 //! Both already run in every test run, small: the property test (with its
-//! invalid calls, `conformance/property/abuse.rs`) over five fixed seeds,
+//! invalid calls, `scope-test/src/property/abuse.rs`, and its device losses
+//! and recoveries, `property/loss.rs`) over five fixed seeds,
 //! and the soak over a few thousand launches. Here they run from the same
 //! build `test` makes (so nothing is compiled twice) for as long as asked:
 //! `fuzz` runs the property test on fresh seeds until the minutes are up
@@ -88,6 +89,7 @@ pub fn fuzz(backend: &str, minutes: f64, release: bool) -> Result<bool> {
     let binary = find(backend, release)?;
     let deadline = Instant::now() + Duration::from_secs_f64(minutes * 60.0);
     let (mut rounds, mut operations, mut invalid, mut collectives) = (0u64, 0u64, 0u64, 0u64);
+    let mut lost = 0u64;
     println!("==> fuzzing {backend} for {minutes} min, {STEPS} operations a seed");
     while Instant::now() < deadline {
         let seed = fresh_seed(rounds);
@@ -128,6 +130,19 @@ pub fn fuzz(backend: &str, minutes: f64, release: bool) -> Result<bool> {
                     .ok()
             })
             .sum::<u64>();
+        // "…; L devices lost and R opened again (…); K invalid".
+        lost += captured
+            .lines
+            .iter()
+            .filter_map(|l| {
+                l.split("; ")
+                    .find(|part| part.contains(" devices lost"))?
+                    .split(' ')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>();
         // One line per group the rounds ran on, after libtest's own
         // "test … ": "random rounds: seed S, N rounds on …".
         collectives += captured
@@ -158,14 +173,14 @@ pub fn fuzz(backend: &str, minutes: f64, release: bool) -> Result<bool> {
         }
         if rounds % 10 == 0 {
             println!(
-                "==> {rounds} seeds, {} operations, {invalid} invalid",
+                "==> {rounds} seeds, {} operations, {invalid} invalid, {lost} devices lost",
                 rounds * STEPS
             );
         }
     }
     println!(
-        "fuzz: {backend}: {rounds} seeds, {operations} operations ({invalid} invalid calls), \
-         {collectives} rounds of collectives, no disagreement"
+        "fuzz: {backend}: {rounds} seeds, {operations} operations ({invalid} invalid calls, \
+         {lost} devices lost), {collectives} rounds of collectives, no disagreement"
     );
     Ok(true)
 }

@@ -5,7 +5,8 @@
 //! which fail), frees, host writes, launches of the suite's three kernels
 //! over random ranges, device copies, reads, syncs, capture windows, replays
 //! and graph destruction — with failures injected at every site that takes
-//! one — run against a server, and beside it an oracle keeps, for every
+//! one, and now and then the device lost and recovered — run against a
+//! server, and beside it an oracle keeps, for every
 //! word of every live buffer, whether it is *stale* (a failed or skipped
 //! writer, a window that could not seal or was aborted, a failed replay or
 //! destroy left it unwritten) and, where known, its value. After every
@@ -80,6 +81,22 @@
 //! sometimes dropped rather than aborted, graphs dropped rather than
 //! destroyed, and a failure hook that calls back into the client is
 //! installed throughout: together, the contract fuzzer.
+//!
+//! # Device losses
+//!
+//! About one step in 300 (`loss.rs`) loses the device through an injected
+//! sticky fault and recovers it ([`Client::recover`], rules 51–53): every
+//! word the device held is stale from then until rewritten, so the steps
+//! after it check the loss's skips, inheritance and healing as for any
+//! failure; every graph recorded before refuses to replay and destroys
+//! cleanly, an open window is aborted, and the counts `Recovered` reports,
+//! each stream's failures seen, the hook and the limits are checked. Some
+//! recoveries fail first (a fault reopening, a loss while remaking
+//! buffers), leaving the client poisoned — calls fail fast, releases still
+//! release — until the next. Where the suite's backend cannot reopen
+//! ([`Suite::reopens`]), every recovery must be refused with
+//! `Error::RestartRequired`; the run releases everything, checks the store
+//! is empty, and goes on with a fresh server.
 //!
 //! # Reproducing a failure
 //!
