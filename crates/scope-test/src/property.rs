@@ -113,6 +113,7 @@ mod steps;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{Suite, client_or_skip};
 use scope_core::Client;
@@ -353,6 +354,8 @@ struct World<S: Suite> {
     refused: bool,
     tally: Tally,
     rng: Rng,
+    /// How many failures the hook has heard: a recovery keeps the hook.
+    heard: Arc<AtomicUsize>,
     /// Whether the backend opens a lost device again ([`Suite::reopens`]).
     reopens: bool,
     /// Launch bindings start at multiples of this.
@@ -401,7 +404,10 @@ impl<S: Suite> World<S> {
         // A hook that calls back into the client on every failure: it must
         // neither deadlock nor change what the oracle sees.
         let weak = client.downgrade();
+        let heard = Arc::new(AtomicUsize::new(0));
+        let hook = heard.clone();
         client.on_failure(move |_, _| {
+            hook.fetch_add(1, Ordering::Relaxed);
             if let Some(c) = weak.upgrade() {
                 assert!(c.failures_held() <= c.failure_claims());
             }
@@ -413,6 +419,7 @@ impl<S: Suite> World<S> {
             on_other: false,
             refused: false,
             tally: Tally::default(),
+            heard,
             rng: Rng::new(seed),
             reopens: S::reopens(),
             align,
