@@ -269,14 +269,41 @@ pub fn probe() -> Probe {
 
 /// The device state a logical stream shares with the backend, which needs it
 /// to free memory and to wait for graph replays on streams it is not handed.
+///
+/// Its driver objects sit behind an `Option` so that a reopen
+/// ([`Cuda::reopen_device`]) can destroy them on the context they were made
+/// on *before* that context is reset: a handle destroyed after the reset
+/// could name an object the new context made meanwhile.
 pub(crate) struct StreamShared {
     pub(crate) index: u32,
+    handles: Option<StreamHandles>,
+}
+
+/// The driver objects of one logical stream.
+pub(crate) struct StreamHandles {
     pub(crate) cu: Arc<CudaStream>,
     /// Re-recorded for every cross-stream wait on this stream.
     pub(crate) order_event: CudaEvent,
     /// Recorded just before a capture begins: while the stream records, its
     /// real work ends here, so a wait on its earlier work waits on this.
     pub(crate) pre_capture: CudaEvent,
+}
+
+impl std::ops::Deref for StreamShared {
+    type Target = StreamHandles;
+
+    /// The stream's driver objects. Only a reopen takes them away, and it
+    /// gives every stream new ones before it returns `Ok`; a reopen that
+    /// fails leaves the server detached, and the core names none of a
+    /// detached server's streams until a later reopen succeeds (it neither
+    /// issues work on a poisoned server nor waits on a detached one's
+    /// streams when it drops), so reaching the `expect` is a bug in the
+    /// core, not something a caller can do.
+    fn deref(&self) -> &StreamHandles {
+        self.handles
+            .as_ref()
+            .expect("a stream of a detached CUDA server is never named")
+    }
 }
 
 /// What a window records besides the graph itself.
@@ -356,6 +383,30 @@ impl CudaStreamState {
         &self.shared.cu
     }
 
+    /// Destroy this stream's driver objects, pinned staging and spare
+    /// events, on the context they were made on; the stream is detached
+    /// until [`attach`](Self::attach). Refused when something else still
+    /// shares the stream's state (a waiter, which a reopen's contract
+    /// rules out).
+    pub(crate) fn detach(&mut self) -> Result<()> {
+        self.recording = None;
+        self.staging = Staging::default();
+        self.spare_wait_events.clear();
+        let index = self.shared.index;
+        let shared = Arc::get_mut(&mut self.shared).ok_or_else(|| still_waited_on(index))?;
+        shared.handles = None;
+        Ok(())
+    }
+
+    /// Give a detached stream new driver objects; the shared state to keep
+    /// beside the backend's list.
+    pub(crate) fn attach(&mut self, handles: StreamHandles) -> Result<Arc<StreamShared>> {
+        let index = self.shared.index;
+        let shared = Arc::get_mut(&mut self.shared).ok_or_else(|| still_waited_on(index))?;
+        shared.handles = Some(handles);
+        Ok(self.shared.clone())
+    }
+
     /// Note that the work being issued touches `memory`.
     pub(crate) fn touch(&mut self, memory: &CudaMemory) {
         memory.used_by(self.shared.index);
@@ -363,6 +414,12 @@ impl CudaStreamState {
             recording.memories.push(memory.clone());
         }
     }
+}
+
+fn still_waited_on(index: u32) -> Error {
+    Error::refused(format!(
+        "stream {index} of the lost device is still waited on; recover once the wait ends"
+    ))
 }
 
 /// Retain device `ordinal`'s primary context.
@@ -404,15 +461,9 @@ impl Cuda {
         // indexes `streams` and `capturing`.
         let index = id.0;
         debug_assert_eq!(index as usize, self.streams.len());
-        let start = |what| move |e| driver_error(e, Doing::Start { what });
-        let cu = self.ctx.new_stream().map_err(start("cuStreamCreate"))?;
-        let order_event = self.ctx.new_event(None).map_err(start("cuEventCreate"))?;
-        let pre_capture = self.ctx.new_event(None).map_err(start("cuEventCreate"))?;
         let shared = Arc::new(StreamShared {
             index,
-            cu,
-            order_event,
-            pre_capture,
+            handles: Some(self.stream_handles()?),
         });
         self.streams.push(shared.clone());
         self.capturing.push(false);
@@ -421,6 +472,16 @@ impl Cuda {
             staging: Staging::default(),
             recording: None,
             spare_wait_events: Vec::new(),
+        })
+    }
+
+    /// A new driver stream and its two events, on the current context.
+    pub(crate) fn stream_handles(&self) -> Result<StreamHandles> {
+        let start = |what| move |e| driver_error(e, Doing::Start { what });
+        Ok(StreamHandles {
+            cu: self.ctx.new_stream().map_err(start("cuStreamCreate"))?,
+            order_event: self.ctx.new_event(None).map_err(start("cuEventCreate"))?,
+            pre_capture: self.ctx.new_event(None).map_err(start("cuEventCreate"))?,
         })
     }
 

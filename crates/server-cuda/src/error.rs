@@ -8,11 +8,13 @@
 //! - **Does it poison?** CUDA declares a set of errors *sticky*: the context is
 //!   corrupt and every later call in it fails the same way. Those become
 //!   [`Error::Fault`] with `sticky: true`, and the core poisons the device
-//!   (rule 36). The list is [`STICKY`]; it is CUDA's documented list of errors
-//!   after which "the process must be terminated and relaunched" (illegal
-//!   address, launch failure, misaligned address, illegal instruction, hardware
-//!   stack error, ECC and NVLink uncorrectable, context destroyed, device
-//!   assert, launch timeout, invalid PC, invalid address space).
+//!   (rule 36). The list is [`STICKY`]: the errors after which CUDA's
+//!   documentation says "the process must be terminated and relaunched"
+//!   (illegal address, launch failure, misaligned address, illegal
+//!   instruction, hardware stack error, device assert, launch timeout,
+//!   invalid PC, invalid address space: [`PROCESS_FATAL`](crate::PROCESS_FATAL),
+//!   which a recovery refuses), and those that leave the context unusable
+//!   until it is reset (ECC and NVLink uncorrectable, context destroyed).
 //! - **Is it out-of-memory?** Never sticky (rule 37): [`Error::OutOfMemory`],
 //!   so the core can trim the pool and retry.
 //! - **Otherwise**, the variant names the operation: a rejected launch is

@@ -25,6 +25,11 @@
 //!   ([`scope_core::collective::device::DeviceCollectives`], for
 //!   `Group::over_device`), on non-blocking communicators that an abort
 //!   can always reach.
+//! - `reopen.rs`: a lost device opened again as CUDA allows it — refused
+//!   with `RestartRequired` after the faults CUDA's documentation calls
+//!   process-fatal ([`PROCESS_FATAL`]), a reset of the primary context
+//!   after the others, and never a reset under another client of the same
+//!   device.
 //! - [`error`] (`error.rs`): `CUresult` → the core's [`Error`](scope_core::Error); which
 //!   codes are sticky.
 //!
@@ -75,8 +80,12 @@
 //! the pool's props and attributes, a real out-of-memory and the trim and
 //! retry after it, pinned staging, capture and replay (also after the
 //! kernel a graph launches was dropped), deferred frees,
-//! graph destruction after replays, a capture the driver invalidates, and a
-//! sticky illegal address; built as an older driver (no memory pools, no
+//! graph destruction after replays, a capture the driver invalidates, a
+//! sticky illegal address, and recovery (`tests/mock_recover.rs`: an
+//! uncorrectable ECC error reset with `cuDevicePrimaryCtxReset`, the reset
+//! refused while another client holds the device, an illegal address
+//! refused with `RestartRequired`; the conformance suite's recovery
+//! behaviours, whose injected losses reopen without a reset); built as an older driver (no memory pools, no
 //! `cuFuncGetParamInfo`), the plain-allocation and padded-scalar paths; and
 //! driver failures planted one call at a time (a launch out of resources, a
 //! module load, pinned staging or graph instantiation out of memory, a
@@ -117,6 +126,7 @@ mod device;
 pub mod error;
 mod launch;
 mod memory;
+mod reopen;
 
 use std::sync::Arc;
 
@@ -130,6 +140,7 @@ pub use collective::load_nccl;
 pub use device::{CudaStreamState, CudaWaiter, probe, total_memory};
 pub use launch::{CudaKernel, nvrtc_options, nvrtc_ptx};
 pub use memory::CudaMemory;
+pub use reopen::{PROCESS_FATAL, ends_the_process};
 
 use device::{DeviceInfo, StreamShared};
 use memory::Pool;
@@ -157,6 +168,9 @@ pub struct Cuda {
     /// Launch parameters: exact for kernels whose signature the driver
     /// reports, padded with zeros for the others.
     params: ParamTable,
+    /// This server's hold on the device, which a reset must not pull out
+    /// from under another server's.
+    holding: reopen::Holding,
 }
 
 impl Cuda {
@@ -197,6 +211,7 @@ impl Cuda {
             capturing: Vec::new(),
             deferred: Vec::new(),
             params: ParamTable::new(&rules),
+            holding: reopen::Holding::new(ordinal),
         })
     }
 
@@ -396,6 +411,14 @@ impl Backend for Cuda {
     unsafe fn replay(&mut self, stream: &mut CudaStreamState, graph: &CudaGraph) -> Result<()> {
         // SAFETY: the contract of `Backend::replay` is `replay_graph`'s.
         unsafe { self.replay_graph(stream, graph) }
+    }
+
+    unsafe fn reopen(
+        &mut self,
+        fault: &scope_core::Error,
+        streams: &mut [&mut CudaStreamState],
+    ) -> Result<()> {
+        self.reopen_device(fault, streams)
     }
 
     unsafe fn destroy_graph(&mut self, graph: CudaGraph) -> Result<()> {

@@ -43,12 +43,20 @@ cuda_suite!(
         fn pending(stream: &server_cuda::CudaStreamState) -> Option<u64> {
             Some(mock().pending(stream.raw().cu_stream().cast()))
         }
+
+        // An injected loss leaves the driver's context working, so the
+        // server reopens on it without a reset; a reset, and the refusals,
+        // are `mock_recover.rs`'s.
+        fn reopens() -> bool {
+            true
+        }
     }
 );
 
 mod conformance {
     scope_test::conformance_tests!(super::MockSuite);
     scope_test::conformance_tests!(@backend super::MockSuite);
+    scope_test::conformance_tests!(@recovery super::MockSuite);
 }
 
 // The collective behaviours over NCCL (the mock's, `mock/mock_nccl.c`):

@@ -122,6 +122,22 @@ impl Mock {
         unsafe { f(call.as_ptr(), code) }
     }
 
+    /// Leave a sticky `code` pending, as a wild kernel leaves an illegal
+    /// address: the next sync surfaces it, and every call after answers it
+    /// until a reset clears it (one that is not process-fatal).
+    pub fn fault_next_sync(&self, code: i32) {
+        let f: unsafe extern "C" fn(i32) = self.hook(self.cuda, b"scope_mock_fault_next_sync\0");
+        // SAFETY: sets two values under the mock's lock.
+        unsafe { f(code) }
+    }
+
+    /// How many primary-context resets the mock has done.
+    pub fn resets(&self) -> u64 {
+        let f: unsafe extern "C" fn() -> u64 = self.hook(self.cuda, b"scope_mock_resets\0");
+        // SAFETY: reads a counter under the mock's lock.
+        unsafe { f() }
+    }
+
     fn hook<T: Copy>(&self, library: &'static Library, name: &[u8]) -> T {
         // SAFETY: every hook is declared in the mock with the signature its
         // caller here names; the library is never unloaded.

@@ -168,6 +168,7 @@ unsigned long long scope_mock_violations(void) { LOCKED; return violations; }
 const char *scope_mock_last_violation(void) { LOCKED; return last_violation; }
 /* Graph execs destroyed while a replay was not yet waited for: legal CUDA, not a violation. */
 static unsigned long long destroyed_in_flight;
+static unsigned long long resets;
 unsigned long long scope_mock_graphs_destroyed_in_flight(void) { LOCKED; return destroyed_in_flight; }
 
 /* ----- the context ----- */
@@ -182,6 +183,14 @@ static __thread context *current;
 /* A wild kernel ran: the fault is pending until a sync surfaces it, then sticky. */
 static int fault_pending;
 static CUresult sticky;
+/* The code the pending fault surfaces as: an illegal address, unless a test
+ * planted another sticky one (scope_mock_fault_next_sync). */
+static CUresult pending_code;
+void scope_mock_fault_next_sync(CUresult code) {
+  LOCKED;
+  fault_pending = 1;
+  pending_code = code;
+}
 
 /* A test's planted failure: the next call of `fail_call` returns `fail_code`. */
 static char fail_call[64];
@@ -207,7 +216,7 @@ static CUresult enter(const char *call) {
 #define ENTER LOCKED; { CUresult entered_ = enter(__func__); if (entered_) return entered_; }
 
 static CUresult surface(void) {
-  if (fault_pending) { fault_pending = 0; sticky = E_ILLEGAL_ADDRESS; }
+  if (fault_pending) { fault_pending = 0; sticky = pending_code ? pending_code : E_ILLEGAL_ADDRESS; pending_code = 0; }
   return sticky;
 }
 
@@ -589,6 +598,28 @@ CUresult cuDevicePrimaryCtxRelease_v2(int d) {
   primaries[d].retained--;
   return OK;
 }
+/* The codes after which CUDA's documentation says the process must be
+ * terminated and relaunched (illegal address, launch timeout, assert,
+ * hardware stack error, illegal instruction, misaligned address, invalid
+ * address space, invalid PC, launch failed): a reset does not bring such a
+ * context back here, as CUDA promises nothing for it. */
+static int process_fatal(CUresult e) { return e == 700 || e == 702 || e == 710 || (e >= 714 && e <= 719); }
+/* Resetting the primary context clears a sticky error that is not
+ * process-fatal. The mock does not track which objects were made on which
+ * device, so it destroys nothing: a server must not name the objects it made
+ * before the reset again, which the mock cannot check. (The sticky error is
+ * process-wide here, so a reset of any device clears it.) */
+CUresult cuDevicePrimaryCtxReset_v2(int d) {
+  LOCKED;
+  if (!initialized) return refuse(E_NOT_INITIALIZED, "cuDevicePrimaryCtxReset before cuInit");
+  if (d < 0 || d >= DEVICES) return E_INVALID_DEVICE;
+  if (fault_pending) { fault_pending = 0; sticky = pending_code ? pending_code : E_ILLEGAL_ADDRESS; pending_code = 0; }
+  if (sticky && process_fatal(sticky)) return sticky;
+  sticky = 0;
+  resets++;
+  return OK;
+}
+unsigned long long scope_mock_resets(void) { LOCKED; return resets; }
 CUresult cuCtxGetCurrent(void **ctx) { LOCKED; if (sticky) return sticky; *ctx = current; return OK; }
 CUresult cuCtxSetCurrent(void *ctx) {
   LOCKED;
