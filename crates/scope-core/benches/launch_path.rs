@@ -26,6 +26,9 @@
 //! `SCOPE_BENCH_SMOKE=1` runs a few iterations, to prove the bench runs.
 //! `SCOPE_BENCH_ONLY=scope|null|host` times one figure alone, for a
 //! profiler (`valgrind --tool=callgrind`) to count that path and no other.
+//! `SCOPE_BENCH_ITERATIONS=N` sets the calls a round times: a profiler run
+//! at two counts gives, by difference, one call's instructions and nothing
+//! of setup.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -159,7 +162,10 @@ fn main() {
     let smoke = std::env::var_os("SCOPE_BENCH_SMOKE").is_some();
     let only = std::env::var("SCOPE_BENCH_ONLY").ok();
     let runs = |figure: &str| only.as_deref().is_none_or(|only| only == figure);
-    let iterations: u32 = if smoke { 1_000 } else { 300_000 };
+    let iterations: u32 = std::env::var("SCOPE_BENCH_ITERATIONS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(if smoke { 1_000 } else { 300_000 });
     let rounds = if smoke { 1 } else { 9 };
 
     let mut store = Store::new(3);

@@ -168,7 +168,10 @@ impl<B: Backend> Client<B> {
     /// Lock the server, after releasing whatever was dropped since; `None`
     /// when a closure on this thread holds it (see `lend.rs`), which
     /// waiting for would deadlock.
-    #[inline]
+    ///
+    /// Inlined into every call, with the release of dropped handles out of
+    /// line: a call to it was 18 instructions of every launch.
+    #[inline(always)]
     fn lock(&self) -> Option<MutexGuard<'_, Server<B>>> {
         let mut server = match self.shared.server.try_lock() {
             Some(server) => server,
@@ -176,11 +179,17 @@ impl<B: Backend> Client<B> {
             None => self.shared.server.lock(),
         };
         if self.shared.queue.pending() {
-            for dropped in self.shared.queue.take() {
-                server.release(dropped);
-            }
+            self.release_dropped(&mut server);
         }
         Some(server)
+    }
+
+    /// Release the handles dropped since the last call, with the lock held.
+    #[inline(never)]
+    fn release_dropped(&self, server: &mut Server<B>) {
+        for dropped in self.shared.queue.take() {
+            server.release(dropped);
+        }
     }
 
     /// Run `f` on the locked server, then, with the lock released, deliver
