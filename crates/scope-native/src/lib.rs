@@ -24,9 +24,15 @@
 //!   indirectly, so the counts come back to the host and are read here;
 //! - [`c_chars`]: the names and logs these APIs write into `char` arrays;
 //! - [`nccl`]: the collective library both ship under one API (NCCL,
-//!   RCCL), for their device transports.
+//!   RCCL), for their device transports;
+//! - [`Holding`]: which devices this process's servers hold, so that a
+//!   reset of one (which both APIs do for the whole process) is refused
+//!   under another client.
 
+mod holding;
 pub mod nccl;
+
+pub use holding::Holding;
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_void};

@@ -170,7 +170,7 @@ pub struct Cuda {
     params: ParamTable,
     /// This server's hold on the device, which a reset must not pull out
     /// from under another server's.
-    holding: reopen::Holding,
+    holding: scope_native::Holding,
 }
 
 impl Cuda {
@@ -211,7 +211,7 @@ impl Cuda {
             capturing: Vec::new(),
             deferred: Vec::new(),
             params: ParamTable::new(&rules),
-            holding: reopen::Holding::new(ordinal),
+            holding: scope_native::Holding::new(error::BACKEND, ordinal),
         })
     }
 

@@ -21,15 +21,13 @@
 //! reports broken is reset with `cuDevicePrimaryCtxReset`, which destroys
 //! everything on the device's primary context **for the whole process**,
 //! and retained again. A reset is therefore refused, typed, while another
-//! server of this process holds the same device ([`Holding`]): it would
+//! server of this process holds the same device ([`scope_native::Holding`]): it would
 //! destroy that client's memory under it.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUresult};
-use parking_lot::Mutex;
 use scope_core::{Error, Result};
 
 use crate::Cuda;
@@ -84,43 +82,6 @@ fn restart_required(fault: &Error) -> Error {
         backend: BACKEND,
         fault: Arc::new(fault.clone()),
         reason: PROCESS_FATAL_REASON.to_owned(),
-    }
-}
-
-/// How many servers of this process hold each device, by ordinal.
-static HOLDERS: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
-
-/// One server's hold on its device, counted while it lives: a reset of the
-/// device's primary context is refused while anyone else holds it.
-#[derive(Debug)]
-pub(crate) struct Holding {
-    ordinal: usize,
-}
-
-impl Holding {
-    pub(crate) fn new(ordinal: usize) -> Self {
-        *HOLDERS.lock().entry(ordinal).or_insert(0) += 1;
-        Self { ordinal }
-    }
-
-    /// How many servers of this process hold the device besides this one.
-    fn others(&self) -> usize {
-        HOLDERS
-            .lock()
-            .get(&self.ordinal)
-            .map_or(0, |n| n.saturating_sub(1))
-    }
-}
-
-impl Drop for Holding {
-    fn drop(&mut self) {
-        let mut holders = HOLDERS.lock();
-        if let Some(n) = holders.get_mut(&self.ordinal) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                holders.remove(&self.ordinal);
-            }
-        }
     }
 }
 
@@ -268,18 +229,5 @@ mod tests {
         };
         other.backend = "hip";
         assert_eq!(process_fatal_in(&Error::Fault(other)), None);
-    }
-
-    #[test]
-    fn holders_are_counted_per_device() {
-        // Ordinals no test opens a server on.
-        let a = Holding::new(1 << 20);
-        assert_eq!(a.others(), 0);
-        let b = Holding::new(1 << 20);
-        let c = Holding::new((1 << 20) + 1);
-        assert_eq!(a.others(), 1);
-        assert_eq!(c.others(), 0);
-        drop(b);
-        assert_eq!(a.others(), 0);
     }
 }

@@ -88,6 +88,29 @@ impl Api {
         self.check("hipSetDevice", unsafe { (self.rt.set_device)(ordinal) })
     }
 
+    /// `hipDeviceSynchronize`: wait for all work on the current device;
+    /// a sticky error the device holds answers here.
+    pub fn device_synchronize(&self) -> HipResult<()> {
+        // SAFETY: no arguments; HIP acts on the thread's current device.
+        self.check("hipDeviceSynchronize", unsafe {
+            (self.rt.device_synchronize)()
+        })
+    }
+
+    /// `hipDeviceReset`: destroy every resource on the current device **in
+    /// the whole process** and reset its state.
+    ///
+    /// # Safety
+    ///
+    /// Nothing in the process names a resource of the current device after
+    /// this call: every handle made on it is destroyed first or never used
+    /// again.
+    pub unsafe fn device_reset(&self) -> HipResult<()> {
+        // SAFETY: no arguments; the caller vouches that nothing made on the
+        // device is used afterwards.
+        self.check("hipDeviceReset", unsafe { (self.rt.device_reset)() })
+    }
+
     /// `hipGetDevicePropertiesR0600`.
     pub fn device_properties(&self, ordinal: i32) -> HipResult<Box<DevicePropBuffer>> {
         let mut buffer = DevicePropBuffer::zeroed();
@@ -114,6 +137,9 @@ impl Api {
         // SAFETY: the out-pointer is a live local; the flag is a header value.
         let result = unsafe { (self.rt.stream_create_with_flags)(&mut raw, STREAM_NON_BLOCKING) };
         self.check("hipStreamCreateWithFlags", result)?;
+        // A null stream is HIP's default stream, which this crate never
+        // owns: issuing on it would order against every stream.
+        non_null("hipStreamCreateWithFlags", raw)?;
         Ok(Stream {
             raw,
             api: self.clone(),
@@ -126,6 +152,7 @@ impl Api {
         // SAFETY: the out-pointer is a live local; the flag is a header value.
         let result = unsafe { (self.rt.event_create_with_flags)(&mut raw, EVENT_DISABLE_TIMING) };
         self.check("hipEventCreateWithFlags", result)?;
+        non_null("hipEventCreateWithFlags", raw)?;
         Ok(Event {
             raw,
             api: self.clone(),
@@ -167,6 +194,7 @@ impl Api {
         // HIP copies what it keeps.
         let result = unsafe { (self.rt.module_load_data)(&mut raw, image.as_ptr().cast()) };
         self.check("hipModuleLoadData", result)?;
+        non_null("hipModuleLoadData", raw)?;
         Ok(Module {
             raw,
             api: self.clone(),
@@ -358,6 +386,20 @@ impl RtcFailure {
     }
 }
 
+/// A handle HIP reported created: refused when null, which no creation
+/// call may answer with success (a null stream would be the default one,
+/// a null module or event names nothing).
+fn non_null<T>(call: &'static str, raw: *mut T) -> HipResult<()> {
+    if raw.is_null() {
+        return Err(HipError {
+            call,
+            code: code::INVALID_HANDLE,
+            message: Some(format!("{call} returned success and a null handle")),
+        });
+    }
+    Ok(())
+}
+
 /// Whether hiprtc could be loaded, or why not.
 pub fn rtc_status(api: &Api) -> Result<(), LoadError> {
     api.rtc.as_ref().map(|_| ()).map_err(Clone::clone)
@@ -382,14 +424,30 @@ macro_rules! owned {
         // call, which the runtime makes thread-safe.
         unsafe impl Sync for $name {}
 
-        impl Drop for $name {
-            fn drop(&mut self) {
+        impl $name {
+            /// Destroy the handle now, while the device it was made on is
+            /// still there to take it back (before a reset, after which the
+            /// same value could name something new); dropping it afterwards
+            /// does nothing. The value must not be used for HIP calls after.
+            #[allow(dead_code)]
+            pub(crate) fn destroy_now(&mut self) {
+                if self.raw.is_null() {
+                    return;
+                }
                 // SAFETY: the handle was created by this API, is owned
-                // uniquely by this value and is destroyed exactly once, here.
+                // uniquely by this value and is destroyed exactly once: it
+                // is nulled here, and a null one is never destroyed.
                 let result = unsafe { (self.api.rt.$destroy)(self.raw) };
                 if result != code::SUCCESS {
-                    tracing::debug!(code = result, concat!(stringify!($destroy), " failed on drop"));
+                    tracing::debug!(code = result, concat!(stringify!($destroy), " failed"));
                 }
+                self.raw = std::ptr::null_mut();
+            }
+        }
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                self.destroy_now();
             }
         }
 
@@ -622,6 +680,7 @@ impl Module {
         let result =
             unsafe { (self.api.rt.module_get_function)(&mut function, self.raw, name.as_ptr()) };
         self.api.check("hipModuleGetFunction", result)?;
+        non_null("hipModuleGetFunction", function)?;
         Ok(function)
     }
 }

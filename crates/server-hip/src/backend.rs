@@ -51,6 +51,14 @@ impl Backend for Hip {
         Hip::free(self, memory);
     }
 
+    unsafe fn reopen(
+        &mut self,
+        fault: &scope_core::Error,
+        streams: &mut [&mut HipStream],
+    ) -> Result<()> {
+        Hip::reopen_device(self, fault, streams)
+    }
+
     fn trim(&mut self) {
         self.pool.trim();
     }

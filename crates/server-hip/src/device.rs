@@ -258,7 +258,16 @@ pub struct Hip {
     pub(crate) read_buffer: Option<Pinned>,
     /// The launch-parameter array, padded with zeros (see `launch.rs`).
     pub(crate) params: ParamTable,
-    streams: Vec<Weak<StreamShared>>,
+    pub(crate) streams: Vec<Weak<StreamShared>>,
+    /// This server's hold on the device, which a reset must not pull out
+    /// from under another server's.
+    pub(crate) holding: scope_native::Holding,
+}
+
+fn still_waited_on(id: StreamId) -> Error {
+    Error::refused(format!(
+        "{id} of the lost device is still waited on; recover once the wait ends"
+    ))
 }
 
 impl Hip {
@@ -318,6 +327,7 @@ impl Hip {
             read_buffer: None,
             params: ParamTable::new(&API_RULES),
             streams: Vec::new(),
+            holding: scope_native::Holding::new(BACKEND, ordinal as usize),
         })
     }
 
@@ -343,6 +353,37 @@ impl Hip {
             (version / 100_000) % 100,
             self.api.runtime_path
         )
+    }
+
+    /// Destroy `stream`'s HIP objects — its stream, events, pinned copies,
+    /// the modules its capture held — on the device they were made on,
+    /// before a reset; [`attach`](Self::attach) gives it new ones.
+    /// Refused when something else still shares the stream's state (a
+    /// waiter, which a reopen's contract rules out).
+    pub(crate) fn detach(stream: &mut HipStream) -> Result<()> {
+        stream.retained.clear();
+        stream.modules.clear();
+        stream.spare_wait_events.clear();
+        stream.order_event.destroy_now();
+        let id = stream.id;
+        let shared = Arc::get_mut(&mut stream.shared).ok_or_else(|| still_waited_on(id))?;
+        *shared.pre_capture.get_mut() = None;
+        shared.stream.destroy_now();
+        Ok(())
+    }
+
+    /// Give a detached stream a new HIP stream and event on the current
+    /// device.
+    pub(crate) fn attach(&mut self, stream: &mut HipStream) -> Result<()> {
+        let doing = || Doing::Other(Some(stream.id));
+        let new = self.api.stream().map_err(|e| e.into_error(doing()))?;
+        let order_event = self.api.event().map_err(|e| e.into_error(doing()))?;
+        let id = stream.id;
+        let shared = Arc::get_mut(&mut stream.shared).ok_or_else(|| still_waited_on(id))?;
+        shared.stream = new;
+        stream.order_event = order_event;
+        self.streams.push(Arc::downgrade(&stream.shared));
+        Ok(())
     }
 
     pub(crate) fn create_stream(&mut self, id: StreamId) -> Result<HipStream> {

@@ -34,6 +34,13 @@
 //!   the communicator is the core's, shared with CUDA's NCCL.
 //! - `capture.rs`: stream capture into HIP graphs (which keep the modules
 //!   of the kernels they launch loaded), replay, destroy.
+//! - `reopen.rs`: a lost device opened again — refused with
+//!   `RestartRequired` after the codes CUDA's documentation calls
+//!   process-fatal (HIP's says nothing, so it follows CUDA's rule for the
+//!   codes they share), `hipDeviceReset` after the others, and never a
+//!   reset under another client of the same device. Tested on the mock
+//!   runtime only (`tests/mock_recover.rs`, and the conformance suite's
+//!   recovery behaviours in `tests/mock.rs`).
 //! - `error.rs`: HIP's codes classified into the core's error.
 //! - `backend.rs`: the `Backend` impl, routing to the above.
 //!
@@ -48,7 +55,7 @@
 //! bindings, but its generated wrappers panic inside `extern "C"` functions
 //! when the library is missing — which aborts the process — so every call
 //! would have to sit behind an availability check that nothing enforces.
-//! The server needs about forty entry points, so it owns a table of them
+//! The server needs about forty-two entry points, so it owns a table of them
 //! instead (`loader.rs`): `libloading` opens the library, every symbol is
 //! resolved up front, and the loader answers `Result` — a missing library
 //! is [`LoadError::LibraryNotFound`], a missing symbol is
@@ -103,6 +110,7 @@ mod ffi;
 mod launch;
 mod loader;
 mod memory;
+mod reopen;
 
 pub use capture::HipGraph;
 pub use collective::{load_rccl, load_rccl_from};
@@ -110,6 +118,7 @@ pub use device::{DeviceInfo, Hip, HipStream, HipWaiter};
 pub use launch::{HipKernel, compile_options, hiprtc_code};
 pub use loader::LoadError;
 pub use memory::HipMemory;
+pub use reopen::PROCESS_FATAL;
 
 use scope_core::{Client, DeviceKind, Probe, ProbedDevice, Result};
 

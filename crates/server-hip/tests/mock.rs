@@ -5,7 +5,7 @@
 //! The mock is not HIP — "device" memory is host memory and work runs at
 //! once — so these tests say nothing about AMD hardware. What they do test
 //! is every line of the server's Rust on its success and failure paths: the
-//! loader finding all forty entry points, the struct offsets it reads the
+//! loader finding all forty-two entry points, the struct offsets it reads the
 //! device's name, `gcnArchName` and launch limits from, the launch limits
 //! reported and enforced, the `--offload-arch` option,
 //! staging, pooling, events, capture and replay, the launch parameter
@@ -20,28 +20,10 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use common::mock_library;
 use scope_core::{Binding, Client, Dispatch, Error, Kernel, Result};
 use scope_test::clib::CLibrary;
 use server_hip::Hip;
-
-/// The mock library, built once for every test process
-/// ([`scope_test::clib`]); its path.
-fn mock_library() -> String {
-    static PATH: OnceLock<String> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mock/mock_hip.c");
-        CLibrary {
-            source: &source,
-            stem: "libscope_mock_hip",
-            ..CLibrary::default()
-        }
-        .build(Path::new(env!("CARGO_TARGET_TMPDIR")))
-        .unwrap_or_else(|e| panic!("the mock HIP runtime: {e}"))
-        .to_string_lossy()
-        .into_owned()
-    })
-    .clone()
-}
 
 fn mock_client() -> Result<Client<Hip>> {
     let path = vec![mock_library()];
@@ -57,11 +39,19 @@ hip_suite!(MockSuite, mock_client(), Some(1 << 30), {
     fn backend() -> Option<Result<Hip>> {
         Some(Hip::open_from(&[mock_library()], &[mock_library()], 0))
     }
+
+    // An injected loss leaves the device working, so the server reopens on
+    // it without a reset; a reset, and its refusals, are
+    // `mock_recover.rs`'s.
+    fn reopens() -> bool {
+        true
+    }
 });
 
 mod conformance {
     scope_test::conformance_tests!(super::MockSuite);
     scope_test::conformance_tests!(@backend super::MockSuite);
+    scope_test::conformance_tests!(@recovery super::MockSuite);
 }
 
 /// The mock RCCL: server-cuda's mock NCCL (RCCL is NCCL's API), built

@@ -10,7 +10,45 @@
 
 pub mod cases;
 
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
 use scope_core::Kernel;
+use scope_test::clib::CLibrary;
+
+/// How many `hipDeviceReset`s the mock runtime has done.
+pub fn mock_resets() -> u64 {
+    // SAFETY: the mock library, already loaded by the server under test;
+    // opening it again only takes a reference, and it is never unloaded
+    // while the process runs (the handle is leaked).
+    let library = Box::leak(Box::new(
+        unsafe { libloading::Library::new(mock_library()) }.expect("the mock HIP runtime"),
+    ));
+    // SAFETY: the mock declares `unsigned long long scope_mock_resets(void)`.
+    let resets = unsafe { library.get::<unsafe extern "C" fn() -> u64>(b"scope_mock_resets\0") }
+        .expect("the mock's reset counter");
+    // SAFETY: reads a counter.
+    unsafe { resets() }
+}
+
+/// The mock HIP runtime (`tests/mock/mock_hip.c`), built once for every
+/// test process ([`scope_test::clib`]); its path.
+pub fn mock_library() -> String {
+    static PATH: OnceLock<String> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mock/mock_hip.c");
+        CLibrary {
+            source: &source,
+            stem: "libscope_mock_hip",
+            ..CLibrary::default()
+        }
+        .build(Path::new(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("the mock HIP runtime: {e}"))
+        .to_string_lossy()
+        .into_owned()
+    })
+    .clone()
+}
 
 const BLOCK: [u32; 3] = [64, 1, 1];
 

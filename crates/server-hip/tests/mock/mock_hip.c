@@ -3,7 +3,14 @@
  * on machines without ROCm. It is not HIP: "device" memory is host memory,
  * every operation runs at once, and the only kernels are the test kernels
  * (scope_fill, scope_copy, scope_add) plus scope_trap, which leaves a
- * sticky hipErrorIllegalAddress on its stream, as a faulting kernel would.
+ * sticky hipErrorIllegalAddress on its stream, as a faulting kernel would,
+ * and scope_ecc, which leaves a sticky hipErrorECCNotCorrectable on its
+ * stream and its device: hipDeviceSynchronize answers it until
+ * hipDeviceReset clears it. A reset clears any sticky code but the ones
+ * CUDA's documentation calls process-fatal (700, 702, 710, 719), which
+ * real HIP is not promised to bring back. The mock tracks nothing else per
+ * device, so a reset destroys nothing: a server must not name what it made
+ * before the reset again, which the mock cannot check.
  *
  * It is also a checker: it fails calls that real HIP would mis-handle or
  * silently capture — an event recorded on, or a wait issued to, a stream
@@ -30,7 +37,8 @@ typedef int hipError_t;
 enum {
   OK = 0, E_INVALID = 1, E_OOM = 2, E_INVALID_DEVICE = 101, E_INVALID_HANDLE = 400, E_ILLEGAL_STATE = 401,
   E_INVALID_CONFIGURATION = 9, E_NOT_FOUND = 500, E_ILLEGAL_ADDRESS = 700, E_CAPTURE_UNSUPPORTED = 900,
-  E_CAPTURE_UNMATCHED = 903, E_CAPTURE_ISOLATION = 905, E_CAPTURED_EVENT = 907, E_NOT_READY = 600
+  E_CAPTURE_UNMATCHED = 903, E_CAPTURE_ISOLATION = 905, E_CAPTURED_EVENT = 907, E_NOT_READY = 600,
+  E_ECC = 214
 };
 
 #define TOTAL ((size_t)1 << 30)
@@ -49,9 +57,10 @@ static size_t used = RUNTIME_HOLDS;
 /* ----- kernels and operations ----- */
 
 typedef struct { const char *name; int pointers; size_t scalars; int id; } kernel;
-#define NKERNELS 4
+#define NKERNELS 5
 static const kernel KERNELS[NKERNELS] = {
   {"scope_fill", 1, 8, 0}, {"scope_copy", 2, 4, 1}, {"scope_add", 3, 4, 2}, {"scope_trap", 1, 0, 3},
+  {"scope_ecc", 1, 0, 4},
 };
 
 /* A loaded module: its code, and one function handle per kernel it holds. */
@@ -73,7 +82,12 @@ typedef struct {
 typedef struct { op *ops; size_t len, cap; } graph;
 /* `issued` counts only the collectives the mock RCCL posts on the stream
  * (the rest of its work runs as it is issued). */
-typedef struct { graph *capture; hipError_t sticky; unsigned long long issued; } stream;
+typedef struct { graph *capture; hipError_t sticky; unsigned long long issued; int device; } stream;
+/* The sticky code each device holds for hipDeviceSynchronize (scope_ecc). */
+#define DEVICES 4
+static hipError_t device_sticky[DEVICES];
+static unsigned long long resets;
+unsigned long long scope_mock_resets(void) { return resets; }
 typedef struct { stream *last; unsigned long long seq; } event;
 
 static void push(graph *g, op o) {
@@ -92,6 +106,7 @@ static void run(stream *s, const op *o) {
   memcpy(&n, o->scalars, 4);
   memcpy(&value, o->scalars + 4, 4);
   if (o->f->k->id == 3) { s->sticky = E_ILLEGAL_ADDRESS; return; }
+  if (o->f->k->id == 4) { s->sticky = E_ECC; device_sticky[s->device] = E_ECC; return; }
   for (unsigned i = 0; i < o->threads && i < n; i++) {
     switch (o->f->k->id) {
       case 0: a0[i] = value; break;
@@ -112,12 +127,19 @@ hipError_t hipRuntimeGetVersion(int *v) { *v = 60241134; return OK; }
 /* Four devices, for groups of four ranks (the mock RCCL); the device a
  * thread last set is its current one, as HIP keeps it. They share the
  * memory budget. */
-#define DEVICES 4
 static __thread int current_device;
 hipError_t hipGetDeviceCount(int *c) { *c = DEVICES; return OK; }
 hipError_t hipSetDevice(int d) {
   if (d < 0 || d >= DEVICES) return E_INVALID_DEVICE;
   current_device = d;
+  return OK;
+}
+hipError_t hipDeviceSynchronize(void) { return device_sticky[current_device]; }
+static int process_fatal(hipError_t e) { return e == 700 || e == 702 || e == 710 || e == 719; }
+hipError_t hipDeviceReset(void) {
+  if (process_fatal(device_sticky[current_device])) return device_sticky[current_device];
+  device_sticky[current_device] = OK;
+  resets++;
   return OK;
 }
 hipError_t hipDeviceTotalMem(size_t *b, int d) { if (d < 0 || d >= DEVICES) return E_INVALID_DEVICE; *b = TOTAL; return OK; }
@@ -209,7 +231,9 @@ static void wait_on(void *s, unsigned long long upto) {
 
 hipError_t hipStreamCreateWithFlags(void **s, unsigned flags) {
   if (flags != 1) return E_INVALID; /* the server asks for non-blocking streams */
-  *s = calloc(1, sizeof(stream));
+  stream *created = calloc(1, sizeof(stream));
+  created->device = current_device;
+  *s = created;
   return OK;
 }
 hipError_t hipStreamDestroy(void *s) { free(s); return OK; }
