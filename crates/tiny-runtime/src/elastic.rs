@@ -81,9 +81,11 @@ impl<B: Backend> DataParallel<B> {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a replica the runtime does not have
-    /// or that is a member already; its recovery's (`Error::RestartRequired` where the driver says the
-    /// process must restart: the group goes on without it); a write; the
-    /// members' admission or the heal.
+    /// or that is a member already; its recovery's (`Error::RestartRequired`
+    /// where the driver says the process must restart, `Error::Refused`
+    /// where a reset would destroy another client's memory on the same
+    /// device: the group goes on without it); a write; the members'
+    /// admission or the heal.
     pub fn readmit(&mut self, index: usize) -> Result<Readmission> {
         self.ensure_replica("readmit", index)?;
         if self.members.contains(&index) {
