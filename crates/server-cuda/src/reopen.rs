@@ -14,8 +14,8 @@
 //!
 //! A reopen first destroys what this backend made — its streams, their
 //! events and pinned staging, the memory pool — on the context they were
-//! made on, then asks the driver whether that context still works
-//! (`cuCtxSynchronize`). A loss the driver never saw (one injected at a
+//! made on, then asks the driver whether that context still works (a new
+//! stream, synchronised). A loss the driver never saw (one injected at a
 //! fault site, or a fault of the server's own) leaves it working: new
 //! streams and a new pool on it are the whole reopen. A context the driver
 //! reports broken is reset with `cuDevicePrimaryCtxReset`, which destroys
@@ -139,18 +139,20 @@ impl Cuda {
     }
 
     /// `Ok` when the context still runs work: the loss was not the
-    /// driver's. Otherwise the driver's error.
+    /// driver's. Otherwise the driver's error. A stream of its own is made
+    /// and synchronised, never the context: `cuCtxSynchronize` would wait
+    /// for (and fail on) the streams of every other client of the device,
+    /// which share its primary context.
     fn context_works(&self) -> Result<()> {
         self.bind()?;
-        result::ctx::synchronize().map_err(|e| {
-            driver_error(
-                e,
-                Doing::Wait {
-                    stream: None,
-                    what: "the context, after the loss",
-                },
-            )
-        })
+        let probe = |what| move |e| driver_error(e, Doing::Wait { stream: None, what });
+        let stream = self
+            .ctx
+            .new_stream()
+            .map_err(probe("a new stream, after the loss"))?;
+        stream
+            .synchronize()
+            .map_err(probe("a new stream, after the loss"))
     }
 
     /// Reset the device's primary context and retain it again, unless

@@ -36,11 +36,19 @@ cuda_suite!(
         client
     },
     Some(1 << 30),
-    mock().assert_clean()
+    mock().assert_clean(),
+    {
+        // The plain-allocation path reopens too: its memory is made again
+        // with cuMemAlloc on the context that comes back.
+        fn reopens() -> bool {
+            true
+        }
+    }
 );
 
 mod conformance {
     scope_test::conformance_tests!(super::OldDriverSuite);
+    scope_test::conformance_tests!(@recovery super::OldDriverSuite);
 }
 
 /// Without pools, memory is `cuMemAlloc`'d and counted by the server:

@@ -88,15 +88,6 @@ impl Api {
         self.check("hipSetDevice", unsafe { (self.rt.set_device)(ordinal) })
     }
 
-    /// `hipDeviceSynchronize`: wait for all work on the current device;
-    /// a sticky error the device holds answers here.
-    pub fn device_synchronize(&self) -> HipResult<()> {
-        // SAFETY: no arguments; HIP acts on the thread's current device.
-        self.check("hipDeviceSynchronize", unsafe {
-            (self.rt.device_synchronize)()
-        })
-    }
-
     /// `hipDeviceReset`: destroy every resource on the current device **in
     /// the whole process** and reset its state.
     ///

@@ -55,7 +55,7 @@
 //! bindings, but its generated wrappers panic inside `extern "C"` functions
 //! when the library is missing — which aborts the process — so every call
 //! would have to sit behind an availability check that nothing enforces.
-//! The server needs about forty-two entry points, so it owns a table of them
+//! The server needs about forty-one entry points, so it owns a table of them
 //! instead (`loader.rs`): `libloading` opens the library, every symbol is
 //! resolved up front, and the loader answers `Result` — a missing library
 //! is [`LoadError::LibraryNotFound`], a missing symbol is

@@ -10,7 +10,8 @@
 //!
 //! A reopen first destroys what this backend made — its streams and
 //! events, pinned staging, pooled memory — on the device they were made
-//! on, then asks the device whether it still works (`hipDeviceSynchronize`).
+//! on, then asks the device whether it still works (a new stream,
+//! synchronised).
 //! A loss HIP never saw (one injected at a fault site) leaves it working:
 //! new streams on it are the whole reopen. A device HIP reports broken is
 //! reset with `hipDeviceReset`, which destroys every resource on the device
@@ -83,8 +84,7 @@ impl Hip {
             Hip::detach(stream)?;
         }
         self.make_current()?;
-        if let Err(broken) = self.api.device_synchronize() {
-            let broken = broken.into_error(Doing::Waiting(None));
+        if let Err(broken) = self.device_works() {
             if process_fatal_in(&broken).is_some() {
                 return Err(restart_required(&broken));
             }
@@ -100,6 +100,20 @@ impl Hip {
             "the device is open again after {fault}"
         );
         Ok(())
+    }
+
+    /// `Ok` when the device still runs work: the loss was not HIP's.
+    /// Otherwise HIP's error. A stream of its own is made and synchronised,
+    /// never the device: `hipDeviceSynchronize` would wait for the streams
+    /// of every other client of the device.
+    fn device_works(&self) -> Result<()> {
+        let probe = self
+            .api
+            .stream()
+            .map_err(|e| e.into_error(Doing::Waiting(None)))?;
+        probe
+            .synchronize()
+            .map_err(|e| e.into_error(Doing::Waiting(None)))
     }
 
     /// `hipDeviceReset`, unless another server of this process holds the

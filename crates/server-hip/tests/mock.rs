@@ -5,7 +5,7 @@
 //! The mock is not HIP — "device" memory is host memory and work runs at
 //! once — so these tests say nothing about AMD hardware. What they do test
 //! is every line of the server's Rust on its success and failure paths: the
-//! loader finding all forty-two entry points, the struct offsets it reads the
+//! loader finding all forty-one entry points, the struct offsets it reads the
 //! device's name, `gcnArchName` and launch limits from, the launch limits
 //! reported and enforced, the `--offload-arch` option,
 //! staging, pooling, events, capture and replay, the launch parameter

@@ -5,7 +5,7 @@
  * (scope_fill, scope_copy, scope_add) plus scope_trap, which leaves a
  * sticky hipErrorIllegalAddress on its stream, as a faulting kernel would,
  * and scope_ecc, which leaves a sticky hipErrorECCNotCorrectable on its
- * stream and its device: hipDeviceSynchronize answers it until
+ * stream and its device: a new stream's creation answers it until
  * hipDeviceReset clears it. A reset clears any sticky code but the ones
  * CUDA's documentation calls process-fatal (700, 702, 710, 719), which
  * real HIP is not promised to bring back. The mock tracks nothing else per
@@ -83,7 +83,7 @@ typedef struct { op *ops; size_t len, cap; } graph;
 /* `issued` counts only the collectives the mock RCCL posts on the stream
  * (the rest of its work runs as it is issued). */
 typedef struct { graph *capture; hipError_t sticky; unsigned long long issued; int device; } stream;
-/* The sticky code each device holds for hipDeviceSynchronize (scope_ecc). */
+/* The sticky code each device holds (scope_ecc), until hipDeviceReset. */
 #define DEVICES 4
 static hipError_t device_sticky[DEVICES];
 static unsigned long long resets;
@@ -134,7 +134,6 @@ hipError_t hipSetDevice(int d) {
   current_device = d;
   return OK;
 }
-hipError_t hipDeviceSynchronize(void) { return device_sticky[current_device]; }
 static int process_fatal(hipError_t e) { return e == 700 || e == 702 || e == 710 || e == 719; }
 hipError_t hipDeviceReset(void) {
   if (process_fatal(device_sticky[current_device])) return device_sticky[current_device];
@@ -231,6 +230,7 @@ static void wait_on(void *s, unsigned long long upto) {
 
 hipError_t hipStreamCreateWithFlags(void **s, unsigned flags) {
   if (flags != 1) return E_INVALID; /* the server asks for non-blocking streams */
+  if (device_sticky[current_device]) return device_sticky[current_device];
   stream *created = calloc(1, sizeof(stream));
   created->device = current_device;
   *s = created;
