@@ -153,7 +153,7 @@ pub trait Suite: 'static {
     }
 
     /// Whether the backend opens a lost device again
-    /// ([`Backend::reopen`](scope_core::backend::Backend::reopen)): the
+    /// ([`Backend::reopen`]): the
     /// property test ([`random_sequences`]) loses the device now and then
     /// and expects [`Client::recover`] to answer `Reopened` when this says
     /// so, and [`scope_core::Error::RestartRequired`] when not (rule 52).
