@@ -135,6 +135,7 @@ impl Taint {
     }
 
     /// Whether no failure claims any byte.
+    #[inline]
     pub fn is_clean(&self) -> bool {
         self.claims.is_empty()
     }

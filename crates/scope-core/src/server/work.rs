@@ -459,7 +459,9 @@ impl<B: Backend> Server<B> {
     }
 
     /// Inlined into `Client::launch`, its one caller: the call and its
-    /// frame were 21 instructions of every launch.
+    /// frame were 21 instructions of every launch. A kernel not yet in the
+    /// cache takes [`launch_uncompiled`](Self::launch_uncompiled), out of
+    /// line, so that the loop's launch carries none of it.
     #[inline]
     pub(crate) fn launch(
         &mut self,
@@ -470,55 +472,55 @@ impl<B: Backend> Server<B> {
         dispatch: Dispatch<'_>,
     ) -> Result<()> {
         self.check_poison()?;
-        match self.launch_compiled(stream, kernel, bindings, scalars, dispatch) {
-            Launched::Concluded(result) => result,
-            Launched::Uncompiled(written) => {
-                // Compiled only now, after every check of the launch's
-                // arguments: a launch refused for them never compiles, and
-                // one whose kernel does not compile claims its outputs
-                // (rule 21).
-                if let Err(error) = self.ensure_compiled(stream, kernel) {
-                    return Err(failed_writing(
-                        &mut self.books(),
-                        Work::new(WorkKind::Launch, stream),
-                        written,
-                        error,
-                    ));
-                }
-                self.recycle_write_set(written);
-                match self.launch_compiled(stream, kernel, bindings, scalars, dispatch) {
-                    Launched::Concluded(result) => result,
-                    Launched::Uncompiled(_) => Err(Error::internal(
-                        "a kernel just compiled is missing from the cache",
-                    )),
-                }
+        match self.launch_scoped(stream, kernel, bindings, scalars, dispatch) {
+            Ok(Scoped::Settled(outcome)) => self.conclude(stream, outcome),
+            Ok(Scoped::Uncompiled(written)) => {
+                self.launch_uncompiled(stream, kernel, bindings, scalars, dispatch, written)
             }
+            Err(error) => Err(error),
         }
     }
 
-    /// A launch of a kernel in the cache, over the server split into its
-    /// books and its device ([`Books`] says why): one pass over the
-    /// bindings resolves each with one lookup, checks it, and adds it to
-    /// every list the launch needs — the read set, the write set, the
-    /// buffers it touches, and the one list the backend both checks and
-    /// launches. A kernel not yet in the cache comes back `Uncompiled`,
-    /// with its write set, once every check has passed.
-    fn launch_compiled(
+    /// A launch whose kernel was not in the cache, once every check of its
+    /// arguments passed: compiled only now, so that a launch refused for
+    /// them never compiles, and one whose kernel does not compile claims
+    /// its outputs, `written` (rule 21). Then launched as any other.
+    #[cold]
+    #[inline(never)]
+    fn launch_uncompiled(
         &mut self,
         stream: StreamId,
         kernel: &Kernel,
         bindings: &[Binding<'_>],
         scalars: &[u8],
         dispatch: Dispatch<'_>,
-    ) -> Launched {
+        written: Vec<BufferRange>,
+    ) -> Result<()> {
+        if let Err(error) = self.ensure_compiled(stream, kernel) {
+            return Err(failed_writing(
+                &mut self.books(),
+                Work::new(WorkKind::Launch, stream),
+                written,
+                error,
+            ));
+        }
+        self.recycle_write_set(written);
         match self.launch_scoped(stream, kernel, bindings, scalars, dispatch) {
-            Ok(Scoped::Settled(outcome)) => Launched::Concluded(self.conclude(stream, outcome)),
-            Ok(Scoped::Uncompiled(written)) => Launched::Uncompiled(written),
-            Err(error) => Launched::Concluded(Err(error)),
+            Ok(Scoped::Settled(outcome)) => self.conclude(stream, outcome),
+            Ok(Scoped::Uncompiled(_)) => Err(Error::internal(
+                "a kernel just compiled is missing from the cache",
+            )),
+            Err(error) => Err(error),
         }
     }
 
-    /// [`launch_compiled`](Self::launch_compiled) up to its scope's end.
+    /// A launch of a kernel in the cache up to its scope's end, over the
+    /// server split into its books and its device ([`Books`] says why):
+    /// one pass over the bindings resolves each with one lookup, checks it,
+    /// and adds it to every list the launch needs — the read set, the write
+    /// set, and the one list the backend both checks and launches. A kernel
+    /// not yet in the cache comes back `Uncompiled`, with its write set,
+    /// once every check has passed.
     #[inline(always)]
     fn launch_scoped(
         &mut self,
@@ -550,6 +552,10 @@ impl<B: Backend> Server<B> {
         let mut unallocated: Option<BufferId> = None;
         let mut all_allocated = true;
         let mut mine = true;
+        // Whether every input is allocated and carries no failure at all:
+        // then none can make the scope skip, and it need not look again
+        // ([`ExecuteScope::entering`]).
+        let mut inputs_clean = true;
         for (i, binding) in bindings.iter().enumerate() {
             let what = || format!("binding {i} of `{name}`");
             let (r, entry) = handles::resolve(
@@ -596,6 +602,7 @@ impl<B: Backend> Server<B> {
                 }
             }
             if access.reads() {
+                inputs_clean &= entry.allocated && entry.taint.is_clean();
                 read.push(r);
             }
             if access.writes() && writes_all {
@@ -617,6 +624,7 @@ impl<B: Backend> Server<B> {
                     ));
                 }
                 mine &= entry.last_user == stream;
+                inputs_clean &= entry.allocated && entry.taint.is_clean();
                 read.push(r);
                 memory.of(r.buffer).map(|memory| BoundDispatch::Indirect {
                     memory,
@@ -685,7 +693,11 @@ impl<B: Backend> Server<B> {
         if let Some(launch) = &launch {
             device.backend.check_launch(compiled, launch)?;
         }
-        let mut scope = ExecuteScope::launching(&mut books, name, stream, &read, written);
+        let mut scope = if inputs_clean {
+            ExecuteScope::entering(&mut books, name, stream, &read, written)
+        } else {
+            ExecuteScope::launching(&mut books, name, stream, &read, written)
+        };
         if indirect {
             scope = scope.writing_at_most();
         }
@@ -789,19 +801,11 @@ impl<B: Backend> Server<B> {
     }
 }
 
-/// How [`Server::launch_compiled`] ended.
-enum Launched {
-    /// Done: concluded, or refused before its scope.
-    Concluded(Result<()>),
-    /// Its kernel is not in the cache yet: every check passed, and this is
-    /// the write set a compile failure claims.
-    Uncompiled(Vec<BufferRange>),
-}
-
 /// How [`Server::launch_scoped`] ended.
 enum Scoped {
     /// Its scope settled, as this says.
     Settled(ScopedOutcome<()>),
-    /// As [`Launched::Uncompiled`].
+    /// Its kernel is not in the cache yet: every check passed, and this is
+    /// the write set a compile failure claims.
     Uncompiled(Vec<BufferRange>),
 }
