@@ -152,7 +152,7 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         Self::enter(server, work, None, written)
     }
 
-    #[inline]
+    #[inline(always)]
     fn enter(
         server: &'a mut S,
         work: Work,

@@ -539,7 +539,6 @@ impl<B: Backend> Server<B> {
             Dispatch::Groups(groups) => groups.contains(&0),
             Dispatch::Indirect(_) => false,
         };
-        let mut read: Few<BufferRange, 8> = Few::new();
         // What a clean launch over host-given counts writes: its written
         // bindings (an indirect launch's is worked out below).
         let mut written = books.write_set();
@@ -556,6 +555,14 @@ impl<B: Backend> Server<B> {
         // then none can make the scope skip, and it need not look again
         // ([`ExecuteScope::entering`]).
         let mut inputs_clean = true;
+        // A binding alignment is a power of two on every API (Vulkan's by
+        // specification): a mask then spares a 64-bit division per binding,
+        // and one test covers the offset and the length in whole words.
+        let (mask, divide) = if alignment.is_power_of_two() {
+            (alignment - 1, false)
+        } else {
+            (0, true)
+        };
         for (i, binding) in bindings.iter().enumerate() {
             let what = || format!("binding {i} of `{name}`");
             let (r, entry) = handles::resolve(
@@ -565,25 +572,10 @@ impl<B: Backend> Server<B> {
                 binding.slice.range,
                 &what,
             )?;
-            // A binding alignment is a power of two on every API (Vulkan's
-            // by specification); a mask then spares a 64-bit division per
-            // binding.
-            let misaligned = if alignment.is_power_of_two() {
-                r.range.start & (alignment - 1) != 0
-            } else {
-                !r.range.start.is_multiple_of(alignment)
-            };
-            if misaligned {
-                return Err(Error::invalid(
-                    what(),
-                    format!("offset {} is not a multiple of {alignment}", r.range.start),
-                ));
-            }
-            if r.range.len() % 4 != 0 {
-                return Err(Error::invalid(
-                    what(),
-                    format!("{} is not whole 4-byte words", r.range),
-                ));
+            if (r.range.start & mask) | (r.range.len() & 3) != 0
+                || (divide && !r.range.start.is_multiple_of(alignment))
+            {
+                return Err(misplaced(what(), r.range, alignment));
             }
             mine &= entry.last_user == stream;
             let access = binding.access;
@@ -603,7 +595,6 @@ impl<B: Backend> Server<B> {
             }
             if access.reads() {
                 inputs_clean &= entry.allocated && entry.taint.is_clean();
-                read.push(r);
             }
             if access.writes() && writes_all {
                 written.push(r);
@@ -625,7 +616,6 @@ impl<B: Backend> Server<B> {
                 }
                 mine &= entry.last_user == stream;
                 inputs_clean &= entry.allocated && entry.taint.is_clean();
-                read.push(r);
                 memory.of(r.buffer).map(|memory| BoundDispatch::Indirect {
                     memory,
                     offset: r.range.start,
@@ -693,6 +683,19 @@ impl<B: Backend> Server<B> {
         if let Some(launch) = &launch {
             device.backend.check_launch(compiled, launch)?;
         }
+        // The ranges it reads, in order, the counts last: where a skip
+        // looks for a failure, and what a recording window keeps. A launch
+        // whose inputs are clean, on a stream that is not recording, needs
+        // neither, and does not gather them (but for the debug check of
+        // `entering`).
+        let recording = books.streams[books.stream_index(stream)]
+            .window
+            .is_recording();
+        let read = if !inputs_clean || recording || cfg!(debug_assertions) {
+            read_set(bindings, dispatch)
+        } else {
+            Few::new()
+        };
         let mut scope = if inputs_clean {
             ExecuteScope::entering(&mut books, name, stream, &read, written)
         } else {
@@ -709,7 +712,7 @@ impl<B: Backend> Server<B> {
                 books,
                 Site::Launch,
                 stream,
-                (touched.clone(), mine),
+                (touched, mine),
                 written,
                 |d| {
                     let Some(launch) = &launch else {
@@ -799,6 +802,38 @@ impl<B: Backend> Server<B> {
         }
         self.table.check(&ranges)
     }
+}
+
+/// Why a binding's range is refused, past the mask test of
+/// [`Server::launch_scoped`]: its offset off the backend's alignment, or its
+/// length not whole 4-byte words.
+#[cold]
+fn misplaced(what: String, range: ByteRange, alignment: u64) -> Error {
+    if !range.start.is_multiple_of(alignment) {
+        return Error::invalid(
+            what,
+            format!("offset {} is not a multiple of {alignment}", range.start),
+        );
+    }
+    Error::invalid(what, format!("{range} is not whole 4-byte words"))
+}
+
+/// The ranges a launch reads, in order: its read bindings, then an
+/// indirect dispatch's counts. Every one was resolved already, so each is
+/// the binding's own buffer and range.
+fn read_set(bindings: &[Binding<'_>], dispatch: Dispatch<'_>) -> Few<BufferRange, 8> {
+    let mut read = Few::new();
+    let at = |slice: &Slice<'_>| BufferRange {
+        buffer: slice.buffer.id(),
+        range: slice.range,
+    };
+    for binding in bindings.iter().filter(|b| b.access.reads()) {
+        read.push(at(&binding.slice));
+    }
+    if let Dispatch::Indirect(slice) = dispatch {
+        read.push(at(&slice));
+    }
+    read
 }
 
 /// How [`Server::launch_scoped`] ended.
