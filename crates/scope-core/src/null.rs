@@ -110,6 +110,8 @@ pub struct NullGraph;
 pub struct Null<S: Script = Quiet> {
     script: S,
     reserved: u64,
+    /// The binding alignment it reports, when not the default 4.
+    alignment: Option<u64>,
 }
 
 impl Null {
@@ -125,7 +127,16 @@ impl<S: Script> Null<S> {
         Self {
             script,
             reserved: 0,
+            alignment: None,
         }
+    }
+
+    /// A null backend that reports `alignment` as its binding alignment
+    /// rather than 4: for a test of how the core checks a binding's offset
+    /// against alignments other APIs have (1 on some, 256 on others).
+    pub fn with_binding_alignment(mut self, alignment: u64) -> Self {
+        self.alignment = Some(alignment);
+        self
     }
 
     /// The script.
@@ -160,7 +171,7 @@ impl<S: Script> Backend for Null<S> {
     }
 
     fn binding_alignment(&self) -> u64 {
-        4
+        self.alignment.unwrap_or(4)
     }
 
     fn launch_limits(&self) -> LaunchLimits {

@@ -708,27 +708,20 @@ impl<B: Backend> Server<B> {
             if runs_nothing {
                 return Ok(());
             }
-            device.issue(
-                books,
-                Site::Launch,
-                stream,
-                (touched, mine),
-                written,
-                |d| {
-                    let Some(launch) = &launch else {
-                        return Err(Error::internal(
-                            "a launch's binding lost its memory after its check",
-                        ));
-                    };
-                    // SAFETY: every binding was resolved inside its live buffer
-                    // with an aligned offset and whole words, an indirect
-                    // dispatch's 12 aligned bytes likewise (all above);
-                    // host-given counts are non-zero (`runs_nothing`) and within
-                    // the grid, and the backend's `check_launch` accepted this
-                    // very launch for this kernel, above.
-                    unsafe { d.backend.launch(d.stream, compiled, launch) }
-                },
-            )
+            device.issue(books, Site::Launch, stream, (touched, mine), written, |d| {
+                let Some(launch) = &launch else {
+                    return Err(Error::internal(
+                        "a launch's binding lost its memory after its check",
+                    ));
+                };
+                // SAFETY: every binding was resolved inside its live buffer
+                // with an aligned offset and whole words, an indirect
+                // dispatch's 12 aligned bytes likewise (all above);
+                // host-given counts are non-zero (`runs_nothing`) and within
+                // the grid, and the backend's `check_launch` accepted this
+                // very launch for this kernel, above.
+                unsafe { d.backend.launch(d.stream, compiled, launch) }
+            })
         });
         Ok(Scoped::Settled(outcome))
     }
