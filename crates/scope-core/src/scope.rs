@@ -229,7 +229,7 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
     /// can carry a failure, so the scope enters without looking again. The
     /// launch path resolves each binding once and reads its claims there,
     /// where a second lookup per input here was a tenth of its cost.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn entering(
         server: &'a mut S,
         kernel: &Arc<str>,

@@ -472,13 +472,7 @@ impl<B: Backend> Server<B> {
         dispatch: Dispatch<'_>,
     ) -> Result<()> {
         self.check_poison()?;
-        match self.launch_scoped(stream, kernel, bindings, scalars, dispatch) {
-            Ok(Scoped::Settled(outcome)) => self.conclude(stream, outcome),
-            Ok(Scoped::Uncompiled(written)) => {
-                self.launch_uncompiled(stream, kernel, bindings, scalars, dispatch, written)
-            }
-            Err(error) => Err(error),
-        }
+        self.launch_scoped(stream, kernel, bindings, scalars, dispatch, false)
     }
 
     /// A launch whose kernel was not in the cache, once every check of its
@@ -505,22 +499,20 @@ impl<B: Backend> Server<B> {
             ));
         }
         self.recycle_write_set(written);
-        match self.launch_scoped(stream, kernel, bindings, scalars, dispatch) {
-            Ok(Scoped::Settled(outcome)) => self.conclude(stream, outcome),
-            Ok(Scoped::Uncompiled(_)) => Err(Error::internal(
-                "a kernel just compiled is missing from the cache",
-            )),
-            Err(error) => Err(error),
-        }
+        self.launch_scoped(stream, kernel, bindings, scalars, dispatch, true)
     }
 
-    /// A launch of a kernel in the cache up to its scope's end, over the
-    /// server split into its books and its device ([`Books`] says why):
-    /// one pass over the bindings resolves each with one lookup, checks it,
-    /// and adds it to every list the launch needs — the read set, the write
-    /// set, and the one list the backend both checks and launches. A kernel
-    /// not yet in the cache comes back `Uncompiled`, with its write set,
-    /// once every check has passed.
+    /// A launch, over the server split into its books and its device
+    /// ([`Books`] says why): one pass over the bindings resolves each with
+    /// one lookup, checks it, and adds it to the lists the launch needs —
+    /// the write set, and the one list the backend both checks and
+    /// launches. A kernel not yet in the cache goes to
+    /// [`launch_uncompiled`](Self::launch_uncompiled), with its write set,
+    /// once every check has passed; `compiled_now` says it came from there,
+    /// and a kernel still missing is then an internal error.
+    ///
+    /// Inlined into both callers, so that the result is written once, where
+    /// the caller returns it, rather than passed out through an enum.
     #[inline(always)]
     fn launch_scoped(
         &mut self,
@@ -529,7 +521,8 @@ impl<B: Backend> Server<B> {
         bindings: &[Binding<'_>],
         scalars: &[u8],
         dispatch: Dispatch<'_>,
-    ) -> Result<Scoped> {
+        compiled_now: bool,
+    ) -> Result<()> {
         let (mut books, mut device) = self.split();
         let alignment = device.backend.binding_alignment();
         let name = kernel.name();
@@ -661,7 +654,13 @@ impl<B: Backend> Server<B> {
             ));
         }
         let Some(compiled) = device.cached(kernel) else {
-            return Ok(Scoped::Uncompiled(written));
+            if compiled_now {
+                books.recycle(written);
+                return Err(Error::internal(
+                    "a kernel just compiled is missing from the cache",
+                ));
+            }
+            return self.launch_uncompiled(stream, kernel, bindings, scalars, dispatch, written);
         };
         if let Dispatch::Groups(groups) = dispatch {
             crate::backend::grid_within(name, groups, device.max_workgroups)?;
@@ -723,7 +722,7 @@ impl<B: Backend> Server<B> {
                 unsafe { d.backend.launch(d.stream, compiled, launch) }
             })
         });
-        Ok(Scoped::Settled(outcome))
+        self.conclude(stream, outcome)
     }
 
     /// The first half of a sync, under the lock: the checks, then the start
@@ -827,13 +826,4 @@ fn read_set(bindings: &[Binding<'_>], dispatch: Dispatch<'_>) -> Few<BufferRange
         read.push(at(&slice));
     }
     read
-}
-
-/// How [`Server::launch_scoped`] ended.
-enum Scoped {
-    /// Its scope settled, as this says.
-    Settled(ScopedOutcome<()>),
-    /// Its kernel is not in the cache yet: every check passed, and this is
-    /// the write set a compile failure claims.
-    Uncompiled(Vec<BufferRange>),
 }
