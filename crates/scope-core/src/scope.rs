@@ -283,6 +283,23 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         self,
         body: impl FnOnce(&mut S, &[BufferRange]) -> Result<R>,
     ) -> ScopedOutcome<R> {
+        match self.run() {
+            Ok(mut running) => {
+                let (server, written) = running.parts();
+                let result = body(server, written);
+                running.finish(result)
+            }
+            Err(skipped) => skipped,
+        }
+    }
+
+    /// [`execute`](Self::execute) in two halves, for a body written in the
+    /// caller's own code rather than a closure: the scope to run it in, or
+    /// the outcome of a skip (the body must not run). The launch path runs
+    /// its body so: a closure's captures, stored for the call and loaded
+    /// again inside it, were near a twentieth of a launch's cost.
+    #[inline(always)]
+    pub(crate) fn run<R>(self) -> std::result::Result<Running<'a, S>, ScopedOutcome<R>> {
         let Self {
             server,
             stream,
@@ -291,14 +308,56 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
             opened,
             maybe,
         } = self;
-        let provisional = match opened {
-            Opened::Entered { provisional } => provisional,
+        match opened {
+            Opened::Entered { provisional } => Ok(Running {
+                server,
+                stream,
+                written,
+                read,
+                provisional,
+                maybe,
+            }),
             Opened::Skipped { kernel } => {
                 server.recycle(written);
-                return ScopedOutcome::Skipped { kernel, stream };
+                Err(ScopedOutcome::Skipped { kernel, stream })
             }
-        };
-        let result = body(server, &written);
+        }
+    }
+}
+
+/// A scope whose body is running ([`ExecuteScope::run`]), settled by
+/// [`finish`](Self::finish) with the body's result. Like a scope, it has no
+/// `Drop`: one dropped without `finish` (an early return, a panic) leaves
+/// its write set claimed, "never finished" (rule 20).
+pub(crate) struct Running<'a, S: WriteScoped> {
+    server: &'a mut S,
+    stream: StreamId,
+    written: Vec<BufferRange>,
+    read: &'a [BufferRange],
+    /// Claimed by it (none for an empty write set).
+    provisional: Option<FailureId>,
+    maybe: bool,
+}
+
+impl<S: WriteScoped> Running<'_, S> {
+    /// What the body gets: the server and the write set.
+    #[inline(always)]
+    pub(crate) fn parts(&mut self) -> (&mut S, &[BufferRange]) {
+        (self.server, &self.written)
+    }
+
+    /// Settle the write set with what the body returned, as
+    /// [`ExecuteScope::execute`] says.
+    #[inline]
+    pub(crate) fn finish<R>(self, result: Result<R>) -> ScopedOutcome<R> {
+        let Self {
+            server,
+            stream,
+            written,
+            read,
+            provisional,
+            maybe,
+        } = self;
         if let Some(window) = server.capturing(stream) {
             match &result {
                 Ok(_) if maybe => window.record_maybe(&written, read),

@@ -346,13 +346,14 @@ impl<S> Books<'_, S> {
         Ok(())
     }
 
-    /// Remember that submitted work on `stream` writes `written`. Only
+    /// Remember that submitted work on stream `index` writes `written`. Only
     /// remembers: bounding the list is [`conclude`](Server::conclude)'s,
     /// after the work's scope has settled, so that a fault the bounding
     /// sync surfaces is attributed after — not healed by — the clean exit.
+    /// `index` is as [`stream_index`](Self::stream_index) gives it: the one
+    /// caller has it already.
     #[inline]
-    pub(super) fn note_in_flight(&mut self, stream: StreamId, written: &[BufferRange]) {
-        let index = self.stream_index(stream);
+    pub(super) fn note_in_flight(&mut self, index: usize, written: &[BufferRange]) {
         let state = &mut self.streams[index];
         if state.window.is_recording() {
             return;
@@ -410,7 +411,7 @@ impl<'s, B: Backend> Device<'s, B> {
             memory: self.memory,
             graphs: self.graphs,
         })?;
-        books.note_in_flight(stream, written);
+        books.note_in_flight(index, written);
         Ok(())
     }
 }

@@ -703,25 +703,32 @@ impl<B: Backend> Server<B> {
         if indirect {
             scope = scope.writing_at_most();
         }
-        let outcome = scope.execute(|books, written| {
-            if runs_nothing {
-                return Ok(());
+        // The body in this function's own code, not a closure
+        // ([`ExecuteScope::run`]).
+        let outcome = match scope.run() {
+            Err(skipped) => skipped,
+            Ok(running) if runs_nothing => running.finish(Ok(())),
+            Ok(mut running) => {
+                let (books, written) = running.parts();
+                let result =
+                    device.issue(books, Site::Launch, stream, (touched, mine), written, |d| {
+                        let Some(launch) = &launch else {
+                            return Err(Error::internal(
+                                "a launch's binding lost its memory after its check",
+                            ));
+                        };
+                        // SAFETY: every binding was resolved inside its live
+                        // buffer with an aligned offset and whole words, an
+                        // indirect dispatch's 12 aligned bytes likewise (all
+                        // above); host-given counts are non-zero
+                        // (`runs_nothing`) and within the grid, and the
+                        // backend's `check_launch` accepted this very launch
+                        // for this kernel, above.
+                        unsafe { d.backend.launch(d.stream, compiled, launch) }
+                    });
+                running.finish(result)
             }
-            device.issue(books, Site::Launch, stream, (touched, mine), written, |d| {
-                let Some(launch) = &launch else {
-                    return Err(Error::internal(
-                        "a launch's binding lost its memory after its check",
-                    ));
-                };
-                // SAFETY: every binding was resolved inside its live buffer
-                // with an aligned offset and whole words, an indirect
-                // dispatch's 12 aligned bytes likewise (all above);
-                // host-given counts are non-zero (`runs_nothing`) and within
-                // the grid, and the backend's `check_launch` accepted this
-                // very launch for this kernel, above.
-                unsafe { d.backend.launch(d.stream, compiled, launch) }
-            })
-        });
+        };
         self.conclude(stream, outcome)
     }
 
