@@ -10,7 +10,7 @@
 //! (which error, which bytes a failure claims), never values.
 
 use scope_core::null::Null;
-use scope_core::{Binding, Buffer, Client, Dispatch, Error, Kernel};
+use scope_core::{Binding, Buffer, ByteRange, Client, Dispatch, Error, Kernel, Slice};
 
 fn client(alignment: Option<u64>) -> Client<Null> {
     let backend = match alignment {
@@ -103,7 +103,11 @@ fn ranges_past_their_buffer_reversed_or_empty_are_refused() {
     let (what, why) = refused(&client, &[a.slice(60..68).read()]);
     assert_eq!(what, "binding 0 of `k`");
     assert!(why.contains("runs past the end"), "{why}");
-    let (_, why) = refused(&client, &[a.slice(8..4).read()]);
+    let reversed = Slice {
+        buffer: &a,
+        range: ByteRange { start: 8, end: 4 },
+    };
+    let (_, why) = refused(&client, &[reversed.read()]);
     assert!(why.contains("reversed"), "{why}");
     let (_, why) = refused(&client, &[a.slice(8..8).read()]);
     assert!(why.contains("empty range"), "{why}");
