@@ -21,10 +21,12 @@
 //!   issue body every unit of work shares, and the attribution of faults
 //!   that surface later (in-flight sets, [`conclude`](Server::conclude));
 //! - `capture`: capture windows and the graph table;
-//! - `work`: the contract's operations on memory and kernels.
+//! - `work`: the contract's operations on memory and kernels;
+//! - `launch`: launches, the path measured for the core's own cost.
 
 mod capture;
 mod handles;
+mod launch;
 mod ordering;
 mod recover;
 mod work;
