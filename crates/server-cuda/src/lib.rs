@@ -182,6 +182,10 @@ impl Cuda {
     /// when there is no driver or no such device; the driver's error when
     /// starting fails.
     pub fn open(ordinal: usize) -> Result<Self> {
+        // Held before the context is retained, so a reset by another server
+        // of the device either refuses (it sees this one) or ends before
+        // this one makes anything (`scope_native::Holding::alone`).
+        let holding = scope_native::Holding::new(error::BACKEND, ordinal);
         let ctx = device::open_context(ordinal)?;
         let info = device::device_info(ordinal)?;
         let driver = device::driver_version()?;
@@ -211,7 +215,7 @@ impl Cuda {
             capturing: Vec::new(),
             deferred: Vec::new(),
             params: ParamTable::new(&rules),
-            holding: scope_native::Holding::new(error::BACKEND, ordinal),
+            holding,
         })
     }
 

@@ -4,13 +4,15 @@
 //! NVIDIA documents two kinds of sticky error. After an illegal address, a
 //! launch failure, a misaligned address, an illegal instruction, a hardware
 //! stack error, a device assert, a launch timeout, an invalid PC or an
-//! invalid address space, the driver API's reference says the process "is
-//! left in an inconsistent state and any further CUDA work will return the
-//! same error. To continue using CUDA, the process must be terminated and
-//! relaunched" ([`PROCESS_FATAL`]). For those a reopen answers
-//! [`Error::RestartRequired`] and touches nothing: the work survives in a
-//! group that shrinks to its other ranks and admits this one again from a
-//! new process (rules 52, 54–57). Every other loss may be reset.
+//! invalid address space, the driver API's reference says "To continue
+//! using CUDA, the process must be terminated and relaunched" — of the
+//! assert, that "the device cannot be used again", of the others that the
+//! error "leaves the process in an inconsistent state and any further CUDA
+//! work will return the same error" ([`PROCESS_FATAL`]). For those a
+//! reopen answers [`Error::RestartRequired`] and touches nothing: the work
+//! survives in a group that shrinks to its other ranks and admits this one
+//! again from a new process (rules 52, 54–57). Every other loss may be
+//! reset.
 //!
 //! A reopen first destroys what this backend made — its streams, their
 //! events and pinned staging, the memory pool — on the context they were
@@ -55,8 +57,7 @@ pub const PROCESS_FATAL: &[CUresult] = &[
 
 /// What the driver's reference says of every [`PROCESS_FATAL`] code.
 const PROCESS_FATAL_REASON: &str = "CUDA's documentation says that after this error the \
-     process is left in an inconsistent state and must be terminated and relaunched to \
-     use CUDA again";
+     process must be terminated and relaunched to use CUDA again";
 
 /// Whether CUDA's documentation says `code` ends the process's use of CUDA.
 pub fn ends_the_process(code: CUresult) -> bool {
@@ -156,33 +157,37 @@ impl Cuda {
     }
 
     /// Reset the device's primary context and retain it again, unless
-    /// another server of this process holds the device.
+    /// another server of this process holds the device. No server can
+    /// open the device while the reset runs ([`scope_native::Holding::alone`]).
     fn reset_context(&mut self, broken: &Error) -> Result<()> {
-        let others = self.holding.others();
-        if others > 0 {
-            return Err(Error::refused(format!(
-                "cuda device {} cannot be reset after {broken}: {others} other client(s) of \
-                 this process hold it, and a reset of its primary context would destroy \
-                 their memory; recover once they are dropped",
-                self.info.ordinal
-            )));
-        }
-        let ordinal = i32::try_from(self.info.ordinal)
+        let ordinal = self.info.ordinal;
+        let device = i32::try_from(ordinal)
             .map_err(|_| Error::invalid("device ordinal", "too large"))?;
-        let start = |what| move |e| driver_error(e, Doing::Start { what });
-        let device = result::device::get(ordinal).map_err(start("cuDeviceGet"))?;
-        // SAFETY: `device` is a valid device handle just returned by the
-        // driver; this server holds the device alone (checked above) and has
-        // destroyed every object it made on the context (`give_up_device`);
-        // the old context handle is retained, and released only after the
-        // new retain below, which CUDA documents as safe after a reset.
-        unsafe { sys::cuDevicePrimaryCtxReset_v2(device) }
-            .result()
-            .map_err(start("cuDevicePrimaryCtxReset"))?;
-        self.ctx = open_context(self.info.ordinal)?;
+        let reset = || -> Result<_> {
+            let start = |what| move |e| driver_error(e, Doing::Start { what });
+            let device = result::device::get(device).map_err(start("cuDeviceGet"))?;
+            // SAFETY: `device` is a valid device handle just returned by
+            // the driver; no other server of this process holds the device
+            // or can open it until this returns (`Holding::alone`), and
+            // this one has destroyed every object it made on the context
+            // (`give_up_device`); the old context handle is retained, and
+            // released only after the new retain below, which CUDA
+            // documents as safe after a reset.
+            unsafe { sys::cuDevicePrimaryCtxReset_v2(device) }
+                .result()
+                .map_err(start("cuDevicePrimaryCtxReset"))?;
+            open_context(ordinal)
+        };
+        self.ctx = self.holding.alone(reset).map_err(|others| {
+            Error::refused(format!(
+                "cuda device {ordinal} cannot be reset after {broken}: {others} other client(s) \
+                 of this process hold it, and a reset of its primary context would destroy \
+                 their memory; recover once they are dropped"
+            ))
+        })??;
         tracing::warn!(
             backend = BACKEND,
-            device = self.info.ordinal,
+            device = ordinal,
             "reset the primary context after {broken}"
         );
         Ok(())

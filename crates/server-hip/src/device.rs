@@ -307,6 +307,10 @@ impl Hip {
                 "no device {ordinal}: HIP reports {count} device(s)"
             )));
         };
+        // Held before the device is touched, so a reset by another server of
+        // the device either refuses (it sees this one) or ends before this
+        // one makes anything (`scope_native::Holding::alone`).
+        let holding = scope_native::Holding::new(BACKEND, ordinal as usize);
         api.set_device(ordinal)
             .map_err(|e| unavailable(e.to_string()))?;
         let (info, geometry) =
@@ -327,7 +331,7 @@ impl Hip {
             read_buffer: None,
             params: ParamTable::new(&API_RULES),
             streams: Vec::new(),
-            holding: scope_native::Holding::new(BACKEND, ordinal as usize),
+            holding,
         })
     }
 

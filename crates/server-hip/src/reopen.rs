@@ -117,26 +117,32 @@ impl Hip {
     }
 
     /// `hipDeviceReset`, unless another server of this process holds the
-    /// device.
+    /// device. No server can open the device while the reset runs
+    /// ([`scope_native::Holding::alone`]).
     fn reset_device(&mut self, broken: &Error) -> Result<()> {
-        let others = self.holding.others();
-        if others > 0 {
-            return Err(Error::refused(format!(
-                "hip device {} cannot be reset after {broken}: {others} other client(s) of \
-                 this process hold it, and a reset would destroy their memory; recover once \
-                 they are dropped",
-                self.info.ordinal
-            )));
-        }
-        // SAFETY: this server holds the device alone (checked above) and has
-        // destroyed every object it made on it (`detach`, the pool, the
-        // staging and the read buffer above; the core gave back every
-        // memory, kernel and graph before asking to reopen).
-        unsafe { self.api.device_reset() }
+        let ordinal = self.info.ordinal;
+        let reset = || {
+            // SAFETY: no other server of this process holds the device or
+            // can open it until this returns (`Holding::alone`), and this
+            // one has destroyed every object it made on it (`detach`, the
+            // pool, the staging and the read buffer above; the core gave
+            // back every memory, kernel and graph before asking to
+            // reopen).
+            unsafe { self.api.device_reset() }
+        };
+        self.holding
+            .alone(reset)
+            .map_err(|others| {
+                Error::refused(format!(
+                    "hip device {ordinal} cannot be reset after {broken}: {others} other \
+                     client(s) of this process hold it, and a reset would destroy their \
+                     memory; recover once they are dropped"
+                ))
+            })?
             .map_err(|e: HipError| e.into_error(Doing::Other(None)))?;
         tracing::warn!(
             backend = BACKEND,
-            device = self.info.ordinal,
+            device = ordinal,
             "reset the device after {broken}"
         );
         Ok(())

@@ -712,7 +712,7 @@ fn json_string(s: &str) -> String {
 /// Act four, continued: a lost device survived.
 fn print_survival(s: &Survival, ranks: usize, tag: &str) {
     println!(
-        "\n   then rank {}'s device is lost ({}); the group goes on without it, and takes it back",
+        "\n   then rank {}'s device is lost ({}); the group goes on without it, and takes it back if its device opens again",
         s.lost,
         if s.real {
             "for real, by the backend"
@@ -751,18 +751,39 @@ fn print_survival(s: &Survival, ranks: usize, tag: &str) {
         );
         print_clean(step, step.ranks.len(), tag);
     }
-    line(
-        "after the heal",
-        format!(
-            "{} buffers came back lost with the device; weights {}  {}",
-            s.lost_buffers,
-            same(s.healed_identical, ranks),
-            ok(s.healed_identical)
-        ),
-    );
-    println!("\n   the step after it came back, on every rank");
-    print_clean(&s.rejoined_step, ranks, tag);
-    let held: usize = s.failures_held.iter().sum();
+    if let Some(why) = &s.stayed_out {
+        let members = s.rejoined_step.ranks.len();
+        line("it stays out", format!("{why}"));
+        line(
+            "the survivors' weights",
+            format!(
+                "{}  {}",
+                same(s.healed_identical, members),
+                ok(s.healed_identical)
+            ),
+        );
+        println!("\n   the survivors' next step, without it");
+        print_clean(&s.rejoined_step, members, tag);
+    } else {
+        line(
+            "after the heal",
+            format!(
+                "{} buffers came back lost with the device; weights {}  {}",
+                s.lost_buffers,
+                same(s.healed_identical, ranks),
+                ok(s.healed_identical)
+            ),
+        );
+        println!("\n   the step after it came back, on every rank");
+        print_clean(&s.rejoined_step, ranks, tag);
+    }
+    let held: usize = s
+        .failures_held
+        .iter()
+        .enumerate()
+        .filter(|&(replica, _)| s.stayed_out.is_none() || replica != s.lost)
+        .map(|(_, n)| n)
+        .sum();
     line(
         "failures held on the devices",
         format!("{held}  {}", ok(held == 0)),

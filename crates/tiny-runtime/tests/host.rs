@@ -24,7 +24,11 @@ fn store(out: &mut [u8], values: &[f32]) {
 }
 
 fn host_runtime() -> Runtime<Host> {
-    let mut host = Host::new();
+    host_runtime_on(Host::new())
+}
+
+/// The runtime on `host`, its kernels registered.
+fn host_runtime_on(mut host: Host) -> Runtime<Host> {
     host.register("matmul", |args: &mut HostArgs<'_>| {
         let (m, n, k) = (
             args.scalar_u32(0) as usize,
@@ -192,6 +196,35 @@ fn a_data_parallel_step_on_four_host_devices() {
     .unwrap();
     assert_eq!(report.faulted_rank, 2);
     common::assert_data_parallel(&report);
+}
+
+/// Act four where the lost rank's device cannot open again in this
+/// process, as after CUDA's process-fatal faults (which HIP follows): its
+/// recovery answers `Error::RestartRequired`, it stays out of the group,
+/// and the survivors go on, their steps the CPU's over their rows.
+#[test]
+fn a_rank_whose_device_cannot_reopen_stays_out_and_the_survivors_go_on() {
+    let runtimes: Vec<_> = (0..4)
+        .map(|replica| {
+            let host = Host::new();
+            // Replica 2 is the one act four loses.
+            host_runtime_on(if replica == 2 {
+                host.cannot_reopen()
+            } else {
+                host
+            })
+        })
+        .collect();
+    let report = demo::data_parallel(
+        runtimes,
+        (common::data_parallel_shape(4), demo::LEARNING_RATE, 43),
+        &demo::inject_loss,
+    )
+    .unwrap();
+    assert_eq!(report.faulted_rank, 2);
+    common::assert_data_parallel_without_the_lost_rank(&report, |why| {
+        matches!(why, scope_core::Error::RestartRequired { .. })
+    });
 }
 
 /// The CPU reference's gradient is the gradient: a central difference of

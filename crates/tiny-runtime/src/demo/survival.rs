@@ -5,10 +5,18 @@
 //! device opens again, the group admits it, a broadcast heals its weights,
 //! and every rank ends with the same bits — which match the CPU's steps
 //! taken with the same membership, step by step.
+//!
+//! Where its device cannot open again in this process, the lost rank stays
+//! out and the survivors go on: its recovery answered
+//! `Error::RestartRequired` (CUDA's process-fatal faults, which HIP
+//! follows, or a backend that cannot reopen: a new process must bring it
+//! back) or `Error::Refused` (a reset that would destroy the memory of
+//! another client of the same device — on one GPU, the other ranks' — or a
+//! recovery that should be tried again later).
 
 use std::time::{Duration, Instant};
 
-use scope_core::{Backend, Client, Recovered, Result};
+use scope_core::{Backend, Client, Error, Recovered, Result};
 
 use super::StepCheck;
 use crate::data_parallel::{DataParallel, RankStep, identical, input_failed, reference_step};
@@ -50,11 +58,17 @@ pub struct Survival {
     /// Steps the survivors took alone, each against the CPU's step on their
     /// rows.
     pub shrunk_steps: Vec<StepCheck>,
+    /// Why the lost rank stayed out of the group: what its recovery
+    /// answered (`Error::RestartRequired` or `Error::Refused`); `None` when
+    /// it came back.
+    pub stayed_out: Option<Error>,
     /// Buffers the recovered device made again, lost with the device.
     pub lost_buffers: usize,
-    /// Every member's weights were the same bits right after the heal.
+    /// Every member's weights were the same bits right after the heal (or,
+    /// when the lost rank stayed out, after the survivors' steps).
     pub healed_identical: bool,
-    /// The step after the lost rank came back, on every rank.
+    /// The step after the lost rank came back, on every member (the
+    /// survivors' next step when it stayed out).
     pub rejoined_step: StepCheck,
     /// The membership timeline.
     pub timeline: Vec<Event>,
@@ -64,14 +78,31 @@ pub struct Survival {
 
 impl Survival {
     /// Every check of the act passed.
+    /// A lost rank that stayed out passes when the survivors went on: its
+    /// device still holds what it lost.
     pub fn passed(&self) -> bool {
+        let members = self.timeline[0].members.len() - usize::from(self.stayed_out.is_some());
         self.lost_step_contained
             && self.shrunk_steps.iter().all(StepCheck::clean)
             && self.healed_identical
             && self.rejoined_step.clean()
-            && self.rejoined_step.ranks.len() == self.timeline[0].members.len()
-            && self.failures_held.iter().all(|&n| n == 0)
+            && self.rejoined_step.ranks.len() == members
+            && self
+                .failures_held
+                .iter()
+                .enumerate()
+                .all(|(replica, &n)| n == 0 || (self.stayed_out.is_some() && replica == self.lost))
     }
+}
+
+/// Whether `error`, answered by a lost rank's readmission before it was
+/// admitted, leaves it out with the group going on: its device cannot open
+/// again in this process (now, or at all).
+fn stays_out(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::RestartRequired { .. } | Error::Refused { .. }
+    )
 }
 
 /// The CPU's step from `weights` on the rows of `members`' shards, in
@@ -167,38 +198,54 @@ pub fn survive<B: Backend>(
         current = reference.next;
     }
 
-    let readmission = dp.readmit(lost)?;
-    let lost_buffers = match &readmission.recovered {
-        Recovered::Reopened { buffers, .. } => *buffers,
-        _ => 0,
-    };
-    timeline.push(Event {
-        epoch: dp.epoch() - 1,
-        members: members.clone(),
-        what: format!(
-            "rank {lost}'s device opened again: {lost_buffers} buffers made anew, each lost \
-             with the device until written"
-        ),
-        took: readmission.recover,
-    });
-    timeline.push(Event {
-        epoch: dp.epoch(),
-        members: dp.members().to_vec(),
-        what: format!("the group admitted rank {lost} as its last rank"),
-        took: readmission.admit,
-    });
-    timeline.push(Event {
-        epoch: dp.epoch(),
-        members: dp.members().to_vec(),
-        what: format!("a broadcast from rank 0 healed rank {lost}'s weights"),
-        took: readmission.heal,
-    });
-    let healed: Vec<_> = (0..replicas).map(|r| dp.weights(r)).collect();
-    let healed_identical = match &healed[0] {
-        Ok(first) => healed
+    let start = Instant::now();
+    let mut stayed_out = None;
+    let mut lost_buffers = 0;
+    match dp.readmit(lost) {
+        Ok(readmission) => {
+            if let Recovered::Reopened { buffers, .. } = &readmission.recovered {
+                lost_buffers = *buffers;
+            }
+            timeline.push(Event {
+                epoch: dp.epoch() - 1,
+                members: members.clone(),
+                what: format!(
+                    "rank {lost}'s device opened again: {lost_buffers} buffers made anew, each \
+                     lost with the device until written"
+                ),
+                took: readmission.recover,
+            });
+            timeline.push(Event {
+                epoch: dp.epoch(),
+                members: dp.members().to_vec(),
+                what: format!("the group admitted rank {lost} as its last rank"),
+                took: readmission.admit,
+            });
+            timeline.push(Event {
+                epoch: dp.epoch(),
+                members: dp.members().to_vec(),
+                what: format!("a broadcast from rank 0 healed rank {lost}'s weights"),
+                took: readmission.heal,
+            });
+        }
+        // Refused before the group changed: the survivors go on alone.
+        Err(why) if stays_out(&why) && !dp.members().contains(&lost) => {
+            timeline.push(Event {
+                epoch: dp.epoch(),
+                members: dp.members().to_vec(),
+                what: format!("rank {lost} stays out, the survivors go on: {why}"),
+                took: start.elapsed(),
+            });
+            stayed_out = Some(why);
+        }
+        Err(other) => return Err(other),
+    }
+    let healed: Vec<_> = dp.members().iter().map(|&r| dp.weights(r)).collect();
+    let healed_identical = match healed.first() {
+        Some(Ok(first)) => healed
             .iter()
             .all(|w| w.as_ref().is_ok_and(|w| identical(w, first))),
-        Err(_) => false,
+        _ => false,
     };
 
     let members = dp.members().to_vec();
@@ -212,6 +259,7 @@ pub fn survive<B: Backend>(
         lost_step_contained,
         lost_step,
         shrunk_steps,
+        stayed_out,
         lost_buffers,
         healed_identical,
         rejoined_step,

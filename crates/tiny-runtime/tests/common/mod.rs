@@ -62,8 +62,66 @@ fn assert_clean(name: &str, step: &StepCheck, ranks: usize) {
 /// rank; a fault in one rank's backward pass failing every rank's
 /// all-reduced gradient, naming that rank, its root cause and its chain,
 /// the update skipped everywhere and the weights unchanged and identical;
-/// and the next step clean again, with no failure left held.
+/// and the next step clean again, with no failure left held; then the
+/// survival act, the lost rank taken back.
 pub fn assert_data_parallel(report: &DataParallelReport) {
+    assert_steps(report);
+    assert_survival(report);
+    assert!(report.passed());
+}
+
+/// As [`assert_data_parallel`], but the lost rank's device cannot open
+/// again in this process: its readmission answers `why`, it stays out,
+/// and the survivors go on, their next step clean over their rows.
+#[allow(dead_code)]
+pub fn assert_data_parallel_without_the_lost_rank(
+    report: &DataParallelReport,
+    why: fn(&scope_core::Error) -> bool,
+) {
+    assert_steps(report);
+    let survival = report
+        .survival
+        .as_ref()
+        .unwrap_or_else(|e| panic!("the group survives the lost device: {e}"));
+    for event in &survival.timeline {
+        println!(
+            "epoch {} members {:?}: {} ({:?})",
+            event.epoch, event.members, event.what, event.took
+        );
+    }
+    let lost = report.faulted_rank;
+    let survivors: Vec<usize> = (0..report.ranks).filter(|&r| r != lost).collect();
+    assert!(survival.lost_step_contained);
+    assert_eq!(survival.timeline[2].members, survivors, "the survivors shrank");
+    for (i, step) in survival.shrunk_steps.iter().enumerate() {
+        assert_clean(&format!("survivors' step {i}"), step, survivors.len());
+    }
+    let stayed_out = survival
+        .stayed_out
+        .as_ref()
+        .expect("the lost rank stays out");
+    assert!(why(stayed_out), "its readmission answered {stayed_out}");
+    assert_eq!(survival.lost_buffers, 0);
+    let last = survival.timeline.last().expect("a timeline");
+    assert_eq!(last.members, survivors, "not admitted");
+    assert!(last.what.contains("stays out"), "{}", last.what);
+    assert!(survival.healed_identical, "the survivors agree");
+    assert_clean(
+        "the survivors' step after it stayed out",
+        &survival.rejoined_step,
+        survivors.len(),
+    );
+    for (replica, &held) in survival.failures_held.iter().enumerate() {
+        if replica != lost {
+            assert_eq!(held, 0, "replica {replica} holds nothing");
+        }
+    }
+    assert!(survival.passed());
+    assert!(report.passed());
+}
+
+/// The steps before the loss: clean, faulted on one rank, clean again.
+fn assert_steps(report: &DataParallelReport) {
     let ranks = report.ranks;
     assert!(report.loaded, "every rank starts from the same weights");
     assert_clean("step 1", &report.clean, ranks);
@@ -143,8 +201,6 @@ pub fn assert_data_parallel(report: &DataParallelReport) {
         "the next step healed every failure: {:?}",
         report.failures_held
     );
-    assert_survival(report);
-    assert!(report.passed());
 }
 
 /// Then the faulted rank's device is lost (rules 51, 54–57): the step it
@@ -178,6 +234,11 @@ fn assert_survival(report: &DataParallelReport) {
     for (i, step) in survival.shrunk_steps.iter().enumerate() {
         assert_clean(&format!("survivors' step {i}"), step, survivors.len());
     }
+    assert!(
+        survival.stayed_out.is_none(),
+        "taken back: {:?}",
+        survival.stayed_out
+    );
     assert!(
         survival.lost_buffers > 0,
         "the recovered device made its buffers again"
