@@ -50,6 +50,7 @@ fn nvrtc_13_on_a_12_2_driver_is_unsupported_ptx_naming_both_and_the_fix() {
     assert_eq!(unsupported.driver, Some(CudaVersion::new(12, 2)));
     assert_eq!(unsupported.nvrtc, Some(CudaVersion::new(13, 0)));
     let text = error.to_string();
+    println!("{text}");
     for part in [
         "kernel `fill`: the CUDA driver (CUDA 12.2) cannot JIT its PTX (ISA 9.0, written by NVRTC 13.0)",
         "it JITs PTX ISA 8.2 and older (CUDA_ERROR_UNSUPPORTED_PTX_VERSION)",
