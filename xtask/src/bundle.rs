@@ -311,9 +311,7 @@ struct NvrtcSaid {
 /// and print what it says: the version and the PTX ISA version it writes,
 /// measured, not assumed. "unknown" where the probe could not tell.
 fn probe_nvrtc(probe: &Path, lib: &Path) -> NvrtcSaid {
-    let output = Command::new(probe)
-        .env("LD_LIBRARY_PATH", lib)
-        .output();
+    let output = Command::new(probe).env("LD_LIBRARY_PATH", lib).output();
     let text = match &output {
         Ok(out) => String::from_utf8_lossy(&out.stdout).into_owned(),
         Err(e) => format!("(the probe did not run: {e})"),
@@ -322,7 +320,10 @@ fn probe_nvrtc(probe: &Path, lib: &Path) -> NvrtcSaid {
         println!("  probe: {line}");
     }
     // "NVRTC: 12.2 (/…/libnvrtc.so.12), writes PTX ISA 8.2"
-    let line = text.lines().find(|l| l.starts_with("NVRTC: ")).unwrap_or("");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("NVRTC: "))
+        .unwrap_or("");
     let version = line
         .strip_prefix("NVRTC: ")
         .and_then(|rest| rest.split_whitespace().next())

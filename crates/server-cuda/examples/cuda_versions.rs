@@ -54,8 +54,10 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(false) => {
-            let needed = CudaVersion::oldest_for(isa)
-                .map_or_else(|| "a newer one".to_owned(), |v| format!("CUDA {v} or newer"));
+            let needed = CudaVersion::oldest_for(isa).map_or_else(
+                || "a newer one".to_owned(),
+                |v| format!("CUDA {v} or newer"),
+            );
             println!(
                 "PTX ISA {isa}: the driver (CUDA {driver}) cannot JIT it; it needs {needed}, \
                  or an NVRTC no newer than CUDA {driver}"
@@ -82,7 +84,11 @@ fn nvrtc() -> Result<(CudaVersion, PtxIsa, String), String> {
     };
     let ptx = server_cuda::nvrtc_ptx(&probe, "compute_80").map_err(|e| e.to_string())?;
     let isa = PtxIsa::of(&ptx).ok_or("its PTX declares no .version")?;
-    Ok((version, isa, loaded_from().unwrap_or_else(|| "path unknown".to_owned())))
+    Ok((
+        version,
+        isa,
+        loaded_from().unwrap_or_else(|| "path unknown".to_owned()),
+    ))
 }
 
 /// The file NVRTC was loaded from, as the process's memory map names it.

@@ -166,12 +166,10 @@ pub fn cuda_driver_version() -> Result<crate::CudaVersion> {
     // SAFETY: the library is present (above); cuDriverGetVersion may be
     // called before cuInit, and `version` is a valid place for one int.
     let status = unsafe { sys::cuDriverGetVersion(&mut version) };
-    status
-        .result()
-        .map_err(|e| Error::BackendUnavailable {
-            backend: BACKEND,
-            reason: format!("cuDriverGetVersion: {e:?}"),
-        })?;
+    status.result().map_err(|e| Error::BackendUnavailable {
+        backend: BACKEND,
+        reason: format!("cuDriverGetVersion: {e:?}"),
+    })?;
     crate::CudaVersion::from_driver(version).ok_or_else(|| Error::BackendUnavailable {
         backend: BACKEND,
         reason: format!("cuDriverGetVersion answered {version}"),

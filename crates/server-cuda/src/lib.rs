@@ -142,8 +142,8 @@ pub use capture::CudaGraph;
 pub use collective::load_nccl;
 pub use device::{CudaStreamState, CudaWaiter, cuda_driver_version, probe, total_memory};
 pub use launch::{CudaKernel, nvrtc_options, nvrtc_ptx, nvrtc_version};
-pub use ptx::{BUNDLED_NVRTC, CudaVersion, PtxIsa, UnsupportedPtx, driver_jits};
 pub use memory::CudaMemory;
+pub use ptx::{BUNDLED_NVRTC, CudaVersion, PtxIsa, UnsupportedPtx, driver_jits};
 
 use device::{DeviceInfo, StreamShared};
 use memory::Pool;

@@ -126,10 +126,7 @@ impl fmt::Display for PtxIsa {
 /// (the PTX ISA release history; 12.6 introduced no new ISA).
 const PTX_ISA_OF_CUDA: [(CudaVersion, PtxIsa); 20] = {
     const fn e(cuda: (u32, u32), isa: (u32, u32)) -> (CudaVersion, PtxIsa) {
-        (
-            CudaVersion::new(cuda.0, cuda.1),
-            PtxIsa::new(isa.0, isa.1),
-        )
+        (CudaVersion::new(cuda.0, cuda.1), PtxIsa::new(isa.0, isa.1))
     }
     [
         e((11, 0), (7, 0)),
@@ -227,9 +224,10 @@ impl UnsupportedPtx {
 
 impl fmt::Display for UnsupportedPtx {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let isa = self
-            .ptx_isa
-            .map_or_else(|| "of an unknown ISA version".to_owned(), |v| format!("ISA {v}"));
+        let isa = self.ptx_isa.map_or_else(
+            || "of an unknown ISA version".to_owned(),
+            |v| format!("ISA {v}"),
+        );
         let driver = self
             .driver
             .map_or_else(|| "of unknown version".to_owned(), |v| format!("CUDA {v}"));

@@ -196,7 +196,9 @@ fn ptx_newer_than_the_driver_is_unsupported_ptx_naming_the_versions() {
     use server_cuda::{CudaVersion, PtxIsa, UnsupportedPtx};
     let c = client();
     let ptx = |version: &str, name: &str| {
-        format!(".version {version}\n.target sm_90\n.address_size 64\n.scope_mock_entry {name} fill 8 8\n")
+        format!(
+            ".version {version}\n.target sm_90\n.address_size 64\n.scope_mock_entry {name} fill 8 8\n"
+        )
     };
     // SAFETY: never runs: the driver refuses it.
     let newer = unsafe { Kernel::ptx("newer", ptx("9.1", "newer")) }.block([64, 1, 1]);

@@ -33,7 +33,10 @@ fn nvrtc_13_on_a_12_2_driver_is_unsupported_ptx_naming_both_and_the_fix() {
         server_cuda::cuda_driver_version().unwrap(),
         CudaVersion::new(12, 2)
     );
-    assert_eq!(server_cuda::nvrtc_version().unwrap(), CudaVersion::new(13, 0));
+    assert_eq!(
+        server_cuda::nvrtc_version().unwrap(),
+        CudaVersion::new(13, 0)
+    );
     // The device's own architecture, as NVRTC 13.0 knows it.
     assert_eq!(
         c.with_backend(|b| b.nvrtc_arch().map(str::to_owned))

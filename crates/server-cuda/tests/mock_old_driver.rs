@@ -130,8 +130,15 @@ fn a_12_2_driver_runs_what_nvrtc_12_2_writes() {
         server_cuda::cuda_driver_version().unwrap(),
         CudaVersion::new(12, 2)
     );
-    assert_eq!(server_cuda::nvrtc_version().unwrap(), CudaVersion::new(12, 2));
-    assert_eq!(c.with_backend(|b| b.nvrtc_arch().map(str::to_owned)).as_deref(), Some("compute_90"));
+    assert_eq!(
+        server_cuda::nvrtc_version().unwrap(),
+        CudaVersion::new(12, 2)
+    );
+    assert_eq!(
+        c.with_backend(|b| b.nvrtc_arch().map(str::to_owned))
+            .as_deref(),
+        Some("compute_90")
+    );
     let description = c.describe();
     assert!(description.contains("driver CUDA 12.2"), "{description}");
     let ptx = server_cuda::nvrtc_ptx(&kernel("fill", FILL), "compute_90").unwrap();
@@ -162,7 +169,8 @@ fn nvrtc_13_ptx_on_a_12_2_driver_is_unsupported_ptx_with_the_fix() {
     let c = client();
     let entry = ".target sm_90\n.address_size 64\n.scope_mock_entry fill fill 8 8\n";
     // SAFETY: never runs: the driver refuses it.
-    let too_new = unsafe { Kernel::ptx("fill", format!(".version 9.0\n{entry}")) }.block([64, 1, 1]);
+    let too_new =
+        unsafe { Kernel::ptx("fill", format!(".version 9.0\n{entry}")) }.block([64, 1, 1]);
     let error = c.compile(&too_new).unwrap_err();
     let unsupported = error
         .external_root::<UnsupportedPtx>()

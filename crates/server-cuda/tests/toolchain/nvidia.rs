@@ -204,14 +204,18 @@ impl Toolchain {
         let written: std::collections::BTreeSet<String> = results
             .iter()
             .filter_map(|(_, _, r)| r.as_ref().ok())
-            .map(|a| a.isa.map_or_else(|| "none declared".to_owned(), |v| v.to_string()))
+            .map(|a| {
+                a.isa
+                    .map_or_else(|| "none declared".to_owned(), |v| v.to_string())
+            })
             .collect();
         let mut written: Vec<String> = written.into_iter().collect();
         if written.is_empty() {
             written.push("none (every compile was refused)".to_owned());
         }
-        let driver = CudaVersion::oldest_for(self.ptx_isa)
-            .map_or_else(String::new, |v| format!(", which every driver from CUDA {v} on JITs"));
+        let driver = CudaVersion::oldest_for(self.ptx_isa).map_or_else(String::new, |v| {
+            format!(", which every driver from CUDA {v} on JITs")
+        });
         println!(
             "{what}: PTX ISA written: {} (NVRTC {}{driver})",
             written.join(", "),
