@@ -39,12 +39,20 @@
 //!    makes the bundle large — a third of each is symbols. A failure there
 //!    still prints its panic message and source location; only backtrace
 //!    frames lose their names. The server's own tests keep theirs.
-//! 7. **The CUDA bundle carries NVRTC** from NVIDIA's wheel (what
+//! 7. **The CUDA bundle carries NVRTC 12.2** from NVIDIA's wheel (what
 //!    `ci/install-cuda-toolchain.sh` puts in `target/cuda-toolchain`), so
-//!    that `run.sh` needs only the driver: it puts the bundled NVRTC on the
-//!    library path only where the machine has none of its own. NVRTC 13.0
-//!    writes PTX a 13.x driver can JIT; an older driver reports that as a
-//!    compile error naming the PTX version.
+//!    that `run.sh` needs only the driver. A driver JITs PTX of its own
+//!    CUDA release's ISA version and older, never newer; NVRTC 12.2 writes
+//!    PTX ISA 8.2, which every driver from CUDA 12.2 (Linux 535) on JITs,
+//!    12.x and 13.x alike (NVRTC 13.0's ISA 9.0 would need a 13.x driver,
+//!    Linux 580). With it travels a probe (`bin/probe-cuda-versions`, the
+//!    `cuda_versions` example of server-cuda): before any test `run.sh`
+//!    prints the driver's version (`nvidia-smi`, `cuDriverGetVersion`),
+//!    and each candidate NVRTC's version and the PTX ISA version it writes,
+//!    and uses the machine's own NVRTC only where the driver JITs its PTX,
+//!    else the bundle's, first on the library path. Without a driver it
+//!    stops there (exit status 3). A driver that still meets newer PTX
+//!    answers with server-cuda's `UnsupportedPtx`, naming both versions.
 //! 8. **`run.sh` keeps one time budget** (`SCOPE_BUNDLE_SECONDS`, 540 s by
 //!    default) and runs the server's own tests first, then tiny-runtime's,
 //!    scope-cube's and cubecl's, then the bench: a GPU machine available
@@ -78,15 +86,20 @@ const NOT_DEVICE_CHECKS: [&str; 1] = ["toolchain"];
 /// GPU machine without a toolkit, where `run.sh` uses them only if the
 /// machine has no NVRTC of its own.
 const NVRTC_FROM_WHEEL: [&str; 2] = [
-    "target/cuda-toolchain/nvidia/cu13/lib/libnvrtc.so.13",
-    "target/cuda-toolchain/nvidia/cu13/lib/libnvrtc-builtins.so.13.0",
+    "target/cuda-toolchain/nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+    "target/cuda-toolchain/nvidia/cuda_nvrtc/lib/libnvrtc-builtins.so.12.2",
 ];
+
+/// The probe `run.sh` asks which driver and NVRTC a machine has, and
+/// whether the driver JITs that NVRTC's PTX (server-cuda's `cuda_versions`
+/// example), by its name in the bundle.
+const CUDA_PROBE: &str = "probe-cuda-versions";
 
 /// One cargo build whose executables go into the bundle.
 struct Build {
     /// Arguments after `cargo`.
     args: Vec<String>,
-    /// Prefix of the bundled file names: `test` or `bench`.
+    /// Prefix of the bundled file names: `test`, `bench` or `probe`.
     kind: &'static str,
 }
 
@@ -108,7 +121,7 @@ fn builds(backend: &str) -> Vec<Build> {
             .collect(),
         kind: "test",
     };
-    vec![
+    let mut builds = vec![
         // The server's own unit and integration tests.
         test(&["-p", &server]),
         // Single-source kernels compiled by this backend's compiler.
@@ -132,7 +145,27 @@ fn builds(backend: &str) -> Vec<Build> {
                 .collect(),
             kind: "bench",
         },
-    ]
+    ];
+    if backend == "cuda" {
+        // The versions `run.sh` prints before any test, and its choice of
+        // NVRTC.
+        builds.push(Build {
+            args: [
+                "build",
+                "--profile",
+                "device",
+                "-p",
+                "server-cuda",
+                "--example",
+                "cuda_versions",
+            ]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect(),
+            kind: "probe",
+        });
+    }
+    builds
 }
 
 /// `scope-cubecl` on `backend` alone: its runtime-test binary, where the
@@ -210,13 +243,16 @@ fn executables(build: &Build) -> Result<Vec<Unit>> {
         // harness: neither is a check.
         let wanted = match build.kind {
             "bench" => has_kind("bench"),
+            "probe" => has_kind("example"),
             _ => message["profile"]["test"].as_bool() == Some(true),
         };
         if !wanted {
             continue;
         }
         let is_lib = has_kind("lib");
-        let name = if is_lib {
+        let name = if build.kind == "probe" {
+            format!("probe-{}", target.replace('_', "-"))
+        } else if is_lib {
             format!("{}-{package}-unit", build.kind)
         } else {
             format!("{}-{package}-{target}", build.kind)
@@ -261,6 +297,44 @@ fn glibc_needed(binary: &Path) -> Option<String> {
     versions
         .last()
         .map(|v| v.iter().map(u32::to_string).collect::<Vec<_>>().join("."))
+}
+
+/// What the probe said of the bundled NVRTC.
+struct NvrtcSaid {
+    /// `12.2`.
+    version: String,
+    /// `8.2`.
+    ptx_isa: String,
+}
+
+/// Run the bundle's probe on its NVRTC (`lib` first on the loader's path)
+/// and print what it says: the version and the PTX ISA version it writes,
+/// measured, not assumed. "unknown" where the probe could not tell.
+fn probe_nvrtc(probe: &Path, lib: &Path) -> NvrtcSaid {
+    let output = Command::new(probe).env("LD_LIBRARY_PATH", lib).output();
+    let text = match &output {
+        Ok(out) => String::from_utf8_lossy(&out.stdout).into_owned(),
+        Err(e) => format!("(the probe did not run: {e})"),
+    };
+    for line in text.lines() {
+        println!("  probe: {line}");
+    }
+    // "NVRTC: 12.2 (/…/libnvrtc.so.12), writes PTX ISA 8.2"
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("NVRTC: "))
+        .unwrap_or("");
+    let version = line
+        .strip_prefix("NVRTC: ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .filter(|v| v.contains('.'))
+        .unwrap_or("unknown")
+        .to_owned();
+    let ptx_isa = line
+        .rsplit_once("writes PTX ISA ")
+        .map_or("unknown", |(_, isa)| isa.trim())
+        .to_owned();
+    NvrtcSaid { version, ptx_isa }
 }
 
 fn size_mib(path: &Path) -> f64 {
@@ -316,6 +390,9 @@ pub fn bundle(backend: &str, max_mib: Option<f64>) -> Result<bool> {
     }
 
     let mut packed = vec!["bin"];
+    // The bundled NVRTC's version and the PTX ISA it writes, as the probe
+    // measured them here.
+    let mut nvrtc: Option<NvrtcSaid> = None;
     if backend == "cuda" {
         let wheel: Vec<PathBuf> = NVRTC_FROM_WHEEL.iter().map(|p| root.join(p)).collect();
         if wheel.iter().all(|p| p.exists()) {
@@ -325,11 +402,19 @@ pub fn bundle(backend: &str, max_mib: Option<f64>) -> Result<bool> {
                 let to = lib.join(from.file_name().unwrap_or_default());
                 std::fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
                 println!(
-                    "  {:<44} {:>6.1} MiB  (NVRTC, for a machine without one)",
+                    "  {:<44} {:>6.1} MiB  (NVRTC, where the machine's PTX is too new for its driver)",
                     to.file_name().unwrap_or_default().to_string_lossy(),
                     size_mib(&to)
                 );
             }
+            // The server looks NVRTC up as `libnvrtc.so` first: under that
+            // name too, so that the bundle's, first on the path, wins over
+            // any other the machine has.
+            #[cfg(unix)]
+            std::os::unix::fs::symlink("libnvrtc.so.12", lib.join("libnvrtc.so"))
+                .context("linking libnvrtc.so")?;
+            let said = probe_nvrtc(&staging.join(CUDA_PROBE), &lib);
+            nvrtc = Some(said);
             packed.push("lib");
         } else {
             println!(
@@ -366,7 +451,15 @@ pub fn bundle(backend: &str, max_mib: Option<f64>) -> Result<bool> {
                 if dirty { " (uncommitted changes)" } else { "" }
             ),
         )
-        .replace("@GLIBC@", newest_glibc.as_deref().unwrap_or("unknown"));
+        .replace("@GLIBC@", newest_glibc.as_deref().unwrap_or("unknown"))
+        .replace(
+            "@NVRTC@",
+            nvrtc.as_ref().map_or("(none)", |n| n.version.as_str()),
+        )
+        .replace(
+            "@PTX_ISA@",
+            nvrtc.as_ref().map_or("(none)", |n| n.ptx_isa.as_str()),
+        );
     let run_sh = dir.join("run.sh");
     std::fs::write(&run_sh, script)?;
     #[cfg(unix)]
@@ -420,5 +513,36 @@ mod tests {
         // HIP's runtime-test binary stays out of its bundle: the cubek tests
         // only.
         assert!(cubecl_build("hip").ends_with("--features hip,runtime-tests --test cubek"));
+    }
+
+    /// The CUDA bundle builds the version probe (server-cuda's
+    /// `cuda_versions` example) and no other bundle does; `run.sh` runs it,
+    /// and prints the driver's version, before the first test.
+    #[test]
+    fn the_cuda_bundle_prints_driver_and_nvrtc_versions_before_any_test() {
+        let probes = |backend: &str| {
+            builds(backend)
+                .iter()
+                .filter(|b| b.kind == "probe")
+                .map(|b| b.args.join(" "))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            probes("cuda"),
+            ["build --profile device -p server-cuda --example cuda_versions"]
+        );
+        assert!(probes("hip").is_empty());
+        let at = |needle: &str| {
+            RUN_SH
+                .find(needle)
+                .unwrap_or_else(|| panic!("run.sh has no {needle:?}"))
+        };
+        let first_test = at("for t in $ordered");
+        assert!(at(&format!("$work/bin/{CUDA_PROBE}")) < first_test);
+        assert!(at("nvidia-smi: ") < first_test);
+        assert!(at("\"NVRTC: the bundle's @NVRTC@") < first_test);
+        for placeholder in ["@NVRTC@", "@PTX_ISA@", "@BACKEND@", "@GLIBC@"] {
+            at(placeholder);
+        }
     }
 }

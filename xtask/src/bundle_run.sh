@@ -8,7 +8,9 @@
 # bench.log and summary.txt to $OUT (or ./out beside this script).
 # Exit status: 0 when every test binary passed and the bench ran; 1 when
 # one failed; else 2 when the time budget (SCOPE_BUNDLE_SECONDS) left some
-# unrun.
+# unrun; 3 when nothing could run (the bundle would not unpack, the glibc
+# is too old, or, for CUDA, there is no driver — said before any test, with
+# the driver's, NVRTC's and the PTX ISA versions).
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-$here/out}"
@@ -44,20 +46,53 @@ done
 for f in $(find /usr/local/lib /usr/lib /opt -name 'libnvrtc.so*' -o -name 'libhiprtc.so*' 2>/dev/null | head -20); do
   libs="$libs:$(dirname "$f")"
 done
-# NVRTC from NVIDIA's wheel travels in the CUDA bundle (lib/): used only
-# where this machine has none of its own.
-if [ -d "$work/lib" ]; then
+# The CUDA bundle carries NVRTC @NVRTC@ (NVIDIA's wheel, in lib/), whose PTX
+# (ISA @PTX_ISA@) every driver from CUDA @NVRTC@ on JITs. A driver JITs PTX
+# of its own CUDA release's ISA and older, never newer, so this machine's
+# own NVRTC is used only where the probe (bin/probe-cuda-versions: the
+# server's own NVRTC call, and cuDriverGetVersion) says the driver JITs what
+# it writes; otherwise the bundle's, first on the path (it holds the
+# libnvrtc.so name the server looks up first, so no other NVRTC is found
+# before it). The versions are printed before any test.
+first=""
+if [ "@BACKEND@" = cuda ]; then
+  probe="$work/bin/probe-cuda-versions"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    say "nvidia-smi: $(nvidia-smi 2>/dev/null | grep -oE 'Driver Version: [0-9.]+ +CUDA Version: [0-9.]+' | head -1 | tr -s ' ')"
+  else
+    say "nvidia-smi: none on this machine"
+  fi
   own=""
   ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so' && own=yes
   for d in ${libs//:/ }; do
     ls "$d"/libnvrtc.so* >/dev/null 2>&1 && own=yes
   done
+  verdict=3
   if [ -n "$own" ]; then
-    say "NVRTC: this machine's"
-  else
-    libs="$libs:$work/lib"
-    say "NVRTC: the bundle's (NVIDIA's wheel; none on this machine)"
+    LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}$libs" "$probe" >"$work/probe.txt" 2>&1
+    verdict=$?
+    sed 's/^/  this machine: /' "$work/probe.txt" | tee -a "$summary"
   fi
+  if [ "$verdict" -eq 0 ] || [ "$verdict" -eq 4 ]; then
+    say "NVRTC: this machine's (its PTX the driver JITs)"
+  elif [ -d "$work/lib" ]; then
+    first="$work/lib:"
+    LD_LIBRARY_PATH="$first${LD_LIBRARY_PATH:-}$libs" "$probe" >"$work/probe.txt" 2>&1
+    verdict=$?
+    sed 's/^/  the bundle: /' "$work/probe.txt" | tee -a "$summary"
+    if [ -n "$own" ]; then
+      say "NVRTC: the bundle's @NVRTC@ (the driver cannot JIT this machine's NVRTC's PTX)"
+    else
+      say "NVRTC: the bundle's @NVRTC@ (none on this machine)"
+    fi
+  else
+    say "NVRTC: none usable, and the bundle carries none (ci/install-cuda-toolchain.sh was not run where it was built)"
+  fi
+  case "$verdict" in
+    0) ;;
+    2) say "no CUDA driver on this machine: nothing to check"; rm -rf "$work"; exit 3 ;;
+    *) say "the driver cannot load what NVRTC writes: every CUDA C++ kernel would fail (see above)" ;;
+  esac
 fi
 # The collectives' library (NCCL for CUDA, RCCL for HIP) is too large to
 # travel in the bundle (NCCL is 250 MB). Where this machine has it, its
@@ -80,7 +115,7 @@ if [ -n "$collectives" ]; then
     say "$collectives: none on this machine (its tests skip)"
   fi
 fi
-export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}$libs"
+export LD_LIBRARY_PATH="$first${LD_LIBRARY_PATH:-}$libs"
 
 {
   echo "== machine"

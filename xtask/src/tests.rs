@@ -650,6 +650,7 @@ fn run_group(
         let what = run::show(&cmd);
         let captured = out.capture(cmd)?;
         counts.add(&what, captured.success, &captured.lines, true);
+        note_ptx_isa(&mut counts, &captured.lines);
     } else {
         // No nextest, or a build that failed elsewhere (nextest would
         // need all of it): the row's binaries, as `cargo test` runs them,
@@ -676,9 +677,50 @@ fn run_group(
             let what = run::show(&cmd);
             let captured = out.capture(cmd)?;
             counts.add(&what, captured.success, &captured.lines, false);
+            note_ptx_isa(&mut counts, &captured.lines);
         }
     }
     Ok(counts)
+}
+
+/// The PTX ISA versions a toolchain row's NVRTC wrote, as its groups print
+/// them (`…: PTX ISA written: 8.2 (NVRTC 12.2, …)`), for the row's note:
+/// which drivers can load what it compiled. Where the row has a note of
+/// its own already, that stays.
+fn note_ptx_isa(counts: &mut Counts, lines: &[String]) {
+    if let Some(isa) = ptx_isa_written(lines)
+        && counts.note.is_empty()
+    {
+        counts.note = isa;
+    }
+}
+
+/// `PTX ISA written: 8.2 (NVRTC 12.2, …)` from the first line of `lines`
+/// that says it, and every distinct ISA any line names.
+fn ptx_isa_written(lines: &[String]) -> Option<String> {
+    const SAID: &str = "PTX ISA written: ";
+    let mut first: Option<&str> = None;
+    let mut isas: Vec<&str> = Vec::new();
+    for line in lines {
+        let Some(at) = line.find(SAID) else {
+            continue;
+        };
+        let rest = &line[at + SAID.len()..];
+        if rest.starts_with("none") {
+            // A group whose every compile was refused (on purpose, in the
+            // test of the check itself) wrote nothing.
+            continue;
+        }
+        first.get_or_insert(rest);
+        for isa in rest.split(" (").next().unwrap_or("").split(", ") {
+            if !isa.is_empty() && !isas.contains(&isa) {
+                isas.push(isa);
+            }
+        }
+    }
+    let first = first?;
+    let why = first.split_once(" (").map_or("", |(_, why)| why);
+    Some(format!("PTX ISA written: {} ({why}", isas.join(", ")))
 }
 
 /// Doc tests, which neither nextest nor the test binaries run.
@@ -730,6 +772,31 @@ pub fn summary(rows: &[Counts], built: &Built, out: &mut Output) -> (String, boo
 #[cfg(test)]
 mod checks {
     use super::*;
+
+    #[test]
+    fn the_toolchain_rows_note_is_the_ptx_isa_its_nvrtc_wrote() {
+        let lines: Vec<String> = [
+            "the check: PTX ISA written: none (every compile was refused) (NVRTC 12.2, which every driver from CUDA 12.2 on JITs)",
+            "    ok  #[cube] kernels: PTX ISA written: 8.2 (NVRTC 12.2, which every driver from CUDA 12.2 on JITs)",
+            "cubecl: PTX ISA written: 8.2 (NVRTC 12.2, which every driver from CUDA 12.2 on JITs)",
+            "test cube_kernels ... ok",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        assert_eq!(
+            ptx_isa_written(&lines).as_deref(),
+            Some("PTX ISA written: 8.2 (NVRTC 12.2, which every driver from CUDA 12.2 on JITs)")
+        );
+        let mixed = vec![
+            "a: PTX ISA written: 8.2 (NVRTC 12.2, x)".to_owned(),
+            "b: PTX ISA written: 8.2, 9.0 (NVRTC 12.2, x)".to_owned(),
+        ];
+        assert_eq!(
+            ptx_isa_written(&mixed).as_deref(),
+            Some("PTX ISA written: 8.2, 9.0 (NVRTC 12.2, x)")
+        );
+        assert_eq!(ptx_isa_written(&lines[3..]), None);
+    }
 
     #[test]
     fn a_backend_row_runs_its_server_and_only_its_runtime_tests() {

@@ -144,6 +144,38 @@ pub(crate) fn launch_geometry(ctx: &CudaContext) -> LaunchGeometry {
     }
 }
 
+/// The CUDA version of the driver here (`cuDriverGetVersion`), asked
+/// without initialising it, so that it answers on a machine whose driver
+/// finds no device too: what decides which PTX it JITs
+/// ([`CudaVersion::ptx_isa`](crate::CudaVersion::ptx_isa)).
+///
+/// # Errors
+///
+/// [`Error::BackendUnavailable`] when the driver library cannot be loaded
+/// here or does not answer.
+pub fn cuda_driver_version() -> Result<crate::CudaVersion> {
+    // SAFETY: `is_culib_present` only tries to open each candidate library
+    // name and drops it; it calls no symbol.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::BackendUnavailable {
+            backend: BACKEND,
+            reason: "the CUDA driver library (libcuda) was not found here".to_owned(),
+        });
+    }
+    let mut version = 0;
+    // SAFETY: the library is present (above); cuDriverGetVersion may be
+    // called before cuInit, and `version` is a valid place for one int.
+    let status = unsafe { sys::cuDriverGetVersion(&mut version) };
+    status.result().map_err(|e| Error::BackendUnavailable {
+        backend: BACKEND,
+        reason: format!("cuDriverGetVersion: {e:?}"),
+    })?;
+    crate::CudaVersion::from_driver(version).ok_or_else(|| Error::BackendUnavailable {
+        backend: BACKEND,
+        reason: format!("cuDriverGetVersion answered {version}"),
+    })
+}
+
 /// The driver's CUDA version, `(major, minor)`.
 pub(crate) fn driver_version() -> Result<(i32, i32)> {
     let mut version = 0;

@@ -6,7 +6,10 @@
 //! compiler still gets PTX it can JIT. PTX (ours or the caller's) is loaded
 //! with `cuModuleLoadDataEx`, asking for the JIT's error log. A source
 //! NVRTC rejects is [`Error::Compile`] with NVRTC's log; a PTX the JIT
-//! rejects is [`Error::Compile`] with the JIT's. The entry point is looked up
+//! rejects is [`Error::Compile`] with the JIT's, except a PTX of a newer ISA
+//! version than the driver JITs (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`):
+//! that is [`UnsupportedPtx`](crate::UnsupportedPtx), naming the driver's
+//! version, the PTX's, the NVRTC that wrote it and the fix. The entry point is looked up
 //! by name, so it must be `extern "C"`. The core caches compiled kernels by
 //! [`Kernel::id`], so each source is compiled once per server.
 //!
@@ -191,6 +194,39 @@ pub(crate) fn pick_arch(capability: (i32, i32), supported: &[i32]) -> i32 {
         .unwrap_or(device)
 }
 
+/// The version of the NVRTC the server compiles with (`nvrtcVersion`):
+/// the PTX it writes is of that release's ISA
+/// ([`CudaVersion::ptx_isa`](crate::CudaVersion::ptx_isa)), which only a
+/// driver of that CUDA version or newer JITs.
+///
+/// # Errors
+///
+/// [`Error::BackendUnavailable`] when NVRTC cannot be loaded here or does
+/// not answer.
+pub fn nvrtc_version() -> Result<crate::CudaVersion> {
+    if !crate::device::nvrtc_present() {
+        return Err(Error::BackendUnavailable {
+            backend: BACKEND,
+            reason: "NVRTC (libnvrtc) was not found here".to_owned(),
+        });
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC is loaded (checked above); two ints for it to write.
+    unsafe { nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| Error::BackendUnavailable {
+            backend: BACKEND,
+            reason: format!("nvrtcVersion: {e}"),
+        })?;
+    match (u32::try_from(major), u32::try_from(minor)) {
+        (Ok(major), Ok(minor)) => Ok(crate::CudaVersion::new(major, minor)),
+        _ => Err(Error::BackendUnavailable {
+            backend: BACKEND,
+            reason: format!("nvrtcVersion answered {major}.{minor}"),
+        }),
+    }
+}
+
 /// NVRTC program, destroyed on drop.
 struct Program(nvrtc::sys::nvrtcProgram);
 
@@ -277,7 +313,7 @@ fn nvrtc_compile(kernel: &Kernel, source: &str, arch: &str) -> Result<Vec<u8>> {
 
 impl Cuda {
     pub(crate) fn compile_kernel(&mut self, kernel: &Kernel) -> Result<CudaKernel> {
-        let image: Vec<u8> = match kernel.source() {
+        let (image, from_nvrtc): (Vec<u8>, bool) = match kernel.source() {
             KernelSource::Cuda(source) => {
                 let Some(arch) = &self.nvrtc_arch else {
                     return Err(compile_error(
@@ -285,11 +321,14 @@ impl Cuda {
                         "NVRTC (libnvrtc) was not found here; only PTX kernels can be loaded",
                     ));
                 };
-                nvrtc_compile(kernel, source, arch)?
+                (nvrtc_compile(kernel, source, arch)?, true)
             }
-            KernelSource::Ptx(ptx) => CString::new(ptx.as_bytes())
-                .map_err(|_| compile_error(kernel, "the PTX contains a NUL byte"))?
-                .into_bytes_with_nul(),
+            KernelSource::Ptx(ptx) => (
+                CString::new(ptx.as_bytes())
+                    .map_err(|_| compile_error(kernel, "the PTX contains a NUL byte"))?
+                    .into_bytes_with_nul(),
+                false,
+            ),
             other => {
                 return Err(compile_error(
                     kernel,
@@ -305,7 +344,7 @@ impl Cuda {
             ));
         }
         self.bind()?;
-        let module = Arc::new(self.load_module(kernel, &image)?);
+        let module = Arc::new(self.load_module(kernel, &image, from_nvrtc)?);
         let entry = CString::new(kernel.entry_point())
             .map_err(|_| compile_error(kernel, "the entry point contains a NUL byte"))?;
         let mut function: sys::CUfunction = std::ptr::null_mut();
@@ -338,7 +377,10 @@ impl Cuda {
         })
     }
 
-    fn load_module(&self, kernel: &Kernel, image: &[u8]) -> Result<Module> {
+    /// Load `image` (NUL-terminated PTX; written by NVRTC when
+    /// `from_nvrtc`) as a module, with the JIT's log on failure, and a PTX
+    /// too new for the driver as [`UnsupportedPtx`](crate::UnsupportedPtx).
+    fn load_module(&self, kernel: &Kernel, image: &[u8], from_nvrtc: bool) -> Result<Module> {
         let mut log = vec![0 as c_char; 16 * 1024];
         let mut options = [
             sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
@@ -364,6 +406,22 @@ impl Cuda {
                 raw,
                 ctx: self.ctx.clone(),
             }),
+            Err(e) if e.0 == CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION => {
+                // The PTX is newer than the driver: name both versions and
+                // the fix rather than the bare code.
+                let text = std::str::from_utf8(image.strip_suffix(&[0]).unwrap_or(image));
+                Err(Error::external(crate::UnsupportedPtx {
+                    kernel: kernel.name().clone(),
+                    ptx_isa: text.ok().and_then(crate::PtxIsa::of),
+                    driver: crate::device::cuda_driver_version().ok(),
+                    nvrtc: if from_nvrtc {
+                        nvrtc_version().ok()
+                    } else {
+                        None
+                    },
+                    log: c_chars(&log).trim_end().to_owned(),
+                }))
+            }
             Err(e) => match classify(
                 e.0,
                 Doing::Load {
@@ -524,6 +582,12 @@ mod tests {
 
     #[test]
     fn the_arch_is_the_newest_the_compiler_knows_not_newer_than_the_device() {
+        // NVRTC 12.2 (the bundle's) knows nothing past sm_90: a newer
+        // device gets compute_90, which its driver JITs.
+        let nvrtc_12_2 = [50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90];
+        assert_eq!(pick_arch((8, 0), &nvrtc_12_2), 80);
+        assert_eq!(pick_arch((9, 0), &nvrtc_12_2), 90);
+        assert_eq!(pick_arch((10, 0), &nvrtc_12_2), 90);
         let nvrtc_13 = [75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121];
         assert_eq!(pick_arch((9, 0), &nvrtc_13), 90);
         assert_eq!(pick_arch((8, 9), &nvrtc_13), 89);

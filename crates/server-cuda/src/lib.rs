@@ -60,6 +60,14 @@
 //!   `cuFuncGetParamInfo` (12.4), which is looked up before it is used, so
 //!   the 13.0 bindings do not raise the driver requirement: a 12.x driver
 //!   runs this crate (with a 12.x NVRTC whose PTX it can JIT).
+//! - What decides which driver runs the kernels is NVRTC's release, not the
+//!   bindings: a driver JITs PTX of its own CUDA release's ISA version and
+//!   older, never newer, and NVRTC writes its release's ISA
+//!   ([`CudaVersion::ptx_isa`]). NVRTC 12.2 ([`BUNDLED_NVRTC`], what the
+//!   CUDA bundle carries) writes ISA 8.2, which every driver from 12.2
+//!   (Linux 535) on JITs; a module the driver refuses for its PTX version
+//!   is [`UnsupportedPtx`], naming the driver's version ([`cuda_driver_version`]),
+//!   the PTX's, NVRTC's ([`nvrtc_version`]) and the fix.
 //! - Newer features (`cuda-13010`+) change struct layouts this crate fills
 //!   in (`CUmemPoolProps`) and would buy nothing it uses.
 //!
@@ -85,8 +93,12 @@
 //! uncorrectable ECC error reset with `cuDevicePrimaryCtxReset`, the reset
 //! refused while another client holds the device, an illegal address
 //! refused with `RestartRequired`; the conformance suite's recovery
-//! behaviours, whose injected losses reopen without a reset); built as an older driver (no memory pools, no
-//! `cuFuncGetParamInfo`), the plain-allocation and padded-scalar paths; and
+//! behaviours, whose injected losses reopen without a reset); PTX newer
+//! than the driver refused as [`UnsupportedPtx`]; built as an older driver
+//! (CUDA 12.2, no memory pools, no `cuFuncGetParamInfo`, beside NVRTC
+//! 12.2), the plain-allocation and padded-scalar paths and NVRTC 13.0's PTX
+//! refused by name; a 12.2 driver under NVRTC 13.0
+//! (`mock_nvrtc_newer_than_driver.rs`); and
 //! driver failures planted one call at a time (a launch out of resources, a
 //! module load, pinned staging or graph instantiation out of memory, a
 //! stream or event that cannot be created). The mock also refuses the calls real CUDA
@@ -113,9 +125,10 @@
 //! tiny-runtime's, scope-cube's translations, and the CUDA C++ cubecl-cpp
 //! writes for cubecl-core's runtime tests and cubek on `ScopeRuntime<Cuda>`
 //! — through [`nvrtc_ptx`] (the server's own NVRTC call) on NVIDIA's NVRTC
-//! 13.0 for `compute_80` and `compute_90`, and assembles each PTX with
-//! NVIDIA's `ptxas` for `sm_80` and `sm_90`, the checks the driver's JIT
-//! makes when the module loads. `ci/install-cuda-toolchain.sh` installs
+//! 12.2 for `compute_80` and `compute_90`, and assembles each PTX with
+//! the `ptxas` of the same release for `sm_80` and `sm_90`, the checks the
+//! driver's JIT makes when the module loads; it reports the PTX ISA version
+//! written (8.2). `ci/install-cuda-toolchain.sh` installs
 //! both from PyPI; without them the test is skipped. It proves the kernels
 //! compile and assemble, not that they compute the right thing.
 
@@ -126,6 +139,7 @@ mod device;
 pub mod error;
 mod launch;
 mod memory;
+mod ptx;
 mod reopen;
 
 use std::sync::Arc;
@@ -137,9 +151,10 @@ use scope_native::ParamTable;
 
 pub use capture::CudaGraph;
 pub use collective::load_nccl;
-pub use device::{CudaStreamState, CudaWaiter, probe, total_memory};
-pub use launch::{CudaKernel, nvrtc_options, nvrtc_ptx};
+pub use device::{CudaStreamState, CudaWaiter, cuda_driver_version, probe, total_memory};
+pub use launch::{CudaKernel, nvrtc_options, nvrtc_ptx, nvrtc_version};
 pub use memory::CudaMemory;
+pub use ptx::{BUNDLED_NVRTC, CudaVersion, PtxIsa, UnsupportedPtx, driver_jits};
 pub use reopen::{PROCESS_FATAL, ends_the_process};
 
 use device::{DeviceInfo, StreamShared};

@@ -193,6 +193,74 @@ fn ptx_loads_and_a_rejected_ptx_carries_the_jit_log() {
     mock().assert_clean();
 }
 
+/// PTX of a newer ISA than the driver JITs (9.1 on this CUDA 13.0 driver)
+/// is refused by the JIT with `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`, and the
+/// server answers with [`UnsupportedPtx`](server_cuda::UnsupportedPtx):
+/// the driver's version, the PTX's, the fix, and the JIT's log; typed
+/// through the compile and the launch alike. Nothing is poisoned: PTX the
+/// driver takes runs next.
+#[test]
+fn ptx_newer_than_the_driver_is_unsupported_ptx_naming_the_versions() {
+    use server_cuda::{CudaVersion, PtxIsa, UnsupportedPtx};
+    let c = client();
+    let ptx = |version: &str, name: &str| {
+        format!(
+            ".version {version}\n.target sm_90\n.address_size 64\n.scope_mock_entry {name} fill 8 8\n"
+        )
+    };
+    // SAFETY: never runs: the driver refuses it.
+    let newer = unsafe { Kernel::ptx("newer", ptx("9.1", "newer")) }.block([64, 1, 1]);
+    let error = c.compile(&newer).unwrap_err();
+    let unsupported = error
+        .external_root::<UnsupportedPtx>()
+        .unwrap_or_else(|| panic!("expected UnsupportedPtx, got {error:?}"));
+    assert_eq!(&*unsupported.kernel, "newer");
+    assert_eq!(unsupported.ptx_isa, Some(PtxIsa::new(9, 1)));
+    assert_eq!(unsupported.driver, Some(CudaVersion::new(13, 0)));
+    assert_eq!(unsupported.nvrtc, None, "the caller gave this PTX");
+    assert_eq!(unsupported.driver_isa(), Some(PtxIsa::new(9, 0)));
+    let text = error.to_string();
+    for part in [
+        "the CUDA driver (CUDA 13.0) cannot JIT its PTX (ISA 9.1, given as PTX)",
+        "it JITs PTX ISA 9.0 and older",
+        "a driver for CUDA 13.1 or newer",
+        "`.version 9.0` or older",
+        "Unsupported .version 9.1; current version is '9.0'",
+    ] {
+        assert!(text.contains(part), "{part:?} missing from:\n{text}");
+    }
+    let out = c.allocate(256).unwrap();
+    let launched = c.launch(
+        &newer,
+        &[Binding::write(&out)],
+        &bytes(&[64, 7]),
+        Dispatch::linear(1),
+    );
+    let launch_error = launched.unwrap_err();
+    assert!(
+        launch_error.external_root::<UnsupportedPtx>().is_some(),
+        "{launch_error:?}"
+    );
+    // The output carries it, still typed, to whoever reads it.
+    let report = c.read(&out).unwrap_err();
+    assert!(
+        report.external_root::<UnsupportedPtx>().is_some(),
+        "{report}"
+    );
+    // SAFETY: the mock's `fill` entry writing `n` words of its one binding;
+    // the launch passes the binding's length.
+    let taken = unsafe { Kernel::ptx("taken", ptx("9.0", "taken")) }.block([64, 1, 1]);
+    c.launch(
+        &taken,
+        &[Binding::write(&out)],
+        &bytes(&[64, 7]),
+        Dispatch::linear(1),
+    )
+    .unwrap();
+    assert_eq!(words(&c.read(&out).unwrap()), vec![7; 64]);
+    mock().assert_clean();
+}
+
 /// A real out-of-memory from the driver is not sticky: the device keeps
 /// working. Memory cached by the pool is what the core's trim-and-retry
 /// gives back: an allocation that fits only once the cache is released

@@ -14,10 +14,16 @@
 //!
 //! The compilers come from the folder `SCOPE_CUDA_TOOLCHAIN` names
 //! (relative to the workspace root), which `ci/install-cuda-toolchain.sh`
-//! fills from NVIDIA's PyPI wheels (NVRTC and ptxas 13.0); a CUDA toolkit's
-//! folder works too. Without it each test prints `skipped: no cuda
-//! toolchain (...)`; with `SCOPE_REQUIRE` naming `cuda-toolchain` (or
-//! `all`) that is a failure.
+//! fills from NVIDIA's PyPI wheels (NVRTC and ptxas 12.2, the NVRTC the
+//! CUDA bundle carries); a CUDA 12.x or 13.x toolkit's folder works too.
+//! Without it each test prints `skipped: no cuda toolchain (...)`; with
+//! `SCOPE_REQUIRE` naming `cuda-toolchain` (or `all`) that is a failure.
+//!
+//! Each group prints the PTX ISA version NVRTC wrote (`.version` of every
+//! PTX, 8.2 for NVRTC 12.2): what a driver must JIT to load the kernels,
+//! so which drivers the bundle runs on. A kernel that needs a newer NVRTC
+//! than the folder's fails its group, named, with NVRTC's log saying what
+//! it did not know.
 //!
 //! The kernels, a test per group, each printing how many distinct kernels
 //! it compiled and assembled per architecture:

@@ -77,7 +77,9 @@ pub fn mock() -> &'static Mock {
     &MOCK.get_or_init(|| load(&[])).0
 }
 
-/// The mocks, the driver built with `defines` (`SCOPE_MOCK_OLD_DRIVER`).
+/// The mocks, the driver and NVRTC built with `defines`
+/// (`SCOPE_MOCK_OLD_DRIVER`, `SCOPE_MOCK_DRIVER_VERSION=12020`,
+/// `SCOPE_MOCK_NVRTC_VERSION=122`).
 /// One variant per process: the first call builds and loads it, and cudarc
 /// binds to whatever was loaded first, so a binary uses one variant only.
 pub fn mock_built_with(defines: &'static [&'static str]) -> &'static Mock {
@@ -91,7 +93,9 @@ pub fn mock_built_with(defines: &'static [&'static str]) -> &'static Mock {
 
 fn load(defines: &'static [&'static str]) -> (Mock, &'static [&'static str]) {
     let cuda = load_forever(&build("mock_cuda.c", "libcuda.so", defines));
-    let nvrtc = load_forever(&build("mock_nvrtc.c", "libnvrtc.so", &[]));
+    // The driver's defines reach the mock NVRTC too: it reads
+    // `SCOPE_MOCK_NVRTC_VERSION` and ignores the driver's.
+    let nvrtc = load_forever(&build("mock_nvrtc.c", "libnvrtc.so", defines));
     let nccl = load_forever(&build("mock_nccl.c", "libnccl.so", &[]));
     // What cudarc will do: open the first candidate name. It must get
     // the mock, not a real driver elsewhere on the machine.

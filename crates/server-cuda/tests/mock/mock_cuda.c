@@ -78,16 +78,23 @@
  *
  * Not errors, but what CUDA does: an allocation past what is free is
  * CUDA_ERROR_OUT_OF_MEMORY and leaves nothing behind; garbage PTX is
- * CUDA_ERROR_INVALID_PTX with a log in CU_JIT_ERROR_LOG_BUFFER.
+ * CUDA_ERROR_INVALID_PTX with a log in CU_JIT_ERROR_LOG_BUFFER, and PTX
+ * whose `.version` is newer than the driver's CUDA version JITs is
+ * CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222), with ptxas's words in the log.
  *
  * Counted, not refused: cuGraphExecDestroy of a graph whose last replay
  * the host has not waited for. Real CUDA allows it (the exec is freed when
  * the replay completes), but the failure model has the server wait first
  * (rule 35), so a test can ask whether it did.
  *
+ * cuDriverGetVersion reports CUDA 13.0, or SCOPE_MOCK_DRIVER_VERSION
+ * where the build defines it (12020 for 12.2).
+ *
  * Built with -DSCOPE_MOCK_OLD_DRIVER it is an older or virtualised driver:
- * no memory pools (the attribute reads 0 and cuMemPoolCreate is refused)
- * and no cuFuncGetParamInfo (the symbol is absent, as before CUDA 12.4).
+ * CUDA 12.2 (a 535 driver, unless SCOPE_MOCK_DRIVER_VERSION says
+ * otherwise), no memory pools (the attribute reads 0 and cuMemPoolCreate
+ * is refused) and no cuFuncGetParamInfo (the symbol is absent, as before
+ * CUDA 12.4).
  *
  * Test hooks (not CUDA): scope_mock_fail_next (the next call of the named
  * entry point returns the given code: a driver failure where the mock
@@ -115,7 +122,7 @@ typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 enum {
   OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_NOT_INITIALIZED = 3, E_INVALID_DEVICE = 101,
-  E_INVALID_CONTEXT = 201, E_INVALID_PTX = 218, E_INVALID_HANDLE = 400, E_ILLEGAL_STATE = 401,
+  E_INVALID_CONTEXT = 201, E_INVALID_PTX = 218, E_UNSUPPORTED_PTX_VERSION = 222, E_INVALID_HANDLE = 400, E_ILLEGAL_STATE = 401,
   E_NOT_FOUND = 500, E_NOT_READY = 600, E_ILLEGAL_ADDRESS = 700, E_NOT_PERMITTED = 800,
   E_CAPTURE_UNSUPPORTED = 900, E_CAPTURE_INVALIDATED = 901, E_CAPTURE_ISOLATION = 905,
   E_CAPTURED_EVENT = 907
@@ -136,6 +143,16 @@ enum { JIT_ERROR_LOG_BUFFER = 5, JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6 };
 #define DEVICES 4
 #define CONTEXT_HOLDS ((size_t)64 << 20)
 #define DEVICE_CC 90
+/* The CUDA version cuDriverGetVersion reports (1000 * major + 10 * minor):
+ * 13.0, or 12.2 (a 535 driver) for the old driver, unless the build names
+ * one. Its JIT refuses PTX of a newer ISA than the version has. */
+#ifndef SCOPE_MOCK_DRIVER_VERSION
+#ifdef SCOPE_MOCK_OLD_DRIVER
+#define SCOPE_MOCK_DRIVER_VERSION 12020
+#else
+#define SCOPE_MOCK_DRIVER_VERSION 13000
+#endif
+#endif
 #define DEVICE_NAME "Mock sm_90 GPU (scope test double)"
 /* An H100/H200's launch limits, as cuDeviceGetAttribute reports them; the
  * same numbers bound what cuLaunchKernel accepts. */
@@ -545,7 +562,7 @@ CUresult cuInit(unsigned flags) {
   initialized = 1;
   return OK;
 }
-CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
+CUresult cuDriverGetVersion(int *v) { *v = SCOPE_MOCK_DRIVER_VERSION; return OK; }
 CUresult cuDeviceGetCount(int *n) { LOCKED; if (!initialized) return E_NOT_INITIALIZED; *n = DEVICES; return OK; }
 CUresult cuDeviceGet(int *d, int ordinal) {
   LOCKED;
@@ -650,6 +667,7 @@ static const char *error_string(CUresult e) {
     case E_INVALID_DEVICE: return "invalid device ordinal";
     case E_INVALID_CONTEXT: return "invalid device context";
     case E_INVALID_PTX: return "a PTX JIT compilation failed";
+    case E_UNSUPPORTED_PTX_VERSION: return "the provided PTX was compiled with an unsupported toolchain.";
     case E_INVALID_HANDLE: return "invalid resource handle";
     case E_ILLEGAL_STATE: return "the operation cannot be performed in the present state";
     case E_NOT_FOUND: return "named symbol not found";
@@ -1220,6 +1238,17 @@ static void jit_log(char *log, size_t size, const char *text) {
   snprintf(log, size, "%s", text);
 }
 
+/* The newest PTX ISA (10 * major + minor) a driver of CUDA `version`
+ * JITs: the ISA that CUDA release introduced (the PTX ISA release
+ * history: 12.0 to 12.5 bring 8.0 to 8.5, 12.6 none, 12.7 8.6, 12.8 8.7,
+ * 12.9 8.8, 13.0 9.0). */
+static int newest_ptx_isa(int version) {
+  int major = version / 1000, minor = (version % 1000) / 10;
+  if (major >= 13) return 90 + minor;
+  if (major == 12) return minor <= 5 ? 80 + minor : minor == 6 ? 85 : 79 + minor;
+  return 70 + minor;
+}
+
 /* Parse the mock NVRTC's PTX: header directives, then one `.scope_mock_entry NAME KIND SIZE...` per kernel. */
 static CUresult load(module *m, const char *image, char *log, size_t log_size) {
   char text[512];
@@ -1236,7 +1265,19 @@ static CUresult load(module *m, const char *image, char *log, size_t log_size) {
     at = end ? end + 1 : at + len;
     char *t = buf;
     while (*t == ' ' || *t == '\t' || *t == '\r') t++;
-    if (!*t || !strncmp(t, "//", 2) || !strncmp(t, ".version ", 9) || !strncmp(t, ".address_size ", 14)) continue;
+    if (!*t || !strncmp(t, "//", 2) || !strncmp(t, ".address_size ", 14)) continue;
+    int isa_major, isa_minor;
+    if (sscanf(t, ".version %d.%d", &isa_major, &isa_minor) == 2) {
+      int newest = newest_ptx_isa(SCOPE_MOCK_DRIVER_VERSION);
+      if (isa_major * 10 + isa_minor > newest) {
+        /* ptxas's words, as the real JIT puts them in the log. */
+        snprintf(text, sizeof text, "ptxas application ptx input, line %d; fatal   : Unsupported .version %d.%d; "
+                 "current version is '%d.%d'", line, isa_major, isa_minor, newest / 10, newest % 10);
+        jit_log(log, log_size, text);
+        return E_UNSUPPORTED_PTX_VERSION;
+      }
+      continue;
+    }
     if (sscanf(t, ".target sm_%d", &target) == 1) {
       if (target > DEVICE_CC) {
         snprintf(text, sizeof text, "ptxas application ptx input, line %d; fatal   : SM version specified by "

@@ -1,15 +1,18 @@
 //! NVIDIA's compilers from a folder: NVRTC loaded into this process for
 //! the server to compile with, `ptxas` run on what it makes.
 //!
-//! cudarc opens NVRTC by *name* (`libnvrtc.so`, …, `libnvrtc.so.13`), and
-//! glibc's `dlopen` of a bare name first looks among the libraries already
-//! loaded, by their `DT_SONAME`. So the folder's `libnvrtc.so.13` (soname
-//! `libnvrtc.so.13`) is opened here by path and never closed, and cudarc's
-//! own lookup then binds to it — the server's compile path
-//! ([`server_cuda::nvrtc_ptx`]) runs on the real NVRTC. NVRTC opens its
-//! builtins (`libnvrtc-builtins.so.13.0`) by name too, so they are opened
-//! first, the same way. [`Toolchain::find`] checks that the NVRTC the server
-//! uses is the folder's, not one installed elsewhere on the machine.
+//! cudarc opens NVRTC by *name* (`libnvrtc.so`, …, `libnvrtc.so.13`,
+//! `libnvrtc.so.12`), and glibc's `dlopen` of a bare name first looks among
+//! the libraries already loaded, by their `DT_SONAME`. So the folder's
+//! `libnvrtc.so.12` (or `.so.13`; the soname is the file's name) is opened
+//! here by path and never closed, and cudarc's own lookup then binds to it
+//! — the server's compile path ([`server_cuda::nvrtc_ptx`]) runs on the
+//! real NVRTC. NVRTC opens its builtins (`libnvrtc-builtins.so.12.2`) by
+//! name too, so they are opened first, the same way. [`Toolchain::find`]
+//! checks that the NVRTC the server uses is the folder's, not one installed
+//! elsewhere on the machine, that its ptxas is of the same release, and
+//! that the PTX ISA version it writes is the one the server's table
+//! ([`server_cuda::CudaVersion::ptx_isa`]) gives its release.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -19,6 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use libloading::Library;
 use scope_core::{Error, Kernel};
+use server_cuda::{CudaVersion, PtxIsa};
 
 /// The architectures every kernel is compiled and assembled for: the
 /// oldest and newest data-centre GPUs the server is meant for (A100, H100).
@@ -36,11 +40,15 @@ static JOBS: AtomicUsize = AtomicUsize::new(0);
 pub struct Toolchain {
     /// The folder `SCOPE_CUDA_TOOLCHAIN` named.
     pub dir: PathBuf,
-    /// `libnvrtc.so.13`, loaded.
+    /// `libnvrtc.so.12` (or `.so.13`), loaded.
     pub nvrtc: PathBuf,
     /// `ptxas`.
     pub ptxas: PathBuf,
-    /// "NVRTC 13.0" and ptxas's version line.
+    /// NVRTC's release (`nvrtcVersion`).
+    pub nvrtc_version: CudaVersion,
+    /// The PTX ISA version NVRTC writes (`.version` of its PTX).
+    pub ptx_isa: PtxIsa,
+    /// "NVRTC 12.2 (PTX ISA 8.2), ptxas 12.2.140".
     pub versions: String,
     /// Where PTX and cubins are written.
     pub scratch: PathBuf,
@@ -53,10 +61,12 @@ pub struct Item {
     pub kernel: Kernel,
 }
 
-/// What ptxas said of one kernel on one architecture.
+/// What ptxas said of one kernel on one architecture, and the PTX ISA
+/// version NVRTC wrote for it.
 struct Assembled {
     registers: u64,
     shared: u64,
+    isa: Option<PtxIsa>,
 }
 
 /// One kernel the real compilers refused.
@@ -163,8 +173,11 @@ impl Toolchain {
             let item = &items[*i];
             match result {
                 Ok(a) => println!(
-                    "  ok      sm_{arch}  {:>3} registers  {:>6} B shared  {}",
-                    a.registers, a.shared, item.origin
+                    "  ok      sm_{arch}  PTX ISA {}  {:>3} registers  {:>6} B shared  {}",
+                    a.isa.map_or_else(|| "?".to_owned(), |v| v.to_string()),
+                    a.registers,
+                    a.shared,
+                    item.origin
                 ),
                 Err(what) => {
                     println!("  FAILED  sm_{arch}  {}", item.origin);
@@ -186,6 +199,28 @@ impl Toolchain {
                 items.len()
             );
         }
+        // The PTX ISA versions written: what a driver must JIT to load
+        // these kernels.
+        let written: std::collections::BTreeSet<String> = results
+            .iter()
+            .filter_map(|(_, _, r)| r.as_ref().ok())
+            .map(|a| {
+                a.isa
+                    .map_or_else(|| "none declared".to_owned(), |v| v.to_string())
+            })
+            .collect();
+        let mut written: Vec<String> = written.into_iter().collect();
+        if written.is_empty() {
+            written.push("none (every compile was refused)".to_owned());
+        }
+        let driver = CudaVersion::oldest_for(self.ptx_isa).map_or_else(String::new, |v| {
+            format!(", which every driver from CUDA {v} on JITs")
+        });
+        println!(
+            "{what}: PTX ISA written: {} (NVRTC {}{driver})",
+            written.join(", "),
+            self.nvrtc_version
+        );
         (items.len(), refusals)
     }
 
@@ -227,9 +262,18 @@ impl Toolchain {
         }
         let _ = std::fs::remove_file(&ptx_path);
         let _ = std::fs::remove_file(stem.with_extension("cubin"));
+        let isa = PtxIsa::of(&ptx);
+        if isa != Some(self.ptx_isa) {
+            return Err(format!(
+                "NVRTC {} wrote PTX declaring ISA {isa:?}, not the {} of its release: \
+                 a driver would need a different version than the bundle promises",
+                self.nvrtc_version, self.ptx_isa
+            ));
+        }
         let assembled = Assembled {
             registers: number_before(&said, " registers").unwrap_or(0),
             shared: number_before(&said, " bytes smem").unwrap_or(0),
+            isa,
         };
         // What the driver checks at launch: a block needs its threads'
         // registers, allocated per warp in units of 256.
@@ -300,19 +344,37 @@ fn load() -> Result<Option<Toolchain>, String> {
     let dir = dir
         .canonicalize()
         .map_err(|e| format!("{}: {e}", dir.display()))?;
-    // The wheels' layout (nvidia/cu13/…), then a CUDA toolkit's.
+    // The wheels' layouts (nvidia/cuda_nvrtc/… for 12.x, nvidia/cu13/…
+    // for 13.x), then a CUDA toolkit's; 12.x first, the NVRTC the bundle
+    // carries.
     let nvrtc = first_in(
         &dir,
         &[
+            "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
             "nvidia/cu13/lib/libnvrtc.so.13",
+            "lib64/libnvrtc.so.12",
             "lib64/libnvrtc.so.13",
+            "lib/libnvrtc.so.12",
             "lib/libnvrtc.so.13",
+            "targets/x86_64-linux/lib/libnvrtc.so.12",
             "targets/x86_64-linux/lib/libnvrtc.so.13",
         ],
     )
-    .ok_or_else(|| format!("no libnvrtc.so.13 in {}", dir.display()))?;
-    let ptxas = first_in(&dir, &["nvidia/cu13/bin/ptxas", "bin/ptxas"])
-        .ok_or_else(|| format!("no ptxas in {}", dir.display()))?;
+    .ok_or_else(|| format!("no libnvrtc.so.12 or .so.13 in {}", dir.display()))?;
+    let ptxas = first_in(
+        &dir,
+        &[
+            "nvidia/cuda_nvcc/bin/ptxas",
+            "nvidia/cu13/bin/ptxas",
+            "bin/ptxas",
+        ],
+    )
+    .ok_or_else(|| format!("no ptxas in {}", dir.display()))?;
+    let major = nvrtc
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or_default()
+        .to_owned();
     let lib_dir = nvrtc.parent().expect("a file has a folder");
     let builtins = std::fs::read_dir(lib_dir)
         .map_err(|e| format!("{}: {e}", lib_dir.display()))?
@@ -321,10 +383,15 @@ fn load() -> Result<Option<Toolchain>, String> {
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libnvrtc-builtins.so.13"))
+                .is_some_and(|n| n.starts_with(&format!("libnvrtc-builtins.so.{major}")))
         })
         .min()
-        .ok_or_else(|| format!("no libnvrtc-builtins.so.13.* beside {}", nvrtc.display()))?;
+        .ok_or_else(|| {
+            format!(
+                "no libnvrtc-builtins.so.{major}.* beside {}",
+                nvrtc.display()
+            )
+        })?;
     for library in [&builtins, &nvrtc] {
         // SAFETY: NVIDIA's NVRTC and its builtins, whose initialisers only
         // set up their own state; leaked, so never unloaded while a symbol
@@ -338,25 +405,67 @@ fn load() -> Result<Option<Toolchain>, String> {
         .arg("--version")
         .output()
         .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
-    // "Cuda compilation tools, release 13.0, V13.0.88"
+    // "Cuda compilation tools, release 12.2, V12.2.140"
     let ptxas_version = String::from_utf8_lossy(&ptxas_version.stdout)
         .split_whitespace()
         .rfind(|w| w.starts_with('V'))
         .map_or_else(|| "(version unknown)".to_owned(), |w| w[1..].to_owned());
+    // PTX assembled by the ptxas of NVRTC's own release: an older one would
+    // refuse the PTX's ISA, a newer one would accept what the driver's JIT
+    // of NVRTC's release might not.
+    if !ptxas_version.starts_with(&format!("{version}.")) {
+        return Err(format!(
+            "ptxas {ptxas_version} ({}) is not of NVRTC {version}'s release; \
+             install both from one CUDA release (ci/install-cuda-toolchain.sh)",
+            ptxas.display()
+        ));
+    }
     let scratches = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-toolchain");
     forget_finished(&scratches);
     let scratch = scratches.join(std::process::id().to_string());
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+    let nvrtc_version = version
+        .split_once('.')
+        .and_then(|(major, minor)| Some(CudaVersion::new(major.parse().ok()?, minor.parse().ok()?)))
+        .ok_or_else(|| format!("nvrtcVersion answered {version}"))?;
+    let ptx_isa = probe_isa()?;
+    // The server's table of which driver JITs which PTX must agree with
+    // what NVRTC writes, or its errors and run.sh's verdicts would be
+    // wrong.
+    if nvrtc_version.ptx_isa() != Some(ptx_isa) {
+        return Err(format!(
+            "NVRTC {nvrtc_version} writes PTX ISA {ptx_isa}, but server-cuda's table \
+             (CudaVersion::ptx_isa) says {:?}: correct the table (src/ptx.rs)",
+            nvrtc_version.ptx_isa()
+        ));
+    }
     let toolchain = Toolchain {
         dir,
         nvrtc,
         ptxas,
-        versions: format!("NVRTC {version}, ptxas {ptxas_version}"),
+        nvrtc_version,
+        ptx_isa,
+        versions: format!("NVRTC {version} (PTX ISA {ptx_isa}), ptxas {ptxas_version}"),
         scratch,
     };
     toolchain.check_binding()?;
     Ok(Some(toolchain))
+}
+
+/// The PTX ISA version of what the server's NVRTC writes for a trivial
+/// kernel.
+fn probe_isa() -> Result<PtxIsa, String> {
+    // SAFETY: only ever compiled, never launched.
+    let probe = unsafe {
+        Kernel::cuda(
+            "probe",
+            r#"extern "C" __global__ void probe(unsigned int* out) { out[threadIdx.x] = 1; }"#,
+        )
+    };
+    let ptx = server_cuda::nvrtc_ptx(&probe, "compute_80")
+        .map_err(|e| format!("the server could not compile a trivial kernel: {e}"))?;
+    PtxIsa::of(&ptx).ok_or_else(|| format!("NVRTC's PTX declares no .version:\n{ptx}"))
 }
 
 /// Remove the scratch folders (named by process id) of test processes that
