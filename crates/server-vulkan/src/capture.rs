@@ -52,7 +52,7 @@ impl Drop for Recording {
     fn drop(&mut self) {
         if self.pool != vk::CommandPool::null() {
             // SAFETY: a recording's command buffer was never submitted.
-            unsafe { self.gpu.device.destroy_command_pool(self.pool, None) };
+            unsafe { self.gpu.vk().destroy_command_pool(self.pool, None) };
         }
     }
 }
@@ -91,7 +91,7 @@ impl Drop for GraphInner {
         // SAFETY: the last reference is gone, so no replay of it is pending
         // (each in-flight submission holds a clone, and destroy waited for
         // the replays it knew of); the device is not hung.
-        unsafe { self.gpu.device.destroy_command_pool(self.pool, None) };
+        unsafe { self.gpu.vk().destroy_command_pool(self.pool, None) };
     }
 }
 
@@ -108,7 +108,7 @@ impl VulkanGraph {
 /// Start recording `stream`'s work into a new command buffer.
 pub(crate) fn begin(stream: &mut OpenStream) -> Result<()> {
     let gpu = stream.gpu.clone();
-    let device = &gpu.device;
+    let device = gpu.vk();
     let info = vk::CommandPoolCreateInfo::default().queue_family_index(gpu.family);
     // SAFETY: valid create info on a live device.
     let pool = unsafe { device.create_command_pool(&info, None) }

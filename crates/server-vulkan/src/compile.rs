@@ -123,7 +123,7 @@ impl Drop for Pipelines {
             // Work that never finished may still run these pipelines.
             return;
         }
-        let device = &self.gpu.device;
+        let device = self.gpu.vk();
         // SAFETY: the backend is going; the device is idle (the pool waited)
         // and no command buffer that uses these will be submitted again.
         unsafe {
@@ -562,7 +562,7 @@ impl Pipelines {
         kind: vk::DescriptorType,
         bindings: u32,
     ) -> Result<(vk::DescriptorSetLayout, vk::PipelineLayout)> {
-        let device = &self.gpu.device;
+        let device = self.gpu.vk();
         let entries: Vec<_> = (0..bindings)
             .map(|i| {
                 vk::DescriptorSetLayoutBinding::default()
@@ -604,7 +604,7 @@ impl Pipelines {
         let info = vk::PipelineLayoutCreateInfo::default().push_constant_ranges(&ranges);
         // SAFETY: valid create info on a live device; the range is within
         // `maxPushConstantsSize` (checked by the caller).
-        let layout = unsafe { self.gpu.device.create_pipeline_layout(&info, None) }
+        let layout = unsafe { self.gpu.vk().create_pipeline_layout(&info, None) }
             .map_err(|e| classify(e, crate::error::Site::Create, "pipeline layout", 0))?;
         self.address_layouts.insert(addresses, layout);
         Ok(layout)
@@ -698,7 +698,7 @@ impl Pipelines {
                 }
             }
         };
-        let device = &self.gpu.device;
+        let device = self.gpu.vk();
         let info = vk::ShaderModuleCreateInfo::default().code(&words);
         // SAFETY: `words` is a whole number of 32-bit words, starting with
         // the SPIR-V magic number. Its validity is not judged here: a WGSL

@@ -44,7 +44,7 @@ pub(crate) unsafe fn write(
             // are multiples of 4; the length is at most 64 KiB.
             unsafe {
                 rec.gpu
-                    .device
+                    .vk()
                     .cmd_update_buffer(cmd, dst.buffer, target, data)
             };
             return Ok(());
@@ -60,7 +60,7 @@ pub(crate) unsafe fn write(
         // alive until the submission (or graph) using it is gone.
         unsafe {
             rec.gpu
-                .device
+                .vk()
                 .cmd_copy_buffer(cmd, staged.buffer(), dst.buffer, &[region])
         };
         Ok(())
@@ -95,7 +95,7 @@ pub(crate) unsafe fn copy(
         // distinct live allocations are disjoint ranges of a block.
         unsafe {
             rec.gpu
-                .device
+                .vk()
                 .cmd_copy_buffer(rec.encoder.cmd, src.buffer, dst.buffer, &[region])
         };
         Ok(())
@@ -131,7 +131,7 @@ pub(crate) unsafe fn read(
             // live block buffer; the staging range of `len` bytes was just
             // reserved.
             unsafe {
-                rec.gpu.device.cmd_copy_buffer(
+                rec.gpu.vk().cmd_copy_buffer(
                     rec.encoder.cmd,
                     src.buffer,
                     staged.buffer(),

@@ -20,8 +20,10 @@
 //! descriptor set to keep alive or allocate.
 //!
 //! Which devices qualify, and their order, is `choice.rs`; the instance
-//! and its validation layer are `instance.rs`; opening the chosen one, and
-//! what it offers, is here.
+//! and its validation layer are `instance.rs`; why instances and devices
+//! are made and destroyed one at a time in the process, and every call is
+//! made through [`Gpu::vk`], is `lifecycle.rs`; opening the chosen one,
+//! and what it offers, is here.
 
 use std::ffi::CStr;
 use std::sync::Arc;
@@ -34,12 +36,15 @@ use crate::error::unavailable;
 
 mod choice;
 mod instance;
+mod lifecycle;
 
 pub use choice::device_count;
 pub(crate) use choice::probe;
 use choice::{candidates, choose, kind_name};
 use instance::Instance;
 pub use instance::{VALIDATION_LAYER_MISSING, validation_layer_installed, validation_required_by};
+use lifecycle::one_at_a_time;
+pub(crate) use lifecycle::{Guarded, calling};
 
 /// The limits and memory facts the rest of the backend consults.
 #[derive(Clone, Debug)]
@@ -136,8 +141,12 @@ impl Adapter {
 pub(crate) struct Gpu {
     /// The instance and physical device it was opened on.
     pub adapter: Arc<Adapter>,
-    pub device: ash::Device,
-    pub push: ash::khr::push_descriptor::Device,
+    /// The device's entry points: called through [`Gpu::vk`], which holds
+    /// the lifecycle lock's read side while the layer is loaded
+    /// (`lifecycle.rs`).
+    device: ash::Device,
+    /// `VK_KHR_push_descriptor`'s entry points, through [`Gpu::push`].
+    push_descriptor: ash::khr::push_descriptor::Device,
     pub queue: vk::Queue,
     pub family: u32,
     pub limits: Limits,
@@ -195,10 +204,9 @@ impl Drop for Gpu {
         // Nothing is hung, so the wait is for work that finishes (a lost
         // device answers at once). The instance goes after, with the last
         // `Arc<Adapter>`.
-        unsafe {
-            let _ = self.device.device_wait_idle();
-            self.device.destroy_device(None);
-        }
+        let _ = unsafe { self.vk().device_wait_idle() };
+        // SAFETY: as above; the wait is over.
+        one_at_a_time(|| unsafe { self.device.destroy_device(None) });
     }
 }
 
@@ -301,9 +309,9 @@ fn memory_facts(
         props2 = props2.push_next(&mut m4);
     }
     // SAFETY: the chained structs live across the call.
-    unsafe { instance.get_physical_device_properties2(physical, &mut props2) };
+    unsafe { Guarded::new(instance).get_physical_device_properties2(physical, &mut props2) };
     // SAFETY: a plain query.
-    let memory = unsafe { instance.get_physical_device_memory_properties(physical) };
+    let memory = unsafe { Guarded::new(instance).get_physical_device_memory_properties(physical) };
     let types = &memory.memory_types[..memory.memory_type_count as usize];
     let flags = |i: usize| types[i].property_flags;
     let local = vk::MemoryPropertyFlags::DEVICE_LOCAL;
@@ -362,7 +370,7 @@ impl Gpu {
         let limits = memory_facts(instance, physical, props, api, config)?;
         // SAFETY: a plain query on a physical device of a live instance.
         let extensions = unsafe {
-            instance
+            Guarded::new(instance)
                 .enumerate_device_extension_properties(physical)
                 .unwrap_or_default()
         };
@@ -389,7 +397,7 @@ impl Gpu {
             features = features.push_next(&mut supported_atomic_float);
         }
         // SAFETY: the chained structs live across the call.
-        unsafe { instance.get_physical_device_features2(physical, &mut features) };
+        unsafe { Guarded::new(instance).get_physical_device_features2(physical, &mut features) };
         let core = features.features;
         let enabled = Features {
             f16: supported.shader_float16 == vk::TRUE
@@ -477,13 +485,16 @@ impl Gpu {
         }
         let device = create_device(instance, physical, &info, &adapter.name)?;
         // SAFETY: the family was created with one queue.
-        let queue = unsafe { device.get_device_queue(family, 0) };
-        let push = ash::khr::push_descriptor::Device::new(instance, &device);
+        let queue = unsafe { Guarded::new(&device).get_device_queue(family, 0) };
+        let push_descriptor = {
+            let _calling = calling();
+            ash::khr::push_descriptor::Device::new(instance, &device)
+        };
         tracing::info!(device = %adapter.name, validation = adapter.instance.validation, bda, memory_model, robust, zero_init, features = ?enabled, "vulkan device open");
         Ok(Arc::new(Gpu {
             adapter: adapter.clone(),
             device,
-            push,
+            push_descriptor,
             queue,
             family,
             limits,
@@ -497,6 +508,27 @@ impl Gpu {
             hung: AtomicBool::new(false),
             wait_timeout_ns: wait_timeout_ns(),
         }))
+    }
+
+    /// The device's entry points, for one call (or a few in a row: keep
+    /// the value no longer than the statement that calls, and never across
+    /// a device's creation or destruction). While the validation layer is
+    /// loaded it holds the lifecycle lock's read side, so no instance or
+    /// device is made or destroyed during the call (`lifecycle.rs`).
+    pub(crate) fn vk(&self) -> Guarded<'_, ash::Device> {
+        Guarded::new(&self.device)
+    }
+
+    /// `VK_KHR_push_descriptor`'s entry points, as [`Gpu::vk`].
+    pub(crate) fn push(&self) -> Guarded<'_, ash::khr::push_descriptor::Device> {
+        Guarded::new(&self.push_descriptor)
+    }
+
+    /// The entry points with no lock held, for the bench's raw baseline
+    /// only ([`Vulkan::raw`](crate::Vulkan::raw)), which runs without the
+    /// layer.
+    pub(crate) fn unguarded(&self) -> (&ash::Device, &ash::khr::push_descriptor::Device) {
+        (&self.device, &self.push_descriptor)
     }
 
     /// Whether a wait gave up on work that may still be running (see
@@ -526,7 +558,7 @@ fn create_device(
 ) -> Result<ash::Device> {
     // SAFETY: `info` and what it points at outlive the call; the physical
     // device was enumerated on `instance`, which is alive.
-    unsafe { instance.create_device(physical, info, None) }
+    one_at_a_time(|| unsafe { instance.create_device(physical, info, None) })
         .map_err(|e| unavailable(format!("vkCreateDevice on {name} failed: {e}")))
 }
 

@@ -203,13 +203,13 @@ pub(crate) unsafe fn launch(
             // `launch` puts host-given counts within `launch_limits`'
             // `max_workgroups`, which is the device's
             // maxComputeWorkGroupCount.
-            Counts::Host([x, y, z]) => unsafe { rec.gpu.device.cmd_dispatch(cmd, x, y, z) },
+            Counts::Host([x, y, z]) => unsafe { rec.gpu.vk().cmd_dispatch(cmd, x, y, z) },
             // SAFETY: as above; the counts are 12 bytes the guard wrote at
             // a 4-aligned offset of an arena buffer with indirect usage,
             // each within the device's limits or all zero, and the barrier
             // after the guard makes them visible to the indirect read.
             Counts::Device(buffer, offset) => unsafe {
-                rec.gpu.device.cmd_dispatch_indirect(cmd, buffer, offset)
+                rec.gpu.vk().cmd_dispatch_indirect(cmd, buffer, offset)
             },
         }
         Ok(())
@@ -273,14 +273,14 @@ unsafe fn guard_counts(
     // aligned offset of an arena chunk that travels with the submission
     // (or graph).
     unsafe {
-        gpu.push.cmd_push_descriptor_set(
+        gpu.push().cmd_push_descriptor_set(
             cmd,
             vk::PipelineBindPoint::COMPUTE,
             guard.layout,
             0,
             &[write],
         );
-        gpu.device.cmd_dispatch(cmd, 1, 1, 1);
+        gpu.vk().cmd_dispatch(cmd, 1, 1, 1);
     }
     // The dispatch's indirect read must see the guard's write.
     rec.encoder.needs_barrier = true;
@@ -358,7 +358,7 @@ unsafe fn push_set(
     // vkCmdPushDescriptorSetKHR requires of the command buffer, the layout
     // and the descriptors.
     unsafe {
-        rec.gpu.push.cmd_push_descriptor_set(
+        rec.gpu.push().cmd_push_descriptor_set(
             rec.encoder.cmd,
             vk::PipelineBindPoint::COMPUTE,
             kernel.layout,
@@ -431,7 +431,7 @@ unsafe fn push_addresses(
     // `check`); every address is of a live binding range (this function's
     // contract), or of arena memory that travels with the submission.
     unsafe {
-        gpu.device.cmd_push_constants(
+        gpu.vk().cmd_push_constants(
             rec.encoder.cmd,
             kernel.layout,
             vk::ShaderStageFlags::COMPUTE,

@@ -115,7 +115,13 @@
 //!    compile again on first use, the indirect-count guard too.
 //!
 //! The instance, the validation layer's messenger and the messages it
-//! collected carry over. If the new device cannot be opened, or a stream
+//! collected carry over. Creating the new device and destroying the lost
+//! one take a process-wide lock, so a recovery never runs either beside
+//! another server's open or drop on another thread: the Khronos loader
+//! corrupts its device list when two threads do (and, while the validation
+//! layer is loaded, every call of the crate holds the same lock's read
+//! side, because the layer's handle lookup races with both; see
+//! `device/lifecycle.rs`). If the new device cannot be opened, or a stream
 //! cannot get its state on it, what was made is destroyed again, the error
 //! is returned, and the backend stays closed — no device, no stream state,
 //! `Vulkan::raw` answers `None` — until the next recovery opens it.
@@ -359,11 +365,14 @@ impl Vulkan {
     /// recovery destroys the device these name and opens another.
     #[doc(hidden)]
     pub fn raw(&self) -> Option<RawDevice<'_>> {
-        self.open.as_ref().map(|open| RawDevice {
-            device: &open.gpu.device,
-            push: &open.gpu.push,
-            queue: open.gpu.queue,
-            family: open.gpu.family,
+        self.open.as_ref().map(|open| {
+            let (device, push) = open.gpu.unguarded();
+            RawDevice {
+                device,
+                push,
+                queue: open.gpu.queue,
+                family: open.gpu.family,
+            }
         })
     }
 

@@ -114,7 +114,7 @@ fn create_backing(
     usage: vk::BufferUsageFlags,
     what: &str,
 ) -> Result<Backing> {
-    let device = &gpu.device;
+    let device = gpu.vk();
     let info = vk::BufferCreateInfo::default()
         .size(size)
         .usage(usage)
@@ -197,8 +197,8 @@ fn create_backing(
 fn destroy_backing(gpu: &Gpu, backing: &Backing) {
     // SAFETY: callers destroy a backing only once no submitted work uses it.
     unsafe {
-        gpu.device.destroy_buffer(backing.buffer, None);
-        gpu.device.free_memory(backing.memory, None);
+        gpu.vk().destroy_buffer(backing.buffer, None);
+        gpu.vk().free_memory(backing.memory, None);
     }
 }
 
@@ -490,7 +490,7 @@ impl Drop for Pool {
             return;
         }
         // SAFETY: waiting for the device before freeing what it may use.
-        let _ = unsafe { self.gpu.device.device_wait_idle() };
+        let _ = unsafe { self.gpu.vk().device_wait_idle() };
         for block in self.blocks.drain(..).flatten() {
             destroy_backing(&self.gpu, &block.backing);
         }

@@ -116,8 +116,7 @@ impl Track {
     /// which keeps what waits on it waiting rather than reused early.
     pub(crate) fn refresh(&self) -> u64 {
         // SAFETY: the semaphore is a live timeline semaphore of this device.
-        let now =
-            unsafe { self.gpu.device.get_semaphore_counter_value(self.semaphore) }.unwrap_or(0);
+        let now = unsafe { self.gpu.vk().get_semaphore_counter_value(self.semaphore) }.unwrap_or(0);
         self.completed.fetch_max(now, Ordering::AcqRel).max(now)
     }
 }
@@ -131,7 +130,7 @@ impl Drop for Track {
         // SAFETY: the stream that signalled it is gone and its work was
         // waited for (the device is not hung), so no pending submission
         // signals or waits on it.
-        unsafe { self.gpu.device.destroy_semaphore(self.semaphore, None) };
+        unsafe { self.gpu.vk().destroy_semaphore(self.semaphore, None) };
     }
 }
 
@@ -186,7 +185,7 @@ impl Encoder {
         // SAFETY: `cmd` is in the recording state (encoders exist only
         // between begin and end).
         unsafe {
-            gpu.device.cmd_pipeline_barrier(
+            gpu.vk().cmd_pipeline_barrier(
                 self.cmd,
                 vk::PipelineStageFlags::COMPUTE_SHADER
                     | vk::PipelineStageFlags::TRANSFER
@@ -209,7 +208,7 @@ impl Encoder {
             // SAFETY: `cmd` is recording; pipelines live as long as the
             // backend, which outlives every command buffer it records.
             unsafe {
-                gpu.device
+                gpu.vk()
                     .cmd_bind_pipeline(self.cmd, vk::PipelineBindPoint::COMPUTE, pipeline)
             };
             self.bound = pipeline;
@@ -225,7 +224,7 @@ impl Encoder {
             .dst_access_mask(vk::AccessFlags::HOST_READ);
         // SAFETY: `cmd` is recording; ending it is the last use here.
         unsafe {
-            gpu.device.cmd_pipeline_barrier(
+            gpu.vk().cmd_pipeline_barrier(
                 self.cmd,
                 vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
                 vk::PipelineStageFlags::HOST,
@@ -234,7 +233,7 @@ impl Encoder {
                 &[],
                 &[],
             );
-            gpu.device.end_command_buffer(self.cmd)
+            gpu.vk().end_command_buffer(self.cmd)
         }
     }
 }
@@ -266,7 +265,7 @@ pub(crate) fn wait_tracks(gpu: &Gpu, waits: &[(Arc<Track>, u64)]) -> Result<()> 
     let timeout = gpu.wait_timeout_ns;
     // SAFETY: live timeline semaphores, each with a value a submission
     // signals (the callers pass submitted values only).
-    let result = match unsafe { gpu.device.wait_semaphores(&info, timeout) } {
+    let result = match unsafe { gpu.vk().wait_semaphores(&info, timeout) } {
         Ok(()) => Ok(()),
         Err(vk::Result::TIMEOUT) => Err(fault(
             vk::Result::TIMEOUT,
@@ -376,7 +375,7 @@ pub(crate) struct OpenStream {
 
 impl OpenStream {
     fn new(gpu: &Arc<Gpu>, id: scope_core::StreamId) -> Result<Self> {
-        let device = &gpu.device;
+        let device = gpu.vk();
         let mut kind = vk::SemaphoreTypeCreateInfo::default()
             .semaphore_type(vk::SemaphoreType::TIMELINE)
             .initial_value(0);
@@ -426,7 +425,7 @@ impl OpenStream {
             .command_buffer_count(1);
         // SAFETY: the pool is this stream's and used only under the
         // server's lock.
-        let cmds = unsafe { self.gpu.device.allocate_command_buffers(&info) }
+        let cmds = unsafe { self.gpu.vk().allocate_command_buffers(&info) }
             .map_err(|e| classify(e, Site::Record, "vkAllocateCommandBuffers", 0))?;
         cmds.first()
             .copied()
@@ -451,7 +450,7 @@ impl OpenStream {
             // SAFETY: `cmd` is initial or executable-and-complete (a reused
             // one came back only after its submission completed), and the
             // pool allows implicit reset.
-            if let Err(e) = unsafe { self.gpu.device.begin_command_buffer(cmd, &begin) } {
+            if let Err(e) = unsafe { self.gpu.vk().begin_command_buffer(cmd, &begin) } {
                 self.free_cmds.push(cmd);
                 return Err(classify(e, Site::Record, "vkBeginCommandBuffer", 0));
             }
@@ -590,7 +589,7 @@ impl OpenStream {
         // server's lock.
         let result = unsafe {
             self.gpu
-                .device
+                .vk()
                 .queue_submit(self.gpu.queue, &[submit], vk::Fence::null())
         };
         match result {
@@ -625,7 +624,7 @@ impl OpenStream {
                 // resetting one buffer.
                 let _ = unsafe {
                     self.gpu
-                        .device
+                        .vk()
                         .reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty())
                 };
                 self.free_cmds.push(cmd);
@@ -785,6 +784,6 @@ impl Drop for OpenStream {
         self.track.in_flight.store(0, Ordering::Relaxed);
         // SAFETY: the stream's work is complete (or the device is lost and
         // nothing runs); destroying the pool frees its command buffers.
-        unsafe { self.gpu.device.destroy_command_pool(self.pool, None) };
+        unsafe { self.gpu.vk().destroy_command_pool(self.pool, None) };
     }
 }

@@ -48,6 +48,7 @@ fn qualify(instance: &ash::Instance, candidate: &Candidate) -> std::result::Resu
         return Err("it offers Vulkan below 1.2".to_owned());
     }
     let physical = candidate.physical;
+    let _calling = super::calling();
     // SAFETY: plain queries on a physical device of a live instance.
     let (families, extensions) = unsafe {
         (
@@ -85,6 +86,7 @@ fn qualify(instance: &ash::Instance, candidate: &Candidate) -> std::result::Resu
 }
 
 pub(super) fn candidates(instance: &ash::Instance) -> Vec<Candidate> {
+    let _calling = super::calling();
     // SAFETY: plain queries on a live instance.
     let physicals = unsafe { instance.enumerate_physical_devices() }.unwrap_or_default();
     physicals
@@ -185,7 +187,7 @@ pub fn device_count() -> usize {
     };
     let count = usable_in_order(&instance, &candidates(&instance)).map_or(0, |o| o.len());
     // SAFETY: nothing else was created from the instance.
-    unsafe { instance.destroy_instance(None) };
+    super::lifecycle::destroy_instance(false, || unsafe { instance.destroy_instance(None) });
     count
 }
 
@@ -224,6 +226,6 @@ pub(crate) fn probe() -> Probe {
         })
         .collect();
     // SAFETY: nothing else was created from the instance.
-    unsafe { instance.destroy_instance(None) };
+    super::lifecycle::destroy_instance(false, || unsafe { instance.destroy_instance(None) });
     Probe::found(NAME, devices)
 }

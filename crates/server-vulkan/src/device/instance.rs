@@ -88,6 +88,9 @@ pub(crate) struct Instance {
     pub api: u32,
     /// Whether the validation layer is on and its messenger listening.
     pub validation: bool,
+    /// Whether the instance was made with the layer (`lifecycle.rs`
+    /// counts those while they live).
+    layered: bool,
     debug: Option<Messenger>,
     /// What the layer said, in order; the messenger's user data.
     pub messages: Messages,
@@ -120,6 +123,7 @@ impl Instance {
         };
         Ok(Instance {
             validation: debug.is_some(),
+            layered: validation,
             _entry: entry,
             raw,
             api,
@@ -132,6 +136,7 @@ impl Instance {
 /// A messenger that appends every warning and error of the layer to
 /// `messages`; `None` (with a warning in the log) if it cannot be made.
 fn listen(entry: &ash::Entry, instance: &ash::Instance, messages: &Messages) -> Option<Messenger> {
+    let _calling = super::calling();
     let utils = ash::ext::debug_utils::Instance::new(entry, instance);
     let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
         .message_severity(
@@ -158,16 +163,20 @@ fn listen(entry: &ash::Entry, instance: &ash::Instance, messages: &Messages) -> 
 
 impl Drop for Instance {
     fn drop(&mut self) {
-        // SAFETY: every device made on the instance holds it (through its
+        // Every device made on the instance holds it (through its
         // `Adapter`) and is destroyed, or leaked along with a reference
         // that keeps this from running; the messenger goes before the
         // instance it observes.
-        unsafe {
-            if let Some((utils, messenger)) = self.debug.take() {
-                utils.destroy_debug_utils_messenger(messenger, None);
-            }
-            self.raw.destroy_instance(None);
+        if let Some((utils, messenger)) = self.debug.take() {
+            // SAFETY: as above: the messenger was made on this instance,
+            // which is still alive.
+            unsafe { super::Guarded::new(&utils).destroy_debug_utils_messenger(messenger, None) };
         }
+        // SAFETY: as above: nothing made on the instance is left, and its
+        // messenger is gone.
+        super::lifecycle::destroy_instance(self.layered, || unsafe {
+            self.raw.destroy_instance(None)
+        });
     }
 }
 
@@ -213,7 +222,9 @@ pub(super) fn make_instance(entry: &ash::Entry, validation: bool) -> Result<(ash
             .enabled_extension_names(&extensions);
     }
     // SAFETY: `info` and everything it points at outlive the call.
-    let instance = unsafe { entry.create_instance(&info, None) }
-        .map_err(|e| unavailable(format!("vkCreateInstance failed: {e}")))?;
+    let instance = super::lifecycle::create_instance(validation, || unsafe {
+        entry.create_instance(&info, None)
+    })
+    .map_err(|e| unavailable(format!("vkCreateInstance failed: {e}")))?;
     Ok((instance, api))
 }
