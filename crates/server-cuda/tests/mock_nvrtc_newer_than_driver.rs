@@ -15,7 +15,7 @@ mod common;
 mod harness;
 
 use common::{FILL, bytes, kernel, words};
-use harness::{mock, mock_built_with};
+use harness::{assert_versions, mock, mock_built_with};
 use scope_core::{Binding, Client, Dispatch, Kernel};
 use server_cuda::{Cuda, CudaVersion, PtxIsa, UnsupportedPtx};
 
@@ -29,19 +29,12 @@ fn client() -> Client<Cuda> {
 #[test]
 fn nvrtc_13_on_a_12_2_driver_is_unsupported_ptx_naming_both_and_the_fix() {
     let c = client();
-    assert_eq!(
-        server_cuda::cuda_driver_version().unwrap(),
-        CudaVersion::new(12, 2)
-    );
-    assert_eq!(
-        server_cuda::nvrtc_version().unwrap(),
-        CudaVersion::new(13, 0)
-    );
     // The device's own architecture, as NVRTC 13.0 knows it.
-    assert_eq!(
-        c.with_backend(|b| b.nvrtc_arch().map(str::to_owned))
-            .as_deref(),
-        Some("compute_90")
+    assert_versions(
+        &c,
+        CudaVersion::new(12, 2),
+        CudaVersion::new(13, 0),
+        "compute_90",
     );
     let fill = kernel("fill", FILL);
     let error = c.compile(&fill).unwrap_err();

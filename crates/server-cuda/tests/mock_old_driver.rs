@@ -17,7 +17,7 @@ mod common;
 mod harness;
 
 use common::{FILL, bytes, kernel, words};
-use harness::mock;
+use harness::{assert_versions, mock};
 use scope_core::{Binding, Client, Dispatch, Error, Kernel, Result};
 use server_cuda::{Cuda, CudaVersion, PtxIsa, UnsupportedPtx};
 
@@ -134,18 +134,11 @@ fn without_param_info_a_short_blob_reads_zeros_and_a_huge_one_is_refused() {
 #[test]
 fn a_12_2_driver_runs_what_nvrtc_12_2_writes() {
     let c = client();
-    assert_eq!(
-        server_cuda::cuda_driver_version().unwrap(),
-        CudaVersion::new(12, 2)
-    );
-    assert_eq!(
-        server_cuda::nvrtc_version().unwrap(),
-        CudaVersion::new(12, 2)
-    );
-    assert_eq!(
-        c.with_backend(|b| b.nvrtc_arch().map(str::to_owned))
-            .as_deref(),
-        Some("compute_90")
+    assert_versions(
+        &c,
+        CudaVersion::new(12, 2),
+        CudaVersion::new(12, 2),
+        "compute_90",
     );
     let description = c.describe();
     assert!(description.contains("driver CUDA 12.2"), "{description}");

@@ -282,3 +282,22 @@ pub fn mock_client() -> scope_core::Result<Client<Cuda>> {
 pub fn client() -> Client<Cuda> {
     mock_client().expect("the server starts on the mock driver")
 }
+
+/// What a mock variant says of itself, as the server asks it: the driver's
+/// CUDA version (`cuDriverGetVersion`), NVRTC's (`nvrtcVersion`), and the
+/// architecture the server compiles for on the mock's device (sm_90).
+pub fn assert_versions(
+    client: &Client<Cuda>,
+    driver: server_cuda::CudaVersion,
+    nvrtc: server_cuda::CudaVersion,
+    arch: &str,
+) {
+    assert_eq!(server_cuda::cuda_driver_version().unwrap(), driver);
+    assert_eq!(server_cuda::nvrtc_version().unwrap(), nvrtc);
+    assert_eq!(
+        client
+            .with_backend(|b| b.nvrtc_arch().map(str::to_owned))
+            .as_deref(),
+        Some(arch)
+    );
+}
