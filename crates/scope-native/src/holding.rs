@@ -55,7 +55,10 @@ impl Holding {
     }
 }
 
-fn others_in(holders: &BTreeMap<(&'static str, usize), usize>, key: (&'static str, usize)) -> usize {
+fn others_in(
+    holders: &BTreeMap<(&'static str, usize), usize>,
+    key: (&'static str, usize),
+) -> usize {
     holders.get(&key).map_or(0, |n| n.saturating_sub(1))
 }
 

@@ -161,8 +161,8 @@ impl Cuda {
     /// open the device while the reset runs ([`scope_native::Holding::alone`]).
     fn reset_context(&mut self, broken: &Error) -> Result<()> {
         let ordinal = self.info.ordinal;
-        let device = i32::try_from(ordinal)
-            .map_err(|_| Error::invalid("device ordinal", "too large"))?;
+        let device =
+            i32::try_from(ordinal).map_err(|_| Error::invalid("device ordinal", "too large"))?;
         let reset = || -> Result<_> {
             let start = |what| move |e| driver_error(e, Doing::Start { what });
             let device = result::device::get(device).map_err(start("cuDeviceGet"))?;

@@ -99,10 +99,7 @@ impl Survival {
 /// admitted, leaves it out with the group going on: its device cannot open
 /// again in this process (now, or at all).
 fn stays_out(error: &Error) -> bool {
-    matches!(
-        error,
-        Error::RestartRequired { .. } | Error::Refused { .. }
-    )
+    matches!(error, Error::RestartRequired { .. } | Error::Refused { .. })
 }
 
 /// The CPU's step from `weights` on the rows of `members`' shards, in

@@ -92,7 +92,10 @@ pub fn assert_data_parallel_without_the_lost_rank(
     let lost = report.faulted_rank;
     let survivors: Vec<usize> = (0..report.ranks).filter(|&r| r != lost).collect();
     assert!(survival.lost_step_contained);
-    assert_eq!(survival.timeline[2].members, survivors, "the survivors shrank");
+    assert_eq!(
+        survival.timeline[2].members, survivors,
+        "the survivors shrank"
+    );
     for (i, step) in survival.shrunk_steps.iter().enumerate() {
         assert_clean(&format!("survivors' step {i}"), step, survivors.len());
     }
