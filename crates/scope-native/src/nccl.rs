@@ -124,6 +124,16 @@ pub type CommInitRankConfig =
 pub type CommGetAsyncError = unsafe extern "C" fn(RawComm, *mut NcclResult) -> NcclResult;
 /// `ncclCommAbort` and `ncclCommDestroy`.
 pub type CommEnd = unsafe extern "C" fn(RawComm) -> NcclResult;
+/// `ncclCommShrink` (NCCL 2.27): parent, excluded ranks, their count, the
+/// new communicator, its config, flags.
+pub type CommShrink = unsafe extern "C" fn(
+    RawComm,
+    *mut c_int,
+    c_int,
+    *mut RawComm,
+    *mut c_void,
+    c_int,
+) -> NcclResult;
 /// `ncclAllReduce` and `ncclReduceScatter`: send, receive, count, type,
 /// operation, communicator, stream.
 pub type Reducing = unsafe extern "C" fn(
@@ -182,6 +192,9 @@ pub struct NcclTable {
     pub send: PointToPoint,
     pub recv: PointToPoint,
     pub get_error_string: ErrorString,
+    /// `ncclCommShrink`, where the library has it (NCCL 2.27 and later;
+    /// not in [`SYMBOLS`](Self::SYMBOLS), which a transport needs).
+    pub comm_shrink: Option<CommShrink>,
 }
 
 impl NcclTable {
@@ -238,6 +251,14 @@ impl NcclTable {
             send: entry!("ncclSend", PointToPoint),
             recv: entry!("ncclRecv", PointToPoint),
             get_error_string: entry!("ncclGetErrorString", ErrorString),
+            comm_shrink: address("ncclCommShrink")
+                .filter(|p| !p.is_null())
+                .map(|raw| {
+                    // SAFETY: the caller vouches that `raw` is
+                    // `ncclCommShrink` of an NCCL API library, whose C
+                    // declaration is `CommShrink`.
+                    unsafe { std::mem::transmute::<*const c_void, CommShrink>(raw) }
+                }),
         })
     }
 
@@ -398,6 +419,85 @@ impl Communicator {
             return Err(e);
         }
         Ok(joined)
+    }
+
+    /// This rank's communicator of the survivors, once the ranks
+    /// `exclude` (ascending) left this one: `ncclCommShrink` with the
+    /// default flag (no operation is in flight to terminate), non-blocking
+    /// as every communicator here, polled until every survivor came or
+    /// `patience` passed. `Ok(None)` where the library has no shrink.
+    ///
+    /// # Safety
+    ///
+    /// This rank's device is current on the calling thread; no call through
+    /// this communicator is in flight; every rank not in `exclude` shrinks
+    /// it once, with the same `exclude`, and no excluded rank does.
+    ///
+    /// # Errors
+    ///
+    /// An aborted communicator; what the library answered; a shrink still
+    /// in progress after `patience` ([`CollectiveError::Stalled`]), whose
+    /// new communicator is then aborted.
+    pub unsafe fn shrink(&self, exclude: &[usize], patience: Duration) -> Result<Option<Self>> {
+        let Some(comm_shrink) = self.table.comm_shrink else {
+            return Ok(None);
+        };
+        let mut exclude: Vec<c_int> = exclude
+            .iter()
+            .map(|&r| c_int::try_from(r))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|_| Error::invalid("nccl communicator", "too many ranks"))?;
+        let count = c_int::try_from(exclude.len())
+            .map_err(|_| Error::invalid("nccl communicator", "too many ranks"))?;
+        let mut config = Config {
+            size: size_of::<Config>(),
+            magic: API_MAGIC,
+            version: CONFIG_VERSION,
+            blocking: 0,
+            cga_cluster_size: UNDEF,
+            min_ctas: UNDEF,
+            max_ctas: UNDEF,
+            net_name: std::ptr::null(),
+            split_share: UNDEF,
+        };
+        let mut comm: RawComm = std::ptr::null_mut();
+        let made = {
+            let handle = self.handle.read();
+            if handle.aborted {
+                return Err(aborted(self.table.library, "ncclCommShrink"));
+            }
+            // SAFETY: the parent is live (not aborted, under the lock);
+            // `exclude`, `comm` and `config` outlive the call; the config is
+            // NCCL_CONFIG_INITIALIZER's head with its own size and
+            // `blocking = 0`; flag 0 is NCCL_SHRINK_DEFAULT; the caller
+            // vouches for the rest.
+            unsafe {
+                comm_shrink(
+                    handle.comm,
+                    exclude.as_mut_ptr(),
+                    count,
+                    &mut comm,
+                    (&raw mut config).cast::<c_void>(),
+                    0,
+                )
+            }
+        };
+        if made != SUCCESS && made != IN_PROGRESS {
+            return Err(self.table.error("ncclCommShrink", made));
+        }
+        let shrunk = Self {
+            table: self.table,
+            handle: RwLock::new(Handle {
+                comm,
+                aborted: false,
+            }),
+            patience,
+        };
+        if let Err(e) = shrunk.settle("ncclCommShrink") {
+            shrunk.abort();
+            return Err(e);
+        }
+        Ok(Some(shrunk))
     }
 
     /// Poll until the communicator's pending work is no longer in

@@ -33,6 +33,7 @@
 //! [`Site::Collective`]: crate::Site::Collective
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::round::{Input, Kind, Outcome, Part};
@@ -137,6 +138,37 @@ pub trait DeviceCollectives: Backend {
     /// type.
     unsafe fn abort(communicator: &Self::Communicator);
 
+    /// This rank's communicator of the survivors of `communicator`, once
+    /// the ranks `exclude` (ascending) left it: the library's own shrink
+    /// (NCCL's `ncclCommShrink`, from 2.27), which keeps the connections
+    /// among the survivors instead of setting every one up again. Its rank
+    /// in the result is its old rank less the excluded ranks below it.
+    /// `Ok(None)` where the library has no shrink: the group then joins a
+    /// fresh identity ([`join`](Self::join)), which this default does for
+    /// every library.
+    ///
+    /// # Safety
+    ///
+    /// `communicator` came from [`join`](Self::join) on this backend (or
+    /// from this call) and was not aborted; no call through it is in
+    /// flight; every rank of it that is not excluded calls this once, with
+    /// the same `exclude`, each on a thread of its own, and no excluded
+    /// rank does.
+    ///
+    /// # Errors
+    ///
+    /// What the library answered, or [`CollectiveError::Stalled`] when a
+    /// survivor did not come within `patience`.
+    unsafe fn shrink(
+        &mut self,
+        communicator: &Self::Communicator,
+        exclude: &[usize],
+        patience: Duration,
+    ) -> Result<Option<Self::Communicator>> {
+        let _ = (communicator, exclude, patience);
+        Ok(None)
+    }
+
     /// Whether the work `waiter` covers has finished, without blocking:
     /// how a rank whose peers live in other processes waits for a call
     /// with a deadline ([`Rank::join`](super::Rank::join)), where
@@ -223,16 +255,32 @@ pub(super) trait Mover<B: Backend>: Send + Sync {
     /// Abort every rank's communicator.
     fn abort_all(&self);
 
+    /// The group broke because a rank never came to a round: nobody
+    /// issued it, so no rank waits inside the library. Where every rank is
+    /// in this process, the communicators stay as they are, for the
+    /// survivors' shrink ([`regroup`](Self::regroup)); where peers live in
+    /// other processes the absent one may be dead, and its communicators
+    /// are aborted (the library's way to drop a peer that will not answer).
+    fn break_off(&self);
+
     /// The transport of a new membership epoch over `clients`, its ranks
-    /// in order (`collective/membership.rs`): every member joins new
-    /// communicators, each on a thread of its own, before the change is
-    /// decided on any rank.
+    /// in order (`collective/membership.rs`): `survivors` are the old ranks
+    /// of its first members, any member after them a newcomer. Every
+    /// member gets its communicator, each on a thread of its own, before
+    /// the change is decided on any rank: by the library's shrink where it
+    /// has one, no one is new and the old communicators are intact, else
+    /// by joining a fresh identity.
     ///
     /// # Errors
     ///
     /// What the library answered to a member's join: no member gets the
     /// new epoch.
-    fn regroup(&self, clients: &[Client<B>], deadline: Duration) -> Result<Box<dyn Mover<B>>>;
+    fn regroup(
+        &self,
+        survivors: &[usize],
+        clients: &[Client<B>],
+        deadline: Duration,
+    ) -> Result<Box<dyn Mover<B>>>;
 }
 
 /// This process's ranks' communicators of one group: every rank's, or —
@@ -243,6 +291,69 @@ pub(super) struct Communicators<B: DeviceCollectives> {
     pub(super) mine: Vec<Arc<B::Communicator>>,
     /// How many ranks the group has.
     pub(super) ranks: usize,
+    /// Set once [`Mover::abort_all`] aborted them: the library can shrink
+    /// none of them then.
+    pub(super) aborted: AtomicBool,
+}
+
+impl<B: DeviceCollectives> Communicators<B> {
+    /// Every rank's communicator is here: the group lives in this process.
+    fn every_rank_here(&self) -> bool {
+        self.first == 0 && self.mine.len() == self.ranks
+    }
+
+    /// The survivors' communicators by the library's shrink, each survivor
+    /// on a thread of its own: `None` where that cannot be (a communicator
+    /// aborted, a rank in another process, a newcomer, a library without a
+    /// shrink) or the library refused it, which the caller answers by
+    /// joining a fresh identity.
+    fn shrink(
+        &self,
+        survivors: &[usize],
+        clients: &[Client<B>],
+        patience: Duration,
+    ) -> Option<Communicators<B>> {
+        if self.aborted.load(Ordering::Acquire)
+            || !self.every_rank_here()
+            || survivors.is_empty()
+            || clients.len() != survivors.len()
+        {
+            return None;
+        }
+        let exclude: Vec<usize> = (0..self.ranks).filter(|r| !survivors.contains(r)).collect();
+        let shrunk: Vec<Result<Option<B::Communicator>>> = per_rank(survivors.len(), |rank| {
+            let communicator = &self.mine[survivors[rank]];
+            let shrink = |backend: &mut B| {
+                // SAFETY: the communicator is this survivor's, joined on
+                // this backend and not aborted (checked above, under the
+                // meeting every rank of the group is in: no call is in
+                // flight); every survivor calls this once, with the same
+                // `exclude`, on a thread of its own (`per_rank`), and no
+                // excluded rank does.
+                unsafe { backend.shrink(communicator, &exclude, patience) }
+            };
+            // SAFETY: shrinking makes a library object the core does not
+            // track, and leaves no work on any stream.
+            unsafe { clients[rank].with_backend_mut(shrink) }.and_then(|s| s)
+        });
+        let mut mine = Vec::with_capacity(shrunk.len());
+        for communicator in shrunk {
+            match communicator {
+                Ok(Some(communicator)) => mine.push(Arc::new(communicator)),
+                Ok(None) => return None,
+                Err(error) => {
+                    tracing::warn!("the library's shrink failed ({error}); joining anew");
+                    return None;
+                }
+            }
+        }
+        Some(Communicators {
+            first: 0,
+            ranks: mine.len(),
+            mine,
+            aborted: AtomicBool::new(false),
+        })
+    }
 }
 
 impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
@@ -280,17 +391,32 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
     }
 
     fn abort_all(&self) {
+        self.aborted.store(true, Ordering::Release);
         for communicator in &self.mine {
             // SAFETY: every communicator here was joined on a `B`.
             unsafe { B::abort(communicator) };
         }
     }
 
-    fn regroup(&self, clients: &[Client<B>], deadline: Duration) -> Result<Box<dyn Mover<B>>> {
-        // A fresh identity, not the library's own shrink: every survivor
-        // is in this process, so joining anew costs one setup, and it works
-        // the same whether the old communicators were aborted (a rank
-        // failed its call) or are intact (a rank never came).
+    fn break_off(&self) {
+        if !self.every_rank_here() {
+            self.abort_all();
+        }
+    }
+
+    fn regroup(
+        &self,
+        survivors: &[usize],
+        clients: &[Client<B>],
+        deadline: Duration,
+    ) -> Result<Box<dyn Mover<B>>> {
+        // The ranks meet in memory before every call, and that meeting
+        // keeps the deadline; the library's own patience only guards
+        // against a broken contract (as in `join_all`).
+        let patience = deadline.max(super::DEFAULT_DEADLINE);
+        if let Some(shrunk) = self.shrink(survivors, clients, patience) {
+            return Ok(Box::new(shrunk));
+        }
         Ok(Box::new(join_all::<B>(clients, deadline)?))
     }
 }
@@ -332,6 +458,7 @@ fn join_all<B: DeviceCollectives>(
         first: 0,
         mine,
         ranks,
+        aborted: AtomicBool::new(false),
     })
 }
 

@@ -434,7 +434,7 @@ impl<B: Backend> Rank<B> {
         }
         let device = match &shared.device {
             None => None,
-            Some(device) => match device.regroup(&clients, shared.deadline) {
+            Some(device) => match device.regroup(arrived, &clients, shared.deadline) {
                 Ok(device) => Some(device),
                 Err(error) => return Decided::Refused(error),
             },

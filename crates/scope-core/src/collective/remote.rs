@@ -568,6 +568,7 @@ impl<B: DeviceCollectives> Rank<B> {
         let mover: Box<dyn Mover<B>> = Box::new(Communicators::<B> {
             first: rank,
             mine: vec![communicator.clone()],
+            aborted: std::sync::atomic::AtomicBool::new(false),
             ranks,
         });
         let ballot: Box<dyn Ballot<B>> = Box::new(Ballots::<B> {

@@ -226,16 +226,18 @@ impl<B: Backend> Rank<B> {
 
 impl<B: Backend> Shared<B> {
     /// Break the group with `error` (a rank that never came): later calls
-    /// are refused, every waiter wakes to it, and — over a device transport
-    /// — every communicator is aborted, since NCCL requires an aborted
-    /// communicator to be re-created and a broken group takes no more calls.
+    /// are refused and every waiter wakes to it. Over a device transport
+    /// nobody issued the round, so no rank waits inside the library: the
+    /// communicators are aborted only where a peer lives in another
+    /// process and may be dead, and kept in one process for the survivors'
+    /// shrink ([`Mover::break_off`](super::device::Mover::break_off)).
     /// The one way a group breaks for a missing rank, collective or
     /// point-to-point.
     pub(super) fn break_with(&self, state: &mut State, error: &CollectiveError) {
         tracing::warn!("{error}");
         state.broken = Some(Arc::new(error.clone()));
         if let Some(device) = &self.device {
-            device.abort_all();
+            device.break_off();
         }
         self.changed.notify_all();
     }

@@ -129,6 +129,16 @@ macro_rules! nccl_collectives {
                 communicator.abort();
             }
 
+            unsafe fn shrink(
+                &mut self,
+                communicator: &Self::Communicator,
+                exclude: &[usize],
+                patience: ::std::time::Duration,
+            ) -> $crate::nccl::transport::Result<Option<Self::Communicator>> {
+                // SAFETY: `shrink`'s contract, passed on unchanged.
+                unsafe { $crate::nccl::transport::shrink(self, communicator, exclude, patience) }
+            }
+
             unsafe fn finished(waiter: &Self::Waiter) -> $crate::nccl::transport::Result<bool> {
                 <Self as $crate::nccl::NcclDevice>::waiter_done(waiter)
             }
@@ -179,6 +189,28 @@ pub unsafe fn join<B: NcclDevice>(
     // the device the library takes; every rank joins with this id and count
     // (`join`'s contract).
     unsafe { Communicator::join(table, *identity, rank, ranks, patience) }
+}
+
+/// [`DeviceCollectives::shrink`] through the library
+/// ([`nccl_collectives!`]): `ncclCommShrink` where it has one.
+///
+/// # Safety
+///
+/// [`DeviceCollectives::shrink`]'s contract.
+///
+/// # Errors
+///
+/// As [`DeviceCollectives::shrink`].
+pub unsafe fn shrink<B: NcclDevice>(
+    backend: &mut B,
+    communicator: &Communicator,
+    exclude: &[usize],
+    patience: Duration,
+) -> Result<Option<Communicator>> {
+    backend.bind_device()?;
+    // SAFETY: this server's device is current on the thread (bound above),
+    // the device of its rank; the rest is `shrink`'s contract.
+    unsafe { communicator.shrink(exclude, patience) }
 }
 
 /// [`DeviceCollectives::collective`] through the library

@@ -226,6 +226,14 @@ impl Mock {
         unsafe { f() }
     }
 
+    /// How many ranks shrank a communicator through the mock's
+    /// `ncclCommShrink`.
+    pub fn nccl_shrinks(&self) -> u64 {
+        let f: unsafe extern "C" fn() -> u64 = self.hook(self.nccl, b"scope_mock_nccl_shrinks\0");
+        // SAFETY: takes the mock's lock and reads a counter.
+        unsafe { f() }
+    }
+
     /// What the last NCCL violation was.
     pub fn last_nccl_violation(&self) -> String {
         let f: unsafe extern "C" fn() -> *const c_char =

@@ -126,6 +126,8 @@ typedef struct comm {
   clique *c;                 /* in this process */
   struct shared_clique *sh;  /* or across processes (see "shared mode") */
   int rank, aborted, destroyed;
+  /* How many times this rank shrank this communicator. */
+  unsigned long long shrunk;
   unsigned long long next_seq;
   /* Transfers posted to, and from, each peer: their numbers. */
   unsigned long long sent[MAX_RANKS], received[MAX_RANKS];
@@ -496,6 +498,69 @@ int ncclCommInitRankConfig(comm **out, int nranks, ncclUniqueId id, int rank, co
     if (pthread_cond_timedwait(&changed, &lock, &until) != 0)
       return refuse(INTERNAL, "ncclCommInitRank: rank %d waited 30 s for its peers", rank);
   return c->aborted ? REMOTE : SUCCESS;
+}
+
+/* How many ranks shrank a communicator (ncclCommShrink), for tests that
+ * tell the library's shrink from a fresh join. */
+static unsigned long long shrinks;
+unsigned long long scope_mock_nccl_shrinks(void) {
+  LOCKED;
+  return shrinks;
+}
+
+static int usable(comm *m, const char *call);
+
+/* NCCL 2.27's shrink, in-process communicators only: the survivors of the
+ * parent's clique, renumbered in order, form a new clique every survivor
+ * names the same way (the parent's id, and how many shrinks of it this
+ * rank made). A real NCCL refuses what this refuses. */
+#define SHRINK_ABORT 0x01
+int ncclCommShrink(comm *m, int *exclude, int nexclude, comm **out, config_head *config, int flags) {
+  LOCKED;
+  int bad = usable(m, "ncclCommShrink");
+  if (bad) return bad;
+  if (!out) return refuse(INVALID_ARGUMENT, "ncclCommShrink with a null communicator pointer");
+  if (m->sh) return refuse(INVALID_USAGE, "ncclCommShrink: the mock shrinks communicators of one process only");
+  if (config && config->magic != API_MAGIC)
+    return refuse(INVALID_ARGUMENT, "ncclCommShrink: the config was not made from NCCL_CONFIG_INITIALIZER");
+  if (flags & ~SHRINK_ABORT) return refuse(INVALID_ARGUMENT, "ncclCommShrink: unknown flags %#x", flags);
+  clique *parent = m->c;
+  if (parent->aborted && !(flags & SHRINK_ABORT))
+    return refuse(INVALID_USAGE, "ncclCommShrink of a communicator a peer aborted, without NCCL_SHRINK_ABORT");
+  if (nexclude < 0 || nexclude >= parent->nranks || (nexclude && !exclude))
+    return refuse(INVALID_ARGUMENT, "ncclCommShrink excluding %d of %d ranks", nexclude, parent->nranks);
+  int below = 0;
+  for (int i = 0; i < nexclude; i++) {
+    if (exclude[i] < 0 || exclude[i] >= parent->nranks || (i && exclude[i] <= exclude[i - 1]))
+      return refuse(INVALID_ARGUMENT, "ncclCommShrink: excluded ranks out of range or not ascending");
+    if (exclude[i] == m->rank) return refuse(INVALID_USAGE, "ncclCommShrink called by excluded rank %d", m->rank);
+    if (exclude[i] < m->rank) below++;
+  }
+  int nranks = parent->nranks - nexclude, rank = m->rank - below;
+  unsigned long long key = (parent->id << 20) | (unsigned long long)(++m->shrunk);
+  clique *c = cliques;
+  while (c && c->id != key) c = c->next;
+  if (!c) {
+    c = calloc(1, sizeof *c);
+    c->id = key;
+    c->nranks = nranks;
+    c->next = cliques;
+    cliques = c;
+  }
+  if (c->nranks != nranks)
+    return refuse(INVALID_ARGUMENT, "ncclCommShrink: %d survivors where a peer said %d", nranks, c->nranks);
+  if (c->present[rank]) return refuse(INVALID_USAGE, "ncclCommShrink: survivor %d shrank twice", rank);
+  c->present[rank] = 1;
+  c->devices[rank] = parent->devices[m->rank];
+  c->joined++;
+  shrinks++;
+  pthread_cond_broadcast(&changed);
+  comm *n = calloc(1, sizeof *n);
+  n->c = c;
+  n->rank = rank;
+  *out = n;
+  if (!config || config->blocking == 0) return c->joined == c->nranks ? SUCCESS : IN_PROGRESS;
+  return refuse(INVALID_USAGE, "ncclCommShrink: the mock shrinks to non-blocking communicators");
 }
 
 static int usable(comm *m, const char *call) {
