@@ -77,6 +77,17 @@ pub fn load_nccl() -> Result<()> {
     nccl().map(drop)
 }
 
+/// Whether the NCCL here has `ncclCommShrink` (2.27 and later), which the
+/// survivors of a group in one process shrink through; without it they
+/// join a fresh identity.
+///
+/// # Errors
+///
+/// As [`load_nccl`].
+pub fn nccl_can_shrink() -> Result<bool> {
+    Ok(nccl()?.comm_shrink.is_some())
+}
+
 // The collectives through the library, in the order of steps scope-native
 // writes once for CUDA and HIP.
 scope_native::nccl_collectives!(Cuda);

@@ -150,7 +150,7 @@ use scope_core::{Backend, Client, Kernel, Language, LaunchLimits, Result, Stream
 use scope_native::ParamTable;
 
 pub use capture::CudaGraph;
-pub use collective::load_nccl;
+pub use collective::{load_nccl, nccl_can_shrink};
 pub use device::{CudaStreamState, CudaWaiter, cuda_driver_version, probe, total_memory};
 pub use launch::{CudaKernel, nvrtc_options, nvrtc_ptx, nvrtc_version};
 pub use memory::CudaMemory;
