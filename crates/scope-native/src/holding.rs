@@ -128,7 +128,7 @@ mod tests {
                 opening
             });
             let opening = opened.expect("alone: no other holder yet");
-            assert_eq!(seen.recv().unwrap(), false, "taken after the reset");
+            assert!(!seen.recv().unwrap(), "taken after the reset");
             let other = opening.join().unwrap();
             assert_eq!(a.others(), 1);
             drop(other);
