@@ -248,17 +248,21 @@ impl<B: Backend> Server<B> {
         } else {
             Few::new()
         };
-        let mut scope = if inputs_clean {
-            ExecuteScope::entering(&mut books, name, stream, &read, written)
+        let running = if inputs_clean {
+            Ok(ExecuteScope::entering(
+                &mut books, name, stream, &read, written, indirect,
+            ))
         } else {
-            ExecuteScope::launching(&mut books, name, stream, &read, written)
+            let scope = ExecuteScope::launching(&mut books, name, stream, &read, written);
+            if indirect {
+                scope.writing_at_most().run()
+            } else {
+                scope.run()
+            }
         };
-        if indirect {
-            scope = scope.writing_at_most();
-        }
         // The body in this function's own code, not a closure
         // ([`ExecuteScope::run`]).
-        let outcome = match scope.run() {
+        let outcome = match running {
             Err(skipped) => skipped,
             Ok(running) if runs_nothing => running.finish(Ok(())),
             Ok(mut running) => {
