@@ -118,18 +118,21 @@ impl<B: Backend> Server<B> {
                 binding.slice.range,
                 &what,
             )?;
-            if (r.range.start & mask) | (r.range.len() & 3) != 0
+            // `resolve` refused a reversed or empty range: the subtraction
+            // needs none of `len`'s saturation.
+            let len = r.range.end - r.range.start;
+            if (r.range.start & mask) | (len & 3) != 0
                 || (divide && !r.range.start.is_multiple_of(alignment))
             {
                 return Err(misplaced(what(), r.range, alignment));
             }
             mine &= entry.last_user == stream;
             let access = binding.access;
-            match memory.of(r.buffer) {
+            match memory.of_live(r.buffer) {
                 Some(memory) => bound.push(Bound {
                     memory,
                     offset: r.range.start,
-                    len: r.range.len(),
+                    len,
                     access,
                 }),
                 None => {
