@@ -129,7 +129,7 @@ impl<B: Backend> Server<B> {
             mine &= entry.last_user == stream;
             let access = binding.access;
             match memory.of_live(r.buffer) {
-                Some(memory) => bound.push(Bound {
+                Some(memory) => bound.push_with(|| Bound {
                     memory,
                     offset: r.range.start,
                     len,
