@@ -45,6 +45,20 @@ impl<T: Copy, const N: usize> Few<T, N> {
         }
     }
 
+    /// Append the value `make` builds, built where it is stored: a value
+    /// built first and then pushed was built on the stack and copied into
+    /// its slot.
+    #[inline]
+    pub(crate) fn push_with(&mut self, make: impl FnOnce() -> T) {
+        match self.inline.get_mut(self.len) {
+            Some(slot) => {
+                slot.write(make());
+                self.len += 1;
+            }
+            None => self.spill(make()),
+        }
+    }
+
     /// The list has outgrown its array: from now on every value is on the
     /// heap.
     #[cold]
@@ -94,7 +108,11 @@ mod tests {
         let mut few: Few<u32, 2> = Few::new();
         assert!(few.is_empty());
         for i in 0..5 {
-            few.push(i);
+            if i % 2 == 0 {
+                few.push(i);
+            } else {
+                few.push_with(|| i);
+            }
             assert_eq!(&few[..], &(0..=i).collect::<Vec<_>>()[..]);
         }
     }

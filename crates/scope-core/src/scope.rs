@@ -229,6 +229,12 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
     /// can carry a failure, so the scope enters without looking again. The
     /// launch path resolves each binding once and reads its claims there,
     /// where a second lookup per input here was a tenth of its cost.
+    ///
+    /// A scope that cannot skip, so it comes back running, as
+    /// [`run`](Self::run) would give it, with `maybe` as
+    /// [`writing_at_most`](Self::writing_at_most) sets it: built as a scope
+    /// and taken apart again, its fields were stored and copied twice on
+    /// every launch.
     #[inline(always)]
     pub(crate) fn entering(
         server: &'a mut S,
@@ -236,19 +242,24 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         stream: StreamId,
         read: &'a [BufferRange],
         written: Vec<BufferRange>,
-    ) -> Self {
+        maybe: bool,
+    ) -> Running<'a, S> {
         debug_assert!(
             server.store().read_failure(read).is_none(),
             "entering: an input carries a failure"
         );
-        let mut scope = Self::enter(
+        let provisional =
+            server
+                .store()
+                .enter_write(&written, Work::new(WorkKind::Launch, stream), Some(kernel));
+        Running {
             server,
-            Work::new(WorkKind::Launch, stream),
-            Some(kernel),
+            stream,
             written,
-        );
-        scope.read = read;
-        scope
+            read,
+            provisional,
+            maybe,
+        }
     }
 
     /// Work whose extent only the device knows (an indirect launch): it may

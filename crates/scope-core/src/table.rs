@@ -66,6 +66,16 @@ impl<M> Memories<M> {
         slot.entry.as_ref()
     }
 
+    /// The memory of a buffer the [`Ledger`] just found live under `id`:
+    /// both tables take a slot's generation together, so the slot alone
+    /// finds it, and the launch path, which has looked the binding up in
+    /// the ledger already, does not compare the generation a second time.
+    /// `None` for a buffer without memory.
+    #[inline]
+    pub(crate) fn of_live(&self, id: BufferId) -> Option<&M> {
+        self.slots.get(id.slot() as usize)?.entry.as_ref()
+    }
+
     /// The memory of a live, allocated buffer.
     pub(crate) fn get(&self, id: BufferId) -> Result<&M, Error> {
         // `ok_or_else`: an `Error` built eagerly and dropped on success cost

@@ -189,7 +189,10 @@ impl Taint {
         {
             // The success path: the one claim, wholly rewritten.
             let failure = only.failure;
-            self.claims.clear();
+            // `pop`, not `clear`: `clear` is a loop over the claims that the
+            // launch path's build left out of line, a call and thirty
+            // instructions to drop one claim, where `pop` inlines to a few.
+            drop(self.claims.pop());
             failures.release(failure);
             return;
         }

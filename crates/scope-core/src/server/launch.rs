@@ -118,18 +118,21 @@ impl<B: Backend> Server<B> {
                 binding.slice.range,
                 &what,
             )?;
-            if (r.range.start & mask) | (r.range.len() & 3) != 0
+            // `resolve` refused a reversed or empty range: the subtraction
+            // needs none of `len`'s saturation.
+            let len = r.range.end - r.range.start;
+            if (r.range.start & mask) | (len & 3) != 0
                 || (divide && !r.range.start.is_multiple_of(alignment))
             {
                 return Err(misplaced(what(), r.range, alignment));
             }
             mine &= entry.last_user == stream;
             let access = binding.access;
-            match memory.of(r.buffer) {
-                Some(memory) => bound.push(Bound {
+            match memory.of_live(r.buffer) {
+                Some(memory) => bound.push_with(|| Bound {
                     memory,
                     offset: r.range.start,
-                    len: r.range.len(),
+                    len,
                     access,
                 }),
                 None => {
@@ -248,17 +251,21 @@ impl<B: Backend> Server<B> {
         } else {
             Few::new()
         };
-        let mut scope = if inputs_clean {
-            ExecuteScope::entering(&mut books, name, stream, &read, written)
+        let running = if inputs_clean {
+            Ok(ExecuteScope::entering(
+                &mut books, name, stream, &read, written, indirect,
+            ))
         } else {
-            ExecuteScope::launching(&mut books, name, stream, &read, written)
+            let scope = ExecuteScope::launching(&mut books, name, stream, &read, written);
+            if indirect {
+                scope.writing_at_most().run()
+            } else {
+                scope.run()
+            }
         };
-        if indirect {
-            scope = scope.writing_at_most();
-        }
         // The body in this function's own code, not a closure
         // ([`ExecuteScope::run`]).
-        let outcome = match scope.run() {
+        let outcome = match running {
             Err(skipped) => skipped,
             Ok(running) if runs_nothing => running.finish(Ok(())),
             Ok(mut running) => {
