@@ -108,6 +108,24 @@ struct Config {
     split_share: c_int,
 }
 
+impl Config {
+    /// `NCCL_CONFIG_INITIALIZER`'s head with its own size and `blocking =
+    /// 0`: every communicator here is non-blocking.
+    fn non_blocking() -> Self {
+        Self {
+            size: size_of::<Config>(),
+            magic: API_MAGIC,
+            version: CONFIG_VERSION,
+            blocking: 0,
+            cga_cluster_size: UNDEF,
+            min_ctas: UNDEF,
+            max_ctas: UNDEF,
+            net_name: std::ptr::null(),
+            split_share: UNDEF,
+        }
+    }
+}
+
 /// `NCCL_API_MAGIC`.
 const API_MAGIC: u32 = 0xcafe_beef;
 /// `NCCL_CONFIG_UNDEF_INT`: "the library's default".
@@ -376,17 +394,7 @@ impl Communicator {
         let (Ok(rank), Ok(ranks)) = (c_int::try_from(rank), c_int::try_from(ranks)) else {
             return Err(Error::invalid("nccl communicator", "too many ranks"));
         };
-        let mut config = Config {
-            size: size_of::<Config>(),
-            magic: API_MAGIC,
-            version: CONFIG_VERSION,
-            blocking: 0,
-            cga_cluster_size: UNDEF,
-            min_ctas: UNDEF,
-            max_ctas: UNDEF,
-            net_name: std::ptr::null(),
-            split_share: UNDEF,
-        };
+        let mut config = Config::non_blocking();
         let mut comm: RawComm = std::ptr::null_mut();
         // SAFETY: `comm` and `config` outlive the call; the config is
         // NCCL_CONFIG_INITIALIZER's head with its own size and `blocking =
@@ -449,17 +457,7 @@ impl Communicator {
             .map_err(|_| Error::invalid("nccl communicator", "too many ranks"))?;
         let count = c_int::try_from(exclude.len())
             .map_err(|_| Error::invalid("nccl communicator", "too many ranks"))?;
-        let mut config = Config {
-            size: size_of::<Config>(),
-            magic: API_MAGIC,
-            version: CONFIG_VERSION,
-            blocking: 0,
-            cga_cluster_size: UNDEF,
-            min_ctas: UNDEF,
-            max_ctas: UNDEF,
-            net_name: std::ptr::null(),
-            split_share: UNDEF,
-        };
+        let mut config = Config::non_blocking();
         let mut comm: RawComm = std::ptr::null_mut();
         let made = {
             let handle = self.handle.read();

@@ -425,6 +425,21 @@ int scope_mock_nccl_shared_id(const char *dir, ncclUniqueId *id) {
   return SUCCESS;
 }
 
+/* The in-process clique `key` names, made (of `nranks`) by its first
+ * member. The lock is held. */
+static clique *clique_of(unsigned long long key, int nranks) {
+  clique *c = cliques;
+  while (c && c->id != key) c = c->next;
+  if (!c) {
+    c = calloc(1, sizeof *c);
+    c->id = key;
+    c->nranks = nranks;
+    c->next = cliques;
+    cliques = c;
+  }
+  return c;
+}
+
 int ncclCommInitRankConfig(comm **out, int nranks, ncclUniqueId id, int rank, config_head *config) {
   LOCKED;
   if (!out) return refuse(INVALID_ARGUMENT, "ncclCommInitRankConfig with a null communicator pointer");
@@ -466,15 +481,7 @@ int ncclCommInitRankConfig(comm **out, int nranks, ncclUniqueId id, int rank, co
   }
   unsigned long long key;
   memcpy(&key, id.internal + 8, sizeof key);
-  clique *c = cliques;
-  while (c && c->id != key) c = c->next;
-  if (!c) {
-    c = calloc(1, sizeof *c);
-    c->id = key;
-    c->nranks = nranks;
-    c->next = cliques;
-    cliques = c;
-  }
+  clique *c = clique_of(key, nranks);
   if (c->nranks != nranks)
     return refuse(INVALID_ARGUMENT, "ncclCommInitRankConfig: %d ranks where a peer said %d", nranks, c->nranks);
   if (c->present[rank]) return refuse(INVALID_USAGE, "ncclCommInitRankConfig: rank %d joined twice", rank);
@@ -538,15 +545,7 @@ int ncclCommShrink(comm *m, int *exclude, int nexclude, comm **out, config_head 
   }
   int nranks = parent->nranks - nexclude, rank = m->rank - below;
   unsigned long long key = (parent->id << 20) | (unsigned long long)(++m->shrunk);
-  clique *c = cliques;
-  while (c && c->id != key) c = c->next;
-  if (!c) {
-    c = calloc(1, sizeof *c);
-    c->id = key;
-    c->nranks = nranks;
-    c->next = cliques;
-    cliques = c;
-  }
+  clique *c = clique_of(key, nranks);
   if (c->nranks != nranks)
     return refuse(INVALID_ARGUMENT, "ncclCommShrink: %d survivors where a peer said %d", nranks, c->nranks);
   if (c->present[rank]) return refuse(INVALID_USAGE, "ncclCommShrink: survivor %d shrank twice", rank);
