@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 
 use parking_lot::Mutex;
+use scope_core::{Error, Result};
 
 /// How many servers of this process hold each device, by API and ordinal.
 static HOLDERS: Mutex<BTreeMap<(&'static str, usize), usize>> = Mutex::new(BTreeMap::new());
@@ -52,6 +53,31 @@ impl Holding {
             0 => Ok(reset()),
             others => Err(others),
         }
+    }
+}
+
+impl Holding {
+    /// [`alone`](Self::alone) for a reset after `broken`, refused with
+    /// [`Error::Refused`] naming the device, `broken` and how many other
+    /// servers hold the device; `reset` is what `what` names ("a reset").
+    ///
+    /// # Errors
+    ///
+    /// The refusal above, or what `reset` answered.
+    pub fn reset_alone<R>(
+        &self,
+        what: &str,
+        broken: &Error,
+        reset: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        let (api, ordinal) = self.key;
+        self.alone(reset).map_err(|others| {
+            Error::refused(format!(
+                "{api} device {ordinal} cannot be reset after {broken}: {others} other client(s) \
+                 of this process hold it, and {what} would destroy their memory; recover once \
+                 they are dropped"
+            ))
+        })?
     }
 }
 

@@ -31,8 +31,10 @@
 
 mod holding;
 pub mod nccl;
+mod restart;
 
 pub use holding::Holding;
+pub use restart::ProcessFatal;
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_void};

@@ -26,8 +26,6 @@
 //! server of this process holds the same device ([`scope_native::Holding`]): it would
 //! destroy that client's memory under it.
 
-use std::sync::Arc;
-
 use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUresult};
 use scope_core::{Error, Result};
@@ -55,35 +53,17 @@ pub const PROCESS_FATAL: &[CUresult] = &[
     CUresult::CUDA_ERROR_LAUNCH_FAILED,
 ];
 
-/// What the driver's reference says of every [`PROCESS_FATAL`] code.
-const PROCESS_FATAL_REASON: &str = "CUDA's documentation says that after this error the \
-     process must be terminated and relaunched to use CUDA again";
+/// CUDA's process-fatal faults, as the reopen (and its tests) decide them.
+const FATAL: scope_native::ProcessFatal = scope_native::ProcessFatal {
+    backend: BACKEND,
+    names: |name| PROCESS_FATAL.iter().any(|code| code_name(*code) == name),
+    reason: "CUDA's documentation says that after this error the process must be terminated \
+             and relaunched to use CUDA again",
+};
 
 /// Whether CUDA's documentation says `code` ends the process's use of CUDA.
 pub fn ends_the_process(code: CUresult) -> bool {
     PROCESS_FATAL.contains(&code)
-}
-
-/// The process-fatal code `fault` carries, if it is this backend's.
-fn process_fatal_in(fault: &Error) -> Option<CUresult> {
-    let Error::Fault(fault) = fault else {
-        return None;
-    };
-    if fault.backend != BACKEND {
-        return None;
-    }
-    PROCESS_FATAL
-        .iter()
-        .copied()
-        .find(|code| code_name(*code) == fault.code)
-}
-
-fn restart_required(fault: &Error) -> Error {
-    Error::RestartRequired {
-        backend: BACKEND,
-        fault: Arc::new(fault.clone()),
-        reason: PROCESS_FATAL_REASON.to_owned(),
-    }
 }
 
 impl Cuda {
@@ -94,14 +74,10 @@ impl Cuda {
         fault: &Error,
         streams: &mut [&mut CudaStreamState],
     ) -> Result<()> {
-        if process_fatal_in(fault).is_some() {
-            return Err(restart_required(fault));
-        }
+        FATAL.refuse(fault)?;
         self.give_up_device(streams)?;
         if let Err(broken) = self.context_works() {
-            if process_fatal_in(&broken).is_some() {
-                return Err(restart_required(&broken));
-            }
+            FATAL.refuse(&broken)?;
             self.reset_context(&broken)?;
         }
         self.pool = Pool::new(&self.ctx, self.info.ordinal)?;
@@ -178,13 +154,9 @@ impl Cuda {
                 .map_err(start("cuDevicePrimaryCtxReset"))?;
             open_context(ordinal)
         };
-        self.ctx = self.holding.alone(reset).map_err(|others| {
-            Error::refused(format!(
-                "cuda device {ordinal} cannot be reset after {broken}: {others} other client(s) \
-                 of this process hold it, and a reset of its primary context would destroy \
-                 their memory; recover once they are dropped"
-            ))
-        })??;
+        self.ctx = self
+            .holding
+            .reset_alone("a reset of its primary context", broken, reset)?;
         tracing::warn!(
             backend = BACKEND,
             device = ordinal,
@@ -215,12 +187,12 @@ mod tests {
             assert!(crate::error::is_sticky(*code), "{code:?} is sticky");
             assert!(
                 matches!(
-                    restart_required(&fault(*code)),
-                    Error::RestartRequired { .. }
+                    FATAL.refuse(&fault(*code)),
+                    Err(Error::RestartRequired { .. })
                 ),
                 "{code:?}"
             );
-            assert_eq!(process_fatal_in(&fault(*code)), Some(*code));
+            assert!(FATAL.ends_the_process(&fault(*code)));
         }
     }
 
@@ -228,13 +200,13 @@ mod tests {
     fn the_other_sticky_codes_and_other_backends_faults_may_be_reset() {
         for code in crate::error::STICKY {
             if !PROCESS_FATAL.contains(code) {
-                assert_eq!(process_fatal_in(&fault(*code)), None, "{code:?}");
+                assert!(!FATAL.ends_the_process(&fault(*code)), "{code:?}");
             }
         }
         let Error::Fault(mut other) = fault(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS) else {
             unreachable!()
         };
         other.backend = "hip";
-        assert_eq!(process_fatal_in(&Error::Fault(other)), None);
+        assert!(!FATAL.ends_the_process(&Error::Fault(other)));
     }
 }

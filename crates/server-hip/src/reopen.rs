@@ -21,8 +21,6 @@
 //! Untested on AMD hardware: the mock HIP runtime (`tests/mock/mock_hip.c`)
 //! implements the reset and the sticky codes as described here.
 
-use std::sync::Arc;
-
 use scope_core::{Error, Result};
 
 use crate::device::{Hip, HipStream};
@@ -39,30 +37,13 @@ pub const PROCESS_FATAL: [HipErrorCode; 4] = [
     code::LAUNCH_TIME_OUT,
 ];
 
-const PROCESS_FATAL_REASON: &str = "HIP follows CUDA's rule for this code, whose documentation \
-     says that after it the process must be terminated and relaunched to use the device again";
-
-/// The process-fatal code `fault` carries, if it is this backend's.
-fn process_fatal_in(fault: &Error) -> Option<HipErrorCode> {
-    let Error::Fault(fault) = fault else {
-        return None;
-    };
-    if fault.backend != BACKEND {
-        return None;
-    }
-    PROCESS_FATAL
-        .iter()
-        .copied()
-        .find(|c| code_name(*c) == Some(fault.code.as_str()))
-}
-
-fn restart_required(fault: &Error) -> Error {
-    Error::RestartRequired {
-        backend: BACKEND,
-        fault: Arc::new(fault.clone()),
-        reason: PROCESS_FATAL_REASON.to_owned(),
-    }
-}
+/// HIP's process-fatal faults, as the reopen (and its tests) decide them.
+const FATAL: scope_native::ProcessFatal = scope_native::ProcessFatal {
+    backend: BACKEND,
+    names: |name| PROCESS_FATAL.iter().any(|c| code_name(*c) == Some(name)),
+    reason: "HIP follows CUDA's rule for this code, whose documentation says that after it the \
+             process must be terminated and relaunched to use the device again",
+};
 
 impl Hip {
     /// [`Backend::reopen`](scope_core::Backend::reopen) for HIP: see the
@@ -72,9 +53,7 @@ impl Hip {
         fault: &Error,
         streams: &mut [&mut HipStream],
     ) -> Result<()> {
-        if process_fatal_in(fault).is_some() {
-            return Err(restart_required(fault));
-        }
+        FATAL.refuse(fault)?;
         let _ = self.make_current();
         self.pool = Pool::default();
         self.staging = Staging::default();
@@ -85,9 +64,7 @@ impl Hip {
         }
         self.make_current()?;
         if let Err(broken) = self.device_works() {
-            if process_fatal_in(&broken).is_some() {
-                return Err(restart_required(&broken));
-            }
+            FATAL.refuse(&broken)?;
             self.reset_device(&broken)?;
         }
         self.params = scope_native::ParamTable::new(&crate::launch::API_RULES);
@@ -130,16 +107,9 @@ impl Hip {
             // reopen).
             unsafe { self.api.device_reset() }
         };
-        self.holding
-            .alone(reset)
-            .map_err(|others| {
-                Error::refused(format!(
-                    "hip device {ordinal} cannot be reset after {broken}: {others} other \
-                     client(s) of this process hold it, and a reset would destroy their \
-                     memory; recover once they are dropped"
-                ))
-            })?
-            .map_err(|e: HipError| e.into_error(Doing::Other(None)))?;
+        self.holding.reset_alone("a reset", broken, || {
+            reset().map_err(|e: HipError| e.into_error(Doing::Other(None)))
+        })?;
         tracing::warn!(
             backend = BACKEND,
             device = ordinal,
@@ -162,10 +132,10 @@ mod tests {
     fn the_codes_cuda_calls_process_fatal_require_a_restart() {
         for code in PROCESS_FATAL {
             assert!(crate::error::is_sticky(code), "{code} is sticky");
-            assert_eq!(process_fatal_in(&fault(code)), Some(code));
+            assert!(FATAL.ends_the_process(&fault(code)));
             assert!(matches!(
-                restart_required(&fault(code)),
-                Error::RestartRequired { backend: "hip", .. }
+                FATAL.refuse(&fault(code)),
+                Err(Error::RestartRequired { backend: "hip", .. })
             ));
         }
     }
@@ -174,7 +144,7 @@ mod tests {
     fn other_sticky_codes_and_other_backends_faults_may_be_reset() {
         for code in [code::ECC_NOT_CORRECTABLE, code::CONTEXT_IS_DESTROYED] {
             assert!(crate::error::is_sticky(code));
-            assert_eq!(process_fatal_in(&fault(code)), None, "{code}");
+            assert!(!FATAL.ends_the_process(&fault(code)), "{code}");
         }
         let cuda = Error::Fault(DeviceFault {
             backend: "cuda",
@@ -183,6 +153,6 @@ mod tests {
             stream: None,
             detail: String::new(),
         });
-        assert_eq!(process_fatal_in(&cuda), None);
+        assert!(!FATAL.ends_the_process(&cuda));
     }
 }
