@@ -22,7 +22,9 @@
 //! `SCOPE_BENCH_ONLY=server-same|server-distinct|raw-same|raw-distinct`
 //! runs that one loop of the launch overhead for a few seconds and prints
 //! nothing else, for a sampling profiler (`perf record`) to see that path
-//! alone.
+//! alone; `SCOPE_BENCH_SECONDS` sets how long (5 by default). Under
+//! `valgrind --tool=callgrind`, two runs of different lengths give one
+//! launch's instructions by difference, over the rounds each printed.
 
 use std::time::{Duration, Instant};
 
@@ -407,7 +409,11 @@ fn main() {
             server_wgpu::BATCH_LIMIT
         );
         if let Ok(which) = std::env::var("SCOPE_BENCH_ONLY") {
-            only(&c, &which, 5.0);
+            let seconds = std::env::var("SCOPE_BENCH_SECONDS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(5.0);
+            only(&c, &which, seconds);
             continue;
         }
         launch_overhead(&c);
