@@ -43,11 +43,10 @@ use crate::run;
 pub const SELECT: [&str; 2] = ["--workspace", "--all-features"];
 
 /// What a cold build costs, for the line printed before one: on a 2-core
-/// machine with the crates already downloaded, the demo's build took 5.5
-/// minutes from an empty target folder and the test binaries 2.1 more after
+/// machine with the crates already downloaded, the demo's build took 9.0
+/// minutes from an empty target folder and the test binaries 2.3 more after
 /// it; a fresh machine adds the download.
-pub const COLD: &str =
-    "6-8 minutes on a 2-core machine once the crates are downloaded (downloading them adds more)";
+pub const COLD: &str = "about 9 minutes on a 2-core machine once the crates are downloaded (downloading them adds more)";
 
 /// One executable cargo built.
 #[derive(Clone, Debug)]
