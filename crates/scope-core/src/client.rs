@@ -147,7 +147,7 @@ impl<B: Backend> Client<B> {
         };
         let queue = Arc::new(FreeQueue::default());
         let hooks = Arc::new(Hooks::default());
-        let server = Server::new(backend, id, hooks.clone(), limits.launch.max_workgroups)?;
+        let server = Server::new(backend, id, hooks.clone())?;
         tracing::info!(backend = B::NAME, device = %description, "scope server ready");
         Ok(Self {
             shared: Arc::new(Shared {

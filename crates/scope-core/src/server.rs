@@ -67,6 +67,41 @@ pub const MAX_STREAMS: usize = 1024;
 /// syncs it to bound the list.
 const IN_FLIGHT_LIMIT: usize = 1 << 16;
 
+/// What every launch is checked against that only changes when the device
+/// opens (again): worked out then, not asked of the backend per launch.
+pub(crate) struct LaunchRules {
+    /// The backend's grid (`LaunchLimits::max_workgroups`): host-given
+    /// counts past it are refused before any backend check.
+    max_workgroups: [u32; 3],
+    /// The binding alignment (`Backend::binding_alignment`).
+    alignment: u64,
+    /// `alignment - 1` where it is a power of two (Vulkan's is, by
+    /// specification, and every API's so far), else 0: a mask spares a
+    /// 64-bit division per binding, and one test covers the offset and
+    /// the length in whole words.
+    mask: u64,
+    /// Whether the alignment is not a power of two, so that an offset
+    /// needs the division after all.
+    divide: bool,
+}
+
+impl LaunchRules {
+    fn of<B: Backend>(backend: &B) -> Self {
+        let alignment = backend.binding_alignment();
+        let (mask, divide) = if alignment.is_power_of_two() {
+            (alignment - 1, false)
+        } else {
+            (0, true)
+        };
+        Self {
+            max_workgroups: backend.launch_limits().max_workgroups,
+            alignment,
+            mask,
+            divide,
+        }
+    }
+}
+
 pub(crate) struct StreamState<S> {
     device: S,
     window: CaptureWindow,
@@ -247,9 +282,9 @@ pub struct Server<B: Backend> {
     /// (kept across attempts that fail, as `to_remake` is: a later attempt
     /// finds them already given up).
     graphs_lost: usize,
-    /// The backend's grid (`LaunchLimits::max_workgroups`): host-given
-    /// counts past it are refused before any backend check.
-    max_workgroups: [u32; 3],
+    /// What a launch is checked against, worked out when the device
+    /// opens.
+    rules: LaunchRules,
     write_sets: Vec<Vec<BufferRange>>,
     hooks: Arc<Hooks>,
     copy_label: Arc<str>,
@@ -320,7 +355,7 @@ pub(crate) struct Device<'s, B: Backend> {
     kernels: &'s [B::Kernel],
     kernel_index: &'s HashMap<KernelId, usize, BuildHasherDefault<IdHasher>>,
     last_kernel: &'s mut Option<(KernelId, usize)>,
-    max_workgroups: [u32; 3],
+    rules: &'s LaunchRules,
     graphs: &'s HashMap<GraphId, GraphEntry<B::Graph>>,
     #[cfg(feature = "fault-injection")]
     faults: &'s mut crate::fault::FaultPlan,
@@ -345,11 +380,21 @@ fn consult(
 ) -> Result<()> {
     #[cfg(feature = "fault-injection")]
     if let Some(error) = faults.check(site, stream) {
-        tracing::debug!(?site, ?stream, "injected: {error}");
-        return Err(error);
+        return Err(injected(site, stream, error));
     }
     let _ = (site, stream);
     Ok(())
+}
+
+/// An injected failure, logged: out of line, so that the event's
+/// formatting takes no room in the frame of every unit of work that asks
+/// the plan.
+#[cfg(feature = "fault-injection")]
+#[cold]
+#[inline(never)]
+fn injected(site: Site, stream: Option<StreamId>, error: Error) -> Error {
+    tracing::debug!(?site, ?stream, "injected: {error}");
+    error
 }
 
 /// `len` zeroed bytes of host memory, or [`Error::OutOfMemory`] when the
@@ -382,12 +427,8 @@ fn two<S>(streams: &mut [S], a: usize, b: usize) -> (&mut S, &mut S) {
 }
 
 impl<B: Backend> Server<B> {
-    pub(crate) fn new(
-        mut backend: B,
-        id: ServerId,
-        hooks: Arc<Hooks>,
-        max_workgroups: [u32; 3],
-    ) -> Result<Self> {
+    pub(crate) fn new(mut backend: B, id: ServerId, hooks: Arc<Hooks>) -> Result<Self> {
+        let rules = LaunchRules::of(&backend);
         // SAFETY: the backend's first stream, numbered 0.
         let first = unsafe { backend.create_stream(StreamId(0))? };
         Ok(Self {
@@ -412,7 +453,7 @@ impl<B: Backend> Server<B> {
             reopened: 0,
             to_remake: Vec::new(),
             graphs_lost: 0,
-            max_workgroups,
+            rules,
             write_sets: Vec::new(),
             hooks,
             copy_label: Arc::from("copy"),
@@ -463,7 +504,7 @@ impl<B: Backend> Server<B> {
             kernel_index,
             last_kernel,
             graphs,
-            max_workgroups,
+            rules,
             write_sets,
             hooks,
             #[cfg(feature = "fault-injection")]
@@ -484,7 +525,7 @@ impl<B: Backend> Server<B> {
                 kernels,
                 kernel_index,
                 last_kernel,
-                max_workgroups: *max_workgroups,
+                rules,
                 graphs,
                 #[cfg(feature = "fault-injection")]
                 faults,

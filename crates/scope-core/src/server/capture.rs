@@ -250,7 +250,7 @@ impl<B: Backend> Server<B> {
                     books,
                     Site::Replay,
                     stream,
-                    (touched.iter().copied(), false),
+                    (&touched.iter().copied(), false),
                     written,
                     |d| {
                         let graph = d.graphs.get(&id).and_then(|e| e.graph.as_ref());

@@ -5,7 +5,7 @@
 //! (`benches/launch_path.rs`).
 
 use super::handles;
-use super::ordering::refuse_recorded_elsewhere;
+use super::ordering::refuse_recorded_while_capturing;
 use crate::few::Few;
 
 use super::*;
@@ -77,7 +77,6 @@ impl<B: Backend> Server<B> {
         compiled_now: bool,
     ) -> Result<()> {
         let (mut books, mut device) = self.split();
-        let alignment = device.backend.binding_alignment();
         let name = kernel.name();
         let memory = device.memory;
         let indirect = matches!(dispatch, Dispatch::Indirect(_));
@@ -101,14 +100,12 @@ impl<B: Backend> Server<B> {
         // then none can make the scope skip, and it need not look again
         // ([`ExecuteScope::entering`]).
         let mut inputs_clean = true;
-        // A binding alignment is a power of two on every API (Vulkan's by
-        // specification): a mask then spares a 64-bit division per binding,
-        // and one test covers the offset and the length in whole words.
-        let (mask, divide) = if alignment.is_power_of_two() {
-            (alignment - 1, false)
-        } else {
-            (0, true)
-        };
+        let LaunchRules {
+            alignment,
+            mask,
+            divide,
+            ..
+        } = *device.rules;
         for (i, binding) in bindings.iter().enumerate() {
             let what = || format!("binding {i} of `{name}`");
             let (r, entry) = handles::resolve(
@@ -181,7 +178,15 @@ impl<B: Backend> Server<B> {
             .iter()
             .map(|b| b.slice.buffer.id())
             .chain(indirect_buffer);
-        refuse_recorded_elsewhere(books.streams, books.ledger, stream, touched.clone())?;
+        // Whether any stream captures: where none does (the common case),
+        // nothing is refused and this stream does not record.
+        let capturing = books
+            .streams
+            .iter()
+            .any(|s| s.window.state() != CaptureState::NoCapture);
+        if capturing {
+            refuse_recorded_while_capturing(books.streams, books.ledger, stream, touched.clone())?;
+        }
         if indirect {
             // An indirect launch's counts are on the device: the core cannot
             // know, when the launch concludes, whether it wrote anything (a
@@ -219,7 +224,7 @@ impl<B: Backend> Server<B> {
             return self.launch_uncompiled(stream, kernel, bindings, scalars, dispatch, written);
         };
         if let Dispatch::Groups(groups) = dispatch {
-            crate::backend::grid_within(name, groups, device.max_workgroups)?;
+            crate::backend::grid_within(name, groups, device.rules.max_workgroups)?;
         }
         // The launch as the backend sees it: checked now, before the scope
         // opens (a launch no device could run claims nothing), and launched
@@ -243,9 +248,10 @@ impl<B: Backend> Server<B> {
         // whose inputs are clean, on a stream that is not recording, needs
         // neither, and does not gather them (but for the debug check of
         // `entering`).
-        let recording = books.streams[books.stream_index(stream)]
-            .window
-            .is_recording();
+        let recording = capturing
+            && books.streams[books.stream_index(stream)]
+                .window
+                .is_recording();
         let read = if !inputs_clean || recording || cfg!(debug_assertions) {
             read_set(bindings, dispatch)
         } else {
@@ -270,12 +276,15 @@ impl<B: Backend> Server<B> {
             Ok(running) if runs_nothing => running.finish(Ok(())),
             Ok(mut running) => {
                 let (books, written) = running.parts();
-                let result =
-                    device.issue(books, Site::Launch, stream, (touched, mine), written, |d| {
+                let result = device.issue(
+                    books,
+                    Site::Launch,
+                    stream,
+                    (&touched, mine),
+                    written,
+                    |d| {
                         let Some(launch) = &launch else {
-                            return Err(Error::internal(
-                                "a launch's binding lost its memory after its check",
-                            ));
+                            return Err(lost_memory());
                         };
                         // SAFETY: every binding was resolved inside its live
                         // buffer with an aligned offset and whole words, an
@@ -285,12 +294,22 @@ impl<B: Backend> Server<B> {
                         // backend's `check_launch` accepted this very launch
                         // for this kernel, above.
                         unsafe { d.backend.launch(d.stream, compiled, launch) }
-                    });
+                    },
+                );
                 running.finish(result)
             }
         };
         self.conclude(stream, outcome)
     }
+}
+
+/// The error of a launch that reached its device call with a binding that
+/// has no memory: out of line, so that the device call's closure stays
+/// small enough to inline into the launch.
+#[cold]
+#[inline(never)]
+fn lost_memory() -> Error {
+    Error::internal("a launch's binding lost its memory after its check")
 }
 
 /// Why a binding's range is refused, past the mask test of

@@ -207,7 +207,7 @@ impl<B: Backend> Server<B> {
     /// Work that ran, with room left in flight, has nothing of these to
     /// do: that check is inlined into every caller, so the success path
     /// pays no call for the rest.
-    #[inline]
+    #[inline(always)]
     pub(super) fn conclude<R>(&mut self, stream: StreamId, outcome: ScopedOutcome<R>) -> Result<R> {
         let index = self.stream_index(stream);
         match outcome {
@@ -351,13 +351,11 @@ impl<S> Books<'_, S> {
     /// after the work's scope has settled, so that a fault the bounding
     /// sync surfaces is attributed after — not healed by — the clean exit.
     /// `index` is as [`stream_index`](Self::stream_index) gives it: the one
-    /// caller has it already.
-    #[inline]
+    /// caller has it already, and calls this only for work that was
+    /// submitted, not recorded into a capture window (which runs nothing).
+    #[inline(always)]
     pub(super) fn note_in_flight(&mut self, index: usize, written: &[BufferRange]) {
         let state = &mut self.streams[index];
-        if state.window.is_recording() {
-            return;
-        }
         for w in written {
             state.in_flight.push(*w);
         }
@@ -387,13 +385,13 @@ impl<'s, B: Backend> Device<'s, B> {
     /// streams that used `touched` last, the device call, and the note that
     /// the call's write set is in flight. Written once, no path can skip a
     /// step or take them in another order.
-    #[inline]
+    #[inline(always)]
     pub(super) fn issue(
         &mut self,
         books: &mut Books<'_, B::Stream>,
         site: Site,
         stream: StreamId,
-        (touched, mine): (impl Iterator<Item = BufferId> + Clone, bool),
+        (touched, mine): (&(impl Iterator<Item = BufferId> + Clone), bool),
         written: &[BufferRange],
         call: impl FnOnce(Issue<'_, B>) -> Result<()>,
     ) -> Result<()> {
@@ -403,15 +401,22 @@ impl<'s, B: Backend> Device<'s, B> {
             site,
             Some(stream),
         )?;
-        books.order(self.backend, stream, touched, mine)?;
         let index = books.stream_index(stream);
+        // Whether the stream records, asked once: neither the ordering nor
+        // the device call changes it.
+        let recording = books.streams[index].window.is_recording();
+        if recording || !mine {
+            books.order(self.backend, stream, touched.clone(), mine)?;
+        }
         call(Issue {
             backend: self.backend,
             stream: &mut books.streams[index].device,
             memory: self.memory,
             graphs: self.graphs,
         })?;
-        books.note_in_flight(index, written);
+        if !recording {
+            books.note_in_flight(index, written);
+        }
         Ok(())
     }
 }
@@ -445,7 +450,7 @@ pub(super) fn refuse_recorded_elsewhere<S>(
 
 /// [`refuse_recorded_elsewhere`] once some stream is capturing.
 #[inline(never)]
-fn refuse_recorded_while_capturing<S>(
+pub(super) fn refuse_recorded_while_capturing<S>(
     streams: &[StreamState<S>],
     ledger: &Ledger,
     stream: StreamId,

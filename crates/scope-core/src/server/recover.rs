@@ -84,8 +84,7 @@ impl<B: Backend> Server<B> {
         }
         self.detached = false;
         self.reopened += 1;
-        let limits = self.backend.launch_limits();
-        self.max_workgroups = limits.max_workgroups;
+        self.rules = LaunchRules::of(&self.backend);
         self.poison = None;
         let held = std::mem::take(&mut self.to_remake);
         let (buffers, unallocated) = self.allocate_again(&fault, &held);

@@ -28,7 +28,7 @@ impl<B: Backend> Server<B> {
                     books,
                     Site::Write,
                     stream,
-                    ([r.buffer].into_iter(), false),
+                    (&[r.buffer].into_iter(), false),
                     written,
                     |d| {
                         let memory = d.memory.get(r.buffer)?;
@@ -254,7 +254,7 @@ impl<B: Backend> Server<B> {
                     books,
                     Site::Copy,
                     stream,
-                    ([s.buffer, d.buffer].into_iter(), false),
+                    (&[s.buffer, d.buffer].into_iter(), false),
                     written,
                     |dev| {
                         let (src, dst) = (dev.memory.get(s.buffer)?, dev.memory.get(d.buffer)?);
@@ -387,7 +387,7 @@ impl<B: Backend> Server<B> {
                     books,
                     Site::Collective,
                     stream,
-                    (touched.iter().copied(), false),
+                    (&touched.iter().copied(), false),
                     written,
                     |dev| {
                         let resolve = |r: Option<BufferRange>| -> Result<Option<Resolved<'_, B>>> {
