@@ -209,6 +209,22 @@ impl<B: Backend> Client<B> {
         result
     }
 
+    /// [`call`](Self::call) for an `f` whose error is boxed (a launch's:
+    /// see `Launched`), unboxed once the lock is released.
+    #[inline]
+    fn call_boxed<R>(
+        &self,
+        f: impl FnOnce(&mut Server<B>) -> std::result::Result<R, Box<Error>>,
+    ) -> Result<R> {
+        let Some(mut server) = self.lock() else {
+            return Err(reentrant());
+        };
+        let result = f(&mut server);
+        drop(server);
+        self.shared.hooks.deliver();
+        result.map_err(|error| *error)
+    }
+
     /// Run `f`, which only looks, on the server: locked, or as lent to a
     /// closure on this thread. With `lending`, `f` runs the caller's closure
     /// and the server is lent to it meanwhile.
@@ -522,7 +538,7 @@ impl<B: Backend> Client<B> {
         scalars: &[u8],
         dispatch: Dispatch<'_>,
     ) -> Result<()> {
-        self.call(|server| server.launch(self.stream, kernel, bindings, scalars, dispatch))
+        self.call_boxed(|server| server.launch(self.stream, kernel, bindings, scalars, dispatch))
     }
 
     /// Wait for the stream's work.

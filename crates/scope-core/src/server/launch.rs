@@ -23,7 +23,7 @@ impl<B: Backend> Server<B> {
         bindings: &[Binding<'_>],
         scalars: &[u8],
         dispatch: Dispatch<'_>,
-    ) -> Result<()> {
+    ) -> Launched {
         self.check_poison()?;
         self.launch_scoped(stream, kernel, bindings, scalars, dispatch, false)
     }
@@ -42,14 +42,14 @@ impl<B: Backend> Server<B> {
         scalars: &[u8],
         dispatch: Dispatch<'_>,
         written: Vec<BufferRange>,
-    ) -> Result<()> {
+    ) -> Launched {
         if let Err(error) = self.ensure_compiled(stream, kernel) {
-            return Err(failed_writing(
+            return Err(Box::new(failed_writing(
                 &mut self.books(),
                 Work::new(WorkKind::Launch, stream),
                 written,
                 error,
-            ));
+            )));
         }
         self.recycle_write_set(written);
         self.launch_scoped(stream, kernel, bindings, scalars, dispatch, true)
@@ -75,7 +75,7 @@ impl<B: Backend> Server<B> {
         scalars: &[u8],
         dispatch: Dispatch<'_>,
         compiled_now: bool,
-    ) -> Result<()> {
+    ) -> Launched {
         let (mut books, mut device) = self.split();
         let name = kernel.name();
         let memory = device.memory;
@@ -121,7 +121,7 @@ impl<B: Backend> Server<B> {
             if (r.range.start & mask) | (len & 3) != 0
                 || (divide && !r.range.start.is_multiple_of(alignment))
             {
-                return Err(misplaced(what(), r.range, alignment));
+                return Err(Box::new(misplaced(what(), r.range, alignment)));
             }
             mine &= entry.last_user == stream;
             let access = binding.access;
@@ -155,10 +155,10 @@ impl<B: Backend> Server<B> {
                         "indirect dispatch".to_owned()
                     })?;
                 if r.range.len() != 12 || r.range.start % 4 != 0 {
-                    return Err(Error::invalid(
+                    return Err(Box::new(Error::invalid(
                         "indirect dispatch",
                         format!("{r} must be three aligned u32 counts (12 bytes)"),
-                    ));
+                    )));
                 }
                 mine &= entry.last_user == stream;
                 inputs_clean &= entry.allocated && entry.taint.is_clean();
@@ -207,19 +207,19 @@ impl<B: Backend> Server<B> {
         if let Some(unallocated) = unallocated {
             let error = books.ledger.unallocated_error(unallocated);
             written.retain(|w| w.buffer != unallocated);
-            return Err(failed_writing(
+            return Err(Box::new(failed_writing(
                 &mut books,
                 Work::new(WorkKind::Launch, stream),
                 written,
                 error,
-            ));
+            )));
         }
         let Some(compiled) = device.cached(kernel) else {
             if compiled_now {
                 books.recycle(written);
-                return Err(Error::internal(
+                return Err(Box::new(Error::internal(
                     "a kernel just compiled is missing from the cache",
-                ));
+                )));
             }
             return self.launch_uncompiled(stream, kernel, bindings, scalars, dispatch, written);
         };
@@ -299,9 +299,14 @@ impl<B: Backend> Server<B> {
                 running.finish(result)
             }
         };
-        self.conclude(stream, outcome)
+        self.conclude(stream, outcome).map_err(Box::new)
     }
 }
+
+/// What a launch returns inside the core: its error boxed, so that the
+/// success path moves a pointer-sized result rather than an [`Error`]'s
+/// bytes through every step and out past the lock. The client unboxes it.
+pub(crate) type Launched = std::result::Result<(), Box<Error>>;
 
 /// The error of a launch that reached its device call with a binding that
 /// has no memory: out of line, so that the device call's closure stays
