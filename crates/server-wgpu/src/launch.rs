@@ -32,12 +32,13 @@
 //! the cost of a launch.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
-use scope_core::backend::{BoundDispatch, Launch};
+use scope_core::backend::{Bound, BoundDispatch, Launch};
 use scope_core::{Error, Kernel, KernelSource, StreamId};
 use smallvec::SmallVec;
 
@@ -249,6 +250,73 @@ pub(crate) fn round_up(n: u64, to: u64) -> u64 {
     n.div_ceil(to) * to
 }
 
+/// The last launch [`check`] accepted, as what the check reads of it: the
+/// pipeline, the scalar blob's length, the indirect counts' buffer, and
+/// each binding's buffer, offset and length. A loop launches one kernel
+/// over the same buffers again and again; comparing these is a fraction of
+/// checking again (a tenth of the server's own part of a launch on
+/// llvmpipe-GL). The rest of what the check reads does not change under
+/// the same ids: a buffer's capacity is fixed by its id (ids are never
+/// reused), a pipeline's slots by its id, and the device's limits until
+/// it opens again, which starts a new memo.
+#[derive(Default)]
+pub(crate) struct Checked(RefCell<Option<CheckedLaunch>>);
+
+/// What [`Checked`] keeps of a launch. A `Vec`, not an inline vector: it
+/// is filled only when a launch is checked, and reused; the comparison on
+/// every launch then reads a length and a pointer, never which of two
+/// representations it is in.
+struct CheckedLaunch {
+    head: [u64; 3],
+    bound: Vec<[u64; 3]>,
+}
+
+impl Checked {
+    /// Whether `launch` of `kernel` is the launch last accepted.
+    #[inline]
+    pub(crate) fn is_last(&self, kernel: &Pipeline, launch: &Launch<'_, Memory>) -> bool {
+        let last = self.0.borrow();
+        let Some(last) = last.as_ref() else {
+            return false;
+        };
+        last.head == Self::head(kernel, launch)
+            && last.bound.len() == launch.bindings.len()
+            && last
+                .bound
+                .iter()
+                .zip(launch.bindings)
+                .all(|(k, b)| *k == [b.memory.id, b.offset, b.len])
+    }
+
+    /// Remember `launch` of `kernel` as the launch last accepted.
+    pub(crate) fn remember(&self, kernel: &Pipeline, launch: &Launch<'_, Memory>) {
+        let mut last = self.0.borrow_mut();
+        let last = last.get_or_insert_with(|| CheckedLaunch {
+            head: [0; 3],
+            bound: Vec::new(),
+        });
+        last.head = Self::head(kernel, launch);
+        last.bound.clear();
+        last.bound.extend(
+            launch
+                .bindings
+                .iter()
+                .map(|b| [b.memory.id, b.offset, b.len]),
+        );
+    }
+
+    /// What a launch is checked for besides its bindings. No memory id is
+    /// `u64::MAX`, so a dispatch with host-given counts reads as that.
+    #[inline]
+    fn head(kernel: &Pipeline, launch: &Launch<'_, Memory>) -> [u64; 3] {
+        let indirect = match &launch.dispatch {
+            BoundDispatch::Indirect { memory, .. } => memory.id,
+            BoundDispatch::Groups(_) => u64::MAX,
+        };
+        [kernel.id, launch.scalars.len() as u64, indirect]
+    }
+}
+
 /// What wgpu would refuse about `launch` when the batch is finished,
 /// refused now instead, as an invalid argument naming the launch.
 pub(crate) fn check(
@@ -453,36 +521,47 @@ impl crate::Wgpu {
         let group = match &kernel.layout {
             None => None,
             Some(_) => {
-                let mut entries: SmallVec<[Entry<'_>; 6]> = launch
-                    .bindings
-                    .iter()
-                    .map(|b| Entry {
-                        buffer: &b.memory.buffer,
-                        id: b.memory.id,
-                        offset: b.offset,
-                        size: b.len,
-                    })
-                    .collect();
-                let mut dynamic = kernel.dynamic.then_some(0u32);
-                if let Some(arena) = &batch.arena
-                    && !launch.scalars.is_empty()
-                {
-                    // With a dynamic offset the group names the arena at 0
-                    // and is shared by every blob of the batch.
-                    let (offset, dyn_offset) = if kernel.dynamic {
-                        (0, Some(scalar_offset as u32))
+                // The scalar blob's entry: with a dynamic offset the group
+                // names the arena at 0 and is shared by every blob of the
+                // batch.
+                let arena = match &batch.arena {
+                    Some(arena) if !launch.scalars.is_empty() => Some(if kernel.dynamic {
+                        (arena, 0, Some(scalar_offset as u32))
                     } else {
-                        (scalar_offset, None)
-                    };
-                    dynamic = dyn_offset;
-                    entries.push(Entry {
-                        buffer: &arena.buffer,
-                        id: arena.id,
-                        offset,
-                        size: padded,
-                    });
-                }
-                let (id, group) = match bind_groups.get(&gpu.device, kernel, &entries, next_id) {
+                        (arena, scalar_offset, None)
+                    }),
+                    _ => None,
+                };
+                let dynamic = match arena {
+                    Some((_, _, dynamic)) => dynamic,
+                    None => kernel.dynamic.then_some(0u32),
+                };
+                let extra = arena.map(|(arena, offset, _)| [arena.id, offset, padded]);
+                let found = match bind_groups.last_for(kernel.id, launch.bindings, extra) {
+                    Some(found) => Ok(found),
+                    None => {
+                        let mut entries: SmallVec<[Entry<'_>; 6]> = launch
+                            .bindings
+                            .iter()
+                            .map(|b| Entry {
+                                buffer: &b.memory.buffer,
+                                id: b.memory.id,
+                                offset: b.offset,
+                                size: b.len,
+                            })
+                            .collect();
+                        if let Some((arena, offset, _)) = arena {
+                            entries.push(Entry {
+                                buffer: &arena.buffer,
+                                id: arena.id,
+                                offset,
+                                size: padded,
+                            });
+                        }
+                        bind_groups.get(&gpu.device, kernel, &entries, next_id)
+                    }
+                };
+                let (id, group) = match found {
                     Ok(found) => found,
                     Err(detail) => {
                         lost_first(&gpu.device, &gpu.sink)?;
@@ -587,6 +666,32 @@ pub(crate) struct Entry<'a> {
 }
 
 impl BindGroups {
+    /// The group the last lookup found, if it is the one for `bindings`
+    /// of pipeline `pipeline` and the scalar blob's entry `extra` (as
+    /// `[arena id, offset, size]`): compared where they are, so that the
+    /// common launch builds no list of entries.
+    #[inline]
+    pub(crate) fn last_for(
+        &self,
+        pipeline: u64,
+        bindings: &[Bound<'_, Memory>],
+        extra: Option<[u64; 3]>,
+    ) -> Option<(u64, &wgpu::BindGroup)> {
+        let (key, id, group) = self.last.as_ref()?;
+        let (bound, rest) = key.entries.split_at_checked(bindings.len())?;
+        let same = key.pipeline == pipeline
+            && bound
+                .iter()
+                .zip(bindings)
+                .all(|(k, b)| *k == [b.memory.id, b.offset, b.len])
+            && match (rest, extra) {
+                ([], None) => true,
+                ([k], Some(e)) => *k == e,
+                _ => false,
+            };
+        same.then_some((*id, group))
+    }
+
     /// The bind group for `entries` of `kernel`, made inside error scopes on
     /// a miss; with its id.
     pub(crate) fn get(

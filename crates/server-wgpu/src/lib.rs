@@ -115,6 +115,8 @@ pub struct Wgpu {
     streams: Vec<Batch>,
     submissions: Submissions,
     bind_groups: BindGroups,
+    /// The launch last checked, which a launch just like it need not be.
+    checked: launch::Checked,
     /// The read-back buffer, reused while reads fit in it.
     staging: Option<(wgpu::Buffer, u64)>,
     /// Ids for buffers, arenas, pipelines and bind groups.
@@ -146,6 +148,7 @@ impl Wgpu {
             streams: Vec::new(),
             submissions: Submissions::default(),
             bind_groups: BindGroups::default(),
+            checked: launch::Checked::default(),
             staging: None,
             next_id: 0,
             next_batch: 0,
@@ -182,6 +185,7 @@ impl Wgpu {
             std::mem::replace(&mut self.streams, batches),
             std::mem::take(&mut self.submissions),
             std::mem::take(&mut self.bind_groups),
+            std::mem::take(&mut self.checked),
             self.staging.take(),
             std::mem::take(&mut self.pool),
         );
@@ -464,7 +468,12 @@ impl Backend for Wgpu {
     }
 
     fn check_launch(&self, kernel: &Arc<Pipeline>, launch: &Launch<'_, Memory>) -> Result<()> {
-        launch::check(&self.gpu.limits, kernel, launch)
+        if self.checked.is_last(kernel, launch) {
+            return Ok(());
+        }
+        launch::check(&self.gpu.limits, kernel, launch)?;
+        self.checked.remember(kernel, launch);
+        Ok(())
     }
 
     unsafe fn launch(

@@ -228,6 +228,64 @@ pub fn launch_checks_stand_in_for_deferred_validation(api: Api) {
     c.sync().unwrap();
 }
 
+/// The server skips its check of a launch exactly like the one it last
+/// accepted (same pipeline, buffers, ranges and scalar length): each launch
+/// here differs from an accepted one in one thing the check reads — a
+/// range's length, a scalar blob, which buffer a binding names — and is
+/// still refused, claiming nothing; the accepted launch, repeated, still
+/// runs.
+pub fn a_launch_like_an_accepted_one_is_still_checked(api: Api) {
+    let Some(c) = setup(api) else { return };
+    let refused = |r: scope_core::Result<()>, text: &str| match r {
+        Err(Error::InvalidArgument { what, why }) => {
+            assert!(format!("{what}: {why}").contains(text), "{what}: {why}")
+        }
+        other => panic!("expected an invalid argument about {text:?}, got {other:?}"),
+    };
+    let fixed = Kernel::wgsl("fixed", FIXED);
+    let whole = c.upload(&bytes(&[9; 16])).unwrap();
+    let accepted = || c.launch(&fixed, &[Binding::write(&whole)], &[], Dispatch::linear(1));
+    accepted().unwrap();
+    refused(
+        c.launch(
+            &fixed,
+            &[whole.slice(0..32).write()],
+            &[],
+            Dispatch::linear(1),
+        ),
+        "at least 64",
+    );
+    accepted().unwrap();
+    refused(
+        c.launch(
+            &fixed,
+            &[Binding::write(&whole)],
+            &scalars(&[1]),
+            Dispatch::linear(1),
+        ),
+        "declares 1 binding",
+    );
+    accepted().unwrap();
+
+    let copy = Kernel::wgsl("copy", COPY);
+    let src = c.upload(&bytes(&[4; 64])).unwrap();
+    let out = c.allocate(256).unwrap();
+    let copied = |from: &scope_core::Buffer| {
+        c.launch(
+            &copy,
+            &[Binding::read(from), out.slice(0..256).write()],
+            &scalars(&[64]),
+            groups(64),
+        )
+    };
+    copied(&src).unwrap();
+    refused(copied(&out), "same buffer");
+    assert_eq!(c.failures_held(), 0, "no refusal claimed anything");
+    copied(&src).unwrap();
+    assert_eq!(read_words(&c, &out).unwrap(), vec![4; 64]);
+    assert_eq!(read_words(&c, &whole).unwrap(), (0..16).collect::<Vec<_>>());
+}
+
 /// One million elements through `add`, against a CPU reference.
 pub fn million_element_add_matches_cpu(api: Api) {
     let Some(c) = setup(api) else { return };
@@ -636,6 +694,7 @@ on_each_api!(
     invalid_wgsl_names_line_and_column,
     over_limit_buffer_is_typed,
     launch_checks_stand_in_for_deferred_validation,
+    a_launch_like_an_accepted_one_is_still_checked,
     an_indirect_count_past_the_limit_runs_nothing,
     destroying_a_graph_waits_for_its_replays,
     million_element_add_matches_cpu,
