@@ -32,7 +32,7 @@
 //! the cost of a launch.
 
 use std::borrow::Cow;
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::num::NonZeroU64;
@@ -259,50 +259,49 @@ pub(crate) fn round_up(n: u64, to: u64) -> u64 {
 /// the same ids: a buffer's capacity is fixed by its id (ids are never
 /// reused), a pipeline's slots by its id, and the device's limits until
 /// it opens again, which starts a new memo.
-#[derive(Default)]
-pub(crate) struct Checked(RefCell<Option<CheckedLaunch>>);
-
-/// What [`Checked`] keeps of a launch. A `Vec`, not an inline vector: it
-/// is filled only when a launch is checked, and reused; the comparison on
-/// every launch then reads a length and a pointer, never which of two
-/// representations it is in.
-struct CheckedLaunch {
-    head: [u64; 3],
-    bound: Vec<[u64; 3]>,
+pub(crate) struct Checked {
+    /// The pipeline, the scalar blob's length and the indirect counts'
+    /// buffer (`u64::MAX` for host-given counts); all zero while nothing
+    /// is remembered (ids start at 1).
+    head: Cell<[u64; 3]>,
+    /// How many bindings it had; `usize::MAX` while nothing is remembered.
+    count: Cell<usize>,
+    /// Each binding's buffer, offset and length.
+    bound: [Cell<[u64; 3]>; CHECKED_BINDINGS],
 }
+
+/// The most bindings [`Checked`] remembers of a launch; a launch with more
+/// is checked every time. Cells, not a vector: the comparison on every
+/// launch is then loads and compares, with no borrow to count and no
+/// pointer to follow to the heap (a launch's own lists are just out of
+/// the cache by the next one on llvmpipe, whose dispatch runs between).
+const CHECKED_BINDINGS: usize = 6;
 
 impl Checked {
     /// Whether `launch` of `kernel` is the launch last accepted.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn is_last(&self, kernel: &Pipeline, launch: &Launch<'_, Memory>) -> bool {
-        let last = self.0.borrow();
-        let Some(last) = last.as_ref() else {
-            return false;
-        };
-        last.head == Self::head(kernel, launch)
-            && last.bound.len() == launch.bindings.len()
-            && last
+        self.count.get() == launch.bindings.len()
+            && self.head.get() == Self::head(kernel, launch)
+            && self
                 .bound
                 .iter()
                 .zip(launch.bindings)
-                .all(|(k, b)| *k == [b.memory.id, b.offset, b.len])
+                .all(|(k, b)| k.get() == [b.memory.id, b.offset, b.len])
     }
 
-    /// Remember `launch` of `kernel` as the launch last accepted.
+    /// Remember `launch` of `kernel` as the launch last accepted (or
+    /// nothing, for one with more bindings than it keeps).
     pub(crate) fn remember(&self, kernel: &Pipeline, launch: &Launch<'_, Memory>) {
-        let mut last = self.0.borrow_mut();
-        let last = last.get_or_insert_with(|| CheckedLaunch {
-            head: [0; 3],
-            bound: Vec::new(),
-        });
-        last.head = Self::head(kernel, launch);
-        last.bound.clear();
-        last.bound.extend(
-            launch
-                .bindings
-                .iter()
-                .map(|b| [b.memory.id, b.offset, b.len]),
-        );
+        if launch.bindings.len() > CHECKED_BINDINGS {
+            self.count.set(usize::MAX);
+            return;
+        }
+        self.head.set(Self::head(kernel, launch));
+        for (k, b) in self.bound.iter().zip(launch.bindings) {
+            k.set([b.memory.id, b.offset, b.len]);
+        }
+        self.count.set(launch.bindings.len());
     }
 
     /// What a launch is checked for besides its bindings. No memory id is
@@ -314,6 +313,16 @@ impl Checked {
             BoundDispatch::Groups(_) => u64::MAX,
         };
         [kernel.id, launch.scalars.len() as u64, indirect]
+    }
+}
+
+impl Default for Checked {
+    fn default() -> Self {
+        Self {
+            head: Cell::new([0; 3]),
+            count: Cell::new(usize::MAX),
+            bound: Default::default(),
+        }
     }
 }
 
@@ -460,6 +469,48 @@ fn check_parts(
 }
 
 impl crate::Wgpu {
+    /// [`check`] `launch`, remembering it if it passes: a launch unlike
+    /// the last one accepted. Out of line, so that the comparison before it
+    /// is all a repeated launch carries.
+    #[inline(never)]
+    pub(crate) fn check_anew(
+        &self,
+        kernel: &Pipeline,
+        launch: &Launch<'_, Memory>,
+    ) -> Result<(), Error> {
+        check(&self.gpu.limits, kernel, launch)?;
+        self.checked.remember(kernel, launch);
+        Ok(())
+    }
+
+    /// Append a scalar blob unlike the last one to stream `s`'s arena
+    /// image, `padded` to whole words, submitting the batch first if the
+    /// arena is full and taking an arena if the batch has none; the blob's
+    /// offset. Out of line: a loop that repeats its blob never comes here,
+    /// and the launch's frame need not hold what this does.
+    #[inline(never)]
+    fn append_scalars(&mut self, s: usize, scalars: &[u8], padded: u64) -> Result<u64, Error> {
+        let batch = &self.streams[s];
+        let mut offset = round_up(batch.scalars.len() as u64, self.scalar_alignment);
+        if batch.arena.is_some() && offset + padded > ARENA_BYTES {
+            self.flush_stream(s)?;
+            offset = 0;
+        }
+        if self.streams[s].arena.is_none() {
+            let arena =
+                self.submissions
+                    .arena(&self.gpu.device, &self.gpu.sink, &mut self.next_id)?;
+            self.streams[s].arena = Some(arena);
+        }
+        let batch = &mut self.streams[s];
+        let start = offset as usize;
+        batch.scalars.resize(start, 0);
+        batch.scalars.extend_from_slice(scalars);
+        batch.scalars.resize(start + padded as usize, 0);
+        batch.last_scalars = start..start + scalars.len();
+        Ok(offset)
+    }
+
     /// Record `launch` (in a capture window) or encode it into stream
     /// `s`'s open pass.
     pub(crate) fn launch_now(
@@ -484,31 +535,15 @@ impl crate::Wgpu {
             let batch = &self.streams[s];
             let last = batch.last_scalars.clone();
             let same = batch.arena.is_some()
-                && last.len() == launch.scalars.len()
-                && batch.scalars.get(last.clone()) == Some(launch.scalars);
-            if same {
-                scalar_offset = last.start as u64;
+                && batch
+                    .scalars
+                    .get(last.clone())
+                    .is_some_and(|blob| same_bytes(blob, launch.scalars));
+            scalar_offset = if same {
+                last.start as u64
             } else {
-                scalar_offset = round_up(batch.scalars.len() as u64, self.scalar_alignment);
-                if batch.arena.is_some() && scalar_offset + padded > ARENA_BYTES {
-                    self.flush_stream(s)?;
-                    scalar_offset = 0;
-                }
-                if self.streams[s].arena.is_none() {
-                    let arena = self.submissions.arena(
-                        &self.gpu.device,
-                        &self.gpu.sink,
-                        &mut self.next_id,
-                    )?;
-                    self.streams[s].arena = Some(arena);
-                }
-                let batch = &mut self.streams[s];
-                let start = scalar_offset as usize;
-                batch.scalars.resize(start, 0);
-                batch.scalars.extend_from_slice(launch.scalars);
-                batch.scalars.resize(start + padded as usize, 0);
-                batch.last_scalars = start..start + launch.scalars.len();
-            }
+                self.append_scalars(s, launch.scalars, padded)?
+            };
         }
         let crate::Wgpu {
             gpu,
@@ -539,27 +574,13 @@ impl crate::Wgpu {
                 let extra = arena.map(|(arena, offset, _)| [arena.id, offset, padded]);
                 let found = match bind_groups.last_for(kernel.id, launch.bindings, extra) {
                     Some(found) => Ok(found),
-                    None => {
-                        let mut entries: SmallVec<[Entry<'_>; 6]> = launch
-                            .bindings
-                            .iter()
-                            .map(|b| Entry {
-                                buffer: &b.memory.buffer,
-                                id: b.memory.id,
-                                offset: b.offset,
-                                size: b.len,
-                            })
-                            .collect();
-                        if let Some((arena, offset, _)) = arena {
-                            entries.push(Entry {
-                                buffer: &arena.buffer,
-                                id: arena.id,
-                                offset,
-                                size: padded,
-                            });
-                        }
-                        bind_groups.get(&gpu.device, kernel, &entries, next_id)
-                    }
+                    None => bind_groups.look_up(
+                        &gpu.device,
+                        kernel,
+                        launch.bindings,
+                        arena.map(|(arena, offset, _)| (arena, offset, padded)),
+                        next_id,
+                    ),
                 };
                 let (id, group) = match found {
                     Ok(found) => found,
@@ -590,6 +611,34 @@ impl crate::Wgpu {
         }
         Ok(())
     }
+}
+
+/// Whether two scalar blobs are the same bytes: eight at a time, inline.
+/// A blob is a few words; a slice comparison called `bcmp` for them, a
+/// call and some twenty instructions on every launch that repeats one.
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let (words_a, words_b) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tails = words_a
+        .remainder()
+        .iter()
+        .zip(words_b.remainder())
+        .all(|(x, y)| x == y);
+    tails
+        && words_a
+            .zip(words_b)
+            .all(|(x, y)| u64::from_ne_bytes(word(x)) == u64::from_ne_bytes(word(y)))
+}
+
+/// An eight-byte chunk as an array.
+#[inline(always)]
+fn word(chunk: &[u8]) -> [u8; 8] {
+    let mut word = [0; 8];
+    word.copy_from_slice(chunk);
+    word
 }
 
 /// The launch error for `kernel` on `stream`.
@@ -692,6 +741,39 @@ impl BindGroups {
         same.then_some((*id, group))
     }
 
+    /// The bind group for `bindings` of `kernel` and the scalar blob's
+    /// `(arena, offset, size)`, when [`last_for`](Self::last_for) missed:
+    /// out of line, so that the list of entries it builds takes no room in
+    /// the frame of every launch.
+    #[inline(never)]
+    pub(crate) fn look_up(
+        &mut self,
+        device: &wgpu::Device,
+        kernel: &Pipeline,
+        bindings: &[Bound<'_, Memory>],
+        scalars: Option<(&crate::stream::Arena, u64, u64)>,
+        next_id: &mut u64,
+    ) -> Result<(u64, &wgpu::BindGroup), String> {
+        let mut entries: SmallVec<[Entry<'_>; 6]> = bindings
+            .iter()
+            .map(|b| Entry {
+                buffer: &b.memory.buffer,
+                id: b.memory.id,
+                offset: b.offset,
+                size: b.len,
+            })
+            .collect();
+        if let Some((arena, offset, size)) = scalars {
+            entries.push(Entry {
+                buffer: &arena.buffer,
+                id: arena.id,
+                offset,
+                size,
+            });
+        }
+        self.get(device, kernel, &entries, next_id)
+    }
+
     /// The bind group for `entries` of `kernel`, made inside error scopes on
     /// a miss; with its id.
     pub(crate) fn get(
@@ -792,6 +874,26 @@ pub(crate) fn make_group(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blobs_are_the_same_only_byte_for_byte() {
+        let blob: Vec<u8> = (0..37).collect();
+        for len in 0..=blob.len() {
+            let a = &blob[..len];
+            assert!(same_bytes(a, &a.to_vec()), "{len} bytes against a copy");
+            for i in 0..len {
+                let mut other = a.to_vec();
+                other[i] ^= 1;
+                assert!(!same_bytes(a, &other), "{len} bytes, byte {i} differs");
+            }
+            if len > 0 {
+                assert!(
+                    !same_bytes(a, &a[..len - 1]),
+                    "{len} bytes against one fewer"
+                );
+            }
+        }
+    }
 
     #[test]
     fn reflection_reads_access_and_sizes() {

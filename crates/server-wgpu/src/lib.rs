@@ -467,13 +467,12 @@ impl Backend for Wgpu {
         launch::compile(&self.gpu, kernel, self.next_id)
     }
 
+    #[inline(always)]
     fn check_launch(&self, kernel: &Arc<Pipeline>, launch: &Launch<'_, Memory>) -> Result<()> {
         if self.checked.is_last(kernel, launch) {
             return Ok(());
         }
-        launch::check(&self.gpu.limits, kernel, launch)?;
-        self.checked.remember(kernel, launch);
-        Ok(())
+        self.check_anew(kernel, launch)
     }
 
     unsafe fn launch(

@@ -29,6 +29,21 @@ const FIXED: &str = "
 fn main(@builtin(local_invocation_index) i: u32) { out[i] = i; }
 ";
 
+/// Seven bindings, the last needing at least 64 bytes.
+const SEVEN: &str = "
+@group(0) @binding(0) var<storage, read> a: array<u32>;
+@group(0) @binding(1) var<storage, read> b: array<u32>;
+@group(0) @binding(2) var<storage, read> c: array<u32>;
+@group(0) @binding(3) var<storage, read> d: array<u32>;
+@group(0) @binding(4) var<storage, read> e: array<u32>;
+@group(0) @binding(5) var<storage, read> f: array<u32>;
+@group(0) @binding(6) var<storage, read_write> out: array<u32, 16>;
+@compute @workgroup_size(16)
+fn main(@builtin(local_invocation_index) i: u32) {
+    out[i] = a[0] + b[0] + c[0] + d[0] + e[0] + f[0] + i;
+}
+";
+
 fn scalars(values: &[u32]) -> Vec<u8> {
     bytes(values)
 }
@@ -231,9 +246,9 @@ pub fn launch_checks_stand_in_for_deferred_validation(api: Api) {
 /// The server skips its check of a launch exactly like the one it last
 /// accepted (same pipeline, buffers, ranges and scalar length): each launch
 /// here differs from an accepted one in one thing the check reads — a
-/// range's length, a scalar blob, which buffer a binding names — and is
-/// still refused, claiming nothing; the accepted launch, repeated, still
-/// runs.
+/// range's length, a scalar blob, which buffer a binding names, the last
+/// of more bindings than the server remembers — and is still refused,
+/// claiming nothing; the accepted launch, repeated, still runs.
 pub fn a_launch_like_an_accepted_one_is_still_checked(api: Api) {
     let Some(c) = setup(api) else { return };
     let refused = |r: scope_core::Result<()>, text: &str| match r {
@@ -280,10 +295,30 @@ pub fn a_launch_like_an_accepted_one_is_still_checked(api: Api) {
     };
     copied(&src).unwrap();
     refused(copied(&out), "same buffer");
+
+    // More bindings than the server remembers of a launch: each launch is
+    // checked, so one that differs only in its last binding is refused.
+    let seven = Kernel::wgsl("seven", SEVEN);
+    let inputs: Vec<_> = (0..6)
+        .map(|_| c.upload(&bytes(&[1; 16])).unwrap())
+        .collect();
+    let sevenfold = |last: &scope_core::Buffer| {
+        let mut bindings: Vec<_> = inputs.iter().map(Binding::read).collect();
+        bindings.push(Binding::write(last));
+        c.launch(&seven, &bindings, &[], Dispatch::linear(1))
+    };
+    sevenfold(&whole).unwrap();
+    let small = c.allocate(32).unwrap();
+    refused(sevenfold(&small), "at least 64");
+    sevenfold(&whole).unwrap();
     assert_eq!(c.failures_held(), 0, "no refusal claimed anything");
     copied(&src).unwrap();
     assert_eq!(read_words(&c, &out).unwrap(), vec![4; 64]);
-    assert_eq!(read_words(&c, &whole).unwrap(), (0..16).collect::<Vec<_>>());
+    assert_eq!(
+        read_words(&c, &whole).unwrap(),
+        (6..22).collect::<Vec<_>>(),
+        "the last launch, of seven bindings, ran"
+    );
 }
 
 /// One million elements through `add`, against a CPU reference.
