@@ -18,7 +18,10 @@
 //!    raw `create_buffer` + drop, and the cost of one error-scope round trip
 //!    (why a dispatch into an open pass does not push scopes).
 //!
-//! Each figure is the median of several timed rounds after a warm-up.
+//! Each figure is the median of several timed rounds after a warm-up. A
+//! ratio is the median of each round's own ratio: the server's loop and
+//! raw wgpu's run back to back in every round, so a machine that speeds
+//! up or slows down between rounds moves both halves of a round alike.
 //!
 //! `SCOPE_BENCH_ONLY=server-same|server-distinct|raw-same|raw-distinct`
 //! runs that one loop of the launch overhead for a few seconds and prints
@@ -33,7 +36,7 @@ use scope_core::{Binding, Client, Dispatch, Kernel};
 use server_wgpu::{Api, Options, Wgpu};
 
 const LAUNCHES: u32 = 10_000;
-const ROUNDS: usize = 9;
+const ROUNDS: usize = 15;
 const WINDOW: u32 = 64;
 
 const TRIVIAL: &str = "
@@ -231,13 +234,19 @@ fn launch_overhead(c: &Client<Wgpu>) {
             server.push(server_run(c, &kernel, &out, distinct));
             baseline.push(raw.run(distinct));
         }
+        let mut ratios: Vec<f64> = server
+            .iter()
+            .zip(&baseline)
+            .map(|(s, r)| s.as_secs_f64() / r.as_secs_f64())
+            .collect();
+        ratios.sort_by(f64::total_cmp);
         let (s, r) = (median(server), median(baseline));
         println!(
             "  launch overhead ({} scalars): server {:.3} µs/launch, raw wgpu {:.3} µs/dispatch, server/raw = {:.3}",
             if distinct { "distinct" } else { "same" },
             per(s, LAUNCHES),
             per(r, LAUNCHES),
-            s.as_secs_f64() / r.as_secs_f64()
+            ratios[ratios.len() / 2]
         );
     }
 }
