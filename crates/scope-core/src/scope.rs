@@ -361,6 +361,21 @@ impl<S: WriteScoped> Running<'_, S> {
     /// [`ExecuteScope::execute`] says.
     #[inline]
     pub(crate) fn finish<R>(self, result: Result<R>) -> ScopedOutcome<R> {
+        match result {
+            Ok(r) => {
+                self.finish_ok();
+                ScopedOutcome::Executed(r)
+            }
+            Err(error) => self.finish_failed(error),
+        }
+    }
+
+    /// [`finish`](Self::finish) for a body that succeeded: the write set
+    /// recorded into a recording window and healed. Apart, so that the
+    /// launch path, which knows its body succeeded, neither moves a result
+    /// in nor an outcome out.
+    #[inline]
+    pub(crate) fn finish_ok(self) {
         let Self {
             server,
             stream,
@@ -370,24 +385,39 @@ impl<S: WriteScoped> Running<'_, S> {
             maybe,
         } = self;
         if let Some(window) = server.capturing(stream) {
-            match &result {
-                Ok(_) if maybe => window.record_maybe(&written, read),
-                Ok(_) => window.record(&written, read),
-                Err(error) => window.fail(error),
+            if maybe {
+                window.record_maybe(&written, read);
+            } else {
+                window.record(&written, read);
             }
+        }
+        server.store().exit_write(provisional, &written, None);
+        server.recycle(written);
+    }
+
+    /// [`finish`](Self::finish) for a body that failed with `error`: a
+    /// recording window doomed, the provisional failure given the error,
+    /// the failure logged and the hook told.
+    #[cold]
+    #[inline(never)]
+    fn finish_failed<R>(self, error: Error) -> ScopedOutcome<R> {
+        let Self {
+            server,
+            stream,
+            written,
+            provisional,
+            ..
+        } = self;
+        if let Some(window) = server.capturing(stream) {
+            window.fail(&error);
         }
         server
             .store()
-            .exit_write(provisional, &written, result.as_ref().err());
+            .exit_write(provisional, &written, Some(&error));
         server.recycle(written);
-        match result {
-            Ok(r) => ScopedOutcome::Executed(r),
-            Err(error) => {
-                tracing::warn!(%stream, "device work failed: {error}");
-                server.on_failure(stream, &error);
-                ScopedOutcome::Failed(error)
-            }
-        }
+        tracing::warn!(%stream, "device work failed: {error}");
+        server.on_failure(stream, &error);
+        ScopedOutcome::Failed(error)
     }
 }
 

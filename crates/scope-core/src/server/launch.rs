@@ -273,7 +273,10 @@ impl<B: Backend> Server<B> {
         // ([`ExecuteScope::run`]).
         let outcome = match running {
             Err(skipped) => skipped,
-            Ok(running) if runs_nothing => running.finish(Ok(())),
+            Ok(running) if runs_nothing => {
+                running.finish_ok();
+                ScopedOutcome::Executed(())
+            }
             Ok(mut running) => {
                 let (books, written) = running.parts();
                 let result = device.issue(
@@ -296,7 +299,13 @@ impl<B: Backend> Server<B> {
                         unsafe { d.backend.launch(d.stream, compiled, launch) }
                     },
                 );
-                running.finish(result)
+                match result {
+                    Ok(()) => {
+                        running.finish_ok();
+                        ScopedOutcome::Executed(())
+                    }
+                    Err(error) => running.finish(Err(error)),
+                }
             }
         };
         self.conclude(stream, outcome).map_err(Box::new)
