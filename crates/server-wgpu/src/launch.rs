@@ -281,13 +281,19 @@ impl Checked {
     /// Whether `launch` of `kernel` is the launch last accepted.
     #[inline(always)]
     pub(crate) fn is_last(&self, kernel: &Pipeline, launch: &Launch<'_, Memory>) -> bool {
-        self.count.get() == launch.bindings.len()
-            && self.head.get() == Self::head(kernel, launch)
-            && self
-                .bound
-                .iter()
-                .zip(launch.bindings)
-                .all(|(k, b)| k.get() == [b.memory.id, b.offset, b.len])
+        if self.count.get() != launch.bindings.len()
+            || self.head.get() != Self::head(kernel, launch)
+        {
+            return false;
+        }
+        // A loop that returns, not `zip(..).all(..)`: that one was left out
+        // of line as a `try_fold`, a call on every launch.
+        for (k, b) in self.bound.iter().zip(launch.bindings) {
+            if k.get() != [b.memory.id, b.offset, b.len] {
+                return false;
+            }
+        }
+        true
     }
 
     /// Remember `launch` of `kernel` as the launch last accepted (or
@@ -728,16 +734,19 @@ impl BindGroups {
     ) -> Option<(u64, &wgpu::BindGroup)> {
         let (key, id, group) = self.last.as_ref()?;
         let (bound, rest) = key.entries.split_at_checked(bindings.len())?;
-        let same = key.pipeline == pipeline
-            && bound
-                .iter()
-                .zip(bindings)
-                .all(|(k, b)| *k == [b.memory.id, b.offset, b.len])
-            && match (rest, extra) {
-                ([], None) => true,
-                ([k], Some(e)) => *k == e,
-                _ => false,
-            };
+        if key.pipeline != pipeline {
+            return None;
+        }
+        for (k, b) in bound.iter().zip(bindings) {
+            if *k != [b.memory.id, b.offset, b.len] {
+                return None;
+            }
+        }
+        let same = match (rest, extra) {
+            ([], None) => true,
+            ([k], Some(e)) => *k == e,
+            _ => false,
+        };
         same.then_some((*id, group))
     }
 
