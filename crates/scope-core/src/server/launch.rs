@@ -257,55 +257,60 @@ impl<B: Backend> Server<B> {
         } else {
             Few::new()
         };
+        // A scope that runs, never a `Result` of one: an enum that also
+        // held a skip's outcome laid an `Error`'s 4-byte fields over the
+        // write set's length, so the compiler stored that length in two
+        // halves and read it back whole, a load the processor cannot
+        // forward from the two stores (perf put a tenth of a launch's
+        // samples just after it). A skip settles here instead.
         let running = if inputs_clean {
-            Ok(ExecuteScope::entering(
-                &mut books, name, stream, &read, written, indirect,
-            ))
+            ExecuteScope::entering(&mut books, name, stream, &read, written, indirect)
         } else {
             let scope = ExecuteScope::launching(&mut books, name, stream, &read, written);
-            if indirect {
-                scope.writing_at_most().run()
+            let scope = if indirect {
+                scope.writing_at_most()
             } else {
-                scope.run()
+                scope
+            };
+            match scope.run() {
+                Ok(running) => running,
+                Err(skipped) => return self.conclude(stream, skipped).map_err(Box::new),
             }
         };
         // The body in this function's own code, not a closure
         // ([`ExecuteScope::run`]).
-        let outcome = match running {
-            Err(skipped) => skipped,
-            Ok(running) if runs_nothing => {
-                running.finish_ok();
-                ScopedOutcome::Executed(())
-            }
-            Ok(mut running) => {
-                let (books, written) = running.parts();
-                let result = device.issue(
-                    books,
-                    Site::Launch,
-                    stream,
-                    (&touched, mine),
-                    written,
-                    |d| {
-                        let Some(launch) = &launch else {
-                            return Err(lost_memory());
-                        };
-                        // SAFETY: every binding was resolved inside its live
-                        // buffer with an aligned offset and whole words, an
-                        // indirect dispatch's 12 aligned bytes likewise (all
-                        // above); host-given counts are non-zero
-                        // (`runs_nothing`) and within the grid, and the
-                        // backend's `check_launch` accepted this very launch
-                        // for this kernel, above.
-                        unsafe { d.backend.launch(d.stream, compiled, launch) }
-                    },
-                );
-                match result {
-                    Ok(()) => {
-                        running.finish_ok();
-                        ScopedOutcome::Executed(())
-                    }
-                    Err(error) => running.finish(Err(error)),
+        let outcome = if runs_nothing {
+            running.finish_ok();
+            ScopedOutcome::Executed(())
+        } else {
+            let mut running = running;
+            let (books, written) = running.parts();
+            let result = device.issue(
+                books,
+                Site::Launch,
+                stream,
+                (&touched, mine),
+                written,
+                |d| {
+                    let Some(launch) = &launch else {
+                        return Err(lost_memory());
+                    };
+                    // SAFETY: every binding was resolved inside its live
+                    // buffer with an aligned offset and whole words, an
+                    // indirect dispatch's 12 aligned bytes likewise (all
+                    // above); host-given counts are non-zero
+                    // (`runs_nothing`) and within the grid, and the
+                    // backend's `check_launch` accepted this very launch
+                    // for this kernel, above.
+                    unsafe { d.backend.launch(d.stream, compiled, launch) }
+                },
+            );
+            match result {
+                Ok(()) => {
+                    running.finish_ok();
+                    ScopedOutcome::Executed(())
                 }
+                Err(error) => running.finish(Err(error)),
             }
         };
         self.conclude(stream, outcome).map_err(Box::new)
