@@ -5,7 +5,7 @@
 //! (`benches/launch_path.rs`).
 
 use super::handles;
-use super::ordering::refuse_recorded_while_capturing;
+use super::ordering::{any_capturing, refuse_recorded_while_capturing};
 use crate::few::Few;
 
 use super::*;
@@ -180,10 +180,7 @@ impl<B: Backend> Server<B> {
             .chain(indirect_buffer);
         // Whether any stream captures: where none does (the common case),
         // nothing is refused and this stream does not record.
-        let capturing = books
-            .streams
-            .iter()
-            .any(|s| s.window.state() != CaptureState::NoCapture);
+        let capturing = any_capturing(books.streams);
         if capturing {
             refuse_recorded_while_capturing(books.streams, books.ledger, stream, touched.clone())?;
         }

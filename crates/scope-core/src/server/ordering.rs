@@ -439,13 +439,21 @@ pub(super) fn refuse_recorded_elsewhere<S>(
     stream: StreamId,
     touched: impl Iterator<Item = BufferId>,
 ) -> Result<()> {
-    // The common case, and the launch path's: nothing is capturing.
-    for s in streams {
-        if s.window.state() != CaptureState::NoCapture {
-            return refuse_recorded_while_capturing(streams, ledger, stream, touched);
-        }
+    // The common case: nothing is capturing.
+    if any_capturing(streams) {
+        return refuse_recorded_while_capturing(streams, ledger, stream, touched);
     }
     Ok(())
+}
+
+/// Whether any stream's capture window is open (prepared or recording):
+/// only then can a use be recorded elsewhere, or a stream record. The
+/// launch path asks it once and skips both questions when it says no.
+#[inline]
+pub(super) fn any_capturing<S>(streams: &[StreamState<S>]) -> bool {
+    streams
+        .iter()
+        .any(|s| s.window.state() != CaptureState::NoCapture)
 }
 
 /// [`refuse_recorded_elsewhere`] once some stream is capturing.
