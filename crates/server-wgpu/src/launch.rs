@@ -793,43 +793,35 @@ impl BindGroups {
         self.get(device, kernel, &entries, next_id)
     }
 
-    /// The bind group for `entries` of `kernel`, made inside error scopes on
-    /// a miss; with its id.
-    pub(crate) fn get(
+    /// The bind group for `entries` of `kernel`, from the cache or made
+    /// inside error scopes, and remembered as the last; with its id. For a
+    /// launch the last group missed ([`look_up`](Self::look_up)).
+    fn get(
         &mut self,
         device: &wgpu::Device,
         kernel: &Pipeline,
         entries: &[Entry<'_>],
         next_id: &mut u64,
     ) -> Result<(u64, &wgpu::BindGroup), String> {
-        let same = self.last.as_ref().is_some_and(|(key, _, _)| {
-            key.pipeline == kernel.id
-                && key.entries.len() == entries.len()
-                && key
-                    .entries
-                    .iter()
-                    .zip(entries)
-                    .all(|(k, e)| *k == [e.id, e.offset, e.size])
-        });
-        if !same {
-            let key = BindKey {
-                pipeline: kernel.id,
-                entries: entries.iter().map(|e| [e.id, e.offset, e.size]).collect(),
-            };
-            let (id, group) = match self.map.get(&key) {
-                Some((id, group)) => (*id, group.clone()),
-                None => {
-                    let group = make_group(device, kernel, entries)?;
-                    if self.map.len() >= BIND_GROUPS {
-                        self.map.clear();
-                    }
-                    *next_id += 1;
-                    self.map.insert(key.clone(), (*next_id, group.clone()));
-                    (*next_id, group)
+        // The last group was compared already ([`last_for`](Self::last_for)),
+        // and missed.
+        let key = BindKey {
+            pipeline: kernel.id,
+            entries: entries.iter().map(|e| [e.id, e.offset, e.size]).collect(),
+        };
+        let (id, group) = match self.map.get(&key) {
+            Some((id, group)) => (*id, group.clone()),
+            None => {
+                let group = make_group(device, kernel, entries)?;
+                if self.map.len() >= BIND_GROUPS {
+                    self.map.clear();
                 }
-            };
-            self.last = Some((key, id, group));
-        }
+                *next_id += 1;
+                self.map.insert(key.clone(), (*next_id, group.clone()));
+                (*next_id, group)
+            }
+        };
+        self.last = Some((key, id, group));
         match &self.last {
             Some((_, id, group)) => Ok((*id, group)),
             None => Err("the bind group cache lost its last group".to_owned()),
