@@ -891,7 +891,8 @@ mod tests {
         let blob: Vec<u8> = (0..37).collect();
         for len in 0..=blob.len() {
             let a = &blob[..len];
-            assert!(same_bytes(a, &a.to_vec()), "{len} bytes against a copy");
+            let copy = a.to_vec();
+            assert!(same_bytes(a, &copy), "{len} bytes against a copy");
             for i in 0..len {
                 let mut other = a.to_vec();
                 other[i] ^= 1;
