@@ -200,17 +200,14 @@ impl<B: Backend> Client<B> {
     /// `f`'s, or [`reentrant`] inside a closure that holds the lock.
     #[inline]
     fn call<R>(&self, f: impl FnOnce(&mut Server<B>) -> Result<R>) -> Result<R> {
-        let Some(mut server) = self.lock() else {
-            return Err(reentrant());
-        };
-        let result = f(&mut server);
-        drop(server);
-        self.shared.hooks.deliver();
-        result
+        self.call_boxed(|server| f(server).map_err(Box::new))
     }
 
-    /// [`call`](Self::call) for an `f` whose error is boxed (a launch's:
-    /// see `Launched`), unboxed once the lock is released.
+    /// [`call`](Self::call) for an `f` whose error is boxed, unboxed once
+    /// the lock is released: a launch's (see `Launched`), whose success path
+    /// then carries a pointer, not an [`Error`]'s bytes, out past the lock.
+    /// The one body of both, so that locking, releasing and delivering the
+    /// hook's events are written once.
     #[inline]
     fn call_boxed<R>(
         &self,
