@@ -1,25 +1,15 @@
 //! A capture window: the span of one stream's work that becomes a graph.
 //!
-//! Every backend records differently — CUDA and HIP stream capture, a Vulkan
-//! command buffer kept for resubmission, a wgpu list of dispatches re-encoded
-//! on replay — and every one of them can end up with a graph that is missing
-//! work: a launch that was skipped because its input carried a failure, or
-//! one that failed as it was recorded, simply is not in it. A graph with a
-//! hole replays "successfully" and writes garbage forever after, and the
-//! replay contract (write fresh inputs, replay) clears the very claim that
-//! would have explained the hole. So the window, not the backend, keeps the
-//! facts that decide whether a recording may seal (rules 29–33):
+//! Every backend can record a graph with a hole: a launch skipped or
+//! failed while recording is simply not in it. Such a graph replays
+//! "successfully" and writes garbage forever after. The replay contract
+//! (write fresh inputs, replay) clears the claim that would explain it.
 //!
-//! - its lifecycle, where each step is allowed only from its predecessor and
-//!   a rejected call changes nothing;
-//! - its doom: the first failure or skip inside it, which forbids sealing;
-//! - what its clean work wrote, by buffer id (held weakly: a recording never
-//!   keeps a buffer alive), so that a window that cannot seal can claim
-//!   exactly those bytes, and a graph knows its write set for replay.
-//!
-//! The scope is the window's only informant (see
-//! [`WriteScoped::capturing`](crate::WriteScoped::capturing)): what is
-//! recorded and what is in the graph are the same event.
+//! So the window, not the backend, decides whether a recording may seal
+//! (rules 29–33). It keeps its lifecycle, where a rejected step changes
+//! nothing, and its doom, the first failure inside. It keeps what clean
+//! work wrote, by buffer id held weakly, so an unsealable window claims
+//! exactly those bytes. The scope is its only informant.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -33,8 +23,7 @@ pub enum CaptureState {
     /// Not capturing.
     #[default]
     NoCapture,
-    /// Asked to capture: the stream's earlier work has been flushed, and the
-    /// backend has not started recording yet.
+    /// Asked to capture: earlier work is flushed, recording not yet begun.
     Prepared,
     /// Recording: work on the stream goes into the graph and does not run.
     Recording,
@@ -43,32 +32,28 @@ pub enum CaptureState {
 /// How a window ended.
 #[derive(Debug)]
 pub enum WindowEnd {
-    /// Clean: the backend may seal a graph that writes `written` and reads
-    /// `read` from outside itself.
+    /// Clean: the backend may seal a graph with these write and read sets.
     Sealable {
         /// What the recorded work writes.
         written: Vec<BufferRange>,
         /// What it reads that it did not write first.
         read: Vec<BufferRange>,
-        /// What recorded indirect launches may or may not write: a replay
-        /// claims these if it fails, and heals none of them.
+        /// What recorded indirect launches may write: a failed replay claims
+        /// these and heals none.
         maybe_written: Vec<BufferRange>,
         /// The collective rounds recorded, in order: a graph holding any is
-        /// replayed by its group's ranks together, never alone.
+        /// replayed by its group's ranks together.
         rounds: Vec<RecordedRound>,
     },
-    /// It cannot seal (rule 33): these ranges were recorded and the error
-    /// says why. The caller claims them with the error.
+    /// It cannot seal (rule 33): the caller claims these with the error.
     Unsealable(Vec<BufferRange>, Error),
 }
 
-/// A collective round recorded into a window: which group (a number
-/// unique in the process) and which of its rounds. Every rank of the group
-/// recorded the same rounds, because the ranks agreed on each before any
-/// recorded it; a replay of the graph is a round of that group too.
+/// A collective round recorded into a window. Every rank agreed on it
+/// before recording, so a replay is a round of that group too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RecordedRound {
-    /// The group, as [`Group`](crate::collective::Group) numbers it.
+    /// The group, numbered uniquely in the process.
     pub group: u64,
     /// The round, counted from 0 in that group.
     pub round: u64,
@@ -83,18 +68,13 @@ pub struct CaptureWindow {
     seen: HashSet<BufferRange>,
     read: Vec<BufferRange>,
     seen_read: HashSet<BufferRange>,
-    /// Buffers that work recorded in the window used: refused on other
-    /// streams until the window ends (the work runs only at replay, so
-    /// nothing can be ordered after it).
+    /// Buffers the recorded work used: refused on other streams until the
+    /// window ends, since that work runs only at replay.
     touched: HashSet<BufferId>,
-    /// What recorded indirect launches may write (see
-    /// [`record_maybe`](Self::record_maybe)).
     maybe_written: Vec<BufferRange>,
-    /// The collective rounds recorded (see [`RecordedRound`]).
     rounds: Vec<RecordedRound>,
     doom: Option<Error>,
-    /// Which window this is: counts [`prepare`](Self::prepare)s, so a handle
-    /// on an ended window cannot end or abort a later one.
+    /// Counts `prepare`s, so a handle on an ended window cannot end a later one.
     epoch: u64,
 }
 
@@ -114,8 +94,7 @@ impl CaptureWindow {
         self.state == CaptureState::Recording
     }
 
-    /// Which of the stream's windows this is (or was last): each
-    /// [`prepare`](Self::prepare) starts a new one.
+    /// Which of the stream's windows this is, or was last.
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
@@ -138,8 +117,7 @@ impl CaptureWindow {
         &self.written
     }
 
-    /// What clean work inside the window read that no earlier work in it
-    /// wrote: the graph's inputs, checked before each replay.
+    /// What clean work read before writing it: the graph's inputs.
     #[cfg(any(test, feature = "internals"))]
     pub fn read(&self) -> &[BufferRange] {
         &self.read
@@ -150,8 +128,7 @@ impl CaptureWindow {
         self.touched.contains(&id)
     }
 
-    /// Work being recorded in the window uses buffer `id`. Outside a window
-    /// this does nothing.
+    /// Recorded work uses buffer `id`; outside a window, nothing.
     pub fn touch(&mut self, id: BufferId) {
         if self.is_recording() {
             self.touched.insert(id);
@@ -180,7 +157,7 @@ impl CaptureWindow {
         Ok(())
     }
 
-    /// NoCapture → Prepared, for `stream`. Clears any earlier recording
+    /// NoCapture → Prepared, for `stream`, clearing any earlier recording
     /// (rule 30).
     ///
     /// # Errors
@@ -203,9 +180,8 @@ impl CaptureWindow {
         self.step(CaptureState::Prepared, CaptureState::Recording, "start")
     }
 
-    /// Recording → NoCapture, ended by `stream`: whether the recording may
-    /// seal (rule 33). A window ended by a stream other than the one that
-    /// opened it is abandoned; a doomed one is missing work.
+    /// Recording → NoCapture, ended by `stream`: whether it may seal (rule
+    /// 33). Another stream's end abandons it; a doomed one is missing work.
     ///
     /// # Errors
     ///
@@ -245,10 +221,8 @@ impl CaptureWindow {
         })
     }
 
-    /// Back to NoCapture from any state, clearing the recording (rule 29,
-    /// 30). Returns what the recorded work wrote — not what recorded indirect
-    /// launches may write: recording those healed nothing, so withdrawing
-    /// them leaves nothing to claim.
+    /// Back to NoCapture from any state (rules 29, 30). Returns what the
+    /// recorded work wrote; maybe-writes healed nothing, so they are dropped.
     pub fn abort(&mut self) -> Vec<BufferRange> {
         self.state = CaptureState::NoCapture;
         self.opened_by = None;
@@ -257,8 +231,7 @@ impl CaptureWindow {
         written
     }
 
-    /// Work inside the window failed or was skipped: the recording is
-    /// missing it. The first doom wins; outside a window this does nothing
+    /// Work inside the window failed or was skipped; the first doom wins
     /// (rule 31).
     pub fn fail(&mut self, error: &Error) {
         if self.is_recording() && self.doom.is_none() {
@@ -266,10 +239,8 @@ impl CaptureWindow {
         }
     }
 
-    /// A clean indirect launch inside the window read `read` and may write
-    /// `written`, depending on counts only the device will know. Its reads
-    /// are the graph's inputs like any other's; its writes are kept apart,
-    /// because a replay cannot know whether they happened either.
+    /// A clean indirect launch read `read` and may write `written`. Its
+    /// writes are kept apart: a replay cannot know whether they happen.
     pub fn record_maybe(&mut self, written: &[BufferRange], read: &[BufferRange]) {
         if !self.is_recording() {
             return;
@@ -282,23 +253,20 @@ impl CaptureWindow {
         }
     }
 
-    /// A collective round was recorded. Outside a window this does
-    /// nothing.
+    /// A collective round was recorded; outside a window, nothing.
     pub fn record_round(&mut self, round: RecordedRound) {
         if self.is_recording() {
             self.rounds.push(round);
         }
     }
 
-    /// Clean work inside the window wrote `written` and read `read`;
-    /// de-duplicated per (buffer, range). Outside a window this does nothing
-    /// (rule 31, 32).
+    /// Clean work inside the window wrote `written` and read `read`, kept
+    /// once per range (rules 31, 32).
     pub fn record(&mut self, written: &[BufferRange], read: &[BufferRange]) {
         if !self.is_recording() {
             return;
         }
-        // Reads first: a launch reads its inputs before it writes, so a
-        // binding it both reads and writes is an input of the graph.
+        // Reads first: a binding read and written is an input of the graph.
         for r in read {
             if !self.seen.contains(r) && self.seen_read.insert(*r) {
                 self.read.push(*r);
@@ -348,8 +316,7 @@ mod tests {
         assert_eq!(window.state(), CaptureState::NoCapture);
     }
 
-    /// The rounds a window recorded reach its end, in order; outside a
-    /// window, or after an abort, none are kept (rule 50).
+    /// A window's rounds reach its end in order; an abort drops them (rule 50).
     #[test]
     fn recorded_rounds_reach_the_end_of_the_window() {
         let s = StreamId(0);

@@ -1,32 +1,18 @@
 //! The contract a runtime programs against: [`Client`].
 //!
-//! A runtime links one server crate, gets a `Client<ThatBackend>`, and from
-//! then on sees only this and the handles it returns (`handle.rs`):
-//! buffers, byte ranges, kernels, launches, streams and graphs, with the
-//! same failure behaviour on every backend.
+//! A runtime links one server crate and from then on sees only a
+//! `Client<ThatBackend>` and its handles, with the same failure
+//! behaviour on every backend.
 //!
-//! - A [`Client`] is `Clone + Send + Sync`. Each clone is bound to one
-//!   logical stream; [`Client::new_stream`] gives a client on a new one. All
-//!   clients of a server share it behind one `parking_lot` mutex: device work
-//!   is issued from one place, so the failure bookkeeping needs no
-//!   finer-grained locking, and issue is cheap next to the work.
-//! - A [`Buffer`] is a cheap clone of a counted handle. The memory is freed
-//!   when the last clone drops, or at once by [`Client::free`], after which
-//!   the remaining clones are stale and every use of them is an
-//!   [`Error::InvalidArgument`] naming the freed buffer.
-//! - Dropping a buffer never takes the server lock (it could be dropped
-//!   while the lock is held); it queues the id, and the server frees queued
-//!   buffers at the start of its next call.
-//! - No call deadlocks its own thread. The closures of
-//!   [`Client::with_backend`] and [`Client::with_memory`] run under the
-//!   lock; a call they make back into a client of the same server is
-//!   answered from the lent server when it only looks, and is a typed error
-//!   when it would change something (`lend.rs`).
+//! - Clones share one server behind one mutex, each bound to a stream.
+//!   Issue is cheap next to the work, so finer locking would buy nothing.
+//! - Dropping a [`Buffer`] never takes the lock: it may drop while the
+//!   lock is held. It queues its id for the server's next call.
+//! - No call deadlocks its own thread: a call from a `with_backend`
+//!   closure is answered or refused, typed (`lend.rs`).
 //!
-//! The calls are grouped by what they touch: work, copies and memory here;
-//! capture windows and graphs in `capture.rs`; the questions a runtime or
-//! test asks beside its work (failures, bytes, poison, faults) in
-//! `observe.rs`; the backend's own doors in `raw.rs`.
+//! Work, copies and memory are here; captures, observations and the raw
+//! doors are in the files beside it.
 
 mod capture;
 mod lend;
@@ -51,8 +37,7 @@ use crate::server::{Server, host_vec};
 
 use lend::Lent;
 
-/// What a call gets when it is made from inside a closure that holds its
-/// server's lock on the same thread, and would change the server.
+/// The error of a call that would change a server lent on this thread.
 fn reentrant() -> Error {
     Error::invalid(
         "call",
@@ -67,21 +52,17 @@ pub(crate) struct Shared<B: Backend> {
     pub(crate) hooks: Arc<Hooks>,
     pub(crate) id: ServerId,
     pub(crate) description: String,
-    /// Asked of the backend when the server starts and again when its
-    /// device is opened again (the new device may differ); behind a lock of
-    /// their own, since reading them must not wait for the server's.
+    /// Asked of the backend at start and at each reopen. Behind their own
+    /// lock, so reading them never waits for the server.
     pub(crate) limits: parking_lot::RwLock<DeviceLimits>,
     /// The server while a `with_backend` or `with_memory` closure has it.
     lent: Lent<Server<B>>,
-    /// A plan `inject` was given inside such a closure: installed when the
-    /// closure returns.
+    /// A plan `inject` got inside a lending closure, installed after it.
     #[cfg(feature = "fault-injection")]
     deferred_plan: Mutex<Option<crate::FaultPlan>>,
 }
 
-/// A client on a stream lent by its server ([`Client::lend_stream`]),
-/// given back when this drops. Whoever holds it keeps no other client of
-/// its stream past it.
+/// A client on a stream lent by its server, given back on drop.
 pub(crate) struct LentStream<B: Backend>(Client<B>);
 
 impl<B: Backend> std::ops::Deref for LentStream<B> {
@@ -95,8 +76,7 @@ impl<B: Backend> std::ops::Deref for LentStream<B> {
 impl<B: Backend> Drop for LentStream<B> {
     fn drop(&mut self) {
         let stream = self.0.stream;
-        // Where the server is lent to a closure on this thread it cannot
-        // take the stream back now, and the stream stays spent.
+        // A server lent on this thread cannot take the stream back: it stays spent.
         let _ = self.0.call(|server| {
             server.take_back_stream(stream);
             Ok(())
@@ -165,12 +145,8 @@ impl<B: Backend> Client<B> {
         })
     }
 
-    /// Lock the server, after releasing whatever was dropped since; `None`
-    /// when a closure on this thread holds it (see `lend.rs`), which
-    /// waiting for would deadlock.
-    ///
-    /// Inlined into every call, with the release of dropped handles out of
-    /// line: a call to it was 18 instructions of every launch.
+    /// Lock the server after releasing what was dropped; `None` when a
+    /// closure on this thread holds it. Inlined: it is on every launch.
     #[inline(always)]
     fn lock(&self) -> Option<MutexGuard<'_, Server<B>>> {
         let mut server = match self.shared.server.try_lock() {
@@ -184,7 +160,6 @@ impl<B: Backend> Client<B> {
         Some(server)
     }
 
-    /// Release the handles dropped since the last call, with the lock held.
     #[inline(never)]
     fn release_dropped(&self, server: &mut Server<B>) {
         for dropped in self.shared.queue.take() {
@@ -192,8 +167,8 @@ impl<B: Backend> Client<B> {
         }
     }
 
-    /// Run `f` on the locked server, then, with the lock released, deliver
-    /// the failure events it queued to the hook (see [`on_failure`](Self::on_failure)).
+    /// Run `f` on the locked server, then deliver its queued events to the
+    /// hook with the lock released.
     ///
     /// # Errors
     ///
@@ -203,11 +178,8 @@ impl<B: Backend> Client<B> {
         self.call_boxed(|server| f(server).map_err(Box::new))
     }
 
-    /// [`call`](Self::call) for an `f` whose error is boxed, unboxed once
-    /// the lock is released: a launch's (see `Launched`), whose success path
-    /// then carries a pointer, not an [`Error`]'s bytes, out past the lock.
-    /// The one body of both, so that locking, releasing and delivering the
-    /// hook's events are written once.
+    /// [`call`](Self::call) for an `f` whose error is boxed, so a launch's
+    /// success carries a pointer out past the lock. The one body of both.
     #[inline]
     fn call_boxed<R>(
         &self,
@@ -222,9 +194,8 @@ impl<B: Backend> Client<B> {
         result.map_err(|error| *error)
     }
 
-    /// Run `f`, which only looks, on the server: locked, or as lent to a
-    /// closure on this thread. With `lending`, `f` runs the caller's closure
-    /// and the server is lent to it meanwhile.
+    /// Run `f`, which only looks, on the locked or lent server. With
+    /// `lending`, the server is lent to the caller's closure meanwhile.
     fn look<R>(&self, lending: bool, f: impl FnOnce(&Server<B>) -> R) -> R {
         let f = match self.shared.server.try_lock() {
             Some(server) => return self.look_locked(server, lending, f),
@@ -260,9 +231,8 @@ impl<B: Backend> Client<B> {
         result
     }
 
-    /// A handle that does not keep the server alive: what a failure hook
-    /// should hold, since a hook that owns a `Client` keeps its own server
-    /// alive forever (the server owns the hook).
+    /// A handle that does not keep the server alive, for a failure hook: the
+    /// server owns its hook, so a hook owning a `Client` leaks both.
     pub fn downgrade(&self) -> WeakClient<B> {
         WeakClient {
             shared: Arc::downgrade(&self.shared),
@@ -280,31 +250,25 @@ impl<B: Backend> Client<B> {
         &self.shared.description
     }
 
-    /// What the device can run, as this server opened it: the largest
-    /// allocation, the binding alignment, and the limits and features a
-    /// launch must keep to. A launch inside every limit is never refused as
-    /// an invalid argument, and the grid is exact: one workgroup past an
-    /// axis is refused before it runs and claims nothing (rule 38).
+    /// What the device can run, as this server opened it.
+    ///
+    /// A launch inside every limit is never refused as invalid. One workgroup
+    /// past an axis is refused before it runs and claims nothing (rule 38).
     pub fn limits(&self) -> DeviceLimits {
         *self.shared.limits.read()
     }
 
-    /// Whether `other` is a client of this client's server: the same
-    /// device, as a group counts ranks (one device cannot be two).
+    /// Whether `other` is a client of the same server, hence the same device.
     pub fn same_server(&self, other: &Self) -> bool {
         self.shared.id == other.shared.id
     }
 
-    /// Which server this is a client of.
     pub(crate) fn server_id(&self) -> ServerId {
         self.shared.id
     }
 
-    /// Why `buffer` cannot be named in a call to this client, if it
-    /// cannot: another server's, or freed. What a collective asks of each
-    /// rank's buffers before the ranks agree, so that a mistake is refused
-    /// on every rank rather than found by one rank's write after the others
-    /// wrote theirs (rule 44).
+    /// Why `buffer` cannot be named here (foreign or freed), if so. Ranks ask
+    /// before they agree, so a mistake is refused on every rank (rule 44).
     pub(crate) fn unusable(&self, buffer: &Buffer) -> Option<String> {
         if buffer.server() != self.shared.id {
             return Some("passed a buffer of another rank's device".to_owned());
@@ -331,10 +295,8 @@ impl<B: Backend> Client<B> {
         })
     }
 
-    /// A client on a stream the server lends for as long as the
-    /// [`LentStream`] lives, then takes back for the next loan: for what
-    /// the core itself keeps a stream for a while (a joined rank's
-    /// ballots), so that joining again and again spends no streams.
+    /// A client on a stream lent until the [`LentStream`] drops, so joining
+    /// again and again spends no streams.
     pub(crate) fn lend_stream(&self) -> Result<LentStream<B>> {
         let stream = self.call(|server| server.lend_stream())?;
         Ok(LentStream(Self {
@@ -345,22 +307,20 @@ impl<B: Backend> Client<B> {
 
     /// `size` bytes of device memory, contents unspecified.
     ///
-    /// An allocation the device cannot satisfy still returns a buffer: it
-    /// carries the allocation's error, which every read of it and every
-    /// launch that reads it reports (rules 28, 37), and the device keeps
-    /// working. Use [`try_allocate`](Self::try_allocate) to learn of it here.
+    /// An allocation the device cannot satisfy still returns a buffer that
+    /// carries the error (rules 28, 37). Use
+    /// [`try_allocate`](Self::try_allocate) to learn of it here.
     ///
     /// # Errors
     ///
-    /// A size of zero or past the backend's largest allocation; a poisoned
-    /// device.
+    /// A size of zero or past the largest allocation; a poisoned device.
     pub fn allocate(&self, size: u64) -> Result<Buffer> {
         let id = self.call(|server| server.allocate(self.stream, size, true))?;
         Ok(self.handle(id, size))
     }
 
-    /// Like [`allocate`](Self::allocate), but an allocation the device
-    /// cannot satisfy is returned as its error and leaves nothing behind.
+    /// Like [`allocate`](Self::allocate), but a refused allocation is an
+    /// error and leaves nothing behind.
     ///
     /// # Errors
     ///
@@ -370,13 +330,11 @@ impl<B: Backend> Client<B> {
         Ok(self.handle(id, size))
     }
 
-    /// A buffer of `size` bytes that was never allocated and carries
-    /// `error`, as an allocation the device could not satisfy does (rule
-    /// 28): reads answer `error`, launches that read it are skipped, work
-    /// that writes it fails, and freeing it releases the record. For an
-    /// adapter over the client whose own allocation rules failed a request
-    /// (a size past [`Backend::max_allocation`], say) and must still hand
-    /// back a handle that reads as the failure.
+    /// A buffer that was never allocated and carries `error`, as a refused
+    /// allocation does (rule 28).
+    ///
+    /// An adapter whose own rules refused a request still hands back a
+    /// handle that reads as the failure.
     ///
     /// # Errors
     ///
@@ -401,8 +359,7 @@ impl<B: Backend> Client<B> {
         Buffer::new(id, self.shared.id, size, self.shared.queue.clone())
     }
 
-    /// Free `buffer` now, whatever other clones of it exist; they become
-    /// stale.
+    /// Free `buffer` now; its other clones become stale.
     ///
     /// # Errors
     ///
@@ -419,9 +376,8 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// Bad input ([`Error::InvalidArgument`]: a range past the end, empty,
-    /// misaligned, or a length other than `data`'s); poison; the device's
-    /// failure, which the bytes now carry.
+    /// Bad input (a range past the end, empty, misaligned, or of another
+    /// length); poison; the device's failure, which the bytes now carry.
     pub fn write<'a>(&self, dst: impl Into<Slice<'a>>, data: &[u8]) -> Result<()> {
         self.call(|server| server.write(self.stream, dst.into(), data))
     }
@@ -430,10 +386,9 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// [`Error::Unwritten`] (or [`Error::SeveralUnwritten`]) when a failure
-    /// claims any of the bytes, with the root error and the chain of skipped
-    /// kernels (rules 24–27); a refusal while the stream is recording; bad
-    /// input; poison; a device fault, attributed to the work in flight.
+    /// [`Error::Unwritten`] or [`Error::SeveralUnwritten`] when a failure
+    /// claims a byte (rules 24–27); a refusal while recording; bad input;
+    /// poison; a device fault, attributed to the work in flight.
     pub fn read<'a>(&self, src: impl Into<Slice<'a>>) -> Result<Vec<u8>> {
         let src = src.into();
         let (pending, len) = self.call(|server| server.begin_read(self.stream, src, None))?;
@@ -441,8 +396,7 @@ impl<B: Backend> Client<B> {
         let mut out = match host_vec(len) {
             Ok(out) => out,
             Err(no_room) => {
-                // Give back what the read held; a fault its wait surfaced
-                // speaks first.
+                // A fault the wait surfaced speaks first.
                 self.call(|server| server.end_wait(pending, waited))?;
                 return Err(no_room);
             }
@@ -451,25 +405,22 @@ impl<B: Backend> Client<B> {
         Ok(out)
     }
 
-    /// Like [`read`](Self::read), into `out`, whose length must be the
-    /// slice's.
+    /// Like [`read`](Self::read), into `out` of the slice's length.
     ///
     /// # Errors
     ///
     /// As `read`.
     pub fn read_into<'a>(&self, src: impl Into<Slice<'a>>, out: &mut [u8]) -> Result<()> {
         let src = src.into();
-        // Begun and finished under the lock, waited for without it: a long
-        // wait on one stream must not stall every other thread's calls.
+        // Waited for without the lock, so other threads' calls go on.
         let (pending, _) =
             self.call(|server| server.begin_read(self.stream, src, Some(out.len())))?;
         let waited = pending.wait();
         self.call(|server| server.end_read(pending, waited, src, out))
     }
 
-    /// Copy `src` into `dst`, which must be as long. A copy reads its source
-    /// as a launch reads an input: a source that carries a failure skips the
-    /// copy, and `dst` carries that failure.
+    /// Copy `src` into `dst` of the same length. A failed source skips the
+    /// copy, and `dst` carries its failure, as a launch's output would.
     ///
     /// # Errors
     ///
@@ -478,11 +429,8 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.copy(self.stream, src.into(), dst.into()))
     }
 
-    /// Issue one rank's part of a collective on a device transport
-    /// (`collective::device`): `call` gets the backend, this client's
-    /// stream and both ranges resolved to memory, inside the server's scope
-    /// for work that reads `input` (where the flag beside it says this rank
-    /// reads it) and writes `output`.
+    /// Issue one rank's part of a device-transport collective, inside the
+    /// server's scope for work that reads `input` and writes `output`.
     pub(crate) fn issue_collective(
         &self,
         name: (&str, Option<crate::capture::RecordedRound>),
@@ -498,9 +446,7 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.issue_collective(self.stream, name, input, output, call))
     }
 
-    /// Issue one rank's half of a point-to-point transfer of `data` (read
-    /// by a send, written by a receive: `writes`) through `call`, on this
-    /// stream.
+    /// Issue one rank's half of a transfer of `data` (written by a receive).
     pub(crate) fn issue_transfer(
         &self,
         name: &str,
@@ -515,7 +461,7 @@ impl<B: Backend> Client<B> {
     /// # Errors
     ///
     /// [`Error::Compile`] with the compiler's log, or a language this
-    /// backend does not take. Nothing is claimed: no launch was asked for.
+    /// backend does not take. Nothing is claimed.
     pub fn compile(&self, kernel: &Kernel) -> Result<()> {
         self.call(|server| server.compile(self.stream, kernel))
     }
@@ -525,9 +471,8 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// Bad input (nothing claimed); [`Error::Skipped`] when an input carried
-    /// a failure; a compile error or the device's failure, which the outputs
-    /// now carry; poison.
+    /// Bad input (nothing claimed); [`Error::Skipped`] for a failed input; a
+    /// compile error or the device's failure, which the outputs carry; poison.
     pub fn launch(
         &self,
         kernel: &Kernel,
@@ -543,7 +488,7 @@ impl<B: Backend> Client<B> {
     /// # Errors
     ///
     /// A refusal while recording; poison; a fault that surfaced, which the
-    /// work in flight on the stream now carries (rule 23).
+    /// work in flight now carries (rule 23).
     pub fn sync(&self) -> Result<()> {
         self.sync_buffers(&[])
     }
@@ -555,21 +500,18 @@ impl<B: Backend> Client<B> {
     ///
     /// As [`check`](Self::check), then as [`sync`](Self::sync).
     pub fn sync_buffers(&self, buffers: &[Slice<'_>]) -> Result<()> {
-        // Begun and settled under the lock, waited for without it: a long
-        // wait on one stream must not stall every other thread's calls.
+        // Waited for without the lock, so other threads' calls go on.
         let pending = self.call(|server| server.begin_sync(self.stream, buffers))?;
         let waited = pending.wait();
         self.call(|server| server.end_wait(pending, waited))
     }
 
-    /// Wait for the stream's work until `until`, asking `finished` (the
-    /// backend's non-blocking query) with the lock released; when time
-    /// runs out, or `finished` fails, `stall` runs — it must make the work
-    /// finish (an abort of the library the work waits in) — and the wait
-    /// then completes. Whether the work finished in time; `finished`'s
-    /// error. Only the wait's own outcome lands on the stream's work (rule
-    /// 23), not `finished`'s error: the work it would blame may be the
-    /// caller's, issued before and unrelated.
+    /// Wait for the stream's work until `until`, polling `finished` unlocked.
+    ///
+    /// When time runs out or `finished` fails, `stall` must make the work
+    /// finish (an abort). Returns whether it finished in time. Only the
+    /// wait's own outcome lands on the work (rule 23): `finished`'s error may
+    /// blame unrelated work.
     pub(crate) fn sync_within(
         &self,
         until: std::time::Instant,
@@ -588,31 +530,26 @@ impl<B: Backend> Client<B> {
         answer
     }
 
-    /// Submit the stream's batched work to the device now, without
-    /// waiting for it — for a runtime that wants the device busy while it
-    /// prepares more. Syncs and reads submit on their own.
+    /// Submit the stream's batched work now, without waiting for it.
     ///
     /// # Errors
     ///
-    /// Poison; a fault that surfaced, which the work in flight on the
-    /// stream now carries (rule 23).
+    /// Poison; a fault that surfaced, which the work in flight now carries
+    /// (rule 23).
     pub fn flush(&self) -> Result<()> {
         self.call(|server| server.flush(self.stream))
     }
 
-    /// Claim `written` with `error`, as the outputs of work on this stream
-    /// that never started (rule 21): for a failure found outside scope
-    /// before work was issued — a runtime's own kernel compiler, a
-    /// validation — that must land on the bytes the work would have written
-    /// exactly as a failed launch's does. Reads of those bytes then return
-    /// `error` as their root ([`Error::external`] keeps a foreign error
-    /// typed), work that reads them is skipped, a recording window is
-    /// doomed, and the failure hook hears it.
+    /// Claim `written` with `error`, as work that never started (rule 21).
+    ///
+    /// This is for a failure found outside scope, such as a runtime's own
+    /// compiler. Reads then return `error` as their root, readers are
+    /// skipped, and the hook hears it. [`Error::external`] keeps a foreign
+    /// error typed.
     ///
     /// # Errors
     ///
-    /// Bad input (a foreign or freed buffer, a bad range), claiming nothing;
-    /// poison.
+    /// Bad input, claiming nothing; poison.
     pub fn fail_writing(&self, written: &[Slice<'_>], error: Error) -> Result<()> {
         self.call(|server| server.fail_writing(self.stream, written, error))
     }
@@ -627,8 +564,7 @@ impl<B: Backend> Client<B> {
     }
 }
 
-/// A [`Client`] that does not keep its server alive; see
-/// [`Client::downgrade`].
+/// A [`Client`] that does not keep its server alive.
 pub struct WeakClient<B: Backend> {
     shared: std::sync::Weak<Shared<B>>,
     stream: StreamId,

@@ -1,23 +1,14 @@
-//! The device's failures: who holds each, and the path each has travelled.
+//! The device's failures: who holds each, and the path each travelled.
 //!
-//! A failure is a node with an error, a carrier count and a short history of
-//! the launches it stopped. Allocations carry failures by id (see
-//! [`Taint`](crate::Taint)); the store only counts them. The count is what
-//! keeps the store bounded (rule 7): a node lives exactly as long as some
-//! allocation carries it, so a program that never frees a tainted buffer
-//! holds one node per such buffer, and a program that frees everything holds
-//! nothing.
+//! A failure is a node with an error, a carrier count and a short history
+//! of the launches it stopped. The count keeps the store bounded (rule 7):
+//! a node lives exactly as long as some allocation carries it.
 //!
-//! Most failures never happen. Every write to device memory mints a
-//! *provisional* failure so that a panic or an early return leaves its bytes
-//! claimed (rule 16, 20), and on the success path that failure is released
-//! within the same call. Putting each one through a hash map would charge
-//! every launch an insert and a remove for a failure that almost never
-//! exists. So the newest minted failure lives in a one-slot *nursery*
-//! beside the map: minting fills it, the clean exit empties it, and only a
-//! failure that outlives its scope (or a second mint while the first is still
-//! claimed) moves into the map. The nursery's node has no error yet; its
-//! error is "the work never finished", built only when someone asks.
+//! Most failures never happen. Every write mints a *provisional* failure,
+//! so a panic leaves its bytes claimed (rules 16, 20), and a clean exit
+//! releases it. A hash map would charge every launch an insert and a
+//! remove. So the newest mint lives in a one-slot *nursery*, and only a
+//! failure that outlives its scope moves into the map.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
@@ -31,12 +22,8 @@ use crate::id::{BufferRange, FailureId, StreamId};
 /// How many skip records a failure keeps: the newest (rule 26).
 pub const MAX_SKIP_RECORDS: usize = 16;
 
-/// What a provisional failure was minted for, so that "never finished" can
-/// name it without building a string on the success path.
-///
-/// Eight bytes and `Copy`, so that it travels in a register: the success
-/// path passes one on every launch. A launch's kernel name is passed beside
-/// it where there is one.
+/// What a provisional failure was minted for, so "never finished" can
+/// name it without a string. `Copy` and eight bytes, to fit a register.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Work {
     /// What kind of work.
@@ -102,9 +89,8 @@ pub struct FailureNode {
     work: Work,
     kernel: Option<Arc<str>>,
     carriers: u32,
-    /// Boxed and absent until the first skip: most failures never stop a
-    /// launch, and a provisional one is moved in and out of the nursery on
-    /// every launch, so the node stays small.
+    /// Absent until the first skip, so the node moved through the nursery on
+    /// every launch stays small.
     history: Option<Box<History>>,
 }
 
@@ -177,18 +163,14 @@ impl Failures {
         }
     }
 
-    /// Mint a failure for `work` with no error yet and no carrier (rule 1).
-    ///
-    /// The caller taints with it and then either replaces its error or lets
-    /// its carriers go; a failure that tainted nothing is the minter's to
-    /// [`prune`](Self::prune) (rule 5).
+    /// Mint a failure for `work` with no error and no carrier (rule 1). One
+    /// that tainted nothing is the minter's to [`prune`](Self::prune) (rule 5).
     #[inline]
     pub fn mint(&mut self, work: Work) -> FailureId {
         self.mint_for(work, None)
     }
 
-    /// Mint a failure for `work` running `kernel`, which "never finished"
-    /// names.
+    /// Mint a failure for `work` running `kernel`.
     #[inline]
     pub fn mint_for(&mut self, work: Work, kernel: Option<&Arc<str>>) -> FailureId {
         let Some(id) = FailureId::new(self.next) else {
@@ -203,8 +185,7 @@ impl Failures {
         id
     }
 
-    /// Mint a failure that already has its error (a fault attributed later,
-    /// an allocation that failed, a window that cannot seal).
+    /// Mint a failure that already has its error, such as a late fault.
     pub fn mint_failed(&mut self, work: Work, error: Error) -> FailureId {
         let id = self.mint(work);
         self.set_error(id, error);
@@ -238,8 +219,8 @@ impl Failures {
         }
     }
 
-    /// One more allocation carries `id` (rule 3: the caller counts an
-    /// allocation once however many of its ranges the failure claims).
+    /// One more allocation carries `id`; the caller counts an allocation once
+    /// (rule 3).
     #[inline]
     pub fn acquire(&mut self, id: FailureId) {
         if let Some(node) = self.get_mut(id) {
@@ -249,9 +230,8 @@ impl Failures {
         }
     }
 
-    /// One allocation no longer carries `id`; the last one removes it at once
-    /// (rule 4). Releasing more often than acquired floors at zero and
-    /// removes it, and asserts in debug builds.
+    /// One allocation no longer carries `id`; the last removes it (rule 4).
+    /// An extra release floors at zero and asserts in debug builds.
     #[inline]
     pub fn release(&mut self, id: FailureId) {
         let Some(node) = self.get_mut(id) else {
@@ -265,8 +245,7 @@ impl Failures {
         }
     }
 
-    /// Remove `id` if nothing carries it: the minter's clean-up for a failure
-    /// that tainted nothing. A carried or unknown failure is left alone
+    /// Remove `id` if nothing carries it; a carried or unknown failure stays
     /// (rule 5).
     #[inline]
     pub fn prune(&mut self, id: FailureId) {
@@ -276,8 +255,7 @@ impl Failures {
                     self.nursery = None;
                 }
             }
-            // The success path: the provisional was released already and
-            // nothing ever graduated to the map.
+            // The success path: nothing ever graduated to the map.
             _ if self.nodes.is_empty() => {}
             _ => {
                 if self.nodes.get(&id).is_some_and(|node| node.carriers == 0) {
@@ -287,8 +265,7 @@ impl Failures {
         }
     }
 
-    /// Replace the error of `id`: every carrier reports the new one (rule 6).
-    /// A failure that is no longer held is left alone.
+    /// Replace the error of `id`, for every carrier (rule 6).
     pub fn set_error(&mut self, id: FailureId, error: Error) {
         if let Some(node) = self.get_mut(id) {
             node.error = Some(Arc::new(error));
@@ -333,14 +310,11 @@ impl Failures {
             .chain(self.nodes.iter().map(|(id, node)| (*id, node)))
     }
 
-    /// The report a read of `read` gets for `id` (rules 25, 26): the root
-    /// error and the chain from the bytes read back to it.
+    /// The report a read of `read` gets for `id`: its root and chain (rules
+    /// 25, 26).
     ///
-    /// The chain walks the skip records newest first. The first hop is the
-    /// newest launch that would have written the bytes read; each next hop is
-    /// the newest older launch that would have written the input that
-    /// stopped the previous one. It ends where no record explains the input,
-    /// which is where the root failure itself wrote.
+    /// Each hop is the newest launch that would have written the previous
+    /// hop's stopping input. The chain ends where the root itself wrote.
     pub fn report(&self, id: FailureId, read: BufferRange) -> Option<UnwrittenBytes> {
         let node = self.get(id)?;
         let empty = VecDeque::new();

@@ -1,13 +1,10 @@
-//! Fault injection: failing device calls on purpose, at the one place every
-//! server makes them.
+//! Fault injection: failing device calls on purpose, where every server
+//! makes them.
 //!
-//! Every device call a server makes passes a [`Site`]
-//! first. With the `fault-injection` feature the server consults its
-//! [`FaultPlan`] there and, when a rule matches, returns the planned error
-//! instead of calling the backend — so a test can fail the third launch on
-//! stream 1, or poison the device at its fortieth operation, on any backend,
-//! including one with no device to fault. Without the feature the check is
-//! an empty inline function and the plan does not exist.
+//! Every device call passes a [`Site`] first. With `fault-injection` the
+//! server consults its [`FaultPlan`] there, so a test can fail the third
+//! launch on stream 1 on any backend, even one with no device. Without
+//! the feature the check is empty and inline.
 
 use std::collections::HashMap;
 
@@ -52,10 +49,8 @@ struct Rule {
     fired: bool,
 }
 
-/// Which device calls fail, and how.
-///
-/// Calls are counted from when the plan is installed, per site and per
-/// (site, stream), starting at one.
+/// Which device calls fail, and how. Calls count from one, per site and
+/// per (site, stream), from when the plan is installed.
 #[derive(Clone, Debug, Default)]
 pub struct FaultPlan {
     rules: Vec<Rule>,
@@ -94,8 +89,7 @@ impl FaultPlan {
         self
     }
 
-    /// Make the `nth` device call of any kind fail with a sticky fault named
-    /// `code`, which poisons the device.
+    /// Make the `nth` device call of any kind a sticky fault named `code`.
     pub fn poison_at(mut self, nth: u64, backend: &'static str, code: &str) -> Self {
         self.poison_at = Some((
             nth,
@@ -113,8 +107,7 @@ impl FaultPlan {
     /// Count a call at `site` on `stream` and say whether it fails.
     #[inline]
     pub fn check(&mut self, site: Site, stream: Option<StreamId>) -> Option<Error> {
-        // An empty plan fails nothing; counting for it would only cost every
-        // device call a hash-map update (and, out of line, a call).
+        // An empty plan would only cost every device call a hash-map update.
         if self.rules.is_empty() && self.poison_at.is_none() {
             return None;
         }

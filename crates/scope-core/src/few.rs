@@ -1,15 +1,9 @@
-//! [`Few`]: a list of a few `Copy` values, inline up to `N`, on the heap past
-//! that — the launch path's lists of bindings.
+//! [`Few`]: a few `Copy` values, inline up to `N`, on the heap past that.
 //!
-//! A launch gathers four short lists (its bindings resolved, the ranges it
-//! reads, the buffers it touches, the bindings as the backend sees them).
-//! A `Vec` per list allocates on every launch; `smallvec`'s inline vector
-//! does not, but its bookkeeping on each push (which of its two
-//! representations it is in, its length behind a pointer) cost the launch
-//! more than the table lookups the lists serve. This is the least that
-//! does neither: a length, an inline array, and a `Vec` that stays empty
-//! until the list outgrows the array. `Copy` values only, so nothing needs
-//! dropping but the `Vec`, which drops itself.
+//! A launch gathers four short lists. A `Vec` each allocates per launch,
+//! and `smallvec`'s per-push bookkeeping is slower than needed. This is
+//! the least that does neither: a length, an array, and a `Vec` that stays
+//! empty until the array is outgrown.
 
 use std::mem::MaybeUninit;
 
@@ -23,7 +17,6 @@ pub(crate) struct Few<T: Copy, const N: usize> {
 }
 
 impl<T: Copy, const N: usize> Few<T, N> {
-    /// An empty list.
     #[inline]
     pub(crate) fn new() -> Self {
         Self {
@@ -33,7 +26,6 @@ impl<T: Copy, const N: usize> Few<T, N> {
         }
     }
 
-    /// Append `value`.
     #[inline]
     pub(crate) fn push(&mut self, value: T) {
         match self.inline.get_mut(self.len) {
@@ -45,9 +37,7 @@ impl<T: Copy, const N: usize> Few<T, N> {
         }
     }
 
-    /// Append the value `make` builds, built where it is stored: a value
-    /// built first and then pushed was built on the stack and copied into
-    /// its slot.
+    /// Append the value `make` builds, built in its slot, not on the stack.
     #[inline]
     pub(crate) fn push_with(&mut self, make: impl FnOnce() -> T) {
         match self.inline.get_mut(self.len) {
@@ -59,8 +49,7 @@ impl<T: Copy, const N: usize> Few<T, N> {
         }
     }
 
-    /// The list has outgrown its array: from now on every value is on the
-    /// heap.
+    /// The list has outgrown its array: from now on every value is on the heap.
     #[cold]
     fn spill(&mut self, value: T) {
         if self.heap.is_empty() {
@@ -73,13 +62,11 @@ impl<T: Copy, const N: usize> Few<T, N> {
 
     fn inline_values(&self) -> &[T] {
         let len = self.len.min(N);
-        // SAFETY: the first `len` elements of `inline` were written by
-        // `push` (it writes element `len` before counting it, and nothing
-        // else changes `len` or `inline`); `MaybeUninit<T>` has `T`'s layout.
+        // SAFETY: `push` writes element `len` before counting it, and nothing
+        // else changes `len` or `inline`. `MaybeUninit<T>` has `T`'s layout.
         unsafe { std::slice::from_raw_parts(self.inline.as_ptr().cast::<T>(), len) }
     }
 
-    /// The values, in order.
     #[inline]
     pub(crate) fn as_slice(&self) -> &[T] {
         if self.heap.is_empty() {

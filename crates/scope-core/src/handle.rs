@@ -1,13 +1,10 @@
-//! What a runtime holds: buffers and their slices, bindings, dispatches,
-//! captures and graphs.
+//! What a runtime holds: buffers, slices, bindings, dispatches, captures
+//! and graphs.
 //!
-//! These are plain handles — ids and sizes, never memory — so they are
-//! cheap to clone, `Send`, and free of the server's lock: none of them takes
-//! it, not even on drop. A handle dropped while the lock is held (inside
-//! [`Client::with_backend`](crate::Client::with_backend), or by a failure
-//! hook that owned it) would otherwise deadlock its own thread, so a drop
-//! queues what it named ([`FreeQueue`]) and the server releases it at the
-//! start of its next call.
+//! These are plain ids and sizes, never memory: cheap to clone and `Send`.
+//! None takes the server's lock, not even on drop. A handle may drop while
+//! the lock is held, so a drop queues what it named ([`FreeQueue`]) for
+//! the server's next call.
 
 use std::ops::{Bound as RangeBound, RangeBounds};
 use std::sync::Arc;
@@ -18,29 +15,18 @@ use parking_lot::Mutex;
 use crate::backend::Access;
 use crate::id::{BufferId, ByteRange, GraphId, ServerId, StreamId};
 
-/// A handle dropped without its server being told: the server releases
-/// what it named at the start of its next call.
+/// A handle dropped without its server being told.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Dropped {
     /// The last clone of a buffer.
     Buffer(BufferId),
-    /// A capture neither ended nor aborted: its window is aborted, so the
-    /// stream does not stay capturing for good.
-    Capture {
-        /// The stream that opened it.
-        stream: StreamId,
-        /// Which of that stream's windows.
-        epoch: u64,
-    },
+    /// A capture neither ended nor aborted: its window is aborted.
+    Capture { stream: StreamId, epoch: u64 },
     /// The last clone of a graph: it is destroyed (after its replays).
     Graph(GraphId),
 }
 
 /// Handles dropped since the server last looked.
-///
-/// Dropping a handle never takes the server lock — it may be dropped while
-/// the lock is held (inside [`Client::with_backend`], or by a failure hook
-/// that owned it) — so it queues what it named instead.
 #[derive(Default)]
 pub(crate) struct FreeQueue {
     pending: AtomicBool,
@@ -53,9 +39,8 @@ impl FreeQueue {
         self.pending.store(true, Ordering::Release);
     }
 
-    /// Whether anything may be queued: a plain load, which every call
-    /// makes, where a swap would be a locked read-modify-write even when
-    /// nothing is queued.
+    /// Whether anything may be queued. A plain load, since every call makes
+    /// it and a swap would be a locked read-modify-write.
     #[inline]
     pub(crate) fn pending(&self) -> bool {
         self.pending.load(Ordering::Acquire)
@@ -96,8 +81,7 @@ impl std::fmt::Debug for Buffer {
 }
 
 impl Buffer {
-    /// A new handle on buffer `id` of `server`, which its last clone's drop
-    /// queues on `queue`.
+    /// A new handle on buffer `id` of `server`; the last drop queues on `queue`.
     pub(crate) fn new(id: BufferId, server: ServerId, size: u64, queue: Arc<FreeQueue>) -> Self {
         Self {
             inner: Arc::new(BufferInner {
@@ -221,11 +205,10 @@ impl<'a> Binding<'a> {
 /// How many workgroups a launch runs.
 #[derive(Clone, Copy, Debug)]
 pub enum Dispatch<'a> {
-    /// Known on the host. A zero in any dimension runs nothing, so the
-    /// launch writes nothing and heals nothing.
+    /// Known on the host. A zero in any dimension runs and heals nothing.
     Groups([u32; 3]),
-    /// Three `u32` counts in device memory, which join the launch's read
-    /// set: a launch whose count carries a failure is skipped.
+    /// Three `u32` counts in device memory, read by the launch: a failed
+    /// count skips it.
     Indirect(Slice<'a>),
 }
 
@@ -238,9 +221,8 @@ impl Dispatch<'_> {
 
 /// An open capture window, to end or abort.
 ///
-/// A capture that is dropped instead is aborted at the server's next call,
-/// as [`Client::abort_capture`](crate::Client::abort_capture) would: a forgotten capture must not leave its
-/// stream recording for good, refusing every sync and read.
+/// A dropped capture is aborted at the server's next call, so a forgotten
+/// one does not leave its stream recording for good.
 #[must_use = "a capture must be ended or aborted; dropping it aborts it"]
 pub struct Capture {
     pub(crate) stream: StreamId,
@@ -277,8 +259,7 @@ impl Capture {
         self.stream
     }
 
-    /// A handle on no window that is open: what a caller holding a capture
-    /// past its end would have, for a test to try.
+    /// A handle on no open window, for a test.
     #[cfg(test)]
     pub(crate) fn stale(stream: StreamId, server: ServerId) -> Self {
         Self {
@@ -317,10 +298,8 @@ impl Drop for GraphInner {
     }
 }
 
-/// A captured graph. Clones name the same graph; destroying it through any
-/// makes the others name a destroyed graph. When the last clone drops, the
-/// graph is destroyed at the server's next call (after its replays in
-/// flight, rule 35), so a runtime that forgets a graph does not leak it.
+/// A captured graph. Clones name the same graph. The last drop destroys
+/// it after its replays (rule 35), so a forgotten graph does not leak.
 #[derive(Clone)]
 pub struct Graph {
     pub(crate) id: GraphId,
@@ -343,8 +322,7 @@ impl PartialEq for Graph {
 impl Eq for Graph {}
 
 impl Graph {
-    /// A handle on graph `id` of `server`, which its last clone's drop
-    /// queues on `queue` for destruction.
+    /// A handle on graph `id` of `server`; the last drop queues on `queue`.
     pub(crate) fn new(id: GraphId, server: ServerId, queue: Arc<FreeQueue>) -> Self {
         Self {
             id,

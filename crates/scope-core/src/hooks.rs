@@ -1,27 +1,13 @@
 //! The failure hook, called after the server's lock is released.
 //!
-//! A failure hook (rule 39) exists to tell a measurement in flight that a
-//! failure happened; the natural thing for it to do next is to ask the
-//! client something (`failures_seen`, `failures_held`) or to tell another
-//! part of the runtime, which may issue work. Called under the server's
-//! lock, any of that deadlocks, and a hook that panics part-way through an
-//! operation leaves that operation's bookkeeping half done. So the server
-//! only *queues* the event, under its lock, after its bookkeeping for the
-//! event is complete; the client that made the call delivers queued events
-//! once it has released the lock, before returning to the caller.
+//! A hook (rule 39) tells a measurement that a failure happened, and will
+//! likely ask the client something next. Under the lock that deadlocks,
+//! and a panic would leave bookkeeping half done. So the server only
+//! *queues* the event, and the calling client delivers it after unlocking.
 //!
-//! Delivery is serialised by a re-entrant lock, so one hook (an `FnMut`)
-//! never runs on two threads at once and another thread's events wait for
-//! the hook rather than piling up: a thread returns from its call only after
-//! the events it caused have been delivered (or are being delivered by
-//! another thread that holds the hook). A hook that calls back into the
-//! client re-enters on the same thread; the events that call causes are
-//! delivered by the outer delivery loop, after the hook returns, so the hook
-//! never runs inside itself.
-//!
-//! A hook that panics unwinds out of the client call that delivered the
-//! event — the operation's bookkeeping is already complete — and stays
-//! installed; events not yet delivered stay queued for the next call.
+//! A re-entrant lock serialises delivery: one hook never runs on two
+//! threads, and a hook's own calls are delivered after it returns. A hook
+//! that panics unwinds out of the call and stays installed.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -41,8 +27,7 @@ pub(crate) type Hook = Box<dyn FnMut(StreamId, &Error) + Send>;
 pub(crate) struct Hooks {
     /// Whether a hook is installed: without one, events are not queued.
     installed: AtomicBool,
-    /// Whether `events` may be non-empty, so delivery costs one atomic load
-    /// on the success path.
+    /// Whether `events` may be non-empty: one atomic load on the success path.
     pending: AtomicBool,
     events: Mutex<VecDeque<(StreamId, Error)>>,
     hook: Mutex<Option<Hook>>,
@@ -51,7 +36,6 @@ pub(crate) struct Hooks {
 }
 
 impl Hooks {
-    /// Install `hook`, replacing any earlier one.
     pub(crate) fn install(&self, hook: Hook) {
         let old = self.hook.lock().replace(hook);
         self.installed.store(true, Ordering::Release);
@@ -77,8 +61,8 @@ impl Hooks {
         event
     }
 
-    /// Deliver the queued events. Called with the server lock released,
-    /// after every call: the check is inline, the delivery is not.
+    /// Deliver the queued events, unlocked, after every call. The check is
+    /// inline, the delivery is not.
     #[inline]
     pub(crate) fn deliver(&self) {
         if self.pending.load(Ordering::Acquire) {
@@ -100,8 +84,7 @@ impl Hooks {
                 continue;
             };
             let outcome = catch_unwind(AssertUnwindSafe(|| hook(stream, &error)));
-            // A hook installed while this one ran replaces it; the one it
-            // replaced is dropped outside the lock.
+            // A hook installed meanwhile replaces this one, dropped outside the lock.
             let replaced = {
                 let mut slot = self.hook.lock();
                 if slot.is_none() {
@@ -119,7 +102,7 @@ impl Hooks {
     }
 }
 
-/// Clears the "delivering" mark however delivery ends, a panic included.
+/// Clears the "delivering" mark however delivery ends.
 struct Reset<'a>(&'a Cell<bool>);
 
 impl Drop for Reset<'_> {

@@ -1,58 +1,39 @@
 //! Kernels: what a runtime hands a server to launch.
 //!
-//! A kernel is a source in one of the languages the servers accept, a name
-//! for people, an entry point and (for the CUDA family) a block size. It is
-//! compiled by the server on first launch and cached by a hash of the source,
-//! so a runtime can build `Kernel` values freely and cheaply; the hash is
-//! taken once, here, not on every launch.
+//! A kernel is a source in a language the servers accept, a name, an
+//! entry point and (for the CUDA family) a block size. Its hash is taken
+//! once, here: servers cache compiled kernels by it.
 //!
 //! # The binding convention
 //!
-//! A launch binds buffers in order and may pass a small scalar blob. Every
-//! backend maps them the same way, so one runtime can target any server:
+//! A launch binds buffers in order and may pass a scalar blob. Every
+//! backend maps them the same way, so one runtime targets any server:
 //!
-//! - **WGSL and SPIR-V**: binding *i* is `@group(0) @binding(i)` (descriptor
-//!   set 0, binding *i*), a storage buffer. A non-empty scalar blob is one more
-//!   read-only storage buffer at the next binding.
-//! - **CUDA C++, PTX and HIP C++**: the parameters are the bindings' device
-//!   pointers (already advanced by the binding's offset), in order, then the
-//!   scalar blob by value when it is non-empty (declare it as a struct).
-//! - **Host** (the reference server): the registered closure gets each
-//!   binding's bytes and the blob.
+//! - **WGSL and SPIR-V**: binding *i* is `@group(0) @binding(i)`, a
+//!   storage buffer. A non-empty blob is one more read-only binding.
+//! - **CUDA C++, PTX and HIP C++**: the bindings' device pointers, offset
+//!   applied, in order; then a non-empty blob by value, as a struct.
+//! - **Host**: the registered closure gets each binding's bytes and the blob.
 //!
-//! The dispatch count is in workgroups (blocks); the workgroup size is the
-//! shader's own (`@workgroup_size`), or [`Kernel::block`] for the CUDA family.
+//! The dispatch counts workgroups. Their size is the shader's own, or
+//! [`Kernel::block`] for the CUDA family.
 //!
 //! # What is checked, and what the caller promises
 //!
-//! The failure model believes the bytes outside a launch's write set are
-//! untouched by it. Whether that holds depends on the source language:
+//! The failure model believes a launch leaves bytes outside its write set
+//! untouched. Whether that holds depends on the language:
 //!
-//! - **WGSL** is checked: naga validates it, server-vulkan lowers it with
-//!   every access restricted to its binding, and wgpu bounds-checks it. A
-//!   WGSL kernel is safe to build ([`Kernel::wgsl`]). Those runtime checks
-//!   cost a kernel that indexes heavily several times its speed (cubek's
-//!   matmul runs four times slower with them on lavapipe), so a kernel
-//!   whose author guarantees every access — to buffers *and* to workgroup
-//!   and local arrays — stays inside can be vouched for with the `unsafe`
-//!   [`Kernel::vouch_in_bounds`], and the servers then drop theirs. A
-//!   promise that a checking pass keeps accesses inside is only as good as
-//!   that pass: cubecl 0.12's checked mode clamps no index at all (its
-//!   pass never matches a buffer, and was never meant for workgroup
-//!   arrays), so scope-cube adds its own clamps to checked kernels and
-//!   vouches none of them; only a kernel the caller vouches for, unsafely,
-//!   runs without the servers' checks. Loops are bounded the same way, and
-//!   vouched for with [`Kernel::vouch_terminates`].
-//! - **Host closures** work on copies of their bindings: safe
-//!   ([`Kernel::host`]).
-//! - **SPIR-V words, CUDA C++, PTX and HIP C++** are machine-level code:
-//!   through a raw pointer or a device address they can read and write any
-//!   memory of the device, bytes of other buffers the failure model then
-//!   believes clean, and an invalid SPIR-V module is undefined behaviour in
-//!   the driver. No server can check them, so they are [`Unchecked`] and
-//!   built only by `unsafe` constructors ([`Kernel::spirv`], [`Kernel::cuda`],
-//!   [`Kernel::ptx`], [`Kernel::hip`]) whose caller promises what cannot be
-//!   checked — as cudarc makes its launch `unsafe` for the same reason.
+//! - **WGSL** is checked by naga, server-vulkan and wgpu: safe to build
+//!   ([`Kernel::wgsl`]). The checks can make an indexing-heavy kernel
+//!   several times slower. An author who guarantees every access stays
+//!   inside may say so with the `unsafe` [`Kernel::vouch_in_bounds`].
+//!   Loops are bounded alike, and vouched for with
+//!   [`Kernel::vouch_terminates`].
+//! - **Host closures** work on copies of their bindings: safe.
+//! - **SPIR-V, CUDA C++, PTX and HIP C++** can reach any device memory
+//!   through a pointer, and no server can check them. They are
+//!   [`Unchecked`], built only by `unsafe` constructors, as cudarc's
+//!   launch is `unsafe`.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
@@ -87,8 +68,7 @@ impl std::fmt::Display for Language {
     }
 }
 
-/// Source no server can check, vouched for by whoever made it (see the
-/// [module docs](self)): made only by the `unsafe` [`Unchecked::vouched`].
+/// Source no server can check, vouched for by whoever made it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Unchecked<T>(T);
 
@@ -97,14 +77,10 @@ impl<T> Unchecked<T> {
     ///
     /// # Safety
     ///
-    /// The caller promises that `source` is a valid module for the devices
-    /// it will be launched on, and that every launch of it — for the
-    /// bindings, scalars and counts it is launched with — reads only the
-    /// bytes of the bindings it reads, writes only the bytes of the bindings
-    /// it writes, and touches no other memory: no raw pointer or device
-    /// address is followed outside them. Breaking this can corrupt buffers
-    /// the failure model reports as written, or be undefined behaviour in
-    /// the driver.
+    /// `source` is a valid module for the devices it runs on. Every launch
+    /// of it reads only its read bindings, writes only its written ones, and
+    /// touches no other memory. Otherwise it may corrupt buffers the failure
+    /// model reports as written, or be undefined behaviour in the driver.
     pub unsafe fn vouched(source: T) -> Self {
         Self(source)
     }
@@ -163,8 +139,7 @@ impl KernelSource {
     }
 }
 
-/// A hash of a kernel's source, entry point and block size: the key of every
-/// server's compile cache.
+/// A hash of source, entry point and block size: the compile-cache key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KernelId(pub u64);
 
@@ -175,11 +150,9 @@ pub struct Kernel {
     entry: Arc<str>,
     source: KernelSource,
     block: [u32; 3],
-    /// Set by [`vouch_in_bounds`](Self::vouch_in_bounds): the server may
-    /// compile without runtime bounds checks.
+    /// The server may compile without runtime bounds checks.
     in_bounds: bool,
-    /// Set by [`vouch_terminates`](Self::vouch_terminates): the server may
-    /// compile without bounding its loops.
+    /// The server may compile without bounding loops.
     terminates: bool,
     id: KernelId,
 }
@@ -209,13 +182,10 @@ impl Kernel {
     ///
     /// # Safety
     ///
-    /// As [`Unchecked::vouched`]: `words` are a valid SPIR-V module with a
-    /// GLCompute entry point (named by [`entry`](Self::entry)) that follows
-    /// the binding convention or the server's device-address interface, and
-    /// whose every launch stays inside the bindings it is given.
+    /// As [`Unchecked::vouched`]: a valid module with a GLCompute entry point
+    /// that follows the binding convention or the device-address interface.
     pub unsafe fn spirv(name: impl Into<Arc<str>>, words: impl Into<Arc<[u32]>>) -> Self {
-        // SAFETY: the caller vouches for the module, as this function's
-        // contract says.
+        // SAFETY: the caller vouches for the module, per this function's contract.
         let words = unsafe { Unchecked::vouched(words.into()) };
         Self::new(name, KernelSource::SpirV(words))
     }
@@ -224,14 +194,11 @@ impl Kernel {
     ///
     /// # Safety
     ///
-    /// As [`Unchecked::vouched`]: the source declares the entry point
-    /// `extern "C"` with the binding convention's parameters, and every
-    /// launch of it dereferences only pointers into the bindings it is given,
-    /// within their lengths.
+    /// As [`Unchecked::vouched`]: an `extern "C"` entry point with the
+    /// convention's parameters, dereferencing only pointers into its bindings.
     pub unsafe fn cuda(name: impl Into<Arc<str>>, source: impl Into<Arc<str>>) -> Self {
         let name = name.into();
-        // SAFETY: the caller vouches for the source, as this function's
-        // contract says.
+        // SAFETY: the caller vouches for the source, per this function's contract.
         let source = unsafe { Unchecked::vouched(source.into()) };
         Self::new(name.clone(), KernelSource::Cuda(source)).entry(name)
     }
@@ -243,8 +210,7 @@ impl Kernel {
     /// As for [`cuda`](Self::cuda).
     pub unsafe fn ptx(name: impl Into<Arc<str>>, source: impl Into<Arc<str>>) -> Self {
         let name = name.into();
-        // SAFETY: the caller vouches for the source, as this function's
-        // contract says.
+        // SAFETY: the caller vouches for the source, per this function's contract.
         let source = unsafe { Unchecked::vouched(source.into()) };
         Self::new(name.clone(), KernelSource::Ptx(source)).entry(name)
     }
@@ -256,8 +222,7 @@ impl Kernel {
     /// As for [`cuda`](Self::cuda).
     pub unsafe fn hip(name: impl Into<Arc<str>>, source: impl Into<Arc<str>>) -> Self {
         let name = name.into();
-        // SAFETY: the caller vouches for the source, as this function's
-        // contract says.
+        // SAFETY: the caller vouches for the source, per this function's contract.
         let source = unsafe { Unchecked::vouched(source.into()) };
         Self::new(name.clone(), KernelSource::Hip(source)).entry(name)
     }
@@ -275,62 +240,47 @@ impl Kernel {
         self
     }
 
-    /// The same kernel with block (workgroup) size `block`, for the CUDA
-    /// family; shader languages declare their own.
+    /// The same kernel with block size `block`, for the CUDA family.
     pub fn block(mut self, block: [u32; 3]) -> Self {
         self.block = block;
         self.rehash();
         self
     }
 
-    /// The same kernel, vouched to keep every access inside its bindings
-    /// and its workgroup arrays by its own code, so that a server may
-    /// compile it without the runtime bounds checks it adds to WGSL
-    /// (wgpu's and naga's). The other languages are never checked by the
-    /// server, so for them this changes nothing.
+    /// The same kernel, vouched to keep every access inside its bindings and
+    /// workgroup arrays. A server may then drop the WGSL bounds checks; other
+    /// languages are never checked anyway.
     ///
     /// # Safety
     ///
-    /// As [`Unchecked::vouched`]: every launch of the kernel — for the
-    /// bindings, scalars and counts it is launched with — indexes only
-    /// inside the bindings and arrays it indexes. Without the server's
-    /// checks an access outside them is undefined behaviour in the driver,
-    /// and can write bytes of other buffers the failure model reports as
-    /// written.
+    /// Every launch indexes only inside its bindings and arrays. Without the
+    /// checks, an access outside is undefined behaviour in the driver.
     pub unsafe fn vouch_in_bounds(mut self) -> Self {
         self.in_bounds = true;
         self.rehash();
         self
     }
 
-    /// Whether the kernel was vouched for with
-    /// [`vouch_in_bounds`](Self::vouch_in_bounds): a server may then skip
-    /// its runtime bounds checks.
+    /// Whether the kernel was vouched in bounds.
     pub fn vouched_in_bounds(&self) -> bool {
         self.in_bounds
     }
 
-    /// The same kernel, vouched to end every loop it enters, so that a
-    /// server may compile it without the loop bound naga adds to WGSL (a
-    /// counter in every loop, which turns a loop that never ends — undefined
-    /// behaviour to the driver's compiler — into one that does). The
-    /// counter costs a loop-heavy kernel dearly: cubek's matmul runs four
-    /// times slower with it on lavapipe.
+    /// The same kernel, vouched to end every loop, so a server may drop
+    /// naga's loop counter, which costs loop-heavy kernels dearly.
     ///
     /// # Safety
     ///
-    /// Every loop of every launch of the kernel ends. A loop that does not
-    /// is undefined behaviour in the driver's compiler, which may miscompile
-    /// what follows it, including the kernel's own bounds checks.
+    /// Every loop of every launch ends. One that does not is undefined
+    /// behaviour to the driver's compiler, which may miscompile the bounds
+    /// checks after it.
     pub unsafe fn vouch_terminates(mut self) -> Self {
         self.terminates = true;
         self.rehash();
         self
     }
 
-    /// Whether the kernel was vouched for with
-    /// [`vouch_terminates`](Self::vouch_terminates): a server may then
-    /// leave its loops unbounded.
+    /// Whether the kernel was vouched to terminate.
     pub fn vouched_terminates(&self) -> bool {
         self.terminates
     }

@@ -1,19 +1,12 @@
 //! What the device behind a server can run, as the server opened it.
 //!
-//! A runtime over [`Client<B>`](crate::Client) sizes its grids, picks a
-//! kernel variant and decides which types its kernels may use from these
-//! numbers, without naming the backend. They are the server's own: the
-//! limits its [`Backend::check_launch`](crate::Backend::check_launch)
-//! enforces and the features it enabled — not what the hardware could do
-//! with another server, and not a guess. A launch inside every limit
-//! reported here is never refused as an invalid argument, and the grid is
-//! exact: one workgroup past an axis is refused before it runs, claiming
-//! nothing (rule 38). A few limits also depend on the kernel (a `uniform`
-//! blob, registers per thread); each server's `launch_limits` says which.
+//! A runtime sizes grids and picks kernels from these without naming the
+//! backend. They are the server's own: what its
+//! [`Backend::check_launch`](crate::Backend::check_launch) enforces, not a
+//! guess. A launch inside every limit is never refused as invalid (rule 38).
 
-/// Optional capabilities a server enabled on its device. A kernel that uses
-/// one the server did not enable may fail to compile, however capable the
-/// hardware.
+/// Optional capabilities the server enabled. A kernel using another may
+/// fail to compile, however capable the hardware.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeviceFeatures {
@@ -33,9 +26,7 @@ pub struct DeviceFeatures {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LaunchLimits {
-    /// Buffers one launch may bind, counting its scalar blob, when it has
-    /// one, as one more (most APIs pass the blob as one more binding or
-    /// parameter).
+    /// Buffers one launch may bind, counting a scalar blob as one more.
     pub max_bindings: u32,
     /// Bytes one binding may cover.
     pub max_binding_size: u64,
@@ -49,27 +40,18 @@ pub struct LaunchLimits {
     pub max_invocations: u32,
     /// Bytes of workgroup (shared) memory one workgroup may use.
     pub max_workgroup_memory: u32,
-    /// The subgroup size range, `Some` only where the server enabled
-    /// subgroup operations.
+    /// The subgroup size range, where the server enabled subgroups.
     pub subgroup_size: Option<(u32, u32)>,
-    /// The width the device runs invocations in lockstep (its subgroup,
-    /// warp or wavefront size range), where it says, whether or not
-    /// subgroup operations are enabled: a hint for sizing workgroups, never
-    /// a promise of subgroup operations (that is
-    /// [`subgroup_size`](Self::subgroup_size)). A kernel library that sizes
-    /// its workgroups for 32 lanes on an 8-lane device runs a quarter as
-    /// many of them.
+    /// The width the device runs in lockstep, where it says. A hint for
+    /// sizing workgroups, never a promise of subgroup operations.
     pub native_width: Option<(u32, u32)>,
     /// What the server enabled.
     pub features: DeviceFeatures,
 }
 
 impl Default for LaunchLimits {
-    /// The least every GPU API scope runs on guarantees (WebGPU's default
-    /// limits; no scalar blob, no optional feature). `LaunchLimits` is
-    /// `#[non_exhaustive]`, so a backend starts from this and sets every
-    /// field it knows; a field added later starts at a value no device
-    /// falls short of.
+    /// WebGPU's default limits: the least every API guarantees. A backend
+    /// starts here and sets what it knows, so a new field never overstates.
     fn default() -> Self {
         Self {
             max_bindings: 8,
@@ -87,16 +69,12 @@ impl Default for LaunchLimits {
 }
 
 impl LaunchLimits {
-    /// Whether a workgroup of `size` fits: each axis within
-    /// `max_workgroup_size` and all of it within `max_invocations`. The
-    /// reason, if not, names the axis or the count. One check for every
-    /// server that learns a kernel's workgroup size (CUDA's and HIP's
-    /// block, Vulkan's WGSL `@workgroup_size`): a workgroup past the device
-    /// is a launch that fails inside its scope, or undefined behaviour.
+    /// Whether a workgroup of `size` fits, per axis and in all. A workgroup
+    /// past the device fails inside its scope, or is undefined behaviour.
     ///
     /// # Errors
     ///
-    /// The reason it does not fit.
+    /// The reason it does not fit, naming the axis or the count.
     pub fn workgroup_fits(&self, size: [u32; 3]) -> Result<(), String> {
         if let Some((axis, (declared, max))) = size
             .iter()
@@ -123,10 +101,8 @@ impl LaunchLimits {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeviceLimits {
-    /// The largest buffer the device could ever give
-    /// ([`Backend::max_allocation`](crate::Backend::max_allocation)): a
-    /// larger request is an invalid argument, a smaller one that does not
-    /// fit now is out of memory.
+    /// The largest buffer the device could ever give. A larger request is
+    /// invalid; a smaller one that does not fit now is out of memory.
     pub max_allocation: u64,
     /// The alignment a binding's offset must have.
     pub binding_alignment: u64,

@@ -1,24 +1,10 @@
 //! A backend that does nothing, at once: wgpu-hal's `noop` for scope.
 //!
-//! Every device call succeeds without touching memory: an allocation is a
-//! size, a write and a copy are forgotten, a launch runs nothing, a read
-//! leaves the caller's bytes as they were (zeros, from the core), a graph
-//! is a token. What is left when a server runs over it is the core alone —
-//! handle resolution, validation, the compile cache, scopes, capture
-//! windows, in-flight bookkeeping — which is what two things need:
-//!
-//! - **a bench of the core's own cost** (`benches/launch_path.rs`): over a
-//!   real backend the figure mixes the layer with the device's, and over the
-//!   host server with its copies of every binding;
-//! - **a base for test backends.** A test that needs one behaviour of a
-//!   device — a wait that blocks until the test opens a gate, a fault kept
-//!   for the stream's next wait, a launch that fails — writes a [`Script`]
-//!   that says only that, instead of a whole backend forwarding two dozen
-//!   calls to the host server by hand (and drifting from it each time the
-//!   trait gains a call).
-//!
-//! Because it never touches memory, a test over it checks outcomes
-//! (`Ok`, which error, which bytes a failure claims), never values.
+//! Every device call succeeds without touching memory. What runs over it
+//! is the core alone, which two things need. The launch-path bench
+//! measures the core's own cost on it. A test backend scripts one device
+//! behaviour on it ([`Script`]) instead of forwarding two dozen calls.
+//! Tests over it check outcomes, never values.
 
 use std::sync::Arc;
 
@@ -31,15 +17,13 @@ use crate::limits::LaunchLimits;
 /// What a test backend adds to the null backend: each method is asked at
 /// the device call of its name and does nothing by default.
 pub trait Script: Send + 'static {
-    /// The waiter the stream's next wait blocks on; `None` (nothing pending,
-    /// as on an idle device) by default.
+    /// The waiter the stream's next wait blocks on; none by default.
     fn begin_wait(&mut self, stream: StreamId) -> Option<NullWaiter> {
         let _ = stream;
         None
     }
 
-    /// What the stream's wait reports once it returned: a fault the device
-    /// kept for the next wait (a batch lost at submission), or `Ok`.
+    /// What the stream's wait reports once it returned, `Ok` by default.
     ///
     /// # Errors
     ///
@@ -66,8 +50,7 @@ pub struct Quiet;
 
 impl Script for Quiet {}
 
-/// A wait a [`Script`] hands out: the function the core runs, without the
-/// server's lock, to wait for the stream.
+/// A wait a [`Script`] hands out, run without the server's lock.
 #[derive(Clone)]
 pub struct NullWaiter(Arc<dyn Fn() -> Result<()> + Send + Sync>);
 
@@ -131,9 +114,8 @@ impl<S: Script> Null<S> {
         }
     }
 
-    /// A null backend that reports `alignment` as its binding alignment
-    /// rather than 4: for a test of how the core checks a binding's offset
-    /// against alignments other APIs have (1 on some, 256 on others).
+    /// A null backend reporting `alignment` instead of 4, to test the offset
+    /// check against other APIs' alignments.
     pub fn with_binding_alignment(mut self, alignment: u64) -> Self {
         self.alignment = Some(alignment);
         self
@@ -145,8 +127,7 @@ impl<S: Script> Null<S> {
     }
 }
 
-/// The largest null allocation: any size the core can index, since nothing
-/// is allocated.
+/// The largest null allocation: anything the core can index.
 const MAX_ALLOCATION: u64 = 1 << 48;
 
 impl<S: Script> Backend for Null<S> {

@@ -1,34 +1,20 @@
 //! The write scope: one unit of device work, and what its bytes owe.
 //!
-//! Every unit of work that writes device memory — a launch, a host write, a
-//! device copy, a graph replay — has the same bookkeeping around it: decide
-//! whether its inputs can be trusted, claim what it writes before it runs,
-//! release the claim if it finishes, replace it with the real error if it
-//! does not, tell a measurement in flight, tell a recording window. Written
-//! by hand in each server, one early return forgets one step and a buffer
-//! reads as healthy garbage. [`ExecuteScope`] is that bookkeeping, once.
+//! Every write to device memory needs the same bookkeeping: trust the
+//! inputs or not, claim the outputs before running, then release the
+//! claim or give it the real error. Written by hand in each server, one
+//! early return forgets a step and a buffer reads as healthy garbage.
+//! [`ExecuteScope`] is that bookkeeping, once.
 //!
-//! A scope is decided in its constructor and cannot change its mind:
+//! A scope decides in its constructor whether it *enters* (claiming its
+//! write set with a provisional failure) or *skips* (pointing its outputs
+//! at an input's failure). Deciding later would let a skip mint a failure
+//! that nothing prunes.
 //!
-//! - [`over`](ExecuteScope::over) and a clean [`launching`](ExecuteScope::launching)
-//!   *enter*: the write set is claimed by a provisional failure, so a body
-//!   that never reaches its end (an early return, a panic) leaves its bytes
-//!   failing with "never finished";
-//! - a [`launching`](ExecuteScope::launching) whose input carries a failure
-//!   *skips*: the outputs are pointed at that failure, the hop is recorded,
-//!   and the body never runs.
-//!
-//! Deciding later would let a skipped scope mint a provisional failure that
-//! the propagated one then overwrites, and that nothing prunes, because the
-//! exit that prunes is on the path a skip does not take.
-//!
-//! The body is a closure and the scope is consumed by
-//! [`execute`](ExecuteScope::execute), rather than a guard settling in `Drop`:
-//! a `Drop` cannot tell a clean end from an unwind without help, must not
-//! panic while one is in progress, and would invite "settle on drop" to mean
-//! "succeeded". A scope that is dropped without `execute` — including by a
-//! panic inside the body — leaves the write set claimed, which is exactly
-//! what a read of those bytes must fail on.
+//! The body is a closure consumed by [`execute`](ExecuteScope::execute),
+//! not a guard settling in `Drop`: a `Drop` cannot tell a clean end from
+//! an unwind. A scope dropped unexecuted leaves its write set claimed,
+//! which is what a read of those bytes must fail on.
 
 use std::sync::Arc;
 
@@ -38,48 +24,35 @@ use crate::failure::{Work, WorkKind};
 use crate::id::{BufferRange, FailureId, StreamId};
 use crate::store::FailureStore;
 
-/// A server whose device work runs inside an [`ExecuteScope`].
-///
-/// It supplies what a scope cannot know — where its failure bookkeeping
-/// lives, what a failure means to a measurement in flight, and whether the
-/// stream is recording — and gets the scope's guarantees for it.
+/// A server whose device work runs inside an [`ExecuteScope`]: it says
+/// where its bookkeeping lives, and gets the scope's guarantees.
 pub trait WriteScoped: Sized {
     /// The server's failure bookkeeping.
     type Store: FailureStore;
 
-    /// The bookkeeping, split-borrowed from the server so the scope can claim
-    /// on the way in and settle on the way out around a body that holds the
-    /// rest of it.
+    /// The bookkeeping, split-borrowed so the scope can claim and settle
+    /// around a body that holds the rest of the server.
     fn store(&mut self) -> &mut Self::Store;
 
-    /// Told about every skip (with the root error) and every failed exit
-    /// (with the real error), never about success (rule 39).
-    ///
-    /// A server uses it to invalidate a measurement in flight: an autotune
-    /// candidate that failed, or never ran, finishes in close to no time and
-    /// would otherwise win. Defaults to doing nothing.
+    /// Told about every skip and failed exit, never success (rule 39). A
+    /// failed autotune candidate finishes in no time and would otherwise win.
     #[allow(unused_variables)]
     fn on_failure(&mut self, stream: StreamId, error: &Error) {}
 
-    /// The capture window of `stream` while it is recording, for a server
-    /// that captures; `None` otherwise (the default).
-    ///
-    /// The scope is the window's only informant: clean work hands it the
-    /// write set, failed or skipped work dooms it, so "recorded" and "in the
+    /// The capture window of `stream` while it records, if the server
+    /// captures. The scope is its only informant, so "recorded" and "in the
     /// graph" cannot disagree.
     #[allow(unused_variables)]
     fn capturing(&mut self, stream: StreamId) -> Option<&mut CaptureWindow> {
         None
     }
 
-    /// An empty write set to fill, from a pool so the success path does not
-    /// allocate. Defaults to a fresh `Vec`.
+    /// An empty write set from a pool, so success does not allocate.
     fn write_set(&mut self) -> Vec<BufferRange> {
         Vec::new()
     }
 
-    /// A write set the scope is done with, back to the pool. Defaults to
-    /// dropping it.
+    /// A write set the scope is done with, back to the pool.
     #[allow(unused_variables)]
     fn recycle(&mut self, write_set: Vec<BufferRange>) {}
 }
@@ -90,8 +63,7 @@ pub trait WriteScoped: Sized {
 pub enum ScopedOutcome<R> {
     /// It ran; its write set is written.
     Executed(R),
-    /// It did not run: an input carried a failure, which its outputs carry
-    /// now.
+    /// It did not run: an input's failure is now its outputs'.
     Skipped {
         /// The kernel that did not run.
         kernel: Arc<str>,
@@ -107,9 +79,8 @@ impl<R> ScopedOutcome<R> {
     ///
     /// # Errors
     ///
-    /// The error the work failed with, or a payload-free
-    /// [`Error::Skipped`] for a skip (rule 18): the root cause is the read's
-    /// to report, not the launch's.
+    /// The work's error, or a payload-free [`Error::Skipped`] (rule 18): the
+    /// root cause is the read's to report.
     pub fn into_result(self) -> Result<R> {
         match self {
             ScopedOutcome::Executed(r) => Ok(r),
@@ -139,15 +110,13 @@ pub struct ExecuteScope<'a, S: WriteScoped> {
     written: Vec<BufferRange>,
     read: &'a [BufferRange],
     opened: Opened,
-    /// Whether the work may write less than its write set (an indirect
-    /// launch): a recording window then keeps its writes apart.
+    /// Whether the work may write less than its write set (indirect).
     maybe: bool,
 }
 
 impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
-    /// A scope over work that reads nothing it must trust — a host write, a
-    /// device copy whose source was checked, a replay, work that never
-    /// started. Always enters (rule 16).
+    /// A scope over work that reads nothing it must trust, such as a host
+    /// write. Always enters (rule 16).
     pub fn over(server: &'a mut S, work: Work, written: Vec<BufferRange>) -> Self {
         Self::enter(server, work, None, written)
     }
@@ -171,15 +140,12 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         }
     }
 
-    /// A scope over a launch of `kernel` on `stream` that reads `read` and
-    /// writes `written`.
+    /// A scope over a launch of `kernel` on `stream` reading `read`, writing
+    /// `written`.
     ///
-    /// Skips at the first input range that carries a failure (rule 17): a
-    /// launch that cannot trust an input must not run, because garbage read
-    /// as an index or a dispatch count scatters into bytes that carried no
-    /// failure at all. A skip (rule 18) tells the failure hook the root
-    /// error, dooms a recording window, records the hop, and points the
-    /// outputs at the root failure.
+    /// Skips at the first failed input (rule 17): garbage read as an index
+    /// scatters into bytes that carried no failure. A skip tells the hook,
+    /// dooms a recording, records the hop and claims the outputs (rule 18).
     pub fn launching(
         server: &'a mut S,
         kernel: &Arc<str>,
@@ -224,17 +190,9 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         }
     }
 
-    /// [`launching`](Self::launching) for a caller that has seen every
-    /// input's claims as it resolved them and found none: no input range
-    /// can carry a failure, so the scope enters without looking again. The
-    /// launch path resolves each binding once and reads its claims there,
-    /// where a second lookup per input here was a tenth of its cost.
-    ///
-    /// A scope that cannot skip, so it comes back running, as
-    /// [`run`](Self::run) would give it, with `maybe` as
-    /// [`writing_at_most`](Self::writing_at_most) sets it: built as a scope
-    /// and taken apart again, its fields were stored and copied twice on
-    /// every launch.
+    /// [`launching`](Self::launching) for a caller that found no claim on
+    /// any input as it resolved them, so the scope enters without looking
+    /// again. It comes back already running, as [`run`](Self::run) gives it.
     #[inline(always)]
     pub(crate) fn entering(
         server: &'a mut S,
@@ -262,11 +220,8 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         }
     }
 
-    /// Work whose extent only the device knows (an indirect launch): it may
-    /// write its write set or none of it. The caller gives it only bytes
-    /// that carry no failure, so a clean exit heals nothing; a recording
-    /// window keeps these writes apart, so that a replay does not heal them
-    /// either ([`CaptureWindow::record_maybe`]).
+    /// Work whose extent only the device knows: it writes all or none. Its
+    /// inputs are clean, so a clean exit heals nothing, nor does a replay.
     pub fn writing_at_most(mut self) -> Self {
         self.maybe = true;
         self
@@ -285,11 +240,9 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
     }
 
     /// Run `body` unless skipped, and settle the write set (rule 19).
-    /// `body` gets the server and the write set.
     ///
-    /// A clean exit records the write set into a recording window and heals
-    /// it; a failed exit dooms a recording window, gives the provisional
-    /// failure the real error, logs it and tells the failure hook.
+    /// A clean exit records and heals the write set. A failed exit dooms a
+    /// recording, gives the provisional its error and tells the hook.
     pub fn execute<R>(
         self,
         body: impl FnOnce(&mut S, &[BufferRange]) -> Result<R>,
@@ -304,11 +257,9 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         }
     }
 
-    /// [`execute`](Self::execute) in two halves, for a body written in the
-    /// caller's own code rather than a closure: the scope to run it in, or
-    /// the outcome of a skip (the body must not run). The launch path runs
-    /// its body so: a closure's captures, stored for the call and loaded
-    /// again inside it, were near a twentieth of a launch's cost.
+    /// [`execute`](Self::execute) in two halves, for a body in the caller's
+    /// own code: the scope to run it in, or a skip's outcome. The launch
+    /// path avoids a closure's stored captures so.
     #[inline(always)]
     pub(crate) fn run<R>(self) -> std::result::Result<Running<'a, S>, ScopedOutcome<R>> {
         let Self {
@@ -336,10 +287,8 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
     }
 }
 
-/// A scope whose body is running ([`ExecuteScope::run`]), settled by
-/// [`finish`](Self::finish) with the body's result. Like a scope, it has no
-/// `Drop`: one dropped without `finish` (an early return, a panic) leaves
-/// its write set claimed, "never finished" (rule 20).
+/// A scope whose body is running, settled by [`finish`](Self::finish).
+/// Dropped unfinished, it leaves its write set claimed (rule 20).
 pub(crate) struct Running<'a, S: WriteScoped> {
     server: &'a mut S,
     stream: StreamId,
@@ -351,14 +300,12 @@ pub(crate) struct Running<'a, S: WriteScoped> {
 }
 
 impl<S: WriteScoped> Running<'_, S> {
-    /// What the body gets: the server and the write set.
     #[inline(always)]
     pub(crate) fn parts(&mut self) -> (&mut S, &[BufferRange]) {
         (self.server, &self.written)
     }
 
-    /// Settle the write set with what the body returned, as
-    /// [`ExecuteScope::execute`] says.
+    /// Settle the write set with the body's result.
     #[inline]
     pub(crate) fn finish<R>(self, result: Result<R>) -> ScopedOutcome<R> {
         match result {
@@ -370,10 +317,8 @@ impl<S: WriteScoped> Running<'_, S> {
         }
     }
 
-    /// [`finish`](Self::finish) for a body that succeeded: the write set
-    /// recorded into a recording window and healed. Apart, so that the
-    /// launch path, which knows its body succeeded, neither moves a result
-    /// in nor an outcome out.
+    /// [`finish`](Self::finish) for a body that succeeded: record and heal.
+    /// Apart, so the launch path moves no result in or outcome out.
     #[inline]
     pub(crate) fn finish_ok(self) {
         let Self {
@@ -395,9 +340,6 @@ impl<S: WriteScoped> Running<'_, S> {
         server.recycle(written);
     }
 
-    /// [`finish`](Self::finish) for a body that failed with `error`: a
-    /// recording window doomed, the provisional failure given the error,
-    /// the failure logged and the hook told.
     #[cold]
     #[inline(never)]
     fn finish_failed<R>(self, error: Error) -> ScopedOutcome<R> {
@@ -421,10 +363,8 @@ impl<S: WriteScoped> Running<'_, S> {
     }
 }
 
-/// Claim `written` with `error` for work that never started — a kernel that
-/// did not compile, an unknown graph, a refused copy (rule 21). Runs the
-/// same exit as a failed body, so the failure hook and a recording window
-/// hear of it too.
+/// Claim `written` with `error` for work that never started (rule 21),
+/// through the same exit as a failed body.
 pub fn failed_writing<S: WriteScoped>(
     server: &mut S,
     work: Work,

@@ -1,28 +1,15 @@
 //! The server every backend shares.
 //!
-//! [`Server<B>`] is the whole of a scope server except the device calls: it
-//! resolves and validates handles, runs every unit of work inside an
-//! [`ExecuteScope`], keeps each stream's capture window and the graph table,
-//! orders work across streams, remembers what is in flight so that a fault
-//! surfacing late lands on the right bytes (rule 23), poisons the device on
-//! a sticky fault (rule 36), retries an allocation that ran out once after
-//! trimming the backend's caches (rule 37), and passes every device call
-//! through the fault plan. A backend ([`Backend`]) is asked only to do
-//! things on the device.
+//! [`Server<B>`] is a whole scope server except the device calls. It
+//! validates handles, runs work inside an [`ExecuteScope`], keeps capture
+//! windows and graphs, orders streams, attributes late faults (rule 23),
+//! poisons on sticky faults (rule 36), retries a failed allocation after
+//! a trim (rule 37), and consults the fault plan. A [`Backend`] only acts
+//! on the device. A [`Client`](crate::Client) holds it behind one lock.
 //!
-//! It is reached through a [`Client`](crate::Client), which holds it behind
-//! one lock.
-//!
-//! The impl is split along what each part decides:
-//!
-//! - `handles`: streams and buffers, and the validation of every range a
-//!   call names — bad input is a typed error that changes nothing;
-//! - `ordering`: poison, cross-capture refusals, cross-stream waits, the one
-//!   issue body every unit of work shares, and the attribution of faults
-//!   that surface later (in-flight sets, [`conclude`](Server::conclude));
-//! - `capture`: capture windows and the graph table;
-//! - `work`: the contract's operations on memory and kernels;
-//! - `launch`: launches, the path measured for the core's own cost.
+//! The impl is split by what each part decides: `handles` validates,
+//! `ordering` orders and attributes, `capture` keeps windows and graphs,
+//! `work` and `launch` are the contract's operations.
 
 mod capture;
 mod handles;
@@ -51,37 +38,28 @@ use crate::scope::{ExecuteScope, ScopedOutcome, WriteScoped, failed_writing};
 use crate::store::FailureStore;
 use crate::table::{BufferTable, Ledger, Memories};
 
-/// Host copies move whole 4-byte words on every backend: Vulkan's and
-/// wgpu's copy commands require it, so the contract does too, and a
-/// runtime's misaligned copy fails the same way everywhere.
+/// Host copies move whole 4-byte words, as Vulkan and wgpu require, so a
+/// misaligned copy fails the same way everywhere.
 pub const COPY_ALIGNMENT: u64 = 4;
 
-/// A buffer range resolved to the backend's memory, as a library call is
-/// handed it.
+/// A buffer range resolved to the backend's memory, for a library call.
 pub(crate) type Resolved<'a, B> = (&'a <B as Backend>::Memory, std::ops::Range<u64>);
 
 /// The most streams one server makes (see `Server::create_stream`).
 pub const MAX_STREAMS: usize = 1024;
 
-/// How many write ranges a stream remembers as in flight before the server
-/// syncs it to bound the list.
+/// Write ranges a stream remembers in flight before the server syncs it.
 const IN_FLIGHT_LIMIT: usize = 1 << 16;
 
-/// What every launch is checked against that only changes when the device
-/// opens (again): worked out then, not asked of the backend per launch.
+/// What every launch is checked against, worked out when the device opens.
 pub(crate) struct LaunchRules {
-    /// The backend's grid (`LaunchLimits::max_workgroups`): host-given
-    /// counts past it are refused before any backend check.
+    /// The backend's grid: host-given counts past it are refused first.
     max_workgroups: [u32; 3],
-    /// The binding alignment (`Backend::binding_alignment`).
     alignment: u64,
-    /// `alignment - 1` where it is a power of two (Vulkan's is, by
-    /// specification, and every API's so far), else 0: a mask spares a
-    /// 64-bit division per binding, and one test covers the offset and
-    /// the length in whole words.
+    /// `alignment - 1` for a power of two, else 0. A mask spares a division
+    /// per binding and checks offset and length together.
     mask: u64,
-    /// Whether the alignment is not a power of two, so that an offset
-    /// needs the division after all.
+    /// Whether the alignment needs the division after all.
     divide: bool,
 }
 
@@ -110,10 +88,9 @@ pub(crate) struct StreamState<S> {
     failures_seen: u64,
 }
 
-/// The write sets a stream has submitted since its last completed wait, in
-/// submission order, numbered from the stream's start so that a wait begun
-/// at one point can settle exactly what it covered: other threads may submit
-/// more on the stream while the wait runs without the lock.
+/// The write sets a stream submitted since its last completed wait,
+/// numbered so a wait settles exactly what it covered while other
+/// threads submit more.
 #[derive(Default)]
 struct InFlight {
     ranges: Vec<BufferRange>,
@@ -131,8 +108,7 @@ impl InFlight {
         self.settled + self.ranges.len() as u64
     }
 
-    /// Remember `w`, unless one of the last few ranges is the same (a loop
-    /// that writes the same buffer over and over stays one entry).
+    /// Remember `w`, unless one of the last few ranges is the same.
     #[inline]
     fn push(&mut self, w: BufferRange) {
         if self.ranges.last() == Some(&w) {
@@ -144,9 +120,8 @@ impl InFlight {
         }
     }
 
-    /// Take the ranges submitted before `mark` (all of them for
-    /// `u64::MAX`): they completed, or they carry a fault now. Ranges
-    /// someone else settled in the meantime are not taken twice.
+    /// Take the ranges submitted before `mark`, once only: they completed or
+    /// carry a fault now.
     fn take_to(&mut self, mark: u64) -> Vec<BufferRange> {
         let n = (mark.saturating_sub(self.settled)).min(self.ranges.len() as u64) as usize;
         self.settled += n as u64;
@@ -160,10 +135,7 @@ impl InFlight {
     }
 }
 
-/// A wait for a stream's work, begun under the server's lock
-/// ([`Server::begin_wait`]), run by the client with the lock released
-/// ([`PendingWait::wait`]) and settled under it again
-/// ([`Server::end_wait`]).
+/// A wait begun under the lock, run without it, and settled under it again.
 pub(crate) struct PendingWait<B: Backend> {
     stream: StreamId,
     waiter: Option<B::Waiter>,
@@ -173,9 +145,8 @@ pub(crate) struct PendingWait<B: Backend> {
     token: WaitToken,
 }
 
-/// One wait in flight with the lock released: while any is, the server's
-/// device must stay as it is, since the waiter names its objects
-/// (`Server::recover` waits for none to be left).
+/// One wait in flight without the lock. Its waiter names device objects,
+/// so `Server::recover` waits for none to be left.
 pub(crate) struct WaitToken(Option<Arc<AtomicUsize>>);
 
 impl WaitToken {
@@ -200,17 +171,15 @@ impl<B: Backend> PendingWait<B> {
     /// Wait, with no lock held.
     pub(crate) fn wait(&self) -> Result<()> {
         match &self.waiter {
-            // SAFETY: only `Server::begin_wait` and `begin_read` make a
-            // `PendingWait`, from their backend's waiter; the client that
-            // waits holds the server alive, and the waiter is ended only
-            // when `end_wait` or `end_read` consumes this value.
+            // SAFETY: only `begin_wait` and `begin_read` make this, from their
+            // backend's waiter. The client keeps the server alive, and only
+            // `end_wait` or `end_read` ends the waiter, consuming this.
             Some(waiter) => unsafe { B::wait(waiter) },
             None => Ok(()),
         }
     }
 
-    /// Ask `finished` about the waiter, with no lock held, until it says
-    /// so or `until` passes: whether the work finished in time.
+    /// Poll `finished` unlocked until it says so or `until` passes.
     pub(crate) fn finished_by(
         &self,
         until: std::time::Instant,
@@ -232,17 +201,14 @@ impl<B: Backend> PendingWait<B> {
 }
 
 struct GraphEntry<G> {
-    /// `None` once the device it was recorded on was lost: it cannot
-    /// replay, and is re-captured by the caller.
+    /// `None` once its device was lost: the caller re-captures it.
     graph: Option<G>,
     label: Arc<str>,
     written: Vec<BufferRange>,
     read: Vec<BufferRange>,
-    /// What its indirect launches may write: claimed by a failed replay,
-    /// healed by none.
+    /// What its indirect launches may write: claimed by a failed replay.
     maybe_written: Vec<BufferRange>,
-    /// The collective rounds it recorded: a graph with any is replayed only
-    /// by its group's ranks together ([`Rank::replay`](crate::collective::Rank::replay)).
+    /// Its collective rounds: a graph with any replays only with its group.
     rounds: Vec<crate::capture::RecordedRound>,
 }
 
@@ -252,38 +218,27 @@ pub struct Server<B: Backend> {
     id: ServerId,
     table: BufferTable<B::Memory>,
     streams: Vec<StreamState<B::Stream>>,
-    /// Streams lent out and given back ([`Server::lend_stream`]), idle,
-    /// for the next loan before a new one is made.
+    /// Streams lent and given back, idle, for the next loan.
     spare_streams: Vec<StreamId>,
-    /// The compile cache: kernels by the index `kernel_index` gives their
-    /// id, so a launch hashes its kernel's id once and not at each of its
-    /// three uses (the cache check, the backend's check, the launch).
+    /// The compile cache, indexed so a launch hashes its kernel's id once.
     kernels: Vec<B::Kernel>,
     kernel_index: HashMap<KernelId, usize, BuildHasherDefault<IdHasher>>,
-    /// The kernel launched last and its index: a loop launches one kernel
-    /// over and over, and a hash lookup per launch was a tenth of the
-    /// core's cost of one.
+    /// The kernel launched last and its index: a loop's launches skip the
+    /// cache lookup.
     last_kernel: Option<(KernelId, usize)>,
     graphs: HashMap<GraphId, GraphEntry<B::Graph>>,
     next_graph: u64,
     poison: Option<Arc<Error>>,
     /// Waits in flight with the lock released ([`WaitToken`]).
     waits: Arc<AtomicUsize>,
-    /// Whether the backend holds no device: a recovery gave the lost one
-    /// up and could not open it again. The streams name nothing then, and
-    /// nothing may be asked of them; the server stays poisoned.
+    /// The backend holds no device: a recovery could not reopen it. The
+    /// streams name nothing, and the server stays poisoned.
     detached: bool,
-    /// How many times the device was opened again.
     reopened: u64,
-    /// Buffers whose memory a recovery gave up, to be made again once the
-    /// device opens (kept across attempts that fail).
+    /// Buffers a recovery gave up, to remake once the device opens.
     to_remake: Vec<BufferId>,
-    /// Graphs a recovery gave up, to be reported once the device opens
-    /// (kept across attempts that fail, as `to_remake` is: a later attempt
-    /// finds them already given up).
+    /// Graphs a recovery gave up, reported once the device opens.
     graphs_lost: usize,
-    /// What a launch is checked against, worked out when the device
-    /// opens.
     rules: LaunchRules,
     write_sets: Vec<Vec<BufferRange>>,
     hooks: Arc<Hooks>,
@@ -292,18 +247,11 @@ pub struct Server<B: Backend> {
     faults: crate::fault::FaultPlan,
 }
 
-/// What a unit of work's scope settles, split from the rest of its server:
-/// the failure books, the streams (their windows, in-flight lists and
-/// failure counts, and the backend's stream objects), the pool of write
-/// sets and the hook's queue.
+/// What a scope settles, apart from the memory and the backend.
 ///
-/// Neither the memory nor the backend is in it. A launch resolves its
-/// bindings to the backend's memory once, before its scope opens, so that
-/// the backend's check refuses a launch no device could run before
-/// anything is claimed; the same list is what the backend then launches.
-/// The list borrows the memory, and the scope borrows these books mutably
-/// in between: were they one table, the launch would build the list twice,
-/// once on each side of the scope.
+/// A launch resolves its bindings to memory once, before its scope opens,
+/// so the backend refuses it before anything is claimed. That list
+/// borrows the memory while the scope borrows these books mutably.
 pub(crate) struct Books<'s, S> {
     pub(crate) id: ServerId,
     pub(crate) ledger: &'s mut Ledger,
@@ -323,7 +271,7 @@ impl<S> WriteScoped for Books<'_, S> {
         if let Some(state) = self.streams.get_mut(stream.0 as usize) {
             state.failures_seen += 1;
         }
-        // Delivered by the client once the lock is released (see `hooks`).
+        // Delivered by the client once the lock is released.
         self.hooks.queue(stream, error);
     }
 
@@ -346,9 +294,7 @@ impl<S> WriteScoped for Books<'_, S> {
     }
 }
 
-/// The rest of a server, as a unit of work's device call reaches it: the
-/// backend, the memory, the compiled kernels, the graphs and the fault
-/// plan ([`Books`] says why it is apart).
+/// The rest of a server, as a device call reaches it.
 pub(crate) struct Device<'s, B: Backend> {
     pub(crate) backend: &'s mut B,
     pub(crate) memory: &'s Memories<B::Memory>,
@@ -361,9 +307,7 @@ pub(crate) struct Device<'s, B: Backend> {
     faults: &'s mut crate::fault::FaultPlan,
 }
 
-/// What a device call inside [`Device::issue`] may reach: the backend, the
-/// issuing stream's device state, and the tables it looks memory and
-/// graphs up in.
+/// What a device call inside [`Device::issue`] may reach.
 struct Issue<'a, B: Backend> {
     backend: &'a mut B,
     stream: &'a mut B::Stream,
@@ -371,7 +315,6 @@ struct Issue<'a, B: Backend> {
     graphs: &'a HashMap<GraphId, GraphEntry<B::Graph>>,
 }
 
-/// Ask the fault plan about a device call.
 #[inline(always)]
 fn consult(
     #[cfg(feature = "fault-injection")] faults: &mut crate::fault::FaultPlan,
@@ -386,9 +329,8 @@ fn consult(
     Ok(())
 }
 
-/// An injected failure, logged: out of line, so that the event's
-/// formatting takes no room in the frame of every unit of work that asks
-/// the plan.
+/// An injected failure, logged out of line to keep every caller's frame
+/// small.
 #[cfg(feature = "fault-injection")]
 #[cold]
 #[inline(never)]
@@ -397,8 +339,8 @@ fn injected(site: Site, stream: Option<StreamId>, error: Error) -> Error {
     error
 }
 
-/// `len` zeroed bytes of host memory, or [`Error::OutOfMemory`] when the
-/// host cannot give them: a read of any size must not abort the process.
+/// `len` zeroed host bytes, or [`Error::OutOfMemory`]: a read of any size
+/// must not abort the process.
 pub(crate) fn host_vec(len: u64) -> Result<Vec<u8>> {
     let out_of_memory = |detail: String| Error::OutOfMemory {
         backend: "host",
@@ -414,7 +356,6 @@ pub(crate) fn host_vec(len: u64) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Split-borrow two distinct streams.
 fn two<S>(streams: &mut [S], a: usize, b: usize) -> (&mut S, &mut S) {
     debug_assert_ne!(a, b);
     if a < b {
@@ -481,7 +422,6 @@ impl<B: Backend> Server<B> {
         Ok(f(&self.backend, memory))
     }
 
-    /// Ask the fault plan about a device call.
     #[inline]
     pub(super) fn fault(&mut self, site: Site, stream: Option<StreamId>) -> Result<()> {
         consult(
@@ -492,8 +432,7 @@ impl<B: Backend> Server<B> {
         )
     }
 
-    /// The server split into what a scope settles and what the work it
-    /// wraps runs on.
+    /// The server split into what a scope settles and what its work runs on.
     pub(crate) fn split(&mut self) -> (Books<'_, B::Stream>, Device<'_, B>) {
         let Server {
             backend,
@@ -533,24 +472,20 @@ impl<B: Backend> Server<B> {
         )
     }
 
-    /// The books alone, for work that reaches no device (a failure claimed
-    /// from outside, work that never started).
+    /// The books alone, for work that reaches no device.
     pub(crate) fn books(&mut self) -> Books<'_, B::Stream> {
         self.split().0
     }
 
-    /// A write set back to the pool ([`WriteScoped::recycle`]).
     pub(super) fn recycle_write_set(&mut self, written: Vec<BufferRange>) {
         self.books().recycle(written);
     }
 
-    /// An empty write set from the pool ([`WriteScoped::write_set`]).
     pub(super) fn write_set(&mut self) -> Vec<BufferRange> {
         self.books().write_set()
     }
 
-    /// Tell the stream's count and the hook of a failure
-    /// ([`WriteScoped::on_failure`]).
+    /// Tell the stream's count and the hook of a failure.
     pub(super) fn on_failure(&mut self, stream: StreamId, error: &Error) {
         self.books().on_failure(stream, error);
     }
@@ -570,7 +505,6 @@ impl<B: Backend> Server<B> {
         self.streams[self.stream_index(stream)].failures_seen
     }
 
-    /// Whether `id` names a live buffer of this server.
     pub(crate) fn holds(&self, id: BufferId) -> bool {
         self.table.ledger.is_live(id)
     }
@@ -608,8 +542,7 @@ impl<B: Backend> Server<B> {
 
 impl<B: Backend> Drop for Server<B> {
     fn drop(&mut self) {
-        // Wait for the device before handing memory back; a fault now has
-        // nobody left to tell. A detached server's streams name no device.
+        // Wait for the device before freeing; a fault now has nobody to tell.
         for state in self.streams.iter_mut().filter(|_| !self.detached) {
             if state.window.state() == CaptureState::Recording {
                 // SAFETY: this server's stream, recording by its window.
@@ -626,8 +559,8 @@ impl<B: Backend> Drop for Server<B> {
         }
         for id in self.table.ledger.ids() {
             if let Some(memory) = self.table.remove(id) {
-                // SAFETY: removed from the table, so named by no later call;
-                // every graph that recorded work on it is destroyed above.
+                // SAFETY: removed from the table, so named by no later call; every graph
+                // that recorded work on it is destroyed above.
                 unsafe { self.backend.free(memory) };
             }
         }

@@ -1,12 +1,9 @@
 //! The failure rules, written once, over wherever a server keeps its taint.
 //!
-//! A server knows where the claims on a buffer live — in its buffer table,
-//! next to the memory — and nothing else about failures. [`FailureStore`]
-//! asks it exactly that ([`locate`](FailureStore::locate)) and carries every
-//! rule of the model as a default method on top. A rule written into a
-//! server instead would be written four times and drift four ways; here
-//! there is one place to read and one to test, and the property test drives
-//! these same methods through a store that is nothing but a table.
+//! A server knows only where a buffer's claims live.
+//! [`FailureStore`] asks exactly that ([`locate`](FailureStore::locate))
+//! and carries every rule as a default method. A rule written into a
+//! server would drift four ways; here there is one place to read and test.
 
 use std::sync::Arc;
 
@@ -19,26 +16,23 @@ use crate::taint::Taint;
 pub enum TaintSlot<'a> {
     /// The buffer has memory; these are the claims on it.
     Allocated(&'a mut Taint),
-    /// The buffer's allocation failed: the failure recording why, if any
-    /// (rule 28). It cannot be re-tainted or healed; only freeing it ends it.
+    /// The allocation failed, for this recorded reason if any (rule 28). It
+    /// cannot be tainted or healed; only freeing it ends it.
     Unallocated(Option<FailureId>),
-    /// No such buffer here (freed already, or never this store's). Claims on
-    /// it are dropped, which is what a weakly held recording wants (rule 32).
+    /// No such buffer here: claims on it are dropped, as a weakly held
+    /// recording wants (rule 32).
     Gone,
 }
 
-/// A device's failure bookkeeping: a [`Failures`] store and the taint of
-/// each buffer.
-///
-/// Implementors supply [`locate`](Self::locate) and
-/// [`failures`](Self::failures); every rule of the failure model is a
-/// default method, and servers should not override them.
+/// A device's failure bookkeeping: a [`Failures`] store and each
+/// buffer's taint. Implementors supply two methods; every rule is a
+/// default method servers should not override.
 pub trait FailureStore {
     /// The device's failures.
     fn failures(&mut self) -> &mut Failures;
 
-    /// The device's failures and the claims on `buffer`, split-borrowed so
-    /// that a claim can acquire and release failures as it changes.
+    /// The failures and the claims on `buffer`, split-borrowed so a claim can
+    /// acquire and release failures.
     fn locate(&mut self, buffer: BufferId) -> (&mut Failures, TaintSlot<'_>);
 
     /// Point every range of `written` at `failure` (rules 9, 22).
@@ -62,9 +56,8 @@ pub trait FailureStore {
         }
     }
 
-    /// The first input, in order, whose range carries a failure, and that
-    /// failure (rule 17). An unallocated input with a recorded failure
-    /// counts.
+    /// The first input whose range carries a failure, and that failure (rule
+    /// 17). An unallocated input with a recorded failure counts.
     #[inline(always)]
     fn read_failure<'b>(
         &mut self,
@@ -83,9 +76,8 @@ pub trait FailureStore {
         None
     }
 
-    /// Claim `written` for work about to run (rule 16): tainted unless
-    /// proven written. An empty write set mints and claims nothing. `kernel`
-    /// names a launch in the "never finished" error.
+    /// Claim `written` for work about to run (rule 16). An empty write set
+    /// mints nothing. `kernel` names a launch in "never finished".
     #[inline(always)]
     fn enter_write(
         &mut self,
@@ -103,10 +95,8 @@ pub trait FailureStore {
 
     /// Settle the claim [`enter_write`](Self::enter_write) made (rule 19).
     ///
-    /// A clean exit releases every claim on the written ranges, older
-    /// failures' too: a rewrite is how a buffer heals. A failed exit gives
-    /// the provisional failure its real error. Either way a provisional that
-    /// tainted nothing is pruned.
+    /// A clean exit releases every claim on the written ranges: a rewrite
+    /// heals. A failed exit gives the provisional failure its real error.
     #[inline(always)]
     fn exit_write(
         &mut self,
@@ -124,9 +114,8 @@ pub trait FailureStore {
         self.failures().prune(provisional);
     }
 
-    /// A launch of `kernel` was skipped because `input` carries `root`
-    /// (rule 18): record the hop and point its outputs at the root, minting
-    /// nothing.
+    /// A launch of `kernel` was skipped because `input` carries `root` (rule
+    /// 18): record the hop and point its outputs at the root.
     fn propagate(
         &mut self,
         root: FailureId,
@@ -147,9 +136,8 @@ pub trait FailureStore {
         self.taint(written, root);
     }
 
-    /// Claim `written` for a new failure with `error`, for work that never
-    /// started or whose fault surfaced later (rules 21, 23, 33). Returns the
-    /// failure, or `None` when it claimed nothing and was pruned.
+    /// Claim `written` for a new failure with `error` (rules 21, 23, 33).
+    /// `None` when it claimed nothing and was pruned.
     fn claim_failed(
         &mut self,
         written: &[BufferRange],
@@ -166,11 +154,9 @@ pub trait FailureStore {
     ///
     /// # Errors
     ///
-    /// [`Error::Unwritten`] naming the one failure found, or
-    /// [`Error::SeveralUnwritten`] naming each distinct one once, in the
-    /// order found; [`Error::NeverAllocated`] for a buffer that has no memory
-    /// and no record of why. Nothing is cleared: reads keep failing until the
-    /// bytes are rewritten (rule 27).
+    /// [`Error::Unwritten`] for one failure, [`Error::SeveralUnwritten`] for
+    /// each distinct one, [`Error::NeverAllocated`] for a buffer without
+    /// memory or record. Nothing is cleared until rewritten (rule 27).
     fn check(&mut self, reads: &[BufferRange]) -> Result<()> {
         let mut found: Vec<(FailureId, BufferRange)> = Vec::new();
         for read in reads {

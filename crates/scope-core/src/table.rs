@@ -1,20 +1,13 @@
-//! The buffer table: each buffer's memory and the claims on it.
+//! The buffer table: each buffer's memory and the claims on it, and so
+//! the one [`FailureStore`] every server uses.
 //!
-//! This is where a server's taint lives, and so the one [`FailureStore`]
-//! every server uses: the table answers [`locate`](FailureStore::locate)
-//! and inherits every rule.
+//! Buffers are slots with generations: a stale id misses instead of
+//! reaching a new buffer, and a lookup is an index, not a hash.
 //!
-//! Buffers are slots with generations. A freed slot is reused by the next
-//! allocation with its generation bumped, so a stale id misses instead of
-//! reaching the new buffer, and a lookup is an index, not a hash.
-//!
-//! The table is two tables over the same slots: the [`Ledger`] (sizes,
-//! claims, allocation records, last users — what the failure model reads
-//! and writes) and the memory ([`Memories`]). They are apart so that a
-//! launch can hold its bindings, which borrow the memory, across the scope
-//! that claims and heals in the ledger: the backend's check and its launch
-//! then see one list, built once, where one table would have had the launch
-//! build the list twice, once on each side of the scope's borrow.
+//! The table is two over the same slots: the [`Ledger`], which the failure
+//! model reads and writes, and the [`Memories`]. A launch's bindings borrow
+//! the memory across the scope that claims in the ledger, so the list the
+//! backend checks and launches is built once.
 
 use crate::error::Error;
 use crate::failure::Failures;
@@ -25,7 +18,6 @@ use crate::taint::{Ranges, Taint};
 /// A live buffer, as the failure model sees it.
 pub(crate) struct Entry {
     pub(crate) size: u64,
-    /// Whether it has memory: `false` when its allocation failed.
     pub(crate) allocated: bool,
     /// Why the allocation failed, while that is recorded (rule 28).
     pub(crate) record: Option<FailureId>,
@@ -39,8 +31,8 @@ struct Slot<T> {
     entry: Option<T>,
 }
 
-/// The failure model's half of the table: every live buffer's size,
-/// claims, allocation record and last user, and the device's failures.
+/// The failure model's half: each live buffer's size, claims, record and
+/// last user, and the device's failures.
 pub struct Ledger {
     failures: Failures,
     slots: Vec<Slot<Entry>>,
@@ -48,15 +40,13 @@ pub struct Ledger {
     bytes_allocated: u64,
 }
 
-/// The memory half of the table: each live buffer's backend memory, in the
-/// same slots under the same generations as the [`Ledger`], so that a stale
+/// The memory half, in the [`Ledger`]'s slots and generations, so a stale
 /// id misses here too.
 pub struct Memories<M> {
     slots: Vec<Slot<M>>,
 }
 
 impl<M> Memories<M> {
-    /// The memory of a live, allocated buffer, or `None`.
     #[inline]
     pub(crate) fn of(&self, id: BufferId) -> Option<&M> {
         let slot = self.slots.get(id.slot() as usize)?;
@@ -66,20 +56,16 @@ impl<M> Memories<M> {
         slot.entry.as_ref()
     }
 
-    /// The memory of a buffer the [`Ledger`] just found live under `id`:
-    /// both tables take a slot's generation together, so the slot alone
-    /// finds it, and the launch path, which has looked the binding up in
-    /// the ledger already, does not compare the generation a second time.
-    /// `None` for a buffer without memory.
+    /// The memory of a buffer the [`Ledger`] just found live under `id`. Both
+    /// halves share generations, so the slot alone finds it without a second
+    /// compare. `None` for a buffer without memory.
     #[inline]
     pub(crate) fn of_live(&self, id: BufferId) -> Option<&M> {
         self.slots.get(id.slot() as usize)?.entry.as_ref()
     }
 
-    /// The memory of a live, allocated buffer.
     pub(crate) fn get(&self, id: BufferId) -> Result<&M, Error> {
-        // `ok_or_else`: an `Error` built eagerly and dropped on success cost
-        // the launch path more than the lookup.
+        // `ok_or_else`: an eager `Error` dropped on success costs the launch.
         self.of(id)
             .ok_or_else(|| Error::NeverAllocated { buffer: id })
     }
@@ -104,8 +90,7 @@ impl<M> BufferTable<M> {
         }
     }
 
-    /// Add a buffer; `memory` is `None` when its allocation failed with
-    /// `record`.
+    /// Add a buffer; `memory` is `None` when its allocation failed with `record`.
     pub(crate) fn insert(
         &mut self,
         size: u64,
@@ -151,20 +136,17 @@ impl<M> BufferTable<M> {
         }
     }
 
-    /// The memory of a live, allocated buffer.
     pub(crate) fn memory(&self, id: BufferId) -> Result<&M, Error> {
         self.memory.get(id)
     }
 
-    /// The memory of a live, allocated buffer, or `None`.
     pub(crate) fn memory_of(&self, id: BufferId) -> Option<&M> {
         self.memory.of(id)
     }
 
-    /// Take a live buffer's memory out, keeping the buffer: its device is
-    /// being given up (`Server::recover`). Its claims are released with its
-    /// bytes, which no longer exist; until memory is given back
-    /// ([`give_memory`](Self::give_memory)) it is a buffer without memory.
+    /// Take a live buffer's memory out as its device is given up. Its claims
+    /// go with its bytes; it has no memory until
+    /// [`give_memory`](Self::give_memory).
     pub(crate) fn take_memory(&mut self, id: BufferId) -> Option<M> {
         let Ledger {
             failures,
@@ -186,8 +168,7 @@ impl<M> BufferTable<M> {
         self.memory.slots.get_mut(id.slot() as usize)?.entry.take()
     }
 
-    /// Give a live buffer without memory new memory (`Server::recover`),
-    /// releasing the record of why it had none.
+    /// Give a live buffer without memory new memory, releasing its record.
     pub(crate) fn give_memory(&mut self, id: BufferId, memory: M) {
         let Some(entry) = self.ledger.get_mut(id) else {
             return;
@@ -203,8 +184,7 @@ impl<M> BufferTable<M> {
         }
     }
 
-    /// Record why a live buffer has no memory (rule 28): `record` replaces
-    /// any record it had.
+    /// Record why a live buffer has no memory, replacing any record (rule 28).
     pub(crate) fn record_unallocated(&mut self, id: BufferId, record: FailureId) {
         let Some(entry) = self.ledger.get_mut(id) else {
             return;
@@ -228,9 +208,8 @@ impl<M> BufferTable<M> {
             return None;
         }
         let mut entry = slot.entry.take()?;
-        // A slot whose generation would wrap is retired, never reused: a
-        // stale id must never name a later buffer, however long the process
-        // runs. One retired slot per 2^32 reuses of it is all this costs.
+        // A slot whose generation would wrap is retired, so a stale id never
+        // names a later buffer. That costs one slot per 2^32 reuses.
         if let Some(next) = slot.generation.checked_add(1) {
             slot.generation = next;
             ledger.vacant.push(id.slot());
@@ -267,13 +246,11 @@ impl Ledger {
         slot.entry.as_mut()
     }
 
-    /// Whether `id` names a live buffer.
     pub(crate) fn is_live(&self, id: BufferId) -> bool {
         self.get(id).is_some()
     }
 
-    /// The parts of `r` that no failure claims, appended to `out`: all of
-    /// it for a clean buffer, none for a buffer without memory.
+    /// The parts of `r` no failure claims, appended to `out`.
     pub(crate) fn unclaimed(&self, r: BufferRange, out: &mut Vec<BufferRange>) {
         let Some(entry) = self.get(r.buffer) else {
             return;
@@ -298,7 +275,6 @@ impl Ledger {
         }));
     }
 
-    /// Every live buffer's id.
     pub(crate) fn ids(&self) -> Vec<BufferId> {
         self.slots
             .iter()
@@ -308,15 +284,13 @@ impl Ledger {
             .collect()
     }
 
-    /// Bytes of live, allocated buffers.
     pub(crate) fn bytes_allocated(&self) -> u64 {
         self.bytes_allocated
     }
 
-    /// How many (buffer, failure) claims are live, allocation records
-    /// included: the bound of rule 7, as restated in `docs/ERROR_MODEL.md`.
-    /// One buffer can carry several failures over different ranges, so the
-    /// bound counts claims rather than buffers.
+    /// How many (buffer, failure) claims are live, records included: the
+    /// bound of rule 7. A buffer can carry several failures, so it counts
+    /// claims, not buffers.
     pub(crate) fn claims(&self) -> usize {
         self.slots
             .iter()
@@ -325,9 +299,8 @@ impl Ledger {
             .sum()
     }
 
-    /// Whether every failure's carrier count is exactly the number of
-    /// buffers that claim it (rule 3), none is held with no carrier (rules
-    /// 4, 5), and no buffer claims a failure the store does not hold.
+    /// Whether carrier counts match claims exactly (rule 3), none is held
+    /// without a carrier (rules 4, 5), and every claimed failure is held.
     #[cfg(feature = "fault-injection")]
     pub(crate) fn audit(&self) -> Result<(), String> {
         use std::collections::HashMap;

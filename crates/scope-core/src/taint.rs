@@ -1,14 +1,12 @@
 //! Which bytes of one allocation carry which failure.
 //!
-//! A claim is a failure and the sorted, disjoint ranges of the allocation it
-//! covers (rules 8, 10). The ranges are what makes a partial write honest: a
-//! kernel that fails writing bytes 0..4096 of a 1 MiB buffer leaves the rest
-//! readable, and a later write of bytes 0..2048 leaves 2048..4096 failing.
+//! A claim is a failure and the sorted, disjoint ranges it covers (rules
+//! 8, 10). Ranges make a partial write honest: a failed write of bytes
+//! 0..4096 leaves the rest of the buffer readable.
 //!
-//! Both lists are inline for one element (rule 14): the success path claims
-//! one range for one provisional failure and releases it in the same call, so
-//! it must not touch the heap. A second failure or a second disjoint range on
-//! one allocation spills, which only happens when something already failed.
+//! Both lists are inline for one element (rule 14): the success path
+//! claims and releases one range in one call, so it must not touch the
+//! heap. Only something already failed spills.
 
 use smallvec::SmallVec;
 
@@ -40,8 +38,7 @@ impl Ranges {
             self.0.push(range);
             return;
         }
-        // First range that ends at or after our start: everything before it
-        // is strictly left of us and untouched.
+        // Ranges before the first that ends at or after our start are untouched.
         let first = self.0.partition_point(|r| r.end < range.start);
         let mut merged = range;
         let mut last = first;
@@ -118,11 +115,9 @@ pub struct Claim {
     pub ranges: Ranges,
 }
 
-/// The claims on one allocation.
-///
-/// Every change goes through the device's [`Failures`] so that carrier counts
-/// follow claims exactly: a failure is acquired when it gains its first range
-/// on this allocation and released when it loses its last (rule 3).
+/// The claims on one allocation. Every change goes through [`Failures`],
+/// so a failure is acquired with its first range here and released with
+/// its last (rule 3).
 #[derive(Clone, Debug, Default)]
 pub struct Taint {
     claims: SmallVec<[Claim; 1]>,
@@ -147,10 +142,8 @@ impl Taint {
 
     /// Point `range` at `failure`, and at nothing else (rule 9).
     ///
-    /// Set, never add: the bytes were written (or not) by one piece of work,
-    /// so at most one failure can explain them. The range is first removed
-    /// from every other claim, releasing any left empty, then merged into
-    /// `failure`'s. An empty range changes nothing.
+    /// Set, never add: one piece of work wrote the bytes, so at most one
+    /// failure explains them. An empty range changes nothing.
     #[inline]
     pub fn set(&mut self, range: ByteRange, failure: FailureId, failures: &mut Failures) {
         if range.is_empty() {
@@ -189,9 +182,7 @@ impl Taint {
         {
             // The success path: the one claim, wholly rewritten.
             let failure = only.failure;
-            // `pop`, not `clear`: `clear` is a loop over the claims that the
-            // launch path's build left out of line, a call and thirty
-            // instructions to drop one claim, where `pop` inlines to a few.
+            // `pop`, not `clear`, which stays out of line on the launch path.
             drop(self.claims.pop());
             failures.release(failure);
             return;
@@ -348,8 +339,7 @@ mod tests {
 
     #[test]
     fn one_failure_over_one_range_is_inline() {
-        // Rule 14: the spill check is what the counting-allocator bench
-        // measures; here, that the inline capacity is what the rule says.
+        // Rule 14: the inline capacity is what the rule says.
         let mut failures = Failures::new();
         let a = mint(&mut failures);
         let mut t = Taint::new();

@@ -1,5 +1,4 @@
-//! Capture windows and the graphs they seal: recording, replay and
-//! destruction, each one call under the server's lock.
+//! Capture windows and the graphs they seal.
 
 use crate::backend::Backend;
 use crate::capture::CaptureState;
@@ -9,14 +8,12 @@ use crate::handle::{Capture, Graph};
 use super::Client;
 
 impl<B: Backend> Client<B> {
-    /// Open a capture window on this stream: its later writes, copies and
-    /// launches are recorded into a graph and do not run. Dropping the
-    /// returned [`Capture`] aborts it.
+    /// Open a capture window: this stream's later work is recorded, not run.
+    /// Dropping the [`Capture`] aborts it.
     ///
     /// # Errors
     ///
-    /// A refusal when the stream is already capturing; poison; the backend's
-    /// failure to start.
+    /// The stream already captures; poison; the backend's refusal.
     pub fn begin_capture(&self) -> Result<Capture> {
         let epoch = self.call(|server| server.begin_capture(self.stream))?;
         Ok(Capture::open(
@@ -27,16 +24,13 @@ impl<B: Backend> Client<B> {
         ))
     }
 
-    /// Close `capture` from this client's stream and seal its graph.
+    /// Close `capture` and seal its graph.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a capture of another server (which is
-    /// then aborted on its own, as a dropped capture is) or one already
-    /// ended; [`Error::Unsealed`] when work inside failed or was skipped,
-    /// when this is not the stream that opened it, or when the driver
-    /// refused to seal — the recorded outputs then carry that error (rule
-    /// 33); poison.
+    /// [`Error::InvalidArgument`] for a capture of another server or one
+    /// already ended. [`Error::Unsealed`] when work inside failed, from
+    /// another stream, or the driver refused; the outputs carry it (rule 33).
     pub fn end_capture(&self, mut capture: Capture) -> Result<Graph> {
         let id = self.call(|server| {
             let id = server.end_capture(self.stream, &capture);
@@ -48,14 +42,12 @@ impl<B: Backend> Client<B> {
         Ok(Graph::new(id, self.shared.id, self.shared.queue.clone()))
     }
 
-    /// Throw `capture` away. Its recorded work never runs, so what that work
-    /// would have written is claimed, as by a window that cannot seal.
+    /// Throw `capture` away. Its work never runs, so its outputs are claimed.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a capture of another server (which is
-    /// then aborted on its own, as a dropped capture is) or one already
-    /// ended.
+    /// [`Error::InvalidArgument`] for a capture of another server or one
+    /// already ended.
     pub fn abort_capture(&self, mut capture: Capture) -> Result<()> {
         self.call(|server| {
             let aborted = server.abort_capture(&capture);
@@ -75,29 +67,24 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// An unknown or destroyed graph, or one whose buffers were freed (no
-    /// claim); [`Error::Skipped`] when an input of the graph carries a
-    /// failure; the device's failure, which every output now carries. A
-    /// refusal, claiming nothing, for a graph that recorded collectives:
-    /// its group's ranks replay it together, with
+    /// An unknown or destroyed graph; [`Error::Skipped`] for a failed input;
+    /// the device's failure, which every output carries. A graph that
+    /// recorded collectives is refused: use
     /// [`Rank::replay`](crate::collective::Rank::replay).
     pub fn replay(&self, graph: &Graph) -> Result<()> {
         self.call(|server| server.replay(self.stream, graph, None))
     }
 
-    /// Replay `graph` as a round of group `group`, which its ranks agreed
-    /// on.
+    /// Replay `graph` as a round of group `group`.
     pub(crate) fn replay_in_group(&self, graph: &Graph, group: u64) -> Result<()> {
         self.call(|server| server.replay(self.stream, graph, Some(group)))
     }
 
-    /// The collective rounds `graph` recorded.
     pub(crate) fn graph_rounds(&self, graph: &Graph) -> Result<Vec<crate::capture::RecordedRound>> {
         self.call(|server| server.graph_rounds(graph))
     }
 
-    /// Whether `graph`'s inputs are readable now (see
-    /// [`check`](Self::check)).
+    /// Whether `graph`'s inputs are readable now.
     pub(crate) fn check_graph(&self, graph: &Graph) -> Result<()> {
         self.call(|server| server.check_graph(graph))
     }
@@ -111,8 +98,7 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// An unknown graph; the failure of that wait, which the graph's outputs
-    /// now carry.
+    /// An unknown graph; the failure of that wait, which the outputs carry.
     pub fn destroy_graph(&self, graph: &Graph) -> Result<()> {
         self.call(|server| server.destroy_graph(graph))
     }
@@ -124,8 +110,7 @@ mod tests {
     use crate::null::Null;
     use crate::{CaptureState, Client, Error};
 
-    /// A handle on a window that already ended names no open window: ending
-    /// or aborting it is an invalid argument that changes nothing (rule 29).
+    /// Ending or aborting an ended window changes nothing (rule 29).
     #[test]
     fn a_capture_of_a_window_that_ended_is_refused() {
         let c = Client::new(Null::new()).unwrap();

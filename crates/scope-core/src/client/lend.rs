@@ -1,24 +1,13 @@
-//! Lending the locked server to a caller's closure, and answering the calls
-//! that closure makes back into a client of the same server.
+//! Lending the locked server to a caller's closure.
 //!
-//! [`Client::with_backend`](crate::Client::with_backend) and
-//! [`Client::with_memory`](crate::Client::with_memory) run the caller's
-//! closure under the server's lock, which is not re-entrant: a closure that
-//! calls any client of the same server would wait for a lock its own thread
-//! holds, for good. Failure hooks avoid this by running after the lock is
-//! released; these closures cannot, since they borrow what the lock guards.
+//! [`Client::with_backend`](crate::Client::with_backend) runs a closure
+//! under the server's lock, which is not re-entrant. A closure that calls
+//! back into the same server would wait on its own thread for good.
 //!
-//! So while a closure runs, the server is *lent*: [`Lent`] records which
-//! thread holds it and where the server is. A call on that thread that finds
-//! the lock taken asks here before it waits. A call that only looks (a
-//! count, a limit, another `with_backend`) is answered from the lent server
-//! — a shared borrow beside the closure's own, and nothing can change it
-//! while the lock is held. A call that would change the server gets a typed
-//! error instead: it cannot have `&mut` to what the closure still borrows.
-//!
-//! The check costs nothing on the common path: a call asks here only after
-//! `try_lock` failed, which on the lending thread it always does, and on any
-//! other thread means it is about to wait anyway.
+//! So while a closure runs, the server is *lent*: [`Lent`] records the
+//! thread and the server. A call that only looks is answered from the lent
+//! server. A call that would change it gets a typed error. A call asks
+//! here only after `try_lock` failed, so the common path pays nothing.
 
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
@@ -47,32 +36,24 @@ impl<T> Default for Lent<T> {
 }
 
 impl<T> Lent<T> {
-    /// Whether a closure on this thread has the server.
     pub(crate) fn is_here(&self) -> bool {
-        // Only this thread ever stores its own number: no other thread's
-        // store can make this true, so no ordering is needed.
+        // Only this thread stores its own number, so no ordering is needed.
         self.thread.load(Ordering::Relaxed) == this_thread()
     }
 
-    /// Run `f` on the server a closure on this thread was lent, or hand `f`
-    /// back when there is none.
+    /// Run `f` on the server lent on this thread, or hand `f` back.
     pub(crate) fn here<R, F: FnOnce(&T) -> R>(&self, f: F) -> Result<R, F> {
         if !self.is_here() {
             return Err(f);
         }
         let server = self.server.load(Ordering::Relaxed);
-        // SAFETY: this thread's number is in `thread` only while a
-        // `Lending` made by `lend` on this thread lives, and `lend` stored
-        // `server` from a shared reference that outlives that `Lending`
-        // (both are in the lending frame, below this one on this thread's
-        // stack). While it lives the server is only shared-borrowed — by
-        // the closure and by this — and the lock that guards it is held, so
-        // nothing writes it. The reference does not escape `f`.
+        // SAFETY: this thread's number is stored only while a `Lending` from
+        // `lend` lives, and `server` outlives it. The lock is held and the server
+        // only shared-borrowed, so nothing writes it. The reference stays in `f`.
         Ok(f(unsafe { &*server }))
     }
 
-    /// Lend `server` to a closure about to run on this thread; the lending
-    /// ends when the returned value drops (on unwind too).
+    /// Lend `server` to a closure on this thread, until the result drops.
     pub(crate) fn lend<'a>(&'a self, server: &'a T) -> Lending<'a, T> {
         self.server
             .store(std::ptr::from_ref(server).cast_mut(), Ordering::Relaxed);

@@ -1,8 +1,5 @@
-//! What a runtime or a test may ask of a server beside its work: the
-//! failures it saw and holds, the bytes it holds, its poison, and — with
-//! `fault-injection` — faults to inject and a look under the failure model.
-//! Every question only looks, so it is answered inside a
-//! [`with_backend`](Client::with_backend) closure too (`lend.rs`).
+//! What a runtime or a test asks beside its work. Every question only
+//! looks, so it is answered inside a `with_backend` closure too.
 
 use std::sync::Arc;
 
@@ -13,30 +10,23 @@ use crate::id::StreamId;
 use super::Client;
 
 impl<B: Backend> Client<B> {
-    /// Call `hook` on every skip (with the root error) and every failed exit
-    /// (with the real error), never on success (rule 39); it replaces any
-    /// earlier hook.
+    /// Call `hook` on every skip and failed exit, never on success (rule 39).
     ///
-    /// The hook runs after the server's lock is released, before the call
-    /// that caused the event returns, so it may call back into a client;
-    /// the events its own calls cause are delivered after it returns, never
-    /// inside it. One hook never runs on two threads at once. A hook that
-    /// panics unwinds out of that call, whose bookkeeping is already
-    /// complete, and stays installed. A hook that needs a client should
-    /// hold a [`WeakClient`](super::WeakClient): the server owns its hook, so a hook that owns
-    /// a `Client` keeps the server alive for good.
+    /// It replaces any earlier hook. It runs after the lock is released, so
+    /// it may call a client; events its own calls cause come after it returns.
+    /// A hook that needs a client should hold a [`WeakClient`](super::WeakClient):
+    /// a `Client` in the hook keeps the server alive for good.
     pub fn on_failure(&self, hook: impl FnMut(StreamId, &Error) + Send + 'static) {
         self.shared.hooks.install(Box::new(hook));
     }
 
-    /// How many failures this stream has seen (skips, failed work, faults):
-    /// a measurement is valid only if this did not change while it ran.
+    /// How many failures this stream has seen. A measurement is valid only
+    /// if this did not change while it ran.
     pub fn failures_seen(&self) -> u64 {
         self.look(false, |server| server.failures_seen(self.stream))
     }
 
-    /// Every failure held and every buffer's claims, for a test that must
-    /// explain a broken invariant.
+    /// Every failure held and every claim, to explain a broken invariant.
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
     pub fn dump_failures(&self) -> String {
@@ -49,13 +39,12 @@ impl<B: Backend> Client<B> {
     }
 
     /// How many (buffer, failure) claims are live, allocation records
-    /// included. The store never holds more failures than this (rule 7).
+    /// included; failures held never exceed it (rule 7).
     pub fn failure_claims(&self) -> usize {
         self.look(false, |server| server.failure_claims())
     }
 
-    /// Check the store's books: every failure's carrier count matches the
-    /// buffers that claim it, and none is held without a carrier.
+    /// Check that every failure's carrier count matches its claims.
     ///
     /// # Errors
     ///
@@ -80,11 +69,8 @@ impl<B: Backend> Client<B> {
         self.look(false, |server| server.poison())
     }
 
-    /// Install `plan`: from now on, the device calls it names fail.
-    ///
-    /// Called from inside a [`with_backend`](Self::with_backend) or
-    /// [`with_memory`](Self::with_memory) closure on the same server, it
-    /// takes effect when that closure returns.
+    /// Install `plan`: from now on, the device calls it names fail. Inside a
+    /// `with_backend` closure it takes effect when the closure returns.
     #[cfg(feature = "fault-injection")]
     pub fn inject(&self, plan: crate::FaultPlan) {
         if self.shared.lent.is_here() {
@@ -97,9 +83,7 @@ impl<B: Backend> Client<B> {
         });
     }
 
-    /// The bytes of `src` whatever claims them: a look under the failure
-    /// model, for tests that must see that a skipped kernel left its
-    /// outputs untouched. Never for a runtime.
+    /// The bytes of `src` whatever claims them, for tests only.
     ///
     /// # Errors
     ///

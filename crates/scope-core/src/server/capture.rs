@@ -8,7 +8,6 @@ use smallvec::SmallVec;
 use super::*;
 
 impl<B: Backend> Server<B> {
-    /// Whether `capture` was opened on this server.
     pub(crate) fn owns(&self, capture: &Capture) -> bool {
         capture.server == self.id
     }
@@ -42,8 +41,8 @@ impl<B: Backend> Server<B> {
         let index = self.stream_index(stream);
         self.streams[index].window.prepare(stream)?;
         let state = &mut self.streams[index];
-        // SAFETY: this server's stream; `prepare` refused one whose window
-        // is already open, so it is not recording.
+        // SAFETY: this server's stream; `prepare` refused an open window, so it
+        // is not recording.
         let started = unsafe { self.backend.flush(&mut state.device) }
             // SAFETY: as above.
             .and_then(|()| unsafe { self.backend.begin_capture(&mut state.device) });
@@ -59,8 +58,7 @@ impl<B: Backend> Server<B> {
         let index = self.open_window(capture)?;
         let opened = capture.stream;
         if let Err(poisoned) = self.check_poison() {
-            // Rule 36: nothing seals on a poisoned device; the window is
-            // thrown away so the stream does not stay recording.
+            // Rule 36: nothing seals on a poisoned device; the window is thrown away.
             self.abort_window(opened);
             return Err(poisoned);
         }
@@ -74,11 +72,9 @@ impl<B: Backend> Server<B> {
             } => {
                 let sealed = self
                     .fault(Site::Seal, Some(opened))
-                    // SAFETY: this server's stream, recording: its window
-                    // was open until `end` above, and a window opens only
-                    // after the backend's `begin_capture` succeeded. The
-                    // graph's buffers stay alive while it does, or it is
-                    // never replayed (`replay` refuses a freed one).
+                    // SAFETY: this server's stream, recording until `end` above, since a
+                    // window opens only after `begin_capture` succeeded. `replay` refuses a
+                    // graph whose buffers were freed.
                     .and_then(|()| unsafe {
                         self.backend.end_capture(&mut self.streams[index].device)
                     });
@@ -100,8 +96,7 @@ impl<B: Backend> Server<B> {
                         Ok(id)
                     }
                     Err(reason) => {
-                        // SAFETY: the stream whose `end_capture` just
-                        // failed.
+                        // SAFETY: the stream whose `end_capture` just failed.
                         unsafe { self.backend.abort_capture(&mut self.streams[index].device) };
                         let error = Error::Unsealed {
                             stream: opened,
@@ -112,8 +107,7 @@ impl<B: Backend> Server<B> {
                 }
             }
             WindowEnd::Unsealable(written, error) => {
-                // SAFETY: this server's stream, recording until its window's
-                // `end` above.
+                // SAFETY: this server's stream, recording until `end` above.
                 unsafe { self.backend.abort_capture(&mut self.streams[index].device) };
                 Err(self.unsealed(opened, &written, error))
             }
@@ -138,17 +132,15 @@ impl<B: Backend> Server<B> {
         error
     }
 
-    /// Throw the window `capture` names away (see [`abort_window`](Self::abort_window)).
     pub(crate) fn abort_capture(&mut self, capture: &Capture) -> Result<()> {
         self.open_window(capture)?;
         self.abort_window(capture.stream);
         Ok(())
     }
 
-    /// Throw `stream`'s window away. Its clean work healed what it wrote when
-    /// it was recorded, because recording is its submission (rule 23);
-    /// withdrawn, that work will never run, so its write set is claimed
-    /// again. Allowed on a poisoned device: it issues no work.
+    /// Throw `stream`'s window away. Recording healed its clean work's write
+    /// set; withdrawn, that work never runs, so the set is claimed again.
+    /// Allowed on a poisoned device: it issues no work.
     pub(super) fn abort_window(&mut self, stream: StreamId) {
         let index = self.stream_index(stream);
         let state = &mut self.streams[index];
@@ -186,9 +178,8 @@ impl<B: Backend> Server<B> {
             .ok_or_else(|| Error::invalid("graph", format!("{} is unknown or destroyed", graph.id)))
     }
 
-    /// Replay `graph` on `stream`. A graph that recorded collective rounds
-    /// replays only as a round of its group (`group`), which every rank
-    /// agreed to: alone, its collectives would wait on the device for peers
+    /// Replay `graph` on `stream`. A graph with collective rounds replays
+    /// only as a round of its group, or its collectives would wait for peers
     /// that are not replaying.
     pub(crate) fn replay(
         &mut self,
@@ -229,9 +220,8 @@ impl<B: Backend> Server<B> {
         let maybe_written = entry.maybe_written.clone();
         let mut written = self.write_set();
         written.extend_from_slice(&graph_written);
-        // What the graph's indirect launches may write enters the replay's
-        // write set only where it is clean now, as for the launch itself: a
-        // replay cannot know their counts either, so it heals none of it.
+        // Indirect writes join the write set only where clean now, and a replay
+        // heals none of them: their counts are unknown here too.
         for r in &maybe_written {
             self.table.ledger.unclaimed(*r, &mut written);
         }
@@ -257,9 +247,8 @@ impl<B: Backend> Server<B> {
                         let graph = graph.ok_or_else(|| {
                             Error::internal("a graph left the table inside its own replay")
                         })?;
-                        // SAFETY: this server's graph, in its table, and stream;
-                        // `refuse_if_recording` refused a recording stream, and
-                        // every buffer the graph uses is live (checked above).
+                        // SAFETY: this server's graph and stream, not recording, and every
+                        // buffer the graph uses is live (checked above).
                         unsafe { d.backend.replay(d.stream, graph) }.map_err(|e| match e {
                             e @ Error::Fault(_) => e,
                             other => Error::Replay {
@@ -275,8 +264,8 @@ impl<B: Backend> Server<B> {
         self.conclude(stream, outcome)
     }
 
-    /// A replay of `graph` would use a buffer that was freed: refused,
-    /// as its memory may now be another buffer's.
+    /// Refuse a replay that would use a freed buffer: its memory may now be
+    /// another buffer's.
     fn refuse_freed(&self, graph: &Graph, entry: &GraphEntry<B::Graph>) -> Result<()> {
         let buffers = entry.written.iter().chain(&entry.read);
         match buffers
@@ -291,14 +280,11 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// The collective rounds `graph` recorded, in order.
     pub(crate) fn graph_rounds(&self, graph: &Graph) -> Result<Vec<RecordedRound>> {
         Ok(self.graph_entry(graph)?.rounds.clone())
     }
 
-    /// Whether `graph`'s inputs — what it reads that it does not write
-    /// first — are readable now: the failure one carries, as a replay would
-    /// inherit it, or a refusal for a graph this server cannot replay.
+    /// Whether `graph`'s inputs are readable now, or why it cannot replay.
     pub(crate) fn check_graph(&mut self, graph: &Graph) -> Result<()> {
         self.check_poison()?;
         let entry = self.graph_entry(graph)?;
@@ -307,9 +293,8 @@ impl<B: Backend> Server<B> {
         self.table.check(&read)
     }
 
-    /// Claim what a replay of `graph` would have written with `error`, as a
-    /// replay that was skipped does (rule 21): its group decided it may
-    /// not run.
+    /// Claim what a replay of `graph` would write with `error`, as a skipped
+    /// replay does (rule 21): its group decided it may not run.
     pub(crate) fn fail_graph(
         &mut self,
         stream: StreamId,
@@ -341,9 +326,8 @@ impl<B: Backend> Server<B> {
         self.destroy_graph_id(graph.id)
     }
 
-    /// Destroy a graph in the table. Allowed on a poisoned device — it
-    /// releases rather than issues, and the waits it makes fail fast there —
-    /// so a runtime can still tear down.
+    /// Destroy a graph in the table. Allowed on a poisoned device, so a
+    /// runtime can still tear down.
     pub(super) fn destroy_graph_id(&mut self, id: GraphId) -> Result<()> {
         let Some(entry) = self.graphs.remove(&id) else {
             return Err(Error::invalid(
@@ -351,13 +335,10 @@ impl<B: Backend> Server<B> {
                 format!("{id} is unknown or destroyed"),
             ));
         };
-        // Every replay of it is submitted before the backend waits for
-        // them (rule 35): a backend may batch replays like other work.
+        // Every replay is submitted before the backend waits for them (rule 35).
         self.flush_streams();
-        // The backend destroys the graph whatever the fault plan says: an
-        // injected failure stands for one that waiting on the replays in
-        // flight surfaced, not for skipping that wait (rule 35), which
-        // would free a graph a replay may still be running.
+        // Destroy whatever the plan says: an injected failure stands for one
+        // the wait surfaced, not for skipping the wait (rule 35).
         let injected = self.fault(Site::Destroy, None);
         let Some(graph) = entry.graph else {
             // Recorded on a device that was lost: nothing of it is left.
@@ -383,8 +364,8 @@ impl<B: Backend> Server<B> {
         Ok(())
     }
 
-    /// Submit what every stream that is not recording has batched; a
-    /// failure lands on that stream's work in flight (rule 23).
+    /// Submit what every non-recording stream has batched; a failure lands
+    /// on that stream's work in flight (rule 23).
     pub(super) fn flush_streams(&mut self) {
         for index in 0..self.streams.len() {
             if self.streams[index].window.is_recording() {

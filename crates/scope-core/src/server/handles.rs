@@ -1,6 +1,6 @@
-//! Handles and their validation: streams, buffers, and every range a call
-//! names, resolved against the table before anything else happens, so bad
-//! input is a typed error that changes nothing.
+//! Handles and their validation: every stream, buffer and range a call
+//! names is resolved first, so bad input is a typed error that changes
+//! nothing.
 
 use super::*;
 
@@ -15,8 +15,8 @@ impl<B: Backend> Server<B> {
         self.resolve_with(buffer, range, &|| what.to_owned())
     }
 
-    /// [`resolve`](Self::resolve), naming the argument only on error: a
-    /// launch must not format a string per binding on the success path.
+    /// [`resolve`](Self::resolve), naming the argument only on error, so a
+    /// launch formats no string per binding.
     pub(super) fn resolve_with(
         &self,
         buffer: &Buffer,
@@ -41,7 +41,6 @@ impl<B: Backend> Server<B> {
         self.table.memory_of(id)
     }
 
-    /// The error an operation on a buffer without memory gets.
     pub(super) fn require_memory(&self, r: BufferRange) -> Result<()> {
         match self.memory(r.buffer) {
             Some(_) => Ok(()),
@@ -49,11 +48,9 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// A new logical stream. Streams live as long as their server (backends
-    /// index their own tables by stream id), so their number is bounded by
-    /// [`MAX_STREAMS`]: a runtime that makes a stream per request must reuse
-    /// them, and learns so from a typed error rather than from memory that
-    /// never comes back.
+    /// A new logical stream. Backends index tables by stream id, so streams
+    /// live as long as their server and are bounded by [`MAX_STREAMS`]. A
+    /// runtime learns so from a typed error, not from leaked memory.
     pub(crate) fn create_stream(&mut self) -> Result<StreamId> {
         self.check_poison()?;
         if self.streams.len() >= MAX_STREAMS {
@@ -66,8 +63,7 @@ impl<B: Backend> Server<B> {
             ));
         }
         let id = StreamId(self.streams.len() as u32);
-        // SAFETY: `id` is the count of streams made so far: the core pushes
-        // one for every stream the backend created, and only then.
+        // SAFETY: `id` is the count of streams the backend created so far.
         let device = unsafe { self.backend.create_stream(id)? };
         self.streams.push(StreamState {
             device,
@@ -78,12 +74,9 @@ impl<B: Backend> Server<B> {
         Ok(id)
     }
 
-    /// A stream for the core's own use while something lives (a joined
-    /// rank's ballots): one given back earlier, or a new one. Streams live
-    /// as long as their server, so what the core makes for a while must
-    /// come back ([`take_back_stream`](Self::take_back_stream)) or a
-    /// runtime that re-forms its group every few minutes runs out of
-    /// [`MAX_STREAMS`] in a week.
+    /// A stream for the core's own use for a while: one given back, or new.
+    /// Without giving them back, re-forming a group every few minutes would
+    /// exhaust [`MAX_STREAMS`] in a week.
     pub(crate) fn lend_stream(&mut self) -> Result<StreamId> {
         self.check_poison()?;
         match self.spare_streams.pop() {
@@ -92,10 +85,9 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// `stream`, lent by [`lend_stream`](Self::lend_stream), back for the
-    /// next loan. Its work stays queued on it, in order, ahead of the next
-    /// borrower's; a stream whose capture window is open is not taken back
-    /// (it stays spent), so no borrower inherits a recording.
+    /// `stream` back for the next loan, its queued work ahead of the next
+    /// borrower's. A stream with an open window stays spent, so no borrower
+    /// inherits a recording.
     pub(crate) fn take_back_stream(&mut self, stream: StreamId) {
         let idle = self
             .streams
@@ -130,7 +122,7 @@ impl<B: Backend> Server<B> {
         let mut result = self
             .fault(Site::Allocate, Some(stream))
             // SAFETY: this server's stream; `size` is non-zero and within the
-            // backend's largest allocation (both checked above).
+            // largest allocation (checked above).
             .and_then(|()| unsafe { self.backend.allocate(&mut self.streams[index].device, size) });
         if matches!(&result, Err(e) if e.is_out_of_memory()) {
             // Rule 37: reclaim what the pool caches and try once more.
@@ -168,10 +160,8 @@ impl<B: Backend> Server<B> {
         self.table.insert(size, None, Some(record), stream)
     }
 
-    /// A buffer whose allocation an adapter over the client failed itself —
-    /// a size its own rules refuse, say — carrying `error` exactly as a
-    /// buffer the device could not provide does. Any non-zero size: no
-    /// memory is asked for.
+    /// A buffer an adapter refused itself, carrying `error` as a refused
+    /// allocation does. No memory is asked for.
     pub(crate) fn failed_allocation(
         &mut self,
         stream: StreamId,
@@ -211,18 +201,15 @@ impl<B: Backend> Server<B> {
 
     pub(crate) fn free(&mut self, id: BufferId) {
         if let Some(memory) = self.table.remove(id) {
-            // SAFETY: removed from the table, so no later call names it; a
-            // graph that recorded work on it is never replayed again
-            // (`replay` refuses a graph whose buffers are not all live).
+            // SAFETY: removed from the table, so no later call names it; `replay`
+            // refuses a graph whose buffers are not all live.
             unsafe { self.backend.free(memory) };
         }
     }
 }
 
-/// `buffer`'s `range` validated against `ledger`, the ledger of server
-/// `server`, with the buffer's entry: what [`Server::resolve_with`] checks,
-/// and what a launch asks of each binding, looked up once. `what` names
-/// the argument, and runs only on error.
+/// `buffer`'s `range` validated against server `server`'s `ledger`, with
+/// one lookup. `what` names the argument, only on error.
 #[inline]
 pub(super) fn resolve<'l>(
     ledger: &'l Ledger,

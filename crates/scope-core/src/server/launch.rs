@@ -1,8 +1,7 @@
-//! Launches: each binding resolved, checked and listed in one pass, the
-//! launch checked by the backend before its scope opens, and run inside
-//! it (rules 17–22, 38). Apart from the other work (`work.rs`) because it
-//! is the path a runtime takes most, and the one its cost is measured on
-//! (`benches/launch_path.rs`).
+//! Launches: bindings resolved, checked and listed in one pass, checked
+//! by the backend before the scope opens, then run inside it (rules
+//! 17–22, 38). Apart from `work.rs` because it is the path a runtime takes
+//! most, measured by `benches/launch_path.rs`.
 
 use super::handles;
 use super::ordering::{any_capturing, refuse_recorded_while_capturing};
@@ -11,10 +10,8 @@ use crate::few::Few;
 use super::*;
 
 impl<B: Backend> Server<B> {
-    /// Inlined into `Client::launch`, its one caller: the call and its
-    /// frame were 21 instructions of every launch. A kernel not yet in the
-    /// cache takes [`launch_uncompiled`](Self::launch_uncompiled), out of
-    /// line, so that the loop's launch carries none of it.
+    /// Inlined into `Client::launch`, its one caller. An uncached kernel
+    /// goes out of line to [`launch_uncompiled`](Self::launch_uncompiled).
     #[inline]
     pub(crate) fn launch(
         &mut self,
@@ -28,10 +25,9 @@ impl<B: Backend> Server<B> {
         self.launch_scoped(stream, kernel, bindings, scalars, dispatch, false)
     }
 
-    /// A launch whose kernel was not in the cache, once every check of its
-    /// arguments passed: compiled only now, so that a launch refused for
-    /// them never compiles, and one whose kernel does not compile claims
-    /// its outputs, `written` (rule 21). Then launched as any other.
+    /// A launch whose kernel was not cached, once its arguments passed:
+    /// compiled only now, so a refused launch never compiles. A compile error
+    /// claims `written` (rule 21).
     #[cold]
     #[inline(never)]
     fn launch_uncompiled(
@@ -55,17 +51,12 @@ impl<B: Backend> Server<B> {
         self.launch_scoped(stream, kernel, bindings, scalars, dispatch, true)
     }
 
-    /// A launch, over the server split into its books and its device
-    /// ([`Books`] says why): one pass over the bindings resolves each with
-    /// one lookup, checks it, and adds it to the lists the launch needs —
-    /// the write set, and the one list the backend both checks and
-    /// launches. A kernel not yet in the cache goes to
-    /// [`launch_uncompiled`](Self::launch_uncompiled), with its write set,
-    /// once every check has passed; `compiled_now` says it came from there,
-    /// and a kernel still missing is then an internal error.
+    /// A launch over the server split into books and device.
     ///
-    /// Inlined into both callers, so that the result is written once, where
-    /// the caller returns it, rather than passed out through an enum.
+    /// One pass resolves each binding with one lookup, checks it, and lists
+    /// it for the write set and for the backend. `compiled_now` says the
+    /// kernel was just compiled, so a miss is an internal error. Inlined into
+    /// both callers, so the result is written where the caller returns it.
     #[inline(always)]
     fn launch_scoped(
         &mut self,
@@ -84,21 +75,17 @@ impl<B: Backend> Server<B> {
             Dispatch::Groups(groups) => groups.contains(&0),
             Dispatch::Indirect(_) => false,
         };
-        // What a clean launch over host-given counts writes: its written
-        // bindings (an indirect launch's is worked out below).
+        // A clean launch's write set: its written bindings.
         let mut written = books.write_set();
         let writes_all = !indirect && !runs_nothing;
         let mut bound: Few<Bound<'_, B::Memory>, 8> = Few::new();
-        // The first buffer written that has no memory; whether every
-        // buffer has memory (else the scope skips or claims, and the
-        // backend is asked nothing); whether every buffer was last used on
-        // this stream (else the launch waits for another).
+        // The first written buffer without memory; whether all have memory;
+        // whether all were last used on this stream.
         let mut unallocated: Option<BufferId> = None;
         let mut all_allocated = true;
         let mut mine = true;
-        // Whether every input is allocated and carries no failure at all:
-        // then none can make the scope skip, and it need not look again
-        // ([`ExecuteScope::entering`]).
+        // Whether every input is allocated and clean: then the scope need not
+        // look again.
         let mut inputs_clean = true;
         let LaunchRules {
             alignment,
@@ -115,8 +102,7 @@ impl<B: Backend> Server<B> {
                 binding.slice.range,
                 &what,
             )?;
-            // `resolve` refused a reversed or empty range: the subtraction
-            // needs none of `len`'s saturation.
+            // `resolve` refused reversed and empty ranges: no saturation needed.
             let len = r.range.end - r.range.start;
             if (r.range.start & mask) | (len & 3) != 0
                 || (divide && !r.range.start.is_multiple_of(alignment))
@@ -168,8 +154,7 @@ impl<B: Backend> Server<B> {
                 })
             }
         };
-        // The buffers it touches, asked for only where some stream captures
-        // or some buffer was last used on another stream.
+        // The buffers it touches, only where some stream captures or crosses.
         let indirect_buffer = match dispatch {
             Dispatch::Indirect(slice) => Some(slice.buffer.id()),
             Dispatch::Groups(_) => None,
@@ -178,19 +163,15 @@ impl<B: Backend> Server<B> {
             .iter()
             .map(|b| b.slice.buffer.id())
             .chain(indirect_buffer);
-        // Whether any stream captures: where none does (the common case),
-        // nothing is refused and this stream does not record.
+        // Where no stream captures, nothing is refused or recorded.
         let capturing = any_capturing(books.streams);
         if capturing {
             refuse_recorded_while_capturing(books.streams, books.ledger, stream, touched.clone())?;
         }
         if indirect {
-            // An indirect launch's counts are on the device: the core cannot
-            // know, when the launch concludes, whether it wrote anything (a
-            // zero count, or one past the device's limit, runs nothing). So
-            // it heals nothing: bytes that carried a failure keep it, and
-            // only bytes that were clean are in its write set — clean
-            // whether it ran or not, and claimed if it fails.
+            // An indirect launch's counts are on the device, so the core cannot know
+            // whether it wrote anything. It heals nothing: only clean bytes join its
+            // write set, claimed if it fails.
             for binding in bindings.iter().filter(|b| b.access.writes()) {
                 let r = BufferRange {
                     buffer: binding.slice.buffer.id(),
@@ -199,8 +180,7 @@ impl<B: Backend> Server<B> {
                 books.ledger.unclaimed(r, &mut written);
             }
         }
-        // Work that never started: a buffer with no memory to write, a
-        // kernel that does not compile (rule 21).
+        // Work that never started: no memory to write, or no kernel (rule 21).
         if let Some(unallocated) = unallocated {
             let error = books.ledger.unallocated_error(unallocated);
             written.retain(|w| w.buffer != unallocated);
@@ -223,11 +203,9 @@ impl<B: Backend> Server<B> {
         if let Dispatch::Groups(groups) = dispatch {
             crate::backend::grid_within(name, groups, device.rules.max_workgroups)?;
         }
-        // The launch as the backend sees it: checked now, before the scope
-        // opens (a launch no device could run claims nothing), and launched
-        // as it was checked. `None` when a buffer has no memory: the scope
-        // then skips the launch (an input carries why) or claims its
-        // outputs, and the backend is asked nothing.
+        // The launch as the backend sees it, checked before the scope opens, so
+        // a launch no device could run claims nothing. `None` when a buffer has
+        // no memory: the scope then skips or claims, asking the backend nothing.
         let launch = match bound_dispatch {
             Some(dispatch) if all_allocated => Some(Launch {
                 name,
@@ -240,11 +218,8 @@ impl<B: Backend> Server<B> {
         if let Some(launch) = &launch {
             device.backend.check_launch(compiled, launch)?;
         }
-        // The ranges it reads, in order, the counts last: where a skip
-        // looks for a failure, and what a recording window keeps. A launch
-        // whose inputs are clean, on a stream that is not recording, needs
-        // neither, and does not gather them (but for the debug check of
-        // `entering`).
+        // The ranges it reads, counts last: where a skip looks, and what a
+        // recording keeps. A clean launch off the record needs neither.
         let recording = capturing
             && books.streams[books.stream_index(stream)]
                 .window
@@ -254,12 +229,9 @@ impl<B: Backend> Server<B> {
         } else {
             Few::new()
         };
-        // A scope that runs, never a `Result` of one: an enum that also
-        // held a skip's outcome laid an `Error`'s 4-byte fields over the
-        // write set's length, so the compiler stored that length in two
-        // halves and read it back whole, a load the processor cannot
-        // forward from the two stores (perf put a tenth of a launch's
-        // samples just after it). A skip settles here instead.
+        // A scope that runs, never a `Result` of one: the enum's layout cost a
+        // store-forwarding stall (see `benches/launch_path.rs`). A skip settles
+        // here instead.
         let running = if inputs_clean {
             ExecuteScope::entering(&mut books, name, stream, &read, written, indirect)
         } else {
@@ -274,8 +246,7 @@ impl<B: Backend> Server<B> {
                 Err(skipped) => return self.conclude(stream, skipped).map_err(Box::new),
             }
         };
-        // The body in this function's own code, not a closure
-        // ([`ExecuteScope::run`]).
+        // The body in this function's own code, not a closure.
         let outcome = if runs_nothing {
             running.finish_ok();
             ScopedOutcome::Executed(())
@@ -292,13 +263,9 @@ impl<B: Backend> Server<B> {
                     let Some(launch) = &launch else {
                         return Err(lost_memory());
                     };
-                    // SAFETY: every binding was resolved inside its live
-                    // buffer with an aligned offset and whole words, an
-                    // indirect dispatch's 12 aligned bytes likewise (all
-                    // above); host-given counts are non-zero
-                    // (`runs_nothing`) and within the grid, and the
-                    // backend's `check_launch` accepted this very launch
-                    // for this kernel, above.
+                    // SAFETY: every binding was resolved inside its live buffer, aligned
+                    // and whole words, as were indirect counts. Host-given counts are
+                    // non-zero and within the grid, and `check_launch` accepted this launch.
                     unsafe { d.backend.launch(d.stream, compiled, launch) }
                 },
             );
@@ -314,23 +281,19 @@ impl<B: Backend> Server<B> {
     }
 }
 
-/// What a launch returns inside the core: its error boxed, so that the
-/// success path moves a pointer-sized result rather than an [`Error`]'s
-/// bytes through every step and out past the lock. The client unboxes it.
+/// A launch's result inside the core, its error boxed so success moves a
+/// pointer past the lock. The client unboxes it.
 pub(crate) type Launched = std::result::Result<(), Box<Error>>;
 
-/// The error of a launch that reached its device call with a binding that
-/// has no memory: out of line, so that the device call's closure stays
-/// small enough to inline into the launch.
+/// The error of a binding without memory at the device call, out of line
+/// so the call's closure inlines.
 #[cold]
 #[inline(never)]
 fn lost_memory() -> Error {
     Error::internal("a launch's binding lost its memory after its check")
 }
 
-/// Why a binding's range is refused, past the mask test of
-/// [`Server::launch_scoped`]: its offset off the backend's alignment, or its
-/// length not whole 4-byte words.
+/// Why a binding's range failed the mask test: offset or length.
 #[cold]
 fn misplaced(what: String, range: ByteRange, alignment: u64) -> Error {
     if !range.start.is_multiple_of(alignment) {
@@ -342,9 +305,7 @@ fn misplaced(what: String, range: ByteRange, alignment: u64) -> Error {
     Error::invalid(what, format!("{range} is not whole 4-byte words"))
 }
 
-/// The ranges a launch reads, in order: its read bindings, then an
-/// indirect dispatch's counts. Every one was resolved already, so each is
-/// the binding's own buffer and range.
+/// The ranges a launch reads: read bindings, then indirect counts.
 fn read_set(bindings: &[Binding<'_>], dispatch: Dispatch<'_>) -> Few<BufferRange, 8> {
     let mut read = Few::new();
     let at = |slice: &Slice<'_>| BufferRange {

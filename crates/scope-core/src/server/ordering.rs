@@ -1,7 +1,7 @@
-//! Ordering, in-flight work and poison: the one order every unit of work
-//! takes — refuse a use across a capture, wait for the streams that used its
-//! buffers last, issue, conclude — and the attribution of faults that
-//! surface later (rules 23, 36).
+//! Ordering, in-flight work and poison. Every unit of work takes one
+//! order: refuse a use across a capture, wait for the streams that used
+//! its buffers, issue, conclude. Late faults are attributed here (rules
+//! 23, 36).
 
 use std::sync::Arc;
 
@@ -53,8 +53,8 @@ impl<B: Backend> Server<B> {
         books.order(device.backend, stream, touched.iter().copied(), false)
     }
 
-    /// Wait for `stream`'s work with the lock held: for the waits the core
-    /// cannot give the lock up for (bounding an in-flight list).
+    /// Wait for `stream`'s work with the lock held, where the core cannot
+    /// give the lock up (bounding an in-flight list).
     pub(super) fn sync_stream(&mut self, stream: StreamId) -> Result<()> {
         let index = self.stream_index(stream);
         let result = self
@@ -73,12 +73,10 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// Submit `stream`'s work and return what waiting for it needs, for the
-    /// client to wait on with the lock released: one stream's long wait must
-    /// not stall every other thread's calls.
+    /// Submit `stream`'s work and return a wait for the client to run
+    /// unlocked, so one long wait stalls no other thread.
     ///
-    /// `site` is the fault-plan site the wait stands for, if any (a read
-    /// consults its own site when it copies).
+    /// `site` is the fault-plan site the wait stands for, if any.
     pub(super) fn begin_wait(
         &mut self,
         stream: StreamId,
@@ -88,9 +86,8 @@ impl<B: Backend> Server<B> {
         let mark = self.streams[index].in_flight.mark();
         let begun = site
             .map_or(Ok(()), |site| self.fault(site, Some(stream)))
-            // SAFETY: a stream of this server's; every caller refused a
-            // recording stream first (`refuse_if_recording`), and the
-            // waiter is ended once, by `end_wait`.
+            // SAFETY: this server's stream; every caller refused a recording stream
+            // first, and only `end_wait` ends the waiter.
             .and_then(|()| unsafe { self.backend.begin_wait(&mut self.streams[index].device) });
         match begun {
             Ok(waiter) => Ok(PendingWait {
@@ -106,11 +103,9 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// Settle a wait the client ran without the lock, whose outcome is
-    /// `waited`: what it covered completed, or carries the fault that
-    /// surfaced (rule 23). Work other threads submitted meanwhile stays in
-    /// flight. The device may have been poisoned meanwhile; that is
-    /// reported, since every later operation fails fast (rule 36).
+    /// Settle a wait run without the lock: what it covered completed or
+    /// carries the fault (rule 23). Work submitted meanwhile stays in flight.
+    /// Poison that came meanwhile is reported (rule 36).
     pub(crate) fn end_wait(&mut self, pending: PendingWait<B>, waited: Result<()>) -> Result<()> {
         let PendingWait {
             stream,
@@ -119,15 +114,12 @@ impl<B: Backend> Server<B> {
             token: _token,
         } = pending;
         let index = self.stream_index(stream);
-        // What the backend kept for the stream's next wait (a lost batch,
-        // an error reported late) may belong to work submitted after the
-        // mark, by another thread while this one waited: it lands on
-        // everything in flight. What the wait itself surfaced lands on the
-        // work it covered.
+        // What the backend kept for the next wait may be later work's, so it
+        // lands on everything in flight. The wait's own fault lands on what it
+        // covered.
         if let Some(waiter) = waiter {
             // SAFETY: the waiter came from this stream's `begin_wait` or
-            // `begin_read` (only they make a `PendingWait`), which is
-            // consumed here, so it is ended once.
+            // `begin_read`, and consuming the `PendingWait` ends it once.
             let ended = unsafe {
                 self.backend
                     .end_wait(&mut self.streams[index].device, waiter)
@@ -145,9 +137,8 @@ impl<B: Backend> Server<B> {
         self.check_poison()
     }
 
-    /// A device call outside any scope failed with `error`: attribute it to
-    /// what was in flight on `stream` before `mark` (rule 23), and poison on
-    /// a sticky fault (rule 36).
+    /// A device call outside any scope failed: attribute `error` to what
+    /// `stream` had in flight before `mark` (rule 23); poison if sticky.
     pub(super) fn settle(&mut self, stream: StreamId, error: &Error, mark: u64) {
         if !matches!(error, Error::Fault(_)) {
             return;
@@ -160,9 +151,8 @@ impl<B: Backend> Server<B> {
         self.lose_in_flight(stream, error, mark);
     }
 
-    /// `error` befell what `stream` had in flight before `mark`: every
-    /// write set submitted since its last completed sync, up to there,
-    /// carries it now (rule 23).
+    /// Every write set `stream` submitted before `mark` carries `error`
+    /// (rule 23).
     fn lose_in_flight(&mut self, stream: StreamId, error: &Error, mark: u64) {
         let index = self.stream_index(stream);
         let in_flight = self.streams[index].in_flight.take_to(mark);
@@ -173,8 +163,8 @@ impl<B: Backend> Server<B> {
         );
     }
 
-    /// Poison the device with `fault`: every later operation fails fast, and
-    /// every buffer written by work in flight on any stream carries it.
+    /// Poison the device with `fault`: later operations fail fast, and all
+    /// work in flight on any stream carries it.
     pub(super) fn poison_with(&mut self, fault: &Error) {
         if self.poison.is_some() {
             return;
@@ -194,19 +184,13 @@ impl<B: Backend> Server<B> {
         );
     }
 
-    /// The end of a scope on `stream`, in the one order every unit of work
-    /// takes after its scope settled:
+    /// The end of a scope on `stream`, in one order:
     ///
     /// 1. a sticky fault poisons the device (rule 36);
-    /// 2. any other device fault means the stream lost what it had
-    ///    submitted, not only this work (a failed batch submit, say), so the
-    ///    write sets in flight on it take the fault too (rule 23);
-    /// 3. the in-flight list is bounded: past its limit the stream is synced,
-    ///    and a fault that sync surfaces lands on what was in flight.
+    /// 2. another device fault lands on all the stream had in flight (rule 23);
+    /// 3. past its limit the in-flight list is bounded by a sync.
     ///
-    /// Work that ran, with room left in flight, has nothing of these to
-    /// do: that check is inlined into every caller, so the success path
-    /// pays no call for the rest.
+    /// The success check is inlined, so success pays no call for the rest.
     #[inline(always)]
     pub(super) fn conclude<R>(&mut self, stream: StreamId, outcome: ScopedOutcome<R>) -> Result<R> {
         let index = self.stream_index(stream);
@@ -230,8 +214,7 @@ impl<B: Backend> Server<B> {
         }
         let index = self.stream_index(stream);
         if self.streams[index].in_flight.len() >= IN_FLIGHT_LIMIT {
-            // Attributed by `sync_stream` itself; the work concluded here
-            // succeeded or failed on its own account.
+            // `sync_stream` attributes its own fault.
             let _ = self.sync_stream(stream);
         }
         outcome.into_result()
@@ -246,20 +229,13 @@ impl<S> Books<'_, S> {
         index.min(self.streams.len() - 1)
     }
 
-    /// Make `stream` wait for the last other stream that used each of
-    /// `touched`, then mark them used by `stream` (and, while `stream`
-    /// records, used by its window). Callers have asked
-    /// [`refuse_recorded_elsewhere`](Server::refuse_recorded_elsewhere)
-    /// first, before opening their scope; nothing between changes a last
-    /// user.
+    /// Make `stream` wait for the last other user of each of `touched`,
+    /// then mark them used by `stream`. Callers refused a cross-capture use
+    /// first.
     ///
-    /// The new last users are recorded only once every wait is set up: a
-    /// failed wait leaves the buffers' last users as they were, so the next
-    /// use still waits for the stream that really used them last.
-    ///
-    /// `mine` says the caller already knows that every buffer touched was
-    /// last used on `stream` (a launch looks as it resolves its bindings),
-    /// so this need not look again.
+    /// New last users are recorded only once every wait is set up, so a
+    /// failed wait leaves them as they were. `mine` says every buffer was
+    /// already last used on `stream`.
     #[inline]
     pub(super) fn order<B: Backend<Stream = S>>(
         &mut self,
@@ -269,8 +245,7 @@ impl<S> Books<'_, S> {
         mine: bool,
     ) -> Result<()> {
         let to = self.stream_index(stream);
-        // The common case: every buffer was last used on this stream, and
-        // nothing waits or changes hands.
+        // The common case: nothing waits or changes hands.
         let mine = mine
             || touched
                 .clone()
@@ -287,8 +262,7 @@ impl<S> Books<'_, S> {
         self.order_across(backend, stream, touched)
     }
 
-    /// [`order`](Self::order) once some buffer was last used on another
-    /// stream.
+    /// [`order`](Self::order) once some buffer was used on another stream.
     #[inline(never)]
     fn order_across<B: Backend<Stream = S>>(
         &mut self,
@@ -298,8 +272,7 @@ impl<S> Books<'_, S> {
     ) -> Result<()> {
         let to = self.stream_index(stream);
         let mut waited: SmallVec<[usize; 4]> = SmallVec::new();
-        // Buffers changing hands; the common case (all already this
-        // stream's) leaves it empty and looks nothing up twice.
+        // Buffers changing hands; empty in the common case.
         let mut moved: SmallVec<[BufferId; 8]> = SmallVec::new();
         for id in touched.clone() {
             let Some(entry) = self.ledger.get(id) else {
@@ -316,19 +289,16 @@ impl<S> Books<'_, S> {
             waited.push(from);
             let recording = self.streams[to].window.state() != CaptureState::NoCapture;
             let (first, then) = two(self.streams, from, to);
-            // `first` may be capturing, if this buffer's last use on it came
-            // before the capture began (the refusal above let it through):
-            // every backend's `order` then waits for its work before the
-            // capture, which is all of it that runs.
+            // `first` may capture, if this buffer's last use came before its
+            // capture began: `order` then waits for that earlier work.
             if recording {
-                // A recording stream cannot wait on work outside its graph;
-                // finish that work on the host instead.
-                // SAFETY: a stream of this server's, alive as long as it.
+                // A recording stream cannot wait on work outside its graph, so finish
+                // that work on the host.
+                // SAFETY: this server's stream, alive as long as it.
                 unsafe { backend.sync(&mut first.device)? };
                 first.in_flight.clear();
             } else {
-                // SAFETY: two distinct streams of this server's (`from !=
-                // to`, split by `two`), alive as long as it.
+                // SAFETY: two distinct streams of this server's, split by `two`.
                 unsafe { backend.order(&mut first.device, &mut then.device)? };
             }
         }
@@ -346,13 +316,9 @@ impl<S> Books<'_, S> {
         Ok(())
     }
 
-    /// Remember that submitted work on stream `index` writes `written`. Only
-    /// remembers: bounding the list is [`conclude`](Server::conclude)'s,
-    /// after the work's scope has settled, so that a fault the bounding
-    /// sync surfaces is attributed after — not healed by — the clean exit.
-    /// `index` is as [`stream_index`](Self::stream_index) gives it: the one
-    /// caller has it already, and calls this only for work that was
-    /// submitted, not recorded into a capture window (which runs nothing).
+    /// Remember that submitted work on stream `index` writes `written`.
+    /// Bounding the list is [`conclude`](Server::conclude)'s, after the
+    /// scope settled, so a fault it surfaces is not healed by the clean exit.
     #[inline(always)]
     pub(super) fn note_in_flight(&mut self, index: usize, written: &[BufferRange]) {
         let state = &mut self.streams[index];
@@ -363,9 +329,7 @@ impl<S> Books<'_, S> {
 }
 
 impl<'s, B: Backend> Device<'s, B> {
-    /// `kernel` compiled, if the cache has it: the kernel launched last
-    /// first (a loop launches one kernel over and over, and a hash lookup
-    /// per launch cost a tenth of the core's part of it), then any.
+    /// `kernel` compiled, if cached: the kernel launched last first, then any.
     #[inline]
     pub(super) fn cached(&mut self, kernel: &Kernel) -> Option<&'s B::Kernel> {
         let id = kernel.id();
@@ -380,11 +344,9 @@ impl<'s, B: Backend> Device<'s, B> {
         self.kernels.get(index)
     }
 
-    /// The body every unit of device work shares — a host write, a copy, a
-    /// launch, a replay — in its one order: the fault plan, waits on the
-    /// streams that used `touched` last, the device call, and the note that
-    /// the call's write set is in flight. Written once, no path can skip a
-    /// step or take them in another order.
+    /// The body every unit of device work shares, in its one order: fault
+    /// plan, waits on `touched`'s last users, the device call, and the note
+    /// of its write set in flight. Written once, no path skips a step.
     #[inline(always)]
     pub(super) fn issue(
         &mut self,
@@ -402,8 +364,7 @@ impl<'s, B: Backend> Device<'s, B> {
             Some(stream),
         )?;
         let index = books.stream_index(stream);
-        // Whether the stream records, asked once: neither the ordering nor
-        // the device call changes it.
+        // Whether the stream records, asked once: nothing here changes it.
         let recording = books.streams[index].window.is_recording();
         if recording || !mine {
             books.order(self.backend, stream, touched.clone(), mine)?;
@@ -421,17 +382,13 @@ impl<'s, B: Backend> Device<'s, B> {
     }
 }
 
-/// Refuse, changing nothing, a use on `stream` of a buffer whose last
-/// use was recorded in another stream's open window: that work runs only
-/// at replay, so nothing can be ordered after it. A buffer the capturing
-/// stream used only before its capture began is not refused — `stream`
-/// is ordered after that earlier work — unless `stream` records too (a
-/// capture cannot wait on another capturing stream's work).
+/// Refuse, changing nothing, a use of a buffer last used in another
+/// stream's open window: that work runs only at replay, so nothing can
+/// follow it. A use from before that capture is let through, unless
+/// `stream` records too.
 ///
-/// Each call of the contract asks this before its scope opens, so a
-/// refusal is the caller's error, not a device failure (rule 38): it
-/// claims nothing, fires no hook, and a retry is refused the same way
-/// until the capture ends.
+/// Asked before the scope opens, so a refusal is the caller's error
+/// (rule 38): it claims nothing and fires no hook.
 #[inline]
 pub(super) fn refuse_recorded_elsewhere<S>(
     streams: &[StreamState<S>],
@@ -446,9 +403,8 @@ pub(super) fn refuse_recorded_elsewhere<S>(
     Ok(())
 }
 
-/// Whether any stream's capture window is open (prepared or recording):
-/// only then can a use be recorded elsewhere, or a stream record. The
-/// launch path asks it once and skips both questions when it says no.
+/// Whether any stream's capture window is open. The launch path asks
+/// once and skips both capture questions when none is.
 #[inline]
 pub(super) fn any_capturing<S>(streams: &[StreamState<S>]) -> bool {
     streams

@@ -1,7 +1,6 @@
-//! The contract's operations on memory and kernels: host writes and reads,
-//! device copies, compiles, syncs and checks, each a scope around
-//! [`Server::issue`](super::Server) (rules 15–28); launches are in
-//! `launch.rs`.
+//! The contract's operations on memory and kernels: writes, reads,
+//! copies, compiles, syncs and checks, each a scope around an issue (rules
+//! 15–28). Launches are in `launch.rs`.
 
 use smallvec::SmallVec;
 
@@ -32,10 +31,8 @@ impl<B: Backend> Server<B> {
                     written,
                     |d| {
                         let memory = d.memory.get(r.buffer)?;
-                        // SAFETY: `r` was resolved inside this live buffer and
-                        // word-aligned (`resolve_copy_range`), `data` is exactly
-                        // its length (checked above), and the memory and stream
-                        // are the ones this server's backend made for them.
+                        // SAFETY: `r` is resolved inside this live buffer and word-aligned,
+                        // `data` is its length, and memory and stream are this backend's.
                         unsafe { d.backend.write(d.stream, memory, r.range.start, data) }
                     },
                 )
@@ -43,15 +40,11 @@ impl<B: Backend> Server<B> {
         self.conclude(stream, outcome)
     }
 
-    /// The first half of a host read, under the lock: everything a read
-    /// checks (rule 24: a read tests its ranges first and does nothing
-    /// else), the wait on the buffer's last user, and the backend's start of
-    /// the read ([`Backend::begin_read`]: a copy into staging, submitted, on
-    /// a server that can; a wait for the stream otherwise). The client
-    /// waits with the lock released, then calls [`end_read`](Self::end_read).
+    /// A host read's first half, under the lock: the checks (rule 24), the
+    /// wait on the buffer's last user, and [`Backend::begin_read`].
     ///
-    /// `room`, when the caller gave its own buffer, must be the range's
-    /// length. Returns the wait and how many bytes the read copies.
+    /// The client then waits unlocked and calls [`end_read`](Self::end_read).
+    /// `room`, when given, must be the range's length.
     pub(crate) fn begin_read(
         &mut self,
         stream: StreamId,
@@ -81,10 +74,8 @@ impl<B: Backend> Server<B> {
                     ..
                 } = &mut *self;
                 let memory = table.memory(r.buffer)?;
-                // SAFETY: `check_read` resolved `r` inside this live,
-                // allocated buffer, word-aligned, and refused a recording
-                // stream; the waiter is ended once, by `end_read` or
-                // `end_wait`.
+                // SAFETY: `check_read` resolved `r` inside this live, allocated buffer,
+                // word-aligned, off the record. Only `end_read` or `end_wait` ends it.
                 unsafe {
                     backend.begin_read(&mut streams[index].device, memory, r.range.start, len)
                 }
@@ -93,10 +84,8 @@ impl<B: Backend> Server<B> {
             Ok(waiter) => Ok((
                 PendingWait {
                     stream,
-                    // Every read counts, waiter or not: its second half
-                    // copies out of memory the first half named, and a
-                    // recovery between the two would hand it the new
-                    // device's bytes as clean.
+                    // Every read counts: a recovery between the halves would hand the
+                    // second the new device's bytes as clean.
                     token: WaitToken::new(&self.waits, true),
                     waiter,
                     mark,
@@ -110,11 +99,9 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// The second half of a host read, under the lock again once the wait
-    /// returned `waited`: settle the wait, check the read again — other
-    /// threads ran while it waited: a failure, a free, a capture or poison
-    /// that came meanwhile answers it as if it had come first — and copy
-    /// the bytes out ([`Backend::end_read`]).
+    /// A host read's second half, under the lock again. It checks the read
+    /// again, since anything that came meanwhile answers it as if first,
+    /// then copies the bytes out.
     pub(crate) fn end_read(
         &mut self,
         pending: PendingWait<B>,
@@ -131,8 +118,7 @@ impl<B: Backend> Server<B> {
         let r = match waited.and_then(|()| self.check_read(stream, src)) {
             Ok(r) => r,
             Err(error) => {
-                // Give back what the read held, and settle what the wait
-                // surfaced on the work it covered.
+                // Give back what the read held; settle what the wait surfaced.
                 return self.end_wait(
                     PendingWait {
                         stream,
@@ -152,11 +138,9 @@ impl<B: Backend> Server<B> {
             ..
         } = &mut *self;
         let read = table.memory(r.buffer).and_then(|memory| {
-            // SAFETY: the waiter is this stream's, from `begin_read` on the
-            // same range, and its wait returned `Ok`; `check_read` found the
-            // range again inside the same live buffer (it was not freed
-            // meanwhile), and `out` is exactly its length (`begin_read`'s
-            // `room`, or a vector made for `len`).
+            // SAFETY: the waiter is this stream's, from `begin_read` on the same
+            // range, and returned `Ok`. `check_read` found the range in the same live
+            // buffer, and `out` is its length.
             unsafe {
                 backend.end_read(
                     &mut streams[index].device,
@@ -179,9 +163,7 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// What every read checks before it touches the device or the host's
-    /// memory: poison, the range, recording, the claims, memory, and a use
-    /// across a capture.
+    /// What every read checks before it touches device or host memory.
     pub(super) fn check_read(&mut self, stream: StreamId, src: Slice<'_>) -> Result<BufferRange> {
         self.check_poison()?;
         let r = self.resolve_copy_range(src, "read source")?;
@@ -204,8 +186,7 @@ impl<B: Backend> Server<B> {
         Ok(out)
     }
 
-    /// Read `r` on the device, after ordering `stream` behind its last user
-    /// (the caller has refused a cross-capture use).
+    /// Read `r` on the device, ordered behind its last user.
     #[cfg(feature = "fault-injection")]
     pub(super) fn device_read(
         &mut self,
@@ -222,9 +203,8 @@ impl<B: Backend> Server<B> {
             ..
         } = self;
         let memory = table.memory(r.buffer)?;
-        // SAFETY: the caller resolved `r` inside this live buffer,
-        // word-aligned, sized `out` to it (`peek_vec`) and refused a
-        // recording stream.
+        // SAFETY: the caller resolved `r` inside this live buffer, word-aligned,
+        // sized `out` to it and refused a recording stream.
         unsafe { backend.read(&mut streams[index].device, memory, r.range.start, out) }
     }
 
@@ -258,9 +238,8 @@ impl<B: Backend> Server<B> {
                     written,
                     |dev| {
                         let (src, dst) = (dev.memory.get(s.buffer)?, dev.memory.get(d.buffer)?);
-                        // SAFETY: both ranges were resolved inside their live
-                        // buffers and word-aligned, are of one length, and do
-                        // not overlap within one buffer (all checked above).
+                        // SAFETY: both ranges are resolved inside live buffers, word-aligned,
+                        // equally long, and do not overlap (checked above).
                         unsafe {
                             dev.backend.copy(
                                 dev.stream,
@@ -278,22 +257,15 @@ impl<B: Backend> Server<B> {
         self.conclude(stream, outcome)
     }
 
-    /// One rank's part of a collective on a device transport, as device
-    /// work of this server's: `input` read, `output` written, on `stream`,
-    /// through `call` (the backend's library). Its group decided before
-    /// that every rank issues it; a scope that skips it here (the input
-    /// failed since) answers an error like a failed call, and the group
-    /// learns it at its second meeting (`collective::device`).
+    /// One rank's part of a device-transport collective, as this server's
+    /// work. A scope skipping it here answers like a failed call; the group
+    /// learns it at its second meeting.
     ///
-    /// A rank that does not read its input (`reads` false: a broadcast's
-    /// other ranks, whose input is their output) issues work that only
-    /// writes it, and `call` gets the output's range as both: were it
-    /// declared a read, a failure the output carries from before would
-    /// skip this rank's part of a round every rank agreed to run, and
-    /// break the group, where the round should heal it (rule 41).
+    /// A rank that does not read its input (`reads` false) only writes.
+    /// Declared a read, an old failure on the output would skip a round every
+    /// rank agreed to run, where the round should heal it (rule 41).
     ///
-    /// On a recording stream the call is recorded as round `round` of its
-    /// group; a call that is no group's round (a ballot) is refused there.
+    /// Recording records it as round `round`; a ballot is refused there.
     pub(crate) fn issue_collective(
         &mut self,
         stream: StreamId,
@@ -314,9 +286,8 @@ impl<B: Backend> Server<B> {
         )
     }
 
-    /// Issue one rank's half of a point-to-point transfer on `stream`
-    /// through `call`: work that reads `data` (a send) or writes it (a
-    /// receive). Never recorded: transfers are not rounds of a group.
+    /// One rank's half of a transfer, reading `data` (send) or writing it
+    /// (receive). Never recorded: transfers are not rounds.
     pub(crate) fn issue_transfer(
         &mut self,
         stream: StreamId,
@@ -340,10 +311,8 @@ impl<B: Backend> Server<B> {
         )
     }
 
-    /// A call into the backend's collective library as work of this
-    /// server's, reading `input` and writing `output` (either may be
-    /// absent), with poison, ranges, recording and in-flight attribution
-    /// as any work has them.
+    /// A collective library call as this server's work, with poison, ranges,
+    /// recording and attribution as any work has them.
     fn issue_library_call(
         &mut self,
         stream: StreamId,
@@ -445,8 +414,7 @@ impl<B: Backend> Server<B> {
                 Ok(index)
             }
             Err(error) => {
-                // A driver that faults while loading a module is as
-                // poisoned as one that faults running it (rule 36).
+                // A fault while loading a module poisons as one running it (rule 36).
                 if error.is_sticky() {
                     self.poison_with(&error);
                 }
@@ -455,9 +423,7 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// The first half of a sync, under the lock: the checks, then the start
-    /// of the wait the client runs with the lock released
-    /// ([`end_wait`](Self::end_wait) settles it).
+    /// A sync's first half, under the lock: the checks and the wait's start.
     pub(crate) fn begin_sync(
         &mut self,
         stream: StreamId,
@@ -471,8 +437,8 @@ impl<B: Backend> Server<B> {
         self.begin_wait(stream, Some(Site::Sync))
     }
 
-    /// Submit what `stream` has batched, without waiting. A recording
-    /// stream has nothing to submit: its work runs at replay.
+    /// Submit what `stream` has batched, without waiting; a recording stream
+    /// has nothing to submit.
     pub(crate) fn flush(&mut self, stream: StreamId) -> Result<()> {
         self.check_poison()?;
         let index = self.stream_index(stream);
@@ -487,10 +453,8 @@ impl<B: Backend> Server<B> {
         flushed
     }
 
-    /// Claim `slices` with `error` for work on `stream` that never started
-    /// because of a failure found outside scope (rule 21): exactly what a
-    /// launch whose kernel did not compile does to its outputs — the hook
-    /// hears it, a recording window is doomed, a sticky error poisons.
+    /// Claim `slices` with `error` for work that never started (rule 21),
+    /// exactly as a launch whose kernel did not compile does.
     pub(crate) fn fail_writing(
         &mut self,
         stream: StreamId,
