@@ -1,14 +1,10 @@
 //! A capture window: the span of one stream's work that becomes a graph.
 //!
-//! Every backend can record a graph with a hole: a launch skipped or
-//! failed while recording is simply not in it. Such a graph replays
-//! "successfully" and writes garbage forever after. The replay contract
-//! (write fresh inputs, replay) clears the claim that would explain it.
-//!
-//! So the window, not the backend, decides whether a recording may seal
-//! (rules 29–33). It keeps its lifecycle, where a rejected step changes
-//! nothing, and its doom, the first failure inside. It keeps what clean
-//! work wrote, by buffer id held weakly, so an unsealable window claims
+//! A launch skipped or failed while recording is simply not in the graph.
+//! That graph replays "successfully" and writes garbage forever after. So
+//! the window, not the backend, decides whether a recording may seal
+//! (rules 29–33): it keeps its lifecycle, its doom (the first failure
+//! inside) and what clean work wrote, so an unsealable window claims
 //! exactly those bytes. The scope is its only informant.
 
 use std::collections::HashSet;
@@ -38,19 +34,17 @@ pub enum WindowEnd {
         written: Vec<BufferRange>,
         /// What it reads that it did not write first.
         read: Vec<BufferRange>,
-        /// What recorded indirect launches may write: a failed replay claims
-        /// these and heals none.
+        /// What recorded indirect launches may write: claimed by a failed replay.
         maybe_written: Vec<BufferRange>,
-        /// The collective rounds recorded, in order: a graph holding any is
-        /// replayed by its group's ranks together.
+        /// The collective rounds recorded, replayed by the group's ranks together.
         rounds: Vec<RecordedRound>,
     },
     /// It cannot seal (rule 33): the caller claims these with the error.
     Unsealable(Vec<BufferRange>, Error),
 }
 
-/// A collective round recorded into a window. Every rank agreed on it
-/// before recording, so a replay is a round of that group too.
+/// A collective round recorded into a window: every rank agreed on it, so
+/// a replay is a round of that group too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RecordedRound {
     /// The group, numbered uniquely in the process.
