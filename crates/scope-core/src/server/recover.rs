@@ -30,6 +30,10 @@
 //! device's objects, and a read's second half copies out of the memory its
 //! first half named — so the client tries again once it ends.
 
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
 use super::*;
 
 /// What [`Client::recover`](crate::Client::recover) did.
@@ -53,6 +57,43 @@ pub enum Recovered {
     },
 }
 
+/// How many waits run with the lock released ([`WaitToken`]).
+///
+/// A condition variable tells a waiting recovery when the last one ends.
+#[derive(Debug, Default)]
+pub(crate) struct Waits {
+    count: Mutex<usize>,
+    ended: Condvar,
+}
+
+impl Waits {
+    pub(super) fn begin(&self) {
+        *self.count.lock() += 1;
+    }
+
+    pub(super) fn end(&self) {
+        let mut count = self.count.lock();
+        *count -= 1;
+        if *count == 0 {
+            self.ended.notify_all();
+        }
+    }
+
+    fn any(&self) -> bool {
+        *self.count.lock() > 0
+    }
+
+    /// Block until no wait runs or `until` passes.
+    pub(crate) fn wait_out(&self, until: Instant) {
+        let mut count = self.count.lock();
+        while *count > 0 {
+            if self.ended.wait_until(&mut count, until).timed_out() {
+                return;
+            }
+        }
+    }
+}
+
 impl<B: Backend> Server<B> {
     /// Open the lost device again ([`Recovered`]); `Ok(None)` while a wait
     /// runs without the lock, which the caller waits out.
@@ -60,7 +101,7 @@ impl<B: Backend> Server<B> {
         let Some(fault) = self.poison.clone() else {
             return Ok(Some(Recovered::Healthy));
         };
-        if self.waits.load(AtomicOrdering::Acquire) > 0 {
+        if self.waits.any() {
             return Ok(None);
         }
         // Counted across attempts: one whose reopen failed gave graphs up
@@ -105,6 +146,11 @@ impl<B: Backend> Server<B> {
             unallocated,
             graphs,
         }))
+    }
+
+    /// The waits running without the lock, for a recovery to wait out.
+    pub(crate) fn waits(&self) -> Arc<Waits> {
+        self.waits.clone()
     }
 
     /// The limits of the device as it is now, for the client to publish.
