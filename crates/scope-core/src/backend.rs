@@ -1,21 +1,17 @@
 //! What a backend supplies: the device calls, and nothing else.
 //!
-//! Every server is the core's `Server<B>` for some `B: Backend`. The
-//! core keeps everything the servers share — the buffer table and where
-//! taint lives, scopes around every unit of work, capture windows and the
-//! graph table, cross-stream ordering, the in-flight attribution of late
-//! faults, device poison, fault injection — and a backend answers only the
-//! questions that differ between APIs: how to allocate, copy, compile,
+//! Every server is the core's `Server<B>` for some `B: Backend`. The core
+//! keeps what the servers share: the buffer table, scopes, capture windows,
+//! ordering, attribution of late faults, poison, fault injection. A backend
+//! answers only what differs between APIs: how to allocate, copy, compile,
 //! launch, wait, record and replay. The split follows wgpu-hal's `Api`
-//! trait: associated types for the backend's own objects, methods for the
-//! calls. A rule of the failure model that a backend implemented itself
-//! would be a rule the other three do not keep.
+//! trait. A rule a backend kept itself would be one the others do not keep.
 //!
-//! Methods return the core's [`Error`](crate::Error), classified by the
-//! backend: a fault the driver declares sticky is
-//! [`Error::Fault`](crate::Error::Fault) with `sticky: true`, and the core
-//! poisons the device when it sees one. A backend never panics on a driver
-//! error.
+//! Methods return the core's [`Error`](crate::Error). The backend
+//! classifies each fault once, from its own code, when it surfaces
+//! ([`FaultClass`](crate::FaultClass)). The core poisons on a sticky one
+//! and refuses to reopen after a process-fatal one. A backend never panics
+//! on a driver error.
 //!
 //! The device calls are an `unsafe` contract, as wgpu-hal's are: see
 //! [`Backend`].
@@ -86,9 +82,10 @@ pub enum BoundDispatch<'a, M> {
     },
 }
 
-/// Whether host-given workgroup counts `groups` fit a grid of `max`: an
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming the axis
-/// if not. The core asks it of every launch, against the backend's
+/// Whether host-given workgroup counts `groups` fit a grid of `max`.
+///
+/// If not, an [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+/// naming the axis. The core asks it of every launch, against
 /// [`LaunchLimits::max_workgroups`], before the backend's own checks.
 #[inline(always)]
 pub(crate) fn grid_within(name: &str, groups: [u32; 3], max: [u32; 3]) -> crate::Result<()> {
@@ -131,32 +128,26 @@ pub struct Launch<'a, M> {
 
 /// The device calls of one GPU API.
 ///
-/// Calls take `&mut self` and the stream they are for: the core holds the
-/// server behind one lock, so a backend needs no locking of its own. The one
-/// call made without the lock is [`wait`](Self::wait), which has no `self`:
-/// it touches only what its waiter holds.
+/// Calls take `&mut self` and their stream: the core holds the server
+/// behind one lock, so a backend needs no locking of its own. Only
+/// [`wait`](Self::wait) runs without the lock; it has no `self`.
 ///
-/// Within a capture window (between [`begin_capture`](Self::begin_capture)
-/// and [`end_capture`](Self::end_capture) on a stream) writes, copies and
-/// launches on that stream are recorded into the graph and do not run; a
-/// host write records its bytes as given at that moment. A graph keeps
-/// alive what its replays use: the kernels it recorded, and any staging a
-/// recorded write or launch reads, for as long as the graph lives — a
-/// kernel the core drops from its cache must not leave a graph pointing at
-/// an unloaded module.
+/// Within a capture window ([`begin_capture`](Self::begin_capture) to
+/// [`end_capture`](Self::end_capture)) a stream's writes, copies and
+/// launches are recorded, not run. A host write records its bytes as given
+/// then. A graph keeps alive what its replays use: its kernels, and any
+/// staging they read. A kernel the core drops must not leave a graph
+/// pointing at an unloaded module.
 ///
 /// # An `unsafe` contract, as wgpu-hal's
 ///
 /// The calls that touch device memory or the backend's objects are `unsafe
-/// fn`s. A backend trusts what it is handed — an offset inside the
-/// allocation, a stream it made, a graph not yet destroyed — because
-/// checking again in every server would be the same rule written four times
-/// and would still leave a raw pointer's arithmetic one forgotten check
-/// from undefined behaviour. The checks live once, in the core's `Server<B>`
-/// (`server/handles.rs`), and only the server calls these methods; every
-/// call there sits in an `unsafe` block whose `SAFETY` comment cites the
-/// validation that made it true. A safe caller outside the core cannot
-/// reach them:
+/// fn`s. A backend trusts what it is handed: an offset inside the
+/// allocation, a stream it made, a live graph. Checking again in every
+/// server would write one rule four times. The checks live once, in the
+/// core's `Server<B>` (`server/handles.rs`), the only caller. Each call
+/// there has a `SAFETY` comment citing its validation. A safe caller
+/// outside the core cannot reach them:
 ///
 /// ```compile_fail
 /// fn behind_the_cores_back<B: scope_core::Backend>(b: &mut B, s: &mut B::Stream) {
@@ -165,25 +156,20 @@ pub struct Launch<'a, M> {
 /// }
 /// ```
 ///
-/// What every `unsafe` method asks of its caller, besides its own `#
-/// Safety` section:
+/// What every `unsafe` method asks, besides its own `# Safety` section:
 ///
 /// 1. **Objects are this backend's and alive.** Every stream, memory,
-///    kernel, graph and waiter passed was returned by this same backend
-///    value, and has not been given back (`free`, `destroy_graph`,
-///    `end_wait`/`end_read` for a waiter).
-/// 2. **Ranges are inside.** Every `offset`/`len` pair named on a memory
-///    lies inside the size it was allocated with, and a slice's length is
-///    the length of the range it stands for.
-/// 3. **One stream, one state.** A stream is recording a capture exactly
-///    between a successful `begin_capture` and its `end_capture` or
-///    `abort_capture`; `begin_capture` is never called on a recording
-///    stream, nor `end_capture`/`abort_capture` on one that is not.
+///    kernel, graph and waiter came from this backend value. None was given
+///    back (`free`, `destroy_graph`, `end_wait`/`end_read`).
+/// 2. **Ranges are inside.** Every `offset`/`len` pair lies inside its
+///    memory's size. A slice is as long as the range it stands for.
+/// 3. **One stream, one state.** A stream records exactly between a
+///    successful `begin_capture` and its `end_capture` or `abort_capture`.
+///    Neither is called on a stream in the wrong state.
 ///
-/// Implementing the trait stays safe to write outside this crate (a
-/// third-party server): the `unsafe` is on the caller's side. A backend that
-/// holds these promises may then do raw pointer arithmetic on them, and its
-/// own `SAFETY` comments cite the contract, not "the core checked".
+/// Implementing the trait stays safe outside this crate: the `unsafe` is
+/// on the caller's side. A backend may do raw pointer arithmetic on these
+/// promises; its `SAFETY` comments cite the contract.
 pub trait Backend: Send + 'static {
     /// A device allocation.
     type Memory: Send + 'static;
@@ -193,13 +179,19 @@ pub trait Backend: Send + 'static {
     type Kernel: Send + 'static;
     /// A captured, replayable graph.
     type Graph: Send + 'static;
-    /// What waiting for a stream's submitted work needs once the server's
-    /// lock is released (see [`begin_wait`](Self::begin_wait)): a timeline
-    /// value and its semaphore, an event, a submission index.
+    /// What waiting for a stream's work needs without the server's lock
+    /// ([`begin_wait`](Self::begin_wait)): a semaphore value, an event.
     type Waiter: Send + 'static;
 
     /// The backend's name: `cuda`, `hip`, `vulkan`, `wgpu`, `host`.
     const NAME: &'static str;
+
+    /// Why its process-fatal faults ([`FaultClass::ProcessFatal`]) need
+    /// a new process: the reason [`Error::RestartRequired`] gives.
+    ///
+    /// [`FaultClass::ProcessFatal`]: crate::FaultClass::ProcessFatal
+    /// [`Error::RestartRequired`]: crate::Error::RestartRequired
+    const RESTART: &'static str = "the driver says the process must restart after this fault";
 
     /// The device, for a person: name, kind, driver.
     fn describe(&self) -> String;
@@ -207,7 +199,7 @@ pub trait Backend: Send + 'static {
     /// Whether it compiles kernels written in `language`.
     fn accepts(&self, language: Language) -> bool;
 
-    /// The largest allocation it can make; a larger request is an invalid
+    /// The largest allocation it can make. A larger request is an invalid
     /// argument, not an out-of-memory.
     fn max_allocation(&self) -> u64;
 
@@ -216,36 +208,29 @@ pub trait Backend: Send + 'static {
         256
     }
 
-    /// What one launch may ask for: the limits
-    /// [`check_launch`](Self::check_launch) enforces, read from the same
-    /// values, and the optional features the backend enabled. A launch
-    /// inside every one of them must not be refused as an invalid argument,
-    /// and one past the grid must be (rule 38). Asked once, when the server
-    /// starts.
+    /// What one launch may ask for, and the optional features enabled.
+    ///
+    /// [`check_launch`](Self::check_launch) enforces the same values. A
+    /// launch inside them must not be refused; one past the grid must be
+    /// (rule 38). Asked when the server starts and after a reopen.
     fn launch_limits(&self) -> LaunchLimits;
 
-    /// A new logical stream, which the core calls `id`. Ids are given in
-    /// creation order from 0, counting only streams created successfully,
-    /// so a backend may index its own tables by them.
+    /// A new logical stream, which the core calls `id`.
     ///
     /// # Safety
     ///
-    /// `id` is the number of streams this backend has created successfully
-    /// so far: a backend may index a table by it without a bounds check
-    /// beyond its own growth.
+    /// `id` is the number of streams this backend created successfully so
+    /// far. A backend may index its own tables by it.
     unsafe fn create_stream(&mut self, id: StreamId) -> Result<Self::Stream>;
 
-    /// `size` bytes of device memory for work on `stream`. Contents are
+    /// `size` bytes of device memory for work on `stream`, contents
     /// unspecified.
     ///
-    /// The core records `stream` as the buffer's first user, so any other
-    /// stream's first use of it is ordered after `stream`'s work
-    /// ([`order`](Self::order)), exactly as for a buffer `stream` wrote. A
-    /// backend with stream-ordered allocation (CUDA's and HIP's memory
-    /// pools) may therefore allocate in `stream`'s order and return at once,
-    /// instead of synchronising a stream of its own to make the memory valid
-    /// everywhere. `stream` may be recording a capture: an allocation must
-    /// never become part of the recorded work, which replays.
+    /// The core records `stream` as the buffer's first user. Any other
+    /// stream's first use is ordered after it ([`order`](Self::order)). So
+    /// a stream-ordered pool (CUDA's, HIP's) may allocate in `stream`'s
+    /// order and return at once. `stream` may be recording: the allocation
+    /// must not become part of the recorded work.
     ///
     /// # Safety
     ///
@@ -253,14 +238,13 @@ pub trait Backend: Send + 'static {
     /// [`max_allocation`](Self::max_allocation).
     unsafe fn allocate(&mut self, stream: &mut Self::Stream, size: u64) -> Result<Self::Memory>;
 
-    /// Give memory back. Work still in flight may use it: the backend keeps
+    /// Give memory back. Work in flight may still use it: the backend keeps
     /// it until that work is done.
     ///
     /// # Safety
     ///
-    /// `memory` is this backend's, and no later call names it: no graph
-    /// that a later replay runs recorded work on it (the core destroys such
-    /// graphs first, or never frees what a live graph uses).
+    /// `memory` is this backend's, and no later call names it, nor any
+    /// graph a later replay runs.
     unsafe fn free(&mut self, memory: Self::Memory);
 
     /// Release memory the backend caches for reuse, before the core retries
@@ -270,8 +254,8 @@ pub trait Backend: Send + 'static {
     /// Bytes of device memory the backend holds, in use or cached.
     fn bytes_reserved(&self) -> u64;
 
-    /// Write `data` at `offset` of `dst`, ordered on `stream`. `data` is only
-    /// borrowed for the call.
+    /// Write `data` at `offset` of `dst`, ordered on `stream`. `data` is
+    /// only borrowed for the call.
     ///
     /// # Safety
     ///
@@ -286,8 +270,8 @@ pub trait Backend: Send + 'static {
         data: &[u8],
     ) -> Result<()>;
 
-    /// Read `out.len()` bytes at `offset` of `src` after the stream's earlier
-    /// work, waiting for them.
+    /// Read `out.len()` bytes at `offset` of `src` after the stream's
+    /// earlier work, waiting for them.
     ///
     /// # Safety
     ///
@@ -303,15 +287,13 @@ pub trait Backend: Send + 'static {
     ) -> Result<()>;
 
     /// Begin a host read of `len` bytes at `offset` of `src`, after the
-    /// stream's earlier work: the first of the three steps a caller's read
-    /// takes (`begin_read` under the lock, [`wait`](Self::wait) without it,
-    /// [`end_read`](Self::end_read) under it again).
+    /// stream's earlier work.
     ///
-    /// The default waits for the stream ([`begin_wait`](Self::begin_wait))
-    /// and copies in `end_read`, which then costs a second, short trip to
-    /// the device. A backend that can issue the copy into staging now, in
-    /// the same submission as the stream's work, returns a waiter that
-    /// covers it and holds the staging.
+    /// A read takes three steps: `begin_read` under the lock,
+    /// [`wait`](Self::wait) without it, [`end_read`](Self::end_read) under
+    /// it again. The default waits for the stream and copies in `end_read`:
+    /// a second, short trip to the device. A backend that can copy into
+    /// staging in the same submission returns a waiter holding the staging.
     ///
     /// # Safety
     ///
@@ -332,13 +314,12 @@ pub trait Backend: Send + 'static {
         unsafe { self.begin_wait(stream) }
     }
 
-    /// Finish a read [`begin_read`](Self::begin_read) began, once
-    /// [`wait`](Self::wait) returned success and the core checked the read
-    /// again: copy the bytes into `out` and recycle what the waiter held.
-    /// (A read the core gives up on instead — the wait failed, or the
-    /// buffer was freed or failed meanwhile — ends with
-    /// [`end_wait`](Self::end_wait), which must recycle a read's waiter
-    /// too.)
+    /// Finish a read [`begin_read`](Self::begin_read) began: copy the bytes
+    /// into `out` and recycle what the waiter held.
+    ///
+    /// Called once [`wait`](Self::wait) succeeded and the core checked the
+    /// read again. A read the core gives up on ends with
+    /// [`end_wait`](Self::end_wait) instead, which must recycle it too.
     ///
     /// # Safety
     ///
@@ -367,10 +348,9 @@ pub trait Backend: Send + 'static {
     ///
     /// # Safety
     ///
-    /// `stream`, `src` and `dst` are this backend's and alive;
-    /// `src_offset..src_offset + len` lies inside `src` and
-    /// `dst_offset..dst_offset + len` inside `dst`, all multiples of 4, and
-    /// the two ranges do not overlap when `src` and `dst` are one memory.
+    /// `stream`, `src` and `dst` are this backend's and alive. Both ranges
+    /// lie inside their memories, all multiples of 4. They do not overlap
+    /// when `src` and `dst` are one memory.
     #[allow(clippy::too_many_arguments)]
     unsafe fn copy(
         &mut self,
@@ -386,25 +366,18 @@ pub trait Backend: Send + 'static {
     /// [`Error::Compile`](crate::Error::Compile) with its log.
     fn compile(&mut self, kernel: &Kernel) -> Result<Self::Kernel>;
 
-    /// Check `launch` against this backend's own limits (binding counts,
-    /// binding sizes, block sizes, push-constant room), before the core
-    /// opens the launch's scope. Host-given workgroup counts are not among
-    /// them: the core has checked those against
-    /// [`launch_limits`](Self::launch_limits)' `max_workgroups`, the one
-    /// grid rule for every server.
+    /// Check `launch` against this backend's own limits before the core
+    /// opens its scope: binding counts and sizes, block sizes, push-constant
+    /// room. The core has checked the grid already.
     ///
-    /// A launch this refuses is the caller's mistake, not a device failure:
-    /// it must be an [`Error::InvalidArgument`](crate::Error::InvalidArgument)
-    /// naming what was wrong, it claims nothing and fires no hook, exactly
-    /// like the core's own checks (rule 38). A check made later, inside
-    /// [`launch`](Self::launch), would claim the outputs of a launch that
-    /// never could have run and report it as a device failure; the same
-    /// mistake would then read differently on different servers.
+    /// A refusal is the caller's mistake, not a device failure. It must be
+    /// an [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming
+    /// what was wrong; it claims nothing and fires no hook (rule 38). Inside
+    /// [`launch`](Self::launch) the same check would claim outputs and read
+    /// as a device failure.
     ///
-    /// Called only for a launch whose bindings all have memory, and also for
-    /// one whose host-side counts hold a zero (which the core then does not
-    /// launch); an indirect dispatch's counts are not among `bindings`, as
-    /// in `launch`.
+    /// Called only when every binding has memory, also for host counts
+    /// holding a zero. An indirect dispatch's counts are not in `bindings`.
     fn check_launch(&self, kernel: &Self::Kernel, launch: &Launch<'_, Self::Memory>) -> Result<()> {
         let _ = (kernel, launch);
         Ok(())
@@ -415,13 +388,11 @@ pub trait Backend: Send + 'static {
     /// # Safety
     ///
     /// `stream`, `kernel` and every memory in `launch` are this backend's
-    /// and alive. Every binding's `offset..offset + len` lies inside its
-    /// memory and `offset` is a multiple of
-    /// [`binding_alignment`](Self::binding_alignment); an indirect
-    /// dispatch's 12 bytes lie inside theirs. Host-given counts are non-zero
-    /// and within [`launch_limits`](Self::launch_limits)' `max_workgroups`,
-    /// and [`check_launch`](Self::check_launch) accepted this launch for
-    /// this kernel.
+    /// and alive. Every binding's range lies inside its memory, its offset
+    /// a multiple of [`binding_alignment`](Self::binding_alignment). An
+    /// indirect dispatch's 12 bytes lie inside theirs. Host counts are
+    /// non-zero and within the grid. [`check_launch`](Self::check_launch)
+    /// accepted this launch.
     unsafe fn launch(
         &mut self,
         stream: &mut Self::Stream,
@@ -439,21 +410,19 @@ pub trait Backend: Send + 'static {
         Ok(())
     }
 
-    /// Wait for all of the stream's work. A fault that surfaces here is
-    /// returned, and the core attributes it to the work in flight (rule 23).
+    /// Wait for all of the stream's work. The core attributes a fault that
+    /// surfaces here to the work in flight (rule 23).
     ///
-    /// The core calls this only where it must wait with the lock held (to
-    /// order a recording stream, to bound an in-flight list); a caller's
-    /// sync and read wait through [`begin_wait`](Self::begin_wait) instead.
-    /// The default is exactly that sequence, under the lock.
+    /// The core calls this only where it must wait with the lock held. A
+    /// caller's sync and read go through [`begin_wait`](Self::begin_wait).
+    /// The default is that sequence, under the lock.
     ///
     /// # Safety
     ///
     /// `stream` is this backend's and alive.
     unsafe fn sync(&mut self, stream: &mut Self::Stream) -> Result<()> {
-        // SAFETY: the caller's promise for `sync` is `begin_wait`'s but for
-        // recording, which a backend's `begin_wait` must then answer (the
-        // default here is the wait the core asks for).
+        // SAFETY: `sync`'s promises are `begin_wait`'s, but for recording,
+        // which a backend's `begin_wait` must then answer.
         let Some(waiter) = (unsafe { self.begin_wait(stream)? }) else {
             return Ok(());
         };
@@ -464,17 +433,15 @@ pub trait Backend: Send + 'static {
         unsafe { self.end_wait(stream, waiter) }.and(waited)
     }
 
-    /// Submit what the stream has batched and say how to wait for all of its
-    /// work so far without the backend: `None` when nothing is pending.
+    /// Submit what the stream has batched, and say how to wait for its work
+    /// so far without the backend: `None` when nothing is pending.
     ///
-    /// This is the first of three steps that let a wait run without the
-    /// server's one lock (`begin_wait` and [`end_wait`](Self::end_wait) under
-    /// it, [`wait`](Self::wait) outside): a thread waiting for a long kernel
-    /// would otherwise stall every other thread's calls on every stream.
-    /// Between the steps other threads may issue work on any stream, this
-    /// one included; the waiter covers the work submitted before it was
-    /// made, and nothing the backend recycles in the meantime may be
-    /// something a waiter still names.
+    /// The first of three steps that let a wait run without the server's
+    /// lock: `begin_wait` and [`end_wait`](Self::end_wait) under it,
+    /// [`wait`](Self::wait) outside. Otherwise a long kernel would stall
+    /// every thread. Meanwhile other threads may issue work on any stream.
+    /// The waiter covers the work submitted before it. The backend must
+    /// not recycle anything a waiter still names.
     ///
     /// # Safety
     ///
@@ -483,10 +450,10 @@ pub trait Backend: Send + 'static {
     unsafe fn begin_wait(&mut self, stream: &mut Self::Stream) -> Result<Option<Self::Waiter>>;
 
     /// Wait for what `waiter` covers, bounded by the backend's wait timeout.
-    /// Called with no lock held, perhaps while other threads call the
-    /// backend's other methods: it may touch only what `waiter` holds and
-    /// what the API lets threads share. A fault that surfaces here is
-    /// attributed by the core to the work the waiter covers (rule 23).
+    ///
+    /// Called with no lock held, while other threads may call the backend.
+    /// It touches only what `waiter` holds and the API lets threads share.
+    /// The core attributes a fault here to the work covered (rule 23).
     ///
     /// # Safety
     ///
@@ -494,10 +461,11 @@ pub trait Backend: Send + 'static {
     /// on a backend that is still alive, and has not been ended yet.
     unsafe fn wait(waiter: &Self::Waiter) -> Result<()>;
 
-    /// Under the lock again, after [`wait`](Self::wait) returned: recycle
-    /// what completed work held and report a fault the stream kept for its
-    /// next wait (a lost batch, an error the API reports late). Runs whether
-    /// or not the wait succeeded; its error is reported before the wait's.
+    /// Under the lock again, after [`wait`](Self::wait) returned.
+    ///
+    /// Recycle what completed work held, and report a fault the stream kept
+    /// for its next wait (a lost batch). Runs whether or not the wait
+    /// succeeded; its error is reported before the wait's.
     ///
     /// # Safety
     ///
@@ -505,10 +473,10 @@ pub trait Backend: Send + 'static {
     /// and is ended here once.
     unsafe fn end_wait(&mut self, stream: &mut Self::Stream, waiter: Self::Waiter) -> Result<()>;
 
-    /// Make `then`'s later work wait for `first`'s earlier work. The core
-    /// never asks while `first` is recording a capture (the work to wait for
-    /// has not run), and while `then` is recording it finishes `first` on
-    /// the host with [`sync`](Self::sync) instead.
+    /// Make `then`'s later work wait for `first`'s earlier work.
+    ///
+    /// Never asked while `first` records. While `then` records, the core
+    /// finishes `first` with [`sync`](Self::sync) instead.
     ///
     /// # Safety
     ///
@@ -523,7 +491,7 @@ pub trait Backend: Send + 'static {
     unsafe fn begin_capture(&mut self, stream: &mut Self::Stream) -> Result<()>;
 
     /// Stop recording and seal what was recorded. A refusal (an invalidated
-    /// capture, a failed instantiation) is returned as the error.
+    /// capture, a failed instantiation) is the error.
     ///
     /// # Safety
     ///
@@ -547,45 +515,42 @@ pub trait Backend: Send + 'static {
     /// recording, and every memory the graph recorded work on is alive.
     unsafe fn replay(&mut self, stream: &mut Self::Stream, graph: &Self::Graph) -> Result<()>;
 
-    /// Open the device again after it was lost, in place: what
-    /// [`Client::recover`](crate::Client::recover) asks once `fault` has
-    /// poisoned the server. The backend tears down what is left of the lost
-    /// device — never waiting on it past its wait timeout — opens the same
-    /// device anew (Vulkan: a new `VkDevice` on the same physical device;
-    /// wgpu: a new device from the same adapter; CUDA: a reset of the
-    /// primary context), and gives each stream of `streams` new device
-    /// state in place, not recording. The core then asks the limits again
-    /// and re-creates every allocation.
+    /// Open the device again in place, after `fault` poisoned the server
+    /// ([`Client::recover`](crate::Client::recover)).
     ///
-    /// A backend whose driver says the process cannot go on after `fault`
-    /// (CUDA's and HIP's process-fatal faults) answers
-    /// [`Error::RestartRequired`](crate::Error::RestartRequired) and touches
-    /// nothing; so does one that cannot reopen at all (the default), as
-    /// rule 52 says: the device comes back only with a new process.
+    /// The backend tears down what is left of the lost device, never
+    /// waiting past its wait timeout. It opens the same device anew: a new
+    /// `VkDevice`, a new wgpu device, a reset CUDA context. Each of
+    /// `streams` gets new device state in place, not recording. The core
+    /// then asks the limits again and remakes every allocation.
+    ///
+    /// Never asked after a process-fatal fault: the core refuses it first.
+    /// A backend that cannot reopen (the default) answers
+    /// [`Error::RestartRequired`](crate::Error::RestartRequired) (rule 52).
     ///
     /// # Safety
     ///
-    /// Every memory, kernel and graph this backend made has been given
-    /// back (`free`, `destroy_graph`, dropped), no capture is open, and no
-    /// waiter is outstanding; `streams` are every stream this backend made,
-    /// in id order, and nothing else names their old device state.
+    /// Every memory, kernel and graph this backend made was given back. No
+    /// capture is open and no waiter outstanding. `streams` are every
+    /// stream this backend made, in id order; nothing else names their old
+    /// state.
     unsafe fn reopen(
         &mut self,
         fault: &crate::Error,
         streams: &mut [&mut Self::Stream],
     ) -> Result<()> {
         let _ = streams;
-        Err(crate::Error::RestartRequired {
-            backend: Self::NAME,
-            fault: std::sync::Arc::new(fault.clone()),
-            reason: "this backend cannot open a lost device again".to_owned(),
-        })
+        Err(crate::Error::restart_required(
+            Self::NAME,
+            fault,
+            "this backend cannot open a lost device again",
+        ))
     }
 
     /// Destroy a graph, waiting for its replays in flight first (rule 35).
-    /// The core [`flush`](Self::flush)es every stream that is not recording
-    /// just before, so a backend may batch a replay like any other work:
-    /// by now it has been submitted.
+    ///
+    /// The core [`flush`](Self::flush)es every stream not recording just
+    /// before, so a batched replay has been submitted.
     ///
     /// # Safety
     ///

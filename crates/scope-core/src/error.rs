@@ -120,12 +120,11 @@ pub enum Error {
         fault: Arc<Error>,
     },
 
-    /// The device cannot come back in this process: its driver says that
-    /// after `fault` the process must be restarted (CUDA's and HIP's
-    /// process-fatal faults), or its backend cannot open a device again.
-    /// The client stays poisoned; work survives
-    /// through a group that shrinks to its other ranks and admits this one
-    /// again from a new process (rules 52, 55).
+    /// The device cannot come back in this process (rules 52, 55).
+    ///
+    /// The fault is process-fatal ([`FaultClass::ProcessFatal`]), or the
+    /// backend cannot open a device again. The client stays poisoned. Work
+    /// survives in a group that shrinks to its other ranks.
     #[error("{backend} cannot recover from {fault} in this process: {reason}")]
     RestartRequired {
         /// The backend.
@@ -219,12 +218,35 @@ pub struct DeviceFault {
     /// The driver's name for it: `CUDA_ERROR_ILLEGAL_ADDRESS`,
     /// `VK_ERROR_DEVICE_LOST`.
     pub code: String,
-    /// Whether the driver declares it sticky, so it poisons the device.
-    pub sticky: bool,
+    /// How far it reaches, decided by the backend from its own code.
+    pub class: FaultClass,
     /// The stream it surfaced on, when there was one.
     pub stream: Option<StreamId>,
     /// What was being done when it surfaced.
     pub detail: String,
+}
+
+/// How far a fault reaches.
+///
+/// The backend decides it once, from its own error code, when the fault
+/// surfaces. The core then reads it: to poison (rule 36) and to refuse a
+/// recovery (rule 52). A name is never parsed to decide it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultClass {
+    /// It fails the work it surfaced on; the device goes on.
+    Recoverable,
+    /// The device is unusable until opened again: it poisons.
+    Sticky,
+    /// It poisons, and the vendor says the process must restart
+    /// ([`Backend::RESTART`](crate::Backend::RESTART) says why).
+    ProcessFatal,
+}
+
+impl FaultClass {
+    /// Whether it poisons the device: sticky or process-fatal.
+    pub fn poisons(self) -> bool {
+        !matches!(self, FaultClass::Recoverable)
+    }
 }
 
 impl fmt::Display for DeviceFault {
@@ -233,7 +255,7 @@ impl fmt::Display for DeviceFault {
         if let Some(stream) = self.stream {
             write!(f, " on {stream}")?;
         }
-        if self.sticky {
+        if self.class.poisons() {
             f.write_str(" (sticky)")?;
         }
         if !self.detail.is_empty() {
@@ -405,10 +427,43 @@ impl Error {
         self.any_root(&|e| matches!(e, Error::OutOfMemory { .. }))
     }
 
-    /// Whether this is a fault the driver declares sticky: it poisons the
-    /// device when it surfaces.
+    /// Whether this is a fault that poisons the device when it surfaces:
+    /// sticky or process-fatal ([`FaultClass::poisons`]).
     pub fn is_sticky(&self) -> bool {
-        matches!(self, Error::Fault(fault) if fault.sticky)
+        matches!(self, Error::Fault(fault) if fault.class.poisons())
+    }
+
+    /// Whether this is a fault after which the vendor says the process
+    /// must restart ([`FaultClass::ProcessFatal`]).
+    pub fn is_process_fatal(&self) -> bool {
+        matches!(self, Error::Fault(fault) if fault.class == FaultClass::ProcessFatal)
+    }
+
+    /// [`Error::RestartRequired`]: `backend` cannot recover from `fault`
+    /// in this process, for `reason`.
+    pub fn restart_required(
+        backend: &'static str,
+        fault: &Error,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self::RestartRequired {
+            backend,
+            fault: Arc::new(fault.clone()),
+            reason: reason.into(),
+        }
+    }
+
+    /// Refuse a process-fatal fault before anything reopens the device.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::RestartRequired`] naming `self`, `backend` and `reason`,
+    /// when `self` is process-fatal.
+    pub fn refuse_process_fatal(&self, backend: &'static str, reason: &str) -> Result<()> {
+        if self.is_process_fatal() {
+            return Err(Self::restart_required(backend, self, reason));
+        }
+        Ok(())
     }
 
     /// The failures a read report names, in the order found; empty for any

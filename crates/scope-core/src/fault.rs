@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use crate::error::{DeviceFault, Error};
+use crate::error::{DeviceFault, Error, FaultClass};
 use crate::id::StreamId;
 
 /// A device call site.
@@ -96,7 +96,7 @@ impl FaultPlan {
             Error::Fault(DeviceFault {
                 backend,
                 code: code.to_owned(),
-                sticky: true,
+                class: FaultClass::Sticky,
                 stream: None,
                 detail: "injected".to_owned(),
             }),

@@ -117,6 +117,7 @@ mod taint;
 pub use backend::{Access, Backend};
 pub use capture::CaptureState;
 pub use client::{Client, RECOVER_PATIENCE, WeakClient};
+pub use error::FaultClass;
 pub use error::{Chain, DeviceFault, Error, Hop, Result, UnwrittenBytes};
 pub use fault::{FaultPlan, Site};
 pub use handle::{Binding, Buffer, Capture, Dispatch, Graph, Slice};

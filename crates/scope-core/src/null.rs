@@ -42,6 +42,16 @@ pub trait Script: Send + 'static {
         let _ = (stream, kernel);
         Ok(())
     }
+
+    /// What opening the device again after `fault` reports, `Ok` by default.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the script makes the reopen report.
+    fn reopen(&mut self, fault: &Error) -> Result<()> {
+        let _ = fault;
+        Ok(())
+    }
 }
 
 /// No script: every call succeeds at once.
@@ -278,9 +288,10 @@ impl<S: Script> Backend for Null<S> {
     /// Nothing to open: every stream stops recording, nothing is held.
     unsafe fn reopen(
         &mut self,
-        _fault: &crate::Error,
+        fault: &crate::Error,
         streams: &mut [&mut NullStream],
     ) -> Result<()> {
+        self.script.reopen(fault)?;
         for stream in streams {
             stream.recording = false;
         }

@@ -19,11 +19,11 @@ mod recover;
 mod work;
 
 pub use recover::Recovered;
+use recover::Waits;
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
 use crate::backend::{Backend, Bound, BoundDispatch, Launch};
 use crate::capture::{CaptureState, CaptureWindow, RecordedRound, WindowEnd};
@@ -147,14 +147,14 @@ pub(crate) struct PendingWait<B: Backend> {
 
 /// One wait in flight without the lock. Its waiter names device objects,
 /// so `Server::recover` waits for none to be left.
-pub(crate) struct WaitToken(Option<Arc<AtomicUsize>>);
+pub(crate) struct WaitToken(Option<Arc<Waits>>);
 
 impl WaitToken {
-    fn new(waits: &Arc<AtomicUsize>, waiting: bool) -> Self {
+    fn new(waits: &Arc<Waits>, waiting: bool) -> Self {
         if !waiting {
             return Self(None);
         }
-        waits.fetch_add(1, AtomicOrdering::AcqRel);
+        waits.begin();
         Self(Some(waits.clone()))
     }
 }
@@ -162,7 +162,7 @@ impl WaitToken {
 impl Drop for WaitToken {
     fn drop(&mut self) {
         if let Some(waits) = &self.0 {
-            waits.fetch_sub(1, AtomicOrdering::AcqRel);
+            waits.end();
         }
     }
 }
@@ -230,7 +230,7 @@ pub struct Server<B: Backend> {
     next_graph: u64,
     poison: Option<Arc<Error>>,
     /// Waits in flight with the lock released ([`WaitToken`]).
-    waits: Arc<AtomicUsize>,
+    waits: Arc<Waits>,
     /// The backend holds no device: a recovery could not reopen it. The
     /// streams name nothing, and the server stays poisoned.
     detached: bool,
@@ -389,7 +389,7 @@ impl<B: Backend> Server<B> {
             graphs: HashMap::new(),
             next_graph: 1,
             poison: None,
-            waits: Arc::new(AtomicUsize::new(0)),
+            waits: Arc::default(),
             detached: false,
             reopened: 0,
             to_remake: Vec::new(),

@@ -111,7 +111,7 @@ fn fault(code: &str) -> Error {
     Error::Fault(scope_core::DeviceFault {
         backend: "null",
         code: code.to_owned(),
-        sticky: false,
+        class: scope_core::FaultClass::Recoverable,
         stream: None,
         detail: "the wait reported it".to_owned(),
     })

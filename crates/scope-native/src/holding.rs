@@ -1,27 +1,28 @@
 //! Which devices the servers of this process hold, so that a reset of one
 //! never destroys another client's memory.
 //!
-//! CUDA's `cuDevicePrimaryCtxReset` and HIP's `hipDeviceReset` destroy
-//! everything on a device **for the whole process**: every client of that
-//! device shares its primary context. A server resets its lost device only
-//! inside [`Holding::alone`], which refuses while another server holds the
-//! device and keeps the registry locked while the reset runs: a server
-//! opening the device on another thread meanwhile waits for the reset to
-//! end, so it never makes anything the reset would destroy. A server takes
-//! its hold *before* it first touches the device for the same reason.
+//! CUDA's `cuDevicePrimaryCtxReset` and HIP's `hipDeviceReset` reset a
+//! device **for the whole process**. A server resets only through
+//! [`reset_alone`], which refuses while another server holds the device.
+//! It keeps the registry locked while the reset runs, so a server opening
+//! the device meanwhile waits. A server takes its hold before it first
+//! touches the device, for the same reason.
 
 use std::collections::BTreeMap;
 
 use parking_lot::Mutex;
 use scope_core::{Error, Result};
 
-/// How many servers of this process hold each device, by API and ordinal.
-static HOLDERS: Mutex<BTreeMap<(&'static str, usize), usize>> = Mutex::new(BTreeMap::new());
+/// A device, by API and ordinal.
+pub(crate) type Key = (&'static str, usize);
+
+/// How many servers of this process hold each device.
+static HOLDERS: Mutex<BTreeMap<Key, usize>> = Mutex::new(BTreeMap::new());
 
 /// One server's hold on its device, counted while it lives.
 #[derive(Debug)]
 pub struct Holding {
-    key: (&'static str, usize),
+    key: Key,
 }
 
 impl Holding {
@@ -32,59 +33,47 @@ impl Holding {
         Self { key }
     }
 
-    /// How many servers of this process hold the device besides this one.
-    pub fn others(&self) -> usize {
-        others_in(&HOLDERS.lock(), self.key)
-    }
-
-    /// Run `reset` if no other server of this process holds the device,
-    /// with the registry locked throughout: no server can take a hold on
-    /// any device until `reset` returns, so none is opened under it.
-    /// `reset` must not make or drop a [`Holding`] (it would wait for
-    /// itself).
-    ///
-    /// # Errors
-    ///
-    /// How many other servers hold the device, when any does; `reset` has
-    /// not run.
-    pub fn alone<R>(&self, reset: impl FnOnce() -> R) -> Result<R, usize> {
-        let holders = HOLDERS.lock();
-        match others_in(&holders, self.key) {
-            0 => Ok(reset()),
-            others => Err(others),
-        }
+    /// The device held.
+    pub(crate) fn key(&self) -> Key {
+        self.key
     }
 }
 
-impl Holding {
-    /// [`alone`](Self::alone) for a reset after `broken`, refused with
-    /// [`Error::Refused`] naming the device, `broken` and how many other
-    /// servers hold the device; `reset` is what `what` names ("a reset").
-    ///
-    /// # Errors
-    ///
-    /// The refusal above, or what `reset` answered.
-    pub fn reset_alone<R>(
-        &self,
-        what: &str,
-        broken: &Error,
-        reset: impl FnOnce() -> Result<R>,
-    ) -> Result<R> {
-        let (api, ordinal) = self.key;
-        self.alone(reset).map_err(|others| {
-            Error::refused(format!(
-                "{api} device {ordinal} cannot be reset after {broken}: {others} other client(s) \
-                 of this process hold it, and {what} would destroy their memory; recover once \
-                 they are dropped"
-            ))
-        })?
+/// Run `reset` if no other server holds `key`, with the registry locked
+/// throughout. `reset` must not make or drop a [`Holding`]: it would wait
+/// for itself. Otherwise, how many other servers hold it.
+fn alone<R>(key: Key, reset: impl FnOnce() -> R) -> Result<R, usize> {
+    let holders = HOLDERS.lock();
+    match others_in(&holders, key) {
+        0 => Ok(reset()),
+        others => Err(others),
     }
 }
 
-fn others_in(
-    holders: &BTreeMap<(&'static str, usize), usize>,
-    key: (&'static str, usize),
-) -> usize {
+/// [`alone`] for a reset of `key` after `broken`; `what` names the reset
+/// in the refusal.
+///
+/// # Errors
+///
+/// [`Error::Refused`] naming the device, `broken` and how many other
+/// servers hold it; or what `reset` answered.
+pub(crate) fn reset_alone<R>(
+    key: Key,
+    what: &str,
+    broken: &Error,
+    reset: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    let (api, ordinal) = key;
+    alone(key, reset).map_err(|others| {
+        Error::refused(format!(
+            "{api} device {ordinal} cannot be reset after {broken}: {others} other client(s) \
+             of this process hold it, and {what} would destroy their memory; recover once \
+             they are dropped"
+        ))
+    })?
+}
+
+fn others_in(holders: &BTreeMap<Key, usize>, key: Key) -> usize {
     holders.get(&key).map_or(0, |n| n.saturating_sub(1))
 }
 
@@ -104,27 +93,31 @@ impl Drop for Holding {
 mod tests {
     use super::*;
 
+    fn others(holding: &Holding) -> usize {
+        others_in(&HOLDERS.lock(), holding.key())
+    }
+
     #[test]
     fn holders_are_counted_per_api_and_device() {
         let a = Holding::new("test-api", 0);
-        assert_eq!(a.others(), 0);
+        assert_eq!(others(&a), 0);
         let b = Holding::new("test-api", 0);
         let elsewhere = Holding::new("test-api", 1);
         let other_api = Holding::new("other-test-api", 0);
-        assert_eq!(a.others(), 1);
-        assert_eq!(elsewhere.others(), 0);
-        assert_eq!(other_api.others(), 0);
+        assert_eq!(others(&a), 1);
+        assert_eq!(others(&elsewhere), 0);
+        assert_eq!(others(&other_api), 0);
         drop(b);
-        assert_eq!(a.others(), 0);
+        assert_eq!(others(&a), 0);
     }
 
     #[test]
     fn alone_refuses_beside_another_holder_and_runs_when_alone() {
         let a = Holding::new("test-api-alone", 0);
         let b = Holding::new("test-api-alone", 0);
-        assert_eq!(a.alone(|| "reset"), Err(1));
+        assert_eq!(alone(a.key(), || "reset"), Err(1));
         drop(b);
-        assert_eq!(a.alone(|| "reset"), Ok("reset"));
+        assert_eq!(alone(a.key(), || "reset"), Ok("reset"));
     }
 
     /// A server opening the device while a reset runs waits for it: the
@@ -139,7 +132,7 @@ mod tests {
         let resetting = AtomicBool::new(false);
         let (held, seen) = mpsc::channel();
         std::thread::scope(|s| {
-            let opened = a.alone(|| {
+            let opened = alone(a.key(), || {
                 resetting.store(true, Ordering::SeqCst);
                 let opening = s.spawn(|| {
                     let hold = Holding::new("test-api-race", 0);
@@ -156,7 +149,7 @@ mod tests {
             let opening = opened.expect("alone: no other holder yet");
             assert!(!seen.recv().unwrap(), "taken after the reset");
             let other = opening.join().unwrap();
-            assert_eq!(a.others(), 1);
+            assert_eq!(others(&a), 1);
             drop(other);
         });
     }

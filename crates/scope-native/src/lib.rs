@@ -27,14 +27,16 @@
 //!   RCCL), for their device transports;
 //! - [`Holding`]: which devices this process's servers hold, so that a
 //!   reset of one (which both APIs do for the whole process) is refused
-//!   under another client.
+//!   under another client;
+//! - [`reopen`]: a lost device opened again, the vendor calls supplied
+//!   by each server ([`Reopen`]).
 
 mod holding;
 pub mod nccl;
-mod restart;
+mod reopen;
 
 pub use holding::Holding;
-pub use restart::ProcessFatal;
+pub use reopen::{Reopen, reopen};
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_void};

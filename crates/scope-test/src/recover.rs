@@ -207,7 +207,7 @@ pub fn a_loss_while_reopening_leaves_it_poisoned_and_recoverable<S: Suite>() {
         Error::Fault(scope_core::DeviceFault {
             backend: "injected",
             code: "DEVICE_LOST".into(),
-            sticky: true,
+            class: scope_core::FaultClass::Sticky,
             stream: None,
             detail: "lost again while opening".into(),
         }),
@@ -241,7 +241,7 @@ pub fn graphs_lost_before_a_failed_reopen_are_counted_when_it_opens<S: Suite>() 
         Error::Fault(scope_core::DeviceFault {
             backend: "injected",
             code: "DEVICE_LOST".into(),
-            sticky: true,
+            class: scope_core::FaultClass::Sticky,
             stream: None,
             detail: "lost again while opening".into(),
         }),
@@ -271,7 +271,7 @@ pub fn a_loss_while_remaking_buffers_leaves_none_behind<S: Suite>() {
         Error::Fault(scope_core::DeviceFault {
             backend: "injected",
             code: "DEVICE_LOST".into(),
-            sticky: true,
+            class: scope_core::FaultClass::Sticky,
             stream: None,
             detail: "lost again while remaking".into(),
         }),

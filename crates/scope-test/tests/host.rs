@@ -137,7 +137,7 @@ fn fault(code: &str) -> Error {
     Error::Fault(scope_core::DeviceFault {
         backend: "host",
         code: code.to_owned(),
-        sticky: false,
+        class: scope_core::FaultClass::Recoverable,
         stream: None,
         detail: "injected".to_owned(),
     })

@@ -303,7 +303,7 @@ pub fn probe() -> Probe {
 /// to free memory and to wait for graph replays on streams it is not handed.
 ///
 /// Its driver objects sit behind an `Option` so that a reopen
-/// ([`Cuda::reopen_device`]) can destroy them on the context they were made
+/// (`reopen.rs`) can destroy them on the context they were made
 /// on *before* that context is reset: a handle destroyed after the reset
 /// could name an object the new context made meanwhile.
 pub(crate) struct StreamShared {

@@ -1,37 +1,29 @@
-//! `CUresult` → the core's typed [`Error`]: the one place CUDA's codes get a
-//! meaning.
+//! `CUresult` → the core's typed [`Error`]: the one place CUDA's codes get
+//! a meaning.
 //!
-//! The failure model needs three answers from every driver error, and CUDA
-//! gives them by code alone, so classification is a pure function of the code
-//! and of what was being done (which decides the variant a person reads):
+//! CUDA answers every question the failure model asks by code alone. So
+//! classification is a pure function of the code, and of what was being
+//! done (which picks the variant a person reads):
 //!
-//! - **Does it poison?** CUDA declares a set of errors *sticky*: the context is
-//!   corrupt and every later call in it fails the same way. Those become
-//!   [`Error::Fault`] with `sticky: true`, and the core poisons the device
-//!   (rule 36). The list is [`STICKY`]: the errors after which CUDA's
-//!   documentation says "the process must be terminated and relaunched"
-//!   (illegal address, launch failure, misaligned address, illegal
-//!   instruction, hardware stack error, device assert, launch timeout,
-//!   invalid PC, invalid address space: [`PROCESS_FATAL`](crate::PROCESS_FATAL),
-//!   which a recovery refuses), and those that leave the context unusable
-//!   until it is reset (ECC and NVLink uncorrectable, context destroyed).
+//! - **How far does it reach?** [`class_of`], from CUDA's documentation.
+//!   After the codes in [`PROCESS_FATAL`], "the process must be terminated
+//!   and relaunched". After those in [`RESETTABLE`] the context is unusable
+//!   until reset. Both poison the device (rule 36); a recovery refuses the
+//!   first kind (rule 52).
 //! - **Is it out-of-memory?** Never sticky (rule 37): [`Error::OutOfMemory`],
 //!   so the core can trim the pool and retry.
-//! - **Otherwise**, the variant names the operation: a rejected launch is
-//!   [`Error::Launch`], a rejected copy [`Error::Copy`], a module the JIT
-//!   refuses [`Error::Compile`]; anything reported by a wait or a capture is a
-//!   non-sticky [`Error::Fault`] carrying the code, which the core attributes
-//!   to the work in flight (rule 23) or wraps as the reason a graph did not
-//!   seal (rule 33).
+//! - **Otherwise** the variant names the operation: [`Error::Launch`],
+//!   [`Error::Copy`], [`Error::Compile`]. A wait's or a capture's error is
+//!   a recoverable [`Error::Fault`] carrying the code (rules 23, 33).
 //!
-//! Nothing here calls the driver unless it is loaded: the unit tests classify
-//! every code on a machine with no `libcuda`.
+//! Nothing here calls the driver unless it is loaded: the unit tests
+//! classify every code on a machine with no `libcuda`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::sys::CUresult;
-use scope_core::{DeviceFault, Error, StreamId};
+use scope_core::{DeviceFault, Error, FaultClass, StreamId};
 
 /// The backend's name in every error.
 pub(crate) const BACKEND: &str = "cuda";
@@ -45,21 +37,42 @@ pub(crate) fn mark_driver_loaded() {
     DRIVER_LOADED.store(true, Ordering::Release);
 }
 
-/// The codes CUDA declares sticky: after one, the context is unusable.
-pub const STICKY: &[CUresult] = &[
+/// The sticky codes after which CUDA's documentation says the process must
+/// be terminated and relaunched. Of the assert it says "the device cannot
+/// be used again".
+pub(crate) const PROCESS_FATAL: &[CUresult] = &[
     CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
-    CUresult::CUDA_ERROR_LAUNCH_FAILED,
-    CUresult::CUDA_ERROR_MISALIGNED_ADDRESS,
-    CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION,
+    CUresult::CUDA_ERROR_LAUNCH_TIMEOUT,
+    CUresult::CUDA_ERROR_ASSERT,
     CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR,
+    CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION,
+    CUresult::CUDA_ERROR_MISALIGNED_ADDRESS,
+    CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE,
+    CUresult::CUDA_ERROR_INVALID_PC,
+    CUresult::CUDA_ERROR_LAUNCH_FAILED,
+];
+
+/// The other sticky codes: the context is unusable until it is reset.
+pub(crate) const RESETTABLE: &[CUresult] = &[
     CUresult::CUDA_ERROR_ECC_UNCORRECTABLE,
     CUresult::CUDA_ERROR_NVLINK_UNCORRECTABLE,
     CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED,
-    CUresult::CUDA_ERROR_ASSERT,
-    CUresult::CUDA_ERROR_LAUNCH_TIMEOUT,
-    CUresult::CUDA_ERROR_INVALID_PC,
-    CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE,
 ];
+
+/// Why a [`PROCESS_FATAL`] code refuses a recovery.
+pub(crate) const RESTART: &str = "CUDA's documentation says that after this error the process must be \
+                       terminated and relaunched to use CUDA again";
+
+/// How far `code` reaches, by CUDA's documentation.
+pub(crate) fn class_of(code: CUresult) -> FaultClass {
+    if PROCESS_FATAL.contains(&code) {
+        FaultClass::ProcessFatal
+    } else if RESETTABLE.contains(&code) {
+        FaultClass::Sticky
+    } else {
+        FaultClass::Recoverable
+    }
+}
 
 /// Codes that mean a module or kernel image was refused: a compile error.
 const REFUSED_IMAGE: &[CUresult] = &[
@@ -89,13 +102,8 @@ const UNAVAILABLE: &[CUresult] = &[
     CUresult::CUDA_ERROR_OPERATING_SYSTEM,
 ];
 
-/// Whether CUDA declares `code` sticky.
-pub fn is_sticky(code: CUresult) -> bool {
-    STICKY.contains(&code)
-}
-
 /// The driver's name for `code`: `CUDA_ERROR_ILLEGAL_ADDRESS`.
-pub fn code_name(code: CUresult) -> String {
+pub(crate) fn code_name(code: CUresult) -> String {
     format!("{code:?}")
 }
 
@@ -120,7 +128,7 @@ pub(crate) fn explain(code: CUresult) -> String {
 
 /// What was being done when the driver answered; decides the variant.
 #[derive(Debug, Clone)]
-pub enum Doing<'a> {
+pub(crate) enum Doing<'a> {
     /// Allocating `bytes` of device (or pinned host) memory.
     Allocate {
         /// Bytes asked for.
@@ -166,18 +174,18 @@ pub enum Doing<'a> {
     },
 }
 
-fn fault(code: CUresult, sticky: bool, stream: Option<StreamId>, detail: String) -> Error {
+fn fault(code: CUresult, class: FaultClass, stream: Option<StreamId>, detail: String) -> Error {
     Error::Fault(DeviceFault {
         backend: BACKEND,
         code: code_name(code),
-        sticky,
+        class,
         stream,
         detail,
     })
 }
 
 /// The typed error for `code`, answered while `doing`.
-pub fn classify(code: CUresult, doing: Doing<'_>) -> Error {
+pub(crate) fn classify(code: CUresult, doing: Doing<'_>) -> Error {
     let stream = match &doing {
         Doing::Launch { stream, .. }
         | Doing::Copy { stream, .. }
@@ -185,7 +193,8 @@ pub fn classify(code: CUresult, doing: Doing<'_>) -> Error {
         Doing::Wait { stream, .. } => *stream,
         Doing::Allocate { .. } | Doing::Load { .. } | Doing::Start { .. } => None,
     };
-    if is_sticky(code) {
+    let class = class_of(code);
+    if class.poisons() {
         let detail = match &doing {
             Doing::Launch { kernel, .. } => format!("surfaced launching `{kernel}`"),
             Doing::Copy { what, .. } => format!("surfaced during {what}"),
@@ -195,7 +204,7 @@ pub fn classify(code: CUresult, doing: Doing<'_>) -> Error {
             Doing::Allocate { bytes } => format!("surfaced allocating {bytes} bytes"),
             Doing::Start { what } => format!("surfaced during {what}"),
         };
-        return fault(code, true, stream, format!("{detail} ({})", explain(code)));
+        return fault(code, class, stream, format!("{detail} ({})", explain(code)));
     }
     if code == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
         let requested = match doing {
@@ -234,26 +243,26 @@ pub fn classify(code: CUresult, doing: Doing<'_>) -> Error {
         },
         Doing::Wait { what, .. } => fault(
             code,
-            false,
+            class,
             stream,
             format!("waiting for {what}: {}", explain(code)),
         ),
         Doing::Capture { what, .. } => {
-            fault(code, false, stream, format!("{what}: {}", explain(code)))
+            fault(code, class, stream, format!("{what}: {}", explain(code)))
         }
         Doing::Load { kernel } => fault(
             code,
-            false,
+            class,
             None,
             format!("loading `{kernel}`: {}", explain(code)),
         ),
         Doing::Allocate { bytes } => fault(
             code,
-            false,
+            class,
             None,
             format!("allocating {bytes} bytes: {}", explain(code)),
         ),
-        Doing::Start { what } => fault(code, false, None, format!("{what}: {}", explain(code))),
+        Doing::Start { what } => fault(code, class, None, format!("{what}: {}", explain(code))),
     }
 }
 
@@ -273,7 +282,7 @@ mod tests {
     #[test]
     fn every_sticky_code_is_a_sticky_fault_wherever_it_surfaces() {
         let name = kernel();
-        for &code in STICKY {
+        for &code in PROCESS_FATAL.iter().chain(RESETTABLE) {
             let doings = [
                 Doing::Launch {
                     kernel: &name,
@@ -301,6 +310,7 @@ mod tests {
                     panic!("{code:?} gave {error:?}")
                 };
                 assert_eq!(fault.code, code_name(code));
+                assert_eq!(fault.class, class_of(code));
                 assert_eq!(fault.backend, "cuda");
                 assert!(!error.is_out_of_memory());
             }
@@ -309,7 +319,11 @@ mod tests {
 
     #[test]
     fn the_sticky_list_is_the_one_cuda_documents() {
-        let names: Vec<String> = STICKY.iter().map(|&c| code_name(c)).collect();
+        let names: Vec<String> = PROCESS_FATAL
+            .iter()
+            .chain(RESETTABLE)
+            .map(|&c| code_name(c))
+            .collect();
         for expected in [
             "CUDA_ERROR_ILLEGAL_ADDRESS",
             "CUDA_ERROR_LAUNCH_FAILED",
@@ -328,6 +342,33 @@ mod tests {
                 "{expected} missing from {names:?}"
             );
         }
+    }
+
+    /// Rule 52: the class comes from the code, wherever it surfaces. The
+    /// documented process-fatal codes refuse a recovery; the others reset.
+    #[test]
+    fn the_class_is_the_codes_own() {
+        let name = kernel();
+        for &code in PROCESS_FATAL {
+            let error = classify(code, Doing::Load { kernel: &name });
+            assert!(error.is_process_fatal(), "{code:?}: {error}");
+            let refused = error.refuse_process_fatal(BACKEND, RESTART).unwrap_err();
+            assert!(
+                matches!(&refused, Error::RestartRequired { backend: "cuda", reason, .. }
+                    if reason.contains("terminated and relaunched")),
+                "{refused}"
+            );
+        }
+        for &code in RESETTABLE {
+            let error = classify(code, Doing::Allocate { bytes: 4 });
+            assert!(error.is_sticky() && !error.is_process_fatal(), "{code:?}");
+            assert!(error.refuse_process_fatal(BACKEND, RESTART).is_ok());
+        }
+        // A code no list names is recoverable whatever its name says.
+        assert_eq!(
+            class_of(CUresult::CUDA_ERROR_ILLEGAL_STATE),
+            FaultClass::Recoverable
+        );
     }
 
     #[test]
@@ -435,7 +476,7 @@ mod tests {
             );
             match &error {
                 Error::Fault(fault) => {
-                    assert!(!fault.sticky);
+                    assert_eq!(fault.class, FaultClass::Recoverable);
                     assert_eq!(fault.code, code_name(code));
                     assert_eq!(fault.stream, Some(StreamId(3)));
                 }
@@ -454,7 +495,7 @@ mod tests {
             },
         );
         assert!(
-            matches!(&error, Error::Fault(f) if !f.sticky && f.code == "CUDA_ERROR_UNKNOWN"),
+            matches!(&error, Error::Fault(f) if !f.class.poisons() && f.code == "CUDA_ERROR_UNKNOWN"),
             "{error:?}"
         );
     }

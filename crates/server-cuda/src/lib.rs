@@ -1,142 +1,104 @@
 //! A scope server over the CUDA driver API, through `cudarc`.
 //!
-//! The crate is the CUDA answer to [`scope_core::Backend`] and nothing more:
-//! every rule of the failure model — taint, scopes, capture windows, poison,
-//! in-flight attribution, fault injection — lives in `scope-core`'s
-//! `Server`, and this crate makes device calls. Its files follow the
-//! contract:
+//! The crate is the CUDA answer to [`scope_core::Backend`] and nothing
+//! more. Every rule of the failure model lives in `scope-core`'s `Server`;
+//! this crate makes device calls. Its files follow the contract:
 //!
-//! - `device.rs`: loading the driver without panicking, the
-//!   primary context, one cudarc stream per logical stream, cross-stream
-//!   ordering with events, waits on an event without the server's lock,
-//!   [`probe`].
-//! - `memory.rs`: a stream-ordered memory pool
-//!   (`cuMemAllocFromPoolAsync`) that caches and reuses freed memory, and the
-//!   pinned staging belt host copies go through.
+//! - `device.rs`: loading the driver without panicking, the primary
+//!   context, one cudarc stream per logical stream, event ordering, waits
+//!   without the server's lock, [`probe`].
+//! - `memory.rs`: a stream-ordered memory pool (`cuMemAllocFromPoolAsync`)
+//!   that caches freed memory, and the pinned staging belt.
 //! - `copy.rs`: host writes and reads, device copies.
-//! - `launch.rs`: CUDA C++ through NVRTC for the device's
-//!   architecture, PTX through the JIT, and launches per the binding
-//!   convention, under the launch rules CUDA shares with HIP
-//!   ([`scope_native`]) with CUDA's numbers.
-//! - `capture.rs`: stream capture into instantiated CUDA
-//!   graphs, which keep the modules of the kernels they launch loaded,
-//!   replay, destruction after the replays in flight.
-//! - `collective.rs`: the collectives on the devices through NCCL
-//!   ([`scope_core::collective::device::DeviceCollectives`], for
-//!   `Group::over_device`), on non-blocking communicators that an abort
-//!   can always reach.
-//! - `reopen.rs`: a lost device opened again as CUDA allows it — refused
-//!   with `RestartRequired` after the faults CUDA's documentation calls
-//!   process-fatal ([`PROCESS_FATAL`]), a reset of the primary context
-//!   after the others, and never a reset under another client of the same
-//!   device.
-//! - [`error`] (`error.rs`): `CUresult` → the core's [`Error`](scope_core::Error); which
-//!   codes are sticky.
+//! - `launch.rs`: CUDA C++ through NVRTC, PTX through the JIT, launches
+//!   under the rules CUDA shares with HIP ([`scope_native`]).
+//! - `capture.rs`: stream capture into CUDA graphs, which keep their
+//!   kernels' modules loaded; replay; destruction after replays.
+//! - `collective.rs`: collectives through NCCL
+//!   ([`scope_core::collective::device::DeviceCollectives`]), on
+//!   non-blocking communicators an abort can always reach.
+//! - `reopen.rs`: CUDA's calls for reopening a lost device
+//!   ([`scope_native::reopen`]): a reset of the primary context, never
+//!   under another client of the device.
+//! - `error.rs`: `CUresult` → the core's [`Error`](scope_core::Error),
+//!   with each fault's class: recoverable, sticky, or process-fatal.
 //!
 //! # Without CUDA
 //!
-//! cudarc is built with `dynamic-loading`: nothing links against CUDA, so the
-//! crate builds, and its tests run, on a machine with no toolkit and no GPU.
-//! There cudarc would panic on the first driver call, so [`client`] and
-//! [`probe`] ask first whether the library can be loaded (once per process)
-//! and answer [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
-//! or an empty probe.
+//! cudarc is built with `dynamic-loading`: nothing links against CUDA. The
+//! crate builds and its tests run with no toolkit and no GPU. cudarc would
+//! panic on the first driver call there, so [`client`] and [`probe`] ask
+//! first whether the library loads. They answer
+//! [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) or
+//! an empty probe.
 //!
 //! # Which CUDA
 //!
-//! cudarc needs one `cuda-*` feature; it picks the bindings and the library
-//! names searched at run time. This crate uses **`cuda-13000`**:
+//! cudarc needs one `cuda-*` feature, which picks the bindings and the
+//! library names searched. This crate uses **`cuda-13000`**:
 //!
-//! - The bindings are CUDA 13.0's, and so are the mock driver's values; the
-//!   crate has not yet run on a GPU or a real driver. A driver is backward
-//!   compatible, so any of cudarc's 12.x or 13.0 bindings would call a 13.x
-//!   one correctly; the choice matters for NVRTC.
-//! - NVRTC is found by soname. With `cuda-12080`, cudarc searches
-//!   `libnvrtc.so`, `.so.12`, `.so.11`, … and would miss a CUDA 13 toolkit's
-//!   `libnvrtc.so.13` unless the development symlink is installed. With
-//!   `cuda-13000` it searches `.so.13` first and still falls back to `.so.12`,
-//!   so both toolkits in use today are found.
-//! - Every driver entry point this crate calls exists since CUDA 11.4 except
-//!   `cuFuncGetParamInfo` (12.4), which is looked up before it is used, so
-//!   the 13.0 bindings do not raise the driver requirement: a 12.x driver
-//!   runs this crate (with a 12.x NVRTC whose PTX it can JIT).
-//! - What decides which driver runs the kernels is NVRTC's release, not the
-//!   bindings: a driver JITs PTX of its own CUDA release's ISA version and
-//!   older, never newer, and NVRTC writes its release's ISA
-//!   ([`CudaVersion::ptx_isa`]). NVRTC 12.2 ([`BUNDLED_NVRTC`], what the
-//!   CUDA bundle carries) writes ISA 8.2, which every driver from 12.2
-//!   (Linux 535) on JITs; a module the driver refuses for its PTX version
-//!   is [`UnsupportedPtx`], naming the driver's version ([`cuda_driver_version`]),
-//!   the PTX's, NVRTC's ([`nvrtc_version`]) and the fix.
+//! - The bindings and the mock driver's values are CUDA 13.0's. The crate
+//!   has not yet run on a real driver. A driver is backward compatible, so
+//!   the choice matters for NVRTC.
+//! - NVRTC is found by soname. `cuda-13000` searches `libnvrtc.so.13`
+//!   first and falls back to `.so.12`, so both toolkits in use are found.
+//! - Every driver entry point used exists since CUDA 11.4, except
+//!   `cuFuncGetParamInfo` (12.4), which is looked up first. A 12.x driver
+//!   runs this crate.
+//! - NVRTC's release decides which driver runs the kernels. A driver JITs
+//!   PTX of its own ISA version and older ([`CudaVersion::ptx_isa`]).
+//!   NVRTC 12.2 ([`BUNDLED_NVRTC`]) writes ISA 8.2, which every driver from
+//!   12.2 (Linux 535) JITs. A module refused for its PTX version is
+//!   [`UnsupportedPtx`], naming the versions and the fix
+//!   ([`cuda_driver_version`], [`nvrtc_version`]).
 //! - Newer features (`cuda-13010`+) change struct layouts this crate fills
-//!   in (`CUmemPoolProps`) and would buy nothing it uses.
+//!   in (`CUmemPoolProps`) and buy nothing it uses.
 //!
 //! # What is measured and what is not
 //!
-//! See the crate's tests and `benches/launch.rs`; the device tests go
-//! through `client_or_skip` and print `skipped: no cuda device (...)` where
-//! there is none, and fail with `SCOPE_REQUIRE=cuda`.
+//! See the tests and `benches/launch.rs`. Device tests go through
+//! `client_or_skip`: they print `skipped: no cuda device (...)` without
+//! one, and fail with `SCOPE_REQUIRE=cuda`.
 //!
-//! **On a mock driver.** `tests/mock.rs` and `tests/mock_poison.rs` run
-//! this crate's Rust, through cudarc, against a mock CUDA driver (four
-//! devices), NVRTC and NCCL written in C (`tests/mock/`), built per test
-//! process and loaded ahead of cudarc's own lookup by soname. They run on
-//! every machine, with no GPU: the conformance suite, its collective
-//! behaviours over NCCL on the four devices, plus NVRTC's options and log, the JIT's log for
-//! bad PTX, the launch-time parameter check against `cuFuncGetParamInfo`,
-//! the launch limits read from `cuDeviceGetAttribute` and enforced,
-//! the pool's props and attributes, a real out-of-memory and the trim and
-//! retry after it, pinned staging, capture and replay (also after the
-//! kernel a graph launches was dropped), deferred frees,
-//! graph destruction after replays, a capture the driver invalidates, a
-//! sticky illegal address, and recovery (`tests/mock_recover.rs`: an
-//! uncorrectable ECC error reset with `cuDevicePrimaryCtxReset`, the reset
-//! refused while another client holds the device, an illegal address
-//! refused with `RestartRequired`; the conformance suite's recovery
-//! behaviours, whose injected losses reopen without a reset); PTX newer
-//! than the driver refused as [`UnsupportedPtx`]; built as an older driver
-//! (CUDA 12.2, no memory pools, no `cuFuncGetParamInfo`, beside NVRTC
-//! 12.2), the plain-allocation and padded-scalar paths and NVRTC 13.0's PTX
-//! refused by name; a 12.2 driver under NVRTC 13.0
-//! (`mock_nvrtc_newer_than_driver.rs`); and
-//! driver failures planted one call at a time (a launch out of resources, a
-//! module load, pinned staging or graph instantiation out of memory, a
-//! stream or event that cannot be created). The mock also refuses the calls real CUDA
-//! refuses or mis-handles (synchronising a capturing stream, waiting across
-//! a capture boundary, non-relaxed capture, allocating or freeing into a
-//! graph, freed pointers, foreign frees, calls with no current context, an
-//! NVRTC compile without the device's `compute_XY`, memory used on a stream
-//! not yet ordered after its stream-ordered allocation, a launch or graph
-//! replay of a function whose module was unloaded), and every test
-//! asserts it refused nothing and destroyed no graph under a replay.
+//! **On a mock driver.** `tests/mock*.rs` run this crate's Rust, through
+//! cudarc, against a mock CUDA driver (four devices), NVRTC and NCCL
+//! written in C (`tests/mock/`). They are built per test process and run on
+//! every machine. They cover:
 //!
-//! The mock proves nothing about NVIDIA hardware or the real driver: its
-//! "device" memory is host memory, work runs when it is issued (so a
-//! missing cross-stream wait shows only where the mock checks order — at
-//! the first use of a stream-ordered allocation — never as wrong data), its kernels are five
-//! recognised test kernels, its values are CUDA 13.0's header values taken
-//! from cudarc's bindings, and its idea of which calls are legal is ours,
-//! not NVIDIA's. Only the device tests, on a GPU, measure CUDA: `cargo
-//! xtask bundle --backend cuda` builds them on one machine to run on an
-//! NVIDIA GPU machine without a Rust toolchain.
+//! - the conformance suite, with its collectives over NCCL;
+//! - NVRTC's options and log, the JIT's log, `cuFuncGetParamInfo`, the
+//!   launch limits read and enforced;
+//! - the pool, a real out-of-memory with its trim and retry, pinned
+//!   staging, deferred frees;
+//! - capture and replay, graph destruction after replays, an invalidated
+//!   capture, a sticky illegal address;
+//! - recovery (`mock_recover.rs`): an ECC error reset, a reset refused
+//!   beside another client, an illegal address refused with
+//!   `RestartRequired`;
+//! - PTX newer than the driver; an older driver (CUDA 12.2: no pools, no
+//!   `cuFuncGetParamInfo`); NVRTC 13.0 beside a 12.2 driver;
+//! - driver failures planted one call at a time.
+//!
+//! The mock refuses what real CUDA refuses or mishandles, and every test
+//! asserts it refused nothing. It proves nothing about NVIDIA hardware.
+//! Its memory is host memory, work runs when issued, its kernels are five
+//! recognised test kernels, and its idea of what is legal is ours. Only
+//! the device tests measure CUDA: `cargo xtask bundle --backend cuda`
+//! builds them for an NVIDIA machine without a Rust toolchain.
 //!
 //! **On the real compilers, without a GPU.** `tests/toolchain.rs` compiles
-//! every CUDA kernel the project emits — this crate's test kernels,
-//! tiny-runtime's, scope-cube's translations, and the CUDA C++ cubecl-cpp
-//! writes for cubecl-core's runtime tests and cubek on `ScopeRuntime<Cuda>`
-//! — through [`nvrtc_ptx`] (the server's own NVRTC call) on NVIDIA's NVRTC
-//! 12.2 for `compute_80` and `compute_90`, and assembles each PTX with
-//! the `ptxas` of the same release for `sm_80` and `sm_90`, the checks the
-//! driver's JIT makes when the module loads; it reports the PTX ISA version
-//! written (8.2). `ci/install-cuda-toolchain.sh` installs
-//! both from PyPI; without them the test is skipped. It proves the kernels
-//! compile and assemble, not that they compute the right thing.
+//! every CUDA kernel the project emits through [`nvrtc_ptx`], on NVRTC
+//! 12.2 for `compute_80` and `compute_90`. It assembles each PTX with the
+//! same release's `ptxas`, the checks the JIT makes at load. It reports the
+//! PTX ISA written (8.2). `ci/install-cuda-toolchain.sh` installs both;
+//! without them the test is skipped. It proves the kernels compile, not
+//! that they compute the right thing.
 
 mod capture;
 mod collective;
 mod copy;
 mod device;
-pub mod error;
+mod error;
 mod launch;
 mod memory;
 mod ptx;
@@ -155,7 +117,6 @@ pub use device::{CudaStreamState, CudaWaiter, cuda_driver_version, probe, total_
 pub use launch::{CudaKernel, nvrtc_options, nvrtc_ptx, nvrtc_version};
 pub use memory::CudaMemory;
 pub use ptx::{BUNDLED_NVRTC, CudaVersion, PtxIsa, UnsupportedPtx, driver_jits};
-pub use reopen::{PROCESS_FATAL, ends_the_process};
 
 use device::{DeviceInfo, StreamShared};
 use memory::Pool;
@@ -197,9 +158,9 @@ impl Cuda {
     /// when there is no driver or no such device; the driver's error when
     /// starting fails.
     pub fn open(ordinal: usize) -> Result<Self> {
-        // Held before the context is retained, so a reset by another server
-        // of the device either refuses (it sees this one) or ends before
-        // this one makes anything (`scope_native::Holding::alone`).
+        // Held before the context is retained: a reset by another server
+        // either refuses (it sees this hold) or ends before this one makes
+        // anything (`scope_native::reopen`).
         let holding = scope_native::Holding::new(error::BACKEND, ordinal);
         let ctx = device::open_context(ordinal)?;
         let info = device::device_info(ordinal)?;
@@ -282,6 +243,7 @@ impl Backend for Cuda {
     type Waiter = CudaWaiter;
 
     const NAME: &'static str = "cuda";
+    const RESTART: &'static str = error::RESTART;
 
     fn describe(&self) -> String {
         format!(
@@ -437,7 +399,7 @@ impl Backend for Cuda {
         fault: &scope_core::Error,
         streams: &mut [&mut CudaStreamState],
     ) -> Result<()> {
-        self.reopen_device(fault, streams)
+        scope_native::reopen(self, fault, streams)
     }
 
     unsafe fn destroy_graph(&mut self, graph: CudaGraph) -> Result<()> {

@@ -22,6 +22,7 @@ impl Backend for Hip {
     type Waiter = HipWaiter;
 
     const NAME: &'static str = crate::error::BACKEND;
+    const RESTART: &'static str = crate::error::RESTART;
 
     fn describe(&self) -> String {
         Hip::describe(self)
@@ -56,7 +57,7 @@ impl Backend for Hip {
         fault: &scope_core::Error,
         streams: &mut [&mut HipStream],
     ) -> Result<()> {
-        Hip::reopen_device(self, fault, streams)
+        scope_native::reopen(self, fault, streams)
     }
 
     fn trim(&mut self) {

@@ -307,9 +307,9 @@ impl Hip {
                 "no device {ordinal}: HIP reports {count} device(s)"
             )));
         };
-        // Held before the device is touched, so a reset by another server of
-        // the device either refuses (it sees this one) or ends before this
-        // one makes anything (`scope_native::Holding::alone`).
+        // Held before the device is touched: a reset by another server
+        // either refuses (it sees this hold) or ends before this one makes
+        // anything (`scope_native::reopen`).
         let holding = scope_native::Holding::new(BACKEND, ordinal as usize);
         api.set_device(ordinal)
             .map_err(|e| unavailable(e.to_string()))?;

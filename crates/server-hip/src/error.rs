@@ -1,28 +1,60 @@
 //! Classifying HIP's answers into the core's one error type.
 //!
-//! HIP mirrors CUDA's error model: a handful of codes mean the device (the
-//! context) is unusable from then on and every later call will fail — those
-//! are sticky and poison the device (rule 36) — while the rest fail one call.
-//! Out-of-memory is never sticky (rule 37). The sticky set is CUDA's, as far
-//! as HIP defines the codes: HIP has no misaligned-address, invalid-PC,
-//! illegal-instruction or hardware-stack codes (an AMD device fault of that
-//! kind surfaces as `hipErrorIllegalAddress` or `hipErrorLaunchFailure`),
-//! and `hipErrorPriorLaunchFailure` says an earlier launch already broke
-//! the context.
+//! HIP mirrors CUDA's error model. A few codes leave the device unusable:
+//! they poison it (rule 36). The rest fail one call; out-of-memory is never
+//! sticky (rule 37). The sticky set is CUDA's, as far as HIP defines the
+//! codes. HIP has no misaligned-address, invalid-PC, illegal-instruction or
+//! hardware-stack code: such an AMD fault surfaces as an illegal address or
+//! a launch failure. `hipErrorPriorLaunchFailure` says an earlier launch
+//! broke the context.
 //!
-//! Classification happens in one place, [`HipError::into_error`], which every
-//! call site goes through with a description of what it was doing; a
-//! sticky or out-of-memory code wins over the site, so a fault that surfaces
-//! during a copy is still a fault.
+//! HIP's documentation does not say which faults end the process's use of
+//! the device. CUDA's does, for codes HIP shares, and HIP follows it
+//! ([`PROCESS_FATAL`]): a recovery refuses those (rule 52).
+//!
+//! Every call site goes through [`HipError::into_error`], saying what it
+//! was doing. A sticky or out-of-memory code wins over the site.
 
 use std::sync::Arc;
 
-use scope_core::{DeviceFault, Error, StreamId};
+use scope_core::{DeviceFault, Error, FaultClass, StreamId};
 
 use crate::ffi::{HipErrorCode, code, code_name};
 
 /// The backend's name in errors.
 pub const BACKEND: &str = "hip";
+
+/// The sticky codes HIP shares with CUDA after which CUDA's documentation
+/// says the process must be terminated and relaunched.
+pub(crate) const PROCESS_FATAL: [HipErrorCode; 4] = [
+    code::ILLEGAL_ADDRESS,
+    code::LAUNCH_FAILURE,
+    code::ASSERT,
+    code::LAUNCH_TIME_OUT,
+];
+
+/// The other sticky codes: the device is unusable until it is reset.
+pub(crate) const RESETTABLE: [HipErrorCode; 3] = [
+    code::ECC_NOT_CORRECTABLE,
+    code::CONTEXT_IS_DESTROYED,
+    code::PRIOR_LAUNCH_FAILURE,
+];
+
+/// Why a [`PROCESS_FATAL`] code refuses a recovery.
+pub(crate) const RESTART: &str = "HIP follows CUDA's rule for this code, whose documentation says that \
+                       after it the process must be terminated and relaunched to use the \
+                       device again";
+
+/// How far `code` reaches.
+pub(crate) fn class_of(code: HipErrorCode) -> FaultClass {
+    if PROCESS_FATAL.contains(&code) {
+        FaultClass::ProcessFatal
+    } else if RESETTABLE.contains(&code) {
+        FaultClass::Sticky
+    } else {
+        FaultClass::Recoverable
+    }
+}
 
 /// A failed HIP (or hiprtc) call: which entry point, and its code.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,20 +94,6 @@ pub enum Doing {
     Other(Option<StreamId>),
 }
 
-/// Whether HIP declares `code` sticky: the context is unusable after it.
-pub fn is_sticky(code: HipErrorCode) -> bool {
-    matches!(
-        code,
-        code::ILLEGAL_ADDRESS
-            | code::LAUNCH_FAILURE
-            | code::ASSERT
-            | code::LAUNCH_TIME_OUT
-            | code::ECC_NOT_CORRECTABLE
-            | code::CONTEXT_IS_DESTROYED
-            | code::PRIOR_LAUNCH_FAILURE
-    )
-}
-
 /// Whether `code` says the device ran out of memory.
 pub fn is_out_of_memory(code: HipErrorCode) -> bool {
     code == code::OUT_OF_MEMORY
@@ -110,11 +128,12 @@ impl HipError {
             Doing::Waiting(s) | Doing::Other(s) => *s,
             Doing::Allocating(_) => None,
         };
-        if is_sticky(self.code) {
+        let class = class_of(self.code);
+        if class.poisons() {
             return Error::Fault(DeviceFault {
                 backend: BACKEND,
                 code: self.name(),
-                sticky: true,
+                class,
                 stream,
                 detail: self.detail(),
             });
@@ -144,7 +163,7 @@ impl HipError {
             Doing::Waiting(stream) => Error::Fault(DeviceFault {
                 backend: BACKEND,
                 code: self.name(),
-                sticky: false,
+                class,
                 stream,
                 detail: self.detail(),
             }),
@@ -179,6 +198,10 @@ mod tests {
         code::PRIOR_LAUNCH_FAILURE,
     ];
 
+    fn is_sticky(code: HipErrorCode) -> bool {
+        class_of(code).poisons()
+    }
+
     fn every_site() -> Vec<Doing> {
         vec![
             Doing::Allocating(64),
@@ -209,6 +232,28 @@ mod tests {
                 assert!(fault.detail.contains("hipStreamSynchronize"), "{error}");
             }
         }
+    }
+
+    /// Rule 52: the class comes from the code. The codes CUDA calls
+    /// process-fatal refuse a recovery; the other sticky codes reset.
+    #[test]
+    fn the_codes_cuda_calls_process_fatal_require_a_restart() {
+        for code in PROCESS_FATAL {
+            assert!(is_sticky(code), "{code} is sticky");
+            let error =
+                HipError::new("hipStreamSynchronize", code).into_error(Doing::Waiting(None));
+            assert!(error.is_process_fatal(), "{error}");
+            assert!(matches!(
+                error.refuse_process_fatal(BACKEND, RESTART),
+                Err(Error::RestartRequired { backend: "hip", reason, .. })
+                    if reason.contains("terminated and relaunched")
+            ));
+        }
+        for code in RESETTABLE {
+            let error = HipError::new("hipStreamSynchronize", code).into_error(Doing::Other(None));
+            assert!(error.is_sticky() && !error.is_process_fatal(), "{error}");
+        }
+        assert_eq!(class_of(4242), FaultClass::Recoverable);
     }
 
     #[test]
@@ -264,7 +309,7 @@ mod tests {
             let wait = HipError::new("hipStreamSynchronize", code)
                 .into_error(Doing::Waiting(Some(StreamId(3))));
             assert!(
-                matches!(&wait, Error::Fault(f) if !f.sticky && f.stream == Some(StreamId(3))),
+                matches!(&wait, Error::Fault(f) if !f.class.poisons() && f.stream == Some(StreamId(3))),
                 "{wait}"
             );
             let other = HipError::new("hipStreamBeginCapture", code).into_error(Doing::Other(None));

@@ -1,59 +1,33 @@
-//! Opening a lost device again ([`Backend::reopen`](scope_core::Backend::reopen)),
-//! as far as HIP allows it.
+//! HIP's calls for opening a lost device again ([`scope_native::reopen`]).
 //!
-//! HIP's documentation does not say which faults end a process's use of
-//! the device. CUDA's does, for the same codes HIP shares with it (an
-//! illegal address, a launch failure, a device assert, a launch timeout:
-//! "the process must be terminated and relaunched"), so this server follows
-//! CUDA's rule: after those a reopen answers [`Error::RestartRequired`] and
-//! touches nothing ([`PROCESS_FATAL`]). Every other loss may be reset.
-//!
-//! A reopen first destroys what this backend made — its streams and
-//! events, pinned staging, pooled memory — on the device they were made
-//! on, then asks the device whether it still works (a new stream,
-//! synchronised).
-//! A loss HIP never saw (one injected at a fault site) leaves it working:
-//! new streams on it are the whole reopen. A device HIP reports broken is
-//! reset with `hipDeviceReset`, which destroys every resource on the device
-//! **for the whole process**; so a reset is refused, typed, while another
-//! server of this process holds the device ([`scope_native::Holding`]).
+//! The core has refused the faults HIP shares with CUDA's process-fatal
+//! list (rule 52); every other loss may be reset. Giving up destroys this
+//! backend's streams, events, pinned staging and pooled memory on the
+//! device they were made on. The probe is a new stream, synchronised:
+//! `hipDeviceSynchronize` would wait for every other client of the device.
+//! A broken device is reset with `hipDeviceReset`, which destroys every
+//! resource on it **for the whole process**.
 //!
 //! Untested on AMD hardware: the mock HIP runtime (`tests/mock/mock_hip.c`)
 //! implements the reset and the sticky codes as described here.
 
-use scope_core::{Error, Result};
+use scope_core::Result;
 
 use crate::device::{Hip, HipStream};
-use crate::error::{BACKEND, Doing, HipError};
-use crate::ffi::{HipErrorCode, code, code_name};
+use crate::error::{BACKEND, Doing, HipError, RESTART};
 use crate::memory::{Pool, Staging};
 
-/// The sticky codes HIP shares with CUDA after which CUDA's documentation
-/// says the process must be terminated and relaunched.
-pub const PROCESS_FATAL: [HipErrorCode; 4] = [
-    code::ILLEGAL_ADDRESS,
-    code::LAUNCH_FAILURE,
-    code::ASSERT,
-    code::LAUNCH_TIME_OUT,
-];
+impl scope_native::Reopen for Hip {
+    type Stream = HipStream;
+    const API: &'static str = BACKEND;
+    const RESET: &'static str = "a reset";
+    const RESTART: &'static str = RESTART;
 
-/// HIP's process-fatal faults, as the reopen (and its tests) decide them.
-const FATAL: scope_native::ProcessFatal = scope_native::ProcessFatal {
-    backend: BACKEND,
-    names: |name| PROCESS_FATAL.iter().any(|c| code_name(*c) == Some(name)),
-    reason: "HIP follows CUDA's rule for this code, whose documentation says that after it the \
-             process must be terminated and relaunched to use the device again",
-};
+    fn holding(&self) -> &scope_native::Holding {
+        &self.holding
+    }
 
-impl Hip {
-    /// [`Backend::reopen`](scope_core::Backend::reopen) for HIP: see the
-    /// module's docs.
-    pub(crate) fn reopen_device(
-        &mut self,
-        fault: &Error,
-        streams: &mut [&mut HipStream],
-    ) -> Result<()> {
-        FATAL.refuse(fault)?;
+    fn give_up(&mut self, streams: &mut [&mut HipStream]) -> Result<()> {
         let _ = self.make_current();
         self.pool = Pool::default();
         self.staging = Staging::default();
@@ -62,28 +36,11 @@ impl Hip {
         for stream in streams.iter_mut() {
             Hip::detach(stream)?;
         }
-        self.make_current()?;
-        if let Err(broken) = self.device_works() {
-            FATAL.refuse(&broken)?;
-            self.reset_device(&broken)?;
-        }
-        self.params = scope_native::ParamTable::new(&crate::launch::API_RULES);
-        for stream in streams.iter_mut() {
-            self.attach(stream)?;
-        }
-        tracing::info!(
-            backend = BACKEND,
-            device = self.info.ordinal,
-            "the device is open again after {fault}"
-        );
         Ok(())
     }
 
-    /// `Ok` when the device still runs work: the loss was not HIP's.
-    /// Otherwise HIP's error. A stream of its own is made and synchronised,
-    /// never the device: `hipDeviceSynchronize` would wait for the streams
-    /// of every other client of the device.
-    fn device_works(&self) -> Result<()> {
+    fn probe(&mut self) -> Result<()> {
+        self.make_current()?;
         let probe = self
             .api
             .stream()
@@ -93,66 +50,21 @@ impl Hip {
             .map_err(|e| e.into_error(Doing::Waiting(None)))
     }
 
-    /// `hipDeviceReset`, unless another server of this process holds the
-    /// device. No server can open the device while the reset runs
-    /// ([`scope_native::Holding::alone`]).
-    fn reset_device(&mut self, broken: &Error) -> Result<()> {
-        let ordinal = self.info.ordinal;
-        let reset = || {
-            // SAFETY: no other server of this process holds the device or
-            // can open it until this returns (`Holding::alone`), and this
-            // one has destroyed every object it made on it (`detach`, the
-            // pool, the staging and the read buffer above; the core gave
-            // back every memory, kernel and graph before asking to
-            // reopen).
-            unsafe { self.api.device_reset() }
-        };
-        self.holding.reset_alone("a reset", broken, || {
-            reset().map_err(|e: HipError| e.into_error(Doing::Other(None)))
-        })?;
-        tracing::warn!(
-            backend = BACKEND,
-            device = ordinal,
-            "reset the device after {broken}"
-        );
+    fn reset(&mut self) -> Result<()> {
+        // SAFETY: no other server of this process holds the device or can
+        // open it until this returns (`scope_native::reopen` runs it
+        // alone), and this one destroyed every object it made on it
+        // (`give_up`; the core gave back every memory, kernel and graph
+        // before asking to reopen).
+        unsafe { self.api.device_reset() }.map_err(|e: HipError| e.into_error(Doing::Other(None)))
+    }
+
+    fn renew(&mut self) -> Result<()> {
+        self.params = scope_native::ParamTable::new(&crate::launch::API_RULES);
         Ok(())
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use scope_core::DeviceFault;
-
-    fn fault(code: HipErrorCode) -> Error {
-        HipError::new("hipStreamSynchronize", code).into_error(Doing::Waiting(None))
-    }
-
-    #[test]
-    fn the_codes_cuda_calls_process_fatal_require_a_restart() {
-        for code in PROCESS_FATAL {
-            assert!(crate::error::is_sticky(code), "{code} is sticky");
-            assert!(FATAL.ends_the_process(&fault(code)));
-            assert!(matches!(
-                FATAL.refuse(&fault(code)),
-                Err(Error::RestartRequired { backend: "hip", .. })
-            ));
-        }
-    }
-
-    #[test]
-    fn other_sticky_codes_and_other_backends_faults_may_be_reset() {
-        for code in [code::ECC_NOT_CORRECTABLE, code::CONTEXT_IS_DESTROYED] {
-            assert!(crate::error::is_sticky(code));
-            assert!(!FATAL.ends_the_process(&fault(code)), "{code}");
-        }
-        let cuda = Error::Fault(DeviceFault {
-            backend: "cuda",
-            code: "hipErrorIllegalAddress".to_owned(),
-            sticky: true,
-            stream: None,
-            detail: String::new(),
-        });
-        assert!(!FATAL.ends_the_process(&cuda));
+    fn attach(&mut self, stream: &mut HipStream) -> Result<()> {
+        Hip::attach(self, stream)
     }
 }

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use ash::vk;
-use scope_core::{DeviceFault, Error};
+use scope_core::{DeviceFault, Error, FaultClass};
 
 /// The backend's name in every error.
 pub(crate) const NAME: &str = "vulkan";
@@ -50,7 +50,11 @@ pub(crate) fn fault(code: vk::Result, detail: impl Into<String>) -> Error {
     Error::Fault(DeviceFault {
         backend: NAME,
         code: format!("VK_{code:?}"),
-        sticky: code == vk::Result::ERROR_DEVICE_LOST,
+        class: if code == vk::Result::ERROR_DEVICE_LOST {
+            FaultClass::Sticky
+        } else {
+            FaultClass::Recoverable
+        },
         stream: None,
         detail: detail.into(),
     })
@@ -124,7 +128,7 @@ mod tests {
         );
         let submit = classify(vk::Result::ERROR_OUT_OF_HOST_MEMORY, Site::Submit, "x", 0);
         assert!(
-            matches!(submit, Error::Fault(ref f) if !f.sticky),
+            matches!(submit, Error::Fault(ref f) if !f.class.poisons()),
             "{submit}"
         );
         assert!(matches!(

@@ -277,7 +277,7 @@ pub(crate) fn wait_tracks(gpu: &Gpu, waits: &[(Arc<Track>, u64)]) -> Result<()> 
         Err(code) => Err(classify(code, Site::Wait, "vkWaitSemaphores", 0)),
     };
     if let Err(Error::Fault(fault)) = &result
-        && !fault.sticky
+        && !fault.class.poisons()
     {
         gpu.mark_hung();
     }

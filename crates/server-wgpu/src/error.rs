@@ -104,7 +104,7 @@ pub(crate) fn late_fault(code: &str, detail: String) -> Error {
     Error::Fault(DeviceFault {
         backend: NAME,
         code: code.to_owned(),
-        sticky: false,
+        class: scope_core::FaultClass::Recoverable,
         stream: None,
         detail,
     })
@@ -115,7 +115,7 @@ pub(crate) fn device_lost(detail: &str) -> Error {
     Error::Fault(DeviceFault {
         backend: NAME,
         code: "DEVICE_LOST".to_owned(),
-        sticky: true,
+        class: scope_core::FaultClass::Sticky,
         stream: None,
         detail: detail.to_owned(),
     })

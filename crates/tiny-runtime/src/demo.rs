@@ -86,7 +86,7 @@ pub fn injected_fault_in(backend: &'static str, what: &str) -> Error {
     Error::Fault(DeviceFault {
         backend,
         code: "INJECTED_LAUNCH_FAILURE".to_owned(),
-        sticky: false,
+        class: scope_core::FaultClass::Recoverable,
         stream: None,
         detail: format!("the demo failed {what} on purpose"),
     })

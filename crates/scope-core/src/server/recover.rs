@@ -1,34 +1,29 @@
 //! A lost device opened again, with every handle kept (rules 51–53).
 //!
-//! A sticky fault poisons a server for good (rule 36); before this, the way
-//! on was a new client, whose buffers were all foreign to the old handles.
-//! But a lost device is a failure of every byte it held, and the model
-//! already says what failed bytes do: they fail reads, they stop the work
-//! that reads them, and a rewrite heals them. So recovery is the failure
-//! model applied to the whole device:
+//! A lost device is a failure of every byte it held, and the model already
+//! says what failed bytes do: they fail reads, stop the work that reads
+//! them, and heal when rewritten. So recovery is that model applied to the
+//! whole device:
 //!
-//! 1. **Give the lost device up**, never waiting on it past a backend's wait
-//!    timeout: open capture windows are aborted (their recorded writes
-//!    claimed, rule 33), graphs destroyed and marked lost (a replay is
-//!    refused; the caller captures again), every allocation freed, the
-//!    kernel cache emptied (kernels compile again on first use).
-//! 2. **Open it again** ([`Backend::reopen`]), which gives every stream new
-//!    device state in place. A backend whose driver says the process must
-//!    restart refuses here, touching nothing that matters: the server stays
-//!    poisoned, and its buffers have no memory.
-//! 3. **Make every allocation again**, under the limits the new device
-//!    reports, and claim every byte with one failure, "lost with the
-//!    device", naming the fault. A buffer the new device cannot hold (past
-//!    its largest allocation, or out of memory) carries that error instead,
-//!    as a failed allocation does (rule 28).
+//! 1. **Give the lost device up**, never waiting on it past the backend's
+//!    wait timeout. Open captures are aborted (rule 33), graphs destroyed
+//!    and marked lost, every allocation freed, the kernel cache emptied.
+//! 2. **Refuse a process-fatal fault** ([`FaultClass::ProcessFatal`](crate::FaultClass::ProcessFatal)) with
+//!    [`Error::RestartRequired`]: the vendor says the process must restart.
+//! 3. **Open it again** ([`Backend::reopen`]): every stream gets new device
+//!    state in place. A refusal leaves the server poisoned, its buffers
+//!    without memory.
+//! 4. **Make every allocation again** under the new limits. Each is claimed
+//!    by one failure, "lost with the device". A buffer the new device
+//!    cannot hold carries why instead (rule 28).
 //!
-//! The client, every buffer, stream, graph and capture handle, the failure
-//! hook, each stream's count of failures seen and every failure already
-//! claimed on a buffer the device never held (a failed allocation's record)
-//! carry over. A recovery is refused while a wait or a read runs on
-//! another thread with the lock released — a waiter names the lost
-//! device's objects, and a read's second half copies out of the memory its
-//! first half named — so the client tries again once it ends.
+//! Handles, the failure hook, failure counts and failed allocations' records
+//! carry over. A recovery waits out the waits running without the lock
+//! ([`Waits`]): a waiter names the lost device's objects.
+
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
 
 use super::*;
 
@@ -36,8 +31,8 @@ use super::*;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Recovered {
-    /// The device was not lost: nothing changed. Two threads that both saw
-    /// the poison and both recover get one `Reopened` and one of these.
+    /// The device was not lost: nothing changed. Of two threads that both
+    /// recover, one gets `Reopened` and the other this.
     Healthy,
     /// The device was lost and is open again.
     Reopened {
@@ -53,28 +48,70 @@ pub enum Recovered {
     },
 }
 
+/// How many waits run with the lock released ([`WaitToken`]).
+///
+/// A condition variable tells a waiting recovery when the last one ends.
+#[derive(Debug, Default)]
+pub(crate) struct Waits {
+    count: Mutex<usize>,
+    ended: Condvar,
+}
+
+impl Waits {
+    pub(super) fn begin(&self) {
+        *self.count.lock() += 1;
+    }
+
+    pub(super) fn end(&self) {
+        let mut count = self.count.lock();
+        *count -= 1;
+        if *count == 0 {
+            self.ended.notify_all();
+        }
+    }
+
+    fn any(&self) -> bool {
+        *self.count.lock() > 0
+    }
+
+    /// Block until no wait runs or `until` passes.
+    pub(crate) fn wait_out(&self, until: Instant) {
+        let mut count = self.count.lock();
+        while *count > 0 {
+            if self.ended.wait_until(&mut count, until).timed_out() {
+                return;
+            }
+        }
+    }
+}
+
 impl<B: Backend> Server<B> {
     /// Open the lost device again ([`Recovered`]); `Ok(None)` while a wait
-    /// runs without the lock, which the caller waits out.
+    /// runs without the lock, which the caller waits out ([`Self::waits`]).
     pub(crate) fn recover(&mut self) -> Result<Option<Recovered>> {
         let Some(fault) = self.poison.clone() else {
             return Ok(Some(Recovered::Healthy));
         };
-        if self.waits.load(AtomicOrdering::Acquire) > 0 {
+        if self.waits.any() {
             return Ok(None);
         }
-        // Counted across attempts: one whose reopen failed gave graphs up
-        // that the next attempt no longer finds.
+        // Counted across attempts: a failed one gave up graphs the next
+        // one no longer finds.
         self.graphs_lost += self.give_up_device();
         self.fault(Site::Reopen, None)?;
-        let mut streams: Vec<&mut B::Stream> =
-            self.streams.iter_mut().map(|s| &mut s.device).collect();
-        // SAFETY: `give_up_device` gave back every memory, graph and
-        // kernel and aborted every capture; no waiter is outstanding (the
-        // count above); `streams` are every stream of this backend, in id
-        // order (the core made them in that order and never removes one).
-        let reopened = unsafe { self.backend.reopen(&fault, &mut streams) };
-        drop(streams);
+        // Step 2: the backend is never asked to reopen after a
+        // process-fatal fault.
+        let reopened = fault
+            .refuse_process_fatal(B::NAME, B::RESTART)
+            .and_then(|()| {
+                let mut streams: Vec<&mut B::Stream> =
+                    self.streams.iter_mut().map(|s| &mut s.device).collect();
+                // SAFETY: `give_up_device` gave back every memory, graph and
+                // kernel and aborted every capture; no waiter is outstanding
+                // (the count above); `streams` are every stream of this
+                // backend, in id order (made in that order, never removed).
+                unsafe { self.backend.reopen(&fault, &mut streams) }
+            });
         if let Err(error) = reopened {
             tracing::error!(
                 backend = B::NAME,
@@ -107,6 +144,11 @@ impl<B: Backend> Server<B> {
         }))
     }
 
+    /// The waits running without the lock, for a recovery to wait out.
+    pub(crate) fn waits(&self) -> Arc<Waits> {
+        self.waits.clone()
+    }
+
     /// The limits of the device as it is now, for the client to publish.
     pub(crate) fn limits(&self) -> crate::limits::DeviceLimits {
         crate::limits::DeviceLimits {
@@ -117,22 +159,19 @@ impl<B: Backend> Server<B> {
     }
 
     /// Step 1: abort every capture, destroy every graph, free every
-    /// allocation (remembering whose, for step 3, however many attempts it
-    /// takes) and empty the kernel cache; the number of graphs this attempt
-    /// gave up (an earlier attempt's are counted in `graphs_lost`).
-    /// Afterwards the server is detached: its streams name a device that is
-    /// being given up.
+    /// allocation and empty the kernel cache. The freed buffers wait in
+    /// `to_remake` for step 4, across attempts. Returns the graphs this
+    /// attempt gave up. The server is then detached: its streams name a
+    /// device being given up.
     fn give_up_device(&mut self) -> usize {
         for index in 0..self.streams.len() {
             if self.streams[index].window.state() != CaptureState::NoCapture {
                 self.abort_window(StreamId(index as u32));
             }
         }
-        // A backend may batch replays; every one is submitted before a
-        // graph is destroyed (`Backend::destroy_graph`). On a lost device
-        // the submission fails fast, and its fault lands on nothing new.
-        // A server detached by an earlier attempt whose reopen failed has
-        // nothing left to submit, and its streams name no device to ask.
+        // Replays are submitted before their graphs are destroyed
+        // (`Backend::destroy_graph`); on a lost device that fails fast. A
+        // server a failed attempt detached has nothing to submit.
         if !self.detached {
             self.flush_streams();
         }
@@ -165,13 +204,11 @@ impl<B: Backend> Server<B> {
         lost
     }
 
-    /// Step 3: every buffer in `held` (those the lost device held) gets
-    /// memory again, on the stream that used it last, claimed whole by one
-    /// failure naming `fault`; one the new device cannot hold records why.
-    /// A buffer the lost device never held keeps its record. When the
-    /// device is lost again meanwhile, the buffers not yet made record the
-    /// loss and wait in `to_remake` for the next recovery. The numbers made
-    /// and not made.
+    /// Step 4: every buffer in `held` gets memory again, on the stream
+    /// that used it last, claimed whole by one failure naming `fault`. One
+    /// the new device cannot hold records why. If the device is lost again
+    /// meanwhile, the buffers not yet made wait in `to_remake` for the next
+    /// recovery. Returns the numbers made and not made.
     fn allocate_again(&mut self, fault: &Arc<Error>, held: &[BufferId]) -> (usize, usize) {
         let max = self.backend.max_allocation();
         let mut made: Vec<BufferRange> = Vec::new();
@@ -245,5 +282,98 @@ impl<B: Backend> Server<B> {
             self.poison_with(&sticky);
         }
         (made.len(), not_made)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::error::{DeviceFault, FaultClass};
+    use crate::handle::{Binding, Buffer, Dispatch};
+    use crate::kernel::Kernel;
+    use crate::null::{Null, Script};
+    use crate::{Client, Error, Recovered, Result, StreamId};
+
+    /// Fails every launch with a fault of `class`; counts reopens.
+    struct Faulty {
+        class: FaultClass,
+        reopens: Arc<AtomicUsize>,
+    }
+
+    impl Script for Faulty {
+        fn launch(&mut self, _stream: StreamId, _kernel: &str) -> Result<()> {
+            Err(Error::Fault(DeviceFault {
+                backend: "null",
+                // The name a process-fatal CUDA fault carries: the class,
+                // not the name, decides.
+                code: "CUDA_ERROR_ILLEGAL_ADDRESS".to_owned(),
+                class: self.class,
+                stream: None,
+                detail: String::new(),
+            }))
+        }
+
+        fn reopen(&mut self, _fault: &Error) -> Result<()> {
+            self.reopens.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    /// A client poisoned by a fault of `class`, its reopen count and the
+    /// buffer the failed launch wrote.
+    fn poisoned(class: FaultClass) -> (Client<Null<Faulty>>, Arc<AtomicUsize>, Buffer) {
+        let reopens = Arc::new(AtomicUsize::new(0));
+        let script = Faulty {
+            class,
+            reopens: reopens.clone(),
+        };
+        let client = Client::new(Null::scripted(script)).unwrap();
+        let out = client.allocate(16).unwrap();
+        let launched = client.launch(
+            &Kernel::host("k"),
+            &[Binding::write(&out)],
+            &[],
+            Dispatch::linear(1),
+        );
+        assert!(launched.is_err(), "the launch reported its fault");
+        assert!(client.poison().is_some());
+        (client, reopens, out)
+    }
+
+    /// Rule 52: a process-fatal fault is refused before the backend is
+    /// asked to reopen; the client stays poisoned.
+    #[test]
+    fn a_process_fatal_fault_is_refused_without_a_reopen() {
+        let (client, reopens, _out) = poisoned(FaultClass::ProcessFatal);
+        for _ in 0..2 {
+            match client.recover() {
+                Err(Error::RestartRequired {
+                    backend: "null",
+                    fault,
+                    reason: said,
+                }) => {
+                    assert!(fault.is_process_fatal(), "{fault}");
+                    assert_eq!(said, <Null<Faulty> as crate::Backend>::RESTART);
+                }
+                other => panic!("a process-fatal fault requires a restart: {other:?}"),
+            }
+            assert_eq!(reopens.load(Ordering::SeqCst), 0, "reopen was called");
+            assert!(client.poison().is_some());
+        }
+    }
+
+    /// The same code name classed sticky reopens: the class decides.
+    #[test]
+    fn a_sticky_fault_of_the_same_name_reopens() {
+        let (client, reopens, _out) = poisoned(FaultClass::Sticky);
+        let recovered = client.recover().unwrap();
+        assert!(
+            matches!(recovered, Recovered::Reopened { buffers: 1, .. }),
+            "{recovered:?}"
+        );
+        assert_eq!(reopens.load(Ordering::SeqCst), 1);
+        assert!(client.poison().is_none());
     }
 }

@@ -52,7 +52,7 @@ fn sticky(code: String, detail: &str) -> Error {
     Error::Fault(DeviceFault {
         backend: "injected",
         code,
-        sticky: true,
+        class: scope_core::FaultClass::Sticky,
         stream: None,
         detail: detail.to_owned(),
     })
