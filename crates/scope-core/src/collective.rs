@@ -63,6 +63,7 @@
 
 pub(crate) mod compute;
 pub mod device;
+mod meeting;
 mod membership;
 mod p2p;
 pub mod remote;
@@ -75,13 +76,15 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use self::device::{Mover, Written};
+use self::device::Mover;
+use self::meeting::Meeting;
 pub use self::p2p::{MAILBOX_BYTES, MAILBOX_PARCELS};
 use self::remote::Ballot;
-use self::round::{Input, Kind, Outcome, Part, State};
+use self::round::{Input, Kind, Outcome, Part, Written};
 use crate::backend::Backend;
 use crate::capture::CaptureState;
 use crate::client::Client;
+pub use crate::error::CollectiveError;
 use crate::error::{Error, Result};
 use crate::handle::Slice;
 
@@ -111,145 +114,6 @@ pub enum Element {
     I32,
     /// `u32`.
     U32,
-}
-
-/// Why a collective did not deliver its result. Carried inside
-/// [`Error::Collective`].
-#[derive(Clone, Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CollectiveError {
-    /// A rank's input carried a failure (or its read failed): every rank's
-    /// output carries this (rule 41).
-    #[error(
-        "{collective} #{round}: rank {rank}'s input could not be read, so no rank's output was written: {cause}"
-    )]
-    InputFailed {
-        /// The collective.
-        collective: &'static str,
-        /// Which collective of the group, counted from 0.
-        round: u64,
-        /// The lowest rank whose input failed.
-        rank: usize,
-        /// What its read answered: the root cause and the chain.
-        cause: Error,
-    },
-    /// Ranks did not join within the group's deadline: the waiting ranks'
-    /// outputs carry this, and the group is broken (rules 42, 43).
-    #[error(
-        "{collective} #{round}: rank(s) {missing:?} did not join within {deadline:?}; the group is broken"
-    )]
-    Missing {
-        /// The collective.
-        collective: &'static str,
-        /// Which collective of the group.
-        round: u64,
-        /// The ranks that never arrived.
-        missing: Vec<usize>,
-        /// How long the waiting ranks waited.
-        deadline: Duration,
-    },
-    /// A rank's arguments were wrong, or the ranks disagreed on the call:
-    /// refused on every rank, claiming nothing (rule 44).
-    #[error("{collective} #{round}: refused: rank {rank} {why}")]
-    Refused {
-        /// The collective.
-        collective: &'static str,
-        /// Which collective of the group.
-        round: u64,
-        /// The rank the refusal is about.
-        rank: usize,
-        /// What was wrong.
-        why: String,
-    },
-    /// A copy from another device met bytes that carry a failure there (or
-    /// could not read them): the destination carries this (rule 46).
-    #[error("copied from {from}, whose bytes could not be read: {cause}")]
-    SourceFailed {
-        /// The device copied from, as its client describes it.
-        from: String,
-        /// What the read there answered: the root cause and the chain.
-        cause: Error,
-    },
-    /// Over a device transport, rank `rank`'s call to the library failed
-    /// after every rank had agreed to run it: every rank's output carries
-    /// this, every communicator is aborted, and the group is broken (rules
-    /// 42, 43).
-    #[error(
-        "{collective} #{round}: rank {rank}'s device call failed after the ranks agreed, so no rank's output is trusted; the group is broken: {cause}"
-    )]
-    IssueFailed {
-        /// The collective.
-        collective: &'static str,
-        /// Which collective of the group.
-        round: u64,
-        /// The lowest rank whose call failed.
-        rank: usize,
-        /// What the call answered.
-        cause: Error,
-    },
-    /// Across processes ([`Rank::join`]): the round did not complete — a
-    /// peer never called within the deadline, is stuck, or failed and
-    /// aborted, and the library cannot say which. This rank's communicator
-    /// is aborted, its output carries this, and its group is broken (rules
-    /// 42, 43, 49). A transport's own calls answer it too, for a peer that
-    /// did not come ([`device::DeviceCollectives::join`]).
-    #[error(
-        "{collective} #{round}: not every rank completed it (a peer in another process is missing, stuck or failed, and the library cannot say which; this rank waited at most {deadline:?}); the group is broken"
-    )]
-    Stalled {
-        /// The collective.
-        collective: &'static str,
-        /// Which collective of the group.
-        round: u64,
-        /// How long this rank waited.
-        deadline: Duration,
-    },
-    /// The device transport's library (NCCL, RCCL) answered an error of
-    /// its own: a refusal, an internal failure, a call on an aborted
-    /// communicator.
-    #[error("{library} `{call}` failed: {detail}")]
-    Library {
-        /// Which library ("nccl", "rccl").
-        library: &'static str,
-        /// The entry point.
-        call: &'static str,
-        /// Its result code and what the library says it means.
-        detail: String,
-    },
-    /// The group lost a rank earlier: its survivors go on by
-    /// [`Rank::shrink`], or a new [`Group`] is made (rules 43, 54).
-    #[error("the group is broken ({cause}); shrink it to its survivors, or make a new group")]
-    Broken {
-        /// What broke it.
-        cause: Arc<CollectiveError>,
-    },
-    /// A call through a rank of a membership epoch that a change
-    /// superseded ([`Rank::shrink`], [`Rank::admit`]): refused, claiming
-    /// nothing (rule 55).
-    #[error("called through membership epoch {epoch}, which epoch {current} superseded{}", stale_advice(*left_out, *current))]
-    Stale {
-        /// The epoch the call came through.
-        epoch: u64,
-        /// The epoch that superseded it.
-        current: u64,
-        /// Whether the new epoch left this rank out.
-        left_out: bool,
-    },
-}
-
-/// What a [`CollectiveError::Stale`] tells the caller to do.
-fn stale_advice(left_out: bool, current: u64) -> String {
-    if left_out {
-        format!(" without this rank: it is no member of epoch {current}; the group must admit it")
-    } else {
-        format!(": call through this rank's handle of epoch {current}, which the change returned")
-    }
-}
-
-impl From<CollectiveError> for Error {
-    fn from(error: CollectiveError) -> Self {
-        Error::Collective(Box::new(error))
-    }
 }
 
 /// Copy `src`, on one device, into `dst`, on another — of any backend —
@@ -409,7 +273,7 @@ struct Shared<B: Backend> {
     /// The membership epoch: 0 for a group as made, one more per change
     /// (`collective/membership.rs`).
     epoch: u64,
-    state: Mutex<State>,
+    state: Mutex<State<B>>,
     changed: Condvar,
 }
 
@@ -423,8 +287,11 @@ impl<B: Backend> Shared<B> {
         epoch: u64,
     ) -> Self {
         let state = State {
-            issued: vec![0; ranks],
-            ..State::default()
+            rounds: Meeting::new(ranks),
+            broken: None,
+            first_failed: None,
+            mail: std::collections::BTreeMap::new(),
+            membership: membership::Membership::new(ranks),
         };
         static GROUPS: AtomicU64 = AtomicU64::new(0);
         Self {
@@ -441,9 +308,58 @@ impl<B: Backend> Shared<B> {
         }
     }
 
+    /// Whether the group is closed to calls through rank `rank`: the one
+    /// check every call makes on entry, and every wait repeats.
+    fn closed(&self, state: &State<B>, rank: usize) -> Option<Closed> {
+        if let Some(stale) = state.membership.stale(self.epoch, rank) {
+            return Some(Closed::Stale(stale));
+        }
+        state.broken.clone().map(Closed::Broken)
+    }
+
     /// Rank `rank`'s client; only this process's ranks are asked for.
     fn client(&self, rank: usize) -> &Client<B> {
         &self.clients[rank - self.first]
+    }
+}
+
+/// What a group's ranks share, under one lock: each part belongs to the
+/// module that reads it.
+struct State<B: Backend> {
+    /// The rounds (`round.rs`).
+    rounds: Meeting<Part, Outcome>,
+    broken: Option<Arc<CollectiveError>>,
+    /// Over a device transport: the first rank whose call failed, which
+    /// aborted every communicator.
+    first_failed: Option<usize>,
+    /// Point-to-point parcels, by (sender, receiver).
+    mail: std::collections::BTreeMap<(usize, usize), p2p::Mailbox>,
+    membership: membership::Membership<B>,
+}
+
+/// Why a group takes no more calls.
+enum Closed {
+    /// A membership change superseded its epoch (rule 55).
+    Stale(CollectiveError),
+    /// It lost a rank (rule 43).
+    Broken(Arc<CollectiveError>),
+}
+
+impl Closed {
+    /// As a call refused on entry answers it.
+    fn refusal(self) -> Error {
+        match self {
+            Closed::Stale(stale) => stale.into(),
+            Closed::Broken(cause) => CollectiveError::Broken { cause }.into(),
+        }
+    }
+
+    /// As a wait that was under way answers it: what broke the group.
+    fn cause(self) -> Error {
+        match self {
+            Closed::Stale(stale) => stale.into(),
+            Closed::Broken(cause) => (*cause).clone().into(),
+        }
     }
 }
 
@@ -725,13 +641,10 @@ impl<B: Backend> Rank<B> {
     /// [`CollectiveError::Stale`], then [`CollectiveError::Broken`].
     pub(super) fn usable(&self) -> Result<()> {
         let state = self.shared.state.lock();
-        if let Some(stale) = state.stale(self.shared.epoch, self.rank) {
-            return Err(stale.into());
+        match self.shared.closed(&state, self.rank) {
+            Some(closed) => Err(closed.refusal()),
+            None => Ok(()),
         }
-        if let Some(cause) = state.broken.clone() {
-            return Err(CollectiveError::Broken { cause }.into());
-        }
-        Ok(())
     }
 
     fn collective(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {

@@ -28,7 +28,7 @@
 //!    holds every rank's communicator, so the failing rank aborts them all
 //!    (`ncclCommAbort` is the library's documented way out of a hung
 //!    communicator), and every later collective gets
-//!    [`CollectiveError::Broken`] (rule 43).
+//!    [`CollectiveError::Broken`](super::CollectiveError::Broken) (rule 43).
 //!
 //! [`Site::Collective`]: crate::Site::Collective
 
@@ -36,13 +36,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::round::{Input, Kind, Outcome, Part};
-use super::{Call, CollectiveError, Group, Rank, is_refusal, per_rank};
+use super::round::{Input, Kind, Outcome, Part, Written};
+use super::{Call, Group, Rank, is_refusal, per_rank};
 use crate::backend::Backend;
 use crate::capture::{CaptureState, RecordedRound};
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::handle::{Graph, Slice};
+use crate::handle::Slice;
 
 /// A backend whose devices run collectives themselves, through the vendor's
 /// library: an `unsafe` contract, as [`Backend`]'s device calls are, which
@@ -71,7 +71,7 @@ pub trait DeviceCollectives: Backend {
     /// through the communicator waits on the host for its peers (the
     /// library's, to take a call; a transport whose calls block, to finish
     /// one). A join or call that gave up waiting, or found its
-    /// communicator aborted by a peer, answers [`CollectiveError::Stalled`],
+    /// communicator aborted by a peer, answers [`CollectiveError::Stalled`](super::CollectiveError::Stalled),
     /// which a rank across processes reports as its peers' absence rather
     /// than its own failure.
     ///
@@ -157,7 +157,7 @@ pub trait DeviceCollectives: Backend {
     ///
     /// # Errors
     ///
-    /// What the library answered, or [`CollectiveError::Stalled`] when a
+    /// What the library answered, or [`CollectiveError::Stalled`](super::CollectiveError::Stalled) when a
     /// survivor did not come within `patience`.
     unsafe fn shrink(
         &mut self,
@@ -187,7 +187,7 @@ pub trait DeviceCollectives: Backend {
     unsafe fn finished(waiter: &Self::Waiter) -> Result<bool>;
 
     /// Whether `communicator` still works: a peer's abort, or a failed
-    /// link to one, answers [`CollectiveError::Stalled`] (NCCL's
+    /// link to one, answers [`CollectiveError::Stalled`](super::CollectiveError::Stalled) (NCCL's
     /// `ncclCommGetAsyncError`). Asked while a rank across processes waits
     /// for a call, which will then not complete.
     ///
@@ -462,22 +462,6 @@ fn join_all<B: DeviceCollectives>(
     })
 }
 
-/// The error every rank's output carries when one rank's device call
-/// failed after the ranks agreed: the group breaks with it.
-pub(super) fn issue_failed(
-    collective: &'static str,
-    round: u64,
-    rank: usize,
-    cause: Error,
-) -> CollectiveError {
-    CollectiveError::IssueFailed {
-        collective,
-        round,
-        rank,
-        cause,
-    }
-}
-
 impl<B: DeviceCollectives> Group<B> {
     /// A group of `clients`, rank `i` being `clients[i]`, whose collectives
     /// move their bytes on the devices through the backend's library (NCCL
@@ -599,14 +583,6 @@ pub(super) fn readiness(waited: Result<()>, check: impl FnOnce() -> Result<()>) 
     }
 }
 
-/// What a round writes on one rank, which carries the round's failure:
-/// a collective's output, or everything a replayed graph writes.
-#[derive(Clone, Copy)]
-pub(super) enum Written<'a> {
-    Output(Slice<'a>),
-    Graph(&'a Graph),
-}
-
 impl<B: Backend> Rank<B> {
     /// Claim what this rank's round writes with `error` (rule 21).
     pub(super) fn claim(&self, written: Written<'_>, error: Error) -> Result<()> {
@@ -618,10 +594,9 @@ impl<B: Backend> Rank<B> {
 
     /// The round this rank met last, as a capture window records it.
     pub(super) fn recorded_round(&self) -> RecordedRound {
-        let issued = self.shared.state.lock().issued[self.rank];
         RecordedRound {
             group: self.shared.id,
-            round: issued.saturating_sub(1),
+            round: self.shared.state.lock().rounds.last(self.rank),
         }
     }
 }

@@ -116,11 +116,8 @@ impl<B: Backend> Rank<B> {
         let until = Instant::now() + shared.deadline;
         let mut state = shared.state.lock();
         loop {
-            if let Some(cause) = state.broken.clone() {
-                return Err(CollectiveError::Broken { cause }.into());
-            }
-            if let Some(stale) = state.stale(shared.epoch, self.rank) {
-                return Err(stale.into());
+            if let Some(closed) = shared.closed(&state, self.rank) {
+                return Err(closed.refusal());
             }
             let mailbox = state.mail.entry((self.rank, to)).or_default();
             let full = mailbox.queue.len() >= MAILBOX_PARCELS
@@ -189,19 +186,11 @@ impl<B: Backend> Rank<B> {
         let until = Instant::now() + shared.deadline;
         let mut state = shared.state.lock();
         let (number, parcel) = loop {
-            if let Some(cause) = state.broken.clone() {
-                // Broken while this receive waited: its bytes will not
+            if let Some(closed) = shared.closed(&state, self.rank) {
+                // Closed while this receive waited: its bytes will not
                 // come, so `data` carries why (rule 42).
                 drop(state);
-                let error: Error = (*cause).clone().into();
-                self.client().fail_writing(&[data], error.clone())?;
-                return Err(error);
-            }
-            if let Some(stale) = state.stale(shared.epoch, self.rank) {
-                // Superseded while this receive waited: no sender of this
-                // epoch will come, so `data` carries why.
-                drop(state);
-                let error: Error = stale.into();
+                let error = closed.cause();
                 self.client().fail_writing(&[data], error.clone())?;
                 return Err(error);
             }

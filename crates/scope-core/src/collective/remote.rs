@@ -56,10 +56,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::device::{
-    Communicators, DeviceCall, DeviceCollectives, DeviceTransfer, Direction, Mover, Written,
-    issue_failed,
+    Communicators, DeviceCall, DeviceCollectives, DeviceTransfer, Direction, Mover,
 };
-use super::round::{Input, Kind, Outcome, Part, decide};
+use super::round::{Input, Kind, Outcome, Part, Written, decide, issue_failed};
 use super::{Call, CollectiveError, Element, Rank, Reduce, Shared};
 use crate::backend::Backend;
 use crate::client::{Client, LentStream};
@@ -623,7 +622,7 @@ impl<B: Backend> Rank<B> {
         issued: Result<()>,
         written: Written<'_>,
     ) -> Result<()> {
-        let round = self.shared.state.lock().issued[self.rank].saturating_sub(1);
+        let round = self.shared.state.lock().rounds.last(self.rank);
         let deadline = self.shared.deadline;
         let seat = (self.rank, round);
         let error = match issued {

@@ -46,8 +46,8 @@
 //! [`Client::replay`]: crate::Client::replay
 
 use super::Rank;
-use super::device::{Written, readiness};
-use super::round::{Input, Kind, Outcome, Part};
+use super::device::readiness;
+use super::round::{Input, Kind, Outcome, Part, Written};
 use crate::backend::Backend;
 use crate::capture::{CaptureState, RecordedRound};
 use crate::error::{Error, Result};
