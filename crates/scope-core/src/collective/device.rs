@@ -1,33 +1,21 @@
 //! A device transport for collectives: the bytes move on the devices
-//! (NCCL, RCCL), the decision about them stays where it is.
+//! (NCCL, RCCL); the decision about them stays where it is.
 //!
-//! Host staging (the rest of this module) reads every part to the host, so
-//! it works for every backend but moves every byte twice over the bus. A
-//! backend whose vendor ships a collective library implements
-//! [`DeviceCollectives`], and [`Group::over_device`](super::Group::over_device)
-//! makes a group whose rounds go through it. What does not change is the
-//! order of things, and that is the point:
+//! Host staging moves every byte twice over the bus. A backend with a
+//! collective library implements [`DeviceCollectives`], and
+//! [`Group::over_device`](super::Group::over_device) runs rounds through
+//! it. The order of things does not change:
 //!
 //! 1. **Every rank still decides before data moves.** A rank waits for its
-//!    stream and checks its input (no bytes are read), then meets its peers
-//!    at the same rendezvous host staging uses, carrying *whether* its input
-//!    is readable and, if not, the failure with its chain. One outcome is
-//!    decided for the round, as before (rules 41, 44). Only when every
-//!    rank's input is clean does any rank call the library, so no rank sends
-//!    bytes another would read as clean when they are not, and a mismatched
-//!    call (another collective, another size) never reaches the library,
-//!    where NCCL would hang or read past a buffer rather than refuse.
+//!    stream, checks its input without reading it, and meets its peers.
+//!    Only when every input is clean does any rank call the library. A
+//!    mismatched call never reaches it, where NCCL would hang or overrun.
 //! 2. **The library's call is device work like any other.** It is issued
-//!    through the server on the rank's stream ([`Site::Collective`] for fault
-//!    injection), ordered after the work that wrote its buffers, its output
-//!    in flight until a wait: a fault the device reports later lands on the
-//!    output by the same in-flight attribution every launch gets.
-//! 3. **A rank whose call fails after the ranks agreed breaks the group and
-//!    aborts every rank's communicator.** Its peers have called the library
-//!    and would wait inside it for a rank that is not coming; one process
-//!    holds every rank's communicator, so the failing rank aborts them all
-//!    (`ncclCommAbort` is the library's documented way out of a hung
-//!    communicator), and every later collective gets
+//!    through the server on the rank's stream ([`Site::Collective`]), and
+//!    a later fault lands on its output as on any launch's.
+//! 3. **A call that fails after the ranks agreed breaks the group.** Its
+//!    peers wait inside the library for it, so the failing rank aborts
+//!    every communicator (`ncclCommAbort`). Later calls get
 //!    [`CollectiveError::Broken`](super::CollectiveError::Broken) (rule 43).
 //!
 //! [`Site::Collective`]: crate::Site::Collective

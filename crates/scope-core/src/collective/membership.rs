@@ -1,49 +1,30 @@
-//! Membership: a group that lost a rank shrinks to its survivors and goes
-//! on, and admits a rank that comes back (rules 54–57).
+//! Membership: a broken group shrinks to its survivors and goes on, and
+//! admits a rank that comes back (rules 54–57).
 //!
-//! A group that lost a rank is broken (rule 43); before this, the way on
-//! was a new group built by hand. But which ranks survived is something
-//! the group already knows — the rank a broken round named missing or
-//! failed, the rank whose device is lost — so the survivors can form the
-//! group of themselves, as MPI's `MPIX_Comm_shrink` and NCCL's
-//! `ncclCommShrink` do, and a rank that recovered its device (or a new
-//! client) can be admitted, as torchft's quorum admits a replica and heals
-//! it from a healthy peer.
+//! The group knows which ranks are gone: those a broken round named, and
+//! those whose device is lost. So survivors can regroup themselves, as
+//! `MPIX_Comm_shrink` and `ncclCommShrink` do, and admit a recovered rank,
+//! as torchft's quorum does.
 //!
-//! 1. **Every membership change is a meeting with the deadline.** Each
-//!    rank that goes on calls [`Rank::shrink`] (or [`Rank::admit`]); the
-//!    change is decided once, by the last expected rank to arrive — or, at
-//!    the deadline, by the first rank whose wait ran out — so every rank
-//!    gets the same membership. Expected are the ranks not known gone:
-//!    one a broken round named missing or failed, one whose device is
-//!    lost (its client is poisoned) is not waited for. A rank expected
-//!    but absent at the deadline is left out.
-//! 2. **Membership has an epoch.** The new group is a new epoch: its ranks
-//!    are renumbered in the order of their old ranks (newcomers last), and
-//!    the old group is superseded — every call through a rank of the old
-//!    epoch is refused with [`CollectiveError::Stale`], claiming nothing,
-//!    so no call can reach a group whose ranks no longer agree on who is
-//!    in it.
-//! 3. **The transport comes along.** A host-staged group needs nothing
-//!    more. A group over a device transport makes the new epoch's
-//!    communicators while its ranks are in the meeting: through the
-//!    library's own shrink where it has one and the old communicators are
-//!    intact (`DeviceCollectives::shrink`, `ncclCommShrink`), else from a
-//!    fresh identity, every member joining it on a thread of its own.
+//! 1. **A change is a meeting with the deadline** (`meeting.rs`). Ranks
+//!    known gone are not awaited; one absent at the deadline is left out.
+//!    Every rank gets the same membership.
+//! 2. **Membership has an epoch.** The new group renumbers its ranks in
+//!    old order, newcomers last. Calls through the old epoch get
+//!    [`CollectiveError::Stale`], claiming nothing.
+//! 3. **The transport comes along.** A device transport makes the new
+//!    epoch's communicators during the meeting: by the library's shrink
+//!    where it can, else by joining a fresh identity.
 //! 4. **A collective over the survivors is over the survivors.** A mean
-//!    divides by the new epoch's rank count; nothing silently keeps the
-//!    old size.
-//! 5. **A newcomer is healed by its peers, not trusted.** Its buffers hold
-//!    what its device held — nothing, if it recovered: they read as lost
-//!    with the device (rule 51) — so a collective that reads them fails on
-//!    every rank (rule 41) until a broadcast from a healthy rank writes,
-//!    and heals, them ([`Rank::heal`]).
+//!    divides by the new rank count.
+//! 5. **A newcomer is healed, not trusted.** Its buffers read as lost
+//!    (rule 51) until a broadcast from a healthy rank heals them
+//!    ([`Rank::heal`]).
 //!
-//! Ranks that each joined alone ([`Rank::join`]) share no memory to meet
-//! in: their launcher decides the new membership and hands every member a
-//! fresh identity, and each joins it again with the new epoch
-//! ([`Rank::join_epoch`]); the first ballot refuses, on every rank, a member
-//! that joined with another epoch.
+//! Ranks that joined alone ([`Rank::join`]) share no memory to meet in:
+//! their launcher decides the membership, and each joins again with the
+//! new epoch ([`Rank::join_epoch`]). A ballot refuses a member of another
+//! epoch on every rank.
 
 use std::sync::Arc;
 

@@ -1,56 +1,33 @@
 //! Ranks in separate processes: the meeting moves onto the transport.
 //!
-//! In one process the ranks meet in memory (`collective/round.rs`). A rank
-//! whose peers are other processes, or other machines, shares no memory
-//! with them, and scope adds no wire of its own between machines: the
-//! library that moves the bytes (NCCL, RCCL) is the only one. So the
-//! meeting becomes a collective too, and the rules stay what they are:
+//! Ranks in other processes share no memory, and scope adds no wire of its
+//! own: the library that moves the bytes (NCCL, RCCL) is the only one. So
+//! the meeting becomes a collective too, and the rules stay the same:
 //!
-//! 1. **A ballot before every round.** Each rank writes what it brings —
-//!    the call (kind, element, operation, root), its input's length, and
-//!    whether its input is readable: ready, failed (with the failure as its
-//!    process renders it: the root cause and the chain), or refused (why) —
-//!    into a record of [`RECORD`] bytes, and the ranks all-gather their
-//!    records through the communicator. Every rank then holds every rank's
-//!    record and runs the same decision on them
-//!    (`round::decide`): one outcome, reached alike
-//!    everywhere, before a byte of data moves (rules 41, 44). It is the
-//!    vote torchft adds by hand (`should_commit`), taken by the transport
-//!    that will carry the data.
-//! 2. **Every wait has the deadline.** The ballot's completion, and the
-//!    data call's, are polled ([`DeviceCollectives::finished`]) with the
-//!    server's lock released, for at most the group's deadline. A peer
-//!    that never calls — dead, stuck, or in another collective — leaves the
-//!    library's kernel waiting for it; at the deadline the rank aborts its
-//!    communicator (`ncclCommAbort` releases that kernel), its output
-//!    carries [`CollectiveError::Stalled`], and its group is broken (rules
-//!    42, 43). Across processes the library cannot say which peer is
-//!    missing, so the error names none.
-//! 3. **A failed call breaks what it can reach.** A rank whose call into
-//!    the library fails aborts its own communicator and breaks its group;
-//!    its peers' calls then wait for it, reach their deadline, and break
-//!    theirs. Every rank's output carries a failure; none reads as
-//!    written. (In one process the failing rank aborts every rank's
-//!    communicator at once and names itself to all; here it cannot.)
-//! 4. **The price**: one all-gather of [`RECORD`] bytes per rank, and a
-//!    wait on the host, before each collective, and a wait on the host
-//!    after it (so the output is never left to a stream that a missing peer
-//!    could hold forever).
-//! 5. **Point-to-point pairs its headers.** A send and its receive
-//!    exchange fixed-size headers through the library first — the
-//!    sender's status (ready, or its failure as text) and length, the
-//!    receiver's length — sender first, receiver first, so the halves
-//!    pair. Only clean bytes of agreed length then move (`ncclSend`,
-//!    `ncclRecv`); a failure is claimed on the receiver's buffer naming
-//!    the sender, lengths that differ are refused on both ends, claiming
-//!    nothing, and every wait has the deadline (rule 48).
-//! 6. **Ballots have a stream of their own**, on the rank's device, so a
-//!    ballot is taken — and waited for — while the rank's stream records
-//!    a capture: a recorded collective is decided like any other, and a
-//!    replay of its graph by ballot too (`collective/replay.rs`). NCCL
-//!    supports a communicator's captured and eager calls outstanding
-//!    together; the ballot is waited for before the recorded call is made
-//!    in any case.
+//! 1. **A ballot before every round.** Each rank writes its part (the
+//!    call, its input's length, and ready, failed or refused) into a
+//!    record of [`RECORD`] bytes. The ranks all-gather the records, and
+//!    each runs the same decision on them (`round::decide`). It is
+//!    torchft's `should_commit` vote, taken by the transport itself.
+//! 2. **A ballot is read or refused, never guessed.** A record of another
+//!    version, or with a value this build does not know, stands as its
+//!    rank's refusal: every rank refuses the round, claiming nothing.
+//! 3. **Every wait has the deadline.** Completions are polled
+//!    ([`DeviceCollectives::finished`]) without the server's lock. At the
+//!    deadline the rank aborts its communicator, its output carries
+//!    [`CollectiveError::Stalled`], and its group breaks (rules 42, 43).
+//!    The library cannot say which peer is missing, so the error names
+//!    none.
+//! 4. **A failed call breaks what it can reach.** The failing rank aborts
+//!    its own communicator; its peers reach their deadline and break
+//!    theirs. No output reads as written.
+//! 5. **The price**: one all-gather of [`RECORD`] bytes and a host wait
+//!    before each collective, and a host wait after it.
+//! 6. **Point-to-point pairs its headers.** Sender and receiver exchange
+//!    headers first, so only clean bytes of an agreed length move
+//!    (`ncclSend`, `ncclRecv`, rule 48).
+//! 7. **Ballots have a stream of their own**, so a ballot is taken while
+//!    the rank's stream records a capture (`collective/replay.rs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,9 +1,9 @@
-//! The rendezvous: what each rank brings to a round, the meeting where the
-//! last to arrive decides one outcome for all, and that decision.
+//! A round: what each rank brings, how the ranks' parts become one
+//! outcome (`decide`), and what every rank then applies.
 //!
-//! Kept apart from the collectives' API because it is the part every rule
-//! of `docs/ERROR_MODEL.md` 41–44 and 47 is decided in: who waits, for how
-//! long, and what every rank then applies.
+//! The waiting is the meeting's (`meeting.rs`); the ballot across
+//! processes applies the same `decide`. Rules 41–44 and 47 are decided
+//! here.
 
 use std::sync::Arc;
 
