@@ -257,19 +257,20 @@ mod tests {
     fn a_rank_that_never_comes_is_decided_without_at_the_deadline() {
         let (room, roll) = (room(3), roll(None));
         let started = Instant::now();
-        let got: Vec<_> = std::thread::scope(|s| {
-            let threads: Vec<_> = (0..2)
-                .map(|r| {
-                    s.spawn({
-                        let (room, roll) = (&room, &roll);
-                        move || go(room, roll, r, Duration::from_millis(100))
-                    })
-                })
-                .collect();
-            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        let got = std::thread::scope(|s| {
+            let patient = s.spawn(|| go(&room, &roll, 0, LONG));
+            while room.0.lock().next[0] == 0 {
+                std::thread::yield_now();
+            }
+            let hasty = go(&room, &roll, 1, Duration::from_millis(100));
+            [hasty, patient.join().unwrap()]
         });
-        assert!(started.elapsed() >= Duration::from_millis(100));
-        assert!(got.iter().all(|g| *g == (0, vec![Some(0), Some(10), None])));
+        let elapsed = started.elapsed();
+        assert!(elapsed >= Duration::from_millis(100) && elapsed < LONG);
+        assert!(
+            got.iter().all(|g| g.1 == vec![Some(0), Some(10), None]),
+            "{got:?}"
+        );
         assert_eq!(
             *roll.decided.lock(),
             1,

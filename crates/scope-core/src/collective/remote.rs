@@ -186,16 +186,16 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
             });
         }
         let gathered = client.read(self.gathered.all()).map_err(failed)?;
-        tally(round, &gathered, ranks, (rank, part)).or_else(|()| {
+        tally(round, &gathered, ranks, (rank, part)).map_err(|()| {
             // A record scope did not write for this round: the exchange
             // ended without every rank's ballot, and the buffer is no vote.
             // SAFETY: the communicator was joined on a `B`.
             unsafe { B::abort(communicator) };
-            Err(CollectiveError::Stalled {
+            CollectiveError::Stalled {
                 collective: kind.name(),
                 round,
                 deadline,
-            })
+            }
         })
     }
 
