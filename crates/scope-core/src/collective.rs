@@ -1,68 +1,48 @@
 //! Collectives over a group of devices: the failure rules carried across
 //! them (rules 41–50 of `docs/ERROR_MODEL.md`).
 //!
-//! A collective's outputs on every rank are bytes it was supposed to write,
-//! so the one-device rule extends as it is: if any rank's input carries a
-//! failure, every rank's output carries one — naming that rank, its root
-//! cause and its chain — and no rank reads garbage as clean. The field's
-//! collectives do not know whether the data they move is valid: a rank
-//! whose input failed either skips the collective, and its peers wait
-//! forever, or sends what it has.
+//! A collective's outputs are bytes it was meant to write. So if any
+//! rank's input carries a failure, every rank's output carries one, naming
+//! that rank, its root cause and its chain. The field's libraries cannot
+//! do this: a rank whose input failed either skips the call, and its peers
+//! hang, or sends garbage.
 //!
 //! # Why this shape
 //!
 //! 1. **Every rank decides the same way, before data moves.** Each rank
-//!    reads its input through its own client — a read that answers a
-//!    failure, with its chain, is exactly what rule 24 already gives — and
-//!    arrives at a rendezvous with either the bytes or that failure. The
-//!    last rank to arrive computes one outcome for the round, and every rank
-//!    applies it: the reduced bytes, written through its client (a write
-//!    heals, rule 15), or the failure, claimed on its output through
-//!    [`Client::fail_writing`] (rule 21). Nobody decides from a partial
-//!    view, so no two ranks can disagree.
-//! 2. **No rank waits forever.** A rank waits for its peers at most the
-//!    group's deadline. A rank that never joins — dead, stuck, or still in
-//!    an earlier step — fails every waiting rank's collective with
-//!    [`CollectiveError::Missing`] naming it, and their outputs carry that
-//!    failure: bytes the collective did not write never read as written.
-//! 3. **A group that lost a rank stays broken, explicitly.** After a
-//!    missing rank the ranks no longer agree on which call is which (the
-//!    late rank would join a round its peers gave up), so every later
-//!    collective is refused with [`CollectiveError::Broken`], claiming
-//!    nothing, until the caller makes a new [`Group`] — as NCCL requires an
-//!    aborted communicator to be re-created, and as cubecl's
-//!    `test_a_failed_part_breaks_its_group` expects.
+//!    reads its input through its own client (rule 24) and meets its peers
+//!    with the bytes or the failure (`meeting.rs`). One outcome is decided
+//!    for all: the result, written through each client (rule 15), or the
+//!    failure, claimed with [`Client::fail_writing`] (rule 21).
+//! 2. **No rank waits forever.** A rank waits at most the group's
+//!    deadline. A rank that never comes fails the round with
+//!    [`CollectiveError::Missing`], and every output carries it.
+//! 3. **A group that lost a rank stays broken.** Its ranks no longer agree
+//!    on which call is which. Later calls get [`CollectiveError::Broken`],
+//!    claiming nothing, until the group shrinks or is made anew, as NCCL
+//!    requires of an aborted communicator.
 //! 4. **Bad input is refused on every rank, claiming nothing** (rule 38).
-//!    A rank whose own arguments are wrong still arrives, with its refusal,
-//!    so its peers fail at once instead of at the deadline; ranks that call
-//!    different collectives, or the same one with different sizes, element
-//!    types or roots, are refused alike. All ranks stay in step, so the
-//!    group stays usable.
-//! 5. **Host staging, through the contract.** The transport here reads
-//!    every part to the host and writes the results back through each
-//!    rank's [`Client`], so it works for every backend in one process, the
-//!    CUDA and HIP mocks included, and inherits every rule of the contract
-//!    on each device (ordering on the rank's stream, poison, capture
-//!    refusals: host staging is not recorded into graphs). A backend with a vendor library (NCCL, RCCL) moves the
-//!    bytes on its devices instead ([`device`], [`Group::over_device`]):
-//!    the decision before data moves stays the same.
-//! 6. **Across processes, the meeting rides the transport.** A rank whose
-//!    peers are other processes joins alone ([`Rank::join`]) and meets them
-//!    by a ballot all-gathered through the library, with every wait bounded
-//!    by the deadline ([`remote`]); scope adds no wire of its own.
-//! 7. **A graph that holds collectives is a promise to its peers.** Over a
-//!    device transport a collective may be recorded into a capture window,
-//!    as a round every rank records; the graphs are then replayed by every
-//!    rank together ([`Rank::replay`]), each replay decided like a call
-//!    before any rank runs it (`collective/replay.rs`).
+//!    A rank with wrong arguments still comes, with its refusal, so its
+//!    peers fail at once. Ranks that disagree on the call are refused
+//!    alike. The group stays usable.
+//! 5. **Host staging, through the contract.** Parts are read to the host
+//!    and written back through each rank's [`Client`], so every backend
+//!    works and every rule holds on each device. A backend with a vendor
+//!    library moves the bytes on its devices instead ([`device`]); the
+//!    decision stays the same.
+//! 6. **Across processes, the meeting rides the transport.** A rank that
+//!    joins alone ([`Rank::join`]) meets its peers by a ballot gathered
+//!    through the library ([`remote`]). scope adds no wire of its own.
+//! 7. **A graph that holds collectives is a promise to its peers.** Its
+//!    rounds are recorded by every rank, and its replays are decided like
+//!    calls ([`Rank::replay`], `collective/replay.rs`).
 //!
-//! A group is made of clients of distinct servers; one server cannot be two
-//! ranks. Each rank's calls come from its own thread (as with NCCL, one call
-//! per rank per collective); [`Group::run`] runs a closure on one scoped
-//! thread per rank.
+//! A group is made of clients of distinct servers. Each rank calls from
+//! its own thread, once per collective; [`Group::run`] runs one per rank.
 
 pub(crate) mod compute;
 pub mod device;
+mod meeting;
 mod membership;
 mod p2p;
 pub mod remote;
@@ -75,13 +55,15 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use self::device::{Mover, Written};
+use self::device::Mover;
+use self::meeting::Meeting;
 pub use self::p2p::{MAILBOX_BYTES, MAILBOX_PARCELS};
 use self::remote::Ballot;
-use self::round::{Input, Kind, Outcome, Part, State};
+use self::round::{Input, Kind, Outcome, Part, Written};
 use crate::backend::Backend;
 use crate::capture::CaptureState;
 use crate::client::Client;
+pub use crate::error::CollectiveError;
 use crate::error::{Error, Result};
 use crate::handle::Slice;
 
@@ -113,158 +95,14 @@ pub enum Element {
     U32,
 }
 
-/// Why a collective did not deliver its result. Carried inside
-/// [`Error::Collective`].
-#[derive(Clone, Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CollectiveError {
-    /// A rank's input carried a failure (or its read failed): every rank's
-    /// output carries this (rule 41).
-    #[error(
-        "{collective} #{round}: rank {rank}'s input could not be read, so no rank's output was written: {cause}"
-    )]
-    InputFailed {
-        /// The collective.
-        collective: &'static str,
-        /// Which collective of the group, counted from 0.
-        round: u64,
-        /// The lowest rank whose input failed.
-        rank: usize,
-        /// What its read answered: the root cause and the chain.
-        cause: Error,
-    },
-    /// Ranks did not join within the group's deadline: the waiting ranks'
-    /// outputs carry this, and the group is broken (rules 42, 43).
-    #[error(
-        "{collective} #{round}: rank(s) {missing:?} did not join within {deadline:?}; the group is broken"
-    )]
-    Missing {
-        /// The collective.
-        collective: &'static str,
-        /// Which collective of the group.
-        round: u64,
-        /// The ranks that never arrived.
-        missing: Vec<usize>,
-        /// How long the waiting ranks waited.
-        deadline: Duration,
-    },
-    /// A rank's arguments were wrong, or the ranks disagreed on the call:
-    /// refused on every rank, claiming nothing (rule 44).
-    #[error("{collective} #{round}: refused: rank {rank} {why}")]
-    Refused {
-        /// The collective.
-        collective: &'static str,
-        /// Which collective of the group.
-        round: u64,
-        /// The rank the refusal is about.
-        rank: usize,
-        /// What was wrong.
-        why: String,
-    },
-    /// A copy from another device met bytes that carry a failure there (or
-    /// could not read them): the destination carries this (rule 46).
-    #[error("copied from {from}, whose bytes could not be read: {cause}")]
-    SourceFailed {
-        /// The device copied from, as its client describes it.
-        from: String,
-        /// What the read there answered: the root cause and the chain.
-        cause: Error,
-    },
-    /// Over a device transport, rank `rank`'s call to the library failed
-    /// after every rank had agreed to run it: every rank's output carries
-    /// this, every communicator is aborted, and the group is broken (rules
-    /// 42, 43).
-    #[error(
-        "{collective} #{round}: rank {rank}'s device call failed after the ranks agreed, so no rank's output is trusted; the group is broken: {cause}"
-    )]
-    IssueFailed {
-        /// The collective.
-        collective: &'static str,
-        /// Which collective of the group.
-        round: u64,
-        /// The lowest rank whose call failed.
-        rank: usize,
-        /// What the call answered.
-        cause: Error,
-    },
-    /// Across processes ([`Rank::join`]): the round did not complete — a
-    /// peer never called within the deadline, is stuck, or failed and
-    /// aborted, and the library cannot say which. This rank's communicator
-    /// is aborted, its output carries this, and its group is broken (rules
-    /// 42, 43, 49). A transport's own calls answer it too, for a peer that
-    /// did not come ([`device::DeviceCollectives::join`]).
-    #[error(
-        "{collective} #{round}: not every rank completed it (a peer in another process is missing, stuck or failed, and the library cannot say which; this rank waited at most {deadline:?}); the group is broken"
-    )]
-    Stalled {
-        /// The collective.
-        collective: &'static str,
-        /// Which collective of the group.
-        round: u64,
-        /// How long this rank waited.
-        deadline: Duration,
-    },
-    /// The device transport's library (NCCL, RCCL) answered an error of
-    /// its own: a refusal, an internal failure, a call on an aborted
-    /// communicator.
-    #[error("{library} `{call}` failed: {detail}")]
-    Library {
-        /// Which library ("nccl", "rccl").
-        library: &'static str,
-        /// The entry point.
-        call: &'static str,
-        /// Its result code and what the library says it means.
-        detail: String,
-    },
-    /// The group lost a rank earlier: its survivors go on by
-    /// [`Rank::shrink`], or a new [`Group`] is made (rules 43, 54).
-    #[error("the group is broken ({cause}); shrink it to its survivors, or make a new group")]
-    Broken {
-        /// What broke it.
-        cause: Arc<CollectiveError>,
-    },
-    /// A call through a rank of a membership epoch that a change
-    /// superseded ([`Rank::shrink`], [`Rank::admit`]): refused, claiming
-    /// nothing (rule 55).
-    #[error("called through membership epoch {epoch}, which epoch {current} superseded{}", stale_advice(*left_out, *current))]
-    Stale {
-        /// The epoch the call came through.
-        epoch: u64,
-        /// The epoch that superseded it.
-        current: u64,
-        /// Whether the new epoch left this rank out.
-        left_out: bool,
-    },
-}
-
-/// What a [`CollectiveError::Stale`] tells the caller to do.
-fn stale_advice(left_out: bool, current: u64) -> String {
-    if left_out {
-        format!(" without this rank: it is no member of epoch {current}; the group must admit it")
-    } else {
-        format!(": call through this rank's handle of epoch {current}, which the change returned")
-    }
-}
-
-impl From<CollectiveError> for Error {
-    fn from(error: CollectiveError) -> Self {
-        Error::Collective(Box::new(error))
-    }
-}
-
-/// Copy `src`, on one device, into `dst`, on another — of any backend —
-/// keeping the failure model across them (rule 46): clean bytes are written
-/// and heal `dst`; bytes that carry a failure on `from` (or whose read
-/// fails) are not copied, and `dst` carries
-/// [`CollectiveError::SourceFailed`] naming the device, the root cause and
-/// the chain. The bytes travel through the host.
+/// Copy `src` on one device into `dst` on another, of any backend, through
+/// the host (rule 46). Clean bytes heal `dst`; a failure at `src` is not
+/// copied, and `dst` carries [`CollectiveError::SourceFailed`] naming it.
 ///
 /// # Errors
 ///
-/// [`Error::Collective`] with `SourceFailed` when the source could not be
-/// read (`dst` now carries it); [`Error::InvalidArgument`] for slices of
-/// different lengths (nothing read, nothing claimed); the destination
-/// write's own errors, as [`Client::write`].
+/// `SourceFailed` (`dst` carries it); [`Error::InvalidArgument`] for
+/// slices of different lengths; the write's own errors.
 pub fn copy_across<A: Backend, B: Backend>(
     from: &Client<A>,
     src: Slice<'_>,
@@ -297,20 +135,16 @@ pub fn copy_across<A: Backend, B: Backend>(
     }
 }
 
-/// Whether a read's error is the caller's mistake — a freed or foreign
-/// buffer, a read refused while the stream records — rather than bytes that
-/// could not be produced: a mistake is refused, claiming nothing (rule 38),
-/// a failure travels (rules 41, 46).
+/// Whether a read's error is the caller's mistake, refused claiming nothing
+/// (rule 38), rather than a failure, which travels (rules 41, 46).
 fn is_refusal(error: &Error) -> bool {
     matches!(error, Error::InvalidArgument { .. } | Error::Refused { .. })
 }
 
 /// What one collective call is, as every rank must agree on it.
 ///
-/// Exhaustive on purpose: a device transport (`DeviceCollectives`) matches
-/// on it to issue the library's call, and a collective added here must
-/// fail to compile in every transport until each issues it, rather than
-/// reach one as a call it silently cannot make.
+/// Exhaustive on purpose: a collective added here fails to compile in
+/// every device transport until each can issue it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Call {
     /// [`Rank::all_reduce`].
@@ -339,19 +173,15 @@ pub enum Call {
 }
 
 impl Call {
-    /// Each rank's output bytes, in rank order, for `inputs` (one per rank,
-    /// in rank order) that all read clean: the arithmetic of a transport
-    /// that combines on the host, as host staging and the reference
-    /// loopback transport do. Reductions fold rank by rank, so every rank
-    /// and every run get the same floating-point result; ranks that get the
-    /// same bytes share one vector.
+    /// Each rank's output bytes for clean `inputs`, both in rank order: the
+    /// arithmetic of a transport that combines on the host. Reductions fold
+    /// in rank order, so every run gets the same floating-point result.
     pub fn outputs(self, inputs: &[&[u8]]) -> Vec<Arc<Vec<u8>>> {
         compute::compute(self, inputs)
     }
 
-    /// Whether rank `rank` reads its input: every rank does, but in a
-    /// broadcast only the root — the others' bytes are only written, so a
-    /// failure they carry is healed, never a reason to skip their part.
+    /// Whether rank `rank` reads its input: in a broadcast only the root
+    /// does, so a failure the others' bytes carry is healed, not spread.
     pub(crate) fn reads_input_of(self, rank: usize) -> bool {
         !matches!(self, Call::Broadcast { root } if root != rank)
     }
@@ -389,27 +219,21 @@ impl Call {
 }
 
 struct Shared<B: Backend> {
-    /// The group's number, unique in the process: what a capture window
-    /// records its rounds under.
+    /// Unique in the process: what a capture window records rounds under.
     id: u64,
-    /// The clients of this process's ranks: every rank's, or — for a rank
-    /// whose peers live in other processes ([`Rank::join`]) — its own.
+    /// This process's ranks' clients: all, or one ([`Rank::join`]).
     clients: Vec<Client<B>>,
     /// The rank `clients[0]` is.
     first: usize,
-    /// How many ranks the group has.
     ranks: usize,
     deadline: Duration,
-    /// Where the bytes move: `None` through the host, else the devices'
-    /// own transport.
+    /// `None`: bytes move through the host.
     device: Option<Box<dyn Mover<B>>>,
-    /// Where the ranks meet: `None` in this process's memory, else by
-    /// exchanging ballots on the transport, across processes.
+    /// `None`: ranks meet in memory, not by ballot.
     ballot: Option<Box<dyn Ballot<B>>>,
-    /// The membership epoch: 0 for a group as made, one more per change
-    /// (`collective/membership.rs`).
+    /// 0 as made, one more per membership change.
     epoch: u64,
-    state: Mutex<State>,
+    state: Mutex<State<B>>,
     changed: Condvar,
 }
 
@@ -423,8 +247,11 @@ impl<B: Backend> Shared<B> {
         epoch: u64,
     ) -> Self {
         let state = State {
-            issued: vec![0; ranks],
-            ..State::default()
+            rounds: Meeting::new(ranks),
+            broken: None,
+            first_failed: None,
+            mail: std::collections::BTreeMap::new(),
+            membership: membership::Membership::new(ranks),
         };
         static GROUPS: AtomicU64 = AtomicU64::new(0);
         Self {
@@ -441,9 +268,58 @@ impl<B: Backend> Shared<B> {
         }
     }
 
+    /// Whether the group is closed to calls through rank `rank`: the one
+    /// check every call makes on entry, and every wait repeats.
+    fn closed(&self, state: &State<B>, rank: usize) -> Option<Closed> {
+        if let Some(stale) = state.membership.stale(self.epoch, rank) {
+            return Some(Closed::Stale(stale));
+        }
+        state.broken.clone().map(Closed::Broken)
+    }
+
     /// Rank `rank`'s client; only this process's ranks are asked for.
     fn client(&self, rank: usize) -> &Client<B> {
         &self.clients[rank - self.first]
+    }
+}
+
+/// What a group's ranks share, under one lock: each part belongs to the
+/// module that reads it.
+struct State<B: Backend> {
+    /// The rounds (`round.rs`).
+    rounds: Meeting<Part, Outcome>,
+    broken: Option<Arc<CollectiveError>>,
+    /// Over a device transport: the first rank whose call failed, which
+    /// aborted every communicator.
+    first_failed: Option<usize>,
+    /// Point-to-point parcels, by (sender, receiver).
+    mail: std::collections::BTreeMap<(usize, usize), p2p::Mailbox>,
+    membership: membership::Membership<B>,
+}
+
+/// Why a group takes no more calls.
+enum Closed {
+    /// A membership change superseded its epoch (rule 55).
+    Stale(CollectiveError),
+    /// It lost a rank (rule 43).
+    Broken(Arc<CollectiveError>),
+}
+
+impl Closed {
+    /// As a call refused on entry answers it.
+    fn refusal(self) -> Error {
+        match self {
+            Closed::Stale(stale) => stale.into(),
+            Closed::Broken(cause) => CollectiveError::Broken { cause }.into(),
+        }
+    }
+
+    /// As a wait that was under way answers it: what broke the group.
+    fn cause(self) -> Error {
+        match self {
+            Closed::Stale(stale) => stale.into(),
+            Closed::Broken(cause) => (*cause).clone().into(),
+        }
     }
 }
 
@@ -564,8 +440,7 @@ impl<B: Backend> Group<B> {
     }
 }
 
-/// `f(rank)` for every rank of `ranks`, each on a scoped thread of its own
-/// (a rank's calls block until its peers make theirs), by rank; a panic on
+/// `f(rank)` for every rank, each on a scoped thread, by rank; a panic on
 /// any thread is resumed here.
 fn per_rank<R: Send>(ranks: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
     let f = &f;
@@ -716,22 +591,18 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// Whether the group takes calls: not through a superseded epoch
-    /// (rule 55), not once broken (rule 43). The one check every call
-    /// makes before anything else, claiming nothing.
+    /// Whether the group takes calls: the entry check, claiming nothing
+    /// (rules 43, 55).
     ///
     /// # Errors
     ///
     /// [`CollectiveError::Stale`], then [`CollectiveError::Broken`].
     pub(super) fn usable(&self) -> Result<()> {
         let state = self.shared.state.lock();
-        if let Some(stale) = state.stale(self.shared.epoch, self.rank) {
-            return Err(stale.into());
+        match self.shared.closed(&state, self.rank) {
+            Some(closed) => Err(closed.refusal()),
+            None => Ok(()),
         }
-        if let Some(cause) = state.broken.clone() {
-            return Err(CollectiveError::Broken { cause }.into());
-        }
-        Ok(())
     }
 
     fn collective(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {

@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::id::{BufferId, BufferRange, FailureId, GraphId, StreamId};
 
@@ -198,7 +199,7 @@ pub enum Error {
     /// an input that failed on some rank, a rank that did not join, a
     /// refusal, a broken group (see [`crate::collective`]).
     #[error("{0}")]
-    Collective(Box<crate::collective::CollectiveError>),
+    Collective(Box<CollectiveError>),
 
     /// The backend cannot run here: no driver, no library, no device.
     #[error("{backend} is unavailable: {reason}")]
@@ -502,3 +503,142 @@ impl Error {
 
 /// The result every fallible call of the contract returns.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a collective did not deliver its result. Carried inside
+/// [`Error::Collective`]; lives here, below every module that makes one.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CollectiveError {
+    /// A rank's input carried a failure (or its read failed): every rank's
+    /// output carries this (rule 41).
+    #[error(
+        "{collective} #{round}: rank {rank}'s input could not be read, so no rank's output was written: {cause}"
+    )]
+    InputFailed {
+        /// The collective.
+        collective: &'static str,
+        /// Which collective of the group, counted from 0.
+        round: u64,
+        /// The lowest rank whose input failed.
+        rank: usize,
+        /// What its read answered: the root cause and the chain.
+        cause: Error,
+    },
+    /// Ranks did not join within the group's deadline: the waiting ranks'
+    /// outputs carry this, and the group is broken (rules 42, 43).
+    #[error(
+        "{collective} #{round}: rank(s) {missing:?} did not join within {deadline:?}; the group is broken"
+    )]
+    Missing {
+        /// The collective.
+        collective: &'static str,
+        /// Which collective of the group.
+        round: u64,
+        /// The ranks that never arrived.
+        missing: Vec<usize>,
+        /// How long the waiting ranks waited.
+        deadline: Duration,
+    },
+    /// A rank's arguments were wrong, or the ranks disagreed on the call:
+    /// refused on every rank, claiming nothing (rule 44).
+    #[error("{collective} #{round}: refused: rank {rank} {why}")]
+    Refused {
+        /// The collective.
+        collective: &'static str,
+        /// Which collective of the group.
+        round: u64,
+        /// The rank the refusal is about.
+        rank: usize,
+        /// What was wrong.
+        why: String,
+    },
+    /// A copy from another device met bytes that carry a failure there (or
+    /// could not read them): the destination carries this (rule 46).
+    #[error("copied from {from}, whose bytes could not be read: {cause}")]
+    SourceFailed {
+        /// The device copied from, as its client describes it.
+        from: String,
+        /// What the read there answered: the root cause and the chain.
+        cause: Error,
+    },
+    /// Over a device transport, rank `rank`'s call to the library failed
+    /// after every rank had agreed to run it: every rank's output carries
+    /// this, every communicator is aborted, and the group is broken (rules
+    /// 42, 43).
+    #[error(
+        "{collective} #{round}: rank {rank}'s device call failed after the ranks agreed, so no rank's output is trusted; the group is broken: {cause}"
+    )]
+    IssueFailed {
+        /// The collective.
+        collective: &'static str,
+        /// Which collective of the group.
+        round: u64,
+        /// The lowest rank whose call failed.
+        rank: usize,
+        /// What the call answered.
+        cause: Error,
+    },
+    /// Across processes ([`Rank::join`](crate::collective::Rank::join)): the round did not complete — a
+    /// peer never called within the deadline, is stuck, or failed and
+    /// aborted, and the library cannot say which. This rank's communicator
+    /// is aborted, its output carries this, and its group is broken (rules
+    /// 42, 43, 49). A transport's own calls answer it too, for a peer that
+    /// did not come ([`DeviceCollectives::join`](crate::collective::device::DeviceCollectives::join)).
+    #[error(
+        "{collective} #{round}: not every rank completed it (a peer in another process is missing, stuck or failed, and the library cannot say which; this rank waited at most {deadline:?}); the group is broken"
+    )]
+    Stalled {
+        /// The collective.
+        collective: &'static str,
+        /// Which collective of the group.
+        round: u64,
+        /// How long this rank waited.
+        deadline: Duration,
+    },
+    /// The device transport's library (NCCL, RCCL) answered an error of
+    /// its own: a refusal, an internal failure, a call on an aborted
+    /// communicator.
+    #[error("{library} `{call}` failed: {detail}")]
+    Library {
+        /// Which library ("nccl", "rccl").
+        library: &'static str,
+        /// The entry point.
+        call: &'static str,
+        /// Its result code and what the library says it means.
+        detail: String,
+    },
+    /// The group lost a rank earlier: its survivors go on by
+    /// [`Rank::shrink`](crate::collective::Rank::shrink), or a new [`Group`](crate::collective::Group) is made (rules 43, 54).
+    #[error("the group is broken ({cause}); shrink it to its survivors, or make a new group")]
+    Broken {
+        /// What broke it.
+        cause: Arc<CollectiveError>,
+    },
+    /// A call through a rank of a membership epoch that a change
+    /// superseded ([`Rank::shrink`](crate::collective::Rank::shrink), [`Rank::admit`](crate::collective::Rank::admit)): refused, claiming
+    /// nothing (rule 55).
+    #[error("called through membership epoch {epoch}, which epoch {current} superseded{}", stale_advice(*left_out, *current))]
+    Stale {
+        /// The epoch the call came through.
+        epoch: u64,
+        /// The epoch that superseded it.
+        current: u64,
+        /// Whether the new epoch left this rank out.
+        left_out: bool,
+    },
+}
+
+/// What a [`CollectiveError::Stale`] tells the caller to do.
+fn stale_advice(left_out: bool, current: u64) -> String {
+    if left_out {
+        format!(" without this rank: it is no member of epoch {current}; the group must admit it")
+    } else {
+        format!(": call through this rank's handle of epoch {current}, which the change returned")
+    }
+}
+
+impl From<CollectiveError> for Error {
+    fn from(error: CollectiveError) -> Self {
+        Error::Collective(Box::new(error))
+    }
+}

@@ -48,6 +48,14 @@
 //! 10. **The core is measured alone.** The [`null`] backend does nothing at
 //!     once, so a bench over it is the core's own cost, and a test backend
 //!     scripts one device behaviour on it instead of forwarding every call.
+//! 11. **Modules form layers; errors sit at the bottom.** Lowest first:
+//!     ids and kernels (`id`, `kernel`, `limits`, `few`); `error`; the
+//!     failure model (`taint`, `failure`, `store`, `table`, `scope`,
+//!     `capture`); what a server is built from (`backend`, `handle`,
+//!     `hooks`, `fault`, `probe`, `null`); `server`; `client`;
+//!     `collective`. A module names only its own layer or lower ones, so
+//!     each layer reads, and tests, without those above it.
+//!     `tests/layers.rs` keeps this.
 //!
 //! # Where things are
 //!

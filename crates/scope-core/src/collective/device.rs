@@ -1,34 +1,22 @@
 //! A device transport for collectives: the bytes move on the devices
-//! (NCCL, RCCL), the decision about them stays where it is.
+//! (NCCL, RCCL); the decision about them stays where it is.
 //!
-//! Host staging (the rest of this module) reads every part to the host, so
-//! it works for every backend but moves every byte twice over the bus. A
-//! backend whose vendor ships a collective library implements
-//! [`DeviceCollectives`], and [`Group::over_device`](super::Group::over_device)
-//! makes a group whose rounds go through it. What does not change is the
-//! order of things, and that is the point:
+//! Host staging moves every byte twice over the bus. A backend with a
+//! collective library implements [`DeviceCollectives`], and
+//! [`Group::over_device`](super::Group::over_device) runs rounds through
+//! it. The order of things does not change:
 //!
 //! 1. **Every rank still decides before data moves.** A rank waits for its
-//!    stream and checks its input (no bytes are read), then meets its peers
-//!    at the same rendezvous host staging uses, carrying *whether* its input
-//!    is readable and, if not, the failure with its chain. One outcome is
-//!    decided for the round, as before (rules 41, 44). Only when every
-//!    rank's input is clean does any rank call the library, so no rank sends
-//!    bytes another would read as clean when they are not, and a mismatched
-//!    call (another collective, another size) never reaches the library,
-//!    where NCCL would hang or read past a buffer rather than refuse.
+//!    stream, checks its input without reading it, and meets its peers.
+//!    Only when every input is clean does any rank call the library. A
+//!    mismatched call never reaches it, where NCCL would hang or overrun.
 //! 2. **The library's call is device work like any other.** It is issued
-//!    through the server on the rank's stream ([`Site::Collective`] for fault
-//!    injection), ordered after the work that wrote its buffers, its output
-//!    in flight until a wait: a fault the device reports later lands on the
-//!    output by the same in-flight attribution every launch gets.
-//! 3. **A rank whose call fails after the ranks agreed breaks the group and
-//!    aborts every rank's communicator.** Its peers have called the library
-//!    and would wait inside it for a rank that is not coming; one process
-//!    holds every rank's communicator, so the failing rank aborts them all
-//!    (`ncclCommAbort` is the library's documented way out of a hung
-//!    communicator), and every later collective gets
-//!    [`CollectiveError::Broken`] (rule 43).
+//!    through the server on the rank's stream ([`Site::Collective`]), and
+//!    a later fault lands on its output as on any launch's.
+//! 3. **A call that fails after the ranks agreed breaks the group.** Its
+//!    peers wait inside the library for it, so the failing rank aborts
+//!    every communicator (`ncclCommAbort`). Later calls get
+//!    [`CollectiveError::Broken`](super::CollectiveError::Broken) (rule 43).
 //!
 //! [`Site::Collective`]: crate::Site::Collective
 
@@ -36,13 +24,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::round::{Input, Kind, Outcome, Part};
-use super::{Call, CollectiveError, Group, Rank, is_refusal, per_rank};
+use super::round::{Input, Kind, Outcome, Part, Written};
+use super::{Call, Group, Rank, is_refusal, per_rank};
 use crate::backend::Backend;
 use crate::capture::{CaptureState, RecordedRound};
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::handle::{Graph, Slice};
+use crate::handle::Slice;
 
 /// A backend whose devices run collectives themselves, through the vendor's
 /// library: an `unsafe` contract, as [`Backend`]'s device calls are, which
@@ -71,7 +59,7 @@ pub trait DeviceCollectives: Backend {
     /// through the communicator waits on the host for its peers (the
     /// library's, to take a call; a transport whose calls block, to finish
     /// one). A join or call that gave up waiting, or found its
-    /// communicator aborted by a peer, answers [`CollectiveError::Stalled`],
+    /// communicator aborted by a peer, answers [`CollectiveError::Stalled`](super::CollectiveError::Stalled),
     /// which a rank across processes reports as its peers' absence rather
     /// than its own failure.
     ///
@@ -157,7 +145,7 @@ pub trait DeviceCollectives: Backend {
     ///
     /// # Errors
     ///
-    /// What the library answered, or [`CollectiveError::Stalled`] when a
+    /// What the library answered, or [`CollectiveError::Stalled`](super::CollectiveError::Stalled) when a
     /// survivor did not come within `patience`.
     unsafe fn shrink(
         &mut self,
@@ -187,7 +175,7 @@ pub trait DeviceCollectives: Backend {
     unsafe fn finished(waiter: &Self::Waiter) -> Result<bool>;
 
     /// Whether `communicator` still works: a peer's abort, or a failed
-    /// link to one, answers [`CollectiveError::Stalled`] (NCCL's
+    /// link to one, answers [`CollectiveError::Stalled`](super::CollectiveError::Stalled) (NCCL's
     /// `ncclCommGetAsyncError`). Asked while a rank across processes waits
     /// for a call, which will then not complete.
     ///
@@ -462,22 +450,6 @@ fn join_all<B: DeviceCollectives>(
     })
 }
 
-/// The error every rank's output carries when one rank's device call
-/// failed after the ranks agreed: the group breaks with it.
-pub(super) fn issue_failed(
-    collective: &'static str,
-    round: u64,
-    rank: usize,
-    cause: Error,
-) -> CollectiveError {
-    CollectiveError::IssueFailed {
-        collective,
-        round,
-        rank,
-        cause,
-    }
-}
-
 impl<B: DeviceCollectives> Group<B> {
     /// A group of `clients`, rank `i` being `clients[i]`, whose collectives
     /// move their bytes on the devices through the backend's library (NCCL
@@ -599,14 +571,6 @@ pub(super) fn readiness(waited: Result<()>, check: impl FnOnce() -> Result<()>) 
     }
 }
 
-/// What a round writes on one rank, which carries the round's failure:
-/// a collective's output, or everything a replayed graph writes.
-#[derive(Clone, Copy)]
-pub(super) enum Written<'a> {
-    Output(Slice<'a>),
-    Graph(&'a Graph),
-}
-
 impl<B: Backend> Rank<B> {
     /// Claim what this rank's round writes with `error` (rule 21).
     pub(super) fn claim(&self, written: Written<'_>, error: Error) -> Result<()> {
@@ -618,10 +582,9 @@ impl<B: Backend> Rank<B> {
 
     /// The round this rank met last, as a capture window records it.
     pub(super) fn recorded_round(&self) -> RecordedRound {
-        let issued = self.shared.state.lock().issued[self.rank];
         RecordedRound {
             group: self.shared.id,
-            round: issued.saturating_sub(1),
+            round: self.shared.state.lock().rounds.last(self.rank),
         }
     }
 }

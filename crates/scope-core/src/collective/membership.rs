@@ -1,95 +1,75 @@
-//! Membership: a group that lost a rank shrinks to its survivors and goes
-//! on, and admits a rank that comes back (rules 54–57).
+//! Membership: a broken group shrinks to its survivors and goes on, and
+//! admits a rank that comes back (rules 54–57).
 //!
-//! A group that lost a rank is broken (rule 43); before this, the way on
-//! was a new group built by hand. But which ranks survived is something
-//! the group already knows — the rank a broken round named missing or
-//! failed, the rank whose device is lost — so the survivors can form the
-//! group of themselves, as MPI's `MPIX_Comm_shrink` and NCCL's
-//! `ncclCommShrink` do, and a rank that recovered its device (or a new
-//! client) can be admitted, as torchft's quorum admits a replica and heals
-//! it from a healthy peer.
+//! The group knows which ranks are gone: those a broken round named, and
+//! those whose device is lost. So survivors can regroup themselves, as
+//! `MPIX_Comm_shrink` and `ncclCommShrink` do, and admit a recovered rank,
+//! as torchft's quorum does.
 //!
-//! 1. **Every membership change is a meeting with the deadline.** Each
-//!    rank that goes on calls [`Rank::shrink`] (or [`Rank::admit`]); the
-//!    change is decided once, by the last expected rank to arrive — or, at
-//!    the deadline, by the first rank whose wait ran out — so every rank
-//!    gets the same membership. Expected are the ranks not known gone:
-//!    one a broken round named missing or failed, one whose device is
-//!    lost (its client is poisoned) is not waited for. A rank expected
-//!    but absent at the deadline is left out.
-//! 2. **Membership has an epoch.** The new group is a new epoch: its ranks
-//!    are renumbered in the order of their old ranks (newcomers last), and
-//!    the old group is superseded — every call through a rank of the old
-//!    epoch is refused with [`CollectiveError::Stale`], claiming nothing,
-//!    so no call can reach a group whose ranks no longer agree on who is
-//!    in it.
-//! 3. **The transport comes along.** A host-staged group needs nothing
-//!    more. A group over a device transport makes the new epoch's
-//!    communicators while its ranks are in the meeting: through the
-//!    library's own shrink where it has one and the old communicators are
-//!    intact (`DeviceCollectives::shrink`, `ncclCommShrink`), else from a
-//!    fresh identity, every member joining it on a thread of its own.
+//! 1. **A change is a meeting with the deadline** (`meeting.rs`). Ranks
+//!    known gone are not awaited; one absent at the deadline is left out.
+//!    Every rank gets the same membership.
+//! 2. **Membership has an epoch.** The new group renumbers its ranks in
+//!    old order, newcomers last. Calls through the old epoch get
+//!    [`CollectiveError::Stale`], claiming nothing.
+//! 3. **The transport comes along.** A device transport makes the new
+//!    epoch's communicators during the meeting: by the library's shrink
+//!    where it can, else by joining a fresh identity.
 //! 4. **A collective over the survivors is over the survivors.** A mean
-//!    divides by the new epoch's rank count; nothing silently keeps the
-//!    old size.
-//! 5. **A newcomer is healed by its peers, not trusted.** Its buffers hold
-//!    what its device held — nothing, if it recovered: they read as lost
-//!    with the device (rule 51) — so a collective that reads them fails on
-//!    every rank (rule 41) until a broadcast from a healthy rank writes,
-//!    and heals, them ([`Rank::heal`]).
+//!    divides by the new rank count.
+//! 5. **A newcomer is healed, not trusted.** Its buffers read as lost
+//!    (rule 51) until a broadcast from a healthy rank heals them
+//!    ([`Rank::heal`]).
 //!
-//! Ranks that each joined alone ([`Rank::join`]) share no memory to meet
-//! in: their launcher decides the new membership and hands every member a
-//! fresh identity, and each joins it again with the new epoch
-//! ([`Rank::join_epoch`]); the first ballot refuses, on every rank, a member
-//! that joined with another epoch.
+//! Ranks that joined alone ([`Rank::join`]) share no memory to meet in:
+//! their launcher decides the membership, and each joins again with the
+//! new epoch ([`Rank::join_epoch`]). A ballot refuses a member of another
+//! epoch on every rank.
 
 use std::sync::Arc;
-use std::time::Instant;
 
-use super::{CollectiveError, Group, Rank, Shared};
+use super::meeting::{Agenda, Meeting, Met, attend};
+use super::{Closed, CollectiveError, Group, Rank, Shared, State};
 use crate::backend::Backend;
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::handle::Slice;
 use crate::id::ServerId;
 
-/// The membership changes of one epoch, numbered as each rank calls
-/// them: a rank's `k`-th call meets its peers' `k`-th, as a collective's
-/// rounds do, so a rank that comes late, or asks for another change, meets
-/// the change its peers met, never one of its own.
-#[derive(Default)]
-pub(super) struct Changes {
-    /// How many changes each rank has called: its next.
-    called: Vec<u64>,
-    /// The changes not every rank has taken yet, by number.
-    open: std::collections::BTreeMap<u64, Change>,
-    /// Changes below this number were given up on for want of room
-    /// ([`KEPT`]): a rank that comes to one is refused.
-    forgotten_below: u64,
+/// A group's membership: the changes called on its epoch, each a meeting
+/// (`meeting.rs`), and the epoch that superseded it, once one did.
+pub(super) struct Membership<B: Backend> {
+    changes: Meeting<Ask<B>, Decided<B>>,
+    /// The new epoch and, by old rank, whether it kept the rank.
+    superseded: Option<(u64, Vec<bool>)>,
 }
 
-/// How many changes that a rank never came to are kept for it: a rank that
-/// never comes would otherwise keep each refused change forever.
-const KEPT: usize = 8;
+impl<B: Backend> Membership<B> {
+    pub(super) fn new(ranks: usize) -> Self {
+        Self {
+            changes: Meeting::new(ranks),
+            superseded: None,
+        }
+    }
 
-/// One change: what each rank asked for, and once decided, what they get.
-struct Change {
-    /// By rank: `None` until it came; then `None` inside for a shrink, the
-    /// newcomers' servers for an admission.
-    asks: Vec<Option<Option<Vec<ServerId>>>>,
-    decided: Option<Arc<Decided>>,
-    taken: usize,
+    /// Why a call through rank `rank` of epoch `epoch` is stale, once a
+    /// change superseded the epoch (rule 55).
+    pub(super) fn stale(&self, epoch: u64, rank: usize) -> Option<CollectiveError> {
+        let (current, kept) = self.superseded.as_ref()?;
+        Some(CollectiveError::Stale {
+            epoch,
+            current: *current,
+            left_out: !kept.get(rank).copied().unwrap_or(false),
+        })
+    }
 }
 
 /// A decided change: the new epoch, or why there is none.
-pub(super) enum Decided {
-    /// The new group (a `Shared<B>`: the state holding it is not generic)
-    /// and, by old rank, each member's new rank (`None` for a rank left
-    /// out).
+pub(super) enum Decided<B: Backend> {
+    /// The new group and, by old rank, each member's new rank (`None` for
+    /// a rank left out).
     Group {
-        shared: Arc<dyn std::any::Any + Send + Sync>,
+        shared: Arc<Shared<B>>,
         ranks: Vec<Option<usize>>,
         epoch: u64,
     },
@@ -123,35 +103,13 @@ impl From<RefusedChange> for Error {
     }
 }
 
-impl Changes {
-    /// After a rank took change `number`: forget it once every rank has,
-    /// and keep at most [`KEPT`] that some rank never came to.
-    fn settle(&mut self, number: u64, ranks: usize) {
-        if self.open.get(&number).is_some_and(|c| c.taken >= ranks) {
-            self.open.remove(&number);
-        }
-        while self.open.len() > KEPT {
-            // Only a change every rank that came to has taken: a rank
-            // still waking to its decision must find it.
-            let taken_by_all_who_came =
-                |c: &Change| c.decided.is_some() && c.taken >= c.asks.iter().flatten().count();
-            let Some((&oldest, _)) = self.open.iter().find(|(_, c)| taken_by_all_who_came(c))
-            else {
-                break;
-            };
-            self.open.remove(&oldest);
-            self.forgotten_below = self.forgotten_below.max(oldest + 1);
-        }
-    }
-}
-
 /// The first rank that asked for another change than the lowest rank that
 /// came, and what it asked, if any did.
-fn disagreement(asks: &[Option<Option<Vec<ServerId>>>]) -> Option<(usize, String)> {
+fn disagreement<B: Backend>(asks: &[Option<Ask<B>>]) -> Option<(usize, String)> {
     let mut came = asks
         .iter()
         .enumerate()
-        .filter_map(|(r, a)| Some((r, a.as_ref()?)));
+        .filter_map(|(r, a)| Some((r, a.as_ref()?.servers())));
     let (first, expected) = came.next()?;
     let say = |ask: &Option<Vec<ServerId>>| match ask {
         None => "shrink".to_owned(),
@@ -162,17 +120,76 @@ fn disagreement(asks: &[Option<Option<Vec<ServerId>>>]) -> Option<(usize, String
             rank,
             format!(
                 "asked to {} where rank {first} asked to {}",
-                say(ask),
-                say(expected)
+                say(&ask),
+                say(&expected)
             ),
         )
     })
 }
 
 /// What kind of change a rank asks for.
-enum Ask<B: Backend> {
+pub(super) enum Ask<B: Backend> {
     Shrink,
     Admit(Vec<Client<B>>),
+}
+
+impl<B: Backend> Ask<B> {
+    /// What ranks must agree on: the newcomers' servers, for an admission.
+    fn servers(&self) -> Option<Vec<ServerId>> {
+        match self {
+            Ask::Shrink => None,
+            Ask::Admit(newcomers) => Some(newcomers.iter().map(Client::server_id).collect()),
+        }
+    }
+}
+
+/// How a change meets: ranks known gone are not awaited; the decision
+/// supersedes the epoch (rules 54, 55).
+struct Changing<'a, B: Backend> {
+    rank: &'a Rank<B>,
+}
+
+impl<B: Backend> Agenda<State<B>> for Changing<'_, B> {
+    type Part = Ask<B>;
+    type Decision = Decided<B>;
+    type Leave = CollectiveError;
+
+    fn meeting<'s>(&self, state: &'s mut State<B>) -> &'s mut Meeting<Ask<B>, Decided<B>> {
+        &mut state.membership.changes
+    }
+
+    fn awaits(&self, state: &State<B>, rank: usize) -> bool {
+        !self
+            .rank
+            .known_gone(state.broken.as_deref())
+            .contains(&rank)
+    }
+
+    fn leave(&self, state: &State<B>) -> Option<CollectiveError> {
+        match self.rank.shared.closed(state, self.rank.rank)? {
+            Closed::Stale(stale) => Some(stale),
+            Closed::Broken(_) => None,
+        }
+    }
+
+    fn decide(&self, state: &mut State<B>, number: u64, asks: Vec<Option<Ask<B>>>) -> Decided<B> {
+        let rank = self.rank;
+        let decided = match disagreement(&asks) {
+            Some((other, why)) => {
+                Decided::Refused(rank.refuse(number, why).with_rank(other).into())
+            }
+            None => {
+                let arrived: Vec<usize> = (0..asks.len()).filter(|&r| asks[r].is_some()).collect();
+                let ask = asks[rank.rank].as_ref().unwrap_or(&Ask::Shrink);
+                rank.decide_change(ask, number, &arrived)
+            }
+        };
+        if let Decided::Group { epoch, ranks, .. } = &decided {
+            state.membership.superseded =
+                Some((*epoch, ranks.iter().map(Option::is_some).collect()));
+        }
+        decided
+    }
 }
 
 impl<B: Backend> Group<B> {
@@ -275,100 +292,49 @@ impl<B: Backend> Rank<B> {
             )));
         }
         let shared = &*self.shared;
-        let ranks = shared.ranks;
-        let what = match &ask {
-            Ask::Shrink => None,
-            Ask::Admit(newcomers) => Some(newcomers.iter().map(Client::server_id).collect()),
-        };
-        let until = Instant::now() + shared.deadline;
-        let mut state = shared.state.lock();
         // A broken group is what a shrink is for; a superseded one is not.
-        if let Some(stale) = state.stale(shared.epoch, self.rank) {
+        if let Some(Closed::Stale(stale)) = shared.closed(&shared.state.lock(), self.rank) {
             return Err(stale.into());
         }
-        let changes = state.changes.get_or_insert_with(|| Changes {
-            called: vec![0; ranks],
-            ..Changes::default()
-        });
-        let number = changes.called[self.rank];
-        changes.called[self.rank] += 1;
-        if number < changes.forgotten_below {
-            return Err(self
-                .refuse(
-                    number,
-                    "came to a membership change its peers decided long before; every rank \
-                     must call each change"
-                        .to_owned(),
-                )
-                .into());
-        }
-        let change = changes.open.entry(number).or_insert_with(|| Change {
-            asks: vec![None; ranks],
-            decided: None,
-            taken: 0,
-        });
-        if change.decided.is_none() {
-            change.asks[self.rank] = Some(what);
-        }
-        let decided = loop {
-            let gone = self.known_gone(state.broken.as_deref());
-            let Some(change) = state.changes.as_mut().and_then(|c| c.open.get_mut(&number)) else {
-                return Err(Error::internal(
-                    "a membership change left the group before its ranks took it",
-                ));
-            };
-            if let Some(decided) = change.decided.clone() {
-                change.taken += 1;
-                break decided;
+        let agenda = Changing { rank: self };
+        let decided = match attend(
+            &shared.state,
+            &shared.changed,
+            &agenda,
+            (self.rank, ask),
+            shared.deadline,
+        ) {
+            Met::Decided(decided) => decided,
+            Met::Left(stale) => return Err(stale.into()),
+            Met::Forgotten(number) => {
+                return Err(self
+                    .refuse(
+                        number,
+                        "came to a membership change its peers decided long before; every rank \
+                         must call each change"
+                            .to_owned(),
+                    )
+                    .into());
             }
-            let all_here = (0..ranks).all(|r| change.asks[r].is_some() || gone.contains(&r));
-            if all_here || Instant::now() >= until {
-                let decided = match disagreement(&change.asks) {
-                    Some((rank, why)) => {
-                        Decided::Refused(self.refuse(number, why).with_rank(rank).into())
-                    }
-                    None => {
-                        let arrived: Vec<usize> =
-                            (0..ranks).filter(|&r| change.asks[r].is_some()).collect();
-                        self.decide_change(&ask, number, &arrived)
-                    }
-                };
-                if let Decided::Group { epoch, ranks, .. } = &decided {
-                    state.superseded = Some((*epoch, ranks.iter().map(Option::is_some).collect()));
-                }
-                if let Some(change) = state.changes.as_mut().and_then(|c| c.open.get_mut(&number)) {
-                    change.decided = Some(Arc::new(decided));
-                }
-                shared.changed.notify_all();
-                continue;
-            }
-            let _ = shared.changed.wait_until(&mut state, until);
         };
-        if let Some(changes) = state.changes.as_mut() {
-            changes.settle(number, ranks);
-        }
-        drop(state);
         match &*decided {
             Decided::Refused(error) => Err(error.clone()),
             Decided::Group {
-                shared: group,
+                shared,
                 ranks: mapping,
                 epoch,
-            } => {
-                let Some(rank) = mapping.get(self.rank).copied().flatten() else {
-                    return Err(CollectiveError::Stale {
-                        epoch: self.shared.epoch,
-                        current: *epoch,
-                        left_out: true,
-                    }
-                    .into());
-                };
-                let shared = group
-                    .clone()
-                    .downcast::<Shared<B>>()
-                    .map_err(|_| Error::internal("a new epoch of another backend"))?;
-                Ok(Rank { shared, rank })
-            }
+            } => match mapping.get(self.rank).copied().flatten() {
+                Some(rank) => Ok(Rank {
+                    shared: shared.clone(),
+                    rank,
+                }),
+                None => Err(CollectiveError::Stale {
+                    epoch: self.shared.epoch,
+                    current: *epoch,
+                    left_out: true,
+                }
+                .into()),
+            },
         }
     }
 
@@ -402,7 +368,7 @@ impl<B: Backend> Rank<B> {
 
     /// Decide a change among the ranks that `arrived` (in rank order): the
     /// new epoch's group, or a refusal for every participant.
-    fn decide_change(&self, ask: &Ask<B>, number: u64, arrived: &[usize]) -> Decided {
+    fn decide_change(&self, ask: &Ask<B>, number: u64, arrived: &[usize]) -> Decided<B> {
         let shared = &*self.shared;
         let first = arrived.first().copied().unwrap_or(self.rank);
         let refuse =
@@ -451,7 +417,7 @@ impl<B: Backend> Rank<B> {
             left_out = ?(0..shared.ranks).filter(|r| !arrived.contains(r)).collect::<Vec<_>>(),
             "the group's membership changed"
         );
-        let group: Arc<dyn std::any::Any + Send + Sync> = Arc::new(Shared::new(
+        let group = Arc::new(Shared::new(
             clients,
             (0, members),
             shared.deadline,

@@ -1,29 +1,21 @@
 //! Point-to-point: one rank's bytes to one other rank, with the failure
 //! carried instead of garbage (rules 41, 42 for two ranks).
 //!
-//! A send reads its bytes and leaves them — or the failure they carry,
-//! with its root cause and chain — in the receiver's mailbox for that
-//! sender; it does not wait for the receiver, unless the mailbox already
-//! holds [`MAILBOX_PARCELS`] parcels or [`MAILBOX_BYTES`] bytes the
-//! receiver has not taken: then it waits for room, and a receiver that
-//! takes nothing for a whole deadline is missing (the group breaks).
+//! A send leaves its bytes, or the failure they carry, in the receiver's
+//! mailbox for that sender. It waits only for room ([`MAILBOX_PARCELS`],
+//! [`MAILBOX_BYTES`]); a receiver that takes nothing for a deadline is
+//! missing, and the group breaks.
 //!
-//! A receive takes the next parcel from that sender, in the order sent,
-//! waiting at most the group's deadline: clean bytes are written (and
-//! heal), a failure is claimed on the receive's output naming the sending
-//! rank, and a sender that never sends fails the receive with
-//! [`CollectiveError::Missing`] and breaks the group, as a missing rank
-//! does for a collective. In one process the bytes move through the host
-//! on every transport (a device transport's library is not called for
-//! them).
+//! A receive takes that sender's next parcel, waiting at most the
+//! deadline. Clean bytes are written and heal; a failure is claimed on the
+//! output, naming the sender; a sender that never sends fails the receive
+//! with [`CollectiveError::Missing`] and breaks the group. In one process
+//! the bytes move through the host on every transport.
 //!
-//! Between ranks in separate processes ([`Rank::join`]) there is no
-//! mailbox to share: the sender and the receiver exchange headers through
-//! the library (`collective/remote.rs`), and clean bytes of the agreed
-//! length move on the devices (`ncclSend`, `ncclRecv`). Neither half
-//! waits past the deadline. Unlike in one process, a send there returns
-//! once its bytes have moved, and lengths that differ are refused on both
-//! ends.
+//! Across processes ([`Rank::join`]) there is no mailbox: the two ranks
+//! exchange headers through the library (`remote.rs`), then clean bytes of
+//! the agreed length move on the devices. A send there returns once its
+//! bytes moved, and differing lengths are refused on both ends.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -116,11 +108,8 @@ impl<B: Backend> Rank<B> {
         let until = Instant::now() + shared.deadline;
         let mut state = shared.state.lock();
         loop {
-            if let Some(cause) = state.broken.clone() {
-                return Err(CollectiveError::Broken { cause }.into());
-            }
-            if let Some(stale) = state.stale(shared.epoch, self.rank) {
-                return Err(stale.into());
+            if let Some(closed) = shared.closed(&state, self.rank) {
+                return Err(closed.refusal());
             }
             let mailbox = state.mail.entry((self.rank, to)).or_default();
             let full = mailbox.queue.len() >= MAILBOX_PARCELS
@@ -189,19 +178,11 @@ impl<B: Backend> Rank<B> {
         let until = Instant::now() + shared.deadline;
         let mut state = shared.state.lock();
         let (number, parcel) = loop {
-            if let Some(cause) = state.broken.clone() {
-                // Broken while this receive waited: its bytes will not
+            if let Some(closed) = shared.closed(&state, self.rank) {
+                // Closed while this receive waited: its bytes will not
                 // come, so `data` carries why (rule 42).
                 drop(state);
-                let error: Error = (*cause).clone().into();
-                self.client().fail_writing(&[data], error.clone())?;
-                return Err(error);
-            }
-            if let Some(stale) = state.stale(shared.epoch, self.rank) {
-                // Superseded while this receive waited: no sender of this
-                // epoch will come, so `data` carries why.
-                drop(state);
-                let error: Error = stale.into();
+                let error = closed.cause();
                 self.client().fail_writing(&[data], error.clone())?;
                 return Err(error);
             }

@@ -1,65 +1,41 @@
 //! Ranks in separate processes: the meeting moves onto the transport.
 //!
-//! In one process the ranks meet in memory (`collective/round.rs`). A rank
-//! whose peers are other processes, or other machines, shares no memory
-//! with them, and scope adds no wire of its own between machines: the
-//! library that moves the bytes (NCCL, RCCL) is the only one. So the
-//! meeting becomes a collective too, and the rules stay what they are:
+//! Ranks in other processes share no memory, and scope adds no wire of its
+//! own: the library that moves the bytes (NCCL, RCCL) is the only one. So
+//! the meeting becomes a collective too, and the rules stay the same:
 //!
-//! 1. **A ballot before every round.** Each rank writes what it brings —
-//!    the call (kind, element, operation, root), its input's length, and
-//!    whether its input is readable: ready, failed (with the failure as its
-//!    process renders it: the root cause and the chain), or refused (why) —
-//!    into a record of [`RECORD`] bytes, and the ranks all-gather their
-//!    records through the communicator. Every rank then holds every rank's
-//!    record and runs the same decision on them
-//!    (`round::decide`): one outcome, reached alike
-//!    everywhere, before a byte of data moves (rules 41, 44). It is the
-//!    vote torchft adds by hand (`should_commit`), taken by the transport
-//!    that will carry the data.
-//! 2. **Every wait has the deadline.** The ballot's completion, and the
-//!    data call's, are polled ([`DeviceCollectives::finished`]) with the
-//!    server's lock released, for at most the group's deadline. A peer
-//!    that never calls — dead, stuck, or in another collective — leaves the
-//!    library's kernel waiting for it; at the deadline the rank aborts its
-//!    communicator (`ncclCommAbort` releases that kernel), its output
-//!    carries [`CollectiveError::Stalled`], and its group is broken (rules
-//!    42, 43). Across processes the library cannot say which peer is
-//!    missing, so the error names none.
-//! 3. **A failed call breaks what it can reach.** A rank whose call into
-//!    the library fails aborts its own communicator and breaks its group;
-//!    its peers' calls then wait for it, reach their deadline, and break
-//!    theirs. Every rank's output carries a failure; none reads as
-//!    written. (In one process the failing rank aborts every rank's
-//!    communicator at once and names itself to all; here it cannot.)
-//! 4. **The price**: one all-gather of [`RECORD`] bytes per rank, and a
-//!    wait on the host, before each collective, and a wait on the host
-//!    after it (so the output is never left to a stream that a missing peer
-//!    could hold forever).
-//! 5. **Point-to-point pairs its headers.** A send and its receive
-//!    exchange fixed-size headers through the library first — the
-//!    sender's status (ready, or its failure as text) and length, the
-//!    receiver's length — sender first, receiver first, so the halves
-//!    pair. Only clean bytes of agreed length then move (`ncclSend`,
-//!    `ncclRecv`); a failure is claimed on the receiver's buffer naming
-//!    the sender, lengths that differ are refused on both ends, claiming
-//!    nothing, and every wait has the deadline (rule 48).
-//! 6. **Ballots have a stream of their own**, on the rank's device, so a
-//!    ballot is taken — and waited for — while the rank's stream records
-//!    a capture: a recorded collective is decided like any other, and a
-//!    replay of its graph by ballot too (`collective/replay.rs`). NCCL
-//!    supports a communicator's captured and eager calls outstanding
-//!    together; the ballot is waited for before the recorded call is made
-//!    in any case.
+//! 1. **A ballot before every round.** Each rank writes its part (the
+//!    call, its input's length, and ready, failed or refused) into a
+//!    record of [`RECORD`] bytes. The ranks all-gather the records, and
+//!    each runs the same decision on them (`round::decide`). It is
+//!    torchft's `should_commit` vote, taken by the transport itself.
+//! 2. **A ballot is read or refused, never guessed.** A record of another
+//!    version, or with a value this build does not know, stands as its
+//!    rank's refusal: every rank refuses the round, claiming nothing.
+//! 3. **Every wait has the deadline.** Completions are polled
+//!    ([`DeviceCollectives::finished`]) without the server's lock. At the
+//!    deadline the rank aborts its communicator, its output carries
+//!    [`CollectiveError::Stalled`], and its group breaks (rules 42, 43).
+//!    The library cannot say which peer is missing, so the error names
+//!    none.
+//! 4. **A failed call breaks what it can reach.** The failing rank aborts
+//!    its own communicator; its peers reach their deadline and break
+//!    theirs. No output reads as written.
+//! 5. **The price**: one all-gather of [`RECORD`] bytes and a host wait
+//!    before each collective, and a host wait after it.
+//! 6. **Point-to-point pairs its headers.** Sender and receiver exchange
+//!    headers first, so only clean bytes of an agreed length move
+//!    (`ncclSend`, `ncclRecv`, rule 48).
+//! 7. **Ballots have a stream of their own**, so a ballot is taken while
+//!    the rank's stream records a capture (`collective/replay.rs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::device::{
-    Communicators, DeviceCall, DeviceCollectives, DeviceTransfer, Direction, Mover, Written,
-    issue_failed,
+    Communicators, DeviceCall, DeviceCollectives, DeviceTransfer, Direction, Mover,
 };
-use super::round::{Input, Kind, Outcome, Part, decide};
+use super::round::{Input, Kind, Outcome, Part, Written, decide, issue_failed};
 use super::{Call, CollectiveError, Element, Rank, Reduce, Shared};
 use crate::backend::Backend;
 use crate::client::{Client, LentStream};
@@ -71,11 +47,14 @@ use crate::handle::{Buffer, Slice};
 /// cut, and says so.
 pub const RECORD: usize = 1024;
 
-/// Marks a ballot record, and its layout's version.
+/// Marks a ballot record.
 const MAGIC: u32 = 0x5343_4233;
 
+/// The record layout's version: a rank refuses a ballot of another.
+const VERSION: u32 = 1;
+
 /// Where the text of a record begins.
-const TEXT: usize = 52;
+const TEXT: usize = 56;
 
 /// A peer's failure as its own process rendered it — the root cause and
 /// the chain, as text: what of an [`Error`] crosses processes. A rank's
@@ -207,27 +186,17 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
             });
         }
         let gathered = client.read(self.gathered.all()).map_err(failed)?;
-        let mut parts: Vec<Option<Part>> = gathered
-            .chunks_exact(RECORD)
-            .map(|record| decode(round, record))
-            .collect();
-        if parts.iter().any(Option::is_none) {
+        tally(round, &gathered, ranks, (rank, part)).map_err(|()| {
             // A record scope did not write for this round: the exchange
-            // ended without every rank's ballot (an abort, say), and what
-            // the buffer holds is not a vote.
+            // ended without every rank's ballot, and the buffer is no vote.
             // SAFETY: the communicator was joined on a `B`.
             unsafe { B::abort(communicator) };
-            return Err(CollectiveError::Stalled {
+            CollectiveError::Stalled {
                 collective: kind.name(),
                 round,
                 deadline,
-            });
-        }
-        // This rank's own failure keeps its error whole, not its text.
-        if let Some(mine) = parts.get_mut(rank) {
-            *mine = Some(part);
-        }
-        Ok(parts.into_iter().flatten().collect())
+            }
+        })
     }
 
     fn exchange(
@@ -264,7 +233,7 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
             Kind::Send
         };
         match decode(number, &record) {
-            Some(theirs) if theirs.kind == expected => Ok(theirs),
+            Ok(theirs) if theirs.kind == expected => Ok(theirs),
             _ => {
                 // Not the peer's header for this transfer: the exchange
                 // ended without it (an abort), or the ranks are out of
@@ -433,13 +402,24 @@ fn encode(round: u64, part: &Part) -> Vec<u8> {
     record[32..36].copy_from_slice(&(text.len() as u32).to_le_bytes());
     record[36..44].copy_from_slice(&digest.to_le_bytes());
     record[44..52].copy_from_slice(&part.epoch.to_le_bytes());
+    record[52..56].copy_from_slice(&VERSION.to_le_bytes());
     record[TEXT..TEXT + text.len()].copy_from_slice(&text);
     record
 }
 
-/// A rank's record, read in round `round`, as the part it stands for;
-/// `None` for a record that is not one, or is of another round.
-fn decode(round: u64, record: &[u8]) -> Option<Part> {
+/// Why a record is not a part.
+#[derive(Debug, PartialEq, Eq)]
+enum Unread {
+    /// Not a ballot of this round: the exchange ended without it (an
+    /// abort, say), so it is no vote.
+    NoVote,
+    /// A ballot of this round this build cannot read: another version,
+    /// an unknown call, a truncated record.
+    Unreadable(String),
+}
+
+/// A rank's record, read in round `round`, as the part it stands for.
+fn decode(round: u64, record: &[u8]) -> std::result::Result<Part, Unread> {
     let word = |at: usize| {
         u32::from_le_bytes([record[at], record[at + 1], record[at + 2], record[at + 3]])
     };
@@ -448,20 +428,35 @@ fn decode(round: u64, record: &[u8]) -> Option<Part> {
         bytes.copy_from_slice(&record[at..at + 8]);
         u64::from_le_bytes(bytes)
     };
-    if word(0) != MAGIC || long(20) != round {
-        return None;
+    if record.len() < 28 || word(0) != MAGIC || long(20) != round {
+        return Err(Unread::NoVote);
+    }
+    let unreadable = |why: String| Err(Unread::Unreadable(why));
+    if record.len() != RECORD {
+        return unreadable(format!(
+            "{} bytes where a ballot has {RECORD}",
+            record.len()
+        ));
+    }
+    if word(52) != VERSION {
+        return unreadable(format!(
+            "version {} where this build reads {VERSION}",
+            word(52)
+        ));
     }
     let element = match record[5] {
         0 => Element::F32,
         1 => Element::I32,
-        _ => Element::U32,
+        2 => Element::U32,
+        other => return unreadable(format!("element type {other}")),
     };
     let op = match record[6] {
         0 => Reduce::Sum,
         1 => Reduce::Prod,
         2 => Reduce::Min,
         3 => Reduce::Max,
-        _ => Reduce::Mean,
+        4 => Reduce::Mean,
+        other => return unreadable(format!("reduction {other}")),
     };
     let kind = match record[4] {
         0 => Kind::Call(Call::AllReduce { element, op }),
@@ -471,24 +466,66 @@ fn decode(round: u64, record: &[u8]) -> Option<Part> {
             root: word(8) as usize,
         }),
         4 => Kind::Call(Call::AllToAll),
+        5 => Kind::Replay { digest: long(36) },
         6 => Kind::Send,
         7 => Kind::Recv,
-        _ => Kind::Replay { digest: long(36) },
+        other => return unreadable(format!("call kind {other}")),
     };
-    let len = (word(32) as usize).min(RECORD - TEXT);
+    let len = word(32) as usize;
+    if len > RECORD - TEXT {
+        return unreadable(format!("{len} bytes of text in a record of {RECORD}"));
+    }
     let text = String::from_utf8_lossy(&record[TEXT..TEXT + len]).into_owned();
     let input = match word(28) {
         0 => Input::Ready,
         1 => Input::Failed(Error::external(PeerReport { report: text })),
-        _ => Input::Refused(text),
+        2 => Input::Refused(text),
+        other => return unreadable(format!("status {other}")),
     };
-    Some(Part {
+    Ok(Part {
         kind,
         len: long(12),
         epoch: long(44),
         recorded: record[7] != 0,
         input,
     })
+}
+
+/// Every rank's part from the `gathered` records of round `round`, this
+/// rank's (`rank`) being `mine`, kept whole. A ballot this build cannot
+/// read stands as its rank's refusal, so every rank refuses the round
+/// alike, claiming nothing.
+///
+/// # Errors
+///
+/// A record that is no vote: the exchange did not complete.
+fn tally(
+    round: u64,
+    gathered: &[u8],
+    ranks: usize,
+    (rank, mine): (usize, Part),
+) -> std::result::Result<Vec<Part>, ()> {
+    let mut mine = Some(mine);
+    let mut parts = Vec::with_capacity(ranks);
+    for r in 0..ranks {
+        let record = gathered.get(r * RECORD..).unwrap_or_default();
+        let record = &record[..record.len().min(RECORD)];
+        let part = match decode(round, record) {
+            Err(Unread::NoVote) => return Err(()),
+            Err(Unread::Unreadable(why)) => Part {
+                kind: mine.as_ref().map_or(Kind::Send, |m| m.kind),
+                len: 0,
+                epoch: 0,
+                recorded: false,
+                input: Input::Refused(format!("sent a ballot this rank cannot read: {why}")),
+            },
+            // This rank's own failure keeps its error whole, not its text.
+            Ok(part) if r == rank => mine.take().unwrap_or(part),
+            Ok(part) => part,
+        };
+        parts.push(part);
+    }
+    Ok(parts)
 }
 
 impl<B: DeviceCollectives> Rank<B> {
@@ -623,7 +660,7 @@ impl<B: Backend> Rank<B> {
         issued: Result<()>,
         written: Written<'_>,
     ) -> Result<()> {
-        let round = self.shared.state.lock().issued[self.rank].saturating_sub(1);
+        let round = self.shared.state.lock().rounds.last(self.rank);
         let deadline = self.shared.deadline;
         let seat = (self.rank, round);
         let error = match issued {
@@ -747,8 +784,73 @@ mod tests {
             recorded: false,
             input: Input::Ready,
         };
-        assert!(decode(7, &encode(7, &part)).is_some());
-        assert!(decode(8, &encode(7, &part)).is_none());
-        assert!(decode(0, &[0; RECORD]).is_none());
+        assert!(decode(7, &encode(7, &part)).is_ok());
+        assert_eq!(decode(8, &encode(7, &part)).err(), Some(Unread::NoVote));
+        assert_eq!(decode(0, &[0; RECORD]).err(), Some(Unread::NoVote));
+    }
+
+    fn gather(part: &Part) -> Part {
+        Part {
+            kind: part.kind,
+            len: part.len,
+            epoch: part.epoch,
+            recorded: part.recorded,
+            input: Input::Ready,
+        }
+    }
+
+    /// What this build cannot read is refused, never guessed: garbage is
+    /// no vote, and a truncated record, a future version, an unknown call,
+    /// element, reduction or status refuse the round on every rank.
+    #[test]
+    fn a_ballot_this_build_cannot_read_is_refused_on_every_rank() {
+        let part = Part {
+            kind: Kind::Call(Call::AllReduce {
+                element: Element::F32,
+                op: Reduce::Sum,
+            }),
+            len: 64,
+            epoch: 0,
+            recorded: false,
+            input: Input::Ready,
+        };
+        let good = encode(3, &part);
+        let mut garbage: Vec<u8> = (0..RECORD).map(|i| (i * 31 + 7) as u8).collect();
+        assert_eq!(decode(3, &garbage).err(), Some(Unread::NoVote));
+        garbage[..TEXT].copy_from_slice(&good[..TEXT]);
+        garbage[4] = 0xee;
+        let unreadable = |record: &[u8]| matches!(decode(3, record), Err(Unread::Unreadable(_)));
+        assert!(unreadable(&garbage), "an unknown call kind is no replay");
+        assert!(unreadable(&good[..RECORD - 1]), "truncated");
+        let mut future = good.clone();
+        future[52..56].copy_from_slice(&(VERSION + 1).to_le_bytes());
+        assert!(unreadable(&future), "a future version");
+        for (at, byte) in [(5, 9u8), (6, 9), (28, 9)] {
+            let mut odd = good.clone();
+            odd[at] = byte;
+            assert!(unreadable(&odd), "byte {at} = {byte}");
+        }
+        // Rank 1 sends the future version: both ranks refuse alike.
+        let gathered = [good.clone(), future].concat();
+        for rank in 0..2 {
+            let parts = tally(3, &gathered, 2, (rank, gather(&part))).expect("a vote");
+            match decide(3, &parts) {
+                Outcome::Refused(Error::Collective(refused)) => match *refused {
+                    CollectiveError::Refused {
+                        rank: 1, ref why, ..
+                    } => {
+                        assert!(why.contains("version 2"), "{why}");
+                    }
+                    ref other => panic!("rank {rank}: {other}"),
+                },
+                _ => panic!("rank {rank}: not refused"),
+            }
+        }
+        // A short gather is a truncated last record: refused too.
+        let parts = tally(3, &gathered[..RECORD + 100], 2, (0, gather(&part))).expect("a vote");
+        assert!(matches!(decide(3, &parts), Outcome::Refused(_)));
+        // Garbage in place of a ballot is no vote at all.
+        let noise = [good, vec![0x5a; RECORD]].concat();
+        assert!(tally(3, &noise, 2, (0, gather(&part))).is_err());
     }
 }

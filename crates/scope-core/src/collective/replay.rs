@@ -1,53 +1,33 @@
 //! Collectives in captured graphs: recorded by every rank, replayed by
-//! every rank together.
+//! every rank together (rule 50).
 //!
-//! NCCL can be captured into a CUDA graph (RCCL into a HIP graph), and a
-//! training step that is one graph per rank is where collectives pay off
-//! most. But a graph holding a collective is a promise to peers: its
-//! replay waits on the device for every other rank's replay of the same
-//! calls. Replayed alone, or with an input that carries a failure, it
-//! either hangs its peers or sends them bytes that are not what they seem.
-//! So the rules of one collective carry over to the graph (rule 50):
+//! A graph holding a collective is a promise to peers: its replay waits on
+//! the device for theirs. Replayed alone, or over a failed input, it hangs
+//! them or sends them garbage. So:
 //!
-//! 1. **Recording is a round.** A collective called while the rank's
-//!    stream records is met and decided like any other — every rank must
-//!    record it (a rank that runs it while a peer records is refused on
-//!    both), an input that already carries a failure dooms every rank's
-//!    window, a mismatched call is refused everywhere — and then recorded
-//!    on every rank, not run. Its window remembers the round, so the graph
-//!    knows which of its group's rounds it holds. Host staging cannot be
-//!    recorded (its bytes move through the host when the call runs) and is
-//!    refused, claiming nothing.
-//! 2. **Replaying is a round.** A graph that recorded rounds is replayed
-//!    with [`Rank::replay`], on every rank at once. Each rank checks its
-//!    graph's inputs (what it reads and did not write first) and the ranks
-//!    meet, carrying which rounds their graph holds: graphs that hold
-//!    different rounds are refused on every rank; an input that carries a
-//!    failure on any rank makes every rank's replay skip, and everything
-//!    each graph writes carries the failure, naming that rank. Only when
-//!    every rank is clean does any rank replay. [`Client::replay`] refuses
-//!    such a graph, claiming nothing.
-//! 3. **What happens after is what happens after a call.** A replay that
-//!    fails to start on one rank leaves its peers' collectives waiting on
-//!    the device: the communicators are aborted and the group breaks, as
-//!    for a failed call (rule 47); across processes a replay is waited for
-//!    within the deadline (rule 49).
+//! 1. **Recording is a round.** A collective called while the stream
+//!    records is met and decided like any other, then recorded on every
+//!    rank. Every rank must record it. Host staging cannot be recorded and
+//!    is refused, claiming nothing.
+//! 2. **Replaying is a round.** [`Rank::replay`] meets with which rounds
+//!    the graph holds and whether its inputs are clean. Different rounds
+//!    are refused everywhere; a failed input on any rank skips every
+//!    replay, and each graph's outputs carry it. [`Client::replay`] refuses
+//!    such a graph.
+//! 3. **After is as after a call.** A replay that fails to start aborts
+//!    the communicators and breaks the group (rule 47); across processes
+//!    it is waited for within the deadline (rule 49).
 //!
-//!
-//! NCCL states the same contract from its side: whether a call is captured
-//! is a collective property that must be uniform over its ranks, and the
-//! launch of a graph holding a captured call is collective over the ranks
-//! of the capture, each launching the graph derived from it. Here the
-//! ranks check that before any launch, rather than hang when it is broken.
-//! NCCL also warns that several GPUs of one process launching such graphs
-//! from one thread may deadlock; a group's ranks replay from a thread each
-//! ([`Group::run`](super::Group::run)).
+//! NCCL states the contract from its side: capture is uniform over the
+//! ranks, and a captured graph is launched by all of them. Here the ranks
+//! check it before any launch. Each rank replays from its own thread, as
+//! NCCL advises ([`Group::run`](super::Group::run)).
 //!
 //! [`Client::replay`]: crate::Client::replay
 
 use super::Rank;
-use super::device::{Written, readiness};
-use super::round::{Input, Kind, Outcome, Part};
+use super::device::readiness;
+use super::round::{Input, Kind, Outcome, Part, Written};
 use crate::backend::Backend;
 use crate::capture::{CaptureState, RecordedRound};
 use crate::error::{Error, Result};

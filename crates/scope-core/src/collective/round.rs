@@ -1,18 +1,17 @@
-//! The rendezvous: what each rank brings to a round, the meeting where the
-//! last to arrive decides one outcome for all, and that decision.
+//! A round: what each rank brings, how the ranks' parts become one
+//! outcome (`decide`), and what every rank then applies.
 //!
-//! Kept apart from the collectives' API because it is the part every rule
-//! of `docs/ERROR_MODEL.md` 41–44 and 47 is decided in: who waits, for how
-//! long, and what every rank then applies.
+//! The waiting is the meeting's (`meeting.rs`); the ballot across
+//! processes applies the same `decide`. Rules 41–44 and 47 are decided
+//! here.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
 
-use super::device::Written;
-use super::{Call, CollectiveError, Rank, Shared, compute, device};
+use super::meeting::{Agenda, Meeting, Met, attend};
+use super::{Call, Closed, CollectiveError, Rank, Shared, State, compute};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::handle::{Graph, Slice};
 
 /// What a round runs: a collective call, or a replay of graphs that
 /// recorded some (every rank's graph recorded the same rounds, which
@@ -84,143 +83,119 @@ pub(super) enum Outcome {
     Agreed,
 }
 
-#[derive(Default)]
-pub(super) struct Round {
-    pub(super) parts: Vec<Option<Part>>,
-    pub(super) outcome: Option<Arc<Outcome>>,
-    pub(super) taken: usize,
+/// What a round writes on one rank, which carries the round's failure:
+/// a collective's output, or everything a replayed graph writes.
+#[derive(Clone, Copy)]
+pub(super) enum Written<'a> {
+    Output(Slice<'a>),
+    Graph(&'a Graph),
 }
 
-#[derive(Default)]
-pub(super) struct State {
-    /// How many collectives each rank has called: its next round.
-    pub(super) issued: Vec<u64>,
-    pub(super) rounds: BTreeMap<u64, Round>,
-    pub(super) broken: Option<Arc<CollectiveError>>,
-    /// Over a device transport: the first rank whose call failed, which
-    /// aborted every communicator.
-    pub(super) first_failed: Option<usize>,
-    /// Point-to-point parcels, by (sender, receiver).
-    pub(super) mail: BTreeMap<(usize, usize), super::p2p::Mailbox>,
-    /// The epoch that superseded this group's, once a membership change
-    /// decided one, and which old ranks it kept: every later call is stale
-    /// (rule 55).
-    pub(super) superseded: Option<(u64, Vec<bool>)>,
-    /// The membership changes called on this epoch
-    /// (`collective/membership.rs`).
-    pub(super) changes: Option<super::membership::Changes>,
-}
-
-impl State {
-    /// Why a call through rank `rank` of epoch `epoch` is stale, once a
-    /// change superseded the epoch.
-    pub(super) fn stale(&self, epoch: u64, rank: usize) -> Option<CollectiveError> {
-        let (current, kept) = self.superseded.as_ref()?;
-        Some(CollectiveError::Stale {
-            epoch,
-            current: *current,
-            left_out: !kept.get(rank).copied().unwrap_or(false),
-        })
+/// The error every rank's output carries when one rank's device call
+/// failed after the ranks agreed: the group breaks with it.
+pub(super) fn issue_failed(
+    collective: &'static str,
+    round: u64,
+    rank: usize,
+    cause: Error,
+) -> CollectiveError {
+    CollectiveError::IssueFailed {
+        collective,
+        round,
+        rank,
+        cause,
     }
 }
 
 impl<B: Backend> Rank<B> {
-    /// [`meet`](Self::meet); a rank that went missing leaves this rank's
-    /// output unwritten, so it carries that (rule 42).
+    /// [`meet`](Self::meet); a group closed during the wait leaves this
+    /// rank's output unwritten, so it carries why (rule 42). A rank missing
+    /// at the deadline is an [`Outcome::Failed`], which every caller claims.
     pub(super) fn meet_or_claim(&self, part: Part, written: Written<'_>) -> Result<Arc<Outcome>> {
-        self.meet(part).or_else(|missing| {
-            self.claim(written, missing.clone())?;
-            Err(missing)
+        self.meet(part).or_else(|left| {
+            self.claim(written, left.clone())?;
+            Err(left)
         })
     }
 
-    /// Arrive with `part`, wait for every rank's, and take the round's
-    /// outcome.
+    /// Arrive with `part` and take the round's one outcome: in memory
+    /// (`meeting.rs`), or by ballot across processes.
     ///
     /// # Errors
     ///
-    /// [`CollectiveError::Missing`] when a rank did not arrive in time —
-    /// this rank's wait, or a peer's that ran out first.
+    /// What closed the group while this rank waited.
     pub(super) fn meet(&self, part: Part) -> Result<Arc<Outcome>> {
         if let Some(ballot) = &self.shared.ballot {
             return self.vote(ballot.as_ref(), part);
         }
         let shared = &*self.shared;
-        let ranks = shared.ranks;
-        let kind = part.kind;
-        let mut state = shared.state.lock();
-        let round = state.issued[self.rank];
-        state.issued[self.rank] += 1;
-        let entry = state.rounds.entry(round).or_default();
-        if entry.parts.is_empty() {
-            entry.parts = (0..ranks).map(|_| None).collect();
+        let agenda = Rounds {
+            shared,
+            rank: self.rank,
+        };
+        match attend(
+            &shared.state,
+            &shared.changed,
+            &agenda,
+            (self.rank, part),
+            shared.deadline,
+        ) {
+            Met::Decided(outcome) => Ok(outcome),
+            Met::Left(error) => Err(error),
+            Met::Forgotten(round) => Err(Error::internal(format!(
+                "round {round} was forgotten before rank {} came",
+                self.rank
+            ))),
         }
-        entry.parts[self.rank] = Some(part);
-        if entry.parts.iter().all(Option::is_some) {
-            let parts: Vec<Part> = entry.parts.iter_mut().filter_map(Option::take).collect();
-            let outcome = decide(round, &parts);
-            if let Outcome::Failed(Error::Collective(failed)) = &outcome
-                && matches!(**failed, CollectiveError::IssueFailed { .. })
-            {
-                state.broken = Some(Arc::new((**failed).clone()));
-            }
-            if let Some(entry) = state.rounds.get_mut(&round) {
-                entry.outcome = Some(Arc::new(outcome));
-            }
-            shared.changed.notify_all();
-        }
-        let until = Instant::now() + shared.deadline;
-        loop {
-            if let Some(outcome) = state.rounds.get_mut(&round).and_then(|r| r.outcome.clone()) {
-                let r = state.rounds.get_mut(&round);
-                if let Some(r) = r {
-                    r.taken += 1;
-                    if r.taken == ranks {
-                        state.rounds.remove(&round);
-                    }
-                }
-                return Ok(outcome);
-            }
-            if let Some(cause) = state.broken.clone() {
-                return Err(Error::Collective(Box::new((*cause).clone())));
-            }
-            if let Some(stale) = state.stale(shared.epoch, self.rank) {
-                // Peers changed membership while this rank waited in a
-                // round they will not come to: it is stale, not missing.
-                return Err(stale.into());
-            }
-            if shared.changed.wait_until(&mut state, until).timed_out()
-                && state.rounds.get(&round).is_none_or(|r| r.outcome.is_none())
-            {
-                let missing = state
-                    .rounds
-                    .get(&round)
-                    .map(|r| {
-                        (0..ranks)
-                            .filter(|&i| r.parts[i].is_none() && i != self.rank)
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let error = CollectiveError::Missing {
-                    collective: kind.name(),
-                    round,
-                    missing,
-                    deadline: shared.deadline,
-                };
-                shared.break_with(&mut state, &error);
-                return Err(error.into());
-            }
-        }
+    }
+
+    /// This rank's next round, counted: a ballot's seat.
+    pub(super) fn next_round(&self) -> u64 {
+        self.shared.state.lock().rounds.seat(self.rank)
     }
 }
 
-impl<B: Backend> Rank<B> {
-    /// This rank's next round, counted.
-    pub(super) fn next_round(&self) -> u64 {
-        let mut state = self.shared.state.lock();
-        let round = state.issued[self.rank];
-        state.issued[self.rank] += 1;
-        round
+/// How a group's rounds meet: every rank awaited, a closed group left,
+/// a rank absent at the deadline breaks the group (rules 42, 43).
+struct Rounds<'a, B: Backend> {
+    shared: &'a Shared<B>,
+    rank: usize,
+}
+
+impl<B: Backend> Agenda<State<B>> for Rounds<'_, B> {
+    type Part = Part;
+    type Decision = Outcome;
+    type Leave = Error;
+
+    fn meeting<'s>(&self, state: &'s mut State<B>) -> &'s mut Meeting<Part, Outcome> {
+        &mut state.rounds
+    }
+
+    fn leave(&self, state: &State<B>) -> Option<Error> {
+        self.shared.closed(state, self.rank).map(Closed::cause)
+    }
+
+    fn decide(&self, state: &mut State<B>, round: u64, parts: Vec<Option<Part>>) -> Outcome {
+        let missing: Vec<usize> = (0..parts.len()).filter(|&r| parts[r].is_none()).collect();
+        if !missing.is_empty() {
+            let kind = parts.iter().flatten().next().map(|p| p.kind);
+            let error = CollectiveError::Missing {
+                collective: kind.map_or("collective", Kind::name),
+                round,
+                missing,
+                deadline: self.shared.deadline,
+            };
+            self.shared.break_with(state, &error);
+            return Outcome::Failed(error.into());
+        }
+        let parts: Vec<Part> = parts.into_iter().flatten().collect();
+        let outcome = decide(round, &parts);
+        if let Outcome::Failed(Error::Collective(failed)) = &outcome
+            && matches!(**failed, CollectiveError::IssueFailed { .. })
+        {
+            state.broken = Some(Arc::new((**failed).clone()));
+        }
+        outcome
     }
 }
 
@@ -233,7 +208,7 @@ impl<B: Backend> Shared<B> {
     /// shrink ([`Mover::break_off`](super::device::Mover::break_off)).
     /// The one way a group breaks for a missing rank, collective or
     /// point-to-point.
-    pub(super) fn break_with(&self, state: &mut State, error: &CollectiveError) {
+    pub(super) fn break_with(&self, state: &mut State<B>, error: &CollectiveError) {
         tracing::warn!("{error}");
         state.broken = Some(Arc::new(error.clone()));
         if let Some(device) = &self.device {
@@ -348,7 +323,7 @@ pub(super) fn decide(round: u64, parts: &[Part]) -> Outcome {
             })
     };
     if let Some((rank, cause)) = failed_call(true).or_else(|| failed_call(false)) {
-        return Outcome::Failed(device::issue_failed(collective, round, rank, cause).into());
+        return Outcome::Failed(issue_failed(collective, round, rank, cause).into());
     }
     if parts.iter().all(|p| matches!(p.input, Input::Ready)) {
         return Outcome::Agreed;
