@@ -1,18 +1,10 @@
 //! The contract a runtime programs against: [`Client`].
 //!
-//! A runtime links one server crate and from then on sees only a
-//! `Client<ThatBackend>` and its handles, with the same failure
-//! behaviour on every backend.
-//!
-//! - Clones share one server behind one mutex, each bound to a stream.
-//!   Issue is cheap next to the work, so finer locking would buy nothing.
-//! - Dropping a [`Buffer`] never takes the lock: it may drop while the
-//!   lock is held. It queues its id for the server's next call.
+//! - Clones share one server behind one mutex, each bound to a stream:
+//!   issue is cheap next to the work.
+//! - Dropping a [`Buffer`] never takes the lock; it queues its id.
 //! - No call deadlocks its own thread: a call from a `with_backend`
 //!   closure is answered or refused, typed (`lend.rs`).
-//!
-//! Work, copies and memory are here; captures, observations and the raw
-//! doors are in the files beside it.
 
 mod capture;
 mod lend;
@@ -52,8 +44,7 @@ pub(crate) struct Shared<B: Backend> {
     pub(crate) hooks: Arc<Hooks>,
     pub(crate) id: ServerId,
     pub(crate) description: String,
-    /// Asked of the backend at start and at each reopen. Behind their own
-    /// lock, so reading them never waits for the server.
+    /// Behind their own lock, so reading never waits for the server.
     pub(crate) limits: parking_lot::RwLock<DeviceLimits>,
     /// The server while a `with_backend` or `with_memory` closure has it.
     lent: Lent<Server<B>>,
@@ -146,7 +137,7 @@ impl<B: Backend> Client<B> {
     }
 
     /// Lock the server after releasing what was dropped; `None` when a
-    /// closure on this thread holds it. Inlined: it is on every launch.
+    /// closure on this thread holds it.
     #[inline(always)]
     fn lock(&self) -> Option<MutexGuard<'_, Server<B>>> {
         let mut server = match self.shared.server.try_lock() {
@@ -178,8 +169,7 @@ impl<B: Backend> Client<B> {
         self.call_boxed(|server| f(server).map_err(Box::new))
     }
 
-    /// [`call`](Self::call) for an `f` whose error is boxed, so a launch's
-    /// success carries a pointer out past the lock. The one body of both.
+    /// [`call`](Self::call) with a boxed error, so success stays small.
     #[inline]
     fn call_boxed<R>(
         &self,
@@ -194,8 +184,7 @@ impl<B: Backend> Client<B> {
         result.map_err(|error| *error)
     }
 
-    /// Run `f`, which only looks, on the locked or lent server. With
-    /// `lending`, the server is lent to the caller's closure meanwhile.
+    /// Run `f`, which only looks, on the locked or lent server.
     fn look<R>(&self, lending: bool, f: impl FnOnce(&Server<B>) -> R) -> R {
         let f = match self.shared.server.try_lock() {
             Some(server) => return self.look_locked(server, lending, f),
@@ -231,8 +220,7 @@ impl<B: Backend> Client<B> {
         result
     }
 
-    /// A handle that does not keep the server alive, for a failure hook: the
-    /// server owns its hook, so a hook owning a `Client` leaks both.
+    /// A handle that does not keep the server alive, for a failure hook.
     pub fn downgrade(&self) -> WeakClient<B> {
         WeakClient {
             shared: Arc::downgrade(&self.shared),
@@ -250,10 +238,7 @@ impl<B: Backend> Client<B> {
         &self.shared.description
     }
 
-    /// What the device can run, as this server opened it.
-    ///
-    /// A launch inside every limit is never refused as invalid. One workgroup
-    /// past an axis is refused before it runs and claims nothing (rule 38).
+    /// What the device can run, as this server opened it (rule 38).
     pub fn limits(&self) -> DeviceLimits {
         *self.shared.limits.read()
     }
@@ -267,8 +252,7 @@ impl<B: Backend> Client<B> {
         self.shared.id
     }
 
-    /// Why `buffer` cannot be named here (foreign or freed), if so. Ranks ask
-    /// before they agree, so a mistake is refused on every rank (rule 44).
+    /// Why `buffer` cannot be named here (foreign or freed), if so (rule 44).
     pub(crate) fn unusable(&self, buffer: &Buffer) -> Option<String> {
         if buffer.server() != self.shared.id {
             return Some("passed a buffer of another rank's device".to_owned());
@@ -295,8 +279,7 @@ impl<B: Backend> Client<B> {
         })
     }
 
-    /// A client on a stream lent until the [`LentStream`] drops, so joining
-    /// again and again spends no streams.
+    /// A client on a stream lent until the [`LentStream`] drops.
     pub(crate) fn lend_stream(&self) -> Result<LentStream<B>> {
         let stream = self.call(|server| server.lend_stream())?;
         Ok(LentStream(Self {
@@ -305,11 +288,8 @@ impl<B: Backend> Client<B> {
         }))
     }
 
-    /// `size` bytes of device memory, contents unspecified.
-    ///
-    /// An allocation the device cannot satisfy still returns a buffer that
-    /// carries the error (rules 28, 37). Use
-    /// [`try_allocate`](Self::try_allocate) to learn of it here.
+    /// `size` bytes of device memory, contents unspecified; a refusal
+    /// returns a buffer carrying it (rules 28, 37).
     ///
     /// # Errors
     ///
@@ -330,11 +310,8 @@ impl<B: Backend> Client<B> {
         Ok(self.handle(id, size))
     }
 
-    /// A buffer that was never allocated and carries `error`, as a refused
+    /// A buffer never allocated that carries `error`, as a refused
     /// allocation does (rule 28).
-    ///
-    /// An adapter whose own rules refused a request still hands back a
-    /// handle that reads as the failure.
     ///
     /// # Errors
     ///
@@ -419,8 +396,7 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.end_read(pending, waited, src, out))
     }
 
-    /// Copy `src` into `dst` of the same length. A failed source skips the
-    /// copy, and `dst` carries its failure, as a launch's output would.
+    /// Copy `src` into `dst` of the same length; a failed source skips it.
     ///
     /// # Errors
     ///
@@ -508,10 +484,8 @@ impl<B: Backend> Client<B> {
 
     /// Wait for the stream's work until `until`, polling `finished` unlocked.
     ///
-    /// When time runs out or `finished` fails, `stall` must make the work
-    /// finish (an abort). Returns whether it finished in time. Only the
-    /// wait's own outcome lands on the work (rule 23): `finished`'s error may
-    /// blame unrelated work.
+    /// Past `until`, `stall` must make the work finish. Only the wait's own
+    /// outcome lands on the work (rule 23).
     pub(crate) fn sync_within(
         &self,
         until: std::time::Instant,
@@ -540,12 +514,8 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.flush(self.stream))
     }
 
-    /// Claim `written` with `error`, as work that never started (rule 21).
-    ///
-    /// This is for a failure found outside scope, such as a runtime's own
-    /// compiler. Reads then return `error` as their root, readers are
-    /// skipped, and the hook hears it. [`Error::external`] keeps a foreign
-    /// error typed.
+    /// Claim `written` with a failure found outside scope, as work that
+    /// never started (rule 21).
     ///
     /// # Errors
     ///
