@@ -299,8 +299,7 @@ impl<B: Backend> Client<B> {
         Ok(self.handle(id, size))
     }
 
-    /// Like [`allocate`](Self::allocate), but a refused allocation is an
-    /// error and leaves nothing behind.
+    /// Like [`allocate`](Self::allocate), but a refusal is an error.
     ///
     /// # Errors
     ///
@@ -353,8 +352,7 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// Bad input (a range past the end, empty, misaligned, or of another
-    /// length); poison; the device's failure, which the bytes now carry.
+    /// Bad input; poison; the device's failure, which the bytes carry.
     pub fn write<'a>(&self, dst: impl Into<Slice<'a>>, data: &[u8]) -> Result<()> {
         self.call(|server| server.write(self.stream, dst.into(), data))
     }
@@ -363,9 +361,9 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// [`Error::Unwritten`] or [`Error::SeveralUnwritten`] when a failure
-    /// claims a byte (rules 24–27); a refusal while recording; bad input;
-    /// poison; a device fault, attributed to the work in flight.
+    /// [`Error::Unwritten`] or [`Error::SeveralUnwritten`] for a claimed
+    /// byte (rules 24–27); a refusal while recording; bad input; poison; a
+    /// device fault.
     pub fn read<'a>(&self, src: impl Into<Slice<'a>>) -> Result<Vec<u8>> {
         let src = src.into();
         let (pending, len) = self.call(|server| server.begin_read(self.stream, src, None))?;
@@ -405,8 +403,7 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.copy(self.stream, src.into(), dst.into()))
     }
 
-    /// Issue one rank's part of a device-transport collective, inside the
-    /// server's scope for work that reads `input` and writes `output`.
+    /// Issue one rank's part of a device-transport collective, in a scope.
     pub(crate) fn issue_collective(
         &self,
         name: (&str, Option<crate::capture::RecordedRound>),
@@ -436,8 +433,7 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// [`Error::Compile`] with the compiler's log, or a language this
-    /// backend does not take. Nothing is claimed.
+    /// [`Error::Compile`] with the compiler's log, claiming nothing.
     pub fn compile(&self, kernel: &Kernel) -> Result<()> {
         self.call(|server| server.compile(self.stream, kernel))
     }
@@ -447,8 +443,8 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// Bad input (nothing claimed); [`Error::Skipped`] for a failed input; a
-    /// compile error or the device's failure, which the outputs carry; poison.
+    /// Bad input (nothing claimed); [`Error::Skipped`]; a compile error or
+    /// the device's failure, which the outputs carry; poison.
     pub fn launch(
         &self,
         kernel: &Kernel,
@@ -463,14 +459,12 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// A refusal while recording; poison; a fault that surfaced, which the
-    /// work in flight now carries (rule 23).
+    /// A refusal while recording; poison; a fault, on the work (rule 23).
     pub fn sync(&self) -> Result<()> {
         self.sync_buffers(&[])
     }
 
-    /// Check `buffers` and, if every byte is readable, wait for the stream's
-    /// work (rule 24).
+    /// Check `buffers`, then wait for the stream's work (rule 24).
     ///
     /// # Errors
     ///
@@ -508,8 +502,7 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// Poison; a fault that surfaced, which the work in flight now carries
-    /// (rule 23).
+    /// Poison; a fault, which the work in flight carries (rule 23).
     pub fn flush(&self) -> Result<()> {
         self.call(|server| server.flush(self.stream))
     }

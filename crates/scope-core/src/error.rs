@@ -25,8 +25,8 @@ pub enum Error {
     #[error("{}", several(.0))]
     SeveralUnwritten(Vec<UnwrittenBytes>),
 
-    /// The launch did not run because an input carried a failure. Its
-    /// outputs carry that failure now; a read of one names the root cause.
+    /// The launch did not run because an input carried a failure, which
+    /// its outputs now carry.
     #[error(
         "skipped `{kernel}` on {stream}: an input carries a failure; read an output for the cause"
     )]
@@ -37,8 +37,7 @@ pub enum Error {
         stream: StreamId,
     },
 
-    /// Work claimed these bytes and never reached its end: its body returned
-    /// early or panicked (rule 20).
+    /// Work claimed these bytes and never reached its end (rule 20).
     #[error("{work} never finished, so the bytes it was writing were never written")]
     NeverFinished {
         /// The work, for a person: "launch of `add` on stream 0".
@@ -100,8 +99,8 @@ pub enum Error {
         reason: String,
     },
 
-    /// A sticky fault poisoned the device; every operation after it fails
-    /// fast with this, naming the fault (rule 36).
+    /// A sticky fault poisoned the device; every later call fails fast
+    /// (rule 36).
     #[error("the device is poisoned by an earlier fault: {fault}")]
     DevicePoisoned {
         /// The original fault.
@@ -253,8 +252,7 @@ impl fmt::Display for DeviceFault {
     }
 }
 
-/// One failure met by a read: its id, how widely it is still held, the root
-/// error and the path from the bytes read back to it.
+/// One failure met by a read, with its root and chain.
 #[derive(Debug, Clone)]
 pub struct UnwrittenBytes {
     /// The bytes the caller asked for that the failure claims part of.
@@ -284,8 +282,8 @@ impl fmt::Display for UnwrittenBytes {
     }
 }
 
-/// The skipped kernels from the bytes read back to the root failure, newest
-/// first (rule 26).
+/// The skipped kernels from the bytes read to the root, newest first
+/// (rule 26).
 #[derive(Debug, Clone, Default)]
 pub struct Chain {
     /// The hops, starting at the buffer read.
@@ -409,20 +407,17 @@ impl Error {
         self.any_root(&|e| matches!(e, Error::OutOfMemory { .. }))
     }
 
-    /// Whether this is a fault that poisons the device when it surfaces:
-    /// sticky or process-fatal ([`FaultClass::poisons`]).
+    /// Whether this is a fault that poisons ([`FaultClass::poisons`]).
     pub fn is_sticky(&self) -> bool {
         matches!(self, Error::Fault(fault) if fault.class.poisons())
     }
 
-    /// Whether this is a fault after which the vendor says the process
-    /// must restart ([`FaultClass::ProcessFatal`]).
+    /// Whether this is a [`FaultClass::ProcessFatal`] fault.
     pub fn is_process_fatal(&self) -> bool {
         matches!(self, Error::Fault(fault) if fault.class == FaultClass::ProcessFatal)
     }
 
-    /// [`Error::RestartRequired`]: `backend` cannot recover from `fault`
-    /// in this process, for `reason`.
+    /// [`Error::RestartRequired`] for `fault` on `backend`, for `reason`.
     pub fn restart_required(
         backend: &'static str,
         fault: &Error,
@@ -439,8 +434,7 @@ impl Error {
     ///
     /// # Errors
     ///
-    /// [`Error::RestartRequired`] naming `self`, `backend` and `reason`,
-    /// when `self` is process-fatal.
+    /// [`Error::RestartRequired`] when `self` is process-fatal.
     pub fn refuse_process_fatal(&self, backend: &'static str, reason: &str) -> Result<()> {
         if self.is_process_fatal() {
             return Err(Self::restart_required(backend, self, reason));
@@ -448,8 +442,7 @@ impl Error {
         Ok(())
     }
 
-    /// The failures a read report names, in the order found; empty for any
-    /// other error.
+    /// The failures a read report names, in order; else empty.
     pub fn unwritten(&self) -> &[UnwrittenBytes] {
         match self {
             Error::Unwritten(one) => std::slice::from_ref(one),
@@ -490,8 +483,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CollectiveError {
-    /// A rank's input carried a failure (or its read failed): every rank's
-    /// output carries this (rule 41).
+    /// A rank's input carried a failure; every output carries it (rule 41).
     #[error(
         "{collective} #{round}: rank {rank}'s input could not be read, so no rank's output was written: {cause}"
     )]
@@ -519,8 +511,8 @@ pub enum CollectiveError {
         /// How long the waiting ranks waited.
         deadline: Duration,
     },
-    /// A rank's arguments were wrong, or the ranks disagreed on the call:
-    /// refused on every rank, claiming nothing (rule 44).
+    /// Wrong arguments or disagreeing ranks, refused claiming nothing
+    /// (rule 44).
     #[error("{collective} #{round}: refused: rank {rank} {why}")]
     Refused {
         /// The collective.
