@@ -1,18 +1,10 @@
 //! The contract a runtime programs against: [`Client`].
 //!
-//! A runtime links one server crate and from then on sees only a
-//! `Client<ThatBackend>` and its handles, with the same failure
-//! behaviour on every backend.
-//!
-//! - Clones share one server behind one mutex, each bound to a stream.
-//!   Issue is cheap next to the work, so finer locking would buy nothing.
-//! - Dropping a [`Buffer`] never takes the lock: it may drop while the
-//!   lock is held. It queues its id for the server's next call.
+//! - Clones share one server behind one mutex, each bound to a stream:
+//!   issue is cheap next to the work.
+//! - Dropping a [`Buffer`] never takes the lock; it queues its id.
 //! - No call deadlocks its own thread: a call from a `with_backend`
 //!   closure is answered or refused, typed (`lend.rs`).
-//!
-//! Work, copies and memory are here; captures, observations and the raw
-//! doors are in the files beside it.
 
 mod capture;
 mod lend;
@@ -52,8 +44,7 @@ pub(crate) struct Shared<B: Backend> {
     pub(crate) hooks: Arc<Hooks>,
     pub(crate) id: ServerId,
     pub(crate) description: String,
-    /// Asked of the backend at start and at each reopen. Behind their own
-    /// lock, so reading them never waits for the server.
+    /// Behind their own lock, so reading never waits for the server.
     pub(crate) limits: parking_lot::RwLock<DeviceLimits>,
     /// The server while a `with_backend` or `with_memory` closure has it.
     lent: Lent<Server<B>>,
@@ -146,7 +137,7 @@ impl<B: Backend> Client<B> {
     }
 
     /// Lock the server after releasing what was dropped; `None` when a
-    /// closure on this thread holds it. Inlined: it is on every launch.
+    /// closure on this thread holds it.
     #[inline(always)]
     fn lock(&self) -> Option<MutexGuard<'_, Server<B>>> {
         let mut server = match self.shared.server.try_lock() {
@@ -178,8 +169,7 @@ impl<B: Backend> Client<B> {
         self.call_boxed(|server| f(server).map_err(Box::new))
     }
 
-    /// [`call`](Self::call) for an `f` whose error is boxed, so a launch's
-    /// success carries a pointer out past the lock. The one body of both.
+    /// [`call`](Self::call) with a boxed error, so success stays small.
     #[inline]
     fn call_boxed<R>(
         &self,
@@ -194,8 +184,7 @@ impl<B: Backend> Client<B> {
         result.map_err(|error| *error)
     }
 
-    /// Run `f`, which only looks, on the locked or lent server. With
-    /// `lending`, the server is lent to the caller's closure meanwhile.
+    /// Run `f`, which only looks, on the locked or lent server.
     fn look<R>(&self, lending: bool, f: impl FnOnce(&Server<B>) -> R) -> R {
         let f = match self.shared.server.try_lock() {
             Some(server) => return self.look_locked(server, lending, f),
@@ -231,8 +220,7 @@ impl<B: Backend> Client<B> {
         result
     }
 
-    /// A handle that does not keep the server alive, for a failure hook: the
-    /// server owns its hook, so a hook owning a `Client` leaks both.
+    /// A handle that does not keep the server alive, for a failure hook.
     pub fn downgrade(&self) -> WeakClient<B> {
         WeakClient {
             shared: Arc::downgrade(&self.shared),
@@ -250,10 +238,7 @@ impl<B: Backend> Client<B> {
         &self.shared.description
     }
 
-    /// What the device can run, as this server opened it.
-    ///
-    /// A launch inside every limit is never refused as invalid. One workgroup
-    /// past an axis is refused before it runs and claims nothing (rule 38).
+    /// What the device can run, as this server opened it (rule 38).
     pub fn limits(&self) -> DeviceLimits {
         *self.shared.limits.read()
     }
@@ -267,8 +252,7 @@ impl<B: Backend> Client<B> {
         self.shared.id
     }
 
-    /// Why `buffer` cannot be named here (foreign or freed), if so. Ranks ask
-    /// before they agree, so a mistake is refused on every rank (rule 44).
+    /// Why `buffer` cannot be named here (foreign or freed), if so (rule 44).
     pub(crate) fn unusable(&self, buffer: &Buffer) -> Option<String> {
         if buffer.server() != self.shared.id {
             return Some("passed a buffer of another rank's device".to_owned());
@@ -295,8 +279,7 @@ impl<B: Backend> Client<B> {
         })
     }
 
-    /// A client on a stream lent until the [`LentStream`] drops, so joining
-    /// again and again spends no streams.
+    /// A client on a stream lent until the [`LentStream`] drops.
     pub(crate) fn lend_stream(&self) -> Result<LentStream<B>> {
         let stream = self.call(|server| server.lend_stream())?;
         Ok(LentStream(Self {
@@ -305,11 +288,8 @@ impl<B: Backend> Client<B> {
         }))
     }
 
-    /// `size` bytes of device memory, contents unspecified.
-    ///
-    /// An allocation the device cannot satisfy still returns a buffer that
-    /// carries the error (rules 28, 37). Use
-    /// [`try_allocate`](Self::try_allocate) to learn of it here.
+    /// `size` bytes of device memory, contents unspecified; a refusal
+    /// returns a buffer carrying it (rules 28, 37).
     ///
     /// # Errors
     ///
@@ -319,8 +299,7 @@ impl<B: Backend> Client<B> {
         Ok(self.handle(id, size))
     }
 
-    /// Like [`allocate`](Self::allocate), but a refused allocation is an
-    /// error and leaves nothing behind.
+    /// Like [`allocate`](Self::allocate), but a refusal is an error.
     ///
     /// # Errors
     ///
@@ -330,11 +309,8 @@ impl<B: Backend> Client<B> {
         Ok(self.handle(id, size))
     }
 
-    /// A buffer that was never allocated and carries `error`, as a refused
+    /// A buffer never allocated that carries `error`, as a refused
     /// allocation does (rule 28).
-    ///
-    /// An adapter whose own rules refused a request still hands back a
-    /// handle that reads as the failure.
     ///
     /// # Errors
     ///
@@ -376,8 +352,7 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// Bad input (a range past the end, empty, misaligned, or of another
-    /// length); poison; the device's failure, which the bytes now carry.
+    /// Bad input; poison; the device's failure, which the bytes carry.
     pub fn write<'a>(&self, dst: impl Into<Slice<'a>>, data: &[u8]) -> Result<()> {
         self.call(|server| server.write(self.stream, dst.into(), data))
     }
@@ -386,9 +361,9 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// [`Error::Unwritten`] or [`Error::SeveralUnwritten`] when a failure
-    /// claims a byte (rules 24–27); a refusal while recording; bad input;
-    /// poison; a device fault, attributed to the work in flight.
+    /// [`Error::Unwritten`] or [`Error::SeveralUnwritten`] for a claimed
+    /// byte (rules 24–27); a refusal while recording; bad input; poison; a
+    /// device fault.
     pub fn read<'a>(&self, src: impl Into<Slice<'a>>) -> Result<Vec<u8>> {
         let src = src.into();
         let (pending, len) = self.call(|server| server.begin_read(self.stream, src, None))?;
@@ -419,8 +394,7 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.end_read(pending, waited, src, out))
     }
 
-    /// Copy `src` into `dst` of the same length. A failed source skips the
-    /// copy, and `dst` carries its failure, as a launch's output would.
+    /// Copy `src` into `dst` of the same length; a failed source skips it.
     ///
     /// # Errors
     ///
@@ -429,8 +403,7 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.copy(self.stream, src.into(), dst.into()))
     }
 
-    /// Issue one rank's part of a device-transport collective, inside the
-    /// server's scope for work that reads `input` and writes `output`.
+    /// Issue one rank's part of a device-transport collective, in a scope.
     pub(crate) fn issue_collective(
         &self,
         name: (&str, Option<crate::capture::RecordedRound>),
@@ -460,8 +433,7 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// [`Error::Compile`] with the compiler's log, or a language this
-    /// backend does not take. Nothing is claimed.
+    /// [`Error::Compile`] with the compiler's log, claiming nothing.
     pub fn compile(&self, kernel: &Kernel) -> Result<()> {
         self.call(|server| server.compile(self.stream, kernel))
     }
@@ -471,8 +443,8 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// Bad input (nothing claimed); [`Error::Skipped`] for a failed input; a
-    /// compile error or the device's failure, which the outputs carry; poison.
+    /// Bad input (nothing claimed); [`Error::Skipped`]; a compile error or
+    /// the device's failure, which the outputs carry; poison.
     pub fn launch(
         &self,
         kernel: &Kernel,
@@ -487,14 +459,12 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// A refusal while recording; poison; a fault that surfaced, which the
-    /// work in flight now carries (rule 23).
+    /// A refusal while recording; poison; a fault, on the work (rule 23).
     pub fn sync(&self) -> Result<()> {
         self.sync_buffers(&[])
     }
 
-    /// Check `buffers` and, if every byte is readable, wait for the stream's
-    /// work (rule 24).
+    /// Check `buffers`, then wait for the stream's work (rule 24).
     ///
     /// # Errors
     ///
@@ -508,10 +478,8 @@ impl<B: Backend> Client<B> {
 
     /// Wait for the stream's work until `until`, polling `finished` unlocked.
     ///
-    /// When time runs out or `finished` fails, `stall` must make the work
-    /// finish (an abort). Returns whether it finished in time. Only the
-    /// wait's own outcome lands on the work (rule 23): `finished`'s error may
-    /// blame unrelated work.
+    /// Past `until`, `stall` must make the work finish. Only the wait's own
+    /// outcome lands on the work (rule 23).
     pub(crate) fn sync_within(
         &self,
         until: std::time::Instant,
@@ -534,18 +502,13 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// Poison; a fault that surfaced, which the work in flight now carries
-    /// (rule 23).
+    /// Poison; a fault, which the work in flight carries (rule 23).
     pub fn flush(&self) -> Result<()> {
         self.call(|server| server.flush(self.stream))
     }
 
-    /// Claim `written` with `error`, as work that never started (rule 21).
-    ///
-    /// This is for a failure found outside scope, such as a runtime's own
-    /// compiler. Reads then return `error` as their root, readers are
-    /// skipped, and the hook hears it. [`Error::external`] keeps a foreign
-    /// error typed.
+    /// Claim `written` with a failure found outside scope, as work that
+    /// never started (rule 21).
     ///
     /// # Errors
     ///

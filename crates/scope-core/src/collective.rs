@@ -1,44 +1,27 @@
 //! Collectives over a group of devices: the failure rules carried across
 //! them (rules 41–50 of `docs/ERROR_MODEL.md`).
 //!
-//! A collective's outputs are bytes it was meant to write. So if any
-//! rank's input carries a failure, every rank's output carries one, naming
-//! that rank, its root cause and its chain. The field's libraries cannot
-//! do this: a rank whose input failed either skips the call, and its peers
-//! hang, or sends garbage.
+//! If any rank's input carries a failure, every rank's output carries it,
+//! naming that rank. NCCL cannot: a failed rank skips the call and its
+//! peers hang, or it sends garbage.
 //!
 //! # Why this shape
 //!
-//! 1. **Every rank decides the same way, before data moves.** Each rank
-//!    reads its input through its own client (rule 24) and meets its peers
-//!    with the bytes or the failure (`meeting.rs`). One outcome is decided
-//!    for all: the result, written through each client (rule 15), or the
-//!    failure, claimed with [`Client::fail_writing`] (rule 21).
-//! 2. **No rank waits forever.** A rank waits at most the group's
-//!    deadline. A rank that never comes fails the round with
-//!    [`CollectiveError::Missing`], and every output carries it.
-//! 3. **A group that lost a rank stays broken.** Its ranks no longer agree
-//!    on which call is which. Later calls get [`CollectiveError::Broken`],
-//!    claiming nothing, until the group shrinks or is made anew, as NCCL
-//!    requires of an aborted communicator.
+//! 1. **Every rank decides the same way, before data moves**
+//!    (`meeting.rs`): the result is written, or the failure claimed with
+//!    [`Client::fail_writing`] (rule 21).
+//! 2. **No rank waits forever.** One absent at the deadline fails the
+//!    round with [`CollectiveError::Missing`].
+//! 3. **A group that lost a rank stays broken**
+//!    ([`CollectiveError::Broken`]) until it shrinks, as NCCL requires.
 //! 4. **Bad input is refused on every rank, claiming nothing** (rule 38).
-//!    A rank with wrong arguments still comes, with its refusal, so its
-//!    peers fail at once. Ranks that disagree on the call are refused
-//!    alike. The group stays usable.
-//! 5. **Host staging, through the contract.** Parts are read to the host
-//!    and written back through each rank's [`Client`], so every backend
-//!    works and every rule holds on each device. A backend with a vendor
-//!    library moves the bytes on its devices instead ([`device`]); the
-//!    decision stays the same.
-//! 6. **Across processes, the meeting rides the transport.** A rank that
-//!    joins alone ([`Rank::join`]) meets its peers by a ballot gathered
-//!    through the library ([`remote`]). scope adds no wire of its own.
-//! 7. **A graph that holds collectives is a promise to its peers.** Its
-//!    rounds are recorded by every rank, and its replays are decided like
-//!    calls ([`Rank::replay`], `collective/replay.rs`).
+//! 5. **Host staging, through the contract**, so every backend works; a
+//!    vendor library moves the bytes instead ([`device`]).
+//! 6. **Across processes, the meeting rides the transport** ([`remote`]).
+//! 7. **A graph that holds collectives is a promise to its peers**
+//!    ([`Rank::replay`]).
 //!
-//! A group is made of clients of distinct servers. Each rank calls from
-//! its own thread, once per collective; [`Group::run`] runs one per rank.
+//! Each rank calls from its own thread; [`Group::run`] runs one per rank.
 
 pub(crate) mod compute;
 pub mod device;
@@ -67,8 +50,7 @@ pub use crate::error::CollectiveError;
 use crate::error::{Error, Result};
 use crate::handle::Slice;
 
-/// How a collective combines the ranks' values, element by element, in rank
-/// order (so every rank, and every run, gets the same floating-point sum).
+/// How a collective combines the ranks' values, in rank order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reduce {
     /// The sum.
@@ -79,8 +61,7 @@ pub enum Reduce {
     Min,
     /// The greatest value.
     Max,
-    /// The sum divided by the number of ranks (for integer elements, the
-    /// sum wraps as [`Sum`](Self::Sum)'s does, and the division truncates).
+    /// The sum divided by the number of ranks; integers truncate.
     Mean,
 }
 
@@ -95,9 +76,8 @@ pub enum Element {
     U32,
 }
 
-/// Copy `src` on one device into `dst` on another, of any backend, through
-/// the host (rule 46). Clean bytes heal `dst`; a failure at `src` is not
-/// copied, and `dst` carries [`CollectiveError::SourceFailed`] naming it.
+/// Copy `src` on one device into `dst` on another, through the host
+/// (rule 46).
 ///
 /// # Errors
 ///
@@ -135,16 +115,14 @@ pub fn copy_across<A: Backend, B: Backend>(
     }
 }
 
-/// Whether a read's error is the caller's mistake, refused claiming nothing
-/// (rule 38), rather than a failure, which travels (rules 41, 46).
+/// Whether a read's error is the caller's mistake (rule 38), not a failure.
 fn is_refusal(error: &Error) -> bool {
     matches!(error, Error::InvalidArgument { .. } | Error::Refused { .. })
 }
 
 /// What one collective call is, as every rank must agree on it.
 ///
-/// Exhaustive on purpose: a collective added here fails to compile in
-/// every device transport until each can issue it.
+/// Exhaustive, so a new one fails to compile in every transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Call {
     /// [`Rank::all_reduce`].
@@ -173,15 +151,12 @@ pub enum Call {
 }
 
 impl Call {
-    /// Each rank's output bytes for clean `inputs`, both in rank order: the
-    /// arithmetic of a transport that combines on the host. Reductions fold
-    /// in rank order, so every run gets the same floating-point result.
+    /// Each rank's output bytes for clean `inputs`, both in rank order.
     pub fn outputs(self, inputs: &[&[u8]]) -> Vec<Arc<Vec<u8>>> {
         compute::compute(self, inputs)
     }
 
-    /// Whether rank `rank` reads its input: in a broadcast only the root
-    /// does, so a failure the others' bytes carry is healed, not spread.
+    /// Whether rank `rank` reads its input: in a broadcast only the root.
     pub(crate) fn reads_input_of(self, rank: usize) -> bool {
         !matches!(self, Call::Broadcast { root } if root != rank)
     }
@@ -197,8 +172,7 @@ impl Call {
         }
     }
 
-    /// The output length a part of `input` bytes must have over `ranks`
-    /// ranks, or why none can.
+    /// The output length for `input` bytes over `ranks`, or why none.
     fn output_len(self, input: u64, ranks: u64) -> std::result::Result<u64, String> {
         let divisible = |what: &str| {
             if input.is_multiple_of(4 * ranks) {
@@ -268,8 +242,7 @@ impl<B: Backend> Shared<B> {
         }
     }
 
-    /// Whether the group is closed to calls through rank `rank`: the one
-    /// check every call makes on entry, and every wait repeats.
+    /// Whether the group is closed to calls through rank `rank`.
     fn closed(&self, state: &State<B>, rank: usize) -> Option<Closed> {
         if let Some(stale) = state.membership.stale(self.epoch, rank) {
             return Some(Closed::Stale(stale));
@@ -283,14 +256,12 @@ impl<B: Backend> Shared<B> {
     }
 }
 
-/// What a group's ranks share, under one lock: each part belongs to the
-/// module that reads it.
+/// What a group's ranks share, under one lock.
 struct State<B: Backend> {
     /// The rounds (`round.rs`).
     rounds: Meeting<Part, Outcome>,
     broken: Option<Arc<CollectiveError>>,
-    /// Over a device transport: the first rank whose call failed, which
-    /// aborted every communicator.
+    /// Over a device transport: the first rank whose call failed.
     first_failed: Option<usize>,
     /// Point-to-point parcels, by (sender, receiver).
     mail: std::collections::BTreeMap<(usize, usize), p2p::Mailbox>,
@@ -351,13 +322,11 @@ impl<B: Backend> std::fmt::Debug for Group<B> {
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
 
 impl<B: Backend> Group<B> {
-    /// A group of `clients`, rank `i` being `clients[i]`, whose ranks wait
-    /// at most `deadline` for each other.
+    /// A group of `clients` whose ranks wait at most `deadline`.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for no clients, or two clients of one
-    /// server (one device cannot be two ranks).
+    /// [`Error::InvalidArgument`] for no clients, or two of one server.
     pub fn new(clients: Vec<Client<B>>, deadline: Duration) -> Result<Self> {
         Self::check_clients(&clients)?;
         Ok(Self::over(clients, deadline, None))
@@ -394,8 +363,7 @@ impl<B: Backend> Group<B> {
         }
     }
 
-    /// Whether the group's bytes move on the devices' own transport
-    /// ([`over_device`](Self::over_device)) rather than through the host.
+    /// Whether bytes move by [`over_device`](Self::over_device).
     pub fn is_over_device(&self) -> bool {
         self.shared.device.is_some()
     }
@@ -428,8 +396,7 @@ impl<B: Backend> Group<B> {
         self.shared.state.lock().broken.clone()
     }
 
-    /// Run `f` once per rank, each on a thread of its own, and return what
-    /// each returned, by rank.
+    /// Run `f` once per rank, each on its own thread; results by rank.
     pub fn run<R: Send>(&self, f: impl Fn(Rank<B>) -> R + Sync) -> Vec<R> {
         per_rank(self.ranks(), |rank| {
             f(Rank {
@@ -440,8 +407,7 @@ impl<B: Backend> Group<B> {
     }
 }
 
-/// `f(rank)` for every rank, each on a scoped thread, by rank; a panic on
-/// any thread is resumed here.
+/// `f(rank)` for every rank on scoped threads; a panic resumes here.
 fn per_rank<R: Send>(ranks: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
     let f = &f;
     std::thread::scope(|scope| {
@@ -458,8 +424,7 @@ fn per_rank<R: Send>(ranks: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
     })
 }
 
-/// One rank of a [`Group`]: its collectives, each called once by this rank
-/// and once by every other.
+/// One rank of a [`Group`].
 pub struct Rank<B: Backend> {
     shared: Arc<Shared<B>>,
     rank: usize,
@@ -492,16 +457,14 @@ impl<B: Backend> Rank<B> {
         self.shared.ranks
     }
 
-    /// Every rank's `input`, combined element by element with `op`, into
-    /// every rank's `output` (as long as `input`; it may be the same
-    /// bytes).
+    /// Every rank's `input`, combined with `op`, into every rank's
+    /// `output` (as long as `input`).
     ///
     /// # Errors
     ///
-    /// [`Error::Collective`]: an input that failed on some rank (every
-    /// output then carries it), a rank that did not join in time (the
-    /// outputs carry it too), a refusal (claiming nothing), a broken group.
-    /// The write's own errors, as [`Client::write`].
+    /// [`Error::Collective`]: a failed input or a missing rank (outputs
+    /// carry it), a refusal (claiming nothing), a broken group. The
+    /// write's own errors.
     pub fn all_reduce(
         &self,
         input: Slice<'_>,
@@ -538,8 +501,7 @@ impl<B: Backend> Rank<B> {
         self.collective(Call::ReduceScatter { element, op }, input, output)
     }
 
-    /// Rank `root`'s `data` into every rank's `data`. Every rank passes
-    /// bytes of the same length; only the root's are read.
+    /// Rank `root`'s `data` into every rank's `data`.
     ///
     /// # Errors
     ///
@@ -549,8 +511,7 @@ impl<B: Backend> Rank<B> {
         self.collective(Call::Broadcast { root }, data, data)
     }
 
-    /// Each rank's `input` in `ranks` equal parts: part `j` of rank `i`'s
-    /// input becomes part `i` of rank `j`'s `output` (as long as `input`).
+    /// Part `j` of rank `i`'s `input` into part `i` of rank `j`'s `output`.
     ///
     /// # Errors
     ///

@@ -1,13 +1,10 @@
 //! The one error type every server returns.
 //!
-//! A runtime linking any of the servers matches on the same variants, which is
-//! what "failures behave the same on every backend" means in practice: a CUDA
-//! illegal address and a Vulkan device loss are both a [`DeviceFault`] that
-//! poisons, an NVRTC log and a naga message are both [`Error::Compile`].
+//! Every backend answers the same variants: a CUDA illegal address and a
+//! Vulkan device loss are both a [`DeviceFault`] that poisons.
 //!
-//! Errors are `Clone` because one error is answered many times: every read of
-//! every buffer a failure claims returns it. The root error of a claimed range
-//! is shared behind an `Arc`, so a report clones a pointer, not a log.
+//! Errors are `Clone` because every read of a claimed buffer returns one;
+//! the root is shared behind an `Arc`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -28,8 +25,8 @@ pub enum Error {
     #[error("{}", several(.0))]
     SeveralUnwritten(Vec<UnwrittenBytes>),
 
-    /// The launch did not run because an input carried a failure. Its
-    /// outputs carry that failure now; a read of one names the root cause.
+    /// The launch did not run because an input carried a failure, which
+    /// its outputs now carry.
     #[error(
         "skipped `{kernel}` on {stream}: an input carries a failure; read an output for the cause"
     )]
@@ -40,8 +37,7 @@ pub enum Error {
         stream: StreamId,
     },
 
-    /// Work claimed these bytes and never reached its end: its body returned
-    /// early or panicked (rule 20).
+    /// Work claimed these bytes and never reached its end (rule 20).
     #[error("{work} never finished, so the bytes it was writing were never written")]
     NeverFinished {
         /// The work, for a person: "launch of `add` on stream 0".
@@ -103,18 +99,17 @@ pub enum Error {
         reason: String,
     },
 
-    /// A sticky fault poisoned the device; every operation after it fails
-    /// fast with this, naming the fault (rule 36).
+    /// A sticky fault poisoned the device; every later call fails fast
+    /// (rule 36).
     #[error("the device is poisoned by an earlier fault: {fault}")]
     DevicePoisoned {
         /// The original fault.
         fault: Arc<Error>,
     },
 
-    /// The bytes were on a device that was lost and opened again
-    /// ([`Client::recover`](crate::Client::recover)): every allocation was
-    /// made anew on the device that came back, so whatever they held is
-    /// gone. A rewrite heals them, as it heals any failure (rule 51).
+    /// The bytes were on a device lost and opened again
+    /// ([`Client::recover`](crate::Client::recover)); a rewrite heals them
+    /// (rule 51).
     #[error("lost with the device, which was opened again: {fault}")]
     LostWithDevice {
         /// The fault that lost the device.
@@ -123,9 +118,8 @@ pub enum Error {
 
     /// The device cannot come back in this process (rules 52, 55).
     ///
-    /// The fault is process-fatal ([`FaultClass::ProcessFatal`]), or the
-    /// backend cannot open a device again. The client stays poisoned. Work
-    /// survives in a group that shrinks to its other ranks.
+    /// The fault is process-fatal, or the backend cannot reopen. The
+    /// client stays poisoned.
     #[error("{backend} cannot recover from {fault} in this process: {reason}")]
     RestartRequired {
         /// The backend.
@@ -136,17 +130,15 @@ pub enum Error {
         reason: String,
     },
 
-    /// The buffer has no memory: its allocation failed and left no record
-    /// (rule 28). A buffer whose allocation failed with a recorded error
-    /// answers that error instead.
+    /// The buffer has no memory, and no recorded error says why (rule 28).
     #[error("{buffer} was never allocated")]
     NeverAllocated {
         /// The buffer.
         buffer: BufferId,
     },
 
-    /// A capture window ended without a graph: it is missing work and cannot
-    /// seal (rule 33). Its recorded outputs carry this error.
+    /// A capture window ended without a graph (rule 33); its recorded
+    /// outputs carry this.
     #[error("the recording on {stream} is missing work and cannot seal: {reason}")]
     Unsealed {
         /// The stream that opened the window.
@@ -175,29 +167,25 @@ pub enum Error {
         why: String,
     },
 
-    /// A failure found outside scope — by a runtime or an adapter over a
-    /// client, such as a kernel compiler that runs before the launch — kept
-    /// with its own type, so that whoever reads the bytes it claimed can
-    /// match on it ([`Error::external_root`]) as on any of scope's own.
+    /// A failure found outside scope, by a runtime or an adapter.
+    ///
+    /// It keeps its own type, so a reader of the bytes it claimed can match
+    /// on it ([`Error::external_root`]).
     #[error("{error}")]
     External {
         /// The error, typed as its author made it.
         error: Arc<dyn std::error::Error + Send + Sync + 'static>,
     },
 
-    /// scope broke one of its own invariants: a bug in scope, neither the
-    /// caller's mistake (that is [`Error::InvalidArgument`] or
-    /// [`Error::Refused`]) nor the device's. The work it interrupted carries
-    /// it like any failure, so nothing reads as written that was not.
+    /// scope broke one of its own invariants: a bug in scope. The work it
+    /// interrupted carries it like any failure.
     #[error("internal error in scope, please report it: {detail}")]
     Internal {
         /// Which invariant broke.
         detail: String,
     },
 
-    /// A collective over a group of devices did not deliver its result:
-    /// an input that failed on some rank, a rank that did not join, a
-    /// refusal, a broken group (see [`crate::collective`]).
+    /// A collective did not deliver its result ([`crate::collective`]).
     #[error("{0}")]
     Collective(Box<CollectiveError>),
 
@@ -227,11 +215,9 @@ pub struct DeviceFault {
     pub detail: String,
 }
 
-/// How far a fault reaches.
+/// How far a fault reaches, decided once by the backend from its own code.
 ///
-/// The backend decides it once, from its own error code, when the fault
-/// surfaces. The core then reads it: to poison (rule 36) and to refuse a
-/// recovery (rule 52). A name is never parsed to decide it.
+/// The core reads it to poison (rule 36) and to refuse recovery (rule 52).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultClass {
     /// It fails the work it surfaced on; the device goes on.
@@ -266,8 +252,7 @@ impl fmt::Display for DeviceFault {
     }
 }
 
-/// One failure met by a read: its id, how widely it is still held, the root
-/// error and the path from the bytes read back to it.
+/// One failure met by a read, with its root and chain.
 #[derive(Debug, Clone)]
 pub struct UnwrittenBytes {
     /// The bytes the caller asked for that the failure claims part of.
@@ -297,14 +282,13 @@ impl fmt::Display for UnwrittenBytes {
     }
 }
 
-/// The skipped kernels from the bytes read back to the root failure, newest
-/// first (rule 26).
+/// The skipped kernels from the bytes read to the root, newest first
+/// (rule 26).
 #[derive(Debug, Clone, Default)]
 pub struct Chain {
     /// The hops, starting at the buffer read.
     pub hops: Vec<Hop>,
-    /// Skip records the failure no longer keeps: it keeps the newest
-    /// 16 (`MAX_SKIP_RECORDS`).
+    /// Skip records dropped past the newest 16.
     pub dropped: u64,
 }
 
@@ -372,9 +356,8 @@ impl Error {
         }
     }
 
-    /// The first error of type `E` among this error's roots — itself, or
-    /// the root a read report, an unsealed window or poison carries — that
-    /// was made with [`Error::external`].
+    /// The first error of type `E` made with [`Error::external`] among
+    /// this error's roots.
     pub fn external_root<E: std::error::Error + 'static>(&self) -> Option<&E> {
         match self {
             Error::External { error } => error.downcast_ref::<E>(),
@@ -404,44 +387,37 @@ impl Error {
         }
     }
 
-    /// Whether this error, or any root error a report carries, says the
-    /// device is poisoned (rule 36).
+    /// Whether this error or a root it carries is poison (rule 36).
     pub fn is_device_poisoned(&self) -> bool {
         self.any_root(&|e| matches!(e, Error::DevicePoisoned { .. }))
     }
 
-    /// Whether this error, or any root error a report carries, says the
-    /// bytes were lost with a device that was opened again (rule 51).
+    /// Whether this error or a root it carries is lost memory (rule 51).
     pub fn is_lost_with_device(&self) -> bool {
         self.any_root(&|e| matches!(e, Error::LostWithDevice { .. }))
     }
 
-    /// Whether this error, or any root error a report carries, is a refusal
-    /// rather than a device failure (rule 38).
+    /// Whether this error or a root it carries is a refusal (rule 38).
     pub fn is_refusal(&self) -> bool {
         self.any_root(&|e| matches!(e, Error::Refused { .. }))
     }
 
-    /// Whether this error, or any root error a report carries, is an
-    /// out-of-memory error.
+    /// Whether this error or a root it carries is out-of-memory.
     pub fn is_out_of_memory(&self) -> bool {
         self.any_root(&|e| matches!(e, Error::OutOfMemory { .. }))
     }
 
-    /// Whether this is a fault that poisons the device when it surfaces:
-    /// sticky or process-fatal ([`FaultClass::poisons`]).
+    /// Whether this is a fault that poisons ([`FaultClass::poisons`]).
     pub fn is_sticky(&self) -> bool {
         matches!(self, Error::Fault(fault) if fault.class.poisons())
     }
 
-    /// Whether this is a fault after which the vendor says the process
-    /// must restart ([`FaultClass::ProcessFatal`]).
+    /// Whether this is a [`FaultClass::ProcessFatal`] fault.
     pub fn is_process_fatal(&self) -> bool {
         matches!(self, Error::Fault(fault) if fault.class == FaultClass::ProcessFatal)
     }
 
-    /// [`Error::RestartRequired`]: `backend` cannot recover from `fault`
-    /// in this process, for `reason`.
+    /// [`Error::RestartRequired`] for `fault` on `backend`, for `reason`.
     pub fn restart_required(
         backend: &'static str,
         fault: &Error,
@@ -458,8 +434,7 @@ impl Error {
     ///
     /// # Errors
     ///
-    /// [`Error::RestartRequired`] naming `self`, `backend` and `reason`,
-    /// when `self` is process-fatal.
+    /// [`Error::RestartRequired`] when `self` is process-fatal.
     pub fn refuse_process_fatal(&self, backend: &'static str, reason: &str) -> Result<()> {
         if self.is_process_fatal() {
             return Err(Self::restart_required(backend, self, reason));
@@ -467,8 +442,7 @@ impl Error {
         Ok(())
     }
 
-    /// The failures a read report names, in the order found; empty for any
-    /// other error.
+    /// The failures a read report names, in order; else empty.
     pub fn unwritten(&self) -> &[UnwrittenBytes] {
         match self {
             Error::Unwritten(one) => std::slice::from_ref(one),
@@ -509,8 +483,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CollectiveError {
-    /// A rank's input carried a failure (or its read failed): every rank's
-    /// output carries this (rule 41).
+    /// A rank's input carried a failure; every output carries it (rule 41).
     #[error(
         "{collective} #{round}: rank {rank}'s input could not be read, so no rank's output was written: {cause}"
     )]
@@ -524,8 +497,7 @@ pub enum CollectiveError {
         /// What its read answered: the root cause and the chain.
         cause: Error,
     },
-    /// Ranks did not join within the group's deadline: the waiting ranks'
-    /// outputs carry this, and the group is broken (rules 42, 43).
+    /// Ranks did not join by the deadline; the group breaks (rules 42, 43).
     #[error(
         "{collective} #{round}: rank(s) {missing:?} did not join within {deadline:?}; the group is broken"
     )]
@@ -539,8 +511,8 @@ pub enum CollectiveError {
         /// How long the waiting ranks waited.
         deadline: Duration,
     },
-    /// A rank's arguments were wrong, or the ranks disagreed on the call:
-    /// refused on every rank, claiming nothing (rule 44).
+    /// Wrong arguments or disagreeing ranks, refused claiming nothing
+    /// (rule 44).
     #[error("{collective} #{round}: refused: rank {rank} {why}")]
     Refused {
         /// The collective.
@@ -552,8 +524,7 @@ pub enum CollectiveError {
         /// What was wrong.
         why: String,
     },
-    /// A copy from another device met bytes that carry a failure there (or
-    /// could not read them): the destination carries this (rule 46).
+    /// A copy from another device met a failure there (rule 46).
     #[error("copied from {from}, whose bytes could not be read: {cause}")]
     SourceFailed {
         /// The device copied from, as its client describes it.
@@ -561,10 +532,8 @@ pub enum CollectiveError {
         /// What the read there answered: the root cause and the chain.
         cause: Error,
     },
-    /// Over a device transport, rank `rank`'s call to the library failed
-    /// after every rank had agreed to run it: every rank's output carries
-    /// this, every communicator is aborted, and the group is broken (rules
-    /// 42, 43).
+    /// A rank's library call failed after agreement; the group breaks
+    /// (rules 42, 43).
     #[error(
         "{collective} #{round}: rank {rank}'s device call failed after the ranks agreed, so no rank's output is trusted; the group is broken: {cause}"
     )]
@@ -578,12 +547,8 @@ pub enum CollectiveError {
         /// What the call answered.
         cause: Error,
     },
-    /// Across processes ([`Rank::join`](crate::collective::Rank::join)): the round did not complete — a
-    /// peer never called within the deadline, is stuck, or failed and
-    /// aborted, and the library cannot say which. This rank's communicator
-    /// is aborted, its output carries this, and its group is broken (rules
-    /// 42, 43, 49). A transport's own calls answer it too, for a peer that
-    /// did not come ([`DeviceCollectives::join`](crate::collective::device::DeviceCollectives::join)).
+    /// Across processes, the round did not complete, and the library
+    /// cannot say which peer failed. The group breaks (rules 42, 43, 49).
     #[error(
         "{collective} #{round}: not every rank completed it (a peer in another process is missing, stuck or failed, and the library cannot say which; this rank waited at most {deadline:?}); the group is broken"
     )]
@@ -595,9 +560,7 @@ pub enum CollectiveError {
         /// How long this rank waited.
         deadline: Duration,
     },
-    /// The device transport's library (NCCL, RCCL) answered an error of
-    /// its own: a refusal, an internal failure, a call on an aborted
-    /// communicator.
+    /// The transport's library (NCCL, RCCL) answered an error of its own.
     #[error("{library} `{call}` failed: {detail}")]
     Library {
         /// Which library ("nccl", "rccl").
@@ -607,16 +570,15 @@ pub enum CollectiveError {
         /// Its result code and what the library says it means.
         detail: String,
     },
-    /// The group lost a rank earlier: its survivors go on by
-    /// [`Rank::shrink`](crate::collective::Rank::shrink), or a new [`Group`](crate::collective::Group) is made (rules 43, 54).
+    /// The group lost a rank earlier; survivors go on by
+    /// [`Rank::shrink`](crate::collective::Rank::shrink) (rules 43, 54).
     #[error("the group is broken ({cause}); shrink it to its survivors, or make a new group")]
     Broken {
         /// What broke it.
         cause: Arc<CollectiveError>,
     },
-    /// A call through a rank of a membership epoch that a change
-    /// superseded ([`Rank::shrink`](crate::collective::Rank::shrink), [`Rank::admit`](crate::collective::Rank::admit)): refused, claiming
-    /// nothing (rule 55).
+    /// A call through a superseded membership epoch, claiming nothing
+    /// (rule 55).
     #[error("called through membership epoch {epoch}, which epoch {current} superseded{}", stale_advice(*left_out, *current))]
     Stale {
         /// The epoch the call came through.

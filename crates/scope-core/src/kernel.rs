@@ -1,39 +1,24 @@
 //! Kernels: what a runtime hands a server to launch.
 //!
-//! A kernel is a source in a language the servers accept, a name, an
-//! entry point and (for the CUDA family) a block size. Its hash is taken
-//! once, here: servers cache compiled kernels by it.
+//! Its hash is taken once, here: servers cache compiled kernels by it.
 //!
 //! # The binding convention
 //!
-//! A launch binds buffers in order and may pass a scalar blob. Every
-//! backend maps them the same way, so one runtime targets any server:
+//! Every backend maps a launch's bindings the same way:
 //!
-//! - **WGSL and SPIR-V**: binding *i* is `@group(0) @binding(i)`, a
-//!   storage buffer. A non-empty blob is one more read-only binding.
-//! - **CUDA C++, PTX and HIP C++**: the bindings' device pointers, offset
-//!   applied, in order; then a non-empty blob by value, as a struct.
-//! - **Host**: the registered closure gets each binding's bytes and the blob.
+//! - **WGSL and SPIR-V**: binding *i* is `@group(0) @binding(i)`; a
+//!   non-empty scalar blob is one more read-only binding.
+//! - **CUDA C++, PTX and HIP C++**: the bindings' pointers, then the blob
+//!   by value.
+//! - **Host**: the closure gets each binding's bytes and the blob.
 //!
-//! The dispatch counts workgroups. Their size is the shader's own, or
-//! [`Kernel::block`] for the CUDA family.
+//! # What is checked
 //!
-//! # What is checked, and what the caller promises
-//!
-//! The failure model believes a launch leaves bytes outside its write set
-//! untouched. Whether that holds depends on the language:
-//!
-//! - **WGSL** is checked by naga, server-vulkan and wgpu: safe to build
-//!   ([`Kernel::wgsl`]). The checks can make an indexing-heavy kernel
-//!   several times slower. An author who guarantees every access stays
-//!   inside may say so with the `unsafe` [`Kernel::vouch_in_bounds`].
-//!   Loops are bounded alike, and vouched for with
-//!   [`Kernel::vouch_terminates`].
-//! - **Host closures** work on copies of their bindings: safe.
-//! - **SPIR-V, CUDA C++, PTX and HIP C++** can reach any device memory
-//!   through a pointer, and no server can check them. They are
-//!   [`Unchecked`], built only by `unsafe` constructors, as cudarc's
-//!   launch is `unsafe`.
+//! The failure model believes a launch writes only its write set. WGSL is
+//! checked, so safe to build ([`Kernel::wgsl`]); host closures work on
+//! copies. Other languages reach any memory through a pointer, so they are
+//! [`Unchecked`], built only by `unsafe` constructors, as cudarc's launch
+//! is `unsafe`.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
@@ -77,10 +62,8 @@ impl<T> Unchecked<T> {
     ///
     /// # Safety
     ///
-    /// `source` is a valid module for the devices it runs on. Every launch
-    /// of it reads only its read bindings, writes only its written ones, and
-    /// touches no other memory. Otherwise it may corrupt buffers the failure
-    /// model reports as written, or be undefined behaviour in the driver.
+    /// `source` is a valid module, and every launch touches only its
+    /// bindings, as their access says.
     pub unsafe fn vouched(source: T) -> Self {
         Self(source)
     }
@@ -182,8 +165,7 @@ impl Kernel {
     ///
     /// # Safety
     ///
-    /// As [`Unchecked::vouched`]: a valid module with a GLCompute entry point
-    /// that follows the binding convention or the device-address interface.
+    /// As [`Unchecked::vouched`], with a GLCompute entry point.
     pub unsafe fn spirv(name: impl Into<Arc<str>>, words: impl Into<Arc<[u32]>>) -> Self {
         // SAFETY: the caller vouches for the module, per this function's contract.
         let words = unsafe { Unchecked::vouched(words.into()) };
@@ -194,8 +176,7 @@ impl Kernel {
     ///
     /// # Safety
     ///
-    /// As [`Unchecked::vouched`]: an `extern "C"` entry point with the
-    /// convention's parameters, dereferencing only pointers into its bindings.
+    /// As [`Unchecked::vouched`], with an `extern "C"` entry point.
     pub unsafe fn cuda(name: impl Into<Arc<str>>, source: impl Into<Arc<str>>) -> Self {
         let name = name.into();
         // SAFETY: the caller vouches for the source, per this function's contract.
@@ -247,14 +228,12 @@ impl Kernel {
         self
     }
 
-    /// The same kernel, vouched to keep every access inside its bindings and
-    /// workgroup arrays. A server may then drop the WGSL bounds checks; other
-    /// languages are never checked anyway.
+    /// The same kernel, vouched in bounds, so a server may drop WGSL's
+    /// bounds checks, which slow indexing-heavy kernels.
     ///
     /// # Safety
     ///
-    /// Every launch indexes only inside its bindings and arrays. Without the
-    /// checks, an access outside is undefined behaviour in the driver.
+    /// Every launch indexes only inside its bindings and arrays.
     pub unsafe fn vouch_in_bounds(mut self) -> Self {
         self.in_bounds = true;
         self.rehash();
@@ -267,13 +246,11 @@ impl Kernel {
     }
 
     /// The same kernel, vouched to end every loop, so a server may drop
-    /// naga's loop counter, which costs loop-heavy kernels dearly.
+    /// naga's loop counter.
     ///
     /// # Safety
     ///
-    /// Every loop of every launch ends. One that does not is undefined
-    /// behaviour to the driver's compiler, which may miscompile the bounds
-    /// checks after it.
+    /// Every loop of every launch ends.
     pub unsafe fn vouch_terminates(mut self) -> Self {
         self.terminates = true;
         self.rehash();

@@ -1,12 +1,9 @@
 //! What the device behind a server can run, as the server opened it.
 //!
-//! A runtime sizes grids and picks kernels from these without naming the
-//! backend. They are the server's own: what its
-//! [`Backend::check_launch`](crate::Backend::check_launch) enforces, not a
-//! guess. A launch inside every limit is never refused as invalid (rule 38).
+//! The server's own limits, not a guess: a launch inside them is never
+//! refused as invalid (rule 38).
 
-/// Optional capabilities the server enabled. A kernel using another may
-/// fail to compile, however capable the hardware.
+/// Optional capabilities the server enabled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeviceFeatures {
@@ -42,16 +39,14 @@ pub struct LaunchLimits {
     pub max_workgroup_memory: u32,
     /// The subgroup size range, where the server enabled subgroups.
     pub subgroup_size: Option<(u32, u32)>,
-    /// The width the device runs in lockstep, where it says. A hint for
-    /// sizing workgroups, never a promise of subgroup operations.
+    /// The width the device runs in lockstep: a sizing hint only.
     pub native_width: Option<(u32, u32)>,
     /// What the server enabled.
     pub features: DeviceFeatures,
 }
 
 impl Default for LaunchLimits {
-    /// WebGPU's default limits: the least every API guarantees. A backend
-    /// starts here and sets what it knows, so a new field never overstates.
+    /// WebGPU's defaults, the least every API guarantees.
     fn default() -> Self {
         Self {
             max_bindings: 8,
@@ -69,8 +64,7 @@ impl Default for LaunchLimits {
 }
 
 impl LaunchLimits {
-    /// Whether a workgroup of `size` fits, per axis and in all. A workgroup
-    /// past the device fails inside its scope, or is undefined behaviour.
+    /// Whether a workgroup of `size` fits, per axis and in all.
     ///
     /// # Errors
     ///
@@ -101,8 +95,7 @@ impl LaunchLimits {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeviceLimits {
-    /// The largest buffer the device could ever give. A larger request is
-    /// invalid; a smaller one that does not fit now is out of memory.
+    /// The largest buffer the device could ever give.
     pub max_allocation: u64,
     /// The alignment a binding's offset must have.
     pub binding_alignment: u64,

@@ -10,31 +10,21 @@ use crate::server::Recovered;
 use super::{Client, reentrant};
 
 /// How long a recovery waits for waits on other threads to end.
-///
-/// Those waits name the lost device's objects. One on a lost device fails
-/// fast; one on a device an injected fault poisoned runs its course.
 pub const RECOVER_PATIENCE: Duration = Duration::from_secs(10);
 
 impl<B: Backend> Client<B> {
-    /// Open this client's device again after a sticky fault poisoned it
-    /// (rule 36), keeping the client and every handle.
+    /// Open this client's device again after a sticky fault (rule 36),
+    /// keeping every handle.
     ///
-    /// Every buffer is made again and carries [`Error::LostWithDevice`]
-    /// until rewritten (rules 51, 52). Graphs of the lost device refuse to
-    /// replay, and open captures are aborted (rule 53). Kernels compile
-    /// again on first use. [`limits`](Self::limits) reports the new device's.
-    ///
-    /// On a healthy device it changes nothing and answers
-    /// [`Recovered::Healthy`]: of two threads that both recover, one
-    /// reopens and the other learns it was done.
+    /// Buffers carry [`Error::LostWithDevice`] until rewritten (rules 51,
+    /// 52); old graphs refuse to replay (rule 53). A healthy device answers
+    /// [`Recovered::Healthy`].
     ///
     /// # Errors
     ///
     /// - [`Error::RestartRequired`] after a process-fatal fault, or from a
-    ///   backend that cannot reopen. The client stays poisoned; a group
-    ///   carries the work (rules 54–56).
-    /// - The error the reopen met. The client stays poisoned and may try
-    ///   again.
+    ///   backend that cannot reopen.
+    /// - The error the reopen met; the client may try again.
     /// - [`Error::Refused`] when a wait on another thread outlasts
     ///   [`RECOVER_PATIENCE`].
     /// - The re-entrant call's error inside a `with_backend` closure.

@@ -1,8 +1,7 @@
-//! The arithmetic of a round whose inputs all read clean: what each rank's
-//! output bytes are. Kept apart from the rendezvous because it is the one
-//! part that touches every byte, so it is where a collective's speed is
-//! decided (`benches/all_reduce.rs` in tiny-runtime times it), while the
-//! rendezvous decides only who waits and what fails.
+//! The arithmetic of a round whose inputs all read clean.
+//!
+//! Kept apart from the rendezvous: it touches every byte, so it decides a
+//! collective's speed.
 
 use std::sync::Arc;
 
@@ -98,10 +97,9 @@ macro_rules! integer_word {
 
 integer_word!(i32, u32);
 
-/// `inputs` combined with `op` as `element`s, in rank order: rank 0's
-/// values, then each next rank's folded in, part by part (a loop over one
-/// rank's words at a time, which the compiler vectorises; every rank and
-/// every run gets the same bits).
+/// `inputs` combined with `op` in rank order, one rank's words at a time.
+///
+/// The loop vectorises, and every rank and run gets the same bits.
 fn reduce(element: Element, op: Reduce, inputs: &[&[u8]]) -> Vec<u8> {
     match element {
         Element::F32 => reduce_as::<f32>(op, inputs),

@@ -1,22 +1,16 @@
 //! A device transport for collectives: the bytes move on the devices
 //! (NCCL, RCCL); the decision about them stays where it is.
 //!
-//! Host staging moves every byte twice over the bus. A backend with a
-//! collective library implements [`DeviceCollectives`], and
-//! [`Group::over_device`](super::Group::over_device) runs rounds through
-//! it. The order of things does not change:
+//! Host staging moves every byte twice over the bus, so a backend with a
+//! collective library implements [`DeviceCollectives`]. The order holds:
 //!
-//! 1. **Every rank still decides before data moves.** A rank waits for its
-//!    stream, checks its input without reading it, and meets its peers.
-//!    Only when every input is clean does any rank call the library. A
-//!    mismatched call never reaches it, where NCCL would hang or overrun.
-//! 2. **The library's call is device work like any other.** It is issued
-//!    through the server on the rank's stream ([`Site::Collective`]), and
-//!    a later fault lands on its output as on any launch's.
-//! 3. **A call that fails after the ranks agreed breaks the group.** Its
-//!    peers wait inside the library for it, so the failing rank aborts
-//!    every communicator (`ncclCommAbort`). Later calls get
-//!    [`CollectiveError::Broken`](super::CollectiveError::Broken) (rule 43).
+//! 1. **Every rank decides before data moves.** A mismatched call never
+//!    reaches the library, where NCCL would hang or overrun.
+//! 2. **The call is device work** on the rank's stream
+//!    ([`Site::Collective`]); a later fault lands on its output.
+//! 3. **A call that fails after agreement breaks the group.** The failing
+//!    rank aborts every communicator, releasing peers waiting inside the
+//!    library (rule 43).
 //!
 //! [`Site::Collective`]: crate::Site::Collective
 
@@ -32,18 +26,14 @@ use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::handle::Slice;
 
-/// A backend whose devices run collectives themselves, through the vendor's
-/// library: an `unsafe` contract, as [`Backend`]'s device calls are, which
-/// only the group (through its clients' servers) calls.
+/// A backend whose devices run collectives through the vendor's library.
+///
+/// An `unsafe` contract, as [`Backend`]'s is; only the group calls it.
 pub trait DeviceCollectives: Backend {
-    /// One rank's membership of a communicator. Dropping it releases the
-    /// library's resources (`ncclCommDestroy`); it is shared between the
-    /// rank that calls through it and a peer that may abort it.
+    /// One rank's membership of a communicator; dropping it destroys it.
     type Communicator: Send + Sync + 'static;
 
-    /// What every rank of one communicator must be given, made once
-    /// (`ncclGetUniqueId`) and passed to every rank — by a launcher, out of
-    /// band, where the ranks are separate processes.
+    /// What every rank of one communicator is given (`ncclGetUniqueId`).
     type Identity: Clone + Send + Sync + 'static;
 
     /// A new identity.
@@ -53,21 +43,17 @@ pub trait DeviceCollectives: Backend {
     /// [`Error::BackendUnavailable`] where the library is not installed.
     fn identity() -> Result<Self::Identity>;
 
-    /// Join the communicator `identity` names as rank `rank` of `ranks`,
-    /// on this backend's device. Blocks until every rank joined, or
-    /// `patience` passed. `patience` is also the longest any later call
-    /// through the communicator waits on the host for its peers (the
-    /// library's, to take a call; a transport whose calls block, to finish
-    /// one). A join or call that gave up waiting, or found its
-    /// communicator aborted by a peer, answers [`CollectiveError::Stalled`](super::CollectiveError::Stalled),
-    /// which a rank across processes reports as its peers' absence rather
-    /// than its own failure.
+    /// Join `identity`'s communicator as rank `rank` of `ranks`, blocking
+    /// until every rank joined.
+    ///
+    /// `patience` bounds this and every later host wait for peers. Giving
+    /// up, or finding the communicator aborted, answers
+    /// [`CollectiveError::Stalled`](super::CollectiveError::Stalled).
     ///
     /// # Safety
     ///
-    /// Every rank of the communicator is called with the same identity and
-    /// `ranks`, each rank once, each on a thread of its own (or in its own
-    /// process), and no rank's device is another's.
+    /// Every rank joins once, with the same arguments, on a thread of its
+    /// own, and no two ranks share a device.
     unsafe fn join(
         &mut self,
         identity: &Self::Identity,
@@ -76,21 +62,13 @@ pub trait DeviceCollectives: Backend {
         patience: Duration,
     ) -> Result<Self::Communicator>;
 
-    /// Issue `call` on `stream`, through `communicator`. On a stream that
-    /// is recording a capture, record it instead (NCCL and RCCL capture
-    /// their kernels): each replay of the graph then makes the call, as the
-    /// communicator's next.
+    /// Issue `call` on `stream`, or record it where the stream records.
     ///
     /// # Safety
     ///
-    /// `communicator` is one this backend joined; `stream`, `call.input`
-    /// and `call.output` are this backend's and alive, their ranges inside
-    /// them; every rank of the communicator issues the same call (kind,
-    /// element, operation, root, length) as its next one, with output
-    /// lengths as the call requires ([`Call`]'s rules, which the group
-    /// checked). A recorded call: every rank records it, and the ranks
-    /// replay their graphs together, each replay as their next call (the
-    /// group's [`Rank::replay`](super::Rank::replay) does both).
+    /// `communicator` is this backend's, and both ranges lie inside live
+    /// memory. Every rank issues the same call as its next one.
+    /// A recorded call is recorded and replayed by every rank together.
     unsafe fn collective(
         &mut self,
         communicator: &Self::Communicator,
@@ -98,18 +76,13 @@ pub trait DeviceCollectives: Backend {
         call: &DeviceCall<'_, Self::Memory>,
     ) -> Result<()>;
 
-    /// Issue this rank's half of a transfer with `call.peer` on `stream`,
-    /// through `communicator` (NCCL's `ncclSend` or `ncclRecv`): how ranks
-    /// in separate processes move point-to-point bytes
-    /// ([`Rank::send`](super::Rank::send) across processes).
+    /// Issue this rank's half of a transfer with `call.peer` (`ncclSend`,
+    /// `ncclRecv`), for ranks in separate processes.
     ///
     /// # Safety
     ///
-    /// `communicator` is one this backend joined; `stream` and
-    /// `call.data` are this backend's and alive, the range inside the
-    /// memory; `stream` is not recording; the peer issues the opposite
-    /// half, of the same length, as its next transfer with this rank (the
-    /// ranks exchanged headers and agreed).
+    /// As for [`collective`](Self::collective), and `stream` is not
+    /// recording. The peer issues the opposite half, of the same length.
     unsafe fn point_to_point(
         &mut self,
         communicator: &Self::Communicator,
@@ -117,8 +90,8 @@ pub trait DeviceCollectives: Backend {
         call: &DeviceTransfer<'_, Self::Memory>,
     ) -> Result<()>;
 
-    /// Abort `communicator`: calls waiting in it return, and it takes no
-    /// more. Called from any thread, as often as need be.
+    /// Abort `communicator`: waiting calls return. Any thread, any number
+    /// of times.
     ///
     /// # Safety
     ///
@@ -126,27 +99,20 @@ pub trait DeviceCollectives: Backend {
     /// type.
     unsafe fn abort(communicator: &Self::Communicator);
 
-    /// This rank's communicator of the survivors of `communicator`, once
-    /// the ranks `exclude` (ascending) left it: the library's own shrink
-    /// (NCCL's `ncclCommShrink`, from 2.27), which keeps the connections
-    /// among the survivors instead of setting every one up again. Its rank
-    /// in the result is its old rank less the excluded ranks below it.
-    /// `Ok(None)` where the library has no shrink: the group then joins a
-    /// fresh identity ([`join`](Self::join)), which this default does for
-    /// every library.
+    /// The survivors' communicator once the ranks `exclude` (ascending)
+    /// left (`ncclCommShrink`), keeping their connections.
+    ///
+    /// `Ok(None)`, the default, makes the group join a fresh identity.
     ///
     /// # Safety
     ///
-    /// `communicator` came from [`join`](Self::join) on this backend (or
-    /// from this call) and was not aborted; no call through it is in
-    /// flight; every rank of it that is not excluded calls this once, with
-    /// the same `exclude`, each on a thread of its own, and no excluded
-    /// rank does.
+    /// `communicator` is this backend's, not aborted, and idle. Every
+    /// survivor calls this once, with the same `exclude`, on its own thread.
     ///
     /// # Errors
     ///
-    /// What the library answered, or [`CollectiveError::Stalled`](super::CollectiveError::Stalled) when a
-    /// survivor did not come within `patience`.
+    /// What the library answered, or
+    /// [`CollectiveError::Stalled`](super::CollectiveError::Stalled).
     unsafe fn shrink(
         &mut self,
         communicator: &Self::Communicator,
@@ -157,27 +123,19 @@ pub trait DeviceCollectives: Backend {
         Ok(None)
     }
 
-    /// Whether the work `waiter` covers has finished, without blocking:
-    /// how a rank whose peers live in other processes waits for a call
-    /// with a deadline ([`Rank::join`](super::Rank::join)), where
-    /// [`Backend::wait`] would block for as long as a missing peer keeps
-    /// the library's kernel waiting.
+    /// Whether `waiter`'s work finished, without blocking: a wait with a
+    /// deadline, where a missing peer would block [`Backend::wait`].
     ///
     /// # Safety
     ///
-    /// As [`Backend::wait`]: `waiter` came from this backend's
-    /// [`Backend::begin_wait`] and has not been ended.
+    /// As [`Backend::wait`].
     ///
     /// # Errors
     ///
-    /// A failure of the covered work the device reports, as
-    /// [`Backend::wait`] would.
+    /// As [`Backend::wait`].
     unsafe fn finished(waiter: &Self::Waiter) -> Result<bool>;
 
-    /// Whether `communicator` still works: a peer's abort, or a failed
-    /// link to one, answers [`CollectiveError::Stalled`](super::CollectiveError::Stalled) (NCCL's
-    /// `ncclCommGetAsyncError`). Asked while a rank across processes waits
-    /// for a call, which will then not complete.
+    /// Whether `communicator` still works (`ncclCommGetAsyncError`).
     ///
     /// # Safety
     ///
@@ -185,7 +143,8 @@ pub trait DeviceCollectives: Backend {
     ///
     /// # Errors
     ///
-    /// As above; what the library answered.
+    /// [`CollectiveError::Stalled`](super::CollectiveError::Stalled) after a
+    /// peer's abort or a failed link.
     unsafe fn health(communicator: &Self::Communicator) -> Result<()>;
 }
 
@@ -213,8 +172,7 @@ pub enum Direction {
     Recv,
 }
 
-/// One rank's half of a point-to-point transfer, resolved to device
-/// memory.
+/// One rank's half of a point-to-point transfer.
 #[derive(Debug)]
 pub struct DeviceTransfer<'a, M> {
     /// Send or receive.
@@ -225,9 +183,8 @@ pub struct DeviceTransfer<'a, M> {
     pub data: (&'a M, std::ops::Range<u64>),
 }
 
-/// How an agreed round's bytes move for a group over a device transport:
-/// the one thing host staging does differently, erased so that a
-/// [`Group<B>`](super::Group) needs no more than `B: Backend`.
+/// How an agreed round's bytes move, erased so a group needs only
+/// `B: Backend`.
 pub(super) trait Mover<B: Backend>: Send + Sync {
     /// Issue rank `rank`'s part of `call`, round `round` of its group,
     /// through its client (recorded, where its stream records).
@@ -243,26 +200,18 @@ pub(super) trait Mover<B: Backend>: Send + Sync {
     /// Abort every rank's communicator.
     fn abort_all(&self);
 
-    /// The group broke because a rank never came to a round: nobody
-    /// issued it, so no rank waits inside the library. Where every rank is
-    /// in this process, the communicators stay as they are, for the
-    /// survivors' shrink ([`regroup`](Self::regroup)); where peers live in
-    /// other processes the absent one may be dead, and its communicators
-    /// are aborted (the library's way to drop a peer that will not answer).
+    /// A rank never came to a round. In one process the communicators stay
+    /// for a shrink; across processes they are aborted.
     fn break_off(&self);
 
-    /// The transport of a new membership epoch over `clients`, its ranks
-    /// in order (`collective/membership.rs`): `survivors` are the old ranks
-    /// of its first members, any member after them a newcomer. Every
-    /// member gets its communicator, each on a thread of its own, before
-    /// the change is decided on any rank: by the library's shrink where it
-    /// has one, no one is new and the old communicators are intact, else
-    /// by joining a fresh identity.
+    /// The transport of a new epoch over `clients`; `survivors` are the
+    /// old ranks of its first members.
+    ///
+    /// It shrinks where it can, else joins a fresh identity.
     ///
     /// # Errors
     ///
-    /// What the library answered to a member's join: no member gets the
-    /// new epoch.
+    /// What the library answered to a member's join.
     fn regroup(
         &self,
         survivors: &[usize],
@@ -271,16 +220,14 @@ pub(super) trait Mover<B: Backend>: Send + Sync {
     ) -> Result<Box<dyn Mover<B>>>;
 }
 
-/// This process's ranks' communicators of one group: every rank's, or —
-/// for a rank whose peers live in other processes — its own.
+/// This process's communicators of one group.
 pub(super) struct Communicators<B: DeviceCollectives> {
     /// The rank `mine[0]` is.
     pub(super) first: usize,
     pub(super) mine: Vec<Arc<B::Communicator>>,
     /// How many ranks the group has.
     pub(super) ranks: usize,
-    /// Set once [`Mover::abort_all`] aborted them: the library can shrink
-    /// none of them then.
+    /// Set by [`Mover::abort_all`]: no shrink then.
     pub(super) aborted: AtomicBool,
 }
 
@@ -290,11 +237,8 @@ impl<B: DeviceCollectives> Communicators<B> {
         self.first == 0 && self.mine.len() == self.ranks
     }
 
-    /// The survivors' communicators by the library's shrink, each survivor
-    /// on a thread of its own: `None` where that cannot be (a communicator
-    /// aborted, a rank in another process, a newcomer, a library without a
-    /// shrink) or the library refused it, which the caller answers by
-    /// joining a fresh identity.
+    /// The survivors' communicators by the library's shrink, or `None`
+    /// where it cannot or will not shrink.
     fn shrink(
         &self,
         survivors: &[usize],
@@ -312,16 +256,11 @@ impl<B: DeviceCollectives> Communicators<B> {
         let shrunk: Vec<Result<Option<B::Communicator>>> = per_rank(survivors.len(), |rank| {
             let communicator = &self.mine[survivors[rank]];
             let shrink = |backend: &mut B| {
-                // SAFETY: the communicator is this survivor's, joined on
-                // this backend and not aborted (checked above, under the
-                // meeting every rank of the group is in: no call is in
-                // flight); every survivor calls this once, with the same
-                // `exclude`, on a thread of its own (`per_rank`), and no
-                // excluded rank does.
+                // SAFETY: this survivor's live communicator, idle under the
+                // meeting; each survivor calls once, on its own thread.
                 unsafe { backend.shrink(communicator, &exclude, patience) }
             };
-            // SAFETY: shrinking makes a library object the core does not
-            // track, and leaves no work on any stream.
+            // SAFETY: shrinking leaves no work on any stream.
             unsafe { clients[rank].with_backend_mut(shrink) }.and_then(|s| s)
         });
         let mut mine = Vec::with_capacity(shrunk.len());
@@ -367,12 +306,8 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
                     rank,
                     ranks,
                 };
-                // SAFETY: the communicator is this rank's, joined on this
-                // backend (`Group::over_device`); the server resolved both
-                // ranges inside their live memory and hands its own stream;
-                // every rank issues this same call as its next, because the
-                // ranks met and agreed on it (`decide`) before any issued, and
-                // a group issues rounds in order.
+                // SAFETY: this rank's communicator; the server resolved the
+                // ranges; the ranks agreed on this call before any issued.
                 unsafe { backend.collective(communicator, stream, &call) }
             },
         )
@@ -398,9 +333,7 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
         clients: &[Client<B>],
         deadline: Duration,
     ) -> Result<Box<dyn Mover<B>>> {
-        // The ranks meet in memory before every call, and that meeting
-        // keeps the deadline; the library's own patience only guards
-        // against a broken contract (as in `join_all`).
+        // The meeting keeps the deadline; this guards a broken contract.
         let patience = deadline.max(super::DEFAULT_DEADLINE);
         if let Some(shrunk) = self.shrink(survivors, clients, patience) {
             return Ok(Box::new(shrunk));
@@ -422,20 +355,14 @@ fn join_all<B: DeviceCollectives>(
 ) -> Result<Communicators<B>> {
     let identity = B::identity()?;
     let ranks = clients.len();
-    // The ranks meet in memory before every call, and that meeting
-    // keeps the deadline; the transport's own patience only guards
-    // against a broken contract, and must not fail a join or a call
-    // that a loaded machine merely scheduled late.
+    // The meeting keeps the deadline; this only guards a broken contract.
     let patience = deadline.max(super::DEFAULT_DEADLINE);
     let joined: Vec<Result<B::Communicator>> = per_rank(ranks, |rank| {
         let join = |backend: &mut B| {
-            // SAFETY: every rank joins this one identity with the same
-            // count, once, on a thread of its own (`per_rank`); the group
-            // checked that every rank's server is distinct.
+            // SAFETY: each rank joins once, on its own thread and device.
             unsafe { backend.join(&identity, rank, ranks, patience) }
         };
-        // SAFETY: joining makes a library object the core does not
-        // track, and leaves no work on any stream.
+        // SAFETY: joining leaves no work on any stream.
         unsafe { clients[rank].with_backend_mut(join) }.and_then(|j| j)
     });
     let mut mine = Vec::with_capacity(ranks);
@@ -451,17 +378,13 @@ fn join_all<B: DeviceCollectives>(
 }
 
 impl<B: DeviceCollectives> Group<B> {
-    /// A group of `clients`, rank `i` being `clients[i]`, whose collectives
-    /// move their bytes on the devices through the backend's library (NCCL
-    /// for CUDA): every rank joins one communicator, each on a thread of its
-    /// own. Each round decides as a host-staged one does, before any byte
-    /// moves ([`device`](crate::collective::device)).
+    /// A group of `clients` whose bytes move on the devices through the
+    /// backend's library ([`device`](crate::collective::device)).
     ///
     /// # Errors
     ///
-    /// As [`new`](Self::new); [`Error::BackendUnavailable`] where the
-    /// library is not installed; the library's refusal to make the
-    /// communicator (two ranks on one device, say).
+    /// As [`new`](Self::new); [`Error::BackendUnavailable`] without the
+    /// library; the library's refusal.
     pub fn over_device(clients: Vec<Client<B>>, deadline: Duration) -> Result<Self> {
         Self::check_clients(&clients)?;
         let device: Box<dyn Mover<B>> = Box::new(join_all::<B>(&clients, deadline)?);
@@ -470,11 +393,8 @@ impl<B: DeviceCollectives> Group<B> {
 }
 
 impl<B: Backend> Rank<B> {
-    /// Over a device transport, whether this rank's input can be sent:
-    /// the stream's work waited for, then the bytes checked, none read.
-    /// A recording stream runs nothing until its graph is replayed, and
-    /// what its window's work wrote is healed or claimed as it is recorded
-    /// (rule 23), so there the check alone decides.
+    /// Whether this rank's input can be sent: waited for, then checked
+    /// unread. A recording stream is only checked (rule 23).
     pub(super) fn ready(&self, input: Slice<'_>, recording: bool) -> Input {
         let client = self.client();
         let waited = if recording {
@@ -499,11 +419,8 @@ impl<B: Backend> Rank<B> {
         self.settle(Kind::Call(kind), len, issued, Written::Output(output))
     }
 
-    /// After this rank issued (or recorded) an agreed round, `issued`
-    /// answering how that went: meet again. If any rank's call failed, no
-    /// rank's output is trusted (its peers' calls may have been aborted
-    /// mid-way), every output carries the failure and the group breaks.
-    /// Across processes, wait for the call within the deadline instead.
+    /// After an agreed round was issued, meet again. If any rank's call
+    /// failed, every output carries the failure and the group breaks.
     pub(super) fn settle(
         &self,
         kind: Kind,
@@ -524,8 +441,7 @@ impl<B: Backend> Rank<B> {
                     state.first_failed.get_or_insert(self.rank);
                     first
                 };
-                // Peers may already wait inside the library for this
-                // rank's part: release them before meeting them.
+                // Release peers waiting inside the library first.
                 if let Some(device) = &self.shared.device {
                     device.abort_all();
                 }
@@ -552,10 +468,8 @@ impl<B: Backend> Rank<B> {
     }
 }
 
-/// What a rank brings from a wait for its stream (`waited`) and a check of
-/// its inputs. A wait that fails on work other than the inputs' does not
-/// fail them; the check decides. A refusal of either is the rank's own
-/// mistake.
+/// A rank's stream wait and input check combined: the check decides, and
+/// a refusal is the rank's own mistake.
 pub(super) fn readiness(waited: Result<()>, check: impl FnOnce() -> Result<()>) -> Input {
     if let Err(refused) = waited
         && is_refusal(&refused)

@@ -1,30 +1,18 @@
 //! Membership: a broken group shrinks to its survivors and goes on, and
 //! admits a rank that comes back (rules 54–57).
 //!
-//! The group knows which ranks are gone: those a broken round named, and
-//! those whose device is lost. So survivors can regroup themselves, as
-//! `MPIX_Comm_shrink` and `ncclCommShrink` do, and admit a recovered rank,
-//! as torchft's quorum does.
+//! The group knows which ranks are gone, so survivors regroup themselves
+//! (`ncclCommShrink`) and admit a recovered rank (torchft's quorum).
 //!
 //! 1. **A change is a meeting with the deadline** (`meeting.rs`). Ranks
-//!    known gone are not awaited; one absent at the deadline is left out.
-//!    Every rank gets the same membership.
-//! 2. **Membership has an epoch.** The new group renumbers its ranks in
-//!    old order, newcomers last. Calls through the old epoch get
+//!    known gone are not awaited; every rank gets the same membership.
+//! 2. **Membership has an epoch.** Calls through an old one get
 //!    [`CollectiveError::Stale`], claiming nothing.
-//! 3. **The transport comes along.** A device transport makes the new
-//!    epoch's communicators during the meeting: by the library's shrink
-//!    where it can, else by joining a fresh identity.
-//! 4. **A collective over the survivors is over the survivors.** A mean
-//!    divides by the new rank count.
-//! 5. **A newcomer is healed, not trusted.** Its buffers read as lost
-//!    (rule 51) until a broadcast from a healthy rank heals them
-//!    ([`Rank::heal`]).
+//! 3. **The transport comes along**, shrunk or joined afresh.
+//! 4. **A newcomer is healed, not trusted** ([`Rank::heal`], rule 51).
 //!
-//! Ranks that joined alone ([`Rank::join`]) share no memory to meet in:
-//! their launcher decides the membership, and each joins again with the
-//! new epoch ([`Rank::join_epoch`]). A ballot refuses a member of another
-//! epoch on every rank.
+//! Ranks that joined alone rejoin with the new epoch instead
+//! ([`Rank::join_epoch`]).
 
 use std::sync::Arc;
 
@@ -36,8 +24,8 @@ use crate::error::{Error, Result};
 use crate::handle::Slice;
 use crate::id::ServerId;
 
-/// A group's membership: the changes called on its epoch, each a meeting
-/// (`meeting.rs`), and the epoch that superseded it, once one did.
+/// A group's membership: the changes called on its epoch, and its
+/// successor once one exists.
 pub(super) struct Membership<B: Backend> {
     changes: Meeting<Ask<B>, Decided<B>>,
     /// The new epoch and, by old rank, whether it kept the rank.
@@ -52,8 +40,7 @@ impl<B: Backend> Membership<B> {
         }
     }
 
-    /// Why a call through rank `rank` of epoch `epoch` is stale, once a
-    /// change superseded the epoch (rule 55).
+    /// Why a call through a superseded epoch is stale (rule 55).
     pub(super) fn stale(&self, epoch: u64, rank: usize) -> Option<CollectiveError> {
         let (current, kept) = self.superseded.as_ref()?;
         Some(CollectiveError::Stale {
@@ -66,8 +53,7 @@ impl<B: Backend> Membership<B> {
 
 /// A decided change: the new epoch, or why there is none.
 pub(super) enum Decided<B: Backend> {
-    /// The new group and, by old rank, each member's new rank (`None` for
-    /// a rank left out).
+    /// The new group and, by old rank, each member's new rank.
     Group {
         shared: Arc<Shared<B>>,
         ranks: Vec<Option<usize>>,
@@ -103,8 +89,7 @@ impl From<RefusedChange> for Error {
     }
 }
 
-/// The first rank that asked for another change than the lowest rank that
-/// came, and what it asked, if any did.
+/// The first rank that asked for a change other than the lowest rank's.
 fn disagreement<B: Backend>(asks: &[Option<Ask<B>>]) -> Option<(usize, String)> {
     let mut came = asks
         .iter()
@@ -143,8 +128,7 @@ impl<B: Backend> Ask<B> {
     }
 }
 
-/// How a change meets: ranks known gone are not awaited; the decision
-/// supersedes the epoch (rules 54, 55).
+/// How a change meets: ranks known gone are not awaited (rules 54, 55).
 struct Changing<'a, B: Backend> {
     rank: &'a Rank<B>,
 }
@@ -193,8 +177,7 @@ impl<B: Backend> Agenda<State<B>> for Changing<'_, B> {
 }
 
 impl<B: Backend> Group<B> {
-    /// The membership epoch: 0 for a group made with [`new`](Self::new) or
-    /// [`over_device`](Self::over_device), one more after each change.
+    /// The membership epoch: 0 at first, one more after each change.
     pub fn epoch(&self) -> u64 {
         self.shared.epoch
     }
@@ -206,66 +189,50 @@ impl<B: Backend> Rank<B> {
         self.shared.epoch
     }
 
-    /// Its group, for the handles of its other ranks (an admitted rank's
-    /// thread takes its own from the group its peers' [`admit`](Self::admit)
-    /// made).
+    /// Its group, for the handles of its other ranks.
     pub fn group(&self) -> Group<B> {
         Group {
             shared: self.shared.clone(),
         }
     }
 
-    /// Form the group of the ranks that go on (rules 54, 55): every
-    /// surviving rank calls this, once; the ranks known gone (named missing
-    /// or failed by the round that broke the group, or whose device is
-    /// lost) are not waited for, and one expected but absent at the
-    /// deadline is left out. Every survivor gets its rank of the new epoch
-    /// — the same membership on every one — and the old group takes no
-    /// more calls ([`CollectiveError::Stale`]).
+    /// Form the group of the ranks that go on (rules 54, 55).
+    ///
+    /// Every survivor calls this once. Ranks known gone are not awaited,
+    /// and one absent at the deadline is left out.
     ///
     /// # Errors
     ///
-    /// [`Error::Refused`] for a rank whose own device is lost (it cannot be
-    /// a survivor; recover it and be admitted) and for ranks that joined
-    /// alone ([`Rank::join_epoch`] is their way); [`CollectiveError::Stale`]
-    /// on a group already superseded; the device transport's failure to
-    /// make the new epoch's communicators (refused on every survivor).
+    /// [`Error::Refused`] for a rank whose device is lost, or one that
+    /// joined alone. [`CollectiveError::Stale`] on a superseded group.
+    /// The transport's failure, refused on every survivor.
     pub fn shrink(&self) -> Result<Rank<B>> {
         self.change(Ask::Shrink)
     }
 
-    /// Admit `newcomers` — clients of devices not in the group (a device
-    /// that recovered, a new one) — as the group's last ranks, in order
-    /// (rule 56): every current member calls this, once, with the same
-    /// newcomers, and gets its rank of the new epoch; a newcomer's thread
-    /// takes its rank from that group ([`group`](Self::group)). A newcomer
-    /// holds what its device holds; heal what it needs from a healthy rank
-    /// ([`heal`](Self::heal)) before it takes part as clean.
+    /// Admit `newcomers` as the group's last ranks (rule 56).
+    ///
+    /// Every member calls this once with the same newcomers. A newcomer
+    /// takes its rank from [`group`](Self::group), then is
+    /// [`heal`](Self::heal)ed.
     ///
     /// # Errors
     ///
-    /// Refused on every member, claiming nothing: newcomers that differ
-    /// between members, none, a newcomer already in the group (one device
-    /// cannot be two ranks), a newcomer whose device is lost; otherwise as
+    /// Refused on every member: newcomers that differ, none, one already
+    /// in the group, or one whose device is lost. Else as
     /// [`shrink`](Self::shrink).
     pub fn admit(&self, newcomers: &[Client<B>]) -> Result<Rank<B>> {
         self.change(Ask::Admit(newcomers.to_vec()))
     }
 
-    /// Write each of `buffers` from rank `root`'s bytes, on every rank: a
-    /// broadcast per buffer, which heals what a rank's buffers carried
-    /// (rule 41) — how a group gives an admitted rank its state. Every rank
-    /// calls it with buffers of the same lengths, in the same order.
+    /// Broadcast each of `buffers` from rank `root`, healing them (rule 41).
     ///
-    /// Every buffer is broadcast, whatever an earlier one answered: each
-    /// broadcast's outcome is the same on every rank, so the ranks stay in
-    /// step, and one buffer the root cannot give does not keep the others
-    /// unhealed.
+    /// Every buffer is broadcast whatever an earlier one answered, so the
+    /// ranks stay in step.
     ///
     /// # Errors
     ///
-    /// The first broadcast's error: a root whose bytes carry a failure
-    /// fails that buffer on every rank with it (rule 41), naming the root.
+    /// The first broadcast's error, naming the root (rule 41).
     pub fn heal(&self, root: usize, buffers: &[Slice<'_>]) -> Result<()> {
         let mut first = Ok(());
         for buffer in buffers {
@@ -338,9 +305,7 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// A membership change refused on every rank that comes to it,
-    /// claiming nothing: about this rank, until [`RefusedChange::with_rank`]
-    /// names another.
+    /// A membership change refused on every rank, claiming nothing.
     fn refuse(&self, number: u64, why: String) -> RefusedChange {
         RefusedChange {
             epoch: self.shared.epoch,
@@ -350,8 +315,7 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// The ranks a change does not wait for: named missing or failed by
-    /// the round that broke the group, or whose device is lost.
+    /// The ranks a change does not wait for.
     fn known_gone(&self, broken: Option<&CollectiveError>) -> Vec<usize> {
         let mut gone: Vec<usize> = match broken {
             Some(CollectiveError::Missing { missing, .. }) => missing.clone(),
@@ -366,8 +330,7 @@ impl<B: Backend> Rank<B> {
         gone
     }
 
-    /// Decide a change among the ranks that `arrived` (in rank order): the
-    /// new epoch's group, or a refusal for every participant.
+    /// Decide a change among the ranks that `arrived`.
     fn decide_change(&self, ask: &Ask<B>, number: u64, arrived: &[usize]) -> Decided<B> {
         let shared = &*self.shared;
         let first = arrived.first().copied().unwrap_or(self.rank);

@@ -1,21 +1,14 @@
 //! Point-to-point: one rank's bytes to one other rank, with the failure
 //! carried instead of garbage (rules 41, 42 for two ranks).
 //!
-//! A send leaves its bytes, or the failure they carry, in the receiver's
-//! mailbox for that sender. It waits only for room ([`MAILBOX_PARCELS`],
-//! [`MAILBOX_BYTES`]); a receiver that takes nothing for a deadline is
-//! missing, and the group breaks.
+//! In one process a send leaves its bytes, or their failure, in the
+//! receiver's mailbox, waiting only for room. A receive takes the next
+//! parcel: clean bytes heal, a failure is claimed naming the sender. A
+//! party silent for a deadline is [`CollectiveError::Missing`] and breaks
+//! the group.
 //!
-//! A receive takes that sender's next parcel, waiting at most the
-//! deadline. Clean bytes are written and heal; a failure is claimed on the
-//! output, naming the sender; a sender that never sends fails the receive
-//! with [`CollectiveError::Missing`] and breaks the group. In one process
-//! the bytes move through the host on every transport.
-//!
-//! Across processes ([`Rank::join`]) there is no mailbox: the two ranks
-//! exchange headers through the library (`remote.rs`), then clean bytes of
-//! the agreed length move on the devices. A send there returns once its
-//! bytes moved, and differing lengths are refused on both ends.
+//! Across processes ([`Rank::join`]) the ranks exchange headers through
+//! the library (`remote.rs`), then clean bytes of the agreed length move.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -35,14 +28,11 @@ pub(super) enum Parcel {
     Failed(Error),
 }
 
-/// How many parcels one sender may leave for one receiver that has not
-/// taken them: past it, a send waits for the receiver (at most the
-/// deadline), so a sender running ahead of a receiver that never comes
-/// holds a bounded amount of memory, not all it ever sent.
+/// How many untaken parcels one sender may leave, so a sender ahead of
+/// its receiver holds bounded memory.
 pub const MAILBOX_PARCELS: usize = 256;
 
-/// How many bytes those parcels may hold; a single larger parcel still
-/// goes when the mailbox is empty.
+/// How many bytes those parcels may hold; one larger parcel still goes.
 pub const MAILBOX_BYTES: usize = 256 << 20;
 
 /// One sender's parcels for one receiver, in the order sent.
@@ -71,22 +61,16 @@ impl<B: Backend> Rank<B> {
             .map(|why| Error::invalid(what, why))
     }
 
-    /// Send `data` to rank `to`, whose next [`recv`](Self::recv) from this
-    /// rank gets it: the bytes, or — when they carry a failure here, or
-    /// their read fails — that failure, which the receive then claims on
-    /// its output naming this rank. Returns once the bytes are read.
+    /// Send `data`, or the failure it carries, to rank `to`'s next
+    /// [`recv`](Self::recv) from this rank.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a rank past the group or this rank,
-    /// or a buffer of another device (nothing sent); the read's refusal
-    /// (nothing sent); [`Error::Collective`] with `InputFailed` when the
-    /// bytes could not be read (the failure was sent); a broken group.
-    /// `Missing` when the mailbox stayed full for a whole deadline (the
-    /// receiver took nothing; the group is broken, nothing was sent).
-    /// Across processes also `Refused` when the receiver's length differs
-    /// (nothing sent), and `Stalled` when the receiver did not take its
-    /// part in time (the group breaks).
+    /// [`Error::InvalidArgument`] for a bad rank or buffer, and the read's
+    /// refusal: nothing sent. [`Error::Collective`]: `InputFailed` (the
+    /// failure was sent), `Missing` for a full mailbox at the deadline, a
+    /// broken group. Across processes also `Refused` for differing
+    /// lengths, and `Stalled`.
     pub fn send(&self, to: usize, data: Slice<'_>) -> Result<()> {
         self.usable()?;
         if let Some(refused) = self.p2p_refusal("send", to, data) {
@@ -118,8 +102,7 @@ impl<B: Backend> Rank<B> {
                 break;
             }
             if shared.changed.wait_until(&mut state, until).timed_out() {
-                // The receiver took nothing for a whole deadline: it is as
-                // missing as a rank that never joins a collective.
+                // A receiver silent for a deadline is missing.
                 let error = CollectiveError::Missing {
                     collective: "send",
                     round: state.mail.get(&(self.rank, to)).map_or(0, |m| m.sent),
@@ -152,20 +135,15 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// Receive into `data` the next parcel rank `from` sent this rank,
-    /// waiting at most the group's deadline: its bytes are written (they
-    /// heal `data`); a failure it carries is claimed on `data`, naming
-    /// `from`, its root cause and chain.
+    /// Receive into `data` rank `from`'s next parcel: clean bytes heal it,
+    /// a failure is claimed on it naming `from`.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a rank past the group or this rank,
-    /// or a buffer of another device (nothing taken, nothing claimed);
-    /// [`Error::Collective`]: `InputFailed` (claimed), `Missing` when
-    /// nothing came in time (claimed; the group is broken), `Refused` when
-    /// the parcel's length is not `data`'s (the parcel is consumed,
-    /// nothing claimed), a group broken before the call (nothing claimed)
-    /// or while it waited (claimed); the write's own errors.
+    /// [`Error::InvalidArgument`] for a bad rank or buffer, claiming
+    /// nothing. [`Error::Collective`]: `InputFailed` and `Missing`
+    /// (claimed), `Refused` for another length (consumed, unclaimed), a
+    /// broken group. The write's own errors.
     pub fn recv(&self, from: usize, data: Slice<'_>) -> Result<()> {
         if let Some(refused) = self.p2p_refusal("recv", from, data) {
             return Err(refused);
@@ -179,8 +157,7 @@ impl<B: Backend> Rank<B> {
         let mut state = shared.state.lock();
         let (number, parcel) = loop {
             if let Some(closed) = shared.closed(&state, self.rank) {
-                // Closed while this receive waited: its bytes will not
-                // come, so `data` carries why (rule 42).
+                // Closed while waiting: `data` carries why (rule 42).
                 drop(state);
                 let error = closed.cause();
                 self.client().fail_writing(&[data], error.clone())?;
@@ -257,9 +234,7 @@ impl<B: Backend> Rank<B> {
         Err(error)
     }
 
-    /// This rank's next transfer number with `peer`, counted per
-    /// direction: the sender's and the receiver's agree, because each
-    /// counts the transfers of that pair in order.
+    /// This rank's next transfer number with `peer`, per direction.
     fn next_transfer(&self, from: usize, to: usize) -> u64 {
         let mut state = self.shared.state.lock();
         let mailbox = state.mail.entry((from, to)).or_default();
@@ -276,11 +251,8 @@ impl<B: Backend> Rank<B> {
         number
     }
 
-    /// A send to a rank in another process: the two exchange headers
-    /// through the library — this rank's status (ready, or the failure its
-    /// bytes carry, as text) and length, the receiver's length — then, only
-    /// if both agree and the bytes are clean, the bytes move on the
-    /// devices (`ncclSend`), waited for within the deadline.
+    /// A send across processes: headers first, then, if they agree and the
+    /// bytes are clean, `ncclSend` within the deadline.
     fn send_across(&self, ballot: &dyn Ballot<B>, to: usize, data: Slice<'_>) -> Result<()> {
         let client = self.client();
         let input = readiness(client.sync_buffers(&[data]), || client.check(&[data]));
@@ -332,10 +304,8 @@ impl<B: Backend> Rank<B> {
         self.settle_transfer(ballot, (Kind::Send, number), moved, None)
     }
 
-    /// A receive from a rank in another process: the headers first (see
-    /// [`send_across`](Self::send_across)); a failure the sender's bytes
-    /// carry is claimed on `data` naming the sender, as its process
-    /// rendered it; clean bytes move on the devices (`ncclRecv`).
+    /// A receive across processes: headers first; a sender's failure is
+    /// claimed on `data`, clean bytes move by `ncclRecv`.
     fn recv_across(&self, ballot: &dyn Ballot<B>, from: usize, data: Slice<'_>) -> Result<()> {
         let client = self.client();
         let number = self.next_transfer(from, self.rank);
@@ -392,9 +362,8 @@ impl<B: Backend> Rank<B> {
             })
     }
 
-    /// Wait for an issued transfer (`moved`) within the deadline; one that
-    /// failed or did not finish breaks the group, and a receive's buffer
-    /// (`written`) carries why.
+    /// Wait for an issued transfer within the deadline; a failed or late
+    /// one breaks the group.
     fn settle_transfer(
         &self,
         ballot: &dyn Ballot<B>,

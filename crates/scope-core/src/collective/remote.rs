@@ -1,33 +1,21 @@
 //! Ranks in separate processes: the meeting moves onto the transport.
 //!
 //! Ranks in other processes share no memory, and scope adds no wire of its
-//! own: the library that moves the bytes (NCCL, RCCL) is the only one. So
-//! the meeting becomes a collective too, and the rules stay the same:
+//! own. So the meeting becomes a collective on the library too:
 //!
-//! 1. **A ballot before every round.** Each rank writes its part (the
-//!    call, its input's length, and ready, failed or refused) into a
-//!    record of [`RECORD`] bytes. The ranks all-gather the records, and
-//!    each runs the same decision on them (`round::decide`). It is
-//!    torchft's `should_commit` vote, taken by the transport itself.
-//! 2. **A ballot is read or refused, never guessed.** A record of another
-//!    version, or with a value this build does not know, stands as its
-//!    rank's refusal: every rank refuses the round, claiming nothing.
-//! 3. **Every wait has the deadline.** Completions are polled
-//!    ([`DeviceCollectives::finished`]) without the server's lock. At the
-//!    deadline the rank aborts its communicator, its output carries
-//!    [`CollectiveError::Stalled`], and its group breaks (rules 42, 43).
-//!    The library cannot say which peer is missing, so the error names
-//!    none.
-//! 4. **A failed call breaks what it can reach.** The failing rank aborts
-//!    its own communicator; its peers reach their deadline and break
-//!    theirs. No output reads as written.
-//! 5. **The price**: one all-gather of [`RECORD`] bytes and a host wait
-//!    before each collective, and a host wait after it.
-//! 6. **Point-to-point pairs its headers.** Sender and receiver exchange
-//!    headers first, so only clean bytes of an agreed length move
-//!    (`ncclSend`, `ncclRecv`, rule 48).
-//! 7. **Ballots have a stream of their own**, so a ballot is taken while
-//!    the rank's stream records a capture (`collective/replay.rs`).
+//! 1. **A ballot before every round.** The ranks all-gather [`RECORD`]-byte
+//!    parts and each runs the same decision (torchft's `should_commit`).
+//! 2. **A ballot is read or refused, never guessed.** An unreadable record
+//!    is its rank's refusal, so every rank refuses alike.
+//! 3. **Every wait has the deadline.** At it the rank aborts its
+//!    communicator and its group breaks with
+//!    [`CollectiveError::Stalled`] (rules 42, 43).
+//! 4. **A failed call breaks what it can reach.** No output reads as
+//!    written.
+//! 5. **Point-to-point pairs its headers** first, so only clean bytes of
+//!    an agreed length move (rule 48).
+//! 6. **Ballots have a stream of their own**, so a ballot is taken while
+//!    the rank's stream records.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,9 +30,7 @@ use crate::client::{Client, LentStream};
 use crate::error::{Error, Result};
 use crate::handle::{Buffer, Slice};
 
-/// The bytes of one rank's ballot: a fixed size, so that every rank's
-/// all-gather has the same count. What does not fit of a failure's text is
-/// cut, and says so.
+/// The bytes of one ballot, fixed so every all-gather has one count.
 pub const RECORD: usize = 1024;
 
 /// Marks a ballot record.
@@ -56,10 +42,8 @@ const VERSION: u32 = 1;
 /// Where the text of a record begins.
 const TEXT: usize = 56;
 
-/// A peer's failure as its own process rendered it — the root cause and
-/// the chain, as text: what of an [`Error`] crosses processes. A rank's
-/// [`CollectiveError::InputFailed`] for a peer's input carries this as its
-/// cause ([`Error::external_root`] finds it).
+/// A peer's failure as its process rendered it: what of an [`Error`]
+/// crosses processes ([`Error::external_root`] finds it).
 #[derive(Debug, thiserror::Error)]
 #[error("{report}")]
 pub struct PeerReport {
@@ -67,18 +51,15 @@ pub struct PeerReport {
     pub report: String,
 }
 
-/// How the ranks meet when they share no memory, erased so that a
-/// [`Shared<B>`] needs no more than `B: Backend`.
+/// How ranks without shared memory meet, erased for [`Shared<B>`].
 pub(super) trait Ballot<B: Backend>: Send + Sync {
     /// Exchange rank `rank`'s `part` of round `round` for every rank's,
     /// waiting at most `deadline`.
     ///
     /// # Errors
     ///
-    /// What breaks the group: [`CollectiveError::Stalled`] when the
-    /// exchange did not complete in time (the communicator is aborted), or
-    /// [`CollectiveError::IssueFailed`] naming this rank when its own part
-    /// could not be sent or read.
+    /// [`CollectiveError::Stalled`] past the deadline;
+    /// [`CollectiveError::IssueFailed`] when this rank's part failed.
     fn vote(
         &self,
         seat: (usize, u64),
@@ -86,17 +67,13 @@ pub(super) trait Ballot<B: Backend>: Send + Sync {
         deadline: Duration,
     ) -> std::result::Result<Vec<Part>, CollectiveError>;
 
-    /// Wait until `until` for the work issued so far on `client`'s
-    /// stream; `false` when it did not finish in time, after aborting the
-    /// communicator (which lets it finish); an error when the communicator
-    /// failed meanwhile (a peer aborted: aborted here too).
+    /// Wait until `until` for `client`'s stream. `false` if late, after
+    /// aborting the communicator; an error if a peer aborted it.
     fn settle(&self, client: &Client<B>, until: Instant) -> Result<bool>;
 
-    /// Exchange rank `rank`'s `part` of its transfer number `number`
-    /// (`seat`) with
-    /// rank `peer` — sent first when `part` is a send's, received first
-    /// when a receive's, so the two halves pair — for `peer`'s, waiting at
-    /// most `deadline`. Errors as [`vote`](Self::vote)'s.
+    /// Exchange this rank's `part` of transfer `seat` with `peer`'s, within
+    /// `deadline`. A send's half goes first, so the halves pair.
+    /// Errors as [`vote`](Self::vote)'s.
     fn exchange(
         &self,
         seat: (usize, u64),
@@ -122,17 +99,14 @@ struct Ballots<B: DeviceCollectives> {
     send: Buffer,
     gathered: Buffer,
     ranks: usize,
-    /// A stream of the rank's device of the ballots' own: a ballot is
-    /// taken, and waited for, while the rank's stream may be recording.
-    /// Lent by the server and given back when the rank goes, after the
-    /// buffers above (fields drop in order), so joining again spends none.
+    /// The ballots' own stream, lent by the server; it drops after the
+    /// buffers above.
     client: LentStream<B>,
 }
 
 impl<B: DeviceCollectives> Ballots<B> {
-    /// Write this rank's record of `part` (round or transfer `number`)
-    /// into its send box, the start of a ballot or a header exchange;
-    /// when the exchange must be done by.
+    /// Write this rank's record of `part` into its send box; returns the
+    /// exchange's deadline.
     fn post(&self, number: u64, part: &Part, deadline: Duration) -> Result<Instant> {
         let until = Instant::now() + deadline;
         self.client.write(self.send.all(), &encode(number, part))?;
@@ -166,14 +140,9 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
                         rank,
                         ranks,
                     };
-                    // SAFETY: the communicator is this rank's, joined on
-                    // this backend (`Rank::join`); the server resolved both
-                    // ballot buffers, RECORD and RECORD × ranks bytes, as
-                    // an all-gather needs; every rank's next call through
-                    // the communicator is this round's ballot, since every
-                    // collective of a group begins with one and a rank
-                    // whose round failed breaks its group and calls no
-                    // more.
+                    // SAFETY: this rank's communicator; the server resolved
+                    // both buffers at all-gather sizes; every rank's next
+                    // call is this ballot.
                     unsafe { backend.collective(communicator, stream, &call) }
                 },
             )
@@ -187,8 +156,7 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
         }
         let gathered = client.read(self.gathered.all()).map_err(failed)?;
         tally(round, &gathered, ranks, (rank, part)).map_err(|()| {
-            // A record scope did not write for this round: the exchange
-            // ended without every rank's ballot, and the buffer is no vote.
+            // An unwritten record is no vote.
             // SAFETY: the communicator was joined on a `B`.
             unsafe { B::abort(communicator) };
             CollectiveError::Stalled {
@@ -235,9 +203,7 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
         match decode(number, &record) {
             Ok(theirs) if theirs.kind == expected => Ok(theirs),
             _ => {
-                // Not the peer's header for this transfer: the exchange
-                // ended without it (an abort), or the ranks are out of
-                // step; either way nothing here is a header.
+                // Not the peer's header for this transfer.
                 // SAFETY: the communicator was joined on a `B`.
                 unsafe { B::abort(&self.communicator) };
                 Err(CollectiveError::Stalled {
@@ -267,12 +233,8 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
                 peer,
                 data,
             };
-            // SAFETY: the communicator is this rank's, joined on this
-            // backend (`Rank::join`); the server resolved the buffer and
-            // refused a recording stream; the peer issues the opposite
-            // half of the same length next with this rank, because the
-            // two exchanged headers in this order before any data moved
-            // and agreed on the length.
+            // SAFETY: this rank's communicator; the server resolved the
+            // buffer; the headers agreed the peer's opposite half.
             unsafe { backend.point_to_point(communicator, stream, &call) }
         })
     }
@@ -280,12 +242,8 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
     fn settle(&self, client: &Client<B>, until: Instant) -> Result<bool> {
         client.sync_within(
             until,
-            // SAFETY: the communicator was joined on a `B`; the client
-            // hands only a waiter its backend's `begin_wait` made and has
-            // not ended.
-            // Health is asked after the work says finished: a peer's abort
-            // also ends the work, with nothing written, and must not read
-            // as a completion.
+            // SAFETY: a `B` communicator; a live waiter of this backend.
+            // Health after finished: an abort also ends the work.
             |waiter| unsafe {
                 let finished = B::finished(waiter)?;
                 B::health(&self.communicator)?;
@@ -297,10 +255,8 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
     }
 }
 
-/// Why rank `rank`'s round `round` of `kind` failed, when its own call
-/// answered `cause`: a transport that gave up waiting for its peers
-/// ([`CollectiveError::Stalled`]) says the peers are missing; anything else
-/// is this rank's own failure.
+/// Why this rank's round failed with `cause`: a stall blames the peers,
+/// anything else the rank.
 pub(super) fn blame(
     kind: Kind,
     (rank, round): (usize, u64),
@@ -319,19 +275,13 @@ pub(super) fn blame(
     }
 }
 
-/// What a record's text holds between the part it keeps of a long
-/// failure's head and the part it keeps of its end.
+/// Marks where a long failure's middle was cut.
 const CUT: &str = " [… cut …] ";
 
-/// `text` in at most `room` bytes: whole where it fits; else its head and
-/// its end, with [`CUT`] between, each cut on a character boundary.
+/// `text` in at most `room` bytes, its middle cut out where it does not
+/// fit.
 ///
-/// A failure renders outermost first and its root cause last: a failure
-/// passed on through several collectives nests one "rank r's input could
-/// not be read" in the next, and what went wrong first is the end of the
-/// text. So the middle goes — the hops between — never the end: cutting
-/// the tail would keep the hops and lose the root cause the rules promise
-/// every rank (rules 41, 49).
+/// The root cause renders last, so the end stays (rules 41, 49).
 fn fit(text: &str, room: usize) -> String {
     if text.len() <= room {
         return text.to_owned();
@@ -410,11 +360,9 @@ fn encode(round: u64, part: &Part) -> Vec<u8> {
 /// Why a record is not a part.
 #[derive(Debug, PartialEq, Eq)]
 enum Unread {
-    /// Not a ballot of this round: the exchange ended without it (an
-    /// abort, say), so it is no vote.
+    /// Not a ballot of this round: no vote.
     NoVote,
-    /// A ballot of this round this build cannot read: another version,
-    /// an unknown call, a truncated record.
+    /// A ballot of this round this build cannot read.
     Unreadable(String),
 }
 
@@ -491,10 +439,8 @@ fn decode(round: u64, record: &[u8]) -> std::result::Result<Part, Unread> {
     })
 }
 
-/// Every rank's part from the `gathered` records of round `round`, this
-/// rank's (`rank`) being `mine`, kept whole. A ballot this build cannot
-/// read stands as its rank's refusal, so every rank refuses the round
-/// alike, claiming nothing.
+/// Every rank's part from the `gathered` records, this rank's kept whole.
+/// An unreadable ballot is its rank's refusal.
 ///
 /// # Errors
 ///
@@ -529,26 +475,18 @@ fn tally(
 }
 
 impl<B: DeviceCollectives> Rank<B> {
-    /// Rank `rank` of a group of `ranks` whose other ranks live in other
-    /// processes, or on other machines: each joins with its own client and
-    /// the same `identity`, made once by [`DeviceCollectives::identity`]
-    /// and handed to every rank by the launcher, out of band (for NCCL and
-    /// RCCL, a `UniqueId`'s `to_bytes`, in scope-native).
-    /// Its collectives decide by ballot on the transport
-    /// ([`remote`](self)); every wait is bounded by `deadline`, the join's
-    /// included — so a deadline must also cover the library's setup (NCCL
-    /// connecting machines takes seconds). The rank borrows a stream of
-    /// its client's server for its ballots and gives it back when the last
-    /// clone of the rank drops, so a runtime that joins again after its
-    /// group broke (or after a join failed) reuses it: only ranks alive at
-    /// once count against the server's [`MAX_STREAMS`](crate::MAX_STREAMS).
+    /// Rank `rank` of `ranks` whose peers live in other processes, each
+    /// joining with the same `identity` from the launcher.
+    ///
+    /// Collectives decide by ballot ([`remote`](self)). `deadline` bounds
+    /// every wait, the join's too, so it must cover the library's setup.
+    /// The ballot stream returns to the server when the last clone drops.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a rank past `ranks`, or a server out
-    /// of streams; the library's refusal to join (an identity it did not
-    /// make, two ranks on one device), or a join whose peers did not all
-    /// arrive within `deadline`; the ballot buffers' allocation.
+    /// [`Error::InvalidArgument`] for a rank past `ranks` or a server out
+    /// of streams. The library's refusal to join, or peers missing at the
+    /// deadline. The ballot buffers' allocation.
     pub fn join(
         client: Client<B>,
         identity: &B::Identity,
@@ -559,16 +497,11 @@ impl<B: DeviceCollectives> Rank<B> {
         Self::join_epoch(client, identity, rank, ranks, 0, deadline)
     }
 
-    /// [`join`](Self::join), as a member of membership epoch `epoch`: how
-    /// ranks in separate processes change membership (rules 54–56). They
-    /// share no memory to meet in, so their launcher decides who goes on
-    /// — the survivors of a broken group, a restarted process admitted —
-    /// and hands every member a fresh identity, its new rank and the next
-    /// epoch; each joins again. Every ballot carries the epoch, and a
-    /// member that joined with another epoch than its peers — a restarted
-    /// process the launcher gave a stale one — has every call refused on
-    /// every rank, claiming nothing (rule 55), rather than meet peers that
-    /// count its ranks differently.
+    /// [`join`](Self::join) in membership epoch `epoch` (rules 54–56).
+    ///
+    /// Across processes the launcher decides who goes on and hands out
+    /// fresh identities. A member with another epoch than its peers has
+    /// every call refused, claiming nothing (rule 55).
     ///
     /// # Errors
     ///
@@ -587,20 +520,15 @@ impl<B: DeviceCollectives> Rank<B> {
                 format!("{rank} in a group of {ranks}"),
             ));
         }
-        // What can fail here is made first, so a rank that cannot take
-        // part never joins: its peers then wait their deadline for it,
-        // rather than find a communicator its owner already destroyed.
+        // What can fail comes before the join, which peers wait for.
         let ballots = client.lend_stream()?;
         let send = ballots.allocate(RECORD as u64)?;
         let gathered = ballots.allocate((RECORD * ranks) as u64)?;
         let join = |backend: &mut B| {
-            // SAFETY: the caller's launcher gives every rank this identity
-            // and count, each rank once, each in its own process or on its
-            // own thread; the library refuses two ranks on one device.
+            // SAFETY: the launcher gives each rank this identity once.
             unsafe { backend.join(identity, rank, ranks, deadline) }
         };
-        // SAFETY: joining makes a library object the core does not track,
-        // and leaves no work on any stream.
+        // SAFETY: joining leaves no work on any stream.
         let communicator = Arc::new(unsafe { client.with_backend_mut(join) }??);
         let mover: Box<dyn Mover<B>> = Box::new(Communicators::<B> {
             first: rank,
@@ -648,11 +576,8 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// After a ballot agreed and this rank issued its call (`issued`): wait
-    /// for the call within the deadline (a recorded call is not waited
-    /// for: it runs when its graph is replayed). A call that failed, or did not
-    /// finish in time, breaks the group (aborting the communicator) and its
-    /// output carries why.
+    /// After an agreed call was issued, wait for it within the deadline.
+    /// A failed or late call breaks the group; its output carries why.
     pub(super) fn settle_issued(
         &self,
         ballot: &dyn Ballot<B>,
@@ -689,9 +614,7 @@ impl<B: Backend> Rank<B> {
 mod tests {
     use super::*;
 
-    /// Every call, with each status, reads back as written; a failure's
-    /// text too long for a record is cut on a character boundary, and
-    /// says so.
+    /// Every call and status reads back as written; long text is cut.
     #[test]
     fn a_ballot_reads_back_as_written() {
         let calls = [
@@ -752,8 +675,7 @@ mod tests {
         }
     }
 
-    /// A long failure keeps its head and its root cause, at its end, and
-    /// loses the middle: whole characters, within the room.
+    /// A long failure loses its middle, in whole characters.
     #[test]
     fn a_long_failure_loses_its_middle_not_its_root_cause() {
         let nested = format!(
@@ -799,9 +721,7 @@ mod tests {
         }
     }
 
-    /// What this build cannot read is refused, never guessed: garbage is
-    /// no vote, and a truncated record, a future version, an unknown call,
-    /// element, reduction or status refuse the round on every rank.
+    /// What this build cannot read is refused on every rank, never guessed.
     #[test]
     fn a_ballot_this_build_cannot_read_is_refused_on_every_rank() {
         let part = Part {

@@ -1,29 +1,16 @@
 //! Collectives in captured graphs: recorded by every rank, replayed by
 //! every rank together (rule 50).
 //!
-//! A graph holding a collective is a promise to peers: its replay waits on
-//! the device for theirs. Replayed alone, or over a failed input, it hangs
-//! them or sends them garbage. So:
+//! A graph holding a collective is a promise to peers: replayed alone, or
+//! over a failed input, it hangs them or sends them garbage. So:
 //!
-//! 1. **Recording is a round.** A collective called while the stream
-//!    records is met and decided like any other, then recorded on every
-//!    rank. Every rank must record it. Host staging cannot be recorded and
-//!    is refused, claiming nothing.
-//! 2. **Replaying is a round.** [`Rank::replay`] meets with which rounds
-//!    the graph holds and whether its inputs are clean. Different rounds
-//!    are refused everywhere; a failed input on any rank skips every
-//!    replay, and each graph's outputs carry it. [`Client::replay`] refuses
-//!    such a graph.
-//! 3. **After is as after a call.** A replay that fails to start aborts
-//!    the communicators and breaks the group (rule 47); across processes
-//!    it is waited for within the deadline (rule 49).
+//! 1. **Recording is a round**, met and decided, then recorded on every
+//!    rank. Host staging cannot be recorded and is refused.
+//! 2. **Replaying is a round.** [`Rank::replay`] meets on the graph's
+//!    rounds and inputs; a mismatch or a failed input skips every replay.
+//! 3. **After is as after a call** (rules 47, 49).
 //!
-//! NCCL states the contract from its side: capture is uniform over the
-//! ranks, and a captured graph is launched by all of them. Here the ranks
-//! check it before any launch. Each rank replays from its own thread, as
-//! NCCL advises ([`Group::run`](super::Group::run)).
-//!
-//! [`Client::replay`]: crate::Client::replay
+//! NCCL asks the same of capture; here the ranks check it before launch.
 
 use super::Rank;
 use super::device::readiness;
@@ -34,19 +21,15 @@ use crate::error::{Error, Result};
 use crate::handle::Graph;
 
 impl<B: Backend> Rank<B> {
-    /// Replay `graph` — captured on this rank's client, recording this
-    /// group's collectives — together with every other rank, each replaying
-    /// its own graph of the same rounds (rule 50). Every rank checks its
-    /// graph's inputs first, and no rank replays unless all are clean.
+    /// Replay `graph` together with every other rank's graph of the same
+    /// rounds (rule 50), only if every rank's inputs are clean.
     ///
     /// # Errors
     ///
-    /// [`Error::Collective`]: an input that carries a failure on some rank
-    /// (everything every rank's graph writes then carries it, naming that
-    /// rank; nothing was replayed), a rank that did not replay in time, a
-    /// replay that failed to start on some rank (the group breaks), a
-    /// refusal claiming nothing — graphs of different rounds, a graph of
-    /// another group or server, a recording stream — and a broken group.
+    /// [`Error::Collective`]: a failed input on some rank, claimed on every
+    /// graph's outputs. A rank late or failing to start, which breaks the
+    /// group. A refusal claiming nothing: different rounds, another group,
+    /// a recording stream. A broken group.
     pub fn replay(&self, graph: &Graph) -> Result<()> {
         self.usable()?;
         let client = self.client();
@@ -98,8 +81,7 @@ impl<B: Backend> Rank<B> {
     }
 }
 
-/// The rounds a graph recorded, summed up so that ranks can compare them
-/// in a fixed-size ballot: FNV-1a over their numbers, in order.
+/// The rounds a graph recorded, hashed (FNV-1a) for a fixed-size ballot.
 fn digest(rounds: &[RecordedRound]) -> u64 {
     rounds.iter().fold(0xcbf2_9ce4_8422_2325, |hash, r| {
         r.round.to_le_bytes().iter().fold(hash, |h, b| {

@@ -13,18 +13,14 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::handle::{Graph, Slice};
 
-/// What a round runs: a collective call, or a replay of graphs that
-/// recorded some (every rank's graph recorded the same rounds, which
-/// `digest` sums up).
+/// What a round runs: a collective call, or a replay of graphs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Kind {
     Call(Call),
     Replay {
         digest: u64,
     },
-    /// Across processes, the header a point-to-point transfer's sender
-    /// (or receiver) exchanges with its peer before any byte moves; never
-    /// met in a round.
+    /// A point-to-point header across processes; never met in a round.
     Send,
     Recv,
 }
@@ -45,24 +41,18 @@ pub(super) struct Part {
     pub(super) kind: Kind,
     /// The input's bytes; for a replay, how many rounds its graph recorded.
     pub(super) len: u64,
-    /// The membership epoch the rank calls through: ranks across processes
-    /// that joined with different epochs are refused (rule 55).
+    /// The rank's membership epoch; differing ones are refused (rule 55).
     pub(super) epoch: u64,
-    /// Whether the rank records the round into a capture window rather than
-    /// running it: every rank must (rule 50).
+    /// Whether the rank records the round; every rank must (rule 50).
     pub(super) recorded: bool,
     pub(super) input: Input,
 }
 
 pub(super) enum Input {
     Bytes(Vec<u8>),
-    /// Over a device transport: the rank's input is readable (its bytes
-    /// stay on the device); in a round's second meeting, its call was
-    /// issued.
+    /// Over a device transport: the input is readable, or the call issued.
     Ready,
-    /// Over a device transport: the rank's call to the library failed;
-    /// whether it failed first (the others may have failed because it
-    /// aborted their communicators).
+    /// Over a device transport: the library call failed; whether first.
     IssueFailed(Error, bool),
     /// The rank's read failed.
     Failed(Error),
@@ -78,21 +68,19 @@ pub(super) enum Outcome {
     Failed(Error),
     /// Every rank's call is refused with this, claiming nothing.
     Refused(Error),
-    /// Over a device transport: every rank's input is readable, so every
-    /// rank issues the call (or, in the second meeting, every rank did).
+    /// Over a device transport: every rank issues the call.
     Agreed,
 }
 
-/// What a round writes on one rank, which carries the round's failure:
-/// a collective's output, or everything a replayed graph writes.
+/// What a round writes on one rank: an output, or a replayed graph's.
 #[derive(Clone, Copy)]
 pub(super) enum Written<'a> {
     Output(Slice<'a>),
     Graph(&'a Graph),
 }
 
-/// The error every rank's output carries when one rank's device call
-/// failed after the ranks agreed: the group breaks with it.
+/// The error that breaks the group when a device call failed after
+/// agreement.
 pub(super) fn issue_failed(
     collective: &'static str,
     round: u64,
@@ -200,14 +188,10 @@ impl<B: Backend> Agenda<State<B>> for Rounds<'_, B> {
 }
 
 impl<B: Backend> Shared<B> {
-    /// Break the group with `error` (a rank that never came): later calls
-    /// are refused and every waiter wakes to it. Over a device transport
-    /// nobody issued the round, so no rank waits inside the library: the
-    /// communicators are aborted only where a peer lives in another
-    /// process and may be dead, and kept in one process for the survivors'
-    /// shrink ([`Mover::break_off`](super::device::Mover::break_off)).
-    /// The one way a group breaks for a missing rank, collective or
-    /// point-to-point.
+    /// Break the group with `error` for a rank that never came.
+    ///
+    /// Later calls are refused and every waiter wakes to it
+    /// ([`Mover::break_off`](super::device::Mover::break_off)).
     pub(super) fn break_with(&self, state: &mut State<B>, error: &CollectiveError) {
         tracing::warn!("{error}");
         state.broken = Some(Arc::new(error.clone()));

@@ -1,25 +1,18 @@
 //! A lost device opened again, with every handle kept (rules 51–53).
 //!
-//! A lost device is a failure of every byte it held, and the model already
-//! says what failed bytes do: they fail reads, stop the work that reads
-//! them, and heal when rewritten. So recovery is that model applied to the
-//! whole device:
+//! A lost device is a failure of every byte it held, and failed bytes
+//! already fail reads and heal when rewritten. So recovery applies that
+//! model to the whole device:
 //!
-//! 1. **Give the lost device up**, never waiting on it past the backend's
-//!    wait timeout. Open captures are aborted (rule 33), graphs destroyed
-//!    and marked lost, every allocation freed, the kernel cache emptied.
-//! 2. **Refuse a process-fatal fault** ([`FaultClass::ProcessFatal`](crate::FaultClass::ProcessFatal)) with
-//!    [`Error::RestartRequired`]: the vendor says the process must restart.
-//! 3. **Open it again** ([`Backend::reopen`]): every stream gets new device
-//!    state in place. A refusal leaves the server poisoned, its buffers
-//!    without memory.
-//! 4. **Make every allocation again** under the new limits. Each is claimed
-//!    by one failure, "lost with the device". A buffer the new device
-//!    cannot hold carries why instead (rule 28).
+//! 1. **Give the lost device up**, within the wait timeout: captures
+//!    aborted (rule 33), graphs lost, allocations freed.
+//! 2. **Refuse a process-fatal fault** with [`Error::RestartRequired`].
+//! 3. **Open it again** ([`Backend::reopen`]); a refusal leaves it poisoned.
+//! 4. **Make every allocation again**, claimed by "lost with the device",
+//!    or carrying why it does not fit (rule 28).
 //!
-//! Handles, the failure hook, failure counts and failed allocations' records
-//! carry over. A recovery waits out the waits running without the lock
-//! ([`Waits`]): a waiter names the lost device's objects.
+//! Handles and hooks carry over. Waits outside the lock are waited out
+//! first ([`Waits`]).
 
 use std::time::Instant;
 
@@ -31,8 +24,7 @@ use super::*;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Recovered {
-    /// The device was not lost: nothing changed. Of two threads that both
-    /// recover, one gets `Reopened` and the other this.
+    /// The device was not lost: nothing changed.
     Healthy,
     /// The device was lost and is open again.
     Reopened {
@@ -49,8 +41,6 @@ pub enum Recovered {
 }
 
 /// How many waits run with the lock released ([`WaitToken`]).
-///
-/// A condition variable tells a waiting recovery when the last one ends.
 #[derive(Debug, Default)]
 pub(crate) struct Waits {
     count: Mutex<usize>,
@@ -95,21 +85,17 @@ impl<B: Backend> Server<B> {
         if self.waits.any() {
             return Ok(None);
         }
-        // Counted across attempts: a failed one gave up graphs the next
-        // one no longer finds.
+        // Counted across attempts.
         self.graphs_lost += self.give_up_device();
         self.fault(Site::Reopen, None)?;
-        // Step 2: the backend is never asked to reopen after a
-        // process-fatal fault.
+        // Step 2.
         let reopened = fault
             .refuse_process_fatal(B::NAME, B::RESTART)
             .and_then(|()| {
                 let mut streams: Vec<&mut B::Stream> =
                     self.streams.iter_mut().map(|s| &mut s.device).collect();
-                // SAFETY: `give_up_device` gave back every memory, graph and
-                // kernel and aborted every capture; no waiter is outstanding
-                // (the count above); `streams` are every stream of this
-                // backend, in id order (made in that order, never removed).
+                // SAFETY: `give_up_device` gave everything back; no waiter
+                // is outstanding; `streams` are all of them, in id order.
                 unsafe { self.backend.reopen(&fault, &mut streams) }
             });
         if let Err(error) = reopened {
@@ -158,28 +144,22 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// Step 1: abort every capture, destroy every graph, free every
-    /// allocation and empty the kernel cache. The freed buffers wait in
-    /// `to_remake` for step 4, across attempts. Returns the graphs this
-    /// attempt gave up. The server is then detached: its streams name a
-    /// device being given up.
+    /// Step 1: give everything back, the freed buffers waiting in
+    /// `to_remake`. Returns the graphs given up.
     fn give_up_device(&mut self) -> usize {
         for index in 0..self.streams.len() {
             if self.streams[index].window.state() != CaptureState::NoCapture {
                 self.abort_window(StreamId(index as u32));
             }
         }
-        // Replays are submitted before their graphs are destroyed
-        // (`Backend::destroy_graph`); on a lost device that fails fast. A
-        // server a failed attempt detached has nothing to submit.
+        // Submit replays before their graphs go; a detached server has none.
         if !self.detached {
             self.flush_streams();
         }
         let mut lost = 0;
         for entry in self.graphs.values_mut() {
             if let Some(graph) = entry.graph.take() {
-                // SAFETY: taken out of its entry, so named by no later call;
-                // on a lost device the wait for its replays fails fast.
+                // SAFETY: taken out of its entry, so named by no later call.
                 if let Err(error) = unsafe { self.backend.destroy_graph(graph) } {
                     tracing::debug!("a graph of the lost device: {error}");
                 }
@@ -188,8 +168,7 @@ impl<B: Backend> Server<B> {
         }
         for id in self.table.ledger.ids() {
             if let Some(memory) = self.table.take_memory(id) {
-                // SAFETY: taken out of the table, so named by no later call;
-                // every graph that recorded work on it is destroyed above.
+                // SAFETY: taken out of the table; its graphs are destroyed.
                 unsafe { self.backend.free(memory) };
                 self.to_remake.push(id);
             }
@@ -204,11 +183,8 @@ impl<B: Backend> Server<B> {
         lost
     }
 
-    /// Step 4: every buffer in `held` gets memory again, on the stream
-    /// that used it last, claimed whole by one failure naming `fault`. One
-    /// the new device cannot hold records why. If the device is lost again
-    /// meanwhile, the buffers not yet made wait in `to_remake` for the next
-    /// recovery. Returns the numbers made and not made.
+    /// Step 4: remake every buffer in `held`, claimed by `fault`. Returns
+    /// the numbers made and not made.
     fn allocate_again(&mut self, fault: &Arc<Error>, held: &[BufferId]) -> (usize, usize) {
         let max = self.backend.max_allocation();
         let mut made: Vec<BufferRange> = Vec::new();
@@ -234,9 +210,8 @@ impl<B: Backend> Server<B> {
             } else {
                 let index = self.stream_index(stream);
                 self.fault(Site::Allocate, Some(stream)).and_then(|()| {
-                    // SAFETY: this server's stream, given new device state
-                    // by `reopen`; `size` is non-zero (no buffer is empty)
-                    // and within the largest allocation (checked above).
+                    // SAFETY: a reopened stream; `size` is non-zero and
+                    // within the largest allocation (checked above).
                     unsafe { self.backend.allocate(&mut self.streams[index].device, size) }
                 })
             };
@@ -249,9 +224,7 @@ impl<B: Backend> Server<B> {
                     });
                 }
                 Err(error) => {
-                    // Lost again before this buffer got memory (at it or
-                    // earlier): not a buffer the device cannot hold, so the
-                    // next recovery makes it again.
+                    // Lost again: the next recovery makes it.
                     let lost_again = error.is_sticky() || sticky.is_some();
                     if error.is_sticky() && sticky.is_none() {
                         sticky = Some(error.clone());
@@ -277,8 +250,7 @@ impl<B: Backend> Server<B> {
             },
         );
         if let Some(sticky) = sticky {
-            // Lost again while coming back: poisoned anew, and recoverable
-            // anew.
+            // Lost again: poisoned and recoverable anew.
             self.poison_with(&sticky);
         }
         (made.len(), not_made)
@@ -306,8 +278,7 @@ mod tests {
         fn launch(&mut self, _stream: StreamId, _kernel: &str) -> Result<()> {
             Err(Error::Fault(DeviceFault {
                 backend: "null",
-                // The name a process-fatal CUDA fault carries: the class,
-                // not the name, decides.
+                // A process-fatal CUDA name; the class decides.
                 code: "CUDA_ERROR_ILLEGAL_ADDRESS".to_owned(),
                 class: self.class,
                 stream: None,
