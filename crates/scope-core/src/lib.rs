@@ -103,7 +103,7 @@ mod fault;
 mod few;
 mod handle;
 mod hooks;
-mod id;
+pub mod id;
 pub mod kernel;
 mod limits;
 pub mod null;
