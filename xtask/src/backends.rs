@@ -4,7 +4,7 @@
 //! scope-core: the file uses nothing but `core`, and xtask stays a build
 //! of seconds. The tests below keep the table and the tree in step: every
 //! `crates/server-*` crate, and every cargo feature that links one, is a
-//! row of it.
+//! row of it, and every row has its lines in the per-backend tests.
 
 #[path = "../../crates/scope-core/src/probe/kind.rs"]
 #[allow(dead_code)]
@@ -127,6 +127,30 @@ mod tests {
                 ("tiny-runtime".into(), BackendKind::ALL.len()),
             ]
         );
+    }
+
+    /// The test files with a line a backend: a backend missing there has
+    /// no tests on its server.
+    #[test]
+    fn every_backend_has_its_lines_in_the_per_backend_tests() {
+        let root = run::root();
+        for &kind in BackendKind::ALL {
+            let (name, feature) = (kind.name(), kind.feature());
+            let module = kind.server_crate().replace('-', "_");
+            for (file, line) in [
+                (
+                    "crates/tiny-runtime/tests/backends.rs",
+                    format!("backend_tests!(\"{feature}\", {name}, {module});"),
+                ),
+                (
+                    "crates/scope-cubecl/tests/cubek.rs",
+                    format!("on_server!({name}, \"{feature}\", {module}::"),
+                ),
+            ] {
+                let text = std::fs::read_to_string(root.join(file)).expect(file);
+                assert!(text.contains(&line), "{file} lacks `{line}`");
+            }
+        }
     }
 
     #[test]
