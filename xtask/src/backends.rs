@@ -10,7 +10,7 @@
 #[allow(dead_code)]
 mod table;
 
-pub use table::{BackendKind, Drivers, Toolchain};
+pub use table::{BackendKind, Drivers};
 
 /// The backends' names and then `extra`, as a sentence's list: "cuda,
 /// hip, vulkan or wgpu".

@@ -123,7 +123,7 @@ pub use handle::{Binding, Buffer, Capture, Dispatch, Graph, Slice};
 pub use id::{BufferId, BufferRange, ByteRange, FailureId, GraphId, StreamId};
 pub use kernel::{Kernel, KernelId, KernelSource, Language, Unchecked};
 pub use limits::{DeviceFeatures, DeviceLimits, LaunchLimits};
-pub use probe::{BackendKind, DeviceKind, Drivers, Probe, ProbedDevice, Toolchain, required};
+pub use probe::{BackendKind, DeviceKind, Drivers, Probe, ProbedDevice, required};
 pub use server::{COPY_ALIGNMENT, MAX_STREAMS, Recovered};
 
 /// The bookkeeping below the contract, for the crate's own benches to

@@ -8,7 +8,7 @@ use std::fmt;
 
 mod kind;
 
-pub use kind::{BackendKind, Drivers, Toolchain};
+pub use kind::{BackendKind, Drivers};
 
 /// Whether `SCOPE_REQUIRE` (a comma-separated list, or `all`) names
 /// `backend`, so that a missing device is a failure rather than a skip.

@@ -1,17 +1,7 @@
-//! The scope servers, listed once.
-//!
-//! Each tool that names a backend reads this table: scope-cube's targets,
-//! scope-cubecl's adapter, tiny-runtime's demo and `cargo xtask`. Each
-//! column is an exhaustive `match`, so a new variant builds only once every
-//! column answers for it.
-//!
-//! The file uses nothing but `core`, not even its own crate. xtask compiles
-//! it by path (`#[path]`), and so stays a build of seconds.
+//! The servers, listed once; xtask reads this `core`-only file by `#[path]`.
 
 use core::fmt;
 
-/// Declares the enum and [`BackendKind::ALL`] from one list, so the two
-/// cannot disagree.
 macro_rules! backends {
     ($($(#[$doc:meta])* $variant:ident,)*) => {
         /// A scope server: one `crates/server-*` crate.
@@ -21,7 +11,7 @@ macro_rules! backends {
         }
 
         impl BackendKind {
-            /// Every backend, in the order the demo prefers them.
+            /// Every backend, made from the enum's own list, in the demo's order.
             pub const ALL: &'static [BackendKind] = &[$(Self::$variant),*];
         }
     };
@@ -47,15 +37,6 @@ pub enum Drivers {
     Vulkan,
     /// Any the platform has; the probe's detail starts with its name.
     Portable,
-}
-
-/// A compiler test that needs no device, only the vendor's toolchain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Toolchain {
-    /// The variable that points the test at the toolchain.
-    pub var: &'static str,
-    /// Where the toolchain is when installed the usual way.
-    pub path: &'static str,
 }
 
 impl BackendKind {
@@ -84,8 +65,7 @@ impl BackendKind {
         }
     }
 
-    /// The cargo feature that links its server into tiny-runtime and
-    /// scope-cubecl.
+    /// The cargo feature that links its server into tiny-runtime, scope-cubecl.
     pub const fn feature(self) -> &'static str {
         self.name()
     }
@@ -99,8 +79,7 @@ impl BackendKind {
         }
     }
 
-    /// The test binary of its server crate that runs the conformance suite.
-    /// CUDA and HIP run it on a mock driver: no CI machine has their GPUs.
+    /// Its server's conformance test binary: a mock driver's where CI has no GPU.
     pub const fn suite_test(self) -> &'static str {
         match self {
             Self::Cuda | Self::Hip => "mock",
@@ -108,17 +87,14 @@ impl BackendKind {
         }
     }
 
-    /// The toolchain its server's `toolchain` test compiles with, if any.
-    pub const fn toolchain(self) -> Option<Toolchain> {
+    /// Its server's `toolchain` test, if any: (variable, usual install path).
+    pub const fn toolchain(self) -> Option<(&'static str, &'static str)> {
         match self {
-            Self::Cuda => Some(Toolchain {
-                var: "SCOPE_CUDA_TOOLCHAIN",
-                path: "target/cuda-toolchain",
-            }),
-            Self::Hip => Some(Toolchain {
-                var: "SCOPE_HIP_TOOLCHAIN",
-                path: "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5",
-            }),
+            Self::Cuda => Some(("SCOPE_CUDA_TOOLCHAIN", "target/cuda-toolchain")),
+            Self::Hip => Some((
+                "SCOPE_HIP_TOOLCHAIN",
+                "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5",
+            )),
             Self::Vulkan | Self::Wgpu => None,
         }
     }
