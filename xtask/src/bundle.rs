@@ -67,6 +67,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail, ensure};
 
+use crate::backends::BackendKind;
 use crate::run;
 
 /// Where the bundle goes, relative to the workspace root (ignored by git).
@@ -111,8 +112,8 @@ struct Unit {
     name: String,
 }
 
-fn builds(backend: &str) -> Vec<Build> {
-    let server = format!("server-{backend}");
+fn builds(backend: BackendKind) -> Vec<Build> {
+    let server = backend.server_crate();
     let test = |extra: &[&str]| Build {
         args: ["test", "--profile", "device", "--no-run"]
             .iter()
@@ -123,7 +124,7 @@ fn builds(backend: &str) -> Vec<Build> {
     };
     let mut builds = vec![
         // The server's own unit and integration tests.
-        test(&["-p", &server]),
+        test(&["-p", server]),
         // Single-source kernels compiled by this backend's compiler.
         test(&["-p", "scope-cube", "--test", "servers"]),
         // The demo runtime on this backend alone.
@@ -132,21 +133,21 @@ fn builds(backend: &str) -> Vec<Build> {
             "tiny-runtime",
             "--no-default-features",
             "--features",
-            backend,
+            backend.feature(),
             "--test",
             "backends",
         ]),
         // cubecl's runtime tests and cubek's kernels through the adapter.
         scope_cubecl(backend),
         Build {
-            args: ["bench", "--no-run", "-p", &server]
+            args: ["bench", "--no-run", "-p", server]
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect(),
             kind: "bench",
         },
     ];
-    if backend == "cuda" {
+    if backend == BackendKind::Cuda {
         // The versions `run.sh` prints before any test, and its choice of
         // NVRTC.
         builds.push(Build {
@@ -173,8 +174,8 @@ fn builds(backend: &str) -> Vec<Build> {
 /// out: it is there for the HIP toolchain row, which runs it over the mock
 /// runtime to collect the sources cubecl writes, and the HIP bundle carries
 /// what it carried before it.
-fn scope_cubecl(backend: &str) -> Build {
-    let features = format!("{backend},runtime-tests");
+fn scope_cubecl(backend: BackendKind) -> Build {
+    let features = format!("{},runtime-tests", backend.feature());
     let mut args: Vec<String> = [
         "test",
         "--profile",
@@ -344,10 +345,12 @@ fn size_mib(path: &Path) -> f64 {
 /// `cargo xtask bundle --backend B [--max-mib N]`: false when the bundle
 /// is larger than `max_mib`.
 pub fn bundle(backend: &str, max_mib: Option<f64>) -> Result<bool> {
-    ensure!(
-        crate::matrix::BACKENDS.contains(&backend),
-        "unknown backend `{backend}`: cuda, hip, vulkan or wgpu"
-    );
+    let Some(kind) = BackendKind::from_name(backend) else {
+        bail!(
+            "unknown backend `{backend}`: {}",
+            crate::backends::list(&[])
+        );
+    };
     let root = run::root();
     let dir = root.join(DIR);
     let staging = dir.join("bin");
@@ -357,7 +360,7 @@ pub fn bundle(backend: &str, max_mib: Option<f64>) -> Result<bool> {
     std::fs::create_dir_all(&staging)?;
 
     let mut units = Vec::new();
-    for build in builds(backend) {
+    for build in builds(kind) {
         units.extend(executables(&build)?);
     }
     if units.is_empty() {
@@ -393,7 +396,7 @@ pub fn bundle(backend: &str, max_mib: Option<f64>) -> Result<bool> {
     // The bundled NVRTC's version and the PTX ISA it writes, as the probe
     // measured them here.
     let mut nvrtc: Option<NvrtcSaid> = None;
-    if backend == "cuda" {
+    if kind == BackendKind::Cuda {
         let wheel: Vec<PathBuf> = NVRTC_FROM_WHEEL.iter().map(|p| root.join(p)).collect();
         if wheel.iter().all(|p| p.exists()) {
             let lib = dir.join("lib");
@@ -493,7 +496,7 @@ pub fn bundle(backend: &str, max_mib: Option<f64>) -> Result<bool> {
 mod tests {
     use super::*;
 
-    fn cubecl_build(backend: &str) -> String {
+    fn cubecl_build(backend: BackendKind) -> String {
         builds(backend)
             .iter()
             .map(|b| b.args.join(" "))
@@ -504,15 +507,17 @@ mod tests {
     #[test]
     fn each_bundle_carries_cubecls_tests_on_its_server_alone() {
         assert!(
-            cubecl_build("cuda").ends_with(
+            cubecl_build(BackendKind::Cuda).ends_with(
                 "--no-default-features --features cuda,runtime-tests --test cubek --test runtime_cuda"
             ),
             "{}",
-            cubecl_build("cuda")
+            cubecl_build(BackendKind::Cuda)
         );
         // HIP's runtime-test binary stays out of its bundle: the cubek tests
         // only.
-        assert!(cubecl_build("hip").ends_with("--features hip,runtime-tests --test cubek"));
+        assert!(
+            cubecl_build(BackendKind::Hip).ends_with("--features hip,runtime-tests --test cubek")
+        );
     }
 
     /// The CUDA bundle builds the version probe (server-cuda's
@@ -520,7 +525,7 @@ mod tests {
     /// and prints the driver's version, before the first test.
     #[test]
     fn the_cuda_bundle_prints_driver_and_nvrtc_versions_before_any_test() {
-        let probes = |backend: &str| {
+        let probes = |backend: BackendKind| {
             builds(backend)
                 .iter()
                 .filter(|b| b.kind == "probe")
@@ -528,10 +533,10 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(
-            probes("cuda"),
+            probes(BackendKind::Cuda),
             ["build --profile device -p server-cuda --example cuda_versions"]
         );
-        assert!(probes("hip").is_empty());
+        assert!(probes(BackendKind::Hip).is_empty());
         let at = |needle: &str| {
             RUN_SH
                 .find(needle)

@@ -9,13 +9,15 @@
 //! feature the device lacks prints `not exercised: …`; the summary counts
 //! both as not exercised (`crates/scope-cubecl/tests/common/mod.rs`).
 
+use crate::backends::BackendKind;
+
 /// One runtime-test row.
 #[derive(Clone, Debug)]
 pub struct Row {
     /// The summary's name for it.
     pub name: &'static str,
     /// The server whose backend it needs (`--backend` selects it).
-    pub backend: &'static str,
+    pub backend: BackendKind,
     /// The test binary (`crates/scope-cubecl/tests/<binary>.rs`).
     pub binary: &'static str,
     /// The probe must have found a device of `backend` whose detail starts
@@ -29,21 +31,21 @@ pub struct Row {
 pub const ROWS: [Row; 7] = [
     Row {
         name: "cubecl on wgpu (vulkan)",
-        backend: "wgpu",
+        backend: BackendKind::Wgpu,
         binary: "runtime_wgpu",
         api: "vulkan",
         env: &[("SCOPE_WGPU_BACKEND", "vulkan")],
     },
     Row {
         name: "cubecl on wgpu (gl)",
-        backend: "wgpu",
+        backend: BackendKind::Wgpu,
         binary: "runtime_wgpu",
         api: "gl",
         env: &[("SCOPE_WGPU_BACKEND", "gl")],
     },
     Row {
         name: "cubecl on vulkan",
-        backend: "vulkan",
+        backend: BackendKind::Vulkan,
         binary: "runtime_vulkan",
         api: "",
         env: &[("SCOPE_VULKAN_VALIDATION", "1")],
@@ -52,7 +54,7 @@ pub const ROWS: [Row; 7] = [
     // `cargo xtask bundle --backend cuda` carries the binary to one that has.
     Row {
         name: "cubecl on cuda",
-        backend: "cuda",
+        backend: BackendKind::Cuda,
         binary: "runtime_cuda",
         api: "",
         env: &[],
@@ -61,7 +63,7 @@ pub const ROWS: [Row; 7] = [
     // this binary over the mock runtime, for the sources it compiles.
     Row {
         name: "cubecl on hip",
-        backend: "hip",
+        backend: BackendKind::Hip,
         binary: "runtime_hip",
         api: "",
         env: &[],
@@ -71,7 +73,7 @@ pub const ROWS: [Row; 7] = [
     // each adapter, and on the Vulkan server under validation in both rows.
     Row {
         name: "cubecl collectives on wgpu (vulkan) and vulkan",
-        backend: "wgpu",
+        backend: BackendKind::Wgpu,
         binary: "collectives",
         api: "vulkan",
         env: &[
@@ -81,7 +83,7 @@ pub const ROWS: [Row; 7] = [
     },
     Row {
         name: "cubecl collectives on wgpu (gl) and vulkan",
-        backend: "wgpu",
+        backend: BackendKind::Wgpu,
         binary: "collectives",
         api: "gl",
         env: &[
@@ -92,7 +94,7 @@ pub const ROWS: [Row; 7] = [
 ];
 
 /// The runtime-test binary of `backend`'s server, if it has one.
-pub fn binary_of(backend: &str) -> Option<&'static str> {
+pub fn binary_of(backend: BackendKind) -> Option<&'static str> {
     ROWS.iter().find(|r| r.backend == backend).map(|r| r.binary)
 }
 
@@ -102,4 +104,19 @@ pub fn binaries() -> Vec<&'static str> {
     let mut all: Vec<_> = ROWS.iter().map(|r| r.binary).collect();
     all.dedup();
     all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_backend_has_a_row_of_its_runtime_tests() {
+        let tests = crate::run::root().join("crates/scope-cubecl/tests");
+        for &kind in BackendKind::ALL {
+            let binary = format!("runtime_{kind}");
+            assert_eq!(binary_of(kind), Some(binary.as_str()), "a row for {kind}");
+            assert!(tests.join(format!("{binary}.rs")).is_file(), "{binary}.rs");
+        }
+    }
 }

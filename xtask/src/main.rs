@@ -26,6 +26,7 @@
 
 mod adapter;
 mod artifacts;
+mod backends;
 mod bundle;
 mod cubecl;
 mod matrix;
@@ -37,6 +38,8 @@ mod tests;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+
+use crate::backends::BackendKind;
 
 /// The environment variable benches honour to run a few iterations only,
 /// so `ci` can check that every bench still builds and runs.
@@ -328,16 +331,17 @@ fn bench(args: &Args) -> Result<bool> {
     if matches!(backend, "all" | "core") {
         wanted.push(("core".into(), "scope-core".into()));
     }
-    for b in matrix::BACKENDS {
+    for kind in BackendKind::ALL {
+        let b = kind.name();
         if backend == "all" || backend == b {
-            let krate = format!("server-{b}");
+            let krate = kind.server_crate();
             if run::root()
                 .join("crates")
-                .join(&krate)
+                .join(krate)
                 .join("Cargo.toml")
                 .is_file()
             {
-                wanted.push((b.into(), krate));
+                wanted.push((b.into(), krate.into()));
             } else if backend == b {
                 bail!("crates/{krate} is not built yet");
             } else {
@@ -345,8 +349,10 @@ fn bench(args: &Args) -> Result<bool> {
             }
         }
     }
-    // scope's servers as cubecl runtimes, against cubecl-wgpu.
-    if matches!(backend, "all" | "wgpu" | "vulkan")
+    // scope's servers as cubecl runtimes, against cubecl-wgpu: the bench
+    // needs both of these.
+    let cubecl = [BackendKind::Wgpu, BackendKind::Vulkan].map(BackendKind::name);
+    if (backend == "all" || cubecl.contains(&backend))
         && run::root().join("crates/scope-cubecl/Cargo.toml").is_file()
     {
         wanted.push(("cubecl".into(), "scope-cubecl".into()));
@@ -357,7 +363,10 @@ fn bench(args: &Args) -> Result<bool> {
         wanted.push(("runtime".into(), "tiny-runtime".into()));
     }
     if wanted.is_empty() {
-        bail!("unknown backend `{backend}`: cuda, hip, vulkan, wgpu, core or all");
+        bail!(
+            "unknown backend `{backend}`: {}",
+            backends::list(&["core", "all"])
+        );
     }
     // Every bench from one build; one backend's from its packages alone.
     let select: Vec<&str> = if backend == "all" {
@@ -462,12 +471,13 @@ fn is_figure(line: &str) -> bool {
 }
 
 fn demo(args: &Args) -> Result<bool> {
-    if let Some(b) = &args.backend {
-        anyhow::ensure!(
-            matrix::BACKENDS.contains(&b.as_str()),
-            "unknown backend `{b}`: cuda, hip, vulkan or wgpu"
-        );
-    }
+    let chosen = match &args.backend {
+        Some(b) => match BackendKind::from_name(b) {
+            Some(kind) => Some(kind),
+            None => bail!("unknown backend `{b}`: {}", backends::list(&[])),
+        },
+        None => None,
+    };
     // The dev profile, as the tests build it. The device work runs in the
     // driver (Mesa compiles lavapipe's shaders itself), so optimising our
     // crates buys the demo little: on lavapipe with 2 cores the whole demo
@@ -478,24 +488,25 @@ fn demo(args: &Args) -> Result<bool> {
     let binary = artifacts::demo_binary(args.release)?
         .context("tiny-runtime did not build (see the build output above)")?;
     let rows = adapter::ensure(Some(&binary))?;
-    let backend = match args.backend.clone() {
+    let backend = match chosen {
         Some(b) => b,
         None => {
             println!("{}", matrix::table(&rows));
             match matrix::best(&rows) {
-                Some(b) => b.to_owned(),
+                Some(b) => b,
                 None => {
-                    println!("==> no backend has a device; trying wgpu, which reports why");
-                    "wgpu".to_owned()
+                    let wgpu = BackendKind::Wgpu;
+                    println!("==> no backend has a device; trying {wgpu}, which reports why");
+                    wgpu
                 }
             }
         }
     };
-    match matrix::device_of(&rows, &backend) {
+    match matrix::device_of(&rows, backend) {
         Some(row) => println!("==> demo on {backend}: {} ({})", row.device, row.detail),
         None => println!("==> demo on {backend}"),
     }
     let mut cmd = run::program(&binary);
-    cmd.args(["--backend", &backend]).args(&args.rest);
+    cmd.args(["--backend", backend.name()]).args(&args.rest);
     run::status(cmd)
 }

@@ -16,10 +16,8 @@
 use std::path::Path;
 use std::process::Stdio;
 
+use crate::backends::{BackendKind, Drivers};
 use crate::run;
-
-/// The backends, in the order the demo prefers them.
-pub const BACKENDS: [&str; 4] = ["cuda", "hip", "vulkan", "wgpu"];
 
 /// Whether a device is real hardware or a software implementation (the
 /// probe's `DeviceKind`).
@@ -35,7 +33,7 @@ pub enum Kind {
 #[derive(Clone, Debug)]
 pub struct Row {
     /// The backend.
-    pub backend: &'static str,
+    pub backend: BackendKind,
     /// The device's name, or empty.
     pub device: String,
     /// Hardware, software, or none.
@@ -49,7 +47,7 @@ pub struct Row {
 }
 
 impl Row {
-    fn none(backend: &'static str, why_not: String, probed: bool) -> Self {
+    fn none(backend: BackendKind, why_not: String, probed: bool) -> Self {
         Self {
             backend,
             device: String::new(),
@@ -62,9 +60,9 @@ impl Row {
 }
 
 /// Probe one backend in its own process.
-fn probe(binary: &Path, backend: &'static str) -> Vec<Row> {
+fn probe(binary: &Path, backend: BackendKind) -> Vec<Row> {
     let output = run::program(binary)
-        .args(["--probe", backend])
+        .args(["--probe", backend.name()])
         .stdin(Stdio::null())
         .output();
     let output = match output {
@@ -103,12 +101,12 @@ fn probe(binary: &Path, backend: &'static str) -> Vec<Row> {
 }
 
 /// The rows in `tiny-runtime --probe`'s answer for `backend`.
-fn rows_from(backend: &'static str, json: &str) -> Option<Vec<Row>> {
+fn rows_from(backend: BackendKind, json: &str) -> Option<Vec<Row>> {
     let answer: serde_json::Value = serde_json::from_str(json).ok()?;
     let object = answer
         .as_array()?
         .iter()
-        .find(|o| o["backend"] == backend)?;
+        .find(|o| o["backend"] == backend.name())?;
     let why_not = object["why_not"].as_str().unwrap_or("no device found");
     let linked = object["linked"].as_bool() == Some(true);
     let devices = object["devices"].as_array()?;
@@ -138,9 +136,9 @@ fn rows_from(backend: &'static str, json: &str) -> Option<Vec<Row>> {
 /// did not build), rows that say so.
 pub fn probe_all(binary: Option<&Path>) -> Vec<Row> {
     let Some(binary) = binary else {
-        return BACKENDS
+        return BackendKind::ALL
             .iter()
-            .map(|b| {
+            .map(|&b| {
                 Row::none(
                     b,
                     "not probed: tiny-runtime did not build (see the build output above)"
@@ -151,13 +149,13 @@ pub fn probe_all(binary: Option<&Path>) -> Vec<Row> {
             .collect();
     };
     std::thread::scope(|scope| {
-        let handles: Vec<_> = BACKENDS
+        let handles: Vec<_> = BackendKind::ALL
             .iter()
-            .map(|b| scope.spawn(move || probe(binary, b)))
+            .map(|&b| scope.spawn(move || probe(binary, b)))
             .collect();
         handles
             .into_iter()
-            .zip(BACKENDS)
+            .zip(BackendKind::ALL.iter().copied())
             .flat_map(|(h, b)| {
                 h.join().unwrap_or_else(|_| {
                     vec![Row::none(b, "probing failed in xtask".to_owned(), false)]
@@ -168,16 +166,16 @@ pub fn probe_all(binary: Option<&Path>) -> Vec<Row> {
 }
 
 /// Whether any backend found any device, hardware or software. When no
-/// Vulkan or wgpu probe answered (the demo binary did not build), an
-/// installed Vulkan driver manifest (an ICD file) stands in for their
-/// answer.
+/// backend that can run on Vulkan answered (the demo binary did not
+/// build), an installed Vulkan driver manifest (an ICD file) stands in for
+/// their answer.
 pub fn any_adapter(rows: &[Row]) -> bool {
     if rows.iter().any(|r| r.kind.is_some()) {
         return true;
     }
     let vulkan_probed = rows
         .iter()
-        .any(|r| (r.backend == "vulkan" || r.backend == "wgpu") && r.probed);
+        .any(|r| r.backend.drivers() != Drivers::Vendor && r.probed);
     !vulkan_probed && vulkan_icd_installed()
 }
 
@@ -194,44 +192,40 @@ fn vulkan_icd_installed() -> bool {
     .any(|entry| entry.path().extension().is_some_and(|e| e == "json"))
 }
 
-/// Whether `row` is a device reached through Vulkan: every Vulkan server
-/// row, and a wgpu row whose API is Vulkan.
+/// Whether `row` is a device reached through Vulkan: every row of a
+/// Vulkan server, and a row whose API (wgpu's detail) is Vulkan.
 fn on_vulkan(row: &Row) -> bool {
-    row.backend == "vulkan" || row.detail.to_ascii_lowercase().starts_with("vulkan")
+    row.backend.drivers() == Drivers::Vulkan
+        || row.detail.to_ascii_lowercase().starts_with("vulkan")
 }
 
-/// The backend the demo should use: CUDA, HIP, hardware Vulkan, hardware
-/// wgpu; then a software adapter, Vulkan (lavapipe: wgpu on its Vulkan
-/// adapter, which the wgpu server ranks before GL, or the Vulkan server)
-/// before GL (wgpu on llvmpipe).
-pub fn best(rows: &[Row]) -> Option<&'static str> {
-    let has = |backend: &str, kind: Option<Kind>, vulkan: bool| {
-        rows.iter().any(|r| {
-            r.backend == backend
-                && r.kind.is_some()
-                && (kind.is_none() || r.kind == kind)
-                && (!vulkan || on_vulkan(r))
-        })
+/// The backend the demo should use: a vendor's (CUDA, HIP), then a
+/// hardware device, in the table's order; then a software adapter,
+/// Vulkan (lavapipe: wgpu on its Vulkan adapter, which the wgpu server
+/// ranks before GL, or the Vulkan server) before GL (wgpu on llvmpipe).
+pub fn best(rows: &[Row]) -> Option<BackendKind> {
+    let rank = |r: &Row| {
+        let kind = r.kind?;
+        let drivers = r.backend.drivers();
+        let tier = match (drivers, kind) {
+            (Drivers::Vendor, _) | (_, Kind::Hardware) => 0,
+            (Drivers::Portable, Kind::Software) if on_vulkan(r) => 1,
+            (Drivers::Vulkan, Kind::Software) => 2,
+            (Drivers::Portable, Kind::Software) => 3,
+        };
+        let order = BackendKind::ALL.iter().position(|&b| b == r.backend);
+        Some((tier, order))
     };
-    let hw = Some(Kind::Hardware);
-    [
-        ("cuda", None, false),
-        ("hip", None, false),
-        ("vulkan", hw, false),
-        ("wgpu", hw, false),
-        ("wgpu", None, true),
-        ("vulkan", None, false),
-        ("wgpu", None, false),
-    ]
-    .into_iter()
-    .find(|(b, k, v)| has(b, *k, *v))
-    .map(|(b, _, _)| b)
+    rows.iter()
+        .filter_map(|r| Some((rank(r)?, r.backend)))
+        .min()
+        .map(|(_, backend)| backend)
 }
 
 /// The device `backend` will most likely open, for the line that says
 /// where the demo runs: hardware first, then Vulkan before GL, as the
 /// servers rank their adapters.
-pub fn device_of<'a>(rows: &'a [Row], backend: &str) -> Option<&'a Row> {
+pub fn device_of(rows: &[Row], backend: BackendKind) -> Option<&Row> {
     rows.iter()
         .filter(|r| r.backend == backend && r.kind.is_some())
         .min_by_key(|r| (r.kind != Some(Kind::Hardware), !on_vulkan(r)))
@@ -252,7 +246,7 @@ pub fn table(rows: &[Row]) -> String {
         .iter()
         .map(|r| {
             [
-                r.backend.to_owned(),
+                r.backend.name().to_owned(),
                 if r.device.is_empty() {
                     "-".to_owned()
                 } else {
@@ -310,7 +304,7 @@ pub fn json(rows: &[Row]) -> String {
         .map(|r| {
             format!(
                 "  {{\"backend\": {}, \"device\": {}, \"kind\": {}, \"detail\": {}, \"why_not\": {}}}",
-                json_string(r.backend),
+                json_string(r.backend.name()),
                 if r.device.is_empty() { "null".to_owned() } else { json_string(&r.device) },
                 json_string(kind_text(r.kind)),
                 json_string(&r.detail),
@@ -324,24 +318,25 @@ pub fn json(rows: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use BackendKind::{Cuda, Hip, Vulkan, Wgpu};
 
     #[test]
     fn a_probe_answer_becomes_rows() {
         let json = r#"[{"backend": "wgpu", "linked": true, "devices": [
             {"name": "llvmpipe", "kind": "software", "detail": "Vulkan, Cpu"},
             {"name": "llvmpipe", "kind": "software", "detail": "Gl, Cpu"}], "why_not": null}]"#;
-        let rows = rows_from("wgpu", json).expect("rows");
+        let rows = rows_from(Wgpu, json).expect("rows");
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].kind, Some(Kind::Software));
-        assert_eq!(best(&rows), Some("wgpu"));
+        assert_eq!(best(&rows), Some(Wgpu));
         let none = r#"[{"backend": "cuda", "linked": true, "devices": [], "why_not": "libcuda.so.1 not found"}]"#;
-        let rows = rows_from("cuda", none).expect("a row");
+        let rows = rows_from(Cuda, none).expect("a row");
         assert_eq!(rows[0].why_not, "libcuda.so.1 not found");
         assert!(rows[0].probed && rows[0].kind.is_none());
-        assert!(rows_from("hip", none).is_none());
+        assert!(rows_from(Hip, none).is_none());
     }
 
-    fn software(backend: &'static str, detail: &str) -> Row {
+    fn software(backend: BackendKind, detail: &str) -> Row {
         Row {
             backend,
             device: "llvmpipe (LLVM 15.0.6, 256 bits)".to_owned(),
@@ -355,22 +350,22 @@ mod tests {
     #[test]
     fn the_demo_prefers_vulkan_to_gl_on_a_software_adapter() {
         // llvmpipe GL only (no lavapipe): wgpu on GL.
-        let gl = [software("wgpu", "Gl, Cpu")];
-        assert_eq!(best(&gl), Some("wgpu"));
-        assert_eq!(device_of(&gl, "wgpu").unwrap().detail, "Gl, Cpu");
+        let gl = [software(Wgpu, "Gl, Cpu")];
+        assert_eq!(best(&gl), Some(Wgpu));
+        assert_eq!(device_of(&gl, Wgpu).unwrap().detail, "Gl, Cpu");
         // lavapipe installed: wgpu on its Vulkan adapter.
         let both = [
-            software("vulkan", "Vulkan 1.3, lavapipe"),
-            software("wgpu", "Gl, Cpu"),
-            software("wgpu", "Vulkan, Cpu"),
+            software(Vulkan, "Vulkan 1.3, lavapipe"),
+            software(Wgpu, "Gl, Cpu"),
+            software(Wgpu, "Vulkan, Cpu"),
         ];
-        assert_eq!(best(&both), Some("wgpu"));
-        assert_eq!(device_of(&both, "wgpu").unwrap().detail, "Vulkan, Cpu");
+        assert_eq!(best(&both), Some(Wgpu));
+        assert_eq!(device_of(&both, Wgpu).unwrap().detail, "Vulkan, Cpu");
         // wgpu without its Vulkan adapter: the Vulkan server, not GL.
-        let split = [software("vulkan", "lavapipe"), software("wgpu", "Gl, Cpu")];
-        assert_eq!(best(&split), Some("vulkan"));
-        let mut gpu = software("wgpu", "Vulkan, DiscreteGpu");
+        let split = [software(Vulkan, "lavapipe"), software(Wgpu, "Gl, Cpu")];
+        assert_eq!(best(&split), Some(Vulkan));
+        let mut gpu = software(Wgpu, "Vulkan, DiscreteGpu");
         gpu.kind = Some(Kind::Hardware);
-        assert_eq!(best(&[software("vulkan", "lavapipe"), gpu]), Some("wgpu"));
+        assert_eq!(best(&[software(Vulkan, "lavapipe"), gpu]), Some(Wgpu));
     }
 }

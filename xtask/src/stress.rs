@@ -16,19 +16,19 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, bail};
 
 use crate::artifacts::{self, Artifact};
+use crate::backends::{BackendKind, list};
 
 /// Which test binary holds a backend's conformance suite (and so its
-/// property test and soak): the suite on the device for core, Vulkan and
-/// wgpu, on the mock drivers for CUDA and HIP.
+/// property test and soak): the suite on the host server for core, and
+/// the one the table names for a server.
 fn suite_binary(backend: &str) -> Result<(&'static str, &'static str)> {
-    Ok(match backend {
-        "core" | "host" => ("scope-test", "conformance"),
-        "vulkan" => ("server-vulkan", "conformance"),
-        "wgpu" => ("server-wgpu", "conformance"),
-        "cuda" => ("server-cuda", "mock"),
-        "hip" => ("server-hip", "mock"),
-        other => bail!("unknown backend `{other}`: core, vulkan, wgpu, cuda or hip"),
-    })
+    if matches!(backend, "core" | "host") {
+        return Ok(("scope-test", "conformance"));
+    }
+    match BackendKind::from_name(backend) {
+        Some(kind) => Ok((kind.server_crate(), kind.suite_test())),
+        None => bail!("unknown backend `{backend}`: {}", list(&["core"])),
+    }
 }
 
 fn find(backend: &str, release: bool) -> Result<Artifact> {

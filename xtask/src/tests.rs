@@ -32,6 +32,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use crate::artifacts::{self, Built};
+use crate::backends::{self, BackendKind};
 use crate::cubecl;
 use crate::report::{self, Counts};
 use crate::run;
@@ -68,7 +69,7 @@ struct Group {
     env: Vec<(&'static str, &'static str)>,
     /// A device the probe must have found (backend, API prefix), or the row
     /// is skipped for no device.
-    needs: Option<(&'static str, &'static str)>,
+    needs: Option<(BackendKind, &'static str)>,
 }
 
 /// Which test binaries of its packages a group runs.
@@ -128,14 +129,14 @@ fn cubecl_group(row: &cubecl::Row, require: bool) -> Group {
         binaries: Binaries::Only(row.binary),
         env: row.env.to_vec(),
         needs: Some((row.backend, row.api)),
-        require: require.then(|| row.backend.to_owned()),
+        require: require.then(|| row.backend.name().to_owned()),
         missing: (!crate_exists("scope-cubecl"))
             .then(|| "crate not built yet (crates/scope-cubecl)".to_owned()),
         ..plain("scope-cubecl")
     }
 }
 
-fn cubecl_groups(backend: Option<&str>, require: bool) -> impl Iterator<Item = Group> {
+fn cubecl_groups(backend: Option<BackendKind>, require: bool) -> impl Iterator<Item = Group> {
     cubecl::ROWS
         .iter()
         .filter(move |row| backend.is_none_or(|b| b == row.backend))
@@ -145,12 +146,7 @@ fn cubecl_groups(backend: Option<&str>, require: bool) -> impl Iterator<Item = G
 /// The real compilers of a GPU API on every kernel the project emits, with
 /// no device (`crates/server-*/tests/toolchain.rs`): under CI a missing
 /// toolchain is a failure, since `ci/run.sh` installs it.
-fn toolchain_group(
-    name: &str,
-    package: &str,
-    env: (&'static str, &'static str),
-    require: &str,
-) -> Group {
+fn toolchain_group(backend: BackendKind, env: (&'static str, &'static str)) -> Group {
     let required = std::env::var("CI").is_ok_and(|v| v == "true");
     // Where the toolchain is not installed (a newcomer's machine), the row's
     // tests skip saying which script installs it; under CI (which installs
@@ -158,40 +154,39 @@ fn toolchain_group(
     // themselves), they fail instead.
     let installed = run::root().join(env.1).exists();
     Group {
-        name: name.to_owned(),
+        name: format!("{backend} toolchain"),
         binaries: Binaries::Only("toolchain"),
         env: if installed || required {
             vec![env]
         } else {
             Vec::new()
         },
-        require: required.then(|| require.to_owned()),
-        ..plain(package)
+        require: required.then(|| format!("{backend}-toolchain")),
+        ..plain(backend.server_crate())
     }
 }
 
-fn backend_group(backend: &str, require: bool) -> Group {
-    let server = format!("server-{backend}");
+fn backend_group(backend: BackendKind, require: bool) -> Group {
+    let server = backend.server_crate();
     let mut packages = Vec::new();
-    let missing =
-        (!crate_exists(&server)).then(|| format!("crate not built yet (crates/{server})"));
+    let missing = (!crate_exists(server)).then(|| format!("crate not built yet (crates/{server})"));
     if missing.is_none() {
-        packages.push(server);
+        packages.push(server.to_owned());
     }
     let with_runtime = require && crate_exists("tiny-runtime");
     if with_runtime {
         packages.push("tiny-runtime".to_owned());
     }
     Group {
-        name: backend.to_owned(),
+        name: backend.name().to_owned(),
         packages,
-        only_backend: with_runtime.then(|| backend.to_owned()),
-        require: require.then(|| backend.to_owned()),
+        only_backend: with_runtime.then(|| backend.name().to_owned()),
+        require: require.then(|| backend.name().to_owned()),
         missing,
         // The toolchain rows run that binary, with their own requirement.
-        binaries: match backend {
-            "cuda" | "hip" => Binaries::Except(vec!["toolchain"]),
-            _ => Binaries::All,
+        binaries: match backend.toolchain() {
+            Some(_) => Binaries::Except(vec!["toolchain"]),
+            None => Binaries::All,
         },
         ..plain("")
     }
@@ -208,43 +203,32 @@ fn groups(backend: Option<&str>) -> Result<Vec<Group>> {
     Ok(match backend {
         None | Some("all") => {
             let mut all = vec![core];
-            all.extend(
-                crate::matrix::BACKENDS
-                    .iter()
-                    .map(|b| backend_group(b, false)),
-            );
+            all.extend(BackendKind::ALL.iter().map(|&b| backend_group(b, false)));
             if crate_exists("tiny-runtime") {
                 // Every server linked at once: its per-backend tests run or
                 // skip, and its host-server tests always run.
                 all.push(plain("tiny-runtime"));
             }
             all.extend(cubecl_groups(None, false));
-            all.push(toolchain_group(
-                "cuda toolchain",
-                "server-cuda",
-                ("SCOPE_CUDA_TOOLCHAIN", "target/cuda-toolchain"),
-                "cuda-toolchain",
-            ));
-            all.push(toolchain_group(
-                "hip toolchain",
-                "server-hip",
-                (
-                    "SCOPE_HIP_TOOLCHAIN",
-                    "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5",
-                ),
-                "hip-toolchain",
-            ));
+            all.extend(
+                BackendKind::ALL
+                    .iter()
+                    .filter_map(|&b| Some(toolchain_group(b, b.toolchain()?))),
+            );
             all.extend(other_crates().iter().map(|name| plain(name)));
             all
         }
         Some("core") => vec![core],
-        Some(b) if crate::matrix::BACKENDS.contains(&b) => {
-            let mut one = vec![backend_group(b, true)];
-            one.extend(cubecl_groups(Some(b), true));
-            one
-        }
         Some(other) => {
-            anyhow::bail!("unknown backend `{other}`: cuda, hip, vulkan, wgpu, core or all")
+            let Some(kind) = BackendKind::from_name(other) else {
+                anyhow::bail!(
+                    "unknown backend `{other}`: {}",
+                    backends::list(&["core", "all"])
+                )
+            };
+            let mut one = vec![backend_group(kind, true)];
+            one.extend(cubecl_groups(Some(kind), true));
+            one
         }
     })
 }
@@ -261,16 +245,12 @@ pub fn check_backend(backend: Option<&str>) -> Result<()> {
 /// Workspace crates that no row above covers, xtask's own tests included,
 /// so that a new crate's tests are never silently left out.
 fn other_crates() -> Vec<String> {
-    let known = [
-        "scope-core",
-        "scope-native",
-        "scope-test",
-        "server-cuda",
-        "server-hip",
-        "server-vulkan",
-        "server-wgpu",
-        "tiny-runtime",
-    ];
+    let servers = BackendKind::ALL.iter().map(|b| b.server_crate());
+    let known: Vec<&str> = CORE
+        .into_iter()
+        .chain(servers)
+        .chain(["tiny-runtime"])
+        .collect();
     let Ok(dirs) = std::fs::read_dir(run::root().join("crates")) else {
         return vec!["xtask".to_owned()];
     };
@@ -328,7 +308,7 @@ fn no_device(group: &Group, probed: &[crate::matrix::Row]) -> Option<String> {
         .iter()
         .any(|r| r.backend == backend && r.kind.is_some() && r.detail.starts_with(api));
     let what = if api.is_empty() {
-        backend.to_owned()
+        backend.name().to_owned()
     } else {
         format!("{backend} {api}")
     };
@@ -800,14 +780,14 @@ mod checks {
 
     #[test]
     fn a_backend_row_runs_its_server_and_only_its_runtime_tests() {
-        let group = backend_group("wgpu", true);
+        let group = backend_group(BackendKind::Wgpu, true);
         assert_eq!(
             filterset(&group),
             "package(=server-wgpu) | (package(=tiny-runtime) & (not binary(=backends) | test(/^wgpu::/)))"
         );
         // The CUDA row leaves its toolchain binary to the toolchain row.
         assert_eq!(
-            filterset(&backend_group("cuda", false)),
+            filterset(&backend_group(BackendKind::Cuda, false)),
             "(package(=server-cuda)) & not binary(=toolchain)"
         );
     }
@@ -827,7 +807,7 @@ mod checks {
              & not binary(=runtime_cuda) & not binary(=runtime_hip) & not binary(=collectives)"
         );
         let probed = |detail: &str| crate::matrix::Row {
-            backend: "wgpu",
+            backend: BackendKind::Wgpu,
             device: "llvmpipe".to_owned(),
             kind: Some(crate::matrix::Kind::Software),
             detail: detail.to_owned(),

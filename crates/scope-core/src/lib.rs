@@ -111,7 +111,7 @@ mod fault;
 mod few;
 mod handle;
 mod hooks;
-mod id;
+pub mod id;
 pub mod kernel;
 mod limits;
 pub mod null;
@@ -132,7 +132,7 @@ pub use handle::{Binding, Buffer, Capture, Dispatch, Graph, Slice};
 pub use id::{BufferId, BufferRange, ByteRange, FailureId, GraphId, StreamId};
 pub use kernel::{Kernel, KernelId, KernelSource, Language, Unchecked};
 pub use limits::{DeviceFeatures, DeviceLimits, LaunchLimits};
-pub use probe::{DeviceKind, Probe, ProbedDevice, required};
+pub use probe::{BackendKind, DeviceKind, Drivers, Probe, ProbedDevice, required};
 pub use server::{COPY_ALIGNMENT, MAX_STREAMS, Recovered};
 
 /// The bookkeeping below the contract, for the crate's own benches to

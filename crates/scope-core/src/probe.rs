@@ -6,6 +6,10 @@
 
 use std::fmt;
 
+mod kind;
+
+pub use kind::{BackendKind, Drivers};
+
 /// Whether `SCOPE_REQUIRE` (a comma-separated list, or `all`) names
 /// `backend`, so that a missing device is a failure rather than a skip.
 ///

@@ -18,7 +18,7 @@ use cubecl_core::ir::{
 use cubecl_core::prelude::{AddressType, CubeDim, ExecutionMode, KernelSettings, TargetProperties};
 use cubecl_core::profile::TimingMethod;
 use cubecl_core::{VulkanCompilationOptions, WgpuCompilationOptions};
-use scope_core::{Backend, Language};
+use scope_core::{Backend, BackendKind, Language};
 
 use crate::translate::Translation;
 
@@ -61,16 +61,20 @@ impl Target {
     /// Every target.
     pub const ALL: [Target; 4] = [Target::Cuda, Target::Hip, Target::SpirV, Target::Wgsl];
 
+    /// The language a server of `kind` takes by default.
+    pub const fn for_kind(kind: BackendKind) -> Target {
+        match kind {
+            BackendKind::Cuda => Target::Cuda,
+            BackendKind::Hip => Target::Hip,
+            BackendKind::Vulkan => Target::SpirV,
+            BackendKind::Wgpu => Target::Wgsl,
+        }
+    }
+
     /// The target for a backend, by its [`Backend::NAME`]; `None` for one
     /// that takes no compiled language (the host server).
     pub fn for_backend_name(name: &str) -> Option<Target> {
-        match name {
-            "cuda" => Some(Target::Cuda),
-            "hip" => Some(Target::Hip),
-            "vulkan" => Some(Target::SpirV),
-            "wgpu" => Some(Target::Wgsl),
-            _ => None,
-        }
+        BackendKind::from_name(name).map(Self::for_kind)
     }
 
     /// The target for backend `B`.
@@ -88,13 +92,14 @@ impl Target {
         }
     }
 
-    /// The backend name errors are reported under.
-    pub(crate) fn backend(self) -> &'static str {
+    /// The backend whose compiler writes this language: the name errors
+    /// are reported under.
+    pub const fn kind(self) -> BackendKind {
         match self {
-            Target::Cuda => "cuda",
-            Target::Hip => "hip",
-            Target::SpirV => "vulkan",
-            Target::Wgsl => "wgpu",
+            Target::Cuda => BackendKind::Cuda,
+            Target::Hip => BackendKind::Hip,
+            Target::SpirV => BackendKind::Vulkan,
+            Target::Wgsl => BackendKind::Wgpu,
         }
     }
 

@@ -221,7 +221,7 @@ pub fn translate(
 ) -> Result<CubeKernel> {
     let type_name = kernel.name();
     let compile_error = |name: &str, log: String| Error::Compile {
-        backend: target.backend(),
+        backend: target.kind().name(),
         kernel: Arc::from(name),
         log,
     };

@@ -229,8 +229,26 @@ fn a_language_the_server_does_not_take_is_refused_before_launching() {
     assert!(c.read(&a).is_ok(), "nothing was claimed");
     assert_eq!(Target::of::<server_vulkan::Vulkan>(), Some(Target::SpirV));
     assert_eq!(Target::of::<server_wgpu::Wgpu>(), Some(Target::Wgsl));
+    assert_eq!(Target::of::<server_cuda::Cuda>(), Some(Target::Cuda));
+    assert_eq!(Target::of::<server_hip::Hip>(), Some(Target::Hip));
     assert_eq!(Target::of::<scope_test::host::Host>(), None);
     assert_eq!(Target::Hip.language(), Language::Hip);
+}
+
+/// Every backend of the table has a target, and each target names the
+/// backend its errors are reported under.
+#[test]
+fn every_backend_has_a_target_and_back() {
+    for &kind in scope_core::BackendKind::ALL {
+        assert_eq!(
+            Target::for_backend_name(kind.name()),
+            Some(Target::for_kind(kind))
+        );
+        assert_eq!(Target::for_kind(kind).kind(), kind);
+    }
+    for target in Target::ALL {
+        assert_eq!(Target::for_kind(target.kind()), target);
+    }
 }
 
 fn expansion_refuses() -> u32 {

@@ -2,23 +2,30 @@
 //! and how each is opened.
 //!
 //! One small trait over [`scope_core::Backend`] rather than a parameter per
-//! server: the adapter is written once, generic over it, and a server joins
-//! by saying how to open it, how to find its devices, and which cubecl
-//! compiler speaks its language. Everything else — failures, ordering,
-//! memory — is already the same on every server, because the contract is.
+//! server: the adapter is written once, generic over it. A server joins by
+//! naming its row of [`BackendKind`] (which gives its language), how to
+//! open it and how to find its devices. Everything else — failures,
+//! ordering, memory — is already the same on every server, because the
+//! contract is.
 
-use scope_core::{Backend, Client, Probe, Result};
+use scope_core::{Backend, BackendKind, Client, Probe, Result};
 use scope_cube::Target;
 
 use crate::device::ScopeDevice;
 
 /// A scope server a cubecl runtime can run on.
 pub trait CubeBackend: Backend + Sized {
+    /// Its row of scope-core's table of backends.
+    const KIND: BackendKind;
+
     /// The runtime's name, as cubecl reports it ("scope-vulkan").
     const RUNTIME_NAME: &'static str;
 
-    /// The language cubecl's kernels are compiled into for this server.
-    fn target() -> Target;
+    /// The language cubecl's kernels are compiled into for this server:
+    /// the table's, unless the server says otherwise.
+    fn target() -> Target {
+        Target::for_kind(Self::KIND)
+    }
 
     /// Open a server on `device`.
     ///
@@ -88,10 +95,7 @@ impl CubeBackend for server_wgpu::Wgpu {
     /// which let the shader compiler fold NaN, infinity and the sign of
     /// zero (its IEEE test relaxes on it); scope's wgpu server runs WGSL.
     const RUNTIME_NAME: &'static str = "wgpu<scope>";
-
-    fn target() -> Target {
-        Target::Wgsl
-    }
+    const KIND: BackendKind = BackendKind::Wgpu;
 
     /// Adapter `index` of those `SCOPE_WGPU_BACKEND` and
     /// `SCOPE_WGPU_ADAPTER` allow (device 0: the one they choose) — or,
@@ -119,6 +123,7 @@ impl CubeBackend for server_wgpu::Wgpu {
 #[cfg(feature = "vulkan")]
 impl CubeBackend for server_vulkan::Vulkan {
     const RUNTIME_NAME: &'static str = "scope-vulkan";
+    const KIND: BackendKind = BackendKind::Vulkan;
 
     /// SPIR-V by device address (cubecl's own Vulkan path) when
     /// `SCOPE_CUBECL_VULKAN=spirv`; WGSL through naga otherwise.
@@ -166,11 +171,8 @@ impl CubeBackend for server_vulkan::Vulkan {
 #[cfg(feature = "cuda")]
 impl CubeBackend for server_cuda::Cuda {
     const RUNTIME_NAME: &'static str = "scope-cuda";
+    const KIND: BackendKind = BackendKind::Cuda;
     const SPLITS: bool = false;
-
-    fn target() -> Target {
-        Target::Cuda
-    }
 
     fn open(device: &ScopeDevice) -> Result<Client<Self>> {
         server_cuda::client_on(usize::from(device.index))
@@ -188,11 +190,8 @@ impl CubeBackend for server_cuda::Cuda {
 #[cfg(feature = "hip")]
 impl CubeBackend for server_hip::Hip {
     const RUNTIME_NAME: &'static str = "scope-hip";
+    const KIND: BackendKind = BackendKind::Hip;
     const SPLITS: bool = false;
-
-    fn target() -> Target {
-        Target::Hip
-    }
 
     fn open(device: &ScopeDevice) -> Result<Client<Self>> {
         server_hip::client_on(usize::from(device.index))
@@ -204,5 +203,44 @@ impl CubeBackend for server_hip::Hip {
 
     fn device_count() -> u16 {
         u16::try_from(server_hip::probe().devices.len()).unwrap_or(u16::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg_attr(
+        not(any(feature = "cuda", feature = "hip", feature = "vulkan", feature = "wgpu")),
+        allow(dead_code)
+    )]
+    fn agrees<B: CubeBackend>(kind: BackendKind) {
+        assert_eq!(B::KIND, kind);
+        assert_eq!(B::NAME, kind.name());
+    }
+
+    /// A backend added to the table does not build here until it has an arm.
+    #[test]
+    fn each_linked_server_is_its_row_of_the_table() {
+        for &kind in BackendKind::ALL {
+            match kind {
+                BackendKind::Cuda => {
+                    #[cfg(feature = "cuda")]
+                    agrees::<server_cuda::Cuda>(kind);
+                }
+                BackendKind::Hip => {
+                    #[cfg(feature = "hip")]
+                    agrees::<server_hip::Hip>(kind);
+                }
+                BackendKind::Vulkan => {
+                    #[cfg(feature = "vulkan")]
+                    agrees::<server_vulkan::Vulkan>(kind);
+                }
+                BackendKind::Wgpu => {
+                    #[cfg(feature = "wgpu")]
+                    agrees::<server_wgpu::Wgpu>(kind);
+                }
+            }
+        }
     }
 }

@@ -21,7 +21,7 @@ use cubecl_runtime::server::LaunchError;
 use cubecl_server::validation::{validate_cube_dim, validate_shared_memory, validate_units};
 use scope_cube::{CubeKernel, Target, Translation, translate_definition};
 
-use crate::memory::IdMap;
+use scope_core::id::IdMap;
 
 /// Compiled kernels, and the ones queued for compilation, for one device.
 pub(crate) struct Kernels {

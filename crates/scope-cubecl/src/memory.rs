@@ -16,8 +16,6 @@
 //! The table holds no failure state: whether bytes were written is asked of
 //! scope, every time.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Range;
 
 use cubecl_runtime::memory_management::{
@@ -25,6 +23,7 @@ use cubecl_runtime::memory_management::{
     MemoryPoolsReport, MemoryUsage,
 };
 use cubecl_runtime::server::{BufferBinding, ServerError};
+use scope_core::id::IdMap;
 use scope_core::{Buffer, Slice};
 
 /// Bytes scope binds at a time: whole words.
@@ -43,40 +42,6 @@ struct Entry {
     owner: u64,
     mode: MemoryAllocationMode,
 }
-
-/// A hasher for the adapter's own keys — ids cubecl counts up, stream
-/// slots, kernel ids — which need spreading, not protection from chosen
-/// collisions: every launch looks up a kernel, a stream and each binding,
-/// and SipHash was a measurable part of the adapter's per-launch cost.
-#[derive(Default)]
-pub(crate) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.write_u64(u64::from(byte));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// A map keyed by the adapter's own ids.
-pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// cubecl memory ids → scope buffers.
 #[derive(Debug, Default)]

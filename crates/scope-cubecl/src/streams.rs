@@ -16,7 +16,7 @@ use scope_core::{Buffer, Capture, Client};
 
 use crate::backend::CubeBackend;
 use crate::error::to_server_error;
-use crate::memory::IdMap;
+use scope_core::id::IdMap;
 
 /// One scope stream and the capture cubecl sees on it.
 pub(crate) struct Slot<B: CubeBackend> {

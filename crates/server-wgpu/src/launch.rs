@@ -33,12 +33,11 @@
 
 use std::borrow::Cow;
 use std::cell::Cell;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use scope_core::backend::{Bound, BoundDispatch, Launch};
+use scope_core::id::IdMap;
 use scope_core::{Error, Kernel, KernelSource, StreamId};
 use smallvec::SmallVec;
 
@@ -666,40 +665,6 @@ pub(crate) fn launch_error(kernel: &Pipeline, stream: StreamId, detail: String) 
     }
 }
 
-/// A fast hasher for bind-group keys (small arrays of ids).
-#[derive(Default)]
-pub(crate) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let mut word = [0; 8];
-            word.copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(word));
-        }
-        for &b in chunks.remainder() {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    #[inline]
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-
-    #[inline]
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
 /// The identity of a bind group: the pipeline and each entry's
 /// `[buffer id, offset, size]`.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -712,7 +677,7 @@ pub(crate) struct BindKey {
 /// names are destroyed.
 #[derive(Default)]
 pub(crate) struct BindGroups {
-    map: HashMap<BindKey, (u64, wgpu::BindGroup), BuildHasherDefault<IdHasher>>,
+    map: IdMap<BindKey, (u64, wgpu::BindGroup)>,
     /// The group the last lookup found, with its key: a loop launches one
     /// kernel over the same buffers again and again, and comparing its
     /// entries is a tenth of building, hashing and looking up a key.

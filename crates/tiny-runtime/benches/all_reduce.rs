@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 use scope_core::collective::{DEFAULT_DEADLINE, Element, Group, Reduce};
 use std::hint::black_box;
 
-use scope_core::{Backend, Buffer, Client, DeviceKind, Result};
+use scope_core::{Backend, BackendKind, Buffer, Client, DeviceKind, Drivers, Probe, Result};
 use tiny_runtime::backends::{self, OnClients};
 
 /// Ranks: logical devices, a server each.
@@ -332,29 +332,28 @@ impl OnClients for Bench {
     }
 }
 
-/// The backend `cargo xtask demo` would pick: CUDA, HIP, a hardware Vulkan
-/// or wgpu device, then wgpu, then Vulkan.
+/// The backend `cargo xtask demo` would pick: a vendor's (CUDA, HIP) or a
+/// hardware device, in the table's order, then wgpu, then Vulkan.
 fn backend() -> Option<String> {
     if let Ok(name) = std::env::var("SCOPE_BENCH_BACKEND") {
         return Some(name);
     }
-    let has = |name: &str, hardware: bool| {
-        backends::probe(name).is_some_and(|p| {
-            p.has_device()
-                && (!hardware || p.devices.iter().any(|d| d.kind == DeviceKind::Hardware))
+    let rank = |kind: BackendKind| {
+        let probe = backends::probe(kind.name()).filter(Probe::has_device)?;
+        let hardware = probe.devices.iter().any(|d| d.kind == DeviceKind::Hardware);
+        Some(match kind.drivers() {
+            Drivers::Vendor => 0,
+            _ if hardware => 0,
+            Drivers::Portable => 1,
+            Drivers::Vulkan => 2,
         })
     };
-    [
-        ("cuda", false),
-        ("hip", false),
-        ("vulkan", true),
-        ("wgpu", true),
-        ("wgpu", false),
-        ("vulkan", false),
-    ]
-    .into_iter()
-    .find(|(name, hardware)| has(name, *hardware))
-    .map(|(name, _)| name.to_owned())
+    BackendKind::ALL
+        .iter()
+        .enumerate()
+        .filter_map(|(order, &kind)| Some(((rank(kind)?, order), kind)))
+        .min()
+        .map(|(_, kind)| kind.name().to_owned())
 }
 
 fn main() {

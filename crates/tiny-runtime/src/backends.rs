@@ -1,18 +1,11 @@
-//! Which servers are linked, and the one place the runtime names them.
+//! Which servers are linked: the one place the runtime names them.
 //!
-//! A cargo feature links a server crate (`wgpu` by default). Everything
-//! else in the crate is generic over `B: Backend`, so this module is the
-//! whole cost of supporting a backend: one `match` arm here. With several
-//! features on (clippy builds `--all-features`), [`best`] picks at run time
-//! in the order a user would want — a hardware device before a software
-//! one, CUDA, HIP, Vulkan, wgpu — and `--backend` overrides it.
-//!
-//! A generic function cannot be a closure argument, so the work to run on
-//! the chosen client is a [`OnClient`] value ([`OnClients`] for work on
-//! several devices of one backend: each `client()` call of a server crate
-//! opens a server of its own, on the same adapter).
+//! A cargo feature links a server crate; the rest of the crate is generic
+//! over `B: Backend`. A new backend costs one arm of `on_linked`, an
+//! exhaustive `match` over [`BackendKind`]. A generic function cannot be a
+//! closure argument, so the work to run is an [`OnClient`] value.
 
-use scope_core::{Backend, Client, DeviceKind, Error, Probe, Result};
+use scope_core::{Backend, BackendKind, Client, DeviceKind, Error, Probe, Result};
 
 /// Work to run on a client of whichever backend was chosen.
 pub trait OnClient {
@@ -22,8 +15,7 @@ pub trait OnClient {
     fn run<B: Backend>(self, client: Client<B>) -> Self::Output;
 }
 
-/// Work to run on several clients of whichever backend was chosen, each a
-/// server of its own.
+/// Work to run on several servers of whichever backend was chosen.
 pub trait OnClients {
     /// What it returns.
     type Output;
@@ -31,39 +23,83 @@ pub trait OnClients {
     fn run<B: Backend>(self, clients: Vec<Client<B>>) -> Self::Output;
 }
 
-/// The backends this build links, in order of preference.
-pub const LINKED: &[&str] = &[
-    #[cfg(feature = "cuda")]
-    "cuda",
-    #[cfg(feature = "hip")]
-    "hip",
-    #[cfg(feature = "vulkan")]
-    "vulkan",
-    #[cfg(feature = "wgpu")]
-    "wgpu",
-];
+/// A linked server crate's two entry points.
+struct Linked<B: Backend> {
+    client: fn() -> Result<Client<B>>,
+    probe: fn() -> Probe,
+}
 
-/// The probe of a linked backend; `None` for one not linked.
-pub fn probe(backend: &str) -> Option<Probe> {
-    match backend {
-        #[cfg(feature = "cuda")]
-        "cuda" => Some(server_cuda::probe()),
-        #[cfg(feature = "hip")]
-        "hip" => Some(server_hip::probe()),
-        #[cfg(feature = "vulkan")]
-        "vulkan" => Some(server_vulkan::probe()),
-        #[cfg(feature = "wgpu")]
-        "wgpu" => Some(server_wgpu::probe()),
-        _ => None,
+/// Work on a linked server crate, whichever it is.
+trait OnLinked {
+    type Output;
+    fn run<B: Backend>(self, server: Linked<B>) -> Self::Output;
+}
+
+/// `fn $name(work)`: `work` run on `$server` if the feature links it.
+macro_rules! linked {
+    ($name:ident, $feature:literal, $server:ident) => {
+        #[cfg(feature = $feature)]
+        fn $name<W: OnLinked>(work: W) -> Option<W::Output> {
+            Some(work.run(Linked {
+                client: $server::client,
+                probe: $server::probe,
+            }))
+        }
+
+        #[cfg(not(feature = $feature))]
+        fn $name<W: OnLinked>(_: W) -> Option<W::Output> {
+            None
+        }
+    };
+}
+
+linked!(on_cuda, "cuda", server_cuda);
+linked!(on_hip, "hip", server_hip);
+linked!(on_vulkan, "vulkan", server_vulkan);
+linked!(on_wgpu, "wgpu", server_wgpu);
+
+/// Run `work` on `kind`'s server crate; `None` when this build lacks it.
+/// A backend added to the table does not build until it has an arm here.
+fn on_linked<W: OnLinked>(kind: BackendKind, work: W) -> Option<W::Output> {
+    match kind {
+        BackendKind::Cuda => on_cuda(work),
+        BackendKind::Hip => on_hip(work),
+        BackendKind::Vulkan => on_vulkan(work),
+        BackendKind::Wgpu => on_wgpu(work),
     }
 }
 
-/// The linked backend to use: the first with a hardware device, else the
-/// first with any device, else `None` with each backend's reason.
-pub fn best() -> std::result::Result<&'static str, String> {
-    let probes: Vec<(&'static str, Probe)> = LINKED
+/// The backends this build links, in order of preference.
+pub fn linked() -> Vec<BackendKind> {
+    struct Nothing;
+    impl OnLinked for Nothing {
+        type Output = ();
+        fn run<B: Backend>(self, _: Linked<B>) {}
+    }
+    BackendKind::ALL
         .iter()
-        .filter_map(|name| probe(name).map(|p| (*name, p)))
+        .copied()
+        .filter(|&kind| on_linked(kind, Nothing).is_some())
+        .collect()
+}
+
+/// The probe of a linked backend; `None` for one not linked.
+pub fn probe(backend: &str) -> Option<Probe> {
+    struct Probing;
+    impl OnLinked for Probing {
+        type Output = Probe;
+        fn run<B: Backend>(self, server: Linked<B>) -> Probe {
+            (server.probe)()
+        }
+    }
+    on_linked(BackendKind::from_name(backend)?, Probing)
+}
+
+/// The linked backend to use: hardware first, in the table's order.
+pub fn best() -> std::result::Result<&'static str, String> {
+    let probes: Vec<(&'static str, Probe)> = linked()
+        .into_iter()
+        .filter_map(|kind| probe(kind.name()).map(|p| (kind.name(), p)))
         .collect();
     let hardware = probes
         .iter()
@@ -72,13 +108,33 @@ pub fn best() -> std::result::Result<&'static str, String> {
     match hardware.or(any) {
         Some((name, _)) => Ok(name),
         None if probes.is_empty() => {
-            Err("this build links no server: enable a feature (wgpu, vulkan, cuda, hip)".to_owned())
+            let features: Vec<&str> = BackendKind::ALL.iter().map(|k| k.feature()).collect();
+            Err(format!(
+                "this build links no server: enable a feature ({})",
+                features.join(", ")
+            ))
         }
         None => Err(probes
             .iter()
             .map(|(name, p)| format!("{name}: {}", p.why_not.as_deref().unwrap_or("no device")))
             .collect::<Vec<_>>()
             .join("; ")),
+    }
+}
+
+/// The error for a backend this build does not link.
+fn unlinked(backend: &str) -> Error {
+    let linked: Vec<&str> = linked().iter().map(|k| k.name()).collect();
+    Error::BackendUnavailable {
+        backend: "tiny-runtime",
+        reason: format!(
+            "`{backend}` is not linked into this build (linked: {}); build with --features {backend}",
+            if linked.is_empty() {
+                "none".to_owned()
+            } else {
+                linked.join(", ")
+            }
+        ),
     }
 }
 
@@ -89,76 +145,40 @@ pub fn best() -> std::result::Result<&'static str, String> {
 /// [`Error::BackendUnavailable`] when the backend has no device here or is
 /// not linked into this build.
 pub fn with_client<W: OnClient>(backend: &str, work: W) -> Result<W::Output> {
-    match backend {
-        #[cfg(feature = "cuda")]
-        "cuda" => Ok(work.run(server_cuda::client()?)),
-        #[cfg(feature = "hip")]
-        "hip" => Ok(work.run(server_hip::client()?)),
-        #[cfg(feature = "vulkan")]
-        "vulkan" => Ok(work.run(server_vulkan::client()?)),
-        #[cfg(feature = "wgpu")]
-        "wgpu" => Ok(work.run(server_wgpu::client()?)),
-        other => {
-            // Keeps `work` used in a build that links nothing.
-            drop(work);
-            Err(Error::BackendUnavailable {
-                backend: "tiny-runtime",
-                reason: format!(
-                    "`{other}` is not linked into this build (linked: {}); build with --features {other}",
-                    if LINKED.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        LINKED.join(", ")
-                    }
-                ),
-            })
+    struct One<W>(W);
+    impl<W: OnClient> OnLinked for One<W> {
+        type Output = Result<W::Output>;
+        fn run<B: Backend>(self, server: Linked<B>) -> Self::Output {
+            Ok(self.0.run((server.client)()?))
         }
     }
+    match BackendKind::from_name(backend) {
+        Some(kind) => on_linked(kind, One(work)),
+        None => None,
+    }
+    .unwrap_or_else(|| Err(unlinked(backend)))
 }
 
-#[cfg_attr(
-    not(any(
-        feature = "cuda",
-        feature = "hip",
-        feature = "vulkan",
-        feature = "wgpu"
-    )),
-    allow(dead_code)
-)]
-/// `count` clients (at least one) of `backend`, each from its own `client()`
-/// call, so each its own server: logical devices on one adapter, or as
-/// many contexts on one GPU.
-fn open<B: Backend>(count: usize, client: fn() -> Result<Client<B>>) -> Result<Vec<Client<B>>> {
-    (0..count.max(1)).map(|_| client()).collect()
-}
-
-/// Make `count` clients of `backend`, each a server of its own, and run
-/// `work` on them.
+/// Run `work` on `count` servers of `backend` (at least one), each from
+/// its own `client()` call: logical devices on one adapter.
 ///
 /// # Errors
 ///
 /// As [`with_client`]; the first error opening any of them.
 pub fn with_clients<W: OnClients>(backend: &str, count: usize, work: W) -> Result<W::Output> {
-    match backend {
-        #[cfg(feature = "cuda")]
-        "cuda" => Ok(work.run(open(count, server_cuda::client)?)),
-        #[cfg(feature = "hip")]
-        "hip" => Ok(work.run(open(count, server_hip::client)?)),
-        #[cfg(feature = "vulkan")]
-        "vulkan" => Ok(work.run(open(count, server_vulkan::client)?)),
-        #[cfg(feature = "wgpu")]
-        "wgpu" => Ok(work.run(open(count, server_wgpu::client)?)),
-        other => {
-            struct Unlinked<W>(W);
-            impl<W: OnClients> OnClient for Unlinked<W> {
-                type Output = W::Output;
-                fn run<B: Backend>(self, client: Client<B>) -> Self::Output {
-                    self.0.run(vec![client])
-                }
-            }
-            with_client(other, Unlinked(work))
+    struct Several<W>(usize, W);
+    impl<W: OnClients> OnLinked for Several<W> {
+        type Output = Result<W::Output>;
+        fn run<B: Backend>(self, server: Linked<B>) -> Self::Output {
+            let clients = (0..self.0.max(1)).map(|_| (server.client)());
+            Ok(self.1.run(clients.collect::<Result<Vec<_>>>()?))
         }
     }
+    match BackendKind::from_name(backend) {
+        Some(kind) => on_linked(kind, Several(count, work)),
+        None => None,
+    }
+    .unwrap_or_else(|| Err(unlinked(backend)))
 }
 
 /// Lose `client`'s device for act four's survival: for real where the

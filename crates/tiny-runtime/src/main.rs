@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo xtask demo [--backend B]     (or: cargo run -p tiny-runtime -- ARGS)
-//! tiny-runtime [--backend wgpu|vulkan|cuda|hip]
+//! tiny-runtime [--backend cuda|hip|vulkan|wgpu]
 //!     [--kernels cube|native] [--target spirv|wgsl|cuda|hip]
 //!     [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S] [--devices N]
 //! tiny-runtime --probe [BACKEND]     what each linked server finds, as JSON
@@ -40,7 +40,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use scope_core::{Backend, Client, DeviceKind, Probe};
+use scope_core::{Backend, BackendKind, Client, DeviceKind, Probe};
 use scope_cube::Target;
 use tiny_runtime::backends::{self, OnClients};
 use tiny_runtime::demo::{self, DataParallelReport, StepCheck, Survival, TOLERANCE};
@@ -64,11 +64,14 @@ struct Args {
 }
 
 fn usage() -> String {
-    "usage: tiny-runtime [--backend wgpu|vulkan|cuda|hip] [--kernels cube|native] \
-     [--target spirv|wgsl|cuda|hip] [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S] \
-     [--devices N]\n\
-     \x20      tiny-runtime --probe [wgpu|vulkan|cuda|hip]"
-        .to_owned()
+    let backends: Vec<&str> = BackendKind::ALL.iter().map(|k| k.name()).collect();
+    let backends = backends.join("|");
+    format!(
+        "usage: tiny-runtime [--backend {backends}] [--kernels cube|native] \
+         [--target spirv|wgsl|cuda|hip] [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S] \
+         [--devices N]\n\
+         \x20      tiny-runtime --probe [{backends}]"
+    )
 }
 
 fn parse() -> Result<Args, String> {
@@ -612,22 +615,20 @@ fn device_kind(backend: &str, describe: &str) -> Option<DeviceKind> {
         .map(|d| d.kind)
 }
 
-/// The backends `--probe` answers for, in the matrix's order.
-const KNOWN: [&str; 4] = ["cuda", "hip", "vulkan", "wgpu"];
-
 /// `tiny-runtime --probe [BACKEND]`: each linked server's `probe()`, as a
 /// JSON array with one object a backend. A panicking probe is caught and
 /// answered as that backend's `why_not`; an unlinked backend says so.
 fn probe_mode(names: Vec<String>) -> ExitCode {
+    let known: Vec<&str> = BackendKind::ALL.iter().map(|k| k.name()).collect();
     let names: Vec<String> = if names.is_empty() {
-        KNOWN.iter().map(|s| (*s).to_owned()).collect()
+        known.iter().map(|s| (*s).to_owned()).collect()
     } else {
         names
     };
     let mut objects = Vec::new();
     for name in &names {
-        if !KNOWN.contains(&name.as_str()) {
-            eprintln!("--probe {name}: one of {}", KNOWN.join(", "));
+        if !known.contains(&name.as_str()) {
+            eprintln!("--probe {name}: one of {}", known.join(", "));
             return ExitCode::from(2);
         }
         let answer = std::panic::catch_unwind(|| backends::probe(name));
