@@ -17,7 +17,7 @@
 #[macro_use]
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 
 use common::mock_library;
@@ -54,16 +54,14 @@ mod conformance {
     scope_test::conformance_tests!(@recovery super::MockSuite);
 }
 
-/// The mock RCCL: server-cuda's mock NCCL (RCCL is NCCL's API), built
+/// The mock RCCL: the kit's mock NCCL (RCCL is NCCL's API), built
 /// over this process's mock HIP runtime and loaded as the server's RCCL,
 /// once per process; its path.
 fn mock_rccl() -> &'static libloading::Library {
     static RCCL: OnceLock<libloading::Library> = OnceLock::new();
     RCCL.get_or_init(|| {
-        let source =
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../server-cuda/tests/mock/mock_nccl.c");
         let out = CLibrary {
-            source: &source,
+            source: Path::new(scope_test::clib::MOCK_NCCL),
             stem: "libscope_mock_rccl",
             defines: &[format!("SCOPE_MOCK_DRIVER=\"{}\"", mock_library())],
             libs: &["pthread", "dl"],
