@@ -43,15 +43,13 @@ hip_suite!(MockSuite, mock_client(), Some(1 << 30), {
     // An injected loss leaves the device working, so the server reopens on
     // it without a reset; a reset, and its refusals, are
     // `mock_recover.rs`'s.
-    fn reopens() -> bool {
-        true
+    fn capabilities() -> &'static [scope_test::Capability] {
+        &[scope_test::Capability::Reopen]
     }
 });
 
 mod conformance {
     scope_test::conformance_tests!(super::MockSuite);
-    scope_test::conformance_tests!(@backend super::MockSuite);
-    scope_test::conformance_tests!(@recovery super::MockSuite);
 }
 
 /// The mock RCCL: the kit's mock NCCL (RCCL is NCCL's API), built
@@ -107,6 +105,10 @@ fn rccl_violations() -> (u64, String) {
 // runtime's four devices, every call checked by the mock as RCCL would
 // take it.
 hip_suite!(MockRcclSuite, mock_client(), None, {
+    fn capabilities() -> &'static [scope_test::Capability] {
+        &[scope_test::Capability::DeviceCollectives]
+    }
+
     fn rank_client(rank: usize) -> Result<Client<Hip>> {
         mock_rccl();
         let path = vec![mock_library()];
@@ -131,7 +133,7 @@ hip_suite!(MockRcclSuite, mock_client(), None, {
 });
 
 mod over_rccl {
-    scope_test::conformance_tests!(@device_collectives super::MockRcclSuite);
+    scope_test::conformance_tests!(@collectives super::MockRcclSuite);
 }
 
 /// Four ranks in four processes, each a child of this binary with its own
