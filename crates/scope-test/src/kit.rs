@@ -28,7 +28,6 @@ pub enum Capability {
 }
 
 impl Capability {
-    /// Why a behaviour needing `self` is not exercised.
     fn lacked(self) -> &'static str {
         match self {
             Self::Reopen => "the suite's backend does not reopen a lost device",
@@ -57,9 +56,8 @@ pub fn exercised<S: Suite>(needs: &[Capability]) -> bool {
     false
 }
 
-/// The fallback of a behaviour that joins ranks alone, for a backend
-/// without [`DeviceCollectives`]: reached only when the suite claims
-/// device collectives it cannot have.
+/// A joined behaviour's fallback: the suite claims collectives its
+/// backend lacks.
 #[doc(hidden)]
 pub fn without_device_collectives<S: Suite>() {
     panic!(
@@ -68,8 +66,7 @@ pub fn without_device_collectives<S: Suite>() {
     );
 }
 
-/// `group`, made by [`Suite::group`], checked against what the suite says
-/// of its transport.
+/// `group`, checked against the suite's word on its transport.
 pub(crate) fn checked<S: Suite>(group: Group<S::Backend>) -> Group<S::Backend> {
     let listed = has::<S>(Capability::DeviceCollectives);
     assert_eq!(
