@@ -96,10 +96,8 @@ struct VulkanCube;
 impl Suite for VulkanCube {
     type Backend = server_vulkan::Vulkan;
 
-    /// It does, so the property test
-    /// expects its lost devices to come back.
-    fn reopens() -> bool {
-        true
+    fn capabilities() -> &'static [scope_test::Capability] {
+        &[scope_test::Capability::Reopen]
     }
 
     fn client() -> Result<Client<server_vulkan::Vulkan>> {
@@ -165,10 +163,8 @@ struct WgpuCube<A>(std::marker::PhantomData<A>);
 impl<A: OnApi> Suite for WgpuCube<A> {
     type Backend = server_wgpu::Wgpu;
 
-    /// It does, so the property test
-    /// expects its lost devices to come back.
-    fn reopens() -> bool {
-        true
+    fn capabilities() -> &'static [scope_test::Capability] {
+        &[scope_test::Capability::Reopen]
     }
 
     fn client() -> Result<Client<server_wgpu::Wgpu>> {

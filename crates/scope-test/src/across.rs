@@ -729,3 +729,17 @@ where
     assert!(me.broken().is_some());
     S::finished();
 }
+
+/// The behaviours of ranks joined alone: one `#[test]` each for
+/// `$suite`, with what each needs.
+#[macro_export]
+macro_rules! across_tests {
+    ($suite:ty) => {
+        $crate::behaviour! { joined $suite, across::ranks_in_separate_processes_decide_alike }
+        $crate::behaviour! { joined $suite, across::ranks_in_separate_processes_record_and_replay }
+        $crate::behaviour! { joined $suite, across::ranks_in_separate_processes_send_and_receive }
+        $crate::behaviour! { joined $suite, across::a_silent_rank_in_another_process_stalls_its_peers_within_the_deadline }
+        $crate::behaviour! { joined $suite, across::a_silent_sender_in_another_process_stalls_its_receiver_within_the_deadline }
+        $crate::behaviour! { joined $suite, across::a_rank_joined_with_a_stale_epoch_is_refused_everywhere }
+    };
+}

@@ -1,8 +1,8 @@
 //! The [`Backend`] contract driven directly, below the server: promises a
 //! backend makes that no `Client` call can reach alone, so that a server
 //! that breaks one is caught here rather than by the undefined behaviour it
-//! would cause on a device (`conformance_tests!(@backend MySuite)`, for a
-//! suite whose [`Suite::backend`] makes one).
+//! would cause on a device. They need [`Capability::Backend`]: a suite
+//! whose [`Suite::backend`] makes one.
 //!
 //! Each behaviour is one `unsafe` sequence whose every call cites the
 //! contract it keeps; the backend is the suite's own, on its device or its
@@ -171,4 +171,14 @@ pub fn a_wait_covers_the_work_before_it_and_loses_none_after<S: Suite>() {
     unsafe { backend.free(memory) };
     drop(stream);
     drop(backend);
+}
+
+/// The backend behaviours: one `#[test]` each for
+/// `$suite`, with what each needs.
+#[macro_export]
+macro_rules! backend_tests {
+    ($suite:ty) => {
+        $crate::behaviour! { $suite, backend::a_graph_keeps_the_kernels_it_launches_alive, Backend }
+        $crate::behaviour! { $suite, backend::a_wait_covers_the_work_before_it_and_loses_none_after, Backend }
+    };
 }

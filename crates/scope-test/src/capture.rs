@@ -207,3 +207,19 @@ pub fn recorded_buffers_wait_for_their_capture<S: Suite>() {
     assert_eq!(read(&other, &before).unwrap(), vec![5; WORDS as usize]);
     assert_eq!(read(&other, &b).unwrap(), vec![7; WORDS as usize]);
 }
+
+/// The capture behaviours: one `#[test]` each for
+/// `$suite`, with what each needs.
+#[macro_export]
+macro_rules! capture_tests {
+    ($suite:ty) => {
+        $crate::behaviour! { $suite, capture::capture_doomed_by_failure }
+        $crate::behaviour! { $suite, capture::capture_doomed_by_skip }
+        $crate::behaviour! { $suite, capture::abandoned_window }
+        $crate::behaviour! { $suite, capture::replay_success }
+        $crate::behaviour! { $suite, capture::replay_failure }
+        $crate::behaviour! { $suite, capture::unknown_and_destroyed_graphs }
+        $crate::behaviour! { $suite, capture::refusals_while_recording }
+        $crate::behaviour! { $suite, capture::recorded_buffers_wait_for_their_capture }
+    };
+}

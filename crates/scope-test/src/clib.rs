@@ -15,6 +15,10 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The mock NCCL's source: server-cuda's tests build it as NCCL, and
+/// server-hip's as RCCL (RCCL is NCCL's API).
+pub const MOCK_NCCL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mock/mock_nccl.c");
+
 /// A shared library to build from one C source.
 #[derive(Debug)]
 pub struct CLibrary<'a> {

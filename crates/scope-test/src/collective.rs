@@ -28,10 +28,9 @@ pub(super) fn group_of<S: Suite>(ranks: usize, deadline: Duration) -> Option<Gro
     let clients: Option<Vec<_>> = (0..ranks)
         .map(|rank| client_or_skip(|| S::rank_client(rank)))
         .collect();
-    Some(
-        S::group(clients?, deadline)
-            .unwrap_or_else(|e| panic!("{ranks} servers of distinct devices make a group: {e}")),
-    )
+    let group = S::group(clients?, deadline)
+        .unwrap_or_else(|e| panic!("{ranks} servers of distinct devices make a group: {e}"));
+    Some(kit::checked::<S>(group))
 }
 
 pub(super) fn collective_error(error: &Error) -> &CollectiveError {
@@ -785,4 +784,22 @@ pub fn copies_across_devices_carry_failures<S: Suite>() {
         "clean bytes heal"
     );
     assert_eq!(read(&a, &clean).unwrap(), vec![8; WORDS as usize]);
+}
+
+/// The collective behaviours: one `#[test]` each for
+/// `$suite`, with what each needs.
+#[macro_export]
+macro_rules! collective_tests {
+    ($suite:ty) => {
+        $crate::behaviour! { $suite, collective::collectives_compute_on_every_rank }
+        $crate::behaviour! { $suite, collective::a_failed_input_fails_every_ranks_output }
+        $crate::behaviour! { $suite, collective::a_broadcast_heals_the_other_ranks_failed_buffers }
+        $crate::behaviour! { $suite, collective::a_rank_that_never_joins_fails_the_others_within_the_deadline }
+        $crate::behaviour! { $suite, collective::bad_collective_input_is_refused_everywhere }
+        $crate::behaviour! { $suite, collective::a_freed_buffer_is_refused_on_every_rank }
+        $crate::behaviour! { $suite, collective::send_and_recv_carry_failures_between_ranks }
+        $crate::behaviour! { $suite, collective::a_sender_ahead_of_a_silent_receiver_holds_a_bounded_mailbox }
+        $crate::behaviour! { $suite, collective::a_failed_device_call_breaks_the_group, DeviceCollectives }
+        $crate::behaviour! { $suite, collective::copies_across_devices_carry_failures }
+    };
 }

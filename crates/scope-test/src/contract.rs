@@ -698,3 +698,28 @@ pub fn a_closure_holding_the_lock_may_call_back<S: Suite>() {
     // returns: a device torn down while the process exits can crash it.
     calling.join().expect("the calling thread finished");
 }
+
+/// The contract behaviours: one `#[test]` each for
+/// `$suite`, with what each needs.
+#[macro_export]
+macro_rules! contract_tests {
+    ($suite:ty) => {
+        $crate::behaviour! { $suite, contract::a_hook_may_call_back_into_the_client }
+        $crate::behaviour! { $suite, contract::a_panicking_hook_leaves_the_books_right }
+        $crate::behaviour! { $suite, contract::a_hook_holding_a_weak_client_is_dropped_with_the_server }
+        $crate::behaviour! { $suite, contract::a_dropped_capture_is_aborted }
+        $crate::behaviour! { $suite, contract::a_foreign_capture_is_refused_and_aborted_at_home }
+        $crate::behaviour! { $suite, contract::reading_a_huge_failed_buffer_allocates_nothing }
+        $crate::behaviour! { $suite, contract::past_the_largest_allocation_is_invalid_everywhere }
+        $crate::behaviour! { $suite, contract::poison_fails_fast_and_releases_still_release }
+        $crate::behaviour! { $suite, contract::a_count_past_the_device_runs_nothing }
+        $crate::behaviour! { $suite, contract::a_replayed_indirect_launch_heals_nothing }
+        $crate::behaviour! { $suite, contract::the_limits_reported_are_the_limits_enforced }
+        $crate::behaviour! { $suite, contract::reads_on_many_threads_each_get_their_own_bytes }
+        $crate::behaviour! { $suite, contract::threads_racing_frees_against_launches }
+        $crate::behaviour! { $suite, contract::a_failure_from_outside_claims_like_a_failed_launch }
+        $crate::behaviour! { $suite, contract::flush_submits_and_changes_nothing_else }
+        $crate::behaviour! { $suite, contract::a_caller_failed_allocation_behaves_like_the_devices }
+        $crate::behaviour! { $suite, contract::a_closure_holding_the_lock_may_call_back }
+    };
+}

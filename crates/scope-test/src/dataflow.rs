@@ -245,3 +245,19 @@ pub fn read_write_binding_is_in_both_sets<S: Suite>() {
     .unwrap();
     assert_eq!(read(&c, &buf).unwrap(), vec![2; WORDS as usize]);
 }
+
+/// The dataflow behaviours: one `#[test]` each for
+/// `$suite`, with what each needs.
+#[macro_export]
+macro_rules! dataflow_tests {
+    ($suite:ty) => {
+        $crate::behaviour! { $suite, dataflow::clean_work_computes }
+        $crate::behaviour! { $suite, dataflow::chain_report_over_three_hops }
+        $crate::behaviour! { $suite, dataflow::skipped_launch_never_runs }
+        $crate::behaviour! { $suite, dataflow::partial_writes_and_healing }
+        $crate::behaviour! { $suite, dataflow::independent_chains_never_interfere }
+        $crate::behaviour! { $suite, dataflow::several_failures_named_once_each }
+        $crate::behaviour! { $suite, dataflow::compile_error_claims_outputs }
+        $crate::behaviour! { $suite, dataflow::read_write_binding_is_in_both_sets }
+    };
+}

@@ -139,3 +139,16 @@ pub fn freeing_everything_empties_the_store<S: Suite>() {
     assert_eq!(c.failures_held(), 0);
     assert_eq!(c.bytes_allocated(), 0);
 }
+
+/// The device behaviours: one `#[test]` each for
+/// `$suite`, with what each needs.
+#[macro_export]
+macro_rules! device_tests {
+    ($suite:ty) => {
+        $crate::behaviour! { $suite, device::failed_allocation_keeps_device_working }
+        $crate::behaviour! { $suite, device::sticky_fault_poisons }
+        $crate::behaviour! { $suite, device::failure_hook_fires_on_skip_and_failure_only }
+        $crate::behaviour! { $suite, device::several_streams }
+        $crate::behaviour! { $suite, device::freeing_everything_empties_the_store }
+    };
+}

@@ -1,9 +1,9 @@
-//! The optional features a server enables where its device offers them —
-//! 16-bit floats, subgroup operations, `f32` atomics — each used by a WGSL
-//! kernel (`conformance_tests!(@wgsl_features MySuite)`, for a backend that
-//! compiles WGSL): where the server reports a feature
+//! The optional features a server enables where its device offers them:
+//! 16-bit floats, subgroup operations, `f32` atomics. Each is used by a
+//! WGSL kernel, for a backend that compiles WGSL ([`Capability::Wgsl`]).
+//! Where the server reports a feature
 //! ([`DeviceFeatures`](scope_core::DeviceFeatures)), its kernel runs and
-//! gives the right numbers; where it does not, the kernel is a compile
+//! gives the right numbers. Where it does not, the kernel is a compile
 //! error, never one that runs without what it needs.
 
 use super::*;
@@ -181,4 +181,16 @@ pub fn f32_atomics_run_where_enabled<S: Suite>() {
         .map(f32::from_bits)
         .collect();
     assert_eq!(values, [128.0, 3.0, -64.0, 0.0]);
+}
+
+/// The optional features' behaviours: one `#[test]` each for
+/// `$suite`, with what each needs.
+#[macro_export]
+macro_rules! features_tests {
+    ($suite:ty) => {
+        $crate::behaviour! { $suite, features::f16_kernels_run_where_f16_is_enabled, Wgsl }
+        $crate::behaviour! { $suite, features::subgroup_kernels_run_where_subgroups_are_enabled, Wgsl }
+        $crate::behaviour! { $suite, features::f32_atomics_run_where_enabled, Wgsl }
+        $crate::behaviour! { $suite, features::subgroup_sizes_come_with_subgroups, Wgsl }
+    };
 }

@@ -128,3 +128,13 @@ pub fn zero_and_indirect_dispatch<S: Suite>() {
     assert!(matches!(skipped, Err(Error::Skipped { .. })), "{skipped:?}");
     assert_root_contains(&read(&c, &out).unwrap_err(), "count");
 }
+
+/// The input behaviours: one `#[test]` each for
+/// `$suite`, with what each needs.
+#[macro_export]
+macro_rules! input_tests {
+    ($suite:ty) => {
+        $crate::behaviour! { $suite, input::bad_input_is_typed }
+        $crate::behaviour! { $suite, input::zero_and_indirect_dispatch }
+    };
+}

@@ -413,3 +413,17 @@ pub fn a_lost_rank_recovers_and_is_admitted_back<S: Suite>() {
         assert_eq!(weights, &vec![12; PART as usize], "rank {rank}");
     }
 }
+
+/// The membership behaviours: one `#[test]` each for
+/// `$suite`, with what each needs.
+#[macro_export]
+macro_rules! membership_tests {
+    ($suite:ty) => {
+        $crate::behaviour! { $suite, membership::survivors_of_a_missing_rank_shrink_and_go_on }
+        $crate::behaviour! { $suite, membership::a_rank_absent_from_a_shrink_is_left_out_at_the_deadline }
+        $crate::behaviour! { $suite, membership::a_rank_whose_device_is_lost_is_not_waited_for }
+        $crate::behaviour! { $suite, membership::a_newcomer_is_admitted_and_healed_by_its_peers }
+        $crate::behaviour! { $suite, membership::bad_membership_changes_are_refused_everywhere }
+        $crate::behaviour! { $suite, membership::a_lost_rank_recovers_and_is_admitted_back, Reopen }
+    };
+}

@@ -94,7 +94,7 @@
 //! recoveries fail first (a fault reopening, a loss while remaking
 //! buffers), leaving the client poisoned — calls fail fast, releases still
 //! release — until the next. Where the suite's backend cannot reopen
-//! ([`Suite::reopens`]), every recovery must be refused with
+//! ([`Capability::Reopen`]), every recovery must be refused with
 //! `Error::RestartRequired`; the run releases everything, checks the store
 //! is empty, and goes on with a fresh server.
 //!
@@ -115,6 +115,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::kit::{self, Capability};
 use super::{Suite, client_or_skip};
 use scope_core::Client;
 use scope_core::Error;
@@ -356,7 +357,7 @@ struct World<S: Suite> {
     rng: Rng,
     /// How many failures the hook has heard: a recovery keeps the hook.
     heard: Arc<AtomicUsize>,
-    /// Whether the backend opens a lost device again ([`Suite::reopens`]).
+    /// Whether the backend opens a lost device again ([`Capability::Reopen`]).
     reopens: bool,
     /// Launch bindings start at multiples of this.
     align: u64,
@@ -421,7 +422,7 @@ impl<S: Suite> World<S> {
             tally: Tally::default(),
             heard,
             rng: Rng::new(seed),
-            reopens: S::reopens(),
+            reopens: kit::has::<S>(Capability::Reopen),
             align,
             max_words: (3 * align / 4 + 1).max(64),
             bufs: Vec::new(),
@@ -493,4 +494,17 @@ fn run<S: Suite>(client: Client<S::Backend>, seed: u64, steps: usize) -> Tally {
         "seed {seed}: freeing everything frees every byte"
     );
     world.tally
+}
+
+/// The property test at CI's scale (`SCOPE_PROPERTY_SEED` and
+/// `SCOPE_PROPERTY_STEPS` change it), as a `#[test]` of `$suite`.
+#[macro_export]
+macro_rules! property_tests {
+    ($suite:ty) => {
+        #[test]
+        fn random_sequences() {
+            $crate::random_sequences::<$suite>(&$crate::property::SEEDS, $crate::property::STEPS);
+            <$suite as $crate::Suite>::finished();
+        }
+    };
 }

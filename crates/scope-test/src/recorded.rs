@@ -305,3 +305,16 @@ pub fn a_host_staged_collective_is_not_recorded<S: Suite>() {
     }
     assert!(group.broken().is_none());
 }
+
+/// The recorded collectives' behaviours: one `#[test]` each for
+/// `$suite`, with what each needs.
+#[macro_export]
+macro_rules! recorded_tests {
+    ($suite:ty) => {
+        $crate::behaviour! { $suite, recorded::collectives_recorded_in_a_graph_replay_on_every_rank, DeviceCollectives }
+        $crate::behaviour! { $suite, recorded::a_failed_input_fails_every_ranks_replay, DeviceCollectives }
+        $crate::behaviour! { $suite, recorded::recorded_collectives_that_disagree_are_refused_everywhere, DeviceCollectives }
+        $crate::behaviour! { $suite, recorded::a_rank_that_never_replays_fails_the_others_within_the_deadline, DeviceCollectives }
+        $crate::behaviour! { $suite, recorded::a_host_staged_collective_is_not_recorded }
+    };
+}

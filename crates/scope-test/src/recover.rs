@@ -289,7 +289,7 @@ pub fn a_loss_while_remaking_buffers_leaves_none_behind<S: Suite>() {
     c.audit().unwrap();
 }
 
-/// A device whose backend cannot open it again ([`Suite::reopens`] says
+/// A device whose backend cannot open it again ([`Capability::Reopen`] says
 /// so): recovery is refused with `Error::RestartRequired` naming the fault,
 /// again at a second attempt, the client stays poisoned, and its releases
 /// still release (rules 36, 52). Where the backend reopens, the same loss
@@ -301,7 +301,7 @@ pub fn recovery_is_refused_where_the_backend_cannot_reopen<S: Suite>() {
     let b = alloc(&c, WORDS);
     fill::<S>(&c, &b, 1).unwrap();
     lose::<S>(&c, &a);
-    if S::reopens() {
+    if kit::has::<S>(Capability::Reopen) {
         assert_eq!(reopen(&c).0, 2, "both buffers are made again");
         assert_lost(&c, &b);
         return;
@@ -403,4 +403,23 @@ pub fn reads_in_flight_on_other_threads_meet_a_recovery<S: Suite>() {
     });
     assert_eq!(read(&c, &a).unwrap(), vec![10; WORDS as usize]);
     c.audit().unwrap();
+}
+
+/// The recovery behaviours: one `#[test]` each for
+/// `$suite`, with what each needs.
+#[macro_export]
+macro_rules! recover_tests {
+    ($suite:ty) => {
+        $crate::behaviour! { $suite, recover::a_lost_device_comes_back_with_every_handle, Reopen }
+        $crate::behaviour! { $suite, recover::a_loss_in_the_middle_of_a_chain_heals_from_its_head, Reopen }
+        $crate::behaviour! { $suite, recover::a_loss_during_a_capture_aborts_it_and_old_graphs_refuse, Reopen }
+        $crate::behaviour! { $suite, recover::a_device_lost_twice_comes_back_twice, Reopen }
+        $crate::behaviour! { $suite, recover::recovering_a_healthy_device_changes_nothing, Reopen }
+        $crate::behaviour! { $suite, recover::a_loss_while_reopening_leaves_it_poisoned_and_recoverable, Reopen }
+        $crate::behaviour! { $suite, recover::graphs_lost_before_a_failed_reopen_are_counted_when_it_opens, Reopen }
+        $crate::behaviour! { $suite, recover::a_loss_while_remaking_buffers_leaves_none_behind, Reopen }
+        $crate::behaviour! { $suite, recover::recovery_is_refused_where_the_backend_cannot_reopen }
+        $crate::behaviour! { $suite, recover::two_recoveries_at_once_open_the_device_once, Reopen }
+        $crate::behaviour! { $suite, recover::reads_in_flight_on_other_threads_meet_a_recovery, Reopen }
+    };
 }

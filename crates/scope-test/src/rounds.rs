@@ -915,3 +915,14 @@ where
 {
     random_rounds_joined::<S>(&ROUND_SEEDS, ROUNDS);
 }
+
+/// The random rounds: one `#[test]` each for
+/// `$suite`, with what each needs.
+#[macro_export]
+macro_rules! rounds_tests {
+    ($suite:ty) => {
+        $crate::behaviour! { $suite, rounds::random_rounds_of_collectives_match_the_oracle }
+        $crate::behaviour! { joined $suite, rounds::random_rounds_of_ranks_joined_alone_match_the_oracle }
+        $crate::behaviour! { $suite, rounds::random_rounds_with_losses_and_changes_match_the_oracle, Reopen }
+    };
+}

@@ -75,7 +75,7 @@ fn at_every_size<S: Suite>(deadline: Duration, f: impl Fn(Group<S::Backend>, usi
         };
         let group = S::group(clients, deadline)
             .unwrap_or_else(|e| panic!("{n} servers of distinct devices make a group: {e}"));
-        f(group, n);
+        f(kit::checked::<S>(group), n);
     }
 }
 
@@ -675,4 +675,20 @@ fn sum_of_ones<B: Backend>(rank: &Rank<B>) -> Vec<u32> {
     rank.all_reduce(ones.all(), sum.all(), Element::U32, Reduce::Sum)
         .expect("the new group works");
     read(c, &sum).unwrap()
+}
+
+/// The behaviours at every group size: one `#[test]` each for
+/// `$suite`, with what each needs.
+#[macro_export]
+macro_rules! sizes_tests {
+    ($suite:ty) => {
+        $crate::behaviour! { $suite, sizes::every_collective_computes_at_every_group_size, DeviceCollectives }
+        $crate::behaviour! { $suite, sizes::a_failed_input_fails_every_output_at_every_group_size, DeviceCollectives }
+        $crate::behaviour! { $suite, sizes::a_refused_collective_claims_nothing_at_every_group_size, DeviceCollectives }
+        $crate::behaviour! { $suite, sizes::recorded_collectives_replay_at_every_group_size, DeviceCollectives }
+        $crate::behaviour! { joined $suite, sizes::ranks_joined_alone_agree_at_every_group_size }
+        $crate::behaviour! { joined $suite, sizes::a_join_short_of_its_peers_ends_within_the_deadline }
+        $crate::behaviour! { $suite, sizes::a_failed_library_call_breaks_the_group_at_every_group_size, DeviceCollectives }
+        $crate::behaviour! { $suite, sizes::membership_changes_at_every_group_size, DeviceCollectives }
+    };
 }

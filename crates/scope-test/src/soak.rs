@@ -294,3 +294,22 @@ pub fn soak<S: Suite>(config: &SoakConfig) -> Option<Vec<Sample>> {
     c.audit().unwrap();
     Some(samples)
 }
+
+/// The soak at CI's scale (`SCOPE_SOAK_LAUNCHES` changes it), as a
+/// `#[test]` of `$suite`.
+#[macro_export]
+macro_rules! soak_tests {
+    ($suite:ty) => {
+        /// Many threads, failures and captures, and nothing grows.
+        #[test]
+        fn soak() {
+            let config = $crate::soak::SoakConfig::default();
+            if let Some(samples) = $crate::soak::soak::<$suite>(&config) {
+                for sample in samples {
+                    println!("soak: {sample}");
+                }
+            }
+            <$suite as $crate::Suite>::finished();
+        }
+    };
+}

@@ -8,18 +8,16 @@
 //! `SCOPE_PROPERTY_STEPS` sets the steps per seed.
 
 use scope_core::{Client, Kernel, Result};
-use scope_test::Suite;
 use scope_test::host::{self, Host};
+use scope_test::{Capability, Suite};
 
 struct HostSuite;
 
 impl Suite for HostSuite {
     type Backend = Host;
 
-    /// It does (`conformance_tests!(@recovery …)`), so the property test
-    /// expects its lost devices to come back.
-    fn reopens() -> bool {
-        true
+    fn capabilities() -> &'static [Capability] {
+        &[Capability::Reopen]
     }
 
     fn client() -> Result<Client<Host>> {
@@ -54,8 +52,6 @@ impl Suite for HostSuite {
 }
 
 scope_test::conformance_tests!(HostSuite);
-scope_test::conformance_tests!(@backend HostSuite);
-scope_test::conformance_tests!(@recovery HostSuite);
 
 /// The collective behaviours again, over the host's device transport
 /// ([`host::Loopback`]): the path a CUDA group takes through NCCL — the
@@ -70,10 +66,8 @@ mod over_device {
     impl Suite for HostDeviceSuite {
         type Backend = Host;
 
-        /// It does (`conformance_tests!(@recovery …)`), so the property test
-        /// expects its lost devices to come back.
-        fn reopens() -> bool {
-            true
+        fn capabilities() -> &'static [Capability] {
+            &[Capability::Reopen, Capability::DeviceCollectives]
         }
 
         fn client() -> Result<Client<Host>> {
@@ -103,8 +97,7 @@ mod over_device {
         }
     }
 
-    scope_test::conformance_tests!(@device_collectives HostDeviceSuite);
-    scope_test::conformance_tests!(@recovering_groups HostDeviceSuite);
+    scope_test::conformance_tests!(@collectives HostDeviceSuite);
 }
 
 /// The reference server built not to open a lost device again
@@ -140,16 +133,6 @@ mod without_reopening {
         }
     }
 
-    scope_test::conformance_tests!(@only HostCannotReopen;
-        recovery_is_refused_where_the_backend_cannot_reopen,
-    );
-
-    /// The property test, its losses refused.
-    #[test]
-    fn random_sequences() {
-        scope_test::random_sequences::<HostCannotReopen>(
-            &scope_test::property::SEEDS,
-            scope_test::property::STEPS,
-        );
-    }
+    scope_test::recover_tests!(HostCannotReopen);
+    scope_test::property_tests!(HostCannotReopen);
 }

@@ -20,6 +20,10 @@ use server_cuda::Cuda;
 
 // One rank per GPU, each a server of its own device, grouped over NCCL.
 cuda_suite!(NcclSuite, Self::rank_client(0), None, (), {
+    fn capabilities() -> &'static [scope_test::Capability] {
+        &[scope_test::Capability::DeviceCollectives]
+    }
+
     fn rank_client(rank: usize) -> scope_core::Result<Client<Cuda>> {
         let client = common::make_on(rank)?;
         server_cuda::load_nccl()?;
@@ -38,7 +42,9 @@ cuda_suite!(NcclSuite, Self::rank_client(0), None, (), {
     }
 });
 
-scope_test::conformance_tests!(@every_group_size NcclSuite);
+// The behaviours that take any group size: the others need four devices.
+scope_test::sizes_tests!(NcclSuite);
+scope_test::rounds_tests!(NcclSuite);
 
 /// A one-rank group shrinks to itself through the library's
 /// `ncclCommShrink` (nobody excluded) and computes on the new epoch.

@@ -47,19 +47,17 @@ cuda_suite!(
         // An injected loss leaves the driver's context working, so the
         // server reopens on it without a reset; a reset, and the refusals,
         // are `mock_recover.rs`'s.
-        fn reopens() -> bool {
-            true
+        fn capabilities() -> &'static [scope_test::Capability] {
+            &[scope_test::Capability::Reopen]
         }
     }
 );
 
 mod conformance {
     scope_test::conformance_tests!(super::MockSuite);
-    scope_test::conformance_tests!(@backend super::MockSuite);
-    scope_test::conformance_tests!(@recovery super::MockSuite);
 }
 
-// The collective behaviours over NCCL (the mock's, `mock/mock_nccl.c`):
+// The collective behaviours over NCCL (the mock's, `scope_test::clib::MOCK_NCCL`):
 // four ranks on the mock's four devices, one communicator, every call
 // checked by the mock as real NCCL would take it.
 cuda_suite!(
@@ -68,6 +66,10 @@ cuda_suite!(
     None,
     mock().assert_clean(),
     {
+        fn capabilities() -> &'static [scope_test::Capability] {
+            &[scope_test::Capability::DeviceCollectives]
+        }
+
         fn rank_client(rank: usize) -> scope_core::Result<scope_core::Client<server_cuda::Cuda>> {
             mock();
             server_cuda::client_on(rank)
@@ -83,7 +85,7 @@ cuda_suite!(
 );
 
 mod over_nccl {
-    scope_test::conformance_tests!(@device_collectives super::MockNcclSuite);
+    scope_test::conformance_tests!(@collectives super::MockNcclSuite);
 }
 
 /// Survivors of a rank that never came shrink through the library's own

@@ -44,15 +44,14 @@ cuda_suite!(
     {
         // The plain-allocation path reopens too: its memory is made again
         // with cuMemAlloc on the context that comes back.
-        fn reopens() -> bool {
-            true
+        fn capabilities() -> &'static [scope_test::Capability] {
+            &[scope_test::Capability::Reopen]
         }
     }
 );
 
 mod conformance {
     scope_test::conformance_tests!(super::OldDriverSuite);
-    scope_test::conformance_tests!(@recovery super::OldDriverSuite);
 }
 
 /// Without pools, memory is `cuMemAlloc`'d and counted by the server:

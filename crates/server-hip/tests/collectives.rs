@@ -15,6 +15,10 @@ use server_hip::Hip;
 
 // One rank per GPU, each a server of its own device, grouped over RCCL.
 hip_suite!(RcclSuite, Self::rank_client(0), None, {
+    fn capabilities() -> &'static [scope_test::Capability] {
+        &[scope_test::Capability::DeviceCollectives]
+    }
+
     fn rank_client(rank: usize) -> scope_core::Result<Client<Hip>> {
         let client = server_hip::client_on(rank)?;
         server_hip::load_rccl()?;
@@ -33,4 +37,6 @@ hip_suite!(RcclSuite, Self::rank_client(0), None, {
     }
 });
 
-scope_test::conformance_tests!(@every_group_size RcclSuite);
+// The behaviours that take any group size: the others need four devices.
+scope_test::sizes_tests!(RcclSuite);
+scope_test::rounds_tests!(RcclSuite);

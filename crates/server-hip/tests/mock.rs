@@ -17,7 +17,7 @@
 #[macro_use]
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 
 use common::mock_library;
@@ -43,27 +43,23 @@ hip_suite!(MockSuite, mock_client(), Some(1 << 30), {
     // An injected loss leaves the device working, so the server reopens on
     // it without a reset; a reset, and its refusals, are
     // `mock_recover.rs`'s.
-    fn reopens() -> bool {
-        true
+    fn capabilities() -> &'static [scope_test::Capability] {
+        &[scope_test::Capability::Reopen]
     }
 });
 
 mod conformance {
     scope_test::conformance_tests!(super::MockSuite);
-    scope_test::conformance_tests!(@backend super::MockSuite);
-    scope_test::conformance_tests!(@recovery super::MockSuite);
 }
 
-/// The mock RCCL: server-cuda's mock NCCL (RCCL is NCCL's API), built
+/// The mock RCCL: the kit's mock NCCL (RCCL is NCCL's API), built
 /// over this process's mock HIP runtime and loaded as the server's RCCL,
 /// once per process; its path.
 fn mock_rccl() -> &'static libloading::Library {
     static RCCL: OnceLock<libloading::Library> = OnceLock::new();
     RCCL.get_or_init(|| {
-        let source =
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../server-cuda/tests/mock/mock_nccl.c");
         let out = CLibrary {
-            source: &source,
+            source: Path::new(scope_test::clib::MOCK_NCCL),
             stem: "libscope_mock_rccl",
             defines: &[format!("SCOPE_MOCK_DRIVER=\"{}\"", mock_library())],
             libs: &["pthread", "dl"],
@@ -109,6 +105,10 @@ fn rccl_violations() -> (u64, String) {
 // runtime's four devices, every call checked by the mock as RCCL would
 // take it.
 hip_suite!(MockRcclSuite, mock_client(), None, {
+    fn capabilities() -> &'static [scope_test::Capability] {
+        &[scope_test::Capability::DeviceCollectives]
+    }
+
     fn rank_client(rank: usize) -> Result<Client<Hip>> {
         mock_rccl();
         let path = vec![mock_library()];
@@ -133,7 +133,7 @@ hip_suite!(MockRcclSuite, mock_client(), None, {
 });
 
 mod over_rccl {
-    scope_test::conformance_tests!(@device_collectives super::MockRcclSuite);
+    scope_test::conformance_tests!(@collectives super::MockRcclSuite);
 }
 
 /// Four ranks in four processes, each a child of this binary with its own

@@ -5,7 +5,7 @@
 mod common;
 
 use scope_core::{Client, Kernel, Result};
-use scope_test::Suite;
+use scope_test::{Capability, Suite};
 use server_vulkan::Vulkan;
 
 struct VulkanSuite;
@@ -13,10 +13,8 @@ struct VulkanSuite;
 impl Suite for VulkanSuite {
     type Backend = Vulkan;
 
-    /// It does (`conformance_tests!(@recovery …)`), so the property test
-    /// expects its lost devices to come back.
-    fn reopens() -> bool {
-        true
+    fn capabilities() -> &'static [Capability] {
+        &[Capability::Reopen, Capability::Wgsl]
     }
 
     fn client() -> Result<Client<Vulkan>> {
@@ -52,6 +50,3 @@ impl Suite for VulkanSuite {
 }
 
 scope_test::conformance_tests!(VulkanSuite);
-scope_test::conformance_tests!(@backend VulkanSuite);
-scope_test::conformance_tests!(@wgsl_features VulkanSuite);
-scope_test::conformance_tests!(@recovery VulkanSuite);

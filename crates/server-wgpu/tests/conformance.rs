@@ -1,23 +1,17 @@
 //! The conformance suite, once per software adapter: Vulkan (lavapipe) and
 //! GL through EGL (llvmpipe). Each prints `skipped: no wgpu device (...)`
 //! when its adapter is absent, and fails under `SCOPE_REQUIRE=wgpu`. The
-//! recovery group loses the device by an injected fault; `recover.rs` loses
-//! it for real.
+//! recovery behaviours lose the device by an injected fault; `recover.rs`
+//! loses it for real.
 
 mod common;
 
 mod vulkan {
     type Suite = super::common::WgpuSuite<super::common::Vulkan>;
     scope_test::conformance_tests!(Suite);
-    scope_test::conformance_tests!(@backend Suite);
-    scope_test::conformance_tests!(@wgsl_features Suite);
-    scope_test::conformance_tests!(@recovery Suite);
 }
 
 mod gl {
     type Suite = super::common::WgpuSuite<super::common::Gl>;
     scope_test::conformance_tests!(Suite);
-    scope_test::conformance_tests!(@backend Suite);
-    scope_test::conformance_tests!(@wgsl_features Suite);
-    scope_test::conformance_tests!(@recovery Suite);
 }

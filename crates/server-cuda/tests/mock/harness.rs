@@ -1,11 +1,11 @@
 //! Building and loading the mock CUDA driver, NVRTC and NCCL (`mock_cuda.c`,
-//! `mock_nvrtc.c`, `mock_nccl.c`), for the test binaries that run the server against
-//! them: `mock.rs`, `mock_poison.rs`, `mock_old_driver.rs` (the driver
-//! built as an older one) and `mock_driver_failures.rs` (failures planted
-//! with [`Mock::fail_next`]), and `toolchain.rs`, which builds them for
-//! the child processes it collects CUDA sources from. The real-device binaries
-//! (`device.rs`, `conformance.rs`, `poison.rs`) never include this file, so
-//! the mock cannot leak into them.
+//! `mock_nvrtc.c`, and the kit's [`MOCK_NCCL`]), for the test binaries that
+//! run the server against them: `mock.rs`, `mock_poison.rs`,
+//! `mock_old_driver.rs` (the driver built as an older one),
+//! `mock_driver_failures.rs` (failures planted with [`Mock::fail_next`]),
+//! and `toolchain.rs`, which builds them for its child processes. The
+//! real-device binaries (`device.rs`, `conformance.rs`, `poison.rs`) never
+//! include this file, so the mock cannot leak into them.
 //!
 //! cudarc finds its libraries by *name* (`libcuda.so`, then versioned
 //! names) with `dlopen`, and the loader's search path cannot change once
@@ -30,6 +30,7 @@ use std::sync::OnceLock;
 
 use libloading::Library;
 use scope_core::Client;
+use scope_test::clib::MOCK_NCCL;
 use server_cuda::Cuda;
 
 /// The loaded mocks and their test hooks.
@@ -39,9 +40,10 @@ pub struct Mock {
     nccl: &'static Library,
 }
 
-/// Compile the mock `source` (in `tests/mock`) into a shared library whose
-/// `DT_SONAME` is `soname`; its path. `toolchain.rs` also puts copies
-/// named by their sonames on a child process's `LD_LIBRARY_PATH`.
+/// Compile the mock `source` (a file of `tests/mock`, or a path) into a
+/// shared library whose `DT_SONAME` is `soname`; its path. `toolchain.rs`
+/// also puts copies named by their sonames on a child process's
+/// `LD_LIBRARY_PATH`.
 pub fn build(source: &str, soname: &str, defines: &[&str]) -> PathBuf {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/mock")
@@ -96,7 +98,7 @@ fn load(defines: &'static [&'static str]) -> (Mock, &'static [&'static str]) {
     // The driver's defines reach the mock NVRTC too: it reads
     // `SCOPE_MOCK_NVRTC_VERSION` and ignores the driver's.
     let nvrtc = load_forever(&build("mock_nvrtc.c", "libnvrtc.so", defines));
-    let nccl = load_forever(&build("mock_nccl.c", "libnccl.so", &[]));
+    let nccl = load_forever(&build(MOCK_NCCL, "libnccl.so", &[]));
     // What cudarc will do: open the first candidate name. It must get
     // the mock, not a real driver elsewhere on the machine.
     for (name, hook) in [

@@ -16,7 +16,7 @@
  * kernel parameter convention) are the CUDA 13.0 header's, as cudarc's
  * generated bindings (feature cuda-13000) spell them.
  *
- * There are four devices, for groups of four ranks (mock_nccl.c), each
+ * There are four devices, for groups of four ranks (scope-test's mock/mock_nccl.c), each
  * with its own primary context; they share the memory budget, the sticky
  * error and the lock. Each is an sm_90 one: cuDeviceGetAttribute answers an H100/H200's
  * launch limits (grid 2^31-1 x 65,535 x 65,535, block 1024 x 1024 x 64 of
@@ -486,7 +486,7 @@ static CUresult stream_ok(stream *s, const char *call) {
 }
 #define STREAM(s) { CUresult bad_ = stream_ok(s, __func__); if (bad_) return bad_; }
 
-/* ----- hooks for the mock NCCL (mock_nccl.c) ----- */
+/* ----- hooks for the mock NCCL (scope-test's mock/mock_nccl.c) ----- */
 
 /* A collective the mock NCCL posted on a stream is an operation of that
  * stream which finishes when every rank posted: the mock NCCL registers

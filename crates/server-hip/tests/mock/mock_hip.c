@@ -168,7 +168,7 @@ const char *hipGetErrorString(hipError_t e) {
   return e == E_ILLEGAL_ADDRESS ? "an illegal memory access was encountered (mock)" : "mock error";
 }
 
-/* ----- hooks for the mock RCCL (server-cuda's tests/mock/mock_nccl.c) ----- */
+/* ----- hooks for the mock RCCL (scope-test's mock/mock_nccl.c) ----- */
 
 int scope_mock_current_device(void) { return current_device; }
 /* Live device allocations, so that the mock RCCL can check that a

@@ -85,10 +85,8 @@ pub struct WgpuSuite<A>(std::marker::PhantomData<A>);
 impl<A: OnApi> Suite for WgpuSuite<A> {
     type Backend = Wgpu;
 
-    /// It does (`conformance_tests!(@recovery …)`), so the property test
-    /// expects its lost devices to come back.
-    fn reopens() -> bool {
-        true
+    fn capabilities() -> &'static [scope_test::Capability] {
+        &[scope_test::Capability::Reopen, scope_test::Capability::Wgsl]
     }
 
     fn client() -> Result<Client<Wgpu>> {

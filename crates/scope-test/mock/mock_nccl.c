@@ -1,14 +1,16 @@
 /*
- * A mock of NCCL, beside the mock CUDA driver (mock_cuda.c), for running
- * server-cuda's device transport on machines without a GPU. It is not
- * NCCL: there is no network and no kernel; a collective's bytes move when
- * the last rank of the communicator posts its part, on that rank's thread,
- * between the mock driver's "device" allocations (host memory).
+ * A mock of NCCL, for running the device transport of server-cuda (over
+ * its mock driver, mock_cuda.c) and server-hip (over mock_hip.c) on
+ * machines without a GPU. It lives in the test kit, which both servers'
+ * tests depend on (scope_test::clib::MOCK_NCCL). It is not NCCL: there is
+ * no network and no kernel; a collective's bytes move when the last rank
+ * of the communicator posts its part, on that rank's thread, between the
+ * mock driver's "device" allocations (host memory).
  *
- * It is built with -Wl,-soname,libnccl.so and loaded by absolute path
- * before cudarc looks for "libnccl.so" (see harness.rs). server-hip's
- * tests build the same file as a mock RCCL (RCCL is NCCL's API), with
- * SCOPE_MOCK_DRIVER naming their mock HIP runtime. Values (result
+ * server-cuda's tests build it with -Wl,-soname,libnccl.so and load it by
+ * absolute path before cudarc looks for "libnccl.so" (see their
+ * harness.rs). server-hip's tests build it as a mock RCCL (RCCL is NCCL's
+ * API), with SCOPE_MOCK_DRIVER naming their mock HIP runtime. Values (result
  * codes, data types, reduction operations, the ncclConfig_t head) are NCCL
  * 2.30's, as cudarc's bindings (feature nccl-02030) spell them.
  *
