@@ -58,7 +58,10 @@
 //!    scope-cube's and cubecl's, then the bench: a GPU machine available
 //!    for a few minutes reaches the checks that say most, and what the budget
 //!    does not reach is reported as not run (exit status 2), never passed.
-//! 9. **The collectives' library does not travel** (NCCL is 250 MB):
+//! 9. **`SCOPE_BUNDLE_NO_BENCH=1` leaves the bench out**: its build in the
+//!    bench profile is the bundle's longest, and a GPU run of the tests alone
+//!    still says most.
+//! 10. **The collectives' library does not travel** (NCCL is 250 MB):
 //!    `run.sh` uses the machine's own, requires it where it finds one
 //!    (`SCOPE_REQUIRE=cuda,nccl`), and says so where there is none.
 
@@ -139,14 +142,19 @@ fn builds(backend: BackendKind) -> Vec<Build> {
         ]),
         // cubecl's runtime tests and cubek's kernels through the adapter.
         scope_cubecl(backend),
-        Build {
+    ];
+    // The bench needs the bench profile's own build of every dependency:
+    // the longest build of the bundle. `SCOPE_BUNDLE_NO_BENCH=1` leaves it
+    // out when the tests alone are wanted soon; run.sh then says so.
+    if std::env::var_os("SCOPE_BUNDLE_NO_BENCH").is_none() {
+        builds.push(Build {
             args: ["bench", "--no-run", "-p", server]
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect(),
             kind: "bench",
-        },
-    ];
+        });
+    }
     if backend == BackendKind::Cuda {
         // The versions `run.sh` prints before any test, and its choice of
         // NVRTC.

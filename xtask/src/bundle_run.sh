@@ -160,6 +160,10 @@ for t in $ordered; do
   grep -A1 'panicked at' "$work/$t.log" | grep -v '^--$' | head -12 | tee -a "$summary"
 done
 
+if ! ls bench-* >/dev/null 2>&1; then
+  say "no bench in this bundle (built with SCOPE_BUNDLE_NO_BENCH): its figures are not measured"
+  incomplete=1
+fi
 for b in bench-*; do
   [ -e "$b" ] || continue
   remaining=$(left)
