@@ -133,6 +133,8 @@ pub struct Kernel {
     entry: Arc<str>,
     source: KernelSource,
     block: [u32; 3],
+    /// Bytes of dynamic (`extern __shared__`) memory a launch gets.
+    dynamic_shared: u32,
     /// The server may compile without runtime bounds checks.
     in_bounds: bool,
     /// The server may compile without bounding loops.
@@ -148,6 +150,7 @@ impl Kernel {
             entry: Arc::from("main"),
             source,
             block: [1, 1, 1],
+            dynamic_shared: 0,
             in_bounds: false,
             terminates: false,
             id: KernelId(0),
@@ -228,6 +231,24 @@ impl Kernel {
         self
     }
 
+    /// The same kernel, launched with `bytes` of dynamic shared memory
+    /// (`extern __shared__`), for the CUDA family. Without it a launch gets
+    /// none, and a source that uses some writes outside its block's memory.
+    ///
+    /// # Safety
+    ///
+    /// `bytes` covers every byte of dynamic shared memory the source uses.
+    pub unsafe fn dynamic_shared_memory(mut self, bytes: u32) -> Self {
+        self.dynamic_shared = bytes;
+        self.rehash();
+        self
+    }
+
+    /// Bytes of dynamic shared memory each launch gets.
+    pub fn dynamic_shared_memory_bytes(&self) -> u32 {
+        self.dynamic_shared
+    }
+
     /// The same kernel, vouched in bounds, so a server may drop WGSL's
     /// bounds checks, which slow indexing-heavy kernels.
     ///
@@ -267,6 +288,7 @@ impl Kernel {
         self.source.hash(&mut hasher);
         self.entry.hash(&mut hasher);
         self.block.hash(&mut hasher);
+        self.dynamic_shared.hash(&mut hasher);
         self.in_bounds.hash(&mut hasher);
         self.terminates.hash(&mut hasher);
         self.id = KernelId(hasher.finish());

@@ -417,6 +417,11 @@ pub unsafe fn translate_definition(
         shared_memory,
     } = compiled;
     let block = [cube.x, cube.y, cube.z];
+    let shared_bytes = u32::try_from(shared_memory).map_err(|_| {
+        generic(format!(
+            "`{name}` asks for {shared_memory} bytes of shared memory"
+        ))
+    })?;
     // SAFETY (for the kernels below): the module is cubecl's own compiler
     // output for `target`. From a definition in `ExecutionMode::Checked`
     // (what `translate` requires, `Target::settings`), every index into a
@@ -430,13 +435,16 @@ pub unsafe fn translate_definition(
     let kernel = match (target, output) {
         (Target::Cuda, Output::Text(source)) => {
             // SAFETY: see above.
-            unsafe { Kernel::cuda(name.as_str(), source) }
+            // SAFETY: see above; cubecl gathers every shared array into
+            // one dynamic buffer of `shared_memory` bytes.
+            unsafe { Kernel::cuda(name.as_str(), source).dynamic_shared_memory(shared_bytes) }
                 .entry(entry)
                 .block(block)
         }
         (Target::Hip, Output::Text(source)) => {
             // SAFETY: see above.
-            unsafe { Kernel::hip(name.as_str(), source) }
+            // SAFETY: as for CUDA.
+            unsafe { Kernel::hip(name.as_str(), source).dynamic_shared_memory(shared_bytes) }
                 .entry(entry)
                 .block(block)
         }

@@ -117,6 +117,8 @@ pub struct CudaKernel {
     pub(crate) module: Arc<Module>,
     name: Arc<str>,
     block: [u32; 3],
+    /// Dynamic shared memory each launch gets (`sharedMemBytes`).
+    shared: u32,
     /// Byte size of each parameter, when the driver can tell.
     params: Option<Vec<usize>>,
 }
@@ -343,6 +345,17 @@ impl Cuda {
                 format!("{block:?} has a zero dimension"),
             ));
         }
+        let shared = kernel.dynamic_shared_memory_bytes();
+        if shared > self.limits.max_workgroup_memory {
+            return Err(Error::invalid(
+                "dynamic shared memory",
+                format!(
+                    "`{}` asks for {shared} bytes; a block of this device holds {}",
+                    kernel.name(),
+                    self.limits.max_workgroup_memory
+                ),
+            ));
+        }
         self.bind()?;
         let module = Arc::new(self.load_module(kernel, &image, from_nvrtc)?);
         let entry = CString::new(kernel.entry_point())
@@ -373,6 +386,7 @@ impl Cuda {
             module,
             name: kernel.name().clone(),
             block,
+            shared,
             params,
         })
     }
@@ -496,6 +510,7 @@ impl Cuda {
             recording.keep_module(&kernel.module);
         }
         let [bx, by, bz] = kernel.block;
+        let shared = kernel.shared;
         let cu_stream = stream.shared.cu.cu_stream();
         let exact = kernel.params.is_some();
         let launched = self
@@ -511,7 +526,10 @@ impl Cuda {
                 // as that parameter can be long, alive until the call returns
                 // (the driver copies parameters at launch). The device pointers
                 // lie inside their allocations: the contract of `Backend::launch`
-                // puts every binding's range inside its live memory.
+                // puts every binding's range inside its live memory. `shared`
+                // is what the kernel declared it uses (`Kernel::
+                // dynamic_shared_memory`), within the block's limit (checked
+                // at compile).
                 unsafe {
                     sys::cuLaunchKernel(
                         kernel.function,
@@ -521,7 +539,7 @@ impl Cuda {
                         bx,
                         by,
                         bz,
-                        0,
+                        shared,
                         cu_stream,
                         args.as_mut_ptr(),
                         std::ptr::null_mut(),

@@ -597,12 +597,14 @@ impl Stream {
     /// (or the graph recording it) may run; `params` must match the
     /// kernel's parameter list, each pointing to a value of the parameter's
     /// size, valid for the call (HIP copies the values); every device
-    /// pointer among them must address memory the kernel may touch.
+    /// pointer among them must address memory the kernel may touch;
+    /// `shared` covers the dynamic shared memory the kernel uses.
     pub unsafe fn launch(
         &self,
         function: RawFunction,
         grid: [u32; 3],
         block: [u32; 3],
+        shared: u32,
         params: &mut [*mut c_void],
     ) -> HipResult<()> {
         let params_ptr = if params.is_empty() {
@@ -611,7 +613,8 @@ impl Stream {
             params.as_mut_ptr()
         };
         // SAFETY: the caller upholds the function and parameter contract;
-        // the stream is live; no shared memory and no `extra` are passed.
+        // the stream is live; `shared` is within the function's limit (the
+        // caller's check); no `extra` is passed.
         let result = unsafe {
             (self.api.rt.module_launch_kernel)(
                 function,
@@ -621,7 +624,7 @@ impl Stream {
                 block[0] as c_uint,
                 block[1] as c_uint,
                 block[2] as c_uint,
-                0,
+                shared as c_uint,
                 self.raw,
                 params_ptr,
                 std::ptr::null_mut(),

@@ -83,6 +83,8 @@ pub(crate) fn check_launch(
 pub struct HipKernel {
     function: RawFunction,
     block: [u32; 3],
+    /// Dynamic shared memory each launch gets (`sharedMemBytes`).
+    shared: u32,
     /// Keeps `function` loaded; a recorded launch of it clones it into the
     /// graph.
     module: Arc<Module>,
@@ -176,6 +178,17 @@ impl Hip {
         if block.contains(&0) {
             return Err(failed(format!("block {block:?} has a zero dimension")));
         }
+        let shared = kernel.dynamic_shared_memory_bytes();
+        if shared > self.limits.max_workgroup_memory {
+            return Err(Error::invalid(
+                "dynamic shared memory",
+                format!(
+                    "`{}` asks for {shared} bytes; a block of this device holds {}",
+                    kernel.name(),
+                    self.limits.max_workgroup_memory
+                ),
+            ));
+        }
         self.make_current()?;
         let code = self
             .api
@@ -197,6 +210,7 @@ impl Hip {
         Ok(HipKernel {
             function,
             block,
+            shared,
             module: Arc::new(module),
         })
     }
@@ -255,6 +269,7 @@ impl Hip {
         }
         let function = kernel.function;
         let block = kernel.block;
+        let shared = kernel.shared;
         let hip = stream.stream();
         let launched = self
             .params
@@ -269,8 +284,9 @@ impl Hip {
                 // signature does not match the launch reads zeros, never past
                 // host memory — and HIP copies the values before returning.
                 // Each device pointer is inside a live allocation at the
-                // binding's offset: the contract of `Backend::launch`.
-                unsafe { hip.launch(function, grid, block, params) }
+                // binding's offset: the contract of `Backend::launch`. `shared`
+                // is what the kernel declared, within the block's limit.
+                unsafe { hip.launch(function, grid, block, shared, params) }
             })?;
         launched.map_err(|e| e.into_error(doing()))
     }
