@@ -211,7 +211,12 @@ mod tests {
     use super::*;
 
     #[cfg_attr(
-        not(any(feature = "cuda", feature = "hip", feature = "vulkan", feature = "wgpu")),
+        not(any(
+            feature = "cuda",
+            feature = "hip",
+            feature = "vulkan",
+            feature = "wgpu"
+        )),
         allow(dead_code)
     )]
     fn agrees<B: CubeBackend>(kind: BackendKind) {

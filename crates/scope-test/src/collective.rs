@@ -714,10 +714,14 @@ pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
     }
     assert!(short.broken().is_some());
     // A group that breaks while a receive waits (rank 1's all-reduce runs
-    // out first) fails that receive with what broke it, claimed.
+    // out first) fails that receive with what broke it, claimed. Rank 0
+    // starts its receive 100 ms after rank 1 is ready to call, whatever
+    // either's upload costs on the device.
     let short = S::group(clients, deadline).unwrap();
+    let ready = std::sync::Barrier::new(2);
     let outcomes = short.run(|rank| match rank.index() {
         0 => {
+            ready.wait();
             std::thread::sleep(Duration::from_millis(100));
             let c = rank.client();
             let into = upload(c, &[5; PART as usize]);
@@ -727,7 +731,9 @@ pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
         1 => {
             let c = rank.client();
             let input = upload(c, &[1; PART as usize]);
-            let _ = rank.all_reduce(input.all(), alloc(c, PART).all(), Element::U32, Reduce::Sum);
+            let output = alloc(c, PART);
+            ready.wait();
+            let _ = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
             None
         }
         _ => None,
