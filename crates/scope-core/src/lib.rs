@@ -3,10 +3,10 @@
 //! GPU work is asynchronous: the call that fails is rarely the call that
 //! learns of it, and CUDA, HIP and Vulkan answer with device-wide "sticky"
 //! errors. scope attaches a failure to the bytes the failed work was meant to
-//! write, and lets it travel along the dataflow: work that reads those bytes
-//! is skipped and its outputs inherit the failure, a host read returns the
-//! root error and the chain of skipped kernels back to it, a rewrite heals
-//! the bytes, and a captured graph that is missing work refuses to seal.
+//! write, and lets it travel along the dataflow. Work that reads those bytes
+//! is skipped, and its outputs inherit the failure. A host read returns the
+//! root error and the chain of skipped kernels back to it. A rewrite heals
+//! the bytes. A captured graph that is missing work refuses to seal.
 //! Everything else on the device keeps working. The rules are numbered in
 //! `docs/ERROR_MODEL.md`; tests cite them by number.
 //!

@@ -113,6 +113,28 @@ fn a_checked_kernel_with_workgroup_memory_is_not_vouched_in_bounds() {
     }
 }
 
+/// A CUDA or HIP kernel's shared arrays live in one `extern __shared__`
+/// buffer the launch sizes: the kernel carries that size to the server. A
+/// launch with none writes outside its block's memory (an H200 faults).
+#[test]
+fn a_cuda_family_kernel_carries_its_dynamic_shared_memory() {
+    for target in Target::ALL {
+        let kernel = writes_past_shared_kernel(target);
+        // SAFETY: inspected, never launched.
+        let k = unsafe { kernel.kernel() };
+        let bytes = k.dynamic_shared_memory_bytes() as usize;
+        if matches!(target, Target::Cuda | Target::Hip) {
+            assert_eq!(bytes, kernel.shared_memory(), "{target:?}");
+            assert!(bytes >= SHARED_WORDS * 4, "{target:?}: {bytes}");
+        } else {
+            assert_eq!(bytes, 0, "{target:?} declares its workgroup memory itself");
+        }
+    }
+    let without = writes_past_global_kernel(Target::Cuda);
+    // SAFETY: inspected, never launched.
+    assert_eq!(unsafe { without.kernel() }.dynamic_shared_memory_bytes(), 0);
+}
+
 /// Nor is a checked kernel without workgroup memory: in cubecl 0.12's
 /// checked mode, a buffer index is not checked either.
 #[test]

@@ -61,8 +61,9 @@
 //! one, and fail with `SCOPE_REQUIRE=cuda`.
 //!
 //! **On a mock driver.** `tests/mock*.rs` run this crate's Rust, through
-//! cudarc, against a mock CUDA driver (four devices), NVRTC and NCCL
-//! written in C (`tests/mock/`). They are built per test process and run on
+//! cudarc, against a mock CUDA driver (four devices) and NVRTC written in
+//! C (`tests/mock/`), and the mock NCCL both servers share
+//! (`scope-test/mock/`). They are built per test process and run on
 //! every machine. They cover:
 //!
 //! - the conformance suite, with its collectives over NCCL;

@@ -479,6 +479,27 @@ fn a_capture_invalidated_by_the_driver_claims_the_window_outputs() {
     mock().assert_clean();
 }
 
+/// A kernel's dynamic shared memory reaches the launch, and more than a
+/// block holds is refused when the kernel compiles, typed, before the
+/// driver would fail the launch inside its scope.
+#[test]
+fn dynamic_shared_memory_past_the_block_is_refused_at_compile() {
+    let c = client();
+    let room = c.limits().launch.max_workgroup_memory;
+    // SAFETY: FILL declares no shared memory; the bytes are never used.
+    let fits = unsafe { kernel("fill", FILL).dynamic_shared_memory(room) };
+    c.compile(&fits).unwrap();
+    // SAFETY: as above; this one never compiles.
+    let past = unsafe { kernel("fill", FILL).dynamic_shared_memory(room + 1) };
+    let error = c.compile(&past).unwrap_err();
+    assert!(
+        error.to_string().contains("dynamic shared memory"),
+        "{error}"
+    );
+    assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
+    mock().assert_clean();
+}
+
 /// What `Client::limits` reports is what the driver says of the device (an
 /// H100/H200's numbers on the mock) and what `check_launch` enforces: a
 /// grid at the edge of an axis runs, and a grid one block past any axis, or

@@ -9,7 +9,7 @@
 //! One test, its steps in order, in a binary of its own: the mock's sticky
 //! error is process-wide (as the state a reset destroys is), so no other
 //! test may run beside these. A loss the driver never saw — one injected at
-//! a fault site — is the conformance suite's (`@recovery` in `mock.rs`),
+//! a fault site — is the conformance suite's (`recover_tests!` in `mock.rs`),
 //! and is reopened without a reset.
 
 mod common;

@@ -8,7 +8,7 @@
 //!
 //! One test, its steps in order, in a binary of its own: a reset acts on
 //! the whole process's device. A loss the runtime never saw — one injected
-//! at a fault site — is the conformance suite's (`@recovery` in `mock.rs`).
+//! at a fault site — is the conformance suite's (`recover_tests!` in `mock.rs`).
 //! None of this is AMD hardware.
 
 #[macro_use]

@@ -135,7 +135,7 @@
 //! teardown, `vkDestroyDevice`, `vkCreateDevice` and the work that runs on
 //! the new device, under the validation layer, which reports any object
 //! left on a device when it is destroyed and fails the test
-//! (`tests/recover.rs`; the core's `@recovery` behaviours in
+//! (`tests/recover.rs`; the core's `recover_tests!` behaviours in
 //! `tests/conformance.rs`; `tests/hung_recover.rs` for a device whose
 //! kernel never finishes, which is leaked after the wait gives up). A real
 //! `VK_ERROR_DEVICE_LOST` takes the same path, but what a driver answers on

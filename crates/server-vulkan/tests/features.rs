@@ -1,7 +1,7 @@
 //! What the Vulkan server reports of its optional features — `shaderFloat16`
 //! with 16-bit storage, subgroup operations, `VK_EXT_shader_atomic_float`
 //! — beside the kernels that use them, which run in the conformance suite
-//! under the validation layer (`@wgsl_features`, in `conformance.rs`): the
+//! under the validation layer (`features_tests!`, in `conformance.rs`): the
 //! layer checks every capability the SPIR-V declares against what the
 //! device was opened with.
 

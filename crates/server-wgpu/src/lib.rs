@@ -69,7 +69,7 @@
 //!
 //! The loss in `tests/recover.rs` is real: `Device::destroy` on the
 //! server's own device, which lavapipe and llvmpipe both honour. The
-//! conformance group's loss (`@recovery` in `tests/conformance.rs`) is
+//! conformance group's loss (`recover_tests!` in `tests/conformance.rs`) is
 //! injected: a sticky fault poisons the client while the wgpu device stays
 //! healthy, and `reopen` gives that device up all the same.
 //!

@@ -1,7 +1,7 @@
 //! What the wgpu server reports of its optional features — `f16`,
 //! subgroups, `f32` atomics — is what its device was opened with; the
 //! kernels that use them run in the conformance suite on each adapter
-//! (`@wgsl_features`, in `conformance.rs`), and llvmpipe's GL, which offers
+//! (`features_tests!`, in `conformance.rs`), and llvmpipe's GL, which offers
 //! none of them, refuses each kernel as a compile error.
 
 mod common;

@@ -1,6 +1,6 @@
 //! A device lost for real and opened again, on both software adapters.
 //!
-//! The conformance group (`conformance.rs`, `@recovery`) loses the device by
+//! The conformance group (`conformance.rs`, `recover_tests!`) loses the device by
 //! an injected sticky fault: the server is poisoned, but the wgpu device
 //! itself is healthy. Here the device is lost for real: `Device::destroy` on
 //! the server's own device (through `Wgpu::raw`), which lavapipe and
