@@ -139,6 +139,45 @@ pub fn launch_limits(
     limits
 }
 
+/// How far a vendor's error `code` reaches: process-fatal where its
+/// documentation says restart, sticky where a reset clears it, else
+/// recoverable. Each server passes its own lists, so the rule is one.
+pub fn class_of<C: PartialEq>(
+    code: C,
+    process_fatal: &[C],
+    resettable: &[C],
+) -> scope_core::FaultClass {
+    if process_fatal.contains(&code) {
+        scope_core::FaultClass::ProcessFatal
+    } else if resettable.contains(&code) {
+        scope_core::FaultClass::Sticky
+    } else {
+        scope_core::FaultClass::Recoverable
+    }
+}
+
+/// The dynamic shared memory `kernel` declares, refused when one block
+/// cannot hold it: at compile, typed, rather than a launch the driver
+/// fails inside its scope.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] naming the kernel and both sizes.
+pub fn dynamic_shared_memory(kernel: &scope_core::Kernel, limits: &LaunchLimits) -> Result<u32> {
+    let shared = kernel.dynamic_shared_memory_bytes();
+    if shared > limits.max_workgroup_memory {
+        return Err(Error::invalid(
+            "dynamic shared memory",
+            format!(
+                "`{}` asks for {shared} bytes; a block of this device holds {}",
+                kernel.name(),
+                limits.max_workgroup_memory
+            ),
+        ));
+    }
+    Ok(shared)
+}
+
 /// What a server's [`Backend::check_launch`](scope_core::Backend::check_launch)
 /// holds a launch of a kernel with `block` to before its scope opens —
 /// exactly `limits`, the server's [`launch_limits`]: the kernel's block

@@ -65,13 +65,7 @@ pub(crate) const RESTART: &str = "CUDA's documentation says that after this erro
 
 /// How far `code` reaches, by CUDA's documentation.
 pub(crate) fn class_of(code: CUresult) -> FaultClass {
-    if PROCESS_FATAL.contains(&code) {
-        FaultClass::ProcessFatal
-    } else if RESETTABLE.contains(&code) {
-        FaultClass::Sticky
-    } else {
-        FaultClass::Recoverable
-    }
+    scope_native::class_of(code, PROCESS_FATAL, RESETTABLE)
 }
 
 /// Codes that mean a module or kernel image was refused: a compile error.

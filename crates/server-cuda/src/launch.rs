@@ -345,17 +345,7 @@ impl Cuda {
                 format!("{block:?} has a zero dimension"),
             ));
         }
-        let shared = kernel.dynamic_shared_memory_bytes();
-        if shared > self.limits.max_workgroup_memory {
-            return Err(Error::invalid(
-                "dynamic shared memory",
-                format!(
-                    "`{}` asks for {shared} bytes; a block of this device holds {}",
-                    kernel.name(),
-                    self.limits.max_workgroup_memory
-                ),
-            ));
-        }
+        let shared = scope_native::dynamic_shared_memory(kernel, &self.limits)?;
         self.bind()?;
         let module = Arc::new(self.load_module(kernel, &image, from_nvrtc)?);
         let entry = CString::new(kernel.entry_point())

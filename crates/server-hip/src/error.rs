@@ -47,13 +47,7 @@ pub(crate) const RESTART: &str = "HIP follows CUDA's rule for this code, whose d
 
 /// How far `code` reaches.
 pub(crate) fn class_of(code: HipErrorCode) -> FaultClass {
-    if PROCESS_FATAL.contains(&code) {
-        FaultClass::ProcessFatal
-    } else if RESETTABLE.contains(&code) {
-        FaultClass::Sticky
-    } else {
-        FaultClass::Recoverable
-    }
+    scope_native::class_of(code, &PROCESS_FATAL, &RESETTABLE)
 }
 
 /// A failed HIP (or hiprtc) call: which entry point, and its code.

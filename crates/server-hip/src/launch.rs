@@ -178,17 +178,7 @@ impl Hip {
         if block.contains(&0) {
             return Err(failed(format!("block {block:?} has a zero dimension")));
         }
-        let shared = kernel.dynamic_shared_memory_bytes();
-        if shared > self.limits.max_workgroup_memory {
-            return Err(Error::invalid(
-                "dynamic shared memory",
-                format!(
-                    "`{}` asks for {shared} bytes; a block of this device holds {}",
-                    kernel.name(),
-                    self.limits.max_workgroup_memory
-                ),
-            ));
-        }
+        let shared = scope_native::dynamic_shared_memory(kernel, &self.limits)?;
         self.make_current()?;
         let code = self
             .api
