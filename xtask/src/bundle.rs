@@ -62,8 +62,8 @@
 //!    bench profile is the bundle's longest, and a GPU run of the tests alone
 //!    still says most.
 //! 10. **The collectives' library does not travel** (NCCL is 250 MB):
-//!    `run.sh` uses the machine's own, requires it where it finds one
-//!    (`SCOPE_REQUIRE=cuda,nccl`), and says so where there is none.
+//!     `run.sh` uses the machine's own, requires it where it finds one
+//!     (`SCOPE_REQUIRE=cuda,nccl`), and says so where there is none.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
