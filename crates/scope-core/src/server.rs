@@ -86,6 +86,9 @@ pub(crate) struct StreamState<S> {
     /// What work submitted since the last completed sync writes (rule 23).
     in_flight: InFlight,
     failures_seen: u64,
+    /// Host waits for this stream's work: syncs and reads. A collective
+    /// adds none (rule 47); a bench counts them per step.
+    drains: u64,
 }
 
 /// The write sets a stream submitted since its last completed wait,
@@ -126,6 +129,14 @@ impl InFlight {
         let n = (mark.saturating_sub(self.settled)).min(self.ranges.len() as u64) as usize;
         self.settled += n as u64;
         self.ranges.drain(..n).collect()
+    }
+
+    /// The ranges submitted at or after `mark`, still in flight.
+    fn since(&self, mark: u64) -> &[BufferRange] {
+        let from = mark
+            .saturating_sub(self.settled)
+            .min(self.ranges.len() as u64);
+        &self.ranges[from as usize..]
     }
 
     /// Forget everything: the stream's work all completed.
@@ -381,6 +392,7 @@ impl<B: Backend> Server<B> {
                 window: CaptureWindow::new(),
                 in_flight: InFlight::default(),
                 failures_seen: 0,
+                drains: 0,
             }],
             spare_streams: Vec::new(),
             kernels: Vec::new(),
@@ -503,6 +515,24 @@ impl<B: Backend> Server<B> {
 
     pub(crate) fn failures_seen(&self, stream: StreamId) -> u64 {
         self.streams[self.stream_index(stream)].failures_seen
+    }
+
+    pub(crate) fn drains(&self, stream: StreamId) -> u64 {
+        self.streams[self.stream_index(stream)].drains
+    }
+
+    /// Where `stream`'s in-flight list stands: what it submitted so far.
+    pub(crate) fn in_flight_mark(&self, stream: StreamId) -> u64 {
+        self.streams[self.stream_index(stream)].in_flight.mark()
+    }
+
+    /// Every write set `stream` submitted from `mark` on carries `error`,
+    /// and stays in flight: a later wait still settles it (rule 23).
+    pub(crate) fn fail_in_flight_since(&mut self, stream: StreamId, mark: u64, error: Error) {
+        let index = self.stream_index(stream);
+        let since = self.streams[index].in_flight.since(mark).to_vec();
+        self.table
+            .claim_failed(&since, Work::new(WorkKind::Settle, stream), error);
     }
 
     pub(crate) fn holds(&self, id: BufferId) -> bool {

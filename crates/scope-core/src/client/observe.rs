@@ -26,6 +26,12 @@ impl<B: Backend> Client<B> {
         self.look(false, |server| server.failures_seen(self.stream))
     }
 
+    /// How many times the host waited for this client's stream: its syncs
+    /// and reads. A collective over a device transport adds none (rule 47).
+    pub fn drains(&self) -> u64 {
+        self.look(false, |server| server.drains(self.stream))
+    }
+
     /// Every failure held and every claim, to explain a broken invariant.
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]

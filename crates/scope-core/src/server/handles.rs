@@ -70,6 +70,7 @@ impl<B: Backend> Server<B> {
             window: CaptureWindow::new(),
             in_flight: InFlight::default(),
             failures_seen: 0,
+            drains: 0,
         });
         Ok(id)
     }

@@ -57,6 +57,7 @@ impl<B: Backend> Server<B> {
     /// give the lock up (bounding an in-flight list).
     pub(super) fn sync_stream(&mut self, stream: StreamId) -> Result<()> {
         let index = self.stream_index(stream);
+        self.streams[index].drains += 1;
         let result = self
             .fault(Site::Sync, Some(stream))
             // SAFETY: a stream of this server's, alive as long as it.

@@ -62,6 +62,7 @@ impl<B: Backend> Server<B> {
             ));
         }
         let index = self.stream_index(stream);
+        self.streams[index].drains += 1;
         let mark = self.streams[index].in_flight.mark();
         let begun = self
             .fault(Site::Read, Some(stream))
@@ -434,7 +435,17 @@ impl<B: Backend> Server<B> {
             self.check(buffers)?;
         }
         self.refuse_if_recording(stream, "a sync")?;
+        let index = self.stream_index(stream);
+        self.streams[index].drains += 1;
         self.begin_wait(stream, Some(Site::Sync))
+    }
+
+    /// A wait on `stream`'s work so far that no caller blocks on: the
+    /// watchdog polls it (`collective/watchdog.rs`).
+    pub(crate) fn begin_watch(&mut self, stream: StreamId) -> Result<PendingWait<B>> {
+        self.check_poison()?;
+        self.refuse_if_recording(stream, "a watch")?;
+        self.begin_wait(stream, None)
     }
 
     /// Submit what `stream` has batched, without waiting; a recording stream
