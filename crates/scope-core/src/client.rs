@@ -498,6 +498,36 @@ impl<B: Backend> Client<B> {
         answer
     }
 
+    /// A wait on the stream's work so far, for the watchdog to poll; it
+    /// counts no drain. [`end_watch`](Self::end_watch) ends it.
+    pub(crate) fn watch(&self) -> Result<crate::server::PendingWait<B>> {
+        self.call(|server| server.begin_watch(self.stream))
+    }
+
+    /// End a [`watch`](Self::watch): `waited` lands on what it covered.
+    pub(crate) fn end_watch(
+        &self,
+        pending: crate::server::PendingWait<B>,
+        waited: Result<()>,
+    ) -> Result<()> {
+        self.call(|server| server.end_wait(pending, waited))
+    }
+
+    /// What the stream submitted so far, as a mark for
+    /// [`fail_in_flight_since`](Self::fail_in_flight_since).
+    pub(crate) fn in_flight_mark(&self) -> u64 {
+        self.look(false, |server| server.in_flight_mark(self.stream))
+    }
+
+    /// Claim with `error` what the stream submitted from `mark` on and
+    /// has not yet been waited for.
+    pub(crate) fn fail_in_flight_since(&self, mark: u64, error: Error) -> Result<()> {
+        self.call(|server| {
+            server.fail_in_flight_since(self.stream, mark, error);
+            Ok(())
+        })
+    }
+
     /// Submit the stream's batched work now, without waiting for it.
     ///
     /// # Errors

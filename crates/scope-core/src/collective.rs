@@ -31,6 +31,7 @@ mod p2p;
 pub mod remote;
 mod replay;
 mod round;
+mod watchdog;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -207,6 +208,9 @@ struct Shared<B: Backend> {
     ballot: Option<Box<dyn Ballot<B>>>,
     /// 0 as made, one more per membership change.
     epoch: u64,
+    /// Drain each rank's stream before a round, as rounds did before they
+    /// ran on communication streams: kept to measure against.
+    draining: bool,
     state: Mutex<State<B>>,
     changed: Condvar,
 }
@@ -224,6 +228,8 @@ impl<B: Backend> Shared<B> {
             rounds: Meeting::new(ranks),
             broken: None,
             first_failed: None,
+            flights: Vec::new(),
+            failed_from: None,
             mail: std::collections::BTreeMap::new(),
             membership: membership::Membership::new(ranks),
         };
@@ -237,6 +243,7 @@ impl<B: Backend> Shared<B> {
             device,
             ballot,
             epoch,
+            draining: false,
             state: Mutex::new(state),
             changed: Condvar::new(),
         }
@@ -263,6 +270,10 @@ struct State<B: Backend> {
     broken: Option<Arc<CollectiveError>>,
     /// Over a device transport: the first rank whose call failed.
     first_failed: Option<usize>,
+    /// This process's parts in flight on communication streams.
+    flights: Vec<watchdog::Flight<B>>,
+    /// The first round that failed in flight (`watchdog.rs`).
+    failed_from: Option<u64>,
     /// Point-to-point parcels, by (sender, receiver).
     mail: std::collections::BTreeMap<(usize, usize), p2p::Mailbox>,
     membership: membership::Membership<B>,
@@ -394,6 +405,13 @@ impl<B: Backend> Group<B> {
     /// What broke the group, if a rank went missing.
     pub fn broken(&self) -> Option<Arc<CollectiveError>> {
         self.shared.state.lock().broken.clone()
+    }
+
+    /// How many of this process's parts of rounds are in flight on
+    /// communication streams: what the watchdog polls (rule 47). A part
+    /// leaves soon after its device work finished.
+    pub fn rounds_in_flight(&self) -> usize {
+        self.shared.state.lock().flights.len()
     }
 
     /// Run `f` once per rank, each on its own thread; results by rank.

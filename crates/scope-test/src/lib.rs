@@ -30,6 +30,7 @@ pub mod dataflow;
 pub mod device;
 pub mod features;
 pub mod host;
+pub mod inflight;
 pub mod input;
 pub mod kit;
 pub mod membership;
@@ -346,6 +347,7 @@ macro_rules! conformance_tests {
     };
     (@collectives $suite:ty) => {
         $crate::collective_tests!($suite);
+        $crate::inflight_tests!($suite);
         $crate::membership_tests!($suite);
         $crate::recorded_tests!($suite);
         $crate::across_tests!($suite);

@@ -611,6 +611,13 @@ impl Cuda {
     /// Whether the waiter's work finished, without blocking (for
     /// [`DeviceCollectives::finished`](scope_core::collective::device::DeviceCollectives::finished)).
     pub(crate) fn finished(waiter: &CudaWaiter) -> Result<bool> {
+        // Any thread may poll (the collectives' watchdog does): bind the
+        // event's context first, as cudarc's own waits do.
+        waiter
+            .event
+            .context()
+            .bind_to_thread()
+            .map_err(|e| waiter.failed(e))?;
         let done = waiter
             .event
             .try_is_complete()

@@ -6,9 +6,15 @@
 //!
 //! 1. **Every rank decides before data moves.** A mismatched call never
 //!    reaches the library, where NCCL would hang or overrun.
-//! 2. **The call is device work** on the rank's stream
-//!    ([`Site::Collective`]); a later fault lands on its output.
-//! 3. **A call that fails after agreement breaks the group.** The failing
+//! 2. **Nothing of the caller's stream is drained.** A rank decides from
+//!    what is known at submission. In one process the call is device work
+//!    on a communication stream ([`Site::Collective`]), ordered after the
+//!    input's writer by an event. Readers of the output wait for it on the
+//!    device, as for any work in flight.
+//! 3. **What surfaces later reaches every rank** through the watchdog
+//!    (`watchdog.rs`): a part that faults or is late fails the round's
+//!    outputs on every rank before the communicators are aborted.
+//! 4. **A call that fails after agreement breaks the group.** The failing
 //!    rank aborts every communicator, releasing peers waiting inside the
 //!    library (rule 43).
 //!
@@ -19,12 +25,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::round::{Input, Kind, Outcome, Part, Written};
+use super::watchdog::{self, Flight};
 use super::{Call, Group, Rank, is_refusal, per_rank};
 use crate::backend::Backend;
 use crate::capture::{CaptureState, RecordedRound};
-use crate::client::Client;
+use crate::client::{Client, LentStream};
 use crate::error::{Error, Result};
 use crate::handle::Slice;
+use crate::server::PendingWait;
 
 /// A backend whose devices run collectives through the vendor's library.
 ///
@@ -186,8 +194,11 @@ pub struct DeviceTransfer<'a, M> {
 /// How an agreed round's bytes move, erased so a group needs only
 /// `B: Backend`.
 pub(super) trait Mover<B: Backend>: Send + Sync {
-    /// Issue rank `rank`'s part of `call`, round `round` of its group,
-    /// through its client (recorded, where its stream records).
+    /// Issue rank `rank`'s part of `call`, round `round` of its group:
+    /// recorded where its stream records, else on its communication
+    /// stream where it has one, else on its own stream.
+    ///
+    /// A part issued on a communication stream comes back to be watched.
     fn issue(
         &self,
         rank: usize,
@@ -195,7 +206,7 @@ pub(super) trait Mover<B: Backend>: Send + Sync {
         call: (Call, RecordedRound),
         input: Slice<'_>,
         output: Slice<'_>,
-    ) -> Result<()>;
+    ) -> Result<Option<Box<dyn watchdog::Part>>>;
 
     /// Abort every rank's communicator.
     fn abort_all(&self);
@@ -225,6 +236,9 @@ pub(super) struct Communicators<B: DeviceCollectives> {
     /// The rank `mine[0]` is.
     pub(super) first: usize,
     pub(super) mine: Vec<Arc<B::Communicator>>,
+    /// Each rank's communication stream, in one process; empty across
+    /// processes, where a rank waits for its call (rule 49).
+    pub(super) streams: Vec<LentStream<B>>,
     /// How many ranks the group has.
     pub(super) ranks: usize,
     /// Set by [`Mover::abort_all`]: no shrink then.
@@ -274,10 +288,18 @@ impl<B: DeviceCollectives> Communicators<B> {
                 }
             }
         }
+        let streams = match communication_streams(clients) {
+            Ok(streams) => streams,
+            Err(error) => {
+                tracing::warn!("no communication stream after the shrink ({error})");
+                return None;
+            }
+        };
         Some(Communicators {
             first: 0,
             ranks: mine.len(),
             mine,
+            streams,
             aborted: AtomicBool::new(false),
         })
     }
@@ -291,10 +313,13 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
         (call, round): (Call, RecordedRound),
         input: Slice<'_>,
         output: Slice<'_>,
-    ) -> Result<()> {
+    ) -> Result<Option<Box<dyn watchdog::Part>>> {
         let communicator = &self.mine[rank - self.first];
         let ranks = self.ranks;
-        client.issue_collective(
+        let recording = client.capture_state() == CaptureState::Recording;
+        let comm = self.streams.get(rank - self.first).filter(|_| !recording);
+        let on: &Client<B> = comm.map_or(client, |comm| comm);
+        on.issue_collective(
             (call.name(), Some(round)),
             (input, call.reads_input_of(rank)),
             output,
@@ -310,7 +335,15 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
                 // ranges; the ranks agreed on this call before any issued.
                 unsafe { backend.collective(communicator, stream, &call) }
             },
-        )
+        )?;
+        if comm.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Box::new(InFlight::<B> {
+            pending: Some(on.watch()?),
+            client: on.clone(),
+            communicator: communicator.clone(),
+        })))
     }
 
     fn abort_all(&self) {
@@ -372,9 +405,48 @@ fn join_all<B: DeviceCollectives>(
     Ok(Communicators {
         first: 0,
         mine,
+        streams: communication_streams(clients)?,
         ranks,
         aborted: AtomicBool::new(false),
     })
+}
+
+/// A communication stream on each client's device, lent for the group's
+/// life: a round there overlaps the compute stream's later work.
+fn communication_streams<B: Backend>(clients: &[Client<B>]) -> Result<Vec<LentStream<B>>> {
+    clients.iter().map(Client::lend_stream).collect()
+}
+
+/// One rank's part on its communication stream, as the watchdog polls it.
+struct InFlight<B: DeviceCollectives> {
+    /// The communication stream's client.
+    client: Client<B>,
+    /// A wait on the stream's work up to the part.
+    pending: Option<PendingWait<B>>,
+    communicator: Arc<B::Communicator>,
+}
+
+impl<B: DeviceCollectives> watchdog::Part for InFlight<B> {
+    fn finished(&mut self) -> Result<bool> {
+        let Some(pending) = &self.pending else {
+            return Ok(true);
+        };
+        // SAFETY: the waiter is this backend's, from `watch`, and only
+        // `end` ends it.
+        if pending.finished_by(std::time::Instant::now(), |w| unsafe { B::finished(w) })? {
+            return Ok(true);
+        }
+        // SAFETY: the communicator was joined on a `B`.
+        unsafe { B::health(&self.communicator) }.map(|()| false)
+    }
+
+    fn end(mut self: Box<Self>, waited: Result<()>) {
+        if let Some(pending) = self.pending.take() {
+            // What the wait surfaced is settled on the stream; nothing
+            // else is owed to anyone.
+            let _ = self.client.end_watch(pending, waited);
+        }
+    }
 }
 
 impl<B: DeviceCollectives> Group<B> {
@@ -390,23 +462,46 @@ impl<B: DeviceCollectives> Group<B> {
         let device: Box<dyn Mover<B>> = Box::new(join_all::<B>(&clients, deadline)?);
         Ok(Self::over(clients, deadline, Some(device)))
     }
+
+    /// [`over_device`](Self::over_device) with rounds as they ran before
+    /// communication streams: each rank's stream drained before a round,
+    /// the call on that stream. Only for measuring against (the
+    /// `ddp_step` bench).
+    ///
+    /// # Errors
+    ///
+    /// As [`over_device`](Self::over_device).
+    #[doc(hidden)]
+    pub fn over_device_draining(clients: Vec<Client<B>>, deadline: Duration) -> Result<Self> {
+        Self::check_clients(&clients)?;
+        let mut communicators = join_all::<B>(&clients, deadline)?;
+        communicators.streams.clear();
+        let device: Box<dyn Mover<B>> = Box::new(communicators);
+        let mut group = Self::over(clients, deadline, Some(device));
+        if let Some(shared) = Arc::get_mut(&mut group.shared) {
+            shared.draining = true;
+        }
+        Ok(group)
+    }
 }
 
 impl<B: Backend> Rank<B> {
-    /// Whether this rank's input can be sent: waited for, then checked
-    /// unread. A recording stream is only checked (rule 23).
+    /// Whether this rank's input can be sent, from what is known at
+    /// submission: its claims, checked unread. Nothing is waited for: a
+    /// fault still in flight reaches the round through the watchdog.
     pub(super) fn ready(&self, input: Slice<'_>, recording: bool) -> Input {
         let client = self.client();
-        let waited = if recording {
-            Ok(())
-        } else {
+        let waited = if self.shared.draining && !recording {
             client.sync_buffers(&[input])
+        } else {
+            Ok(())
         };
         readiness(waited, || client.check(&[input]))
     }
 
     /// Issue an agreed round's call on the device transport, then settle
-    /// it (see [`settle`](Self::settle)).
+    /// it (see [`settle`](Self::settle)). A part issued on a
+    /// communication stream is left to the watchdog.
     pub(super) fn issue(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
         let Some(device) = &self.shared.device else {
             return Err(Error::internal(
@@ -414,7 +509,32 @@ impl<B: Backend> Rank<B> {
             ));
         };
         let round = self.recorded_round();
-        let issued = device.issue(self.rank, self.client(), (kind, round), input, output);
+        let flight = Flight {
+            round: round.round,
+            rank: self.rank,
+            client: self.client().clone(),
+            mark: self.client().in_flight_mark(),
+            output: (output.buffer.clone(), output.range),
+        };
+        let issued = self
+            .shared
+            .take_off(flight)
+            .and_then(|()| device.issue(self.rank, self.client(), (kind, round), input, output));
+        let issued = match issued {
+            Ok(Some(part)) => {
+                self.shared
+                    .watch((self.rank, round.round, kind.name()), part);
+                Ok(())
+            }
+            Ok(None) => {
+                self.shared.landed(self.rank, round.round);
+                Ok(())
+            }
+            Err(error) => {
+                self.shared.landed(self.rank, round.round);
+                Err(error)
+            }
+        };
         let len = input.range.end.saturating_sub(input.range.start);
         self.settle(Kind::Call(kind), len, issued, Written::Output(output))
     }

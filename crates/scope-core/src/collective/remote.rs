@@ -533,6 +533,7 @@ impl<B: DeviceCollectives> Rank<B> {
         let mover: Box<dyn Mover<B>> = Box::new(Communicators::<B> {
             first: rank,
             mine: vec![communicator.clone()],
+            streams: Vec::new(),
             aborted: std::sync::atomic::AtomicBool::new(false),
             ranks,
         });

@@ -1,0 +1,258 @@
+//! One thread per process watches the device rounds in flight.
+//!
+//! A round over a device transport returns once issued: nothing of the
+//! caller's stream is drained (rule 47). What surfaces later still reaches
+//! every rank, without a blocked caller, as ProcessGroupNCCL's watchdog
+//! does it:
+//!
+//! 1. **One thread polls every part in flight.** A part that finished is
+//!    forgotten; the list holds only unfinished work.
+//! 2. **A part that faulted, or is late, fails its round on every rank.**
+//!    Every unfinished part's output is claimed first, then the
+//!    communicators are aborted. An abort releases the peers' reads; they
+//!    check their claims after the wait, so none returns the round's bytes
+//!    as clean.
+//! 3. **The group breaks** (rule 43): later rounds are refused.
+//!
+//! A part's own caller never waits here: it returned at issue.
+
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::{CollectiveError, Shared};
+use crate::backend::Backend;
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::handle::{Buffer, Slice};
+use crate::id::ByteRange;
+
+/// How often the thread polls while anything is in flight.
+const POLL: Duration = Duration::from_micros(500);
+
+/// One rank's part of a round, as its transport watches it.
+pub(super) trait Part: Send {
+    /// `Ok(true)` once the part's device work finished; the stream's fault.
+    fn finished(&mut self) -> Result<bool>;
+
+    /// End the part's wait with what the poll found.
+    fn end(self: Box<Self>, waited: Result<()>);
+}
+
+/// Something the thread polls until it says it is done.
+trait Watched: Send {
+    /// Whether it is done, at `now`.
+    fn poll(&mut self, now: Instant) -> bool;
+}
+
+/// The thread's list, and the wake-up for a new entry.
+struct Watchdog {
+    list: Mutex<Vec<Box<dyn Watched>>>,
+    added: Condvar,
+}
+
+fn watchdog() -> &'static Watchdog {
+    static DOG: OnceLock<&'static Watchdog> = OnceLock::new();
+    DOG.get_or_init(|| {
+        let dog: &'static Watchdog = Box::leak(Box::new(Watchdog {
+            list: Mutex::new(Vec::new()),
+            added: Condvar::new(),
+        }));
+        let spawned = std::thread::Builder::new()
+            .name("scope-watchdog".to_owned())
+            .spawn(move || dog.run());
+        if let Err(error) = spawned {
+            tracing::error!("no watchdog thread ({error}): rounds are polled by their callers");
+        }
+        dog
+    })
+}
+
+impl Watchdog {
+    fn run(&self) {
+        loop {
+            let mut taken = {
+                let mut list = self.list.lock();
+                while list.is_empty() {
+                    self.added.wait(&mut list);
+                }
+                std::mem::take(&mut *list)
+            };
+            // Polled without the list's lock: a poll may claim or abort.
+            let now = Instant::now();
+            taken.retain_mut(|watched| !watched.poll(now));
+            let empty = {
+                let mut list = self.list.lock();
+                list.append(&mut taken);
+                list.is_empty()
+            };
+            if !empty {
+                std::thread::sleep(POLL);
+            }
+        }
+    }
+
+    fn add(&self, watched: Box<dyn Watched>) {
+        self.list.lock().push(watched);
+        self.added.notify_one();
+    }
+}
+
+/// A part in flight, as the group remembers it to claim its output.
+pub(super) struct Flight<B: Backend> {
+    pub(super) round: u64,
+    pub(super) rank: usize,
+    /// The rank's own client: the output's, and the stream that reads it.
+    pub(super) client: Client<B>,
+    /// The rank's stream's in-flight mark at issue: what came after.
+    pub(super) mark: u64,
+    pub(super) output: (Buffer, ByteRange),
+}
+
+/// The watchdog's entry for one part.
+struct Watch<B: Backend> {
+    group: Weak<Shared<B>>,
+    round: u64,
+    rank: usize,
+    collective: &'static str,
+    part: Option<Box<dyn Part>>,
+    until: Instant,
+}
+
+impl<B: Backend> Watched for Watch<B> {
+    fn poll(&mut self, now: Instant) -> bool {
+        let Some(part) = self.part.as_mut() else {
+            return true;
+        };
+        let Some(shared) = self.group.upgrade() else {
+            return self.end(Ok(()));
+        };
+        if shared.failed_from(self.round) {
+            // The failing part claimed this one's output before its abort.
+            shared.landed(self.rank, self.round);
+            return self.end(Ok(()));
+        }
+        let error = match part.finished() {
+            Ok(true) => {
+                shared.landed(self.rank, self.round);
+                return self.end(Ok(()));
+            }
+            Ok(false) if now < self.until => return false,
+            Ok(false) => CollectiveError::Stalled {
+                collective: self.collective,
+                round: self.round,
+                deadline: shared.deadline,
+            },
+            Err(cause) => CollectiveError::IssueFailed {
+                collective: self.collective,
+                round: self.round,
+                rank: self.rank,
+                cause,
+            },
+        };
+        shared.fail_in_flight(self.round, &error);
+        shared.landed(self.rank, self.round);
+        self.end(Err(error.into()))
+    }
+}
+
+impl<B: Backend> Watch<B> {
+    fn end(&mut self, waited: Result<()>) -> bool {
+        if let Some(part) = self.part.take() {
+            part.end(waited);
+        }
+        true
+    }
+}
+
+impl<B: Backend> Shared<B> {
+    /// Watch `part`, rank `rank`'s of round `round`, until it finishes, fails
+    /// or outlives the deadline.
+    pub(super) fn watch(
+        self: &Arc<Self>,
+        (rank, round, collective): (usize, u64, &'static str),
+        part: Box<dyn Part>,
+    ) {
+        watchdog().add(Box::new(Watch {
+            group: Arc::downgrade(self),
+            round,
+            rank,
+            collective,
+            part: Some(part),
+            until: Instant::now() + self.deadline,
+        }));
+    }
+
+    /// Remember `flight` before its part is issued, so a round failing in
+    /// flight claims its output; or refuse it, once its round failed.
+    ///
+    /// # Errors
+    ///
+    /// What failed the round, which this rank's part must not join.
+    pub(super) fn take_off(&self, flight: Flight<B>) -> Result<()> {
+        let mut state = self.state.lock();
+        if state.failed_from.is_some_and(|first| first <= flight.round) {
+            let cause = state.broken.clone().map_or_else(
+                || Error::internal("a round failed in flight with no cause kept"),
+                |broken| (*broken).clone().into(),
+            );
+            return Err(cause);
+        }
+        state.flights.push(flight);
+        Ok(())
+    }
+
+    /// Whether round `round`, or one before it, failed in flight.
+    fn failed_from(&self, round: u64) -> bool {
+        self.state
+            .lock()
+            .failed_from
+            .is_some_and(|first| first <= round)
+    }
+
+    /// Rank `rank`'s part of round `round` is no longer in flight.
+    pub(super) fn landed(&self, rank: usize, round: u64) {
+        self.state
+            .lock()
+            .flights
+            .retain(|f| f.rank != rank || f.round != round);
+    }
+
+    /// Round `round` failed in flight with `error`: every part still in
+    /// flight from it on has its output, and the work after it on its
+    /// rank's stream, claimed; then the communicators are aborted and the
+    /// group breaks.
+    pub(super) fn fail_in_flight(&self, round: u64, error: &CollectiveError) {
+        let flights = {
+            let mut state = self.state.lock();
+            let first = state.failed_from.map_or(round, |f| f.min(round));
+            state.failed_from = Some(first);
+            let (failed, kept) = std::mem::take(&mut state.flights)
+                .into_iter()
+                .partition(|f| f.round >= first);
+            state.flights = kept;
+            failed
+        };
+        let failure: Error = error.clone().into();
+        for flight in &flights {
+            let (buffer, range) = &flight.output;
+            let output = Slice {
+                buffer,
+                range: *range,
+            };
+            // A freed output has nothing left to claim.
+            let _ = flight.client.fail_writing(&[output], failure.clone());
+            let _ = flight
+                .client
+                .fail_in_flight_since(flight.mark, failure.clone());
+        }
+        if let Some(device) = &self.device {
+            device.abort_all();
+        }
+        let mut state = self.state.lock();
+        if state.broken.is_none() {
+            self.break_with(&mut state, error);
+        }
+    }
+}
