@@ -647,17 +647,18 @@ impl Backend for Host {
         Ok(())
     }
 
-    /// Host memory is never lost, so opening the "device" again is — unless
-    /// it was built not to ([`Host::cannot_reopen`]) — forgetting what the streams recorded and what was reserved (the
-    /// core gave every allocation back first), and taking the smaller
-    /// largest allocation a test asked for ([`Host::reopens_smaller`]).
+    /// Host memory is never lost, so opening the "device" again forgets
+    /// what the streams recorded and what was reserved (the core gave every
+    /// allocation back first), and takes the smaller largest allocation a
+    /// test asked for ([`Host::reopens_smaller`]). A host built not to
+    /// ([`Host::cannot_reopen`]) refuses.
     unsafe fn reopen(&mut self, fault: &Error, streams: &mut [&mut HostStream]) -> Result<()> {
         if !self.reopens {
-            return Err(Error::RestartRequired {
-                backend: Self::NAME,
-                fault: Arc::new(fault.clone()),
-                reason: "built not to open a lost device again (Host::cannot_reopen)".to_owned(),
-            });
+            return Err(Error::restart_required(
+                Self::NAME,
+                fault,
+                "built not to open a lost device again (Host::cannot_reopen)",
+            ));
         }
         for stream in streams {
             stream.recording = None;
