@@ -49,6 +49,21 @@
  *    itself, halves of one transfer of different lengths, or a transfer
  *    on a capturing stream.
  *
+ * In the mock driver's timed mode (mock_cuda.c: scope_mock_timing), each
+ * rank's part of a call is an operation of its stream that starts as the
+ * stream's work allows (the driver's model) and that the driver cannot
+ * finish alone: when the last rank posts, every rank's part finishes at
+ * the latest part's start plus latency + bytes / bandwidth, as set by
+ * scope_mock_nccl_model (default 0 and infinite: at the latest start).
+ * `bytes` is the call's count times its element size: the per-rank
+ * message (an all-gather's or all-to-all's input per rank, a
+ * reduce-scatter's output per rank). A send and its receive are modelled
+ * alike, for the bytes of the transfer. ncclCommAbort ends its unjoined
+ * parts at once. Communicators in shared mode (ranks in separate
+ * processes) are not timed: their parts take no model time, and a host
+ * wait waits for the peers as before. A driver without timed mode
+ * (mock_hip.c) sees the calls as before.
+ *
  * A call on a capturing stream is recorded (through the driver's
  * scope_mock_record_collective) and checked as a post would be, without
  * taking a sequence number: each replay of its graph posts it then, as
@@ -96,6 +111,8 @@ typedef struct {
    * driver's scope_mock_stream_op): the stream's later work waits for it. */
   void *stream;
   unsigned long long seq;
+  /* Timed mode: the driver's handle on its part, until the call is joined. */
+  void *part;
 } post;
 typedef struct call {
   unsigned long long seq;
@@ -113,6 +130,7 @@ typedef struct transfer {
   size_t send_bytes, recv_bytes;
   void *send_stream, *recv_stream;
   unsigned long long send_seq, recv_seq;
+  void *send_part, *recv_part; /* timed mode, as a post's */
   struct transfer *next;
 } transfer;
 typedef struct clique {
@@ -201,6 +219,48 @@ static int record_call(void *stream, const recorded *r) {
 static unsigned long long stream_op(void *s) {
   unsigned long long (*f)(void *) = (unsigned long long (*)(void *))driver_hook("scope_mock_stream_op");
   return f ? f(s) : 0;
+}
+
+/* ----- timed mode (the driver's model of device time) -----
+ * A post's part: a new operation of the stream (its number) whose finish
+ * is set here, *part the driver's handle (NULL where the driver keeps no
+ * time: timed mode off, or a driver without it). */
+static unsigned long long latency_ns;
+static double bytes_per_second;
+void scope_mock_nccl_model(unsigned long long latency, double bandwidth) {
+  LOCKED;
+  latency_ns = latency;
+  bytes_per_second = bandwidth;
+}
+static unsigned long long cost(size_t bytes) {
+  double transfer = bytes_per_second > 0 ? (double)bytes * 1e9 / bytes_per_second : 0;
+  return latency_ns + (unsigned long long)transfer;
+}
+static unsigned long long stream_part(void *s, void **part) {
+  unsigned long long (*f)(void *, void **) =
+      (unsigned long long (*)(void *, void **))driver_hook("scope_mock_stream_part");
+  *part = NULL;
+  return f ? f(s, part) : stream_op(s);
+}
+/* A replay's part: made by the driver's graph launch, taken here. */
+static void *replay_part(void *s) {
+  void *(*f)(void *) = (void *(*)(void *))driver_hook("scope_mock_replay_part");
+  return f ? f(s) : NULL;
+}
+/* Every part of a call posted: they finish together, `bytes` after the latest start. */
+static void join_parts(void **parts, int n, size_t bytes) {
+  void *known[MAX_RANKS];
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (parts[i]) known[k++] = parts[i];
+  void (*f)(void **, int, unsigned long long) =
+      (void (*)(void **, int, unsigned long long))driver_hook("scope_mock_part_join");
+  if (k && f) f(known, k, cost(bytes));
+}
+static void end_part(void **part) {
+  void (*f)(void *) = (void (*)(void *))driver_hook("scope_mock_part_end");
+  if (*part && f) f(*part);
+  *part = NULL;
 }
 
 /* ----- shared mode: ranks in separate processes -----
@@ -604,6 +664,14 @@ int ncclCommAbort(comm *m) {
     pthread_mutex_unlock(&m->sh->lock);
   } else {
     m->c->aborted = 1;
+    /* Timed mode: what waited for peers ends now (under this lock, so a
+     * driver that finds nothing pending finds the parts ended). */
+    for (call *k = m->c->calls; k; k = k->next)
+      for (int r = 0; r < m->c->nranks; r++) end_part(&k->posts[r].part);
+    for (transfer *t = m->c->transfers; t; t = t->next) {
+      end_part(&t->send_part);
+      end_part(&t->recv_part);
+    }
   }
   pthread_cond_broadcast(&changed);
   return SUCCESS;
@@ -734,7 +802,7 @@ static int post_shared(comm *m, int kind, const void *send, void *recv, size_t c
   if (capturing < 0) return refuse(INVALID_USAGE, "%s on a stream that is not a live stream", name);
   if (capturing) {
     /* Recorded: its replays post it (NCCL captures a call as kernels). */
-    post p = {1, kind, dtype, op, root, count, send, recv, stream, 0};
+    post p = {1, kind, dtype, op, root, count, send, recv, stream, 0, NULL};
     int sends = kind != BROADCAST || m->rank == root;
     if ((sends && !device_range(send, send_bytes(&p, sh->nranks))) || !device_range(recv, recv_bytes(&p, sh->nranks)))
       return refuse(INVALID_ARGUMENT, "%s recorded on rank %d: a buffer is not inside one live device allocation",
@@ -745,7 +813,7 @@ static int post_shared(comm *m, int kind, const void *send, void *recv, size_t c
   }
   pthread_mutex_lock(&sh->lock);
   int n = sh->nranks;
-  post p = {1, kind, dtype, op, root, count, send, recv, stream, 0};
+  post p = {1, kind, dtype, op, root, count, send, recv, stream, 0, NULL};
   size_t sb = send_bytes(&p, n), rb = recv_bytes(&p, n);
   int sends = kind != BROADCAST || m->rank == root;
   const char *why = NULL;
@@ -823,7 +891,7 @@ static int post_call(comm *m, int kind, const void *send, void *recv, size_t cou
   if (kind == BROADCAST && (root < 0 || root >= n)) return refuse(INVALID_ARGUMENT, "%s: root %d of %d", name, root, n);
   int capturing = stream_seq ? 0 : stream_capturing(stream);
   if (capturing < 0) return refuse(INVALID_USAGE, "%s on a stream that is not a live stream", name);
-  post p = {1, kind, dtype, op, root, count, send, recv, stream, 0};
+  post p = {1, kind, dtype, op, root, count, send, recv, stream, 0, NULL};
   int sends = kind != BROADCAST || m->rank == root;
   if ((sends && !device_range(send, send_bytes(&p, n))) || !device_range(recv, recv_bytes(&p, n)))
     return refuse(INVALID_ARGUMENT, "%s on rank %d: a buffer is not inside one live device allocation", name,
@@ -852,11 +920,19 @@ static int post_call(comm *m, int kind, const void *send, void *recv, size_t cou
                     CALLS[q->kind], q->count, q->dtype, q->op, q->root);
     }
   }
-  p.seq = stream_seq ? stream_seq : stream_op(stream);
+  if (stream_seq) {
+    p.seq = stream_seq;
+    p.part = replay_part(stream);
+  } else {
+    p.seq = stream_part(stream, &p.part);
+  }
   k->posts[m->rank] = p;
   k->nposted++;
   if (k->nposted == n && !k->mismatched) {
     run(k, n);
+    void *parts[MAX_RANKS];
+    for (int r = 0; r < n; r++) parts[r] = k->posts[r].part;
+    join_parts(parts, n, count * 4);
     for (call **at = &c->calls; *at; at = &(*at)->next)
       if (*at == k) { *at = k->next; break; }
     free(k);
@@ -988,15 +1064,17 @@ static int post_transfer(comm *m, int is_send, void *buf, size_t count, int dtyp
     t->send = buf;
     t->send_bytes = bytes;
     t->send_stream = stream;
-    t->send_seq = stream_op(stream);
+    t->send_seq = stream_part(stream, &t->send_part);
   } else {
     t->has_recv = 1;
     t->recv = buf;
     t->recv_bytes = bytes;
     t->recv_stream = stream;
-    t->recv_seq = stream_op(stream);
+    t->recv_seq = stream_part(stream, &t->recv_part);
   }
   if (!(t->has_send && t->has_recv)) return SUCCESS;
+  void *parts[2] = {t->send_part, t->recv_part};
+  join_parts(parts, 2, t->send_bytes < t->recv_bytes ? t->send_bytes : t->recv_bytes);
   for (transfer **at = &c->transfers; *at; at = &(*at)->next)
     if (*at == t) { *at = t->next; break; }
   size_t sent = t->send_bytes, received = t->recv_bytes;

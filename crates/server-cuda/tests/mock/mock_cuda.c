@@ -32,6 +32,29 @@
  * pool block freed on a stream is reused only once that free is known done
  * (or on the same stream), and cuMemPoolTrimTo releases only such blocks.
  *
+ * Timed mode (scope_mock_timing(1); off by default) models device time
+ * as well, so that a test can measure overlap by the wall clock: bytes
+ * still move when work is issued, only completion moves. Each stream is
+ * an in-order queue in model time (CLOCK_MONOTONIC): an operation starts
+ * at the latest of its issue, the stream's previous finish and the events
+ * the stream was made to wait on, and lasts its kind's time
+ * (scope_mock_kernel_time per kernel kind, a name other than the mock
+ * NVRTC's kinds ignored; scope_mock_copy_time per MiB of a memcpy;
+ * memsets, stream-ordered allocations and frees take none). A graph
+ * replay runs its operations in order. An event records the model finish
+ * of its stream's work so far; cuEventQuery and cuStreamQuery answer
+ * NOT_READY until the wall clock reaches it (and one that finds it passed
+ * advances "done", as an event query does), and the host waits sleep
+ * until then, without the lock. A collective of the mock NCCL is a
+ * "part" whose finish the mock NCCL sets once every rank posted
+ * (scope_mock_part_join: the latest part's start plus the call's cost) or
+ * the communicator is aborted (scope_mock_part_end: now); until then the
+ * finish of whatever is ordered after it, on its stream or through an
+ * event, is unknown, and a host wait for it waits for the peers (the mock
+ * NCCL's wait) before sleeping. cuCtxSynchronize waits for the current
+ * context's streams. scope_mock_host_waits counts the calls of the three
+ * host waits that got past their checks, in either mode.
+ *
  * It is also a checker. Each call below fails (and counts a violation,
  * readable through scope_mock_violations / scope_mock_last_violation, and
  * printed to stderr) where real CUDA refuses the call or would mis-handle
@@ -105,18 +128,23 @@
  * thread makes an illegal call in global capture mode); and for the mock
  * NCCL, scope_mock_current_device, scope_mock_device_range,
  * scope_mock_stream_capturing and scope_mock_record_collective (a
- * collective recorded into a capture, posted by each replay).
+ * collective recorded into a capture, posted by each replay). Timed mode's:
+ * scope_mock_timing, scope_mock_kernel_time, scope_mock_copy_time,
+ * scope_mock_host_waits; and for the mock NCCL, scope_mock_stream_part,
+ * scope_mock_replay_part, scope_mock_part_join and scope_mock_part_end.
  *
  * Every entry point takes one process-wide recursive lock: concurrent tests
  * share the mock, and "device" work runs on the caller's thread.
  */
 #define _GNU_SOURCE /* PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP */
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -309,9 +337,17 @@ typedef struct {
 typedef struct { op *ops; size_t len, cap; } graph;
 
 #define MAX_KNOWN 16
+struct tnode;
 typedef struct stream {
   int live;
   unsigned long long issued, done;        /* operations issued; known finished */
+  /* Timed mode: the model finish of the work issued so far, `tail`, or,
+   * while it is not known, the node that will know it (a reference); a
+   * graph replay's collective parts the mock NCCL has yet to post; the
+   * context it was made in, for cuCtxSynchronize. */
+  long long tail;
+  struct tnode *tail_node, *unclaimed;
+  context *ctx;
   /* What this stream's later work is ordered after, through event waits:
    * every operation of known[i].of up to known[i].seq. */
   struct { struct stream *of; unsigned long long seq; } known[MAX_KNOWN];
@@ -322,7 +358,11 @@ typedef struct stream {
 } stream;
 static stream *streams;
 
-typedef struct { int live; stream *on; unsigned long long seq; stream *captured_by; } event;
+/* Timed mode: `at`, the model finish of `on`'s work when recorded, or `node`, which will know it. */
+typedef struct {
+  int live; stream *on; unsigned long long seq; stream *captured_by;
+  long long at; struct tnode *node;
+} event;
 
 typedef struct replayed { stream *on; unsigned long long seq; struct replayed *next; } replayed;
 typedef struct { int live; graph g; replayed *replays; } exec;
@@ -380,6 +420,242 @@ typedef struct function {
   struct module *module;
 } function;
 typedef struct module { int live, nfunctions; function functions[16]; } module;
+
+/* ----- timed mode: device time (see the header) ----- */
+
+static int timing;
+static unsigned long long kernel_ns[5], copy_ns_per_mib, host_waits;
+/* Signalled when a part is posted, joined or ended. */
+static pthread_cond_t timed_changed = PTHREAD_COND_INITIALIZER;
+
+static long long now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+static long long later(long long a, long long b) { return a > b ? a : b; }
+
+/* Where model time is not known at issue — behind a collective's part that
+ * waits for its peers — a stream's work is a chain of nodes, evaluated
+ * once the parts below are joined. A plain node finishes at
+ * max(prev + a, b, dep): a run of operations folds into one (each adds
+ * its duration to a, and b = max(b, its issue) + duration); an event wait
+ * puts the event's node in dep. A part starts at max(prev, posted); joined,
+ * all parts of its call finish together at the latest start plus the
+ * call's cost. Nodes are counted references: the stream's tail, events,
+ * the next node, a group, the mock NCCL's handle. */
+enum { T_PLAIN, T_PART, T_JOINED };
+typedef struct tnode {
+  int refs, kind, visiting;
+  unsigned mark;
+  unsigned long long unknown;       /* the epoch it was last found unknown in */
+  long long finish;                 /* -1 until known */
+  struct tnode *prev, *dep;
+  long long prev_time;              /* the stream's tail below, when prev is NULL */
+  long long a, b;
+  long long posted;
+  struct tgroup *group;
+  stream *on;                       /* a part's stream and operation number */
+  unsigned long long seq;
+  struct tnode *next;               /* in the stream's unclaimed parts */
+} tnode;
+typedef struct tgroup { int n; tnode **parts; long long extra; } tgroup;
+/* Only a part's join or end can make an unknown finish known: a node found
+ * unknown stays so until the epoch moves, which keeps issuing behind a
+ * waiting part O(1) an operation. */
+static unsigned long long epoch = 1;
+
+static void drop(tnode *x) {
+  while (x && --x->refs == 0) {
+    tnode *prev = x->prev;
+    drop(x->dep);
+    free(x);
+    x = prev;
+  }
+}
+static void settle(tnode *x, long long f) {
+  x->finish = f;
+  x->kind = T_PLAIN;
+  x->group = NULL;
+  drop(x->prev);
+  drop(x->dep);
+  x->prev = x->dep = NULL;
+}
+
+static long long finish_of(tnode *x);
+static long long part_start(tnode *p) {
+  long long before = p->prev ? finish_of(p->prev) : p->prev_time;
+  return before < 0 ? -1 : later(before, p->posted);
+}
+/* A joined part's finish, which is its whole call's; settles them all. */
+static long long group_finish(tnode *x) {
+  tgroup *g = x->group;
+  long long latest = 0;
+  int known = 1;
+  for (int i = 0; i < g->n; i++) g->parts[i]->visiting = 1;
+  for (int i = 0; i < g->n && known; i++) {
+    long long start = part_start(g->parts[i]);
+    if (start < 0) known = 0;
+    latest = later(latest, start);
+  }
+  for (int i = 0; i < g->n; i++) {
+    g->parts[i]->visiting = 0;
+    if (!known) g->parts[i]->unknown = epoch;
+  }
+  if (!known) return -1;
+  long long f = latest + g->extra;
+  for (int i = 0; i < g->n; i++) settle(g->parts[i], f);
+  for (int i = 0; i < g->n; i++) drop(g->parts[i]);
+  free(g->parts);
+  free(g);
+  return f;
+}
+/* A node that ends a run of plain ones: known, a joined part, or unknown
+ * (a part not yet joined; a node on the path being evaluated: a cycle,
+ * which a GPU would never finish either). */
+static long long leaf(tnode *y) {
+  if (y->finish >= 0) return y->finish;
+  if (y->unknown == epoch) return -1;
+  return y->kind == T_JOINED && !y->visiting ? group_finish(y) : -1;
+}
+/* `x`'s model finish, or -1 while it is not known. The caller holds a
+ * reference. The run of plain nodes below x is evaluated bottom up in a
+ * loop, not by recursion: work issued behind a part can be a long chain. */
+static long long finish_of(tnode *x) {
+  tnode **run = NULL;
+  size_t len = 0, cap = 0;
+  for (tnode *y = x; y && y->finish < 0 && y->kind == T_PLAIN && !y->visiting && y->unknown != epoch; y = y->prev) {
+    if (len == cap) {
+      cap = cap ? cap * 2 : 16;
+      run = realloc(run, cap * sizeof *run);
+    }
+    run[len++] = y;
+  }
+  if (!len) return leaf(x);
+  for (size_t i = 0; i < len; i++) run[i]->visiting = 1;
+  tnode *bottom = run[len - 1];
+  long long f = bottom->prev ? leaf(bottom->prev) : bottom->prev_time;
+  size_t left = len;
+  while (left && f >= 0) {
+    tnode *c = run[left - 1];
+    long long d = c->dep ? finish_of(c->dep) : 0;
+    if (d < 0) { f = -1; break; }
+    f = later(later(f + c->a, c->b), d);
+    c->visiting = 0;
+    settle(c, f); /* may free run[left], settled already */
+    left--;
+  }
+  for (size_t i = 0; i < left; i++) {
+    run[i]->visiting = 0;
+    run[i]->unknown = epoch;
+  }
+  free(run);
+  return left ? -1 : f;
+}
+
+/* The tail known at last: fold it into `tail`. */
+static void collapse(stream *s) {
+  if (s->tail_node && finish_of(s->tail_node) >= 0) {
+    s->tail = s->tail_node->finish;
+    drop(s->tail_node);
+    s->tail_node = NULL;
+  }
+}
+/* A new node at `s`'s tail, taking over the stream's reference. */
+static tnode *append(stream *s, int kind) {
+  tnode *n = calloc(1, sizeof *n);
+  n->refs = 1;
+  n->kind = kind;
+  n->finish = -1;
+  n->prev = s->tail_node;
+  n->prev_time = s->tail;
+  s->tail_node = n;
+  return n;
+}
+/* The tail node, if new work may fold into it: no one else sees it. */
+static tnode *foldable(stream *s) {
+  tnode *t = s->tail_node;
+  return t && t->refs == 1 && t->kind == T_PLAIN && !t->dep ? t : NULL;
+}
+/* An operation of `dur` ns issued on `s` now. */
+static void timed_op(stream *s, unsigned long long dur) {
+  if (!timing) return;
+  long long now = now_ns(), d = (long long)dur;
+  collapse(s);
+  if (!s->tail_node) { s->tail = later(s->tail, now) + d; return; }
+  tnode *t = foldable(s);
+  if (!t) {
+    t = append(s, T_PLAIN);
+    t->b = now;
+  }
+  t->a += d;
+  t->b = later(t->b, now) + d;
+}
+/* `s`'s later work starts no earlier than event time `at` / node `e`'s finish. */
+static void timed_wait_event(stream *s, long long at, tnode *e) {
+  if (e && finish_of(e) >= 0) { at = e->finish; e = NULL; }
+  collapse(s);
+  if (!e && !s->tail_node) { s->tail = later(s->tail, at); return; }
+  tnode *t = e ? NULL : foldable(s);
+  if (!t) {
+    t = append(s, T_PLAIN);
+    if (e) { t->dep = e; e->refs++; }
+  }
+  t->b = later(t->b, at);
+}
+/* A collective's part, the next operation of `s` (already counted in
+ * `issued`): references for the stream and for the caller. */
+static tnode *add_part(stream *s) {
+  collapse(s);
+  tnode *n = append(s, T_PART);
+  n->posted = now_ns();
+  n->on = s;
+  n->seq = s->issued;
+  n->refs++;
+  return n;
+}
+static void end_part(tnode *x) {
+  epoch++;
+  if (x->kind == T_PART) {
+    x->kind = T_PLAIN;
+    x->a = 0;
+    x->b = later(x->posted, now_ns());
+  }
+  pthread_cond_broadcast(&timed_changed);
+}
+/* A part not yet joined that `x`'s finish waits for, or NULL. */
+static tnode *blocker(tnode *x, unsigned mark) {
+  for (; x && x->finish < 0 && x->mark != mark; x = x->prev) {
+    x->mark = mark;
+    if (x->kind == T_PART) return x;
+    if (x->kind == T_JOINED) {
+      for (int i = 0; i < x->group->n; i++) {
+        tnode *m = x->group->parts[i], *b;
+        if (m != x && m->mark == mark) continue;
+        m->mark = mark;
+        if ((b = blocker(m->prev, mark))) return b;
+      }
+      return NULL;
+    }
+    tnode *b = blocker(x->dep, mark);
+    if (b) return b;
+  }
+  return NULL;
+}
+static unsigned long long duration(const op *o) {
+  if (o->kind == OP_KERNEL) return kernel_ns[o->f->kind];
+  if (o->kind == OP_HOOK) return 0;
+  return (unsigned long long)((double)o->n * (double)copy_ns_per_mib / 1048576.0);
+}
+
+void scope_mock_timing(int on) { LOCKED; timing = on != 0; }
+void scope_mock_kernel_time(const char *kind, unsigned long long ns) {
+  LOCKED;
+  for (int k = 0; k < 5; k++)
+    if (kind && !strcmp(kind, KINDS[k])) kernel_ns[k] = ns;
+}
+void scope_mock_copy_time(unsigned long long ns_per_mib) { LOCKED; copy_ns_per_mib = ns_per_mib; }
+unsigned long long scope_mock_host_waits(void) { LOCKED; return host_waits; }
 
 /* Run one operation now. `replay`: checks failing here are faults, not refusals. */
 static CUresult run(const op *o, int replay) {
@@ -463,6 +739,7 @@ static CUresult issue(stream *s, op o) {
     return OK;
   }
   s->issued++;
+  timed_op(s, duration(&o));
   CUresult r = run(&o, 0);
   op_free(&o);
   return r;
@@ -507,11 +784,120 @@ static void wait_on(void *s, unsigned long long upto) {
   if (s && collectives_wait) collectives_wait(s, upto);
 }
 
-/* A new operation on live stream `p` (a collective), its number there. */
+/* A new operation on live stream `p` (a collective), its number there;
+ * in timed mode it takes no time. */
 unsigned long long scope_mock_stream_op(void *p) {
   LOCKED;
   stream *s = p;
-  return ++s->issued;
+  ++s->issued;
+  timed_op(s, 0);
+  return s->issued;
+}
+
+/* Timed mode's collectives. scope_mock_stream_part is scope_mock_stream_op
+ * for a part whose finish the mock NCCL sets: *part is its handle (NULL
+ * when timed mode is off), until the mock NCCL hands it back through
+ * scope_mock_part_join (every part of one call, all finishing at the
+ * latest part's start plus extra_ns) or scope_mock_part_end (an aborted
+ * communicator: it ends now). A graph replay's recorded collectives have
+ * their parts made by cuGraphLaunch; scope_mock_replay_part hands out the
+ * next one of `p` (NULL if none). */
+unsigned long long scope_mock_stream_part(void *p, void **part) {
+  LOCKED;
+  stream *s = p;
+  ++s->issued;
+  *part = timing ? add_part(s) : NULL;
+  if (*part) pthread_cond_broadcast(&timed_changed);
+  return s->issued;
+}
+void *scope_mock_replay_part(void *p) {
+  LOCKED;
+  stream *s = p;
+  tnode *n = s->unclaimed;
+  if (n) {
+    s->unclaimed = n->next;
+    n->next = NULL;
+    pthread_cond_broadcast(&timed_changed);
+  }
+  return n;
+}
+void scope_mock_part_join(void **parts, int n, unsigned long long extra_ns) {
+  LOCKED;
+  if (n <= 0) return;
+  tgroup *g = calloc(1, sizeof *g);
+  g->n = n;
+  g->parts = calloc((size_t)n, sizeof *g->parts);
+  g->extra = (long long)extra_ns;
+  epoch++;
+  for (int i = 0; i < n; i++) {
+    tnode *x = parts[i];
+    g->parts[i] = x; /* the mock NCCL's reference, now the group's */
+    x->kind = T_JOINED;
+    x->group = g;
+  }
+  tnode *first = g->parts[0];
+  first->refs++;
+  finish_of(first); /* settles it now when it can: nothing else may ask */
+  drop(first);
+  pthread_cond_broadcast(&timed_changed);
+}
+void scope_mock_part_end(void *part) {
+  LOCKED;
+  tnode *x = part;
+  end_part(x);
+  drop(x);
+}
+
+/* Timed mode's host wait: a model time, or a node (a reference, dropped here). */
+typedef struct { long long at; tnode *node; } when;
+static when when_tail(stream *s) {
+  collapse(s);
+  when w = {s->tail, s->tail_node};
+  if (w.node) w.node->refs++;
+  return w;
+}
+static void sleep_until(long long t) {
+  struct timespec ts = {(time_t)(t / 1000000000LL), (long)(t % 1000000000LL)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+  }
+}
+/* Sleep, with the lock not held, until `w` has passed. While its time is
+ * not known, wait for the part it waits for: a posted one's peers (as
+ * the mock NCCL's wait does, which gives up after 30 s), a replay's
+ * part to be posted. A wait that cannot end gives up, as the untimed
+ * mock's does: the peers never posted, or a cycle of waits. */
+static void timed_wait(when w) {
+  static unsigned marks;
+  long long give_up = now_ns() + 30000000000LL;
+  for (;;) {
+    pthread_mutex_lock(&lock);
+    long long f = w.node ? finish_of(w.node) : w.at;
+    tnode *b = f < 0 ? blocker(w.node, ++marks) : NULL;
+    if (f >= 0 || !b || now_ns() > give_up) {
+      drop(w.node);
+      pthread_mutex_unlock(&lock);
+      if (f >= 0) sleep_until(f);
+      else fprintf(stderr, "mock cuda: a timed host wait gave up: its work waits for a collective that cannot finish\n");
+      return;
+    }
+    stream *on = b->on;
+    unsigned long long seq = b->seq;
+    pthread_mutex_unlock(&lock);
+    if (pending_on(on, seq)) {
+      wait_on(on, seq);
+      if (pending_on(on, seq)) give_up = 0; /* the mock NCCL gave up (a violation) */
+      continue;
+    }
+    /* Not posted yet (a replay's part, before its hook posts it): a
+     * moment, or until a part is posted, joined or ended. */
+    struct timespec soon;
+    clock_gettime(CLOCK_REALTIME, &soon);
+    soon.tv_nsec += 1000000;
+    if (soon.tv_nsec >= 1000000000) { soon.tv_sec++; soon.tv_nsec -= 1000000000; }
+    pthread_mutex_lock(&lock);
+    pthread_cond_timedwait(&timed_changed, &lock, &soon);
+    pthread_mutex_unlock(&lock);
+  }
 }
 
 /* Record a collective into capturing stream `p`'s graph: `hook(blob, stream,
@@ -648,11 +1034,24 @@ CUresult cuCtxSetCurrent(void *ctx) {
   return OK;
 }
 CUresult cuCtxSynchronize(void) {
-  ENTER;
-  for (stream *s = streams; s; s = s->next) {
-    if (s->live && s->capturing)
-      return refuse(E_CAPTURE_UNSUPPORTED, "cuCtxSynchronize while a stream is capturing");
+  when *waits = NULL;
+  size_t nwaits = 0;
+  {
+    ENTER;
+    for (stream *s = streams; s; s = s->next) {
+      if (s->live && s->capturing)
+        return refuse(E_CAPTURE_UNSUPPORTED, "cuCtxSynchronize while a stream is capturing");
+    }
+    host_waits++;
+    for (stream *s = streams; timing && s; s = s->next) {
+      if (!s->live || s->ctx != current) continue;
+      waits = realloc(waits, (nwaits + 1) * sizeof *waits);
+      waits[nwaits++] = when_tail(s);
+    }
   }
+  for (size_t i = 0; i < nwaits; i++) timed_wait(waits[i]);
+  free(waits);
+  ENTER;
   for (stream *s = streams; s; s = s->next) finish(s);
   release_over_threshold(NULL, 0);
   return surface();
@@ -698,6 +1097,7 @@ CUresult cuStreamCreate(void **out, unsigned flags) {
   if (flags > 1) return refuse(E_INVALID_VALUE, "cuStreamCreate flags %u", flags);
   stream *s = calloc(1, sizeof(stream));
   s->live = 1;
+  s->ctx = current;
   s->next = streams;
   streams = s;
   *out = s;
@@ -719,14 +1119,20 @@ static CUresult capturing_refusal(stream *s, const char *call) {
 }
 CUresult cuStreamSynchronize(void *p) {
   unsigned long long upto;
+  when w = {0, NULL};
+  int timed;
   {
     ENTER;
     stream *s = p;
     STREAM(s);
     if (s->capturing) return capturing_refusal(s, "cuStreamSynchronize");
     upto = s->issued;
+    host_waits++;
+    timed = timing;
+    if (timed) w = when_tail(s);
   }
   wait_on(p, upto);
+  if (timed) timed_wait(w);
   ENTER;
   stream *s = p;
   STREAM(s);
@@ -735,11 +1141,25 @@ CUresult cuStreamSynchronize(void *p) {
   return surface();
 }
 CUresult cuStreamQuery(void *p) {
+  unsigned long long upto;
+  {
+    ENTER;
+    stream *s = p;
+    STREAM(s);
+    if (s->capturing) return capturing_refusal(s, "cuStreamQuery");
+    upto = s->issued;
+  }
+  /* Asked without the lock: the mock NCCL takes its own, then this one. */
+  if (pending_on(p, upto)) return E_NOT_READY;
   ENTER;
   stream *s = p;
   STREAM(s);
-  if (s->capturing) return capturing_refusal(s, "cuStreamQuery");
-  if (pending_on(p, s->issued)) return E_NOT_READY;
+  if (timing) {
+    /* The model finish passed: done, and now the host knows. */
+    collapse(s);
+    if (s->tail_node || now_ns() < s->tail) return E_NOT_READY;
+    s->done = s->issued;
+  }
   return s->done == s->issued ? surface() : E_NOT_READY;
 }
 
@@ -756,6 +1176,8 @@ CUresult cuEventDestroy_v2(void *p) {
   event *e = p;
   if (!e || !e->live) return refuse(E_INVALID_HANDLE, "destroying an event twice");
   e->live = 0; /* kept: a stale handle is then caught, not reused */
+  drop(e->node);
+  e->node = NULL;
   return OK;
 }
 CUresult cuEventRecord(void *pe, void *ps) {
@@ -772,6 +1194,13 @@ CUresult cuEventRecord(void *pe, void *ps) {
   e->on = s;
   e->seq = s->issued;
   e->captured_by = NULL;
+  if (timing) {
+    collapse(s);
+    drop(e->node);
+    e->at = s->tail;
+    e->node = s->tail_node;
+    if (e->node) e->node->refs++;
+  }
   return OK;
 }
 static CUresult event_usable(event *e, const char *call) {
@@ -789,19 +1218,33 @@ CUresult cuEventQuery(void *p) {
   }
   if (pending_on(e->on, e->seq)) return E_NOT_READY;
   ENTER;
+  if (timing && e->on) {
+    long long at = e->node ? finish_of(e->node) : e->at;
+    if (at < 0 || now_ns() < at) return E_NOT_READY;
+  }
   /* Nothing it covers waits on a collective, and work runs as it is
-   * issued: it is done, and now the host knows. */
+   * issued (or its model time passed): it is done, and now the host knows. */
   if (e->on && e->on->done < e->seq) e->on->done = e->seq;
   return surface();
 }
 CUresult cuEventSynchronize(void *p) {
   event *e = p;
+  when w = {0, NULL};
+  int timed;
   {
     ENTER;
     CUresult bad = event_usable(e, "cuEventSynchronize");
     if (bad) return bad;
+    host_waits++;
+    timed = timing && e->on;
+    if (timed) {
+      w.at = e->at;
+      w.node = e->node;
+      if (w.node) w.node->refs++;
+    }
   }
   wait_on(e->on, e->seq);
+  if (timed) timed_wait(w);
   ENTER;
   if (e->on && e->on->done < e->seq) e->on->done = e->seq;
   release_over_threshold(NULL, 0);
@@ -828,6 +1271,7 @@ CUresult cuStreamWaitEvent(void *ps, void *pe, unsigned flags) {
   if (e->on) {
     learn(s, e->on, e->seq);
     for (int i = 0; i < e->on->nknown; i++) learn(s, e->on->known[i].of, e->on->known[i].seq);
+    if (timing) timed_wait_event(s, e->at, e->node);
   }
   return OK;
 }
@@ -919,8 +1363,23 @@ CUresult cuGraphLaunch(void *px, void *ps) {
   CUresult r = graph_launch(px, ps, &seq);
   if (r != OK) return r;
   exec *x = px;
-  for (size_t i = 0; i < x->g.len; i++)
-    if (x->g.ops[i].kind == OP_HOOK) x->g.ops[i].hook(x->g.ops[i].params, ps, seq);
+  stream *s = ps;
+  for (size_t i = 0; i < x->g.len; i++) {
+    if (x->g.ops[i].kind != OP_HOOK) continue;
+    tnode *mine;
+    {
+      LOCKED;
+      mine = s->unclaimed;
+    }
+    x->g.ops[i].hook(x->g.ops[i].params, ps, seq);
+    LOCKED;
+    if (mine && s->unclaimed == mine) {
+      /* Its post was refused: the part ends, as nothing waits for it. */
+      s->unclaimed = mine->next;
+      end_part(mine);
+      drop(mine);
+    }
+  }
   return OK;
 }
 static CUresult graph_launch(void *px, void *ps, unsigned long long *seq) {
@@ -935,6 +1394,20 @@ static CUresult graph_launch(void *px, void *ps, unsigned long long *seq) {
       return refuse(E_INVALID_HANDLE, "replaying a graph that launches `%s`, whose module was unloaded",
                     x->g.ops[i].f->name);
   s->issued++;
+  if (timing) {
+    /* In order: the work between two collectives is one span of time. */
+    unsigned long long span = 0;
+    tnode **end = &s->unclaimed;
+    while (*end) end = &(*end)->next;
+    for (size_t i = 0; i < x->g.len; i++) {
+      if (x->g.ops[i].kind != OP_HOOK) { span += duration(&x->g.ops[i]); continue; }
+      timed_op(s, span);
+      span = 0;
+      *end = add_part(s);
+      end = &(*end)->next;
+    }
+    timed_op(s, span);
+  }
   for (size_t i = 0; i < x->g.len; i++) run(&x->g.ops[i], 1);
   replayed *r = x->replays;
   while (r && r->on != s) r = r->next;
@@ -1085,6 +1558,7 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *out, size_t n, void *pp, void *ps)
       p->in_use += b->size;
       *out = (CUdeviceptr)(uintptr_t)b->base;
       s->issued++;
+      timed_op(s, 0);
       b->alloc_on = s;
       b->alloc_seq = s->issued;
       return OK;
@@ -1098,6 +1572,7 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *out, size_t n, void *pp, void *ps)
   p->in_use += size;
   *out = (CUdeviceptr)(uintptr_t)b->base;
   s->issued++;
+  timed_op(s, 0);
   b->alloc_on = s;
   b->alloc_seq = s->issued;
   return OK;
@@ -1114,6 +1589,7 @@ CUresult cuMemFreeAsync(CUdeviceptr ptr, void *ps) {
   b->live = 0;
   b->pool->in_use -= b->size;
   s->issued++;
+  timed_op(s, 0);
   b->freed_on = s;
   b->freed_seq = s->issued;
   return OK;
@@ -1151,6 +1627,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, void *p
   if (unordered) return unordered;
   if (s->capturing) return refuse(E_NOT_PERMITTED, "cuMemsetD8Async on a capturing stream (not modelled)");
   s->issued++;
+  timed_op(s, 0);
   if (!fault_pending && !sticky) memset((void *)(uintptr_t)dst, value, n);
   return OK;
 }

@@ -25,12 +25,32 @@
  * four devices (for the mock RCCL's groups), each an MI300-like one: its launch limits (grid 2^31-1 x 65,535 x 65,535,
  * blocks 1024 x 1024 x 1024 of at most 1,024 threads, 64 KiB of LDS,
  * 64-wide wavefronts) are in its properties, and a launch past them fails.
+ *
+ * Timed mode (scope_mock_timing(1); off by default) is the CUDA mock's
+ * (server-cuda's tests/mock/mock_cuda.c), with the same hook names, so
+ * that a test can measure overlap by the wall clock: bytes still move at
+ * issue; each stream is an in-order queue in model time (CLOCK_MONOTONIC),
+ * an operation starting at the latest of its issue, the stream's previous
+ * finish and the events it was made to wait on (hipStreamWaitEvent), and
+ * lasting its kernel's time (scope_mock_kernel_time: "fill", "copy",
+ * "add", "trap", "ecc"; another name is ignored) or its copy's
+ * (scope_mock_copy_time, per MiB). An event records the model finish of
+ * its stream's work so far; hipEventQuery answers not ready until the wall
+ * clock reaches it; hipStreamSynchronize and hipEventSynchronize sleep
+ * until then. A collective of the mock RCCL is a part its stream cannot
+ * finish alone (scope_mock_stream_part, scope_mock_replay_part,
+ * scope_mock_part_join, scope_mock_part_end: see the CUDA mock).
+ * scope_mock_host_waits counts the calls of those two host waits, in
+ * either mode. The model has a lock of its own (the rest of this mock
+ * has none), taken only in timed mode and by the mock RCCL's hooks.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int hipError_t;
@@ -82,13 +102,20 @@ typedef struct {
 typedef struct { op *ops; size_t len, cap; } graph;
 /* `issued` counts only the collectives the mock RCCL posts on the stream
  * (the rest of its work runs as it is issued). */
-typedef struct { graph *capture; hipError_t sticky; unsigned long long issued; int device; } stream;
+/* Timed mode: as the CUDA mock's stream, `tail` or `tail_node`, and a
+ * graph replay's collective parts the mock RCCL has yet to post. */
+struct tnode;
+typedef struct {
+  graph *capture; hipError_t sticky; unsigned long long issued; int device;
+  long long tail;
+  struct tnode *tail_node, *unclaimed;
+} stream;
 /* The sticky code each device holds (scope_ecc), until hipDeviceReset. */
 #define DEVICES 4
 static hipError_t device_sticky[DEVICES];
 static unsigned long long resets;
 unsigned long long scope_mock_resets(void) { return resets; }
-typedef struct { stream *last; unsigned long long seq; } event;
+typedef struct { stream *last; unsigned long long seq; long long at; struct tnode *node; } event;
 
 static void push(graph *g, op o) {
   if (g->len == g->cap) {
@@ -97,6 +124,223 @@ static void push(graph *g, op o) {
   }
   g->ops[g->len++] = o;
 }
+
+/* ----- timed mode: device time (see the header; as the CUDA mock's) ----- */
+
+static int timing;
+static unsigned long long kernel_ns[NKERNELS], copy_ns_per_mib, host_waits;
+static pthread_mutex_t timed_lock = PTHREAD_MUTEX_INITIALIZER;
+static void timed_unlock(int *held) { (void)held; pthread_mutex_unlock(&timed_lock); }
+#define TIMED_LOCKED int timed_held_ __attribute__((cleanup(timed_unlock))) = (pthread_mutex_lock(&timed_lock), 1)
+/* Signalled when a part is posted, joined or ended. */
+static pthread_cond_t timed_changed = PTHREAD_COND_INITIALIZER;
+
+static long long now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+static long long later(long long a, long long b) { return a > b ? a : b; }
+
+/* A stream's work whose time is not known at issue (behind a part that
+ * waits for its peers) is a chain of nodes: a plain node finishes at
+ * max(prev + a, b, dep), a part at the latest start of its call's parts
+ * plus the call's cost. Counted references; see the CUDA mock. */
+enum { T_PLAIN, T_PART, T_JOINED };
+typedef struct tnode {
+  int refs, kind, visiting;
+  unsigned mark;
+  unsigned long long unknown;
+  long long finish;
+  struct tnode *prev, *dep;
+  long long prev_time;
+  long long a, b;
+  long long posted;
+  struct tgroup *group;
+  stream *on;
+  unsigned long long seq;
+  struct tnode *next;
+} tnode;
+typedef struct tgroup { int n; tnode **parts; long long extra; } tgroup;
+/* Only a part's join or end makes an unknown finish known. */
+static unsigned long long epoch = 1;
+
+static void drop(tnode *x) {
+  while (x && --x->refs == 0) {
+    tnode *prev = x->prev;
+    drop(x->dep);
+    free(x);
+    x = prev;
+  }
+}
+static void settle(tnode *x, long long f) {
+  x->finish = f;
+  x->kind = T_PLAIN;
+  x->group = NULL;
+  drop(x->prev);
+  drop(x->dep);
+  x->prev = x->dep = NULL;
+}
+static long long finish_of(tnode *x);
+static long long part_start(tnode *p) {
+  long long before = p->prev ? finish_of(p->prev) : p->prev_time;
+  return before < 0 ? -1 : later(before, p->posted);
+}
+static long long group_finish(tnode *x) {
+  tgroup *g = x->group;
+  long long latest = 0;
+  int known = 1;
+  for (int i = 0; i < g->n; i++) g->parts[i]->visiting = 1;
+  for (int i = 0; i < g->n && known; i++) {
+    long long start = part_start(g->parts[i]);
+    if (start < 0) known = 0;
+    latest = later(latest, start);
+  }
+  for (int i = 0; i < g->n; i++) {
+    g->parts[i]->visiting = 0;
+    if (!known) g->parts[i]->unknown = epoch;
+  }
+  if (!known) return -1;
+  long long f = latest + g->extra;
+  for (int i = 0; i < g->n; i++) settle(g->parts[i], f);
+  for (int i = 0; i < g->n; i++) drop(g->parts[i]);
+  free(g->parts);
+  free(g);
+  return f;
+}
+static long long leaf(tnode *y) {
+  if (y->finish >= 0) return y->finish;
+  if (y->unknown == epoch) return -1;
+  return y->kind == T_JOINED && !y->visiting ? group_finish(y) : -1;
+}
+/* `x`'s model finish, or -1 while not known; a run of plain nodes is
+ * evaluated in a loop, bottom up. */
+static long long finish_of(tnode *x) {
+  tnode **run = NULL;
+  size_t len = 0, cap = 0;
+  for (tnode *y = x; y && y->finish < 0 && y->kind == T_PLAIN && !y->visiting && y->unknown != epoch; y = y->prev) {
+    if (len == cap) {
+      cap = cap ? cap * 2 : 16;
+      run = realloc(run, cap * sizeof *run);
+    }
+    run[len++] = y;
+  }
+  if (!len) return leaf(x);
+  for (size_t i = 0; i < len; i++) run[i]->visiting = 1;
+  tnode *bottom = run[len - 1];
+  long long f = bottom->prev ? leaf(bottom->prev) : bottom->prev_time;
+  size_t left = len;
+  while (left && f >= 0) {
+    tnode *c = run[left - 1];
+    long long d = c->dep ? finish_of(c->dep) : 0;
+    if (d < 0) { f = -1; break; }
+    f = later(later(f + c->a, c->b), d);
+    c->visiting = 0;
+    settle(c, f);
+    left--;
+  }
+  for (size_t i = 0; i < left; i++) {
+    run[i]->visiting = 0;
+    run[i]->unknown = epoch;
+  }
+  free(run);
+  return left ? -1 : f;
+}
+static void collapse(stream *s) {
+  if (s->tail_node && finish_of(s->tail_node) >= 0) {
+    s->tail = s->tail_node->finish;
+    drop(s->tail_node);
+    s->tail_node = NULL;
+  }
+}
+static tnode *append(stream *s, int kind) {
+  tnode *n = calloc(1, sizeof *n);
+  n->refs = 1;
+  n->kind = kind;
+  n->finish = -1;
+  n->prev = s->tail_node;
+  n->prev_time = s->tail;
+  s->tail_node = n;
+  return n;
+}
+static tnode *foldable(stream *s) {
+  tnode *t = s->tail_node;
+  return t && t->refs == 1 && t->kind == T_PLAIN && !t->dep ? t : NULL;
+}
+/* An operation of `dur` ns issued on `s` now (the lock held). */
+static void timed_op(stream *s, unsigned long long dur) {
+  long long now = now_ns(), d = (long long)dur;
+  collapse(s);
+  if (!s->tail_node) { s->tail = later(s->tail, now) + d; return; }
+  tnode *t = foldable(s);
+  if (!t) {
+    t = append(s, T_PLAIN);
+    t->b = now;
+  }
+  t->a += d;
+  t->b = later(t->b, now) + d;
+}
+static void timed_wait_event(stream *s, long long at, tnode *e) {
+  if (e && finish_of(e) >= 0) { at = e->finish; e = NULL; }
+  collapse(s);
+  if (!e && !s->tail_node) { s->tail = later(s->tail, at); return; }
+  tnode *t = e ? NULL : foldable(s);
+  if (!t) {
+    t = append(s, T_PLAIN);
+    if (e) { t->dep = e; e->refs++; }
+  }
+  t->b = later(t->b, at);
+}
+static tnode *add_part(stream *s, unsigned long long seq) {
+  collapse(s);
+  tnode *n = append(s, T_PART);
+  n->posted = now_ns();
+  n->on = s;
+  n->seq = seq;
+  n->refs++;
+  return n;
+}
+static void end_part(tnode *x) {
+  epoch++;
+  if (x->kind == T_PART) {
+    x->kind = T_PLAIN;
+    x->a = 0;
+    x->b = later(x->posted, now_ns());
+  }
+  pthread_cond_broadcast(&timed_changed);
+}
+static tnode *blocker(tnode *x, unsigned mark) {
+  for (; x && x->finish < 0 && x->mark != mark; x = x->prev) {
+    x->mark = mark;
+    if (x->kind == T_PART) return x;
+    if (x->kind == T_JOINED) {
+      for (int i = 0; i < x->group->n; i++) {
+        tnode *m = x->group->parts[i], *b;
+        if (m != x && m->mark == mark) continue;
+        m->mark = mark;
+        if ((b = blocker(m->prev, mark))) return b;
+      }
+      return NULL;
+    }
+    tnode *b = blocker(x->dep, mark);
+    if (b) return b;
+  }
+  return NULL;
+}
+static unsigned long long duration(const op *o) {
+  if (o->launch == 1) return kernel_ns[o->f->k->id];
+  if (o->launch == 2) return 0;
+  return (unsigned long long)((double)o->n * (double)copy_ns_per_mib / 1048576.0);
+}
+
+void scope_mock_timing(int on) { TIMED_LOCKED; __atomic_store_n(&timing, on != 0, __ATOMIC_RELAXED); }
+void scope_mock_kernel_time(const char *kind, unsigned long long ns) {
+  TIMED_LOCKED;
+  for (int k = 0; k < NKERNELS; k++)
+    if (kind && !strcmp(kind, KERNELS[k].name + 6)) kernel_ns[k] = ns; /* past "scope_" */
+}
+void scope_mock_copy_time(unsigned long long ns_per_mib) { TIMED_LOCKED; copy_ns_per_mib = ns_per_mib; }
+unsigned long long scope_mock_host_waits(void) { return __atomic_load_n(&host_waits, __ATOMIC_RELAXED); }
 
 static void run(stream *s, const op *o) {
   if (!o->launch) { memcpy(o->dst, o->src, o->n); return; }
@@ -117,7 +361,12 @@ static void run(stream *s, const op *o) {
 }
 
 static void issue(stream *s, op o) {
-  if (s->capture) push(s->capture, o); else run(s, &o);
+  if (s->capture) { push(s->capture, o); return; }
+  if (__atomic_load_n(&timing, __ATOMIC_RELAXED)) {
+    TIMED_LOCKED;
+    timed_op(s, duration(&o));
+  }
+  run(s, &o);
 }
 
 /* ----- device ----- */
@@ -217,13 +466,117 @@ void scope_mock_register_collectives(int (*pending)(void *, unsigned long long),
   collectives_pending = pending;
   collectives_wait = wait;
 }
-/* A new operation on stream `p` (a collective), its number there. */
-unsigned long long scope_mock_stream_op(void *p) { return ++((stream *)p)->issued; }
+/* A new operation on stream `p` (a collective), its number there; in
+ * timed mode it takes no time. */
+unsigned long long scope_mock_stream_op(void *p) {
+  stream *s = p;
+  if (!__atomic_load_n(&timing, __ATOMIC_RELAXED)) return ++s->issued;
+  TIMED_LOCKED;
+  timed_op(s, 0);
+  return ++s->issued;
+}
 static int pending_on(void *s, unsigned long long upto) {
   return s && collectives_pending && collectives_pending(s, upto);
 }
 static void wait_on(void *s, unsigned long long upto) {
   if (s && collectives_wait) collectives_wait(s, upto);
+}
+
+/* Timed mode's collectives, as the CUDA mock's: a part (*part, NULL when
+ * timed mode is off) whose finish the mock RCCL sets by joining it with
+ * its call's other parts, or ends (an abort); a replay's parts, made by
+ * hipGraphLaunch, handed out in order. */
+unsigned long long scope_mock_stream_part(void *p, void **part) {
+  stream *s = p;
+  TIMED_LOCKED;
+  ++s->issued;
+  *part = timing ? add_part(s, s->issued) : NULL;
+  if (*part) pthread_cond_broadcast(&timed_changed);
+  return s->issued;
+}
+void *scope_mock_replay_part(void *p) {
+  stream *s = p;
+  TIMED_LOCKED;
+  tnode *n = s->unclaimed;
+  if (n) {
+    s->unclaimed = n->next;
+    n->next = NULL;
+    pthread_cond_broadcast(&timed_changed);
+  }
+  return n;
+}
+void scope_mock_part_join(void **parts, int n, unsigned long long extra_ns) {
+  TIMED_LOCKED;
+  if (n <= 0) return;
+  tgroup *g = calloc(1, sizeof *g);
+  g->n = n;
+  g->parts = calloc((size_t)n, sizeof *g->parts);
+  g->extra = (long long)extra_ns;
+  epoch++;
+  for (int i = 0; i < n; i++) {
+    tnode *x = parts[i];
+    g->parts[i] = x;
+    x->kind = T_JOINED;
+    x->group = g;
+  }
+  tnode *first = g->parts[0];
+  first->refs++;
+  finish_of(first);
+  drop(first);
+  pthread_cond_broadcast(&timed_changed);
+}
+void scope_mock_part_end(void *part) {
+  TIMED_LOCKED;
+  end_part(part);
+  drop(part);
+}
+
+/* A host wait's model time, or its node (a reference, dropped by timed_wait). */
+typedef struct { long long at; tnode *node; } when;
+static when when_tail(stream *s) {
+  TIMED_LOCKED;
+  collapse(s);
+  when w = {s->tail, s->tail_node};
+  if (w.node) w.node->refs++;
+  return w;
+}
+static void sleep_until(long long t) {
+  struct timespec ts = {(time_t)(t / 1000000000LL), (long)(t % 1000000000LL)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+  }
+}
+/* Sleep, with no lock held, until `w` has passed; while its time is not
+ * known, wait for the part it waits for (see the CUDA mock). */
+static void timed_wait(when w) {
+  static unsigned marks;
+  long long give_up = now_ns() + 30000000000LL;
+  for (;;) {
+    pthread_mutex_lock(&timed_lock);
+    long long f = w.node ? finish_of(w.node) : w.at;
+    tnode *b = f < 0 ? blocker(w.node, ++marks) : NULL;
+    if (f >= 0 || !b || now_ns() > give_up) {
+      drop(w.node);
+      pthread_mutex_unlock(&timed_lock);
+      if (f >= 0) sleep_until(f);
+      else fprintf(stderr, "mock hip: a timed host wait gave up: its work waits for a collective that cannot finish\n");
+      return;
+    }
+    stream *on = b->on;
+    unsigned long long seq = b->seq;
+    pthread_mutex_unlock(&timed_lock);
+    if (pending_on(on, seq)) {
+      wait_on(on, seq);
+      if (pending_on(on, seq)) give_up = 0;
+      continue;
+    }
+    struct timespec soon;
+    clock_gettime(CLOCK_REALTIME, &soon);
+    soon.tv_nsec += 1000000;
+    if (soon.tv_nsec >= 1000000000) { soon.tv_sec++; soon.tv_nsec -= 1000000000; }
+    pthread_mutex_lock(&timed_lock);
+    pthread_cond_timedwait(&timed_changed, &timed_lock, &soon);
+    pthread_mutex_unlock(&timed_lock);
+  }
 }
 
 /* ----- streams and events ----- */
@@ -236,37 +589,92 @@ hipError_t hipStreamCreateWithFlags(void **s, unsigned flags) {
   *s = created;
   return OK;
 }
-hipError_t hipStreamDestroy(void *s) { free(s); return OK; }
+hipError_t hipStreamDestroy(void *p) {
+  stream *s = p;
+  if (s && (s->tail_node || s->unclaimed)) {
+    /* What still waits on its work holds its own references. */
+    TIMED_LOCKED;
+    drop(s->tail_node);
+    while (s->unclaimed) {
+      tnode *u = s->unclaimed;
+      s->unclaimed = u->next;
+      end_part(u);
+      drop(u);
+    }
+  }
+  free(s);
+  return OK;
+}
 hipError_t hipStreamSynchronize(void *p) {
   stream *s = p;
   if (s->capture) return E_CAPTURE_UNSUPPORTED;
+  int timed = __atomic_load_n(&timing, __ATOMIC_RELAXED);
+  when w = timed ? when_tail(s) : (when){0, NULL};
+  __atomic_add_fetch(&host_waits, 1, __ATOMIC_RELAXED);
   wait_on(s, s->issued);
+  if (timed) timed_wait(w);
   return s->sticky;
 }
 hipError_t hipEventCreateWithFlags(void **e, unsigned flags) { (void)flags; *e = calloc(1, sizeof(event)); return OK; }
-hipError_t hipEventDestroy(void *e) { free(e); return OK; }
-hipError_t hipEventRecord(void *e, void *p) {
-  stream *s = p;
+hipError_t hipEventDestroy(void *e) {
+  if (e && ((event *)e)->node) {
+    TIMED_LOCKED;
+    drop(((event *)e)->node);
+  }
+  free(e);
+  return OK;
+}
+hipError_t hipEventRecord(void *p, void *ps) {
+  stream *s = ps;
+  event *e = p;
   if (s->capture) return E_CAPTURED_EVENT; /* the server must never do this */
   if (s->sticky) return s->sticky;
-  ((event *)e)->last = s;
-  ((event *)e)->seq = s->issued;
+  e->last = s;
+  e->seq = s->issued;
+  if (__atomic_load_n(&timing, __ATOMIC_RELAXED)) {
+    TIMED_LOCKED;
+    collapse(s);
+    drop(e->node);
+    e->at = s->tail;
+    e->node = s->tail_node;
+    if (e->node) e->node->refs++;
+  }
   return OK;
 }
 hipError_t hipEventQuery(void *p) {
   event *e = p;
   if (pending_on(e->last, e->seq)) return E_NOT_READY;
+  if (__atomic_load_n(&timing, __ATOMIC_RELAXED) && e->last) {
+    TIMED_LOCKED;
+    long long at = e->node ? finish_of(e->node) : e->at;
+    if (at < 0 || now_ns() < at) return E_NOT_READY;
+  }
   return e->last ? e->last->sticky : OK;
 }
 hipError_t hipEventSynchronize(void *p) {
   event *e = p;
+  when w = {0, NULL};
+  int timed = __atomic_load_n(&timing, __ATOMIC_RELAXED) && e->last;
+  if (timed) {
+    TIMED_LOCKED;
+    w.at = e->at;
+    w.node = e->node;
+    if (w.node) w.node->refs++;
+  }
+  __atomic_add_fetch(&host_waits, 1, __ATOMIC_RELAXED);
   wait_on(e->last, e->seq);
+  if (timed) timed_wait(w);
   return e->last ? e->last->sticky : OK;
 }
-hipError_t hipStreamWaitEvent(void *p, void *e, unsigned flags) {
+hipError_t hipStreamWaitEvent(void *p, void *pe, unsigned flags) {
   stream *s = p;
-  (void)e; (void)flags;
+  event *e = pe;
+  (void)flags;
   if (s->capture) return E_CAPTURE_ISOLATION; /* the server must never do this */
+  if (__atomic_load_n(&timing, __ATOMIC_RELAXED) && e && e->last) {
+    TIMED_LOCKED;
+    timed_wait_event(s, e->at, e->node);
+  }
   return s->sticky;
 }
 
@@ -404,12 +812,40 @@ hipError_t hipGraphLaunch(void *exec, void *p) {
   if (s->sticky) return s->sticky;
   for (size_t i = 0; i < g->len; i++)
     if (g->ops[i].launch == 1 && !g->ops[i].f->m->live) return E_INVALID_HANDLE; /* its module was unloaded */
-  for (size_t i = 0; i < g->len; i++) run(s, &g->ops[i]);
   unsigned long long seq = 0;
+  if (__atomic_load_n(&timing, __ATOMIC_RELAXED)) {
+    /* In order: the work between two collectives is one span of time. */
+    TIMED_LOCKED;
+    unsigned long long span = 0;
+    tnode **end = &s->unclaimed;
+    while (*end) end = &(*end)->next;
+    for (size_t i = 0; i < g->len; i++) {
+      if (g->ops[i].launch != 2) { span += duration(&g->ops[i]); continue; }
+      if (!seq) seq = ++s->issued;
+      timed_op(s, span);
+      span = 0;
+      *end = add_part(s, seq);
+      end = &(*end)->next;
+    }
+    timed_op(s, span);
+  }
+  for (size_t i = 0; i < g->len; i++) run(s, &g->ops[i]);
   for (size_t i = 0; i < g->len; i++)
     if (g->ops[i].launch == 2) {
       if (!seq) seq = ++s->issued;
+      tnode *mine;
+      {
+        TIMED_LOCKED;
+        mine = s->unclaimed;
+      }
       g->ops[i].hook(g->ops[i].dst, s, seq);
+      TIMED_LOCKED;
+      if (mine && s->unclaimed == mine) {
+        /* Its post was refused: the part ends, as nothing waits for it. */
+        s->unclaimed = mine->next;
+        end_part(mine);
+        drop(mine);
+      }
     }
   return OK;
 }
