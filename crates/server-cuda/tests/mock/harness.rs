@@ -137,6 +137,44 @@ impl Mock {
         unsafe { f(code) }
     }
 
+    /// Switch the timed mode on or off (with no work in flight): streams
+    /// run their work in modelled time, and host waits sleep until it is
+    /// done.
+    pub fn timing(&self, on: bool) {
+        let f: unsafe extern "C" fn(i32) = self.hook(self.cuda, b"scope_mock_timing\0");
+        // SAFETY: sets a flag under the mock's lock.
+        unsafe { f(i32::from(on)) }
+    }
+
+    /// The modelled time of every kernel of `kind` (`fill`, `copy`, `add`,
+    /// `accumulate`) in the timed mode.
+    pub fn kernel_time(&self, kind: &str, time: std::time::Duration) {
+        let f: unsafe extern "C" fn(*const c_char, u64) =
+            self.hook(self.cuda, b"scope_mock_kernel_time\0");
+        let kind = std::ffi::CString::new(kind).expect("a kernel kind");
+        let ns = u64::try_from(time.as_nanos()).unwrap_or(u64::MAX);
+        // SAFETY: the mock reads the name under its lock before returning.
+        unsafe { f(kind.as_ptr(), ns) }
+    }
+
+    /// The mock NCCL's model of a collective in the timed mode: `latency`
+    /// plus its bytes over `bytes_per_second`, from the moment the last
+    /// rank's part started.
+    pub fn nccl_model(&self, latency: std::time::Duration, bytes_per_second: f64) {
+        let f: unsafe extern "C" fn(u64, f64) = self.hook(self.nccl, b"scope_mock_nccl_model\0");
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        // SAFETY: sets two values under the mock NCCL's lock.
+        unsafe { f(ns, bytes_per_second) }
+    }
+
+    /// Host waits (stream, event and context synchronizations) the
+    /// process made on the mock driver.
+    pub fn host_waits(&self) -> u64 {
+        let f: unsafe extern "C" fn() -> u64 = self.hook(self.cuda, b"scope_mock_host_waits\0");
+        // SAFETY: reads a counter under the mock's lock.
+        unsafe { f() }
+    }
+
     /// How many primary-context resets the mock has done.
     pub fn resets(&self) -> u64 {
         let f: unsafe extern "C" fn() -> u64 = self.hook(self.cuda, b"scope_mock_resets\0");

@@ -1,0 +1,159 @@
+//! The timed mock: kernels and collectives that take modelled time. Here
+//! the `ddp_step` bench runs its three schedules side by side over four
+//! ranks.
+//!
+//! By default it runs at smoke scale, with modelled times near zero: the
+//! bench's code runs and every weight is checked, and scope's schedule
+//! must drain no stream. `SCOPE_MOCK_BENCH_FULL=1` prints the table:
+//!
+//! ```text
+//! SCOPE_MOCK_BENCH_FULL=1 cargo test --release -p server-cuda --test mock_timed -- --nocapture
+//! ```
+//!
+//! Sleeping workers cost no CPU, so wall time on a small machine measures
+//! the modelled schedule, plus the host's own cost.
+
+#[path = "mock/harness.rs"]
+mod harness;
+
+// The bench's `main` is not called from here.
+#[allow(dead_code)]
+#[path = "../benches/ddp_step.rs"]
+mod ddp_step;
+
+use std::time::Duration;
+
+use ddp_step::{Schedule, Shape};
+use harness::mock;
+use scope_core::Client;
+use server_cuda::Cuda;
+
+/// What the timed mock is told a step's work costs.
+struct Model {
+    name: &'static str,
+    /// A layer's backward kernel.
+    layer: Duration,
+    /// The optimizer over the whole gradient.
+    optimizer: Duration,
+    /// A collective's fixed cost.
+    latency: Duration,
+    /// The link's bus bandwidth, for the bytes a real layer has.
+    bandwidth: f64,
+}
+
+/// A layer's real gradient: 32 MiB, of which the mock moves 16 KiB, at a
+/// bandwidth scaled by the same factor.
+const STANDS_FOR: f64 = 2048.0;
+
+const NVLINK: Model = Model {
+    name: "NVLink-class (150 GB/s, 10 µs)",
+    layer: Duration::from_millis(1),
+    optimizer: Duration::from_millis(2),
+    latency: Duration::from_micros(10),
+    bandwidth: 150e9,
+};
+
+const INFINIBAND: Model = Model {
+    name: "InfiniBand-class (25 GB/s, 25 µs)",
+    layer: Duration::from_millis(1),
+    optimizer: Duration::from_millis(2),
+    latency: Duration::from_micros(25),
+    bandwidth: 25e9,
+};
+
+/// The mock's timing is the process's: one test at a time sets it.
+static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn clients() -> Vec<Client<Cuda>> {
+    mock();
+    (0..4)
+        .map(|rank| server_cuda::client_on(rank).expect("a mock device"))
+        .collect()
+}
+
+fn apply(model: &Model) {
+    let m = mock();
+    m.timing(true);
+    m.kernel_time("fill", model.layer);
+    m.kernel_time("accumulate", model.optimizer);
+    m.nccl_model(model.latency, model.bandwidth / STANDS_FOR);
+}
+
+#[test]
+fn every_schedule_computes_the_same_weights_and_scope_drains_nothing() {
+    let _timed = TIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let clients = clients();
+    apply(&Model {
+        name: "smoke",
+        layer: Duration::from_micros(20),
+        optimizer: Duration::from_micros(20),
+        latency: Duration::from_micros(1),
+        bandwidth: 0.0,
+    });
+    let shape = Shape {
+        layers: 8,
+        words: 256,
+        steps: 2,
+    };
+    for buckets in [1, 8] {
+        for schedule in Schedule::ALL {
+            let step = ddp_step::step(schedule, &clients, shape, buckets);
+            match schedule {
+                Schedule::Scope => assert_eq!(step.drains, 0.0, "B = {buckets}"),
+                Schedule::ScopeBefore => assert!(step.drains >= buckets as f64, "B = {buckets}"),
+                Schedule::Raw => {}
+            }
+        }
+    }
+    mock().timing(false);
+    mock().assert_clean();
+}
+
+#[test]
+fn the_table() {
+    if std::env::var_os("SCOPE_MOCK_BENCH_FULL").is_none() {
+        println!("not exercised: SCOPE_MOCK_BENCH_FULL=1 prints the table");
+        return;
+    }
+    let _timed = TIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let clients = clients();
+    let shape = Shape {
+        layers: 32,
+        words: 4096,
+        steps: 5,
+    };
+    println!(
+        "ddp_step over the timed mock: 4 ranks, {} layers, {} steps per figure; \
+         each layer's 16 KiB gradient stands for {} MiB",
+        shape.layers,
+        shape.steps,
+        (STANDS_FOR * 16.0 / 1024.0) as u64
+    );
+    for model in [&NVLINK, &INFINIBAND] {
+        apply(model);
+        println!(
+            "{}: layer {:?}, optimizer {:?}",
+            model.name, model.layer, model.optimizer
+        );
+        for buckets in [1, 8, 32] {
+            ddp_step::table_row(&clients, shape, buckets);
+        }
+        for (bytes, stands_for) in [(4u64, 4.0), (8192, 16.0 * 1024.0 * 1024.0)] {
+            let host = ddp_step::call_time(&clients, bytes, 20);
+            let device = model.latency.as_secs_f64() + stands_for / model.bandwidth;
+            println!(
+                "  one all_reduce of {}: host {:.1} µs, its round {:.1} µs modelled ({:.3}×)",
+                if bytes == 4 { "4 B" } else { "16 MiB" },
+                host.as_secs_f64() * 1e6,
+                device * 1e6,
+                host.as_secs_f64() / device
+            );
+        }
+    }
+    mock().timing(false);
+    mock().assert_clean();
+}
