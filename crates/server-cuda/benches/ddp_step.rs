@@ -4,8 +4,9 @@
 //!
 //! Each rank runs `layers` `fill` kernels (a layer's backward, writing its
 //! gradient), last layer first; as each bucket of `layers / buckets`
-//! layers is written, the bucket is all-reduced in place; then one
-//! `accumulate` (the optimizer) adds the whole gradient to the weights.
+//! layers is written, the bucket is all-reduced in place; then the
+//! optimizer adds each bucket to its part of the weights (`accumulate`).
+//! Each bucket is a buffer of its own, as DDP's are.
 //!
 //! 1. **raw**: the same kernels through cudarc and the same NCCL calls
 //!    straight through the library, as PyTorch DDP schedules them: a
@@ -167,39 +168,49 @@ fn scoped(schedule: Schedule, clients: &[Client<Cuda>], shape: Shape, buckets: u
     let times = group.run(|rank| {
         let c = rank.client();
         let words = shape.words * shape.layers as u32;
-        let grads = c.try_allocate(u64::from(words) * 4).expect("gradient");
+        let bucket_words = shape.words * per_bucket as u32;
+        // A buffer per bucket, as DDP's buckets are: the server orders
+        // streams per buffer, so a bucket still being reduced never holds
+        // back the backward pass writing the next one.
+        let grads: Vec<_> = (0..buckets)
+            .map(|_| {
+                c.try_allocate(u64::from(bucket_words) * 4)
+                    .expect("gradient")
+            })
+            .collect();
         let weights = c.upload(&vec![0u8; words as usize * 4]).expect("weights");
         let value = rank.index() as u32 + 1;
         let scalars: Vec<u8> = [shape.words, value]
             .iter()
             .flat_map(|w| w.to_le_bytes())
             .collect();
-        let layer = |l: usize| grads.slice(layer_bytes * l as u64..layer_bytes * (l as u64 + 1));
+        let bucket_bytes = u64::from(bucket_words) * 4;
         let one_step = || {
             for b in (0..buckets).rev() {
-                for l in (b * per_bucket..(b + 1) * per_bucket).rev() {
+                for l in (0..per_bucket).rev() {
+                    let layer =
+                        grads[b].slice(layer_bytes * l as u64..layer_bytes * (l as u64 + 1));
                     c.launch(
                         &fill,
-                        &[layer(l).write()],
+                        &[layer.write()],
                         &scalars,
                         Dispatch::linear(shape.words.div_ceil(BLOCK)),
                     )
                     .expect("backward");
                 }
-                let bucket = grads.slice(
-                    layer_bytes * (b * per_bucket) as u64
-                        ..layer_bytes * ((b + 1) * per_bucket) as u64,
-                );
-                rank.all_reduce(bucket, bucket, Element::U32, Reduce::Sum)
+                rank.all_reduce(grads[b].all(), grads[b].all(), Element::U32, Reduce::Sum)
                     .expect("all-reduce");
             }
-            c.launch(
-                &accumulate,
-                &[Binding::read(&grads), Binding::read_write(&weights)],
-                &words.to_le_bytes(),
-                Dispatch::linear(words.div_ceil(BLOCK)),
-            )
-            .expect("optimizer");
+            for (b, grad) in grads.iter().enumerate() {
+                let part = weights.slice(bucket_bytes * b as u64..bucket_bytes * (b as u64 + 1));
+                c.launch(
+                    &accumulate,
+                    &[Binding::read(grad), part.read_write()],
+                    &bucket_words.to_le_bytes(),
+                    Dispatch::linear(bucket_words.div_ceil(BLOCK)),
+                )
+                .expect("optimizer");
+            }
         };
         // One step untimed: compiles, allocates, warms the pools.
         one_step();
@@ -321,9 +332,12 @@ fn raw(clients: &[Client<Cuda>], shape: Shape, buckets: usize) -> Step {
                         .load_module(accumulate_ptx)
                         .and_then(|m| m.load_function("accumulate"))
                         .expect("accumulate");
-                    let mut grads = compute.alloc_zeros::<u32>(words).expect("gradient");
-                    let mut weights = compute.alloc_zeros::<u32>(words).expect("weights");
                     let layer_words = shape.words as usize;
+                    let bucket_words = layer_words * per_bucket;
+                    let mut grads: Vec<CudaSlice<u32>> = (0..buckets)
+                        .map(|_| compute.alloc_zeros::<u32>(bucket_words).expect("gradient"))
+                        .collect();
+                    let mut weights = compute.alloc_zeros::<u32>(words).expect("weights");
                     let config = |n: usize| LaunchConfig {
                         grid_dim: ((n as u32).div_ceil(BLOCK), 1, 1),
                         block_dim: (BLOCK, 1, 1),
@@ -333,12 +347,14 @@ fn raw(clients: &[Client<Cuda>], shape: Shape, buckets: usize) -> Step {
                         n: shape.words,
                         value: rank as u32 + 1,
                     };
-                    let all = N { n: words as u32 };
-                    let one_step = |grads: &mut CudaSlice<u32>, weights: &mut CudaSlice<u32>| {
+                    let part = N {
+                        n: bucket_words as u32,
+                    };
+                    let one_step = |grads: &mut [CudaSlice<u32>], weights: &mut CudaSlice<u32>| {
                         for b in (0..buckets).rev() {
-                            for l in (b * per_bucket..(b + 1) * per_bucket).rev() {
+                            for l in (0..per_bucket).rev() {
                                 let mut out =
-                                    grads.slice_mut(l * layer_words..(l + 1) * layer_words);
+                                    grads[b].slice_mut(l * layer_words..(l + 1) * layer_words);
                                 let mut launch = compute.launch_builder(&fill);
                                 launch.arg(&mut out).arg(&args);
                                 // SAFETY: `fill`'s signature; the grid covers the
@@ -347,21 +363,15 @@ fn raw(clients: &[Client<Cuda>], shape: Shape, buckets: usize) -> Step {
                             }
                             let ready = compute.record_event(None).expect("event");
                             comm_stream.wait(&ready).expect("wait");
-                            let first = b * per_bucket * layer_words;
-                            let count = per_bucket * layer_words;
-                            let bucket = {
-                                let view = grads.slice(first..first + count);
-                                let (ptr, _) =
-                                    cudarc::driver::DevicePtr::device_ptr(&view, &comm_stream);
-                                ptr
-                            };
-                            // SAFETY: the bucket lies inside `grads`, live on this
-                            // device; the stream waits for the bucket's writers.
+                            let (bucket, _) =
+                                cudarc::driver::DevicePtr::device_ptr(&grads[b], &comm_stream);
+                            // SAFETY: the bucket is live on this device; the
+                            // stream waits for the bucket's writers.
                             let called = unsafe {
                                 (table.all_reduce)(
                                     bucket as *const c_void,
                                     bucket as *mut c_void,
-                                    count,
+                                    bucket_words,
                                     NCCL_UINT32,
                                     NCCL_SUM,
                                     comm,
@@ -378,10 +388,14 @@ fn raw(clients: &[Client<Cuda>], shape: Shape, buckets: usize) -> Step {
                         }
                         let reduced = comm_stream.record_event(None).expect("event");
                         compute.wait(&reduced).expect("wait");
-                        let mut launch = compute.launch_builder(&accumulate);
-                        launch.arg(&*grads).arg(weights).arg(&all);
-                        // SAFETY: `accumulate`'s signature over the whole gradient.
-                        unsafe { launch.launch(config(words)) }.expect("optimizer");
+                        for (b, grad) in grads.iter().enumerate() {
+                            let mut into =
+                                weights.slice_mut(b * bucket_words..(b + 1) * bucket_words);
+                            let mut launch = compute.launch_builder(&accumulate);
+                            launch.arg(grad).arg(&mut into).arg(&part);
+                            // SAFETY: `accumulate`'s signature over one bucket.
+                            unsafe { launch.launch(config(bucket_words)) }.expect("optimizer");
+                        }
                     };
                     one_step(&mut grads, &mut weights);
                     compute.synchronize().expect("sync");

@@ -71,11 +71,13 @@ fn clients() -> Vec<Client<Cuda>> {
         .collect()
 }
 
-fn apply(model: &Model) {
+/// `model` in the timed mock, for a step of `buckets` buckets: the
+/// optimizer is one `accumulate` per bucket.
+fn apply(model: &Model, buckets: u32) {
     let m = mock();
     m.timing(true);
     m.kernel_time("fill", model.layer);
-    m.kernel_time("accumulate", model.optimizer);
+    m.kernel_time("accumulate", model.optimizer / buckets);
     m.nccl_model(model.latency, model.bandwidth / STANDS_FOR);
 }
 
@@ -85,13 +87,16 @@ fn every_schedule_computes_the_same_weights_and_scope_drains_nothing() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let clients = clients();
-    apply(&Model {
-        name: "smoke",
-        layer: Duration::from_micros(20),
-        optimizer: Duration::from_micros(20),
-        latency: Duration::from_micros(1),
-        bandwidth: 0.0,
-    });
+    apply(
+        &Model {
+            name: "smoke",
+            layer: Duration::from_micros(20),
+            optimizer: Duration::from_micros(20),
+            latency: Duration::from_micros(1),
+            bandwidth: 0.0,
+        },
+        1,
+    );
     let shape = Shape {
         layers: 8,
         words: 256,
@@ -134,12 +139,13 @@ fn the_table() {
         (STANDS_FOR * 16.0 / 1024.0) as u64
     );
     for model in [&NVLINK, &INFINIBAND] {
-        apply(model);
+        apply(model, 1);
         println!(
             "{}: layer {:?}, optimizer {:?}",
             model.name, model.layer, model.optimizer
         );
         for buckets in [1, 8, 32] {
+            apply(model, buckets as u32);
             ddp_step::table_row(&clients, shape, buckets);
         }
         for (bytes, stands_for) in [(4u64, 4.0), (8192, 16.0 * 1024.0 * 1024.0)] {
