@@ -419,6 +419,34 @@ fn bench(args: &Args) -> Result<bool> {
             captured.success,
         ));
     }
+    // The collectives' overlap, on the timed mock of CUDA and NCCL: its
+    // figures are modelled, and say so beside each.
+    if matches!(backend, "all" | "cuda") && wanted.iter().any(|(_, p)| p == "server-cuda") {
+        println!("\n==> cuda: ddp_step over the timed mock (tests/mock_timed.rs)");
+        let mut cmd = run::cargo();
+        cmd.args([
+            "test",
+            "--release",
+            "-p",
+            "server-cuda",
+            "--test",
+            "mock_timed",
+        ])
+        .args(["the_table", "--", "--nocapture"])
+        .env("SCOPE_MOCK_BENCH_FULL", "1");
+        let captured = run::capture(cmd)?;
+        ok &= captured.success;
+        let lines: Vec<String> = captured
+            .lines
+            .into_iter()
+            .filter(|l| is_figure(l) || l.contains("-class"))
+            .collect();
+        figures.push((
+            "cuda: ddp_step over the timed mock".to_owned(),
+            lines,
+            captured.success,
+        ));
+    }
     let mut without = Vec::new();
     for (name, package) in &wanted {
         if !runs.iter().any(|(n, _)| n == name) {
