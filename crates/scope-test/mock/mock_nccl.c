@@ -58,11 +58,19 @@
  * `bytes` is the call's count times its element size: the per-rank
  * message (an all-gather's or all-to-all's input per rank, a
  * reduce-scatter's output per rank). A send and its receive are modelled
- * alike, for the bytes of the transfer. ncclCommAbort ends its unjoined
- * parts at once. Communicators in shared mode (ranks in separate
- * processes) are not timed: their parts take no model time, and a host
- * wait waits for the peers as before. A driver without timed mode
- * (mock_hip.c) sees the calls as before.
+ * alike, for the bytes of the transfer. ncclCommAbort ends its unfinished
+ * parts at once, as NCCL's kernels return after an abort: one not joined
+ * yet ends at the abort, and so does every part of a joined call whose
+ * finish has not passed — but not before its own start (a rank whose
+ * stream is still busy with earlier work ends its part when that work is
+ * done); work behind them follows from the new finishes. For that the
+ * communicator keeps the driver's handles on its joined parts until the
+ * driver says no abort can move them (scope_mock_part_join_kept,
+ * scope_mock_part_settled); a driver without those hooks gets the join
+ * as before, and an abort ends only what was not joined. Communicators
+ * in shared mode (ranks in separate processes) are not timed: their
+ * parts take no model time, and a host wait waits for the peers as
+ * before. A driver without timed mode sees the calls as before.
  *
  * A call on a capturing stream is recorded (through the driver's
  * scope_mock_record_collective) and checked as a post would be, without
@@ -139,6 +147,10 @@ typedef struct clique {
   int devices[MAX_RANKS], present[MAX_RANKS];
   call *calls;
   transfer *transfers;
+  /* Timed mode: the driver's handles on joined parts whose finish an
+   * abort may still move (see join_parts). */
+  void **kept;
+  size_t nkept, capkept, prune_at;
   struct clique *next;
 } clique;
 struct shared_clique;
@@ -247,15 +259,45 @@ static void *replay_part(void *s) {
   void *(*f)(void *) = (void *(*)(void *))driver_hook("scope_mock_replay_part");
   return f ? f(s) : NULL;
 }
-/* Every part of a call posted: they finish together, `bytes` after the latest start. */
-static void join_parts(void **parts, int n, size_t bytes) {
+/* Handles of `c`'s joined parts that the driver says no abort can move
+ * any more (their finish passed) are handed back. Looked at when the
+ * list has doubled since, so that a join costs O(1) amortized. */
+static void forget_settled(clique *c) {
+  if (c->nkept < c->prune_at) return;
+  int (*settled)(void *) = (int (*)(void *))driver_hook("scope_mock_part_settled");
+  void (*release)(void *) = (void (*)(void *))driver_hook("scope_mock_part_release");
+  size_t left = 0;
+  for (size_t i = 0; i < c->nkept; i++) {
+    if (settled && release && settled(c->kept[i])) release(c->kept[i]);
+    else c->kept[left++] = c->kept[i];
+  }
+  c->nkept = left;
+  c->prune_at = 2 * left > 64 ? 2 * left : 64;
+}
+/* Every part of a call of `c` posted: they finish together, `bytes` after
+ * the latest start. Where the driver can (scope_mock_part_join_kept),
+ * the handles stay here, so that an abort can still end the call while
+ * it has not finished. */
+static void join_parts(clique *c, void **parts, int n, size_t bytes) {
   void *known[MAX_RANKS];
   int k = 0;
   for (int i = 0; i < n; i++)
     if (parts[i]) known[k++] = parts[i];
-  void (*f)(void **, int, unsigned long long) =
-      (void (*)(void **, int, unsigned long long))driver_hook("scope_mock_part_join");
-  if (k && f) f(known, k, cost(bytes));
+  if (!k) return;
+  typedef void (*join_hook)(void **, int, unsigned long long);
+  join_hook kept = (join_hook)driver_hook("scope_mock_part_join_kept");
+  join_hook f = (join_hook)driver_hook("scope_mock_part_join");
+  if (!kept) {
+    if (f) f(known, k, cost(bytes));
+    return;
+  }
+  kept(known, k, cost(bytes));
+  forget_settled(c);
+  if (c->nkept + (size_t)k > c->capkept) {
+    c->capkept = c->capkept ? 2 * c->capkept + (size_t)k : 64;
+    c->kept = realloc(c->kept, c->capkept * sizeof *c->kept);
+  }
+  for (int i = 0; i < k; i++) c->kept[c->nkept++] = known[i];
 }
 static void end_part(void **part) {
   void (*f)(void *) = (void (*)(void *))driver_hook("scope_mock_part_end");
@@ -672,6 +714,11 @@ int ncclCommAbort(comm *m) {
       end_part(&t->send_part);
       end_part(&t->recv_part);
     }
+    /* And what was joined but has not finished: every rank's kernel of
+     * the communicator returns (a rank still busy before its part ends
+     * it once that work is done: the driver's model). */
+    for (size_t i = 0; i < m->c->nkept; i++) end_part(&m->c->kept[i]);
+    m->c->nkept = 0;
   }
   pthread_cond_broadcast(&changed);
   return SUCCESS;
@@ -932,7 +979,7 @@ static int post_call(comm *m, int kind, const void *send, void *recv, size_t cou
     run(k, n);
     void *parts[MAX_RANKS];
     for (int r = 0; r < n; r++) parts[r] = k->posts[r].part;
-    join_parts(parts, n, count * 4);
+    join_parts(c, parts, n, count * 4);
     for (call **at = &c->calls; *at; at = &(*at)->next)
       if (*at == k) { *at = k->next; break; }
     free(k);
@@ -1074,7 +1121,7 @@ static int post_transfer(comm *m, int is_send, void *buf, size_t count, int dtyp
   }
   if (!(t->has_send && t->has_recv)) return SUCCESS;
   void *parts[2] = {t->send_part, t->recv_part};
-  join_parts(parts, 2, t->send_bytes < t->recv_bytes ? t->send_bytes : t->recv_bytes);
+  join_parts(c, parts, 2, t->send_bytes < t->recv_bytes ? t->send_bytes : t->recv_bytes);
   for (transfer **at = &c->transfers; *at; at = &(*at)->next)
     if (*at == t) { *at = t->next; break; }
   size_t sent = t->send_bytes, received = t->recv_bytes;

@@ -51,9 +51,15 @@
  * the communicator is aborted (scope_mock_part_end: now); until then the
  * finish of whatever is ordered after it, on its stream or through an
  * event, is unknown, and a host wait for it waits for the peers (the mock
- * NCCL's wait) before sleeping. cuCtxSynchronize waits for the current
- * context's streams. scope_mock_host_waits counts the calls of the three
- * host waits that got past their checks, in either mode.
+ * NCCL's wait) before sleeping. An abort also ends a joined call that has
+ * not finished yet: each of its parts at the abort, or at its own start
+ * if later (a rank still busy before its part), and what is ordered after
+ * them moves with them. So a host wait does not sleep to a finish fixed
+ * in advance: it sleeps on a condition variable until the finish, and
+ * reads the finish again when woken (a part posted, joined or ended);
+ * queries answer from the finish as it is now. cuCtxSynchronize waits for
+ * the current context's streams. scope_mock_host_waits counts the calls
+ * of the three host waits that got past their checks, in either mode.
  *
  * It is also a checker. Each call below fails (and counts a violation,
  * readable through scope_mock_violations / scope_mock_last_violation, and
@@ -131,7 +137,9 @@
  * collective recorded into a capture, posted by each replay). Timed mode's:
  * scope_mock_timing, scope_mock_kernel_time, scope_mock_copy_time,
  * scope_mock_host_waits; and for the mock NCCL, scope_mock_stream_part,
- * scope_mock_replay_part, scope_mock_part_join and scope_mock_part_end.
+ * scope_mock_replay_part, scope_mock_part_join (and _join_kept,
+ * scope_mock_part_settled, scope_mock_part_release) and
+ * scope_mock_part_end.
  *
  * Every entry point takes one process-wide recursive lock: concurrent tests
  * share the mock, and "device" work runs on the caller's thread.
@@ -425,8 +433,16 @@ typedef struct module { int live, nfunctions; function functions[16]; } module;
 
 static int timing;
 static unsigned long long kernel_ns[5], copy_ns_per_mib, host_waits;
-/* Signalled when a part is posted, joined or ended. */
-static pthread_cond_t timed_changed = PTHREAD_COND_INITIALIZER;
+/* Signalled when a part is posted, joined or ended. Its waits time out by
+ * CLOCK_MONOTONIC, model time's clock. */
+static pthread_cond_t timed_changed;
+__attribute__((constructor)) static void timed_changed_init(void) {
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(&timed_changed, &a);
+  pthread_condattr_destroy(&a);
+}
 
 static long long now_ns(void) {
   struct timespec t;
@@ -443,13 +459,26 @@ static long long later(long long a, long long b) { return a > b ? a : b; }
  * puts the event's node in dep. A part starts at max(prev, posted); joined,
  * all parts of its call finish together at the latest start plus the
  * call's cost. Nodes are counted references: the stream's tail, events,
- * the next node, a group, the mock NCCL's handle. */
+ * the next node, a group, the mock NCCL's handle.
+ *
+ * A joined call's finish stays open to an abort until it has passed: an
+ * aborted communicator's parts that have not finished end at the abort,
+ * or at their own start if later (scope_mock_part_end). So a finish is
+ * settled (`finish`, the node's chain dropped) only once it cannot move:
+ * when it no longer depends on a joined call yet to finish, or when it has
+ * passed (what an abort moves ends no earlier than the abort, so a finish
+ * already passed depends on none that can move). Until then it is
+ * provisional, kept in `pval` for the `moves` it was found in: only an
+ * abort that ends a joined call moves a known finish (a join only makes
+ * unknown ones known), and then the chain is evaluated again. */
 enum { T_PLAIN, T_PART, T_JOINED };
 typedef struct tnode {
   int refs, kind, visiting;
   unsigned mark;
   unsigned long long unknown;       /* the epoch it was last found unknown in */
-  long long finish;                 /* -1 until known */
+  long long finish;                 /* -1 until settled */
+  long long pval;                   /* a provisional finish, found at `moves` pmoves */
+  unsigned long long pmoves;
   struct tnode *prev, *dep;
   long long prev_time;              /* the stream's tail below, when prev is NULL */
   long long a, b;
@@ -459,11 +488,18 @@ typedef struct tnode {
   unsigned long long seq;
   struct tnode *next;               /* in the stream's unclaimed parts */
 } tnode;
-typedef struct tgroup { int n; tnode **parts; long long extra; } tgroup;
+typedef struct tgroup {
+  int n;
+  tnode **parts;
+  long long extra;
+  long long pval;                   /* its finish while it has not passed, found at `moves` pmoves */
+  unsigned long long pmoves;
+} tgroup;
 /* Only a part's join or end can make an unknown finish known: a node found
  * unknown stays so until the epoch moves, which keeps issuing behind a
- * waiting part O(1) an operation. */
-static unsigned long long epoch = 1;
+ * waiting part O(1) an operation. Only an abort of a joined call moves a
+ * provisional finish: `moves` counts those. */
+static unsigned long long epoch = 1, moves = 1;
 
 static void drop(tnode *x) {
   while (x && --x->refs == 0) {
@@ -487,9 +523,19 @@ static long long part_start(tnode *p) {
   long long before = p->prev ? finish_of(p->prev) : p->prev_time;
   return before < 0 ? -1 : later(before, p->posted);
 }
-/* A joined part's finish, which is its whole call's; settles them all. */
+/* A joined call that finished at `f`: its parts settle, the group goes. */
+static long long group_settle(tgroup *g, long long f) {
+  for (int i = 0; i < g->n; i++) settle(g->parts[i], f);
+  for (int i = 0; i < g->n; i++) drop(g->parts[i]);
+  free(g->parts);
+  free(g);
+  return f;
+}
+/* A joined part's finish, which is its whole call's; settles them all
+ * once it has passed. */
 static long long group_finish(tnode *x) {
   tgroup *g = x->group;
+  if (g->pmoves == moves) return g->pval > now_ns() ? g->pval : group_settle(g, g->pval);
   long long latest = 0;
   int known = 1;
   for (int i = 0; i < g->n; i++) g->parts[i]->visiting = 1;
@@ -504,27 +550,34 @@ static long long group_finish(tnode *x) {
   }
   if (!known) return -1;
   long long f = latest + g->extra;
-  for (int i = 0; i < g->n; i++) settle(g->parts[i], f);
-  for (int i = 0; i < g->n; i++) drop(g->parts[i]);
-  free(g->parts);
-  free(g);
+  if (f <= now_ns()) return group_settle(g, f);
+  g->pval = f;
+  g->pmoves = moves;
   return f;
 }
-/* A node that ends a run of plain ones: known, a joined part, or unknown
- * (a part not yet joined; a node on the path being evaluated: a cycle,
- * which a GPU would never finish either). */
+/* A node that ends a run of plain ones: settled, provisional, a joined
+ * part, or unknown (a part not yet joined; a node on the path being
+ * evaluated: a cycle, which a GPU would never finish either). */
 static long long leaf(tnode *y) {
   if (y->finish >= 0) return y->finish;
   if (y->unknown == epoch) return -1;
+  if (y->kind == T_PLAIN && y->pmoves == moves && !y->visiting) {
+    long long f = y->pval;
+    if (f <= now_ns()) settle(y, f); /* passed: nothing can move it now */
+    return f;
+  }
   return y->kind == T_JOINED && !y->visiting ? group_finish(y) : -1;
 }
-/* `x`'s model finish, or -1 while it is not known. The caller holds a
- * reference. The run of plain nodes below x is evaluated bottom up in a
- * loop, not by recursion: work issued behind a part can be a long chain. */
+/* `x`'s model finish, or -1 while it is not known; settled (x->finish set)
+ * or provisional (see above). The caller holds a reference. The run of
+ * plain nodes below x is evaluated bottom up in a loop, not by recursion:
+ * work issued behind a part can be a long chain. */
 static long long finish_of(tnode *x) {
   tnode **run = NULL;
   size_t len = 0, cap = 0;
-  for (tnode *y = x; y && y->finish < 0 && y->kind == T_PLAIN && !y->visiting && y->unknown != epoch; y = y->prev) {
+  for (tnode *y = x; y && y->finish < 0 && y->kind == T_PLAIN && !y->visiting && y->unknown != epoch &&
+                     y->pmoves != moves;
+       y = y->prev) {
     if (len == cap) {
       cap = cap ? cap * 2 : 16;
       run = realloc(run, cap * sizeof *run);
@@ -534,15 +587,30 @@ static long long finish_of(tnode *x) {
   if (!len) return leaf(x);
   for (size_t i = 0; i < len; i++) run[i]->visiting = 1;
   tnode *bottom = run[len - 1];
-  long long f = bottom->prev ? leaf(bottom->prev) : bottom->prev_time;
+  long long f = bottom->prev_time, now = now_ns();
+  int firm = 1; /* whether f is settled */
+  if (bottom->prev) {
+    f = leaf(bottom->prev);
+    firm = bottom->prev->finish >= 0;
+  }
   size_t left = len;
   while (left && f >= 0) {
     tnode *c = run[left - 1];
-    long long d = c->dep ? finish_of(c->dep) : 0;
+    long long d = 0;
+    if (c->dep) {
+      d = finish_of(c->dep);
+      firm = firm && c->dep->finish >= 0;
+    }
     if (d < 0) { f = -1; break; }
     f = later(later(f + c->a, c->b), d);
     c->visiting = 0;
-    settle(c, f); /* may free run[left], settled already */
+    firm = firm || f <= now;
+    if (firm) {
+      settle(c, f); /* may free run[left], settled already */
+    } else {
+      c->pval = f;
+      c->pmoves = moves;
+    }
     left--;
   }
   for (size_t i = 0; i < left; i++) {
@@ -553,9 +621,9 @@ static long long finish_of(tnode *x) {
   return left ? -1 : f;
 }
 
-/* The tail known at last: fold it into `tail`. */
+/* The tail settled at last: fold it into `tail`. */
 static void collapse(stream *s) {
-  if (s->tail_node && finish_of(s->tail_node) >= 0) {
+  if (s->tail_node && finish_of(s->tail_node) >= 0 && s->tail_node->finish >= 0) {
     s->tail = s->tail_node->finish;
     drop(s->tail_node);
     s->tail_node = NULL;
@@ -572,10 +640,13 @@ static tnode *append(stream *s, int kind) {
   s->tail_node = n;
   return n;
 }
-/* The tail node, if new work may fold into it: no one else sees it. */
+/* The tail node, if new work may fold into it: no one else sees it (its
+ * provisional finish, if any, is forgotten: the work changes it). */
 static tnode *foldable(stream *s) {
   tnode *t = s->tail_node;
-  return t && t->refs == 1 && t->kind == T_PLAIN && !t->dep ? t : NULL;
+  if (!t || t->refs != 1 || t->kind != T_PLAIN || t->dep) return NULL;
+  t->pmoves = 0;
+  return t;
 }
 /* An operation of `dur` ns issued on `s` now. */
 static void timed_op(stream *s, unsigned long long dur) {
@@ -593,7 +664,7 @@ static void timed_op(stream *s, unsigned long long dur) {
 }
 /* `s`'s later work starts no earlier than event time `at` / node `e`'s finish. */
 static void timed_wait_event(stream *s, long long at, tnode *e) {
-  if (e && finish_of(e) >= 0) { at = e->finish; e = NULL; }
+  if (e && finish_of(e) >= 0 && e->finish >= 0) { at = e->finish; e = NULL; }
   collapse(s);
   if (!e && !s->tail_node) { s->tail = later(s->tail, at); return; }
   tnode *t = e ? NULL : foldable(s);
@@ -614,12 +685,33 @@ static tnode *add_part(stream *s) {
   n->refs++;
   return n;
 }
+/* An aborted communicator's part ends now, or at its own start if later
+ * (its stream's earlier work still runs first): one not yet joined, or a
+ * joined call's whose finish has not passed (or is not known yet) — then
+ * every part of that call, each at its own start or now. What is ordered
+ * after them follows from the new finishes (the epoch moves), and the
+ * host waits sleeping on a finish wake to read it again. */
 static void end_part(tnode *x) {
+  if (x->kind == T_JOINED) finish_of(x); /* settles the call if it has passed */
   epoch++;
+  long long now = now_ns();
   if (x->kind == T_PART) {
     x->kind = T_PLAIN;
     x->a = 0;
-    x->b = later(x->posted, now_ns());
+    x->b = later(x->posted, now);
+  } else if (x->kind == T_JOINED) {
+    tgroup *g = x->group;
+    for (int i = 0; i < g->n; i++) {
+      tnode *p = g->parts[i];
+      p->kind = T_PLAIN;
+      p->group = NULL;
+      p->a = 0;
+      p->b = later(p->posted, now);
+    }
+    for (int i = 0; i < g->n; i++) drop(g->parts[i]); /* the group's references; the caller holds x */
+    free(g->parts);
+    free(g);
+    moves++;
   }
   pthread_cond_broadcast(&timed_changed);
 }
@@ -799,9 +891,15 @@ unsigned long long scope_mock_stream_op(void *p) {
  * when timed mode is off), until the mock NCCL hands it back through
  * scope_mock_part_join (every part of one call, all finishing at the
  * latest part's start plus extra_ns) or scope_mock_part_end (an aborted
- * communicator: it ends now). A graph replay's recorded collectives have
- * their parts made by cuGraphLaunch; scope_mock_replay_part hands out the
- * next one of `p` (NULL if none). */
+ * communicator: it ends now, or at its own start if later). With
+ * scope_mock_part_join_kept the mock NCCL keeps its handles after the
+ * join, so that an abort can still end a joined call that has not
+ * finished (scope_mock_part_end, on any one part of it, ends them all);
+ * scope_mock_part_settled says when a handle is no longer needed for
+ * that (its finish passed, or nothing can move it), and
+ * scope_mock_part_release hands one back. A graph replay's recorded
+ * collectives have their parts made by cuGraphLaunch;
+ * scope_mock_replay_part hands out the next one of `p` (NULL if none). */
 unsigned long long scope_mock_stream_part(void *p, void **part) {
   LOCKED;
   stream *s = p;
@@ -821,8 +919,7 @@ void *scope_mock_replay_part(void *p) {
   }
   return n;
 }
-void scope_mock_part_join(void **parts, int n, unsigned long long extra_ns) {
-  LOCKED;
+static void join(void **parts, int n, unsigned long long extra_ns, int kept) {
   if (n <= 0) return;
   tgroup *g = calloc(1, sizeof *g);
   g->n = n;
@@ -831,7 +928,8 @@ void scope_mock_part_join(void **parts, int n, unsigned long long extra_ns) {
   epoch++;
   for (int i = 0; i < n; i++) {
     tnode *x = parts[i];
-    g->parts[i] = x; /* the mock NCCL's reference, now the group's */
+    g->parts[i] = x; /* the mock NCCL's reference, now the group's, or the group's own */
+    if (kept) x->refs++;
     x->kind = T_JOINED;
     x->group = g;
   }
@@ -840,6 +938,23 @@ void scope_mock_part_join(void **parts, int n, unsigned long long extra_ns) {
   finish_of(first); /* settles it now when it can: nothing else may ask */
   drop(first);
   pthread_cond_broadcast(&timed_changed);
+}
+void scope_mock_part_join(void **parts, int n, unsigned long long extra_ns) {
+  LOCKED;
+  join(parts, n, extra_ns, 0);
+}
+void scope_mock_part_join_kept(void **parts, int n, unsigned long long extra_ns) {
+  LOCKED;
+  join(parts, n, extra_ns, 1);
+}
+int scope_mock_part_settled(void *part) {
+  LOCKED;
+  tnode *x = part;
+  return !x || (finish_of(x) >= 0 && x->finish >= 0);
+}
+void scope_mock_part_release(void *part) {
+  LOCKED;
+  drop(part);
 }
 void scope_mock_part_end(void *part) {
   LOCKED;
@@ -856,29 +971,34 @@ static when when_tail(stream *s) {
   if (w.node) w.node->refs++;
   return w;
 }
-static void sleep_until(long long t) {
+/* Wait on timed_changed (the lock held) until model time `t` at the latest. */
+static void wait_changed(long long t) {
   struct timespec ts = {(time_t)(t / 1000000000LL), (long)(t % 1000000000LL)};
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
-  }
+  pthread_cond_timedwait(&timed_changed, &lock, &ts);
 }
-/* Sleep, with the lock not held, until `w` has passed. While its time is
- * not known, wait for the part it waits for: a posted one's peers (as
- * the mock NCCL's wait does, which gives up after 30 s), a replay's
- * part to be posted. A wait that cannot end gives up, as the untimed
- * mock's does: the peers never posted, or a cycle of waits. */
+/* Sleep, with the lock not held, until `w` has passed. Its finish is read
+ * again whenever a part is posted, joined or ended, and the sleep lasts
+ * until that finish or the next such change: an abort can move a finish
+ * earlier (see end_part). While its time is not known, wait for the part
+ * it waits for: a posted one's peers (as the mock NCCL's wait does, which
+ * gives up after 30 s), a replay's part to be posted. A wait that cannot
+ * end gives up, as the untimed mock's does: the peers never posted, or a
+ * cycle of waits. */
 static void timed_wait(when w) {
   static unsigned marks;
   long long give_up = now_ns() + 30000000000LL;
+  pthread_mutex_lock(&lock);
   for (;;) {
-    pthread_mutex_lock(&lock);
     long long f = w.node ? finish_of(w.node) : w.at;
-    tnode *b = f < 0 ? blocker(w.node, ++marks) : NULL;
-    if (f >= 0 || !b || now_ns() > give_up) {
-      drop(w.node);
-      pthread_mutex_unlock(&lock);
-      if (f >= 0) sleep_until(f);
-      else fprintf(stderr, "mock cuda: a timed host wait gave up: its work waits for a collective that cannot finish\n");
-      return;
+    if (f >= 0) {
+      if (now_ns() >= f) break;
+      wait_changed(f);
+      continue;
+    }
+    tnode *b = blocker(w.node, ++marks);
+    if (!b || now_ns() > give_up) {
+      fprintf(stderr, "mock cuda: a timed host wait gave up: its work waits for a collective that cannot finish\n");
+      break;
     }
     stream *on = b->on;
     unsigned long long seq = b->seq;
@@ -886,18 +1006,16 @@ static void timed_wait(when w) {
     if (pending_on(on, seq)) {
       wait_on(on, seq);
       if (pending_on(on, seq)) give_up = 0; /* the mock NCCL gave up (a violation) */
+      pthread_mutex_lock(&lock);
       continue;
     }
     /* Not posted yet (a replay's part, before its hook posts it): a
      * moment, or until a part is posted, joined or ended. */
-    struct timespec soon;
-    clock_gettime(CLOCK_REALTIME, &soon);
-    soon.tv_nsec += 1000000;
-    if (soon.tv_nsec >= 1000000000) { soon.tv_sec++; soon.tv_nsec -= 1000000000; }
     pthread_mutex_lock(&lock);
-    pthread_cond_timedwait(&timed_changed, &lock, &soon);
-    pthread_mutex_unlock(&lock);
+    wait_changed(now_ns() + 1000000);
   }
+  drop(w.node);
+  pthread_mutex_unlock(&lock);
 }
 
 /* Record a collective into capturing stream `p`'s graph: `hook(blob, stream,
@@ -1157,7 +1275,8 @@ CUresult cuStreamQuery(void *p) {
   if (timing) {
     /* The model finish passed: done, and now the host knows. */
     collapse(s);
-    if (s->tail_node || now_ns() < s->tail) return E_NOT_READY;
+    long long at = s->tail_node ? finish_of(s->tail_node) : s->tail;
+    if (at < 0 || now_ns() < at) return E_NOT_READY;
     s->done = s->issued;
   }
   return s->done == s->issued ? surface() : E_NOT_READY;

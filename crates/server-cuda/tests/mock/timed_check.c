@@ -4,8 +4,10 @@
  * event waits order, a collective finishes after its latest rank's start
  * plus its cost, and timed mode off is as instant as before. Built and
  * run by timed_check.sh, linked against the two mocks as libcuda.so and
- * libnccl.so. Tolerances are generous (a loaded 2-core machine): a wait
- * may not end before its model time, and may end up to 25% + 5 ms after.
+ * libnccl.so. An abort ends a joined all-reduce that has not finished:
+ * the peers of a rank whose stream is busy return at the abort.
+ * Tolerances are generous (a loaded 2-core machine): a wait may not end
+ * before its model time, and may end up to 25% + 5 ms after.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -456,6 +458,111 @@ static void *rank_main(void *arg) {
   return NULL;
 }
 
+/* ----- an abort ends a joined all-reduce that has not finished -----
+ * Four ranks on a fresh communicator: rank 3's stream runs a 1 s kernel
+ * before its all-reduce part, the others post theirs at once, so the call
+ * is joined at once and would finish at 1 s + 11 ms. On each rank: an
+ * event `after` recorded right after the part, then a 2 ms kernel on the
+ * stream; a second stream waits on `after` and runs a 2 ms kernel. At
+ * ~100 ms the main thread aborts the four communicators: ranks 0-2's
+ * parts end then, rank 3's at its own start (1 s, its kernel's end), and
+ * the work behind them follows. A rank's thread waits on its stream while
+ * a second thread of it waits on the event, then the second stream:
+ * both waits are asleep when the abort comes, and must wake for it. */
+static long long abort_at;
+static void *abort_comms[RANKS];
+static void *abort_streams[RANKS], *abort_seconds[RANKS], *abort_events[RANKS];
+static long long abort_stream_took[RANKS], abort_event_took[RANKS], abort_second_took[RANKS],
+    abort_ctx_took[RANKS];
+static int abort_pending_before[RANKS], abort_ready_after[RANKS];
+static pthread_barrier_t abort_barrier;
+
+static void *abort_event_waiter(void *arg) {
+  int r = (int)(long)arg;
+  CHECK(cuCtxSetCurrent(contexts[r]));
+  CHECK(cuEventSynchronize(abort_events[r]));
+  abort_event_took[r] = now() - round_start;
+  CHECK(cuStreamSynchronize(abort_seconds[r]));
+  abort_second_took[r] = now() - round_start;
+  return NULL;
+}
+static void *abort_rank(void *arg) {
+  int r = (int)(long)arg;
+  void *comm, *s, *s2, *after;
+  CHECK(cuCtxSetCurrent(contexts[r]));
+  CHECK(cuStreamCreate(&s, 0));
+  CHECK(cuStreamCreate(&s2, 0));
+  CHECK(cuEventCreate(&after, 0));
+  CUdeviceptr send, recv;
+  CHECK(cuMemAlloc_v2(&send, COUNT * 4));
+  CHECK(cuMemAlloc_v2(&recv, COUNT * 4));
+  CHECK(cuStreamSynchronize(s));
+  CHECK(ncclCommInitRankConfig(&comm, RANKS, id, r, NULL));
+  abort_comms[r] = comm;
+  abort_streams[r] = s;
+  abort_seconds[r] = s2;
+  abort_events[r] = after;
+  pthread_barrier_wait(&abort_barrier); /* the main thread starts the clock */
+  pthread_barrier_wait(&abort_barrier);
+  if (r == 3) launch_fill(s, scratch[r], 1); /* 1 s */
+  CHECK(ncclAllReduce((void *)send, (void *)recv, COUNT, NCCL_INT32, NCCL_SUM, comm, s));
+  CHECK(cuEventRecord(after, s));
+  launch_copy(s, scratch[r], scratch[r] + 256); /* 2 ms, after the part */
+  CHECK(cuStreamWaitEvent(s2, after, 0));
+  launch_copy(s2, scratch[r] + 512, scratch[r] + 768); /* 2 ms, after the event */
+  pthread_barrier_wait(&abort_barrier); /* every rank posted: the call is joined */
+  pthread_t waiter;
+  pthread_create(&waiter, NULL, abort_event_waiter, (void *)(long)r);
+  usleep(50000);
+  abort_pending_before[r] = cuStreamQuery(s) == NOT_READY && cuEventQuery(after) == NOT_READY &&
+                            cuStreamQuery(s2) == NOT_READY;
+  CHECK(cuStreamSynchronize(s));
+  abort_stream_took[r] = now() - round_start;
+  pthread_join(waiter, NULL);
+  CHECK(cuCtxSynchronize());
+  abort_ctx_took[r] = now() - round_start;
+  abort_ready_after[r] = cuStreamQuery(s) == 0 && cuEventQuery(after) == 0 && cuStreamQuery(s2) == 0;
+  return NULL;
+}
+static void abort_joined(void) {
+  scope_mock_nccl_model(1 * MS, COUNT * 4 / 0.010); /* 4 KiB in 10 ms: the call would end at 1011 ms */
+  scope_mock_kernel_time("fill", 1000 * MS);
+  scope_mock_kernel_time("copy", 2 * MS);
+  CHECK(ncclGetUniqueId(&id));
+  pthread_barrier_init(&abort_barrier, NULL, RANKS + 1);
+  pthread_t threads[RANKS];
+  for (long r = 0; r < RANKS; r++) pthread_create(&threads[r], NULL, abort_rank, (void *)r);
+  pthread_barrier_wait(&abort_barrier);
+  round_start = now();
+  pthread_barrier_wait(&abort_barrier);
+  pthread_barrier_wait(&abort_barrier); /* all posted */
+  long long posted = now() - round_start;
+  struct timespec until = {(time_t)((round_start + 100 * MS) / 1000000000LL),
+                           (long)((round_start + 100 * MS) % 1000000000LL)};
+  clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL);
+  abort_at = now() - round_start;
+  for (int r = 0; r < RANKS; r++) CHECK(ncclCommAbort(abort_comms[r]));
+  for (int r = 0; r < RANKS; r++) pthread_join(threads[r], NULL);
+  char line[160];
+  snprintf(line, sizeof line, "abort: every rank posted (at %.2f ms) well before the abort (at %.2f ms)",
+           ms(posted), ms(abort_at));
+  expect(line, posted < 50 * MS);
+  for (int r = 0; r < RANKS; r++) {
+    long long part = r == 3 ? 1000 * MS : abort_at; /* its part's end: its own start, or the abort */
+    snprintf(line, sizeof line, "rank %d: joined all-reduce aborted, cuStreamSynchronize (+ 2 ms)", r);
+    about(line, abort_stream_took[r], part + 2 * MS);
+    snprintf(line, sizeof line, "rank %d: joined all-reduce aborted, cuEventSynchronize after it", r);
+    about(line, abort_event_took[r], part);
+    snprintf(line, sizeof line, "rank %d: a second stream behind that event (+ 2 ms)", r);
+    about(line, abort_second_took[r], part + 2 * MS);
+    snprintf(line, sizeof line, "rank %d: then cuCtxSynchronize", r);
+    about(line, abort_ctx_took[r], part + 2 * MS);
+    expect("  before the abort: stream, event and second stream NOT_READY", abort_pending_before[r]);
+    expect("  after the waits: all ready", abort_ready_after[r]);
+  }
+  scope_mock_kernel_time("fill", 2 * MS);
+}
+
 static void four_ranks(void) {
   scope_mock_nccl_model(1 * MS, COUNT * 4 / 0.010); /* 4 KiB in 10 ms */
   CHECK(ncclGetUniqueId(&id));
@@ -497,6 +604,7 @@ int main(void) {
   scope_mock_timing(1);
   single_device();
   four_ranks();
+  abort_joined();
   scope_mock_timing(0);
   expect("no violations of the driver or NCCL", !scope_mock_violations() && !scope_mock_nccl_violations());
   printf("%s\n", failures ? "FAILED" : "all ok");

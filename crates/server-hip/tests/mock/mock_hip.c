@@ -39,7 +39,10 @@
  * clock reaches it; hipStreamSynchronize and hipEventSynchronize sleep
  * until then. A collective of the mock RCCL is a part its stream cannot
  * finish alone (scope_mock_stream_part, scope_mock_replay_part,
- * scope_mock_part_join, scope_mock_part_end: see the CUDA mock).
+ * scope_mock_part_join and _join_kept, scope_mock_part_settled,
+ * scope_mock_part_release, scope_mock_part_end: see the CUDA mock); an
+ * abort ends the parts of a joined call that has not finished too, and
+ * the host waits read a finish again when a part changes.
  * scope_mock_host_waits counts the calls of those two host waits, in
  * either mode. The model has a lock of its own (the rest of this mock
  * has none), taken only in timed mode and by the mock RCCL's hooks.
@@ -132,8 +135,16 @@ static unsigned long long kernel_ns[NKERNELS], copy_ns_per_mib, host_waits;
 static pthread_mutex_t timed_lock = PTHREAD_MUTEX_INITIALIZER;
 static void timed_unlock(int *held) { (void)held; pthread_mutex_unlock(&timed_lock); }
 #define TIMED_LOCKED int timed_held_ __attribute__((cleanup(timed_unlock))) = (pthread_mutex_lock(&timed_lock), 1)
-/* Signalled when a part is posted, joined or ended. */
-static pthread_cond_t timed_changed = PTHREAD_COND_INITIALIZER;
+/* Signalled when a part is posted, joined or ended. Its waits time out by
+ * CLOCK_MONOTONIC, model time's clock. */
+static pthread_cond_t timed_changed;
+__attribute__((constructor)) static void timed_changed_init(void) {
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(&timed_changed, &a);
+  pthread_condattr_destroy(&a);
+}
 
 static long long now_ns(void) {
   struct timespec t;
@@ -142,28 +153,55 @@ static long long now_ns(void) {
 }
 static long long later(long long a, long long b) { return a > b ? a : b; }
 
-/* A stream's work whose time is not known at issue (behind a part that
- * waits for its peers) is a chain of nodes: a plain node finishes at
- * max(prev + a, b, dep), a part at the latest start of its call's parts
- * plus the call's cost. Counted references; see the CUDA mock. */
+/* Where model time is not known at issue — behind a collective's part that
+ * waits for its peers — a stream's work is a chain of nodes, evaluated
+ * once the parts below are joined. A plain node finishes at
+ * max(prev + a, b, dep): a run of operations folds into one (each adds
+ * its duration to a, and b = max(b, its issue) + duration); an event wait
+ * puts the event's node in dep. A part starts at max(prev, posted); joined,
+ * all parts of its call finish together at the latest start plus the
+ * call's cost. Nodes are counted references: the stream's tail, events,
+ * the next node, a group, the mock RCCL's handle.
+ *
+ * A joined call's finish stays open to an abort until it has passed: an
+ * aborted communicator's parts that have not finished end at the abort,
+ * or at their own start if later (scope_mock_part_end). So a finish is
+ * settled (`finish`, the node's chain dropped) only once it cannot move:
+ * when it no longer depends on a joined call yet to finish, or when it has
+ * passed (what an abort moves ends no earlier than the abort, so a finish
+ * already passed depends on none that can move). Until then it is
+ * provisional, kept in `pval` for the `moves` it was found in: only an
+ * abort that ends a joined call moves a known finish (a join only makes
+ * unknown ones known), and then the chain is evaluated again. */
 enum { T_PLAIN, T_PART, T_JOINED };
 typedef struct tnode {
   int refs, kind, visiting;
   unsigned mark;
-  unsigned long long unknown;
-  long long finish;
+  unsigned long long unknown;       /* the epoch it was last found unknown in */
+  long long finish;                 /* -1 until settled */
+  long long pval;                   /* a provisional finish, found at `moves` pmoves */
+  unsigned long long pmoves;
   struct tnode *prev, *dep;
-  long long prev_time;
+  long long prev_time;              /* the stream's tail below, when prev is NULL */
   long long a, b;
   long long posted;
   struct tgroup *group;
-  stream *on;
+  stream *on;                       /* a part's stream and operation number */
   unsigned long long seq;
-  struct tnode *next;
+  struct tnode *next;               /* in the stream's unclaimed parts */
 } tnode;
-typedef struct tgroup { int n; tnode **parts; long long extra; } tgroup;
-/* Only a part's join or end makes an unknown finish known. */
-static unsigned long long epoch = 1;
+typedef struct tgroup {
+  int n;
+  tnode **parts;
+  long long extra;
+  long long pval;                   /* its finish while it has not passed, found at `moves` pmoves */
+  unsigned long long pmoves;
+} tgroup;
+/* Only a part's join or end can make an unknown finish known: a node found
+ * unknown stays so until the epoch moves, which keeps issuing behind a
+ * waiting part O(1) an operation. Only an abort of a joined call moves a
+ * provisional finish: `moves` counts those. */
+static unsigned long long epoch = 1, moves = 1;
 
 static void drop(tnode *x) {
   while (x && --x->refs == 0) {
@@ -181,13 +219,25 @@ static void settle(tnode *x, long long f) {
   drop(x->dep);
   x->prev = x->dep = NULL;
 }
+
 static long long finish_of(tnode *x);
 static long long part_start(tnode *p) {
   long long before = p->prev ? finish_of(p->prev) : p->prev_time;
   return before < 0 ? -1 : later(before, p->posted);
 }
+/* A joined call that finished at `f`: its parts settle, the group goes. */
+static long long group_settle(tgroup *g, long long f) {
+  for (int i = 0; i < g->n; i++) settle(g->parts[i], f);
+  for (int i = 0; i < g->n; i++) drop(g->parts[i]);
+  free(g->parts);
+  free(g);
+  return f;
+}
+/* A joined part's finish, which is its whole call's; settles them all
+ * once it has passed. */
 static long long group_finish(tnode *x) {
   tgroup *g = x->group;
+  if (g->pmoves == moves) return g->pval > now_ns() ? g->pval : group_settle(g, g->pval);
   long long latest = 0;
   int known = 1;
   for (int i = 0; i < g->n; i++) g->parts[i]->visiting = 1;
@@ -202,23 +252,34 @@ static long long group_finish(tnode *x) {
   }
   if (!known) return -1;
   long long f = latest + g->extra;
-  for (int i = 0; i < g->n; i++) settle(g->parts[i], f);
-  for (int i = 0; i < g->n; i++) drop(g->parts[i]);
-  free(g->parts);
-  free(g);
+  if (f <= now_ns()) return group_settle(g, f);
+  g->pval = f;
+  g->pmoves = moves;
   return f;
 }
+/* A node that ends a run of plain ones: settled, provisional, a joined
+ * part, or unknown (a part not yet joined; a node on the path being
+ * evaluated: a cycle, which a GPU would never finish either). */
 static long long leaf(tnode *y) {
   if (y->finish >= 0) return y->finish;
   if (y->unknown == epoch) return -1;
+  if (y->kind == T_PLAIN && y->pmoves == moves && !y->visiting) {
+    long long f = y->pval;
+    if (f <= now_ns()) settle(y, f); /* passed: nothing can move it now */
+    return f;
+  }
   return y->kind == T_JOINED && !y->visiting ? group_finish(y) : -1;
 }
-/* `x`'s model finish, or -1 while not known; a run of plain nodes is
- * evaluated in a loop, bottom up. */
+/* `x`'s model finish, or -1 while it is not known; settled (x->finish set)
+ * or provisional (see above). The caller holds a reference. The run of
+ * plain nodes below x is evaluated bottom up in a loop, not by recursion:
+ * work issued behind a part can be a long chain. */
 static long long finish_of(tnode *x) {
   tnode **run = NULL;
   size_t len = 0, cap = 0;
-  for (tnode *y = x; y && y->finish < 0 && y->kind == T_PLAIN && !y->visiting && y->unknown != epoch; y = y->prev) {
+  for (tnode *y = x; y && y->finish < 0 && y->kind == T_PLAIN && !y->visiting && y->unknown != epoch &&
+                     y->pmoves != moves;
+       y = y->prev) {
     if (len == cap) {
       cap = cap ? cap * 2 : 16;
       run = realloc(run, cap * sizeof *run);
@@ -228,15 +289,30 @@ static long long finish_of(tnode *x) {
   if (!len) return leaf(x);
   for (size_t i = 0; i < len; i++) run[i]->visiting = 1;
   tnode *bottom = run[len - 1];
-  long long f = bottom->prev ? leaf(bottom->prev) : bottom->prev_time;
+  long long f = bottom->prev_time, now = now_ns();
+  int firm = 1; /* whether f is settled */
+  if (bottom->prev) {
+    f = leaf(bottom->prev);
+    firm = bottom->prev->finish >= 0;
+  }
   size_t left = len;
   while (left && f >= 0) {
     tnode *c = run[left - 1];
-    long long d = c->dep ? finish_of(c->dep) : 0;
+    long long d = 0;
+    if (c->dep) {
+      d = finish_of(c->dep);
+      firm = firm && c->dep->finish >= 0;
+    }
     if (d < 0) { f = -1; break; }
     f = later(later(f + c->a, c->b), d);
     c->visiting = 0;
-    settle(c, f);
+    firm = firm || f <= now;
+    if (firm) {
+      settle(c, f); /* may free run[left], settled already */
+    } else {
+      c->pval = f;
+      c->pmoves = moves;
+    }
     left--;
   }
   for (size_t i = 0; i < left; i++) {
@@ -246,8 +322,10 @@ static long long finish_of(tnode *x) {
   free(run);
   return left ? -1 : f;
 }
+
+/* The tail settled at last: fold it into `tail`. */
 static void collapse(stream *s) {
-  if (s->tail_node && finish_of(s->tail_node) >= 0) {
+  if (s->tail_node && finish_of(s->tail_node) >= 0 && s->tail_node->finish >= 0) {
     s->tail = s->tail_node->finish;
     drop(s->tail_node);
     s->tail_node = NULL;
@@ -265,7 +343,9 @@ static tnode *append(stream *s, int kind) {
 }
 static tnode *foldable(stream *s) {
   tnode *t = s->tail_node;
-  return t && t->refs == 1 && t->kind == T_PLAIN && !t->dep ? t : NULL;
+  if (!t || t->refs != 1 || t->kind != T_PLAIN || t->dep) return NULL;
+  t->pmoves = 0; /* its provisional finish, if any: the new work changes it */
+  return t;
 }
 /* An operation of `dur` ns issued on `s` now (the lock held). */
 static void timed_op(stream *s, unsigned long long dur) {
@@ -281,7 +361,7 @@ static void timed_op(stream *s, unsigned long long dur) {
   t->b = later(t->b, now) + d;
 }
 static void timed_wait_event(stream *s, long long at, tnode *e) {
-  if (e && finish_of(e) >= 0) { at = e->finish; e = NULL; }
+  if (e && finish_of(e) >= 0 && e->finish >= 0) { at = e->finish; e = NULL; }
   collapse(s);
   if (!e && !s->tail_node) { s->tail = later(s->tail, at); return; }
   tnode *t = e ? NULL : foldable(s);
@@ -300,12 +380,30 @@ static tnode *add_part(stream *s, unsigned long long seq) {
   n->refs++;
   return n;
 }
+/* An aborted communicator's part ends now, or at its own start if later:
+ * one not yet joined, or every part of a joined call whose finish has not
+ * passed (see the CUDA mock). */
 static void end_part(tnode *x) {
+  if (x->kind == T_JOINED) finish_of(x); /* settles the call if it has passed */
   epoch++;
+  long long now = now_ns();
   if (x->kind == T_PART) {
     x->kind = T_PLAIN;
     x->a = 0;
-    x->b = later(x->posted, now_ns());
+    x->b = later(x->posted, now);
+  } else if (x->kind == T_JOINED) {
+    tgroup *g = x->group;
+    for (int i = 0; i < g->n; i++) {
+      tnode *p = g->parts[i];
+      p->kind = T_PLAIN;
+      p->group = NULL;
+      p->a = 0;
+      p->b = later(p->posted, now);
+    }
+    for (int i = 0; i < g->n; i++) drop(g->parts[i]); /* the group's references; the caller holds x */
+    free(g->parts);
+    free(g);
+    moves++;
   }
   pthread_cond_broadcast(&timed_changed);
 }
@@ -505,8 +603,7 @@ void *scope_mock_replay_part(void *p) {
   }
   return n;
 }
-void scope_mock_part_join(void **parts, int n, unsigned long long extra_ns) {
-  TIMED_LOCKED;
+static void join(void **parts, int n, unsigned long long extra_ns, int kept) {
   if (n <= 0) return;
   tgroup *g = calloc(1, sizeof *g);
   g->n = n;
@@ -515,7 +612,8 @@ void scope_mock_part_join(void **parts, int n, unsigned long long extra_ns) {
   epoch++;
   for (int i = 0; i < n; i++) {
     tnode *x = parts[i];
-    g->parts[i] = x;
+    g->parts[i] = x; /* the caller's reference, or the group's own (kept) */
+    if (kept) x->refs++;
     x->kind = T_JOINED;
     x->group = g;
   }
@@ -524,6 +622,24 @@ void scope_mock_part_join(void **parts, int n, unsigned long long extra_ns) {
   finish_of(first);
   drop(first);
   pthread_cond_broadcast(&timed_changed);
+}
+void scope_mock_part_join(void **parts, int n, unsigned long long extra_ns) {
+  TIMED_LOCKED;
+  join(parts, n, extra_ns, 0);
+}
+/* As the CUDA mock's: the caller keeps its handles, for an abort. */
+void scope_mock_part_join_kept(void **parts, int n, unsigned long long extra_ns) {
+  TIMED_LOCKED;
+  join(parts, n, extra_ns, 1);
+}
+int scope_mock_part_settled(void *part) {
+  TIMED_LOCKED;
+  tnode *x = part;
+  return !x || (finish_of(x) >= 0 && x->finish >= 0);
+}
+void scope_mock_part_release(void *part) {
+  TIMED_LOCKED;
+  drop(part);
 }
 void scope_mock_part_end(void *part) {
   TIMED_LOCKED;
@@ -540,26 +656,30 @@ static when when_tail(stream *s) {
   if (w.node) w.node->refs++;
   return w;
 }
-static void sleep_until(long long t) {
+/* Wait on timed_changed (timed_lock held) until model time `t` at the latest. */
+static void wait_changed(long long t) {
   struct timespec ts = {(time_t)(t / 1000000000LL), (long)(t % 1000000000LL)};
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
-  }
+  pthread_cond_timedwait(&timed_changed, &timed_lock, &ts);
 }
-/* Sleep, with no lock held, until `w` has passed; while its time is not
- * known, wait for the part it waits for (see the CUDA mock). */
+/* Sleep, with no lock held, until `w` has passed, reading its finish
+ * again whenever a part is posted, joined or ended (an abort can move it
+ * earlier); while its time is not known, wait for the part it waits for
+ * (see the CUDA mock). */
 static void timed_wait(when w) {
   static unsigned marks;
   long long give_up = now_ns() + 30000000000LL;
+  pthread_mutex_lock(&timed_lock);
   for (;;) {
-    pthread_mutex_lock(&timed_lock);
     long long f = w.node ? finish_of(w.node) : w.at;
-    tnode *b = f < 0 ? blocker(w.node, ++marks) : NULL;
-    if (f >= 0 || !b || now_ns() > give_up) {
-      drop(w.node);
-      pthread_mutex_unlock(&timed_lock);
-      if (f >= 0) sleep_until(f);
-      else fprintf(stderr, "mock hip: a timed host wait gave up: its work waits for a collective that cannot finish\n");
-      return;
+    if (f >= 0) {
+      if (now_ns() >= f) break;
+      wait_changed(f);
+      continue;
+    }
+    tnode *b = blocker(w.node, ++marks);
+    if (!b || now_ns() > give_up) {
+      fprintf(stderr, "mock hip: a timed host wait gave up: its work waits for a collective that cannot finish\n");
+      break;
     }
     stream *on = b->on;
     unsigned long long seq = b->seq;
@@ -567,16 +687,14 @@ static void timed_wait(when w) {
     if (pending_on(on, seq)) {
       wait_on(on, seq);
       if (pending_on(on, seq)) give_up = 0;
+      pthread_mutex_lock(&timed_lock);
       continue;
     }
-    struct timespec soon;
-    clock_gettime(CLOCK_REALTIME, &soon);
-    soon.tv_nsec += 1000000;
-    if (soon.tv_nsec >= 1000000000) { soon.tv_sec++; soon.tv_nsec -= 1000000000; }
     pthread_mutex_lock(&timed_lock);
-    pthread_cond_timedwait(&timed_changed, &timed_lock, &soon);
-    pthread_mutex_unlock(&timed_lock);
+    wait_changed(now_ns() + 1000000);
   }
+  drop(w.node);
+  pthread_mutex_unlock(&timed_lock);
 }
 
 /* ----- streams and events ----- */
