@@ -1,6 +1,6 @@
 //! The timed mock: kernels and collectives that take modelled time. Here
 //! the `ddp_step` bench runs its three schedules side by side over four
-//! ranks.
+//! ranks, and a round late past the deadline is failed by the watchdog.
 //!
 //! By default it runs at smoke scale, with modelled times near zero: the
 //! bench's code runs and every weight is checked, and scope's schedule
@@ -13,6 +13,7 @@
 //! Sleeping workers cost no CPU, so wall time on a small machine measures
 //! the modelled schedule, plus the host's own cost.
 
+mod common;
 #[path = "mock/harness.rs"]
 mod harness;
 
@@ -21,11 +22,13 @@ mod harness;
 #[path = "../benches/ddp_step.rs"]
 mod ddp_step;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use common::{COPY, bytes, kernel};
 use ddp_step::{Schedule, Shape};
 use harness::mock;
-use scope_core::Client;
+use scope_core::collective::{CollectiveError, Element, Group, Reduce};
+use scope_core::{Binding, Client, Dispatch, Error};
 use server_cuda::Cuda;
 
 /// What the timed mock is told a step's work costs.
@@ -162,4 +165,64 @@ fn the_table() {
     }
     mock().timing(false);
     mock().assert_clean();
+}
+
+/// Rank 2's device is busy past the deadline before its part of a round
+/// can start: the round was decided clean and issued, every call returned,
+/// and the watchdog fails the round on every rank at the deadline, with
+/// `Stalled`, before the abort lets a read through; the group is broken
+/// (rules 42, 47).
+#[test]
+fn a_round_late_past_the_deadline_fails_every_rank() {
+    let _timed = TIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let clients = clients();
+    mock().timing(true);
+    mock().kernel_time("copy", Duration::from_secs(3));
+    mock().nccl_model(Duration::from_micros(10), 0.0);
+    let deadline = Duration::from_millis(300);
+    let group = Group::over_device(clients, deadline).expect("a group");
+    let started = Instant::now();
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let input = c.upload(&bytes(&[rank.index() as u32 + 1; 64])).unwrap();
+        if rank.index() == 2 {
+            let busy = c.try_allocate(256).unwrap();
+            c.launch(
+                &kernel("copy", COPY),
+                &[Binding::read(&busy), Binding::write(&input)],
+                &bytes(&[0]),
+                Dispatch::linear(1),
+            )
+            .unwrap();
+        }
+        let output = c.try_allocate(256).unwrap();
+        let called = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
+        let read = c.read(&output);
+        (called, read, started.elapsed())
+    });
+    for (rank, (called, read, at)) in outcomes.into_iter().enumerate() {
+        called.unwrap_or_else(|e| panic!("rank {rank}: the round was issued: {e}"));
+        let error = read.expect_err("no rank reads a round a late peer never joined");
+        let Error::Collective(failed) = error.root() else {
+            panic!("rank {rank}: {error}");
+        };
+        assert!(
+            matches!(**failed, CollectiveError::Stalled { .. }),
+            "rank {rank}: {error}"
+        );
+        if rank != 2 {
+            assert!(
+                at < Duration::from_secs(2),
+                "rank {rank} waited for the late rank's work: {at:?}"
+            );
+        }
+    }
+    assert!(
+        group.broken().is_some(),
+        "a round failed in flight breaks the group"
+    );
+    mock().kernel_time("copy", Duration::ZERO);
+    mock().timing(false);
 }
