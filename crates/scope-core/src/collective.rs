@@ -213,6 +213,8 @@ struct Shared<B: Backend> {
     draining: bool,
     state: Mutex<State<B>>,
     changed: Condvar,
+    /// Notified when no part of this process is in flight any more.
+    all_landed: Condvar,
 }
 
 impl<B: Backend> Shared<B> {
@@ -230,6 +232,7 @@ impl<B: Backend> Shared<B> {
             first_failed: None,
             flights: Vec::new(),
             failed_from: None,
+            failing: 0,
             mail: std::collections::BTreeMap::new(),
             membership: membership::Membership::new(ranks),
         };
@@ -246,6 +249,7 @@ impl<B: Backend> Shared<B> {
             draining: false,
             state: Mutex::new(state),
             changed: Condvar::new(),
+            all_landed: Condvar::new(),
         }
     }
 
@@ -274,6 +278,8 @@ struct State<B: Backend> {
     flights: Vec<watchdog::Flight<B>>,
     /// The first round that failed in flight (`watchdog.rs`).
     failed_from: Option<u64>,
+    /// Failures in flight still being claimed.
+    failing: usize,
     /// Point-to-point parcels, by (sender, receiver).
     mail: std::collections::BTreeMap<(usize, usize), p2p::Mailbox>,
     membership: membership::Membership<B>,

@@ -2,14 +2,36 @@
 //! once issued, drains no stream, and leaves every byte right however the
 //! caller goes on — more rounds, frees, reads from another stream.
 
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use super::collective::{DEFAULT_WAIT, PART, RANKS, group};
+use super::collective::{DEFAULT_WAIT, PART, RANKS, collective_error, group};
+use super::membership::lose_device;
 use super::*;
-use scope_core::collective::{Element, Group, Reduce};
+use scope_core::Recovered;
+use scope_core::collective::{CollectiveError, Element, Group, Reduce};
 
 /// Rounds issued back to back without a read or a sync.
 const ROUNDS: usize = 1_000;
+
+/// Rounds each rank has issued when one rank's device is lost.
+const IN_FLIGHT: usize = 8;
+
+/// The rank whose device is lost.
+const LOST: usize = 2;
+
+/// A read of a round's output on a rank that kept its device: the round's
+/// bytes, or a failure the round carries (a peer's fault, the deadline)
+/// — never other bytes as clean (rule 47).
+fn right_or_failed(rank: usize, k: usize, read: Result<Vec<u32>>, sum: u32) {
+    match read {
+        Ok(bytes) => assert_eq!(bytes, vec![sum; PART as usize], "rank {rank}'s round {k}"),
+        Err(error) => assert!(
+            matches!(error.root(), Error::Collective(_)),
+            "rank {rank}'s round {k} fails as a round does: {error}"
+        ),
+    }
+}
 
 /// Every part of `group`'s rounds landed, as the watchdog saw it, within
 /// a second of every output having been read.
@@ -135,6 +157,154 @@ pub fn a_rounds_output_reads_right_from_another_stream<S: Suite>() {
     }
 }
 
+/// Rank 2's device is lost with rounds in flight on every rank, and it
+/// recovers at once, its rounds maybe still running; its peers shrink
+/// meanwhile. No output reads wrong bytes as clean: the peers' are the
+/// round's or fail as a round does, the lost rank's are lost with its
+/// device. The survivors go on, then admit it back (rules 47, 51, 54, 56).
+pub fn a_rank_lost_with_rounds_in_flight_recovers_while_its_peers_shrink<S: Suite>() {
+    // Short: a peer whose shrink starts after the lost rank recovered
+    // waits for it until the deadline, then leaves it out (rule 54).
+    let Some(group) = group::<S>(Duration::from_secs(3)) else {
+        return;
+    };
+    assert!(group.is_over_device(), "a behaviour of device transports");
+    let lost = Barrier::new(RANKS);
+    let ranks = RANKS as u32;
+    let sum = ranks * (ranks + 1) / 2;
+    let results = group.run(|rank| {
+        let c = rank.client();
+        let r = rank.index() as u32;
+        let input = upload(c, &vec![r + 1; PART as usize]);
+        let outputs: Vec<Buffer> = (0..IN_FLIGHT).map(|_| alloc(c, PART)).collect();
+        for output in &outputs {
+            rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+                .unwrap();
+        }
+        if rank.index() == LOST {
+            lose_device::<S>(c);
+            lost.wait();
+            let recovered = c.recover();
+            assert!(
+                matches!(recovered, Ok(Recovered::Reopened { .. })),
+                "the lost rank reopens with its rounds in flight: {recovered:?}"
+            );
+            for (k, output) in outputs.iter().enumerate() {
+                let error = read(c, output).expect_err("lost with the device");
+                assert!(error.is_lost_with_device(), "round {k}: {error}");
+            }
+            return None;
+        }
+        lost.wait();
+        let shrunk = rank.shrink().expect("the survivors go on");
+        for (k, output) in outputs.iter().enumerate() {
+            right_or_failed(rank.index(), k, read(c, output), sum);
+        }
+        let ones = upload(c, &[1; PART as usize]);
+        shrunk
+            .all_reduce(ones.all(), ones.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        assert_eq!(read(c, &ones).unwrap(), vec![3; PART as usize]);
+        Some(shrunk)
+    });
+    let survivors: Vec<_> = results.into_iter().flatten().collect();
+    assert_eq!(survivors.len(), RANKS - 1);
+    let newcomer = group.rank(LOST).unwrap().client().clone();
+    let admitted = survivors[0]
+        .group()
+        .run(|rank| rank.admit(std::slice::from_ref(&newcomer)).unwrap());
+    let back = admitted[0].group();
+    let totals = back.run(|rank| {
+        let c = rank.client();
+        let ones = upload(c, &[1; PART as usize]);
+        rank.all_reduce(ones.all(), ones.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        read(c, &ones).unwrap()
+    });
+    assert!(
+        totals.iter().all(|t| *t == vec![ranks; PART as usize]),
+        "{totals:?}"
+    );
+}
+
+/// Every rank records rounds into a capture window, and rank 2's device
+/// is lost before its window ends: its window is aborted with the rounds
+/// in it, and its peers' replays of theirs fail within the deadline,
+/// naming it missing, their outputs claimed; a new group over the same
+/// devices works (rules 42, 50, 53).
+pub fn a_capture_holding_rounds_aborted_by_a_loss_fails_every_replay<S: Suite>() {
+    let deadline = Duration::from_millis(500);
+    let Some(group) = group::<S>(deadline) else {
+        return;
+    };
+    assert!(group.is_over_device(), "a behaviour of device transports");
+    let started = Instant::now();
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let input = upload(c, &[1; PART as usize]);
+        let output = upload(c, &[5; PART as usize]);
+        let window = c.begin_capture().unwrap();
+        for _ in 0..IN_FLIGHT {
+            rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+                .expect("recorded on every rank");
+        }
+        if rank.index() == LOST {
+            lose_device::<S>(c);
+            assert!(
+                matches!(c.recover(), Ok(Recovered::Reopened { .. })),
+                "the device opens again"
+            );
+            assert_eq!(c.capture_state(), CaptureState::NoCapture, "aborted");
+            assert!(c.end_capture(window).is_err(), "no window left to end");
+            let error = read(c, &output).expect_err("lost with the device");
+            assert!(error.is_lost_with_device(), "{error}");
+            return None;
+        }
+        let graph = c.end_capture(window).expect("a peer's window seals");
+        let replayed = rank.replay(&graph);
+        let claim = read(c, &output).expect_err("the replay's failure is claimed");
+        Some((replayed, collective_error(claim.root()).clone()))
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "bounded by the deadline: {:?}",
+        started.elapsed()
+    );
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let Some((replayed, claim)) = outcome else {
+            assert_eq!(rank, LOST);
+            continue;
+        };
+        let error = replayed.expect_err("rank 2 never replays");
+        for reported in [collective_error(&error), &claim] {
+            assert!(
+                matches!(reported, CollectiveError::Missing { missing, .. } if missing.contains(&LOST))
+                    || matches!(reported, CollectiveError::Broken { .. }),
+                "rank {rank}: {reported}"
+            );
+        }
+    }
+    assert!(group.broken().is_some());
+    let clients = (0..RANKS)
+        .map(|r| group.rank(r).unwrap().client().clone())
+        .collect();
+    drop(group);
+    let fresh = S::group(clients, DEFAULT_WAIT).expect("a new group over the same devices");
+    let totals = fresh.run(|rank| {
+        let c = rank.client();
+        let ones = upload(c, &[1; PART as usize]);
+        rank.all_reduce(ones.all(), ones.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        read(c, &ones).unwrap()
+    });
+    assert!(
+        totals
+            .iter()
+            .all(|t| *t == vec![RANKS as u32; PART as usize]),
+        "{totals:?}"
+    );
+}
+
 /// The behaviours of rounds in flight: one `#[test]` each for `$suite`.
 #[macro_export]
 macro_rules! inflight_tests {
@@ -142,5 +312,7 @@ macro_rules! inflight_tests {
         $crate::behaviour! { $suite, inflight::device_rounds_drain_no_stream, DeviceCollectives }
         $crate::behaviour! { $suite, inflight::freeing_a_rounds_buffers_in_flight_leaves_every_byte_right, DeviceCollectives }
         $crate::behaviour! { $suite, inflight::a_rounds_output_reads_right_from_another_stream, DeviceCollectives }
+        $crate::behaviour! { $suite, inflight::a_rank_lost_with_rounds_in_flight_recovers_while_its_peers_shrink, DeviceCollectives, Reopen }
+        $crate::behaviour! { $suite, inflight::a_capture_holding_rounds_aborted_by_a_loss_fails_every_replay, DeviceCollectives, Reopen }
     };
 }

@@ -14,7 +14,7 @@ use super::*;
 use scope_core::collective::{CollectiveError, Element, Group, Rank, Reduce};
 
 /// Lose `c`'s device: an injected sticky fault at its next launch.
-fn lose_device<S: Suite>(c: &Client<S::Backend>) {
+pub(super) fn lose_device<S: Suite>(c: &Client<S::Backend>) {
     let victim = alloc(c, PART);
     c.inject(FaultPlan::new().poison_at(1, "injected", "DEVICE_LOST"));
     let error = fill::<S>(c, &victim, 1).unwrap_err();

@@ -499,9 +499,8 @@ impl<B: Backend> Rank<B> {
         readiness(waited, || client.check(&[input]))
     }
 
-    /// Issue an agreed round's call on the device transport, then settle
-    /// it (see [`settle`](Self::settle)). A part issued on a
-    /// communication stream is left to the watchdog.
+    /// Issue an agreed round's call, then [`settle`](Self::settle) it if
+    /// recorded or across processes, else [`issued_here`](Self::issued_here).
     pub(super) fn issue(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
         let Some(device) = &self.shared.device else {
             return Err(Error::internal(
@@ -535,12 +534,52 @@ impl<B: Backend> Rank<B> {
                 Err(error)
             }
         };
-        let len = input.range.end.saturating_sub(input.range.start);
-        self.settle(Kind::Call(kind), len, issued, Written::Output(output))
+        let recorded = self.client().capture_state() == CaptureState::Recording;
+        if self.shared.ballot.is_some() || recorded {
+            let len = input.range.end.saturating_sub(input.range.start);
+            return self.settle(Kind::Call(kind), len, issued, Written::Output(output));
+        }
+        self.issued_here((kind, round.round), issued, output)
     }
 
-    /// After an agreed round was issued, meet again. If any rank's call
-    /// failed, every output carries the failure and the group breaks.
+    /// In one process no rank waits for its peers twice. A failed call
+    /// claims every part in flight ([`Shared::fail_in_flight`]). A part
+    /// that went out as its round failed claims its own output: its write
+    /// may have landed over the claim.
+    fn issued_here(
+        &self,
+        (kind, round): (Call, u64),
+        issued: Result<()>,
+        output: Slice<'_>,
+    ) -> Result<()> {
+        let failure: Error = match issued {
+            Ok(()) => match self.shared.failed_in_flight(round) {
+                None => return Ok(()),
+                Some(cause) => cause,
+            },
+            Err(cause) => {
+                let error = {
+                    let mut state = self.shared.state.lock();
+                    match state.broken.clone() {
+                        Some(first) => (*first).clone(),
+                        None => {
+                            let error =
+                                super::round::issue_failed(kind.name(), round, self.rank, cause);
+                            self.shared.break_with(&mut state, &error);
+                            error
+                        }
+                    }
+                };
+                self.shared.fail_in_flight(round, &error);
+                error.into()
+            }
+        };
+        self.claim(Written::Output(output), failure.clone())?;
+        Err(failure)
+    }
+
+    /// Meet again after issue. If any rank's call failed, every output
+    /// carries the failure and the group breaks.
     pub(super) fn settle(
         &self,
         kind: Kind,

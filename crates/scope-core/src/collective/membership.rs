@@ -15,6 +15,7 @@
 //! ([`Rank::join_epoch`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::meeting::{Agenda, Meeting, Met, attend};
 use super::{Closed, CollectiveError, Group, Rank, Shared, State};
@@ -263,6 +264,7 @@ impl<B: Backend> Rank<B> {
         if let Some(Closed::Stale(stale)) = shared.closed(&shared.state.lock(), self.rank) {
             return Err(stale.into());
         }
+        shared.wait_landed(std::time::Instant::now() + shared.deadline + Duration::from_millis(50));
         let agenda = Changing { rank: self };
         let decided = match attend(
             &shared.state,

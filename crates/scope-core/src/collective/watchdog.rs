@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::{CollectiveError, Shared};
+use super::{CollectiveError, Shared, State};
 use crate::backend::Backend;
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -192,11 +192,7 @@ impl<B: Backend> Shared<B> {
     /// What failed the round, which this rank's part must not join.
     pub(super) fn take_off(&self, flight: Flight<B>) -> Result<()> {
         let mut state = self.state.lock();
-        if state.failed_from.is_some_and(|first| first <= flight.round) {
-            let cause = state.broken.clone().map_or_else(
-                || Error::internal("a round failed in flight with no cause kept"),
-                |broken| (*broken).clone().into(),
-            );
+        if let Some(cause) = failure_from(&state, flight.round) {
             return Err(cause);
         }
         state.flights.push(flight);
@@ -211,12 +207,35 @@ impl<B: Backend> Shared<B> {
             .is_some_and(|first| first <= round)
     }
 
+    /// What failed round `round`, or one before it, in flight.
+    pub(super) fn failed_in_flight(&self, round: u64) -> Option<Error> {
+        failure_from(&self.state.lock(), round)
+    }
+
     /// Rank `rank`'s part of round `round` is no longer in flight.
     pub(super) fn landed(&self, rank: usize, round: u64) {
-        self.state
-            .lock()
-            .flights
-            .retain(|f| f.rank != rank || f.round != round);
+        let mut state = self.state.lock();
+        state.flights.retain(|f| f.rank != rank || f.round != round);
+        if state.flights.is_empty() && state.failing == 0 {
+            self.all_landed.notify_all();
+        }
+    }
+
+    /// Wait until no part of this process is in flight, or `until`.
+    ///
+    /// Every part ends by its deadline, so a membership change that waits
+    /// here never shrinks a busy communicator.
+    pub(super) fn wait_landed(&self, until: Instant) {
+        let mut state = self.state.lock();
+        while !state.flights.is_empty() || state.failing > 0 {
+            if self.all_landed.wait_until(&mut state, until).timed_out() {
+                tracing::warn!(
+                    "{} parts still in flight past the deadline at a membership change",
+                    state.flights.len()
+                );
+                return;
+            }
+        }
     }
 
     /// Round `round` failed in flight with `error`: every part still in
@@ -232,6 +251,7 @@ impl<B: Backend> Shared<B> {
                 .into_iter()
                 .partition(|f| f.round >= first);
             state.flights = kept;
+            state.failing += 1;
             failed
         };
         let failure: Error = error.clone().into();
@@ -254,5 +274,20 @@ impl<B: Backend> Shared<B> {
         if state.broken.is_none() {
             self.break_with(&mut state, error);
         }
+        state.failing -= 1;
+        if state.flights.is_empty() && state.failing == 0 {
+            self.all_landed.notify_all();
+        }
     }
+}
+
+/// What failed round `round`, or one before it, in flight, under `state`.
+fn failure_from<B: Backend>(state: &State<B>, round: u64) -> Option<Error> {
+    if state.failed_from.is_none_or(|first| first > round) {
+        return None;
+    }
+    Some(state.broken.clone().map_or_else(
+        || Error::internal("a round failed in flight with no cause kept"),
+        |broken| (*broken).clone().into(),
+    ))
 }
