@@ -143,6 +143,8 @@ typedef struct transfer {
 } transfer;
 typedef struct clique {
   unsigned long long id;
+  /* A shrink's clique: its parent's id and which shrink of it (0: none). */
+  unsigned long long parent, nth;
   int nranks, joined, aborted;
   int devices[MAX_RANKS], present[MAX_RANKS];
   call *calls;
@@ -544,6 +546,21 @@ static clique *clique_of(unsigned long long key, int nranks) {
   return c;
 }
 
+/* The clique of the `nth` shrink of clique `parent`, under an id of its
+ * own: ids from ncclGetUniqueId count up from 1, these down from the top,
+ * so no chain of shrinks reaches another clique's id. */
+static clique *shrunk_clique_of(unsigned long long parent, unsigned long long nth, int nranks) {
+  static unsigned long long last = 0;
+  clique *c = cliques;
+  while (c && !(c->nth && c->parent == parent && c->nth == nth)) c = c->next;
+  if (!c) {
+    c = clique_of(~last++, nranks);
+    c->parent = parent;
+    c->nth = nth;
+  }
+  return c;
+}
+
 int ncclCommInitRankConfig(comm **out, int nranks, ncclUniqueId id, int rank, config_head *config) {
   LOCKED;
   if (!out) return refuse(INVALID_ARGUMENT, "ncclCommInitRankConfig with a null communicator pointer");
@@ -648,8 +665,7 @@ int ncclCommShrink(comm *m, int *exclude, int nexclude, comm **out, config_head 
     if (exclude[i] < m->rank) below++;
   }
   int nranks = parent->nranks - nexclude, rank = m->rank - below;
-  unsigned long long key = (parent->id << 20) | (unsigned long long)(++m->shrunk);
-  clique *c = clique_of(key, nranks);
+  clique *c = shrunk_clique_of(parent->id, (unsigned long long)(++m->shrunk), nranks);
   if (c->nranks != nranks)
     return refuse(INVALID_ARGUMENT, "ncclCommShrink: %d survivors where a peer said %d", nranks, c->nranks);
   if (c->present[rank]) return refuse(INVALID_USAGE, "ncclCommShrink: survivor %d shrank twice", rank);

@@ -67,7 +67,10 @@ cuda_suite!(
     mock().assert_clean(),
     {
         fn capabilities() -> &'static [scope_test::Capability] {
-            &[scope_test::Capability::DeviceCollectives]
+            &[
+                scope_test::Capability::DeviceCollectives,
+                scope_test::Capability::Reopen,
+            ]
         }
 
         fn rank_client(rank: usize) -> scope_core::Result<scope_core::Client<server_cuda::Cuda>> {

@@ -499,8 +499,9 @@ impl<B: Backend> Rank<B> {
         readiness(waited, || client.check(&[input]))
     }
 
-    /// Issue an agreed round's call, then [`settle`](Self::settle) it if
-    /// recorded or across processes, else [`issued_here`](Self::issued_here).
+    /// Issue an agreed round's call on the device transport, then settle
+    /// it (see [`settle`](Self::settle)). A part issued on a
+    /// communication stream is left to the watchdog.
     pub(super) fn issue(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
         let Some(device) = &self.shared.device else {
             return Err(Error::internal(
@@ -534,52 +535,21 @@ impl<B: Backend> Rank<B> {
                 Err(error)
             }
         };
-        let recorded = self.client().capture_state() == CaptureState::Recording;
-        if self.shared.ballot.is_some() || recorded {
-            let len = input.range.end.saturating_sub(input.range.start);
-            return self.settle(Kind::Call(kind), len, issued, Written::Output(output));
-        }
-        self.issued_here((kind, round.round), issued, output)
-    }
-
-    /// In one process no rank waits for its peers twice. A failed call
-    /// claims every part in flight ([`Shared::fail_in_flight`]). A part
-    /// that went out as its round failed claims its own output: its write
-    /// may have landed over the claim.
-    fn issued_here(
-        &self,
-        (kind, round): (Call, u64),
-        issued: Result<()>,
-        output: Slice<'_>,
-    ) -> Result<()> {
-        let failure: Error = match issued {
-            Ok(()) => match self.shared.failed_in_flight(round) {
-                None => return Ok(()),
-                Some(cause) => cause,
-            },
-            Err(cause) => {
-                let error = {
-                    let mut state = self.shared.state.lock();
-                    match state.broken.clone() {
-                        Some(first) => (*first).clone(),
-                        None => {
-                            let error =
-                                super::round::issue_failed(kind.name(), round, self.rank, cause);
-                            self.shared.break_with(&mut state, &error);
-                            error
-                        }
-                    }
-                };
-                self.shared.fail_in_flight(round, &error);
-                error.into()
+        let len = input.range.end.saturating_sub(input.range.start);
+        self.settle(Kind::Call(kind), len, issued, Written::Output(output))?;
+        // A round failing in flight as this part went out may have claimed
+        // it before its write landed over the claim.
+        match self.shared.failed_in_flight(round.round) {
+            None => Ok(()),
+            Some(cause) => {
+                self.claim(Written::Output(output), cause.clone())?;
+                Err(cause)
             }
-        };
-        self.claim(Written::Output(output), failure.clone())?;
-        Err(failure)
+        }
     }
 
-    /// Meet again after issue. If any rank's call failed, every output
-    /// carries the failure and the group breaks.
+    /// After an agreed round was issued, meet again. If any rank's call
+    /// failed, every output carries the failure and the group breaks.
     pub(super) fn settle(
         &self,
         kind: Kind,

@@ -199,17 +199,17 @@ impl<B: Backend> Shared<B> {
         Ok(())
     }
 
+    /// What failed round `round`, or one before it, in flight.
+    pub(super) fn failed_in_flight(&self, round: u64) -> Option<Error> {
+        failure_from(&self.state.lock(), round)
+    }
+
     /// Whether round `round`, or one before it, failed in flight.
     fn failed_from(&self, round: u64) -> bool {
         self.state
             .lock()
             .failed_from
             .is_some_and(|first| first <= round)
-    }
-
-    /// What failed round `round`, or one before it, in flight.
-    pub(super) fn failed_in_flight(&self, round: u64) -> Option<Error> {
-        failure_from(&self.state.lock(), round)
     }
 
     /// Rank `rank`'s part of round `round` is no longer in flight.
