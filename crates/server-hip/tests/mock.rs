@@ -17,18 +17,9 @@
 #[macro_use]
 mod common;
 
-use std::path::Path;
-use std::sync::OnceLock;
-
-use common::mock_library;
+use common::{mock_client, mock_library, mock_rccl, rccl_violations};
 use scope_core::{Binding, Client, Dispatch, Error, Kernel, Result};
-use scope_test::clib::CLibrary;
 use server_hip::Hip;
-
-fn mock_client() -> Result<Client<Hip>> {
-    let path = vec![mock_library()];
-    server_hip::client_from(&path, &path, 0)
-}
 
 fn client() -> Client<Hip> {
     mock_client().expect("the mock HIP runtime loads")
@@ -52,61 +43,15 @@ mod conformance {
     scope_test::conformance_tests!(super::MockSuite);
 }
 
-/// The mock RCCL: the kit's mock NCCL (RCCL is NCCL's API), built
-/// over this process's mock HIP runtime and loaded as the server's RCCL,
-/// once per process; its path.
-fn mock_rccl() -> &'static libloading::Library {
-    static RCCL: OnceLock<libloading::Library> = OnceLock::new();
-    RCCL.get_or_init(|| {
-        let out = CLibrary {
-            source: Path::new(scope_test::clib::MOCK_NCCL),
-            stem: "libscope_mock_rccl",
-            defines: &[format!("SCOPE_MOCK_DRIVER=\"{}\"", mock_library())],
-            libs: &["pthread", "dl"],
-            ..CLibrary::default()
-        }
-        .build(Path::new(env!("CARGO_TARGET_TMPDIR")))
-        .unwrap_or_else(|e| panic!("the mock RCCL: {e}"));
-        // The runtime first: the mock RCCL asks it for the current device.
-        drop(client());
-        let path = out.to_string_lossy().into_owned();
-        server_hip::load_rccl_from(std::slice::from_ref(&path)).expect("the mock RCCL loads");
-        // SAFETY: the mock's initialisers do nothing; it is loaded already
-        // (above), so this only takes another reference to it.
-        unsafe { libloading::Library::new(&path) }.expect("the mock RCCL is loaded")
-    })
-}
-
-/// Calls the mock RCCL refused because real RCCL would refuse, hang or move
-/// the wrong bytes; and the last.
-fn rccl_violations() -> (u64, String) {
-    let rccl = mock_rccl();
-    // SAFETY: the hooks are declared in the mock with these signatures;
-    // the library stays loaded for the process.
-    unsafe {
-        let count = rccl
-            .get::<unsafe extern "C" fn() -> u64>(b"scope_mock_nccl_violations\0")
-            .expect("the mock's hook");
-        let last = rccl
-            .get::<unsafe extern "C" fn() -> *const std::ffi::c_char>(
-                b"scope_mock_nccl_last_violation\0",
-            )
-            .expect("the mock's hook");
-        (
-            count(),
-            std::ffi::CStr::from_ptr(last())
-                .to_string_lossy()
-                .into_owned(),
-        )
-    }
-}
-
 // The collective behaviours over RCCL (the mock's): four ranks on the mock
 // runtime's four devices, every call checked by the mock as RCCL would
 // take it.
 hip_suite!(MockRcclSuite, mock_client(), None, {
     fn capabilities() -> &'static [scope_test::Capability] {
-        &[scope_test::Capability::DeviceCollectives]
+        &[
+            scope_test::Capability::DeviceCollectives,
+            scope_test::Capability::Reopen,
+        ]
     }
 
     fn rank_client(rank: usize) -> Result<Client<Hip>> {

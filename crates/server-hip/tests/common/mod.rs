@@ -169,3 +169,58 @@ pub fn words(bytes: &[u8]) -> Vec<u32> {
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
 }
+
+/// A client of the mock HIP runtime's first device.
+pub fn mock_client() -> scope_core::Result<scope_core::Client<server_hip::Hip>> {
+    let path = vec![mock_library()];
+    server_hip::client_from(&path, &path, 0)
+}
+
+/// The mock RCCL: the kit's mock NCCL (RCCL is NCCL's API), built
+/// over this process's mock HIP runtime and loaded as the server's RCCL,
+/// once per process; its path.
+pub fn mock_rccl() -> &'static libloading::Library {
+    static RCCL: OnceLock<libloading::Library> = OnceLock::new();
+    RCCL.get_or_init(|| {
+        let out = CLibrary {
+            source: Path::new(scope_test::clib::MOCK_NCCL),
+            stem: "libscope_mock_rccl",
+            defines: &[format!("SCOPE_MOCK_DRIVER=\"{}\"", mock_library())],
+            libs: &["pthread", "dl"],
+            ..CLibrary::default()
+        }
+        .build(Path::new(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("the mock RCCL: {e}"));
+        // The runtime first: the mock RCCL asks it for the current device.
+        drop(mock_client().expect("the mock HIP runtime loads"));
+        let path = out.to_string_lossy().into_owned();
+        server_hip::load_rccl_from(std::slice::from_ref(&path)).expect("the mock RCCL loads");
+        // SAFETY: the mock's initialisers do nothing; it is loaded already
+        // (above), so this only takes another reference to it.
+        unsafe { libloading::Library::new(&path) }.expect("the mock RCCL is loaded")
+    })
+}
+
+/// Calls the mock RCCL refused because real RCCL would refuse, hang or move
+/// the wrong bytes; and the last.
+pub fn rccl_violations() -> (u64, String) {
+    let rccl = mock_rccl();
+    // SAFETY: the hooks are declared in the mock with these signatures;
+    // the library stays loaded for the process.
+    unsafe {
+        let count = rccl
+            .get::<unsafe extern "C" fn() -> u64>(b"scope_mock_nccl_violations\0")
+            .expect("the mock's hook");
+        let last = rccl
+            .get::<unsafe extern "C" fn() -> *const std::ffi::c_char>(
+                b"scope_mock_nccl_last_violation\0",
+            )
+            .expect("the mock's hook");
+        (
+            count(),
+            std::ffi::CStr::from_ptr(last())
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+}
