@@ -20,6 +20,22 @@ const IN_FLIGHT: usize = 8;
 /// The rank whose device is lost.
 const LOST: usize = 2;
 
+/// Every rank of `group` sums a buffer of ones and reads the group's size.
+fn every_rank_sums_its_ones<B: Backend>(group: &Group<B>) {
+    let totals = group.run(|rank| {
+        let c = rank.client();
+        let ones = upload(c, &[1; PART as usize]);
+        rank.all_reduce(ones.all(), ones.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        read(c, &ones).unwrap()
+    });
+    let ranks = group.ranks() as u32;
+    assert!(
+        totals.iter().all(|t| *t == vec![ranks; PART as usize]),
+        "{totals:?}"
+    );
+}
+
 /// A read of a round's output on a rank that kept its device: the round's
 /// bytes, or a failure the round carries (a peer's fault, the deadline)
 /// — never other bytes as clean (rule 47).
@@ -213,18 +229,7 @@ pub fn a_rank_lost_with_rounds_in_flight_recovers_while_its_peers_shrink<S: Suit
     let admitted = survivors[0]
         .group()
         .run(|rank| rank.admit(std::slice::from_ref(&newcomer)).unwrap());
-    let back = admitted[0].group();
-    let totals = back.run(|rank| {
-        let c = rank.client();
-        let ones = upload(c, &[1; PART as usize]);
-        rank.all_reduce(ones.all(), ones.all(), Element::U32, Reduce::Sum)
-            .unwrap();
-        read(c, &ones).unwrap()
-    });
-    assert!(
-        totals.iter().all(|t| *t == vec![ranks; PART as usize]),
-        "{totals:?}"
-    );
+    every_rank_sums_its_ones(&admitted[0].group());
 }
 
 /// Every rank records rounds into a capture window, and rank 2's device
@@ -289,19 +294,8 @@ pub fn a_capture_holding_rounds_aborted_by_a_loss_fails_every_replay<S: Suite>()
         .map(|r| group.rank(r).unwrap().client().clone())
         .collect();
     drop(group);
-    let fresh = S::group(clients, DEFAULT_WAIT).expect("a new group over the same devices");
-    let totals = fresh.run(|rank| {
-        let c = rank.client();
-        let ones = upload(c, &[1; PART as usize]);
-        rank.all_reduce(ones.all(), ones.all(), Element::U32, Reduce::Sum)
-            .unwrap();
-        read(c, &ones).unwrap()
-    });
-    assert!(
-        totals
-            .iter()
-            .all(|t| *t == vec![RANKS as u32; PART as usize]),
-        "{totals:?}"
+    every_rank_sums_its_ones(
+        &S::group(clients, DEFAULT_WAIT).expect("a new group over the same devices"),
     );
 }
 

@@ -37,24 +37,7 @@ cuda_suite!(
     None,
     mock().assert_clean(),
     {
-        fn capabilities() -> &'static [scope_test::Capability] {
-            &[
-                scope_test::Capability::DeviceCollectives,
-                scope_test::Capability::Reopen,
-            ]
-        }
-
-        fn rank_client(rank: usize) -> scope_core::Result<scope_core::Client<server_cuda::Cuda>> {
-            timed();
-            server_cuda::client_on(rank)
-        }
-
-        fn group(
-            clients: Vec<scope_core::Client<server_cuda::Cuda>>,
-            deadline: std::time::Duration,
-        ) -> scope_core::Result<scope_core::collective::Group<server_cuda::Cuda>> {
-            scope_core::collective::Group::over_device(clients, deadline)
-        }
+        over_mock_nccl!(timed());
     }
 );
 

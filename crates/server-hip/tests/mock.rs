@@ -17,7 +17,7 @@
 #[macro_use]
 mod common;
 
-use common::{mock_client, mock_library, mock_rccl, rccl_violations};
+use common::{mock_client, mock_library, mock_rccl};
 use scope_core::{Binding, Client, Dispatch, Error, Kernel, Result};
 use server_hip::Hip;
 
@@ -47,34 +47,7 @@ mod conformance {
 // runtime's four devices, every call checked by the mock as RCCL would
 // take it.
 hip_suite!(MockRcclSuite, mock_client(), None, {
-    fn capabilities() -> &'static [scope_test::Capability] {
-        &[
-            scope_test::Capability::DeviceCollectives,
-            scope_test::Capability::Reopen,
-        ]
-    }
-
-    fn rank_client(rank: usize) -> Result<Client<Hip>> {
-        mock_rccl();
-        let path = vec![mock_library()];
-        server_hip::client_from(&path, &path, rank)
-    }
-
-    fn group(
-        clients: Vec<Client<Hip>>,
-        deadline: std::time::Duration,
-    ) -> Result<scope_core::collective::Group<Hip>> {
-        mock_rccl();
-        scope_core::collective::Group::over_device(clients, deadline)
-    }
-
-    fn finished() {
-        let (count, last) = rccl_violations();
-        assert_eq!(
-            count, 0,
-            "a call real RCCL refuses or mis-handles; the last: {last}"
-        );
-    }
+    over_mock_rccl!(mock_rccl());
 });
 
 mod over_rccl {

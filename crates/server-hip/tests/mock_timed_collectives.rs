@@ -8,11 +8,7 @@
 #[macro_use]
 mod common;
 
-use std::time::Duration;
-
-use common::{mock_client, mock_library, mock_rccl, rccl_violations};
-use scope_core::{Client, Result};
-use server_hip::Hip;
+use common::{mock_client, mock_library, mock_rccl};
 
 /// Turn the timed mode on, once for the process.
 fn timed() {
@@ -48,34 +44,7 @@ fn timed() {
 }
 
 hip_suite!(TimedRcclSuite, mock_client(), None, {
-    fn capabilities() -> &'static [scope_test::Capability] {
-        &[
-            scope_test::Capability::DeviceCollectives,
-            scope_test::Capability::Reopen,
-        ]
-    }
-
-    fn rank_client(rank: usize) -> Result<Client<Hip>> {
-        timed();
-        let path = vec![mock_library()];
-        server_hip::client_from(&path, &path, rank)
-    }
-
-    fn group(
-        clients: Vec<Client<Hip>>,
-        deadline: Duration,
-    ) -> Result<scope_core::collective::Group<Hip>> {
-        timed();
-        scope_core::collective::Group::over_device(clients, deadline)
-    }
-
-    fn finished() {
-        let (count, last) = rccl_violations();
-        assert_eq!(
-            count, 0,
-            "a call real RCCL refuses or mis-handles; the last: {last}"
-        );
-    }
+    over_mock_rccl!(timed());
 });
 
 mod over_timed_rccl {

@@ -58,6 +58,32 @@ extern "C" __global__ void wild(unsigned int* out) {
 pub const BROKEN: &str =
     r#"extern "C" __global__ void broken(unsigned int* out) { out[0] = this_is_not_declared; }"#;
 
+/// A suite's ranks: the mock's four devices over the mock NCCL, each
+/// made after `$ready`; they recover as the mock's plain client does.
+#[allow(unused_macros)] // the binaries without a collectives suite
+macro_rules! over_mock_nccl {
+    ($ready:expr) => {
+        fn capabilities() -> &'static [scope_test::Capability] {
+            &[
+                scope_test::Capability::DeviceCollectives,
+                scope_test::Capability::Reopen,
+            ]
+        }
+
+        fn rank_client(rank: usize) -> scope_core::Result<scope_core::Client<server_cuda::Cuda>> {
+            $ready;
+            server_cuda::client_on(rank)
+        }
+
+        fn group(
+            clients: Vec<scope_core::Client<server_cuda::Cuda>>,
+            deadline: std::time::Duration,
+        ) -> scope_core::Result<scope_core::collective::Group<server_cuda::Cuda>> {
+            scope_core::collective::Group::over_device(clients, deadline)
+        }
+    };
+}
+
 /// `struct $name`, a conformance `Suite` over this file's CUDA C++ kernels
 /// whose clients come from `$client`, whose oversized allocation is
 /// `$oversized`, and whose tests each end with `$finished`: the real-device

@@ -112,6 +112,43 @@ pub fn broken() -> Kernel {
     hip("broken", "scope_broken", BROKEN)
 }
 
+/// A suite's ranks: the mock runtime's four devices over the mock RCCL,
+/// each made after `$ready`, every test ending with no call the mock
+/// refused; they recover as the mock's plain client does.
+#[allow(unused_macros)] // the binaries without a collectives suite
+macro_rules! over_mock_rccl {
+    ($ready:expr) => {
+        fn capabilities() -> &'static [scope_test::Capability] {
+            &[
+                scope_test::Capability::DeviceCollectives,
+                scope_test::Capability::Reopen,
+            ]
+        }
+
+        fn rank_client(rank: usize) -> scope_core::Result<scope_core::Client<server_hip::Hip>> {
+            $ready;
+            let path = vec![common::mock_library()];
+            server_hip::client_from(&path, &path, rank)
+        }
+
+        fn group(
+            clients: Vec<scope_core::Client<server_hip::Hip>>,
+            deadline: std::time::Duration,
+        ) -> scope_core::Result<scope_core::collective::Group<server_hip::Hip>> {
+            $ready;
+            scope_core::collective::Group::over_device(clients, deadline)
+        }
+
+        fn finished() {
+            let (count, last) = common::rccl_violations();
+            assert_eq!(
+                count, 0,
+                "a call real RCCL refuses or mis-handles; the last: {last}"
+            );
+        }
+    };
+}
+
 /// `struct $name`, a conformance `Suite` over this file's HIP kernels whose
 /// clients come from `$client` and whose oversized allocation is
 /// `$oversized`: the real-device and mock binaries differ only in those. A
