@@ -89,6 +89,15 @@
 //! the device itself — with an error in the log, instead of destroying it
 //! under the device or blocking forever in `vkDeviceWaitIdle`.
 //!
+//! # Collectives
+//!
+//! Neither Vulkan nor WebGPU has a collective library, so a `Group` of
+//! these clients is host-staged (rule 45): each round reads every rank's
+//! input to the host, waiting for the work that wrote it, and writes the
+//! result back. Its rounds drain the caller's stream, and none can be
+//! recorded into a capture (rule 50). Only a device transport (NCCL,
+//! RCCL) overlaps its rounds with compute (rule 47).
+//!
 //! # Recovery: the device destroyed and opened again
 //!
 //! `Client::recover` gives a lost device up (the core frees every

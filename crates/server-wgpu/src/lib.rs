@@ -73,6 +73,15 @@
 //! injected: a sticky fault poisons the client while the wgpu device stays
 //! healthy, and `reopen` gives that device up all the same.
 //!
+//! # Collectives
+//!
+//! Neither Vulkan nor WebGPU has a collective library, so a `Group` of
+//! these clients is host-staged (rule 45): each round reads every rank's
+//! input to the host, waiting for the work that wrote it, and writes the
+//! result back. Its rounds drain the caller's stream, and none can be
+//! recorded into a capture (rule 50). Only a device transport (NCCL,
+//! RCCL) overlaps its rounds with compute (rule 47).
+//!
 //! # Choosing the adapter
 //!
 //! Hardware first, then software; `SCOPE_WGPU_BACKEND` (`vulkan`, `gl`,
