@@ -1,10 +1,7 @@
-//! What a backend supplies: the device calls, and nothing else.
-//!
-//! The core's `Server<B>` keeps what servers share: buffers, scopes,
-//! capture, ordering, poison. A backend answers only what differs between
-//! APIs, as wgpu-hal's `Api` does, so no rule is kept by one backend alone.
-//! It classifies each fault once ([`FaultClass`](crate::FaultClass)) and
-//! never panics on a driver error.
+//! What a backend supplies: the device calls, and nothing else. The core's
+//! `Server<B>` keeps what servers share, so no rule is kept by one backend
+//! alone. A backend classifies each fault once
+//! ([`FaultClass`](crate::FaultClass)) and never panics on a driver error.
 
 use crate::error::Result;
 use crate::id::StreamId;
@@ -70,8 +67,7 @@ pub enum BoundDispatch<'a, M> {
     },
 }
 
-/// Whether `groups` fits a grid of `max`; if not, an invalid argument
-/// naming the axis.
+/// Whether `groups` fits a grid of `max`; if not, an invalid argument.
 #[inline(always)]
 pub(crate) fn grid_within(name: &str, groups: [u32; 3], max: [u32; 3]) -> crate::Result<()> {
     if groups[0] <= max[0] && groups[1] <= max[1] && groups[2] <= max[2] {
@@ -111,21 +107,17 @@ pub struct Launch<'a, M> {
     pub dispatch: BoundDispatch<'a, M>,
 }
 
-/// The device calls of one GPU API.
-///
-/// The core holds the server behind one lock, so a backend needs no
-/// locking; only [`wait`](Self::wait) runs without it. In a capture window
-/// a stream's work is recorded, not run, and a graph keeps alive what its
-/// replays use.
+/// The device calls of one GPU API. The core holds the server behind one
+/// lock, so a backend needs no locking; only [`wait`](Self::wait) runs
+/// without it. A graph keeps alive what its replays use.
 ///
 /// # An `unsafe` contract, as wgpu-hal's
 ///
-/// A backend trusts what it is handed. The checks live once, in the core's
-/// `Server<B>`, the only caller, rather than in four servers:
+/// A backend trusts what it is handed; the checks live once, in the core's
+/// `Server<B>`, the only caller:
 ///
 /// ```compile_fail
 /// fn behind_the_cores_back<B: scope_core::Backend>(b: &mut B, s: &mut B::Stream) {
-///     // error[E0133]: call to unsafe function requires an unsafe block
 ///     let _ = b.allocate(s, 4);
 /// }
 /// ```
@@ -168,10 +160,8 @@ pub trait Backend: Send + 'static {
         256
     }
 
-    /// What one launch may ask for, and the features enabled.
-    ///
-    /// A launch inside them must not be refused; one past the grid must
-    /// be (rule 38).
+    /// What one launch may ask for. A launch inside them must not be
+    /// refused; one past the grid must be (rule 38).
     fn launch_limits(&self) -> LaunchLimits;
 
     /// A new logical stream, which the core calls `id`.
@@ -181,10 +171,8 @@ pub trait Backend: Send + 'static {
     /// `id` counts the streams this backend created so far.
     unsafe fn create_stream(&mut self, id: StreamId) -> Result<Self::Stream>;
 
-    /// `size` bytes for work on `stream`, contents unspecified.
-    ///
-    /// Other streams are ordered after `stream`, so a stream-ordered pool
-    /// may return at once. A recording `stream` must not record it.
+    /// `size` bytes for work on `stream`, contents unspecified. Other streams
+    /// are ordered after `stream`; a recording `stream` must not record it.
     ///
     /// # Safety
     ///
@@ -231,10 +219,7 @@ pub trait Backend: Send + 'static {
     ) -> Result<()>;
 
     /// Begin a read, finished by [`wait`](Self::wait) outside the lock and
-    /// [`end_read`](Self::end_read).
-    ///
-    /// The default copies in `end_read`; a backend may stage the copy in
-    /// the same submission instead.
+    /// [`end_read`](Self::end_read), which copies by default.
     ///
     /// # Safety
     ///
@@ -295,13 +280,9 @@ pub trait Backend: Send + 'static {
     /// [`Error::Compile`](crate::Error::Compile) with its log.
     fn compile(&mut self, kernel: &Kernel) -> Result<Self::Kernel>;
 
-    /// Check `launch` against this backend's own limits, before the core
-    /// opens a scope.
-    ///
-    /// A refusal is the caller's mistake: an
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) that claims
-    /// nothing (rule 38). Inside [`launch`](Self::launch) it would read as a
-    /// device failure.
+    /// Check `launch` against this backend's limits before the core opens a
+    /// scope: inside [`launch`](Self::launch) a refusal would read as a
+    /// device failure, not an invalid argument (rule 38).
     fn check_launch(&self, kernel: &Self::Kernel, launch: &Launch<'_, Self::Memory>) -> Result<()> {
         let _ = (kernel, launch);
         Ok(())
@@ -348,10 +329,8 @@ pub trait Backend: Send + 'static {
         unsafe { self.end_wait(stream, waiter) }.and(waited)
     }
 
-    /// Submit the stream's batch and return how to wait for it, or `None`.
-    ///
-    /// [`wait`](Self::wait) then runs outside the lock, so a long kernel
-    /// stalls no other thread.
+    /// Submit the stream's batch and return how to wait for it, so
+    /// [`wait`](Self::wait) runs outside the lock and stalls no other thread.
     ///
     /// # Safety
     ///
@@ -374,9 +353,8 @@ pub trait Backend: Send + 'static {
     /// `waiter` came from this `stream` and is ended here once.
     unsafe fn end_wait(&mut self, stream: &mut Self::Stream, waiter: Self::Waiter) -> Result<()>;
 
-    /// Make `then`'s later work wait for `first`'s earlier work.
-    ///
-    /// Never asked while either records.
+    /// Make `then`'s later work wait for `first`'s earlier work; never asked
+    /// while either records.
     ///
     /// # Safety
     ///
@@ -411,11 +389,8 @@ pub trait Backend: Send + 'static {
     /// `stream` is not recording; what the graph names is alive.
     unsafe fn replay(&mut self, stream: &mut Self::Stream, graph: &Self::Graph) -> Result<()>;
 
-    /// Open the same device anew after `fault`, giving each of `streams`
-    /// new state in place.
-    ///
-    /// The default answers
-    /// [`Error::RestartRequired`](crate::Error::RestartRequired) (rule 52).
+    /// Open the device anew after `fault`, renewing `streams` in place; by
+    /// default [`Error::RestartRequired`](crate::Error::RestartRequired) (rule 52).
     ///
     /// # Safety
     ///

@@ -1,11 +1,8 @@
-//! A capture window: the span of one stream's work that becomes a graph.
-//!
-//! A launch skipped or failed while recording is simply not in the graph.
-//! That graph replays "successfully" and writes garbage forever after. So
-//! the window, not the backend, decides whether a recording may seal
-//! (rules 29–33): it keeps its lifecycle, its doom (the first failure
-//! inside) and what clean work wrote, so an unsealable window claims
-//! exactly those bytes. The scope is its only informant.
+//! A capture window: the span of one stream's work that becomes a graph. A
+//! launch that failed while recording is not in the graph, which would
+//! replay "successfully" and write garbage forever. So the window decides
+//! whether a recording may seal (rules 29–33), keeping its doom and what
+//! clean work wrote, so an unsealable window claims exactly those bytes.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -43,8 +40,7 @@ pub enum WindowEnd {
     Unsealable(Vec<BufferRange>, Error),
 }
 
-/// A collective round recorded into a window: every rank agreed on it, so
-/// a replay is a round of that group too.
+/// A collective round recorded into a window; a replay is a round too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RecordedRound {
     /// The group, numbered uniquely in the process.
@@ -62,8 +58,7 @@ pub struct CaptureWindow {
     seen: HashSet<BufferRange>,
     read: Vec<BufferRange>,
     seen_read: HashSet<BufferRange>,
-    /// Buffers the recorded work used: refused on other streams until the
-    /// window ends, since that work runs only at replay.
+    /// Buffers the recorded work used: refused on other streams meanwhile.
     touched: HashSet<BufferId>,
     maybe_written: Vec<BufferRange>,
     rounds: Vec<RecordedRound>,
@@ -151,8 +146,7 @@ impl CaptureWindow {
         Ok(())
     }
 
-    /// NoCapture → Prepared, for `stream`, clearing any earlier recording
-    /// (rule 30).
+    /// NoCapture → Prepared, clearing any earlier recording (rule 30).
     ///
     /// # Errors
     ///
@@ -174,8 +168,8 @@ impl CaptureWindow {
         self.step(CaptureState::Prepared, CaptureState::Recording, "start")
     }
 
-    /// Recording → NoCapture, ended by `stream`: whether it may seal (rule
-    /// 33). Another stream's end abandons it; a doomed one is missing work.
+    /// Recording → NoCapture: whether it may seal (rule 33). Another
+    /// stream's end abandons it.
     ///
     /// # Errors
     ///
@@ -215,8 +209,7 @@ impl CaptureWindow {
         })
     }
 
-    /// Back to NoCapture from any state (rules 29, 30). Returns what the
-    /// recorded work wrote; maybe-writes healed nothing, so they are dropped.
+    /// Back to NoCapture (rules 29, 30), returning what the recorded work wrote.
     pub fn abort(&mut self) -> Vec<BufferRange> {
         self.state = CaptureState::NoCapture;
         self.opened_by = None;
@@ -225,16 +218,14 @@ impl CaptureWindow {
         written
     }
 
-    /// Work inside the window failed or was skipped; the first doom wins
-    /// (rule 31).
+    /// Work inside failed or was skipped; the first doom wins (rule 31).
     pub fn fail(&mut self, error: &Error) {
         if self.is_recording() && self.doom.is_none() {
             self.doom = Some(error.clone());
         }
     }
 
-    /// A clean indirect launch read `read` and may write `written`. Its
-    /// writes are kept apart: a replay cannot know whether they happen.
+    /// A clean indirect launch, its maybe-writes kept apart.
     pub fn record_maybe(&mut self, written: &[BufferRange], read: &[BufferRange]) {
         if !self.is_recording() {
             return;
@@ -254,8 +245,7 @@ impl CaptureWindow {
         }
     }
 
-    /// Clean work inside the window wrote `written` and read `read`, kept
-    /// once per range (rules 31, 32).
+    /// Clean work wrote `written` and read `read` (rules 31, 32).
     pub fn record(&mut self, written: &[BufferRange], read: &[BufferRange]) {
         if !self.is_recording() {
             return;

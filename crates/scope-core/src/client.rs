@@ -1,10 +1,7 @@
-//! The contract a runtime programs against: [`Client`].
-//!
-//! - Clones share one server behind one mutex, each bound to a stream:
-//!   issue is cheap next to the work.
-//! - Dropping a [`Buffer`] never takes the lock; it queues its id.
-//! - No call deadlocks its own thread: a call from a `with_backend`
-//!   closure is answered or refused, typed (`lend.rs`).
+//! The contract a runtime programs against: [`Client`]. Clones share one
+//! server behind one mutex, each bound to a stream; dropping a [`Buffer`]
+//! only queues its id; a call from a `with_backend` closure is answered
+//! or refused, never deadlocked (`lend.rs`).
 
 mod capture;
 mod lend;
@@ -136,8 +133,7 @@ impl<B: Backend> Client<B> {
         })
     }
 
-    /// Lock the server after releasing what was dropped; `None` when a
-    /// closure on this thread holds it.
+    /// Lock the server after releasing what was dropped; `None` if lent here.
     #[inline(always)]
     fn lock(&self) -> Option<MutexGuard<'_, Server<B>>> {
         let mut server = match self.shared.server.try_lock() {
@@ -158,8 +154,7 @@ impl<B: Backend> Client<B> {
         }
     }
 
-    /// Run `f` on the locked server, then deliver its queued events to the
-    /// hook with the lock released.
+    /// Run `f` on the locked server, then deliver its events unlocked.
     ///
     /// # Errors
     ///
@@ -309,8 +304,7 @@ impl<B: Backend> Client<B> {
         Ok(self.handle(id, size))
     }
 
-    /// A buffer never allocated that carries `error`, as a refused
-    /// allocation does (rule 28).
+    /// A buffer never allocated that carries `error` (rule 28).
     ///
     /// # Errors
     ///
@@ -362,8 +356,7 @@ impl<B: Backend> Client<B> {
     /// # Errors
     ///
     /// [`Error::Unwritten`] or [`Error::SeveralUnwritten`] for a claimed
-    /// byte (rules 24–27); a refusal while recording; bad input; poison; a
-    /// device fault.
+    /// byte (rules 24–27); a refusal while recording; bad input; poison; a fault.
     pub fn read<'a>(&self, src: impl Into<Slice<'a>>) -> Result<Vec<u8>> {
         let src = src.into();
         let (pending, len) = self.call(|server| server.begin_read(self.stream, src, None))?;
@@ -438,8 +431,7 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.compile(self.stream, kernel))
     }
 
-    /// Launch `kernel` over `bindings` with `scalars` (see the
-    /// [binding convention](crate::kernel)).
+    /// Launch `kernel` (see the [binding convention](crate::kernel)).
     ///
     /// # Errors
     ///
@@ -476,10 +468,8 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.end_wait(pending, waited))
     }
 
-    /// Wait for the stream's work until `until`, polling `finished` unlocked.
-    ///
-    /// Past `until`, `stall` must make the work finish. Only the wait's own
-    /// outcome lands on the work (rule 23).
+    /// Wait for the stream's work, polling `finished` unlocked; past `until`,
+    /// `stall` must make it finish. The wait's outcome lands on it (rule 23).
     pub(crate) fn sync_within(
         &self,
         until: std::time::Instant,
@@ -498,8 +488,7 @@ impl<B: Backend> Client<B> {
         answer
     }
 
-    /// A wait on the stream's work so far, for the watchdog to poll; it
-    /// counts no drain. [`end_watch`](Self::end_watch) ends it.
+    /// A wait for the watchdog to poll, ended by [`end_watch`](Self::end_watch).
     pub(crate) fn watch(&self) -> Result<crate::server::PendingWait<B>> {
         self.call(|server| server.begin_watch(self.stream))
     }
@@ -513,14 +502,12 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.end_wait(pending, waited))
     }
 
-    /// What the stream submitted so far, as a mark for
-    /// [`fail_in_flight_since`](Self::fail_in_flight_since).
+    /// A mark for [`fail_in_flight_since`](Self::fail_in_flight_since).
     pub(crate) fn in_flight_mark(&self) -> u64 {
         self.look(false, |server| server.in_flight_mark(self.stream))
     }
 
-    /// Claim with `error` what the stream submitted from `mark` on and
-    /// has not yet been waited for.
+    /// Claim with `error` the work submitted from `mark` on, not yet waited for.
     pub(crate) fn fail_in_flight_since(&self, mark: u64, error: Error) -> Result<()> {
         self.call(|server| {
             server.fail_in_flight_since(self.stream, mark, error);
@@ -537,8 +524,7 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.flush(self.stream))
     }
 
-    /// Claim `written` with a failure found outside scope, as work that
-    /// never started (rule 21).
+    /// Claim `written` with a failure found outside scope (rule 21).
     ///
     /// # Errors
     ///

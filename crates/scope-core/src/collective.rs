@@ -1,27 +1,19 @@
-//! Collectives over a group of devices: the failure rules carried across
-//! them (rules 41–50 of `docs/ERROR_MODEL.md`).
-//!
-//! If any rank's input carries a failure, every rank's output carries it,
-//! naming that rank. NCCL cannot: a failed rank skips the call and its
-//! peers hang, or it sends garbage.
-//!
-//! # Why this shape
+//! Collectives over a group of devices (rules 41–50). If any rank's input
+//! carries a failure, every rank's output carries it, naming that rank; in
+//! NCCL a failed rank's peers hang, or it sends garbage.
 //!
 //! 1. **Every rank decides the same way, before data moves**
 //!    (`meeting.rs`): the result is written, or the failure claimed with
 //!    [`Client::fail_writing`] (rule 21).
-//! 2. **No rank waits forever.** One absent at the deadline fails the
-//!    round with [`CollectiveError::Missing`].
+//! 2. **No rank waits forever** ([`CollectiveError::Missing`]).
 //! 3. **A group that lost a rank stays broken**
 //!    ([`CollectiveError::Broken`]) until it shrinks, as NCCL requires.
 //! 4. **Bad input is refused on every rank, claiming nothing** (rule 38).
-//! 5. **Host staging, through the contract**, so every backend works; a
-//!    vendor library moves the bytes instead ([`device`]).
+//! 5. **Host staging**, so every backend works, or a vendor library ([`device`]).
 //! 6. **Across processes, the meeting rides the transport** ([`remote`]).
-//! 7. **A graph that holds collectives is a promise to its peers**
-//!    ([`Rank::replay`]).
+//! 7. **A graph holding collectives is a promise to peers** ([`Rank::replay`]).
 //!
-//! Each rank calls from its own thread; [`Group::run`] runs one per rank.
+//! Each rank calls from its own thread ([`Group::run`]).
 
 pub(crate) mod compute;
 pub mod device;
@@ -77,13 +69,12 @@ pub enum Element {
     U32,
 }
 
-/// Copy `src` on one device into `dst` on another, through the host
-/// (rule 46).
+/// Copy `src` on one device into `dst` on another, through the host (rule 46).
 ///
 /// # Errors
 ///
-/// `SourceFailed` (`dst` carries it); [`Error::InvalidArgument`] for
-/// slices of different lengths; the write's own errors.
+/// `SourceFailed` (`dst` carries it); [`Error::InvalidArgument`] for unequal
+/// lengths; the write's own errors.
 pub fn copy_across<A: Backend, B: Backend>(
     from: &Client<A>,
     src: Slice<'_>,
@@ -121,9 +112,8 @@ fn is_refusal(error: &Error) -> bool {
     matches!(error, Error::InvalidArgument { .. } | Error::Refused { .. })
 }
 
-/// What one collective call is, as every rank must agree on it.
-///
-/// Exhaustive, so a new one fails to compile in every transport.
+/// What every rank must agree a call is; exhaustive, so a new one fails to
+/// compile in every transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Call {
     /// [`Rank::all_reduce`].
@@ -208,8 +198,7 @@ struct Shared<B: Backend> {
     ballot: Option<Box<dyn Ballot<B>>>,
     /// 0 as made, one more per membership change.
     epoch: u64,
-    /// Drain each rank's stream before a round, as rounds did before they
-    /// ran on communication streams: kept to measure against.
+    /// Drain each rank's stream before a round, to measure against.
     draining: bool,
     state: Mutex<State<B>>,
     changed: Condvar,
@@ -413,9 +402,8 @@ impl<B: Backend> Group<B> {
         self.shared.state.lock().broken.clone()
     }
 
-    /// How many of this process's parts of rounds are in flight on
-    /// communication streams: what the watchdog polls (rule 47). A part
-    /// leaves soon after its device work finished.
+    /// How many of this process's parts are in flight on communication
+    /// streams: what the watchdog polls (rule 47).
     pub fn rounds_in_flight(&self) -> usize {
         self.shared.state.lock().flights.len()
     }
@@ -481,14 +469,12 @@ impl<B: Backend> Rank<B> {
         self.shared.ranks
     }
 
-    /// Every rank's `input`, combined with `op`, into every rank's
-    /// `output` (as long as `input`).
+    /// Every rank's `input`, combined with `op`, into every rank's `output`.
     ///
     /// # Errors
     ///
-    /// [`Error::Collective`]: a failed input or a missing rank (outputs
-    /// carry it), a refusal (claiming nothing), a broken group. The
-    /// write's own errors.
+    /// [`Error::Collective`]: a failed input or missing rank (outputs carry
+    /// it), a refusal, a broken group; the write's own errors.
     pub fn all_reduce(
         &self,
         input: Slice<'_>,
@@ -529,8 +515,7 @@ impl<B: Backend> Rank<B> {
     ///
     /// # Errors
     ///
-    /// As [`all_reduce`](Self::all_reduce); a root past the group is
-    /// refused.
+    /// As [`all_reduce`](Self::all_reduce); a root past the group is refused.
     pub fn broadcast(&self, root: usize, data: Slice<'_>) -> Result<()> {
         self.collective(Call::Broadcast { root }, data, data)
     }
@@ -576,8 +561,7 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// Whether the group takes calls: the entry check, claiming nothing
-    /// (rules 43, 55).
+    /// The entry check, claiming nothing (rules 43, 55).
     ///
     /// # Errors
     ///

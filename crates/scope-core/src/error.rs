@@ -1,10 +1,6 @@
-//! The one error type every server returns.
-//!
-//! Every backend answers the same variants: a CUDA illegal address and a
-//! Vulkan device loss are both a [`DeviceFault`] that poisons.
-//!
-//! Errors are `Clone` because every read of a claimed buffer returns one;
-//! the root is shared behind an `Arc`.
+//! The one error type every server returns: a CUDA illegal address and a
+//! Vulkan device loss are both a [`DeviceFault`] that poisons. Errors are
+//! `Clone` because every read of a claimed buffer returns one.
 
 use std::fmt;
 use std::sync::Arc;
@@ -20,13 +16,11 @@ pub enum Error {
     #[error("{0}")]
     Unwritten(Box<UnwrittenBytes>),
 
-    /// A read met bytes that carry several distinct failures; each is named
-    /// once, in the order found (rule 25).
+    /// A read met several distinct failures, each named once (rule 25).
     #[error("{}", several(.0))]
     SeveralUnwritten(Vec<UnwrittenBytes>),
 
-    /// The launch did not run because an input carried a failure, which
-    /// its outputs now carry.
+    /// An input carried a failure, so the launch was skipped.
     #[error(
         "skipped `{kernel}` on {stream}: an input carries a failure; read an output for the cause"
     )]
@@ -99,27 +93,23 @@ pub enum Error {
         reason: String,
     },
 
-    /// A sticky fault poisoned the device; every later call fails fast
-    /// (rule 36).
+    /// A sticky fault poisoned the device; later calls fail fast (rule 36).
     #[error("the device is poisoned by an earlier fault: {fault}")]
     DevicePoisoned {
         /// The original fault.
         fault: Arc<Error>,
     },
 
-    /// The bytes were on a device lost and opened again
-    /// ([`Client::recover`](crate::Client::recover)); a rewrite heals them
-    /// (rule 51).
+    /// The bytes were on a device lost and [recovered](crate::Client::recover);
+    /// a rewrite heals them (rule 51).
     #[error("lost with the device, which was opened again: {fault}")]
     LostWithDevice {
         /// The fault that lost the device.
         fault: Arc<Error>,
     },
 
-    /// The device cannot come back in this process (rules 52, 55).
-    ///
-    /// The fault is process-fatal, or the backend cannot reopen. The
-    /// client stays poisoned.
+    /// The device cannot come back in this process; the client stays
+    /// poisoned (rules 52, 55).
     #[error("{backend} cannot recover from {fault} in this process: {reason}")]
     RestartRequired {
         /// The backend.
@@ -137,8 +127,7 @@ pub enum Error {
         buffer: BufferId,
     },
 
-    /// A capture window ended without a graph (rule 33); its recorded
-    /// outputs carry this.
+    /// A capture window ended without a graph; its outputs carry this (rule 33).
     #[error("the recording on {stream} is missing work and cannot seal: {reason}")]
     Unsealed {
         /// The stream that opened the window.
@@ -167,18 +156,15 @@ pub enum Error {
         why: String,
     },
 
-    /// A failure found outside scope, by a runtime or an adapter.
-    ///
-    /// It keeps its own type, so a reader of the bytes it claimed can match
-    /// on it ([`Error::external_root`]).
+    /// A failure found outside scope, keeping its type for
+    /// [`Error::external_root`].
     #[error("{error}")]
     External {
         /// The error, typed as its author made it.
         error: Arc<dyn std::error::Error + Send + Sync + 'static>,
     },
 
-    /// scope broke one of its own invariants: a bug in scope. The work it
-    /// interrupted carries it like any failure.
+    /// A bug in scope; the work it interrupted carries it like any failure.
     #[error("internal error in scope, please report it: {detail}")]
     Internal {
         /// Which invariant broke.
@@ -204,8 +190,7 @@ pub enum Error {
 pub struct DeviceFault {
     /// The backend.
     pub backend: &'static str,
-    /// The driver's name for it: `CUDA_ERROR_ILLEGAL_ADDRESS`,
-    /// `VK_ERROR_DEVICE_LOST`.
+    /// The driver's name for it: `VK_ERROR_DEVICE_LOST`.
     pub code: String,
     /// How far it reaches, decided by the backend from its own code.
     pub class: FaultClass,
@@ -215,9 +200,8 @@ pub struct DeviceFault {
     pub detail: String,
 }
 
-/// How far a fault reaches, decided once by the backend from its own code.
-///
-/// The core reads it to poison (rule 36) and to refuse recovery (rule 52).
+/// How far a fault reaches, decided once by the backend: the core poisons
+/// (rule 36) and refuses recovery (rule 52) by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultClass {
     /// It fails the work it surfaced on; the device goes on.
@@ -282,8 +266,7 @@ impl fmt::Display for UnwrittenBytes {
     }
 }
 
-/// The skipped kernels from the bytes read to the root, newest first
-/// (rule 26).
+/// The skipped kernels from the bytes read to the root (rule 26).
 #[derive(Debug, Clone, Default)]
 pub struct Chain {
     /// The hops, starting at the buffer read.
@@ -356,8 +339,7 @@ impl Error {
         }
     }
 
-    /// The first error of type `E` made with [`Error::external`] among
-    /// this error's roots.
+    /// The first root of type `E` made with [`Error::external`].
     pub fn external_root<E: std::error::Error + 'static>(&self) -> Option<&E> {
         match self {
             Error::External { error } => error.downcast_ref::<E>(),
@@ -478,8 +460,8 @@ impl Error {
 /// The result every fallible call of the contract returns.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Why a collective did not deliver its result. Carried inside
-/// [`Error::Collective`]; lives here, below every module that makes one.
+/// Why a collective did not deliver, inside [`Error::Collective`]; it lives
+/// here, below every module that makes one.
 #[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CollectiveError {
@@ -511,8 +493,7 @@ pub enum CollectiveError {
         /// How long the waiting ranks waited.
         deadline: Duration,
     },
-    /// Wrong arguments or disagreeing ranks, refused claiming nothing
-    /// (rule 44).
+    /// Wrong arguments or disagreeing ranks, claiming nothing (rule 44).
     #[error("{collective} #{round}: refused: rank {rank} {why}")]
     Refused {
         /// The collective.
@@ -532,8 +513,7 @@ pub enum CollectiveError {
         /// What the read there answered: the root cause and the chain.
         cause: Error,
     },
-    /// A rank's library call failed after agreement; the group breaks
-    /// (rules 42, 43).
+    /// A library call failed after agreement; the group breaks (rules 42, 43).
     #[error(
         "{collective} #{round}: rank {rank}'s device call failed after the ranks agreed, so no rank's output is trusted; the group is broken: {cause}"
     )]
@@ -547,8 +527,8 @@ pub enum CollectiveError {
         /// What the call answered.
         cause: Error,
     },
-    /// Across processes, the round did not complete, and the library
-    /// cannot say which peer failed. The group breaks (rules 42, 43, 49).
+    /// Across processes, the round did not complete and no peer is named;
+    /// the group breaks (rules 42, 43, 49).
     #[error(
         "{collective} #{round}: not every rank completed it (a peer in another process is missing, stuck or failed, and the library cannot say which; this rank waited at most {deadline:?}); the group is broken"
     )]
@@ -570,15 +550,14 @@ pub enum CollectiveError {
         /// Its result code and what the library says it means.
         detail: String,
     },
-    /// The group lost a rank earlier; survivors go on by
+    /// The group lost a rank; survivors go on by
     /// [`Rank::shrink`](crate::collective::Rank::shrink) (rules 43, 54).
     #[error("the group is broken ({cause}); shrink it to its survivors, or make a new group")]
     Broken {
         /// What broke it.
         cause: Arc<CollectiveError>,
     },
-    /// A call through a superseded membership epoch, claiming nothing
-    /// (rule 55).
+    /// A call through a superseded membership epoch, claiming nothing (rule 55).
     #[error("called through membership epoch {epoch}, which epoch {current} superseded{}", stale_advice(*left_out, *current))]
     Stale {
         /// The epoch the call came through.

@@ -1,14 +1,9 @@
-//! The device's failures: who holds each, and the path each travelled.
+//! The device's failures: a node lives exactly as long as some allocation
+//! carries it (rule 7).
 //!
-//! A failure is a node with an error, a carrier count and a short history
-//! of the launches it stopped. The count keeps the store bounded (rule 7):
-//! a node lives exactly as long as some allocation carries it.
-//!
-//! Most failures never happen. Every write mints a *provisional* failure,
-//! so a panic leaves its bytes claimed (rules 16, 20), and a clean exit
-//! releases it. A hash map would charge every launch an insert and a
-//! remove. So the newest mint lives in a one-slot *nursery*, and only a
-//! failure that outlives its scope moves into the map.
+//! Every write mints a *provisional* failure (rules 16, 20) that a clean exit
+//! releases. A hash map would charge every launch an insert and a remove,
+//! so the newest mint lives in a one-slot *nursery*.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
@@ -22,8 +17,7 @@ use crate::id::{BufferRange, FailureId, StreamId};
 /// How many skip records a failure keeps: the newest (rule 26).
 pub const MAX_SKIP_RECORDS: usize = 16;
 
-/// What a provisional failure was minted for, so "never finished" can
-/// name it without a string. `Copy` and eight bytes, to fit a register.
+/// What a provisional failure was minted for; eight bytes, to fit a register.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Work {
     /// What kind of work.
@@ -89,8 +83,7 @@ pub struct FailureNode {
     work: Work,
     kernel: Option<Arc<str>>,
     carriers: u32,
-    /// Absent until the first skip, so the node moved through the nursery on
-    /// every launch stays small.
+    /// Absent until the first skip, so the nursery's node stays small.
     history: Option<Box<History>>,
 }
 
@@ -163,8 +156,8 @@ impl Failures {
         }
     }
 
-    /// Mint a failure for `work` with no error and no carrier (rule 1). One
-    /// that tainted nothing is the minter's to [`prune`](Self::prune) (rule 5).
+    /// Mint a failure for `work` (rule 1); the minter [`prune`](Self::prune)s
+    /// it if unused (rule 5).
     #[inline]
     pub fn mint(&mut self, work: Work) -> FailureId {
         self.mint_for(work, None)
@@ -219,8 +212,7 @@ impl Failures {
         }
     }
 
-    /// One more allocation carries `id`; the caller counts an allocation once
-    /// (rule 3).
+    /// One more allocation carries `id` (rule 3).
     #[inline]
     pub fn acquire(&mut self, id: FailureId) {
         if let Some(node) = self.get_mut(id) {
@@ -231,7 +223,6 @@ impl Failures {
     }
 
     /// One allocation no longer carries `id`; the last removes it (rule 4).
-    /// An extra release floors at zero and asserts in debug builds.
     #[inline]
     pub fn release(&mut self, id: FailureId) {
         let Some(node) = self.get_mut(id) else {
@@ -245,8 +236,7 @@ impl Failures {
         }
     }
 
-    /// Remove `id` if nothing carries it; a carried or unknown failure stays
-    /// (rule 5).
+    /// Remove `id` if nothing carries it (rule 5).
     #[inline]
     pub fn prune(&mut self, id: FailureId) {
         match &self.nursery {
@@ -277,8 +267,7 @@ impl Failures {
         self.get(id).map(FailureNode::error)
     }
 
-    /// Record that `record.kernel` was skipped because of `root`, keeping the
-    /// newest [`MAX_SKIP_RECORDS`].
+    /// Record a skip because of `root`, keeping the newest [`MAX_SKIP_RECORDS`].
     pub fn record_skip(&mut self, root: FailureId, record: SkipRecord) {
         if let Some(node) = self.get_mut(root) {
             let history = node.history.get_or_insert_default();
@@ -310,11 +299,8 @@ impl Failures {
             .chain(self.nodes.iter().map(|(id, node)| (*id, node)))
     }
 
-    /// The report a read of `read` gets for `id`: its root and chain (rules
-    /// 25, 26).
-    ///
-    /// Each hop is the newest launch that would have written the previous
-    /// hop's stopping input. The chain ends where the root itself wrote.
+    /// The report a read gets for `id`: its root and chain (rules 25, 26).
+    /// Each hop is the newest launch that would have written the previous one's input.
     pub fn report(&self, id: FailureId, read: BufferRange) -> Option<UnwrittenBytes> {
         let node = self.get(id)?;
         let empty = VecDeque::new();

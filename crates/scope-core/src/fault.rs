@@ -1,10 +1,6 @@
-//! Fault injection: failing device calls on purpose, where every server
-//! makes them.
-//!
-//! Every device call passes a [`Site`] first. With `fault-injection` the
-//! server consults its [`FaultPlan`] there, so a test can fail the third
-//! launch on stream 1 on any backend, even one with no device. Without
-//! the feature the check is empty and inline.
+//! Fault injection: every device call passes a [`Site`] first, where the
+//! server consults its [`FaultPlan`], so a test can fail any call on any
+//! backend. Without `fault-injection` the check is empty.
 
 use std::collections::HashMap;
 
@@ -49,8 +45,7 @@ struct Rule {
     fired: bool,
 }
 
-/// Which device calls fail, and how. Calls count from one, per site and
-/// per (site, stream), from when the plan is installed.
+/// Which device calls fail; calls count from one, per site and per stream.
 #[derive(Clone, Debug, Default)]
 pub struct FaultPlan {
     rules: Vec<Rule>,

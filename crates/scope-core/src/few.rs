@@ -1,9 +1,5 @@
-//! [`Few`]: a few `Copy` values, inline up to `N`, on the heap past that.
-//!
-//! A launch gathers four short lists. A `Vec` each allocates per launch,
-//! and `smallvec`'s per-push bookkeeping is slower than needed. This is
-//! the least that does neither: a length, an array, and a `Vec` that stays
-//! empty until the array is outgrown.
+//! [`Few`]: a few `Copy` values, inline up to `N`, on the heap past that,
+//! for a launch's short lists: a `Vec` allocates, `smallvec` is slower.
 
 use std::mem::MaybeUninit;
 

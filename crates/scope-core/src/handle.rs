@@ -1,10 +1,6 @@
-//! What a runtime holds: buffers, slices, bindings, dispatches, captures
-//! and graphs.
-//!
-//! These are plain ids and sizes, never memory: cheap to clone and `Send`.
-//! None takes the server's lock, not even on drop. A handle may drop while
-//! the lock is held, so a drop queues what it named ([`FreeQueue`]) for
-//! the server's next call.
+//! What a runtime holds: plain ids and sizes, never memory. A handle may
+//! drop while the lock is held, so a drop only queues what it named
+//! ([`FreeQueue`]) for the server's next call.
 
 use std::ops::{Bound as RangeBound, RangeBounds};
 use std::sync::Arc;
@@ -39,8 +35,7 @@ impl FreeQueue {
         self.pending.store(true, Ordering::Release);
     }
 
-    /// Whether anything may be queued. A plain load, since every call makes
-    /// it and a swap would be a locked read-modify-write.
+    /// Whether anything may be queued: a plain load, cheaper than a swap.
     #[inline]
     pub(crate) fn pending(&self) -> bool {
         self.pending.load(Ordering::Acquire)
@@ -207,8 +202,7 @@ impl<'a> Binding<'a> {
 pub enum Dispatch<'a> {
     /// Known on the host. A zero in any dimension runs and heals nothing.
     Groups([u32; 3]),
-    /// Three `u32` counts in device memory, read by the launch: a failed
-    /// count skips it.
+    /// Three `u32` counts in device memory; a failed count skips the launch.
     Indirect(Slice<'a>),
 }
 
@@ -219,10 +213,7 @@ impl Dispatch<'_> {
     }
 }
 
-/// An open capture window, to end or abort.
-///
-/// A dropped capture is aborted at the server's next call, so a forgotten
-/// one does not leave its stream recording for good.
+/// An open capture window, to end or abort; dropped, it aborts.
 #[must_use = "a capture must be ended or aborted; dropping it aborts it"]
 pub struct Capture {
     pub(crate) stream: StreamId,
@@ -298,8 +289,7 @@ impl Drop for GraphInner {
     }
 }
 
-/// A captured graph. Clones name the same graph. The last drop destroys
-/// it after its replays (rule 35), so a forgotten graph does not leak.
+/// A captured graph; the last clone's drop destroys it (rule 35).
 #[derive(Clone)]
 pub struct Graph {
     pub(crate) id: GraphId,

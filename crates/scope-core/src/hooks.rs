@@ -1,13 +1,7 @@
-//! The failure hook, called after the server's lock is released.
-//!
-//! A hook (rule 39) tells a measurement that a failure happened, and will
-//! likely ask the client something next. Under the lock that deadlocks,
-//! and a panic would leave bookkeeping half done. So the server only
-//! *queues* the event, and the calling client delivers it after unlocking.
-//!
-//! A re-entrant lock serialises delivery: one hook never runs on two
-//! threads, and a hook's own calls are delivered after it returns. A hook
-//! that panics unwinds out of the call and stays installed.
+//! The failure hook (rule 39), called after the lock is released: under it
+//! a hook calling the client deadlocks, and a panic leaves bookkeeping half
+//! done. A re-entrant lock serialises delivery; a hook that panics stays
+//! installed.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -61,8 +55,7 @@ impl Hooks {
         event
     }
 
-    /// Deliver the queued events, unlocked, after every call. The check is
-    /// inline, the delivery is not.
+    /// Deliver the queued events, unlocked; only the check is inline.
     #[inline]
     pub(crate) fn deliver(&self) {
         if self.pending.load(Ordering::Acquire) {

@@ -1,21 +1,14 @@
-//! Identifiers, and the hasher for maps keyed by them.
-//!
-//! Each identifier is a plain number with a type of its own, so that a
-//! failure id can never be passed where a buffer id is meant. None of them
-//! keeps anything alive: a capture window or a skip record that names a
-//! buffer by id does not stop that buffer from being freed, which is what
-//! rule 32 of the failure model asks of a recording.
+//! Identifiers, each a typed number, and the hasher for maps keyed by them.
+//! None keeps anything alive: a recording naming a buffer does not stop
+//! its free (rule 32).
 
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::num::NonZeroU64;
 
-/// One failure in a device's failure store.
-///
-/// Minted from a per-device counter and never reused, so a stale id can only
-/// miss, never name a different failure. Non-zero so that `Option<FailureId>`
-/// is one word (rule 1).
+/// One failure in a device's store, never reused, so a stale id can only
+/// miss; non-zero so `Option<FailureId>` is one word (rule 1).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FailureId(NonZeroU64);
 
@@ -43,9 +36,7 @@ impl fmt::Display for FailureId {
     }
 }
 
-/// A logical stream of one server: an ordering domain for device work.
-///
-/// Stream 0 is the one every client starts on.
+/// A logical stream of one server; every client starts on stream 0.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
 pub struct StreamId(pub u32);
 
@@ -55,11 +46,8 @@ impl fmt::Display for StreamId {
     }
 }
 
-/// A buffer of one server.
-///
-/// A slot index and a generation: the slot is reused after a free, the
-/// generation is not, so a freed handle is recognised as freed instead of
-/// reaching whatever buffer took its slot.
+/// A buffer of one server: a reused slot and a generation that is not, so
+/// a freed handle cannot reach whatever buffer took its slot.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BufferId {
     pub(crate) slot: u32,
@@ -67,8 +55,7 @@ pub struct BufferId {
 }
 
 impl BufferId {
-    /// A buffer id from its slot and generation (for stores outside a
-    /// server, such as the benches').
+    /// A buffer id from its slot and generation, for the benches' stores.
     pub fn from_parts(slot: u32, generation: u32) -> Self {
         Self { slot, generation }
     }
@@ -110,8 +97,7 @@ impl fmt::Display for GraphId {
     }
 }
 
-/// One server instance in this process, so that a handle from another server
-/// is refused by name instead of resolving to an unrelated buffer.
+/// One server in this process, so another's handle is refused by name.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct ServerId(pub(crate) u64);
 
@@ -123,10 +109,7 @@ impl ServerId {
     }
 }
 
-/// A half-open byte range `start..end` of one allocation.
-///
-/// `Copy`, unlike `Range<u64>`, because taint bookkeeping passes ranges around
-/// by the handful on every launch.
+/// A half-open byte range of one allocation; `Copy`, unlike `Range<u64>`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct ByteRange {
     /// First byte.
@@ -162,8 +145,7 @@ impl ByteRange {
         self.end <= self.start
     }
 
-    /// Whether the two share at least one byte (rule 12: an empty range
-    /// never does).
+    /// Whether the two share a byte (rule 12: an empty range never does).
     pub const fn intersects(self, other: Self) -> bool {
         self.start < other.end && other.start < self.end
     }
@@ -207,13 +189,8 @@ impl fmt::Display for BufferRange {
     }
 }
 
-/// A hasher for keys with no adversary: ids from a counter, kernel ids
-/// that are hashes already, small arrays of them.
-///
-/// Every launch looks such keys up, and SipHash was a measurable part of
-/// that cost. Each word is mixed in by FxHash's step (rotate, xor, one
-/// multiply), so keys of several words still spread. The servers and the
-/// cubecl adapter share this one.
+/// A hasher for keys with no adversary, since SipHash was a measurable part
+/// of every launch; FxHash's step mixes each word, so long keys still spread.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct IdHasher(u64);
 

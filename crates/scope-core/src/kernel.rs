@@ -1,24 +1,13 @@
-//! Kernels: what a runtime hands a server to launch.
+//! Kernels: what a runtime hands a server to launch. The hash is taken once,
+//! here: servers cache compiled kernels by it.
 //!
-//! Its hash is taken once, here: servers cache compiled kernels by it.
-//!
-//! # The binding convention
-//!
-//! Every backend maps a launch's bindings the same way:
-//!
-//! - **WGSL and SPIR-V**: binding *i* is `@group(0) @binding(i)`; a
-//!   non-empty scalar blob is one more read-only binding.
-//! - **CUDA C++, PTX and HIP C++**: the bindings' pointers, then the blob
-//!   by value.
-//! - **Host**: the closure gets each binding's bytes and the blob.
-//!
-//! # What is checked
+//! Bindings map the same on every backend: WGSL and SPIR-V binding *i* is
+//! `@group(0) @binding(i)`, a non-empty scalar blob one more read-only
+//! binding; the CUDA family gets the pointers, then the blob by value.
 //!
 //! The failure model believes a launch writes only its write set. WGSL is
-//! checked, so safe to build ([`Kernel::wgsl`]); host closures work on
-//! copies. Other languages reach any memory through a pointer, so they are
-//! [`Unchecked`], built only by `unsafe` constructors, as cudarc's launch
-//! is `unsafe`.
+//! checked and host closures work on copies; other languages reach any
+//! memory through a pointer, so they are [`Unchecked`], built only `unsafe`.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
@@ -231,9 +220,8 @@ impl Kernel {
         self
     }
 
-    /// The same kernel, launched with `bytes` of dynamic shared memory
-    /// (`extern __shared__`), for the CUDA family. Without it a launch gets
-    /// none, and a source that uses some writes outside its block's memory.
+    /// The same kernel with `bytes` of dynamic shared memory, for the CUDA
+    /// family; without it a source using some writes outside its block's.
     ///
     /// # Safety
     ///
@@ -250,7 +238,7 @@ impl Kernel {
     }
 
     /// The same kernel, vouched in bounds, so a server may drop WGSL's
-    /// bounds checks, which slow indexing-heavy kernels.
+    /// bounds checks.
     ///
     /// # Safety
     ///

@@ -1,7 +1,5 @@
-//! What the device behind a server can run, as the server opened it.
-//!
-//! The server's own limits, not a guess: a launch inside them is never
-//! refused as invalid (rule 38).
+//! What the device behind a server can run: a launch inside these limits is
+//! never refused as invalid (rule 38).
 
 /// Optional capabilities the server enabled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,10 +1,6 @@
-//! A backend that does nothing, at once: wgpu-hal's `noop` for scope.
-//!
-//! Every device call succeeds without touching memory. What runs over it
-//! is the core alone, which two things need. The launch-path bench
-//! measures the core's own cost on it. A test backend scripts one device
-//! behaviour on it ([`Script`]) instead of forwarding two dozen calls.
-//! Tests over it check outcomes, never values.
+//! A backend that does nothing, at once: wgpu-hal's `noop` for scope. What
+//! runs over it is the core alone, for the launch-path bench, and for a test
+//! backend scripting one behaviour ([`Script`]) instead of two dozen calls.
 
 use std::sync::Arc;
 
@@ -14,8 +10,7 @@ use crate::id::StreamId;
 use crate::kernel::{Kernel, Language};
 use crate::limits::LaunchLimits;
 
-/// What a test backend adds to the null backend: each method is asked at
-/// the device call of its name and does nothing by default.
+/// What a test backend adds: each method is asked at the call of its name.
 pub trait Script: Send + 'static {
     /// The waiter the stream's next wait blocks on; none by default.
     fn begin_wait(&mut self, stream: StreamId) -> Option<NullWaiter> {
@@ -124,8 +119,7 @@ impl<S: Script> Null<S> {
         }
     }
 
-    /// A null backend reporting `alignment` instead of 4, to test the offset
-    /// check against other APIs' alignments.
+    /// A null backend reporting `alignment`, to test the offset check.
     pub fn with_binding_alignment(mut self, alignment: u64) -> Self {
         self.alignment = Some(alignment);
         self
@@ -304,7 +298,7 @@ impl<S: Script> Backend for Null<S> {
 ///
 /// # Errors
 ///
-/// None in practice; the signature matches the other servers'.
+/// None; the signature matches the other servers'.
 pub fn client() -> Result<crate::Client<Null>> {
     crate::Client::new(Null::new())
 }

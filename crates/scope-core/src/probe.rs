@@ -1,8 +1,5 @@
-//! What a server finds on this machine, without making a server.
-//!
-//! `cargo xtask matrix` asks every server crate's `probe()` and prints the
-//! answers side by side. A probe must never panic or abort: a missing driver
-//! library is an answer ("libcuda.so.1 not found"), not a crash.
+//! What a server finds on this machine, for `cargo xtask matrix`. A probe
+//! never panics: a missing driver is an answer, not a crash.
 
 use std::fmt;
 
@@ -10,13 +7,8 @@ mod kind;
 
 pub use kind::{BackendKind, Drivers};
 
-/// Whether `SCOPE_REQUIRE` (a comma-separated list, or `all`) names
-/// `backend`, so that a missing device is a failure rather than a skip.
-///
-/// The one reading of the variable: every test crate asks this, so that
-/// `SCOPE_REQUIRE=all`, `SCOPE_REQUIRE=vulkan,wgpu` and `SCOPE_REQUIRE=Vulkan`
-/// mean the same to all of them (a test that compared the variable for
-/// equality skipped silently under `all`).
+/// Whether `SCOPE_REQUIRE` (a comma-separated list, or `all`) names `backend`,
+/// so a missing device fails rather than skips; every test crate asks this.
 pub fn required(backend: &str) -> bool {
     std::env::var("SCOPE_REQUIRE").is_ok_and(|v| names(&v, backend))
 }

@@ -1,20 +1,14 @@
 //! The write scope: one unit of device work, and what its bytes owe.
-//!
-//! Every write to device memory needs the same bookkeeping: trust the
-//! inputs or not, claim the outputs before running, then release the
-//! claim or give it the real error. Written by hand in each server, one
-//! early return forgets a step and a buffer reads as healthy garbage.
-//! [`ExecuteScope`] is that bookkeeping, once.
+//! Written by hand in each server, one early return forgets a step and a
+//! buffer reads as healthy garbage; [`ExecuteScope`] is the bookkeeping, once.
 //!
 //! A scope decides in its constructor whether it *enters* (claiming its
-//! write set with a provisional failure) or *skips* (pointing its outputs
-//! at an input's failure). Deciding later would let a skip mint a failure
+//! write set) or *skips*: deciding later would let a skip mint a failure
 //! that nothing prunes.
 //!
-//! The body is a closure consumed by [`execute`](ExecuteScope::execute),
-//! not a guard settling in `Drop`: a `Drop` cannot tell a clean end from
-//! an unwind. A scope dropped unexecuted leaves its write set claimed,
-//! which is what a read of those bytes must fail on.
+//! The body is a closure, not a guard settling in `Drop`, which cannot
+//! tell a clean end from an unwind. A scope dropped unexecuted leaves its
+//! write set claimed.
 
 use std::sync::Arc;
 
@@ -24,24 +18,21 @@ use crate::failure::{Work, WorkKind};
 use crate::id::{BufferRange, FailureId, StreamId};
 use crate::store::FailureStore;
 
-/// A server whose device work runs inside an [`ExecuteScope`]: it says
-/// where its bookkeeping lives, and gets the scope's guarantees.
+/// A server whose device work runs inside an [`ExecuteScope`].
 pub trait WriteScoped: Sized {
     /// The server's failure bookkeeping.
     type Store: FailureStore;
 
-    /// The bookkeeping, split-borrowed so the scope can claim and settle
-    /// around a body that holds the rest of the server.
+    /// The bookkeeping, split-borrowed from the body's rest of the server.
     fn store(&mut self) -> &mut Self::Store;
 
-    /// Told about every skip and failed exit, never success (rule 39). A
-    /// failed autotune candidate finishes in no time and would otherwise win.
+    /// Told of every skip and failed exit, so a failed autotune candidate
+    /// does not win by finishing in no time (rule 39).
     #[allow(unused_variables)]
     fn on_failure(&mut self, stream: StreamId, error: &Error) {}
 
-    /// The capture window of `stream` while it records, if the server
-    /// captures. The scope is its only informant, so "recorded" and "in the
-    /// graph" cannot disagree.
+    /// The capture window of `stream` while it records; the scope is its
+    /// only informant, so "recorded" and "in the graph" cannot disagree.
     #[allow(unused_variables)]
     fn capturing(&mut self, stream: StreamId) -> Option<&mut CaptureWindow> {
         None
@@ -79,8 +70,7 @@ impl<R> ScopedOutcome<R> {
     ///
     /// # Errors
     ///
-    /// The work's error, or a payload-free [`Error::Skipped`] (rule 18): the
-    /// root cause is the read's to report.
+    /// The work's error, or a payload-free [`Error::Skipped`] (rule 18).
     pub fn into_result(self) -> Result<R> {
         match self {
             ScopedOutcome::Executed(r) => Ok(r),
@@ -115,8 +105,7 @@ pub struct ExecuteScope<'a, S: WriteScoped> {
 }
 
 impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
-    /// A scope over work that reads nothing it must trust, such as a host
-    /// write. Always enters (rule 16).
+    /// A scope over work that reads nothing it must trust; enters (rule 16).
     pub fn over(server: &'a mut S, work: Work, written: Vec<BufferRange>) -> Self {
         Self::enter(server, work, None, written)
     }
@@ -140,12 +129,9 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         }
     }
 
-    /// A scope over a launch of `kernel` on `stream` reading `read`, writing
-    /// `written`.
-    ///
-    /// Skips at the first failed input (rule 17): garbage read as an index
-    /// scatters into bytes that carried no failure. A skip tells the hook,
-    /// dooms a recording, records the hop and claims the outputs (rule 18).
+    /// A scope over a launch, skipping at the first failed input (rule 17):
+    /// garbage read as an index scatters into clean bytes. A skip tells the
+    /// hook, dooms a recording, records the hop, claims the outputs (rule 18).
     pub fn launching(
         server: &'a mut S,
         kernel: &Arc<str>,
@@ -190,9 +176,8 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         }
     }
 
-    /// [`launching`](Self::launching) for a caller that found no claim on
-    /// any input as it resolved them, so the scope enters without looking
-    /// again. It comes back already running, as [`run`](Self::run) gives it.
+    /// [`launching`](Self::launching) for inputs the caller found unclaimed,
+    /// already running, as [`run`](Self::run) gives it.
     #[inline(always)]
     pub(crate) fn entering(
         server: &'a mut S,
@@ -220,8 +205,7 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         }
     }
 
-    /// Work whose extent only the device knows: it writes all or none. Its
-    /// inputs are clean, so a clean exit heals nothing, nor does a replay.
+    /// Work whose extent only the device knows: a clean exit heals nothing.
     pub fn writing_at_most(mut self) -> Self {
         self.maybe = true;
         self
@@ -239,10 +223,8 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         &self.written
     }
 
-    /// Run `body` unless skipped, and settle the write set (rule 19).
-    ///
-    /// A clean exit records and heals the write set. A failed exit dooms a
-    /// recording, gives the provisional its error and tells the hook.
+    /// Run `body` unless skipped, and settle the write set (rule 19): heal
+    /// it, or doom a recording, give it the error and tell the hook.
     pub fn execute<R>(
         self,
         body: impl FnOnce(&mut S, &[BufferRange]) -> Result<R>,
@@ -257,9 +239,8 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         }
     }
 
-    /// [`execute`](Self::execute) in two halves, for a body in the caller's
-    /// own code: the scope to run it in, or a skip's outcome. The launch
-    /// path avoids a closure's stored captures so.
+    /// [`execute`](Self::execute) in two halves, so the launch path avoids
+    /// a closure's stored captures.
     #[inline(always)]
     pub(crate) fn run<R>(self) -> std::result::Result<Running<'a, S>, ScopedOutcome<R>> {
         let Self {
@@ -287,8 +268,7 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
     }
 }
 
-/// A scope whose body is running, settled by [`finish`](Self::finish).
-/// Dropped unfinished, it leaves its write set claimed (rule 20).
+/// A running scope; dropped unfinished, its write set stays claimed (rule 20).
 pub(crate) struct Running<'a, S: WriteScoped> {
     server: &'a mut S,
     stream: StreamId,
@@ -317,8 +297,7 @@ impl<S: WriteScoped> Running<'_, S> {
         }
     }
 
-    /// [`finish`](Self::finish) for a body that succeeded: record and heal.
-    /// Apart, so the launch path moves no result in or outcome out.
+    /// [`finish`](Self::finish) for success, so the launch path moves no result.
     #[inline]
     pub(crate) fn finish_ok(self) {
         let Self {
@@ -363,8 +342,7 @@ impl<S: WriteScoped> Running<'_, S> {
     }
 }
 
-/// Claim `written` with `error` for work that never started (rule 21),
-/// through the same exit as a failed body.
+/// Claim `written` with `error` for work that never started (rule 21).
 pub fn failed_writing<S: WriteScoped>(
     server: &mut S,
     work: Work,

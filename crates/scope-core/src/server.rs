@@ -1,15 +1,8 @@
-//! The server every backend shares.
-//!
-//! [`Server<B>`] is a whole scope server except the device calls. It
-//! validates handles, runs work inside an [`ExecuteScope`], keeps capture
-//! windows and graphs, orders streams, attributes late faults (rule 23),
-//! poisons on sticky faults (rule 36), retries a failed allocation after
-//! a trim (rule 37), and consults the fault plan. A [`Backend`] only acts
-//! on the device. A [`Client`](crate::Client) holds it behind one lock.
-//!
-//! The impl is split by what each part decides: `handles` validates,
-//! `ordering` orders and attributes, `capture` keeps windows and graphs,
-//! `work` and `launch` are the contract's operations.
+//! [`Server<B>`]: a whole scope server except the device calls, which a
+//! [`Backend`] makes. It runs work inside an [`ExecuteScope`], attributes
+//! late faults (rule 23), poisons (rule 36), retries an allocation after a
+//! trim (rule 37). The impl is split: `handles` validates, `ordering`
+//! orders, `capture` keeps graphs, `work` and `launch` operate.
 
 mod capture;
 mod handles;
@@ -38,8 +31,7 @@ use crate::scope::{ExecuteScope, ScopedOutcome, WriteScoped, failed_writing};
 use crate::store::FailureStore;
 use crate::table::{BufferTable, Ledger, Memories};
 
-/// Host copies move whole 4-byte words, as Vulkan and wgpu require, so a
-/// misaligned copy fails the same way everywhere.
+/// Host copies move whole 4-byte words, as Vulkan and wgpu require.
 pub const COPY_ALIGNMENT: u64 = 4;
 
 /// A buffer range resolved to the backend's memory, for a library call.
@@ -56,8 +48,7 @@ pub(crate) struct LaunchRules {
     /// The backend's grid: host-given counts past it are refused first.
     max_workgroups: [u32; 3],
     alignment: u64,
-    /// `alignment - 1` for a power of two, else 0. A mask spares a division
-    /// per binding and checks offset and length together.
+    /// `alignment - 1` for a power of two, else 0: spares a division.
     mask: u64,
     /// Whether the alignment needs the division after all.
     divide: bool,
@@ -86,14 +77,12 @@ pub(crate) struct StreamState<S> {
     /// What work submitted since the last completed sync writes (rule 23).
     in_flight: InFlight,
     failures_seen: u64,
-    /// Host waits for this stream's work: syncs and reads. A collective
-    /// adds none (rule 47); a bench counts them per step.
+    /// Host waits for this stream's work; a collective adds none (rule 47).
     drains: u64,
 }
 
-/// The write sets a stream submitted since its last completed wait,
-/// numbered so a wait settles exactly what it covered while other
-/// threads submit more.
+/// The write sets submitted since the last wait, numbered so a wait settles
+/// exactly what it covered.
 #[derive(Default)]
 struct InFlight {
     ranges: Vec<BufferRange>,
@@ -123,8 +112,7 @@ impl InFlight {
         }
     }
 
-    /// Take the ranges submitted before `mark`, once only: they completed or
-    /// carry a fault now.
+    /// Take the ranges submitted before `mark`, once only.
     fn take_to(&mut self, mark: u64) -> Vec<BufferRange> {
         let n = (mark.saturating_sub(self.settled)).min(self.ranges.len() as u64) as usize;
         self.settled += n as u64;
@@ -156,8 +144,7 @@ pub(crate) struct PendingWait<B: Backend> {
     token: WaitToken,
 }
 
-/// One wait in flight without the lock. Its waiter names device objects,
-/// so `Server::recover` waits for none to be left.
+/// One unlocked wait in flight, which `Server::recover` waits out.
 pub(crate) struct WaitToken(Option<Arc<Waits>>);
 
 impl WaitToken {
@@ -182,9 +169,9 @@ impl<B: Backend> PendingWait<B> {
     /// Wait, with no lock held.
     pub(crate) fn wait(&self) -> Result<()> {
         match &self.waiter {
-            // SAFETY: only `begin_wait` and `begin_read` make this, from their
-            // backend's waiter. The client keeps the server alive, and only
-            // `end_wait` or `end_read` ends the waiter, consuming this.
+            // SAFETY: `begin_wait` and `begin_read` make this from their backend's
+            // waiter; the client keeps the server alive; only `end_wait` or
+            // `end_read` ends the waiter, consuming this.
             Some(waiter) => unsafe { B::wait(waiter) },
             None => Ok(()),
         }
@@ -234,16 +221,14 @@ pub struct Server<B: Backend> {
     /// The compile cache, indexed so a launch hashes its kernel's id once.
     kernels: Vec<B::Kernel>,
     kernel_index: HashMap<KernelId, usize, BuildHasherDefault<IdHasher>>,
-    /// The kernel launched last and its index: a loop's launches skip the
-    /// cache lookup.
+    /// The kernel launched last, so a loop skips the cache lookup.
     last_kernel: Option<(KernelId, usize)>,
     graphs: HashMap<GraphId, GraphEntry<B::Graph>>,
     next_graph: u64,
     poison: Option<Arc<Error>>,
     /// Waits in flight with the lock released ([`WaitToken`]).
     waits: Arc<Waits>,
-    /// The backend holds no device: a recovery could not reopen it. The
-    /// streams name nothing, and the server stays poisoned.
+    /// A recovery could not reopen the device; the server stays poisoned.
     detached: bool,
     reopened: u64,
     /// Buffers a recovery gave up, to remake once the device opens.
@@ -258,11 +243,8 @@ pub struct Server<B: Backend> {
     faults: crate::fault::FaultPlan,
 }
 
-/// What a scope settles, apart from the memory and the backend.
-///
-/// A launch resolves its bindings to memory once, before its scope opens,
-/// so the backend refuses it before anything is claimed. That list
-/// borrows the memory while the scope borrows these books mutably.
+/// What a scope settles, apart from the memory and the backend, so a
+/// launch's bindings borrow memory while the scope borrows these books.
 pub(crate) struct Books<'s, S> {
     pub(crate) id: ServerId,
     pub(crate) ledger: &'s mut Ledger,
@@ -340,8 +322,7 @@ fn consult(
     Ok(())
 }
 
-/// An injected failure, logged out of line to keep every caller's frame
-/// small.
+/// An injected failure, logged out of line to keep callers' frames small.
 #[cfg(feature = "fault-injection")]
 #[cold]
 #[inline(never)]
@@ -350,8 +331,7 @@ fn injected(site: Site, stream: Option<StreamId>, error: Error) -> Error {
     error
 }
 
-/// `len` zeroed host bytes, or [`Error::OutOfMemory`]: a read of any size
-/// must not abort the process.
+/// `len` zeroed host bytes, or [`Error::OutOfMemory`] rather than an abort.
 pub(crate) fn host_vec(len: u64) -> Result<Vec<u8>> {
     let out_of_memory = |detail: String| Error::OutOfMemory {
         backend: "host",
@@ -526,8 +506,8 @@ impl<B: Backend> Server<B> {
         self.streams[self.stream_index(stream)].in_flight.mark()
     }
 
-    /// Every write set `stream` submitted from `mark` on carries `error`,
-    /// and stays in flight: a later wait still settles it (rule 23).
+    /// Every write set submitted from `mark` on carries `error`, still in
+    /// flight (rule 23).
     pub(crate) fn fail_in_flight_since(&mut self, stream: StreamId, mark: u64, error: Error) {
         let index = self.stream_index(stream);
         let since = self.streams[index].in_flight.since(mark).to_vec();

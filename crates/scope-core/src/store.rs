@@ -1,9 +1,6 @@
-//! The failure rules, written once, over wherever a server keeps its taint.
-//!
-//! A server knows only where a buffer's claims live.
-//! [`FailureStore`] asks exactly that ([`locate`](FailureStore::locate))
-//! and carries every rule as a default method. A rule written into a
-//! server would drift four ways; here there is one place to read and test.
+//! The failure rules, written once: [`FailureStore`] asks a server only
+//! where a buffer's claims live ([`locate`](FailureStore::locate)), so no
+//! rule drifts four ways.
 
 use std::sync::Arc;
 
@@ -16,23 +13,19 @@ use crate::taint::Taint;
 pub enum TaintSlot<'a> {
     /// The buffer has memory; these are the claims on it.
     Allocated(&'a mut Taint),
-    /// The allocation failed, for this recorded reason if any (rule 28). It
-    /// cannot be tainted or healed; only freeing it ends it.
+    /// The allocation failed, for this reason if any (rule 28); only a free ends it.
     Unallocated(Option<FailureId>),
-    /// No such buffer here: claims on it are dropped, as a weakly held
-    /// recording wants (rule 32).
+    /// No such buffer: claims on it are dropped (rule 32).
     Gone,
 }
 
-/// A device's failure bookkeeping: a [`Failures`] store and each
-/// buffer's taint. Implementors supply two methods; every rule is a
-/// default method servers should not override.
+/// A device's failure bookkeeping: a [`Failures`] store and each buffer's
+/// taint. Servers should not override the default methods.
 pub trait FailureStore {
     /// The device's failures.
     fn failures(&mut self) -> &mut Failures;
 
-    /// The failures and the claims on `buffer`, split-borrowed so a claim can
-    /// acquire and release failures.
+    /// The failures and the claims on `buffer`, split-borrowed.
     fn locate(&mut self, buffer: BufferId) -> (&mut Failures, TaintSlot<'_>);
 
     /// Point every range of `written` at `failure` (rules 9, 22).
@@ -45,8 +38,7 @@ pub trait FailureStore {
         }
     }
 
-    /// Remove every range of `written` from every claim: it was written
-    /// (rules 11, 19).
+    /// Remove `written` from every claim (rules 11, 19).
     #[inline(always)]
     fn heal(&mut self, written: &[BufferRange]) {
         for target in written {
@@ -56,8 +48,7 @@ pub trait FailureStore {
         }
     }
 
-    /// The first input whose range carries a failure, and that failure (rule
-    /// 17). An unallocated input with a recorded failure counts.
+    /// The first failed input, and its failure (rule 17).
     #[inline(always)]
     fn read_failure<'b>(
         &mut self,
@@ -76,8 +67,7 @@ pub trait FailureStore {
         None
     }
 
-    /// Claim `written` for work about to run (rule 16). An empty write set
-    /// mints nothing. `kernel` names a launch in "never finished".
+    /// Claim `written` for work about to run (rule 16).
     #[inline(always)]
     fn enter_write(
         &mut self,
@@ -93,10 +83,8 @@ pub trait FailureStore {
         Some(provisional)
     }
 
-    /// Settle the claim [`enter_write`](Self::enter_write) made (rule 19).
-    ///
-    /// A clean exit releases every claim on the written ranges: a rewrite
-    /// heals. A failed exit gives the provisional failure its real error.
+    /// Settle the claim [`enter_write`](Self::enter_write) made: heal, or
+    /// give the provisional failure its real error (rule 19).
     #[inline(always)]
     fn exit_write(
         &mut self,
@@ -114,8 +102,7 @@ pub trait FailureStore {
         self.failures().prune(provisional);
     }
 
-    /// A launch of `kernel` was skipped because `input` carries `root` (rule
-    /// 18): record the hop and point its outputs at the root.
+    /// A skipped launch: record the hop, point its outputs at `root` (rule 18).
     fn propagate(
         &mut self,
         root: FailureId,
@@ -136,8 +123,7 @@ pub trait FailureStore {
         self.taint(written, root);
     }
 
-    /// Claim `written` for a new failure with `error` (rules 21, 23, 33).
-    /// `None` when it claimed nothing and was pruned.
+    /// Claim `written` for a new failure; `None` if pruned (rules 21, 23, 33).
     fn claim_failed(
         &mut self,
         written: &[BufferRange],
@@ -154,9 +140,8 @@ pub trait FailureStore {
     ///
     /// # Errors
     ///
-    /// [`Error::Unwritten`] for one failure, [`Error::SeveralUnwritten`] for
-    /// each distinct one, [`Error::NeverAllocated`] for a buffer without
-    /// memory or record. Nothing is cleared until rewritten (rule 27).
+    /// [`Error::Unwritten`], [`Error::SeveralUnwritten`] or
+    /// [`Error::NeverAllocated`]; nothing clears until rewritten (rule 27).
     fn check(&mut self, reads: &[BufferRange]) -> Result<()> {
         let mut found: Vec<(FailureId, BufferRange)> = Vec::new();
         for read in reads {

@@ -1,13 +1,7 @@
-//! The buffer table: each buffer's memory and the claims on it, and so
-//! the one [`FailureStore`] every server uses.
-//!
-//! Buffers are slots with generations: a stale id misses instead of
-//! reaching a new buffer, and a lookup is an index, not a hash.
-//!
-//! The table is two over the same slots: the [`Ledger`], which the failure
-//! model reads and writes, and the [`Memories`]. A launch's bindings borrow
-//! the memory across the scope that claims in the ledger, so the list the
-//! backend checks and launches is built once.
+//! The buffer table, the one [`FailureStore`] every server uses. Slots with
+//! generations: a stale id misses, and a lookup is an index, not a hash.
+//! The [`Ledger`] and the [`Memories`] share the slots, so a launch borrows
+//! the memory across the scope that claims in the ledger.
 
 use crate::error::Error;
 use crate::failure::Failures;
@@ -31,8 +25,7 @@ struct Slot<T> {
     entry: Option<T>,
 }
 
-/// The failure model's half: each live buffer's size, claims, record and
-/// last user, and the device's failures.
+/// The failure model's half: each buffer's claims, and the failures.
 pub struct Ledger {
     failures: Failures,
     slots: Vec<Slot<Entry>>,
@@ -40,8 +33,7 @@ pub struct Ledger {
     bytes_allocated: u64,
 }
 
-/// The memory half, in the [`Ledger`]'s slots and generations, so a stale
-/// id misses here too.
+/// The memory half, in the [`Ledger`]'s slots and generations.
 pub struct Memories<M> {
     slots: Vec<Slot<M>>,
 }
@@ -56,9 +48,7 @@ impl<M> Memories<M> {
         slot.entry.as_ref()
     }
 
-    /// The memory of a buffer the [`Ledger`] just found live under `id`. Both
-    /// halves share generations, so the slot alone finds it without a second
-    /// compare. `None` for a buffer without memory.
+    /// The memory of a buffer the [`Ledger`] just found live, by slot alone.
     #[inline]
     pub(crate) fn of_live(&self, id: BufferId) -> Option<&M> {
         self.slots.get(id.slot() as usize)?.entry.as_ref()
@@ -144,8 +134,7 @@ impl<M> BufferTable<M> {
         self.memory.of(id)
     }
 
-    /// Take a live buffer's memory out as its device is given up. Its claims
-    /// go with its bytes; it has no memory until
+    /// Take a buffer's memory out as its device is given up, until
     /// [`give_memory`](Self::give_memory).
     pub(crate) fn take_memory(&mut self, id: BufferId) -> Option<M> {
         let Ledger {
@@ -199,8 +188,7 @@ impl<M> BufferTable<M> {
         }
     }
 
-    /// Remove a buffer, releasing its claims and record (rule 13), and hand
-    /// back its memory. A stale id does nothing.
+    /// Remove a buffer, releasing its claims (rule 13); a stale id does nothing.
     pub(crate) fn remove(&mut self, id: BufferId) -> Option<M> {
         let ledger = &mut self.ledger;
         let slot = ledger.slots.get_mut(id.slot() as usize)?;
@@ -208,8 +196,7 @@ impl<M> BufferTable<M> {
             return None;
         }
         let mut entry = slot.entry.take()?;
-        // A slot whose generation would wrap is retired, so a stale id never
-        // names a later buffer. That costs one slot per 2^32 reuses.
+        // Retire a slot whose generation would wrap: one per 2^32 reuses.
         if let Some(next) = slot.generation.checked_add(1) {
             slot.generation = next;
             ledger.vacant.push(id.slot());
@@ -288,9 +275,7 @@ impl Ledger {
         self.bytes_allocated
     }
 
-    /// How many (buffer, failure) claims are live, records included: the
-    /// bound of rule 7. A buffer can carry several failures, so it counts
-    /// claims, not buffers.
+    /// How many (buffer, failure) claims are live: the bound of rule 7.
     pub(crate) fn claims(&self) -> usize {
         self.slots
             .iter()

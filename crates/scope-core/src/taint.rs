@@ -1,12 +1,7 @@
-//! Which bytes of one allocation carry which failure.
-//!
-//! A claim is a failure and the sorted, disjoint ranges it covers (rules
-//! 8, 10). Ranges make a partial write honest: a failed write of bytes
-//! 0..4096 leaves the rest of the buffer readable.
-//!
-//! Both lists are inline for one element (rule 14): the success path
-//! claims and releases one range in one call, so it must not touch the
-//! heap. Only something already failed spills.
+//! Which bytes of one allocation carry which failure: a claim is a failure
+//! over sorted, disjoint ranges (rules 8, 10), so a partial write stays
+//! honest. Both lists are inline for one element (rule 14), so the success
+//! path never touches the heap.
 
 use smallvec::SmallVec;
 
@@ -115,9 +110,7 @@ pub struct Claim {
     pub ranges: Ranges,
 }
 
-/// The claims on one allocation. Every change goes through [`Failures`],
-/// so a failure is acquired with its first range here and released with
-/// its last (rule 3).
+/// The claims on one allocation, changed only through [`Failures`] (rule 3).
 #[derive(Clone, Debug, Default)]
 pub struct Taint {
     claims: SmallVec<[Claim; 1]>,
@@ -140,10 +133,8 @@ impl Taint {
         &self.claims
     }
 
-    /// Point `range` at `failure`, and at nothing else (rule 9).
-    ///
-    /// Set, never add: one piece of work wrote the bytes, so at most one
-    /// failure explains them. An empty range changes nothing.
+    /// Point `range` at `failure` only: one piece of work wrote the bytes, so
+    /// one failure explains them (rule 9).
     #[inline]
     pub fn set(&mut self, range: ByteRange, failure: FailureId, failures: &mut Failures) {
         if range.is_empty() {
@@ -206,8 +197,7 @@ impl Taint {
         }
     }
 
-    /// The first failure (in claim order) whose ranges share a byte with
-    /// `range`; `None` for an empty range (rule 12).
+    /// The first failure sharing a byte with `range` (rule 12).
     pub fn query(&self, range: ByteRange) -> Option<FailureId> {
         self.claims
             .iter()

@@ -17,10 +17,10 @@ const MAX_MEAN_WORDS: f64 = 15.0;
 /// The most words any one doc sentence may have.
 const MAX_SENTENCE_WORDS: usize = 40;
 /// The largest share of lines that may be comments. The target is 15%;
-/// the crate stands at 19.4%, mostly the docs of its public items and the
+/// the crate stands at 16.0%, mostly the docs of its public items and the
 /// `Backend` trait's contract, so this holds the line there until those
 /// shrink. Lower it as they do; never raise it.
-const MAX_COMMENT_SHARE: f64 = 0.195;
+const MAX_COMMENT_SHARE: f64 = 0.16;
 
 /// Tokens that end in a full stop without ending a sentence.
 const ABBREVIATIONS: &[&str] = &["e.g.", "i.e.", "etc.", "cf.", "vs.", "approx."];

@@ -8,8 +8,7 @@ use crate::handle::{Capture, Graph};
 use super::Client;
 
 impl<B: Backend> Client<B> {
-    /// Open a capture window: this stream's later work is recorded, not run.
-    /// Dropping the [`Capture`] aborts it.
+    /// Open a capture window, aborted when the [`Capture`] drops.
     ///
     /// # Errors
     ///
@@ -28,9 +27,8 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a capture of another server or one
-    /// already ended. [`Error::Unsealed`] when work inside failed, from
-    /// another stream, or the driver refused; the outputs carry it (rule 33).
+    /// [`Error::InvalidArgument`] for a foreign or ended capture;
+    /// [`Error::Unsealed`], which the outputs carry (rule 33).
     pub fn end_capture(&self, mut capture: Capture) -> Result<Graph> {
         let id = self.call(|server| {
             let id = server.end_capture(self.stream, &capture);
@@ -46,8 +44,7 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a capture of another server or one
-    /// already ended.
+    /// [`Error::InvalidArgument`] for a foreign or ended capture.
     pub fn abort_capture(&self, mut capture: Capture) -> Result<()> {
         self.call(|server| {
             let aborted = server.abort_capture(&capture);
@@ -67,10 +64,9 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// An unknown or destroyed graph; [`Error::Skipped`] for a failed input;
-    /// the device's failure, which every output carries. A graph that
-    /// recorded collectives is refused: use
-    /// [`Rank::replay`](crate::collective::Rank::replay).
+    /// An unknown graph; [`Error::Skipped`]; the device's failure, which the
+    /// outputs carry; a graph with collectives
+    /// ([`Rank::replay`](crate::collective::Rank::replay)).
     pub fn replay(&self, graph: &Graph) -> Result<()> {
         self.call(|server| server.replay(self.stream, graph, None))
     }

@@ -1,13 +1,8 @@
-//! Lending the locked server to a caller's closure.
-//!
-//! [`Client::with_backend`](crate::Client::with_backend) runs a closure
-//! under the server's lock, which is not re-entrant. A closure that calls
-//! back into the same server would wait on its own thread for good.
-//!
-//! So while a closure runs, the server is *lent*: [`Lent`] records the
-//! thread and the server. A call that only looks is answered from the lent
-//! server. A call that would change it gets a typed error. A call asks
-//! here only after `try_lock` failed, so the common path pays nothing.
+//! Lending the locked server to a caller's closure. The lock is not
+//! re-entrant, so while [`Client::with_backend`](crate::Client::with_backend)
+//! runs, [`Lent`] records the thread and server: a call that only looks is
+//! answered, one that would change it gets a typed error. Only a failed
+//! `try_lock` asks here.
 
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
@@ -47,9 +42,9 @@ impl<T> Lent<T> {
             return Err(f);
         }
         let server = self.server.load(Ordering::Relaxed);
-        // SAFETY: this thread's number is stored only while a `Lending` from
-        // `lend` lives, and `server` outlives it. The lock is held and the server
-        // only shared-borrowed, so nothing writes it. The reference stays in `f`.
+        // SAFETY: stored only while a `Lending` lives, which `server` outlives;
+        // the lock is held and the server only shared-borrowed; the reference
+        // stays in `f`.
         Ok(f(unsafe { &*server }))
     }
 

@@ -1,5 +1,4 @@
-//! What a runtime or a test asks beside its work. Every question only
-//! looks, so it is answered inside a `with_backend` closure too.
+//! What a runtime or a test asks beside its work; each question only looks.
 
 use std::sync::Arc;
 
@@ -10,24 +9,19 @@ use crate::id::StreamId;
 use super::Client;
 
 impl<B: Backend> Client<B> {
-    /// Call `hook` on every skip and failed exit, never on success (rule 39).
-    ///
-    /// It replaces any earlier hook. It runs after the lock is released, so
-    /// it may call a client; events its own calls cause come after it returns.
-    /// A hook that needs a client should hold a [`WeakClient`](super::WeakClient):
-    /// a `Client` in the hook keeps the server alive for good.
+    /// Call `hook` on every skip and failed exit (rule 39), replacing any
+    /// earlier hook. It runs unlocked, so it may call a client; hold a
+    /// [`WeakClient`](super::WeakClient), or the server lives for good.
     pub fn on_failure(&self, hook: impl FnMut(StreamId, &Error) + Send + 'static) {
         self.shared.hooks.install(Box::new(hook));
     }
 
-    /// How many failures this stream has seen. A measurement is valid only
-    /// if this did not change while it ran.
+    /// How many failures this stream has seen; a measurement over a change is void.
     pub fn failures_seen(&self) -> u64 {
         self.look(false, |server| server.failures_seen(self.stream))
     }
 
-    /// How many times the host waited for this client's stream: its syncs
-    /// and reads. A collective over a device transport adds none (rule 47).
+    /// How many times the host waited for this stream (rule 47).
     pub fn drains(&self) -> u64 {
         self.look(false, |server| server.drains(self.stream))
     }
@@ -44,8 +38,7 @@ impl<B: Backend> Client<B> {
         self.look(false, |server| server.failures_held())
     }
 
-    /// How many (buffer, failure) claims are live, allocation records
-    /// included; failures held never exceed it (rule 7).
+    /// How many (buffer, failure) claims are live (rule 7).
     pub fn failure_claims(&self) -> usize {
         self.look(false, |server| server.failure_claims())
     }
@@ -75,8 +68,7 @@ impl<B: Backend> Client<B> {
         self.look(false, |server| server.poison())
     }
 
-    /// Install `plan`: from now on, the device calls it names fail. Inside a
-    /// `with_backend` closure it takes effect when the closure returns.
+    /// Install `plan`: the device calls it names fail from now on.
     #[cfg(feature = "fault-injection")]
     pub fn inject(&self, plan: crate::FaultPlan) {
         if self.shared.lent.is_here() {

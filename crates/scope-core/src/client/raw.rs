@@ -1,4 +1,4 @@
-//! The doors under the contract, for a server crate's own extras. The
+//! The doors under the contract, for a server crate's own extras; the
 //! calls that change what the core tracks stay behind an `unsafe` promise.
 
 use crate::backend::Backend;
@@ -8,15 +8,10 @@ use crate::handle::Buffer;
 use super::Client;
 
 impl<B: Backend> Client<B> {
-    /// Run `f` with the backend and `buffer`'s memory, under the server's lock.
-    ///
-    /// This is for what only one backend offers, such as a Vulkan buffer's
-    /// device address. The failure model does not see what `f` does. The
-    /// backend is shared: its `&mut self` calls would desynchronise the core.
-    ///
-    /// A call back into this server that only looks is answered. One that
-    /// would change it is an [`Error::InvalidArgument`](crate::Error::InvalidArgument),
-    /// never a deadlock.
+    /// Run `f` with the backend and `buffer`'s memory, under the server's lock,
+    /// for what only one backend offers. The failure model does not see what
+    /// `f` does; a call back that would change this server is an
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument), never a deadlock.
     ///
     /// # Errors
     ///
@@ -29,9 +24,8 @@ impl<B: Backend> Client<B> {
         self.look(true, |server| server.with_memory(buffer, f))
     }
 
-    /// Run `f` with the backend, shared, under the server's lock.
-    ///
-    /// The calls that change what the core tracks do not compile through it,
+    /// Run `f` with the backend, shared, under the server's lock. The calls
+    /// that change what the core tracks do not compile through it,
     ///
     /// ```compile_fail
     /// fn behind_the_cores_back<B: scope_core::Backend>(c: &scope_core::Client<B>) {
@@ -39,8 +33,7 @@ impl<B: Backend> Client<B> {
     /// }
     /// ```
     ///
-    /// and only [`with_backend_mut`](Self::with_backend_mut)'s promise
-    /// reaches them:
+    /// only through [`with_backend_mut`](Self::with_backend_mut)'s promise:
     ///
     /// ```no_run
     /// fn trimmed<B: scope_core::Backend>(c: &scope_core::Client<B>) {
@@ -57,13 +50,12 @@ impl<B: Backend> Client<B> {
     /// # Safety
     ///
     /// `f` must not create or destroy streams, memory, kernels or graphs the
-    /// core tracks. It must not begin or end a capture, nor leave work that
-    /// writes memory the core handed out. Releasing caches is fine. Otherwise
-    /// a later safe call may use freed device memory.
+    /// core tracks, begin or end a capture, nor leave work writing memory the
+    /// core handed out, or a later safe call may use freed memory.
     ///
     /// # Errors
     ///
-    /// An [`Error::InvalidArgument`](crate::Error::InvalidArgument) inside a
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) inside a
     /// `with_backend` or `with_memory` closure on the same server.
     pub unsafe fn with_backend_mut<R>(&self, f: impl FnOnce(&mut B) -> R) -> Result<R> {
         self.call(|server| Ok(f(server.backend_mut())))

@@ -13,17 +13,13 @@ use super::{Client, reentrant};
 pub const RECOVER_PATIENCE: Duration = Duration::from_secs(10);
 
 impl<B: Backend> Client<B> {
-    /// Open this client's device again after a sticky fault (rule 36),
-    /// keeping every handle.
-    ///
-    /// Buffers carry [`Error::LostWithDevice`] until rewritten (rules 51,
-    /// 52); old graphs refuse to replay (rule 53). A healthy device answers
-    /// [`Recovered::Healthy`].
+    /// Open the device again after a sticky fault (rule 36), keeping every
+    /// handle. Buffers carry [`Error::LostWithDevice`] until rewritten (rules
+    /// 51, 52); old graphs refuse to replay (rule 53).
     ///
     /// # Errors
     ///
-    /// - [`Error::RestartRequired`] after a process-fatal fault, or from a
-    ///   backend that cannot reopen.
+    /// - [`Error::RestartRequired`]: a process-fatal fault, or no reopen.
     /// - The error the reopen met; the client may try again.
     /// - [`Error::Refused`] when a wait on another thread outlasts
     ///   [`RECOVER_PATIENCE`].

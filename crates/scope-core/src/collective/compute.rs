@@ -1,14 +1,10 @@
-//! The arithmetic of a round whose inputs all read clean.
-//!
-//! Kept apart from the rendezvous: it touches every byte, so it decides a
-//! collective's speed.
+//! The arithmetic of a clean round, apart: it decides a collective's speed.
 
 use std::sync::Arc;
 
 use super::{Call, Element, Reduce};
 
-/// Each rank's output bytes for inputs that all read clean. Ranks that
-/// get the same bytes share one vector.
+/// Each rank's output bytes; ranks with the same bytes share one vector.
 pub(crate) fn compute(kind: Call, inputs: &[&[u8]]) -> Vec<Arc<Vec<u8>>> {
     let ranks = inputs.len();
     let shared = |bytes: Vec<u8>| {
@@ -97,9 +93,7 @@ macro_rules! integer_word {
 
 integer_word!(i32, u32);
 
-/// `inputs` combined with `op` in rank order, one rank's words at a time.
-///
-/// The loop vectorises, and every rank and run gets the same bits.
+/// `inputs` combined with `op` in rank order, so every run gets the same bits.
 fn reduce(element: Element, op: Reduce, inputs: &[&[u8]]) -> Vec<u8> {
     match element {
         Element::F32 => reduce_as::<f32>(op, inputs),

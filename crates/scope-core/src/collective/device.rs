@@ -2,21 +2,17 @@
 //! (NCCL, RCCL); the decision about them stays where it is.
 //!
 //! Host staging moves every byte twice over the bus, so a backend with a
-//! collective library implements [`DeviceCollectives`]. The order holds:
+//! collective library implements [`DeviceCollectives`]:
 //!
-//! 1. **Every rank decides before data moves.** A mismatched call never
+//! 1. **Every rank decides before data moves**, so a mismatched call never
 //!    reaches the library, where NCCL would hang or overrun.
 //! 2. **Nothing of the caller's stream is drained.** A rank decides from
-//!    what is known at submission. In one process the call is device work
-//!    on a communication stream ([`Site::Collective`]), ordered after the
-//!    input's writer by an event. Readers of the output wait for it on the
-//!    device, as for any work in flight.
+//!    what is known at submission; in one process the call runs on a
+//!    communication stream ([`Site::Collective`]), ordered by an event.
 //! 3. **What surfaces later reaches every rank** through the watchdog
-//!    (`watchdog.rs`): a part that faults or is late fails the round's
-//!    outputs on every rank before the communicators are aborted.
-//! 4. **A call that fails after agreement breaks the group.** The failing
-//!    rank aborts every communicator, releasing peers waiting inside the
-//!    library (rule 43).
+//!    (`watchdog.rs`), before the communicators are aborted.
+//! 4. **A call that fails after agreement breaks the group**: the failing
+//!    rank aborts every communicator, releasing waiting peers (rule 43).
 //!
 //! [`Site::Collective`]: crate::Site::Collective
 
@@ -34,9 +30,8 @@ use crate::error::{Error, Result};
 use crate::handle::Slice;
 use crate::server::PendingWait;
 
-/// A backend whose devices run collectives through the vendor's library.
-///
-/// An `unsafe` contract, as [`Backend`]'s is; only the group calls it.
+/// A backend whose devices run collectives through the vendor's library; an
+/// `unsafe` contract, as [`Backend`]'s is, and only the group calls it.
 pub trait DeviceCollectives: Backend {
     /// One rank's membership of a communicator; dropping it destroys it.
     type Communicator: Send + Sync + 'static;
@@ -52,11 +47,8 @@ pub trait DeviceCollectives: Backend {
     fn identity() -> Result<Self::Identity>;
 
     /// Join `identity`'s communicator as rank `rank` of `ranks`, blocking
-    /// until every rank joined.
-    ///
-    /// `patience` bounds this and every later host wait for peers. Giving
-    /// up, or finding the communicator aborted, answers
-    /// [`CollectiveError::Stalled`](super::CollectiveError::Stalled).
+    /// until every rank joined. `patience` bounds every host wait for peers;
+    /// past it, [`CollectiveError::Stalled`](super::CollectiveError::Stalled).
     ///
     /// # Safety
     ///
@@ -74,9 +66,8 @@ pub trait DeviceCollectives: Backend {
     ///
     /// # Safety
     ///
-    /// `communicator` is this backend's, and both ranges lie inside live
-    /// memory. Every rank issues the same call as its next one.
-    /// A recorded call is recorded and replayed by every rank together.
+    /// `communicator` is this backend's, both ranges lie inside live memory,
+    /// and every rank issues, records and replays the same call together.
     unsafe fn collective(
         &mut self,
         communicator: &Self::Communicator,
@@ -98,19 +89,15 @@ pub trait DeviceCollectives: Backend {
         call: &DeviceTransfer<'_, Self::Memory>,
     ) -> Result<()>;
 
-    /// Abort `communicator`: waiting calls return. Any thread, any number
-    /// of times.
+    /// Abort `communicator`: waiting calls return. Any thread, any times.
     ///
     /// # Safety
     ///
-    /// `communicator` came from [`join`](Self::join) on a backend of this
-    /// type.
+    /// `communicator` came from [`join`](Self::join) on this backend type.
     unsafe fn abort(communicator: &Self::Communicator);
 
-    /// The survivors' communicator once the ranks `exclude` (ascending)
-    /// left (`ncclCommShrink`), keeping their connections.
-    ///
-    /// `Ok(None)`, the default, makes the group join a fresh identity.
+    /// The survivors' communicator once the ranks `exclude` (ascending) left
+    /// (`ncclCommShrink`); `Ok(None)`, the default, joins a fresh identity.
     ///
     /// # Safety
     ///
@@ -136,11 +123,7 @@ pub trait DeviceCollectives: Backend {
     ///
     /// # Safety
     ///
-    /// As [`Backend::wait`].
-    ///
-    /// # Errors
-    ///
-    /// As [`Backend::wait`].
+    /// As [`Backend::wait`], and so are its errors.
     unsafe fn finished(waiter: &Self::Waiter) -> Result<bool>;
 
     /// Whether `communicator` still works (`ncclCommGetAsyncError`).
@@ -151,8 +134,8 @@ pub trait DeviceCollectives: Backend {
     ///
     /// # Errors
     ///
-    /// [`CollectiveError::Stalled`](super::CollectiveError::Stalled) after a
-    /// peer's abort or a failed link.
+    /// [`CollectiveError::Stalled`](super::CollectiveError::Stalled) after an
+    /// abort or a failed link.
     unsafe fn health(communicator: &Self::Communicator) -> Result<()>;
 }
 
@@ -191,14 +174,10 @@ pub struct DeviceTransfer<'a, M> {
     pub data: (&'a M, std::ops::Range<u64>),
 }
 
-/// How an agreed round's bytes move, erased so a group needs only
-/// `B: Backend`.
+/// How an agreed round's bytes move, erased so a group needs only `B: Backend`.
 pub(super) trait Mover<B: Backend>: Send + Sync {
-    /// Issue rank `rank`'s part of `call`, round `round` of its group:
-    /// recorded where its stream records, else on its communication
-    /// stream where it has one, else on its own stream.
-    ///
-    /// A part issued on a communication stream comes back to be watched.
+    /// Issue rank `rank`'s part of `call`: recorded, else on its
+    /// communication stream (returned to be watched), else on its own.
     fn issue(
         &self,
         rank: usize,
@@ -211,14 +190,12 @@ pub(super) trait Mover<B: Backend>: Send + Sync {
     /// Abort every rank's communicator.
     fn abort_all(&self);
 
-    /// A rank never came to a round. In one process the communicators stay
-    /// for a shrink; across processes they are aborted.
+    /// A rank never came: keep the communicators for a shrink in one
+    /// process, abort them across processes.
     fn break_off(&self);
 
-    /// The transport of a new epoch over `clients`; `survivors` are the
-    /// old ranks of its first members.
-    ///
-    /// It shrinks where it can, else joins a fresh identity.
+    /// The transport of a new epoch over `clients`, whose first members
+    /// were ranks `survivors`: shrunk where it can be, else joined anew.
     ///
     /// # Errors
     ///
@@ -236,8 +213,7 @@ pub(super) struct Communicators<B: DeviceCollectives> {
     /// The rank `mine[0]` is.
     pub(super) first: usize,
     pub(super) mine: Vec<Arc<B::Communicator>>,
-    /// Each rank's communication stream, in one process; empty across
-    /// processes, where a rank waits for its call (rule 49).
+    /// Each rank's communication stream; empty across processes (rule 49).
     pub(super) streams: Vec<LentStream<B>>,
     /// How many ranks the group has.
     pub(super) ranks: usize,
@@ -251,8 +227,7 @@ impl<B: DeviceCollectives> Communicators<B> {
         self.first == 0 && self.mine.len() == self.ranks
     }
 
-    /// The survivors' communicators by the library's shrink, or `None`
-    /// where it cannot or will not shrink.
+    /// The survivors' communicators by the library's shrink, if it will.
     fn shrink(
         &self,
         survivors: &[usize],
@@ -375,13 +350,11 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
     }
 }
 
-/// Every one of `clients` joins one new communicator, rank `i` being
-/// `clients[i]`, each on a thread of its own.
+/// Every one of `clients` joins one new communicator, each on its own thread.
 ///
 /// # Errors
 ///
-/// [`Error::BackendUnavailable`] where the library is not installed; the
-/// first member's join that failed.
+/// [`Error::BackendUnavailable`] without the library; the first failed join.
 fn join_all<B: DeviceCollectives>(
     clients: &[Client<B>],
     deadline: Duration,
@@ -411,8 +384,7 @@ fn join_all<B: DeviceCollectives>(
     })
 }
 
-/// A communication stream on each client's device, lent for the group's
-/// life: a round there overlaps the compute stream's later work.
+/// A communication stream per device: a round there overlaps later compute.
 fn communication_streams<B: Backend>(clients: &[Client<B>]) -> Result<Vec<LentStream<B>>> {
     clients.iter().map(Client::lend_stream).collect()
 }
@@ -431,8 +403,7 @@ impl<B: DeviceCollectives> watchdog::Part for InFlight<B> {
         let Some(pending) = &self.pending else {
             return Ok(true);
         };
-        // SAFETY: the waiter is this backend's, from `watch`, and only
-        // `end` ends it.
+        // SAFETY: this backend's waiter, from `watch`; only `end` ends it.
         if pending.finished_by(std::time::Instant::now(), |w| unsafe { B::finished(w) })? {
             return Ok(true);
         }
@@ -442,31 +413,27 @@ impl<B: DeviceCollectives> watchdog::Part for InFlight<B> {
 
     fn end(mut self: Box<Self>, waited: Result<()>) {
         if let Some(pending) = self.pending.take() {
-            // What the wait surfaced is settled on the stream; nothing
-            // else is owed to anyone.
+            // What the wait surfaced is settled on the stream.
             let _ = self.client.end_watch(pending, waited);
         }
     }
 }
 
 impl<B: DeviceCollectives> Group<B> {
-    /// A group of `clients` whose bytes move on the devices through the
-    /// backend's library ([`device`](crate::collective::device)).
+    /// A group whose bytes move through the backend's library
+    /// ([`device`](crate::collective::device)).
     ///
     /// # Errors
     ///
-    /// As [`new`](Self::new); [`Error::BackendUnavailable`] without the
-    /// library; the library's refusal.
+    /// As [`new`](Self::new); [`Error::BackendUnavailable`]; the library's refusal.
     pub fn over_device(clients: Vec<Client<B>>, deadline: Duration) -> Result<Self> {
         Self::check_clients(&clients)?;
         let device: Box<dyn Mover<B>> = Box::new(join_all::<B>(&clients, deadline)?);
         Ok(Self::over(clients, deadline, Some(device)))
     }
 
-    /// [`over_device`](Self::over_device) with rounds as they ran before
-    /// communication streams: each rank's stream drained before a round,
-    /// the call on that stream. Only for measuring against (the
-    /// `ddp_step` bench).
+    /// [`over_device`](Self::over_device) draining each rank's stream before
+    /// a round, as before communication streams; for the `ddp_step` bench.
     ///
     /// # Errors
     ///
@@ -486,9 +453,8 @@ impl<B: DeviceCollectives> Group<B> {
 }
 
 impl<B: Backend> Rank<B> {
-    /// Whether this rank's input can be sent, from what is known at
-    /// submission: its claims, checked unread. Nothing is waited for: a
-    /// fault still in flight reaches the round through the watchdog.
+    /// Whether this rank's input can be sent, from its claims at submission;
+    /// a fault still in flight reaches the round through the watchdog.
     pub(super) fn ready(&self, input: Slice<'_>, recording: bool) -> Input {
         let client = self.client();
         let waited = if self.shared.draining && !recording {
@@ -499,9 +465,8 @@ impl<B: Backend> Rank<B> {
         readiness(waited, || client.check(&[input]))
     }
 
-    /// Issue an agreed round's call on the device transport, then settle
-    /// it (see [`settle`](Self::settle)). A part issued on a
-    /// communication stream is left to the watchdog.
+    /// Issue an agreed round's call, then [`settle`](Self::settle) it; a part
+    /// on a communication stream is left to the watchdog.
     pub(super) fn issue(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
         let Some(device) = &self.shared.device else {
             return Err(Error::internal(
@@ -537,8 +502,7 @@ impl<B: Backend> Rank<B> {
         };
         let len = input.range.end.saturating_sub(input.range.start);
         self.settle(Kind::Call(kind), len, issued, Written::Output(output))?;
-        // A round failing in flight as this part went out may have claimed
-        // it before its write landed over the claim.
+        // A round failing in flight may have claimed it before this write.
         match self.shared.failed_in_flight(round.round) {
             None => Ok(()),
             Some(cause) => {
@@ -548,8 +512,8 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// After an agreed round was issued, meet again. If any rank's call
-    /// failed, every output carries the failure and the group breaks.
+    /// Meet again after an issued round: if any call failed, every output
+    /// carries the failure and the group breaks.
     pub(super) fn settle(
         &self,
         kind: Kind,
@@ -597,8 +561,7 @@ impl<B: Backend> Rank<B> {
     }
 }
 
-/// A rank's stream wait and input check combined: the check decides, and
-/// a refusal is the rank's own mistake.
+/// A rank's stream wait and input check; a refusal is the rank's own mistake.
 pub(super) fn readiness(waited: Result<()>, check: impl FnOnce() -> Result<()>) -> Input {
     if let Err(refused) = waited
         && is_refusal(&refused)

@@ -1,16 +1,11 @@
-//! The one rendezvous: ranks arrive with a part, and one decision comes out.
-//!
-//! Rounds (`round.rs`) and membership changes (`membership.rs`) meet here.
-//! Across processes the ballot (`remote.rs`) gathers the parts on the
-//! transport instead, and applies the same decision function. The rules:
+//! The one rendezvous of rounds and membership changes: ranks arrive with a
+//! part, and one decision comes out (across processes, the ballot's).
 //!
 //! 1. A rank's `k`-th arrival meets its peers' `k`-th.
-//! 2. The last awaited rank to arrive decides, or the first whose deadline
-//!    ran out. It decides once, so every rank gets the same decision.
-//! 3. A late comer gets the decision already made; its part is ignored.
-//! 4. A decision is forgotten once every rank took it. Past [`KEPT`] open
-//!    meetings, the oldest that every comer took is forgotten too. A rank
-//!    arriving at a forgotten meeting is told so.
+//! 2. The last awaited rank, or the first out of time, decides, once.
+//! 3. A late comer gets the decision already made.
+//! 4. A decision is forgotten once every rank took it, or past [`KEPT`]
+//!    open meetings; a rank arriving at a forgotten one is told so.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -45,8 +40,7 @@ impl<P, D> Meeting<P, D> {
         }
     }
 
-    /// Rank `rank`'s next meeting number, counted: the ballot's seat, whose
-    /// parts travel on the transport.
+    /// Rank `rank`'s next meeting number: the ballot's seat.
     pub(super) fn seat(&mut self, rank: usize) -> u64 {
         let number = self.next[rank];
         self.next[rank] += 1;
@@ -85,8 +79,7 @@ impl<P, D> Meeting<P, D> {
     }
 }
 
-/// What a meeting waits for and how it decides, over the state `S` that
-/// holds it.
+/// What a meeting waits for and how it decides, over its state `S`.
 pub(super) trait Agenda<S> {
     type Part;
     type Decision;
@@ -115,8 +108,7 @@ pub(super) enum Met<D, L> {
     Left(L),
 }
 
-/// Arrive as `rank` with `part`, and wait at most `deadline` for the
-/// decision (rules 1–4).
+/// Arrive with `part` and wait at most `deadline` for the decision.
 pub(super) fn attend<S, A: Agenda<S>>(
     lock: &Mutex<S>,
     changed: &Condvar,
@@ -179,8 +171,7 @@ pub(super) fn attend<S, A: Agenda<S>>(
     }
 }
 
-/// How many times a waiting rank yields before it sleeps: peers arriving
-/// within microseconds meet it without a wake-up through the kernel.
+/// How many times a waiting rank yields before it sleeps, sparing a wake-up.
 const SPINS: u32 = 64;
 
 #[cfg(test)]

@@ -1,18 +1,13 @@
-//! Membership: a broken group shrinks to its survivors and goes on, and
-//! admits a rank that comes back (rules 54–57).
+//! Membership: a broken group shrinks to its survivors (`ncclCommShrink`)
+//! and admits a rank that comes back (torchft's quorum; rules 54–57).
 //!
-//! The group knows which ranks are gone, so survivors regroup themselves
-//! (`ncclCommShrink`) and admit a recovered rank (torchft's quorum).
-//!
-//! 1. **A change is a meeting with the deadline** (`meeting.rs`). Ranks
-//!    known gone are not awaited; every rank gets the same membership.
-//! 2. **Membership has an epoch.** Calls through an old one get
-//!    [`CollectiveError::Stale`], claiming nothing.
+//! 1. **A change is a meeting with the deadline** (`meeting.rs`).
+//! 2. **Membership has an epoch**; calls through an old one are
+//!    [`CollectiveError::Stale`].
 //! 3. **The transport comes along**, shrunk or joined afresh.
 //! 4. **A newcomer is healed, not trusted** ([`Rank::heal`], rule 51).
 //!
-//! Ranks that joined alone rejoin with the new epoch instead
-//! ([`Rank::join_epoch`]).
+//! Ranks that joined alone rejoin instead ([`Rank::join_epoch`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,8 +20,7 @@ use crate::error::{Error, Result};
 use crate::handle::Slice;
 use crate::id::ServerId;
 
-/// A group's membership: the changes called on its epoch, and its
-/// successor once one exists.
+/// A group's membership: the changes on its epoch, and its successor.
 pub(super) struct Membership<B: Backend> {
     changes: Meeting<Ask<B>, Decided<B>>,
     /// The new epoch and, by old rank, whether it kept the rank.
@@ -197,39 +191,30 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// Form the group of the ranks that go on (rules 54, 55).
-    ///
-    /// Every survivor calls this once. Ranks known gone are not awaited,
-    /// and one absent at the deadline is left out.
+    /// Form the group of the ranks that go on; every survivor calls this
+    /// once, and one absent at the deadline is left out (rules 54, 55).
     ///
     /// # Errors
     ///
-    /// [`Error::Refused`] for a rank whose device is lost, or one that
-    /// joined alone. [`CollectiveError::Stale`] on a superseded group.
-    /// The transport's failure, refused on every survivor.
+    /// [`Error::Refused`] for a lost device or a rank that joined alone;
+    /// [`CollectiveError::Stale`]; the transport's failure, on every survivor.
     pub fn shrink(&self) -> Result<Rank<B>> {
         self.change(Ask::Shrink)
     }
 
-    /// Admit `newcomers` as the group's last ranks (rule 56).
-    ///
-    /// Every member calls this once with the same newcomers. A newcomer
-    /// takes its rank from [`group`](Self::group), then is
-    /// [`heal`](Self::heal)ed.
+    /// Admit `newcomers` as the group's last ranks (rule 56); every member
+    /// calls this alike, then newcomers are [`heal`](Self::heal)ed.
     ///
     /// # Errors
     ///
-    /// Refused on every member: newcomers that differ, none, one already
-    /// in the group, or one whose device is lost. Else as
-    /// [`shrink`](Self::shrink).
+    /// Refused on every member: newcomers that differ, none, a member, a
+    /// lost device. Else as [`shrink`](Self::shrink).
     pub fn admit(&self, newcomers: &[Client<B>]) -> Result<Rank<B>> {
         self.change(Ask::Admit(newcomers.to_vec()))
     }
 
-    /// Broadcast each of `buffers` from rank `root`, healing them (rule 41).
-    ///
-    /// Every buffer is broadcast whatever an earlier one answered, so the
-    /// ranks stay in step.
+    /// Broadcast each of `buffers` from rank `root`, healing them, whatever
+    /// an earlier one answered, so the ranks stay in step (rule 41).
     ///
     /// # Errors
     ///

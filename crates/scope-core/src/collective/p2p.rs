@@ -1,14 +1,8 @@
-//! Point-to-point: one rank's bytes to one other rank, with the failure
-//! carried instead of garbage (rules 41, 42 for two ranks).
-//!
-//! In one process a send leaves its bytes, or their failure, in the
-//! receiver's mailbox, waiting only for room. A receive takes the next
-//! parcel: clean bytes heal, a failure is claimed naming the sender. A
-//! party silent for a deadline is [`CollectiveError::Missing`] and breaks
-//! the group.
-//!
-//! Across processes ([`Rank::join`]) the ranks exchange headers through
-//! the library (`remote.rs`), then clean bytes of the agreed length move.
+//! Point-to-point: one rank's bytes to another, with the failure carried
+//! instead of garbage (rules 41, 42). In one process a send leaves its bytes,
+//! or their failure, in the receiver's mailbox; a silent party is
+//! [`CollectiveError::Missing`]. Across processes ([`Rank::join`]) headers
+//! are exchanged first (`remote.rs`).
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -28,8 +22,7 @@ pub(super) enum Parcel {
     Failed(Error),
 }
 
-/// How many untaken parcels one sender may leave, so a sender ahead of
-/// its receiver holds bounded memory.
+/// How many untaken parcels one sender may leave, bounding its memory.
 pub const MAILBOX_PARCELS: usize = 256;
 
 /// How many bytes those parcels may hold; one larger parcel still goes.
@@ -61,16 +54,13 @@ impl<B: Backend> Rank<B> {
             .map(|why| Error::invalid(what, why))
     }
 
-    /// Send `data`, or the failure it carries, to rank `to`'s next
-    /// [`recv`](Self::recv) from this rank.
+    /// Send `data`, or its failure, to rank `to`'s next [`recv`](Self::recv).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a bad rank or buffer, and the read's
-    /// refusal: nothing sent. [`Error::Collective`]: `InputFailed` (the
-    /// failure was sent), `Missing` for a full mailbox at the deadline, a
-    /// broken group. Across processes also `Refused` for differing
-    /// lengths, and `Stalled`.
+    /// [`Error::InvalidArgument`] or the read's refusal: nothing sent.
+    /// [`Error::Collective`]: `InputFailed` (sent), `Missing` for a full
+    /// mailbox, a broken group; across processes `Refused` and `Stalled`.
     pub fn send(&self, to: usize, data: Slice<'_>) -> Result<()> {
         self.usable()?;
         if let Some(refused) = self.p2p_refusal("send", to, data) {
@@ -135,15 +125,14 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// Receive into `data` rank `from`'s next parcel: clean bytes heal it,
-    /// a failure is claimed on it naming `from`.
+    /// Receive rank `from`'s next parcel: clean bytes heal `data`, a failure
+    /// is claimed on it naming `from`.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a bad rank or buffer, claiming
-    /// nothing. [`Error::Collective`]: `InputFailed` and `Missing`
-    /// (claimed), `Refused` for another length (consumed, unclaimed), a
-    /// broken group. The write's own errors.
+    /// [`Error::InvalidArgument`], claiming nothing. [`Error::Collective`]:
+    /// `InputFailed` and `Missing` (claimed), `Refused` for another length
+    /// (unclaimed), a broken group. The write's own errors.
     pub fn recv(&self, from: usize, data: Slice<'_>) -> Result<()> {
         if let Some(refused) = self.p2p_refusal("recv", from, data) {
             return Err(refused);
@@ -215,8 +204,7 @@ impl<B: Backend> Rank<B> {
 }
 
 impl<B: Backend> Rank<B> {
-    /// Rank `from`'s send number `number` carried a failure (`cause`):
-    /// the receive's buffer carries it, naming the sender (rule 48).
+    /// A send carried `cause`: `data` carries it, naming the sender (rule 48).
     fn claim_sent_failure(
         &self,
         data: Slice<'_>,
@@ -251,8 +239,7 @@ impl<B: Backend> Rank<B> {
         number
     }
 
-    /// A send across processes: headers first, then, if they agree and the
-    /// bytes are clean, `ncclSend` within the deadline.
+    /// A send across processes: headers, then clean bytes by `ncclSend`.
     fn send_across(&self, ballot: &dyn Ballot<B>, to: usize, data: Slice<'_>) -> Result<()> {
         let client = self.client();
         let input = readiness(client.sync_buffers(&[data]), || client.check(&[data]));
@@ -304,8 +291,7 @@ impl<B: Backend> Rank<B> {
         self.settle_transfer(ballot, (Kind::Send, number), moved, None)
     }
 
-    /// A receive across processes: headers first; a sender's failure is
-    /// claimed on `data`, clean bytes move by `ncclRecv`.
+    /// A receive across processes: headers, then a claim or `ncclRecv`.
     fn recv_across(&self, ballot: &dyn Ballot<B>, from: usize, data: Slice<'_>) -> Result<()> {
         let client = self.client();
         let number = self.next_transfer(from, self.rank);
@@ -343,8 +329,7 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// [`Ballot::exchange`]; a peer that did not exchange in time breaks
-    /// the group.
+    /// [`Ballot::exchange`]; a late peer breaks the group.
     fn exchange_or_break(
         &self,
         ballot: &dyn Ballot<B>,
@@ -362,8 +347,7 @@ impl<B: Backend> Rank<B> {
             })
     }
 
-    /// Wait for an issued transfer within the deadline; a failed or late
-    /// one breaks the group.
+    /// Wait for an issued transfer; a failed or late one breaks the group.
     fn settle_transfer(
         &self,
         ballot: &dyn Ballot<B>,

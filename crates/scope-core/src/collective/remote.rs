@@ -1,21 +1,14 @@
-//! Ranks in separate processes: the meeting moves onto the transport.
+//! Ranks in separate processes share no memory, and scope adds no wire of
+//! its own, so the meeting becomes a collective on the library too:
 //!
-//! Ranks in other processes share no memory, and scope adds no wire of its
-//! own. So the meeting becomes a collective on the library too:
-//!
-//! 1. **A ballot before every round.** The ranks all-gather [`RECORD`]-byte
-//!    parts and each runs the same decision (torchft's `should_commit`).
-//! 2. **A ballot is read or refused, never guessed.** An unreadable record
-//!    is its rank's refusal, so every rank refuses alike.
-//! 3. **Every wait has the deadline.** At it the rank aborts its
-//!    communicator and its group breaks with
+//! 1. **A ballot before every round**: the ranks all-gather [`RECORD`]-byte
+//!    parts and run the same decision (torchft's `should_commit`).
+//! 2. **An unreadable ballot is its rank's refusal**, so all refuse alike.
+//! 3. **Every wait has the deadline**, past which the group breaks with
 //!    [`CollectiveError::Stalled`] (rules 42, 43).
-//! 4. **A failed call breaks what it can reach.** No output reads as
-//!    written.
-//! 5. **Point-to-point pairs its headers** first, so only clean bytes of
-//!    an agreed length move (rule 48).
-//! 6. **Ballots have a stream of their own**, so a ballot is taken while
-//!    the rank's stream records.
+//! 4. **A failed call breaks what it can reach**; no output reads as written.
+//! 5. **Point-to-point pairs its headers** first (rule 48).
+//! 6. **Ballots have a stream of their own**, usable while the rank's records.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,8 +35,7 @@ const VERSION: u32 = 1;
 /// Where the text of a record begins.
 const TEXT: usize = 56;
 
-/// A peer's failure as its process rendered it: what of an [`Error`]
-/// crosses processes ([`Error::external_root`] finds it).
+/// A peer's failure as its process rendered it ([`Error::external_root`]).
 #[derive(Debug, thiserror::Error)]
 #[error("{report}")]
 pub struct PeerReport {
@@ -53,8 +45,7 @@ pub struct PeerReport {
 
 /// How ranks without shared memory meet, erased for [`Shared<B>`].
 pub(super) trait Ballot<B: Backend>: Send + Sync {
-    /// Exchange rank `rank`'s `part` of round `round` for every rank's,
-    /// waiting at most `deadline`.
+    /// Exchange rank `rank`'s `part` of round `round` for every rank's.
     ///
     /// # Errors
     ///
@@ -71,9 +62,8 @@ pub(super) trait Ballot<B: Backend>: Send + Sync {
     /// aborting the communicator; an error if a peer aborted it.
     fn settle(&self, client: &Client<B>, until: Instant) -> Result<bool>;
 
-    /// Exchange this rank's `part` of transfer `seat` with `peer`'s, within
-    /// `deadline`. A send's half goes first, so the halves pair.
-    /// Errors as [`vote`](Self::vote)'s.
+    /// Exchange this rank's `part` of transfer `seat` with `peer`'s, the
+    /// send's first so the halves pair; errors as [`vote`](Self::vote)'s.
     fn exchange(
         &self,
         seat: (usize, u64),
@@ -82,8 +72,7 @@ pub(super) trait Ballot<B: Backend>: Send + Sync {
         deadline: Duration,
     ) -> std::result::Result<Part, CollectiveError>;
 
-    /// Issue this rank's half of the transfer of `data` with `peer` on
-    /// `client` (the rank's stream), after the headers agreed.
+    /// Issue this rank's half of the transfer once the headers agreed.
     fn transfer(
         &self,
         client: &Client<B>,
@@ -99,14 +88,12 @@ struct Ballots<B: DeviceCollectives> {
     send: Buffer,
     gathered: Buffer,
     ranks: usize,
-    /// The ballots' own stream, lent by the server; it drops after the
-    /// buffers above.
+    /// The ballots' own stream; it drops after the buffers above.
     client: LentStream<B>,
 }
 
 impl<B: DeviceCollectives> Ballots<B> {
-    /// Write this rank's record of `part` into its send box; returns the
-    /// exchange's deadline.
+    /// Write this rank's record of `part`; returns the exchange's deadline.
     fn post(&self, number: u64, part: &Part, deadline: Duration) -> Result<Instant> {
         let until = Instant::now() + deadline;
         self.client.write(self.send.all(), &encode(number, part))?;
@@ -255,8 +242,7 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
     }
 }
 
-/// Why this rank's round failed with `cause`: a stall blames the peers,
-/// anything else the rank.
+/// Why this rank's round failed: a stall blames the peers, else the rank.
 pub(super) fn blame(
     kind: Kind,
     (rank, round): (usize, u64),
@@ -278,10 +264,8 @@ pub(super) fn blame(
 /// Marks where a long failure's middle was cut.
 const CUT: &str = " [… cut …] ";
 
-/// `text` in at most `room` bytes, its middle cut out where it does not
-/// fit.
-///
-/// The root cause renders last, so the end stays (rules 41, 49).
+/// `text` in at most `room` bytes, its middle cut out: the root cause
+/// renders last, so the end stays (rules 41, 49).
 fn fit(text: &str, room: usize) -> String {
     if text.len() <= room {
         return text.to_owned();
@@ -440,7 +424,6 @@ fn decode(round: u64, record: &[u8]) -> std::result::Result<Part, Unread> {
 }
 
 /// Every rank's part from the `gathered` records, this rank's kept whole.
-/// An unreadable ballot is its rank's refusal.
 ///
 /// # Errors
 ///
@@ -475,18 +458,14 @@ fn tally(
 }
 
 impl<B: DeviceCollectives> Rank<B> {
-    /// Rank `rank` of `ranks` whose peers live in other processes, each
-    /// joining with the same `identity` from the launcher.
-    ///
-    /// Collectives decide by ballot ([`remote`](self)). `deadline` bounds
-    /// every wait, the join's too, so it must cover the library's setup.
-    /// The ballot stream returns to the server when the last clone drops.
+    /// Rank `rank` of `ranks` whose peers, in other processes, join with the
+    /// same `identity`; collectives decide by ballot ([`remote`](self)).
+    /// `deadline` bounds the join's wait too, so it must cover the library's setup.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a rank past `ranks` or a server out
-    /// of streams. The library's refusal to join, or peers missing at the
-    /// deadline. The ballot buffers' allocation.
+    /// [`Error::InvalidArgument`] for a rank past `ranks` or a server out of
+    /// streams; the library's refusal or missing peers; the ballots' allocation.
     pub fn join(
         client: Client<B>,
         identity: &B::Identity,
@@ -497,11 +476,8 @@ impl<B: DeviceCollectives> Rank<B> {
         Self::join_epoch(client, identity, rank, ranks, 0, deadline)
     }
 
-    /// [`join`](Self::join) in membership epoch `epoch` (rules 54–56).
-    ///
-    /// Across processes the launcher decides who goes on and hands out
-    /// fresh identities. A member with another epoch than its peers has
-    /// every call refused, claiming nothing (rule 55).
+    /// [`join`](Self::join) in membership epoch `epoch`, which the launcher
+    /// decides (rules 54–56); a member of another epoch is refused (rule 55).
     ///
     /// # Errors
     ///
@@ -577,8 +553,7 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// After an agreed call was issued, wait for it within the deadline.
-    /// A failed or late call breaks the group; its output carries why.
+    /// Wait for an issued call; a failed or late one breaks the group.
     pub(super) fn settle_issued(
         &self,
         ballot: &dyn Ballot<B>,

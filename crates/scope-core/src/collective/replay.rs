@@ -1,16 +1,11 @@
-//! Collectives in captured graphs: recorded by every rank, replayed by
-//! every rank together (rule 50).
+//! Collectives in captured graphs (rule 50). Replayed alone, or over a
+//! failed input, a graph holding a collective hangs its peers or sends
+//! them garbage, so:
 //!
-//! A graph holding a collective is a promise to peers: replayed alone, or
-//! over a failed input, it hangs them or sends them garbage. So:
-//!
-//! 1. **Recording is a round**, met and decided, then recorded on every
-//!    rank. Host staging cannot be recorded and is refused.
-//! 2. **Replaying is a round.** [`Rank::replay`] meets on the graph's
-//!    rounds and inputs; a mismatch or a failed input skips every replay.
+//! 1. **Recording is a round**, met and decided; host staging is refused.
+//! 2. **Replaying is a round** ([`Rank::replay`]); a mismatch or a failed
+//!    input skips every replay.
 //! 3. **After is as after a call** (rules 47, 49).
-//!
-//! NCCL asks the same of capture; here the ranks check it before launch.
 
 use super::Rank;
 use super::device::readiness;
@@ -21,15 +16,13 @@ use crate::error::{Error, Result};
 use crate::handle::Graph;
 
 impl<B: Backend> Rank<B> {
-    /// Replay `graph` together with every other rank's graph of the same
-    /// rounds (rule 50), only if every rank's inputs are clean.
+    /// Replay `graph` with every rank's graph of the same rounds, if every
+    /// rank's inputs are clean (rule 50).
     ///
     /// # Errors
     ///
-    /// [`Error::Collective`]: a failed input on some rank, claimed on every
-    /// graph's outputs. A rank late or failing to start, which breaks the
-    /// group. A refusal claiming nothing: different rounds, another group,
-    /// a recording stream. A broken group.
+    /// [`Error::Collective`]: a failed input, claimed on every output; a late
+    /// rank, which breaks the group; a refusal claiming nothing; a broken group.
     pub fn replay(&self, graph: &Graph) -> Result<()> {
         self.usable()?;
         let client = self.client();

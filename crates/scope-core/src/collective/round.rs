@@ -1,9 +1,5 @@
-//! A round: what each rank brings, how the ranks' parts become one
-//! outcome (`decide`), and what every rank then applies.
-//!
-//! The waiting is the meeting's (`meeting.rs`); the ballot across
-//! processes applies the same `decide`. Rules 41–44 and 47 are decided
-//! here.
+//! A round: how the ranks' parts become one outcome (`decide`, also the
+//! ballot's), and what every rank applies (rules 41–44, 47).
 
 use std::sync::Arc;
 
@@ -79,8 +75,7 @@ pub(super) enum Written<'a> {
     Graph(&'a Graph),
 }
 
-/// The error that breaks the group when a device call failed after
-/// agreement.
+/// The error that breaks the group after a failed device call.
 pub(super) fn issue_failed(
     collective: &'static str,
     round: u64,
@@ -96,9 +91,8 @@ pub(super) fn issue_failed(
 }
 
 impl<B: Backend> Rank<B> {
-    /// [`meet`](Self::meet); a group closed during the wait leaves this
-    /// rank's output unwritten, so it carries why (rule 42). A rank missing
-    /// at the deadline is an [`Outcome::Failed`], which every caller claims.
+    /// [`meet`](Self::meet); if the group closed meanwhile, the output
+    /// carries why (rule 42).
     pub(super) fn meet_or_claim(&self, part: Part, written: Written<'_>) -> Result<Arc<Outcome>> {
         self.meet(part).or_else(|left| {
             self.claim(written, left.clone())?;
@@ -106,8 +100,7 @@ impl<B: Backend> Rank<B> {
         })
     }
 
-    /// Arrive with `part` and take the round's one outcome: in memory
-    /// (`meeting.rs`), or by ballot across processes.
+    /// Arrive with `part` and take the round's one outcome.
     ///
     /// # Errors
     ///
@@ -143,8 +136,7 @@ impl<B: Backend> Rank<B> {
     }
 }
 
-/// How a group's rounds meet: every rank awaited, a closed group left,
-/// a rank absent at the deadline breaks the group (rules 42, 43).
+/// How rounds meet: a rank absent at the deadline breaks the group (rules 42, 43).
 struct Rounds<'a, B: Backend> {
     shared: &'a Shared<B>,
     rank: usize,
@@ -188,9 +180,7 @@ impl<B: Backend> Agenda<State<B>> for Rounds<'_, B> {
 }
 
 impl<B: Backend> Shared<B> {
-    /// Break the group with `error` for a rank that never came.
-    ///
-    /// Later calls are refused and every waiter wakes to it
+    /// Break the group for a rank that never came; waiters wake to `error`
     /// ([`Mover::break_off`](super::device::Mover::break_off)).
     pub(super) fn break_with(&self, state: &mut State<B>, error: &CollectiveError) {
         tracing::warn!("{error}");

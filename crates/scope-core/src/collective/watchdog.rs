@@ -1,20 +1,12 @@
-//! One thread per process watches the device rounds in flight.
+//! One thread per process watches the device rounds in flight, as
+//! ProcessGroupNCCL's watchdog does: a round returns once issued (rule 47),
+//! yet what surfaces later still reaches every rank.
 //!
-//! A round over a device transport returns once issued: nothing of the
-//! caller's stream is drained (rule 47). What surfaces later still reaches
-//! every rank, without a blocked caller, as ProcessGroupNCCL's watchdog
-//! does it:
-//!
-//! 1. **One thread polls every part in flight.** A part that finished is
-//!    forgotten; the list holds only unfinished work.
+//! 1. **One thread polls every part in flight**; a finished one is forgotten.
 //! 2. **A part that faulted, or is late, fails its round on every rank.**
-//!    Every unfinished part's output is claimed first, then the
-//!    communicators are aborted. An abort releases the peers' reads; they
-//!    check their claims after the wait, so none returns the round's bytes
-//!    as clean.
-//! 3. **The group breaks** (rule 43): later rounds are refused.
-//!
-//! A part's own caller never waits here: it returned at issue.
+//!    Outputs are claimed before the communicators are aborted, so a peer
+//!    released by the abort never reads the round's bytes as clean.
+//! 3. **The group breaks** (rule 43).
 
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -167,8 +159,7 @@ impl<B: Backend> Watch<B> {
 }
 
 impl<B: Backend> Shared<B> {
-    /// Watch `part`, rank `rank`'s of round `round`, until it finishes, fails
-    /// or outlives the deadline.
+    /// Watch `part` until it finishes, fails or outlives the deadline.
     pub(super) fn watch(
         self: &Arc<Self>,
         (rank, round, collective): (usize, u64, &'static str),
@@ -185,7 +176,7 @@ impl<B: Backend> Shared<B> {
     }
 
     /// Remember `flight` before its part is issued, so a round failing in
-    /// flight claims its output; or refuse it, once its round failed.
+    /// flight claims its output; refused once its round failed.
     ///
     /// # Errors
     ///
@@ -221,10 +212,8 @@ impl<B: Backend> Shared<B> {
         }
     }
 
-    /// Wait until no part of this process is in flight, or `until`.
-    ///
-    /// Every part ends by its deadline, so a membership change that waits
-    /// here never shrinks a busy communicator.
+    /// Wait until no part is in flight, or `until`, so a membership change
+    /// never shrinks a busy communicator.
     pub(super) fn wait_landed(&self, until: Instant) {
         let mut state = self.state.lock();
         while !state.flights.is_empty() || state.failing > 0 {
@@ -238,10 +227,8 @@ impl<B: Backend> Shared<B> {
         }
     }
 
-    /// Round `round` failed in flight with `error`: every part still in
-    /// flight from it on has its output, and the work after it on its
-    /// rank's stream, claimed; then the communicators are aborted and the
-    /// group breaks.
+    /// Round `round` failed in flight: claim every later part's output and
+    /// the work after it, then abort the communicators and break the group.
     pub(super) fn fail_in_flight(&self, round: u64, error: &CollectiveError) {
         let flights = {
             let mut state = self.state.lock();

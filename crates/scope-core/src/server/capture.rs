@@ -1,5 +1,4 @@
-//! Capture windows and the graph table: opening, ending and aborting a
-//! window, replaying and destroying what it sealed (rules 29–35).
+//! Capture windows and the graph table (rules 29–35).
 
 use std::sync::Arc;
 
@@ -72,9 +71,8 @@ impl<B: Backend> Server<B> {
             } => {
                 let sealed = self
                     .fault(Site::Seal, Some(opened))
-                    // SAFETY: this server's stream, recording until `end` above, since a
-                    // window opens only after `begin_capture` succeeded. `replay` refuses a
-                    // graph whose buffers were freed.
+                    // SAFETY: this server's stream, recording since `begin_capture`
+                    // succeeded; `replay` refuses a graph whose buffers were freed.
                     .and_then(|()| unsafe {
                         self.backend.end_capture(&mut self.streams[index].device)
                     });
@@ -138,9 +136,8 @@ impl<B: Backend> Server<B> {
         Ok(())
     }
 
-    /// Throw `stream`'s window away. Recording healed its clean work's write
-    /// set; withdrawn, that work never runs, so the set is claimed again.
-    /// Allowed on a poisoned device: it issues no work.
+    /// Throw `stream`'s window away: its work never runs, so its write set
+    /// is claimed again. Allowed on a poisoned device.
     pub(super) fn abort_window(&mut self, stream: StreamId) {
         let index = self.stream_index(stream);
         let state = &mut self.streams[index];
@@ -178,9 +175,7 @@ impl<B: Backend> Server<B> {
             .ok_or_else(|| Error::invalid("graph", format!("{} is unknown or destroyed", graph.id)))
     }
 
-    /// Replay `graph` on `stream`. A graph with collective rounds replays
-    /// only as a round of its group, or its collectives would wait for peers
-    /// that are not replaying.
+    /// Replay `graph` on `stream`; one with collectives only as a round.
     pub(crate) fn replay(
         &mut self,
         stream: StreamId,
@@ -220,8 +215,7 @@ impl<B: Backend> Server<B> {
         let maybe_written = entry.maybe_written.clone();
         let mut written = self.write_set();
         written.extend_from_slice(&graph_written);
-        // Indirect writes join the write set only where clean now, and a replay
-        // heals none of them: their counts are unknown here too.
+        // Indirect writes join the write set only where clean; none heals.
         for r in &maybe_written {
             self.table.ledger.unclaimed(*r, &mut written);
         }
@@ -264,8 +258,7 @@ impl<B: Backend> Server<B> {
         self.conclude(stream, outcome)
     }
 
-    /// Refuse a replay that would use a freed buffer: its memory may now be
-    /// another buffer's.
+    /// Refuse a replay that would use a freed buffer's memory.
     fn refuse_freed(&self, graph: &Graph, entry: &GraphEntry<B::Graph>) -> Result<()> {
         let buffers = entry.written.iter().chain(&entry.read);
         match buffers
@@ -293,8 +286,7 @@ impl<B: Backend> Server<B> {
         self.table.check(&read)
     }
 
-    /// Claim what a replay of `graph` would write with `error`, as a skipped
-    /// replay does (rule 21): its group decided it may not run.
+    /// Claim what a replay of `graph` would write with `error` (rule 21).
     pub(crate) fn fail_graph(
         &mut self,
         stream: StreamId,
@@ -326,8 +318,7 @@ impl<B: Backend> Server<B> {
         self.destroy_graph_id(graph.id)
     }
 
-    /// Destroy a graph in the table. Allowed on a poisoned device, so a
-    /// runtime can still tear down.
+    /// Destroy a graph; allowed on a poisoned device, for teardown.
     pub(super) fn destroy_graph_id(&mut self, id: GraphId) -> Result<()> {
         let Some(entry) = self.graphs.remove(&id) else {
             return Err(Error::invalid(
@@ -337,8 +328,7 @@ impl<B: Backend> Server<B> {
         };
         // Every replay is submitted before the backend waits for them (rule 35).
         self.flush_streams();
-        // Destroy whatever the plan says: an injected failure stands for one
-        // the wait surfaced, not for skipping the wait (rule 35).
+        // Destroy anyway: an injected failure stands for the wait's (rule 35).
         let injected = self.fault(Site::Destroy, None);
         let Some(graph) = entry.graph else {
             // Recorded on a device that was lost: nothing of it is left.
@@ -364,8 +354,7 @@ impl<B: Backend> Server<B> {
         Ok(())
     }
 
-    /// Submit what every non-recording stream has batched; a failure lands
-    /// on that stream's work in flight (rule 23).
+    /// Submit every non-recording stream's batch; a failure lands in flight (rule 23).
     pub(super) fn flush_streams(&mut self) {
         for index in 0..self.streams.len() {
             if self.streams[index].window.is_recording() {

@@ -1,6 +1,4 @@
-//! Handles and their validation: every stream, buffer and range a call
-//! names is resolved first, so bad input is a typed error that changes
-//! nothing.
+//! Handles, resolved first, so bad input is a typed error changing nothing.
 
 use super::*;
 
@@ -15,8 +13,7 @@ impl<B: Backend> Server<B> {
         self.resolve_with(buffer, range, &|| what.to_owned())
     }
 
-    /// [`resolve`](Self::resolve), naming the argument only on error, so a
-    /// launch formats no string per binding.
+    /// [`resolve`](Self::resolve), formatting the argument only on error.
     pub(super) fn resolve_with(
         &self,
         buffer: &Buffer,
@@ -48,9 +45,8 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// A new logical stream. Backends index tables by stream id, so streams
-    /// live as long as their server and are bounded by [`MAX_STREAMS`]. A
-    /// runtime learns so from a typed error, not from leaked memory.
+    /// A new logical stream, living as long as the server, since backends
+    /// index tables by id; bounded by [`MAX_STREAMS`].
     pub(crate) fn create_stream(&mut self) -> Result<StreamId> {
         self.check_poison()?;
         if self.streams.len() >= MAX_STREAMS {
@@ -75,9 +71,8 @@ impl<B: Backend> Server<B> {
         Ok(id)
     }
 
-    /// A stream for the core's own use for a while: one given back, or new.
-    /// Without giving them back, re-forming a group every few minutes would
-    /// exhaust [`MAX_STREAMS`] in a week.
+    /// A stream for the core's own use, reused, so re-forming groups does
+    /// not exhaust [`MAX_STREAMS`].
     pub(crate) fn lend_stream(&mut self) -> Result<StreamId> {
         self.check_poison()?;
         match self.spare_streams.pop() {
@@ -86,9 +81,7 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// `stream` back for the next loan, its queued work ahead of the next
-    /// borrower's. A stream with an open window stays spent, so no borrower
-    /// inherits a recording.
+    /// `stream` back for the next loan; one with an open window stays spent.
     pub(crate) fn take_back_stream(&mut self, stream: StreamId) {
         let idle = self
             .streams
@@ -151,8 +144,7 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// A buffer of `size` bytes with no memory that carries `error`, as an
-    /// allocation that failed with it does (rule 28).
+    /// A buffer with no memory that carries `error` (rule 28).
     fn insert_failed(&mut self, stream: StreamId, size: u64, error: Error) -> BufferId {
         let record = self
             .table
@@ -161,8 +153,7 @@ impl<B: Backend> Server<B> {
         self.table.insert(size, None, Some(record), stream)
     }
 
-    /// A buffer an adapter refused itself, carrying `error` as a refused
-    /// allocation does. No memory is asked for.
+    /// A buffer an adapter refused itself, carrying `error`.
     pub(crate) fn failed_allocation(
         &mut self,
         stream: StreamId,
@@ -209,8 +200,7 @@ impl<B: Backend> Server<B> {
     }
 }
 
-/// `buffer`'s `range` validated against server `server`'s `ledger`, with
-/// one lookup. `what` names the argument, only on error.
+/// `buffer`'s `range` validated with one lookup; `what` names it on error.
 #[inline]
 pub(super) fn resolve<'l>(
     ledger: &'l Ledger,

@@ -1,7 +1,6 @@
-//! Launches: bindings resolved, checked and listed in one pass, checked
-//! by the backend before the scope opens, then run inside it (rules
-//! 17–22, 38). Apart from `work.rs` because it is the path a runtime takes
-//! most, measured by `benches/launch_path.rs`.
+//! Launches: bindings resolved, checked and listed in one pass, then run
+//! in a scope (rules 17–22, 38). Apart from `work.rs` as the hot path,
+//! measured by `benches/launch_path.rs`.
 
 use super::handles;
 use super::ordering::{any_capturing, refuse_recorded_while_capturing};
@@ -10,8 +9,7 @@ use crate::few::Few;
 use super::*;
 
 impl<B: Backend> Server<B> {
-    /// Inlined into `Client::launch`, its one caller. An uncached kernel
-    /// goes out of line to [`launch_uncompiled`](Self::launch_uncompiled).
+    /// Inlined; an uncached kernel goes to [`launch_uncompiled`](Self::launch_uncompiled).
     #[inline]
     pub(crate) fn launch(
         &mut self,
@@ -25,9 +23,8 @@ impl<B: Backend> Server<B> {
         self.launch_scoped(stream, kernel, bindings, scalars, dispatch, false)
     }
 
-    /// A launch whose kernel was not cached, once its arguments passed:
-    /// compiled only now, so a refused launch never compiles. A compile error
-    /// claims `written` (rule 21).
+    /// An uncached kernel, compiled only once its arguments passed; a
+    /// compile error claims `written` (rule 21).
     #[cold]
     #[inline(never)]
     fn launch_uncompiled(
@@ -51,12 +48,8 @@ impl<B: Backend> Server<B> {
         self.launch_scoped(stream, kernel, bindings, scalars, dispatch, true)
     }
 
-    /// A launch over the server split into books and device.
-    ///
-    /// One pass resolves each binding with one lookup, checks it, and lists
-    /// it for the write set and for the backend. `compiled_now` says the
-    /// kernel was just compiled, so a miss is an internal error. Inlined into
-    /// both callers, so the result is written where the caller returns it.
+    /// A launch over the server split into books and device: one lookup per
+    /// binding. After `compiled_now`, a cache miss is an internal error.
     #[inline(always)]
     fn launch_scoped(
         &mut self,
@@ -79,13 +72,11 @@ impl<B: Backend> Server<B> {
         let mut written = books.write_set();
         let writes_all = !indirect && !runs_nothing;
         let mut bound: Few<Bound<'_, B::Memory>, 8> = Few::new();
-        // The first written buffer without memory; whether all have memory;
-        // whether all were last used on this stream.
+        // The first written buffer without memory; all allocated; all ours.
         let mut unallocated: Option<BufferId> = None;
         let mut all_allocated = true;
         let mut mine = true;
-        // Whether every input is allocated and clean: then the scope need not
-        // look again.
+        // Every input allocated and clean: the scope need not look again.
         let mut inputs_clean = true;
         let LaunchRules {
             alignment,
@@ -169,9 +160,8 @@ impl<B: Backend> Server<B> {
             refuse_recorded_while_capturing(books.streams, books.ledger, stream, touched.clone())?;
         }
         if indirect {
-            // An indirect launch's counts are on the device, so the core cannot know
-            // whether it wrote anything. It heals nothing: only clean bytes join its
-            // write set, claimed if it fails.
+            // An indirect launch may write nothing, so it heals nothing: only
+            // clean bytes join its write set.
             for binding in bindings.iter().filter(|b| b.access.writes()) {
                 let r = BufferRange {
                     buffer: binding.slice.buffer.id(),
@@ -203,9 +193,8 @@ impl<B: Backend> Server<B> {
         if let Dispatch::Groups(groups) = dispatch {
             crate::backend::grid_within(name, groups, device.rules.max_workgroups)?;
         }
-        // The launch as the backend sees it, checked before the scope opens, so
-        // a launch no device could run claims nothing. `None` when a buffer has
-        // no memory: the scope then skips or claims, asking the backend nothing.
+        // Checked before the scope opens, so an impossible launch claims
+        // nothing. `None` when a buffer has no memory.
         let launch = match bound_dispatch {
             Some(dispatch) if all_allocated => Some(Launch {
                 name,
@@ -218,8 +207,7 @@ impl<B: Backend> Server<B> {
         if let Some(launch) = &launch {
             device.backend.check_launch(compiled, launch)?;
         }
-        // The ranges it reads, counts last: where a skip looks, and what a
-        // recording keeps. A clean launch off the record needs neither.
+        // The ranges it reads, for a skip or a recording.
         let recording = capturing
             && books.streams[books.stream_index(stream)]
                 .window
@@ -229,9 +217,8 @@ impl<B: Backend> Server<B> {
         } else {
             Few::new()
         };
-        // A scope that runs, never a `Result` of one: the enum's layout cost a
-        // store-forwarding stall (see `benches/launch_path.rs`). A skip settles
-        // here instead.
+        // Never a `Result` of a scope: its layout cost a store-forwarding
+        // stall (`benches/launch_path.rs`).
         let running = if inputs_clean {
             ExecuteScope::entering(&mut books, name, stream, &read, written, indirect)
         } else {
@@ -263,9 +250,9 @@ impl<B: Backend> Server<B> {
                     let Some(launch) = &launch else {
                         return Err(lost_memory());
                     };
-                    // SAFETY: every binding was resolved inside its live buffer, aligned
-                    // and whole words, as were indirect counts. Host-given counts are
-                    // non-zero and within the grid, and `check_launch` accepted this launch.
+                    // SAFETY: every binding and indirect count lies aligned inside a
+                    // live buffer; host counts are non-zero and within the grid, and
+                    // `check_launch` accepted the launch.
                     unsafe { d.backend.launch(d.stream, compiled, launch) }
                 },
             );
@@ -281,12 +268,10 @@ impl<B: Backend> Server<B> {
     }
 }
 
-/// A launch's result inside the core, its error boxed so success moves a
-/// pointer past the lock. The client unboxes it.
+/// A launch's result, boxed so success moves a pointer past the lock.
 pub(crate) type Launched = std::result::Result<(), Box<Error>>;
 
-/// The error of a binding without memory at the device call, out of line
-/// so the call's closure inlines.
+/// A binding without memory, out of line so the call's closure inlines.
 #[cold]
 #[inline(never)]
 fn lost_memory() -> Error {

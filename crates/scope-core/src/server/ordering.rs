@@ -1,7 +1,5 @@
-//! Ordering, in-flight work and poison. Every unit of work takes one
-//! order: refuse a use across a capture, wait for the streams that used
-//! its buffers, issue, conclude. Late faults are attributed here (rules
-//! 23, 36).
+//! Ordering, in-flight work and poison. Every unit of work refuses a use
+//! across a capture, waits for its buffers' streams, issues, concludes.
 
 use std::sync::Arc;
 
@@ -42,8 +40,7 @@ impl<B: Backend> Server<B> {
         )
     }
 
-    /// Make `stream` wait for the last other stream that used each of
-    /// `touched` ([`Books::order`]).
+    /// Make `stream` wait for the last users of `touched` ([`Books::order`]).
     pub(super) fn order(&mut self, stream: StreamId, touched: &[BufferId]) -> Result<()> {
         debug_assert!(
             self.refuse_recorded_elsewhere(stream, touched).is_ok(),
@@ -53,8 +50,7 @@ impl<B: Backend> Server<B> {
         books.order(device.backend, stream, touched.iter().copied(), false)
     }
 
-    /// Wait for `stream`'s work with the lock held, where the core cannot
-    /// give the lock up (bounding an in-flight list).
+    /// Wait for `stream`'s work where the core cannot give the lock up.
     pub(super) fn sync_stream(&mut self, stream: StreamId) -> Result<()> {
         let index = self.stream_index(stream);
         self.streams[index].drains += 1;
@@ -75,9 +71,7 @@ impl<B: Backend> Server<B> {
     }
 
     /// Submit `stream`'s work and return a wait for the client to run
-    /// unlocked, so one long wait stalls no other thread.
-    ///
-    /// `site` is the fault-plan site the wait stands for, if any.
+    /// unlocked; `site` is the fault-plan site it stands for.
     pub(super) fn begin_wait(
         &mut self,
         stream: StreamId,
@@ -104,9 +98,8 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// Settle a wait run without the lock: what it covered completed or
-    /// carries the fault (rule 23). Work submitted meanwhile stays in flight.
-    /// Poison that came meanwhile is reported (rule 36).
+    /// Settle an unlocked wait: what it covered completed or carries the
+    /// fault (rule 23); poison that came meanwhile is reported (rule 36).
     pub(crate) fn end_wait(&mut self, pending: PendingWait<B>, waited: Result<()>) -> Result<()> {
         let PendingWait {
             stream,
@@ -115,9 +108,8 @@ impl<B: Backend> Server<B> {
             token: _token,
         } = pending;
         let index = self.stream_index(stream);
-        // What the backend kept for the next wait may be later work's, so it
-        // lands on everything in flight. The wait's own fault lands on what it
-        // covered.
+        // A fault kept for the next wait may be later work's: it lands on all
+        // in flight, the wait's own fault on what it covered.
         if let Some(waiter) = waiter {
             // SAFETY: the waiter came from this stream's `begin_wait` or
             // `begin_read`, and consuming the `PendingWait` ends it once.
@@ -152,8 +144,7 @@ impl<B: Backend> Server<B> {
         self.lose_in_flight(stream, error, mark);
     }
 
-    /// Every write set `stream` submitted before `mark` carries `error`
-    /// (rule 23).
+    /// Every write set `stream` submitted before `mark` carries `error` (rule 23).
     fn lose_in_flight(&mut self, stream: StreamId, error: &Error, mark: u64) {
         let index = self.stream_index(stream);
         let in_flight = self.streams[index].in_flight.take_to(mark);
@@ -164,8 +155,7 @@ impl<B: Backend> Server<B> {
         );
     }
 
-    /// Poison the device with `fault`: later operations fail fast, and all
-    /// work in flight on any stream carries it.
+    /// Poison the device: later calls fail fast, all work in flight carries it.
     pub(super) fn poison_with(&mut self, fault: &Error) {
         if self.poison.is_some() {
             return;
@@ -191,7 +181,7 @@ impl<B: Backend> Server<B> {
     /// 2. another device fault lands on all the stream had in flight (rule 23);
     /// 3. past its limit the in-flight list is bounded by a sync.
     ///
-    /// The success check is inlined, so success pays no call for the rest.
+    /// Only the success check is inlined.
     #[inline(always)]
     pub(super) fn conclude<R>(&mut self, stream: StreamId, outcome: ScopedOutcome<R>) -> Result<R> {
         let index = self.stream_index(stream);
@@ -230,13 +220,9 @@ impl<S> Books<'_, S> {
         index.min(self.streams.len() - 1)
     }
 
-    /// Make `stream` wait for the last other user of each of `touched`,
-    /// then mark them used by `stream`. Callers refused a cross-capture use
-    /// first.
-    ///
-    /// New last users are recorded only once every wait is set up, so a
-    /// failed wait leaves them as they were. `mine` says every buffer was
-    /// already last used on `stream`.
+    /// Make `stream` wait for the last other user of each of `touched`, then
+    /// mark them its own, only once every wait is set up, so a failed wait
+    /// changes nothing. `mine`: all were last used on `stream`.
     #[inline]
     pub(super) fn order<B: Backend<Stream = S>>(
         &mut self,
@@ -293,8 +279,7 @@ impl<S> Books<'_, S> {
             // `first` may capture, if this buffer's last use came before its
             // capture began: `order` then waits for that earlier work.
             if recording {
-                // A recording stream cannot wait on work outside its graph, so finish
-                // that work on the host.
+                // A recording stream cannot wait outside its graph: finish it here.
                 // SAFETY: this server's stream, alive as long as it.
                 unsafe { backend.sync(&mut first.device)? };
                 first.in_flight.clear();
@@ -317,9 +302,8 @@ impl<S> Books<'_, S> {
         Ok(())
     }
 
-    /// Remember that submitted work on stream `index` writes `written`.
-    /// Bounding the list is [`conclude`](Server::conclude)'s, after the
-    /// scope settled, so a fault it surfaces is not healed by the clean exit.
+    /// Note that work on stream `index` writes `written`. Bounding the list
+    /// is [`conclude`](Server::conclude)'s, so the clean exit heals no fault.
     #[inline(always)]
     pub(super) fn note_in_flight(&mut self, index: usize, written: &[BufferRange]) {
         let state = &mut self.streams[index];
@@ -345,9 +329,8 @@ impl<'s, B: Backend> Device<'s, B> {
         self.kernels.get(index)
     }
 
-    /// The body every unit of device work shares, in its one order: fault
-    /// plan, waits on `touched`'s last users, the device call, and the note
-    /// of its write set in flight. Written once, no path skips a step.
+    /// The body every unit of device work shares, written once so no path
+    /// skips a step: fault plan, waits, the device call, the note in flight.
     #[inline(always)]
     pub(super) fn issue(
         &mut self,
@@ -383,13 +366,10 @@ impl<'s, B: Backend> Device<'s, B> {
     }
 }
 
-/// Refuse, changing nothing, a use of a buffer last used in another
-/// stream's open window: that work runs only at replay, so nothing can
-/// follow it. A use from before that capture is let through, unless
-/// `stream` records too.
-///
-/// Asked before the scope opens, so a refusal is the caller's error
-/// (rule 38): it claims nothing and fires no hook.
+/// Refuse a use of a buffer last used in another stream's open window,
+/// whose work runs only at replay, unless it came before that capture and
+/// `stream` does not record. Asked before the scope opens, so a refusal
+/// claims nothing (rule 38).
 #[inline]
 pub(super) fn refuse_recorded_elsewhere<S>(
     streams: &[StreamState<S>],
@@ -404,8 +384,7 @@ pub(super) fn refuse_recorded_elsewhere<S>(
     Ok(())
 }
 
-/// Whether any stream's capture window is open. The launch path asks
-/// once and skips both capture questions when none is.
+/// Whether any capture window is open, so launches skip capture questions.
 #[inline]
 pub(super) fn any_capturing<S>(streams: &[StreamState<S>]) -> bool {
     streams

@@ -1,18 +1,13 @@
-//! A lost device opened again, with every handle kept (rules 51–53).
-//!
-//! A lost device is a failure of every byte it held, and failed bytes
-//! already fail reads and heal when rewritten. So recovery applies that
-//! model to the whole device:
+//! A lost device opened again, with every handle kept (rules 51–53): a
+//! failure of every byte it held, which heals when rewritten.
 //!
 //! 1. **Give the lost device up**, within the wait timeout: captures
 //!    aborted (rule 33), graphs lost, allocations freed.
 //! 2. **Refuse a process-fatal fault** with [`Error::RestartRequired`].
 //! 3. **Open it again** ([`Backend::reopen`]); a refusal leaves it poisoned.
-//! 4. **Make every allocation again**, claimed by "lost with the device",
-//!    or carrying why it does not fit (rule 28).
+//! 4. **Make every allocation again**, claimed, or carrying why not (rule 28).
 //!
-//! Handles and hooks carry over. Waits outside the lock are waited out
-//! first ([`Waits`]).
+//! Waits outside the lock are waited out first ([`Waits`]).
 
 use std::time::Instant;
 
@@ -30,8 +25,7 @@ pub enum Recovered {
     Reopened {
         /// The fault that lost it.
         fault: Arc<Error>,
-        /// Buffers made again on the new device, each carrying
-        /// [`Error::LostWithDevice`] until rewritten.
+        /// Buffers made again, carrying [`Error::LostWithDevice`].
         buffers: usize,
         /// Buffers the new device could not hold, each carrying why.
         unallocated: usize,
@@ -76,8 +70,7 @@ impl Waits {
 }
 
 impl<B: Backend> Server<B> {
-    /// Open the lost device again ([`Recovered`]); `Ok(None)` while a wait
-    /// runs without the lock, which the caller waits out ([`Self::waits`]).
+    /// Open the lost device again; `Ok(None)` while an unlocked wait runs.
     pub(crate) fn recover(&mut self) -> Result<Option<Recovered>> {
         let Some(fault) = self.poison.clone() else {
             return Ok(Some(Recovered::Healthy));
@@ -144,8 +137,7 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// Step 1: give everything back, the freed buffers waiting in
-    /// `to_remake`. Returns the graphs given up.
+    /// Step 1: give everything back; returns the graphs given up.
     fn give_up_device(&mut self) -> usize {
         for index in 0..self.streams.len() {
             if self.streams[index].window.state() != CaptureState::NoCapture {
@@ -183,8 +175,7 @@ impl<B: Backend> Server<B> {
         lost
     }
 
-    /// Step 4: remake every buffer in `held`, claimed by `fault`. Returns
-    /// the numbers made and not made.
+    /// Step 4: remake every buffer in `held`; returns how many were, and not.
     fn allocate_again(&mut self, fault: &Arc<Error>, held: &[BufferId]) -> (usize, usize) {
         let max = self.backend.max_allocation();
         let mut made: Vec<BufferRange> = Vec::new();
@@ -292,8 +283,7 @@ mod tests {
         }
     }
 
-    /// A client poisoned by a fault of `class`, its reopen count and the
-    /// buffer the failed launch wrote.
+    /// A client poisoned by a fault of `class`, its reopens and its buffer.
     fn poisoned(class: FaultClass) -> (Client<Null<Faulty>>, Arc<AtomicUsize>, Buffer) {
         let reopens = Arc::new(AtomicUsize::new(0));
         let script = Faulty {
@@ -313,8 +303,7 @@ mod tests {
         (client, reopens, out)
     }
 
-    /// Rule 52: a process-fatal fault is refused before the backend is
-    /// asked to reopen; the client stays poisoned.
+    /// Rule 52: a process-fatal fault is refused before any reopen.
     #[test]
     fn a_process_fatal_fault_is_refused_without_a_reopen() {
         let (client, reopens, _out) = poisoned(FaultClass::ProcessFatal);

@@ -1,6 +1,5 @@
-//! The contract's operations on memory and kernels: writes, reads,
-//! copies, compiles, syncs and checks, each a scope around an issue (rules
-//! 15–28). Launches are in `launch.rs`.
+//! The contract's operations on memory and kernels, each a scope around an
+//! issue (rules 15–28). Launches are in `launch.rs`.
 
 use smallvec::SmallVec;
 
@@ -40,11 +39,8 @@ impl<B: Backend> Server<B> {
         self.conclude(stream, outcome)
     }
 
-    /// A host read's first half, under the lock: the checks (rule 24), the
-    /// wait on the buffer's last user, and [`Backend::begin_read`].
-    ///
-    /// The client then waits unlocked and calls [`end_read`](Self::end_read).
-    /// `room`, when given, must be the range's length.
+    /// A host read's first half, under the lock (rule 24); the client waits
+    /// unlocked, then calls [`end_read`](Self::end_read).
     pub(crate) fn begin_read(
         &mut self,
         stream: StreamId,
@@ -85,8 +81,7 @@ impl<B: Backend> Server<B> {
             Ok(waiter) => Ok((
                 PendingWait {
                     stream,
-                    // Every read counts: a recovery between the halves would hand the
-                    // second the new device's bytes as clean.
+                    // A recovery between the halves must not pass new bytes as clean.
                     token: WaitToken::new(&self.waits, true),
                     waiter,
                     mark,
@@ -100,9 +95,7 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// A host read's second half, under the lock again. It checks the read
-    /// again, since anything that came meanwhile answers it as if first,
-    /// then copies the bytes out.
+    /// A host read's second half, checking again what came meanwhile.
     pub(crate) fn end_read(
         &mut self,
         pending: PendingWait<B>,
@@ -139,9 +132,8 @@ impl<B: Backend> Server<B> {
             ..
         } = &mut *self;
         let read = table.memory(r.buffer).and_then(|memory| {
-            // SAFETY: the waiter is this stream's, from `begin_read` on the same
-            // range, and returned `Ok`. `check_read` found the range in the same live
-            // buffer, and `out` is its length.
+            // SAFETY: this stream's waiter from `begin_read` on this range returned
+            // `Ok`; `check_read` found the range in the same live buffer; `out` fits.
             unsafe {
                 backend.end_read(
                     &mut streams[index].device,
@@ -259,14 +251,8 @@ impl<B: Backend> Server<B> {
     }
 
     /// One rank's part of a device-transport collective, as this server's
-    /// work. A scope skipping it here answers like a failed call; the group
-    /// learns it at its second meeting.
-    ///
-    /// A rank that does not read its input (`reads` false) only writes.
-    /// Declared a read, an old failure on the output would skip a round every
-    /// rank agreed to run, where the round should heal it (rule 41).
-    ///
-    /// Recording records it as round `round`; a ballot is refused there.
+    /// work; a skip here answers like a failed call. With `reads` false it
+    /// only writes, so an old failure on the output heals (rule 41).
     pub(crate) fn issue_collective(
         &mut self,
         stream: StreamId,
@@ -287,8 +273,7 @@ impl<B: Backend> Server<B> {
         )
     }
 
-    /// One rank's half of a transfer, reading `data` (send) or writing it
-    /// (receive). Never recorded: transfers are not rounds.
+    /// One rank's half of a transfer; never recorded, not being a round.
     pub(crate) fn issue_transfer(
         &mut self,
         stream: StreamId,
@@ -312,8 +297,7 @@ impl<B: Backend> Server<B> {
         )
     }
 
-    /// A collective library call as this server's work, with poison, ranges,
-    /// recording and attribution as any work has them.
+    /// A collective library call as this server's work, like any other.
     fn issue_library_call(
         &mut self,
         stream: StreamId,
@@ -440,16 +424,14 @@ impl<B: Backend> Server<B> {
         self.begin_wait(stream, Some(Site::Sync))
     }
 
-    /// A wait on `stream`'s work so far that no caller blocks on: the
-    /// watchdog polls it (`collective/watchdog.rs`).
+    /// A wait on `stream`'s work for the watchdog to poll.
     pub(crate) fn begin_watch(&mut self, stream: StreamId) -> Result<PendingWait<B>> {
         self.check_poison()?;
         self.refuse_if_recording(stream, "a watch")?;
         self.begin_wait(stream, None)
     }
 
-    /// Submit what `stream` has batched, without waiting; a recording stream
-    /// has nothing to submit.
+    /// Submit what `stream` has batched, without waiting.
     pub(crate) fn flush(&mut self, stream: StreamId) -> Result<()> {
         self.check_poison()?;
         let index = self.stream_index(stream);
@@ -464,8 +446,7 @@ impl<B: Backend> Server<B> {
         flushed
     }
 
-    /// Claim `slices` with `error` for work that never started (rule 21),
-    /// exactly as a launch whose kernel did not compile does.
+    /// Claim `slices` with `error` for work that never started (rule 21).
     pub(crate) fn fail_writing(
         &mut self,
         stream: StreamId,
