@@ -227,8 +227,8 @@ impl<B: Backend> Shared<B> {
         }
     }
 
-    /// Round `round` failed in flight: claim every later part's output and
-    /// the work after it, then abort the communicators and break the group.
+    /// Round `round` failed in flight: break the group, claim every later
+    /// part's output and the work after it, then abort the communicators.
     pub(super) fn fail_in_flight(&self, round: u64, error: &CollectiveError) {
         let flights = {
             let mut state = self.state.lock();
@@ -239,6 +239,13 @@ impl<B: Backend> Shared<B> {
                 .partition(|f| f.round >= first);
             state.flights = kept;
             state.failing += 1;
+            // The cause is kept with the mark: a part that sees the mark
+            // before the claims below are done claims with it.
+            if state.broken.is_none() {
+                tracing::warn!("{error}");
+                state.broken = Some(Arc::new(error.clone()));
+                self.changed.notify_all();
+            }
             failed
         };
         let failure: Error = error.clone().into();
@@ -258,9 +265,6 @@ impl<B: Backend> Shared<B> {
             device.abort_all();
         }
         let mut state = self.state.lock();
-        if state.broken.is_none() {
-            self.break_with(&mut state, error);
-        }
         state.failing -= 1;
         if state.flights.is_empty() && state.failing == 0 {
             self.all_landed.notify_all();
