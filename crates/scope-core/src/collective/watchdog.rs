@@ -197,10 +197,7 @@ impl<B: Backend> Shared<B> {
 
     /// Whether round `round`, or one before it, failed in flight.
     fn failed_from(&self, round: u64) -> bool {
-        self.state
-            .lock()
-            .failed_from
-            .is_some_and(|first| first <= round)
+        marked(&self.state.lock(), round)
     }
 
     /// Rank `rank`'s part of round `round` is no longer in flight.
@@ -274,11 +271,16 @@ impl<B: Backend> Shared<B> {
 
 /// What failed round `round`, or one before it, in flight, under `state`.
 fn failure_from<B: Backend>(state: &State<B>, round: u64) -> Option<Error> {
-    if state.failed_from.is_none_or(|first| first > round) {
+    if !marked(state, round) {
         return None;
     }
     Some(state.broken.clone().map_or_else(
         || Error::internal("a round failed in flight with no cause kept"),
         |broken| (*broken).clone().into(),
     ))
+}
+
+/// Whether round `round`, or one before it, is marked failed in flight.
+fn marked<B: Backend>(state: &State<B>, round: u64) -> bool {
+    state.failed_from.is_some_and(|first| first <= round)
 }
