@@ -268,6 +268,44 @@ fn nccl() -> NcclTable {
     NcclLibrary::table_of("nccl", loaded).expect("NCCL for the raw schedule")
 }
 
+/// A new `ncclUniqueId`.
+fn unique_id(table: &NcclTable) -> UniqueId {
+    let mut id = UniqueId([0; 128]);
+    // SAFETY: `id` is a writable `ncclUniqueId`.
+    let made = unsafe { (table.get_unique_id)(&mut id) };
+    assert_eq!(made, 0, "ncclGetUniqueId");
+    id
+}
+
+/// Rank `rank` of `ranks` joins `id`'s communicator on `client`'s device,
+/// bound to this thread, with cudarc's event tracking off: the raw
+/// schedules order their buffers by their own events, as a runtime does.
+fn join_raw(
+    table: &NcclTable,
+    client: &Client<Cuda>,
+    id: &UniqueId,
+    (rank, ranks): (usize, usize),
+) -> (Arc<CudaContext>, RawComm) {
+    let ctx: Arc<CudaContext> = client.with_backend(|cuda| cuda.context().clone());
+    ctx.bind_to_thread().expect("bind");
+    // SAFETY: every buffer of a raw schedule is ordered by its events.
+    unsafe { ctx.disable_event_tracking() };
+    let mut comm: RawComm = std::ptr::null_mut();
+    // SAFETY: a blocking init (no config) of this rank, once, on its own
+    // thread and device.
+    let joined = unsafe {
+        (table.comm_init_rank_config)(
+            &mut comm,
+            ranks as i32,
+            *id,
+            rank as i32,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(joined, 0, "ncclCommInitRankConfig");
+    (ctx, comm)
+}
+
 /// `ncclUint32`, `ncclSum`.
 const NCCL_UINT32: i32 = 3;
 const NCCL_SUM: i32 = 0;
@@ -275,10 +313,7 @@ const NCCL_SUM: i32 = 0;
 fn raw(clients: &[Client<Cuda>], shape: Shape, buckets: usize) -> Step {
     let ranks = clients.len();
     let table = nccl();
-    let mut id = UniqueId([0; 128]);
-    // SAFETY: `id` is a writable `ncclUniqueId`.
-    let made = unsafe { (table.get_unique_id)(&mut id) };
-    assert_eq!(made, 0, "ncclGetUniqueId");
+    let id = unique_id(&table);
     let arch = clients[0]
         .with_backend(|b| b.nvrtc_arch().map(str::to_owned))
         .expect("NVRTC");
@@ -304,26 +339,9 @@ fn raw(clients: &[Client<Cuda>], shape: Shape, buckets: usize) -> Step {
                 let (id, start, posted) = (&id, &start, &posted);
                 let (fill_ptx, accumulate_ptx) = (fill_ptx.clone(), accumulate_ptx.clone());
                 scope.spawn(move || {
-                    let ctx: Arc<CudaContext> = client.with_backend(|cuda| cuda.context().clone());
-                    ctx.bind_to_thread().expect("bind");
-                    // SAFETY: every buffer here is ordered by the events below,
-                    // as a runtime that manages its own streams orders them.
-                    unsafe { ctx.disable_event_tracking() };
+                    let (ctx, comm) = join_raw(&table, client, id, (rank, ranks));
                     let compute = ctx.new_stream().expect("stream");
                     let comm_stream = ctx.new_stream().expect("stream");
-                    let mut comm: RawComm = std::ptr::null_mut();
-                    // SAFETY: a blocking init (no config) of this rank, once,
-                    // on its own thread and device.
-                    let joined = unsafe {
-                        (table.comm_init_rank_config)(
-                            &mut comm,
-                            ranks as i32,
-                            *id,
-                            rank as i32,
-                            std::ptr::null_mut(),
-                        )
-                    };
-                    assert_eq!(joined, 0, "ncclCommInitRankConfig");
                     let fill: CudaFunction = ctx
                         .load_module(fill_ptx)
                         .and_then(|m| m.load_function("fill"))
@@ -462,6 +480,79 @@ pub fn call_time(clients: &[Client<Cuda>], bytes: u64, trials: usize) -> Duratio
         .collect();
     slowest.sort();
     slowest[slowest.len() / 2]
+}
+
+/// [`call_time`] for the raw `ncclAllReduce` on a communication stream:
+/// the call alone, and the call with the barrier the raw schedule meets
+/// after it over the mock (whose kernels run when issued).
+pub fn raw_call_time(clients: &[Client<Cuda>], bytes: u64, trials: usize) -> (Duration, Duration) {
+    let ranks = clients.len();
+    let table = nccl();
+    let id = unique_id(&table);
+    let (start, posted) = (Barrier::new(ranks), Barrier::new(ranks));
+    let words = (bytes / 4).max(1) as usize;
+    let per_rank: Vec<Vec<(Duration, Duration)>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = clients
+            .iter()
+            .enumerate()
+            .map(|(rank, client)| {
+                let (table, id, start, posted) = (&table, &id, &start, &posted);
+                scope.spawn(move || {
+                    let (ctx, comm) = join_raw(table, client, id, (rank, ranks));
+                    let comm_stream = ctx.new_stream().expect("stream");
+                    let data = comm_stream.alloc_zeros::<u32>(words).expect("data");
+                    let (at, _) = cudarc::driver::DevicePtr::device_ptr(&data, &comm_stream);
+                    let mut times = Vec::with_capacity(trials + 1);
+                    for _ in 0..=trials {
+                        comm_stream.synchronize().expect("sync");
+                        start.wait();
+                        let began = Instant::now();
+                        // SAFETY: `data` is live on this device, used only on
+                        // this stream.
+                        let called = unsafe {
+                            (table.all_reduce)(
+                                at as *const c_void,
+                                at as *mut c_void,
+                                words,
+                                NCCL_UINT32,
+                                NCCL_SUM,
+                                comm,
+                                comm_stream.cu_stream().cast(),
+                            )
+                        };
+                        let call = began.elapsed();
+                        assert_eq!(called, 0, "ncclAllReduce");
+                        posted.wait();
+                        times.push((call, began.elapsed()));
+                    }
+                    comm_stream.synchronize().expect("sync");
+                    drop(data);
+                    // SAFETY: this rank's communicator, idle after the sync.
+                    unsafe { (table.comm_destroy)(comm) };
+                    times.remove(0);
+                    times
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("rank"))
+            .collect()
+    });
+    let median_of_slowest = |pick: fn(&(Duration, Duration)) -> Duration| {
+        let mut slowest: Vec<Duration> = (0..trials)
+            .map(|t| {
+                per_rank
+                    .iter()
+                    .map(|times| pick(&times[t]))
+                    .max()
+                    .unwrap_or_default()
+            })
+            .collect();
+        slowest.sort();
+        slowest[slowest.len() / 2]
+    };
+    (median_of_slowest(|t| t.0), median_of_slowest(|t| t.1))
 }
 
 fn main() {
