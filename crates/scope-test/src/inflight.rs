@@ -14,6 +14,9 @@ use scope_core::collective::{CollectiveError, Element, Group, Reduce};
 /// Rounds issued back to back without a read or a sync.
 const ROUNDS: usize = 1_000;
 
+/// Replays issued back to back without a read or a sync.
+const REPLAYS: usize = 100;
+
 /// Rounds each rank has issued when one rank's device is lost.
 const IN_FLIGHT: usize = 8;
 
@@ -92,6 +95,44 @@ pub fn device_rounds_drain_no_stream<S: Suite>() {
         assert_eq!(drained, 0, "rank {rank}'s stream was drained by a round");
         assert_eq!(grew, 0, "rank {rank} holds more memory after the rounds");
         assert_eq!(output, vec![sum; PART as usize], "rank {rank}'s output");
+    }
+    every_part_lands(&group);
+}
+
+/// A graph of rounds replayed a hundred times without a read or a sync
+/// drains no rank's stream, and its outputs are right at the end; the
+/// watchdog's list empties once the replays completed (rules 47, 50).
+pub fn replays_drain_no_stream<S: Suite>() {
+    let Some(group) = group::<S>(DEFAULT_WAIT) else {
+        return;
+    };
+    assert!(group.is_over_device(), "a behaviour of device transports");
+    let ranks = RANKS as u32;
+    let results = group.run(|rank| {
+        let c = rank.client();
+        let g = super::recorded::record_sized(&rank, PART, RANKS);
+        let r = rank.index() as u32;
+        c.write(g.input.all(), &as_bytes(&vec![r + 1; PART as usize]))
+            .unwrap();
+        let drains = c.drains();
+        for _ in 0..REPLAYS {
+            rank.replay(&g.graph).unwrap();
+        }
+        let drained = c.drains() - drains;
+        (
+            drained,
+            read(c, &g.sum).unwrap(),
+            read(c, &g.gathered).unwrap(),
+        )
+    });
+    let gathered: Vec<u32> = (1..=ranks)
+        .flat_map(|r| std::iter::repeat_n(r, PART as usize))
+        .collect();
+    for (rank, (drained, sum, all)) in results.into_iter().enumerate() {
+        assert_eq!(drained, 0, "rank {rank}'s stream was drained by a replay");
+        let total = ranks * (ranks + 1) / 2;
+        assert_eq!(sum, vec![total; PART as usize], "rank {rank}'s sum");
+        assert_eq!(all, gathered, "rank {rank}'s gather");
     }
     every_part_lands(&group);
 }
@@ -304,6 +345,7 @@ pub fn a_capture_holding_rounds_aborted_by_a_loss_fails_every_replay<S: Suite>()
 macro_rules! inflight_tests {
     ($suite:ty) => {
         $crate::behaviour! { $suite, inflight::device_rounds_drain_no_stream, DeviceCollectives }
+        $crate::behaviour! { $suite, inflight::replays_drain_no_stream, DeviceCollectives }
         $crate::behaviour! { $suite, inflight::freeing_a_rounds_buffers_in_flight_leaves_every_byte_right, DeviceCollectives }
         $crate::behaviour! { $suite, inflight::a_rounds_output_reads_right_from_another_stream, DeviceCollectives }
         $crate::behaviour! { $suite, inflight::a_rank_lost_with_rounds_in_flight_recovers_while_its_peers_shrink, DeviceCollectives, Reopen }

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::round::{Input, Kind, Outcome, Part, Written};
-use super::watchdog::{self, Flight};
+use super::watchdog::{self, Flight, Writes};
 use super::{Call, Group, Rank, is_refusal, per_rank};
 use crate::backend::Backend;
 use crate::capture::{CaptureState, RecordedRound};
@@ -187,6 +187,14 @@ pub(super) trait Mover<B: Backend>: Send + Sync {
         output: Slice<'_>,
     ) -> Result<Option<Box<dyn watchdog::Part>>>;
 
+    /// A watch on rank `rank`'s stream up to a replay just issued there;
+    /// `None` where the caller waits for it itself (across processes).
+    fn watch_replay(
+        &self,
+        rank: usize,
+        client: &Client<B>,
+    ) -> Result<Option<Box<dyn watchdog::Part>>>;
+
     /// Abort every rank's communicator.
     fn abort_all(&self);
 
@@ -318,6 +326,21 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
             pending: Some(on.watch()?),
             client: on.clone(),
             communicator: communicator.clone(),
+        })))
+    }
+
+    fn watch_replay(
+        &self,
+        rank: usize,
+        client: &Client<B>,
+    ) -> Result<Option<Box<dyn watchdog::Part>>> {
+        if self.streams.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Box::new(InFlight::<B> {
+            pending: Some(client.watch()?),
+            client: client.clone(),
+            communicator: self.mine[rank - self.first].clone(),
         })))
     }
 
@@ -457,12 +480,17 @@ impl<B: Backend> Rank<B> {
     /// a fault still in flight reaches the round through the watchdog.
     pub(super) fn ready(&self, input: Slice<'_>, recording: bool) -> Input {
         let client = self.client();
-        let waited = if self.shared.draining && !recording {
-            client.sync_buffers(&[input])
+        readiness(self.drained(recording, &[input]), || client.check(&[input]))
+    }
+
+    /// Drain the rank's stream where the group drains before every round
+    /// ([`Group::over_device_draining`]), the schedule rounds had before.
+    pub(super) fn drained(&self, recording: bool, buffers: &[Slice<'_>]) -> Result<()> {
+        if self.shared.draining && !recording {
+            self.client().sync_buffers(buffers)
         } else {
             Ok(())
-        };
-        readiness(waited, || client.check(&[input]))
+        }
     }
 
     /// Issue an agreed round's call, then [`settle`](Self::settle) it; a part
@@ -474,39 +502,53 @@ impl<B: Backend> Rank<B> {
             ));
         };
         let round = self.recorded_round();
+        let writes = Writes::Output(output.buffer.clone(), output.range);
+        let issued = self.fly((round.round, kind.name()), writes, || {
+            device.issue(self.rank, self.client(), (kind, round), input, output)
+        });
+        let len = input.range.end.saturating_sub(input.range.start);
+        self.settle(Kind::Call(kind), len, issued, Written::Output(output))?;
+        self.claim_if_failed_in_flight(round.round, Written::Output(output))
+    }
+
+    /// Issue this rank's part of round `round` with `issue`, remembered as
+    /// in flight first; a part it returns is watched, else it has landed.
+    pub(super) fn fly(
+        &self,
+        (round, collective): (u64, &'static str),
+        writes: Writes,
+        issue: impl FnOnce() -> Result<Option<Box<dyn watchdog::Part>>>,
+    ) -> Result<()> {
         let flight = Flight {
-            round: round.round,
+            round,
             rank: self.rank,
             client: self.client().clone(),
             mark: self.client().in_flight_mark(),
-            output: (output.buffer.clone(), output.range),
+            writes,
         };
-        let issued = self
-            .shared
-            .take_off(flight)
-            .and_then(|()| device.issue(self.rank, self.client(), (kind, round), input, output));
-        let issued = match issued {
+        match self.shared.take_off(flight).and_then(|()| issue()) {
             Ok(Some(part)) => {
-                self.shared
-                    .watch((self.rank, round.round, kind.name()), part);
+                self.shared.watch((self.rank, round, collective), part);
                 Ok(())
             }
             Ok(None) => {
-                self.shared.landed(self.rank, round.round);
+                self.shared.landed(self.rank, round);
                 Ok(())
             }
             Err(error) => {
-                self.shared.landed(self.rank, round.round);
+                self.shared.landed(self.rank, round);
                 Err(error)
             }
-        };
-        let len = input.range.end.saturating_sub(input.range.start);
-        self.settle(Kind::Call(kind), len, issued, Written::Output(output))?;
-        // A round failing in flight may have claimed it before this write.
-        match self.shared.failed_in_flight(round.round) {
+        }
+    }
+
+    /// A round failing in flight may have claimed this rank's part before
+    /// its write landed over the claim: claim again.
+    pub(super) fn claim_if_failed_in_flight(&self, round: u64, written: Written<'_>) -> Result<()> {
+        match self.shared.failed_in_flight(round) {
             None => Ok(()),
             Some(cause) => {
-                self.claim(Written::Output(output), cause.clone())?;
+                self.claim(written, cause.clone())?;
                 Err(cause)
             }
         }

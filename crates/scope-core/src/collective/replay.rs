@@ -10,6 +10,7 @@
 use super::Rank;
 use super::device::readiness;
 use super::round::{Input, Kind, Outcome, Part, Written};
+use super::watchdog::Writes;
 use crate::backend::Backend;
 use crate::capture::{CaptureState, RecordedRound};
 use crate::error::{Error, Result};
@@ -47,7 +48,7 @@ impl<B: Backend> Rank<B> {
             None if client.capture_state() != CaptureState::NoCapture => {
                 Input::Refused("replays on a stream that is recording a capture".to_owned())
             }
-            None => readiness(client.sync(), || client.check_graph(graph)),
+            None => readiness(self.drained(false, &[]), || client.check_graph(graph)),
         };
         let part = Part {
             kind,
@@ -59,8 +60,17 @@ impl<B: Backend> Rank<B> {
         let written = Written::Graph(graph);
         match &*self.meet_or_claim(part, written)? {
             Outcome::Agreed => {
-                let issued = client.replay_in_group(graph, group);
-                self.settle(kind, len, issued, written)
+                let round = self.recorded_round().round;
+                let writes = Writes::Graph(graph.clone());
+                let issued = self.fly((round, "replay"), writes, || {
+                    client.replay_in_group(graph, group)?;
+                    match &self.shared.device {
+                        Some(device) => device.watch_replay(self.rank, client),
+                        None => Ok(None),
+                    }
+                });
+                self.settle(kind, len, issued, written)?;
+                self.claim_if_failed_in_flight(round, written)
             }
             Outcome::Refused(error) => Err(error.clone()),
             Outcome::Failed(error) => {

@@ -17,7 +17,7 @@ use super::{CollectiveError, Shared, State};
 use crate::backend::Backend;
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::handle::{Buffer, Slice};
+use crate::handle::{Buffer, Graph, Slice};
 use crate::id::ByteRange;
 
 /// How often the thread polls while anything is in flight.
@@ -99,7 +99,15 @@ pub(super) struct Flight<B: Backend> {
     pub(super) client: Client<B>,
     /// The rank's stream's in-flight mark at issue: what came after.
     pub(super) mark: u64,
-    pub(super) output: (Buffer, ByteRange),
+    pub(super) writes: Writes,
+}
+
+/// What a part in flight writes, to claim if its round fails.
+pub(super) enum Writes {
+    /// A call's output range.
+    Output(Buffer, ByteRange),
+    /// Whatever a replayed graph writes.
+    Graph(Graph),
 }
 
 /// The watchdog's entry for one part.
@@ -247,13 +255,17 @@ impl<B: Backend> Shared<B> {
         };
         let failure: Error = error.clone().into();
         for flight in &flights {
-            let (buffer, range) = &flight.output;
-            let output = Slice {
-                buffer,
-                range: *range,
+            // A freed output or graph has nothing left to claim.
+            let _ = match &flight.writes {
+                Writes::Output(buffer, range) => {
+                    let output = Slice {
+                        buffer,
+                        range: *range,
+                    };
+                    flight.client.fail_writing(&[output], failure.clone())
+                }
+                Writes::Graph(graph) => flight.client.fail_graph(graph, failure.clone()),
             };
-            // A freed output has nothing left to claim.
-            let _ = flight.client.fail_writing(&[output], failure.clone());
             let _ = flight
                 .client
                 .fail_in_flight_since(flight.mark, failure.clone());
