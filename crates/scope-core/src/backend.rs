@@ -1,6 +1,5 @@
-//! What a backend supplies: the device calls, and nothing else. The core's
-//! `Server<B>` keeps what servers share, so no rule is kept by one backend
-//! alone. A backend classifies each fault once
+//! A backend supplies the device calls and nothing else: `Server<B>` keeps
+//! every rule, so no backend keeps one alone. It classifies each fault once
 //! ([`FaultClass`](crate::FaultClass)) and never panics on a driver error.
 
 use crate::error::Result;
@@ -113,8 +112,7 @@ pub struct Launch<'a, M> {
 ///
 /// # An `unsafe` contract, as wgpu-hal's
 ///
-/// A backend trusts what it is handed; the checks live once, in the core's
-/// `Server<B>`, the only caller:
+/// A backend trusts its arguments; `Server<B>`, the only caller, checks them once:
 ///
 /// ```compile_fail
 /// fn behind_the_cores_back<B: scope_core::Backend>(b: &mut B, s: &mut B::Stream) {
@@ -160,8 +158,7 @@ pub trait Backend: Send + 'static {
         256
     }
 
-    /// What one launch may ask for. A launch inside them must not be
-    /// refused; one past the grid must be (rule 38).
+    /// A launch's limits: within, never refused; past the grid, refused (rule 38).
     fn launch_limits(&self) -> LaunchLimits;
 
     /// A new logical stream, which the core calls `id`.
@@ -241,8 +238,7 @@ pub trait Backend: Send + 'static {
     ///
     /// # Safety
     ///
-    /// `waiter` came from `begin_read` with these arguments, its wait
-    /// returned `Ok`, and `src` is still alive.
+    /// `waiter`, from `begin_read` with these arguments, waited `Ok`; `src` lives.
     unsafe fn end_read(
         &mut self,
         stream: &mut Self::Stream,
@@ -263,8 +259,7 @@ pub trait Backend: Send + 'static {
     ///
     /// # Safety
     ///
-    /// Both ranges lie inside their memories, in multiples of 4, and do
-    /// not overlap.
+    /// Both ranges lie inside their memories, in multiples of 4, disjoint.
     #[allow(clippy::too_many_arguments)]
     unsafe fn copy(
         &mut self,
@@ -276,13 +271,11 @@ pub trait Backend: Send + 'static {
         len: u64,
     ) -> Result<()>;
 
-    /// Compile `kernel`. A source the compiler rejects is
-    /// [`Error::Compile`](crate::Error::Compile) with its log.
+    /// Compile `kernel`; a rejection is [`Error::Compile`](crate::Error::Compile).
     fn compile(&mut self, kernel: &Kernel) -> Result<Self::Kernel>;
 
-    /// Check `launch` against this backend's limits before the core opens a
-    /// scope: inside [`launch`](Self::launch) a refusal would read as a
-    /// device failure, not an invalid argument (rule 38).
+    /// Check `launch` against the limits before a scope opens: inside
+    /// [`launch`](Self::launch), a refusal reads as a device failure (rule 38).
     fn check_launch(&self, kernel: &Self::Kernel, launch: &Launch<'_, Self::Memory>) -> Result<()> {
         let _ = (kernel, launch);
         Ok(())
@@ -312,8 +305,7 @@ pub trait Backend: Send + 'static {
         Ok(())
     }
 
-    /// Wait for the stream's work under the lock; a fault here is the work
-    /// in flight's (rule 23).
+    /// Wait for the stream's work under the lock; a fault lands on it (rule 23).
     ///
     /// # Safety
     ///
@@ -329,32 +321,28 @@ pub trait Backend: Send + 'static {
         unsafe { self.end_wait(stream, waiter) }.and(waited)
     }
 
-    /// Submit the stream's batch and return how to wait for it, so
-    /// [`wait`](Self::wait) runs outside the lock and stalls no other thread.
+    /// Submit the stream's batch; the waiter lets [`wait`](Self::wait) run unlocked.
     ///
     /// # Safety
     ///
     /// `stream` is not recording; the waiter is ended exactly once.
     unsafe fn begin_wait(&mut self, stream: &mut Self::Stream) -> Result<Option<Self::Waiter>>;
 
-    /// Wait for what `waiter` covers, with no lock held, bounded by the
-    /// wait timeout (rule 23).
+    /// Wait, unlocked, for what `waiter` covers, within the wait timeout (rule 23).
     ///
     /// # Safety
     ///
     /// `waiter` came from a live backend and is not ended yet.
     unsafe fn wait(waiter: &Self::Waiter) -> Result<()>;
 
-    /// After [`wait`](Self::wait), succeeded or not: recycle, and report a
-    /// fault the stream kept.
+    /// After any [`wait`](Self::wait): recycle, and report a fault the stream kept.
     ///
     /// # Safety
     ///
     /// `waiter` came from this `stream` and is ended here once.
     unsafe fn end_wait(&mut self, stream: &mut Self::Stream, waiter: Self::Waiter) -> Result<()>;
 
-    /// Make `then`'s later work wait for `first`'s earlier work; never asked
-    /// while either records.
+    /// Order `then`'s later work after `first`'s; never asked while either records.
     ///
     /// # Safety
     ///

@@ -1,8 +1,7 @@
-//! A capture window: the span of one stream's work that becomes a graph. A
-//! launch that failed while recording is not in the graph, which would
-//! replay "successfully" and write garbage forever. So the window decides
-//! whether a recording may seal (rules 29–33), keeping its doom and what
-//! clean work wrote, so an unsealable window claims exactly those bytes.
+//! A capture window: one stream's work that becomes a graph. A graph missing
+//! a failed launch would replay "successfully", writing garbage forever, so
+//! the window decides whether a recording may seal (rules 29–33). It keeps
+//! the doom and what clean work wrote: an unsealable window claims those.
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -1,7 +1,5 @@
-//! The contract a runtime programs against: [`Client`]. Clones share one
-//! server behind one mutex, each bound to a stream; dropping a [`Buffer`]
-//! only queues its id; a call from a `with_backend` closure is answered
-//! or refused, never deadlocked (`lend.rs`).
+//! The runtime's contract, [`Client`]: clones share a locked server, each on a
+//! stream; dropping a [`Buffer`] queues its id; `with_backend` never deadlocks.
 
 mod capture;
 mod lend;
@@ -274,7 +272,6 @@ impl<B: Backend> Client<B> {
         })
     }
 
-    /// A client on a stream lent until the [`LentStream`] drops.
     pub(crate) fn lend_stream(&self) -> Result<LentStream<B>> {
         let stream = self.call(|server| server.lend_stream())?;
         Ok(LentStream(Self {
@@ -380,7 +377,6 @@ impl<B: Backend> Client<B> {
     /// As `read`.
     pub fn read_into<'a>(&self, src: impl Into<Slice<'a>>, out: &mut [u8]) -> Result<()> {
         let src = src.into();
-        // Waited for without the lock, so other threads' calls go on.
         let (pending, _) =
             self.call(|server| server.begin_read(self.stream, src, Some(out.len())))?;
         let waited = pending.wait();
@@ -396,7 +392,6 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.copy(self.stream, src.into(), dst.into()))
     }
 
-    /// Issue one rank's part of a device-transport collective, in a scope.
     pub(crate) fn issue_collective(
         &self,
         name: (&str, Option<crate::capture::RecordedRound>),
@@ -435,8 +430,7 @@ impl<B: Backend> Client<B> {
     ///
     /// # Errors
     ///
-    /// Bad input (nothing claimed); [`Error::Skipped`]; a compile error or
-    /// the device's failure, which the outputs carry; poison.
+    /// Bad input (unclaimed); [`Error::Skipped`]; poison; a failure outputs carry.
     pub fn launch(
         &self,
         kernel: &Kernel,
@@ -462,7 +456,6 @@ impl<B: Backend> Client<B> {
     ///
     /// As [`check`](Self::check), then as [`sync`](Self::sync).
     pub fn sync_buffers(&self, buffers: &[Slice<'_>]) -> Result<()> {
-        // Waited for without the lock, so other threads' calls go on.
         let pending = self.call(|server| server.begin_sync(self.stream, buffers))?;
         let waited = pending.wait();
         self.call(|server| server.end_wait(pending, waited))
@@ -502,7 +495,6 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.end_wait(pending, waited))
     }
 
-    /// A mark for [`fail_in_flight_since`](Self::fail_in_flight_since).
     pub(crate) fn in_flight_mark(&self) -> u64 {
         self.look(false, |server| server.in_flight_mark(self.stream))
     }

@@ -100,16 +100,14 @@ pub enum Error {
         fault: Arc<Error>,
     },
 
-    /// The bytes were on a device lost and [recovered](crate::Client::recover);
-    /// a rewrite heals them (rule 51).
+    /// Lost with a [recovered](crate::Client::recover) device; writes heal (rule 51).
     #[error("lost with the device, which was opened again: {fault}")]
     LostWithDevice {
         /// The fault that lost the device.
         fault: Arc<Error>,
     },
 
-    /// The device cannot come back in this process; the client stays
-    /// poisoned (rules 52, 55).
+    /// Cannot reopen in this process; the client stays poisoned (rules 52, 55).
     #[error("{backend} cannot recover from {fault} in this process: {reason}")]
     RestartRequired {
         /// The backend.
@@ -156,8 +154,7 @@ pub enum Error {
         why: String,
     },
 
-    /// A failure found outside scope, keeping its type for
-    /// [`Error::external_root`].
+    /// A failure from outside scope, typed for [`Error::external_root`].
     #[error("{error}")]
     External {
         /// The error, typed as its author made it.
@@ -208,8 +205,7 @@ pub enum FaultClass {
     Recoverable,
     /// The device is unusable until opened again: it poisons.
     Sticky,
-    /// It poisons, and the vendor says the process must restart
-    /// ([`Backend::RESTART`](crate::Backend::RESTART) says why).
+    /// It poisons; the vendor demands a restart ([why](crate::Backend::RESTART)).
     ProcessFatal,
 }
 
@@ -460,8 +456,7 @@ impl Error {
 /// The result every fallible call of the contract returns.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Why a collective did not deliver, inside [`Error::Collective`]; it lives
-/// here, below every module that makes one.
+/// Why a collective did not deliver ([`Error::Collective`]), kept below its makers.
 #[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CollectiveError {
@@ -527,8 +522,7 @@ pub enum CollectiveError {
         /// What the call answered.
         cause: Error,
     },
-    /// Across processes, the round did not complete and no peer is named;
-    /// the group breaks (rules 42, 43, 49).
+    /// Unfinished across processes, no peer named: group broken (rules 42, 43, 49).
     #[error(
         "{collective} #{round}: not every rank completed it (a peer in another process is missing, stuck or failed, and the library cannot say which; this rank waited at most {deadline:?}); the group is broken"
     )]

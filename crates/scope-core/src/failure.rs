@@ -1,5 +1,4 @@
-//! The device's failures: a node lives exactly as long as some allocation
-//! carries it (rule 7).
+//! The device's failures, each held exactly while an allocation carries it (rule 7).
 //!
 //! Every write mints a *provisional* failure (rules 16, 20) that a clean exit
 //! releases. A hash map would charge every launch an insert and a remove,
@@ -156,8 +155,7 @@ impl Failures {
         }
     }
 
-    /// Mint a failure for `work` (rule 1); the minter [`prune`](Self::prune)s
-    /// it if unused (rule 5).
+    /// Mint one for `work` (rule 1), to [`prune`](Self::prune) if unused (rule 5).
     #[inline]
     pub fn mint(&mut self, work: Work) -> FailureId {
         self.mint_for(work, None)

@@ -3,7 +3,6 @@
 
 use std::mem::MaybeUninit;
 
-/// Up to `N` values inline, more on the heap.
 pub(crate) struct Few<T: Copy, const N: usize> {
     /// How many of `inline` are written, while `heap` is empty.
     len: usize,

@@ -1,6 +1,5 @@
-//! What a runtime holds: plain ids and sizes, never memory. A handle may
-//! drop while the lock is held, so a drop only queues what it named
-//! ([`FreeQueue`]) for the server's next call.
+//! What a runtime holds: ids and sizes, never memory. A handle may drop under
+//! the lock, so a drop queues what it named ([`FreeQueue`]) for the next call.
 
 use std::ops::{Bound as RangeBound, RangeBounds};
 use std::sync::Arc;
@@ -76,7 +75,6 @@ impl std::fmt::Debug for Buffer {
 }
 
 impl Buffer {
-    /// A new handle on buffer `id` of `server`; the last drop queues on `queue`.
     pub(crate) fn new(id: BufferId, server: ServerId, size: u64, queue: Arc<FreeQueue>) -> Self {
         Self {
             inner: Arc::new(BufferInner {
@@ -230,7 +228,6 @@ impl std::fmt::Debug for Capture {
 }
 
 impl Capture {
-    /// An open window on `stream`, whose drop queues its abort on `queue`.
     pub(crate) fn open(
         stream: StreamId,
         server: ServerId,
@@ -250,7 +247,6 @@ impl Capture {
         self.stream
     }
 
-    /// A handle on no open window, for a test.
     #[cfg(test)]
     pub(crate) fn stale(stream: StreamId, server: ServerId) -> Self {
         Self {
@@ -312,7 +308,6 @@ impl PartialEq for Graph {
 impl Eq for Graph {}
 
 impl Graph {
-    /// A handle on graph `id` of `server`; the last drop queues on `queue`.
     pub(crate) fn new(id: GraphId, server: ServerId, queue: Arc<FreeQueue>) -> Self {
         Self {
             id,

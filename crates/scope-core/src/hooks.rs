@@ -1,7 +1,6 @@
-//! The failure hook (rule 39), called after the lock is released: under it
-//! a hook calling the client deadlocks, and a panic leaves bookkeeping half
-//! done. A re-entrant lock serialises delivery; a hook that panics stays
-//! installed.
+//! The failure hook (rule 39), called once the lock is released: under it, a
+//! hook calling the client deadlocks and a panic leaves bookkeeping half done.
+//! A re-entrant lock serialises delivery; a panicking hook stays installed.
 
 use std::cell::Cell;
 use std::collections::VecDeque;

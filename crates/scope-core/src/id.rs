@@ -1,6 +1,5 @@
-//! Identifiers, each a typed number, and the hasher for maps keyed by them.
-//! None keeps anything alive: a recording naming a buffer does not stop
-//! its free (rule 32).
+//! Typed-number ids and the hasher for maps keyed by them. None keeps anything
+//! alive: a recording naming a buffer does not stop its free (rule 32).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -247,7 +246,6 @@ mod tests {
         // One word: a single multiply, so counted ids land apart.
         assert_eq!(hash(3u64), 3u64.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         assert_ne!(hash(1u64) >> 57, hash(2u64) >> 57);
-        // Several words: each counts, in order.
         assert_ne!(hash([1u64, 2, 3]), hash([1u64, 2, 4]));
         assert_ne!(hash([1u64, 2, 3]), hash([3u64, 2, 1]));
         // Bytes: whole words, then the remainder byte by byte.

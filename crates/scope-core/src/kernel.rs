@@ -1,5 +1,4 @@
-//! Kernels: what a runtime hands a server to launch. The hash is taken once,
-//! here: servers cache compiled kernels by it.
+//! Kernels to launch, hashed once, here: servers cache compiled kernels by the hash.
 //!
 //! Bindings map the same on every backend: WGSL and SPIR-V binding *i* is
 //! `@group(0) @binding(i)`, a non-empty scalar blob one more read-only
@@ -51,8 +50,7 @@ impl<T> Unchecked<T> {
     ///
     /// # Safety
     ///
-    /// `source` is a valid module, and every launch touches only its
-    /// bindings, as their access says.
+    /// `source` is valid; a launch touches only its bindings, as their access says.
     pub unsafe fn vouched(source: T) -> Self {
         Self(source)
     }
@@ -122,11 +120,8 @@ pub struct Kernel {
     entry: Arc<str>,
     source: KernelSource,
     block: [u32; 3],
-    /// Bytes of dynamic (`extern __shared__`) memory a launch gets.
     dynamic_shared: u32,
-    /// The server may compile without runtime bounds checks.
     in_bounds: bool,
-    /// The server may compile without bounding loops.
     terminates: bool,
     id: KernelId,
 }
@@ -232,13 +227,12 @@ impl Kernel {
         self
     }
 
-    /// Bytes of dynamic shared memory each launch gets.
+    /// Bytes of dynamic (`extern __shared__`) memory each launch gets.
     pub fn dynamic_shared_memory_bytes(&self) -> u32 {
         self.dynamic_shared
     }
 
-    /// The same kernel, vouched in bounds, so a server may drop WGSL's
-    /// bounds checks.
+    /// Vouched in bounds, so a server may drop WGSL's bounds checks.
     ///
     /// # Safety
     ///
@@ -254,8 +248,7 @@ impl Kernel {
         self.in_bounds
     }
 
-    /// The same kernel, vouched to end every loop, so a server may drop
-    /// naga's loop counter.
+    /// Vouched to end every loop, so a server may drop naga's loop counter.
     ///
     /// # Safety
     ///

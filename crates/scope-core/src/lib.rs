@@ -1,11 +1,10 @@
 //! The failure model every scope server shares.
 //!
-//! GPU work is asynchronous, and CUDA, HIP and Vulkan answer with
-//! device-wide "sticky" errors. scope attaches a failure to the bytes the
-//! failed work was meant to write. Work reading those bytes is skipped and
-//! its outputs inherit the failure; a host read returns the root error and
-//! the chain back to it; a rewrite heals the bytes. The rules are numbered
-//! in `docs/ERROR_MODEL.md`.
+//! GPU work is asynchronous, and CUDA, HIP and Vulkan answer with device-wide
+//! "sticky" errors. scope attaches a failure to the bytes failed work was
+//! meant to write. Work reading them is skipped, and its outputs inherit the
+//! failure; a host read returns the root error and the chain to it; a rewrite
+//! heals the bytes. `docs/ERROR_MODEL.md` numbers the rules.
 //!
 //! # Design decisions
 //!
@@ -21,23 +20,20 @@
 //!    (`server.rs`), over a [`Backend`] that only makes device calls.
 //! 6. **The window decides whether a graph may seal** (`capture.rs`), so
 //!    what is recorded and what is in the graph cannot disagree.
-//! 7. **One error type, written for people**: [`Error`] classifies faults
-//!    the same on every backend.
+//! 7. **One error type, for people**: [`Error`] classes faults alike everywhere.
 //! 8. **Failure on purpose**: a [`FaultPlan`] fails any device call, so a
 //!    backend with no device to fault is still tested on every path.
 //! 9. **The device calls are an `unsafe` contract**, as wgpu-hal's are:
 //!    only `Server<B>`, which validated the arguments, calls [`Backend`].
-//!    Safe code reaches a device only through [`Client`].
 //! 10. **The core is measured alone** over the [`null`] backend.
 //! 11. **Modules form layers**, lowest first: `id`, `kernel`, `limits`,
 //!     `few`; `error`; `taint`, `failure`, `store`, `table`, `scope`,
 //!     `capture`; `backend`, `handle`, `hooks`, `fault`, `probe`, `null`;
 //!     `server`; `client`; `collective`. `tests/layers.rs` keeps this.
 //!
-//! The root holds the runtime contract ([`Client`] and what it takes and
-//! hands out); [`backend`] what a server author needs. The conformance
-//! suite is in `scope-test`; the CUDA and HIP launch rules in
-//! `scope-native`.
+//! The root holds the runtime contract, [`Client`] and what it takes and
+//! hands out; [`backend`], what a server author needs. The conformance suite
+//! is in `scope-test`, the CUDA and HIP launch rules in `scope-native`.
 //!
 //! ```
 //! use scope_core::{Binding, Client, Dispatch, Kernel};
@@ -52,8 +48,7 @@
 //! # Ok::<(), scope_core::Error>(())
 //! ```
 //!
-//! Features: `fault-injection` (`Client::inject`, the fault plan);
-//! `internals` (the bookkeeping, for benches; not a stable API).
+//! Features: `fault-injection` (`Client::inject`), `internals` (benches; unstable).
 
 pub mod backend;
 mod capture;

@@ -1,5 +1,4 @@
-//! What the device behind a server can run: a launch inside these limits is
-//! never refused as invalid (rule 38).
+//! What a device runs: no launch within these limits is refused as invalid (rule 38).
 
 /// Optional capabilities the server enabled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

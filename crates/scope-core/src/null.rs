@@ -98,7 +98,6 @@ pub struct NullGraph;
 pub struct Null<S: Script = Quiet> {
     script: S,
     reserved: u64,
-    /// The binding alignment it reports, when not the default 4.
     alignment: Option<u64>,
 }
 

@@ -13,7 +13,6 @@ pub fn required(backend: &str) -> bool {
     std::env::var("SCOPE_REQUIRE").is_ok_and(|v| names(&v, backend))
 }
 
-/// Whether the `SCOPE_REQUIRE` value `value` names `backend`.
 fn names(value: &str, backend: &str) -> bool {
     value
         .split(',')

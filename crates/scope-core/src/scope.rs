@@ -2,13 +2,11 @@
 //! Written by hand in each server, one early return forgets a step and a
 //! buffer reads as healthy garbage; [`ExecuteScope`] is the bookkeeping, once.
 //!
-//! A scope decides in its constructor whether it *enters* (claiming its
-//! write set) or *skips*: deciding later would let a skip mint a failure
-//! that nothing prunes.
+//! The constructor decides whether a scope *enters* (claiming its write
+//! set) or *skips*: later, a skip could mint a failure nothing prunes.
 //!
-//! The body is a closure, not a guard settling in `Drop`, which cannot
-//! tell a clean end from an unwind. A scope dropped unexecuted leaves its
-//! write set claimed.
+//! The body is a closure: a guard settling in `Drop` cannot tell a clean
+//! end from an unwind. A scope dropped unexecuted leaves its bytes claimed.
 
 use std::sync::Arc;
 
@@ -26,13 +24,11 @@ pub trait WriteScoped: Sized {
     /// The bookkeeping, split-borrowed from the body's rest of the server.
     fn store(&mut self) -> &mut Self::Store;
 
-    /// Told of every skip and failed exit, so a failed autotune candidate
-    /// does not win by finishing in no time (rule 39).
+    /// Hears each skip and failed exit: no failed autotune candidate wins (rule 39).
     #[allow(unused_variables)]
     fn on_failure(&mut self, stream: StreamId, error: &Error) {}
 
-    /// The capture window of `stream` while it records; the scope is its
-    /// only informant, so "recorded" and "in the graph" cannot disagree.
+    /// `stream`'s capture window while it records; the scope is its only informant.
     #[allow(unused_variables)]
     fn capturing(&mut self, stream: StreamId) -> Option<&mut CaptureWindow> {
         None
@@ -129,9 +125,8 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         }
     }
 
-    /// A scope over a launch, skipping at the first failed input (rule 17):
-    /// garbage read as an index scatters into clean bytes. A skip tells the
-    /// hook, dooms a recording, records the hop, claims the outputs (rule 18).
+    /// A launch's scope, skipping at a failed input (rule 17): a skip tells the
+    /// hook, dooms a recording, records the hop, claims outputs (rule 18).
     pub fn launching(
         server: &'a mut S,
         kernel: &Arc<str>,
@@ -239,8 +234,7 @@ impl<'a, S: WriteScoped> ExecuteScope<'a, S> {
         }
     }
 
-    /// [`execute`](Self::execute) in two halves, so the launch path avoids
-    /// a closure's stored captures.
+    /// [`execute`](Self::execute), halved: launches store no closure captures.
     #[inline(always)]
     pub(crate) fn run<R>(self) -> std::result::Result<Running<'a, S>, ScopedOutcome<R>> {
         let Self {
@@ -274,7 +268,6 @@ pub(crate) struct Running<'a, S: WriteScoped> {
     stream: StreamId,
     written: Vec<BufferRange>,
     read: &'a [BufferRange],
-    /// Claimed by it (none for an empty write set).
     provisional: Option<FailureId>,
     maybe: bool,
 }
@@ -285,7 +278,6 @@ impl<S: WriteScoped> Running<'_, S> {
         (self.server, &self.written)
     }
 
-    /// Settle the write set with the body's result.
     #[inline]
     pub(crate) fn finish<R>(self, result: Result<R>) -> ScopedOutcome<R> {
         match result {
@@ -363,7 +355,6 @@ mod tests {
     use crate::store::TaintSlot;
     use crate::taint::Taint;
 
-    /// A store that is only a table of taints, and a hook log.
     #[derive(Default)]
     struct Store {
         failures: Failures,

@@ -1,8 +1,7 @@
-//! [`Server<B>`]: a whole scope server except the device calls, which a
-//! [`Backend`] makes. It runs work inside an [`ExecuteScope`], attributes
-//! late faults (rule 23), poisons (rule 36), retries an allocation after a
-//! trim (rule 37). The impl is split: `handles` validates, `ordering`
-//! orders, `capture` keeps graphs, `work` and `launch` operate.
+//! [`Server<B>`]: a whole scope server over a [`Backend`]'s device calls.
+//! It runs work in an [`ExecuteScope`], attributes late faults (rule 23),
+//! poisons (rule 36), retries an allocation after a trim (rule 37). `handles`
+//! validates, `ordering` orders, `capture` keeps graphs, `work`, `launch` run.
 
 mod capture;
 mod handles;
@@ -50,7 +49,6 @@ pub(crate) struct LaunchRules {
     alignment: u64,
     /// `alignment - 1` for a power of two, else 0: spares a division.
     mask: u64,
-    /// Whether the alignment needs the division after all.
     divide: bool,
 }
 
@@ -81,8 +79,7 @@ pub(crate) struct StreamState<S> {
     drains: u64,
 }
 
-/// The write sets submitted since the last wait, numbered so a wait settles
-/// exactly what it covered.
+/// Write sets since the last wait, numbered so a wait settles what it covered.
 #[derive(Default)]
 struct InFlight {
     ranges: Vec<BufferRange>,
@@ -112,14 +109,12 @@ impl InFlight {
         }
     }
 
-    /// Take the ranges submitted before `mark`, once only.
     fn take_to(&mut self, mark: u64) -> Vec<BufferRange> {
         let n = (mark.saturating_sub(self.settled)).min(self.ranges.len() as u64) as usize;
         self.settled += n as u64;
         self.ranges.drain(..n).collect()
     }
 
-    /// The ranges submitted at or after `mark`, still in flight.
     fn since(&self, mark: u64) -> &[BufferRange] {
         let from = mark
             .saturating_sub(self.settled)
@@ -127,7 +122,6 @@ impl InFlight {
         &self.ranges[from as usize..]
     }
 
-    /// Forget everything: the stream's work all completed.
     fn clear(&mut self) {
         self.settled += self.ranges.len() as u64;
         self.ranges.clear();
@@ -166,12 +160,10 @@ impl Drop for WaitToken {
 }
 
 impl<B: Backend> PendingWait<B> {
-    /// Wait, with no lock held.
     pub(crate) fn wait(&self) -> Result<()> {
         match &self.waiter {
-            // SAFETY: `begin_wait` and `begin_read` make this from their backend's
-            // waiter; the client keeps the server alive; only `end_wait` or
-            // `end_read` ends the waiter, consuming this.
+            // SAFETY: a waiter from this backend's `begin_wait` or `begin_read`;
+            // the client keeps the server alive; only consuming this ends the waiter.
             Some(waiter) => unsafe { B::wait(waiter) },
             None => Ok(()),
         }
@@ -204,7 +196,6 @@ struct GraphEntry<G> {
     label: Arc<str>,
     written: Vec<BufferRange>,
     read: Vec<BufferRange>,
-    /// What its indirect launches may write: claimed by a failed replay.
     maybe_written: Vec<BufferRange>,
     /// Its collective rounds: a graph with any replays only with its group.
     rounds: Vec<crate::capture::RecordedRound>,
@@ -243,8 +234,7 @@ pub struct Server<B: Backend> {
     faults: crate::fault::FaultPlan,
 }
 
-/// What a scope settles, apart from the memory and the backend, so a
-/// launch's bindings borrow memory while the scope borrows these books.
+/// What a scope settles: all but the memory and backend, which a launch borrows.
 pub(crate) struct Books<'s, S> {
     pub(crate) id: ServerId,
     pub(crate) ledger: &'s mut Ledger,
@@ -424,7 +414,6 @@ impl<B: Backend> Server<B> {
         )
     }
 
-    /// The server split into what a scope settles and what its work runs on.
     pub(crate) fn split(&mut self) -> (Books<'_, B::Stream>, Device<'_, B>) {
         let Server {
             backend,
@@ -477,7 +466,6 @@ impl<B: Backend> Server<B> {
         self.books().write_set()
     }
 
-    /// Tell the stream's count and the hook of a failure.
     pub(super) fn on_failure(&mut self, stream: StreamId, error: &Error) {
         self.books().on_failure(stream, error);
     }
@@ -501,13 +489,11 @@ impl<B: Backend> Server<B> {
         self.streams[self.stream_index(stream)].drains
     }
 
-    /// Where `stream`'s in-flight list stands: what it submitted so far.
     pub(crate) fn in_flight_mark(&self, stream: StreamId) -> u64 {
         self.streams[self.stream_index(stream)].in_flight.mark()
     }
 
-    /// Every write set submitted from `mark` on carries `error`, still in
-    /// flight (rule 23).
+    /// The write sets in flight from `mark` on carry `error` (rule 23).
     pub(crate) fn fail_in_flight_since(&mut self, stream: StreamId, mark: u64, error: Error) {
         let index = self.stream_index(stream);
         let since = self.streams[index].in_flight.since(mark).to_vec();

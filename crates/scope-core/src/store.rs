@@ -1,6 +1,5 @@
-//! The failure rules, written once: [`FailureStore`] asks a server only
-//! where a buffer's claims live ([`locate`](FailureStore::locate)), so no
-//! rule drifts four ways.
+//! The failure rules, once: [`FailureStore`] asks a server only where claims
+//! live ([`locate`](FailureStore::locate)), so no rule drifts four ways.
 
 use std::sync::Arc;
 
@@ -19,8 +18,7 @@ pub enum TaintSlot<'a> {
     Gone,
 }
 
-/// A device's failure bookkeeping: a [`Failures`] store and each buffer's
-/// taint. Servers should not override the default methods.
+/// [`Failures`] and each buffer's taint; servers should not override the defaults.
 pub trait FailureStore {
     /// The device's failures.
     fn failures(&mut self) -> &mut Failures;

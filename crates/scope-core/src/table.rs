@@ -1,7 +1,6 @@
-//! The buffer table, the one [`FailureStore`] every server uses. Slots with
-//! generations: a stale id misses, and a lookup is an index, not a hash.
-//! The [`Ledger`] and the [`Memories`] share the slots, so a launch borrows
-//! the memory across the scope that claims in the ledger.
+//! The buffer table, every server's [`FailureStore`]: slots with generations,
+//! so a stale id misses and a lookup is an index. [`Ledger`] and [`Memories`]
+//! share the slots: a launch borrows memory while its scope claims.
 
 use crate::error::Error;
 use crate::failure::Failures;
@@ -80,7 +79,6 @@ impl<M> BufferTable<M> {
         }
     }
 
-    /// Add a buffer; `memory` is `None` when its allocation failed with `record`.
     pub(crate) fn insert(
         &mut self,
         size: u64,
@@ -134,8 +132,7 @@ impl<M> BufferTable<M> {
         self.memory.of(id)
     }
 
-    /// Take a buffer's memory out as its device is given up, until
-    /// [`give_memory`](Self::give_memory).
+    /// A lost device's buffer memory, out until [`give_memory`](Self::give_memory).
     pub(crate) fn take_memory(&mut self, id: BufferId) -> Option<M> {
         let Ledger {
             failures,
@@ -157,7 +154,6 @@ impl<M> BufferTable<M> {
         self.memory.slots.get_mut(id.slot() as usize)?.entry.take()
     }
 
-    /// Give a live buffer without memory new memory, releasing its record.
     pub(crate) fn give_memory(&mut self, id: BufferId, memory: M) {
         let Some(entry) = self.ledger.get_mut(id) else {
             return;
@@ -237,7 +233,6 @@ impl Ledger {
         self.get(id).is_some()
     }
 
-    /// The parts of `r` no failure claims, appended to `out`.
     pub(crate) fn unclaimed(&self, r: BufferRange, out: &mut Vec<BufferRange>) {
         let Some(entry) = self.get(r.buffer) else {
             return;
@@ -315,7 +310,6 @@ impl Ledger {
         }
     }
 
-    /// The error a buffer without memory answers.
     pub(crate) fn unallocated_error(&self, id: BufferId) -> Error {
         match self
             .get(id)

@@ -1,7 +1,6 @@
-//! Which bytes of one allocation carry which failure: a claim is a failure
-//! over sorted, disjoint ranges (rules 8, 10), so a partial write stays
-//! honest. Both lists are inline for one element (rule 14), so the success
-//! path never touches the heap.
+//! Which bytes of an allocation carry which failure: a claim is a failure over
+//! sorted, disjoint ranges (rules 8, 10), so a partial write stays honest.
+//! Lists hold one element inline (rule 14): success never touches the heap.
 
 use smallvec::SmallVec;
 
@@ -133,8 +132,7 @@ impl Taint {
         &self.claims
     }
 
-    /// Point `range` at `failure` only: one piece of work wrote the bytes, so
-    /// one failure explains them (rule 9).
+    /// Point `range` at `failure` alone: its one writer has one failure (rule 9).
     #[inline]
     pub fn set(&mut self, range: ByteRange, failure: FailureId, failures: &mut Failures) {
         if range.is_empty() {

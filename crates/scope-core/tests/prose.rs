@@ -16,11 +16,9 @@ use std::path::{Path, PathBuf};
 const MAX_MEAN_WORDS: f64 = 15.0;
 /// The most words any one doc sentence may have.
 const MAX_SENTENCE_WORDS: usize = 40;
-/// The largest share of lines that may be comments. The target is 15%;
-/// the crate stands at 16.0%, mostly the docs of its public items and the
-/// `Backend` trait's contract, so this holds the line there until those
-/// shrink. Lower it as they do; never raise it.
-const MAX_COMMENT_SHARE: f64 = 0.16;
+/// The largest share of lines that may be comments: the target, 15%, which
+/// the crate now meets. Lower it as the docs shrink; never raise it.
+const MAX_COMMENT_SHARE: f64 = 0.15;
 
 /// Tokens that end in a full stop without ending a sentence.
 const ABBREVIATIONS: &[&str] = &["e.g.", "i.e.", "etc.", "cf.", "vs.", "approx."];

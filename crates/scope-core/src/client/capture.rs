@@ -71,7 +71,6 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.replay(self.stream, graph, None))
     }
 
-    /// Replay `graph` as a round of group `group`.
     pub(crate) fn replay_in_group(&self, graph: &Graph, group: u64) -> Result<()> {
         self.call(|server| server.replay(self.stream, graph, Some(group)))
     }
@@ -80,12 +79,10 @@ impl<B: Backend> Client<B> {
         self.call(|server| server.graph_rounds(graph))
     }
 
-    /// Whether `graph`'s inputs are readable now.
     pub(crate) fn check_graph(&self, graph: &Graph) -> Result<()> {
         self.call(|server| server.check_graph(graph))
     }
 
-    /// Claim what a replay of `graph` would write with `error`.
     pub(crate) fn fail_graph(&self, graph: &Graph, error: Error) -> Result<()> {
         self.call(|server| server.fail_graph(self.stream, graph, error))
     }

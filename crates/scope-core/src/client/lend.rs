@@ -1,8 +1,7 @@
-//! Lending the locked server to a caller's closure. The lock is not
-//! re-entrant, so while [`Client::with_backend`](crate::Client::with_backend)
-//! runs, [`Lent`] records the thread and server: a call that only looks is
-//! answered, one that would change it gets a typed error. Only a failed
-//! `try_lock` asks here.
+//! Lending the locked server to a closure. The lock is not re-entrant, so
+//! while [`Client::with_backend`](crate::Client::with_backend) runs, [`Lent`]
+//! records the thread and server: a call that only looks is answered, one
+//! that would change it gets a typed error. Only a failed `try_lock` asks.
 
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
@@ -36,15 +35,13 @@ impl<T> Lent<T> {
         self.thread.load(Ordering::Relaxed) == this_thread()
     }
 
-    /// Run `f` on the server lent on this thread, or hand `f` back.
     pub(crate) fn here<R, F: FnOnce(&T) -> R>(&self, f: F) -> Result<R, F> {
         if !self.is_here() {
             return Err(f);
         }
         let server = self.server.load(Ordering::Relaxed);
         // SAFETY: stored only while a `Lending` lives, which `server` outlives;
-        // the lock is held and the server only shared-borrowed; the reference
-        // stays in `f`.
+        // the lock is held, the server shared-borrowed, the reference kept in `f`.
         Ok(f(unsafe { &*server }))
     }
 
@@ -57,7 +54,6 @@ impl<T> Lent<T> {
     }
 }
 
-/// A lending in force; see [`Lent::lend`].
 pub(crate) struct Lending<'a, T>(&'a Lent<T>);
 
 impl<T> Drop for Lending<'_, T> {

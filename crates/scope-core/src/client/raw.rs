@@ -24,21 +24,13 @@ impl<B: Backend> Client<B> {
         self.look(true, |server| server.with_memory(buffer, f))
     }
 
-    /// Run `f` with the backend, shared, under the server's lock. The calls
-    /// that change what the core tracks do not compile through it,
+    /// Run `f` with the backend, shared, under the server's lock. Calls that
+    /// change what the core tracks need [`with_backend_mut`](Self::with_backend_mut)
+    /// and its promise; through this one they do not compile:
     ///
     /// ```compile_fail
     /// fn behind_the_cores_back<B: scope_core::Backend>(c: &scope_core::Client<B>) {
     ///     c.with_backend(|b| drop(b.create_stream(scope_core::StreamId(1))));
-    /// }
-    /// ```
-    ///
-    /// only through [`with_backend_mut`](Self::with_backend_mut)'s promise:
-    ///
-    /// ```no_run
-    /// fn trimmed<B: scope_core::Backend>(c: &scope_core::Client<B>) {
-    ///     // SAFETY: trimming creates or destroys nothing the core tracks.
-    ///     let _ = unsafe { c.with_backend_mut(|b| b.trim()) };
     /// }
     /// ```
     pub fn with_backend<R>(&self, f: impl FnOnce(&B) -> R) -> R {

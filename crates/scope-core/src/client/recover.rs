@@ -21,9 +21,7 @@ impl<B: Backend> Client<B> {
     ///
     /// - [`Error::RestartRequired`]: a process-fatal fault, or no reopen.
     /// - The error the reopen met; the client may try again.
-    /// - [`Error::Refused`] when a wait on another thread outlasts
-    ///   [`RECOVER_PATIENCE`].
-    /// - The re-entrant call's error inside a `with_backend` closure.
+    /// - [`Error::Refused`]: a wait on another thread outlasted [`RECOVER_PATIENCE`].
     pub fn recover(&self) -> Result<Recovered> {
         let until = Instant::now() + RECOVER_PATIENCE;
         loop {

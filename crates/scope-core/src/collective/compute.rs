@@ -37,12 +37,10 @@ pub(crate) fn compute(kind: Call, inputs: &[&[u8]]) -> Vec<Arc<Vec<u8>>> {
     }
 }
 
-/// A 4-byte element a reduction combines.
 trait Word: Copy {
     fn from_le(bytes: [u8; 4]) -> Self;
     fn to_le(self) -> [u8; 4];
     fn combine(self, other: Self, op: Reduce) -> Self;
-    /// The sum divided by `n`, for [`Reduce::Mean`].
     fn mean(sum: Self, n: usize) -> Self;
 }
 

@@ -2,12 +2,10 @@
 //! and admits a rank that comes back (torchft's quorum; rules 54–57).
 //!
 //! 1. **A change is a meeting with the deadline** (`meeting.rs`).
-//! 2. **Membership has an epoch**; calls through an old one are
-//!    [`CollectiveError::Stale`].
-//! 3. **The transport comes along**, shrunk or joined afresh.
+//! 2. **Membership has epochs**; an old one's calls are [`CollectiveError::Stale`].
+//! 3. **The transport comes along**, shrunk or joined afresh; ranks that
+//!    joined alone rejoin instead ([`Rank::join_epoch`]).
 //! 4. **A newcomer is healed, not trusted** ([`Rank::heal`], rule 51).
-//!
-//! Ranks that joined alone rejoin instead ([`Rank::join_epoch`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,7 +105,6 @@ fn disagreement<B: Backend>(asks: &[Option<Ask<B>>]) -> Option<(usize, String)> 
     })
 }
 
-/// What kind of change a rank asks for.
 pub(super) enum Ask<B: Backend> {
     Shrink,
     Admit(Vec<Client<B>>),
@@ -292,7 +289,6 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// A membership change refused on every rank, claiming nothing.
     fn refuse(&self, number: u64, why: String) -> RefusedChange {
         RefusedChange {
             epoch: self.shared.epoch,
@@ -302,7 +298,6 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// The ranks a change does not wait for.
     fn known_gone(&self, broken: Option<&CollectiveError>) -> Vec<usize> {
         let mut gone: Vec<usize> = match broken {
             Some(CollectiveError::Missing { missing, .. }) => missing.clone(),
@@ -317,7 +312,6 @@ impl<B: Backend> Rank<B> {
         gone
     }
 
-    /// Decide a change among the ranks that `arrived`.
     fn decide_change(&self, ask: &Ask<B>, number: u64, arrived: &[usize]) -> Decided<B> {
         let shared = &*self.shared;
         let first = arrived.first().copied().unwrap_or(self.rank);

@@ -1,8 +1,7 @@
-//! Point-to-point: one rank's bytes to another, with the failure carried
-//! instead of garbage (rules 41, 42). In one process a send leaves its bytes,
-//! or their failure, in the receiver's mailbox; a silent party is
-//! [`CollectiveError::Missing`]. Across processes ([`Rank::join`]) headers
-//! are exchanged first (`remote.rs`).
+//! Point-to-point: one rank's bytes to another, or their failure, never
+//! garbage (rules 41, 42). In one process a send leaves them in the
+//! receiver's mailbox, and a silent party is [`CollectiveError::Missing`];
+//! across processes ([`Rank::join`]) headers go first (`remote.rs`).
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -32,7 +31,6 @@ pub const MAILBOX_BYTES: usize = 256 << 20;
 #[derive(Default)]
 pub(super) struct Mailbox {
     queue: VecDeque<Parcel>,
-    /// The bytes the queued parcels hold.
     queued: usize,
     /// Parcels sent and taken so far, numbering them in errors.
     sent: u64,
@@ -125,8 +123,7 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// Receive rank `from`'s next parcel: clean bytes heal `data`, a failure
-    /// is claimed on it naming `from`.
+    /// Take rank `from`'s next parcel: clean bytes heal `data`, a failure claims it.
     ///
     /// # Errors
     ///
@@ -222,7 +219,6 @@ impl<B: Backend> Rank<B> {
         Err(error)
     }
 
-    /// This rank's next transfer number with `peer`, per direction.
     fn next_transfer(&self, from: usize, to: usize) -> u64 {
         let mut state = self.shared.state.lock();
         let mailbox = state.mail.entry((from, to)).or_default();

@@ -26,7 +26,6 @@ use crate::handle::{Buffer, Slice};
 /// The bytes of one ballot, fixed so every all-gather has one count.
 pub const RECORD: usize = 1024;
 
-/// Marks a ballot record.
 const MAGIC: u32 = 0x5343_4233;
 
 /// The record layout's version: a rank refuses a ballot of another.
@@ -62,8 +61,8 @@ pub(super) trait Ballot<B: Backend>: Send + Sync {
     /// aborting the communicator; an error if a peer aborted it.
     fn settle(&self, client: &Client<B>, until: Instant) -> Result<bool>;
 
-    /// Exchange this rank's `part` of transfer `seat` with `peer`'s, the
-    /// send's first so the halves pair; errors as [`vote`](Self::vote)'s.
+    /// Swap this rank's `part` of transfer `seat` for `peer`'s, the send's
+    /// first so the halves pair; errors as [`vote`](Self::vote)'s.
     fn exchange(
         &self,
         seat: (usize, u64),
@@ -93,7 +92,6 @@ struct Ballots<B: DeviceCollectives> {
 }
 
 impl<B: DeviceCollectives> Ballots<B> {
-    /// Write this rank's record of `part`; returns the exchange's deadline.
     fn post(&self, number: u64, part: &Part, deadline: Duration) -> Result<Instant> {
         let until = Instant::now() + deadline;
         self.client.write(self.send.all(), &encode(number, part))?;
@@ -127,9 +125,8 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
                         rank,
                         ranks,
                     };
-                    // SAFETY: this rank's communicator; the server resolved
-                    // both buffers at all-gather sizes; every rank's next
-                    // call is this ballot.
+                    // SAFETY: this rank's communicator; both buffers resolved at
+                    // all-gather sizes; every rank's next call is this ballot.
                     unsafe { backend.collective(communicator, stream, &call) }
                 },
             )
@@ -261,11 +258,9 @@ pub(super) fn blame(
     }
 }
 
-/// Marks where a long failure's middle was cut.
 const CUT: &str = " [… cut …] ";
 
-/// `text` in at most `room` bytes, its middle cut out: the root cause
-/// renders last, so the end stays (rules 41, 49).
+/// `text` in `room` bytes, middle cut: the root cause renders last (rules 41, 49).
 fn fit(text: &str, room: usize) -> String {
     if text.len() <= room {
         return text.to_owned();
@@ -291,7 +286,6 @@ fn fit(text: &str, room: usize) -> String {
     format!("{}{CUT}{}", &text[..start], &text[end..])
 }
 
-/// `part` of round `round` as a ballot record.
 fn encode(round: u64, part: &Part) -> Vec<u8> {
     let mut record = vec![0u8; RECORD];
     let mut digest = 0u64;
@@ -350,7 +344,6 @@ enum Unread {
     Unreadable(String),
 }
 
-/// A rank's record, read in round `round`, as the part it stands for.
 fn decode(round: u64, record: &[u8]) -> std::result::Result<Part, Unread> {
     let word = |at: usize| {
         u32::from_le_bytes([record[at], record[at + 1], record[at + 2], record[at + 3]])
@@ -458,9 +451,9 @@ fn tally(
 }
 
 impl<B: DeviceCollectives> Rank<B> {
-    /// Rank `rank` of `ranks` whose peers, in other processes, join with the
-    /// same `identity`; collectives decide by ballot ([`remote`](self)).
-    /// `deadline` bounds the join's wait too, so it must cover the library's setup.
+    /// Rank `rank` of `ranks`, joined by peers in other processes with the same
+    /// `identity`; collectives decide by ballot ([`remote`](self)). `deadline`
+    /// bounds the join too, so it must cover the library's setup.
     ///
     /// # Errors
     ///
@@ -590,7 +583,6 @@ impl<B: Backend> Rank<B> {
 mod tests {
     use super::*;
 
-    /// Every call and status reads back as written; long text is cut.
     #[test]
     fn a_ballot_reads_back_as_written() {
         let calls = [
@@ -651,7 +643,6 @@ mod tests {
         }
     }
 
-    /// A long failure loses its middle, in whole characters.
     #[test]
     fn a_long_failure_loses_its_middle_not_its_root_cause() {
         let nested = format!(
@@ -672,7 +663,6 @@ mod tests {
         assert!(kept.len() <= 61 && kept.starts_with('é') && kept.ends_with('é'));
     }
 
-    /// A record of another round, or one scope did not write, is no vote.
     #[test]
     fn a_foreign_or_stale_ballot_is_no_vote() {
         let part = Part {
@@ -697,7 +687,6 @@ mod tests {
         }
     }
 
-    /// What this build cannot read is refused on every rank, never guessed.
     #[test]
     fn a_ballot_this_build_cannot_read_is_refused_on_every_rank() {
         let part = Part {

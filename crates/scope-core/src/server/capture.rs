@@ -40,8 +40,7 @@ impl<B: Backend> Server<B> {
         let index = self.stream_index(stream);
         self.streams[index].window.prepare(stream)?;
         let state = &mut self.streams[index];
-        // SAFETY: this server's stream; `prepare` refused an open window, so it
-        // is not recording.
+        // SAFETY: this server's stream, not recording: `prepare` refuses otherwise.
         let started = unsafe { self.backend.flush(&mut state.device) }
             // SAFETY: as above.
             .and_then(|()| unsafe { self.backend.begin_capture(&mut state.device) });
@@ -136,8 +135,7 @@ impl<B: Backend> Server<B> {
         Ok(())
     }
 
-    /// Throw `stream`'s window away: its work never runs, so its write set
-    /// is claimed again. Allowed on a poisoned device.
+    /// Discard `stream`'s window, claiming its unrun writes; allowed when poisoned.
     pub(super) fn abort_window(&mut self, stream: StreamId) {
         let index = self.stream_index(stream);
         let state = &mut self.streams[index];
@@ -215,7 +213,6 @@ impl<B: Backend> Server<B> {
         let maybe_written = entry.maybe_written.clone();
         let mut written = self.write_set();
         written.extend_from_slice(&graph_written);
-        // Indirect writes join the write set only where clean; none heals.
         for r in &maybe_written {
             self.table.ledger.unclaimed(*r, &mut written);
         }
@@ -258,7 +255,6 @@ impl<B: Backend> Server<B> {
         self.conclude(stream, outcome)
     }
 
-    /// Refuse a replay that would use a freed buffer's memory.
     fn refuse_freed(&self, graph: &Graph, entry: &GraphEntry<B::Graph>) -> Result<()> {
         let buffers = entry.written.iter().chain(&entry.read);
         match buffers

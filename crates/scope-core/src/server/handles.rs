@@ -3,7 +3,6 @@
 use super::*;
 
 impl<B: Backend> Server<B> {
-    /// Resolve `slice` of `buffer` to a validated range of a live buffer.
     pub(crate) fn resolve(
         &self,
         buffer: &Buffer,
@@ -45,8 +44,7 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// A new logical stream, living as long as the server, since backends
-    /// index tables by id; bounded by [`MAX_STREAMS`].
+    /// A stream kept for good, as backends index by id; at most [`MAX_STREAMS`].
     pub(crate) fn create_stream(&mut self) -> Result<StreamId> {
         self.check_poison()?;
         if self.streams.len() >= MAX_STREAMS {
@@ -71,8 +69,7 @@ impl<B: Backend> Server<B> {
         Ok(id)
     }
 
-    /// A stream for the core's own use, reused, so re-forming groups does
-    /// not exhaust [`MAX_STREAMS`].
+    /// A reused stream for the core: re-formed groups never exhaust [`MAX_STREAMS`].
     pub(crate) fn lend_stream(&mut self) -> Result<StreamId> {
         self.check_poison()?;
         match self.spare_streams.pop() {
@@ -167,7 +164,6 @@ impl<B: Backend> Server<B> {
         Ok(self.insert_failed(stream, size, error))
     }
 
-    /// Release what a dropped handle named (see `handle::Dropped`).
     pub(crate) fn release(&mut self, dropped: Dropped) {
         match dropped {
             Dropped::Buffer(id) => self.free(id),

@@ -1,6 +1,5 @@
-//! Launches: bindings resolved, checked and listed in one pass, then run
-//! in a scope (rules 17–22, 38). Apart from `work.rs` as the hot path,
-//! measured by `benches/launch_path.rs`.
+//! Launches, the hot path (`benches/launch_path.rs`): bindings resolved,
+//! checked and listed in one pass, then run in a scope (rules 17–22, 38).
 
 use super::handles;
 use super::ordering::{any_capturing, refuse_recorded_while_capturing};
@@ -23,8 +22,7 @@ impl<B: Backend> Server<B> {
         self.launch_scoped(stream, kernel, bindings, scalars, dispatch, false)
     }
 
-    /// An uncached kernel, compiled only once its arguments passed; a
-    /// compile error claims `written` (rule 21).
+    /// Compile once the arguments pass; a compile error claims `written` (rule 21).
     #[cold]
     #[inline(never)]
     fn launch_uncompiled(
@@ -68,7 +66,6 @@ impl<B: Backend> Server<B> {
             Dispatch::Groups(groups) => groups.contains(&0),
             Dispatch::Indirect(_) => false,
         };
-        // A clean launch's write set: its written bindings.
         let mut written = books.write_set();
         let writes_all = !indirect && !runs_nothing;
         let mut bound: Few<Bound<'_, B::Memory>, 8> = Few::new();
@@ -123,7 +120,6 @@ impl<B: Backend> Server<B> {
                 written.push(r);
             }
         }
-        // `None` when the counts' buffer has no memory.
         let bound_dispatch = match dispatch {
             Dispatch::Groups(groups) => Some(BoundDispatch::Groups(groups)),
             Dispatch::Indirect(slice) => {
@@ -154,14 +150,12 @@ impl<B: Backend> Server<B> {
             .iter()
             .map(|b| b.slice.buffer.id())
             .chain(indirect_buffer);
-        // Where no stream captures, nothing is refused or recorded.
         let capturing = any_capturing(books.streams);
         if capturing {
             refuse_recorded_while_capturing(books.streams, books.ledger, stream, touched.clone())?;
         }
         if indirect {
-            // An indirect launch may write nothing, so it heals nothing: only
-            // clean bytes join its write set.
+            // Indirect: it may write nothing, so only clean bytes join its write set.
             for binding in bindings.iter().filter(|b| b.access.writes()) {
                 let r = BufferRange {
                     buffer: binding.slice.buffer.id(),
@@ -193,8 +187,7 @@ impl<B: Backend> Server<B> {
         if let Dispatch::Groups(groups) = dispatch {
             crate::backend::grid_within(name, groups, device.rules.max_workgroups)?;
         }
-        // Checked before the scope opens, so an impossible launch claims
-        // nothing. `None` when a buffer has no memory.
+        // Checked before the scope opens, so an impossible launch claims nothing.
         let launch = match bound_dispatch {
             Some(dispatch) if all_allocated => Some(Launch {
                 name,
@@ -207,7 +200,6 @@ impl<B: Backend> Server<B> {
         if let Some(launch) = &launch {
             device.backend.check_launch(compiled, launch)?;
         }
-        // The ranges it reads, for a skip or a recording.
         let recording = capturing
             && books.streams[books.stream_index(stream)]
                 .window
@@ -217,8 +209,7 @@ impl<B: Backend> Server<B> {
         } else {
             Few::new()
         };
-        // Never a `Result` of a scope: its layout cost a store-forwarding
-        // stall (`benches/launch_path.rs`).
+        // Not a scope's `Result`: its layout cost a store-forwarding stall.
         let running = if inputs_clean {
             ExecuteScope::entering(&mut books, name, stream, &read, written, indirect)
         } else {

@@ -40,7 +40,6 @@ impl<B: Backend> Server<B> {
         )
     }
 
-    /// Make `stream` wait for the last users of `touched` ([`Books::order`]).
     pub(super) fn order(&mut self, stream: StreamId, touched: &[BufferId]) -> Result<()> {
         debug_assert!(
             self.refuse_recorded_elsewhere(stream, touched).is_ok(),
@@ -70,8 +69,7 @@ impl<B: Backend> Server<B> {
         }
     }
 
-    /// Submit `stream`'s work and return a wait for the client to run
-    /// unlocked; `site` is the fault-plan site it stands for.
+    /// Submit `stream`'s work for an unlocked wait; `site` is its fault-plan site.
     pub(super) fn begin_wait(
         &mut self,
         stream: StreamId,
@@ -180,8 +178,6 @@ impl<B: Backend> Server<B> {
     /// 1. a sticky fault poisons the device (rule 36);
     /// 2. another device fault lands on all the stream had in flight (rule 23);
     /// 3. past its limit the in-flight list is bounded by a sync.
-    ///
-    /// Only the success check is inlined.
     #[inline(always)]
     pub(super) fn conclude<R>(&mut self, stream: StreamId, outcome: ScopedOutcome<R>) -> Result<R> {
         let index = self.stream_index(stream);
@@ -232,7 +228,6 @@ impl<S> Books<'_, S> {
         mine: bool,
     ) -> Result<()> {
         let to = self.stream_index(stream);
-        // The common case: nothing waits or changes hands.
         let mine = mine
             || touched
                 .clone()
@@ -259,7 +254,6 @@ impl<S> Books<'_, S> {
     ) -> Result<()> {
         let to = self.stream_index(stream);
         let mut waited: SmallVec<[usize; 4]> = SmallVec::new();
-        // Buffers changing hands; empty in the common case.
         let mut moved: SmallVec<[BufferId; 8]> = SmallVec::new();
         for id in touched.clone() {
             let Some(entry) = self.ledger.get(id) else {
@@ -302,8 +296,7 @@ impl<S> Books<'_, S> {
         Ok(())
     }
 
-    /// Note that work on stream `index` writes `written`. Bounding the list
-    /// is [`conclude`](Server::conclude)'s, so the clean exit heals no fault.
+    /// [`conclude`](Server::conclude) bounds the list: a clean exit heals no fault.
     #[inline(always)]
     pub(super) fn note_in_flight(&mut self, index: usize, written: &[BufferRange]) {
         let state = &mut self.streams[index];
@@ -366,10 +359,9 @@ impl<'s, B: Backend> Device<'s, B> {
     }
 }
 
-/// Refuse a use of a buffer last used in another stream's open window,
-/// whose work runs only at replay, unless it came before that capture and
-/// `stream` does not record. Asked before the scope opens, so a refusal
-/// claims nothing (rule 38).
+/// Refuse a buffer last used in another stream's open window, which runs at
+/// replay, unless that use preceded the capture and `stream` does not record.
+/// Asked before the scope opens, so a refusal claims nothing (rule 38).
 #[inline]
 pub(super) fn refuse_recorded_elsewhere<S>(
     streams: &[StreamState<S>],
@@ -377,7 +369,6 @@ pub(super) fn refuse_recorded_elsewhere<S>(
     stream: StreamId,
     touched: impl Iterator<Item = BufferId>,
 ) -> Result<()> {
-    // The common case: nothing is capturing.
     if any_capturing(streams) {
         return refuse_recorded_while_capturing(streams, ledger, stream, touched);
     }

@@ -1,13 +1,12 @@
-//! A lost device opened again, with every handle kept (rules 51–53): a
-//! failure of every byte it held, which heals when rewritten.
+//! A lost device opened again, with every handle kept (rules 51–53): a failure
+//! of every byte it held, which heals when rewritten. Unlocked waits are
+//! waited out first ([`Waits`]).
 //!
 //! 1. **Give the lost device up**, within the wait timeout: captures
 //!    aborted (rule 33), graphs lost, allocations freed.
 //! 2. **Refuse a process-fatal fault** with [`Error::RestartRequired`].
 //! 3. **Open it again** ([`Backend::reopen`]); a refusal leaves it poisoned.
 //! 4. **Make every allocation again**, claimed, or carrying why not (rule 28).
-//!
-//! Waits outside the lock are waited out first ([`Waits`]).
 
 use std::time::Instant;
 
@@ -58,7 +57,6 @@ impl Waits {
         *self.count.lock() > 0
     }
 
-    /// Block until no wait runs or `until` passes.
     pub(crate) fn wait_out(&self, until: Instant) {
         let mut count = self.count.lock();
         while *count > 0 {
@@ -123,7 +121,6 @@ impl<B: Backend> Server<B> {
         }))
     }
 
-    /// The waits running without the lock, for a recovery to wait out.
     pub(crate) fn waits(&self) -> Arc<Waits> {
         self.waits.clone()
     }
@@ -259,7 +256,6 @@ mod tests {
     use crate::null::{Null, Script};
     use crate::{Client, Error, Recovered, Result, StreamId};
 
-    /// Fails every launch with a fault of `class`; counts reopens.
     struct Faulty {
         class: FaultClass,
         reopens: Arc<AtomicUsize>,
@@ -283,7 +279,6 @@ mod tests {
         }
     }
 
-    /// A client poisoned by a fault of `class`, its reopens and its buffer.
     fn poisoned(class: FaultClass) -> (Client<Null<Faulty>>, Arc<AtomicUsize>, Buffer) {
         let reopens = Arc::new(AtomicUsize::new(0));
         let script = Faulty {
@@ -324,7 +319,6 @@ mod tests {
         }
     }
 
-    /// The same code name classed sticky reopens: the class decides.
     #[test]
     fn a_sticky_fault_of_the_same_name_reopens() {
         let (client, reopens, _out) = poisoned(FaultClass::Sticky);

@@ -179,7 +179,6 @@ impl<B: Backend> Server<B> {
         Ok(out)
     }
 
-    /// Read `r` on the device, ordered behind its last user.
     #[cfg(feature = "fault-injection")]
     pub(super) fn device_read(
         &mut self,
@@ -297,7 +296,6 @@ impl<B: Backend> Server<B> {
         )
     }
 
-    /// A collective library call as this server's work, like any other.
     fn issue_library_call(
         &mut self,
         stream: StreamId,
@@ -367,7 +365,6 @@ impl<B: Backend> Server<B> {
         self.ensure_compiled(stream, kernel).map(drop)
     }
 
-    /// Compile `kernel` unless the cache has it; its index in the cache.
     pub(super) fn ensure_compiled(&mut self, stream: StreamId, kernel: &Kernel) -> Result<usize> {
         let id = kernel.id();
         if let Some((last, index)) = self.last_kernel
@@ -424,14 +421,12 @@ impl<B: Backend> Server<B> {
         self.begin_wait(stream, Some(Site::Sync))
     }
 
-    /// A wait on `stream`'s work for the watchdog to poll.
     pub(crate) fn begin_watch(&mut self, stream: StreamId) -> Result<PendingWait<B>> {
         self.check_poison()?;
         self.refuse_if_recording(stream, "a watch")?;
         self.begin_wait(stream, None)
     }
 
-    /// Submit what `stream` has batched, without waiting.
     pub(crate) fn flush(&mut self, stream: StreamId) -> Result<()> {
         self.check_poison()?;
         let index = self.stream_index(stream);
@@ -446,7 +441,6 @@ impl<B: Backend> Server<B> {
         flushed
     }
 
-    /// Claim `slices` with `error` for work that never started (rule 21).
     pub(crate) fn fail_writing(
         &mut self,
         stream: StreamId,
