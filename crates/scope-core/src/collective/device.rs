@@ -574,6 +574,20 @@ impl<B: Backend> Rank<B> {
                     let mut state = self.shared.state.lock();
                     let first = state.first_failed.is_none();
                     state.first_failed.get_or_insert(self.rank);
+                    if first && state.broken.is_none() {
+                        // Marked before the abort, so the watchdog never
+                        // reports the abort as a peer's own failure.
+                        let round = state.rounds.last(self.rank);
+                        let error = super::round::issue_failed(
+                            kind.name(),
+                            round,
+                            self.rank,
+                            cause.clone(),
+                        );
+                        state.broken = Some(Arc::new(error));
+                        state.failed_from = Some(state.failed_from.map_or(round, |f| f.min(round)));
+                        self.shared.changed.notify_all();
+                    }
                     first
                 };
                 // Release peers waiting inside the library first.
