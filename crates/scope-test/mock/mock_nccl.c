@@ -5,7 +5,9 @@
  * tests depend on (scope_test::clib::MOCK_NCCL). It is not NCCL: there is
  * no network and no kernel; a collective's bytes move when the last rank
  * of the communicator posts its part, on that rank's thread, between the
- * mock driver's "device" allocations (host memory).
+ * mock driver's "device" allocations (host memory). A driver that holds
+ * work behind a collective (see "held work" below) holds a post too: it
+ * is placed when its stream reaches it.
  *
  * server-cuda's tests build it with -Wl,-soname,libnccl.so and load it by
  * absolute path before cudarc looks for "libnccl.so" (see their
@@ -233,6 +235,25 @@ static int record_call(void *stream, const recorded *r) {
 static unsigned long long stream_op(void *s) {
   unsigned long long (*f)(void *) = (unsigned long long (*)(void *))driver_hook("scope_mock_stream_op");
   return f ? f(s) : 0;
+}
+
+/* ----- held work (the driver's queue behind a collective) -----
+ * A local post is a part of its stream that is open until its call runs
+ * or its communicator is aborted: the driver holds the work ordered after
+ * an open part (scope_mock_part_opened, scope_mock_part_closed) and runs
+ * it once the part closed, as a GPU runs work behind NCCL's kernel. A
+ * post issued on a stream that holds work is placed only when the stream
+ * reaches it (scope_mock_hold_post; place_held below): its call's number
+ * is taken when it is issued, as NCCL's is, and the call runs when every
+ * rank's part is placed. A driver without the hooks runs everything when
+ * it is issued. */
+static void part_opened(void *stream, unsigned long long seq) {
+  void (*f)(void *, unsigned long long) = (void (*)(void *, unsigned long long))driver_hook("scope_mock_part_opened");
+  if (f) f(stream, seq);
+}
+static void part_closed(void *stream, unsigned long long seq) {
+  void (*f)(void *, unsigned long long) = (void (*)(void *, unsigned long long))driver_hook("scope_mock_part_closed");
+  if (f) f(stream, seq);
 }
 
 /* ----- timed mode (the driver's model of device time) -----
@@ -725,7 +746,10 @@ int ncclCommAbort(comm *m) {
     /* Timed mode: what waited for peers ends now (under this lock, so a
      * driver that finds nothing pending finds the parts ended). */
     for (call *k = m->c->calls; k; k = k->next)
-      for (int r = 0; r < m->c->nranks; r++) end_part(&k->posts[r].part);
+      for (int r = 0; r < m->c->nranks; r++) {
+        end_part(&k->posts[r].part);
+        if (k->posts[r].posted) part_closed(k->posts[r].stream, k->posts[r].seq);
+      }
     for (transfer *t = m->c->transfers; t; t = t->next) {
       end_part(&t->send_part);
       end_part(&t->recv_part);
@@ -933,6 +957,11 @@ static int post_shared(comm *m, int kind, const void *send, void *recv, size_t c
   return SUCCESS;
 }
 
+/* A post issued where its stream holds work: placed when it is reached. */
+typedef struct { comm *m; unsigned long long call_seq; post p; } held_post;
+static int place(comm *m, unsigned long long seq, post p);
+static int hold_post(void *stream, const held_post *h);
+
 /* Post a call on `stream`: now (stream_seq 0: a new operation of the
  * stream, or recorded if the stream captures), or as part of a graph's
  * replay, operation `stream_seq` of the stream. */
@@ -966,6 +995,28 @@ static int post_call(comm *m, int kind, const void *send, void *recv, size_t cou
     return SUCCESS;
   }
   unsigned long long seq = m->next_seq++;
+  if (stream_seq) {
+    p.seq = stream_seq;
+    p.part = replay_part(stream);
+  } else {
+    p.seq = stream_part(stream, &p.part);
+  }
+  held_post h = {m, seq, p};
+  if (hold_post(stream, &h)) return SUCCESS;
+  return place(m, seq, p);
+}
+
+/* Place rank `m`'s post `p` of call number `seq` (the lock held): the
+ * call runs, and every part of it closes, when its last part is placed.
+ * A post placed after its communicator was aborted or destroyed ends
+ * there, as NCCL's kernel returns after an abort. */
+static int place(comm *m, unsigned long long seq, post p) {
+  clique *c = m->c;
+  int n = c->nranks;
+  if (c->aborted || m->destroyed) {
+    end_part(&p.part);
+    return REMOTE;
+  }
   call *k = c->calls;
   while (k && k->seq != seq) k = k->next;
   if (!k) {
@@ -976,32 +1027,46 @@ static int post_call(comm *m, int kind, const void *send, void *recv, size_t cou
   }
   for (int r = 0; r < n; r++) {
     const post *q = &k->posts[r];
-    if (q->posted && (q->kind != kind || q->count != count || q->dtype != dtype || q->op != op || q->root != root)) {
+    if (q->posted && (q->kind != p.kind || q->count != p.count || q->dtype != p.dtype || q->op != p.op ||
+                      q->root != p.root)) {
       k->mismatched = 1;
+      end_part(&p.part);
       return refuse(INVALID_USAGE, "call #%llu: rank %d posted %s of %zu (type %d, op %d, root %d) where rank %d "
-                    "posted %s of %zu (type %d, op %d, root %d)", seq, m->rank, name, count, dtype, op, root, r,
-                    CALLS[q->kind], q->count, q->dtype, q->op, q->root);
+                    "posted %s of %zu (type %d, op %d, root %d)", seq, m->rank, CALLS[p.kind], p.count, p.dtype,
+                    p.op, p.root, r, CALLS[q->kind], q->count, q->dtype, q->op, q->root);
     }
-  }
-  if (stream_seq) {
-    p.seq = stream_seq;
-    p.part = replay_part(stream);
-  } else {
-    p.seq = stream_part(stream, &p.part);
   }
   k->posts[m->rank] = p;
   k->nposted++;
+  part_opened(p.stream, p.seq);
   if (k->nposted == n && !k->mismatched) {
     run(k, n);
     void *parts[MAX_RANKS];
     for (int r = 0; r < n; r++) parts[r] = k->posts[r].part;
-    join_parts(c, parts, n, count * 4);
+    join_parts(c, parts, n, p.count * 4);
     for (call **at = &c->calls; *at; at = &(*at)->next)
       if (*at == k) { *at = k->next; break; }
+    for (int r = 0; r < n; r++) part_closed(k->posts[r].stream, k->posts[r].seq);
     free(k);
     pthread_cond_broadcast(&changed);
   }
   return SUCCESS;
+}
+
+/* The driver's hook for a held post its stream reached. */
+static void place_held(const void *blob, void *stream, unsigned long long stream_seq) {
+  LOCKED;
+  const held_post *h = blob;
+  (void)stream;
+  (void)stream_seq;
+  place(h->m, h->call_seq, h->p);
+}
+
+static int hold_post(void *stream, const held_post *h) {
+  typedef void (*hook)(const void *, void *, unsigned long long);
+  int (*f)(void *, unsigned long long, hook, const void *, size_t) =
+      (int (*)(void *, unsigned long long, hook, const void *, size_t))driver_hook("scope_mock_hold_post");
+  return f ? f(stream, h->p.seq, place_held, h, sizeof *h) : 0;
 }
 
 /* A graph holding a recorded call was replayed on `stream` as its

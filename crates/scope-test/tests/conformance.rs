@@ -56,7 +56,7 @@ scope_test::conformance_tests!(HostSuite);
 /// The collective behaviours again, over the host's device transport
 /// ([`host::Loopback`]): the path a CUDA group takes through NCCL — the
 /// agreement before any byte moves, the library's call as device work, the
-/// second meeting, the abort — on every machine.
+/// abort — on every machine.
 mod over_device {
     use super::*;
     use scope_core::collective::Group;

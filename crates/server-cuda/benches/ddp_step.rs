@@ -330,13 +330,13 @@ fn raw(clients: &[Client<Cuda>], shape: Shape, buckets: usize) -> Step {
     let (fill_ptx, accumulate_ptx) = (compile(FILL), compile(ACCUMULATE));
     let per_bucket = shape.layers / buckets;
     let words = shape.words as usize * shape.layers;
-    let (start, posted) = (Barrier::new(ranks), Barrier::new(ranks));
+    let start = Barrier::new(ranks);
     let times: Vec<(Duration, u64)> = std::thread::scope(|scope| {
         let threads: Vec<_> = clients
             .iter()
             .enumerate()
             .map(|(rank, client)| {
-                let (id, start, posted) = (&id, &start, &posted);
+                let (id, start) = (&id, &start);
                 let (fill_ptx, accumulate_ptx) = (fill_ptx.clone(), accumulate_ptx.clone());
                 scope.spawn(move || {
                     let (ctx, comm) = join_raw(&table, client, id, (rank, ranks));
@@ -397,12 +397,6 @@ fn raw(clients: &[Client<Cuda>], shape: Shape, buckets: usize) -> Step {
                                 )
                             };
                             assert_eq!(called, 0, "ncclAllReduce");
-                            // The mock's kernels run when issued: no rank may
-                            // issue work on a bucket before every rank's call
-                            // moved it. Scope's ranks meet there too; on a GPU
-                            // this costs the host microseconds, the device
-                            // nothing.
-                            posted.wait();
                         }
                         let reduced = comm_stream.record_event(None).expect("event");
                         compute.wait(&reduced).expect("wait");
@@ -469,34 +463,22 @@ pub fn call_time(clients: &[Client<Cuda>], bytes: u64, trials: usize) -> Duratio
         times.remove(0);
         times
     });
-    let mut slowest: Vec<Duration> = (0..trials)
-        .map(|t| {
-            per_rank
-                .iter()
-                .map(|times| times[t])
-                .max()
-                .unwrap_or_default()
-        })
-        .collect();
-    slowest.sort();
-    slowest[slowest.len() / 2]
+    median_of_slowest(&per_rank, trials)
 }
 
-/// [`call_time`] for the raw `ncclAllReduce` on a communication stream:
-/// the call alone, and the call with the barrier the raw schedule meets
-/// after it over the mock (whose kernels run when issued).
-pub fn raw_call_time(clients: &[Client<Cuda>], bytes: u64, trials: usize) -> (Duration, Duration) {
+/// [`call_time`] for the raw `ncclAllReduce` on a communication stream.
+pub fn raw_call_time(clients: &[Client<Cuda>], bytes: u64, trials: usize) -> Duration {
     let ranks = clients.len();
     let table = nccl();
     let id = unique_id(&table);
-    let (start, posted) = (Barrier::new(ranks), Barrier::new(ranks));
+    let start = Barrier::new(ranks);
     let words = (bytes / 4).max(1) as usize;
-    let per_rank: Vec<Vec<(Duration, Duration)>> = std::thread::scope(|scope| {
+    let per_rank: Vec<Vec<Duration>> = std::thread::scope(|scope| {
         let threads: Vec<_> = clients
             .iter()
             .enumerate()
             .map(|(rank, client)| {
-                let (table, id, start, posted) = (&table, &id, &start, &posted);
+                let (table, id, start) = (&table, &id, &start);
                 scope.spawn(move || {
                     let (ctx, comm) = join_raw(table, client, id, (rank, ranks));
                     let comm_stream = ctx.new_stream().expect("stream");
@@ -520,10 +502,8 @@ pub fn raw_call_time(clients: &[Client<Cuda>], bytes: u64, trials: usize) -> (Du
                                 comm_stream.cu_stream().cast(),
                             )
                         };
-                        let call = began.elapsed();
+                        times.push(began.elapsed());
                         assert_eq!(called, 0, "ncclAllReduce");
-                        posted.wait();
-                        times.push((call, began.elapsed()));
                     }
                     comm_stream.synchronize().expect("sync");
                     drop(data);
@@ -539,20 +519,22 @@ pub fn raw_call_time(clients: &[Client<Cuda>], bytes: u64, trials: usize) -> (Du
             .map(|t| t.join().expect("rank"))
             .collect()
     });
-    let median_of_slowest = |pick: fn(&(Duration, Duration)) -> Duration| {
-        let mut slowest: Vec<Duration> = (0..trials)
-            .map(|t| {
-                per_rank
-                    .iter()
-                    .map(|times| pick(&times[t]))
-                    .max()
-                    .unwrap_or_default()
-            })
-            .collect();
-        slowest.sort();
-        slowest[slowest.len() / 2]
-    };
-    (median_of_slowest(|t| t.0), median_of_slowest(|t| t.1))
+    median_of_slowest(&per_rank, trials)
+}
+
+/// The median over `trials` of the slowest rank's time.
+fn median_of_slowest(per_rank: &[Vec<Duration>], trials: usize) -> Duration {
+    let mut slowest: Vec<Duration> = (0..trials)
+        .map(|t| {
+            per_rank
+                .iter()
+                .map(|times| times[t])
+                .max()
+                .unwrap_or_default()
+        })
+        .collect();
+    slowest.sort();
+    slowest[slowest.len() / 2]
 }
 
 fn main() {

@@ -493,8 +493,9 @@ impl<B: Backend> Rank<B> {
         }
     }
 
-    /// Issue an agreed round's call, then [`settle`](Self::settle) it; a part
-    /// on a communication stream is left to the watchdog.
+    /// Issue an agreed round's call; a part on a communication stream is
+    /// left to the watchdog. A recorded round, a round across processes and
+    /// a draining group's [`settle`](Self::settle) it.
     pub(super) fn issue(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
         let Some(device) = &self.shared.device else {
             return Err(Error::internal(
@@ -506,9 +507,29 @@ impl<B: Backend> Rank<B> {
         let issued = self.fly((round.round, kind.name()), writes, || {
             device.issue(self.rank, self.client(), (kind, round), input, output)
         });
-        let len = input.range.end.saturating_sub(input.range.start);
-        self.settle(Kind::Call(kind), len, issued, Written::Output(output))?;
-        self.claim_if_failed_in_flight(round.round, Written::Output(output))
+        let recorded = self.client().capture_state() == CaptureState::Recording;
+        if self.shared.ballot.is_some() || recorded || self.shared.draining {
+            let len = input.range.end.saturating_sub(input.range.start);
+            self.settle(Kind::Call(kind), len, issued, Written::Output(output))?;
+            return self.claim_if_failed_in_flight(round.round, Written::Output(output));
+        }
+        self.issued_here((kind, round.round), issued, output)
+    }
+
+    /// In one process the ranks meet once. A failed call fails its round
+    /// in flight ([`Shared::fail_in_flight`]), so a peer may return first,
+    /// its output claimed as work in flight is (rule 47).
+    fn issued_here(
+        &self,
+        (kind, round): (Call, u64),
+        issued: Result<()>,
+        output: Slice<'_>,
+    ) -> Result<()> {
+        if let Err(cause) = issued {
+            let error = super::round::issue_failed(kind.name(), round, self.rank, cause);
+            self.shared.fail_in_flight(round, &error);
+        }
+        self.claim_if_failed_in_flight(round, Written::Output(output))
     }
 
     /// Issue this rank's part of round `round` with `issue`, remembered as
@@ -525,9 +546,11 @@ impl<B: Backend> Rank<B> {
             client: self.client().clone(),
             mark: self.client().in_flight_mark(),
             writes,
+            issuing: true,
         };
         match self.shared.take_off(flight).and_then(|()| issue()) {
             Ok(Some(part)) => {
+                self.shared.issued(self.rank, round);
                 self.shared.watch((self.rank, round, collective), part);
                 Ok(())
             }
@@ -591,9 +614,7 @@ impl<B: Backend> Rank<B> {
                     first
                 };
                 // Release peers waiting inside the library first.
-                if let Some(device) = &self.shared.device {
-                    device.abort_all();
-                }
+                self.shared.abort_after_claims();
                 Input::IssueFailed(cause, first)
             }
         };

@@ -99,6 +99,9 @@ pub(super) struct Flight<B: Backend> {
     pub(super) client: Client<B>,
     /// The rank's stream's in-flight mark at issue: what came after.
     pub(super) mark: u64,
+    /// Still inside its issue, maybe holding its server's lock in a
+    /// transport that blocks: its own rank claims it (`fail_in_flight`).
+    pub(super) issuing: bool,
     pub(super) writes: Writes,
 }
 
@@ -208,6 +211,17 @@ impl<B: Backend> Shared<B> {
         marked(&self.state.lock(), round)
     }
 
+    /// Rank `rank`'s part of round `round` went out: claimed by whoever
+    /// fails its round from now on.
+    pub(super) fn issued(&self, rank: usize, round: u64) {
+        let mut state = self.state.lock();
+        for flight in &mut state.flights {
+            if flight.rank == rank && flight.round == round {
+                flight.issuing = false;
+            }
+        }
+    }
+
     /// Rank `rank`'s part of round `round` is no longer in flight.
     pub(super) fn landed(&self, rank: usize, round: u64) {
         let mut state = self.state.lock();
@@ -239,10 +253,13 @@ impl<B: Backend> Shared<B> {
             let mut state = self.state.lock();
             let first = state.failed_from.map_or(round, |f| f.min(round));
             state.failed_from = Some(first);
-            let (failed, kept) = std::mem::take(&mut state.flights)
+            let (mut failed, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut state.flights)
                 .into_iter()
                 .partition(|f| f.round >= first);
             state.flights = kept;
+            // A part still issuing claims its own output once its issue
+            // returns; claiming it here could wait on its server's lock.
+            failed.retain(|f| !f.issuing);
             state.failing += 1;
             // The cause is kept with the mark: a part that sees the mark
             // before the claims below are done claims with it.
@@ -270,13 +287,30 @@ impl<B: Backend> Shared<B> {
                 .client
                 .fail_in_flight_since(flight.mark, failure.clone());
         }
-        if let Some(device) = &self.device {
-            device.abort_all();
-        }
         let mut state = self.state.lock();
         state.failing -= 1;
-        if state.flights.is_empty() && state.failing == 0 {
-            self.all_landed.notify_all();
+        if state.failing == 0 {
+            self.abort_claimed(&state);
+            if state.flights.is_empty() {
+                self.all_landed.notify_all();
+            }
+        }
+    }
+
+    /// Abort the communicators unless a claim is under way, whose claimer
+    /// aborts once done: an abort ends the parts it has yet to claim, and a
+    /// read of one could then pass as clean.
+    pub(super) fn abort_after_claims(&self) {
+        let state = self.state.lock();
+        if state.failing == 0 {
+            self.abort_claimed(&state);
+        }
+    }
+
+    /// Under the lock, so no claim starts before the abort ends.
+    fn abort_claimed(&self, _claims_done: &State<B>) {
+        if let Some(device) = &self.device {
+            device.abort_all();
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The reference server's device transport: an in-process communicator
 //! that behaves as NCCL's does where the group relies on it, so that the
 //! device path of [`Group::over_device`](scope_core::collective::Group::over_device)
-//! — the agreement, the call, the second meeting, the abort — runs on every
+//! — the agreement, the call, the abort — runs on every
 //! machine, and the conformance suite's collectives run on it beside host
 //! staging.
 //!

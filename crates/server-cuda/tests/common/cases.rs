@@ -412,17 +412,26 @@ pub fn nccl_collectives_and_their_failure_rules_on_every_device(first: &Client<C
         if rank.index() == 0 {
             c.inject(FaultPlan::new().fail(Site::Collective, 1, Error::internal("rank 0's call")));
         }
-        rank.all_reduce(input.all(), input.all(), Element::U32, Reduce::Sum)
-            .unwrap_err()
+        let called = rank.all_reduce(input.all(), input.all(), Element::U32, Reduce::Sum);
+        // A peer whose call went out may return before it learns; its
+        // output carries the failure either way (rule 47).
+        let claimed = c.read(&input).unwrap_err();
+        (rank.index(), called, claimed)
     });
-    for error in broken {
-        let Error::Collective(c) = &error else {
-            panic!("{error}")
-        };
+    for (rank, called, claimed) in broken {
         assert!(
-            matches!(**c, CollectiveError::IssueFailed { rank: 0, .. }),
-            "{error}"
+            rank != 0 || called.is_err(),
+            "rank 0's failed call returned Ok"
         );
+        for error in called.err().iter().chain([claimed.root()]) {
+            let Error::Collective(c) = error else {
+                panic!("{error}")
+            };
+            assert!(
+                matches!(**c, CollectiveError::IssueFailed { rank: 0, .. }),
+                "{error}"
+            );
+        }
     }
     assert!(group.broken().is_some());
     drop(group);

@@ -2,7 +2,9 @@
  * A mock of the CUDA driver API, for running the server's Rust on machines
  * without an NVIDIA GPU. It is not CUDA: "device" memory is host memory,
  * work runs when it is issued (or is recorded into a graph while its stream
- * captures), and the only kernels are the ones the mock NVRTC
+ * captures) unless it is ordered after a collective still waiting for its
+ * peers, when it is held until that collective ran (see "held work"), and
+ * the only kernels are the ones the mock NVRTC
  * (mock_nvrtc.c) recognises — fill, copy, add, accumulate, and wild, which
  * writes through a wild pointer and leaves a sticky
  * CUDA_ERROR_ILLEGAL_ADDRESS on the context, surfacing at the next sync;
@@ -28,7 +30,8 @@
  * host wait (cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize)
  * or an event query that finds the work done (cuEventQuery) advances
  * "done"; work runs as it is issued, so only a collective the mock NCCL
- * holds until its peers post is ever not done (see its hooks below). A
+ * holds until its peers post, and work held behind one, is ever not done
+ * (see its hooks below). A
  * pool block freed on a stream is reused only once that free is known done
  * (or on the same stream), and cuMemPoolTrimTo releases only such blocks.
  *
@@ -134,7 +137,9 @@
  * thread makes an illegal call in global capture mode); and for the mock
  * NCCL, scope_mock_current_device, scope_mock_device_range,
  * scope_mock_stream_capturing and scope_mock_record_collective (a
- * collective recorded into a capture, posted by each replay). Timed mode's:
+ * collective recorded into a capture, posted by each replay), and
+ * scope_mock_part_opened, scope_mock_part_closed and scope_mock_hold_post
+ * (held work). Timed mode's:
  * scope_mock_timing, scope_mock_kernel_time, scope_mock_copy_time,
  * scope_mock_host_waits; and for the mock NCCL, scope_mock_stream_part,
  * scope_mock_replay_part, scope_mock_part_join (and _join_kept,
@@ -282,6 +287,7 @@ typedef struct block {
   char *base;
   size_t size;
   int kind, live;
+  int freeing;                            /* a stream-ordered free of it is held */
   struct pool *pool;                      /* NULL: cuMemAlloc or host */
   struct stream *freed_on;                /* pool blocks, once freed */
   unsigned long long freed_seq;
@@ -360,6 +366,13 @@ typedef struct stream {
    * every operation of known[i].of up to known[i].seq. */
   struct { struct stream *of; unsigned long long seq; } known[MAX_KNOWN];
   int nknown;
+  /* Held work (see "held work" below): the queue, in order; the post
+   * being placed (its number, 0: none); the numbers of its collective
+   * parts the mock NCCL has not closed. */
+  struct held *head, *last;
+  unsigned long long placing;
+  unsigned long long *open;
+  size_t nopen, capopen;
   int capturing, invalidated;
   graph *capture;
   struct stream *next;
@@ -749,14 +762,16 @@ void scope_mock_kernel_time(const char *kind, unsigned long long ns) {
 void scope_mock_copy_time(unsigned long long ns_per_mib) { LOCKED; copy_ns_per_mib = ns_per_mib; }
 unsigned long long scope_mock_host_waits(void) { LOCKED; return host_waits; }
 
-/* Run one operation now. `replay`: checks failing here are faults, not refusals. */
+/* Run one operation now. `replay` (1: a graph's, 2: held): checks failing
+ * here are faults, not refusals; a held copy's host side is not checked
+ * (pageable memory the caller keeps until its wait). */
 static CUresult run(const op *o, int replay) {
   if (fault_pending || sticky) return OK; /* a faulted context runs nothing more */
   if (o->kind == OP_HOOK) return OK; /* cuGraphLaunch calls it, unlocked */
   if (o->kind != OP_KERNEL) {
     int dst_kind = o->kind == OP_DTOH ? HOST : DEVICE, src_kind = o->kind == OP_HTOD ? HOST : DEVICE;
-    int dst_ok = dst_kind == HOST ? (!replay || find(o->dst, o->n, HOST) != NULL) : find(o->dst, o->n, DEVICE) != NULL;
-    int src_ok = src_kind == HOST ? (!replay || find(o->src, o->n, HOST) != NULL) : find(o->src, o->n, DEVICE) != NULL;
+    int dst_ok = dst_kind == HOST ? (replay != 1 || find(o->dst, o->n, HOST) != NULL) : find(o->dst, o->n, DEVICE) != NULL;
+    int src_ok = src_kind == HOST ? (replay != 1 || find(o->src, o->n, HOST) != NULL) : find(o->src, o->n, DEVICE) != NULL;
     if (!dst_ok || !src_ok) {
       refuse(E_ILLEGAL_ADDRESS, "a replayed copy of %zu bytes touches memory that was freed", o->n);
       fault_pending = 1;
@@ -801,6 +816,202 @@ static CUresult run(const op *o, int replay) {
 
 static void op_free(op *o) { if (o->kind == OP_KERNEL || o->kind == OP_HOOK) free(o->params); }
 
+/* ----- held work: what waits on the device for a collective -----
+ * Work runs when it is issued, except work ordered after a collective's
+ * part that is still open (posted, its peers not all posted: the mock
+ * NCCL says so through scope_mock_part_opened and _closed): later work on
+ * the part's stream, work on a stream made to wait on an event that
+ * covers it, and so on. That work is held, queued on its stream in order,
+ * and runs when what it waits for closed, on whichever thread closed it,
+ * as a GPU runs work queued behind NCCL's kernel. A collective posted on
+ * a stream that holds work is placed when the stream reaches it
+ * (scope_mock_hold_post), by the next driver call, with the lock released
+ * (the mock NCCL takes its lock, then this one). A host wait waits until
+ * what it covers ran; a query answers NOT_READY until then. */
+enum { H_OP, H_MEMSET, H_FREE, H_WAIT, H_POST };
+typedef struct held {
+  int kind, replay;
+  unsigned long long seq;       /* its number on its stream */
+  op o;                         /* H_OP; H_POST: o.hook and its blob, o.params */
+  char *owned;                  /* H_OP: a host-to-device copy's source, copied */
+  char *dst; unsigned char value; size_t n; /* H_MEMSET */
+  block *b;                     /* H_FREE */
+  stream *on; unsigned long long upto; /* H_WAIT: every operation of `on` up to `upto` */
+  struct held *next;
+} held;
+static unsigned long long nheld;
+
+static void hold(stream *s, held h) {
+  held *x = malloc(sizeof *x);
+  *x = h;
+  x->next = NULL;
+  if (s->last) s->last->next = x; else s->head = x;
+  s->last = x;
+  nheld++;
+}
+static held *unhold(stream *s) {
+  held *h = s->head;
+  s->head = h->next;
+  if (!s->head) s->last = NULL;
+  nheld--;
+  return h;
+}
+/* Whether `s` has a part open at or before `upto`. */
+static int open_upto(const stream *s, unsigned long long upto) {
+  for (size_t i = 0; i < s->nopen; i++)
+    if (s->open[i] <= upto) return 1;
+  return 0;
+}
+/* Whether new work on `s` waits: its queue, or a part of its own open. */
+static int holding(const stream *s) { return s->head || s->placing || s->nopen; }
+/* Whether every operation of `s` up to `upto` ran. */
+static int reached(const stream *s, unsigned long long upto) {
+  if (s->head && s->head->seq <= upto) return 0;
+  if (s->placing && s->placing <= upto) return 0;
+  return !open_upto(s, upto);
+}
+static int runnable(const stream *s, const held *h) {
+  if (s->placing) return 0;
+  if (h->kind == H_WAIT) return reached(h->on, h->upto);
+  return h->kind == H_POST || !open_upto(s, h->seq - 1);
+}
+static void free_block_on(stream *s, block *b, unsigned long long seq) {
+  b->live = 0;
+  b->freeing = 0;
+  b->pool->in_use -= b->size;
+  b->freed_on = s;
+  b->freed_seq = seq;
+}
+/* Run what is held and may run now (the lock held); whether a post waits
+ * at the head of its stream to be placed. */
+static int drain(void) {
+  int moved = 1, posts = 0;
+  while (nheld && moved) {
+    moved = 0;
+    posts = 0;
+    for (stream *s = streams; s; s = s->next) {
+      while (s->head && runnable(s, s->head)) {
+        if (s->head->kind == H_POST) {
+          posts = 1;
+          break;
+        }
+        held *h = unhold(s);
+        switch (h->kind) {
+          case H_OP: run(&h->o, h->replay); op_free(&h->o); free(h->owned); break;
+          case H_MEMSET:
+            if (!fault_pending && !sticky && find(h->dst, h->n, DEVICE)) memset(h->dst, h->value, h->n);
+            break;
+          case H_FREE: free_block_on(s, h->b, h->seq); break;
+        }
+        free(h);
+        moved = 1;
+      }
+    }
+  }
+  return posts;
+}
+/* Place the posts their streams reached, with the lock released: each
+ * calls into the mock NCCL. A stream placing one holds the rest. */
+static void place_posts(void) {
+  for (;;) {
+    held *h = NULL;
+    stream *on = NULL;
+    pthread_mutex_lock(&lock);
+    if (nheld && drain()) {
+      for (stream *s = streams; s && !h; s = s->next)
+        if (s->head && s->head->kind == H_POST && !s->placing) {
+          h = unhold(s);
+          s->placing = h->seq;
+          on = s;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    if (!h) return;
+    h->o.hook(h->o.params, on, h->seq);
+    pthread_mutex_lock(&lock);
+    on->placing = 0;
+    drain();
+    pthread_mutex_unlock(&lock);
+    free(h->o.params);
+    free(h);
+  }
+}
+/* An open part of `s` (or of what its work up to `upto` waits for) to
+ * wait for; NULL where nothing is open (a post waits to be placed). */
+static stream *open_blocker(stream *s, unsigned long long upto, unsigned long long *seq, int depth) {
+  for (size_t i = 0; i < s->nopen; i++)
+    if (s->open[i] <= upto) {
+      *seq = s->open[i];
+      return s;
+    }
+  if (depth > 0 && s->head && s->head->seq <= upto && s->head->kind == H_WAIT)
+    return open_blocker(s->head->on, s->head->upto, seq, depth - 1);
+  return NULL;
+}
+static void wait_on(void *s, unsigned long long upto);
+/* Wait, with the lock released, until `s`'s work up to `upto` ran (1).
+ * One that cannot (a cycle, peers that never post) gives up after 30 s,
+ * as the mock NCCL's wait does, and counts a violation (0). */
+static int wait_reached(stream *s, unsigned long long upto) {
+  long long give_up = now_ns() + 30000000000LL;
+  for (;;) {
+    place_posts();
+    pthread_mutex_lock(&lock);
+    drain();
+    int done = reached(s, upto);
+    unsigned long long seq = 0;
+    stream *b = done ? NULL : open_blocker(s, upto, &seq, 64);
+    if (!done && now_ns() > give_up) {
+      refuse(E_ILLEGAL_STATE, "a host wait gave up: its held work waits for a collective that cannot finish");
+      pthread_mutex_unlock(&lock);
+      return 0;
+    }
+    pthread_mutex_unlock(&lock);
+    if (done) return 1;
+    if (b) {
+      wait_on(b, seq);
+    } else {
+      struct timespec pause = {0, 50000};
+      nanosleep(&pause, NULL);
+    }
+  }
+}
+void scope_mock_part_opened(void *p, unsigned long long seq) {
+  LOCKED;
+  stream *s = p;
+  if (s->nopen == s->capopen) {
+    s->capopen = s->capopen ? 2 * s->capopen : 8;
+    s->open = realloc(s->open, s->capopen * sizeof *s->open);
+  }
+  s->open[s->nopen++] = seq;
+}
+void scope_mock_part_closed(void *p, unsigned long long seq) {
+  LOCKED;
+  stream *s = p;
+  for (size_t i = 0; i < s->nopen; i++)
+    if (s->open[i] == seq) {
+      s->open[i] = s->open[--s->nopen];
+      break;
+    }
+  drain();
+}
+/* A collective posted on `p` as its operation `seq`: held, to be placed
+ * by `hook(blob)` when the stream reaches it, if the stream holds work
+ * (1); else the mock NCCL places it now (0). */
+int scope_mock_hold_post(void *p, unsigned long long seq, replay_hook hook, const void *blob, size_t n) {
+  LOCKED;
+  stream *s = p;
+  if (!s->head && !s->placing) return 0;
+  held h = {.kind = H_POST, .seq = seq};
+  h.o.kind = OP_HOOK;
+  h.o.hook = hook;
+  h.o.n = n;
+  h.o.params = malloc(n ? n : 1);
+  memcpy(h.o.params, blob, n);
+  hold(s, h);
+  return 1;
+}
+
 static CUresult ordered_for(stream *s, const void *p, const char *what);
 
 /* Issue `o` on `s`: record it if capturing, else run it. Takes ownership of o.params. */
@@ -832,6 +1043,27 @@ static CUresult issue(stream *s, op o) {
   }
   s->issued++;
   timed_op(s, duration(&o));
+  if (holding(s)) {
+    if (o.kind == OP_KERNEL) {
+      for (int i = 0; i < POINTERS[o.f->kind]; i++) {
+        void *p;
+        memcpy(&p, o.params + o.f->offset[i], 8);
+        if (!find(p, 1, DEVICE)) {
+          op_free(&o);
+          return refuse(E_INVALID_VALUE, "`%s` argument %d is outside every live allocation", o.f->name, i);
+        }
+      }
+    }
+    held h = {.kind = H_OP, .seq = s->issued, .o = o, .replay = 2};
+    if (o.kind == OP_HTOD) {
+      /* A copy from pageable memory reads it before the call returns. */
+      h.owned = malloc(o.n ? o.n : 1);
+      memcpy(h.owned, o.src, o.n);
+      h.o.src = h.owned;
+    }
+    hold(s, h);
+    return OK;
+  }
   CUresult r = run(&o, 0);
   op_free(&o);
   return r;
@@ -1167,6 +1399,17 @@ CUresult cuCtxSynchronize(void) {
       waits[nwaits++] = when_tail(s);
     }
   }
+  for (;;) {
+    stream *behind = NULL;
+    unsigned long long upto = 0;
+    {
+      LOCKED;
+      drain();
+      for (stream *s = streams; s && !behind; s = s->next)
+        if (s->ctx == current && !reached(s, s->issued)) behind = s, upto = s->issued;
+    }
+    if (!behind || !wait_reached(behind, upto)) break;
+  }
   for (size_t i = 0; i < nwaits; i++) timed_wait(waits[i]);
   free(waits);
   ENTER;
@@ -1249,6 +1492,7 @@ CUresult cuStreamSynchronize(void *p) {
     timed = timing;
     if (timed) w = when_tail(s);
   }
+  wait_reached(p, upto);
   wait_on(p, upto);
   if (timed) timed_wait(w);
   ENTER;
@@ -1260,12 +1504,14 @@ CUresult cuStreamSynchronize(void *p) {
 }
 CUresult cuStreamQuery(void *p) {
   unsigned long long upto;
+  place_posts();
   {
     ENTER;
     stream *s = p;
     STREAM(s);
     if (s->capturing) return capturing_refusal(s, "cuStreamQuery");
     upto = s->issued;
+    if (!reached(s, upto)) return E_NOT_READY;
   }
   /* Asked without the lock: the mock NCCL takes its own, then this one. */
   if (pending_on(p, upto)) return E_NOT_READY;
@@ -1300,6 +1546,7 @@ CUresult cuEventDestroy_v2(void *p) {
   return OK;
 }
 CUresult cuEventRecord(void *pe, void *ps) {
+  place_posts();
   ENTER;
   event *e = pe;
   stream *s = ps;
@@ -1330,10 +1577,12 @@ static CUresult event_usable(event *e, const char *call) {
 }
 CUresult cuEventQuery(void *p) {
   event *e = p;
+  place_posts();
   {
     ENTER;
     CUresult bad = event_usable(e, "cuEventQuery");
     if (bad) return bad;
+    if (e->on && !reached(e->on, e->seq)) return E_NOT_READY;
   }
   if (pending_on(e->on, e->seq)) return E_NOT_READY;
   ENTER;
@@ -1362,6 +1611,7 @@ CUresult cuEventSynchronize(void *p) {
       if (w.node) w.node->refs++;
     }
   }
+  if (e->on) wait_reached(e->on, e->seq);
   wait_on(e->on, e->seq);
   if (timed) timed_wait(w);
   ENTER;
@@ -1370,6 +1620,7 @@ CUresult cuEventSynchronize(void *p) {
   return surface();
 }
 CUresult cuStreamWaitEvent(void *ps, void *pe, unsigned flags) {
+  place_posts();
   ENTER;
   stream *s = ps;
   event *e = pe;
@@ -1385,12 +1636,17 @@ CUresult cuStreamWaitEvent(void *ps, void *pe, unsigned flags) {
   }
   if (e->captured_by)
     return refuse(E_CAPTURED_EVENT, "waiting on an event last recorded in a capturing stream");
-  /* Work runs when issued, so the data is already there; what the wait
-   * adds is the order, which the allocation check reads. */
+  /* The order, which the allocation check reads; and, where what the
+   * event covers has not run (held behind a collective), the stream's
+   * later work is held until it has. */
   if (e->on) {
     learn(s, e->on, e->seq);
     for (int i = 0; i < e->on->nknown; i++) learn(s, e->on->known[i].of, e->on->known[i].seq);
     if (timing) timed_wait_event(s, e->at, e->node);
+    if (!reached(e->on, e->seq)) {
+      s->issued++;
+      hold(s, (held){.kind = H_WAIT, .seq = s->issued, .on = e->on, .upto = e->seq});
+    }
   }
   return OK;
 }
@@ -1478,6 +1734,7 @@ static CUresult graph_launch(void *px, void *ps, unsigned long long *seq);
  * a graph runs before the collective completes, as eager work after one
  * does in this mock: a test reads a collective's output from the host.) */
 CUresult cuGraphLaunch(void *px, void *ps) {
+  place_posts();
   unsigned long long seq = 0;
   CUresult r = graph_launch(px, ps, &seq);
   if (r != OK) return r;
@@ -1527,7 +1784,11 @@ static CUresult graph_launch(void *px, void *ps, unsigned long long *seq) {
     }
     timed_op(s, span);
   }
-  for (size_t i = 0; i < x->g.len; i++) run(&x->g.ops[i], 1);
+  for (size_t i = 0; i < x->g.len; i++) {
+    if (x->g.ops[i].kind == OP_HOOK) continue;
+    if (holding(s)) hold(s, (held){.kind = H_OP, .seq = s->issued, .o = op_copy(&x->g.ops[i]), .replay = 1});
+    else run(&x->g.ops[i], 1);
+  }
   replayed *r = x->replays;
   while (r && r->on != s) r = r->next;
   if (!r) {
@@ -1697,20 +1958,23 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *out, size_t n, void *pp, void *ps)
   return OK;
 }
 CUresult cuMemFreeAsync(CUdeviceptr ptr, void *ps) {
+  place_posts();
   ENTER;
   stream *s = ps;
   STREAM(s);
   block *b = find((void *)(uintptr_t)ptr, 1, DEVICE);
-  if (!b || b->base != (char *)(uintptr_t)ptr || !b->pool)
+  if (!b || b->base != (char *)(uintptr_t)ptr || !b->pool || b->freeing)
     return refuse(E_INVALID_VALUE, "cuMemFreeAsync of %#llx, which is not a live pool allocation", ptr);
   if (s->capturing)
     return refuse(E_NOT_PERMITTED, "cuMemFreeAsync on a capturing stream (a free node in the graph)");
-  b->live = 0;
-  b->pool->in_use -= b->size;
   s->issued++;
   timed_op(s, 0);
-  b->freed_on = s;
-  b->freed_seq = s->issued;
+  if (holding(s)) {
+    b->freeing = 1;
+    hold(s, (held){.kind = H_FREE, .seq = s->issued, .b = b});
+    return OK;
+  }
+  free_block_on(s, b, s->issued);
   return OK;
 }
 #ifndef SCOPE_MOCK_OLD_DRIVER
@@ -1737,6 +2001,7 @@ CUresult cuMemAllocAsync(CUdeviceptr *out, size_t n, void *ps) {
 #endif
 }
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, void *ps) {
+  place_posts();
   ENTER;
   stream *s = ps;
   STREAM(s);
@@ -1747,6 +2012,10 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, void *p
   if (s->capturing) return refuse(E_NOT_PERMITTED, "cuMemsetD8Async on a capturing stream (not modelled)");
   s->issued++;
   timed_op(s, 0);
+  if (holding(s)) {
+    hold(s, (held){.kind = H_MEMSET, .seq = s->issued, .dst = (char *)(uintptr_t)dst, .value = value, .n = n});
+    return OK;
+  }
   if (!fault_pending && !sticky) memset((void *)(uintptr_t)dst, value, n);
   return OK;
 }
@@ -1784,6 +2053,7 @@ CUresult cuMemFreeHost(void *p) {
   return OK;
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *ps) {
+  place_posts();
   ENTER;
   stream *s = ps;
   STREAM(s);
@@ -1799,6 +2069,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *
   return issue(s, o);
 }
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *ps) {
+  place_posts();
   ENTER;
   stream *s = ps;
   STREAM(s);
@@ -1814,6 +2085,7 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *ps) {
   return issue(s, o);
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *ps) {
+  place_posts();
   ENTER;
   stream *s = ps;
   STREAM(s);
@@ -1971,6 +2243,7 @@ CUresult cuFuncGetParamInfo(void *pf, size_t index, size_t *offset, size_t *size
 #endif /* cuFuncGetParamInfo is CUDA 12.4+ */
 CUresult cuLaunchKernel(void *pf, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared, void *ps, void **params, void **extra) {
+  place_posts();
   ENTER;
   function *f = pf;
   stream *s = ps;

@@ -1,7 +1,8 @@
 /*
  * A mock of the HIP runtime and hiprtc, for testing the server's Rust side
  * on machines without ROCm. It is not HIP: "device" memory is host memory,
- * every operation runs at once, and the only kernels are the test kernels
+ * every operation runs at once (unless it is held behind a collective
+ * still waiting for its peers: see "held work"), and the only kernels are the test kernels
  * (scope_fill, scope_copy, scope_add) plus scope_trap, which leaves a
  * sticky hipErrorIllegalAddress on its stream, as a faulting kernel would,
  * and scope_ecc, which leaves a sticky hipErrorECCNotCorrectable on its
@@ -103,15 +104,24 @@ typedef struct {
 } op;
 
 typedef struct { op *ops; size_t len, cap; } graph;
-/* `issued` counts only the collectives the mock RCCL posts on the stream
- * (the rest of its work runs as it is issued). */
+/* `issued` counts the collectives the mock RCCL posts on the stream, and
+ * work held behind one (the rest of its work runs as it is issued). */
 /* Timed mode: as the CUDA mock's stream, `tail` or `tail_node`, and a
  * graph replay's collective parts the mock RCCL has yet to post. */
 struct tnode;
-typedef struct {
+typedef struct stream {
   graph *capture; hipError_t sticky; unsigned long long issued; int device;
   long long tail;
   struct tnode *tail_node, *unclaimed;
+  /* Held work (see "held work" below): the queue, in order; the post
+   * being placed (its number, 0: none); its open collective parts; and
+   * the list of every stream, which a destroyed one with held work stays
+   * in until that work ran. */
+  struct held *head, *last;
+  unsigned long long placing, *open;
+  size_t nopen, capopen;
+  int destroyed;
+  struct stream *next;
 } stream;
 /* The sticky code each device holds (scope_ecc), until hipDeviceReset. */
 #define DEVICES 4
@@ -458,14 +468,202 @@ static void run(stream *s, const op *o) {
   }
 }
 
-static void issue(stream *s, op o) {
+/* ----- held work: what waits on the device for a collective -----
+ * As the CUDA mock's (see there): work ordered after a collective's part
+ * that is still open (scope_mock_part_opened, _closed), on its stream or
+ * through an event wait, is queued on its stream and runs when the part
+ * closes; a collective posted on a stream that holds work is placed when
+ * the stream reaches it (scope_mock_hold_post); host waits wait until
+ * what they cover ran, and queries answer not ready until then. It has a
+ * lock of its own, taken after the mock RCCL's and never while calling
+ * into it. */
+enum { H_OP, H_WAIT, H_POST };
+typedef struct held {
+  int kind;
+  unsigned long long seq;
+  op o;                          /* H_OP; H_POST: o.hook and its blob, o.dst */
+  void *owned;                   /* H_OP: a host-to-device copy's source, copied */
+  stream *on; unsigned long long upto; /* H_WAIT */
+  struct held *next;
+} held;
+static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
+static void hold_unlock(int *h) { (void)h; pthread_mutex_unlock(&hold_lock); }
+#define HOLD_LOCKED int hold_held_ __attribute__((cleanup(hold_unlock))) = (pthread_mutex_lock(&hold_lock), 1)
+static stream *streams;
+static unsigned long long nheld;
+
+static void hold(stream *s, held h) {
+  held *x = malloc(sizeof *x);
+  *x = h;
+  x->next = NULL;
+  if (s->last) s->last->next = x; else s->head = x;
+  s->last = x;
+  nheld++;
+}
+static held *unhold(stream *s) {
+  held *h = s->head;
+  s->head = h->next;
+  if (!s->head) s->last = NULL;
+  nheld--;
+  return h;
+}
+static int open_upto(const stream *s, unsigned long long upto) {
+  for (size_t i = 0; i < s->nopen; i++)
+    if (s->open[i] <= upto) return 1;
+  return 0;
+}
+static int holding(const stream *s) { return s->head || s->placing || s->nopen; }
+static int reached(const stream *s, unsigned long long upto) {
+  if (s->head && s->head->seq <= upto) return 0;
+  if (s->placing && s->placing <= upto) return 0;
+  return !open_upto(s, upto);
+}
+static int runnable(const stream *s, const held *h) {
+  if (s->placing) return 0;
+  if (h->kind == H_WAIT) return reached(h->on, h->upto);
+  return h->kind == H_POST || !open_upto(s, h->seq - 1);
+}
+/* Run what may run now (hold_lock held); whether a post waits to be placed. */
+static int drain(void) {
+  int moved = 1, posts = 0;
+  while (nheld && moved) {
+    moved = 0;
+    posts = 0;
+    for (stream *s = streams; s; s = s->next) {
+      while (s->head && runnable(s, s->head)) {
+        if (s->head->kind == H_POST) {
+          posts = 1;
+          break;
+        }
+        held *h = unhold(s);
+        if (h->kind == H_OP) run(s, &h->o);
+        free(h->owned);
+        free(h);
+        moved = 1;
+      }
+    }
+  }
+  return posts;
+}
+/* Place the posts their streams reached, with hold_lock released. */
+static void place_posts(void) {
+  for (;;) {
+    held *h = NULL;
+    stream *on = NULL;
+    pthread_mutex_lock(&hold_lock);
+    if (nheld && drain()) {
+      for (stream *s = streams; s && !h; s = s->next)
+        if (s->head && s->head->kind == H_POST && !s->placing) {
+          h = unhold(s);
+          s->placing = h->seq;
+          on = s;
+        }
+    }
+    pthread_mutex_unlock(&hold_lock);
+    if (!h) return;
+    h->o.hook(h->o.dst, on, h->seq);
+    pthread_mutex_lock(&hold_lock);
+    on->placing = 0;
+    drain();
+    pthread_mutex_unlock(&hold_lock);
+    free(h->o.dst);
+    free(h);
+  }
+}
+static stream *open_blocker(stream *s, unsigned long long upto, unsigned long long *seq, int depth) {
+  for (size_t i = 0; i < s->nopen; i++)
+    if (s->open[i] <= upto) {
+      *seq = s->open[i];
+      return s;
+    }
+  if (depth > 0 && s->head && s->head->seq <= upto && s->head->kind == H_WAIT)
+    return open_blocker(s->head->on, s->head->upto, seq, depth - 1);
+  return NULL;
+}
+static void wait_on(void *s, unsigned long long upto);
+/* Wait until `s`'s work up to `upto` ran (1), or give up after 30 s (0),
+ * as the mock RCCL's wait does. */
+static int wait_reached(stream *s, unsigned long long upto) {
+  long long give_up = now_ns() + 30000000000LL;
+  for (;;) {
+    place_posts();
+    pthread_mutex_lock(&hold_lock);
+    drain();
+    int done = reached(s, upto);
+    unsigned long long seq = 0;
+    stream *b = done ? NULL : open_blocker(s, upto, &seq, 64);
+    pthread_mutex_unlock(&hold_lock);
+    if (done) return 1;
+    if (now_ns() > give_up) {
+      fprintf(stderr, "mock hip: a host wait gave up: its held work waits for a collective that cannot finish\n");
+      return 0;
+    }
+    if (b) {
+      wait_on(b, seq);
+    } else {
+      struct timespec pause = {0, 50000};
+      nanosleep(&pause, NULL);
+    }
+  }
+}
+void scope_mock_part_opened(void *p, unsigned long long seq) {
+  HOLD_LOCKED;
+  stream *s = p;
+  if (s->nopen == s->capopen) {
+    s->capopen = s->capopen ? 2 * s->capopen : 8;
+    s->open = realloc(s->open, s->capopen * sizeof *s->open);
+  }
+  s->open[s->nopen++] = seq;
+}
+void scope_mock_part_closed(void *p, unsigned long long seq) {
+  HOLD_LOCKED;
+  stream *s = p;
+  for (size_t i = 0; i < s->nopen; i++)
+    if (s->open[i] == seq) {
+      s->open[i] = s->open[--s->nopen];
+      break;
+    }
+  drain();
+}
+int scope_mock_hold_post(void *p, unsigned long long seq, replay_hook hook, const void *blob, size_t n) {
+  HOLD_LOCKED;
+  stream *s = p;
+  if (!s->head && !s->placing) return 0;
+  held h = {.kind = H_POST, .seq = seq};
+  h.o.launch = 2;
+  h.o.hook = hook;
+  h.o.n = n;
+  h.o.dst = malloc(n ? n : 1);
+  memcpy(h.o.dst, blob, n);
+  hold(s, h);
+  return 1;
+}
+
+/* Issue `o` on `s`: record it if capturing, hold it behind an open
+ * collective, else run it. `copied`: a host source read before the call
+ * returns, as a copy from pageable memory is. */
+static void issue_copied(stream *s, op o, int copied) {
   if (s->capture) { push(s->capture, o); return; }
   if (__atomic_load_n(&timing, __ATOMIC_RELAXED)) {
     TIMED_LOCKED;
     timed_op(s, duration(&o));
   }
+  {
+    HOLD_LOCKED;
+    if (holding(s)) {
+      held h = {.kind = H_OP, .seq = ++s->issued, .o = o};
+      if (copied) {
+        h.owned = malloc(o.n ? o.n : 1);
+        memcpy(h.owned, o.src, o.n);
+        h.o.src = h.owned;
+      }
+      hold(s, h);
+      return;
+    }
+  }
   run(s, &o);
 }
+static void issue(stream *s, op o) { issue_copied(s, o, 0); }
 
 /* ----- device ----- */
 
@@ -704,11 +902,30 @@ hipError_t hipStreamCreateWithFlags(void **s, unsigned flags) {
   if (device_sticky[current_device]) return device_sticky[current_device];
   stream *created = calloc(1, sizeof(stream));
   created->device = current_device;
+  {
+    HOLD_LOCKED;
+    created->next = streams;
+    streams = created;
+  }
   *s = created;
   return OK;
 }
 hipError_t hipStreamDestroy(void *p) {
   stream *s = p;
+  {
+    /* Work held on it, or waiting for it, still runs on the device: it
+     * stays (and is not freed) while there is any. */
+    HOLD_LOCKED;
+    int needed = holding(s);
+    for (stream *t = streams; t && !needed; t = t->next)
+      for (held *h = t->head; h && !needed; h = h->next) needed = h->kind == H_WAIT && h->on == s;
+    if (needed) {
+      s->destroyed = 1;
+      return OK;
+    }
+    for (stream **at = &streams; *at; at = &(*at)->next)
+      if (*at == s) { *at = s->next; break; }
+  }
   if (s && (s->tail_node || s->unclaimed)) {
     /* What still waits on its work holds its own references. */
     TIMED_LOCKED;
@@ -729,7 +946,13 @@ hipError_t hipStreamSynchronize(void *p) {
   int timed = __atomic_load_n(&timing, __ATOMIC_RELAXED);
   when w = timed ? when_tail(s) : (when){0, NULL};
   __atomic_add_fetch(&host_waits, 1, __ATOMIC_RELAXED);
-  wait_on(s, s->issued);
+  unsigned long long upto;
+  {
+    HOLD_LOCKED;
+    upto = s->issued;
+  }
+  wait_reached(s, upto);
+  wait_on(s, upto);
   if (timed) timed_wait(w);
   return s->sticky;
 }
@@ -747,8 +970,12 @@ hipError_t hipEventRecord(void *p, void *ps) {
   event *e = p;
   if (s->capture) return E_CAPTURED_EVENT; /* the server must never do this */
   if (s->sticky) return s->sticky;
+  place_posts();
   e->last = s;
-  e->seq = s->issued;
+  {
+    HOLD_LOCKED;
+    e->seq = s->issued;
+  }
   if (__atomic_load_n(&timing, __ATOMIC_RELAXED)) {
     TIMED_LOCKED;
     collapse(s);
@@ -761,6 +988,11 @@ hipError_t hipEventRecord(void *p, void *ps) {
 }
 hipError_t hipEventQuery(void *p) {
   event *e = p;
+  place_posts();
+  if (e->last) {
+    HOLD_LOCKED;
+    if (!reached(e->last, e->seq)) return E_NOT_READY;
+  }
   if (pending_on(e->last, e->seq)) return E_NOT_READY;
   if (__atomic_load_n(&timing, __ATOMIC_RELAXED) && e->last) {
     TIMED_LOCKED;
@@ -780,6 +1012,7 @@ hipError_t hipEventSynchronize(void *p) {
     if (w.node) w.node->refs++;
   }
   __atomic_add_fetch(&host_waits, 1, __ATOMIC_RELAXED);
+  if (e->last) wait_reached(e->last, e->seq);
   wait_on(e->last, e->seq);
   if (timed) timed_wait(w);
   return e->last ? e->last->sticky : OK;
@@ -792,6 +1025,13 @@ hipError_t hipStreamWaitEvent(void *p, void *pe, unsigned flags) {
   if (__atomic_load_n(&timing, __ATOMIC_RELAXED) && e && e->last) {
     TIMED_LOCKED;
     timed_wait_event(s, e->at, e->node);
+  }
+  place_posts();
+  if (e && e->last) {
+    /* What the event covers has not run (held behind a collective): the
+     * stream's later work is held until it has. */
+    HOLD_LOCKED;
+    if (!reached(e->last, e->seq)) hold(s, (held){.kind = H_WAIT, .seq = ++s->issued, .on = e->last, .upto = e->seq});
   }
   return s->sticky;
 }
@@ -810,6 +1050,18 @@ hipError_t hipMalloc(void **p, size_t n) {
 }
 hipError_t hipFree(void *p) {
   if (!p) return OK;
+  /* As HIP's, a free waits for the device: for held work to run. */
+  for (;;) {
+    stream *behind = NULL;
+    unsigned long long upto = 0;
+    {
+      HOLD_LOCKED;
+      drain();
+      for (stream *s = streams; s && !behind; s = s->next)
+        if (!reached(s, s->issued)) behind = s, upto = s->issued;
+    }
+    if (!behind || !wait_reached(behind, upto)) break;
+  }
   forget(p);
   char *raw = (char *)p - 256;
   __atomic_sub_fetch(&used, *(size_t *)raw, __ATOMIC_SEQ_CST);
@@ -824,7 +1076,8 @@ hipError_t hipMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *
   if (s->sticky) return s->sticky;
   /* A recorded copy keeps the source *pointer*, as HIP's memcpy node does. */
   op o = {0, dst, src, n, NULL, 0, {0}, {0}, NULL};
-  issue(s, o);
+  place_posts();
+  issue_copied(s, o, kind == 1);
   return OK;
 }
 
@@ -873,6 +1126,7 @@ hipError_t hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz,
   op o = {1, NULL, NULL, 0, fn, threads > UINT32_MAX ? UINT32_MAX : (unsigned)threads, {0}, {0}, NULL};
   for (int i = 0; i < k->pointers; i++) o.args[i] = *(void **)params[i];
   if (k->scalars) memcpy(o.scalars, params[k->pointers], k->scalars);
+  place_posts();
   issue(s, o);
   return OK;
 }
@@ -947,7 +1201,17 @@ hipError_t hipGraphLaunch(void *exec, void *p) {
     }
     timed_op(s, span);
   }
-  for (size_t i = 0; i < g->len; i++) run(s, &g->ops[i]);
+  place_posts();
+  {
+    HOLD_LOCKED;
+    int held_back = holding(s);
+    unsigned long long at = held_back ? ++s->issued : 0;
+    for (size_t i = 0; i < g->len; i++) {
+      if (g->ops[i].launch == 2) continue;
+      if (held_back) hold(s, (held){.kind = H_OP, .seq = at, .o = g->ops[i]});
+      else run(s, &g->ops[i]);
+    }
+  }
   for (size_t i = 0; i < g->len; i++)
     if (g->ops[i].launch == 2) {
       if (!seq) seq = ++s->issued;
