@@ -6,8 +6,8 @@
 //!   host, the last to arrive at the in-memory meeting sums them, every
 //!   rank writes the sum back.
 //! - **device transport, one process** (`Group::over_device`, the loopback
-//!   communicator): the ranks meet in memory on whether their inputs are
-//!   readable, call the transport, and meet again after the call.
+//!   communicator): the ranks meet once in memory on whether their inputs
+//!   are readable, then call the transport.
 //! - **ranks joined alone** (`Rank::join`, the same transport): what a rank
 //!   in another process pays — a ballot of one 1 KiB record a rank,
 //!   all-gathered through the transport, then the call, then a wait on it
@@ -34,37 +34,34 @@
 //!
 //! | a rank | joined alone / one process | device transport / host staging |
 //! |---|---|---|
-//! | 4 B | 0.56–0.63× | 2.9× |
-//! | 64 KiB | 1.04–1.08× | 1.55–1.70× |
-//! | 1 MiB | 1.08–1.24× | 0.99–1.25× |
-//! | 16 MiB | 0.95–1.05× | 0.96–1.12× |
+//! | 4 B | 1.28–1.34× | 2.77–2.97× |
+//! | 64 KiB | 0.93–0.97× | 1.25–1.48× |
+//! | 1 MiB | 0.84–0.91× | 0.87–0.96× |
+//! | 16 MiB | 1.05–1.22× | 0.76–0.79× |
 //!
-//! Replays and transfers (two later runs, every rank starting each
+//! Replays and transfers (the same runs, every rank starting each
 //! transfer round together):
 //!
 //! | a rank | replayed / called, one process | replayed / called, joined alone | transfer joined alone / one process |
 //! |---|---|---|---|
-//! | 4 B | 1.03× | 0.94–0.97× | 2.30–2.33× |
-//! | 64 KiB | 0.99–1.06× | 0.88–0.90× | 1.86–1.87× |
-//! | 1 MiB | 0.83–1.03× | 0.60–0.63× | 1.04–1.07× |
-//! | 16 MiB | 0.91–1.08× | 0.65–0.76× | 0.50–0.57× |
+//! | 4 B | 0.93–0.97× | 0.96–0.99× | 2.43–2.53× |
+//! | 64 KiB | 0.85–0.89× | 0.99–1.01× | 1.37–1.44× |
+//! | 1 MiB | 0.73–0.85× | 0.88–0.99× | 0.71–0.82× |
+//! | 16 MiB | 0.96–0.99× | 0.74–0.79× | 0.51–0.61× |
 //!
-//! A replay costs what a call does: its meeting is the same meeting, with
-//! a check of the graph's inputs for the input's (joined alone it came out
-//! faster than a call from 64 KiB on, which this bench does not explain).
-//! A transfer between ranks joined alone pays a header exchange first
-//! (2.3× the mailbox's time at one word), then moves the bytes once
-//! instead of reading them to the host and writing them back: even at
-//! 1 MiB, and twice as fast at 16 MiB.
+//! A replay costs at most what a call does: its meeting is the same
+//! meeting, with a check of the graph's inputs for the input's. A transfer
+//! between ranks joined alone pays a header exchange first (2.4–2.5× the
+//! mailbox's time at one word), then moves the bytes once instead of
+//! reading them to the host and writing them back.
 //!
-//! The ballot costs nothing measurable here: at one word, a rank alone
-//! (two handoffs: the ballot's all-gather, then the call) is faster than
-//! one process's device path (three: the meeting, the call, the second
-//! meeting), and from 64 KiB on the two are within a tenth of each other,
-//! the data dominating. The device path's fixed cost, 2.9× host staging's
-//! at one word (about 170 µs against 60 µs, four threads on two cores),
-//! is its second meeting; it buys every rank learning of a peer's failed
-//! call before its own returns.
+//! The ballot's host wait shows at one word only: a rank alone (the
+//! ballot's all-gather, the call, a wait on it) takes 1.28–1.34× one
+//! process's meeting and call, about 65 µs against 49 µs with four threads
+//! on two cores. From 64 KiB on the data dominates. So the ballot is not
+//! pipelined with the call before it. The device path's fixed cost, about
+//! 3× host staging's at one word, is the loopback's call: it blocks until
+//! every rank posted, a handoff NCCL's asynchronous call does not make.
 
 use std::time::{Duration, Instant};
 
