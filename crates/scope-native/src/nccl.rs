@@ -720,6 +720,21 @@ impl Communicator {
         }
     }
 
+    /// Run `launch`, which starts work recorded on this communicator (a
+    /// graph's replay), only while it is live: an abort waits for it, and
+    /// after one it is refused, since the abort freed what that work uses.
+    ///
+    /// # Errors
+    ///
+    /// An aborted communicator; what `launch` returned.
+    pub fn while_live(&self, launch: impl FnOnce() -> Result<()>) -> Result<()> {
+        let handle = self.handle.read();
+        if handle.aborted {
+            return Err(aborted(self.table.library, "a graph's replay"));
+        }
+        launch()
+    }
+
     /// Abort: calls waiting in the library return, and the communicator
     /// takes no more. Idempotent; any thread.
     pub fn abort(&self) {

@@ -146,6 +146,76 @@ fn claimed<B: Backend>(client: &Client<B>, buffer: &Buffer) -> CollectiveError {
     collective_error(error.root()).clone()
 }
 
+/// A replay that fails to start on rank 2 (injected at [`Site::Replay`])
+/// fails its replay naming it and its cause; everything every graph writes
+/// carries that (a peer whose replay went out may return first, rule 47);
+/// the peers are released, the group is broken, and a new group over the
+/// same devices works (rules 43, 47, 50).
+pub fn a_replay_that_fails_to_start_breaks_the_group<S: Suite>() {
+    let Some(group) = group::<S>(WAIT) else {
+        return;
+    };
+    let started = Instant::now();
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let g = record(&rank);
+        if rank.index() == 2 {
+            c.inject(FaultPlan::new().fail(Site::Replay, 1, injected("rank 2's replay")));
+        }
+        let replayed = rank.replay(&g.graph);
+        let claims = [claimed(c, &g.sum), claimed(c, &g.gathered)];
+        let later = rank.replay(&g.graph);
+        (replayed, claims, later)
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the peers were released, not left to a timeout: {:?}",
+        started.elapsed()
+    );
+    for (rank, (replayed, claims, later)) in outcomes.into_iter().enumerate() {
+        let returned = match &replayed {
+            Err(error) => Some(collective_error(error)),
+            Ok(()) if rank != 2 => None,
+            Ok(()) => panic!("rank 2's failed replay returned Ok"),
+        };
+        for reported in returned.into_iter().chain(&claims) {
+            let CollectiveError::IssueFailed {
+                rank: failed,
+                cause,
+                ..
+            } = reported
+            else {
+                panic!("rank {rank}: {reported}");
+            };
+            assert_eq!(*failed, 2, "rank {rank} names the failed rank: {reported}");
+            assert!(cause.to_string().contains("rank 2's replay"), "{cause}");
+        }
+        let later = later.expect_err("the group is broken");
+        assert!(
+            matches!(collective_error(&later), CollectiveError::Broken { .. }),
+            "rank {rank}: {later}"
+        );
+    }
+    assert!(group.broken().is_some());
+    let clients = (0..RANKS)
+        .map(|r| group.rank(r).unwrap().client().clone())
+        .collect();
+    drop(group);
+    let fresh = S::group(clients, WAIT).expect("a new group over the same devices");
+    let sums = fresh.run(|rank| {
+        let c = rank.client();
+        let input = upload(c, &[3; PART as usize]);
+        let output = alloc(c, PART);
+        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        read(c, &output).unwrap()
+    });
+    assert!(
+        sums.iter().all(|s| *s == vec![12; PART as usize]),
+        "{sums:?}"
+    );
+}
+
 /// Ranks that disagree are refused on every rank, claiming nothing, and
 /// the group stays in step: a rank that runs a collective while its peers
 /// record it, a rank that replays a graph of other rounds. An input that
@@ -315,6 +385,7 @@ macro_rules! recorded_tests {
         $crate::behaviour! { $suite, recorded::a_failed_input_fails_every_ranks_replay, DeviceCollectives }
         $crate::behaviour! { $suite, recorded::recorded_collectives_that_disagree_are_refused_everywhere, DeviceCollectives }
         $crate::behaviour! { $suite, recorded::a_rank_that_never_replays_fails_the_others_within_the_deadline, DeviceCollectives }
+        $crate::behaviour! { $suite, recorded::a_replay_that_fails_to_start_breaks_the_group, DeviceCollectives }
         $crate::behaviour! { $suite, recorded::a_host_staged_collective_is_not_recorded }
     };
 }

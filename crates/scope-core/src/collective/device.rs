@@ -137,6 +137,19 @@ pub trait DeviceCollectives: Backend {
     /// [`CollectiveError::Stalled`](super::CollectiveError::Stalled) after an
     /// abort or a failed link.
     unsafe fn health(communicator: &Self::Communicator) -> Result<()>;
+
+    /// Run `replay`, a graph's launch holding calls on `communicator`, never after an abort.
+    ///
+    /// # Safety
+    ///
+    /// As [`abort`](Self::abort).
+    unsafe fn replaying(
+        communicator: &Self::Communicator,
+        replay: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        let _ = communicator;
+        replay()
+    }
 }
 
 /// One rank's part of a collective, resolved to device memory.
@@ -194,6 +207,9 @@ pub(super) trait Mover<B: Backend>: Send + Sync {
         rank: usize,
         client: &Client<B>,
     ) -> Result<Option<Box<dyn watchdog::Part>>>;
+
+    /// Launch rank `rank`'s graph of rounds with `replay`, never after an abort.
+    fn replay(&self, rank: usize, replay: &mut dyn FnMut() -> Result<()>) -> Result<()>;
 
     /// Abort every rank's communicator.
     fn abort_all(&self);
@@ -342,6 +358,11 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
             client: client.clone(),
             communicator: self.mine[rank - self.first].clone(),
         })))
+    }
+
+    fn replay(&self, rank: usize, replay: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        // SAFETY: this rank's communicator, joined on a `B`.
+        unsafe { B::replaying(&self.mine[rank - self.first], replay) }
     }
 
     fn abort_all(&self) {
@@ -513,23 +534,26 @@ impl<B: Backend> Rank<B> {
             self.settle(Kind::Call(kind), len, issued, Written::Output(output))?;
             return self.claim_if_failed_in_flight(round.round, Written::Output(output));
         }
-        self.issued_here((kind, round.round), issued, output)
+        self.issued_here(
+            (Kind::Call(kind), round.round),
+            issued,
+            Written::Output(output),
+        )
     }
 
-    /// In one process the ranks meet once. A failed call fails its round
-    /// in flight ([`Shared::fail_in_flight`]), so a peer may return first,
-    /// its output claimed as work in flight is (rule 47).
-    fn issued_here(
+    /// In one process the ranks meet once: a failed issue fails its round in
+    /// flight, so a peer may return first, its output claimed (rule 47).
+    pub(super) fn issued_here(
         &self,
-        (kind, round): (Call, u64),
+        (kind, round): (Kind, u64),
         issued: Result<()>,
-        output: Slice<'_>,
+        written: Written<'_>,
     ) -> Result<()> {
         if let Err(cause) = issued {
             let error = super::round::issue_failed(kind.name(), round, self.rank, cause);
             self.shared.fail_in_flight(round, &error);
         }
-        self.claim_if_failed_in_flight(round, Written::Output(output))
+        self.claim_if_failed_in_flight(round, written)
     }
 
     /// Issue this rank's part of round `round` with `issue`, remembered as

@@ -63,14 +63,17 @@ impl<B: Backend> Rank<B> {
                 let round = self.recorded_round().round;
                 let writes = Writes::Graph(graph.clone());
                 let issued = self.fly((round, "replay"), writes, || {
-                    client.replay_in_group(graph, group)?;
-                    match &self.shared.device {
-                        Some(device) => device.watch_replay(self.rank, client),
-                        None => Ok(None),
-                    }
+                    let Some(device) = &self.shared.device else {
+                        return client.replay_in_group(graph, group).map(|()| None);
+                    };
+                    device.replay(self.rank, &mut || client.replay_in_group(graph, group))?;
+                    device.watch_replay(self.rank, client)
                 });
-                self.settle(kind, len, issued, written)?;
-                self.claim_if_failed_in_flight(round, written)
+                if self.shared.ballot.is_some() || self.shared.draining {
+                    self.settle(kind, len, issued, written)?;
+                    return self.claim_if_failed_in_flight(round, written);
+                }
+                self.issued_here((kind, round), issued, written)
             }
             Outcome::Refused(error) => Err(error.clone()),
             Outcome::Failed(error) => {

@@ -297,9 +297,8 @@ impl<B: Backend> Shared<B> {
         }
     }
 
-    /// Abort the communicators unless a claim is under way, whose claimer
-    /// aborts once done: an abort ends the parts it has yet to claim, and a
-    /// read of one could then pass as clean.
+    /// Abort now unless a claimer is busy, who aborts once done: an abort
+    /// ends parts not yet claimed, whose reads would pass as clean.
     pub(super) fn abort_after_claims(&self) {
         let state = self.state.lock();
         if state.failing == 0 {

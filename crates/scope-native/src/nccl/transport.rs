@@ -148,6 +148,13 @@ macro_rules! nccl_collectives {
             ) -> $crate::nccl::transport::Result<()> {
                 communicator.health()
             }
+
+            unsafe fn replaying(
+                communicator: &Self::Communicator,
+                replay: &mut dyn FnMut() -> $crate::nccl::transport::Result<()>,
+            ) -> $crate::nccl::transport::Result<()> {
+                communicator.while_live(replay)
+            }
         }
     };
 }
