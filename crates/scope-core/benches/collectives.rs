@@ -34,30 +34,30 @@
 //!
 //! | a rank | joined alone / one process | device transport / host staging |
 //! |---|---|---|
-//! | 4 B | 1.28–1.34× | 2.77–2.97× |
-//! | 64 KiB | 0.93–0.97× | 1.25–1.48× |
-//! | 1 MiB | 0.84–0.91× | 0.87–0.96× |
-//! | 16 MiB | 1.05–1.22× | 0.76–0.79× |
+//! | 4 B | 1.30–1.32× | 2.68–2.99× |
+//! | 64 KiB | 0.94–0.96× | 1.39–1.51× |
+//! | 1 MiB | 0.82–0.93× | 0.91–1.04× |
+//! | 16 MiB | 1.03–1.15× | 0.79–0.93× |
 //!
 //! Replays and transfers (the same runs, every rank starting each
 //! transfer round together):
 //!
 //! | a rank | replayed / called, one process | replayed / called, joined alone | transfer joined alone / one process |
 //! |---|---|---|---|
-//! | 4 B | 0.93–0.97× | 0.96–0.99× | 2.43–2.53× |
-//! | 64 KiB | 0.85–0.89× | 0.99–1.01× | 1.37–1.44× |
-//! | 1 MiB | 0.73–0.85× | 0.88–0.99× | 0.71–0.82× |
-//! | 16 MiB | 0.96–0.99× | 0.74–0.79× | 0.51–0.61× |
+//! | 4 B | 0.96–0.98× | 1.00–1.01× | 2.49–2.52× |
+//! | 64 KiB | 0.97–0.98× | 0.98–1.01× | 1.46–1.69× |
+//! | 1 MiB | 0.78–0.85× | 0.70–0.86× | 0.64–0.93× |
+//! | 16 MiB | 0.82–0.88× | 0.65–0.76× | 0.58–0.62× |
 //!
 //! A replay costs at most what a call does: its meeting is the same
 //! meeting, with a check of the graph's inputs for the input's. A transfer
-//! between ranks joined alone pays a header exchange first (2.4–2.5× the
+//! between ranks joined alone pays a header exchange first (about 2.5× the
 //! mailbox's time at one word), then moves the bytes once instead of
 //! reading them to the host and writing them back.
 //!
 //! The ballot's host wait shows at one word only: a rank alone (the
-//! ballot's all-gather, the call, a wait on it) takes 1.28–1.34× one
-//! process's meeting and call, about 65 µs against 49 µs with four threads
+//! ballot's all-gather, the call, a wait on it) takes 1.30–1.32× one
+//! process's meeting and call, about 65–69 µs against 49–53 µs with four threads
 //! on two cores. From 64 KiB on the data dominates. So the ballot is not
 //! pipelined with the call before it. The device path's fixed cost, about
 //! 3× host staging's at one word, is the loopback's call: it blocks until
