@@ -515,8 +515,7 @@ impl<B: Backend> Rank<B> {
     }
 
     /// Issue an agreed round's call; a part on a communication stream is
-    /// left to the watchdog. A recorded round, a round across processes and
-    /// a draining group's [`settle`](Self::settle) it.
+    /// left to the watchdog.
     pub(super) fn issue(&self, kind: Call, input: Slice<'_>, output: Slice<'_>) -> Result<()> {
         let Some(device) = &self.shared.device else {
             return Err(Error::internal(
@@ -529,27 +528,24 @@ impl<B: Backend> Rank<B> {
             device.issue(self.rank, self.client(), (kind, round), input, output)
         });
         let recorded = self.client().capture_state() == CaptureState::Recording;
-        if self.shared.ballot.is_some() || recorded || self.shared.draining {
-            let len = input.range.end.saturating_sub(input.range.start);
-            self.settle(Kind::Call(kind), len, issued, Written::Output(output))?;
-            return self.claim_if_failed_in_flight(round.round, Written::Output(output));
-        }
-        self.issued_here(
-            (Kind::Call(kind), round.round),
-            issued,
-            Written::Output(output),
-        )
+        let len = input.range.end.saturating_sub(input.range.start);
+        let call = (Kind::Call(kind), len, round.round);
+        self.after_issue(call, issued, Written::Output(output), recorded)
     }
 
     /// In one process the ranks meet once: a failed issue fails its round in
-    /// flight, so a peer may return first, its output claimed (rule 47).
-    pub(super) fn issued_here(
+    /// flight, so a peer may return first, its output claimed (rule 47). A
+    /// recorded round, a draining group's and a ballot's meet again.
+    pub(super) fn after_issue(
         &self,
-        (kind, round): (Kind, u64),
+        (kind, len, round): (Kind, u64, u64),
         issued: Result<()>,
         written: Written<'_>,
+        recorded: bool,
     ) -> Result<()> {
-        if let Err(cause) = issued {
+        if self.shared.ballot.is_some() || recorded || self.shared.draining {
+            self.settle(kind, len, issued, written)?;
+        } else if let Err(cause) = issued {
             let error = super::round::issue_failed(kind.name(), round, self.rank, cause);
             self.shared.fail_in_flight(round, &error);
         }

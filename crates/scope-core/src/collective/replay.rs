@@ -69,11 +69,7 @@ impl<B: Backend> Rank<B> {
                     device.replay(self.rank, &mut || client.replay_in_group(graph, group))?;
                     device.watch_replay(self.rank, client)
                 });
-                if self.shared.ballot.is_some() || self.shared.draining {
-                    self.settle(kind, len, issued, written)?;
-                    return self.claim_if_failed_in_flight(round, written);
-                }
-                self.issued_here((kind, round), issued, written)
+                self.after_issue((kind, len, round), issued, written, false)
             }
             Outcome::Refused(error) => Err(error.clone()),
             Outcome::Failed(error) => {
