@@ -40,6 +40,63 @@ pub(super) fn collective_error(error: &Error) -> &CollectiveError {
     }
 }
 
+/// Every rank of `group` sums a buffer of ones and reads the group's size.
+pub(super) fn every_rank_sums_its_ones<B: Backend>(group: &Group<B>) {
+    let totals = group.run(|rank| {
+        let c = rank.client();
+        let ones = upload(c, &[1; PART as usize]);
+        rank.all_reduce(ones.all(), ones.all(), Element::U32, Reduce::Sum)
+            .unwrap();
+        read(c, &ones).unwrap()
+    });
+    let ranks = group.ranks() as u32;
+    assert!(
+        totals.iter().all(|t| *t == vec![ranks; PART as usize]),
+        "{totals:?}"
+    );
+}
+
+/// Once the broken `group` is dropped, a new group over its clients works.
+pub(super) fn a_new_group_over_its_devices_works<S: Suite>(group: Group<S::Backend>) {
+    let clients = (0..group.ranks())
+        .map(|r| group.rank(r).unwrap().client().clone())
+        .collect();
+    drop(group);
+    every_rank_sums_its_ones(
+        &S::group(clients, DEFAULT_WAIT).expect("a new group over the same devices"),
+    );
+}
+
+/// Rank `rank`'s reports of a round whose library call or replay failed on
+/// rank `failed` with a cause saying `cause`: what it returned (a peer may
+/// return `Ok` first, rule 47) and what its output's read found.
+pub(super) fn names_the_failed_issue<'a>(
+    (rank, failed, cause): (usize, usize, &str),
+    returned: &'a Result<()>,
+    claims: impl IntoIterator<Item = &'a CollectiveError>,
+) {
+    let returned = match returned {
+        Err(error) => Some(collective_error(error)),
+        Ok(()) if rank != failed => None,
+        Ok(()) => panic!("rank {failed}'s failed issue returned Ok"),
+    };
+    for reported in returned.into_iter().chain(claims) {
+        let CollectiveError::IssueFailed {
+            rank: named,
+            cause: why,
+            ..
+        } = reported
+        else {
+            panic!("rank {rank}: {reported}");
+        };
+        assert_eq!(
+            *named, failed,
+            "rank {rank} names the failed rank: {reported}"
+        );
+        assert!(why.to_string().contains(cause), "{why}");
+    }
+}
+
 /// The root a read of a claimed output reports, as a collective error.
 fn claimed_by<B: Backend>(client: &Client<B>, buffer: &Buffer) -> CollectiveError {
     let error = read(client, buffer).expect_err("the output carries the collective's failure");
@@ -360,23 +417,7 @@ pub fn a_failed_device_call_breaks_the_group<S: Suite>() {
         started.elapsed()
     );
     for (rank, (reduced, claim, later)) in outcomes.into_iter().enumerate() {
-        let returned = match &reduced {
-            Err(error) => Some(collective_error(error)),
-            Ok(()) if rank != 2 => None,
-            Ok(()) => panic!("rank 2's failed call returned Ok"),
-        };
-        for reported in returned.into_iter().chain([&claim]) {
-            let CollectiveError::IssueFailed {
-                rank: failed,
-                cause,
-                ..
-            } = reported
-            else {
-                panic!("rank {rank}: {reported}");
-            };
-            assert_eq!(*failed, 2, "rank {rank} names the failed rank: {reported}");
-            assert!(cause.to_string().contains("rank 2's call"), "{cause}");
-        }
+        names_the_failed_issue((rank, 2, "rank 2's call"), &reduced, [&claim]);
         let later = later.expect_err("the group is broken");
         assert!(
             matches!(collective_error(&later), CollectiveError::Broken { .. }),
@@ -384,20 +425,7 @@ pub fn a_failed_device_call_breaks_the_group<S: Suite>() {
         );
     }
     assert!(group.broken().is_some());
-    let clients = (0..RANKS)
-        .map(|r| group.rank(r).unwrap().client().clone())
-        .collect();
-    drop(group);
-    let fresh = S::group(clients, DEFAULT_WAIT).unwrap();
-    let sums = fresh.run(|rank| {
-        let c = rank.client();
-        let input = upload(c, &[3; PART as usize]);
-        let output = alloc(c, PART);
-        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
-            .unwrap();
-        read(c, &output).unwrap()
-    });
-    assert!(sums.iter().all(|s| *s == vec![12; PART as usize]));
+    a_new_group_over_its_devices_works::<S>(group);
 }
 
 /// A sender running ahead of a receiver that never receives holds at most

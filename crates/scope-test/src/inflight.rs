@@ -5,7 +5,10 @@
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use super::collective::{DEFAULT_WAIT, PART, RANKS, collective_error, group};
+use super::collective::{
+    DEFAULT_WAIT, PART, RANKS, a_new_group_over_its_devices_works, collective_error,
+    every_rank_sums_its_ones, group,
+};
 use super::membership::lose_device;
 use super::*;
 use scope_core::Recovered;
@@ -22,22 +25,6 @@ const IN_FLIGHT: usize = 8;
 
 /// The rank whose device is lost.
 const LOST: usize = 2;
-
-/// Every rank of `group` sums a buffer of ones and reads the group's size.
-fn every_rank_sums_its_ones<B: Backend>(group: &Group<B>) {
-    let totals = group.run(|rank| {
-        let c = rank.client();
-        let ones = upload(c, &[1; PART as usize]);
-        rank.all_reduce(ones.all(), ones.all(), Element::U32, Reduce::Sum)
-            .unwrap();
-        read(c, &ones).unwrap()
-    });
-    let ranks = group.ranks() as u32;
-    assert!(
-        totals.iter().all(|t| *t == vec![ranks; PART as usize]),
-        "{totals:?}"
-    );
-}
 
 /// A read of a round's output on a rank that kept its device: the round's
 /// bytes, or a failure the round carries (a peer's fault, the deadline)
@@ -331,13 +318,7 @@ pub fn a_capture_holding_rounds_aborted_by_a_loss_fails_every_replay<S: Suite>()
         }
     }
     assert!(group.broken().is_some());
-    let clients = (0..RANKS)
-        .map(|r| group.rank(r).unwrap().client().clone())
-        .collect();
-    drop(group);
-    every_rank_sums_its_ones(
-        &S::group(clients, DEFAULT_WAIT).expect("a new group over the same devices"),
-    );
+    a_new_group_over_its_devices_works::<S>(group);
 }
 
 /// The behaviours of rounds in flight: one `#[test]` each for `$suite`.

@@ -6,7 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::collective::{PART, RANKS, collective_error, group};
+use super::collective::{
+    PART, RANKS, a_new_group_over_its_devices_works, collective_error, group,
+    names_the_failed_issue,
+};
 use super::*;
 use scope_core::Graph;
 use scope_core::collective::{CollectiveError, Element, Group, Rank, Reduce};
@@ -173,23 +176,7 @@ pub fn a_replay_that_fails_to_start_breaks_the_group<S: Suite>() {
         started.elapsed()
     );
     for (rank, (replayed, claims, later)) in outcomes.into_iter().enumerate() {
-        let returned = match &replayed {
-            Err(error) => Some(collective_error(error)),
-            Ok(()) if rank != 2 => None,
-            Ok(()) => panic!("rank 2's failed replay returned Ok"),
-        };
-        for reported in returned.into_iter().chain(&claims) {
-            let CollectiveError::IssueFailed {
-                rank: failed,
-                cause,
-                ..
-            } = reported
-            else {
-                panic!("rank {rank}: {reported}");
-            };
-            assert_eq!(*failed, 2, "rank {rank} names the failed rank: {reported}");
-            assert!(cause.to_string().contains("rank 2's replay"), "{cause}");
-        }
+        names_the_failed_issue((rank, 2, "rank 2's replay"), &replayed, &claims);
         let later = later.expect_err("the group is broken");
         assert!(
             matches!(collective_error(&later), CollectiveError::Broken { .. }),
@@ -197,23 +184,7 @@ pub fn a_replay_that_fails_to_start_breaks_the_group<S: Suite>() {
         );
     }
     assert!(group.broken().is_some());
-    let clients = (0..RANKS)
-        .map(|r| group.rank(r).unwrap().client().clone())
-        .collect();
-    drop(group);
-    let fresh = S::group(clients, WAIT).expect("a new group over the same devices");
-    let sums = fresh.run(|rank| {
-        let c = rank.client();
-        let input = upload(c, &[3; PART as usize]);
-        let output = alloc(c, PART);
-        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
-            .unwrap();
-        read(c, &output).unwrap()
-    });
-    assert!(
-        sums.iter().all(|s| *s == vec![12; PART as usize]),
-        "{sums:?}"
-    );
+    a_new_group_over_its_devices_works::<S>(group);
 }
 
 /// Ranks that disagree are refused on every rank, claiming nothing, and
