@@ -363,7 +363,10 @@ typedef struct shared_clique {
 
 /* A shared post of this process, until its output is copied home: a
  * collective's (transfer 0), or a transfer's half (1 a send, 2 a receive,
- * of transfer `seq` from rank `from` to rank `to`). */
+ * of transfer `seq` from rank `from` to rank `to`). A peer's abort does
+ * not end it: as NCCL's kernel, it waits for bytes that never come until
+ * this process aborts its own communicator (`ended`), so no stream here
+ * runs past a round a peer left unwritten before this rank learns of it. */
 typedef struct local_post {
   shared_clique *sh;
   int slot, rank;
@@ -372,6 +375,7 @@ typedef struct local_post {
   size_t recv_bytes;
   struct local_post *next;
   int transfer, from, to;
+  int ended;
 } local_post;
 static local_post *shared_posts;
 
@@ -400,8 +404,8 @@ static int shared_transfer_pending(local_post *p) {
   pthread_mutex_lock(&sh->lock);
   shared_transfer *t = &sh->transfers[p->slot];
   int pending = 0;
-  if (sh->aborted) {
-    /* ended, nothing written */
+  if (p->ended) {
+    /* ended by this rank's abort, nothing written */
   } else if (t->used && t->from == p->from && t->to == p->to && t->n == p->seq && t->done) {
     if (p->transfer == 2) memcpy(p->recv, sh->transfer_bytes[p->slot], p->recv_bytes);
     if (++t->taken == 2) t->used = 0;
@@ -418,8 +422,8 @@ static int shared_pending(local_post *p) {
   pthread_mutex_lock(&sh->lock);
   shared_call *k = &sh->calls[p->slot];
   int pending = 0;
-  if (sh->aborted) {
-    /* ended, nothing written */
+  if (p->ended) {
+    /* ended by this rank's abort, nothing written */
   } else if (k->used && k->seq == p->seq && k->done) {
     memcpy(p->recv, sh->bytes[p->slot][p->rank][1], p->recv_bytes);
     if (++k->taken == sh->nranks) k->used = 0;
@@ -741,6 +745,8 @@ int ncclCommAbort(comm *m) {
     pthread_mutex_lock(&m->sh->lock);
     m->sh->aborted = 1;
     pthread_mutex_unlock(&m->sh->lock);
+    for (local_post *p = shared_posts; p; p = p->next)
+      if (p->sh == m->sh && p->rank == m->rank) p->ended = 1;
   } else {
     m->c->aborted = 1;
     /* Timed mode: what waited for peers ends now (under this lock, so a
@@ -952,7 +958,7 @@ static int post_shared(comm *m, int kind, const void *send, void *recv, size_t c
   pthread_mutex_unlock(&sh->lock);
   local_post *mine = calloc(1, sizeof *mine);
   *mine = (local_post){sh, slot, m->rank, seq, stream_seq ? stream_seq : stream_op(stream), recv, stream, rb,
-                       shared_posts, 0, 0, 0};
+                       shared_posts, 0, 0, 0, 0};
   shared_posts = mine;
   return SUCCESS;
 }
@@ -1144,7 +1150,7 @@ static int transfer_shared(comm *m, int is_send, void *buf, size_t bytes, int pe
   pthread_mutex_unlock(&sh->lock);
   local_post *mine = calloc(1, sizeof *mine);
   *mine = (local_post){sh, slot, m->rank, n, stream_op(stream), is_send ? NULL : buf, stream, is_send ? 0 : bytes,
-                       shared_posts, is_send ? 1 : 2, from, to};
+                       shared_posts, is_send ? 1 : 2, from, to, 0};
   shared_posts = mine;
   return SUCCESS;
 }
