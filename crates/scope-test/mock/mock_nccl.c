@@ -162,8 +162,10 @@ typedef struct comm {
   clique *c;                 /* in this process */
   struct shared_clique *sh;  /* or across processes (see "shared mode") */
   int rank, aborted, destroyed;
-  /* How many times this rank shrank this communicator. */
-  unsigned long long shrunk;
+  /* How many times this rank shrank, and split, this communicator. */
+  unsigned long long shrunk, split;
+  /* Shared mode: the clique's file, whose split is `<file>.split`. */
+  char path[112];
   unsigned long long next_seq;
   /* Transfers posted to, and from, each peer: their numbers. */
   unsigned long long sent[MAX_RANKS], received[MAX_RANKS];
@@ -333,11 +335,12 @@ static void end_part(void **part) {
  * file of `dir`, mapped by every process that joins it (the id carries
  * the file's path): ranks in separate processes, each with
  * its own mock driver, meet there as real NCCL's ranks meet over the
- * network. A post copies its send bytes into the clique's slot for the
- * call; the last rank to post computes every rank's output there; each
- * process copies its rank's output into its own "device" memory when its
- * driver next asks whether the stream's work is done. Nothing else of a
- * rank's process is visible to its peers. */
+ * network. A post is placed when its stream reaches it: it copies its
+ * send bytes into the clique's slot for the call, and stays an open part
+ * of its stream; the last rank to post computes every rank's output
+ * there; each process copies its rank's output into its own "device"
+ * memory, closing the part, when its driver asks or its poller looks.
+ * Nothing else of a rank's process is visible to its peers. */
 
 #define SLOTS 8
 #define SLOT_BYTES (64 * 1024)
@@ -402,10 +405,13 @@ static shared_clique *map_clique(const char *path, int create) {
 static int shared_transfer_pending(local_post *p) {
   shared_clique *sh = p->sh;
   pthread_mutex_lock(&sh->lock);
-  shared_transfer *t = &sh->transfers[p->slot];
+  shared_transfer *t = p->slot < 0 ? NULL : &sh->transfers[p->slot];
   int pending = 0;
   if (p->ended) {
     /* ended by this rank's abort, nothing written */
+  } else if (p->slot < 0) {
+    /* placed after a peer's abort: waits for this rank's own */
+    pending = 1;
   } else if (t->used && t->from == p->from && t->to == p->to && t->n == p->seq && t->done) {
     if (p->transfer == 2) memcpy(p->recv, sh->transfer_bytes[p->slot], p->recv_bytes);
     if (++t->taken == 2) t->used = 0;
@@ -420,10 +426,13 @@ static int shared_pending(local_post *p) {
   if (p->transfer) return shared_transfer_pending(p);
   shared_clique *sh = p->sh;
   pthread_mutex_lock(&sh->lock);
-  shared_call *k = &sh->calls[p->slot];
+  shared_call *k = p->slot < 0 ? NULL : &sh->calls[p->slot];
   int pending = 0;
   if (p->ended) {
     /* ended by this rank's abort, nothing written */
+  } else if (p->slot < 0) {
+    /* placed after a peer's abort: waits for this rank's own */
+    pending = 1;
   } else if (k->used && k->seq == p->seq && k->done) {
     memcpy(p->recv, sh->bytes[p->slot][p->rank][1], p->recv_bytes);
     if (++k->taken == sh->nranks) k->used = 0;
@@ -434,15 +443,18 @@ static int shared_pending(local_post *p) {
   return pending;
 }
 
+/* Whether a shared post on `stream` up to `upto` is pending; every post
+ * found done on the way (NULL: every post) comes home and closes. */
 static int shared_pending_on(void *stream, unsigned long long upto) {
   int pending = 0;
   for (local_post **at = &shared_posts; *at;) {
     local_post *p = *at;
-    if (p->stream == stream && p->stream_seq <= upto) {
+    if (!stream || (p->stream == stream && p->stream_seq <= upto)) {
       if (shared_pending(p)) {
-        pending = 1;
+        pending = stream != NULL;
       } else {
         *at = p->next;
+        part_closed(p->stream, p->stream_seq);
         free(p);
         continue;
       }
@@ -553,6 +565,12 @@ int scope_mock_nccl_shared_id(const char *dir, ncclUniqueId *id) {
   shared_clique *sh = map_clique(id->internal + 16, 1);
   if (!sh) return refuse(SYSTEM, "scope_mock_nccl_shared_id: cannot make the shared clique %s", id->internal + 16);
   munmap(sh, sizeof *sh);
+  /* Its one split (ncclCommSplit), made now so no rank maps it half made. */
+  char split[160];
+  snprintf(split, sizeof split, "%s.split", id->internal + 16);
+  sh = map_clique(split, 1);
+  if (!sh) return refuse(SYSTEM, "scope_mock_nccl_shared_id: cannot make the shared clique %s", split);
+  munmap(sh, sizeof *sh);
   return SUCCESS;
 }
 
@@ -621,6 +639,7 @@ int ncclCommInitRankConfig(comm **out, int nranks, ncclUniqueId id, int rank, co
     comm *m = calloc(1, sizeof *m);
     m->sh = sh;
     m->rank = rank;
+    snprintf(m->path, sizeof m->path, "%s", id.internal + 16);
     *out = m;
     if (config && config->blocking == 0) return joined == nranks ? SUCCESS : IN_PROGRESS;
     return refuse(INVALID_USAGE, "ncclCommInitRankConfig: the mock's shared mode takes non-blocking communicators");
@@ -707,6 +726,62 @@ int ncclCommShrink(comm *m, int *exclude, int nexclude, comm **out, config_head 
   return refuse(INVALID_USAGE, "ncclCommShrink: the mock shrinks to non-blocking communicators");
 }
 
+/* NCCL 2.18's split, as scope uses it: every rank's color 0 and its key
+ * its rank, so the new clique holds every rank, numbered as before, under
+ * an id its members name alike (the parent's, and which split of it). In
+ * shared mode the clique is the file made beside the parent's, one split
+ * per communicator. A real NCCL refuses what this refuses but the colors
+ * and keys, which it takes, and this mock does not model. */
+int ncclCommSplit(comm *m, int color, int key, comm **out, config_head *config) {
+  LOCKED;
+  int bad = usable(m, "ncclCommSplit");
+  if (bad) return bad;
+  if (!out) return refuse(INVALID_ARGUMENT, "ncclCommSplit with a null communicator pointer");
+  if (config && config->magic != API_MAGIC)
+    return refuse(INVALID_ARGUMENT, "ncclCommSplit: the config was not made from NCCL_CONFIG_INITIALIZER");
+  if (color != 0 || key != m->rank)
+    return refuse(INVALID_ARGUMENT, "ncclCommSplit: color %d, key %d on rank %d (the mock splits into one "
+                  "communicator of every rank, numbered as before)", color, key, m->rank);
+  if (config && config->blocking != 0)
+    return refuse(INVALID_USAGE, "ncclCommSplit: the mock splits to non-blocking communicators");
+  comm *n = calloc(1, sizeof *n);
+  n->rank = m->rank;
+  if (m->sh) {
+    if (m->split++) { free(n); return refuse(INVALID_USAGE, "ncclCommSplit: the mock's shared mode splits once"); }
+    snprintf(n->path, sizeof n->path, "%.*s.split", (int)sizeof n->path - 7, m->path);
+    shared_clique *sh = map_clique(n->path, 0);
+    if (!sh) {
+      free(n);
+      return refuse(INVALID_ARGUMENT, "ncclCommSplit: no shared clique beside %s", m->path);
+    }
+    pthread_mutex_lock(&sh->lock);
+    if (!sh->nranks) sh->nranks = m->sh->nranks;
+    int twice = sh->present[m->rank];
+    if (!twice) {
+      sh->present[m->rank] = 1;
+      sh->devices[m->rank] = m->sh->devices[m->rank];
+      sh->joined++;
+    }
+    int joined = sh->joined, nranks = sh->nranks;
+    pthread_mutex_unlock(&sh->lock);
+    if (twice) { free(n); return refuse(INVALID_USAGE, "ncclCommSplit: rank %d split twice", m->rank); }
+    n->sh = sh;
+    *out = n;
+    return joined == nranks ? SUCCESS : IN_PROGRESS;
+  }
+  clique *parent = m->c;
+  /* Splits count from the top bit down, apart from the parent's shrinks. */
+  clique *c = shrunk_clique_of(parent->id, (1ULL << 63) | ++m->split, parent->nranks);
+  if (c->present[m->rank]) { free(n); return refuse(INVALID_USAGE, "ncclCommSplit: rank %d split twice", m->rank); }
+  c->present[m->rank] = 1;
+  c->devices[m->rank] = parent->devices[m->rank];
+  c->joined++;
+  pthread_cond_broadcast(&changed);
+  n->c = c;
+  *out = n;
+  return c->joined == c->nranks ? SUCCESS : IN_PROGRESS;
+}
+
 static int usable(comm *m, const char *call) {
   if (!m) return refuse(INVALID_ARGUMENT, "%s with a null communicator", call);
   if (m->aborted) return refuse(INVALID_ARGUMENT, "%s on an aborted communicator (freed by ncclCommAbort)", call);
@@ -746,7 +821,10 @@ int ncclCommAbort(comm *m) {
     m->sh->aborted = 1;
     pthread_mutex_unlock(&m->sh->lock);
     for (local_post *p = shared_posts; p; p = p->next)
-      if (p->sh == m->sh && p->rank == m->rank) p->ended = 1;
+      if (p->sh == m->sh && p->rank == m->rank) {
+        p->ended = 1;
+        part_closed(p->stream, p->stream_seq);
+      }
   } else {
     m->c->aborted = 1;
     /* Timed mode: what waited for peers ends now (under this lock, so a
@@ -886,6 +964,126 @@ static void run(call *k, int n) {
   }
 }
 
+/* A shared post, numbered when issued and placed when its stream reaches
+ * it, as NCCL's kernel reads its input only when it runs: a call
+ * (`transfer` 0, `seq` its number) or a transfer's half (1 a send, 2 a
+ * receive; `seq` its number between the two ranks). */
+typedef struct {
+  comm *m;
+  int transfer, peer;
+  unsigned long long seq;
+  post p;
+  size_t bytes;
+} shared_issue;
+static int place_shared(const shared_issue *h);
+
+static void place_shared_held(const void *blob, void *stream, unsigned long long stream_seq) {
+  LOCKED;
+  (void)stream;
+  (void)stream_seq;
+  place_shared(blob);
+}
+
+/* Hold `h` behind its stream's work (1), or 0 where nothing is held. */
+static int hold_shared(const shared_issue *h) {
+  typedef void (*hook)(const void *, void *, unsigned long long);
+  int (*f)(void *, unsigned long long, hook, const void *, size_t) =
+      (int (*)(void *, unsigned long long, hook, const void *, size_t))driver_hook("scope_mock_hold_post");
+  return f ? f(h->p.stream, h->p.seq, place_shared_held, h, sizeof *h) : 0;
+}
+
+static int shared_pending_on(void *stream, unsigned long long upto);
+
+/* A device finishes its work unasked: this thread looks at the shared
+ * posts every 200 µs, so a post done by its peers closes its part (and
+ * its stream's later work runs) whether or not the host asks. */
+static void *poll_shared(void *unused) {
+  (void)unused;
+  for (;;) {
+    struct timespec pause = {0, 200000};
+    nanosleep(&pause, NULL);
+    LOCKED;
+    shared_pending_on(NULL, 0);
+  }
+  return NULL;
+}
+
+/* Remember this process's placed post `mine` until its bytes come home:
+ * an open part of its stream, whose later work waits for it. */
+static void remember_shared(local_post mine) {
+  static int polling;
+  if (!polling) {
+    pthread_t poller;
+    polling = pthread_create(&poller, NULL, poll_shared, NULL) == 0;
+    if (polling) pthread_detach(poller);
+  }
+  local_post *at = calloc(1, sizeof *at);
+  *at = mine;
+  at->next = shared_posts;
+  shared_posts = at;
+  part_opened(at->stream, at->stream_seq);
+}
+
+/* Place a call's post (the caller holds `lock`): its send bytes go into
+ * the slot of its number; the last rank's runs the call. A peer's abort
+ * leaves it waiting, as NCCL's kernel, until this rank aborts. */
+static int place_shared_call(const shared_issue *h) {
+  comm *m = h->m;
+  shared_clique *sh = m->sh;
+  const post *p = &h->p;
+  if (m->aborted || m->destroyed) return REMOTE;
+  const char *name = CALLS[p->kind];
+  pthread_mutex_lock(&sh->lock);
+  int n = sh->nranks;
+  size_t sb = send_bytes(p, n), rb = recv_bytes(p, n);
+  int sends = p->kind != BROADCAST || m->rank == p->root;
+  const char *why = NULL;
+  int slot = -1;
+  for (int i = 0; i < SLOTS && !sh->aborted; i++)
+    if (sh->calls[i].used && sh->calls[i].seq == h->seq) slot = i;
+  for (int i = 0; i < SLOTS && !sh->aborted && slot < 0; i++)
+    if (!sh->calls[i].used) {
+      slot = i;
+      memset(&sh->calls[i], 0, sizeof sh->calls[i]);
+      sh->calls[i].used = 1;
+      sh->calls[i].seq = h->seq;
+    }
+  if (!sh->aborted && slot < 0) why = "every slot of the shared clique is taken";
+  shared_call *k = slot < 0 ? NULL : &sh->calls[slot];
+  for (int r = 0; k && r < n && !why; r++) {
+    const post *q = &k->meta[r];
+    if (q->posted && (q->kind != p->kind || q->count != p->count || q->dtype != p->dtype || q->op != p->op ||
+                      q->root != p->root)) {
+      k->mismatched = 1;
+      why = "posted another call than a peer for the same sequence number";
+    }
+  }
+  if (why) {
+    pthread_mutex_unlock(&sh->lock);
+    return refuse(INVALID_USAGE, "%s on rank %d (shared): %s", name, m->rank, why);
+  }
+  if (k) {
+    if (sends) memcpy(sh->bytes[slot][m->rank][0], p->send, sb);
+    k->meta[m->rank] = *p;
+    k->nposted++;
+    if (k->nposted == n && !k->mismatched) {
+      call local;
+      memset(&local, 0, sizeof local);
+      for (int r = 0; r < n; r++) {
+        local.posts[r] = k->meta[r];
+        local.posts[r].send = sh->bytes[slot][r][0];
+        local.posts[r].recv = sh->bytes[slot][r][1];
+      }
+      run(&local, n);
+      k->done = 1;
+    }
+  }
+  pthread_mutex_unlock(&sh->lock);
+  /* Slot -1: a peer aborted first; it waits for this rank's abort. */
+  remember_shared((local_post){sh, slot, m->rank, h->seq, p->seq, p->recv, p->stream, rb, NULL, 0, 0, 0, 0});
+  return SUCCESS;
+}
+
 /* A post of a communicator in shared mode (the caller holds `lock`). */
 static int post_shared(comm *m, int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
                        void *stream, unsigned long long stream_seq) {
@@ -893,9 +1091,9 @@ static int post_shared(comm *m, int kind, const void *send, void *recv, size_t c
   shared_clique *sh = m->sh;
   int capturing = stream_seq ? 0 : stream_capturing(stream);
   if (capturing < 0) return refuse(INVALID_USAGE, "%s on a stream that is not a live stream", name);
+  post p = {1, kind, dtype, op, root, count, send, recv, stream, 0, NULL};
   if (capturing) {
     /* Recorded: its replays post it (NCCL captures a call as kernels). */
-    post p = {1, kind, dtype, op, root, count, send, recv, stream, 0, NULL};
     int sends = kind != BROADCAST || m->rank == root;
     if ((sends && !device_range(send, send_bytes(&p, sh->nranks))) || !device_range(recv, recv_bytes(&p, sh->nranks)))
       return refuse(INVALID_ARGUMENT, "%s recorded on rank %d: a buffer is not inside one live device allocation",
@@ -906,7 +1104,6 @@ static int post_shared(comm *m, int kind, const void *send, void *recv, size_t c
   }
   pthread_mutex_lock(&sh->lock);
   int n = sh->nranks;
-  post p = {1, kind, dtype, op, root, count, send, recv, stream, 0, NULL};
   size_t sb = send_bytes(&p, n), rb = recv_bytes(&p, n);
   int sends = kind != BROADCAST || m->rank == root;
   const char *why = NULL;
@@ -914,53 +1111,16 @@ static int post_shared(comm *m, int kind, const void *send, void *recv, size_t c
   else if (sh->joined < n) why = "before every rank joined the communicator";
   else if (sb > SLOT_BYTES || rb > SLOT_BYTES) why = "more bytes than the mock's shared mode carries (64 KiB a rank)";
   else if ((sends && !device_range(send, sb)) || !device_range(recv, rb)) why = "a buffer is not inside one live device allocation";
-  unsigned long long seq = m->next_seq;
-  int slot = -1;
-  for (int i = 0; i < SLOTS && !why; i++)
-    if (sh->calls[i].used && sh->calls[i].seq == seq) slot = i;
-  for (int i = 0; i < SLOTS && !why && slot < 0; i++)
-    if (!sh->calls[i].used) {
-      slot = i;
-      memset(&sh->calls[i], 0, sizeof sh->calls[i]);
-      sh->calls[i].used = 1;
-      sh->calls[i].seq = seq;
-    }
-  if (!why && slot < 0) why = "every slot of the shared clique is taken";
-  shared_call *k = why ? NULL : &sh->calls[slot];
-  for (int r = 0; k && r < n; r++) {
-    const post *q = &k->meta[r];
-    if (q->posted && (q->kind != kind || q->count != count || q->dtype != dtype || q->op != op || q->root != root)) {
-      k->mismatched = 1;
-      why = "posted another call than a peer for the same sequence number";
-    }
-  }
+  int aborted = sh->aborted;
+  pthread_mutex_unlock(&sh->lock);
   if (why) {
-    int aborted = sh->aborted;
-    pthread_mutex_unlock(&sh->lock);
     if (aborted) return REMOTE; /* a peer aborted: the communicator's error, not a misuse */
     return refuse(INVALID_USAGE, "%s on rank %d (shared): %s", name, m->rank, why);
   }
-  m->next_seq++;
-  if (sends) memcpy(sh->bytes[slot][m->rank][0], send, sb);
-  k->meta[m->rank] = p;
-  k->nposted++;
-  if (k->nposted == n && !k->mismatched) {
-    call local;
-    memset(&local, 0, sizeof local);
-    for (int r = 0; r < n; r++) {
-      local.posts[r] = k->meta[r];
-      local.posts[r].send = sh->bytes[slot][r][0];
-      local.posts[r].recv = sh->bytes[slot][r][1];
-    }
-    run(&local, n);
-    k->done = 1;
-  }
-  pthread_mutex_unlock(&sh->lock);
-  local_post *mine = calloc(1, sizeof *mine);
-  *mine = (local_post){sh, slot, m->rank, seq, stream_seq ? stream_seq : stream_op(stream), recv, stream, rb,
-                       shared_posts, 0, 0, 0, 0};
-  shared_posts = mine;
-  return SUCCESS;
+  p.seq = stream_seq ? stream_seq : stream_op(stream);
+  shared_issue h = {m, 0, 0, m->next_seq++, p, 0};
+  if (!stream_seq && hold_shared(&h)) return SUCCESS;
+  return place_shared_call(&h);
 }
 
 /* A post issued where its stream holds work: placed when it is reached. */
@@ -1102,57 +1262,82 @@ int ncclAlltoAll(const void *send, void *recv, size_t count, int dtype, comm *m,
 
 /* ----- point-to-point ----- */
 
-/* A transfer's half in shared mode (the caller holds `lock`): a send
- * copies its bytes into the transfer's slot; a receive copies them home
- * when its driver next asks, once both halves are posted. */
+/* Place a transfer's half (the caller holds `lock`): a send copies its
+ * bytes into the transfer's slot; a receive copies them home when its
+ * driver next asks, once both halves are placed. */
+static int place_shared_transfer(const shared_issue *h) {
+  comm *m = h->m;
+  shared_clique *sh = m->sh;
+  int is_send = h->transfer == 1;
+  const char *name = is_send ? "ncclSend" : "ncclRecv";
+  int from = is_send ? m->rank : h->peer, to = is_send ? h->peer : m->rank;
+  void *buf = is_send ? (void *)(uintptr_t)h->p.send : h->p.recv;
+  size_t bytes = h->bytes;
+  if (m->aborted || m->destroyed) return REMOTE;
+  pthread_mutex_lock(&sh->lock);
+  const char *why = NULL;
+  int slot = -1;
+  for (int i = 0; i < SLOTS && !sh->aborted; i++) {
+    shared_transfer *t = &sh->transfers[i];
+    if (t->used && t->from == from && t->to == to && t->n == h->seq) slot = i;
+  }
+  for (int i = 0; i < SLOTS && !sh->aborted && slot < 0; i++)
+    if (!sh->transfers[i].used) {
+      slot = i;
+      memset(&sh->transfers[i], 0, sizeof sh->transfers[i]);
+      sh->transfers[i] = (shared_transfer){1, from, to, 0, 0, 0, 0, h->seq, 0, 0};
+    }
+  if (!sh->aborted && slot < 0) why = "every transfer slot of the shared clique is taken";
+  shared_transfer *t = slot < 0 ? NULL : &sh->transfers[slot];
+  if (t && ((is_send && t->has_recv && t->recv_bytes != bytes) || (!is_send && t->has_send && t->send_bytes != bytes)))
+    why = "a length the other half does not post";
+  if (why) {
+    pthread_mutex_unlock(&sh->lock);
+    return refuse(INVALID_USAGE, "%s #%llu from rank %d to rank %d (shared): %s", name, h->seq, from, to, why);
+  }
+  if (t && is_send) {
+    memcpy(sh->transfer_bytes[slot], buf, bytes);
+    t->has_send = 1;
+    t->send_bytes = bytes;
+  } else if (t) {
+    t->has_recv = 1;
+    t->recv_bytes = bytes;
+  }
+  if (t && t->has_send && t->has_recv) t->done = 1;
+  pthread_mutex_unlock(&sh->lock);
+  remember_shared((local_post){sh, slot, m->rank, h->seq, h->p.seq, is_send ? NULL : buf, h->p.stream,
+                               is_send ? 0 : bytes, NULL, is_send ? 1 : 2, from, to, 0});
+  return SUCCESS;
+}
+
+/* A transfer's half in shared mode (the caller holds `lock`), placed when
+ * its stream reaches it. */
 static int transfer_shared(comm *m, int is_send, void *buf, size_t bytes, int peer, void *stream) {
   const char *name = is_send ? "ncclSend" : "ncclRecv";
   shared_clique *sh = m->sh;
   int from = is_send ? m->rank : peer, to = is_send ? peer : m->rank;
-  unsigned long long n = is_send ? m->sent[peer] : m->received[peer];
   pthread_mutex_lock(&sh->lock);
   const char *why = NULL;
   if (sh->aborted) why = "";
   else if (sh->joined < sh->nranks) why = "before every rank joined the communicator";
   else if (bytes > SLOT_BYTES) why = "more bytes than the mock's shared mode carries (64 KiB a transfer)";
-  int slot = -1;
-  for (int i = 0; i < SLOTS && !why; i++) {
-    shared_transfer *t = &sh->transfers[i];
-    if (t->used && t->from == from && t->to == to && t->n == n) slot = i;
-  }
-  for (int i = 0; i < SLOTS && !why && slot < 0; i++)
-    if (!sh->transfers[i].used) {
-      slot = i;
-      memset(&sh->transfers[i], 0, sizeof sh->transfers[i]);
-      sh->transfers[i] = (shared_transfer){1, from, to, 0, 0, 0, 0, n, 0, 0};
-    }
-  if (!why && slot < 0) why = "every transfer slot of the shared clique is taken";
-  shared_transfer *t = why ? NULL : &sh->transfers[slot];
-  if (t && ((is_send && t->has_recv && t->recv_bytes != bytes) || (!is_send && t->has_send && t->send_bytes != bytes)))
-    why = "a length the other half does not post";
+  int aborted = sh->aborted;
+  pthread_mutex_unlock(&sh->lock);
+  unsigned long long n = is_send ? m->sent[peer] : m->received[peer];
   if (why) {
-    int aborted = sh->aborted;
-    pthread_mutex_unlock(&sh->lock);
     if (aborted) return REMOTE;
     return refuse(INVALID_USAGE, "%s #%llu from rank %d to rank %d (shared): %s", name, n, from, to, why);
   }
-  if (is_send) {
-    m->sent[peer]++;
-    memcpy(sh->transfer_bytes[slot], buf, bytes);
-    t->has_send = 1;
-    t->send_bytes = bytes;
-  } else {
-    m->received[peer]++;
-    t->has_recv = 1;
-    t->recv_bytes = bytes;
-  }
-  if (t->has_send && t->has_recv) t->done = 1;
-  pthread_mutex_unlock(&sh->lock);
-  local_post *mine = calloc(1, sizeof *mine);
-  *mine = (local_post){sh, slot, m->rank, n, stream_op(stream), is_send ? NULL : buf, stream, is_send ? 0 : bytes,
-                       shared_posts, is_send ? 1 : 2, from, to, 0};
-  shared_posts = mine;
-  return SUCCESS;
+  if (is_send) m->sent[peer]++;
+  else m->received[peer]++;
+  post p = {1, 0, 0, 0, 0, 0, is_send ? buf : NULL, is_send ? NULL : buf, stream, stream_op(stream), NULL};
+  shared_issue h = {m, is_send ? 1 : 2, peer, n, p, bytes};
+  if (hold_shared(&h)) return SUCCESS;
+  return place_shared_transfer(&h);
+}
+
+static int place_shared(const shared_issue *h) {
+  return h->transfer ? place_shared_transfer(h) : place_shared_call(h);
 }
 
 /* One half of transfer number n from one rank to another: the bytes move
