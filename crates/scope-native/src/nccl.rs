@@ -152,6 +152,10 @@ pub type CommShrink = unsafe extern "C" fn(
     *mut c_void,
     c_int,
 ) -> NcclResult;
+/// `ncclCommSplit` (NCCL 2.18): parent, color, key, the new
+/// communicator, its config.
+pub type CommSplit =
+    unsafe extern "C" fn(RawComm, c_int, c_int, *mut RawComm, *mut c_void) -> NcclResult;
 /// `ncclAllReduce` and `ncclReduceScatter`: send, receive, count, type,
 /// operation, communicator, stream.
 pub type Reducing = unsafe extern "C" fn(
@@ -213,6 +217,8 @@ pub struct NcclTable {
     /// `ncclCommShrink`, where the library has it (NCCL 2.27 and later;
     /// not in [`SYMBOLS`](Self::SYMBOLS), which a transport needs).
     pub comm_shrink: Option<CommShrink>,
+    /// `ncclCommSplit`, where the library has it (NCCL 2.18 and later).
+    pub comm_split: Option<CommSplit>,
 }
 
 impl NcclTable {
@@ -276,6 +282,14 @@ impl NcclTable {
                     // `ncclCommShrink` of an NCCL API library, whose C
                     // declaration is `CommShrink`.
                     unsafe { std::mem::transmute::<*const c_void, CommShrink>(raw) }
+                }),
+            comm_split: address("ncclCommSplit")
+                .filter(|p| !p.is_null())
+                .map(|raw| {
+                    // SAFETY: the caller vouches that `raw` is
+                    // `ncclCommSplit` of an NCCL API library, whose C
+                    // declaration is `CommSplit`.
+                    unsafe { std::mem::transmute::<*const c_void, CommSplit>(raw) }
                 }),
         })
     }
@@ -480,10 +494,70 @@ impl Communicator {
                 )
             }
         };
+        self.derived("ncclCommShrink", made, comm, patience)
+            .map(Some)
+    }
+
+    /// This rank's communicator of the same ranks, numbered alike, with
+    /// resources of its own (`ncclCommSplit`, one color, `splitShare = 0`):
+    /// NCCL runs a communicator's kernels one after another whatever their
+    /// streams, so work on the copy never waits behind this one's.
+    /// `Ok(None)` where the library has no split.
+    ///
+    /// # Safety
+    ///
+    /// As [`shrink`](Self::shrink), with nothing excluded: every rank
+    /// duplicates once, with its own `rank`.
+    ///
+    /// # Errors
+    ///
+    /// As [`shrink`](Self::shrink).
+    pub unsafe fn duplicate(&self, rank: usize, patience: Duration) -> Result<Option<Self>> {
+        let Some(comm_split) = self.table.comm_split else {
+            return Ok(None);
+        };
+        let key = c_int::try_from(rank)
+            .map_err(|_| Error::invalid("nccl communicator", "too many ranks"))?;
+        let mut config = Config::non_blocking();
+        config.split_share = 0;
+        let mut comm: RawComm = std::ptr::null_mut();
+        let made = {
+            let handle = self.handle.read();
+            if handle.aborted {
+                return Err(aborted(self.table.library, "ncclCommSplit"));
+            }
+            // SAFETY: the parent is live (not aborted, under the lock);
+            // `comm` and `config` outlive the call; the config is
+            // NCCL_CONFIG_INITIALIZER's head with its own size, `blocking =
+            // 0` and `splitShare = 0`; color 0 on every rank keeps every
+            // rank, the key its number; the caller vouches for the rest.
+            unsafe {
+                comm_split(
+                    handle.comm,
+                    0,
+                    key,
+                    &mut comm,
+                    (&raw mut config).cast::<c_void>(),
+                )
+            }
+        };
+        self.derived("ncclCommSplit", made, comm, patience)
+            .map(Some)
+    }
+
+    /// The communicator `call` made from this one, once it settled; an
+    /// unsettled one is aborted, as a join's is.
+    fn derived(
+        &self,
+        call: &'static str,
+        made: NcclResult,
+        comm: RawComm,
+        patience: Duration,
+    ) -> Result<Self> {
         if made != SUCCESS && made != IN_PROGRESS {
-            return Err(self.table.error("ncclCommShrink", made));
+            return Err(self.table.error(call, made));
         }
-        let shrunk = Self {
+        let derived = Self {
             table: self.table,
             handle: RwLock::new(Handle {
                 comm,
@@ -491,11 +565,11 @@ impl Communicator {
             }),
             patience,
         };
-        if let Err(e) = shrunk.settle("ncclCommShrink") {
-            shrunk.abort();
+        if let Err(e) = derived.settle(call) {
+            derived.abort();
             return Err(e);
         }
-        Ok(Some(shrunk))
+        Ok(derived)
     }
 
     /// Poll until the communicator's pending work is no longer in

@@ -256,6 +256,61 @@ where
     }
 }
 
+/// Rounds issued back to back.
+const ROUNDS: usize = 200;
+
+/// Ranks that each joined alone issue rounds and replay a graph of rounds
+/// without a read or a sync between them: no rank's stream is drained —
+/// each ballot is taken from what is known at submission, each round is
+/// watched, not waited for — and every output is right at the end
+/// (rules 47, 49, 50).
+pub fn rounds_of_ranks_joined_alone_drain_no_stream<S: Suite>()
+where
+    S::Backend: DeviceCollectives,
+{
+    let outcomes = each_rank_alone::<S, _>(Duration::from_secs(120), |rank| {
+        let c = rank.client();
+        let r = rank.index() as u32;
+        let g = super::recorded::record_sized(&rank, PART, RANKS);
+        c.write(g.input.all(), &as_bytes(&vec![r + 1; PART as usize]))
+            .unwrap();
+        let output = alloc(c, PART);
+        let drains = c.drains();
+        for k in 0..ROUNDS {
+            if k % 10 == 0 {
+                rank.replay(&g.graph).unwrap();
+            }
+            rank.all_reduce(g.input.all(), output.all(), Element::U32, Reduce::Max)
+                .unwrap();
+        }
+        let drained = c.drains() - drains;
+        (
+            drained,
+            read(c, &output).unwrap(),
+            read(c, &g.sum).unwrap(),
+            read(c, &g.gathered).unwrap(),
+        )
+    });
+    let Some(outcomes) = outcomes else {
+        return;
+    };
+    let ranks = RANKS as u32;
+    let gathered: Vec<u32> = (1..=ranks)
+        .flat_map(|r| std::iter::repeat_n(r, PART as usize))
+        .collect();
+    for (rank, (drained, max, sum, all)) in outcomes.into_iter().enumerate() {
+        assert_eq!(drained, 0, "rank {rank}'s stream was drained by a round");
+        assert_eq!(max, vec![ranks; PART as usize], "rank {rank}'s rounds");
+        let total = ranks * (ranks + 1) / 2;
+        assert_eq!(
+            sum,
+            vec![total; PART as usize],
+            "rank {rank}'s replayed sum"
+        );
+        assert_eq!(all, gathered, "rank {rank}'s replayed gather");
+    }
+}
+
 /// Ranks that each joined alone send and receive through the library:
 /// clean bytes arrive; rank 2's failed bytes are claimed on rank 3's
 /// buffer naming rank 2 and its root cause (as rank 2's process rendered
@@ -737,6 +792,7 @@ macro_rules! across_tests {
     ($suite:ty) => {
         $crate::behaviour! { joined $suite, across::ranks_in_separate_processes_decide_alike }
         $crate::behaviour! { joined $suite, across::ranks_in_separate_processes_record_and_replay }
+        $crate::behaviour! { joined $suite, across::rounds_of_ranks_joined_alone_drain_no_stream }
         $crate::behaviour! { joined $suite, across::ranks_in_separate_processes_send_and_receive }
         $crate::behaviour! { joined $suite, across::a_silent_rank_in_another_process_stalls_its_peers_within_the_deadline }
         $crate::behaviour! { joined $suite, across::a_silent_sender_in_another_process_stalls_its_receiver_within_the_deadline }

@@ -7,8 +7,8 @@
 //! 1. **Every rank decides before data moves**, so a mismatched call never
 //!    reaches the library, where NCCL would hang or overrun.
 //! 2. **Nothing of the caller's stream is drained.** A rank decides from
-//!    what is known at submission; in one process the call runs on a
-//!    communication stream ([`Site::Collective`]), ordered by an event.
+//!    what is known at submission; the call runs on a communication
+//!    stream ([`Site::Collective`]), ordered by an event.
 //! 3. **What surfaces later reaches every rank** through the watchdog
 //!    (`watchdog.rs`), before the communicators are aborted.
 //! 4. **A call that fails after agreement breaks the group**: the failing
@@ -118,6 +118,26 @@ pub trait DeviceCollectives: Backend {
         Ok(None)
     }
 
+    /// A copy of `communicator` (`ncclCommSplit`) whose calls never wait
+    /// behind its kernels; `Ok(None)`, the default, where there is none.
+    ///
+    /// # Safety
+    ///
+    /// As [`shrink`](Self::shrink), nothing excluded; `rank` is this rank.
+    ///
+    /// # Errors
+    ///
+    /// As [`shrink`](Self::shrink).
+    unsafe fn duplicate(
+        &mut self,
+        communicator: &Self::Communicator,
+        rank: usize,
+        patience: Duration,
+    ) -> Result<Option<Self::Communicator>> {
+        let _ = (communicator, rank, patience);
+        Ok(None)
+    }
+
     /// Whether `waiter`'s work finished, without blocking: a wait with a
     /// deadline, where a missing peer would block [`Backend::wait`].
     ///
@@ -201,7 +221,7 @@ pub(super) trait Mover<B: Backend>: Send + Sync {
     ) -> Result<Option<Box<dyn watchdog::Part>>>;
 
     /// A watch on rank `rank`'s stream up to a replay just issued there;
-    /// `None` where the caller waits for it itself (across processes).
+    /// `None` where the caller waits for it itself (a draining group).
     fn watch_replay(
         &self,
         rank: usize,
@@ -220,10 +240,6 @@ pub(super) trait Mover<B: Backend>: Send + Sync {
 
     /// The transport of a new epoch over `clients`, whose first members
     /// were ranks `survivors`: shrunk where it can be, else joined anew.
-    ///
-    /// # Errors
-    ///
-    /// What the library answered to a member's join.
     fn regroup(
         &self,
         survivors: &[usize],
@@ -237,7 +253,7 @@ pub(super) struct Communicators<B: DeviceCollectives> {
     /// The rank `mine[0]` is.
     pub(super) first: usize,
     pub(super) mine: Vec<Arc<B::Communicator>>,
-    /// Each rank's communication stream; empty across processes (rule 49).
+    /// Each rank's communication stream; empty where a group drains.
     pub(super) streams: Vec<LentStream<B>>,
     /// How many ranks the group has.
     pub(super) ranks: usize,
@@ -394,11 +410,8 @@ impl<B: DeviceCollectives> Mover<B> for Communicators<B> {
     }
 }
 
-/// Every one of `clients` joins one new communicator, each on its own thread.
-///
-/// # Errors
-///
-/// [`Error::BackendUnavailable`] without the library; the first failed join.
+/// Every one of `clients` joins one new communicator, each on its own
+/// thread; the first failed join, or no library, is the error.
 fn join_all<B: DeviceCollectives>(
     clients: &[Client<B>],
     deadline: Duration,
@@ -533,9 +546,9 @@ impl<B: Backend> Rank<B> {
         self.after_issue(call, issued, Written::Output(output), recorded)
     }
 
-    /// In one process the ranks meet once: a failed issue fails its round in
-    /// flight, so a peer may return first, its output claimed (rule 47). A
-    /// recorded round, a draining group's and a ballot's meet again.
+    /// The ranks meet once: a failed issue fails its round in flight, and a
+    /// peer may return first, its output claimed (rules 47, 49). In one
+    /// process a recorded round meets again, as a draining group's does.
     pub(super) fn after_issue(
         &self,
         (kind, len, round): (Kind, u64, u64),
@@ -543,10 +556,11 @@ impl<B: Backend> Rank<B> {
         written: Written<'_>,
         recorded: bool,
     ) -> Result<()> {
-        if self.shared.ballot.is_some() || recorded || self.shared.draining {
+        if (recorded && self.shared.ballot.is_none()) || self.shared.draining {
             self.settle(kind, len, issued, written)?;
         } else if let Err(cause) = issued {
-            let error = super::round::issue_failed(kind.name(), round, self.rank, cause);
+            let seat = (self.rank, round);
+            let error = super::round::blame(kind.name(), seat, self.shared.deadline, cause);
             self.shared.fail_in_flight(round, &error);
         }
         self.claim_if_failed_in_flight(round, written)
@@ -607,9 +621,6 @@ impl<B: Backend> Rank<B> {
         written: Written<'_>,
     ) -> Result<()> {
         let recorded = self.client().capture_state() == CaptureState::Recording;
-        if let Some(ballot) = &self.shared.ballot {
-            return self.settle_issued(ballot.as_ref(), (kind, recorded), issued, written);
-        }
         let status = match issued {
             Ok(()) => Input::Ready,
             Err(cause) => {

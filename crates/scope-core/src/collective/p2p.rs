@@ -361,7 +361,7 @@ impl<B: Backend> Rank<B> {
                 round: number,
                 deadline,
             },
-            Err(cause) => super::remote::blame(kind, (self.rank, number), deadline, cause),
+            Err(cause) => super::round::blame(kind.name(), (self.rank, number), deadline, cause),
         };
         self.shared
             .break_with(&mut self.shared.state.lock(), &error);

@@ -8,7 +8,9 @@
 //!    [`CollectiveError::Stalled`] (rules 42, 43).
 //! 4. **A failed call breaks what it can reach**; no output reads as written.
 //! 5. **Point-to-point pairs its headers** first (rule 48).
-//! 6. **Ballots have a stream of their own**, usable while the rank's records.
+//! 6. **Ballots have a stream and a communicator of their own**: usable
+//!    while the rank's stream records, never behind a round in flight.
+//! 7. **A round is watched, not waited for**, as in one process (rule 47).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::device::{
     Communicators, DeviceCall, DeviceCollectives, DeviceTransfer, Direction, Mover,
 };
-use super::round::{Input, Kind, Outcome, Part, Written, decide, issue_failed};
+use super::round::{Input, Kind, Outcome, Part, blame, decide};
 use super::{Call, CollectiveError, Element, Rank, Reduce, Shared};
 use crate::backend::Backend;
 use crate::client::{Client, LentStream};
@@ -83,6 +85,7 @@ pub(super) trait Ballot<B: Backend>: Send + Sync {
 
 /// One rank's ballot boxes: what it sends, and where every rank's lands.
 struct Ballots<B: DeviceCollectives> {
+    /// The rounds' communicator's copy, where the library makes one.
     communicator: Arc<B::Communicator>,
     send: Buffer,
     gathered: Buffer,
@@ -108,7 +111,7 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
     ) -> std::result::Result<Vec<Part>, CollectiveError> {
         let client = &self.client;
         let kind = part.kind;
-        let failed = |cause: Error| blame(kind, (rank, round), deadline, cause);
+        let failed = |cause: Error| blame(kind.name(), (rank, round), deadline, cause);
         let until = self.post(round, &part, deadline).map_err(failed)?;
         let ranks = self.ranks;
         let communicator = &self.communicator;
@@ -160,7 +163,7 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
     ) -> std::result::Result<Part, CollectiveError> {
         let client = &self.client;
         let kind = part.kind;
-        let failed = |cause: Error| blame(kind, (rank, number), deadline, cause);
+        let failed = |cause: Error| blame(kind.name(), (rank, number), deadline, cause);
         let until = self.post(number, &part, deadline).map_err(failed)?;
         let header = self.gathered.slice(0..RECORD as u64);
         let send = || self.transfer(client, Direction::Send, peer, self.send.all());
@@ -236,25 +239,6 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
             // SAFETY: the communicator was joined on a `B`.
             || unsafe { B::abort(&self.communicator) },
         )
-    }
-}
-
-/// Why this rank's round failed: a stall blames the peers, else the rank.
-pub(super) fn blame(
-    kind: Kind,
-    (rank, round): (usize, u64),
-    deadline: Duration,
-    cause: Error,
-) -> CollectiveError {
-    match &cause {
-        Error::Collective(stalled) if matches!(**stalled, CollectiveError::Stalled { .. }) => {
-            CollectiveError::Stalled {
-                collective: kind.name(),
-                round,
-                deadline,
-            }
-        }
-        _ => issue_failed(kind.name(), round, rank, cause),
     }
 }
 
@@ -416,11 +400,8 @@ fn decode(round: u64, record: &[u8]) -> std::result::Result<Part, Unread> {
     })
 }
 
-/// Every rank's part from the `gathered` records, this rank's kept whole.
-///
-/// # Errors
-///
-/// A record that is no vote: the exchange did not complete.
+/// Every rank's part from the `gathered` records, this rank's kept whole;
+/// `Err` for a record that is no vote (the exchange did not complete).
 fn tally(
     round: u64,
     gathered: &[u8],
@@ -490,6 +471,7 @@ impl<B: DeviceCollectives> Rank<B> {
             ));
         }
         // What can fail comes before the join, which peers wait for.
+        let rounds = client.lend_stream()?;
         let ballots = client.lend_stream()?;
         let send = ballots.allocate(RECORD as u64)?;
         let gathered = ballots.allocate((RECORD * ranks) as u64)?;
@@ -499,16 +481,30 @@ impl<B: DeviceCollectives> Rank<B> {
         };
         // SAFETY: joining leaves no work on any stream.
         let communicator = Arc::new(unsafe { client.with_backend_mut(join) }??);
+        let duplicate = |backend: &mut B| {
+            // SAFETY: every rank duplicates its idle communicator once, here.
+            unsafe { backend.duplicate(&communicator, rank, deadline) }
+        };
+        // SAFETY: duplicating leaves no work on any stream.
+        let ballots_on = match unsafe { client.with_backend_mut(duplicate) }.and_then(|d| d) {
+            Ok(Some(copy)) => Arc::new(copy),
+            Ok(None) => communicator.clone(),
+            Err(error) => {
+                // SAFETY: the communicator was joined on a `B`.
+                unsafe { B::abort(&communicator) };
+                return Err(error);
+            }
+        };
         let mover: Box<dyn Mover<B>> = Box::new(Communicators::<B> {
             first: rank,
-            mine: vec![communicator.clone()],
-            streams: Vec::new(),
+            mine: vec![communicator],
+            streams: vec![rounds],
             aborted: std::sync::atomic::AtomicBool::new(false),
             ranks,
         });
         let ballot: Box<dyn Ballot<B>> = Box::new(Ballots::<B> {
             client: ballots,
-            communicator,
+            communicator: ballots_on,
             send,
             gathered,
             ranks,
@@ -529,11 +525,8 @@ impl<B: DeviceCollectives> Rank<B> {
 }
 
 impl<B: Backend> Rank<B> {
-    /// Meet by ballot: every rank's part, then the one outcome.
-    ///
-    /// # Errors
-    ///
-    /// What broke the group ([`Ballot::vote`]).
+    /// Meet by ballot: every rank's part, then the one outcome, or what
+    /// broke the group ([`Ballot::vote`]).
     pub(super) fn vote(&self, ballot: &dyn Ballot<B>, part: Part) -> Result<Arc<Outcome>> {
         let round = self.next_round();
         match ballot.vote((self.rank, round), part, self.shared.deadline) {
@@ -544,38 +537,6 @@ impl<B: Backend> Rank<B> {
                 Err(error.into())
             }
         }
-    }
-
-    /// Wait for an issued call; a failed or late one breaks the group.
-    pub(super) fn settle_issued(
-        &self,
-        ballot: &dyn Ballot<B>,
-        (kind, recorded): (Kind, bool),
-        issued: Result<()>,
-        written: Written<'_>,
-    ) -> Result<()> {
-        let round = self.shared.state.lock().rounds.last(self.rank);
-        let deadline = self.shared.deadline;
-        let seat = (self.rank, round);
-        let error = match issued {
-            Err(cause) => blame(kind, seat, deadline, cause),
-            // A recorded call runs at its graph's replay, which waits then.
-            Ok(()) if recorded => return Ok(()),
-            Ok(()) => match ballot.settle(self.client(), Instant::now() + deadline) {
-                Ok(true) => return Ok(()),
-                Ok(false) => CollectiveError::Stalled {
-                    collective: kind.name(),
-                    round,
-                    deadline,
-                },
-                Err(cause) => blame(kind, seat, deadline, cause),
-            },
-        };
-        self.shared
-            .break_with(&mut self.shared.state.lock(), &error);
-        let error: Error = error.into();
-        self.claim(written, error.clone())?;
-        Err(error)
     }
 }
 

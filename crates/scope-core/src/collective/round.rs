@@ -90,6 +90,25 @@ pub(super) fn issue_failed(
     }
 }
 
+/// Why a rank's round failed: a stall blames no rank, else the rank.
+pub(super) fn blame(
+    collective: &'static str,
+    (rank, round): (usize, u64),
+    deadline: std::time::Duration,
+    cause: Error,
+) -> CollectiveError {
+    match &cause {
+        Error::Collective(stalled) if matches!(**stalled, CollectiveError::Stalled { .. }) => {
+            CollectiveError::Stalled {
+                collective,
+                round,
+                deadline,
+            }
+        }
+        _ => issue_failed(collective, round, rank, cause),
+    }
+}
+
 impl<B: Backend> Rank<B> {
     /// [`meet`](Self::meet); if the group closed meanwhile, the output
     /// carries why (rule 42).
@@ -100,11 +119,8 @@ impl<B: Backend> Rank<B> {
         })
     }
 
-    /// Arrive with `part` and take the round's one outcome.
-    ///
-    /// # Errors
-    ///
-    /// What closed the group while this rank waited.
+    /// Arrive with `part` and take the round's one outcome, or what closed
+    /// the group while this rank waited.
     pub(super) fn meet(&self, part: Part) -> Result<Arc<Outcome>> {
         if let Some(ballot) = &self.shared.ballot {
             return self.vote(ballot.as_ref(), part);

@@ -147,12 +147,10 @@ impl<B: Backend> Watched for Watch<B> {
                 round: self.round,
                 deadline: shared.deadline,
             },
-            Err(cause) => CollectiveError::IssueFailed {
-                collective: self.collective,
-                round: self.round,
-                rank: self.rank,
-                cause,
-            },
+            Err(cause) => {
+                let seat = (self.rank, self.round);
+                super::round::blame(self.collective, seat, shared.deadline, cause)
+            }
         };
         shared.fail_in_flight(self.round, &error);
         shared.landed(self.rank, self.round);

@@ -139,6 +139,16 @@ macro_rules! nccl_collectives {
                 unsafe { $crate::nccl::transport::shrink(self, communicator, exclude, patience) }
             }
 
+            unsafe fn duplicate(
+                &mut self,
+                communicator: &Self::Communicator,
+                rank: usize,
+                patience: ::std::time::Duration,
+            ) -> $crate::nccl::transport::Result<Option<Self::Communicator>> {
+                // SAFETY: `duplicate`'s contract, passed on unchanged.
+                unsafe { $crate::nccl::transport::duplicate(self, communicator, rank, patience) }
+            }
+
             unsafe fn finished(waiter: &Self::Waiter) -> $crate::nccl::transport::Result<bool> {
                 <Self as $crate::nccl::NcclDevice>::waiter_done(waiter)
             }
@@ -218,6 +228,28 @@ pub unsafe fn shrink<B: NcclDevice>(
     // SAFETY: this server's device is current on the thread (bound above),
     // the device of its rank; the rest is `shrink`'s contract.
     unsafe { communicator.shrink(exclude, patience) }
+}
+
+/// [`DeviceCollectives::duplicate`] through the library
+/// ([`nccl_collectives!`]): `ncclCommSplit` where it has one.
+///
+/// # Safety
+///
+/// [`DeviceCollectives::duplicate`]'s contract.
+///
+/// # Errors
+///
+/// As [`DeviceCollectives::duplicate`].
+pub unsafe fn duplicate<B: NcclDevice>(
+    backend: &mut B,
+    communicator: &Communicator,
+    rank: usize,
+    patience: Duration,
+) -> Result<Option<Communicator>> {
+    backend.bind_device()?;
+    // SAFETY: this server's device is current on the thread (bound above),
+    // the device of its rank; the rest is `duplicate`'s contract.
+    unsafe { communicator.duplicate(rank, patience) }
 }
 
 /// [`DeviceCollectives::collective`] through the library
