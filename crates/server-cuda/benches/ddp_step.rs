@@ -1,5 +1,5 @@
 //! A data-parallel training step: the gradient all-reduced in buckets
-//! while the backward pass still runs, on three schedules of the same
+//! while the backward pass still runs, on four schedules of the same
 //! work.
 //!
 //! Each rank runs `layers` `fill` kernels (a layer's backward, writing its
@@ -16,6 +16,9 @@
 //! 3. **scope before**: the same, over `Group::over_device_draining`, the
 //!    schedule rounds had before they ran on communication streams: the
 //!    compute stream drained before every round, the call on it.
+//! 4. **scope, joined alone**: the same, each rank joined alone
+//!    (`Rank::join`), as ranks in separate processes: every round is
+//!    decided by a ballot through NCCL.
 //!
 //! Reported per step: wall time of `steps` steps ended by one read, each
 //! schedule's time over raw's, and the compute stream's drains per step
@@ -35,7 +38,8 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
-use scope_core::collective::{Element, Group, Reduce};
+use scope_core::collective::device::DeviceCollectives;
+use scope_core::collective::{Element, Group, Rank, Reduce};
 use scope_core::{Binding, Client, Dispatch, Error, Kernel};
 use scope_native::nccl::{NcclLibrary, NcclTable, RawComm, UniqueId};
 use server_cuda::Cuda;
@@ -80,11 +84,18 @@ pub enum Schedule {
     Scope,
     /// Rounds that drain the compute stream first.
     ScopeBefore,
+    /// Ranks joined alone, deciding by ballot.
+    ScopeAlone,
 }
 
 impl Schedule {
-    /// All three, in the order the table prints them.
-    pub const ALL: [Schedule; 3] = [Schedule::Raw, Schedule::Scope, Schedule::ScopeBefore];
+    /// All four, in the order the table prints them.
+    pub const ALL: [Schedule; 4] = [
+        Schedule::Raw,
+        Schedule::Scope,
+        Schedule::ScopeBefore,
+        Schedule::ScopeAlone,
+    ];
 
     /// As the table names it.
     pub fn name(self) -> &'static str {
@@ -92,6 +103,7 @@ impl Schedule {
             Schedule::Raw => "raw",
             Schedule::Scope => "scope",
             Schedule::ScopeBefore => "scope before",
+            Schedule::ScopeAlone => "scope, joined alone",
         }
     }
 }
@@ -149,23 +161,67 @@ pub fn step(schedule: Schedule, clients: &[Client<Cuda>], shape: Shape, buckets:
     );
     match schedule {
         Schedule::Raw => raw(clients, shape, buckets),
-        Schedule::Scope | Schedule::ScopeBefore => scoped(schedule, clients, shape, buckets),
+        Schedule::Scope | Schedule::ScopeBefore | Schedule::ScopeAlone => {
+            scoped(schedule, clients, shape, buckets)
+        }
     }
 }
 
 fn scoped(schedule: Schedule, clients: &[Client<Cuda>], shape: Shape, buckets: usize) -> Step {
     let deadline = Duration::from_secs(60);
-    let group = match schedule {
-        Schedule::ScopeBefore => Group::over_device_draining(clients.to_vec(), deadline),
-        _ => Group::over_device(clients.to_vec(), deadline),
-    }
-    .expect("a group over NCCL");
-    let (fill, accumulate) = kernels();
+    let start = Barrier::new(clients.len());
+    let times = match schedule {
+        Schedule::ScopeAlone => each_joined_alone(clients, deadline, |rank| {
+            rank_step(&rank, shape, buckets, &start)
+        }),
+        _ => {
+            let group = match schedule {
+                Schedule::ScopeBefore => Group::over_device_draining(clients.to_vec(), deadline),
+                _ => Group::over_device(clients.to_vec(), deadline),
+            }
+            .expect("a group over NCCL");
+            group.run(|rank| rank_step(&rank, shape, buckets, &start))
+        }
+    };
+    summarize(&times, shape.steps)
+}
+
+/// `f` of rank `i` joined alone on `clients[i]`, each on a thread of its
+/// own, as ranks in separate processes join.
+fn each_joined_alone<R: Send>(
+    clients: &[Client<Cuda>],
+    deadline: Duration,
+    f: impl Fn(Rank<Cuda>) -> R + Sync,
+) -> Vec<R> {
+    let identity = <Cuda as DeviceCollectives>::identity().expect("an NCCL id");
     let ranks = clients.len();
+    let (f, identity) = (&f, &identity);
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = clients
+            .iter()
+            .enumerate()
+            .map(|(i, client)| {
+                scope.spawn(move || {
+                    let rank = Rank::join(client.clone(), identity, i, ranks, deadline)
+                        .expect("every rank joins");
+                    f(rank)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("rank"))
+            .collect()
+    })
+}
+
+/// One rank's timed steps: its time, and its compute stream's drains.
+fn rank_step(rank: &Rank<Cuda>, shape: Shape, buckets: usize, start: &Barrier) -> (Duration, u64) {
+    let (fill, accumulate) = kernels();
+    let ranks = rank.ranks();
     let per_bucket = shape.layers / buckets;
     let layer_bytes = u64::from(shape.words) * 4;
-    let start = Barrier::new(ranks);
-    let times = group.run(|rank| {
+    {
         let c = rank.client();
         let words = shape.words * shape.layers as u32;
         let bucket_words = shape.words * per_bucket as u32;
@@ -236,8 +292,7 @@ fn scoped(schedule: Schedule, clients: &[Client<Cuda>], shape: Shape, buckets: u
             expected(ranks, shape.steps)
         );
         (time, drained)
-    });
-    summarize(&times, shape.steps)
+    }
 }
 
 /// Little-endian words, converted after the clock stopped.
@@ -443,11 +498,12 @@ fn raw(clients: &[Client<Cuda>], shape: Shape, buckets: usize) -> Step {
 }
 
 /// The host time of one `all_reduce` of `bytes` with every rank arriving
-/// together: the median over `trials` of the slowest rank's call.
-pub fn call_time(clients: &[Client<Cuda>], bytes: u64, trials: usize) -> Duration {
-    let group = Group::over_device(clients.to_vec(), Duration::from_secs(60)).expect("group");
+/// together: the median over `trials` of the slowest rank's call; ranks
+/// joined alone (`alone`) or in one group.
+pub fn call_time(clients: &[Client<Cuda>], bytes: u64, trials: usize, alone: bool) -> Duration {
+    let deadline = Duration::from_secs(60);
     let start = Barrier::new(clients.len());
-    let per_rank = group.run(|rank| {
+    let calls = |rank: Rank<Cuda>| {
         let c = rank.client();
         let data = c.upload(&vec![1u8; bytes as usize]).expect("upload");
         let mut times = Vec::with_capacity(trials);
@@ -462,7 +518,13 @@ pub fn call_time(clients: &[Client<Cuda>], bytes: u64, trials: usize) -> Duratio
         c.sync().expect("sync");
         times.remove(0);
         times
-    });
+    };
+    let per_rank = if alone {
+        each_joined_alone(clients, deadline, calls)
+    } else {
+        let group = Group::over_device(clients.to_vec(), deadline).expect("group");
+        group.run(calls)
+    };
     median_of_slowest(&per_rank, trials)
 }
 

@@ -1,5 +1,5 @@
 //! The timed mock: kernels and collectives that take modelled time. Here
-//! the `ddp_step` bench runs its three schedules side by side over four
+//! the `ddp_step` bench runs its four schedules side by side over four
 //! ranks, and a round late past the deadline is failed by the watchdog.
 //!
 //! By default it runs at smoke scale, with modelled times near zero: the
@@ -109,7 +109,9 @@ fn every_schedule_computes_the_same_weights_and_scope_drains_nothing() {
         for schedule in Schedule::ALL {
             let step = ddp_step::step(schedule, &clients, shape, buckets);
             match schedule {
-                Schedule::Scope => assert_eq!(step.drains, 0.0, "B = {buckets}"),
+                Schedule::Scope | Schedule::ScopeAlone => {
+                    assert_eq!(step.drains, 0.0, "{}, B = {buckets}", schedule.name());
+                }
                 Schedule::ScopeBefore => assert!(step.drains >= buckets as f64, "B = {buckets}"),
                 Schedule::Raw => {}
             }
@@ -152,18 +154,21 @@ fn the_table() {
             ddp_step::table_row(&clients, shape, buckets);
         }
         for (bytes, stands_for) in [(4u64, 4.0), (8192, 16.0 * 1024.0 * 1024.0)] {
-            let host = ddp_step::call_time(&clients, bytes, 20);
+            let host = ddp_step::call_time(&clients, bytes, 20, false);
+            let alone = ddp_step::call_time(&clients, bytes, 20, true);
             let raw = ddp_step::raw_call_time(&clients, bytes, 20);
             let device = model.latency.as_secs_f64() + stands_for / model.bandwidth;
             let us = |d: Duration| d.as_secs_f64() * 1e6;
             println!(
                 "  one all_reduce of {}: scope {:.1} µs ({:.3}× its round of {:.1} µs modelled, \
-                 {:.2}× raw); raw ncclAllReduce {:.1} µs",
+                 {:.2}× raw); joined alone {:.1} µs ({:.3}×); raw ncclAllReduce {:.1} µs",
                 if bytes == 4 { "4 B" } else { "16 MiB" },
                 us(host),
                 host.as_secs_f64() / device,
                 device * 1e6,
                 host.as_secs_f64() / raw.as_secs_f64(),
+                us(alone),
+                alone.as_secs_f64() / device,
                 us(raw),
             );
         }

@@ -1,0 +1,79 @@
+//! A sticky fault that surfaces after a round between ranks joined alone
+//! was issued (rules 47, 49): the round runs on a communication stream,
+//! watched by the process's watchdog, not waited for by the call. In a
+//! binary of its own: the mock's fault corrupts every context of the
+//! process, as `mock_poison.rs` says.
+
+mod common;
+#[path = "mock/harness.rs"]
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use common::{FILL, WILD, bytes, kernel, words};
+use scope_core::collective::device::DeviceCollectives;
+use scope_core::collective::{Element, Rank, Reduce};
+use scope_core::{Binding, Dispatch};
+use server_cuda::Cuda;
+
+/// Rank 2's producer faults after the ballot decided its round clean and
+/// the round was issued: no rank's read returns the round's bytes as
+/// clean, and every rank answers within the deadline.
+#[test]
+fn a_fault_after_a_round_of_ranks_joined_alone_was_issued_reaches_every_rank() {
+    harness::mock();
+    let identity = <Cuda as DeviceCollectives>::identity().expect("the mock NCCL");
+    let deadline = Duration::from_secs(5);
+    let started = Instant::now();
+    let outcomes: Vec<_> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..4)
+            .map(|r| {
+                let identity = &identity;
+                scope.spawn(move || {
+                    let client = server_cuda::client_on(r).expect("a mock device");
+                    let rank = Rank::join(client, identity, r, 4, deadline).expect("a rank");
+                    let c = rank.client();
+                    let input = c.try_allocate(1024).unwrap();
+                    c.launch(
+                        &kernel("fill", FILL),
+                        &[Binding::write(&input)],
+                        &bytes(&[256, r as u32 + 1]),
+                        Dispatch::linear(4),
+                    )
+                    .unwrap();
+                    if r == 2 {
+                        c.launch(
+                            &kernel("wild", WILD),
+                            &[Binding::read_write(&input)],
+                            &[],
+                            Dispatch::linear(1),
+                        )
+                        .unwrap();
+                    }
+                    let output = c.upload(&bytes(&[7; 256])).unwrap();
+                    let called =
+                        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
+                    (called, c.read(&output).map(|b| words(&b)))
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("rank"))
+            .collect()
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "every rank answered within the deadline: {:?}",
+        started.elapsed()
+    );
+    for (rank, (called, read)) in outcomes.into_iter().enumerate() {
+        let read = read.expect_err("no rank reads the round's bytes as clean");
+        assert!(
+            read.is_sticky()
+                || read.is_device_poisoned()
+                || matches!(read.root(), scope_core::Error::Collective(_)),
+            "rank {rank}: {read} (the call answered {called:?})"
+        );
+    }
+}
