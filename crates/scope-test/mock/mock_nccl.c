@@ -24,6 +24,12 @@
  * returns ncclInProgress until every rank joined, which
  * ncclCommGetAsyncError reports. A blocking init waits for its peers.
  *
+ * As NCCL's, one communicator's calls run in issue order whatever their
+ * streams (NCCL's launch waits on the communicator's internal stream): a
+ * post on another stream than the communicator's last waits for that one
+ * (the driver's scope_mock_stream_after), in timed mode too.
+ * ncclCommSplit gives a communicator of its own, as scope's ballots use.
+ *
  * It is a checker too. Each of these fails and counts a violation
  * (scope_mock_nccl_violations / scope_mock_nccl_last_violation, printed to
  * stderr), where real NCCL refuses the call, hangs, or reads or writes past
@@ -166,6 +172,10 @@ typedef struct comm {
   unsigned long long shrunk, split;
   /* Shared mode: the clique's file, whose split is `<file>.split`. */
   char path[112];
+  /* Its last post: the stream, its operation there, and (timed) its part,
+   * a handle kept here, which the next post on another stream waits for. */
+  void *last_stream, *last_part;
+  unsigned long long last_seq;
   unsigned long long next_seq;
   /* Transfers posted to, and from, each peer: their numbers. */
   unsigned long long sent[MAX_RANKS], received[MAX_RANKS];
@@ -284,6 +294,25 @@ static void *replay_part(void *s) {
   void *(*f)(void *) = (void *(*)(void *))driver_hook("scope_mock_replay_part");
   return f ? f(s) : NULL;
 }
+/* NCCL runs one communicator's kernels in issue order, whatever their
+ * streams: the next post of `m` on `stream` waits for its last one when
+ * that was on another stream (scope_mock_stream_after). */
+static void after_last(comm *m, void *stream) {
+  void (*f)(void *, void *, unsigned long long, void *) =
+      (void (*)(void *, void *, unsigned long long, void *))driver_hook("scope_mock_stream_after");
+  if (f && m->last_stream && m->last_stream != stream) f(stream, m->last_stream, m->last_seq, m->last_part);
+}
+/* `m`'s last post is now operation `seq` of `stream`, part `part`. */
+static void now_last(comm *m, void *stream, unsigned long long seq, void *part) {
+  void (*keep)(void *) = (void (*)(void *))driver_hook("scope_mock_part_keep");
+  void (*release)(void *) = (void (*)(void *))driver_hook("scope_mock_part_release");
+  if (m->last_part && release) release(m->last_part);
+  m->last_part = part && keep && release ? part : NULL;
+  if (m->last_part) keep(m->last_part);
+  m->last_stream = stream;
+  m->last_seq = seq;
+}
+
 /* Handles of `c`'s joined parts that the driver says no abort can move
  * any more (their finish passed) are handed back. Looked at when the
  * list has doubled since, so that a join costs O(1) amortized. */
@@ -816,6 +845,7 @@ int ncclCommAbort(comm *m) {
   int bad = usable(m, "ncclCommAbort");
   if (bad) return bad;
   m->aborted = 1;
+  now_last(m, NULL, 0, NULL);
   if (m->sh) {
     pthread_mutex_lock(&m->sh->lock);
     m->sh->aborted = 1;
@@ -868,6 +898,7 @@ int ncclCommDestroy(comm *m) {
                   "joined): NCCL waits there for the missing peers; ncclCommAbort ends an init", m->rank,
                   joined, nranks);
   m->destroyed = 1;
+  now_last(m, NULL, 0, NULL);
   return SUCCESS;
 }
 
@@ -1117,7 +1148,9 @@ static int post_shared(comm *m, int kind, const void *send, void *recv, size_t c
     if (aborted) return REMOTE; /* a peer aborted: the communicator's error, not a misuse */
     return refuse(INVALID_USAGE, "%s on rank %d (shared): %s", name, m->rank, why);
   }
+  if (!stream_seq) after_last(m, stream);
   p.seq = stream_seq ? stream_seq : stream_op(stream);
+  now_last(m, stream, p.seq, NULL);
   shared_issue h = {m, 0, 0, m->next_seq++, p, 0};
   if (!stream_seq && hold_shared(&h)) return SUCCESS;
   return place_shared_call(&h);
@@ -1165,8 +1198,10 @@ static int post_call(comm *m, int kind, const void *send, void *recv, size_t cou
     p.seq = stream_seq;
     p.part = replay_part(stream);
   } else {
+    after_last(m, stream);
     p.seq = stream_part(stream, &p.part);
   }
+  now_last(m, stream, p.seq, p.part);
   held_post h = {m, seq, p};
   if (hold_post(stream, &h)) return SUCCESS;
   return place(m, seq, p);
@@ -1330,7 +1365,9 @@ static int transfer_shared(comm *m, int is_send, void *buf, size_t bytes, int pe
   }
   if (is_send) m->sent[peer]++;
   else m->received[peer]++;
+  after_last(m, stream);
   post p = {1, 0, 0, 0, 0, 0, is_send ? buf : NULL, is_send ? NULL : buf, stream, stream_op(stream), NULL};
+  now_last(m, stream, p.seq, NULL);
   shared_issue h = {m, is_send ? 1 : 2, peer, n, p, bytes};
   if (hold_shared(&h)) return SUCCESS;
   return place_shared_transfer(&h);

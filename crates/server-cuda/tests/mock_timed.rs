@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 use common::{COPY, bytes, kernel};
 use ddp_step::{Schedule, Shape};
 use harness::mock;
-use scope_core::collective::{CollectiveError, Element, Group, Reduce};
+use scope_core::collective::device::DeviceCollectives;
+use scope_core::collective::{CollectiveError, Element, Group, Rank, Reduce};
 use scope_core::{Binding, Client, Dispatch, Error};
 use server_cuda::Cuda;
 
@@ -235,4 +236,72 @@ fn a_round_late_past_the_deadline_fails_every_rank() {
     );
     mock().kernel_time("copy", Duration::ZERO);
     mock().timing(false);
+}
+
+/// Ranks joined alone: a round waits on the device for a producer busy
+/// for seconds, and the next call's ballot, on a communicator of its own,
+/// does not wait behind it — the mock runs one communicator's kernels in
+/// issue order, as NCCL does, so a ballot on the rounds' communicator
+/// would. Both rounds compute right (rules 47, 49).
+#[test]
+fn a_ballot_never_waits_behind_a_round_in_flight() {
+    let _timed = TIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let clients = clients();
+    mock().timing(true);
+    mock().kernel_time("copy", Duration::from_secs(2));
+    mock().nccl_model(Duration::from_micros(10), 0.0);
+    let identity = <Cuda as DeviceCollectives>::identity().expect("the mock NCCL");
+    let deadline = Duration::from_secs(30);
+    let outcomes: Vec<_> = std::thread::scope(|scope| {
+        let threads: Vec<_> = clients
+            .into_iter()
+            .enumerate()
+            .map(|(r, client)| {
+                let identity = &identity;
+                scope.spawn(move || {
+                    let rank = Rank::join(client, identity, r, 4, deadline).expect("a rank");
+                    let c = rank.client();
+                    let value = r as u32 + 1;
+                    let source = c.upload(&bytes(&[value; 64])).unwrap();
+                    let slow = c.try_allocate(256).unwrap();
+                    let quick = c.upload(&bytes(&[10 * value; 64])).unwrap();
+                    c.launch(
+                        &kernel("copy", COPY),
+                        &[Binding::read(&source), Binding::write(&slow)],
+                        &bytes(&[64]),
+                        Dispatch::linear(1),
+                    )
+                    .unwrap();
+                    rank.all_reduce(slow.all(), slow.all(), Element::U32, Reduce::Sum)
+                        .expect("the first round");
+                    let began = Instant::now();
+                    rank.all_reduce(quick.all(), quick.all(), Element::U32, Reduce::Sum)
+                        .expect("the second round");
+                    let second = began.elapsed();
+                    (second, c.read(&slow), c.read(&quick))
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("rank"))
+            .collect()
+    });
+    for (rank, (second, slow, quick)) in outcomes.into_iter().enumerate() {
+        assert!(
+            second < Duration::from_secs(1),
+            "rank {rank}'s second call waited for the first round: {second:?}"
+        );
+        assert_eq!(slow.unwrap(), bytes(&[10; 64]), "rank {rank}'s first round");
+        assert_eq!(
+            quick.unwrap(),
+            bytes(&[100; 64]),
+            "rank {rank}'s second round"
+        );
+    }
+    mock().kernel_time("copy", Duration::ZERO);
+    mock().timing(false);
+    mock().assert_clean();
 }

@@ -1012,6 +1012,26 @@ int scope_mock_hold_post(void *p, unsigned long long seq, replay_hook hook, cons
   return 1;
 }
 
+/* NCCL runs one communicator's kernels in issue order whatever their
+ * streams (a launch waits on the communicator's internal stream, which
+ * then waits on the launch): the mock NCCL orders the next operation of
+ * `p` after operation `upto` of `on` and, in timed mode, after the finish
+ * of part `after` (a handle it keeps: scope_mock_part_keep). */
+void scope_mock_stream_after(void *p, void *on, unsigned long long upto, void *after) {
+  LOCKED;
+  stream *s = p, *o = on;
+  if (!s || !o || s == o || !o->live) return;
+  if (timing && after) timed_wait_event(s, 0, after);
+  if (!reached(o, upto)) {
+    s->issued++;
+    hold(s, (held){.kind = H_WAIT, .seq = s->issued, .on = o, .upto = upto});
+  }
+}
+void scope_mock_part_keep(void *part) {
+  LOCKED;
+  if (part) ((tnode *)part)->refs++;
+}
+
 static CUresult ordered_for(stream *s, const void *p, const char *what);
 
 /* Issue `o` on `s`: record it if capturing, else run it. Takes ownership of o.params. */

@@ -835,6 +835,28 @@ int scope_mock_part_settled(void *part) {
   tnode *x = part;
   return !x || (finish_of(x) >= 0 && x->finish >= 0);
 }
+/* NCCL runs one communicator's kernels in issue order whatever their
+ * streams (a launch waits on the communicator's internal stream, which
+ * then waits on the launch): the mock RCCL orders the next operation of
+ * `p` after operation `upto` of `on` (if it still exists) and, in timed
+ * mode, after the finish of part `after` (a handle it keeps:
+ * scope_mock_part_keep). */
+void scope_mock_stream_after(void *p, void *on, unsigned long long upto, void *after) {
+  stream *s = p, *o = on;
+  if (!s || !o || s == o) return;
+  if (__atomic_load_n(&timing, __ATOMIC_RELAXED) && after) {
+    TIMED_LOCKED;
+    timed_wait_event(s, 0, after);
+  }
+  HOLD_LOCKED;
+  int exists = 0;
+  for (stream *t = streams; t && !exists; t = t->next) exists = t == o;
+  if (exists && !reached(o, upto)) hold(s, (held){.kind = H_WAIT, .seq = ++s->issued, .on = o, .upto = upto});
+}
+void scope_mock_part_keep(void *part) {
+  TIMED_LOCKED;
+  if (part) ((tnode *)part)->refs++;
+}
 void scope_mock_part_release(void *part) {
   TIMED_LOCKED;
   drop(part);
