@@ -667,6 +667,44 @@ pub fn ranks_in_separate_processes<S: Suite>(
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
+/// The rank a child of [`ranks_in_separate_processes`] is, joined with the
+/// id its parent handed out once every child started (so `deadline` times
+/// the ranks, not the start-up), and the children's folder; `None`, saying
+/// so, where the test runs by hand (`--ignored`), not as a child.
+pub fn joined_as_a_child<S: Suite>(
+    deadline: Duration,
+) -> Option<(Rank<S::Backend>, std::path::PathBuf)>
+where
+    S::Backend: DeviceCollectives<Identity = scope_native::nccl::UniqueId>,
+{
+    if std::env::var_os(CHILD_RANK).is_none() {
+        println!(
+            "not run: a child process of ranks_in_separate_processes, which sets {CHILD_RANK}"
+        );
+        return None;
+    }
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} (a child only)"));
+    let rank: usize = var(CHILD_RANK).parse().expect("a rank");
+    let hex = var(CHILD_ID);
+    let raw: Vec<u8> = (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect();
+    let id = scope_native::nccl::UniqueId::from_bytes(&raw).expect("128 bytes");
+    let dir = std::path::PathBuf::from(var(CHILD_DIR));
+    let client = S::rank_client(rank).expect("the suite's rank client");
+    std::fs::write(dir.join(format!("ready-{rank}")), b"").expect("a mark");
+    let started = Instant::now();
+    while (0..RANKS).any(|r| !dir.join(format!("ready-{r}")).exists()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "peers never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let me = Rank::join(client, &id, rank, RANKS, deadline).expect("every rank joins");
+    Some((me, dir))
+}
+
 /// One child of [`ranks_in_separate_processes`]: rank
 /// `SCOPE_CONFORMANCE_RANK` of four, on the suite's rank client of that
 /// number. A clean all-reduce and all-gather, and a graph of an
@@ -679,38 +717,13 @@ pub fn one_rank_in_its_own_process<S: Suite>()
 where
     S::Backend: DeviceCollectives<Identity = scope_native::nccl::UniqueId>,
 {
-    if std::env::var_os(CHILD_RANK).is_none() {
-        // Run by hand (`--ignored`), not by its parent: nothing to join.
-        println!(
-            "not run: a child process of ranks_in_separate_processes, which sets {CHILD_RANK}"
-        );
-        return;
-    }
-    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} (a child only)"));
-    let rank: usize = var(CHILD_RANK).parse().expect("a rank");
-    let hex = var(CHILD_ID);
-    let raw: Vec<u8> = (0..hex.len() / 2)
-        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex"))
-        .collect();
-    let id = scope_native::nccl::UniqueId::from_bytes(&raw).expect("128 bytes");
-    let dir = std::path::PathBuf::from(var(CHILD_DIR));
-    let client = S::rank_client(rank).expect("the suite's rank client");
-    // Every child starts (and readies its library) at its own pace: meet
-    // on the folder first, so the deadline below times the ranks, not the
-    // start-up.
-    std::fs::write(dir.join(format!("ready-{rank}")), b"").expect("a mark");
-    let started = Instant::now();
-    while (0..RANKS).any(|r| !dir.join(format!("ready-{r}")).exists()) {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "peers never started"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
     // Generous for four processes on a loaded two-core machine; the silent
     // step waits it out.
     let deadline = Duration::from_secs(5);
-    let me = Rank::join(client, &id, rank, RANKS, deadline).expect("every rank joins");
+    let Some((me, _)) = joined_as_a_child::<S>(deadline) else {
+        return;
+    };
+    let rank = me.index();
     let c = me.client();
     let r = rank as u32;
 
