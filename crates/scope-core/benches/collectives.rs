@@ -10,8 +10,9 @@
 //!   are readable, then call the transport.
 //! - **ranks joined alone** (`Rank::join`, the same transport): what a rank
 //!   in another process pays — a ballot of one 1 KiB record a rank,
-//!   all-gathered through the transport, then the call, then a wait on it
-//!   — with nothing of its peers' in its memory.
+//!   all-gathered through the transport, then the call, issued on a
+//!   communication stream and left to the watchdog — with nothing of its
+//!   peers' in its memory.
 //! - **replayed**: the device transport's all-reduce recorded once into a
 //!   graph per rank (untimed), then `Rank::replay` — one process, and
 //!   joined alone — against calling it each time.
@@ -34,20 +35,20 @@
 //!
 //! | a rank | joined alone / one process | device transport / host staging |
 //! |---|---|---|
-//! | 4 B | 1.30–1.32× | 2.68–2.99× |
-//! | 64 KiB | 0.94–0.96× | 1.39–1.51× |
-//! | 1 MiB | 0.82–0.93× | 0.91–1.04× |
-//! | 16 MiB | 1.03–1.15× | 0.79–0.93× |
+//! | 4 B | 1.40–1.47× | 2.64–2.76× |
+//! | 64 KiB | 0.82–0.86× | 1.28–1.42× |
+//! | 1 MiB | 0.59–0.62× | 0.98–1.07× |
+//! | 16 MiB | 0.99–1.25× | 0.73–0.90× |
 //!
 //! Replays and transfers (the same runs, every rank starting each
 //! transfer round together):
 //!
 //! | a rank | replayed / called, one process | replayed / called, joined alone | transfer joined alone / one process |
 //! |---|---|---|---|
-//! | 4 B | 0.96–0.98× | 1.00–1.01× | 2.49–2.52× |
-//! | 64 KiB | 0.97–0.98× | 0.98–1.01× | 1.46–1.69× |
-//! | 1 MiB | 0.78–0.85× | 0.70–0.86× | 0.64–0.93× |
-//! | 16 MiB | 0.82–0.88× | 0.65–0.76× | 0.58–0.62× |
+//! | 4 B | 0.96–1.01× | 0.97× | 2.22–2.52× |
+//! | 64 KiB | 0.76–0.81× | 0.96–1.06× | 1.47–1.69× |
+//! | 1 MiB | 0.64–0.79× | 0.67–1.17× | 0.74–0.86× |
+//! | 16 MiB | 0.69–0.73× | 0.59–0.71× | 0.68–0.86× |
 //!
 //! A replay costs at most what a call does: its meeting is the same
 //! meeting, with a check of the graph's inputs for the input's. A transfer
@@ -55,13 +56,17 @@
 //! mailbox's time at one word), then moves the bytes once instead of
 //! reading them to the host and writing them back.
 //!
-//! The ballot's host wait shows at one word only: a rank alone (the
-//! ballot's all-gather, the call, a wait on it) takes 1.30–1.32× one
-//! process's meeting and call, about 65–69 µs against 49–53 µs with four threads
-//! on two cores. From 64 KiB on the data dominates. So the ballot is not
-//! pipelined with the call before it. The device path's fixed cost, about
-//! 3× host staging's at one word, is the loopback's call: it blocks until
-//! every rank posted, a handoff NCCL's asynchronous call does not make.
+//! The ballot shows at one word only: a rank alone (the ballot's
+//! all-gather and its host wait, then the call) takes 1.40–1.47× one
+//! process's meeting and call, about 67–91 µs against 47–64 µs with four
+//! threads on two cores; from 64 KiB on the data dominates. The loopback
+//! runs a call as it is issued, so no wait on the call was ever paid
+//! here: the rounds' move to a communication stream (more ordering, the
+//! watchdog's entry) took the ratio from 1.30–1.32×, and what it buys,
+//! overlap, shows on the timed mock (`ddp_step`). The device path's fixed
+//! cost, about 3× host staging's at one word, is the loopback's call: it
+//! blocks until every rank posted, a handoff NCCL's asynchronous call does
+//! not make.
 
 use std::time::{Duration, Instant};
 
