@@ -12,10 +12,10 @@ mod harness;
 
 use std::time::{Duration, Instant};
 
-use common::{FILL, WILD, bytes, kernel, words};
+use common::{bytes, fault_after, filled, words};
 use harness::mock;
+use scope_core::Error;
 use scope_core::collective::{CollectiveError, Element, Reduce};
-use scope_core::{Binding, Dispatch, Error};
 
 cuda_suite!(FaultSuite, harness::mock_client(), None, (), {
     over_mock_nccl!(mock());
@@ -43,27 +43,14 @@ fn rank() {
     };
     let c = me.client();
     let r = me.index() as u32;
-    let input = c.try_allocate(1024).unwrap();
-    c.launch(
-        &kernel("fill", FILL),
-        &[Binding::write(&input)],
-        &bytes(&[256, r + 1]),
-        Dispatch::linear(4),
-    )
-    .unwrap();
+    let input = filled(c, r + 1);
     // A clean round first: every process works.
     let clean = c.try_allocate(1024).unwrap();
     me.all_reduce(input.all(), clean.all(), Element::U32, Reduce::Sum)
         .expect("a clean round");
     assert_eq!(words(&c.read(&clean).unwrap()), vec![10; 256]);
     if r == 2 {
-        c.launch(
-            &kernel("wild", WILD),
-            &[Binding::read_write(&input)],
-            &[],
-            Dispatch::linear(1),
-        )
-        .unwrap();
+        fault_after(c, &input);
     }
     let output = c.upload(&bytes(&[7; 256])).unwrap();
     let began = Instant::now();

@@ -179,3 +179,40 @@ pub fn words(bytes: &[u8]) -> Vec<u32> {
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
 }
+
+/// 256 words of `value`, written by a `fill` kernel: a round's input.
+pub fn filled(c: &scope_core::Client<Cuda>, value: u32) -> scope_core::Buffer {
+    let input = c.try_allocate(1024).expect("an input");
+    c.launch(
+        &kernel("fill", FILL),
+        &[scope_core::Binding::write(&input)],
+        &bytes(&[256, value]),
+        scope_core::Dispatch::linear(4),
+    )
+    .expect("a fill");
+    input
+}
+
+/// A kernel through a wild pointer after `input`'s writer: the mock's
+/// fault, pending until a wait surfaces it, then sticky for the process.
+pub fn fault_after(c: &scope_core::Client<Cuda>, input: &scope_core::Buffer) {
+    c.launch(
+        &kernel("wild", WILD),
+        &[scope_core::Binding::read_write(input)],
+        &[],
+        scope_core::Dispatch::linear(1),
+    )
+    .expect("a wild kernel launches");
+}
+
+/// A read of a round's output after a fault: the device's fault, or the
+/// round's failure — never the bytes as clean.
+pub fn fails_as_a_faulted_round(rank: usize, read: scope_core::Result<Vec<u8>>) {
+    let read = read.expect_err("no rank reads the round's bytes as clean");
+    assert!(
+        read.is_sticky()
+            || read.is_device_poisoned()
+            || matches!(read.root(), scope_core::Error::Collective(_)),
+        "rank {rank}: {read}"
+    );
+}
