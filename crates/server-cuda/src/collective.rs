@@ -32,7 +32,10 @@
 //! [`Rank::join`](scope_core::collective::Rank::join) and NCCL's unique id
 //! ([`UniqueId::to_bytes`](scope_native::nccl::UniqueId::to_bytes),
 //! handed out by the launcher): they decide by a ballot all-gathered
-//! through NCCL itself, and poll every wait with `cuEventQuery` and
+//! through NCCL itself — on a communicator split from the rounds' one
+//! (`ncclCommSplit`, NCCL 2.18 and later), since NCCL runs one
+//! communicator's kernels in order and a ballot would otherwise wait for
+//! the round in flight — and poll every wait with `cuEventQuery` and
 //! `ncclCommGetAsyncError` up to the deadline
 //! (`scope_core::collective::remote`).
 

@@ -25,8 +25,9 @@
 //! [`Rank::replay`](scope_core::collective::Rank::replay); and ranks in
 //! other processes join with
 //! [`Rank::join`](scope_core::collective::Rank::join), deciding by a
-//! ballot all-gathered through RCCL. None of this has run on AMD
-//! hardware: it runs against the mock RCCL.
+//! ballot all-gathered through RCCL, on a communicator split from the
+//! rounds' one (`ncclCommSplit`) where RCCL has it. None of this has run
+//! on AMD hardware: it runs against the mock RCCL.
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
