@@ -917,43 +917,52 @@ static size_t recv_bytes(const post *p, int n) {
   }
 }
 
-/* Combine word `i` of every rank's send buffer into `out`. */
-static uint32_t reduce_word(const call *k, int n, size_t i) {
+/* Fold word `from + i` of every rank's send buffer into acc[i], i < words:
+ * the operation chosen once, outside the loop, so the mock's own host work
+ * for a call stays small beside the time the call models. */
+#define FOLD(T, COMBINE)                                                      \
+  for (int r = 1; r < n; r++) {                                               \
+    const char *src = (const char *)k->posts[r].send + from * 4;              \
+    for (size_t i = 0; i < words; i++) {                                      \
+      T a, v;                                                                 \
+      memcpy(&a, &acc[i], 4);                                                 \
+      memcpy(&v, src + i * 4, 4);                                             \
+      a = COMBINE;                                                            \
+      memcpy(&acc[i], &a, 4);                                                 \
+    }                                                                         \
+  }
+/* Sums and products of integers wrap: unsigned, whatever the type. */
+#define FOLD_ALL(T, ARITH)                                                    \
+  switch (p0->op) {                                                           \
+    case SUM: case AVG: FOLD(ARITH, a + v) break;                             \
+    case PROD: FOLD(ARITH, a * v) break;                                      \
+    case MAX: FOLD(T, v > a ? v : a) break;                                   \
+    case MIN: FOLD(T, v < a ? v : a) break;                                   \
+  }
+static void reduce_words(uint32_t *acc, const call *k, int n, size_t from, size_t words) {
   const post *p0 = &k->posts[0];
+  memcpy(acc, (const char *)p0->send + from * 4, words * 4);
   if (p0->dtype == FLOAT32) {
-    float acc = 0;
-    for (int r = 0; r < n; r++) {
-      float v;
-      memcpy(&v, (const char *)k->posts[r].send + i * 4, 4);
-      if (r == 0) { acc = v; continue; }
-      switch (p0->op) {
-        case SUM: case AVG: acc += v; break;
-        case PROD: acc *= v; break;
-        case MAX: acc = v > acc ? v : acc; break;
-        case MIN: acc = v < acc ? v : acc; break;
+    FOLD_ALL(float, float)
+    if (p0->op == AVG)
+      for (size_t i = 0; i < words; i++) {
+        float a;
+        memcpy(&a, &acc[i], 4);
+        a /= (float)n;
+        memcpy(&acc[i], &a, 4);
       }
-    }
-    if (p0->op == AVG) acc /= (float)n;
-    uint32_t bits;
-    memcpy(&bits, &acc, 4);
-    return bits;
+  } else if (p0->dtype == INT32) {
+    FOLD_ALL(int32_t, uint32_t)
+    if (p0->op == AVG)
+      for (size_t i = 0; i < words; i++) acc[i] = (uint32_t)((int32_t)acc[i] / n);
+  } else {
+    FOLD_ALL(uint32_t, uint32_t)
+    if (p0->op == AVG)
+      for (size_t i = 0; i < words; i++) acc[i] /= (uint32_t)n;
   }
-  uint32_t acc = 0;
-  for (int r = 0; r < n; r++) {
-    uint32_t v;
-    memcpy(&v, (const char *)k->posts[r].send + i * 4, 4);
-    if (r == 0) { acc = v; continue; }
-    int signed_ = p0->dtype == INT32;
-    switch (p0->op) {
-      case SUM: case AVG: acc += v; break;
-      case PROD: acc *= v; break;
-      case MAX: acc = signed_ ? ((int32_t)v > (int32_t)acc ? v : acc) : (v > acc ? v : acc); break;
-      case MIN: acc = signed_ ? ((int32_t)v < (int32_t)acc ? v : acc) : (v < acc ? v : acc); break;
-    }
-  }
-  if (p0->op == AVG) acc = p0->dtype == INT32 ? (uint32_t)((int32_t)acc / n) : acc / (uint32_t)n;
-  return acc;
 }
+#undef FOLD_ALL
+#undef FOLD
 
 /* Every rank posted: compute every output, then write them (a send buffer
  * may be its rank's receive buffer). */
@@ -964,17 +973,11 @@ static void run(call *k, int n) {
   size_t words = p0->count, part = p0->count * 4;
   switch (p0->kind) {
     case ALL_REDUCE:
-      for (size_t i = 0; i < words; i++) {
-        uint32_t w = reduce_word(k, n, i);
-        for (int r = 0; r < n; r++) memcpy(out[r] + i * 4, &w, 4);
-      }
+      reduce_words((uint32_t *)out[0], k, n, 0, words);
+      for (int r = 1; r < n; r++) memcpy(out[r], out[0], part);
       break;
     case REDUCE_SCATTER:
-      for (int r = 0; r < n; r++)
-        for (size_t i = 0; i < words; i++) {
-          uint32_t w = reduce_word(k, n, (size_t)r * words + i);
-          memcpy(out[r] + i * 4, &w, 4);
-        }
+      for (int r = 0; r < n; r++) reduce_words((uint32_t *)out[r], k, n, (size_t)r * words, words);
       break;
     case ALL_GATHER:
       for (int r = 0; r < n; r++)

@@ -502,7 +502,7 @@ fn raw(clients: &[Client<Cuda>], shape: Shape, buckets: usize) -> Step {
 /// joined alone (`alone`) or in one group.
 pub fn call_time(clients: &[Client<Cuda>], bytes: u64, trials: usize, alone: bool) -> Duration {
     let deadline = Duration::from_secs(60);
-    let start = Barrier::new(clients.len());
+    let start = Together::new(clients.len());
     let calls = |rank: Rank<Cuda>| {
         let c = rank.client();
         let data = c.upload(&vec![1u8; bytes as usize]).expect("upload");
@@ -533,7 +533,7 @@ pub fn raw_call_time(clients: &[Client<Cuda>], bytes: u64, trials: usize) -> Dur
     let ranks = clients.len();
     let table = nccl();
     let id = unique_id(&table);
-    let start = Barrier::new(ranks);
+    let start = Together::new(ranks);
     let words = (bytes / 4).max(1) as usize;
     let per_rank: Vec<Vec<Duration>> = std::thread::scope(|scope| {
         let threads: Vec<_> = clients
@@ -582,6 +582,32 @@ pub fn raw_call_time(clients: &[Client<Cuda>], bytes: u64, trials: usize) -> Dur
             .collect()
     });
     median_of_slowest(&per_rank, trials)
+}
+
+/// A barrier whose ranks leave together: each spins (yielding) on the
+/// count, where [`Barrier`] wakes its sleepers one by one, tens of
+/// microseconds apart, which a meeting of ranks would time as its own.
+struct Together {
+    ranks: usize,
+    arrived: std::sync::atomic::AtomicUsize,
+}
+
+impl Together {
+    fn new(ranks: usize) -> Self {
+        Self {
+            ranks,
+            arrived: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Wait until every rank arrived at this trial's start.
+    fn wait(&self) {
+        use std::sync::atomic::Ordering;
+        let trial = self.arrived.fetch_add(1, Ordering::AcqRel) / self.ranks;
+        while self.arrived.load(Ordering::Acquire) < (trial + 1) * self.ranks {
+            std::thread::yield_now();
+        }
+    }
 }
 
 /// The median over `trials` of the slowest rank's time.

@@ -11,7 +11,10 @@
 //! ```
 //!
 //! Sleeping workers cost no CPU, so wall time on a small machine measures
-//! the modelled schedule, plus the host's own cost.
+//! the modelled schedule, plus the host's own cost. One call's host time
+//! is printed over 1, 2 and 4 ranks: past one rank per core, ranks wait
+//! for a core, and the mock takes one lock for every call of every rank,
+//! which raw NCCL's calls pay as well.
 
 mod common;
 #[path = "mock/harness.rs"]
@@ -157,24 +160,29 @@ fn the_table() {
             apply(model, buckets as u32);
             ddp_step::table_row(&clients, shape, buckets);
         }
-        for (bytes, stands_for) in [(4u64, 4.0), (8192, 16.0 * 1024.0 * 1024.0)] {
-            let host = ddp_step::call_time(&clients, bytes, 20, false);
-            let alone = ddp_step::call_time(&clients, bytes, 20, true);
-            let raw = ddp_step::raw_call_time(&clients, bytes, 20);
-            let device = model.latency.as_secs_f64() + stands_for / model.bandwidth;
-            let us = |d: Duration| d.as_secs_f64() * 1e6;
-            println!(
-                "  one all_reduce of {}: scope {:.1} µs ({:.3}× its round of {:.1} µs modelled, \
-                 {:.2}× raw); joined alone {:.1} µs ({:.3}×); raw ncclAllReduce {:.1} µs",
-                if bytes == 4 { "4 B" } else { "16 MiB" },
-                us(host),
-                host.as_secs_f64() / device,
-                device * 1e6,
-                host.as_secs_f64() / raw.as_secs_f64(),
-                us(alone),
-                alone.as_secs_f64() / device,
-                us(raw),
-            );
+        for ranks in [1, 2, 4] {
+            for (bytes, stands_for) in [(4u64, 4.0), (8192, 16.0 * 1024.0 * 1024.0)] {
+                let clients = &clients[..ranks];
+                let host = ddp_step::call_time(clients, bytes, 20, false);
+                let alone = ddp_step::call_time(clients, bytes, 20, true);
+                let raw = ddp_step::raw_call_time(clients, bytes, 20);
+                let device = model.latency.as_secs_f64() + stands_for / model.bandwidth;
+                let us = |d: Duration| d.as_secs_f64() * 1e6;
+                println!(
+                    "  one all_reduce of {} over {ranks} rank(s): scope {:.1} µs ({:.3}× its round \
+                     of {:.1} µs modelled, {:.2}× raw); joined alone {:.1} µs ({:.3}×); \
+                     raw ncclAllReduce {:.1} µs ({:.3}×)",
+                    if bytes == 4 { "4 B" } else { "16 MiB" },
+                    us(host),
+                    host.as_secs_f64() / device,
+                    device * 1e6,
+                    host.as_secs_f64() / raw.as_secs_f64(),
+                    us(alone),
+                    alone.as_secs_f64() / device,
+                    us(raw),
+                    raw.as_secs_f64() / device,
+                );
+            }
         }
     }
     mock().timing(false);
