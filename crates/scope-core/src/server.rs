@@ -178,17 +178,29 @@ impl<B: Backend> PendingWait<B> {
         let Some(waiter) = &self.waiter else {
             return Ok(true);
         };
+        let began = std::time::Instant::now();
         loop {
             if finished(waiter)? {
                 return Ok(true);
             }
-            if std::time::Instant::now() >= until {
+            let now = std::time::Instant::now();
+            if now >= until {
                 return Ok(false);
             }
-            std::thread::sleep(std::time::Duration::from_micros(100));
+            let waited = now - began;
+            if waited < POLL_SPIN {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep((waited / 4).min(POLL_SLEEP_MOST));
+            }
         }
     }
 }
+
+/// A bounded wait polls back to back this long (a ballot's time), then
+/// sleeps a quarter of its wait so far, at most [`POLL_SLEEP_MOST`].
+const POLL_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+const POLL_SLEEP_MOST: std::time::Duration = std::time::Duration::from_micros(100);
 
 struct GraphEntry<G> {
     /// `None` once its device was lost: the caller re-captures it.
