@@ -19,6 +19,28 @@ use std::process::Command;
 /// server-hip's as RCCL (RCCL is NCCL's API).
 pub const MOCK_NCCL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mock/mock_nccl.c");
 
+/// The mocks' shared headers (`timeline.h`, the timed mode of the CUDA and
+/// HIP mocks): on every library's include path, and part of its hash, so
+/// a changed header builds anew.
+pub const MOCK_INCLUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mock");
+
+/// Every `.h` under [`MOCK_INCLUDE`], by name, with its text.
+fn shared_headers() -> Result<Vec<(std::ffi::OsString, Vec<u8>)>, String> {
+    let listed =
+        std::fs::read_dir(MOCK_INCLUDE).map_err(|e| format!("reading {MOCK_INCLUDE}: {e}"))?;
+    let mut headers = Vec::new();
+    for entry in listed {
+        let path = entry.map_err(|e| format!("{MOCK_INCLUDE}: {e}"))?.path();
+        if path.extension().is_some_and(|e| e == "h") {
+            let text =
+                std::fs::read(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+            headers.push((path.file_name().unwrap_or_default().to_owned(), text));
+        }
+    }
+    headers.sort();
+    Ok(headers)
+}
+
 /// A shared library to build from one C source.
 #[derive(Debug)]
 pub struct CLibrary<'a> {
@@ -56,8 +78,8 @@ impl CLibrary<'_> {
     ///
     /// # Errors
     ///
-    /// When the source cannot be read, the compiler (`$CC`, else `cc`)
-    /// cannot run, or it refuses the source.
+    /// When the source or a shared header cannot be read, the compiler
+    /// (`$CC`, else `cc`) cannot run, or it refuses the source.
     pub fn build(&self, dir: &Path) -> Result<PathBuf, String> {
         let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
         let source = std::fs::read(self.source)
@@ -71,8 +93,10 @@ impl CLibrary<'_> {
             args.push(format!("-Wl,-soname,{soname}"));
         }
         args.extend(self.defines.iter().map(|d| format!("-D{d}")));
+        args.push(format!("-I{MOCK_INCLUDE}"));
+        let headers = shared_headers()?;
         let mut hasher = DefaultHasher::new();
-        (&compiler, &source, &args, self.libs).hash(&mut hasher);
+        (&compiler, &source, &args, self.libs, &headers).hash(&mut hasher);
         let out = dir.join(format!("{}-{:016x}.so", self.stem, hasher.finish()));
         if out.is_file() {
             return Ok(out);

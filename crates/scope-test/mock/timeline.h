@@ -1,0 +1,242 @@
+/* Model time of a device's streams: the timed mode shared by the mock CUDA
+ * driver and the mock HIP runtime, which include it where their timed mode
+ * begins. Each defines first `typedef struct stream {...} stream;` with
+ * `struct tnode *tail_node` (its chain, or NULL) and `long long tail` (its
+ * model time once the chain settled); each calls these with its own lock
+ * held. The header is theirs alone: every function is static. */
+#ifndef SCOPE_MOCK_TIMELINE_H
+#define SCOPE_MOCK_TIMELINE_H
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* Signalled when a part is posted, joined or ended. Its waits time out by
+ * CLOCK_MONOTONIC, model time's clock. */
+static pthread_cond_t timed_changed;
+__attribute__((constructor)) static void timed_changed_init(void) {
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(&timed_changed, &a);
+  pthread_condattr_destroy(&a);
+}
+
+static long long now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+static long long later(long long a, long long b) { return a > b ? a : b; }
+
+/* Where model time is not known at issue — behind a collective's part that
+ * waits for its peers — a stream's work is a chain of nodes, evaluated
+ * once the parts below are joined. A plain node finishes at
+ * max(prev + a, b, dep): a run of operations folds into one (each adds
+ * its duration to a, and b = max(b, its issue) + duration); an event wait
+ * puts the event's node in dep. A part starts at max(prev, posted); joined,
+ * all parts of its call finish together at the latest start plus the
+ * call's cost. Nodes are counted references: the stream's tail, events,
+ * the next node, a group, the mock NCCL's (or RCCL's) handle.
+ *
+ * A joined call's finish stays open to an abort until it has passed: an
+ * aborted communicator's parts that have not finished end at the abort,
+ * or at their own start if later (scope_mock_part_end). So a finish is
+ * settled (`finish`, the node's chain dropped) only once it cannot move:
+ * when it no longer depends on a joined call yet to finish, or when it has
+ * passed (what an abort moves ends no earlier than the abort, so a finish
+ * already passed depends on none that can move). Until then it is
+ * provisional, kept in `pval` for the `moves` it was found in: only an
+ * abort that ends a joined call moves a known finish (a join only makes
+ * unknown ones known), and then the chain is evaluated again. */
+enum { T_PLAIN, T_PART, T_JOINED };
+typedef struct tnode {
+  int refs, kind, visiting;
+  unsigned mark;
+  unsigned long long unknown;       /* the epoch it was last found unknown in */
+  long long finish;                 /* -1 until settled */
+  long long pval;                   /* a provisional finish, found at `moves` pmoves */
+  unsigned long long pmoves;
+  struct tnode *prev, *dep;
+  long long prev_time;              /* the stream's tail below, when prev is NULL */
+  long long a, b;
+  long long posted;
+  struct tgroup *group;
+  stream *on;                       /* a part's stream and operation number */
+  unsigned long long seq;
+  struct tnode *next;               /* in the stream's unclaimed parts */
+} tnode;
+typedef struct tgroup {
+  int n;
+  tnode **parts;
+  long long extra;
+  long long pval;                   /* its finish while it has not passed, found at `moves` pmoves */
+  unsigned long long pmoves;
+} tgroup;
+/* Only a part's join or end can make an unknown finish known: a node found
+ * unknown stays so until the epoch moves, which keeps issuing behind a
+ * waiting part O(1) an operation. Only an abort of a joined call moves a
+ * provisional finish: `moves` counts those. */
+static unsigned long long epoch = 1, moves = 1;
+
+static void drop(tnode *x) {
+  while (x && --x->refs == 0) {
+    tnode *prev = x->prev;
+    drop(x->dep);
+    free(x);
+    x = prev;
+  }
+}
+static void settle(tnode *x, long long f) {
+  x->finish = f;
+  x->kind = T_PLAIN;
+  x->group = NULL;
+  drop(x->prev);
+  drop(x->dep);
+  x->prev = x->dep = NULL;
+}
+
+static long long finish_of(tnode *x);
+static long long part_start(tnode *p) {
+  long long before = p->prev ? finish_of(p->prev) : p->prev_time;
+  return before < 0 ? -1 : later(before, p->posted);
+}
+/* A joined call that finished at `f`: its parts settle, the group goes. */
+static long long group_settle(tgroup *g, long long f) {
+  for (int i = 0; i < g->n; i++) settle(g->parts[i], f);
+  for (int i = 0; i < g->n; i++) drop(g->parts[i]);
+  free(g->parts);
+  free(g);
+  return f;
+}
+/* A joined part's finish, which is its whole call's; settles them all
+ * once it has passed. */
+static long long group_finish(tnode *x) {
+  tgroup *g = x->group;
+  if (g->pmoves == moves) return g->pval > now_ns() ? g->pval : group_settle(g, g->pval);
+  long long latest = 0;
+  int known = 1;
+  for (int i = 0; i < g->n; i++) g->parts[i]->visiting = 1;
+  for (int i = 0; i < g->n && known; i++) {
+    long long start = part_start(g->parts[i]);
+    if (start < 0) known = 0;
+    latest = later(latest, start);
+  }
+  for (int i = 0; i < g->n; i++) {
+    g->parts[i]->visiting = 0;
+    if (!known) g->parts[i]->unknown = epoch;
+  }
+  if (!known) return -1;
+  long long f = latest + g->extra;
+  if (f <= now_ns()) return group_settle(g, f);
+  g->pval = f;
+  g->pmoves = moves;
+  return f;
+}
+/* A node that ends a run of plain ones: settled, provisional, a joined
+ * part, or unknown (a part not yet joined; a node on the path being
+ * evaluated: a cycle, which a GPU would never finish either). */
+static long long leaf(tnode *y) {
+  if (y->finish >= 0) return y->finish;
+  if (y->unknown == epoch) return -1;
+  if (y->kind == T_PLAIN && y->pmoves == moves && !y->visiting) {
+    long long f = y->pval;
+    if (f <= now_ns()) settle(y, f); /* passed: nothing can move it now */
+    return f;
+  }
+  return y->kind == T_JOINED && !y->visiting ? group_finish(y) : -1;
+}
+/* `x`'s model finish, or -1 while it is not known; settled (x->finish set)
+ * or provisional (see above). The caller holds a reference. The run of
+ * plain nodes below x is evaluated bottom up in a loop, not by recursion:
+ * work issued behind a part can be a long chain. */
+static long long finish_of(tnode *x) {
+  tnode **run = NULL;
+  size_t len = 0, cap = 0;
+  for (tnode *y = x; y && y->finish < 0 && y->kind == T_PLAIN && !y->visiting && y->unknown != epoch &&
+                     y->pmoves != moves;
+       y = y->prev) {
+    if (len == cap) {
+      cap = cap ? cap * 2 : 16;
+      run = realloc(run, cap * sizeof *run);
+    }
+    run[len++] = y;
+  }
+  if (!len) return leaf(x);
+  for (size_t i = 0; i < len; i++) run[i]->visiting = 1;
+  tnode *bottom = run[len - 1];
+  long long f = bottom->prev_time, now = now_ns();
+  int firm = 1; /* whether f is settled */
+  if (bottom->prev) {
+    f = leaf(bottom->prev);
+    firm = bottom->prev->finish >= 0;
+  }
+  size_t left = len;
+  while (left && f >= 0) {
+    tnode *c = run[left - 1];
+    long long d = 0;
+    if (c->dep) {
+      d = finish_of(c->dep);
+      firm = firm && c->dep->finish >= 0;
+    }
+    if (d < 0) { f = -1; break; }
+    f = later(later(f + c->a, c->b), d);
+    c->visiting = 0;
+    firm = firm || f <= now;
+    if (firm) {
+      settle(c, f); /* may free run[left], settled already */
+    } else {
+      c->pval = f;
+      c->pmoves = moves;
+    }
+    left--;
+  }
+  for (size_t i = 0; i < left; i++) {
+    run[i]->visiting = 0;
+    run[i]->unknown = epoch;
+  }
+  free(run);
+  return left ? -1 : f;
+}
+
+/* The tail settled at last: fold it into `tail`. */
+static void collapse(stream *s) {
+  if (s->tail_node && finish_of(s->tail_node) >= 0 && s->tail_node->finish >= 0) {
+    s->tail = s->tail_node->finish;
+    drop(s->tail_node);
+    s->tail_node = NULL;
+  }
+}
+/* A new node at `s`'s tail, taking over the stream's reference. */
+static tnode *append(stream *s, int kind) {
+  tnode *n = calloc(1, sizeof *n);
+  n->refs = 1;
+  n->kind = kind;
+  n->finish = -1;
+  n->prev = s->tail_node;
+  n->prev_time = s->tail;
+  s->tail_node = n;
+  return n;
+}
+/* The tail node, if new work may fold into it: no one else sees it (its
+ * provisional finish, if any, is forgotten: the work changes it). */
+static tnode *foldable(stream *s) {
+  tnode *t = s->tail_node;
+  if (!t || t->refs != 1 || t->kind != T_PLAIN || t->dep) return NULL;
+  t->pmoves = 0;
+  return t;
+}
+/* `s`'s later work starts no earlier than event time `at` / node `e`'s finish. */
+static void timed_wait_event(stream *s, long long at, tnode *e) {
+  if (e && finish_of(e) >= 0 && e->finish >= 0) { at = e->finish; e = NULL; }
+  collapse(s);
+  if (!e && !s->tail_node) { s->tail = later(s->tail, at); return; }
+  tnode *t = e ? NULL : foldable(s);
+  if (!t) {
+    t = append(s, T_PLAIN);
+    if (e) { t->dep = e; e->refs++; }
+  }
+  t->b = later(t->b, at);
+}
+
+#endif
