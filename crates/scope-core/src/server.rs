@@ -16,6 +16,7 @@ use recover::Waits;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::{Backend, Bound, BoundDispatch, Launch};
 use crate::capture::{CaptureState, CaptureWindow, RecordedRound, WindowEnd};
@@ -80,11 +81,23 @@ pub(crate) struct StreamState<S> {
 }
 
 /// Write sets since the last wait, numbered so a wait settles what it covered.
+///
+/// `push` skips a range equal to one of the last few, which keeps a launch
+/// loop's list short; but never across a mark. A mark says "claim what was
+/// issued from here on" (`since`, for a round that fails after issue) or
+/// "settle what was issued before here" (`take_to`, for a wait): a write
+/// after it folded into an equal range before it would be settled by the
+/// wait that never covered it, or left out of the claim, and its bytes,
+/// written from a failed round's output, would read as clean.
 #[derive(Default)]
 struct InFlight {
     ranges: Vec<BufferRange>,
     /// How many ranges were settled before `ranges[0]`.
     settled: u64,
+    /// The latest mark handed out: no range from before it stands for a
+    /// later one. Atomic because marks are taken through a shared look at
+    /// the server; relaxed, because the server's lock orders every access.
+    fence: AtomicU64,
 }
 
 impl InFlight {
@@ -92,18 +105,27 @@ impl InFlight {
         self.ranges.len()
     }
 
-    /// Everything submitted so far: what a wait begun now covers.
+    /// Everything submitted so far: what a wait begun now covers, and where
+    /// a claim of what is issued after now begins.
     fn mark(&self) -> u64 {
-        self.settled + self.ranges.len() as u64
+        let mark = self.settled + self.ranges.len() as u64;
+        self.fence.fetch_max(mark, Ordering::Relaxed);
+        mark
     }
 
-    /// Remember `w`, unless one of the last few ranges is the same.
+    /// Remember `w`, unless one of the last few ranges since the latest
+    /// mark is the same.
     #[inline]
     fn push(&mut self, w: BufferRange) {
-        if self.ranges.last() == Some(&w) {
+        let fenced = self
+            .fence
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.settled);
+        let floor = (fenced as usize).min(self.ranges.len());
+        if self.ranges.len() > floor && self.ranges.last() == Some(&w) {
             return;
         }
-        let recent = self.ranges.len().saturating_sub(8);
+        let recent = self.ranges.len().saturating_sub(8).max(floor);
         if !self.ranges[recent..].contains(&w) {
             self.ranges.push(w);
         }
@@ -572,5 +594,65 @@ impl<B: Backend> Drop for Server<B> {
                 unsafe { self.backend.free(memory) };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InFlight;
+    use crate::id::{BufferId, BufferRange, ByteRange};
+
+    fn range(slot: u32) -> BufferRange {
+        BufferRange {
+            buffer: BufferId::from_parts(slot, 1),
+            range: ByteRange::new(0, 64),
+        }
+    }
+
+    /// A write issued after a mark into a range written just before it is
+    /// claimed from that mark: a round that fails after issue names it.
+    #[test]
+    fn a_write_after_a_mark_is_claimed_however_recently_its_range_was_written() {
+        let mut in_flight = InFlight::default();
+        let (dep, other) = (range(1), range(2));
+        in_flight.push(dep);
+        in_flight.push(other);
+        let mark = in_flight.mark();
+        in_flight.push(dep);
+        assert_eq!(in_flight.since(mark), &[dep]);
+        // Folding still works after the mark.
+        in_flight.push(dep);
+        in_flight.push(dep);
+        assert_eq!(in_flight.since(mark), &[dep]);
+    }
+
+    /// A wait settles what it covered, never a write issued after it began.
+    #[test]
+    fn a_wait_never_settles_a_write_issued_after_it_began() {
+        let mut in_flight = InFlight::default();
+        let dep = range(1);
+        in_flight.push(dep);
+        let waited = in_flight.mark();
+        in_flight.push(dep);
+        assert_eq!(in_flight.take_to(waited), vec![dep]);
+        assert_eq!(in_flight.since(waited), &[dep], "still in flight");
+        assert_eq!(in_flight.take_to(u64::MAX), vec![dep]);
+        assert_eq!(in_flight.len(), 0);
+    }
+
+    /// A launch loop into one range keeps the list at one entry.
+    #[test]
+    fn repeated_writes_between_marks_fold() {
+        let mut in_flight = InFlight::default();
+        for _ in 0..1000 {
+            in_flight.push(range(1));
+            in_flight.push(range(2));
+        }
+        assert_eq!(in_flight.len(), 2);
+        let _ = in_flight.mark();
+        for _ in 0..1000 {
+            in_flight.push(range(1));
+        }
+        assert_eq!(in_flight.len(), 3);
     }
 }
