@@ -151,8 +151,14 @@ typedef struct transfer {
 } transfer;
 typedef struct clique {
   unsigned long long id;
-  /* A shrink's clique: its parent's id and which shrink of it (0: none). */
+  /* A shrink's or split's clique: its parent's id and which shrink or split
+   * of it (0: neither). */
   unsigned long long parent, nth;
+  /* The id ncclGetUniqueId made for the first clique of its line, which
+   * its shrinks and splits inherit, and how many ranks joined this one by
+   * a shrink: a test counts the shrinks of its own groups, whatever
+   * others run. */
+  unsigned long long root, shrinks;
   int nranks, joined, aborted;
   int devices[MAX_RANKS], present[MAX_RANKS];
   call *calls;
@@ -185,6 +191,8 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
 static clique *cliques;
 static unsigned long long next_id = 1;
+/* The id last made on each thread, for scope_mock_nccl_last_id_made_here. */
+static __thread unsigned long long made_here;
 static unsigned long long violations;
 static char last_violation[512];
 
@@ -578,6 +586,7 @@ int ncclGetUniqueId(ncclUniqueId *id) {
   memcpy(id->internal, ID_MAGIC, 8);
   unsigned long long n = next_id++;
   memcpy(id->internal + 8, &n, sizeof n);
+  made_here = n;
   return SUCCESS;
 }
 
@@ -611,6 +620,7 @@ static clique *clique_of(unsigned long long key, int nranks) {
   if (!c) {
     c = calloc(1, sizeof *c);
     c->id = key;
+    c->root = key;
     c->nranks = nranks;
     c->next = cliques;
     cliques = c;
@@ -621,13 +631,14 @@ static clique *clique_of(unsigned long long key, int nranks) {
 /* The clique of the `nth` shrink of clique `parent`, under an id of its
  * own: ids from ncclGetUniqueId count up from 1, these down from the top,
  * so no chain of shrinks reaches another clique's id. */
-static clique *shrunk_clique_of(unsigned long long parent, unsigned long long nth, int nranks) {
+static clique *shrunk_clique_of(const clique *parent, unsigned long long nth, int nranks) {
   static unsigned long long last = 0;
   clique *c = cliques;
-  while (c && !(c->nth && c->parent == parent && c->nth == nth)) c = c->next;
+  while (c && !(c->nth && c->parent == parent->id && c->nth == nth)) c = c->next;
   if (!c) {
     c = clique_of(~last++, nranks);
-    c->parent = parent;
+    c->parent = parent->id;
+    c->root = parent->root;
     c->nth = nth;
   }
   return c;
@@ -701,12 +712,22 @@ int ncclCommInitRankConfig(comm **out, int nranks, ncclUniqueId id, int rank, co
   return c->aborted ? REMOTE : SUCCESS;
 }
 
-/* How many ranks shrank a communicator (ncclCommShrink), for tests that
- * tell the library's shrink from a fresh join. */
-static unsigned long long shrinks;
-unsigned long long scope_mock_nccl_shrinks(void) {
+/* How many ranks shrank a communicator of the line of cliques `root`
+ * began (ncclCommShrink), for tests that tell the library's shrink from a
+ * fresh join. Per line, not per process: tests that shrink groups of their
+ * own at the same time add nothing to it. */
+unsigned long long scope_mock_nccl_shrinks_from(unsigned long long root) {
   LOCKED;
-  return shrinks;
+  unsigned long long n = 0;
+  for (clique *c = cliques; c; c = c->next)
+    if (c->root == root) n += c->shrinks;
+  return n;
+}
+
+/* The id ncclGetUniqueId last made on the calling thread (0: none): the
+ * root of the group a test just made there. */
+unsigned long long scope_mock_nccl_last_id_made_here(void) {
+  return made_here;
 }
 
 static int usable(comm *m, const char *call);
@@ -738,14 +759,14 @@ int ncclCommShrink(comm *m, int *exclude, int nexclude, comm **out, config_head 
     if (exclude[i] < m->rank) below++;
   }
   int nranks = parent->nranks - nexclude, rank = m->rank - below;
-  clique *c = shrunk_clique_of(parent->id, (unsigned long long)(++m->shrunk), nranks);
+  clique *c = shrunk_clique_of(parent, (unsigned long long)(++m->shrunk), nranks);
   if (c->nranks != nranks)
     return refuse(INVALID_ARGUMENT, "ncclCommShrink: %d survivors where a peer said %d", nranks, c->nranks);
   if (c->present[rank]) return refuse(INVALID_USAGE, "ncclCommShrink: survivor %d shrank twice", rank);
   c->present[rank] = 1;
   c->devices[rank] = parent->devices[m->rank];
   c->joined++;
-  shrinks++;
+  c->shrinks++;
   pthread_cond_broadcast(&changed);
   comm *n = calloc(1, sizeof *n);
   n->c = c;
@@ -800,7 +821,7 @@ int ncclCommSplit(comm *m, int color, int key, comm **out, config_head *config) 
   }
   clique *parent = m->c;
   /* Splits count from the top bit down, apart from the parent's shrinks. */
-  clique *c = shrunk_clique_of(parent->id, (1ULL << 63) | ++m->split, parent->nranks);
+  clique *c = shrunk_clique_of(parent, (1ULL << 63) | ++m->split, parent->nranks);
   if (c->present[m->rank]) { free(n); return refuse(INVALID_USAGE, "ncclCommSplit: rank %d split twice", m->rank); }
   c->present[m->rank] = 1;
   c->devices[m->rank] = parent->devices[m->rank];

@@ -266,12 +266,23 @@ impl Mock {
         unsafe { f() }
     }
 
-    /// How many ranks shrank a communicator through the mock's
-    /// `ncclCommShrink`.
-    pub fn nccl_shrinks(&self) -> u64 {
-        let f: unsafe extern "C" fn() -> u64 = self.hook(self.nccl, b"scope_mock_nccl_shrinks\0");
-        // SAFETY: takes the mock's lock and reads a counter.
+    /// The NCCL id `ncclGetUniqueId` last made on this thread: the root of
+    /// the group this thread made last (`Group::over_device`).
+    pub fn nccl_id_made_here(&self) -> u64 {
+        let f: unsafe extern "C" fn() -> u64 =
+            self.hook(self.nccl, b"scope_mock_nccl_last_id_made_here\0");
+        // SAFETY: reads a thread-local counter.
         unsafe { f() }
+    }
+
+    /// How many ranks shrank a communicator through the mock's
+    /// `ncclCommShrink` in the line of cliques that NCCL id `root` began:
+    /// the shrinks of one group, whatever other tests shrink meanwhile.
+    pub fn nccl_shrinks_from(&self, root: u64) -> u64 {
+        let f: unsafe extern "C" fn(u64) -> u64 =
+            self.hook(self.nccl, b"scope_mock_nccl_shrinks_from\0");
+        // SAFETY: takes the mock's lock and reads the cliques' counters.
+        unsafe { f(root) }
     }
 
     /// What the last NCCL violation was.
