@@ -21,11 +21,11 @@ cuda_suite!(FaultSuite, harness::mock_client(), None, (), {
     over_mock_nccl!(mock());
 });
 
-/// Rank 2's producer faults once its round's input was written. The mock
-/// runs a kernel when it is launched, so the fault surfaces at rank 2's
-/// next wait — its ballot's, or its round's — and rank 2 fails with its
-/// device's fault; its peers fail with `Stalled` within the deadline,
-/// their groups broken.
+/// Rank 2's producer faults once its round's input was written. The fault
+/// surfaces at whichever of rank 2's calls looks next — an upload, its
+/// ballot's wait, its round's — and every later one fails with it too, so
+/// rank 2 fails with its device's fault; its peers fail with `Stalled`
+/// within the deadline, their groups broken.
 #[test]
 fn a_fault_in_one_process_stalls_its_peers_within_the_deadline() {
     scope_test::across::ranks_in_separate_processes::<FaultSuite>("rank", |dir| {
@@ -52,10 +52,22 @@ fn rank() {
     if r == 2 {
         fault_after(c, &input);
     }
-    let output = c.upload(&bytes(&[7; 256])).unwrap();
+    // The mock's fault waits for a sync to surface it, and any thread of
+    // the process may sync first (a watchdog's poll of the clean round's
+    // part, say); from then on every call fails with it (rule 36). So rank
+    // 2 may learn its fault at this upload as well as at its ballot, its
+    // round or its read. An upload that learns it fails as the device's
+    // fault, and rank 2 goes on with `clean` as its output, so that its
+    // round and its read are held to the fault too.
+    let uploaded = c.upload(&bytes(&[7; 256]));
+    if let Err(learned) = &uploaded {
+        assert_eq!(r, 2, "only the faulted rank's upload fails: {learned}");
+        assert!(is_its_own_fault(learned), "{learned}");
+    }
+    let output = uploaded.as_ref().unwrap_or(&clean);
     let began = Instant::now();
     let called = me.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
-    let read = c.read(&output);
+    let read = c.read(output);
     assert!(
         began.elapsed() < deadline + Duration::from_secs(20),
         "rank {r} answered within the deadline: {:?}",
@@ -64,10 +76,7 @@ fn rank() {
     let read = read.expect_err("no rank reads the round as clean");
     let learned = called.as_ref().err().unwrap_or(&read);
     if r == 2 {
-        assert!(
-            learned.is_sticky() || learned.is_device_poisoned(),
-            "{learned}"
-        );
+        assert!(is_its_own_fault(learned), "{learned}");
         assert!(read.is_sticky() || read.is_device_poisoned(), "{read}");
     } else {
         for error in [learned, &read] {
@@ -81,4 +90,28 @@ fn rank() {
         }
         assert!(me.broken().is_some(), "rank {r}'s group is broken");
     }
+}
+
+/// Whether `error` is rank 2's own device fault: the fault, the poison it
+/// left (rule 36), or its group broken by a round whose part on rank 2's
+/// device failed with it (rule 47). The watchdog polls rank 2's parts in
+/// flight, and a sticky fault is its context's, so a poll of the clean
+/// round's part may be the call that surfaces it, before the clean round
+/// was seen to land.
+fn is_its_own_fault(error: &Error) -> bool {
+    if error.is_sticky() || error.is_device_poisoned() {
+        return true;
+    }
+    let Error::Collective(failed) = error.root() else {
+        return false;
+    };
+    let failed = match &**failed {
+        CollectiveError::Broken { cause } => &**cause,
+        other => other,
+    };
+    matches!(
+        failed,
+        CollectiveError::IssueFailed { rank: 2, cause, .. }
+            if cause.is_sticky() || cause.is_device_poisoned()
+    )
 }

@@ -161,8 +161,8 @@ fn the_table() {
             ddp_step::table_row(&clients, shape, buckets);
         }
         for ranks in [1, 2, 4] {
+            let clients = &clients[..ranks];
             for (bytes, stands_for) in [(4u64, 4.0), (8192, 16.0 * 1024.0 * 1024.0)] {
-                let clients = &clients[..ranks];
                 let host = ddp_step::call_time(clients, bytes, 20, false);
                 let alone = ddp_step::call_time(clients, bytes, 20, true);
                 let raw = ddp_step::raw_call_time(clients, bytes, 20);
