@@ -11,6 +11,8 @@
 //! cargo xtask fuzz [--backend B] [--minutes M]
 //!                                        the contract fuzzer on fresh seeds
 //! cargo xtask soak [--backend B]         the soak at a million launches
+//! cargo xtask flaky [--runs N] [--jobs J] [--only NAME] [--timeout S]
+//!                                        the tests that race, N times under load
 //! cargo xtask bundle [--backend B] [--max-mib N]
 //!                                        B's device tests and bench, built here
 //!                                        to run on a GPU machine without Rust
@@ -29,6 +31,7 @@ mod artifacts;
 mod backends;
 mod bundle;
 mod cubecl;
+mod flaky;
 mod matrix;
 mod report;
 mod run;
@@ -63,6 +66,11 @@ usage: cargo xtask <command> [options]
                                        prints its seed
   soak [--backend B]                   the soak alone at SCOPE_SOAK_LAUNCHES (default 1,000,000)
                                        launches, printing the footprint it samples
+  flaky [--runs N] [--jobs J] [--only NAME] [--timeout S]
+                                       run each test binary that races (processes, deadlines,
+                                       threads) N times (default 200), J at once (default: the
+                                       cores) beside a busy loop; NAME picks binaries by
+                                       `package::target`; a run past S seconds (default 600) hangs
   bundle [--backend B] [--max-mib N]   build B's device tests and bench (default cuda) into
                                        .device/ with a run.sh, to run on a GPU machine without
                                        Rust; with --max-mib, fail if the bundle is larger
@@ -79,6 +87,10 @@ struct Args {
     json: bool,
     max_mib: Option<f64>,
     minutes: Option<f64>,
+    runs: Option<usize>,
+    jobs: Option<usize>,
+    only: Option<String>,
+    timeout: Option<u64>,
     rest: Vec<String>,
 }
 
@@ -93,6 +105,10 @@ fn parse() -> Result<Args> {
         json: false,
         max_mib: None,
         minutes: None,
+        runs: None,
+        jobs: None,
+        only: None,
+        timeout: None,
         rest: Vec::new(),
     };
     while let Some(arg) = it.next() {
@@ -122,6 +138,10 @@ fn parse() -> Result<Args> {
                         .with_context(|| format!("--minutes {value}: a number of minutes"))?,
                 );
             }
+            "--runs" => args.runs = Some(count(it.next(), "--runs")?),
+            "--jobs" => args.jobs = Some(count(it.next(), "--jobs")?),
+            "--timeout" => args.timeout = Some(count(it.next(), "--timeout")? as u64),
+            "--only" => args.only = Some(it.next().context("--only needs a name")?),
             "--json" => args.json = true,
             "--" => args.rest.extend(it.by_ref()),
             other => match other.strip_prefix("--backend=") {
@@ -131,6 +151,15 @@ fn parse() -> Result<Args> {
         }
     }
     Ok(args)
+}
+
+/// A whole number for `flag`, at least 1.
+fn count(value: Option<String>, flag: &str) -> Result<usize> {
+    let value = value.with_context(|| format!("{flag} needs a number"))?;
+    match value.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => bail!("{flag} {value}: a whole number, at least 1"),
+    }
 }
 
 fn main() {
@@ -146,6 +175,15 @@ fn main() {
             args.release,
         ),
         "soak" => stress::soak(args.backend.as_deref().unwrap_or("core"), args.release),
+        "flaky" => flaky::flaky(&flaky::Options {
+            runs: args.runs.unwrap_or(200),
+            jobs: args.jobs.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
+            }),
+            only: args.only.clone(),
+            timeout: std::time::Duration::from_secs(args.timeout.unwrap_or(600)),
+            release: args.release,
+        }),
         "bundle" => bundle::bundle(args.backend.as_deref().unwrap_or("cuda"), args.max_mib),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
