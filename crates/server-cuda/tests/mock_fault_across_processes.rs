@@ -23,9 +23,9 @@ cuda_suite!(FaultSuite, harness::mock_client(), None, (), {
 
 /// Rank 2's producer faults once its round's input was written. The fault
 /// surfaces at whichever of rank 2's calls looks next — an upload, its
-/// ballot's wait, its round's — and every later one fails with it too, so
-/// rank 2 fails with its device's fault; its peers fail with `Stalled`
-/// within the deadline, their groups broken.
+/// ballot's wait, its round's, its sync — and every later one fails with
+/// it too; no rank reads the round as clean, and its peers fail with
+/// `Stalled` within the deadline, their groups broken.
 #[test]
 fn a_fault_in_one_process_stalls_its_peers_within_the_deadline() {
     scope_test::across::ranks_in_separate_processes::<FaultSuite>("rank", |dir| {
@@ -49,6 +49,16 @@ fn rank() {
     me.all_reduce(input.all(), clean.all(), Element::U32, Reduce::Sum)
         .expect("a clean round");
     assert_eq!(words(&c.read(&clean).unwrap()), vec![10; 256]);
+    // A sticky fault is its context's: a watchdog's poll of a part it has
+    // not yet seen land fails that part with it, and rank 2's abort then
+    // fails the same round on every peer still watching it. So rank 2
+    // plants its fault only once every rank has read the clean round: a
+    // second round is decided only when every rank has posted its ballot,
+    // which each does after its read, and rank 2's call returns only once
+    // it is decided. That round is not read; it may fail with the fault.
+    let between = c.try_allocate(1024).unwrap();
+    me.all_reduce(input.all(), between.all(), Element::U32, Reduce::Sum)
+        .expect("every rank read the clean round");
     if r == 2 {
         fault_after(c, &input);
     }
@@ -76,17 +86,25 @@ fn rank() {
     let read = read.expect_err("no rank reads the round as clean");
     let learned = called.as_ref().err().unwrap_or(&read);
     if r == 2 {
-        assert!(is_its_own_fault(learned), "{learned}");
-        assert!(read.is_sticky() || read.is_device_poisoned(), "{read}");
+        // Its call and read answer its device's fault, or the round's
+        // failure as its peers see it where the communicator's failure
+        // reached rank 2's ballot or part before the fault surfaced (a
+        // read of a failed output needs no wait on the device). Its next
+        // wait on the device learns the fault itself (rule 36).
+        for error in [learned, &read] {
+            assert!(
+                is_its_own_fault(error) || is_the_rounds_failure(error),
+                "{error}"
+            );
+        }
+        let synced = c.sync().expect_err("rank 2's device is faulted");
+        assert!(
+            synced.is_sticky() || synced.is_device_poisoned(),
+            "{synced}"
+        );
     } else {
         for error in [learned, &read] {
-            let Error::Collective(failed) = error.root() else {
-                panic!("rank {r}: {error}");
-            };
-            assert!(
-                matches!(**failed, CollectiveError::Stalled { .. }),
-                "rank {r}: {error}"
-            );
+            assert!(is_stalled(error), "rank {r}: {error}");
         }
         assert!(me.broken().is_some(), "rank {r}'s group is broken");
     }
@@ -114,4 +132,34 @@ fn is_its_own_fault(error: &Error) -> bool {
         CollectiveError::IssueFailed { rank: 2, cause, .. }
             if cause.is_sticky() || cause.is_device_poisoned()
     )
+}
+
+/// Whether `error` is the round's failure as a rank of the group sees it:
+/// stalled across processes (rule 49), a rank's call failed after the
+/// ranks agreed (rule 47), or the group broken by either.
+fn is_the_rounds_failure(error: &Error) -> bool {
+    let Error::Collective(failed) = error.root() else {
+        return false;
+    };
+    let failed = match &**failed {
+        CollectiveError::Broken { cause } => &**cause,
+        other => other,
+    };
+    matches!(
+        failed,
+        CollectiveError::Stalled { .. } | CollectiveError::IssueFailed { .. }
+    )
+}
+
+/// Whether `error` is a round stalled across processes (rule 49), or the
+/// group it broke: the round between may be the one that stalls first.
+fn is_stalled(error: &Error) -> bool {
+    let Error::Collective(failed) = error.root() else {
+        return false;
+    };
+    let failed = match &**failed {
+        CollectiveError::Broken { cause } => &**cause,
+        other => other,
+    };
+    matches!(failed, CollectiveError::Stalled { .. })
 }
