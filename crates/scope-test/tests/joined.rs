@@ -11,7 +11,7 @@ use scope_test::host::{self, Host};
 
 /// A rank that joins alone and goes, more times than a server has
 /// streams, spends none: its two streams are lent and given back, a failed
-/// join's too, so no more than two joins' worth are ever made.
+/// join's too, so no more than three joins' worth are ever made.
 #[test]
 fn joining_again_and_again_spends_no_stream() {
     let client = host::client().unwrap();
@@ -30,9 +30,13 @@ fn joining_again_and_again_spends_no_stream() {
             assert!(failed.is_err());
         }
     }
-    // At most two joins were alive at once on `client` (a rank, and a
-    // short one beside it), two streams each: a new stream is the fifth
-    // made after the client's own, not the thousandth.
+    // At most three joins held streams at once on `client`, two each: a
+    // rank and a short one beside it, which this thread holds, and the
+    // rank before them, which the process's one watchdog thread may still
+    // hold while it polls that rank's last round (a poll holds its group
+    // until it returns, and one poll runs at a time; on a busy machine the
+    // thread can be put off mid-poll). So a new stream is at most the
+    // seventh made after the client's own, not the thousandth.
     let identity = Host::identity().unwrap();
     let other = host::client().unwrap();
     let pair = std::thread::scope(|scope| {
@@ -44,7 +48,7 @@ fn joining_again_and_again_spends_no_stream() {
     drop(pair);
     let fresh = client.new_stream().unwrap();
     assert!(
-        fresh.stream().0 <= 5,
+        fresh.stream().0 <= 7,
         "streams made on this server: {}",
         fresh.stream().0
     );
