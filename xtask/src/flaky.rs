@@ -206,10 +206,11 @@ pub fn flaky(options: &Options) -> Result<bool> {
     let chosen: Vec<&Racing> = RACING
         .iter()
         .filter(|r| {
+            let name = format!("{}::{}", r.package, r.target);
             options
                 .only
                 .as_deref()
-                .is_none_or(|o| format!("{}::{}", r.package, r.target).contains(o))
+                .is_none_or(|o| o.split(',').any(|o| name.contains(o)))
         })
         .collect();
     let mut binaries = Vec::new();
