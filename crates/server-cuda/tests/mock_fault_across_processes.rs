@@ -113,53 +113,42 @@ fn rank() {
 /// Whether `error` is rank 2's own device fault: the fault, the poison it
 /// left (rule 36), or its group broken by a round whose part on rank 2's
 /// device failed with it (rule 47). The watchdog polls rank 2's parts in
-/// flight, and a sticky fault is its context's, so a poll of the clean
-/// round's part may be the call that surfaces it, before the clean round
-/// was seen to land.
+/// flight, and a sticky fault is its context's, so a poll of a part not
+/// yet seen to land may be the call that surfaces it.
 fn is_its_own_fault(error: &Error) -> bool {
-    if error.is_sticky() || error.is_device_poisoned() {
-        return true;
-    }
-    let Error::Collective(failed) = error.root() else {
-        return false;
-    };
-    let failed = match &**failed {
-        CollectiveError::Broken { cause } => &**cause,
-        other => other,
-    };
-    matches!(
-        failed,
-        CollectiveError::IssueFailed { rank: 2, cause, .. }
-            if cause.is_sticky() || cause.is_device_poisoned()
-    )
+    error.is_sticky()
+        || error.is_device_poisoned()
+        || matches!(
+            round_failure(error),
+            Some(CollectiveError::IssueFailed { rank: 2, cause, .. })
+                if cause.is_sticky() || cause.is_device_poisoned()
+        )
 }
 
 /// Whether `error` is the round's failure as a rank of the group sees it:
 /// stalled across processes (rule 49), a rank's call failed after the
 /// ranks agreed (rule 47), or the group broken by either.
 fn is_the_rounds_failure(error: &Error) -> bool {
-    let Error::Collective(failed) = error.root() else {
-        return false;
-    };
-    let failed = match &**failed {
-        CollectiveError::Broken { cause } => &**cause,
-        other => other,
-    };
     matches!(
-        failed,
-        CollectiveError::Stalled { .. } | CollectiveError::IssueFailed { .. }
+        round_failure(error),
+        Some(CollectiveError::Stalled { .. } | CollectiveError::IssueFailed { .. })
     )
 }
 
 /// Whether `error` is a round stalled across processes (rule 49), or the
 /// group it broke: the round between may be the one that stalls first.
 fn is_stalled(error: &Error) -> bool {
+    matches!(round_failure(error), Some(CollectiveError::Stalled { .. }))
+}
+
+/// The collective failure at `error`'s root, looking through the break it
+/// caused.
+fn round_failure(error: &Error) -> Option<&CollectiveError> {
     let Error::Collective(failed) = error.root() else {
-        return false;
+        return None;
     };
-    let failed = match &**failed {
-        CollectiveError::Broken { cause } => &**cause,
+    Some(match &**failed {
+        CollectiveError::Broken { cause } => cause,
         other => other,
-    };
-    matches!(failed, CollectiveError::Stalled { .. })
+    })
 }
