@@ -94,6 +94,11 @@ pub const RACING: &[Racing] = &[
     ),
     racing(
         "server-cuda",
+        "mock_timed",
+        "rounds late past the deadline on the timed mock, failed by the watchdog",
+    ),
+    racing(
+        "server-cuda",
         "mock_old_driver",
         "an older driver's waits and deadlines",
     ),
@@ -106,6 +111,11 @@ pub const RACING: &[Racing] = &[
         "server-hip",
         "mock_timed_collectives",
         "the timed mock: modelled times against the clock",
+    ),
+    racing(
+        "server-hip",
+        "mock_timed_late",
+        "a round late past the deadline on the timed mock, failed by the watchdog",
     ),
     racing(
         "server-vulkan",
@@ -136,11 +146,6 @@ pub const CALM: &[(&str, &str, &str)] = &[
         "server-cuda",
         "conformance",
         "needs an NVIDIA device: skipped here",
-    ),
-    (
-        "server-cuda",
-        "mock_timed",
-        "the timed mock's figures; a table, not a race",
     ),
     (
         "server-cuda",

@@ -82,21 +82,16 @@ pub(crate) struct StreamState<S> {
 
 /// Write sets since the last wait, numbered so a wait settles what it covered.
 ///
-/// `push` skips a range equal to one of the last few, which keeps a launch
-/// loop's list short; but never across a mark. A mark says "claim what was
-/// issued from here on" (`since`, for a round that fails after issue) or
-/// "settle what was issued before here" (`take_to`, for a wait): a write
-/// after it folded into an equal range before it would be settled by the
-/// wait that never covered it, or left out of the claim, and its bytes,
-/// written from a failed round's output, would read as clean.
+/// `push` folds a range into an equal one among the last few, but never
+/// across a mark. A failed round claims what came after its mark, and a
+/// wait settles what came before its own. A write folded across a mark is
+/// missed by the one and settled by the other, so it reads as clean.
 #[derive(Default)]
 struct InFlight {
     ranges: Vec<BufferRange>,
     /// How many ranges were settled before `ranges[0]`.
     settled: u64,
-    /// The latest mark handed out: no range from before it stands for a
-    /// later one. Atomic because marks are taken through a shared look at
-    /// the server; relaxed, because the server's lock orders every access.
+    /// The latest mark: atomic for a shared look, relaxed under the lock.
     fence: AtomicU64,
 }
 
@@ -105,16 +100,14 @@ impl InFlight {
         self.ranges.len()
     }
 
-    /// Everything submitted so far: what a wait begun now covers, and where
-    /// a claim of what is issued after now begins.
+    /// Everything submitted so far: what a wait begun now covers.
     fn mark(&self) -> u64 {
         let mark = self.settled + self.ranges.len() as u64;
         self.fence.fetch_max(mark, Ordering::Relaxed);
         mark
     }
 
-    /// Remember `w`, unless one of the last few ranges since the latest
-    /// mark is the same.
+    /// Remember `w`, unless one of the last few since the latest mark is `w`.
     #[inline]
     fn push(&mut self, w: BufferRange) {
         let fenced = self
@@ -609,8 +602,7 @@ mod tests {
         }
     }
 
-    /// A write issued after a mark into a range written just before it is
-    /// claimed from that mark: a round that fails after issue names it.
+    /// A failed round claims a write after its mark into a range just before it.
     #[test]
     fn a_write_after_a_mark_is_claimed_however_recently_its_range_was_written() {
         let mut in_flight = InFlight::default();
@@ -620,7 +612,6 @@ mod tests {
         let mark = in_flight.mark();
         in_flight.push(dep);
         assert_eq!(in_flight.since(mark), &[dep]);
-        // Folding still works after the mark.
         in_flight.push(dep);
         in_flight.push(dep);
         assert_eq!(in_flight.since(mark), &[dep]);

@@ -1,6 +1,7 @@
 //! The timed mock: kernels and collectives that take modelled time. Here
 //! the `ddp_step` bench runs its four schedules side by side over four
-//! ranks, and a round late past the deadline is failed by the watchdog.
+//! ranks, and a round late past the deadline is failed by the watchdog,
+//! with the work issued after it that reads its output.
 //!
 //! By default it runs at smoke scale, with modelled times near zero: the
 //! bench's code runs and every weight is checked, and scope's schedule
@@ -27,7 +28,7 @@ mod ddp_step;
 
 use std::time::{Duration, Instant};
 
-use common::{COPY, bytes, kernel};
+use common::{ADD, COPY, bytes, kernel};
 use ddp_step::{Schedule, Shape};
 use harness::mock;
 use scope_core::collective::device::DeviceCollectives;
@@ -245,6 +246,83 @@ fn a_round_late_past_the_deadline_fails_every_rank() {
         group.broken().is_some(),
         "a round failed in flight breaks the group"
     );
+    mock().kernel_time("copy", Duration::ZERO);
+    mock().timing(false);
+}
+
+/// Work issued after a round that reads the round's output and writes a
+/// buffer written just before the call — the optimizer reading the
+/// all-reduced gradient — carries the round's failure when the round
+/// fails in flight, for a call and for a replay: the in-flight ledger
+/// claims every write issued after the round, however recently its range
+/// was written before it (rules 23, 47, 50). Rank 2's device is busy past
+/// the deadline, as above.
+#[test]
+fn work_after_a_round_that_fails_in_flight_carries_its_failure() {
+    let _timed = TIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    mock().timing(true);
+    mock().kernel_time("copy", Duration::from_secs(3));
+    mock().nccl_model(Duration::from_micros(10), 0.0);
+    for replayed in [false, true] {
+        let group = Group::over_device(clients(), Duration::from_millis(300)).expect("a group");
+        let outcomes = group.run(|rank| {
+            let c = rank.client();
+            let input = c.upload(&bytes(&[rank.index() as u32 + 1; 64])).unwrap();
+            let output = c.try_allocate(256).unwrap();
+            let graph = replayed.then(|| {
+                let capture = c.begin_capture().unwrap();
+                rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+                    .expect("recorded on every rank");
+                c.end_capture(capture).expect("a clean window seals")
+            });
+            // Written just before the round, so its range is the ledger's
+            // latest when the round takes its mark.
+            let dep = c.upload(&bytes(&[9; 64])).unwrap();
+            if rank.index() == 2 {
+                let busy = c.try_allocate(256).unwrap();
+                c.launch(
+                    &kernel("copy", COPY),
+                    &[Binding::read(&busy), Binding::write(&input)],
+                    &bytes(&[0]),
+                    Dispatch::linear(1),
+                )
+                .unwrap();
+            }
+            let called = match &graph {
+                Some(graph) => rank.replay(graph),
+                None => rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum),
+            };
+            c.launch(
+                &kernel("add", ADD),
+                &[
+                    Binding::read(&output),
+                    Binding::read(&output),
+                    Binding::write(&dep),
+                ],
+                &bytes(&[64]),
+                Dispatch::linear(1),
+            )
+            .expect("a launch after the round");
+            (called, c.read(&output), c.read(&dep))
+        });
+        for (rank, (called, output, dep)) in outcomes.into_iter().enumerate() {
+            called.unwrap_or_else(|e| panic!("rank {rank}: the round was issued: {e}"));
+            for (what, read) in [("output", output), ("copy of it", dep)] {
+                let error = read.expect_err(&format!(
+                    "rank {rank} (replayed: {replayed}): its {what} reads as clean"
+                ));
+                let Error::Collective(failed) = error.root() else {
+                    panic!("rank {rank}: {what}: {error}");
+                };
+                assert!(
+                    matches!(**failed, CollectiveError::Stalled { .. }),
+                    "rank {rank}: {what}: {error}"
+                );
+            }
+        }
+    }
     mock().kernel_time("copy", Duration::ZERO);
     mock().timing(false);
 }

@@ -1,0 +1,115 @@
+//! A round that fails in flight, over the mock runtime's and the mock
+//! RCCL's timed mode: rank 2's device is busy past the deadline before its
+//! part can start, so every rank's call returns once issued and the
+//! watchdog fails the round at the deadline. The timing is the process's,
+//! so this binary holds only this test.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{add, copy, mock_library, mock_rccl, scalars};
+use scope_core::collective::{CollectiveError, Element, Group, Reduce};
+use scope_core::{Binding, Dispatch, Error};
+
+/// The mock runtime's timed mode: copies take `copy`, collectives 10 µs.
+fn timed(copy: Duration) {
+    let rccl = mock_rccl();
+    // SAFETY: the mock runtime, loaded by `mock_rccl` already; opening it
+    // again only takes a reference, leaked so it is never unloaded.
+    let hip = Box::leak(Box::new(
+        unsafe { libloading::Library::new(mock_library()) }.expect("the mock runtime"),
+    ));
+    // SAFETY: the hooks are declared in the mocks with these signatures,
+    // and set values under their locks.
+    unsafe {
+        let timing = hip
+            .get::<unsafe extern "C" fn(i32)>(b"scope_mock_timing\0")
+            .expect("the mock's hook");
+        let kernel_time = hip
+            .get::<unsafe extern "C" fn(*const std::ffi::c_char, u64)>(b"scope_mock_kernel_time\0")
+            .expect("the mock's hook");
+        let model = rccl
+            .get::<unsafe extern "C" fn(u64, f64)>(b"scope_mock_nccl_model\0")
+            .expect("the mock's hook");
+        timing(1);
+        kernel_time(c"copy".as_ptr(), copy.as_nanos() as u64);
+        model(10_000, 0.0);
+    }
+}
+
+/// Work issued after a round that reads the round's output and writes a
+/// buffer written just before the call — the optimizer reading the
+/// all-reduced gradient — carries the round's failure when the round
+/// fails in flight, for a call and for a replay: the in-flight ledger
+/// claims every write issued after the round, however recently its range
+/// was written before it (rules 23, 47, 50).
+#[test]
+fn work_after_a_round_that_fails_in_flight_carries_its_failure() {
+    timed(Duration::from_secs(3));
+    let path = vec![mock_library()];
+    for replayed in [false, true] {
+        let clients = (0..4)
+            .map(|d| server_hip::client_from(&path, &path, d).expect("a mock device"))
+            .collect();
+        let group = Group::over_device(clients, Duration::from_millis(300)).expect("a group");
+        let outcomes = group.run(|rank| {
+            let c = rank.client();
+            let input = c.upload(&scalars(&[rank.index() as u32 + 1; 64])).unwrap();
+            let output = c.try_allocate(256).unwrap();
+            let graph = replayed.then(|| {
+                let capture = c.begin_capture().unwrap();
+                rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+                    .expect("recorded on every rank");
+                c.end_capture(capture).expect("a clean window seals")
+            });
+            // Written just before the round, so its range is the ledger's
+            // latest when the round takes its mark.
+            let dep = c.upload(&scalars(&[9; 64])).unwrap();
+            if rank.index() == 2 {
+                let busy = c.try_allocate(256).unwrap();
+                c.launch(
+                    &copy(),
+                    &[Binding::read(&busy), Binding::write(&input)],
+                    &scalars(&[0]),
+                    Dispatch::linear(1),
+                )
+                .unwrap();
+            }
+            let called = match &graph {
+                Some(graph) => rank.replay(graph),
+                None => rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum),
+            };
+            c.launch(
+                &add(),
+                &[
+                    Binding::read(&output),
+                    Binding::read(&output),
+                    Binding::write(&dep),
+                ],
+                &scalars(&[64]),
+                Dispatch::linear(1),
+            )
+            .expect("a launch after the round");
+            (called, c.read(&output), c.read(&dep))
+        });
+        for (rank, (called, output, dep)) in outcomes.into_iter().enumerate() {
+            called.unwrap_or_else(|e| panic!("rank {rank}: the round was issued: {e}"));
+            for (what, read) in [("output", output), ("copy of it", dep)] {
+                let error = read.expect_err(&format!(
+                    "rank {rank} (replayed: {replayed}): its {what} reads as clean"
+                ));
+                let Error::Collective(failed) = error.root() else {
+                    panic!("rank {rank}: {what}: {error}");
+                };
+                assert!(
+                    matches!(**failed, CollectiveError::Stalled { .. }),
+                    "rank {rank}: {what}: {error}"
+                );
+            }
+        }
+    }
+    timed(Duration::ZERO);
+    let (count, last) = common::rccl_violations();
+    assert_eq!(count, 0, "a call real RCCL refuses; the last: {last}");
+}
