@@ -215,7 +215,7 @@ pub fn flaky(options: &Options) -> Result<bool> {
             options
                 .only
                 .as_deref()
-                .is_none_or(|o| o.split(',').any(|o| name.contains(o)))
+                .is_none_or(|o| o.split(',').any(|o| picks(o, &name)))
         })
         .collect();
     let mut binaries = Vec::new();
@@ -283,6 +283,20 @@ pub fn flaky(options: &Options) -> Result<bool> {
         }
     );
     Ok(all_passed)
+}
+
+/// Whether `--only`'s `pattern` picks binary `name`: a whole name picks
+/// that binary alone (`server-cuda::mock`, not `server-cuda::mock_timed`),
+/// anything else every name that holds it.
+fn picks(pattern: &str, name: &str) -> bool {
+    let whole = RACING
+        .iter()
+        .any(|r| format!("{}::{}", r.package, r.target) == pattern);
+    if whole {
+        pattern == name
+    } else {
+        name.contains(pattern)
+    }
 }
 
 /// `options.runs` runs of one binary, `options.jobs` at once.
@@ -439,6 +453,15 @@ mod tests {
 
     /// Every integration-test file with a marker is in [`RACING`] or
     /// [`CALM`], and each name in either is a file that exists.
+    #[test]
+    fn only_picks_a_whole_name_alone_and_else_every_name_that_holds_it() {
+        assert!(picks("server-cuda::mock", "server-cuda::mock"));
+        assert!(!picks("server-cuda::mock", "server-cuda::mock_timed"));
+        assert!(picks("timed", "server-cuda::mock_timed"));
+        assert!(picks("timed", "server-hip::mock_timed_late"));
+        assert!(!picks("timed", "scope-test::joined"));
+    }
+
     #[test]
     fn every_test_file_that_may_race_is_run_by_flaky_or_says_why_not() {
         let crates = crate::run::root().join("crates");

@@ -70,8 +70,8 @@ usage: cargo xtask <command> [options]
                                        run each test binary that races (processes, deadlines,
                                        threads) N times (default 200), J at once (default: the
                                        cores) beside a busy loop; NAME picks binaries by
-                                       `package::target` (several: a,b); a run past S seconds
-                                       (default 600) hangs
+                                       `package::target`, whole or in part (several: a,b);
+                                       a run past S seconds (default 600) hangs
   bundle [--backend B] [--max-mib N]   build B's device tests and bench (default cuda) into
                                        .device/ with a run.sh, to run on a GPU machine without
                                        Rust; with --max-mib, fail if the bundle is larger
