@@ -65,6 +65,36 @@ fn expected() -> u32 {
     stepped(w, 3, &[0, 1, 2, 3])
 }
 
+/// Wait for `path` to exist while every one of `children` runs: one that
+/// exits first is named with its output, not waited for past its end.
+fn wait_with(path: &Path, children: &mut [(String, Child)]) {
+    let started = Instant::now();
+    while !path.exists() {
+        for (who, child) in children.iter_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                let mut said = String::new();
+                use std::io::Read as _;
+                if let Some(out) = child.stdout.as_mut() {
+                    let _ = out.read_to_string(&mut said);
+                }
+                if let Some(err) = child.stderr.as_mut() {
+                    let _ = err.read_to_string(&mut said);
+                }
+                panic!(
+                    "{who} exited ({status}) before {} appeared:\n{said}",
+                    path.display()
+                );
+            }
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "waited {PATIENCE:?} for {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Wait for `path` to exist.
 fn wait_for(path: &Path) {
     let started = Instant::now();
@@ -198,16 +228,16 @@ where
         })
         .collect();
     // Kill device 3 once it is idle before step 2.
-    wait_for(&dir.join("at-2-3"));
+    wait_with(&dir.join("at-2-3"), &mut children);
     let (_, mut killed) = children.remove(3);
     killed.kill().expect("the kill");
     let _ = killed.wait();
     for d in 0..3 {
-        wait_for(&dir.join(format!("stalled-{d}")));
+        wait_with(&dir.join(format!("stalled-{d}")), &mut children);
     }
     hand_out(&dir, 1, &clique(1), &[0, 1, 2]);
     for d in 0..3 {
-        wait_for(&dir.join(format!("done-1-{d}")));
+        wait_with(&dir.join(format!("done-1-{d}")), &mut children);
     }
     children.push((
         "device 3, restarted".to_owned(),
