@@ -191,6 +191,9 @@ pub struct Options {
 /// One binary's runs.
 struct Tally {
     passes: usize,
+    /// Passing runs that printed a `skipped:` line: a test in them did
+    /// nothing here (no device, say), so their pass proves less.
+    skipping: usize,
     hangs: usize,
     first_failure: Option<String>,
 }
@@ -254,19 +257,24 @@ pub fn flaky(options: &Options) -> Result<bool> {
         let name = format!("{}::{}", racing.package, racing.target);
         let secs = started.elapsed().as_secs_f64();
         println!(
-            "{name:<48} {:>5} runs {:>5} passed {:>3} hung  {secs:>7.0} s",
-            options.runs, tally.passes, tally.hangs
+            "{name:<48} {:>5} runs {:>5} passed {:>3} hung {:>5} with skips {secs:>7.0} s",
+            options.runs, tally.passes, tally.hangs, tally.skipping
         );
         if let Some(failure) = &tally.first_failure {
             println!("---- {name}: its first failure ----\n{failure}\n----");
         }
         all_passed &= tally.passes == options.runs;
-        rows.push((name, tally.passes, secs));
+        rows.push((name, tally.passes, tally.skipping, secs));
     }
     drop(busy);
-    println!("\n| binary | runs | passes | seconds |\n|---|---:|---:|---:|");
-    for (name, passes, secs) in &rows {
-        println!("| {name} | {} | {passes} | {secs:.0} |", options.runs);
+    println!(
+        "\n| binary | runs | passes | of them with skips | seconds |\n|---|---:|---:|---:|---:|"
+    );
+    for (name, passes, skipping, secs) in &rows {
+        println!(
+            "| {name} | {} | {passes} | {skipping} | {secs:.0} |",
+            options.runs
+        );
     }
     if options.only.is_none() {
         println!("\nnot run here, though they name a group, a thread or a deadline:");
@@ -304,6 +312,7 @@ fn run_many(artifact: &Artifact, options: &Options) -> Tally {
     let next = AtomicUsize::new(0);
     let tally = Mutex::new(Tally {
         passes: 0,
+        skipping: 0,
         hangs: 0,
         first_failure: None,
     });
@@ -314,7 +323,10 @@ fn run_many(artifact: &Artifact, options: &Options) -> Tally {
                     let outcome = run_once(artifact, options.timeout);
                     let mut tally = tally.lock().unwrap_or_else(|p| p.into_inner());
                     match outcome {
-                        Outcome::Passed => tally.passes += 1,
+                        Outcome::Passed { skipped } => {
+                            tally.passes += 1;
+                            tally.skipping += usize::from(skipped);
+                        }
                         Outcome::Failed(output) => {
                             tally.first_failure.get_or_insert(output);
                         }
@@ -331,7 +343,7 @@ fn run_many(artifact: &Artifact, options: &Options) -> Tally {
 }
 
 enum Outcome {
-    Passed,
+    Passed { skipped: bool },
     Failed(String),
     Hung(String),
 }
@@ -374,7 +386,9 @@ fn run_once(artifact: &Artifact, timeout: Duration) -> Outcome {
     }
     let _ = std::fs::remove_file(&log);
     match status {
-        Some(status) if status.success() => Outcome::Passed,
+        Some(status) if status.success() => Outcome::Passed {
+            skipped: output.lines().any(|l| l.contains("skipped: ")),
+        },
         Some(status) => Outcome::Failed(format!("{status}\n{}", tail(&output, 80))),
         None => Outcome::Hung(format!(
             "flaky: killed past its timeout of {} s\n{}",
