@@ -190,6 +190,19 @@ fn the_table() {
     mock().assert_clean();
 }
 
+/// Keep `c`'s stream busy for the copy kernel's modelled time before
+/// `input` is written: a part of a round on `input` starts only after it.
+fn busy_before(c: &Client<Cuda>, input: &scope_core::Buffer) {
+    let busy = c.try_allocate(256).unwrap();
+    c.launch(
+        &kernel("copy", COPY),
+        &[Binding::read(&busy), Binding::write(input)],
+        &bytes(&[0]),
+        Dispatch::linear(1),
+    )
+    .unwrap();
+}
+
 /// Rank 2's device is busy past the deadline before its part of a round
 /// can start: the round was decided clean and issued, every call returned,
 /// and the watchdog fails the round on every rank at the deadline, with
@@ -211,14 +224,7 @@ fn a_round_late_past_the_deadline_fails_every_rank() {
         let c = rank.client();
         let input = c.upload(&bytes(&[rank.index() as u32 + 1; 64])).unwrap();
         if rank.index() == 2 {
-            let busy = c.try_allocate(256).unwrap();
-            c.launch(
-                &kernel("copy", COPY),
-                &[Binding::read(&busy), Binding::write(&input)],
-                &bytes(&[0]),
-                Dispatch::linear(1),
-            )
-            .unwrap();
+            busy_before(c, &input);
         }
         let output = c.try_allocate(256).unwrap();
         let called = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
@@ -281,14 +287,7 @@ fn work_after_a_round_that_fails_in_flight_carries_its_failure() {
             // latest when the round takes its mark.
             let dep = c.upload(&bytes(&[9; 64])).unwrap();
             if rank.index() == 2 {
-                let busy = c.try_allocate(256).unwrap();
-                c.launch(
-                    &kernel("copy", COPY),
-                    &[Binding::read(&busy), Binding::write(&input)],
-                    &bytes(&[0]),
-                    Dispatch::linear(1),
-                )
-                .unwrap();
+                busy_before(c, &input);
             }
             let called = match &graph {
                 Some(graph) => rank.replay(graph),

@@ -8,38 +8,20 @@
 #[macro_use]
 mod common;
 
-use common::{mock_client, mock_library, mock_rccl};
+use std::time::Duration;
+
+use common::mock_client;
 
 /// Turn the timed mode on, once for the process.
 fn timed() {
     static ON: std::sync::Once = std::sync::Once::new();
     ON.call_once(|| {
-        let rccl = mock_rccl();
-        // SAFETY: the mock runtime, loaded by `mock_rccl` already; opening
-        // it again only takes a reference, leaked so it is never unloaded.
-        let hip = Box::leak(Box::new(
-            unsafe { libloading::Library::new(mock_library()) }.expect("the mock runtime"),
-        ));
-        // SAFETY: the hooks are declared in the mocks with these
-        // signatures, and set values under their locks.
-        unsafe {
-            let timing = hip
-                .get::<unsafe extern "C" fn(i32)>(b"scope_mock_timing\0")
-                .expect("the mock's hook");
-            let kernel_time = hip
-                .get::<unsafe extern "C" fn(*const std::ffi::c_char, u64)>(
-                    b"scope_mock_kernel_time\0",
-                )
-                .expect("the mock's hook");
-            let model = rccl
-                .get::<unsafe extern "C" fn(u64, f64)>(b"scope_mock_nccl_model\0")
-                .expect("the mock's hook");
-            timing(1);
-            for kind in [c"fill", c"copy", c"add"] {
-                kernel_time(kind.as_ptr(), 200_000);
-            }
-            model(50_000, 1e9);
-        }
+        let kernel = Duration::from_micros(200);
+        common::timed(
+            &[(c"fill", kernel), (c"copy", kernel), (c"add", kernel)],
+            Duration::from_micros(50),
+            1e9,
+        );
     });
 }
 

@@ -8,35 +8,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{add, copy, mock_library, mock_rccl, scalars};
+use common::{add, copy, mock_library, scalars};
 use scope_core::collective::{CollectiveError, Element, Group, Reduce};
 use scope_core::{Binding, Dispatch, Error};
-
-/// The mock runtime's timed mode: copies take `copy`, collectives 10 µs.
-fn timed(copy: Duration) {
-    let rccl = mock_rccl();
-    // SAFETY: the mock runtime, loaded by `mock_rccl` already; opening it
-    // again only takes a reference, leaked so it is never unloaded.
-    let hip = Box::leak(Box::new(
-        unsafe { libloading::Library::new(mock_library()) }.expect("the mock runtime"),
-    ));
-    // SAFETY: the hooks are declared in the mocks with these signatures,
-    // and set values under their locks.
-    unsafe {
-        let timing = hip
-            .get::<unsafe extern "C" fn(i32)>(b"scope_mock_timing\0")
-            .expect("the mock's hook");
-        let kernel_time = hip
-            .get::<unsafe extern "C" fn(*const std::ffi::c_char, u64)>(b"scope_mock_kernel_time\0")
-            .expect("the mock's hook");
-        let model = rccl
-            .get::<unsafe extern "C" fn(u64, f64)>(b"scope_mock_nccl_model\0")
-            .expect("the mock's hook");
-        timing(1);
-        kernel_time(c"copy".as_ptr(), copy.as_nanos() as u64);
-        model(10_000, 0.0);
-    }
-}
 
 /// Work issued after a round that reads the round's output and writes a
 /// buffer written just before the call — the optimizer reading the
@@ -46,7 +20,11 @@ fn timed(copy: Duration) {
 /// was written before it (rules 23, 47, 50).
 #[test]
 fn work_after_a_round_that_fails_in_flight_carries_its_failure() {
-    timed(Duration::from_secs(3));
+    common::timed(
+        &[(c"copy", Duration::from_secs(3))],
+        Duration::from_micros(10),
+        0.0,
+    );
     let path = vec![mock_library()];
     for replayed in [false, true] {
         let clients = (0..4)
@@ -109,7 +87,7 @@ fn work_after_a_round_that_fails_in_flight_carries_its_failure() {
             }
         }
     }
-    timed(Duration::ZERO);
+    common::timed(&[(c"copy", Duration::ZERO)], Duration::from_micros(10), 0.0);
     let (count, last) = common::rccl_violations();
     assert_eq!(count, 0, "a call real RCCL refuses; the last: {last}");
 }

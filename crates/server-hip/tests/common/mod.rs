@@ -238,6 +238,41 @@ pub fn mock_rccl() -> &'static libloading::Library {
     })
 }
 
+/// The mock runtime's and the mock RCCL's timed mode for the process:
+/// each of `kernels` takes its time, a collective `latency` plus its
+/// bytes at `bytes_per_second` (0: no time for bytes).
+#[allow(dead_code)] // the binaries without timed tests
+pub fn timed(
+    kernels: &[(&std::ffi::CStr, std::time::Duration)],
+    latency: std::time::Duration,
+    bytes_per_second: f64,
+) {
+    let rccl = mock_rccl();
+    // SAFETY: the mock runtime, loaded by `mock_rccl` already; opening it
+    // again only takes a reference, leaked so it is never unloaded.
+    let hip = Box::leak(Box::new(
+        unsafe { libloading::Library::new(mock_library()) }.expect("the mock runtime"),
+    ));
+    // SAFETY: the hooks are declared in the mocks with these signatures,
+    // and set values under their locks.
+    unsafe {
+        let timing = hip
+            .get::<unsafe extern "C" fn(i32)>(b"scope_mock_timing\0")
+            .expect("the mock's hook");
+        let kernel_time = hip
+            .get::<unsafe extern "C" fn(*const std::ffi::c_char, u64)>(b"scope_mock_kernel_time\0")
+            .expect("the mock's hook");
+        let model = rccl
+            .get::<unsafe extern "C" fn(u64, f64)>(b"scope_mock_nccl_model\0")
+            .expect("the mock's hook");
+        timing(1);
+        for (kind, time) in kernels {
+            kernel_time(kind.as_ptr(), time.as_nanos() as u64);
+        }
+        model(latency.as_nanos() as u64, bytes_per_second);
+    }
+}
+
 /// Calls the mock RCCL refused because real RCCL would refuse, hang or move
 /// the wrong bytes; and the last.
 pub fn rccl_violations() -> (u64, String) {
