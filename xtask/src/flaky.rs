@@ -89,6 +89,11 @@ pub const RACING: &[Racing] = &[
     ),
     racing(
         "server-cuda",
+        "mock_nccl_dead_peer",
+        "a process killed holding the mock NCCL's shared clique",
+    ),
+    racing(
+        "server-cuda",
         "mock_timed_collectives",
         "the timed mock: modelled times against the clock",
     ),

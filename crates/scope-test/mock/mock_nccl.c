@@ -87,9 +87,11 @@
  *
  * Every entry point takes one process-wide lock.
  */
+#include <errno.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -432,16 +434,47 @@ static shared_clique *map_clique(const char *path, int create) {
     pthread_mutexattr_t a;
     pthread_mutexattr_init(&a);
     pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
     pthread_mutex_init(&sh->lock, &a);
   }
   return sh;
+}
+
+/* Lock a clique's state. A peer process killed while it held the lock
+ * leaves it to the next locker (a robust mutex), with whatever it had
+ * changed: every change a part makes ends by marking it posted or done,
+ * so a part cut short is one never posted, and its round stalls for its
+ * peers, as NCCL's does when a peer dies. Without this, a kill at the
+ * wrong instant would hang every other process of the clique. */
+static void lock_shared(shared_clique *sh) {
+  if (pthread_mutex_lock(&sh->lock) == EOWNERDEAD) pthread_mutex_consistent(&sh->lock);
+}
+
+/* For a test: die holding the shared clique of `id`, as a peer process
+ * killed at the wrong instant would. */
+void scope_mock_nccl_die_holding(const ncclUniqueId *id) {
+  shared_clique *sh = map_clique(id->internal + 16, 0);
+  if (sh) lock_shared(sh);
+  raise(SIGKILL);
+}
+
+/* For a test: lock and unlock the shared clique of `id`; 0 when there is
+ * none. A lock a dead process left held never returns without
+ * `lock_shared`'s robust mutex. */
+int scope_mock_nccl_shared_usable(const ncclUniqueId *id) {
+  shared_clique *sh = map_clique(id->internal + 16, 0);
+  if (!sh) return 0;
+  lock_shared(sh);
+  pthread_mutex_unlock(&sh->lock);
+  munmap(sh, sizeof *sh);
+  return 1;
 }
 
 /* Whether this process's shared post `p` still waits for its peers; once
  * done, its output is copied home and the post forgotten (returns 0). */
 static int shared_transfer_pending(local_post *p) {
   shared_clique *sh = p->sh;
-  pthread_mutex_lock(&sh->lock);
+  lock_shared(sh);
   shared_transfer *t = p->slot < 0 ? NULL : &sh->transfers[p->slot];
   int pending = 0;
   if (p->ended) {
@@ -462,7 +495,7 @@ static int shared_transfer_pending(local_post *p) {
 static int shared_pending(local_post *p) {
   if (p->transfer) return shared_transfer_pending(p);
   shared_clique *sh = p->sh;
-  pthread_mutex_lock(&sh->lock);
+  lock_shared(sh);
   shared_call *k = p->slot < 0 ? NULL : &sh->calls[p->slot];
   int pending = 0;
   if (p->ended) {
@@ -661,7 +694,7 @@ int ncclCommInitRankConfig(comm **out, int nranks, ncclUniqueId id, int rank, co
     /* Shared mode: the clique is the file the id names. */
     shared_clique *sh = map_clique(id.internal + 16, 0);
     if (!sh) return refuse(INVALID_ARGUMENT, "ncclCommInitRankConfig: no shared clique at %s", id.internal + 16);
-    pthread_mutex_lock(&sh->lock);
+    lock_shared(sh);
     if (!sh->nranks) sh->nranks = nranks;
     int bad = sh->nranks != nranks ? 1 : sh->present[rank] ? 2 : 0;
     for (int r = 0; r < sh->nranks && !bad; r++)
@@ -804,7 +837,7 @@ int ncclCommSplit(comm *m, int color, int key, comm **out, config_head *config) 
       free(n);
       return refuse(INVALID_ARGUMENT, "ncclCommSplit: no shared clique beside %s", m->path);
     }
-    pthread_mutex_lock(&sh->lock);
+    lock_shared(sh);
     if (!sh->nranks) sh->nranks = m->sh->nranks;
     int twice = sh->present[m->rank];
     if (!twice) {
@@ -844,7 +877,7 @@ int ncclCommGetAsyncError(comm *m, int *error) {
   int bad = usable(m, "ncclCommGetAsyncError");
   if (bad) return bad;
   if (m->sh) {
-    pthread_mutex_lock(&m->sh->lock);
+    lock_shared(m->sh);
     *error = m->sh->aborted ? REMOTE : m->sh->joined < m->sh->nranks ? IN_PROGRESS : SUCCESS;
     pthread_mutex_unlock(&m->sh->lock);
     return SUCCESS;
@@ -868,7 +901,7 @@ int ncclCommAbort(comm *m) {
   m->aborted = 1;
   now_last(m, NULL, 0, NULL);
   if (m->sh) {
-    pthread_mutex_lock(&m->sh->lock);
+    lock_shared(m->sh);
     m->sh->aborted = 1;
     pthread_mutex_unlock(&m->sh->lock);
     for (local_post *p = shared_posts; p; p = p->next)
@@ -908,7 +941,7 @@ int ncclCommDestroy(comm *m) {
    * caller whose join did not settle aborts. */
   int joined, nranks, aborted;
   if (m->sh) {
-    pthread_mutex_lock(&m->sh->lock);
+    lock_shared(m->sh);
     joined = m->sh->joined, nranks = m->sh->nranks, aborted = m->sh->aborted;
     pthread_mutex_unlock(&m->sh->lock);
   } else {
@@ -1088,7 +1121,7 @@ static int place_shared_call(const shared_issue *h) {
   const post *p = &h->p;
   if (m->aborted || m->destroyed) return REMOTE;
   const char *name = CALLS[p->kind];
-  pthread_mutex_lock(&sh->lock);
+  lock_shared(sh);
   int n = sh->nranks;
   size_t sb = send_bytes(p, n), rb = recv_bytes(p, n);
   int sends = p->kind != BROADCAST || m->rank == p->root;
@@ -1157,7 +1190,7 @@ static int post_shared(comm *m, int kind, const void *send, void *recv, size_t c
     if (!record_call(stream, &r)) return refuse(INVALID_USAGE, "%s: the capture could not record it", name);
     return SUCCESS;
   }
-  pthread_mutex_lock(&sh->lock);
+  lock_shared(sh);
   int n = sh->nranks;
   size_t sb = send_bytes(&p, n), rb = recv_bytes(&p, n);
   int sends = kind != BROADCAST || m->rank == root;
@@ -1333,7 +1366,7 @@ static int place_shared_transfer(const shared_issue *h) {
   void *buf = is_send ? (void *)(uintptr_t)h->p.send : h->p.recv;
   size_t bytes = h->bytes;
   if (m->aborted || m->destroyed) return REMOTE;
-  pthread_mutex_lock(&sh->lock);
+  lock_shared(sh);
   const char *why = NULL;
   int slot = -1;
   for (int i = 0; i < SLOTS && !sh->aborted; i++) {
@@ -1375,7 +1408,7 @@ static int transfer_shared(comm *m, int is_send, void *buf, size_t bytes, int pe
   const char *name = is_send ? "ncclSend" : "ncclRecv";
   shared_clique *sh = m->sh;
   int from = is_send ? m->rank : peer, to = is_send ? peer : m->rank;
-  pthread_mutex_lock(&sh->lock);
+  lock_shared(sh);
   const char *why = NULL;
   if (sh->aborted) why = "";
   else if (sh->joined < sh->nranks) why = "before every rank joined the communicator";

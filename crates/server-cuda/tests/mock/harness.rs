@@ -257,6 +257,27 @@ impl Mock {
         id
     }
 
+    /// Die holding the lock of the shared clique of `id`, as a peer process
+    /// killed at the wrong instant: never returns.
+    pub fn die_holding_shared_clique(&self, id: &scope_native::nccl::UniqueId) -> ! {
+        let f: unsafe extern "C" fn(*const scope_native::nccl::UniqueId) =
+            self.hook(self.nccl, b"scope_mock_nccl_die_holding\0");
+        // SAFETY: the mock reads the 128 bytes of `id` (`ncclUniqueId`'s
+        // layout, which `UniqueId` is), then kills this process.
+        unsafe { f(id) };
+        unreachable!("the mock kills the process")
+    }
+
+    /// Whether the shared clique of `id` locks and unlocks: it waits
+    /// forever if a dead process's lock is never taken over.
+    pub fn shared_clique_locks(&self, id: &scope_native::nccl::UniqueId) -> bool {
+        let f: unsafe extern "C" fn(*const scope_native::nccl::UniqueId) -> i32 =
+            self.hook(self.nccl, b"scope_mock_nccl_shared_usable\0");
+        // SAFETY: as `die_holding_shared_clique`; the mock maps the clique's
+        // file, locks it, unlocks it and unmaps it.
+        unsafe { f(id) == 1 }
+    }
+
     /// NCCL calls the mock NCCL refused (or flagged) because real NCCL
     /// would refuse, hang or move the wrong bytes.
     pub fn nccl_violations(&self) -> u64 {
