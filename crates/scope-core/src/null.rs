@@ -292,12 +292,3 @@ impl<S: Script> Backend for Null<S> {
         Ok(())
     }
 }
-
-/// A client of a new null server.
-///
-/// # Errors
-///
-/// None; the signature matches the other servers'.
-pub fn client() -> Result<crate::Client<Null>> {
-    crate::Client::new(Null::new())
-}

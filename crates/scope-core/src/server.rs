@@ -8,10 +8,11 @@ mod handles;
 mod launch;
 mod ordering;
 mod recover;
+mod waits;
 mod work;
 
 pub use recover::Recovered;
-use recover::Waits;
+use waits::{WaitToken, Waits};
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -151,27 +152,6 @@ pub(crate) struct PendingWait<B: Backend> {
     mark: u64,
     /// Counts the wait as in flight until it ends, however it ends.
     token: WaitToken,
-}
-
-/// One unlocked wait in flight, which `Server::recover` waits out.
-pub(crate) struct WaitToken(Option<Arc<Waits>>);
-
-impl WaitToken {
-    fn new(waits: &Arc<Waits>, waiting: bool) -> Self {
-        if !waiting {
-            return Self(None);
-        }
-        waits.begin();
-        Self(Some(waits.clone()))
-    }
-}
-
-impl Drop for WaitToken {
-    fn drop(&mut self) {
-        if let Some(waits) = &self.0 {
-            waits.end();
-        }
-    }
 }
 
 impl<B: Backend> PendingWait<B> {

@@ -63,8 +63,8 @@ mod target;
 mod translate;
 
 pub use args::Args;
-pub use target::{Target, register_portable_types};
-pub use translate::{CubeKernel, Translation, translate, translate_definition};
+pub use target::{Target, Translation, register_portable_types};
+pub use translate::{CubeKernel, translate, translate_definition};
 
 /// The cubecl crates, re-exported so a runtime writes kernels against the same
 /// versions this crate compiles.

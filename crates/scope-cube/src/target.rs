@@ -18,9 +18,7 @@ use cubecl_core::ir::{
 use cubecl_core::prelude::{AddressType, CubeDim, ExecutionMode, KernelSettings, TargetProperties};
 use cubecl_core::profile::TimingMethod;
 use cubecl_core::{VulkanCompilationOptions, WgpuCompilationOptions};
-use scope_core::{Backend, BackendKind, Language};
-
-use crate::translate::Translation;
+use scope_core::{Backend, BackendKind, DeviceLimits, Language};
 
 /// The language a kernel is translated into, one per kind of server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -194,5 +192,46 @@ impl Target {
         };
         options.supports_features.grid_constants = true;
         options
+    }
+}
+
+/// Compile options that follow the device rather than the target's
+/// constants: what the server reported in its [`DeviceLimits`].
+///
+/// A definition expanded for one device and compiled with another's options
+/// can use what the server never enabled (64-bit integers), which the
+/// server's own compiler then refuses — or, worse, accepts on a device
+/// where it means something else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Translation {
+    /// Whether the kernel may use 64-bit integers (WGSL, SPIR-V).
+    pub supports_u64: bool,
+    /// The widest vector the compilers may emit.
+    pub max_vector_size: usize,
+    /// Push-constant bytes cubecl may use for SPIR-V buffer addresses;
+    /// more addresses go in a uniform table.
+    pub push_constant_bytes: usize,
+}
+
+impl Default for Translation {
+    /// What every device of every target takes: no 64-bit integers,
+    /// vectors of four, the Vulkan minimum push-constant block.
+    fn default() -> Self {
+        Self {
+            supports_u64: false,
+            max_vector_size: 4,
+            push_constant_bytes: PUSH_CONSTANT_BYTES,
+        }
+    }
+}
+
+impl Translation {
+    /// The options a server's device takes, from its reported limits.
+    pub fn for_device(limits: &DeviceLimits) -> Self {
+        Self {
+            supports_u64: limits.launch.features.i64,
+            ..Self::default()
+        }
     }
 }

@@ -23,9 +23,9 @@ use cubecl_core::ir::metadata::Info;
 use cubecl_core::prelude::ExecutionMode;
 use cubecl_core::prelude::KernelDefinition;
 use cubecl_cpp::shared::CppCompiler;
-use scope_core::{Access, DeviceLimits, Error, Kernel, KernelId, KernelSource, Result};
+use scope_core::{Access, Error, Kernel, KernelId, KernelSource, Result};
 
-use crate::target::{PUSH_CONSTANT_BYTES, Target};
+use crate::target::{Target, Translation};
 
 /// A cubecl kernel translated for one target: the scope [`Kernel`] and what
 /// a launch needs to pack its arguments.
@@ -255,47 +255,6 @@ pub fn translate(
     // index itself, and vouches for nothing.
     unsafe { translate_definition(definition, target, &Translation::default()) }
         .map_err(|e| compile_error(&name, e.to_string()))
-}
-
-/// Compile options that follow the device rather than the target's
-/// constants: what the server reported in its [`DeviceLimits`].
-///
-/// A definition expanded for one device and compiled with another's options
-/// can use what the server never enabled (64-bit integers), which the
-/// server's own compiler then refuses — or, worse, accepts on a device
-/// where it means something else.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Translation {
-    /// Whether the kernel may use 64-bit integers (WGSL, SPIR-V).
-    pub supports_u64: bool,
-    /// The widest vector the compilers may emit.
-    pub max_vector_size: usize,
-    /// Push-constant bytes cubecl may use for SPIR-V buffer addresses;
-    /// more addresses go in a uniform table.
-    pub push_constant_bytes: usize,
-}
-
-impl Default for Translation {
-    /// What every device of every target takes: no 64-bit integers,
-    /// vectors of four, the Vulkan minimum push-constant block.
-    fn default() -> Self {
-        Self {
-            supports_u64: false,
-            max_vector_size: 4,
-            push_constant_bytes: PUSH_CONSTANT_BYTES,
-        }
-    }
-}
-
-impl Translation {
-    /// The options a server's device takes, from its reported limits.
-    pub fn for_device(limits: &DeviceLimits) -> Self {
-        Self {
-            supports_u64: limits.launch.features.i64,
-            ..Self::default()
-        }
-    }
 }
 
 /// Compile an expanded cubecl kernel definition into the language of

@@ -9,20 +9,17 @@ use std::time::{Duration, Instant};
 use scope_core::{Backend, DeviceFault, Error, FaultPlan, Result, Site};
 
 use crate::data_parallel::{
-    self, BACKWARD, DataParallel, Injection, RankStep, ReferenceStep, UPDATE, identical,
-    input_failed, max_difference, reference_step,
+    self, BACKWARD, DataParallel, Injection, RankStep, UPDATE, identical, input_failed,
+    reference_step,
 };
 use crate::mlp::{Mlp, Shape, Weights, max_error};
 use crate::runtime::Runtime;
 
+mod check;
 mod survival;
 
+pub use check::{StepCheck, TOLERANCE};
 pub use survival::{Event, Lose, Survival};
-
-/// How close a device result must be to the CPU reference. The outputs are
-/// probabilities; `f32` accumulation over a thousand terms differs from the
-/// `f64` reference by about 1e-6 of a logit.
-pub const TOLERANCE: f32 = 1e-4;
 
 /// Act one: a checked forward pass.
 #[derive(Clone, Debug)]
@@ -262,107 +259,6 @@ pub const LEARNING_RATE: f32 = 0.5;
 /// The rank act four fails: rank 2, or the last one in a smaller group.
 pub fn faulted_rank(ranks: usize) -> usize {
     2.min(ranks.saturating_sub(1))
-}
-
-/// One step of act four, checked against what it should have done.
-#[derive(Debug)]
-pub struct StepCheck {
-    /// What each rank saw.
-    pub ranks: Vec<RankStep>,
-    /// The step's wall time, every rank's work and the collective.
-    pub time: Duration,
-    /// The ranks' mean loss before the update (`None` if a rank could not
-    /// read its output), and the CPU's on the whole batch.
-    pub loss: Option<f64>,
-    /// The CPU's loss on the whole batch.
-    pub reference_loss: f64,
-    /// Every rank read its all-reduced gradient, and all were the same
-    /// bits.
-    pub gradients_identical: bool,
-    /// Rank 0's all-reduced gradient against the CPU's on the whole batch
-    /// (infinite when unreadable).
-    pub gradient_error: f32,
-    /// Every rank read its weights after the step, and all were the same
-    /// bits.
-    pub weights_identical: bool,
-    /// Rank 0's weights after the step against the expected ones: the
-    /// CPU's updated weights after a clean step, the weights before the
-    /// step after a failed one (infinite when unreadable).
-    pub weights_error: f32,
-    /// The largest change of rank 0's weights in the step.
-    pub weights_change: f32,
-    /// How many ranks' updates wrote their new weights.
-    pub updated: usize,
-}
-
-impl StepCheck {
-    fn new(
-        ranks: Vec<RankStep>,
-        time: Duration,
-        before: &Weights,
-        reference: &ReferenceStep,
-        expect_update: bool,
-    ) -> Self {
-        let losses: Option<Vec<f64>> = ranks
-            .iter()
-            .map(|r| r.loss.as_ref().ok().copied())
-            .collect();
-        let loss = losses.map(|l| l.iter().sum::<f64>() / l.len().max(1) as f64);
-        let all_same = |get: &dyn Fn(&RankStep) -> Option<&Weights>| match get(&ranks[0]) {
-            Some(first) => ranks
-                .iter()
-                .all(|r| get(r).is_some_and(|w| identical(w, first))),
-            None => false,
-        };
-        let gradients_identical = all_same(&|r| r.gradient.as_ref().ok());
-        let weights_identical = all_same(&|r| r.weights.as_ref().ok());
-        let gradient_error = ranks[0]
-            .gradient
-            .as_ref()
-            .map_or(f32::INFINITY, |g| max_difference(g, &reference.gradient));
-        let expected = if expect_update {
-            &reference.next
-        } else {
-            before
-        };
-        let (weights_error, weights_change) = ranks[0]
-            .weights
-            .as_ref()
-            .map_or((f32::INFINITY, f32::INFINITY), |w| {
-                (max_difference(w, expected), max_difference(w, before))
-            });
-        let updated = ranks.iter().filter(|r| r.update.is_ok()).count();
-        Self {
-            loss,
-            reference_loss: reference.loss,
-            gradients_identical,
-            gradient_error,
-            weights_identical,
-            weights_error,
-            weights_change,
-            updated,
-            time,
-            ranks,
-        }
-    }
-
-    /// The loss's distance from the CPU's (infinite when unreadable).
-    pub fn loss_error(&self) -> f64 {
-        self.loss
-            .map_or(f64::INFINITY, |l| (l - self.reference_loss).abs())
-    }
-
-    /// A clean step did what it should: every rank's gradient the same and
-    /// the CPU's, every rank's update written, the same weights everywhere
-    /// and the CPU's.
-    pub fn clean(&self) -> bool {
-        self.gradients_identical
-            && self.gradient_error <= TOLERANCE
-            && self.updated == self.ranks.len()
-            && self.weights_identical
-            && self.weights_error <= TOLERANCE
-            && self.loss_error() <= f64::from(TOLERANCE)
-    }
 }
 
 /// How one rank's view of a failed step reads.

@@ -1,16 +1,12 @@
 //! A lost device opened again, with every handle kept (rules 51–53): a failure
 //! of every byte it held, which heals when rewritten. Unlocked waits are
-//! waited out first ([`Waits`]).
+//! waited out first ([`Waits`](super::waits::Waits)).
 //!
 //! 1. **Give the lost device up**, within the wait timeout: captures
 //!    aborted (rule 33), graphs lost, allocations freed.
 //! 2. **Refuse a process-fatal fault** with [`Error::RestartRequired`].
 //! 3. **Open it again** ([`Backend::reopen`]); a refusal leaves it poisoned.
 //! 4. **Make every allocation again**, claimed, or carrying why not (rule 28).
-
-use std::time::Instant;
-
-use parking_lot::{Condvar, Mutex};
 
 use super::*;
 
@@ -31,40 +27,6 @@ pub enum Recovered {
         /// Graphs that can no longer replay.
         graphs: usize,
     },
-}
-
-/// How many waits run with the lock released ([`WaitToken`]).
-#[derive(Debug, Default)]
-pub(crate) struct Waits {
-    count: Mutex<usize>,
-    ended: Condvar,
-}
-
-impl Waits {
-    pub(super) fn begin(&self) {
-        *self.count.lock() += 1;
-    }
-
-    pub(super) fn end(&self) {
-        let mut count = self.count.lock();
-        *count -= 1;
-        if *count == 0 {
-            self.ended.notify_all();
-        }
-    }
-
-    fn any(&self) -> bool {
-        *self.count.lock() > 0
-    }
-
-    pub(crate) fn wait_out(&self, until: Instant) {
-        let mut count = self.count.lock();
-        while *count > 0 {
-            if self.ended.wait_until(&mut count, until).timed_out() {
-                return;
-            }
-        }
-    }
 }
 
 impl<B: Backend> Server<B> {

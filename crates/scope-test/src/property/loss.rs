@@ -25,9 +25,10 @@
 //! graph destroyed) still releasing — until a later recovery opens the
 //! device, counting every buffer and graph the attempts before it gave up.
 //!
-//! A suite whose backend cannot open a device again ([`Suite::reopens`])
-//! has every recovery refused with `Error::RestartRequired`, naming the
-//! fault, and stays poisoned; its buffers and graphs still release, after
+//! A suite whose backend cannot open a device again (no
+//! [`Capability::Reopen`] in its [`Suite::capabilities`]) has every
+//! recovery refused with `Error::RestartRequired`, naming the fault, and
+//! stays poisoned; its buffers and graphs still release, after
 //! which the store is empty, and the run goes on with a fresh server, as a
 //! restarted process would.
 

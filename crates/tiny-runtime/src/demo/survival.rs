@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use scope_core::{Backend, Client, Error, Recovered, Result};
 
-use super::StepCheck;
+use super::check::StepCheck;
 use crate::data_parallel::{DataParallel, RankStep, identical, input_failed, reference_step};
 use crate::mlp::Weights;
 
