@@ -127,8 +127,8 @@ where
         }
         let output = upload(c, &[77; PART as usize]);
         let failed = rank.all_reduce(mine.all(), output.all(), Element::U32, Reduce::Sum);
-        let claim = read(c, &output).expect_err("the output carries the failure");
-        let untouched = read(c, &mine);
+        let claim = read_twice::<S>(c, &output).expect_err("the output carries the failure");
+        let untouched = read_twice::<S>(c, &mine);
         // Rank 1 calls another collective.
         let kept = upload(c, &[5; PART as usize]);
         let refused = if r == 1 {
@@ -136,16 +136,19 @@ where
         } else {
             rank.all_reduce(input.all(), kept.all(), Element::U32, Reduce::Sum)
         };
-        let kept = read(c, &kept).unwrap();
+        let kept = read_twice::<S>(c, &kept).unwrap();
         // Still in step.
         rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Max)
             .unwrap();
         (
-            (read(c, &sum).unwrap(), read(c, &gathered).unwrap()),
-            read(c, &shared).unwrap(),
+            (
+                read_twice::<S>(c, &sum).unwrap(),
+                read_twice::<S>(c, &gathered).unwrap(),
+            ),
+            read_twice::<S>(c, &shared).unwrap(),
             (failed, claim, untouched),
             (refused, kept),
-            read(c, &output).unwrap(),
+            read_twice::<S>(c, &output).unwrap(),
             rank.broken(),
         )
     });
@@ -215,13 +218,13 @@ where
         c.write(input.all(), &as_bytes(&vec![r + 1; PART as usize]))
             .unwrap();
         rank.replay(&graph).expect("every rank replays");
-        let replayed = read(c, &sum).unwrap();
+        let replayed = read_twice::<S>(c, &sum).unwrap();
         if r == 2 {
             c.fail_writing(&[input.all()], injected("rank two's forward pass"))
                 .unwrap();
         }
         let failed = rank.replay(&graph);
-        let claim = read(c, &sum).expect_err("the output carries the failure");
+        let claim = read_twice::<S>(c, &sum).expect_err("the output carries the failure");
         c.write(input.all(), &as_bytes(&vec![1; PART as usize]))
             .unwrap();
         rank.replay(&graph).expect("a clean replay runs");
@@ -229,7 +232,7 @@ where
             replayed,
             failed,
             claim,
-            read(c, &sum).unwrap(),
+            read_twice::<S>(c, &sum).unwrap(),
             rank.broken(),
         )
     });
@@ -286,9 +289,9 @@ where
         let drained = c.drains() - drains;
         (
             drained,
-            read(c, &output).unwrap(),
-            read(c, &g.sum).unwrap(),
-            read(c, &g.gathered).unwrap(),
+            read_twice::<S>(c, &output).unwrap(),
+            read_twice::<S>(c, &g.sum).unwrap(),
+            read_twice::<S>(c, &g.gathered).unwrap(),
         )
     });
     let Some(outcomes) = outcomes else {
@@ -334,7 +337,7 @@ where
             let there = rank.recv(peer, got.all());
             (there, rank.send(peer, mine.all()))
         };
-        let clean = (there, back, read(c, &got).unwrap());
+        let clean = (there, back, read_twice::<S>(c, &got).unwrap());
         // Rank 2's bytes carry a failure.
         if r == 2 {
             c.fail_writing(&[mine.all()], injected("rank two's activations"))
@@ -345,7 +348,7 @@ where
         } else {
             rank.recv(peer, got.all())
         };
-        let claimed = read(c, &got);
+        let claimed = read_twice::<S>(c, &got);
         // Lengths that differ: rank 1 receives half.
         let kept = upload(c, &[5; PART as usize]);
         let mismatched = match r {
@@ -353,13 +356,16 @@ where
             1 => rank.recv(0, kept.slice(0..u64::from(PART) * 2)),
             _ => Ok(()),
         };
-        let kept = read(c, &kept).unwrap();
+        let kept = read_twice::<S>(c, &kept).unwrap();
         // Still in step.
         let ones = upload(c, &[1; PART as usize]);
         let sum = alloc(c, PART);
         rank.all_reduce(ones.all(), sum.all(), Element::U32, Reduce::Sum)
             .expect("the group goes on");
-        assert_eq!(read(c, &sum).unwrap(), vec![RANKS as u32; PART as usize]);
+        assert_eq!(
+            read_twice::<S>(c, &sum).unwrap(),
+            vec![RANKS as u32; PART as usize]
+        );
         (clean, (failed, claimed), (mismatched, kept), rank.broken())
     });
     let Some(outcomes) = outcomes else {
@@ -441,10 +447,16 @@ where
         let before = started.elapsed();
         let stalled = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
         let waited = started.elapsed() - before;
-        let claim = read(c, &output).expect_err("the output carries the stall");
+        let claim = read_twice::<S>(c, &output).expect_err("the output carries the stall");
         let kept = upload(c, &[9; PART as usize]);
         let later = rank.all_reduce(input.all(), kept.all(), Element::U32, Reduce::Sum);
-        Some((stalled, waited, claim, later, read(c, &kept).unwrap()))
+        Some((
+            stalled,
+            waited,
+            claim,
+            later,
+            read_twice::<S>(c, &kept).unwrap(),
+        ))
     });
     let Some(outcomes) = outcomes else {
         return;
@@ -499,7 +511,12 @@ where
         let data = upload(c, &[5; PART as usize]);
         let started = Instant::now();
         let stalled = rank.recv(0, data.all());
-        Some((stalled, started.elapsed(), read(c, &data), rank.broken()))
+        Some((
+            stalled,
+            started.elapsed(),
+            read_twice::<S>(c, &data),
+            rank.broken(),
+        ))
     });
     let Some(mut outcomes) = outcomes else {
         return;
@@ -565,7 +582,12 @@ where
                         me.broadcast(0, output.all()),
                     ];
                     let shrink = me.shrink().map(|_| ());
-                    (calls, read(c, &output).unwrap(), shrink, me.broken())
+                    (
+                        calls,
+                        read_twice::<S>(c, &output).unwrap(),
+                        shrink,
+                        me.broken(),
+                    )
                 })
             })
             .collect();
@@ -731,13 +753,13 @@ where
     let sum = alloc(c, PART);
     me.all_reduce(input.all(), sum.all(), Element::U32, Reduce::Sum)
         .unwrap();
-    assert_eq!(read(c, &sum).unwrap(), vec![10; PART as usize]);
+    assert_eq!(read_twice::<S>(c, &sum).unwrap(), vec![10; PART as usize]);
     let gathered = alloc(c, PART * RANKS as u32);
     me.all_gather(input.all(), gathered.all()).unwrap();
     let expected: Vec<u32> = (1..=RANKS as u32)
         .flat_map(|v| std::iter::repeat_n(v, PART as usize))
         .collect();
-    assert_eq!(read(c, &gathered).unwrap(), expected);
+    assert_eq!(read_twice::<S>(c, &gathered).unwrap(), expected);
 
     // A graph of an all-reduce, recorded by every process, replayed by
     // every process together.
@@ -749,7 +771,10 @@ where
     c.write(input.all(), &as_bytes(&vec![2 * r; PART as usize]))
         .unwrap();
     me.replay(&graph).expect("every process replays");
-    assert_eq!(read(c, &recorded).unwrap(), vec![12; PART as usize]);
+    assert_eq!(
+        read_twice::<S>(c, &recorded).unwrap(),
+        vec![12; PART as usize]
+    );
 
     // Point-to-point between processes: 0 with 1, 2 with 3.
     let peer = rank ^ 1;
@@ -761,7 +786,10 @@ where
         me.recv(peer, got.all()).expect("received");
         me.send(peer, input.all()).expect("sent");
     }
-    assert_eq!(read(c, &got).unwrap(), vec![2 * peer as u32; PART as usize]);
+    assert_eq!(
+        read_twice::<S>(c, &got).unwrap(),
+        vec![2 * peer as u32; PART as usize]
+    );
 
     let mine = upload(c, &vec![r; PART as usize]);
     if rank == 2 {
@@ -775,7 +803,7 @@ where
     let failed = me
         .all_reduce(mine.all(), out.all(), Element::U32, Reduce::Sum)
         .expect_err("every rank's collective fails");
-    let claimed = read(c, &out).expect_err("the output carries the failure");
+    let claimed = read_twice::<S>(c, &out).expect_err("the output carries the failure");
     for reported in [collective_error(&failed), collective_error(claimed.root())] {
         names_rank_two(rank, reported, "in its own process");
     }
@@ -793,7 +821,10 @@ where
         matches!(collective_error(&stalled), CollectiveError::Stalled { .. }),
         "rank {rank}: {stalled}"
     );
-    assert!(read(c, &sum).is_err(), "the output carries the stall");
+    assert!(
+        read_twice::<S>(c, &sum).is_err(),
+        "the output carries the stall"
+    );
     assert!(me.broken().is_some());
     S::finished();
 }

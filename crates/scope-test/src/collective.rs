@@ -41,13 +41,13 @@ pub(super) fn collective_error(error: &Error) -> &CollectiveError {
 }
 
 /// Every rank of `group` sums a buffer of ones and reads the group's size.
-pub(super) fn every_rank_sums_its_ones<B: Backend>(group: &Group<B>) {
+pub(super) fn every_rank_sums_its_ones<S: Suite>(group: &Group<S::Backend>) {
     let totals = group.run(|rank| {
         let c = rank.client();
         let ones = upload(c, &[1; PART as usize]);
         rank.all_reduce(ones.all(), ones.all(), Element::U32, Reduce::Sum)
             .unwrap();
-        read(c, &ones).unwrap()
+        read_twice::<S>(c, &ones).unwrap()
     });
     let ranks = group.ranks() as u32;
     assert!(
@@ -62,7 +62,7 @@ pub(super) fn a_new_group_over_its_devices_works<S: Suite>(group: Group<S::Backe
         .map(|r| group.rank(r).unwrap().client().clone())
         .collect();
     drop(group);
-    every_rank_sums_its_ones(
+    every_rank_sums_its_ones::<S>(
         &S::group(clients, DEFAULT_WAIT).expect("a new group over the same devices"),
     );
 }
@@ -98,8 +98,9 @@ pub(super) fn names_the_failed_issue<'a>(
 }
 
 /// The root a read of a claimed output reports, as a collective error.
-fn claimed_by<B: Backend>(client: &Client<B>, buffer: &Buffer) -> CollectiveError {
-    let error = read(client, buffer).expect_err("the output carries the collective's failure");
+fn claimed_by<S: Suite>(client: &Client<S::Backend>, buffer: &Buffer) -> CollectiveError {
+    let error =
+        read_twice::<S>(client, buffer).expect_err("the output carries the collective's failure");
     collective_error(error.root()).clone()
 }
 
@@ -142,13 +143,13 @@ pub fn collectives_compute_on_every_rank<S: Suite>() {
         rank.all_reduce(floats.all(), mean.all(), Element::F32, Reduce::Mean)
             .unwrap();
         (
-            read(c, &sum).unwrap(),
-            read(c, &max).unwrap(),
-            read(c, &gathered).unwrap(),
-            read(c, &scattered).unwrap(),
-            read(c, &exchanged).unwrap(),
-            read(c, &shared).unwrap(),
-            c.read(&mean).unwrap(),
+            read_twice::<S>(c, &sum).unwrap(),
+            read_twice::<S>(c, &max).unwrap(),
+            read_twice::<S>(c, &gathered).unwrap(),
+            read_twice::<S>(c, &scattered).unwrap(),
+            read_twice::<S>(c, &exchanged).unwrap(),
+            read_twice::<S>(c, &shared).unwrap(),
+            as_bytes(&read_twice::<S>(c, &mean).unwrap()),
         )
     });
     let total: u32 = (1..=n).sum();
@@ -205,13 +206,18 @@ pub fn a_failed_input_fails_every_ranks_output<S: Suite>() {
         }
         let output = upload(c, &[77; PART as usize]);
         let reduced = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
-        let claim = claimed_by(c, &output);
-        let untouched = read(c, &input);
+        let claim = claimed_by::<S>(c, &output);
+        let untouched = read_twice::<S>(c, &input);
         // The next collective, on clean inputs, runs and heals.
         let clean = upload(c, &[1; PART as usize]);
         rank.all_reduce(clean.all(), output.all(), Element::U32, Reduce::Sum)
             .unwrap();
-        (reduced, claim, untouched, read(c, &output).unwrap())
+        (
+            reduced,
+            claim,
+            untouched,
+            read_twice::<S>(c, &output).unwrap(),
+        )
     });
     for (rank, (reduced, claim, untouched, healed)) in outcomes.into_iter().enumerate() {
         let error = reduced.expect_err("every rank's collective fails");
@@ -269,7 +275,7 @@ pub fn a_broadcast_heals_the_other_ranks_failed_buffers<S: Suite>() {
         };
         fail_unless_root(1, "a stale buffer off the root");
         let healed = rank.broadcast(1, data.all());
-        let eager = read(c, &data);
+        let eager = read_twice::<S>(c, &data);
         let replayed = over_device.then(|| {
             c.write(data.all(), &as_bytes(&[r + 20; PART as usize]))
                 .unwrap();
@@ -280,14 +286,14 @@ pub fn a_broadcast_heals_the_other_ranks_failed_buffers<S: Suite>() {
             fail_unless_root(3, "stale after the recording");
             let replayed = rank.replay(&graph);
             c.destroy_graph(&graph).unwrap();
-            (replayed, read(c, &data))
+            (replayed, read_twice::<S>(c, &data))
         });
         if rank.index() == 2 {
             c.fail_writing(&[data.all()], injected("the root's own bytes"))
                 .unwrap();
         }
         let failed = rank.broadcast(2, data.all());
-        (healed, eager, replayed, failed, claimed_by(c, &data))
+        (healed, eager, replayed, failed, claimed_by::<S>(c, &data))
     });
     for (rank, (healed, eager, replayed, failed, claim)) in outcomes.into_iter().enumerate() {
         healed.unwrap_or_else(|e| panic!("rank {rank}: a broadcast heals, not skips: {e}"));
@@ -330,7 +336,7 @@ pub fn a_rank_that_never_joins_fails_the_others_within_the_deadline<S: Suite>() 
         }
         let reduced = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
         let waited = started.elapsed();
-        let claim = claimed_by(c, &output);
+        let claim = claimed_by::<S>(c, &output);
         let later = rank.all_gather(input.all(), alloc(c, PART * RANKS as u32).all());
         Some((reduced, waited, claim, later))
     });
@@ -365,7 +371,7 @@ pub fn a_rank_that_never_joins_fails_the_others_within_the_deadline<S: Suite>() 
         CollectiveError::Broken { .. }
     ));
     assert_eq!(
-        read(c, &output).unwrap(),
+        read_twice::<S>(c, &output).unwrap(),
         vec![5; PART as usize],
         "a refusal claims nothing"
     );
@@ -379,7 +385,7 @@ pub fn a_rank_that_never_joins_fails_the_others_within_the_deadline<S: Suite>() 
         let output = alloc(c, PART);
         rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
             .unwrap();
-        read(c, &output).unwrap()
+        read_twice::<S>(c, &output).unwrap()
     });
     assert!(sums.iter().all(|s| *s == vec![8; PART as usize]));
 }
@@ -407,7 +413,7 @@ pub fn a_failed_device_call_breaks_the_group<S: Suite>() {
             c.inject(FaultPlan::new().fail(Site::Collective, 1, injected("rank 2's call")));
         }
         let reduced = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
-        let claim = claimed_by(c, &output);
+        let claim = claimed_by::<S>(c, &output);
         let later = rank.all_gather(input.all(), alloc(c, PART * RANKS as u32).all());
         (reduced, claim, later)
     });
@@ -513,11 +519,11 @@ pub fn bad_collective_input_is_refused_everywhere<S: Suite>() {
         });
         // Everyone names a root past the group.
         refusals.push(rank.broadcast(RANKS, input.all()));
-        let kept = read(c, &output).unwrap();
+        let kept = read_twice::<S>(c, &output).unwrap();
         // Still in step: a clean collective runs.
         rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
             .unwrap();
-        (refusals, kept, read(c, &output).unwrap())
+        (refusals, kept, read_twice::<S>(c, &output).unwrap())
     });
     for (rank, (refusals, kept, summed)) in outcomes.into_iter().enumerate() {
         for (i, refused) in refusals.into_iter().enumerate() {
@@ -599,7 +605,11 @@ pub fn a_freed_buffer_is_refused_on_every_rank<S: Suite>() {
                     ),
                     Call::AllToAll => rank.all_to_all(input.all(), output.all()),
                 };
-                let kept = if culprit { None } else { read(c, &output).ok() };
+                let kept = if culprit {
+                    None
+                } else {
+                    read_twice::<S>(c, &output).ok()
+                };
                 answers.push((*name, freed_input, answer, kept, out_words));
             }
         }
@@ -609,7 +619,7 @@ pub fn a_freed_buffer_is_refused_on_every_rank<S: Suite>() {
         let output = alloc(c, PART);
         rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
             .unwrap();
-        let summed = read(c, &output).unwrap();
+        let summed = read_twice::<S>(c, &output).unwrap();
         // A receive into a freed buffer takes nothing.
         let ring = if r % 2 == 0 { r + 1 } else { r - 1 };
         let received = if ring < RANKS && r % 2 == 1 {
@@ -619,7 +629,7 @@ pub fn a_freed_buffer_is_refused_on_every_rank<S: Suite>() {
             let buffer = alloc(c, PART);
             let after = rank
                 .recv(ring, buffer.all())
-                .map(|()| read(c, &buffer).unwrap());
+                .map(|()| read_twice::<S>(c, &buffer).unwrap());
             Some((refused, after))
         } else {
             if ring < RANKS {
@@ -686,7 +696,10 @@ pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
                 let second = upload(c, &[r; PART as usize]);
                 rank.recv(0, first.all()).unwrap();
                 rank.recv(0, second.all()).unwrap();
-                vec![read(c, &first).unwrap(), read(c, &second).unwrap()]
+                vec![
+                    read_twice::<S>(c, &first).unwrap(),
+                    read_twice::<S>(c, &second).unwrap(),
+                ]
             }
             2 => {
                 let failed = alloc(c, PART);
@@ -705,7 +718,7 @@ pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
             _ => {
                 let into = upload(c, &[5; PART as usize]);
                 let error = rank.recv(2, into.all()).unwrap_err();
-                for reported in [collective_error(&error), &claimed_by(c, &into)] {
+                for reported in [collective_error(&error), &claimed_by::<S>(c, &into)] {
                     let CollectiveError::InputFailed { rank, cause, .. } = reported else {
                         panic!("{reported}");
                     };
@@ -739,7 +752,7 @@ pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
     let started = Instant::now();
     let error = waiting.recv(1, into.all()).unwrap_err();
     assert!(started.elapsed() < deadline + Duration::from_secs(30));
-    for reported in [collective_error(&error), &claimed_by(c, &into)] {
+    for reported in [collective_error(&error), &claimed_by::<S>(c, &into)] {
         assert!(
             matches!(reported, CollectiveError::Missing { missing, .. } if missing == &vec![1]),
             "{reported}"
@@ -759,7 +772,7 @@ pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
             let c = rank.client();
             let into = upload(c, &[5; PART as usize]);
             let error = rank.recv(3, into.all()).unwrap_err();
-            Some((error, claimed_by(c, &into)))
+            Some((error, claimed_by::<S>(c, &into)))
         }
         1 => {
             let c = rank.client();
@@ -799,7 +812,7 @@ pub fn copies_across_devices_carry_failures<S: Suite>() {
     assert!(fill::<S>(&a, &failed, 3).is_err());
     let dst = upload(&b, &[5; WORDS as usize]);
     let error = copy_across(&a, failed.all(), &b, dst.all()).unwrap_err();
-    for reported in [collective_error(&error), &claimed_by(&b, &dst)] {
+    for reported in [collective_error(&error), &claimed_by::<S>(&b, &dst)] {
         let CollectiveError::SourceFailed { cause, .. } = reported else {
             panic!("{reported}");
         };

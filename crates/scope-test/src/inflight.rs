@@ -75,7 +75,7 @@ pub fn device_rounds_drain_no_stream<S: Suite>() {
         }
         let drained = c.drains() - drains;
         let grew = c.bytes_allocated().saturating_sub(bytes);
-        (drained, grew, read(c, &output).unwrap())
+        (drained, grew, read_twice::<S>(c, &output).unwrap())
     });
     let sum = ranks * (ranks + 1) / 2;
     for (rank, (drained, grew, output)) in results.into_iter().enumerate() {
@@ -108,8 +108,8 @@ pub fn replays_drain_no_stream<S: Suite>() {
         let drained = c.drains() - drains;
         (
             drained,
-            read(c, &g.sum).unwrap(),
-            read(c, &g.gathered).unwrap(),
+            read_twice::<S>(c, &g.sum).unwrap(),
+            read_twice::<S>(c, &g.gathered).unwrap(),
         )
     });
     let gathered: Vec<u32> = (1..=ranks)
@@ -141,7 +141,7 @@ pub fn freeing_a_rounds_buffers_in_flight_leaves_every_byte_right<S: Suite>() {
             .unwrap();
         c.free(&input).unwrap();
         let after_input = upload(c, &vec![7; PART as usize]);
-        let reduced = read(c, &output).unwrap();
+        let reduced = read_twice::<S>(c, &output).unwrap();
 
         let input = upload(c, &vec![r + 1; PART as usize]);
         let output = alloc(c, PART);
@@ -151,9 +151,9 @@ pub fn freeing_a_rounds_buffers_in_flight_leaves_every_byte_right<S: Suite>() {
         let after_output = upload(c, &vec![9; PART as usize]);
         (
             reduced,
-            read(c, &after_input).unwrap(),
-            read(c, &after_output).unwrap(),
-            read(c, &input).unwrap(),
+            read_twice::<S>(c, &after_input).unwrap(),
+            read_twice::<S>(c, &after_output).unwrap(),
+            read_twice::<S>(c, &input).unwrap(),
         )
     });
     let sum = ranks * (ranks + 1) / 2;
@@ -234,7 +234,7 @@ pub fn a_rank_lost_with_rounds_in_flight_recovers_while_its_peers_shrink<S: Suit
                 "the lost rank reopens with its rounds in flight: {recovered:?}"
             );
             for (k, output) in outputs.iter().enumerate() {
-                let error = read(c, output).expect_err("lost with the device");
+                let error = read_twice::<S>(c, output).expect_err("lost with the device");
                 assert!(error.is_lost_with_device(), "round {k}: {error}");
             }
             return None;
@@ -242,13 +242,13 @@ pub fn a_rank_lost_with_rounds_in_flight_recovers_while_its_peers_shrink<S: Suit
         lost.wait();
         let shrunk = rank.shrink().expect("the survivors go on");
         for (k, output) in outputs.iter().enumerate() {
-            right_or_failed(rank.index(), k, read(c, output), sum);
+            right_or_failed(rank.index(), k, read_twice::<S>(c, output), sum);
         }
         let ones = upload(c, &[1; PART as usize]);
         shrunk
             .all_reduce(ones.all(), ones.all(), Element::U32, Reduce::Sum)
             .unwrap();
-        assert_eq!(read(c, &ones).unwrap(), vec![3; PART as usize]);
+        assert_eq!(read_twice::<S>(c, &ones).unwrap(), vec![3; PART as usize]);
         Some(shrunk)
     });
     let survivors: Vec<_> = results.into_iter().flatten().collect();
@@ -257,7 +257,7 @@ pub fn a_rank_lost_with_rounds_in_flight_recovers_while_its_peers_shrink<S: Suit
     let admitted = survivors[0]
         .group()
         .run(|rank| rank.admit(std::slice::from_ref(&newcomer)).unwrap());
-    every_rank_sums_its_ones(&admitted[0].group());
+    every_rank_sums_its_ones::<S>(&admitted[0].group());
 }
 
 /// Every rank records rounds into a capture window, and rank 2's device
@@ -289,13 +289,13 @@ pub fn a_capture_holding_rounds_aborted_by_a_loss_fails_every_replay<S: Suite>()
             );
             assert_eq!(c.capture_state(), CaptureState::NoCapture, "aborted");
             assert!(c.end_capture(window).is_err(), "no window left to end");
-            let error = read(c, &output).expect_err("lost with the device");
+            let error = read_twice::<S>(c, &output).expect_err("lost with the device");
             assert!(error.is_lost_with_device(), "{error}");
             return None;
         }
         let graph = c.end_capture(window).expect("a peer's window seals");
         let replayed = rank.replay(&graph);
-        let claim = read(c, &output).expect_err("the replay's failure is claimed");
+        let claim = read_twice::<S>(c, &output).expect_err("the replay's failure is claimed");
         Some((replayed, collective_error(claim.root()).clone()))
     });
     assert!(

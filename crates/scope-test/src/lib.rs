@@ -251,6 +251,32 @@ fn read<B: Backend>(client: &Client<B>, buffer: &Buffer) -> Result<Vec<u32>> {
     client.read(buffer).map(|b| as_words(&b))
 }
 
+/// `buffer` read from the host, and through a copy the device makes of it
+/// first: both must agree, in words or in the root they name (the copy's
+/// read one hop further down the chain). A round's output is read on the
+/// device in training (the optimizer reads the all-reduced gradient), and
+/// only such a read catches a failure the books missed after the round.
+fn read_twice<S: Suite>(client: &Client<S::Backend>, buffer: &Buffer) -> Result<Vec<u32>> {
+    // A poisoned or lost device holds no new buffer: its reads all fail.
+    let Ok(through) = client.try_allocate(buffer.size()) else {
+        return read(client, buffer);
+    };
+    // A refusal or a skip shows in the copy's read below.
+    let _ = copy::<S>(client, buffer, &through);
+    let host = read(client, buffer);
+    let device = read(client, &through);
+    match (&host, &device) {
+        (Ok(host), Ok(device)) => assert_eq!(host, device, "the device's copy read other words"),
+        (Err(host), Err(device)) => assert_eq!(
+            host.root().to_string(),
+            device.root().to_string(),
+            "the device's copy names another root"
+        ),
+        _ => panic!("the host read {host:?}, the device's copy {device:?}"),
+    }
+    host
+}
+
 fn fill<S: Suite>(client: &Client<S::Backend>, out: &Buffer, value: u32) -> Result<()> {
     let n = words_of(out);
     launch::<S>(

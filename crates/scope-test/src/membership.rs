@@ -23,14 +23,14 @@ pub(super) fn lose_device<S: Suite>(c: &Client<S::Backend>) {
 }
 
 /// A mean of `3 * (rank + 1)` over `rank`'s group, as every rank reads it.
-fn mean_over<B: Backend>(rank: &Rank<B>) -> Vec<u32> {
+fn mean_over<S: Suite>(rank: &Rank<S::Backend>) -> Vec<u32> {
     let c = rank.client();
     let value = 3 * (rank.index() as u32 + 1);
     let input = upload(c, &[value; PART as usize]);
     let output = alloc(c, PART);
     rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Mean)
         .unwrap_or_else(|e| panic!("rank {}: the new epoch computes: {e}", rank.index()));
-    read(c, &output).unwrap()
+    read_twice::<S>(c, &output).unwrap()
 }
 
 /// What the new epoch's mean must be over `ranks` ranks: every rank's
@@ -42,7 +42,7 @@ fn expected_mean(ranks: u32) -> Vec<u32> {
 
 /// A call through `rank`, of the superseded epoch: refused as stale,
 /// claiming nothing (its output keeps its bytes).
-fn assert_stale<B: Backend>(rank: &Rank<B>, left_out: bool) {
+fn assert_stale<S: Suite>(rank: &Rank<S::Backend>, left_out: bool) {
     let c = rank.client();
     let input = upload(c, &[1; PART as usize]);
     let output = upload(c, &[5; PART as usize]);
@@ -59,7 +59,7 @@ fn assert_stale<B: Backend>(rank: &Rank<B>, left_out: bool) {
     };
     assert_eq!((*epoch, *current, *out), (0, 1, left_out), "{error}");
     assert_eq!(
-        read(c, &output).unwrap(),
+        read_twice::<S>(c, &output).unwrap(),
         vec![5; PART as usize],
         "a stale call claims nothing"
     );
@@ -106,8 +106,8 @@ pub fn survivors_of_a_missing_rank_shrink_and_go_on<S: Suite>() {
         assert_eq!(shrunk.index(), rank.index(), "ranks keep their order");
         assert!(shrunk.client().same_server(c));
         assert!(shrunk.broken().is_none(), "the new epoch is whole");
-        let mean = mean_over(&shrunk);
-        assert_stale(&rank, false);
+        let mean = mean_over::<S>(&shrunk);
+        assert_stale::<S>(&rank, false);
         Some(mean)
     });
     for (rank, mean) in outcomes.into_iter().enumerate().take(3) {
@@ -115,7 +115,7 @@ pub fn survivors_of_a_missing_rank_shrink_and_go_on<S: Suite>() {
     }
     assert_eq!(group.epoch(), 0, "the old group is the old epoch");
     let late = group.rank(3).unwrap();
-    assert_stale(&late, true);
+    assert_stale::<S>(&late, true);
     let shrink = late.shrink().expect_err("a rank left out cannot shrink");
     assert!(
         matches!(
@@ -141,9 +141,9 @@ pub fn a_rank_absent_from_a_shrink_is_left_out_at_the_deadline<S: Suite>() {
         .map(|r| r.expect("called").expect("the ranks that came go on"))
         .collect();
     assert!(survivors.iter().all(|r| r.ranks() == 3 && r.epoch() == 1));
-    let means = survivors[0].group().run(|rank| mean_over(&rank));
+    let means = survivors[0].group().run(|rank| mean_over::<S>(&rank));
     assert!(means.iter().all(|m| *m == expected_mean(3)), "{means:?}");
-    assert_stale(&group.rank(3).unwrap(), true);
+    assert_stale::<S>(&group.rank(3).unwrap(), true);
 }
 
 /// A rank whose device is lost is known gone: its input fails every
@@ -175,7 +175,10 @@ pub fn a_rank_whose_device_is_lost_is_not_waited_for<S: Suite>() {
             assert!(refused.to_string().contains("DEVICE_LOST"), "{refused}");
             return None;
         }
-        assert!(read(c, output).is_err(), "the output carries the failure");
+        assert!(
+            read_twice::<S>(c, output).is_err(),
+            "the output carries the failure"
+        );
         assert!(
             matches!(
                 collective_error(&failed),
@@ -184,7 +187,7 @@ pub fn a_rank_whose_device_is_lost_is_not_waited_for<S: Suite>() {
             "{failed}"
         );
         let shrunk = rank.shrink().expect("the survivors go on");
-        Some((started.elapsed(), mean_over(&shrunk)))
+        Some((started.elapsed(), mean_over::<S>(&shrunk)))
     });
     for (rank, outcome) in outcomes.into_iter().enumerate().take(3) {
         let (waited, mean) = outcome.unwrap();
@@ -240,7 +243,12 @@ pub fn a_newcomer_is_admitted_and_healed_by_its_peers<S: Suite>() {
         let healed = rank.heal(0, &[mine.all()]);
         rank.all_reduce(mine.all(), sum.all(), Element::U32, Reduce::Sum)
             .unwrap_or_else(|e| panic!("rank {}: healed weights reduce: {e}", rank.index()));
-        (unhealed, healed, read(c, mine), read(c, &sum))
+        (
+            unhealed,
+            healed,
+            read_twice::<S>(c, mine),
+            read_twice::<S>(c, &sum),
+        )
     });
     for (rank, (unhealed, healed, mine, sum)) in outcomes.into_iter().enumerate() {
         let unhealed = unhealed.expect_err("unhealed weights are not clean");
@@ -259,7 +267,7 @@ pub fn a_newcomer_is_admitted_and_healed_by_its_peers<S: Suite>() {
         );
         assert_eq!(sum.unwrap(), vec![28; PART as usize], "rank {rank}'s sum");
     }
-    assert_stale(&group.rank(0).unwrap(), false);
+    assert_stale::<S>(&group.rank(0).unwrap(), false);
 }
 
 /// Every wrong membership change is refused on every rank, claiming
@@ -321,7 +329,7 @@ pub fn bad_membership_changes_are_refused_everywhere<S: Suite>() {
                 .unwrap();
         }
         let failed = rank.heal(2, &[data.all()]);
-        (failed, read(c, &data), mean_over(&rank))
+        (failed, read_twice::<S>(c, &data), mean_over::<S>(&rank))
     });
     for (rank, (failed, data, mean)) in outcomes.into_iter().enumerate() {
         let error = failed.expect_err("a failed root heals no one");
@@ -372,7 +380,7 @@ pub fn a_lost_rank_recovers_and_is_admitted_back<S: Suite>() {
             "{step}"
         );
         assert!(
-            read(c, mine).is_err(),
+            read_twice::<S>(c, mine).is_err(),
             "the failed step's output carries it"
         );
         let shrunk = rank.shrink().expect("the survivors go on");

@@ -72,7 +72,10 @@ pub fn collectives_recorded_in_a_graph_replay_on_every_rank<S: Suite>() {
             c.write(g.input.all(), &as_bytes(&vec![r + step; PART as usize]))
                 .unwrap();
             rank.replay(&g.graph).expect("every rank replays");
-            seen.push((read(c, &g.sum).unwrap(), read(c, &g.gathered).unwrap()));
+            seen.push((
+                read_twice::<S>(c, &g.sum).unwrap(),
+                read_twice::<S>(c, &g.gathered).unwrap(),
+            ));
         }
         seen
     });
@@ -113,11 +116,11 @@ pub fn a_failed_input_fails_every_ranks_replay<S: Suite>() {
             assert!(fill::<S>(c, &g.input, 9).is_err());
         }
         let replayed = rank.replay(&g.graph);
-        let claims = [claimed(c, &g.sum), claimed(c, &g.gathered)];
+        let claims = [claimed::<S>(c, &g.sum), claimed::<S>(c, &g.gathered)];
         c.write(g.input.all(), &as_bytes(&vec![1; PART as usize]))
             .unwrap();
         rank.replay(&g.graph).expect("a clean replay runs");
-        (replayed, claims, read(c, &g.sum).unwrap())
+        (replayed, claims, read_twice::<S>(c, &g.sum).unwrap())
     });
     for (rank, (replayed, claims, healed)) in outcomes.into_iter().enumerate() {
         let error = replayed.expect_err("every rank's replay fails");
@@ -144,8 +147,9 @@ pub fn a_failed_input_fails_every_ranks_replay<S: Suite>() {
 }
 
 /// The collective error a read of `buffer` reports as its root.
-fn claimed<B: Backend>(client: &Client<B>, buffer: &Buffer) -> CollectiveError {
-    let error = read(client, buffer).expect_err("the output carries the replay's failure");
+fn claimed<S: Suite>(client: &Client<S::Backend>, buffer: &Buffer) -> CollectiveError {
+    let error =
+        read_twice::<S>(client, buffer).expect_err("the output carries the replay's failure");
     collective_error(error.root()).clone()
 }
 
@@ -166,7 +170,7 @@ pub fn a_replay_that_fails_to_start_breaks_the_group<S: Suite>() {
             c.inject(FaultPlan::new().fail(Site::Replay, 1, injected("rank 2's replay")));
         }
         let replayed = rank.replay(&g.graph);
-        let claims = [claimed(c, &g.sum), claimed(c, &g.gathered)];
+        let claims = [claimed::<S>(c, &g.sum), claimed::<S>(c, &g.gathered)];
         let later = rank.replay(&g.graph);
         (replayed, claims, later)
     });
@@ -207,7 +211,7 @@ pub fn recorded_collectives_that_disagree_are_refused_everywhere<S: Suite>() {
             c.end_capture(capture)
                 .expect("nothing was recorded, nothing is missing");
         }
-        let untouched = read(c, &output).unwrap();
+        let untouched = read_twice::<S>(c, &output).unwrap();
         // Graphs of different rounds: rank 3 replays its second.
         let first = record(&rank);
         let second = record(&rank);
@@ -235,7 +239,7 @@ pub fn recorded_collectives_that_disagree_are_refused_everywhere<S: Suite>() {
             other,
             recorded,
             sealed.map(drop),
-            read(c, &output).unwrap(),
+            read_twice::<S>(c, &output).unwrap(),
         )
     });
     for (rank, (mixed, untouched, other, recorded, sealed, after)) in
@@ -293,7 +297,7 @@ pub fn a_rank_that_never_replays_fails_the_others_within_the_deadline<S: Suite>(
             return None;
         }
         let replayed = rank.replay(&g.graph);
-        Some((replayed, claimed(c, &g.sum)))
+        Some((replayed, claimed::<S>(c, &g.sum)))
     });
     assert!(
         started.elapsed() < Duration::from_secs(30),
@@ -329,7 +333,7 @@ pub fn a_host_staged_collective_is_not_recorded<S: Suite>() {
         let capture = c.begin_capture().unwrap();
         let refused = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
         let sealed = c.end_capture(capture).map(drop);
-        (refused, sealed, read(c, &output).unwrap())
+        (refused, sealed, read_twice::<S>(c, &output).unwrap())
     });
     for (rank, (refused, sealed, output)) in outcomes.into_iter().enumerate() {
         let refused = refused.expect_err("host staging is not recorded");

@@ -116,7 +116,7 @@ pub fn every_collective_computes_at_every_group_size<S: Suite>() {
                     let out = alloc(c, words);
                     rank.all_reduce(input.all(), out.all(), Element::U32, op)
                         .unwrap_or_else(|e| panic!("{op:?} at {n}: {e}"));
-                    read(c, &out).unwrap()
+                    read_twice::<S>(c, &out).unwrap()
                 })
                 .collect();
             let negative = upload(c, &vec![(-(r as i32) - 1) as u32; words as usize]);
@@ -145,12 +145,12 @@ pub fn every_collective_computes_at_every_group_size<S: Suite>() {
             rank.broadcast(n - 1, shared.all()).unwrap();
             (
                 reduced,
-                read(c, &signed).unwrap(),
-                c.read(&mean).unwrap(),
-                read(c, &gathered).unwrap(),
-                read(c, &scattered).unwrap(),
-                read(c, &exchanged).unwrap(),
-                read(c, &shared).unwrap(),
+                read_twice::<S>(c, &signed).unwrap(),
+                as_bytes(&read_twice::<S>(c, &mean).unwrap()),
+                read_twice::<S>(c, &gathered).unwrap(),
+                read_twice::<S>(c, &scattered).unwrap(),
+                read_twice::<S>(c, &exchanged).unwrap(),
+                read_twice::<S>(c, &shared).unwrap(),
             )
         });
         let ranks = 0..n as u32;
@@ -221,12 +221,17 @@ pub fn a_failed_input_fails_every_output_at_every_group_size<S: Suite>() {
             }
             let output = upload(c, &vec![77; words as usize]);
             let reduced = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
-            let claim = read(c, &output).expect_err("the output carries the failure");
-            let untouched = read(c, &input);
+            let claim = read_twice::<S>(c, &output).expect_err("the output carries the failure");
+            let untouched = read_twice::<S>(c, &input);
             let ones = upload(c, &vec![1; words as usize]);
             rank.all_reduce(ones.all(), output.all(), Element::U32, Reduce::Sum)
                 .expect("a clean collective runs");
-            (reduced, claim, untouched, read(c, &output).unwrap())
+            (
+                reduced,
+                claim,
+                untouched,
+                read_twice::<S>(c, &output).unwrap(),
+            )
         });
         for (rank, (reduced, claim, untouched, healed)) in outcomes.into_iter().enumerate() {
             let at = format!("rank {rank} of {n}");
@@ -269,11 +274,11 @@ pub fn a_refused_collective_claims_nothing_at_every_group_size<S: Suite>() {
             let short = output.slice(0..(u64::from(words) * n as u64 - 1) * 4);
             let gathered = rank.all_gather(input.all(), short);
             let rooted = rank.broadcast(n, output.all());
-            let kept = read(c, &output).unwrap();
+            let kept = read_twice::<S>(c, &output).unwrap();
             let sum = alloc(c, words);
             rank.all_reduce(input.all(), sum.all(), Element::U32, Reduce::Sum)
                 .expect("the group is in step");
-            ([gathered, rooted], kept, read(c, &sum).unwrap())
+            ([gathered, rooted], kept, read_twice::<S>(c, &sum).unwrap())
         });
         for (rank, (refusals, kept, sum)) in outcomes.into_iter().enumerate() {
             let at = format!("rank {rank} of {n}");
@@ -319,18 +324,21 @@ pub fn recorded_collectives_replay_at_every_group_size<S: Suite>() {
                 c.write(input.all(), &as_bytes(&vec![r + step; words as usize]))
                     .unwrap();
                 rank.replay(&graph).expect("every rank replays");
-                seen.push((read(c, &sum).unwrap(), read(c, &gathered).unwrap()));
+                seen.push((
+                    read_twice::<S>(c, &sum).unwrap(),
+                    read_twice::<S>(c, &gathered).unwrap(),
+                ));
             }
             if rank.index() == last {
                 c.fail_writing(&[input.all()], injected("the last rank's forward pass"))
                     .unwrap();
             }
             let failed = rank.replay(&graph);
-            let claim = read(c, &sum).expect_err("the output carries the failure");
+            let claim = read_twice::<S>(c, &sum).expect_err("the output carries the failure");
             c.write(input.all(), &as_bytes(&vec![1; words as usize]))
                 .unwrap();
             rank.replay(&graph).expect("a clean replay runs");
-            (seen, failed, claim, read(c, &sum).unwrap())
+            (seen, failed, claim, read_twice::<S>(c, &sum).unwrap())
         });
         for (rank, (seen, failed, claim, healed)) in outcomes.into_iter().enumerate() {
             let at = format!("rank {rank} of {n}");
@@ -379,7 +387,10 @@ where
                 .unwrap();
             let gathered = alloc(c, words * n as u32);
             rank.all_gather(input.all(), gathered.all()).unwrap();
-            let clean = (read(c, &sum).unwrap(), read(c, &gathered).unwrap());
+            let clean = (
+                read_twice::<S>(c, &sum).unwrap(),
+                read_twice::<S>(c, &gathered).unwrap(),
+            );
             let mine = upload(c, &vec![r; words as usize]);
             if rank.index() == last {
                 c.fail_writing(&[mine.all()], injected("the last rank's activations"))
@@ -387,9 +398,9 @@ where
             }
             let output = upload(c, &vec![77; words as usize]);
             let failed = rank.all_reduce(mine.all(), output.all(), Element::U32, Reduce::Sum);
-            let claim = read(c, &output).expect_err("the output carries the failure");
-            let replayed = replayed_by_ballot(&rank, words);
-            let sent = pairs_send_and_receive(&rank, n, words);
+            let claim = read_twice::<S>(c, &output).expect_err("the output carries the failure");
+            let replayed = replayed_by_ballot::<S>(&rank, words);
+            let sent = pairs_send_and_receive::<S>(&rank, n, words);
             (clean, (failed, claim), replayed, sent, rank.broken())
         });
         let total: u32 = (1..=n as u32).sum();
@@ -422,7 +433,7 @@ where
 
 /// Record a sum of a fresh input on `rank` (every rank calls this
 /// together), replay it by ballot with `index + 1` as input, and read it.
-fn replayed_by_ballot<B: Backend>(rank: &Rank<B>, words: u32) -> Vec<u32> {
+fn replayed_by_ballot<S: Suite>(rank: &Rank<S::Backend>, words: u32) -> Vec<u32> {
     let c = rank.client();
     let input = upload(c, &vec![0; words as usize]);
     let sum = upload(c, &vec![9; words as usize]);
@@ -436,13 +447,17 @@ fn replayed_by_ballot<B: Backend>(rank: &Rank<B>, words: u32) -> Vec<u32> {
     )
     .unwrap();
     rank.replay(&graph).expect("every rank replays");
-    read(c, &sum).unwrap()
+    read_twice::<S>(c, &sum).unwrap()
 }
 
 /// Ranks `2k` and `2k + 1` of `n` swap `words` words, the even rank
 /// sending first; what this rank received, or `None` for a rank without a
 /// pair (the last of an odd group).
-fn pairs_send_and_receive<B: Backend>(rank: &Rank<B>, n: usize, words: u32) -> Option<Vec<u32>> {
+fn pairs_send_and_receive<S: Suite>(
+    rank: &Rank<S::Backend>,
+    n: usize,
+    words: u32,
+) -> Option<Vec<u32>> {
     let r = rank.index();
     let peer = r ^ 1;
     if peer >= n {
@@ -458,7 +473,7 @@ fn pairs_send_and_receive<B: Backend>(rank: &Rank<B>, n: usize, words: u32) -> O
         rank.recv(peer, got.all()).expect("the odd rank receives");
         rank.send(peer, mine.all()).expect("the odd rank sends");
     }
-    Some(read(c, &got).unwrap())
+    Some(read_twice::<S>(c, &got).unwrap())
 }
 
 /// Ranks that join a group of one more rank than ever arrives give up
@@ -496,7 +511,7 @@ where
         }
         let identity = <S::Backend as DeviceCollectives>::identity().unwrap();
         let sums = on_threads_joined::<S, _>(clients, &identity, n, WAIT, |joined| {
-            sum_of_ones(&joined.expect("the ranks there are join"))
+            sum_of_ones::<S>(&joined.expect("the ranks there are join"))
         });
         assert!(sums.iter().all(|s| *s == vec![n as u32; 16]), "{sums:?}");
     }
@@ -526,7 +541,7 @@ pub fn a_failed_library_call_breaks_the_group_at_every_group_size<S: Suite>() {
                 ));
             }
             let reduced = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
-            let claim = read(c, &output).expect_err("the output carries the failure");
+            let claim = read_twice::<S>(c, &output).expect_err("the output carries the failure");
             let later = rank.all_reduce(input.all(), alloc(c, 16).all(), Element::U32, Reduce::Sum);
             (reduced, claim, later)
         });
@@ -555,7 +570,7 @@ pub fn a_failed_library_call_breaks_the_group_at_every_group_size<S: Suite>() {
             .collect();
         drop(group);
         let fresh = S::group(clients, WAIT).expect("a new group over the same devices");
-        let sums = fresh.run(|rank| sum_of_ones(&rank));
+        let sums = fresh.run(|rank| sum_of_ones::<S>(&rank));
         assert!(sums.iter().all(|s| *s == vec![n as u32; 16]), "{sums:?}");
     });
 }
@@ -586,7 +601,7 @@ pub fn membership_changes_at_every_group_size<S: Suite>() {
                 "{n} ranks: nobody gone, nobody left out, the order kept"
             );
         }
-        let sums = shrunk[0].group().run(|rank| sum_of_ones(&rank));
+        let sums = shrunk[0].group().run(|rank| sum_of_ones::<S>(&rank));
         assert!(
             sums.iter().all(|s| *s == vec![n as u32; 16]),
             "{n} ranks: {sums:?}"
@@ -609,7 +624,7 @@ pub fn membership_changes_at_every_group_size<S: Suite>() {
             "{n} ranks: {stale}"
         );
         assert_eq!(
-            read(c, &untouched).unwrap(),
+            read_twice::<S>(c, &untouched).unwrap(),
             vec![5; 16],
             "a stale call claims nothing"
         );
@@ -653,7 +668,7 @@ pub fn membership_changes_at_every_group_size<S: Suite>() {
                 .unwrap_or_else(|e| {
                     panic!("{n} ranks: rank {}: healed, it reduces: {e}", rank.index())
                 });
-            (unhealed, read(c, &sum).unwrap())
+            (unhealed, read_twice::<S>(c, &sum).unwrap())
         });
         for (rank, (unhealed, sum)) in outcomes.into_iter().enumerate() {
             let unhealed = unhealed.expect_err("the newcomer's weights were not the group's");
@@ -673,13 +688,13 @@ pub fn membership_changes_at_every_group_size<S: Suite>() {
 }
 
 /// Every rank of a group that is meant to work sums ones: what it read.
-fn sum_of_ones<B: Backend>(rank: &Rank<B>) -> Vec<u32> {
+fn sum_of_ones<S: Suite>(rank: &Rank<S::Backend>) -> Vec<u32> {
     let c = rank.client();
     let ones = upload(c, &[1; 16]);
     let sum = alloc(c, 16);
     rank.all_reduce(ones.all(), sum.all(), Element::U32, Reduce::Sum)
         .expect("the new group works");
-    read(c, &sum).unwrap()
+    read_twice::<S>(c, &sum).unwrap()
 }
 
 /// The behaviours at every group size: one `#[test]` each for
