@@ -164,7 +164,9 @@ impl<B: Backend> PendingWait<B> {
         }
     }
 
-    /// Poll `finished` unlocked until it says so or `until` passes.
+    /// Poll `finished` unlocked until it says so or `until` passes. Work
+    /// on a device that faulted meanwhile never finishes: the fault is the
+    /// answer, as a driver gives it for every query once the fault is sticky.
     pub(crate) fn finished_by(
         &self,
         until: std::time::Instant,
@@ -175,6 +177,9 @@ impl<B: Backend> PendingWait<B> {
         };
         let began = std::time::Instant::now();
         loop {
+            if let Some(fault) = self.token.device_fault() {
+                return Err(Error::DevicePoisoned { fault });
+            }
             if finished(waiter)? {
                 return Ok(true);
             }

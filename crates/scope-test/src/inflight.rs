@@ -261,10 +261,10 @@ pub fn a_rank_lost_with_rounds_in_flight_recovers_while_its_peers_shrink<S: Suit
 }
 
 /// Every rank records rounds into a capture window, and rank 2's device
-/// is lost before its window ends: its window is aborted with the rounds
-/// in it, and its peers' replays of theirs fail within the deadline,
-/// naming it missing, their outputs claimed; a new group over the same
-/// devices works (rules 42, 50, 53).
+/// is lost before its window ends. Its window is aborted with the rounds
+/// in it. Its peers' replays fail within the deadline, naming it missing,
+/// their outputs claimed. A new group over the same devices works (rules
+/// 42, 50, 53).
 pub fn a_capture_holding_rounds_aborted_by_a_loss_fails_every_replay<S: Suite>() {
     let deadline = Duration::from_millis(500);
     let Some(group) = group::<S>(deadline) else {
@@ -319,6 +319,63 @@ pub fn a_capture_holding_rounds_aborted_by_a_loss_fails_every_replay<S: Suite>()
     }
     assert!(group.broken().is_some());
     a_new_group_over_its_devices_works::<S>(group);
+}
+
+/// What rank `rank` reported of a round whose rank `faulted` took an
+/// injected sticky fault just after its part was issued: its call, a launch
+/// after it, and reads of what the round and the launch wrote.
+///
+/// The faulted rank's launch and reads fail with its own fault. Every other
+/// rank's reads fail naming the faulted rank and its fault. Its call
+/// returned `Ok` or that, and its launch ran or was skipped (rules 36, 47).
+/// The CUDA and HIP timed mocks run it.
+///
+/// # Panics
+///
+/// When a report differs from that.
+pub fn fails_as_an_injected_fault<T: std::fmt::Debug>(
+    rank: usize,
+    faulted: usize,
+    (called, launched): (Result<()>, Result<()>),
+    reads: impl IntoIterator<Item = (&'static str, Result<T>)>,
+) {
+    let names_the_fault = |what: &str, error: &Error| {
+        let CollectiveError::IssueFailed {
+            rank: named, cause, ..
+        } = collective_error(error.root())
+        else {
+            panic!("rank {rank}: {what}: {error}");
+        };
+        assert_eq!(*named, faulted, "rank {rank}: {what}: {error}");
+        assert!(
+            cause.to_string().contains("ILLEGAL_ADDRESS"),
+            "rank {rank}: {what}: {cause}"
+        );
+    };
+    if rank == faulted {
+        called.unwrap_or_else(|e| panic!("rank {rank}: issued before its fault: {e}"));
+        let error = launched.expect_err("a launch on a faulted device");
+        assert!(error.is_sticky(), "rank {rank}: {error}");
+    } else {
+        // Skipped where the watchdog claimed the round's output first.
+        if let Err(error) = launched {
+            assert!(
+                matches!(error, Error::Skipped { .. }),
+                "rank {rank}: a launch after the round: {error}"
+            );
+        }
+        if let Err(error) = &called {
+            names_the_fault("its call", error);
+        }
+    }
+    for (what, read) in reads {
+        let error = read.expect_err(&format!("rank {rank}: its {what} reads as clean"));
+        if rank == faulted {
+            assert!(error.is_device_poisoned(), "rank {rank}: {what}: {error}");
+        } else {
+            names_the_fault(what, &error);
+        }
+    }
 }
 
 /// The behaviours of rounds in flight: one `#[test]` each for `$suite`.

@@ -33,7 +33,7 @@ use ddp_step::{Schedule, Shape};
 use harness::mock;
 use scope_core::collective::device::DeviceCollectives;
 use scope_core::collective::{CollectiveError, Element, Group, Rank, Reduce};
-use scope_core::{Binding, Client, Dispatch, Error};
+use scope_core::{Binding, Client, Dispatch, Error, FaultPlan};
 use server_cuda::Cuda;
 
 /// What the timed mock is told a step's work costs.
@@ -320,6 +320,64 @@ fn work_after_a_round_that_fails_in_flight_carries_its_failure() {
                     "rank {rank}: {what}: {error}"
                 );
             }
+        }
+    }
+    mock().kernel_time("copy", Duration::ZERO);
+    mock().timing(false);
+}
+
+/// Rank 1's device takes a sticky fault, by fault injection, just after its
+/// part of a round was issued, for a call and for a replay. Rank 2's device
+/// is busy for 3 s first, so the round cannot have finished; the deadline
+/// is past that. A faulted device finishes nothing, as a real one does: the
+/// round fails on every rank naming rank 1's fault, and no output or work
+/// after it reads as clean (rules 36, 47, 50).
+#[test]
+fn a_fault_injected_after_a_part_was_issued_fails_its_round() {
+    let _timed = TIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    mock().timing(true);
+    mock().kernel_time("copy", Duration::from_secs(3));
+    mock().nccl_model(Duration::from_micros(10), 0.0);
+    for replayed in [false, true] {
+        let group = Group::over_device(clients(), Duration::from_secs(5)).expect("a group");
+        let outcomes = group.run(|rank| {
+            let c = rank.client();
+            let input = c.upload(&bytes(&[rank.index() as u32 + 1; 64])).unwrap();
+            let output = c.try_allocate(256).unwrap();
+            let graph = replayed.then(|| {
+                let capture = c.begin_capture().unwrap();
+                rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+                    .expect("recorded on every rank");
+                c.end_capture(capture).expect("a clean window seals")
+            });
+            let dep = c.upload(&bytes(&[9; 64])).unwrap();
+            if rank.index() == 2 {
+                busy_before(c, &input);
+            }
+            let called = match &graph {
+                Some(graph) => rank.replay(graph),
+                None => rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum),
+            };
+            if rank.index() == 1 {
+                c.inject(FaultPlan::new().poison_at(1, "injected", "ILLEGAL_ADDRESS"));
+            }
+            let launched = c.launch(
+                &kernel("add", ADD),
+                &[
+                    Binding::read(&output),
+                    Binding::read(&output),
+                    Binding::write(&dep),
+                ],
+                &bytes(&[64]),
+                Dispatch::linear(1),
+            );
+            (called, launched, c.read(&output), c.read(&dep))
+        });
+        for (rank, (called, launched, output, dep)) in outcomes.into_iter().enumerate() {
+            let reads = [("output", output), ("copy of it", dep)];
+            scope_test::inflight::fails_as_an_injected_fault(rank, 1, (called, launched), reads);
         }
     }
     mock().kernel_time("copy", Duration::ZERO);

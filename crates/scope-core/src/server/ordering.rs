@@ -160,7 +160,7 @@ impl<B: Backend> Server<B> {
         }
         tracing::error!("device poisoned: {fault}");
         let fault = Arc::new(fault.clone());
-        self.poison = Some(fault.clone());
+        self.set_poison(Some(fault.clone()));
         let in_flight: Vec<BufferRange> = self
             .streams
             .iter_mut()
@@ -171,6 +171,12 @@ impl<B: Backend> Server<B> {
             Work::new(WorkKind::Settle, StreamId(0)),
             Error::DevicePoisoned { fault },
         );
+    }
+
+    /// The one place the poison changes, since unlocked waits read it too.
+    pub(super) fn set_poison(&mut self, poison: Option<Arc<Error>>) {
+        self.waits.poisoned(poison.clone());
+        self.poison = poison;
     }
 
     /// The end of a scope on `stream`, in one order:

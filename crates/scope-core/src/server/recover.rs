@@ -61,7 +61,7 @@ impl<B: Backend> Server<B> {
         self.detached = false;
         self.reopened += 1;
         self.rules = LaunchRules::of(&self.backend);
-        self.poison = None;
+        self.set_poison(None);
         let held = std::mem::take(&mut self.to_remake);
         let (buffers, unallocated) = self.allocate_again(&fault, &held);
         if let Some(again) = self.poison.clone() {

@@ -1,19 +1,30 @@
-//! Waits that run with the server's lock released, counted so that a
-//! recovery can wait them out before it gives the device up.
+//! Waits that run with the server's lock released. They are counted, so a
+//! recovery can wait them out. They see the device's fault, so none reports
+//! work finished on a faulted device, as no driver does.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-/// How many waits run with the lock released ([`WaitToken`]).
+use crate::error::Error;
+
+/// How many waits run with the lock released ([`WaitToken`]), and the
+/// fault that poisoned their device, if one did.
 #[derive(Debug, Default)]
 pub(crate) struct Waits {
     count: Mutex<usize>,
     ended: Condvar,
+    /// The poison, read without the server's lock, which a blocked rank holds.
+    fault: Mutex<Option<Arc<Error>>>,
 }
 
 impl Waits {
+    /// The device faulted with `fault`, or recovered (`None`).
+    pub(super) fn poisoned(&self, fault: Option<Arc<Error>>) {
+        *self.fault.lock() = fault;
+    }
+
     pub(super) fn begin(&self) {
         *self.count.lock() += 1;
     }
@@ -44,6 +55,11 @@ impl Waits {
 pub(crate) struct WaitToken(Option<Arc<Waits>>);
 
 impl WaitToken {
+    /// The device's fault: an injected one leaves its work running.
+    pub(crate) fn device_fault(&self) -> Option<Arc<Error>> {
+        self.0.as_ref().and_then(|waits| waits.fault.lock().clone())
+    }
+
     pub(super) fn new(waits: &Arc<Waits>, waiting: bool) -> Self {
         if !waiting {
             return Self(None);
