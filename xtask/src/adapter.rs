@@ -3,15 +3,14 @@
 //! validation layer.
 //!
 //! Without them a machine with no GPU passes every Vulkan test by skipping
-//! it — which reads as green and tests nothing — and the demo falls back to
-//! wgpu on GL (llvmpipe), or finds nothing at all. So `demo`, `test` and
-//! `ci` look for the three pieces **before the build starts** ([`prepare`]):
-//! when one is missing and the machine can install it (Debian or Ubuntu, as
-//! root or with password-less sudo) they run [`SCRIPT`], saying so in one
-//! line; otherwise they print the one command that would, while there is
-//! still a build's worth of time to run it. `SCOPE_NO_INSTALL=1` turns the
-//! install into that message (a machine whose packages someone else
-//! manages). After the build, [`ensure`] asks the probes what was found.
+//! it, which reads as green and tests nothing. The demo falls back to wgpu on
+//! GL (llvmpipe), or finds nothing at all. So `demo`, `test` and `ci` look for
+//! the three pieces **before the build starts** ([`prepare`]). When one is
+//! missing and the machine can install it (Debian or Ubuntu, as root or with
+//! password-less sudo), they run [`SCRIPT`] and say so in one line. Otherwise
+//! they print the command that would, while a build's worth of time remains.
+//! `SCOPE_NO_INSTALL=1` turns the install into that message. After the build,
+//! [`ensure`] asks the probes what was found.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -1,34 +1,28 @@
 //! The one build that `demo`, `matrix`, `test` and `bench` share.
 //!
 //! Nearly all of a cold build is the servers' dependencies (wgpu, naga, ash,
-//! cudarc, cubecl). Cargo keys what it compiles by profile and by the
-//! features each crate ends up with, and those features depend on which
-//! packages a command selects: `-p server-wgpu`, `-p server-vulkan` and
-//! `-p tiny-runtime --all-features` each give naga a different feature set,
-//! so each compiles naga — and everything above it — again. So every build
-//! here selects the same packages with the same features, `--workspace
-//! --all-features`, in the dev profile (`--release` and `bench` use their
-//! own profile, with the same selection), and each command takes from that
-//! one build what it needs:
+//! cudarc, cubecl). Cargo keys what it compiles by profile and by each crate's
+//! features, which depend on the packages a command selects. `-p server-wgpu`,
+//! `-p server-vulkan` and `-p tiny-runtime --all-features` each give naga
+//! other features, so each compiles naga, and all above it, again. So every
+//! build here selects `--workspace --all-features`, in the dev profile
+//! (`--release` and `bench` use their own). Each command takes what it needs:
 //!
 //! - `demo` and `matrix`: `cargo build --workspace --all-features --bin
 //!   tiny-runtime`, the demo binary, which also answers `--probe`;
 //! - `test`: `cargo test --workspace --all-features --no-run`, which builds
-//!   that same binary (tiny-runtime's integration tests need it) and every
-//!   test binary; each summary row then runs from it;
+//!   that binary and every test binary; each summary row runs from it;
 //! - `bench`: `cargo bench --workspace --all-features --no-run`, then each
-//!   bench binary (`bench --backend X` builds only X's package, `cargo bench
-//!   -p` style: one backend's benches should not wait for every server's
-//!   optimised build).
+//!   bench binary. `bench --backend X` builds only X's package, so one
+//!   backend's benches wait for no other server's optimised build.
 //!
-//! Whichever runs first pays for the dependencies; the next compiles only
-//! the units it adds (test harnesses, bench binaries). xtask itself links
-//! no server, so `cargo xtask` starts in seconds and says what it is about
-//! to build before the long part.
+//! Whichever runs first pays for the dependencies; the next compiles only the
+//! units it adds. xtask itself links no server, so `cargo xtask` starts in
+//! seconds and says what it will build before the long part.
 //!
 //! Cargo's JSON messages name every executable with its package and target,
-//! which is how the rows and benches find theirs; the diagnostics are
-//! rendered on stderr as usual, and so is cargo's progress.
+//! which is how the rows and benches find theirs. Diagnostics and progress go
+//! to stderr as usual.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -42,10 +36,9 @@ use crate::run;
 /// The selection every build here uses, so that they share artifacts.
 pub const SELECT: [&str; 2] = ["--workspace", "--all-features"];
 
-/// What a cold build costs, for the line printed before one: on a 2-core
-/// machine with the crates already downloaded, the demo's build took 9.0
-/// minutes from an empty target folder and the test binaries 2.3 more after
-/// it; a fresh machine adds the download.
+/// What a cold build costs, for the line printed before one. On a 2-core
+/// machine with the crates downloaded, the demo's build took 9.0 minutes from
+/// an empty target folder, and the test binaries 2.3 more.
 pub const COLD: &str = "about 9 minutes on a 2-core machine once the crates are downloaded (downloading them adds more)";
 
 /// One executable cargo built.

@@ -2,9 +2,9 @@
 //!
 //! xtask reads the table's source file by path rather than depending on
 //! scope-core: the file uses nothing but `core`, and xtask stays a build
-//! of seconds. The tests below keep the table and the tree in step: every
-//! `crates/server-*` crate, and every cargo feature that links one, is a
-//! row of it, and every row has its lines in the per-backend tests.
+//! of seconds. The tests below keep the table and the tree in step. Every
+//! `crates/server-*` crate, and every cargo feature that links one, is a row
+//! of it, and every row has its lines in the per-backend tests.
 
 #[path = "../../crates/scope-core/src/probe/kind.rs"]
 #[allow(dead_code)]

@@ -1,67 +1,58 @@
 //! `cargo xtask bundle`: one backend's device checks, built here, to run on
 //! a GPU machine that has no Rust toolchain.
 //!
-//! Build on one machine, run on another: the machine with the GPU may have
-//! its driver and toolkit but no cargo and no network, and building the
-//! workspace there may not be possible or worth its time. So this task
-//! builds, on the development machine, every test binary that exercises the
-//! backend on a device, plus its bench, and packs them into `.device/` with
-//! a `run.sh`. Copy `.device/` to the GPU machine and run
+//! Build on one machine, run on another. The GPU machine may have its driver
+//! and toolkit but no cargo and no network, and building the workspace there
+//! may not be possible or worth its time. So this task builds every test
+//! binary that exercises the backend on a device, plus its bench, and packs
+//! them into `.device/` with a `run.sh`. Copy `.device/` to the GPU machine
+//! and run
 //!
 //! ```text
 //! bash .device/run.sh        # logs and a summary to $OUT, or .device/out
 //! ```
 //!
-//! which runs them with `SCOPE_REQUIRE` set (a missing device is a failure,
-//! never a skip) and writes three logs.
+//! which runs them with `SCOPE_REQUIRE` set (a missing device fails, never
+//! skips) and writes three logs.
 //!
 //! Decisions, and what breaks otherwise:
 //!
-//! 1. **Tests build in their own profile** (`device`: the dev profile with
-//!    no debug info, symbols kept for backtraces). Debug info makes each
-//!    test binary ~500 MB, too much to copy around; a separate profile also
-//!    leaves `target/debug`'s cache untouched.
-//! 2. **Benches build as `cargo bench` builds them** (the bench profile), so
-//!    the figures are the ones `cargo xtask bench` would print there.
-//! 3. **The binaries travel compressed** (`tar.xz`) and `run.sh` unpacks
-//!    them in `/tmp`. Where the copy has a size limit, `--max-mib N` makes a
-//!    larger bundle a failure here rather than a refused transfer there.
-//! 4. **The glibc they need is printed here**, because a binary linked
-//!    against a newer glibc than the GPU machine's will not start there,
-//!    and that should be known before anything is copied.
-//! 5. **Tests that fake the device are left out** (`mock*` binaries): they
-//!    compile C at run time from this checkout's paths, and on the device
-//!    they would answer for the mock, not the hardware. So is the toolchain
-//!    row (`toolchain`), which needs the compilers installed here and no
-//!    device.
-//! 6. **Binaries outside the server's own package are stripped** of their
-//!    symbol tables: they link all of cubecl (and wgpu, ash) and are what
-//!    makes the bundle large — a third of each is symbols. A failure there
-//!    still prints its panic message and source location; only backtrace
-//!    frames lose their names. The server's own tests keep theirs.
+//! 1. **Tests build in their own profile** (`device`: dev with no debug info,
+//!    symbols kept). Debug info makes each test binary ~500 MB, too much to
+//!    copy; a separate profile also leaves `target/debug`'s cache untouched.
+//! 2. **Benches build as `cargo bench` builds them**, so the figures are the
+//!    ones `cargo xtask bench` would print there.
+//! 3. **The binaries travel compressed** (`tar.xz`) and `run.sh` unpacks them
+//!    in `/tmp`. `--max-mib N` makes a larger bundle a failure here rather
+//!    than a refused transfer there.
+//! 4. **The glibc they need is printed here**: a binary linked against a
+//!    newer glibc than the GPU machine's will not start there.
+//! 5. **Tests that fake the device are left out** (`mock*` binaries). They
+//!    compile C from this checkout's paths, and would answer for the mock, not
+//!    the hardware. So is the toolchain row, which needs no device.
+//! 6. **Binaries outside the server's own package are stripped** of symbols.
+//!    They link all of cubecl (and wgpu, ash), and a third of each is symbols.
+//!    A failure still prints its panic message and location; only backtrace
+//!    frames lose their names.
 //! 7. **The CUDA bundle carries NVRTC 12.2** from NVIDIA's wheel (what
 //!    `ci/install-cuda-toolchain.sh` puts in `target/cuda-toolchain`), so
-//!    that `run.sh` needs only the driver. A driver JITs PTX of its own
-//!    CUDA release's ISA version and older, never newer; NVRTC 12.2 writes
-//!    PTX ISA 8.2, which every driver from CUDA 12.2 (Linux 535) on JITs,
-//!    12.x and 13.x alike (NVRTC 13.0's ISA 9.0 would need a 13.x driver,
-//!    Linux 580). With it travels a probe (`bin/probe-cuda-versions`, the
-//!    `cuda_versions` example of server-cuda): before any test `run.sh`
-//!    prints the driver's version (`nvidia-smi`, `cuDriverGetVersion`),
-//!    and each candidate NVRTC's version and the PTX ISA version it writes,
-//!    and uses the machine's own NVRTC only where the driver JITs its PTX,
-//!    else the bundle's, first on the library path. Without a driver it
-//!    stops there (exit status 3). A driver that still meets newer PTX
-//!    answers with server-cuda's `UnsupportedPtx`, naming both versions.
+//!    `run.sh` needs only the driver. A driver JITs PTX of its own CUDA
+//!    release's ISA and older, never newer. NVRTC 12.2 writes PTX ISA 8.2,
+//!    which every driver from CUDA 12.2 (Linux 535) on JITs; NVRTC 13.0's
+//!    ISA 9.0 would need a 13.x driver. A probe travels with it
+//!    (`bin/probe-cuda-versions`). Before any test, `run.sh` prints the
+//!    driver's version and each candidate NVRTC's, with the PTX ISA it writes.
+//!    It uses the machine's own NVRTC only where the driver JITs its PTX, else
+//!    the bundle's. Without a driver it stops there (exit status 3). A driver
+//!    that still meets newer PTX answers with server-cuda's `UnsupportedPtx`.
 //! 8. **`run.sh` keeps one time budget** (`SCOPE_BUNDLE_SECONDS`, 540 s by
-//!    default) and runs the server's own tests first, then tiny-runtime's,
-//!    scope-cube's and cubecl's, then the bench: a GPU machine available
-//!    for a few minutes reaches the checks that say most, and what the budget
-//!    does not reach is reported as not run (exit status 2), never passed.
-//! 9. **`SCOPE_BUNDLE_NO_BENCH=1` leaves the bench out**: its build in the
-//!    bench profile is the bundle's longest, and a GPU run of the tests alone
-//!    still says most.
-//! 10. **The collectives' library does not travel** (NCCL is 250 MB):
+//!    default). It runs the server's own tests first, then tiny-runtime's,
+//!    scope-cube's and cubecl's, then the bench. So a GPU machine lent for a
+//!    few minutes reaches the checks that say most. What the budget does not
+//!    reach is reported as not run (exit status 2), never passed.
+//! 9. **`SCOPE_BUNDLE_NO_BENCH=1` leaves the bench out**: its build is the
+//!    bundle's longest, and the tests alone still say most.
+//! 10. **The collectives' library does not travel** (NCCL is 250 MB).
 //!     `run.sh` uses the machine's own, requires it where it finds one
 //!     (`SCOPE_REQUIRE=cuda,nccl`), and says so where there is none.
 
@@ -79,24 +70,21 @@ pub const DIR: &str = ".device";
 /// The script that runs on the device machine.
 const RUN_SH: &str = include_str!("bundle_run.sh");
 
-/// Test targets of a bundled package that are not device checks: the
-/// toolchain row (`tests/toolchain.rs`) compiles with the real compilers
-/// and loads the real NCCL from `target/cuda-toolchain` on the machine that
-/// builds, needs no device, and links all of cubecl and cubek.
+/// Test targets of a bundled package that are not device checks. The toolchain
+/// row (`tests/toolchain.rs`) runs the real compilers and NCCL on the building
+/// machine, needs no device, and links all of cubecl and cubek.
 const NOT_DEVICE_CHECKS: [&str; 1] = ["toolchain"];
 
-/// The NVRTC libraries `ci/install-cuda-toolchain.sh` installs (NVIDIA's
-/// wheel), relative to the workspace root: carried in the CUDA bundle for a
-/// GPU machine without a toolkit, where `run.sh` uses them only if the
-/// machine has no NVRTC of its own.
+/// The NVRTC libraries `ci/install-cuda-toolchain.sh` installs, relative to the
+/// workspace root. The CUDA bundle carries them for a GPU machine without a
+/// toolkit; `run.sh` uses them only if the machine has no NVRTC of its own.
 const NVRTC_FROM_WHEEL: [&str; 2] = [
     "target/cuda-toolchain/nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
     "target/cuda-toolchain/nvidia/cuda_nvrtc/lib/libnvrtc-builtins.so.12.2",
 ];
 
-/// The probe `run.sh` asks which driver and NVRTC a machine has, and
-/// whether the driver JITs that NVRTC's PTX (server-cuda's `cuda_versions`
-/// example), by its name in the bundle.
+/// The probe `run.sh` asks which driver and NVRTC a machine has, and whether the
+/// driver JITs that NVRTC's PTX. It is server-cuda's `cuda_versions` example.
 const CUDA_PROBE: &str = "probe-cuda-versions";
 
 /// One cargo build whose executables go into the bundle.
@@ -177,11 +165,9 @@ fn builds(backend: BackendKind) -> Vec<Build> {
     builds
 }
 
-/// `scope-cubecl` on `backend` alone: its runtime-test binary, where the
-/// server has one, and the cubek tests. HIP's runtime-test binary is left
-/// out: it is there for the HIP toolchain row, which runs it over the mock
-/// runtime to collect the sources cubecl writes, and the HIP bundle carries
-/// what it carried before it.
+/// `scope-cubecl` on `backend` alone: its runtime-test binary, where the server
+/// has one, and the cubek tests. HIP's runtime-test binary stays out: it serves
+/// the HIP toolchain row, which runs it over the mock runtime.
 fn scope_cubecl(backend: BackendKind) -> Build {
     let features = format!("{},runtime-tests", backend.feature());
     let mut args: Vec<String> = [

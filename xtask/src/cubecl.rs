@@ -1,13 +1,12 @@
 //! The rows of `scope-cubecl`'s runtime tests: cubecl-core's own test
 //! suite, one binary per server, run once per device it must pass on.
 //!
-//! Each row names the binary, the environment that picks the device, and
-//! the adapter the probe must have found (a row without one is skipped for
-//! no device, like any device test). A row runs its binary whole: a test
-//! known not to hold on a device is marked in the binary, which prints
-//! `not run: <reason>` for it, and a test that returned early for a
-//! feature the device lacks prints `not exercised: …`; the summary counts
-//! both as not exercised (`crates/scope-cubecl/tests/common/mod.rs`).
+//! Each row names the binary, the environment that picks the device, and the
+//! adapter the probe must have found; without one the row is skipped for no
+//! device. A row runs its binary whole. A test known not to hold on a device
+//! prints `not run: <reason>`, and one that returned early for a feature the
+//! device lacks prints `not exercised: …`. The summary counts both as not
+//! exercised (`crates/scope-cubecl/tests/common/mod.rs`).
 
 use crate::backends::BackendKind;
 

@@ -1,20 +1,19 @@
 //! `cargo xtask flaky`: the tests that race, run many times under load.
 //!
 //! A test that spawns processes, waits on a deadline or races threads can
-//! pass alone and fail when the machine is busy: a peer process starts
-//! late, a watchdog polls after the fault surfaced elsewhere, a counter
-//! sees another test's work. CI runs each once on two cores, so a test that
-//! fails one run in a hundred fails a submission in a few dozen. Here each
-//! such binary runs `--runs` times, `--jobs` copies at once (the machine's
-//! cores by default) beside a busy loop that keeps one more core's worth of
-//! work waiting, which is how a 2-core CI machine looks while it builds and
-//! tests. A run past `--timeout` is killed and counts as a hang.
+//! pass alone and fail when the machine is busy. A peer process starts late,
+//! a watchdog polls after the fault surfaced elsewhere, a counter sees another
+//! test's work. CI runs each once on two cores, so a test that fails one run
+//! in a hundred fails a submission in a few dozen. Here each such binary runs
+//! `--runs` times, `--jobs` copies at once (the machine's cores by default).
+//! Beside them a busy loop keeps one more core's worth of work waiting, as on
+//! a 2-core CI machine that builds and tests. A run past `--timeout` is killed
+//! and counts as a hang.
 //!
-//! The binaries are named in [`RACING`], each with what makes it race; a
-//! unit test below checks that every test file that makes groups, spawns
-//! processes or threads, or waits on a deadline is either there or in
-//! [`CALM`] with the reason it does not race, so the list cannot fall
-//! behind the tests.
+//! The binaries are named in [`RACING`], each with what makes it race. A unit
+//! test below checks that every test file that makes groups, spawns processes
+//! or threads, or waits on a deadline is there or in [`CALM`] with the reason
+//! it does not race. So the list cannot fall behind the tests.
 
 use std::io::Read;
 use std::path::PathBuf;

@@ -21,10 +21,9 @@
 //! `B` is one of `cuda`, `hip`, `vulkan`, `wgpu` (and, for `test` and
 //! `bench`, `core` or `all`). xtask is a plain binary so the tasks are Rust,
 //! run the same on every machine, and need nothing but cargo. It depends on
-//! `anyhow` and `serde_json` only, so `cargo xtask` builds in seconds and
-//! can say what it is about to build before the long build starts; the
-//! servers are reached through the workspace's own binaries, built once for
-//! every command ([`artifacts`] explains the one build).
+//! `anyhow` and `serde_json` only, so `cargo xtask` builds in seconds and says
+//! what it will build before the long build starts. The servers are reached
+//! through the workspace's own binaries, built once ([`artifacts`]).
 
 mod adapter;
 mod artifacts;
@@ -268,9 +267,9 @@ fn step(steps: &mut Vec<Step>, name: &'static str, command: std::process::Comman
     Ok(())
 }
 
-/// The build's footprint and the room left beside it, as a line for the
-/// log: a CI run that runs out of disk fails in whichever compile it was
-/// in, and this says how close the last one came.
+/// The build's footprint and the room left beside it, as a line for the log.
+/// A CI run out of disk fails in whichever compile it was in; this says how
+/// close the last one came.
 fn disk_line() -> String {
     let target = run::root().join("target");
     let target = target.to_string_lossy();

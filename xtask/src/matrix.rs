@@ -1,14 +1,13 @@
 //! `cargo xtask matrix`: which backends have a device here.
 //!
-//! xtask links no server — that is what lets it build in seconds and speak
-//! before the long build — so each server's `probe()` is asked through the
-//! demo binary, `tiny-runtime --probe <backend>`, built with the same
-//! profile and features as the tests (see [`crate::artifacts`]). One
-//! process a backend, run side by side: a probe promises never to panic or
-//! abort, and the binary catches a panic and answers it as that backend's
-//! "why not"; a probe that still takes its process down (an abort inside a
-//! driver) is that backend's "why not" too, because a matrix that dies on
-//! one backend tells the user nothing about the other three.
+//! xtask links no server, which lets it build in seconds and speak before the
+//! long build. So each server's `probe()` is asked through the demo binary,
+//! `tiny-runtime --probe <backend>`, built like the tests ([`crate::artifacts`]).
+//! One process a backend runs, side by side. A probe promises never to panic
+//! or abort, and the binary answers a panic as that backend's "why not". A
+//! probe that still takes its process down, aborting in a driver, is that
+//! backend's "why not" too. A matrix that dies on one backend tells the user
+//! nothing about the other three.
 //!
 //! A backend the binary does not answer for has a row saying why, rather
 //! than no row: the table always has the same four backends.
@@ -199,10 +198,9 @@ fn on_vulkan(row: &Row) -> bool {
         || row.detail.to_ascii_lowercase().starts_with("vulkan")
 }
 
-/// The backend the demo should use: a vendor's (CUDA, HIP), then a
-/// hardware device, in the table's order; then a software adapter,
-/// Vulkan (lavapipe: wgpu on its Vulkan adapter, which the wgpu server
-/// ranks before GL, or the Vulkan server) before GL (wgpu on llvmpipe).
+/// The backend the demo should use: a vendor's (CUDA, HIP), then a hardware
+/// device, in the table's order. Then a software adapter: Vulkan (lavapipe,
+/// through wgpu or the Vulkan server) before GL (wgpu on llvmpipe).
 pub fn best(rows: &[Row]) -> Option<BackendKind> {
     let rank = |r: &Row| {
         let kind = r.kind?;

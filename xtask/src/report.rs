@@ -2,32 +2,26 @@
 //! skipped, and why; and the lines a person reads about it.
 //!
 //! A device test with nothing to run on passes after printing one line,
-//! `skipped: <reason>` (`skipped: no vulkan device (…)`, `skipped:
-//! VK_LAYER_KHRONOS_validation is not installed`). The runner counts it as a
-//! pass; this module finds those lines **in each test's own output** and
-//! counts the test once as skipped, with its reason, whatever the reason
-//! says. A test that goes on to print something of its own after its skip
-//! lines ran something (a test that compares every server present and skips
-//! the absent ones): it stays a pass, and its skip reasons are listed as
-//! parts skipped.
+//! `skipped: <reason>`. The runner counts it as a pass. This module finds
+//! those lines **in each test's own output** and counts the test once as
+//! skipped, with its reason. A test that prints something of its own after
+//! its skip lines ran something, such as one comparing every server present.
+//! It stays a pass, with its skip reasons listed as parts skipped.
 //!
-//! A test that ran but did nothing on its device says so too, and is counted
-//! apart, as **not exercised**, never as passed: `not exercised: <reason>`
-//! (cubecl's runtime tests print `not exercised: nothing reached the device
-//! [<test>]` when they returned early for a feature the device lacks; see
-//! `crates/scope-cubecl/tests/common/mod.rs`), or `not run: <reason>` for a
-//! test its binary marks as not holding on this device. The first is
-//! printed (to stderr) as the test's thread ends, after libtest stopped
-//! capturing its output, so under plain libtest it stands outside the
-//! test's block, and under nextest in its stderr: the name in brackets says
-//! whose it is.
+//! A test that ran but did nothing on its device is counted apart, as **not
+//! exercised**, never as passed. It prints `not exercised: <reason>` (cubecl's
+//! runtime tests; see `crates/scope-cubecl/tests/common/mod.rs`), or
+//! `not run: <reason>` when its binary marks it as not holding on this device.
+//! The first is printed to stderr as the test's thread ends, after libtest
+//! stopped capturing. So under plain libtest it stands outside the test's
+//! block, and under nextest in its stderr; the name in brackets says whose.
 //!
 //! Each test's output is found in the runner's own framing:
 //!
 //! - nextest, with `--success-output immediate --failure-output immediate`:
-//!   a status line (`PASS [ 0.004s] (1/5) crate::binary test`) followed by
-//!   its `stdout ───` and `stderr ───` blocks (older nextest: `──── STDOUT:
-//!   crate::binary test`), and a closing `Summary [ … ] N tests run: …`;
+//!   a status line (`PASS [ 0.004s] (1/5) crate::binary test`), its
+//!   `stdout ───` and `stderr ───` blocks, and a closing `Summary [ … ]`.
+//!   Older nextest writes `──── STDOUT: crate::binary test`.
 //! - a libtest binary with `--show-output`: `test name ... ok` lines, then
 //!   one `---- name stdout ----` block per test that printed anything, in
 //!   its `successes:` and `failures:` sections, and `test result: …`.
@@ -409,9 +403,9 @@ test result: FAILED. 4 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
         assert_eq!(not_run_reason("test a ... not run: x").as_deref(), None);
     }
 
-    /// nextest runs each test in a process of its own, so the verdict a
-    /// runtime test prints (to stderr) as its thread ends is in its own
-    /// output; one printed by a thread the test spawned is in its stdout.
+    /// nextest runs each test in its own process, so the verdict a runtime test
+    /// prints as its thread ends is in its own stderr. One printed by a thread the
+    /// test spawned is in its stdout.
     const NEXTEST_UNEXERCISED: &str = "\
         PASS [   0.041s] (1/5) scope-cubecl::runtime_wgpu wgpu::f32_ty::test_plane_sum_vec1
   stdout ───
@@ -493,9 +487,9 @@ test result: FAILED. 4 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
         );
     }
 
-    /// Plain libtest: the verdict comes as the test's thread ends, after
-    /// its output was captured, so it stands outside the test's block,
-    /// named; one printed by a thread the test spawned is in its block.
+    /// Plain libtest: the verdict comes as the test's thread ends, after capture,
+    /// so it stands named outside the test's block. One printed by a thread the
+    /// test spawned is in its block.
     const LIBTEST_UNEXERCISED: &str = "\
 running 5 tests
 not exercised: nothing reached the device [wgpu::test_cmma_simple_1]

@@ -1,11 +1,9 @@
 //! Running cargo: shown to the user as it happens, and kept for parsing.
 //!
-//! Test and bench output is both a progress report and data (the summary
-//! counts pass/fail lines and skip lines), so every child's stdout and
-//! stderr are read line by line on two threads and collected in order of
-//! arrival; each line is echoed to the stream it came from (benches,
-//! `test --verbose`) or written to a log file only (`test`, which shows a
-//! line per row and the failures).
+//! Test and bench output is both a progress report and data: the summary
+//! counts pass, fail and skip lines. So a child's stdout and stderr are read
+//! line by line on two threads and collected in order of arrival. Each line
+//! is echoed to its stream (benches, `test --verbose`) or only logged (`test`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -139,10 +137,9 @@ pub fn capture(command: Command) -> Result<Captured> {
     capture_with(command, true, None)
 }
 
-/// Run `command` and collect its output (without ANSI colour codes),
-/// echoing it to the terminal when `echo`, and writing it to `log`, line by
-/// line as it arrives, when given. The command line goes where the output
-/// goes.
+/// Run `command` and collect its output, without ANSI colour codes. Each line
+/// goes to the terminal when `echo`, and to `log` when given, as it arrives.
+/// The command line goes where the output goes.
 ///
 /// # Errors
 ///

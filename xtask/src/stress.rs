@@ -1,15 +1,13 @@
 //! `cargo xtask fuzz` and `cargo xtask soak`: the contract fuzzer and the
 //! soak, longer than a test run affords.
 //!
-//! Both already run in every test run, small: the property test (with its
-//! invalid calls, `scope-test/src/property/abuse.rs`, and its device losses
-//! and recoveries, `property/loss.rs`) over five fixed seeds,
-//! and the soak over a few thousand launches. Here they run from the same
-//! build `test` makes (so nothing is compiled twice) for as long as asked:
-//! `fuzz` runs the property test on fresh seeds until the minutes are up
-//! and stops at the first failure with the line that replays it alone;
-//! `soak` runs the soak alone in its process at a million launches, so
-//! that its resident-memory check means something, and prints its samples.
+//! Both already run small in every test run. The property test, with its
+//! invalid calls (`scope-test/src/property/abuse.rs`) and device losses
+//! (`property/loss.rs`), runs five fixed seeds; the soak, a few thousand
+//! launches. Here they run from the build `test` makes, for as long as asked.
+//! `fuzz` tries fresh seeds until the minutes are up, and stops at the first
+//! failure with the line that replays it. `soak` runs alone in its process at
+//! a million launches, so its resident-memory check means something.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -18,9 +16,8 @@ use anyhow::{Context, Result, bail};
 use crate::artifacts::{self, Artifact};
 use crate::backends::{BackendKind, list};
 
-/// Which test binary holds a backend's conformance suite (and so its
-/// property test and soak): the suite on the host server for core, and
-/// the one the table names for a server.
+/// Which test binary holds a backend's conformance suite, and so its property
+/// test and soak. For core it is the host server's; for a server, the table's.
 fn suite_binary(backend: &str) -> Result<(&'static str, &'static str)> {
     if matches!(backend, "core" | "host") {
         return Ok(("scope-test", "conformance"));
@@ -77,9 +74,8 @@ fn fresh_seed(round: u64) -> u64 {
     nanos ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// Run the property tests on fresh seeds for `minutes`: the contract's
-/// (`random_sequences`) and the collectives' (`random_rounds`, on one to
-/// four ranks by seed), each seed through both.
+/// Run the property tests on fresh seeds for `minutes`, each seed through both:
+/// the contract's (`random_sequences`) and the collectives' (`random_rounds`).
 ///
 /// # Errors
 ///

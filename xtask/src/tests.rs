@@ -1,28 +1,24 @@
 //! `cargo xtask test`: the tests of each backend, and one summary.
 //!
 //! Every test binary comes from one build, `cargo test --workspace
-//! --all-features --no-run` (see [`crate::artifacts`] for why one), and
-//! each row of the summary runs its packages' tests from it: with nextest,
-//! `cargo nextest run -E 'package(=server-wgpu)'` reusing that build (see
-//! [`Reuse`]); without it, the row's test binaries directly, as `cargo test`
-//! would run them. The counts stay
-//! per backend without parsing test names, and a row whose package failed
-//! to build fails alone: the build keeps going past a broken crate, and a
-//! broken build runs what it did build. A device test with nothing to run
-//! on passes after printing `skipped: <reason>`; the runners are told to
-//! show every test's output, and [`crate::report`] reads it test by test so
-//! the summary can tell "passed" from "passed because there was nothing to
-//! run on", with the reason — and both from "passed having done nothing on
-//! the device" (`not exercised: <reason>`, or `not run: <reason>` for a test
-//! marked as not holding there), which cubecl's runtime tests say when they
-//! return early for a feature the device lacks. With `--backend X`,
-//! `SCOPE_REQUIRE=X` reaches the tests and a missing device fails them
-//! instead.
+//! --all-features --no-run` ([`crate::artifacts`] says why one). Each row of
+//! the summary runs its packages' tests from it. With nextest that is
+//! `cargo nextest run -E 'package(=server-wgpu)'` reusing the build ([`Reuse`]).
+//! Without it, the row's test binaries run directly, as `cargo test` would.
+//! Counts stay per backend without parsing test names. A row whose package
+//! failed to build fails alone, since the build keeps going past a broken crate.
 //!
-//! A person reads one line per row (its counts and time), the reasons for
-//! its skips, and every failure in full; everything the runners printed
-//! goes to a log file, `target/xtask/test.log`. `--verbose` shows it all as
-//! it runs, as well.
+//! A device test with nothing to run on passes after printing
+//! `skipped: <reason>`. Runners show every test's output, and [`crate::report`]
+//! reads it test by test, so the summary tells "passed" from "skipped". Both
+//! differ from a test that did nothing on the device: `not exercised: <reason>`,
+//! or `not run: <reason>` for one marked as not holding there. With
+//! `--backend X`, `SCOPE_REQUIRE=X` reaches the tests and a missing device
+//! fails them instead.
+//!
+//! A person reads one line per row, the reasons for its skips, and every
+//! failure in full. Everything the runners printed goes to
+//! `target/xtask/test.log`; `--verbose` shows it as it runs, too.
 
 use std::io::{LineWriter, Write};
 use std::path::PathBuf;
@@ -143,15 +139,13 @@ fn cubecl_groups(backend: Option<BackendKind>, require: bool) -> impl Iterator<I
         .map(move |row| cubecl_group(row, require))
 }
 
-/// The real compilers of a GPU API on every kernel the project emits, with
-/// no device (`crates/server-*/tests/toolchain.rs`): under CI a missing
-/// toolchain is a failure, since `ci/run.sh` installs it.
+/// The real compilers of a GPU API on every kernel the project emits, with no
+/// device (`crates/server-*/tests/toolchain.rs`). Under CI a missing toolchain
+/// fails, since `ci/run.sh` installs it.
 fn toolchain_group(backend: BackendKind, env: (&'static str, &'static str)) -> Group {
     let required = std::env::var("CI").is_ok_and(|v| v == "true");
-    // Where the toolchain is not installed (a newcomer's machine), the row's
-    // tests skip saying which script installs it; under CI (which installs
-    // it first), or when `SCOPE_REQUIRE` names it (the tests read that
-    // themselves), they fail instead.
+    // Without the toolchain the tests skip, naming the script that installs it;
+    // under CI, or when `SCOPE_REQUIRE` names it, they fail instead.
     let installed = run::root().join(env.1).exists();
     Group {
         name: format!("{backend} toolchain"),
@@ -588,9 +582,8 @@ fn run_group(
             counts.failed += 1;
         }
     }
-    // With `SCOPE_REQUIRE` set, the row's tests decide (through the one
-    // parser every test crate uses) whether its missing device is a
-    // failure: the row runs instead of being skipped here.
+    // With `SCOPE_REQUIRE` set, the row's tests decide whether a missing device
+    // fails them, so the row runs instead of being skipped here.
     let tests_decide = std::env::var_os("SCOPE_REQUIRE").is_some_and(|v| !v.is_empty());
     if group.missing.is_none()
         && !tests_decide
@@ -632,10 +625,8 @@ fn run_group(
         counts.add(&what, captured.success, &captured.lines, true);
         note_ptx_isa(&mut counts, &captured.lines);
     } else {
-        // No nextest, or a build that failed elsewhere (nextest would
-        // need all of it): the row's binaries, as `cargo test` runs them,
-        // each test's output shown after the run so that it can be told
-        // apart from the others'.
+        // No nextest, or a build broken elsewhere (nextest needs all of it): run the
+        // row's binaries as `cargo test` does, each test's output shown on its own.
         for artifact in built
             .artifacts
             .iter()
@@ -663,10 +654,9 @@ fn run_group(
     Ok(counts)
 }
 
-/// The PTX ISA versions a toolchain row's NVRTC wrote, as its groups print
-/// them (`…: PTX ISA written: 8.2 (NVRTC 12.2, …)`), for the row's note:
-/// which drivers can load what it compiled. Where the row has a note of
-/// its own already, that stays.
+/// The PTX ISA versions a toolchain row's NVRTC wrote, as its groups print them
+/// (`…: PTX ISA written: 8.2 (NVRTC 12.2, …)`). They go in the row's note, to say
+/// which drivers can load what it compiled; a note the row has already stays.
 fn note_ptx_isa(counts: &mut Counts, lines: &[String]) {
     if let Some(isa) = ptx_isa_written(lines)
         && counts.note.is_empty()
@@ -687,8 +677,7 @@ fn ptx_isa_written(lines: &[String]) -> Option<String> {
         };
         let rest = &line[at + SAID.len()..];
         if rest.starts_with("none") {
-            // A group whose every compile was refused (on purpose, in the
-            // test of the check itself) wrote nothing.
+            // A group whose every compile was refused (on purpose) wrote nothing.
             continue;
         }
         first.get_or_insert(rest);
@@ -722,9 +711,9 @@ fn doctests(release: bool, out: &mut Output) -> Result<Counts> {
     Ok(counts)
 }
 
-/// The summary table, with the build's time and each row's, and the
-/// runners' closing lines in the log; whether everything passed, the
-/// build included (a broken example fails no row, but fails this).
+/// The summary table with the build's time and each row's, and the runners'
+/// closing lines in the log. Also whether everything passed, the build included:
+/// a broken example fails no row, but fails this.
 pub fn summary(rows: &[Counts], built: &Built, out: &mut Output) -> (String, bool) {
     out.log(
         "\nrunner closing lines (a nextest \"skipped\" there is a test outside the row's filter):",

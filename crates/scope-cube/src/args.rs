@@ -1,16 +1,8 @@
-//! A launch's arguments, packed into what every server already takes:
-//! bindings, in order, and one scalar blob.
+//! A launch's arguments, packed as bindings in order and one scalar blob.
 //!
-//! The blob is cubecl's info struct, built by cubecl's own
-//! [`InfoBuilder`] — the same code its runtimes use — so the layout (scalars
-//! grouped by type in the kernel's order, each group padded to eight bytes,
-//! then the buffers' lengths when the kernel reads them) is cubecl's by
-//! construction rather than a copy that could drift. What this module adds
-//! is the checking a raw launch cannot do: the right number of buffers and
-//! scalars, whole elements in every binding, and, above all, declared access
-//! that covers what the kernel does — the core's read and write sets come
-//! from the declarations, so a written buffer declared read-only would never
-//! carry a failure.
+//! The blob is built by cubecl's own [`InfoBuilder`], so its layout cannot drift. This module
+//! adds the checks a raw launch cannot make, above all declared access that covers the
+//! kernel's: a written buffer declared read-only would never carry a failure.
 
 use cubecl_core::ir::ElemType;
 use cubecl_core::{CubeElement, InfoBuilder, ScalarArgType};
@@ -18,7 +10,6 @@ use scope_core::{Access, Backend, Binding, Client, Dispatch, Error, Result, Slic
 
 use crate::translate::{CubeKernel, io_access};
 
-/// One buffer argument.
 #[derive(Clone, Copy, Debug)]
 struct BufferArg<'a> {
     slice: Slice<'a>,
@@ -27,8 +18,7 @@ struct BufferArg<'a> {
     elem_size: u64,
 }
 
-/// The arguments of one launch of a [`CubeKernel`], in the kernel's order:
-/// buffers by position, scalars by position among scalars.
+/// The arguments of one launch of a [`CubeKernel`], in the kernel's order.
 #[derive(Clone, Debug, Default)]
 pub struct Args<'a> {
     buffers: Vec<BufferArg<'a>>,
@@ -41,8 +31,7 @@ impl<'a> Args<'a> {
         Self::default()
     }
 
-    /// The next buffer, of elements `T`, with the access the launch declares.
-    /// It must cover what the kernel does with the buffer.
+    /// The next buffer, of elements `T`, with a declared access that covers the kernel's.
     pub fn buffer<T: CubeElement>(mut self, binding: Binding<'a>) -> Self {
         self.buffers.push(BufferArg {
             slice: binding.slice,
@@ -52,8 +41,7 @@ impl<'a> Args<'a> {
         self
     }
 
-    /// The next buffer, of elements `T`, bound with the access the kernel's
-    /// compiler found ([`CubeKernel::access`]).
+    /// The next buffer, of elements `T`, bound with [`CubeKernel::access`].
     pub fn slice<T: CubeElement>(mut self, slice: impl Into<Slice<'a>>) -> Self {
         self.buffers.push(BufferArg {
             slice: slice.into(),
@@ -80,10 +68,7 @@ impl CubeKernel {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for the wrong number of buffers or
-    /// scalars, a scalar of the wrong type, a binding that is not a whole
-    /// number of elements, or a declared access that does not cover what
-    /// the kernel does with the buffer.
+    /// [`Error::InvalidArgument`] for wrong counts or types, a partial element, or short access.
     pub fn pack<'a>(&self, args: &Args<'a>) -> Result<(Vec<Binding<'a>>, Vec<u8>)> {
         if args.buffers.len() != self.io.len() {
             return Err(invalid(
@@ -110,8 +95,7 @@ impl CubeKernel {
                 ));
             }
             let bytes = arg.slice.range.end.saturating_sub(arg.slice.range.start);
-            // The length the kernel's bounds checks read counts its own
-            // elements (a vector is one), whatever `T` the caller named.
+            // Bounds checks count the kernel's own elements, whatever `T` the caller named.
             let element = self.element_bytes.get(i).copied().flatten();
             for (size, whose) in [
                 (Some(arg.elem_size), "the type given"),
@@ -172,9 +156,7 @@ impl CubeKernel {
         for (ty, bytes) in &args.scalars {
             info.scalars.push_raw(bytes, *ty);
         }
-        // Lengths only when the kernel's struct has room for them: a kernel
-        // that never reads one declares no static metadata, and a blob
-        // longer than its struct would not match a by-value parameter.
+        // A blob longer than the struct would not match a by-value parameter.
         if self.info.sized_meta.is_some() {
             for &len in lengths {
                 info.metadata.register_buffer(len, self.address_type);
@@ -188,12 +170,8 @@ impl CubeKernel {
     ///
     /// # Errors
     ///
-    /// What [`pack`](Self::pack) refuses; a client whose backend does not
-    /// take this kernel's language; more workgroup memory than the
-    /// device's workgroups hold ([`shared_memory`](Self::shared_memory)
-    /// against `max_workgroup_memory`: no server checks a translated
-    /// kernel's own declaration, and past it the launch would fail on the
-    /// device, or worse); then whatever the launch returns.
+    /// What [`pack`](Self::pack) refuses, a foreign language, more workgroup memory than the
+    /// device holds (no server checks it), or the launch's error.
     pub fn launch<B: Backend>(
         &self,
         client: &Client<B>,

@@ -1,41 +1,18 @@
-//! The bounds checks cubecl's checked mode promises, made before a checked
-//! definition reaches a compiler.
+//! The bounds checks cubecl's checked mode promises, made before a definition is compiled.
 //!
-//! A `#[cube]` kernel's `list[i]` becomes an `IndexOp` marked *checked*,
-//! and in [`ExecutionMode::Checked`](cubecl_core::prelude::ExecutionMode)
-//! each compiler runs cubecl's `CheckedIo` pass to clamp it. In
-//! cubecl 0.12.0-pre.1 that pass clamps nothing:
+//! In [`ExecutionMode::Checked`](cubecl_core::prelude::ExecutionMode) each compiler runs
+//! cubecl's `CheckedIo` pass on a checked `IndexOp`. In cubecl 0.12.0-pre.1 it clamps nothing:
+//! - It matches a base typed `RuntimeArrayType`, but an `IndexOp`'s base is always a pointer
+//!   (`checked_io.rs:22`, `memory.rs:269-282`). No buffer index is checked.
+//! - It skips workgroup and local arrays, which are fixed-size `ArrayType`s.
 //!
-//! - it matches an index only when the *type of its base* is a
-//!   `RuntimeArrayType` (`cubecl-core/src/post_processing/checked_io.rs:22`,
-//!   `is_runtime_array` at `:49-52`), but the base of an `IndexOp` is always
-//!   a pointer (`OperandNOfType<0, PointerType>`,
-//!   `cubecl-ir/src/dialect/memory.rs:269-282`; a buffer argument is a
-//!   `PointerType` to the runtime array, `cubecl-ir/src/scope.rs:930-931`),
-//!   so a buffer index is never matched — the WGSL, SPIR-V and C++ it
-//!   produces index buffers with no check at all;
-//! - and had it looked through the pointer, it was still written for
-//!   buffers only: a workgroup (`Shared::new_slice`) or local
-//!   (`Array::new`) array is a fixed-size `ArrayType`
-//!   (`cubecl-core/src/frontend/container/shared_memory.rs:55-66`,
-//!   `array/base.rs:51-53`), which it leaves alone, and its clamp reads a
-//!   length only a buffer binding has (`cubecl-core/src/io.rs:74-78`).
+//! So [`clamp_indices`] clamps every checked index itself. A buffer index becomes
+//! `min(index, len - 1)`, `len` read from the info struct and scaled for a reinterpreted
+//! vector width. An array index is clamped to the array's length. [`buffer_element_bytes`]
+//! tells `CubeKernel::pack` to count `len` in the kernel's own elements.
 //!
-//! So [`clamp_indices`] does what the pass means to do, for every array:
-//! each checked index into a buffer becomes `min(index, len - 1)`, with
-//! `len` the binding's length from the info struct (the expansion cubecl's
-//! pass would have used, `cubecl_core::io::expand_checked_index`), scaled
-//! when the kernel reinterprets the buffer at another vector width; each
-//! checked index into a workgroup or local array is clamped to the array's
-//! own length. The length a buffer's clamp reads must count the kernel's
-//! own elements, a vector being one: [`buffer_element_bytes`] tells
-//! `CubeKernel::pack` what that is. What is left unchecked is what the
-//! kernel's author wrote under `unsafe` (`get_unchecked`), a vector lane
-//! chosen at run time (`insert_dynamic`; naga restricts it in WGSL), a
-//! binding shorter than one element of the width the kernel reinterprets
-//! it at (no index is inside it, so none can be clamped into it), and the
-//! instructions that move whole tiles (cmma, tensor maps, asynchronous
-//! copies), which no scope WGSL or SPIR-V device offers.
+//! Left unchecked: `get_unchecked`, a run-time vector lane, a binding shorter than one
+//! reinterpreted element, and tile moves, which no scope WGSL or SPIR-V device offers.
 
 use cubecl_core as cubecl;
 use cubecl_core::frontend::buffer_len::expand_buffer_length_native;
@@ -51,9 +28,7 @@ use cubecl_core::ir::types::{ArrayType, PointerType, RuntimeArrayType};
 use cubecl_core::ir::{NamedRewrite, Scope};
 use cubecl_core::prelude::*;
 
-/// `min(index, len · times / per − 1)`: the last element of an array of
-/// `len` elements seen `per` at a time as `times` (a buffer reinterpreted
-/// at another vector width), when `index` is past it.
+/// `min(index, len · times / per − 1)`, for a buffer reinterpreted at another vector width.
 #[cube]
 #[allow(clippy::all)]
 fn clamp(index: usize, len: usize, #[comptime] times: usize, #[comptime] per: usize) -> usize {
@@ -62,19 +37,14 @@ fn clamp(index: usize, len: usize, #[comptime] times: usize, #[comptime] per: us
 
 /// What a checked index reaches.
 enum Indexed {
-    /// A buffer binding: its length, in elements of the binding's own
-    /// vector width `root`, is in the info struct; the index counts
-    /// elements of width `seen`.
+    /// A buffer binding: its length counts `root`-wide elements, the index `seen`-wide ones.
     Buffer { root: usize, seen: usize },
     /// A workgroup or local array of this many elements.
     Array(usize),
-    /// A runtime-sized array that is not a binding: nothing says how long
-    /// it is.
+    /// A runtime-sized array that is not a binding, of no known length.
     Unknown,
 }
 
-/// Whether `value`, a pointer, is rooted at an argument of the kernel's
-/// entry point that is a buffer binding.
 fn is_binding(ctx: &Context, value: Value) -> bool {
     let block = match value.defining_entity() {
         DefiningEntity::Block(block) => Some(block),
@@ -91,8 +61,7 @@ fn is_binding(ctx: &Context, value: Value) -> bool {
         .is_some_and(|func| func.has_arg_attr(ctx, index, &ATTR_BUFFER_BINDING))
 }
 
-/// What the pointer `base` of an index reaches, or `None` for what is not
-/// an array (nothing cubecl indexes with a checked `IndexOp`).
+/// What the pointer `base` of an index reaches, or `None` for what is not an array.
 fn indexed(ctx: &Context, base: Value) -> Option<Indexed> {
     let inner = {
         let ty = base.get_type(ctx).deref(ctx);
@@ -113,10 +82,7 @@ fn indexed(ctx: &Context, base: Value) -> Option<Indexed> {
     })
 }
 
-/// The rewrite: every checked index that reaches an array is clamped to
-/// it. An index that cannot be clamped (an empty array, a runtime array
-/// of unknown length) is left alone and counted, and the caller refuses
-/// the kernel.
+/// Clamps each checked index to its array, and counts those it cannot clamp.
 #[derive(Default)]
 struct ClampIndices {
     unclamped: Vec<String>,
@@ -165,7 +131,6 @@ impl MatchRewrite for ClampIndices {
         let clamped = match reaches {
             Indexed::Buffer { root, seen } => {
                 let len = expand_buffer_length_native(&scope, base);
-                // `len` counts elements `root` wide; the index, `seen` wide.
                 let (times, per) = if seen >= root {
                     (1, seen / root)
                 } else {
@@ -187,14 +152,7 @@ impl MatchRewrite for ClampIndices {
     }
 }
 
-/// Clamp every checked index of `definition` (a definition in checked mode)
-/// to the array it reaches, in place.
-///
-/// # Errors
-///
-/// What would stay unchecked — an index into an empty array, or into a
-/// runtime-sized array that is not a buffer binding — or a failure of the
-/// rewrite itself, as text.
+/// Clamp every checked index of `definition` in place; `Err` names an index left unbounded.
 pub(crate) fn clamp_indices(definition: &KernelDefinition) -> std::result::Result<(), String> {
     let module = definition.body.state().module.get_operation();
     let ctx = definition.body.ctx_mut();
@@ -209,14 +167,8 @@ pub(crate) fn clamp_indices(definition: &KernelDefinition) -> std::result::Resul
     }
 }
 
-/// The bytes of one element of each buffer the kernel declares, by buffer
-/// position (`None` for a binding that is not a buffer of sized elements).
-///
-/// A clamp reads a buffer's length from the info struct, in the kernel's
-/// own elements, so that is what a launch must put there: a buffer of
-/// `Vector<u32, 4>` holds a quarter as many elements as a buffer of `u32`
-/// of the same bytes, and a length counted in `u32`s would let an index
-/// run three quarters of the buffer past its end.
+/// Each buffer's element bytes (`None` if unsized): the unit of the lengths a clamp reads.
+/// A `Vector<u32, 4>` buffer's length counted in `u32`s would let an index run past its end.
 pub(crate) fn buffer_element_bytes(definition: &KernelDefinition) -> Vec<Option<u64>> {
     let entry = definition.body.state().entry_func;
     let ctx = definition.body.ctx();
@@ -244,7 +196,6 @@ pub(crate) fn buffer_element_bytes(definition: &KernelDefinition) -> Vec<Option<
         if sizes.len() <= position {
             sizes.resize(position + 1, None);
         }
-        // A type with no size (an opaque one) leaves the caller's count.
         sizes[position] = element.and_then(|element| {
             let ty = element.deref(ctx);
             type_cast::<dyn SizedType>(&*ty).map(|sized| sized.size(ctx) as u64)

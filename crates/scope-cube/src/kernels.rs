@@ -1,13 +1,7 @@
-//! Kernels written once, for every server: the conformance operations on
-//! `u32` words, an integer hash whose output must match bit for bit across
-//! servers, and a float kernel compared within a tolerance.
-//!
-//! Each is a `#[cube(launch)]` function plus a constructor that makes its
-//! definition for a target and translates it. Cubes are [`CUBE`] units, one
-//! element each, so a launch over `n` elements runs `ceil(n / CUBE)` cubes.
-//! Scalars come in the order the function declares them.
+//! Kernels written once for every server: `u32` conformance operations, a bit-exact hash,
+//! and a float kernel. Each has a constructor that translates it for a target. A cube is
+//! [`CUBE`] units, one element each; scalars come in declaration order.
 
-// The `#[cube]` macro expands each kernel into a module of generated items.
 #![allow(missing_docs, clippy::all)]
 
 use cubecl_core as cubecl;
@@ -47,8 +41,7 @@ pub fn add(a: &[u32], b: &[u32], out: &mut [u32], n: u32) {
     }
 }
 
-/// An integer hash of `input[i]`, its index and `seed`: multiplies, xors and
-/// shifts that wrap, so any difference between compilers shows in the bits.
+/// A wrapping hash of `input[i]`, `i` and `seed`, so any compiler difference shows in the bits.
 #[cube(launch)]
 pub fn mix(input: &[u32], out: &mut [u32], seed: u32, n: u32) {
     let i = ABSOLUTE_POS as u32;
@@ -62,11 +55,7 @@ pub fn mix(input: &[u32], out: &mut [u32], seed: u32, n: u32) {
     }
 }
 
-/// `out[i] = alpha * x[i] + sqrt(|y[i]|) + exp(-x[i] * x[i])` for
-/// `i < n` (and inside `out`): a multiply-add and two library functions
-/// whose last bits the servers' compilers may round differently. It takes
-/// scalars of two types and reads a buffer length, so its info struct has
-/// every part.
+/// `out[i] = alpha * x[i] + sqrt(|y[i]|) + exp(-x[i] * x[i])`: an info struct with every part.
 #[cube(launch)]
 pub fn blend(x: &[f32], y: &[f32], out: &mut [f32], alpha: f32, n: u32) {
     let i = ABSOLUTE_POS as u32;
@@ -79,9 +68,7 @@ pub fn blend(x: &[f32], y: &[f32], out: &mut [f32], alpha: f32, n: u32) {
     }
 }
 
-/// `out[i] = a0[i] + a1[i] + … + a19[i]`, wrapping, for `i < n`: twenty-one
-/// buffers and an info struct, more addresses than 128 bytes of push
-/// constants hold, so cubecl's SPIR-V passes them in a uniform table.
+/// `out[i] = a0[i] + … + a19[i]`, wrapping: too many addresses for SPIR-V push constants.
 #[cube(launch)]
 pub fn wide_sum(
     a0: &[u32],
@@ -169,18 +156,15 @@ constructor!(
     add_kernel, add::Add, unbound(), unbound(), unbound(), ()
 );
 constructor!(
-    /// [`mix`](fn@mix), translated: buffers `[input, out]`, scalars
-    /// `[seed, n]`.
+    /// [`mix`](fn@mix), translated: buffers `[input, out]`, scalars `[seed, n]`.
     mix_kernel, mix::Mix, unbound(), unbound(), (), ()
 );
 constructor!(
-    /// [`blend`](fn@blend), translated: buffers `[x, y, out]`, scalars
-    /// `[alpha, n]`.
+    /// [`blend`](fn@blend), translated: buffers `[x, y, out]`, scalars `[alpha, n]`.
     blend_kernel, blend::Blend, unbound(), unbound(), unbound(), (), ()
 );
 constructor!(
-    /// [`wide_sum`](fn@wide_sum), translated: buffers `[a0, …, a19, out]`,
-    /// scalars `[n]`.
+    /// [`wide_sum`](fn@wide_sum), translated: buffers `[a0, …, a19, out]`, scalars `[n]`.
     wide_sum_kernel, wide_sum::WideSum,
     unbound(), unbound(), unbound(), unbound(), unbound(),
     unbound(), unbound(), unbound(), unbound(), unbound(),

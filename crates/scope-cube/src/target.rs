@@ -1,12 +1,7 @@
-//! Which language a server takes, and the device cubecl is told it compiles
-//! for.
+//! Which language a server takes, and the device cubecl is told it compiles for.
 //!
-//! cubecl specialises a kernel while expanding it (plane size, which types
-//! exist, the address width), so a definition is made for one target. The
-//! properties here are deliberately plain — 32-bit addressing, `u32`/`i32`/
-//! `f32`/`bool` — because the scope servers promise nothing more on every
-//! device; a runtime that needs more can build its own definition and still
-//! use [`translate`](crate::translate).
+//! A definition is specialised for one target. Its properties are plain (32-bit addressing,
+//! `u32`, `i32`, `f32`, `bool`): what the servers promise on every device.
 
 use std::sync::Arc;
 
@@ -33,10 +28,7 @@ pub enum Target {
     Wgsl,
 }
 
-/// Register what every scope server computes with on every device:
-/// 32-bit addressing and `u32`, `i32`, `f32` (and its relaxed `flex32`),
-/// `bool`, for every use. Anything more is the device's, reported by the
-/// server that enabled it.
+/// Register the types every server computes with on every device, for every use.
 pub fn register_portable_types(properties: &mut DeviceProperties) {
     properties.register_address_type(AddressType::U32);
     for ty in [
@@ -51,8 +43,7 @@ pub fn register_portable_types(properties: &mut DeviceProperties) {
     }
 }
 
-/// Push-constant bytes cubecl may use for buffer addresses: the Vulkan
-/// minimum `maxPushConstantsSize`, so every device takes the block.
+/// Push-constant bytes for buffer addresses: the Vulkan minimum, so every device takes it.
 pub(crate) const PUSH_CONSTANT_BYTES: usize = 128;
 
 impl Target {
@@ -69,8 +60,7 @@ impl Target {
         }
     }
 
-    /// The target for a backend, by its [`Backend::NAME`]; `None` for one
-    /// that takes no compiled language (the host server).
+    /// The target for a backend by its [`Backend::NAME`]; `None` for the host server.
     pub fn for_backend_name(name: &str) -> Option<Target> {
         BackendKind::from_name(name).map(Self::for_kind)
     }
@@ -90,8 +80,7 @@ impl Target {
         }
     }
 
-    /// The backend whose compiler writes this language: the name errors
-    /// are reported under.
+    /// The backend that takes this language, named in errors.
     pub const fn kind(self) -> BackendKind {
         match self {
             Target::Cuda => BackendKind::Cuda,
@@ -101,8 +90,7 @@ impl Target {
         }
     }
 
-    /// The plane (warp, wavefront, subgroup) size kernels are specialised
-    /// for.
+    /// The plane (warp, wavefront, subgroup) size kernels are specialised for.
     pub fn plane_size(self) -> u32 {
         match self {
             Target::Hip => 64,
@@ -110,8 +98,7 @@ impl Target {
         }
     }
 
-    /// Settings for a definition with cubes of `cube_dim`: bounds-checked,
-    /// 32-bit addressing.
+    /// Settings for a bounds-checked, 32-bit definition with cubes of `cube_dim`.
     pub fn settings(self, cube_dim: [u32; 3]) -> KernelSettings {
         let [x, y, z] = cube_dim;
         KernelSettings::new(
@@ -182,9 +169,7 @@ impl Target {
         }
     }
 
-    /// Options for the C++ compilers. `grid_constants` makes the info struct
-    /// a by-value parameter — the convention's scalar blob — instead of a
-    /// pointer to device memory the convention has no binding for.
+    /// C++ compiler options: `grid_constants` passes the info struct by value, as the blob.
     pub(crate) fn cpp_options(self) -> cubecl_cpp::shared::CompilationOptions {
         let mut options = cubecl_cpp::shared::CompilationOptions {
             warp_size: self.plane_size() as usize,
@@ -195,13 +180,7 @@ impl Target {
     }
 }
 
-/// Compile options that follow the device rather than the target's
-/// constants: what the server reported in its [`DeviceLimits`].
-///
-/// A definition expanded for one device and compiled with another's options
-/// can use what the server never enabled (64-bit integers), which the
-/// server's own compiler then refuses — or, worse, accepts on a device
-/// where it means something else.
+/// Compile options from the server's [`DeviceLimits`], so a kernel uses only what it enabled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Translation {
@@ -209,14 +188,12 @@ pub struct Translation {
     pub supports_u64: bool,
     /// The widest vector the compilers may emit.
     pub max_vector_size: usize,
-    /// Push-constant bytes cubecl may use for SPIR-V buffer addresses;
-    /// more addresses go in a uniform table.
+    /// Push-constant bytes for SPIR-V buffer addresses; more go in a uniform table.
     pub push_constant_bytes: usize,
 }
 
 impl Default for Translation {
-    /// What every device of every target takes: no 64-bit integers,
-    /// vectors of four, the Vulkan minimum push-constant block.
+    /// What every device takes: no 64-bit integers, vectors of four, 128 push-constant bytes.
     fn default() -> Self {
         Self {
             supports_u64: false,

@@ -1,12 +1,9 @@
-//! Which scope servers can sit under a [`ScopeRuntime`](crate::ScopeRuntime),
-//! and how each is opened.
+//! Which scope servers can sit under a [`ScopeRuntime`](crate::ScopeRuntime), and how each
+//! is opened.
 //!
-//! One small trait over [`scope_core::Backend`] rather than a parameter per
-//! server: the adapter is written once, generic over it. A server joins by
-//! naming its row of [`BackendKind`] (which gives its language), how to
-//! open it and how to find its devices. Everything else — failures,
-//! ordering, memory — is already the same on every server, because the
-//! contract is.
+//! One small trait over [`scope_core::Backend`], so the adapter is written once. A server
+//! joins by naming its [`BackendKind`], how to open it and how to find its devices. The rest
+//! is the same on every server, because the contract is.
 
 use scope_core::{Backend, BackendKind, Client, Probe, Result};
 use scope_cube::Target;
@@ -21,8 +18,7 @@ pub trait CubeBackend: Backend + Sized {
     /// The runtime's name, as cubecl reports it ("scope-vulkan").
     const RUNTIME_NAME: &'static str;
 
-    /// The language cubecl's kernels are compiled into for this server:
-    /// the table's, unless the server says otherwise.
+    /// The language cubecl's kernels are compiled into for this server.
     fn target() -> Target {
         Target::for_kind(Self::KIND)
     }
@@ -37,23 +33,15 @@ pub trait CubeBackend: Backend + Sized {
     /// The devices there are, without opening one; never panics.
     fn probe() -> Probe;
 
-    /// How many devices [`open`](Self::open) numbers (without a logical
-    /// split): every GPU for CUDA and HIP, every usable physical device
-    /// for Vulkan, every usable adapter for wgpu.
+    /// How many devices [`open`](Self::open) numbers, without a logical split.
     fn device_count() -> u16;
 
-    /// Whether `SCOPE_LOGICAL_DEVICES` splits this server's one device into
-    /// several ([`crate::logical_devices`]). CUDA and HIP number their real
-    /// devices instead.
+    /// Whether `SCOPE_LOGICAL_DEVICES` splits this server's device ([`crate::logical_devices`]).
     const SPLITS: bool = true;
 }
 
-/// Which device wgpu and Vulkan open for `device`: under
-/// `SCOPE_LOGICAL_DEVICES=N` ([`logical_devices`](crate::logical_devices))
-/// indices `0..N` each open a server of their own on the one device the
-/// environment chooses (`None`: that one), and another index does not
-/// exist; without it, index `i` is the server's device `i` (device 0 being
-/// the one the environment chooses).
+/// Which device wgpu and Vulkan open for `device`. Under a logical split, `None` (the
+/// environment's device) or an error past `N`. Otherwise index `i` is the server's device `i`.
 #[cfg(any(feature = "wgpu", feature = "vulkan"))]
 fn logical_or_real(device: &ScopeDevice, backend: &'static str) -> Result<Option<usize>> {
     let Some(count) = crate::device::logical_devices() else {
@@ -73,13 +61,8 @@ fn logical_or_real(device: &ScopeDevice, backend: &'static str) -> Result<Option
     })
 }
 
-/// The options wgpu's devices are numbered under: the environment's, on one
-/// API — the one it names, or else the API of the adapter device 0 is.
-/// Devices of one runtime share an API: what a kernel may use differs
-/// between Vulkan and GL, and a group of a lavapipe-Vulkan and an
-/// llvmpipe-GL device failed cubecl's
-/// `test_a_group_without_the_first_device_gathers` with a WGSL validation
-/// error on the GL device (why exactly was not pinned down).
+/// The environment's wgpu options, on one API: the one named, or else device 0's. What a
+/// kernel may use differs between Vulkan and GL, so one runtime's devices share an API.
 #[cfg(feature = "wgpu")]
 fn one_api() -> Result<server_wgpu::Options> {
     let mut options = server_wgpu::Options::from_env()?;
@@ -91,16 +74,11 @@ fn one_api() -> Result<server_wgpu::Options> {
 
 #[cfg(feature = "wgpu")]
 impl CubeBackend for server_wgpu::Wgpu {
-    /// cubecl reads a name starting with "wgpu" as WGSL's float rules,
-    /// which let the shader compiler fold NaN, infinity and the sign of
-    /// zero (its IEEE test relaxes on it); scope's wgpu server runs WGSL.
+    /// A name starting with "wgpu" tells cubecl's tests WGSL may fold NaN and signed zero.
     const RUNTIME_NAME: &'static str = "wgpu<scope>";
     const KIND: BackendKind = BackendKind::Wgpu;
 
-    /// Adapter `index` of those `SCOPE_WGPU_BACKEND` and
-    /// `SCOPE_WGPU_ADAPTER` allow (device 0: the one they choose) — or,
-    /// under `SCOPE_LOGICAL_DEVICES`, a new wgpu device on that one adapter
-    /// per index.
+    /// Adapter `index` of those the environment allows, or one new device per logical index.
     fn open(device: &ScopeDevice) -> Result<Client<Self>> {
         let options = server_wgpu::Options {
             index: logical_or_real(device, Self::NAME)?,
@@ -134,10 +112,7 @@ impl CubeBackend for server_vulkan::Vulkan {
         }
     }
 
-    /// Device `index` of the server's (device 0: the one
-    /// `SCOPE_VULKAN_DEVICE` chooses), under the validation layer when
-    /// `SCOPE_VULKAN_VALIDATION=1` — or, under `SCOPE_LOGICAL_DEVICES`, a
-    /// new server on device 0 per index.
+    /// Device `index` of the server's, or one new server on device 0 per logical index.
     fn open(device: &ScopeDevice) -> Result<Client<Self>> {
         match logical_or_real(device, Self::NAME)? {
             Some(index) => server_vulkan::client_on(index),
@@ -149,12 +124,8 @@ impl CubeBackend for server_vulkan::Vulkan {
         u16::try_from(server_vulkan::device_count()).unwrap_or(u16::MAX)
     }
 
-    /// The devices `open` can open. With `SCOPE_VULKAN_VALIDATION=1` that
-    /// is a device under the validation layer: where the layer is not
-    /// installed there is none, so that tests promising validation skip
-    /// rather than pass without it — unless CI or `SCOPE_REQUIRE` make the
-    /// layer a requirement, where the device is listed and opening it is
-    /// refused, naming the layer (`server_vulkan::Config::validation`).
+    /// The devices `open` can open. Asked for validation without the layer, there is none, so
+    /// tests promising validation skip. Where the layer is required, opening is refused.
     fn probe() -> Probe {
         let probe = server_vulkan::probe();
         if probe.has_device()

@@ -1,41 +1,23 @@
 //! cubecl's communication between devices (`ServerCommunication`), over
 //! [`scope_core::collective`].
 //!
-//! cubecl queues a collective as one part per device, each on its device's
-//! thread, and returns at once: NCCL enqueues on a stream and the host goes
-//! on. A scope [`Rank`](scope_core::collective::Rank) call blocks until
-//! every rank has arrived, so it cannot run on the device thread — a device
-//! that waits for a peer whose part sits behind a transfer on a third
-//! device's queue would wait forever. Each server therefore hands its parts
-//! to two threads of its own, one for collectives and one for incoming
-//! transfers (as cubecl-cuda gives transfers their own communicator and
-//! stream, so neither waits behind the other), and keeps what each part
-//! touches as *pending*: any later server call that reads or writes those
-//! buffers waits for the part first, `sync` and `sync_collective` wait for
-//! every part, and a later part waits for the earlier ones it overlaps. So
-//! work queued after a collective sees its result, and a part reads its
-//! input only after the work queued before it.
+//! cubecl queues one part per device and returns at once, as NCCL does. A scope
+//! [`Rank`](scope_core::collective::Rank) call blocks until every rank arrives. On the device
+//! thread it could wait forever for a peer queued behind a third device's transfer. So each
+//! server hands its parts to two threads of its own, one for collectives and one for incoming
+//! transfers. What a part touches stays *pending*: later calls on those buffers wait for it,
+//! and `sync` waits for every part. So work queued after a collective sees its result.
 //!
-//! The failure rules are scope's (`docs/ERROR_MODEL.md` 41–46): a part
-//! whose input carries a failure fails every rank's output, naming that
-//! rank and the cause; a rank that never joins fails the others after the
-//! group's deadline and breaks the group; bad input is refused. Two rules
-//! are the adapter's, for cubecl's contract:
+//! The failure rules are scope's (`docs/ERROR_MODEL.md` 41–46). Two are the adapter's, for
+//! cubecl's contract:
 //!
-//! - **A refusal taints the destination.** scope refuses claiming nothing;
-//!   cubecl queues its parts fire-and-forget and has no other way to hear a
-//!   refusal, so the destination carries it (as `write_one` does).
-//! - **A failed part breaks its group.** cubecl's `ServerCommunication`
-//!   promises that a device refuses every later collective over a group one
-//!   of whose parts failed (`test_a_failed_part_breaks_its_group`). Every
-//!   rank saw the same outcome, so every rank breaks the group at the same
-//!   round, and each later part's destination carries the first failure.
+//! - **A refusal taints the destination.** cubecl queues parts fire-and-forget, so the
+//!   destination is the only place to hear a refusal.
+//! - **A failed part breaks its group.** Every rank saw the same outcome, so all break the
+//!   group at the same round (`test_a_failed_part_breaks_its_group`).
 //!
-//! Bytes move through the host, staged through each device's scope
-//! [`Client`]: a part reads its input, the group computes every rank's
-//! output, and each rank writes its own. scope's collectives move whole
-//! words, cubecl's any bytes: each chunk is padded to whole words in a
-//! staging buffer on the device, and the padding dropped on the way out.
+//! Bytes move through the host, staged through each device's [`Client`]. scope moves whole
+//! words, cubecl any bytes, so each chunk is padded to words and trimmed on the way out.
 
 use std::any::{Any, TypeId};
 use std::collections::{HashMap, VecDeque};
@@ -60,8 +42,7 @@ use smallvec::SmallVec;
 use crate::backend::CubeBackend;
 use crate::error::external;
 
-/// The element types a group reduces: scope's collectives reduce 4-byte
-/// words.
+/// The element types a group reduces: scope's collectives reduce 4-byte words.
 pub(crate) fn transport() -> DeviceTransport {
     DeviceTransport {
         reduces: [
@@ -74,9 +55,8 @@ pub(crate) fn transport() -> DeviceTransport {
     }
 }
 
-/// What a device's collective parts and transfers did, since the process
-/// started: the evidence that a test moved bytes between devices rather
-/// than returned early.
+/// What a device's collectives and transfers did since the process started: evidence that a
+/// test moved bytes rather than returned early.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CommunicationCounts {
     /// Collective parts this device took part in, whatever their outcome.
@@ -101,8 +81,7 @@ static COUNTERS: Counters = Counters {
     transfers: [const { AtomicU64::new(0) }; MAX_COUNTED],
 };
 
-/// What device `index` (of any scope runtime) did so far; devices past the
-/// 64th are not counted.
+/// What device `index` of any scope runtime did so far; devices past the 64th are not counted.
 pub fn communication_counts(index: u16) -> CommunicationCounts {
     let i = usize::from(index);
     if i >= MAX_COUNTED {
@@ -146,8 +125,7 @@ impl Done {
     }
 }
 
-/// Finishes its part however the job ends, a panic included: a part that
-/// never finished would hold every later call on its buffers forever.
+/// Finishes its part however the job ends, a panic included, or later calls would hang.
 struct Finish(Arc<Done>);
 
 impl Drop for Finish {
@@ -179,7 +157,6 @@ impl Worker {
     }
 
     fn run(&self, job: Job) {
-        // The thread only ends once this sender is gone.
         let _ = self.jobs.send(job);
     }
 }

@@ -1,16 +1,9 @@
 //! cubecl kernels compiled for a scope server, once per kernel id.
 //!
-//! A cubecl kernel arrives as IR behind `Box<dyn CubeKernel>`; its
-//! [`KernelId`] names the kernel's type, cube size, address width, execution
-//! mode and comptime arguments, so it keys the cache. The checks cubecl's
-//! own runtimes make before compiling — cube size, units per cube, then
-//! shared memory once the compiler has said how much — come from
-//! `cubecl-server`'s shared validation, so a refusal is the same typed
-//! `ResourceLimitError` cubecl's callers match on.
-//!
-//! A failure is not cached: the next launch of the same kernel tries again
-//! and fails the same way, which costs a compile but keeps no second record
-//! of a failure beside scope's.
+//! A [`KernelId`] names everything a compile depends on, so it keys the cache. The limit
+//! checks come from `cubecl-server`'s own validation, so a refusal is the typed
+//! `ResourceLimitError` cubecl's callers match on. A failure is not cached: a retry costs a
+//! compile, but no failure is recorded twice.
 
 use std::sync::Arc;
 
@@ -40,8 +33,7 @@ impl std::fmt::Debug for Kernels {
     }
 }
 
-/// What a compile needs to know about the device, fixed when the server
-/// opens.
+/// What a compile needs to know about the device, fixed when the server opens.
 pub(crate) struct CompileTarget {
     pub(crate) target: Target,
     pub(crate) translation: Translation,
@@ -63,8 +55,7 @@ impl Kernels {
         self.queued.push(kernel);
     }
 
-    /// Compile every queued kernel. A failure is dropped here — nothing was
-    /// asked to run — and found again by the launch that needs the kernel.
+    /// Compile every queued kernel. A failure is found again by the launch that needs it.
     pub(crate) fn compile_queued(&mut self) {
         for kernel in std::mem::take(&mut self.queued) {
             if let Err(error) = self.get(&*kernel) {
@@ -86,10 +77,8 @@ impl Kernels {
         validate_cube_dim(&to.properties, &id)?;
         validate_units(&to.properties, &id)?;
         let definition = define_kernel(kernel)?;
-        // SAFETY: a kernel compiled here runs only through `Server::launch`,
-        // an unsafe contract whose caller — cubecl's launcher, for
-        // `launch_unchecked` — promises what an unchecked definition needs:
-        // its launches stay inside their bindings and end their loops.
+        // SAFETY: a kernel compiled here runs only through the unsafe `Server::launch`, whose
+        // caller promises its launches stay inside their bindings and end their loops.
         let compiled = unsafe { translate_definition(definition, to.target, &to.translation) }?;
         validate_shared_memory(&to.properties, Some(compiled.shared_memory()))?;
         tracing::trace!(kernel = %compiled.name(), source = ?compiled.source(), "compiled");

@@ -1,15 +1,9 @@
 //! scope's errors in cubecl's words, and cubecl's in scope's.
 //!
-//! The translation runs one way at every call that returns to cubecl
-//! ([`to_server_error`]) and the other way in one place ([`external`]): a
-//! failure the adapter finds itself — a compiler refusal, a limit — becomes
-//! [`scope_core::Error::External`] holding the typed [`ServerError`], so that
-//! when a read three hops downstream reports it, [`to_server_error`] finds
-//! the same value cubecl made and cubecl's callers can match on it.
-//!
-//! Keeping the root typed is what makes `ServerError::is_refusal` work
-//! through scope: a launch cubecl refused must still read as a refusal once
-//! scope's chain of skipped kernels has been put in front of it.
+//! Every call back to cubecl translates with [`to_server_error`]. A failure the adapter finds
+//! becomes [`scope_core::Error::External`] holding the typed [`ServerError`] ([`external`]).
+//! A read downstream then gets back the value cubecl made. Keeping the root typed keeps
+//! `ServerError::is_refusal` true behind scope's chain of skipped kernels.
 
 use cubecl_environment::backtrace::BackTrace;
 use cubecl_runtime::compiler::CompilationError;
@@ -17,8 +11,7 @@ use cubecl_runtime::poison::DevicePoison;
 use cubecl_runtime::server::{IoError, LaunchError, ServerError};
 use scope_core::{Error, UnwrittenBytes};
 
-/// `ServerError` must stay a valid [`Error::external`] payload across
-/// cubecl versions; this fails to compile the day it is not.
+/// Fails to compile the day `ServerError` stops being a valid [`Error::external`] payload.
 const _: fn() = || {
     fn external_payload<E: std::error::Error + Send + Sync + 'static>() {}
     external_payload::<ServerError>();
@@ -74,9 +67,7 @@ fn generic(reason: String) -> ServerError {
     }
 }
 
-/// A read that met claimed bytes: cubecl's `Several` of `Unwritten`, each
-/// with scope's chain as text and the root translated (typed, when it came
-/// from cubecl).
+/// A read that met claimed bytes: cubecl's `Several` of `Unwritten`, roots translated.
 fn several(all: &[UnwrittenBytes]) -> ServerError {
     ServerError::Several {
         errors: all.iter().map(unwritten).collect(),

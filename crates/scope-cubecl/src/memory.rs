@@ -1,20 +1,12 @@
 //! cubecl's memory handles, each backed by one scope buffer.
 //!
-//! cubecl's client mints a [`ManagedMemoryHandle`] per base allocation and
-//! tells the server of it once (`initialize_memory`); tensors are byte
-//! ranges of it. There is no free call: memory is free when the server's
-//! copy is the handle's last owner ([`ManagedMemoryHandle::is_free`]). So
-//! the table keeps the handle beside the scope buffer and sweeps entries
-//! whose handle is free — dropping the [`Buffer`], which scope releases at
-//! its next call. Graphs and lazy reads hold bindings, which keep the handle
-//! alive, so nothing they name is swept. The sweep runs when the table has
-//! doubled since the last one (amortised O(1) per allocation, where a sweep
-//! per sync would cost O(live tensors) per sync), when an allocation finds
-//! the device full (freed memory may be what it lacks), and on
-//! `memory_cleanup`.
+//! cubecl mints a [`ManagedMemoryHandle`] per base allocation; tensors are byte ranges of it.
+//! There is no free call: memory is free when the server holds the last handle
+//! ([`ManagedMemoryHandle::is_free`]). So the table sweeps entries whose handle is free,
+//! dropping the [`Buffer`]. Graphs and lazy reads hold bindings, so nothing they name is swept.
+//! A sweep runs when the table has doubled, when the device is full, and on `memory_cleanup`.
 //!
-//! The table holds no failure state: whether bytes were written is asked of
-//! scope, every time.
+//! The table holds no failure state: whether bytes were written is asked of scope.
 
 use std::ops::Range;
 
@@ -34,11 +26,9 @@ const WORD: u64 = 4;
 struct Entry {
     handle: ManagedMemoryHandle,
     buffer: Buffer,
-    /// The size cubecl asked for (the buffer may be a little larger: whole
-    /// words, and never empty).
+    /// The size cubecl asked for; the buffer rounds up to whole words.
     size: u64,
-    /// The stream slot that allocated it, and the allocation mode it was
-    /// made under: where `memory_report` counts it.
+    /// The stream slot and mode it was made under, where `memory_report` counts it.
     owner: u64,
     mode: MemoryAllocationMode,
 }
@@ -47,9 +37,7 @@ struct Entry {
 #[derive(Debug, Default)]
 pub(crate) struct MemoryTable {
     entries: IdMap<ManagedMemoryId, Entry>,
-    /// Entries after the last sweep: the next sweep comes when the table
-    /// has doubled since, which keeps sweeping amortised O(1) per
-    /// allocation however many tensors a program keeps alive.
+    /// Entries after the last sweep; doubling triggers the next, amortised O(1).
     swept_at: usize,
 }
 
@@ -77,10 +65,8 @@ impl MemoryTable {
         self.entries.insert(id, entry);
     }
 
-    /// The live allocations of stream slot `owner`, counted by the mode
-    /// they were made under. scope has one allocator: every pool's
-    /// `bytes_reserved` is left at zero but the dynamic pool's, which holds
-    /// what the whole server has reserved (`reserved`).
+    /// The live allocations of slot `owner`, by mode. scope has one allocator, so only the
+    /// dynamic pool reports `reserved`.
     pub(crate) fn report(&self, owner: u64, reserved: u64) -> MemoryPoolsReport {
         let mut usage: [MemoryUsage; 3] = std::array::from_fn(|_| MemoryUsage::default());
         for entry in self.entries.values() {
@@ -124,10 +110,8 @@ impl MemoryTable {
         self.entries.len()
     }
 
-    /// The scope bytes `binding` names, rounded out to whole words (scope
-    /// binds and copies words; the layout policy gives every tensor a
-    /// 256-byte-aligned start and the slack up to the next one, so the
-    /// rounding never reaches a neighbour). `None` for an empty range.
+    /// The scope bytes `binding` names, rounded out to whole words; `None` if empty. Tensors
+    /// start 256-byte aligned, so rounding never reaches a neighbour.
     pub(crate) fn resolve(
         &self,
         binding: &BufferBinding,
@@ -157,10 +141,7 @@ impl MemoryTable {
 }
 
 impl MemoryTable {
-    /// The word an empty range of `binding`'s memory starts in (the last
-    /// word, for a range at the very end): what a launch binds for an empty
-    /// tensor, which takes a binding slot but no bytes. `None` for unknown
-    /// memory.
+    /// The word an empty range starts in, or the last word: what an empty tensor binds.
     pub(crate) fn first_word(&self, binding: &BufferBinding) -> Option<Slice<'_>> {
         let entry = self.entries.get(&binding.memory.id())?;
         let size = entry.buffer.size();
@@ -195,9 +176,7 @@ impl<'a> Resolved<'a> {
     }
 }
 
-/// Whether `strides` lay `shape` out row-major with no gaps: the only
-/// layout scope's linear copies move, so the only one cubecl may read
-/// (`Runtime::can_read_tensor`) or copy.
+/// Whether `strides` lay `shape` out row-major with no gaps: the only layout scope copies.
 pub(crate) fn contiguous(shape: &[usize], strides: &[usize]) -> bool {
     let mut expected = 1usize;
     for (&dim, &stride) in shape.iter().zip(strides).rev() {
@@ -216,8 +195,7 @@ fn round_out(range: Range<u64>, size: u64) -> Range<u64> {
     start..end.min(size)
 }
 
-/// The size to allocate for a cubecl request: at least one word, whole
-/// words (scope refuses empty buffers; cubecl allows empty tensors).
+/// The size to allocate: whole words, at least one, since scope refuses empty buffers.
 pub(crate) fn scope_size(size: u64) -> u64 {
     size.max(1).div_ceil(WORD) * WORD
 }

@@ -1,11 +1,8 @@
 //! What cubecl is told about the device: the scope server's own limits.
 //!
-//! cubecl kernels specialise on these values while expanding — cube sizes,
-//! shared memory, which types exist, how far a grid may spread — so they
-//! must be what the *scope server* enforces ([`scope_core::Client::limits`]),
-//! not what the same GPU could do under another runtime. A property that
-//! promised more would make a kernel library pick a kernel the server then
-//! refuses; one that promised less only costs speed.
+//! cubecl kernels specialise on these values, so they must be what the *scope server*
+//! enforces ([`scope_core::Client::limits`]). A property that promised more would pick a
+//! kernel the server then refuses; one that promised less only costs speed.
 
 use cubecl_common::profile::TimingMethod;
 use cubecl_core::ir::features::{AtomicUsage, Plane, TypeUsage};
@@ -24,11 +21,7 @@ pub(crate) fn device_properties(
     device: &str,
 ) -> DeviceProperties {
     let launch = &limits.launch;
-    // The plane feature only where the server enabled subgroup operations
-    // on planes as wide as cubecl assumes (`CUBECL_PLANE_FLOOR`); the plane
-    // *size* either way, as the device's native width where it
-    // says (kernel libraries size their cubes by it: cubek's unit matmul
-    // runs four times slower on an 8-lane lavapipe sized for 32).
+    // The plane size is the device's own: kernel libraries size their cubes by it.
     let (plane_min, plane_max) = launch
         .subgroup_size
         .or(launch.native_width)
@@ -40,7 +33,7 @@ pub(crate) fn device_properties(
         vector_register_count: None,
         plane_size_min: plane_min,
         plane_size_max: plane_max,
-        // One binding is the info struct (the scope convention's blob).
+        // One binding is the info struct.
         max_bindings: launch.max_bindings.saturating_sub(1),
         max_shared_memory_size: launch.max_workgroup_memory as usize,
         max_cube_count: (gx, gy, gz),
@@ -62,8 +55,7 @@ pub(crate) fn device_properties(
         Default::default(),
         memory,
         hardware,
-        // scope's contract has no device timestamps; a failed window is
-        // still never timed (rule 39), which is what autotune needs.
+        // No device timestamps; a failed window is never timed (rule 39).
         TimingMethod::System,
         DeviceIdentity {
             name: device.to_owned(),
@@ -78,10 +70,7 @@ pub(crate) fn device_properties(
             properties.register_type_usage(ElemType::Float(ty), TypeUsage::Conversion);
         }
     }
-    // Every language the servers take has the whole set on 32-bit integers,
-    // in device and workgroup memory: WGSL's `atomicMin`/`Max`/`And`/`Or`/
-    // `Xor`/`atomicCompareExchangeWeak`, SPIR-V's `OpAtomic*`, CUDA's and
-    // HIP's `atomic*` (cubecl-wgpu 0.12 registers only the first three).
+    // Every server language has all 32-bit integer atomics, in device and workgroup memory.
     let integer_atomics = AtomicUsage::LoadStore
         | AtomicUsage::Exchange
         | AtomicUsage::Add
@@ -97,11 +86,7 @@ pub(crate) fn device_properties(
         properties.register_type_usage(ElemType::Float(FloatKind::F16), TypeUsage::all());
     }
     if features.f32_atomic_add {
-        // Device memory only, as cubecl-wgpu registers it: no server
-        // promises float atomics in workgroup memory. Exchange comes with
-        // add on every server that reports it (Vulkan's
-        // `shaderBufferFloat32Atomics`, wgpu's `SHADER_FLOAT32_ATOMIC`,
-        // CUDA's and HIP's `atomicExch` on `float`).
+        // Device memory only: no server promises float atomics in workgroup memory.
         let f32_atomic = Type::atomic(ElemType::Float(FloatKind::F32));
         properties.register_atomic_type_usage(
             f32_atomic,
@@ -109,20 +94,12 @@ pub(crate) fn device_properties(
         );
     }
     if features.subgroups && plane_min >= CUBECL_PLANE_FLOOR {
-        // Plane operations only; plane barriers (`Plane::Sync`) and votes
-        // in diverged control flow are not promised by WGSL.
+        // Ops only: WGSL promises no plane barriers (`Plane::Sync`).
         properties.features.plane.insert(Plane::Ops);
     }
     properties
 }
 
-/// The narrowest plane cubecl's plane operations are offered on. cubecl's
-/// own runtime tests of them launch one cube of 32 units and expect it to
-/// be one plane (`plane_sum` of 32 values, `plane_all` over 32 lanes…):
-/// on lavapipe's 8 lanes, whose subgroup operations are right (the
-/// servers' own `features` tests), 26 of them read the answer for 8 lanes
-/// (a sum of 28 where 32 lanes give 496). cubecl-wgpu 0.12 keeps plane
-/// operations off on every CPU adapter. The server still reports its
-/// subgroups to scope's own clients, and the plane size stays the
-/// device's.
+/// The narrowest plane offered cubecl's plane operations. cubecl's plane tests expect one
+/// cube of 32 units to be one plane. On lavapipe's 8 lanes, 26 of them fail.
 const CUBECL_PLANE_FLOOR: u32 = 32;

@@ -1,5 +1,4 @@
-//! [`ScopeRuntime`]: the type a cubecl program names to run on a scope
-//! server.
+//! [`ScopeRuntime`]: the type a cubecl program names to run on a scope server.
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -38,21 +37,15 @@ impl<B> std::fmt::Debug for ScopeRuntime<B> {
 }
 
 impl<B: CubeBackend> ScopeRuntime<B> {
-    /// The scope client under `device`'s cubecl server (stream 0): for
-    /// scope-native work on the same device, fault plans in tests, and
-    /// reading scope's own failure reports.
-    ///
-    /// Opens the device's cubecl server first if no cubecl client has.
+    /// The scope client under `device`'s cubecl server (stream 0), opening it if need be.
     pub fn scope_client(device: &ScopeDevice) -> Client<B> {
-        // Loading a cubecl client runs `DeviceService::init` once per device.
         drop(Self::client(device));
         opened::<B>(device.to_id()).expect("the server registered its client when it opened")
     }
 }
 
-/// The scope clients of the servers opened so far, by backend and device:
-/// cubecl's registry owns the servers and gives no way back to one, so each
-/// registers its client here when it opens.
+/// The scope clients of the servers opened so far. cubecl's registry gives no way back to a
+/// server, so each registers its client here.
 static OPENED: OnceLock<Mutex<HashMap<(TypeId, DeviceId), OpenedClient>>> = OnceLock::new();
 
 /// A `Client<B>` for the `B` its key names.
@@ -75,10 +68,8 @@ pub(crate) fn opened<B: CubeBackend>(device: DeviceId) -> Option<Client<B>> {
 }
 
 impl<B: CubeBackend> DeviceService for ScopeServer<B> {
-    /// Opens the scope server. cubecl's device registry cannot take an
-    /// error here, so a device that is not there panics with scope's own
-    /// reason — as cubecl's runtimes do; ask
-    /// [`Runtime::enumerate_all_devices`] first.
+    /// Opens the scope server. cubecl's registry takes no error, so a missing device panics;
+    /// ask [`Runtime::enumerate_all_devices`] first.
     fn init(device_id: DeviceId) -> Self {
         let device = ScopeDevice::from_id(device_id);
         let client = match B::open(&device) {
@@ -100,8 +91,6 @@ impl<B: CubeBackend> DeviceService for ScopeServer<B> {
             Default::default(),
             layout,
         );
-        // Every scope server moves bytes to its peers, staged through the
-        // host (`communication.rs`).
         utilities.device_transport = Some(crate::communication::transport());
         register(device_id, client.clone());
         ScopeServer::new(device_id, client, utilities, captures)
@@ -125,10 +114,7 @@ impl<B: CubeBackend> Runtime for ScopeRuntime<B> {
         TargetProperties::default()
     }
 
-    /// Every device the server can open ([`CubeBackend::device_count`]),
-    /// device 0 being the one its environment chooses; none without one;
-    /// `N` logical devices on that one under `SCOPE_LOGICAL_DEVICES=N`
-    /// ([`crate::logical_devices`]).
+    /// Every device the server can open, or the logical split ([`crate::logical_devices`]).
     fn enumerate_devices(type_id: u16) -> Vec<DeviceId> {
         if type_id == 0 && B::probe().has_device() {
             let logical = B::SPLITS.then(crate::device::logical_devices).flatten();

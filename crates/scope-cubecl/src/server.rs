@@ -1,19 +1,12 @@
 //! cubecl's `Server`, over a scope client.
 //!
-//! Every call resolves cubecl's handles to scope slices and asks scope. The
-//! server keeps translation tables — memory ids to buffers
-//! ([`MemoryTable`]), stream ids to scope streams ([`Streams`]), kernel ids
-//! to compiled kernels ([`Kernels`]), graph ids to graphs — and no failure
-//! of its own: a failure found here (a compiler refusal, a limit, a binding
-//! scope cannot take) is handed to scope with [`Client::fail_writing`], so
-//! it lands on the bytes exactly as a failed launch's does, and cubecl's
-//! questions about those bytes are answered from scope's store.
+//! Every call resolves cubecl's handles to scope slices and asks scope. The server keeps
+//! translation tables ([`MemoryTable`], [`Streams`], [`Kernels`], graphs) and no failure of its
+//! own. A failure found here goes to scope with [`Client::fail_writing`], so it lands on the
+//! bytes as a failed launch's does.
 //!
-//! This file holds the server's state and the calls that only look things
-//! up; each part of cubecl's contract that does work has a file of its own
-//! beside it, as a backend's do: `copy.rs` (reads, writes, syncs),
-//! `launch.rs`, `capture.rs` and `collective.rs` (cubecl's
-//! `ServerCommunication`).
+//! This file holds state and look-ups. The work is in `copy.rs`, `launch.rs`, `capture.rs`
+//! and `collective.rs`.
 
 mod capture;
 mod collective;
@@ -66,13 +59,11 @@ pub struct ScopeServer<B: CubeBackend> {
     next_profile: u64,
     utilities: Arc<ServerUtilities>,
     logger: Arc<ServerLogger>,
-    /// Collectives and transfers to other devices, and the parts of them
-    /// later calls wait for.
+    /// Collectives and transfers to other devices, and the parts later calls wait for.
     communication: Communication<B>,
 }
 
-/// A profiling window: when it started, and how many failures scope had
-/// seen then (a window a failure fell in is not a timing).
+/// A profiling window: its start, and the failures scope had seen then.
 struct Profile {
     start: Instant,
     failures: u64,
@@ -132,8 +123,7 @@ impl<B: CubeBackend> ScopeServer<B> {
         }
     }
 
-    /// The scope client of stream 0, for mixing scope-native work with
-    /// cubecl's on the same device.
+    /// The scope client of stream 0, for scope-native work on the same device.
     pub fn scope_client(&self) -> Client<B> {
         self.streams.base().clone()
     }
@@ -142,8 +132,7 @@ impl<B: CubeBackend> ScopeServer<B> {
         self.streams.client(stream)
     }
 
-    /// Claim `written` with `error` on `stream`'s scope stream: the exit a
-    /// failure found before scope saw the work takes.
+    /// Claim `written` with `error`: the exit for a failure found before scope saw the work.
     fn fail_outputs<'a>(
         &mut self,
         stream: StreamId,
@@ -190,9 +179,7 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
                 .map_err(|e| to_server_error(&e))?;
             (buffer, Some(error))
         } else {
-            // Memory cubecl freed since the last sweep may be what this
-            // allocation is missing: give it back and ask once more before
-            // calling the device full.
+            // Memory freed since the last sweep may be what is missing: sweep, then retry.
             let mut allocated = client.try_allocate(scope_bytes);
             if allocated.as_ref().is_err_and(Error::is_out_of_memory) {
                 self.memory.sweep();
@@ -258,8 +245,7 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
         stream_id: StreamId,
         mode: LaunchMode,
     ) {
-        // SAFETY: `Server::launch`'s contract, which this method's caller
-        // keeps, is `launch_kernel`'s.
+        // SAFETY: the caller keeps `Server::launch`'s contract, which is `launch_kernel`'s.
         unsafe { self.launch_kernel(kernel, count, args, stream_id, mode) };
     }
 
@@ -297,9 +283,7 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
     }
 
     fn graph_destroy(&mut self, graph: GraphId, stream_id: StreamId) {
-        // The pinned metadata goes after the graph: destroying it waits
-        // for its replays in flight, and a backend keeps freed memory until
-        // the work using it is done.
+        // Pinned metadata goes after the graph, whose destruction waits for its replays.
         if let Some(captured) = self.graphs.remove(&graph)
             && let Ok(client) = self.client(stream_id)
             && let Err(error) = client.destroy_graph(&captured.graph)
@@ -382,8 +366,7 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
         self.profiles.remove(&token.id);
     }
 
-    /// Recorded for `memory_report` only: scope has one allocator, so the
-    /// mode changes where an allocation is counted, not where it lives.
+    /// Recorded for `memory_report` only: scope has one allocator.
     fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream_id: StreamId) {
         if let Ok(slot) = self.streams.slot(stream_id) {
             slot.mode = mode;

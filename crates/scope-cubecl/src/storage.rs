@@ -1,11 +1,7 @@
 //! What cubecl's `get_resource` hands out: a scope buffer and a range.
 //!
-//! cubecl's `ServerStorage` names a `ComputeStorage` type for the resource
-//! it returns. Scope allocates on its own, so [`ScopeStorage`] is never
-//! asked to allocate; it exists to name [`ScopeResource`], through which a
-//! caller reaches the scope buffer behind a cubecl handle — to mix
-//! scope-native work with cubecl's, or to hand the bytes to scope's
-//! `with_memory`.
+//! Scope allocates on its own, so [`ScopeStorage`] never allocates. It names
+//! [`ScopeResource`], which reaches the scope buffer behind a cubecl handle.
 
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -37,8 +33,7 @@ impl<B: CubeBackend> std::fmt::Debug for ScopeResource<B> {
     }
 }
 
-/// The storage type cubecl's `ServerStorage` names. Scope allocates; this
-/// refuses to.
+/// The storage type cubecl's `ServerStorage` names. Scope allocates; this refuses to.
 #[derive(Debug)]
 pub struct ScopeStorage<B>(PhantomData<fn() -> B>);
 

@@ -1,12 +1,9 @@
 //! cubecl's logical streams, folded onto scope streams.
 //!
-//! cubecl gives every thread its own stream id and some tests pin ids in
-//! the millions; it folds them onto `max_streams` backend streams
-//! (`cubecl-runtime`'s streaming config, 128 by default), and so does the
-//! adapter: slot `id % max_streams`, one scope stream per slot, created on
-//! first use. A scope stream is never destroyed, so the fold is what keeps
-//! their number bounded. Ordering between streams is scope's: each buffer
-//! remembers its last user, and work on another stream waits for it.
+//! cubecl gives every thread its own stream id, and folds ids onto `max_streams` backend
+//! streams. So does the adapter: slot `id % max_streams`, one scope stream per slot. A scope
+//! stream is never destroyed, so the fold bounds their number. Ordering between streams is
+//! scope's.
 
 use cubecl_environment::stream::StreamId;
 use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
@@ -27,8 +24,7 @@ pub(crate) struct Slot<B: CubeBackend> {
     pub(crate) window: Option<Capture>,
     /// Where `memory_report` counts this stream's next allocations.
     pub(crate) mode: MemoryAllocationMode,
-    /// Buffers the open window's recorded launches read that only the
-    /// adapter holds (staged tensor metadata): the graph keeps them.
+    /// Staged tensor metadata the open window's launches read, kept for the graph.
     pub(crate) pinned: Vec<Buffer>,
 }
 
@@ -37,8 +33,7 @@ pub(crate) struct Streams<B: CubeBackend> {
     base: Client<B>,
     captures: DeviceCaptures,
     slots: IdMap<u64, Slot<B>>,
-    /// A representative cubecl id per slot (the first seen), for
-    /// `stream_ids`.
+    /// The first cubecl id seen per slot, for `stream_ids`.
     seen: IdMap<u64, StreamId>,
     max: u64,
 }

@@ -1,12 +1,9 @@
-//! Which devices the servers of this process hold, so that a reset of one
-//! never destroys another client's memory.
+//! Which devices this process's servers hold, so a reset never destroys another's memory.
 //!
-//! CUDA's `cuDevicePrimaryCtxReset` and HIP's `hipDeviceReset` reset a
-//! device **for the whole process**. A server resets only through
-//! [`reset_alone`], which refuses while another server holds the device.
-//! It keeps the registry locked while the reset runs, so a server opening
-//! the device meanwhile waits. A server takes its hold before it first
-//! touches the device, for the same reason.
+//! CUDA and HIP reset a device **for the whole process**. A server resets only through
+//! [`reset_alone`], which refuses while another server holds the device. It keeps the
+//! registry locked while the reset runs, and a server takes its hold before it first
+//! touches the device, so one opening meanwhile waits.
 
 use std::collections::BTreeMap;
 
@@ -33,15 +30,13 @@ impl Holding {
         Self { key }
     }
 
-    /// The device held.
     pub(crate) fn key(&self) -> Key {
         self.key
     }
 }
 
-/// Run `reset` if no other server holds `key`, with the registry locked
-/// throughout. `reset` must not make or drop a [`Holding`]: it would wait
-/// for itself. Otherwise, how many other servers hold it.
+/// Run `reset` under the registry's lock if no other server holds `key`, else say how many
+/// do. `reset` must not make or drop a [`Holding`]: it would wait for itself.
 fn alone<R>(key: Key, reset: impl FnOnce() -> R) -> Result<R, usize> {
     let holders = HOLDERS.lock();
     match others_in(&holders, key) {
@@ -50,13 +45,8 @@ fn alone<R>(key: Key, reset: impl FnOnce() -> R) -> Result<R, usize> {
     }
 }
 
-/// [`alone`] for a reset of `key` after `broken`; `what` names the reset
-/// in the refusal.
-///
-/// # Errors
-///
-/// [`Error::Refused`] naming the device, `broken` and how many other
-/// servers hold it; or what `reset` answered.
+/// [`alone`] for a reset of `key` after `broken`, `what` naming it: [`Error::Refused`]
+/// names the device, `broken` and the other holders.
 pub(crate) fn reset_alone<R>(
     key: Key,
     what: &str,
@@ -120,8 +110,6 @@ mod tests {
         assert_eq!(alone(a.key(), || "reset"), Ok("reset"));
     }
 
-    /// A server opening the device while a reset runs waits for it: the
-    /// hold it takes first cannot be taken until the reset returns.
     #[test]
     fn a_hold_taken_during_a_reset_waits_for_it_to_end() {
         use std::sync::atomic::{AtomicBool, Ordering};
@@ -136,12 +124,9 @@ mod tests {
                 resetting.store(true, Ordering::SeqCst);
                 let opening = s.spawn(|| {
                     let hold = Holding::new("test-api-race", 0);
-                    // Taken only once `alone` has let the registry go.
                     held.send(resetting.load(Ordering::SeqCst)).unwrap();
                     hold
                 });
-                // However long the reset takes, the hold is not taken
-                // during it.
                 assert!(seen.recv_timeout(Duration::from_millis(100)).is_err());
                 resetting.store(false, Ordering::SeqCst);
                 opening

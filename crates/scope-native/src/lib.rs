@@ -1,35 +1,10 @@
-//! The launch rules of the APIs that launch a C++ kernel with an array of
-//! parameter pointers: CUDA and HIP.
+//! The launch rules of CUDA and HIP, which take a C++ kernel's parameters as pointers.
 //!
-//! `cuLaunchKernel` and `hipModuleLaunchKernel` take a kernel, a grid, a
-//! block and `void** kernelParams`: one entry per parameter the kernel
-//! declares, each pointing at that parameter's value, from which the API
-//! copies as many bytes as the kernel says the parameter is long. Under the
-//! binding convention of [`kernel`](scope_core::kernel) the parameters are the
-//! bindings' device pointers, in order, then the scalar blob by value when
-//! it is non-empty. The two APIs differ in numbers (how many parameters,
-//! how many bytes of them, how far a grid may reach), not in these rules,
-//! so the rules live here once and each server passes its numbers in:
-//!
-//! - [`LaunchGeometry`] → [`LaunchLimits`] ([`launch_limits`]): what one
-//!   launch may ask for, from what the device reports and the API's own
-//!   [`ApiRules`];
-//! - [`check_launch`]: exactly those limits, and the kernel's own
-//!   parameter list where the API can report it, checked before a launch's
-//!   scope opens;
-//! - [`ParamTable`]: the parameter array handed to the API, padded with
-//!   zeros to the most any kernel can declare, so that a kernel declaring
-//!   more than a launch passes reads zeros, never past the caller's bytes;
-//! - [`indirect_counts`] and [`runs_anything`]: neither API launches
-//!   indirectly, so the counts come back to the host and are read here;
-//! - [`c_chars`]: the names and logs these APIs write into `char` arrays;
-//! - [`nccl`]: the collective library both ship under one API (NCCL,
-//!   RCCL), for their device transports;
-//! - [`Holding`]: which devices this process's servers hold, so that a
-//!   reset of one (which both APIs do for the whole process) is refused
-//!   under another client;
-//! - [`reopen`]: a lost device opened again, the vendor calls supplied
-//!   by each server ([`Reopen`]).
+//! `cuLaunchKernel` and `hipModuleLaunchKernel` take `void** kernelParams`: one entry per
+//! declared parameter, read for as many bytes as declared. Under the binding convention of
+//! [`kernel`](scope_core::kernel) those are the bindings' device pointers, then the scalar
+//! blob. The two APIs differ in numbers, not in rules, so the rules live here once and
+//! each server passes its numbers in. [`nccl`] is the collective library both ship.
 
 mod holding;
 pub mod nccl;
@@ -47,18 +22,12 @@ use scope_core::LaunchLimits;
 use scope_core::backend::Launch;
 use scope_core::{Error, Result};
 
-/// The bytes of one device pointer parameter (`T*` on a 64-bit host): what
-/// every binding passes.
+/// The bytes of one device pointer parameter (`T*` on a 64-bit host).
 pub const POINTER_BYTES: usize = size_of::<u64>();
 
-// A device address is a `u64`, as every `T*` parameter on the hosts these
-// APIs run on.
 const _: () = assert!(size_of::<*mut c_void>() == POINTER_BYTES);
 
-/// What the device lets one launch ask for, in the API's own words (CUDA's
-/// `cuDeviceGetAttribute`, HIP's `hipDeviceProp_t`), read once when the
-/// server opens: the numbers [`launch_limits`] turns into what the server
-/// reports and [`check_launch`] enforces.
+/// What the device lets one launch ask for, read once when the server opens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchGeometry {
     /// Blocks per launch, per axis.
@@ -73,45 +42,24 @@ pub struct LaunchGeometry {
     pub subgroup: Option<u32>,
 }
 
-/// What the API itself allows one launch, beside the device's
-/// [`LaunchGeometry`].
+/// What the API itself allows one launch, beside the device's [`LaunchGeometry`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ApiRules {
-    /// Parameters one launch may pass: its bindings, and its blob as one
-    /// more. The length of the [`ParamTable`] too.
+    /// Parameters one launch may pass, its blob as one; the length of the [`ParamTable`].
     pub max_params: usize,
     /// Bytes of scalar blob one launch may pass.
     pub max_scalar_bytes: usize,
-    /// The most bytes of parameters any kernel can declare: the zeros every
-    /// spare entry of the padded [`ParamTable`] points at, so that no
-    /// declared parameter reads past them.
+    /// The most parameter bytes any kernel can declare: the zeros behind the padded table.
     pub max_param_bytes: usize,
-    /// Whether the API refuses a launch whose blocks times threads along an
-    /// axis pass `u32::MAX` (HIP's `hipErrorInvalidConfiguration`): the
-    /// grid reported is then bounded by the largest block the device
-    /// allows, so no launch inside the limits is refused on the device.
+    /// Whether blocks times threads past `u32::MAX` per axis are refused (HIP), bounding the grid.
     pub grid_threads_within_u32: bool,
     /// Whether kernels have 16-bit float arithmetic on this device.
     pub f16: bool,
 }
 
-/// What one launch may ask for on a device of `geometry` whose largest
-/// allocation is `max_allocation`, under the API's `rules`: the one set of
-/// numbers a server's [`Backend::launch_limits`](scope_core::Backend::launch_limits)
-/// reports and its [`check_launch`] enforces, so the two cannot drift apart
-/// (a launch the report allows but the check refuses, or the reverse, is
-/// what rule 38 forbids).
-///
-/// - Bindings: [`ApiRules::max_params`], the blob counted as one.
-/// - Scalars: [`ApiRules::max_scalar_bytes`].
-/// - Grid: the device's, bounded as [`ApiRules::grid_threads_within_u32`]
-///   says (on a `1024`-thread axis that is `4,194,303` blocks).
-/// - Block, threads, shared memory, subgroup: the device's.
-/// - Features: what CUDA C++ (NVRTC), PTX and HIP C++ (hiprtc) give every
-///   kernel: 64-bit floats and integers, `atomicAdd` on `float` in global
-///   memory, subgroup intrinsics (`__shfl_sync`, `__shfl`, `__ballot`)
-///   wherever the device reports the subgroup's width, and 16-bit floats
-///   where [`ApiRules::f16`] says.
+/// What one launch may ask for on a device of `geometry`, under `rules`: what a server's
+/// [`Backend::launch_limits`](scope_core::Backend::launch_limits) reports and its
+/// [`check_launch`] enforces, so the two cannot drift apart (rule 38).
 pub fn launch_limits(
     geometry: &LaunchGeometry,
     max_allocation: u64,
@@ -139,9 +87,8 @@ pub fn launch_limits(
     limits
 }
 
-/// How far a vendor's error `code` reaches: process-fatal where its
-/// documentation says restart, sticky where a reset clears it, else
-/// recoverable. Each server passes its own lists, so the rule is one.
+/// How far a vendor's error `code` reaches: process-fatal where its documentation says
+/// restart, sticky where a reset clears it, else recoverable.
 pub fn class_of<C: PartialEq>(
     code: C,
     process_fatal: &[C],
@@ -156,13 +103,7 @@ pub fn class_of<C: PartialEq>(
     }
 }
 
-/// The dynamic shared memory `kernel` declares, refused when one block
-/// cannot hold it: at compile, typed, rather than a launch the driver
-/// fails inside its scope.
-///
-/// # Errors
-///
-/// [`Error::InvalidArgument`] naming the kernel and both sizes.
+/// The dynamic shared memory `kernel` declares, refused at compile if a block cannot hold it.
 pub fn dynamic_shared_memory(kernel: &scope_core::Kernel, limits: &LaunchLimits) -> Result<u32> {
     let shared = kernel.dynamic_shared_memory_bytes();
     if shared > limits.max_workgroup_memory {
@@ -178,19 +119,9 @@ pub fn dynamic_shared_memory(kernel: &scope_core::Kernel, limits: &LaunchLimits)
     Ok(shared)
 }
 
-/// What a server's [`Backend::check_launch`](scope_core::Backend::check_launch)
-/// holds a launch of a kernel with `block` to before its scope opens —
-/// exactly `limits`, the server's [`launch_limits`]: the kernel's block
-/// inside the device's, no more parameters and no more scalar bytes than
-/// the limits allow, and — where the API reports the kernel's parameters
-/// (`declared`, each one's size in bytes) — bindings that are pointers and
-/// a blob as long as the parameter it fills. Each refusal is an invalid
-/// argument that claims nothing; the device would otherwise fail the launch
-/// inside its scope, claiming outputs of work that never could have run.
-///
-/// # Errors
-///
-/// [`Error::InvalidArgument`] naming what was wrong.
+/// Hold a launch of a kernel with `block` to `limits` before its scope opens, as
+/// [`Backend::check_launch`](scope_core::Backend::check_launch) must. Where `declared` gives
+/// the kernel's parameter sizes, bindings must be pointers and the blob as long as its own.
 pub fn check_launch<M>(
     limits: &LaunchLimits,
     block: [u32; 3],
@@ -246,8 +177,7 @@ pub fn check_launch<M>(
     Ok(())
 }
 
-/// The three workgroup counts of an indirect dispatch, read back to the
-/// host: little-endian `u32`s, x then y then z.
+/// The counts of an indirect dispatch, read back to the host: little-endian `u32`s.
 pub fn indirect_counts(bytes: [u8; 12]) -> [u32; 3] {
     let word = |i: usize| {
         u32::from_le_bytes([
@@ -260,9 +190,7 @@ pub fn indirect_counts(bytes: [u8; 12]) -> [u32; 3] {
     [word(0), word(1), word(2)]
 }
 
-/// Whether a launch of `groups` runs anything: a zero along an axis runs
-/// nothing, and so does an indirect count past the grid of `limits` (a
-/// host-given one was refused before the scope), as on every server.
+/// Whether `groups` runs anything: no zero count, no indirect count past the grid of `limits`.
 pub fn runs_anything(groups: [u32; 3], limits: &LaunchLimits) -> bool {
     !groups.contains(&0)
         && groups
@@ -273,52 +201,28 @@ pub fn runs_anything(groups: [u32; 3], limits: &LaunchLimits) -> bool {
 
 /// The `kernelParams` array a server hands the API, padded with zeros.
 ///
-/// The API reads one entry per parameter the kernel *declares*, and copies
-/// as many bytes from it as that parameter's declared size — not the
-/// launch's. A kernel that declares more parameters than the launch passes
-/// would make it read past the caller's array, and a parameter larger than
-/// the value passed for it (a scalar struct larger than the blob, a struct
-/// where the launch passes a pointer) past that value: host memory read by
-/// the driver, undefined behaviour from a safe call. So the padded array is
-/// always [`ApiRules::max_params`] long, and every entry points into one
-/// zeroed block: the launch's pointers, then its blob, then
-/// [`ApiRules::max_param_bytes`] zeros, which the entries past the launch's
-/// point at. Whatever a kernel declares, the API reads inside the block —
-/// wrong values on the device for a mismatched kernel, never the host's
-/// bytes.
-///
-/// Where the API reports the kernel's own parameter list and
-/// [`check_launch`] held the launch to it, the exact array is passed
-/// instead, and the padded one is never made.
-///
-/// The padded array is made on the first launch that needs it and put back
-/// to zeros after each launch, so that a launch costs what it writes, not
-/// the array's length.
+/// The API reads each declared parameter for as many bytes as declared, so a kernel
+/// declaring more than a launch passes would read host memory: undefined behaviour from a
+/// safe call. The padded array points into one zeroed block instead. Where [`check_launch`]
+/// held the launch to the kernel's own parameters, the exact array is passed.
 pub struct ParamTable {
     slots: usize,
-    /// Room for the blob.
     blob: usize,
-    /// Zeros behind everything a launch writes.
     zeros: usize,
     padded: Option<Padded>,
 }
 
 struct Padded {
-    /// `[pointers | blob | zeros]`: room for `slots` pointers, then for the
-    /// blob, then the zeros, in words so that a pointer entry is aligned as
-    /// the API reads it. Cells, because `table` keeps pointers into it
-    /// across the writes of later launches; boxed, so those stay valid when
-    /// the server moves.
+    /// `[pointers | blob | zeros]` in words, so pointers are aligned. Cells, as `table` points
+    /// into it across launches; boxed, so those stay valid when the server moves.
     words: Box<[Cell<u64>]>,
     /// `slots` pointers into `words`; all at the zeros between launches.
     table: Box<[*mut c_void]>,
-    /// Where the zeros start.
     zeros: *mut c_void,
 }
 
-// SAFETY: every pointer in `table` and `zeros` addresses `words`, a heap
-// block this value owns and which moves with it; no other value holds
-// them, and the cells are only reached through `&mut ParamTable`.
+// SAFETY: every pointer in `table` and `zeros` addresses `words`, a heap block this value
+// owns and moves with; the cells are only reached through `&mut ParamTable`.
 unsafe impl Send for Padded {}
 
 impl Padded {
@@ -335,16 +239,13 @@ impl Padded {
         }
     }
 
-    /// The address of word `index`.
     fn at(words: &[Cell<u64>], index: usize) -> *mut c_void {
         words[index].as_ptr().cast::<c_void>()
     }
 }
 
 impl ParamTable {
-    /// A table for `rules`: [`ApiRules::max_params`] entries, room for
-    /// [`ApiRules::max_scalar_bytes`] of blob, and
-    /// [`ApiRules::max_param_bytes`] zeros behind everything.
+    /// A table of [`ApiRules::max_params`] entries for `rules`.
     pub fn new(rules: &ApiRules) -> Self {
         Self {
             slots: rules.max_params,
@@ -354,19 +255,9 @@ impl ParamTable {
         }
     }
 
-    /// Call `fire` with the parameters of a launch whose bindings are at
-    /// device addresses `pointers` and whose blob is `scalars`: the exact
-    /// array when `exact` (the kernel's declared parameters are known to be
-    /// `pointers.len()` pointers and, with a blob, one parameter of
-    /// `scalars.len()` bytes), otherwise the padded one. Every entry `fire`
-    /// sees points at bytes alive and unchanged until it returns: with
-    /// `exact`, the value passed for it; padded, a place in one block with
-    /// at least [`ApiRules::max_param_bytes`] bytes behind it.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Internal`] when the launch passes more than the table
-    /// holds, which [`check_launch`] refuses first; `fire` is not called.
+    /// Call `fire` with the parameters of a launch of bindings at `pointers` and blob `scalars`:
+    /// the exact array when `exact` (the kernel declares just these), else the padded one. Each
+    /// entry points at bytes alive and unchanged until `fire` returns.
     pub fn launch<R>(
         &mut self,
         pointers: &[u64],
@@ -412,7 +303,6 @@ impl ParamTable {
             padded.table[at] = Padded::at(&padded.words, at);
         }
         let fired = fire(&mut padded.table[..]);
-        // Back to all zeros for the next launch.
         padded.table[..used].fill(padded.zeros);
         let written = at + scalars.len().div_ceil(POINTER_BYTES);
         padded.words[..written].iter().for_each(|w| w.set(0));
@@ -420,9 +310,7 @@ impl ParamTable {
     }
 }
 
-/// A NUL-terminated C character array as a `String`, stopping at the end of
-/// the array if there is no NUL: a device's name, a compiler's or JIT's
-/// log.
+/// A C `char` array as a `String`, up to its first NUL or its end: a name, a log.
 pub fn c_chars(chars: &[c_char]) -> String {
     let bytes: Vec<u8> = chars
         .iter()
@@ -535,9 +423,7 @@ mod tests {
         let seen = table
             .launch(&pointers, &scalars, false, |params| {
                 assert_eq!(params.len(), RULES.max_params);
-                // SAFETY: `launch` promises entries that point into one
-                // block alive for this call, each with `max_param_bytes` (32)
-                // bytes behind it: the pointers, the blob, the zeros.
+                // SAFETY: `launch` promises entries into one live block, 32 bytes behind each.
                 unsafe {
                     let first = *params[0].cast::<u64>();
                     let second = *params[1].cast::<u64>();
@@ -550,8 +436,7 @@ mod tests {
         assert_eq!(seen, (0x1000, 0x2000, [1, 2, 3, 4], [0; 32]));
         let after = table
             .launch(&[7], &[], false, |params| {
-                // SAFETY: as above: the first entry points at the first
-                // word of the block, with 32 bytes and more behind it.
+                // SAFETY: as above; the first entry has 32 bytes and more behind it.
                 unsafe { *params[0].cast::<[u64; 4]>() }
             })
             .unwrap();

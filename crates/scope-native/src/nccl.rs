@@ -1,35 +1,14 @@
-//! The NCCL API, which NVIDIA's NCCL and AMD's RCCL both implement: one
-//! communicator wrapper, and one device transport
-//! ([`DeviceCollectives`](scope_core::collective::device::DeviceCollectives),
-//! for every backend that is an [`NcclDevice`]), for the CUDA and HIP
-//! servers.
+//! The NCCL API, which NVIDIA's NCCL and AMD's RCCL both implement with the same names,
+//! types and values: one communicator wrapper and one device transport ([`NcclDevice`]).
+//! What keeps the library from hanging or faulting is here, once:
 //!
-//! RCCL is NCCL's API with NCCL's names, types and values, so the two
-//! servers differ only in where the library is found; everything that
-//! keeps the library from doing what it does instead of failing is here,
-//! once:
-//!
-//! 1. **Non-blocking communicators.** A blocking NCCL call can wait without
-//!    bound for a peer (connection setup, a rank that never calls). Every
-//!    communicator is made with `blocking = 0`: a call returns
-//!    `ncclInProgress` at once, and the rank polls
-//!    `ncclCommGetAsyncError` with the communicator's lock released between
-//!    polls, for at most the communicator's patience (what the group gives
-//!    [`DeviceCollectives::join`](scope_core::collective::device::DeviceCollectives::join):
-//!    its deadline across processes, a guard of at least a minute in one).
-//!    No thread stays inside the library, so an abort — `ncclCommAbort`,
-//!    the library's way out of a hung communicator — never waits behind
-//!    one.
-//! 2. **No call after an abort.** `ncclCommAbort` frees the communicator.
-//!    The handle sits behind a lock with an `aborted` flag: a call takes it
-//!    shared and refuses once the flag is set; an abort takes it
-//!    exclusively, sets the flag and frees; a drop destroys only what was
-//!    not aborted. A use after free inside the library cannot come from
-//!    here.
-//! 3. **The oldest config that says what is needed.** The config is the
-//!    NCCL 2.17 head (`size`, `magic`, `version`, `blocking`, …) with its
-//!    own `size`: NCCL and RCCL read a config by its size, so every version
-//!    since takes it, and only `blocking` is set.
+//! 1. **Non-blocking communicators.** A blocking call can wait without bound for a peer, so
+//!    calls return `ncclInProgress` at once and are polled, the lock released between polls.
+//!    No thread stays inside the library, so an abort never waits behind one.
+//! 2. **No call after an abort.** `ncclCommAbort` frees the communicator, so a call holds
+//!    the handle's lock shared and refuses once its `aborted` flag is set.
+//! 3. **The oldest config that says what is needed.** The NCCL 2.17 head with its own
+//!    `size`: the library reads a config by its size, so every later version takes it.
 
 mod library;
 pub mod transport;
@@ -63,19 +42,12 @@ const REMOTE: NcclResult = 6;
 pub struct UniqueId(pub [c_char; 128]);
 
 impl UniqueId {
-    /// Its 128 bytes, for a launcher to hand to the ranks in other
-    /// processes.
+    /// Its 128 bytes, for a launcher to hand to the ranks in other processes.
     pub fn to_bytes(&self) -> [u8; 128] {
         self.0.map(|c| c as u8)
     }
 
-    /// The id whose bytes `bytes` are ([`to_bytes`](Self::to_bytes)).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] unless `bytes` is 128 bytes long. Bytes
-    /// not made by the library are the library's to refuse when a rank
-    /// joins with them.
+    /// The id of `bytes` ([`to_bytes`](Self::to_bytes)); only their length is checked here.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let bytes: &[u8; 128] = bytes.try_into().map_err(|_| {
             Error::invalid(
@@ -93,8 +65,7 @@ impl std::fmt::Debug for UniqueId {
     }
 }
 
-/// `ncclConfig_t` as NCCL 2.17 declared it (`ncclConfig_v21700`): the
-/// fields every later version begins with.
+/// `ncclConfig_t` as NCCL 2.17 declared it: the head every later version begins with.
 #[repr(C)]
 struct Config {
     size: usize,
@@ -109,8 +80,6 @@ struct Config {
 }
 
 impl Config {
-    /// `NCCL_CONFIG_INITIALIZER`'s head with its own size and `blocking =
-    /// 0`: every communicator here is non-blocking.
     fn non_blocking() -> Self {
         Self {
             size: size_of::<Config>(),
@@ -126,7 +95,6 @@ impl Config {
     }
 }
 
-/// `NCCL_API_MAGIC`.
 const API_MAGIC: u32 = 0xcafe_beef;
 /// `NCCL_CONFIG_UNDEF_INT`: "the library's default".
 const UNDEF: c_int = c_int::MIN;
@@ -142,8 +110,7 @@ pub type CommInitRankConfig =
 pub type CommGetAsyncError = unsafe extern "C" fn(RawComm, *mut NcclResult) -> NcclResult;
 /// `ncclCommAbort` and `ncclCommDestroy`.
 pub type CommEnd = unsafe extern "C" fn(RawComm) -> NcclResult;
-/// `ncclCommShrink` (NCCL 2.27): parent, excluded ranks, their count, the
-/// new communicator, its config, flags.
+/// `ncclCommShrink` (NCCL 2.27): parent, excluded ranks, their count, new, config, flags.
 pub type CommShrink = unsafe extern "C" fn(
     RawComm,
     *mut c_int,
@@ -152,12 +119,10 @@ pub type CommShrink = unsafe extern "C" fn(
     *mut c_void,
     c_int,
 ) -> NcclResult;
-/// `ncclCommSplit` (NCCL 2.18): parent, color, key, the new
-/// communicator, its config.
+/// `ncclCommSplit` (NCCL 2.18): parent, color, key, the new communicator, its config.
 pub type CommSplit =
     unsafe extern "C" fn(RawComm, c_int, c_int, *mut RawComm, *mut c_void) -> NcclResult;
-/// `ncclAllReduce` and `ncclReduceScatter`: send, receive, count, type,
-/// operation, communicator, stream.
+/// `ncclAllReduce` and `ncclReduceScatter`: send, receive, count, type, op, comm, stream.
 pub type Reducing = unsafe extern "C" fn(
     *const c_void,
     *mut c_void,
@@ -167,8 +132,7 @@ pub type Reducing = unsafe extern "C" fn(
     RawComm,
     *mut c_void,
 ) -> NcclResult;
-/// `ncclAllGather` and `ncclAlltoAll`: send, receive, count, type,
-/// communicator, stream.
+/// `ncclAllGather` and `ncclAlltoAll`: send, receive, count, type, comm, stream.
 pub type Moving = unsafe extern "C" fn(
     *const c_void,
     *mut c_void,
@@ -187,15 +151,13 @@ pub type Rooted = unsafe extern "C" fn(
     RawComm,
     *mut c_void,
 ) -> NcclResult;
-/// `ncclSend` and `ncclRecv`: buffer (read by a send, written by a
-/// receive), count, type, peer, communicator, stream.
+/// `ncclSend` and `ncclRecv`: buffer, count, type, peer, communicator, stream.
 pub type PointToPoint =
     unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, *mut c_void) -> NcclResult;
 /// `ncclGetErrorString`.
 pub type ErrorString = unsafe extern "C" fn(NcclResult) -> *const c_char;
 
-/// The NCCL API's entry points a device transport calls, as C function
-/// pointers: what `nccl.h` (and `rccl.h`) declare.
+/// The NCCL API's entry points a device transport calls, as `nccl.h` declares them.
 #[allow(missing_docs)]
 #[derive(Clone, Copy)]
 pub struct NcclTable {
@@ -214,8 +176,7 @@ pub struct NcclTable {
     pub send: PointToPoint,
     pub recv: PointToPoint,
     pub get_error_string: ErrorString,
-    /// `ncclCommShrink`, where the library has it (NCCL 2.27 and later;
-    /// not in [`SYMBOLS`](Self::SYMBOLS), which a transport needs).
+    /// `ncclCommShrink`, where the library has it (NCCL 2.27 and later).
     pub comm_shrink: Option<CommShrink>,
     /// `ncclCommSplit`, where the library has it (NCCL 2.18 and later).
     pub comm_split: Option<CommSplit>,
@@ -239,14 +200,11 @@ impl NcclTable {
         "ncclGetErrorString",
     ];
 
-    /// The table, each entry point's address from `address` (a `dlsym` of
-    /// the loaded library); `Err` names the first symbol it lacks.
+    /// The table, each address from `address`; `Err` names the first symbol it lacks.
     ///
     /// # Safety
-    ///
-    /// Every address `address` returns is the named function of an NCCL API
-    /// library (NCCL 2.17 or later, or RCCL), loaded for as long as the
-    /// table is used.
+    /// Every address is the named function of an NCCL API library (NCCL 2.17 or later, or
+    /// RCCL), loaded for as long as the table is used.
     pub unsafe fn resolve(
         library: &'static str,
         mut address: impl FnMut(&'static str) -> Option<*const c_void>,
@@ -255,8 +213,7 @@ impl NcclTable {
         macro_rules! entry {
             ($name:literal, $ty:ty) => {{
                 let raw = next($name)?;
-                // SAFETY: the caller vouches that `raw` is `$name` of an
-                // NCCL API library, whose C declaration is `$ty`.
+                // SAFETY: the caller vouches `raw` is `$name`, whose C declaration is `$ty`.
                 unsafe { std::mem::transmute::<*const c_void, $ty>(raw) }
             }};
         }
@@ -278,26 +235,20 @@ impl NcclTable {
             comm_shrink: address("ncclCommShrink")
                 .filter(|p| !p.is_null())
                 .map(|raw| {
-                    // SAFETY: the caller vouches that `raw` is
-                    // `ncclCommShrink` of an NCCL API library, whose C
-                    // declaration is `CommShrink`.
+                    // SAFETY: the caller vouches `raw` is `ncclCommShrink`: a `CommShrink`.
                     unsafe { std::mem::transmute::<*const c_void, CommShrink>(raw) }
                 }),
             comm_split: address("ncclCommSplit")
                 .filter(|p| !p.is_null())
                 .map(|raw| {
-                    // SAFETY: the caller vouches that `raw` is
-                    // `ncclCommSplit` of an NCCL API library, whose C
-                    // declaration is `CommSplit`.
+                    // SAFETY: the caller vouches `raw` is `ncclCommSplit`: a `CommSplit`.
                     unsafe { std::mem::transmute::<*const c_void, CommSplit>(raw) }
                 }),
         })
     }
 
-    /// What `call` answered, as the core's error.
     fn error(&self, call: &'static str, result: NcclResult) -> Error {
-        // SAFETY: `ncclGetErrorString` returns a static, NUL-terminated
-        // string for any code.
+        // SAFETY: `ncclGetErrorString` returns a static C string for any code.
         let text = unsafe { CStr::from_ptr((self.get_error_string)(result)) };
         CollectiveError::Library {
             library: self.library,
@@ -307,11 +258,7 @@ impl NcclTable {
         .into()
     }
 
-    /// A new unique id (`ncclGetUniqueId`).
-    ///
-    /// # Errors
-    ///
-    /// What the library answered.
+    /// A new unique id (`ncclGetUniqueId`), or what the library answered.
     pub fn unique_id(&self) -> Result<UniqueId> {
         let mut id = UniqueId([0; 128]);
         // SAFETY: the library writes the 128 bytes of `id`.
@@ -336,8 +283,7 @@ struct Handle {
     aborted: bool,
 }
 
-// SAFETY: an NCCL communicator may be used from any thread; every use here
-// goes through the lock, and `aborted` keeps a freed one from being used.
+// SAFETY: an NCCL communicator serves any thread; all use is under the lock, checking `aborted`.
 unsafe impl Send for Communicator {}
 // SAFETY: as above.
 unsafe impl Sync for Communicator {}
@@ -381,23 +327,12 @@ const WORDS: c_int = 3;
 const BYTES: c_int = 0;
 
 impl Communicator {
-    /// Join the communicator `id` names as rank `rank` of `ranks`, on the
-    /// device current on this thread, waiting (by polling) until every rank
-    /// joined or `patience` passed; later calls are
-    /// polled as long.
+    /// Join the communicator `id` names as rank `rank` of `ranks`, on this thread's current
+    /// device. The join and later calls are polled for up to `patience`.
     ///
     /// # Safety
-    ///
-    /// `table` is a live NCCL API library's; the device this rank runs on is
-    /// current on the calling thread (the library takes it from there);
-    /// every rank joins with the same `id` and `ranks`, once.
-    ///
-    /// # Errors
-    ///
-    /// What the library answered; a join still in progress after
-    /// `patience` ([`CollectiveError::Stalled`]), whose communicator is
-    /// then aborted — NCCL's own answer to an init that must end, where a
-    /// destroy would wait for the missing peers.
+    /// `table` is a live NCCL API library's; this rank's device is current on the calling
+    /// thread; every rank joins with the same `id` and `ranks`, once.
     pub unsafe fn join(
         table: NcclTable,
         id: UniqueId,
@@ -410,10 +345,8 @@ impl Communicator {
         };
         let mut config = Config::non_blocking();
         let mut comm: RawComm = std::ptr::null_mut();
-        // SAFETY: `comm` and `config` outlive the call; the config is
-        // NCCL_CONFIG_INITIALIZER's head with its own size and `blocking =
-        // 0`; the caller made the device current and gives every rank this
-        // id and count.
+        // SAFETY: `comm` and `config` outlive the call; the config is non-blocking; the caller
+        // made the device current and gives every rank this id and count.
         let made = unsafe {
             (table.comm_init_rank_config)(
                 &mut comm,
@@ -434,8 +367,7 @@ impl Communicator {
             }),
             patience,
         };
-        // An init that did not settle is aborted, never destroyed: NCCL's
-        // destroy waits for the init, and so for peers that never come.
+        // Aborted, never destroyed: NCCL's destroy waits for the init, and so for lost peers.
         if let Err(e) = joined.settle("ncclCommInitRankConfig") {
             joined.abort();
             return Err(e);
@@ -443,23 +375,12 @@ impl Communicator {
         Ok(joined)
     }
 
-    /// This rank's communicator of the survivors, once the ranks
-    /// `exclude` (ascending) left this one: `ncclCommShrink` with the
-    /// default flag (no operation is in flight to terminate), non-blocking
-    /// as every communicator here, polled until every survivor came or
-    /// `patience` passed. `Ok(None)` where the library has no shrink.
+    /// The survivors' communicator once the ranks `exclude` (ascending) left: `ncclCommShrink`
+    /// with the default flag, or `Ok(None)` without one. Polled for up to `patience`.
     ///
     /// # Safety
-    ///
-    /// This rank's device is current on the calling thread; no call through
-    /// this communicator is in flight; every rank not in `exclude` shrinks
-    /// it once, with the same `exclude`, and no excluded rank does.
-    ///
-    /// # Errors
-    ///
-    /// An aborted communicator; what the library answered; a shrink still
-    /// in progress after `patience` ([`CollectiveError::Stalled`]), whose
-    /// new communicator is then aborted.
+    /// This rank's device is current; no call through this communicator is in flight;
+    /// exactly the ranks not in `exclude` shrink it, once each, with the same `exclude`.
     pub unsafe fn shrink(&self, exclude: &[usize], patience: Duration) -> Result<Option<Self>> {
         let Some(comm_shrink) = self.table.comm_shrink else {
             return Ok(None);
@@ -478,11 +399,8 @@ impl Communicator {
             if handle.aborted {
                 return Err(aborted(self.table.library, "ncclCommShrink"));
             }
-            // SAFETY: the parent is live (not aborted, under the lock);
-            // `exclude`, `comm` and `config` outlive the call; the config is
-            // NCCL_CONFIG_INITIALIZER's head with its own size and
-            // `blocking = 0`; flag 0 is NCCL_SHRINK_DEFAULT; the caller
-            // vouches for the rest.
+            // SAFETY: the parent is live (not aborted, under the lock); `exclude`, `comm`, `config`
+            // outlive the call; flag 0 is NCCL_SHRINK_DEFAULT; the caller vouches the rest.
             unsafe {
                 comm_shrink(
                     handle.comm,
@@ -498,20 +416,12 @@ impl Communicator {
             .map(Some)
     }
 
-    /// This rank's communicator of the same ranks, numbered alike, with
-    /// resources of its own (`ncclCommSplit`, one color, `splitShare = 0`):
-    /// NCCL runs a communicator's kernels one after another whatever their
-    /// streams, so work on the copy never waits behind this one's.
-    /// `Ok(None)` where the library has no split.
+    /// This rank's copy of the communicator with resources of its own (`ncclCommSplit`,
+    /// `splitShare = 0`), or `Ok(None)` without a split. NCCL runs a communicator's kernels
+    /// in order whatever their streams, so work on the copy never waits behind this one's.
     ///
     /// # Safety
-    ///
-    /// As [`shrink`](Self::shrink), with nothing excluded: every rank
-    /// duplicates once, with its own `rank`.
-    ///
-    /// # Errors
-    ///
-    /// As [`shrink`](Self::shrink).
+    /// As [`shrink`](Self::shrink), with nothing excluded; every rank passes its own `rank`.
     pub unsafe fn duplicate(&self, rank: usize, patience: Duration) -> Result<Option<Self>> {
         let Some(comm_split) = self.table.comm_split else {
             return Ok(None);
@@ -526,11 +436,8 @@ impl Communicator {
             if handle.aborted {
                 return Err(aborted(self.table.library, "ncclCommSplit"));
             }
-            // SAFETY: the parent is live (not aborted, under the lock);
-            // `comm` and `config` outlive the call; the config is
-            // NCCL_CONFIG_INITIALIZER's head with its own size, `blocking =
-            // 0` and `splitShare = 0`; color 0 on every rank keeps every
-            // rank, the key its number; the caller vouches for the rest.
+            // SAFETY: the parent is live (not aborted, under the lock); `comm` and `config` outlive
+            // the call; color 0 keeps every rank, keyed by its number; the caller vouches the rest.
             unsafe {
                 comm_split(
                     handle.comm,
@@ -545,8 +452,6 @@ impl Communicator {
             .map(Some)
     }
 
-    /// The communicator `call` made from this one, once it settled; an
-    /// unsettled one is aborted, as a join's is.
     fn derived(
         &self,
         call: &'static str,
@@ -572,9 +477,7 @@ impl Communicator {
         Ok(derived)
     }
 
-    /// Poll until the communicator's pending work is no longer in
-    /// progress: `Ok` when it completed, the error it ended with, or the
-    /// communicator's patience ran out.
+    /// Poll until pending work settles: `Ok` once done, else its error or patience run out.
     fn settle(&self, call: &'static str) -> Result<()> {
         let until = Instant::now() + self.patience;
         loop {
@@ -603,8 +506,7 @@ impl Communicator {
         }
     }
 
-    /// A peer never came, or one aborted (`ncclRemoteError`): what
-    /// `DeviceCollectives::join` asks a transport to answer then.
+    /// A peer never came or aborted (`ncclRemoteError`), as `join` asks a transport to say.
     fn stalled(&self, call: &'static str) -> Error {
         CollectiveError::Stalled {
             collective: call,
@@ -614,14 +516,8 @@ impl Communicator {
         .into()
     }
 
-    /// Whether the communicator still works: its asynchronous error,
-    /// without waiting (`ncclCommGetAsyncError`). A call still in progress
-    /// is fine; a peer's abort or a failed link is
-    /// [`CollectiveError::Stalled`].
-    ///
-    /// # Errors
-    ///
-    /// As above; an aborted communicator; what the library answered.
+    /// Whether the communicator still works, without waiting (`ncclCommGetAsyncError`). A
+    /// peer's abort or a failed link is [`CollectiveError::Stalled`].
     pub fn health(&self) -> Result<()> {
         let handle = self.handle.read();
         if handle.aborted {
@@ -640,20 +536,12 @@ impl Communicator {
         }
     }
 
-    /// Issue `call` from `send` into `recv` (each a device address and a
-    /// length in bytes) on `stream`, as a rank of `ranks`, and wait until
-    /// the library took it.
+    /// Issue `call` from `send` into `recv` (each a device address and a byte length) on
+    /// `stream`, as a rank of `ranks`, and wait until the library took it.
     ///
     /// # Safety
-    ///
-    /// `send` and `recv` are on this communicator's device, as long as
-    /// `call` requires of its input and output over `ranks`, and alive until
-    /// the work completes; `stream` is a live stream of that device; every
-    /// rank of the communicator issues the same call as its next.
-    ///
-    /// # Errors
-    ///
-    /// What the library answered; an aborted communicator.
+    /// `send` and `recv` are on this device, as long as `call` needs over `ranks`, and alive
+    /// until the work completes; `stream` is this device's; every rank issues the same call.
     pub unsafe fn issue(
         &self,
         call: Call,
@@ -671,11 +559,8 @@ impl Communicator {
                 return Err(aborted(t.library, call.name()));
             }
             let comm = handle.comm;
-            // SAFETY: the communicator is live (not aborted, under its
-            // lock); the caller vouches for the buffers, the stream and the
-            // agreement of every rank; each count is the one the NCCL API
-            // takes for that call (per rank for a gather's input, a
-            // scatter's output and an all-to-all's part).
+            // SAFETY: live (not aborted, under its lock); the caller vouches for buffers, stream
+            // and agreement; each count is NCCL's (per rank: gather in, scatter out, all-to-all).
             unsafe {
                 match call {
                     Call::AllReduce { element, op } => (
@@ -739,20 +624,12 @@ impl Communicator {
         }
     }
 
-    /// Issue this rank's half of a transfer with rank `peer` — a send of
-    /// `data` (a device address and a length in bytes) or a receive into
-    /// it — on `stream`, and wait until the library took it.
+    /// Issue this rank's half of a transfer with `peer`, a send of `data` (a device address
+    /// and a byte length) or a receive into it, on `stream`; wait until the library took it.
     ///
     /// # Safety
-    ///
-    /// `data` is on this communicator's device and alive until the work
-    /// completes; `stream` is a live stream of that device; `peer` issues
-    /// the opposite half, of the same length, as its next transfer with
-    /// this rank.
-    ///
-    /// # Errors
-    ///
-    /// What the library answered; an aborted communicator.
+    /// `data` is on this communicator's device and alive until the work completes; `stream`
+    /// is a live stream of that device; `peer` issues the opposite half, as long, next.
     pub unsafe fn point_to_point(
         &self,
         direction: Direction,
@@ -772,10 +649,8 @@ impl Communicator {
             if handle.aborted {
                 return Err(aborted(t.library, name));
             }
-            // SAFETY: the communicator is live (not aborted, under its
-            // lock); the caller vouches for the buffer, the stream and the
-            // peer's matching half; bytes move as `ncclInt8`, so the count
-            // is the length.
+            // SAFETY: the communicator is live (not aborted, under its lock); the caller vouches
+            // for the buffer, the stream and the peer's half; in `ncclInt8`, count is length.
             unsafe {
                 entry(
                     data as *mut c_void,
@@ -794,13 +669,8 @@ impl Communicator {
         }
     }
 
-    /// Run `launch`, which starts work recorded on this communicator (a
-    /// graph's replay), only while it is live: an abort waits for it, and
-    /// after one it is refused, since the abort freed what that work uses.
-    ///
-    /// # Errors
-    ///
-    /// An aborted communicator; what `launch` returned.
+    /// Run `launch`, a graph's replay of work on this communicator, only while it is live: an
+    /// abort waits for it, and after one it is refused, since the abort freed what it uses.
     pub fn while_live(&self, launch: impl FnOnce() -> Result<()>) -> Result<()> {
         let handle = self.handle.read();
         if handle.aborted {
@@ -809,17 +679,15 @@ impl Communicator {
         launch()
     }
 
-    /// Abort: calls waiting in the library return, and the communicator
-    /// takes no more. Idempotent; any thread.
+    /// Abort: calls waiting in the library return, and no more are taken. Idempotent.
     pub fn abort(&self) {
         let mut handle = self.handle.write();
         if handle.aborted {
             return;
         }
         handle.aborted = true;
-        // SAFETY: a live communicator (the flag was clear under the
-        // exclusive lock), aborted once; no call is inside the library on
-        // it (calls hold the lock shared), and none will be (the flag).
+        // SAFETY: live (the flag was clear under the exclusive lock), aborted once; calls hold
+        // the lock shared, so none is inside the library on it, and the flag keeps any out.
         let result = unsafe { (self.table.comm_abort)(handle.comm) };
         if result != SUCCESS {
             tracing::warn!("ncclCommAbort: result {result}");
@@ -844,7 +712,6 @@ impl Drop for Communicator {
 mod tests {
     use super::*;
 
-    /// An id travels as its 128 bytes and back; other lengths are refused.
     #[test]
     fn a_unique_id_travels_as_bytes() {
         let mut id = UniqueId([0; 128]);

@@ -1,26 +1,15 @@
-//! Opening a lost CUDA or HIP device again, written once.
+//! Opening a lost CUDA or HIP device again, written once: the two APIs differ only in
+//! their calls, which each server supplies ([`Reopen`]) and [`reopen`] runs in order.
 //!
-//! The two APIs reopen in the same steps; only the calls differ. Each
-//! server supplies its calls ([`Reopen`]) and [`reopen`] runs them:
-//!
-//! 1. give up what the backend made on the lost device;
-//! 2. probe the device: a new stream of its own, synchronised;
-//! 3. if the probe fails, refuse a process-fatal fault, else reset the
-//!    device, alone ([`Holding`]);
-//! 4. make the backend's shared state anew (memory pool, parameter table);
-//! 5. give every stream new device state.
-//!
-//! The core refuses a process-fatal loss before it asks (rule 52). A loss
-//! the driver never saw (an injected fault) passes the probe: no reset. A
-//! reset destroys the device's state for the whole process, so it runs
-//! only while no other server of the process holds the device.
+//! A loss the driver never saw passes the probe: no reset. The core refuses a process-fatal
+//! loss first (rule 52). A reset is process-wide, so it runs only while no other server holds
+//! the device.
 
 use scope_core::{Error, Result};
 
 use crate::holding::{self, Holding};
 
-/// The vendor calls of one API's reopen, in the order [`reopen`] makes
-/// them.
+/// The vendor calls of one API's reopen, in the order [`reopen`] makes them.
 pub trait Reopen {
     /// A logical stream's device state.
     type Stream;
@@ -33,11 +22,9 @@ pub trait Reopen {
 
     /// This server's hold on its device.
     fn holding(&self) -> &Holding;
-    /// Step 1: destroy what this backend made on the lost device; detach
-    /// every stream.
+    /// Step 1: destroy what this backend made on the lost device, and detach every stream.
     fn give_up(&mut self, streams: &mut [&mut Self::Stream]) -> Result<()>;
-    /// Step 2: whether the device still runs work, without waiting for
-    /// other clients' streams. An error says it is broken.
+    /// Step 2: fail unless the device still runs work, not waiting on other clients' streams.
     fn probe(&mut self) -> Result<()>;
     /// Step 3: reset the device for the whole process, and open it again.
     fn reset(&mut self) -> Result<()>;
@@ -47,13 +34,8 @@ pub trait Reopen {
     fn attach(&mut self, stream: &mut Self::Stream) -> Result<()>;
 }
 
-/// Open `device` again after `fault`, as the module says.
-///
-/// # Errors
-///
-/// [`Error::RestartRequired`] when the probe meets a process-fatal fault;
-/// [`Error::Refused`] when a reset is needed and another server holds the
-/// device; any step's error.
+/// Open `device` again after `fault`: [`Error::RestartRequired`] for a process-fatal
+/// probe, [`Error::Refused`] when a reset is needed and another server holds the device.
 pub fn reopen<D: Reopen>(
     device: &mut D,
     fault: &Error,
@@ -84,7 +66,6 @@ mod tests {
 
     use super::*;
 
-    /// Records the steps; its probe fails with `broken` when set.
     struct Steps {
         holding: Holding,
         broken: Option<FaultClass>,

@@ -1,7 +1,7 @@
-//! Ranks that share no memory (rule 49): each rank joins its group on its
-//! own, from the identity alone ([`Rank::join`]), as a rank in another
-//! process would, and the rules of one process hold by ballot on the
-//! transport.
+//! Ranks that share no memory (rule 49).
+//! Each rank joins its group on its own, from the identity alone ([`Rank::join`]).
+//! That is how a rank in another process would join.
+//! The rules of one process then hold by ballot on the transport.
 
 use std::time::{Duration, Instant};
 
@@ -12,8 +12,8 @@ use scope_core::collective::{CollectiveError, Element, Rank, Reduce};
 
 use super::collective::{PART, RANKS, collective_error};
 
-/// `f(rank)` on a thread per rank, each holding nothing of its peers' but
-/// the identity; `None` (skipped) without a device or the library.
+/// `f(rank)` on a thread per rank, each holding nothing of its peers' but the identity.
+/// `None` (skipped) without a device or the library.
 fn each_rank_alone<S: Suite, R: Send>(
     deadline: Duration,
     f: impl Fn(Rank<S::Backend>) -> R + Sync,
@@ -48,9 +48,9 @@ where
     ))
 }
 
-/// `f` of what [`Rank::join`] answered client `i` of `clients`, as rank
-/// `i` of `ranks` with `identity`, each on a thread of its own; what each
-/// returned, in rank order.
+/// `f` of what [`Rank::join`] answered client `i` of `clients`, as rank `i` of `ranks`.
+/// Each joins with `identity` on a thread of its own.
+/// What each returned, in rank order.
 pub(super) fn on_threads_joined<S: Suite, R: Send>(
     clients: Vec<Client<S::Backend>>,
     identity: &<S::Backend as DeviceCollectives>::Identity,
@@ -77,9 +77,9 @@ where
     })
 }
 
-/// What rank `rank` hears when rank 2's input failed with `text`: rank 2
-/// named, the text carried — as a [`PeerReport`] on every other rank, as
-/// the error itself on rank 2.
+/// What rank `rank` hears when rank 2's input failed with `text`.
+/// Rank 2 is named and the text carried.
+/// Every other rank gets a [`PeerReport`]; rank 2 gets the error itself.
 fn names_rank_two(rank: usize, reported: &CollectiveError, text: &str) {
     let CollectiveError::InputFailed {
         rank: from, cause, ..
@@ -99,11 +99,12 @@ fn names_rank_two(rank: usize, reported: &CollectiveError, text: &str) {
     );
 }
 
-/// Ranks that each joined alone, as in separate processes, compute every
-/// collective; a failed input on rank 2 fails every rank's output naming
-/// rank 2 and its root cause (as rank 2's process rendered it), leaving the
-/// inputs as they were; ranks that disagree on the call are refused
-/// everywhere, claiming nothing; and the group goes on (rules 41, 44, 49).
+/// Ranks that each joined alone, as in separate processes, compute every collective.
+/// A failed input on rank 2 fails every rank's output (rules 41, 44, 49).
+/// Each names rank 2 and its root cause, as rank 2's process rendered it.
+/// The inputs stay as they were.
+/// Ranks that disagree on the call are refused everywhere, claiming nothing.
+/// The group goes on.
 pub fn ranks_in_separate_processes_decide_alike<S: Suite>()
 where
     S::Backend: DeviceCollectives,
@@ -197,11 +198,10 @@ where
     }
 }
 
-/// Ranks that each joined alone record collectives into a graph and
-/// replay it together, deciding each replay by ballot: the recorded calls
-/// run only at the replays; rank 2's failed input fails every rank's
-/// replay naming rank 2 and its root cause; once it is written again, the
-/// next replay runs (rules 49, 50).
+/// Ranks that each joined alone record collectives into a graph and replay it together.
+/// Each replay is decided by ballot, and the recorded calls run only then (rules 49, 50).
+/// Rank 2's failed input fails every rank's replay, naming rank 2 and its root cause.
+/// Once it is written again, the next replay runs.
 pub fn ranks_in_separate_processes_record_and_replay<S: Suite>()
 where
     S::Backend: DeviceCollectives,
@@ -262,11 +262,11 @@ where
 /// Rounds issued back to back.
 const ROUNDS: usize = 200;
 
-/// Ranks that each joined alone issue rounds and replay a graph of rounds
-/// without a read or a sync between them: no rank's stream is drained —
-/// each ballot is taken from what is known at submission, each round is
-/// watched, not waited for — and every output is right at the end
-/// (rules 47, 49, 50).
+/// Ranks that each joined alone issue rounds and replay a graph of rounds with no read or sync.
+/// No rank's stream is drained (rules 47, 49, 50).
+/// Each ballot is taken from what is known at submission.
+/// Each round is watched, not waited for.
+/// Every output is right at the end.
 pub fn rounds_of_ranks_joined_alone_drain_no_stream<S: Suite>()
 where
     S::Backend: DeviceCollectives,
@@ -314,12 +314,12 @@ where
     }
 }
 
-/// Ranks that each joined alone send and receive through the library:
-/// clean bytes arrive; rank 2's failed bytes are claimed on rank 3's
-/// buffer naming rank 2 and its root cause (as rank 2's process rendered
-/// it), and rank 2 hears its own failure; lengths that differ are refused
-/// on both ends, claiming nothing; and the group goes on (rules 41, 44, 48,
-/// 49).
+/// Ranks that each joined alone send and receive through the library (rules 41, 44, 48, 49).
+/// Clean bytes arrive.
+/// Rank 2's failed bytes are claimed on rank 3's buffer, naming rank 2 and its root cause.
+/// Rank 2 hears its own failure.
+/// Lengths that differ are refused on both ends, claiming nothing.
+/// The group goes on.
 pub fn ranks_in_separate_processes_send_and_receive<S: Suite>()
 where
     S::Backend: DeviceCollectives,
@@ -422,16 +422,15 @@ where
     }
 }
 
-/// A rank that never calls: every other rank, joined alone, fails within
-/// the deadline with [`CollectiveError::Stalled`] (across processes no rank
-/// can name the missing one), its output carries that, and its group is
-/// broken for later calls, claiming nothing (rules 42, 43, 49).
+/// A rank that never calls (rules 42, 43, 49).
+/// Every other rank, joined alone, fails within the deadline with [`CollectiveError::Stalled`].
+/// Across processes no rank can name the missing one.
+/// Its output carries the stall, and its group is broken for later calls, claiming nothing.
 pub fn a_silent_rank_in_another_process_stalls_its_peers_within_the_deadline<S: Suite>()
 where
     S::Backend: DeviceCollectives,
 {
-    // Long enough that four threads joining on a loaded two-core machine
-    // all arrive in time: the join waits as long as a round.
+    // Long enough for four threads joining under load: the join waits as long as a round.
     let deadline = Duration::from_secs(2);
     let started = Instant::now();
     let outcomes = each_rank_alone::<S, _>(deadline, |rank| {
@@ -487,17 +486,16 @@ where
             "rank {rank}: a refusal claims nothing"
         );
     }
-    // The first to give up waited its deadline out; its peers may learn
-    // of its abort sooner.
+    // The first to give up waited its deadline out; its peers may learn of its abort sooner.
     assert!(
         longest >= deadline,
         "no rank waited the deadline: {longest:?}"
     );
 }
 
-/// A sender that never sends: its receiver, joined alone, fails within the
-/// deadline with [`CollectiveError::Stalled`], its buffer carries that, and
-/// its group is broken (rules 42, 48, 49).
+/// A sender that never sends (rules 42, 48, 49).
+/// Its receiver, joined alone, fails within the deadline with [`CollectiveError::Stalled`].
+/// Its buffer carries that, and its group is broken.
 pub fn a_silent_sender_in_another_process_stalls_its_receiver_within_the_deadline<S: Suite>()
 where
     S::Backend: DeviceCollectives,
@@ -537,13 +535,10 @@ where
     assert!(broken.is_some(), "the group is broken");
 }
 
-/// The variables a parent hands each child process of
-/// [`ranks_in_separate_processes`].
-/// Ranks that joined alone with different membership epochs — a
-/// restarted process its launcher gave a stale one — are refused on every
-/// rank, every call, claiming nothing, and never meet as one group; ranks
-/// that joined a changed group alone cannot shrink it in memory, they join
-/// again (rules 44, 55).
+/// Ranks that joined alone with different membership epochs are refused (rules 44, 55).
+/// A restarted process whose launcher gave it a stale epoch is the case.
+/// Every rank refuses every call, claiming nothing, and they never meet as one group.
+/// Ranks that joined a changed group alone cannot shrink it in memory: they join again.
 pub fn a_rank_joined_with_a_stale_epoch_is_refused_everywhere<S: Suite>()
 where
     S::Backend: DeviceCollectives,
@@ -622,19 +617,19 @@ where
     }
 }
 
+// The variables a parent hands each child process of `ranks_in_separate_processes`.
 const CHILD_RANK: &str = "SCOPE_CONFORMANCE_RANK";
 const CHILD_ID: &str = "SCOPE_CONFORMANCE_ID";
 const CHILD_DIR: &str = "SCOPE_CONFORMANCE_DIR";
 
-/// Four ranks in four processes, for a backend whose identity is NCCL's
-/// unique id: this test binary runs itself four times, running only the
-/// test `child` (the one that calls [`one_rank_in_its_own_process`]), each
-/// child a rank with its own server, handed nothing of its peers' but the
-/// id, as hex. `identity(dir)` makes the id: real NCCL's
-/// [`DeviceCollectives::identity`] is joinable from anywhere; a mock's must
-/// be made to be (its clique a file of `dir`, the children's to map). Each
-/// child asserts its own part; here every child must pass (rules 41, 42,
-/// 49).
+/// Four ranks in four processes, for a backend whose identity is NCCL's unique id.
+/// This test binary runs itself four times, running only the test `child`.
+/// That test calls [`one_rank_in_its_own_process`].
+/// Each child is a rank with its own server, handed nothing of its peers' but the id, as hex.
+/// `identity(dir)` makes the id.
+/// Real NCCL's [`DeviceCollectives::identity`] is joinable from anywhere.
+/// A mock's must be made to be: its clique is a file of `dir`, for the children to map.
+/// Each child asserts its own part, and every child must pass (rules 41, 42, 49).
 pub fn ranks_in_separate_processes<S: Suite>(
     child: &str,
     identity: impl FnOnce(&std::path::Path) -> scope_native::nccl::UniqueId,
@@ -689,10 +684,10 @@ pub fn ranks_in_separate_processes<S: Suite>(
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
-/// The rank a child of [`ranks_in_separate_processes`] is, joined with the
-/// id its parent handed out once every child started (so `deadline` times
-/// the ranks, not the start-up), and the children's folder; `None`, saying
-/// so, where the test runs by hand (`--ignored`), not as a child.
+/// The rank a child of [`ranks_in_separate_processes`] is, and the children's folder.
+/// It joins with the id its parent handed out once every child started.
+/// So `deadline` times the ranks, not the start-up.
+/// `None`, saying so, where the test runs by hand (`--ignored`), not as a child.
 pub fn joined_as_a_child<S: Suite>(
     deadline: Duration,
 ) -> Option<(Rank<S::Backend>, std::path::PathBuf)>
@@ -727,20 +722,18 @@ where
     Some((me, dir))
 }
 
-/// One child of [`ranks_in_separate_processes`]: rank
-/// `SCOPE_CONFORMANCE_RANK` of four, on the suite's rank client of that
-/// number. A clean all-reduce and all-gather, and a graph of an
-/// all-reduce recorded and replayed in every process, a send and a receive
-/// between pairs of processes; rank 2's failed input
-/// failing every rank's output, its text crossing as a [`PeerReport`];
-/// then rank 3's process ending, and the others stalling within the
-/// deadline, their group broken.
+/// One child of [`ranks_in_separate_processes`].
+/// It is rank `SCOPE_CONFORMANCE_RANK` of four, on the suite's rank client of that number.
+/// A clean all-reduce and all-gather run.
+/// A graph of an all-reduce is recorded and replayed in every process.
+/// Pairs of processes send and receive.
+/// Rank 2's failed input fails every rank's output, its text crossing as a [`PeerReport`].
+/// Then rank 3's process ends, and the others stall within the deadline, their group broken.
 pub fn one_rank_in_its_own_process<S: Suite>()
 where
     S::Backend: DeviceCollectives<Identity = scope_native::nccl::UniqueId>,
 {
-    // Generous for four processes on a loaded two-core machine; the silent
-    // step waits it out.
+    // Generous for four processes under load; the silent step waits it out.
     let deadline = Duration::from_secs(5);
     let Some((me, _)) = joined_as_a_child::<S>(deadline) else {
         return;
@@ -761,8 +754,7 @@ where
         .collect();
     assert_eq!(read_twice::<S>(c, &gathered).unwrap(), expected);
 
-    // A graph of an all-reduce, recorded by every process, replayed by
-    // every process together.
+    // A graph of an all-reduce, recorded and replayed by every process together.
     let recorded = alloc(c, PART);
     let capture = c.begin_capture().unwrap();
     me.all_reduce(input.all(), recorded.all(), Element::U32, Reduce::Sum)
@@ -829,8 +821,7 @@ where
     S::finished();
 }
 
-/// The behaviours of ranks joined alone: one `#[test]` each for
-/// `$suite`, with what each needs.
+/// The behaviours of ranks joined alone: one `#[test]` each for `$suite`, with what each needs.
 #[macro_export]
 macro_rules! across_tests {
     ($suite:ty) => {

@@ -1,11 +1,10 @@
-//! Capture windows and graphs: what dooms a window, what an abandoned or
-//! refused one leaves claimed, replays that succeed and fail, and graphs
-//! that are unknown or destroyed (rules 29–35).
+//! Capture windows and graphs (rules 29–35). What dooms a window, and what an abandoned or refused
+//! one leaves claimed. Replays that succeed and fail, and graphs that are unknown or destroyed.
 
 use super::*;
 
-/// Work that failed or was skipped inside a window dooms it, and its
-/// recorded outputs carry the reason (rules 31, 33).
+/// Work that failed or was skipped inside a window dooms it. Its recorded outputs carry the reason
+/// (rules 31, 33).
 pub fn capture_doomed_by_failure<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -55,8 +54,8 @@ pub fn abandoned_window<S: Suite>() {
     assert_eq!(c.capture_state(), CaptureState::NoCapture);
 }
 
-/// A sealed graph replays its work, heals its outputs, and replays host
-/// writes with the bytes given when they were recorded (rules 32, 34).
+/// A sealed graph replays its work and heals its outputs (rules 32, 34). It replays host writes
+/// with the bytes given when they were recorded.
 pub fn replay_success<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let input = upload(&c, &vec![1; WORDS as usize]);
@@ -109,9 +108,8 @@ pub fn replay_failure<S: Suite>() {
     );
 }
 
-/// Replaying or destroying an unknown or destroyed graph is an error that
-/// claims nothing; a failed destroy claims the graph's outputs (rules 34,
-/// 35).
+/// Replaying or destroying an unknown or destroyed graph is an error that claims nothing. A failed
+/// destroy claims the graph's outputs (rules 34, 35).
 pub fn unknown_and_destroyed_graphs<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -144,9 +142,8 @@ pub fn unknown_and_destroyed_graphs<S: Suite>() {
     assert_root_contains(&read(&c, &a).unwrap_err(), "destroy-wait");
 }
 
-/// Host reads, syncs and replays on a recording stream are refused, change
-/// nothing, and do not doom the window; capture steps need their
-/// predecessor (rules 29, 38).
+/// Host reads, syncs and replays on a recording stream are refused (rules 29, 38). They change
+/// nothing and do not doom the window. Capture steps need their predecessor.
 pub fn refusals_while_recording<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -161,11 +158,10 @@ pub fn refusals_while_recording<S: Suite>() {
     assert_eq!(read(&c, &a).unwrap(), vec![1; WORDS as usize]);
 }
 
-/// A buffer last used by work recorded on one stream cannot be used from
-/// another until that capture ends: the work to wait for has not run (rule
-/// 38). Nothing is doomed or lost. A buffer the capturing stream used only
-/// before its capture began is not refused, unless the other stream is
-/// capturing too.
+/// A buffer last used by work recorded on one stream cannot be used from another until that capture
+/// ends (rule 38). The work to wait for has not run. Nothing is doomed or lost. A buffer the
+/// capturing stream used only before its capture is not refused. The exception is when the other
+/// stream is capturing too.
 pub fn recorded_buffers_wait_for_their_capture<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let other = c.new_stream().unwrap();
@@ -182,21 +178,19 @@ pub fn recorded_buffers_wait_for_their_capture<S: Suite>() {
     );
     let refused = copy::<S>(&other, &a, &b).unwrap_err();
     assert!(refused.is_refusal(), "{refused}");
-    // A refusal is the caller's error, not a device failure (rule 38): the
-    // copy's destination is not claimed and no failure was seen.
+    // A refusal is the caller's error, not a device failure (rule 38): nothing claimed, nothing
+    // seen.
     other.check(&[b.all()]).unwrap();
     assert_eq!((c.failures_seen(), other.failures_seen()), seen);
-    // What the capturing stream used only before its capture began is
-    // usable from another stream, ordered after that earlier work.
+    // What the capturing stream used only before its capture is usable elsewhere, after that work.
     assert_eq!(read(&other, &early).unwrap(), vec![7; WORDS as usize]);
     copy::<S>(&other, &early, &b).unwrap();
     assert_eq!(read(&other, &b).unwrap(), vec![7; WORDS as usize]);
     let graph = c.end_capture(capture).unwrap();
     c.replay(&graph).unwrap();
     assert_eq!(read(&other, &a).unwrap(), vec![2; WORDS as usize]);
-    // Two captures cannot wait for each other's streams: while both record,
-    // a buffer the other capturing stream used, even before its capture, is
-    // refused, and nothing is claimed.
+    // Two captures cannot wait for each other's streams. While both record, a buffer the other
+    // capturing stream used, even before its capture, is refused, claiming nothing.
     let before = upload(&c, &vec![5; WORDS as usize]);
     let first = c.begin_capture().unwrap();
     let second = other.begin_capture().unwrap();
@@ -208,8 +202,7 @@ pub fn recorded_buffers_wait_for_their_capture<S: Suite>() {
     assert_eq!(read(&other, &b).unwrap(), vec![7; WORDS as usize]);
 }
 
-/// The capture behaviours: one `#[test]` each for
-/// `$suite`, with what each needs.
+/// The capture behaviours: one `#[test]` each for `$suite`, with what each needs.
 #[macro_export]
 macro_rules! capture_tests {
     ($suite:ty) => {

@@ -1,27 +1,23 @@
-//! The C libraries tests build at run time — the mock CUDA driver, NVRTC,
-//! NCCL, HIP runtime and RCCL — built once per content and shared by every
-//! test process.
+//! The C libraries tests build at run time: the mock CUDA driver, NVRTC, NCCL, HIP runtime and
+//! RCCL. Each is built once per content and shared by every test process.
 //!
-//! A test runner that gives each test a process of its own (nextest does)
-//! would otherwise compile every mock once per test: a hundred tests of the
-//! CUDA mock were three hundred C compiles, most of that row's time. The
-//! library's name is a hash of everything that goes into it (its source,
-//! defines, flags, compiler), so a changed source builds anew and an
-//! unchanged one is found; it is written under a name of its own process
-//! and renamed into place, so a process never loads a file another is
-//! still writing.
+//! A test runner that gives each test a process of its own (nextest does) would otherwise compile
+//! every mock once per test. A hundred tests of the CUDA mock were three hundred C compiles, most
+//! of that row's time. The library's name is a hash of everything that goes into it: its source,
+//! defines, flags and compiler. So a changed source builds anew and an unchanged one is found. It
+//! is written under a name of its own process and renamed into place. So a process never loads a
+//! file another is still writing.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The mock NCCL's source: server-cuda's tests build it as NCCL, and
-/// server-hip's as RCCL (RCCL is NCCL's API).
+/// The mock NCCL's source: server-cuda's tests build it as NCCL, and server-hip's as RCCL (RCCL is
+/// NCCL's API).
 pub const MOCK_NCCL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mock/mock_nccl.c");
 
-/// The mocks' shared headers (`timeline.h`, the timed mode of the CUDA and
-/// HIP mocks): on every library's include path, and part of its hash, so
-/// a changed header builds anew.
+/// The mocks' shared headers (`timeline.h`, the timed mode of the CUDA and HIP mocks). They are on
+/// every library's include path, and part of its hash, so a changed header builds anew.
 pub const MOCK_INCLUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mock");
 
 /// Every `.h` under [`MOCK_INCLUDE`], by name, with its text.
@@ -73,13 +69,13 @@ impl Default for CLibrary<'_> {
 }
 
 impl CLibrary<'_> {
-    /// Build it into `dir` (the test's `CARGO_TARGET_TMPDIR`), or find it
-    /// built there already; its path.
+    /// Build it into `dir` (the test's `CARGO_TARGET_TMPDIR`), or find it built there already; its
+    /// path.
     ///
     /// # Errors
     ///
-    /// When the source or a shared header cannot be read, the compiler
-    /// (`$CC`, else `cc`) cannot run, or it refuses the source.
+    /// When the source or a shared header cannot be read, the compiler (`$CC`, else `cc`) cannot
+    /// run, or it refuses the source.
     pub fn build(&self, dir: &Path) -> Result<PathBuf, String> {
         let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
         let source = std::fs::read(self.source)

@@ -1,9 +1,9 @@
-//! Collectives over several devices of one backend (rules 41–45): a group
-//! of four servers of the suite's backend (four logical devices, on one
-//! adapter where there is one), their collectives computed right, a failed
-//! input failing every rank's output, a rank that never joins failing the
-//! others within the deadline and breaking the group, and bad input refused
-//! everywhere, claiming nothing.
+//! Collectives over several devices of one backend (rules 41–45).
+//! A group of four servers of the suite's backend: four logical devices, on one adapter where
+//! there is one.
+//! Their collectives compute right, and a failed input fails every rank's output.
+//! A rank that never joins fails the others within the deadline and breaks the group.
+//! Bad input is refused everywhere, claiming nothing.
 
 use std::time::{Duration, Instant};
 
@@ -16,14 +16,12 @@ pub(super) const RANKS: usize = 4;
 /// Words per rank's part.
 pub(super) const PART: u32 = 64;
 
-/// A group of [`RANKS`] servers of the suite's backend, or `None` (skipped)
-/// without a device.
+/// A group of [`RANKS`] servers of the suite's backend, or `None` (skipped) without a device.
 pub(super) fn group<S: Suite>(deadline: Duration) -> Option<Group<S::Backend>> {
     group_of::<S>(RANKS, deadline)
 }
 
-/// A group of `ranks` servers made by the suite, or `None` (skipped)
-/// without a device.
+/// A group of `ranks` servers made by the suite, or `None` (skipped) without a device.
 pub(super) fn group_of<S: Suite>(ranks: usize, deadline: Duration) -> Option<Group<S::Backend>> {
     let clients: Option<Vec<_>> = (0..ranks)
         .map(|rank| client_or_skip(|| S::rank_client(rank)))
@@ -67,9 +65,8 @@ pub(super) fn a_new_group_over_its_devices_works<S: Suite>(group: Group<S::Backe
     );
 }
 
-/// Rank `rank`'s reports of a round whose library call or replay failed on
-/// rank `failed` with a cause saying `cause`: what it returned (a peer may
-/// return `Ok` first, rule 47) and what its output's read found.
+/// Rank `rank`'s reports of a round whose call or replay failed on rank `failed` with `cause`.
+/// What it returned (a peer may return `Ok` first, rule 47), and what its output's read found.
 pub(super) fn names_the_failed_issue<'a>(
     (rank, failed, cause): (usize, usize, &str),
     returned: &'a Result<()>,
@@ -104,8 +101,8 @@ fn claimed_by<S: Suite>(client: &Client<S::Backend>, buffer: &Buffer) -> Collect
     collective_error(error.root()).clone()
 }
 
-/// Each collective computes, on every rank, what it says; the reductions
-/// agree across ranks (rule 41's clean case).
+/// Each collective computes, on every rank, what it says.
+/// The reductions agree across ranks (rule 41's clean case).
 pub fn collectives_compute_on_every_rank<S: Suite>() {
     let Some(group) = group::<S>(DEFAULT_WAIT) else {
         return;
@@ -186,10 +183,10 @@ pub fn collectives_compute_on_every_rank<S: Suite>() {
 /// How long a rank waits where no rank is meant to go missing.
 pub(super) const DEFAULT_WAIT: Duration = Duration::from_secs(120);
 
-/// A failed input on one rank fails every rank's output of that collective,
-/// naming the rank, its root cause and chain; every input is left as it
-/// was, the group keeps working, and a clean collective then heals the
-/// outputs (rule 41).
+/// A failed input on one rank fails every rank's output of that collective (rule 41).
+/// Each names the rank, its root cause and chain.
+/// Every input is left as it was, and the group keeps working.
+/// A clean collective then heals the outputs.
 pub fn a_failed_input_fails_every_ranks_output<S: Suite>() {
     let Some(group) = group::<S>(DEFAULT_WAIT) else {
         return;
@@ -254,11 +251,10 @@ pub fn a_failed_input_fails_every_ranks_output<S: Suite>() {
     assert!(group.broken().is_none());
 }
 
-/// A broadcast reads only the root's bytes: a failure the other ranks'
-/// buffers carry is healed by it, never a reason to skip their part —
-/// eagerly, and (over a device transport) in a recorded round replayed
-/// after the failure — while a failure at the root fails every rank's
-/// buffer naming the root (rules 41, 50).
+/// A broadcast reads only the root's bytes (rules 41, 50).
+/// A failure the other ranks' buffers carry is healed by it, never a reason to skip their part.
+/// That holds eagerly, and in a recorded round replayed after the failure on a device transport.
+/// A failure at the root fails every rank's buffer, naming the root.
 pub fn a_broadcast_heals_the_other_ranks_failed_buffers<S: Suite>() {
     let Some(group) = group::<S>(DEFAULT_WAIT) else {
         return;
@@ -317,10 +313,10 @@ pub fn a_broadcast_heals_the_other_ranks_failed_buffers<S: Suite>() {
     assert!(group.broken().is_none());
 }
 
-/// A rank that never joins fails every waiting rank's collective within
-/// the deadline, naming it; their outputs carry that; the group is broken
-/// for later collectives (a typed refusal, claiming nothing), and a new
-/// group over the same devices works (rules 42, 43).
+/// A rank that never joins fails every waiting rank's collective within the deadline, naming it.
+/// Their outputs carry that (rules 42, 43).
+/// The group is broken for later collectives: a typed refusal, claiming nothing.
+/// A new group over the same devices works.
 pub fn a_rank_that_never_joins_fails_the_others_within_the_deadline<S: Suite>() {
     let deadline = Duration::from_millis(300);
     let Some(group) = group::<S>(deadline) else {
@@ -390,12 +386,12 @@ pub fn a_rank_that_never_joins_fails_the_others_within_the_deadline<S: Suite>() 
     assert!(sums.iter().all(|s| *s == vec![8; PART as usize]));
 }
 
-/// Over a device transport, a rank whose call into the library fails after
-/// the ranks agreed (injected at [`Site::Collective`] on rank 2) fails its
-/// collective naming it and its cause, every rank's output carries that
-/// (a peer whose call went out may return before it learns, rule 47), the
-/// peers waiting inside the library are released, the group is broken,
-/// and a new group over the same devices works (rules 42, 43).
+/// Over a device transport, a rank's library call fails after the ranks agreed (rules 42, 43).
+/// It is injected at [`Site::Collective`] on rank 2.
+/// Its collective fails, naming it and its cause, and every rank's output carries that.
+/// A peer whose call went out may return before it learns (rule 47).
+/// The peers waiting inside the library are released, and the group is broken.
+/// A new group over the same devices works.
 pub fn a_failed_device_call_breaks_the_group<S: Suite>() {
     let Some(group) = group::<S>(DEFAULT_WAIT) else {
         return;
@@ -434,10 +430,10 @@ pub fn a_failed_device_call_breaks_the_group<S: Suite>() {
     a_new_group_over_its_devices_works::<S>(group);
 }
 
-/// A sender running ahead of a receiver that never receives holds at most
-/// [`MAILBOX_PARCELS`](scope_core::collective::MAILBOX_PARCELS) parcels: the
-/// next send waits for room, then fails within the deadline naming the
-/// receiver as missing, and the group is broken (rules 42, 48).
+/// A sender running ahead of a receiver that never receives holds few parcels (rules 42, 48).
+/// At most [`MAILBOX_PARCELS`](scope_core::collective::MAILBOX_PARCELS) wait.
+/// The next send waits for room, then fails within the deadline naming the receiver as missing.
+/// The group is broken.
 pub fn a_sender_ahead_of_a_silent_receiver_holds_a_bounded_mailbox<S: Suite>() {
     let deadline = Duration::from_millis(300);
     let Some(group) = group::<S>(deadline) else {
@@ -464,10 +460,10 @@ pub fn a_sender_ahead_of_a_silent_receiver_holds_a_bounded_mailbox<S: Suite>() {
     assert!(group.broken().is_some());
 }
 
-/// Bad input is refused on every rank as a typed error that claims nothing,
-/// and the group stays in step: one server twice, a rank that calls another
-/// collective, mismatched sizes, an output too small, a buffer of another
-/// rank's device, a root past the group (rule 44).
+/// Bad input is refused on every rank as a typed error that claims nothing (rule 44).
+/// The group stays in step.
+/// The cases: one server twice, a rank that calls another collective, and mismatched sizes.
+/// Also an output too small, a buffer of another rank's device, and a root past the group.
 pub fn bad_collective_input_is_refused_everywhere<S: Suite>() {
     let Some(group) = group::<S>(DEFAULT_WAIT) else {
         return;
@@ -539,11 +535,12 @@ pub fn bad_collective_input_is_refused_everywhere<S: Suite>() {
     assert!(group.broken().is_none());
 }
 
-/// A freed buffer is a wrong argument like a foreign one: one rank that
-/// passes a freed input or output to any collective is refused with every
-/// other rank, before the ranks agree, claiming nothing, and the group
-/// stays in step (rule 44). A receive into a freed buffer is refused before
-/// it takes anything, so the parcel waits for the next receive (rule 48).
+/// A freed buffer is a wrong argument like a foreign one (rule 44).
+/// One rank passes a freed input or output to any collective.
+/// It is refused with every other rank, before the ranks agree, claiming nothing.
+/// The group stays in step.
+/// A receive into a freed buffer is refused before it takes anything.
+/// So the parcel waits for the next receive (rule 48).
 pub fn a_freed_buffer_is_refused_on_every_rank<S: Suite>() {
     let Some(group) = group::<S>(DEFAULT_WAIT) else {
         return;
@@ -667,12 +664,13 @@ pub fn a_freed_buffer_is_refused_on_every_rank<S: Suite>() {
     assert!(group.broken().is_none());
 }
 
-/// Point-to-point: clean bytes sent arrive and heal the receiver's buffer;
-/// bytes that carry a failure at the sender are not sent, and the
-/// receiver's buffer carries the failure naming the sending rank, its root
-/// cause and chain; parcels arrive in the order sent; bad peers are
-/// refused claiming nothing; a receive from a rank that never sends fails
-/// within the deadline, claims its buffer and breaks the group.
+/// Point-to-point: clean bytes sent arrive and heal the receiver's buffer.
+/// Bytes that carry a failure at the sender are not sent.
+/// The receiver's buffer carries the failure, naming the sending rank, its root cause and chain.
+/// Parcels arrive in the order sent.
+/// Bad peers are refused, claiming nothing.
+/// A receive from a rank that never sends fails within the deadline.
+/// It claims its buffer and breaks the group.
 pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
     let Some(group) = group::<S>(DEFAULT_WAIT) else {
         return;
@@ -759,10 +757,8 @@ pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
         );
     }
     assert!(short.broken().is_some());
-    // A group that breaks while a receive waits (rank 1's all-reduce runs
-    // out first) fails that receive with what broke it, claimed. Rank 0
-    // starts its receive 100 ms after rank 1 is ready to call, whatever
-    // either's upload costs on the device.
+    // A group that breaks while a receive waits (rank 1's all-reduce runs out first) fails that
+    // receive with what broke it, claimed. Rank 0 receives 100 ms after rank 1 is ready.
     let short = S::group(clients, deadline).unwrap();
     let ready = std::sync::Barrier::new(2);
     let outcomes = short.run(|rank| match rank.index() {
@@ -799,10 +795,10 @@ pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
     }
 }
 
-/// A copy between two devices keeps the failure model across them: failed
-/// bytes on one make the destination on the other carry a failure naming
-/// the source device, its root cause and chain; clean bytes heal it; a
-/// mismatched length is refused, claiming nothing (rule 46).
+/// A copy between two devices keeps the failure model across them (rule 46).
+/// Failed bytes on one make the destination on the other carry a failure.
+/// It names the source device, its root cause and chain.
+/// Clean bytes heal it, and a mismatched length is refused, claiming nothing.
 pub fn copies_across_devices_carry_failures<S: Suite>() {
     let (Some(a), Some(b)) = (setup::<S>(), setup::<S>()) else {
         return;
@@ -838,8 +834,7 @@ pub fn copies_across_devices_carry_failures<S: Suite>() {
     assert_eq!(read(&a, &clean).unwrap(), vec![8; WORDS as usize]);
 }
 
-/// The collective behaviours: one `#[test]` each for
-/// `$suite`, with what each needs.
+/// The collective behaviours: one `#[test]` each for `$suite`, with what each needs.
 #[macro_export]
 macro_rules! collective_tests {
     ($suite:ty) => {

@@ -1,13 +1,11 @@
-//! The contract under abuse: safe calls made the way an adversarial or
-//! careless runtime makes them — hooks that call back in or panic, captures
-//! and graphs dropped on the floor, handles of another server, reads of
-//! buffers no host could hold, requests past the device — each of which must
-//! end in a typed error or a clean outcome, never a deadlock, a wedged
-//! stream, an abort, or bytes reading as written that nobody wrote.
+//! The contract under abuse: safe calls made the way a careless or adversarial runtime makes them.
+//! Hooks call back in or panic. Captures and graphs are dropped on the floor.
+//! Handles cross servers. Reads ask for buffers no host could hold. Requests go past the device.
+//! Each must end in a typed error or a clean outcome.
+//! Never a deadlock, a wedged stream, an abort, or bytes reading as written that nobody wrote.
 //!
-//! Every test here failed, hung or aborted on some server before the fix it
-//! names; they run on every server through
-//! [`conformance_tests!`](crate::conformance_tests).
+//! Every test here failed, hung or aborted on some server before the fix it names.
+//! They run on every server through [`conformance_tests!`](crate::conformance_tests).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -21,10 +19,9 @@ use scope_core::Error;
 use scope_core::{Binding, Dispatch};
 use scope_core::{FaultPlan, Site};
 
-/// A failure hook runs after the server's lock is released, so it may call
-/// back into the client — to read a counter, or to issue work — without
-/// deadlocking, and the events its own calls cause reach it after it
-/// returns, never inside it (rule 39).
+/// A failure hook runs after the server's lock is released.
+/// So it may call back into the client, to read a counter or issue work, without deadlocking.
+/// Events its own calls cause reach it after it returns, never inside it (rule 39).
 pub fn a_hook_may_call_back_into_the_client<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let weak = c.downgrade();
@@ -42,8 +39,7 @@ pub fn a_hook_may_call_back_into_the_client<S: Suite>() {
         let client = weak.upgrade().expect("the test holds the client");
         held.store(client.failures_held(), Ordering::SeqCst);
         if counter.fetch_add(1, Ordering::SeqCst) == 0 {
-            // Work issued from the hook that fails too: its event comes
-            // after this call returns.
+            // Work issued from the hook that fails too: its event comes after this call returns.
             fail_next_launch(&client, "from the hook");
             assert!(fill::<S>(&client, &spare, 1).is_err());
         }
@@ -57,10 +53,10 @@ pub fn a_hook_may_call_back_into_the_client<S: Suite>() {
     assert_root_contains(&read(&c, &a).unwrap_err(), "first");
 }
 
-/// A hook that panics unwinds out of the call that delivered its event,
-/// after that call's bookkeeping is complete: a skipped launch's output
-/// still carries the failure, a sticky fault still poisons, and the hook
-/// stays installed (rules 18, 36, 39).
+/// A hook that panics unwinds out of the call that delivered its event.
+/// That call's bookkeeping is done first (rules 18, 36, 39).
+/// A skipped launch's output still carries the failure.
+/// A sticky fault still poisons, and the hook stays installed.
 pub fn a_panicking_hook_leaves_the_books_right<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let calls = Arc::new(AtomicUsize::new(0));
@@ -88,8 +84,8 @@ pub fn a_panicking_hook_leaves_the_books_right<S: Suite>() {
     assert_eq!(calls.load(Ordering::SeqCst), 3, "the hook stayed installed");
 }
 
-/// A hook that holds a [`WeakClient`](scope_core::WeakClient) does not keep its
-/// server alive: dropping the last client drops the server and its hook.
+/// A hook that holds a [`WeakClient`](scope_core::WeakClient) does not keep its server alive.
+/// Dropping the last client drops the server and its hook.
 pub fn a_hook_holding_a_weak_client_is_dropped_with_the_server<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     struct Flag(Arc<AtomicBool>);
@@ -115,9 +111,9 @@ pub fn a_hook_holding_a_weak_client_is_dropped_with_the_server<S: Suite>() {
     );
 }
 
-/// A capture dropped without being ended is aborted at the server's next
-/// call: the stream does not stay recording, and what its recorded work
-/// would have written is claimed as by `abort_capture` (rules 29, 33).
+/// A capture dropped without being ended is aborted at the server's next call.
+/// The stream does not stay recording.
+/// What its recorded work would have written is claimed as by `abort_capture` (rules 29, 33).
 pub fn a_dropped_capture_is_aborted<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -139,9 +135,9 @@ pub fn a_dropped_capture_is_aborted<S: Suite>() {
     assert_eq!(read(&c, &a).unwrap(), vec![3; WORDS as usize]);
 }
 
-/// A capture handed to another server is an invalid argument there, and
-/// aborted on its own server rather than wedging it; a graph of another
-/// server is refused the same way (rules 29, 34).
+/// A capture handed to another server is an invalid argument there.
+/// It is aborted on its own server rather than wedging it.
+/// A graph of another server is refused the same way (rules 29, 34).
 pub fn a_foreign_capture_is_refused_and_aborted_at_home<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let Some(other) = setup::<S>() else { return };
@@ -175,9 +171,9 @@ pub fn a_foreign_capture_is_refused_and_aborted_at_home<S: Suite>() {
     assert_eq!(read(&other, &a).unwrap(), vec![4; WORDS as usize]);
 }
 
-/// A read tests its ranges before anything else, so reading a failed
-/// buffer of the largest size the device allows answers its failure and
-/// allocates nothing; no read of any size aborts (rule 24).
+/// A read tests its ranges before anything else.
+/// So reading a failed buffer of the largest size the device allows answers its failure.
+/// It allocates nothing, and no read of any size aborts (rule 24).
 pub fn reading_a_huge_failed_buffer_allocates_nothing<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let largest = c.with_backend(scope_core::Backend::max_allocation) & !3;
@@ -201,9 +197,8 @@ pub fn reading_a_huge_failed_buffer_allocates_nothing<S: Suite>() {
     assert_eq!(read(&c, &fine).unwrap(), vec![5; WORDS as usize]);
 }
 
-/// A request past the largest allocation the device could ever make is an
-/// invalid argument that leaves nothing behind, on every server; "not now"
-/// is out-of-memory (rule 37).
+/// A request past the largest allocation the device could ever make is an invalid argument.
+/// It leaves nothing behind, on every server. "Not now" is out-of-memory (rule 37).
 pub fn past_the_largest_allocation_is_invalid_everywhere<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let largest = c.with_backend(scope_core::Backend::max_allocation);
@@ -224,10 +219,9 @@ pub fn past_the_largest_allocation_is_invalid_everywhere<S: Suite>() {
     assert_eq!(c.bytes_allocated(), 0);
 }
 
-/// After a sticky fault, every operation that issues, waits, reads or
-/// checks fails fast with the poison — a capture's end included, which
-/// throws the window away — while releases still release, so a runtime can
-/// tear down (rule 36).
+/// After a sticky fault, every call that issues, waits, reads or checks fails fast (rule 36).
+/// It fails with the poison. A capture's end fails too, and throws the window away.
+/// Releases still release, so a runtime can tear down.
 pub fn poison_fails_fast_and_releases_still_release<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -244,10 +238,10 @@ pub fn poison_fails_fast_and_releases_still_release<S: Suite>() {
     assert_eq!(c.bytes_allocated(), 0);
 }
 
-/// Workgroup counts past the device's grid: given on the host, an invalid
-/// argument refused before anything runs; read from device memory, where no
-/// check can see them first, a launch that runs nothing — never a hang, and
-/// never a launch clamped to some other size (rules 17, 38).
+/// Workgroup counts past the device's grid (rules 17, 38).
+/// Given on the host, they are an invalid argument refused before anything runs.
+/// Read from device memory, where no check sees them first, they make a launch that runs nothing.
+/// Never a hang, and never a launch clamped to some other size.
 pub fn a_count_past_the_device_runs_nothing<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let out = upload(&c, &[3; WORDS as usize]);
@@ -272,12 +266,12 @@ pub fn a_count_past_the_device_runs_nothing<S: Suite>() {
     }
 }
 
-/// A replay cannot know a recorded indirect launch's counts any more than
-/// the launch could: bytes it may write that carry a failure when the graph
-/// replays keep it — a zero count there wrote nothing — and its recording
-/// healed nothing, so aborting such a window claims nothing (rules 19, 33,
-/// 34). A server that cannot record an indirect launch refuses it in the
-/// window, which then cannot seal.
+/// A replay cannot know a recorded indirect launch's counts any more than the launch could.
+/// Bytes it may write that carry a failure when the graph replays keep it (rules 19, 33, 34).
+/// A zero count there wrote nothing.
+/// Its recording healed nothing, so aborting such a window claims nothing.
+/// A server that cannot record an indirect launch refuses it in the window.
+/// That window then cannot seal.
 pub fn a_replayed_indirect_launch_heals_nothing<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let out = upload(&c, &[3; WORDS as usize]);
@@ -319,11 +313,11 @@ pub fn a_replayed_indirect_launch_heals_nothing<S: Suite>() {
     assert_eq!(read(&c, &out).unwrap(), vec![4; WORDS as usize]);
 }
 
-/// The limits a server reports are its own: the largest allocation and the
-/// binding alignment are the backend's, and the grid is exact — a launch at
-/// the edge of each axis runs (where that is cheap to run) and one past it
-/// is an invalid argument that claims nothing (rule 38), as are too many
-/// bindings and too long a scalar blob.
+/// The limits a server reports are its own (rule 38).
+/// The largest allocation and the binding alignment are the backend's.
+/// The grid is exact: a launch at the edge of each axis runs, where that is cheap to run.
+/// One past it is an invalid argument that claims nothing.
+/// So are too many bindings and too long a scalar blob.
 pub fn the_limits_reported_are_the_limits_enforced<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let limits = c.limits();
@@ -346,8 +340,7 @@ pub fn the_limits_reported_are_the_limits_enforced<S: Suite>() {
     let mut expected = 3;
     for axis in 0..3 {
         let max = launch_limits.max_workgroups[axis];
-        // Enough workgroups along x to cover the buffer (the suite's
-        // kernels index by x), then the edge along `axis`.
+        // Cover the buffer along x (the suite's kernels index by x), then the edge along `axis`.
         let mut groups = [WORDS.div_ceil(64), 1, 1];
         if max <= 65_535 {
             groups[axis] = max;
@@ -382,8 +375,7 @@ pub fn the_limits_reported_are_the_limits_enforced<S: Suite>() {
             .map(|_| alloc(&c, 4))
             .collect();
         let bindings: Vec<Binding<'_>> = many.iter().map(Binding::write).collect();
-        // With a scalar blob, one more than the limit. (Raw words, not the
-        // suite's packing: no kernel of the suite takes these bindings.)
+        // One word past the blob limit, in raw words: no suite kernel takes these bindings.
         let refused = c.launch(
             &S::fill(),
             &bindings,
@@ -414,10 +406,10 @@ pub fn the_limits_reported_are_the_limits_enforced<S: Suite>() {
     assert_eq!(read(&c, &out).unwrap(), vec![expected; WORDS as usize]);
 }
 
-/// Reads on several threads at once — on streams of their own and on one
-/// stream shared — each get their own bytes: a read waits without the
-/// server's lock, and what it holds meanwhile (staging, an event) is its
-/// own, never another read's.
+/// Reads on several threads at once each get their own bytes.
+/// Some use streams of their own, some one shared stream.
+/// A read waits without the server's lock.
+/// What it holds meanwhile (staging, an event) is its own, never another read's.
 pub fn reads_on_many_threads_each_get_their_own_bytes<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     const ROUNDS: u32 = 25;
@@ -446,10 +438,9 @@ pub fn reads_on_many_threads_each_get_their_own_bytes<S: Suite>() {
     assert_eq!(c.failures_held(), 0, "{}", c.dump_failures());
 }
 
-/// Threads racing frees against launches, reads and copies on shared
-/// buffers: every call ends in success or in the typed error for a freed
-/// buffer, and once everything is dropped the store and the allocator are
-/// empty (rules 7, 13).
+/// Threads race frees against launches, reads and copies on shared buffers.
+/// Every call ends in success or in the typed error for a freed buffer.
+/// Once everything is dropped, the store and the allocator are empty (rules 7, 13).
 pub fn threads_racing_frees_against_launches<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     const ROUNDS: usize = 40;
@@ -503,11 +494,11 @@ pub fn threads_racing_frees_against_launches<S: Suite>() {
     assert_eq!(c.bytes_allocated(), 0);
 }
 
-/// A failure found outside scope — say a runtime's own kernel compiler —
-/// claims the bytes its work would have written exactly as a failed launch
-/// does: reads return it as their root, typed as its author made it, work
-/// that reads them is skipped, a recording window is doomed, and the hook
-/// hears it. Bad slices claim nothing (rules 17, 18, 21, 31, 39).
+/// A failure found outside scope, say in a runtime's kernel compiler, acts as a failed launch.
+/// It claims the bytes its work would have written.
+/// Reads return it as their root, typed as its author made it.
+/// Work that reads them is skipped, a recording window is doomed, and the hook hears it.
+/// Bad slices claim nothing (rules 17, 18, 21, 31, 39).
 pub fn a_failure_from_outside_claims_like_a_failed_launch<S: Suite>() {
     #[derive(Debug)]
     struct CompilerSaidNo(&'static str);
@@ -578,8 +569,8 @@ pub fn a_failure_from_outside_claims_like_a_failed_launch<S: Suite>() {
     assert_eq!(read(&c, &out).unwrap(), vec![2; WORDS as usize]);
 }
 
-/// `flush` submits without waiting and changes nothing the contract shows:
-/// clean work reads back, and a recording stream has nothing to submit.
+/// `flush` submits without waiting and changes nothing the contract shows.
+/// Clean work reads back, and a recording stream has nothing to submit.
 pub fn flush_submits_and_changes_nothing_else<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -602,8 +593,8 @@ pub fn flush_submits_and_changes_nothing_else<S: Suite>() {
     assert_eq!(read(&c, &a).unwrap(), vec![8; WORDS as usize]);
 }
 
-/// A buffer made failed by the caller reads, skips and frees exactly like
-/// one the device could not provide, whatever its size (rules 17, 28, 37).
+/// A buffer made failed by the caller acts like one the device could not provide.
+/// It reads, skips and frees the same way, whatever its size (rules 17, 28, 37).
 pub fn a_caller_failed_allocation_behaves_like_the_devices<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let size = c
@@ -648,13 +639,13 @@ pub fn a_caller_failed_allocation_behaves_like_the_devices<S: Suite>() {
     assert_eq!(c.bytes_allocated(), 0);
 }
 
-/// A closure passed to `with_backend` or `with_memory` runs under the
-/// server's lock, which is not re-entrant; a call it makes back into a
-/// client of the same server — on its own stream or another — must not wait
-/// for that lock. One that only looks is answered; one that would change the
-/// server is an [`Error::InvalidArgument`] that claims nothing; afterwards
-/// every client works. Run on a thread with a deadline, so that the
-/// deadlock it guards against fails the test instead of hanging it.
+/// A closure passed to `with_backend` or `with_memory` runs under the server's lock.
+/// The lock is not re-entrant: a call back into the same server's client must not wait for it.
+/// That holds on the closure's own stream or another.
+/// A call that only looks is answered.
+/// One that would change the server is an [`Error::InvalidArgument`] that claims nothing.
+/// Afterwards every client works.
+/// It runs on a thread with a deadline, so the deadlock it guards against fails the test.
 pub fn a_closure_holding_the_lock_may_call_back<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let (done, finished) = std::sync::mpsc::channel();
@@ -694,13 +685,11 @@ pub fn a_closure_holding_the_lock_may_call_back<S: Suite>() {
     finished
         .recv_timeout(std::time::Duration::from_secs(120))
         .expect("a call from inside a closure holding the server's lock deadlocked");
-    // Let the thread drop its clients (and so the server) before the test
-    // returns: a device torn down while the process exits can crash it.
+    // Let the thread drop its clients first: a device torn down at process exit can crash it.
     calling.join().expect("the calling thread finished");
 }
 
-/// The contract behaviours: one `#[test]` each for
-/// `$suite`, with what each needs.
+/// The contract behaviours: one `#[test]` each for `$suite`, with what each needs.
 #[macro_export]
 macro_rules! contract_tests {
     ($suite:ty) => {

@@ -1,12 +1,10 @@
-//! How a failure travels with the bytes: clean work computes, a failed
-//! launch's outputs carry its error, work that reads them is skipped and its
-//! outputs point at the root, a rewrite heals, and chains that share no
-//! buffer never meet (rules 15–22, 24–27).
+//! How a failure travels with the bytes (rules 15–22, 24–27). Clean work computes, and a failed
+//! launch's outputs carry its error. Work that reads them is skipped and its outputs point at the
+//! root. A rewrite heals, and chains that share no buffer never meet.
 
 use super::*;
 
-/// Clean work computes the right numbers and leaves nothing held (rules 15,
-/// 16, 19).
+/// Clean work computes the right numbers and leaves nothing held (rules 15, 16, 19).
 pub fn clean_work_computes<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -23,8 +21,8 @@ pub fn clean_work_computes<S: Suite>() {
     );
 }
 
-/// A read three skips downstream of a failure names the root and every hop,
-/// newest first (rules 17, 18, 25, 26).
+/// A read three skips downstream of a failure names the root and every hop, newest first (rules 17,
+/// 18, 25, 26).
 pub fn chain_report_over_three_hops<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -71,8 +69,7 @@ pub fn chain_report_over_three_hops<S: Suite>() {
     assert_eq!(from_b.unwritten()[0].failure, report.failure);
 }
 
-/// A skipped launch never runs: a sentinel it would overwrite survives
-/// (rules 17, 18).
+/// A skipped launch never runs: a sentinel it would overwrite survives (rules 17, 18).
 pub fn skipped_launch_never_runs<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let bad = alloc(&c, WORDS);
@@ -93,8 +90,8 @@ pub fn skipped_launch_never_runs<S: Suite>() {
     );
 }
 
-/// A failed write over part of a buffer claims only that part; rewrites heal
-/// exactly what they cover; reads never clear (rules 8, 11, 12, 19, 27).
+/// A failed write over part of a buffer claims only that part (rules 8, 11, 12, 19, 27). Rewrites
+/// heal exactly what they cover, and reads never clear.
 pub fn partial_writes_and_healing<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let buf = upload(&c, &vec![5; WORDS as usize]);
@@ -137,8 +134,7 @@ pub fn partial_writes_and_healing<S: Suite>() {
     assert_eq!(c.failures_held(), 0, "healing released the failure");
 }
 
-/// Two chains that share no buffer never affect each other, even on one
-/// stream (rule 40).
+/// Two chains that share no buffer never affect each other, even on one stream (rule 40).
 pub fn independent_chains_never_interfere<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let (a1, a2) = (alloc(&c, WORDS), alloc(&c, WORDS));
@@ -152,8 +148,7 @@ pub fn independent_chains_never_interfere<S: Suite>() {
     assert!(read(&c, &a2).is_err());
 }
 
-/// Each distinct failure a read meets is named once, in the order found
-/// (rule 25).
+/// Each distinct failure a read meets is named once, in the order found (rule 25).
 pub fn several_failures_named_once_each<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let buf = alloc(&c, WORDS);
@@ -189,8 +184,7 @@ pub fn several_failures_named_once_each<S: Suite>() {
     assert!(matches!(error, Error::SeveralUnwritten(_)));
 }
 
-/// A kernel that does not compile claims its outputs with the compiler's
-/// log (rule 21).
+/// A kernel that does not compile claims its outputs with the compiler's log (rule 21).
 pub fn compile_error_claims_outputs<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let input = upload(&c, &[1; 64]);
@@ -218,8 +212,8 @@ pub fn compile_error_claims_outputs<S: Suite>() {
     assert!(c.compile(&S::fill()).is_ok());
 }
 
-/// A buffer bound for reading and writing is in both sets: tainted, it
-/// skips; clean, it runs and heals (rules 16, 17).
+/// A buffer bound for reading and writing is in both sets (rules 16, 17). Tainted, it skips; clean,
+/// it runs and heals.
 pub fn read_write_binding_is_in_both_sets<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let buf = alloc(&c, WORDS);
@@ -246,8 +240,7 @@ pub fn read_write_binding_is_in_both_sets<S: Suite>() {
     assert_eq!(read(&c, &buf).unwrap(), vec![2; WORDS as usize]);
 }
 
-/// The dataflow behaviours: one `#[test]` each for
-/// `$suite`, with what each needs.
+/// The dataflow behaviours: one `#[test]` each for `$suite`, with what each needs.
 #[macro_export]
 macro_rules! dataflow_tests {
     ($suite:ty) => {

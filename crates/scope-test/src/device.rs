@@ -1,11 +1,11 @@
-//! The device as a whole: allocations that fail and leave it working,
-//! sticky faults that poison it, the failure hook, several streams, and a
-//! store that empties when every buffer is gone (rules 7, 23, 28, 36, 39).
+//! The device as a whole (rules 7, 23, 28, 36, 39). Allocations fail and leave it working, and
+//! sticky faults poison it. The failure hook, several streams, and a store that empties when every
+//! buffer is gone.
 
 use super::*;
 
-/// A failed allocation's buffer carries its error; launches reading it skip;
-/// the device keeps working (rules 17, 28, 37).
+/// A failed allocation's buffer carries its error, and launches reading it skip. The device keeps
+/// working (rules 17, 28, 37).
 pub fn failed_allocation_keeps_device_working<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let oom = || Error::OutOfMemory {
@@ -48,8 +48,8 @@ pub fn failed_allocation_keeps_device_working<S: Suite>() {
     );
 }
 
-/// A sticky fault poisons the device: every later operation fails fast
-/// naming it, and work in flight carries it (rule 36).
+/// A sticky fault poisons the device: every later operation fails fast naming it. Work in flight
+/// carries it (rule 36).
 pub fn sticky_fault_poisons<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let early = alloc(&c, WORDS);
@@ -64,14 +64,12 @@ pub fn sticky_fault_poisons<S: Suite>() {
     assert!(later.to_string().contains("ILLEGAL_ADDRESS"), "{later}");
     assert!(c.read(&early).unwrap_err().is_device_poisoned());
     assert!(c.sync().unwrap_err().is_device_poisoned());
-    // Work in flight when the fault surfaced carries the poison, seen
-    // through the report's chain.
+    // Work in flight when the fault surfaced carries the poison, seen through the report's chain.
     let in_flight = c.check(&[early.all()]).unwrap_err();
     assert!(in_flight.is_device_poisoned(), "{in_flight}");
 }
 
-/// The failure hook fires on every skip and failure, never on success
-/// (rule 39).
+/// The failure hook fires on every skip and failure, never on success (rule 39).
 pub fn failure_hook_fires_on_skip_and_failure_only<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -99,8 +97,8 @@ pub fn failure_hook_fires_on_skip_and_failure_only<S: Suite>() {
     );
 }
 
-/// Several streams: ordered across streams, and a failure raised on one is
-/// seen from another (rules 22, 40).
+/// Several streams: ordered across streams, and a failure raised on one is seen from another (rules
+/// 22, 40).
 pub fn several_streams<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let s1 = c.new_stream().unwrap();
@@ -140,8 +138,7 @@ pub fn freeing_everything_empties_the_store<S: Suite>() {
     assert_eq!(c.bytes_allocated(), 0);
 }
 
-/// The device behaviours: one `#[test]` each for
-/// `$suite`, with what each needs.
+/// The device behaviours: one `#[test]` each for `$suite`, with what each needs.
 #[macro_export]
 macro_rules! device_tests {
     ($suite:ty) => {

@@ -1,10 +1,8 @@
-//! The optional features a server enables where its device offers them:
-//! 16-bit floats, subgroup operations, `f32` atomics. Each is used by a
-//! WGSL kernel, for a backend that compiles WGSL ([`Capability::Wgsl`]).
-//! Where the server reports a feature
-//! ([`DeviceFeatures`](scope_core::DeviceFeatures)), its kernel runs and
-//! gives the right numbers. Where it does not, the kernel is a compile
-//! error, never one that runs without what it needs.
+//! The optional features a server enables where its device offers them: 16-bit floats, subgroup
+//! operations, `f32` atomics. Each is used by a WGSL kernel, for a backend that compiles WGSL
+//! ([`Capability::Wgsl`]). Where the server reports a feature
+//! ([`DeviceFeatures`](scope_core::DeviceFeatures)), its kernel runs and gives the right numbers.
+//! Where it does not, the kernel is a compile error, never one that runs without what it needs.
 
 use super::*;
 
@@ -22,9 +20,8 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
 }
 ";
 
-/// Per invocation, five words: the subgroup's size, `subgroupAdd(1)`,
-/// `subgroupMax` of the lane index, lane 0's lane index by
-/// `subgroupShuffle`, and whether `subgroupAll` saw every lane agree.
+/// Per invocation, five words. The subgroup's size, `subgroupAdd(1)`, and `subgroupMax` of the lane
+/// index. Lane 0's lane index by `subgroupShuffle`, and whether `subgroupAll` saw every lane agree.
 const SUBGROUPS: &str = "
 @group(0) @binding(0) var<storage, read_write> out: array<u32>;
 @compute @workgroup_size(64)
@@ -44,8 +41,8 @@ fn main(
 }
 ";
 
-/// Every invocation adds 0.5 to `acc[0]` and subtracts 0.25 from `acc[2]`;
-/// the first exchanges 3.0 into `acc[1]`.
+/// Every invocation adds 0.5 to `acc[0]` and subtracts 0.25 from `acc[2]`. The first exchanges 3.0
+/// into `acc[1]`.
 const F32_ATOMICS: &str = "
 @group(0) @binding(0) var<storage, read_write> acc: array<atomic<f32>>;
 @compute @workgroup_size(64)
@@ -93,8 +90,8 @@ pub fn subgroup_sizes_come_with_subgroups<S: Suite>() {
     assert_eq!(launch.subgroup_size.is_some(), features.subgroups);
 }
 
-/// An `f16` kernel gives `f16` arithmetic's numbers where `f16` is
-/// enabled, and does not compile where it is not.
+/// An `f16` kernel gives `f16` arithmetic's numbers where `f16` is enabled, and does not compile
+/// where it is not.
 pub fn f16_kernels_run_where_f16_is_enabled<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let kernel = Kernel::wgsl("f16", F16);
@@ -123,9 +120,8 @@ pub fn f16_kernels_run_where_f16_is_enabled<S: Suite>() {
     assert_eq!(halves, expected);
 }
 
-/// Subgroup operations see full subgroups of a size inside the reported
-/// range where subgroups are enabled; the kernel does not compile where
-/// they are not.
+/// Subgroup operations see full subgroups of a size inside the reported range where subgroups are
+/// enabled. The kernel does not compile where they are not.
 pub fn subgroup_kernels_run_where_subgroups_are_enabled<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let kernel = Kernel::wgsl("subgroups", SUBGROUPS);
@@ -160,8 +156,8 @@ pub fn subgroup_kernels_run_where_subgroups_are_enabled<S: Suite>() {
     }
 }
 
-/// Sixty-four invocations' `f32` atomics add up where `f32` atomics are
-/// enabled; the kernel does not compile where they are not.
+/// Sixty-four invocations' `f32` atomics add up where `f32` atomics are enabled. The kernel does
+/// not compile where they are not.
 pub fn f32_atomics_run_where_enabled<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let kernel = Kernel::wgsl("f32 atomics", F32_ATOMICS);
@@ -183,8 +179,7 @@ pub fn f32_atomics_run_where_enabled<S: Suite>() {
     assert_eq!(values, [128.0, 3.0, -64.0, 0.0]);
 }
 
-/// The optional features' behaviours: one `#[test]` each for
-/// `$suite`, with what each needs.
+/// The optional features' behaviours: one `#[test]` each for `$suite`, with what each needs.
 #[macro_export]
 macro_rules! features_tests {
     ($suite:ty) => {

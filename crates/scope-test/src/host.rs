@@ -1,15 +1,13 @@
 //! The reference host server: the contract's executable specification.
 //!
-//! Memory is host bytes, kernels are Rust closures registered by name, and a
-//! capture records the stream's operations as values and replays them. It
-//! goes through exactly the core's `Server<B>` code the GPU servers go
-//! through — only the device calls differ — so the conformance suite run
+//! Memory is host bytes, kernels are Rust closures registered by name, and a capture records the
+//! stream's operations as values and replays them. It goes through exactly the core's `Server<B>`
+//! code the GPU servers go through; only the device calls differ. So the conformance suite run
 //! against it tests every rule on every CI run, without a GPU.
 //!
-//! It is deliberately simple rather than fast: a launch copies each binding
-//! into a scratch vector, runs the closure, and copies the written bindings
-//! back. That also makes aliasing (one buffer bound twice) well defined:
-//! bindings are written back in order.
+//! It is deliberately simple rather than fast. A launch copies each binding into a scratch vector,
+//! runs the closure, and copies the written bindings back. That also makes aliasing (one buffer
+//! bound twice) well defined: bindings are written back in order.
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -33,8 +31,8 @@ pub type HostMemory = Arc<Mutex<Vec<u8>>>;
 
 /// What a host kernel gets.
 pub struct HostArgs<'a> {
-    /// Each binding's bytes, in order. Written bindings are copied back after
-    /// the closure returns `Ok`.
+    /// Each binding's bytes, in order. Written bindings are copied back after the closure returns
+    /// `Ok`.
     pub bindings: &'a mut [Vec<u8>],
     /// The scalar blob.
     pub scalars: &'a [u8],
@@ -53,8 +51,7 @@ impl HostArgs<'_> {
 }
 
 impl HostArgs<'_> {
-    /// Binding `index`'s bytes, or an error naming the binding a kernel
-    /// expected and was not given.
+    /// Binding `index`'s bytes, or an error naming the binding a kernel expected and was not given.
     ///
     /// # Errors
     ///
@@ -70,15 +67,13 @@ impl HostArgs<'_> {
     }
 }
 
-/// A host kernel. Returning an error fails the launch with it; return a
-/// sticky [`Error::Fault`] to model a device fault. A kernel that panics
-/// fails its launch as a trapped GPU kernel would: the panic is caught and
-/// its outputs carry an [`Error::Launch`] that quotes it.
+/// A host kernel. Returning an error fails the launch with it; return a sticky [`Error::Fault`] to
+/// model a device fault. A kernel that panics fails its launch as a trapped GPU kernel would. The
+/// panic is caught, and its outputs carry an [`Error::Launch`] that quotes it.
 pub type HostFn = Arc<dyn Fn(&mut HostArgs<'_>) -> Result<()> + Send + Sync>;
 
-/// A registered host kernel: its closure and, when registered with one, the
-/// number of bindings it takes, which [`Backend::check_launch`] holds a
-/// launch to before anything runs.
+/// A registered host kernel: its closure and, when registered with one, the number of bindings it
+/// takes. [`Backend::check_launch`] holds a launch to that number before anything runs.
 #[derive(Clone)]
 pub struct HostKernel(Arc<KernelInner>);
 
@@ -99,9 +94,8 @@ impl HostKernel {
     }
 }
 
-/// The most workgroups a host launch runs in each dimension, as a GPU has a
-/// grid limit: a host-given count past it is an invalid argument, and an
-/// indirect one runs nothing.
+/// The most workgroups a host launch runs in each dimension, as a GPU has a grid limit. A
+/// host-given count past it is an invalid argument, and an indirect one runs nothing.
 pub const MAX_GROUPS: u32 = 65_535;
 
 /// Read `bytes` as little-endian `u32` words.
@@ -190,12 +184,11 @@ impl Op {
     }
 }
 
-/// Run a launch now: each binding copied into a scratch vector, the
-/// closure run on them (a panic caught and made its launch's error), the
-/// written ones copied back.
 /// A binding as a launch runs it: memory, offset, length, access.
 type Binding<'a> = (&'a HostMemory, u64, u64, Access);
 
+/// Run a launch now: each binding copied into a scratch vector, the closure run, the written ones
+/// copied back. A panic is caught and made its launch's error.
 fn run_launch(
     kernel: &HostKernel,
     stream: StreamId,
@@ -211,8 +204,8 @@ fn run_launch(
         }
     };
     if groups.contains(&0) || groups.iter().any(|&g| g > MAX_GROUPS) {
-        // A zero runs nothing; so does an indirect count past the limit (a
-        // host-given one was refused before the scope), as on every server.
+        // A zero runs nothing, as does an indirect count past the limit (a host-given one was
+        // refused).
         return Ok(());
     }
     let mut scratch: SmallVec<[Vec<u8>; 4]> = bindings
@@ -303,15 +296,14 @@ impl Host {
             kernels: HashMap::new(),
             reserved: 0,
             max_allocation: 1 << 40,
-            // Reserving more than the machine has would succeed under
-            // overcommit and then be killed when touched; a device has a
-            // fixed amount, and so does the reference.
+            // Reserving more than the machine has would succeed under overcommit, then be killed
+            // when touched. A device has a fixed amount, and so does the reference.
             limit: Some(8 << 30),
             reopened_max_allocation: None,
             reopens: true,
         };
-        // The built-ins stop at the shortest binding: a count past a
-        // binding's end writes what fits, as a bounds-checked GPU kernel does.
+        // The built-ins stop at the shortest binding: a count past its end writes what fits, as on
+        // a GPU.
         host.register_taking("fill", 1, |args| {
             let n = args.scalar_u32(0) as usize;
             let value = args.scalar_u32(1);
@@ -347,20 +339,18 @@ impl Host {
         host
     }
 
-    /// The next time the device is opened again
-    /// ([`Client::recover`](scope_core::Client::recover)), its largest
-    /// allocation is `max_allocation`: a device that comes back smaller,
-    /// for a test of what no longer fits.
+    /// The next time the device is opened again ([`Client::recover`](scope_core::Client::recover)),
+    /// its largest allocation is `max_allocation`. A device that comes back smaller, for a test of
+    /// what no longer fits.
     pub fn reopens_smaller(mut self, max_allocation: u64) -> Self {
         self.reopened_max_allocation = Some(max_allocation);
         self
     }
 
-    /// A device that, once lost, cannot be opened again in this process:
-    /// [`Client::recover`](scope_core::Client::recover) is refused with
-    /// [`Error::RestartRequired`], as on a backend with no
-    /// [`Backend::reopen`] of its own (CUDA's and HIP's), and the client
-    /// stays poisoned (rule 52).
+    /// A device that, once lost, cannot be opened again in this process (rule 52).
+    /// [`Client::recover`](scope_core::Client::recover) is refused with [`Error::RestartRequired`],
+    /// and the client stays poisoned. A backend with no [`Backend::reopen`] of its own (CUDA's and
+    /// HIP's) acts the same.
     pub fn cannot_reopen(mut self) -> Self {
         self.reopens = false;
         self
@@ -378,9 +368,9 @@ impl Host {
         );
     }
 
-    /// Register `kernel` under `name`, taking exactly `bindings` bindings:
-    /// a launch with any other number is refused before it runs, as a GPU
-    /// server refuses one that does not match the kernel's layout.
+    /// Register `kernel` under `name`, taking exactly `bindings` bindings. A launch with any other
+    /// number is refused before it runs. A GPU server refuses one that does not match the kernel's
+    /// layout the same way.
     pub fn register_taking(
         &mut self,
         name: &str,
@@ -393,8 +383,8 @@ impl Host {
         );
     }
 
-    /// Make allocations past `bytes` in all fail with out-of-memory, as a
-    /// device with that much memory would (8 GiB by default).
+    /// Make allocations past `bytes` in all fail with out-of-memory, as a device with that much
+    /// memory would. 8 GiB by default.
     pub fn with_memory_limit(mut self, bytes: u64) -> Self {
         self.limit = Some(bytes);
         self
@@ -406,8 +396,7 @@ impl Backend for Host {
     type Stream = HostStream;
     type Kernel = HostKernel;
     type Graph = HostGraph;
-    /// Nothing: the reference server runs work as it is issued, so a
-    /// stream never has any pending.
+    /// Nothing: the reference server runs work as it is issued, so a stream never has any pending.
     type Waiter = ();
 
     const NAME: &'static str = "host";
@@ -420,11 +409,10 @@ impl Backend for Host {
         language == Language::Host
     }
 
-    /// A host kernel is one closure per launch that sees the workgroup
-    /// count: it has no workgroup of invocations, no workgroup memory and no
-    /// shader types, so those are reported as one invocation and none. It
-    /// takes any number of bindings and any scalar blob, each as large as
-    /// memory allows; only the grid is bounded.
+    /// A host kernel is one closure per launch that sees the workgroup count. It has no workgroup
+    /// of invocations, no workgroup memory and no shader types. So those are reported as one
+    /// invocation and none. It takes any number of bindings and any scalar blob, each as large as
+    /// memory allows. Only the grid is bounded.
     fn launch_limits(&self) -> LaunchLimits {
         let mut limits = LaunchLimits::default();
         limits.max_bindings = u32::MAX;
@@ -438,9 +426,8 @@ impl Backend for Host {
     }
 
     fn max_allocation(&self) -> u64 {
-        // A request past all of the memory there is can never fit: the core
-        // refuses it as an invalid argument, as every server does, and keeps
-        // out-of-memory for "not now".
+        // A request past all the memory there is can never fit. The core refuses it as an invalid
+        // argument, as every server does, and keeps out-of-memory for "not now".
         self.limit
             .map_or(self.max_allocation, |limit| limit.min(self.max_allocation))
     }
@@ -574,8 +561,7 @@ impl Backend for Host {
     ) -> Result<()> {
         let id = stream.id;
         if stream.recording.is_none() {
-            // Run now: nothing outlives the call, so nothing is boxed or
-            // shared.
+            // Run now: nothing outlives the call, so nothing is boxed or shared.
             let bindings: SmallVec<[Binding<'_>; 4]> = launch
                 .bindings
                 .iter()
@@ -647,10 +633,9 @@ impl Backend for Host {
         Ok(())
     }
 
-    /// Host memory is never lost, so opening the "device" again forgets
-    /// what the streams recorded and what was reserved (the core gave every
-    /// allocation back first), and takes the smaller largest allocation a
-    /// test asked for ([`Host::reopens_smaller`]). A host built not to
+    /// Host memory is never lost, so opening the "device" again forgets what the streams recorded
+    /// and reserved. The core gave every allocation back first. It takes the smaller largest
+    /// allocation a test asked for ([`Host::reopens_smaller`]). A host built not to
     /// ([`Host::cannot_reopen`]) refuses.
     unsafe fn reopen(&mut self, fault: &Error, streams: &mut [&mut HostStream]) -> Result<()> {
         if !self.reopens {

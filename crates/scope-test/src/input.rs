@@ -1,11 +1,10 @@
-//! The caller's arguments: bad input is a typed error that claims nothing,
-//! and dispatches that run nothing or read their counts from the device
-//! behave as the contract says (rules 16, 38).
+//! The caller's arguments (rules 16, 38). Bad input is a typed error that claims nothing.
+//! Dispatches that run nothing, or read their counts from the device, behave as the contract says.
 
 use super::*;
 
-/// Bad input is a typed error naming what was wrong; nothing panics and
-/// nothing already written is lost.
+/// Bad input is a typed error naming what was wrong. Nothing panics and nothing already written is
+/// lost.
 pub fn bad_input_is_typed<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let buf = upload(&c, &[11; 64]);
@@ -51,9 +50,8 @@ pub fn bad_input_is_typed<S: Suite>() {
     assert_eq!(c.failures_held(), 0);
 }
 
-/// A launch that runs no workgroup writes nothing and heals nothing; an
-/// indirect launch heals nothing, since its count is on the device; an
-/// indirect count joins the read set (rules 17, 19).
+/// A launch that runs no workgroup writes nothing and heals nothing (rules 17, 19). An indirect
+/// launch heals nothing, since its count is on the device. An indirect count joins the read set.
 pub fn zero_and_indirect_dispatch<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let out = alloc(&c, WORDS);
@@ -69,9 +67,8 @@ pub fn zero_and_indirect_dispatch<S: Suite>() {
     )
     .unwrap();
     assert!(read(&c, &out).is_err(), "a zero dispatch heals nothing");
-    // A device-side count is unknown when the launch concludes, so an
-    // indirect launch heals nothing either: a zero count there would leave
-    // the stale bytes, which nobody wrote.
+    // A device-side count is unknown when the launch concludes, so an indirect launch heals
+    // nothing. A zero count would leave the stale bytes, which nobody wrote.
     let zero = upload(&c, &[0, 1, 1]);
     launch::<S>(
         &c,
@@ -129,8 +126,7 @@ pub fn zero_and_indirect_dispatch<S: Suite>() {
     assert_root_contains(&read(&c, &out).unwrap_err(), "count");
 }
 
-/// The input behaviours: one `#[test]` each for
-/// `$suite`, with what each needs.
+/// The input behaviours: one `#[test]` each for `$suite`, with what each needs.
 #[macro_export]
 macro_rules! input_tests {
     ($suite:ty) => {

@@ -1,10 +1,9 @@
 //! What a suite has, what a behaviour needs, and the test each becomes.
 //!
-//! Each behaviour module lists its behaviours in its own `*_tests!` macro,
-//! each with what it needs beyond a client. A suite says what it has once,
-//! in [`Suite::capabilities`]. The test decides as it runs: a suite that
-//! lacks a need prints `not exercised: <reason>` and passes, which
-//! `cargo xtask test` counts apart from a pass.
+//! Each behaviour module lists its behaviours in its own `*_tests!` macro, each with what it needs
+//! beyond a client. A suite says what it has once, in [`Suite::capabilities`]. The test decides as
+//! it runs. A suite that lacks a need prints `not exercised: <reason>` and passes, which `cargo
+//! xtask test` counts apart from a pass.
 
 use scope_core::collective::Group;
 
@@ -56,8 +55,7 @@ pub fn exercised<S: Suite>(needs: &[Capability]) -> bool {
     false
 }
 
-/// A joined behaviour's fallback: the suite claims collectives its
-/// backend lacks.
+/// A joined behaviour's fallback: the suite claims collectives its backend lacks.
 #[doc(hidden)]
 pub fn without_device_collectives<S: Suite>() {
     panic!(
@@ -77,17 +75,17 @@ pub(crate) fn checked<S: Suite>(group: Group<S::Backend>) -> Group<S::Backend> {
     group
 }
 
-/// One `#[test]` for behaviour `$module::$name` of `$suite`, run when the
-/// suite has every `$need`. `joined` marks a behaviour whose backend must
-/// implement [`DeviceCollectives`]; a backend without it still compiles.
+/// One `#[test]` for behaviour `$module::$name` of `$suite`, run when the suite has every `$need`.
+/// `joined` marks a behaviour whose backend must implement [`DeviceCollectives`]. A backend without
+/// it still compiles.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! behaviour {
     (joined $suite:ty, $module:ident::$name:ident $(, $need:ident)*) => {
         #[test]
         fn $name() {
-            // Autoref specialisation: `Joined` applies where the bound
-            // holds, and method lookup reaches `Alone` only where not.
+            // Autoref specialisation: `Joined` applies where the bound holds, and method lookup
+            // reaches `Alone` only where not.
             #[allow(dead_code)]
             struct Probe<S>(::core::marker::PhantomData<S>);
             #[allow(dead_code)]

@@ -1,24 +1,19 @@
 //! The conformance suite: one test per behaviour, for any server.
 //!
-//! A server's test module implements [`Suite`]: how to get a client, four
-//! kernels in its own language, and what it can do
-//! ([`Suite::capabilities`]). It expands
-//! [`conformance_tests!`](crate::conformance_tests) to get one `#[test]`
-//! per behaviour. Each behaviour names the rules of `docs/ERROR_MODEL.md`
-//! it checks.
+//! A server's test module implements [`Suite`]: how to get a client, four kernels in its own
+//! language, and what it can do ([`Suite::capabilities`]). It expands
+//! [`conformance_tests!`](crate::conformance_tests) to get one `#[test]` per behaviour. Each
+//! behaviour names the rules of `docs/ERROR_MODEL.md` it checks.
 //!
-//! Each module declares its behaviours beside their bodies, in its own
-//! `*_tests!` macro, with what each needs ([`Capability`]). Adding a
-//! behaviour edits one module. The kit decides at run time: a test whose
-//! suite lacks a need prints `not exercised: <reason>` and passes.
+//! Each module declares its behaviours beside their bodies, in its own `*_tests!` macro, with what
+//! each needs ([`Capability`]). Adding a behaviour edits one module. The kit decides at run time: a
+//! test whose suite lacks a need prints `not exercised: <reason>` and passes.
 //!
-//! The same [`Suite`] drives [`random_sequences`] ([`property`]): random
-//! interleavings of every operation, with faults injected, checked against
-//! an oracle after each one.
+//! The same [`Suite`] drives [`random_sequences`] ([`property`]). It runs random interleavings of
+//! every operation, with faults injected, checked against an oracle after each one.
 //!
-//! A server with no device here prints `skipped: no <backend> device` and
-//! returns. With `SCOPE_REQUIRE=<backend>` (or `all`) a missing device
-//! fails the test instead.
+//! A server with no device here prints `skipped: no <backend> device` and returns. With
+//! `SCOPE_REQUIRE=<backend>` (or `all`) a missing device fails the test instead.
 
 pub mod across;
 pub mod backend;
@@ -67,75 +62,69 @@ use scope_core::kernel::Kernel;
 
 /// What a server supplies to run the suite against itself.
 ///
-/// The kernels work on `u32` words with a workgroup (block) of 64
-/// invocations, one word each, over `ceil(n / 64)` groups. Scalars are
-/// little-endian `u32`s.
+/// The kernels work on `u32` words with a workgroup (block) of 64 invocations, one word each, over
+/// `ceil(n / 64)` groups. Scalars are little-endian `u32`s.
 pub trait Suite: 'static {
     /// The backend under test.
     type Backend: Backend;
 
-    /// A client of a fresh server; [`scope_core::Error::BackendUnavailable`]
-    /// when there is no device here.
+    /// A client of a fresh server; [`scope_core::Error::BackendUnavailable`] when there is no
+    /// device here.
     fn client() -> Result<Client<Self::Backend>>;
 
-    /// `out[i] = value` for `i < n`. Bindings `[out (write)]`; scalars
-    /// `[n, value]`.
+    /// `out[i] = value` for `i < n`. Bindings `[out (write)]`; scalars `[n, value]`.
     fn fill() -> Kernel;
 
-    /// `out[i] = in[i]` for `i < n`. Bindings `[in (read), out (write)]`;
-    /// scalars `[n]`.
+    /// `out[i] = in[i]` for `i < n`. Bindings `[in (read), out (write)]`; scalars `[n]`.
     fn copy() -> Kernel;
 
-    /// `out[i] = a[i] + b[i]` (wrapping) for `i < n`. Bindings
-    /// `[a (read), b (read), out (write)]`; scalars `[n]`.
+    /// `out[i] = a[i] + b[i]` (wrapping) for `i < n`. Bindings `[a (read), b (read), out (write)]`;
+    /// scalars `[n]`.
     fn add() -> Kernel;
 
     /// A kernel in the backend's language that does not compile.
     fn broken() -> Kernel;
 
-    /// What the suite can do beyond a client: the one place it says so.
-    /// Nothing by default. [`Capability::Backend`] is read from
-    /// [`backend`](Self::backend) instead.
+    /// What the suite can do beyond a client: the one place it says so. Nothing by default.
+    /// [`Capability::Backend`] is read from [`backend`](Self::backend) instead.
     fn capabilities() -> &'static [Capability] {
         &[]
     }
 
-    /// The scalar blob for a launch of `kernel` over `bindings` with scalars
-    /// `values`. Little-endian `u32`s by default; a compiler with its own
-    /// argument layout (cubecl's info struct) packs them its way.
+    /// The scalar blob for a launch of `kernel` over `bindings` with scalars `values`.
+    /// Little-endian `u32`s by default. A compiler with its own argument layout (cubecl's info
+    /// struct) packs them its way.
     #[allow(unused_variables)]
     fn scalar_blob(kernel: &Kernel, bindings: &[Binding<'_>], values: &[u32]) -> Vec<u8> {
         values.iter().flat_map(|v| v.to_le_bytes()).collect()
     }
 
-    /// A size within the backend's largest allocation that the device
-    /// cannot provide, for a real out-of-memory; `None` to rely on injected
-    /// ones only.
+    /// A size within the backend's largest allocation that the device cannot provide, for a real
+    /// out-of-memory. `None` to rely on injected ones only.
     fn oversized() -> Option<u64> {
         None
     }
 
-    /// A client for rank `rank` of the collective behaviours' groups. A
-    /// fresh server of [`client`](Self::client)'s by default (a logical
-    /// device); a backend that enumerates devices gives each rank its own.
+    /// A client for rank `rank` of the collective behaviours' groups. By default a fresh server of
+    /// [`client`](Self::client)'s, a logical device. A backend that enumerates devices gives each
+    /// rank its own.
     #[allow(unused_variables)]
     fn rank_client(rank: usize) -> Result<Client<Self::Backend>> {
         Self::client()
     }
 
-    /// How many ranks of distinct devices [`rank_client`](Self::rank_client)
-    /// can make: [`sizes`] runs at one rank and at this many (at most
-    /// [`MOST_RANKS`]). Four logical devices by default; a suite over real
-    /// devices answers the machine's count.
+    /// How many ranks of distinct devices [`rank_client`](Self::rank_client) can make. [`sizes`]
+    /// runs at one rank and at this many (at most [`MOST_RANKS`]). Four logical devices by default;
+    /// a suite over real devices answers the machine's count.
     fn devices() -> usize {
         collective::RANKS
     }
 
     /// The group the collective behaviours run on: host staging by default
-    /// ([`Group::new`](scope_core::collective::Group::new)). A suite that
-    /// lists [`Capability::DeviceCollectives`] makes it with
-    /// [`Group::over_device`](scope_core::collective::Group::over_device);
-    /// the kit checks the two agree.
+    /// ([`Group::new`](scope_core::collective::Group::new)). A suite that lists
+    /// [`Capability::DeviceCollectives`] makes it with
+    /// [`Group::over_device`](scope_core::collective::Group::over_device). The kit checks the two
+    /// agree.
     fn group(
         clients: Vec<Client<Self::Backend>>,
         deadline: std::time::Duration,
@@ -143,42 +132,37 @@ pub trait Suite: 'static {
         scope_core::collective::Group::new(clients, deadline)
     }
 
-    /// A fresh backend of the suite's device, for the behaviours that drive
-    /// the [`Backend`] contract below the server ([`backend`]). `None` by
-    /// default: those behaviours are then not exercised. Their kernels get
-    /// their scalars from [`scalar_blob`](Self::scalar_blob) with no
+    /// A fresh backend of the suite's device, for the behaviours that drive the [`Backend`]
+    /// contract below the server ([`backend`]). `None` by default: those behaviours are then not
+    /// exercised. Their kernels get their scalars from [`scalar_blob`](Self::scalar_blob) with no
     /// bindings.
     fn backend() -> Option<Result<Self::Backend>> {
         None
     }
 
-    /// How much work `stream` has issued and not finished, where the suite
-    /// can count it (a mock driver's counter); `None` by default. The
-    /// backend behaviours use it to see that a wait covers exactly the work
-    /// before it.
+    /// How much work `stream` has issued and not finished, where the suite can count it (a mock
+    /// driver's counter). `None` by default. The backend behaviours use it to see that a wait
+    /// covers exactly the work before it.
     #[allow(unused_variables)]
     fn pending(stream: &<Self::Backend as Backend>::Stream) -> Option<u64> {
         None
     }
 
-    /// Called at the end of every exercised test, on the test's thread: a
-    /// backend's own end-of-test check (a mock asserting it refused
-    /// nothing). Nothing by default.
+    /// Called at the end of every exercised test, on the test's thread. A backend's own end-of-test
+    /// check goes here, such as a mock asserting it refused nothing. Nothing by default.
     fn finished() {}
 }
 
 pub use scope_core::required;
 
-/// A client from `make`, or `None` after printing `skipped: no <backend>
-/// device (<why>)` when the backend is unavailable here. The backend is
-/// the one the error names: a suite of NCCL's collectives on a machine
-/// with a GPU and no NCCL is `skipped: no nccl device`.
+/// A client from `make`, or `None` after printing `skipped: no <backend> device (<why>)` when the
+/// backend is unavailable here. The backend is the one the error names. A suite of NCCL's
+/// collectives on a machine with a GPU and no NCCL is `skipped: no nccl device`.
 ///
 /// # Panics
 ///
-/// When the backend is unavailable and [`required`]; or when `make` fails
-/// for any other reason: a present but broken device is a failure, never
-/// a skip.
+/// When the backend is unavailable and [`required`]. Or when `make` fails for any other reason: a
+/// present but broken device is a failure, never a skip.
 pub fn client_or_skip<B: Backend>(make: impl FnOnce() -> Result<Client<B>>) -> Option<Client<B>> {
     match make() {
         Ok(client) => Some(client),
@@ -251,11 +235,10 @@ fn read<B: Backend>(client: &Client<B>, buffer: &Buffer) -> Result<Vec<u32>> {
     client.read(buffer).map(|b| as_words(&b))
 }
 
-/// `buffer` read from the host, and through a copy the device makes of it
-/// first: both must agree, in words or in the root they name (the copy's
-/// read one hop further down the chain). A round's output is read on the
-/// device in training (the optimizer reads the all-reduced gradient), and
-/// only such a read catches a failure the books missed after the round.
+/// `buffer` read from the host, and through a copy the device makes of it first. Both must agree,
+/// in words or in the root they name; the copy's read is one hop further down the chain. A round's
+/// output is read on the device in training: the optimizer reads the all-reduced gradient. Only
+/// such a read catches a failure the books missed after the round.
 fn read_twice<S: Suite>(client: &Client<S::Backend>, buffer: &Buffer) -> Result<Vec<u32>> {
     // A poisoned or lost device holds no new buffer: its reads all fail.
     let Ok(through) = client.try_allocate(buffer.size()) else {
@@ -339,23 +322,20 @@ fn assert_root_contains(error: &Error, text: &str) {
 
 /// One `#[test]` per behaviour of the kit for the [`Suite`] `$suite`.
 ///
-/// Each module lists its own behaviours (`dataflow_tests!`,
-/// `recover_tests!`, …) with what each needs; this invokes every list. A
-/// behaviour whose need the suite lacks ([`Suite::capabilities`]) says
-/// `not exercised` and passes. Each test ends with [`Suite::finished`].
+/// Each module lists its own behaviours (`dataflow_tests!`, `recover_tests!`, …) with what each
+/// needs; this invokes every list. A behaviour whose need the suite lacks ([`Suite::capabilities`])
+/// says `not exercised` and passes. Each test ends with [`Suite::finished`].
 ///
 /// ```ignore
 /// scope_test::conformance_tests!(MySuite);
 /// ```
 ///
-/// `conformance_tests!(@collectives MySuite)` expands the group behaviours
-/// alone: for a suite that adds a transport to a backend whose other
-/// behaviours run elsewhere.
+/// `conformance_tests!(@collectives MySuite)` expands the group behaviours alone. It is for a suite
+/// that adds a transport to a backend whose other behaviours run elsewhere.
 ///
-/// `conformance_tests!(@processes MySuite, "module::path", identity)`
-/// expands, in the module the path names, to four ranks in four processes
-/// ([`ranks_in_separate_processes`]). It is for a backend whose identity
-/// is NCCL's unique id, made by `identity(dir)`.
+/// `conformance_tests!(@processes MySuite, "module::path", identity)` expands, in the module the
+/// path names, to four ranks in four processes ([`ranks_in_separate_processes`]). It is for a
+/// backend whose identity is NCCL's unique id, made by `identity(dir)`.
 #[macro_export]
 macro_rules! conformance_tests {
     ($suite:ty) => {
@@ -381,8 +361,7 @@ macro_rules! conformance_tests {
         $crate::rounds_tests!($suite);
     };
     (@processes $suite:ty, $module:literal, $identity:expr) => {
-        /// Four ranks in four processes: this binary runs [`rank`] four
-        /// times.
+        /// Four ranks in four processes: this binary runs [`rank`] four times.
         #[test]
         fn ranks_in_separate_processes() {
             $crate::ranks_in_separate_processes::<$suite>(
@@ -399,10 +378,9 @@ macro_rules! conformance_tests {
             $crate::one_rank_in_its_own_process::<$suite>();
         }
 
-        /// Four ranks in four processes, one killed in the middle of
-        /// training: the others shrink to a new epoch and go on, a
-        /// restarted process is admitted and healed, and every rank's
-        /// weights end the same bits.
+        /// Four ranks in four processes, one killed in the middle of training. The others shrink to
+        /// a new epoch and go on. A restarted process is admitted and healed. Every rank's weights
+        /// end the same bits.
         #[test]
         fn ranks_survive_a_killed_process() {
             $crate::ranks_survive_a_killed_process::<$suite>(

@@ -1,8 +1,11 @@
-//! A group that lost a rank goes on (rules 54–57): its survivors shrink to
-//! a group of themselves, on every survivor the same, without waiting for a
-//! rank known gone; the old epoch refuses every call, claiming nothing; a
-//! newcomer is admitted and healed by a broadcast before its bytes count as
-//! clean; and every wrong change is refused on every rank.
+//! A group that lost a rank goes on (rules 54–57):
+//!
+//! - its survivors shrink to a group of themselves, the same on every
+//!   survivor, without waiting for a rank known gone;
+//! - the old epoch refuses every call, claiming nothing;
+//! - a newcomer is admitted, and healed by a broadcast before its bytes
+//!   count as clean;
+//! - every wrong change is refused on every rank.
 //!
 //! The behaviours run on the suite's group ([`Suite::group`]): host staging,
 //! or a device transport, whose new epoch joins new communicators.
@@ -72,11 +75,10 @@ fn shrink_all<B: Backend>(group: &Group<B>, survivors: &[usize]) -> Vec<Option<R
 }
 
 /// A rank that never joined fails its peers' collective and breaks the
-/// group; the survivors shrink to a group of themselves — the same
-/// membership on every one, their ranks in their old order — and go on,
-/// a mean now over three ranks, not four; every call through the old
-/// epoch is refused as stale, claiming nothing, the absent rank's as left
-/// out (rules 43, 54, 55).
+/// group. The survivors shrink to a group of themselves, the same on every
+/// one, their ranks in their old order. They go on, a mean now over three
+/// ranks. Every call through the old epoch is refused as stale, claiming
+/// nothing, the absent rank's as left out (rules 43, 54, 55).
 pub fn survivors_of_a_missing_rank_shrink_and_go_on<S: Suite>() {
     let deadline = Duration::from_millis(300);
     let Some(group) = group::<S>(deadline) else {
@@ -199,10 +201,10 @@ pub fn a_rank_whose_device_is_lost_is_not_waited_for<S: Suite>() {
     }
 }
 
-/// A newcomer is admitted by every member as the last rank; what its
-/// buffers held is not trusted — a collective that reads them fails on
-/// every rank (rule 41) — until a broadcast from a healthy rank heals them,
-/// after which every rank holds bit-identical weights (rules 56, 57).
+/// A newcomer is admitted by every member as the last rank. What its
+/// buffers held is not trusted: a collective that reads them fails on
+/// every rank (rule 41). A broadcast from a healthy rank heals them, and
+/// then every rank holds bit-identical weights (rules 56, 57).
 pub fn a_newcomer_is_admitted_and_healed_by_its_peers<S: Suite>() {
     let Some(group) = group_of::<S>(RANKS - 1, DEFAULT_WAIT) else {
         return;
@@ -271,10 +273,10 @@ pub fn a_newcomer_is_admitted_and_healed_by_its_peers<S: Suite>() {
 }
 
 /// Every wrong membership change is refused on every rank, claiming
-/// nothing, and the group goes on at its epoch: no newcomer, a newcomer
-/// already a rank, a newcomer whose device is lost, ranks that ask for
-/// different changes; a heal whose root's bytes carry a failure fails every
-/// rank's buffer naming the root (rules 38, 41, 56, 57).
+/// nothing, and the group goes on at its epoch. The changes: no newcomer,
+/// a newcomer already a rank, a newcomer whose device is lost, ranks that
+/// ask for different changes. A heal whose root's bytes carry a failure
+/// fails every rank's buffer, naming the root (rules 38, 41, 56, 57).
 pub fn bad_membership_changes_are_refused_everywhere<S: Suite>() {
     // Three ranks, and a fourth device to name as a newcomer.
     let ranks = RANKS - 1;
@@ -349,10 +351,10 @@ pub fn bad_membership_changes_are_refused_everywhere<S: Suite>() {
     assert!(group.broken().is_none());
 }
 
-/// A rank's device is lost in the middle of training: the others shrink
-/// and train on; it recovers (its weights lost with the device, rule 51),
-/// is admitted back, and is healed by a broadcast, after which the four
-/// ranks' weights are bit-identical (rules 51, 54, 56, 57).
+/// A rank's device is lost in the middle of training, and the others shrink
+/// and train on. It recovers, its weights lost with the device (rule 51).
+/// It is admitted back and healed by a broadcast. Then the four ranks'
+/// weights are bit-identical (rules 51, 54, 56, 57).
 pub fn a_lost_rank_recovers_and_is_admitted_back<S: Suite>() {
     let Some(group) = group::<S>(DEFAULT_WAIT) else {
         return;

@@ -1,109 +1,91 @@
 //! Random operation sequences against a per-word oracle, for any server.
 //!
-//! The conformance suite tests each rule with a sequence someone thought
-//! of; this tests the sequences nobody did. Random allocations (some of
-//! which fail), frees, host writes, launches of the suite's three kernels
-//! over random ranges, device copies, reads, syncs, capture windows, replays
-//! and graph destruction — with failures injected at every site that takes
-//! one, and now and then the device lost and recovered — run against a
-//! server, and beside it an oracle keeps, for every
-//! word of every live buffer, whether it is *stale* (a failed or skipped
-//! writer, a window that could not seal or was aborted, a failed replay or
-//! destroy left it unwritten) and, where known, its value. After every
-//! operation:
+//! The conformance suite tests each rule with a sequence someone thought of. This tests the
+//! sequences nobody did. Random operations run against a server: allocations (some fail), frees,
+//! host writes, and launches of the suite's three kernels over random ranges. Device copies, reads,
+//! syncs, capture windows, replays and graph destruction run too. Failures are injected at every
+//! site that takes one. Now and then the device is lost and recovered. Beside the server, an oracle
+//! keeps every word of every live buffer. It knows whether the word is *stale*, and its value where
+//! known. A failed or skipped writer leaves a word stale. So does a window that could not seal or
+//! was aborted, and a failed replay or destroy. After every operation:
 //!
-//! - a `check` of a random range and of the whole of every live buffer
-//!   fails exactly when one of its words is stale;
-//! - the store holds no more failures than live claims (rule 7), and every
-//!   failure's carrier count matches the buffers that claim it
-//!   ([`Client::audit`]);
+//! - a `check` of a random range and of every live buffer fails exactly when a word is stale;
+//! - the store holds no more failures than live claims (rule 7);
+//! - every failure's carrier count matches the buffers that claim it ([`Client::audit`]);
+//! - every host read returns the oracle's values wherever it knows them.
 //!
-//! and every host read returns the oracle's values wherever it knows them.
 //! At the end, freeing everything empties the store and the allocator.
 //!
 //! # Why this shape
 //!
-//! The launches are the suite's own `fill`, `copy` and `add` — one write;
-//! one read and one write; two reads and one write — over random buffers
-//! and ranges, so every server runs the same sequences in its own kernel
-//! language, and the oracle can compute what a clean launch writes. Ranges
-//! are whole words (the contract's copy granularity) and launch bindings
-//! start at multiples of the backend's binding alignment, so nothing the
-//! test issues is invalid by accident; the few invalid requests it does
-//! make (an overlapping copy within one buffer, a replay of a graph whose
-//! buffer was freed) are checked to be refused as `InvalidArgument`.
-//! Staleness is per word because every range is word-aligned: a per-byte
-//! oracle would say the same thing four times.
+//! The launches are the suite's own `fill`, `copy` and `add` over random buffers and ranges. They
+//! are one write; one read and one write; two reads and one write. So every server runs the same
+//! sequences in its own kernel language. And the oracle can compute what a clean launch writes.
+//! Ranges are whole words, the contract's copy granularity. Launch bindings start at multiples of
+//! the backend's binding alignment. So nothing the test issues is invalid by accident. The few
+//! invalid requests it makes are checked to be refused as `InvalidArgument`. They are an
+//! overlapping copy within one buffer, and a replay of a graph whose buffer was freed. Staleness is
+//! per word because every range is word-aligned. A per-byte oracle would say the same thing four
+//! times.
 //!
-//! Faults planted at a host read are not device faults: a device fault
-//! there claims whatever is in flight on the reading stream (rule 23),
-//! which the oracle does not follow. They still check that a read fails
-//! only after its range checks clean and it is not refused.
+//! Faults planted at a host read are not device faults. A device fault there claims whatever is in
+//! flight on the reading stream (rule 23), which the oracle does not follow. They still check that
+//! a read fails only after its range checks clean and it is not refused.
 //!
-//! A launch never binds one buffer for writing and for reading: wgpu
-//! forbids that within one dispatch, so the outcome would depend on the
-//! server, and an exact oracle is the point.
+//! A launch never binds one buffer for writing and for reading. wgpu forbids that within one
+//! dispatch, so the outcome would depend on the server. An exact oracle is the point.
 //!
-//! Capture follows `docs/ERROR_MODEL.md`: work inside a window does not run
-//! until replay (the oracle keeps the window's operations and applies them,
-//! on current inputs, at each clean replay), host writes inside it replay
-//! the bytes given at call time, and reads, syncs and replays on the
+//! Capture follows `docs/ERROR_MODEL.md`. Work inside a window does not run until replay. The
+//! oracle keeps the window's operations and applies them, on current inputs, at each clean replay.
+//! Host writes inside a window replay the bytes given at call time. Reads, syncs and replays on the
 //! recording stream are refused.
 //!
-//! Windows open on stream 0. About a third of the work goes to a second
-//! stream, windows or not, so buffers change hands between streams and the
-//! server orders them (`Backend::order`); the values read back say whether
-//! it did. During a window the oracle predicts every cross-capture refusal
-//! (`docs/ERROR_MODEL.md`, "Cross-stream ordering is automatic") and
-//! asserts it both ways: a use on stream 1 is refused, as `Error::Refused`
-//! and changing nothing (no claim, no failure seen on either stream),
-//! exactly when one of its buffers was last used by stream 0 and work
-//! recorded in the open window used it; a buffer stream 0 used only before
-//! the capture began is stream 1's to use. For that the oracle keeps, per
-//! buffer, the stream that used it last — set by the allocation and by
-//! every operation that reaches `Server::order` (not one refused, failed
-//! by an injected fault or skipped on a claimed input; a host read only
-//! once its range checks clean) — and, per window, the buffers its recorded
-//! work used. Stream 1's work runs at once, on the buffers' current values,
-//! while stream 0's waits for a replay; the window's buffers are stream 0's
-//! alone until it ends, so the two never meet. Only stream 0 opens windows:
-//! two recording streams (where even a buffer's pre-capture use on the
-//! other is refused) are left to the conformance suite.
+//! Windows open on stream 0. About a third of the work goes to a second stream, windows or not. So
+//! buffers change hands between streams and the server orders them (`Backend::order`). The values
+//! read back say whether it did. During a window the oracle predicts every cross-capture refusal
+//! and asserts it both ways. See `docs/ERROR_MODEL.md`, "Cross-stream ordering is automatic". A use
+//! on stream 1 is refused exactly when one of its buffers was last used by stream 0 and the open
+//! window used it. The refusal is `Error::Refused` and changes nothing: no claim, no failure seen
+//! on either stream. A buffer stream 0 used only before the capture began is stream 1's to use.
+//!
+//! For that the oracle keeps, per buffer, the stream that used it last. The allocation sets it, and
+//! so does every operation that reaches `Server::order`. An operation refused, failed by an
+//! injected fault or skipped on a claimed input does not. A host read does once its range checks
+//! clean. Per window, the oracle keeps the buffers its recorded work used. Stream 1's work runs at
+//! once, on the buffers' current values, while stream 0's waits for a replay. The window's buffers
+//! are stream 0's alone until it ends, so the two never meet. Only stream 0 opens windows. Two
+//! recording streams are left to the conformance suite: there even a buffer's pre-capture use on
+//! the other is refused.
 //!
 //! # Invalid calls
 //!
-//! About one step in twenty is a call no correct runtime makes (`abuse.rs`:
-//! ranges past the end, at `u64::MAX`, empty or reversed; freed and foreign
-//! buffers; allocations of nothing or of everything; misaligned bindings;
-//! grids past the device; an indirect count of `u32::MAX`; a capture
-//! dropped without its end). Each must fail with its typed error, or end in
-//! its defined outcome, and change nothing the oracle sees. Windows are
-//! sometimes dropped rather than aborted, graphs dropped rather than
-//! destroyed, and a failure hook that calls back into the client is
-//! installed throughout: together, the contract fuzzer.
+//! About one step in twenty is a call no correct runtime makes (`abuse.rs`). Ranges go past the
+//! end, sit at `u64::MAX`, or are empty or reversed. Buffers are freed or foreign. Allocations ask
+//! for nothing or for everything. Bindings are misaligned, grids go past the device, and an
+//! indirect count is `u32::MAX`. A capture is dropped without its end. Each must fail with its
+//! typed error, or end in its defined outcome, and change nothing the oracle sees. Windows are
+//! sometimes dropped rather than aborted, and graphs dropped rather than destroyed. A failure hook
+//! that calls back into the client is installed throughout. Together, these make the contract
+//! fuzzer.
 //!
 //! # Device losses
 //!
-//! About one step in 300 (`loss.rs`) loses the device through an injected
-//! sticky fault and recovers it ([`Client::recover`], rules 51–53): every
-//! word the device held is stale from then until rewritten, so the steps
-//! after it check the loss's skips, inheritance and healing as for any
-//! failure; every graph recorded before refuses to replay and destroys
-//! cleanly, an open window is aborted, and the counts `Recovered` reports,
-//! each stream's failures seen, the hook and the limits are checked. Some
-//! recoveries fail first (a fault reopening, a loss while remaking
-//! buffers), leaving the client poisoned — calls fail fast, releases still
-//! release — until the next. Where the suite's backend cannot reopen
-//! ([`Capability::Reopen`]), every recovery must be refused with
-//! `Error::RestartRequired`; the run releases everything, checks the store
-//! is empty, and goes on with a fresh server.
+//! About one step in 300 (`loss.rs`) loses the device through an injected sticky fault. It then
+//! recovers it ([`Client::recover`], rules 51–53). Every word the device held is stale from then
+//! until rewritten. So the steps after it check the loss's skips, inheritance and healing as for
+//! any failure. Every graph recorded before refuses to replay and destroys cleanly, and an open
+//! window is aborted. The counts `Recovered` reports are checked, with each stream's failures seen,
+//! the hook and the limits. Some recoveries fail first: a fault reopening, or a loss while remaking
+//! buffers. They leave the client poisoned until the next: calls fail fast, releases still release.
+//! Where the suite's backend cannot reopen ([`Capability::Reopen`]), every recovery must be refused
+//! with `Error::RestartRequired`. The run then releases everything, checks the store is empty, and
+//! goes on with a fresh server.
 //!
 //! # Reproducing a failure
 //!
-//! A failing step panics after printing the seed, the step and the tail of
-//! the operation log. `SCOPE_PROPERTY_SEED=<seed>` reruns that seed alone;
-//! `SCOPE_PROPERTY_STEPS=<n>` sets the steps per seed (for every server's
-//! test in the process).
+//! A failing step panics after printing the seed, the step and the tail of the operation log.
+//! `SCOPE_PROPERTY_SEED=<seed>` reruns that seed alone. `SCOPE_PROPERTY_STEPS=<n>` sets the steps
+//! per seed, for every server's test in the process.
 
 mod abuse;
 mod checks;
@@ -125,26 +107,24 @@ use scope_core::{Binding, Buffer, Capture, Dispatch, Graph};
 use scope_core::{BufferId, StreamId};
 use scope_core::{FaultPlan, Site};
 
-/// The seeds every server's test runs: five, so that a sequence one seed
-/// never reaches another may.
+/// The seeds every server's test runs: five, so that a sequence one seed never reaches another may.
 pub const SEEDS: [u64; 5] = [1, 7, 42, 1_000_003, 0x5eed_cafe];
 
-/// Operations per seed in the test [`conformance_tests!`](crate::conformance_tests)
-/// makes: 12,500 over [`SEEDS`], about two seconds on each server here.
+/// Operations per seed in the test [`conformance_tests!`](crate::conformance_tests) makes. 12,500
+/// over [`SEEDS`], about two seconds on each server here.
 pub const STEPS: usize = 2_500;
 
-/// Run `steps` random operations for each of `seeds` (a fresh server each)
-/// against `S`'s server, checking the oracle after every one.
+/// Run `steps` random operations for each of `seeds` against `S`'s server. Each seed gets a fresh
+/// server, and the oracle is checked after every operation.
 ///
-/// `SCOPE_PROPERTY_SEED` replaces `seeds` with that one seed, and
-/// `SCOPE_PROPERTY_STEPS` replaces `steps`. With no device here it prints
-/// `skipped: no <backend> device` and returns (see
+/// `SCOPE_PROPERTY_SEED` replaces `seeds` with that one seed, and `SCOPE_PROPERTY_STEPS` replaces
+/// `steps`. With no device here it prints `skipped: no <backend> device` and returns (see
 /// [`client_or_skip`]). Prints the operations run when it passes.
 ///
 /// # Panics
 ///
-/// When the server disagrees with the oracle, after printing the seed, the
-/// step and the last operations.
+/// When the server disagrees with the oracle, after printing the seed, the step and the last
+/// operations.
 pub fn random_sequences<S: Suite>(seeds: &[u64], steps: usize) {
     let steps = env_number("SCOPE_PROPERTY_STEPS").map_or(steps, |s| s as usize);
     let only = env_seed();
@@ -194,13 +174,11 @@ fn env_number(name: &str) -> Option<u64> {
     parsed
 }
 
-/// The random tests' generator: the property test's, and the collectives'
-/// rounds (`rounds.rs`).
+/// The random tests' generator: the property test's, and the collectives' rounds (`rounds.rs`).
 pub(super) struct Rng(u64);
 
 impl Rng {
-    /// Seeded through splitmix64, so that every seed (even ones, zero)
-    /// starts its own sequence.
+    /// Seeded through splitmix64, so that every seed (even ones, zero) starts its own sequence.
     pub(super) fn new(seed: u64) -> Self {
         let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -248,21 +226,19 @@ struct Buf {
     handle: Buffer,
     words: Vec<Word>,
     allocated: bool,
-    /// The stream whose work used it last (`Server::order`), as an index:
-    /// 0 or 1. Allocation counts as a use.
+    /// The stream whose work used it last (`Server::order`), as an index: 0 or 1. Allocation counts
+    /// as a use.
     last_user: usize,
 }
 
-/// Bytes `start..end` of a buffer, by id: a recording or a graph outlives
-/// positions in `bufs`.
+/// Bytes `start..end` of a buffer, by id: a recording or a graph outlives positions in `bufs`.
 type Range = (BufferId, u64, u64);
 
 fn len(r: &Range) -> u64 {
     r.2 - r.1
 }
 
-/// An operation the oracle can apply to its values: what a window records
-/// and a graph replays.
+/// An operation the oracle can apply to its values. A window records it, and a graph replays it.
 #[derive(Clone, Debug)]
 enum Op {
     Write(Range, Arc<[u32]>),
@@ -277,15 +253,15 @@ struct Window {
     written: Vec<Range>,
     reads: Vec<Range>,
     ops: Vec<Op>,
-    /// Buffers that work recorded in it used (`CaptureWindow::touches`):
-    /// every buffer of a write, copy or launch on the recording stream that
-    /// got past its injected fault, skipped or not recorded aside.
+    /// Buffers that work recorded in it used (`CaptureWindow::touches`). That is every buffer of a
+    /// write, copy or launch on the recording stream that got past its injected fault. Skipped or
+    /// not recorded does not matter.
     touched: Vec<BufferId>,
 }
 
 impl Window {
-    /// As the core's window records clean work: reads first, those not
-    /// written (as that exact range) earlier in it; de-duplicated.
+    /// As the core's window records clean work: reads first, those not written (as that exact
+    /// range) earlier in it. De-duplicated.
     fn record(&mut self, reads: &[Range], writes: &[Range], op: Op) {
         for r in reads {
             if !self.written.contains(r) && !self.reads.contains(r) {
@@ -303,8 +279,8 @@ impl Window {
 
 struct GraphModel {
     graph: Graph,
-    /// Recorded on a device that was lost since: a replay is refused,
-    /// claiming nothing, and a destroy succeeds (rule 53).
+    /// Recorded on a device that was lost since. A replay is refused, claiming nothing, and a
+    /// destroy succeeds (rule 53).
     lost: bool,
     written: Vec<Range>,
     reads: Vec<Range>,
@@ -332,11 +308,10 @@ struct Tally {
     lost: usize,
     /// Of those, how many opened again.
     reopened: usize,
-    /// Recoveries that failed before one opened the device: a fault
-    /// reopening it, or the device lost again while remaking buffers.
+    /// Recoveries that failed before one opened the device. A fault reopened it, or the device was
+    /// lost again while remaking buffers.
     failed_attempts: usize,
-    /// Losses on a backend that cannot reopen: recovery refused, a fresh
-    /// server.
+    /// Losses on a backend that cannot reopen: recovery refused, a fresh server.
     restarts: usize,
 }
 
@@ -345,13 +320,12 @@ struct World<S: Suite> {
     client: Client<S::Backend>,
     /// Stream 1, for about a third of the work, windows or not.
     other: Client<S::Backend>,
-    /// A client of another server, whose buffers every call here must
-    /// refuse ([`abuse`]).
+    /// A client of another server, whose buffers every call here must refuse ([`abuse`]).
     stranger: Client<S::Backend>,
     /// Whether this step's work goes to stream 1.
     on_other: bool,
-    /// Whether this step's operation was expected to be refused: the step
-    /// then checks that it changed nothing.
+    /// Whether this step's operation was expected to be refused. The step then checks that it
+    /// changed nothing.
     refused: bool,
     tally: Tally,
     rng: Rng,
@@ -361,8 +335,8 @@ struct World<S: Suite> {
     reopens: bool,
     /// Launch bindings start at multiples of this.
     align: u64,
-    /// The largest buffer, in words: at least three binding offsets' worth,
-    /// so launches land past the start of a buffer too.
+    /// The largest buffer, in words. At least three binding offsets' worth, so launches land past
+    /// the start of a buffer too.
     max_words: u64,
     bufs: Vec<Buf>,
     window: Option<(Capture, Window)>,
@@ -402,8 +376,8 @@ impl<S: Suite> World<S> {
         let align = client.with_backend(|b| b.binding_alignment()).max(4);
         let other = client.new_stream().expect("a second stream");
         let stranger = S::client().expect("a second server");
-        // A hook that calls back into the client on every failure: it must
-        // neither deadlock nor change what the oracle sees.
+        // A hook that calls back into the client on every failure. It must neither deadlock nor
+        // change what the oracle sees.
         let weak = client.downgrade();
         let heard = Arc::new(AtomicUsize::new(0));
         let hook = heard.clone();
@@ -496,8 +470,8 @@ fn run<S: Suite>(client: Client<S::Backend>, seed: u64, steps: usize) -> Tally {
     world.tally
 }
 
-/// The property test at CI's scale (`SCOPE_PROPERTY_SEED` and
-/// `SCOPE_PROPERTY_STEPS` change it), as a `#[test]` of `$suite`.
+/// The property test at CI's scale, as a `#[test]` of `$suite`. `SCOPE_PROPERTY_SEED` and
+/// `SCOPE_PROPERTY_STEPS` change it.
 #[macro_export]
 macro_rules! property_tests {
     ($suite:ty) => {

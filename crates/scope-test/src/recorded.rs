@@ -1,8 +1,7 @@
-//! Collectives in captured graphs (rule 50): recorded by every rank as a
-//! round, replayed by every rank together with [`Rank::replay`], never
-//! alone; a failed input at replay fails every rank's replay naming the
-//! rank, graphs of other rounds are refused everywhere, and a rank that
-//! never replays fails the others within the deadline.
+//! Collectives in captured graphs (rule 50). Every rank records them as a round. Every rank replays
+//! them together with [`Rank::replay`], never alone. A failed input at replay fails every rank's
+//! replay, naming the rank. Graphs of other rounds are refused everywhere. A rank that never
+//! replays fails the others within the deadline.
 
 use std::time::{Duration, Instant};
 
@@ -25,8 +24,8 @@ pub(super) struct Recorded {
     pub(super) graph: Graph,
 }
 
-/// Record, on `rank`, an all-reduce of `input` into `sum` and an
-/// all-gather of it into `gathered`: every rank must call this together.
+/// Record, on `rank`, an all-reduce of `input` into `sum` and an all-gather of it into `gathered`.
+/// Every rank must call this together.
 fn record<B: Backend>(rank: &Rank<B>) -> Recorded {
     record_sized(rank, PART, RANKS)
 }
@@ -51,10 +50,9 @@ pub(super) fn record_sized<B: Backend>(rank: &Rank<B>, words: u32, ranks: usize)
     }
 }
 
-/// Collectives recorded in a window on every rank replay together, with
-/// fresh inputs each time, and compute what they say; a graph that holds
-/// collectives is refused when one client replays it alone, claiming
-/// nothing (rule 50).
+/// Collectives recorded in a window on every rank replay together and compute what they say. Each
+/// replay takes fresh inputs. A graph that holds collectives is refused when one client replays it
+/// alone, claiming nothing (rule 50).
 pub fn collectives_recorded_in_a_graph_replay_on_every_rank<S: Suite>() {
     let Some(group) = group::<S>(WAIT) else {
         return;
@@ -97,10 +95,9 @@ pub fn collectives_recorded_in_a_graph_replay_on_every_rank<S: Suite>() {
     assert!(group.broken().is_none());
 }
 
-/// An input that carries a failure on rank 2 when the graphs are replayed
-/// fails every rank's replay, naming rank 2 and its root cause; nothing is
-/// replayed, everything every graph writes carries the failure, and once
-/// the input is written again the next replay runs and heals (rule 50).
+/// An input that carries a failure on rank 2 at replay fails every rank's replay (rule 50). Each
+/// names rank 2 and its root cause. Nothing is replayed, and everything every graph writes carries
+/// the failure. Once the input is written again, the next replay runs and heals.
 pub fn a_failed_input_fails_every_ranks_replay<S: Suite>() {
     let Some(group) = group::<S>(WAIT) else {
         return;
@@ -153,11 +150,10 @@ fn claimed<S: Suite>(client: &Client<S::Backend>, buffer: &Buffer) -> Collective
     collective_error(error.root()).clone()
 }
 
-/// A replay that fails to start on rank 2 (injected at [`Site::Replay`])
-/// fails its replay naming it and its cause; everything every graph writes
-/// carries that (a peer whose replay went out may return first, rule 47);
-/// the peers are released, the group is broken, and a new group over the
-/// same devices works (rules 43, 47, 50).
+/// A replay that fails to start on rank 2, injected at [`Site::Replay`] (rules 43, 47, 50). It
+/// fails its replay, naming it and its cause. Everything every graph writes carries that. A peer
+/// whose replay went out may return first (rule 47). The peers are released and the group is
+/// broken. A new group over the same devices works.
 pub fn a_replay_that_fails_to_start_breaks_the_group<S: Suite>() {
     let Some(group) = group::<S>(WAIT) else {
         return;
@@ -191,11 +187,10 @@ pub fn a_replay_that_fails_to_start_breaks_the_group<S: Suite>() {
     a_new_group_over_its_devices_works::<S>(group);
 }
 
-/// Ranks that disagree are refused on every rank, claiming nothing, and
-/// the group stays in step: a rank that runs a collective while its peers
-/// record it, a rank that replays a graph of other rounds. An input that
-/// already carries a failure when the call is recorded dooms every rank's
-/// window (rules 44, 50).
+/// Ranks that disagree are refused on every rank, claiming nothing, and the group stays in step
+/// (rules 44, 50). One rank runs a collective while its peers record it. Another replays a graph of
+/// other rounds. An input that already carries a failure when the call is recorded dooms every
+/// rank's window.
 pub fn recorded_collectives_that_disagree_are_refused_everywhere<S: Suite>() {
     let Some(group) = group::<S>(WAIT) else {
         return;
@@ -281,9 +276,9 @@ pub fn recorded_collectives_that_disagree_are_refused_everywhere<S: Suite>() {
     assert!(group.broken().is_none());
 }
 
-/// A rank that never replays fails every waiting rank's replay within the
-/// deadline, naming it; nothing was replayed, what each graph writes
-/// carries that, and the group is broken (rules 42, 43, 50).
+/// A rank that never replays fails every waiting rank's replay within the deadline, naming it.
+/// Nothing was replayed, and what each graph writes carries that. The group is broken (rules 42,
+/// 43, 50).
 pub fn a_rank_that_never_replays_fails_the_others_within_the_deadline<S: Suite>() {
     let deadline = Duration::from_millis(500);
     let Some(group) = group::<S>(deadline) else {
@@ -318,8 +313,8 @@ pub fn a_rank_that_never_replays_fails_the_others_within_the_deadline<S: Suite>(
     assert!(group.broken().is_some());
 }
 
-/// A host-staged group cannot record a collective: refused on every rank,
-/// claiming nothing, and the window seals without it (rule 50).
+/// A host-staged group cannot record a collective (rule 50). It is refused on every rank, claiming
+/// nothing, and the window seals without it.
 pub fn a_host_staged_collective_is_not_recorded<S: Suite>() {
     let clients: Option<Vec<_>> = (0..RANKS)
         .map(|rank| client_or_skip(|| S::rank_client(rank)))
@@ -351,8 +346,7 @@ pub fn a_host_staged_collective_is_not_recorded<S: Suite>() {
     assert!(group.broken().is_none());
 }
 
-/// The recorded collectives' behaviours: one `#[test]` each for
-/// `$suite`, with what each needs.
+/// The recorded collectives' behaviours: one `#[test]` each for `$suite`, with what each needs.
 #[macro_export]
 macro_rules! recorded_tests {
     ($suite:ty) => {

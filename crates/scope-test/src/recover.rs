@@ -1,13 +1,12 @@
-//! A lost device opened again (`Client::recover`), with every handle kept
-//! (rules 51–53): the bytes it held fail as "lost with the device" until
-//! rewritten, graphs recorded on it refuse to replay, open captures are
-//! aborted, and the client, its buffers, hook and counts carry over.
+//! A lost device opened again (`Client::recover`), with every handle kept (rules 51–53).
+//! The bytes it held fail as "lost with the device" until rewritten.
+//! Graphs recorded on it refuse to replay, and open captures are aborted.
+//! The client, its buffers, hook and counts carry over.
 //!
-//! Each behaviour loses the device by an injected sticky fault (the
-//! backend's own tests lose it for real: wgpu's `Device::destroy`, a
-//! Vulkan device torn down and made again, the mocks' process-fatal and
-//! resettable faults), so that every server, the host included, keeps the
-//! same promises.
+//! Each behaviour loses the device by an injected sticky fault.
+//! The backends' own tests lose it for real: wgpu's `Device::destroy`, a Vulkan device torn down
+//! and made again, the mocks' process-fatal and resettable faults.
+//! Injecting it here makes every server, the host included, keep the same promises.
 
 use super::*;
 use scope_core::Recovered;
@@ -31,8 +30,7 @@ fn reopen<B: scope_core::Backend>(c: &Client<B>) -> (usize, usize) {
     }
 }
 
-/// A read of bytes the lost device held: "lost with the device", naming
-/// the fault.
+/// A read of bytes the lost device held: "lost with the device", naming the fault.
 fn assert_lost<B: scope_core::Backend>(c: &Client<B>, buffer: &Buffer) {
     let error = read(c, buffer).unwrap_err();
     assert!(error.is_lost_with_device(), "{error}");
@@ -46,10 +44,10 @@ fn assert_lost<B: scope_core::Backend>(c: &Client<B>, buffer: &Buffer) {
     );
 }
 
-/// The device comes back with every handle valid: its buffers fail as lost
-/// until rewritten, work reading them is skipped, a rewrite heals them, and
-/// the client, its hook and its count of failures seen carry over (rules
-/// 51, 52).
+/// The device comes back with every handle valid (rules 51, 52).
+/// Its buffers fail as lost until rewritten, and work reading them is skipped.
+/// A rewrite heals them.
+/// The client, its hook and its count of failures seen carry over.
 pub fn a_lost_device_comes_back_with_every_handle<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let heard = Arc::new(Mutex::new(0usize));
@@ -91,9 +89,8 @@ pub fn a_lost_device_comes_back_with_every_handle<S: Suite>() {
     assert_eq!(c.failures_held(), 0, "the store empties with the buffers");
 }
 
-/// A device lost in the middle of a chain: everything downstream of the
-/// loss reads as lost, and rewriting the head of the chain heals it all
-/// (rules 17, 51).
+/// A device lost in the middle of a chain: everything downstream of the loss reads as lost.
+/// Rewriting the head of the chain heals it all (rules 17, 51).
 pub fn a_loss_in_the_middle_of_a_chain_heals_from_its_head<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -118,10 +115,10 @@ pub fn a_loss_in_the_middle_of_a_chain_heals_from_its_head<S: Suite>() {
     c.audit().unwrap();
 }
 
-/// A device lost while a window records: recovery aborts the window (its
-/// handle then names no open window), a graph recorded before the loss
-/// refuses to replay, claiming nothing, and can still be destroyed, and a
-/// capture made afterwards replays (rules 33, 53).
+/// A device lost while a window records: recovery aborts the window (rules 33, 53).
+/// Its handle then names no open window.
+/// A graph recorded before the loss refuses to replay, claiming nothing, and can be destroyed.
+/// A capture made afterwards replays.
 pub fn a_loss_during_a_capture_aborts_it_and_old_graphs_refuse<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -159,9 +156,8 @@ pub fn a_loss_during_a_capture_aborts_it_and_old_graphs_refuse<S: Suite>() {
     c.audit().unwrap();
 }
 
-/// Lost, recovered, lost again, recovered again: the same handles work
-/// after both, and the store holds no more than its buffers claim (rules 7,
-/// 51).
+/// Lost, recovered, lost again, recovered again: the same handles work after both.
+/// The store holds no more than its buffers claim (rules 7, 51).
 pub fn a_device_lost_twice_comes_back_twice<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -181,8 +177,8 @@ pub fn a_device_lost_twice_comes_back_twice<S: Suite>() {
     assert_eq!(c.failures_held(), 0);
 }
 
-/// Recovering a device that is not lost changes nothing: its bytes read
-/// as they were, and it answers that it was healthy.
+/// Recovering a device that is not lost changes nothing.
+/// Its bytes read as they were, and it answers that it was healthy.
 pub fn recovering_a_healthy_device_changes_nothing<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -193,9 +189,9 @@ pub fn recovering_a_healthy_device_changes_nothing<S: Suite>() {
     assert_eq!(c.failures_held(), 0);
 }
 
-/// A loss while the device is opened again (injected where the backend
-/// reopens it) leaves the client poisoned, its buffers without memory, and
-/// every call failing fast; a later recovery succeeds (rule 52).
+/// A loss while the device is opened again, injected where the backend reopens it (rule 52).
+/// The client is left poisoned, its buffers without memory, and every call fails fast.
+/// A later recovery succeeds.
 pub fn a_loss_while_reopening_leaves_it_poisoned_and_recoverable<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -224,10 +220,9 @@ pub fn a_loss_while_reopening_leaves_it_poisoned_and_recoverable<S: Suite>() {
     c.audit().unwrap();
 }
 
-/// A graph given up by a recovery whose reopen failed is counted by the
-/// recovery that opens the device: `Recovered::Reopened` counts the graphs
-/// lost with the device, however many attempts it took, and the graph
-/// refuses to replay either way (rules 52, 53).
+/// A graph given up by a recovery whose reopen failed is counted by the one that opens the device.
+/// `Recovered::Reopened` counts the graphs lost with the device, however many attempts it took.
+/// The graph refuses to replay either way (rules 52, 53).
 pub fn graphs_lost_before_a_failed_reopen_are_counted_when_it_opens<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -257,10 +252,10 @@ pub fn graphs_lost_before_a_failed_reopen_are_counted_when_it_opens<S: Suite>() 
     c.audit().unwrap();
 }
 
-/// The device lost again while a recovery makes its buffers again: that
-/// recovery fails and leaves the client poisoned, and the next one makes
-/// every buffer again — those the failed attempt made and those it had
-/// not reached — each lost with the device until rewritten (rules 51, 52).
+/// The device lost again while a recovery makes its buffers again (rules 51, 52).
+/// That recovery fails and leaves the client poisoned.
+/// The next one makes every buffer again, those the failed attempt made and those it had not.
+/// Each is lost with the device until rewritten.
 pub fn a_loss_while_remaking_buffers_leaves_none_behind<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let buffers: Vec<Buffer> = (0..3).map(|_| alloc(&c, WORDS)).collect();
@@ -289,12 +284,11 @@ pub fn a_loss_while_remaking_buffers_leaves_none_behind<S: Suite>() {
     c.audit().unwrap();
 }
 
-/// A device whose backend cannot open it again ([`Capability::Reopen`] says
-/// so): recovery is refused with `Error::RestartRequired` naming the fault,
-/// again at a second attempt, the client stays poisoned, and its releases
-/// still release (rules 36, 52). Where the backend reopens, the same loss
-/// comes back. In every suite's list, so each server's answer is checked
-/// against what its suite says of it.
+/// A device whose backend cannot open it again, as [`Capability::Reopen`] says (rules 36, 52).
+/// Recovery is refused with `Error::RestartRequired` naming the fault, again at a second try.
+/// The client stays poisoned, and its releases still release.
+/// Where the backend reopens, the same loss comes back.
+/// It is in every suite's list, so each server's answer is checked against its suite's word.
 pub fn recovery_is_refused_where_the_backend_cannot_reopen<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -323,8 +317,8 @@ pub fn recovery_is_refused_where_the_backend_cannot_reopen<S: Suite>() {
     assert_eq!(c.bytes_allocated(), 0);
 }
 
-/// Two threads that both saw the poison recover at once: one opens the
-/// device again, the other learns it is healthy; neither waits forever.
+/// Two threads that both saw the poison recover at once.
+/// One opens the device again, the other learns it is healthy; neither waits forever.
 pub fn two_recoveries_at_once_open_the_device_once<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -355,10 +349,10 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
-/// Threads reading on their own streams while the device is lost and
-/// opened again: each read answers its bytes, the poison or the loss —
-/// never a hang, never bytes read as clean that were not rewritten — and
-/// once rewritten, every stream reads them (rules 24, 51).
+/// Threads read on their own streams while the device is lost and opened again (rules 24, 51).
+/// Each read answers its bytes, the poison or the loss.
+/// Never a hang, never bytes read as clean that were not rewritten.
+/// Once rewritten, every stream reads them.
 pub fn reads_in_flight_on_other_threads_meet_a_recovery<S: Suite>() {
     let Some(c) = setup::<S>() else { return };
     let a = alloc(&c, WORDS);
@@ -375,8 +369,7 @@ pub fn reads_in_flight_on_other_threads_meet_a_recovery<S: Suite>() {
                             words == vec![9; WORDS as usize] || words == vec![10; WORDS as usize],
                             "a clean read holds words some write wrote"
                         ),
-                        // A reader's call may be the one the loss
-                        // surfaces at (sticky), or come after it.
+                        // A reader's call may be where the loss surfaces (sticky), or after it.
                         Err(error) => assert!(
                             error.is_sticky()
                                 || error.is_device_poisoned()
@@ -387,12 +380,11 @@ pub fn reads_in_flight_on_other_threads_meet_a_recovery<S: Suite>() {
                 }
             });
         }
-        // However this thread leaves the scope — a failed assertion
-        // included — the readers stop, so a failure fails and never hangs.
+        // However this thread leaves the scope, a failed assertion included, the readers stop.
+        // So a failure fails and never hangs.
         let _stop = StopOnDrop(&stop);
         std::thread::sleep(std::time::Duration::from_millis(20));
-        // The loss surfaces at the next device call of any thread: a
-        // reader's or this fill's.
+        // The loss surfaces at the next device call of any thread: a reader's or this fill's.
         c.inject(FaultPlan::new().poison_at(1, "injected", "DEVICE_LOST"));
         let _ = fill::<S>(&c, &a, 0xdead);
         assert!(c.poison().is_some(), "the device is lost");
@@ -405,8 +397,7 @@ pub fn reads_in_flight_on_other_threads_meet_a_recovery<S: Suite>() {
     c.audit().unwrap();
 }
 
-/// The recovery behaviours: one `#[test]` each for
-/// `$suite`, with what each needs.
+/// The recovery behaviours: one `#[test]` each for `$suite`, with what each needs.
 #[macro_export]
 macro_rules! recover_tests {
     ($suite:ty) => {

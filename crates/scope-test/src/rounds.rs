@@ -1,47 +1,42 @@
 //! Random rounds of collectives against an oracle, for any group.
 //!
-//! The collective behaviours test each rule with the sequence someone
-//! wrote; this runs the sequences nobody did. Each round, every rank may
-//! write fresh bytes into one of its buffers, fail one (as a failed kernel
-//! would), or copy one into another; then the group runs one collective
-//! over those buffers — an all-reduce (`u32` or `i32`, any reduction, in
-//! place now and then), an all-gather into a wide buffer, a reduce-scatter
-//! out of it, an all-to-all, a broadcast from any root, every rank sending
-//! to the next and receiving from the one before, or a call the ranks
-//! disagree on (another collective, or an output of another length on one
-//! rank). Over a device transport a round whose inputs are clean is
-//! sometimes recorded on every rank and replayed together, with a failure
-//! claimed on one rank in between (rule 50). Beside the group, an oracle
-//! keeps, for every buffer of every rank, either its words or the failures
-//! a read of it may name. After every round each rank reads all of its
-//! buffers, and:
+//! The collective behaviours test each rule with the sequence someone wrote. This runs the
+//! sequences nobody did. Each round, every rank may write fresh bytes into one of its buffers. It
+//! may instead fail one, as a failed kernel would, or copy one into another. Then the group runs
+//! one collective over those buffers:
 //!
-//! - a read fails exactly when the oracle says the buffer is stale, and a
-//!   clean read returns the oracle's words (rule 41's healing, 45's stream
-//!   order);
-//! - a stale buffer's root is the one the oracle expects: the injected
-//!   failure, or `InputFailed` naming the lowest rank whose input failed,
-//!   with that failure's text somewhere in its chain (rules 41, 48);
-//! - every rank's call answered as the oracle expects: `Ok`, `InputFailed`
-//!   naming that rank, or `Refused` on every rank with nothing claimed
-//!   (rule 44) — including rounds whose inputs also failed;
-//! - the group never breaks, and the store's books add up
-//!   ([`Client::audit`]).
+//! - an all-reduce (`u32` or `i32`, any reduction, in place now and then);
+//! - an all-gather into a wide buffer, or a reduce-scatter out of it;
+//! - an all-to-all, or a broadcast from any root;
+//! - every rank sending to the next and receiving from the one before;
+//! - a call the ranks disagree on: another collective, or an output of another length on one rank.
+//!
+//! Over a device transport a round whose inputs are clean is sometimes recorded on every rank. The
+//! ranks then replay it together, with a failure claimed on one rank in between (rule 50). Beside
+//! the group, an oracle keeps every buffer of every rank. It knows either its words or the failures
+//! a read of it may name. After every round each rank reads all of its buffers, and:
+//!
+//! - a read fails exactly when the oracle says the buffer is stale. A clean read returns the
+//!   oracle's words (rule 41's healing, 45's stream order);
+//! - a stale buffer's root is the one the oracle expects. That is the injected failure, or
+//!   `InputFailed` naming the lowest rank whose input failed. The failure's text is somewhere in
+//!   its chain (rules 41, 48);
+//! - every rank's call answered as the oracle expects. That is `Ok`, `InputFailed` naming that
+//!   rank, or `Refused` on every rank with nothing claimed (rule 44). Rounds whose inputs also
+//!   failed are included;
+//! - the group never breaks, and the store's books add up ([`Client::audit`]).
 //!
 //! # Why this shape
 //!
-//! Every rank's thread draws the whole round — every rank's part — from
-//! the same seed, and keeps the whole oracle: so a rank needs no message
-//! from another to know what its reads must return, and the ranks run as
-//! a runtime's would, each on its own thread, meeting only inside the
-//! collectives. Buffers are whole parts (no sub-ranges), so staleness is
-//! per buffer, not per word. The words are random over all of `u32`, so
-//! sums and products wrap and `i32`'s order differs from `u32`'s: a
+//! Every rank's thread draws the whole round, every rank's part, from the same seed. Each keeps the
+//! whole oracle. So a rank needs no message from another to know what its reads must return. The
+//! ranks run as a runtime's would, each on its own thread, meeting only inside the collectives.
+//! Buffers are whole parts (no sub-ranges), so staleness is per buffer, not per word. The words are
+//! random over all of `u32`. So sums and products wrap, and `i32`'s order differs from `u32`'s. A
 //! transport that computes in another width or sign is caught.
 //!
-//! `SCOPE_PROPERTY_SEED=<seed>` runs one seed alone (as for
-//! [`random_sequences`]); a failing round prints the seed and the rounds
-//! before it.
+//! `SCOPE_PROPERTY_SEED=<seed>` runs one seed alone, as for [`random_sequences`]. A failing round
+//! prints the seed and the rounds before it.
 
 mod changes;
 
@@ -54,35 +49,31 @@ use scope_core::Slice;
 use scope_core::collective::device::DeviceCollectives;
 use scope_core::collective::{CollectiveError, Element, Rank, Reduce};
 
-/// The seeds every suite runs: the group's size is one more than the
-/// seed's remainder by four ([`ranks_for`]), so these are four, three,
-/// two, one and four ranks.
+/// The seeds every suite runs. The group's size is one more than the seed's remainder by four
+/// ([`ranks_for`]). So these are four, three, two, one and four ranks.
 pub const ROUND_SEEDS: [u64; 5] = [3, 6, 9, 12, 0x0dd_ba13];
 
-/// How many ranks seed `seed` plays: one to four, and no more than the
-/// suite has devices ([`Suite::devices`]: on a machine with one GPU, every
-/// seed plays one rank).
+/// How many ranks seed `seed` plays: one to four, and no more than the suite has devices. See
+/// [`Suite::devices`]: on a machine with one GPU, every seed plays one rank.
 pub fn ranks_for<S: Suite>(seed: u64) -> usize {
     (1 + (seed % 4) as usize).min(S::devices().max(1))
 }
 
-/// Words of each rank's part: whole chunks of an all-to-all or a
-/// reduce-scatter over one to four ranks (48 = 4 × 12 = 3 × 16).
+/// Words of each rank's part: whole chunks of an all-to-all or a reduce-scatter over one to four
+/// ranks. 48 = 4 × 12 = 3 × 16.
 const PART: u32 = 48;
 
-/// Rounds per seed: a tenth of a second a seed on the host server here,
-/// under a second on lavapipe.
+/// Rounds per seed: a tenth of a second a seed on the host server, under a second on lavapipe.
 pub const ROUNDS: usize = 100;
 
-/// Buffers of one part per rank; the wide buffer (a part per rank, for the
-/// all-gather and the reduce-scatter) comes after them.
+/// Buffers of one part per rank. The wide buffer comes after them: a part per rank, for the
+/// all-gather and the reduce-scatter.
 const SLOTS: usize = 4;
 const WIDE: usize = SLOTS;
 
-/// Words before and after each part in its buffer. A part starts three
-/// words in — a whole word, but no backend's binding alignment — so a
-/// transport that drops the offset, or writes past the part, is caught:
-/// the margins must read back clean, as uploaded, after every round.
+/// Words before and after each part in its buffer. A part starts three words in: a whole word, but
+/// no backend's binding alignment. So a transport that drops the offset, or writes past the part,
+/// is caught. The margins must read back clean, as uploaded, after every round.
 const MARGIN: u32 = 3;
 
 /// One rank's buffers, each a part between two margins.
@@ -134,9 +125,8 @@ impl Parts {
     }
 }
 
-/// A failure a read of a stale buffer may name: the rank the outermost
-/// `InputFailed` names (`None`: the injected failure itself), and the tag of
-/// the injected failure at the bottom of its chain.
+/// A failure a read of a stale buffer may name. The rank the outermost `InputFailed` names (`None`:
+/// the injected failure itself). And the tag of the injected failure at the bottom of its chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Origin {
     named: Option<usize>,
@@ -213,8 +203,7 @@ enum Collective {
         root: usize,
         slot: usize,
     },
-    /// Every rank sends `src` to the next and receives into `dst` from the
-    /// one before.
+    /// Every rank sends `src` to the next and receives into `dst` from the one before.
     Shift {
         src: usize,
         dst: usize,
@@ -231,18 +220,16 @@ enum Collective {
 struct Round {
     locals: Vec<Vec<Local>>,
     collective: Collective,
-    /// Over a device transport, where every input it reads is clean:
-    /// record the collective on every rank, then replay the graphs
-    /// together (rule 50) — after `late`, a failure claimed on one rank
-    /// between the recording and the replay.
+    /// Over a device transport, where every input it reads is clean: record the collective on every
+    /// rank. Then replay the graphs together (rule 50). After `late`, a failure is claimed on one
+    /// rank between the recording and the replay.
     recorded: bool,
     late: Option<(usize, Local)>,
 }
 
 impl Collective {
-    /// The buffer `rank` reads as a collective's input, if any: a broadcast
-    /// reads only the root's. A shift's reads are its sends' (the oracle
-    /// follows each), and a refused call reads nothing.
+    /// The buffer `rank` reads as a collective's input, if any. A broadcast reads only the root's.
+    /// A shift's reads are its sends' (the oracle follows each). A refused call reads nothing.
     fn reads(self, rank: usize) -> Option<usize> {
         match self {
             Collective::AllReduce { src, .. }
@@ -254,8 +241,8 @@ impl Collective {
         }
     }
 
-    /// Whether it is a round a graph may record: transfers are no rounds,
-    /// and a refused call records nothing.
+    /// Whether it is a round a graph may record. Transfers are no rounds, and a refused call
+    /// records nothing.
     fn recordable(self) -> bool {
         !matches!(self, Collective::Shift { .. } | Collective::Refused { .. })
     }
@@ -270,8 +257,7 @@ enum Answer {
     Refused,
 }
 
-/// The rounds' draws, on the property test's generator (so a seed means
-/// one sequence everywhere).
+/// The rounds' draws, on the property test's generator: a seed means one sequence everywhere.
 impl Rng {
     /// An index below `n`.
     fn index(&mut self, n: usize) -> usize {
@@ -333,8 +319,7 @@ impl Round {
             Reduce::Mean,
         ][rng.index(5)];
         let (src, dst) = rng.two();
-        // An all-reduce in place, now and then (NCCL's `sendbuff ==
-        // recvbuff`).
+        // An all-reduce in place, now and then (NCCL's `sendbuff == recvbuff`).
         let in_place = if rng.chance(20) { src } else { dst };
         let kinds = if n > 1 { 7 } else { 5 };
         let collective = match rng.index(kinds) {
@@ -400,8 +385,7 @@ fn combine(element: Element, op: Reduce, a: u32, b: u32) -> u32 {
     }
 }
 
-/// `words[0] op words[1] op …`, then the mean's division (truncating, as
-/// the element's own division does).
+/// `words[0] op words[1] op …`, then the mean's division, truncating as the element's own does.
 fn reduce_words(element: Element, op: Reduce, words: &[u32]) -> u32 {
     let total = words[1..]
         .iter()
@@ -446,8 +430,8 @@ impl Oracle {
         }
     }
 
-    /// The origins an output names when `rank`'s `slot` is what failed: the
-    /// outermost `InputFailed` names `rank`, over any of its tags.
+    /// The origins an output names when `rank`'s `slot` is what failed. The outermost `InputFailed`
+    /// names `rank`, over any of its tags.
     fn failed_at(&self, rank: usize, slot: usize) -> Vec<Origin> {
         match &self.held[rank][slot] {
             Held::Stale(origins) => origins
@@ -461,8 +445,7 @@ impl Oracle {
         }
     }
 
-    /// The lowest rank whose buffer `collective` reads is stale, and that
-    /// buffer.
+    /// The lowest rank whose buffer `collective` reads is stale, and that buffer.
     fn first_failed(&self, collective: Collective) -> Option<(usize, usize)> {
         (0..self.ranks()).find_map(|r| {
             let slot = collective.reads(r)?;
@@ -477,9 +460,9 @@ impl Oracle {
         }
     }
 
-    /// Apply `collective`, which every rank calls the same way: it reads
-    /// what [`Collective::reads`] says, and writes `outputs(rank)`, made
-    /// from the clean inputs, into every rank's `dst`. Every rank's answer.
+    /// Apply `collective`, which every rank calls the same way. It reads what [`Collective::reads`]
+    /// says. It writes `outputs(rank)`, made from the clean inputs, into every rank's `dst`. Every
+    /// rank's answer.
     fn collective(
         &mut self,
         collective: Collective,
@@ -501,8 +484,8 @@ impl Oracle {
         vec![Answer::Ok; n]
     }
 
-    /// Apply `collective`; every rank's answers, in the order the rank
-    /// makes its calls (a shift answers its send, then its receive).
+    /// Apply `collective`. Every rank's answers, in the order the rank makes its calls: a shift
+    /// answers its send, then its receive.
     fn apply(&mut self, collective: Collective) -> Vec<Vec<Answer>> {
         let n = self.ranks();
         let chunk = PART as usize / n;
@@ -582,8 +565,7 @@ impl Oracle {
     }
 }
 
-/// Make `rank`'s calls of `collective` on `buffers`, in the order
-/// [`Oracle::apply`] answers them.
+/// Make `rank`'s calls of `collective` on `buffers`, in the order [`Oracle::apply`] answers them.
 fn call<B: Backend>(rank: &Rank<B>, parts: &Parts, collective: Collective) -> Vec<Result<()>> {
     let n = rank.ranks();
     let r = rank.index();
@@ -602,9 +584,8 @@ fn call<B: Backend>(rank: &Rank<B>, parts: &Parts, collective: Collective) -> Ve
         Collective::AllToAll { src, dst } => vec![rank.all_to_all(all(src), all(dst))],
         Collective::Broadcast { root, slot } => vec![rank.broadcast(root, all(slot))],
         Collective::Shift { src, dst } => {
-            // Even ranks send first, odd ones receive first: between
-            // processes a send waits for its receiver (rule 48), so a ring
-            // in which every rank sends first would stall.
+            // Even ranks send first, odd ones receive first. Between processes a send waits for its
+            // receiver (rule 48), so a ring in which every rank sends first would stall.
             let send = || rank.send((r + 1) % n, all(src));
             let recv = || rank.recv((r + n - 1) % n, all(dst));
             if r.is_multiple_of(2) {
@@ -647,8 +628,8 @@ fn answered(at: &str, got: &Result<()>, expected: Answer) {
     }
 }
 
-/// Read `part` and hold it to what the oracle knows, narrowing a stale
-/// part's origins to those its root matches.
+/// Read `part` and hold it to what the oracle knows. A stale part's origins narrow to those its
+/// root matches.
 fn check_read<B: Backend>(at: &str, client: &Client<B>, part: Slice<'_>, held: &mut Held) {
     match (client.read(part).map(|b| as_words(&b)), held) {
         (Ok(words), Held::Clean(expected)) => {
@@ -684,16 +665,14 @@ fn check_read<B: Backend>(at: &str, client: &Client<B>, part: Slice<'_>, held: &
     }
 }
 
-/// What one rank's thread counted: rounds recorded and replayed; its calls
-/// that ran, failed on an input, and were refused; devices lost and
-/// recovered in place, shrinks of every rank, and ranks lost, shrunk away
-/// and admitted back.
+/// What one rank's thread counted. Rounds recorded and replayed. Its calls that ran, failed on an
+/// input, and were refused. Devices lost and recovered in place, and shrinks of every rank. Ranks
+/// lost, shrunk away and admitted back.
 type Tally = [usize; 7];
 
-/// Rank `rank`'s side of `rounds` random rounds from `seed`: every round
-/// drawn whole, the whole oracle kept, this rank's parts played and its
-/// buffers held to the oracle. `over_device`: the group's transport can
-/// record a round.
+/// Rank `rank`'s side of `rounds` random rounds from `seed`. Every round is drawn whole, and the
+/// whole oracle kept. This rank's parts are played and its buffers held to the oracle.
+/// `over_device`: the group's transport can record a round.
 fn play<B: Backend>(
     mut rank: Rank<B>,
     seed: u64,
@@ -792,15 +771,14 @@ fn play<B: Backend>(
     tally
 }
 
-/// `rounds` random rounds per seed of `seeds` (`SCOPE_PROPERTY_SEED`
-/// replaces them with one) on a group of the suite's ranks, each rank
-/// holding its buffers to the oracle after every round.
+/// `rounds` random rounds per seed of `seeds` on a group of the suite's ranks.
+/// `SCOPE_PROPERTY_SEED` replaces the seeds with one. Each rank holds its buffers to the oracle
+/// after every round.
 ///
 /// # Panics
 ///
-/// When a rank's call or read disagrees with the oracle, or the group
-/// breaks, or the store's books do not add up — after printing the seed
-/// and the rounds so far.
+/// When a rank's call or read disagrees with the oracle, the group breaks, or the books do not add
+/// up. It prints the seed and the rounds so far first.
 pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
     for seed in seeds_or_the_one_asked(seeds) {
         let Some(group) = group_of::<S>(ranks_for::<S>(seed), DEFAULT_WAIT) else {
@@ -812,10 +790,9 @@ pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
     }
 }
 
-/// [`random_rounds`] with events between rounds: a rank's device lost and
-/// recovered in place, every rank shrinking to a new epoch, a rank lost,
-/// shrunk away, recovered and admitted back (`rounds/changes.rs`), for a
-/// suite whose devices recover ([`Client::recover`]).
+/// [`random_rounds`] with events between rounds, for a suite whose devices recover
+/// ([`Client::recover`]). A rank's device is lost and recovered in place. Every rank shrinks to a
+/// new epoch. A rank is lost, shrunk away, recovered and admitted back (`rounds/changes.rs`).
 ///
 /// # Panics
 ///
@@ -832,9 +809,8 @@ pub fn random_rounds_with_changes<S: Suite>(seeds: &[u64], rounds: usize) {
     }
 }
 
-/// [`random_rounds`] on ranks that each joined alone, from the identity
-/// ([`Rank::join`]), as ranks in separate processes do: every decision is
-/// a ballot through the device transport.
+/// [`random_rounds`] on ranks that each joined alone, from the identity ([`Rank::join`]). Ranks in
+/// separate processes do the same. Every decision is a ballot through the device transport.
 ///
 /// # Panics
 ///
@@ -892,23 +868,21 @@ fn do_local<B: Backend>(c: &Client<B>, parts: &Parts, local: &Local) {
     }
 }
 
-/// Random rounds of every collective, with failed, healed and copied
-/// buffers between them, hold to the oracle on every rank ([`ROUND_SEEDS`],
-/// [`ROUNDS`] each; rules 41, 44, 45, 48).
+/// Random rounds of every collective hold to the oracle on every rank (rules 41, 44, 45, 48).
+/// Failed, healed and copied buffers come between them. [`ROUND_SEEDS`], [`ROUNDS`] each.
 pub fn random_rounds_of_collectives_match_the_oracle<S: Suite>() {
     random_rounds::<S>(&ROUND_SEEDS, ROUNDS);
 }
 
-/// [`random_rounds_of_collectives_match_the_oracle`] with devices lost
-/// and recovered, and the group shrunk and grown, between rounds, every
-/// rank's buffers held to the oracle throughout ([`ROUND_SEEDS`],
-/// [`ROUNDS`] each; rules 41, 44, 51, 54–57).
+/// [`random_rounds_of_collectives_match_the_oracle`] with devices lost and recovered between
+/// rounds. The group is shrunk and grown too (rules 41, 44, 51, 54–57). Every rank's buffers are
+/// held to the oracle throughout. [`ROUND_SEEDS`], [`ROUNDS`] each.
 pub fn random_rounds_with_losses_and_changes_match_the_oracle<S: Suite>() {
     random_rounds_with_changes::<S>(&ROUND_SEEDS, ROUNDS);
 }
 
-/// [`random_rounds_of_collectives_match_the_oracle`] on ranks that each
-/// joined alone, deciding by ballot (rules 41, 44, 48, 49, 50).
+/// [`random_rounds_of_collectives_match_the_oracle`] on ranks that each joined alone. They decide
+/// by ballot (rules 41, 44, 48, 49, 50).
 pub fn random_rounds_of_ranks_joined_alone_match_the_oracle<S: Suite>()
 where
     S::Backend: DeviceCollectives,
@@ -916,8 +890,7 @@ where
     random_rounds_joined::<S>(&ROUND_SEEDS, ROUNDS);
 }
 
-/// The random rounds: one `#[test]` each for
-/// `$suite`, with what each needs.
+/// The random rounds: one `#[test]` each for `$suite`, with what each needs.
 #[macro_export]
 macro_rules! rounds_tests {
     ($suite:ty) => {

@@ -1,23 +1,26 @@
-//! Collectives at every group size a machine has: one rank, and one rank
-//! per device ([`Suite::devices`]).
+//! Collectives at every group size a machine has: one rank, and one rank per device
+//! ([`Suite::devices`]).
 //!
-//! The other collective behaviours need four devices, because they
-//! name a failed rank, a missing one and a late one. A machine with one GPU
-//! has one rank to give, and that is where a library's collectives first
-//! run for real: a one-rank communicator still builds, issues every call,
-//! captures into graphs, ballots, aborts and is made again. So these
-//! behaviours take the group's size as it comes — one, and every device
-//! there is — name the last rank where the others name rank 2, and ask of
-//! each size what the rules ask of four: right values, a failed input
-//! failing every output naming its rank and root, a refusal claiming
-//! nothing, replays decided together, ranks joined alone agreeing by
-//! ballot, a join short of its peers ending within its deadline, a
-//! failed library call breaking the group for a new one to replace, and
-//! membership changing: a shrink to a new epoch, an admission and a heal
-//! (rules 41–45, 47–50, 54–57).
+//! The other collective behaviours need four devices.
+//! They name a failed rank, a missing one and a late one.
+//! A machine with one GPU has one rank to give, and that is where a library's collectives first
+//! run for real.
+//! A one-rank communicator still builds, issues every call, captures into graphs, ballots, aborts
+//! and is made again.
+//! So these behaviours take the group's size as it comes: one, and every device there is.
+//! They name the last rank where the others name rank 2.
+//! They ask of each size what the rules ask of four (rules 41–45, 47–50, 54–57):
+//! - right values;
+//! - a failed input failing every output, naming its rank and root;
+//! - a refusal claiming nothing;
+//! - replays decided together;
+//! - ranks joined alone agreeing by ballot;
+//! - a join short of its peers ending within its deadline;
+//! - a failed library call breaking the group, for a new one to replace;
+//! - membership changing: a shrink to a new epoch, an admission and a heal.
 //!
-//! On a suite of logical devices the sizes are one and four; on the CUDA
-//! bundle's suite they are one and the machine's GPUs.
+//! On a suite of logical devices the sizes are one and four.
+//! On the CUDA bundle's suite they are one and the machine's GPUs.
 
 use std::time::{Duration, Instant};
 
@@ -28,34 +31,33 @@ use super::*;
 use scope_core::collective::device::DeviceCollectives;
 use scope_core::collective::{CollectiveError, Element, Group, Rank, Reduce};
 
-/// The most ranks a group of these behaviours has, however many devices a
-/// machine has: eight keeps every product of `2..=n+1` inside a `u32`.
+/// The most ranks a group of these behaviours has, however many devices a machine has.
+/// Eight keeps every product of `2..=n+1` inside a `u32`.
 pub const MOST_RANKS: usize = 8;
 
 /// How long a rank waits where no rank is meant to go missing.
 const WAIT: Duration = Duration::from_secs(120);
 
-/// The sizes the behaviours run at: one rank, and one per device (at most
-/// [`MOST_RANKS`]) where the suite has more than one.
+/// The sizes the behaviours run at.
+/// One rank, and one per device (at most [`MOST_RANKS`]) where the suite has more than one.
 fn sizes<S: Suite>() -> Vec<usize> {
     let most = S::devices().clamp(1, MOST_RANKS);
     if most > 1 { vec![1, most] } else { vec![1] }
 }
 
-/// Words of each rank's part in a group of `n`: whole chunks of 16 for a
-/// reduce-scatter or an all-to-all at any size.
+/// Words of each rank's part in a group of `n`.
+/// Whole chunks of 16 for a reduce-scatter or an all-to-all at any size.
 fn part(n: usize) -> u32 {
     16 * n as u32
 }
 
-/// Clients for ranks `0..n`, or `None` (skipped) without a device, or
-/// without the suite's collectives library.
+/// Clients for ranks `0..n`, or `None` (skipped) without a device or the suite's collectives.
 ///
 /// # Panics
 ///
-/// When rank 0 can be made and a later one cannot: the suite said it had
-/// `n` devices ([`Suite::devices`]), and a size it cannot reach must not
-/// pass as skipped after the smaller sizes ran.
+/// When rank 0 can be made and a later one cannot.
+/// The suite said it had `n` devices ([`Suite::devices`]).
+/// A size it cannot reach must not pass as skipped after the smaller sizes ran.
 fn clients<S: Suite>(n: usize) -> Option<Vec<Client<S::Backend>>> {
     let first = client_or_skip(|| S::rank_client(0))?;
     let rest = (1..n).map(|rank| {
@@ -66,8 +68,8 @@ fn clients<S: Suite>(n: usize) -> Option<Vec<Client<S::Backend>>> {
     Some(std::iter::once(first).chain(rest).collect())
 }
 
-/// `f(group, n)` for a group of each size in [`sizes`], made by the suite;
-/// nothing (skipped) without a device.
+/// `f(group, n)` for a group of each size in [`sizes`], made by the suite.
+/// Nothing (skipped) without a device.
 fn at_every_size<S: Suite>(deadline: Duration, f: impl Fn(Group<S::Backend>, usize)) {
     for n in sizes::<S>() {
         let Some(clients) = clients::<S>(n) else {
@@ -98,10 +100,10 @@ fn floats(values: impl IntoIterator<Item = f32>) -> Vec<u8> {
     values.into_iter().flat_map(f32::to_le_bytes).collect()
 }
 
-/// Every collective computes what it says at every group size: the five
-/// reductions (`u32`, `i32` and `f32`), all-gather, reduce-scatter,
-/// all-to-all and broadcast, with parts whose every chunk is told apart
-/// (rule 41's clean case).
+/// Every collective computes what it says at every group size (rule 41's clean case).
+/// The five reductions (`u32`, `i32` and `f32`), all-gather, reduce-scatter, all-to-all and
+/// broadcast.
+/// Every chunk of each part is told apart.
 pub fn every_collective_computes_at_every_group_size<S: Suite>() {
     at_every_size::<S>(WAIT, |group, n| {
         let words = part(n);
@@ -201,10 +203,10 @@ pub fn every_collective_computes_at_every_group_size<S: Suite>() {
     });
 }
 
-/// A failed input on the last rank fails every rank's output at every
-/// group size, one rank alone included, naming that rank, its root cause
-/// and chain; the other inputs are untouched, and a clean collective
-/// heals (rule 41).
+/// A failed input on the last rank fails every rank's output at every group size (rule 41).
+/// One rank alone is included.
+/// Each output names that rank, its root cause and chain.
+/// The other inputs are untouched, and a clean collective heals.
 pub fn a_failed_input_fails_every_output_at_every_group_size<S: Suite>() {
     at_every_size::<S>(WAIT, |group, n| {
         let words = part(n);
@@ -261,9 +263,9 @@ pub fn a_failed_input_fails_every_output_at_every_group_size<S: Suite>() {
     });
 }
 
-/// A gather into an output too small for it, and a broadcast from a root
-/// past the group, are refused on every rank at every group size, claiming
-/// nothing, and the group stays in step (rule 44).
+/// A gather into too small an output, and a broadcast from a root past the group, are refused.
+/// That holds on every rank at every group size.
+/// They claim nothing, and the group stays in step (rule 44).
 pub fn a_refused_collective_claims_nothing_at_every_group_size<S: Suite>() {
     at_every_size::<S>(WAIT, |group, n| {
         let words = part(n);
@@ -300,10 +302,11 @@ pub fn a_refused_collective_claims_nothing_at_every_group_size<S: Suite>() {
     });
 }
 
-/// Collectives recorded into a graph on every rank replay together at
-/// every group size, with fresh inputs each time; replayed alone, the graph
-/// is refused; a failed input on the last rank at a replay fails every
-/// rank's replay naming it, and the next clean replay heals (rule 50).
+/// Collectives recorded into a graph on every rank replay together at every group size (rule 50).
+/// Each replay takes fresh inputs.
+/// Replayed alone, the graph is refused.
+/// A failed input on the last rank at a replay fails every rank's replay, naming it.
+/// The next clean replay heals.
 pub fn recorded_collectives_replay_at_every_group_size<S: Suite>() {
     at_every_size::<S>(WAIT, |group, n| {
         let words = part(n);
@@ -360,11 +363,11 @@ pub fn recorded_collectives_replay_at_every_group_size<S: Suite>() {
     });
 }
 
-/// Ranks that each joined alone, from the identity, agree by ballot at
-/// every group size: a sum and a gather compute; the last rank's failed
-/// input fails every rank's output naming it; a graph recorded by every
-/// rank replays by ballot; pairs of ranks send and receive; and the group
-/// goes on (rules 41, 48, 49, 50).
+/// Ranks that each joined alone, from the identity, agree by ballot at every group size.
+/// A sum and a gather compute (rules 41, 48, 49, 50).
+/// The last rank's failed input fails every rank's output, naming it.
+/// A graph recorded by every rank replays by ballot.
+/// Pairs of ranks send and receive, and the group goes on.
 pub fn ranks_joined_alone_agree_at_every_group_size<S: Suite>()
 where
     S::Backend: DeviceCollectives,
@@ -431,8 +434,8 @@ where
     }
 }
 
-/// Record a sum of a fresh input on `rank` (every rank calls this
-/// together), replay it by ballot with `index + 1` as input, and read it.
+/// Record a sum of a fresh input on `rank`; every rank calls this together.
+/// Replay it by ballot with `index + 1` as input, and read it.
 fn replayed_by_ballot<S: Suite>(rank: &Rank<S::Backend>, words: u32) -> Vec<u32> {
     let c = rank.client();
     let input = upload(c, &vec![0; words as usize]);
@@ -450,9 +453,8 @@ fn replayed_by_ballot<S: Suite>(rank: &Rank<S::Backend>, words: u32) -> Vec<u32>
     read_twice::<S>(c, &sum).unwrap()
 }
 
-/// Ranks `2k` and `2k + 1` of `n` swap `words` words, the even rank
-/// sending first; what this rank received, or `None` for a rank without a
-/// pair (the last of an odd group).
+/// Ranks `2k` and `2k + 1` of `n` swap `words` words, the even rank sending first.
+/// What this rank received, or `None` for a rank without a pair (the last of an odd group).
 fn pairs_send_and_receive<S: Suite>(
     rank: &Rank<S::Backend>,
     n: usize,
@@ -476,11 +478,10 @@ fn pairs_send_and_receive<S: Suite>(
     Some(read_twice::<S>(c, &got).unwrap())
 }
 
-/// Ranks that join a group of one more rank than ever arrives give up
-/// within the deadline with [`CollectiveError::Stalled`], releasing what
-/// the library set up (NCCL's init is aborted, not destroyed, which would
-/// wait for the missing peer); the same devices then join a new group of
-/// the ranks there are, and it works (rules 42, 43, 49).
+/// Ranks that join a group of one more rank than ever arrives give up within the deadline.
+/// They end with [`CollectiveError::Stalled`], releasing what the library set up.
+/// NCCL's init is aborted, not destroyed: destroying it would wait for the missing peer.
+/// The same devices then join a new group of the ranks there are, and it works (rules 42, 43, 49).
 pub fn a_join_short_of_its_peers_ends_within_the_deadline<S: Suite>()
 where
     S::Backend: DeviceCollectives,
@@ -517,11 +518,11 @@ where
     }
 }
 
-/// A library call that fails on the last rank, after the ranks agreed,
-/// fails every rank's output naming it at every group size (its own call
-/// too, and a peer's that returns before it learns, rule 47); the group
-/// is broken (its communicators aborted), and a new group over the same
-/// devices works (rules 42, 43, 47).
+/// A library call that fails on the last rank, after the ranks agreed, fails every rank's output.
+/// Each names it, at every group size (rule 47).
+/// That includes its own call, and a peer's that returns before it learns.
+/// The group is broken, its communicators aborted.
+/// A new group over the same devices works (rules 42, 43, 47).
 pub fn a_failed_library_call_breaks_the_group_at_every_group_size<S: Suite>() {
     at_every_size::<S>(WAIT, |group, n| {
         assert!(
@@ -575,15 +576,16 @@ pub fn a_failed_library_call_breaks_the_group_at_every_group_size<S: Suite>() {
     });
 }
 
-/// Membership changes at every group size (rules 54–57): every rank of
-/// the group shrinks (none is gone, so the new epoch keeps them all, in
-/// order) and the new epoch computes while the old one refuses, claiming
-/// nothing; then, where there is a second device, a group of all but the
-/// last admits it and heals its weights from rank 0. On the CUDA bundle's
-/// suite this is a new communicator made from a fresh identity on the
-/// machine's own NCCL — at one rank, a shrink to itself. The admission
-/// needs a rank that is not a member, so a machine of one device has no
-/// admission to run, and says so.
+/// Membership changes at every group size (rules 54–57).
+/// Every rank of the group shrinks.
+/// None is gone, so the new epoch keeps them all, in order.
+/// The new epoch computes while the old one refuses, claiming nothing.
+/// Where there is a second device, a group of all but the last admits it.
+/// It then heals the newcomer's weights from rank 0.
+/// On the CUDA bundle's suite this is a new communicator from a fresh identity on local NCCL.
+/// At one rank, that is a shrink to itself.
+/// The admission needs a rank that is not a member.
+/// So a machine of one device has no admission to run, and says so.
 pub fn membership_changes_at_every_group_size<S: Suite>() {
     at_every_size::<S>(WAIT, |group, n| {
         let shrunk = group.run(|rank| {
@@ -697,8 +699,7 @@ fn sum_of_ones<S: Suite>(rank: &Rank<S::Backend>) -> Vec<u32> {
     read_twice::<S>(c, &sum).unwrap()
 }
 
-/// The behaviours at every group size: one `#[test]` each for
-/// `$suite`, with what each needs.
+/// The behaviours at every group size: one `#[test]` each for `$suite`, with what each needs.
 #[macro_export]
 macro_rules! sizes_tests {
     ($suite:ty) => {

@@ -1,26 +1,27 @@
-//! The soak: many threads, many launches, failures and captures, and the
-//! server's footprint sampled as it goes.
+//! The soak: many threads, many launches, failures and captures, and the server's footprint sampled
+//! as it goes.
 //!
-//! A server that is correct for a thousand operations can still grow without
-//! bound over a million — a batch list only a sync trims, a failure record
-//! nobody releases, a pool that never reuses. So `soak` runs `threads`
-//! threads, each with two streams of its own, each looping over a chain of
-//! four buffers (`fill a`; `copy a → b`; `add a, b → c`; now and then a
-//! capture of `fill d` replayed and dropped), with one launch in a hundred
-//! replaced by the suite's kernel that does not compile — a real failure,
-//! with its skips downstream. Each thread keeps an oracle of its buffers and
-//! checks its reads against it. Meanwhile the calling thread samples the
-//! process's resident memory, the backend's `bytes_reserved`, and the
-//! store's `failures_held` and `failure_claims`.
+//! A server that is correct for a thousand operations can still grow without bound over a million.
+//! A batch list only a sync trims, a failure record nobody releases, and a pool that never reuses
+//! all do. So `soak` runs `threads` threads, each with two streams of its own. Each loops over a
+//! chain of four buffers: `fill a`; `copy a → b`; `add a, b → c`. Now and then a capture of `fill
+//! d` is replayed and dropped. One launch in a hundred is replaced by the suite's kernel that does
+//! not compile. That is a real failure, with its skips downstream. Each thread keeps an oracle of
+//! its buffers and checks its reads against it. Meanwhile the calling thread samples the process's
+//! resident memory and the backend's `bytes_reserved`. It samples the store's `failures_held` and
+//! `failure_claims` too.
 //!
-//! What must hold, and is asserted: every read agrees with the oracle; the
-//! store holds at most three failures per thread at every sample, and its
-//! books balance at the end (rule 7, [`Client::audit`]); and nothing grows in the
-//! second half of the run past what the first half reached, give or take
-//! [`RSS_SLACK`] of resident memory for allocator noise (checked from
-//! [`RSS_CHECKED_FROM`] launches, where the run dwarfs its neighbours). `cargo test` runs
-//! it small; `SCOPE_SOAK_LAUNCHES` sets the total, and `cargo xtask soak`
-//! runs a million and prints the samples.
+//! What must hold, and is asserted:
+//!
+//! - every read agrees with the oracle;
+//! - the store holds at most three failures per thread at every sample;
+//! - its books balance at the end (rule 7, [`Client::audit`]);
+//! - nothing grows in the second half of the run past what the first half reached.
+//!
+//! Resident memory gets [`RSS_SLACK`] of allowance for allocator noise. It is checked from
+//! [`RSS_CHECKED_FROM`] launches, where the run dwarfs its neighbours. `cargo test` runs it small.
+//! `SCOPE_SOAK_LAUNCHES` sets the total, and `cargo xtask soak` runs a million and prints the
+//! samples.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -31,8 +32,8 @@ use scope_core::Error;
 use scope_core::backend::Backend;
 use scope_core::{Binding, Dispatch};
 
-/// Resident memory the second half of a run may add over the first's
-/// peak: allocator and driver noise, not growth with the launch count.
+/// Resident memory the second half of a run may add over the first's peak. Allocator and driver
+/// noise, not growth with the launch count.
 pub const RSS_SLACK: u64 = 32 << 20;
 
 /// The smallest run whose resident memory is checked.
@@ -50,8 +51,7 @@ pub struct SoakConfig {
     pub launches: u64,
     /// One launch in this many is the kernel that does not compile.
     pub fail_one_in: u64,
-    /// Each thread captures, replays and drops a graph once every this many
-    /// rounds.
+    /// Each thread captures, replays and drops a graph once every this many rounds.
     pub capture_every: u64,
 }
 
@@ -212,13 +212,12 @@ fn worker<S: Suite>(
     check_read(&streams[0], &out, expect_out, "the end");
 }
 
-/// Run the soak on a fresh server of `S`, returning the samples; `None`
-/// with no device here.
+/// Run the soak on a fresh server of `S`, returning the samples; `None` with no device here.
 ///
 /// # Panics
 ///
-/// When a read disagrees with a thread's oracle, or the server's footprint
-/// grows over the run (see the module docs).
+/// When a read disagrees with a thread's oracle, or the server's footprint grows over the run. See
+/// the module docs.
 pub fn soak<S: Suite>(config: &SoakConfig) -> Option<Vec<Sample>> {
     let c = setup::<S>()?;
     let start = Instant::now();
@@ -242,9 +241,8 @@ pub fn soak<S: Suite>(config: &SoakConfig) -> Option<Vec<Sample>> {
                 let now = issued.load(Ordering::Relaxed);
                 if now >= last + config.launches / 20 {
                     last = now;
-                    // The counters are read one call at a time while the
-                    // workers run, so held and claims need not be one
-                    // moment's; rule 7 is audited at the end instead.
+                    // The counters are read one call at a time while the workers run, so held and
+                    // claims need not be one moment's. Rule 7 is audited at the end instead.
                     let s = sample(&c, now, start);
                     assert!(
                         s.failures_held <= 3 * config.threads,
@@ -279,9 +277,8 @@ pub fn soak<S: Suite>(config: &SoakConfig) -> Option<Vec<Sample>> {
         peak(first, &reserved),
         peak(second, &reserved)
     );
-    // Resident memory is the process's: only a run large enough to dwarf
-    // what other tests in the same process allocate meanwhile says anything
-    // about this server (`cargo xtask soak` runs it alone).
+    // Resident memory is the process's. Only a run large enough to dwarf what other tests allocate
+    // meanwhile says anything about this server (`cargo xtask soak` runs it alone).
     if config.launches >= RSS_CHECKED_FROM && samples.len() >= 8 {
         let resident = |s: &Sample| s.rss.unwrap_or(0);
         assert!(
@@ -295,8 +292,7 @@ pub fn soak<S: Suite>(config: &SoakConfig) -> Option<Vec<Sample>> {
     Some(samples)
 }
 
-/// The soak at CI's scale (`SCOPE_SOAK_LAUNCHES` changes it), as a
-/// `#[test]` of `$suite`.
+/// The soak at CI's scale (`SCOPE_SOAK_LAUNCHES` changes it), as a `#[test]` of `$suite`.
 #[macro_export]
 macro_rules! soak_tests {
     ($suite:ty) => {

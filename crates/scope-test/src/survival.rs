@@ -1,21 +1,18 @@
-//! Ranks in separate processes survive one of them being killed (rules 49,
-//! 54–57): a launcher — the test's parent process — runs four ranks, kills
-//! one in the middle of training, hands the others a fresh identity and
-//! the next epoch, then starts a fresh process in its place and hands all
-//! four the epoch after; the newcomer is healed by a broadcast, and every
-//! rank's weights end bit-identical, and equal to the steps computed here
-//! with the same membership schedule.
+//! Ranks in separate processes survive one of them being killed (rules 49, 54–57). A launcher, the
+//! test's parent process, runs four ranks and kills one in the middle of training. It hands the
+//! others a fresh identity and the next epoch. Then it starts a fresh process in its place and
+//! hands all four the epoch after. The newcomer is healed by a broadcast. Every rank's weights end
+//! bit-identical, and equal to the steps computed here with the same membership schedule.
 //!
-//! Ranks across processes share no memory to meet in, so the launcher
-//! decides membership and hands it out through files of one folder (a real
-//! launcher uses its own channel: torchrun's store, a job scheduler). What
-//! the test shows is scope's part: a killed peer stalls its survivors'
-//! collective within the deadline, not forever (rule 49); they join the
-//! next epoch and train on over themselves (rules 54, 55); the restarted
-//! process's bytes are not trusted until a broadcast heals them (rule 57).
+//! Ranks across processes share no memory to meet in. So the launcher decides membership and hands
+//! it out through files of one folder. A real launcher uses its own channel: torchrun's store, a
+//! job scheduler. What the test shows is scope's part. A killed peer stalls its survivors'
+//! collective within the deadline, not forever (rule 49). They join the next epoch and train on
+//! over themselves (rules 54, 55). The restarted process's bytes are not trusted until a broadcast
+//! heals them (rule 57).
 //!
-//! The schedule, every rank's weights `w` (one `u32` repeated), each step
-//! adding every member device `d`'s `w + step + 1 + d`:
+//! The schedule of every rank's weights `w` (one `u32` repeated). Each step adds every member
+//! device `d`'s `w + step + 1 + d`:
 //!
 //! | step | epoch | members | |
 //! |---|---|---|---|
@@ -41,8 +38,8 @@ const FOLDER: &str = "SCOPE_SURVIVAL_DIR";
 /// Words of the weights.
 const WORDS: u32 = 16;
 
-/// How long a rank waits for its peers: generous for four processes on a
-/// loaded two-core machine; the killed rank's survivors wait it out once.
+/// How long a rank waits for its peers: generous for four processes under load. The killed rank's
+/// survivors wait it out once.
 const DEADLINE: Duration = Duration::from_secs(5);
 
 /// How long anything waits for a mark another process leaves.
@@ -65,8 +62,8 @@ fn expected() -> u32 {
     stepped(w, 3, &[0, 1, 2, 3])
 }
 
-/// Wait for `path` to exist while every one of `children` runs: one that
-/// exits first is named with its output, not waited for past its end.
+/// Wait for `path` to exist while every one of `children` runs. One that exits first is named with
+/// its output, not waited for past its end.
 fn wait_with(path: &Path, children: &mut [(String, Child)]) {
     let started = Instant::now();
     while !path.exists() {
@@ -112,8 +109,8 @@ fn mark(dir: &Path, name: &str) {
     std::fs::write(dir.join(name), b"").expect("a mark");
 }
 
-/// Hand out epoch `epoch`: its identity and members (devices, in rank
-/// order), written whole before the name appears.
+/// Hand out epoch `epoch`: its identity and members (devices, in rank order). Written whole before
+/// the name appears.
 fn hand_out(dir: &Path, epoch: u64, id: &UniqueId, members: &[u32]) {
     let hex: String = id.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
     let list: Vec<String> = members.iter().map(u32::to_string).collect();
@@ -155,9 +152,9 @@ fn join<B: DeviceCollectives<Identity = UniqueId>>(
         .unwrap_or_else(|e| panic!("device {device} joins epoch {epoch}: {e}"))
 }
 
-/// One step: every member adds its `w + step + 1 + device`; the weights
-/// change only when the sum was written. A member whose weights cannot be
-/// read still takes part: its contribution carries why.
+/// One step: every member adds its `w + step + 1 + device`. The weights change only when the sum
+/// was written. A member whose weights cannot be read still takes part: its contribution carries
+/// why.
 fn step<B: Backend>(rank: &Rank<B>, w: &Buffer, (step, device): (u32, u32)) -> Result<()> {
     let c = rank.client();
     let grad = alloc(c, WORDS);
@@ -189,9 +186,9 @@ fn spawn(me: &Path, child: &str, dir: &Path, (role, device): (&str, u32)) -> Chi
         .expect("a child process")
 }
 
-/// The parent: the launcher of the schedule above. `child` names the
-/// test that runs [`one_survivor_in_its_own_process`]; `identity(dir)`
-/// makes an identity its ranks can join from other processes.
+/// The parent: the launcher of the schedule above. `child` names the test that runs
+/// [`one_survivor_in_its_own_process`]. `identity(dir)` makes an identity its ranks can join from
+/// other processes.
 ///
 /// # Panics
 ///
@@ -267,9 +264,8 @@ where
     }
 }
 
-/// One child of [`ranks_survive_a_killed_process`], run only by it: an
-/// original rank (device 3 is killed before step 2), or the restarted
-/// device 3.
+/// One child of [`ranks_survive_a_killed_process`], run only by it. An original rank (device 3 is
+/// killed before step 2), or the restarted device 3.
 pub fn one_survivor_in_its_own_process<S: Suite>()
 where
     S::Backend: DeviceCollectives<Identity = UniqueId>,
@@ -323,8 +319,8 @@ where
         mark(&dir, &format!("done-1-{device}"));
         (join(c, &dir, 2, device), w)
     };
-    // Epoch 2: the restarted rank's weights fail every rank's step, until a
-    // broadcast from rank 0 heals them.
+    // Epoch 2: the restarted rank's weights fail every rank's step, until rank 0's broadcast heals
+    // them.
     let c = rank.client();
     let error = step(&rank, &w, (3, device)).expect_err("unhealed weights fail the step");
     assert!(

@@ -1,30 +1,17 @@
 //! CUDA stream capture: windows become instantiated graphs.
 //!
-//! A window is `cuStreamBeginCapture` … `cuStreamEndCapture` on the stream's
-//! cudarc stream, then `cuGraphInstantiateWithFlags`; a replay is
-//! `cuGraphLaunch`. The core decides whether a window may seal (a doomed
-//! window is aborted, never ended); this module reports only what the driver
-//! refuses: an invalidated capture (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`,
-//! for instance after an illegal call while capturing) or a failed
-//! instantiation comes back from [`end_capture`](Cuda::end) as the error, and
-//! the core claims the window's outputs with it (rule 33).
+//! A window is `cuStreamBeginCapture` … `cuStreamEndCapture`, then `cuGraphInstantiateWithFlags`; a
+//! replay is `cuGraphLaunch`. The core decides whether a window may seal; this module reports what
+//! the driver refuses. An invalidated capture or a failed instantiation is
+//! [`end_capture`](Cuda::end)'s error, and the core claims the window's outputs with it (rule 33).
 //!
-//! Capture runs in `RELAXED` mode: the server lock already serialises every
-//! call, and the stricter modes would forbid what a window legitimately does
-//! on *other* streams meanwhile — allocating from the pool and synchronising
-//! its allocation stream, pinning host memory for a host write.
+//! Capture is `RELAXED`: the server lock already serialises every call, and the stricter modes
+//! forbid what a window does on other streams meanwhile (pool allocation, pinning host memory). An
+//! event recorded just before capture is "the stream's work" while it records.
 //!
-//! Just before capture begins an event is recorded on the stream; while it
-//! records, that event is "the stream's work", for another stream that must
-//! wait for it and for destroying a graph replayed there.
-//!
-//! A graph keeps the pinned copies of its host writes (replays read them)
-//! and the modules of the kernels it launches loaded (a kernel dropped
-//! while the graph lives must not leave it launching a function of an
-//! unloaded module), and remembers the streams it was replayed on;
-//! destroying it first waits
-//! for those streams, so no replay in flight loses its graph (rule 35); if a
-//! wait fails, the graph is leaked rather than freed under a replay.
+//! A graph keeps its host writes' pinned copies and its kernels' modules. It remembers the streams
+//! it was replayed on, and destroying it waits for them (rule 35). If a wait fails, the graph is
+//! leaked rather than freed under a replay.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,20 +32,15 @@ pub struct CudaGraph {
     exec: sys::CUgraphExec,
     /// Pinned bytes of the window's host writes, read by every replay.
     _staging: Vec<Pinned>,
-    /// What the window's work touches.
     memories: Vec<CudaMemory>,
-    /// The modules of the kernels the window launched: loaded while the
-    /// graph lives, unloaded (if nothing else holds them) only after `Drop`
-    /// destroyed the exec.
+    /// The launched kernels' modules, unloaded only after `Drop` destroyed the exec.
     _modules: Vec<Arc<Module>>,
     /// Bit `i` set: replayed on stream `i` (bit 63: on some stream ≥ 63).
     replayed_on: AtomicU64,
     ctx: Arc<CudaContext>,
 }
 
-// SAFETY: graph handles may be used from any thread with the context current
-// as long as calls on one graph are serialised, which they are: a graph that
-// is `Send` but not `Sync` is reached by one thread at a time.
+// SAFETY: graph handles work on any thread with the context current; not `Sync`.
 unsafe impl Send for CudaGraph {}
 
 impl CudaGraph {
@@ -71,8 +53,7 @@ impl CudaGraph {
 impl Drop for CudaGraph {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
-        // SAFETY: each handle was created once and is destroyed once, here;
-        // `destroy_graph` waited for the replays in flight first.
+        // SAFETY: each handle is destroyed once; `destroy_graph` waited for replays first.
         unsafe {
             if !self.exec.is_null() {
                 let _ = result::graph::exec_destroy(self.exec);
@@ -106,8 +87,7 @@ impl Cuda {
             .pre_capture
             .record(&stream.shared.cu)
             .map_err(|e| fail(e.0))?;
-        // SAFETY: the stream is live: `stream` owns it. (A stream already
-        // capturing is no hazard: the driver refuses it with an error.)
+        // SAFETY: `stream` owns the live stream; the driver refuses a second capture.
         unsafe {
             result::stream::begin_capture(
                 stream.shared.cu.cu_stream(),
@@ -130,8 +110,7 @@ impl Cuda {
         let was = std::mem::replace(&mut self.capturing[index as usize], false);
         let graph = if was {
             let mut graph: sys::CUgraph = std::ptr::null_mut();
-            // SAFETY: the stream is capturing (we began it); ending it hands
-            // back the graph, or an error that also ends the capture.
+            // SAFETY: the stream captures (begun here); ending it yields a graph or an error.
             let code = unsafe { sys::cuStreamEndCapture(stream.shared.cu.cu_stream(), &mut graph) };
             code.result().map(|()| graph).map_err(|e| e.0)
         } else {
@@ -194,13 +173,8 @@ impl Cuda {
         }
     }
 
-    /// [`Backend::replay`](scope_core::Backend::replay).
-    ///
-    /// # Safety
-    ///
-    /// The contract of `Backend::replay`: `stream` and `graph` are this
-    /// backend's and alive, and every memory the graph recorded work on is
-    /// alive.
+    /// [`Backend::replay`](scope_core::Backend::replay), under its safety contract: `stream`,
+    /// `graph` and the memory it recorded work on are this backend's and alive.
     pub(crate) unsafe fn replay_graph(
         &mut self,
         stream: &mut CudaStreamState,
@@ -208,11 +182,7 @@ impl Cuda {
     ) -> Result<()> {
         self.bind()?;
         let id = stream.id();
-        // SAFETY: the exec is live (`graph` owns it) and every kernel it
-        // launches is loaded (`graph` holds their modules); the pinned bytes
-        // its copies read are `graph`'s too. The contract of
-        // `Backend::replay`: every memory the graph recorded work on is
-        // alive, and so is `stream`.
+        // SAFETY: `graph` holds the exec, modules and pinned bytes; its memory is alive (contract).
         unsafe { result::graph::launch(graph.exec, stream.shared.cu.cu_stream()) }.map_err(
             |e| {
                 classify(
@@ -236,9 +206,7 @@ impl Cuda {
     pub(crate) fn destroy(&mut self, graph: CudaGraph) -> Result<()> {
         self.bind()?;
         let replayed = graph.replayed_on.load(Ordering::Relaxed);
-        // Wait on every stream it was replayed on, even after one wait
-        // fails, so no other stream's replay is left running on a graph
-        // this call gave up on. The first failure is the one reported.
+        // Wait on every replaying stream, even past a failure; report the first.
         let mut first_failure = None;
         for index in 0..self.streams.len() as u32 {
             if replayed & bit(index) == 0 {
@@ -266,9 +234,7 @@ impl Cuda {
                 Ok(())
             }
             Some(error) => {
-                // A replay whose wait failed may still be reading the
-                // graph's pinned bytes; leaking it is safe where freeing
-                // them might not be (as server-hip does).
+                // A replay whose wait failed may still read the pinned bytes: leak, don't free.
                 std::mem::forget(graph);
                 Err(error)
             }

@@ -1,42 +1,20 @@
-//! Collectives on the devices, through NCCL: what CUDA states as an
-//! [`NcclDevice`], which makes it a
-//! [`DeviceCollectives`](scope_core::collective::device::DeviceCollectives)
-//! for [`Group::over_device`](scope_core::collective::Group::over_device).
+//! Collectives through NCCL: CUDA as an [`NcclDevice`], and so a
+//! [`DeviceCollectives`](scope_core::collective::device::DeviceCollectives) for
+//! [`Group::over_device`](scope_core::collective::Group::over_device).
 //!
-//! The group decides every round before a byte moves
-//! (`scope_core::collective::device`), and the communicator that keeps NCCL
-//! from hanging or being called after an abort, and the order in which a
-//! call is issued, are the core's ([`scope_native::nccl`], shared
-//! with HIP's RCCL). What is CUDA's here is where the library comes from,
-//! which device it runs on, and where its bytes and streams are:
+//! The core decides every round; the communicator and the call order are [`scope_native::nccl`]'s,
+//! shared with RCCL. CUDA's part is the library, the device and where the bytes live. NCCL opens as
+//! `libnccl.so`, then as `libnccl.so.2`, the soname packages install and cudarc never tries. The
+//! joining thread has the server's context current: NCCL reads the device there.
 //!
-//! - **The library, by both its names.** NCCL is opened on first use as
-//!   `libnccl.so` or, failing that, by its soname `libnccl.so.2` — the only
-//!   name NCCL's runtime packages and NVIDIA's wheel install, and one
-//!   cudarc's loader does not try — and the entry points are taken from
-//!   that library (so a test's mock, loaded under `libnccl.so` first, is
-//!   what runs). Without it a group's join answers
-//!   [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
-//!   naming every name tried.
-//! - **The rank's device is the server's**: its context is made current on
-//!   the joining thread, where NCCL reads the device from.
+//! A captured collective joins the CUDA graph. Ranks replay such graphs together with
+//! [`Rank::replay`](scope_core::collective::Rank::replay), which meets first (rule 50). The server
+//! refuses a lone replay.
 //!
-//! A collective on a capturing stream is recorded into the CUDA graph, as
-//! NCCL captures its kernels. The group's agreement is a host meeting a
-//! replay alone would not repeat, so the ranks replay their graphs
-//! together with [`Rank::replay`](scope_core::collective::Rank::replay),
-//! which meets first (rule 50); the server refuses to replay such a graph
-//! alone.
-//!
-//! Ranks in other processes, or on other machines, join with
-//! [`Rank::join`](scope_core::collective::Rank::join) and NCCL's unique id
-//! ([`UniqueId::to_bytes`](scope_native::nccl::UniqueId::to_bytes),
-//! handed out by the launcher): they decide by a ballot all-gathered
-//! through NCCL itself — on a communicator split from the rounds' one
-//! (`ncclCommSplit`, NCCL 2.18 and later), since NCCL runs one
-//! communicator's kernels in order and a ballot would otherwise wait for
-//! the round in flight — and poll every wait with `cuEventQuery` and
-//! `ncclCommGetAsyncError` up to the deadline
+//! Remote ranks join with [`Rank::join`](scope_core::collective::Rank::join) and NCCL's id
+//! ([`UniqueId::to_bytes`](scope_native::nccl::UniqueId::to_bytes)). Their ballot runs on a split
+//! communicator (`ncclCommSplit`, NCCL 2.18+): on the rounds' one it would queue behind the round
+//! in flight. Waits poll `cuEventQuery` and `ncclCommGetAsyncError` up to the deadline
 //! (`scope_core::collective::remote`).
 
 use std::ffi::c_void;
@@ -47,15 +25,10 @@ use scope_native::nccl::{NcclDevice, NcclLibrary, NcclTable};
 
 use crate::{Cuda, CudaMemory, CudaStreamState, CudaWaiter};
 
-/// Where NCCL is looked for: its development name (`libnccl.so`, a
-/// toolkit's or `libnccl-dev`'s), then its soname (`libnccl.so.2`), which is
-/// all NCCL's runtime packages and NVIDIA's wheel install — a name cudarc's
-/// own loader never tries.
+/// Where NCCL is looked for: the development name, then the installed soname.
 const NCCL_NAMES: [&str; 2] = ["libnccl.so", "libnccl.so.2"];
 
-/// NCCL's entry points, from the first of [`NCCL_NAMES`] the loader opens
-/// (so a test's mock, loaded under `libnccl.so` first, is what runs), once
-/// per process; why not, where it is missing or lacks one.
+/// NCCL's entry points from the first of [`NCCL_NAMES`] that opens, once per process.
 fn nccl() -> Result<NcclTable> {
     static NCCL: OnceLock<std::result::Result<NcclLibrary, String>> = OnceLock::new();
     let loaded = NCCL.get_or_init(|| {
@@ -67,22 +40,18 @@ fn nccl() -> Result<NcclTable> {
     NcclLibrary::table_of("nccl", loaded)
 }
 
-/// Load NCCL now, as the first collective would, and keep it loaded: a
-/// runtime that needs collectives learns at start-up, not at its first
-/// all-reduce, that the library is missing.
+/// Load NCCL now, so a missing library shows at start-up, not at the first all-reduce.
 ///
 /// # Errors
 ///
-/// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
-/// (`nccl`) naming every name tried, or the entry point the library
-/// found lacks.
+/// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) (`nccl`), naming every name
+/// tried or the missing entry point.
 pub fn load_nccl() -> Result<()> {
     nccl().map(drop)
 }
 
-/// Whether the NCCL here has `ncclCommShrink` (2.27 and later), which the
-/// survivors of a group in one process shrink through; without it they
-/// join a fresh identity.
+/// Whether this NCCL has `ncclCommShrink` (2.27+), which survivors in one process shrink through.
+/// Without it they join a fresh identity.
 ///
 /// # Errors
 ///
@@ -91,14 +60,11 @@ pub fn nccl_can_shrink() -> Result<bool> {
     Ok(nccl()?.comm_shrink.is_some())
 }
 
-// The collectives through the library, in the order of steps scope-native
-// writes once for CUDA and HIP.
+// The collectives, in the step order scope-native writes for CUDA and HIP.
 scope_native::nccl_collectives!(Cuda);
 
-// SAFETY: the table is NCCL's, loaded for the process (`nccl`); `bind`
-// makes this server's context, so its device, current on the thread; a
-// memory's device pointer plus an offset inside it is that byte's device
-// address; the stream's `CUstream` is this server's, on its device.
+// SAFETY: the table is NCCL's (`nccl`); `bind` makes this device current; a memory's pointer plus
+// an in-bounds offset is a device address; the stream is this server's.
 unsafe impl NcclDevice for Cuda {
     fn table() -> Result<NcclTable> {
         nccl()
@@ -116,8 +82,7 @@ unsafe impl NcclDevice for Cuda {
         stream.raw().cu_stream().cast::<c_void>()
     }
 
-    /// The allocation is used by the stream (a free waits for it) and, on
-    /// a recording stream, held by the graph.
+    /// The stream uses it (a free waits for it), and a recording graph holds it.
     fn used(stream: &mut CudaStreamState, memory: &CudaMemory) {
         stream.touch(memory);
     }

@@ -1,14 +1,10 @@
 //! Host writes, host reads and device copies.
 //!
-//! A write stages the caller's bytes in pinned memory and issues an
-//! asynchronous DMA, so it returns without waiting for the device (see
-//! [`memory`](crate::memory) for the staging belt). Inside a capture window
-//! the bytes are copied to a pinned buffer the graph keeps, and the captured
-//! memcpy node reads that buffer on every replay: a host write inside a window
-//! writes, at each replay, the bytes given at call time. A read waits for the
-//! stream, which is where a fault of earlier work surfaces; it is returned
-//! as a [`Fault`](scope_core::Error::Fault) for the core to attribute to the
-//! work in flight (rule 23).
+//! A write stages the caller's bytes in pinned memory and issues an async DMA, so it returns
+//! without waiting ([`memory`](crate::memory) has the belt). In a capture the bytes go to a pinned
+//! buffer the graph keeps, which every replay reads. A read waits for the stream, where an earlier
+//! fault surfaces: a [`Fault`](scope_core::Error::Fault) the core lays on the work in flight
+//! (rule 23).
 
 use std::ffi::c_void;
 
@@ -20,13 +16,8 @@ use crate::memory::{Pinned, STAGING_CHUNK};
 use crate::{Cuda, CudaMemory, CudaStreamState};
 
 impl Cuda {
-    /// [`Backend::write`](scope_core::Backend::write).
-    ///
-    /// # Safety
-    ///
-    /// The contract of `Backend::write`: `stream` and `dst` are this
-    /// backend's and alive, and `offset..offset + data.len()` lies inside
-    /// `dst`.
+    /// [`Backend::write`](scope_core::Backend::write), under its safety contract: `stream` and
+    /// `dst` are this backend's and alive, and `offset..offset + data.len()` lies inside `dst`.
     pub(crate) unsafe fn write_bytes(
         &mut self,
         stream: &mut CudaStreamState,
@@ -61,16 +52,10 @@ impl Cuda {
             region.copy_from_slice(data);
             region.as_ptr()
         } else {
-            // Pageable: the driver copies it to its own staging before the
-            // call returns, so `data` may go as soon as it does.
+            // Pageable: the driver stages it before the call returns.
             data.as_ptr()
         };
-        // SAFETY: the contract of `Backend::write`: `target..target +
-        // data.len()` lies inside `dst`, which is alive. `source` holds
-        // `data.len()` bytes that stay valid until the copy has read them:
-        // staging outlives the copy (event-guarded belt, or kept by the
-        // graph), and a pageable source is staged by the driver before this
-        // returns.
+        // SAFETY: the contract puts the range inside live `dst`; `source` outlives the copy.
         unsafe { sys::cuMemcpyHtoDAsync_v2(target, source.cast::<c_void>(), data.len(), cu) }
             .result()
             .map_err(|e| fail(e.0))?;
@@ -78,13 +63,8 @@ impl Cuda {
         Ok(())
     }
 
-    /// [`Backend::read`](scope_core::Backend::read).
-    ///
-    /// # Safety
-    ///
-    /// The contract of `Backend::read`: `stream` and `src` are this
-    /// backend's and alive, and `offset..offset + out.len()` lies inside
-    /// `src`.
+    /// [`Backend::read`](scope_core::Backend::read), under its safety contract: `stream` and `src`
+    /// are this backend's and alive, and `offset..offset + out.len()` lies inside `src`.
     pub(crate) unsafe fn read_bytes(
         &mut self,
         stream: &mut CudaStreamState,
@@ -112,8 +92,7 @@ impl Cuda {
             )
         };
         stream.touch(src);
-        // Small reads land in pinned staging, large ones straight in `out`;
-        // either way one copy and one sync.
+        // Small reads land in staging, large ones in `out`: one copy, one sync.
         let mut region = if out.len() <= STAGING_CHUNK {
             Some(
                 stream
@@ -127,10 +106,7 @@ impl Cuda {
             Some(region) => region.as_mut_ptr(),
             None => out.as_mut_ptr(),
         };
-        // SAFETY: the contract of `Backend::read`: `source..source +
-        // out.len()` lies inside `src`, which is alive. `target` holds
-        // `out.len()` bytes (the staging region, or `out` itself) and is not
-        // touched until the sync below returns, which completes the copy.
+        // SAFETY: the range lies inside live `src`; `target` is untouched until the sync.
         unsafe { sys::cuMemcpyDtoHAsync_v2(target.cast::<c_void>(), source, out.len(), cu) }
             .result()
             .map_err(|e| {
@@ -150,14 +126,8 @@ impl Cuda {
         Ok(())
     }
 
-    /// [`Backend::copy`](scope_core::Backend::copy).
-    ///
-    /// # Safety
-    ///
-    /// The contract of `Backend::copy`: `stream`, `src` and `dst` are this
-    /// backend's and alive; `src_offset..src_offset + len` lies inside `src`
-    /// and `dst_offset..dst_offset + len` inside `dst`, and the two do not
-    /// overlap.
+    /// [`Backend::copy`](scope_core::Backend::copy), under its safety contract: `stream`, `src` and
+    /// `dst` are this backend's and alive; both ranges lie inside their memory and do not overlap.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn copy_bytes(
         &mut self,
@@ -173,8 +143,7 @@ impl Cuda {
         let what = format!("copy of {len} bytes");
         let bytes =
             usize::try_from(len).map_err(|_| Error::invalid("copy", "past the address space"))?;
-        // SAFETY: the contract of `Backend::copy`: both ranges lie inside
-        // their live allocations and do not overlap.
+        // SAFETY: `Backend::copy`'s contract: both ranges lie in live memory, disjoint.
         unsafe {
             sys::cuMemcpyDtoDAsync_v2(
                 dst.device_ptr() + dst_offset,

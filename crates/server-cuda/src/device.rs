@@ -1,27 +1,16 @@
 //! The driver, the context and the streams.
 //!
-//! cudarc loads `libcuda` lazily and **panics** on the first driver call when
-//! the library is missing, so nothing here calls the driver before
-//! [`driver()`] has answered: it asks `is_culib_present()` (which only tries
-//! to `dlopen` the candidate names) and then `cuInit`, once per process, and
-//! remembers the answer. Every entry point — [`client`](crate::client),
-//! [`probe`](crate::probe) — goes through it, so a machine without CUDA gets
-//! [`Error::BackendUnavailable`] and never a panic, with no `catch_unwind` on
-//! any path.
+//! cudarc **panics** on the first driver call when `libcuda` is missing. So nothing here calls the
+//! driver before [`driver()`] has tried to `dlopen` it and run `cuInit`, once per process. Every
+//! entry point ([`client`](crate::client), [`probe`](crate::probe)) goes through it: a machine
+//! without CUDA gets [`Error::BackendUnavailable`], never a panic.
 //!
-//! One [`CudaContext`] (the device's primary context) per server; one
-//! non-blocking cudarc stream per logical stream. Cross-stream ordering is an
-//! event recorded on the earlier stream and waited on by the later one
-//! ([`Cuda::order_streams`]). cudarc's own per-slice event tracking is turned
-//! off: this backend never makes a `CudaSlice`, and the core already decides
-//! which stream must wait for which.
+//! One primary [`CudaContext`] per server; one non-blocking stream per logical stream. Cross-stream
+//! order is an event recorded on one stream and waited on by the other ([`Cuda::order_streams`]).
+//! cudarc's event tracking is off: no `CudaSlice` is made, and the core decides the order.
 //!
-//! A caller's sync or read waits for a stream without the server's lock
-//! ([`Backend::begin_wait`](scope_core::Backend::begin_wait)): an event of
-//! the waiter's own is recorded on the stream under the lock, synchronised
-//! without it, and kept for reuse when the wait ends. The waited work's
-//! pinned staging is freed only if no other thread took staging on the
-//! stream meanwhile (see `memory.rs`).
+//! A wait without the server's lock records its own event under the lock, synchronises it without,
+//! and keeps it for reuse. Its staging is freed only if no other thread took staging meanwhile.
 
 use std::ffi::c_char;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,13 +28,11 @@ use crate::{Cuda, CudaMemory};
 static DRIVER: OnceLock<Result<()>> = OnceLock::new();
 static NVRTC: OnceLock<bool> = OnceLock::new();
 
-/// Whether the CUDA driver is loaded and initialised here; asked once per
-/// process. Never panics.
+/// Whether the CUDA driver is loaded and initialised; asked once, never panics.
 pub(crate) fn driver() -> Result<()> {
     DRIVER
         .get_or_init(|| {
-            // SAFETY: `is_culib_present` only tries to open each candidate
-            // library name and drops it; it calls no symbol.
+            // SAFETY: `is_culib_present` only opens and drops candidate libraries.
             if !unsafe { sys::is_culib_present() } {
                 let mut searched = cudarc::get_lib_name_candidates("cuda");
                 let mut seen = std::collections::HashSet::new();
@@ -71,27 +58,18 @@ pub(crate) fn nvrtc_present() -> bool {
     *NVRTC.get_or_init(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
 }
 
-/// What the driver says about one device.
 #[derive(Clone, Debug)]
 pub(crate) struct DeviceInfo {
     pub(crate) ordinal: usize,
     pub(crate) name: String,
-    /// Compute capability, `(major, minor)`.
     pub(crate) capability: (i32, i32),
     pub(crate) total_memory: u64,
 }
 
-/// The warp every CUDA device has.
 const WARP: u32 = 32;
 
-/// What every device this crate can run on has (compute capability 3.0
-/// and later; CUDA 12 dropped everything older): a `2^31 - 1 x 65,535 x
-/// 65,535` grid, `1024 x 1024 x 64` blocks of at most 1,024 threads, 48 KiB
-/// of static shared memory per block (this server passes no dynamic shared
-/// memory, and so never opts into more), 32-thread warps. An attribute the
-/// driver will not read falls back to its value here, so a server still
-/// opens — every figure is one each supported architecture has, never a
-/// guess past what the device can do.
+/// What every supported device (compute capability 3.0+) has. An attribute the driver will not read
+/// falls back to it: never a guess past the device.
 pub(crate) const ARCHITECTURAL_GEOMETRY: LaunchGeometry = LaunchGeometry {
     grid: [i32::MAX as u32, 65_535, 65_535],
     block: [1024, 1024, 64],
@@ -100,16 +78,9 @@ pub(crate) const ARCHITECTURAL_GEOMETRY: LaunchGeometry = LaunchGeometry {
     subgroup: Some(WARP),
 };
 
-/// Ask the driver what one launch on `ctx`'s device may ask for, in
-/// `cuDeviceGetAttribute`'s words (`MAX_GRID_DIM_*`, `MAX_BLOCK_DIM_*`,
-/// `MAX_THREADS_PER_BLOCK`, `MAX_SHARED_MEMORY_PER_BLOCK`, `WARP_SIZE`):
-/// read once, when the server opens, so that a runtime sizing its grid and
-/// the check refusing one past it use the same figures (a constant would be
-/// wrong for a device with a smaller grid, which would then fail the launch
-/// on the device, claiming its outputs, instead of refusing it as an
-/// invalid argument). Never fails: an attribute the driver does not answer
-/// with a positive number takes its [`ARCHITECTURAL_GEOMETRY`] value, with
-/// a warning.
+/// What one launch on `ctx`'s device may ask for, read once so the runtime and the check agree. A
+/// constant would let a launch past a smaller grid fail on the device. An attribute the driver does
+/// not answer takes its [`ARCHITECTURAL_GEOMETRY`] value.
 pub(crate) fn launch_geometry(ctx: &CudaContext) -> LaunchGeometry {
     use sys::CUdevice_attribute as A;
     let read = |attribute: A, fallback: u32| -> u32 {
@@ -144,18 +115,14 @@ pub(crate) fn launch_geometry(ctx: &CudaContext) -> LaunchGeometry {
     }
 }
 
-/// The CUDA version of the driver here (`cuDriverGetVersion`), asked
-/// without initialising it, so that it answers on a machine whose driver
-/// finds no device too: what decides which PTX it JITs
-/// ([`CudaVersion::ptx_isa`](crate::CudaVersion::ptx_isa)).
+/// The driver's CUDA version, asked without `cuInit` so it answers with no device. It decides the
+/// PTX the driver JITs ([`CudaVersion::ptx_isa`](crate::CudaVersion::ptx_isa)).
 ///
 /// # Errors
 ///
-/// [`Error::BackendUnavailable`] when the driver library cannot be loaded
-/// here or does not answer.
+/// [`Error::BackendUnavailable`] when the driver library is missing or silent.
 pub fn cuda_driver_version() -> Result<crate::CudaVersion> {
-    // SAFETY: `is_culib_present` only tries to open each candidate library
-    // name and drops it; it calls no symbol.
+    // SAFETY: `is_culib_present` only opens and drops candidate libraries.
     if !unsafe { sys::is_culib_present() } {
         return Err(Error::BackendUnavailable {
             backend: BACKEND,
@@ -163,8 +130,7 @@ pub fn cuda_driver_version() -> Result<crate::CudaVersion> {
         });
     }
     let mut version = 0;
-    // SAFETY: the library is present (above); cuDriverGetVersion may be
-    // called before cuInit, and `version` is a valid place for one int.
+    // SAFETY: the library is here; `cuDriverGetVersion` needs no `cuInit`; one int.
     let status = unsafe { sys::cuDriverGetVersion(&mut version) };
     status.result().map_err(|e| Error::BackendUnavailable {
         backend: BACKEND,
@@ -179,8 +145,7 @@ pub fn cuda_driver_version() -> Result<crate::CudaVersion> {
 /// The driver's CUDA version, `(major, minor)`.
 pub(crate) fn driver_version() -> Result<(i32, i32)> {
     let mut version = 0;
-    // SAFETY: the driver is loaded (callers go through `driver()` first) and
-    // `version` is a valid place for one int.
+    // SAFETY: callers ran `driver()` first; `version` holds one int.
     unsafe { sys::cuDriverGetVersion(&mut version) }
         .result()
         .map_err(|e| {
@@ -196,8 +161,7 @@ pub(crate) fn driver_version() -> Result<(i32, i32)> {
 
 fn device_name(device: sys::CUdevice) -> Result<String> {
     let mut buf = [0 as c_char; 256];
-    // SAFETY: the buffer holds `len` chars; the driver writes at most that
-    // many, NUL-terminated.
+    // SAFETY: the driver writes at most `len` chars, NUL-terminated.
     unsafe { sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as i32, device) }
         .result()
         .map_err(|e| {
@@ -211,7 +175,6 @@ fn device_name(device: sys::CUdevice) -> Result<String> {
     Ok(c_chars(&buf))
 }
 
-/// Ask the driver about device `ordinal`.
 pub(crate) fn device_info(ordinal: usize) -> Result<DeviceInfo> {
     let start = |what| move |e| driver_error(e, Doing::Start { what });
     let index =
@@ -234,8 +197,7 @@ pub(crate) fn device_info(ordinal: usize) -> Result<DeviceInfo> {
     })
 }
 
-/// Device `ordinal`'s memory in bytes: the largest allocation this backend
-/// accepts, and a size it cannot provide (the context holds some).
+/// Device `ordinal`'s memory in bytes: the largest allocation accepted.
 ///
 /// # Errors
 ///
@@ -245,8 +207,7 @@ pub fn total_memory(ordinal: usize) -> Result<u64> {
     device_info(ordinal).map(|info| info.total_memory)
 }
 
-/// What this machine has, for `cargo xtask matrix`. Never panics: with no
-/// driver it says which library it looked for.
+/// What this machine has, for `cargo xtask matrix`; never panics.
 pub fn probe() -> Probe {
     if let Err(error) = driver() {
         return Probe::none(BACKEND, error.to_string());
@@ -299,38 +260,26 @@ pub fn probe() -> Probe {
     Probe::found(BACKEND, devices)
 }
 
-/// The device state a logical stream shares with the backend, which needs it
-/// to free memory and to wait for graph replays on streams it is not handed.
-///
-/// Its driver objects sit behind an `Option` so that a reopen
-/// (`reopen.rs`) can destroy them on the context they were made
-/// on *before* that context is reset: a handle destroyed after the reset
-/// could name an object the new context made meanwhile.
+/// A logical stream's device state, shared with the backend. Its handles are an `Option` so a
+/// reopen destroys them before the reset: after it, a handle could name a new context's object.
 pub(crate) struct StreamShared {
     pub(crate) index: u32,
     handles: Option<StreamHandles>,
 }
 
-/// The driver objects of one logical stream.
 pub(crate) struct StreamHandles {
     pub(crate) cu: Arc<CudaStream>,
     /// Re-recorded for every cross-stream wait on this stream.
     pub(crate) order_event: CudaEvent,
-    /// Recorded just before a capture begins: while the stream records, its
-    /// real work ends here, so a wait on its earlier work waits on this.
+    /// Recorded before a capture begins: the stream's real work ends here.
     pub(crate) pre_capture: CudaEvent,
 }
 
 impl std::ops::Deref for StreamShared {
     type Target = StreamHandles;
 
-    /// The stream's driver objects. Only a reopen takes them away, and it
-    /// gives every stream new ones before it returns `Ok`; a reopen that
-    /// fails leaves the server detached, and the core names none of a
-    /// detached server's streams until a later reopen succeeds (it neither
-    /// issues work on a poisoned server nor waits on a detached one's
-    /// streams when it drops), so reaching the `expect` is a bug in the
-    /// core, not something a caller can do.
+    /// The driver objects. A reopen gives new ones before `Ok`, and the core names no stream of a
+    /// detached server: the `expect` fails only on a core bug.
     fn deref(&self) -> &StreamHandles {
         self.handles
             .as_ref()
@@ -341,20 +290,15 @@ impl std::ops::Deref for StreamShared {
 /// What a window records besides the graph itself.
 #[derive(Default)]
 pub(crate) struct Recording {
-    /// Pinned copies of the bytes of host writes inside the window: the
-    /// graph's memcpy nodes read them on every replay, so the graph keeps
-    /// them.
+    /// Pinned bytes of the window's host writes, which every replay reads.
     pub(crate) staging: Vec<Pinned>,
-    /// The memory the window's work touches, so a replay can mark it used on
-    /// the replaying stream (frees are ordered after the last user).
+    /// What the window touches, marked used on the replaying stream.
     pub(crate) memories: Vec<CudaMemory>,
-    /// The modules of the kernels the window launches, once each: the graph
-    /// keeps them loaded for its replays.
+    /// The launched kernels' modules, once each, kept loaded for replays.
     pub(crate) modules: Vec<Arc<Module>>,
 }
 
 impl Recording {
-    /// Keep `module` loaded for as long as the graph recorded here lives.
     pub(crate) fn keep_module(&mut self, module: &Arc<Module>) {
         if !self.modules.iter().any(|m| Arc::ptr_eq(m, module)) {
             self.modules.push(module.clone());
@@ -367,22 +311,16 @@ pub struct CudaStreamState {
     pub(crate) shared: Arc<StreamShared>,
     pub(crate) staging: Staging,
     pub(crate) recording: Option<Recording>,
-    /// Events for waits on this stream, back from the waits that ended;
-    /// more are made while several threads wait on it at once.
+    /// Spare wait events; more are made while several threads wait at once.
     spare_wait_events: Vec<CudaEvent>,
 }
 
-/// Wait events a stream keeps for reuse; past this, an ended wait's event
-/// is destroyed.
 const SPARE_WAIT_EVENTS: usize = 4;
 
 /// A wait for a stream's work, run without the server's lock: the core's
 /// [`Backend::Waiter`](scope_core::Backend::Waiter).
 ///
-/// The event is recorded on the stream when the wait begins, so it covers
-/// exactly the work issued before that — not what other threads issue on
-/// the stream while the waiter waits — and nothing else records it until
-/// the wait has ended (each waiter has an event of its own).
+/// Its own event, recorded when the wait begins, covers exactly the work before.
 pub struct CudaWaiter {
     event: CudaEvent,
     stream: StreamId,
@@ -405,7 +343,6 @@ impl CudaWaiter {
 }
 
 impl CudaStreamState {
-    /// The core's id for it: streams are created in the core's order.
     pub(crate) fn id(&self) -> StreamId {
         StreamId(self.shared.index)
     }
@@ -415,11 +352,8 @@ impl CudaStreamState {
         &self.shared.cu
     }
 
-    /// Destroy this stream's driver objects, pinned staging and spare
-    /// events, on the context they were made on; the stream is detached
-    /// until [`attach`](Self::attach). Refused when something else still
-    /// shares the stream's state (a waiter, which a reopen's contract
-    /// rules out).
+    /// Destroy the driver objects, staging and spare events on their own context, until
+    /// [`attach`](Self::attach). Refused while a waiter shares the state.
     pub(crate) fn detach(&mut self) -> Result<()> {
         self.recording = None;
         self.staging = Staging::default();
@@ -430,8 +364,7 @@ impl CudaStreamState {
         Ok(())
     }
 
-    /// Give a detached stream new driver objects; the shared state to keep
-    /// beside the backend's list.
+    /// Give a detached stream new driver objects; the state for the backend's list.
     pub(crate) fn attach(&mut self, handles: StreamHandles) -> Result<Arc<StreamShared>> {
         let index = self.shared.index;
         let shared = Arc::get_mut(&mut self.shared).ok_or_else(|| still_waited_on(index))?;
@@ -439,7 +372,6 @@ impl CudaStreamState {
         Ok(self.shared.clone())
     }
 
-    /// Note that the work being issued touches `memory`.
     pub(crate) fn touch(&mut self, memory: &CudaMemory) {
         memory.used_by(self.shared.index);
         if let Some(recording) = &mut self.recording {
@@ -454,7 +386,6 @@ fn still_waited_on(index: u32) -> Error {
     ))
 }
 
-/// Retain device `ordinal`'s primary context.
 pub(crate) fn open_context(ordinal: usize) -> Result<Arc<CudaContext>> {
     driver()?;
     let ctx = CudaContext::new(ordinal).map_err(|e| {
@@ -465,16 +396,13 @@ pub(crate) fn open_context(ordinal: usize) -> Result<Arc<CudaContext>> {
             },
         )
     })?;
-    // SAFETY: event tracking orders uses of `CudaSlice`s across streams; this
-    // backend never makes one (memory is raw pointers from its own pool) and
-    // orders streams itself when the core asks (`Backend::order`).
+    // SAFETY: tracking orders `CudaSlice`s; this backend makes none and orders streams itself.
     unsafe { ctx.disable_event_tracking() };
     Ok(ctx)
 }
 
 impl Cuda {
-    /// Make `ctx` current on this thread: the core's lock may be taken from
-    /// any thread, and raw driver calls act on the current context.
+    /// Make the context current here: the lock may be taken on any thread.
     pub(crate) fn bind(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(|e| {
             driver_error(
@@ -489,8 +417,7 @@ impl Cuda {
 
     pub(crate) fn new_stream(&mut self, id: StreamId) -> Result<CudaStreamState> {
         self.bind()?;
-        // The core's ids count successful creations from 0, which is what
-        // indexes `streams` and `capturing`.
+        // The core's ids count creations from 0: they index `streams` and `capturing`.
         let index = id.0;
         debug_assert_eq!(index as usize, self.streams.len());
         let shared = Arc::new(StreamShared {
@@ -521,8 +448,7 @@ impl Cuda {
         self.capturing.get(index as usize).copied().unwrap_or(false)
     }
 
-    /// Wait on the host for everything issued on stream `index` that runs:
-    /// while it records, that is the work before the capture began.
+    /// Wait on the host for what runs of stream `index`: its pre-capture work if it records.
     pub(crate) fn finish_on_host(&self, index: u32) -> Result<()> {
         let Some(shared) = self.streams.get(index as usize) else {
             return Ok(());
@@ -551,14 +477,11 @@ impl Cuda {
         }
     }
 
-    /// [`Backend::sync`](scope_core::Backend::sync): a recording stream
-    /// waits for the work before its capture, any other stream through the
-    /// same three steps as a wait without the lock.
+    /// [`Backend::sync`](scope_core::Backend::sync): a recording stream waits for its pre-capture
+    /// work; another goes through a lockless wait's three steps.
     pub(crate) fn sync_stream(&mut self, stream: &mut CudaStreamState) -> Result<()> {
         if stream.recording.is_some() {
-            // The core refuses a caller's sync while recording; it syncs a
-            // recording stream only to order another recording stream after
-            // it, and what runs of it is the work before its capture.
+            // Only to order another recording stream after it.
             self.bind()?;
             return self.finish_on_host(stream.shared.index);
         }
@@ -569,9 +492,8 @@ impl Cuda {
         self.end_wait_for(stream, waiter).and(waited)
     }
 
-    /// [`Backend::begin_wait`](scope_core::Backend::begin_wait): record an
-    /// event at the stream's end. Work is issued as it comes (nothing is
-    /// batched), so there is nothing to submit first.
+    /// [`Backend::begin_wait`](scope_core::Backend::begin_wait): record an event at the stream's
+    /// end. Work is issued as it comes, so nothing is submitted first.
     pub(crate) fn begin_wait_for(
         &mut self,
         stream: &mut CudaStreamState,
@@ -611,8 +533,7 @@ impl Cuda {
     /// Whether the waiter's work finished, without blocking (for
     /// [`DeviceCollectives::finished`](scope_core::collective::device::DeviceCollectives::finished)).
     pub(crate) fn finished(waiter: &CudaWaiter) -> Result<bool> {
-        // Any thread may poll (the collectives' watchdog does): bind the
-        // event's context first, as cudarc's own waits do.
+        // Any thread may poll (the watchdog does): bind the event's context first.
         waiter
             .event
             .context()
@@ -628,25 +549,21 @@ impl Cuda {
         Ok(done)
     }
 
-    /// [`Backend::wait`](scope_core::Backend::wait), with no lock held: only
-    /// the waiter's own event is touched (cudarc binds its context to this
-    /// thread first), and the driver lets any thread synchronise an event
-    /// while others issue work.
+    /// [`Backend::wait`](scope_core::Backend::wait), with no lock: only the waiter's own event is
+    /// touched, and any thread may synchronise one.
     pub(crate) fn wait_for(waiter: &CudaWaiter) -> Result<()> {
         waiter.event.synchronize().map_err(|e| waiter.failed(e))?;
         waiter.finished.store(true, Ordering::Release);
         Ok(())
     }
 
-    /// [`Backend::end_wait`](scope_core::Backend::end_wait): free the
-    /// staging the finished work used, and keep the event for the next wait.
+    /// [`Backend::end_wait`](scope_core::Backend::end_wait): free staging, keep the event.
     pub(crate) fn end_wait_for(
         &mut self,
         stream: &mut CudaStreamState,
         waiter: CudaWaiter,
     ) -> Result<()> {
-        // After a failed wait the copies may still be in flight: staging
-        // stays as it is.
+        // After a failed wait the copies may be in flight: staging stays.
         if waiter.finished.load(Ordering::Acquire) {
             stream.staging.settled_at(waiter.staging);
         }
@@ -665,14 +582,12 @@ impl Cuda {
         self.bind()?;
         let (f, t) = (first.shared.index, then.shared.index);
         if self.is_capturing(t) {
-            // A capturing stream may not wait on work outside its graph
-            // (CUDA_ERROR_STREAM_CAPTURE_ISOLATION); finish that work first.
+            // A capturing stream cannot wait outside its graph: finish that work first.
             return self.finish_on_host(f);
         }
         let stream = Some(then.id());
         let event = if self.is_capturing(f) {
-            // The recorded work does not run until replay; what `then` can
-            // wait for is the work before the capture began.
+            // Recorded work runs at replay: wait for the pre-capture work.
             &first.shared.pre_capture
         } else {
             first

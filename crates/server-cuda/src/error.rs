@@ -1,23 +1,17 @@
-//! `CUresult` → the core's typed [`Error`]: the one place CUDA's codes get
-//! a meaning.
+//! `CUresult` → the core's typed [`Error`]: the one place CUDA's codes get a meaning.
 //!
-//! CUDA answers every question the failure model asks by code alone. So
-//! classification is a pure function of the code, and of what was being
-//! done (which picks the variant a person reads):
+//! Classification is a pure function of the code and of what was being done:
 //!
-//! - **How far does it reach?** [`class_of`], from CUDA's documentation.
-//!   After the codes in [`PROCESS_FATAL`], "the process must be terminated
-//!   and relaunched". After those in [`RESETTABLE`] the context is unusable
-//!   until reset. Both poison the device (rule 36); a recovery refuses the
-//!   first kind (rule 52).
-//! - **Is it out-of-memory?** Never sticky (rule 37): [`Error::OutOfMemory`],
-//!   so the core can trim the pool and retry.
-//! - **Otherwise** the variant names the operation: [`Error::Launch`],
-//!   [`Error::Copy`], [`Error::Compile`]. A wait's or a capture's error is
-//!   a recoverable [`Error::Fault`] carrying the code (rules 23, 33).
+//! - **How far does it reach?** [`class_of`], from CUDA's documentation: [`PROCESS_FATAL`] codes
+//!   need a new process, [`RESETTABLE`] ones a context reset. Both poison the device (rule 36); a
+//!   recovery refuses the first (rule 52).
+//! - **Out of memory** is never sticky (rule 37): [`Error::OutOfMemory`], so the core can trim the
+//!   pool and retry.
+//! - **Otherwise** the variant names the operation: [`Error::Launch`], [`Error::Copy`],
+//!   [`Error::Compile`]. A wait's or a capture's error is a recoverable [`Error::Fault`] carrying
+//!   the code (rules 23, 33).
 //!
-//! Nothing here calls the driver unless it is loaded: the unit tests
-//! classify every code on a machine with no `libcuda`.
+//! Nothing here calls an unloaded driver: the unit tests run with no `libcuda`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,21 +19,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use cudarc::driver::sys::CUresult;
 use scope_core::{DeviceFault, Error, FaultClass, StreamId};
 
-/// The backend's name in every error.
 pub(crate) const BACKEND: &str = "cuda";
 
-/// Set once `cuInit` succeeded: from then on `cuGetErrorString` may be asked
-/// for a description. Before that (and in unit tests) the code's name alone
-/// is reported, because cudarc panics on a driver call with no library.
+/// Set once `cuInit` succeeded. Before that, only the code's name is reported: cudarc would panic.
 static DRIVER_LOADED: AtomicBool = AtomicBool::new(false);
 
 pub(crate) fn mark_driver_loaded() {
     DRIVER_LOADED.store(true, Ordering::Release);
 }
 
-/// The sticky codes after which CUDA's documentation says the process must
-/// be terminated and relaunched. Of the assert it says "the device cannot
-/// be used again".
+/// Sticky codes after which, CUDA documents, the process must be relaunched.
 pub(crate) const PROCESS_FATAL: &[CUresult] = &[
     CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
     CUresult::CUDA_ERROR_LAUNCH_TIMEOUT,
@@ -130,16 +119,13 @@ pub(crate) enum Doing<'a> {
     },
     /// Launching a kernel.
     Launch {
-        /// Its name.
         kernel: &'a Arc<str>,
-        /// The stream.
         stream: StreamId,
     },
     /// A host or device copy.
     Copy {
         /// Which copy, for a person.
         what: &'a str,
-        /// The stream.
         stream: StreamId,
     },
     /// Loading a module or finding its entry point.
@@ -149,14 +135,11 @@ pub(crate) enum Doing<'a> {
     },
     /// Waiting for a stream, an event or a replay.
     Wait {
-        /// The stream, when there is one.
         stream: Option<StreamId>,
-        /// What was waited for.
         what: &'a str,
     },
     /// Stream capture, graph instantiation or replay.
     Capture {
-        /// The stream.
         stream: StreamId,
         /// The step.
         what: &'a str,
@@ -338,8 +321,7 @@ mod tests {
         }
     }
 
-    /// Rule 52: the class comes from the code, wherever it surfaces. The
-    /// documented process-fatal codes refuse a recovery; the others reset.
+    /// Rule 52: the class is the code's own; process-fatal codes refuse a recovery.
     #[test]
     fn the_class_is_the_codes_own() {
         let name = kernel();
@@ -377,7 +359,6 @@ mod tests {
             matches!(error, Error::OutOfMemory { requested, backend: "cuda", .. } if requested == 1 << 40),
             "{error:?}"
         );
-        // Out-of-memory at launch (a kernel's resources) is still not sticky.
         let name = kernel();
         let at_launch = classify(
             CUresult::CUDA_ERROR_OUT_OF_MEMORY,
@@ -517,8 +498,7 @@ mod tests {
 
     #[test]
     fn classification_never_calls_the_driver_before_it_is_loaded() {
-        // On a machine with no libcuda this would panic inside cudarc if the
-        // description were asked for; the name alone is reported.
+        // Without libcuda, asking for the description would panic inside cudarc.
         if !DRIVER_LOADED.load(Ordering::Acquire) {
             assert_eq!(explain(CUresult::CUDA_ERROR_ASSERT), "CUDA_ERROR_ASSERT");
         }

@@ -1,40 +1,20 @@
 //! Kernels: NVRTC and PTX to a loaded module, and launches.
 //!
-//! **Compiling.** CUDA C++ goes through NVRTC for `compute_XY`, where `XY`
-//! is the device's compute capability clamped to the newest architecture
-//! this NVRTC knows (`nvrtcGetSupportedArchs`), so a device newer than the
-//! compiler still gets PTX it can JIT. PTX (ours or the caller's) is loaded
-//! with `cuModuleLoadDataEx`, asking for the JIT's error log. A source
-//! NVRTC rejects is [`Error::Compile`] with NVRTC's log; a PTX the JIT
-//! rejects is [`Error::Compile`] with the JIT's, except a PTX of a newer ISA
-//! version than the driver JITs (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`):
-//! that is [`UnsupportedPtx`](crate::UnsupportedPtx), naming the driver's
-//! version, the PTX's, the NVRTC that wrote it and the fix. The entry point is looked up
-//! by name, so it must be `extern "C"`. The core caches compiled kernels by
-//! [`Kernel::id`], so each source is compiled once per server.
+//! **Compiling.** NVRTC targets the device's `compute_XY`, clamped to the newest it knows, so a
+//! newer device still gets PTX it can JIT. A refused source or PTX is [`Error::Compile`] with the
+//! compiler's or the JIT's log. PTX newer than the driver is
+//! [`UnsupportedPtx`](crate::UnsupportedPtx), naming the versions and the fix.
 //!
-//! **Parameters**, per the binding convention: the bindings' device pointers
-//! (advanced by the binding's offset), in order, then the scalar blob by value
-//! when it is non-empty — the rules CUDA shares with HIP, in
-//! [`scope_native`]. Where the driver has `cuFuncGetParamInfo` (12.4+)
-//! the kernel's own parameter list is read at compile time and a launch whose
-//! bindings or blob do not match it is refused before anything runs; without
-//! it, the parameter array and the blob are padded with zeros to the most any
-//! kernel can declare, so that a kernel declaring more parameters or a larger
-//! struct reads zeros, never past the caller's bytes
-//! ([`ParamTable`](scope_native::ParamTable)).
+//! **Parameters** follow the rules shared with HIP ([`scope_native`]). Where the driver has
+//! `cuFuncGetParamInfo` (12.4+), a launch that does not match the kernel's list is refused before
+//! it runs. Without it, arguments are padded with zeros to the most a kernel can declare, so none
+//! reads past the caller's bytes ([`ParamTable`](scope_native::ParamTable)).
 //!
-//! **Graphs own their kernels.** A launch recorded into a capture keeps the
-//! kernel's module (an `Arc`) in the recording, and the sealed
-//! [`CudaGraph`](crate::CudaGraph) keeps it loaded for as long as it lives:
-//! a kernel dropped meanwhile never leaves a graph replaying a function of
-//! an unloaded module.
+//! **Graphs own their kernels.** A captured launch's module is kept loaded by the
+//! [`CudaGraph`](crate::CudaGraph): a replay never runs an unloaded function.
 //!
-//! **Indirect dispatch** reads the three counts back to the host (a DMA and a
-//! stream sync: the launch waits for the stream's earlier work) and launches
-//! with them; CUDA has no indirect launch. For the same reason it cannot be
-//! captured: inside a window it is refused with [`Error::Launch`], which
-//! dooms the window.
+//! **Indirect dispatch** reads the counts back to the host: CUDA has no indirect launch. Inside a
+//! capture window it is [`Error::Launch`], which dooms the window.
 
 use std::ffi::{CString, c_char, c_void};
 use std::sync::{Arc, OnceLock};
@@ -49,29 +29,20 @@ use smallvec::SmallVec;
 use crate::error::{BACKEND, Doing, classify};
 use crate::{Cuda, CudaMemory, CudaStreamState};
 
-/// The classic kernel parameter space. Without `cuFuncGetParamInfo` a
-/// longer blob is refused.
+/// The classic kernel parameter space: the blob's limit without `cuFuncGetParamInfo`.
 const PARAM_SPACE: usize = 4096;
 
-/// The most bytes of parameters any kernel can declare (32,764 since CUDA
-/// 12.1 on Volta and later), rounded up.
+/// The most parameter bytes any kernel can declare (32,764 since CUDA 12.1), rounded up.
 const MAX_PARAM_BYTES: usize = 32 * 1024;
 
 /// The most parameters any kernel can declare: each takes a byte at least.
 const MAX_PARAMS: usize = MAX_PARAM_BYTES;
 
-/// CUDA's numbers for the launch rules it shares with HIP
-/// ([`scope_native`]), on a device of `capability`:
-///
-/// - Bindings: [`MAX_PARAMS`] parameters, the blob counted as one.
-/// - Scalars: where the driver reports each kernel's parameters, the most
-///   bytes any kernel can declare ([`MAX_PARAM_BYTES`]; the blob must also
-///   match the kernel's own parameter); without that report, the classic
-///   [`PARAM_SPACE`], which is all the padded launch passes.
-/// - Grid: the device's, unbounded by the block (CUDA counts blocks, not
-///   threads, per axis).
-/// - 16-bit float arithmetic from compute capability 5.3, where
-///   `cuda_fp16.h` and PTX's `.f16` instructions have it natively.
+/// CUDA's numbers for the launch rules shared with HIP ([`scope_native`]):
+/// - Bindings: [`MAX_PARAMS`], the blob counted as one.
+/// - Scalars: [`MAX_PARAM_BYTES`] where the driver reports parameters, else [`PARAM_SPACE`].
+/// - Grid: the device's, since CUDA counts blocks, not threads, per axis.
+/// - `f16` from compute capability 5.3, where it is native.
 pub(crate) fn api_rules(capability: (i32, i32)) -> ApiRules {
     ApiRules {
         max_params: MAX_PARAMS,
@@ -100,9 +71,7 @@ unsafe impl Sync for Module {}
 impl Drop for Module {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
-        // SAFETY: loaded once, unloaded once, after every kernel from it and
-        // every graph that launches one (each holds the `Arc<Module>`) is
-        // gone.
+        // SAFETY: unloaded once, after every kernel and graph holding the `Arc<Module>`.
         if let Err(e) = unsafe { sys::cuModuleUnload(self.raw) }.result() {
             tracing::warn!("cuda: unloading a module: {e}");
         }
@@ -112,8 +81,7 @@ impl Drop for Module {
 /// A compiled kernel: the core's [`Backend::Kernel`](scope_core::Backend::Kernel).
 pub struct CudaKernel {
     function: sys::CUfunction,
-    /// Keeps `function` loaded; a recorded launch of it clones it into the
-    /// graph.
+    /// Keeps `function` loaded; a recorded launch clones it into the graph.
     pub(crate) module: Arc<Module>,
     name: Arc<str>,
     block: [u32; 3],
@@ -123,8 +91,7 @@ pub struct CudaKernel {
     params: Option<Vec<usize>>,
 }
 
-// SAFETY: a function handle is usable from any thread with its context
-// current; the module it lives in is kept loaded by `module`.
+// SAFETY: a function handle works on any thread; `module` keeps it loaded.
 unsafe impl Send for CudaKernel {}
 
 impl CudaKernel {
@@ -147,13 +114,11 @@ fn compile_error(kernel: &Kernel, log: impl Into<String>) -> Error {
     }
 }
 
-/// Whether the loaded driver exports `cuFuncGetParamInfo`; cudarc would
-/// panic calling a symbol the library lacks.
+/// Whether the driver exports `cuFuncGetParamInfo`: cudarc panics on a missing symbol.
 fn has_param_info() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
-        // SAFETY: the driver library is loaded (a backend exists); looking a
-        // symbol up calls nothing.
+        // SAFETY: the driver is loaded (a backend exists); a lookup calls nothing.
         unsafe {
             sys::culib()
                 .get::<unsafe extern "C" fn()>(b"cuFuncGetParamInfo\0")
@@ -183,8 +148,7 @@ pub(crate) fn nvrtc_arch(capability: (i32, i32)) -> Result<String> {
     Ok(format!("compute_{}", pick_arch(capability, &archs)))
 }
 
-/// The newest of `supported` not newer than the device; the oldest if all
-/// are newer (the JIT then says why it cannot load).
+/// The newest of `supported` not newer than the device; else the oldest, for the JIT to refuse.
 pub(crate) fn pick_arch(capability: (i32, i32), supported: &[i32]) -> i32 {
     let device = capability.0 * 10 + capability.1;
     supported
@@ -196,15 +160,12 @@ pub(crate) fn pick_arch(capability: (i32, i32), supported: &[i32]) -> i32 {
         .unwrap_or(device)
 }
 
-/// The version of the NVRTC the server compiles with (`nvrtcVersion`):
-/// the PTX it writes is of that release's ISA
-/// ([`CudaVersion::ptx_isa`](crate::CudaVersion::ptx_isa)), which only a
-/// driver of that CUDA version or newer JITs.
+/// The NVRTC version the server compiles with (`nvrtcVersion`). Its PTX needs a driver that new
+/// ([`CudaVersion::ptx_isa`](crate::CudaVersion::ptx_isa)).
 ///
 /// # Errors
 ///
-/// [`Error::BackendUnavailable`] when NVRTC cannot be loaded here or does
-/// not answer.
+/// [`Error::BackendUnavailable`] when NVRTC is missing or silent.
 pub fn nvrtc_version() -> Result<crate::CudaVersion> {
     if !crate::device::nvrtc_present() {
         return Err(Error::BackendUnavailable {
@@ -229,7 +190,6 @@ pub fn nvrtc_version() -> Result<crate::CudaVersion> {
     }
 }
 
-/// NVRTC program, destroyed on drop.
 struct Program(nvrtc::sys::nvrtcProgram);
 
 impl Drop for Program {
@@ -239,23 +199,17 @@ impl Drop for Program {
     }
 }
 
-/// The options the server gives NVRTC when it compiles for `arch`
-/// (`compute_90`): the architecture and nothing else.
+/// The options the server gives NVRTC for `arch` (`compute_90`): the architecture alone.
 pub fn nvrtc_options(arch: &str) -> Vec<String> {
     vec![format!("--gpu-architecture={arch}")]
 }
 
-/// The PTX NVRTC makes of `kernel`, a CUDA C++ kernel, for `arch`
-/// (`compute_80`), exactly as the server compiles it when it loads the
-/// kernel — the same options ([`nvrtc_options`]), program name and errors
-/// — but with no driver or device: for checking kernels against the real
-/// compiler ahead of a GPU run (`tests/toolchain.rs` does, and assembles
-/// the PTX with `ptxas`).
+/// The PTX NVRTC makes of CUDA C++ `kernel` for `arch`, exactly as the server would, with no driver
+/// or device: for checking kernels ahead of a GPU run.
 ///
 /// # Errors
 ///
-/// [`Error::BackendUnavailable`] when NVRTC cannot be loaded here;
-/// [`Error::Compile`] with NVRTC's log when it refuses the source, or when
+/// [`Error::BackendUnavailable`] without NVRTC; [`Error::Compile`] with NVRTC's log, or when
 /// `kernel` is not CUDA C++.
 pub fn nvrtc_ptx(kernel: &Kernel, arch: &str) -> Result<String> {
     let KernelSource::Cuda(source) = kernel.source() else {
@@ -381,9 +335,8 @@ impl Cuda {
         })
     }
 
-    /// Load `image` (NUL-terminated PTX; written by NVRTC when
-    /// `from_nvrtc`) as a module, with the JIT's log on failure, and a PTX
-    /// too new for the driver as [`UnsupportedPtx`](crate::UnsupportedPtx).
+    /// Load NUL-terminated PTX as a module, with the JIT's log on failure. PTX too new for the
+    /// driver is [`UnsupportedPtx`](crate::UnsupportedPtx).
     fn load_module(&self, kernel: &Kernel, image: &[u8], from_nvrtc: bool) -> Result<Module> {
         let mut log = vec![0 as c_char; 16 * 1024];
         let mut options = [
@@ -393,9 +346,7 @@ impl Cuda {
         let mut values: [*mut c_void; 2] =
             [log.as_mut_ptr().cast::<c_void>(), log.len() as *mut c_void];
         let mut raw: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: `image` is NUL-terminated PTX; the option arrays have two
-        // entries each; the log buffer holds the size passed and outlives
-        // the call.
+        // SAFETY: `image` is NUL-terminated; two options, two values; the log outlives the call.
         let loaded = unsafe {
             sys::cuModuleLoadDataEx(
                 &mut raw,
@@ -411,8 +362,7 @@ impl Cuda {
                 ctx: self.ctx.clone(),
             }),
             Err(e) if e.0 == CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION => {
-                // The PTX is newer than the driver: name both versions and
-                // the fix rather than the bare code.
+                // Name both versions and the fix, not the bare code.
                 let text = std::str::from_utf8(image.strip_suffix(&[0]).unwrap_or(image));
                 Err(Error::external(crate::UnsupportedPtx {
                     kernel: kernel.name().clone(),
@@ -446,16 +396,10 @@ impl Cuda {
         }
     }
 
-    /// [`Backend::launch`](scope_core::Backend::launch).
-    ///
-    /// # Safety
-    ///
-    /// The contract of `Backend::launch`: `stream`, `kernel` and every
-    /// memory in `launch` are this backend's and alive; every binding's
-    /// range lies inside its memory, and an indirect dispatch's 12 bytes
-    /// inside theirs; host-given counts are within the grid, and
-    /// [`Backend::check_launch`](scope_core::Backend::check_launch)
-    /// accepted this launch for this kernel.
+    /// [`Backend::launch`](scope_core::Backend::launch), under its safety contract: all it names is
+    /// this backend's and alive, each range (an indirect dispatch's 12 bytes too) lies inside its
+    /// memory, counts fit the grid, and
+    /// [`Backend::check_launch`](scope_core::Backend::check_launch) accepted it.
     pub(crate) unsafe fn launch_kernel(
         &mut self,
         stream: &mut CudaStreamState,
@@ -480,10 +424,7 @@ impl Cuda {
                     ));
                 }
                 let mut counts = [0u8; 12];
-                // SAFETY: the contract of `Backend::launch`: the indirect
-                // dispatch's 12 bytes at `offset` lie inside `memory`, which
-                // is this backend's and alive, as is `stream`, which is not
-                // recording (checked above).
+                // SAFETY: the 12 bytes lie in live `memory` (contract); `stream` is not recording.
                 unsafe { self.read_bytes(stream, memory, *offset, &mut counts)? };
                 scope_native::indirect_counts(counts)
             }
@@ -506,20 +447,10 @@ impl Cuda {
         let launched = self
             .params
             .launch(&pointers, launch.scalars, exact, |args| {
-                // SAFETY: `function` is loaded while `kernel` lives (it holds
-                // the module), and a recording that captures this launch holds
-                // the module too (kept just above), so a replay never meets an
-                // unloaded one; `args` holds a pointer for every parameter the
-                // kernel declares — checked against its own list where the
-                // driver can tell (`exact`), and otherwise padded to the most any
-                // kernel can declare — each pointing at as many readable bytes
-                // as that parameter can be long, alive until the call returns
-                // (the driver copies parameters at launch). The device pointers
-                // lie inside their allocations: the contract of `Backend::launch`
-                // puts every binding's range inside its live memory. `shared`
-                // is what the kernel declared it uses (`Kernel::
-                // dynamic_shared_memory`), within the block's limit (checked
-                // at compile).
+                // SAFETY: `kernel` and any recording hold the module, so `function` is loaded.
+                // `args` has a pointer per declared parameter (checked where `exact`, else padded),
+                // each to enough live bytes. Bindings lie in live memory (`Backend::launch`);
+                // `shared` fits the block's limit (checked at compile).
                 unsafe {
                     sys::cuLaunchKernel(
                         kernel.function,
@@ -555,11 +486,8 @@ impl Cuda {
     }
 }
 
-/// What [`Backend::check_launch`](scope_core::Backend::check_launch) holds a
-/// CUDA launch to before its scope opens: the rules CUDA shares with HIP
-/// ([`scope_native::check_launch`]) against `limits`, the backend's launch
-/// limits, and — where the driver reports the kernel's parameters — the
-/// kernel's own parameter list.
+/// What [`Backend::check_launch`](scope_core::Backend::check_launch) holds a launch to:
+/// [`scope_native::check_launch`], and the kernel's own parameters where known.
 pub(crate) fn check_launch(
     limits: &scope_core::LaunchLimits,
     kernel: &CudaKernel,
@@ -568,13 +496,11 @@ pub(crate) fn check_launch(
     scope_native::check_launch(limits, kernel.block, kernel.params.as_deref(), launch)
 }
 
-/// The byte size of each of `function`'s parameters.
 fn param_sizes(function: sys::CUfunction) -> Vec<usize> {
     let mut sizes = Vec::new();
     for index in 0..1024 {
         let (mut offset, mut size) = (0usize, 0usize);
-        // SAFETY: `function` is loaded; the driver answers INVALID_VALUE past
-        // the last parameter, which ends the loop.
+        // SAFETY: `function` is loaded; past the last parameter the driver answers an error.
         let answer = unsafe { sys::cuFuncGetParamInfo(function, index, &mut offset, &mut size) };
         if answer != CUresult::CUDA_SUCCESS {
             break;
@@ -590,8 +516,7 @@ mod tests {
 
     #[test]
     fn the_arch_is_the_newest_the_compiler_knows_not_newer_than_the_device() {
-        // NVRTC 12.2 (the bundle's) knows nothing past sm_90: a newer
-        // device gets compute_90, which its driver JITs.
+        // NVRTC 12.2 knows nothing past sm_90: a newer device gets compute_90.
         let nvrtc_12_2 = [50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90];
         assert_eq!(pick_arch((8, 0), &nvrtc_12_2), 80);
         assert_eq!(pick_arch((9, 0), &nvrtc_12_2), 90);
@@ -599,10 +524,8 @@ mod tests {
         let nvrtc_13 = [75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121];
         assert_eq!(pick_arch((9, 0), &nvrtc_13), 90);
         assert_eq!(pick_arch((8, 9), &nvrtc_13), 89);
-        // A device newer than the compiler gets the newest PTX, for the JIT.
         assert_eq!(pick_arch((13, 0), &nvrtc_13), 121);
-        // A device older than every arch gets the oldest; the JIT refuses it
-        // with a message rather than the compiler guessing.
+        // A device older than every arch gets the oldest, for the JIT to refuse.
         assert_eq!(pick_arch((6, 1), &nvrtc_13), 75);
         assert_eq!(pick_arch((9, 0), &[]), 90);
     }

@@ -1,99 +1,39 @@
 //! A scope server over the CUDA driver API, through `cudarc`.
 //!
-//! The crate is the CUDA answer to [`scope_core::Backend`] and nothing
-//! more. Every rule of the failure model lives in `scope-core`'s `Server`;
-//! this crate makes device calls. Its files follow the contract:
+//! The crate is the CUDA answer to [`scope_core::Backend`] and nothing more. Every rule of the
+//! failure model lives in `scope-core`'s `Server`; this crate makes device calls:
 //!
-//! - `device.rs`: loading the driver without panicking, the primary
-//!   context, one cudarc stream per logical stream, event ordering, waits
-//!   without the server's lock, [`probe`].
-//! - `memory.rs`: a stream-ordered memory pool (`cuMemAllocFromPoolAsync`)
-//!   that caches freed memory, and the pinned staging belt.
+//! - `device.rs`: the driver, the context, streams, ordering, waits; [`probe`].
+//! - `memory.rs`: a stream-ordered pool that caches frees, and pinned staging.
 //! - `copy.rs`: host writes and reads, device copies.
-//! - `launch.rs`: CUDA C++ through NVRTC, PTX through the JIT, launches
-//!   under the rules CUDA shares with HIP ([`scope_native`]).
-//! - `capture.rs`: stream capture into CUDA graphs, which keep their
-//!   kernels' modules loaded; replay; destruction after replays.
-//! - `collective.rs`: collectives through NCCL
-//!   ([`scope_core::collective::device::DeviceCollectives`]), on
-//!   non-blocking communicators an abort can always reach.
-//! - `reopen.rs`: CUDA's calls for reopening a lost device
-//!   ([`scope_native::reopen`]): a reset of the primary context, never
-//!   under another client of the device.
-//! - `error.rs`: `CUresult` → the core's [`Error`](scope_core::Error),
-//!   with each fault's class: recoverable, sticky, or process-fatal.
+//! - `launch.rs`: NVRTC and PTX, and launches under [`scope_native`]'s rules.
+//! - `capture.rs`: CUDA graphs, which keep their kernels' modules loaded.
+//! - `collective.rs`: NCCL ([`scope_core::collective::device::DeviceCollectives`]).
+//! - `reopen.rs`: a lost device reopened ([`scope_native::reopen`]).
+//! - `error.rs`: `CUresult` → [`Error`](scope_core::Error), with each fault's class.
 //!
 //! # Without CUDA
 //!
-//! cudarc is built with `dynamic-loading`: nothing links against CUDA. The
-//! crate builds and its tests run with no toolkit and no GPU. cudarc would
-//! panic on the first driver call there, so [`client`] and [`probe`] ask
-//! first whether the library loads. They answer
-//! [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) or
+//! cudarc loads CUDA at run time, so the crate builds and tests with no toolkit or GPU. It panics
+//! on a driver call without the library, so [`client`] and [`probe`] first ask whether it loads.
+//! Without it they answer [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) or
 //! an empty probe.
 //!
 //! # Which CUDA
 //!
-//! cudarc needs one `cuda-*` feature, which picks the bindings and the
-//! library names searched. This crate uses **`cuda-13000`**:
+//! cudarc's **`cuda-13000`** feature picks the bindings and library names. It finds NVRTC 13 or 12
+//! by soname. The driver entry points date from CUDA 11.4, except `cuFuncGetParamInfo` (12.4),
+//! looked up first. Newer features change `CUmemPoolProps` and buy nothing. NVRTC's release decides
+//! which drivers run the kernels ([`CudaVersion::ptx_isa`]): [`BUNDLED_NVRTC`] writes ISA 8.2,
+//! which drivers from 12.2 (Linux 535) JIT. A refused module is [`UnsupportedPtx`]
+//! ([`cuda_driver_version`], [`nvrtc_version`]).
 //!
-//! - The bindings and the mock driver's values are CUDA 13.0's. The crate
-//!   has not yet run on a real driver. A driver is backward compatible, so
-//!   the choice matters for NVRTC.
-//! - NVRTC is found by soname. `cuda-13000` searches `libnvrtc.so.13`
-//!   first and falls back to `.so.12`, so both toolkits in use are found.
-//! - Every driver entry point used exists since CUDA 11.4, except
-//!   `cuFuncGetParamInfo` (12.4), which is looked up first. A 12.x driver
-//!   runs this crate.
-//! - NVRTC's release decides which driver runs the kernels. A driver JITs
-//!   PTX of its own ISA version and older ([`CudaVersion::ptx_isa`]).
-//!   NVRTC 12.2 ([`BUNDLED_NVRTC`]) writes ISA 8.2, which every driver from
-//!   12.2 (Linux 535) JITs. A module refused for its PTX version is
-//!   [`UnsupportedPtx`], naming the versions and the fix
-//!   ([`cuda_driver_version`], [`nvrtc_version`]).
-//! - Newer features (`cuda-13010`+) change struct layouts this crate fills
-//!   in (`CUmemPoolProps`) and buy nothing it uses.
+//! # What is measured
 //!
-//! # What is measured and what is not
-//!
-//! See the tests and `benches/launch.rs`. Device tests go through
-//! `client_or_skip`: they print `skipped: no cuda device (...)` without
-//! one, and fail with `SCOPE_REQUIRE=cuda`.
-//!
-//! **On a mock driver.** `tests/mock*.rs` run this crate's Rust, through
-//! cudarc, against a mock CUDA driver (four devices) and NVRTC written in
-//! C (`tests/mock/`), and the mock NCCL both servers share
-//! (`scope-test/mock/`). They are built per test process and run on
-//! every machine. They cover:
-//!
-//! - the conformance suite, with its collectives over NCCL;
-//! - NVRTC's options and log, the JIT's log, `cuFuncGetParamInfo`, the
-//!   launch limits read and enforced;
-//! - the pool, a real out-of-memory with its trim and retry, pinned
-//!   staging, deferred frees;
-//! - capture and replay, graph destruction after replays, an invalidated
-//!   capture, a sticky illegal address;
-//! - recovery (`mock_recover.rs`): an ECC error reset, a reset refused
-//!   beside another client, an illegal address refused with
-//!   `RestartRequired`;
-//! - PTX newer than the driver; an older driver (CUDA 12.2: no pools, no
-//!   `cuFuncGetParamInfo`); NVRTC 13.0 beside a 12.2 driver;
-//! - driver failures planted one call at a time.
-//!
-//! The mock refuses what real CUDA refuses or mishandles, and every test
-//! asserts it refused nothing. It proves nothing about NVIDIA hardware.
-//! Its memory is host memory, work runs when issued, its kernels are five
-//! recognised test kernels, and its idea of what is legal is ours. Only
-//! the device tests measure CUDA: `cargo xtask bundle --backend cuda`
-//! builds them for an NVIDIA machine without a Rust toolchain.
-//!
-//! **On the real compilers, without a GPU.** `tests/toolchain.rs` compiles
-//! every CUDA kernel the project emits through [`nvrtc_ptx`], on NVRTC
-//! 12.2 for `compute_80` and `compute_90`. It assembles each PTX with the
-//! same release's `ptxas`, the checks the JIT makes at load. It reports the
-//! PTX ISA written (8.2). `ci/install-cuda-toolchain.sh` installs both;
-//! without them the test is skipped. It proves the kernels compile, not
-//! that they compute the right thing.
+//! `tests/mock*.rs` run this crate on every machine against a mock driver, NVRTC and NCCL written
+//! in C; the mock proves nothing about NVIDIA hardware. `tests/toolchain.rs` compiles every kernel
+//! through [`nvrtc_ptx`] and `ptxas`. Device tests skip without a device, unless
+//! `SCOPE_REQUIRE=cuda`.
 
 mod capture;
 mod collective;
@@ -127,26 +67,19 @@ pub struct Cuda {
     ctx: Arc<CudaContext>,
     info: DeviceInfo,
     driver: (i32, i32),
-    /// What one launch may ask for: read from the device once, reported by
-    /// [`Backend::launch_limits`] and enforced by
-    /// [`Backend::check_launch`] from this one copy, so the two agree.
+    /// Read once; reported and enforced from this one copy, so the two agree.
     limits: LaunchLimits,
     /// `compute_XY` for NVRTC; `None` when NVRTC is not here (PTX only).
     nvrtc_arch: Option<String>,
     pool: Pool,
     /// Every logical stream, by index (the core's `StreamId`).
     streams: Vec<Arc<StreamShared>>,
-    /// Whether each stream is inside a capture.
     capturing: Vec<bool>,
-    /// Frees whose last user was capturing: `(stream, memory)`. Only
-    /// [`Backend::free`] puts memory here, so each is given back once and
-    /// named by no later call.
+    /// Frees whose last user was capturing: `(stream, memory)`.
     deferred: Vec<(u32, CudaMemory)>,
-    /// Launch parameters: exact for kernels whose signature the driver
-    /// reports, padded with zeros for the others.
+    /// Launch parameters: exact where the driver reports them, else zero-padded.
     params: ParamTable,
-    /// This server's hold on the device, which a reset must not pull out
-    /// from under another server's.
+    /// This server's hold on the device, which a reset must not pull away.
     holding: scope_native::Holding,
 }
 
@@ -155,13 +88,10 @@ impl Cuda {
     ///
     /// # Errors
     ///
-    /// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
-    /// when there is no driver or no such device; the driver's error when
-    /// starting fails.
+    /// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) without a driver or the
+    /// device; the driver's error when starting fails.
     pub fn open(ordinal: usize) -> Result<Self> {
-        // Held before the context is retained: a reset by another server
-        // either refuses (it sees this hold) or ends before this one makes
-        // anything (`scope_native::reopen`).
+        // Held before the context: a concurrent reset refuses, or ends first.
         let holding = scope_native::Holding::new(error::BACKEND, ordinal);
         let ctx = device::open_context(ordinal)?;
         let info = device::device_info(ordinal)?;
@@ -211,8 +141,7 @@ impl Cuda {
         self.info.capability
     }
 
-    /// The architecture NVRTC compiles for (`compute_90`), when NVRTC is
-    /// here.
+    /// The architecture NVRTC compiles for (`compute_90`), when NVRTC is here.
     pub fn nvrtc_arch(&self) -> Option<&str> {
         self.nvrtc_arch.as_deref()
     }
@@ -227,9 +156,7 @@ impl Drop for Cuda {
     fn drop(&mut self) {
         let _ = self.bind();
         for (index, memory) in std::mem::take(&mut self.deferred) {
-            // SAFETY: `deferred` holds only memory `Backend::free` was given,
-            // whose contract is that nothing names it again; taken out of
-            // the list, it is released here once.
+            // SAFETY: `deferred` holds freed memory nothing names again; released once.
             unsafe { self.release(Some(index), memory) };
         }
         self.pool.destroy();
@@ -288,8 +215,7 @@ impl Backend for Cuda {
     }
 
     unsafe fn free(&mut self, memory: CudaMemory) {
-        // SAFETY: the contract of `Backend::free`: `memory` is this
-        // backend's, given back once, and named by no later call.
+        // SAFETY: `Backend::free`'s contract: this backend's memory, given back once.
         unsafe { self.free_block(memory) };
     }
 
@@ -412,18 +338,13 @@ impl Backend for Cuda {
 ///
 /// # Errors
 ///
-/// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) when
-/// there is no CUDA driver or device here (never a panic); the driver's error
-/// when a present device fails to start.
+/// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) without a CUDA driver or
+/// device (never a panic); the driver's error when one fails.
 pub fn client() -> Result<Client<Cuda>> {
     client_on(0)
 }
 
-/// A client of a new server on device `ordinal`.
-///
-/// # Errors
-///
-/// As [`client`].
+/// A client of a new server on device `ordinal`; errors as [`client`].
 pub fn client_on(ordinal: usize) -> Result<Client<Cuda>> {
     Client::new(Cuda::open(ordinal)?)
 }

@@ -1,47 +1,22 @@
 //! Device memory from a stream-ordered pool, and pinned host staging.
 //!
-//! **The pool.** Where the device supports memory pools (every GPU this crate
-//! targets does), allocations come from a pool of the server's own made with
-//! `cuMemPoolCreate` and served by `cuMemAllocFromPoolAsync`; frees are
-//! `cuMemFreeAsync`. Freed blocks go back to the pool and are reused by later
-//! allocations once the driver knows the free has completed — reuse of freed
-//! memory is the driver's, which knows what the GPU has finished. The pool's
-//! release threshold is "never", so memory stays cached in the pool (and is
-//! counted by [`Cuda::reserved`]) until [`Cuda::trim_pool`] gives it back,
-//! which the core does before retrying an allocation that ran out (rule 37).
-//! Internal dependencies are turned off so that an allocation never silently
-//! waits for another stream's work.
+//! **The pool.** Memory comes from a pool of the server's own (`cuMemAllocFromPoolAsync`,
+//! `cuMemFreeAsync`). The driver reuses a freed block once the free completed, since it knows what
+//! the GPU has finished. Freed memory stays cached (counted by [`Cuda::reserved`]) until
+//! [`Cuda::trim_pool`], which the core calls before retrying an allocation that ran out (rule 37).
+//! Internal dependencies are off: an allocation never waits on another stream.
 //!
-//! **Which stream.** An allocation is made in the order of the stream that
-//! asked for it ([`Backend::allocate`](scope_core::Backend::allocate) is
-//! handed it) and returns without waiting: the memory is valid for that
-//! stream's later work at once, and the core records the stream as the
-//! buffer's first user, so another stream's first use waits for it
-//! (`Backend::order`) like any other cross-stream use. A stream that is
-//! recording a capture cannot allocate in its own order — the allocation
-//! would become a node of the graph, repeated by every replay — so there
-//! the allocation is made on a stream of the pool's own, which is
-//! synchronised before the pointer is handed out (valid everywhere, one
-//! host round trip). A free is ordered the same way: each block remembers
-//! the last stream that used it, and since the core orders every use of a
-//! buffer on a new stream after its previous user, the last user's stream
-//! is ordered after every use — `cuMemFreeAsync` on it frees after all of
-//! them, without a host wait. A free whose last user is recording a capture
-//! is deferred to the end of that capture (a free issued on a capturing
-//! stream would become a node of the graph).
+//! **Which stream.** An allocation is ordered on the stream that asked for it, and the core orders
+//! other streams' uses after it (`Backend::order`). A free goes on the block's last user's stream,
+//! which follows every use. A capturing stream would record either into the graph, run by every
+//! replay. So its allocations go on the pool's own stream, synchronised, and its frees wait for the
+//! capture's end. Without pools, memory is `cuMemAlloc`'d, and freed after the last user's stream
+//! is synchronised.
 //!
-//! **Without pools** (some virtualised devices), memory is `cuMemAlloc`'d and
-//! `cuMemFree`'d after the last user's stream is synchronised; nothing is
-//! cached.
-//!
-//! **Pinned staging.** Host writes copy the caller's bytes into a per-stream
-//! belt of pinned chunks and DMA from there, so the call returns at once and
-//! the caller's slice is free; a chunk is reused when the event recorded
-//! after its last copy has completed, and the chunk being filled starts
-//! over when a wait has finished every copy taken from it (a wait that
-//! began before another thread took more is not enough). Inside a capture
-//! window the bytes go to a pinned buffer of their own that the graph
-//! keeps: every replay writes the bytes given at call time.
+//! **Pinned staging.** A host write copies the caller's bytes into the stream's belt of pinned
+//! chunks and returns at once. A chunk is reused once the event after its last copy completed, or
+//! once a wait finished every copy taken from it. In a capture the bytes get a pinned buffer the
+//! graph keeps, so every replay writes the bytes given at call time.
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -55,7 +30,6 @@ use scope_core::{Error, Result};
 use crate::error::{Doing, driver as driver_error};
 use crate::{Cuda, CudaStreamState};
 
-/// No stream has used a block yet.
 const NO_USER: u32 = u32::MAX;
 
 struct Block {
@@ -67,12 +41,8 @@ struct Block {
 
 /// A device allocation: the core's [`Backend::Memory`](scope_core::Backend::Memory).
 ///
-/// Clones name the same block: a captured graph keeps clones of what its
-/// work touches, to mark them used when it replays. The block is given back
-/// by [`Backend::free`](scope_core::Backend::free), never by a drop; the
-/// contract of [`Backend::replay`](scope_core::Backend::replay) has every
-/// memory a graph recorded work on alive, so a stale clone is never used on
-/// the device.
+/// Clones name one block; a graph keeps clones to mark them used at replay. Only
+/// [`Backend::free`](scope_core::Backend::free) gives it back, never a drop.
 #[derive(Clone)]
 pub struct CudaMemory(Arc<Block>);
 
@@ -99,7 +69,6 @@ impl CudaMemory {
     }
 }
 
-/// Where device memory comes from.
 pub(crate) enum Pool {
     /// A stream-ordered pool and the stream allocations are made on.
     Ordered {
@@ -110,14 +79,11 @@ pub(crate) enum Pool {
     Plain { reserved: u64 },
 }
 
-// SAFETY: `CUmemoryPool` is a driver handle, usable from any thread with the
-// context current; a pool that is `Send` but not `Sync` is used by one thread
-// at a time.
+// SAFETY: a pool handle works on any thread with its context current; not `Sync`.
 unsafe impl Send for Pool {}
 
 impl Pool {
-    /// A pool on `ctx`'s device, or plain allocation where pools are
-    /// unsupported.
+    /// A pool on `ctx`'s device, or plain allocation without pool support.
     pub(crate) fn new(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<Self> {
         if !ctx.has_async_alloc() {
             tracing::info!("cuda: the device has no memory pools; using cuMemAlloc");
@@ -141,8 +107,7 @@ impl Pool {
         let pool = unsafe { result::mem_pool::create(&props) }.map_err(start("cuMemPoolCreate"))?;
         let mut never: u64 = u64::MAX;
         let mut no: i32 = 0;
-        // SAFETY: `pool` is valid; RELEASE_THRESHOLD takes a `cuuint64_t` and
-        // REUSE_ALLOW_INTERNAL_DEPENDENCIES an `int`, each pointed to here.
+        // SAFETY: `pool` is valid; each attribute points at its type (`cuuint64_t`, `int`).
         unsafe {
             result::mem_pool::set_attribute(
                 pool,
@@ -162,12 +127,10 @@ impl Pool {
         Ok(Pool::Ordered { pool, stream })
     }
 
-    /// Destroy the pool. Blocks still allocated or frees still pending are
-    /// released by the driver when they complete.
+    /// Destroy the pool; the driver releases blocks still out when they complete.
     pub(crate) fn destroy(&mut self) {
         if let Pool::Ordered { pool, .. } = self {
-            // SAFETY: the pool is valid and destroyed once: it is replaced
-            // by `Plain` right after.
+            // SAFETY: destroyed once: `Plain` replaces it right after.
             if let Err(e) = unsafe { result::mem_pool::destroy(*pool) } {
                 tracing::warn!("cuda: destroying the memory pool: {e}");
             }
@@ -189,24 +152,18 @@ impl Cuda {
         let in_order = user.recording.is_none();
         let ptr = match &mut self.pool {
             Pool::Ordered { pool, .. } if in_order => {
-                // SAFETY: the pool and the user's stream are valid and the
-                // stream is not capturing; the memory is used in that
-                // stream's order, or after it (module docs).
+                // SAFETY: valid pool and stream, not capturing; the memory is used in its order.
                 unsafe { result::mem_pool::alloc_async(*pool, bytes, user.shared.cu.cu_stream()) }
                     .map_err(|e| driver_error(e, doing()))?
             }
             Pool::Ordered { pool, stream } => {
-                // SAFETY: the pool and stream are valid; the memory is not
-                // read before something writes it (contents are unspecified
-                // by the contract).
+                // SAFETY: valid pool and stream; the contents are unspecified until written.
                 let ptr =
                     unsafe { result::mem_pool::alloc_async(*pool, bytes, stream.cu_stream()) }
                         .map_err(|e| driver_error(e, doing()))?;
-                // Valid on every stream once the allocation stream has
-                // reached it (see the module docs).
+                // Valid on every stream once the allocation stream reaches it.
                 if let Err(e) = stream.synchronize() {
-                    // SAFETY: `ptr` came from this pool on this stream and
-                    // is freed once, here.
+                    // SAFETY: `ptr` came from this pool on this stream, freed once here.
                     let _ = unsafe { result::free_async(ptr, stream.cu_stream()) };
                     return Err(driver_error(e, doing()));
                 }
@@ -232,14 +189,8 @@ impl Cuda {
         Ok(memory)
     }
 
-    /// [`Backend::free`](scope_core::Backend::free): release `memory` after
-    /// its last user, or when that user's capture ends.
-    ///
-    /// # Safety
-    ///
-    /// The contract of `Backend::free`: `memory` is this backend's and is
-    /// given back once — no clone of it is freed again — and no later call
-    /// names it.
+    /// [`Backend::free`](scope_core::Backend::free): release `memory` after its last user. Safety:
+    /// its contract, that `memory` is this backend's, given back once, then never named.
     pub(crate) unsafe fn free_block(&mut self, memory: CudaMemory) {
         if let Err(e) = self.bind() {
             tracing::warn!("cuda: free of {} bytes skipped: {e}", memory.size());
@@ -256,12 +207,7 @@ impl Cuda {
         unsafe { self.release(last, memory) };
     }
 
-    /// Give `memory` back, ordered after its last user.
-    ///
-    /// # Safety
-    ///
-    /// As for [`free_block`](Self::free_block): `memory` is this backend's,
-    /// released once, and named by no later call.
+    /// Give `memory` back after its last user. Safety: as for [`free_block`](Self::free_block).
     pub(crate) unsafe fn release(&mut self, last: Option<u32>, memory: CudaMemory) {
         let ptr = memory.device_ptr();
         let outcome = match &mut self.pool {
@@ -270,9 +216,7 @@ impl Cuda {
                     .and_then(|i| self.streams.get(i as usize))
                     .map(|s| s.cu.cu_stream())
                     .unwrap_or_else(|| stream.cu_stream());
-                // SAFETY: `ptr` came from this pool and is freed once (this
-                // function's contract); `on` is ordered after every use of it
-                // (module docs).
+                // SAFETY: from this pool, freed once (the contract); `on` follows every use.
                 unsafe { result::free_async(ptr, on) }
             }
             Pool::Plain { reserved } => {
@@ -281,8 +225,7 @@ impl Cuda {
                     Some(shared) => shared.cu.synchronize(),
                     None => Ok(()),
                 };
-                // SAFETY: the last user's work is finished (waited above), and
-                // `ptr` is freed once (this function's contract).
+                // SAFETY: the last user finished (waited above); `ptr` is freed once.
                 waited.and_then(|()| unsafe { result::free_sync(ptr) })
             }
         };
@@ -298,9 +241,7 @@ impl Cuda {
             .partition(|(i, _)| *i == index);
         self.deferred = later;
         for (i, memory) in now {
-            // SAFETY: `deferred` holds only memory `free_block` was given,
-            // whose contract is that nothing names it again; taken out of
-            // the list, it is released here once.
+            // SAFETY: `deferred` holds freed memory nothing names again; released once.
             unsafe { self.release(Some(i), memory) };
         }
     }
@@ -316,9 +257,7 @@ impl Cuda {
             }
         }
         if let Pool::Ordered { pool, stream } = &self.pool {
-            // Frees of blocks no logical stream used went on the pool's own
-            // stream; the driver keeps a freed block until the host has seen
-            // its free complete, so wait for that stream too.
+            // A block is held until its free is seen done: wait on the pool's stream too.
             if let Err(e) = stream.synchronize() {
                 tracing::warn!("cuda: trim could not wait for the pool's stream: {e}");
             }
@@ -336,8 +275,7 @@ impl Cuda {
                     return 0;
                 }
                 let mut bytes: u64 = 0;
-                // SAFETY: the pool is valid; RESERVED_MEM_CURRENT writes a
-                // `cuuint64_t`.
+                // SAFETY: the pool is valid; RESERVED_MEM_CURRENT writes a `cuuint64_t`.
                 let read = unsafe {
                     result::mem_pool::get_attribute(
                         *pool,
@@ -359,14 +297,12 @@ pub(crate) struct Pinned {
     ctx: Arc<CudaContext>,
 }
 
-// SAFETY: the buffer is owned memory like a `Box<[u8]>`; the context handle
-// is thread-safe.
+// SAFETY: owned memory like a `Box<[u8]>`; the context handle is thread-safe.
 unsafe impl Send for Pinned {}
 
 impl Pinned {
     pub(crate) fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
-        // SAFETY: a fresh allocation of `len` bytes with default flags; its
-        // contents are written before they are read.
+        // SAFETY: a fresh allocation, written before it is read.
         let raw = unsafe { result::malloc_host(len.max(1), 0) }
             .map_err(|e| driver_error(e, Doing::Allocate { bytes: len as u64 }))?;
         let ptr = NonNull::new(raw.cast::<u8>()).ok_or_else(|| Error::OutOfMemory {
@@ -388,8 +324,7 @@ impl Pinned {
     /// `len` bytes at `at`, which must lie inside the buffer.
     pub(crate) fn slice_mut(&mut self, at: usize, len: usize) -> &mut [u8] {
         assert!(at + len <= self.len, "pinned slice out of bounds");
-        // SAFETY: in bounds (asserted); the buffer is exclusively borrowed
-        // and was allocated `len` bytes long.
+        // SAFETY: in bounds (asserted), exclusively borrowed, allocated `len` bytes.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(at), len) }
     }
 }
@@ -404,9 +339,7 @@ impl Drop for Pinned {
     }
 }
 
-/// Host writes and reads up to this size go through pinned staging; larger
-/// ones copy from (to) the caller's memory directly, which the driver stages
-/// itself before the call returns.
+/// Host transfers up to this size are staged; larger ones the driver stages itself.
 pub(crate) const STAGING_CHUNK: usize = 1 << 20;
 
 /// Chunks a stream keeps; past this a write waits for the oldest.
@@ -424,9 +357,8 @@ struct Chunk {
 pub(crate) struct Staging {
     current: Option<Chunk>,
     retired: VecDeque<Chunk>,
-    /// Regions handed out so far, ever: a wait notes it when it begins
-    /// ([`mark`](Self::mark)), and may free the current chunk when it ends
-    /// only if no region was taken in between ([`settled_at`](Self::settled_at)).
+    /// Regions handed out, ever: a wait notes it ([`mark`](Self::mark)) and frees the chunk only if
+    /// none was taken since ([`settled_at`](Self::settled_at)).
     taken: u64,
 }
 
@@ -435,8 +367,7 @@ pub(crate) struct Staging {
 pub(crate) struct StagingMark(u64);
 
 impl Staging {
-    /// Room for `len` (≤ [`STAGING_CHUNK`]) bytes whose copy is about to be
-    /// issued on `stream`.
+    /// Room for `len` (≤ [`STAGING_CHUNK`]) bytes whose copy is about to go on `stream`.
     pub(crate) fn region(
         &mut self,
         ctx: &Arc<CudaContext>,
@@ -501,20 +432,13 @@ impl Staging {
         }
     }
 
-    /// Where the belt stands now, for a wait that covers the copies issued
-    /// so far.
+    /// Where the belt stands, for a wait covering the copies issued so far.
     pub(crate) fn mark(&self) -> StagingMark {
         StagingMark(self.taken)
     }
 
-    /// A wait begun at `mark` has finished the work it covers. Every region
-    /// taken up to `mark` had its copy issued before the wait began (a
-    /// region is taken right before its copy, under the server's lock), so
-    /// if none was taken since, the whole current chunk is free. If one
-    /// was — another thread's write or read while this wait ran without
-    /// the lock — its copy may still be in flight and the chunk is left as
-    /// it is: the next wait that covers it frees it, or it fills up and
-    /// retires behind its event.
+    /// A wait begun at `mark` finished its work, which covers every region up to `mark`. If none
+    /// was taken since, the chunk is free; else another copy may be in flight.
     pub(crate) fn settled_at(&mut self, mark: StagingMark) {
         if mark.0 == self.taken {
             self.settled();

@@ -1,25 +1,16 @@
-//! Which PTX a driver can JIT: the PTX ISA version a PTX text declares,
-//! the newest one a driver's CUDA version takes, and the typed error
-//! ([`UnsupportedPtx`]) for a module the driver refuses because its PTX is
-//! newer than the driver.
+//! Which PTX a driver can JIT, and [`UnsupportedPtx`] for PTX newer than the driver.
 //!
-//! A driver JITs PTX of the ISA version its CUDA release introduced, and
-//! older; never newer (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`, 222). NVRTC
-//! writes the ISA version of its own release, so the PTX of an NVRTC newer
-//! than the driver is refused, whatever the kernel: NVRTC 13.0 writes ISA
-//! 9.0, which no 12.x driver takes, and NVRTC 12.2 writes ISA 8.2, which
-//! every driver from CUDA 12.2 (Linux 535) on takes. The versions are those
-//! of the PTX ISA's release history
-//! (<https://docs.nvidia.com/cuda/parallel-thread-execution/#release-notes>)
-//! and the driver branches of the CUDA Toolkit release notes' table
-//! "CUDA Toolkit and Corresponding Driver Versions"
-//! (<https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/>).
+//! A driver JITs PTX of its own release's ISA version and older, never newer
+//! (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`, 222). NVRTC writes its own release's ISA. So NVRTC 13.0's
+//! ISA 9.0 fails on every 12.x driver, and NVRTC 12.2's ISA 8.2 runs from CUDA 12.2 (Linux 535) on.
+//! The tables come from the PTX ISA release notes
+//! (<https://docs.nvidia.com/cuda/parallel-thread-execution/#release-notes>) and the toolkit's
+//! driver table (<https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/>).
 
 use std::fmt;
 use std::sync::Arc;
 
-/// A CUDA version as the driver (`cuDriverGetVersion`) and NVRTC
-/// (`nvrtcVersion`) report it: `12.2`.
+/// A CUDA version as the driver and NVRTC report it: `12.2`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct CudaVersion {
     /// `12` of 12.2.
@@ -34,19 +25,15 @@ impl CudaVersion {
         Self { major, minor }
     }
 
-    /// The version `cuDriverGetVersion` encodes as `1000 * major + 10 *
-    /// minor` (12020 for 12.2); `None` for a negative number.
+    /// The version `cuDriverGetVersion` encodes as `1000 * major + 10 * minor`; `None` if negative.
     pub fn from_driver(encoded: i32) -> Option<Self> {
         let encoded = u32::try_from(encoded).ok()?;
         Some(Self::new(encoded / 1000, (encoded % 1000) / 10))
     }
 
-    /// The newest PTX ISA version a driver of this CUDA version JITs,
-    /// which is the one NVRTC of this version writes: the ISA this CUDA
-    /// release introduced, or, for a release that introduced none (12.6),
-    /// the one before. `None` before CUDA 11.0, and past the newest release
-    /// this crate knows (a newer driver JITs at least
-    /// [`NEWEST_KNOWN`](Self::NEWEST_KNOWN)'s ISA).
+    /// The newest PTX ISA this version's driver JITs and its NVRTC writes: the ISA the release
+    /// introduced, or the one before (12.6 introduced none). `None` before 11.0 and past
+    /// [`NEWEST_KNOWN`](Self::NEWEST_KNOWN).
     pub fn ptx_isa(self) -> Option<PtxIsa> {
         PTX_ISA_OF_CUDA
             .iter()
@@ -59,8 +46,7 @@ impl CudaVersion {
     /// The newest CUDA release in this crate's table.
     pub const NEWEST_KNOWN: CudaVersion = CudaVersion::new(13, 1);
 
-    /// The oldest CUDA release whose driver JITs PTX ISA `isa`; `None` for
-    /// an ISA newer than every release this crate knows.
+    /// The oldest CUDA release whose driver JITs `isa`; `None` past every known release.
     pub fn oldest_for(isa: PtxIsa) -> Option<CudaVersion> {
         PTX_ISA_OF_CUDA
             .iter()
@@ -68,9 +54,7 @@ impl CudaVersion {
             .map(|(cuda, _)| *cuda)
     }
 
-    /// The Linux driver branch that first shipped this CUDA version
-    /// (535 for 12.2), per the release notes' table; `None` where this
-    /// crate does not know it.
+    /// The Linux driver branch that first shipped this version (535 for 12.2), if known.
     pub fn linux_driver_branch(self) -> Option<u32> {
         LINUX_BRANCH_OF_CUDA
             .iter()
@@ -85,8 +69,7 @@ impl fmt::Display for CudaVersion {
     }
 }
 
-/// A PTX ISA version, as a PTX text's `.version` directive declares it:
-/// `8.2`.
+/// A PTX ISA version, as a `.version` directive declares it: `8.2`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PtxIsa {
     /// `8` of 8.2.
@@ -101,8 +84,7 @@ impl PtxIsa {
         Self { major, minor }
     }
 
-    /// The version the first `.version X.Y` directive of `ptx` declares
-    /// (PTX requires it before anything but comments); `None` without one.
+    /// The version the first `.version X.Y` directive of `ptx` declares; `None` without one.
     pub fn of(ptx: &str) -> Option<Self> {
         ptx.lines().find_map(|line| {
             let rest = line.trim_start().strip_prefix(".version")?;
@@ -122,8 +104,7 @@ impl fmt::Display for PtxIsa {
     }
 }
 
-/// Each CUDA release and the newest PTX ISA its driver JITs, oldest first
-/// (the PTX ISA release history; 12.6 introduced no new ISA).
+/// Each CUDA release and the newest PTX ISA its driver JITs, oldest first.
 const PTX_ISA_OF_CUDA: [(CudaVersion, PtxIsa); 20] = {
     const fn e(cuda: (u32, u32), isa: (u32, u32)) -> (CudaVersion, PtxIsa) {
         (CudaVersion::new(cuda.0, cuda.1), PtxIsa::new(isa.0, isa.1))
@@ -152,8 +133,7 @@ const PTX_ISA_OF_CUDA: [(CudaVersion, PtxIsa); 20] = {
     ]
 };
 
-/// The Linux driver branch each CUDA release first shipped with (the
-/// release notes' "CUDA Toolkit and Corresponding Driver Versions").
+/// The Linux driver branch each CUDA release first shipped with.
 const LINUX_BRANCH_OF_CUDA: [(CudaVersion, u32); 11] = [
     (CudaVersion::new(12, 0), 525),
     (CudaVersion::new(12, 1), 530),
@@ -168,16 +148,12 @@ const LINUX_BRANCH_OF_CUDA: [(CudaVersion, u32); 11] = [
     (CudaVersion::new(13, 1), 590),
 ];
 
-/// The NVRTC the CUDA bundle carries (`ci/install-cuda-toolchain.sh`
-/// installs it): the oldest that compiles every kernel the project emits
-/// for sm_80 and sm_90, so its PTX (ISA 8.2) is JIT'd by every driver from
-/// CUDA 12.2 (Linux 535) on.
+/// The NVRTC the CUDA bundle carries: the oldest that compiles every kernel the project emits. Its
+/// PTX (ISA 8.2) runs on every driver from CUDA 12.2 (Linux 535).
 pub const BUNDLED_NVRTC: CudaVersion = CudaVersion::new(12, 2);
 
-/// Whether a driver of CUDA version `driver` JITs PTX of ISA `isa`:
-/// `Some(true)` or `Some(false)` where the tables decide, `None` where
-/// they do not (a driver newer than every release this crate knows takes
-/// every ISA it knows, but may or may not take a newer one).
+/// Whether a driver of CUDA `driver` JITs PTX ISA `isa`; `None` where the tables cannot tell (a
+/// driver newer than every known release, and an ISA newer still).
 pub fn driver_jits(driver: CudaVersion, isa: PtxIsa) -> Option<bool> {
     match driver.ptx_isa() {
         Some(newest) => Some(isa <= newest),
@@ -188,23 +164,19 @@ pub fn driver_jits(driver: CudaVersion, isa: PtxIsa) -> Option<bool> {
     }
 }
 
-/// A module the driver refused because its PTX is of a newer ISA version
-/// than the driver JITs (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`, 222), with
-/// the versions that decide it and the fix. It comes back as
-/// [`scope_core::Error::External`], so that it stays typed through the
-/// reads that report it: match it with
+/// A module the driver refused because its PTX ISA is newer than it JITs
+/// (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`), with the versions and the fix. It comes back as
+/// [`scope_core::Error::External`], so it stays typed: match it with
 /// `error.external_root::<UnsupportedPtx>()`.
 #[derive(Clone, Debug)]
 pub struct UnsupportedPtx {
     /// The kernel whose module was refused.
     pub kernel: Arc<str>,
-    /// The ISA version the PTX declares (`.version`), where it declares
-    /// one.
+    /// The ISA version the PTX declares (`.version`), if any.
     pub ptx_isa: Option<PtxIsa>,
     /// The driver's CUDA version (`cuDriverGetVersion`), where it answered.
     pub driver: Option<CudaVersion>,
-    /// The NVRTC that wrote the PTX (`nvrtcVersion`); `None` for PTX the
-    /// caller gave.
+    /// The NVRTC that wrote the PTX; `None` for PTX the caller gave.
     pub nvrtc: Option<CudaVersion>,
     /// The driver JIT's log.
     pub log: String,

@@ -1,12 +1,9 @@
 //! CUDA's calls for opening a lost device again ([`scope_native::reopen`]).
 //!
-//! The core has refused the faults CUDA calls process-fatal (rule 52);
-//! every other loss may be reset. Giving up destroys this backend's
-//! streams, events, pinned staging and pool on the context they were made
-//! on. The probe is a new stream, synchronised: `cuCtxSynchronize` would
-//! wait for every other client of the shared primary context. A broken
-//! context is reset with `cuDevicePrimaryCtxReset`, which destroys the
-//! primary context **for the whole process**, and retained again.
+//! The core refused the process-fatal faults (rule 52); any other loss may be reset. Giving up
+//! destroys this backend's objects on their own context. The probe is a new stream, synchronised:
+//! `cuCtxSynchronize` would wait for every client of the shared primary context. A broken context
+//! is reset with `cuDevicePrimaryCtxReset`, **for the whole process**, and retained again.
 
 use cudarc::driver::result;
 use cudarc::driver::sys;
@@ -28,14 +25,11 @@ impl scope_native::Reopen for Cuda {
         &self.holding
     }
 
-    /// Deferred frees, the pool and every stream's driver objects go, on
-    /// the lost context. The lost device's errors change nothing.
+    /// Deferred frees, the pool and every stream's objects go, on the lost context.
     fn give_up(&mut self, streams: &mut [&mut CudaStreamState]) -> Result<()> {
         let _ = self.bind();
         for (index, memory) in std::mem::take(&mut self.deferred) {
-            // SAFETY: `deferred` holds only memory `Backend::free` was given,
-            // whose contract is that nothing names it again; taken out of
-            // the list, it is released here once.
+            // SAFETY: `deferred` holds freed memory nothing names again; released once.
             unsafe { self.release(Some(index), memory) };
         }
         self.pool.destroy();
@@ -65,13 +59,8 @@ impl scope_native::Reopen for Cuda {
             i32::try_from(ordinal).map_err(|_| Error::invalid("device ordinal", "too large"))?;
         let start = |what| move |e| driver_error(e, Doing::Start { what });
         let device = result::device::get(device).map_err(start("cuDeviceGet"))?;
-        // SAFETY: `device` is a valid device handle just returned by the
-        // driver; no other server of this process holds the device or can
-        // open it until this returns (`scope_native::reopen` runs it
-        // alone), and this one destroyed every object it made on the
-        // context (`give_up`); the old context handle is retained, and
-        // released only after the new retain below, which CUDA documents
-        // as safe after a reset.
+        // SAFETY: a valid device; `scope_native::reopen` runs this alone, after `give_up` destroyed
+        // every object on the context. The old handle outlives the new retain, as CUDA allows.
         unsafe { sys::cuDevicePrimaryCtxReset_v2(device) }
             .result()
             .map_err(start("cuDevicePrimaryCtxReset"))?;

@@ -1,13 +1,9 @@
 //! Safe(r) wrappers over the loaded entry points, and owned handles.
 //!
-//! Every `unsafe` call into HIP lives in this file, one small function per
-//! entry point. HIP objects are owned values ([`Stream`], [`Event`],
-//! [`DeviceAlloc`], [`Pinned`], [`Module`], [`Graph`], [`GraphExec`]) that
-//! destroy themselves on drop and keep the library loaded through an
-//! `Arc<Api>`, so a handle is never used after it is destroyed or after
-//! its library is gone. What ownership cannot express — an asynchronous
-//! copy reads or writes host memory *later*, when the stream reaches it —
-//! is an `unsafe fn` whose contract the caller states at the call site.
+//! Every `unsafe` call into HIP lives here. HIP objects are owned values ([`Stream`],
+//! [`Event`], [`DeviceAlloc`], [`Pinned`], [`Module`], [`Graph`], [`GraphExec`]) that destroy
+//! themselves on drop and hold an `Arc<Api>`, so none outlives its library. Ownership cannot
+//! express an asynchronous copy touching host memory *later*: that is an `unsafe fn`.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::sync::Arc;
@@ -22,8 +18,7 @@ impl Api {
             Ok(())
         } else {
             let message = match (code_name(result), self.error_name(result)) {
-                // A code newer than the transcribed header: let the runtime
-                // name it.
+                // A code newer than our header: the runtime names it.
                 (None, Some(name)) => Some(format!(
                     "{name}: {}",
                     self.error_string(result).unwrap_or_default()
@@ -40,17 +35,13 @@ impl Api {
 
     /// The runtime's name for `code`.
     pub fn error_name(&self, value: HipErrorCode) -> Option<String> {
-        // SAFETY: hipGetErrorName takes any value and returns a pointer to a
-        // static NUL-terminated string, or null, which is what static_text
-        // requires.
+        // SAFETY: any value gives a static NUL-terminated string or null.
         unsafe { static_text((self.rt.get_error_name)(value)) }
     }
 
     /// The runtime's description of `code`.
     pub fn error_string(&self, value: HipErrorCode) -> Option<String> {
-        // SAFETY: hipGetErrorString takes any value and returns a pointer
-        // to a static NUL-terminated string, or null, which is what
-        // static_text requires.
+        // SAFETY: any value gives a static NUL-terminated string or null.
         unsafe { static_text((self.rt.get_error_string)(value)) }
     }
 
@@ -80,33 +71,24 @@ impl Api {
         Ok(count)
     }
 
-    /// `hipSetDevice`: the calling thread's current device, which HIP keeps
-    /// per thread, so the server sets it before every call that allocates
-    /// or loads code.
+    /// `hipSetDevice`: HIP keeps the current device per thread, so set it before allocating.
     pub fn set_device(&self, ordinal: i32) -> HipResult<()> {
         // SAFETY: plain value argument; HIP validates the ordinal.
         self.check("hipSetDevice", unsafe { (self.rt.set_device)(ordinal) })
     }
 
-    /// `hipDeviceReset`: destroy every resource on the current device **in
-    /// the whole process** and reset its state.
-    ///
+    /// `hipDeviceReset`: destroy every resource on the current device, **process-wide**.
     /// # Safety
-    ///
-    /// Nothing in the process names a resource of the current device after
-    /// this call: every handle made on it is destroyed first or never used
-    /// again.
+    /// No handle made on the current device is used after this call.
     pub unsafe fn device_reset(&self) -> HipResult<()> {
-        // SAFETY: no arguments; the caller vouches that nothing made on the
-        // device is used afterwards.
+        // SAFETY: no arguments; the caller vouches nothing made on the device is used after.
         self.check("hipDeviceReset", unsafe { (self.rt.device_reset)() })
     }
 
     /// `hipGetDevicePropertiesR0600`.
     pub fn device_properties(&self, ordinal: i32) -> HipResult<Box<DevicePropBuffer>> {
         let mut buffer = DevicePropBuffer::zeroed();
-        // SAFETY: the pointer is to a zeroed R0600 struct followed by 4 KiB of
-        // spare room, owned by `buffer` for the whole call.
+        // SAFETY: `buffer` owns a zeroed R0600 struct plus 4 KiB spare, for the whole call.
         let result = unsafe { (self.rt.get_device_properties)(&mut buffer.props, ordinal) };
         self.check("hipGetDevicePropertiesR0600", result)?;
         Ok(buffer)
@@ -128,8 +110,7 @@ impl Api {
         // SAFETY: the out-pointer is a live local; the flag is a header value.
         let result = unsafe { (self.rt.stream_create_with_flags)(&mut raw, STREAM_NON_BLOCKING) };
         self.check("hipStreamCreateWithFlags", result)?;
-        // A null stream is HIP's default stream, which this crate never
-        // owns: issuing on it would order against every stream.
+        // A null stream is the default one, which orders against every stream.
         non_null("hipStreamCreateWithFlags", raw)?;
         Ok(Stream {
             raw,
@@ -168,8 +149,7 @@ impl Api {
         // SAFETY: the out-pointer is a live local; the flag is a header value.
         let result = unsafe { (self.rt.host_malloc)(&mut ptr, bytes.max(1), HOST_MALLOC_DEFAULT) };
         self.check("hipHostMalloc", result)?;
-        // SAFETY: hipHostMalloc returned at least `bytes.max(1)` writable
-        // bytes; zeroing them makes every later `&[u8]` view initialised.
+        // SAFETY: `bytes.max(1)` writable bytes came back; zeroed, every later `&[u8]` is sound.
         unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
         Ok(Pinned {
             ptr: ptr.cast(),
@@ -181,8 +161,7 @@ impl Api {
     /// Load a code object (the bytes hiprtc produced) on the current device.
     pub fn load_module(self: &Arc<Self>, image: &[u8]) -> HipResult<Module> {
         let mut raw: RawModule = std::ptr::null_mut();
-        // SAFETY: `image` is a complete code object that outlives the call;
-        // HIP copies what it keeps.
+        // SAFETY: `image` is a whole code object alive for the call; HIP copies what it keeps.
         let result = unsafe { (self.rt.module_load_data)(&mut raw, image.as_ptr().cast()) };
         self.check("hipModuleLoadData", result)?;
         non_null("hipModuleLoadData", raw)?;
@@ -192,8 +171,7 @@ impl Api {
         })
     }
 
-    /// Compile HIP C++ with hiprtc: the code object, or the failure and the
-    /// compiler's log.
+    /// Compile HIP C++ with hiprtc: the code object, or the failure and its log.
     pub fn compile(
         &self,
         source: &str,
@@ -208,28 +186,19 @@ impl Api {
     }
 }
 
-/// One hiprtc program at a time in the process, from its creation to its
-/// destruction. ROCm 5.2's hiprtc is not safe to call from two threads at
-/// once: two servers compiling on two threads abort the process (`LLVM
-/// ERROR: inconsistency in registered CommandLine options`) or crash it.
-/// Later releases are not known to be safe either, and a compile is
-/// neither frequent (the server caches kernels) nor short enough for the
-/// lock to matter, so every release takes it: a safe call must not end
-/// the process.
+/// One hiprtc program at a time in the process: ROCm 5.2's hiprtc aborts (`LLVM ERROR:
+/// inconsistency in registered CommandLine options`) or crashes when two threads compile.
 static ONE_PROGRAM_AT_A_TIME: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 impl crate::loader::Rtc {
-    /// Compile HIP C++ (the program `<name>.hip`) with `options`: the code
-    /// object, or the failure and the compiler's log. One compile at a time
-    /// in the process ([`ONE_PROGRAM_AT_A_TIME`]).
+    /// Compile `<name>.hip` with `options`, one at a time ([`ONE_PROGRAM_AT_A_TIME`]).
     pub fn compile(
         &self,
         source: &str,
         name: &str,
         options: &[String],
     ) -> Result<Vec<u8>, RtcFailure> {
-        // Taken before the program is made, so it is released after the
-        // program is destroyed (locals drop in reverse).
+        // Taken first, so released after the program is destroyed.
         let _one = ONE_PROGRAM_AT_A_TIME.lock();
         let rtc = self;
         let c_source = CString::new(source)
@@ -243,8 +212,7 @@ impl crate::loader::Rtc {
             .map_err(|_| RtcFailure::input("an option contains a NUL byte"))?;
         let option_ptrs: Vec<*const c_char> = c_options.iter().map(|o| o.as_ptr()).collect();
         let mut program: RawProgram = std::ptr::null_mut();
-        // SAFETY: source and name are NUL-terminated and outlive the call; no
-        // headers are passed (count 0, null arrays).
+        // SAFETY: source and name are NUL-terminated and outlive the call; no headers.
         let result = unsafe {
             (rtc.create_program)(
                 &mut program,
@@ -265,8 +233,7 @@ impl crate::loader::Rtc {
         }
         let program = Program { raw: program, rtc };
         let count = c_int::try_from(option_ptrs.len()).unwrap_or(c_int::MAX);
-        // SAFETY: `program` is live; the option pointers are NUL-terminated
-        // strings owned by `c_options`, alive for the call.
+        // SAFETY: `program` is live; `c_options` owns the NUL-terminated options.
         let result = unsafe { (rtc.compile_program)(program.raw, count, option_ptrs.as_ptr()) };
         let log = program.log();
         if result != rtc::SUCCESS {
@@ -352,8 +319,7 @@ impl RtcFailure {
         result: RtcResult,
         log: String,
     ) -> Self {
-        // SAFETY: hiprtcGetErrorString takes any value and returns a static
-        // string or null.
+        // SAFETY: hiprtcGetErrorString takes any value; it returns a static string or null.
         let text = unsafe { (rtc.get_error_string)(result) };
         let name = if text.is_null() {
             format!("hiprtcResult({result})")
@@ -377,9 +343,7 @@ impl RtcFailure {
     }
 }
 
-/// A handle HIP reported created: refused when null, which no creation
-/// call may answer with success (a null stream would be the default one,
-/// a null module or event names nothing).
+/// Refuse a null "created" handle: a null stream is the default one; others name nothing.
 fn non_null<T>(call: &'static str, raw: *mut T) -> HipResult<()> {
     if raw.is_null() {
         return Err(HipError {
@@ -396,10 +360,7 @@ pub fn rtc_status(api: &Api) -> Result<(), LoadError> {
     api.rtc.as_ref().map(|_| ()).map_err(Clone::clone)
 }
 
-// ----- owned handles ----------------------------------------------------
-
-/// Declare an owned handle type: `Send` because HIP handles may be used from
-/// any thread, and destroyed by `$destroy` on drop.
+/// An owned handle type, usable from any thread, destroyed by `$destroy` on drop.
 macro_rules! owned {
     ($(#[$meta:meta])* $name:ident($raw:ty), $destroy:ident) => {
         $(#[$meta])*
@@ -408,26 +369,20 @@ macro_rules! owned {
             api: Arc<Api>,
         }
 
-        // SAFETY: HIP handles are process-wide and usable from any thread;
-        // the runtime serialises access to the objects behind them.
+        // SAFETY: HIP handles are process-wide; the runtime serialises access to them.
         unsafe impl Send for $name {}
-        // SAFETY: as for `Send`: every method takes `&self` and is a HIP
-        // call, which the runtime makes thread-safe.
+        // SAFETY: as for `Send`: every method is a HIP call, which the runtime makes safe.
         unsafe impl Sync for $name {}
 
         impl $name {
-            /// Destroy the handle now, while the device it was made on is
-            /// still there to take it back (before a reset, after which the
-            /// same value could name something new); dropping it afterwards
-            /// does nothing. The value must not be used for HIP calls after.
+            /// Destroy the handle now, while its device can take it back (a reset may
+            /// reuse the value). A later drop does nothing; make no HIP call with it.
             #[allow(dead_code)]
             pub(crate) fn destroy_now(&mut self) {
                 if self.raw.is_null() {
                     return;
                 }
-                // SAFETY: the handle was created by this API, is owned
-                // uniquely by this value and is destroyed exactly once: it
-                // is nulled here, and a null one is never destroyed.
+                // SAFETY: made by this API, owned only here; nulled below, so destroyed once.
                 let result = unsafe { (self.api.rt.$destroy)(self.raw) };
                 if result != code::SUCCESS {
                     tracing::debug!(code = result, concat!(stringify!($destroy), " failed"));
@@ -477,8 +432,7 @@ owned!(
 );
 
 impl Stream {
-    /// The raw handle, for a library that issues work on the stream
-    /// itself (RCCL); it stays valid while `self` lives.
+    /// The raw handle, valid while `self` lives, for RCCL to issue work on.
     pub(crate) fn raw(&self) -> RawStream {
         self.raw
     }
@@ -506,8 +460,7 @@ impl Stream {
         self.api.check("hipStreamBeginCapture", result)
     }
 
-    /// Stop recording: the graph, or the runtime's refusal. A refused
-    /// capture still leaves the stream out of capture mode.
+    /// Stop recording: the graph, or the runtime's refusal, which still ends capture mode.
     pub fn end_capture(&self) -> HipResult<Graph> {
         let mut raw: RawGraph = std::ptr::null_mut();
         // SAFETY: the stream is live; the out-pointer is a local.
@@ -521,29 +474,19 @@ impl Stream {
     }
 
     /// Launch an instantiated graph on the stream.
-    ///
     /// # Safety
-    ///
-    /// What the graph's work touches is alive until the replay has run: the
-    /// memory its copies and launches name, the host bytes its copies read,
-    /// and the modules of the functions it launches.
+    /// What the graph's work touches (memory, host bytes, launched modules) outlives the replay.
     pub unsafe fn launch_graph(&self, exec: &GraphExec) -> HipResult<()> {
-        // SAFETY: stream and executable graph are live (owned); the caller
-        // keeps what the graph's work touches alive.
+        // SAFETY: stream and graph are owned; the caller keeps what the work touches.
         self.api.check("hipGraphLaunch", unsafe {
             (self.api.rt.graph_launch)(exec.raw, self.raw)
         })
     }
 
-    /// Copy `len` bytes from host `src` to device `dst`, ordered on the
-    /// stream (or recorded, while capturing).
-    ///
+    /// Copy `len` bytes from host `src` to device `dst` on the stream (or record it).
     /// # Safety
-    ///
-    /// `src` must be valid for `len` bytes until the stream has passed this
-    /// copy (for a recording, until the last replay of its graph has
-    /// finished), and `dst` must address `len` bytes of a live device
-    /// allocation.
+    /// `src` is valid for `len` bytes until the stream passes the copy (or the graph's last
+    /// replay ends); `dst` addresses `len` bytes of a live device allocation.
     pub unsafe fn copy_to_device(
         &self,
         dst: DevicePtr,
@@ -558,12 +501,9 @@ impl Stream {
     }
 
     /// Copy `len` bytes from device `src` to host `dst`, ordered on the stream.
-    ///
     /// # Safety
-    ///
-    /// `dst` must be valid for writes of `len` bytes, and not read or
-    /// freed, until the stream has passed this copy; `src` must address
-    /// `len` bytes of a live device allocation.
+    /// `dst` is writable for `len` bytes, unread and unfreed, until the stream passes the
+    /// copy; `src` addresses `len` bytes of a live device allocation.
     pub unsafe fn copy_to_host(&self, dst: *mut u8, src: DevicePtr, len: usize) -> HipResult<()> {
         // SAFETY: the caller upholds the pointers' contract; the stream is live.
         let result = unsafe {
@@ -573,9 +513,7 @@ impl Stream {
     }
 
     /// Copy `len` bytes between device allocations, ordered on the stream.
-    ///
     /// # Safety
-    ///
     /// Both pointers must address `len` bytes of live device allocations.
     pub unsafe fn copy_on_device(
         &self,
@@ -590,15 +528,10 @@ impl Stream {
     }
 
     /// Launch `function` with `params` (pointers to each argument's value).
-    ///
     /// # Safety
-    ///
-    /// `function` must belong to a module that stays loaded while the launch
-    /// (or the graph recording it) may run; `params` must match the
-    /// kernel's parameter list, each pointing to a value of the parameter's
-    /// size, valid for the call (HIP copies the values); every device
-    /// pointer among them must address memory the kernel may touch;
-    /// `shared` covers the dynamic shared memory the kernel uses.
+    /// `function`'s module stays loaded while the launch (or its graph) may run; `params` match
+    /// the kernel's, each at a live value of its size; device pointers address memory the
+    /// kernel may touch; `shared` covers its dynamic shared memory.
     pub unsafe fn launch(
         &self,
         function: RawFunction,
@@ -612,9 +545,7 @@ impl Stream {
         } else {
             params.as_mut_ptr()
         };
-        // SAFETY: the caller upholds the function and parameter contract;
-        // the stream is live; `shared` is within the function's limit (the
-        // caller's check); no `extra` is passed.
+        // SAFETY: the caller upholds the launch contract, `shared` included; the stream is live.
         let result = unsafe {
             (self.api.rt.module_launch_kernel)(
                 function,
@@ -643,8 +574,7 @@ impl Event {
         })
     }
 
-    /// Whether the work before the last record has finished. A never
-    /// recorded event has.
+    /// Whether the work before the last record has finished (a never recorded event has).
     pub fn is_done(&self) -> HipResult<bool> {
         // SAFETY: the event is live.
         match unsafe { (self.api.rt.event_query)(self.raw) } {
@@ -669,8 +599,7 @@ impl Module {
         let name = CString::new(entry)
             .map_err(|_| HipError::new("hipModuleGetFunction", code::INVALID_VALUE))?;
         let mut function: RawFunction = std::ptr::null_mut();
-        // SAFETY: the module is live; the name is NUL-terminated; the
-        // out-pointer is a local.
+        // SAFETY: the module is live; the name is NUL-terminated; the out-pointer is a local.
         let result =
             unsafe { (self.api.rt.module_get_function)(&mut function, self.raw, name.as_ptr()) };
         self.api.check("hipModuleGetFunction", result)?;
@@ -683,8 +612,7 @@ impl Graph {
     /// Instantiate the graph for launching.
     pub fn instantiate(&self) -> HipResult<GraphExec> {
         let mut raw: RawGraphExec = std::ptr::null_mut();
-        // SAFETY: the graph is live; the out-pointer is a local; no error
-        // node or log buffer is requested.
+        // SAFETY: the graph is live; the out-pointer is a local; no error node or log.
         let result = unsafe {
             (self.api.rt.graph_instantiate)(
                 &mut raw,
@@ -714,16 +642,10 @@ unsafe impl Send for DeviceAlloc {}
 
 impl DeviceAlloc {
     /// The device address of byte `offset`.
-    ///
     /// # Safety
-    ///
-    /// `offset` is at most [`bytes`](Self::bytes): the address is then
-    /// inside the allocation (or one past its end), which every unsafe copy
-    /// or launch it is handed relies on. Past it, the address would name
-    /// memory this allocation does not own.
+    /// `offset` is at most [`bytes`](Self::bytes): the address stays in (or one past) the block.
     pub unsafe fn at(&self, offset: u64) -> DevicePtr {
-        // A device address, not host memory: wrapping arithmetic, never
-        // dereferenced here.
+        // A device address: wrapping arithmetic, never dereferenced here.
         self.ptr.cast::<u8>().wrapping_add(offset as usize).cast()
     }
 
@@ -735,8 +657,7 @@ impl DeviceAlloc {
 
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
-        // SAFETY: the pointer came from hipMalloc, is owned uniquely by this
-        // value and is freed exactly once. hipFree waits for the device.
+        // SAFETY: from hipMalloc, owned only here, freed once; hipFree waits for the device.
         let result = unsafe { (self.api.rt.free)(self.ptr) };
         if result != code::SUCCESS {
             tracing::debug!(code = result, "hipFree failed on drop");
@@ -763,17 +684,14 @@ unsafe impl Send for Pinned {}
 impl Pinned {
     /// Its bytes.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` is a live allocation of at least `len` bytes (at
-        // least one byte was allocated, so it is never null); the borrow of
-        // `self` keeps Rust writers out. The owner guarantees the device is
-        // not writing it (its fence has passed) before reading.
+        // SAFETY: `ptr` is a live allocation of `len` bytes (never null: one byte at least);
+        // the borrow keeps Rust writers out, and the owner reads only after the device's fence.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
     /// Its bytes, to fill.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`, and the unique borrow excludes every
-        // other Rust access.
+        // SAFETY: as in `as_slice`; the unique borrow excludes every other Rust access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 
@@ -795,9 +713,7 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        // SAFETY: the pointer came from hipHostMalloc, is owned uniquely by
-        // this value and is freed exactly once. Owners drop it only after the
-        // copies that use it are finished.
+        // SAFETY: from hipHostMalloc, owned only here, freed once, after the copies using it.
         let result = unsafe { (self.api.rt.host_free)(self.ptr.cast()) };
         if result != code::SUCCESS {
             tracing::debug!(code = result, "hipHostFree failed on drop");
@@ -805,19 +721,14 @@ impl Drop for Pinned {
     }
 }
 
-/// The text of a string the runtime owns for the life of the process, or
-/// `None` for null.
-///
+/// The text of a string the runtime owns for the process's life, or `None` for null.
 /// # Safety
-///
-/// `text` is null, or points at a NUL-terminated string that stays valid
-/// while this runs (what hipGetErrorName and hipGetErrorString return).
+/// `text` is null, or a NUL-terminated string valid while this runs (as hipGetErrorName gives).
 unsafe fn static_text(text: *const std::ffi::c_char) -> Option<String> {
     if text.is_null() {
         return None;
     }
-    // SAFETY: non-null here, and so NUL-terminated and valid (this
-    // function's contract).
+    // SAFETY: non-null, so NUL-terminated and valid (this function's contract).
     Some(
         unsafe { CStr::from_ptr(text) }
             .to_string_lossy()

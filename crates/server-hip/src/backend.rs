@@ -1,10 +1,6 @@
-//! The contract: [`Backend`] for [`Hip`], one line per call.
-//!
-//! Each call is implemented in the file that owns its subject — memory,
-//! copies, launches, capture — and this impl only routes to it, so the list
-//! below reads as the whole of what the HIP server does on the device. All
-//! of the failure model (scopes, taint, windows, poison, fault injection)
-//! is the core's `Server<Hip>`.
+//! The contract: [`Backend`] for [`Hip`], one line per call, routed to the file owning its
+//! subject, so it reads as all the HIP server does on the device. The failure model (scopes,
+//! taint, windows, poison, fault injection) is the core's `Server<Hip>`.
 
 use scope_core::backend::Launch;
 use scope_core::{Backend, Kernel, Language, LaunchLimits, Result, StreamId};

@@ -1,19 +1,9 @@
 //! Stream capture into HIP graphs, replay and destroy.
 //!
-//! The core's capture window decides whether a recording may seal; this
-//! file only drives HIP's own capture. Capture runs in relaxed mode, so that
-//! other streams may sync and the recording stream may allocate pinned
-//! memory for recorded host writes while it records.
-//!
-//! Starting a capture records the stream's pre-capture fence first (see
-//! `device.rs`): ordering and memory reuse use it in place of the stream
-//! while the stream records. A sealed [`HipGraph`] owns the pinned copies
-//! of the bytes its host writes recorded and the modules of the kernels it
-//! launches (a kernel dropped while the graph lives must not leave it
-//! launching a function of an unloaded module), and one completion event
-//! per stream it was replayed on, so destroying it can wait for every
-//! replay in flight before the pinned memory, the modules and the graph go
-//! (rule 35).
+//! The core decides whether a recording may seal; this file drives HIP's capture, relaxed so
+//! other streams may sync and pinned memory may be made meanwhile. A capture starts with the
+//! stream's pre-capture fence (`device.rs`). A [`HipGraph`] owns what its replays read and an
+//! event per stream it ran on, so destroying it waits for replays in flight (rule 35).
 
 use std::sync::Arc;
 
@@ -28,13 +18,11 @@ use crate::error::Doing;
 pub struct HipGraph {
     exec: GraphExec,
     _graph: Graph,
-    /// One event per stream the graph was replayed on, recorded after the
-    /// latest replay there.
+    /// Per stream it was replayed on, an event recorded after the latest replay there.
     replays: Mutex<Vec<(StreamId, Event)>>,
     // Dropped after the graph: recorded copies read these at every replay.
     _retained: Vec<Pinned>,
-    // Dropped after the graph: recorded launches run their functions at
-    // every replay.
+    // Dropped after the graph: recorded launches run their functions at every replay.
     _modules: Vec<Arc<Module>>,
 }
 
@@ -107,18 +95,11 @@ impl Hip {
         stream.modules.clear();
     }
 
-    /// [`Backend::replay`](scope_core::Backend::replay).
-    ///
-    /// # Safety
-    ///
-    /// The contract of `Backend::replay`: `stream` and `graph` are this
-    /// backend's and alive, and every memory the graph recorded work on is
-    /// alive.
+    /// [`Backend::replay`](scope_core::Backend::replay). Safety: `stream`, `graph` and all memory
+    /// the graph recorded work on are this backend's and alive.
     pub(crate) unsafe fn replay(&mut self, stream: &mut HipStream, graph: &HipGraph) -> Result<()> {
         let doing = || Doing::Other(Some(stream.id));
-        // SAFETY: the graph's kernels are loaded and the bytes its copies
-        // read are alive (`graph` owns both); the contract of
-        // `Backend::replay`: every memory it recorded work on is alive.
+        // SAFETY: `graph` owns its modules and copied bytes; the caller keeps its memory alive.
         unsafe { stream.stream().launch_graph(&graph.exec) }.map_err(|e| e.into_error(doing()))?;
         let mut replays = graph.replays.lock();
         let index = match replays.iter().position(|(id, _)| *id == stream.id) {
@@ -143,8 +124,7 @@ impl Hip {
                 .map(|e| e.into_error(Doing::Waiting(Some(*stream))))
         });
         if let Some(error) = failed {
-            // A replay may still be reading the retained bytes; leaking the
-            // graph is safe where freeing them might not be.
+            // A replay may still read the retained bytes: leaking is safe, freeing might not be.
             tracing::warn!("waiting for a graph's replays failed, leaking it: {error}");
             std::mem::forget(graph);
             return Err(error);

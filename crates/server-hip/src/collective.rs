@@ -1,33 +1,14 @@
-//! Collectives on the devices, through RCCL: what HIP states as an
-//! [`NcclDevice`], which makes it a
-//! [`DeviceCollectives`](scope_core::collective::device::DeviceCollectives)
-//! for [`Group::over_device`](scope_core::collective::Group::over_device).
+//! Collectives through RCCL: HIP as an [`NcclDevice`], hence a
+//! [`DeviceCollectives`](scope_core::collective::device::DeviceCollectives) for
+//! [`Group::over_device`](scope_core::collective::Group::over_device). **Untested on AMD
+//! hardware and the real RCCL**: it runs against server-cuda's mock NCCL over our mock runtime.
 //!
-//! **Untested on AMD hardware and on the real RCCL**, like the rest of this
-//! crate: it runs against a mock RCCL (the mock NCCL server-cuda's tests
-//! build, with this crate's mock runtime underneath).
-//!
-//! RCCL is NCCL's API under NCCL's names, so the communicator — non-blocking,
-//! abortable from any thread, never called after an abort — and the order
-//! a call is issued in are the core's ([`scope_native::nccl`]),
-//! shared with CUDA's NCCL. What is HIP's here is where the library comes
-//! from (`librccl`, loaded at run time as the runtime is, a typed
-//! [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
-//! where it is missing) and which device a rank runs on (the server's, made
-//! current on the joining thread with `hipSetDevice`, where RCCL reads it
-//! from).
-//!
-//! As on CUDA, a call on a capturing stream is recorded into the HIP graph
-//! (RCCL captures its kernels — opt-in through `RCCL_ENABLE_HIPGRAPH` in
-//! the releases that first supported it; where a release refuses, the
-//! ranks' windows are doomed and the group breaks as for any failed
-//! call), replayed with
-//! [`Rank::replay`](scope_core::collective::Rank::replay); and ranks in
-//! other processes join with
-//! [`Rank::join`](scope_core::collective::Rank::join), deciding by a
-//! ballot all-gathered through RCCL, on a communicator split from the
-//! rounds' one (`ncclCommSplit`) where RCCL has it. None of this has run
-//! on AMD hardware: it runs against the mock RCCL.
+//! RCCL is NCCL's API under NCCL's names, so the communicator and call order are the core's
+//! ([`scope_native::nccl`]). HIP's part is `librccl`, loaded at run time (missing, a typed
+//! [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)), and each rank's
+//! device, made current with `hipSetDevice` for RCCL to read. Capture, replay and
+//! [`Rank::join`](scope_core::collective::Rank::join) work as on CUDA; a release that refuses
+//! capture dooms the windows and breaks the group.
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -39,8 +20,7 @@ use crate::{Hip, HipMemory, HipStream, HipWaiter};
 
 static RCCL: OnceLock<std::result::Result<NcclLibrary, String>> = OnceLock::new();
 
-/// Where RCCL is looked for, most specific first: `ROCM_PATH` and
-/// `HIP_PATH`, the loader's path, `/opt/rocm`.
+/// Where to look for RCCL, most specific first: `ROCM_PATH`, `HIP_PATH`, the loader, `/opt/rocm`.
 fn candidates() -> Vec<String> {
     let mut out = Vec::new();
     for var in ["ROCM_PATH", "HIP_PATH"] {
@@ -59,14 +39,8 @@ fn load(names: &[String]) -> std::result::Result<NcclLibrary, String> {
     unsafe { NcclLibrary::open_first("rccl", names) }
 }
 
-/// Load RCCL from the first of `names` that opens, for the rest of the
-/// process, instead of the usual places — for a test's mock. Only before
-/// RCCL is first used.
-///
-/// # Errors
-///
-/// [`Error::InvalidArgument`] once RCCL was loaded already (from elsewhere,
-/// or these names); the loading error otherwise.
+/// Load RCCL from the first of `names` that opens, instead of the usual places: for a test's
+/// mock. [`Error::InvalidArgument`] once RCCL is loaded already; otherwise the loading error.
 pub fn load_rccl_from(names: &[String]) -> Result<()> {
     let mut fresh = false;
     let loaded = RCCL.get_or_init(|| {
@@ -83,27 +57,19 @@ fn rccl() -> Result<NcclTable> {
     NcclLibrary::table_of("rccl", RCCL.get_or_init(|| load(&candidates())))
 }
 
-/// Load RCCL now, as the first collective would, and keep it loaded: a
-/// runtime that needs collectives learns at start-up, not at its first
-/// all-reduce, that the library is missing.
-///
-/// # Errors
-///
-/// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable)
-/// (`rccl`) naming every place tried, or the entry point the library
-/// found lacks.
+/// Load RCCL now and keep it, so a missing library shows at start-up, not the first all-reduce:
+/// [`Error::BackendUnavailable`](scope_core::Error::BackendUnavailable) (`rccl`), naming every
+/// place tried or the entry point the library lacks.
 pub fn load_rccl() -> Result<()> {
     rccl().map(drop)
 }
 
-// The collectives through the library, in the order of steps scope-native
-// writes once for CUDA and HIP.
+// The collectives, in the order of steps scope-native writes once for CUDA and HIP.
 scope_native::nccl_collectives!(Hip);
 
-// SAFETY: the table is RCCL's, loaded for the process (`rccl`);
-// `make_current` sets this server's device on the thread (`hipSetDevice`);
-// a block's address at an offset inside it is that byte's device address;
-// the stream's `hipStream_t` is this server's, on its device.
+// SAFETY: the table is RCCL's, loaded for the process; `make_current` sets this server's
+// device on the thread; a block's address plus an in-block offset is that byte's device
+// address; the `hipStream_t` is this server's, on its device.
 unsafe impl NcclDevice for Hip {
     fn table() -> Result<NcclTable> {
         rccl()
@@ -114,8 +80,7 @@ unsafe impl NcclDevice for Hip {
     }
 
     unsafe fn address(memory: &HipMemory, offset: u64) -> u64 {
-        // SAFETY: `offset` lies inside the live block (the caller's
-        // promise).
+        // SAFETY: `offset` lies inside the live block (the caller's promise).
         unsafe { memory.block.at(offset) as u64 }
     }
 

@@ -1,16 +1,9 @@
 //! Host writes, host reads and device copies.
 //!
-//! A write outside a capture goes through the staging slots in
-//! `memory.rs`: the bytes are copied into pinned memory, the DMA is queued,
-//! and a fence after it tells when the slot may be refilled. A write inside
-//! a capture window follows the rule every server keeps: it is recorded
-//! with a copy of the bytes given *at call time*, and every replay writes
-//! those same bytes. The copy is a pinned buffer of its own that the stream
-//! retains until the capture ends and the graph then owns until it is
-//! destroyed, because the recorded copy node reads it at every replay.
-//!
-//! A read is a DMA into a pinned buffer, a stream sync, and a copy out, in
-//! chunks of [`STAGING_CHUNK`](crate::memory::STAGING_CHUNK).
+//! A write goes through pinned staging (`memory.rs`). Inside a capture it records the bytes
+//! given *at call time*, as every server does, in a pinned copy the graph keeps, since each
+//! replay reads it. A read is a DMA into pinned memory, a sync, and a copy out, in chunks of
+//! [`STAGING_CHUNK`](crate::memory::STAGING_CHUNK).
 
 use scope_core::Result;
 
@@ -26,13 +19,8 @@ fn copying(what: String, stream: &HipStream) -> Doing {
 }
 
 impl Hip {
-    /// [`Backend::write`](scope_core::Backend::write).
-    ///
-    /// # Safety
-    ///
-    /// The contract of `Backend::write`: `stream` and `dst` are this
-    /// backend's and alive, and `offset..offset + data.len()` lies inside
-    /// `dst`.
+    /// [`Backend::write`](scope_core::Backend::write). Safety: `stream` and `dst` are this
+    /// backend's and alive; the written range lies inside `dst`.
     pub(crate) unsafe fn write(
         &mut self,
         stream: &mut HipStream,
@@ -47,10 +35,7 @@ impl Hip {
                 .pinned(data.len())
                 .map_err(|e| e.into_error(copying(what(), stream)))?;
             copy.as_mut_slice().copy_from_slice(data);
-            // SAFETY: `copy` is retained by the stream and then by the graph
-            // until the graph is destroyed, after its last replay; the
-            // contract of `Backend::write`: `offset..offset + len` lies
-            // inside `dst`, which is alive.
+            // SAFETY: stream, then graph, keep `copy` past the last replay; the range is in `dst`.
             unsafe {
                 stream
                     .stream()
@@ -68,10 +53,8 @@ impl Hip {
                 .map_err(|e| e.into_error(copying(what(), stream)))?;
             let (buffer, fence) = self.staging_parts(slot);
             buffer.as_mut_slice()[..chunk.len()].copy_from_slice(chunk);
-            // SAFETY: the slot is not refilled until `fence`, recorded right
-            // after this copy, has passed; the contract of `Backend::write`:
-            // the whole range, and so this chunk of it, lies inside `dst`,
-            // which is alive.
+            // SAFETY: the slot waits for `fence`, recorded right after this copy, to refill;
+            // `Backend::write`'s contract puts the whole range, so this chunk, in the live `dst`.
             unsafe {
                 stream.stream().copy_to_device(
                     dst.block.at(offset + done as u64),
@@ -88,13 +71,8 @@ impl Hip {
         Ok(())
     }
 
-    /// [`Backend::read`](scope_core::Backend::read).
-    ///
-    /// # Safety
-    ///
-    /// The contract of `Backend::read`: `stream` and `src` are this
-    /// backend's and alive, and `offset..offset + out.len()` lies inside
-    /// `src`.
+    /// [`Backend::read`](scope_core::Backend::read). Safety: `stream` and `src` are this
+    /// backend's and alive; the read range lies inside `src`.
     pub(crate) unsafe fn read(
         &mut self,
         stream: &mut HipStream,
@@ -109,10 +87,8 @@ impl Hip {
             let id = stream.id;
             let waiting = || Doing::Waiting(Some(id));
             let buffer = self.read_buffer(len).map_err(|e| e.into_error(waiting()))?;
-            // SAFETY: the buffer is owned by the backend and not touched
-            // until the stream sync below returns; the contract of
-            // `Backend::read`: the whole range, and so this chunk of it, lies
-            // inside `src`, which is alive.
+            // SAFETY: the backend's buffer is untouched until the sync below returns;
+            // `Backend::read`'s contract puts the whole range, so this chunk, in the live `src`.
             unsafe {
                 stream.stream().copy_to_host(
                     buffer.as_mut_ptr(),
@@ -121,8 +97,7 @@ impl Hip {
                 )
             }
             .map_err(|e| e.into_error(waiting()))?;
-            // A fault in earlier work surfaces here; the core attributes it
-            // to the work in flight (rule 23).
+            // Earlier work's fault surfaces here; the core blames the work in flight (rule 23).
             stream
                 .stream()
                 .synchronize()
@@ -133,13 +108,8 @@ impl Hip {
         Ok(())
     }
 
-    /// [`Backend::copy`](scope_core::Backend::copy).
-    ///
-    /// # Safety
-    ///
-    /// The contract of `Backend::copy`: `stream`, `src` and `dst` are this
-    /// backend's and alive; `src_offset..src_offset + len` lies inside `src`
-    /// and `dst_offset..dst_offset + len` inside `dst`.
+    /// [`Backend::copy`](scope_core::Backend::copy). Safety: `stream`, `src` and `dst` are this
+    /// backend's and alive; each range lies inside its memory.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn copy(
         &mut self,
@@ -153,9 +123,7 @@ impl Hip {
         let what = || format!("copy of {len} bytes");
         let bytes = usize::try_from(len)
             .map_err(|_| scope_core::Error::invalid("copy", "past the address space"))?;
-        // SAFETY: the contract of `Backend::copy`: both ranges lie inside
-        // their allocations, which are alive (and the pool keeps freed ones
-        // until their fences pass).
+        // SAFETY: both ranges lie in live allocations (freed ones stay pooled until fences pass).
         unsafe {
             stream.stream().copy_on_device(
                 dst.block.at(dst_offset),

@@ -1,19 +1,10 @@
 //! The device and its streams.
 //!
-//! A [`Hip`] backend is one HIP device: its name and architecture (the
-//! `gcnArchName` hiprtc compiles for), the memory pool, the pinned staging
-//! buffers, and a registry of its streams. Each logical stream is a
-//! non-blocking HIP stream plus two events:
-//!
-//! - an *order* event, recorded at the stream's end when another stream
-//!   must wait for it ([`Backend::order`](scope_core::Backend::order)); and
-//! - a *pre-capture* fence, recorded just before a capture begins, which
-//!   stands for "everything this stream submitted that will really run"
-//!   while the stream records. Waiting on the stream itself then would pull
-//!   the waiter into the recording; waiting on the fence does not.
-//!
-//! The registry holds the streams weakly so that freeing memory can fence
-//! every stream (see `memory.rs`) without owning any of them.
+//! A [`Hip`] backend is one HIP device: its name and `gcnArchName`, memory pool, pinned
+//! staging, and a weak registry of streams, so freeing memory fences each without owning one.
+//! A stream is a non-blocking HIP stream, an *order* event for others to wait on, and a
+//! *pre-capture* fence while it records: waiting on the stream itself would pull the waiter
+//! into the capture.
 
 use std::sync::{Arc, Weak};
 
@@ -40,44 +31,33 @@ pub struct HipStream {
     pub(crate) id: StreamId,
     pub(crate) shared: Arc<StreamShared>,
     pub(crate) order_event: Event,
-    /// Pinned copies of the bytes host writes recorded into the open
-    /// capture; they move into the graph when it seals.
+    /// Pinned copies of host writes recorded into the open capture; the graph takes them.
     pub(crate) retained: Vec<Pinned>,
-    /// The modules of the kernels the open capture launches, once each;
-    /// they move into the graph when it seals, which keeps them loaded.
+    /// Modules the open capture launches, once each; the graph takes them, keeping them loaded.
     pub(crate) modules: Vec<Arc<Module>>,
-    /// Events for waits on this stream, back from the waits that ended;
-    /// more are made while several threads wait on it at once.
+    /// Events of ended waits, for reuse; more are made while threads wait at once.
     spare_wait_events: Vec<Event>,
 }
 
-/// Wait events a stream keeps for reuse; past this, an ended wait's event
-/// is destroyed.
+/// Spare wait events a stream keeps; past this, an ended wait's event is destroyed.
 const SPARE_WAIT_EVENTS: usize = 4;
 
 /// What a wait stands on.
 enum WaitOn {
-    /// An event of the waiter's own, recorded at the stream's end when the
-    /// wait began; back to the stream's spares when it ends.
+    /// The waiter's own event, recorded at the stream's end; back to the spares after.
     Own(Event),
-    /// The pre-capture fence of a stream that is recording: the work it
-    /// submitted before the capture, which is all of it that runs.
+    /// A recording stream's pre-capture fence: the work before the capture, all that runs.
     Fence(Arc<Event>),
 }
 
-/// A wait for a stream's work, run without the server's lock: the core's
-/// [`Backend::Waiter`](scope_core::Backend::Waiter).
-///
-/// It covers exactly the work submitted before the wait began, not what
-/// other threads submit on the stream while it waits: its event is its own
-/// until the wait ends, and nothing else records it.
+/// A wait ([`Backend::Waiter`](scope_core::Backend::Waiter)) run without the server's lock;
+/// its own event covers only the work submitted before it began.
 pub struct HipWaiter {
     on: WaitOn,
     stream: StreamId,
 }
 
 impl HipWaiter {
-    /// The event whose completion is the wait's.
     fn event(&self) -> &Event {
         match &self.on {
             WaitOn::Own(event) => event,
@@ -95,8 +75,7 @@ impl HipStream {
         self.shared.pre_capture.lock().is_some()
     }
 
-    /// Keep `module` loaded for as long as the graph the open capture seals
-    /// lives.
+    /// Keep `module` loaded while the graph the open capture seals lives.
     pub(crate) fn keep_module(&mut self, module: &Arc<Module>) {
         if !self.modules.iter().any(|m| Arc::ptr_eq(m, module)) {
             self.modules.push(module.clone());
@@ -123,13 +102,11 @@ pub struct DeviceInfo {
     pub total_memory: u64,
 }
 
-/// Ask the runtime about device `ordinal`.
 pub(crate) fn device_info(api: &Api, ordinal: i32) -> std::result::Result<DeviceInfo, HipError> {
     read_device(api, ordinal).map(|(info, _)| info)
 }
 
-/// What device `ordinal` is and what one launch on it may ask for, from one
-/// `hipGetDevicePropertiesR0600`.
+/// What device `ordinal` is, and its launch limits, from one `hipGetDevicePropertiesR0600`.
 pub(crate) fn read_device(
     api: &Api,
     ordinal: i32,
@@ -148,13 +125,8 @@ pub(crate) fn read_device(
     Ok((info, launch_geometry(&props.props)))
 }
 
-/// What every GPU ROCm 6 supports (GCN 5, CDNA, RDNA) has: `1024 x 1024 x
-/// 1024` blocks of at most 1,024 threads and 64 KiB of LDS per block, and a
-/// grid of at least `2^31 - 1 x 65,535 x 65,535`. A property the runtime
-/// leaves at zero or negative (a runtime whose struct differs from the
-/// header transcribed in `ffi.rs`) falls back to its value here, so the
-/// server still opens with figures each supported device meets, never a
-/// guess past what it can do.
+/// What every GPU ROCm 6 supports (GCN 5, CDNA, RDNA) has, for fields read as zero or less (a
+/// struct unlike `ffi.rs`): blocks up to `1024 x 1024 x 1024` and 1,024 threads, 64 KiB LDS.
 pub(crate) const ARCHITECTURAL_GEOMETRY: LaunchGeometry = LaunchGeometry {
     grid: [i32::MAX as u32, 65_535, 65_535],
     block: [1024; 3],
@@ -163,23 +135,14 @@ pub(crate) const ARCHITECTURAL_GEOMETRY: LaunchGeometry = LaunchGeometry {
     subgroup: None,
 };
 
-/// What the device lets one launch ask for, in `hipDeviceProp_t`'s words
-/// (`maxGridSize` as the device reports it, which HIP's rules bound
-/// further; `maxThreadsDim`, `maxThreadsPerBlock`, `sharedMemPerBlock`, and
-/// `warpSize`, the wavefront, which is 32 or 64 depending on the
-/// architecture, so there is no value to assume). Read once, when the
-/// server opens, so that a runtime sizing its grid and the check refusing
-/// one past it use the same figures: a constant would be wrong for a device
-/// that differs, which would then fail the launch on the device (claiming
-/// its outputs) instead of refusing it as an invalid argument. Never fails:
-/// a field without a positive value takes its [`ARCHITECTURAL_GEOMETRY`]
-/// value (the wavefront stays unknown), with a warning.
+/// What one launch may ask of the device, read once at open so the check agrees with a runtime
+/// sizing its grid (a constant would let a device fail the launch instead of refusing it). A
+/// field not positive falls back to [`ARCHITECTURAL_GEOMETRY`], with a warning.
 pub(crate) fn launch_geometry(props: &DevicePropR0600) -> LaunchGeometry {
     let f = ARCHITECTURAL_GEOMETRY;
     let axes = |what: &str, values: [i32; 3], fallback: [u32; 3]| {
         [0, 1, 2].map(|i| match values[i] {
-            // A runtime that stores UINT32_MAX ("no limit of its own") in
-            // the `int`; HIP's rules (`API_RULES`) bound the grid by the block.
+            // UINT32_MAX ("no limit") in the `int`; `API_RULES` bound the grid by the block.
             -1 if what == "maxGridSize" => u32::MAX,
             value => positive(&format!("{what}[{i}]"), value.into(), fallback[i]),
         })
@@ -210,8 +173,7 @@ pub(crate) fn launch_geometry(props: &DevicePropR0600) -> LaunchGeometry {
     }
 }
 
-/// `value` as a `u32` when it is positive; otherwise `fallback`, with a
-/// warning naming the property.
+/// `value` when positive; otherwise `fallback`, with a warning naming the property.
 fn positive(what: &str, value: i64, fallback: u32) -> u32 {
     match u32::try_from(value) {
         Ok(value) if value > 0 => value,
@@ -229,8 +191,7 @@ pub(crate) fn load() -> Result<Arc<Api>> {
     initialised(Api::get())
 }
 
-/// `hipInit` on a loaded API; a load error or a failed init is
-/// [`Error::BackendUnavailable`].
+/// `hipInit` on a loaded API; a failed load or init is [`Error::BackendUnavailable`].
 pub(crate) fn initialised(
     api: std::result::Result<Arc<Api>, crate::loader::LoadError>,
 ) -> Result<Arc<Api>> {
@@ -247,9 +208,7 @@ pub(crate) fn initialised(
 pub struct Hip {
     pub(crate) api: Arc<Api>,
     pub(crate) info: DeviceInfo,
-    /// What one launch may ask for: read from the device once, reported by
-    /// `Backend::launch_limits` and enforced by `Backend::check_launch`
-    /// from this one copy, so the two agree.
+    /// Read once; `launch_limits` reports and `check_launch` enforces this copy, so they agree.
     pub(crate) limits: LaunchLimits,
     pub(crate) runtime_version: i32,
     pub(crate) pool: Pool,
@@ -259,8 +218,7 @@ pub struct Hip {
     /// The launch-parameter array, padded with zeros (see `launch.rs`).
     pub(crate) params: ParamTable,
     pub(crate) streams: Vec<Weak<StreamShared>>,
-    /// This server's hold on the device, which a reset must not pull out
-    /// from under another server's.
+    /// This server's hold on the device, which a reset must not pull from under another's.
     pub(crate) holding: scope_native::Holding,
 }
 
@@ -271,24 +229,13 @@ fn still_waited_on(id: StreamId) -> Error {
 }
 
 impl Hip {
-    /// Open device `ordinal`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::BackendUnavailable`] when HIP cannot be loaded or there is
-    /// no such device.
+    /// Open device `ordinal`, or [`Error::BackendUnavailable`] if HIP cannot load or lacks it.
     pub fn open(ordinal: usize) -> Result<Self> {
         Self::on(load()?, ordinal)
     }
 
-    /// Open device `ordinal` of the HIP runtime at the first of `runtime`
-    /// that loads, with hiprtc from the first of `rtc` that loads (or from
-    /// the runtime itself): for an install the default search does not
-    /// find, or a test double.
-    ///
-    /// # Errors
-    ///
-    /// As [`Hip::open`].
+    /// Open device `ordinal` of the first of `runtime` that loads, with hiprtc from the first of
+    /// `rtc` (or the runtime), for an install the search misses or a test; errors as [`Hip::open`].
     pub fn open_from(runtime: &[String], rtc: &[String], ordinal: usize) -> Result<Self> {
         Self::on(
             initialised(Api::load_from(runtime, rtc).map(Arc::new))?,
@@ -307,9 +254,8 @@ impl Hip {
                 "no device {ordinal}: HIP reports {count} device(s)"
             )));
         };
-        // Held before the device is touched: a reset by another server
-        // either refuses (it sees this hold) or ends before this one makes
-        // anything (`scope_native::reopen`).
+        // Held before the device is touched: another server's reset refuses, or ends before
+        // this one makes anything (`scope_native::reopen`).
         let holding = scope_native::Holding::new(BACKEND, ordinal as usize);
         api.set_device(ordinal)
             .map_err(|e| unavailable(e.to_string()))?;
@@ -359,11 +305,8 @@ impl Hip {
         )
     }
 
-    /// Destroy `stream`'s HIP objects — its stream, events, pinned copies,
-    /// the modules its capture held — on the device they were made on,
-    /// before a reset; [`attach`](Self::attach) gives it new ones.
-    /// Refused when something else still shares the stream's state (a
-    /// waiter, which a reopen's contract rules out).
+    /// Destroy `stream`'s HIP objects on their device before a reset; [`attach`](Self::attach)
+    /// gives it new ones. Refused while a waiter still shares its state.
     pub(crate) fn detach(stream: &mut HipStream) -> Result<()> {
         stream.retained.clear();
         stream.modules.clear();
@@ -376,8 +319,7 @@ impl Hip {
         Ok(())
     }
 
-    /// Give a detached stream a new HIP stream and event on the current
-    /// device.
+    /// Give a detached stream a new HIP stream and event on the current device.
     pub(crate) fn attach(&mut self, stream: &mut HipStream) -> Result<()> {
         let doing = || Doing::Other(Some(stream.id));
         let new = self.api.stream().map_err(|e| e.into_error(doing()))?;
@@ -427,12 +369,8 @@ impl Hip {
         Ok(fences)
     }
 
-    /// [`Backend::begin_wait`](scope_core::Backend::begin_wait): record an
-    /// event at the stream's end. Work is submitted as it comes (nothing is
-    /// batched), so there is nothing to submit first. A recording stream
-    /// (the core syncs one only to order another recording stream after
-    /// it) is waited for up to its pre-capture fence: recording an event
-    /// on it, or synchronising it, would act on the capture.
+    /// [`Backend::begin_wait`](scope_core::Backend::begin_wait): record an event at the stream's
+    /// end, or take a recording stream's pre-capture fence, as an event would join the capture.
     pub(crate) fn begin_wait(&mut self, stream: &mut HipStream) -> Result<Option<HipWaiter>> {
         let id = stream.id;
         let failed = |e: HipError| e.into_error(Doing::Waiting(Some(id)));
@@ -469,9 +407,8 @@ impl Hip {
             .map_err(|e| e.into_error(Doing::Waiting(Some(waiter.stream))))
     }
 
-    /// [`Backend::wait`](scope_core::Backend::wait), with no lock held: it
-    /// touches only the waiter's event, and HIP lets any thread synchronise
-    /// an event while others submit work.
+    /// [`Backend::wait`](scope_core::Backend::wait), with no lock held: HIP lets any thread
+    /// synchronise an event while others submit.
     pub(crate) fn wait(waiter: &HipWaiter) -> Result<()> {
         waiter
             .event()
@@ -479,10 +416,7 @@ impl Hip {
             .map_err(|e| e.into_error(Doing::Waiting(Some(waiter.stream))))
     }
 
-    /// [`Backend::end_wait`](scope_core::Backend::end_wait): keep the event
-    /// for the next wait. Nothing else is recycled after a wait: staging
-    /// slots and freed blocks each wait on fences of their own, and reads
-    /// wait for their own copy.
+    /// [`Backend::end_wait`](scope_core::Backend::end_wait): keep the event for the next wait.
     pub(crate) fn end_wait(&mut self, stream: &mut HipStream, waiter: HipWaiter) -> Result<()> {
         if let WaitOn::Own(event) = waiter.on
             && stream.spare_wait_events.len() < SPARE_WAIT_EVENTS
@@ -496,8 +430,7 @@ impl Hip {
         let doing = || Doing::Waiting(Some(then.id));
         let pre_capture = first.shared.pre_capture.lock().clone();
         match pre_capture {
-            // `first` is recording: what it records has not run and will not
-            // until a replay, so `then` waits for what it submitted before.
+            // `first` records: nothing runs until a replay, so wait for what it submitted.
             Some(fence) => then
                 .stream()
                 .wait(&fence)

@@ -1,19 +1,11 @@
 //! Classifying HIP's answers into the core's one error type.
 //!
-//! HIP mirrors CUDA's error model. A few codes leave the device unusable:
-//! they poison it (rule 36). The rest fail one call; out-of-memory is never
-//! sticky (rule 37). The sticky set is CUDA's, as far as HIP defines the
-//! codes. HIP has no misaligned-address, invalid-PC, illegal-instruction or
-//! hardware-stack code: such an AMD fault surfaces as an illegal address or
-//! a launch failure. `hipErrorPriorLaunchFailure` says an earlier launch
-//! broke the context.
-//!
-//! HIP's documentation does not say which faults end the process's use of
-//! the device. CUDA's does, for codes HIP shares, and HIP follows it
-//! ([`PROCESS_FATAL`]): a recovery refuses those (rule 52).
-//!
-//! Every call site goes through [`HipError::into_error`], saying what it
-//! was doing. A sticky or out-of-memory code wins over the site.
+//! HIP mirrors CUDA's error model: a few codes poison the device (rule 36), the rest fail one
+//! call, and out-of-memory is never sticky (rule 37). The sticky set is CUDA's, where HIP has
+//! the codes; an AMD fault without one surfaces as an illegal address or a launch failure.
+//! Only CUDA documents which faults end the process's use of the device; HIP follows it
+//! ([`PROCESS_FATAL`]), and a recovery refuses those (rule 52). Every call site goes through
+//! [`HipError::into_error`], saying what it was doing; a sticky or out-of-memory code wins.
 
 use std::sync::Arc;
 
@@ -24,8 +16,7 @@ use crate::ffi::{HipErrorCode, code, code_name};
 /// The backend's name in errors.
 pub const BACKEND: &str = "hip";
 
-/// The sticky codes HIP shares with CUDA after which CUDA's documentation
-/// says the process must be terminated and relaunched.
+/// Sticky codes after which CUDA's documentation says to terminate and relaunch the process.
 pub(crate) const PROCESS_FATAL: [HipErrorCode; 4] = [
     code::ILLEGAL_ADDRESS,
     code::LAUNCH_FAILURE,
@@ -61,8 +52,7 @@ pub struct HipError {
     pub message: Option<String>,
 }
 
-/// What a failing call was doing, which decides the error it becomes when
-/// its code is neither sticky nor out-of-memory.
+/// What a failing call was doing: its error when the code is neither sticky nor out-of-memory.
 #[derive(Debug, Clone)]
 pub enum Doing {
     /// Allocating `bytes` of device or pinned memory.
@@ -81,8 +71,7 @@ pub enum Doing {
         /// The stream.
         stream: StreamId,
     },
-    /// Waiting for, or ordering, a stream's work: a failure here is a fault
-    /// the device reported, attributed by the core to the work in flight.
+    /// Waiting for or ordering a stream's work: a device fault, blamed on the work in flight.
     Waiting(Option<StreamId>),
     /// Anything else: setting up a device, a stream, a capture.
     Other(Option<StreamId>),
@@ -228,8 +217,7 @@ mod tests {
         }
     }
 
-    /// Rule 52: the class comes from the code. The codes CUDA calls
-    /// process-fatal refuse a recovery; the other sticky codes reset.
+    /// Rule 52: the codes CUDA calls process-fatal refuse a recovery; other sticky codes reset.
     #[test]
     fn the_codes_cuda_calls_process_fatal_require_a_restart() {
         for code in PROCESS_FATAL {

@@ -1,10 +1,8 @@
 //! The C side of HIP and hiprtc that this crate uses, written out by hand.
 //!
-//! No binding crate is used (see the crate docs for why), so the handful of
-//! types, enum values and flags the server needs are defined here, each
-//! checked against the ROCm 6/7 headers (`hip/hip_runtime_api.h`,
-//! `hip/hiprtc.h`). Handles are opaque pointers; enums are `c_int` so that a
-//! value this table does not name is still representable.
+//! No binding crate is used (see the crate docs), so the few types, values and flags the
+//! server needs are here, checked against ROCm 6/7's `hip/hip_runtime_api.h` and
+//! `hip/hiprtc.h`. Handles are opaque pointers; enums are `c_int`, so an unnamed value fits.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
@@ -87,8 +85,7 @@ pub mod code {
     pub const RUNTIME_OTHER: HipErrorCode = 1053;
 }
 
-/// `hipError_t`'s spelling for a value, from the header, so that messages
-/// name the code even when the runtime cannot be asked (`hipGetErrorName`).
+/// The header's name for `value`, so messages name it without asking the runtime.
 pub fn code_name(value: HipErrorCode) -> Option<&'static str> {
     use code::*;
     Some(match value {
@@ -153,8 +150,7 @@ pub mod rtc {
     pub const OUT_OF_MEMORY: RtcResult = 1;
 }
 
-/// `hipStreamNonBlocking`: no implicit synchronisation with the null stream,
-/// which a capturing stream must not have.
+/// `hipStreamNonBlocking`: no implicit sync with the null stream, which capture forbids.
 pub const STREAM_NON_BLOCKING: c_uint = 0x01;
 /// `hipEventDisableTiming`: the cheapest event, for ordering only.
 pub const EVENT_DISABLE_TIMING: c_uint = 0x02;
@@ -166,9 +162,7 @@ pub const MEMCPY_HOST_TO_DEVICE: c_int = 1;
 pub const MEMCPY_DEVICE_TO_HOST: c_int = 2;
 /// `hipMemcpyDeviceToDevice`.
 pub const MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
-/// `hipStreamCaptureModeRelaxed`: other threads and streams may make
-/// "unsafe" calls (a host sync, a pinned allocation) while one stream
-/// records, which the core allows.
+/// `hipStreamCaptureModeRelaxed`: others may host-sync or pin memory while a stream records.
 pub const CAPTURE_MODE_RELAXED: c_int = 2;
 
 /// `hipUUID`.
@@ -179,13 +173,8 @@ pub struct HipUuid {
     pub bytes: [c_char; 16],
 }
 
-/// `hipDeviceProp_tR0600`, the layout `hipGetDevicePropertiesR0600` fills
-/// (ROCm 6.0 onwards; the `R0600` tag freezes it). Transcribed field by
-/// field from `hip_runtime_api.h`; only `name`, `totalGlobalMem`,
-/// `gcnArchName` and the launch limits (`sharedMemPerBlock`, `warpSize`,
-/// `maxThreadsPerBlock`, `maxThreadsDim`, `maxGridSize`) are read, the rest
-/// is there to put those at the right offsets. A unit test pins the
-/// offsets.
+/// `hipDeviceProp_tR0600`, the frozen layout `hipGetDevicePropertiesR0600` fills (ROCm 6+),
+/// transcribed in full to place the few fields read; a unit test pins the offsets.
 #[repr(C)]
 #[derive(Clone, Copy)]
 #[allow(non_snake_case, missing_docs)]
@@ -300,9 +289,7 @@ pub struct DevicePropR0600 {
     pub asicRevision: c_int,
 }
 
-/// The properties with room to spare after them: a runtime newer than the
-/// header transcribed here may write a longer struct, and the spare bytes
-/// keep such a write inside memory this crate owns.
+/// The properties plus spare room, so a newer runtime's longer struct stays in our memory.
 #[repr(C)]
 pub struct DevicePropBuffer {
     /// The properties.
@@ -314,8 +301,7 @@ pub struct DevicePropBuffer {
 impl DevicePropBuffer {
     /// All zeroes, on the heap (it is several kilobytes).
     pub fn zeroed() -> Box<Self> {
-        // SAFETY: every field is an integer, an array of integers or a raw
-        // pointer, for all of which all-zero bytes are a valid value.
+        // SAFETY: every field is an integer, integer array or raw pointer: all-zero is valid.
         Box::new(unsafe { std::mem::zeroed() })
     }
 }
@@ -325,15 +311,11 @@ mod tests {
     use super::*;
     use std::mem::{offset_of, size_of};
 
-    /// The offsets an independent count of the R0600 header gives: the
-    /// architecture name sits after 1160 bytes and the struct is 1472 bytes
-    /// on LP64; the mock runtime writes the launch limits at the offsets
-    /// pinned here.
+    /// Offsets from an independent count of the R0600 header (LP64); the mock writes these.
     #[test]
     fn device_props_match_the_r0600_layout() {
         assert_eq!(offset_of!(DevicePropR0600, uuid), 256);
         assert_eq!(offset_of!(DevicePropR0600, totalGlobalMem), 288);
-        // The launch limits, in the order `cudaDeviceProp` has them too.
         assert_eq!(offset_of!(DevicePropR0600, sharedMemPerBlock), 296);
         assert_eq!(offset_of!(DevicePropR0600, warpSize), 308);
         assert_eq!(offset_of!(DevicePropR0600, maxThreadsPerBlock), 320);

@@ -1,26 +1,12 @@
 //! Compiling HIP C++ with hiprtc, and launching.
 //!
-//! A kernel is compiled for exactly this device's architecture
-//! (`--offload-arch=<gcnArchName>`, target features included, so an
-//! `xnack-` device gets `xnack-` code), loaded as a module, and its entry
-//! point looked up by its unmangled name: kernels are `extern "C"
-//! __global__`. The core caches the result by the kernel's id, so a source
-//! is compiled once per server.
-//!
-//! A launch follows the binding convention of `scope_core::kernel`: the
-//! parameters are the bindings' device pointers, already advanced by their
-//! offsets, in order, then the scalar blob by value when it is non-empty —
-//! the rules HIP shares with CUDA, in [`scope_native`], with HIP's
-//! numbers ([`api_rules`]).
-//! The block is the kernel's [`block_size`](scope_core::Kernel::block_size).
-//! HIP has no indirect launch: an indirect dispatch reads its three counts
-//! back to the host first, which a capture cannot record, so inside a
-//! capture it fails (and so dooms the window, rule 31).
-//!
-//! A kernel holds its module in an `Arc`, and a launch recorded into a
-//! capture keeps a clone of it in the recording and then the
-//! [`HipGraph`](crate::HipGraph), so a kernel dropped while the graph lives
-//! never leaves it launching a function of an unloaded module.
+//! A kernel is compiled for the device's exact `gcnArchName`, target features included (an
+//! `xnack-` device gets `xnack-` code), and found by its unmangled `extern "C"` name; the core
+//! caches it, so a source compiles once per server. A launch passes the bindings' device
+//! pointers, then any scalar blob: the rules HIP shares with CUDA ([`scope_native`]). HIP has
+//! no indirect launch: an indirect dispatch reads its counts back first, which a capture
+//! cannot record, so there it fails (dooming the window, rule 31). A recorded launch keeps its
+//! module's `Arc` in the [`HipGraph`](crate::HipGraph), so no graph runs an unloaded module.
 
 use std::sync::Arc;
 
@@ -34,30 +20,16 @@ use crate::error::{BACKEND, Doing};
 use crate::ffi::RawFunction;
 use crate::memory::HipMemory;
 
-/// The most bytes of scalars a launch passes, and of the zero padding behind
-/// them: the largest kernel argument segment.
+/// The most scalar bytes a launch passes, and zero padding behind them: the largest segment.
 const PARAM_SLACK: usize = 4096;
-/// Parameter slots in all: one per parameter the largest kernel argument
-/// segment could declare (each takes a byte at least), so a kernel that
-/// declares more than a launch passes finds a slot pointing at zeros for
-/// every one, never the end of the array.
+/// One slot per parameter the largest segment could declare (a byte each), so a kernel
+/// declaring more than a launch passes finds zeros, never the array's end.
 const PARAM_SLOTS: usize = PARAM_SLACK;
 
-/// HIP's numbers for the launch rules it shares with CUDA
-/// ([`scope_native`]):
-///
-/// - Bindings: [`PARAM_SLOTS`] parameters, the blob counted as one.
-/// - Scalars: [`PARAM_SLACK`] bytes, all the padded launch passes, with as
-///   many zeros behind.
-/// - Grid: the device's `maxGridSize`, but no more along an axis than keeps
-///   blocks times threads within `u32::MAX` for the largest block the
-///   device allows: `hipModuleLaunchKernel` refuses a launch whose total
-///   threads along any axis pass that (`hipErrorInvalidConfiguration`), so
-///   reporting the device's `2^31 - 1` would promise launches HIP refuses
-///   on the device.
-/// - Features: HIP C++ (hiprtc) gives every kernel on a ROCm 6 device
-///   `_Float16`/`__half`; `atomicAdd` on `float` is a native instruction
-///   from gfx90a and a compare-and-swap loop before.
+/// HIP's numbers for the launch rules it shares with CUDA ([`scope_native`]): [`PARAM_SLOTS`]
+/// parameters, [`PARAM_SLACK`] scalar bytes, and per grid axis no more blocks than keep the
+/// threads within `u32::MAX`, as `hipModuleLaunchKernel` demands. hiprtc gives every ROCm 6
+/// kernel `_Float16`/`__half`.
 pub(crate) const API_RULES: ApiRules = ApiRules {
     max_params: PARAM_SLOTS,
     max_scalar_bytes: PARAM_SLACK,
@@ -66,11 +38,8 @@ pub(crate) const API_RULES: ApiRules = ApiRules {
     f16: true,
 };
 
-/// What [`Backend::check_launch`](scope_core::Backend::check_launch) holds a
-/// HIP launch to before its scope opens: the rules HIP shares with CUDA
-/// ([`scope_native::check_launch`]) against `limits`, the backend's launch limits.
-/// HIP cannot report a kernel's parameters, so the launch is padded instead
-/// of matched.
+/// What [`Backend::check_launch`](scope_core::Backend::check_launch) holds a HIP launch to:
+/// [`scope_native::check_launch`], padding the parameters HIP cannot report, not matching them.
 pub(crate) fn check_launch(
     limits: &LaunchLimits,
     kernel: &HipKernel,
@@ -85,13 +54,11 @@ pub struct HipKernel {
     block: [u32; 3],
     /// Dynamic shared memory each launch gets (`sharedMemBytes`).
     shared: u32,
-    /// Keeps `function` loaded; a recorded launch of it clones it into the
-    /// graph.
+    /// Keeps `function` loaded; a recorded launch clones it into the graph.
     module: Arc<Module>,
 }
 
-// SAFETY: a function handle is a process-wide HIP handle, usable from any
-// thread while its module is loaded, which the module field guarantees.
+// SAFETY: a function handle is process-wide, usable while its module (a field) is loaded.
 unsafe impl Send for HipKernel {}
 
 impl std::fmt::Debug for HipKernel {
@@ -100,9 +67,7 @@ impl std::fmt::Debug for HipKernel {
     }
 }
 
-/// The hiprtc options for a device of architecture `arch`: only the
-/// target, since hiprtc already optimises by default. An empty `arch` (a
-/// runtime that did not report one) leaves the choice to hiprtc.
+/// The hiprtc options for `arch`: just the target (an empty one leaves it to hiprtc).
 pub fn compile_options(arch: &str) -> Vec<String> {
     if arch.is_empty() {
         Vec::new()
@@ -111,19 +76,10 @@ pub fn compile_options(arch: &str) -> Vec<String> {
     }
 }
 
-/// The code object hiprtc makes of `kernel`, a HIP C++ kernel, for `arch`
-/// (`gfx90a`), exactly as the server compiles it when it loads the kernel —
-/// the same options ([`compile_options`]), program name and errors — with
-/// hiprtc from the first of `rtc` that loads (hiprtc's own library, or a
-/// runtime that carries it, as ROCm 5's `libamdhip64.so.5` does), and no
-/// runtime or device: for checking kernels against the real compiler ahead
-/// of a run on AMD hardware (`tests/toolchain.rs` does).
-///
-/// # Errors
-///
-/// [`Error::BackendUnavailable`] when no hiprtc loads from `rtc`;
-/// [`Error::Compile`] with hiprtc's log when it refuses the source, or when
-/// `kernel` is not HIP C++; [`Error::OutOfMemory`] when hiprtc runs out.
+/// The code object hiprtc makes of HIP C++ `kernel` for `arch` (`gfx90a`), as the server would
+/// ([`compile_options`]), with hiprtc from the first of `rtc` that loads and no device: how
+/// `tests/toolchain.rs` checks kernels. [`Error::BackendUnavailable`] without hiprtc,
+/// [`Error::Compile`] with its log, or [`Error::OutOfMemory`].
 pub fn hiprtc_code(rtc: &[String], kernel: &Kernel, arch: &str) -> Result<Vec<u8>> {
     let KernelSource::Hip(source) = kernel.source() else {
         return Err(Error::Compile {
@@ -144,7 +100,6 @@ pub fn hiprtc_code(rtc: &[String], kernel: &Kernel, arch: &str) -> Result<Vec<u8
         .map_err(|f| rtc_error(kernel, f))
 }
 
-/// A hiprtc failure as the core's error.
 fn rtc_error(kernel: &Kernel, failure: crate::api::RtcFailure) -> Error {
     if failure.out_of_memory() {
         Error::OutOfMemory {
@@ -205,15 +160,9 @@ impl Hip {
         })
     }
 
-    /// [`Backend::launch`](scope_core::Backend::launch).
-    ///
-    /// # Safety
-    ///
-    /// The contract of `Backend::launch`: `stream`, `kernel` and every
-    /// memory in `launch` are this backend's and alive; every binding's
-    /// range lies inside its memory, and an indirect dispatch's 12 bytes
-    /// inside theirs; [`Backend::check_launch`](scope_core::Backend::check_launch)
-    /// accepted this launch for this kernel.
+    /// [`Backend::launch`](scope_core::Backend::launch). Safety, its contract: `stream`,
+    /// `kernel` and all memory are this backend's and alive, every range inside its memory, and
+    /// `Backend::check_launch` accepted the launch.
     pub(crate) unsafe fn launch(
         &mut self,
         stream: &mut HipStream,
@@ -237,9 +186,8 @@ impl Hip {
                     });
                 }
                 let mut counts = [0u8; 12];
-                // SAFETY: the contract of `Backend::launch`: the indirect
-                // dispatch's 12 bytes at `offset` lie inside `memory`, which
-                // is this backend's and alive, as is `stream`.
+                // SAFETY: `Backend::launch`'s contract: the 12 bytes at `offset` lie inside
+                // `memory`; it and `stream` are this backend's and alive.
                 unsafe { self.read(stream, memory, *offset, &mut counts)? };
                 scope_native::indirect_counts(counts)
             }
@@ -250,8 +198,7 @@ impl Hip {
         let pointers: Vec<u64> = launch
             .bindings
             .iter()
-            // SAFETY: the contract of `Backend::launch`: every binding's
-            // range, and so its offset, lies inside its memory's block.
+            // SAFETY: `Backend::launch`'s contract: each binding's offset lies in its block.
             .map(|b| unsafe { b.memory.block.at(b.offset) } as u64)
             .collect();
         if stream.is_capturing() {
@@ -264,18 +211,11 @@ impl Hip {
         let launched = self
             .params
             .launch(&pointers, launch.scalars, false, |params| {
-                // SAFETY: the kernel's module is loaded while `kernel` lives (it
-                // holds an `Arc` of it), and a recording that captures this
-                // launch holds a clone (kept just above), which its graph keeps
-                // until it is destroyed; `params` come from the padded table: a
-                // slot for every parameter any kernel could declare, each
-                // pointing into one block alive for the call with as many bytes
-                // behind it as any parameter is long — so a kernel whose
-                // signature does not match the launch reads zeros, never past
-                // host memory — and HIP copies the values before returning.
-                // Each device pointer is inside a live allocation at the
-                // binding's offset: the contract of `Backend::launch`. `shared`
-                // is what the kernel declared, within the block's limit.
+                // SAFETY: `kernel` holds its module, and a capture's graph a clone (kept
+                // above). `params` is the padded table: a slot for any parameter a kernel could
+                // declare, each with enough bytes behind, so a mismatched kernel reads zeros;
+                // HIP copies them. Device pointers lie in live allocations (`Backend::launch`'s
+                // contract); `shared` is what the kernel declared, within the limit.
                 unsafe { hip.launch(function, grid, block, shared, params) }
             })?;
         launched.map_err(|e| e.into_error(doing()))

@@ -1,17 +1,10 @@
-//! Loading HIP at run time: a table of function pointers whose loader
-//! answers with a `Result`.
+//! Loading HIP at run time: a table of function pointers whose loader answers a `Result`.
 //!
-//! The table is the whole of what this crate asks of ROCm: a few dozen
-//! entry points of `libamdhip64` and `libhiprtc`, resolved once per process
-//! with `dlopen`/`dlsym` (through `libloading`). A machine without ROCm gets
-//! [`LoadError::LibraryNotFound`]; a runtime too old or too new to have an
-//! entry point gets [`LoadError::MissingSymbol`] naming it. Neither panics
-//! and neither aborts, which is the point of owning the table rather than
-//! calling a binding crate's wrappers (see the crate docs).
-//!
-//! The libraries stay loaded for the life of the process once found: the
-//! HIP runtime does not support being unloaded while its threads run, and
-//! every handle this crate holds points into it.
+//! The table is all this crate asks of ROCm: a few dozen entry points of `libamdhip64` and
+//! `libhiprtc`, resolved once through `libloading`. No ROCm is [`LoadError::LibraryNotFound`];
+//! a missing entry point is [`LoadError::MissingSymbol`], named. Neither panics nor aborts: the
+//! reason to own the table. Libraries stay loaded for the process, since the runtime cannot be
+//! unloaded while its threads run and every handle points into it.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::{Arc, OnceLock};
@@ -44,19 +37,14 @@ pub enum LoadError {
 }
 
 /// Resolve `name` in `lib` as a value of type `T`.
-///
 /// # Safety
-///
-/// `T` must be the function-pointer type the library's C header declares
-/// for `name`.
+/// `T` is the function-pointer type the library's C header declares for `name`.
 unsafe fn symbol<T: Copy>(
     lib: &Library,
     library: &str,
     name: &'static str,
 ) -> Result<T, LoadError> {
-    // SAFETY: the caller vouches for `T`; the symbol is copied out as a plain
-    // function pointer, valid while `lib` stays loaded, which the `Api` that
-    // holds both guarantees.
+    // SAFETY: the caller vouches for `T`; the copied pointer is valid while the `Api` holds `lib`.
     unsafe { lib.get::<T>(name.as_bytes()) }
         .map(|s| *s)
         .map_err(|_| LoadError::MissingSymbol {
@@ -65,8 +53,7 @@ unsafe fn symbol<T: Copy>(
         })
 }
 
-/// Declare a table of entry points: a struct of function pointers, a
-/// resolver that fills it from one library, and the list of names.
+/// A table of entry points: a struct of function pointers, its resolver, and its names.
 macro_rules! entry_points {
     ($(#[$meta:meta])* $name:ident { $( $field:ident = $sym:literal : fn($($arg:ty),* $(,)?) -> $ret:ty; )* }) => {
         $(#[$meta])*
@@ -82,8 +69,7 @@ macro_rules! entry_points {
 
             fn resolve(lib: &Library, library: &str) -> Result<Self, LoadError> {
                 Ok(Self {
-                    // SAFETY: each field's type is transcribed from the
-                    // header's declaration of the symbol it is resolved from.
+                    // SAFETY: each field's type is transcribed from its symbol's header.
                     $( $field: unsafe { symbol(lib, library, $sym)? }, )*
                 })
             }
@@ -153,8 +139,7 @@ entry_points! {
 pub struct Api {
     /// The runtime's entry points.
     pub rt: Runtime,
-    /// hiprtc's entry points, or why they are missing: copies and graphs
-    /// work without it, compiling does not.
+    /// hiprtc's entry points, or why not: copies and graphs work without, compiling does not.
     pub rtc: Result<Rtc, LoadError>,
     /// Where the runtime was found, for descriptions.
     pub runtime_path: String,
@@ -162,8 +147,7 @@ pub struct Api {
     _libraries: Vec<Library>,
 }
 
-/// The runtime's file names, most specific first. `ROCM_PATH` and
-/// `HIP_PATH` point at an install that is not on the loader's path.
+/// The runtime's file names, most specific first (`ROCM_PATH`, `HIP_PATH`: off-path installs).
 fn runtime_candidates() -> Vec<String> {
     candidates("libamdhip64.so", &["libamdhip64.so.7", "libamdhip64.so.6"])
 }
@@ -187,8 +171,7 @@ fn candidates(base: &str, versioned: &[&str]) -> Vec<String> {
     out
 }
 
-/// An error and its sources: libloading's own message is only "dlopen
-/// failed", and the loader's reason is in the source.
+/// An error and its sources: libloading says only "dlopen failed"; the reason is a source.
 fn with_sources(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
@@ -200,13 +183,11 @@ fn with_sources(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// Open the first of `names` that loads.
 fn open_first(what: &'static str, names: &[String]) -> Result<(Library, String), LoadError> {
     let mut detail = String::from("no candidates");
     for name in names {
-        // SAFETY: opening a library runs its initialisers. The names are the
-        // HIP runtime's and hiprtc's (or, in tests, a system library), whose
-        // initialisers only set up their own state.
+        // SAFETY: opening runs the library's initialisers; these are HIP's and hiprtc's (or
+        // a test's system library), which only set up their own state.
         match unsafe { Library::new(name.as_str()) } {
             Ok(lib) => return Ok((lib, name.clone())),
             Err(e) => detail = with_sources(&e),
@@ -220,9 +201,8 @@ fn open_first(what: &'static str, names: &[String]) -> Result<(Library, String),
 }
 
 impl Api {
-    /// Load from the given candidate names: the runtime from the first of
-    /// `runtime` that opens, hiprtc from the first of `rtc` that opens, or
-    /// from the runtime itself when none does (ROCm 5 shipped it there).
+    /// Load the runtime from the first of `runtime` that opens, and hiprtc from the first of
+    /// `rtc`, or from the runtime itself (where ROCm 5 shipped it).
     pub fn load_from(runtime: &[String], rtc: &[String]) -> Result<Self, LoadError> {
         let (rt_lib, runtime_path) = open_first("the HIP runtime (libamdhip64)", runtime)?;
         let rt = Runtime::resolve(&rt_lib, &runtime_path)?;
@@ -243,11 +223,8 @@ impl Api {
         })
     }
 
-    /// hiprtc alone, from the first of `names` that opens — hiprtc's own
-    /// library, or a runtime that carries it (ROCm 5's `libamdhip64.so.5`)
-    /// — without the runtime's table, so a runtime this crate does not
-    /// drive can still compile. Loaded once per list of names and kept for
-    /// the life of the process, as the runtime is.
+    /// hiprtc alone, from the first of `names` that opens (its own library, or a runtime
+    /// carrying it), without driving a runtime; loaded once per list and kept for the process.
     pub fn rtc_from(names: &[String]) -> Result<&'static Rtc, LoadError> {
         type Loaded = Vec<(Vec<String>, &'static Rtc)>;
         static LOADED: parking_lot::Mutex<Loaded> = parking_lot::Mutex::new(Vec::new());
@@ -299,8 +276,7 @@ mod tests {
 
     #[test]
     fn a_library_without_hip_symbols_names_the_first_missing_one() {
-        // A real library that loads but is not HIP, through the very loader
-        // the server uses.
+        // A real library that is not HIP, through the server's own loader.
         let names: Vec<String> = ["libm.so.6", "libc.so.6"].map(String::from).to_vec();
         let Err(error) = Api::load_from(&names, &names) else {
             panic!("libm resolved as the HIP runtime");

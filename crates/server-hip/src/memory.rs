@@ -1,22 +1,11 @@
 //! Pooled device memory and pinned staging.
 //!
-//! `hipMalloc` and `hipFree` are slow and `hipFree` waits for the whole
-//! device, so freed blocks are kept and reused. A block is rounded up to a
-//! size class (powers of two to 1 MiB, then 2 MiB steps) and reused only for
-//! the same class. The core may free memory that work in flight still uses
-//! ("the backend keeps it until that work is done"), so a freed block first
-//! *cools*: it carries one fence per stream, recorded at the free, and
-//! becomes reusable only when every fence has passed. A stream that is
-//! recording contributes its pre-capture fence instead, since what it
-//! records does not run. [`Pool::trim`] waits for the cooling blocks and
-//! gives everything cached back, which the core does before it retries an
-//! allocation that ran out (rule 37).
-//!
-//! Host writes go through pinned staging buffers, so the copy is a real
-//! asynchronous DMA and the caller's slice is free when `write` returns.
-//! Each staging slot has a fence recorded after the copy that reads it; a
-//! slot is refilled only after its fence has passed. Writes longer than
-//! [`STAGING_CHUNK`] go through in chunks, which bounds pinned memory.
+//! `hipFree` waits for the whole device, so freed blocks are reused within their size class
+//! (powers of two to 1 MiB, then 2 MiB steps). Work in flight may still use a freed block, so
+//! it first *cools* until one fence per stream, recorded at the free, passes. [`Pool::trim`]
+//! gives the cache back before the core retries an allocation (rule 37). Host writes go
+//! through pinned staging, so the DMA is asynchronous and the caller's slice free at once;
+//! writes past [`STAGING_CHUNK`] go in chunks.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -79,9 +68,8 @@ impl Pool {
         self.reserved
     }
 
-    /// Move blocks whose fences have all passed to the free lists. A fence
-    /// that reports an error keeps its block cooling: the error is the
-    /// stream's to report, at its next sync.
+    /// Move blocks whose fences all passed to the free lists. A failed fence keeps its block
+    /// cooling: the stream reports the error at its next sync.
     fn warm_up(&mut self) {
         let mut still = VecDeque::with_capacity(self.cooling.len());
         while let Some(entry) = self.cooling.pop_front() {
@@ -111,8 +99,7 @@ impl Pool {
             let bytes = entry.block.bytes() as u64;
             self.reserved -= bytes;
             if let Some(error) = entry.fences.iter().find_map(|f| f.synchronize().err()) {
-                // The block may still be in use by work that faulted;
-                // leaking it is safe where freeing it might not be.
+                // Faulted work may still use the block: leaking it is safe, freeing might not be.
                 tracing::warn!("a freed block's fence failed, leaking it: {error}");
                 std::mem::forget(entry.block);
             }

@@ -1,15 +1,9 @@
 //! HIP's calls for opening a lost device again ([`scope_native::reopen`]).
 //!
-//! The core has refused the faults HIP shares with CUDA's process-fatal
-//! list (rule 52); every other loss may be reset. Giving up destroys this
-//! backend's streams, events, pinned staging and pooled memory on the
-//! device they were made on. The probe is a new stream, synchronised:
-//! `hipDeviceSynchronize` would wait for every other client of the device.
-//! A broken device is reset with `hipDeviceReset`, which destroys every
-//! resource on it **for the whole process**.
-//!
-//! Untested on AMD hardware: the mock HIP runtime (`tests/mock/mock_hip.c`)
-//! implements the reset and the sticky codes as described here.
+//! The core refuses CUDA's process-fatal faults (rule 52); any other loss may be reset. The
+//! probe is a new stream, synchronised: `hipDeviceSynchronize` would wait for every client.
+//! `hipDeviceReset` destroys every resource on the device **process-wide**. Untested on AMD
+//! hardware: the mock runtime (`tests/mock/mock_hip.c`) implements all this.
 
 use scope_core::Result;
 
@@ -51,11 +45,9 @@ impl scope_native::Reopen for Hip {
     }
 
     fn reset(&mut self) -> Result<()> {
-        // SAFETY: no other server of this process holds the device or can
-        // open it until this returns (`scope_native::reopen` runs it
-        // alone), and this one destroyed every object it made on it
-        // (`give_up`; the core gave back every memory, kernel and graph
-        // before asking to reopen).
+        // SAFETY: no other server of this process holds or can open the device until this
+        // returns (`scope_native::reopen` runs it alone), and this one destroyed all it made
+        // on it (`give_up`, after the core gave back every memory, kernel and graph).
         unsafe { self.api.device_reset() }.map_err(|e: HipError| e.into_error(Doing::Other(None)))
     }
 

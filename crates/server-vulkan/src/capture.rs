@@ -1,32 +1,16 @@
 //! Capture: a window's work recorded once into a reusable command buffer.
 //!
-//! Vulkan needs no capture API: a command buffer recorded without
-//! `ONE_TIME_SUBMIT` and with `SIMULTANEOUS_USE` can be submitted again and
-//! again, even while an earlier submission of it is still running. So a
-//! window opens a command buffer of its own (in a command pool of its own,
-//! so the graph outlives nothing it depends on), the stream's launches,
-//! copies and writes are recorded into it instead of the batch, and a
-//! replay queues the same command buffer into the stream's next submission
-//! — no re-recording, no descriptor sets (push descriptors live in the
-//! command buffer), one `vkQueueSubmit` for many replays.
+//! Vulkan needs no capture API: a `SIMULTANEOUS_USE` command buffer can be submitted again
+//! while an earlier submission still runs. A window records into its own command pool, so the
+//! graph outlives nothing it depends on. A replay queues that buffer into the stream's next
+//! submission, with no re-recording and no descriptor sets.
 //!
-//! **Host writes inside a window** (the rule every server keeps): a write is
-//! recorded with a copy of the bytes given at call time, and every replay
-//! writes those same bytes. Up to 64 KiB the bytes live inside the command
-//! buffer (`vkCmdUpdateBuffer`); larger ones in a staging chunk the graph
-//! owns. Scalar blobs are kept the same way. Nothing recorded runs until a
-//! replay.
+//! A host write inside a window keeps the bytes given at call time for every replay: inline
+//! up to 64 KiB (`vkCmdUpdateBuffer`), else in a staging chunk the graph owns.
 //!
-//! A graph is held behind an `Arc`: each replay in flight holds a clone, so
-//! destroying a graph never frees a command buffer the device may still run
-//! — the last completed replay releases it. A replay is batched like any
-//! other work, and the graph remembers, per stream, the timeline value that
-//! will finish its latest replay there; the core flushes every stream
-//! before it destroys a graph, and destroying waits for those values (rule
-//! 35) — but not for a replay whose batch failed and was never submitted —
-//! so a fault in a replay surfaces at the destroy and the core gives it to
-//! the graph's write set. A wait that gives up marks the device hung, and
-//! the graph is then leaked, not freed.
+//! Each replay in flight holds an `Arc` of the graph, so destroying one never frees a command
+//! buffer the device may still run. Destroying waits for the latest submitted replay on each
+//! stream (rule 35), so a replay's fault surfaces there and joins the graph's write set.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -64,13 +48,11 @@ pub struct GraphInner {
     pub(crate) cmd: vk::CommandBuffer,
     chunks: Vec<Chunk>,
     commands: usize,
-    /// Per stream it was replayed on, the timeline value that finishes its
-    /// latest replay there.
+    /// Per stream, the timeline value that finishes its latest replay there.
     replays: Mutex<Stamp>,
 }
 
 impl GraphInner {
-    /// A replay was submitted on `track`; it is done at `value`.
     pub(crate) fn replayed(&self, track: &Arc<Track>, value: u64) {
         let mut replays = self.replays.lock();
         match replays.iter_mut().find(|(t, _)| Arc::ptr_eq(t, track)) {
@@ -83,14 +65,12 @@ impl GraphInner {
 impl Drop for GraphInner {
     fn drop(&mut self) {
         if self.gpu.is_hung() {
-            // A replay the device never finished may still run it.
             tracing::error!("leaking a graph: a wait for the device gave up");
             std::mem::forget(std::mem::take(&mut self.chunks));
             return;
         }
-        // SAFETY: the last reference is gone, so no replay of it is pending
-        // (each in-flight submission holds a clone, and destroy waited for
-        // the replays it knew of); the device is not hung.
+        // SAFETY: the last reference is gone, so no replay is pending: each in-flight
+        // submission holds a clone, and destroy waited for the rest. The device is not hung.
         unsafe { self.gpu.vk().destroy_command_pool(self.pool, None) };
     }
 }
@@ -172,12 +152,10 @@ pub(crate) fn replay(stream: &mut OpenStream, graph: &VulkanGraph) -> Result<()>
     stream.submit_graph(&graph.0)
 }
 
-/// Destroy `graph` once its replays in flight are done (rule 35). The
-/// graph's own resources go with the last replay that holds them.
+/// Destroy `graph` once its submitted replays are done (rule 35).
 pub(crate) fn destroy(graph: VulkanGraph) -> Result<()> {
     let mut replays = std::mem::take(&mut *graph.0.replays.lock());
-    // The core flushed every stream first; a replay whose batch was never
-    // submitted (it failed) signals nothing to wait for.
+    // A replay whose batch failed was never submitted, and signals nothing.
     replays.retain(|(track, value)| *value <= track.submitted.load(Ordering::Acquire));
     let waited = wait_tracks(&graph.0.gpu, &replays);
     drop(graph);

@@ -1,77 +1,31 @@
-//! Compiling a kernel: WGSL through naga to SPIR-V, SPIR-V to a compute
-//! pipeline, and the layouts and pipeline cache behind them.
+//! Compiling a kernel: WGSL through naga to SPIR-V, SPIR-V to a compute pipeline, and the
+//! layouts and pipeline cache behind them.
 //!
-//! **Why compiling is a module apart from launching.** The two halves meet
-//! at one value, [`VulkanKernel`]: a pipeline, its layout, and the
-//! [`Interface`] — how the kernel reaches its buffers — read from the
-//! module once, here. Compiling runs once per kernel (the core caches by
-//! `Kernel::id()`), on no stream, and owns every long-lived object it makes
-//! (layouts and pipelines, destroyed with the backend); launching
-//! (`launch.rs`) runs on every call, into a stream's command buffer and
-//! arena, owns nothing, and never reads a module. Everything a launch must
-//! match — how many descriptors and of which kind, or how many addresses in
-//! push constants or in a table — is decided here and handed over in the
-//! interface, which `launch.rs` checks each launch against before it records
-//! anything. A launch path that worked the shape out for itself would
-//! sooner or later push descriptors a layout does not have, which is
-//! undefined behaviour, not an error code.
+//! **Why apart from launching.** The halves meet at one value, [`VulkanKernel`]: a pipeline,
+//! its layout, and the [`Interface`] read from the module once, here. Compiling runs once per
+//! kernel and owns every long-lived object; launching runs on every call and owns nothing.
+//! A launch path that worked the shape out itself would sooner or later push descriptors a
+//! layout lacks: undefined behaviour, not an error code.
 //!
-//! The binding convention (descriptor set 0, binding *i* = the *i*-th
-//! binding, the scalar blob a read-only storage buffer at the next binding)
-//! makes a kernel's layout a function of one number, how many storage
-//! buffers set 0 declares. So the layout is derived from the module — from
-//! naga's IR for WGSL, from the `Binding`/`DescriptorSet` decorations for
-//! SPIR-V — and shared by every kernel with that count. Layouts are created
-//! with the push-descriptor flag: a launch writes its buffer bindings into
-//! the command buffer, so there is no descriptor pool to size, no set to
-//! keep alive while a batch or a captured graph runs. A layout larger than
-//! `maxPushDescriptors` (or the per-stage storage-buffer limit) is refused
-//! here, as [`Error::Compile`].
+//! By convention binding *i* of set 0 is the *i*-th binding, then the scalar blob. A layout
+//! is thus one number, shared by every kernel with that count. Layouts use pushed
+//! descriptors, so there is no pool to size and no set to keep alive while a graph runs.
+//! A layout past `maxPushDescriptors` is [`Error::Compile`]. Pipelines are cached by a hash of
+//! the SPIR-V and entry point.
 //!
-//! The core caches compiled kernels by `Kernel::id()`; this module caches
-//! pipelines by a hash of the final SPIR-V and entry point, so the same
-//! module reached twice (two names, or a WGSL and a SPIR-V spelling that
-//! compile alike) makes one pipeline.
-//!
-//! **The device-address interface.** SPIR-V may instead reach its buffers
-//! through buffer device addresses: cubecl's compiler emits a module with
-//! the `PhysicalStorageBuffer64` addressing model and one push-constant
-//! block of 64-bit addresses, the buffers' in order and then the scalar
-//! blob's. The module says so itself, so the server recognises it from the
-//! words (no new kernel language or launch field), and a launch fills that
-//! block with the addresses of its bindings. When the addresses do not fit
-//! in push constants, cubecl puts the same struct in a uniform block at set
-//! 0, binding 0 instead; the server recognises that form too, and gives
-//! such a kernel a layout of one pushed uniform-buffer descriptor, so a
-//! kernel may take as many buffers as `maxUniformBufferRange` holds
-//! addresses. Such a module needs `bufferDeviceAddress` and
-//! `vulkanMemoryModel`; a device without them answers with
-//! [`Error::Compile`], not a driver crash.
+//! **The device-address interface.** cubecl's SPIR-V reaches buffers through 64-bit device
+//! addresses, in one push-constant block, or a uniform block when they do not fit. The server
+//! recognises either from the words, so no new language or launch field is needed.
+//! A device without `bufferDeviceAddress` and `vulkanMemoryModel` answers [`Error::Compile`].
 //!
 //! **What is checked, and what is the caller's promise.**
 //!
-//! - *WGSL* is the server's own to vouch for. naga parses and validates it
-//!   against the capabilities this device enabled (a kernel that needs
-//!   `f16` or subgroups on a device without them is [`Error::Compile`]),
-//!   and lowers it with bounds checks: every index into an array, a buffer
-//!   binding included, is restricted to the array (naga's
-//!   `BoundsCheckPolicy::Restrict`; a runtime-sized array's length comes
-//!   from the bound range, `OpArrayLength`). With `robustBufferAccess`
-//!   enabled as well (when the device offers it), an out-of-bounds index
-//!   in a kernel can touch only its own binding — never the neighbouring
-//!   allocations that share the pool's `VkBuffer`, which the failure model
-//!   would otherwise believe untouched.
-//! - *SPIR-V* cannot be vouched for: invalid SPIR-V is undefined behaviour
-//!   by the Vulkan specification, and a module reaching buffers by device
-//!   address is not covered by `robustBufferAccess` at all. Building a
-//!   SPIR-V kernel is therefore the caller's `unsafe` promise (see
-//!   `scope_core::Kernel::spirv`): a valid module for this device, which
-//!   accesses only its bindings' ranges. What the server can check
-//!   cheaply it still does — the magic number, that the module names the
-//!   kernel's entry point (a module that names none is refused too), the
-//!   binding convention — and a module the driver rejects (lavapipe answers
-//!   garbage with `VK_ERROR_UNKNOWN`) is [`Error::Compile`] with the
-//!   driver's code as its log.
+//! - *WGSL* is validated by naga against this device's capabilities, and lowered with every
+//!   index bounds-checked. With `robustBufferAccess`, a stray index touches only its own
+//!   binding, never a neighbour in the pool's `VkBuffer`.
+//! - *SPIR-V* cannot be vouched for: invalid SPIR-V is undefined behaviour, and device
+//!   addresses escape `robustBufferAccess`. Building one is the caller's `unsafe` promise.
+//!   The cheap checks remain: the magic number, the entry point, the binding convention.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -89,9 +43,7 @@ use crate::error::{NAME, classify, fault};
 pub(crate) enum Interface {
     /// Storage buffers at set 0, bindings `0..n`, pushed as descriptors.
     Descriptors(u32),
-    /// `count` 64-bit buffer device addresses: in a push-constant block, or,
-    /// when they do not fit there (`table`), in a uniform buffer at set 0,
-    /// binding 0 — the two forms cubecl's SPIR-V compiler emits.
+    /// `count` 64-bit device addresses: in push constants, or a uniform table (`table`).
     Addresses { count: u32, table: bool },
 }
 
@@ -103,29 +55,25 @@ pub struct VulkanKernel {
     pub(crate) interface: Interface,
 }
 
-/// Layouts by binding count (and push-constant size), pipelines by SPIR-V
-/// hash; all destroyed with the backend.
+/// Layouts by binding count, pipelines by SPIR-V hash; all destroyed with the backend.
 pub(crate) struct Pipelines {
     gpu: Arc<Gpu>,
     layouts: HashMap<u32, (vk::DescriptorSetLayout, vk::PipelineLayout)>,
     address_layouts: HashMap<u32, vk::PipelineLayout>,
-    /// The layout of kernels whose addresses are a uniform table: one
-    /// pushed uniform-buffer descriptor, whatever the count.
+    /// The layout of address-table kernels: one pushed uniform buffer.
     table_layout: Option<(vk::DescriptorSetLayout, vk::PipelineLayout)>,
     pipelines: HashMap<u64, VulkanKernel>,
-    /// The indirect-count guard, compiled on first use.
     guard: Option<VulkanKernel>,
 }
 
 impl Drop for Pipelines {
     fn drop(&mut self) {
         if self.gpu.is_hung() {
-            // Work that never finished may still run these pipelines.
             return;
         }
         let device = self.gpu.vk();
-        // SAFETY: the backend is going; the device is idle (the pool waited)
-        // and no command buffer that uses these will be submitted again.
+        // SAFETY: the backend is going and the device idle; no command buffer using these
+        // will be submitted again.
         unsafe {
             let _ = device.device_wait_idle();
             for (_, kernel) in self.pipelines.drain() {
@@ -154,8 +102,7 @@ fn compile_error(kernel: &Kernel, log: impl Into<String>) -> Error {
     }
 }
 
-/// How naga lowers WGSL: every index restricted to its array, buffers
-/// included, so a kernel cannot address past its own bindings.
+/// How naga lowers WGSL: every index restricted to its array, buffers included.
 const BOUNDS: naga::proc::BoundsCheckPolicies = naga::proc::BoundsCheckPolicies {
     index: naga::proc::BoundsCheckPolicy::Restrict,
     buffer: naga::proc::BoundsCheckPolicy::Restrict,
@@ -163,16 +110,9 @@ const BOUNDS: naga::proc::BoundsCheckPolicies = naga::proc::BoundsCheckPolicies 
     binding_array: naga::proc::BoundsCheckPolicy::Restrict,
 };
 
-/// The device's limits as `check_launch` and `compile` apply them. A
-/// launch binds its buffers (and its scalar blob) as pushed descriptors
-/// — or, for SPIR-V that takes device addresses, as 8-byte addresses in
-/// push constants or, past their room, in a uniform table — so the binding
-/// count is the smaller of the descriptor room and the table's. The blob is staged as one
-/// more storage buffer, padded to 16 bytes. `shaderFloat64`,
-/// `shaderInt64`, `shaderFloat16` (with 16-bit storage), subgroup
-/// operations and `f32` atomics in storage buffers are enabled where the
-/// device has them (see `device::Features`); the subgroup size is the
-/// device's `subgroupSize`, which every kernel runs at (SPIR-V 1.3).
+/// The device's limits as `check_launch` and `compile` apply them. The binding count is
+/// the least of the descriptor room and the address table's. Optional features are enabled
+/// where offered (`device::Features`); every kernel runs at `subgroupSize` (SPIR-V 1.3).
 pub(crate) fn launch_limits(gpu: &Gpu) -> LaunchLimits {
     let limits = &gpu.limits;
     let mut launch = LaunchLimits::default();
@@ -204,10 +144,8 @@ pub(crate) fn launch_limits(gpu: &Gpu) -> LaunchLimits {
     launch
 }
 
-/// Refuse a WGSL kernel whose workgroup the device cannot run: naga knows
-/// no device limits, and a pipeline whose workgroup size, invocation count
-/// or workgroup memory is past the device's is invalid usage — undefined
-/// behaviour, not an error code. (wgpu makes the same checks itself.)
+/// Refuse a WGSL kernel whose workgroup the device cannot run. naga knows no device limits,
+/// and such a pipeline is undefined behaviour; wgpu checks the same.
 fn check_workgroup(
     kernel: &Kernel,
     module: &naga::Module,
@@ -220,7 +158,6 @@ fn check_workgroup(
         .enumerate()
         .find(|(_, e)| e.name == kernel.entry_point())
     else {
-        // No such entry point: SPIR-V generation names it.
         return Ok(());
     };
     let uses = info.get_entry_point(index);
@@ -251,10 +188,8 @@ fn check_workgroup(
     Ok(())
 }
 
-/// The SPIR-V version WGSL is lowered to: 1.3, the first with subgroup
-/// operations (`GroupNonUniform*`), which every Vulkan 1.1 device takes.
-/// Below 1.6 a compute kernel's subgroups are exactly `subgroupSize` wide,
-/// the size `launch_limits` reports.
+/// The SPIR-V version WGSL is lowered to: 1.3, the first with subgroup operations. Below 1.6
+/// subgroups are exactly `subgroupSize` wide.
 const SPIRV_VERSION: (u8, u8) = (1, 3);
 
 /// WGSL to SPIR-V, and how many bindings set 0 declares.
@@ -288,9 +223,7 @@ fn wgsl_to_spirv(
                     ),
                 ));
             }
-            // Every binding is pushed as one storage-buffer descriptor; a
-            // uniform, a texture or a binding array would not match the
-            // layout, which is undefined behaviour, not an error code.
+            // Anything but a storage buffer would not match the pushed layout.
             let buffer = matches!(global.space, naga::AddressSpace::Storage { .. })
                 && !matches!(
                     module.types[global.ty].inner,
@@ -309,16 +242,12 @@ fn wgsl_to_spirv(
             bindings = bindings.max(binding.binding + 1);
         }
     }
-    // WGSL promises zeroed workgroup memory: the device's own
-    // initialisation where enabled, naga's store-and-barrier otherwise.
     let zero_initialize_workgroup_memory = if gpu.zero_init {
         naga::back::spv::ZeroInitializeWorkgroupMemoryMode::Native
     } else {
         naga::back::spv::ZeroInitializeWorkgroupMemoryMode::Polyfill
     };
-    // A kernel vouched in bounds (`Kernel::vouch_in_bounds`, unsafe) keeps
-    // its accesses inside its bindings itself; the checks would only slow
-    // it down.
+    // A kernel vouched in bounds (`Kernel::vouch_in_bounds`) needs no checks.
     let bounds_check_policies = if kernel.vouched_in_bounds() {
         naga::proc::BoundsCheckPolicies::default()
     } else {
@@ -326,16 +255,12 @@ fn wgsl_to_spirv(
     };
     let options = naga::back::spv::Options {
         lang_version: SPIRV_VERSION,
-        // A compute kernel has no stage inputs or outputs for `f16` to
-        // travel in, and `storageInputOutput16` is not enabled (lavapipe
-        // lacks it): naga must not declare `StorageInputOutput16` for a
-        // kernel that merely uses `f16`.
+        // Compute kernels have no stage I/O for `f16`, and lavapipe lacks
+        // `storageInputOutput16`.
         use_storage_input_output_16: false,
         flags: naga::back::spv::WriterFlags::empty(),
         bounds_check_policies,
         zero_initialize_workgroup_memory,
-        // A kernel vouched to end its loops (`Kernel::vouch_terminates`,
-        // unsafe) does without naga's loop counter.
         force_loop_bounding: !kernel.vouched_terminates(),
         ..Default::default()
     };
@@ -358,12 +283,8 @@ fn literal_string(words: &[u32]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// How a SPIR-V module reaches its buffers, read from its instructions:
-/// the `Binding`/`DescriptorSet` decorations, or the addressing model and
-/// push-constant block of the device-address interface. This is a reading,
-/// not a validation: that the module is valid is the promise the caller
-/// made when building the kernel (`unsafe`), and garbage yields whatever
-/// it yields.
+/// How a SPIR-V module reaches its buffers, read from its instructions. A reading, not a
+/// validation: garbage yields whatever it yields.
 fn spirv_interface(kernel: &Kernel, words: &[u32]) -> Result<Interface> {
     const OP_ENTRY_POINT: u32 = 15;
     const OP_MEMORY_MODEL: u32 = 14;
@@ -389,7 +310,6 @@ fn spirv_interface(kernel: &Kernel, words: &[u32]) -> Result<Interface> {
     let mut pointers: HashMap<u32, u32> = HashMap::new();
     let mut structs: HashMap<u32, u32> = HashMap::new();
     let mut push_blocks: Vec<u32> = Vec::new();
-    // (variable, pointer type) of each `Uniform` variable.
     let mut uniforms: Vec<(u32, u32)> = Vec::new();
     let mut at = 5;
     while at < words.len() {
@@ -457,10 +377,7 @@ fn spirv_interface(kernel: &Kernel, words: &[u32]) -> Result<Interface> {
     if !physical {
         return Ok(Interface::Descriptors(count));
     }
-    // The device-address interface: a struct of 64-bit addresses, in one
-    // push-constant block and no descriptors, or — cubecl's form when they
-    // do not fit in push constants — in one uniform block at set 0,
-    // binding 0, the only descriptor.
+    // Addresses in one push-constant block with no descriptors, or one uniform at (0, 0).
     let members = |pointer: u32| {
         pointers
             .get(&pointer)
@@ -509,8 +426,7 @@ impl Pipelines {
         }
     }
 
-    /// The kernel that bounds an indirect launch's counts (see `launch.rs`'s
-    /// module docs), compiled on first use.
+    /// The kernel that bounds an indirect launch's counts, compiled on first use.
     pub(crate) fn guard(&mut self) -> Result<VulkanKernel> {
         if let Some(guard) = &self.guard {
             return Ok(guard.clone());
@@ -545,7 +461,6 @@ impl Pipelines {
         Ok(layout)
     }
 
-    /// The layout of kernels whose addresses are a uniform table.
     fn table_layout(&mut self) -> Result<vk::PipelineLayout> {
         if let Some((_, layout)) = self.table_layout {
             return Ok(layout);
@@ -555,8 +470,7 @@ impl Pipelines {
         Ok(layout.1)
     }
 
-    /// A pipeline layout of one push-descriptor set of `bindings`
-    /// descriptors of `kind`, at bindings `0..bindings`.
+    /// A pipeline layout of one push-descriptor set of `bindings` descriptors of `kind`.
     fn pushed_layout(
         &self,
         kind: vk::DescriptorType,
@@ -602,8 +516,7 @@ impl Pipelines {
             .offset(0)
             .size(addresses * 8)];
         let info = vk::PipelineLayoutCreateInfo::default().push_constant_ranges(&ranges);
-        // SAFETY: valid create info on a live device; the range is within
-        // `maxPushConstantsSize` (checked by the caller).
+        // SAFETY: valid create info on a live device; the caller checked the range.
         let layout = unsafe { self.gpu.vk().create_pipeline_layout(&info, None) }
             .map_err(|e| classify(e, crate::error::Site::Create, "pipeline layout", 0))?;
         self.address_layouts.insert(addresses, layout);
@@ -700,12 +613,8 @@ impl Pipelines {
         };
         let device = self.gpu.vk();
         let info = vk::ShaderModuleCreateInfo::default().code(&words);
-        // SAFETY: `words` is a whole number of 32-bit words, starting with
-        // the SPIR-V magic number. Its validity is not judged here: a WGSL
-        // kernel's words are naga's output for a module naga validated; a
-        // SPIR-V kernel's are the caller's promise, made `unsafe` when the
-        // kernel was built. (Invalid SPIR-V is undefined behaviour; drivers
-        // often, not always, answer it with an error code.)
+        // SAFETY: `words` is whole 32-bit words after the SPIR-V magic. Validity is naga's
+        // for WGSL, and the caller's `unsafe` promise for SPIR-V.
         let module = unsafe { device.create_shader_module(&info, None) }.map_err(|e| {
             compile_error(kernel, format!("the driver rejected the module: VK_{e:?}"))
         })?;

@@ -1,16 +1,9 @@
 //! Host writes, host reads and device copies, each ordered on a stream.
 //!
-//! A host write is never a `memcpy` into mapped memory, even where memory is
-//! mapped (lavapipe, unified memory): the stream may have batched work that
-//! reads or writes those bytes and has not run yet, so the write must take
-//! its place in the stream's order. Small writes (≤ 64 KiB) go into the
-//! command buffer itself with `vkCmdUpdateBuffer`; larger ones are staged in
-//! the stream's arena and copied. Either way a write inside a capture window
-//! keeps its bytes for every replay.
-//!
-//! A read submits the stream's batch, waits for its timeline value, and then
-//! copies out of the mapping — or, when device memory is not host-visible,
-//! first copies the range into a staging chunk on the device.
+//! A host write is never a `memcpy` into mapped memory: batched work not yet run may touch
+//! those bytes, so the write takes its place in stream order. Up to 64 KiB it goes inline
+//! with `vkCmdUpdateBuffer`; larger ones are staged in the stream's arena and copied.
+//! A read submits the batch, waits for it, and copies out of the mapping or a staging chunk.
 
 use ash::vk;
 use scope_core::{Error, Result};
@@ -18,16 +11,11 @@ use scope_core::{Error, Result};
 use crate::memory::{ALIGN, VulkanMemory};
 use crate::stream::OpenStream;
 
-/// The most `vkCmdUpdateBuffer` takes in one command.
 const INLINE_WRITE: usize = 65536;
 
 /// Write `data` at `offset` of `dst`, ordered on `stream`.
 ///
-/// # Safety
-///
-/// As for `Backend::write`: `dst` was allocated on `stream`'s device and is
-/// alive, and `offset..offset + data.len()` lies inside it, both multiples
-/// of 4.
+/// As for `Backend::write`: `dst` is alive on this device, and the range inside it, aligned to 4.
 pub(crate) unsafe fn write(
     stream: &mut OpenStream,
     dst: &VulkanMemory,
@@ -38,10 +26,8 @@ pub(crate) unsafe fn write(
         let target = dst.offset + offset;
         let cmd = rec.encoder.cmd;
         if data.len() <= INLINE_WRITE {
-            // SAFETY: `cmd` is recording. The Backend contract of `write`:
-            // `offset..offset + data.len()` lies inside `dst`, which is that
-            // many bytes at `dst.offset` of its live block buffer, and both
-            // are multiples of 4; the length is at most 64 KiB.
+            // SAFETY: `cmd` is recording. The Backend contract of `write` puts the range inside
+            // `dst`'s live block buffer, aligned to 4; the length is at most 64 KiB.
             unsafe {
                 rec.gpu
                     .vk()
@@ -55,9 +41,7 @@ pub(crate) unsafe fn write(
             dst_offset: target,
             size: data.len() as u64,
         };
-        // SAFETY: as above for the destination (the Backend contract of
-        // `write`); the staging range holds the bytes and its chunk stays
-        // alive until the submission (or graph) using it is gone.
+        // SAFETY: as above for the destination; the staging chunk outlives the submission.
         unsafe {
             rec.gpu
                 .vk()
@@ -71,9 +55,8 @@ pub(crate) unsafe fn write(
 ///
 /// # Safety
 ///
-/// As for `Backend::copy`: `src` and `dst` were allocated on `stream`'s
-/// device and are alive, each range lies inside its memory, and the two do
-/// not overlap when they are one memory.
+/// As for `Backend::copy`: both memories alive on this device, each range inside its memory,
+/// and no overlap within one memory.
 pub(crate) unsafe fn copy(
     stream: &mut OpenStream,
     src: &VulkanMemory,
@@ -88,11 +71,8 @@ pub(crate) unsafe fn copy(
             dst_offset: dst.offset + dst_offset,
             size: len,
         };
-        // SAFETY: the command buffer is recording. The Backend contract of
-        // `copy`: `src_offset..src_offset + len` lies inside `src` and
-        // `dst_offset..dst_offset + len` inside `dst`, so both lie in their
-        // live block buffers, and they do not overlap within one memory;
-        // distinct live allocations are disjoint ranges of a block.
+        // SAFETY: the command buffer is recording. The Backend contract of `copy` puts both
+        // ranges inside their live block buffers, not overlapping.
         unsafe {
             rec.gpu
                 .vk()
@@ -106,9 +86,8 @@ pub(crate) unsafe fn copy(
 ///
 /// # Safety
 ///
-/// As for `Backend::read`: `src` was allocated on `stream`'s device and is
-/// alive, `offset..offset + out.len()` lies inside it, and `stream` is not
-/// recording (so the staging copy goes into the batch submitted here).
+/// As for `Backend::read`: `src` is alive on this device, the range inside it, and `stream`
+/// not recording.
 pub(crate) unsafe fn read(
     stream: &mut OpenStream,
     src: &VulkanMemory,
@@ -126,10 +105,8 @@ pub(crate) unsafe fn read(
                 dst_offset: staged.offset(),
                 size: len,
             };
-            // SAFETY: the command buffer is recording. The Backend contract
-            // of `read`: `offset..offset + len` lies inside `src`, so in its
-            // live block buffer; the staging range of `len` bytes was just
-            // reserved.
+            // SAFETY: the command buffer is recording; the Backend contract of `read` puts the
+            // range inside `src`'s live buffer, and the staging range was just reserved.
             unsafe {
                 rec.gpu.vk().cmd_copy_buffer(
                     rec.encoder.cmd,
@@ -152,26 +129,17 @@ pub(crate) unsafe fn read(
         return Err(error);
     }
     let from = match &staged {
-        // SAFETY: the stream is not recording (this function's contract),
-        // so the staging chunk went with the stream's last submission and
-        // was at most recycled since (if the stream found that submission
-        // done), which leaves it mapped until the arena's next `reserve` or
-        // `take`; nothing was recorded or submitted after the copy into it.
+        // SAFETY: the stream is not recording, so the staging chunk went with its last
+        // submission and stays mapped until the arena's next `reserve` or `take`.
         Some(staged) => Some(unsafe { staged.host() }),
-        // SAFETY: the Backend contract of `read`: `src` is alive and
-        // `offset` is inside it.
+        // SAFETY: the Backend contract of `read`: `src` is alive and `offset` inside it.
         None => unsafe { src.host(offset) },
     };
     let Some(from) = from else {
         return Err(Error::internal("memory is neither mapped nor staged"));
     };
-    // SAFETY: the stream's work is complete and its last barrier made the
-    // writes visible to the host; `from` points at `len` mapped bytes (the
-    // Backend contract of `read` puts `offset..offset + len` inside `src`;
-    // a staging reservation is `len` long) that nothing on the device
-    // touches until more work is submitted, which needs the backend that
-    // `Backend::read`'s caller holds by `&mut`; `out` is the caller's
-    // slice, outside every mapping.
+    // SAFETY: the stream's work is complete and visible to the host. `from` points at `len`
+    // mapped bytes nothing on the device touches until the next submission; `out` is disjoint.
     unsafe { std::ptr::copy_nonoverlapping(from, out.as_mut_ptr(), out.len()) };
     stream.reclaim();
     Ok(())

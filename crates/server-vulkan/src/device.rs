@@ -1,29 +1,14 @@
 //! The instance, the chosen physical device, the logical device and its queue.
 //!
-//! Everything Vulkan hands out is owned by something that must be destroyed
-//! before the device, and the core drops a server's parts in an order it
-//! chooses (the backend before its streams). So the device lives in one
-//! [`Gpu`] behind an `Arc`: every object that needs the device to destroy
-//! itself holds a clone, and the device goes last whatever the order. The
-//! instance and the chosen physical device live one level up, in an
-//! [`Adapter`] every `Gpu` holds: a recovery (`Backend::reopen`) destroys
-//! the device and everything made on it, and opens a new one on the same
-//! adapter with [`Gpu::open`], the function that opened the first.
+//! The core drops a server's parts in an order it chooses, yet everything Vulkan hands out
+//! must go before the device. So the device lives in one [`Gpu`] behind an `Arc`, and every
+//! object needing it to destroy itself holds a clone. The instance and physical device live
+//! in an [`Adapter`], so a recovery opens a new device with [`Gpu::open`] on the same one.
 //!
-//! The device is picked by kind — discrete, integrated, virtual, then CPU —
-//! unless `SCOPE_VULKAN_DEVICE` names one by index (enumeration order) or by
-//! a substring of its name. A device qualifies when it offers Vulkan 1.2,
-//! timeline semaphores, `VK_KHR_push_descriptor` and a compute queue; the
-//! first is what streams are built on (one counter per stream, waited on by
-//! value), the second lets a launch write its descriptors into the command
-//! buffer itself, so a recorded command buffer replays without any
-//! descriptor set to keep alive or allocate.
-//!
-//! Which devices qualify, and their order, is `choice.rs`; the instance
-//! and its validation layer are `instance.rs`; why instances and devices
-//! are made and destroyed one at a time in the process, and every call is
-//! made through [`Gpu::vk`], is `lifecycle.rs`; opening the chosen one,
-//! and what it offers, is here.
+//! A device qualifies with Vulkan 1.2, timeline semaphores, `VK_KHR_push_descriptor` and a
+//! compute queue. Timelines carry the streams; pushed descriptors let a recorded buffer replay
+//! with no descriptor set to keep alive. Choice is `choice.rs`, the instance `instance.rs`,
+//! and the lock behind [`Gpu::vk`] `lifecycle.rs`.
 
 use std::ffi::CStr;
 use std::sync::Arc;
@@ -51,65 +36,44 @@ pub(crate) use lifecycle::{Guarded, calling};
 pub(crate) struct Limits {
     pub min_storage_offset: u64,
     pub max_storage_range: u64,
-    /// `minUniformBufferOffsetAlignment` and `maxUniformBufferRange`: where
-    /// a device-address kernel's table of addresses may be staged, and how
-    /// many addresses it may hold.
+    /// Where a device-address kernel's table of addresses may be staged, and its size.
     pub min_uniform_offset: u64,
     pub max_uniform_range: u64,
     pub max_memory_allocation: u64,
     pub max_buffer_size: u64,
     pub max_groups: [u32; 3],
-    /// `maxComputeWorkGroupSize`, `maxComputeWorkGroupInvocations` and
-    /// `maxComputeSharedMemorySize`: what a kernel may declare. A pipeline
-    /// past them is invalid usage, which Vulkan leaves undefined, so a WGSL
-    /// kernel past them does not compile.
+    /// What a kernel may declare; a pipeline past them is undefined, so it does not compile.
     pub max_workgroup_size: [u32; 3],
     pub max_invocations: u32,
     pub max_workgroup_memory: u32,
-    /// `subgroupSize` (Vulkan 1.1): the lanes the device runs in lockstep;
-    /// 0 where it does not say. A compute kernel of SPIR-V below 1.6 (the
-    /// server emits 1.3) runs in subgroups of exactly this size.
+    /// `subgroupSize`, 0 where unknown; SPIR-V below 1.6 runs in subgroups of this size.
     pub subgroup_width: u32,
-    /// `subgroupSupportedStages` and `subgroupSupportedOperations`: where
-    /// and which subgroup operations the device runs.
+    /// Where and which subgroup operations the device runs.
     pub subgroup_stages: vk::ShaderStageFlags,
     pub subgroup_operations: vk::SubgroupFeatureFlags,
-    /// `maxPushConstantsSize`.
     pub max_push_constants: u32,
-    /// How many storage buffers one kernel's layout may declare:
-    /// `maxPushDescriptors` (every binding is pushed),
-    /// `maxPerStageDescriptorStorageBuffers` and
-    /// `maxDescriptorSetStorageBuffers`, whichever is least. A layout past
-    /// any of them is invalid usage, which Vulkan leaves undefined.
+    /// The least of `maxPushDescriptors` and the per-stage and per-set storage buffer limits.
     pub max_bindings: u32,
     /// The memory type pooled allocations come from, and its heap's size.
     pub device_type: u32,
     pub device_heap: u64,
     /// Whether that type can be mapped (unified memory, or lavapipe).
     pub device_mappable: bool,
-    /// A host-visible, coherent type for staging and scalars.
     pub host_type: u32,
 }
 
-/// The instance and the physical device chosen on it: what outlives every
-/// device the server opens, so that a recovery opens the same device again
-/// (same physical device, same queue family, and from the same queries the
-/// same features and extensions) and the validation layer's messages carry
-/// over.
+/// The instance and the chosen physical device: what a recovery opens the same device on.
 pub(crate) struct Adapter {
     pub instance: Instance,
     pub physical: vk::PhysicalDevice,
     pub props: vk::PhysicalDeviceProperties,
     pub name: String,
-    /// The compute queue family.
     pub family: u32,
 }
 
 impl Adapter {
-    /// The instance and the physical device `config` and the environment
-    /// ask for.
+    /// The instance and the physical device `config` and the environment ask for.
     pub(crate) fn open(config: &Config) -> Result<Arc<Adapter>> {
-        // On an error below, dropping `instance` destroys it.
         let instance = Instance::open(config)?;
         let all = candidates(&instance.raw);
         let (index, family) = choose(&instance.raw, &all, config.device)?;
@@ -123,7 +87,6 @@ impl Adapter {
         }))
     }
 
-    /// The device, for a person.
     pub(crate) fn describe(&self) -> String {
         let api = self.props.api_version;
         format!(
@@ -139,50 +102,30 @@ impl Adapter {
 
 /// The device and everything created with it that lives as long as it.
 pub(crate) struct Gpu {
-    /// The instance and physical device it was opened on.
     pub adapter: Arc<Adapter>,
-    /// The device's entry points: called through [`Gpu::vk`], which holds
-    /// the lifecycle lock's read side while the layer is loaded
-    /// (`lifecycle.rs`).
+    /// Called through [`Gpu::vk`], which takes the lifecycle lock (`lifecycle.rs`).
     device: ash::Device,
-    /// `VK_KHR_push_descriptor`'s entry points, through [`Gpu::push`].
     push_descriptor: ash::khr::push_descriptor::Device,
     pub queue: vk::Queue,
     pub family: u32,
     pub limits: Limits,
     pub bda: bool,
-    /// Whether `vulkanMemoryModel` is enabled: with `bda`, what SPIR-V that
-    /// reaches buffers by device address (cubecl's) needs.
+    /// `vulkanMemoryModel`: with `bda`, what cubecl's device-address SPIR-V needs.
     pub memory_model: bool,
-    /// Whether `robustBufferAccess` is enabled: a descriptor access past
-    /// its binding's range then stays inside it (reads give zeros or values
-    /// of the binding, writes are dropped or land inside it), whatever the
-    /// module does.
+    /// `robustBufferAccess`: a descriptor access past its binding stays inside it.
     pub robust: bool,
-    /// What naga may emit for this device: the optional shader
-    /// capabilities whose device features are enabled.
+    /// The shader capabilities naga may emit for this device.
     pub capabilities: naga::valid::Capabilities,
-    /// The subgroup operations naga may emit, in compute kernels: the
-    /// device's, where subgroups are enabled ([`Features::subgroups`]);
-    /// none otherwise.
+    /// The subgroup operations naga may emit; none without [`Features::subgroups`].
     pub subgroup_operations: naga::valid::SubgroupOperationSet,
-    /// The optional features enabled on the device.
     pub features: Features,
-    /// Whether `shaderZeroInitializeWorkgroupMemory` (Vulkan 1.3) is
-    /// enabled: WGSL's zero-initialised workgroup memory is then the
-    /// driver's, instead of naga's polyfill — a store loop and a barrier at
-    /// the top of every kernel, which lavapipe (Mesa 22.3) runs into a hang
-    /// on cubecl's tiled matmul.
+    /// `shaderZeroInitializeWorkgroupMemory`: the driver zeroes workgroup memory, not naga's
+    /// polyfill, which hangs lavapipe (Mesa 22.3) on cubecl's tiled matmul.
     pub zero_init: bool,
-    /// Set when a wait for the device timed out or failed for a reason
-    /// other than device loss: work may still be running that nobody can
-    /// wait for any more. Teardown then leaks what that work may use
-    /// instead of destroying it (and does not wait again, unboundedly, in
-    /// `vkDeviceWaitIdle`). A lost device runs nothing, so loss does not
-    /// set it.
+    /// Set when a wait timed out or failed but for loss: work may still run. Teardown then
+    /// leaks what it may use instead of destroying it.
     pub hung: AtomicBool,
-    /// How long one host wait may take before it gives up: 120 s, or
-    /// `SCOPE_VULKAN_WAIT_TIMEOUT_MS`.
+    /// How long one host wait may take: 120 s, or `SCOPE_VULKAN_WAIT_TIMEOUT_MS`.
     pub wait_timeout_ns: u64,
 }
 
@@ -194,16 +137,12 @@ impl Drop for Gpu {
                 "work on the device never finished; leaking the device rather than destroying \
                  it under running work"
             );
-            // The instance must outlive the device it made, which is never
-            // destroyed now: a reference that is never dropped keeps it.
+            // The instance must outlive the device, which is never destroyed now.
             std::mem::forget(self.adapter.clone());
             return;
         }
-        // SAFETY: the last `Arc<Gpu>` is going, so every object created
-        // from the device (each holds a clone) is already destroyed.
-        // Nothing is hung, so the wait is for work that finishes (a lost
-        // device answers at once). The instance goes after, with the last
-        // `Arc<Adapter>`.
+        // SAFETY: the last `Arc<Gpu>` is going, so every object made from the device is gone.
+        // Nothing is hung, so the wait ends. The instance goes after, with the `Adapter`.
         let _ = unsafe { self.vk().device_wait_idle() };
         // SAFETY: as above; the wait is over.
         one_at_a_time(|| unsafe { self.device.destroy_device(None) });
@@ -213,51 +152,30 @@ impl Drop for Gpu {
 /// How to open the device.
 #[derive(Clone, Debug, Default)]
 pub struct Config {
-    /// Enable `VK_LAYER_KHRONOS_validation` and collect what it says (see
-    /// `Vulkan::validation_messages`). Where the layer is not installed the
-    /// device opens without it (`Vulkan::validating` says so) — except
-    /// under CI (`CI=true`) or when `SCOPE_REQUIRE` names vulkan, where
-    /// asking for it makes it a requirement and opening is
-    /// [`Error::Refused`](scope_core::Error::Refused), naming the layer and
-    /// its package ([`VALIDATION_LAYER_MISSING`]): a test that promises
-    /// validation must not pass there without it.
+    /// Enable `VK_LAYER_KHRONOS_validation` and collect what it says. Where the layer is
+    /// missing the device opens without it, except where CI requires it: then opening is
+    /// [`Error::Refused`](scope_core::Error::Refused) ([`VALIDATION_LAYER_MISSING`]).
     pub validation: bool,
-    /// Panic when the backend is dropped with validation messages
-    /// collected and unread. For tests: it turns a message anywhere in a
-    /// test into a failure of that test.
+    /// Panic when the backend drops with validation messages unread. For tests.
     pub fail_on_validation: bool,
-    /// Treat device memory as not host-visible even when it is, so reads
-    /// and writes take the staging path a discrete GPU takes. For tests on
-    /// unified-memory devices (lavapipe).
+    /// Treat device memory as not host-visible, taking a discrete GPU's staging path. For tests.
     pub force_staging: bool,
-    /// Which device to open, numbered `0..`[`device_count`]: device 0 is
-    /// the one `SCOPE_VULKAN_DEVICE` names, or else the best by kind
-    /// (hardware first), then every other usable device by kind. `None`
-    /// is device 0.
+    /// Which device to open, of `0..`[`device_count`]; `None` is device 0, the best by kind.
     pub device: Option<usize>,
 }
 
-/// The optional features the device was opened with: each enabled where
-/// the device offers it, and reported in `launch_limits`.
+/// The optional features enabled where offered, reported in `launch_limits`.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Features {
-    /// `f16` in kernels: `shaderFloat16`, with `storageBuffer16BitAccess`
-    /// and `uniformAndStorageBuffer16BitAccess` so that it can live in a
-    /// buffer (what wgpu asks for `SHADER_F16`).
+    /// `f16` in kernels, with 16-bit storage so it can live in a buffer.
     pub f16: bool,
-    /// Subgroup operations in compute kernels: the device runs subgroups
-    /// in the compute stage with the basic, vote, arithmetic, ballot,
-    /// shuffle and relative-shuffle operations (Vulkan 1.1's subgroup
-    /// properties; nothing to enable, but the SPIR-V must be 1.3).
+    /// Subgroup operations in compute kernels, as Vulkan 1.1 reports them; SPIR-V 1.3.
     pub subgroups: bool,
-    /// Atomic load, store, exchange and add of `f32` in storage buffers:
-    /// `VK_EXT_shader_atomic_float`'s `shaderBufferFloat32Atomics` and
-    /// `shaderBufferFloat32AtomicAdd`.
+    /// Atomic load, store, exchange and add of `f32` (`VK_EXT_shader_atomic_float`).
     pub f32_atomics: bool,
 }
 
-/// The subgroup operations [`Features::subgroups`] needs: what a subgroup
-/// kernel (WGSL's, cubecl's plane operations) takes for granted.
+/// The subgroup operations [`Features::subgroups`] needs: what cubecl's plane operations assume.
 const SUBGROUP_OPERATIONS: vk::SubgroupFeatureFlags = vk::SubgroupFeatureFlags::from_raw(
     vk::SubgroupFeatureFlags::BASIC.as_raw()
         | vk::SubgroupFeatureFlags::VOTE.as_raw()
@@ -267,7 +185,6 @@ const SUBGROUP_OPERATIONS: vk::SubgroupFeatureFlags = vk::SubgroupFeatureFlags::
         | vk::SubgroupFeatureFlags::SHUFFLE_RELATIVE.as_raw(),
 );
 
-/// naga's name for each subgroup operation the device offers.
 fn naga_subgroup_operations(
     offered: vk::SubgroupFeatureFlags,
 ) -> naga::valid::SubgroupOperationSet {
@@ -357,10 +274,8 @@ fn memory_facts(
 }
 
 impl Gpu {
-    /// Open a device on `adapter`'s physical device, with every feature
-    /// and extension the server uses that it offers: what `Vulkan::new`
-    /// opens, and what a recovery opens again once it gave the lost one
-    /// up. The limits and features are asked anew each time.
+    /// Open a device on `adapter` with every feature and extension used that it offers.
+    /// `Vulkan::new` and a recovery both open it here, asking the limits anew.
     pub(crate) fn open(adapter: &Arc<Adapter>, config: &Config) -> Result<Arc<Gpu>> {
         let instance = &adapter.instance.raw;
         let api = adapter.instance.api;
@@ -384,8 +299,7 @@ impl Gpu {
         let mut supported = vk::PhysicalDeviceVulkan12Features::default();
         let mut supported13 = vk::PhysicalDeviceVulkan13Features::default();
         let mut supported_atomic_float = vk::PhysicalDeviceShaderAtomicFloatFeaturesEXT::default();
-        // The 1.3 structure only where instance and device both speak 1.3;
-        // an extension's only where the device offers the extension.
+        // The 1.3 structure only where both speak 1.3; an extension's only where offered.
         let v13 = api >= vk::API_VERSION_1_3 && props.api_version >= vk::API_VERSION_1_3;
         let mut features = vk::PhysicalDeviceFeatures2::default()
             .push_next(&mut supported11)
@@ -510,11 +424,7 @@ impl Gpu {
         }))
     }
 
-    /// The device's entry points, for one call (or a few in a row: keep
-    /// the value no longer than the statement that calls, and never across
-    /// a device's creation or destruction). While the validation layer is
-    /// loaded it holds the lifecycle lock's read side, so no instance or
-    /// device is made or destroyed during the call (`lifecycle.rs`).
+    /// The device's entry points for one statement, holding the lifecycle lock's read side.
     pub(crate) fn vk(&self) -> Guarded<'_, ash::Device> {
         Guarded::new(&self.device)
     }
@@ -524,20 +434,17 @@ impl Gpu {
         Guarded::new(&self.push_descriptor)
     }
 
-    /// The entry points with no lock held, for the bench's raw baseline
-    /// only ([`Vulkan::raw`](crate::Vulkan::raw)), which runs without the
-    /// layer.
+    /// The entry points with no lock, for the bench's baseline only
+    /// ([`Vulkan::raw`](crate::Vulkan::raw)).
     pub(crate) fn unguarded(&self) -> (&ash::Device, &ash::khr::push_descriptor::Device) {
         (&self.device, &self.push_descriptor)
     }
 
-    /// Whether a wait gave up on work that may still be running (see
-    /// [`Gpu::hung`]).
+    /// Whether a wait gave up on work that may still be running.
     pub(crate) fn is_hung(&self) -> bool {
         self.hung.load(Ordering::Acquire)
     }
 
-    /// Remember that a wait gave up on running work.
     pub(crate) fn mark_hung(&self) {
         if !self.hung.swap(true, Ordering::AcqRel) {
             tracing::error!(
@@ -548,22 +455,18 @@ impl Gpu {
     }
 }
 
-/// `vkCreateDevice` on `physical` as `info` says; a refusal is the backend
-/// unavailable, naming the device.
+/// `vkCreateDevice` on `physical`; a refusal is the backend unavailable.
 fn create_device(
     instance: &ash::Instance,
     physical: vk::PhysicalDevice,
     info: &vk::DeviceCreateInfo<'_>,
     name: &str,
 ) -> Result<ash::Device> {
-    // SAFETY: `info` and what it points at outlive the call; the physical
-    // device was enumerated on `instance`, which is alive.
+    // SAFETY: `info` outlives the call; `physical` belongs to the live `instance`.
     one_at_a_time(|| unsafe { instance.create_device(physical, info, None) })
         .map_err(|e| unavailable(format!("vkCreateDevice on {name} failed: {e}")))
 }
 
-/// The wait timeout `SCOPE_VULKAN_WAIT_TIMEOUT_MS` asks for (at least
-/// 1 ms), or the default.
 fn wait_timeout_ns() -> u64 {
     std::env::var("SCOPE_VULKAN_WAIT_TIMEOUT_MS")
         .ok()

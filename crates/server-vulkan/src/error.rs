@@ -1,34 +1,25 @@
 //! Classifying a `VkResult` into the core's typed [`Error`].
 //!
-//! The same `VkResult` means different things at different call sites, so
-//! classification takes the site as well as the code. Out-of-memory at an
-//! allocation is [`Error::OutOfMemory`] and not sticky (rule 37); the same
-//! code from `vkQueueSubmit` means the batch never ran, which is a fault of
-//! the work in flight, not of an allocation — so it becomes a non-sticky
-//! [`Error::Fault`] that the core attributes to that work (rule 23).
-//! `VK_ERROR_DEVICE_LOST` is sticky wherever it surfaces (rule 36): Vulkan
-//! declares every later call on the device undefined.
+//! The same `VkResult` means different things at different call sites, so classification
+//! takes the site. Out-of-memory at an allocation is [`Error::OutOfMemory`], not sticky
+//! (rule 37). From `vkQueueSubmit` it means the batch never ran: a non-sticky
+//! [`Error::Fault`] of the work in flight (rule 23). `VK_ERROR_DEVICE_LOST` is sticky
+//! everywhere (rule 36), since Vulkan declares every later call undefined.
 
 use std::sync::Arc;
 
 use ash::vk;
 use scope_core::{DeviceFault, Error, FaultClass};
 
-/// The backend's name in every error.
 pub(crate) const NAME: &str = "vulkan";
 
 /// Where a Vulkan call failed: decides what its `VkResult` means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Site {
-    /// `vkAllocateMemory`, `vkCreateBuffer` for pooled memory.
     Allocate,
-    /// Recording into a command buffer (begin, end, allocation of one).
     Record,
-    /// `vkQueueSubmit`.
     Submit,
-    /// A host wait on a timeline semaphore.
     Wait,
-    /// Object creation for a stream or a graph.
     Create,
 }
 
@@ -93,8 +84,7 @@ pub(crate) fn launch_error(
     }
 }
 
-/// The backend is not usable here: the loader, an instance or a device is
-/// missing.
+/// The backend is not usable here: no loader, instance or device.
 pub(crate) fn unavailable(reason: impl Into<String>) -> Error {
     Error::BackendUnavailable {
         backend: NAME,

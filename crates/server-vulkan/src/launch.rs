@@ -1,47 +1,21 @@
-//! Recording a launch: the launch checks, the descriptors or addresses a
-//! launch pushes, the indirect-count guard, and the dispatch.
+//! Recording a launch: the launch checks, what a launch pushes, the count guard, the dispatch.
 //!
-//! **Why recording is a module apart from compiling.** Everything here runs
-//! on every launch, inside the stream's `record`, against a
-//! [`VulkanKernel`] that `compile.rs` made: it reads the kernel's
-//! interface and never a module, and makes no long-lived object — what it
-//! stages (scalar blobs, address tables, the guard's scratch slot) goes in
-//! the stream's arena, which travels with the submission or the graph. It
-//! is also the one place a launch's device commands are recorded on the
-//! caller's offsets, so it is where the `Backend` contract's `unsafe`
-//! lands: [`launch`] and its helpers are `unsafe fn`s whose Safety
-//! sections are `Backend::launch`'s promise, and every `SAFETY` comment
-//! here cites that promise or [`check`]. Compilation, which holds none of
-//! those promises, stays out of the way of reading them.
+//! **Why apart from compiling.** This runs on every launch, against a [`VulkanKernel`]
+//! that `compile.rs` made, and makes no long-lived object: what it stages goes in the arena.
+//! It is where the `Backend` contract's `unsafe` lands. Every `SAFETY` comment here cites
+//! `Backend::launch`'s promise or [`check`].
 //!
-//! **Launch checks.** Everything about a launch that the device's limits
-//! decide — the binding count against the kernel's layout, each binding's
-//! size against `maxStorageBufferRange`, a device-address kernel's
-//! bindings having addresses — is checked by [`check`], which the core
-//! calls before it opens the launch's scope, so a launch no device could
-//! run is an `InvalidArgument` that claims nothing. Host-side workgroup
-//! counts are the core's to check, against `launch_limits`' grid
-//! (`maxComputeWorkGroupCount`). [`launch`] runs `check` again before
-//! recording: pushing descriptors a layout does not have is undefined
-//! behaviour, and a few compares rule it out whoever the caller is.
+//! **Launch checks.** [`check`] runs before the core opens the launch's scope, so a launch no
+//! device could run is an `InvalidArgument` that claims nothing. [`launch`] runs it again:
+//! pushing descriptors a layout lacks is undefined behaviour.
 //!
-//! **What a launch pushes.** A descriptor kernel gets its bindings (and
-//! the scalar blob, staged in the arena) as pushed storage-buffer
-//! descriptors. A device-address kernel gets the addresses of its bindings
-//! (offset included) and of the staged blob, in that order: as push
-//! constants, or staged in the arena as a table pushed as its one
-//! uniform-buffer descriptor. The buffers are still the launch's bindings,
-//! with their access: the core's read and write sets, and so every rule of
-//! the failure model, are the same for both.
+//! **What a launch pushes.** A descriptor kernel gets pushed storage-buffer descriptors.
+//! A device-address kernel gets addresses, as push constants or a staged uniform table.
+//! Either way the buffers are the launch's bindings, so the read and write sets agree.
 //!
-//! **Indirect counts** live in device memory, where no host check reaches
-//! them, and a count past `maxComputeWorkGroupCount` is invalid usage
-//! (lavapipe runs `u32::MAX` groups for hours). So an indirect launch first
-//! runs a one-invocation guard kernel (compiled once, by
-//! `Pipelines::guard`) that copies the three counts into a scratch slot of
-//! the stream's arena — all three zeroed if any is past the device's limit
-//! — and dispatches from the scratch slot: **an indirect count past the
-//! device's limit runs nothing**, as wgpu's indirect validation does.
+//! **Indirect counts** live in device memory, beyond any host check. Lavapipe runs
+//! `u32::MAX` groups for hours. A guard kernel copies the counts to a scratch slot, zeroed if
+//! any is past the limit: **an indirect count past the device's limit runs nothing**.
 
 use ash::vk;
 use scope_core::backend::{BoundDispatch, Launch};
@@ -54,9 +28,7 @@ use crate::error::launch_error;
 use crate::memory::VulkanMemory;
 use crate::stream::{OpenStream, Recorder};
 
-/// What the device's limits say about `launch` of `kernel`: the core calls
-/// this (`Backend::check_launch`) before it opens the launch's scope, so a
-/// launch refused here is an invalid argument that claims nothing.
+/// What the device's limits say about `launch` of `kernel`, before the launch's scope opens.
 pub(crate) fn check(
     gpu: &Gpu,
     kernel: &VulkanKernel,
@@ -129,37 +101,27 @@ pub(crate) fn check(
             }
         }
     }
-    // Host-given workgroup counts: the core checked them against
-    // `launch_limits`' grid (maxComputeWorkGroupCount).
     Ok(())
 }
 
-/// The bytes a scalar blob takes when staged: padded to 16 (a `vec4`'s
-/// alignment, which a blob struct may have).
+/// A scalar blob's staged size: padded to 16, a `vec4`'s alignment.
 fn scalar_len(scalars: &[u8]) -> u64 {
     (scalars.len() as u64).div_ceil(16) * 16
 }
 
-/// Record `launch` of `kernel` on `stream`. An indirect launch needs the
-/// count guard (`Pipelines::guard`).
+/// Record `launch` of `kernel` on `stream`; an indirect launch needs the count guard.
 ///
 /// # Safety
 ///
-/// As for `Backend::launch`: `kernel`, `guard` and every memory in
-/// `launch` were made on `stream`'s device and are alive; every binding's range lies inside
-/// its memory at a `binding_alignment` offset, an indirect dispatch's 12
-/// bytes inside theirs, and host-given counts are within the device's
-/// `maxComputeWorkGroupCount`.
+/// As for `Backend::launch`: all is alive on this device, each binding inside its memory at a
+/// `binding_alignment` offset, indirect counts inside theirs, host counts within limits.
 pub(crate) unsafe fn launch(
     stream: &mut OpenStream,
     kernel: &VulkanKernel,
     guard: Option<&VulkanKernel>,
     launch: &Launch<'_, VulkanMemory>,
 ) -> Result<()> {
-    // The Backend contract says `check_launch` accepted this launch; a
-    // mismatch recorded anyway would push descriptors the layout does not
-    // have (undefined behaviour), so a few compares make sure of it here
-    // rather than trust a promise this crate can keep for itself.
+    // A mismatch recorded anyway would push descriptors the layout lacks.
     check(&stream.gpu, kernel, launch)?;
     let id = stream.id;
     let min_offset = stream.gpu.limits.min_storage_offset;
@@ -174,40 +136,30 @@ pub(crate) unsafe fn launch(
                         "an indirect launch without the count guard",
                     ));
                 };
-                // SAFETY: the Backend contract of `launch`: the 12 bytes at
-                // `offset` lie inside `memory`, which is alive.
+                // SAFETY: the Backend contract of `launch`: the 12 bytes lie inside `memory`.
                 let (buffer, offset) =
                     unsafe { guard_counts(rec, guard, memory, *offset, min_offset)? };
                 Counts::Device(buffer, offset)
             }
         };
         match kernel.interface {
-            // SAFETY: the Backend contract of `launch`: every binding is a
-            // live memory's range at an aligned offset; `check` matched the
-            // binding count to the kernel's layout and each length to
-            // `maxStorageBufferRange`.
+            // SAFETY: the Backend contract of `launch`; `check` matched the bindings to the
+            // layout and each length to `maxStorageBufferRange`.
             Interface::Descriptors(_) => unsafe {
                 push_descriptors(rec, kernel, launch, min_offset)?
             },
-            // SAFETY: the Backend contract of `launch`: every binding is a
-            // live memory's range; `check` matched the binding count to the
-            // kernel's address count.
+            // SAFETY: the Backend contract of `launch`; `check` matched the address count.
             Interface::Addresses { table, .. } => unsafe {
                 push_addresses(rec, kernel, launch, min_offset, table)?
             },
         }
         let cmd = rec.encoder.cmd;
         match dispatch {
-            // SAFETY: `cmd` is recording with the kernel's pipeline bound
-            // and every binding it reads pushed; the Backend contract of
-            // `launch` puts host-given counts within `launch_limits`'
-            // `max_workgroups`, which is the device's
-            // maxComputeWorkGroupCount.
+            // SAFETY: `cmd` is recording, the pipeline bound and bindings pushed; the Backend
+            // contract puts host counts within `maxComputeWorkGroupCount`.
             Counts::Host([x, y, z]) => unsafe { rec.gpu.vk().cmd_dispatch(cmd, x, y, z) },
-            // SAFETY: as above; the counts are 12 bytes the guard wrote at
-            // a 4-aligned offset of an arena buffer with indirect usage,
-            // each within the device's limits or all zero, and the barrier
-            // after the guard makes them visible to the indirect read.
+            // SAFETY: as above; the guard wrote the counts, within limits or zero, and its
+            // barrier makes them visible to the indirect read.
             Counts::Device(buffer, offset) => unsafe {
                 rec.gpu.vk().cmd_dispatch_indirect(cmd, buffer, offset)
             },
@@ -218,20 +170,16 @@ pub(crate) unsafe fn launch(
 
 /// Where a dispatch's counts come from.
 enum Counts {
-    /// Given on the host.
     Host([u32; 3]),
-    /// Checked by the guard, in this buffer at this offset.
     Device(vk::Buffer, u64),
 }
 
-/// Record the count guard: copy the three counts at `offset` of `memory`
-/// into a fresh scratch slot, zeroed if any is past the device's limit,
-/// and order the dispatch that reads the slot after it. Returns the slot.
+/// Record the count guard: copy the counts at `offset` of `memory` to a scratch slot,
+/// zeroed if any is past the limit. Returns the slot.
 ///
 /// # Safety
 ///
-/// `memory` is alive and `offset..offset + 12` lies inside it: the guard
-/// binds the block buffer up to those 12 bytes.
+/// `memory` is alive and `offset..offset + 12` lies inside it.
 unsafe fn guard_counts(
     rec: &mut Recorder<'_>,
     guard: &VulkanKernel,
@@ -240,9 +188,7 @@ unsafe fn guard_counts(
     min_offset: u64,
 ) -> Result<(vk::Buffer, u64)> {
     let scratch = rec.arena.reserve(12, min_offset)?;
-    // The counts are the last three words of a binding that starts at the
-    // alignment below them (a storage binding's offset must be aligned;
-    // the counts need only be 4-aligned).
+    // A storage binding's offset must be aligned; the counts need only be 4-aligned.
     let at = memory.offset + offset;
     let start = at / min_offset * min_offset;
     let infos = [
@@ -264,14 +210,9 @@ unsafe fn guard_counts(
         .dst_binding(0)
         .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
         .buffer_info(&infos);
-    // SAFETY: `cmd` is recording with the guard bound; its layout has two
-    // push-descriptor storage bindings, filled here from binding 0: the
-    // counts' range, from the aligned offset at or below them (an
-    // allocation starts at an `ALIGN`ed offset, a multiple of the device's
-    // alignment) to their end, inside the live allocation by this
-    // function's contract; and the scratch slot just reserved at an
-    // aligned offset of an arena chunk that travels with the submission
-    // (or graph).
+    // SAFETY: `cmd` is recording with the guard bound, whose layout has two storage bindings.
+    // The counts' range starts at an aligned offset inside the live allocation (this
+    // function's contract); the scratch slot was just reserved in a chunk that travels along.
     unsafe {
         gpu.push().cmd_push_descriptor_set(
             cmd,
@@ -282,7 +223,6 @@ unsafe fn guard_counts(
         );
         gpu.vk().cmd_dispatch(cmd, 1, 1, 1);
     }
-    // The dispatch's indirect read must see the guard's write.
     rec.encoder.needs_barrier = true;
     rec.encoder.barrier(gpu);
     Ok((scratch.buffer(), scratch.offset()))
@@ -290,12 +230,11 @@ unsafe fn guard_counts(
 
 /// Bind a descriptor kernel and push its bindings and staged scalars.
 ///
+///
 /// # Safety
 ///
-/// Every binding's memory is alive and its range lies inside it at an
-/// offset aligned to `min_offset`, at most `maxStorageBufferRange` long;
-/// the launch's binding count (with the blob) is the kernel's layout's
-/// (`check`).
+/// Every binding's memory is alive, its range inside it at an aligned offset, within
+/// `maxStorageBufferRange`; the binding count is the layout's (`check`).
 unsafe fn push_descriptors(
     rec: &mut Recorder<'_>,
     kernel: &VulkanKernel,
@@ -322,28 +261,19 @@ unsafe fn push_descriptors(
     }
     rec.encoder.bind(rec.gpu, kernel.pipeline);
     if !infos.is_empty() {
-        // SAFETY: the kernel is bound; its layout is a push-descriptor
-        // layout of exactly `infos.len()` storage-buffer bindings (this
-        // function's contract); every range lies in a live buffer at an
-        // aligned offset and within maxStorageBufferRange (the bindings by
-        // this function's contract, the arena's scalars at `min_offset`,
-        // padded to at most the range `check` allowed), and the arena
-        // travels with the submission.
+        // SAFETY: the kernel is bound, its layout `infos.len()` pushed storage bindings (this
+        // function's contract). Every range is live, aligned and in range; the arena travels.
         unsafe { push_set(rec, kernel, vk::DescriptorType::STORAGE_BUFFER, &infos) };
     }
     Ok(())
 }
 
-/// Push `infos` as the bound kernel's set 0, one `kind` descriptor per
-/// binding from 0 — the one place a launch writes descriptors.
+/// Push `infos` as the bound kernel's set 0: the one place a launch writes descriptors.
 ///
 /// # Safety
 ///
-/// `kernel` is bound on `rec`'s recording command buffer; its layout was
-/// made with the push-descriptor flag and has exactly `infos.len()` `kind`
-/// bindings of one element each; every range is valid for `kind` (usage,
-/// offset alignment, size limit) and its buffer lives until the submission
-/// completes.
+/// `kernel` is bound on the recording buffer; its push-descriptor layout has `infos.len()`
+/// `kind` bindings. Every range is valid for `kind`, its buffer alive until completion.
 unsafe fn push_set(
     rec: &mut Recorder<'_>,
     kernel: &VulkanKernel,
@@ -354,9 +284,7 @@ unsafe fn push_set(
         .dst_binding(0)
         .descriptor_type(kind)
         .buffer_info(infos);
-    // SAFETY: the caller's promise above is exactly what
-    // vkCmdPushDescriptorSetKHR requires of the command buffer, the layout
-    // and the descriptors.
+    // SAFETY: the caller's promise is what vkCmdPushDescriptorSetKHR requires.
     unsafe {
         rec.gpu.push().cmd_push_descriptor_set(
             rec.encoder.cmd,
@@ -368,16 +296,13 @@ unsafe fn push_set(
     };
 }
 
-/// Bind a device-address kernel and give it the addresses of the bindings
-/// and of the staged scalar blob, in that order: as push constants, or,
-/// for a kernel that takes them as a uniform table (`table`), staged in the
-/// arena and pushed as its one uniform-buffer descriptor.
+/// Bind a device-address kernel and give it the bindings' and the blob's addresses: as push
+/// constants, or as a uniform table (`table`) staged in the arena.
 ///
 /// # Safety
 ///
-/// Every binding's memory is alive and its range lies inside it: the
-/// kernel may reach any byte of the addresses given. The launch's address
-/// count (with the blob) is the kernel's (`check`).
+/// Every binding's memory is alive, its range inside it: the kernel may reach any byte.
+/// The address count is the kernel's (`check`).
 unsafe fn push_addresses(
     rec: &mut Recorder<'_>,
     kernel: &VulkanKernel,
@@ -414,22 +339,15 @@ unsafe fn push_addresses(
             offset: staged.offset(),
             range: len,
         }];
-        // SAFETY: the kernel is bound; its layout is the push-descriptor
-        // table layout, one uniform buffer at binding 0; the range is arena
-        // memory with uniform usage, at a `minUniformBufferOffsetAlignment`
-        // offset, within `maxUniformBufferRange` (compile checked the
-        // table's size), and travels with the submission; every address in
-        // it is of a live binding range (this function's contract) or of
-        // the staged blob.
+        // SAFETY: the kernel is bound; its layout is one pushed uniform buffer. The range is
+        // aligned arena memory within `maxUniformBufferRange` (compile checked the size);
+        // every address in it is live (this function's contract) or the staged blob.
         unsafe { push_set(rec, kernel, vk::DescriptorType::UNIFORM_BUFFER, &info) };
         return Ok(());
     }
     rec.encoder.bind(gpu, kernel.pipeline);
-    // SAFETY: the command buffer is recording with the kernel bound; the
-    // layout has one compute push-constant range of exactly `bytes.len()`
-    // bytes (the interface's address count, checked against the launch by
-    // `check`); every address is of a live binding range (this function's
-    // contract), or of arena memory that travels with the submission.
+    // SAFETY: the kernel is bound; its layout has one push-constant range of `bytes.len()`
+    // (`check`); every address is live (this function's contract) or arena memory.
     unsafe {
         gpu.vk().cmd_push_constants(
             rec.encoder.cmd,

@@ -1,37 +1,19 @@
 //! Device memory: a pool of large blocks, and host-visible arenas.
 //!
-//! **Why a pool of our own rather than `gpu-allocator`.** `gpu-allocator`
-//! 0.28 does use ash 0.38, but it hands out raw `VkDeviceMemory` ranges, to
-//! which each allocation must bind a `VkBuffer` of its own — a
-//! `vkCreateBuffer` and `vkBindBufferMemory` per allocation, and a buffer
-//! handle per binding in every descriptor push. A compute server binds only
-//! storage buffers, so each block here is one `VkDeviceMemory` with one
-//! `VkBuffer` over all of it, and an allocation is an offset into that
-//! buffer: allocating is a free-list search with no driver call, and a
-//! binding is (block buffer, offset). The pool also has to hold freed ranges
-//! back until the work using them is done, which an allocator's `free`
-//! cannot know; that bookkeeping is the larger half either way.
+//! **Why our own pool, not `gpu-allocator`.** It hands out raw `VkDeviceMemory` ranges, each
+//! needing a `VkBuffer` of its own: two driver calls per allocation, a handle per binding.
+//! Here a block is one `VkDeviceMemory` under one `VkBuffer`, and an allocation an offset.
+//! Allocating is a free-list search with no driver call. Holding freed ranges back until
+//! their work is done, the larger half, is ours either way.
 //!
-//! - Blocks are [`BLOCK_SIZE`] (clamped to the driver's limits); a request
-//!   over half a block gets a dedicated block of its own size.
-//! - Offsets are multiples of [`ALIGN`], which covers every
-//!   `minStorageBufferOffsetAlignment` in practice and is checked against
-//!   the device's at start.
-//! - A freed range is *pending* until every stream has completed the
-//!   timeline value it had reached when the range was freed (a [`Stamp`]);
-//!   only then does it rejoin its block's free list (first fit, coalescing).
-//! - A request past the heap, `maxMemoryAllocationSize` or `maxBufferSize`
-//!   never reaches the driver: it is past the backend's largest allocation
-//!   (`Backend::max_allocation`), which the core refuses as an invalid
-//!   argument — the device could never give it, where a request within it
-//!   that the driver cannot meet now is out-of-memory (rule 37). Handing
-//!   the driver such a request would be invalid usage (the validation layer
-//!   flags it).
+//! - A request over half a [`BLOCK_SIZE`] block gets a dedicated block.
+//! - Offsets are multiples of [`ALIGN`], checked against the device's at start.
+//! - A freed range is *pending* until every stream passes its [`Stamp`], then rejoins its block.
+//! - A request past `Backend::max_allocation` never reaches the driver: an invalid argument,
+//!   where one the driver cannot meet now is out-of-memory (rule 37).
 //!
-//! The [`Arena`] is the host-visible side: bump allocation from mapped,
-//! coherent chunks, for scalar blobs, staged writes and readbacks. A
-//! stream's chunk travels with the submission that used it and comes back
-//! when that submission completes; a graph's chunks belong to the graph.
+//! The [`Arena`] bumps through mapped chunks for scalars, staged writes and readbacks.
+//! A stream's chunk travels with its submission; a graph's belong to the graph.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -45,24 +27,19 @@ use crate::device::Gpu;
 use crate::error::{NAME, Site, classify};
 use crate::stream::Track;
 
-/// The size of a pooled block.
 pub(crate) const BLOCK_SIZE: u64 = 64 << 20;
-/// The alignment of every pooled allocation's offset.
 pub(crate) const ALIGN: u64 = 256;
-/// The size of an arena chunk.
 pub(crate) const CHUNK_SIZE: u64 = 256 << 10;
 
 /// A pointer into mapped memory.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct HostPtr(NonNull<u8>);
 
-// SAFETY: the pointer is into a persistent mapping owned by a block or
-// chunk; the backend is used under the server's lock, so it is never
-// dereferenced from two threads at once.
+// SAFETY: the pointer is into a persistent mapping owned by a block or chunk, only
+// dereferenced under the server's lock.
 unsafe impl Send for HostPtr {}
 
-// SAFETY: as for `Send`: every dereference happens under the server's
-// lock, so shared references to a `HostPtr` never race.
+// SAFETY: as for `Send`: every dereference happens under the server's lock.
 unsafe impl Sync for HostPtr {}
 
 impl HostPtr {
@@ -70,14 +47,10 @@ impl HostPtr {
     ///
     /// # Safety
     ///
-    /// The mapping `self` points at is still mapped (its block or chunk is
-    /// alive) and `offset` is at most its length, so the result points into
-    /// it or one past its end. `pointer::add` past that is undefined
-    /// behaviour even if the pointer is never read.
+    /// The mapping is still alive and `offset` at most its length: `pointer::add` past
+    /// that is undefined even unread.
     unsafe fn at(self, offset: u64) -> *mut u8 {
-        // SAFETY: the caller's promise: `offset` stays inside one live
-        // mapping, which lies in the address space, so it fits a `usize`
-        // and the sum does not wrap.
+        // SAFETY: the caller's promise keeps `offset` inside one live mapping, so no wrap.
         unsafe { self.0.as_ptr().add(offset as usize) }
     }
 }
@@ -144,8 +117,7 @@ fn create_backing(
     if gpu.bda {
         alloc = alloc.push_next(&mut flags);
     }
-    // SAFETY: a valid allocate info; the size is within the limits the
-    // pool checked.
+    // SAFETY: a valid allocate info, within the limits the pool checked.
     let memory = match unsafe { device.allocate_memory(&alloc, None) } {
         Ok(memory) => memory,
         Err(e) => {
@@ -178,8 +150,7 @@ fn create_backing(
         None
     };
     let address = if gpu.bda {
-        // SAFETY: the buffer has SHADER_DEVICE_ADDRESS usage and bound memory
-        // allocated with the DEVICE_ADDRESS flag.
+        // SAFETY: the buffer has device-address usage and memory with the DEVICE_ADDRESS flag.
         unsafe {
             device.get_buffer_device_address(&vk::BufferDeviceAddressInfo::default().buffer(buffer))
         }
@@ -214,8 +185,7 @@ pub struct VulkanMemory {
 }
 
 impl VulkanMemory {
-    /// The buffer device address of its first byte, when the device has
-    /// `bufferDeviceAddress` (0 otherwise).
+    /// The buffer device address of its first byte; 0 without `bufferDeviceAddress`.
     pub fn device_address(&self) -> u64 {
         if self.address == 0 {
             0
@@ -224,8 +194,6 @@ impl VulkanMemory {
         }
     }
 
-    /// Whether the device memory is host-visible and mapped, so
-    /// [`host`](Self::host) answers.
     pub(crate) fn is_mapped(&self) -> bool {
         self.mapped.is_some()
     }
@@ -234,14 +202,10 @@ impl VulkanMemory {
     ///
     /// # Safety
     ///
-    /// `self` is alive (not given to [`Pool::free`]) and `offset` is at
-    /// most the size it was allocated with — what the `Backend` contract
-    /// promises of every range the core names on a memory.
+    /// `self` is alive and `offset` at most its size, as the `Backend` contract promises.
     pub(crate) unsafe fn host(&self, offset: u64) -> Option<*mut u8> {
-        // SAFETY: a live allocation is `reserved` bytes at `self.offset` of
-        // its block, and a mapped block is mapped whole for its life, so
-        // `self.offset + offset` is inside that mapping (the caller's
-        // promise bounds `offset` by the allocation's size).
+        // SAFETY: a live allocation lies in its block's whole-life mapping, and the caller
+        // bounds `offset` by its size.
         self.mapped.map(|p| unsafe { p.at(self.offset + offset) })
     }
 }
@@ -284,8 +248,7 @@ impl Block {
     }
 }
 
-/// The timeline values a freed range waits for: one per stream that had
-/// work not yet complete when it was freed.
+/// The timeline values a freed range waits for, one per stream with work outstanding.
 pub(crate) type Stamp = SmallVec<[(Arc<Track>, u64); 2]>;
 
 /// The pool of device blocks.
@@ -319,9 +282,7 @@ impl Pool {
         self.reserved
     }
 
-    /// The largest request that could ever be met: the least of the heap,
-    /// `maxMemoryAllocationSize` and `maxBufferSize`, rounded down to
-    /// [`ALIGN`].
+    /// The largest request that could ever be met, rounded down to [`ALIGN`].
     pub(crate) fn largest(&self) -> u64 {
         let limits = &self.gpu.limits;
         limits
@@ -435,8 +396,7 @@ impl Pool {
         self.reclaim();
     }
 
-    /// Return completed pending ranges to their blocks; release dedicated
-    /// blocks that became empty.
+    /// Return completed pending ranges to their blocks; release empty dedicated blocks.
     pub(crate) fn reclaim(&mut self) {
         if self.pending.is_empty() {
             return;
@@ -508,8 +468,7 @@ pub(crate) struct Chunk {
 
 impl Chunk {
     fn new(gpu: &Arc<Gpu>, size: u64) -> Result<Chunk> {
-        // Staged scalar blobs are storage buffers; a device-address
-        // kernel's table of addresses is a uniform buffer.
+        // Scalar blobs are storage buffers; an address table is a uniform buffer.
         let usage = storage_usage(gpu) | vk::BufferUsageFlags::UNIFORM_BUFFER;
         let backing = create_backing(
             gpu,
@@ -536,7 +495,6 @@ impl Chunk {
         })
     }
 
-    /// Whether it is the standard size, so worth keeping for reuse.
     pub(crate) fn standard(&self) -> bool {
         self.size == CHUNK_SIZE
     }
@@ -552,35 +510,27 @@ impl Drop for Chunk {
     }
 }
 
-/// Where staged bytes landed: `len` bytes at `offset` of an arena chunk.
-///
-/// Only [`Arena::reserve`] makes one, and its fields are private to this
-/// module, so `offset..offset + len` always lies inside the chunk's mapping:
-/// [`host`](Self::host) needs its caller to promise only that the chunk is
-/// still alive.
+/// Where staged bytes landed: `len` bytes at `offset` of an arena chunk. Only
+/// [`Arena::reserve`] makes one, so the range always lies inside the chunk's mapping.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Staged {
     buffer: vk::Buffer,
     offset: u64,
     len: u64,
     ptr: HostPtr,
-    /// The device address of the first byte; 0 without `bufferDeviceAddress`.
     address: u64,
 }
 
 impl Staged {
-    /// The chunk's buffer.
     pub(crate) fn buffer(&self) -> vk::Buffer {
         self.buffer
     }
 
-    /// Where in the chunk's buffer the bytes start.
     pub(crate) fn offset(&self) -> u64 {
         self.offset
     }
 
-    /// The device address of the first byte; 0 without
-    /// `bufferDeviceAddress`.
+    /// The device address of the first byte; 0 without `bufferDeviceAddress`.
     pub(crate) fn address(&self) -> u64 {
         self.address
     }
@@ -589,13 +539,10 @@ impl Staged {
     ///
     /// # Safety
     ///
-    /// The chunk it was reserved from is still alive: held by the arena, a
-    /// submission in flight or a graph, or recycled but not yet released
-    /// (see [`Arena::recycle`]).
+    /// The chunk it came from is alive: in the arena, a submission or a graph, or retired.
     pub(crate) unsafe fn host(&self) -> *mut u8 {
-        // SAFETY: `Arena::reserve` made `self` with `offset + len` at most
-        // the chunk's size, and the chunk is mapped whole while it lives
-        // (the caller's promise).
+        // SAFETY: `Arena::reserve` kept `offset + len` inside the chunk, mapped while it
+        // lives (the caller's promise).
         unsafe { self.ptr.at(self.offset) }
     }
 }
@@ -604,14 +551,10 @@ impl Staged {
 pub(crate) struct Arena {
     gpu: Arc<Gpu>,
     current: Option<Chunk>,
-    /// Chunks filled since they were last handed out by [`take`](Self::take).
     full: Vec<Chunk>,
     spare: Vec<Chunk>,
-    /// Chunks recycled but not kept as spares, released at the arena's
-    /// next [`reserve`](Self::reserve) or [`take`](Self::take) rather than
-    /// at once: a stream recycles right after it submits, and may find that
-    /// submission done already, while the read that staged into one of its
-    /// chunks has yet to copy out of it.
+    /// Recycled chunks, released at the next [`reserve`](Self::reserve) or
+    /// [`take`](Self::take): a read may not have copied out of one yet.
     retired: Vec<Chunk>,
 }
 
@@ -668,13 +611,10 @@ impl Arena {
     /// Copy `data` in, padded with zeros to `padded` bytes.
     pub(crate) fn push(&mut self, data: &[u8], padded: u64, align: u64) -> Result<Staged> {
         let staged = self.reserve(padded.max(data.len() as u64), align)?;
-        // SAFETY: `staged` was reserved from the arena's current chunk,
-        // which the arena holds.
+        // SAFETY: `staged` came from the arena's current chunk, which it holds.
         let dst = unsafe { staged.host() };
-        // SAFETY: `dst` is `staged.len` (at least `data.len()`) fresh bytes
-        // of a live mapping that no submitted work uses (a chunk is reused
-        // only after the work that used it completed), and `data` is a
-        // caller's slice, not in that mapping.
+        // SAFETY: `dst` is `staged.len` fresh bytes of a live mapping no submitted work uses;
+        // `data` lies outside it.
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len());
             std::ptr::write_bytes(dst.add(data.len()), 0, staged.len as usize - data.len());
@@ -682,8 +622,7 @@ impl Arena {
         Ok(staged)
     }
 
-    /// Every chunk used since the last call, to travel with a submission
-    /// (or a graph).
+    /// Every chunk used since the last call, to travel with a submission or graph.
     pub(crate) fn take(&mut self) -> Vec<Chunk> {
         self.retired.clear();
         let mut out = std::mem::take(&mut self.full);
@@ -693,10 +632,8 @@ impl Arena {
         out
     }
 
-    /// A chunk whose work completed (or was never submitted), back for
-    /// reuse. Whether kept as a spare or retired, it stays mapped and
-    /// unwritten until the arena's next `reserve` or `take`, so a
-    /// [`Staged`] of it may still be read until then.
+    /// A chunk whose work completed, back for reuse. It stays mapped and unwritten until the
+    /// next `reserve` or `take`, so a [`Staged`] of it may be read until then.
     pub(crate) fn recycle(&mut self, mut chunk: Chunk) {
         if chunk.standard() && self.spare.len() < 8 {
             chunk.reset();
@@ -707,8 +644,7 @@ impl Arena {
     }
 }
 
-/// What a range freed now must wait for: each stream's covering value
-/// that it was not already seen to have reached.
+/// What a range freed now must wait for: each stream's covering value not yet reached.
 pub(crate) fn stamp_now(tracks: &[Arc<Track>]) -> Stamp {
     tracks
         .iter()

@@ -1,56 +1,25 @@
-//! Logical streams: a command pool, a current command buffer and a timeline
-//! semaphore each, over the device's one queue.
+//! Logical streams: a command pool, a current command buffer and a timeline semaphore each,
+//! over the device's one queue.
 //!
-//! **The mapping.** A scope stream is not a Vulkan queue — lavapipe has one,
-//! most GPUs one or two compute queues — but a *timeline* on a shared
-//! queue:
+//! **The mapping.** A scope stream is not a Vulkan queue, since lavapipe has only one. It is a
+//! *timeline* on a shared queue:
 //!
-//! - Work is recorded into the stream's current command buffer and
-//!   submitted in a batch: when the stream syncs or is read, when
-//!   [`BATCH_LIMIT`] commands are waiting, or when another stream must wait
-//!   for it. A submission signals the stream's timeline semaphore with the
-//!   next value, so "the stream's work up to here" is one number.
-//! - Within a stream, each command buffer opens with a global memory barrier
-//!   (ordering it after everything submitted earlier to the queue) and puts
-//!   one between consecutive commands, so the stream's work is ordered as
-//!   issued. Each batch ends with a barrier to the host, so a host wait on
-//!   the semaphore makes the writes visible to a mapped read.
-//! - Between streams, [`OpenStream::order`] (the core's `Backend::order`)
-//!   submits the first stream's pending batch and adds a wait on its
-//!   semaphore value to the second stream's next submission. Streams that
-//!   share no buffer never wait on each other.
-//! - Everything a submission needs kept alive — its command buffers, the
-//!   arena chunks holding its scalars and staged bytes, the graphs it
-//!   replays — travels with it in the stream's in-flight list and is
-//!   recycled once the semaphore passes its value.
-//! - A submission that fails means its batch never ran. It is a device
-//!   fault ([`Error::Fault`], sticky only for device loss) returned by the
-//!   call that flushed, and the core gives it to all the work in flight on
-//!   the stream (rule 23). Once: a later sync does not report it again,
-//!   since by then the stream's in-flight work is later work that ran. The
-//!   exception is a flush for another stream's sake
-//!   ([`OpenStream::order`]), whose failure is kept for the flushed
-//!   stream's next sync or read, as the core attributes an error to the
-//!   stream that returned it.
-//! - **Bounded in a loop that only launches.** Each submission polls the
-//!   oldest ones without waiting and recycles what completed (command
-//!   buffers, staging chunks, replayed graphs). When more than
-//!   [`MAX_BATCHES_IN_FLIGHT`] are still running the host waits for the
-//!   oldest: the device, not the host's memory, sets the pace, so a loop of
-//!   launches with no sync holds a fixed number of batches however long it
-//!   runs.
-//! - **A recovery gives the stream new state in place.** Its device state
-//!   (everything above) is an `OpenStream`; a recovery drops it — after the
-//!   bounded wait for its submissions — and makes a new one on the device
-//!   opened again, while the `VulkanStream` the core holds, and its id,
-//!   carry over. Between a recovery that failed and the next, a stream has
-//!   no device state at all.
-//! - **Teardown never destroys what may still run.** A wait that gives up
-//!   (times out, or fails for a reason other than device loss) marks the
-//!   device hung; a stream dropped then, or whose own final wait gives up,
-//!   leaks its command pool, its semaphore and what its submissions hold,
-//!   with an error in the log, rather than free memory the device may still
-//!   use.
+//! - Work is batched into the current command buffer, and submitted on a sync or read, at
+//!   [`BATCH_LIMIT`] commands, or when another stream must wait for it. A submission signals
+//!   the next timeline value, so "the stream's work up to here" is one number.
+//! - Barriers order each command buffer after earlier submissions and each command after the
+//!   last. A batch ends with a barrier to the host, for mapped reads.
+//! - Between streams, [`OpenStream::order`] adds a wait on the first's value to the second's
+//!   next submission. Streams that share no buffer never wait on each other.
+//! - What a submission needs alive travels with it, recycled once the semaphore passes it.
+//! - A failed submission is a device fault ([`Error::Fault`]) for the work in flight (rule 23),
+//!   reported once. A flush for another stream's sake keeps it for the flushed stream.
+//! - **Bounded in a loop that only launches.** Past [`MAX_BATCHES_IN_FLIGHT`] submissions the
+//!   host waits for the oldest, so the device sets the pace, not the host's memory.
+//! - **A recovery gives the stream new state in place.** The `OpenStream` is replaced; the
+//!   `VulkanStream` and its id carry over.
+//! - **Teardown never destroys what may still run.** On a hung device a stream leaks its pool,
+//!   semaphore and holdings rather than free memory the device may use.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -65,55 +34,39 @@ use crate::device::Gpu;
 use crate::error::{Site, classify, fault};
 use crate::memory::{Arena, Chunk};
 
-/// Commands a batch holds before it is submitted without being asked.
-/// Small enough that the device starts on a long run of launches while the
-/// host is still recording the rest (on lavapipe, 256 overlaps issue and
-/// execution best of 64–1024), large enough that a submission's fixed cost
-/// is spread thin.
+/// Commands a batch holds before it is submitted unasked. On lavapipe, 256 overlaps issue and
+/// execution best of 64–1024, and spreads a submission's fixed cost thin.
 pub(crate) const BATCH_LIMIT: usize = 256;
 
-/// How long a host wait may take before it is a fault, unless
-/// `SCOPE_VULKAN_WAIT_TIMEOUT_MS` says otherwise (`Gpu::wait_timeout_ns`).
+/// How long a host wait may take before it is a fault, unless configured.
 pub(crate) const WAIT_TIMEOUT_NS: u64 = 120_000_000_000;
 
-/// Submissions of one stream that may run at once before the next waits
-/// for the oldest. Eight batches of up to [`BATCH_LIMIT`] commands keep a
-/// device busy while the host records (lavapipe gains nothing past three),
-/// and bound what a stream holds: eight batches' command buffers and
-/// staging chunks.
+/// Submissions of one stream in flight before the next waits for the oldest. Lavapipe gains
+/// nothing past three; eight bound what a stream holds.
 pub(crate) const MAX_BATCHES_IN_FLIGHT: usize = 8;
 
-/// One stream's timeline, shared with the pool so freed memory can wait
-/// for it.
+/// One stream's timeline, shared with the pool so freed memory can wait for it.
 pub(crate) struct Track {
     gpu: Arc<Gpu>,
     pub semaphore: vk::Semaphore,
-    /// The value that will cover everything recorded on the stream so far.
     pub covering: AtomicU64,
-    /// The value the stream's last accepted submission signals: a value
-    /// past it belongs to work not submitted yet, or abandoned with a
-    /// failed batch, which nothing may wait for.
+    /// The value the last accepted submission signals; nothing may wait past it.
     pub submitted: AtomicU64,
-    /// The last value the semaphore was seen to reach.
     completed: AtomicU64,
-    /// Submissions whose holdings were not recycled yet.
     pub in_flight: AtomicUsize,
 }
 
 impl Track {
-    /// Whether the semaphore has reached `value`, asking the device only
-    /// when the cached answer is not enough.
+    /// Whether the semaphore has reached `value`, asking the device only when needed.
     pub(crate) fn reached(&self, value: u64) -> bool {
         self.reached_cached(value) || self.refresh() >= value
     }
 
-    /// Whether the semaphore was last seen at or past `value`.
     pub(crate) fn reached_cached(&self, value: u64) -> bool {
         self.completed.load(Ordering::Acquire) >= value
     }
 
-    /// Ask the device where the semaphore is now. A lost device answers 0,
-    /// which keeps what waits on it waiting rather than reused early.
+    /// Where the semaphore is now. A lost device answers 0, keeping waiters waiting.
     pub(crate) fn refresh(&self) -> u64 {
         // SAFETY: the semaphore is a live timeline semaphore of this device.
         let now = unsafe { self.gpu.vk().get_semaphore_counter_value(self.semaphore) }.unwrap_or(0);
@@ -124,31 +77,25 @@ impl Track {
 impl Drop for Track {
     fn drop(&mut self) {
         if self.gpu.is_hung() {
-            // A submission may still signal it.
             return;
         }
-        // SAFETY: the stream that signalled it is gone and its work was
-        // waited for (the device is not hung), so no pending submission
-        // signals or waits on it.
+        // SAFETY: its stream is gone and its work waited for (the device is not hung), so no
+        // pending submission signals or waits on it.
         unsafe { self.gpu.vk().destroy_semaphore(self.semaphore, None) };
     }
 }
 
 /// What a submission keeps alive until it completes.
 pub(crate) enum Held {
-    /// A batch command buffer, to be reused.
     Commands(vk::CommandBuffer),
-    /// Staging memory, to be recycled.
     Chunk(Chunk),
-    /// A replayed graph, released after its last replay.
     Graph(Arc<GraphInner>),
 }
 
 /// Where commands go: a batch's command buffer or a graph's.
 pub(crate) struct Encoder {
     pub cmd: vk::CommandBuffer,
-    /// A command since the last barrier wrote memory (or the buffer is
-    /// fresh and must be ordered after earlier submissions).
+    /// A command since the last barrier wrote memory, or the buffer is fresh.
     pub needs_barrier: bool,
     pub bound: vk::Pipeline,
     pub commands: usize,
@@ -164,7 +111,6 @@ impl Encoder {
         }
     }
 
-    /// Order the next command after the earlier ones, if they wrote.
     pub(crate) fn barrier(&mut self, gpu: &Gpu) {
         if !self.needs_barrier {
             return;
@@ -182,8 +128,7 @@ impl Encoder {
                     | vk::AccessFlags::TRANSFER_WRITE
                     | vk::AccessFlags::INDIRECT_COMMAND_READ,
             );
-        // SAFETY: `cmd` is in the recording state (encoders exist only
-        // between begin and end).
+        // SAFETY: `cmd` is recording: encoders exist only between begin and end.
         unsafe {
             gpu.vk().cmd_pipeline_barrier(
                 self.cmd,
@@ -202,11 +147,9 @@ impl Encoder {
         self.needs_barrier = false;
     }
 
-    /// Bind `pipeline` for the next dispatch unless it is bound already.
     pub(crate) fn bind(&mut self, gpu: &Gpu, pipeline: vk::Pipeline) {
         if self.bound != pipeline {
-            // SAFETY: `cmd` is recording; pipelines live as long as the
-            // backend, which outlives every command buffer it records.
+            // SAFETY: `cmd` is recording; pipelines outlive every command buffer recorded.
             unsafe {
                 gpu.vk()
                     .cmd_bind_pipeline(self.cmd, vk::PipelineBindPoint::COMPUTE, pipeline)
@@ -216,8 +159,6 @@ impl Encoder {
     }
 
     /// Make everything recorded visible to the host, and end the buffer.
-    /// The caller classifies a failure: for a batch it loses every command
-    /// in it, for a graph it refuses the seal.
     pub(crate) fn finish(&mut self, gpu: &Gpu) -> std::result::Result<(), vk::Result> {
         let barrier = vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
@@ -238,18 +179,15 @@ impl Encoder {
     }
 }
 
-/// What one command is recorded with: the encoder (a batch's command
-/// buffer or a graph's), the arena its staged bytes go to, and the device.
+/// What one command is recorded with: the encoder, the arena for staged bytes, the device.
 pub(crate) struct Recorder<'a> {
     pub encoder: &'a mut Encoder,
     pub arena: &'a mut Arena,
     pub gpu: &'a Gpu,
 }
 
-/// Wait on the host until every track reaches its value, for at most
-/// the device's wait timeout ([`WAIT_TIMEOUT_NS`] unless configured); each
-/// value must be one a submission signals. A
-/// wait that gives up on running work marks the device hung.
+/// Wait on the host until every track reaches its submitted value, bounded by the device's
+/// wait timeout. Giving up on running work marks the device hung.
 pub(crate) fn wait_tracks(gpu: &Gpu, waits: &[(Arc<Track>, u64)]) -> Result<()> {
     let (semaphores, values): (SmallVec<[vk::Semaphore; 2]>, SmallVec<[u64; 2]>) = waits
         .iter()
@@ -263,8 +201,7 @@ pub(crate) fn wait_tracks(gpu: &Gpu, waits: &[(Arc<Track>, u64)]) -> Result<()> 
         .semaphores(&semaphores)
         .values(&values);
     let timeout = gpu.wait_timeout_ns;
-    // SAFETY: live timeline semaphores, each with a value a submission
-    // signals (the callers pass submitted values only).
+    // SAFETY: live timeline semaphores, each waited to a value a submission signals.
     let result = match unsafe { gpu.vk().wait_semaphores(&info, timeout) } {
         Ok(()) => Ok(()),
         Err(vk::Result::TIMEOUT) => Err(fault(
@@ -284,8 +221,7 @@ pub(crate) fn wait_tracks(gpu: &Gpu, waits: &[(Arc<Track>, u64)]) -> Result<()> 
     result
 }
 
-/// A wait for a stream's submitted work, run without the server's lock:
-/// what `Backend::Waiter` is for this server.
+/// A wait for a stream's submitted work, run without the server's lock.
 pub struct StreamWait {
     gpu: Arc<Gpu>,
     track: Arc<Track>,
@@ -293,28 +229,20 @@ pub struct StreamWait {
 }
 
 impl StreamWait {
-    /// Wait until the stream's semaphore reaches the value, for at most
-    /// the device's wait timeout. `vkWaitSemaphores` synchronises nothing
-    /// externally, so it may run while other threads submit.
+    /// Wait, bounded, for the value. `vkWaitSemaphores` may run while other threads submit.
     pub(crate) fn wait(&self) -> Result<()> {
         wait_tracks(&self.gpu, &[(self.track.clone(), self.value)])
     }
 }
 
-/// A logical stream: what the core holds as `Backend::Stream`. Its device
-/// state is given up when a recovery destroys the device, and made anew
-/// on the device opened again; the stream itself, and the core's id for
-/// it, carry over.
+/// A logical stream. A recovery replaces its device state; the stream and its id carry over.
 pub struct VulkanStream {
-    /// The core's id for it (streams are numbered in creation order).
     id: scope_core::StreamId,
-    /// Its state on the open device; `None` while the device is closed (a
-    /// recovery destroyed it and could not open another).
+    /// Its state on the open device; `None` while the device is closed.
     state: Option<OpenStream>,
 }
 
 impl VulkanStream {
-    /// Stream `id`, on `gpu`.
     pub(crate) fn new(gpu: &Arc<Gpu>, id: scope_core::StreamId) -> Result<Self> {
         Ok(Self {
             id,
@@ -322,12 +250,10 @@ impl VulkanStream {
         })
     }
 
-    /// Its state on the open device, or why there is none.
     pub(crate) fn state(&mut self) -> Result<&mut OpenStream> {
         self.state.as_mut().ok_or_else(crate::closed)
     }
 
-    /// Its timeline on the open device.
     pub(crate) fn track(&self) -> Result<&Arc<Track>> {
         self.state
             .as_ref()
@@ -335,16 +261,12 @@ impl VulkanStream {
             .ok_or_else(crate::closed)
     }
 
-    /// Give up its device state: its command pool and batches, what its
-    /// submissions held, its arena and its waits on other streams (see
-    /// `OpenStream`'s `Drop`). Its timeline semaphore goes once nothing
-    /// else names it.
+    /// Give up its device state; its semaphore goes once nothing else names it.
     pub(crate) fn close(&mut self) {
         self.state = None;
     }
 
-    /// New state on `gpu`, not recording, in place of whatever it had; its
-    /// timeline, for the backend to count.
+    /// New state on `gpu`, not recording; returns its timeline.
     pub(crate) fn open_on(&mut self, gpu: &Arc<Gpu>) -> Result<Arc<Track>> {
         self.close();
         let state = self.state.insert(OpenStream::new(gpu, self.id)?);
@@ -354,21 +276,18 @@ impl VulkanStream {
 
 /// A stream's state on an open device.
 pub(crate) struct OpenStream {
-    /// The core's id for it.
     pub(crate) id: scope_core::StreamId,
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) track: Arc<Track>,
     pool: vk::CommandPool,
     free_cmds: Vec<vk::CommandBuffer>,
     current: Option<Encoder>,
-    /// Ended command buffers in submission order, not yet submitted.
     pending: Vec<vk::CommandBuffer>,
     held: Vec<Held>,
     waits: SmallVec<[(Arc<Track>, u64); 2]>,
     submitted: u64,
     in_flight: VecDeque<(u64, Vec<Held>)>,
     pub(crate) arena: Arena,
-    /// A submission failure not yet reported by a sync or read.
     deferred: Option<Error>,
     pub(crate) recording: Option<Recording>,
 }
@@ -423,8 +342,7 @@ impl OpenStream {
             .command_pool(self.pool)
             .level(vk::CommandBufferLevel::PRIMARY)
             .command_buffer_count(1);
-        // SAFETY: the pool is this stream's and used only under the
-        // server's lock.
+        // SAFETY: the pool is this stream's, used only under the server's lock.
         let cmds = unsafe { self.gpu.vk().allocate_command_buffers(&info) }
             .map_err(|e| classify(e, Site::Record, "vkAllocateCommandBuffers", 0))?;
         cmds.first()
@@ -432,8 +350,7 @@ impl OpenStream {
             .ok_or_else(|| Error::internal("the stream has no command buffer to record into"))
     }
 
-    /// Where the next command goes (the graph while capturing), with the
-    /// arena its bytes go to.
+    /// Where the next command goes (the graph while capturing), and its arena.
     pub(crate) fn encoder(&mut self) -> Result<(&mut Encoder, &mut Arena, &Gpu)> {
         if self.recording.is_some() {
             let Some(recording) = self.recording.as_mut() else {
@@ -447,9 +364,7 @@ impl OpenStream {
             let cmd = self.command_buffer()?;
             let begin = vk::CommandBufferBeginInfo::default()
                 .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
-            // SAFETY: `cmd` is initial or executable-and-complete (a reused
-            // one came back only after its submission completed), and the
-            // pool allows implicit reset.
+            // SAFETY: `cmd` is fresh or its submission completed; the pool allows reset.
             if let Err(e) = unsafe { self.gpu.vk().begin_command_buffer(cmd, &begin) } {
                 self.free_cmds.push(cmd);
                 return Err(classify(e, Site::Record, "vkBeginCommandBuffer", 0));
@@ -465,17 +380,9 @@ impl OpenStream {
         Ok((encoder, &mut self.arena, &self.gpu))
     }
 
-    /// Record one command with `body`, and keep the stream's invariants
-    /// around it: a barrier first (if an earlier command wrote), so it sees
-    /// every earlier write of the stream; afterwards, the mark that it may
-    /// have written (so the next command waits for it), its count, and the
-    /// submission of a full batch.
-    ///
-    /// Every launch, copy and write goes through here: forgetting any of
-    /// those steps on one path would be a data race or an unbounded batch.
-    /// The mark is set even when `body` fails, since it may have recorded
-    /// part of its work; an extra barrier costs little, a missing one is a
-    /// race.
+    /// Record one command with `body`: a barrier first, then the mark that it may have
+    /// written, its count, and a full batch's submission. Every launch, copy and write comes
+    /// here, since a step missed on one path is a data race. The mark is set even on failure.
     pub(crate) fn record<R>(
         &mut self,
         body: impl FnOnce(&mut Recorder<'_>) -> Result<R>,
@@ -495,7 +402,6 @@ impl OpenStream {
         Ok(value)
     }
 
-    /// After a command was recorded: submit when the batch is full.
     fn recorded(&mut self) -> Result<()> {
         if self.recording.is_some() {
             return Ok(());
@@ -508,9 +414,8 @@ impl OpenStream {
         if full { self.flush() } else { Ok(()) }
     }
 
-    /// End the current batch's command buffer and queue it for submission.
-    /// A failure loses every command in the batch, so it is a fault of the
-    /// work in flight, like a failed submission.
+    /// End the current batch and queue it. A failure loses the batch, a fault like a failed
+    /// submission.
     fn close_current(&mut self) -> Result<()> {
         if let Some(mut encoder) = self.current.take() {
             self.held.push(Held::Commands(encoder.cmd));
@@ -522,15 +427,8 @@ impl OpenStream {
         Ok(())
     }
 
-    /// Queue a replay of `graph` after the work recorded so far, in the
-    /// stream's next submission, and tell the graph which timeline value
-    /// finishes it.
-    ///
-    /// A replay is batched like any other work: destroying a graph waits
-    /// for its replays (rule 35), and the core flushes every stream before
-    /// it asks (`Backend::destroy_graph`), so a replay still in a batch is
-    /// submitted by then. One that is never submitted (its batch failed)
-    /// is not waited for: its value is past the track's `submitted`.
+    /// Queue a replay of `graph` in the next submission, and tell the graph its value.
+    /// The core flushes every stream before destroying a graph (rule 35).
     pub(crate) fn submit_graph(&mut self, graph: &Arc<GraphInner>) -> Result<()> {
         if let Err(e) = self.close_current() {
             self.abandon_pending();
@@ -548,7 +446,6 @@ impl OpenStream {
         }
     }
 
-    /// Submit everything pending (and any waits) as one submission.
     pub(crate) fn flush(&mut self) -> Result<()> {
         if let Err(e) = self.close_current() {
             self.abandon_pending();
@@ -557,8 +454,7 @@ impl OpenStream {
         self.submit()
     }
 
-    /// Submit the ended command buffers (and any waits), then recycle and
-    /// throttle.
+    /// Submit the ended command buffers and waits, then recycle and throttle.
     fn submit(&mut self) -> Result<()> {
         if self.pending.is_empty() && self.waits.is_empty() {
             return Ok(());
@@ -583,10 +479,8 @@ impl OpenStream {
             .command_buffers(&self.pending)
             .signal_semaphores(&signal)
             .push_next(&mut timeline);
-        // SAFETY: every command buffer is executable (batches are
-        // one-time and fresh; graphs are simultaneous-use), the semaphores
-        // are live timeline semaphores, and the queue is used only under the
-        // server's lock.
+        // SAFETY: every command buffer is executable, the semaphores live timelines, and the
+        // queue is used only under the server's lock.
         let result = unsafe {
             self.gpu
                 .vk()
@@ -614,14 +508,12 @@ impl OpenStream {
         }
     }
 
-    /// Drop a batch that will never be submitted.
     fn abandon_pending(&mut self) {
         self.pending.clear();
         self.waits.clear();
         for held in std::mem::take(&mut self.held) {
             if let Held::Commands(cmd) = held {
-                // SAFETY: never submitted, so not pending; the pool allows
-                // resetting one buffer.
+                // SAFETY: never submitted, so not pending; the pool allows a single reset.
                 let _ = unsafe {
                     self.gpu
                         .vk()
@@ -644,8 +536,7 @@ impl OpenStream {
         error
     }
 
-    /// Recycle what completed submissions held. Asks the device at most
-    /// once (a semaphore counter read, no wait).
+    /// Recycle what completed submissions held, without waiting.
     pub(crate) fn reclaim(&mut self) {
         while let Some((value, _)) = self.in_flight.front() {
             if !self.track.reached(*value) {
@@ -665,9 +556,7 @@ impl OpenStream {
         }
     }
 
-    /// With more than [`MAX_BATCHES_IN_FLIGHT`] submissions running, wait
-    /// for the oldest and recycle it. A wait that fails is a fault of the
-    /// work in flight (the core attributes it, rule 23).
+    /// Past [`MAX_BATCHES_IN_FLIGHT`] running, wait for the oldest (rule 23 on failure).
     fn throttle(&mut self) -> Result<()> {
         while self.in_flight.len() > MAX_BATCHES_IN_FLIGHT {
             let Some(&(oldest, _)) = self.in_flight.front() else {
@@ -679,14 +568,11 @@ impl OpenStream {
         Ok(())
     }
 
-    /// Wait on the host for everything submitted, without recycling.
     pub(crate) fn wait_submitted(&mut self) -> Result<()> {
         self.wait_for(self.submitted)
     }
 
-    /// Wait on the host until the stream's semaphore reaches `value`, for
-    /// at most the device's wait timeout. Giving up (other than on device loss,
-    /// after which nothing runs) marks the device hung.
+    /// Wait, bounded, until the semaphore reaches `value`.
     fn wait_for(&mut self, value: u64) -> Result<()> {
         if value == 0 || self.track.reached(value) {
             return Ok(());
@@ -698,15 +584,9 @@ impl OpenStream {
         wait_tracks(&self.gpu, &[(self.track.clone(), value)])
     }
 
-    /// Submit everything batched and say what waiting for all of it takes:
-    /// the stream's timeline semaphore and the value its last submission
-    /// signals (`None` if that is reached already). A deferred submission
-    /// failure is reported first: that batch is lost, and the core
-    /// attributes it to everything in flight.
-    ///
-    /// The waiter holds the semaphore by `Arc`, so nothing recycled while
-    /// it waits without the lock can be something it names; a timeline only
-    /// counts up, so work submitted meanwhile cannot be mistaken for it.
+    /// Submit everything batched, and say what waiting for it takes (`None` if done).
+    /// A deferred failure comes first. The waiter holds the semaphore by `Arc`, and a
+    /// timeline only counts up, so work submitted meanwhile cannot be mistaken for it.
     pub(crate) fn begin_wait(&mut self) -> Result<Option<StreamWait>> {
         let flushed = self.flush();
         if let Some(deferred) = self.deferred.take() {
@@ -726,10 +606,8 @@ impl OpenStream {
 
     /// Make `then`'s later work wait for `first`'s earlier work.
     ///
-    /// A failure submitting `first`'s batch is returned (the work on `then`
-    /// that needed it cannot run) and also kept for `first`'s next sync or
-    /// read: the core attributes an error to the stream whose call
-    /// returned it, and the batch lost was `first`'s.
+    /// A failure flushing `first` is returned, and kept for `first`'s next sync: its batch
+    /// was lost.
     pub(crate) fn order(first: &mut OpenStream, then: &mut OpenStream) -> Result<()> {
         if let Err(e) = first.flush() {
             return Err(first.defer(e));
@@ -749,7 +627,6 @@ impl OpenStream {
         Ok(())
     }
 
-    /// Whether a submission failure is waiting to be reported.
     pub(crate) fn take_deferred(&mut self) -> Option<Error> {
         self.deferred.take()
     }
@@ -763,10 +640,7 @@ impl Drop for OpenStream {
             let _ = self.wait_submitted();
         }
         if self.gpu.is_hung() {
-            // The wait gave up (here or earlier): submitted work may still
-            // be running, and it uses the command buffers in the pool and
-            // what the submissions hold. Leaking them is safe; destroying
-            // them is not.
+            // Submitted work may still run on what the pool and submissions hold: leak them.
             tracing::error!(
                 stream = %self.id,
                 submissions = self.in_flight.len(),
@@ -782,8 +656,7 @@ impl Drop for OpenStream {
         }
         self.in_flight.clear();
         self.track.in_flight.store(0, Ordering::Relaxed);
-        // SAFETY: the stream's work is complete (or the device is lost and
-        // nothing runs); destroying the pool frees its command buffers.
+        // SAFETY: the stream's work is complete, or the device is lost and nothing runs.
         unsafe { self.gpu.vk().destroy_command_pool(self.pool, None) };
     }
 }

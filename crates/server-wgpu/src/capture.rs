@@ -1,39 +1,30 @@
 //! Capture: a window records its dispatches, copies and host writes as
-//! values; sealing validates them by encoding them once; a replay re-encodes
+//! values. Sealing validates them by encoding them once; a replay re-encodes
 //! them into the stream's batch.
 //!
-//! wgpu has no replayable compute command buffer (a `CommandBuffer` is
-//! consumed by its one submission), so a graph here is the recorded sequence
-//! with everything made in advance that can be:
+//! wgpu has no replayable compute command buffer: a `CommandBuffer` is
+//! consumed by its one submission. So a graph is the recorded sequence, with
+//! everything that can be made in advance:
 //!
-//! - **Recording** keeps, per step, the pipeline, the buffers and ranges
-//!   bound, the dispatch size, and the bytes of scalar blobs and host writes
-//!   (copied at call time: the lead's rule for host writes inside a window,
-//!   the same on every server — each replay writes those same bytes, in
-//!   order with the recorded work). Nothing runs until a replay.
+//! - **Recording** keeps each step's pipeline, bound ranges and dispatch
+//!   size. Scalar blobs and host writes are copied at call time, as on every
+//!   server, and each replay writes those same bytes in order. Nothing runs
+//!   until a replay.
 //! - **Sealing** ([`end_capture`](scope_core::Backend::end_capture)) packs
-//!   every recorded byte into one immutable constants buffer, makes every
-//!   bind group, and encodes the whole sequence into a throw-away encoder
-//!   and finishes it, all inside error scopes. Whatever wgpu would refuse
-//!   about the sequence it refuses here, so the core can answer "cannot
-//!   seal" with the recorded outputs claimed; a replay encodes the same
-//!   objects the same way and cannot fail for a reason the seal could have
-//!   found.
-//! - **Replaying** encodes the steps into the stream's open batch —
-//!   dispatches into the open compute pass, a host write as a copy from the
-//!   constants buffer — so a replay is one encoder and (with whatever the
-//!   stream batched around it) one submission.
+//!   every recorded byte into one constants buffer and makes every bind
+//!   group. It then encodes the sequence once and finishes it, inside error
+//!   scopes. wgpu refuses here whatever it would refuse, so the core can
+//!   answer "cannot seal". A replay encodes the same objects the same way.
+//! - **Replaying** encodes the steps into the stream's open batch. A host
+//!   write becomes a copy from the constants buffer, so a replay adds no
+//!   submission of its own.
 //!
-//! A graph holds its wgpu buffers alive; the core refuses to replay a graph
-//! whose buffers a runtime freed, so a pooled buffer handed to a new owner is
-//! never written by an old graph.
+//! A graph holds its wgpu buffers alive. The core refuses to replay a graph
+//! whose buffers were freed, so an old graph never writes a reused buffer.
 //!
-//! **Destroying a graph waits for its replays** (rule 35). A graph
-//! remembers the streams it was replayed on; destruction submits those
-//! streams' batches (a replay may still sit in one) and waits for their
-//! last submissions, so a failure that surfaces there is the destroy's
-//! error, which the core gives to the graph's write set. wgpu would keep the
-//! objects alive for a replay in flight anyway; the wait is for the rule.
+//! **Destroying a graph waits for its replays** (rule 35). It submits the
+//! batches of the streams it was replayed on and waits for them. A failure
+//! there is the destroy's error, which the core gives the graph's write set.
 
 use std::sync::Arc;
 
@@ -74,8 +65,7 @@ enum Op {
     Launch {
         kernel: Arc<Pipeline>,
         bindings: Vec<(Held, u64, u64)>,
-        /// Bytes of the scalar blob in the recording's bytes, and the padded
-        /// size bound.
+        /// The blob's place in the recording's bytes, and the padded size bound.
         scalars: Option<(usize, usize, u64)>,
         groups: Groups,
     },
@@ -261,7 +251,6 @@ impl crate::Wgpu {
         let device = &self.gpu.device;
         let refused =
             |what: &str, detail: String| late_fault("wgpu validation", format!("{what}: {detail}"));
-        // One immutable buffer holds every recorded byte.
         let constants = if recording.bytes.is_empty() {
             None
         } else {
@@ -348,9 +337,7 @@ impl crate::Wgpu {
                                     return Err(refused(&what, detail));
                                 }
                             };
-                            // Graph bind groups are not in the cache: give
-                            // each its own id so the pass never mistakes one
-                            // for another.
+                            // Uncached, so each gets its own id for the pass.
                             self.next_id += 1;
                             Some((self.next_id, group, dynamic))
                         }
@@ -376,8 +363,7 @@ impl crate::Wgpu {
                     hold(src);
                     hold(dst);
                     if src.id == dst.id {
-                        // Within one buffer: through a bounce buffer the
-                        // graph owns (see `copy::bounce`).
+                        // Within one buffer: through a graph-owned bounce (`copy::bounce`).
                         let bounce = crate::copy::bounce(device, *len);
                         steps.push(Step::Copy {
                             src: src.buffer.clone(),
@@ -426,8 +412,7 @@ impl crate::Wgpu {
                 }
             }
         }
-        // Encode once, into a batch that is never submitted, and finish it:
-        // this is where wgpu validates the passes and copies.
+        // Encode once, never submitted: `finish` is where wgpu validates.
         let mut trial = Batch::new(self.streams[s].stream, 0);
         let (finished, error) = no_panic(&self.gpu.sink, "sealing a recording", || {
             scoped(device, || {
@@ -449,8 +434,7 @@ impl crate::Wgpu {
         })
     }
 
-    /// Destroy `graph` once its replays are done (rule 35): submit the
-    /// batches of the streams it was replayed on and wait for them.
+    /// Destroy `graph` once its replays are done (rule 35).
     pub(crate) fn destroy_now(&mut self, graph: Graph) -> Result<(), Error> {
         let streams = std::mem::take(&mut *graph.replayed_on.lock());
         let mut result = Ok(());

@@ -1,28 +1,21 @@
 //! Host copies and device copies.
 //!
-//! - **Write**: `queue.write_buffer`. wgpu stages the bytes at once (so the
-//!   caller's slice is only borrowed) and copies them at the start of the
-//!   next submission — before that submission's commands. So a write first
-//!   submits the stream's open batch: the stream's earlier launches must not
-//!   see the new bytes.
-//! - **Read**: a copy into a mapped-read staging buffer is appended to the
-//!   stream's batch, the batch is submitted and the staging buffer is
-//!   mapped with `map_async` (`Backend::begin_read`, under the server's
-//!   lock); the device is polled until that submission is done without the
-//!   lock (`Backend::wait`); then the bytes are copied out
-//!   (`Backend::end_read`). One submission and one wait carry the stream's
-//!   work and the read together. The staging buffer is taken by the read
-//!   while it runs — two reads in flight never share one — and kept for the
-//!   next while reads fit in it.
-//! - **Copy**: `copy_buffer_to_buffer` in the stream's open encoder, which
-//!   closes the open compute pass (a pass cannot hold copies) but does not
-//!   submit. wgpu refuses a copy within one buffer, so that one goes through
-//!   a [`bounce`] buffer of its own.
+//! - **Write**: `queue.write_buffer`. wgpu stages the bytes at once, so the
+//!   caller's slice is only borrowed. They land at the start of the next
+//!   submission, before its commands. So a write first submits the stream's
+//!   open batch, whose launches must not see the new bytes.
+//! - **Read**: `Backend::begin_read` appends a copy into a mapped-read
+//!   staging buffer, submits and maps it, under the lock. `Backend::wait`
+//!   polls without the lock, and `Backend::end_read` copies the bytes out.
+//!   One submission and one wait carry the stream's work and the read. A
+//!   read in flight owns its staging buffer, which is kept for the next read.
+//! - **Copy**: `copy_buffer_to_buffer` in the open encoder, which closes the
+//!   compute pass but does not submit. wgpu refuses a copy within one
+//!   buffer, so that one goes through a [`bounce`] buffer.
 //!
-//! Each is inside error scopes. The `Backend` contract puts every range
-//! inside its memory at 4-byte alignment, which is all wgpu asks of a
-//! buffer copy; wgpu checks it again, so nothing here needs `unsafe`, and a
-//! broken promise would be wgpu's typed error, not undefined behaviour.
+//! Each runs inside error scopes. The `Backend` contract keeps every range in
+//! its memory at 4-byte alignment, all wgpu asks of a copy. wgpu checks it
+//! again, so a broken promise is a typed error, not undefined behaviour.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,10 +30,8 @@ use crate::stream::StreamWait;
 /// Staging buffers up to this size are kept for the next read.
 const KEEP_STAGING: u64 = 64 << 20;
 
-/// A buffer for a copy within one buffer to pass through: wgpu refuses a
-/// copy whose source and destination are the same buffer, and the contract
-/// allows one whose ranges do not overlap. The encoder keeps it alive until
-/// the copies have run.
+/// A buffer for a copy within one buffer to pass through, which wgpu
+/// otherwise refuses. The encoder keeps it alive until the copies run.
 pub(crate) fn bounce(device: &wgpu::Device, len: u64) -> wgpu::Buffer {
     device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("scope copy within a buffer"),
@@ -134,8 +125,7 @@ impl crate::Wgpu {
         Ok(())
     }
 
-    /// A staging buffer for a read of `len` bytes, and its size: the kept
-    /// one if it is free and large enough, else a new one.
+    /// A staging buffer of at least `len` bytes, and its size: the kept one if it fits.
     fn take_staging(&mut self, len: u64) -> Result<(wgpu::Buffer, u64), Error> {
         if let Some((buffer, size)) = self.staging.take() {
             if size >= len {
@@ -161,9 +151,7 @@ impl crate::Wgpu {
         Ok((buffer, size))
     }
 
-    /// Keep an unmapped staging buffer for the next read, if it is of a
-    /// keeping size and larger than the one kept (reads in flight at once
-    /// each took their own; the largest serves the most).
+    /// Keep an unmapped staging buffer of a keeping size, if larger than the kept one.
     fn keep_staging(&mut self, buffer: wgpu::Buffer, size: u64) {
         if size <= KEEP_STAGING && self.staging.as_ref().is_none_or(|(_, kept)| *kept < size) {
             self.staging = Some((buffer, size));
@@ -171,8 +159,7 @@ impl crate::Wgpu {
     }
 
     /// Begin a read of `len` bytes at `offset` of `src` after stream `s`'s
-    /// work: copy them into staging at the end of the stream's batch,
-    /// submit, and map the staging buffer. The waiter waits for that
+    /// work: copy into staging, submit, and map. The waiter waits for that
     /// submission; [`end_read_now`](Self::end_read_now) copies the bytes.
     pub(crate) fn begin_read_now(
         &mut self,
@@ -205,8 +192,7 @@ impl crate::Wgpu {
         }
         let (mut submitter, streams) = self.submitter();
         let batch = &mut streams[s];
-        // A failed flush drops the staging buffer: the copy into it may
-        // have been submitted.
+        // A failed flush drops the staging: the copy into it may have been submitted.
         submitter.flush(batch)?;
         let mapped: Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>> = Arc::default();
         let answer = mapped.clone();
@@ -228,9 +214,8 @@ impl crate::Wgpu {
         )))
     }
 
-    /// Finish a read begun by [`begin_read_now`](Self::begin_read_now)
-    /// once its wait succeeded: report what surfaced on the stream, then
-    /// copy the mapped bytes into `out`.
+    /// Finish a read begun by [`begin_read_now`](Self::begin_read_now) once its
+    /// wait succeeded: report what surfaced, then copy the bytes into `out`.
     pub(crate) fn end_read_now(
         &mut self,
         s: usize,
@@ -260,16 +245,14 @@ impl crate::Wgpu {
         copied
     }
 
-    /// Recycle what a read's waiter holds when the read is given up
-    /// (`Backend::end_wait`).
+    /// Recycle what an abandoned read's waiter holds (`Backend::end_wait`).
     pub(crate) fn abandon_read(&mut self, read: ReadBack) {
         if let Some((staging, size)) = read.give_back() {
             self.keep_staging(staging, size);
         }
     }
 
-    /// Read `out.len()` bytes at `offset` of `src` after stream `s`'s work,
-    /// waiting under the lock: the three steps of a read in one.
+    /// A whole read of `out.len()` bytes at `offset` of `src`, waiting under the lock.
     pub(crate) fn read_now(
         &mut self,
         s: usize,
@@ -292,8 +275,7 @@ impl crate::Wgpu {
     }
 }
 
-/// How long a finished read waits for its map's callback to run on another
-/// thread ([`ReadBack::until_mapped`]).
+/// How long a finished read waits for its map callback ([`ReadBack::until_mapped`]).
 const MAP_GRACE: Duration = Duration::from_secs(10);
 
 /// A read's copy into staging, submitted and mapped by
@@ -308,13 +290,9 @@ pub struct ReadBack {
 
 impl ReadBack {
     /// Once its submission finished, wait for the map's callback. wgpu runs
-    /// callbacks on whichever thread polls the device: when another thread's
-    /// poll took this one, the waiting thread's own poll can return while
-    /// that thread has yet to run it, and the read would find the staging
-    /// unmapped (seen with four logical devices of one adapter read from four
-    /// threads at once). So poll again until the callback ran, for at most
-    /// [`MAP_GRACE`]; past it, [`copy_into`](Self::copy_into) reports the
-    /// read-back never mapped.
+    /// callbacks on whichever thread polls, so this thread's poll can return
+    /// before another thread ran ours. So poll again until it ran, for at
+    /// most [`MAP_GRACE`]; past it, [`copy_into`](Self::copy_into) reports no map.
     pub(crate) fn until_mapped(
         &self,
         device: &wgpu::Device,
@@ -366,8 +344,7 @@ impl ReadBack {
         }
     }
 
-    /// The staging buffer, unmapped, if it can serve another read: a map
-    /// still pending (the wait gave up) or failed leaves it unusable.
+    /// The staging buffer, unmapped, unless a pending or failed map spoiled it.
     fn give_back(self) -> Option<(wgpu::Buffer, u64)> {
         if self.map_error.is_some() || !matches!(self.mapped.lock().as_ref(), Some(Ok(()))) {
             return None;

@@ -1,34 +1,28 @@
 //! Finding an adapter and opening the device.
 //!
-//! A runtime that links this crate should get the best device the machine
-//! has without configuration, and a person debugging it should be able to
-//! force any other one. So the choice is a ranking with two overrides:
+//! A runtime should get the machine's best device without configuration, and
+//! a person debugging it should be able to force any other. So the choice is
+//! a ranking with two overrides:
 //!
-//! 1. Candidates are every adapter of the allowed APIs (`SCOPE_WGPU_BACKEND`:
-//!    `vulkan`, `gl`, `metal`, `dx12`; by default Vulkan and GL, the two this
-//!    build carries) whose name contains `SCOPE_WGPU_ADAPTER`, when set
-//!    (case-insensitive), and that can run compute shaders.
-//! 2. Hardware ranks before software (discrete, integrated, virtual, other,
-//!    then CPU), and Vulkan before GL on a tie: GL is the fallback API.
-//! 3. The first candidate whose device opens wins. Falling back to a software
-//!    adapter (lavapipe, llvmpipe) is logged as a warning, and the choice is
-//!    in [`Backend::describe`](scope_core::Backend::describe), so a slow run
+//! 1. Candidates are the adapters of the allowed APIs that run compute
+//!    shaders. `SCOPE_WGPU_BACKEND` picks the API (by default Vulkan and GL,
+//!    the two this build carries). `SCOPE_WGPU_ADAPTER` filters by name.
+//! 2. Hardware ranks before software, and Vulkan before GL on a tie.
+//! 3. The first candidate whose device opens wins. A software fallback is
+//!    logged as a warning and shows in
+//!    [`Backend::describe`](scope_core::Backend::describe), so a slow run
 //!    says why.
 //!
-//! No candidate is [`Error::BackendUnavailable`], with what was looked for and
-//! what was found, never a panic: wgpu loads the Vulkan and EGL libraries at
-//! run time and answers their absence with an empty adapter list.
+//! No candidate is [`Error::BackendUnavailable`], saying what was sought and
+//! found, never a panic. wgpu loads the Vulkan and EGL libraries at run time,
+//! and answers their absence with an empty adapter list.
 //!
-//! The device is opened with the adapter's own limits, not WebGPU's defaults,
-//! so that the largest allocation is the adapter's (lavapipe: 128 MiB per
-//! storage binding, 2 GiB per buffer), and with each of the optional
-//! features in [`OPTIONAL`] that the adapter offers: `f16`, subgroups and
-//! `f32` atomics (lavapipe offers all of them; llvmpipe's GL none). What
-//! was enabled is reported in `launch_limits`.
+//! The device opens with the adapter's own limits, not WebGPU's defaults, so
+//! the largest allocation is the adapter's. It enables each feature of
+//! [`OPTIONAL`] the adapter offers, as `launch_limits` reports.
 //!
-//! A lost device is opened again from the same adapter with the same
-//! features and limits ([`Gpu::reopen`]), through the one function that
-//! opened it first.
+//! A lost device is opened again from the same adapter, with the same
+//! features and limits ([`Gpu::reopen`]).
 
 use std::sync::Arc;
 
@@ -45,8 +39,7 @@ pub enum Api {
     Gl,
     /// Metal. Not compiled into this build; asking for it finds nothing.
     Metal,
-    /// Direct3D 12. Not compiled into this build; asking for it finds
-    /// nothing.
+    /// Direct3D 12. Not compiled into this build; asking for it finds nothing.
     Dx12,
 }
 
@@ -88,10 +81,8 @@ pub struct Options {
     pub api: Option<Api>,
     /// Only adapters whose name contains this (case-insensitive).
     pub adapter: Option<String>,
-    /// Which of the adapters the other options allow, numbered
-    /// `0..`[`adapter_count`] in the order the server prefers them
-    /// (hardware first, Vulkan before GL): `None` opens the first that
-    /// works, `Some(i)` adapter `i` and no other.
+    /// Which allowed adapter, numbered `0..`[`adapter_count`] in preference
+    /// order. `None` opens the first that works, `Some(i)` only adapter `i`.
     pub index: Option<usize>,
 }
 
@@ -147,10 +138,8 @@ impl Options {
     }
 }
 
-/// The optional features the server enables where the adapter offers
-/// them, so that a kernel may use them: `f16` in kernels (WGSL's `enable
-/// f16;`), subgroup operations and barriers, and atomic add and exchange on
-/// `f32` in storage buffers. Each is reported in
+/// The optional features enabled where the adapter offers them: `f16`,
+/// subgroups and their barriers, and `f32` storage atomics. Each shows in
 /// [`LaunchLimits`](scope_core::LaunchLimits)' features.
 pub const OPTIONAL: wgpu::Features = wgpu::Features::SHADER_F16
     .union(wgpu::Features::SUBGROUP)
@@ -164,28 +153,24 @@ pub(crate) struct Gpu {
     pub(crate) info: wgpu::AdapterInfo,
     /// The limits the device was asked for: the adapter's own.
     pub(crate) limits: wgpu::Limits,
-    /// The optional features enabled: [`OPTIONAL`], as far as the adapter
-    /// offers them.
+    /// The optional features enabled: [`OPTIONAL`], as the adapter offers them.
     pub(crate) features: wgpu::Features,
     pub(crate) sink: Arc<Sink>,
-    /// The adapter the device came from, which a lost device is asked of
-    /// again ([`Gpu::reopen`]).
+    /// The adapter a lost device is asked of again ([`Gpu::reopen`]).
     adapter: wgpu::Adapter,
     // Kept so the instance outlives the device on every backend.
     _instance: wgpu::Instance,
 }
 
-/// A device just opened, with the server's error sink and loss callback
-/// installed on it.
+/// A device just opened, with the server's sink installed.
 struct Opened {
     device: wgpu::Device,
     queue: wgpu::Queue,
     sink: Arc<Sink>,
 }
 
-/// Ask `adapter` for a device with `features` and `limits`, and install
-/// the sink on it before anything else can reach it: what opening the
-/// server and opening a lost device again share. Never panics.
+/// Ask `adapter` for a device, installing the sink before anything can reach
+/// it. Opening and reopening share it. Never panics.
 fn request(
     adapter: &wgpu::Adapter,
     features: wgpu::Features,
@@ -217,15 +202,9 @@ fn request(
 fn instance(backends: wgpu::Backends) -> wgpu::Instance {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backends;
-    // The API's own validation layers are for debugging wgpu, not for
-    // running kernels; `WGPU_VALIDATION=1` turns them on.
-    //
-    // Indirect-call validation is on whatever the environment says: it is
-    // what bounds a dispatch's counts when they live in device memory,
-    // where no host check reaches them. wgpu turns a dispatch whose counts
-    // are past `max_compute_workgroups_per_dimension` into a no-op; without
-    // it wgpu documents the behaviour as undefined, and lavapipe runs
-    // `u32::MAX` workgroups for hours.
+    // API validation layers are for debugging wgpu; `WGPU_VALIDATION=1` enables them.
+    // Indirect-call validation is always on: it alone bounds counts in device
+    // memory. Without it, lavapipe runs `u32::MAX` workgroups for hours.
     desc.flags =
         wgpu::InstanceFlags::empty().with_env() | wgpu::InstanceFlags::VALIDATION_INDIRECT_CALL;
     wgpu::Instance::new(desc)
@@ -351,17 +330,11 @@ impl Gpu {
         Err(unavailable(reason))
     }
 
-    /// Give the device up and ask the same adapter for a new one, with the
-    /// features and limits the first was asked for.
-    ///
-    /// The old device's sink is retired first, so nothing its teardown
-    /// reports (its loss callback, errors no scope caught) reads as a
-    /// fault; the old device is destroyed — whatever still names it stops
-    /// working rather than keep running beside the new one — and polled
-    /// once, never waited on. Every object the server made on it must be
-    /// gone already. When the adapter gives no device, the old one stays,
-    /// given up: every call answers the sticky fault, and a later call here
-    /// tries again.
+    /// Give the device up and ask the same adapter for a new one, as first asked.
+    /// The old sink is retired first, so teardown never reads as a fault. The
+    /// old device is destroyed, so nothing naming it runs beside the new one.
+    /// Every object made on it must be gone. On a refusal the old device stays
+    /// given up, and a later call tries again.
     pub(crate) fn reopen(&mut self) -> Result<(), Error> {
         self.sink.retire();
         let device = &self.device;
@@ -383,9 +356,7 @@ impl Gpu {
             std::mem::replace(&mut self.device, opened.device),
         );
         let retired = std::mem::replace(&mut self.sink, opened.sink);
-        // The queue's drop waits for the old device to go idle, which a
-        // lost device answers at once and an injected loss after the work
-        // in flight.
+        // The queue's drop waits for the old device to go idle; a real loss answers at once.
         let _ = no_panic(&retired, "dropping the lost device", move || drop(old));
         tracing::info!(backend = NAME, adapter = %self.describe(), "device opened again");
         Ok(())
@@ -421,10 +392,8 @@ fn candidates(instance: &wgpu::Instance, options: &Options) -> (Vec<String>, Vec
     (found, allowed)
 }
 
-/// The API of the adapter an open with `options` tries first (the one
-/// [`client_with`](crate::client_with) without an index would take), if
-/// any: the API a program's several devices should share, since what a
-/// kernel may use differs between them.
+/// The API of the adapter [`client_with`](crate::client_with) would open first.
+/// A program's devices should share it: kernel features differ between APIs.
 pub fn first_api(options: &Options) -> Option<Api> {
     let (_, allowed) = candidates(&instance(options.backends()), options);
     match allowed.first()?.get_info().backend {
@@ -436,8 +405,7 @@ pub fn first_api(options: &Options) -> Option<Api> {
     }
 }
 
-/// How many adapters `options` allow, which [`Options::index`] numbers;
-/// 0 where there is none.
+/// How many adapters `options` allow, as [`Options::index`] numbers them.
 pub fn adapter_count(options: &Options) -> usize {
     candidates(&instance(options.backends()), options).1.len()
 }

@@ -1,38 +1,25 @@
 //! Error scopes and classification: how a wgpu error becomes the core's
 //! [`Error`], on the call that caused it.
 //!
-//! wgpu reports most errors not as return values but to the device's error
-//! sink, and its default sink panics. That is the wrong shape for a server
-//! whose contract is "no panic on a driver error, and every failure lands on
-//! the bytes of the work that caused it". So:
+//! wgpu reports most errors to the device's error sink, whose default panics.
+//! This server must not panic on a driver error, and each failure must land
+//! on the work that caused it. So:
 //!
-//! - Every fallible wgpu call this crate makes runs inside [`scoped`], which
-//!   pushes one error scope per filter (validation, out-of-memory, internal),
-//!   runs the call, and pops them. The error, if any, belongs to exactly the
-//!   call inside, and keeps wgpu's message (a WGSL error keeps its
-//!   `line:column`).
-//! - Scopes are thread-local in wgpu, and every backend call runs start to
-//!   finish on the caller's thread under the server lock, so a scope never
-//!   sees another thread's errors.
-//! - Whatever escapes a scope (there should be nothing) reaches the handler
-//!   installed by [`Sink::install`], which logs it and keeps it for the next
-//!   sync instead of panicking; device loss sets a flag that every later call
-//!   answers with a sticky fault, which the core turns into poison.
-//! - A loss is learned late (wgpu runs the loss callback at a poll), and
-//!   until then the lost device's objects fail in ways that look like
-//!   validation errors. So an error a scope catches is classified only
-//!   after [`lost_first`] has let a loss speak.
-//! - One sink per device. The server retires it ([`Sink::retire`]) before
-//!   it gives the device up — to open it again, or on drop — so nothing the
-//!   teardown reports reads as a fault.
+//! - Every fallible wgpu call runs inside [`scoped`]. Its error belongs to
+//!   that call alone and keeps wgpu's message (WGSL keeps `line:column`).
+//! - Scopes are thread-local, and each backend call runs on one thread under
+//!   the server lock. A scope never sees another thread's errors.
+//! - What escapes a scope reaches the handler from [`Sink::install`]. It logs
+//!   the error and keeps it for the next sync, never panicking.
+//! - A loss is learned late, at a poll, and until then looks like validation
+//!   errors. So a caught error is classified only after [`lost_first`].
+//! - One sink per device. [`Sink::retire`] runs before the device is given
+//!   up, so its teardown never reads as a fault.
 //!
-//! wgpu validates encoded commands (passes, copies) when the encoder is
-//! finished, not when they are recorded. The launch and copy paths check up
-//! front everything that validation would refuse (binding sizes, dispatch
-//! limits, usage conflicts), so the errors a batch could still raise at
-//! submission are ones the server could not foresee; they are reported as a
-//! late, non-sticky fault at the stream's next sync or read, where the core
-//! attributes them to the work in flight (rule 23).
+//! wgpu validates encoded commands only when the encoder finishes. Launch and
+//! copy check up front what that validation would refuse. What a batch still
+//! raises at submission is a late, non-sticky fault at the next sync or read,
+//! charged to the work in flight (rule 23).
 
 use std::future::Future;
 use std::pin::pin;
@@ -47,11 +34,8 @@ use scope_core::{DeviceFault, Error};
 /// The backend's name in errors.
 pub(crate) const NAME: &str = "wgpu";
 
-/// Run `f` inside validation, out-of-memory and internal error scopes, and
-/// return its value with the first error any of them caught.
-///
-/// The guards are popped in reverse order of pushing, as wgpu requires; if
-/// `f` panics they drop in that order too (and wgpu discards their errors).
+/// Run `f` inside validation, out-of-memory and internal error scopes; its
+/// value and the first error caught. Guards pop in reverse, as wgpu requires.
 pub(crate) fn scoped<R>(device: &wgpu::Device, f: impl FnOnce() -> R) -> (R, Option<wgpu::Error>) {
     let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
     let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
@@ -63,11 +47,8 @@ pub(crate) fn scoped<R>(device: &wgpu::Device, f: impl FnOnce() -> R) -> (R, Opt
     (value, oom.or(validation).or(internal))
 }
 
-/// Drive a future that is (on native wgpu) already complete.
-///
-/// wgpu-core's `pop_error_scope` future is `ready(..)`, so one poll with a
-/// no-op waker answers it without a thread or an allocation; anything that
-/// is genuinely pending falls back to `pollster`.
+/// Drive a future native wgpu has already completed: `pop_error_scope` is
+/// `ready(..)`, so one no-op poll answers it. Else fall back to `pollster`.
 pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
     let mut future = pin!(future);
     let mut cx = Context::from_waker(Waker::noop());
@@ -77,9 +58,8 @@ pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
     }
 }
 
-/// wgpu's message for `error`: the description for validation and internal
-/// errors (WGSL errors carry `line:column` in it), and the source chain for
-/// out-of-memory, whose `Display` is only "Out of Memory".
+/// wgpu's message for `error`. Out-of-memory adds its source, since its
+/// `Display` is only "Out of Memory".
 pub(crate) fn message(error: &wgpu::Error) -> String {
     match error {
         wgpu::Error::Validation { description, .. } | wgpu::Error::Internal { description, .. } => {
@@ -98,8 +78,7 @@ pub(crate) fn out_of_memory(error: &wgpu::Error, requested: u64) -> Option<Error
     })
 }
 
-/// A non-sticky fault: an error that surfaced after the call that caused it
-/// returned (a batch refused at submission, an error no scope caught).
+/// A non-sticky fault, for an error raised after its call returned.
 pub(crate) fn late_fault(code: &str, detail: String) -> Error {
     Error::Fault(DeviceFault {
         backend: NAME,
@@ -121,41 +100,28 @@ pub(crate) fn device_lost(detail: &str) -> Error {
     })
 }
 
-/// What the device told us outside any call: loss, and errors no scope
-/// caught. Shared with wgpu's callbacks, which may run on any thread.
-///
-/// One sink per device: a device opened again gets a new one, so nothing
-/// the old device reports late reaches the new device's calls.
+/// What the device reports outside any call: loss, and errors no scope
+/// caught. wgpu's callbacks may reach it from any thread.
 #[derive(Default)]
 pub(crate) struct Sink {
     lost: AtomicBool,
     lost_reason: Mutex<String>,
     uncaptured: Mutex<Vec<String>>,
     any_uncaptured: AtomicBool,
-    /// The server gave the device up ([`retire`](Self::retire)): what it
-    /// reports from here on is its teardown, not a fault.
+    /// Set by [`retire`](Self::retire): later reports are teardown, not faults.
     retired: AtomicBool,
 }
 
 impl Sink {
-    /// A sink, with its handlers installed on `device`.
-    ///
-    /// A loss poisons, whatever its reason, unless the server gave the
-    /// device up first. wgpu reports two: `Unknown` (the driver lost the
-    /// device) and `Destroyed` (`Device::destroy` was called). The server
-    /// destroys a device only after retiring its sink, when it opens the
-    /// device again ([`Gpu::reopen`](crate::device::Gpu::reopen)), and
-    /// dropping a device reports no loss at all; so a `Destroyed` on a sink
-    /// still in service is a destroy the server never asked for (through
-    /// `Wgpu::raw`), and the device is as lost as by any driver fault. wgpu
-    /// runs the callback at a poll once the queue is empty, so the loss is
-    /// learned at the next wait or read, as a real loss is.
+    /// A sink, with its handlers installed on `device`. Any loss on a sink in
+    /// service poisons: the server destroys a device only after retiring its
+    /// sink ([`Gpu::reopen`](crate::device::Gpu::reopen)). So a `Destroyed`
+    /// here came through `Wgpu::raw`.
     pub(crate) fn install(device: &wgpu::Device) -> Arc<Self> {
         let sink = Arc::new(Self::default());
         let on_error = Arc::downgrade(&sink);
         device.on_uncaptured_error(Arc::new(move |error: wgpu::Error| {
-            // Never panic here: this replaces wgpu's default handler, which
-            // does.
+            // Never panic: this replaces wgpu's default handler, which does.
             let text = message(&error);
             let Some(sink) = on_error.upgrade() else {
                 tracing::debug!(backend = NAME, "wgpu error after the device went: {text}");
@@ -179,7 +145,6 @@ impl Sink {
                 return;
             };
             if sink.retired.load(Ordering::Acquire) {
-                // The server's own teardown: nobody is left to tell.
                 tracing::debug!(backend = NAME, ?reason, "device given up: {text}");
                 return;
             }
@@ -203,10 +168,8 @@ impl Sink {
         sink
     }
 
-    /// The server gives the device up (to open it again, or on drop): from
-    /// here every call answers the sticky fault, and what the device
-    /// reports as it goes — its loss callback, errors no scope caught — is
-    /// logged, never kept as a fault.
+    /// Give the device up. Every later call answers the sticky fault, and
+    /// teardown reports are logged, never kept.
     pub(crate) fn retire(&self) {
         if self.retired.swap(true, Ordering::AcqRel) {
             return;
@@ -239,8 +202,7 @@ impl Sink {
         self.lost.store(true, Ordering::Release);
     }
 
-    /// Errors that escaped every scope since the last call, as one late
-    /// fault.
+    /// Errors that escaped every scope since the last call, as one late fault.
     pub(crate) fn take_uncaptured(&self) -> Option<Error> {
         if !self.any_uncaptured.swap(false, Ordering::AcqRel) {
             return None;
@@ -250,27 +212,14 @@ impl Sink {
     }
 }
 
-/// How long an error path waits for the device's submitted work so that a
-/// loss can speak ([`lost_first`]).
+/// How long [`lost_first`] waits for submitted work, so a loss can speak.
 const LOSS_PROBE: Duration = Duration::from_secs(2);
 
-/// On an error path, before the error is classified as anything else: the
-/// sticky fault if the device turns out to be lost.
-///
-/// wgpu says little at the moment a device goes. On a destroyed device
-/// (`Device::destroy`) every call is a silent no-op — objects made on it
-/// are invalid, and wgpu drops the errors that say why — and the loss
-/// callback runs only at a poll that finds the queue empty. What the
-/// server does see is the consequence: a submission refused because a
-/// buffer is invalid, a map that fails, a write into an invalid buffer.
-/// Each of those, classified on its own, would read as a recoverable
-/// validation error on one piece of work. So every error a scope catches
-/// first polls the device (waiting at most [`LOSS_PROBE`] for the work in
-/// flight) and asks the sink: a lost device answers the sticky fault, which
-/// poisons, and only a device still in service gets the error's own
-/// classification. Errors are rare, so the wait costs nothing on the path
-/// that matters; work that runs past the probe leaves the loss to the next
-/// wait, as any loss is learned.
+/// On an error path: the sticky fault if the device turns out to be lost.
+/// A destroyed device fails silently and reports the loss only at a poll, so
+/// the server first sees a refused submission or a failed map. Alone, that
+/// would read as a recoverable error on one piece of work. So poll first, for
+/// at most [`LOSS_PROBE`]; errors are rare, so the wait costs nothing.
 pub(crate) fn lost_first(device: &wgpu::Device, sink: &Sink) -> Result<(), Error> {
     sink.check_lost()?;
     let _ = no_panic(sink, "a device poll after an error", || {
@@ -282,11 +231,8 @@ pub(crate) fn lost_first(device: &wgpu::Device, sink: &Sink) -> Result<(), Error
     sink.check_lost()
 }
 
-/// Run `f`, turning a panic inside wgpu into a lost device.
-///
-/// wgpu still panics on a few paths no scope reaches (a device error while
-/// polling, say). Those mean the device can no longer be trusted, which is
-/// what a sticky fault says.
+/// Run `f`, turning a panic inside wgpu into a lost device. wgpu still panics
+/// on a few paths no scope reaches, and then the device cannot be trusted.
 pub(crate) fn no_panic<R>(sink: &Sink, what: &str, f: impl FnOnce() -> R) -> Result<R, Error> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(value) => Ok(value),

@@ -3,33 +3,26 @@
 //!
 //! # Compiling
 //!
-//! The core caches compiled kernels by [`Kernel::id`] (a hash of source,
-//! entry point and block), so [`compile`] runs once per kernel. It creates the
-//! shader module inside error scopes, so a WGSL error comes back as
-//! [`Error::Compile`] with naga's own text, `line:column` included. It then
-//! reflects the module (naga again) for the bindings of `@group(0)`, because
-//! the pipeline layout is built explicitly rather than derived:
+//! The core caches kernels by [`Kernel::id`], so [`compile`] runs once per
+//! kernel. A WGSL error comes back from error scopes as [`Error::Compile`],
+//! with naga's `line:column`. The module is then reflected for the bindings
+//! of `@group(0)`, because the pipeline layout is built explicitly:
 //!
-//! - an explicit layout can give the *last* binding a dynamic offset, which
-//!   is how a launch's scalar blob is bound into the batch's shared arena
-//!   without a bind group per launch (see [`crate::stream`]);
-//! - the reflected minimum sizes and read-only flags let a launch be checked
-//!   up front ([`check`]). wgpu validates a pass's dispatches only when the
-//!   encoder is finished — in a batch, long after the launch returned — so
-//!   anything it would refuse there must be refused before, as an invalid
-//!   argument. The core calls [`check`] (`Backend::check_launch`) before
-//!   it opens the launch's scope, so such a launch claims nothing and reads
-//!   the same as the core's own argument checks on every server.
+//! - An explicit layout can give the *last* binding a dynamic offset. That
+//!   binds a launch's scalar blob into the batch's shared arena without a
+//!   bind group per launch (see [`crate::stream`]).
+//! - Reflected minimum sizes and read-only flags let [`check`] refuse up
+//!   front what wgpu would refuse at `finish`, long after the launch
+//!   returned. The core calls it (`Backend::check_launch`) before the
+//!   launch's scope opens, so such a launch claims nothing.
 //!
 //! # Launching
 //!
-//! A launch looks up (or makes, inside error scopes) the bind group for its
-//! exact buffers and ranges, then encodes set-pipeline, set-bind-group and
-//! dispatch into the stream's open compute pass, skipping the first two when
-//! the pass already has them bound. No error scope is pushed per dispatch:
-//! recording into an open pass cannot fail in wgpu 30 (validation is
-//! deferred to `finish`), and pushing and popping three scopes would double
-//! the cost of a launch.
+//! A launch finds or makes the bind group for its exact buffers and ranges.
+//! It then encodes set-pipeline, set-bind-group and dispatch into the open
+//! pass, skipping what is already bound. No error scope is pushed per
+//! dispatch: recording cannot fail in wgpu 30, and three scopes would double
+//! a launch's cost.
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -53,8 +46,7 @@ pub(crate) struct Slot {
     pub(crate) uniform: bool,
     /// Declared `var<storage, read>` (or uniform).
     pub(crate) read_only: bool,
-    /// The smallest binding the shader's type allows (a runtime-sized array
-    /// counts one element).
+    /// The smallest binding the type allows (a runtime-sized array counts one).
     pub(crate) min_size: u64,
 }
 
@@ -161,10 +153,9 @@ pub(crate) fn compile(gpu: &Gpu, kernel: &Kernel, id: u64) -> Result<Arc<Pipelin
                 force_loop_bounding: !kernel.vouched_terminates(),
                 ..wgpu::ShaderRuntimeChecks::checked()
             };
-            // SAFETY: each check dropped was vouched for with the unsafe
-            // `Kernel::vouch_in_bounds` (every access stays inside its
-            // bindings and arrays) or `Kernel::vouch_terminates` (every loop
-            // ends): what the check would have enforced.
+            // SAFETY: each check dropped was vouched for by the unsafe
+            // `Kernel::vouch_in_bounds` (accesses stay in bounds) or
+            // `Kernel::vouch_terminates` (every loop ends).
             unsafe { device.create_shader_module_trusted(descriptor, checks) }
         } else {
             device.create_shader_module(descriptor)
@@ -243,37 +234,26 @@ pub(crate) fn compile(gpu: &Gpu, kernel: &Kernel, id: u64) -> Result<Arc<Pipelin
     }))
 }
 
-/// `n` rounded up to a multiple of `to`.
 #[inline]
 pub(crate) fn round_up(n: u64, to: u64) -> u64 {
     n.div_ceil(to) * to
 }
 
-/// The last launch [`check`] accepted, as what the check reads of it: the
-/// pipeline, the scalar blob's length, the indirect counts' buffer, and
-/// each binding's buffer, offset and length. A loop launches one kernel
-/// over the same buffers again and again; comparing these is a fraction of
-/// checking again (a tenth of the server's own part of a launch on
-/// llvmpipe-GL). The rest of what the check reads does not change under
-/// the same ids: a buffer's capacity is fixed by its id (ids are never
-/// reused), a pipeline's slots by its id, and the device's limits until
-/// it opens again, which starts a new memo.
+/// The last launch [`check`] accepted, as the check reads it. A loop repeats
+/// one launch, and comparing is a fraction of checking again. The rest is fixed
+/// by the same ids: ids are never reused, and a reopened device starts anew.
 pub(crate) struct Checked {
-    /// The pipeline, the scalar blob's length and the indirect counts'
-    /// buffer (`u64::MAX` for host-given counts); all zero while nothing
-    /// is remembered (ids start at 1).
+    /// Pipeline, blob length and indirect buffer (`u64::MAX` for host counts);
+    /// all zero while nothing is remembered.
     head: Cell<[u64; 3]>,
     /// How many bindings it had; `usize::MAX` while nothing is remembered.
     count: Cell<usize>,
-    /// Each binding's buffer, offset and length.
     bound: [Cell<[u64; 3]>; CHECKED_BINDINGS],
 }
 
-/// The most bindings [`Checked`] remembers of a launch; a launch with more
-/// is checked every time. Cells, not a vector: the comparison on every
-/// launch is then loads and compares, with no borrow to count and no
-/// pointer to follow to the heap (a launch's own lists are just out of
-/// the cache by the next one on llvmpipe, whose dispatch runs between).
+/// The most bindings [`Checked`] remembers; a launch with more is checked
+/// every time. Cells, not a vector, keep the comparison to loads with no
+/// heap pointer to follow.
 const CHECKED_BINDINGS: usize = 6;
 
 impl Checked {
@@ -285,8 +265,7 @@ impl Checked {
         {
             return false;
         }
-        // A loop that returns, not `zip(..).all(..)`: that one was left out
-        // of line as a `try_fold`, a call on every launch.
+        // A loop, not `zip(..).all(..)`, which compiled to an out-of-line call.
         for (k, b) in self.bound.iter().zip(launch.bindings) {
             if !same_words(k.get(), [b.memory.id, b.offset, b.len]) {
                 return false;
@@ -295,8 +274,7 @@ impl Checked {
         true
     }
 
-    /// Remember `launch` of `kernel` as the launch last accepted (or
-    /// nothing, for one with more bindings than it keeps).
+    /// Remember `launch` of `kernel` as last accepted, unless it has too many bindings.
     pub(crate) fn remember(&self, kernel: &Pipeline, launch: &Launch<'_, Memory>) {
         if launch.bindings.len() > CHECKED_BINDINGS {
             self.count.set(usize::MAX);
@@ -309,8 +287,7 @@ impl Checked {
         self.count.set(launch.bindings.len());
     }
 
-    /// What a launch is checked for besides its bindings. No memory id is
-    /// `u64::MAX`, so a dispatch with host-given counts reads as that.
+    /// What is checked besides bindings. `u64::MAX`, no memory's id, marks host counts.
     #[inline]
     fn head(kernel: &Pipeline, launch: &Launch<'_, Memory>) -> [u64; 3] {
         let indirect = match &launch.dispatch {
@@ -368,8 +345,7 @@ fn check_parts(
         ));
     }
     let fits = |i: usize, slot: &Slot, len: u64| -> Result<(), (String, String)> {
-        // Named only on error: the success path must not format a string
-        // per binding.
+        // Named only on error: no string per binding on the success path.
         let what = || format!("binding {i}");
         let max = if slot.uniform {
             limits.max_uniform_buffer_binding_size
@@ -437,8 +413,7 @@ fn check_parts(
             round_up(launch.scalars.len() as u64, 4),
         )?;
     }
-    // One dispatch is one usage scope: a buffer may be bound read-only any
-    // number of times or writable any number of times, not both.
+    // One dispatch is one usage scope: a buffer is read-only or writable, not both.
     let indirect = match &launch.dispatch {
         BoundDispatch::Indirect { memory, .. } => Some(memory.id),
         BoundDispatch::Groups(_) => None,
@@ -468,15 +443,13 @@ fn check_parts(
             ));
         }
     }
-    // Host-given workgroup counts: the core checked them against
-    // `launch_limits`' grid (max_compute_workgroups_per_dimension).
+    // Host-given counts were checked by the core against `launch_limits`.
     Ok(())
 }
 
 impl crate::Wgpu {
-    /// [`check`] `launch`, remembering it if it passes: a launch unlike
-    /// the last one accepted. Out of line, so that the comparison before it
-    /// is all a repeated launch carries.
+    /// [`check`] a launch unlike the last accepted, remembering it if it passes.
+    /// Out of line, so a repeated launch carries only the comparison.
     #[inline(never)]
     pub(crate) fn check_anew(
         &self,
@@ -488,11 +461,9 @@ impl crate::Wgpu {
         Ok(())
     }
 
-    /// Append a scalar blob unlike the last one to stream `s`'s arena
-    /// image, `padded` to whole words, submitting the batch first if the
-    /// arena is full and taking an arena if the batch has none; the blob's
-    /// offset. Out of line: a loop that repeats its blob never comes here,
-    /// and the launch's frame need not hold what this does.
+    /// Append a new scalar blob to stream `s`'s arena image, `padded` to whole
+    /// words; returns its offset. A full arena submits the batch first. Out of
+    /// line: a loop that repeats its blob never comes here.
     #[inline(never)]
     fn append_scalars(&mut self, s: usize, scalars: &[u8], padded: u64) -> Result<u64, Error> {
         let batch = &self.streams[s];
@@ -516,8 +487,7 @@ impl crate::Wgpu {
         Ok(offset)
     }
 
-    /// Record `launch` (in a capture window) or encode it into stream
-    /// `s`'s open pass.
+    /// Record `launch` (in a capture window) or encode it into stream `s`'s pass.
     pub(crate) fn launch_now(
         &mut self,
         s: usize,
@@ -525,10 +495,8 @@ impl crate::Wgpu {
         launch: &Launch<'_, Memory>,
     ) -> Result<(), Error> {
         self.gpu.sink.check_lost()?;
-        // The core called `check` (`Backend::check_launch`) before the
-        // launch's scope opened; it is not repeated on the success path.
-        // (Were it skipped, wgpu would refuse the batch at submission, a
-        // late fault the core attributes: an error, never a panic or UB.)
+        // The core ran `check` before the launch's scope opened. Were it
+        // skipped, wgpu would refuse the batch at submission: a late fault.
         let stream = self.streams[s].stream;
         if self.streams[s].recording.is_some() {
             self.record_launch(s, kernel, launch);
@@ -561,9 +529,7 @@ impl crate::Wgpu {
         let group = match &kernel.layout {
             None => None,
             Some(_) => {
-                // The scalar blob's entry: with a dynamic offset the group
-                // names the arena at 0 and is shared by every blob of the
-                // batch.
+                // With a dynamic offset, one group names the arena at 0 for every blob.
                 let arena = match &batch.arena {
                     Some(arena) if !launch.scalars.is_empty() => Some(if kernel.dynamic {
                         (arena, 0, Some(scalar_offset as u32))
@@ -618,19 +584,16 @@ impl crate::Wgpu {
     }
 }
 
-/// Whether two keys are the same, word by word. `==` on the arrays
-/// compared them as vectors: one side had just been stored to the stack a
-/// word at a time, and a 16-byte load over two 8-byte stores cannot be
-/// forwarded from them, a stall that perf put at a fifth of the core's
-/// part of a launch on llvmpipe-GL.
+/// Whether two keys are the same, word by word. `==` on arrays compared them
+/// as vectors, and a 16-byte load over two fresh 8-byte stores stalls: a
+/// fifth of the core's part of a launch on llvmpipe-GL.
 #[inline(always)]
 fn same_words(a: [u64; 3], b: [u64; 3]) -> bool {
     (a[0] == b[0]) & (a[1] == b[1]) & (a[2] == b[2])
 }
 
-/// Whether two scalar blobs are the same bytes: eight at a time, inline.
-/// A blob is a few words; a slice comparison called `bcmp` for them, a
-/// call and some twenty instructions on every launch that repeats one.
+/// Whether two scalar blobs are the same bytes, eight at a time, inline.
+/// A slice comparison called `bcmp`, a call on every repeated launch.
 #[inline]
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -648,7 +611,6 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
             .all(|(x, y)| u64::from_ne_bytes(word(x)) == u64::from_ne_bytes(word(y)))
 }
 
-/// An eight-byte chunk as an array.
 #[inline(always)]
 fn word(chunk: &[u8]) -> [u8; 8] {
     let mut word = [0; 8];
@@ -665,22 +627,19 @@ pub(crate) fn launch_error(kernel: &Pipeline, stream: StreamId, detail: String) 
     }
 }
 
-/// The identity of a bind group: the pipeline and each entry's
-/// `[buffer id, offset, size]`.
+/// A bind group's identity: pipeline and each entry's `[buffer id, offset, size]`.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub(crate) struct BindKey {
     pub(crate) pipeline: u64,
     pub(crate) entries: SmallVec<[[u64; 3]; 6]>,
 }
 
-/// Bind groups by key. Cleared when full, and whenever the buffers a key
-/// names are destroyed.
+/// Bind groups by key, cleared when full or when a key's buffer is destroyed.
 #[derive(Default)]
 pub(crate) struct BindGroups {
     map: IdMap<BindKey, (u64, wgpu::BindGroup)>,
-    /// The group the last lookup found, with its key: a loop launches one
-    /// kernel over the same buffers again and again, and comparing its
-    /// entries is a tenth of building, hashing and looking up a key.
+    /// The last group found, with its key. A loop repeats one launch, and
+    /// comparing its entries costs a tenth of a keyed lookup.
     last: Option<(BindKey, u64, wgpu::BindGroup)>,
 }
 
@@ -696,10 +655,8 @@ pub(crate) struct Entry<'a> {
 }
 
 impl BindGroups {
-    /// The group the last lookup found, if it is the one for `bindings`
-    /// of pipeline `pipeline` and the scalar blob's entry `extra` (as
-    /// `[arena id, offset, size]`): compared where they are, so that the
-    /// common launch builds no list of entries.
+    /// The last group found, if it matches `bindings` of `pipeline` and the blob's
+    /// entry `extra`. Compared in place, so the common launch builds no entry list.
     #[inline]
     pub(crate) fn last_for(
         &self,
@@ -725,10 +682,8 @@ impl BindGroups {
         same.then_some((*id, group))
     }
 
-    /// The bind group for `bindings` of `kernel` and the scalar blob's
-    /// `(arena, offset, size)`, when [`last_for`](Self::last_for) missed:
-    /// out of line, so that the list of entries it builds takes no room in
-    /// the frame of every launch.
+    /// The bind group for `bindings` and the blob's entry, when
+    /// [`last_for`](Self::last_for) missed. Out of line, off every launch's frame.
     #[inline(never)]
     pub(crate) fn look_up(
         &mut self,
@@ -758,9 +713,7 @@ impl BindGroups {
         self.get(device, kernel, &entries, next_id)
     }
 
-    /// The bind group for `entries` of `kernel`, from the cache or made
-    /// inside error scopes, and remembered as the last; with its id. For a
-    /// launch the last group missed ([`look_up`](Self::look_up)).
+    /// The bind group for `entries`, cached or made, with its id; kept as the last.
     fn get(
         &mut self,
         device: &wgpu::Device,
@@ -768,8 +721,6 @@ impl BindGroups {
         entries: &[Entry<'_>],
         next_id: &mut u64,
     ) -> Result<(u64, &wgpu::BindGroup), String> {
-        // The last group was compared already ([`last_for`](Self::last_for)),
-        // and missed.
         let key = BindKey {
             pipeline: kernel.id,
             entries: entries.iter().map(|e| [e.id, e.offset, e.size]).collect(),
@@ -806,7 +757,6 @@ impl BindGroups {
         }
     }
 
-    /// Forget them all.
     pub(crate) fn clear(&mut self) {
         self.map.clear();
         self.last = None;

@@ -1,90 +1,63 @@
 //! A scope compute server over wgpu: WGSL kernels on Vulkan or GL (and, in a
 //! build that enables them, Metal or D3D12).
 //!
-//! The core (scope-core's `Server<B>`) keeps every rule of the failure model;
-//! this crate is the device calls of [`Backend`] for wgpu and nothing else.
-//! Its shape follows from three facts about wgpu:
+//! The core (scope-core's `Server<B>`) keeps every rule of the failure model.
+//! This crate is only the device calls of [`Backend`] for wgpu. Three facts
+//! about wgpu give it its shape:
 //!
 //! 1. **Errors go to a sink, and the default sink panics.** Every fallible
-//!    call runs inside error scopes (`error.rs`), so an error is the return
-//!    value of the call that caused it, with wgpu's message; a handler that
-//!    never panics catches anything else, and device loss is a sticky fault
-//!    the core turns into poison (see [below](#device-loss-and-recovery)).
+//!    call runs inside error scopes (`error.rs`), so its error is its return
+//!    value. Device loss is a sticky fault (see [below](#device-loss-and-recovery)).
 //! 2. **One queue, and passes are what cost.** Logical streams are ordering
-//!    domains on the one queue, and each batches its launches into one open
-//!    encoder and compute pass (`stream.rs`), which is what makes a launch
-//!    cost about what a raw dispatch costs.
-//! 3. **No replayable command buffers.** A capture records the dispatches
-//!    and copies as values, is validated by encoding it once when it seals,
-//!    and is re-encoded on each replay (`capture.rs`).
+//!    domains on the one queue. Each batches its launches into one open pass
+//!    (`stream.rs`), so a launch costs about what a raw dispatch costs.
+//! 3. **No replayable command buffers.** A capture records dispatches and
+//!    copies as values. It encodes once to validate, and again per replay
+//!    (`capture.rs`).
 //!
-//! Memory is one buffer per allocation, pooled by size class (`memory.rs`);
-//! kernels are compiled with an explicit, reflected layout (`launch.rs`);
-//! host copies are queue writes, staged mapped reads and encoder copies
-//! (`copy.rs`).
+//! Memory is one pooled buffer per allocation (`memory.rs`). Kernels compile
+//! with a reflected layout (`launch.rs`). Host copies are queue writes,
+//! staged mapped reads and encoder copies (`copy.rs`).
 //!
 //! # Launch checks and indirect counts
 //!
-//! A launch the device's limits refuse (a binding count that does not match
-//! the shader, a binding past `max_storage_buffer_binding_size` or smaller
-//! than its type, too many workgroups counted on the host, a buffer bound
-//! writable and read-only at once) is refused by `Backend::check_launch`,
-//! before the core opens the launch's scope: an
+//! `Backend::check_launch` refuses what the device's limits refuse, before
+//! the core opens the launch's scope (see `launch.rs`). The answer is an
 //! [`Error::InvalidArgument`] naming the binding, which claims nothing.
 //!
-//! **An indirect count past the device's limit runs nothing.** Counts read
-//! from device memory are checked on the device: the instance always has
-//! wgpu's indirect-call validation on (`InstanceFlags::VALIDATION_INDIRECT_CALL`,
-//! whatever `WGPU_VALIDATION_INDIRECT_CALL` says), which turns a dispatch
-//! with any count past `max_compute_workgroups_per_dimension` into a no-op.
-//! The launch still succeeds: nothing on the host can know the count when it
-//! returns.
+//! **An indirect count past the device's limit runs nothing.** The instance
+//! always enables wgpu's indirect-call validation, which makes such a
+//! dispatch a no-op (see `device.rs`). The launch still succeeds: the host
+//! cannot know the count when it returns.
 //!
 //! # Device loss and recovery
 //!
-//! A lost device is a sticky fault (`DEVICE_LOST`), which poisons the
-//! client. wgpu says little when a device goes: on a device destroyed with
-//! `Device::destroy` every call is a silent no-op and the loss callback
-//! runs at a poll once the queue is empty. So the loss is learned at the
-//! next wait or read, and every error a scope catches first polls the
-//! device and lets a loss speak: a batch refused because its buffers went
-//! with the device is the loss, not a validation error of its own.
-//! `DeviceLostReason::Destroyed` counts as a loss like any other unless
-//! the server gave the device up first (its sink retired, in
-//! `Backend::reopen` and on drop), so a destroy the server did not ask for
-//! poisons, and the server's own teardown reports nothing.
+//! A lost device is a sticky fault (`DEVICE_LOST`), which poisons the client.
+//! wgpu learns a loss late, so every caught error first lets a loss speak
+//! (`error.rs`).
 //!
-//! [`Client::recover`] opens the device again (`Backend::reopen`): once the
-//! core has given back every buffer, graph and kernel, the server drops
-//! everything it made on the lost device — each stream's open encoder,
-//! pass and scalar image, the scalar arenas and the count of submissions,
-//! the read-back staging, the bind-group cache, the pooled buffers — then
-//! destroys the old device, asks **the same adapter** for a new one with
-//! the features and limits it first asked for (the same function
-//! [`Wgpu::new`] opens with), installs a new sink on it, and gives every
-//! stream a fresh batch. wgpu has no process-fatal fault, so every loss is
-//! recoverable here; an adapter that gives no device is
-//! [`Error::BackendUnavailable`], the client stays poisoned, and a later
+//! [`Client::recover`] opens the device again (`Backend::reopen`). The server
+//! drops everything it made on the lost device, destroys it, and asks **the
+//! same adapter** for a new one with the features and limits of
+//! [`Wgpu::new`]. wgpu has no process-fatal fault, so every loss is
+//! recoverable. An adapter that gives no device is
+//! [`Error::BackendUnavailable`]; the client stays poisoned, and a later
 //! `recover` asks again.
 //!
-//! The loss in `tests/recover.rs` is real: `Device::destroy` on the
-//! server's own device, which lavapipe and llvmpipe both honour. The
-//! conformance group's loss (`recover_tests!` in `tests/conformance.rs`) is
-//! injected: a sticky fault poisons the client while the wgpu device stays
-//! healthy, and `reopen` gives that device up all the same.
+//! `tests/recover.rs` loses the device for real; the conformance group
+//! injects a sticky fault on a healthy device.
 //!
 //! # Collectives
 //!
-//! Neither Vulkan nor WebGPU has a collective library, so a `Group` of
-//! these clients is host-staged (rule 45): each round reads every rank's
-//! input to the host, waiting for the work that wrote it, and writes the
-//! result back. Its rounds drain the caller's stream, and none can be
-//! recorded into a capture (rule 50). Only a device transport (NCCL,
-//! RCCL) overlaps its rounds with compute (rule 47).
+//! Neither Vulkan nor WebGPU has a collective library, so a `Group` of these
+//! clients is host-staged (rule 45). Each round reads every rank's input to
+//! the host and writes the result back. Its rounds drain the caller's stream,
+//! and none can be captured (rule 50). Only a device transport (NCCL, RCCL)
+//! overlaps its rounds with compute (rule 47).
 //!
 //! # Choosing the adapter
 //!
-//! Hardware first, then software; `SCOPE_WGPU_BACKEND` (`vulkan`, `gl`,
+//! Hardware first, then software. `SCOPE_WGPU_BACKEND` (`vulkan`, `gl`,
 //! `metal`, `dx12`) and `SCOPE_WGPU_ADAPTER` (a name substring) override.
 //! See `device.rs` and [`Options`].
 
@@ -165,13 +138,9 @@ impl Wgpu {
         })
     }
 
-    /// Drop everything the server made on the device — every stream's
-    /// open encoder, pass, scalar image and deferred error, the scalar
-    /// arenas and what submissions are counted, the read-back staging, the
-    /// bind-group cache and its last group, the pooled buffers — then ask
-    /// the adapter for a new device ([`Gpu::reopen`]) and give every stream
-    /// a fresh batch on it. Safe to call again after it failed: what it
-    /// drops is already empty, and the adapter is asked again.
+    /// Drop everything made on the device, then ask the adapter for a new one
+    /// ([`Gpu::reopen`]) and give every stream a fresh batch. Safe to call
+    /// again after a failure: what it drops is already empty.
     fn reopen_now(&mut self, fault: &Error, streams: &[&mut Stream]) -> Result<()> {
         tracing::warn!(backend = NAME, "opening the device again after: {fault}");
         if let Some(stray) = streams.iter().find(|s| s.0 >= self.streams.len()) {
@@ -182,8 +151,7 @@ impl Wgpu {
             )));
         }
         let sink = self.gpu.sink.clone();
-        // Retired before anything goes, so that nothing dropped below
-        // reports a fault on the way.
+        // Retired first, so nothing dropped below reports a fault.
         sink.retire();
         let mut batches = Vec::with_capacity(self.streams.len());
         for batch in &self.streams {
@@ -216,17 +184,13 @@ impl Wgpu {
         &self.gpu.info
     }
 
-    /// The device and queue, for a raw-wgpu baseline beside the server (the
-    /// launch-overhead bench). Work submitted here is outside every scope.
-    /// A `Device::destroy` through it loses the device for real: the server
-    /// learns it at its next wait or read as the sticky device-lost fault,
-    /// and [`Client::recover`] opens a new device (a new handle here).
+    /// The device and queue, for a raw-wgpu baseline; work here is outside
+    /// every scope. A `Device::destroy` is a real loss; [`Client::recover`] repairs it.
     pub fn raw(&self) -> (&wgpu::Device, &wgpu::Queue) {
         (&self.gpu.device, &self.gpu.queue)
     }
 
-    /// Whether any stream has work encoded and not submitted, or submitted
-    /// and not seen complete. For tests.
+    /// Whether any stream has work encoded or in flight. For tests.
     #[doc(hidden)]
     pub fn work_outstanding(&self) -> bool {
         let completed = self
@@ -247,14 +211,13 @@ impl Wgpu {
         )
     }
 
-    /// Submit stream `s`'s open batch.
     fn flush_stream(&mut self, s: usize) -> Result<()> {
         let (mut submitter, streams) = self.submitter();
         submitter.flush(&mut streams[s])
     }
 
-    /// Submit the batch that last used a buffer tagged `tag`, if it is still
-    /// open, so that the buffer can be handed to a new owner.
+    /// Submit the open batch that last used buffer tag `tag`, so a new owner
+    /// may take the buffer.
     fn release_tag(&mut self, tag: u64) -> Result<()> {
         if tag == 0 {
             return Ok(());
@@ -281,10 +244,8 @@ fn scalar_alignment(limits: &wgpu::Limits) -> u64 {
 
 impl Drop for Wgpu {
     fn drop(&mut self) {
-        // Nobody is left to hear what the device reports as it goes.
         self.gpu.sink.retire();
-        // Finish what was submitted before the device goes; wgpu would
-        // otherwise wait in its own drop, and a lost device cannot answer.
+        // Finish submitted work here, not in wgpu's drop: a lost device cannot answer.
         let _ = error::no_panic(&self.gpu.sink, "the final wait", || {
             self.gpu.device.poll(wgpu::PollType::Wait {
                 submission_index: None,
@@ -323,17 +284,10 @@ impl Backend for Wgpu {
         u64::from(self.gpu.limits.min_storage_buffer_offset_alignment)
     }
 
-    /// wgpu's limits for the device as opened, as `check_launch` and wgpu's
-    /// own pipeline validation apply them. A kernel's bindings are storage
-    /// buffers and its scalar blob one more (storage or uniform, as the
-    /// kernel declares it), so the count is the storage-buffer limit; the
-    /// blob lives in the stream's scalar arena, so it is bounded by the
-    /// arena and the storage binding size — and, for a kernel that declares
-    /// its blob `var<uniform>` rather than the convention's
-    /// `var<storage, read>`, by the uniform binding size too, which the
-    /// check names. The features are those of [`OPTIONAL`] the adapter
-    /// offered, and the subgroup size the adapter's range where subgroups
-    /// are among them.
+    /// wgpu's limits for the device as opened. Bindings are storage buffers.
+    /// The arena and the storage binding size bound the scalar blob, and the
+    /// uniform size a `var<uniform>` blob. The features are those of
+    /// [`OPTIONAL`] the adapter offered.
     fn launch_limits(&self) -> scope_core::LaunchLimits {
         let limits = &self.gpu.limits;
         let mut launch = scope_core::LaunchLimits::default();
@@ -433,9 +387,7 @@ impl Backend for Wgpu {
     }
 
     fn bytes_reserved(&self) -> u64 {
-        // Allocation buffers, live or cached. The read-back staging buffer
-        // and the scalar arenas (256 KiB each) are the server's own and are
-        // not counted.
+        // Allocation buffers only: staging and scalar arenas are not counted.
         self.pool.reserved()
     }
 
@@ -536,8 +488,7 @@ impl Backend for Wgpu {
     }
 
     unsafe fn order(&mut self, first: &mut Stream, _then: &mut Stream) -> Result<()> {
-        // One queue: what `first` submits now runs before anything `then`
-        // submits later.
+        // One queue: what `first` submits now runs before `then`'s later work.
         self.flush_stream(first.0)
     }
 
@@ -563,12 +514,8 @@ impl Backend for Wgpu {
         self.destroy_now(graph)
     }
 
-    /// A new device from the same adapter, with the features and limits
-    /// the server asked for when it opened; every stream gets a fresh,
-    /// empty batch on it. Every loss is recoverable here: wgpu has no
-    /// process-fatal fault. When the adapter gives no device the error is
-    /// [`Error::BackendUnavailable`] and the server stays as it was, given
-    /// up; a later call tries again.
+    /// A new device from the same adapter, with fresh batches. A refusal is
+    /// [`Error::BackendUnavailable`], and a later call retries.
     unsafe fn reopen(&mut self, fault: &Error, streams: &mut [&mut Stream]) -> Result<()> {
         self.reopen_now(fault, streams)
     }
@@ -597,9 +544,8 @@ pub fn client_with(options: &Options) -> Result<Client<Wgpu>> {
 mod tests {
     use super::*;
 
-    /// A reopen the adapter refuses leaves the server given up — every call
-    /// the sticky fault, nothing panics — and the next reopen opens it.
-    /// The adapter is made to refuse by asking for limits past its own.
+    /// A refused reopen leaves the server given up, without a panic, and the
+    /// next reopen opens it. Limits past the adapter's own make it refuse.
     #[test]
     fn a_refused_reopen_can_be_tried_again() {
         for api in [Api::Vulkan, Api::Gl] {
@@ -608,9 +554,8 @@ mod tests {
                 continue;
             };
             let fault = error::device_lost("lost for the test");
-            // SAFETY: the backend's first stream, made in id order; no
-            // memory, kernel, graph, capture or waiter is outstanding at
-            // either reopen (the one allocation is freed before).
+            // SAFETY: the first stream, made in id order; nothing is
+            // outstanding at either reopen (the one allocation is freed first).
             unsafe {
                 let mut stream = wgpu.create_stream(StreamId(0)).unwrap();
                 let memory = wgpu.allocate(&mut stream, 1024).unwrap();

@@ -1,31 +1,23 @@
 //! Device memory: one wgpu buffer per allocation, pooled by size class.
 //!
-//! Why size classes rather than sub-allocating big slabs:
+//! Why size classes rather than sub-allocated slabs:
 //!
-//! - A binding's offset must be a multiple of
-//!   `min_storage_buffer_offset_alignment` (32 bytes on lavapipe and on
-//!   llvmpipe-GL, 256 on most hardware) and a binding may not exceed
-//!   `max_storage_buffer_binding_size` (128 MiB on both software adapters).
-//!   With one buffer per allocation every allocation starts at offset 0, so
-//!   the core's binding-alignment rule is the only alignment a runtime sees,
-//!   and any allocation up to the binding limit can be bound whole.
+//! - Every allocation starts at offset 0. The core's binding-alignment rule
+//!   is then the only alignment a runtime sees, whatever
+//!   `min_storage_buffer_offset_alignment` is. Any allocation up to
+//!   `max_storage_buffer_binding_size` binds whole.
 //! - Bind groups are cached by (buffer, offset, size). A pooled buffer keeps
-//!   its identity across free and re-allocation, so a runtime that frees and
-//!   re-allocates the same shapes every step hits the bind-group cache too;
-//!   slab offsets would scatter the keys.
-//! - What pooling has to buy is the cost of `create_buffer` (measured here:
-//!   7–10 µs per buffer on lavapipe and llvmpipe-GL, plus wgpu's lazy
-//!   zero-fill on first use) against a free-list pop. Size classes buy
-//!   all of it; sub-allocation would buy nothing more for that cost and add
-//!   fragmentation. Classes are four per octave, so no more than 25% of a
-//!   buffer is slack.
+//!   its identity across free and re-allocation, so a steady runtime hits the
+//!   cache. Slab offsets would scatter the keys.
+//! - Pooling buys back `create_buffer` (7–10 µs on software adapters, plus a
+//!   lazy zero-fill). Size classes buy all of it; slabs would only add
+//!   fragmentation. Four classes per octave cap the slack at 25%.
 //!
-//! Reuse is safe without waiting for the device because wgpu has one queue:
-//! whatever the new owner submits runs after everything submitted before.
-//! The one hazard is work *not yet submitted* — encoded into some stream's
-//! open batch — that still names the buffer; each buffer carries the batch
-//! that last used it ([`Tag`]), and the allocator submits that batch before
-//! handing the buffer out.
+//! Reuse needs no device wait, because wgpu has one queue: the new owner's
+//! work runs after everything submitted before. The one hazard is work still
+//! encoded in an open batch that names the buffer. So each buffer carries
+//! the batch that last used it ([`Tag`]), and the allocator submits that
+//! batch before handing the buffer out.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,12 +26,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The smallest buffer the pool makes.
 const MIN_CLASS: u64 = 256;
 
-/// The most bytes the pool keeps cached for reuse; past this a freed buffer
-/// is destroyed instead.
+/// The most bytes the pool caches; past this a freed buffer is destroyed.
 const MAX_CACHED: u64 = 1 << 30;
 
-/// The usages every allocation gets: bound as storage, copied both ways, and
-/// read as indirect dispatch counts.
+/// Every allocation's usages: storage, copies both ways, indirect counts.
 pub(crate) const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
     .union(wgpu::BufferUsages::COPY_DST)
@@ -48,7 +38,6 @@ pub(crate) const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 /// The open batch that last used a buffer: `stream << 48 | batch`, or 0.
 pub(crate) type Tag = Arc<AtomicU64>;
 
-/// Pack a stream index and a batch number into a tag value.
 #[inline]
 pub(crate) fn tag_value(stream: usize, batch: u64) -> u64 {
     ((stream as u64) << 48) | (batch & ((1 << 48) - 1))
@@ -100,20 +89,17 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// A cached buffer of class `class`.
     pub(crate) fn take(&mut self, class: u64) -> Option<Memory> {
         let memory = self.free.get_mut(&class)?.pop()?;
         self.cached -= memory.capacity;
         Some(memory)
     }
 
-    /// Count a buffer the allocator just made.
     pub(crate) fn made(&mut self, capacity: u64) {
         self.reserved += capacity;
     }
 
-    /// Take `memory` back; returns it when the cache is full, for the caller
-    /// to destroy.
+    /// Take `memory` back; a full cache returns it, for the caller to destroy.
     pub(crate) fn put(&mut self, memory: Memory) -> Option<Memory> {
         if self.cached + memory.capacity > MAX_CACHED {
             self.reserved -= memory.capacity;

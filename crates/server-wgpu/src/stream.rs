@@ -3,43 +3,30 @@
 //!
 //! # What a stream is here
 //!
-//! wgpu exposes one queue per device, and the queue runs submissions in
-//! order. So a logical stream is not a hardware queue; it is an *ordering
-//! domain*: its own open command encoder, into which its launches, copies and
-//! replays are encoded in issue order, submitted as one command buffer. What
-//! that means for concurrency:
+//! wgpu has one queue per device, run in order. So a logical stream is an
+//! *ordering domain*: an open command encoder that takes its work in issue
+//! order, submitted as one command buffer.
 //!
-//! - Work on two streams never runs concurrently on the device: submissions
-//!   are serialized on the queue, and a submission starts after the previous
-//!   one's work (wgpu inserts the barriers). Streams buy independence of
-//!   *batching and waiting* — a sync on stream 1 submits and waits for stream
-//!   1's batch without forcing stream 2's open batch out — not parallelism.
-//! - Ordering between streams ([`Backend::order`](scope_core::Backend::order))
-//!   is therefore just "submit the first stream's open batch now": anything
-//!   the second stream submits later runs after it.
-//! - Waiting for a stream waits for its last submission, and so also for
-//!   every earlier submission of any stream.
+//! - The queue serializes submissions, so two streams never run at once.
+//!   Streams buy independent *batching and waiting*, not parallelism.
+//! - Ordering streams ([`Backend::order`](scope_core::Backend::order)) just
+//!   submits the first stream's open batch now.
+//! - Waiting for a stream's last submission waits for every earlier one too.
 //!
 //! # Why batches
 //!
-//! On lavapipe raw wgpu takes about 1.5 µs per dispatch when the dispatches
-//! share one compute pass and about 13.7 µs with a pass (and submit) per
-//! dispatch. So consecutive launches of a stream share one open compute pass,
-//! the pass closes only for a copy, and the batch is submitted when the
-//! stream syncs, reads, writes (a queue write lands at the start of the next
-//! submission, so the stream's earlier work must be submitted first), is
-//! ordered before another stream, begins a capture, or reaches
-//! [`BATCH_LIMIT`] dispatches (which bounds how far the host runs ahead).
+//! On lavapipe, a raw dispatch costs about 1.5 µs in a shared compute pass,
+//! and 13.7 µs with a pass and submit of its own. So a stream's launches
+//! share one open pass, which closes only for a copy. The batch is submitted
+//! when the stream syncs, reads, writes, is ordered, begins a capture, or
+//! reaches [`BATCH_LIMIT`] dispatches.
 //!
 //! # Scalars
 //!
-//! A launch's scalar blob is bound as a storage buffer (the binding
-//! convention). Rather than a buffer per launch, the batch appends each blob
-//! to a host-side arena image (an identical blob to the previous launch's is
-//! shared) and binds it with a dynamic offset; at submission the whole image
-//! is written with one `write_buffer`, which wgpu places before the batch's
-//! commands. An arena is reused once the submission that used it has
-//! completed.
+//! A launch's scalar blob goes into a host-side arena image, bound with a
+//! dynamic offset; a blob equal to the last is shared. At submission one
+//! `write_buffer` writes the image before the batch's commands. An arena is
+//! reused once its submission completes.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -52,12 +39,8 @@ use crate::copy::ReadBack;
 use crate::error::{Sink, late_fault, lost_first, message, no_panic, scoped};
 
 /// Dispatches a batch holds before it is submitted: how far the host runs
-/// ahead of the device, a few milliseconds of small launches. Each batch
-/// pays a submission and grows wgpu's command vectors anew; at 1024 the
-/// launch bench's same-scalar launches on llvmpipe-GL took some 3% longer
-/// than at 4096, and lavapipe none shorter. A device with 256-byte
-/// offsets still ends a batch of distinct scalar blobs at 1024, when the
-/// arena (256 KiB) fills.
+/// ahead. 1024 ran 3% slower than 4096 on llvmpipe-GL. A full 256 KiB arena
+/// ends a batch of distinct blobs sooner.
 pub const BATCH_LIMIT: u32 = 4096;
 
 /// Bytes of one scalar arena.
@@ -84,8 +67,7 @@ pub(crate) struct Arena {
 /// The open batch of one logical stream.
 pub(crate) struct Batch {
     pub(crate) stream: StreamId,
-    // Declared before `encoder`: a pass must be dropped (ended) before its
-    // encoder is finished or dropped.
+    // Before `encoder`: a pass must end (drop) before its encoder finishes.
     pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     /// This batch's number; tags of the buffers it uses carry it.
@@ -284,22 +266,18 @@ impl Submissions {
         self.in_flight.push_back((number, index, arena));
     }
 
-    /// Drop arenas nothing uses.
     pub(crate) fn trim(&mut self) {
         self.idle.clear();
     }
 }
 
-/// The device handles a batch needs to submit.
 /// A wait for a stream's last submission, run without the server's lock:
 /// what `Backend::Waiter` is for this server.
 pub struct StreamWait {
     device: wgpu::Device,
     sink: Arc<Sink>,
-    /// `None` when the stream never had a submission accepted (a refused
-    /// one is reported by `surfaced` when the wait ends).
+    /// `None` when no submission was accepted; `surfaced` reports a refused one.
     index: Option<wgpu::SubmissionIndex>,
-    /// The read it carries, if it is a read's.
     read: Option<ReadBack>,
 }
 
@@ -314,15 +292,12 @@ impl StreamWait {
         }
     }
 
-    /// The read it carries, if any.
     pub(crate) fn into_read(self) -> Option<ReadBack> {
         self.read
     }
 }
 
-/// Wait for submission `index` (or everything) and let a device loss speak
-/// first. wgpu's device is shared between threads; polling it while another
-/// thread submits is allowed.
+/// Wait for submission `index` (or everything), letting a loss speak first.
 fn wait_for(
     device: &wgpu::Device,
     sink: &Sink,
@@ -335,9 +310,7 @@ fn wait_for(
         })
     })?;
     if let Err(error) = polled {
-        // A submission a lost device dropped is never reached; wgpu
-        // reports the loss at a later maintenance, so let the loss, if
-        // that is what it was, speak first.
+        // A lost device drops submissions and reports the loss later: let it speak.
         lost_first(device, sink)?;
         return Err(late_fault("wgpu poll", error.to_string()));
     }
@@ -351,11 +324,8 @@ pub(crate) struct Submitter<'a> {
 }
 
 impl Submitter<'_> {
-    /// Submit the stream's open batch (and any queue writes it issued).
-    ///
-    /// An error wgpu raises here belongs to the batch as a whole; it is kept
-    /// as the stream's deferred late fault, which the next sync or read
-    /// returns and the core attributes to the work in flight.
+    /// Submit the stream's open batch and its queue writes. An error here is
+    /// the whole batch's: a deferred late fault for the next sync or read.
     pub(crate) fn flush(&mut self, batch: &mut Batch) -> Result<(), Error> {
         let sink = &self.gpu.sink;
         sink.check_lost()?;
@@ -385,8 +355,7 @@ impl Submitter<'_> {
             self.submissions.retire(number, index.clone(), arena);
         }
         if error.is_none() {
-            // A refused submission returns an index nothing will ever reach;
-            // waiting on it would be an error of its own.
+            // A refused submission's index is never reached: waiting on it would fail.
             batch.last_submission = Some(index);
         }
         *self.next_batch += 1;
@@ -396,8 +365,7 @@ impl Submitter<'_> {
         batch.last_scalars = 0..0;
         batch.writes_pending = false;
         if let Some(error) = error {
-            // A batch naming objects of a device that went (destroyed, its
-            // objects invalid) is refused too: the loss is the fault.
+            // A batch naming a lost device's objects is refused too: the loss is the fault.
             lost_first(device, sink)?;
             tracing::error!(stream = %batch.stream, "wgpu refused a submitted batch: {}", message(&error));
             batch.deferred.get_or_insert_with(|| {
@@ -407,10 +375,8 @@ impl Submitter<'_> {
         Ok(())
     }
 
-    /// Submit the stream's batch and say what waiting for it takes: its
-    /// last submission (`None` when it never submitted, once what surfaced
-    /// is reported). The waiter holds its own handles to the device, so it
-    /// waits without the server's lock while other threads submit.
+    /// Submit the stream's batch; the wait for its last submission, if any. The
+    /// waiter holds its own device handles, so it waits without the server's lock.
     pub(crate) fn begin_wait(&mut self, batch: &mut Batch) -> Result<Option<StreamWait>, Error> {
         self.flush(batch)?;
         if batch.last_submission.is_none() {
@@ -419,8 +385,7 @@ impl Submitter<'_> {
         Ok(Some(self.waiter(batch, None)))
     }
 
-    /// A waiter for the stream's last submission, holding `read` if it is
-    /// for a read.
+    /// A waiter for the stream's last submission, holding `read` for a read.
     pub(crate) fn waiter(&self, batch: &Batch, read: Option<ReadBack>) -> StreamWait {
         StreamWait {
             device: self.gpu.device.clone(),
@@ -430,7 +395,6 @@ impl Submitter<'_> {
         }
     }
 
-    /// Wait for submission `index` (or everything).
     pub(crate) fn wait(&self, index: Option<wgpu::SubmissionIndex>) -> Result<(), Error> {
         wait_for(&self.gpu.device, &self.gpu.sink, index)
     }

@@ -59,7 +59,6 @@ linked!(on_vulkan, "vulkan", server_vulkan);
 linked!(on_wgpu, "wgpu", server_wgpu);
 
 /// Run `work` on `kind`'s server crate; `None` when this build lacks it.
-/// A backend added to the table does not build until it has an arm here.
 fn on_linked<W: OnLinked>(kind: BackendKind, work: W) -> Option<W::Output> {
     match kind {
         BackendKind::Cuda => on_cuda(work),
@@ -138,12 +137,8 @@ fn unlinked(backend: &str) -> Error {
     }
 }
 
-/// Make a client of `backend` and run `work` on it.
-///
-/// # Errors
-///
-/// [`Error::BackendUnavailable`] when the backend has no device here or is
-/// not linked into this build.
+/// Make a client of `backend` and run `work` on it. Fails with
+/// [`Error::BackendUnavailable`] when the backend has no device here or is not linked.
 pub fn with_client<W: OnClient>(backend: &str, work: W) -> Result<W::Output> {
     struct One<W>(W);
     impl<W: OnClient> OnLinked for One<W> {
@@ -159,12 +154,8 @@ pub fn with_client<W: OnClient>(backend: &str, work: W) -> Result<W::Output> {
     .unwrap_or_else(|| Err(unlinked(backend)))
 }
 
-/// Run `work` on `count` servers of `backend` (at least one), each from
-/// its own `client()` call: logical devices on one adapter.
-///
-/// # Errors
-///
-/// As [`with_client`]; the first error opening any of them.
+/// Run `work` on `count` servers of `backend`, each its own `client()` call:
+/// logical devices on one adapter. Errors as [`with_client`], for any of them.
 pub fn with_clients<W: OnClients>(backend: &str, count: usize, work: W) -> Result<W::Output> {
     struct Several<W>(usize, W);
     impl<W: OnClients> OnLinked for Several<W> {
@@ -181,13 +172,8 @@ pub fn with_clients<W: OnClients>(backend: &str, count: usize, work: W) -> Resul
     .unwrap_or_else(|| Err(unlinked(backend)))
 }
 
-/// Lose `client`'s device for act four's survival: for real where the
-/// server can lose one on demand, else by an injected sticky fault
-/// ([`demo::inject_loss`](crate::demo::inject_loss)).
-///
-/// # Errors
-///
-/// As the loss: a device that was not lost.
+/// Lose `client`'s device for act four's survival: for real where the server can,
+/// else by [`demo::inject_loss`](crate::demo::inject_loss). Fails when nothing was lost.
 pub fn lose_device<B: Backend>(client: &Client<B>) -> Result<(String, bool)> {
     #[cfg(feature = "wgpu")]
     if let Some(wgpu) = (client as &dyn std::any::Any).downcast_ref::<Client<server_wgpu::Wgpu>>() {
@@ -196,13 +182,8 @@ pub fn lose_device<B: Backend>(client: &Client<B>) -> Result<(String, bool)> {
     crate::demo::inject_loss(client)
 }
 
-/// `wgpu::Device::destroy` on the server's own device, behind its back —
-/// a real loss on lavapipe and llvmpipe as on a GPU — and a read, which is
-/// where wgpu lets a destroyed device be learned.
-///
-/// # Errors
-///
-/// [`Error::Internal`] when the read did not find the device lost.
+/// `wgpu::Device::destroy` behind the server's back, a real loss even on lavapipe,
+/// then a read, where wgpu reports it. [`Error::Internal`] when the read finds no loss.
 #[cfg(feature = "wgpu")]
 fn destroy_wgpu_device(client: &Client<server_wgpu::Wgpu>) -> Result<(String, bool)> {
     let probe = client.upload(&[0; 4])?;

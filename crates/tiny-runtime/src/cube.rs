@@ -1,29 +1,19 @@
-//! The runtime's operations written once, as `#[cube(launch)]`
-//! functions, and translated for whichever server the runtime runs on.
+//! The runtime's operations written once, as `#[cube(launch)]` functions,
+//! translated for whichever server the runtime runs on.
 //!
-//! These are the kernels the runtime uses by default; [`crate::kernels`]
-//! keeps the hand-written WGSL and CUDA C++ as the native path. Each
-//! function reads like its native twin on purpose — same work per
-//! invocation, same dispatch — so the two paths compute the same thing in
-//! the same order and the forward-pass time compares the compilers, not
-//! the algorithms.
+//! These are the default kernels; [`crate::kernels`] keeps the native path.
+//! Each reads like its native twin, with the same work per invocation and the
+//! same dispatch, so the forward-pass time compares compilers, not algorithms.
 //!
-//! A [`Tensor`](crate::Tensor) goes in as a slice of its `f32`s plus its
-//! `rows` and `cols` as `u32` scalars; [`scope_cube::Args`] packs the
-//! scalars and the bound lengths into cubecl's info struct, which every
-//! server receives as the contract's scalar blob. The kernels are compiled
-//! bounds-checked ([`scope_cube::Target::settings`]): an index the guards
-//! miss reads zero and writes nothing rather than touching another buffer,
-//! which matters in a runtime whose whole point is that a failure stays
-//! with the bytes it was meant to write. The checks cost little where it
-//! was measured: on lavapipe (two cores) the checked cube forward pass took
-//! 0.95–1.03 s as SPIR-V and 1.19–1.22 s as WGSL, the unchecked native one
-//! 1.11–1.18 s (the demo prints both paths on every run).
+//! A [`Tensor`](crate::Tensor) goes in as its `f32`s plus `rows` and `cols`;
+//! [`scope_cube::Args`] packs the scalars into the contract's scalar blob.
+//! Kernels are compiled bounds-checked ([`scope_cube::Target::settings`]), so
+//! an index the guards miss touches no other buffer and a failure stays with
+//! its bytes. The checks cost little: on lavapipe the checked cube pass took
+//! 0.95–1.03 s as SPIR-V, the unchecked native one 1.11–1.18 s.
 //!
-//! The matmul is the native one's shape: one column of [`ROWS`] consecutive
-//! rows per invocation, no shared memory. cubecl could express the tiled
-//! version, but on lavapipe a workgroup barrier switches every
-//! invocation's coroutine and the tiled kernel ran 4× slower there.
+//! The matmul keeps the native shape, with no shared memory: on lavapipe a
+//! workgroup barrier switches every invocation's coroutine, and tiling ran 4× slower.
 
 // The `#[cube]` macro expands each kernel into a module of generated items.
 #![allow(missing_docs, clippy::all)]
@@ -43,8 +33,7 @@ pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], m: u32, n: u32, k: u32) {
     let col = ABSOLUTE_POS_X;
     let row0 = CUBE_POS_Y * 4u32;
     if col < n && row0 < m {
-        // Rows past the end repeat the last one, so the loop needs no
-        // branch; their sums are computed and not stored.
+        // Rows past the end repeat the last one, so the loop needs no branch.
         let r1 = min(row0 + 1u32, m - 1u32);
         let r2 = min(row0 + 2u32, m - 1u32);
         let r3 = min(row0 + 3u32, m - 1u32);
@@ -72,8 +61,7 @@ pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], m: u32, n: u32, k: u32) {
     }
 }
 
-/// `out = x + bias`, `x` and `out` `rows × cols`, `bias` one row broadcast
-/// down them. One unit an element.
+/// `out = x + bias`, `bias` one row broadcast down `rows × cols`. One unit an element.
 #[cube(launch)]
 pub fn bias_add(x: &[f32], bias: &[f32], out: &mut [f32], rows: u32, cols: u32) {
     let i = ABSOLUTE_POS as u32;
@@ -82,9 +70,8 @@ pub fn bias_add(x: &[f32], bias: &[f32], out: &mut [f32], rows: u32, cols: u32) 
     }
 }
 
-/// `out = gelu(x)` elementwise over `rows × cols`, the tanh approximation
-/// (the native WGSL has no `erf`, and the paths must agree), its argument
-/// clamped so no implementation's `tanh` sees overflowing exponentials.
+/// `out = gelu(x)` over `rows × cols`: the tanh approximation the native WGSL uses,
+/// clamped so no `tanh` sees overflowing exponentials.
 #[cube(launch)]
 pub fn gelu(x: &[f32], out: &mut [f32], rows: u32, cols: u32) {
     let i = ABSOLUTE_POS as u32;
@@ -99,17 +86,12 @@ pub fn gelu(x: &[f32], out: &mut [f32], rows: u32, cols: u32) {
     }
 }
 
-/// Row-wise softmax of `x` (`rows × cols`), one unit a row: the output
-/// layer's rows are short.
+/// Row-wise softmax of `x` (`rows × cols`), one unit a row.
 ///
-/// `out` is only written, never read back: the exponentials are computed
-/// again for the last pass rather than divided in place. A kernel that
-/// reads its output has that output in its read set, so after a failure
-/// had claimed `out` the next pass would be skipped instead of healing it
-/// — and cubecl's access analysis, which [`scope_cube::Args`] holds a
-/// launch to, cannot tell a read of the unit's own earlier write from a
-/// read of the old contents. (The native kernel divides in place; its
-/// launch declares `out` write-only on the author's word.)
+/// `out` is only written, so the last pass computes the exponentials again. A
+/// kernel that read `out` would be skipped while a failure claimed it, instead of
+/// healing it. cubecl's access analysis cannot tell a read of the unit's own
+/// write from a read of old contents.
 #[cube(launch)]
 pub fn softmax(x: &[f32], out: &mut [f32], rows: u32, cols: u32) {
     let row = ABSOLUTE_POS as u32;
@@ -129,8 +111,7 @@ pub fn softmax(x: &[f32], out: &mut [f32], rows: u32, cols: u32) {
     }
 }
 
-/// `out = xᵀ`: `x` is `rows × cols`, `out` `cols × rows`. One unit an
-/// element of `x`.
+/// `out = xᵀ`, `x` being `rows × cols`. One unit an element of `x`.
 #[cube(launch)]
 pub fn transpose(x: &[f32], out: &mut [f32], rows: u32, cols: u32) {
     let i = ABSOLUTE_POS as u32;
@@ -139,8 +120,7 @@ pub fn transpose(x: &[f32], out: &mut [f32], rows: u32, cols: u32) {
     }
 }
 
-/// `out = dy · gelu'(x)` elementwise over `rows × cols`: the derivative of
-/// the approximation [`gelu()`] computes, with the same clamp.
+/// `out = dy · gelu'(x)` over `rows × cols`, with [`gelu()`]'s approximation and clamp.
 #[cube(launch)]
 pub fn gelu_grad(x: &[f32], dy: &[f32], out: &mut [f32], rows: u32, cols: u32) {
     let i = ABSOLUTE_POS as u32;
@@ -157,8 +137,7 @@ pub fn gelu_grad(x: &[f32], dy: &[f32], out: &mut [f32], rows: u32, cols: u32) {
     }
 }
 
-/// The gradient of the mean cross-entropy over the `rows` rows with
-/// respect to the logits: `(probs - targets) / rows`, `targets` one-hot.
+/// `(probs - targets) / rows`: the mean cross-entropy's gradient at the logits.
 #[cube(launch)]
 pub fn loss_grad(probs: &[f32], targets: &[f32], out: &mut [f32], rows: u32, cols: u32) {
     let i = ABSOLUTE_POS as u32;
@@ -180,12 +159,10 @@ fn unbound() -> BufferCompilationArg {
     BufferCompilationArg { inplace: None }
 }
 
-/// The operations translated for one target: the forward four, then the
-/// four the data-parallel training step adds.
+/// The operations translated for one target: the forward four, then training's four.
 #[derive(Clone, Debug)]
 pub struct CubeKernels {
-    /// Buffers `[a, b, c]`, scalars `[m, n, k]`; 64 columns × [`ROWS`] rows
-    /// a cube.
+    /// Buffers `[a, b, c]`, scalars `[m, n, k]`; 64 columns × [`ROWS`] rows a cube.
     pub matmul: CubeKernel,
     /// Buffers `[x, bias, out]`, scalars `[rows, cols]`; 64 elements a cube.
     pub bias_add: CubeKernel,
@@ -193,28 +170,20 @@ pub struct CubeKernels {
     pub gelu: CubeKernel,
     /// Buffers `[x, out]`, scalars `[rows, cols]`; 64 rows a cube.
     pub softmax: CubeKernel,
-    /// Buffers `[x, out]`, scalars `[rows, cols]` of `x`; 64 elements a
-    /// cube.
+    /// Buffers `[x, out]`, scalars `[rows, cols]` of `x`; 64 elements a cube.
     pub transpose: CubeKernel,
     /// Buffers `[x, dy, out]`, scalars `[rows, cols]`; 64 elements a cube.
     pub gelu_grad: CubeKernel,
-    /// Buffers `[probs, targets, out]`, scalars `[rows, cols]`; 64
-    /// elements a cube.
+    /// Buffers `[probs, targets, out]`, scalars `[rows, cols]`; 64 elements a cube.
     pub loss_grad: CubeKernel,
-    /// Buffers `[w, g, lr, out]`, scalars `[rows, cols]`; 64 elements a
-    /// cube.
+    /// Buffers `[w, g, lr, out]`, scalars `[rows, cols]`; 64 elements a cube.
     pub sgd: CubeKernel,
 }
 
 impl CubeKernels {
-    /// The kernels, defined for `target` and translated into its
-    /// language. Translation is pure CPU work (a few milliseconds a
-    /// kernel); the server compiles the result on first use.
-    ///
-    /// # Errors
-    ///
-    /// [`scope_core::Error::Compile`] when cubecl cannot compile one for
-    /// `target`.
+    /// The kernels, translated into `target`'s language: a few milliseconds of CPU a
+    /// kernel, and the server compiles the result on first use.
+    /// Fails with [`scope_core::Error::Compile`] when cubecl cannot compile one.
     pub fn for_target(target: Target) -> Result<Self> {
         const _: () = assert!(ROWS == 4, "the cube matmul hard-codes four rows");
         let settings = || target.settings([GROUP, 1, 1]);

@@ -1,37 +1,26 @@
-//! A data-parallel training step over a group of devices, and its CPU
-//! reference.
+//! A data-parallel training step over a group of devices, and its CPU reference.
 //!
 //! Each rank of a [`scope_core::collective::Group`] holds the same weights
-//! and its own shard of the batch (equal rows). A step on every rank is:
+//! and its own shard of the batch. A step on every rank is:
 //!
 //! ```text
 //! forward(shard) → backward → gradients ─all_reduce(Mean, F32)→ reduced ─sgd→ next weights
 //! ```
 //!
-//! Three choices make a failure on one rank leave every rank's weights as
-//! they were, identical, and readable:
+//! Three choices leave every rank's weights as they were, identical and
+//! readable, after a failure on one rank:
 //!
-//! - **One buffer of gradients, one collective.** The four gradients are
-//!   laid out in one buffer ([`Runtime::packed`]) and all-reduced in one
-//!   call, so a failure in any part of any rank's backward pass fails the
-//!   whole reduced gradient on every rank (rule 41), never some parameters'
-//!   and not others'.
-//! - **The update writes new memory.** `sgd` reads the current weights and
-//!   the reduced gradient and writes the *other* of two weight buffers.
-//!   When the gradient carries a failure the launch is skipped and that
-//!   buffer carries it (rules 17–18); the current weights were never the
-//!   update's output, so they stay clean and unchanged. An update in place
-//!   would be skipped too, and leave the weights themselves carrying the
-//!   failure: nothing to train on afterwards.
-//! - **A rank commits only bytes that were written.** After issuing the
-//!   update the rank waits for it (`Client::sync_buffers` on the new
-//!   weights), which answers the claim a skip or a fault left there; only
-//!   on success do the new weights become current. The rank never
-//!   inspects the collective's result to decide: the bytes say.
+//! - **One buffer of gradients, one collective.** A failure anywhere in any
+//!   rank's backward pass fails the whole reduced gradient on every rank
+//!   (rule 41), never some parameters' and not others'.
+//! - **The update writes new memory.** `sgd` writes the other of two weight
+//!   buffers, so a skipped update leaves its failure there (rules 17–18).
+//!   In place, it would leave the weights themselves failed.
+//! - **A rank commits only bytes that were written.** It waits on the new
+//!   weights and makes them current only on success: the bytes say.
 //!
-//! A rank whose own work was refused (a rejected launch claims nothing)
-//! claims its gradient with that error before joining the collective, so
-//! its peers never reduce last step's gradient as if it were this one's.
+//! A rank whose own work was refused claims its gradient with that error,
+//! so its peers never reduce last step's gradient as this one's.
 
 use std::time::{Duration, Instant};
 
@@ -42,8 +31,7 @@ use scope_core::{Backend, Error, FaultPlan, Result, Site};
 use crate::mlp::{Rng, Shape, Weights, gelu, gelu_grad, matmul, softmax};
 use crate::runtime::{Runtime, Tensor};
 
-/// The backward pass's kernels, in issue order. The `n`th launch of a
-/// backward pass (from 1) is `BACKWARD[n - 1]`.
+/// The backward pass's kernels, in issue order: launch `n` (from 1) is `BACKWARD[n - 1]`.
 pub const BACKWARD: [&str; 10] = [
     "loss.grad",
     "layer2.transpose_a1",
@@ -60,8 +48,7 @@ pub const BACKWARD: [&str; 10] = [
 /// The update's kernel.
 pub const UPDATE: &str = "sgd";
 
-/// The model's parameters (or a gradient of them) in one buffer: `flat`
-/// covers all four, gaps included.
+/// The model's parameters (or a gradient of them) in one buffer.
 #[derive(Clone, Debug)]
 pub struct Params {
     /// All of it, as a `1 × n` tensor.
@@ -77,11 +64,7 @@ pub struct Params {
 }
 
 impl Params {
-    /// Zeroed parameters for `shape`, packed.
-    ///
-    /// # Errors
-    ///
-    /// As [`Runtime::packed`].
+    /// Zeroed parameters for `shape`, packed. Errors as [`Runtime::packed`].
     pub fn new<B: Backend>(rt: &Runtime<B>, shape: Shape) -> Result<Self> {
         let (flat, parts) = rt.packed(&[
             (shape.input, shape.hidden),
@@ -100,11 +83,7 @@ impl Params {
         })
     }
 
-    /// Write `weights` into them.
-    ///
-    /// # Errors
-    ///
-    /// As [`Runtime::write`].
+    /// Write `weights` into them. Errors as [`Runtime::write`].
     pub fn write<B: Backend>(&self, rt: &Runtime<B>, weights: &Weights) -> Result<()> {
         rt.write(&self.w1, &weights.w1)?;
         rt.write(&self.b1, &weights.b1)?;
@@ -112,12 +91,7 @@ impl Params {
         rt.write(&self.b2, &weights.b2)
     }
 
-    /// Read them back: one read of the whole buffer, so a failure anywhere
-    /// in it is the one error returned.
-    ///
-    /// # Errors
-    ///
-    /// As [`Runtime::read`]: a failure the bytes carry, with its chain.
+    /// Read them back in one read: one error for a failure anywhere. Errors as [`Runtime::read`].
     pub fn read<B: Backend>(&self, rt: &Runtime<B>, shape: Shape) -> Result<Weights> {
         let all = rt.read(&self.flat)?;
         let part = |t: &Tensor| {
@@ -134,27 +108,21 @@ impl Params {
     }
 }
 
-/// One rank's model: two sets of weights (current and next), its shard,
-/// every intermediate of the forward and backward passes, its gradient and
-/// the reduced one.
+/// One rank's model: two sets of weights, its shard, every intermediate and gradient.
 #[derive(Debug)]
 pub struct Replica<B: Backend> {
     rt: Runtime<B>,
-    /// The shard's sizes: `batch` is this rank's rows.
     shard: Shape,
     weights: [Params; 2],
     current: usize,
     grads: Params,
     reduced: Params,
     lr: Tensor,
-    /// The learning rate, to write again after a recovery.
     lr_host: f32,
     /// `1 × rows` of ones: a column sum is a matmul by it.
     ones: Tensor,
     x: Tensor,
     targets: Tensor,
-    /// The shard on the host: its targets for its loss, and both to write
-    /// again after a recovery.
     x_host: Vec<f32>,
     targets_host: Vec<f32>,
     h1: Tensor,
@@ -172,12 +140,8 @@ pub struct Replica<B: Backend> {
 }
 
 impl<B: Backend> Replica<B> {
-    /// A replica of `weights` on `rt`, for shards of `shard.batch` rows,
-    /// learning at `lr`.
-    ///
-    /// # Errors
-    ///
-    /// A device out of memory or failing to write.
+    /// A replica of `weights` on `rt`, for shards of `shard.batch` rows, learning at
+    /// `lr`. Fails when the device runs out of memory or fails to write.
     pub fn new(rt: Runtime<B>, shard: Shape, weights: &Weights, lr: f32) -> Result<Self> {
         let s = shard;
         let current = Params::new(&rt, s)?;
@@ -217,12 +181,7 @@ impl<B: Backend> Replica<B> {
         &self.rt
     }
 
-    /// Write this rank's shard: `x` (`rows × input`) and one-hot `targets`
-    /// (`rows × output`).
-    ///
-    /// # Errors
-    ///
-    /// As [`Runtime::write`].
+    /// Write this rank's shard: `x` and one-hot `targets`. Errors as [`Runtime::write`].
     pub fn load(&mut self, x: &[f32], targets: &[f32]) -> Result<()> {
         self.rt.write(&self.x, x)?;
         self.rt.write(&self.targets, targets)?;
@@ -231,23 +190,10 @@ impl<B: Backend> Replica<B> {
         Ok(())
     }
 
-    /// After its device came back (`Client::recover`), every byte it held
-    /// reads as lost with the device: write again what only this rank
-    /// knows — its shard and its constants — and zero the packed buffers
-    /// the step's kernels write only in part. Its weights come from a
-    /// healthy peer ([`Rank::heal`]); every other buffer is written whole
-    /// by the next step's kernels before it is read.
-    ///
-    /// The packed buffers are why: a gradient, its reduced sum and the next
-    /// weights are four tensors in one buffer, with gaps where a backend
-    /// aligns each tensor's offset. The kernels write the tensors, never
-    /// the gaps; the all-reduce and the weights' read take the whole
-    /// buffer. Left lost, a gap would fail every step after the rank came
-    /// back — on a backend whose alignment leaves gaps, and only there.
-    ///
-    /// # Errors
-    ///
-    /// As [`Runtime::write`].
+    /// After its device came back (`Client::recover`), write again what only this rank
+    /// knows and zero its packed buffers. No kernel writes their alignment gaps, but the
+    /// all-reduce reads them, so a lost gap would fail every later step. Its weights come
+    /// from a peer ([`Rank::heal`]). Errors as [`Runtime::write`].
     pub fn reload(&mut self) -> Result<()> {
         let rows = self.shard.batch;
         self.rt.write(&self.ones, &vec![1.0; rows])?;
@@ -266,11 +212,7 @@ impl<B: Backend> Replica<B> {
         &self.weights[self.current]
     }
 
-    /// The weights it holds now, read back.
-    ///
-    /// # Errors
-    ///
-    /// As [`Params::read`].
+    /// The weights it holds now, read back. Errors as [`Params::read`].
     pub fn weights(&self) -> Result<Weights> {
         self.weights[self.current].read(&self.rt, self.shard)
     }
@@ -286,8 +228,7 @@ impl<B: Backend> Replica<B> {
         rt.softmax("layer2.softmax", &self.h4, &self.probs)
     }
 
-    /// Issue the backward pass of the shard's mean cross-entropy into
-    /// `grads`, launches in [`BACKWARD`]'s order. Never waits.
+    /// Issue the backward pass into `grads`, in [`BACKWARD`]'s order. Never waits.
     fn backward(&self) -> Result<()> {
         let (rt, w, g) = (&self.rt, &self.weights[self.current], &self.grads);
         rt.loss_grad(BACKWARD[0], &self.probs, &self.targets, &self.dlogits)?;
@@ -302,24 +243,19 @@ impl<B: Backend> Replica<B> {
         rt.matmul(BACKWARD[9], &self.ones, &self.dh2, &g.b1)
     }
 
-    /// The shard's mean cross-entropy, from its output probabilities.
     fn loss(&self) -> Result<f64> {
         let probs = self.rt.read(&self.probs)?;
         Ok(cross_entropy(&probs, &self.targets_host, self.shard.batch))
     }
 
-    /// One step on this rank: forward, backward (with `inject`'s fault
-    /// installed on this client first, if any), the all-reduce with its
-    /// peers, the update into the other weights, and the commit if the
-    /// update wrote them.
+    /// One step on this rank: forward, backward (under `inject`'s fault, if any), the
+    /// all-reduce, the update into the other weights, and the commit if it wrote them.
     pub fn step(&mut self, rank: &Rank<B>, inject: Option<&Injection>) -> RankStep {
         let client = self.rt.client().clone();
         let issued = self.forward().and_then(|()| {
             if let Some(injection) = inject {
-                // The forward pass finishes first, so that the fault lands
-                // on the backward pass alone: a fault returned while work
-                // is issued claims every write set in flight on the stream
-                // (docs/ERROR_MODEL.md, "loses the stream's batch").
+                // Finish the forward pass so the fault lands on the backward pass alone:
+                // a fault claims every write in flight (docs/ERROR_MODEL.md).
                 client.sync()?;
                 client.inject(FaultPlan::new().fail(
                     Site::Launch,
@@ -333,8 +269,7 @@ impl<B: Backend> Replica<B> {
             client.inject(FaultPlan::new());
         }
         if let Err(refused) = issued {
-            // Nothing claimed the gradient: say so on its bytes, or the
-            // collective would reduce the last step's as this one's.
+            // Claim the gradient, or the collective would reduce last step's as this one's.
             let _ = client.fail_writing(&[self.grads.flat.slice()], refused);
         }
         let all_reduce = rank.all_reduce(
@@ -392,11 +327,9 @@ pub struct RankStep {
     pub loss: Result<f64>,
     /// What its all-reduce call returned.
     pub all_reduce: Result<()>,
-    /// Its all-reduced gradient, read back in one read: the error is what
-    /// a user reading the gradient sees.
+    /// Its all-reduced gradient, read back in one read, as a user would see it.
     pub gradient: Result<Weights>,
-    /// The update's output, waited for: an error when the update was
-    /// skipped or failed (and not committed).
+    /// The update's output, waited for: an error when it was skipped or failed.
     pub update: Result<()>,
     /// The weights it holds after the step, read back.
     pub weights: Result<Weights>,
@@ -404,11 +337,8 @@ pub struct RankStep {
 
 /// A group of replicas, one per device.
 ///
-/// The group's members may change ([`crate::elastic`]): a rank whose
-/// device is lost is left out, and admitted back once it recovers, so the
-/// ranks of the current group are some of the replicas, in `members`
-/// order. A replica keeps its index (and its shard of the batch) through
-/// every change.
+/// Members may change ([`crate::elastic`]): a lost rank is left out and admitted back
+/// once it recovers. A replica keeps its index and its shard through every change.
 #[derive(Debug)]
 pub struct DataParallel<B: Backend> {
     pub(crate) group: Group<B>,
@@ -419,14 +349,10 @@ pub struct DataParallel<B: Backend> {
 }
 
 impl<B: Backend> DataParallel<B> {
-    /// A replica of `weights` on each runtime (rank `i` on `runtimes[i]`,
-    /// each a client of its own server), for batches of `weights.shape`
-    /// rows split evenly between the ranks, learning at `lr`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for no runtimes, a batch the ranks do not
-    /// divide, or two runtimes on one server; a device out of memory.
+    /// A replica of `weights` on each runtime (rank `i` on `runtimes[i]`), for batches
+    /// of `weights.shape` rows split evenly, learning at `lr`. Fails with
+    /// [`Error::InvalidArgument`] for no runtimes, an uneven batch or two runtimes on
+    /// one server, and when a device runs out of memory.
     pub fn new(runtimes: Vec<Runtime<B>>, weights: &Weights, lr: f32) -> Result<Self> {
         let ranks = runtimes.len();
         let shape = weights.shape;
@@ -480,11 +406,7 @@ impl<B: Backend> DataParallel<B> {
         self.replicas[index].lock()
     }
 
-    /// Compile every kernel a step launches, on every rank at once.
-    ///
-    /// # Errors
-    ///
-    /// The first rank's compile error.
+    /// Compile every kernel a step launches, on every rank at once; the first error wins.
     pub fn compile(&self) -> Result<()> {
         self.group
             .run(|rank| self.replica(rank.index()).rt.compile_training())
@@ -492,12 +414,8 @@ impl<B: Backend> DataParallel<B> {
             .collect()
     }
 
-    /// Give each rank its shard of the batch: `x` (`batch × input`) and
-    /// one-hot `targets` (`batch × output`), split by rows in rank order.
-    ///
-    /// # Errors
-    ///
-    /// Lengths other than the batch's; a device failing to write.
+    /// Give each rank its rows of `x` and one-hot `targets`, in rank order.
+    /// Fails on lengths other than the batch's, or a device failing to write.
     pub fn load(&self, x: &[f32], targets: &[f32]) -> Result<()> {
         let s = self.shape;
         if x.len() != s.batch * s.input || targets.len() != s.batch * s.output {
@@ -524,9 +442,7 @@ impl<B: Backend> DataParallel<B> {
         Ok(())
     }
 
-    /// One step on every member, each on its own thread, with `inject`'s
-    /// fault on its replica's backward pass; what each member saw, by rank,
-    /// and the step's wall time.
+    /// One step on every member, each on its own thread: what each saw, and the time.
     pub fn step(&self, inject: Option<&Injection>) -> (Vec<RankStep>, Duration) {
         let start = Instant::now();
         let steps = self.group.run(|rank| {
@@ -537,19 +453,14 @@ impl<B: Backend> DataParallel<B> {
         (steps, start.elapsed())
     }
 
-    /// The weights replica `replica` holds now, read back.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for a replica this runtime does not
-    /// have; as [`Params::read`].
+    /// The weights replica `replica` holds now, read back. Errors as
+    /// [`Params::read`], or [`Error::InvalidArgument`] for a replica it lacks.
     pub fn weights(&self, replica: usize) -> Result<Weights> {
         self.ensure_replica("weights", replica)?;
         self.replica(replica).weights()
     }
 
-    /// Refuses a replica index this runtime does not have, naming the
-    /// call, so a wrong index is an error and never a panic.
+    /// Refuse a replica index this runtime lacks, naming the call: never a panic.
     pub(crate) fn ensure_replica(&self, call: &'static str, index: usize) -> Result<()> {
         if index < self.ranks() {
             return Ok(());
@@ -571,8 +482,7 @@ impl<B: Backend> DataParallel<B> {
     }
 }
 
-/// The rank whose input failed a collective, and what its read answered,
-/// if `error` (a collective's result, or a read of its output) says so.
+/// The rank whose input failed a collective, and its read's answer, if `error` says so.
 pub fn input_failed(error: &Error) -> Option<(usize, &Error)> {
     match error.root() {
         Error::Collective(c) => match &**c {
@@ -595,8 +505,7 @@ pub fn targets(shape: Shape, seed: u64) -> Vec<f32> {
     out
 }
 
-/// The mean cross-entropy of `rows` rows of probabilities against one-hot
-/// targets.
+/// The mean cross-entropy of `rows` rows of probabilities against one-hot targets.
 pub fn cross_entropy(probs: &[f32], targets: &[f32], rows: usize) -> f64 {
     let total: f64 = probs
         .iter()
@@ -607,8 +516,7 @@ pub fn cross_entropy(probs: &[f32], targets: &[f32], rows: usize) -> f64 {
     total / rows.max(1) as f64
 }
 
-/// A training step on the CPU, on one device's worth of memory: the whole
-/// batch at once.
+/// A training step on the CPU over the whole batch at once.
 #[derive(Clone, Debug)]
 pub struct ReferenceStep {
     /// The mean cross-entropy before the update.
@@ -639,10 +547,8 @@ fn column_sums(a: &[f32], cols: usize) -> Vec<f32> {
     sums.into_iter().map(|s| s as f32).collect()
 }
 
-/// The step the group takes, on the CPU over the whole batch (`x`:
-/// `batch × input`, one-hot `targets`: `batch × output`): forward, the
-/// gradient of the mean cross-entropy, and SGD at `lr`. Sums accumulate in
-/// `f64`.
+/// The group's step on the CPU over the whole batch: forward, the mean cross-entropy's
+/// gradient, and SGD at `lr`. Sums accumulate in `f64`.
 pub fn reference_step(weights: &Weights, x: &[f32], targets: &[f32], lr: f32) -> ReferenceStep {
     let s = weights.shape;
     let h1 = matmul(x, &weights.w1, s.batch, s.input, s.hidden);
@@ -717,8 +623,7 @@ pub fn reference_step(weights: &Weights, x: &[f32], targets: &[f32], lr: f32) ->
     }
 }
 
-/// The largest absolute difference between two sets of weights (or
-/// gradients), over all four tensors; infinite for different shapes.
+/// The largest absolute difference between two sets of weights; infinite for other shapes.
 pub fn max_difference(a: &Weights, b: &Weights) -> f32 {
     [
         (&a.w1, &b.w1),

@@ -1,8 +1,7 @@
 //! The demo's acts, as functions that return what they saw.
 //!
-//! The binary prints these reports; the tests assert on them. Keeping the
-//! acts here rather than in `main` means the thing the README shows people
-//! is the thing CI checks.
+//! The binary prints these reports and the tests assert on them, so what the
+//! README shows is what CI checks.
 
 use std::time::{Duration, Instant};
 
@@ -32,11 +31,7 @@ pub struct Forward {
     pub max_error: f32,
 }
 
-/// Run a pass twice, timing each to completion, and compare the result.
-///
-/// # Errors
-///
-/// Any device error, including a failure the output carries.
+/// Run a pass twice, timing each to completion, and compare; fails on any device error.
 pub fn forward<B: Backend>(rt: &Runtime<B>, mlp: &Mlp, reference: &[f32]) -> Result<Forward> {
     let start = Instant::now();
     rt.compile()?;
@@ -67,13 +62,11 @@ pub struct Fault {
     pub poisoned: bool,
     /// An unrelated read of the weights after the fault succeeded.
     pub device_kept_working: bool,
-    /// The largest difference from the reference after rewriting the input
-    /// and running again.
+    /// The largest difference from the reference after rewriting the input and rerunning.
     pub rerun_max_error: f32,
 }
 
-/// The fault the demo injects: a launch failure the driver does not declare
-/// sticky, such as an invalid launch configuration, on `layer1.matmul`.
+/// The fault the demo injects on `layer1.matmul`: a launch failure that is not sticky.
 pub fn injected_fault(backend: &'static str) -> Error {
     injected_fault_in(backend, "`layer1.matmul`")
 }
@@ -89,13 +82,8 @@ pub fn injected_fault_in(backend: &'static str, what: &str) -> Error {
     })
 }
 
-/// Fail the next pass's first launch (`layer1.matmul`), read the output,
-/// show the device still works, rewrite the input and run again.
-///
-/// # Errors
-///
-/// A device error other than the injected one, or a read of the output
-/// that did not fail.
+/// Fail the next pass's first launch, read the output, show the device still works, and
+/// rerun on a rewritten input. Fails on other device errors, or an output read that works.
 pub fn fault<B: Backend>(
     rt: &Runtime<B>,
     mlp: &Mlp,
@@ -154,17 +142,12 @@ pub struct Replay {
     pub eager: Duration,
     /// `passes` replays of the captured pass, issued and waited for.
     pub replay: Duration,
-    /// The largest difference from the reference after the replays (the
-    /// output is zeroed first, so a replay that wrote nothing fails).
+    /// The largest difference from the reference after replays into a zeroed output.
     pub max_error: f32,
 }
 
-/// Time `passes` eager passes, capture one, time `passes` replays of it.
-///
-/// # Errors
-///
-/// Any device error, a capture that did not seal, or a failure the output
-/// carries.
+/// Time `passes` eager passes, capture one, time `passes` replays of it. Fails on
+/// any device error, a capture that did not seal, or a failure the output carries.
 pub fn replay<B: Backend>(
     rt: &Runtime<B>,
     mlp: &Mlp,
@@ -204,8 +187,7 @@ pub fn replay<B: Backend>(
     })
 }
 
-/// Everything a demo run needs, made once: the model on the device, its
-/// input and the CPU reference.
+/// Everything a demo run needs, made once: the model, its input and the CPU reference.
 #[derive(Debug)]
 pub struct Setup {
     /// The model on the device.
@@ -218,12 +200,8 @@ pub struct Setup {
     pub cpu: Duration,
 }
 
-/// Make random weights and input for `weights.shape`, upload them, and
-/// compute the reference.
-///
-/// # Errors
-///
-/// A device out of memory or failing to write.
+/// Make random weights and input for `weights.shape`, upload them, and compute
+/// the reference. Fails when a device runs out of memory or fails to write.
 pub fn setup<B: Backend>(rt: &Runtime<B>, weights: &Weights, seed: u64) -> Result<Setup> {
     let x = weights.input(seed);
     let mlp = Mlp::new(rt, weights, &x)?;
@@ -241,9 +219,8 @@ pub fn setup<B: Backend>(rt: &Runtime<B>, weights: &Weights, seed: u64) -> Resul
 /// Rows of the batch each rank of act four gets.
 pub const ROWS_PER_RANK: usize = 64;
 
-/// Act four's sizes over `ranks` ranks: [`ROWS_PER_RANK`] rows each,
-/// `256 → 128 → 32`, small enough that a step on four logical devices
-/// takes well under a second on lavapipe.
+/// Act four's sizes over `ranks` ranks: [`ROWS_PER_RANK`] rows each, `256 → 128 → 32`,
+/// so a step on four logical devices takes well under a second on lavapipe.
 pub fn data_parallel_shape(ranks: usize) -> Shape {
     Shape {
         batch: ROWS_PER_RANK * ranks.max(1),
@@ -270,11 +247,9 @@ pub struct Failed {
     pub gradient_names: Option<usize>,
     /// The root cause that read gives for that rank's input.
     pub root: Option<String>,
-    /// The kernels the named rank's chain walks, from its gradient back to
-    /// the root.
+    /// The kernels the named rank's chain walks, from its gradient back to the root.
     pub chain: Vec<String>,
-    /// Whether its update was skipped for the failed gradient: the new
-    /// weights carry it, first hop the update's kernel.
+    /// Whether its update was skipped: the new weights carry the failure, first hop `sgd`.
     pub update_skipped: bool,
 }
 
@@ -323,13 +298,8 @@ impl Failed {
     }
 }
 
-/// Lose `client`'s device by a sticky fault (`DEVICE_LOST`) injected at
-/// its next device call, and make one: the loss every backend can show.
-/// What it did, for the timeline, and `false`: the loss was not real.
-///
-/// # Errors
-///
-/// [`Error::Internal`] when the device was not lost.
+/// Lose `client`'s device by a sticky fault (`DEVICE_LOST`) at its next call: the loss every
+/// backend can show. Returns what it did and `false`; [`Error::Internal`] if none was lost.
 pub fn inject_loss<B: Backend>(client: &scope_core::Client<B>) -> Result<(String, bool)> {
     client.inject(FaultPlan::new().poison_at(1, "injected", "DEVICE_LOST"));
     let _ = client.allocate(4);
@@ -344,8 +314,7 @@ pub fn inject_loss<B: Backend>(client: &scope_core::Client<B>) -> Result<(String
     ))
 }
 
-/// Act four: a data-parallel training step on several devices, a fault in
-/// one rank's backward pass, and the next step.
+/// Act four: data-parallel steps on several devices, one with a fault on one rank.
 #[derive(Debug)]
 pub struct DataParallelReport {
     /// How many ranks (devices).
@@ -374,16 +343,13 @@ pub struct DataParallelReport {
     pub recovered: StepCheck,
     /// Failures each device still holds after the last step.
     pub failures_held: Vec<usize>,
-    /// Then rank [`faulted_rank`]'s device is lost, the others go on, and
-    /// it comes back (its `survival` act); what stopped it, if something did.
+    /// Then rank [`faulted_rank`]'s device is lost and comes back: what stopped it, if any.
     pub survival: Result<Survival>,
 }
 
 impl DataParallelReport {
-    /// The faulted step did what it should: every rank's all-reduce and
-    /// gradient read name the faulted rank and its injected root cause, no
-    /// rank's update ran, and the weights read back unchanged and the same
-    /// everywhere.
+    /// The faulted step did what it should: every rank names the faulted rank and its
+    /// root cause, no update ran, and the weights read back unchanged and identical.
     pub fn fault_contained(&self) -> bool {
         let f = &self.faulted;
         self.failed.iter().all(|r| {
@@ -411,17 +377,9 @@ impl DataParallelReport {
     }
 }
 
-/// Run act four on `runtimes` (one per device, rank `i` on `runtimes[i]`):
-/// random weights and a batch of `shape`, three steps of SGD at `lr` — the
-/// second with a launch failure injected into rank
-/// [`faulted_rank`]'s `loss.grad`, its backward pass's first kernel — each
-/// checked against the CPU's step on the whole batch; then the same rank's
-/// device lost with `lose` and the group surviving it (its `survival` act).
-///
-/// # Errors
-///
-/// A device error outside the steps (allocating, writing, compiling), or a
-/// batch the ranks do not divide.
+/// Run act four on `runtimes`: three SGD steps, each checked against the CPU's, the second
+/// failing rank [`faulted_rank`]'s `loss.grad`. Then that rank's device is lost with `lose`
+/// and the group survives it. Fails on a device error outside the steps, or an uneven batch.
 pub fn data_parallel<B: Backend>(
     runtimes: Vec<Runtime<B>>,
     (shape, lr, seed): (Shape, f32, u64),
@@ -453,8 +411,7 @@ pub fn data_parallel<B: Backend>(
             &format!("`{faulted_kernel}` on rank {faulted_rank}"),
         ),
     };
-    // The CPU's trajectory: the failed step changes nothing, so the step
-    // after it is the CPU's step from the first step's weights.
+    // The failed step changes nothing, so the CPU's next step starts from the first's.
     let second = reference_step(&first.next, &x, &targets, lr);
     let (steps, time) = dp.step(Some(&injection));
     let failed = steps.iter().map(Failed::of).collect();

@@ -1,24 +1,16 @@
 //! Data-parallel training that survives a lost device (rules 51, 54–57 of
 //! `docs/ERROR_MODEL.md`).
 //!
-//! When a rank's device is lost, its step fails on every rank — its
-//! gradient cannot be read, so no rank's all-reduced gradient is written
-//! and no rank updates (rule 41) — and the weights stay as they were,
-//! everywhere. What is left is the runtime's choice, and this is the one
-//! torchft and MPI's ULFM make:
+//! When a rank's device is lost, its step fails on every rank: no reduced
+//! gradient is written and no rank updates (rule 41), so the weights stay as
+//! they were. The rest is the runtime's choice, here the one torchft and ULFM make:
 //!
-//! 1. **The others go on** ([`DataParallel::shrink`]): every member whose
-//!    device is not lost shrinks the group to themselves, and trains on. A
-//!    mean over the survivors is a mean over their rows: the step is the
-//!    step on the batch they hold.
-//! 2. **The lost rank comes back** ([`DataParallel::readmit`]): its device
-//!    opens again (`Client::recover`), every byte it held reading as lost
-//!    with the device; it writes again what only it knows — its shard, its
-//!    constants — and the group admits it as its last rank.
-//! 3. **Its weights come from a peer** (the same call): a broadcast from
-//!    rank 0 writes, and heals, its current weights, so it takes part in
-//!    the next step as clean. Every other buffer it holds is written by
-//!    that step's kernels before any reads it.
+//! 1. **The others go on** ([`DataParallel::shrink`]): the survivors shrink the
+//!    group to themselves and train on the rows they hold.
+//! 2. **The lost rank comes back** ([`DataParallel::readmit`]): its device opens
+//!    again, it writes what only it knows, and the group admits it as last rank.
+//! 3. **Its weights come from a peer**: a broadcast from rank 0 heals them, and
+//!    the next step's kernels write every other buffer before it is read.
 
 use std::time::{Duration, Instant};
 
@@ -46,15 +38,9 @@ impl<B: Backend> DataParallel<B> {
         self.group.epoch()
     }
 
-    /// Every member whose device is not lost shrinks the group to
-    /// themselves (rule 54); the lost ones are not waited for. The new
-    /// members, by rank: the survivors in their old order.
-    ///
-    /// # Errors
-    ///
-    /// A survivor's shrink: a group superseded already, a survivor that did
-    /// not come within the deadline; [`Error::Internal`] when no member
-    /// survives.
+    /// Every member whose device is not lost shrinks the group to themselves
+    /// (rule 54), waiting for no lost one. Returns the survivors in their old order.
+    /// Fails with a survivor's shrink error, or [`Error::Internal`] when none survives.
     pub fn shrink(&mut self) -> Result<Vec<usize>> {
         let shrunk = self.group.run(|rank| {
             let replica = self.members[rank.index()];
@@ -73,19 +59,11 @@ impl<B: Backend> DataParallel<B> {
         Ok(self.members.clone())
     }
 
-    /// Bring replica `index` back (rules 51, 56, 57): open its lost device
-    /// again, write its shard and constants again, admit it as the group's
-    /// last rank, and heal its current weights with a broadcast from rank
-    /// 0.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for a replica the runtime does not have
-    /// or that is a member already; its recovery's (`Error::RestartRequired`
-    /// where the driver says the process must restart, `Error::Refused`
-    /// where a reset would destroy another client's memory on the same
-    /// device: the group goes on without it); a write; the members'
-    /// admission or the heal.
+    /// Bring replica `index` back (rules 51, 56, 57): recover its device, reload it,
+    /// admit it as the last rank, and heal its weights with a broadcast from rank 0.
+    /// Fails with [`Error::InvalidArgument`] for a replica it lacks or a member, with its
+    /// recovery's `Error::RestartRequired` or `Error::Refused` (the group goes on
+    /// without it), or on a failed write, admission or heal.
     pub fn readmit(&mut self, index: usize) -> Result<Readmission> {
         self.ensure_replica("readmit", index)?;
         if self.members.contains(&index) {

@@ -1,24 +1,16 @@
-//! The native path: the runtime's kernels hand-written in every
-//! language a server takes, side by side.
+//! The native path: the runtime's kernels hand-written in every language a
+//! server takes, side by side.
 //!
-//! The runtime's default is the `#[cube]` path ([`crate::cube`]), one
-//! source for every server. These stay because they are the other half of
-//! the comparison the demo prints and the tests run — the same operations
-//! written the way a runtime without cubecl would, launched through the
-//! contract's plain convention — and because a runtime author copying this
-//! crate may have no cubecl. Each operation is written twice: WGSL for wgpu
-//! and Vulkan (the Vulkan server compiles WGSL through naga) and CUDA C++
-//! for CUDA and HIP (hiprtc accepts the same dialect for what these kernels
-//! use). Keeping the two next to each other makes them reviewable as one
-//! operation; a change to one that is not made to the other shows in the
-//! same diff.
+//! The default is the `#[cube]` path ([`crate::cube`]). These stay as the other
+//! half of the demo's and tests' comparison, and for a runtime author with no
+//! cubecl. Each operation is written twice, WGSL (wgpu; Vulkan through naga) and
+//! CUDA C++ (CUDA; HIP through hiprtc). Side by side, a change made to one and
+//! not the other shows in the same diff.
 //!
 //! Every kernel follows the contract's binding convention: buffers in order,
-//! then the scalar blob (little-endian `u32`s) as one more read-only storage
-//! buffer in WGSL, or as a struct passed by value in CUDA C++. Elementwise
-//! and row kernels run 64 invocations a group over `ceil(n / 64)` groups;
-//! the matmul runs 64 columns × [`ROWS`] rows a group over
-//! `ceil(cols / 64) × ceil(rows / ROWS)`.
+//! then the blob of `u32` scalars, as a read-only storage buffer in WGSL or a
+//! struct by value in CUDA C++. Elementwise and row kernels run 64 invocations
+//! a group; the matmul runs 64 columns × [`ROWS`] rows a group.
 
 use scope_core::{Kernel, Language};
 
@@ -28,16 +20,12 @@ pub const ROWS: u32 = 4;
 /// Invocations a group for the elementwise and row kernels.
 pub const GROUP: u32 = 64;
 
-/// `c[m×n] = a[m×k] · b[k×n]`, row-major. Bindings `[a, b, c]`; scalars
-/// `[m, n, k]`. An invocation computes one column of [`ROWS`] consecutive
-/// rows, so each load of `b` feeds four multiply-adds; 64 invocations a
-/// group run across columns, over `ceil(n / 64) × ceil(m / ROWS)` groups.
+/// `c[m×n] = a[m×k] · b[k×n]`, row-major. Bindings `[a, b, c]`; scalars `[m, n, k]`.
+/// An invocation computes one column of [`ROWS`] rows, so each load of `b` feeds four
+/// multiply-adds.
 ///
-/// Why not the textbook 16×16 shared-memory tiling: on lavapipe (where CI
-/// and most readers run it) a workgroup barrier switches every invocation's
-/// coroutine, and the tiled kernel ran 4.5× slower than this one (0.28 vs
-/// 1.26 GFLOP/s on two cores). On a GPU this is a memory-bound but correct
-/// baseline, and the cube path's matmul keeps the same shape.
+/// Not the textbook 16×16 tiling: on lavapipe a workgroup barrier switches every
+/// invocation's coroutine, and the tiled kernel ran 4.5× slower (0.28 vs 1.26 GFLOP/s).
 const MATMUL_WGSL: &str = r"
 struct Dims { m: u32, n: u32, k: u32 }
 @group(0) @binding(0) var<storage, read> a: array<f32>;
@@ -93,8 +81,7 @@ extern "C" __global__ void matmul(const float* a, const float* b, float* c, Dims
 }
 "#;
 
-/// `out[i] = x[i] + bias[i % cols]`. Bindings `[x, bias, out]`; scalars
-/// `[len, cols]`.
+/// `out[i] = x[i] + bias[i % cols]`. Bindings `[x, bias, out]`; scalars `[len, cols]`.
 const BIAS_ADD_WGSL: &str = r"
 struct Dims { len: u32, cols: u32 }
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -150,8 +137,7 @@ extern "C" __global__ void gelu(const float* x, float* out, Dims d) {
 }
 "#;
 
-/// Row-wise softmax, one invocation a row (rows are short: the output
-/// layer). Bindings `[x, out]`; scalars `[rows, cols]`.
+/// Row-wise softmax, one invocation a row. Bindings `[x, out]`; scalars `[rows, cols]`.
 const SOFTMAX_WGSL: &str = r"
 struct Dims { rows: u32, cols: u32 }
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -193,10 +179,8 @@ extern "C" __global__ void softmax(const float* x, float* out, Dims d) {
 }
 "#;
 
-/// `out = xᵀ`: `x` is `rows × cols`, `out` `cols × rows`. Bindings
-/// `[x, out]`; scalars `[rows, cols]`. One invocation an element of `x`.
-/// The backward pass's matmuls run on transposed copies, so the matmul
-/// kernel stays the one the forward pass uses.
+/// `out = xᵀ`, one invocation an element. Bindings `[x, out]`; scalars `[rows, cols]`.
+/// The backward pass's matmuls run on transposed copies, so one matmul kernel serves.
 const TRANSPOSE_WGSL: &str = r"
 struct Dims { rows: u32, cols: u32 }
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -220,9 +204,8 @@ extern "C" __global__ void transpose(const float* x, float* out, Dims d) {
 }
 "#;
 
-/// `out[i] = dy[i] · gelu'(x[i])`, the derivative of the tanh
-/// approximation [`GELU_WGSL`] computes (same clamp). Bindings
-/// `[x, dy, out]`; scalars `[len]`.
+/// `out[i] = dy[i] · gelu'(x[i])`, the derivative of [`GELU_WGSL`]'s approximation.
+/// Bindings `[x, dy, out]`; scalars `[len]`.
 const GELU_GRAD_WGSL: &str = r"
 struct Dims { len: u32 }
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -255,10 +238,8 @@ extern "C" __global__ void gelu_grad(const float* x, const float* dy, float* out
 }
 "#;
 
-/// The gradient of the mean cross-entropy over `rows` rows with respect to
-/// the logits, given the softmax `probs` and one-hot `targets`:
-/// `out[i] = (probs[i] - targets[i]) / rows`. Bindings
-/// `[probs, targets, out]`; scalars `[len, rows]`.
+/// `out[i] = (probs[i] - targets[i]) / rows`: the mean cross-entropy's gradient at the
+/// logits. Bindings `[probs, targets, out]`; scalars `[len, rows]`.
 const LOSS_GRAD_WGSL: &str = r"
 struct Dims { len: u32, rows: u32 }
 @group(0) @binding(0) var<storage, read> probs: array<f32>;
@@ -281,9 +262,8 @@ extern "C" __global__ void loss_grad(const float* probs, const float* targets, f
 }
 "#;
 
-/// A step of plain SGD into new memory: `out[i] = w[i] - lr[0] · g[i]`.
-/// The learning rate is a one-element buffer, so no kernel takes a float
-/// scalar. Bindings `[w, g, lr, out]`; scalars `[len]`.
+/// Plain SGD into new memory: `out[i] = w[i] - lr[0] · g[i]`. `lr` is a buffer so no
+/// kernel takes a float scalar. Bindings `[w, g, lr, out]`; scalars `[len]`.
 const SGD_WGSL: &str = r"
 struct Dims { len: u32 }
 @group(0) @binding(0) var<storage, read> w: array<f32>;
@@ -307,12 +287,8 @@ extern "C" __global__ void sgd(const float* w, const float* g, const float* lr, 
 }
 "#;
 
-/// The operations, as the kernels one server compiles: the forward four,
-/// then the four the data-parallel training step adds.
-///
-/// Fields are public so that a server with another language (the reference
-/// host server's registered closures, in this crate's tests) can supply its
-/// own; [`Kernels::for_language`] builds the two shipped sets.
+/// The operations as one server compiles them. Public fields let a server with another
+/// language supply its own; [`Kernels::for_language`] builds the two shipped sets.
 #[derive(Clone, Debug)]
 pub struct Kernels {
     /// `[a, b, c]`, scalars `[m, n, k]`, 64 columns × [`ROWS`] rows a group.
@@ -345,8 +321,7 @@ pub enum Dialect {
 }
 
 impl Dialect {
-    /// The first shipped dialect `accepts` admits, WGSL first (the one
-    /// language two servers share).
+    /// The first shipped dialect `accepts` admits, WGSL first (two servers share it).
     pub fn choose(accepts: impl Fn(Language) -> bool) -> Option<Self> {
         [
             (Language::Wgsl, Dialect::Wgsl),
@@ -359,15 +334,12 @@ impl Dialect {
     }
 }
 
-/// # Safety
-///
-/// As [`Kernels::for_language`].
+/// Safety: as [`Kernels::for_language`].
 unsafe fn make(dialect: Dialect, entry: &str, wgsl: &str, cuda: &str, block: [u32; 3]) -> Kernel {
     match dialect {
         Dialect::Wgsl => Kernel::wgsl(entry, wgsl),
-        // SAFETY: each shipped CUDA C++ kernel guards every access with the
-        // sizes in its scalar blob, and the caller promises (this
-        // function's contract) that the blob describes the bindings.
+        // SAFETY: each shipped CUDA C++ kernel guards every access with its blob's
+        // sizes, and the caller promises the blob describes the bindings.
         Dialect::Cuda => unsafe { Kernel::cuda(entry, cuda) }.block(block),
         // SAFETY: as for CUDA; hiprtc compiles the same source.
         Dialect::Hip => unsafe { Kernel::hip(entry, cuda) }.block(block),
@@ -379,16 +351,11 @@ impl Kernels {
     ///
     /// # Safety
     ///
-    /// For the CUDA and HIP dialects: every launch of these kernels passes
-    /// scalars that describe its bindings (the sizes each kernel's docs
-    /// name, no larger than the buffers bound), as [`Runtime`](crate::runtime::Runtime)
-    /// does. The kernels guard every access with those sizes and nothing
-    /// else — CUDA C++ cannot know a buffer's length — so larger ones let a
-    /// launch write past its bindings. WGSL kernels are bounds-checked by the
-    /// servers regardless.
+    /// For CUDA and HIP, every launch passes scalars no larger than the buffers bound,
+    /// as [`Runtime`](crate::runtime::Runtime) does. CUDA C++ cannot know a buffer's
+    /// length, so larger ones let a launch write past its bindings.
     pub unsafe fn for_language(dialect: Dialect) -> Self {
-        // SAFETY: `make`'s contract is this function's, which the caller
-        // keeps.
+        // SAFETY: `make`'s contract is this function's, which the caller keeps.
         unsafe {
             Self {
                 matmul: make(dialect, "matmul", MATMUL_WGSL, MATMUL_CUDA, [GROUP, 1, 1]),
@@ -434,10 +401,8 @@ impl Kernels {
     }
 }
 
-/// `kernel` under the name reports will use — `layer1.matmul` rather than
-/// `matmul` — so a chain of skipped kernels says which layer it passed
-/// through. The compile cache keys on source, entry and block, not the
-/// name, so every layer shares one compiled kernel.
+/// `kernel` under the name reports use (`layer1.matmul`), so a chain names each layer.
+/// The compile cache ignores names, so every layer shares one compiled kernel.
 pub fn named(kernel: &Kernel, name: &str) -> Kernel {
     Kernel::new(name, kernel.source().clone())
         .entry(kernel.entry_point())

@@ -1,6 +1,5 @@
-//! `tiny-runtime`: the demo. A 2-layer MLP on the best linked backend, a
-//! fault it survives, capture/replay, and a data-parallel training step on
-//! several devices with a fault on one of them.
+//! `tiny-runtime`: the demo. A 2-layer MLP on the best linked backend, a fault
+//! it survives, capture/replay, and data-parallel training with a faulted rank.
 //!
 //! ```text
 //! cargo xtask demo [--backend B]     (or: cargo run -p tiny-runtime -- ARGS)
@@ -10,32 +9,21 @@
 //! tiny-runtime --probe [BACKEND]     what each linked server finds, as JSON
 //! ```
 //!
-//! `--devices N` (4 by default) is how many servers of the backend act four
-//! opens, one per rank of its data-parallel group; `--devices 1` leaves the
-//! act out. Each `client()` call of a server crate opens a server of its
-//! own, so on one adapter (or one GPU) the ranks are logical devices.
+//! Act four's ranks are `--devices N` servers of the backend (4 by default;
+//! 1 leaves the act out). On one GPU the ranks are logical devices.
 //!
-//! The kernels are the `#[cube]` ones by default, translated for the
-//! server's language (`--target` picks another the server takes: `wgsl` on
-//! Vulkan goes through naga). Act one also times a pass of the other path
-//! on the same device, so every run prints cube against native.
+//! The kernels are the `#[cube]` ones by default. Act one also times the other
+//! path on the same device, so every run prints cube against native.
 //!
-//! On a software adapter (lavapipe, llvmpipe) the "device" is this
-//! machine's CPU emulating a GPU, so the demo says so before any figure:
-//! its times are CPU-emulation times, and what it shows there is behaviour
-//! — agreement with the CPU reference, the failure chain, capture/replay —
-//! not speed.
+//! On a software adapter (lavapipe, llvmpipe) the demo marks its times as CPU
+//! emulation: what it shows there is behaviour, not speed.
 //!
-//! `--probe` is here, rather than in `xtask`, so that `cargo xtask` links no
-//! server and builds in seconds, and so that the probe that picks the demo's
-//! backend is the same build, profile and features as the tests
-//! (`--workspace --all-features`): asking it costs no second compile of the
-//! servers. `xtask` runs one probe process per backend, so a probe that
-//! panics — or aborts inside a driver — is that backend's answer, not the
-//! end of the matrix.
+//! `--probe` lives here, not in `xtask`, so `cargo xtask` links no server and the
+//! probe is the tests' build, with no second compile. `xtask` runs one probe
+//! process per backend, so a probe that panics or aborts in a driver is that
+//! backend's answer, not the end of the matrix.
 //!
-//! Exits non-zero when a check fails: a result off the CPU reference, a
-//! fault that did not show, a device that did not recover.
+//! Exits non-zero when a check fails.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -185,7 +173,6 @@ impl OnClients for Demo {
                 println!("         {line}");
             }
         }
-        // Every time printed below is labelled when it is an emulation figure.
         let tag = if emulated { "  [CPU emulation]" } else { "" };
         let make = |kernels: Kernels, client: Client<B>| match (kernels, self.target) {
             (Kernels::Native, _) => Runtime::native(client),
@@ -216,8 +203,7 @@ impl OnClients for Demo {
             secs(fwd.steady),
             s.flops() / fwd.steady.as_secs_f64() / 1e9
         );
-        // The reference is a plain f64 loop in this crate: in the dev profile
-        // (what `cargo xtask demo` runs) it is unoptimised, and says so.
+        // The reference is an f64 loop, unoptimised in the dev profile; it says so.
         println!(
             "   CPU reference                   {}  (f64 on the host{})",
             secs(setup.cpu),
@@ -233,7 +219,6 @@ impl OnClients for Demo {
             verdict(fwd.max_error)
         );
         ok &= fwd.max_error <= TOLERANCE;
-        // The other path on the same model and device, for comparison.
         let cmp = demo::forward(&twin, &setup.mlp, &setup.reference)
             .map_err(|e| format!("forward pass ({}): {e}", twin.path().describe()))?;
         println!(
@@ -602,9 +587,8 @@ const SOFTWARE_NOTE: [&str; 4] = [
     "heals, and a captured pass that replays.",
 ];
 
-/// The kind of the device a client opened: the probed device whose name
-/// the client's description starts with (the longest, if several do).
-/// `None` when the probe does not list it, so the demo claims nothing.
+/// The kind of the device a client opened: the longest probed device name its
+/// description starts with. `None` when the probe does not list it: claim nothing.
 fn device_kind(backend: &str, describe: &str) -> Option<DeviceKind> {
     let probe = backends::probe(backend)?;
     probe
@@ -615,9 +599,8 @@ fn device_kind(backend: &str, describe: &str) -> Option<DeviceKind> {
         .map(|d| d.kind)
 }
 
-/// `tiny-runtime --probe [BACKEND]`: each linked server's `probe()`, as a
-/// JSON array with one object a backend. A panicking probe is caught and
-/// answered as that backend's `why_not`; an unlinked backend says so.
+/// `tiny-runtime --probe [BACKEND]`: each linked server's `probe()` as a JSON array.
+/// A panicking probe answers as its backend's `why_not`; an unlinked backend says so.
 fn probe_mode(names: Vec<String>) -> ExitCode {
     let known: Vec<&str> = BackendKind::ALL.iter().map(|k| k.name()).collect();
     let names: Vec<String> = if names.is_empty() {

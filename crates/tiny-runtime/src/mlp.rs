@@ -35,8 +35,7 @@ impl Shape {
         output: 256,
     };
 
-    /// A size for tests: quick on a debug build, yet not a multiple of the
-    /// tile or group size anywhere, so edge handling is exercised.
+    /// A size for tests: quick in debug, and no multiple of a tile or group size.
     pub const TEST: Shape = Shape {
         batch: 37,
         input: 70,
@@ -50,9 +49,7 @@ impl Shape {
     }
 }
 
-/// A deterministic generator (SplitMix64): inputs and weights must be the
-/// same on every run and backend so results compare, and a crate that
-/// exists to show the server contract should not pull in `rand`.
+/// SplitMix64: deterministic, so results compare across runs and backends, without `rand`.
 #[derive(Clone, Debug)]
 pub struct Rng(u64);
 
@@ -94,8 +91,7 @@ pub struct Weights {
 }
 
 impl Weights {
-    /// Random weights scaled by `1/sqrt(fan-in)`, so activations stay near
-    /// unit size at any width and the softmax is not saturated.
+    /// Random weights scaled by `1/sqrt(fan-in)`, so the softmax is not saturated.
     pub fn random(shape: Shape, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         let s1 = 1.0 / (shape.input as f32).sqrt();
@@ -114,8 +110,7 @@ impl Weights {
         Rng::new(seed).vec(self.shape.batch * self.shape.input, 1.0)
     }
 
-    /// The forward pass on the CPU, with `f64` accumulation: the reference
-    /// a device result is compared against.
+    /// The forward pass on the CPU with `f64` accumulation: the reference.
     pub fn reference(&self, x: &[f32]) -> Vec<f32> {
         let s = self.shape;
         let h = matmul(x, &self.w1, s.batch, s.input, s.hidden);
@@ -228,10 +223,7 @@ pub struct Mlp {
 
 impl Mlp {
     /// Upload `weights` and `x`, and allocate the intermediates.
-    ///
-    /// # Errors
-    ///
-    /// A device out of memory or failing to write.
+    /// Fails when a device runs out of memory or fails to write.
     pub fn new<B: Backend>(rt: &Runtime<B>, weights: &Weights, x: &[f32]) -> Result<Self> {
         let s = weights.shape;
         Ok(Self {
@@ -250,12 +242,8 @@ impl Mlp {
         })
     }
 
-    /// Issue one forward pass; read [`probs`](Self::probs) for the result.
-    /// Issues six launches and never waits.
-    ///
-    /// # Errors
-    ///
-    /// A rejected launch only; a device failure is carried to `probs`.
+    /// Issue one forward pass of six launches, never waiting; read [`probs`](Self::probs).
+    /// Fails only on a rejected launch; a device failure is carried to `probs`.
     pub fn forward<B: Backend>(&self, rt: &Runtime<B>) -> Result<()> {
         rt.matmul("layer1.matmul", &self.x, &self.w1, &self.h1)?;
         rt.bias_add("layer1.bias_add", &self.h1, &self.b1, &self.h2)?;

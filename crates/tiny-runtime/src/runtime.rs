@@ -1,20 +1,14 @@
 //! Tensors and the operations, issued through the server contract.
 //!
-//! The runtime is generic over `B: Backend` and touches nothing but
-//! [`Client`]: it never matches on a backend, never syncs between kernels,
-//! and never checks a launch's result for a failure the bytes will carry.
-//! That last point is the one a runtime author is most tempted to get wrong.
+//! The runtime touches nothing but [`Client`]: it never matches on a backend,
+//! never syncs between kernels, and never stops on a failure the bytes carry.
 //! A launch's error is one of two kinds:
 //!
-//! - **The request was wrong** (a bad binding, a refusal, a poisoned
-//!   device): nothing was claimed, nothing will report it later, so it is
-//!   returned at once.
-//! - **The work failed or was skipped** (a device fault, a compile error, a
-//!   skipped launch): the outputs now carry it, every later kernel that
-//!   reads them is skipped, and the host read at the end names the root
-//!   cause and the chain. Stopping the pass here would throw that chain
-//!   away and leave a half-issued pass, so the runtime logs it and carries
-//!   on; [`Runtime::read`] is where the caller learns of it.
+//! - **The request was wrong** (a bad binding, a refusal, a poisoned device):
+//!   nothing will report it later, so it is returned at once.
+//! - **The work failed or was skipped**: the outputs carry it, and the host
+//!   read names the root cause and the chain. Stopping here would lose that
+//!   chain and leave a half-issued pass, so the runtime logs it and goes on.
 
 use scope_core::{Backend, Binding, Buffer, Client, Dispatch, Error, Kernel, Result, Slice};
 use scope_cube::{Args, CubeKernel, Target};
@@ -22,12 +16,10 @@ use scope_cube::{Args, CubeKernel, Target};
 use crate::cube::CubeKernels;
 use crate::kernels::{Dialect, GROUP, Kernels, ROWS};
 
-/// A row-major `f32` matrix on the device: a whole buffer, or a part of
-/// one that [`Runtime::packed`] laid out.
+/// A row-major `f32` matrix on the device: a buffer, or a part [`Runtime::packed`] laid out.
 #[derive(Clone, Debug)]
 pub struct Tensor {
     buffer: Buffer,
-    /// Where its bytes start in `buffer`.
     offset: u64,
     rows: usize,
     cols: usize,
@@ -54,8 +46,7 @@ impl Tensor {
         self.len() == 0
     }
 
-    /// The device buffer, for reports and for work outside the runtime.
-    /// A packed tensor is part of it: see [`slice`](Self::slice).
+    /// The device buffer; a packed tensor is part of it (see [`slice`](Self::slice)).
     pub fn buffer(&self) -> &Buffer {
         &self.buffer
     }
@@ -72,8 +63,7 @@ impl Tensor {
     }
 }
 
-/// Whether a launch's error is carried by its outputs (so the pass goes on
-/// and the read reports it) rather than a rejected request (returned now).
+/// Whether a launch's error is carried by its outputs, not returned as a rejected request.
 pub fn carried_by_outputs(error: &Error) -> bool {
     matches!(
         error,
@@ -103,15 +93,11 @@ fn groups(items: usize, per_group: u32) -> Result<u32> {
 
 /// Which kernels a runtime launches.
 ///
-/// Both paths issue the same launches — same buffers, same dispatch — and
-/// differ only in the kernel and how its scalars become the blob: the
-/// native kernels take their scalars as plain little-endian `u32`s (the
-/// convention's words), the cube kernels as cubecl's info struct, packed
-/// by [`Args`] with the bound lengths.
+/// Both paths issue the same launches and differ only in the kernel and its blob:
+/// plain `u32` words for native, cubecl's info struct packed by [`Args`] for cube.
 #[derive(Clone, Debug)]
 pub enum Path {
-    /// Hand-written kernels ([`crate::kernels`]), or any set of the same
-    /// shape (the host server's closures in this crate's tests).
+    /// Hand-written kernels ([`crate::kernels`]), or any set of the same shape.
     Native(Box<Kernels>),
     /// `#[cube]` kernels ([`crate::cube`]) translated for one target.
     Cube(Box<CubeKernels>),
@@ -127,7 +113,6 @@ impl Path {
     }
 }
 
-/// One operation, as each path names its kernel.
 #[derive(Clone, Copy)]
 enum Op {
     Matmul,
@@ -141,9 +126,7 @@ enum Op {
 }
 
 impl Op {
-    /// The forward pass's operations.
     const FORWARD: [Op; 4] = [Op::Matmul, Op::BiasAdd, Op::Gelu, Op::Softmax];
-    /// What a training step adds to them.
     const TRAINING: [Op; 4] = [Op::Transpose, Op::GeluGrad, Op::LossGrad, Op::Sgd];
 }
 
@@ -156,22 +139,13 @@ pub struct Runtime<B: Backend> {
 
 impl<B: Backend> Runtime<B> {
     /// A runtime over `client` with the `#[cube]` kernels, translated for
-    /// the language [`Target::of`] gives its server: SPIR-V for Vulkan,
-    /// WGSL for wgpu, CUDA or HIP C++.
+    /// the language [`Target::of`] gives its server.
     ///
-    /// On Vulkan that is SPIR-V reaching buffers by device address, not the
-    /// WGSL the server could also take through naga: it is cubecl's own
-    /// Vulkan output with no second compiler in between (so what cubecl's
-    /// access analysis proved is what runs), scope-cube's tests run it under
-    /// the validation layer, and on lavapipe its forward pass was the faster
-    /// (0.95–1.03 s against 1.19 s for the WGSL). [`Runtime::cube`] picks the
-    /// WGSL instead.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for a server cubecl has no target for
-    /// (the host server); [`Error::Compile`] when cubecl cannot translate a
-    /// kernel.
+    /// On Vulkan that is SPIR-V by device address, not WGSL through naga. No
+    /// second compiler stands between cubecl's analysis and what runs, and on
+    /// lavapipe it was the faster (0.95–1.03 s against 1.19 s). Fails with
+    /// [`Error::InvalidArgument`] for a server cubecl has no target for,
+    /// or [`Error::Compile`] when cubecl cannot translate a kernel.
     pub fn new(client: Client<B>) -> Result<Self> {
         let target = Target::of::<B>().ok_or_else(|| {
             Error::invalid(
@@ -183,13 +157,8 @@ impl<B: Backend> Runtime<B> {
     }
 
     /// A runtime over `client` with the `#[cube]` kernels translated for
-    /// `target`, which the server must accept (WGSL on the Vulkan server,
-    /// say, through naga).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] when the server does not take `target`'s
-    /// language; [`Error::Compile`] when cubecl cannot translate a kernel.
+    /// `target`, which the server must accept. Fails with [`Error::InvalidArgument`]
+    /// when it does not, or [`Error::Compile`] when cubecl cannot translate a kernel.
     pub fn cube(client: Client<B>, target: Target) -> Result<Self> {
         let language = target.language();
         if !client.with_backend(|backend| backend.accepts(language)) {
@@ -205,13 +174,8 @@ impl<B: Backend> Runtime<B> {
         })
     }
 
-    /// A runtime over `client` with the hand-written kernels in the first
-    /// language its server accepts: the native path.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] when the server takes neither WGSL, CUDA
-    /// C++ nor HIP C++.
+    /// A runtime over `client` with the hand-written kernels in the first language
+    /// its server accepts. Fails with [`Error::InvalidArgument`] when it takes none.
     pub fn native(client: Client<B>) -> Result<Self> {
         let dialect = client
             .with_backend(|backend| Dialect::choose(|language| backend.accepts(language)))
@@ -221,15 +185,12 @@ impl<B: Backend> Runtime<B> {
                     format!("{} accepts none of WGSL, CUDA C++, HIP C++", B::NAME),
                 )
             })?;
-        // SAFETY: `issue` launches each of these kernels with scalars
-        // computed from the shapes of the tensors whose buffers it binds,
-        // which is what `for_language` asks.
+        // SAFETY: `issue` passes scalars from the bound tensors' shapes, as `for_language` asks.
         let kernels = unsafe { Kernels::for_language(dialect) };
         Ok(Self::with_kernels(client, kernels))
     }
 
-    /// A runtime over `client` with native-path `kernels` of its own
-    /// (scalars as plain `u32` words).
+    /// A runtime over `client` with native-path `kernels` of its own.
     pub fn with_kernels(client: Client<B>, kernels: Kernels) -> Self {
         Self {
             client,
@@ -247,22 +208,14 @@ impl<B: Backend> Runtime<B> {
         &self.path
     }
 
-    /// Compile the forward pass's kernels now, so the first pass does not
-    /// time compiles.
-    ///
-    /// # Errors
-    ///
-    /// The first compile error, with the compiler's log.
+    /// Compile the forward pass's kernels now, so the first pass times no compiles.
+    /// Fails with the first compile error, with the compiler's log.
     pub fn compile(&self) -> Result<()> {
         self.compile_ops(&Op::FORWARD)
     }
 
-    /// Compile every kernel a training step launches (the forward pass's
-    /// and the backward pass's), so the first step does not time compiles.
-    ///
-    /// # Errors
-    ///
-    /// As [`compile`](Self::compile).
+    /// Compile every kernel a training step launches.
+    /// Errors as [`compile`](Self::compile).
     pub fn compile_training(&self) -> Result<()> {
         self.compile_ops(&Op::FORWARD)?;
         self.compile_ops(&Op::TRAINING)
@@ -272,8 +225,7 @@ impl<B: Backend> Runtime<B> {
         for &op in ops {
             let kernel = match &self.path {
                 Path::Native(k) => Self::native_kernel(k, op),
-                // SAFETY: compiled here, not launched; `issue` launches it
-                // with the blob `pack` makes.
+                // SAFETY: compiled, not launched; `issue` launches it with `pack`'s blob.
                 Path::Cube(k) => unsafe { Self::cube_kernel(k, op).kernel() },
             };
             self.client.compile(kernel)?;
@@ -307,12 +259,8 @@ impl<B: Backend> Runtime<B> {
         }
     }
 
-    /// An uninitialised `rows × cols` tensor.
-    ///
-    /// # Errors
-    ///
-    /// A zero or oversized shape; a poisoned device. A device out of memory
-    /// returns the error here rather than a buffer carrying it.
+    /// An uninitialised `rows × cols` tensor. Fails on a bad shape, a poisoned device,
+    /// or no memory (returned here, not carried).
     pub fn empty(&self, rows: usize, cols: usize) -> Result<Tensor> {
         let bytes = rows
             .checked_mul(cols)
@@ -327,16 +275,9 @@ impl<B: Backend> Runtime<B> {
         })
     }
 
-    /// Tensors of the `shapes` given (`(rows, cols)` each) laid out in one
-    /// zeroed buffer, each at an offset the backend can bind (its
-    /// `binding_alignment`), and the whole buffer as one `1 × n` tensor
-    /// (the gaps included, which stay zero). One buffer holds a model's
-    /// parameters, or its gradients, so that one collective or one launch
-    /// covers them all.
-    ///
-    /// # Errors
-    ///
-    /// As [`empty`](Self::empty) and [`write`](Self::write); no shapes.
+    /// Tensors of `shapes` in one zeroed buffer at bindable offsets, plus the whole buffer
+    /// as `1 × n`, so one collective or launch covers them all. Errors as
+    /// [`empty`](Self::empty) and [`write`](Self::write), or no shapes.
     pub fn packed(&self, shapes: &[(usize, usize)]) -> Result<(Tensor, Vec<Tensor>)> {
         if shapes.is_empty() {
             return Err(Error::invalid("packed tensors", "no shapes"));
@@ -366,22 +307,15 @@ impl<B: Backend> Runtime<B> {
     }
 
     /// A `rows × cols` tensor holding `data`.
-    ///
-    /// # Errors
-    ///
-    /// As [`empty`](Self::empty) and [`write`](Self::write).
+    /// Errors as [`empty`](Self::empty) and [`write`](Self::write).
     pub fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Tensor> {
         let tensor = self.empty(rows, cols)?;
         self.write(&tensor, data)?;
         Ok(tensor)
     }
 
-    /// Overwrite all of `tensor` with `data`. The bytes written heal
-    /// whatever failure they carried.
-    ///
-    /// # Errors
-    ///
-    /// A length other than the tensor's; the device's failure.
+    /// Overwrite all of `tensor` with `data`, healing any failure it carried.
+    /// Fails on a length other than the tensor's, or the device's failure.
     pub fn write(&self, tensor: &Tensor, data: &[f32]) -> Result<()> {
         if data.len() != tensor.len() {
             return Err(Error::invalid(
@@ -398,12 +332,8 @@ impl<B: Backend> Runtime<B> {
         self.client.write(tensor.slice(), &bytes)
     }
 
-    /// The values of `tensor`, after the work that writes them.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Unwritten`] when a failure claims them: the root error and
-    /// the chain of kernels that were skipped on the way here.
+    /// The values of `tensor`, after the work that writes them. Fails with
+    /// [`Error::Unwritten`] when a failure claims them: the root and the skipped chain.
     pub fn read(&self, tensor: &Tensor) -> Result<Vec<f32>> {
         let bytes = self.client.read(tensor.slice())?;
         Ok(bytes
@@ -412,18 +342,12 @@ impl<B: Backend> Runtime<B> {
             .collect())
     }
 
-    /// Wait for the stream's work.
-    ///
-    /// # Errors
-    ///
-    /// As [`Client::sync`].
+    /// Wait for the stream's work. Errors as [`Client::sync`].
     pub fn sync(&self) -> Result<()> {
         self.client.sync()
     }
 
-    /// Launch `op` under `name` over `bindings` (all `f32` buffers): the
-    /// native kernel with `native` as its scalar words, or the cube kernel
-    /// with `cube` as its `u32` scalars packed into cubecl's info struct.
+    /// Launch `op` as `name`: `native` as plain words, or `cube` packed by cubecl.
     fn issue(
         &self,
         op: Op,
@@ -447,8 +371,7 @@ impl<B: Backend> Runtime<B> {
                 let args = cube.iter().fold(args, |args, &value| args.scalar(value));
                 let (bindings, blob) = cube_kernel.pack(&args)?;
                 (
-                    // SAFETY: launched below with the blob `pack` just made
-                    // for these arguments.
+                    // SAFETY: launched below with the blob `pack` just made.
                     crate::kernels::named(unsafe { cube_kernel.kernel() }, name),
                     bindings,
                     blob,
@@ -465,7 +388,6 @@ impl<B: Backend> Runtime<B> {
         }
     }
 
-    /// A tensor's length, rows and columns as the kernels' `u32`s.
     fn dims(x: &Tensor) -> Result<(u32, u32, u32)> {
         Ok((
             u32_of(x.len(), "length")?,
@@ -485,12 +407,8 @@ impl<B: Backend> Runtime<B> {
         }
     }
 
-    /// `out = a · b`, under the kernel name `name`.
-    ///
-    /// # Errors
-    ///
-    /// Shapes that do not chain; a rejected launch. A failed or skipped
-    /// launch is carried by `out` (see the module documentation).
+    /// `out = a · b`, under the kernel name `name`. Fails on shapes that do not chain
+    /// or a rejected launch; a failed launch is carried by `out`.
     pub fn matmul(&self, name: &str, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
         Self::expect_shape("matmul rhs", b, a.cols, b.cols)?;
         Self::expect_shape("matmul output", out, a.rows, b.cols)?;
@@ -511,10 +429,7 @@ impl<B: Backend> Runtime<B> {
     }
 
     /// `out = x + bias`, `bias` a `1 × cols` row broadcast down the rows.
-    ///
-    /// # Errors
-    ///
-    /// As [`matmul`](Self::matmul).
+    /// Errors as [`matmul`](Self::matmul).
     pub fn bias_add(&self, name: &str, x: &Tensor, bias: &Tensor, out: &Tensor) -> Result<()> {
         Self::expect_shape("bias", bias, 1, x.cols)?;
         Self::expect_shape("bias_add output", out, x.rows, x.cols)?;
@@ -529,11 +444,7 @@ impl<B: Backend> Runtime<B> {
         )
     }
 
-    /// `out = gelu(x)`, elementwise.
-    ///
-    /// # Errors
-    ///
-    /// As [`matmul`](Self::matmul).
+    /// `out = gelu(x)`, elementwise. Errors as [`matmul`](Self::matmul).
     pub fn gelu(&self, name: &str, x: &Tensor, out: &Tensor) -> Result<()> {
         Self::expect_shape("gelu output", out, x.rows, x.cols)?;
         let (len, rows, cols) = Self::dims(x)?;
@@ -547,11 +458,7 @@ impl<B: Backend> Runtime<B> {
         )
     }
 
-    /// `out = softmax(x)` along each row.
-    ///
-    /// # Errors
-    ///
-    /// As [`matmul`](Self::matmul).
+    /// `out = softmax(x)` along each row. Errors as [`matmul`](Self::matmul).
     pub fn softmax(&self, name: &str, x: &Tensor, out: &Tensor) -> Result<()> {
         Self::expect_shape("softmax output", out, x.rows, x.cols)?;
         let (_, rows, cols) = Self::dims(x)?;
@@ -566,14 +473,9 @@ impl<B: Backend> Runtime<B> {
     }
 }
 
-/// The operations a training step adds: the backward pass's and the
-/// update's.
+/// The operations a training step adds: the backward pass's and the update's.
 impl<B: Backend> Runtime<B> {
-    /// `out = xᵀ`.
-    ///
-    /// # Errors
-    ///
-    /// As [`matmul`](Self::matmul).
+    /// `out = xᵀ`. Errors as [`matmul`](Self::matmul).
     pub fn transpose(&self, name: &str, x: &Tensor, out: &Tensor) -> Result<()> {
         Self::expect_shape("transpose output", out, x.cols, x.rows)?;
         let (_, rows, cols) = Self::dims(x)?;
@@ -587,12 +489,8 @@ impl<B: Backend> Runtime<B> {
         )
     }
 
-    /// `out = dy · gelu'(x)`, elementwise: the gradient through
-    /// [`gelu`](Self::gelu) at its input `x`.
-    ///
-    /// # Errors
-    ///
-    /// As [`matmul`](Self::matmul).
+    /// `out = dy · gelu'(x)`: the gradient through [`gelu`](Self::gelu) at `x`.
+    /// Errors as [`matmul`](Self::matmul).
     pub fn gelu_grad(&self, name: &str, x: &Tensor, dy: &Tensor, out: &Tensor) -> Result<()> {
         Self::expect_shape("gelu_grad dy", dy, x.rows, x.cols)?;
         Self::expect_shape("gelu_grad output", out, x.rows, x.cols)?;
@@ -607,13 +505,8 @@ impl<B: Backend> Runtime<B> {
         )
     }
 
-    /// `out = (probs - targets) / rows`: the gradient of the mean
-    /// cross-entropy of a softmax output over its rows, with respect to the
-    /// logits, `targets` one-hot.
-    ///
-    /// # Errors
-    ///
-    /// As [`matmul`](Self::matmul).
+    /// `out = (probs - targets) / rows`: the mean cross-entropy's gradient at
+    /// the logits, `targets` one-hot. Errors as [`matmul`](Self::matmul).
     pub fn loss_grad(
         &self,
         name: &str,
@@ -638,13 +531,8 @@ impl<B: Backend> Runtime<B> {
         )
     }
 
-    /// `out = w - lr · g`, `lr` a `1 × 1` tensor. `out` is other memory
-    /// than `w`: an update that is skipped (its gradient carries a failure)
-    /// leaves that failure on `out`, and `w` as it was.
-    ///
-    /// # Errors
-    ///
-    /// As [`matmul`](Self::matmul).
+    /// `out = w - lr · g`, `lr` a `1 × 1` tensor; `out` is not `w`, so a skipped update
+    /// leaves `w` as it was. Errors as [`matmul`](Self::matmul).
     pub fn sgd(&self, name: &str, w: &Tensor, g: &Tensor, lr: &Tensor, out: &Tensor) -> Result<()> {
         Self::expect_shape("sgd gradient", g, w.rows, w.cols)?;
         Self::expect_shape("sgd learning rate", lr, 1, 1)?;

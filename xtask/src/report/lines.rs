@@ -17,10 +17,9 @@ pub fn skip_reason(line: &str) -> Option<String> {
     (!reason.is_empty()).then(|| reason.to_owned())
 }
 
-/// A line that says its test did nothing on the device: `not exercised:
-/// <reason>`, optionally ending in the test's name in brackets
-/// (`not exercised: nothing reached the device [wgpu::plane::sum]`), at the
-/// start of a line (after indentation) → (reason, name).
+/// A line that says its test did nothing on the device, at the start of a line
+/// → (reason, name). It reads `not exercised: <reason>`, perhaps ending in the
+/// test's name in brackets (`not exercised: nothing reached the device [wgpu::plane::sum]`).
 pub fn not_exercised(line: &str) -> Option<(String, Option<String>)> {
     let line = strip_ansi_ref(line);
     let rest = after_label(line.trim(), "not exercised:")?;

@@ -1,5 +1,4 @@
-//! Graph capture: cubecl's captures as scope's capture windows, and the
-//! sealed graphs with the buffers only they keep alive.
+//! Graph capture: cubecl's captures as scope's windows, and the buffers only graphs keep.
 
 use cubecl_environment::stream::StreamId;
 use cubecl_runtime::id::GraphId;
@@ -12,9 +11,7 @@ use crate::error::to_server_error;
 /// A sealed graph, and the buffers only it keeps alive.
 pub(super) struct Captured {
     pub(super) graph: scope_core::Graph,
-    /// Tensor metadata staged by the recorded launches ([`Slot::pinned`]):
-    /// every replay reads them, and scope's windows never keep a buffer
-    /// alive.
+    /// Tensor metadata every replay reads ([`Slot::pinned`]); scope's windows keep no buffer.
     ///
     /// [`Slot::pinned`]: crate::streams::Slot::pinned
     _pinned: Vec<scope_core::Buffer>,
@@ -38,16 +35,13 @@ impl<B: CubeBackend> ScopeServer<B> {
         }
     }
 
-    /// cubecl's `Server::end_capture`: the window sealed into a graph, or
-    /// unwound where the capture was abandoned or never begun.
+    /// cubecl's `Server::end_capture`: the window sealed, or unwound if abandoned or unbegun.
     pub(super) fn end_window(&mut self, stream_id: StreamId) -> Result<GraphId, ServerError> {
         let slot = self.streams.slot(stream_id)?;
         let end = match slot.phase.end(stream_id) {
             Ok(end) => end,
             Err(error) => {
-                // A capture prepared but never begun still holds the stream,
-                // and closing it is the only call left to a caller whose
-                // warmup failed: unwind it rather than hold it forever.
+                // A capture prepared but never begun still holds the stream: unwind it.
                 if slot.phase.is_active() {
                     slot.phase.abort();
                 }

@@ -1,7 +1,5 @@
-//! Collectives and transfers: cubecl's `ServerCommunication`, over
-//! `scope_core::collective` (see `communication.rs`). Every part is queued
-//! to the device's collectives or transfers thread and returns at once;
-//! a part refused here leaves its destination carrying the refusal.
+//! Collectives and transfers: cubecl's `ServerCommunication`, over `scope_core::collective`.
+//! Every part is queued to a device thread and returns at once.
 
 use cubecl_common::device::DeviceId;
 use cubecl_environment::stream::StreamId;
@@ -37,9 +35,8 @@ impl<B: CubeBackend> ScopeServer<B> {
         })
     }
 
-    /// Queue this device's part of `kind`; a part refused here leaves its
-    /// destination carrying the refusal, since cubecl queued it
-    /// fire-and-forget.
+    /// Queue this device's part of `kind`. A refused part leaves its destination carrying the
+    /// refusal: cubecl queued it fire-and-forget.
     fn queue_part(
         &mut self,
         kind: Result<Kind, ServerError>,
@@ -74,12 +71,9 @@ fn reduced(reduction_: Reduction) -> Result<Kind, ServerError> {
         })
 }
 
-/// cubecl's communication, over `scope_core::collective` (see
-/// `communication.rs`): every part is queued to the device's collectives or
-/// transfers thread, and returns at once.
+/// cubecl's communication, over `scope_core::collective` (see `communication.rs`).
 impl<B: CubeBackend> ServerCommunication for ScopeServer<B> {
-    /// Nothing to do: every later call on a part's buffers waits for the
-    /// part already, and a part keeps its buffers alive until it is done.
+    /// Nothing to do: later calls on a part's buffers already wait for it.
     fn sync_collective(&mut self, _stream_id: StreamId) -> Result<(), ServerError> {
         Ok(())
     }
@@ -88,8 +82,7 @@ impl<B: CubeBackend> ServerCommunication for ScopeServer<B> {
         self.communication.init(&device_ids)
     }
 
-    /// Under either [`ComputeWait`], later calls on `dst` wait for it, so
-    /// `AtSync` is kept too (it only allows the wait to come later).
+    /// Under either [`ComputeWait`], later calls on `dst` wait for it.
     fn all_reduce(
         &mut self,
         src: BufferBinding,
@@ -154,10 +147,8 @@ impl<B: CubeBackend> ServerCommunication for ScopeServer<B> {
         self.queue_part(Ok(Kind::AllToAll), Some(src), dst, stream_id, &device_ids)
     }
 
-    /// Hands the source to the peer's receive, which reads it through this
-    /// device's client. A refused send still reaches the receive, whose
-    /// destination then carries the refusal: no receive waits for a send
-    /// that will not come.
+    /// Hands the source to the peer's receive. A refused send still reaches it, carrying the
+    /// refusal, so no receive waits for a send that will not come.
     fn send(
         &mut self,
         desc: CopyDescriptor,

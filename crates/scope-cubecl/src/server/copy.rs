@@ -1,9 +1,7 @@
 //! Host copies: cubecl's reads, writes, syncs and checks, as scope's.
 //!
-//! A read or sync of bytes a collective or transfer has still to land in
-//! waits on the caller's future, not on the device thread: the peer's part
-//! may be queued behind this device's other streams, and a device thread
-//! that waited for it would never reach it.
+//! A read or sync of bytes a collective has still to land in waits on the caller's future,
+//! not the device thread. The peer's part may be queued behind this device's other streams.
 
 use cubecl_common::bytes::Bytes;
 use cubecl_environment::future::DynFut;
@@ -31,9 +29,7 @@ impl<B: CubeBackend> ScopeServer<B> {
         if waits.is_empty() {
             return ready(self.read_now(descriptors, stream_id));
         }
-        // A collective or transfer still to land in these bytes: the caller
-        // waits for it, not the device thread, whose other streams go on
-        // (a peer's part may be queued behind them).
+        // A collective still to land here: the caller waits, not the device thread.
         let planned = self.plan_read(&descriptors, stream_id);
         Box::pin(async move {
             let (client, plan) = planned?;
@@ -50,8 +46,7 @@ impl<B: CubeBackend> ScopeServer<B> {
         })
     }
 
-    /// cubecl's `Server::write`: each descriptor on its own, so one
-    /// refused write fails its own bytes and no other's.
+    /// cubecl's `Server::write`, one descriptor at a time: a refusal fails only its own bytes.
     pub(super) fn write_copies(
         &mut self,
         descriptors: Vec<(CopyDescriptor, Bytes)>,
@@ -76,8 +71,7 @@ impl<B: CubeBackend> ScopeServer<B> {
         }
     }
 
-    /// cubecl's `Server::sync`: the stream's work done, then the check of
-    /// `handles`.
+    /// cubecl's `Server::sync`: the stream's work done, then the check of `handles`.
     pub(super) fn sync_bindings(
         &mut self,
         handles: Vec<BufferBinding>,
@@ -159,8 +153,7 @@ impl<B: CubeBackend> ScopeServer<B> {
         Ok(out)
     }
 
-    /// What a read of `descriptors` reads, resolved now for a read made
-    /// later.
+    /// What a read of `descriptors` reads, resolved now for a read made later.
     fn plan_read(
         &mut self,
         descriptors: &[CopyDescriptor],
@@ -180,8 +173,7 @@ impl<B: CubeBackend> ScopeServer<B> {
         Ok((client, plan))
     }
 
-    /// One host write on `stream`; a refusal fails the destination's bytes
-    /// on the writer's stream, where the next read reports it.
+    /// One host write on `stream`; a refusal fails the destination's bytes for the next read.
     fn write_one(
         &mut self,
         descriptor: CopyDescriptor,
@@ -214,8 +206,7 @@ impl<B: CubeBackend> ScopeServer<B> {
         let result = if len == words {
             client.write(resolved.slice(), &data[..len])
         } else {
-            // The tail word's other bytes are the allocation's slack (the
-            // layout policy starts every tensor on its own aligned boundary).
+            // The tail word's other bytes are slack: every tensor starts aligned.
             let mut padded = vec![0u8; words];
             padded[..len].copy_from_slice(&data[..len]);
             client.write(resolved.slice(), &padded)

@@ -1,7 +1,5 @@
-//! Kernel launches: cubecl's kernels compiled, bound and launched as
-//! scope's, and every refusal found before scope saw the launch claimed on
-//! the launch's outputs (cubecl launches fire-and-forget, so its outputs
-//! are the only place a refusal can be heard).
+//! Kernel launches: cubecl's kernels compiled, bound and launched as scope's. A refusal found
+//! first is claimed on the outputs: cubecl launches fire-and-forget, so they alone can hear it.
 
 use cubecl_environment::backtrace::BackTrace;
 use cubecl_environment::stream::StreamId;
@@ -23,9 +21,8 @@ impl<B: CubeBackend> ScopeServer<B> {
     ///
     /// # Safety
     ///
-    /// `Server::launch`'s: the info struct in `args` — each buffer's length
-    /// among it — describes the buffers bound, and a kernel launched without
-    /// checks stays inside them.
+    /// `Server::launch`'s: the info struct in `args`, buffer lengths included, describes the
+    /// buffers bound, and an unchecked kernel stays inside them.
     pub(super) unsafe fn launch_kernel(
         &mut self,
         kernel: Box<dyn CubeclKernel>,
@@ -73,9 +70,7 @@ impl<B: CubeBackend> ScopeServer<B> {
         }
     }
 
-    /// Bind and launch a compiled kernel. An error returned here is one
-    /// scope did not claim for (a refusal before the launch); the caller
-    /// claims the outputs with it.
+    /// Bind and launch a compiled kernel. An error is one scope did not claim; the caller does.
     ///
     /// # Safety
     ///
@@ -108,23 +103,18 @@ impl<B: CubeBackend> ScopeServer<B> {
         launched
     }
 
-    /// A device buffer holding a launch's tensor metadata (shapes and
-    /// strides), for a kernel that reads it through a binding of its own
-    /// (see [`scope_cube::CubeKernel::binds_tensor_metadata`]).
+    /// A buffer of a launch's tensor metadata, for a kernel that binds it
+    /// ([`scope_cube::CubeKernel::binds_tensor_metadata`]).
     ///
-    /// Written on the launch's own stream, so the launch is ordered after
-    /// the write; the handle may drop as soon as the launch is made, since a
-    /// backend keeps freed memory until the work using it is done. While
-    /// the stream records, the write is recorded with its bytes and the
-    /// buffer is pinned to the graph-to-be: every replay reads it again.
+    /// Written on the launch's stream, so ordered before it. While the stream records, the
+    /// buffer is pinned to the graph, since every replay reads it again.
     fn stage_metadata(
         &mut self,
         client: &Client<B>,
         words: &[u64],
         stream_id: StreamId,
     ) -> Result<scope_core::Buffer, ServerError> {
-        // An empty area still takes its parameter: one word the kernel never
-        // reads.
+        // An empty area still takes its parameter: one word never read.
         let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         if bytes.is_empty() {
             bytes.resize(8, 0);
@@ -171,13 +161,9 @@ impl<B: CubeBackend> ScopeServer<B> {
             CubeCount::Static(x, y, z) => Dispatch::Groups([*x, *y, *z]),
             CubeCount::Dynamic(binding) => Dispatch::Indirect(self.binding_slice(binding)?),
         };
-        // SAFETY: this function's contract, carried from `Server::launch`'s
-        // caller (cubecl's launcher, for `launch_unchecked`), is that the
-        // info struct — each buffer's length among it — describes the
-        // buffers bound, and that a kernel without checks stays inside them;
-        // every binding here
-        // covers at least the bytes the caller's handle names (rounded out to
-        // whole words), so the kernel stays inside its bindings.
+        // SAFETY: by this function's contract the info struct describes the buffers bound, and
+        // an unchecked kernel stays inside them. Each binding covers at least its handle's
+        // bytes, rounded out to words, so the kernel stays inside its bindings.
         let kernel = unsafe { compiled.kernel() };
         match client.launch(kernel, &bindings, staged.blob, dispatch) {
             Err(e @ Error::InvalidArgument { .. }) => Err(ServerError::Launch(
@@ -191,9 +177,8 @@ impl<B: CubeBackend> ScopeServer<B> {
         }
     }
 
-    /// The scope slice a kernel binding covers: whole words, and at least
-    /// one (an empty tensor still takes a binding slot; its length in the
-    /// info struct is zero, so the kernel touches none of it).
+    /// The scope slice a binding covers: whole words, at least one. An empty tensor's length
+    /// is zero, so the kernel touches none of it.
     fn binding_slice(&self, binding: &BufferBinding) -> Result<Slice<'_>, ServerError> {
         match self.memory.resolve(binding)? {
             Some(resolved) => Ok(resolved.slice()),

@@ -1,17 +1,15 @@
-//! The reference server's device transport: an in-process communicator
-//! that behaves as NCCL's does where the group relies on it, so that the
-//! device path of [`Group::over_device`](scope_core::collective::Group::over_device)
-//! — the agreement, the call, the abort — runs on every
-//! machine, and the conformance suite's collectives run on it beside host
+//! The reference server's device transport: an in-process communicator that behaves as NCCL's does
+//! where the group relies on it. So the device path of
+//! [`Group::over_device`](scope_core::collective::Group::over_device) runs on every machine: the
+//! agreement, the call, the abort. The conformance suite's collectives run on it beside host
 //! staging.
 //!
-//! Like NCCL's, a call blocks until every rank of the communicator made its
-//! own (NCCL's kernel waits on the device; the host server runs work as it
-//! is issued, so here the thread waits), [`abort`](DeviceCollectives::abort)
-//! releases every waiter with an error, and ranks that issue different
-//! calls are a broken contract: NCCL would hang or read past a buffer; this
-//! transport refuses with an internal error and counts it
-//! ([`Loopback::mismatches`]), which the suite asserts stays zero.
+//! Like NCCL's, a call blocks until every rank of the communicator made its own. NCCL's kernel
+//! waits on the device; the host server runs work as it is issued, so here the thread waits.
+//! [`abort`](DeviceCollectives::abort) releases every waiter with an error. Ranks that issue
+//! different calls break the contract, and NCCL would hang or read past a buffer. This transport
+//! refuses with an internal error and counts it ([`Loopback::mismatches`]). The suite asserts that
+//! count stays zero.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -42,8 +40,7 @@ struct CliqueState {
     aborted: bool,
     /// Calls by sequence number: each rank's input, then the outputs.
     calls: BTreeMap<u64, Posted>,
-    /// Transfers sent and not yet received, by (sender, receiver), in
-    /// order.
+    /// Transfers sent and not yet received, by (sender, receiver), in order.
     mail: BTreeMap<(usize, usize), VecDeque<Vec<u8>>>,
 }
 
@@ -55,8 +52,7 @@ struct Posted {
     taken: usize,
 }
 
-/// The identity every rank of one loopback communicator joins with (what
-/// `ncclGetUniqueId` makes for NCCL).
+/// The identity every rank of one loopback communicator joins with (`ncclGetUniqueId` for NCCL).
 #[derive(Clone)]
 pub struct LoopbackId(Arc<Clique>);
 
@@ -67,15 +63,13 @@ struct Member {
     clique: Arc<Clique>,
     rank: usize,
     next: AtomicU64,
-    /// How long a call waits inside the transport for its peers (the
-    /// `patience` of [`DeviceCollectives::join`]), as NCCL's kernel would
-    /// until aborted.
+    /// How long a call waits inside the transport for its peers, as NCCL's kernel would until
+    /// aborted. The `patience` of [`DeviceCollectives::join`].
     patience: Duration,
 }
 
-/// One rank's part of a call, as stream work: it runs when issued, or —
-/// recorded into a graph — at each replay, where it is the next call of
-/// the communicator, as a captured NCCL call is.
+/// One rank's part of a call, as stream work. It runs when issued, or at each replay when recorded
+/// into a graph. There it is the communicator's next call, as a captured NCCL call is.
 #[derive(Clone)]
 pub(super) struct Exchange {
     member: Arc<Member>,
@@ -85,8 +79,8 @@ pub(super) struct Exchange {
 }
 
 impl Loopback {
-    /// Calls whose ranks disagreed on what to run, since the process began:
-    /// zero unless a group let mismatched calls through to the transport.
+    /// Calls whose ranks disagreed on what to run, since the process began. Zero unless a group let
+    /// mismatched calls through to the transport.
     pub fn mismatches() -> u64 {
         MISMATCHES.load(Ordering::Relaxed)
     }
@@ -102,10 +96,9 @@ fn stalled(collective: &'static str, seq: u64, patience: Duration) -> Error {
     .into()
 }
 
-/// Wait on `clique` until `done` holds, it is aborted, or `patience`
-/// passes — then [`CollectiveError::Stalled`] for call `seq` of
-/// `collective`, as [`DeviceCollectives::join`] asks of a transport whose
-/// peers did not come.
+/// Wait on `clique` until `done` holds, it is aborted, or `patience` passes. Then
+/// [`CollectiveError::Stalled`] for call `seq` of `collective`, as [`DeviceCollectives::join`] asks
+/// of a transport whose peers did not come.
 fn wait_until(
     clique: &Clique,
     state: &mut parking_lot::MutexGuard<'_, CliqueState>,
@@ -182,10 +175,9 @@ impl DeviceCollectives for Host {
         }))
     }
 
-    /// A send leaves its bytes for the receiver at once (NCCL buffers
-    /// small sends too); a receive waits for them within the patience. A
-    /// length that is not the receiver's is a broken contract, refused and
-    /// counted as a mismatch.
+    /// A send leaves its bytes for the receiver at once; NCCL buffers small sends too. A receive
+    /// waits for them within the patience. A length that is not the receiver's breaks the contract:
+    /// refused and counted as a mismatch.
     unsafe fn point_to_point(
         &mut self,
         communicator: &Loopback,
@@ -259,8 +251,8 @@ impl DeviceCollectives for Host {
 }
 
 impl Exchange {
-    /// Post this rank's input, wait for every rank's, and write this rank's
-    /// output: the call itself, blocking as NCCL's kernel does.
+    /// Post this rank's input, wait for every rank's, and write this rank's output. The call
+    /// itself, blocking as NCCL's kernel does.
     pub(super) fn run(&self) -> Result<()> {
         let member = &*self.member;
         let reads = !matches!(self.call, Call::Broadcast { root } if root != member.rank);

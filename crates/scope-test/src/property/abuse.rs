@@ -1,19 +1,15 @@
 //! The property test's invalid operations: the contract fuzzer.
 //!
-//! A step of the property test is, now and then, a call no correct runtime
-//! makes — a range past the end of a buffer or at `u64::MAX`, an empty or
-//! reversed range, a buffer already freed or of another server, an
-//! allocation of nothing or of more than the device has, a launch binding
-//! at a misaligned offset or over a grid past the device's, an indirect
-//! count of `u32::MAX`, a capture or graph dropped rather than ended, a
-//! failure hook that calls back into the client. Each must end in its typed
-//! error, or — for what has a defined outcome (a dropped capture aborts, an
-//! indirect count past the device runs nothing) — in exactly that outcome,
-//! and leave the oracle's world as it was: the step then asserts that no
-//! failure was seen and no claim changed, and the checks after it that every
-//! word reads as the oracle says. Among valid operations, with faults
-//! injected, over thousands of steps, so the sequences that break a promise
-//! are found rather than guessed.
+//! A step of the property test is, now and then, a call no correct runtime makes. A range goes past
+//! the end of a buffer or sits at `u64::MAX`, or is empty or reversed. A buffer was already freed
+//! or is another server's. An allocation asks for nothing or more than the device has. A launch
+//! binds at a misaligned offset or over a grid past the device's. An indirect count is `u32::MAX`.
+//! A capture or graph is dropped rather than ended. A failure hook calls back into the client. Each
+//! must end in its typed error, or in exactly its defined outcome. A dropped capture aborts; an
+//! indirect count past the device runs nothing. Each must leave the oracle's world as it was. The
+//! step asserts that no failure was seen and no claim changed. The checks after it assert every
+//! word reads as the oracle says. These steps run among valid operations, with faults injected,
+//! over thousands of steps. So the sequences that break a promise are found rather than guessed.
 
 use super::{Error, Range, STALE, Suite, World, as_bytes};
 use scope_core::{Binding, Dispatch};
@@ -112,13 +108,11 @@ impl<S: Suite> World<S> {
                 what
             }
             6 => {
-                // A fresh buffer of this stream's, so that nothing but the
-                // argument under test can stop the launch.
+                // A fresh buffer of this stream's: only the argument under test stops the launch.
                 let scratch = c.try_allocate(4 * 64).expect("allocate");
                 let what = format!("abuse: bad launches over {}", scratch.id());
-                // The blob of the valid launch: the core refuses the bad
-                // binding before it reads any, and a suite may not be able
-                // to pack one for it.
+                // The valid launch's blob: the core refuses the bad binding before reading any, and
+                // a suite may not be able to pack one for it.
                 let blob = S::scalar_blob(&self.kernels[0], &[Binding::write(&scratch)], &[64, 1]);
                 let fill = |binding: Binding<'_>, dispatch| {
                     c.launch(&self.kernels[0], &[binding], &blob, dispatch)
@@ -147,8 +141,8 @@ impl<S: Suite> World<S> {
                 what
             }
             7 if !self.records() => {
-                // Read from device memory, a count past the device runs
-                // nothing: the bytes stay as they were, stale or not.
+                // Read from device memory, a count past the device runs nothing: the bytes stay,
+                // stale or not.
                 let counts = c.upload(&as_bytes(&[u32::MAX, 1, 1])).expect("upload");
                 let n = (size / 4) as u32;
                 let bindings = [Binding::write(&handle)];
@@ -179,8 +173,8 @@ impl<S: Suite> World<S> {
                 format!("{what} -> {result:?}")
             }
             _ => {
-                // A capture forgotten rather than ended: aborted at the
-                // next call, recording nothing it could claim.
+                // A capture forgotten rather than ended: aborted at the next call, claiming
+                // nothing.
                 if self.records() || self.on_other {
                     return "abuse: none (a window is open)".to_owned();
                 }

@@ -1,13 +1,12 @@
-//! What is asserted after each step: every range's `check` agrees with the
-//! oracle's staleness, rule 7's bound and the store's books hold, and a
-//! refusal the oracle predicts changes nothing.
+//! What is asserted after each step. Every range's `check` agrees with the oracle's staleness. Rule
+//! 7's bound and the store's books hold. A refusal the oracle predicts changes nothing.
 
 use super::*;
 
 impl<S: Suite> World<S> {
-    /// Check `result` against the oracle's refusal: refused exactly when
-    /// it says so, as `Error::Refused` itself (a failure read back may
-    /// carry a refusal as its root, which is not this).
+    /// Check `result` against the oracle's refusal: refused exactly when it says so, as
+    /// `Error::Refused` itself. A failure read back may carry a refusal as its root, which is not
+    /// this.
     pub(super) fn expect_refusal<T: std::fmt::Debug>(
         &mut self,
         refused: bool,

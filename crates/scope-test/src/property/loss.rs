@@ -1,36 +1,29 @@
-//! The property test's device losses: now and then a sticky fault loses the
-//! device, and the client recovers ([`Client::recover`], rules 51–53).
+//! The property test's device losses. Now and then a sticky fault loses the device, and the client
+//! recovers ([`Client::recover`], rules 51–53).
 //!
-//! The loss is injected at the next device call (a `fill` on stream 0, the
-//! fault poisoning the server, rule 36), and the oracle then says what the
-//! recovery must do:
+//! The loss is injected at the next device call: a `fill` on stream 0, the fault poisoning the
+//! server (rule 36). The oracle then says what the recovery must do:
 //!
-//! - every live buffer the lost device held is made again, and each of its
-//!   words is stale — "lost with the device", naming the fault — until
-//!   rewritten; the steps after it then check that work reading them is
-//!   skipped, that its outputs inherit the loss and that a rewrite heals,
-//!   as for any failure. A buffer whose allocation failed keeps its record;
-//! - `Recovered::Reopened` counts those buffers, none unallocated, and the
-//!   graphs the device held: each refuses to replay from then on
-//!   (`Error::Refused`, claiming nothing) and is destroyed cleanly; an open
-//!   window is aborted, its handle naming no window;
-//! - the client is no longer poisoned, each stream's count of failures seen
-//!   is what it was, the failure hook is the one installed at the start,
-//!   and the limits published are the device's.
+//! - every live buffer the lost device held is made again. Each of its words is stale until
+//!   rewritten: "lost with the device", naming the fault. The steps after then check that work
+//!   reading them is skipped, that its outputs inherit the loss, and that a rewrite heals. A buffer
+//!   whose allocation failed keeps its record;
+//! - `Recovered::Reopened` counts those buffers, none unallocated, and the graphs the device held.
+//!   Each graph refuses to replay from then on (`Error::Refused`, claiming nothing) and is
+//!   destroyed cleanly. An open window is aborted, its handle naming no window;
+//! - the client is no longer poisoned. Each stream's count of failures seen is what it was. The
+//!   failure hook is the one installed at the start, and the limits published are the device's.
 //!
-//! Some recoveries fail first: a fault where the backend reopens
-//! ([`Site::Reopen`]), or the device lost again while its buffers are made
-//! again ([`Site::Allocate`] during the recovery). Each leaves the client
-//! poisoned — every call failing fast with the fault, releases (a free, a
-//! graph destroyed) still releasing — until a later recovery opens the
-//! device, counting every buffer and graph the attempts before it gave up.
+//! Some recoveries fail first. The fault may come where the backend reopens ([`Site::Reopen`]). Or
+//! the device is lost again while its buffers are made again ([`Site::Allocate`] during the
+//! recovery). Each leaves the client poisoned until a later recovery opens the device. Meanwhile
+//! every call fails fast with the fault, and releases (a free, a graph destroyed) still release.
+//! The recovery that opens the device counts every buffer and graph the attempts before it gave up.
 //!
-//! A suite whose backend cannot open a device again (no
-//! [`Capability::Reopen`] in its [`Suite::capabilities`]) has every
-//! recovery refused with `Error::RestartRequired`, naming the fault, and
-//! stays poisoned; its buffers and graphs still release, after
-//! which the store is empty, and the run goes on with a fresh server, as a
-//! restarted process would.
+//! A suite whose backend cannot open a device again has no [`Capability::Reopen`] in its
+//! [`Suite::capabilities`]. Every recovery is refused with `Error::RestartRequired`, naming the
+//! fault, and the client stays poisoned. Its buffers and graphs still release, after which the
+//! store is empty. The run goes on with a fresh server, as a restarted process would.
 
 use super::*;
 use scope_core::{CaptureState, DeviceFault, Recovered};
@@ -62,8 +55,7 @@ fn sticky(code: String, detail: &str) -> Error {
 impl<S: Suite> World<S> {
     /// Lose the device and recover it; the step's log line.
     pub(super) fn lose(&mut self) -> String {
-        // The loss and the recovery go through stream 0, which holds the
-        // window if one is open.
+        // The loss and the recovery go through stream 0, which holds the window if one is open.
         self.on_other = false;
         let Some(victim) = self.bufs.iter().position(|b| b.allocated) else {
             // Nothing the loss can surface at: work towards it instead.
@@ -88,8 +80,8 @@ impl<S: Suite> World<S> {
         assert!(met.is_sticky(), "the loss is a sticky fault: {met}");
         let poison = self.client.poison().expect("the loss poisons the device");
         assert!(poison.to_string().contains(&code), "{poison}");
-        // Every word the device held is lost with it, whatever the
-        // recovery does; a failed allocation's record stays as it was.
+        // Every word the device held is lost with it, whatever the recovery does. A failed
+        // allocation's record stays as it was.
         for buf in self.bufs.iter_mut().filter(|b| b.allocated) {
             buf.words.fill(STALE);
         }
@@ -105,8 +97,8 @@ impl<S: Suite> World<S> {
             _ => Attempt::Opens,
         };
         let mut what = format!("lose the device ({code}; {attempt:?})");
-        // Counted before any attempt: one that fails gives them up, and the
-        // one that opens the device counts them.
+        // Counted before any attempt: one that fails gives them up, and the one that opens counts
+        // them.
         let graphs = self.graphs.iter().filter(|g| !g.lost).count();
         if attempt != Attempt::Opens {
             what += &self.fail_to_recover(attempt, &code);
@@ -148,8 +140,8 @@ impl<S: Suite> World<S> {
         what
     }
 
-    /// A recovery that fails as `attempt` says, and what the poisoned
-    /// client does until the next one: the log's addition.
+    /// A recovery that fails as `attempt` says, and what the poisoned client does until the next.
+    /// Returns the log's addition.
     fn fail_to_recover(&mut self, attempt: Attempt, code: &str) -> String {
         let plan = match attempt {
             Attempt::ReopenFails => FaultPlan::new().fail(
@@ -215,8 +207,8 @@ impl<S: Suite> World<S> {
         format!("{what}{released}")
     }
 
-    /// The device is open again: the window is gone, every graph refuses,
-    /// and a read of what it held names the loss.
+    /// The device is open again. The window is gone, every graph refuses, and a read of what it
+    /// held names the loss.
     fn after_reopening(&mut self, code: &str, what: &str) {
         if let Some((capture, _)) = self.window.take() {
             assert_eq!(
@@ -250,9 +242,8 @@ impl<S: Suite> World<S> {
             }
             Ok(_) => panic!("a buffer the lost device held read clean: {what}"),
         }
-        // Work reading lost bytes is skipped, and the hook installed at the
-        // start hears it. Its output was lost too, so the oracle already
-        // holds it stale; skipped work orders nothing.
+        // Work reading lost bytes is skipped, and the hook installed at the start hears it. Its
+        // output was lost too, so the oracle already holds it stale. Skipped work orders nothing.
         if let Some(&j) = held.get(1) {
             let n = self.bufs[i].handle.size().min(self.bufs[j].handle.size());
             let heard = self.heard.load(Ordering::Relaxed);
@@ -271,10 +262,9 @@ impl<S: Suite> World<S> {
         }
     }
 
-    /// A backend that cannot open the device again: every recovery is
-    /// refused with `Error::RestartRequired`, the client stays poisoned,
-    /// and everything still releases; then a fresh server, as a restarted
-    /// process gets.
+    /// A backend that cannot open the device again. Every recovery is refused with
+    /// `Error::RestartRequired`, and the client stays poisoned. Everything still releases. Then
+    /// comes a fresh server, as a restarted process gets.
     fn restart(&mut self, code: &str) -> String {
         for attempt in 0..2 {
             match self.client.recover() {

@@ -1,8 +1,7 @@
-//! The oracle's side of the world: per word of every live buffer, whether
-//! it is stale and, where known, its value; what each operation does to
-//! them; and which uses a capture on another stream refuses. Kept apart
-//! from the steps so that what the server is expected to do is read in one
-//! place, not between the calls that exercise it.
+//! The oracle's side of the world. Per word of every live buffer, whether it is stale and, where
+//! known, its value. What each operation does to them, and which uses a capture on another stream
+//! refuses. Kept apart from the steps, so that what the server is expected to do is read in one
+//! place. It is not spread between the calls that exercise it.
 
 use super::*;
 
@@ -75,9 +74,9 @@ impl<S: Suite> World<S> {
     }
 
     /// Whether a use of `ids` on this step's stream is refused, as
-    /// `Server::refuse_recorded_elsewhere` decides: a buffer whose last
-    /// user is another stream that is recording, and either that window's
-    /// recorded work used it or this stream records too.
+    /// `Server::refuse_recorded_elsewhere` decides. That is a buffer whose last user is another
+    /// stream that is recording. Either that window's recorded work used it, or this stream records
+    /// too.
     pub(super) fn refused(&self, ids: &[BufferId]) -> bool {
         let to = self.stream();
         ids.iter().any(|&id| {
@@ -96,8 +95,8 @@ impl<S: Suite> World<S> {
         })
     }
 
-    /// Work on this step's stream reached `Server::order` with `ids`: they
-    /// are its now, and its window's if it records.
+    /// Work on this step's stream reached `Server::order` with `ids`. They are its now, and its
+    /// window's if it records.
     pub(super) fn ordered(&mut self, ids: &[BufferId]) {
         let to = self.stream();
         if self.records()
@@ -125,8 +124,7 @@ impl<S: Suite> World<S> {
         }
     }
 
-    /// Clean work on this step's stream: recorded if it records, applied
-    /// to the values now if not.
+    /// Clean work on this step's stream: recorded if it records, applied to the values now if not.
     pub(super) fn done(&mut self, reads: &[Range], writes: &[Range], op: Op) {
         if self.records()
             && let Some((_, window)) = &mut self.window

@@ -1,7 +1,6 @@
-//! The generator: one random operation a step — allocate, free, write,
-//! launch, copy, read, sync, capture, replay, destroy — each issued to the
-//! server and told to the oracle, with faults planted at the site it
-//! reaches.
+//! The generator: one random operation a step. It may allocate, free, write, launch, copy, read,
+//! sync, capture, replay or destroy. Each is issued to the server and told to the oracle, with
+//! faults planted at the site it reaches.
 
 use super::*;
 
@@ -24,8 +23,8 @@ impl<S: Suite> World<S> {
         self.align * self.rng.below((size - 4) / self.align + 1)
     }
 
-    /// `percent`, or a quarter of it inside a window, so that some windows
-    /// seal and their graphs get replayed.
+    /// `percent`, or a quarter of it inside a window, so that some windows seal and their graphs
+    /// get replayed.
     pub(super) fn failure_rate(&self, percent: u64) -> u64 {
         if self.records() { percent / 4 } else { percent }
     }
@@ -39,8 +38,8 @@ impl<S: Suite> World<S> {
         usize::from(self.on_other)
     }
 
-    /// Whether this step's stream is recording: stream 0 with a window
-    /// open (windows open on stream 0 only).
+    /// Whether this step's stream is recording: stream 0 with a window open (windows open on stream
+    /// 0 only).
     pub(super) fn records(&self) -> bool {
         self.recording() && !self.on_other
     }
@@ -127,8 +126,8 @@ impl<S: Suite> World<S> {
         }
         let handle = self.on().allocate(size).expect("allocate");
         self.client.inject(FaultPlan::new());
-        // Fresh memory holds no failure: its bytes are unspecified but not
-        // claimed (nothing was meant to write them yet).
+        // Fresh memory holds no failure: its bytes are unspecified but not claimed (nothing meant
+        // to write them).
         let id = handle.id();
         self.bufs.push(Buf {
             handle,
@@ -154,8 +153,8 @@ impl<S: Suite> World<S> {
 
     pub(super) fn write(&mut self) -> String {
         let i = self.pick();
-        // Whole buffers often: healing has to keep up with failures spreading
-        // through skips, or most of the state ends up stale.
+        // Whole buffers often: healing has to keep up with failures spreading through skips, or
+        // most of the state ends up stale.
         let r = if self.rng.chance(30) {
             (self.bufs[i].handle.id(), 0, self.bufs[i].handle.size())
         } else {
@@ -190,8 +189,8 @@ impl<S: Suite> World<S> {
             return what;
         }
         self.ordered(&[r.0]);
-        // Healed by the write: its values are known once it ran (at once,
-        // or at each replay of the window that records it).
+        // Healed by the write: its values are known once it ran, at once or at each replay of its
+        // window.
         self.mark(&[r], UNKNOWN);
         self.done(&[], &[r], Op::Write(r, data));
         what
@@ -270,8 +269,7 @@ impl<S: Suite> World<S> {
         let clean = !unallocated_out && !skipped && !fail;
         let what =
             format!("launch {shape:?} reads {reads:?} writes {w:?} (fails: {fail}) -> {result:?}");
-        // Refused before anything else: an output without memory, an input
-        // carrying a failure.
+        // Refused before anything else: an output without memory, an input carrying a failure.
         let ids: Vec<BufferId> = reads.iter().chain([&w]).map(|r| r.0).collect();
         let refused = self.refused(&ids);
         self.expect_refusal(refused, &result, &what);
@@ -303,8 +301,8 @@ impl<S: Suite> World<S> {
 
     pub(super) fn copy(&mut self) -> String {
         let i = self.pick();
-        // Within one buffer often: the contract allows it when the ranges
-        // do not overlap, and not every API does (wgpu refuses it).
+        // Within one buffer often: the contract allows it when the ranges do not overlap, and not
+        // every API does (wgpu refuses it).
         let j = if self.rng.chance(25) { i } else { self.pick() };
         let s = self.range(i);
         let n = len(&s).min(self.bufs[j].handle.size());
@@ -362,8 +360,8 @@ impl<S: Suite> World<S> {
     pub(super) fn read(&mut self) -> String {
         let i = self.pick();
         let r = self.range(i);
-        // Not a device fault: one would claim what is in flight on the
-        // stream (rule 23), which the oracle does not follow.
+        // Not a device fault: one would claim what is in flight on the stream (rule 23), which the
+        // oracle does not follow.
         let fail = self.rng.chance(5);
         if fail {
             self.client
@@ -447,8 +445,7 @@ impl<S: Suite> World<S> {
                 "begin capture".into()
             }
             Some((capture, window)) if self.rng.chance(15) => {
-                // Dropped rather than aborted, a third of the time: the
-                // same, at the next call.
+                // Dropped rather than aborted, a third of the time: the same, at the next call.
                 let dropped = self.rng.chance(33);
                 if dropped {
                     drop(capture);
@@ -569,8 +566,7 @@ impl<S: Suite> World<S> {
         let g = self.rng.below(self.graphs.len() as u64) as usize;
         let model = self.graphs.swap_remove(g);
         if self.rng.chance(25) {
-            // Its last handle dropped: destroyed at the next call, failing
-            // nothing.
+            // Its last handle dropped: destroyed at the next call, failing nothing.
             let id = model.graph.id();
             drop(model);
             return format!("drop {id:?}");
@@ -587,8 +583,7 @@ impl<S: Suite> World<S> {
             model.graph.id()
         );
         if model.lost {
-            // Nothing of it is left on the device: destroyed cleanly, the
-            // planned fault or not.
+            // Nothing of it is left on the device: destroyed cleanly, the planned fault or not.
             assert!(result.is_ok(), "a graph of a lost device: {what}");
         } else {
             assert_eq!(result.is_err(), fail, "{what}");

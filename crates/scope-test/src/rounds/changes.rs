@@ -1,24 +1,21 @@
-//! Loss, recovery, shrink and admission between random rounds (rules
-//! 51–57): the events a group meets when a rank's device is lost, drawn
-//! from the same seed on every rank, so that every rank's thread knows the
-//! whole event and keeps the whole oracle, as for the rounds themselves.
+//! Loss, recovery, shrink and admission between random rounds (rules 51–57). These are the events a
+//! group meets when a rank's device is lost. They are drawn from the same seed on every rank. So
+//! every rank's thread knows the whole event and keeps the whole oracle, as for the rounds
+//! themselves.
 //!
-//! - **Lose**: one rank's device is lost (an injected sticky fault, its
-//!   text the event's tag) and recovered at once; it stays a member, and
-//!   every byte it held is stale — "lost with the device" — until a write
-//!   or a collective heals it (rule 51).
-//! - **Reform**: every rank shrinks, with no one gone: the same members,
-//!   the next epoch, and every call through the old one refused (rules 54,
-//!   55).
-//! - **Rotate**: one rank's device is lost; the others shrink without
-//!   waiting for it, it recovers, and they admit it back as the last rank,
-//!   its bytes stale as for a loss (rules 51, 54, 56).
+//! - **Lose**: one rank's device is lost and recovered at once. The loss is an injected sticky
+//!   fault, its text the event's tag. The rank stays a member. Every byte it held is stale, "lost
+//!   with the device", until a write or a collective heals it (rule 51).
+//! - **Reform**: every rank shrinks, with no one gone. The same members take the next epoch, and
+//!   every call through the old one is refused (rules 54, 55).
+//! - **Rotate**: one rank's device is lost, and the others shrink without waiting for it. It
+//!   recovers, and they admit it back as the last rank. Its bytes are stale as for a loss (rules
+//!   51, 54, 56).
 //!
-//! The ranks of a rotation meet outside the group to order its steps (the
-//! lost rank loses its device before its peers shrink, recovers only once
-//! they have — a recovered device is no longer known gone — and takes its
-//! new rank from the group they admitted it to): a runtime's launcher does
-//! the same, between the processes it runs.
+//! The ranks of a rotation meet outside the group to order its steps. The lost rank loses its
+//! device before its peers shrink. It recovers only once they have, since a recovered device is no
+//! longer known gone. It takes its new rank from the group they admitted it to. A runtime's
+//! launcher does the same, between the processes it runs.
 
 use std::time::Instant;
 
@@ -63,8 +60,8 @@ impl Event {
     }
 }
 
-/// What the ranks of one play say to each other to order a rotation's
-/// steps, each signal by the round it belongs to.
+/// What the ranks of one play say to each other to order a rotation's steps. Each signal is keyed
+/// by the round it belongs to.
 pub(super) struct Handoff<B: Backend> {
     signals: Mutex<Signals<B>>,
     changed: Condvar,
@@ -99,8 +96,7 @@ impl<B: Backend> Handoff<B> {
         self.changed.notify_all();
     }
 
-    /// Wait, at most the group's deadline, until `ready` finds what it
-    /// waits for.
+    /// Wait, at most the group's deadline, until `ready` finds what it waits for.
     fn wait<T>(&self, what: &str, mut ready: impl FnMut(&Signals<B>) -> Option<T>) -> T {
         let until = Instant::now() + DEFAULT_WAIT;
         let mut signals = self.signals.lock();
@@ -116,8 +112,7 @@ impl<B: Backend> Handoff<B> {
     }
 }
 
-/// Lose `c`'s device: a sticky fault whose text carries `tag`, surfaced
-/// by a write.
+/// Lose `c`'s device: a sticky fault whose text carries `tag`, surfaced by a write.
 fn lose<B: Backend>(c: &Client<B>, parts: &Parts, tag: u32) {
     let code = format!("DEVICE_LOST {}", tag_text(tag));
     c.inject(FaultPlan::new().poison_at(1, "injected", &code));
@@ -127,8 +122,8 @@ fn lose<B: Backend>(c: &Client<B>, parts: &Parts, tag: u32) {
     assert!(error.is_sticky(), "{error}");
 }
 
-/// Open `c`'s lost device again, and write its margins back (the rounds
-/// check them after every round; a recovery lost them with the rest).
+/// Open `c`'s lost device again, and write its margins back. The rounds check them after every
+/// round, and a recovery lost them with the rest.
 fn recover<B: Backend>(c: &Client<B>, parts: &Parts) {
     match c.recover() {
         Ok(scope_core::Recovered::Reopened { .. }) => {}
@@ -153,8 +148,7 @@ impl Oracle {
     }
 }
 
-/// A call through `old`, whose epoch a change superseded: refused as
-/// stale, claiming nothing.
+/// A call through `old`, whose epoch a change superseded: refused as stale, claiming nothing.
 fn assert_stale<B: Backend>(at: &str, old: &Rank<B>, parts: &Parts) {
     let refused = old.all_reduce(parts.view(0), parts.view(1), Element::U32, Reduce::Sum);
     match refused {
@@ -163,8 +157,8 @@ fn assert_stale<B: Backend>(at: &str, old: &Rank<B>, parts: &Parts) {
     }
 }
 
-/// Apply `event` on `rank`'s thread: to the oracle, and — where it is this
-/// rank's part — to its device and its group. The rank it goes on as.
+/// Apply `event` on `rank`'s thread to the oracle. Where it is this rank's part, apply it to its
+/// device and its group too. The rank it goes on as.
 pub(super) fn apply<B: Backend>(
     at: &str,
     (event, round): (Event, usize),

@@ -1,7 +1,5 @@
-//! Which devices the server may open, and in what order: every physical
-//! device that qualifies (Vulkan 1.2, timeline semaphores,
-//! `VK_KHR_push_descriptor`, a compute queue), the one
-//! `SCOPE_VULKAN_DEVICE` names first, then hardware before software.
+//! Which devices the server may open, and in what order: the one `SCOPE_VULKAN_DEVICE`
+//! names first, then the rest that qualify, hardware before software.
 
 use ash::vk;
 use scope_core::{DeviceKind, Error, Probe, ProbedDevice, Result};
@@ -72,8 +70,7 @@ fn qualify(instance: &ash::Instance, candidate: &Candidate) -> std::result::Resu
     if v12.timeline_semaphore == vk::FALSE {
         return Err("it lacks timeline semaphores".to_owned());
     }
-    // A compute-only family runs beside graphics work on real GPUs; any
-    // compute family does.
+    // A compute-only family runs beside graphics work on real GPUs.
     let compute = |f: &vk::QueueFamilyProperties| {
         f.queue_flags.contains(vk::QueueFlags::COMPUTE) && f.queue_count > 0
     };
@@ -104,12 +101,8 @@ pub(super) fn candidates(instance: &ash::Instance) -> Vec<Candidate> {
         .collect()
 }
 
-/// The usable candidates in the order the server numbers its devices, each
-/// with its compute queue family: the one `SCOPE_VULKAN_DEVICE` names
-/// first (an error when it names none, or one that cannot compute), then
-/// every other usable device, hardware before software. Device 0 is what
-/// [`Config::device`](super::Config::device) `None` opens, so a program that never names a device
-/// gets the one it always got.
+/// The usable candidates in device order, each with its compute queue family. Device 0 is
+/// what [`Config::device`](super::Config::device) `None` opens, so it never changes unasked.
 fn usable_in_order(instance: &ash::Instance, all: &[Candidate]) -> Result<Vec<(usize, u32)>> {
     if all.is_empty() {
         return Err(unavailable("the loader found no Vulkan device"));
@@ -176,8 +169,7 @@ pub(super) fn choose(
     })
 }
 
-/// How many devices the server can open here ([`Config::device`](super::Config::device) numbers
-/// them `0..count`); 0 without a loader or a usable device.
+/// How many devices the server can open here; 0 without a loader or a usable device.
 pub fn device_count() -> usize {
     let Ok(entry) = load_entry() else {
         return 0;
@@ -191,8 +183,7 @@ pub fn device_count() -> usize {
     count
 }
 
-/// List the physical devices, never panicking: a missing loader is an
-/// answer.
+/// List the physical devices, never panicking: a missing loader is an answer.
 pub(crate) fn probe() -> Probe {
     let entry = match load_entry() {
         Ok(entry) => entry,

@@ -1,11 +1,5 @@
-//! The Vulkan instance, and the validation layer it may load: the loader
-//! is asked once per server (and once per [`device_count`] or probe), and
-//! the layer's messages land in the [`Instance`] that asked for them. The
-//! instance outlives every device the server opens on it: a recovery
-//! destroys the device and opens another, and the layer, its messenger and
-//! the messages collected so far carry over.
-//!
-//! [`device_count`]: super::device_count
+//! The Vulkan instance, and the validation layer it may load. The instance outlives every
+//! device opened on it, so across a recovery the layer's messages carry over.
 
 use std::ffi::{CStr, c_void};
 use std::sync::Arc;
@@ -23,15 +17,13 @@ pub(super) const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 pub const VALIDATION_LAYER_MISSING: &str =
     "VK_LAYER_KHRONOS_validation is not installed (apt-get install vulkan-validationlayers)";
 
-/// Whether `VK_LAYER_KHRONOS_validation` is installed, as the loader sees
-/// it (`VK_LAYER_PATH` and the manifest folders); false without a loader.
+/// Whether the loader sees `VK_LAYER_KHRONOS_validation` installed; false without a loader.
 pub fn validation_layer_installed() -> bool {
     load_entry().is_ok_and(|entry| layer_present(&entry, VALIDATION_LAYER))
 }
 
-/// Why a missing validation layer is an error here rather than a run
-/// without it: `CI=true`, or `SCOPE_REQUIRE` naming vulkan (the one parser,
-/// [`scope_core::required`]). `None` elsewhere.
+/// Why a missing validation layer is an error here: `CI=true`, or `SCOPE_REQUIRE` naming
+/// vulkan ([`scope_core::required`]). `None` elsewhere.
 pub fn validation_required_by() -> Option<&'static str> {
     if std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1") {
         Some("CI=true")
@@ -45,8 +37,7 @@ pub fn validation_required_by() -> Option<&'static str> {
 /// Messages the validation layer sent, in order.
 pub(crate) type Messages = Arc<Mutex<Vec<String>>>;
 
-/// The validation callback: append the message to the `Messages` behind
-/// `user`.
+/// The validation callback: append the message to the `Messages` behind `user`.
 pub(super) unsafe extern "system" fn on_message(
     severity: vk::DebugUtilsMessageSeverityFlagsEXT,
     _types: vk::DebugUtilsMessageTypeFlagsEXT,
@@ -76,30 +67,23 @@ pub(super) unsafe extern "system" fn on_message(
     vk::FALSE
 }
 
-/// A messenger and the debug-utils entry points that destroy it.
 type Messenger = (ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT);
 
-/// The instance a server opens its devices on, with the validation layer's
-/// messenger when it listens: destroyed (messenger first) when dropped.
+/// The instance devices are opened on, with the layer's messenger when it listens.
 pub(crate) struct Instance {
     _entry: ash::Entry,
     pub raw: ash::Instance,
-    /// The API version the instance speaks: the loader's, at most 1.3.
     pub api: u32,
-    /// Whether the validation layer is on and its messenger listening.
     pub validation: bool,
-    /// Whether the instance was made with the layer (`lifecycle.rs`
-    /// counts those while they live).
+    /// Whether made with the layer (`lifecycle.rs` counts those).
     layered: bool,
     debug: Option<Messenger>,
-    /// What the layer said, in order; the messenger's user data.
     pub messages: Messages,
 }
 
 impl Instance {
-    /// An instance as `config` and the environment ask: with the
-    /// validation layer when asked for and installed, or refused where it
-    /// is asked for, missing and required ([`validation_required_by`]).
+    /// An instance as `config` and the environment ask, with the layer when wanted and
+    /// installed.
     pub(super) fn open(config: &Config) -> Result<Instance> {
         let entry = load_entry()?;
         let validation = config.validation && layer_present(&entry, VALIDATION_LAYER);
@@ -133,8 +117,7 @@ impl Instance {
     }
 }
 
-/// A messenger that appends every warning and error of the layer to
-/// `messages`; `None` (with a warning in the log) if it cannot be made.
+/// A messenger collecting the layer's warnings and errors; `None` if it cannot be made.
 fn listen(entry: &ash::Entry, instance: &ash::Instance, messages: &Messages) -> Option<Messenger> {
     let _calling = super::calling();
     let utils = ash::ext::debug_utils::Instance::new(entry, instance);
@@ -150,8 +133,7 @@ fn listen(entry: &ash::Entry, instance: &ash::Instance, messages: &Messages) -> 
         )
         .pfn_user_callback(Some(on_message))
         .user_data(Arc::as_ptr(messages) as *mut c_void);
-    // SAFETY: the user data outlives the messenger: the `Instance` owns
-    // both and destroys the messenger before its `Messages` go.
+    // SAFETY: the `Instance` owns both, and destroys the messenger before its `Messages` go.
     match unsafe { utils.create_debug_utils_messenger(&info, None) } {
         Ok(messenger) => Some((utils, messenger)),
         Err(e) => {
@@ -163,17 +145,12 @@ fn listen(entry: &ash::Entry, instance: &ash::Instance, messages: &Messages) -> 
 
 impl Drop for Instance {
     fn drop(&mut self) {
-        // Every device made on the instance holds it (through its
-        // `Adapter`) and is destroyed, or leaked along with a reference
-        // that keeps this from running; the messenger goes before the
-        // instance it observes.
         if let Some((utils, messenger)) = self.debug.take() {
-            // SAFETY: as above: the messenger was made on this instance,
-            // which is still alive.
+            // SAFETY: the messenger was made on this instance, which is still alive.
             unsafe { super::Guarded::new(&utils).destroy_debug_utils_messenger(messenger, None) };
         }
-        // SAFETY: as above: nothing made on the instance is left, and its
-        // messenger is gone.
+        // SAFETY: every device made on it is gone or leaked with a reference keeping this from
+        // running, and the messenger is gone.
         super::lifecycle::destroy_instance(self.layered, || unsafe {
             self.raw.destroy_instance(None)
         });
@@ -181,8 +158,7 @@ impl Drop for Instance {
 }
 
 pub(super) fn load_entry() -> Result<ash::Entry> {
-    // SAFETY: loading libvulkan runs its initialisers; the loader is a
-    // well-behaved system library, and a missing one is an error, not UB.
+    // SAFETY: loading libvulkan runs its initialisers; a missing one is an error, not UB.
     unsafe { ash::Entry::load() }
         .map_err(|e| unavailable(format!("the Vulkan loader could not be loaded: {e}")))
 }

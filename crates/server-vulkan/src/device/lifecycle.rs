@@ -1,67 +1,36 @@
-//! Instances and devices are made and destroyed one at a time in the
-//! process, and, while the validation layer is loaded, never during
-//! another call of this crate.
+//! Instances and devices are made and destroyed one at a time in the process. While the
+//! validation layer is loaded, never during another call of this crate either.
 //!
-//! The Vulkan spec lets an application create and destroy instances and
-//! devices from any thread at once: none of those calls has an externally
-//! synchronised parameter. The Khronos loader does not hold up its side.
-//! It keeps every logical device of every instance on one process-wide
-//! list, which `vkCreateDevice` walks under a lock while `vkCreateDevice`
-//! and `vkDestroyDevice` add and free its nodes without one
-//! (KhronosGroup/Vulkan-Loader#2018), so a device opened on one thread while
-//! another is destroyed reads a freed node. Servers do exactly that: the
-//! ranks of a group open their devices on their own threads, and a
-//! recovery destroys a lost device while other servers of the process run.
-//! So every `vkCreateInstance`, `vkDestroyInstance`, `vkCreateDevice` and
-//! `vkDestroyDevice` of this crate runs inside [`one_at_a_time`], which
-//! holds a process-wide lock for writing. They are rare calls (a server's
-//! open, a recovery, a drop), so the lock costs nothing measurable.
+//! The spec lets any thread create and destroy devices at once; the Khronos loader does not
+//! hold up its side. It adds and frees nodes of one process-wide device list without a lock
+//! (KhronosGroup/Vulkan-Loader#2018). A group's ranks open devices on their own threads, and a
+//! recovery destroys one while other servers run. So every create and destroy runs inside
+//! [`one_at_a_time`], under a process-wide write lock. They are rare, so it costs nothing.
 //!
-//! The validation layer has a race of its own. Before 1.3.250 it looked
-//! every call's handle up in one process-wide map, unlocked, that creating
-//! and destroying an instance or a device rewrites
-//! (KhronosGroup/Vulkan-ValidationLayers#4391): with the layer on, a device
-//! made or destroyed on one thread could crash a call on another in the
-//! middle of the lookup, reading freed memory. Debian 12's layer (1.3.239)
-//! did, in the conformance suite's property test, while other tests opened
-//! and dropped their servers. So while any instance of this crate has the
-//! layer loaded, every other call of this crate holds the same lock for
-//! reading ([`calling`], and [`Guarded`], which `Gpu::vk` hands out): a
-//! device is then never made or destroyed during a call that the layer
-//! looks up. Without the layer — a runtime's case — a call takes no lock.
-//!
-//! Reads are taken recursively: a thread reading never waits for a writer
-//! queued behind another reader, so a call that waits on the device (for
-//! work another thread has yet to submit) cannot deadlock with one that
-//! opens a device; the opening waits until no call is in flight. Nothing
-//! here covers what other libraries of the process create (wgpu makes its
-//! own instances and devices).
+//! The layer before 1.3.250 looked handles up in an unlocked process-wide map that creating a
+//! device rewrites (KhronosGroup/Vulkan-ValidationLayers#4391). So while any instance has the
+//! layer loaded, every other call holds the read side ([`calling`], [`Guarded`]). Reads are
+//! recursive, so a call waiting on the device cannot deadlock with one opening a device.
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::{RwLock, RwLockReadGuard};
 
-/// Held for writing while an instance or a device is created or destroyed,
-/// and for reading by every other call while the layer is loaded.
+/// Written while an instance or device is made or destroyed; read by calls under the layer.
 static LIFECYCLE: RwLock<()> = RwLock::new(());
 
 /// How many instances of this crate have the validation layer loaded.
 static LAYERED: AtomicUsize = AtomicUsize::new(0);
 
-/// Run `make_or_destroy` — one `vkCreateInstance`, `vkDestroyInstance`,
-/// `vkCreateDevice` or `vkDestroyDevice` — while no other thread of the
-/// process runs one through here, nor (with the layer loaded) any other
-/// call. It must not make another call of this crate itself, nor wait on
-/// device work: the lock is not reentrant.
+/// Run `make_or_destroy`, one create or destroy, while no other thread runs one here.
+/// It must not call this crate again, nor wait on device work: the lock is not reentrant.
 pub(crate) fn one_at_a_time<R>(make_or_destroy: impl FnOnce() -> R) -> R {
     let _one = LIFECYCLE.write();
     make_or_destroy()
 }
 
-/// [`one_at_a_time`] for creating an instance: when `layered` and the
-/// instance is made, the calls of this crate take the lock from now on,
-/// until [`destroy_instance`] says the instance is gone.
+/// [`one_at_a_time`] for creating an instance; a `layered` one makes calls take the lock.
 pub(crate) fn create_instance<T, E>(
     layered: bool,
     create: impl FnOnce() -> std::result::Result<T, E>,
@@ -75,8 +44,7 @@ pub(crate) fn create_instance<T, E>(
     })
 }
 
-/// [`one_at_a_time`] for destroying an instance made by
-/// [`create_instance`] with the same `layered`.
+/// [`one_at_a_time`] for destroying an instance made by [`create_instance`].
 pub(crate) fn destroy_instance(layered: bool, destroy: impl FnOnce()) {
     one_at_a_time(|| {
         destroy();
@@ -86,10 +54,7 @@ pub(crate) fn destroy_instance(layered: bool, destroy: impl FnOnce()) {
     });
 }
 
-/// The read side, for as long as it lives: nothing while no instance of
-/// this crate has the layer loaded. A call on a device of a layered
-/// instance can only happen while that instance lives, so it always sees
-/// the count above zero.
+/// The read side while it lives; nothing while no instance has the layer loaded.
 pub(crate) struct Calling {
     _held: Option<RwLockReadGuard<'static, ()>>,
 }
@@ -101,9 +66,7 @@ pub(crate) fn calling() -> Calling {
     }
 }
 
-/// `target` (a device's or an instance's entry points), with the read
-/// side held while it is used: make one in the statement that calls, so it
-/// goes at the end of it.
+/// `target` with the read side held: make one in the statement that calls.
 pub(crate) struct Guarded<'a, T> {
     target: &'a T,
     _calling: Calling,
@@ -132,8 +95,7 @@ mod tests {
 
     use super::{LAYERED, calling, one_at_a_time};
 
-    /// However many threads make and destroy at once, no two are inside;
-    /// and with the layer counted as loaded, no call is inside either.
+    /// Makers never overlap each other, nor a call while the layer counts as loaded.
     #[test]
     fn no_call_runs_while_a_device_is_made_or_destroyed() {
         LAYERED.fetch_add(1, Ordering::AcqRel);
@@ -157,7 +119,6 @@ mod tests {
                 s.spawn(|| {
                     for _ in 0..200 {
                         let _call = calling();
-                        // A second read on the same thread never waits.
                         let _nested = calling();
                         calls.fetch_add(1, Ordering::SeqCst);
                         if making.load(Ordering::SeqCst) > 0 {

@@ -6,9 +6,8 @@ use std::time::Duration;
 use crate::data_parallel::{RankStep, ReferenceStep, identical, max_difference};
 use crate::mlp::Weights;
 
-/// How close a device result must be to the CPU reference. The outputs are
-/// probabilities; `f32` accumulation over a thousand terms differs from the
-/// `f64` reference by about 1e-6 of a logit.
+/// How close a device result must be to the CPU reference: `f32` sums of a
+/// thousand terms differ from the `f64` reference by about 1e-6 of a logit.
 pub const TOLERANCE: f32 = 1e-4;
 
 /// One step of act four, checked against what it should have done.
@@ -18,23 +17,17 @@ pub struct StepCheck {
     pub ranks: Vec<RankStep>,
     /// The step's wall time, every rank's work and the collective.
     pub time: Duration,
-    /// The ranks' mean loss before the update (`None` if a rank could not
-    /// read its output), and the CPU's on the whole batch.
+    /// The ranks' mean loss before the update (`None` if a rank could not read it).
     pub loss: Option<f64>,
     /// The CPU's loss on the whole batch.
     pub reference_loss: f64,
-    /// Every rank read its all-reduced gradient, and all were the same
-    /// bits.
+    /// Every rank read its all-reduced gradient, and all were the same bits.
     pub gradients_identical: bool,
-    /// Rank 0's all-reduced gradient against the CPU's on the whole batch
-    /// (infinite when unreadable).
+    /// Rank 0's all-reduced gradient against the CPU's (infinite when unreadable).
     pub gradient_error: f32,
-    /// Every rank read its weights after the step, and all were the same
-    /// bits.
+    /// Every rank read its weights after the step, and all were the same bits.
     pub weights_identical: bool,
-    /// Rank 0's weights after the step against the expected ones: the
-    /// CPU's updated weights after a clean step, the weights before the
-    /// step after a failed one (infinite when unreadable).
+    /// Rank 0's weights after the step against the CPU's update (or the old ones if failed).
     pub weights_error: f32,
     /// The largest change of rank 0's weights in the step.
     pub weights_change: f32,
@@ -99,9 +92,8 @@ impl StepCheck {
             .map_or(f64::INFINITY, |l| (l - self.reference_loss).abs())
     }
 
-    /// A clean step did what it should: every rank's gradient the same and
-    /// the CPU's, every rank's update written, the same weights everywhere
-    /// and the CPU's.
+    /// A clean step did what it should: every update written, and gradients and weights
+    /// the same everywhere and the CPU's.
     pub fn clean(&self) -> bool {
         self.gradients_identical
             && self.gradient_error <= TOLERANCE

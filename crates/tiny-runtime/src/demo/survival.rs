@@ -1,18 +1,14 @@
 //! Act four, continued: a rank's device is lost in the middle of training,
 //! and the group survives it ([`crate::elastic`]).
 //!
-//! The others shrink and train on over the rows they hold; the lost rank's
-//! device opens again, the group admits it, a broadcast heals its weights,
-//! and every rank ends with the same bits — which match the CPU's steps
-//! taken with the same membership, step by step.
+//! The others shrink and train on over their rows. The lost rank's device opens
+//! again, the group admits it, and a broadcast heals its weights. Every rank ends
+//! with the same bits as the CPU's steps under the same membership.
 //!
-//! Where its device cannot open again in this process, the lost rank stays
-//! out and the survivors go on: its recovery answered
-//! `Error::RestartRequired` (CUDA's process-fatal faults, which HIP
-//! follows, or a backend that cannot reopen: a new process must bring it
-//! back) or `Error::Refused` (a reset that would destroy the memory of
-//! another client of the same device — on one GPU, the other ranks' — or a
-//! recovery that should be tried again later).
+//! Where its device cannot open again in this process, the lost rank stays out
+//! and the survivors go on. Its recovery answered `Error::RestartRequired` (a new
+//! process must bring it back) or `Error::Refused` (a reset would destroy another
+//! client's memory on the same device, or it should be tried later).
 
 use std::time::{Duration, Instant};
 
@@ -22,9 +18,8 @@ use super::check::StepCheck;
 use crate::data_parallel::{DataParallel, RankStep, identical, input_failed, reference_step};
 use crate::mlp::Weights;
 
-/// How a device is lost: for real where the backend can lose it (wgpu's
-/// `Device::destroy`), else by a sticky fault injected at its next call.
-/// Returns what it did, for the timeline, and whether the loss was real.
+/// How a device is lost: for real where the backend can (wgpu's `Device::destroy`),
+/// else by an injected sticky fault. Returns what it did and whether it was real.
 pub type Lose<'a, B> = &'a dyn Fn(&Client<B>) -> Result<(String, bool)>;
 
 /// One line of the membership timeline.
@@ -47,28 +42,21 @@ pub struct Survival {
     pub lost: usize,
     /// How it was lost.
     pub how: String,
-    /// Whether the loss was real (the backend lost the device) rather than
-    /// injected.
+    /// Whether the loss was real rather than injected.
     pub real: bool,
-    /// The step in which it was lost: every survivor's all-reduce names
-    /// the lost rank, no rank updates, the survivors' weights unchanged.
+    /// The step it was lost in named it everywhere, updated nothing, changed no weights.
     pub lost_step_contained: bool,
     /// The survivors' view of that step.
     pub lost_step: StepCheck,
-    /// Steps the survivors took alone, each against the CPU's step on their
-    /// rows.
+    /// Steps the survivors took alone, each against the CPU's step on their rows.
     pub shrunk_steps: Vec<StepCheck>,
-    /// Why the lost rank stayed out of the group: what its recovery
-    /// answered (`Error::RestartRequired` or `Error::Refused`); `None` when
-    /// it came back.
+    /// What the lost rank's recovery answered if it stayed out; `None` when it came back.
     pub stayed_out: Option<Error>,
     /// Buffers the recovered device made again, lost with the device.
     pub lost_buffers: usize,
-    /// Every member's weights were the same bits right after the heal (or,
-    /// when the lost rank stayed out, after the survivors' steps).
+    /// Every member's weights were the same bits after the heal (or the survivors' steps).
     pub healed_identical: bool,
-    /// The step after the lost rank came back, on every member (the
-    /// survivors' next step when it stayed out).
+    /// The step after the lost rank came back (or the survivors' next one).
     pub rejoined_step: StepCheck,
     /// The membership timeline.
     pub timeline: Vec<Event>,
@@ -77,9 +65,7 @@ pub struct Survival {
 }
 
 impl Survival {
-    /// Every check of the act passed.
-    /// A lost rank that stayed out passes when the survivors went on: its
-    /// device still holds what it lost.
+    /// Every check of the act passed; a lost rank may stay out if the survivors went on.
     pub fn passed(&self) -> bool {
         let members = self.timeline[0].members.len() - usize::from(self.stayed_out.is_some());
         self.lost_step_contained
@@ -95,15 +81,13 @@ impl Survival {
     }
 }
 
-/// Whether `error`, answered by a lost rank's readmission before it was
-/// admitted, leaves it out with the group going on: its device cannot open
-/// again in this process (now, or at all).
+/// Whether `error`, from a lost rank's readmission, leaves it out while the group
+/// goes on: its device cannot open again in this process, now or at all.
 fn stays_out(error: &Error) -> bool {
     matches!(error, Error::RestartRequired { .. } | Error::Refused { .. })
 }
 
-/// The CPU's step from `weights` on the rows of `members`' shards, in
-/// their order: what a mean over those members computes.
+/// The CPU's step from `weights` on the rows of `members`' shards, in their order.
 fn reference_over(
     weights: &Weights,
     (x, targets): (&[f32], &[f32]),
@@ -126,15 +110,9 @@ fn reference_over(
     step
 }
 
-/// Run the act on `dp`, whose replicas all hold `weights` (the CPU's
-/// trajectory so far) and are all members: lose replica `lost` with
-/// `lose`, take a step (it fails everywhere), shrink, take two steps
-/// without it, bring it back, heal it, and take a step on every rank.
-///
-/// # Errors
-///
-/// A device error outside the checked steps: the shrink, the recovery,
-/// the admission or the heal failing.
+/// Run the act on `dp`, whose members all hold `weights`: lose replica `lost` with `lose`,
+/// take a failing step, shrink, take two steps, readmit and heal it, and step on every rank.
+/// Fails when the shrink, the recovery, the admission or the heal fails.
 pub fn survive<B: Backend>(
     dp: &mut DataParallel<B>,
     (x, targets, lr): (&[f32], &[f32], f32),
