@@ -164,9 +164,8 @@ impl<B: Backend> PendingWait<B> {
         }
     }
 
-    /// Poll `finished` unlocked until it says so or `until` passes. Work
-    /// on a device that faulted meanwhile never finishes: the fault is the
-    /// answer, as a driver gives it for every query once the fault is sticky.
+    /// Poll `finished` unlocked until it says so or `until` passes. Work not
+    /// finished on a device that faulted never will: the fault is the answer.
     pub(crate) fn finished_by(
         &self,
         until: std::time::Instant,
@@ -177,11 +176,11 @@ impl<B: Backend> PendingWait<B> {
         };
         let began = std::time::Instant::now();
         loop {
-            if let Some(fault) = self.token.device_fault() {
-                return Err(Error::DevicePoisoned { fault });
-            }
             if finished(waiter)? {
                 return Ok(true);
+            }
+            if let Some(fault) = self.token.device_fault() {
+                return Err(Error::DevicePoisoned { fault });
             }
             let now = std::time::Instant::now();
             if now >= until {
