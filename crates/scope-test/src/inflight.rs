@@ -12,7 +12,7 @@ use super::collective::{
 use super::membership::lose_device;
 use super::*;
 use scope_core::Recovered;
-use scope_core::collective::{CollectiveError, Element, Group, Reduce};
+use scope_core::collective::{CollectiveError, Element, Group, Rank, Reduce};
 
 /// Rounds issued back to back without a read or a sync.
 const ROUNDS: usize = 1_000;
@@ -329,23 +329,104 @@ pub fn a_capture_holding_rounds_aborted_by_a_loss_fails_every_replay<S: Suite>()
     a_new_group_over_its_devices_works::<S>(group);
 }
 
-/// What rank `rank` reported of a round whose rank `faulted` took an
-/// injected sticky fault just after its part was issued: its call, a launch
-/// after it, and reads of what the round and the launch wrote.
+/// What one rank reported of [`a_round_then_work_reading_it`]: its call,
+/// the launch after it, and its reads of the round's output and the
+/// launch's.
+pub type RoundThenWork = (Result<()>, Result<()>, Result<Vec<u8>>, Result<Vec<u8>>);
+
+/// Every rank of `group` issues one all-reduce of 64 words, as a call or as
+/// a replay of a graph recording it. Then it launches `add` (bindings `[a,
+/// b, out]`, scalars `[n]`) reading the round's output into a buffer written
+/// just before the round: the optimizer reading the all-reduced gradient.
+/// `before` runs on each rank, with its input, before the round; `after`
+/// runs just after it. The CUDA and HIP timed mocks run it.
 ///
-/// The faulted rank's launch and reads fail with its own fault. Every other
-/// rank's reads fail naming the faulted rank and its fault. Its call
-/// returned `Ok` or that, and its launch ran or was skipped (rules 36, 47).
-/// The CUDA and HIP timed mocks run it.
+/// # Panics
+///
+/// When a step before the round fails.
+pub fn a_round_then_work_reading_it<B: Backend>(
+    group: &Group<B>,
+    replayed: bool,
+    add: &Kernel,
+    before: impl Fn(&Rank<B>, &Buffer) + Sync,
+    after: impl Fn(&Rank<B>) + Sync,
+) -> Vec<RoundThenWork> {
+    group.run(|rank| {
+        let c = rank.client();
+        let input = c.upload(&as_bytes(&[rank.index() as u32 + 1; 64])).unwrap();
+        let output = c.try_allocate(256).unwrap();
+        let graph = replayed.then(|| {
+            let capture = c.begin_capture().unwrap();
+            rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+                .expect("recorded on every rank");
+            c.end_capture(capture).expect("a clean window seals")
+        });
+        // Written just before the round, so its range is the ledger's
+        // latest when the round takes its mark.
+        let dep = c.upload(&as_bytes(&[9; 64])).unwrap();
+        before(&rank, &input);
+        let called = match &graph {
+            Some(graph) => rank.replay(graph),
+            None => rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum),
+        };
+        after(&rank);
+        let bindings = [
+            Binding::read(&output),
+            Binding::read(&output),
+            Binding::write(&dep),
+        ];
+        let launched = c.launch(add, &bindings, &as_bytes(&[64]), Dispatch::linear(1));
+        (called, launched, c.read(&output), c.read(&dep))
+    })
+}
+
+/// What rank `rank` reported of a round that was late past the deadline:
+/// its call and launch went out, and both reads fail as `Stalled` (rules
+/// 23, 47, 50).
 ///
 /// # Panics
 ///
 /// When a report differs from that.
-pub fn fails_as_an_injected_fault<T: std::fmt::Debug>(
+pub fn fails_as_a_stalled_round(rank: usize, (called, launched, output, dep): RoundThenWork) {
+    called.unwrap_or_else(|e| panic!("rank {rank}: the round was issued: {e}"));
+    launched.unwrap_or_else(|e| panic!("rank {rank}: a launch after the round: {e}"));
+    for (what, read) in [("output", output), ("copy of it", dep)] {
+        let error = read.expect_err(&format!("rank {rank}: its {what} reads as clean"));
+        assert!(
+            matches!(
+                collective_error(error.root()),
+                CollectiveError::Stalled { .. }
+            ),
+            "rank {rank}: {what}: {error}"
+        );
+    }
+}
+
+/// An `after` for [`a_round_then_work_reading_it`]: rank `faulted`'s next
+/// device call takes an injected sticky fault, `ILLEGAL_ADDRESS`.
+pub fn a_fault_on<B: Backend>(faulted: usize) -> impl Fn(&Rank<B>) + Sync + Copy {
+    move |rank| {
+        if rank.index() == faulted {
+            let plan = FaultPlan::new().poison_at(1, "injected", "ILLEGAL_ADDRESS");
+            rank.client().inject(plan);
+        }
+    }
+}
+
+/// What rank `rank` reported of a round whose rank `faulted` took an
+/// injected sticky fault just after its part was issued.
+///
+/// The faulted rank's launch and reads fail with its own fault. Every other
+/// rank's reads fail naming the faulted rank and its fault. Its call
+/// returned `Ok` or that, and its launch ran or was skipped (rules 36, 47).
+///
+/// # Panics
+///
+/// When a report differs from that.
+pub fn fails_as_an_injected_fault(
     rank: usize,
     faulted: usize,
-    (called, launched): (Result<()>, Result<()>),
-    reads: impl IntoIterator<Item = (&'static str, Result<T>)>,
+    (called, launched, output, dep): RoundThenWork,
 ) {
     let names_the_fault = |what: &str, error: &Error| {
         let CollectiveError::IssueFailed {
@@ -376,7 +457,7 @@ pub fn fails_as_an_injected_fault<T: std::fmt::Debug>(
             names_the_fault("its call", error);
         }
     }
-    for (what, read) in reads {
+    for (what, read) in [("output", output), ("copy of it", dep)] {
         let error = read.expect_err(&format!("rank {rank}: its {what} reads as clean"));
         if rank == faulted {
             assert!(error.is_device_poisoned(), "rank {rank}: {what}: {error}");

@@ -33,7 +33,11 @@ use ddp_step::{Schedule, Shape};
 use harness::mock;
 use scope_core::collective::device::DeviceCollectives;
 use scope_core::collective::{CollectiveError, Element, Group, Rank, Reduce};
-use scope_core::{Binding, Client, Dispatch, Error, FaultPlan};
+use scope_core::{Binding, Client, Dispatch, Error};
+use scope_test::inflight::{
+    RoundThenWork, a_fault_on, a_round_then_work_reading_it, fails_as_a_stalled_round,
+    fails_as_an_injected_fault,
+};
 use server_cuda::Cuda;
 
 /// What the timed mock is told a step's work costs.
@@ -203,6 +207,13 @@ fn busy_before(c: &Client<Cuda>, input: &scope_core::Buffer) {
     .unwrap();
 }
 
+/// [`busy_before`] on rank 2 only.
+fn rank_2_busy(rank: &Rank<Cuda>, input: &scope_core::Buffer) {
+    if rank.index() == 2 {
+        busy_before(rank.client(), input);
+    }
+}
+
 /// Rank 2's device is busy past the deadline before its part of a round
 /// can start: the round was decided clean and issued, every call returned,
 /// and the watchdog fails the round on every rank at the deadline, with
@@ -265,65 +276,11 @@ fn a_round_late_past_the_deadline_fails_every_rank() {
 /// the deadline, as above.
 #[test]
 fn work_after_a_round_that_fails_in_flight_carries_its_failure() {
-    let _timed = TIMED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    mock().timing(true);
-    mock().kernel_time("copy", Duration::from_secs(3));
-    mock().nccl_model(Duration::from_micros(10), 0.0);
-    for replayed in [false, true] {
-        let group = Group::over_device(clients(), Duration::from_millis(300)).expect("a group");
-        let outcomes = group.run(|rank| {
-            let c = rank.client();
-            let input = c.upload(&bytes(&[rank.index() as u32 + 1; 64])).unwrap();
-            let output = c.try_allocate(256).unwrap();
-            let graph = replayed.then(|| {
-                let capture = c.begin_capture().unwrap();
-                rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
-                    .expect("recorded on every rank");
-                c.end_capture(capture).expect("a clean window seals")
-            });
-            // Written just before the round, so its range is the ledger's
-            // latest when the round takes its mark.
-            let dep = c.upload(&bytes(&[9; 64])).unwrap();
-            if rank.index() == 2 {
-                busy_before(c, &input);
-            }
-            let called = match &graph {
-                Some(graph) => rank.replay(graph),
-                None => rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum),
-            };
-            c.launch(
-                &kernel("add", ADD),
-                &[
-                    Binding::read(&output),
-                    Binding::read(&output),
-                    Binding::write(&dep),
-                ],
-                &bytes(&[64]),
-                Dispatch::linear(1),
-            )
-            .expect("a launch after the round");
-            (called, c.read(&output), c.read(&dep))
-        });
-        for (rank, (called, output, dep)) in outcomes.into_iter().enumerate() {
-            called.unwrap_or_else(|e| panic!("rank {rank}: the round was issued: {e}"));
-            for (what, read) in [("output", output), ("copy of it", dep)] {
-                let error = read.expect_err(&format!(
-                    "rank {rank} (replayed: {replayed}): its {what} reads as clean"
-                ));
-                let Error::Collective(failed) = error.root() else {
-                    panic!("rank {rank}: {what}: {error}");
-                };
-                assert!(
-                    matches!(**failed, CollectiveError::Stalled { .. }),
-                    "rank {rank}: {what}: {error}"
-                );
-            }
+    for outcomes in with_rank_2_busy(Duration::from_millis(300), |_| {}) {
+        for (rank, outcome) in outcomes.into_iter().enumerate() {
+            fails_as_a_stalled_round(rank, outcome);
         }
     }
-    mock().kernel_time("copy", Duration::ZERO);
-    mock().timing(false);
 }
 
 /// Rank 1's device takes a sticky fault, by fault injection, just after its
@@ -334,54 +291,35 @@ fn work_after_a_round_that_fails_in_flight_carries_its_failure() {
 /// after it reads as clean (rules 36, 47, 50).
 #[test]
 fn a_fault_injected_after_a_part_was_issued_fails_its_round() {
+    for outcomes in with_rank_2_busy(Duration::from_secs(5), a_fault_on(1)) {
+        for (rank, outcome) in outcomes.into_iter().enumerate() {
+            fails_as_an_injected_fault(rank, 1, outcome);
+        }
+    }
+}
+
+/// [`a_round_then_work_reading_it`] as a call, then as a replay, over a
+/// group with `deadline`, rank 2's device busy for 3 s before the round.
+fn with_rank_2_busy(
+    deadline: Duration,
+    after: impl Fn(&Rank<Cuda>) + Sync + Copy,
+) -> Vec<Vec<RoundThenWork>> {
     let _timed = TIMED
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     mock().timing(true);
     mock().kernel_time("copy", Duration::from_secs(3));
     mock().nccl_model(Duration::from_micros(10), 0.0);
-    for replayed in [false, true] {
-        let group = Group::over_device(clients(), Duration::from_secs(5)).expect("a group");
-        let outcomes = group.run(|rank| {
-            let c = rank.client();
-            let input = c.upload(&bytes(&[rank.index() as u32 + 1; 64])).unwrap();
-            let output = c.try_allocate(256).unwrap();
-            let graph = replayed.then(|| {
-                let capture = c.begin_capture().unwrap();
-                rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
-                    .expect("recorded on every rank");
-                c.end_capture(capture).expect("a clean window seals")
-            });
-            let dep = c.upload(&bytes(&[9; 64])).unwrap();
-            if rank.index() == 2 {
-                busy_before(c, &input);
-            }
-            let called = match &graph {
-                Some(graph) => rank.replay(graph),
-                None => rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum),
-            };
-            if rank.index() == 1 {
-                c.inject(FaultPlan::new().poison_at(1, "injected", "ILLEGAL_ADDRESS"));
-            }
-            let launched = c.launch(
-                &kernel("add", ADD),
-                &[
-                    Binding::read(&output),
-                    Binding::read(&output),
-                    Binding::write(&dep),
-                ],
-                &bytes(&[64]),
-                Dispatch::linear(1),
-            );
-            (called, launched, c.read(&output), c.read(&dep))
-        });
-        for (rank, (called, launched, output, dep)) in outcomes.into_iter().enumerate() {
-            let reads = [("output", output), ("copy of it", dep)];
-            scope_test::inflight::fails_as_an_injected_fault(rank, 1, (called, launched), reads);
-        }
-    }
+    let add = kernel("add", ADD);
+    let outcomes = [false, true]
+        .map(|replayed| {
+            let group = Group::over_device(clients(), deadline).expect("a group");
+            a_round_then_work_reading_it(&group, replayed, &add, rank_2_busy, after)
+        })
+        .into();
     mock().kernel_time("copy", Duration::ZERO);
     mock().timing(false);
+    outcomes
 }
 
 /// Ranks joined alone: a round waits on the device for a producer busy

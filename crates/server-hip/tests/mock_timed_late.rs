@@ -10,8 +10,12 @@ mod common;
 use std::time::Duration;
 
 use common::{add, copy, mock_library, scalars};
-use scope_core::collective::{CollectiveError, Element, Group, Reduce};
-use scope_core::{Binding, Dispatch, Error, FaultPlan};
+use scope_core::collective::{Group, Rank};
+use scope_core::{Binding, Buffer, Client, Dispatch};
+use scope_test::inflight::{
+    a_fault_on, a_round_then_work_reading_it, fails_as_a_stalled_round, fails_as_an_injected_fault,
+};
+use server_hip::Hip;
 
 /// The mocks' timing is the process's: one test at a time sets it.
 static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -24,77 +28,14 @@ static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// was written before it (rules 23, 47, 50).
 #[test]
 fn work_after_a_round_that_fails_in_flight_carries_its_failure() {
-    let _timed = TIMED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    common::timed(
-        &[(c"copy", Duration::from_secs(3))],
-        Duration::from_micros(10),
-        0.0,
-    );
-    let path = vec![mock_library()];
+    let _timed = timed_copy_of(Duration::from_secs(3));
     for replayed in [false, true] {
-        let clients = (0..4)
-            .map(|d| server_hip::client_from(&path, &path, d).expect("a mock device"))
-            .collect();
-        let group = Group::over_device(clients, Duration::from_millis(300)).expect("a group");
-        let outcomes = group.run(|rank| {
-            let c = rank.client();
-            let input = c.upload(&scalars(&[rank.index() as u32 + 1; 64])).unwrap();
-            let output = c.try_allocate(256).unwrap();
-            let graph = replayed.then(|| {
-                let capture = c.begin_capture().unwrap();
-                rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
-                    .expect("recorded on every rank");
-                c.end_capture(capture).expect("a clean window seals")
-            });
-            // Written just before the round, so its range is the ledger's
-            // latest when the round takes its mark.
-            let dep = c.upload(&scalars(&[9; 64])).unwrap();
-            if rank.index() == 2 {
-                let busy = c.try_allocate(256).unwrap();
-                c.launch(
-                    &copy(),
-                    &[Binding::read(&busy), Binding::write(&input)],
-                    &scalars(&[0]),
-                    Dispatch::linear(1),
-                )
-                .unwrap();
-            }
-            let called = match &graph {
-                Some(graph) => rank.replay(graph),
-                None => rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum),
-            };
-            c.launch(
-                &add(),
-                &[
-                    Binding::read(&output),
-                    Binding::read(&output),
-                    Binding::write(&dep),
-                ],
-                &scalars(&[64]),
-                Dispatch::linear(1),
-            )
-            .expect("a launch after the round");
-            (called, c.read(&output), c.read(&dep))
-        });
-        for (rank, (called, output, dep)) in outcomes.into_iter().enumerate() {
-            called.unwrap_or_else(|e| panic!("rank {rank}: the round was issued: {e}"));
-            for (what, read) in [("output", output), ("copy of it", dep)] {
-                let error = read.expect_err(&format!(
-                    "rank {rank} (replayed: {replayed}): its {what} reads as clean"
-                ));
-                let Error::Collective(failed) = error.root() else {
-                    panic!("rank {rank}: {what}: {error}");
-                };
-                assert!(
-                    matches!(**failed, CollectiveError::Stalled { .. }),
-                    "rank {rank}: {what}: {error}"
-                );
-            }
+        let group = Group::over_device(clients(), Duration::from_millis(300)).expect("a group");
+        let outcomes = a_round_then_work_reading_it(&group, replayed, &add(), rank_2_busy, |_| {});
+        for (rank, outcome) in outcomes.into_iter().enumerate() {
+            fails_as_a_stalled_round(rank, outcome);
         }
     }
-    common::timed(&[(c"copy", Duration::ZERO)], Duration::from_micros(10), 0.0);
     let (count, last) = common::rccl_violations();
     assert_eq!(count, 0, "a call real RCCL refuses; the last: {last}");
 }
@@ -107,64 +48,53 @@ fn work_after_a_round_that_fails_in_flight_carries_its_failure() {
 /// after it reads as clean (rules 36, 47, 50).
 #[test]
 fn a_fault_injected_after_a_part_was_issued_fails_its_round() {
-    let _timed = TIMED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    common::timed(
-        &[(c"copy", Duration::from_secs(3))],
-        Duration::from_micros(10),
-        0.0,
-    );
-    let path = vec![mock_library()];
+    let _timed = timed_copy_of(Duration::from_secs(3));
     for replayed in [false, true] {
-        let clients = (0..4)
-            .map(|d| server_hip::client_from(&path, &path, d).expect("a mock device"))
-            .collect();
-        let group = Group::over_device(clients, Duration::from_secs(5)).expect("a group");
-        let outcomes = group.run(|rank| {
-            let c = rank.client();
-            let input = c.upload(&scalars(&[rank.index() as u32 + 1; 64])).unwrap();
-            let output = c.try_allocate(256).unwrap();
-            let graph = replayed.then(|| {
-                let capture = c.begin_capture().unwrap();
-                rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
-                    .expect("recorded on every rank");
-                c.end_capture(capture).expect("a clean window seals")
-            });
-            let dep = c.upload(&scalars(&[9; 64])).unwrap();
-            if rank.index() == 2 {
-                let busy = c.try_allocate(256).unwrap();
-                c.launch(
-                    &copy(),
-                    &[Binding::read(&busy), Binding::write(&input)],
-                    &scalars(&[0]),
-                    Dispatch::linear(1),
-                )
-                .unwrap();
-            }
-            let called = match &graph {
-                Some(graph) => rank.replay(graph),
-                None => rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum),
-            };
-            if rank.index() == 1 {
-                c.inject(FaultPlan::new().poison_at(1, "injected", "ILLEGAL_ADDRESS"));
-            }
-            let launched = c.launch(
-                &add(),
-                &[
-                    Binding::read(&output),
-                    Binding::read(&output),
-                    Binding::write(&dep),
-                ],
-                &scalars(&[64]),
-                Dispatch::linear(1),
-            );
-            (called, launched, c.read(&output), c.read(&dep))
-        });
-        for (rank, (called, launched, output, dep)) in outcomes.into_iter().enumerate() {
-            let reads = [("output", output), ("copy of it", dep)];
-            scope_test::inflight::fails_as_an_injected_fault(rank, 1, (called, launched), reads);
+        let group = Group::over_device(clients(), Duration::from_secs(5)).expect("a group");
+        let outcomes =
+            a_round_then_work_reading_it(&group, replayed, &add(), rank_2_busy, a_fault_on(1));
+        for (rank, outcome) in outcomes.into_iter().enumerate() {
+            fails_as_an_injected_fault(rank, 1, outcome);
         }
     }
-    common::timed(&[(c"copy", Duration::ZERO)], Duration::from_micros(10), 0.0);
+}
+
+/// The mocks' timing with a copy kernel taking `copy`, held until the
+/// guard drops, which sets it back to zero: one test at a time.
+fn timed_copy_of(copy: Duration) -> impl Drop {
+    struct Untimed(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
+    impl Drop for Untimed {
+        fn drop(&mut self) {
+            common::timed(&[(c"copy", Duration::ZERO)], Duration::from_micros(10), 0.0);
+        }
+    }
+    let guard = TIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    common::timed(&[(c"copy", copy)], Duration::from_micros(10), 0.0);
+    Untimed(guard)
+}
+
+/// Four mock devices.
+fn clients() -> Vec<Client<Hip>> {
+    let path = vec![mock_library()];
+    (0..4)
+        .map(|d| server_hip::client_from(&path, &path, d).expect("a mock device"))
+        .collect()
+}
+
+/// Rank 2's device busy for the copy kernel's modelled time before its
+/// input is written: its part of a round on the input starts after that.
+fn rank_2_busy(rank: &Rank<Hip>, input: &Buffer) {
+    if rank.index() == 2 {
+        let c = rank.client();
+        let busy = c.try_allocate(256).unwrap();
+        c.launch(
+            &copy(),
+            &[Binding::read(&busy), Binding::write(input)],
+            &scalars(&[0]),
+            Dispatch::linear(1),
+        )
+        .unwrap();
+    }
 }
