@@ -103,6 +103,11 @@ pub const RACING: &[Racing] = &[
     ),
     racing(
         "server-cuda",
+        "mock_timed_fault",
+        "a fault injected after issue on the timed mock, found by the watchdog",
+    ),
+    racing(
+        "server-cuda",
         "mock_old_driver",
         "an older driver's waits and deadlines",
     ),

@@ -20,6 +20,8 @@
 mod common;
 #[path = "mock/harness.rs"]
 mod harness;
+#[path = "mock/timed.rs"]
+mod timed;
 
 // The bench's `main` is not called from here.
 #[allow(dead_code)]
@@ -28,17 +30,15 @@ mod ddp_step;
 
 use std::time::{Duration, Instant};
 
-use common::{ADD, COPY, bytes, kernel};
+use common::{COPY, bytes, kernel};
 use ddp_step::{Schedule, Shape};
 use harness::mock;
 use scope_core::collective::device::DeviceCollectives;
 use scope_core::collective::{CollectiveError, Element, Group, Rank, Reduce};
-use scope_core::{Binding, Client, Dispatch, Error};
-use scope_test::inflight::{
-    RoundThenWork, a_fault_on, a_round_then_work_reading_it, fails_as_a_stalled_round,
-    fails_as_an_injected_fault,
-};
+use scope_core::{Binding, Dispatch, Error};
+use scope_test::inflight::fails_as_a_stalled_round;
 use server_cuda::Cuda;
+use timed::{TIMED, busy_before, clients, with_rank_2_busy};
 
 /// What the timed mock is told a step's work costs.
 struct Model {
@@ -75,16 +75,6 @@ const INFINIBAND: Model = Model {
     latency: Duration::from_micros(25),
     bandwidth: 25e9,
 };
-
-/// The mock's timing is the process's: one test at a time sets it.
-static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn clients() -> Vec<Client<Cuda>> {
-    mock();
-    (0..4)
-        .map(|rank| server_cuda::client_on(rank).expect("a mock device"))
-        .collect()
-}
 
 /// `model` in the timed mock, for a step of `buckets` buckets: the
 /// optimizer is one `accumulate` per bucket.
@@ -194,26 +184,6 @@ fn the_table() {
     mock().assert_clean();
 }
 
-/// Keep `c`'s stream busy for the copy kernel's modelled time before
-/// `input` is written: a part of a round on `input` starts only after it.
-fn busy_before(c: &Client<Cuda>, input: &scope_core::Buffer) {
-    let busy = c.try_allocate(256).unwrap();
-    c.launch(
-        &kernel("copy", COPY),
-        &[Binding::read(&busy), Binding::write(input)],
-        &bytes(&[0]),
-        Dispatch::linear(1),
-    )
-    .unwrap();
-}
-
-/// [`busy_before`] on rank 2 only.
-fn rank_2_busy(rank: &Rank<Cuda>, input: &scope_core::Buffer) {
-    if rank.index() == 2 {
-        busy_before(rank.client(), input);
-    }
-}
-
 /// Rank 2's device is busy past the deadline before its part of a round
 /// can start: the round was decided clean and issued, every call returned,
 /// and the watchdog fails the round on every rank at the deadline, with
@@ -281,45 +251,6 @@ fn work_after_a_round_that_fails_in_flight_carries_its_failure() {
             fails_as_a_stalled_round(rank, outcome);
         }
     }
-}
-
-/// Rank 1's device takes a sticky fault, by fault injection, just after its
-/// part of a round was issued, for a call and for a replay. Rank 2's device
-/// is busy for 3 s first, so the round cannot have finished; the deadline
-/// is past that. A faulted device finishes nothing, as a real one does: the
-/// round fails on every rank naming rank 1's fault, and no output or work
-/// after it reads as clean (rules 36, 47, 50).
-#[test]
-fn a_fault_injected_after_a_part_was_issued_fails_its_round() {
-    for outcomes in with_rank_2_busy(Duration::from_secs(5), a_fault_on(1)) {
-        for (rank, outcome) in outcomes.into_iter().enumerate() {
-            fails_as_an_injected_fault(rank, 1, outcome);
-        }
-    }
-}
-
-/// [`a_round_then_work_reading_it`] as a call, then as a replay, over a
-/// group with `deadline`, rank 2's device busy for 3 s before the round.
-fn with_rank_2_busy(
-    deadline: Duration,
-    after: impl Fn(&Rank<Cuda>) + Sync + Copy,
-) -> Vec<Vec<RoundThenWork>> {
-    let _timed = TIMED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    mock().timing(true);
-    mock().kernel_time("copy", Duration::from_secs(3));
-    mock().nccl_model(Duration::from_micros(10), 0.0);
-    let add = kernel("add", ADD);
-    let outcomes = [false, true]
-        .map(|replayed| {
-            let group = Group::over_device(clients(), deadline).expect("a group");
-            a_round_then_work_reading_it(&group, replayed, &add, rank_2_busy, after)
-        })
-        .into();
-    mock().kernel_time("copy", Duration::ZERO);
-    mock().timing(false);
-    outcomes
 }
 
 /// Ranks joined alone: a round waits on the device for a producer busy
