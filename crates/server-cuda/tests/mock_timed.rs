@@ -1,7 +1,8 @@
 //! The timed mock: kernels and collectives that take modelled time. Here
 //! the `ddp_step` bench runs its four schedules side by side over four
-//! ranks, and a round late past the deadline is failed by the watchdog,
-//! with the work issued after it that reads its output.
+//! ranks, and a round late past the deadline or faulted after issue is
+//! failed by the watchdog, with the work issued after it that reads its
+//! output.
 //!
 //! By default it runs at smoke scale, with modelled times near zero: the
 //! bench's code runs and every weight is checked, and scope's schedule
@@ -20,8 +21,6 @@
 mod common;
 #[path = "mock/harness.rs"]
 mod harness;
-#[path = "mock/timed.rs"]
-mod timed;
 
 // The bench's `main` is not called from here.
 #[allow(dead_code)]
@@ -30,15 +29,17 @@ mod ddp_step;
 
 use std::time::{Duration, Instant};
 
-use common::{COPY, bytes, kernel};
+use common::{ADD, COPY, bytes, kernel};
 use ddp_step::{Schedule, Shape};
 use harness::mock;
 use scope_core::collective::device::DeviceCollectives;
 use scope_core::collective::{CollectiveError, Element, Group, Rank, Reduce};
-use scope_core::{Binding, Dispatch, Error};
-use scope_test::inflight::fails_as_a_stalled_round;
+use scope_core::{Binding, Client, Dispatch, Error};
+use scope_test::inflight::{
+    RoundThenWork, a_fault_on, a_round_then_work_reading_it, fails_as_a_stalled_round,
+    fails_as_an_injected_fault,
+};
 use server_cuda::Cuda;
-use timed::{TIMED, busy_before, clients, with_rank_2_busy};
 
 /// What the timed mock is told a step's work costs.
 struct Model {
@@ -194,12 +195,87 @@ fn a_round_late_past_the_deadline_fails_every_rank() {
     let _timed = TIMED
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let clients = clients();
+    rank_2_busy_for(Duration::from_secs(3));
+    a_late_round_fails_every_rank_at_its_deadline();
+    timing_off();
+}
+
+/// A group dropped while rank 2's part of its round waits 3 s waits for
+/// the round on the dropping thread, and the watchdog's one thread, which
+/// never drops a group (a server's sync, a communicator's destroy), keeps
+/// the next group's deadline.
+#[test]
+fn a_group_dropped_in_flight_never_delays_another_groups_deadline() {
+    let _timed = TIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    rank_2_busy_for(Duration::from_secs(3));
+    let group = Group::over_device(clients(), Duration::from_secs(30)).expect("a group");
+    group.run(|rank| {
+        let c = rank.client();
+        let input = c.upload(&bytes(&[1; 64])).unwrap();
+        rank_2_busy(&rank, &input);
+        let output = c.try_allocate(256).unwrap();
+        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+            .expect("the round was issued");
+    });
+    drop(group);
+    a_late_round_fails_every_rank_at_its_deadline();
+    timing_off();
+}
+
+/// A group dropped once its round returned fails the round at its
+/// deadline: a read of its output, through a client kept past the group,
+/// learns `Stalled`, and never waits on the late rank.
+#[test]
+fn a_round_of_a_dropped_group_still_fails_at_its_deadline() {
+    let _timed = TIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    rank_2_busy_for(Duration::from_secs(3));
+    let group = Group::over_device(clients(), Duration::from_millis(300)).expect("a group");
+    let kept = group.run(|rank| {
+        let c = rank.client();
+        let input = c.upload(&bytes(&[1; 64])).unwrap();
+        rank_2_busy(&rank, &input);
+        let output = c.try_allocate(256).unwrap();
+        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+            .expect("the round was issued");
+        (c.clone(), output)
+    });
+    drop(group);
+    for (rank, (c, output)) in kept.into_iter().enumerate() {
+        let error = c
+            .read(&output)
+            .expect_err("no rank reads a round its dropped group never finished");
+        let Error::Collective(failed) = error.root() else {
+            panic!("rank {rank}: {error}");
+        };
+        assert!(
+            matches!(**failed, CollectiveError::Stalled { .. }),
+            "rank {rank}: {error}"
+        );
+    }
+    timing_off();
+}
+
+/// Model rank 2's busy copy as `busy`, and rounds as near instant.
+fn rank_2_busy_for(busy: Duration) {
     mock().timing(true);
-    mock().kernel_time("copy", Duration::from_secs(3));
+    mock().kernel_time("copy", busy);
     mock().nccl_model(Duration::from_micros(10), 0.0);
+}
+
+fn timing_off() {
+    mock().kernel_time("copy", Duration::ZERO);
+    mock().timing(false);
+}
+
+/// A round over fresh clients with a deadline of 300 ms, rank 2 busy past
+/// it, fails on every rank with `Stalled`, every rank but 2 by 2 s.
+fn a_late_round_fails_every_rank_at_its_deadline() {
     let deadline = Duration::from_millis(300);
-    let group = Group::over_device(clients, deadline).expect("a group");
+    let group = Group::over_device(clients(), deadline).expect("a group");
     let started = Instant::now();
     let outcomes = group.run(|rank| {
         let c = rank.client();
@@ -233,8 +309,6 @@ fn a_round_late_past_the_deadline_fails_every_rank() {
         group.broken().is_some(),
         "a round failed in flight breaks the group"
     );
-    mock().kernel_time("copy", Duration::ZERO);
-    mock().timing(false);
 }
 
 /// Work issued after a round that reads the round's output and writes a
@@ -249,6 +323,21 @@ fn work_after_a_round_that_fails_in_flight_carries_its_failure() {
     for outcomes in with_rank_2_busy(Duration::from_millis(300), |_| {}) {
         for (rank, outcome) in outcomes.into_iter().enumerate() {
             fails_as_a_stalled_round(rank, outcome);
+        }
+    }
+}
+
+/// Rank 1's device takes a sticky fault, by fault injection, just after its
+/// part of a round was issued, for a call and for a replay. Rank 2's device
+/// is busy for 3 s first, so the round cannot have finished; the deadline
+/// is past that. A faulted device finishes nothing, as a real one does: the
+/// round fails on every rank naming rank 1's fault, and no output or work
+/// after it reads as clean (rules 36, 47, 50).
+#[test]
+fn a_fault_injected_after_a_part_was_issued_fails_its_round() {
+    for outcomes in with_rank_2_busy(Duration::from_secs(5), a_fault_on(1)) {
+        for (rank, outcome) in outcomes.into_iter().enumerate() {
+            fails_as_an_injected_fault(rank, 1, outcome);
         }
     }
 }
@@ -319,4 +408,56 @@ fn a_ballot_never_waits_behind_a_round_in_flight() {
     mock().kernel_time("copy", Duration::ZERO);
     mock().timing(false);
     mock().assert_clean();
+}
+
+/// The mock's timing is the process's: one test at a time sets it.
+pub static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Four mock devices, one client each.
+pub fn clients() -> Vec<Client<Cuda>> {
+    mock();
+    (0..4)
+        .map(|rank| server_cuda::client_on(rank).expect("a mock device"))
+        .collect()
+}
+
+/// Keep `c`'s stream busy for the copy kernel's modelled time before
+/// `input` is written: a part of a round on `input` starts only after it.
+pub fn busy_before(c: &Client<Cuda>, input: &scope_core::Buffer) {
+    let busy = c.try_allocate(256).unwrap();
+    c.launch(
+        &kernel("copy", COPY),
+        &[Binding::read(&busy), Binding::write(input)],
+        &bytes(&[0]),
+        Dispatch::linear(1),
+    )
+    .unwrap();
+}
+
+/// [`busy_before`] on rank 2 only.
+pub fn rank_2_busy(rank: &Rank<Cuda>, input: &scope_core::Buffer) {
+    if rank.index() == 2 {
+        busy_before(rank.client(), input);
+    }
+}
+
+/// [`a_round_then_work_reading_it`] as a call, then as a replay, over a
+/// group with `deadline`, rank 2's device busy for 3 s before the round.
+pub fn with_rank_2_busy(
+    deadline: Duration,
+    after: impl Fn(&Rank<Cuda>) + Sync + Copy,
+) -> Vec<Vec<RoundThenWork>> {
+    let _timed = TIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    rank_2_busy_for(Duration::from_secs(3));
+    let add = kernel("add", ADD);
+    let outcomes = [false, true]
+        .map(|replayed| {
+            let group = Group::over_device(clients(), deadline).expect("a group");
+            a_round_then_work_reading_it(&group, replayed, &add, rank_2_busy, after)
+        })
+        .into();
+    timing_off();
+    outcomes
 }

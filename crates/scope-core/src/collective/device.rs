@@ -468,7 +468,7 @@ impl<B: DeviceCollectives> watchdog::Part for InFlight<B> {
         unsafe { B::health(&self.communicator) }.map(|()| false)
     }
 
-    fn end(mut self: Box<Self>, waited: Result<()>) {
+    fn end(&mut self, waited: Result<()>) {
         if let Some(pending) = self.pending.take() {
             // What the wait surfaced is settled on the stream.
             let _ = self.client.end_watch(pending, waited);

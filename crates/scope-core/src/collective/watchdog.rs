@@ -7,7 +7,13 @@
 //!    Outputs are claimed before the communicators are aborted, so a peer
 //!    released by the abort never reads the round's bytes as clean.
 //! 3. **The group breaks** (rule 43).
+//! 4. **Dropping a group waits for its rounds**, failing them at its deadline.
+//! 5. **The thread drops nothing that can wait** (a server's sync, a
+//!    communicator's destroy): a second thread does, so one busy device
+//!    never delays another group's deadline.
 
+use std::any::Any;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -28,66 +34,114 @@ pub(super) trait Part: Send {
     /// `Ok(true)` once the part's device work finished; the stream's fault.
     fn finished(&mut self) -> Result<bool>;
 
-    /// End the part's wait with what the poll found.
-    fn end(self: Box<Self>, waited: Result<()>);
+    /// End the part's wait with what the poll found; called once.
+    fn end(&mut self, waited: Result<()>);
 }
 
 /// Something the thread polls until it says it is done.
 trait Watched: Send {
-    /// Whether it is done, at `now`.
+    /// Whether it is done, at `now`; never while its group is being dropped.
     fn poll(&mut self, now: Instant) -> bool;
+
+    /// The address of the group it is watched for.
+    fn group(&self) -> usize;
+
+    /// [`poll`](Self::poll), by the drop of its group, `group`.
+    fn poll_dropping(&mut self, group: &dyn Any, now: Instant) -> bool;
 }
 
-/// The thread's list, and the wake-up for a new entry.
-struct Watchdog {
-    list: Mutex<Vec<Box<dyn Watched>>>,
+/// A thread's list and its wake-up: the watchdog's, or the reaper's.
+struct Watchdog<T> {
+    list: Mutex<Vec<T>>,
     added: Condvar,
+    /// Held by a sweep, so the list is whole when a dropped group takes its own.
+    sweep: Mutex<()>,
+    /// Set when its thread could not start: nothing is kept, to grow unread.
+    orphaned: AtomicBool,
 }
 
-fn watchdog() -> &'static Watchdog {
-    static DOG: OnceLock<&'static Watchdog> = OnceLock::new();
-    DOG.get_or_init(|| {
-        let dog: &'static Watchdog = Box::leak(Box::new(Watchdog {
-            list: Mutex::new(Vec::new()),
-            added: Condvar::new(),
-        }));
-        let spawned = std::thread::Builder::new()
-            .name("scope-watchdog".to_owned())
-            .spawn(move || dog.run());
-        if let Err(error) = spawned {
-            tracing::error!("no watchdog thread ({error}): rounds are polled by their callers");
-        }
-        dog
+static DOG: OnceLock<&'static Watchdog<Box<dyn Watched>>> = OnceLock::new();
+
+fn watchdog() -> &'static Watchdog<Box<dyn Watched>> {
+    DOG.get_or_init(|| Watchdog::spawned("scope-watchdog", Watchdog::run))
+}
+
+fn reaper() -> &'static Watchdog<Box<dyn Send>> {
+    static REAPER: OnceLock<&'static Watchdog<Box<dyn Send>>> = OnceLock::new();
+    REAPER.get_or_init(|| {
+        Watchdog::spawned("scope-reaper", |r| {
+            loop {
+                drop(r.taken());
+            }
+        })
     })
 }
 
-impl Watchdog {
-    fn run(&self) {
+impl<T: Send + 'static> Watchdog<T> {
+    fn spawned(name: &str, run: fn(&'static Self)) -> &'static Self {
+        let dog: &'static Self = Box::leak(Box::new(Self {
+            list: Mutex::new(Vec::new()),
+            added: Condvar::new(),
+            sweep: Mutex::new(()),
+            orphaned: AtomicBool::new(false),
+        }));
+        let spawned = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || run(dog));
+        if let Err(error) = spawned {
+            tracing::error!("no {name} thread: {error}");
+            dog.orphaned.store(true, Ordering::Relaxed);
+        }
+        dog
+    }
+
+    /// The whole list, once it is not empty.
+    fn taken(&self) -> Vec<T> {
+        let mut list = self.list.lock();
+        while list.is_empty() {
+            self.added.wait(&mut list);
+        }
+        std::mem::take(&mut *list)
+    }
+
+    fn add(&self, items: impl IntoIterator<Item = T>) {
+        if self.orphaned.load(Ordering::Relaxed) {
+            return;
+        }
+        self.list.lock().extend(items);
+        self.added.notify_one();
+    }
+}
+
+impl Watchdog<Box<dyn Watched>> {
+    fn run(&'static self) {
         loop {
-            let mut taken = {
-                let mut list = self.list.lock();
-                while list.is_empty() {
-                    self.added.wait(&mut list);
-                }
-                std::mem::take(&mut *list)
-            };
+            let mut taken = self.taken();
+            let sweep = self.sweep.lock();
             // Polled without the list's lock: a poll may claim or abort.
             let now = Instant::now();
-            taken.retain_mut(|watched| !watched.poll(now));
+            let done: Vec<_> = taken.extract_if(.., |watched| watched.poll(now)).collect();
             let empty = {
                 let mut list = self.list.lock();
                 list.append(&mut taken);
                 list.is_empty()
             };
+            drop(sweep);
+            if !done.is_empty() {
+                reaper().add(done.into_iter().map(|d| d as Box<dyn Send>));
+            }
             if !empty {
                 std::thread::sleep(POLL);
             }
         }
     }
 
-    fn add(&self, watched: Box<dyn Watched>) {
-        self.list.lock().push(watched);
-        self.added.notify_one();
+    /// Take out every entry watched for `group`, after the sweep under way.
+    fn extract(&self, group: usize) -> Vec<Box<dyn Watched>> {
+        let _sweep = self.sweep.lock();
+        let mut list = self.list.lock();
+        list.extract_if(.., |watched| watched.group() == group)
+            .collect()
     }
 }
 
@@ -113,30 +167,49 @@ pub(super) enum Writes {
     Graph(Graph),
 }
 
-/// The watchdog's entry for one part.
+/// The watchdog's entry for one part: it holds its group weakly, so the
+/// group's drop is where its user lets go, and waits for its parts.
 struct Watch<B: Backend> {
     group: Weak<Shared<B>>,
     round: u64,
     rank: usize,
     collective: &'static str,
-    part: Option<Box<dyn Part>>,
+    part: Box<dyn Part>,
     until: Instant,
 }
 
 impl<B: Backend> Watched for Watch<B> {
     fn poll(&mut self, now: Instant) -> bool {
-        let Some(part) = self.part.as_mut() else {
-            return true;
-        };
         let Some(shared) = self.group.upgrade() else {
-            return self.end(Ok(()));
+            return false;
         };
+        let done = self.poll_on(&shared, now);
+        if let Some(last) = Arc::into_inner(shared) {
+            // Its drop may wait on a device, or for this very sweep.
+            reaper().add([Box::new(last) as Box<dyn Send>]);
+        }
+        done
+    }
+
+    fn group(&self) -> usize {
+        self.group.as_ptr() as usize
+    }
+
+    fn poll_dropping(&mut self, group: &dyn Any, now: Instant) -> bool {
+        group
+            .downcast_ref::<Shared<B>>()
+            .is_none_or(|shared| self.poll_on(shared, now))
+    }
+}
+
+impl<B: Backend> Watch<B> {
+    fn poll_on(&mut self, shared: &Shared<B>, now: Instant) -> bool {
         if shared.failed_from(self.round) {
             // The failing part claimed this one's output before its abort.
             shared.landed(self.rank, self.round);
             return self.end(Ok(()));
         }
-        let error = match part.finished() {
+        let error = match self.part.finished() {
             Ok(true) => {
                 shared.landed(self.rank, self.round);
                 return self.end(Ok(()));
@@ -156,14 +229,29 @@ impl<B: Backend> Watched for Watch<B> {
         shared.landed(self.rank, self.round);
         self.end(Err(error.into()))
     }
+
+    fn end(&mut self, waited: Result<()>) -> bool {
+        self.part.end(waited);
+        true
+    }
 }
 
-impl<B: Backend> Watch<B> {
-    fn end(&mut self, waited: Result<()>) -> bool {
-        if let Some(part) = self.part.take() {
-            part.end(waited);
+impl<B: Backend> Drop for Shared<B> {
+    /// Rounds in flight run to their end or their deadline, failed there
+    /// as the watchdog would: a read through a client kept past the group
+    /// never waits on a late peer, and no communicator is destroyed busy.
+    fn drop(&mut self) {
+        let Some(dog) = DOG.get() else {
+            return;
+        };
+        let mut mine = dog.extract(std::ptr::from_ref(self) as usize);
+        while !mine.is_empty() {
+            let now = Instant::now();
+            mine.retain_mut(|watched| !watched.poll_dropping(&*self, now));
+            if !mine.is_empty() {
+                std::thread::sleep(POLL);
+            }
         }
-        true
     }
 }
 
@@ -174,14 +262,14 @@ impl<B: Backend> Shared<B> {
         (rank, round, collective): (usize, u64, &'static str),
         part: Box<dyn Part>,
     ) {
-        watchdog().add(Box::new(Watch {
+        watchdog().add([Box::new(Watch {
             group: Arc::downgrade(self),
             round,
             rank,
             collective,
-            part: Some(part),
+            part,
             until: Instant::now() + self.deadline,
-        }));
+        }) as Box<dyn Watched>]);
     }
 
     /// Remember `flight` before its part is issued, so a round failing in
@@ -209,8 +297,7 @@ impl<B: Backend> Shared<B> {
         marked(&self.state.lock(), round)
     }
 
-    /// Rank `rank`'s part of round `round` went out: claimed by whoever
-    /// fails its round from now on.
+    /// Rank `rank`'s part of `round` went out: whoever fails it claims it.
     pub(super) fn issued(&self, rank: usize, round: u64) {
         let mut state = self.state.lock();
         for flight in &mut state.flights {
@@ -229,8 +316,7 @@ impl<B: Backend> Shared<B> {
         }
     }
 
-    /// Wait until no part is in flight, or `until`, so a membership change
-    /// never shrinks a busy communicator.
+    /// Wait until no part is in flight, or `until`: shrink no busy communicator.
     pub(super) fn wait_landed(&self, until: Instant) {
         let mut state = self.state.lock();
         while !state.flights.is_empty() || state.failing > 0 {
