@@ -58,7 +58,8 @@ pub enum Reduce {
     Mean,
 }
 
-/// What a reduction reads the bytes as: little-endian 4-byte words.
+/// What a reduction reads the bytes as, little-endian: every type NCCL
+/// reduces but fp8, whose rounding NCCL leaves to its version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Element {
     /// `f32`.
@@ -67,6 +68,62 @@ pub enum Element {
     I32,
     /// `u32`.
     U32,
+    /// IEEE binary16; combined in `f32`, rounded once (rule 45).
+    F16,
+    /// bfloat16; combined in `f32`, rounded once (rule 45).
+    BF16,
+    /// `f64`.
+    F64,
+    /// `i8`.
+    I8,
+    /// `u8`.
+    U8,
+    /// `i64`.
+    I64,
+    /// `u64`.
+    U64,
+}
+
+impl Element {
+    /// Every element type, in the order a ballot numbers them.
+    pub const ALL: [Element; 10] = [
+        Element::F32,
+        Element::I32,
+        Element::U32,
+        Element::F16,
+        Element::BF16,
+        Element::F64,
+        Element::I8,
+        Element::U8,
+        Element::I64,
+        Element::U64,
+    ];
+
+    /// Bytes per element.
+    pub const fn size(self) -> u64 {
+        match self {
+            Element::I8 | Element::U8 => 1,
+            Element::F16 | Element::BF16 => 2,
+            Element::F32 | Element::I32 | Element::U32 => 4,
+            Element::F64 | Element::I64 | Element::U64 => 8,
+        }
+    }
+
+    /// The type's name, as errors give it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Element::F32 => "f32",
+            Element::I32 => "i32",
+            Element::U32 => "u32",
+            Element::F16 => "f16",
+            Element::BF16 => "bf16",
+            Element::F64 => "f64",
+            Element::I8 => "i8",
+            Element::U8 => "u8",
+            Element::I64 => "i64",
+            Element::U64 => "u64",
+        }
+    }
 }
 
 /// Copy `src` on one device into `dst` on another, through the host (rule 46).
@@ -163,14 +220,38 @@ impl Call {
         }
     }
 
+    /// What a length must be whole of: 4-byte words, as every host copy
+    /// moves, and a reduction's elements.
+    pub fn unit(self) -> u64 {
+        match self {
+            Call::AllReduce { element, .. } | Call::ReduceScatter { element, .. } => {
+                element.size().max(4)
+            }
+            _ => 4,
+        }
+    }
+
+    /// What a length must be whole of, in words.
+    fn units(self) -> String {
+        match self {
+            Call::AllReduce { element, .. } | Call::ReduceScatter { element, .. }
+                if element.size() > 4 =>
+            {
+                format!("{} elements", element.name())
+            }
+            _ => "4-byte words".to_owned(),
+        }
+    }
+
     /// The output length for `input` bytes over `ranks`, or why none.
     fn output_len(self, input: u64, ranks: u64) -> std::result::Result<u64, String> {
         let divisible = |what: &str| {
-            if input.is_multiple_of(4 * ranks) {
+            if input.is_multiple_of(self.unit() * ranks) {
                 Ok(input / ranks)
             } else {
                 Err(format!(
-                    "passed {input} input bytes to {what}, which are not {ranks} equal parts of whole words"
+                    "passed {input} input bytes to {what}, which are not {ranks} equal parts of whole {}",
+                    self.units()
                 ))
             }
         };
@@ -544,10 +625,12 @@ impl<B: Backend> Rank<B> {
             return Some(format!("named root {root} in a group of {ranks}"));
         }
         let len = input.range.end.saturating_sub(input.range.start);
-        if input.range.end < input.range.start || len == 0 || !len.is_multiple_of(4) {
+        if input.range.end < input.range.start || len == 0 || !len.is_multiple_of(kind.unit()) {
             return Some(format!(
-                "passed input bytes {}..{}, not whole 4-byte words",
-                input.range.start, input.range.end
+                "passed input bytes {}..{}, not whole {}",
+                input.range.start,
+                input.range.end,
+                kind.units()
             ));
         }
         let out = output.range.end.saturating_sub(output.range.start);

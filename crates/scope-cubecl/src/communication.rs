@@ -42,16 +42,24 @@ use smallvec::SmallVec;
 use crate::backend::CubeBackend;
 use crate::error::external;
 
-/// The element types a group reduces: scope's collectives reduce 4-byte words.
+/// cubecl's element types that are scope's, which a group reduces.
+const ELEMENTS: [(ElemType, Element); 10] = [
+    (ElemType::Float(FloatKind::F32), Element::F32),
+    (ElemType::Float(FloatKind::F16), Element::F16),
+    (ElemType::Float(FloatKind::BF16), Element::BF16),
+    (ElemType::Float(FloatKind::F64), Element::F64),
+    (ElemType::Int(IntKind::I8), Element::I8),
+    (ElemType::Int(IntKind::I32), Element::I32),
+    (ElemType::Int(IntKind::I64), Element::I64),
+    (ElemType::UInt(UIntKind::U8), Element::U8),
+    (ElemType::UInt(UIntKind::U32), Element::U32),
+    (ElemType::UInt(UIntKind::U64), Element::U64),
+];
+
+/// The element types a group reduces: every one [`ELEMENTS`] maps.
 pub(crate) fn transport() -> DeviceTransport {
     DeviceTransport {
-        reduces: [
-            ElemType::Float(FloatKind::F32),
-            ElemType::Int(IntKind::I32),
-            ElemType::UInt(UIntKind::U32),
-        ]
-        .into_iter()
-        .collect(),
+        reduces: ELEMENTS.iter().map(|(dtype, _)| *dtype).collect(),
     }
 }
 
@@ -280,17 +288,12 @@ impl Kind {
 /// The element and combination a reduction of `dtype` by `op` is, when
 /// scope reduces it.
 pub(crate) fn reduction(dtype: ElemType, op: ReduceOperation) -> Option<(Element, Reduce)> {
-    let element = match dtype {
-        ElemType::Float(FloatKind::F32) => Element::F32,
-        ElemType::Int(IntKind::I32) => Element::I32,
-        ElemType::UInt(UIntKind::U32) => Element::U32,
-        _ => return None,
-    };
+    let (_, element) = ELEMENTS.iter().find(|(known, _)| *known == dtype)?;
     let op = match op {
         ReduceOperation::Sum => Reduce::Sum,
         ReduceOperation::Mean => Reduce::Mean,
     };
-    Some((element, op))
+    Some((*element, op))
 }
 
 /// `bytes` in `chunks` equal chunks, each padded with zeros to whole words.

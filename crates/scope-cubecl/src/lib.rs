@@ -38,7 +38,7 @@
 //! scope's failure rules across devices (`docs/ERROR_MODEL.md` 41–46). A part refused on its
 //! device leaves its destination carrying the refusal, and a failed part breaks its group.
 //! [`communication_counts`] lets `tests/collectives.rs` fail a family that moved nothing.
-//! Reductions take 4-byte words. Ranks in other processes are out of reach.
+//! Reductions take scope's element types (rule 45). Ranks in other processes are out of reach.
 //!
 //! The Vulkan server compiles cubecl's kernels as WGSL by default. Under
 //! `SCOPE_CUBECL_VULKAN=spirv`, a kernel with workgroup memory and a barrier crashes lavapipe.

@@ -20,8 +20,11 @@
 
 use std::sync::Mutex;
 
-use cubecl_common::device::DeviceId;
+use cubecl_common::device::{Device, DeviceId};
+use cubecl_core::ir::{ElemType, FloatKind, IntKind, UIntKind};
+use cubecl_runtime::client::{ClientGroup, MemberBuffers};
 use cubecl_runtime::runtime::Runtime;
+use cubecl_runtime::server::ReduceOperation;
 use scope_cubecl::{
     CommunicationCounts, CubeBackend, ScopeRuntime, communication_counts,
     split_into_logical_devices,
@@ -182,8 +185,101 @@ macro_rules! families {
                 collectives::test_an_all_to_all_reads_and_writes_at_offsets,
                 4
             );
+
+            #[test]
+            fn every_scope_element_type_all_reduces() {
+                crate::run::<$backend>(
+                    "every_scope_element_type_all_reduces",
+                    4,
+                    crate::every_element_type::<$backend>,
+                );
+            }
         }
     };
+}
+
+/// Four members' 8 values of `dtype`, member `m`'s value `i` being
+/// `1 + (m + i) % 3`: every partial sum and mean exact in every type.
+fn member_values(member: usize) -> Vec<f64> {
+    (0..8).map(|i| 1.0 + ((member + i) % 3) as f64).collect()
+}
+
+/// `values` as `dtype`'s bytes.
+fn encoded(dtype: ElemType, values: &[f64]) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|&v| match dtype {
+            ElemType::Float(FloatKind::F16) => half::f16::from_f64(v).to_le_bytes().to_vec(),
+            ElemType::Float(FloatKind::BF16) => half::bf16::from_f64(v).to_le_bytes().to_vec(),
+            ElemType::Float(FloatKind::F32) => (v as f32).to_le_bytes().to_vec(),
+            ElemType::Float(FloatKind::F64) => v.to_le_bytes().to_vec(),
+            ElemType::Int(IntKind::I8) => (v as i8).to_le_bytes().to_vec(),
+            ElemType::Int(IntKind::I32) => (v as i32).to_le_bytes().to_vec(),
+            ElemType::Int(IntKind::I64) => (v as i64).to_le_bytes().to_vec(),
+            ElemType::UInt(UIntKind::U8) => (v as u8).to_le_bytes().to_vec(),
+            ElemType::UInt(UIntKind::U32) => (v as u32).to_le_bytes().to_vec(),
+            ElemType::UInt(UIntKind::U64) => (v as u64).to_le_bytes().to_vec(),
+            other => panic!("no encoding for {other:?}"),
+        })
+        .collect()
+}
+
+/// cubecl's `ClientGroup::all_reduce` of every element type scope reduces,
+/// summed and averaged over the four logical devices: each member holds
+/// the documented result (rule 45); an integer mean truncates.
+fn every_element_type<B: CubeBackend>() {
+    let clients = ScopeRuntime::<B>::enumerate_devices(0)
+        .iter()
+        .map(|id| ScopeRuntime::<B>::client(&<ScopeRuntime<B> as Runtime>::Device::from_id(*id)))
+        .collect();
+    let group = ClientGroup::new(clients).expect("a group over scope's transport");
+    let members = group.clients().len();
+    let floats = [
+        FloatKind::F16,
+        FloatKind::BF16,
+        FloatKind::F32,
+        FloatKind::F64,
+    ];
+    let types = floats.map(ElemType::Float).into_iter().chain([
+        ElemType::Int(IntKind::I8),
+        ElemType::Int(IntKind::I32),
+        ElemType::Int(IntKind::I64),
+        ElemType::UInt(UIntKind::U8),
+        ElemType::UInt(UIntKind::U32),
+        ElemType::UInt(UIntKind::U64),
+    ]);
+    for dtype in types {
+        assert!(group.reduces(dtype), "scope's transport reduces {dtype:?}");
+        for op in [ReduceOperation::Sum, ReduceOperation::Mean] {
+            let buffers: Vec<MemberBuffers> = group
+                .clients()
+                .iter()
+                .enumerate()
+                .map(|(member, client)| MemberBuffers {
+                    src: client.create_from_slice(&encoded(dtype, &member_values(member))),
+                    dst: client.create_from_slice(&encoded(dtype, &[0.0; 8])),
+                })
+                .collect();
+            let destinations: Vec<_> = buffers.iter().map(|b| b.dst.clone()).collect();
+            group.all_reduce(buffers, dtype, op);
+            let sums = (0..8).map(|i| (0..members).map(|m| member_values(m)[i]).sum::<f64>());
+            let expected: Vec<f64> = match op {
+                ReduceOperation::Sum => sums.collect(),
+                ReduceOperation::Mean if matches!(dtype, ElemType::Float(_)) => {
+                    sums.map(|s| s / members as f64).collect()
+                }
+                ReduceOperation::Mean => sums.map(|s| (s / members as f64).trunc()).collect(),
+            };
+            for (member, (client, dst)) in group.clients().iter().zip(destinations).enumerate() {
+                let got = client.read_one(dst).expect("a clean all-reduce reads");
+                assert_eq!(
+                    got[..],
+                    encoded(dtype, &expected)[..],
+                    "member {member}: {dtype:?} {op:?}"
+                );
+            }
+        }
+    }
 }
 
 families!(wgpu, server_wgpu::Wgpu);

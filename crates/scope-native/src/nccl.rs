@@ -303,11 +303,19 @@ fn aborted(library: &'static str, call: &'static str) -> Error {
     .into()
 }
 
+/// `ncclDataType_t`, the same numbers in RCCL.
 fn data_type(element: Element) -> c_int {
     match element {
+        Element::I8 => 0,
+        Element::U8 => 1,
         Element::I32 => 2,
         Element::U32 => 3,
+        Element::I64 => 4,
+        Element::U64 => 5,
+        Element::F16 => 6,
         Element::F32 => 7,
+        Element::F64 => 8,
+        Element::BF16 => 9,
     }
 }
 
@@ -321,9 +329,7 @@ fn operation(op: Reduce) -> c_int {
     }
 }
 
-/// `ncclUint32`, for the calls that only move words.
-const WORDS: c_int = 3;
-/// `ncclInt8`, for transfers of bytes.
+/// `ncclInt8`, for the calls and transfers that only move bytes.
 const BYTES: c_int = 0;
 
 impl Communicator {
@@ -550,7 +556,13 @@ impl Communicator {
         ranks: usize,
         stream: *mut c_void,
     ) -> Result<()> {
-        let words = |bytes: u64| (bytes / 4) as usize;
+        // A reduction counts its elements; a call that only moves bytes, bytes.
+        let count = |bytes: u64| match call {
+            Call::AllReduce { element, .. } | Call::ReduceScatter { element, .. } => {
+                (bytes / element.size()) as usize
+            }
+            _ => bytes as usize,
+        };
         let (send_ptr, recv_ptr) = (send as *const c_void, recv as *mut c_void);
         let t = &self.table;
         let (name, issued) = {
@@ -568,7 +580,7 @@ impl Communicator {
                         (t.all_reduce)(
                             send_ptr,
                             recv_ptr,
-                            words(send_bytes),
+                            count(send_bytes),
                             data_type(element),
                             operation(op),
                             comm,
@@ -577,14 +589,14 @@ impl Communicator {
                     ),
                     Call::AllGather => (
                         "ncclAllGather",
-                        (t.all_gather)(send_ptr, recv_ptr, words(send_bytes), WORDS, comm, stream),
+                        (t.all_gather)(send_ptr, recv_ptr, count(send_bytes), BYTES, comm, stream),
                     ),
                     Call::ReduceScatter { element, op } => (
                         "ncclReduceScatter",
                         (t.reduce_scatter)(
                             send_ptr,
                             recv_ptr,
-                            words(recv_bytes),
+                            count(recv_bytes),
                             data_type(element),
                             operation(op),
                             comm,
@@ -596,8 +608,8 @@ impl Communicator {
                         (t.broadcast)(
                             send_ptr,
                             recv_ptr,
-                            words(send_bytes),
-                            WORDS,
+                            count(send_bytes),
+                            BYTES,
                             c_int::try_from(root).unwrap_or(c_int::MAX),
                             comm,
                             stream,
@@ -608,8 +620,8 @@ impl Communicator {
                         (t.all_to_all)(
                             send_ptr,
                             recv_ptr,
-                            words(send_bytes) / ranks.max(1),
-                            WORDS,
+                            count(send_bytes) / ranks.max(1),
+                            BYTES,
                             comm,
                             stream,
                         ),

@@ -51,8 +51,8 @@
  *    the bytes the call touches;
  *  - a recorded call whose replays disagree across ranks, or that a
  *    replay posts on an aborted communicator;
- *  - a data type other than int32, uint32 and float32 (int8 too for a
- *    send or receive), an unknown operation;
+ *  - a data type NCCL does not number (0 to 9, ncclInt8 to ncclBfloat16),
+ *    an unknown operation;
  *  - a send or receive whose peer is outside the communicator or the rank
  *    itself, halves of one transfer of different lengths, or a transfer
  *    on a capturing stream.
@@ -85,6 +85,14 @@
  * taking a sequence number: each replay of its graph posts it then, as
  * the next call of its communicator, as NCCL's captured kernels run.
  *
+ * A reduction combines the ranks' elements in rank order (rank 0's, then
+ * rank 1's, ...), in the arithmetic NCCL's kernels use, so that a test can
+ * expect NCCL's bits: integer sums and products wrap, and their average
+ * is the wrapped sum divided by the ranks, truncating; float32 and float64
+ * add in their own type; float16 and bfloat16 combine in float and round
+ * to 16 bits at every step. A minimum or maximum of floats takes the
+ * number over a NaN, as fminf and fmaxf do.
+ *
  * Every entry point takes one process-wide lock.
  */
 #include <errno.h>
@@ -105,7 +113,13 @@ enum {
   SUCCESS = 0, UNHANDLED_CUDA = 1, SYSTEM = 2, INTERNAL = 3, INVALID_ARGUMENT = 4,
   INVALID_USAGE = 5, REMOTE = 6, IN_PROGRESS = 7
 };
-enum { INT8 = 0, INT32 = 2, UINT32 = 3, FLOAT32 = 7 };
+/* ncclDataType_t, and each type's element size: NCCL counts elements. */
+enum { INT8, UINT8, INT32, UINT32, INT64, UINT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 };
+static const size_t ELEMENT_SIZES[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
+/* The element size of `dtype`; 0 for a type NCCL does not number. */
+static size_t element_size(int dtype) {
+  return dtype >= INT8 && dtype <= BFLOAT16 ? ELEMENT_SIZES[dtype] : 0;
+}
 enum { SUM = 0, PROD = 1, MAX = 2, MIN = 3, AVG = 4 };
 enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, ALL_TO_ALL };
 static const char *CALLS[] = {"ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast",
@@ -959,63 +973,165 @@ int ncclCommDestroy(comm *m) {
 /* ----- the collectives ----- */
 
 static size_t send_bytes(const post *p, int n) {
+  size_t bytes = p->count * element_size(p->dtype);
   switch (p->kind) {
-    case ALL_REDUCE: case ALL_GATHER: case BROADCAST: return p->count * 4;
-    default: return p->count * 4 * (size_t)n; /* reduce-scatter, all-to-all */
+    case ALL_REDUCE: case ALL_GATHER: case BROADCAST: return bytes;
+    default: return bytes * (size_t)n; /* reduce-scatter, all-to-all */
   }
 }
 static size_t recv_bytes(const post *p, int n) {
+  size_t bytes = p->count * element_size(p->dtype);
   switch (p->kind) {
-    case ALL_REDUCE: case REDUCE_SCATTER: case BROADCAST: return p->count * 4;
-    default: return p->count * 4 * (size_t)n; /* all-gather, all-to-all */
+    case ALL_REDUCE: case REDUCE_SCATTER: case BROADCAST: return bytes;
+    default: return bytes * (size_t)n; /* all-gather, all-to-all */
   }
 }
 
-/* Fold word `from + i` of every rank's send buffer into acc[i], i < words:
- * the operation chosen once, outside the loop, so the mock's own host work
- * for a call stays small beside the time the call models. */
+/* The 16-bit floats, by hand: the harnesses link no libm, and C11 has no
+ * such types. NCCL reduces them in float, rounding to 16 bits at every
+ * step, so these are the only arithmetic the mock needs. */
+static float half_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (e == 0x1f) {
+    bits = sign | 0x7f800000 | man << 13; /* infinity, or NaN with its payload */
+  } else if (e) {
+    bits = sign | (e + 127 - 15) << 23 | man << 13;
+  } else {
+    /* Zero or subnormal: man units of 2^-24, exact in float. */
+    float f = (float)man * (1.0f / 16777216.0f);
+    return sign ? -f : f;
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+/* Rounded to the nearest binary16, ties to even: what __float2half does. */
+static uint16_t float_to_half(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+  uint32_t a = x & 0x7fffffff;
+  if (a > 0x7f800000) return sign | 0x7e00 | (uint16_t)((a >> 13) & 0x3ff); /* NaN, made quiet */
+  if (a >= 0x47800000) return sign | 0x7c00; /* 2^16 and up, and infinity */
+  if (a >= 0x38800000) {
+    /* A normal half (2^-14 and up): rebias the exponent and round off 13
+     * bits; a carry out of the mantissa steps the exponent, and from 65520
+     * up to infinity (0x7c00), as it should. */
+    uint32_t m = a - ((uint32_t)(127 - 15) << 23);
+    m += 0xfff + ((m >> 13) & 1);
+    return sign | (uint16_t)(m >> 13);
+  }
+  /* A subnormal half: units of 2^-24. Below 2^-25 (and at it, a tie to
+   * even zero) rounds to zero; a carry to 0x400 is the least normal. */
+  int e = (int)(a >> 23);
+  if (e < 102) return sign;
+  uint32_t m = (a & 0x7fffff) | 0x800000;
+  int shift = 126 - e; /* 14 to 24 */
+  uint32_t q = m >> shift, rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+  if (rest > half || (rest == half && (q & 1))) q++;
+  return sign | (uint16_t)q;
+}
+static float bf16_to_float(uint16_t h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+/* Rounded to the nearest bfloat16, ties to even: what __float2bfloat16
+ * does. A carry rounds the largest floats up to infinity, as it should. */
+static uint16_t float_to_bf16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40); /* NaN, made quiet */
+  x += 0x7fff + ((x >> 16) & 1);
+  return (uint16_t)(x >> 16);
+}
+/* fmaxf's and fminf's choice of v over a, without libm: the number wins
+ * over a NaN. */
+static inline int takes_max(float a, float v) { return v > a || a != a; }
+static inline int takes_min(float a, float v) { return v < a || a != a; }
+
+/* Fold element `from + i` of every rank's send buffer, in rank order,
+ * into acc's element i, i < count: the operation chosen once, outside the
+ * loop, so the mock's own host work for a call stays small beside the time
+ * the call models. memcpy, as a buffer's elements need not be aligned. */
 #define FOLD(T, COMBINE)                                                      \
   for (int r = 1; r < n; r++) {                                               \
-    const char *src = (const char *)k->posts[r].send + from * 4;              \
-    for (size_t i = 0; i < words; i++) {                                      \
+    const char *src = (const char *)k->posts[r].send + from * sizeof(T);      \
+    for (size_t i = 0; i < count; i++) {                                      \
       T a, v;                                                                 \
-      memcpy(&a, &acc[i], 4);                                                 \
-      memcpy(&v, src + i * 4, 4);                                             \
+      memcpy(&a, acc + i * sizeof(T), sizeof(T));                             \
+      memcpy(&v, src + i * sizeof(T), sizeof(T));                             \
       a = COMBINE;                                                            \
-      memcpy(&acc[i], &a, 4);                                                 \
+      memcpy(acc + i * sizeof(T), &a, sizeof(T));                             \
     }                                                                         \
   }
-/* Sums and products of integers wrap: unsigned, whatever the type. */
-#define FOLD_ALL(T, ARITH)                                                    \
-  switch (p0->op) {                                                           \
-    case SUM: case AVG: FOLD(ARITH, a + v) break;                             \
-    case PROD: FOLD(ARITH, a * v) break;                                      \
-    case MAX: FOLD(T, v > a ? v : a) break;                                   \
-    case MIN: FOLD(T, v < a ? v : a) break;                                   \
+/* Avg's last step: every element of the sum, divided by the ranks. */
+#define DIVIDE(T, QUOTIENT)                                                   \
+  if (p0->op == AVG)                                                          \
+    for (size_t i = 0; i < count; i++) {                                      \
+      T a;                                                                    \
+      memcpy(&a, acc + i * sizeof(T), sizeof(T));                             \
+      a = QUOTIENT;                                                           \
+      memcpy(acc + i * sizeof(T), &a, sizeof(T));                             \
+    }
+/* Integers of type T: sums and products wrap (in U, the unsigned type of
+ * T's width), Min and Max compare as T, and Avg divides the wrapped sum
+ * as T does, truncating. */
+#define REDUCE_INT(T, U)                                                      \
+  {                                                                           \
+    switch (p0->op) {                                                         \
+      case SUM: case AVG: FOLD(U, (U)(a + v)) break;                          \
+      case PROD: FOLD(U, (U)(a * v)) break;                                   \
+      case MAX: FOLD(T, v > a ? v : a) break;                                 \
+      case MIN: FOLD(T, v < a ? v : a) break;                                 \
+    }                                                                         \
+    DIVIDE(T, (T)(a / n))                                                     \
   }
-static void reduce_words(uint32_t *acc, const call *k, int n, size_t from, size_t words) {
+/* float and double, in their own arithmetic. */
+#define REDUCE_FLOAT(T)                                                       \
+  {                                                                           \
+    switch (p0->op) {                                                         \
+      case SUM: case AVG: FOLD(T, a + v) break;                               \
+      case PROD: FOLD(T, a * v) break;                                        \
+      case MAX: FOLD(T, v > a || a != a ? v : a) break;                       \
+      case MIN: FOLD(T, v < a || a != a ? v : a) break;                       \
+    }                                                                         \
+    DIVIDE(T, a / (T)n)                                                       \
+  }
+/* float16 and bfloat16: combined in float, rounded back at every step.
+ * A minimum or maximum is one of its operands, so it keeps its bits. */
+#define REDUCE_16(WIDEN, NARROW)                                              \
+  {                                                                           \
+    switch (p0->op) {                                                         \
+      case SUM: case AVG: FOLD(uint16_t, NARROW(WIDEN(a) + WIDEN(v))) break;  \
+      case PROD: FOLD(uint16_t, NARROW(WIDEN(a) * WIDEN(v))) break;           \
+      case MAX: FOLD(uint16_t, takes_max(WIDEN(a), WIDEN(v)) ? v : a) break;  \
+      case MIN: FOLD(uint16_t, takes_min(WIDEN(a), WIDEN(v)) ? v : a) break;  \
+    }                                                                         \
+    DIVIDE(uint16_t, NARROW(WIDEN(a) / (float)n))                             \
+  }
+static void reduce(char *acc, const call *k, int n, size_t from, size_t count) {
   const post *p0 = &k->posts[0];
-  memcpy(acc, (const char *)p0->send + from * 4, words * 4);
-  if (p0->dtype == FLOAT32) {
-    FOLD_ALL(float, float)
-    if (p0->op == AVG)
-      for (size_t i = 0; i < words; i++) {
-        float a;
-        memcpy(&a, &acc[i], 4);
-        a /= (float)n;
-        memcpy(&acc[i], &a, 4);
-      }
-  } else if (p0->dtype == INT32) {
-    FOLD_ALL(int32_t, uint32_t)
-    if (p0->op == AVG)
-      for (size_t i = 0; i < words; i++) acc[i] = (uint32_t)((int32_t)acc[i] / n);
-  } else {
-    FOLD_ALL(uint32_t, uint32_t)
-    if (p0->op == AVG)
-      for (size_t i = 0; i < words; i++) acc[i] /= (uint32_t)n;
+  size_t size = element_size(p0->dtype);
+  memcpy(acc, (const char *)p0->send + from * size, count * size);
+  switch (p0->dtype) {
+    case INT8: REDUCE_INT(int8_t, uint8_t) break;
+    case UINT8: REDUCE_INT(uint8_t, uint8_t) break;
+    case INT32: REDUCE_INT(int32_t, uint32_t) break;
+    case UINT32: REDUCE_INT(uint32_t, uint32_t) break;
+    case INT64: REDUCE_INT(int64_t, uint64_t) break;
+    case UINT64: REDUCE_INT(uint64_t, uint64_t) break;
+    case FLOAT16: REDUCE_16(half_to_float, float_to_half) break;
+    case FLOAT32: REDUCE_FLOAT(float) break;
+    case FLOAT64: REDUCE_FLOAT(double) break;
+    case BFLOAT16: REDUCE_16(bf16_to_float, float_to_bf16) break;
   }
 }
-#undef FOLD_ALL
+#undef REDUCE_16
+#undef REDUCE_FLOAT
+#undef REDUCE_INT
+#undef DIVIDE
 #undef FOLD
 
 /* Every rank posted: compute every output, then write them (a send buffer
@@ -1024,14 +1140,14 @@ static void run(call *k, int n) {
   const post *p0 = &k->posts[0];
   char *out[MAX_RANKS];
   for (int r = 0; r < n; r++) out[r] = malloc(recv_bytes(&k->posts[r], n) + 1);
-  size_t words = p0->count, part = p0->count * 4;
+  size_t count = p0->count, part = count * element_size(p0->dtype);
   switch (p0->kind) {
     case ALL_REDUCE:
-      reduce_words((uint32_t *)out[0], k, n, 0, words);
+      reduce(out[0], k, n, 0, count);
       for (int r = 1; r < n; r++) memcpy(out[r], out[0], part);
       break;
     case REDUCE_SCATTER:
-      for (int r = 0; r < n; r++) reduce_words((uint32_t *)out[r], k, n, (size_t)r * words, words);
+      for (int r = 0; r < n; r++) reduce(out[r], k, n, (size_t)r * count, count);
       break;
     case ALL_GATHER:
       for (int r = 0; r < n; r++)
@@ -1172,11 +1288,21 @@ static int place_shared_call(const shared_issue *h) {
   return SUCCESS;
 }
 
+/* A type NCCL does not number (whose bytes the mock cannot count), or an
+ * operation it does not know: a violation. */
+static int refuse_type(const char *name, int dtype, int op) {
+  if (!element_size(dtype)) return refuse(INVALID_ARGUMENT, "%s: data type %d", name, dtype);
+  if (op < SUM || op > AVG) return refuse(INVALID_ARGUMENT, "%s: operation %d", name, op);
+  return SUCCESS;
+}
+
 /* A post of a communicator in shared mode (the caller holds `lock`). */
 static int post_shared(comm *m, int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
                        void *stream, unsigned long long stream_seq) {
   const char *name = CALLS[kind];
   shared_clique *sh = m->sh;
+  int bad = refuse_type(name, dtype, op);
+  if (bad) return bad;
   int capturing = stream_seq ? 0 : stream_capturing(stream);
   if (capturing < 0) return refuse(INVALID_USAGE, "%s on a stream that is not a live stream", name);
   post p = {1, kind, dtype, op, root, count, send, recv, stream, 0, NULL};
@@ -1233,9 +1359,8 @@ static int post_call(comm *m, int kind, const void *send, void *recv, size_t cou
   /* A peer aborted: NCCL answers the communicator's error (not a misuse). */
   if (c->aborted) return REMOTE;
   if (c->joined < n) return refuse(INVALID_USAGE, "%s before every rank joined the communicator", name);
-  if (dtype != INT32 && dtype != UINT32 && dtype != FLOAT32)
-    return refuse(INVALID_ARGUMENT, "%s: data type %d (the mock moves int32, uint32 and float32)", name, dtype);
-  if (op < SUM || op > AVG) return refuse(INVALID_ARGUMENT, "%s: operation %d", name, op);
+  bad = refuse_type(name, dtype, op);
+  if (bad) return bad;
   if (kind == BROADCAST && (root < 0 || root >= n)) return refuse(INVALID_ARGUMENT, "%s: root %d of %d", name, root, n);
   int capturing = stream_seq ? 0 : stream_capturing(stream);
   if (capturing < 0) return refuse(INVALID_USAGE, "%s on a stream that is not a live stream", name);
@@ -1301,7 +1426,7 @@ static int place(comm *m, unsigned long long seq, post p) {
     run(k, n);
     void *parts[MAX_RANKS];
     for (int r = 0; r < n; r++) parts[r] = k->posts[r].part;
-    join_parts(c, parts, n, p.count * 4);
+    join_parts(c, parts, n, p.count * element_size(p.dtype));
     for (call **at = &c->calls; *at; at = &(*at)->next)
       if (*at == k) { *at = k->next; break; }
     for (int r = 0; r < n; r++) part_closed(k->posts[r].stream, k->posts[r].seq);
@@ -1448,9 +1573,8 @@ static int post_transfer(comm *m, int is_send, void *buf, size_t count, int dtyp
   int n = m->sh ? m->sh->nranks : m->c->nranks;
   if (peer < 0 || peer >= n || peer == m->rank)
     return refuse(INVALID_ARGUMENT, "%s on rank %d: peer %d of %d", name, m->rank, peer, n);
-  if (dtype != INT8 && dtype != INT32 && dtype != UINT32 && dtype != FLOAT32)
-    return refuse(INVALID_ARGUMENT, "%s: data type %d", name, dtype);
-  size_t bytes = count * (dtype == INT8 ? 1 : 4);
+  if (!element_size(dtype)) return refuse(INVALID_ARGUMENT, "%s: data type %d", name, dtype);
+  size_t bytes = count * element_size(dtype);
   if (stream_capturing(stream) != 0)
     return refuse(INVALID_USAGE, "%s on a stream that is capturing or not a live stream", name);
   if (!device_range(buf, bytes))

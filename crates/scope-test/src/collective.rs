@@ -848,5 +848,6 @@ macro_rules! collective_tests {
         $crate::behaviour! { $suite, collective::a_sender_ahead_of_a_silent_receiver_holds_a_bounded_mailbox }
         $crate::behaviour! { $suite, collective::a_failed_device_call_breaks_the_group, DeviceCollectives }
         $crate::behaviour! { $suite, collective::copies_across_devices_carry_failures }
+        $crate::element_tests! { $suite }
     };
 }

@@ -23,6 +23,7 @@ pub mod collective;
 pub mod contract;
 pub mod dataflow;
 pub mod device;
+pub mod elements;
 pub mod features;
 pub mod host;
 pub mod inflight;

@@ -49,6 +49,8 @@ use scope_core::Slice;
 use scope_core::collective::device::DeviceCollectives;
 use scope_core::collective::{CollectiveError, Element, Rank, Reduce};
 
+use crate::elements::wrapped;
+
 /// The seeds every suite runs. The group's size is one more than the seed's remainder by four
 /// ([`ranks_for`]). So these are four, three, two, one and four ranks.
 pub const ROUND_SEEDS: [u64; 5] = [3, 6, 9, 12, 0x0dd_ba13];
@@ -306,11 +308,15 @@ impl Round {
                 locals
             })
             .collect();
-        let element = if rng.chance(50) {
-            Element::U32
-        } else {
-            Element::I32
-        };
+        // The integer types, which the oracle computes exactly on words.
+        let element = [
+            Element::I8,
+            Element::U8,
+            Element::I32,
+            Element::U32,
+            Element::I64,
+            Element::U64,
+        ][rng.index(6)];
         let op = [
             Reduce::Sum,
             Reduce::Prod,
@@ -373,30 +379,58 @@ struct Oracle {
     held: Vec<Vec<Held>>,
 }
 
-fn combine(element: Element, op: Reduce, a: u32, b: u32) -> u32 {
-    let signed = element == Element::I32;
-    match op {
-        Reduce::Sum | Reduce::Mean => a.wrapping_add(b),
-        Reduce::Prod => a.wrapping_mul(b),
-        Reduce::Min if signed => (a as i32).min(b as i32) as u32,
-        Reduce::Max if signed => (a as i32).max(b as i32) as u32,
-        Reduce::Min => a.min(b),
-        Reduce::Max => a.max(b),
-    }
-}
-
-/// `words[0] op words[1] op …`, then the mean's division, truncating as the element's own does.
-fn reduce_words(element: Element, op: Reduce, words: &[u32]) -> u32 {
-    let total = words[1..]
-        .iter()
-        .fold(words[0], |acc, &w| combine(element, op, acc, w));
-    if op != Reduce::Mean {
-        return total;
-    }
-    let n = words.len() as u32;
-    match element {
-        Element::I32 => (total as i32).wrapping_div(n as i32) as u32,
-        _ => total / n,
+/// Word `i` of the reduction of every rank's `rows` (rule 45), folded in
+/// rank order in the type, wrapping. The word holds four 8-bit lanes, one
+/// 32-bit element, or half of a 64-bit one (`i ^ 1` is the other half).
+fn reduce_word(element: Element, op: Reduce, rows: &[&[u32]], i: usize) -> u32 {
+    let bits = 8 * element.size() as u32;
+    let signed = matches!(element, Element::I8 | Element::I32 | Element::I64);
+    let fold = |lanes: Vec<i128>| -> i128 {
+        let total = lanes[1..].iter().fold(lanes[0], |acc, &v| {
+            wrapped(
+                element,
+                match op {
+                    Reduce::Sum | Reduce::Mean => acc + v,
+                    Reduce::Prod => acc.wrapping_mul(v),
+                    Reduce::Min => acc.min(v),
+                    Reduce::Max => acc.max(v),
+                },
+            )
+        });
+        if op == Reduce::Mean {
+            total / lanes.len() as i128
+        } else {
+            total
+        }
+    };
+    // Lane `shift` of `x`, `bits` wide, as the type reads it.
+    let lane = |x: u64, shift: u32| -> i128 {
+        let raw = (x >> shift) & (u64::MAX >> (64 - bits));
+        if signed {
+            wrapped(element, i128::from(raw))
+        } else {
+            i128::from(raw)
+        }
+    };
+    let to_word = |v: i128, shift: u32| ((v as u64) & (u64::MAX >> (64 - bits))) << shift;
+    match bits {
+        64 => {
+            let low = i & !1;
+            let whole = |row: &[u32]| u64::from(row[low]) | (u64::from(row[low + 1]) << 32);
+            let v = fold(rows.iter().map(|row| lane(whole(row), 0)).collect());
+            (v as u64 >> (32 * (i & 1))) as u32
+        }
+        _ => (0..32 / bits)
+            .map(|k| {
+                let shift = k * bits;
+                let v = fold(
+                    rows.iter()
+                        .map(|row| lane(u64::from(row[i]), shift))
+                        .collect(),
+                );
+                to_word(v, shift) as u32
+            })
+            .fold(0, |word, lane| word | lane),
     }
 }
 
@@ -497,11 +531,9 @@ impl Oracle {
                 element,
                 op,
             } => single(self.collective(collective, dst, |o, _| {
+                let rows: Vec<&[u32]> = (0..n).map(|r| o.words(r, src)).collect();
                 (0..PART as usize)
-                    .map(|i| {
-                        let column: Vec<u32> = (0..n).map(|r| o.words(r, src)[i]).collect();
-                        reduce_words(element, op, &column)
-                    })
+                    .map(|i| reduce_word(element, op, &rows, i))
                     .collect()
             })),
             Collective::AllGather { src } => single(self.collective(collective, WIDE, |o, _| {
@@ -509,13 +541,11 @@ impl Oracle {
             })),
             Collective::ReduceScatter { dst, element, op } => {
                 single(self.collective(collective, dst, |o, rank| {
+                    let part = rank * PART as usize..(rank + 1) * PART as usize;
+                    let rows: Vec<&[u32]> =
+                        (0..n).map(|r| &o.words(r, WIDE)[part.clone()]).collect();
                     (0..PART as usize)
-                        .map(|i| {
-                            let column: Vec<u32> = (0..n)
-                                .map(|r| o.words(r, WIDE)[rank * PART as usize + i])
-                                .collect();
-                            reduce_words(element, op, &column)
-                        })
+                        .map(|i| reduce_word(element, op, &rows, i))
                         .collect()
                 }))
             }

@@ -37,43 +37,46 @@ pub(crate) fn compute(kind: Call, inputs: &[&[u8]]) -> Vec<Arc<Vec<u8>>> {
     }
 }
 
-trait Word: Copy {
-    fn from_le(bytes: [u8; 4]) -> Self;
-    fn to_le(self) -> [u8; 4];
+/// How one element type's bytes combine: read wide, combine in rank
+/// order, written back narrow once (rule 45).
+trait Word {
+    /// What it combines in: itself, or `f32` for the 16-bit floats.
+    type Wide: Wide;
+    const SIZE: usize;
+    fn widen(bytes: &[u8]) -> Self::Wide;
+    fn narrow(wide: Self::Wide, out: &mut Vec<u8>);
+}
+
+/// The arithmetic of a value being combined.
+trait Wide: Copy {
     fn combine(self, other: Self, op: Reduce) -> Self;
     fn mean(sum: Self, n: usize) -> Self;
 }
 
-impl Word for f32 {
-    fn from_le(bytes: [u8; 4]) -> Self {
-        f32::from_le_bytes(bytes)
-    }
-    fn to_le(self) -> [u8; 4] {
-        self.to_le_bytes()
-    }
-    fn combine(self, other: Self, op: Reduce) -> Self {
-        match op {
-            Reduce::Sum | Reduce::Mean => self + other,
-            Reduce::Prod => self * other,
-            Reduce::Min => self.min(other),
-            Reduce::Max => self.max(other),
+/// The floats: IEEE in every step; `Min` and `Max` return the number
+/// beside a NaN, as `fminf` and NCCL do.
+macro_rules! float_wide {
+    ($($t:ty),*) => {$(
+        impl Wide for $t {
+            fn combine(self, other: Self, op: Reduce) -> Self {
+                match op {
+                    Reduce::Sum | Reduce::Mean => self + other,
+                    Reduce::Prod => self * other,
+                    Reduce::Min => self.min(other),
+                    Reduce::Max => self.max(other),
+                }
+            }
+            fn mean(sum: Self, n: usize) -> Self {
+                sum / n as $t
+            }
         }
-    }
-    fn mean(sum: Self, n: usize) -> Self {
-        sum / n as f32
-    }
+    )*};
 }
 
-/// The integer elements: sums and products wrap, and a mean truncates.
-macro_rules! integer_word {
+/// The integers: sums and products wrap, and a mean truncates.
+macro_rules! integer_wide {
     ($($t:ty),*) => {$(
-        impl Word for $t {
-            fn from_le(bytes: [u8; 4]) -> Self {
-                <$t>::from_le_bytes(bytes)
-            }
-            fn to_le(self) -> [u8; 4] {
-                self.to_le_bytes()
-            }
+        impl Wide for $t {
             fn combine(self, other: Self, op: Reduce) -> Self {
                 match op {
                     Reduce::Sum | Reduce::Mean => self.wrapping_add(other),
@@ -89,7 +92,44 @@ macro_rules! integer_word {
     )*};
 }
 
-integer_word!(i32, u32);
+float_wide!(f32, f64);
+integer_wide!(i8, u8, i32, u32, i64, u64);
+
+/// The types that combine as themselves.
+macro_rules! own_word {
+    ($($t:ty),*) => {$(
+        impl Word for $t {
+            type Wide = $t;
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn widen(bytes: &[u8]) -> $t {
+                <$t>::from_le_bytes(bytes.try_into().unwrap_or_default())
+            }
+            fn narrow(wide: $t, out: &mut Vec<u8>) {
+                out.extend_from_slice(&wide.to_le_bytes());
+            }
+        }
+    )*};
+}
+
+own_word!(f32, f64, i8, u8, i32, u32, i64, u64);
+
+/// The 16-bit floats combine in `f32` and round to nearest even once.
+macro_rules! half_word {
+    ($($t:ty),*) => {$(
+        impl Word for $t {
+            type Wide = f32;
+            const SIZE: usize = 2;
+            fn widen(bytes: &[u8]) -> f32 {
+                <$t>::from_le_bytes([bytes[0], bytes[1]]).to_f32()
+            }
+            fn narrow(wide: f32, out: &mut Vec<u8>) {
+                out.extend_from_slice(&<$t>::from_f32(wide).to_le_bytes());
+            }
+        }
+    )*};
+}
+
+half_word!(half::f16, half::bf16);
 
 /// `inputs` combined with `op` in rank order, so every run gets the same bits.
 fn reduce(element: Element, op: Reduce, inputs: &[&[u8]]) -> Vec<u8> {
@@ -97,21 +137,117 @@ fn reduce(element: Element, op: Reduce, inputs: &[&[u8]]) -> Vec<u8> {
         Element::F32 => reduce_as::<f32>(op, inputs),
         Element::I32 => reduce_as::<i32>(op, inputs),
         Element::U32 => reduce_as::<u32>(op, inputs),
+        Element::F16 => reduce_as::<half::f16>(op, inputs),
+        Element::BF16 => reduce_as::<half::bf16>(op, inputs),
+        Element::F64 => reduce_as::<f64>(op, inputs),
+        Element::I8 => reduce_as::<i8>(op, inputs),
+        Element::U8 => reduce_as::<u8>(op, inputs),
+        Element::I64 => reduce_as::<i64>(op, inputs),
+        Element::U64 => reduce_as::<u64>(op, inputs),
     }
 }
 
 fn reduce_as<W: Word>(op: Reduce, inputs: &[&[u8]]) -> Vec<u8> {
-    let word = |c: &[u8]| W::from_le([c[0], c[1], c[2], c[3]]);
-    let mut acc: Vec<W> = inputs[0].chunks_exact(4).map(word).collect();
+    let mut acc: Vec<W::Wide> = inputs[0].chunks_exact(W::SIZE).map(W::widen).collect();
     for input in &inputs[1..] {
-        for (a, c) in acc.iter_mut().zip(input.chunks_exact(4)) {
-            *a = a.combine(word(c), op);
+        for (a, c) in acc.iter_mut().zip(input.chunks_exact(W::SIZE)) {
+            *a = a.combine(W::widen(c), op);
         }
     }
-    if op == Reduce::Mean {
-        for a in &mut acc {
-            *a = W::mean(*a, inputs.len());
+    let mut out = Vec::with_capacity(acc.len() * W::SIZE);
+    for a in acc {
+        let a = if op == Reduce::Mean {
+            W::Wide::mean(a, inputs.len())
+        } else {
+            a
+        };
+        W::narrow(a, &mut out);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Element, Reduce, reduce};
+
+    /// Four ranks' values in `element`, from a fixed sequence over many exponents.
+    fn ranks_of<T>(from_f32: impl Fn(f32) -> T, bytes: impl Fn(T) -> [u8; 2]) -> Vec<Vec<u8>> {
+        let mut state = 0x9e37_79b9_u32;
+        (0..4)
+            .map(|_| {
+                (0..4096)
+                    .flat_map(|_| {
+                        state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                        let mantissa = (state >> 8) as f32 / (1 << 24) as f32 - 0.5;
+                        let scale = 2f32.powi((state % 17) as i32 - 8);
+                        bytes(from_f32(mantissa * scale))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The bound rule 45 documents for the 16-bit floats: the result is the
+    /// `f32` sum rounded once, so within half an ulp of it, and the `f32`
+    /// sum is within (n − 1)·2⁻²⁴·Σ|xᵢ| of the exact one.
+    #[test]
+    fn a_sixteen_bit_sum_is_within_the_documented_bound_of_the_exact_one() {
+        type Pair = (fn(f32) -> [u8; 2], fn([u8; 2]) -> f64, u32);
+        let f16: Pair = (
+            |x| half::f16::from_f32(x).to_le_bytes(),
+            |b| half::f16::from_le_bytes(b).to_f64(),
+            10,
+        );
+        let bf16: Pair = (
+            |x| half::bf16::from_f32(x).to_le_bytes(),
+            |b| half::bf16::from_le_bytes(b).to_f64(),
+            7,
+        );
+        for (element, (encode, decode, mantissa)) in [(Element::F16, f16), (Element::BF16, bf16)] {
+            let inputs = ranks_of(|x| x, encode);
+            let views: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+            let out = reduce(element, Reduce::Sum, &views);
+            let word = |v: &[u8], i: usize| decode([v[2 * i], v[2 * i + 1]]);
+            for i in 0..out.len() / 2 {
+                let exact: f64 = views.iter().map(|v| word(v, i)).sum();
+                let magnitude: f64 = views.iter().map(|v| word(v, i).abs()).sum();
+                let got = word(&out, i);
+                let once = views.iter().fold(0f32, |a, v| a + word(v, i) as f32);
+                assert_eq!(
+                    out[2 * i..2 * i + 2],
+                    encode(once),
+                    "{element:?} rounds once"
+                );
+                let ulp = 2f64.powi(got.abs().max(f64::MIN_POSITIVE).log2().floor() as i32)
+                    / f64::from(1u32 << mantissa);
+                let bound = ulp / 2.0 + 3.0 * 2f64.powi(-24) * magnitude;
+                assert!(
+                    (got - exact).abs() <= bound.max(2f64.powi(-24)),
+                    "{element:?} element {i}: {got} for {exact}, bound {bound}"
+                );
+            }
         }
     }
-    acc.into_iter().flat_map(W::to_le).collect()
+
+    /// Sums and products propagate a NaN; `Min` and `Max` return the number
+    /// beside one, as `fminf` and NCCL do; integers wrap.
+    #[test]
+    fn nans_propagate_through_sums_and_integers_wrap() {
+        let nan = f32::NAN.to_le_bytes();
+        let one = 1f32.to_le_bytes();
+        let sum = reduce(Element::F32, Reduce::Sum, &[&nan, &one]);
+        assert!(f32::from_le_bytes(sum[..4].try_into().unwrap()).is_nan());
+        let max = reduce(Element::F32, Reduce::Max, &[&nan, &one]);
+        assert_eq!(max, one);
+        let half_nan = half::bf16::NAN.to_le_bytes();
+        let half_one = half::bf16::ONE.to_le_bytes();
+        let sum = reduce(Element::BF16, Reduce::Sum, &[&half_nan, &half_one]);
+        assert!(half::bf16::from_le_bytes([sum[0], sum[1]]).is_nan());
+        assert_eq!(reduce(Element::U8, Reduce::Sum, &[&[200], &[100]]), [44]);
+        // A mean divides the wrapped sum: -100 + -99 wraps to 57, halved to 28.
+        assert_eq!(reduce(Element::I8, Reduce::Mean, &[&[0x9c], &[0x9d]]), [28]);
+        let big = i64::MAX.to_le_bytes();
+        let wrapped = reduce(Element::I64, Reduce::Sum, &[&big, &1i64.to_le_bytes()]);
+        assert_eq!(wrapped, i64::MIN.to_le_bytes());
+    }
 }

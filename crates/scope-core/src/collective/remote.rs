@@ -286,11 +286,7 @@ fn encode(round: u64, part: &Part) -> Vec<u8> {
         Kind::Send => (6, Element::U32, Reduce::Sum, 0),
         Kind::Recv => (7, Element::U32, Reduce::Sum, 0),
     };
-    let element = match element {
-        Element::F32 => 0u8,
-        Element::I32 => 1,
-        Element::U32 => 2,
-    };
+    let element = Element::ALL.iter().position(|e| *e == element).unwrap_or(0) as u8;
     let op = match op {
         Reduce::Sum => 0u8,
         Reduce::Prod => 1,
@@ -353,11 +349,8 @@ fn decode(round: u64, record: &[u8]) -> std::result::Result<Part, Unread> {
             word(52)
         ));
     }
-    let element = match record[5] {
-        0 => Element::F32,
-        1 => Element::I32,
-        2 => Element::U32,
-        other => return unreadable(format!("element type {other}")),
+    let Some(&element) = Element::ALL.get(usize::from(record[5])) else {
+        return unreadable(format!("element type {}", record[5]));
     };
     let op = match record[6] {
         0 => Reduce::Sum,

@@ -65,7 +65,7 @@ fn reduced(reduction_: Reduction) -> Result<Kind, ServerError> {
         .map(|(element, op)| Kind::AllReduce(element, op))
         .ok_or_else(|| {
             validation(format!(
-                "scope's collectives reduce f32, i32 and u32, not {:?}",
+                "scope's collectives reduce 16-, 32- and 64-bit floats and 8-, 32- and 64-bit integers, not {:?}",
                 reduction_.dtype
             ))
         })
