@@ -103,6 +103,8 @@ fn server_and_tiny_runtime_kernels() {
         native.gelu_grad,
         native.loss_grad,
         native.sgd,
+        native.to_bf16,
+        native.from_bf16,
     ] {
         let name = kernel.name().to_string();
         items.push(item("tiny-runtime native", &name, kernel));
@@ -155,6 +157,8 @@ fn cube_kernels() {
         ("gelu_grad", &tiny.gelu_grad),
         ("loss_grad", &tiny.loss_grad),
         ("sgd", &tiny.sgd),
+        ("to_bf16", &tiny.to_bf16),
+        ("from_bf16", &tiny.from_bf16),
     ] {
         items.push(item("tiny-runtime cube", name, translated(kernel)));
     }

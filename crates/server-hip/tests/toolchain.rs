@@ -122,7 +122,14 @@ fn kernels() -> Vec<Item> {
     let native = unsafe {
         tiny_runtime::kernels::Kernels::for_language(tiny_runtime::kernels::Dialect::Hip)
     };
-    for kernel in [native.matmul, native.bias_add, native.gelu, native.softmax] {
+    for kernel in [
+        native.matmul,
+        native.bias_add,
+        native.gelu,
+        native.softmax,
+        native.to_bf16,
+        native.from_bf16,
+    ] {
         let name = kernel.name().to_string();
         items.push(item("tiny-runtime native", &name, kernel));
     }
@@ -146,6 +153,8 @@ fn kernels() -> Vec<Item> {
         ("bias_add", &tiny.bias_add),
         ("gelu", &tiny.gelu),
         ("softmax", &tiny.softmax),
+        ("to_bf16", &tiny.to_bf16),
+        ("from_bf16", &tiny.from_bf16),
     ] {
         // SAFETY: only compiled here, never launched.
         items.push(item(

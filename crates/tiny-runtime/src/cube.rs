@@ -155,6 +155,41 @@ pub fn sgd(w: &[f32], g: &[f32], lr: &[f32], out: &mut [f32], rows: u32, cols: u
     }
 }
 
+/// `v`'s `bf16` bits, rounded to nearest even.
+#[cube]
+fn bf16_bits(v: f32) -> u32 {
+    let b = u32::reinterpret(v);
+    (b + 0x7fffu32 + ((b >> 16u32) & 1u32)) >> 16u32
+}
+
+/// Gradients to `bf16`, two to a word: `out[i]` holds `x[2i]` low, `x[2i + 1]` high.
+#[cube(launch)]
+pub fn to_bf16(x: &[f32], out: &mut [u32], rows: u32, cols: u32) {
+    let lo = 2u32 * (ABSOLUTE_POS as u32);
+    let len = rows * cols;
+    if lo < len {
+        let mut hi = 0u32;
+        if lo + 1u32 < len {
+            hi = bf16_bits(x[(lo + 1u32) as usize]);
+        }
+        out[ABSOLUTE_POS] = bf16_bits(x[lo as usize]) | (hi << 16u32);
+    }
+}
+
+/// `bf16` words back to the `rows × cols` `f32`s of `out`, exactly.
+#[cube(launch)]
+pub fn from_bf16(packed: &[u32], out: &mut [f32], rows: u32, cols: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < rows * cols {
+        let word = packed[(i / 2u32) as usize];
+        let mut bits = word << 16u32;
+        if i % 2u32 == 1u32 {
+            bits = word & 0xffff0000u32;
+        }
+        out[ABSOLUTE_POS] = f32::reinterpret(bits);
+    }
+}
+
 fn unbound() -> BufferCompilationArg {
     BufferCompilationArg { inplace: None }
 }
@@ -178,6 +213,10 @@ pub struct CubeKernels {
     pub loss_grad: CubeKernel,
     /// Buffers `[w, g, lr, out]`, scalars `[rows, cols]`; 64 elements a cube.
     pub sgd: CubeKernel,
+    /// Buffers `[x, out]`, scalars `[rows, cols]` of `x`; 64 words a cube.
+    pub to_bf16: CubeKernel,
+    /// Buffers `[packed, out]`, scalars `[rows, cols]` of `out`; 64 elements a cube.
+    pub from_bf16: CubeKernel,
 }
 
 impl CubeKernels {
@@ -286,6 +325,30 @@ impl CubeKernels {
                     props(target),
                     unbound(),
                     unbound(),
+                    unbound(),
+                    unbound(),
+                    (),
+                    (),
+                ),
+                target,
+            )?,
+            to_bf16: translate(
+                &to_bf16::ToBf16::new(
+                    settings(),
+                    device(target),
+                    props(target),
+                    unbound(),
+                    unbound(),
+                    (),
+                    (),
+                ),
+                target,
+            )?,
+            from_bf16: translate(
+                &from_bf16::FromBf16::new(
+                    settings(),
+                    device(target),
+                    props(target),
                     unbound(),
                     unbound(),
                     (),

@@ -21,6 +21,10 @@
 //!
 //! A rank whose own work was refused claims its gradient with that error,
 //! so its peers never reduce last step's gradient as this one's.
+//!
+//! [`DataParallel::in_bf16`] packs the gradient into `bf16` before the
+//! all-reduce and unpacks the result, half the bytes on the link; a failure
+//! travels through both kernels as through any other.
 
 use std::time::{Duration, Instant};
 
@@ -47,6 +51,9 @@ pub const BACKWARD: [&str; 10] = [
 
 /// The update's kernel.
 pub const UPDATE: &str = "sgd";
+
+/// The kernels around a `bf16` all-reduce: the gradient packed, the reduced one unpacked.
+pub const BF16: [&str; 2] = ["gradient.to_bf16", "reduced.from_bf16"];
 
 /// The model's parameters (or a gradient of them) in one buffer.
 #[derive(Clone, Debug)]
@@ -117,6 +124,8 @@ pub struct Replica<B: Backend> {
     current: usize,
     grads: Params,
     reduced: Params,
+    /// With `bf16` gradients, the packed gradient and its all-reduced twin.
+    packed: Option<[Tensor; 2]>,
     lr: Tensor,
     lr_host: f32,
     /// `1 × rows` of ones: a column sum is a matmul by it.
@@ -150,6 +159,7 @@ impl<B: Backend> Replica<B> {
         Ok(Self {
             grads: Params::new(&rt, s)?,
             reduced: Params::new(&rt, s)?,
+            packed: None,
             lr: rt.upload(1, 1, &[lr])?,
             lr_host: lr,
             ones: rt.upload(1, s.batch, &vec![1.0; s.batch])?,
@@ -248,6 +258,37 @@ impl<B: Backend> Replica<B> {
         Ok(cross_entropy(&probs, &self.targets_host, self.shard.batch))
     }
 
+    /// Pack the gradient in `bf16` from now on: half the bytes through the all-reduce.
+    fn pack_gradients(&mut self) -> Result<()> {
+        let words = self.grads.flat.len().div_ceil(2);
+        self.packed = Some([self.rt.empty(1, words)?, self.rt.empty(1, words)?]);
+        Ok(())
+    }
+
+    /// The mean of every rank's gradient into `reduced`, in `f32` or through `bf16`.
+    /// A pack or unpack refused claims what it would have written, so no rank
+    /// reduces, or updates with, last step's bytes as this one's.
+    fn all_reduce(&self, rank: &Rank<B>) -> Result<()> {
+        let (grads, reduced) = (&self.grads.flat, &self.reduced.flat);
+        let Some([grads16, reduced16]) = &self.packed else {
+            return rank.all_reduce(grads.slice(), reduced.slice(), Element::F32, Reduce::Mean);
+        };
+        let client = self.rt.client();
+        if let Err(refused) = self.rt.to_bf16(BF16[0], grads, grads16) {
+            let _ = client.fail_writing(&[grads16.slice()], refused);
+        }
+        let all_reduce = rank.all_reduce(
+            grads16.slice(),
+            reduced16.slice(),
+            Element::BF16,
+            Reduce::Mean,
+        );
+        if let Err(refused) = self.rt.from_bf16(BF16[1], reduced16, reduced) {
+            let _ = client.fail_writing(&[reduced.slice()], refused);
+        }
+        all_reduce
+    }
+
     /// One step on this rank: forward, backward (under `inject`'s fault, if any), the
     /// all-reduce, the update into the other weights, and the commit if it wrote them.
     pub fn step(&mut self, rank: &Rank<B>, inject: Option<&Injection>) -> RankStep {
@@ -272,12 +313,7 @@ impl<B: Backend> Replica<B> {
             // Claim the gradient, or the collective would reduce last step's as this one's.
             let _ = client.fail_writing(&[self.grads.flat.slice()], refused);
         }
-        let all_reduce = rank.all_reduce(
-            self.grads.flat.slice(),
-            self.reduced.flat.slice(),
-            Element::F32,
-            Reduce::Mean,
-        );
+        let all_reduce = self.all_reduce(rank);
         let (cur, next) = (self.current, 1 - self.current);
         let weights = &self.weights;
         let update = self
@@ -382,6 +418,16 @@ impl<B: Backend> DataParallel<B> {
         })
     }
 
+    /// All-reduce the gradients in `bf16` from now on, rounded to nearest even
+    /// before and after the round (rule 45): half the bytes on the link, within
+    /// [`bf16_bound`] of the `f32` step. Fails when a device runs out of memory.
+    pub fn in_bf16(self) -> Result<Self> {
+        for replica in &self.replicas {
+            replica.lock().pack_gradients()?;
+        }
+        Ok(self)
+    }
+
     /// How many replicas (ranks, when every one is a member).
     pub fn ranks(&self) -> usize {
         self.replicas.len()
@@ -397,9 +443,13 @@ impl<B: Backend> DataParallel<B> {
         self.shape
     }
 
-    /// Bytes each rank's all-reduce moves: its gradient buffer.
+    /// Bytes each rank's all-reduce moves: its gradient buffer, or the packed one.
     pub fn gradient_bytes(&self) -> u64 {
-        self.replica(0).grads.flat.slice().buffer.size()
+        let replica = self.replica(0);
+        match &replica.packed {
+            Some([packed, _]) => packed.len() as u64 * 4,
+            None => replica.grads.flat.slice().buffer.size(),
+        }
     }
 
     pub(crate) fn replica(&self, index: usize) -> MutexGuard<'_, Replica<B>> {
@@ -480,6 +530,14 @@ impl<B: Backend> DataParallel<B> {
             .map(|r| self.replica(r).rt.client().failures_held())
             .collect()
     }
+}
+
+/// How far `bf16` gradients may move a reduced gradient from its `f32` value, for
+/// gradients no larger than `largest`: each rank's rounds once (2⁻⁹ relative), their
+/// mean is within rule 45's bound of its exact value, and rounds once more. 2⁻⁷
+/// relative covers all three; a weight moves `lr` times as far.
+pub fn bf16_bound(largest: f32) -> f32 {
+    largest * 2f32.powi(-7)
 }
 
 /// The rank whose input failed a collective, and its read's answer, if `error` says so.

@@ -377,6 +377,65 @@ impl DataParallelReport {
     }
 }
 
+/// One clean step with `bf16` gradients, checked against the CPU's `f32` step within
+/// [`data_parallel::bf16_bound`].
+#[derive(Debug)]
+pub struct Bf16Step {
+    /// The step, as act four checks one.
+    pub check: StepCheck,
+    /// How far the gradient may be from the CPU's, beside [`TOLERANCE`].
+    pub gradient_bound: f32,
+    /// How far the weights may be, `lr` times that.
+    pub weights_bound: f32,
+    /// Bytes each rank's all-reduce moved, half the `f32` gradient's.
+    pub bytes: u64,
+}
+
+impl Bf16Step {
+    /// Same bits everywhere, every update written, and within the bounds.
+    pub fn passed(&self) -> bool {
+        let c = &self.check;
+        c.gradients_identical
+            && c.weights_identical
+            && c.updated == c.ranks.len()
+            && c.gradient_error <= self.gradient_bound + TOLERANCE
+            && c.weights_error <= self.weights_bound + TOLERANCE
+            && c.loss_error() <= f64::from(TOLERANCE)
+    }
+}
+
+/// One step of [`data_parallel`]'s group with its gradients all-reduced in `bf16`
+/// ([`DataParallel::in_bf16`]). Fails on a device error, or an uneven batch.
+pub fn bf16_step<B: Backend>(
+    runtimes: Vec<Runtime<B>>,
+    (shape, lr, seed): (Shape, f32, u64),
+) -> Result<Bf16Step> {
+    let weights = Weights::random(shape, seed);
+    let x = weights.input(seed + 1);
+    let targets = data_parallel::targets(shape, seed + 2);
+    let dp = DataParallel::new(runtimes, &weights, lr)?.in_bf16()?;
+    dp.compile()?;
+    dp.load(&x, &targets)?;
+    let reference = reference_step(&weights, &x, &targets, lr);
+    let (steps, time) = dp.step(None);
+    let largest = [
+        &reference.gradient.w1,
+        &reference.gradient.b1,
+        &reference.gradient.w2,
+        &reference.gradient.b2,
+    ]
+    .into_iter()
+    .flatten()
+    .fold(0f32, |m, g| m.max(g.abs()));
+    let gradient_bound = data_parallel::bf16_bound(largest);
+    Ok(Bf16Step {
+        check: StepCheck::new(steps, time, &weights, &reference, true),
+        gradient_bound,
+        weights_bound: lr * gradient_bound,
+        bytes: dp.gradient_bytes(),
+    })
+}
+
 /// Run act four on `runtimes`: three SGD steps, each checked against the CPU's, the second
 /// failing rank [`faulted_rank`]'s `loss.grad`. Then that rank's device is lost with `lose`
 /// and the group survives it. Fails on a device error outside the steps, or an uneven batch.

@@ -287,6 +287,74 @@ extern "C" __global__ void sgd(const float* w, const float* g, const float* lr, 
 }
 "#;
 
+/// Gradients to `bf16`, two to a word, rounded to nearest even (rule 45's rounding):
+/// `out[i]` holds `x[2i]` low and `x[2i + 1]` high, zero past the end. Bindings
+/// `[x, out]`; scalars `[len]` of `x`; an invocation a word.
+const TO_BF16_WGSL: &str = r"
+struct Dims { len: u32 }
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@group(0) @binding(2) var<storage, read> dims: Dims;
+
+fn bf16(v: f32) -> u32 {
+    let b = bitcast<u32>(v);
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    let lo = 2u * id.x;
+    if (lo >= dims.len) { return; }
+    var hi = 0u;
+    if (lo + 1u < dims.len) { hi = bf16(x[lo + 1u]); }
+    out[id.x] = bf16(x[lo]) | (hi << 16u);
+}
+";
+
+const TO_BF16_CUDA: &str = r#"
+struct Dims { unsigned int len; };
+__device__ unsigned int bf16_bits(float v) {
+    unsigned int b = __float_as_uint(v);
+    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+}
+extern "C" __global__ void to_bf16(const float* x, unsigned int* out, Dims d) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned int lo = 2u * i;
+    if (lo >= d.len) { return; }
+    unsigned int hi = lo + 1u < d.len ? bf16_bits(x[lo + 1u]) : 0u;
+    out[i] = bf16_bits(x[lo]) | (hi << 16);
+}
+"#;
+
+/// `bf16` words back to `f32`s, exactly. Bindings `[packed, out]`; scalars `[len]` of
+/// `out`; an invocation a value.
+const FROM_BF16_WGSL: &str = r"
+struct Dims { len: u32 }
+@group(0) @binding(0) var<storage, read> packed: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<storage, read> dims: Dims;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    if (i >= dims.len) { return; }
+    let word = packed[i / 2u];
+    var bits = word << 16u;
+    if (i % 2u == 1u) { bits = word & 0xffff0000u; }
+    out[i] = bitcast<f32>(bits);
+}
+";
+
+const FROM_BF16_CUDA: &str = r#"
+struct Dims { unsigned int len; };
+extern "C" __global__ void from_bf16(const unsigned int* packed, float* out, Dims d) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= d.len) { return; }
+    unsigned int word = packed[i / 2u];
+    out[i] = __uint_as_float(i % 2u == 1u ? (word & 0xffff0000u) : (word << 16));
+}
+"#;
+
 /// The operations as one server compiles them. Public fields let a server with another
 /// language supply its own; [`Kernels::for_language`] builds the two shipped sets.
 #[derive(Clone, Debug)]
@@ -307,6 +375,10 @@ pub struct Kernels {
     pub loss_grad: Kernel,
     /// `[w, g, lr, out]`, scalars `[len]`, 64 a group.
     pub sgd: Kernel,
+    /// `[x, out]`, scalars `[len]` of `x`, 64 words a group.
+    pub to_bf16: Kernel,
+    /// `[packed, out]`, scalars `[len]` of `out`, 64 a group.
+    pub from_bf16: Kernel,
 }
 
 /// Which of the shipped sources a server takes.
@@ -396,6 +468,20 @@ impl Kernels {
                     [GROUP, 1, 1],
                 ),
                 sgd: make(dialect, "sgd", SGD_WGSL, SGD_CUDA, [GROUP, 1, 1]),
+                to_bf16: make(
+                    dialect,
+                    "to_bf16",
+                    TO_BF16_WGSL,
+                    TO_BF16_CUDA,
+                    [GROUP, 1, 1],
+                ),
+                from_bf16: make(
+                    dialect,
+                    "from_bf16",
+                    FROM_BF16_WGSL,
+                    FROM_BF16_CUDA,
+                    [GROUP, 1, 1],
+                ),
             }
         }
     }

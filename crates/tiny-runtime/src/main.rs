@@ -6,6 +6,7 @@
 //! tiny-runtime [--backend cuda|hip|vulkan|wgpu]
 //!     [--kernels cube|native] [--target spirv|wgsl|cuda|hip]
 //!     [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S] [--devices N]
+//!     [--grad-dtype bf16|f32]
 //! tiny-runtime --probe [BACKEND]     what each linked server finds, as JSON
 //! ```
 //!
@@ -43,6 +44,8 @@ enum Kernels {
 
 struct Args {
     backend: Option<String>,
+    /// Also run act four's first step with its gradients all-reduced in `bf16`.
+    bf16: bool,
     kernels: Kernels,
     target: Option<Target>,
     passes: usize,
@@ -57,7 +60,7 @@ fn usage() -> String {
     format!(
         "usage: tiny-runtime [--backend {backends}] [--kernels cube|native] \
          [--target spirv|wgsl|cuda|hip] [--passes N] [--shape BATCHxINxHIDDENxOUT] [--seed S] \
-         [--devices N]\n\
+         [--devices N] [--grad-dtype bf16|f32]\n\
          \x20      tiny-runtime --probe [{backends}]"
     )
 }
@@ -65,6 +68,7 @@ fn usage() -> String {
 fn parse() -> Result<Args, String> {
     let mut args = Args {
         backend: None,
+        bf16: true,
         kernels: Kernels::Cube,
         target: None,
         passes: 5,
@@ -80,6 +84,13 @@ fn parse() -> Result<Args, String> {
         };
         match arg.as_str() {
             "--backend" => args.backend = Some(value("--backend")?),
+            "--grad-dtype" => {
+                args.bf16 = match value("--grad-dtype")?.as_str() {
+                    "bf16" => true,
+                    "f32" => false,
+                    other => return Err(format!("--grad-dtype {other}: bf16 or f32")),
+                }
+            }
             "--kernels" => {
                 args.kernels = match value("--kernels")?.as_str() {
                     "cube" => Kernels::Cube,
@@ -151,6 +162,7 @@ fn verdict(error: f32) -> &'static str {
 }
 
 struct Demo {
+    bf16: bool,
     kernels: Kernels,
     target: Option<Target>,
     shape: Shape,
@@ -300,6 +312,22 @@ impl OnClients for Demo {
         ok &= replay.max_error <= TOLERANCE;
 
         if devices > 1 {
+            // On fresh devices, before act four loses one; printed after it.
+            let bf16 = if self.bf16 {
+                let runtimes = clients
+                    .iter()
+                    .map(|c| make(self.kernels, c.clone()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| e.to_string())?;
+                let shape = demo::data_parallel_shape(devices);
+                let seed = self.seed + 10;
+                Some(
+                    demo::bf16_step(runtimes, (shape, demo::LEARNING_RATE, seed))
+                        .map_err(|e| format!("the bf16 step: {e}"))?,
+                )
+            } else {
+                None
+            };
             let runtimes = clients
                 .into_iter()
                 .map(|c| make(self.kernels, c))
@@ -317,6 +345,10 @@ impl OnClients for Demo {
             .map_err(|e| format!("data-parallel step: {e}"))?;
             print_data_parallel(&report, B::NAME, tag);
             ok &= report.passed();
+            if let Some(step) = bf16 {
+                print_bf16(&step, report.gradient_bytes, tag);
+                ok &= step.passed();
+            }
         }
         if emulated {
             println!(
@@ -520,6 +552,42 @@ fn print_data_parallel(r: &DataParallelReport, backend: &str, tag: &str) {
     }
 }
 
+/// Act four's first step again, its gradients all-reduced in `bf16`.
+fn print_bf16(step: &demo::Bf16Step, f32_bytes: u64, tag: &str) {
+    let c = &step.check;
+    println!("\n   step 1 again, the gradients all-reduced in bf16 (`--grad-dtype bf16`)");
+    line(
+        "bytes a rank all-reduces",
+        format!(
+            "{:.1} KiB, {:.2}× the f32 gradient's",
+            step.bytes as f64 / 1024.0,
+            step.bytes as f64 / f32_bytes as f64
+        ),
+    );
+    line(
+        "gradient against the CPU's",
+        format!(
+            "{:.2e}, within bf16's bound {:.2e}  {}",
+            c.gradient_error,
+            step.gradient_bound + TOLERANCE,
+            ok(c.gradient_error <= step.gradient_bound + TOLERANCE)
+        ),
+    );
+    line(
+        "weights against the CPU's",
+        format!(
+            "{:.2e}, within {:.2e}, {}, {} of {} updated  {}",
+            c.weights_error,
+            step.weights_bound + TOLERANCE,
+            same(c.weights_identical, c.ranks.len()),
+            c.updated,
+            c.ranks.len(),
+            ok(step.passed())
+        ),
+    );
+    line("step time", format!("{}{tag}", secs(c.time)));
+}
+
 fn main() -> ExitCode {
     let mut argv = std::env::args().skip(1);
     if argv.next().as_deref() == Some("--probe") {
@@ -553,6 +621,7 @@ fn main() -> ExitCode {
         s.flops() / 1e9
     );
     let demo = Demo {
+        bf16: args.bf16,
         kernels: args.kernels,
         target: args.target,
         shape: s,

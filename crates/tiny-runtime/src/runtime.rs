@@ -123,11 +123,20 @@ enum Op {
     GeluGrad,
     LossGrad,
     Sgd,
+    ToBf16,
+    FromBf16,
 }
 
 impl Op {
     const FORWARD: [Op; 4] = [Op::Matmul, Op::BiasAdd, Op::Gelu, Op::Softmax];
-    const TRAINING: [Op; 4] = [Op::Transpose, Op::GeluGrad, Op::LossGrad, Op::Sgd];
+    const TRAINING: [Op; 6] = [
+        Op::Transpose,
+        Op::GeluGrad,
+        Op::LossGrad,
+        Op::Sgd,
+        Op::ToBf16,
+        Op::FromBf16,
+    ];
 }
 
 /// A client and the kernels its server compiles.
@@ -243,6 +252,8 @@ impl<B: Backend> Runtime<B> {
             Op::GeluGrad => &kernels.gelu_grad,
             Op::LossGrad => &kernels.loss_grad,
             Op::Sgd => &kernels.sgd,
+            Op::ToBf16 => &kernels.to_bf16,
+            Op::FromBf16 => &kernels.from_bf16,
         }
     }
 
@@ -256,6 +267,8 @@ impl<B: Backend> Runtime<B> {
             Op::GeluGrad => &kernels.gelu_grad,
             Op::LossGrad => &kernels.loss_grad,
             Op::Sgd => &kernels.sgd,
+            Op::ToBf16 => &kernels.to_bf16,
+            Op::FromBf16 => &kernels.from_bf16,
         }
     }
 
@@ -528,6 +541,37 @@ impl<B: Backend> Runtime<B> {
             &[len, rows],
             &[rows, cols],
             Dispatch::linear(groups(probs.len(), GROUP)?),
+        )
+    }
+
+    /// `x` in `bf16`, two values to each of `out`'s words: `out` is `1 × ⌈len / 2⌉`.
+    /// Errors as [`matmul`](Self::matmul).
+    pub fn to_bf16(&self, name: &str, x: &Tensor, out: &Tensor) -> Result<()> {
+        let words = x.len().div_ceil(2);
+        Self::expect_shape("bf16 output", out, 1, words)?;
+        let (len, rows, cols) = Self::dims(x)?;
+        self.issue(
+            Op::ToBf16,
+            name,
+            &[x.slice().read(), out.slice().write()],
+            &[len],
+            &[rows, cols],
+            Dispatch::linear(groups(words, GROUP)?),
+        )
+    }
+
+    /// `packed`'s `bf16` values into `out`, exactly: `packed` is `1 × ⌈len / 2⌉` of
+    /// `out`. Errors as [`matmul`](Self::matmul).
+    pub fn from_bf16(&self, name: &str, packed: &Tensor, out: &Tensor) -> Result<()> {
+        Self::expect_shape("bf16 input", packed, 1, out.len().div_ceil(2))?;
+        let (len, rows, cols) = Self::dims(out)?;
+        self.issue(
+            Op::FromBf16,
+            name,
+            &[packed.slice().read(), out.slice().write()],
+            &[len],
+            &[rows, cols],
+            Dispatch::linear(groups(out.len(), GROUP)?),
         )
     }
 

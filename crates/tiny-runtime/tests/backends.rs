@@ -141,6 +141,24 @@ fn a_data_parallel_step<B: Backend>(clients: Option<Vec<Client<B>>>) {
         )
         .unwrap();
         common::assert_data_parallel(&report);
+        let runtimes = clients
+            .iter()
+            .map(|c| make(c.clone()).expect("the runtime builds"))
+            .collect();
+        let shape = common::data_parallel_shape(clients.len());
+        let step = demo::bf16_step(runtimes, (shape, demo::LEARNING_RATE, 62)).unwrap();
+        println!(
+            "   bf16: gradient error {:.2e} (bound {:.2e}), weights error {:.2e} (bound {:.2e})",
+            step.check.gradient_error,
+            step.gradient_bound,
+            step.check.weights_error,
+            step.weights_bound
+        );
+        assert!(
+            step.passed(),
+            "{} {path}, bf16 gradients: {step:#?}",
+            B::NAME
+        );
     }
 }
 

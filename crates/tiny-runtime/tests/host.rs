@@ -114,6 +114,44 @@ fn host_runtime_on(mut host: Host) -> Runtime<Host> {
         store(&mut args.bindings[3], &out);
         Ok(())
     });
+    // The device kernels' rounding: to nearest even, two values a word, low first.
+    host.register("to_bf16", |args: &mut HostArgs<'_>| {
+        let len = args.scalar_u32(0) as usize;
+        let x = floats(&args.bindings[0]);
+        let bits = |v: f32| {
+            let b = v.to_bits();
+            b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16
+        };
+        let words = args.bindings[1].chunks_exact_mut(4).take(len.div_ceil(2));
+        for (i, word) in words.enumerate() {
+            let hi = if 2 * i + 1 < len {
+                bits(x[2 * i + 1])
+            } else {
+                0
+            };
+            word.copy_from_slice(&(bits(x[2 * i]) | hi << 16).to_le_bytes());
+        }
+        Ok(())
+    });
+    host.register("from_bf16", |args: &mut HostArgs<'_>| {
+        let len = args.scalar_u32(0) as usize;
+        let words: Vec<u32> = args.bindings[0]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let out: Vec<f32> = (0..len)
+            .map(|i| {
+                let word = words[i / 2];
+                f32::from_bits(if i % 2 == 1 {
+                    word & 0xffff_0000
+                } else {
+                    word << 16
+                })
+            })
+            .collect();
+        store(&mut args.bindings[1], &out);
+        Ok(())
+    });
     let kernels = Kernels {
         matmul: Kernel::host("matmul"),
         bias_add: Kernel::host("bias_add"),
@@ -123,6 +161,8 @@ fn host_runtime_on(mut host: Host) -> Runtime<Host> {
         gelu_grad: Kernel::host("gelu_grad"),
         loss_grad: Kernel::host("loss_grad"),
         sgd: Kernel::host("sgd"),
+        to_bf16: Kernel::host("to_bf16"),
+        from_bf16: Kernel::host("from_bf16"),
     };
     Runtime::with_kernels(Client::new(host).expect("host server"), kernels)
 }
@@ -180,6 +220,42 @@ fn a_captured_pass_replays_to_the_reference() {
     let replay = demo::replay(&rt, &setup.mlp, &setup.reference, 3).unwrap();
     assert_eq!(replay.passes, 3);
     assert!(replay.max_error <= TOLERANCE, "{}", replay.max_error);
+}
+
+/// One step with `bf16` gradients on four host servers: half the bytes
+/// through the all-reduce, the same bits on every rank, and within the
+/// documented bound of the CPU's `f32` step, though not within `f32`'s own
+/// tolerance (so the gradients did travel in `bf16`).
+#[test]
+fn a_bf16_step_on_four_host_devices_is_within_its_bound() {
+    let shape = common::data_parallel_shape(4);
+    let f32_step = || (0..4).map(|_| host_runtime()).collect::<Vec<_>>();
+    let step = demo::bf16_step(f32_step(), (shape, demo::LEARNING_RATE, 45)).unwrap();
+    println!(
+        "bf16: gradient error {:.2e} (bound {:.2e}), weights error {:.2e} (bound {:.2e})",
+        step.check.gradient_error,
+        step.gradient_bound,
+        step.check.weights_error,
+        step.weights_bound
+    );
+    assert!(step.passed(), "{step:#?}");
+    assert!(
+        step.check.gradient_error > TOLERANCE / 100.0,
+        "a bf16 gradient as close as f32's: {}",
+        step.check.gradient_error
+    );
+    let dp = tiny_runtime::data_parallel::DataParallel::new(
+        f32_step(),
+        &tiny_runtime::Weights::random(shape, 45),
+        demo::LEARNING_RATE,
+    )
+    .unwrap();
+    assert!(
+        step.bytes <= dp.gradient_bytes() / 2 + 4,
+        "{} bytes in bf16 for {} in f32",
+        step.bytes,
+        dp.gradient_bytes()
+    );
 }
 
 /// Act four on four host servers: a clean data-parallel step agreeing with
