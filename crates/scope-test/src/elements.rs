@@ -112,24 +112,36 @@ fn expected(element: Element, op: Reduce) -> Vec<u8> {
 /// One rank's all-reduce and reduce-scatter of every type by every operation.
 type Outcomes = Vec<(Element, Reduce, Vec<u8>, Vec<u8>)>;
 
-fn reduce_everything<B: Backend>(rank: &Rank<B>) -> Outcomes {
+fn reduce_everything<B: Backend>(rank: &Rank<B>, recorded: bool) -> Outcomes {
     let c = rank.client();
-    let mut outcomes = Vec::new();
+    let mut cases = Vec::new();
     for element in Element::ALL {
         let bytes = input(element, rank.index());
-        let mine = c.upload(&bytes).expect("upload");
         for op in OPS {
+            let mine = c.upload(&bytes).expect("upload");
             let all = c.allocate(bytes.len() as u64).expect("allocate");
-            rank.all_reduce(mine.all(), all.all(), element, op)
-                .unwrap_or_else(|e| panic!("{} {op:?}: {e}", element.name()));
             let part = c.allocate((bytes.len() / RANKS) as u64).expect("allocate");
-            rank.reduce_scatter(mine.all(), part.all(), element, op)
-                .unwrap_or_else(|e| panic!("{} {op:?} scattered: {e}", element.name()));
-            let read = |b: &scope_core::Buffer| c.read(b).expect("a clean round reads clean");
-            outcomes.push((element, op, read(&all), read(&part)));
+            cases.push((element, op, mine, all, part));
         }
     }
-    outcomes
+    // Recorded, every round goes into one graph, replayed once on every rank.
+    let capture = recorded.then(|| c.begin_capture().expect("a capture"));
+    for (element, op, mine, all, part) in &cases {
+        let name = element.name();
+        rank.all_reduce(mine.all(), all.all(), *element, *op)
+            .unwrap_or_else(|e| panic!("{name} {op:?}: {e}"));
+        rank.reduce_scatter(mine.all(), part.all(), *element, *op)
+            .unwrap_or_else(|e| panic!("{name} {op:?} scattered: {e}"));
+    }
+    if let Some(capture) = capture {
+        let graph = c.end_capture(capture).expect("a clean window seals");
+        rank.replay(&graph).expect("every rank replays");
+    }
+    let read = |b: &scope_core::Buffer| c.read(b).expect("a clean round reads clean");
+    cases
+        .iter()
+        .map(|(element, op, _, all, part)| (*element, *op, read(all), read(part)))
+        .collect()
 }
 
 fn check(at: &str, rank: usize, outcomes: Outcomes) {
@@ -154,9 +166,22 @@ pub fn every_element_type_reduces_with_every_operation<S: Suite>() {
     let Some(group) = group::<S>(DEFAULT_WAIT) else {
         return;
     };
-    let outcomes = group.run(|rank| reduce_everything(&rank));
+    let outcomes = group.run(|rank| reduce_everything(&rank, false));
     for (rank, outcome) in outcomes.into_iter().enumerate() {
         check("the suite's group", rank, outcome);
+    }
+    assert!(group.broken().is_none());
+}
+
+/// Every type and operation recorded into one graph on every rank of a
+/// group over a device transport, then replayed together (rule 50).
+pub fn recorded_rounds_reduce_every_element_type<S: Suite>() {
+    let Some(group) = group::<S>(DEFAULT_WAIT) else {
+        return;
+    };
+    let outcomes = group.run(|rank| reduce_everything(&rank, true));
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        check("recorded and replayed", rank, outcome);
     }
     assert!(group.broken().is_none());
 }
@@ -178,7 +203,7 @@ where
         .expect("the suite's backend has its collectives library");
     let deadline = Duration::from_secs(60);
     let outcomes = on_threads_joined::<S, _>(clients, &identity, RANKS, deadline, |joined| {
-        reduce_everything(&joined.expect("every rank joins"))
+        reduce_everything(&joined.expect("every rank joins"), false)
     });
     for (rank, outcome) in outcomes.into_iter().enumerate() {
         check("ranks joined alone", rank, outcome);
@@ -229,6 +254,7 @@ macro_rules! element_tests {
     ($suite:ty) => {
         $crate::behaviour! { $suite, elements::every_element_type_reduces_with_every_operation }
         $crate::behaviour! { joined $suite, elements::ranks_joined_alone_reduce_every_element_type }
+        $crate::behaviour! { $suite, elements::recorded_rounds_reduce_every_element_type, DeviceCollectives }
         $crate::behaviour! { $suite, elements::a_length_or_type_that_does_not_fit_is_refused_on_every_rank }
     };
 }
