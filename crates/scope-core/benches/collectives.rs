@@ -68,24 +68,19 @@
 //! blocks until every rank posted, a handoff NCCL's asynchronous call does
 //! not make.
 
+#[path = "common/timing.rs"]
+mod timing;
+
 use std::time::{Duration, Instant};
 
 use scope_core::collective::device::DeviceCollectives;
 use scope_core::collective::{Element, Group, Rank, Reduce};
 use scope_core::{Buffer, Client, Result};
 use scope_test::host::{Host, client};
+use timing::{median, smoke};
 
 const RANKS: usize = 4;
 const DEADLINE: Duration = Duration::from_secs(120);
-
-fn smoke() -> bool {
-    std::env::var("SCOPE_BENCH_SMOKE").is_ok_and(|v| v == "1")
-}
-
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
 
 /// One rank's input and output of `size` bytes.
 fn buffers(c: &Client<Host>, size: usize) -> Result<(Buffer, Buffer)> {

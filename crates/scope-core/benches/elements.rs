@@ -14,22 +14,17 @@
 //! Each round runs every case once, interleaved; each figure is the median.
 //! `SCOPE_BENCH_SMOKE=1` runs one small round, to prove the bench runs.
 
+#[path = "common/timing.rs"]
+mod timing;
+
 use std::time::{Duration, Instant};
 
 use scope_core::collective::{Call, Element, Group, Reduce};
 use scope_test::host::client;
+use timing::{median, smoke};
 
 const RANKS: usize = 4;
 const DEADLINE: Duration = Duration::from_secs(120);
-
-fn smoke() -> bool {
-    std::env::var("SCOPE_BENCH_SMOKE").is_ok_and(|v| v == "1")
-}
-
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
 
 /// One all-reduce of `values` values in `element` on every rank of `group`,
 /// each output synced: from the first rank's start to the last rank's end.

@@ -30,24 +30,19 @@
 //! Each round runs every way once, interleaved; each figure is the median
 //! of its rounds. `SCOPE_BENCH_SMOKE=1` runs one round.
 
+#[path = "common/timing.rs"]
+mod timing;
+
 use std::time::{Duration, Instant};
 
 use scope_core::collective::{Element, Group, Rank, Reduce};
 use scope_core::{Buffer, Client, FaultPlan, Recovered, Result};
 use scope_test::host::{Host, client};
+use timing::{median, smoke};
 
 const BUFFERS: usize = 64;
 const SIZE: u64 = 64 << 10;
 const DEADLINE: Duration = Duration::from_secs(120);
-
-fn smoke() -> bool {
-    std::env::var("SCOPE_BENCH_SMOKE").is_ok_and(|v| v == "1")
-}
-
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
 
 /// Poison `c` with an injected sticky fault, surfaced by an allocation.
 fn lose(c: &Client<Host>) {

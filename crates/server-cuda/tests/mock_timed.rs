@@ -211,14 +211,7 @@ fn a_group_dropped_in_flight_never_delays_another_groups_deadline() {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     rank_2_busy_for(Duration::from_secs(3));
     let group = Group::over_device(clients(), Duration::from_secs(30)).expect("a group");
-    group.run(|rank| {
-        let c = rank.client();
-        let input = c.upload(&bytes(&[1; 64])).unwrap();
-        rank_2_busy(&rank, &input);
-        let output = c.try_allocate(256).unwrap();
-        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
-            .expect("the round was issued");
-    });
+    a_round_with_rank_2_busy(&group);
     drop(group);
     a_late_round_fails_every_rank_at_its_deadline();
     timing_off();
@@ -234,15 +227,7 @@ fn a_round_of_a_dropped_group_still_fails_at_its_deadline() {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     rank_2_busy_for(Duration::from_secs(3));
     let group = Group::over_device(clients(), Duration::from_millis(300)).expect("a group");
-    let kept = group.run(|rank| {
-        let c = rank.client();
-        let input = c.upload(&bytes(&[1; 64])).unwrap();
-        rank_2_busy(&rank, &input);
-        let output = c.try_allocate(256).unwrap();
-        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
-            .expect("the round was issued");
-        (c.clone(), output)
-    });
+    let kept = a_round_with_rank_2_busy(&group);
     drop(group);
     for (rank, (c, output)) in kept.into_iter().enumerate() {
         let error = c
@@ -257,6 +242,20 @@ fn a_round_of_a_dropped_group_still_fails_at_its_deadline() {
         );
     }
     timing_off();
+}
+
+/// An all-reduce issued on every rank, rank 2's input written after its
+/// busy copy: each rank's client and output, to keep past the group.
+fn a_round_with_rank_2_busy(group: &Group<Cuda>) -> Vec<(Client<Cuda>, scope_core::Buffer)> {
+    group.run(|rank| {
+        let c = rank.client();
+        let input = c.upload(&bytes(&[1; 64])).unwrap();
+        rank_2_busy(&rank, &input);
+        let output = c.try_allocate(256).unwrap();
+        rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+            .expect("the round was issued");
+        (c.clone(), output)
+    })
 }
 
 /// Model rank 2's busy copy as `busy`, and rounds as near instant.
