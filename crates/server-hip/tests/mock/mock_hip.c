@@ -4,10 +4,11 @@
  * every operation runs at once (unless it is held behind a collective
  * still waiting for its peers: see "held work"), and the only kernels are the test kernels
  * (scope_fill, scope_copy, scope_add) plus scope_trap, which leaves a
- * sticky hipErrorIllegalAddress on its stream, as a faulting kernel would,
- * and scope_ecc, which leaves a sticky hipErrorECCNotCorrectable on its
- * stream and its device: a new stream's creation answers it until
- * hipDeviceReset clears it. A reset clears any sticky code but the ones
+ * sticky hipErrorIllegalAddress on its device, as a faulting kernel does,
+ * and scope_ecc, which leaves a sticky hipErrorECCNotCorrectable there.
+ * A sticky code is the device's: every stream of it answers it, the
+ * communication streams a collective runs on included, and so does a new
+ * stream's creation, until hipDeviceReset clears it. A reset clears any sticky code but the ones
  * CUDA's documentation calls process-fatal (700, 702, 710, 719), which
  * real HIP is not promised to bring back. The mock tracks nothing else per
  * device, so a reset destroys nothing: a server must not name what it made
@@ -123,11 +124,13 @@ typedef struct stream {
   int destroyed;
   struct stream *next;
 } stream;
-/* The sticky code each device holds (scope_ecc), until hipDeviceReset. */
+/* The sticky code each device holds (scope_trap, scope_ecc), until hipDeviceReset. */
 #define DEVICES 4
 static hipError_t device_sticky[DEVICES];
 static unsigned long long resets;
 unsigned long long scope_mock_resets(void) { return resets; }
+/* What `s` answers: its own sticky code, else its device's. */
+static hipError_t sticky(const stream *s) { return s->sticky ? s->sticky : device_sticky[s->device]; }
 typedef struct { stream *last; unsigned long long seq; long long at; struct tnode *node; } event;
 
 static void push(graph *g, op o) {
@@ -235,7 +238,7 @@ static void run(stream *s, const op *o) {
   unsigned n, value;
   memcpy(&n, o->scalars, 4);
   memcpy(&value, o->scalars + 4, 4);
-  if (o->f->k->id == 3) { s->sticky = E_ILLEGAL_ADDRESS; return; }
+  if (o->f->k->id == 3) { s->sticky = E_ILLEGAL_ADDRESS; device_sticky[s->device] = E_ILLEGAL_ADDRESS; return; }
   if (o->f->k->id == 4) { s->sticky = E_ECC; device_sticky[s->device] = E_ECC; return; }
   for (unsigned i = 0; i < o->threads && i < n; i++) {
     switch (o->f->k->id) {
@@ -759,7 +762,7 @@ hipError_t hipStreamSynchronize(void *p) {
   wait_reached(s, upto);
   wait_on(s, upto);
   if (timed) timed_wait(w);
-  return s->sticky;
+  return sticky(s);
 }
 hipError_t hipEventCreateWithFlags(void **e, unsigned flags) { (void)flags; *e = calloc(1, sizeof(event)); return OK; }
 hipError_t hipEventDestroy(void *e) {
@@ -774,7 +777,7 @@ hipError_t hipEventRecord(void *p, void *ps) {
   stream *s = ps;
   event *e = p;
   if (s->capture) return E_CAPTURED_EVENT; /* the server must never do this */
-  if (s->sticky) return s->sticky;
+  if (sticky(s)) return sticky(s);
   place_posts();
   e->last = s;
   {
@@ -804,7 +807,7 @@ hipError_t hipEventQuery(void *p) {
     long long at = e->node ? finish_of(e->node) : e->at;
     if (at < 0 || now_ns() < at) return E_NOT_READY;
   }
-  return e->last ? e->last->sticky : OK;
+  return e->last ? sticky(e->last) : OK;
 }
 hipError_t hipEventSynchronize(void *p) {
   event *e = p;
@@ -820,7 +823,7 @@ hipError_t hipEventSynchronize(void *p) {
   if (e->last) wait_reached(e->last, e->seq);
   wait_on(e->last, e->seq);
   if (timed) timed_wait(w);
-  return e->last ? e->last->sticky : OK;
+  return e->last ? sticky(e->last) : OK;
 }
 hipError_t hipStreamWaitEvent(void *p, void *pe, unsigned flags) {
   stream *s = p;
@@ -838,7 +841,7 @@ hipError_t hipStreamWaitEvent(void *p, void *pe, unsigned flags) {
     HOLD_LOCKED;
     if (!reached(e->last, e->seq)) hold(s, (held){.kind = H_WAIT, .seq = ++s->issued, .on = e->last, .upto = e->seq});
   }
-  return s->sticky;
+  return sticky(s);
 }
 
 /* ----- memory ----- */
@@ -878,7 +881,7 @@ hipError_t hipHostFree(void *p) { free(p); return OK; }
 hipError_t hipMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *p) {
   stream *s = p;
   if (kind < 1 || kind > 3) return E_INVALID;
-  if (s->sticky) return s->sticky;
+  if (sticky(s)) return sticky(s);
   /* A recorded copy keeps the source *pointer*, as HIP's memcpy node does. */
   op o = {0, dst, src, n, NULL, 0, {0}, {0}, NULL};
   place_posts();
@@ -919,7 +922,7 @@ hipError_t hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz,
   (void)shared; (void)extra;
   if (!fn || !fn->m->live) return E_INVALID_HANDLE; /* a function of an unloaded module */
   const kernel *k = fn->k;
-  if (s->sticky) return s->sticky;
+  if (sticky(s)) return sticky(s);
   if (!gx || !gy || !gz || !bx || !by || !bz) return E_INVALID;
   const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
   if ((unsigned long long)bx * by * bz > THREADS_PER_BLOCK) return E_INVALID;
@@ -986,7 +989,7 @@ hipError_t hipGraphLaunch(void *exec, void *p) {
   stream *s = p;
   graph *g = exec;
   if (s->capture) return E_CAPTURE_UNSUPPORTED;
-  if (s->sticky) return s->sticky;
+  if (sticky(s)) return sticky(s);
   for (size_t i = 0; i < g->len; i++)
     if (g->ops[i].launch == 1 && !g->ops[i].f->m->live) return E_INVALID_HANDLE; /* its module was unloaded */
   unsigned long long seq = 0;
