@@ -59,7 +59,7 @@ pub enum Reduce {
 }
 
 /// What a reduction reads the bytes as, little-endian: every type NCCL
-/// reduces but fp8, whose rounding NCCL leaves to its version.
+/// reduces but fp8 (NCCL 2.24 on), whose arithmetic no test here can check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Element {
     /// `f32`.
