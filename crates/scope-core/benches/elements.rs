@@ -95,8 +95,20 @@ fn plain_sum(inputs: &[Vec<u8>]) -> Vec<f32> {
 }
 
 fn combine(size: usize, rounds: usize) {
+    // Every odd byte 0x3c: each float's top byte, so no value is subnormal
+    // (whose arithmetic x86 runs in microcode) in any type.
     let inputs: Vec<Vec<u8>> = (0..RANKS)
-        .map(|r| (0..size).map(|i| (i * 7 + r * 13) as u8 & 0x3f).collect())
+        .map(|r| {
+            (0..size)
+                .map(|i| {
+                    if i % 2 == 1 {
+                        0x3c
+                    } else {
+                        (i * 7 + r * 13) as u8
+                    }
+                })
+                .collect()
+        })
         .collect();
     let views: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
     let mut plain = Vec::new();

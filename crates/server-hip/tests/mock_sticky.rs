@@ -53,7 +53,10 @@ fn a_real_sticky_fault_poisons_the_whole_device() {
     assert!(again.is_device_poisoned(), "{again}");
 
     let met = neighbour.sync().unwrap_err();
-    assert!(met.is_sticky(), "the neighbour meets the device's fault: {met}");
+    assert!(
+        met.is_sticky(),
+        "the neighbour meets the device's fault: {met}"
+    );
     assert!(met.to_string().contains("hipErrorIllegalAddress"), "{met}");
     let read = neighbour.read(&theirs).unwrap_err();
     assert!(read.is_device_poisoned(), "{read}");

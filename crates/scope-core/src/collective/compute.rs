@@ -44,11 +44,12 @@ trait Word {
     type Wide: Wide;
     const SIZE: usize;
     fn widen(bytes: &[u8]) -> Self::Wide;
-    fn narrow(wide: Self::Wide, out: &mut Vec<u8>);
+    fn narrow(wide: Self::Wide, out: &mut [u8]);
 }
 
 /// The arithmetic of a value being combined.
 trait Wide: Copy {
+    /// Inlined where `op` is a constant, so a loop per operation has no branch.
     fn combine(self, other: Self, op: Reduce) -> Self;
     fn mean(sum: Self, n: usize) -> Self;
 }
@@ -58,6 +59,7 @@ trait Wide: Copy {
 macro_rules! float_wide {
     ($($t:ty),*) => {$(
         impl Wide for $t {
+            #[inline(always)]
             fn combine(self, other: Self, op: Reduce) -> Self {
                 match op {
                     Reduce::Sum | Reduce::Mean => self + other,
@@ -77,6 +79,7 @@ macro_rules! float_wide {
 macro_rules! integer_wide {
     ($($t:ty),*) => {$(
         impl Wide for $t {
+            #[inline(always)]
             fn combine(self, other: Self, op: Reduce) -> Self {
                 match op {
                     Reduce::Sum | Reduce::Mean => self.wrapping_add(other),
@@ -101,11 +104,13 @@ macro_rules! own_word {
         impl Word for $t {
             type Wide = $t;
             const SIZE: usize = std::mem::size_of::<$t>();
+            #[inline(always)]
             fn widen(bytes: &[u8]) -> $t {
                 <$t>::from_le_bytes(bytes.try_into().unwrap_or_default())
             }
-            fn narrow(wide: $t, out: &mut Vec<u8>) {
-                out.extend_from_slice(&wide.to_le_bytes());
+            #[inline(always)]
+            fn narrow(wide: $t, out: &mut [u8]) {
+                out.copy_from_slice(&wide.to_le_bytes());
             }
         }
     )*};
@@ -122,14 +127,35 @@ macro_rules! half_word {
             fn widen(bytes: &[u8]) -> f32 {
                 <$t>::from_le_bytes([bytes[0], bytes[1]]).to_f32()
             }
-            fn narrow(wide: f32, out: &mut Vec<u8>) {
-                out.extend_from_slice(&<$t>::from_f32(wide).to_le_bytes());
+            fn narrow(wide: f32, out: &mut [u8]) {
+                out.copy_from_slice(&<$t>::from_f32(wide).to_le_bytes());
             }
         }
     )*};
 }
 
-half_word!(half::f16, half::bf16);
+half_word!(half::f16);
+
+/// bfloat16 by hand, inlined, so the loops over it vectorise: the high half
+/// of an `f32`, rounded to nearest even; a NaN stays a quiet NaN.
+impl Word for half::bf16 {
+    type Wide = f32;
+    const SIZE: usize = 2;
+    #[inline(always)]
+    fn widen(bytes: &[u8]) -> f32 {
+        f32::from_bits(u32::from(u16::from_le_bytes([bytes[0], bytes[1]])) << 16)
+    }
+    #[inline(always)]
+    fn narrow(wide: f32, out: &mut [u8]) {
+        let x = wide.to_bits();
+        let rounded = if wide.is_nan() {
+            (x >> 16) | 0x40
+        } else {
+            x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16
+        };
+        out.copy_from_slice(&(rounded as u16).to_le_bytes());
+    }
+}
 
 /// `inputs` combined with `op` in rank order, so every run gets the same bits.
 fn reduce(element: Element, op: Reduce, inputs: &[&[u8]]) -> Vec<u8> {
@@ -148,20 +174,32 @@ fn reduce(element: Element, op: Reduce, inputs: &[&[u8]]) -> Vec<u8> {
 }
 
 fn reduce_as<W: Word>(op: Reduce, inputs: &[&[u8]]) -> Vec<u8> {
+    // A loop per operation: the inner one then holds no branch.
+    let ranks = inputs.len();
+    match op {
+        Reduce::Sum => fold::<W>(inputs, |a, b| a.combine(b, Reduce::Sum), None),
+        Reduce::Prod => fold::<W>(inputs, |a, b| a.combine(b, Reduce::Prod), None),
+        Reduce::Min => fold::<W>(inputs, |a, b| a.combine(b, Reduce::Min), None),
+        Reduce::Max => fold::<W>(inputs, |a, b| a.combine(b, Reduce::Max), None),
+        Reduce::Mean => fold::<W>(inputs, |a, b| a.combine(b, Reduce::Sum), Some(ranks)),
+    }
+}
+
+/// `inputs` folded by `f` in rank order, then divided by `mean`'s count.
+fn fold<W: Word>(
+    inputs: &[&[u8]],
+    f: impl Fn(W::Wide, W::Wide) -> W::Wide,
+    mean: Option<usize>,
+) -> Vec<u8> {
     let mut acc: Vec<W::Wide> = inputs[0].chunks_exact(W::SIZE).map(W::widen).collect();
     for input in &inputs[1..] {
         for (a, c) in acc.iter_mut().zip(input.chunks_exact(W::SIZE)) {
-            *a = a.combine(W::widen(c), op);
+            *a = f(*a, W::widen(c));
         }
     }
-    let mut out = Vec::with_capacity(acc.len() * W::SIZE);
-    for a in acc {
-        let a = if op == Reduce::Mean {
-            W::Wide::mean(a, inputs.len())
-        } else {
-            a
-        };
-        W::narrow(a, &mut out);
+    let mut out = vec![0; acc.len() * W::SIZE];
+    for (o, a) in out.chunks_exact_mut(W::SIZE).zip(acc) {
+        W::narrow(mean.map_or(a, |n| W::Wide::mean(a, n)), o);
     }
     out
 }

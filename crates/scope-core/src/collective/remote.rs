@@ -664,7 +664,8 @@ mod tests {
         let mut future = good.clone();
         future[52..56].copy_from_slice(&(VERSION + 1).to_le_bytes());
         assert!(unreadable(&future), "a future version");
-        for (at, byte) in [(5, 9u8), (6, 9), (28, 9)] {
+        let unknown_element = Element::ALL.len() as u8;
+        for (at, byte) in [(5, unknown_element), (6, 9u8), (28, 9)] {
             let mut odd = good.clone();
             odd[at] = byte;
             assert!(unreadable(&odd), "byte {at} = {byte}");
