@@ -71,7 +71,10 @@ fn reaper() -> &'static Watchdog<Box<dyn Send>> {
     REAPER.get_or_init(|| {
         Watchdog::spawned("scope-reaper", |r| {
             loop {
-                drop(r.taken());
+                r.wait_for_entries();
+                // Dropped after the lock is let go: a drop may take a while.
+                let items = std::mem::take(&mut *r.list.lock());
+                drop(items);
             }
         })
     })
@@ -95,13 +98,12 @@ impl<T: Send + 'static> Watchdog<T> {
         dog
     }
 
-    /// The whole list, once it is not empty.
-    fn taken(&self) -> Vec<T> {
+    /// Return once the list is not empty.
+    fn wait_for_entries(&self) {
         let mut list = self.list.lock();
         while list.is_empty() {
             self.added.wait(&mut list);
         }
-        std::mem::take(&mut *list)
     }
 
     fn add(&self, items: impl IntoIterator<Item = T>) {
@@ -116,8 +118,11 @@ impl<T: Send + 'static> Watchdog<T> {
 impl Watchdog<Box<dyn Watched>> {
     fn run(&'static self) {
         loop {
-            let mut taken = self.taken();
+            self.wait_for_entries();
+            // The sweep's lock before the list's entries: a group dropped
+            // meanwhile takes its entries before them, or after the sweep.
             let sweep = self.sweep.lock();
+            let mut taken = std::mem::take(&mut *self.list.lock());
             // Polled without the list's lock: a poll may claim or abort.
             let now = Instant::now();
             let done: Vec<_> = taken.extract_if(.., |watched| watched.poll(now)).collect();
