@@ -404,7 +404,7 @@ impl Bf16Step {
     }
 }
 
-/// One step of [`data_parallel`]'s group with its gradients all-reduced in `bf16`
+/// One step of [`data_parallel()`]'s group with its gradients all-reduced in `bf16`
 /// ([`DataParallel::in_bf16`]). Fails on a device error, or an uneven batch.
 pub fn bf16_step<B: Backend>(
     runtimes: Vec<Runtime<B>>,
