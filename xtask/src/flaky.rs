@@ -143,6 +143,11 @@ pub const CALM: &[(&str, &str, &str)] = &[
         "one kernel's results a server; no groups",
     ),
     (
+        "scope-cubecl",
+        "collectives",
+        "cubecl's collectives on four logical devices of one software adapter, one test at a time: their rounds are the core's, raced in scope-test and the mocks; too slow for hundreds of runs",
+    ),
+    (
         "server-cuda",
         "collectives",
         "needs an NVIDIA device: skipped here",
