@@ -9,8 +9,8 @@
 //! 3. **The group breaks** (rule 43).
 //! 4. **Dropping a group waits for its rounds**, failing them at its deadline.
 //! 5. **The thread drops nothing that can wait** (a server's sync, a
-//!    communicator's destroy): a second thread does, so one busy device
-//!    never delays another group's deadline.
+//!    communicator's destroy): other threads do, so one busy device never
+//!    delays another group's deadline.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -190,8 +190,7 @@ impl<B: Backend> Watched for Watch<B> {
         };
         let done = self.poll_on(&shared, now);
         if let Some(last) = Arc::into_inner(shared) {
-            // Its drop may wait on a device, or for this very sweep.
-            reaper().add([Box::new(last) as Box<dyn Send>]);
+            drop_elsewhere(last);
         }
         done
     }
@@ -238,6 +237,23 @@ impl<B: Backend> Watch<B> {
     fn end(&mut self, waited: Result<()>) -> bool {
         self.part.end(waited);
         true
+    }
+}
+
+/// Drop a group whose last handle a poll held, on a thread of its own. Its
+/// drop may wait on a device, or for this very sweep. It keeps its late
+/// rounds' deadlines, so it must not queue behind the reaper's drops.
+fn drop_elsewhere<B: Backend>(last: Shared<B>) {
+    let slot = Arc::new(Mutex::new(Some(last)));
+    let theirs = Arc::clone(&slot);
+    let spawned = std::thread::Builder::new()
+        .name("scope-group-drop".to_owned())
+        .spawn(move || drop(theirs.lock().take()));
+    if let Err(error) = spawned {
+        tracing::error!("no thread to drop a group on ({error}): the reaper drops it");
+        if let Some(last) = slot.lock().take() {
+            reaper().add([Box::new(last) as Box<dyn Send>]);
+        }
     }
 }
 
