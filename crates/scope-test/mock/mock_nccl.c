@@ -165,6 +165,10 @@ typedef struct transfer {
   void *send_part, *recv_part; /* timed mode, as a post's */
   struct transfer *next;
 } transfer;
+/* A joined part an abort may still end, and what it writes on its rank:
+ * the bytes, and the driver's number for the allocation they were in at
+ * the join (scope_mock_device_range). */
+typedef struct kept_part { void *part; void *recv; size_t bytes; int allocation; } kept_part;
 typedef struct clique {
   unsigned long long id;
   /* A shrink's or split's clique: its parent's id and which shrink or split
@@ -181,7 +185,7 @@ typedef struct clique {
   transfer *transfers;
   /* Timed mode: the driver's handles on joined parts whose finish an
    * abort may still move (see join_parts). */
-  void **kept;
+  struct kept_part *kept;
   size_t nkept, capkept, prune_at;
   struct clique *next;
 } clique;
@@ -346,21 +350,27 @@ static void forget_settled(clique *c) {
   void (*release)(void *) = (void (*)(void *))driver_hook("scope_mock_part_release");
   size_t left = 0;
   for (size_t i = 0; i < c->nkept; i++) {
-    if (settled && release && settled(c->kept[i])) release(c->kept[i]);
+    if (settled && release && settled(c->kept[i].part)) release(c->kept[i].part);
     else c->kept[left++] = c->kept[i];
   }
   c->nkept = left;
   c->prune_at = 2 * left > 64 ? 2 * left : 64;
 }
+static size_t recv_bytes(const post *p, int n);
 /* Every part of a call of `c` posted: they finish together, `bytes` after
  * the latest start. Where the driver can (scope_mock_part_join_kept),
- * the handles stay here, so that an abort can still end the call while
- * it has not finished. */
-static void join_parts(clique *c, void **parts, int n, size_t bytes) {
+ * the handles stay here, with what each part writes (`recvs[i]`,
+ * `written[i]` bytes), so that an abort can still end the call while it
+ * has not finished, and scribble what it was writing. */
+static void join_parts(clique *c, void **parts, void **recvs, const size_t *written, int n, size_t bytes) {
   void *known[MAX_RANKS];
+  kept_part writes[MAX_RANKS];
   int k = 0;
   for (int i = 0; i < n; i++)
-    if (parts[i]) known[k++] = parts[i];
+    if (parts[i]) {
+      writes[k] = (kept_part){parts[i], recvs[i], written[i], recvs[i] ? device_range(recvs[i], written[i]) : 0};
+      known[k++] = parts[i];
+    }
   if (!k) return;
   typedef void (*join_hook)(void **, int, unsigned long long);
   join_hook kept = (join_hook)driver_hook("scope_mock_part_join_kept");
@@ -375,7 +385,21 @@ static void join_parts(clique *c, void **parts, int n, size_t bytes) {
     c->capkept = c->capkept ? 2 * c->capkept + (size_t)k : 64;
     c->kept = realloc(c->kept, c->capkept * sizeof *c->kept);
   }
-  for (int i = 0; i < k; i++) c->kept[c->nkept++] = known[i];
+  for (int i = 0; i < k; i++) c->kept[c->nkept++] = writes[i];
+}
+
+/* What NCCL's kernel leaves when an abort kills it is partial data. Over
+ * what an unfinished part was to write the mock leaves this pattern,
+ * which no test's correct run produces: a read that the failure model
+ * should have failed shows wrong bytes, never a right sum by luck (the
+ * last replay's, or one the mock moved before the part's finish). Only
+ * where the bytes are still in the allocation they were in when the part
+ * was joined (`allocation`; 0: any live one, for a part not joined, whose
+ * stream still holds its frees). */
+#define SCRIBBLE 0xa5
+static void scribble(void *recv, size_t bytes, int allocation) {
+  int now = recv && bytes ? device_range(recv, bytes) : 0;
+  if (now && (!allocation || now == allocation)) memset(recv, SCRIBBLE, bytes);
 }
 static void end_part(void **part) {
   void (*f)(void *) = (void (*)(void *))driver_hook("scope_mock_part_end");
@@ -929,17 +953,25 @@ int ncclCommAbort(comm *m) {
      * driver that finds nothing pending finds the parts ended). */
     for (call *k = m->c->calls; k; k = k->next)
       for (int r = 0; r < m->c->nranks; r++) {
-        end_part(&k->posts[r].part);
-        if (k->posts[r].posted) part_closed(k->posts[r].stream, k->posts[r].seq);
+        post *q = &k->posts[r];
+        if (q->posted) scribble(q->recv, recv_bytes(q, m->c->nranks), 0);
+        end_part(&q->part);
+        if (q->posted) part_closed(q->stream, q->seq);
       }
     for (transfer *t = m->c->transfers; t; t = t->next) {
+      if (t->has_recv) scribble(t->recv, t->recv_bytes, 0);
       end_part(&t->send_part);
       end_part(&t->recv_part);
     }
     /* And what was joined but has not finished: every rank's kernel of
      * the communicator returns (a rank still busy before its part ends
      * it once that work is done: the driver's model). */
-    for (size_t i = 0; i < m->c->nkept; i++) end_part(&m->c->kept[i]);
+    int (*settled)(void *) = (int (*)(void *))driver_hook("scope_mock_part_settled");
+    for (size_t i = 0; i < m->c->nkept; i++) {
+      kept_part *x = &m->c->kept[i];
+      if (settled && !settled(x->part)) scribble(x->recv, x->bytes, x->allocation);
+      end_part(&x->part);
+    }
     m->c->nkept = 0;
   }
   pthread_cond_broadcast(&changed);
@@ -1335,7 +1367,7 @@ static int post_shared(comm *m, int kind, const void *send, void *recv, size_t c
   p.seq = stream_seq ? stream_seq : stream_op(stream);
   now_last(m, stream, p.seq, NULL);
   shared_issue h = {m, 0, 0, m->next_seq++, p, 0};
-  if (!stream_seq && hold_shared(&h)) return SUCCESS;
+  if (hold_shared(&h)) return SUCCESS; /* a replay's fills its slot */
   return place_shared_call(&h);
 }
 
@@ -1426,7 +1458,13 @@ static int place(comm *m, unsigned long long seq, post p) {
     run(k, n);
     void *parts[MAX_RANKS];
     for (int r = 0; r < n; r++) parts[r] = k->posts[r].part;
-    join_parts(c, parts, n, p.count * element_size(p.dtype));
+    void *recvs[MAX_RANKS];
+    size_t written[MAX_RANKS];
+    for (int r = 0; r < n; r++) {
+      recvs[r] = k->posts[r].recv;
+      written[r] = recv_bytes(&k->posts[r], n);
+    }
+    join_parts(c, parts, recvs, written, n, p.count * element_size(p.dtype));
     for (call **at = &c->calls; *at; at = &(*at)->next)
       if (*at == k) { *at = k->next; break; }
     for (int r = 0; r < n; r++) part_closed(k->posts[r].stream, k->posts[r].seq);
@@ -1610,8 +1648,9 @@ static int post_transfer(comm *m, int is_send, void *buf, size_t count, int dtyp
     t->recv_seq = stream_part(stream, &t->recv_part);
   }
   if (!(t->has_send && t->has_recv)) return SUCCESS;
-  void *parts[2] = {t->send_part, t->recv_part};
-  join_parts(c, parts, 2, t->send_bytes < t->recv_bytes ? t->send_bytes : t->recv_bytes);
+  void *parts[2] = {t->send_part, t->recv_part}, *recvs[2] = {NULL, t->recv};
+  size_t written[2] = {0, t->recv_bytes};
+  join_parts(c, parts, recvs, written, 2, t->send_bytes < t->recv_bytes ? t->send_bytes : t->recv_bytes);
   for (transfer **at = &c->transfers; *at; at = &(*at)->next)
     if (*at == t) { *at = t->next; break; }
   size_t sent = t->send_bytes, received = t->recv_bytes;

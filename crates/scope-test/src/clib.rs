@@ -16,8 +16,9 @@ use std::process::Command;
 /// NCCL's API).
 pub const MOCK_NCCL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mock/mock_nccl.c");
 
-/// The mocks' shared headers (`timeline.h`, the timed mode of the CUDA and HIP mocks). They are on
-/// every library's include path, and part of its hash, so a changed header builds anew.
+/// The mocks' shared headers: `timeline.h`, the timed mode of the CUDA and HIP mocks, and `held.h`,
+/// their one stream executor. They are on every library's include path, and part of its hash, so a
+/// changed header builds anew.
 pub const MOCK_INCLUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mock");
 
 /// Every `.h` under [`MOCK_INCLUDE`], by name, with its text.

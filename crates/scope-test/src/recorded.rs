@@ -95,6 +95,50 @@ pub fn collectives_recorded_in_a_graph_replay_on_every_rank<S: Suite>() {
     assert!(group.broken().is_none());
 }
 
+/// A graph's work runs in the order it was recorded, its collectives included, as a device runs
+/// it. A copy recorded after a sum reads that replay's sum, never the one before. A fill recorded
+/// after it overwrites the sum's input only once the sum has read it. A runtime's step is such a
+/// graph: the optimizer reads the gradient the round just reduced, and the next forward pass
+/// overwrites what the round read.
+pub fn work_recorded_after_a_collective_sees_it_done<S: Suite>() {
+    let Some(group) = group::<S>(WAIT) else {
+        return;
+    };
+    let outcomes = group.run(|rank| {
+        let c = rank.client();
+        let r = rank.index() as u32;
+        let input = alloc(c, PART);
+        let sum = alloc(c, PART);
+        let after = alloc(c, PART);
+        let capture = c.begin_capture().unwrap();
+        rank.all_reduce(input.all(), sum.all(), Element::U32, Reduce::Sum)
+            .expect("recorded on every rank");
+        copy::<S>(c, &sum, &after).expect("recorded");
+        fill::<S>(c, &input, 1000).expect("recorded");
+        let graph = c.end_capture(capture).expect("a clean window seals");
+        (1..=3u32)
+            .map(|step| {
+                c.write(input.all(), &as_bytes(&vec![r + step; PART as usize]))
+                    .unwrap();
+                rank.replay(&graph).expect("every rank replays");
+                let seen = (read(c, &after).unwrap(), read(c, &sum).unwrap());
+                (seen, read(c, &input).unwrap())
+            })
+            .collect::<Vec<_>>()
+    });
+    let n = RANKS as u32;
+    for (rank, seen) in outcomes.into_iter().enumerate() {
+        for (step, ((after, sum), input)) in (1..=3u32).zip(seen) {
+            let total: u32 = (0..n).map(|r| r + step).sum();
+            let expected = vec![total; PART as usize];
+            assert_eq!(sum, expected, "rank {rank}, replay {step}: the sum read the fill");
+            assert_eq!(after, expected, "rank {rank}, replay {step}: the copy ran first");
+            assert_eq!(input, vec![1000; PART as usize], "rank {rank}, replay {step}");
+        }
+    }
+    assert!(group.broken().is_none());
+}
+
 /// An input that carries a failure on rank 2 at replay fails every rank's replay (rule 50). Each
 /// names rank 2 and its root cause. Nothing is replayed, and everything every graph writes carries
 /// the failure. Once the input is written again, the next replay runs and heals.
@@ -351,6 +395,7 @@ pub fn a_host_staged_collective_is_not_recorded<S: Suite>() {
 macro_rules! recorded_tests {
     ($suite:ty) => {
         $crate::behaviour! { $suite, recorded::collectives_recorded_in_a_graph_replay_on_every_rank, DeviceCollectives }
+        $crate::behaviour! { $suite, recorded::work_recorded_after_a_collective_sees_it_done, DeviceCollectives }
         $crate::behaviour! { $suite, recorded::a_failed_input_fails_every_ranks_replay, DeviceCollectives }
         $crate::behaviour! { $suite, recorded::recorded_collectives_that_disagree_are_refused_everywhere, DeviceCollectives }
         $crate::behaviour! { $suite, recorded::a_rank_that_never_replays_fails_the_others_within_the_deadline, DeviceCollectives }

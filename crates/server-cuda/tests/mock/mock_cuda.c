@@ -293,6 +293,7 @@ typedef struct block {
   unsigned long long freed_seq;
   struct stream *alloc_on;                /* pool blocks: the stream in whose order it was made */
   unsigned long long alloc_seq;
+  int serial;                             /* which allocation it holds (see scope_mock_device_range) */
   struct block *next;
 } block;
 static block *blocks;
@@ -314,11 +315,18 @@ static block *find(const void *p, size_t n, int kind) {
   return NULL;
 }
 
+/* A number for each allocation made live, never 0. */
+static int next_serial(void) {
+  static int serial;
+  serial = serial % 2000000000 + 1;
+  return serial;
+}
 static block *new_block(size_t size, int kind, pool *owner) {
   char *base = malloc(size ? size : 1);
   if (!base) return NULL;
   block *b = calloc(1, sizeof(block));
   b->base = base; b->size = size; b->kind = kind; b->live = 1; b->pool = owner;
+  b->serial = next_serial();
   b->next = blocks;
   blocks = b;
   return b;
@@ -591,64 +599,20 @@ static CUresult run(const op *o, int replay) {
 static void op_free(op *o) { if (o->kind == OP_KERNEL || o->kind == OP_HOOK) free(o->params); }
 
 /* ----- held work: what waits on the device for a collective -----
- * Work runs when it is issued, except work ordered after a collective's
- * part that is still open (posted, its peers not all posted: the mock
- * NCCL says so through scope_mock_part_opened and _closed): later work on
- * the part's stream, work on a stream made to wait on an event that
- * covers it, and so on. That work is held, queued on its stream in order,
- * and runs when what it waits for closed, on whichever thread closed it,
- * as a GPU runs work queued behind NCCL's kernel. A collective posted on
- * a stream that holds work is placed when the stream reaches it
- * (scope_mock_hold_post), by the next driver call, with the lock released
- * (the mock NCCL takes its lock, then this one). A host wait waits until
- * what it covers ran; a query answers NOT_READY until then. */
-enum { H_OP, H_MEMSET, H_FREE, H_WAIT, H_POST };
-typedef struct held {
+ * The stream executor both mocks share (scope-test's mock/held.h): work
+ * ordered after a collective's part still open is held, queued on its
+ * stream in issue order, and runs once the part closed. Here a held
+ * operation is an op, a memset or a stream-ordered free; a held copy's
+ * host side is not checked (pageable memory the caller keeps until its
+ * wait). */
+enum { W_OP, W_MEMSET, W_FREE };
+typedef struct {
   int kind, replay;
-  unsigned long long seq;       /* its number on its stream */
-  op o;                         /* H_OP; H_POST: o.hook and its blob, o.params */
-  char *owned;                  /* H_OP: a host-to-device copy's source, copied */
-  char *dst; unsigned char value; size_t n; /* H_MEMSET */
-  block *b;                     /* H_FREE */
-  stream *on; unsigned long long upto; /* H_WAIT: every operation of `on` up to `upto` */
-  struct held *next;
-} held;
-static unsigned long long nheld;
-
-static void hold(stream *s, held h) {
-  held *x = malloc(sizeof *x);
-  *x = h;
-  x->next = NULL;
-  if (s->last) s->last->next = x; else s->head = x;
-  s->last = x;
-  nheld++;
-}
-static held *unhold(stream *s) {
-  held *h = s->head;
-  s->head = h->next;
-  if (!s->head) s->last = NULL;
-  nheld--;
-  return h;
-}
-/* Whether `s` has a part open at or before `upto`. */
-static int open_upto(const stream *s, unsigned long long upto) {
-  for (size_t i = 0; i < s->nopen; i++)
-    if (s->open[i] <= upto) return 1;
-  return 0;
-}
-/* Whether new work on `s` waits: its queue, or a part of its own open. */
-static int holding(const stream *s) { return s->head || s->placing || s->nopen; }
-/* Whether every operation of `s` up to `upto` ran. */
-static int reached(const stream *s, unsigned long long upto) {
-  if (s->head && s->head->seq <= upto) return 0;
-  if (s->placing && s->placing <= upto) return 0;
-  return !open_upto(s, upto);
-}
-static int runnable(const stream *s, const held *h) {
-  if (s->placing) return 0;
-  if (h->kind == H_WAIT) return reached(h->on, h->upto);
-  return h->kind == H_POST || !open_upto(s, h->seq - 1);
-}
+  op o;                         /* W_OP */
+  char *owned;                  /* W_OP: a host-to-device copy's source, copied */
+  char *dst; unsigned char value; size_t n; /* W_MEMSET */
+  block *b;                     /* W_FREE */
+} held_work;
 static void free_block_on(stream *s, block *b, unsigned long long seq) {
   b->live = 0;
   b->freeing = 0;
@@ -656,136 +620,20 @@ static void free_block_on(stream *s, block *b, unsigned long long seq) {
   b->freed_on = s;
   b->freed_seq = seq;
 }
-/* Run what is held and may run now (the lock held); whether a post waits
- * at the head of its stream to be placed. */
-static int drain(void) {
-  int moved = 1, posts = 0;
-  while (nheld && moved) {
-    moved = 0;
-    posts = 0;
-    for (stream *s = streams; s; s = s->next) {
-      while (s->head && runnable(s, s->head)) {
-        if (s->head->kind == H_POST) {
-          posts = 1;
-          break;
-        }
-        held *h = unhold(s);
-        switch (h->kind) {
-          case H_OP: run(&h->o, h->replay); op_free(&h->o); free(h->owned); break;
-          case H_MEMSET:
-            if (!fault_pending && !sticky && find(h->dst, h->n, DEVICE)) memset(h->dst, h->value, h->n);
-            break;
-          case H_FREE: free_block_on(s, h->b, h->seq); break;
-        }
-        free(h);
-        moved = 1;
-      }
-    }
-  }
-  return posts;
-}
-/* Place the posts their streams reached, with the lock released: each
- * calls into the mock NCCL. A stream placing one holds the rest. */
-static void place_posts(void) {
-  for (;;) {
-    held *h = NULL;
-    stream *on = NULL;
-    pthread_mutex_lock(&lock);
-    if (nheld && drain()) {
-      for (stream *s = streams; s && !h; s = s->next)
-        if (s->head && s->head->kind == H_POST && !s->placing) {
-          h = unhold(s);
-          s->placing = h->seq;
-          on = s;
-        }
-    }
-    pthread_mutex_unlock(&lock);
-    if (!h) return;
-    h->o.hook(h->o.params, on, h->seq);
-    pthread_mutex_lock(&lock);
-    on->placing = 0;
-    drain();
-    pthread_mutex_unlock(&lock);
-    free(h->o.params);
-    free(h);
-  }
-}
-/* An open part of `s` (or of what its work up to `upto` waits for) to
- * wait for; NULL where nothing is open (a post waits to be placed). */
-static stream *open_blocker(stream *s, unsigned long long upto, unsigned long long *seq, int depth) {
-  for (size_t i = 0; i < s->nopen; i++)
-    if (s->open[i] <= upto) {
-      *seq = s->open[i];
-      return s;
-    }
-  if (depth > 0 && s->head && s->head->seq <= upto && s->head->kind == H_WAIT)
-    return open_blocker(s->head->on, s->head->upto, seq, depth - 1);
-  return NULL;
-}
-static void wait_on(void *s, unsigned long long upto);
-/* Wait, with the lock released, until `s`'s work up to `upto` ran (1).
- * One that cannot (a cycle, peers that never post) gives up after 30 s,
- * as the mock NCCL's wait does, and counts a violation (0). */
-static int wait_reached(stream *s, unsigned long long upto) {
-  long long give_up = now_ns() + 30000000000LL;
-  for (;;) {
-    place_posts();
-    pthread_mutex_lock(&lock);
-    drain();
-    int done = reached(s, upto);
-    unsigned long long seq = 0;
-    stream *b = done ? NULL : open_blocker(s, upto, &seq, 64);
-    if (!done && now_ns() > give_up) {
-      refuse(E_ILLEGAL_STATE, "a host wait gave up: its held work waits for a collective that cannot finish");
-      pthread_mutex_unlock(&lock);
-      return 0;
-    }
-    pthread_mutex_unlock(&lock);
-    if (done) return 1;
-    if (b) {
-      wait_on(b, seq);
-    } else {
-      struct timespec pause = {0, 50000};
-      nanosleep(&pause, NULL);
-    }
-  }
-}
-void scope_mock_part_opened(void *p, unsigned long long seq) {
-  LOCKED;
-  stream *s = p;
-  if (s->nopen == s->capopen) {
-    s->capopen = s->capopen ? 2 * s->capopen : 8;
-    s->open = realloc(s->open, s->capopen * sizeof *s->open);
-  }
-  s->open[s->nopen++] = seq;
-}
-void scope_mock_part_closed(void *p, unsigned long long seq) {
-  LOCKED;
-  stream *s = p;
-  for (size_t i = 0; i < s->nopen; i++)
-    if (s->open[i] == seq) {
-      s->open[i] = s->open[--s->nopen];
+static void held_run(stream *s, held_work *w, unsigned long long seq) {
+  switch (w->kind) {
+    case W_OP: run(&w->o, w->replay); op_free(&w->o); free(w->owned); break;
+    case W_MEMSET:
+      if (!fault_pending && !sticky && find(w->dst, w->n, DEVICE)) memset(w->dst, w->value, w->n);
       break;
-    }
-  drain();
+    case W_FREE: free_block_on(s, w->b, seq); break;
+  }
 }
-/* A collective posted on `p` as its operation `seq`: held, to be placed
- * by `hook(blob)` when the stream reaches it, if the stream holds work
- * (1); else the mock NCCL places it now (0). */
-int scope_mock_hold_post(void *p, unsigned long long seq, replay_hook hook, const void *blob, size_t n) {
-  LOCKED;
-  stream *s = p;
-  if (!s->head && !s->placing) return 0;
-  held h = {.kind = H_POST, .seq = seq};
-  h.o.kind = OP_HOOK;
-  h.o.hook = hook;
-  h.o.n = n;
-  h.o.params = malloc(n ? n : 1);
-  memcpy(h.o.params, blob, n);
-  hold(s, h);
-  return 1;
+static void held_gave_up(void) {
+  refuse(E_ILLEGAL_STATE, "a host wait gave up: its held work waits for a collective that cannot finish");
 }
-
+#define HELD_MUTEX lock
+#include "held.h"
 /* NCCL runs one communicator's kernels in issue order whatever their
  * streams (a launch waits on the communicator's internal stream, which
  * then waits on the launch): the mock NCCL orders the next operation of
@@ -848,14 +696,14 @@ static CUresult issue(stream *s, op o) {
         }
       }
     }
-    held h = {.kind = H_OP, .seq = s->issued, .o = o, .replay = 2};
+    held_work w = {.kind = W_OP, .o = o, .replay = 2};
     if (o.kind == OP_HTOD) {
       /* A copy from pageable memory reads it before the call returns. */
-      h.owned = malloc(o.n ? o.n : 1);
-      memcpy(h.owned, o.src, o.n);
-      h.o.src = h.owned;
+      w.owned = malloc(o.n ? o.n : 1);
+      memcpy(w.owned, o.src, o.n);
+      w.o.src = w.owned;
     }
-    hold(s, h);
+    hold(s, (held){.kind = H_WORK, .seq = s->issued, .w = w});
     return OK;
   }
   CUresult r = run(&o, 0);
@@ -1072,7 +920,8 @@ int scope_mock_current_device(void) {
 /* Whether [p, p + n) lies inside one live device allocation. */
 int scope_mock_device_range(const void *p, size_t n) {
   LOCKED;
-  return find(p, n, DEVICE) != NULL;
+  block *b = find(p, n, DEVICE);
+  return b ? b->serial : 0;
 }
 
 /* Whether `s` is a live stream that is capturing (-1: not a live stream). */
@@ -1520,17 +1369,19 @@ CUresult cuGraphInstantiateWithFlags(void **out, void *pg, unsigned long long fl
   *out = x;
   return OK;
 }
-static CUresult graph_launch(void *px, void *ps, unsigned long long *seq);
-/* A replay runs the graph's work under the driver's lock, then its
- * recorded collectives without it: the mock NCCL takes its own lock and
- * then the driver's, so calling it with the driver's held could deadlock
- * against a rank posting on another thread. (Work after a collective in
- * a graph runs before the collective completes, as eager work after one
- * does in this mock: a test reads a collective's output from the host.) */
+static CUresult graph_launch(void *px, void *ps, unsigned long long *first);
+/* A replay issues the graph's nodes in recorded order, each an operation
+ * of the stream: its work runs or is held as eager work is, and each
+ * recorded collective takes a slot in the stream's queue, so what was
+ * recorded after it waits for it (held.h), as a device runs a graph. Its
+ * collectives are then posted in order, without the driver's lock: the
+ * mock NCCL takes its own lock and then the driver's, so calling it with
+ * the driver's held could deadlock against a rank posting on another
+ * thread. Each post fills its slot, placed when the stream reaches it. */
 CUresult cuGraphLaunch(void *px, void *ps) {
   place_posts();
-  unsigned long long seq = 0;
-  CUresult r = graph_launch(px, ps, &seq);
+  unsigned long long first = 0;
+  CUresult r = graph_launch(px, ps, &first);
   if (r != OK) return r;
   exec *x = px;
   stream *s = ps;
@@ -1541,8 +1392,9 @@ CUresult cuGraphLaunch(void *px, void *ps) {
       LOCKED;
       mine = s->unclaimed;
     }
-    x->g.ops[i].hook(x->g.ops[i].params, ps, seq);
+    x->g.ops[i].hook(x->g.ops[i].params, ps, first + i);
     LOCKED;
+    held_slot_done(s, first + i);
     if (mine && s->unclaimed == mine) {
       /* Its post was refused: the part ends, as nothing waits for it. */
       s->unclaimed = mine->next;
@@ -1550,9 +1402,10 @@ CUresult cuGraphLaunch(void *px, void *ps) {
       drop(mine);
     }
   }
+  place_posts();
   return OK;
 }
-static CUresult graph_launch(void *px, void *ps, unsigned long long *seq) {
+static CUresult graph_launch(void *px, void *ps, unsigned long long *first) {
   ENTER;
   exec *x = px;
   stream *s = ps;
@@ -1563,26 +1416,33 @@ static CUresult graph_launch(void *px, void *ps, unsigned long long *seq) {
     if (x->g.ops[i].kind == OP_KERNEL && !x->g.ops[i].f->module->live)
       return refuse(E_INVALID_HANDLE, "replaying a graph that launches `%s`, whose module was unloaded",
                     x->g.ops[i].f->name);
-  s->issued++;
-  if (timing) {
-    /* In order: the work between two collectives is one span of time. */
-    unsigned long long span = 0;
-    tnode **end = &s->unclaimed;
-    while (*end) end = &(*end)->next;
-    for (size_t i = 0; i < x->g.len; i++) {
-      if (x->g.ops[i].kind != OP_HOOK) { span += duration(&x->g.ops[i]); continue; }
-      timed_op(s, span);
-      span = 0;
-      *end = add_part(s);
-      end = &(*end)->next;
-    }
-    timed_op(s, span);
-  }
+  *first = s->issued + 1;
+  /* Timed: the work between two collectives is one span of time. */
+  unsigned long long span = 0;
+  tnode **end = &s->unclaimed;
+  while (*end) end = &(*end)->next;
   for (size_t i = 0; i < x->g.len; i++) {
-    if (x->g.ops[i].kind == OP_HOOK) continue;
-    if (holding(s)) hold(s, (held){.kind = H_OP, .seq = s->issued, .o = op_copy(&x->g.ops[i]), .replay = 1});
-    else run(&x->g.ops[i], 1);
+    const op *o = &x->g.ops[i];
+    s->issued++;
+    if (o->kind == OP_HOOK) {
+      if (timing) {
+        timed_op(s, span);
+        span = 0;
+        *end = add_part(s);
+        end = &(*end)->next;
+      }
+      held_slot(s, s->issued);
+      continue;
+    }
+    span += duration(o);
+    if (holding(s)) {
+      held_work w = {.kind = W_OP, .o = op_copy(o), .replay = 1};
+      hold(s, (held){.kind = H_WORK, .seq = s->issued, .w = w});
+    } else {
+      run(o, 1);
+    }
   }
+  timed_op(s, span);
   replayed *r = x->replays;
   while (r && r->on != s) r = r->next;
   if (!r) {
@@ -1592,7 +1452,6 @@ static CUresult graph_launch(void *px, void *ps, unsigned long long *seq) {
     x->replays = r;
   }
   r->seq = s->issued;
-  *seq = s->issued;
   return OK;
 }
 CUresult cuGraphExecDestroy(void *px) {
@@ -1728,6 +1587,7 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *out, size_t n, void *pp, void *ps)
   for (block *b = blocks; b; b = b->next) {
     if (b->pool == p && !b->live && b->size >= size && b->size <= 2 * size && reusable(b, s)) {
       b->live = 1;
+      b->serial = next_serial();
       b->freed_on = NULL;
       p->in_use += b->size;
       *out = (CUdeviceptr)(uintptr_t)b->base;
@@ -1765,7 +1625,7 @@ CUresult cuMemFreeAsync(CUdeviceptr ptr, void *ps) {
   timed_op(s, 0);
   if (holding(s)) {
     b->freeing = 1;
-    hold(s, (held){.kind = H_FREE, .seq = s->issued, .b = b});
+    hold(s, (held){.kind = H_WORK, .seq = s->issued, .w = {.kind = W_FREE, .b = b}});
     return OK;
   }
   free_block_on(s, b, s->issued);
@@ -1807,7 +1667,8 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, void *p
   s->issued++;
   timed_op(s, 0);
   if (holding(s)) {
-    hold(s, (held){.kind = H_MEMSET, .seq = s->issued, .dst = (char *)(uintptr_t)dst, .value = value, .n = n});
+    held_work w = {.kind = W_MEMSET, .dst = (char *)(uintptr_t)dst, .value = value, .n = n};
+    hold(s, (held){.kind = H_WORK, .seq = s->issued, .w = w});
     return OK;
   }
   if (!fault_pending && !sticky) memset((void *)(uintptr_t)dst, value, n);

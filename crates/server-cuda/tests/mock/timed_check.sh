@@ -8,7 +8,7 @@ out=${TMPDIR:-/tmp}/scope-timed-check.$$
 mkdir -p "$out"
 trap 'rm -rf "$out"' EXIT
 cc=${CC:-cc}
-flags="-shared -fPIC -O1 -Wall -Werror -Wextra"
+flags="-shared -fPIC -O1 -Wall -Werror -Wextra -I$here/../../../scope-test/mock"
 $cc $flags -Wl,-soname,libcuda.so -o "$out/libcuda.so" "$here/mock_cuda.c" -lpthread -ldl
 $cc $flags -DSCOPE_MOCK_OLD_DRIVER -Wl,-soname,libcuda.so -o "$out/libcuda-old.so" "$here/mock_cuda.c" -lpthread -ldl
 $cc $flags -Wl,-soname,libnccl.so -o "$out/libnccl.so" "$here/../../../scope-test/mock/mock_nccl.c" -lpthread -ldl

@@ -9,7 +9,7 @@ out=${TMPDIR:-/tmp}/scope-hip-timed-check.$$
 mkdir -p "$out"
 trap 'rm -rf "$out"' EXIT
 cc=${CC:-cc}
-flags="-shared -fPIC -O1 -Wall -Werror"
+flags="-shared -fPIC -O1 -Wall -Werror -I$here/../../../scope-test/mock"
 $cc $flags -Wl,-soname,libscope_mock_hip.so -o "$out/libscope_mock_hip.so" "$here/mock_hip.c"
 $cc $flags "-DSCOPE_MOCK_DRIVER=\"$out/libscope_mock_hip.so\"" -Wl,-soname,libscope_mock_rccl.so \
   -o "$out/libscope_mock_rccl.so" "$here/../../../scope-test/mock/mock_nccl.c" -lpthread -ldl

@@ -105,8 +105,9 @@ typedef struct {
 } op;
 
 typedef struct { op *ops; size_t len, cap; } graph;
-/* `issued` counts the collectives the mock RCCL posts on the stream, and
- * work held behind one (the rest of its work runs as it is issued). */
+/* `issued` counts the collectives the mock RCCL posts on the stream, work
+ * held behind one and a replay's nodes (the rest of its work runs as it
+ * is issued). */
 /* Timed mode: as the CUDA mock's stream, `tail` or `tail_node`, and a
  * graph replay's collective parts the mock RCCL has yet to post. */
 struct tnode;
@@ -250,176 +251,27 @@ static void run(stream *s, const op *o) {
 }
 
 /* ----- held work: what waits on the device for a collective -----
- * As the CUDA mock's (see there): work ordered after a collective's part
- * that is still open (scope_mock_part_opened, _closed), on its stream or
- * through an event wait, is queued on its stream and runs when the part
- * closes; a collective posted on a stream that holds work is placed when
- * the stream reaches it (scope_mock_hold_post); host waits wait until
- * what they cover ran, and queries answer not ready until then. It has a
- * lock of its own, taken after the mock RCCL's and never while calling
- * into it. */
-enum { H_OP, H_WAIT, H_POST };
-typedef struct held {
-  int kind;
-  unsigned long long seq;
-  op o;                          /* H_OP; H_POST: o.hook and its blob, o.dst */
-  void *owned;                   /* H_OP: a host-to-device copy's source, copied */
-  stream *on; unsigned long long upto; /* H_WAIT */
-  struct held *next;
-} held;
+ * The stream executor both mocks share (scope-test's mock/held.h; see
+ * there): work ordered after a collective's part still open, on its
+ * stream or through an event wait, is queued on its stream in issue
+ * order and runs once the part closed. It has a lock of its own, taken
+ * after the mock RCCL's and never while calling into it. */
+typedef struct {
+  op o;
+  void *owned; /* a host-to-device copy's source, copied */
+} held_work;
+static void held_run(stream *s, held_work *w, unsigned long long seq) {
+  (void)seq;
+  run(s, &w->o);
+  free(w->owned);
+}
+static void held_gave_up(void) {
+  fprintf(stderr, "mock hip: a host wait gave up: its held work waits for a collective that cannot finish\n");
+}
 static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
-static void hold_unlock(int *h) { (void)h; pthread_mutex_unlock(&hold_lock); }
-#define HOLD_LOCKED int hold_held_ __attribute__((cleanup(hold_unlock))) = (pthread_mutex_lock(&hold_lock), 1)
 static stream *streams;
-static unsigned long long nheld;
-
-static void hold(stream *s, held h) {
-  held *x = malloc(sizeof *x);
-  *x = h;
-  x->next = NULL;
-  if (s->last) s->last->next = x; else s->head = x;
-  s->last = x;
-  nheld++;
-}
-static held *unhold(stream *s) {
-  held *h = s->head;
-  s->head = h->next;
-  if (!s->head) s->last = NULL;
-  nheld--;
-  return h;
-}
-static int open_upto(const stream *s, unsigned long long upto) {
-  for (size_t i = 0; i < s->nopen; i++)
-    if (s->open[i] <= upto) return 1;
-  return 0;
-}
-static int holding(const stream *s) { return s->head || s->placing || s->nopen; }
-static int reached(const stream *s, unsigned long long upto) {
-  if (s->head && s->head->seq <= upto) return 0;
-  if (s->placing && s->placing <= upto) return 0;
-  return !open_upto(s, upto);
-}
-static int runnable(const stream *s, const held *h) {
-  if (s->placing) return 0;
-  if (h->kind == H_WAIT) return reached(h->on, h->upto);
-  return h->kind == H_POST || !open_upto(s, h->seq - 1);
-}
-/* Run what may run now (hold_lock held); whether a post waits to be placed. */
-static int drain(void) {
-  int moved = 1, posts = 0;
-  while (nheld && moved) {
-    moved = 0;
-    posts = 0;
-    for (stream *s = streams; s; s = s->next) {
-      while (s->head && runnable(s, s->head)) {
-        if (s->head->kind == H_POST) {
-          posts = 1;
-          break;
-        }
-        held *h = unhold(s);
-        if (h->kind == H_OP) run(s, &h->o);
-        free(h->owned);
-        free(h);
-        moved = 1;
-      }
-    }
-  }
-  return posts;
-}
-/* Place the posts their streams reached, with hold_lock released. */
-static void place_posts(void) {
-  for (;;) {
-    held *h = NULL;
-    stream *on = NULL;
-    pthread_mutex_lock(&hold_lock);
-    if (nheld && drain()) {
-      for (stream *s = streams; s && !h; s = s->next)
-        if (s->head && s->head->kind == H_POST && !s->placing) {
-          h = unhold(s);
-          s->placing = h->seq;
-          on = s;
-        }
-    }
-    pthread_mutex_unlock(&hold_lock);
-    if (!h) return;
-    h->o.hook(h->o.dst, on, h->seq);
-    pthread_mutex_lock(&hold_lock);
-    on->placing = 0;
-    drain();
-    pthread_mutex_unlock(&hold_lock);
-    free(h->o.dst);
-    free(h);
-  }
-}
-static stream *open_blocker(stream *s, unsigned long long upto, unsigned long long *seq, int depth) {
-  for (size_t i = 0; i < s->nopen; i++)
-    if (s->open[i] <= upto) {
-      *seq = s->open[i];
-      return s;
-    }
-  if (depth > 0 && s->head && s->head->seq <= upto && s->head->kind == H_WAIT)
-    return open_blocker(s->head->on, s->head->upto, seq, depth - 1);
-  return NULL;
-}
-static void wait_on(void *s, unsigned long long upto);
-/* Wait until `s`'s work up to `upto` ran (1), or give up after 30 s (0),
- * as the mock RCCL's wait does. */
-static int wait_reached(stream *s, unsigned long long upto) {
-  long long give_up = now_ns() + 30000000000LL;
-  for (;;) {
-    place_posts();
-    pthread_mutex_lock(&hold_lock);
-    drain();
-    int done = reached(s, upto);
-    unsigned long long seq = 0;
-    stream *b = done ? NULL : open_blocker(s, upto, &seq, 64);
-    pthread_mutex_unlock(&hold_lock);
-    if (done) return 1;
-    if (now_ns() > give_up) {
-      fprintf(stderr, "mock hip: a host wait gave up: its held work waits for a collective that cannot finish\n");
-      return 0;
-    }
-    if (b) {
-      wait_on(b, seq);
-    } else {
-      struct timespec pause = {0, 50000};
-      nanosleep(&pause, NULL);
-    }
-  }
-}
-void scope_mock_part_opened(void *p, unsigned long long seq) {
-  HOLD_LOCKED;
-  stream *s = p;
-  if (s->nopen == s->capopen) {
-    s->capopen = s->capopen ? 2 * s->capopen : 8;
-    s->open = realloc(s->open, s->capopen * sizeof *s->open);
-  }
-  s->open[s->nopen++] = seq;
-}
-void scope_mock_part_closed(void *p, unsigned long long seq) {
-  HOLD_LOCKED;
-  stream *s = p;
-  for (size_t i = 0; i < s->nopen; i++)
-    if (s->open[i] == seq) {
-      s->open[i] = s->open[--s->nopen];
-      break;
-    }
-  drain();
-}
-int scope_mock_hold_post(void *p, unsigned long long seq, replay_hook hook, const void *blob, size_t n) {
-  HOLD_LOCKED;
-  stream *s = p;
-  if (!s->head && !s->placing) return 0;
-  held h = {.kind = H_POST, .seq = seq};
-  h.o.launch = 2;
-  h.o.hook = hook;
-  h.o.n = n;
-  h.o.dst = malloc(n ? n : 1);
-  memcpy(h.o.dst, blob, n);
-  hold(s, h);
-  return 1;
-}
-
+#define HELD_MUTEX hold_lock
+#include "held.h"
 /* Issue `o` on `s`: record it if capturing, hold it behind an open
  * collective, else run it. `copied`: a host source read before the call
  * returns, as a copy from pageable memory is. */
@@ -430,15 +282,15 @@ static void issue_copied(stream *s, op o, int copied) {
     timed_op(s, duration(&o));
   }
   {
-    HOLD_LOCKED;
+    HELD_LOCKED;
     if (holding(s)) {
-      held h = {.kind = H_OP, .seq = ++s->issued, .o = o};
+      held_work w = {.o = o};
       if (copied) {
-        h.owned = malloc(o.n ? o.n : 1);
-        memcpy(h.owned, o.src, o.n);
-        h.o.src = h.owned;
+        w.owned = malloc(o.n ? o.n : 1);
+        memcpy(w.owned, o.src, o.n);
+        w.o.src = w.owned;
       }
-      hold(s, h);
+      hold(s, (held){.kind = H_WORK, .seq = ++s->issued, .w = w});
       return;
     }
   }
@@ -500,14 +352,16 @@ int scope_mock_current_device(void) { return current_device; }
 /* Live device allocations, so that the mock RCCL can check that a
  * collective's buffer lies inside one (as the CUDA mock's registry lets
  * the mock NCCL). */
-typedef struct allocation { char *at; size_t n; struct allocation *next; } allocation;
+typedef struct allocation { char *at; size_t n; int serial; struct allocation *next; } allocation;
 static allocation *allocations;
 static pthread_mutex_t allocations_lock = PTHREAD_MUTEX_INITIALIZER;
 static void remember(char *at, size_t n) {
+  static int serial;
   allocation *a = malloc(sizeof *a);
   if (!a) return;
   pthread_mutex_lock(&allocations_lock);
-  *a = (allocation){at, n, allocations};
+  serial = serial % 2000000000 + 1;
+  *a = (allocation){at, n, serial, allocations};
   allocations = a;
   pthread_mutex_unlock(&allocations_lock);
 }
@@ -522,13 +376,14 @@ static void forget(char *at) {
     }
   pthread_mutex_unlock(&allocations_lock);
 }
-/* Whether [p, p + n) lies inside one live device allocation. */
+/* The live device allocation [p, p + n) lies inside, by its number (as
+ * the CUDA mock's: never 0, and a new one for each allocation), or 0. */
 int scope_mock_device_range(const void *p, size_t n) {
   const char *c = p;
   int inside = 0;
   pthread_mutex_lock(&allocations_lock);
   for (allocation *a = allocations; a && !inside; a = a->next)
-    inside = c >= a->at && n <= a->n && (size_t)(c - a->at) <= a->n - n;
+    if (c >= a->at && n <= a->n && (size_t)(c - a->at) <= a->n - n) inside = a->serial;
   pthread_mutex_unlock(&allocations_lock);
   return inside;
 }
@@ -629,7 +484,7 @@ void scope_mock_stream_after(void *p, void *on, unsigned long long upto, void *a
     TIMED_LOCKED;
     timed_wait_event(s, 0, after);
   }
-  HOLD_LOCKED;
+  HELD_LOCKED;
   int exists = 0;
   for (stream *t = streams; t && !exists; t = t->next) exists = t == o;
   if (exists && !reached(o, upto)) hold(s, (held){.kind = H_WAIT, .seq = ++s->issued, .on = o, .upto = upto});
@@ -706,7 +561,7 @@ hipError_t hipStreamCreateWithFlags(void **s, unsigned flags) {
   stream *created = calloc(1, sizeof(stream));
   created->device = current_device;
   {
-    HOLD_LOCKED;
+    HELD_LOCKED;
     created->next = streams;
     streams = created;
   }
@@ -718,7 +573,7 @@ hipError_t hipStreamDestroy(void *p) {
   {
     /* Work held on it, or waiting for it, still runs on the device: it
      * stays (and is not freed) while there is any. */
-    HOLD_LOCKED;
+    HELD_LOCKED;
     int needed = holding(s);
     for (stream *t = streams; t && !needed; t = t->next)
       for (held *h = t->head; h && !needed; h = h->next) needed = h->kind == H_WAIT && h->on == s;
@@ -756,7 +611,7 @@ hipError_t hipStreamSynchronize(void *p) {
   __atomic_add_fetch(&host_waits, 1, __ATOMIC_RELAXED);
   unsigned long long upto;
   {
-    HOLD_LOCKED;
+    HELD_LOCKED;
     upto = s->issued;
   }
   wait_reached(s, upto);
@@ -781,7 +636,7 @@ hipError_t hipEventRecord(void *p, void *ps) {
   place_posts();
   e->last = s;
   {
-    HOLD_LOCKED;
+    HELD_LOCKED;
     e->seq = s->issued;
   }
   if (__atomic_load_n(&timing, __ATOMIC_RELAXED)) {
@@ -798,7 +653,7 @@ hipError_t hipEventQuery(void *p) {
   event *e = p;
   place_posts();
   if (e->last) {
-    HOLD_LOCKED;
+    HELD_LOCKED;
     if (!reached(e->last, e->seq)) return E_NOT_READY;
   }
   if (pending_on(e->last, e->seq)) return E_NOT_READY;
@@ -838,7 +693,7 @@ hipError_t hipStreamWaitEvent(void *p, void *pe, unsigned flags) {
   if (e && e->last) {
     /* What the event covers has not run (held behind a collective): the
      * stream's later work is held until it has. */
-    HOLD_LOCKED;
+    HELD_LOCKED;
     if (!reached(e->last, e->seq)) hold(s, (held){.kind = H_WAIT, .seq = ++s->issued, .on = e->last, .upto = e->seq});
   }
   return sticky(s);
@@ -863,7 +718,7 @@ hipError_t hipFree(void *p) {
     stream *behind = NULL;
     unsigned long long upto = 0;
     {
-      HOLD_LOCKED;
+      HELD_LOCKED;
       drain();
       for (stream *s = streams; s && !behind; s = s->next)
         if (!reached(s, s->issued)) behind = s, upto = s->issued;
@@ -985,6 +840,11 @@ int scope_mock_record_collective(void *p, replay_hook hook, const void *blob, si
   push(s->capture, o);
   return 1;
 }
+/* A replay issues the graph's nodes in recorded order, as the CUDA mock's
+ * does: its work runs or is held as eager work is, each recorded
+ * collective takes a slot in the stream's queue that what was recorded
+ * after it waits behind (held.h), and the collectives are then posted in
+ * order, each filling its slot. */
 hipError_t hipGraphLaunch(void *exec, void *p) {
   stream *s = p;
   graph *g = exec;
@@ -992,7 +852,13 @@ hipError_t hipGraphLaunch(void *exec, void *p) {
   if (sticky(s)) return sticky(s);
   for (size_t i = 0; i < g->len; i++)
     if (g->ops[i].launch == 1 && !g->ops[i].f->m->live) return E_INVALID_HANDLE; /* its module was unloaded */
-  unsigned long long seq = 0;
+  place_posts();
+  unsigned long long first;
+  {
+    HELD_LOCKED;
+    first = s->issued + 1;
+    s->issued += g->len;
+  }
   if (__atomic_load_n(&timing, __ATOMIC_RELAXED)) {
     /* In order: the work between two collectives is one span of time. */
     TIMED_LOCKED;
@@ -1001,34 +867,30 @@ hipError_t hipGraphLaunch(void *exec, void *p) {
     while (*end) end = &(*end)->next;
     for (size_t i = 0; i < g->len; i++) {
       if (g->ops[i].launch != 2) { span += duration(&g->ops[i]); continue; }
-      if (!seq) seq = ++s->issued;
       timed_op(s, span);
       span = 0;
-      *end = add_part(s, seq);
+      *end = add_part(s, first + i);
       end = &(*end)->next;
     }
     timed_op(s, span);
   }
-  place_posts();
   {
-    HOLD_LOCKED;
-    int held_back = holding(s);
-    unsigned long long at = held_back ? ++s->issued : 0;
+    HELD_LOCKED;
     for (size_t i = 0; i < g->len; i++) {
-      if (g->ops[i].launch == 2) continue;
-      if (held_back) hold(s, (held){.kind = H_OP, .seq = at, .o = g->ops[i]});
+      if (g->ops[i].launch == 2) held_slot(s, first + i);
+      else if (holding(s)) hold(s, (held){.kind = H_WORK, .seq = first + i, .w = {.o = g->ops[i]}});
       else run(s, &g->ops[i]);
     }
   }
   for (size_t i = 0; i < g->len; i++)
     if (g->ops[i].launch == 2) {
-      if (!seq) seq = ++s->issued;
       tnode *mine;
       {
         TIMED_LOCKED;
         mine = s->unclaimed;
       }
-      g->ops[i].hook(g->ops[i].dst, s, seq);
+      g->ops[i].hook(g->ops[i].dst, s, first + i);
+      held_slot_done(s, first + i);
       TIMED_LOCKED;
       if (mine && s->unclaimed == mine) {
         /* Its post was refused: the part ends, as nothing waits for it. */
@@ -1037,6 +899,7 @@ hipError_t hipGraphLaunch(void *exec, void *p) {
         drop(mine);
       }
     }
+  place_posts();
   return OK;
 }
 static void graph_free(graph *g) {
