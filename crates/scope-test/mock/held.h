@@ -205,6 +205,25 @@ static void held_slot_done(stream *s, unsigned long long seq) {
   drain();
 }
 
+/* Post a replay's recorded collective, operation `seq` of `s`, with no
+ * lock held: `hook` posts it through the mock NCCL, which fills its slot.
+ * A post refused there ends its timed part, as nothing waits for it. */
+static void post_replayed(stream *s, replay_hook hook, const void *blob, unsigned long long seq) {
+  tnode *mine;
+  {
+    TIMELINE_LOCKED;
+    mine = s->unclaimed;
+  }
+  hook(blob, s, seq);
+  held_slot_done(s, seq);
+  TIMELINE_LOCKED;
+  if (mine && s->unclaimed == mine) {
+    s->unclaimed = mine->next;
+    end_part(mine);
+    drop(mine);
+  }
+}
+
 void scope_mock_part_opened(void *p, unsigned long long seq) {
   HELD_LOCKED;
   stream *s = p;

@@ -1,13 +1,16 @@
 /* Model time of a device's streams: the timed mode shared by the mock CUDA
  * driver and the mock HIP runtime, which include it where their timed mode
- * begins. Each defines first `typedef struct stream {...} stream;` with
- * `struct tnode *tail_node` (its chain, or NULL) and `long long tail` (its
- * model time once the chain settled); each calls these with its own lock
- * held. The header is theirs alone: every function is static. */
+ * begins, and the hooks through which the mock NCCL posts, joins and ends
+ * its parts there. Each defines first `typedef struct stream {...} stream;`
+ * with `struct tnode *tail_node` (its chain, or NULL) and `long long tail`
+ * (its model time once the chain settled), and what the second half below
+ * names. The static functions are called with the mock's timing lock held,
+ * unless they say otherwise; the scope_mock_ hooks take it. */
 #ifndef SCOPE_MOCK_TIMELINE_H
 #define SCOPE_MOCK_TIMELINE_H
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -238,5 +241,244 @@ static void timed_wait_event(stream *s, long long at, tnode *e) {
   }
   t->b = later(t->b, at);
 }
+
+/* ----- operations, parts and host waits -----
+ * What follows needs, besides `stream` (with `issued`, its operations, and
+ * `unclaimed`, a replay's parts its collectives have yet to post):
+ * TIMELINE_MUTEX, the mutex that guards model time; `timing`, whether
+ * timed mode is on; and MOCK_NAME, the mock's name for its messages. */
+static void timeline_unlock(int *h) { (void)h; pthread_mutex_unlock(&TIMELINE_MUTEX); }
+#define TIMELINE_LOCKED \
+  int timeline_locked_ __attribute__((cleanup(timeline_unlock))) = (pthread_mutex_lock(&TIMELINE_MUTEX), 1)
+
+/* An operation of `dur` ns issued on `s` now. */
+static void model_op(stream *s, unsigned long long dur) {
+  long long now = now_ns(), d = (long long)dur;
+  collapse(s);
+  if (!s->tail_node) { s->tail = later(s->tail, now) + d; return; }
+  tnode *t = foldable(s);
+  if (!t) {
+    t = append(s, T_PLAIN);
+    t->b = now;
+  }
+  t->a += d;
+  t->b = later(t->b, now) + d;
+}
+/* A collective's part, operation `seq` of `s`: references for the
+ * stream and for the caller. */
+static tnode *add_part(stream *s, unsigned long long seq) {
+  collapse(s);
+  tnode *n = append(s, T_PART);
+  n->posted = now_ns();
+  n->on = s;
+  n->seq = seq;
+  n->refs++;
+  return n;
+}
+/* An aborted communicator's part ends now, or at its own start if later
+ * (its stream's earlier work still runs first): one not yet joined, or a
+ * joined call's whose finish has not passed (or is not known yet) — then
+ * every part of that call, each at its own start or now. What is ordered
+ * after them follows from the new finishes (the epoch moves), and the
+ * host waits sleeping on a finish wake to read it again. */
+static void end_part(tnode *x) {
+  if (x->kind == T_JOINED) finish_of(x); /* settles the call if it has passed */
+  epoch++;
+  long long now = now_ns();
+  if (x->kind == T_PART) {
+    x->kind = T_PLAIN;
+    x->a = 0;
+    x->b = later(x->posted, now);
+  } else if (x->kind == T_JOINED) {
+    tgroup *g = x->group;
+    for (int i = 0; i < g->n; i++) {
+      tnode *p = g->parts[i];
+      p->kind = T_PLAIN;
+      p->group = NULL;
+      p->a = 0;
+      p->b = later(p->posted, now);
+    }
+    for (int i = 0; i < g->n; i++) drop(g->parts[i]); /* the group's references; the caller holds x */
+    free(g->parts);
+    free(g);
+    moves++;
+  }
+  pthread_cond_broadcast(&timed_changed);
+}
+/* A part not yet joined that `x`'s finish waits for, or NULL. */
+static tnode *blocker(tnode *x, unsigned mark) {
+  for (; x && x->finish < 0 && x->mark != mark; x = x->prev) {
+    x->mark = mark;
+    if (x->kind == T_PART) return x;
+    if (x->kind == T_JOINED) {
+      for (int i = 0; i < x->group->n; i++) {
+        tnode *m = x->group->parts[i], *b;
+        if (m != x && m->mark == mark) continue;
+        m->mark = mark;
+        if ((b = blocker(m->prev, mark))) return b;
+      }
+      return NULL;
+    }
+    tnode *b = blocker(x->dep, mark);
+    if (b) return b;
+  }
+  return NULL;
+}
+/* A collective the mock NCCL posted on a stream is an operation of that
+ * stream which finishes when every rank posted: the mock NCCL registers
+ * how to ask, and these ask it, with the mock's locks released (the mock
+ * NCCL calls into the driver under its own lock). */
+static int (*collectives_pending)(void *, unsigned long long);
+static void (*collectives_wait)(void *, unsigned long long);
+void scope_mock_register_collectives(int (*pending)(void *, unsigned long long),
+                                     void (*wait)(void *, unsigned long long)) {
+  TIMELINE_LOCKED;
+  collectives_pending = pending;
+  collectives_wait = wait;
+}
+static int pending_on(void *s, unsigned long long upto) {
+  return s && collectives_pending && collectives_pending(s, upto);
+}
+static void wait_on(void *s, unsigned long long upto) {
+  if (s && collectives_wait) collectives_wait(s, upto);
+}
+
+/* Timed mode's collectives. scope_mock_stream_part is scope_mock_stream_op
+ * for a part whose finish the mock NCCL sets: *part is its handle (NULL
+ * when timed mode is off), until the mock NCCL hands it back through
+ * scope_mock_part_join (every part of one call, all finishing at the
+ * latest part's start plus extra_ns) or scope_mock_part_end (an aborted
+ * communicator: it ends now, or at its own start if later). With
+ * scope_mock_part_join_kept the mock NCCL keeps its handles after the
+ * join, so that an abort can still end a joined call that has not
+ * finished (scope_mock_part_end, on any one part of it, ends them all);
+ * scope_mock_part_settled says when a handle is no longer needed for
+ * that (its finish passed, or nothing can move it), and
+ * scope_mock_part_release hands one back. A graph replay's recorded
+ * collectives have their parts made by the graph launch;
+ * scope_mock_replay_part hands out the next one of `p` (NULL if none). */
+unsigned long long scope_mock_stream_part(void *p, void **part) {
+  TIMELINE_LOCKED;
+  stream *s = p;
+  ++s->issued;
+  *part = timing ? add_part(s, s->issued) : NULL;
+  if (*part) pthread_cond_broadcast(&timed_changed);
+  return s->issued;
+}
+void *scope_mock_replay_part(void *p) {
+  TIMELINE_LOCKED;
+  stream *s = p;
+  tnode *n = s->unclaimed;
+  if (n) {
+    s->unclaimed = n->next;
+    n->next = NULL;
+    pthread_cond_broadcast(&timed_changed);
+  }
+  return n;
+}
+static void join(void **parts, int n, unsigned long long extra_ns, int kept) {
+  if (n <= 0) return;
+  tgroup *g = calloc(1, sizeof *g);
+  g->n = n;
+  g->parts = calloc((size_t)n, sizeof *g->parts);
+  g->extra = (long long)extra_ns;
+  epoch++;
+  for (int i = 0; i < n; i++) {
+    tnode *x = parts[i];
+    g->parts[i] = x; /* the mock NCCL's reference, now the group's, or the group's own */
+    if (kept) x->refs++;
+    x->kind = T_JOINED;
+    x->group = g;
+  }
+  tnode *first = g->parts[0];
+  first->refs++;
+  finish_of(first); /* settles it now when it can: nothing else may ask */
+  drop(first);
+  pthread_cond_broadcast(&timed_changed);
+}
+void scope_mock_part_join(void **parts, int n, unsigned long long extra_ns) {
+  TIMELINE_LOCKED;
+  join(parts, n, extra_ns, 0);
+}
+void scope_mock_part_join_kept(void **parts, int n, unsigned long long extra_ns) {
+  TIMELINE_LOCKED;
+  join(parts, n, extra_ns, 1);
+}
+int scope_mock_part_settled(void *part) {
+  TIMELINE_LOCKED;
+  tnode *x = part;
+  return !x || (finish_of(x) >= 0 && x->finish >= 0);
+}
+void scope_mock_part_release(void *part) {
+  TIMELINE_LOCKED;
+  drop(part);
+}
+void scope_mock_part_end(void *part) {
+  TIMELINE_LOCKED;
+  tnode *x = part;
+  end_part(x);
+  drop(x);
+}
+
+/* Timed mode's host wait: a model time, or a node (a reference, dropped here). */
+typedef struct { long long at; tnode *node; } when;
+static when when_tail(stream *s) {
+  TIMELINE_LOCKED;
+  collapse(s);
+  when w = {s->tail, s->tail_node};
+  if (w.node) w.node->refs++;
+  return w;
+}
+/* Wait on timed_changed (the lock held) until model time `t` at the latest. */
+static void wait_changed(long long t) {
+  struct timespec ts = {(time_t)(t / 1000000000LL), (long)(t % 1000000000LL)};
+  pthread_cond_timedwait(&timed_changed, &TIMELINE_MUTEX, &ts);
+}
+/* Sleep, with the lock not held, until `w` has passed. Its finish is read
+ * again whenever a part is posted, joined or ended, and the sleep lasts
+ * until that finish or the next such change: an abort can move a finish
+ * earlier (see end_part). While its time is not known, wait for the part
+ * it waits for: a posted one's peers (as the mock NCCL's wait does, which
+ * gives up after 30 s), a replay's part to be posted. A wait that cannot
+ * end gives up, as the untimed mock's does: the peers never posted, or a
+ * cycle of waits. */
+static void timed_wait(when w) {
+  static unsigned marks;
+  long long give_up = now_ns() + 30000000000LL;
+  pthread_mutex_lock(&TIMELINE_MUTEX);
+  for (;;) {
+    long long f = w.node ? finish_of(w.node) : w.at;
+    if (f >= 0) {
+      if (now_ns() >= f) break;
+      wait_changed(f);
+      continue;
+    }
+    tnode *b = blocker(w.node, ++marks);
+    if (!b || now_ns() > give_up) {
+      fprintf(stderr, MOCK_NAME ": a timed host wait gave up: its work waits for a collective that cannot finish\n");
+      break;
+    }
+    stream *on = b->on;
+    unsigned long long seq = b->seq;
+    pthread_mutex_unlock(&TIMELINE_MUTEX);
+    if (pending_on(on, seq)) {
+      wait_on(on, seq);
+      if (pending_on(on, seq)) give_up = 0; /* the mock NCCL gave up (a violation) */
+      pthread_mutex_lock(&TIMELINE_MUTEX);
+      continue;
+    }
+    /* Not posted yet (a replay's part, before its hook posts it): a
+     * moment, or until a part is posted, joined or ended. */
+    pthread_mutex_lock(&TIMELINE_MUTEX);
+    wait_changed(now_ns() + 1000000);
+  }
+  drop(w.node);
+  pthread_mutex_unlock(&TIMELINE_MUTEX);
+}
+void scope_mock_part_keep(void *part) {
+  TIMELINE_LOCKED;
+  if (part) ((tnode *)part)->refs++;
+}
+
 
 #endif

@@ -454,80 +454,12 @@ typedef struct module { int live, nfunctions; function functions[16]; } module;
 
 static int timing;
 static unsigned long long kernel_ns[5], copy_ns_per_mib, host_waits;
+#define TIMELINE_MUTEX lock
+#define MOCK_NAME "mock cuda"
 #include "timeline.h"
-/* An operation of `dur` ns issued on `s` now. */
+/* An operation of `dur` ns issued on `s` now, in timed mode. */
 static void timed_op(stream *s, unsigned long long dur) {
-  if (!timing) return;
-  long long now = now_ns(), d = (long long)dur;
-  collapse(s);
-  if (!s->tail_node) { s->tail = later(s->tail, now) + d; return; }
-  tnode *t = foldable(s);
-  if (!t) {
-    t = append(s, T_PLAIN);
-    t->b = now;
-  }
-  t->a += d;
-  t->b = later(t->b, now) + d;
-}
-/* A collective's part, the next operation of `s` (already counted in
- * `issued`): references for the stream and for the caller. */
-static tnode *add_part(stream *s) {
-  collapse(s);
-  tnode *n = append(s, T_PART);
-  n->posted = now_ns();
-  n->on = s;
-  n->seq = s->issued;
-  n->refs++;
-  return n;
-}
-/* An aborted communicator's part ends now, or at its own start if later
- * (its stream's earlier work still runs first): one not yet joined, or a
- * joined call's whose finish has not passed (or is not known yet) — then
- * every part of that call, each at its own start or now. What is ordered
- * after them follows from the new finishes (the epoch moves), and the
- * host waits sleeping on a finish wake to read it again. */
-static void end_part(tnode *x) {
-  if (x->kind == T_JOINED) finish_of(x); /* settles the call if it has passed */
-  epoch++;
-  long long now = now_ns();
-  if (x->kind == T_PART) {
-    x->kind = T_PLAIN;
-    x->a = 0;
-    x->b = later(x->posted, now);
-  } else if (x->kind == T_JOINED) {
-    tgroup *g = x->group;
-    for (int i = 0; i < g->n; i++) {
-      tnode *p = g->parts[i];
-      p->kind = T_PLAIN;
-      p->group = NULL;
-      p->a = 0;
-      p->b = later(p->posted, now);
-    }
-    for (int i = 0; i < g->n; i++) drop(g->parts[i]); /* the group's references; the caller holds x */
-    free(g->parts);
-    free(g);
-    moves++;
-  }
-  pthread_cond_broadcast(&timed_changed);
-}
-/* A part not yet joined that `x`'s finish waits for, or NULL. */
-static tnode *blocker(tnode *x, unsigned mark) {
-  for (; x && x->finish < 0 && x->mark != mark; x = x->prev) {
-    x->mark = mark;
-    if (x->kind == T_PART) return x;
-    if (x->kind == T_JOINED) {
-      for (int i = 0; i < x->group->n; i++) {
-        tnode *m = x->group->parts[i], *b;
-        if (m != x && m->mark == mark) continue;
-        m->mark = mark;
-        if ((b = blocker(m->prev, mark))) return b;
-      }
-      return NULL;
-    }
-    tnode *b = blocker(x->dep, mark);
-    if (b) return b;
-  }
-  return NULL;
+  if (timing) model_op(s, dur);
 }
 static unsigned long long duration(const op *o) {
   if (o->kind == OP_KERNEL) return kernel_ns[o->f->kind];
@@ -649,11 +581,6 @@ void scope_mock_stream_after(void *p, void *on, unsigned long long upto, void *a
     hold(s, (held){.kind = H_WAIT, .seq = s->issued, .on = o, .upto = upto});
   }
 }
-void scope_mock_part_keep(void *part) {
-  LOCKED;
-  if (part) ((tnode *)part)->refs++;
-}
-
 static CUresult ordered_for(stream *s, const void *p, const char *what);
 
 /* Issue `o` on `s`: record it if capturing, else run it. Takes ownership of o.params. */
@@ -731,25 +658,6 @@ static CUresult stream_ok(stream *s, const char *call) {
 
 /* ----- hooks for the mock NCCL (scope-test's mock/mock_nccl.c) ----- */
 
-/* A collective the mock NCCL posted on a stream is an operation of that
- * stream which finishes when every rank posted: the mock NCCL registers
- * how to ask, and these ask it, with the driver's lock released (the mock
- * NCCL calls into the driver under its own lock). */
-static int (*collectives_pending)(void *, unsigned long long);
-static void (*collectives_wait)(void *, unsigned long long);
-void scope_mock_register_collectives(int (*pending)(void *, unsigned long long),
-                                     void (*wait)(void *, unsigned long long)) {
-  LOCKED;
-  collectives_pending = pending;
-  collectives_wait = wait;
-}
-static int pending_on(void *s, unsigned long long upto) {
-  return s && collectives_pending && collectives_pending(s, upto);
-}
-static void wait_on(void *s, unsigned long long upto) {
-  if (s && collectives_wait) collectives_wait(s, upto);
-}
-
 /* A new operation on live stream `p` (a collective), its number there;
  * in timed mode it takes no time. */
 unsigned long long scope_mock_stream_op(void *p) {
@@ -758,138 +666,6 @@ unsigned long long scope_mock_stream_op(void *p) {
   ++s->issued;
   timed_op(s, 0);
   return s->issued;
-}
-
-/* Timed mode's collectives. scope_mock_stream_part is scope_mock_stream_op
- * for a part whose finish the mock NCCL sets: *part is its handle (NULL
- * when timed mode is off), until the mock NCCL hands it back through
- * scope_mock_part_join (every part of one call, all finishing at the
- * latest part's start plus extra_ns) or scope_mock_part_end (an aborted
- * communicator: it ends now, or at its own start if later). With
- * scope_mock_part_join_kept the mock NCCL keeps its handles after the
- * join, so that an abort can still end a joined call that has not
- * finished (scope_mock_part_end, on any one part of it, ends them all);
- * scope_mock_part_settled says when a handle is no longer needed for
- * that (its finish passed, or nothing can move it), and
- * scope_mock_part_release hands one back. A graph replay's recorded
- * collectives have their parts made by cuGraphLaunch;
- * scope_mock_replay_part hands out the next one of `p` (NULL if none). */
-unsigned long long scope_mock_stream_part(void *p, void **part) {
-  LOCKED;
-  stream *s = p;
-  ++s->issued;
-  *part = timing ? add_part(s) : NULL;
-  if (*part) pthread_cond_broadcast(&timed_changed);
-  return s->issued;
-}
-void *scope_mock_replay_part(void *p) {
-  LOCKED;
-  stream *s = p;
-  tnode *n = s->unclaimed;
-  if (n) {
-    s->unclaimed = n->next;
-    n->next = NULL;
-    pthread_cond_broadcast(&timed_changed);
-  }
-  return n;
-}
-static void join(void **parts, int n, unsigned long long extra_ns, int kept) {
-  if (n <= 0) return;
-  tgroup *g = calloc(1, sizeof *g);
-  g->n = n;
-  g->parts = calloc((size_t)n, sizeof *g->parts);
-  g->extra = (long long)extra_ns;
-  epoch++;
-  for (int i = 0; i < n; i++) {
-    tnode *x = parts[i];
-    g->parts[i] = x; /* the mock NCCL's reference, now the group's, or the group's own */
-    if (kept) x->refs++;
-    x->kind = T_JOINED;
-    x->group = g;
-  }
-  tnode *first = g->parts[0];
-  first->refs++;
-  finish_of(first); /* settles it now when it can: nothing else may ask */
-  drop(first);
-  pthread_cond_broadcast(&timed_changed);
-}
-void scope_mock_part_join(void **parts, int n, unsigned long long extra_ns) {
-  LOCKED;
-  join(parts, n, extra_ns, 0);
-}
-void scope_mock_part_join_kept(void **parts, int n, unsigned long long extra_ns) {
-  LOCKED;
-  join(parts, n, extra_ns, 1);
-}
-int scope_mock_part_settled(void *part) {
-  LOCKED;
-  tnode *x = part;
-  return !x || (finish_of(x) >= 0 && x->finish >= 0);
-}
-void scope_mock_part_release(void *part) {
-  LOCKED;
-  drop(part);
-}
-void scope_mock_part_end(void *part) {
-  LOCKED;
-  tnode *x = part;
-  end_part(x);
-  drop(x);
-}
-
-/* Timed mode's host wait: a model time, or a node (a reference, dropped here). */
-typedef struct { long long at; tnode *node; } when;
-static when when_tail(stream *s) {
-  collapse(s);
-  when w = {s->tail, s->tail_node};
-  if (w.node) w.node->refs++;
-  return w;
-}
-/* Wait on timed_changed (the lock held) until model time `t` at the latest. */
-static void wait_changed(long long t) {
-  struct timespec ts = {(time_t)(t / 1000000000LL), (long)(t % 1000000000LL)};
-  pthread_cond_timedwait(&timed_changed, &lock, &ts);
-}
-/* Sleep, with the lock not held, until `w` has passed. Its finish is read
- * again whenever a part is posted, joined or ended, and the sleep lasts
- * until that finish or the next such change: an abort can move a finish
- * earlier (see end_part). While its time is not known, wait for the part
- * it waits for: a posted one's peers (as the mock NCCL's wait does, which
- * gives up after 30 s), a replay's part to be posted. A wait that cannot
- * end gives up, as the untimed mock's does: the peers never posted, or a
- * cycle of waits. */
-static void timed_wait(when w) {
-  static unsigned marks;
-  long long give_up = now_ns() + 30000000000LL;
-  pthread_mutex_lock(&lock);
-  for (;;) {
-    long long f = w.node ? finish_of(w.node) : w.at;
-    if (f >= 0) {
-      if (now_ns() >= f) break;
-      wait_changed(f);
-      continue;
-    }
-    tnode *b = blocker(w.node, ++marks);
-    if (!b || now_ns() > give_up) {
-      fprintf(stderr, "mock cuda: a timed host wait gave up: its work waits for a collective that cannot finish\n");
-      break;
-    }
-    stream *on = b->on;
-    unsigned long long seq = b->seq;
-    pthread_mutex_unlock(&lock);
-    if (pending_on(on, seq)) {
-      wait_on(on, seq);
-      if (pending_on(on, seq)) give_up = 0; /* the mock NCCL gave up (a violation) */
-      pthread_mutex_lock(&lock);
-      continue;
-    }
-    /* Not posted yet (a replay's part, before its hook posts it): a
-     * moment, or until a part is posted, joined or ended. */
-    pthread_mutex_lock(&lock);
-    wait_changed(now_ns() + 1000000);
-  }
-  drop(w.node);
-  pthread_mutex_unlock(&lock);
 }
 
 /* Record a collective into capturing stream `p`'s graph: `hook(blob, stream,
@@ -1385,23 +1161,8 @@ CUresult cuGraphLaunch(void *px, void *ps) {
   if (r != OK) return r;
   exec *x = px;
   stream *s = ps;
-  for (size_t i = 0; i < x->g.len; i++) {
-    if (x->g.ops[i].kind != OP_HOOK) continue;
-    tnode *mine;
-    {
-      LOCKED;
-      mine = s->unclaimed;
-    }
-    x->g.ops[i].hook(x->g.ops[i].params, ps, first + i);
-    LOCKED;
-    held_slot_done(s, first + i);
-    if (mine && s->unclaimed == mine) {
-      /* Its post was refused: the part ends, as nothing waits for it. */
-      s->unclaimed = mine->next;
-      end_part(mine);
-      drop(mine);
-    }
-  }
+  for (size_t i = 0; i < x->g.len; i++)
+    if (x->g.ops[i].kind == OP_HOOK) post_replayed(s, x->g.ops[i].hook, x->g.ops[i].params, first + i);
   place_posts();
   return OK;
 }
@@ -1428,7 +1189,7 @@ static CUresult graph_launch(void *px, void *ps, unsigned long long *first) {
       if (timing) {
         timed_op(s, span);
         span = 0;
-        *end = add_part(s);
+        *end = add_part(s, s->issued);
         end = &(*end)->next;
       }
       held_slot(s, s->issued);

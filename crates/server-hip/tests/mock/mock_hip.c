@@ -149,74 +149,9 @@ static unsigned long long kernel_ns[NKERNELS], copy_ns_per_mib, host_waits;
 static pthread_mutex_t timed_lock = PTHREAD_MUTEX_INITIALIZER;
 static void timed_unlock(int *held) { (void)held; pthread_mutex_unlock(&timed_lock); }
 #define TIMED_LOCKED int timed_held_ __attribute__((cleanup(timed_unlock))) = (pthread_mutex_lock(&timed_lock), 1)
+#define TIMELINE_MUTEX timed_lock
+#define MOCK_NAME "mock hip"
 #include "timeline.h"
-/* An operation of `dur` ns issued on `s` now (the lock held). */
-static void timed_op(stream *s, unsigned long long dur) {
-  long long now = now_ns(), d = (long long)dur;
-  collapse(s);
-  if (!s->tail_node) { s->tail = later(s->tail, now) + d; return; }
-  tnode *t = foldable(s);
-  if (!t) {
-    t = append(s, T_PLAIN);
-    t->b = now;
-  }
-  t->a += d;
-  t->b = later(t->b, now) + d;
-}
-static tnode *add_part(stream *s, unsigned long long seq) {
-  collapse(s);
-  tnode *n = append(s, T_PART);
-  n->posted = now_ns();
-  n->on = s;
-  n->seq = seq;
-  n->refs++;
-  return n;
-}
-/* An aborted communicator's part ends now, or at its own start if later:
- * one not yet joined, or every part of a joined call whose finish has not
- * passed (see the CUDA mock). */
-static void end_part(tnode *x) {
-  if (x->kind == T_JOINED) finish_of(x); /* settles the call if it has passed */
-  epoch++;
-  long long now = now_ns();
-  if (x->kind == T_PART) {
-    x->kind = T_PLAIN;
-    x->a = 0;
-    x->b = later(x->posted, now);
-  } else if (x->kind == T_JOINED) {
-    tgroup *g = x->group;
-    for (int i = 0; i < g->n; i++) {
-      tnode *p = g->parts[i];
-      p->kind = T_PLAIN;
-      p->group = NULL;
-      p->a = 0;
-      p->b = later(p->posted, now);
-    }
-    for (int i = 0; i < g->n; i++) drop(g->parts[i]); /* the group's references; the caller holds x */
-    free(g->parts);
-    free(g);
-    moves++;
-  }
-  pthread_cond_broadcast(&timed_changed);
-}
-static tnode *blocker(tnode *x, unsigned mark) {
-  for (; x && x->finish < 0 && x->mark != mark; x = x->prev) {
-    x->mark = mark;
-    if (x->kind == T_PART) return x;
-    if (x->kind == T_JOINED) {
-      for (int i = 0; i < x->group->n; i++) {
-        tnode *m = x->group->parts[i], *b;
-        if (m != x && m->mark == mark) continue;
-        m->mark = mark;
-        if ((b = blocker(m->prev, mark))) return b;
-      }
-      return NULL;
-    }
-    tnode *b = blocker(x->dep, mark);
-    if (b) return b;
-  }
-  return NULL;
-}
 static unsigned long long duration(const op *o) {
   if (o->launch == 1) return kernel_ns[o->f->k->id];
   if (o->launch == 2) return 0;
@@ -279,7 +214,7 @@ static void issue_copied(stream *s, op o, int copied) {
   if (s->capture) { push(s->capture, o); return; }
   if (__atomic_load_n(&timing, __ATOMIC_RELAXED)) {
     TIMED_LOCKED;
-    timed_op(s, duration(&o));
+    model_op(s, duration(&o));
   }
   {
     HELD_LOCKED;
@@ -389,87 +324,14 @@ int scope_mock_device_range(const void *p, size_t n) {
 }
 int scope_mock_stream_capturing(void *p) { stream *s = p; return s ? s->capture != NULL : -1; }
 
-/* A collective the mock RCCL posted is an operation of its stream that
- * finishes when every rank posted: the mock RCCL registers how to ask. */
-static int (*collectives_pending)(void *, unsigned long long);
-static void (*collectives_wait)(void *, unsigned long long);
-void scope_mock_register_collectives(int (*pending)(void *, unsigned long long),
-                                     void (*wait)(void *, unsigned long long)) {
-  collectives_pending = pending;
-  collectives_wait = wait;
-}
 /* A new operation on stream `p` (a collective), its number there; in
  * timed mode it takes no time. */
 unsigned long long scope_mock_stream_op(void *p) {
   stream *s = p;
   if (!__atomic_load_n(&timing, __ATOMIC_RELAXED)) return ++s->issued;
   TIMED_LOCKED;
-  timed_op(s, 0);
+  model_op(s, 0);
   return ++s->issued;
-}
-static int pending_on(void *s, unsigned long long upto) {
-  return s && collectives_pending && collectives_pending(s, upto);
-}
-static void wait_on(void *s, unsigned long long upto) {
-  if (s && collectives_wait) collectives_wait(s, upto);
-}
-
-/* Timed mode's collectives, as the CUDA mock's: a part (*part, NULL when
- * timed mode is off) whose finish the mock RCCL sets by joining it with
- * its call's other parts, or ends (an abort); a replay's parts, made by
- * hipGraphLaunch, handed out in order. */
-unsigned long long scope_mock_stream_part(void *p, void **part) {
-  stream *s = p;
-  TIMED_LOCKED;
-  ++s->issued;
-  *part = timing ? add_part(s, s->issued) : NULL;
-  if (*part) pthread_cond_broadcast(&timed_changed);
-  return s->issued;
-}
-void *scope_mock_replay_part(void *p) {
-  stream *s = p;
-  TIMED_LOCKED;
-  tnode *n = s->unclaimed;
-  if (n) {
-    s->unclaimed = n->next;
-    n->next = NULL;
-    pthread_cond_broadcast(&timed_changed);
-  }
-  return n;
-}
-static void join(void **parts, int n, unsigned long long extra_ns, int kept) {
-  if (n <= 0) return;
-  tgroup *g = calloc(1, sizeof *g);
-  g->n = n;
-  g->parts = calloc((size_t)n, sizeof *g->parts);
-  g->extra = (long long)extra_ns;
-  epoch++;
-  for (int i = 0; i < n; i++) {
-    tnode *x = parts[i];
-    g->parts[i] = x; /* the caller's reference, or the group's own (kept) */
-    if (kept) x->refs++;
-    x->kind = T_JOINED;
-    x->group = g;
-  }
-  tnode *first = g->parts[0];
-  first->refs++;
-  finish_of(first);
-  drop(first);
-  pthread_cond_broadcast(&timed_changed);
-}
-void scope_mock_part_join(void **parts, int n, unsigned long long extra_ns) {
-  TIMED_LOCKED;
-  join(parts, n, extra_ns, 0);
-}
-/* As the CUDA mock's: the caller keeps its handles, for an abort. */
-void scope_mock_part_join_kept(void **parts, int n, unsigned long long extra_ns) {
-  TIMED_LOCKED;
-  join(parts, n, extra_ns, 1);
-}
-int scope_mock_part_settled(void *part) {
-  TIMED_LOCKED;
-  tnode *x = part;
-  return !x || (finish_of(x) >= 0 && x->finish >= 0);
 }
 /* NCCL runs one communicator's kernels in issue order whatever their
  * streams (a launch waits on the communicator's internal stream, which
@@ -489,70 +351,6 @@ void scope_mock_stream_after(void *p, void *on, unsigned long long upto, void *a
   for (stream *t = streams; t && !exists; t = t->next) exists = t == o;
   if (exists && !reached(o, upto)) hold(s, (held){.kind = H_WAIT, .seq = ++s->issued, .on = o, .upto = upto});
 }
-void scope_mock_part_keep(void *part) {
-  TIMED_LOCKED;
-  if (part) ((tnode *)part)->refs++;
-}
-void scope_mock_part_release(void *part) {
-  TIMED_LOCKED;
-  drop(part);
-}
-void scope_mock_part_end(void *part) {
-  TIMED_LOCKED;
-  end_part(part);
-  drop(part);
-}
-
-/* A host wait's model time, or its node (a reference, dropped by timed_wait). */
-typedef struct { long long at; tnode *node; } when;
-static when when_tail(stream *s) {
-  TIMED_LOCKED;
-  collapse(s);
-  when w = {s->tail, s->tail_node};
-  if (w.node) w.node->refs++;
-  return w;
-}
-/* Wait on timed_changed (timed_lock held) until model time `t` at the latest. */
-static void wait_changed(long long t) {
-  struct timespec ts = {(time_t)(t / 1000000000LL), (long)(t % 1000000000LL)};
-  pthread_cond_timedwait(&timed_changed, &timed_lock, &ts);
-}
-/* Sleep, with no lock held, until `w` has passed, reading its finish
- * again whenever a part is posted, joined or ended (an abort can move it
- * earlier); while its time is not known, wait for the part it waits for
- * (see the CUDA mock). */
-static void timed_wait(when w) {
-  static unsigned marks;
-  long long give_up = now_ns() + 30000000000LL;
-  pthread_mutex_lock(&timed_lock);
-  for (;;) {
-    long long f = w.node ? finish_of(w.node) : w.at;
-    if (f >= 0) {
-      if (now_ns() >= f) break;
-      wait_changed(f);
-      continue;
-    }
-    tnode *b = blocker(w.node, ++marks);
-    if (!b || now_ns() > give_up) {
-      fprintf(stderr, "mock hip: a timed host wait gave up: its work waits for a collective that cannot finish\n");
-      break;
-    }
-    stream *on = b->on;
-    unsigned long long seq = b->seq;
-    pthread_mutex_unlock(&timed_lock);
-    if (pending_on(on, seq)) {
-      wait_on(on, seq);
-      if (pending_on(on, seq)) give_up = 0;
-      pthread_mutex_lock(&timed_lock);
-      continue;
-    }
-    pthread_mutex_lock(&timed_lock);
-    wait_changed(now_ns() + 1000000);
-  }
-  drop(w.node);
-  pthread_mutex_unlock(&timed_lock);
-}
-
 /* ----- streams and events ----- */
 
 hipError_t hipStreamCreateWithFlags(void **s, unsigned flags) {
@@ -867,12 +665,12 @@ hipError_t hipGraphLaunch(void *exec, void *p) {
     while (*end) end = &(*end)->next;
     for (size_t i = 0; i < g->len; i++) {
       if (g->ops[i].launch != 2) { span += duration(&g->ops[i]); continue; }
-      timed_op(s, span);
+      model_op(s, span);
       span = 0;
       *end = add_part(s, first + i);
       end = &(*end)->next;
     }
-    timed_op(s, span);
+    model_op(s, span);
   }
   {
     HELD_LOCKED;
@@ -883,22 +681,7 @@ hipError_t hipGraphLaunch(void *exec, void *p) {
     }
   }
   for (size_t i = 0; i < g->len; i++)
-    if (g->ops[i].launch == 2) {
-      tnode *mine;
-      {
-        TIMED_LOCKED;
-        mine = s->unclaimed;
-      }
-      g->ops[i].hook(g->ops[i].dst, s, first + i);
-      held_slot_done(s, first + i);
-      TIMED_LOCKED;
-      if (mine && s->unclaimed == mine) {
-        /* Its post was refused: the part ends, as nothing waits for it. */
-        s->unclaimed = mine->next;
-        end_part(mine);
-        drop(mine);
-      }
-    }
+    if (g->ops[i].launch == 2) post_replayed(s, g->ops[i].hook, g->ops[i].dst, first + i);
   place_posts();
   return OK;
 }
