@@ -10,6 +10,8 @@
 //!                                        the tiny-runtime demo on the best backend
 //! cargo xtask fuzz [--backend B] [--minutes M]
 //!                                        the contract fuzzer on fresh seeds
+//! cargo xtask stress [--seeds N] [--rounds M]
+//!                                        the random rounds in flight on N seeds
 //! cargo xtask soak [--backend B]         the soak at a million launches
 //! cargo xtask flaky [--runs N] [--jobs J] [--only NAME] [--timeout S]
 //!                                        the tests that race, N times under load
@@ -63,6 +65,10 @@ usage: cargo xtask <command> [options]
   fuzz [--backend B] [--minutes M]     the property test with its invalid calls and device losses
                                        on fresh seeds for M minutes (default core, 5); a failure
                                        prints its seed
+  stress [--seeds N] [--rounds M]      the random rounds of collectives, rounds in flight among
+                                       them, on seeds 0 to N - 1 (default 2000), M rounds each
+                                       (default 20), over the host server's loopback and the timed
+                                       CUDA and HIP mocks
   soak [--backend B]                   the soak alone at SCOPE_SOAK_LAUNCHES (default 1,000,000)
                                        launches, printing the footprint it samples
   flaky [--runs N] [--jobs J] [--only NAME] [--timeout S]
@@ -91,6 +97,8 @@ struct Args {
     jobs: Option<usize>,
     only: Option<String>,
     timeout: Option<u64>,
+    seeds: Option<usize>,
+    rounds: Option<usize>,
     rest: Vec<String>,
 }
 
@@ -109,6 +117,8 @@ fn parse() -> Result<Args> {
         jobs: None,
         only: None,
         timeout: None,
+        seeds: None,
+        rounds: None,
         rest: Vec::new(),
     };
     while let Some(arg) = it.next() {
@@ -141,6 +151,8 @@ fn parse() -> Result<Args> {
             "--runs" => args.runs = Some(count(it.next(), "--runs")?),
             "--jobs" => args.jobs = Some(count(it.next(), "--jobs")?),
             "--timeout" => args.timeout = Some(count(it.next(), "--timeout")? as u64),
+            "--seeds" => args.seeds = Some(count(it.next(), "--seeds")?),
+            "--rounds" => args.rounds = Some(count(it.next(), "--rounds")?),
             "--only" => args.only = Some(it.next().context("--only needs a name")?),
             "--json" => args.json = true,
             "--" => args.rest.extend(it.by_ref()),
@@ -172,6 +184,11 @@ fn main() {
         "fuzz" => stress::fuzz(
             args.backend.as_deref().unwrap_or("core"),
             args.minutes.unwrap_or(5.0),
+            args.release,
+        ),
+        "stress" => stress::rounds(
+            args.seeds.unwrap_or(2000),
+            args.rounds.unwrap_or(20),
             args.release,
         ),
         "soak" => stress::soak(args.backend.as_deref().unwrap_or("core"), args.release),

@@ -1,12 +1,16 @@
-//! `cargo xtask fuzz` and `cargo xtask soak`: the contract fuzzer and the
-//! soak, longer than a test run affords.
+//! `cargo xtask fuzz`, `cargo xtask stress` and `cargo xtask soak`: the
+//! contract fuzzer, the rounds in flight against their oracle, and the soak,
+//! longer than a test run affords.
 //!
 //! Both already run small in every test run. The property test, with its
 //! invalid calls (`scope-test/src/property/abuse.rs`) and device losses
 //! (`property/loss.rs`), runs five fixed seeds; the soak, a few thousand
 //! launches. Here they run from the build `test` makes, for as long as asked.
 //! `fuzz` tries fresh seeds until the minutes are up, and stops at the first
-//! failure with the line that replays it. `soak` runs alone in its process at
+//! failure with the line that replays it. `stress` runs the random rounds,
+//! rounds left in flight among them, on thousands of seeds where rounds take
+//! time: the host server's loopback transport and the timed CUDA and HIP
+//! mocks. `soak` runs alone in its process at
 //! a million launches, so its resident-memory check means something.
 
 use std::time::{Duration, Instant, SystemTime};
@@ -210,4 +214,129 @@ pub fn soak(backend: &str, release: bool) -> Result<bool> {
         start.elapsed().as_secs_f64()
     );
     Ok(captured.success)
+}
+
+/// The test binaries whose suites run the random rounds over a device
+/// transport that takes time. The host server's loopback is one. The CUDA
+/// and HIP mocks in timed mode are the others: a round there is still in
+/// flight when its caller goes on.
+const IN_FLIGHT: [(&str, &str); 3] = [
+    ("scope-test", "conformance"),
+    ("server-cuda", "mock_timed_collectives"),
+    ("server-hip", "mock_timed_collectives"),
+];
+
+/// What the report lines of the random rounds add up to.
+#[derive(Default)]
+struct Rounds {
+    programs: u64,
+    rounds: u64,
+    ran: u64,
+    failed: u64,
+    refused: u64,
+    recorded: u64,
+    in_flight: u64,
+    words: u64,
+}
+
+impl Rounds {
+    /// Add one report line of the random rounds (`report` in
+    /// `scope-test/src/rounds.rs`). Each count is the number just before its
+    /// words: "N rounds on", "A ran", "W words read".
+    fn add(&mut self, line: &str) {
+        let Some(line) = line.split("random rounds: ").nth(1) else {
+            return;
+        };
+        // The number just before `word` in `line`.
+        let before = |word: &str| -> u64 {
+            line.split(word)
+                .next()
+                .and_then(|head| head.rsplit([' ', ',']).find(|w| !w.is_empty()))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        self.programs += 1;
+        self.rounds += before(" rounds on ");
+        self.ran += before(" ran, ");
+        self.failed += before(" failed on an input");
+        self.refused += before(" refused; ");
+        self.recorded += before(" rounds recorded");
+        self.in_flight = self.in_flight.max(before(" rounds in flight"));
+        self.words += before(" words read");
+    }
+}
+
+/// Run the random rounds of [`IN_FLIGHT`]'s binaries on seeds `0..seeds`,
+/// `rounds` rounds each, and print what they checked.
+///
+/// # Errors
+///
+/// When the build or a run cannot be started, or a binary did not build.
+pub fn rounds(seeds: usize, rounds: usize, release: bool) -> Result<bool> {
+    let built = artifacts::build(
+        "the conformance tests",
+        &["test", "--no-run", "--no-fail-fast"],
+        release,
+    )?;
+    println!(
+        "==> random rounds in flight: seeds 0 to {}, {rounds} rounds each",
+        seeds - 1
+    );
+    let mut ok = true;
+    for (package, target) in IN_FLIGHT {
+        let binary = built
+            .artifacts
+            .iter()
+            .find(|a| a.package == package && a.target == target && a.test)
+            .with_context(|| format!("{package}'s `{target}` tests did not build"))?;
+        let start = Instant::now();
+        let mut command = artifacts::command(binary);
+        command
+            .args([
+                "random_rounds_of_collectives_match_the_oracle",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("SCOPE_ROUND_SEEDS", seeds.to_string())
+            .env("SCOPE_ROUNDS", rounds.to_string());
+        let captured = quiet(command)?;
+        let mut sum = Rounds::default();
+        for line in &captured.lines {
+            sum.add(line);
+        }
+        println!(
+            "{package}::{target}: {} programs, {} rounds: rank 0's calls {} ran, {} failed on an \
+             input, {} refused; {} recorded and replayed; at most {} rounds in flight at a read; \
+             {} words read; {}, {:.0} s",
+            sum.programs,
+            sum.rounds,
+            sum.ran,
+            sum.failed,
+            sum.refused,
+            sum.recorded,
+            sum.in_flight,
+            sum.words,
+            if captured.success {
+                "no disagreement"
+            } else {
+                "FAILED"
+            },
+            start.elapsed().as_secs_f64()
+        );
+        if !captured.success {
+            ok = false;
+            for line in captured
+                .lines
+                .iter()
+                .filter(|l| l.contains("panicked") || l.starts_with("seed ") || l.starts_with("  "))
+            {
+                println!("  {line}");
+            }
+            println!(
+                "  replay one seed with SCOPE_PROPERTY_SEED=<seed> SCOPE_ROUNDS={rounds} cargo test \
+                 -p {package} --all-features --test {target} random_rounds"
+            );
+        }
+    }
+    Ok(ok)
 }

@@ -75,7 +75,9 @@
  * communicator keeps the driver's handles on its joined parts until the
  * driver says no abort can move them (scope_mock_part_join_kept,
  * scope_mock_part_settled); a driver without those hooks gets the join
- * as before, and an abort ends only what was not joined. Communicators
+ * as before, and an abort ends only what was not joined. What an ended
+ * part was to write is left scribbled with 0xa5 bytes, as a killed
+ * kernel leaves partial data (see scribble). Communicators
  * in shared mode (ranks in separate processes) are not timed: their
  * parts take no model time, and a host wait waits for the peers as
  * before. A driver without timed mode sees the calls as before.
@@ -83,7 +85,9 @@
  * A call on a capturing stream is recorded (through the driver's
  * scope_mock_record_collective) and checked as a post would be, without
  * taking a sequence number: each replay of its graph posts it then, as
- * the next call of its communicator, as NCCL's captured kernels run.
+ * the next call of its communicator, as NCCL's captured kernels run. The
+ * post fills the slot the replay left in its stream's queue, so the
+ * graph's later nodes wait for it (the drivers' held.h).
  *
  * A reduction combines the ranks' elements in rank order (rank 0's, then
  * rank 1's, ...), in the arithmetic NCCL's kernels use, so that a test can

@@ -167,7 +167,7 @@ pub(super) fn env_seed() -> Option<u64> {
     env_number("SCOPE_PROPERTY_SEED")
 }
 
-fn env_number(name: &str) -> Option<u64> {
+pub(super) fn env_number(name: &str) -> Option<u64> {
     let value = std::env::var(name).ok()?;
     let parsed = value.trim().parse().ok();
     assert!(parsed.is_some(), "{name}={value:?} is not a number");

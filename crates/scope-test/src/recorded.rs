@@ -131,9 +131,19 @@ pub fn work_recorded_after_a_collective_sees_it_done<S: Suite>() {
         for (step, ((after, sum), input)) in (1..=3u32).zip(seen) {
             let total: u32 = (0..n).map(|r| r + step).sum();
             let expected = vec![total; PART as usize];
-            assert_eq!(sum, expected, "rank {rank}, replay {step}: the sum read the fill");
-            assert_eq!(after, expected, "rank {rank}, replay {step}: the copy ran first");
-            assert_eq!(input, vec![1000; PART as usize], "rank {rank}, replay {step}");
+            assert_eq!(
+                sum, expected,
+                "rank {rank}, replay {step}: the sum read the fill"
+            );
+            assert_eq!(
+                after, expected,
+                "rank {rank}, replay {step}: the copy ran first"
+            );
+            assert_eq!(
+                input,
+                vec![1000; PART as usize],
+                "rank {rank}, replay {step}"
+            );
         }
     }
     assert!(group.broken().is_none());

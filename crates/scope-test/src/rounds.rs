@@ -11,10 +11,17 @@
 //! - every rank sending to the next and receiving from the one before;
 //! - a call the ranks disagree on: another collective, or an output of another length on one rank.
 //!
-//! Over a device transport a round whose inputs are clean is sometimes recorded on every rank. The
-//! ranks then replay it together, with a failure claimed on one rank in between (rule 50). Beside
-//! the group, an oracle keeps every buffer of every rank. It knows either its words or the failures
-//! a read of it may name. After every round each rank reads all of its buffers, and:
+//! Over a device transport a round whose inputs are clean is sometimes recorded on every rank,
+//! sometimes with a copy of its output recorded after it. The ranks then replay it together, with a
+//! failure claimed on one rank in between (rule 50).
+//!
+//! Rounds are left in flight. After its call each rank may copy the round's output into another
+//! buffer, or write the round's input from the host. It may claim a buffer, or copy through a buffer
+//! it frees at once. A runtime's step issues such work behind its round, and it must wait for the
+//! round. Reads come only now and then: up to [`IN_FLIGHT`] rounds and their work are outstanding.
+//!
+//! Beside the group, an oracle keeps every buffer of every rank. It knows either its words or the
+//! failures a read of it may name. When the ranks read, each reads all of its buffers, and:
 //!
 //! - a read fails exactly when the oracle says the buffer is stale. A clean read returns the
 //!   oracle's words (rule 41's healing, 45's stream order);
@@ -25,6 +32,9 @@
 //!   rank, or `Refused` on every rank with nothing claimed (rule 44). Rounds whose inputs also
 //!   failed are included;
 //! - the group never breaks, and the store's books add up ([`Client::audit`]).
+//!
+//! `SCOPE_ROUND_SEEDS=<n>` runs seeds 0 to n − 1 in place of the fixed ones, and
+//! `SCOPE_ROUNDS=<n>` that many rounds a seed: `cargo xtask stress` runs thousands.
 //!
 //! # Why this shape
 //!
@@ -67,6 +77,9 @@ const PART: u32 = 48;
 
 /// Rounds per seed: a tenth of a second a seed on the host server, under a second on lavapipe.
 pub const ROUNDS: usize = 100;
+
+/// The most rounds in flight when the ranks read: a read comes after at most this many rounds.
+pub const IN_FLIGHT: usize = 4;
 
 /// Buffers of one part per rank. The wide buffer comes after them: a part per rank, for the
 /// all-gather and the reduce-scatter.
@@ -150,9 +163,23 @@ fn tag_text(tag: u32) -> String {
 /// One rank's part of a round, before the collective.
 #[derive(Clone)]
 enum Local {
-    Write { slot: usize, words: Vec<u32> },
-    Fail { slot: usize, tag: u32 },
-    Copy { from: usize, to: usize },
+    Write {
+        slot: usize,
+        words: Vec<u32>,
+    },
+    Fail {
+        slot: usize,
+        tag: u32,
+    },
+    Copy {
+        from: usize,
+        to: usize,
+    },
+    /// A copy through a buffer made for it and dropped at once, its copies still in flight.
+    Through {
+        from: usize,
+        to: usize,
+    },
 }
 
 /// A write's words are random: the log names the first.
@@ -167,6 +194,7 @@ impl std::fmt::Debug for Local {
             ),
             Local::Fail { slot, tag } => write!(f, "Fail {{ slot: {slot}, tag: {tag} }}"),
             Local::Copy { from, to } => write!(f, "Copy {{ from: {from}, to: {to} }}"),
+            Local::Through { from, to } => write!(f, "Through {{ from: {from}, to: {to} }}"),
         }
     }
 }
@@ -227,6 +255,12 @@ struct Round {
     /// rank between the recording and the replay.
     recorded: bool,
     late: Option<(usize, Local)>,
+    /// Where a recorded round copies its output after the call, inside the graph.
+    recorded_copy: Option<usize>,
+    /// What each rank issues after its call, while the round is in flight.
+    after: Vec<Vec<Local>>,
+    /// Whether the ranks read every buffer after this round. Always after [`IN_FLIGHT`] rounds.
+    read: bool,
 }
 
 impl Collective {
@@ -240,6 +274,19 @@ impl Collective {
             Collective::ReduceScatter { .. } => Some(WIDE),
             Collective::Broadcast { root, slot } => (root == rank).then_some(slot),
             Collective::Shift { .. } | Collective::Refused { .. } => None,
+        }
+    }
+
+    /// The buffer it writes on every rank, if one: its output. A refused call writes nothing.
+    fn writes(self) -> Option<usize> {
+        match self {
+            Collective::AllReduce { dst, .. }
+            | Collective::ReduceScatter { dst, .. }
+            | Collective::AllToAll { dst, .. }
+            | Collective::Shift { dst, .. } => Some(dst),
+            Collective::AllGather { .. } => Some(WIDE),
+            Collective::Broadcast { slot, .. } => Some(slot),
+            Collective::Refused { .. } => None,
         }
     }
 
@@ -365,12 +412,60 @@ impl Round {
                 },
             )
         });
+        let written = collective.writes().filter(|&slot| slot < SLOTS);
+        let recorded_copy = written
+            .filter(|_| rng.chance(50))
+            .map(|from| (from + 1 + rng.index(SLOTS - 1)) % SLOTS);
+        let after = (0..n)
+            .map(|r| Self::after(rng, n, collective.reads(r), written, next_tag))
+            .collect();
         Self {
             locals,
             collective,
             recorded,
             late,
+            recorded_copy,
+            after,
+            read: rng.chance(40),
         }
+    }
+
+    /// One rank's work after its call: reads of the round's output `written`, a host write of its
+    /// input `read`, a claim, a copy through a buffer dropped at once.
+    fn after(
+        rng: &mut Rng,
+        n: usize,
+        read: Option<usize>,
+        written: Option<usize>,
+        next_tag: &mut u32,
+    ) -> Vec<Local> {
+        let mut after = Vec::new();
+        if let Some(from) = written.filter(|_| rng.chance(40)) {
+            let to = (from + 1 + rng.index(SLOTS - 1)) % SLOTS;
+            after.push(if rng.chance(30) {
+                Local::Through { from, to }
+            } else {
+                Local::Copy { from, to }
+            });
+        }
+        if let Some(slot) = read.filter(|_| rng.chance(20)) {
+            after.push(Local::Write {
+                slot,
+                words: rng.words(words_in(slot, n)),
+            });
+        }
+        if rng.chance(5) {
+            *next_tag += 1;
+            after.push(Local::Fail {
+                slot: rng.index(SLOTS + 1),
+                tag: *next_tag,
+            });
+        }
+        if rng.chance(10) {
+            let (from, to) = rng.two();
+            after.push(Local::Through { from, to });
+        }
+        after
     }
 }
 
@@ -460,7 +555,9 @@ impl Oracle {
                     tag: *tag,
                 }]);
             }
-            Local::Copy { from, to } => held[*to] = held[*from].clone(),
+            Local::Copy { from, to } | Local::Through { from, to } => {
+                held[*to] = held[*from].clone();
+            }
         }
     }
 
@@ -697,8 +794,8 @@ fn check_read<B: Backend>(at: &str, client: &Client<B>, part: Slice<'_>, held: &
 
 /// What one rank's thread counted. Rounds recorded and replayed. Its calls that ran, failed on an
 /// input, and were refused. Devices lost and recovered in place, and shrinks of every rank. Ranks
-/// lost, shrunk away and admitted back.
-type Tally = [usize; 7];
+/// lost, shrunk away and admitted back. The most rounds in flight at a read, and the words read.
+type Tally = [usize; 9];
 
 /// Rank `rank`'s side of `rounds` random rounds from `seed`. Every round is drawn whole, and the
 /// whole oracle kept. This rank's parts are played and its buffers held to the oracle.
@@ -711,7 +808,8 @@ fn play<B: Backend>(
     changes: Option<&Handoff<B>>,
 ) -> Tally {
     let n = rank.ranks();
-    let mut tally = [0usize; 7];
+    let mut tally = [0usize; 9];
+    let mut in_flight = 0;
     let c = rank.client().clone();
     let c = &c;
     let mut rng = Rng::new(seed);
@@ -749,6 +847,7 @@ fn play<B: Backend>(
             }
         }
         let collective = plan.collective;
+        let mut copied_in_graph = None;
         let answers = if plan.recorded
             && over_device
             && collective.recordable()
@@ -757,6 +856,11 @@ fn play<B: Backend>(
             let capture = c.begin_capture().expect("a window opens");
             for recorded in call(rank, &parts, collective) {
                 recorded.unwrap_or_else(|e| panic!("{}: {e}", at("recording")));
+            }
+            if let (Some(from), Some(to)) = (collective.writes(), plan.recorded_copy) {
+                c.copy(parts.view(from), parts.view(to))
+                    .unwrap_or_else(|e| panic!("{}: {e}", at("recording the copy")));
+                copied_in_graph = Some((from, to));
             }
             let graph = c
                 .end_capture(capture)
@@ -784,18 +888,38 @@ fn play<B: Backend>(
                 Answer::Refused => tally[3] += 1,
             }
         }
-        for slot in 0..=SLOTS {
-            check_read(
-                &at(&format!("buffer {slot}")),
-                c,
-                parts.view(slot),
-                &mut oracle.held[r][slot],
-            );
+        if let Some((from, to)) = copied_in_graph {
+            for owner in 0..n {
+                oracle.local(owner, &Local::Copy { from, to });
+            }
         }
-        parts.check_margins(&at("the margins"), c);
+        for (owner, locals) in plan.after.iter().enumerate() {
+            for local in locals {
+                oracle.local(owner, local);
+                if owner == r {
+                    do_local(c, &parts, local);
+                }
+            }
+        }
+        in_flight += 1;
         assert!(rank.broken().is_none(), "{}", at("the group broke"));
-        if let Err(books) = c.audit() {
-            panic!("{}: {books}", at("the store's books"));
+        // Around a change every rank reads: the change's own checks expect nothing in flight.
+        if plan.read || in_flight == IN_FLIGHT || round + 1 == rounds || changes.is_some() {
+            for slot in 0..=SLOTS {
+                check_read(
+                    &at(&format!("buffer {slot} ({in_flight} rounds in flight)")),
+                    c,
+                    parts.view(slot),
+                    &mut oracle.held[r][slot],
+                );
+                tally[8] += words_in(slot, n) as usize;
+            }
+            parts.check_margins(&at("the margins"), c);
+            if let Err(books) = c.audit() {
+                panic!("{}: {books}", at("the store's books"));
+            }
+            tally[7] = tally[7].max(in_flight);
+            in_flight = 0;
         }
     }
     tally
@@ -810,6 +934,7 @@ fn play<B: Backend>(
 /// When a rank's call or read disagrees with the oracle, the group breaks, or the books do not add
 /// up. It prints the seed and the rounds so far first.
 pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
+    let rounds = rounds_or_asked(rounds);
     for seed in seeds_or_the_one_asked(seeds) {
         let Some(group) = group_of::<S>(ranks_for::<S>(seed), DEFAULT_WAIT) else {
             return;
@@ -828,6 +953,7 @@ pub fn random_rounds<S: Suite>(seeds: &[u64], rounds: usize) {
 ///
 /// As [`random_rounds`]; when a change or a recovery fails.
 pub fn random_rounds_with_changes<S: Suite>(seeds: &[u64], rounds: usize) {
+    let rounds = rounds_or_asked(rounds);
     for seed in seeds_or_the_one_asked(seeds) {
         let Some(group) = group_of::<S>(ranks_for::<S>(seed), DEFAULT_WAIT) else {
             return;
@@ -849,6 +975,7 @@ pub fn random_rounds_joined<S: Suite>(seeds: &[u64], rounds: usize)
 where
     S::Backend: DeviceCollectives,
 {
+    let rounds = rounds_or_asked(rounds);
     for seed in seeds_or_the_one_asked(seeds) {
         let Some(tallies) =
             each_of_ranks_alone::<S, _>(ranks_for::<S>(seed), DEFAULT_WAIT, |rank| {
@@ -861,12 +988,32 @@ where
     }
 }
 
+/// `seeds`, or the one `SCOPE_PROPERTY_SEED` names, or `0..n` for `SCOPE_ROUND_SEEDS=n`.
 fn seeds_or_the_one_asked(seeds: &[u64]) -> Vec<u64> {
-    property::env_seed().map_or_else(|| seeds.to_vec(), |seed| vec![seed])
+    if let Some(seed) = property::env_seed() {
+        return vec![seed];
+    }
+    property::env_number("SCOPE_ROUND_SEEDS").map_or_else(|| seeds.to_vec(), |n| (0..n).collect())
+}
+
+/// `rounds`, or the number `SCOPE_ROUNDS` names.
+fn rounds_or_asked(rounds: usize) -> usize {
+    property::env_number("SCOPE_ROUNDS").map_or(rounds, |n| n as usize)
 }
 
 fn report(how: &str, seed: u64, rounds: usize, tallies: &[Tally]) {
-    let [recorded, ok, failed, refused, lost, reformed, rotated] = tallies[0];
+    let [
+        recorded,
+        ok,
+        failed,
+        refused,
+        lost,
+        reformed,
+        rotated,
+        in_flight,
+        _,
+    ] = tallies[0];
+    let words: usize = tallies.iter().map(|t| t[8]).sum();
     let events = if lost + reformed + rotated > 0 {
         format!(
             "; {lost} devices lost and recovered in place, {reformed} shrinks of every rank, \
@@ -878,7 +1025,8 @@ fn report(how: &str, seed: u64, rounds: usize, tallies: &[Tally]) {
     println!(
         "random rounds: seed {seed}, {rounds} rounds on {} rank(s){how}; rank 0's calls: {ok} ran, \
          {failed} failed on an input, {refused} refused; {recorded} rounds recorded and replayed\
-         {events}",
+         {events}; at most {in_flight} rounds in flight at a read; {words} words read, as the oracle \
+         said",
         tallies.len()
     );
 }
@@ -894,6 +1042,13 @@ fn do_local<B: Backend>(c: &Client<B>, parts: &Parts, local: &Local) {
         Local::Copy { from, to } => {
             // A copy of stale bytes is skipped, its destination claimed.
             let _ = c.copy(parts.view(*from), parts.view(*to));
+        }
+        Local::Through { from, to } => {
+            let through = c
+                .try_allocate(u64::from(PART) * 4)
+                .expect("a buffer to copy through");
+            let _ = c.copy(parts.view(*from), through.all());
+            let _ = c.copy(through.all(), parts.view(*to));
         }
     }
 }
