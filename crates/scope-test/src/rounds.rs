@@ -182,6 +182,25 @@ enum Local {
     },
 }
 
+impl Local {
+    /// Fresh words for `slot`, in a group of `n`.
+    fn write(rng: &mut Rng, slot: usize, n: usize) -> Self {
+        Local::Write {
+            slot,
+            words: rng.words(words_in(slot, n)),
+        }
+    }
+
+    /// A claim of any buffer, under the next tag.
+    fn fail(rng: &mut Rng, next_tag: &mut u32) -> Self {
+        *next_tag += 1;
+        Local::Fail {
+            slot: rng.index(SLOTS + 1),
+            tag: *next_tag,
+        }
+    }
+}
+
 /// A write's words are random: the log names the first.
 impl std::fmt::Debug for Local {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -336,17 +355,10 @@ impl Round {
                 let mut locals = Vec::new();
                 if rng.chance(50) {
                     let slot = rng.index(SLOTS + 1);
-                    locals.push(Local::Write {
-                        slot,
-                        words: rng.words(words_in(slot, n)),
-                    });
+                    locals.push(Local::write(rng, slot, n));
                 }
                 if rng.chance(10) {
-                    *next_tag += 1;
-                    locals.push(Local::Fail {
-                        slot: rng.index(SLOTS + 1),
-                        tag: *next_tag,
-                    });
+                    locals.push(Local::fail(rng, next_tag));
                 }
                 if rng.chance(15) {
                     let (from, to) = rng.two();
@@ -449,17 +461,10 @@ impl Round {
             });
         }
         if let Some(slot) = read.filter(|_| rng.chance(20)) {
-            after.push(Local::Write {
-                slot,
-                words: rng.words(words_in(slot, n)),
-            });
+            after.push(Local::write(rng, slot, n));
         }
         if rng.chance(5) {
-            *next_tag += 1;
-            after.push(Local::Fail {
-                slot: rng.index(SLOTS + 1),
-                tag: *next_tag,
-            });
+            after.push(Local::fail(rng, next_tag));
         }
         if rng.chance(10) {
             let (from, to) = rng.two();
