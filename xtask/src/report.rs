@@ -16,6 +16,11 @@
 //! stopped capturing. So under plain libtest it stands outside the test's
 //! block, and under nextest in its stderr; the name in brackets says whose.
 //!
+//! A kit behaviour whose suite lacks what it needs by design (a host-staged
+//! suite and the device transport's behaviours) prints `not applicable:
+//! <reason>`. It is counted apart again, so that "not exercised" lists only
+//! what could have run here.
+//!
 //! Each test's output is found in the runner's own framing:
 //!
 //! - nextest, with `--success-output immediate --failure-output immediate`:
@@ -356,18 +361,22 @@ test result: FAILED. 4 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
         );
         assert!(ok);
         assert!(
-            text.contains("core               412       0        0              0    58.2 s"),
+            text.contains(
+                "core               412       0        0              0      0    58.2 s"
+            ),
             "{text}"
         );
         assert!(text.contains("skipped: VK_LAYER_KHRONOS_validation is not installed"));
         assert!(
             text.contains(
-                "build                                                   13.5 min  cargo test --no-run"
+                "build                                                          13.5 min  cargo test --no-run"
             ),
             "{text}"
         );
         assert!(
-            text.contains("total              449       0        3              0  15.3 min"),
+            text.contains(
+                "total              449       0        3              0      0  15.3 min"
+            ),
             "{text}"
         );
         assert!(text.contains("449 passed, 0 failed, 3 skipped, 0 not exercised"));
@@ -558,6 +567,7 @@ test result: FAILED. 4 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; 
         let mut gl = Counts::new("cubecl on wgpu (gl)");
         gl.passed = 250;
         gl.not_exercised = 134;
+        gl.not_applicable = 7;
         gl.secs = 40.0;
         let mut cuda = Counts::new("cubecl on cuda");
         cuda.skipped = 1;
@@ -565,9 +575,51 @@ test result: FAILED. 4 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; 
         let (text, ok) = summary(&[gl, cuda], &[], None);
         assert!(ok);
         assert!(
-            text.contains("cubecl on wgpu (gl)     250       0        0            134    40.0 s"),
+            text.contains(
+                "cubecl on wgpu (gl)     250       0        0            134      7    40.0 s"
+            ),
             "{text}"
         );
-        assert!(text.contains("250 passed, 0 failed, 1 skipped, 134 not exercised"));
+        assert!(
+            text.contains("250 passed, 0 failed, 1 skipped, 134 not exercised, 7 not applicable")
+        );
+    }
+
+    /// A kit behaviour whose suite lacks what it needs says so, and counts
+    /// as not applicable: neither passed nor not exercised.
+    #[test]
+    fn a_behaviour_its_suite_cannot_have_is_not_applicable() {
+        assert_eq!(
+            not_applicable("not applicable: the suite's groups are not over a device transport")
+                .as_deref(),
+            Some("the suite's groups are not over a device transport")
+        );
+        assert_eq!(not_applicable("not applicable:"), None);
+        assert_eq!(not_applicable("note: not applicable: x"), None);
+        let output = "\nrunning 3 tests\ntest a ... ok\ntest b ... ok\ntest c ... ok\n\n\
+            successes:\n\n---- a stdout ----\nnot applicable: the suite makes no backend\n\n\
+            ---- b stdout ----\nnot exercised: nothing reached the device\n\n\
+            successes:\n    a\n    b\n    c\n\n\
+            test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\n";
+        let mut row = Counts::new("host");
+        row.add("conformance", true, &lines(output), false);
+        assert_eq!(
+            (
+                row.passed,
+                row.skipped,
+                row.not_exercised,
+                row.not_applicable
+            ),
+            (1, 0, 1, 1)
+        );
+        assert_eq!(
+            row.inapplicable,
+            [("the suite makes no backend".to_owned(), 1)]
+        );
+        assert!(
+            row.outcome().contains("1 not exercised    1 n/a"),
+            "{}",
+            row.outcome()
+        );
     }
 }

@@ -12,7 +12,8 @@
 //! `skipped: <reason>`. Runners show every test's output, and [`crate::report`]
 //! reads it test by test, so the summary tells "passed" from "skipped". Both
 //! differ from a test that did nothing on the device: `not exercised: <reason>`,
-//! or `not run: <reason>` for one marked as not holding there. With
+//! or `not run: <reason>` for one marked as not holding there. A kit behaviour
+//! its suite cannot have on any machine says `not applicable: <reason>`. With
 //! `--backend X`, `SCOPE_REQUIRE=X` reaches the tests and a missing device
 //! fails them instead.
 //!

@@ -2,8 +2,9 @@
 //!
 //! Each behaviour module lists its behaviours in its own `*_tests!` macro, each with what it needs
 //! beyond a client. A suite says what it has once, in [`Suite::capabilities`]. The test decides as
-//! it runs. A suite that lacks a need prints `not exercised: <reason>` and passes, which `cargo
-//! xtask test` counts apart from a pass.
+//! it runs. A suite that lacks a need prints `not applicable: <reason>` and passes. `cargo xtask
+//! test` counts it apart from a pass, and apart from a test that could have run here and did not
+//! (`not exercised`): no machine changes what a suite is.
 
 use scope_core::collective::Group;
 
@@ -45,13 +46,13 @@ pub fn has<S: Suite>(capability: Capability) -> bool {
     }
 }
 
-/// Whether `S` has every one of `needs`; if not, prints why not.
+/// Whether `S` has every one of `needs`; if not, prints why the behaviour does not apply.
 #[doc(hidden)]
 pub fn exercised<S: Suite>(needs: &[Capability]) -> bool {
     let Some(lacked) = needs.iter().find(|need| !has::<S>(**need)) else {
         return true;
     };
-    println!("not exercised: {}", lacked.lacked());
+    println!("not applicable: {}", lacked.lacked());
     false
 }
 

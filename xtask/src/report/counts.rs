@@ -1,8 +1,13 @@
 //! The rows of the summary: each runner invocation's tests counted as
-//! passed, failed, skipped or not exercised, with their reasons, and the
-//! table a person reads.
+//! passed, failed, skipped, not exercised or not applicable, with their
+//! reasons, and the table a person reads.
+//!
+//! "Not exercised" is a test that could have run here and did nothing: a
+//! device or a toolchain would change it. "Not applicable" is a behaviour
+//! its suite cannot have on any machine, by the suite's design. Kept
+//! apart, the first is a short list a person can act on.
 
-use super::lines::{not_exercised, not_run_reason, skip_reason, strip_ansi};
+use super::lines::{not_applicable, not_exercised, not_run_reason, skip_reason, strip_ansi};
 use super::runner::{Skip, classify, parse_libtest, parse_nextest};
 
 /// A failed test (or a run that failed as a whole), with everything it
@@ -40,6 +45,11 @@ pub struct Counts {
     pub unexercised: Vec<(String, u64)>,
     /// The tests marked not run, as `not run: <test> (<reason>)`.
     pub not_run: Vec<String>,
+    /// Tests that said `not applicable: <reason>`: their suite cannot have
+    /// what they need, by design.
+    pub not_applicable: u64,
+    /// `not applicable` reasons, each with how many tests gave it.
+    pub inapplicable: Vec<(String, u64)>,
     /// Why the row did not run, or a note.
     pub note: String,
     /// Failures, in full.
@@ -76,6 +86,7 @@ impl Counts {
         };
         let mut skipped = 0;
         let mut unexercised = 0;
+        let mut inapplicable = 0;
         if parsed.tests.is_empty() && parsed.passed > 0 {
             // The runner's framing was not recognised: count the skip and
             // not-exercised lines themselves, as an older xtask did, and
@@ -120,7 +131,10 @@ impl Counts {
                     }
                 }
             }
-            if let Some(why) = test.stdout.iter().find_map(|l| not_run_reason(l)) {
+            if let Some(why) = test.stdout.iter().find_map(|l| not_applicable(l)) {
+                inapplicable += 1;
+                bump(&mut self.inapplicable, &why);
+            } else if let Some(why) = test.stdout.iter().find_map(|l| not_run_reason(l)) {
                 unexercised += 1;
                 self.not_run
                     .push(format!("not run: {} ({why})", short_name(&test.name)));
@@ -154,9 +168,13 @@ impl Counts {
                 lines: lines.iter().map(|l| strip_ansi(l)).collect(),
             }];
         }
-        self.passed += parsed.passed.saturating_sub(skipped + unexercised);
+        self.passed += parsed
+            .passed
+            .saturating_sub(skipped + unexercised + inapplicable);
         self.skipped += skipped.min(parsed.passed);
         self.not_exercised += unexercised.min(parsed.passed.saturating_sub(skipped));
+        self.not_applicable +=
+            inapplicable.min(parsed.passed.saturating_sub(skipped + unexercised));
         self.failed += failed;
         self.failures.extend(failures);
         self.closing.extend(parsed.closing);
@@ -165,11 +183,12 @@ impl Counts {
     /// The counts and time, for the row's progress line.
     pub fn outcome(&self) -> String {
         format!(
-            "{:>5} passed {:>3} failed {:>4} skipped {:>4} not exercised {:>8}{}",
+            "{:>5} passed {:>3} failed {:>4} skipped {:>4} not exercised {:>4} n/a {:>8}{}",
             self.passed,
             self.failed,
             self.skipped,
             self.not_exercised,
+            self.not_applicable,
             seconds(self.secs),
             if self.failed > 0 { "  FAILED" } else { "" }
         )
@@ -206,6 +225,9 @@ impl Counts {
             ));
         }
         out.extend(self.not_run.iter().cloned());
+        for (reason, n) in self.inapplicable.iter().take(SHOWN) {
+            out.push(format!("not applicable {n:>3} × {}", clip(reason, 100)));
+        }
         if !self.note.is_empty() {
             out.push(self.note.clone());
         }
@@ -257,25 +279,26 @@ pub fn summary(rows: &[Counts], extra: &[(&str, f64, &str)], log: Option<&str>) 
         .max()
         .unwrap_or(0)
         .max(14);
-    let line = |name: &str, [p, f, s, n]: [&str; 4], t: &str, note: &str| {
-        format!("{name:<width$} {p:>7} {f:>7} {s:>8} {n:>14} {t:>9}  {note}")
+    let line = |name: &str, [p, f, s, n, a]: [&str; 5], t: &str, note: &str| {
+        format!("{name:<width$} {p:>7} {f:>7} {s:>8} {n:>14} {a:>6} {t:>9}  {note}")
             .trim_end()
             .to_owned()
             + "\n"
     };
     out.push_str(&line(
         "row",
-        ["passed", "failed", "skipped", "not exercised"],
+        ["passed", "failed", "skipped", "not exercised", "n/a"],
         "time",
         "note",
     ));
     out.push_str(&line(
         &"-".repeat(width),
-        ["-------", "-------", "--------", "--------------"],
+        ["-------", "-------", "--------", "--------------", "------"],
         "---------",
         "----",
     ));
     let (mut passed, mut failed, mut skipped, mut unexercised, mut secs) = (0, 0, 0, 0, 0.0);
+    let mut inapplicable = 0;
     for row in rows {
         let note = if row.note.is_empty() {
             row.skips
@@ -299,6 +322,7 @@ pub fn summary(rows: &[Counts], extra: &[(&str, f64, &str)], log: Option<&str>) 
                 &row.failed.to_string(),
                 &row.skipped.to_string(),
                 &row.not_exercised.to_string(),
+                &row.not_applicable.to_string(),
             ],
             &seconds(row.secs),
             &note,
@@ -307,10 +331,11 @@ pub fn summary(rows: &[Counts], extra: &[(&str, f64, &str)], log: Option<&str>) 
         failed += row.failed;
         skipped += row.skipped;
         unexercised += row.not_exercised;
+        inapplicable += row.not_applicable;
         secs += row.secs;
     }
     for (name, t, note) in extra {
-        out.push_str(&line(name, ["", "", "", ""], &seconds(*t), note));
+        out.push_str(&line(name, ["", "", "", "", ""], &seconds(*t), note));
         secs += t;
     }
     out.push_str(&line(
@@ -320,6 +345,7 @@ pub fn summary(rows: &[Counts], extra: &[(&str, f64, &str)], log: Option<&str>) 
             &failed.to_string(),
             &skipped.to_string(),
             &unexercised.to_string(),
+            &inapplicable.to_string(),
         ],
         &seconds(secs),
         "",
@@ -331,11 +357,16 @@ pub fn summary(rows: &[Counts], extra: &[(&str, f64, &str)], log: Option<&str>) 
         "(not exercised: the test printed `not exercised: <reason>` or `not run: <reason>`, \
          having done nothing on its device; not counted as passed)\n",
     );
+    out.push_str(
+        "(n/a: the test printed `not applicable: <reason>`: its suite cannot have what it needs, \
+         by design; not counted as passed)\n",
+    );
     if let Some(log) = log {
         out.push_str(&format!("every test's output: {log}\n"));
     }
     out.push_str(&format!(
-        "\n{passed} passed, {failed} failed, {skipped} skipped, {unexercised} not exercised\n"
+        "\n{passed} passed, {failed} failed, {skipped} skipped, {unexercised} not exercised, \
+         {inapplicable} not applicable\n"
     ));
     (out, failed == 0)
 }

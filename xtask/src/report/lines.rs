@@ -1,6 +1,7 @@
 //! The lines a test prints that say what it did: `skipped: <reason>`,
-//! `not exercised: <reason> [<test>]`, `not run: <reason>`, read at the
-//! start of a line and through the terminal's colour codes.
+//! `not exercised: <reason> [<test>]`, `not run: <reason>`,
+//! `not applicable: <reason>`, read at the start of a line and through the
+//! terminal's colour codes.
 
 /// The reason in a skip line: `skipped: <reason>` at the start of a line
 /// (after indentation), with a reason. Case-insensitive in `skipped`; a
@@ -38,6 +39,13 @@ pub fn not_exercised(line: &str) -> Option<(String, Option<String>)> {
 pub fn not_run_reason(line: &str) -> Option<String> {
     let line = strip_ansi_ref(line);
     after_label(line.trim(), "not run:").map(str::to_owned)
+}
+
+/// The reason in a `not applicable: <reason>` line: a behaviour its suite
+/// cannot have by design, on any machine (the kit's capabilities).
+pub fn not_applicable(line: &str) -> Option<String> {
+    let line = strip_ansi_ref(line);
+    after_label(line.trim(), "not applicable:").map(str::to_owned)
 }
 
 /// What follows `label` (any case) at the start of `trimmed`, when there is
