@@ -7,7 +7,10 @@
  * of the communicator posts its part, on that rank's thread, between the
  * mock driver's "device" allocations (host memory). A driver that holds
  * work behind a collective (see "held work" below) holds a post too: it
- * is placed when its stream reaches it.
+ * is placed when its stream reaches it. A send or a receive is posted and
+ * placed the same way: each half is an open part of its stream until the
+ * other half is placed, when the bytes move, so work on either side keeps
+ * its stream order around it.
  *
  * server-cuda's tests build it with -Wl,-soname,libnccl.so and load it by
  * absolute path before cudarc looks for "libnccl.so" (see their
@@ -157,7 +160,7 @@ typedef struct call {
   struct call *next;
 } call;
 /* A point-to-point transfer, number n from one rank to another: bytes
- * move when both halves are posted. */
+ * move when both halves are placed. */
 typedef struct transfer {
   int from, to, has_send, has_recv;
   unsigned long long n;
@@ -966,6 +969,8 @@ int ncclCommAbort(comm *m) {
       if (t->has_recv) scribble(t->recv, t->recv_bytes, 0);
       end_part(&t->send_part);
       end_part(&t->recv_part);
+      if (t->has_send) part_closed(t->send_stream, t->send_seq);
+      if (t->has_recv) part_closed(t->recv_stream, t->recv_seq);
     }
     /* And what was joined but has not finished: every rank's kernel of
      * the communicator returns (a rank still busy before its part ends
@@ -1607,6 +1612,22 @@ static int place_shared(const shared_issue *h) {
  * communicator or the rank itself, halves of different lengths, a buffer
  * outside the live allocations, a capturing stream (scope does not record
  * transfers). */
+/* One half of a transfer, posted: placed at once, or held until its
+ * stream reaches it (its operation `seq` there, timed part `part`). */
+typedef struct {
+  comm *m;
+  int is_send;
+  void *buf;
+  size_t bytes;
+  int peer;
+  void *stream;
+  unsigned long long seq;
+  void *part;
+  unsigned long long k;
+} held_half;
+static int place_half(const held_half *h);
+static int hold_half(const held_half *h);
+
 static int post_transfer(comm *m, int is_send, void *buf, size_t count, int dtype, int peer, void *stream) {
   LOCKED;
   const char *name = is_send ? "ncclSend" : "ncclRecv";
@@ -1626,31 +1647,54 @@ static int post_transfer(comm *m, int is_send, void *buf, size_t count, int dtyp
   clique *c = m->c;
   if (c->aborted) return REMOTE;
   if (c->joined < n) return refuse(INVALID_USAGE, "%s before every rank joined the communicator", name);
-  int from = is_send ? m->rank : peer, to = is_send ? peer : m->rank;
-  unsigned long long k = is_send ? m->sent[peer]++ : m->received[peer]++;
+  /* Numbered in issue order, placed in stream order, as a call is. */
+  held_half h = {m, is_send, buf, bytes, peer, stream, 0, NULL, is_send ? m->sent[peer]++ : m->received[peer]++};
+  after_last(m, stream);
+  h.seq = stream_part(stream, &h.part);
+  now_last(m, stream, h.seq, h.part);
+  if (hold_half(&h)) return SUCCESS;
+  return place_half(&h);
+}
+
+/* Place one half of transfer `h->k` between `h->m`'s rank and `h->peer`
+ * (the lock held): an open part of its stream until the other half is
+ * placed too, when the bytes move and both parts close. A half placed
+ * after an abort ends there. */
+static int place_half(const held_half *h) {
+  comm *m = h->m;
+  clique *c = m->c;
+  if (c->aborted || m->destroyed) {
+    void *part = h->part;
+    end_part(&part);
+    return REMOTE;
+  }
+  int from = h->is_send ? m->rank : h->peer, to = h->is_send ? h->peer : m->rank;
   transfer *t = c->transfers;
-  while (t && !(t->from == from && t->to == to && t->n == k)) t = t->next;
+  while (t && !(t->from == from && t->to == to && t->n == h->k)) t = t->next;
   if (!t) {
     t = calloc(1, sizeof *t);
     t->from = from;
     t->to = to;
-    t->n = k;
+    t->n = h->k;
     t->next = c->transfers;
     c->transfers = t;
   }
-  if (is_send) {
+  if (h->is_send) {
     t->has_send = 1;
-    t->send = buf;
-    t->send_bytes = bytes;
-    t->send_stream = stream;
-    t->send_seq = stream_part(stream, &t->send_part);
+    t->send = h->buf;
+    t->send_bytes = h->bytes;
+    t->send_stream = h->stream;
+    t->send_seq = h->seq;
+    t->send_part = h->part;
   } else {
     t->has_recv = 1;
-    t->recv = buf;
-    t->recv_bytes = bytes;
-    t->recv_stream = stream;
-    t->recv_seq = stream_part(stream, &t->recv_part);
+    t->recv = h->buf;
+    t->recv_bytes = h->bytes;
+    t->recv_stream = h->stream;
+    t->recv_seq = h->seq;
+    t->recv_part = h->part;
   }
+  part_opened(h->stream, h->seq);
   if (!(t->has_send && t->has_recv)) return SUCCESS;
   void *parts[2] = {t->send_part, t->recv_part}, *recvs[2] = {NULL, t->recv};
   size_t written[2] = {0, t->recv_bytes};
@@ -1659,12 +1703,30 @@ static int post_transfer(comm *m, int is_send, void *buf, size_t count, int dtyp
     if (*at == t) { *at = t->next; break; }
   size_t sent = t->send_bytes, received = t->recv_bytes;
   if (sent == received) memmove(t->recv, t->send, sent);
+  part_closed(t->send_stream, t->send_seq);
+  part_closed(t->recv_stream, t->recv_seq);
+  unsigned long long k = t->n;
   free(t);
   pthread_cond_broadcast(&changed);
   if (sent != received)
     return refuse(INVALID_USAGE, "transfer #%llu from rank %d to rank %d: %zu bytes sent, %zu received", k, from,
                   to, sent, received);
   return SUCCESS;
+}
+
+/* The driver's hook for a held half its stream reached. */
+static void place_half_held(const void *blob, void *stream, unsigned long long stream_seq) {
+  LOCKED;
+  (void)stream;
+  (void)stream_seq;
+  place_half(blob);
+}
+
+static int hold_half(const held_half *h) {
+  typedef void (*hook)(const void *, void *, unsigned long long);
+  int (*f)(void *, unsigned long long, hook, const void *, size_t) =
+      (int (*)(void *, unsigned long long, hook, const void *, size_t))driver_hook("scope_mock_hold_post");
+  return f ? f(h->stream, h->seq, place_half_held, h, sizeof *h) : 0;
 }
 
 int ncclSend(const void *send, size_t count, int dtype, int peer, comm *m, void *stream) {
