@@ -408,6 +408,15 @@ static void scribble(void *recv, size_t bytes, int allocation) {
   int now = recv && bytes ? device_range(recv, bytes) : 0;
   if (now && (!allocation || now == allocation)) memset(recv, SCRIBBLE, bytes);
 }
+/* Hold operation `seq` of `stream` (the `n` bytes at `blob`, copied) until
+ * the stream reaches it, when the driver calls `place(blob)` (1); 0 where
+ * the stream holds nothing and it is placed now, or the driver cannot. */
+typedef void (*place_hook)(const void *, void *, unsigned long long);
+static int hold_behind(void *stream, unsigned long long seq, place_hook place, const void *blob, size_t n) {
+  int (*f)(void *, unsigned long long, place_hook, const void *, size_t) =
+      (int (*)(void *, unsigned long long, place_hook, const void *, size_t))driver_hook("scope_mock_hold_post");
+  return f ? f(stream, seq, place, blob, n) : 0;
+}
 static void end_part(void **part) {
   void (*f)(void *) = (void (*)(void *))driver_hook("scope_mock_part_end");
   if (*part && f) f(*part);
@@ -1231,10 +1240,7 @@ static void place_shared_held(const void *blob, void *stream, unsigned long long
 
 /* Hold `h` behind its stream's work (1), or 0 where nothing is held. */
 static int hold_shared(const shared_issue *h) {
-  typedef void (*hook)(const void *, void *, unsigned long long);
-  int (*f)(void *, unsigned long long, hook, const void *, size_t) =
-      (int (*)(void *, unsigned long long, hook, const void *, size_t))driver_hook("scope_mock_hold_post");
-  return f ? f(h->p.stream, h->p.seq, place_shared_held, h, sizeof *h) : 0;
+  return hold_behind(h->p.stream, h->p.seq, place_shared_held, h, sizeof *h);
 }
 
 static int shared_pending_on(void *stream, unsigned long long upto);
@@ -1493,10 +1499,7 @@ static void place_held(const void *blob, void *stream, unsigned long long stream
 }
 
 static int hold_post(void *stream, const held_post *h) {
-  typedef void (*hook)(const void *, void *, unsigned long long);
-  int (*f)(void *, unsigned long long, hook, const void *, size_t) =
-      (int (*)(void *, unsigned long long, hook, const void *, size_t))driver_hook("scope_mock_hold_post");
-  return f ? f(stream, h->p.seq, place_held, h, sizeof *h) : 0;
+  return hold_behind(stream, h->p.seq, place_held, h, sizeof *h);
 }
 
 /* A graph holding a recorded call was replayed on `stream` as its
@@ -1723,10 +1726,7 @@ static void place_half_held(const void *blob, void *stream, unsigned long long s
 }
 
 static int hold_half(const held_half *h) {
-  typedef void (*hook)(const void *, void *, unsigned long long);
-  int (*f)(void *, unsigned long long, hook, const void *, size_t) =
-      (int (*)(void *, unsigned long long, hook, const void *, size_t))driver_hook("scope_mock_hold_post");
-  return f ? f(h->stream, h->seq, place_half_held, h, sizeof *h) : 0;
+  return hold_behind(h->stream, h->seq, place_half_held, h, sizeof *h);
 }
 
 int ncclSend(const void *send, size_t count, int dtype, int peer, comm *m, void *stream) {
