@@ -184,6 +184,22 @@ static int wait_reached(stream *s, unsigned long long upto) {
   }
 }
 
+/* Wait, with the lock released, until every stream `which` picks ran all
+ * that was issued on it when looked at (a context's or a device's sync). */
+static void wait_every_stream(int (*which)(const stream *)) {
+  for (;;) {
+    stream *behind = NULL;
+    unsigned long long upto = 0;
+    {
+      HELD_LOCKED;
+      drain();
+      for (stream *s = streams; s && !behind; s = s->next)
+        if (which(s) && !reached(s, s->issued)) behind = s, upto = s->issued;
+    }
+    if (!behind || !wait_reached(behind, upto)) break;
+  }
+}
+
 /* A replay's recorded collective, operation `seq` of `s`: its slot, which
  * what the replay issues after it queues behind. */
 static void held_slot(stream *s, unsigned long long seq) { hold(s, (held){.kind = H_SLOT, .seq = seq}); }

@@ -229,6 +229,16 @@ static tnode *foldable(stream *s) {
   t->pmoves = 0;
   return t;
 }
+/* An event recorded on `s` now: the model finish of its work so far, `*at`,
+ * or the node that will know it, `*node` (a reference; the event's last
+ * one is dropped). */
+static void timed_record(stream *s, long long *at, tnode **node) {
+  collapse(s);
+  drop(*node);
+  *at = s->tail;
+  *node = s->tail_node;
+  if (*node) (*node)->refs++;
+}
 /* `s`'s later work starts no earlier than event time `at` / node `e`'s finish. */
 static void timed_wait_event(stream *s, long long at, tnode *e) {
   if (e && finish_of(e) >= 0 && e->finish >= 0) { at = e->finish; e = NULL; }

@@ -802,6 +802,7 @@ CUresult cuCtxSetCurrent(void *ctx) {
   current = ctx;
   return OK;
 }
+static int in_current_context(const stream *s) { return s->ctx == current; }
 CUresult cuCtxSynchronize(void) {
   when *waits = NULL;
   size_t nwaits = 0;
@@ -818,17 +819,7 @@ CUresult cuCtxSynchronize(void) {
       waits[nwaits++] = when_tail(s);
     }
   }
-  for (;;) {
-    stream *behind = NULL;
-    unsigned long long upto = 0;
-    {
-      LOCKED;
-      drain();
-      for (stream *s = streams; s && !behind; s = s->next)
-        if (s->ctx == current && !reached(s, s->issued)) behind = s, upto = s->issued;
-    }
-    if (!behind || !wait_reached(behind, upto)) break;
-  }
+  wait_every_stream(in_current_context);
   for (size_t i = 0; i < nwaits; i++) timed_wait(waits[i]);
   free(waits);
   ENTER;
@@ -979,13 +970,7 @@ CUresult cuEventRecord(void *pe, void *ps) {
   e->on = s;
   e->seq = s->issued;
   e->captured_by = NULL;
-  if (timing) {
-    collapse(s);
-    drop(e->node);
-    e->at = s->tail;
-    e->node = s->tail_node;
-    if (e->node) e->node->refs++;
-  }
+  if (timing) timed_record(s, &e->at, &e->node);
   return OK;
 }
 static CUresult event_usable(event *e, const char *call) {

@@ -439,11 +439,7 @@ hipError_t hipEventRecord(void *p, void *ps) {
   }
   if (__atomic_load_n(&timing, __ATOMIC_RELAXED)) {
     TIMED_LOCKED;
-    collapse(s);
-    drop(e->node);
-    e->at = s->tail;
-    e->node = s->tail_node;
-    if (e->node) e->node->refs++;
+    timed_record(s, &e->at, &e->node);
   }
   return OK;
 }
@@ -509,20 +505,14 @@ hipError_t hipMalloc(void **p, size_t n) {
   remember(raw + 256, n);
   return OK;
 }
+static int every(const stream *s) {
+  (void)s;
+  return 1;
+}
 hipError_t hipFree(void *p) {
   if (!p) return OK;
   /* As HIP's, a free waits for the device: for held work to run. */
-  for (;;) {
-    stream *behind = NULL;
-    unsigned long long upto = 0;
-    {
-      HELD_LOCKED;
-      drain();
-      for (stream *s = streams; s && !behind; s = s->next)
-        if (!reached(s, s->issued)) behind = s, upto = s->issued;
-    }
-    if (!behind || !wait_reached(behind, upto)) break;
-  }
+  wait_every_stream(every);
   forget(p);
   char *raw = (char *)p - 256;
   __atomic_sub_fetch(&used, *(size_t *)raw, __ATOMIC_SEQ_CST);
