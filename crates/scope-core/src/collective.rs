@@ -36,6 +36,8 @@ use self::meeting::Meeting;
 pub use self::p2p::{MAILBOX_BYTES, MAILBOX_PARCELS};
 use self::remote::Ballot;
 use self::round::{Input, Kind, Outcome, Part, Written};
+#[doc(hidden)]
+pub use self::watchdog::background_drops_done;
 use crate::backend::Backend;
 use crate::capture::CaptureState;
 use crate::client::Client;

@@ -3,10 +3,10 @@
 //! over must give them back, or a runtime that re-forms its group every
 //! few minutes runs out of streams.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use scope_core::collective::device::DeviceCollectives;
-use scope_core::collective::{Element, Rank, Reduce};
+use scope_core::collective::{Element, Rank, Reduce, background_drops_done};
 use scope_test::host::{self, Host};
 
 /// A rank that joins alone and goes, more times than a server has
@@ -16,6 +16,14 @@ use scope_test::host::{self, Host};
 fn joining_again_and_again_spends_no_stream() {
     let client = host::client().unwrap();
     for attempt in 0..scope_core::MAX_STREAMS + 8 {
+        // The last rank's group may drop on another thread, where the
+        // watchdog's poll held it last: its streams come back once that
+        // thread ran. Seconds cover any delay a busy machine puts on a
+        // thread; a leak never comes back.
+        assert!(
+            background_drops_done(Instant::now() + Duration::from_secs(10)),
+            "join {attempt}: a group's drop did not end"
+        );
         let identity = Host::identity().unwrap();
         let rank = Rank::join(client.clone(), &identity, 0, 1, Duration::from_secs(5))
             .unwrap_or_else(|e| panic!("join {attempt}: {e}"));
@@ -32,11 +40,9 @@ fn joining_again_and_again_spends_no_stream() {
     }
     // At most three joins held streams at once on `client`, two each: a
     // rank and a short one beside it, which this thread holds, and the
-    // rank before them, which the process's one watchdog thread may still
-    // hold while it polls that rank's last round (a poll holds its group
-    // until it returns, and one poll runs at a time; on a busy machine the
-    // thread can be put off mid-poll). So a new stream is at most the
-    // seventh made after the client's own, not the thousandth.
+    // rank before them, whose drop may still be under way on another
+    // thread. So a new stream is at most the seventh made after the
+    // client's own, not the thousandth.
     let identity = Host::identity().unwrap();
     let other = host::client().unwrap();
     let pair = std::thread::scope(|scope| {

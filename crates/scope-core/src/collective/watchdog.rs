@@ -13,7 +13,7 @@
 //!    delays another group's deadline.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -62,6 +62,23 @@ struct Watchdog<T> {
 
 static DOG: OnceLock<&'static Watchdog<Box<dyn Watched>>> = OnceLock::new();
 
+/// Groups a poll holds, and drops handed to a thread of their own, not done.
+static BACKGROUND: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether every group a poll held, and every drop handed to another thread,
+/// was let go by `until`: what a drop gives back (its streams) comes soon,
+/// not at once, and a test that counts it waits here.
+#[doc(hidden)]
+pub fn background_drops_done(until: Instant) -> bool {
+    while BACKGROUND.load(Ordering::Acquire) > 0 {
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(POLL);
+    }
+    true
+}
+
 fn watchdog() -> &'static Watchdog<Box<dyn Watched>> {
     DOG.get_or_init(|| Watchdog::spawned("scope-watchdog", Watchdog::run))
 }
@@ -74,7 +91,9 @@ fn reaper() -> &'static Watchdog<Box<dyn Send>> {
                 r.wait_for_entries();
                 // Dropped after the lock is let go: a drop may take a while.
                 let items = std::mem::take(&mut *r.list.lock());
+                let n = items.len();
                 drop(items);
+                BACKGROUND.fetch_sub(n, Ordering::Release);
             }
         })
     })
@@ -115,6 +134,15 @@ impl<T: Send + 'static> Watchdog<T> {
     }
 }
 
+/// Hand `items` to the reaper, counted until dropped.
+fn reap(items: Vec<Box<dyn Send>>) {
+    let reaper = reaper();
+    if !reaper.orphaned.load(Ordering::Relaxed) {
+        BACKGROUND.fetch_add(items.len(), Ordering::AcqRel);
+        reaper.add(items);
+    }
+}
+
 impl Watchdog<Box<dyn Watched>> {
     fn run(&'static self) {
         loop {
@@ -133,7 +161,7 @@ impl Watchdog<Box<dyn Watched>> {
             };
             drop(sweep);
             if !done.is_empty() {
-                reaper().add(done.into_iter().map(|d| d as Box<dyn Send>));
+                reap(done.into_iter().map(|d| d as Box<dyn Send>).collect());
             }
             if !empty {
                 std::thread::sleep(POLL);
@@ -185,13 +213,15 @@ struct Watch<B: Backend> {
 
 impl<B: Backend> Watched for Watch<B> {
     fn poll(&mut self, now: Instant) -> bool {
-        let Some(shared) = self.group.upgrade() else {
-            return false;
-        };
-        let done = self.poll_on(&shared, now);
-        if let Some(last) = Arc::into_inner(shared) {
-            drop_elsewhere(last);
-        }
+        BACKGROUND.fetch_add(1, Ordering::AcqRel);
+        let done = self.group.upgrade().is_some_and(|shared| {
+            let done = self.poll_on(&shared, now);
+            if let Some(last) = Arc::into_inner(shared) {
+                drop_elsewhere(last);
+            }
+            done
+        });
+        BACKGROUND.fetch_sub(1, Ordering::Release);
         done
     }
 
@@ -246,14 +276,19 @@ impl<B: Backend> Watch<B> {
 fn drop_elsewhere<B: Backend>(last: Shared<B>) {
     let slot = Arc::new(Mutex::new(Some(last)));
     let theirs = Arc::clone(&slot);
+    BACKGROUND.fetch_add(1, Ordering::AcqRel);
     let spawned = std::thread::Builder::new()
         .name("scope-group-drop".to_owned())
-        .spawn(move || drop(theirs.lock().take()));
+        .spawn(move || {
+            drop(theirs.lock().take());
+            BACKGROUND.fetch_sub(1, Ordering::Release);
+        });
     if let Err(error) = spawned {
         tracing::error!("no thread to drop a group on ({error}): the reaper drops it");
         if let Some(last) = slot.lock().take() {
-            reaper().add([Box::new(last) as Box<dyn Send>]);
+            reap(vec![Box::new(last) as Box<dyn Send>]);
         }
+        BACKGROUND.fetch_sub(1, Ordering::Release);
     }
 }
 
