@@ -43,8 +43,8 @@ trait Watched: Send {
     /// Whether it is done, at `now`; never while its group is being dropped.
     fn poll(&mut self, now: Instant) -> bool;
 
-    /// The address of the group it is watched for.
-    fn group(&self) -> usize;
+    /// The id of the group it is watched for.
+    fn group(&self) -> u64;
 
     /// [`poll`](Self::poll), by the drop of its group, `group`.
     fn poll_dropping(&mut self, group: &dyn Any, now: Instant) -> bool;
@@ -170,7 +170,7 @@ impl Watchdog<Box<dyn Watched>> {
     }
 
     /// Take out every entry watched for `group`, after the sweep under way.
-    fn extract(&self, group: usize) -> Vec<Box<dyn Watched>> {
+    fn extract(&self, group: u64) -> Vec<Box<dyn Watched>> {
         let _sweep = self.sweep.lock();
         let mut list = self.list.lock();
         list.extract_if(.., |watched| watched.group() == group)
@@ -204,6 +204,8 @@ pub(super) enum Writes {
 /// group's drop is where its user lets go, and waits for its parts.
 struct Watch<B: Backend> {
     group: Weak<Shared<B>>,
+    /// The group's id: its drop may run where `Arc::into_inner` moved it.
+    key: u64,
     round: u64,
     rank: usize,
     collective: &'static str,
@@ -225,8 +227,8 @@ impl<B: Backend> Watched for Watch<B> {
         done
     }
 
-    fn group(&self) -> usize {
-        self.group.as_ptr() as usize
+    fn group(&self) -> u64 {
+        self.key
     }
 
     fn poll_dropping(&mut self, group: &dyn Any, now: Instant) -> bool {
@@ -300,7 +302,7 @@ impl<B: Backend> Drop for Shared<B> {
         let Some(dog) = DOG.get() else {
             return;
         };
-        let mut mine = dog.extract(std::ptr::from_ref(self) as usize);
+        let mut mine = dog.extract(self.id);
         while !mine.is_empty() {
             let now = Instant::now();
             mine.retain_mut(|watched| !watched.poll_dropping(&*self, now));
@@ -320,6 +322,7 @@ impl<B: Backend> Shared<B> {
     ) {
         watchdog().add([Box::new(Watch {
             group: Arc::downgrade(self),
+            key: self.id,
             round,
             rank,
             collective,
