@@ -66,7 +66,8 @@ usage: cargo xtask <command> [options]
                                        on fresh seeds for M minutes (default core, 5); a failure
                                        prints its seed
   stress [--seeds N] [--rounds M]      the random rounds of collectives, rounds in flight among
-                                       them, on seeds 0 to N - 1 (default 2000), M rounds each
+                                       them, then with membership changes and failed library
+                                       calls, on seeds 0 to N - 1 (default 2000), M rounds each
                                        (default 20), over the host server's loopback and the timed
                                        CUDA and HIP mocks
   soak [--backend B]                   the soak alone at SCOPE_SOAK_LAUNCHES (default 1,000,000)

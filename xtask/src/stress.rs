@@ -237,6 +237,10 @@ struct Rounds {
     recorded: u64,
     in_flight: u64,
     words: u64,
+    lost: u64,
+    reformed: u64,
+    rotated: u64,
+    issues: u64,
 }
 
 impl Rounds {
@@ -263,6 +267,10 @@ impl Rounds {
         self.recorded += before(" rounds recorded");
         self.in_flight = self.in_flight.max(before(" rounds in flight"));
         self.words += before(" words read");
+        self.lost += before(" devices lost");
+        self.reformed += before(" shrinks of every rank");
+        self.rotated += before(" ranks lost, shrunk");
+        self.issues += before(" library calls failed");
     }
 }
 
@@ -289,54 +297,83 @@ pub fn rounds(seeds: usize, rounds: usize, release: bool) -> Result<bool> {
             .iter()
             .find(|a| a.package == package && a.target == target && a.test)
             .with_context(|| format!("{package}'s `{target}` tests did not build"))?;
-        let start = Instant::now();
-        let mut command = artifacts::command(binary);
-        command
-            .args([
-                "random_rounds_of_collectives_match_the_oracle",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("SCOPE_ROUND_SEEDS", seeds.to_string())
-            .env("SCOPE_ROUNDS", rounds.to_string());
-        let captured = quiet(command)?;
-        let mut sum = Rounds::default();
-        for line in &captured.lines {
-            sum.add(line);
-        }
-        println!(
-            "{package}::{target}: {} programs, {} rounds: rank 0's calls {} ran, {} failed on an \
-             input, {} refused; {} recorded and replayed; at most {} rounds in flight at a read; \
-             {} words read; {}, {:.0} s",
-            sum.programs,
-            sum.rounds,
-            sum.ran,
-            sum.failed,
-            sum.refused,
-            sum.recorded,
-            sum.in_flight,
-            sum.words,
-            if captured.success {
-                "no disagreement"
-            } else {
-                "FAILED"
-            },
-            start.elapsed().as_secs_f64()
-        );
-        if !captured.success {
-            ok = false;
-            for line in captured
-                .lines
-                .iter()
-                .filter(|l| l.contains("panicked") || l.starts_with("seed ") || l.starts_with("  "))
-            {
-                println!("  {line}");
-            }
-            println!(
-                "  replay one seed with SCOPE_PROPERTY_SEED=<seed> SCOPE_ROUNDS={rounds} cargo test \
-                 -p {package} --all-features --test {target} random_rounds"
-            );
+        for (test, mode) in MODES {
+            ok &= run_rounds(binary, (package, target), (test, mode), seeds, rounds)?;
         }
     }
     Ok(ok)
+}
+
+/// The random rounds' two tests: rounds left in flight, and rounds between
+/// membership changes, where one rank's library call sometimes fails.
+const MODES: [(&str, &str); 2] = [
+    ("random_rounds_of_collectives_match_the_oracle", "in flight"),
+    (
+        "random_rounds_with_losses_and_changes_match_the_oracle",
+        "with changes",
+    ),
+];
+
+/// One binary's test `test` on seeds `0..seeds`: print what it checked, and
+/// whether every seed agreed with the oracle.
+fn run_rounds(
+    binary: &Artifact,
+    (package, target): (&str, &str),
+    (test, mode): (&str, &str),
+    seeds: usize,
+    rounds: usize,
+) -> Result<bool> {
+    let start = Instant::now();
+    let mut command = artifacts::command(binary);
+    command
+        .args([test, "--nocapture", "--test-threads=1"])
+        .env("SCOPE_ROUND_SEEDS", seeds.to_string())
+        .env("SCOPE_ROUNDS", rounds.to_string());
+    let captured = quiet(command)?;
+    let mut sum = Rounds::default();
+    for line in &captured.lines {
+        sum.add(line);
+    }
+    let changes = if mode == "with changes" {
+        format!(
+            "; {} devices lost and recovered, {} shrinks of every rank, {} ranks lost and \
+             admitted back, {} library calls failed on one rank",
+            sum.lost, sum.reformed, sum.rotated, sum.issues
+        )
+    } else {
+        String::new()
+    };
+    println!(
+        "{package}::{target} ({mode}): {} programs, {} rounds: rank 0's calls {} ran, {} failed \
+         on an input, {} refused; {} recorded and replayed{changes}; at most {} rounds in flight \
+         at a read; {} words read; {}, {:.0} s",
+        sum.programs,
+        sum.rounds,
+        sum.ran,
+        sum.failed,
+        sum.refused,
+        sum.recorded,
+        sum.in_flight,
+        sum.words,
+        if captured.success {
+            "no disagreement"
+        } else {
+            "FAILED"
+        },
+        start.elapsed().as_secs_f64()
+    );
+    if !captured.success {
+        for line in captured
+            .lines
+            .iter()
+            .filter(|l| l.contains("panicked") || l.starts_with("seed ") || l.starts_with("  "))
+        {
+            println!("  {line}");
+        }
+        println!(
+            "  replay one seed with SCOPE_PROPERTY_SEED=<seed> SCOPE_ROUNDS={rounds} cargo test \
+             -p {package} --all-features --test {target} {test}"
+        );
+    }
+    Ok(captured.success)
 }

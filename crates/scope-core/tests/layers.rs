@@ -513,7 +513,6 @@ const STILL_CIRCLES: &[(&str, &[&str])] = &[
         &["communication", "runtime", "server", "server::capture"],
     ),
     ("scope-test", &["host", "host::loopback"]),
-    ("scope-test", &["rounds", "rounds::changes"]),
     ("server-cuda", &["device", "launch", "memory"]),
     ("server-hip", &["device", "launch", "memory"]),
     (

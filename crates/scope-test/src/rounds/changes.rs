@@ -11,6 +11,9 @@
 //! - **Rotate**: one rank's device is lost, and the others shrink without waiting for it. It
 //!   recovers, and they admit it back as the last rank. Its bytes are stale as for a loss (rules
 //!   51, 54, 56).
+//! - **Expel**: one rank's library call failed in the last round, breaking the group. The others
+//!   shrink without it, and admit it back as the last rank. Its device and bytes are as they were
+//!   (rules 43, 54, 56).
 //!
 //! The ranks of a rotation meet outside the group to order its steps. The lost rank loses its
 //! device before its peers shrink. It recovers only once they have, since a recovered device is no
@@ -21,10 +24,17 @@ use std::time::Instant;
 
 use parking_lot::Condvar;
 
-use super::super::collective::DEFAULT_WAIT;
-use super::super::property::Rng;
-use super::*;
+use super::draw::*;
+use super::oracle::*;
+use super::parts::Parts;
+use crate::as_bytes;
+use crate::collective::DEFAULT_WAIT;
+use crate::property::Rng;
+use parking_lot::Mutex;
+use scope_core::backend::Backend;
 use scope_core::collective::Group;
+use scope_core::collective::{CollectiveError, Element, Rank, Reduce};
+use scope_core::{Client, Error, FaultPlan};
 
 /// Percent of rounds that begin with an event, where events are drawn.
 const EVENTS: u64 = 6;
@@ -35,6 +45,7 @@ pub(super) enum Event {
     Lose { rank: usize, tag: u32 },
     Reform,
     Rotate { leaver: usize, tag: u32 },
+    Expel { leaver: usize },
 }
 
 impl Event {
@@ -143,7 +154,11 @@ impl Oracle {
     /// Every buffer of `rank` lost with its device, by the fault `tag`.
     fn lost(&mut self, rank: usize, tag: u32) {
         for held in &mut self.held[rank] {
-            *held = Held::Stale(vec![Origin { named: None, tag }]);
+            *held = Held::Stale(vec![Origin {
+                named: None,
+                issue: false,
+                tag,
+            }]);
         }
     }
 }
@@ -187,18 +202,28 @@ pub(super) fn apply<B: Backend>(
             assert_stale(at, &rank, parts);
             shrunk
         }
-        Event::Rotate { leaver, tag } => {
+        Event::Rotate { leaver, .. } | Event::Expel { leaver } => {
             let n = rank.ranks();
-            oracle.lost(leaver, tag);
+            let tag = match event {
+                Event::Rotate { tag, .. } => Some(tag),
+                _ => None,
+            };
+            if let Some(tag) = tag {
+                oracle.lost(leaver, tag);
+            }
             let row = oracle.held.remove(leaver);
             oracle.held.push(row);
             if leaver == r {
-                lose(&c, parts, tag);
+                if let Some(tag) = tag {
+                    lose(&c, parts, tag);
+                }
                 handoff.signal(|s| s.lost = Some(round));
                 handoff.wait("the survivors' shrink", |s| {
                     (s.shrunk == Some(round)).then_some(())
                 });
-                recover(&c, parts);
+                if tag.is_some() {
+                    recover(&c, parts);
+                }
                 handoff.signal(|s| s.recovered = Some(round));
                 let grown = handoff.wait("the admission", |s| {
                     s.grown
