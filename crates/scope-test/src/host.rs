@@ -12,22 +12,25 @@
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 mod loopback;
+mod memory;
 
 pub use loopback::{Loopback, LoopbackId};
+pub use memory::HostMemory;
+
+use memory::range;
 
 use scope_core::LaunchLimits;
 use scope_core::StreamId;
 use scope_core::backend::{Access, Backend, BoundDispatch, Launch};
+use scope_core::collective::device::{DeviceCall, DeviceCollectives, DeviceTransfer};
 use scope_core::kernel::{Kernel, KernelSource, Language};
 use scope_core::{Error, Result};
-
-/// Host memory: shared so that a recorded graph can reach it on replay.
-pub type HostMemory = Arc<Mutex<Vec<u8>>>;
 
 /// What a host kernel gets.
 pub struct HostArgs<'a> {
@@ -134,10 +137,6 @@ enum Op {
     },
     /// A rank's part of a loopback collective.
     Collective(loopback::Exchange),
-}
-
-fn range(offset: u64, len: u64) -> std::ops::Range<usize> {
-    offset as usize..(offset + len) as usize
 }
 
 impl Op {
@@ -663,4 +662,56 @@ impl Backend for Host {
 /// None in practice; the signature matches the GPU servers'.
 pub fn client() -> Result<scope_core::Client<Host>> {
     scope_core::Client::new(Host::new())
+}
+
+/// The loopback transport as the host backend's device collectives. Every step is the
+/// communicator's own (`loopback.rs`); this only hands it the stream work and the memory.
+impl DeviceCollectives for Host {
+    type Communicator = Loopback;
+    type Identity = LoopbackId;
+
+    fn identity() -> Result<LoopbackId> {
+        Ok(LoopbackId::new())
+    }
+
+    unsafe fn join(
+        &mut self,
+        identity: &LoopbackId,
+        rank: usize,
+        ranks: usize,
+        patience: Duration,
+    ) -> Result<Loopback> {
+        Loopback::join(identity, rank, ranks, patience)
+    }
+
+    unsafe fn collective(
+        &mut self,
+        communicator: &Loopback,
+        stream: &mut HostStream,
+        call: &DeviceCall<'_, HostMemory>,
+    ) -> Result<()> {
+        stream.issue(Op::Collective(communicator.exchange(call)))
+    }
+
+    unsafe fn point_to_point(
+        &mut self,
+        communicator: &Loopback,
+        _stream: &mut HostStream,
+        call: &DeviceTransfer<'_, HostMemory>,
+    ) -> Result<()> {
+        communicator.transfer(call)
+    }
+
+    unsafe fn abort(communicator: &Loopback) {
+        communicator.abort();
+    }
+
+    /// The host runs work as it is issued: a call that returned finished.
+    unsafe fn finished((): &()) -> Result<bool> {
+        Ok(true)
+    }
+
+    unsafe fn health(communicator: &Loopback) -> Result<()> {
+        communicator.health()
+    }
 }

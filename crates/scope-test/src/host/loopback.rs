@@ -6,7 +6,7 @@
 //!
 //! Like NCCL's, a call blocks until every rank of the communicator made its own. NCCL's kernel
 //! waits on the device; the host server runs work as it is issued, so here the thread waits.
-//! [`abort`](DeviceCollectives::abort) releases every waiter with an error. Ranks that issue
+//! [`Loopback::abort`] releases every waiter with an error. Ranks that issue
 //! different calls break the contract, and NCCL would hang or read past a buffer. This transport
 //! refuses with an internal error and counts it ([`Loopback::mismatches`]). The suite asserts that
 //! count stays zero.
@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::{Host, HostStream, Op, range};
-use scope_core::collective::device::{DeviceCall, DeviceCollectives, DeviceTransfer, Direction};
+use super::memory::{HostMemory, range};
+use scope_core::collective::device::{DeviceCall, DeviceTransfer, Direction};
 use scope_core::collective::{Call, CollectiveError};
 use scope_core::{Error, Result};
 
@@ -64,7 +64,7 @@ struct Member {
     rank: usize,
     next: AtomicU64,
     /// How long a call waits inside the transport for its peers, as NCCL's kernel would until
-    /// aborted. The `patience` of [`DeviceCollectives::join`].
+    /// aborted. The `patience` a rank joined with.
     patience: Duration,
 }
 
@@ -74,8 +74,8 @@ struct Member {
 pub(super) struct Exchange {
     member: Arc<Member>,
     call: Call,
-    input: (super::HostMemory, std::ops::Range<u64>),
-    output: (super::HostMemory, std::ops::Range<u64>),
+    input: (HostMemory, std::ops::Range<u64>),
+    output: (HostMemory, std::ops::Range<u64>),
 }
 
 impl Loopback {
@@ -97,7 +97,7 @@ fn stalled(collective: &'static str, seq: u64, patience: Duration) -> Error {
 }
 
 /// Wait on `clique` until `done` holds, it is aborted, or `patience` passes. Then
-/// [`CollectiveError::Stalled`] for call `seq` of `collective`, as [`DeviceCollectives::join`] asks
+/// [`CollectiveError::Stalled`] for call `seq` of `collective`, as the device collectives ask
 /// of a transport whose peers did not come.
 fn wait_until(
     clique: &Clique,
@@ -117,21 +117,22 @@ fn wait_until(
     Ok(())
 }
 
-impl DeviceCollectives for Host {
-    type Communicator = Loopback;
-    type Identity = LoopbackId;
-
-    fn identity() -> Result<LoopbackId> {
-        Ok(LoopbackId(Arc::default()))
+impl LoopbackId {
+    /// A fresh communicator's identity.
+    pub(super) fn new() -> Self {
+        Self(Arc::default())
     }
+}
 
-    unsafe fn join(
-        &mut self,
+impl Loopback {
+    /// Join `identity`'s communicator as `rank` of `ranks`, waiting up to `patience` for every
+    /// rank to join, as `ncclCommInitRank` does.
+    pub(super) fn join(
         identity: &LoopbackId,
         rank: usize,
         ranks: usize,
         patience: Duration,
-    ) -> Result<Loopback> {
+    ) -> Result<Self> {
         let clique = identity.0.clone();
         let mut state = clique.state.lock();
         if state.joined.is_empty() {
@@ -153,7 +154,7 @@ impl DeviceCollectives for Host {
             s.joined.iter().all(|j| *j)
         })?;
         drop(state);
-        Ok(Loopback(Arc::new(Member {
+        Ok(Self(Arc::new(Member {
             clique,
             rank,
             next: AtomicU64::new(0),
@@ -161,30 +162,21 @@ impl DeviceCollectives for Host {
         })))
     }
 
-    unsafe fn collective(
-        &mut self,
-        communicator: &Loopback,
-        stream: &mut HostStream,
-        call: &DeviceCall<'_, super::HostMemory>,
-    ) -> Result<()> {
-        stream.issue(Op::Collective(Exchange {
-            member: communicator.0.clone(),
+    /// This rank's part of `call`, as stream work: it runs when its stream reaches it.
+    pub(super) fn exchange(&self, call: &DeviceCall<'_, HostMemory>) -> Exchange {
+        Exchange {
+            member: self.0.clone(),
             call: call.call,
             input: (call.input.0.clone(), call.input.1.clone()),
             output: (call.output.0.clone(), call.output.1.clone()),
-        }))
+        }
     }
 
     /// A send leaves its bytes for the receiver at once; NCCL buffers small sends too. A receive
     /// waits for them within the patience. A length that is not the receiver's breaks the contract:
     /// refused and counted as a mismatch.
-    unsafe fn point_to_point(
-        &mut self,
-        communicator: &Loopback,
-        _stream: &mut HostStream,
-        call: &DeviceTransfer<'_, super::HostMemory>,
-    ) -> Result<()> {
-        let member = &*communicator.0;
+    pub(super) fn transfer(&self, call: &DeviceTransfer<'_, HostMemory>) -> Result<()> {
+        let member = &*self.0;
         let clique = &member.clique;
         let (memory, r) = &call.data;
         let mut state = clique.state.lock();
@@ -229,20 +221,17 @@ impl DeviceCollectives for Host {
         }
     }
 
-    unsafe fn abort(communicator: &Loopback) {
-        let clique = &communicator.0.clique;
+    /// Release every waiter of the communicator with an error, as `ncclCommAbort` does.
+    pub(super) fn abort(&self) {
+        let clique = &self.0.clique;
         let mut state = clique.state.lock();
         state.aborted = true;
         clique.changed.notify_all();
     }
 
-    /// The host runs work as it is issued: a call that returned finished.
-    unsafe fn finished((): &()) -> Result<bool> {
-        Ok(true)
-    }
-
-    unsafe fn health(communicator: &Loopback) -> Result<()> {
-        let member = &communicator.0;
+    /// `Stalled` once the communicator was aborted.
+    pub(super) fn health(&self) -> Result<()> {
+        let member = &self.0;
         if member.clique.state.lock().aborted {
             return Err(stalled("communicator", 0, member.patience));
         }
