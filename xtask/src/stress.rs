@@ -241,6 +241,7 @@ struct Rounds {
     reformed: u64,
     rotated: u64,
     issues: u64,
+    twice: u64,
 }
 
 impl Rounds {
@@ -255,7 +256,7 @@ impl Rounds {
         let before = |word: &str| -> u64 {
             line.split(word)
                 .next()
-                .and_then(|head| head.rsplit([' ', ',']).find(|w| !w.is_empty()))
+                .and_then(|head| head.rsplit([' ', ',', '(']).find(|w| !w.is_empty()))
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(0)
         };
@@ -271,6 +272,7 @@ impl Rounds {
         self.reformed += before(" shrinks of every rank");
         self.rotated += before(" ranks lost, shrunk");
         self.issues += before(" library calls failed");
+        self.twice += before(" on two ranks at once");
     }
 }
 
@@ -337,8 +339,8 @@ fn run_rounds(
     let changes = if mode == "with changes" {
         format!(
             "; {} devices lost and recovered, {} shrinks of every rank, {} ranks lost and \
-             admitted back, {} library calls failed on one rank",
-            sum.lost, sum.reformed, sum.rotated, sum.issues
+             admitted back, {} library calls failed ({} on two ranks at once)",
+            sum.lost, sum.reformed, sum.rotated, sum.issues, sum.twice
         )
     } else {
         String::new()

@@ -174,13 +174,14 @@ fn report(how: &str, seed: u64, rounds: usize, tallies: &[Tally]) {
         in_flight,
         _,
         issues,
+        twice,
     ] = tallies[0];
     let words: usize = tallies.iter().map(|t| t[8]).sum();
     let events = if lost + reformed + rotated + issues > 0 {
         format!(
             "; {lost} devices lost and recovered in place, {reformed} shrinks of every rank, \
              {rotated} ranks lost, shrunk away and admitted back, {issues} library calls failed \
-             on one rank"
+             ({twice} on two ranks at once)"
         )
     } else {
         String::new()

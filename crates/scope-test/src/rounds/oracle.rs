@@ -38,9 +38,9 @@ pub(super) enum Answer {
     /// `InputFailed` naming this rank.
     InputFailed(usize),
     Refused,
-    /// The named rank's library call failed: `IssueFailed` naming it there; elsewhere that, or `Ok`
-    /// for a call that went out before its rank learned (rule 47).
-    IssueFailed(usize),
+    /// These ranks' library calls failed: `IssueFailed` naming one of them there; elsewhere that,
+    /// or `Ok` for a call that went out before its rank learned (rule 47).
+    IssueFailed(Ranks),
 }
 
 /// Every buffer of every rank, as the oracle knows it.
@@ -270,23 +270,38 @@ impl Oracle {
 }
 
 impl Oracle {
-    /// `collective`, whose library call failed on rank `failed` with the failure `tag`. Every
-    /// rank's output carries `IssueFailed` naming it (rules 43, 47).
+    /// `collective`, whose library call failed on each rank of `failing` with its failure's tag.
+    /// Every rank's output carries `IssueFailed` naming one of them: the first to fail, which no
+    /// rank can know before (rules 43, 47).
     pub(super) fn failed_call(
         &mut self,
         collective: Collective,
-        failed: usize,
-        tag: u32,
+        failing: &[(usize, u32)],
     ) -> Vec<Vec<Answer>> {
         let dst = collective.writes().expect("a failed call writes an output");
-        let origin = Origin {
-            named: Some(failed),
-            issue: true,
-            tag,
-        };
+        let origins: Vec<Origin> = failing
+            .iter()
+            .map(|&(rank, tag)| Origin {
+                named: Some(rank),
+                issue: true,
+                tag,
+            })
+            .collect();
         for held in &mut self.held {
-            held[dst] = Held::Stale(vec![origin]);
+            held[dst] = Held::Stale(origins.clone());
         }
-        vec![vec![Answer::IssueFailed(failed)]; self.ranks()]
+        let ranks = Ranks(failing.iter().fold(0, |mask, (rank, _)| mask | 1 << rank));
+        vec![vec![Answer::IssueFailed(ranks)]; self.ranks()]
+    }
+}
+
+/// A set of ranks, one bit each: the ranks whose calls failed in one round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Ranks(u32);
+
+impl Ranks {
+    /// Whether `rank` is one of them.
+    pub(super) fn names(self, rank: usize) -> bool {
+        rank < 32 && self.0 & (1 << rank) != 0
     }
 }

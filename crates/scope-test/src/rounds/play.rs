@@ -82,9 +82,9 @@ pub(super) fn answered(at: &str, got: &Result<()>, expected: Answer) {
             "{at}: expected a refusal, got {error}"
         ),
         (Ok(()), Answer::IssueFailed(_)) => {}
-        (Err(error), Answer::IssueFailed(rank)) => assert!(
-            matches!(collective_error(error), CollectiveError::IssueFailed { rank: named, .. } if *named == rank),
-            "{at}: expected IssueFailed naming rank {rank}, got {error}"
+        (Err(error), Answer::IssueFailed(ranks)) => assert!(
+            matches!(collective_error(error), CollectiveError::IssueFailed { rank: named, .. } if ranks.names(*named)),
+            "{at}: expected IssueFailed naming one of {ranks:?}, got {error}"
         ),
         (got, expected) => panic!("{at}: expected {expected:?}, got {got:?}"),
     }
@@ -138,8 +138,8 @@ pub(super) fn check_read<B: Backend>(
 /// What one rank's thread counted. Rounds recorded and replayed. Its calls that ran, failed on an
 /// input, and were refused. Devices lost and recovered in place, and shrinks of every rank. Ranks
 /// lost, shrunk away and admitted back. The most rounds in flight at a read, and the words read.
-/// Rounds whose library call failed on one rank.
-pub(super) type Tally = [usize; 10];
+/// Rounds whose library call failed on a rank, and of them those where it failed on two at once.
+pub(super) type Tally = [usize; 11];
 
 /// Rank `rank`'s side of `rounds` random rounds from `seed`. Every round is drawn whole, and the
 /// whole oracle kept. This rank's parts are played and its buffers held to the oracle.
@@ -152,10 +152,10 @@ pub(super) fn play<B: Backend>(
     changes: Option<&Handoff<B>>,
 ) -> Tally {
     let n = rank.ranks();
-    let mut tally = [0usize; 10];
+    let mut tally = [0usize; 11];
     let mut in_flight = 0;
     // The rank whose failed call broke the group in the last round.
-    let mut broken = None;
+    let mut broken: Option<usize> = None;
     let c = rank.client().clone();
     let c = &c;
     let mut rng = Rng::new(seed);
@@ -167,8 +167,8 @@ pub(super) fn play<B: Backend>(
     for round in 0..rounds {
         let expelled = broken.take();
         if let (Some(leaver), Some(handoff)) = (expelled, changes) {
-            // The last round's failed call broke the group: the others go on without its rank,
-            // then admit it back.
+            // The last round's failed call broke the group. The others go on without the rank it
+            // names, known gone, then admit it back.
             let event = Event::Expel { leaver };
             log.push(format!("{round}: {event:?}"));
             let at = format!("seed {seed}, round {round}, {event:?}");
@@ -191,13 +191,19 @@ pub(super) fn play<B: Backend>(
         let r = rank.index();
         let rank = &rank;
         let plan = Round::draw(&mut rng, n, &mut next_tag);
-        // Where changes follow, one rank's library call may fail (rule 43): `(rank, tag)`. Its
-        // peers go on without it, so there are some.
-        let failing = (changes.is_some() && over_device && n > 1 && rng.chance(8)).then(|| {
+        // Where changes follow, one rank's library call may fail (rule 43), now and then two
+        // ranks' at once: `(rank, tag)` each. The peers go on without it, so there are some.
+        let mut failing: Vec<(usize, u32)> = Vec::new();
+        if changes.is_some() && over_device && n > 1 && rng.chance(8) {
+            let first = rng.index(n);
             next_tag += 1;
-            (rng.index(n), next_tag)
-        });
-        log.push(format!("{round}: {plan:?}, failing call: {failing:?}"));
+            failing.push((first, next_tag));
+            if rng.chance(25) {
+                next_tag += 1;
+                failing.push(((first + 1 + rng.index(n - 1)) % n, next_tag));
+            }
+        }
+        log.push(format!("{round}: {plan:?}, failing calls: {failing:?}"));
         let at = |what: &str| {
             let tail = log[log.len().saturating_sub(4)..].join("\n  ");
             format!("seed {seed}, rank {r}, round {round}, {what}; the last rounds:\n  {tail}")
@@ -212,16 +218,15 @@ pub(super) fn play<B: Backend>(
         }
         let collective = plan.collective;
         // A call fails only where it is made: every input clean, through the library.
-        let failing = failing
-            .filter(|_| collective.recordable() && oracle.first_failed(collective).is_none());
-        if let Some((failed, tag)) = failing
-            && failed == r
-        {
-            c.inject(FaultPlan::new().fail(Site::Collective, 1, injected(&tag_text(tag))));
+        if !(collective.recordable() && oracle.first_failed(collective).is_none()) {
+            failing.clear();
+        }
+        if let Some((_, tag)) = failing.iter().find(|(failed, _)| *failed == r) {
+            c.inject(FaultPlan::new().fail(Site::Collective, 1, injected(&tag_text(*tag))));
         }
         let mut copied_in_graph = None;
         let answers = if plan.recorded
-            && failing.is_none()
+            && failing.is_empty()
             && over_device
             && collective.recordable()
             && oracle.first_failed(collective).is_none()
@@ -252,9 +257,15 @@ pub(super) fn play<B: Backend>(
         } else {
             call(rank, &parts, collective)
         };
-        let expected = match failing {
-            Some((failed, tag)) => oracle.failed_call(collective, failed, tag),
-            None => oracle.apply(collective),
+        // A rank whose call was to fail may never have made it: a peer's failure broke the round
+        // first. Its plan goes, so that no later call fails for it.
+        if failing.iter().any(|(failed, _)| *failed == r) {
+            c.inject(FaultPlan::new());
+        }
+        let expected = if failing.is_empty() {
+            oracle.apply(collective)
+        } else {
+            oracle.failed_call(collective, &failing)
         };
         for (i, (got, &want)) in answers.iter().zip(&expected[r]).enumerate() {
             answered(&at(&format!("call {i}")), got, want);
@@ -264,11 +275,12 @@ pub(super) fn play<B: Backend>(
                 Answer::Refused => tally[3] += 1,
                 Answer::IssueFailed(failed) => {
                     assert!(
-                        failed != r || got.is_err(),
+                        !failed.names(r) || got.is_err(),
                         "{}",
                         at("the failed call returned Ok")
                     );
                     tally[9] += 1;
+                    tally[10] += usize::from(failing.len() > 1);
                 }
             }
         }
@@ -288,7 +300,7 @@ pub(super) fn play<B: Backend>(
         for (owner, locals) in plan.after.iter().enumerate() {
             for local in locals
                 .iter()
-                .filter(|l| failing.is_none() || reads_output(l))
+                .filter(|l| failing.is_empty() || reads_output(l))
             {
                 oracle.local(owner, local);
                 if owner == r {
@@ -297,11 +309,10 @@ pub(super) fn play<B: Backend>(
             }
         }
         in_flight += 1;
-        broken = failing.map(|(failed, _)| failed);
         // A peer whose call went out learns of the failure later (rule 47): only once every read
         // waited for the round may a failed call's group be required broken.
         assert!(
-            broken.is_some() || rank.broken().is_none(),
+            !failing.is_empty() || rank.broken().is_none(),
             "{}",
             at("the group broke")
         );
@@ -324,10 +335,19 @@ pub(super) fn play<B: Backend>(
             in_flight = 0;
             assert_eq!(
                 rank.broken().is_some(),
-                broken.is_some(),
+                !failing.is_empty(),
                 "{}",
                 at("a failed call's group, once read, is broken")
             );
+            // The group names the first rank whose call failed: every rank reads the same.
+            broken = rank.broken().map(|why| match *why {
+                CollectiveError::IssueFailed { rank: named, .. }
+                    if failing.iter().any(|(failed, _)| *failed == named) =>
+                {
+                    named
+                }
+                ref other => panic!("{}: {other}", at("the group broke naming no failed call")),
+            });
         }
     }
     tally
