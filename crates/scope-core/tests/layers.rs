@@ -514,17 +514,6 @@ const STILL_CIRCLES: &[(&str, &[&str])] = &[
     ),
     ("server-cuda", &["device", "launch", "memory"]),
     ("server-hip", &["device", "launch", "memory"]),
-    (
-        "server-vulkan",
-        &[
-            "capture",
-            "device",
-            "device::choice",
-            "device::instance",
-            "memory",
-            "stream",
-        ],
-    ),
     ("server-wgpu", &["capture", "copy", "launch", "stream"]),
 ];
 

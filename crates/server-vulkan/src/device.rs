@@ -8,7 +8,8 @@
 //! A device qualifies with Vulkan 1.2, timeline semaphores, `VK_KHR_push_descriptor` and a
 //! compute queue. Timelines carry the streams; pushed descriptors let a recorded buffer replay
 //! with no descriptor set to keep alive. Choice is `choice.rs`, the instance `instance.rs`,
-//! and the lock behind [`Gpu::vk`] `lifecycle.rs`.
+//! the caller's [`Config`] `config.rs`, and the lock behind [`Gpu::vk`] `lifecycle.rs`. The
+//! children name each other and never this file, which gathers them into the device.
 
 use std::ffi::CStr;
 use std::sync::Arc;
@@ -20,12 +21,14 @@ use scope_core::Result;
 use crate::error::unavailable;
 
 mod choice;
+mod config;
 mod instance;
 mod lifecycle;
 
 pub use choice::device_count;
 pub(crate) use choice::probe;
 use choice::{candidates, choose, kind_name};
+pub use config::Config;
 use instance::Instance;
 pub use instance::{VALIDATION_LAYER_MISSING, validation_layer_installed, validation_required_by};
 use lifecycle::one_at_a_time;
@@ -147,21 +150,6 @@ impl Drop for Gpu {
         // SAFETY: as above; the wait is over.
         one_at_a_time(|| unsafe { self.device.destroy_device(None) });
     }
-}
-
-/// How to open the device.
-#[derive(Clone, Debug, Default)]
-pub struct Config {
-    /// Enable `VK_LAYER_KHRONOS_validation` and collect what it says. Where the layer is
-    /// missing the device opens without it, except where CI requires it: then opening is
-    /// [`Error::Refused`](scope_core::Error::Refused) ([`VALIDATION_LAYER_MISSING`]).
-    pub validation: bool,
-    /// Panic when the backend drops with validation messages unread. For tests.
-    pub fail_on_validation: bool,
-    /// Treat device memory as not host-visible, taking a discrete GPU's staging path. For tests.
-    pub force_staging: bool,
-    /// Which device to open, of `0..`[`device_count`]; `None` is device 0, the best by kind.
-    pub device: Option<usize>,
 }
 
 /// The optional features enabled where offered, reported in `launch_limits`.
@@ -467,11 +455,12 @@ fn create_device(
         .map_err(|e| unavailable(format!("vkCreateDevice on {name} failed: {e}")))
 }
 
+/// How long a host wait may take before it is a fault, unless configured.
+const WAIT_TIMEOUT_NS: u64 = 120_000_000_000;
+
 fn wait_timeout_ns() -> u64 {
     std::env::var("SCOPE_VULKAN_WAIT_TIMEOUT_MS")
         .ok()
         .and_then(|ms| ms.trim().parse::<u64>().ok())
-        .map_or(crate::stream::WAIT_TIMEOUT_NS, |ms| {
-            ms.max(1).saturating_mul(1_000_000)
-        })
+        .map_or(WAIT_TIMEOUT_NS, |ms| ms.max(1).saturating_mul(1_000_000))
 }

@@ -92,6 +92,14 @@ pub(crate) fn unavailable(reason: impl Into<String>) -> Error {
     }
 }
 
+/// The answer while a failed recovery left the device closed: the client must recover again.
+pub(crate) fn closed() -> Error {
+    Error::refused(
+        "the Vulkan device is closed: a recovery destroyed the lost device and could not open \
+         another; recover again",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

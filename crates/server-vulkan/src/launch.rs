@@ -22,11 +22,12 @@ use scope_core::backend::{BoundDispatch, Launch};
 use scope_core::{Error, Result};
 use smallvec::SmallVec;
 
+use crate::command::Recorder;
 use crate::compile::{Interface, VulkanKernel};
 use crate::device::Gpu;
 use crate::error::launch_error;
 use crate::memory::VulkanMemory;
-use crate::stream::{OpenStream, Recorder};
+use crate::stream::OpenStream;
 
 /// What the device's limits say about `launch` of `kernel`, before the launch's scope opens.
 pub(crate) fn check(

@@ -4,7 +4,9 @@
 //! the contract reads:
 //!
 //! - `device` ([`Config`]): the loader, instance, device choice, features and validation.
+//! - `timeline`: a timeline semaphore per stream, and bounded host waits on them.
 //! - `memory`: large blocks sub-allocated by offset; a free waits for the work using it.
+//! - `command`: command buffers being recorded, and the sealed buffer a graph replays.
 //! - `stream`: a command pool, a command buffer and a timeline semaphore, batched.
 //! - `copy`: host writes in stream order, reads and device copies.
 //! - `compile`: WGSL through naga to bounds-checked SPIR-V, pipelines cached by module.
@@ -65,6 +67,7 @@
 //! A write through `VulkanMemory::device_address` outside a launch is invisible to the core.
 
 mod capture;
+mod command;
 mod compile;
 mod copy;
 mod device;
@@ -72,6 +75,7 @@ mod error;
 mod launch;
 mod memory;
 mod stream;
+mod timeline;
 
 use std::sync::Arc;
 
@@ -89,8 +93,8 @@ pub use stream::{StreamWait, VulkanStream};
 
 use compile::Pipelines;
 use device::{Adapter, Gpu};
-use memory::{Pool, stamp_now};
-use stream::Track;
+use memory::Pool;
+use timeline::{Track, stamp_now};
 
 /// The Vulkan backend: the device calls behind a [`Client<Vulkan>`].
 pub struct Vulkan {
@@ -141,13 +145,6 @@ impl Facts {
     }
 }
 
-fn closed() -> scope_core::Error {
-    scope_core::Error::refused(
-        "the Vulkan device is closed: a recovery destroyed the lost device and could not open \
-         another; recover again",
-    )
-}
-
 impl Vulkan {
     /// Open a device as `config` says.
     ///
@@ -168,11 +165,11 @@ impl Vulkan {
     }
 
     fn open(&self) -> Result<&Open> {
-        self.open.as_ref().ok_or_else(closed)
+        self.open.as_ref().ok_or_else(error::closed)
     }
 
     fn open_mut(&mut self) -> Result<&mut Open> {
-        self.open.as_mut().ok_or_else(closed)
+        self.open.as_mut().ok_or_else(error::closed)
     }
 
     /// Every message the validation layer sent so far, draining them.
@@ -269,7 +266,7 @@ impl Vulkan {
                 )
             })
             .collect();
-        if let Err(error) = stream::wait_tracks(&open.gpu, &waits) {
+        if let Err(error) = timeline::wait_tracks(&open.gpu, &waits) {
             tracing::warn!("waiting for the device before destroying it: {error}");
         }
         drop(waits);

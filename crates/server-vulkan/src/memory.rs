@@ -17,15 +17,13 @@
 
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use ash::vk;
 use scope_core::{Error, Result};
-use smallvec::SmallVec;
 
 use crate::device::Gpu;
 use crate::error::{NAME, Site, classify};
-use crate::stream::Track;
+use crate::timeline::Stamp;
 
 pub(crate) const BLOCK_SIZE: u64 = 64 << 20;
 pub(crate) const ALIGN: u64 = 256;
@@ -247,9 +245,6 @@ impl Block {
         self.free.len() == 1 && self.free[0] == (0, self.size)
     }
 }
-
-/// The timeline values a freed range waits for, one per stream with work outstanding.
-pub(crate) type Stamp = SmallVec<[(Arc<Track>, u64); 2]>;
 
 /// The pool of device blocks.
 pub(crate) struct Pool {
@@ -642,15 +637,4 @@ impl Arena {
             self.retired.push(chunk);
         }
     }
-}
-
-/// What a range freed now must wait for: each stream's covering value not yet reached.
-pub(crate) fn stamp_now(tracks: &[Arc<Track>]) -> Stamp {
-    tracks
-        .iter()
-        .filter_map(|t| {
-            let covering = t.covering.load(Ordering::Acquire);
-            (!t.reached_cached(covering)).then(|| (t.clone(), covering))
-        })
-        .collect()
 }

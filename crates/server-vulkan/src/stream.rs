@@ -20,205 +20,37 @@
 //!   `VulkanStream` and its id carry over.
 //! - **Teardown never destroys what may still run.** On a hung device a stream leaks its pool,
 //!   semaphore and holdings rather than free memory the device may use.
+//!
+//! Semaphores are `timeline.rs` and encoders `command.rs`: the pool and capture need them,
+//! and must not need the stream. This file submits.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use ash::vk;
 use scope_core::{Error, Result};
 use smallvec::SmallVec;
 
-use crate::capture::{GraphInner, Recording};
+use crate::command::{Encoder, GraphInner, Recorder, Recording};
 use crate::device::Gpu;
-use crate::error::{Site, classify, fault};
+use crate::error::{Site, classify, closed};
 use crate::memory::{Arena, Chunk};
+use crate::timeline::{Track, wait_tracks};
 
 /// Commands a batch holds before it is submitted unasked. On lavapipe, 256 overlaps issue and
 /// execution best of 64–1024, and spreads a submission's fixed cost thin.
 pub(crate) const BATCH_LIMIT: usize = 256;
 
-/// How long a host wait may take before it is a fault, unless configured.
-pub(crate) const WAIT_TIMEOUT_NS: u64 = 120_000_000_000;
-
 /// Submissions of one stream in flight before the next waits for the oldest. Lavapipe gains
 /// nothing past three; eight bound what a stream holds.
 pub(crate) const MAX_BATCHES_IN_FLIGHT: usize = 8;
-
-/// One stream's timeline, shared with the pool so freed memory can wait for it.
-pub(crate) struct Track {
-    gpu: Arc<Gpu>,
-    pub semaphore: vk::Semaphore,
-    pub covering: AtomicU64,
-    /// The value the last accepted submission signals; nothing may wait past it.
-    pub submitted: AtomicU64,
-    completed: AtomicU64,
-    pub in_flight: AtomicUsize,
-}
-
-impl Track {
-    /// Whether the semaphore has reached `value`, asking the device only when needed.
-    pub(crate) fn reached(&self, value: u64) -> bool {
-        self.reached_cached(value) || self.refresh() >= value
-    }
-
-    pub(crate) fn reached_cached(&self, value: u64) -> bool {
-        self.completed.load(Ordering::Acquire) >= value
-    }
-
-    /// Where the semaphore is now. A lost device answers 0, keeping waiters waiting.
-    pub(crate) fn refresh(&self) -> u64 {
-        // SAFETY: the semaphore is a live timeline semaphore of this device.
-        let now = unsafe { self.gpu.vk().get_semaphore_counter_value(self.semaphore) }.unwrap_or(0);
-        self.completed.fetch_max(now, Ordering::AcqRel).max(now)
-    }
-}
-
-impl Drop for Track {
-    fn drop(&mut self) {
-        if self.gpu.is_hung() {
-            return;
-        }
-        // SAFETY: its stream is gone and its work waited for (the device is not hung), so no
-        // pending submission signals or waits on it.
-        unsafe { self.gpu.vk().destroy_semaphore(self.semaphore, None) };
-    }
-}
 
 /// What a submission keeps alive until it completes.
 pub(crate) enum Held {
     Commands(vk::CommandBuffer),
     Chunk(Chunk),
     Graph(Arc<GraphInner>),
-}
-
-/// Where commands go: a batch's command buffer or a graph's.
-pub(crate) struct Encoder {
-    pub cmd: vk::CommandBuffer,
-    /// A command since the last barrier wrote memory, or the buffer is fresh.
-    pub needs_barrier: bool,
-    pub bound: vk::Pipeline,
-    pub commands: usize,
-}
-
-impl Encoder {
-    pub(crate) fn new(cmd: vk::CommandBuffer) -> Self {
-        Self {
-            cmd,
-            needs_barrier: true,
-            bound: vk::Pipeline::null(),
-            commands: 0,
-        }
-    }
-
-    pub(crate) fn barrier(&mut self, gpu: &Gpu) {
-        if !self.needs_barrier {
-            return;
-        }
-        let barrier = vk::MemoryBarrier::default()
-            .src_access_mask(
-                vk::AccessFlags::SHADER_WRITE
-                    | vk::AccessFlags::TRANSFER_WRITE
-                    | vk::AccessFlags::HOST_WRITE,
-            )
-            .dst_access_mask(
-                vk::AccessFlags::SHADER_READ
-                    | vk::AccessFlags::SHADER_WRITE
-                    | vk::AccessFlags::TRANSFER_READ
-                    | vk::AccessFlags::TRANSFER_WRITE
-                    | vk::AccessFlags::INDIRECT_COMMAND_READ,
-            );
-        // SAFETY: `cmd` is recording: encoders exist only between begin and end.
-        unsafe {
-            gpu.vk().cmd_pipeline_barrier(
-                self.cmd,
-                vk::PipelineStageFlags::COMPUTE_SHADER
-                    | vk::PipelineStageFlags::TRANSFER
-                    | vk::PipelineStageFlags::HOST,
-                vk::PipelineStageFlags::COMPUTE_SHADER
-                    | vk::PipelineStageFlags::TRANSFER
-                    | vk::PipelineStageFlags::DRAW_INDIRECT,
-                vk::DependencyFlags::empty(),
-                &[barrier],
-                &[],
-                &[],
-            );
-        }
-        self.needs_barrier = false;
-    }
-
-    pub(crate) fn bind(&mut self, gpu: &Gpu, pipeline: vk::Pipeline) {
-        if self.bound != pipeline {
-            // SAFETY: `cmd` is recording; pipelines outlive every command buffer recorded.
-            unsafe {
-                gpu.vk()
-                    .cmd_bind_pipeline(self.cmd, vk::PipelineBindPoint::COMPUTE, pipeline)
-            };
-            self.bound = pipeline;
-        }
-    }
-
-    /// Make everything recorded visible to the host, and end the buffer.
-    pub(crate) fn finish(&mut self, gpu: &Gpu) -> std::result::Result<(), vk::Result> {
-        let barrier = vk::MemoryBarrier::default()
-            .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
-            .dst_access_mask(vk::AccessFlags::HOST_READ);
-        // SAFETY: `cmd` is recording; ending it is the last use here.
-        unsafe {
-            gpu.vk().cmd_pipeline_barrier(
-                self.cmd,
-                vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
-                vk::PipelineStageFlags::HOST,
-                vk::DependencyFlags::empty(),
-                &[barrier],
-                &[],
-                &[],
-            );
-            gpu.vk().end_command_buffer(self.cmd)
-        }
-    }
-}
-
-/// What one command is recorded with: the encoder, the arena for staged bytes, the device.
-pub(crate) struct Recorder<'a> {
-    pub encoder: &'a mut Encoder,
-    pub arena: &'a mut Arena,
-    pub gpu: &'a Gpu,
-}
-
-/// Wait on the host until every track reaches its submitted value, bounded by the device's
-/// wait timeout. Giving up on running work marks the device hung.
-pub(crate) fn wait_tracks(gpu: &Gpu, waits: &[(Arc<Track>, u64)]) -> Result<()> {
-    let (semaphores, values): (SmallVec<[vk::Semaphore; 2]>, SmallVec<[u64; 2]>) = waits
-        .iter()
-        .filter(|(track, value)| !track.reached(*value))
-        .map(|(track, value)| (track.semaphore, *value))
-        .unzip();
-    if semaphores.is_empty() {
-        return Ok(());
-    }
-    let info = vk::SemaphoreWaitInfo::default()
-        .semaphores(&semaphores)
-        .values(&values);
-    let timeout = gpu.wait_timeout_ns;
-    // SAFETY: live timeline semaphores, each waited to a value a submission signals.
-    let result = match unsafe { gpu.vk().wait_semaphores(&info, timeout) } {
-        Ok(()) => Ok(()),
-        Err(vk::Result::TIMEOUT) => Err(fault(
-            vk::Result::TIMEOUT,
-            format!(
-                "the work waited for did not finish within {} ms",
-                timeout / 1_000_000
-            ),
-        )),
-        Err(code) => Err(classify(code, Site::Wait, "vkWaitSemaphores", 0)),
-    };
-    if let Err(Error::Fault(fault)) = &result
-        && !fault.class.poisons()
-    {
-        gpu.mark_hung();
-    }
-    result
 }
 
 /// A wait for a stream's submitted work, run without the server's lock.
@@ -251,14 +83,14 @@ impl VulkanStream {
     }
 
     pub(crate) fn state(&mut self) -> Result<&mut OpenStream> {
-        self.state.as_mut().ok_or_else(crate::closed)
+        self.state.as_mut().ok_or_else(closed)
     }
 
     pub(crate) fn track(&self) -> Result<&Arc<Track>> {
         self.state
             .as_ref()
             .map(|state| &state.track)
-            .ok_or_else(crate::closed)
+            .ok_or_else(closed)
     }
 
     /// Give up its device state; its semaphore goes once nothing else names it.
@@ -295,21 +127,7 @@ pub(crate) struct OpenStream {
 impl OpenStream {
     fn new(gpu: &Arc<Gpu>, id: scope_core::StreamId) -> Result<Self> {
         let device = gpu.vk();
-        let mut kind = vk::SemaphoreTypeCreateInfo::default()
-            .semaphore_type(vk::SemaphoreType::TIMELINE)
-            .initial_value(0);
-        let info = vk::SemaphoreCreateInfo::default().push_next(&mut kind);
-        // SAFETY: valid create info on a live device.
-        let semaphore = unsafe { device.create_semaphore(&info, None) }
-            .map_err(|e| classify(e, Site::Create, "timeline semaphore", 0))?;
-        let track = Arc::new(Track {
-            gpu: gpu.clone(),
-            semaphore,
-            covering: AtomicU64::new(0),
-            submitted: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
-            in_flight: AtomicUsize::new(0),
-        });
+        let track = Track::new(gpu)?;
         let info = vk::CommandPoolCreateInfo::default()
             .queue_family_index(gpu.family)
             .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);

@@ -5,6 +5,7 @@ use ash::vk;
 use scope_core::{DeviceKind, Error, Probe, ProbedDevice, Result};
 
 use super::instance::{load_entry, make_instance};
+use super::lifecycle::{calling, destroy_instance};
 use crate::error::{NAME, unavailable};
 
 fn device_name(props: &vk::PhysicalDeviceProperties) -> String {
@@ -46,7 +47,7 @@ fn qualify(instance: &ash::Instance, candidate: &Candidate) -> std::result::Resu
         return Err("it offers Vulkan below 1.2".to_owned());
     }
     let physical = candidate.physical;
-    let _calling = super::calling();
+    let _calling = calling();
     // SAFETY: plain queries on a physical device of a live instance.
     let (families, extensions) = unsafe {
         (
@@ -83,7 +84,7 @@ fn qualify(instance: &ash::Instance, candidate: &Candidate) -> std::result::Resu
 }
 
 pub(super) fn candidates(instance: &ash::Instance) -> Vec<Candidate> {
-    let _calling = super::calling();
+    let _calling = calling();
     // SAFETY: plain queries on a live instance.
     let physicals = unsafe { instance.enumerate_physical_devices() }.unwrap_or_default();
     physicals
@@ -102,7 +103,7 @@ pub(super) fn candidates(instance: &ash::Instance) -> Vec<Candidate> {
 }
 
 /// The usable candidates in device order, each with its compute queue family. Device 0 is
-/// what [`Config::device`](super::Config::device) `None` opens, so it never changes unasked.
+/// what [`Config::device`](super::config::Config::device) `None` opens, so it never changes unasked.
 fn usable_in_order(instance: &ash::Instance, all: &[Candidate]) -> Result<Vec<(usize, u32)>> {
     if all.is_empty() {
         return Err(unavailable("the loader found no Vulkan device"));
@@ -153,7 +154,7 @@ fn usable_in_order(instance: &ash::Instance, all: &[Candidate]) -> Result<Vec<(u
     Ok(chosen)
 }
 
-/// The candidate [`Config::device`](super::Config::device) names (device 0 when it names none).
+/// The candidate [`Config::device`](super::config::Config::device) names (device 0 when it names none).
 pub(super) fn choose(
     instance: &ash::Instance,
     all: &[Candidate],
@@ -179,7 +180,7 @@ pub fn device_count() -> usize {
     };
     let count = usable_in_order(&instance, &candidates(&instance)).map_or(0, |o| o.len());
     // SAFETY: nothing else was created from the instance.
-    super::lifecycle::destroy_instance(false, || unsafe { instance.destroy_instance(None) });
+    destroy_instance(false, || unsafe { instance.destroy_instance(None) });
     count
 }
 
@@ -217,6 +218,6 @@ pub(crate) fn probe() -> Probe {
         })
         .collect();
     // SAFETY: nothing else was created from the instance.
-    super::lifecycle::destroy_instance(false, || unsafe { instance.destroy_instance(None) });
+    destroy_instance(false, || unsafe { instance.destroy_instance(None) });
     Probe::found(NAME, devices)
 }

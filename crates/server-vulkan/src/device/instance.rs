@@ -8,7 +8,8 @@ use ash::vk;
 use parking_lot::Mutex;
 use scope_core::{Error, Result};
 
-use super::Config;
+use super::config::Config;
+use super::lifecycle::{Guarded, calling, create_instance, destroy_instance};
 use crate::error::{NAME, unavailable};
 
 pub(super) const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
@@ -119,7 +120,7 @@ impl Instance {
 
 /// A messenger collecting the layer's warnings and errors; `None` if it cannot be made.
 fn listen(entry: &ash::Entry, instance: &ash::Instance, messages: &Messages) -> Option<Messenger> {
-    let _calling = super::calling();
+    let _calling = calling();
     let utils = ash::ext::debug_utils::Instance::new(entry, instance);
     let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
         .message_severity(
@@ -147,13 +148,11 @@ impl Drop for Instance {
     fn drop(&mut self) {
         if let Some((utils, messenger)) = self.debug.take() {
             // SAFETY: the messenger was made on this instance, which is still alive.
-            unsafe { super::Guarded::new(&utils).destroy_debug_utils_messenger(messenger, None) };
+            unsafe { Guarded::new(&utils).destroy_debug_utils_messenger(messenger, None) };
         }
         // SAFETY: every device made on it is gone or leaked with a reference keeping this from
         // running, and the messenger is gone.
-        super::lifecycle::destroy_instance(self.layered, || unsafe {
-            self.raw.destroy_instance(None)
-        });
+        destroy_instance(self.layered, || unsafe { self.raw.destroy_instance(None) });
     }
 }
 
@@ -198,9 +197,7 @@ pub(super) fn make_instance(entry: &ash::Entry, validation: bool) -> Result<(ash
             .enabled_extension_names(&extensions);
     }
     // SAFETY: `info` and everything it points at outlive the call.
-    let instance = super::lifecycle::create_instance(validation, || unsafe {
-        entry.create_instance(&info, None)
-    })
-    .map_err(|e| unavailable(format!("vkCreateInstance failed: {e}")))?;
+    let instance = create_instance(validation, || unsafe { entry.create_instance(&info, None) })
+        .map_err(|e| unavailable(format!("vkCreateInstance failed: {e}")))?;
     Ok((instance, api))
 }
