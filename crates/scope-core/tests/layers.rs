@@ -514,7 +514,6 @@ const STILL_CIRCLES: &[(&str, &[&str])] = &[
     ),
     ("server-cuda", &["device", "launch", "memory"]),
     ("server-hip", &["device", "launch", "memory"]),
-    ("server-wgpu", &["capture", "copy", "launch", "stream"]),
 ];
 
 /// A crate planted in a temporary folder, read as the tests read the

@@ -22,6 +22,9 @@
 //! A graph holds its wgpu buffers alive. The core refuses to replay a graph
 //! whose buffers were freed, so an old graph never writes a reused buffer.
 //!
+//! The `Backend` impl hands a window's work to its [`Recording`], so the
+//! copies and launches below never look for one.
+//!
 //! **Destroying a graph waits for its replays** (rule 35). It submits the
 //! batches of the streams it was replayed on and waits for them. A failure
 //! there is the destroy's error, which the core gives the graph's write set.
@@ -29,14 +32,17 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use scope_core::Error;
 use scope_core::backend::{BoundDispatch, Launch};
+use scope_core::{Error, StreamId};
 use smallvec::SmallVec;
 
+use crate::compile::Pipeline;
+use crate::copy::bounce;
+use crate::device::Gpu;
 use crate::error::{late_fault, lost_first, message, no_panic, out_of_memory, scoped};
-use crate::launch::{Entry, Pipeline, make_group, round_up};
+use crate::launch::{Entry, make_group, round_up};
 use crate::memory::{Memory, Tag, mark, tag_value};
-use crate::stream::{BATCH_LIMIT, Batch, Dispatch};
+use crate::stream::{BATCH_LIMIT, Batch, Dispatch, Submitter};
 
 /// A buffer a recording names.
 #[derive(Clone)]
@@ -167,21 +173,16 @@ fn encode(device: &wgpu::Device, batch: &mut Batch, steps: &[Step]) {
     }
 }
 
-impl crate::Wgpu {
-    fn recording(&mut self, s: usize) -> &mut Recording {
-        self.streams[s]
-            .recording
-            .get_or_insert_with(Recording::default)
-    }
-
-    pub(crate) fn record_launch(
+impl Recording {
+    /// Keep `launch` of `kernel`, its scalar blob at a multiple of `align`.
+    pub(crate) fn launch(
         &mut self,
-        s: usize,
+        align: u64,
         kernel: &Arc<Pipeline>,
         launch: &Launch<'_, Memory>,
     ) {
-        let align = self.scalar_alignment as usize;
-        let recording = self.recording(s);
+        let align = align as usize;
+        let recording = self;
         let scalars = (!launch.scalars.is_empty()).then(|| {
             let start = recording.bytes.len().next_multiple_of(align);
             recording.bytes.resize(start, 0);
@@ -208,9 +209,10 @@ impl crate::Wgpu {
         });
     }
 
-    pub(crate) fn record_write(&mut self, s: usize, dst: &Memory, offset: u64, data: &[u8]) {
-        let align = self.scalar_alignment as usize;
-        let recording = self.recording(s);
+    /// Keep a host write of `data`, its bytes at a multiple of `align`.
+    pub(crate) fn write(&mut self, align: u64, dst: &Memory, offset: u64, data: &[u8]) {
+        let align = align as usize;
+        let recording = self;
         let start = recording.bytes.len().next_multiple_of(align);
         recording.bytes.resize(start, 0);
         recording.bytes.extend_from_slice(data);
@@ -222,16 +224,16 @@ impl crate::Wgpu {
         });
     }
 
-    pub(crate) fn record_copy(
+    /// Keep a copy of `len` bytes.
+    pub(crate) fn copy(
         &mut self,
-        s: usize,
         src: &Memory,
         src_offset: u64,
         dst: &Memory,
         dst_offset: u64,
         len: u64,
     ) {
-        self.recording(s).ops.push(Op::Copy {
+        self.ops.push(Op::Copy {
             src: Held::of(src),
             src_offset,
             dst: Held::of(dst),
@@ -240,15 +242,17 @@ impl crate::Wgpu {
         });
     }
 
-    /// End stream `s`'s recording and seal it into a graph, or say why not.
-    pub(crate) fn seal(&mut self, s: usize) -> Result<Graph, Error> {
-        self.gpu.sink.check_lost()?;
-        let Some(recording) = self.streams[s].recording.take() else {
-            return Err(Error::internal(
-                "the stream was asked to end a capture it was not recording",
-            ));
-        };
-        let device = &self.gpu.device;
+    /// Seal the recording, made on `stream`, into a graph, or say why not.
+    /// Each bind group made takes an id of `next_id`.
+    pub(crate) fn seal(
+        self,
+        gpu: &Gpu,
+        stream: StreamId,
+        next_id: &mut u64,
+    ) -> Result<Graph, Error> {
+        gpu.sink.check_lost()?;
+        let recording = self;
+        let device = &gpu.device;
         let refused =
             |what: &str, detail: String| late_fault("wgpu validation", format!("{what}: {detail}"));
         let constants = if recording.bytes.is_empty() {
@@ -272,7 +276,7 @@ impl crate::Wgpu {
                 buffer
             });
             if let Some(error) = error {
-                lost_first(device, &self.gpu.sink)?;
+                lost_first(device, &gpu.sink)?;
                 return Err(out_of_memory(&error, size)
                     .unwrap_or_else(|| refused("the constants buffer", message(&error))));
             }
@@ -332,14 +336,14 @@ impl crate::Wgpu {
                             let group = match make_group(device, kernel, &entries) {
                                 Ok(group) => group,
                                 Err(detail) => {
-                                    lost_first(device, &self.gpu.sink)?;
+                                    lost_first(device, &gpu.sink)?;
                                     let what = format!("binding `{}`", kernel.name);
                                     return Err(refused(&what, detail));
                                 }
                             };
                             // Uncached, so each gets its own id for the pass.
-                            self.next_id += 1;
-                            Some((self.next_id, group, dynamic))
+                            *next_id += 1;
+                            Some((*next_id, group, dynamic))
                         }
                     };
                     let groups = match groups {
@@ -364,7 +368,7 @@ impl crate::Wgpu {
                     hold(dst);
                     if src.id == dst.id {
                         // Within one buffer: through a graph-owned bounce (`copy::bounce`).
-                        let bounce = crate::copy::bounce(device, *len);
+                        let bounce = bounce(device, *len);
                         steps.push(Step::Copy {
                             src: src.buffer.clone(),
                             src_offset: *src_offset,
@@ -413,8 +417,8 @@ impl crate::Wgpu {
             }
         }
         // Encode once, never submitted: `finish` is where wgpu validates.
-        let mut trial = Batch::new(self.streams[s].stream, 0);
-        let (finished, error) = no_panic(&self.gpu.sink, "sealing a recording", || {
+        let mut trial = Batch::new(stream, 0);
+        let (finished, error) = no_panic(&gpu.sink, "sealing a recording", || {
             scoped(device, || {
                 encode(device, &mut trial, &steps);
                 trial.finish()
@@ -422,7 +426,7 @@ impl crate::Wgpu {
         })?;
         drop(finished);
         if let Some(error) = error {
-            lost_first(device, &self.gpu.sink)?;
+            lost_first(device, &gpu.sink)?;
             return Err(refused("the recorded work", message(&error)));
         }
         Ok(Graph {
@@ -433,48 +437,57 @@ impl crate::Wgpu {
             replayed_on: Mutex::default(),
         })
     }
+}
 
-    /// Destroy `graph` once its replays are done (rule 35).
-    pub(crate) fn destroy_now(&mut self, graph: Graph) -> Result<(), Error> {
-        let streams = std::mem::take(&mut *graph.replayed_on.lock());
-        let mut result = Ok(());
-        for s in streams {
-            if let Err(error) = self.flush_stream(s) {
-                result = result.and(Err(error));
-                continue;
-            }
-            let (submitter, batches) = self.submitter();
-            if let Some(index) = batches[s].last_submission.clone() {
-                result = result.and(submitter.wait(Some(index)));
-            }
+/// Destroy `graph` once its replays are done (rule 35): submit each batch
+/// it was replayed into, and wait for it.
+pub(crate) fn destroy(
+    submitter: &mut Submitter<'_>,
+    batches: &mut [Batch],
+    graph: Graph,
+) -> Result<(), Error> {
+    let streams = std::mem::take(&mut *graph.replayed_on.lock());
+    let mut result = Ok(());
+    for s in streams {
+        if let Err(error) = submitter.flush(&mut batches[s]) {
+            result = result.and(Err(error));
+            continue;
         }
-        drop(graph);
-        result
+        if let Some(index) = batches[s].last_submission.clone() {
+            result = result.and(submitter.wait(Some(index)));
+        }
     }
+    drop(graph);
+    result
+}
 
-    /// Encode `graph` into stream `s`'s batch.
-    pub(crate) fn replay_now(&mut self, s: usize, graph: &Graph) -> Result<(), Error> {
-        self.gpu.sink.check_lost()?;
-        let device = &self.gpu.device;
-        let batch = &mut self.streams[s];
-        let ((), error) = scoped(device, || encode(device, batch, &graph.steps));
-        {
-            let mut on = graph.replayed_on.lock();
-            if !on.contains(&s) {
-                on.push(s);
-            }
+/// Encode `graph` into `batch`, stream `s`'s.
+pub(crate) fn replay(
+    submitter: &mut Submitter<'_>,
+    batch: &mut Batch,
+    s: usize,
+    graph: &Graph,
+) -> Result<(), Error> {
+    let gpu = submitter.gpu;
+    gpu.sink.check_lost()?;
+    let device = &gpu.device;
+    let ((), error) = scoped(device, || encode(device, batch, &graph.steps));
+    {
+        let mut on = graph.replayed_on.lock();
+        if !on.contains(&s) {
+            on.push(s);
         }
-        let tag = tag_value(s, batch.number);
-        for t in &graph.tags {
-            mark(t, tag);
-        }
-        if let Some(error) = error {
-            lost_first(device, &self.gpu.sink)?;
-            return Err(late_fault("wgpu validation", message(&error)));
-        }
-        if batch.dispatches >= BATCH_LIMIT {
-            self.flush_stream(s)?;
-        }
-        Ok(())
     }
+    let tag = tag_value(s, batch.number);
+    for t in &graph.tags {
+        mark(t, tag);
+    }
+    if let Some(error) = error {
+        lost_first(device, &gpu.sink)?;
+        return Err(late_fault("wgpu validation", message(&error)));
+    }
+    if batch.dispatches >= BATCH_LIMIT {
+        submitter.flush(batch)?;
+    }
+    Ok(())
 }

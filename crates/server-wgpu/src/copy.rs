@@ -13,22 +13,21 @@
 //!   compute pass but does not submit. wgpu refuses a copy within one
 //!   buffer, so that one goes through a [`bounce`] buffer.
 //!
+//! Each is a function of the stream's batch and the [`Submitter`] it submits
+//! through, so the copies stand on the stream and name nothing above it. A
+//! capture window's copies never come here: the `Backend` impl records them.
+//!
 //! Each runs inside error scopes. The `Backend` contract keeps every range in
 //! its memory at 4-byte alignment, all wgpu asks of a copy. wgpu checks it
 //! again, so a broken promise is a typed error, not undefined behaviour.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use scope_core::{Error, StreamId};
 
-use parking_lot::Mutex;
-use scope_core::Error;
-
-use crate::error::{late_fault, lost_first, message, out_of_memory, scoped};
+use crate::device::Gpu;
+use crate::error::{lost_first, message, out_of_memory, scoped};
 use crate::memory::{Memory, mark, tag_value};
-use crate::stream::StreamWait;
-
-/// Staging buffers up to this size are kept for the next read.
-const KEEP_STAGING: u64 = 64 << 20;
+use crate::staging::{ReadBack, Staging};
+use crate::stream::{Batch, StreamWait, Submitter};
 
 /// A buffer for a copy within one buffer to pass through, which wgpu
 /// otherwise refuses. The encoder keeps it alive until the copies run.
@@ -41,315 +40,166 @@ pub(crate) fn bounce(device: &wgpu::Device, len: u64) -> wgpu::Buffer {
     })
 }
 
-impl crate::Wgpu {
-    fn copy_error(&self, s: usize, what: String, error: &wgpu::Error, len: u64) -> Error {
-        if let Err(lost) = lost_first(&self.gpu.device, &self.gpu.sink) {
-            return lost;
-        }
-        out_of_memory(error, len).unwrap_or_else(|| Error::Copy {
-            what,
-            stream: self.streams[s].stream,
-            detail: message(error),
-        })
+fn copy_error(gpu: &Gpu, stream: StreamId, what: String, error: &wgpu::Error, len: u64) -> Error {
+    if let Err(lost) = lost_first(&gpu.device, &gpu.sink) {
+        return lost;
     }
+    out_of_memory(error, len).unwrap_or_else(|| Error::Copy {
+        what,
+        stream,
+        detail: message(error),
+    })
+}
 
-    /// Write `data` at `offset` of `dst` on stream `s`.
-    pub(crate) fn write_now(
-        &mut self,
-        s: usize,
-        dst: &Memory,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<(), Error> {
-        self.gpu.sink.check_lost()?;
-        if self.streams[s].recording.is_some() {
-            self.record_write(s, dst, offset, data);
-            return Ok(());
-        }
-        if self.streams[s].is_open() {
-            self.flush_stream(s)?;
-        }
-        let queue = &self.gpu.queue;
-        let ((), error) = scoped(&self.gpu.device, || {
-            queue.write_buffer(&dst.buffer, offset, data)
-        });
-        if let Some(error) = error {
-            let what = format!("write of {} bytes at offset {offset}", data.len());
-            return Err(self.copy_error(s, what, &error, data.len() as u64));
-        }
-        self.streams[s].writes_pending = true;
-        Ok(())
-    }
-
-    /// Copy `len` bytes on stream `s`.
-    pub(crate) fn copy_now(
-        &mut self,
-        s: usize,
-        src: &Memory,
-        src_offset: u64,
-        dst: &Memory,
-        dst_offset: u64,
-        len: u64,
-    ) -> Result<(), Error> {
-        self.gpu.sink.check_lost()?;
-        if self.streams[s].recording.is_some() {
-            self.record_copy(s, src, src_offset, dst, dst_offset, len);
-            return Ok(());
-        }
-        let device = &self.gpu.device;
-        let batch = &mut self.streams[s];
-        let ((), error) = scoped(device, || {
-            let bounce = (src.id == dst.id).then(|| bounce(device, len));
-            let encoder = batch.encoder(device);
-            match &bounce {
-                None => encoder.copy_buffer_to_buffer(
-                    &src.buffer,
-                    src_offset,
-                    &dst.buffer,
-                    dst_offset,
-                    len,
-                ),
-                Some(bounce) => {
-                    encoder.copy_buffer_to_buffer(&src.buffer, src_offset, bounce, 0, len);
-                    encoder.copy_buffer_to_buffer(bounce, 0, &dst.buffer, dst_offset, len);
-                }
-            }
-        });
-        let tag = tag_value(s, batch.number);
-        mark(&src.tag, tag);
-        mark(&dst.tag, tag);
-        if let Some(error) = error {
-            let what = format!("copy of {len} bytes");
-            return Err(self.copy_error(s, what, &error, len));
-        }
-        Ok(())
-    }
-
-    /// A staging buffer of at least `len` bytes, and its size: the kept one if it fits.
-    fn take_staging(&mut self, len: u64) -> Result<(wgpu::Buffer, u64), Error> {
-        if let Some((buffer, size)) = self.staging.take() {
-            if size >= len {
-                return Ok((buffer, size));
-            }
-            self.staging = Some((buffer, size));
-        }
-        let size = len.next_power_of_two().max(64 << 10);
-        let device = &self.gpu.device;
-        let (buffer, error) = scoped(device, || {
-            device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("scope read-back"),
-                size,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        });
-        if let Some(error) = error {
-            lost_first(device, &self.gpu.sink)?;
-            return Err(out_of_memory(&error, size)
-                .unwrap_or_else(|| late_fault("wgpu validation", message(&error))));
-        }
-        Ok((buffer, size))
-    }
-
-    /// Keep an unmapped staging buffer of a keeping size, if larger than the kept one.
-    fn keep_staging(&mut self, buffer: wgpu::Buffer, size: u64) {
-        if size <= KEEP_STAGING && self.staging.as_ref().is_none_or(|(_, kept)| *kept < size) {
-            self.staging = Some((buffer, size));
-        }
-    }
-
-    /// Begin a read of `len` bytes at `offset` of `src` after stream `s`'s
-    /// work: copy into staging, submit, and map. The waiter waits for that
-    /// submission; [`end_read_now`](Self::end_read_now) copies the bytes.
-    pub(crate) fn begin_read_now(
-        &mut self,
-        s: usize,
-        src: &Memory,
-        offset: u64,
-        len: u64,
-    ) -> Result<Option<StreamWait>, Error> {
-        self.gpu.sink.check_lost()?;
-        if len == 0 {
-            let (mut submitter, streams) = self.submitter();
-            return submitter.begin_wait(&mut streams[s]);
-        }
-        let (staging, size) = self.take_staging(len)?;
-        let device = &self.gpu.device;
-        let batch = &mut self.streams[s];
-        let ((), error) = scoped(device, || {
-            batch
-                .encoder(device)
-                .copy_buffer_to_buffer(&src.buffer, offset, &staging, 0, len);
-        });
-        if let Some(error) = error {
-            self.keep_staging(staging, size);
-            return Err(self.copy_error(
-                s,
-                format!("read of {len} bytes at offset {offset}"),
-                &error,
-                len,
-            ));
-        }
-        let (mut submitter, streams) = self.submitter();
-        let batch = &mut streams[s];
-        // A failed flush drops the staging: the copy into it may have been submitted.
+/// Write `data` at `offset` of `dst` after `batch`'s work.
+pub(crate) fn write(
+    submitter: &mut Submitter<'_>,
+    batch: &mut Batch,
+    dst: &Memory,
+    offset: u64,
+    data: &[u8],
+) -> Result<(), Error> {
+    let gpu = submitter.gpu;
+    gpu.sink.check_lost()?;
+    if batch.is_open() {
         submitter.flush(batch)?;
-        let mapped: Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>> = Arc::default();
-        let answer = mapped.clone();
-        let device = &submitter.gpu.device;
-        let ((), map_error) = scoped(device, || {
-            staging.map_async(wgpu::MapMode::Read, 0..len, move |result| {
-                *answer.lock() = Some(result);
-            });
-        });
-        Ok(Some(submitter.waiter(
-            batch,
-            Some(ReadBack {
-                staging,
-                size,
-                len,
-                mapped,
-                map_error: map_error.map(|e| late_fault("wgpu map", message(&e))),
-            }),
-        )))
     }
-
-    /// Finish a read begun by [`begin_read_now`](Self::begin_read_now) once its
-    /// wait succeeded: report what surfaced, then copy the bytes into `out`.
-    pub(crate) fn end_read_now(
-        &mut self,
-        s: usize,
-        waiter: Option<StreamWait>,
-        out: &mut [u8],
-    ) -> Result<(), Error> {
-        let (submitter, streams) = self.submitter();
-        let surfaced = submitter.surfaced(&mut streams[s]);
-        let Some(read) = waiter.and_then(StreamWait::into_read) else {
-            return surfaced.and(if out.is_empty() {
-                Ok(())
-            } else {
-                Err(Error::internal("a wgpu read ended that never began"))
-            });
-        };
-        let copied = surfaced.and_then(|()| {
-            read.copy_into(out).map_err(|error| {
-                // A map that failed may be a device that went.
-                lost_first(&self.gpu.device, &self.gpu.sink)
-                    .err()
-                    .unwrap_or(error)
-            })
-        });
-        if let Some((staging, size)) = read.give_back() {
-            self.keep_staging(staging, size);
-        }
-        copied
+    let queue = &gpu.queue;
+    let ((), error) = scoped(&gpu.device, || {
+        queue.write_buffer(&dst.buffer, offset, data)
+    });
+    if let Some(error) = error {
+        let what = format!("write of {} bytes at offset {offset}", data.len());
+        return Err(copy_error(
+            gpu,
+            batch.stream,
+            what,
+            &error,
+            data.len() as u64,
+        ));
     }
-
-    /// Recycle what an abandoned read's waiter holds (`Backend::end_wait`).
-    pub(crate) fn abandon_read(&mut self, read: ReadBack) {
-        if let Some((staging, size)) = read.give_back() {
-            self.keep_staging(staging, size);
-        }
-    }
-
-    /// A whole read of `out.len()` bytes at `offset` of `src`, waiting under the lock.
-    pub(crate) fn read_now(
-        &mut self,
-        s: usize,
-        src: &Memory,
-        offset: u64,
-        out: &mut [u8],
-    ) -> Result<(), Error> {
-        let Some(waiter) = self.begin_read_now(s, src, offset, out.len() as u64)? else {
-            return self.end_read_now(s, None, out);
-        };
-        match waiter.wait() {
-            Ok(()) => self.end_read_now(s, Some(waiter), out),
-            Err(error) => {
-                if let Some(read) = waiter.into_read() {
-                    self.abandon_read(read);
-                }
-                Err(error)
-            }
-        }
-    }
+    batch.writes_pending = true;
+    Ok(())
 }
 
-/// How long a finished read waits for its map callback ([`ReadBack::until_mapped`]).
-const MAP_GRACE: Duration = Duration::from_secs(10);
-
-/// A read's copy into staging, submitted and mapped by
-/// [`Wgpu::begin_read_now`]; the waiter holds it while it waits.
-pub struct ReadBack {
-    staging: wgpu::Buffer,
-    size: u64,
+/// Copy `len` bytes in `batch`, stream `s`'s.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn copy(
+    gpu: &Gpu,
+    batch: &mut Batch,
+    s: usize,
+    src: &Memory,
+    src_offset: u64,
+    dst: &Memory,
+    dst_offset: u64,
     len: u64,
-    mapped: Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>>,
-    map_error: Option<Error>,
+) -> Result<(), Error> {
+    gpu.sink.check_lost()?;
+    let device = &gpu.device;
+    let ((), error) = scoped(device, || {
+        let bounce = (src.id == dst.id).then(|| bounce(device, len));
+        let encoder = batch.encoder(device);
+        match &bounce {
+            None => {
+                encoder.copy_buffer_to_buffer(&src.buffer, src_offset, &dst.buffer, dst_offset, len)
+            }
+            Some(bounce) => {
+                encoder.copy_buffer_to_buffer(&src.buffer, src_offset, bounce, 0, len);
+                encoder.copy_buffer_to_buffer(bounce, 0, &dst.buffer, dst_offset, len);
+            }
+        }
+    });
+    let tag = tag_value(s, batch.number);
+    mark(&src.tag, tag);
+    mark(&dst.tag, tag);
+    if let Some(error) = error {
+        let what = format!("copy of {len} bytes");
+        return Err(copy_error(gpu, batch.stream, what, &error, len));
+    }
+    Ok(())
 }
 
-impl ReadBack {
-    /// Once its submission finished, wait for the map's callback. wgpu runs
-    /// callbacks on whichever thread polls, so this thread's poll can return
-    /// before another thread ran ours. So poll again until it ran, for at
-    /// most [`MAP_GRACE`]; past it, [`copy_into`](Self::copy_into) reports no map.
-    pub(crate) fn until_mapped(
-        &self,
-        device: &wgpu::Device,
-        sink: &crate::error::Sink,
-    ) -> Result<(), Error> {
-        if self.map_error.is_some() {
-            return Ok(());
-        }
-        let until = Instant::now() + MAP_GRACE;
-        while self.mapped.lock().is_none() && Instant::now() < until {
-            let _ = crate::error::no_panic(sink, "a device poll", || {
-                device.poll(wgpu::PollType::Poll)
-            })?;
-            // A lost device runs no more callbacks: say so now.
-            sink.check_lost()?;
-            std::thread::sleep(Duration::from_micros(20));
-        }
-        Ok(())
+/// Begin a read of `len` bytes at `offset` of `src` after `batch`'s work:
+/// copy into staging, submit, and map. The waiter waits for that
+/// submission; [`end_read`] copies the bytes.
+pub(crate) fn begin_read(
+    submitter: &mut Submitter<'_>,
+    batch: &mut Batch,
+    staging: &mut Staging,
+    src: &Memory,
+    offset: u64,
+    len: u64,
+) -> Result<Option<StreamWait>, Error> {
+    let gpu = submitter.gpu;
+    gpu.sink.check_lost()?;
+    if len == 0 {
+        return submitter.begin_wait(batch);
     }
-
-    /// Copy the mapped bytes into `out`.
-    fn copy_into(&self, out: &mut [u8]) -> Result<(), Error> {
-        if let Some(error) = &self.map_error {
-            return Err(error.clone());
-        }
-        if out.len() as u64 != self.len {
-            return Err(Error::internal(format!(
-                "a {}-byte wgpu read finished into {} bytes",
-                self.len,
-                out.len()
-            )));
-        }
-        match self.mapped.lock().as_ref() {
-            Some(Ok(())) => {}
-            Some(Err(error)) => return Err(late_fault("wgpu map", error.to_string())),
-            None => {
-                return Err(late_fault(
-                    "wgpu map",
-                    "the read-back never mapped".to_owned(),
-                ));
-            }
-        }
-        match self.staging.get_mapped_range(0..self.len) {
-            Ok(view) => {
-                out.copy_from_slice(&view);
-                Ok(())
-            }
-            Err(error) => Err(late_fault("wgpu map", error.to_string())),
-        }
+    let (buffer, size) = staging.take(gpu, len)?;
+    let device = &gpu.device;
+    let ((), error) = scoped(device, || {
+        batch
+            .encoder(device)
+            .copy_buffer_to_buffer(&src.buffer, offset, &buffer, 0, len);
+    });
+    if let Some(error) = error {
+        staging.keep(buffer, size);
+        let what = format!("read of {len} bytes at offset {offset}");
+        return Err(copy_error(gpu, batch.stream, what, &error, len));
     }
+    // A failed flush drops the staging: the copy into it may have been submitted.
+    submitter.flush(batch)?;
+    let read = ReadBack::map(device, buffer, size, len);
+    Ok(Some(submitter.waiter(batch, Some(read))))
+}
 
-    /// The staging buffer, unmapped, unless a pending or failed map spoiled it.
-    fn give_back(self) -> Option<(wgpu::Buffer, u64)> {
-        if self.map_error.is_some() || !matches!(self.mapped.lock().as_ref(), Some(Ok(()))) {
-            return None;
+/// Finish a read begun by [`begin_read`] once its wait succeeded: report
+/// what surfaced, then copy the bytes into `out`.
+pub(crate) fn end_read(
+    submitter: &Submitter<'_>,
+    batch: &mut Batch,
+    staging: &mut Staging,
+    waiter: Option<StreamWait>,
+    out: &mut [u8],
+) -> Result<(), Error> {
+    let surfaced = submitter.surfaced(batch);
+    let Some(read) = waiter.and_then(StreamWait::into_read) else {
+        return surfaced.and(if out.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::internal("a wgpu read ended that never began"))
+        });
+    };
+    let gpu = submitter.gpu;
+    let copied = surfaced.and_then(|()| {
+        read.copy_into(out).map_err(|error| {
+            // A map that failed may be a device that went.
+            lost_first(&gpu.device, &gpu.sink).err().unwrap_or(error)
+        })
+    });
+    staging.keep_back(read);
+    copied
+}
+
+/// A whole read of `out.len()` bytes at `offset` of `src`, waiting under the lock.
+pub(crate) fn read(
+    submitter: &mut Submitter<'_>,
+    batch: &mut Batch,
+    staging: &mut Staging,
+    src: &Memory,
+    offset: u64,
+    out: &mut [u8],
+) -> Result<(), Error> {
+    let Some(waiter) = begin_read(submitter, batch, staging, src, offset, out.len() as u64)? else {
+        return end_read(submitter, batch, staging, None, out);
+    };
+    match waiter.wait() {
+        Ok(()) => end_read(submitter, batch, staging, Some(waiter), out),
+        Err(error) => {
+            if let Some(read) = waiter.into_read() {
+                staging.keep_back(read);
+            }
+            Err(error)
         }
-        self.staging.unmap();
-        Some((self.staging, self.size))
     }
 }

@@ -363,6 +363,15 @@ impl Gpu {
     }
 
     /// The description `Backend::describe` gives.
+    /// The alignment of a scalar blob in an arena, bound as storage or uniform.
+    pub(crate) fn scalar_alignment(&self) -> u64 {
+        u64::from(
+            self.limits
+                .min_storage_buffer_offset_alignment
+                .max(self.limits.min_uniform_buffer_offset_alignment),
+        )
+    }
+
     pub(crate) fn describe(&self) -> String {
         describe(&self.info)
     }

@@ -1,22 +1,6 @@
-//! Kernels: WGSL compiled to compute pipelines, and launches encoded into the
-//! stream's open pass.
-//!
-//! # Compiling
-//!
-//! The core caches kernels by [`Kernel::id`], so [`compile`] runs once per
-//! kernel. A WGSL error comes back from error scopes as [`Error::Compile`],
-//! with naga's `line:column`. The module is then reflected for the bindings
-//! of `@group(0)`, because the pipeline layout is built explicitly:
-//!
-//! - An explicit layout can give the *last* binding a dynamic offset. That
-//!   binds a launch's scalar blob into the batch's shared arena without a
-//!   bind group per launch (see [`crate::stream`]).
-//! - Reflected minimum sizes and read-only flags let [`check`] refuse up
-//!   front what wgpu would refuse at `finish`, long after the launch
-//!   returned. The core calls it (`Backend::check_launch`) before the
-//!   launch's scope opens, so such a launch claims nothing.
-//!
-//! # Launching
+//! Launches: checked against the device's limits, bound, and encoded into
+//! the stream's open pass. Compiling is `compile.rs`; this file stands on it
+//! and on the stream, and a capture window's launches are recorded above it.
 //!
 //! A launch finds or makes the bind group for its exact buffers and ranges.
 //! It then encodes set-pipeline, set-bind-group and dispatch into the open
@@ -24,215 +8,18 @@
 //! dispatch: recording cannot fail in wgpu 30, and three scopes would double
 //! a launch's cost.
 
-use std::borrow::Cow;
 use std::cell::Cell;
 use std::num::NonZeroU64;
-use std::sync::Arc;
 
 use scope_core::backend::{Bound, BoundDispatch, Launch};
 use scope_core::id::IdMap;
-use scope_core::{Error, Kernel, KernelSource, StreamId};
+use scope_core::{Error, StreamId};
 use smallvec::SmallVec;
 
-use crate::device::Gpu;
-use crate::error::{NAME, lost_first, message, out_of_memory, scoped};
+use crate::compile::{Pipeline, Slot};
+use crate::error::{lost_first, message, scoped};
 use crate::memory::{Memory, mark, tag_value};
-use crate::stream::{ARENA_BYTES, BATCH_LIMIT, Dispatch};
-
-/// One binding the shader declares.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Slot {
-    /// A uniform buffer rather than a storage buffer.
-    pub(crate) uniform: bool,
-    /// Declared `var<storage, read>` (or uniform).
-    pub(crate) read_only: bool,
-    /// The smallest binding the type allows (a runtime-sized array counts one).
-    pub(crate) min_size: u64,
-}
-
-/// A compiled kernel.
-pub struct Pipeline {
-    pub(crate) id: u64,
-    pub(crate) name: Arc<str>,
-    pub(crate) pipeline: wgpu::ComputePipeline,
-    pub(crate) layout: Option<wgpu::BindGroupLayout>,
-    pub(crate) slots: Vec<Slot>,
-    /// Whether the last binding takes a dynamic offset.
-    pub(crate) dynamic: bool,
-}
-
-impl std::fmt::Debug for Pipeline {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "pipeline `{}` ({} bindings)",
-            self.name,
-            self.slots.len()
-        )
-    }
-}
-
-/// The bindings of `@group(0)` in `source`, by binding number.
-fn reflect(source: &str) -> Result<Vec<Slot>, String> {
-    let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
-    let mut slots: Vec<Option<Slot>> = Vec::new();
-    for (_, var) in module.global_variables.iter() {
-        let Some(binding) = &var.binding else {
-            continue;
-        };
-        let name = var.name.as_deref().unwrap_or("?");
-        if binding.group != 0 {
-            return Err(format!(
-                "`{name}` is at @group({}); the binding convention binds @group(0) only",
-                binding.group
-            ));
-        }
-        let (uniform, read_only) = match var.space {
-            naga::AddressSpace::Storage { access } => {
-                (false, !access.contains(naga::StorageAccess::STORE))
-            }
-            naga::AddressSpace::Uniform => (true, true),
-            other => {
-                return Err(format!(
-                    "`{name}` (@binding({})) is in address space {other:?}; the binding convention binds buffers only",
-                    binding.binding
-                ));
-            }
-        };
-        let min_size = module.types[var.ty]
-            .inner
-            .try_size(module.to_ctx())
-            .ok_or_else(|| format!("`{name}` has a type too large to bind"))?;
-        let index = binding.binding as usize;
-        if index >= 64 {
-            return Err(format!(
-                "`{name}` is at @binding({index}); at most 64 bindings are supported"
-            ));
-        }
-        if slots.len() <= index {
-            slots.resize(index + 1, None);
-        }
-        slots[index] = Some(Slot {
-            uniform,
-            read_only,
-            min_size: u64::from(min_size),
-        });
-    }
-    slots
-        .into_iter()
-        .enumerate()
-        .map(|(i, s)| {
-            s.ok_or_else(|| format!("@binding({i}) is missing: bindings must be numbered 0..n"))
-        })
-        .collect()
-}
-
-/// Compile `kernel` to a compute pipeline with id `id`.
-pub(crate) fn compile(gpu: &Gpu, kernel: &Kernel, id: u64) -> Result<Arc<Pipeline>, Error> {
-    gpu.sink.check_lost()?;
-    let fail = |log: String| Error::Compile {
-        backend: NAME,
-        kernel: kernel.name().clone(),
-        log,
-    };
-    let KernelSource::Wgsl(source) = kernel.source() else {
-        return Err(fail(format!(
-            "wgpu takes WGSL kernels; this one is {}",
-            kernel.source().language()
-        )));
-    };
-    let device = &gpu.device;
-    let descriptor = wgpu::ShaderModuleDescriptor {
-        label: Some(kernel.name()),
-        source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(source)),
-    };
-    let (module, error) = scoped(device, || {
-        if kernel.vouched_in_bounds() || kernel.vouched_terminates() {
-            let checks = wgpu::ShaderRuntimeChecks {
-                bounds_checks: !kernel.vouched_in_bounds(),
-                force_loop_bounding: !kernel.vouched_terminates(),
-                ..wgpu::ShaderRuntimeChecks::checked()
-            };
-            // SAFETY: each check dropped was vouched for by the unsafe
-            // `Kernel::vouch_in_bounds` (accesses stay in bounds) or
-            // `Kernel::vouch_terminates` (every loop ends).
-            unsafe { device.create_shader_module_trusted(descriptor, checks) }
-        } else {
-            device.create_shader_module(descriptor)
-        }
-    });
-    if let Some(error) = error {
-        lost_first(device, &gpu.sink)?;
-        return Err(out_of_memory(&error, 0).unwrap_or_else(|| fail(message(&error))));
-    }
-    let slots = reflect(source).map_err(fail)?;
-    let limits = &gpu.limits;
-    let last = slots.len().checked_sub(1);
-    let dynamic = slots.last().is_some_and(|slot| {
-        if slot.uniform {
-            limits.max_dynamic_uniform_buffers_per_pipeline_layout > 0
-        } else {
-            limits.max_dynamic_storage_buffers_per_pipeline_layout > 0
-        }
-    });
-    let entries: Vec<wgpu::BindGroupLayoutEntry> = slots
-        .iter()
-        .enumerate()
-        .map(|(i, slot)| wgpu::BindGroupLayoutEntry {
-            binding: i as u32,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: if slot.uniform {
-                    wgpu::BufferBindingType::Uniform
-                } else {
-                    wgpu::BufferBindingType::Storage {
-                        read_only: slot.read_only,
-                    }
-                },
-                has_dynamic_offset: Some(i) == last && dynamic,
-                min_binding_size: None,
-            },
-            count: None,
-        })
-        .collect();
-    let label = Some(&**kernel.name());
-    let ((layout, pipeline), error) = scoped(device, || {
-        let layout = (!entries.is_empty()).then(|| {
-            device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label,
-                entries: &entries,
-            })
-        });
-        let groups = [layout.as_ref()];
-        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label,
-            bind_group_layouts: if layout.is_some() { &groups } else { &[] },
-            immediate_size: 0,
-        });
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label,
-            layout: Some(&pipeline_layout),
-            module: &module,
-            entry_point: Some(kernel.entry_point()),
-            compilation_options: wgpu::PipelineCompilationOptions::default(),
-            cache: None,
-        });
-        (layout, pipeline)
-    });
-    if let Some(error) = error {
-        lost_first(device, &gpu.sink)?;
-        return Err(out_of_memory(&error, 0).unwrap_or_else(|| fail(message(&error))));
-    }
-    tracing::debug!(kernel = %kernel.name(), bindings = slots.len(), "compiled");
-    Ok(Arc::new(Pipeline {
-        id,
-        name: kernel.name().clone(),
-        pipeline,
-        layout,
-        slots,
-        dynamic,
-    }))
-}
+use crate::stream::{ARENA_BYTES, Arena, BATCH_LIMIT, Batch, Dispatch, Submitter};
 
 #[inline]
 pub(crate) fn round_up(n: u64, to: u64) -> u64 {
@@ -447,141 +234,130 @@ fn check_parts(
     Ok(())
 }
 
-impl crate::Wgpu {
+impl Checked {
     /// [`check`] a launch unlike the last accepted, remembering it if it passes.
     /// Out of line, so a repeated launch carries only the comparison.
     #[inline(never)]
     pub(crate) fn check_anew(
         &self,
+        limits: &wgpu::Limits,
         kernel: &Pipeline,
         launch: &Launch<'_, Memory>,
     ) -> Result<(), Error> {
-        check(&self.gpu.limits, kernel, launch)?;
-        self.checked.remember(kernel, launch);
+        check(limits, kernel, launch)?;
+        self.remember(kernel, launch);
         Ok(())
     }
+}
 
-    /// Append a new scalar blob to stream `s`'s arena image, `padded` to whole
-    /// words; returns its offset. A full arena submits the batch first. Out of
-    /// line: a loop that repeats its blob never comes here.
-    #[inline(never)]
-    fn append_scalars(&mut self, s: usize, scalars: &[u8], padded: u64) -> Result<u64, Error> {
-        let batch = &self.streams[s];
-        let mut offset = round_up(batch.scalars.len() as u64, self.scalar_alignment);
-        if batch.arena.is_some() && offset + padded > ARENA_BYTES {
-            self.flush_stream(s)?;
-            offset = 0;
-        }
-        if self.streams[s].arena.is_none() {
-            let arena =
-                self.submissions
-                    .arena(&self.gpu.device, &self.gpu.sink, &mut self.next_id)?;
-            self.streams[s].arena = Some(arena);
-        }
-        let batch = &mut self.streams[s];
-        let start = offset as usize;
-        batch.scalars.resize(start, 0);
-        batch.scalars.extend_from_slice(scalars);
-        batch.scalars.resize(start + padded as usize, 0);
-        batch.last_scalars = start..start + scalars.len();
-        Ok(offset)
+/// Append a new scalar blob to `batch`'s arena image, `padded` to whole
+/// words; returns its offset. A full arena submits the batch first. Out of
+/// line: a loop that repeats its blob never comes here.
+#[inline(never)]
+fn append_scalars(
+    submitter: &mut Submitter<'_>,
+    batch: &mut Batch,
+    scalars: &[u8],
+    padded: u64,
+) -> Result<u64, Error> {
+    let mut offset = round_up(batch.scalars.len() as u64, submitter.gpu.scalar_alignment());
+    if batch.arena.is_some() && offset + padded > ARENA_BYTES {
+        submitter.flush(batch)?;
+        offset = 0;
     }
+    if batch.arena.is_none() {
+        batch.arena = Some(submitter.arena()?);
+    }
+    let start = offset as usize;
+    batch.scalars.resize(start, 0);
+    batch.scalars.extend_from_slice(scalars);
+    batch.scalars.resize(start + padded as usize, 0);
+    batch.last_scalars = start..start + scalars.len();
+    Ok(offset)
+}
 
-    /// Record `launch` (in a capture window) or encode it into stream `s`'s pass.
-    pub(crate) fn launch_now(
-        &mut self,
-        s: usize,
-        kernel: &Arc<Pipeline>,
-        launch: &Launch<'_, Memory>,
-    ) -> Result<(), Error> {
-        self.gpu.sink.check_lost()?;
-        // The core ran `check` before the launch's scope opened. Were it
-        // skipped, wgpu would refuse the batch at submission: a late fault.
-        let stream = self.streams[s].stream;
-        if self.streams[s].recording.is_some() {
-            self.record_launch(s, kernel, launch);
-            return Ok(());
-        }
-        let padded = round_up(launch.scalars.len() as u64, 4);
-        let mut scalar_offset = 0u64;
-        if !launch.scalars.is_empty() {
-            let batch = &self.streams[s];
-            let last = batch.last_scalars.clone();
-            let same = batch.arena.is_some()
-                && batch
-                    .scalars
-                    .get(last.clone())
-                    .is_some_and(|blob| same_bytes(blob, launch.scalars));
-            scalar_offset = if same {
-                last.start as u64
-            } else {
-                self.append_scalars(s, launch.scalars, padded)?
+/// Encode `launch` into `batch`'s pass, stream `s`'s.
+pub(crate) fn launch(
+    submitter: &mut Submitter<'_>,
+    batch: &mut Batch,
+    s: usize,
+    bind_groups: &mut BindGroups,
+    kernel: &Pipeline,
+    launch: &Launch<'_, Memory>,
+) -> Result<(), Error> {
+    submitter.gpu.sink.check_lost()?;
+    // The core ran `check` before the launch's scope opened. Were it
+    // skipped, wgpu would refuse the batch at submission: a late fault.
+    let stream = batch.stream;
+    let padded = round_up(launch.scalars.len() as u64, 4);
+    let mut scalar_offset = 0u64;
+    if !launch.scalars.is_empty() {
+        let last = batch.last_scalars.clone();
+        let same = batch.arena.is_some()
+            && batch
+                .scalars
+                .get(last.clone())
+                .is_some_and(|blob| same_bytes(blob, launch.scalars));
+        scalar_offset = if same {
+            last.start as u64
+        } else {
+            append_scalars(submitter, batch, launch.scalars, padded)?
+        };
+    }
+    let gpu = submitter.gpu;
+    let group = match &kernel.layout {
+        None => None,
+        Some(_) => {
+            // With a dynamic offset, one group names the arena at 0 for every blob.
+            let arena = match &batch.arena {
+                Some(arena) if !launch.scalars.is_empty() => Some(if kernel.dynamic {
+                    (arena, 0, Some(scalar_offset as u32))
+                } else {
+                    (arena, scalar_offset, None)
+                }),
+                _ => None,
             };
+            let dynamic = match arena {
+                Some((_, _, dynamic)) => dynamic,
+                None => kernel.dynamic.then_some(0u32),
+            };
+            let extra = arena.map(|(arena, offset, _)| [arena.id, offset, padded]);
+            let found = match bind_groups.last_for(kernel.id, launch.bindings, extra) {
+                Some(found) => Ok(found),
+                None => bind_groups.look_up(
+                    &gpu.device,
+                    kernel,
+                    launch.bindings,
+                    arena.map(|(arena, offset, _)| (arena, offset, padded)),
+                    submitter.next_id,
+                ),
+            };
+            let (id, group) = match found {
+                Ok(found) => found,
+                Err(detail) => {
+                    lost_first(&gpu.device, &gpu.sink)?;
+                    return Err(launch_error(kernel, stream, detail));
+                }
+            };
+            Some((id, group, dynamic))
         }
-        let crate::Wgpu {
-            gpu,
-            streams,
-            bind_groups,
-            next_id,
-            ..
-        } = self;
-        let batch = &mut streams[s];
-        let group = match &kernel.layout {
-            None => None,
-            Some(_) => {
-                // With a dynamic offset, one group names the arena at 0 for every blob.
-                let arena = match &batch.arena {
-                    Some(arena) if !launch.scalars.is_empty() => Some(if kernel.dynamic {
-                        (arena, 0, Some(scalar_offset as u32))
-                    } else {
-                        (arena, scalar_offset, None)
-                    }),
-                    _ => None,
-                };
-                let dynamic = match arena {
-                    Some((_, _, dynamic)) => dynamic,
-                    None => kernel.dynamic.then_some(0u32),
-                };
-                let extra = arena.map(|(arena, offset, _)| [arena.id, offset, padded]);
-                let found = match bind_groups.last_for(kernel.id, launch.bindings, extra) {
-                    Some(found) => Ok(found),
-                    None => bind_groups.look_up(
-                        &gpu.device,
-                        kernel,
-                        launch.bindings,
-                        arena.map(|(arena, offset, _)| (arena, offset, padded)),
-                        next_id,
-                    ),
-                };
-                let (id, group) = match found {
-                    Ok(found) => found,
-                    Err(detail) => {
-                        lost_first(&gpu.device, &gpu.sink)?;
-                        return Err(launch_error(kernel, stream, detail));
-                    }
-                };
-                Some((id, group, dynamic))
-            }
-        };
-        let dispatch = match &launch.dispatch {
-            BoundDispatch::Groups(groups) => Dispatch::Groups(*groups),
-            BoundDispatch::Indirect { memory, offset } => {
-                Dispatch::Indirect(&memory.buffer, *offset)
-            }
-        };
-        batch.dispatch(&gpu.device, (kernel.id, &kernel.pipeline), group, dispatch);
-        let tag = tag_value(s, batch.number);
-        for bound in launch.bindings {
-            mark(&bound.memory.tag, tag);
-        }
-        if let BoundDispatch::Indirect { memory, .. } = &launch.dispatch {
-            mark(&memory.tag, tag);
-        }
-        if batch.dispatches >= BATCH_LIMIT {
-            self.flush_stream(s)?;
-        }
-        Ok(())
+    };
+    let dispatch = match &launch.dispatch {
+        BoundDispatch::Groups(groups) => Dispatch::Groups(*groups),
+        BoundDispatch::Indirect { memory, offset } => Dispatch::Indirect(&memory.buffer, *offset),
+    };
+    batch.dispatch(&gpu.device, (kernel.id, &kernel.pipeline), group, dispatch);
+    let tag = tag_value(s, batch.number);
+    for bound in launch.bindings {
+        mark(&bound.memory.tag, tag);
     }
+    if let BoundDispatch::Indirect { memory, .. } = &launch.dispatch {
+        mark(&memory.tag, tag);
+    }
+    if batch.dispatches >= BATCH_LIMIT {
+        submitter.flush(batch)?;
+    }
+    Ok(())
 }
 
 /// Whether two keys are the same, word by word. `==` on arrays compared them
@@ -690,7 +466,7 @@ impl BindGroups {
         device: &wgpu::Device,
         kernel: &Pipeline,
         bindings: &[Bound<'_, Memory>],
-        scalars: Option<(&crate::stream::Arena, u64, u64)>,
+        scalars: Option<(&Arena, u64, u64)>,
         next_id: &mut u64,
     ) -> Result<(u64, &wgpu::BindGroup), String> {
         let mut entries: SmallVec<[Entry<'_>; 6]> = bindings
@@ -820,35 +596,5 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn reflection_reads_access_and_sizes() {
-        let slots = reflect(
-            "@group(0) @binding(0) var<storage, read> a: array<u32>;
-             @group(0) @binding(1) var<storage, read_write> b: array<u32, 8>;
-             struct P { n: u32, v: u32 }
-             @group(0) @binding(2) var<storage, read> p: P;
-             @compute @workgroup_size(1) fn main() { b[0] = a[0] + p.n; }",
-        )
-        .expect("valid");
-        assert_eq!(slots.len(), 3);
-        assert!(slots[0].read_only && !slots[1].read_only);
-        assert_eq!(
-            (slots[0].min_size, slots[1].min_size, slots[2].min_size),
-            (4, 32, 8)
-        );
-    }
-
-    #[test]
-    fn reflection_refuses_gaps_and_other_groups() {
-        let gap = reflect(
-            "@group(0) @binding(1) var<storage, read_write> b: array<u32>; @compute @workgroup_size(1) fn main() { b[0] = 1u; }",
-        );
-        assert!(gap.unwrap_err().contains("@binding(0) is missing"));
-        let group = reflect(
-            "@group(1) @binding(0) var<storage, read_write> b: array<u32>; @compute @workgroup_size(1) fn main() { b[0] = 1u; }",
-        );
-        assert!(group.unwrap_err().contains("@group(1)"));
     }
 }

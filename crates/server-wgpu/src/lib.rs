@@ -16,8 +16,13 @@
 //!    (`capture.rs`).
 //!
 //! Memory is one pooled buffer per allocation (`memory.rs`). Kernels compile
-//! with a reflected layout (`launch.rs`). Host copies are queue writes,
-//! staged mapped reads and encoder copies (`copy.rs`).
+//! with a reflected layout (`compile.rs`) and launch into the open pass
+//! (`launch.rs`). Host copies are queue writes, staged mapped reads
+//! (`staging.rs`) and encoder copies (`copy.rs`).
+//!
+//! Copies, launches and replays are functions of a stream's batch and the
+//! submitter it goes through, so each stands on the stream. Only this file
+//! sees every part: it chooses whether a capture window records the work.
 //!
 //! # Launch checks and indirect counts
 //!
@@ -62,11 +67,13 @@
 //! See `device.rs` and [`Options`].
 
 mod capture;
+mod compile;
 mod copy;
 mod device;
 mod error;
 mod launch;
 mod memory;
+mod staging;
 mod stream;
 
 use std::sync::Arc;
@@ -75,15 +82,17 @@ use scope_core::backend::Launch;
 use scope_core::{Backend, Client, Error, Kernel, Language, Result, StreamId};
 
 pub use capture::Graph;
+pub use compile::Pipeline;
 pub use device::{Api, OPTIONAL, Options, adapter_count, first_api, probe};
-pub use launch::Pipeline;
 pub use memory::Memory;
 pub use stream::{BATCH_LIMIT, StreamWait};
 
+use crate::capture::Recording;
 use crate::device::Gpu;
 use crate::error::{NAME, message, out_of_memory, scoped};
 use crate::launch::BindGroups;
 use crate::memory::Pool;
+use crate::staging::Staging;
 use crate::stream::{Batch, Submissions, Submitter};
 
 /// A logical stream: an index into the backend's batches.
@@ -95,18 +104,19 @@ pub struct Wgpu {
     gpu: Gpu,
     pool: Pool,
     streams: Vec<Batch>,
+    /// Per stream, the capture window's recording while one is open. Work
+    /// goes here instead of into the batch: this file chooses which.
+    recordings: Vec<Option<Recording>>,
     submissions: Submissions,
     bind_groups: BindGroups,
     /// The launch last checked, which a launch just like it need not be.
     checked: launch::Checked,
     /// The read-back buffer, reused while reads fit in it.
-    staging: Option<(wgpu::Buffer, u64)>,
+    staging: Staging,
     /// Ids for buffers, arenas, pipelines and bind groups.
     next_id: u64,
     /// Numbers for batches, unique across streams.
     next_batch: u64,
-    /// The alignment of a scalar blob in an arena.
-    scalar_alignment: u64,
 }
 
 impl std::fmt::Debug for Wgpu {
@@ -122,19 +132,17 @@ impl Wgpu {
     ///
     /// [`Error::BackendUnavailable`] when no adapter fits.
     pub fn new(options: &Options) -> Result<Self> {
-        let gpu = Gpu::open(options)?;
-        let scalar_alignment = scalar_alignment(&gpu.limits);
         Ok(Self {
-            gpu,
+            gpu: Gpu::open(options)?,
             pool: Pool::default(),
             streams: Vec::new(),
+            recordings: Vec::new(),
             submissions: Submissions::default(),
             bind_groups: BindGroups::default(),
             checked: launch::Checked::default(),
-            staging: None,
+            staging: Staging::default(),
             next_id: 0,
             next_batch: 0,
-            scalar_alignment,
         })
     }
 
@@ -158,19 +166,20 @@ impl Wgpu {
             self.next_batch += 1;
             batches.push(Batch::new(batch.stream, self.next_batch));
         }
+        let recordings = self.recordings.iter().map(|_| None).collect();
         let old = (
             std::mem::replace(&mut self.streams, batches),
+            std::mem::replace(&mut self.recordings, recordings),
             std::mem::take(&mut self.submissions),
             std::mem::take(&mut self.bind_groups),
             std::mem::take(&mut self.checked),
-            self.staging.take(),
+            std::mem::take(&mut self.staging),
             std::mem::take(&mut self.pool),
         );
         let _ = error::no_panic(&sink, "dropping the lost device's objects", move || {
             drop(old)
         });
         self.gpu.reopen()?;
-        self.scalar_alignment = scalar_alignment(&self.gpu.limits);
         Ok(())
     }
 
@@ -206,14 +215,26 @@ impl Wgpu {
                 gpu: &self.gpu,
                 submissions: &mut self.submissions,
                 next_batch: &mut self.next_batch,
+                next_id: &mut self.next_id,
             },
             &mut self.streams,
         )
     }
 
+    /// Stream `s`'s batch, what it submits through, and the read-back staging.
+    fn stream(&mut self, s: usize) -> (Submitter<'_>, &mut Batch, &mut Staging) {
+        let submitter = Submitter {
+            gpu: &self.gpu,
+            submissions: &mut self.submissions,
+            next_batch: &mut self.next_batch,
+            next_id: &mut self.next_id,
+        };
+        (submitter, &mut self.streams[s], &mut self.staging)
+    }
+
     fn flush_stream(&mut self, s: usize) -> Result<()> {
-        let (mut submitter, streams) = self.submitter();
-        submitter.flush(&mut streams[s])
+        let (mut submitter, batch, _) = self.stream(s);
+        submitter.flush(batch)
     }
 
     /// Submit the open batch that last used buffer tag `tag`, so a new owner
@@ -231,15 +252,6 @@ impl Wgpu {
         }
         Ok(())
     }
-}
-
-/// The alignment of a scalar blob in an arena, bound as storage or uniform.
-fn scalar_alignment(limits: &wgpu::Limits) -> u64 {
-    u64::from(
-        limits
-            .min_storage_buffer_offset_alignment
-            .max(limits.min_uniform_buffer_offset_alignment),
-    )
 }
 
 impl Drop for Wgpu {
@@ -332,6 +344,7 @@ impl Backend for Wgpu {
         }
         self.next_batch += 1;
         self.streams.push(Batch::new(id, self.next_batch));
+        self.recordings.push(None);
         Ok(Stream(index))
     }
 
@@ -382,7 +395,7 @@ impl Backend for Wgpu {
         if !gone.is_empty() {
             self.bind_groups.clear();
         }
-        self.staging = None;
+        self.staging = Staging::default();
         self.submissions.trim();
     }
 
@@ -398,7 +411,13 @@ impl Backend for Wgpu {
         offset: u64,
         data: &[u8],
     ) -> Result<()> {
-        self.write_now(stream.0, dst, offset, data)
+        if let Some(recording) = &mut self.recordings[stream.0] {
+            self.gpu.sink.check_lost()?;
+            recording.write(self.gpu.scalar_alignment(), dst, offset, data);
+            return Ok(());
+        }
+        let (mut submitter, batch, _) = self.stream(stream.0);
+        copy::write(&mut submitter, batch, dst, offset, data)
     }
 
     unsafe fn read(
@@ -408,7 +427,8 @@ impl Backend for Wgpu {
         offset: u64,
         out: &mut [u8],
     ) -> Result<()> {
-        self.read_now(stream.0, src, offset, out)
+        let (mut submitter, batch, staging) = self.stream(stream.0);
+        copy::read(&mut submitter, batch, staging, src, offset, out)
     }
 
     unsafe fn copy(
@@ -420,12 +440,28 @@ impl Backend for Wgpu {
         dst_offset: u64,
         len: u64,
     ) -> Result<()> {
-        self.copy_now(stream.0, src, src_offset, dst, dst_offset, len)
+        if let Some(recording) = &mut self.recordings[stream.0] {
+            self.gpu.sink.check_lost()?;
+            recording.copy(src, src_offset, dst, dst_offset, len);
+            return Ok(());
+        }
+        let s = stream.0;
+        let (submitter, batch, _) = self.stream(s);
+        copy::copy(
+            submitter.gpu,
+            batch,
+            s,
+            src,
+            src_offset,
+            dst,
+            dst_offset,
+            len,
+        )
     }
 
     fn compile(&mut self, kernel: &Kernel) -> Result<Arc<Pipeline>> {
         self.next_id += 1;
-        launch::compile(&self.gpu, kernel, self.next_id)
+        compile::compile(&self.gpu, kernel, self.next_id)
     }
 
     #[inline(always)]
@@ -433,7 +469,7 @@ impl Backend for Wgpu {
         if self.checked.is_last(kernel, launch) {
             return Ok(());
         }
-        self.check_anew(kernel, launch)
+        self.checked.check_anew(&self.gpu.limits, kernel, launch)
     }
 
     unsafe fn launch(
@@ -442,7 +478,26 @@ impl Backend for Wgpu {
         kernel: &Arc<Pipeline>,
         launch: &Launch<'_, Memory>,
     ) -> Result<()> {
-        self.launch_now(stream.0, kernel, launch)
+        let s = stream.0;
+        if let Some(recording) = &mut self.recordings[s] {
+            self.gpu.sink.check_lost()?;
+            recording.launch(self.gpu.scalar_alignment(), kernel, launch);
+            return Ok(());
+        }
+        let mut submitter = Submitter {
+            gpu: &self.gpu,
+            submissions: &mut self.submissions,
+            next_batch: &mut self.next_batch,
+            next_id: &mut self.next_id,
+        };
+        launch::launch(
+            &mut submitter,
+            &mut self.streams[s],
+            s,
+            &mut self.bind_groups,
+            kernel,
+            launch,
+        )
     }
 
     unsafe fn flush(&mut self, stream: &mut Stream) -> Result<()> {
@@ -459,11 +514,11 @@ impl Backend for Wgpu {
     }
 
     unsafe fn end_wait(&mut self, stream: &mut Stream, waiter: StreamWait) -> Result<()> {
+        let (submitter, batch, staging) = self.stream(stream.0);
         if let Some(read) = waiter.into_read() {
-            self.abandon_read(read);
+            staging.keep_back(read);
         }
-        let (submitter, streams) = self.submitter();
-        submitter.surfaced(&mut streams[stream.0])
+        submitter.surfaced(batch)
     }
 
     unsafe fn begin_read(
@@ -473,7 +528,8 @@ impl Backend for Wgpu {
         offset: u64,
         len: u64,
     ) -> Result<Option<StreamWait>> {
-        self.begin_read_now(stream.0, src, offset, len)
+        let (mut submitter, batch, staging) = self.stream(stream.0);
+        copy::begin_read(&mut submitter, batch, staging, src, offset, len)
     }
 
     unsafe fn end_read(
@@ -484,7 +540,8 @@ impl Backend for Wgpu {
         _offset: u64,
         out: &mut [u8],
     ) -> Result<()> {
-        self.end_read_now(stream.0, waiter, out)
+        let (submitter, batch, staging) = self.stream(stream.0);
+        copy::end_read(&submitter, batch, staging, waiter, out)
     }
 
     unsafe fn order(&mut self, first: &mut Stream, _then: &mut Stream) -> Result<()> {
@@ -494,24 +551,33 @@ impl Backend for Wgpu {
 
     unsafe fn begin_capture(&mut self, stream: &mut Stream) -> Result<()> {
         self.gpu.sink.check_lost()?;
-        self.streams[stream.0].recording = Some(capture::Recording::default());
+        self.recordings[stream.0] = Some(Recording::default());
         Ok(())
     }
 
     unsafe fn end_capture(&mut self, stream: &mut Stream) -> Result<Graph> {
-        self.seal(stream.0)
+        self.gpu.sink.check_lost()?;
+        let Some(recording) = self.recordings[stream.0].take() else {
+            return Err(Error::internal(
+                "the stream was asked to end a capture it was not recording",
+            ));
+        };
+        let on = self.streams[stream.0].stream;
+        recording.seal(&self.gpu, on, &mut self.next_id)
     }
 
     unsafe fn abort_capture(&mut self, stream: &mut Stream) {
-        self.streams[stream.0].recording = None;
+        self.recordings[stream.0] = None;
     }
 
     unsafe fn replay(&mut self, stream: &mut Stream, graph: &Graph) -> Result<()> {
-        self.replay_now(stream.0, graph)
+        let (mut submitter, batch, _) = self.stream(stream.0);
+        capture::replay(&mut submitter, batch, stream.0, graph)
     }
 
     unsafe fn destroy_graph(&mut self, graph: Graph) -> Result<()> {
-        self.destroy_now(graph)
+        let (mut submitter, batches) = self.submitter();
+        capture::destroy(&mut submitter, batches, graph)
     }
 
     /// A new device from the same adapter, with fresh batches. A refusal is

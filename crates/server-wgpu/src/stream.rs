@@ -27,6 +27,9 @@
 //! dynamic offset; a blob equal to the last is shared. At submission one
 //! `write_buffer` writes the image before the batch's commands. An arena is
 //! reused once its submission completes.
+//!
+//! A [`Submitter`] carries what every stream's work shares on its way to the
+//! queue. Copies, launches and replays take one with the batch, above this file.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -35,8 +38,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use scope_core::{Error, StreamId};
 
-use crate::copy::ReadBack;
-use crate::error::{Sink, late_fault, lost_first, message, no_panic, scoped};
+use crate::device::Gpu;
+use crate::error::{Sink, late_fault, lost_first, message, no_panic, out_of_memory, scoped};
+use crate::staging::ReadBack;
 
 /// Dispatches a batch holds before it is submitted: how far the host runs
 /// ahead. 1024 ran 3% slower than 4096 on llvmpipe-GL. A full 256 KiB arena
@@ -85,8 +89,6 @@ pub(crate) struct Batch {
     pub(crate) last_submission: Option<wgpu::SubmissionIndex>,
     /// An error that surfaced at submission, for the next sync or read.
     pub(crate) deferred: Option<Error>,
-    /// The capture window's recording, while one is open.
-    pub(crate) recording: Option<crate::capture::Recording>,
 }
 
 impl Batch {
@@ -105,7 +107,6 @@ impl Batch {
             writes_pending: false,
             last_submission: None,
             deferred: None,
-            recording: None,
         }
     }
 
@@ -251,7 +252,7 @@ impl Submissions {
         });
         if let Some(error) = error {
             lost_first(device, sink)?;
-            return Err(crate::error::out_of_memory(&error, ARENA_BYTES)
+            return Err(out_of_memory(&error, ARENA_BYTES)
                 .unwrap_or_else(|| late_fault("wgpu validation", message(&error))));
         }
         *next_id += 1;
@@ -317,13 +318,24 @@ fn wait_for(
     sink.check_lost()
 }
 
+/// What a stream's work goes through on its way to the queue: the device,
+/// the submissions shared by every stream, and the server's counters. Copies,
+/// launches and replays take one with the stream's batch.
 pub(crate) struct Submitter<'a> {
-    pub(crate) gpu: &'a crate::device::Gpu,
+    pub(crate) gpu: &'a Gpu,
     pub(crate) submissions: &'a mut Submissions,
     pub(crate) next_batch: &'a mut u64,
+    /// Ids for buffers, arenas, pipelines and bind groups.
+    pub(crate) next_id: &'a mut u64,
 }
 
 impl Submitter<'_> {
+    /// A scalar arena no submission is using.
+    pub(crate) fn arena(&mut self) -> Result<Arena, Error> {
+        self.submissions
+            .arena(&self.gpu.device, &self.gpu.sink, self.next_id)
+    }
+
     /// Submit the stream's open batch and its queue writes. An error here is
     /// the whole batch's: a deferred late fault for the next sync or read.
     pub(crate) fn flush(&mut self, batch: &mut Batch) -> Result<(), Error> {
