@@ -512,7 +512,6 @@ const STILL_CIRCLES: &[(&str, &[&str])] = &[
         "scope-cubecl",
         &["communication", "runtime", "server", "server::capture"],
     ),
-    ("server-cuda", &["device", "launch", "memory"]),
     ("server-hip", &["device", "launch", "memory"]),
 ];
 

@@ -20,11 +20,12 @@ use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaContext, result};
 use scope_core::{Error, Result, StreamId};
 
-use crate::device::Recording;
+use crate::Cuda;
+use crate::device::{CudaStreamState, Recording};
 use crate::error::{Doing, classify};
-use crate::launch::Module;
-use crate::memory::Pinned;
-use crate::{Cuda, CudaMemory, CudaStreamState};
+use crate::module::Module;
+use crate::pool::CudaMemory;
+use crate::staging::Pinned;
 
 /// An instantiated graph: the core's [`Backend::Graph`](scope_core::Backend::Graph).
 pub struct CudaGraph {

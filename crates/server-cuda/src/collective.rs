@@ -23,7 +23,9 @@ use std::sync::OnceLock;
 use scope_core::Result;
 use scope_native::nccl::{NcclDevice, NcclLibrary, NcclTable};
 
-use crate::{Cuda, CudaMemory, CudaStreamState, CudaWaiter};
+use crate::Cuda;
+use crate::device::{CudaStreamState, CudaWaiter};
+use crate::pool::CudaMemory;
 
 /// Where NCCL is looked for: the development name, then the installed soname.
 const NCCL_NAMES: [&str; 2] = ["libnccl.so", "libnccl.so.2"];

@@ -1,7 +1,7 @@
 //! Host writes, host reads and device copies.
 //!
 //! A write stages the caller's bytes in pinned memory and issues an async DMA, so it returns
-//! without waiting ([`memory`](crate::memory) has the belt). In a capture the bytes go to a pinned
+//! without waiting (`staging.rs` has the belt). In a capture the bytes go to a pinned
 //! buffer the graph keeps, which every replay reads. A read waits for the stream, where an earlier
 //! fault surfaces: a [`Fault`](scope_core::Error::Fault) the core lays on the work in flight
 //! (rule 23).
@@ -11,9 +11,11 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 use scope_core::{Error, Result};
 
+use crate::Cuda;
+use crate::device::CudaStreamState;
 use crate::error::{Doing, classify, driver as driver_error};
-use crate::memory::{Pinned, STAGING_CHUNK};
-use crate::{Cuda, CudaMemory, CudaStreamState};
+use crate::pool::CudaMemory;
+use crate::staging::{Pinned, STAGING_CHUNK};
 
 impl Cuda {
     /// [`Backend::write`](scope_core::Backend::write), under its safety contract: `stream` and

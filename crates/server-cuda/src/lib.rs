@@ -1,16 +1,16 @@
 //! A scope server over the CUDA driver API, through `cudarc`.
 //!
 //! The crate is the CUDA answer to [`scope_core::Backend`] and nothing more. Every rule of the
-//! failure model lives in `scope-core`'s `Server`; this crate makes device calls:
+//! failure model lives in `scope-core`'s `Server`; this crate makes device calls. Its files stand
+//! in layers over cudarc, each naming only those above it here:
 //!
-//! - `device.rs`: the driver, the context, streams, ordering, waits; [`probe`].
-//! - `memory.rs`: a stream-ordered pool that caches frees, and pinned staging.
-//! - `copy.rs`: host writes and reads, device copies.
-//! - `launch.rs`: NVRTC and PTX, and launches under [`scope_native`]'s rules.
-//! - `capture.rs`: CUDA graphs, which keep their kernels' modules loaded.
-//! - `collective.rs`: NCCL ([`scope_core::collective::device::DeviceCollectives`]).
-//! - `reopen.rs`: a lost device reopened ([`scope_native::reopen`]).
-//! - `error.rs`: `CUresult` → [`Error`](scope_core::Error), with each fault's class.
+//! - `error.rs`, `ptx.rs`: `CUresult` → [`Error`](scope_core::Error); which PTX a driver JITs.
+//! - `nvrtc.rs`, `driver.rs`: NVRTC; the driver loaded without a panic, [`probe`].
+//! - `staging.rs`, `pool.rs`, `module.rs`: pinned staging, device memory, loaded PTX.
+//! - `device.rs`: the context, streams, ordering, waits.
+//! - `memory.rs`, `copy.rs`, `launch.rs`, `capture.rs`: work issued on a stream.
+//! - `collective.rs`: NCCL; `reopen.rs`: a lost device reopened ([`scope_native::reopen`]).
+//! - This file: [`Cuda`], holding a piece of each layer, and its `Backend` impl.
 //!
 //! # Without CUDA
 //!
@@ -39,11 +39,16 @@ mod capture;
 mod collective;
 mod copy;
 mod device;
+mod driver;
 mod error;
 mod launch;
 mod memory;
+mod module;
+mod nvrtc;
+mod pool;
 mod ptx;
 mod reopen;
+mod staging;
 
 use std::sync::Arc;
 
@@ -54,13 +59,16 @@ use scope_native::ParamTable;
 
 pub use capture::CudaGraph;
 pub use collective::{load_nccl, nccl_can_shrink};
-pub use device::{CudaStreamState, CudaWaiter, cuda_driver_version, probe, total_memory};
-pub use launch::{CudaKernel, nvrtc_options, nvrtc_ptx, nvrtc_version};
-pub use memory::CudaMemory;
+pub use device::{CudaStreamState, CudaWaiter};
+pub use driver::{cuda_driver_version, probe, total_memory};
+pub use launch::CudaKernel;
+pub use nvrtc::{nvrtc_options, nvrtc_ptx, nvrtc_version};
+pub use pool::CudaMemory;
 pub use ptx::{BUNDLED_NVRTC, CudaVersion, PtxIsa, UnsupportedPtx, driver_jits};
 
-use device::{DeviceInfo, StreamShared};
-use memory::Pool;
+use device::StreamShared;
+use driver::DeviceInfo;
+use pool::Pool;
 
 /// The CUDA backend: one device's context, streams, pool and compiler.
 pub struct Cuda {
@@ -93,14 +101,14 @@ impl Cuda {
     pub fn open(ordinal: usize) -> Result<Self> {
         // Held before the context: a concurrent reset refuses, or ends first.
         let holding = scope_native::Holding::new(error::BACKEND, ordinal);
-        let ctx = device::open_context(ordinal)?;
-        let info = device::device_info(ordinal)?;
-        let driver = device::driver_version()?;
+        let ctx = driver::open_context(ordinal)?;
+        let info = driver::device_info(ordinal)?;
+        let driver = driver::driver_version()?;
         let rules = launch::api_rules(info.capability);
         let limits =
-            scope_native::launch_limits(&device::launch_geometry(&ctx), info.total_memory, &rules);
-        let nvrtc_arch = if device::nvrtc_present() {
-            match launch::nvrtc_arch(info.capability) {
+            scope_native::launch_limits(&driver::launch_geometry(&ctx), info.total_memory, &rules);
+        let nvrtc_arch = if nvrtc::nvrtc_present() {
+            match nvrtc::nvrtc_arch(info.capability) {
                 Ok(arch) => Some(arch),
                 Err(error) => {
                     tracing::warn!("cuda: NVRTC unusable, PTX only: {error}");

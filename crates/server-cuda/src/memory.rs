@@ -1,143 +1,23 @@
-//! Device memory from a stream-ordered pool, and pinned host staging.
+//! Allocations and frees ordered on the streams, and trims.
 //!
-//! **The pool.** Memory comes from a pool of the server's own (`cuMemAllocFromPoolAsync`,
-//! `cuMemFreeAsync`). The driver reuses a freed block once the free completed, since it knows what
-//! the GPU has finished. Freed memory stays cached (counted by [`Cuda::reserved`]) until
-//! [`Cuda::trim_pool`], which the core calls before retrying an allocation that ran out (rule 37).
-//! Internal dependencies are off: an allocation never waits on another stream.
+//! An allocation is ordered on the stream that asked for it; the core orders other streams' uses
+//! after it (`Backend::order`). A free goes on the block's last user's stream, which follows
+//! every use. A capturing stream would record either into the graph, run by every replay. So its
+//! allocations go on the pool's own stream, synchronised, and its frees wait for the capture's
+//! end. Without pools, a free waits for the last user's stream.
 //!
-//! **Which stream.** An allocation is ordered on the stream that asked for it, and the core orders
-//! other streams' uses after it (`Backend::order`). A free goes on the block's last user's stream,
-//! which follows every use. A capturing stream would record either into the graph, run by every
-//! replay. So its allocations go on the pool's own stream, synchronised, and its frees wait for the
-//! capture's end. Without pools, memory is `cuMemAlloc`'d, and freed after the last user's stream
-//! is synchronised.
-//!
-//! **Pinned staging.** A host write copies the caller's bytes into the stream's belt of pinned
-//! chunks and returns at once. A chunk is reused once the event after its last copy completed, or
-//! once a wait finished every copy taken from it. In a capture the bytes get a pinned buffer the
-//! graph keeps, so every replay writes the bytes given at call time.
+//! Freed memory stays cached (counted by [`Cuda::reserved`]) until [`Cuda::trim_pool`], which the
+//! core calls before retrying an allocation that ran out (rule 37).
 
-use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::ptr::NonNull;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
+use cudarc::driver::{result, sys};
 use scope_core::{Error, Result};
 
+use crate::Cuda;
+use crate::device::CudaStreamState;
 use crate::error::{Doing, driver as driver_error};
-use crate::{Cuda, CudaStreamState};
-
-const NO_USER: u32 = u32::MAX;
-
-struct Block {
-    ptr: sys::CUdeviceptr,
-    size: u64,
-    /// The stream index of the last work issued on it.
-    last_user: AtomicU32,
-}
-
-/// A device allocation: the core's [`Backend::Memory`](scope_core::Backend::Memory).
-///
-/// Clones name one block; a graph keeps clones to mark them used at replay. Only
-/// [`Backend::free`](scope_core::Backend::free) gives it back, never a drop.
-#[derive(Clone)]
-pub struct CudaMemory(Arc<Block>);
-
-impl CudaMemory {
-    /// The device address.
-    pub fn device_ptr(&self) -> u64 {
-        self.0.ptr
-    }
-
-    /// Its size in bytes.
-    pub fn size(&self) -> u64 {
-        self.0.size
-    }
-
-    pub(crate) fn used_by(&self, stream: u32) {
-        self.0.last_user.store(stream, Ordering::Relaxed);
-    }
-
-    fn last_user(&self) -> Option<u32> {
-        match self.0.last_user.load(Ordering::Relaxed) {
-            NO_USER => None,
-            index => Some(index),
-        }
-    }
-}
-
-pub(crate) enum Pool {
-    /// A stream-ordered pool and the stream allocations are made on.
-    Ordered {
-        pool: sys::CUmemoryPool,
-        stream: Arc<CudaStream>,
-    },
-    /// `cuMemAlloc`/`cuMemFree`, counted here.
-    Plain { reserved: u64 },
-}
-
-// SAFETY: a pool handle works on any thread with its context current; not `Sync`.
-unsafe impl Send for Pool {}
-
-impl Pool {
-    /// A pool on `ctx`'s device, or plain allocation without pool support.
-    pub(crate) fn new(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<Self> {
-        if !ctx.has_async_alloc() {
-            tracing::info!("cuda: the device has no memory pools; using cuMemAlloc");
-            return Ok(Pool::Plain { reserved: 0 });
-        }
-        let start = |what| move |e| driver_error(e, Doing::Start { what });
-        let props = sys::CUmemPoolProps {
-            allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-            handleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-            location: sys::CUmemLocation {
-                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: i32::try_from(ordinal).unwrap_or(0),
-            },
-            win32SecurityAttributes: std::ptr::null_mut(),
-            maxSize: 0,
-            usage: 0,
-            reserved: [0; 54],
-        };
-        ctx.bind_to_thread().map_err(start("binding the context"))?;
-        // SAFETY: `props` is a valid, fully initialised pool description.
-        let pool = unsafe { result::mem_pool::create(&props) }.map_err(start("cuMemPoolCreate"))?;
-        let mut never: u64 = u64::MAX;
-        let mut no: i32 = 0;
-        // SAFETY: `pool` is valid; each attribute points at its type (`cuuint64_t`, `int`).
-        unsafe {
-            result::mem_pool::set_attribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                (&mut never as *mut u64).cast::<c_void>(),
-            )
-            .and_then(|()| {
-                result::mem_pool::set_attribute(
-                    pool,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
-                    (&mut no as *mut i32).cast::<c_void>(),
-                )
-            })
-        }
-        .map_err(start("configuring the memory pool"))?;
-        let stream = ctx.new_stream().map_err(start("cuStreamCreate"))?;
-        Ok(Pool::Ordered { pool, stream })
-    }
-
-    /// Destroy the pool; the driver releases blocks still out when they complete.
-    pub(crate) fn destroy(&mut self) {
-        if let Pool::Ordered { pool, .. } = self {
-            // SAFETY: destroyed once: `Plain` replaces it right after.
-            if let Err(e) = unsafe { result::mem_pool::destroy(*pool) } {
-                tracing::warn!("cuda: destroying the memory pool: {e}");
-            }
-            *self = Pool::Plain { reserved: 0 };
-        }
-    }
-}
+use crate::pool::{CudaMemory, Pool};
 
 impl Cuda {
     pub(crate) fn allocate_block(
@@ -177,11 +57,7 @@ impl Cuda {
                 ptr
             }
         };
-        let memory = CudaMemory(Arc::new(Block {
-            ptr,
-            size,
-            last_user: AtomicU32::new(NO_USER),
-        }));
+        let memory = CudaMemory::new(ptr, size);
         if in_order {
             // Its free must be ordered after the allocation, too.
             memory.used_by(user.shared.index);
@@ -286,162 +162,6 @@ impl Cuda {
                 read.map(|()| bytes).unwrap_or(0)
             }
             Pool::Plain { reserved } => *reserved,
-        }
-    }
-}
-
-/// Page-locked host memory from `cuMemHostAlloc`.
-pub(crate) struct Pinned {
-    ptr: NonNull<u8>,
-    len: usize,
-    ctx: Arc<CudaContext>,
-}
-
-// SAFETY: owned memory like a `Box<[u8]>`; the context handle is thread-safe.
-unsafe impl Send for Pinned {}
-
-impl Pinned {
-    pub(crate) fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
-        // SAFETY: a fresh allocation, written before it is read.
-        let raw = unsafe { result::malloc_host(len.max(1), 0) }
-            .map_err(|e| driver_error(e, Doing::Allocate { bytes: len as u64 }))?;
-        let ptr = NonNull::new(raw.cast::<u8>()).ok_or_else(|| Error::OutOfMemory {
-            backend: crate::error::BACKEND,
-            requested: len as u64,
-            detail: "cuMemHostAlloc returned null".to_owned(),
-        })?;
-        Ok(Self {
-            ptr,
-            len,
-            ctx: ctx.clone(),
-        })
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// `len` bytes at `at`, which must lie inside the buffer.
-    pub(crate) fn slice_mut(&mut self, at: usize, len: usize) -> &mut [u8] {
-        assert!(at + len <= self.len, "pinned slice out of bounds");
-        // SAFETY: in bounds (asserted), exclusively borrowed, allocated `len` bytes.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(at), len) }
-    }
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: the pointer came from `cuMemHostAlloc` and is freed once.
-        if let Err(e) = unsafe { result::free_host(self.ptr.as_ptr().cast::<c_void>()) } {
-            tracing::warn!("cuda: freeing pinned memory: {e}");
-        }
-    }
-}
-
-/// Host transfers up to this size are staged; larger ones the driver stages itself.
-pub(crate) const STAGING_CHUNK: usize = 1 << 20;
-
-/// Chunks a stream keeps; past this a write waits for the oldest.
-const KEEP_CHUNKS: usize = 8;
-
-struct Chunk {
-    memory: Pinned,
-    used: usize,
-    /// Recorded on the stream after the chunk's last copy was issued.
-    done: CudaEvent,
-}
-
-/// A stream's belt of pinned chunks.
-#[derive(Default)]
-pub(crate) struct Staging {
-    current: Option<Chunk>,
-    retired: VecDeque<Chunk>,
-    /// Regions handed out, ever: a wait notes it ([`mark`](Self::mark)) and frees the chunk only if
-    /// none was taken since ([`settled_at`](Self::settled_at)).
-    taken: u64,
-}
-
-/// How much staging a stream had handed out when a wait began.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct StagingMark(u64);
-
-impl Staging {
-    /// Room for `len` (≤ [`STAGING_CHUNK`]) bytes whose copy is about to go on `stream`.
-    pub(crate) fn region(
-        &mut self,
-        ctx: &Arc<CudaContext>,
-        stream: &CudaStream,
-        len: usize,
-    ) -> Result<&mut [u8]> {
-        let wait = |e| {
-            driver_error(
-                e,
-                Doing::Wait {
-                    stream: None,
-                    what: "pinned staging",
-                },
-            )
-        };
-        if let Some(full) = self.current.take_if(|c| c.used + len > c.memory.len()) {
-            full.done.record(stream).map_err(wait)?;
-            self.retired.push_back(full);
-        }
-        let chunk = match self.current.take() {
-            Some(chunk) => chunk,
-            None => {
-                let reusable = match self.retired.front() {
-                    Some(front) => {
-                        self.retired.len() >= KEEP_CHUNKS
-                            || front.done.try_is_complete().map_err(wait)?
-                    }
-                    None => false,
-                };
-                match self.retired.pop_front() {
-                    Some(mut chunk) if reusable => {
-                        // Complete already, or the oldest of too many: wait.
-                        chunk.done.synchronize().map_err(wait)?;
-                        chunk.used = 0;
-                        chunk
-                    }
-                    other => {
-                        if let Some(chunk) = other {
-                            self.retired.push_front(chunk);
-                        }
-                        Chunk {
-                            memory: Pinned::new(ctx, STAGING_CHUNK)?,
-                            used: 0,
-                            done: ctx.new_event(None).map_err(wait)?,
-                        }
-                    }
-                }
-            }
-        };
-        let chunk = self.current.insert(chunk);
-        self.taken += 1;
-        let at = chunk.used;
-        // Keep regions 16-byte aligned, as DMA prefers.
-        chunk.used += len.div_ceil(16) * 16;
-        Ok(chunk.memory.slice_mut(at, len))
-    }
-
-    /// The stream has finished all its work: the current chunk is free.
-    pub(crate) fn settled(&mut self) {
-        if let Some(chunk) = &mut self.current {
-            chunk.used = 0;
-        }
-    }
-
-    /// Where the belt stands, for a wait covering the copies issued so far.
-    pub(crate) fn mark(&self) -> StagingMark {
-        StagingMark(self.taken)
-    }
-
-    /// A wait begun at `mark` finished its work, which covers every region up to `mark`. If none
-    /// was taken since, the chunk is free; else another copy may be in flight.
-    pub(crate) fn settled_at(&mut self, mark: StagingMark) {
-        if mark.0 == self.taken {
-            self.settled();
         }
     }
 }

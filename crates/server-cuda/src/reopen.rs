@@ -10,10 +10,11 @@ use cudarc::driver::sys;
 use scope_core::{Error, Result};
 
 use crate::Cuda;
-use crate::device::{CudaStreamState, open_context};
+use crate::device::CudaStreamState;
+use crate::driver::open_context;
 use crate::error::{BACKEND, Doing, RESTART, driver as driver_error};
 use crate::launch;
-use crate::memory::Pool;
+use crate::pool::Pool;
 
 impl scope_native::Reopen for Cuda {
     type Stream = CudaStreamState;
