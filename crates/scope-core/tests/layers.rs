@@ -512,7 +512,6 @@ const STILL_CIRCLES: &[(&str, &[&str])] = &[
         "scope-cubecl",
         &["communication", "runtime", "server", "server::capture"],
     ),
-    ("server-hip", &["device", "launch", "memory"]),
 ];
 
 /// A crate planted in a temporary folder, read as the tests read the

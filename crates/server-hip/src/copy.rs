@@ -1,15 +1,16 @@
 //! Host writes, host reads and device copies.
 //!
-//! A write goes through pinned staging (`memory.rs`). Inside a capture it records the bytes
+//! A write goes through pinned staging (`staging.rs`). Inside a capture it records the bytes
 //! given *at call time*, as every server does, in a pinned copy the graph keeps, since each
 //! replay reads it. A read is a DMA into pinned memory, a sync, and a copy out, in chunks of
-//! [`STAGING_CHUNK`](crate::memory::STAGING_CHUNK).
+//! [`STAGING_CHUNK`](crate::staging::STAGING_CHUNK).
 
 use scope_core::Result;
 
 use crate::device::{Hip, HipStream};
 use crate::error::Doing;
-use crate::memory::{HipMemory, STAGING_CHUNK};
+use crate::memory::HipMemory;
+use crate::staging::STAGING_CHUNK;
 
 fn copying(what: String, stream: &HipStream) -> Doing {
     Doing::Copying {
@@ -49,9 +50,10 @@ impl Hip {
         while done < data.len() {
             let chunk = &data[done..(done + STAGING_CHUNK).min(data.len())];
             let slot = self
-                .staging_slot(chunk.len())
+                .staging
+                .slot(&self.api, chunk.len())
                 .map_err(|e| e.into_error(copying(what(), stream)))?;
-            let (buffer, fence) = self.staging_parts(slot);
+            let (buffer, fence) = self.staging.parts(slot);
             buffer.as_mut_slice()[..chunk.len()].copy_from_slice(chunk);
             // SAFETY: the slot waits for `fence`, recorded right after this copy, to refill;
             // `Backend::write`'s contract puts the whole range, so this chunk, in the live `dst`.
@@ -86,7 +88,10 @@ impl Hip {
             let len = STAGING_CHUNK.min(total - done);
             let id = stream.id;
             let waiting = || Doing::Waiting(Some(id));
-            let buffer = self.read_buffer(len).map_err(|e| e.into_error(waiting()))?;
+            let buffer = self
+                .staging
+                .read_buffer(&self.api, len)
+                .map_err(|e| e.into_error(waiting()))?;
             // SAFETY: the backend's buffer is untouched until the sync below returns;
             // `Backend::read`'s contract puts the whole range, so this chunk, in the live `src`.
             unsafe {

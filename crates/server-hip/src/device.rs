@@ -5,19 +5,22 @@
 //! A stream is a non-blocking HIP stream, an *order* event for others to wait on, and a
 //! *pre-capture* fence while it records: waiting on the stream itself would pull the waiter
 //! into the capture.
+//!
+//! The device holds the pool (`pool.rs`), staging (`staging.rs`) and the parameter table, so
+//! those stand below it. HIP's launch rules ([`API_RULES`]) live here, beside the geometry.
 
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use scope_core::{Error, LaunchLimits, Result, StreamId};
-use scope_native::{LaunchGeometry, ParamTable, c_chars};
+use scope_native::{ApiRules, LaunchGeometry, ParamTable, c_chars};
 
 use crate::api::{Event, Module, Pinned, Stream};
 use crate::error::{BACKEND, Doing, HipError};
 use crate::ffi::DevicePropR0600;
-use crate::launch::API_RULES;
 use crate::loader::Api;
-use crate::memory::{Pool, Staging};
+use crate::pool::Pool;
+use crate::staging::Staging;
 
 /// What a stream shares with the device's registry.
 pub(crate) struct StreamShared {
@@ -125,6 +128,24 @@ pub(crate) fn read_device(
     Ok((info, launch_geometry(&props.props)))
 }
 
+/// The most scalar bytes a launch passes, and zero padding behind them: the largest segment.
+const PARAM_SLACK: usize = 4096;
+/// One slot per parameter the largest segment could declare (a byte each), so a kernel
+/// declaring more than a launch passes finds zeros, never the array's end.
+const PARAM_SLOTS: usize = PARAM_SLACK;
+
+/// HIP's numbers for the launch rules it shares with CUDA ([`scope_native`]): [`PARAM_SLOTS`]
+/// parameters, [`PARAM_SLACK`] scalar bytes, and per grid axis no more blocks than keep the
+/// threads within `u32::MAX`, as `hipModuleLaunchKernel` demands. hiprtc gives every ROCm 6
+/// kernel `_Float16`/`__half`.
+pub(crate) const API_RULES: ApiRules = ApiRules {
+    max_params: PARAM_SLOTS,
+    max_scalar_bytes: PARAM_SLACK,
+    max_param_bytes: PARAM_SLACK,
+    grid_threads_within_u32: true,
+    f16: true,
+};
+
 /// What every GPU ROCm 6 supports (GCN 5, CDNA, RDNA) has, for fields read as zero or less (a
 /// struct unlike `ffi.rs`): blocks up to `1024 x 1024 x 1024` and 1,024 threads, 64 KiB LDS.
 pub(crate) const ARCHITECTURAL_GEOMETRY: LaunchGeometry = LaunchGeometry {
@@ -213,8 +234,6 @@ pub struct Hip {
     pub(crate) runtime_version: i32,
     pub(crate) pool: Pool,
     pub(crate) staging: Staging,
-    /// Where reads land before they are copied out; grown on demand.
-    pub(crate) read_buffer: Option<Pinned>,
     /// The launch-parameter array, padded with zeros (see `launch.rs`).
     pub(crate) params: ParamTable,
     pub(crate) streams: Vec<Weak<StreamShared>>,
@@ -274,7 +293,6 @@ impl Hip {
             runtime_version,
             pool: Pool::default(),
             staging: Staging::default(),
-            read_buffer: None,
             params: ParamTable::new(&API_RULES),
             streams: Vec::new(),
             holding,

@@ -12,31 +12,12 @@ use std::sync::Arc;
 
 use scope_core::backend::{BoundDispatch, Launch};
 use scope_core::{Error, Kernel, KernelSource, LaunchLimits, Result};
-use scope_native::ApiRules;
 
 use crate::api::Module;
 use crate::device::{Hip, HipStream};
 use crate::error::{BACKEND, Doing};
 use crate::ffi::RawFunction;
 use crate::memory::HipMemory;
-
-/// The most scalar bytes a launch passes, and zero padding behind them: the largest segment.
-const PARAM_SLACK: usize = 4096;
-/// One slot per parameter the largest segment could declare (a byte each), so a kernel
-/// declaring more than a launch passes finds zeros, never the array's end.
-const PARAM_SLOTS: usize = PARAM_SLACK;
-
-/// HIP's numbers for the launch rules it shares with CUDA ([`scope_native`]): [`PARAM_SLOTS`]
-/// parameters, [`PARAM_SLACK`] scalar bytes, and per grid axis no more blocks than keep the
-/// threads within `u32::MAX`, as `hipModuleLaunchKernel` demands. hiprtc gives every ROCm 6
-/// kernel `_Float16`/`__half`.
-pub(crate) const API_RULES: ApiRules = ApiRules {
-    max_params: PARAM_SLOTS,
-    max_scalar_bytes: PARAM_SLACK,
-    max_param_bytes: PARAM_SLACK,
-    grid_threads_within_u32: true,
-    f16: true,
-};
 
 /// What [`Backend::check_launch`](scope_core::Backend::check_launch) holds a HIP launch to:
 /// [`scope_native::check_launch`], padding the parameters HIP cannot report, not matching them.

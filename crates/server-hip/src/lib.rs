@@ -10,13 +10,14 @@
 //! # Shape
 //!
 //! The server is `scope_core::Server<Hip>`: the core does what servers share, and [`Hip`]
-//! makes the device calls, a file per subject. `loader.rs` loads the HIP and hiprtc entry
-//! points with `dlopen` (C types in `ffi.rs`); `api.rs` holds every `unsafe` call and owned
-//! handles. `device.rs` has streams, order and waits outside the server's lock; `memory.rs`
-//! the pool and pinned staging; `copy.rs` writes, reads and copies; `launch.rs` hiprtc and
-//! launch ([`scope_native`]); `capture.rs` HIP graphs; `collective.rs` RCCL. `reopen.rs`
-//! resets a lost device ([`scope_native::reopen`]) with `hipDeviceReset`, never under another
-//! client. `error.rs` maps HIP's codes to the core's error; `backend.rs` routes `Backend`.
+//! makes the device calls, a file per subject, each naming only the files below it. `ffi.rs`
+//! has C types; `loader.rs` loads HIP and hiprtc with `dlopen`; `error.rs` maps HIP's codes.
+//! `api.rs` holds every `unsafe` call and owned handles. `pool.rs` and `staging.rs` keep freed
+//! blocks and pinned buffers. `device.rs` has [`Hip`], streams, order and waits outside the
+//! server's lock. `memory.rs` allocates and frees; `copy.rs` writes, reads and copies;
+//! `launch.rs` hiprtc and launch ([`scope_native`]); `capture.rs` HIP graphs; `collective.rs`
+//! RCCL. `reopen.rs` resets a lost device ([`scope_native::reopen`]) with `hipDeviceReset`,
+//! never under another client. `backend.rs` routes `Backend`.
 //!
 //! # Binding to HIP: a table of our own, loaded at run time
 //!
@@ -47,7 +48,9 @@ mod ffi;
 mod launch;
 mod loader;
 mod memory;
+mod pool;
 mod reopen;
+mod staging;
 
 pub use capture::HipGraph;
 pub use collective::{load_rccl, load_rccl_from};

@@ -9,7 +9,8 @@ use scope_core::Result;
 
 use crate::device::{Hip, HipStream};
 use crate::error::{BACKEND, Doing, HipError, RESTART};
-use crate::memory::{Pool, Staging};
+use crate::pool::Pool;
+use crate::staging::Staging;
 
 impl scope_native::Reopen for Hip {
     type Stream = HipStream;
@@ -25,7 +26,6 @@ impl scope_native::Reopen for Hip {
         let _ = self.make_current();
         self.pool = Pool::default();
         self.staging = Staging::default();
-        self.read_buffer = None;
         self.streams.clear();
         for stream in streams.iter_mut() {
             Hip::detach(stream)?;
@@ -52,7 +52,7 @@ impl scope_native::Reopen for Hip {
     }
 
     fn renew(&mut self) -> Result<()> {
-        self.params = scope_native::ParamTable::new(&crate::launch::API_RULES);
+        self.params = scope_native::ParamTable::new(&crate::device::API_RULES);
         Ok(())
     }
 
