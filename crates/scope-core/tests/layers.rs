@@ -510,7 +510,7 @@ const STILL_CIRCLES: &[(&str, &[&str])] = &[
     ),
     (
         "scope-cubecl",
-        &["communication", "runtime", "server", "server::capture"],
+        &["server", "server::capture"],
     ),
 ];
 

@@ -9,6 +9,7 @@ use scope_core::{Backend, BackendKind, Client, Probe, Result};
 use scope_cube::Target;
 
 use crate::device::ScopeDevice;
+use crate::peers::Peers;
 
 /// A scope server a cubecl runtime can run on.
 pub trait CubeBackend: Backend + Sized {
@@ -38,6 +39,10 @@ pub trait CubeBackend: Backend + Sized {
 
     /// Whether `SCOPE_LOGICAL_DEVICES` splits this server's device ([`crate::logical_devices`]).
     const SPLITS: bool = true;
+
+    /// The clients and groups this backend's servers share. Rust has no generic statics, so
+    /// each impl keeps a typed table in a `static` of its own.
+    fn peers() -> &'static Peers<Self>;
 }
 
 /// Which device wgpu and Vulkan open for `device`. Under a logical split, `None` (the
@@ -96,6 +101,12 @@ impl CubeBackend for server_wgpu::Wgpu {
             u16::try_from(server_wgpu::adapter_count(&options)).unwrap_or(u16::MAX)
         })
     }
+
+    fn peers() -> &'static Peers<Self> {
+        static PEERS: std::sync::LazyLock<Peers<server_wgpu::Wgpu>> =
+            std::sync::LazyLock::new(Peers::default);
+        &PEERS
+    }
 }
 
 #[cfg(feature = "vulkan")]
@@ -137,6 +148,12 @@ impl CubeBackend for server_vulkan::Vulkan {
         }
         probe
     }
+
+    fn peers() -> &'static Peers<Self> {
+        static PEERS: std::sync::LazyLock<Peers<server_vulkan::Vulkan>> =
+            std::sync::LazyLock::new(Peers::default);
+        &PEERS
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -156,6 +173,12 @@ impl CubeBackend for server_cuda::Cuda {
     fn device_count() -> u16 {
         u16::try_from(server_cuda::probe().devices.len()).unwrap_or(u16::MAX)
     }
+
+    fn peers() -> &'static Peers<Self> {
+        static PEERS: std::sync::LazyLock<Peers<server_cuda::Cuda>> =
+            std::sync::LazyLock::new(Peers::default);
+        &PEERS
+    }
 }
 
 #[cfg(feature = "hip")]
@@ -174,6 +197,12 @@ impl CubeBackend for server_hip::Hip {
 
     fn device_count() -> u16 {
         u16::try_from(server_hip::probe().devices.len()).unwrap_or(u16::MAX)
+    }
+
+    fn peers() -> &'static Peers<Self> {
+        static PEERS: std::sync::LazyLock<Peers<server_hip::Hip>> =
+            std::sync::LazyLock::new(Peers::default);
+        &PEERS
     }
 }
 

@@ -1,30 +1,32 @@
 //! cubecl's communication between devices (`ServerCommunication`), over
-//! [`scope_core::collective`].
+//! [`scope_core::collective`]: its collectives and its point-to-point.
 //!
 //! cubecl queues one part per device and returns at once, as NCCL does. A scope
-//! [`Rank`](scope_core::collective::Rank) call blocks until every rank arrives. On the device
+//! [`Rank`](scope_core::collective::Rank) call blocks until its peers arrive. On the device
 //! thread it could wait forever for a peer queued behind a third device's transfer. So each
-//! server hands its parts to two threads of its own, one for collectives and one for incoming
-//! transfers. What a part touches stays *pending*: later calls on those buffers wait for it,
-//! and `sync` waits for every part. So work queued after a collective sees its result.
+//! server runs its parts on threads of its own. One runs collectives, one incoming transfers,
+//! and one per device it sends to. So a send waits neither behind a receive nor behind a send
+//! elsewhere. What a part touches stays *pending*: later calls on those buffers wait for it.
 //!
-//! The failure rules are scope's (`docs/ERROR_MODEL.md` 41–46). Two are the adapter's, for
+//! A collective is a [`Group`](scope_core::collective::Group) over its devices. A transfer is
+//! [`Rank::send`] and [`Rank::recv`] in a group of its two devices. scope's mailbox keeps the
+//! pair's order and answers for a silent peer, so this module keeps none.
+//!
+//! The failure rules are scope's (`docs/ERROR_MODEL.md` 41–48). Two are the adapter's, for
 //! cubecl's contract:
 //!
 //! - **A refusal taints the destination.** cubecl queues parts fire-and-forget, so the
-//!   destination is the only place to hear a refusal.
+//!   destination is the only place to hear a refusal. A refused send sends its refusal.
 //! - **A failed part breaks its group.** Every rank saw the same outcome, so all break the
 //!   group at the same round (`test_a_failed_part_breaks_its_group`).
 //!
 //! Bytes move through the host, staged through each device's [`Client`]. scope moves whole
 //! words, cubecl any bytes, so each chunk is padded to words and trimmed on the way out.
 
-use std::any::{Any, TypeId};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, mpsc};
-use std::time::Instant;
 
 use cubecl_common::device::DeviceId;
 use cubecl_core::ir::{ElemType, FloatKind, IntKind, UIntKind};
@@ -32,15 +34,13 @@ use cubecl_environment::backtrace::BackTrace;
 use cubecl_environment::stream::StreamId;
 use cubecl_runtime::memory_management::ManagedMemoryId;
 use cubecl_runtime::server::{DeviceTransport, ReduceOperation, ServerError};
-use parking_lot::{Condvar, Mutex};
-use scope_core::collective::{
-    CollectiveError, DEFAULT_DEADLINE, Element, Group, Rank, Reduce, copy_across,
-};
+use scope_core::collective::{CollectiveError, Element, Rank, Reduce};
 use scope_core::{Buffer, Client, Error};
 use smallvec::SmallVec;
 
 use crate::backend::CubeBackend;
-use crate::error::external;
+use crate::error::{external, to_server_error};
+use crate::peers::{Joined, PeerError};
 
 /// cubecl's element types that are scope's, which a group reduces.
 const ELEMENTS: [(ElemType, Element); 10] = [
@@ -108,28 +108,21 @@ fn count(counters: &[AtomicU64; MAX_COUNTED], device: DeviceId) {
     }
 }
 
-/// Whether a part has finished.
+/// Whether a part has finished. A once-cell blocks its waiters until set: no condvar needed.
 #[derive(Default)]
-struct Done {
-    finished: Mutex<bool>,
-    changed: Condvar,
-}
+struct Done(OnceLock<()>);
 
 impl Done {
     fn finish(&self) {
-        *self.finished.lock() = true;
-        self.changed.notify_all();
+        let _ = self.0.set(());
     }
 
     fn is_finished(&self) -> bool {
-        *self.finished.lock()
+        self.0.get().is_some()
     }
 
     fn wait(&self) {
-        let mut finished = self.finished.lock();
-        while !*finished {
-            self.changed.wait(&mut finished);
-        }
+        self.0.wait();
     }
 }
 
@@ -167,55 +160,6 @@ impl Worker {
     fn run(&self, job: Job) {
         let _ = self.jobs.send(job);
     }
-}
-
-/// A group as every member's server shares it.
-struct Joined<B: CubeBackend> {
-    group: Group<B>,
-    /// The first failed part's error, once one failed.
-    broken: Mutex<Option<Error>>,
-}
-
-/// A send waiting for its receive.
-enum Sent<B: CubeBackend> {
-    Bytes {
-        from: Client<B>,
-        src: Owned,
-        /// Earlier parts on the sender that touch the source.
-        after: Vec<Arc<Done>>,
-        /// Finishes the send's part once the bytes are read, or the receive
-        /// drops them.
-        done: Finish,
-    },
-    /// The sender refused: the receive's destination carries this.
-    Refused(ServerError),
-}
-
-/// The sends each (sender, receiver) pair has not received yet, in order.
-type Mailboxes<B> = HashMap<(DeviceId, DeviceId), VecDeque<Sent<B>>>;
-
-/// What every server of backend `B` shares.
-struct Shared<B: CubeBackend> {
-    groups: Mutex<HashMap<Vec<DeviceId>, Arc<Joined<B>>>>,
-    mail: Mutex<Mailboxes<B>>,
-    arrived: Condvar,
-}
-
-fn shared<B: CubeBackend>() -> Arc<Shared<B>> {
-    type AnyShared = Arc<dyn Any + Send + Sync>;
-    static ALL: OnceLock<Mutex<HashMap<TypeId, AnyShared>>> = OnceLock::new();
-    let mut all = ALL.get_or_init(Default::default).lock();
-    let entry = all.entry(TypeId::of::<B>()).or_insert_with(|| {
-        Arc::new(Shared::<B> {
-            groups: Mutex::new(HashMap::new()),
-            mail: Mutex::new(HashMap::new()),
-            arrived: Condvar::new(),
-        })
-    });
-    entry
-        .clone()
-        .downcast::<Shared<B>>()
-        .expect("one shared state per backend type")
 }
 
 /// A cubecl range of a buffer, owned so a part can outlive the call.
@@ -324,14 +268,44 @@ fn generic(reason: String) -> ServerError {
     }
 }
 
+/// A group that could not be made, as cubecl hears it.
+fn peer_error(error: PeerError) -> ServerError {
+    match error {
+        PeerError::Group(error) => to_server_error(&error),
+        other => generic(other.to_string()),
+    }
+}
+
+/// Whether [`Rank::send`] refused before sending anything (rule 38).
+fn nothing_sent(error: &Error) -> bool {
+    matches!(error, Error::InvalidArgument { .. } | Error::Refused { .. })
+}
+
+/// Whether [`Rank::recv`] claimed its destination with `error`. Its refusals claim nothing.
+fn claimed_by_recv(error: &Error) -> bool {
+    match error {
+        Error::InvalidArgument { .. } | Error::Refused { .. } => false,
+        Error::Collective(collective) => !matches!(
+            **collective,
+            CollectiveError::Refused { .. }
+                | CollectiveError::Broken { .. }
+                | CollectiveError::Stale { .. }
+        ),
+        _ => true,
+    }
+}
+
 /// One server's side of the communication.
 pub(crate) struct Communication<B: CubeBackend> {
     device: DeviceId,
-    shared: Arc<Shared<B>>,
     collectives: Worker,
+    /// Incoming transfers, in the order cubecl queued their receives.
     transfers: Worker,
+    /// Outgoing transfers, one thread per receiving device, each in the order queued.
+    sends: HashMap<DeviceId, Worker>,
     /// Parts not known to have finished.
     pending: Vec<Pending>,
+    _backend: std::marker::PhantomData<fn() -> B>,
 }
 
 /// A part not known to have finished.
@@ -363,14 +337,18 @@ impl Waits {
 
 impl<B: CubeBackend> Communication<B> {
     pub(crate) fn new(device: DeviceId) -> Self {
-        let name = |what: &str| format!("{} {what} {}", B::RUNTIME_NAME, device.index_id);
         Self {
             device,
-            shared: shared::<B>(),
-            collectives: Worker::new(name("collectives")),
-            transfers: Worker::new(name("transfers")),
+            collectives: Worker::new(Self::thread_name(device, "collectives")),
+            transfers: Worker::new(Self::thread_name(device, "transfers")),
+            sends: HashMap::new(),
             pending: Vec::new(),
+            _backend: std::marker::PhantomData,
         }
+    }
+
+    fn thread_name(device: DeviceId, what: &str) -> String {
+        format!("{} {what} {}", B::RUNTIME_NAME, device.index_id)
     }
 
     /// The pending parts that touch `memory`, or that `stream` queued when
@@ -420,28 +398,7 @@ impl<B: CubeBackend> Communication<B> {
 
     /// The group over `device_ids`, made on its first use by any member.
     fn joined(&self, device_ids: &[DeviceId]) -> Result<Arc<Joined<B>>, ServerError> {
-        let mut groups = self.shared.groups.lock();
-        if let Some(joined) = groups.get(device_ids) {
-            return Ok(joined.clone());
-        }
-        let mut clients = Vec::with_capacity(device_ids.len());
-        for &id in device_ids {
-            let client = crate::runtime::opened::<B>(id).ok_or_else(|| {
-                generic(format!(
-                    "{}: device {id:?} of the group was never opened",
-                    B::RUNTIME_NAME
-                ))
-            })?;
-            clients.push(client);
-        }
-        let group =
-            Group::new(clients, DEFAULT_DEADLINE).map_err(|e| crate::error::to_server_error(&e))?;
-        let joined = Arc::new(Joined {
-            group,
-            broken: Mutex::new(None),
-        });
-        groups.insert(device_ids.to_vec(), joined.clone());
-        Ok(joined)
+        B::peers().group(device_ids).map_err(peer_error)
     }
 
     /// `comm_init`: the group, made now if no member made it yet.
@@ -499,35 +456,43 @@ impl<B: CubeBackend> Communication<B> {
         Ok(())
     }
 
-    /// `send`: hand `src` to the receive `to` queues for it.
+    /// `send`: `src`, or its refusal, to `to`'s receive, on this device's thread for `to`.
+    ///
+    /// # Errors
+    ///
+    /// No pair of ranks: a transfer to itself, or to a device never opened. The receive finds
+    /// the same, so neither end waits.
     pub(crate) fn send(
         &mut self,
-        src: Result<(Owned, Client<B>), ServerError>,
+        src: Result<Owned, ServerError>,
         to: DeviceId,
         stream: StreamId,
-    ) {
-        let sent = match src {
-            Ok((src, from)) => {
-                let after = self.after(&[src.memory]);
-                let done = Finish(self.track(vec![src.memory], stream));
-                Sent::Bytes {
-                    from,
-                    src,
-                    after,
-                    done,
-                }
-            }
-            Err(error) => Sent::Refused(error),
-        };
+    ) -> Result<(), ServerError> {
         count(&COUNTERS.sent, self.device);
-        let mut mail = self.shared.mail.lock();
-        mail.entry((self.device, to)).or_default().push_back(sent);
-        self.shared.arrived.notify_all();
+        let pair = B::peers().pair(self.device, to).map_err(peer_error)?;
+        let memory: Vec<_> = src.iter().map(|src| src.memory).collect();
+        let after = self.after(&memory);
+        let done = self.track(memory, stream);
+        let device = self.device;
+        let thread = self
+            .sends
+            .entry(to)
+            .or_insert_with(|| Worker::new(Self::thread_name(device, "sends")));
+        thread.run(Box::new(move || {
+            let _finish = Finish(done);
+            for earlier in after {
+                earlier.wait();
+            }
+            match pair.rank(0) {
+                Ok(sender) => send_part(&sender, src),
+                Err(e) => tracing::warn!(%e, "a transfer group without its sender"),
+            }
+        }));
+        Ok(())
     }
 
-    /// `recv`: write what `from` sends into `dst`, once it is sent. A
-    /// destination that could not be made still takes its send, so the
-    /// pair's later transfers stay paired.
+    /// `recv`: what `from` sends, into `dst`. Without a destination it still takes the send,
+    /// so later transfers stay paired.
     pub(crate) fn recv(
         &mut self,
         dst: Option<Owned>,
@@ -538,89 +503,128 @@ impl<B: CubeBackend> Communication<B> {
         let memory: Vec<_> = dst.iter().map(|dst| dst.memory).collect();
         let after = self.after(&memory);
         let done = self.track(memory, stream);
-        let shared = self.shared.clone();
+        let pair = B::peers().pair(from, self.device);
         let device = self.device;
         self.transfers.run(Box::new(move || {
             let _finish = Finish(done);
             for earlier in after {
                 earlier.wait();
             }
-            let sent = take(&shared, (from, device));
-            if let Some(dst) = dst {
-                receive(sent, &dst, &client, from);
-                count(&COUNTERS.transfers, device);
+            let receiver = pair
+                .map_err(peer_error)
+                .and_then(|pair| pair.rank(1).map_err(|e| to_server_error(&e)));
+            match (receiver, dst) {
+                (Ok(receiver), Some(dst)) => {
+                    receive(&receiver, &dst);
+                    count(&COUNTERS.transfers, device);
+                }
+                (Ok(receiver), None) => discard(&receiver),
+                (Err(error), Some(dst)) => {
+                    claim(&client, &dst, external(error), "transfer");
+                    count(&COUNTERS.transfers, device);
+                }
+                (Err(_), None) => {}
             }
         }));
     }
 }
 
-/// The next send on `pair`, or `None` after the deadline.
-fn take<B: CubeBackend>(shared: &Shared<B>, pair: (DeviceId, DeviceId)) -> Option<Sent<B>> {
-    let until = Instant::now() + DEFAULT_DEADLINE;
-    let mut mail = shared.mail.lock();
-    loop {
-        if let Some(sent) = mail.get_mut(&pair).and_then(VecDeque::pop_front) {
-            return Some(sent);
-        }
-        if shared.arrived.wait_until(&mut mail, until).timed_out() {
-            return mail.get_mut(&pair).and_then(VecDeque::pop_front);
-        }
+/// Claim `dst` with `error`: the one place a queued part can report it.
+fn claim<B: CubeBackend>(client: &Client<B>, dst: &Owned, error: Error, part: &str) {
+    if let Err(e) = client.fail_writing(&[dst.slice()], error) {
+        tracing::warn!(%e, "could not claim a failed {part}'s destination");
     }
 }
 
-fn receive<B: CubeBackend>(sent: Option<Sent<B>>, dst: &Owned, to: &Client<B>, from_id: DeviceId) {
-    let fail = |error: Error| {
-        if let Err(e) = to.fail_writing(&[dst.slice()], error) {
-            tracing::warn!(%e, "could not claim a failed transfer's destination");
+/// One send: cubecl's bytes as whole words, or the failure the destination is to carry.
+fn send_part<B: CubeBackend>(sender: &Rank<B>, src: Result<Owned, ServerError>) {
+    let refusal = match src.map(|src| send_bytes(sender, &src)) {
+        Err(refused) => external(refused),
+        Ok(Err(error)) if nothing_sent(&error) => error,
+        // Sent; a source that failed to read was sent as its failure.
+        Ok(_) => return,
+    };
+    send_failure(sender, refusal);
+}
+
+/// `src`'s bytes padded to whole words. A source starting on a word sends its own words; the
+/// receiver trims the slack.
+fn send_bytes<B: CubeBackend>(sender: &Rank<B>, src: &Owned) -> scope_core::Result<()> {
+    if src.skip == 0 {
+        return sender.send(1, src.slice());
+    }
+    let client = sender.client();
+    let staged = match src.read(client) {
+        Ok(bytes) => client.upload(&pad(&bytes, 1))?,
+        Err(refused) if nothing_sent(&refused) => return Err(refused),
+        // The staged copy carries the source's failure to the receiver.
+        Err(failed) => {
+            let staged = client.upload(&pad(&vec![0; src.len], 1))?;
+            client.fail_writing(&[staged.slice(..)], failed)?;
+            staged
         }
     };
-    match sent {
-        None => fail(external(generic(format!(
-            "no send from {from_id:?} arrived within {DEFAULT_DEADLINE:?}"
-        )))),
-        Some(Sent::Refused(error)) => fail(external(error)),
-        Some(Sent::Bytes {
-            from,
-            src,
-            after,
-            done,
-        }) => {
-            let _done = done;
-            for earlier in after {
-                earlier.wait();
+    let sent = sender.send(1, staged.slice(..));
+    let _ = client.free(&staged);
+    sent
+}
+
+/// A word carrying `error` in place of bytes: the receiver's destination takes it.
+fn send_failure<B: CubeBackend>(sender: &Rank<B>, error: Error) {
+    let client = sender.client();
+    let word = client.upload(&[0; 4]).and_then(|word| {
+        client.fail_writing(&[word.slice(..)], error)?;
+        Ok(word)
+    });
+    match word {
+        Ok(word) => {
+            if let Err(e) = sender.send(1, word.slice(..))
+                && nothing_sent(&e)
+            {
+                tracing::warn!(%e, "a refused transfer could not reach its receive");
             }
-            if src.len != dst.len {
-                return fail(external(generic(format!(
-                    "{} bytes sent for a {}-byte destination",
-                    src.len, dst.len
-                ))));
-            }
-            let same_words = src.skip == 0
-                && dst.skip == 0
-                && src.words.end - src.words.start == dst.words.end - dst.words.start;
-            if same_words {
-                // Rule 46 as scope states it: the destination carries a
-                // failure naming the device the bytes came from.
-                if let Err(e) = copy_across(&from, src.slice(), to, dst.slice()) {
-                    tracing::debug!(%e, "a transfer's source could not be read");
-                }
-                return;
-            }
-            match src.read(&from) {
-                Ok(bytes) => {
-                    if let Err(e) = dst.write(to, &bytes) {
-                        tracing::debug!(%e, "a transfer's destination could not be written");
-                    }
-                }
-                Err(cause) => fail(
-                    CollectiveError::SourceFailed {
-                        from: format!("{} ({})", B::NAME, from.describe()),
-                        cause,
-                    }
-                    .into(),
-                ),
-            }
+            let _ = client.free(&word);
         }
+        Err(e) => tracing::warn!(%e, "a refused transfer could not reach its receive"),
+    }
+}
+
+/// One receive: into `dst` when it is whole words, else through a trimmed staged copy.
+fn receive<B: CubeBackend>(receiver: &Rank<B>, dst: &Owned) {
+    let client = receiver.client();
+    let unclaimed = if dst.skip == 0 && dst.len.is_multiple_of(4) {
+        receiver
+            .recv(0, dst.slice())
+            .err()
+            .filter(|error| !claimed_by_recv(error))
+    } else {
+        // Whatever fails here claimed the staged copy, not `dst`.
+        let staged = client.allocate(pad(&vec![0; dst.len], 1).len() as u64);
+        staged
+            .and_then(|staged| {
+                let got = receiver
+                    .recv(0, staged.slice(..))
+                    .and_then(|()| client.read(staged.slice(..)));
+                let _ = client.free(&staged);
+                dst.write(client, &got?[..dst.len])
+            })
+            .err()
+    };
+    if let Some(error) = unclaimed {
+        claim(client, dst, error, "transfer");
+    }
+}
+
+/// Take the next send into a scratch word and drop it.
+fn discard<B: CubeBackend>(receiver: &Rank<B>) {
+    let client = receiver.client();
+    match client.allocate(4) {
+        Ok(scratch) => {
+            // Any answer will do: the parcel is taken either way.
+            let _ = receiver.recv(0, scratch.slice(..));
+            let _ = client.free(&scratch);
+        }
+        Err(e) => tracing::warn!(%e, "a receive without a destination left its send untaken"),
     }
 }
 
@@ -634,11 +638,7 @@ fn run_part<B: CubeBackend>(
     dst: &Owned,
     client: &Client<B>,
 ) {
-    let fail = |error: Error| {
-        if let Err(e) = client.fail_writing(&[dst.slice()], error) {
-            tracing::warn!(%e, "could not claim a failed collective's destination");
-        }
-    };
+    let fail = |error: Error| claim(client, dst, error, "collective");
     if let Some(cause) = joined.broken.lock().clone() {
         return fail(external(generic(format!(
             "the group is broken by an earlier failed part, so this part never ran: {cause}"

@@ -61,6 +61,7 @@ mod compile;
 mod device;
 mod error;
 mod memory;
+mod peers;
 mod properties;
 mod runtime;
 mod server;

@@ -1,11 +1,6 @@
 //! [`ScopeRuntime`]: the type a cubecl program names to run on a scope server.
 
-use std::any::{Any, TypeId};
-use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::sync::OnceLock;
-
-use parking_lot::Mutex;
 
 use cubecl_common::device::{Device, DeviceId, DeviceService, ServerUtilitiesHandle, ServiceId};
 use cubecl_core::ir::TargetProperties;
@@ -16,6 +11,7 @@ use cubecl_server::allocator::ContiguousMemoryLayoutPolicy;
 use scope_core::Client;
 
 use crate::backend::CubeBackend;
+use crate::communication::transport;
 use crate::device::ScopeDevice;
 use crate::memory::contiguous;
 use crate::properties::device_properties;
@@ -40,31 +36,10 @@ impl<B: CubeBackend> ScopeRuntime<B> {
     /// The scope client under `device`'s cubecl server (stream 0), opening it if need be.
     pub fn scope_client(device: &ScopeDevice) -> Client<B> {
         drop(Self::client(device));
-        opened::<B>(device.to_id()).expect("the server registered its client when it opened")
+        B::peers()
+            .opened(device.to_id())
+            .expect("the server registered its client when it opened")
     }
-}
-
-/// The scope clients of the servers opened so far. cubecl's registry gives no way back to a
-/// server, so each registers its client here.
-static OPENED: OnceLock<Mutex<HashMap<(TypeId, DeviceId), OpenedClient>>> = OnceLock::new();
-
-/// A `Client<B>` for the `B` its key names.
-type OpenedClient = Box<dyn Any + Send + Sync>;
-
-fn register<B: CubeBackend>(device: DeviceId, client: Client<B>) {
-    OPENED
-        .get_or_init(Default::default)
-        .lock()
-        .insert((TypeId::of::<B>(), device), Box::new(client));
-}
-
-pub(crate) fn opened<B: CubeBackend>(device: DeviceId) -> Option<Client<B>> {
-    OPENED
-        .get_or_init(Default::default)
-        .lock()
-        .get(&(TypeId::of::<B>(), device))
-        .and_then(|client| client.downcast_ref::<Client<B>>())
-        .cloned()
 }
 
 impl<B: CubeBackend> DeviceService for ScopeServer<B> {
@@ -91,8 +66,8 @@ impl<B: CubeBackend> DeviceService for ScopeServer<B> {
             Default::default(),
             layout,
         );
-        utilities.device_transport = Some(crate::communication::transport());
-        register(device_id, client.clone());
+        utilities.device_transport = Some(transport());
+        B::peers().register(device_id, client.clone());
         ScopeServer::new(device_id, client, utilities, captures)
     }
 

@@ -187,6 +187,15 @@ macro_rules! families {
             );
 
             #[test]
+            fn a_transfer_to_its_own_device_fails_without_waiting() {
+                crate::run::<$backend>(
+                    "a_transfer_to_its_own_device_fails_without_waiting",
+                    1,
+                    crate::to_its_own_device::<$backend>,
+                );
+            }
+
+            #[test]
             fn every_scope_element_type_all_reduces() {
                 crate::run::<$backend>(
                     "every_scope_element_type_all_reduces",
@@ -196,6 +205,31 @@ macro_rules! families {
             }
         }
     };
+}
+
+/// A transfer from a device to itself has no pair of ranks to go through
+/// (scope's point-to-point pairs two devices): the send is refused and the
+/// receive's destination carries that at once, where a receive waiting for
+/// a send would wait out scope's deadline. The device then still transfers
+/// to another.
+fn to_its_own_device<B: CubeBackend>() {
+    let device = |index| <ScopeRuntime<B> as Runtime>::Device::from_id(DeviceId::new(0, index));
+    let mut client = ScopeRuntime::<B>::client(&device(0));
+    let started = std::time::Instant::now();
+    let input = client.create_from_slice(&[1u8, 2, 3, 4]);
+    let moved = client.to_client(input, &client.clone());
+    let read = client.read_one(moved);
+    assert!(read.is_err(), "a transfer to its own device read {read:?}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "the refusal waited {:?}",
+        started.elapsed()
+    );
+
+    let other = ScopeRuntime::<B>::client(&device(1));
+    let input = client.create_from_slice(&[5u8, 6, 7, 8, 9]);
+    let moved = client.to_client(input, &other);
+    assert_eq!(other.read_one(moved).unwrap().to_vec(), [5, 6, 7, 8, 9]);
 }
 
 /// Four members' 8 values of `dtype`, member `m`'s value `i` being

@@ -157,12 +157,11 @@ impl<B: CubeBackend> ServerCommunication for ScopeServer<B> {
     ) -> Result<(), ServerError> {
         let src = if contiguous(&desc.shape, &desc.strides) {
             self.owned(&desc.handle)
-                .map(|src| (src, self.streams.base().clone()))
         } else {
             Err(unsupported_strides())
         };
         let refused = src.as_ref().err().cloned();
-        self.communication.send(src, device_id_dst, stream_id);
+        self.communication.send(src, device_id_dst, stream_id)?;
         refused.map_or(Ok(()), Err)
     }
 
