@@ -508,10 +508,6 @@ const STILL_CIRCLES: &[(&str, &[&str])] = &[
             "collective::watchdog",
         ],
     ),
-    (
-        "scope-cubecl",
-        &["server", "server::capture"],
-    ),
 ];
 
 /// A crate planted in a temporary folder, read as the tests read the

@@ -60,6 +60,7 @@ mod communication;
 mod compile;
 mod device;
 mod error;
+mod graphs;
 mod memory;
 mod peers;
 mod properties;

@@ -38,11 +38,11 @@ use cubecl_runtime::storage::ManagedResource;
 use scope_core::{Client, Error};
 use scope_cube::Translation;
 
-use self::capture::Captured;
 use crate::backend::CubeBackend;
 use crate::communication::Communication;
 use crate::compile::{CompileTarget, Kernels};
 use crate::error::{external, to_server_error};
+use crate::graphs::Graphs;
 use crate::memory::{MemoryTable, scope_size};
 use crate::storage::{ScopeResource, ScopeStorage};
 use crate::streams::Streams;
@@ -52,7 +52,7 @@ pub struct ScopeServer<B: CubeBackend> {
     streams: Streams<B>,
     memory: MemoryTable,
     kernels: Kernels,
-    graphs: HashMap<GraphId, Captured>,
+    graphs: Graphs,
     /// The scalar blob of the launch being made, kept to reuse its buffer.
     blob: Vec<u8>,
     profiles: HashMap<u64, Profile>,
@@ -113,7 +113,7 @@ impl<B: CubeBackend> ScopeServer<B> {
             streams: Streams::new(client, captures),
             memory: MemoryTable::default(),
             kernels,
-            graphs: HashMap::new(),
+            graphs: Graphs::default(),
             blob: Vec::new(),
             profiles: HashMap::new(),
             next_profile: 0,
@@ -273,13 +273,11 @@ impl<B: CubeBackend> Server for ScopeServer<B> {
 
     fn replay(&mut self, graph: GraphId, stream_id: StreamId) -> Result<(), ServerError> {
         let client = self.client(stream_id)?;
-        let captured = self
+        let sealed = self
             .graphs
             .get(&graph)
             .ok_or_else(|| ServerError::graph_state(format!("replay: no graph {graph:?}")))?;
-        client
-            .replay(&captured.graph)
-            .map_err(|e| to_server_error(&e))
+        client.replay(sealed).map_err(|e| to_server_error(&e))
     }
 
     fn graph_destroy(&mut self, graph: GraphId, stream_id: StreamId) {

@@ -1,4 +1,8 @@
-//! Graph capture: cubecl's captures as scope's windows, and the buffers only graphs keep.
+//! Graph capture: cubecl's captures as scope's windows.
+//!
+//! A capture is a scope window on the stream's client, with cubecl's published capture phase
+//! beside it (`streams.rs`). Sealing hands the graph, and the metadata buffers the window's
+//! launches pinned, to the server's graph table (`graphs.rs`), which replays and destroys them.
 
 use cubecl_environment::stream::StreamId;
 use cubecl_runtime::id::GraphId;
@@ -7,15 +11,6 @@ use cubecl_runtime::server::ServerError;
 use super::ScopeServer;
 use crate::backend::CubeBackend;
 use crate::error::to_server_error;
-
-/// A sealed graph, and the buffers only it keeps alive.
-pub(super) struct Captured {
-    pub(super) graph: scope_core::Graph,
-    /// Tensor metadata every replay reads ([`Slot::pinned`]); scope's windows keep no buffer.
-    ///
-    /// [`Slot::pinned`]: crate::streams::Slot::pinned
-    _pinned: Vec<scope_core::Buffer>,
-}
 
 impl<B: CubeBackend> ScopeServer<B> {
     /// cubecl's `Server::begin_capture`: a scope window on the stream.
@@ -61,14 +56,6 @@ impl<B: CubeBackend> ScopeServer<B> {
             .client
             .end_capture(window)
             .map_err(|e| to_server_error(&e))?;
-        let id = GraphId::new();
-        self.graphs.insert(
-            id,
-            Captured {
-                graph,
-                _pinned: pinned,
-            },
-        );
-        Ok(id)
+        Ok(self.graphs.insert(graph, pinned))
     }
 }
