@@ -536,95 +536,159 @@ fn claim<B: CubeBackend>(client: &Client<B>, dst: &Owned, error: Error, part: &s
     }
 }
 
-/// One send: cubecl's bytes as whole words, or the failure the destination is to carry.
+/// One send: a header word, the byte length or (claimed) the refusal, then cubecl's bytes as
+/// words. Padded, a 5-byte and a 6-byte transfer move alike: the header tells them apart.
 fn send_part<B: CubeBackend>(sender: &Rank<B>, src: Result<Owned, ServerError>) {
-    let refusal = match src.map(|src| send_bytes(sender, &src)) {
-        Err(refused) => external(refused),
-        Ok(Err(error)) if nothing_sent(&error) => error,
-        // Sent; a source that failed to read was sent as its failure.
-        Ok(_) => return,
-    };
-    send_failure(sender, refusal);
+    let payload = src
+        .map_err(external)
+        .and_then(|src| staged_bytes(sender.client(), &src).map(|staged| (src, staged)));
+    match payload {
+        Err(refusal) => {
+            send_header(sender, Err(refusal));
+        }
+        Ok((src, staged)) => {
+            // Bytes without their header would be read as one.
+            if send_header(sender, Ok(src.len)) {
+                // A send that fails here broke the pair, so its receive fails too: none waits.
+                let sent = match &staged {
+                    Some(staged) => sender.send(1, staged.slice(..)),
+                    None => sender.send(1, src.slice()),
+                };
+                if let Err(e) = sent {
+                    tracing::warn!(%e, "a transfer's bytes could not be sent");
+                }
+            }
+            if let Some(staged) = staged {
+                let _ = sender.client().free(&staged);
+            }
+        }
+    }
 }
 
-/// `src`'s bytes padded to whole words. A source starting on a word sends its own words; the
-/// receiver trims the slack.
-fn send_bytes<B: CubeBackend>(sender: &Rank<B>, src: &Owned) -> scope_core::Result<()> {
+/// `src`'s bytes as whole words: its own words where it starts on one (`None`), else a staged
+/// copy, which carries the source's failure where reading it failed. Only a refusal is an error.
+fn staged_bytes<B: CubeBackend>(
+    client: &Client<B>,
+    src: &Owned,
+) -> scope_core::Result<Option<Buffer>> {
     if src.skip == 0 {
-        return sender.send(1, src.slice());
+        return Ok(None);
     }
-    let client = sender.client();
-    let staged = match src.read(client) {
-        Ok(bytes) => client.upload(&pad(&bytes, 1))?,
-        Err(refused) if nothing_sent(&refused) => return Err(refused),
-        // The staged copy carries the source's failure to the receiver.
+    match src.read(client) {
+        Ok(bytes) => Ok(Some(client.upload(&pad(&bytes, 1))?)),
+        Err(refused) if nothing_sent(&refused) => Err(refused),
         Err(failed) => {
             let staged = client.upload(&pad(&vec![0; src.len], 1))?;
             client.fail_writing(&[staged.slice(..)], failed)?;
-            staged
+            Ok(Some(staged))
         }
-    };
-    let sent = sender.send(1, staged.slice(..));
-    let _ = client.free(&staged);
-    sent
+    }
 }
 
-/// A word carrying `error` in place of bytes: the receiver's destination takes it.
-fn send_failure<B: CubeBackend>(sender: &Rank<B>, error: Error) {
+/// Send the header: the byte length, or a word claimed with the refusal. Whether it went.
+fn send_header<B: CubeBackend>(sender: &Rank<B>, header: Result<usize, Error>) -> bool {
     let client = sender.client();
-    let word = client.upload(&[0; 4]).and_then(|word| {
-        client.fail_writing(&[word.slice(..)], error)?;
-        Ok(word)
-    });
+    let word = match header {
+        Ok(len) => client.upload(&(len as u32).to_le_bytes()),
+        Err(refusal) => client.upload(&[0; 4]).and_then(|word| {
+            client.fail_writing(&[word.slice(..)], refusal)?;
+            Ok(word)
+        }),
+    };
     match word {
         Ok(word) => {
-            if let Err(e) = sender.send(1, word.slice(..))
-                && nothing_sent(&e)
-            {
-                tracing::warn!(%e, "a refused transfer could not reach its receive");
-            }
+            let sent = sender.send(1, word.slice(..));
             let _ = client.free(&word);
+            match sent {
+                Err(e) if nothing_sent(&e) => {
+                    tracing::warn!(%e, "a transfer's header could not reach its receive");
+                    false
+                }
+                _ => true,
+            }
         }
-        Err(e) => tracing::warn!(%e, "a refused transfer could not reach its receive"),
+        Err(e) => {
+            tracing::warn!(%e, "a transfer's header could not be made");
+            false
+        }
     }
 }
 
-/// One receive: into `dst` when it is whole words, else through a trimmed staged copy.
-fn receive<B: CubeBackend>(receiver: &Rank<B>, dst: &Owned) {
+/// Take the next header: the sender's byte length, or what the destination is to carry (the
+/// sender's refusal, or the pair's failure). After an error no bytes follow.
+fn take_header<B: CubeBackend>(receiver: &Rank<B>) -> scope_core::Result<usize> {
     let client = receiver.client();
-    let unclaimed = if dst.skip == 0 && dst.len.is_multiple_of(4) {
-        receiver
-            .recv(0, dst.slice())
-            .err()
-            .filter(|error| !claimed_by_recv(error))
-    } else {
-        // Whatever fails here claimed the staged copy, not `dst`.
-        let staged = client.allocate(pad(&vec![0; dst.len], 1).len() as u64);
-        staged
-            .and_then(|staged| {
-                let got = receiver
-                    .recv(0, staged.slice(..))
-                    .and_then(|()| client.read(staged.slice(..)));
-                let _ = client.free(&staged);
-                dst.write(client, &got?[..dst.len])
-            })
-            .err()
+    let word = client.allocate(4)?;
+    let header = receiver
+        .recv(0, word.slice(..))
+        .and_then(|()| client.read(word.slice(..)));
+    let _ = client.free(&word);
+    let header = header?;
+    Ok(u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize)
+}
+
+/// One receive: into `dst` when the sender's length is its own, else the bytes are taken and
+/// dropped and `dst` carries the mismatch.
+fn receive<B: CubeBackend>(receiver: &Rank<B>, dst: &Owned) {
+    let unclaimed = match take_header(receiver) {
+        Err(error) => Some(error),
+        Ok(len) if len != dst.len => {
+            drop_bytes(receiver, len);
+            Some(Error::invalid(
+                "transfer",
+                format!(
+                    "{len} bytes were sent to a destination of {} bytes",
+                    dst.len
+                ),
+            ))
+        }
+        Ok(_) => receive_bytes(receiver, dst),
     };
     if let Some(error) = unclaimed {
-        claim(client, dst, error, "transfer");
+        claim(receiver.client(), dst, error, "transfer");
     }
 }
 
-/// Take the next send into a scratch word and drop it.
-fn discard<B: CubeBackend>(receiver: &Rank<B>) {
+/// The bytes into `dst`: in place when it is whole words, else through a trimmed staged copy.
+/// The error that did not claim `dst`, if one came.
+fn receive_bytes<B: CubeBackend>(receiver: &Rank<B>, dst: &Owned) -> Option<Error> {
     let client = receiver.client();
-    match client.allocate(4) {
+    if dst.skip == 0 && dst.len.is_multiple_of(4) {
+        return receiver
+            .recv(0, dst.slice())
+            .err()
+            .filter(|error| !claimed_by_recv(error));
+    }
+    // Whatever fails here claimed the staged copy, not `dst`.
+    let staged = client.allocate(pad(&vec![0; dst.len], 1).len() as u64);
+    staged
+        .and_then(|staged| {
+            let got = receiver
+                .recv(0, staged.slice(..))
+                .and_then(|()| client.read(staged.slice(..)));
+            let _ = client.free(&staged);
+            dst.write(client, &got?[..dst.len])
+        })
+        .err()
+}
+
+/// Take `len` bytes' worth of words and drop them, so later transfers stay paired.
+fn drop_bytes<B: CubeBackend>(receiver: &Rank<B>, len: usize) {
+    let client = receiver.client();
+    match client.allocate(pad(&vec![0; len], 1).len() as u64) {
         Ok(scratch) => {
-            // Any answer will do: the parcel is taken either way.
+            // Any answer will do: the bytes are taken either way.
             let _ = receiver.recv(0, scratch.slice(..));
             let _ = client.free(&scratch);
         }
-        Err(e) => tracing::warn!(%e, "a receive without a destination left its send untaken"),
+        Err(e) => tracing::warn!(%e, "a transfer's bytes were left untaken"),
+    }
+}
+
+/// Take the next send whole and drop it: a receive without a destination.
+fn discard<B: CubeBackend>(receiver: &Rank<B>) {
+    if let Ok(len) = take_header(receiver) {
+        drop_bytes(receiver, len);
     }
 }
 
