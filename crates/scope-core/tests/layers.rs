@@ -494,21 +494,19 @@ fn no_crate_has_a_circle() {
 /// The circles not yet taken apart, each crate's modules sorted. The list
 /// only shrinks: a new circle fails the test, and so does one listed here
 /// that no longer is.
-const STILL_CIRCLES: &[(&str, &[&str])] = &[
-    (
-        "scope-core",
-        &[
-            "collective",
-            "collective::compute",
-            "collective::device",
-            "collective::membership",
-            "collective::p2p",
-            "collective::remote",
-            "collective::round",
-            "collective::watchdog",
-        ],
-    ),
-];
+const STILL_CIRCLES: &[(&str, &[&str])] = &[(
+    "scope-core",
+    &[
+        "collective",
+        "collective::compute",
+        "collective::device",
+        "collective::membership",
+        "collective::p2p",
+        "collective::remote",
+        "collective::round",
+        "collective::watchdog",
+    ],
+)];
 
 /// A crate planted in a temporary folder, read as the tests read the
 /// workspace's.

@@ -758,39 +758,61 @@ pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
     }
     assert!(short.broken().is_some());
     // A group that breaks while a receive waits (rank 1's all-reduce runs out first) fails that
-    // receive with what broke it, claimed. Rank 0 receives 100 ms after rank 1 is ready.
-    let short = S::group(clients, deadline).unwrap();
-    let ready = std::sync::Barrier::new(2);
-    let outcomes = short.run(|rank| match rank.index() {
-        0 => {
-            ready.wait();
-            std::thread::sleep(Duration::from_millis(100));
-            let c = rank.client();
-            let into = upload(c, &[5; PART as usize]);
-            let error = rank.recv(3, into.all()).unwrap_err();
-            Some((error, claimed_by::<S>(c, &into)))
-        }
-        1 => {
-            let c = rank.client();
-            let input = upload(c, &[1; PART as usize]);
-            let output = alloc(c, PART);
-            ready.wait();
-            let _ = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
-            None
-        }
-        _ => None,
-    });
-    let (error, claim) = outcomes[0].as_ref().expect("rank 0 received");
-    for reported in [collective_error(error), claim] {
-        assert!(
-            matches!(
-                reported,
+    // receive with what broke it, claimed. Rank 0 receives 100 ms after rank 1 is ready, so the
+    // all-reduce's deadline comes first, unless rank 1's thread lost those 100 ms before its call
+    // began. Then the receive's own deadline came first, and it must name the silent sender: the
+    // rules hold either way, and the next attempt tries the order again.
+    for attempt in 0.. {
+        let short = S::group(clients.clone(), deadline).unwrap();
+        let ready = std::sync::Barrier::new(2);
+        let outcomes = short.run(|rank| match rank.index() {
+            0 => {
+                ready.wait();
+                std::thread::sleep(Duration::from_millis(100));
+                let c = rank.client();
+                let into = upload(c, &[5; PART as usize]);
+                let error = rank.recv(3, into.all()).unwrap_err();
+                Some((error, claimed_by::<S>(c, &into)))
+            }
+            1 => {
+                let c = rank.client();
+                let input = upload(c, &[1; PART as usize]);
+                let output = alloc(c, PART);
+                ready.wait();
+                let _ = rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum);
+                None
+            }
+            _ => None,
+        });
+        let (error, claim) = outcomes[0].as_ref().expect("rank 0 received");
+        let broke_first = matches!(
+            collective_error(error),
+            CollectiveError::Missing {
+                collective: "all_reduce",
+                ..
+            }
+        );
+        for reported in [collective_error(error), claim] {
+            let named = match reported {
                 CollectiveError::Missing {
                     collective: "all_reduce",
                     ..
-                }
-            ),
-            "{reported}"
+                } => broke_first,
+                CollectiveError::Missing {
+                    collective: "recv",
+                    missing,
+                    ..
+                } => !broke_first && missing == &vec![3],
+                _ => false,
+            };
+            assert!(named, "attempt {attempt}: {reported}");
+        }
+        if broke_first {
+            break;
+        }
+        assert!(
+            attempt < 4,
+            "in 5 attempts the group never broke while the receive waited"
         );
     }
 }
