@@ -1,16 +1,111 @@
-//! The backends, from scope-core's table.
+//! The backends, from scope-core's table, and what CI knows of each.
 //!
 //! xtask reads the table's source file by path rather than depending on
 //! scope-core: the file uses nothing but `core`, and xtask stays a build
-//! of seconds. The tests below keep the table and the tree in step. Every
+//! of seconds. The table says what a backend is; where CI finds its tools
+//! is here, in [`ci`]. A `--backend` value is read once, into a [`Choice`].
+//! The tests below keep the table and the tree in step. Every
 //! `crates/server-*` crate, and every cargo feature that links one, is a row
 //! of it, and every row has its lines in the per-backend tests.
+
+use std::fmt;
+
+use anyhow::{Result, bail};
 
 #[path = "../../crates/scope-core/src/probe/kind.rs"]
 #[allow(dead_code)]
 mod table;
 
-pub use table::{BackendKind, Drivers};
+pub use table::{BackendKind, Drivers, Kind};
+
+/// What CI needs of a backend, beyond what the backend is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ci {
+    /// Its server's conformance test binary: a mock driver's where CI has no GPU.
+    pub suite_test: &'static str,
+    /// Its server's `toolchain` test, if any: (variable, where CI installs it).
+    pub toolchain: Option<(&'static str, &'static str)>,
+}
+
+/// `kind`'s row of CI's table; `ci/run.sh` installs the toolchains.
+pub const fn ci(kind: BackendKind) -> Ci {
+    match kind {
+        BackendKind::Cuda => Ci {
+            suite_test: "mock",
+            toolchain: Some(("SCOPE_CUDA_TOOLCHAIN", "target/cuda-toolchain")),
+        },
+        BackendKind::Hip => Ci {
+            suite_test: "mock",
+            toolchain: Some((
+                "SCOPE_HIP_TOOLCHAIN",
+                "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5",
+            )),
+        },
+        BackendKind::Vulkan | BackendKind::Wgpu => Ci {
+            suite_test: "conformance",
+            toolchain: None,
+        },
+    }
+}
+
+/// What `--backend` names: one backend of the table, the reference host
+/// server, the core's crates, or all of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    All,
+    Core,
+    Host,
+    One(BackendKind),
+}
+
+impl Choice {
+    /// `name` as a choice, backends through [`BackendKind::from_name`].
+    ///
+    /// # Errors
+    ///
+    /// When `name` is no backend, `core` or `all`.
+    pub fn parse(name: &str) -> Result<Self> {
+        let choice = match name {
+            "all" => Self::All,
+            "core" => Self::Core,
+            host if host == Kind::Host.name() => Self::Host,
+            other => match BackendKind::from_name(other) {
+                Some(kind) => Self::One(kind),
+                None => bail!(
+                    "unknown backend `{other}`: {}",
+                    list(&[Kind::Host.name(), "core", "all"])
+                ),
+            },
+        };
+        Ok(choice)
+    }
+
+    /// Its name, as `--backend` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::All => "all",
+            Self::Core => "core",
+            Self::Host => Kind::Host.name(),
+            Self::One(kind) => kind.name(),
+        }
+    }
+
+    /// Whether it takes `kind`'s server.
+    pub fn takes(self, kind: BackendKind) -> bool {
+        self == Self::All || self == Self::One(kind)
+    }
+
+    /// The error for a command that does not take it; `takes` lists what it does.
+    pub fn refused<T>(self, takes: &[&str]) -> Result<T> {
+        bail!("unknown backend `{self}`: {}", list(takes))
+    }
+}
+
+impl fmt::Display for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// The backends' names and then `extra`, as a sentence's list: "cuda,
 /// hip, vulkan or wgpu".
@@ -160,7 +255,10 @@ mod tests {
                         [dependencies]\nserver-wgpu = { path = \"../server-wgpu\" }\n";
         assert_eq!(
             linking_features(manifest),
-            [("wgpu".to_owned(), vec!["server-wgpu".to_owned()])]
+            [(
+                BackendKind::Wgpu.feature().to_owned(),
+                vec!["server-wgpu".to_owned()]
+            )]
         );
     }
 }

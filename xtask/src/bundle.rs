@@ -61,7 +61,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::backends::BackendKind;
+use crate::backends::{BackendKind, Choice};
 use crate::run;
 
 /// Where the bundle goes, relative to the workspace root (ignored by git).
@@ -152,7 +152,7 @@ fn builds(backend: BackendKind) -> Vec<Build> {
                 "--profile",
                 "device",
                 "-p",
-                "server-cuda",
+                BackendKind::Cuda.server_crate(),
                 "--example",
                 "cuda_versions",
             ]
@@ -186,7 +186,8 @@ fn scope_cubecl(backend: BackendKind) -> Build {
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
-    if let Some(binary) = crate::cubecl::binary_of(backend).filter(|b| *b != "runtime_hip") {
+    let binary = crate::cubecl::binary_of(backend).filter(|_| backend != BackendKind::Hip);
+    if let Some(binary) = binary {
         args.extend(["--test".to_owned(), binary.to_owned()]);
     }
     Build { args, kind: "test" }
@@ -338,12 +339,9 @@ fn size_mib(path: &Path) -> f64 {
 
 /// `cargo xtask bundle --backend B [--max-mib N]`: false when the bundle
 /// is larger than `max_mib`.
-pub fn bundle(backend: &str, max_mib: Option<f64>) -> Result<bool> {
-    let Some(kind) = BackendKind::from_name(backend) else {
-        bail!(
-            "unknown backend `{backend}`: {}",
-            crate::backends::list(&[])
-        );
+pub fn bundle(backend: Choice, max_mib: Option<f64>) -> Result<bool> {
+    let Choice::One(kind) = backend else {
+        return backend.refused(&[]);
     };
     let root = run::root();
     let dir = root.join(DIR);
@@ -440,7 +438,7 @@ pub fn bundle(backend: &str, max_mib: Option<f64>) -> Result<bool> {
         .unwrap_or_else(|| "unknown".to_owned());
     let dirty = run::output_of("git", &["status", "--porcelain"]).is_some_and(|s| !s.is_empty());
     let script = RUN_SH
-        .replace("@BACKEND@", backend)
+        .replace("@BACKEND@", kind.name())
         .replace(
             "@COMMIT@",
             &format!(

@@ -43,7 +43,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-use crate::backends::BackendKind;
+use crate::backends::{BackendKind, Choice};
 
 /// The environment variable benches honour to run a few iterations only,
 /// so `ci` can check that every bench still builds and runs.
@@ -88,7 +88,7 @@ the command that would; SCOPE_NO_INSTALL=1 makes them print it only.";
 
 struct Args {
     command: String,
-    backend: Option<String>,
+    backend: Option<Choice>,
     release: bool,
     verbose: bool,
     json: bool,
@@ -125,11 +125,8 @@ fn parse() -> Result<Args> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--backend" => {
-                args.backend = Some(
-                    it.next()
-                        .context("--backend needs a value")?
-                        .to_ascii_lowercase(),
-                )
+                let name = it.next().context("--backend needs a value")?;
+                args.backend = Some(Choice::parse(&name.to_ascii_lowercase())?);
             }
             "--release" => args.release = true,
             "--verbose" | "-v" => args.verbose = true,
@@ -158,7 +155,7 @@ fn parse() -> Result<Args> {
             "--json" => args.json = true,
             "--" => args.rest.extend(it.by_ref()),
             other => match other.strip_prefix("--backend=") {
-                Some(b) => args.backend = Some(b.to_ascii_lowercase()),
+                Some(b) => args.backend = Some(Choice::parse(&b.to_ascii_lowercase())?),
                 None => bail!("unknown option `{other}`\n{USAGE}"),
             },
         }
@@ -183,7 +180,7 @@ fn main() {
         "bench" => bench(&args),
         "demo" => demo(&args),
         "fuzz" => stress::fuzz(
-            args.backend.as_deref().unwrap_or("core"),
+            args.backend.unwrap_or(Choice::Core),
             args.minutes.unwrap_or(5.0),
             args.release,
         ),
@@ -192,7 +189,7 @@ fn main() {
             args.rounds.unwrap_or(20),
             args.release,
         ),
-        "soak" => stress::soak(args.backend.as_deref().unwrap_or("core"), args.release),
+        "soak" => stress::soak(args.backend.unwrap_or(Choice::Core), args.release),
         "flaky" => flaky::flaky(&flaky::Options {
             runs: args.runs.unwrap_or(200),
             jobs: args.jobs.unwrap_or_else(|| {
@@ -202,7 +199,10 @@ fn main() {
             timeout: std::time::Duration::from_secs(args.timeout.unwrap_or(600)),
             release: args.release,
         }),
-        "bundle" => bundle::bundle(args.backend.as_deref().unwrap_or("cuda"), args.max_mib),
+        "bundle" => bundle::bundle(
+            args.backend.unwrap_or(Choice::One(BackendKind::Cuda)),
+            args.max_mib,
+        ),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
             Ok(true)
@@ -238,7 +238,7 @@ fn matrix(args: &Args) -> Result<bool> {
 }
 
 fn test(args: &Args) -> Result<bool> {
-    tests::check_backend(args.backend.as_deref())?;
+    tests::check_backend(args.backend)?;
     adapter::prepare()?;
     let nextest = tests::nextest_installed();
     if !nextest {
@@ -249,10 +249,10 @@ fn test(args: &Args) -> Result<bool> {
     let built = tests::build(args.release)?;
     adapter::ensure(built.demo_binary())?;
     let options = tests::Options {
-        backend: args.backend.clone(),
+        backend: args.backend,
         release: args.release,
         nextest,
-        doctests: matches!(args.backend.as_deref(), None | Some("all")),
+        doctests: matches!(args.backend, None | Some(Choice::All)),
     };
     let mut out = tests::Output::new(args.verbose);
     let rows = tests::run(&options, &built, &mut out)?;
@@ -382,14 +382,14 @@ fn ci(args: &Args) -> Result<bool> {
 }
 
 fn bench(args: &Args) -> Result<bool> {
-    let backend = args.backend.as_deref().unwrap_or("all");
+    let backend = args.backend.unwrap_or(Choice::All);
     let mut wanted: Vec<(String, String)> = Vec::new();
-    if matches!(backend, "all" | "core") {
+    if matches!(backend, Choice::All | Choice::Core) {
         wanted.push(("core".into(), "scope-core".into()));
     }
-    for kind in BackendKind::ALL {
+    for &kind in BackendKind::ALL {
         let b = kind.name();
-        if backend == "all" || backend == b {
+        if backend.takes(kind) {
             let krate = kind.server_crate();
             if run::root()
                 .join("crates")
@@ -398,7 +398,7 @@ fn bench(args: &Args) -> Result<bool> {
                 .is_file()
             {
                 wanted.push((b.into(), krate.into()));
-            } else if backend == b {
+            } else if backend == Choice::One(kind) {
                 bail!("crates/{krate} is not built yet");
             } else {
                 println!("==> {b}: crate not built yet");
@@ -407,25 +407,22 @@ fn bench(args: &Args) -> Result<bool> {
     }
     // scope's servers as cubecl runtimes, against cubecl-wgpu: the bench
     // needs both of these.
-    let cubecl = [BackendKind::Wgpu, BackendKind::Vulkan].map(BackendKind::name);
-    if (backend == "all" || cubecl.contains(&backend))
+    let cubecl = [BackendKind::Wgpu, BackendKind::Vulkan];
+    if cubecl.iter().any(|&kind| backend.takes(kind))
         && run::root().join("crates/scope-cubecl/Cargo.toml").is_file()
     {
         wanted.push(("cubecl".into(), "scope-cubecl".into()));
     }
     // The collectives' all-reduce over four devices, against the same
     // reduction written directly.
-    if backend == "all" && run::root().join("crates/tiny-runtime/Cargo.toml").is_file() {
+    if backend == Choice::All && run::root().join("crates/tiny-runtime/Cargo.toml").is_file() {
         wanted.push(("runtime".into(), "tiny-runtime".into()));
     }
     if wanted.is_empty() {
-        bail!(
-            "unknown backend `{backend}`: {}",
-            backends::list(&["core", "all"])
-        );
+        return backend.refused(&["core", "all"]);
     }
     // Every bench from one build; one backend's from its packages alone.
-    let select: Vec<&str> = if backend == "all" {
+    let select: Vec<&str> = if backend == Choice::All {
         artifacts::SELECT.to_vec()
     } else {
         let mut select: Vec<&str> = wanted
@@ -477,14 +474,15 @@ fn bench(args: &Args) -> Result<bool> {
     }
     // The collectives' overlap, on the timed mock of CUDA and NCCL: its
     // figures are modelled, and say so beside each.
-    if matches!(backend, "all" | "cuda") && wanted.iter().any(|(_, p)| p == "server-cuda") {
-        println!("\n==> cuda: ddp_step over the timed mock (tests/mock_timed.rs)");
+    let cuda = BackendKind::Cuda;
+    if backend.takes(cuda) && wanted.iter().any(|(_, p)| p == cuda.server_crate()) {
+        println!("\n==> {cuda}: ddp_step over the timed mock (tests/mock_timed.rs)");
         let mut cmd = run::cargo();
         cmd.args([
             "test",
             "--release",
             "-p",
-            "server-cuda",
+            cuda.server_crate(),
             "--test",
             "mock_timed",
         ])
@@ -498,7 +496,7 @@ fn bench(args: &Args) -> Result<bool> {
             .filter(|l| is_figure(l) || l.contains("-class"))
             .collect();
         figures.push((
-            "cuda: ddp_step over the timed mock".to_owned(),
+            format!("{cuda}: ddp_step over the timed mock"),
             lines,
             captured.success,
         ));
@@ -555,11 +553,9 @@ fn is_figure(line: &str) -> bool {
 }
 
 fn demo(args: &Args) -> Result<bool> {
-    let chosen = match &args.backend {
-        Some(b) => match BackendKind::from_name(b) {
-            Some(kind) => Some(kind),
-            None => bail!("unknown backend `{b}`: {}", backends::list(&[])),
-        },
+    let chosen = match args.backend {
+        Some(Choice::One(kind)) => Some(kind),
+        Some(other) => return other.refused(&[]),
         None => None,
     };
     // The dev profile, as the tests build it. The device work runs in the

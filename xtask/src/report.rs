@@ -47,6 +47,7 @@ mod checks {
     use super::counts::*;
     use super::lines::*;
     use super::runner::*;
+    use crate::backends::BackendKind::{Cuda, Vulkan, Wgpu};
 
     fn lines(text: &str) -> Vec<String> {
         text.lines().map(str::to_owned).collect()
@@ -201,7 +202,7 @@ error: test run failed";
         assert!(failure.raw.iter().any(|l| l.contains("boom")));
         assert!(failure.raw.iter().any(|l| l.contains("before")));
 
-        let mut row = Counts::new("vulkan");
+        let mut row = Counts::new(Vulkan.name());
         row.add("cargo nextest run", false, &lines(NEXTEST), true);
         assert_eq!((row.passed, row.failed, row.skipped), (2, 1, 2));
         assert_eq!(
@@ -231,7 +232,7 @@ skipped: this is stderr and does not count
         PASS [   0.004s] nxt t::plain
 ────────────
      \u{1b}[1mSummary\u{1b}[0m [   0.102s] 2 tests run: 2 passed, 0 skipped";
-        let mut row = Counts::new("wgpu");
+        let mut row = Counts::new(Wgpu.name());
         row.add("cargo nextest run", true, &lines(old), true);
         assert_eq!((row.passed, row.failed, row.skipped), (1, 0, 1));
         assert_eq!(row.skips, [("no wgpu device (no adapter)".to_owned(), 1)]);
@@ -309,7 +310,7 @@ test result: FAILED. 4 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
         let crashed = lines(
             "running 3 tests\ntest a ... ok\nerror: process didn't exit successfully (signal: 11, SIGSEGV)",
         );
-        let mut row = Counts::new("wgpu");
+        let mut row = Counts::new(Wgpu.name());
         row.add("target/debug/deps/wgpu-1", false, &crashed, false);
         assert_eq!((row.passed, row.failed), (0, 1));
         assert_eq!(row.failures.len(), 1);
@@ -321,7 +322,7 @@ test result: FAILED. 4 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
     #[test]
     fn unrecognised_framing_falls_back_to_counting_skip_lines() {
         let odd = lines("skipped: no cuda device (x)\n  Summary [ 1.0s] 3 tests run: 3 passed");
-        let mut row = Counts::new("cuda");
+        let mut row = Counts::new(Cuda.name());
         row.add("cargo nextest run", true, &odd, true);
         assert_eq!((row.passed, row.failed, row.skipped), (2, 0, 1));
         assert!(row.note.contains("counted by line"));
@@ -334,7 +335,7 @@ test result: FAILED. 4 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
             clip("no cuda device (searched a, b, c)", 17),
             "no cuda device (…"
         );
-        let mut row = Counts::new("cuda");
+        let mut row = Counts::new(Cuda.name());
         row.skips = vec![(
             format!("no cuda device ({})", "libcuda.so, ".repeat(20)),
             53,
@@ -349,7 +350,7 @@ test result: FAILED. 4 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
         let mut core = Counts::new("core");
         core.passed = 412;
         core.secs = 58.25;
-        let mut vulkan = Counts::new("vulkan");
+        let mut vulkan = Counts::new(Vulkan.name());
         vulkan.passed = 37;
         vulkan.skipped = 3;
         vulkan.secs = 48.0;

@@ -15,24 +15,22 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use crate::artifacts::{self, Artifact};
-use crate::backends::{BackendKind, list};
+use crate::backends::{Choice, ci};
 
 /// Which test binary holds a backend's conformance suite, and so its property
 /// test and soak. For core it is the host server's; for a server, the table's.
-fn suite_binary(backend: &str) -> Result<(&'static str, &'static str)> {
-    if matches!(backend, "core" | "host") {
-        return Ok(("scope-test", "conformance"));
-    }
-    match BackendKind::from_name(backend) {
-        Some(kind) => Ok((kind.server_crate(), kind.suite_test())),
-        None => bail!("unknown backend `{backend}`: {}", list(&["core"])),
+fn suite_binary(backend: Choice) -> Result<(&'static str, &'static str)> {
+    match backend {
+        Choice::Core | Choice::Host => Ok(("scope-test", "conformance")),
+        Choice::One(kind) => Ok((kind.server_crate(), ci(kind).suite_test)),
+        Choice::All => backend.refused(&[Choice::Host.name(), Choice::Core.name()]),
     }
 }
 
-fn find(backend: &str, release: bool) -> Result<Artifact> {
+fn find(backend: Choice, release: bool) -> Result<Artifact> {
     let (package, target) = suite_binary(backend)?;
     let built = artifacts::build(
         "the conformance tests",
@@ -84,7 +82,7 @@ fn fresh_seed(round: u64) -> u64 {
 /// # Errors
 ///
 /// When the build or a run cannot be started.
-pub fn fuzz(backend: &str, minutes: f64, release: bool) -> Result<bool> {
+pub fn fuzz(backend: Choice, minutes: f64, release: bool) -> Result<bool> {
     const STEPS: u64 = 5_000;
     let binary = find(backend, release)?;
     let deadline = Instant::now() + Duration::from_secs_f64(minutes * 60.0);
@@ -191,7 +189,7 @@ pub fn fuzz(backend: &str, minutes: f64, release: bool) -> Result<bool> {
 /// # Errors
 ///
 /// When the build or the run cannot be started.
-pub fn soak(backend: &str, release: bool) -> Result<bool> {
+pub fn soak(backend: Choice, release: bool) -> Result<bool> {
     let binary = find(backend, release)?;
     let launches = std::env::var("SCOPE_SOAK_LAUNCHES").unwrap_or_else(|_| "1000000".to_owned());
     println!("==> soaking {backend}: {launches} launches, 4 threads x 2 streams");

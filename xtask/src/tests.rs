@@ -29,7 +29,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use crate::artifacts::{self, Built};
-use crate::backends::{self, BackendKind};
+use crate::backends::{BackendKind, Choice, ci};
 use crate::cubecl;
 use crate::report::{self, Counts};
 use crate::run;
@@ -38,7 +38,7 @@ use crate::run;
 #[derive(Clone, Debug)]
 pub struct Options {
     /// One backend, or every one.
-    pub backend: Option<String>,
+    pub backend: Option<Choice>,
     /// Build with `--release`.
     pub release: bool,
     /// Use `cargo nextest` (when installed).
@@ -179,7 +179,7 @@ fn backend_group(backend: BackendKind, require: bool) -> Group {
         require: require.then(|| backend.name().to_owned()),
         missing,
         // The toolchain rows run that binary, with their own requirement.
-        binaries: match backend.toolchain() {
+        binaries: match ci(backend).toolchain {
             Some(_) => Binaries::Except(vec!["toolchain"]),
             None => Binaries::All,
         },
@@ -187,7 +187,7 @@ fn backend_group(backend: BackendKind, require: bool) -> Group {
     }
 }
 
-fn groups(backend: Option<&str>) -> Result<Vec<Group>> {
+fn groups(backend: Option<Choice>) -> Result<Vec<Group>> {
     // The core is three crates: the failure model, its test kit (the
     // suite on the reference host server), and what CUDA and HIP share.
     let core = Group {
@@ -196,7 +196,7 @@ fn groups(backend: Option<&str>) -> Result<Vec<Group>> {
         ..plain("scope-core")
     };
     Ok(match backend {
-        None | Some("all") => {
+        None | Some(Choice::All) => {
             let mut all = vec![core];
             all.extend(BackendKind::ALL.iter().map(|&b| backend_group(b, false)));
             if crate_exists("tiny-runtime") {
@@ -208,19 +208,14 @@ fn groups(backend: Option<&str>) -> Result<Vec<Group>> {
             all.extend(
                 BackendKind::ALL
                     .iter()
-                    .filter_map(|&b| Some(toolchain_group(b, b.toolchain()?))),
+                    .filter_map(|&b| Some(toolchain_group(b, ci(b).toolchain?))),
             );
             all.extend(other_crates().iter().map(|name| plain(name)));
             all
         }
-        Some("core") => vec![core],
-        Some(other) => {
-            let Some(kind) = BackendKind::from_name(other) else {
-                anyhow::bail!(
-                    "unknown backend `{other}`: {}",
-                    backends::list(&["core", "all"])
-                )
-            };
+        Some(Choice::Core) => vec![core],
+        Some(Choice::Host) => return Choice::Host.refused(&["core", "all"]),
+        Some(Choice::One(kind)) => {
             let mut one = vec![backend_group(kind, true)];
             one.extend(cubecl_groups(Some(kind), true));
             one
@@ -232,8 +227,8 @@ fn groups(backend: Option<&str>) -> Result<Vec<Group>> {
 ///
 /// # Errors
 ///
-/// When `backend` is none of cuda, hip, vulkan, wgpu, core or all.
-pub fn check_backend(backend: Option<&str>) -> Result<()> {
+/// When `backend` is the host server, which has no row of its own.
+pub fn check_backend(backend: Option<Choice>) -> Result<()> {
     groups(backend).map(drop)
 }
 
@@ -530,7 +525,7 @@ pub fn run(options: &Options, built: &Built, out: &mut Output) -> Result<Vec<Cou
     let reuse = (options.nextest && built.ok)
         .then(|| reuse(options.release))
         .flatten();
-    let groups = groups(options.backend.as_deref())?;
+    let groups = groups(options.backend)?;
     let probed = if groups.iter().any(|g| g.needs.is_some()) {
         crate::matrix::probe_all(built.demo_binary())
     } else {
@@ -810,16 +805,23 @@ mod checks {
             Some("skipped: no wgpu gl device")
         );
         let names = |groups: &[Group]| groups.iter().map(|g| g.name.clone()).collect::<Vec<_>>();
-        let with_vulkan = groups(Some("vulkan")).unwrap();
-        assert_eq!(names(&with_vulkan), ["vulkan", "cubecl on vulkan"]);
-        let with_cuda = groups(Some("cuda")).unwrap();
-        assert_eq!(names(&with_cuda), ["cuda", "cubecl on cuda"]);
+        let one = |kind| groups(Some(Choice::One(kind))).unwrap();
+        let with_vulkan = one(BackendKind::Vulkan);
+        assert_eq!(
+            names(&with_vulkan),
+            [BackendKind::Vulkan.name(), "cubecl on vulkan"]
+        );
+        let with_cuda = one(BackendKind::Cuda);
+        assert_eq!(
+            names(&with_cuda),
+            [BackendKind::Cuda.name(), "cubecl on cuda"]
+        );
         assert_eq!(
             no_device(&with_cuda[1], &[]).as_deref(),
             Some("skipped: no cuda device")
         );
-        let with_hip = groups(Some("hip")).unwrap();
-        assert_eq!(names(&with_hip), ["hip", "cubecl on hip"]);
+        let with_hip = one(BackendKind::Hip);
+        assert_eq!(names(&with_hip), [BackendKind::Hip.name(), "cubecl on hip"]);
         assert_eq!(
             no_device(&with_hip[1], &[]).as_deref(),
             Some("skipped: no hip device")

@@ -6,6 +6,7 @@ use crate::error::Result;
 use crate::id::StreamId;
 use crate::kernel::{Kernel, Language};
 use crate::limits::LaunchLimits;
+use crate::probe::Kind;
 
 /// How a launch uses a binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -138,8 +139,11 @@ pub trait Backend: Send + 'static {
     /// What a wait outside the lock needs: a semaphore value, an event.
     type Waiter: Send + 'static;
 
-    /// The backend's name: `cuda`, `hip`, `vulkan`, `wgpu`, `host`.
-    const NAME: &'static str;
+    /// What it is, as wgpu-hal's `Api::VARIANT`.
+    const KIND: Kind;
+
+    /// Its name, from [`KIND`](Self::KIND); a backend does not set it.
+    const NAME: &'static str = Self::KIND.name();
 
     /// Why its process-fatal faults need a new process.
     const RESTART: &'static str = "the driver says the process must restart after this fault";

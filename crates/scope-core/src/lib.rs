@@ -81,6 +81,7 @@ pub use handle::{Binding, Buffer, Capture, Dispatch, Graph, Slice};
 pub use id::{BufferId, BufferRange, ByteRange, FailureId, GraphId, StreamId};
 pub use kernel::{Kernel, KernelId, KernelSource, Language, Unchecked};
 pub use limits::{DeviceFeatures, DeviceLimits, LaunchLimits};
+pub use probe::Kind;
 pub use probe::{BackendKind, DeviceKind, Drivers, Probe, ProbedDevice, required};
 pub use server::{COPY_ALIGNMENT, MAX_STREAMS, Recovered};
 

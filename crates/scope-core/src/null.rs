@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::id::StreamId;
 use crate::kernel::{Kernel, Language};
 use crate::limits::LaunchLimits;
+use crate::probe::Kind;
 
 /// What a test backend adds: each method is asked at the call of its name.
 pub trait Script: Send + 'static {
@@ -140,7 +141,7 @@ impl<S: Script> Backend for Null<S> {
     type Graph = NullGraph;
     type Waiter = NullWaiter;
 
-    const NAME: &'static str = "null";
+    const KIND: Kind = Kind::Null;
 
     fn describe(&self) -> String {
         "no device (null backend: every call succeeds and does nothing)".to_owned()

@@ -5,7 +5,7 @@ use std::fmt;
 
 mod kind;
 
-pub use kind::{BackendKind, Drivers};
+pub use kind::{BackendKind, Drivers, Kind};
 
 /// Whether `SCOPE_REQUIRE` (a comma-separated list, or `all`) names `backend`,
 /// so a missing device fails rather than skips; every test crate asks this.

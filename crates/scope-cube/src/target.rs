@@ -60,14 +60,12 @@ impl Target {
         }
     }
 
-    /// The target for a backend by its [`Backend::NAME`]; `None` for the host server.
-    pub fn for_backend_name(name: &str) -> Option<Target> {
-        BackendKind::from_name(name).map(Self::for_kind)
-    }
-
-    /// The target for backend `B`.
-    pub fn of<B: Backend>() -> Option<Target> {
-        Self::for_backend_name(B::NAME)
+    /// The target for backend `B`, by its [`Backend::KIND`]; `None` for the host server.
+    pub const fn of<B: Backend>() -> Option<Target> {
+        match B::KIND.server() {
+            Some(kind) => Some(Self::for_kind(kind)),
+            None => None,
+        }
     }
 
     /// The scope language of the source it produces.

@@ -240,10 +240,6 @@ fn a_language_the_server_does_not_take_is_refused_before_launching() {
 #[test]
 fn every_backend_has_a_target_and_back() {
     for &kind in scope_core::BackendKind::ALL {
-        assert_eq!(
-            Target::for_backend_name(kind.name()),
-            Some(Target::for_kind(kind))
-        );
         assert_eq!(Target::for_kind(kind).kind(), kind);
     }
     for target in Target::ALL {

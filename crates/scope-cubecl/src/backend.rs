@@ -2,7 +2,7 @@
 //! is opened.
 //!
 //! One small trait over [`scope_core::Backend`], so the adapter is written once. A server
-//! joins by naming its [`BackendKind`], how to open it and how to find its devices. The rest
+//! joins by naming how to open it and how to find its devices. The rest
 //! is the same on every server, because the contract is.
 
 use scope_core::{Backend, BackendKind, Client, Probe, Result};
@@ -13,15 +13,18 @@ use crate::peers::Peers;
 
 /// A scope server a cubecl runtime can run on.
 pub trait CubeBackend: Backend + Sized {
-    /// Its row of scope-core's table of backends.
-    const KIND: BackendKind;
+    /// Its row of scope-core's table: its [`Backend::KIND`], which must be a server's.
+    const SERVER: BackendKind = match <Self as Backend>::KIND.server() {
+        Some(kind) => kind,
+        None => panic!("a cubecl runtime runs on a server of the table"),
+    };
 
     /// The runtime's name, as cubecl reports it ("scope-vulkan").
     const RUNTIME_NAME: &'static str;
 
     /// The language cubecl's kernels are compiled into for this server.
     fn target() -> Target {
-        Target::for_kind(Self::KIND)
+        Target::for_kind(Self::SERVER)
     }
 
     /// Open a server on `device`.
@@ -81,7 +84,6 @@ fn one_api() -> Result<server_wgpu::Options> {
 impl CubeBackend for server_wgpu::Wgpu {
     /// A name starting with "wgpu" tells cubecl's tests WGSL may fold NaN and signed zero.
     const RUNTIME_NAME: &'static str = "wgpu<scope>";
-    const KIND: BackendKind = BackendKind::Wgpu;
 
     /// Adapter `index` of those the environment allows, or one new device per logical index.
     fn open(device: &ScopeDevice) -> Result<Client<Self>> {
@@ -112,7 +114,6 @@ impl CubeBackend for server_wgpu::Wgpu {
 #[cfg(feature = "vulkan")]
 impl CubeBackend for server_vulkan::Vulkan {
     const RUNTIME_NAME: &'static str = "scope-vulkan";
-    const KIND: BackendKind = BackendKind::Vulkan;
 
     /// SPIR-V by device address (cubecl's own Vulkan path) when
     /// `SCOPE_CUBECL_VULKAN=spirv`; WGSL through naga otherwise.
@@ -159,7 +160,6 @@ impl CubeBackend for server_vulkan::Vulkan {
 #[cfg(feature = "cuda")]
 impl CubeBackend for server_cuda::Cuda {
     const RUNTIME_NAME: &'static str = "scope-cuda";
-    const KIND: BackendKind = BackendKind::Cuda;
     const SPLITS: bool = false;
 
     fn open(device: &ScopeDevice) -> Result<Client<Self>> {
@@ -184,7 +184,6 @@ impl CubeBackend for server_cuda::Cuda {
 #[cfg(feature = "hip")]
 impl CubeBackend for server_hip::Hip {
     const RUNTIME_NAME: &'static str = "scope-hip";
-    const KIND: BackendKind = BackendKind::Hip;
     const SPLITS: bool = false;
 
     fn open(device: &ScopeDevice) -> Result<Client<Self>> {
@@ -220,7 +219,7 @@ mod tests {
         allow(dead_code)
     )]
     fn agrees<B: CubeBackend>(kind: BackendKind) {
-        assert_eq!(B::KIND, kind);
+        assert_eq!(B::SERVER, kind);
         assert_eq!(B::NAME, kind.name());
     }
 

@@ -123,7 +123,7 @@ mod tests {
     #[test]
     fn scope_errors_map_onto_cubecls() {
         let oom = Error::OutOfMemory {
-            backend: "wgpu",
+            backend: scope_core::BackendKind::Wgpu.name(),
             requested: 7,
             detail: String::new(),
         };
@@ -136,7 +136,7 @@ mod tests {
             ServerError::Validation { .. }
         ));
         let compile = Error::Compile {
-            backend: "wgpu",
+            backend: scope_core::BackendKind::Wgpu.name(),
             kernel: "k".into(),
             log: "bad".into(),
         };

@@ -30,7 +30,7 @@ use scope_core::StreamId;
 use scope_core::backend::{Access, Backend, BoundDispatch, Launch};
 use scope_core::collective::device::{DeviceCall, DeviceCollectives, DeviceTransfer};
 use scope_core::kernel::{Kernel, KernelSource, Language};
-use scope_core::{Error, Result};
+use scope_core::{Error, Kind, Result};
 
 /// What a host kernel gets.
 pub struct HostArgs<'a> {
@@ -398,7 +398,7 @@ impl Backend for Host {
     /// Nothing: the reference server runs work as it is issued, so a stream never has any pending.
     type Waiter = ();
 
-    const NAME: &'static str = "host";
+    const KIND: Kind = Kind::Host;
 
     fn describe(&self) -> String {
         "host memory (reference server)".to_owned()

@@ -17,9 +17,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::sys::CUresult;
-use scope_core::{DeviceFault, Error, FaultClass, StreamId};
+use scope_core::{BackendKind, DeviceFault, Error, FaultClass, StreamId};
 
-pub(crate) const BACKEND: &str = "cuda";
+/// The table's row for this server; its name is in every error.
+pub(crate) const KIND: BackendKind = BackendKind::Cuda;
+pub(crate) const BACKEND: &str = KIND.name();
 
 /// Set once `cuInit` succeeded. Before that, only the code's name is reported: cudarc would panic.
 static DRIVER_LOADED: AtomicBool = AtomicBool::new(false);
@@ -288,7 +290,7 @@ mod tests {
                 };
                 assert_eq!(fault.code, code_name(code));
                 assert_eq!(fault.class, class_of(code));
-                assert_eq!(fault.backend, "cuda");
+                assert_eq!(fault.backend, BACKEND);
                 assert!(!error.is_out_of_memory());
             }
         }
@@ -330,7 +332,7 @@ mod tests {
             assert!(error.is_process_fatal(), "{code:?}: {error}");
             let refused = error.refuse_process_fatal(BACKEND, RESTART).unwrap_err();
             assert!(
-                matches!(&refused, Error::RestartRequired { backend: "cuda", reason, .. }
+                matches!(&refused, Error::RestartRequired { backend: BACKEND, reason, .. }
                     if reason.contains("terminated and relaunched")),
                 "{refused}"
             );
@@ -356,7 +358,7 @@ mod tests {
         assert!(!error.is_sticky());
         assert!(error.is_out_of_memory());
         assert!(
-            matches!(error, Error::OutOfMemory { requested, backend: "cuda", .. } if requested == 1 << 40),
+            matches!(error, Error::OutOfMemory { requested, backend: BACKEND, .. } if requested == 1 << 40),
             "{error:?}"
         );
         let name = kernel();
@@ -429,7 +431,7 @@ mod tests {
         ] {
             let error = classify(code, Doing::Load { kernel: &name });
             assert!(
-                matches!(&error, Error::Compile { log, backend: "cuda", .. } if log.contains(&code_name(code))),
+                matches!(&error, Error::Compile { log, backend: BACKEND, .. } if log.contains(&code_name(code))),
                 "{error:?}"
             );
         }
@@ -487,7 +489,7 @@ mod tests {
                 matches!(
                     error,
                     Error::BackendUnavailable {
-                        backend: "cuda",
+                        backend: BACKEND,
                         ..
                     }
                 ),

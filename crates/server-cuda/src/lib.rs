@@ -54,7 +54,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
 use scope_core::backend::Launch;
-use scope_core::{Backend, Client, Kernel, Language, LaunchLimits, Result, StreamId};
+use scope_core::{Backend, Client, Kernel, Kind, Language, LaunchLimits, Result, StreamId};
 use scope_native::ParamTable;
 
 pub use capture::CudaGraph;
@@ -178,7 +178,7 @@ impl Backend for Cuda {
     type Graph = CudaGraph;
     type Waiter = CudaWaiter;
 
-    const NAME: &'static str = "cuda";
+    const KIND: Kind = Kind::Server(error::KIND);
     const RESTART: &'static str = error::RESTART;
 
     fn describe(&self) -> String {

@@ -3,7 +3,7 @@
 //! taint, windows, poison, fault injection) is the core's `Server<Hip>`.
 
 use scope_core::backend::Launch;
-use scope_core::{Backend, Kernel, Language, LaunchLimits, Result, StreamId};
+use scope_core::{Backend, Kernel, Kind, Language, LaunchLimits, Result, StreamId};
 
 use crate::capture::HipGraph;
 use crate::device::{Hip, HipStream, HipWaiter};
@@ -17,7 +17,7 @@ impl Backend for Hip {
     type Graph = HipGraph;
     type Waiter = HipWaiter;
 
-    const NAME: &'static str = crate::error::BACKEND;
+    const KIND: Kind = Kind::Server(crate::error::KIND);
     const RESTART: &'static str = crate::error::RESTART;
 
     fn describe(&self) -> String {

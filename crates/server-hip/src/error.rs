@@ -9,12 +9,13 @@
 
 use std::sync::Arc;
 
-use scope_core::{DeviceFault, Error, FaultClass, StreamId};
+use scope_core::{BackendKind, DeviceFault, Error, FaultClass, StreamId};
 
 use crate::ffi::{HipErrorCode, code, code_name};
 
-/// The backend's name in errors.
-pub const BACKEND: &str = "hip";
+/// The table's row for this server; its name is in every error.
+pub(crate) const KIND: BackendKind = BackendKind::Hip;
+pub const BACKEND: &str = KIND.name();
 
 /// Sticky codes after which CUDA's documentation says to terminate and relaunch the process.
 pub(crate) const PROCESS_FATAL: [HipErrorCode; 4] = [
@@ -210,7 +211,7 @@ mod tests {
                 let Error::Fault(fault) = &error else {
                     unreachable!()
                 };
-                assert_eq!(fault.backend, "hip");
+                assert_eq!(fault.backend, BACKEND);
                 assert_eq!(Some(fault.code.as_str()), code_name(code));
                 assert!(fault.detail.contains("hipStreamSynchronize"), "{error}");
             }
@@ -227,7 +228,7 @@ mod tests {
             assert!(error.is_process_fatal(), "{error}");
             assert!(matches!(
                 error.refuse_process_fatal(BACKEND, RESTART),
-                Err(Error::RestartRequired { backend: "hip", reason, .. })
+                Err(Error::RestartRequired { backend: BACKEND, reason, .. })
                     if reason.contains("terminated and relaunched")
             ));
         }
@@ -250,7 +251,7 @@ mod tests {
         assert!(!error.is_sticky());
         assert!(error.is_out_of_memory());
         assert!(
-            matches!(error, Error::OutOfMemory { requested, backend: "hip", .. } if requested == 1 << 40)
+            matches!(error, Error::OutOfMemory { requested, backend: BACKEND, .. } if requested == 1 << 40)
         );
         for doing in every_site() {
             let error = HipError::new("hipMemcpyAsync", code::OUT_OF_MEMORY).into_error(doing);

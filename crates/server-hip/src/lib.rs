@@ -133,7 +133,7 @@ mod tests {
     #[test]
     fn probe_answers_without_panicking() {
         let probe = probe();
-        assert_eq!(probe.backend, "hip");
+        assert_eq!(probe.backend, error::BACKEND);
         if probe.has_device() {
             assert!(probe.why_not.is_none());
             assert!(
@@ -152,9 +152,9 @@ mod tests {
     #[test]
     fn client_is_unavailable_or_works() {
         match client() {
-            Ok(client) => assert_eq!(client.backend(), "hip"),
+            Ok(client) => assert_eq!(client.backend(), error::BACKEND),
             Err(scope_core::Error::BackendUnavailable { backend, reason }) => {
-                assert_eq!(backend, "hip");
+                assert_eq!(backend, error::BACKEND);
                 assert!(!reason.is_empty());
             }
             Err(other) => panic!("expected BackendUnavailable, got {other}"),

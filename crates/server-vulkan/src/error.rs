@@ -9,9 +9,11 @@
 use std::sync::Arc;
 
 use ash::vk;
-use scope_core::{DeviceFault, Error, FaultClass};
+use scope_core::{BackendKind, DeviceFault, Error, FaultClass};
 
-pub(crate) const NAME: &str = "vulkan";
+/// The table's row for this server; its name is in every error.
+pub(crate) const KIND: BackendKind = BackendKind::Vulkan;
+pub(crate) const NAME: &str = KIND.name();
 
 /// Where a Vulkan call failed: decides what its `VkResult` means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

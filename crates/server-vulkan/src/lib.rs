@@ -80,7 +80,7 @@ mod timeline;
 use std::sync::Arc;
 
 use scope_core::backend::Launch;
-use scope_core::{Backend, Client, Kernel, Language, Probe, Result};
+use scope_core::{Backend, Client, Kernel, Kind, Language, Probe, Result};
 
 pub use capture::VulkanGraph;
 pub use compile::VulkanKernel;
@@ -372,7 +372,7 @@ impl Backend for Vulkan {
     type Graph = VulkanGraph;
     type Waiter = StreamWait;
 
-    const NAME: &'static str = error::NAME;
+    const KIND: Kind = Kind::Server(error::KIND);
 
     fn describe(&self) -> String {
         self.adapter.describe()

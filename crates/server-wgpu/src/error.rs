@@ -29,10 +29,11 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use scope_core::{DeviceFault, Error};
+use scope_core::{BackendKind, DeviceFault, Error};
 
-/// The backend's name in errors.
-pub(crate) const NAME: &str = "wgpu";
+/// The table's row for this server; its name is in every error.
+pub(crate) const KIND: BackendKind = BackendKind::Wgpu;
+pub(crate) const NAME: &str = KIND.name();
 
 /// Run `f` inside validation, out-of-memory and internal error scopes; its
 /// value and the first error caught. Guards pop in reverse, as wgpu requires.

@@ -79,7 +79,7 @@ mod stream;
 use std::sync::Arc;
 
 use scope_core::backend::Launch;
-use scope_core::{Backend, Client, Error, Kernel, Language, Result, StreamId};
+use scope_core::{Backend, Client, Error, Kernel, Kind, Language, Result, StreamId};
 
 pub use capture::Graph;
 pub use compile::Pipeline;
@@ -274,7 +274,7 @@ impl Backend for Wgpu {
     type Graph = Graph;
     type Waiter = StreamWait;
 
-    const NAME: &'static str = NAME;
+    const KIND: Kind = Kind::Server(error::KIND);
 
     fn describe(&self) -> String {
         self.gpu.describe()

@@ -1,4 +1,4 @@
-//! The servers, listed once; xtask reads this `core`-only file by `#[path]`.
+//! The backends, listed once; xtask reads this `core`-only file by `#[path]`.
 
 use core::fmt;
 
@@ -40,7 +40,7 @@ pub enum Drivers {
 }
 
 impl BackendKind {
-    /// Its name: `Backend::NAME`, `--backend`, the matrix's rows.
+    /// Its name: what its server prints, `--backend`, the matrix's rows.
     pub const fn name(self) -> &'static str {
         match self {
             Self::Cuda => "cuda",
@@ -78,26 +78,6 @@ impl BackendKind {
             Self::Wgpu => Drivers::Portable,
         }
     }
-
-    /// Its server's conformance test binary: a mock driver's where CI has no GPU.
-    pub const fn suite_test(self) -> &'static str {
-        match self {
-            Self::Cuda | Self::Hip => "mock",
-            Self::Vulkan | Self::Wgpu => "conformance",
-        }
-    }
-
-    /// Its server's `toolchain` test, if any: (variable, usual install path).
-    pub const fn toolchain(self) -> Option<(&'static str, &'static str)> {
-        match self {
-            Self::Cuda => Some(("SCOPE_CUDA_TOOLCHAIN", "target/cuda-toolchain")),
-            Self::Hip => Some((
-                "SCOPE_HIP_TOOLCHAIN",
-                "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5",
-            )),
-            Self::Vulkan | Self::Wgpu => None,
-        }
-    }
 }
 
 impl fmt::Display for BackendKind {
@@ -106,9 +86,45 @@ impl fmt::Display for BackendKind {
     }
 }
 
+/// What a `Backend` is, as wgpu-hal's `Api::VARIANT`; not `BackendKind`, whose rows are servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A server crate.
+    Server(BackendKind),
+    /// The reference host server of the test kit.
+    Host,
+    /// The core's null backend.
+    Null,
+}
+
+impl Kind {
+    /// The name it prints: its server's, `host` or `null`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Server(kind) => kind.name(),
+            Self::Host => "host",
+            Self::Null => "null",
+        }
+    }
+
+    /// Its server, if it is one.
+    pub const fn server(self) -> Option<BackendKind> {
+        match self {
+            Self::Server(kind) => Some(kind),
+            Self::Host | Self::Null => None,
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::BackendKind;
+    use super::{BackendKind, Kind};
 
     #[test]
     fn every_backend_is_listed_once_under_its_own_name() {
@@ -117,8 +133,10 @@ mod tests {
             assert_eq!(BackendKind::from_name(kind.name()), Some(kind));
             let server = kind.server_crate().strip_prefix("server-");
             assert_eq!(server, Some(kind.name()));
+            assert_eq!(Kind::Server(kind).name(), kind.name());
         }
-        assert_eq!(BackendKind::from_name("host"), None);
+        assert_eq!(BackendKind::from_name(Kind::Host.name()), None);
+        assert_eq!(BackendKind::from_name(Kind::Null.name()), None);
         assert_eq!(BackendKind::from_name("Vulkan"), None);
     }
 }
