@@ -759,9 +759,10 @@ pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
     assert!(short.broken().is_some());
     // A group that breaks while a receive waits (rank 1's all-reduce runs out first) fails that
     // receive with what broke it, claimed. Rank 0 receives 100 ms after rank 1 is ready, so the
-    // all-reduce's deadline comes first, unless rank 1's thread lost those 100 ms before its call
-    // began. Then the receive's own deadline came first, and it must name the silent sender: the
-    // rules hold either way, and the next attempt tries the order again.
+    // receive waits when the all-reduce's deadline comes. A thread that loses time reorders
+    // that: the receive's own deadline comes first (it names the silent sender, claimed), or the
+    // receive starts on a group already broken (refused, claiming nothing: rule 43). The rules
+    // hold every way, and the next attempt tries the order again.
     for attempt in 0.. {
         let short = S::group(clients.clone(), deadline).unwrap();
         let ready = std::sync::Barrier::new(2);
@@ -772,7 +773,7 @@ pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
                 let c = rank.client();
                 let into = upload(c, &[5; PART as usize]);
                 let error = rank.recv(3, into.all()).unwrap_err();
-                Some((error, claimed_by::<S>(c, &into)))
+                Some((error, read_twice::<S>(c, &into)))
             }
             1 => {
                 let c = rank.client();
@@ -784,30 +785,39 @@ pub fn send_and_recv_carry_failures_between_ranks<S: Suite>() {
             }
             _ => None,
         });
-        let (error, claim) = outcomes[0].as_ref().expect("rank 0 received");
-        let broke_first = matches!(
-            collective_error(error),
-            CollectiveError::Missing {
-                collective: "all_reduce",
-                ..
-            }
-        );
-        for reported in [collective_error(error), claim] {
-            let named = match reported {
+        let (error, read) = outcomes[0].as_ref().expect("rank 0 received");
+        let at = format!("attempt {attempt}: {error}, then read {read:?}");
+        let claim = read.as_ref().err().map(|e| collective_error(e.root()));
+        let broke_while_waiting = match (collective_error(error), claim) {
+            (
                 CollectiveError::Missing {
                     collective: "all_reduce",
                     ..
-                } => broke_first,
+                },
+                Some(CollectiveError::Missing {
+                    collective: "all_reduce",
+                    ..
+                }),
+            ) => true,
+            (
                 CollectiveError::Missing {
                     collective: "recv",
                     missing,
                     ..
-                } => !broke_first && missing == &vec![3],
-                _ => false,
-            };
-            assert!(named, "attempt {attempt}: {reported}");
-        }
-        if broke_first {
+                },
+                Some(CollectiveError::Missing {
+                    collective: "recv",
+                    missing: claimed,
+                    ..
+                }),
+            ) if missing == &vec![3] && claimed == &vec![3] => false,
+            (CollectiveError::Broken { .. }, None) => {
+                assert_eq!(read.as_ref().ok(), Some(&vec![5; PART as usize]), "{at}");
+                false
+            }
+            _ => panic!("{at}"),
+        };
+        if broke_while_waiting {
             break;
         }
         assert!(
