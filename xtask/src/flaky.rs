@@ -52,6 +52,11 @@ pub const RACING: &[Racing] = &[
     ),
     racing("scope-core", "waits", "bounded waits against the clock"),
     racing(
+        "scope-launch",
+        "launch",
+        "the launcher and its workers as processes: exits, lapsed leases, a launcher killed",
+    ),
+    racing(
         "scope-test",
         "conformance",
         "the kit's collectives, membership and survival on the reference server: a thread a rank, deadlines",
@@ -65,6 +70,11 @@ pub const RACING: &[Racing] = &[
         "server-cuda",
         "mock",
         "the suite over the mock driver and NCCL: ranks on threads, deadlines",
+    ),
+    racing(
+        "server-cuda",
+        "mock_launched",
+        "four launched worker processes joining one group through the coordinator",
     ),
     racing(
         "server-cuda",
@@ -166,6 +176,11 @@ pub const CALM: &[(&str, &str, &str)] = &[
         "server-hip",
         "collectives",
         "needs an AMD device: skipped here",
+    ),
+    (
+        "server-hip",
+        "toolchain",
+        "compiles kernels with hiprtc; its one child process probes an architecture, waited for with no deadline; no device, no group",
     ),
     (
         "server-hip",
@@ -473,6 +488,8 @@ mod tests {
         "conformance_tests!",
         "cuda_suite!",
         "hip_suite!",
+        "Command::new",
+        "Launcher::",
     ];
 
     /// Every integration-test file with a marker is in [`RACING`] or

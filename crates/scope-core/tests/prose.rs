@@ -28,6 +28,7 @@ const BUDGETS: &[(&str, f64, f64)] = &[
     ("scope-core", 10.5, 0.15),
     ("scope-cube", 12.0, 0.15),
     ("scope-cubecl", 11.0, 0.135),
+    ("scope-launch", 12.5, 0.15),
     ("scope-native", 13.5, 0.15),
     ("scope-test", 12.0, 0.14),
     ("server-cuda", 12.0, 0.15),

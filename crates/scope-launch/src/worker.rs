@@ -1,0 +1,243 @@
+//! The worker's side: one call to join a launch, a heartbeat, and what rank
+//! 0 shares with its peers.
+//!
+//! A worker is alive while its lease is. A thread renews it four times a
+//! liveness window, so a process killed or stopped drops out within one
+//! window, with no deadline of anyone's. The same thread learns when the
+//! launcher is gone: a renewal that fails marks the launch lost. From then
+//! on [`Launched::healthy`] answers [`JobError::CoordinatorLost`], and a
+//! loop that checks it each step stops with a typed error.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::connect::connect;
+use crate::error::{JobError, Result};
+use crate::settings::{Settings, keys};
+use crate::store::{Coordinator, Lease, wait_for};
+
+/// A worker process of a launch, registered with its coordinator.
+pub struct Launched {
+    settings: Settings,
+    coordinator: Arc<dyn Coordinator>,
+    lease: Lease,
+    heart: Arc<Heart>,
+    beating: Option<JoinHandle<()>>,
+}
+
+/// What the heartbeat thread and the worker share: whether to stop, and
+/// what ended the launch, if anything did.
+#[derive(Default)]
+struct Heart {
+    stopping: AtomicBool,
+    lost: Mutex<Option<JobError>>,
+    wake: Condvar,
+}
+
+impl Launched {
+    /// Joins the launch this process was started by, from its environment.
+    pub fn from_env() -> Result<Self> {
+        Self::with(Settings::from_env()?)
+    }
+
+    /// Joins the launch `settings` describe: checks them against what the
+    /// launcher recorded, takes the rank's lease and starts its heartbeat.
+    ///
+    /// # Errors
+    ///
+    /// [`JobError::Invalid`] for a group size or epoch other than the
+    /// job's, or a rank another live process holds;
+    /// [`JobError::CoordinatorLost`] when it cannot be reached.
+    pub fn with(settings: Settings) -> Result<Self> {
+        let coordinator = connect(&settings.coordinator, settings.liveness)?;
+        let job = &settings.job;
+        let recorded = |key: String, what: &'static str, mine: String| -> Result<()> {
+            let held = coordinator
+                .get(&key)?
+                .map(|v| String::from_utf8_lossy(&v).into_owned());
+            match held {
+                Some(held) if held == mine => Ok(()),
+                Some(held) => Err(JobError::invalid(
+                    what,
+                    format!("{mine} given to this worker, {held} recorded for job `{job}`"),
+                )),
+                None => Err(JobError::invalid(
+                    what,
+                    format!("no job `{job}` at {}", coordinator.at()),
+                )),
+            }
+        };
+        recorded(keys::ranks(job), "group size", settings.ranks.to_string())?;
+        recorded(keys::epoch(job), "epoch", settings.epoch.to_string())?;
+        let lease = coordinator.grant(settings.liveness)?;
+        let holder_id = keys::holder(std::process::id());
+        let holder = coordinator.create(
+            &keys::alive(job, settings.rank),
+            holder_id.as_bytes(),
+            Some(lease),
+        )?;
+        if holder != holder_id.as_bytes() {
+            let _ = coordinator.revoke(lease);
+            return Err(JobError::invalid(
+                "rank",
+                format!(
+                    "rank {} is held by live process {}",
+                    settings.rank,
+                    keys::holder_pid(&holder)
+                ),
+            ));
+        }
+        let heart = Arc::new(Heart::default());
+        let beating = {
+            let (coordinator, heart) = (coordinator.clone(), heart.clone());
+            let every = settings.liveness / 4;
+            let launcher = keys::launcher(&settings.job);
+            std::thread::Builder::new()
+                .name("scope-heartbeat".into())
+                .spawn(move || beat(&*coordinator, (lease, &launcher), every, &heart))
+                .map_err(|e| JobError::Process(format!("the heartbeat thread: {e}")))?
+        };
+        Ok(Self {
+            settings,
+            coordinator,
+            lease,
+            heart,
+            beating: Some(beating),
+        })
+    }
+
+    /// This worker's rank.
+    pub fn rank(&self) -> usize {
+        self.settings.rank
+    }
+
+    /// The group's size.
+    pub fn ranks(&self) -> usize {
+        self.settings.ranks
+    }
+
+    /// The membership epoch this worker started in.
+    pub fn epoch(&self) -> u64 {
+        self.settings.epoch
+    }
+
+    /// How many times this rank was started before this process.
+    pub fn restarts(&self) -> u32 {
+        self.settings.restart
+    }
+
+    /// What this worker was started with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The coordinator, for what a program shares beyond this crate's keys.
+    pub fn coordinator(&self) -> &Arc<dyn Coordinator> {
+        &self.coordinator
+    }
+
+    /// `Ok` while the launch goes on; the error that ended it, once the
+    /// heartbeat failed. Cheap: it reads what the heartbeat thread found.
+    pub fn healthy(&self) -> Result<()> {
+        match &*self.heart.lost.lock() {
+            Some(lost) => Err(lost.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// The ranks whose lease is alive now, this one among them.
+    pub fn alive(&self) -> Result<Vec<usize>> {
+        let prefix = keys::alive_prefix(&self.settings.job);
+        let mut ranks: Vec<usize> = self
+            .coordinator
+            .list(&prefix)?
+            .into_iter()
+            .filter_map(|(key, _)| key[prefix.len()..].parse().ok())
+            .collect();
+        ranks.sort_unstable();
+        Ok(ranks)
+    }
+
+    /// What rank 0 shares as `name` in this epoch: rank 0 makes it with
+    /// `make` and publishes it; every other rank waits for it at most
+    /// `within`. The first value published stays, so a rank 0 started again
+    /// in the same epoch hands out what its peers already hold.
+    pub fn share(
+        &self,
+        name: &str,
+        within: Duration,
+        make: impl FnOnce() -> Result<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        self.healthy()?;
+        let key = keys::shared(&self.settings.job, self.settings.epoch, name);
+        if self.settings.rank == 0 {
+            if let Some(held) = self.coordinator.get(&key)? {
+                return Ok(held);
+            }
+            self.coordinator.create(&key, &make()?, None)
+        } else {
+            wait_for(&*self.coordinator, &key, within)
+        }
+    }
+}
+
+/// Renews `lease` every `every`, and checks the launcher's key is still
+/// held, until told to stop or until either fails, which it records.
+fn beat(
+    coordinator: &dyn Coordinator,
+    (lease, launcher): (Lease, &str),
+    every: Duration,
+    heart: &Heart,
+) {
+    loop {
+        {
+            let mut lost = heart.lost.lock();
+            if !heart.stopping.load(Ordering::SeqCst) {
+                heart.wake.wait_for(&mut lost, every);
+            }
+            if heart.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+        }
+        let checked =
+            coordinator
+                .keep_alive(lease)
+                .and_then(|()| match coordinator.get(launcher)? {
+                    Some(_) => Ok(()),
+                    None => Err(JobError::LauncherLost {
+                        job: launcher.trim_end_matches("/launcher").to_owned(),
+                    }),
+                });
+        if let Err(error) = checked {
+            tracing::warn!(%error, "the launch is lost");
+            *heart.lost.lock() = Some(error);
+            return;
+        }
+    }
+}
+
+impl Drop for Launched {
+    /// Says this worker ends on purpose, so its launcher does not take the
+    /// lapse of its lease for a hang, then gives the lease back.
+    fn drop(&mut self) {
+        {
+            // Under the lock the thread waits on, so it cannot miss the
+            // wake between its check and its wait.
+            let _held = self.heart.lost.lock();
+            self.heart.stopping.store(true, Ordering::SeqCst);
+        }
+        self.heart.wake.notify_all();
+        if let Some(beating) = self.beating.take() {
+            let _ = beating.join();
+        }
+        if self.healthy().is_ok() {
+            let done = keys::done(&self.settings.job, self.settings.rank, std::process::id());
+            let _ = self.coordinator.put(&done, b"", None);
+            let _ = self.coordinator.revoke(self.lease);
+        }
+    }
+}
