@@ -36,17 +36,20 @@ impl Shareable for scope_native::nccl::UniqueId {
 /// The key a group's identity is shared under.
 const IDENTITY: &str = "identity";
 
+/// How long a worker started again waits for its peers to admit it: they
+/// do at the end of a step, so this bounds a step, not a round.
+pub const ADMISSION: Duration = Duration::from_secs(300);
+
 impl Launched {
-    /// This worker's rank of its group over a device library, in its
-    /// launch's epoch, on `client`. Rank 0 makes the identity with `make`
-    /// (`B::identity` on real NCCL); the others wait for it. `deadline` bounds
-    /// that wait, the join, and every round after (rule 49).
+    /// This worker's rank of its group over a device library, on `client`.
+    /// A worker started again first waits, at most [`ADMISSION`], to be
+    /// admitted. Rank 0 of the epoch makes the identity with `make`; the
+    /// others wait for it. `deadline` bounds that wait, the join and every
+    /// round after (rule 49).
     ///
     /// # Errors
     ///
-    /// [`JobError::TimedOut`] when rank 0 published no identity in time;
-    /// [`JobError::Group`] for the library's refusal or peers that never
-    /// joined; a lost coordinator.
+    /// [`JobError::TimedOut`], [`JobError::Group`], a lost coordinator.
     pub fn join<B>(
         &self,
         client: Client<B>,
@@ -57,14 +60,57 @@ impl Launched {
         B: DeviceCollectives,
         B::Identity: Shareable,
     {
+        if self.membership().waiting {
+            self.wait_for_admission(ADMISSION)?;
+        }
+        self.join_current(client, deadline, make)
+    }
+
+    /// This worker's rank of the next epoch, on every member after a round
+    /// failed for a lost peer, or when [`change_due`](Self::change_due)
+    /// says so. Heal [`newcomers`](Self::newcomers) after. A member decided
+    /// in that never joins fails the join: call it again.
+    ///
+    /// # Errors
+    ///
+    /// [`JobError::Invalid`] when the epoch left this worker out; as
+    /// [`join`](Self::join).
+    pub fn rejoin<B>(
+        &self,
+        client: Client<B>,
+        deadline: Duration,
+        make: impl FnOnce() -> scope_core::Result<B::Identity>,
+    ) -> Result<Rank<B>>
+    where
+        B: DeviceCollectives,
+        B::Identity: Shareable,
+    {
+        self.next_epoch()?;
+        self.join_current(client, deadline, make)
+    }
+
+    fn join_current<B>(
+        &self,
+        client: Client<B>,
+        deadline: Duration,
+        make: impl FnOnce() -> scope_core::Result<B::Identity>,
+    ) -> Result<Rank<B>>
+    where
+        B: DeviceCollectives,
+        B::Identity: Shareable,
+    {
+        let epoch = self.membership();
+        let rank = self
+            .rank_now()
+            .ok_or_else(|| JobError::invalid("membership", "this worker is in no epoch"))?;
         let bytes = self.share(IDENTITY, deadline, || Ok(make()?.to_shared()))?;
         let identity = B::Identity::from_shared(&bytes).map_err(JobError::Group)?;
         Ok(Rank::join_epoch(
             client,
             &identity,
-            self.rank(),
-            self.ranks(),
-            self.epoch(),
+            rank,
+            epoch.members.len(),
+            epoch.number,
             deadline,
         )?)
     }

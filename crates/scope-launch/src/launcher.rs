@@ -5,20 +5,12 @@
 //! processes, devices and bytes; what a lost rank made wrong is the
 //! failure model's to say, not a restart's to erase.
 //!
-//! A worker is watched two ways, because it can fail two ways:
-//!
-//! - its process ends: seen at once, whatever killed it;
-//! - its process lives but stops renewing its lease (stopped, deadlocked
-//!   outside scope): seen once its lease lapses, within the liveness
-//!   window; the launcher kills it (`SIGKILL`) and counts it failed. A
-//!   worker that never joined through [`Launched`](crate::Launched) is
-//!   watched only the first way, so any program can be launched.
-//!
-//! Restarts come from one budget for the job (`--max-restarts`), each after
-//! a back-off that doubles for a rank that keeps failing. When the budget is
-//! spent the launcher stops every worker and says which rank spent it and
-//! why. Every event is printed to standard error with the time since start:
-//! the timeline a reader checks a recovery against.
+//! A worker fails two ways: its process ends (seen at once), or it stops
+//! renewing its lease (seen within the liveness window; the launcher kills
+//! it). A program that never joins through [`Launched`](crate::Launched)
+//! is watched the first way only. Restarts come from one budget for the
+//! job, each after a back-off that doubles for a rank that keeps failing.
+//! Every event is printed with the time since start: the timeline.
 
 use std::collections::HashSet;
 use std::ffi::OsString;

@@ -24,7 +24,8 @@
 //!    variables a launcher sets and a worker reads, and the job's keys.
 //!
 //! Layers, lowest first: `error` → `wire` → `store` → `embedded`, `remote`,
-//! `etcd` → `connect` → `settings` → `worker` → `group` → `launcher`.
+//! `etcd` → `connect` → `settings` → `worker` → `membership` → `group` →
+//! `launcher`.
 
 pub mod connect;
 pub mod embedded;
@@ -32,6 +33,7 @@ pub mod error;
 pub mod etcd;
 pub mod group;
 pub mod launcher;
+pub mod membership;
 pub mod remote;
 pub mod settings;
 pub mod store;
@@ -43,4 +45,4 @@ pub use group::Shareable;
 pub use launcher::{Launcher, Outcome, Plan, Policy};
 pub use settings::Settings;
 pub use store::{Coordinator, Lease, Store};
-pub use worker::Launched;
+pub use worker::{Epoch, Launched};

@@ -159,6 +159,18 @@ pub mod keys {
     pub fn done(job: &str, rank: usize, pid: u32) -> String {
         format!("{job}/done/{rank}/{pid}")
     }
+    /// The members of membership epoch `epoch`, decided once.
+    pub fn members(job: &str, epoch: u64) -> String {
+        format!("{job}/members/{epoch}")
+    }
+    /// Every epoch's [`members`] key starts so.
+    pub fn members_prefix(job: &str) -> String {
+        format!("{job}/members/")
+    }
+    /// The step after which epoch `epoch` changes to admit newcomers.
+    pub fn admit(job: &str, epoch: u64) -> String {
+        format!("{job}/admit/{epoch}")
+    }
     /// What rank 0 shares with its peers in `epoch`.
     pub fn shared(job: &str, epoch: u64, name: &str) -> String {
         format!("{job}/shared/{epoch}/{name}")

@@ -27,6 +27,21 @@ pub struct Launched {
     lease: Lease,
     heart: Arc<Heart>,
     beating: Option<JoinHandle<()>>,
+    /// The epoch this worker is in and its members (see `membership`).
+    pub(crate) epoch: Mutex<Epoch>,
+}
+
+/// One membership epoch: its number and its members, as launch ranks in
+/// the order of their ranks in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Epoch {
+    /// Its number.
+    pub number: u64,
+    /// The launch rank of each of its ranks.
+    pub members: Vec<usize>,
+    /// Whether this worker waits to be admitted to the next epoch: it was
+    /// started again, and no epoch since holds it.
+    pub waiting: bool,
 }
 
 /// What the heartbeat thread and the worker share: whether to stop, and
@@ -101,28 +116,35 @@ impl Launched {
                 .spawn(move || beat(&*coordinator, (lease, &launcher), every, &heart))
                 .map_err(|e| JobError::Process(format!("the heartbeat thread: {e}")))?
         };
+        let epoch = Mutex::new(Epoch {
+            number: settings.epoch,
+            members: (0..settings.ranks).collect(),
+            waiting: settings.restart > 0,
+        });
         Ok(Self {
             settings,
             coordinator,
             lease,
             heart,
             beating: Some(beating),
+            epoch,
         })
     }
 
-    /// This worker's rank.
+    /// This worker's launch rank: its rank as started, which stays its
+    /// name across membership changes.
     pub fn rank(&self) -> usize {
         self.settings.rank
     }
 
-    /// The group's size.
+    /// How many workers the job launched.
     pub fn ranks(&self) -> usize {
         self.settings.ranks
     }
 
-    /// The membership epoch this worker started in.
+    /// The membership epoch this worker is in now.
     pub fn epoch(&self) -> u64 {
-        self.settings.epoch
+        self.epoch.lock().number
     }
 
     /// How many times this rank was started before this process.
@@ -162,7 +184,7 @@ impl Launched {
         Ok(ranks)
     }
 
-    /// What rank 0 shares as `name` in this epoch: rank 0 makes it with
+    /// What rank 0 of the current epoch shares as `name`: it makes it with
     /// `make` and publishes it; every other rank waits for it at most
     /// `within`. The first value published stays, so a rank 0 started again
     /// in the same epoch hands out what its peers already hold.
@@ -173,8 +195,12 @@ impl Launched {
         make: impl FnOnce() -> Result<Vec<u8>>,
     ) -> Result<Vec<u8>> {
         self.healthy()?;
-        let key = keys::shared(&self.settings.job, self.settings.epoch, name);
-        if self.settings.rank == 0 {
+        let (number, first) = {
+            let epoch = self.epoch.lock();
+            (epoch.number, epoch.members.first().copied())
+        };
+        let key = keys::shared(&self.settings.job, number, name);
+        if first == Some(self.settings.rank) {
             if let Some(held) = self.coordinator.get(&key)? {
                 return Ok(held);
             }
