@@ -74,7 +74,7 @@ pub const RACING: &[Racing] = &[
     racing(
         "server-cuda",
         "mock_launched",
-        "four launched worker processes joining one group through the coordinator",
+        "four launched worker processes on the mock NCCL; one killed, admitted back and healed",
     ),
     racing(
         "server-cuda",
@@ -121,6 +121,11 @@ pub const RACING: &[Racing] = &[
         "server-hip",
         "mock",
         "the suite over the mock HIP runtime and RCCL: ranks on threads, deadlines",
+    ),
+    racing(
+        "server-hip",
+        "mock_launched",
+        "four launched worker processes on the mock RCCL; one killed, admitted back and healed",
     ),
     racing(
         "server-hip",

@@ -29,6 +29,7 @@ pub mod host;
 pub mod inflight;
 pub mod input;
 pub mod kit;
+pub mod launched;
 pub mod membership;
 pub mod property;
 pub mod recorded;

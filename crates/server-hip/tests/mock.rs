@@ -60,31 +60,8 @@ mod over_rccl {
 /// each maps, where real RCCL's ranks meet over the network).
 mod across_processes {
     scope_test::conformance_tests!(@processes super::MockRcclSuite, "across_processes", |dir| {
-        super::shared_rccl_id(dir)
+        crate::common::shared_rccl_id(dir)
     });
-}
-
-/// A unique id of the mock RCCL's shared mode: its clique a file of `dir`,
-/// which ranks in other processes join.
-fn shared_rccl_id(dir: &std::path::Path) -> scope_native::nccl::UniqueId {
-    use scope_native::nccl::UniqueId;
-    let rccl = mock_rccl();
-    let dir = std::ffi::CString::new(dir.to_string_lossy().as_bytes())
-        .expect("a folder path without NUL");
-    let mut id = UniqueId([0; 128]);
-    // SAFETY: the hook is declared in the mock with this signature; it
-    // reads the path and writes the 128 bytes of `id` (`ncclUniqueId`'s
-    // layout, which `UniqueId` is); the library stays loaded.
-    let made = unsafe {
-        let make = rccl
-            .get::<unsafe extern "C" fn(*const std::ffi::c_char, *mut UniqueId) -> i32>(
-                b"scope_mock_nccl_shared_id\0",
-            )
-            .expect("the mock's hook");
-        make(dir.as_ptr(), &mut id)
-    };
-    assert_eq!(made, 0, "the mock made no shared id");
-    id
 }
 
 macro_rules! mock_cases {
