@@ -59,7 +59,24 @@ pub enum JobError {
     Process(String),
 }
 
+/// The socket address `host_port` names, or the error naming it.
+pub(crate) fn resolve(host_port: &str) -> Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    host_port
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| JobError::invalid("coordinator address", host_port))
+}
+
 impl JobError {
+    pub(crate) fn lost(at: String, why: impl std::fmt::Display) -> Self {
+        Self::CoordinatorLost {
+            at,
+            why: why.to_string(),
+        }
+    }
+
     pub(crate) fn invalid(what: &'static str, why: impl Into<String>) -> Self {
         Self::Invalid {
             what,

@@ -12,12 +12,12 @@
 //! stopped worker later, never sooner.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::error::{JobError, Result};
+use crate::error::{JobError, Result, resolve};
 use crate::store::{Coordinator, Lease};
 
 /// The largest answer read from etcd: a range over a job's keys is far
@@ -35,11 +35,7 @@ impl Etcd {
     /// The member at `host_port`, each call bounded by `patience`; asks it
     /// once, so a wrong address fails here.
     pub fn connect(host_port: &str, patience: Duration) -> Result<Self> {
-        let address = host_port
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| JobError::invalid("coordinator address", host_port))?;
+        let address = resolve(host_port)?;
         let etcd = Self {
             host: host_port.to_owned(),
             address,
@@ -50,10 +46,7 @@ impl Etcd {
     }
 
     fn lost(&self, why: impl std::fmt::Display) -> JobError {
-        JobError::CoordinatorLost {
-            at: self.at(),
-            why: why.to_string(),
-        }
+        JobError::lost(self.at(), why)
     }
 
     /// One gateway call: `body` posted to `path`, the first JSON value of

@@ -33,6 +33,12 @@ impl Shareable for scope_native::nccl::UniqueId {
     }
 }
 
+/// A backend whose groups a launched worker can join: its identity
+/// crosses processes as bytes.
+pub trait Joinable: DeviceCollectives<Identity: Shareable> {}
+
+impl<B: DeviceCollectives<Identity: Shareable>> Joinable for B {}
+
 /// The key a group's identity is shared under.
 const IDENTITY: &str = "identity";
 
@@ -50,16 +56,12 @@ impl Launched {
     /// # Errors
     ///
     /// [`JobError::TimedOut`], [`JobError::Group`], a lost coordinator.
-    pub fn join<B>(
+    pub fn join<B: Joinable>(
         &self,
         client: Client<B>,
         deadline: Duration,
         make: impl FnOnce() -> scope_core::Result<B::Identity>,
-    ) -> Result<Rank<B>>
-    where
-        B: DeviceCollectives,
-        B::Identity: Shareable,
-    {
+    ) -> Result<Rank<B>> {
         if self.membership().waiting {
             self.wait_for_admission(ADMISSION)?;
         }
@@ -75,30 +77,22 @@ impl Launched {
     ///
     /// [`JobError::Invalid`] when the epoch left this worker out; as
     /// [`join`](Self::join).
-    pub fn rejoin<B>(
+    pub fn rejoin<B: Joinable>(
         &self,
         client: Client<B>,
         deadline: Duration,
         make: impl FnOnce() -> scope_core::Result<B::Identity>,
-    ) -> Result<Rank<B>>
-    where
-        B: DeviceCollectives,
-        B::Identity: Shareable,
-    {
+    ) -> Result<Rank<B>> {
         self.next_epoch()?;
         self.join_current(client, deadline, make)
     }
 
-    fn join_current<B>(
+    fn join_current<B: Joinable>(
         &self,
         client: Client<B>,
         deadline: Duration,
         make: impl FnOnce() -> scope_core::Result<B::Identity>,
-    ) -> Result<Rank<B>>
-    where
-        B: DeviceCollectives,
-        B::Identity: Shareable,
-    {
+    ) -> Result<Rank<B>> {
         let epoch = self.membership();
         let rank = self
             .rank_now()

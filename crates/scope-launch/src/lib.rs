@@ -41,7 +41,7 @@ pub mod wire;
 pub mod worker;
 
 pub use error::{JobError, Result};
-pub use group::Shareable;
+pub use group::{Joinable, Shareable};
 pub use launcher::{Launcher, Outcome, Plan, Policy};
 pub use settings::Settings;
 pub use store::{Coordinator, Lease, Store};

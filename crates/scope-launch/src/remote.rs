@@ -7,12 +7,12 @@
 //! (`SIGSTOP`) still ends a worker's call, as [`JobError::CoordinatorLost`].
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::error::{JobError, Result};
+use crate::error::{JobError, Result, resolve};
 use crate::store::{Coordinator, Lease};
 use crate::wire::{Answer, MAX_LINE, Request};
 
@@ -27,11 +27,7 @@ impl Remote {
     /// A client of the coordinator at `host:port`, each call bounded by
     /// `patience`. Connects at once, so a wrong address fails here.
     pub fn connect(host_port: &str, patience: Duration) -> Result<Self> {
-        let address = host_port
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| JobError::invalid("coordinator address", host_port))?;
+        let address = resolve(host_port)?;
         let remote = Self {
             address,
             patience,
@@ -42,10 +38,7 @@ impl Remote {
     }
 
     fn lost(&self, why: impl std::fmt::Display) -> JobError {
-        JobError::CoordinatorLost {
-            at: self.at(),
-            why: why.to_string(),
-        }
+        JobError::lost(self.at(), why)
     }
 
     fn open(&self) -> Result<BufReader<TcpStream>> {
