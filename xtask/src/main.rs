@@ -418,6 +418,10 @@ fn bench(args: &Args) -> Result<bool> {
     if backend == Choice::All && run::root().join("crates/tiny-runtime/Cargo.toml").is_file() {
         wanted.push(("runtime".into(), "tiny-runtime".into()));
     }
+    // What a launched worker's heartbeat costs a step.
+    if backend == Choice::All && run::root().join("crates/scope-launch/Cargo.toml").is_file() {
+        wanted.push(("launch".into(), "scope-launch".into()));
+    }
     if wanted.is_empty() {
         return backend.refused(&["core", "all"]);
     }
