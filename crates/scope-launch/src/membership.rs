@@ -73,6 +73,23 @@ impl Launched {
             .collect())
     }
 
+    /// The members of the current epoch whose lease is gone: the launch
+    /// ranks a round that stalled lost. Across processes the library cannot
+    /// say which peer is missing (rule 49); the coordinator can.
+    ///
+    /// # Errors
+    ///
+    /// A lost coordinator.
+    pub fn missing(&self) -> Result<Vec<usize>> {
+        let alive = self.alive()?;
+        let epoch = self.membership();
+        Ok(epoch
+            .members
+            .into_iter()
+            .filter(|m| !alive.contains(m))
+            .collect())
+    }
+
     fn members_of(&self, number: u64) -> Result<Vec<usize>> {
         if number == self.settings().epoch {
             return Ok((0..self.ranks()).collect());

@@ -239,8 +239,18 @@ fn survive<B>(
                 me.change_due(step - 1).expect("the coordinator")
             }
             Err(failed) => {
-                // A lost peer: the next epoch without it, and this step again.
-                eprintln!("launch rank {} at step {step}: {failed}", me.rank());
+                // A lost peer, which the coordinator names: the next epoch
+                // without it, and this step again.
+                let missing = me.missing().expect("the coordinator");
+                eprintln!(
+                    "launch rank {} at step {step}: {failed}; missing {missing:?}",
+                    me.rank()
+                );
+                assert_eq!(
+                    missing,
+                    [2],
+                    "the coordinator names the killed worker: {failed}"
+                );
                 true
             }
         };
