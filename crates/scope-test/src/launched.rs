@@ -26,8 +26,19 @@ pub const ROLE: &str = "SCOPE_LAUNCHED_ROLE";
 /// Steps every survivor trains at least; it goes on until the newcomer is
 /// admitted, so the test does not rest on how fast a process starts.
 const STEPS: u64 = 12;
-/// The step before whose round launch rank 2 dies, on its first start.
+/// The step before whose round the killed workers die, on their first start.
 const KILLED_AT: u64 = 3;
+
+/// The launch ranks a `survive` launch kills: launch rank 2 alone, unless
+/// the role names others (`survive:1,2`).
+fn killed(role: &str) -> Vec<usize> {
+    role.strip_prefix("survive:").map_or(vec![2], |ranks| {
+        ranks
+            .split(',')
+            .map(|r| r.parse().expect("a launch rank"))
+            .collect()
+    })
+}
 /// Each round's deadline: a lost peer fails it by then.
 const DEADLINE: Duration = Duration::from_secs(3);
 
@@ -44,7 +55,7 @@ pub fn launch(role: &str, prepare: impl FnOnce()) -> (Outcome, PathBuf) {
         .map(Into::into)
         .to_vec();
     plan.env = vec![(DIR.into(), dir.clone().into()), (ROLE.into(), role.into())];
-    plan.policy.max_restarts = 1;
+    plan.policy.max_restarts = 2;
     plan.policy.backoff = Duration::from_millis(100);
     let ended = Launcher::new(plan)
         .and_then(Launcher::run)
@@ -76,19 +87,7 @@ pub fn four_launched_workers_join_with_one_call_and_sum(prepare: impl FnOnce()) 
 pub fn a_killed_worker_is_left_out_then_admitted_and_healed(prepare: impl FnOnce()) {
     let (ended, dir) = launch("survive", prepare);
     assert_eq!(ended, Outcome::Done { restarts: 1 });
-    let finals: Vec<String> = (0..4)
-        .map(|rank| {
-            std::fs::read_to_string(dir.join(format!("final-{rank}")))
-                .unwrap_or_else(|_| panic!("launch rank {rank} left no mark"))
-        })
-        .collect();
-    for (rank, text) in finals.iter().enumerate() {
-        let (weights, epochs) = text.split_once('\n').unwrap();
-        assert_eq!(
-            weights,
-            finals[0].split_once('\n').unwrap().0,
-            "launch rank {rank}: {finals:?}"
-        );
+    for (rank, (_, epochs)) in finals(&dir).iter().enumerate() {
         if rank == 2 {
             assert_eq!(epochs, "2:0,1,3,2", "the newcomer");
         } else {
@@ -96,6 +95,43 @@ pub fn a_killed_worker_is_left_out_then_admitted_and_healed(prepare: impl FnOnce
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Launch ranks 1 and 2 are killed before the same round. The survivors
+/// name both, decide epoch 1 of ranks 0 and 3, and train on; both are
+/// started again and admitted (together, or one epoch each, as they
+/// register), healed, and every rank ends with the same weights.
+pub fn two_workers_killed_at_once_are_left_out_then_admitted_and_healed(prepare: impl FnOnce()) {
+    let (ended, dir) = launch("survive:1,2", prepare);
+    assert_eq!(ended, Outcome::Done { restarts: 2 });
+    for (rank, (_, epochs)) in finals(&dir).iter().enumerate() {
+        let epochs: Vec<&str> = epochs.split(' ').collect();
+        let last = epochs.last().unwrap();
+        assert!(
+            last.ends_with(":0,3,1,2") || last.ends_with(":0,3,2,1"),
+            "launch rank {rank}: {epochs:?}"
+        );
+        if rank == 0 || rank == 3 {
+            assert_eq!(epochs[..2], ["0:0,1,2,3", "1:0,3"], "launch rank {rank}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every launch rank's final weights and epochs; the weights all equal.
+fn finals(dir: &Path) -> Vec<(String, String)> {
+    let finals: Vec<(String, String)> = (0..4)
+        .map(|rank| {
+            let text = std::fs::read_to_string(dir.join(format!("final-{rank}")))
+                .unwrap_or_else(|_| panic!("launch rank {rank} left no mark"));
+            let (weights, epochs) = text.split_once('\n').unwrap();
+            (weights.to_owned(), epochs.to_owned())
+        })
+        .collect();
+    for (rank, (weights, _)) in finals.iter().enumerate() {
+        assert_eq!(weights, &finals[0].0, "launch rank {rank}: {finals:?}");
+    }
+    finals
 }
 
 fn words(bytes: &[u8]) -> Vec<u32> {
@@ -137,8 +173,9 @@ where
     let group = me
         .join(client, DEADLINE, make)
         .expect("one call joins the group");
-    if std::env::var(ROLE).as_deref() == Ok("survive") {
-        return survive(&me, group, &dir, &make);
+    let role = std::env::var(ROLE).unwrap_or_default();
+    if role.starts_with("survive") {
+        return survive(&me, group, &dir, &make, &killed(&role));
     }
     let c = group.client();
     let mine = (me.rank() + 1) as u32;
@@ -182,12 +219,14 @@ fn resume_at(me: &Launched, step: u64) -> u64 {
     String::from_utf8(shared).unwrap().parse().unwrap()
 }
 
-/// The `survive` role: train, lose launch rank 2, train on, admit it back.
+/// The `survive` role: train, lose the `killed` launch ranks, train on,
+/// admit them back.
 fn survive<B>(
     me: &Launched,
     mut group: Rank<B>,
     dir: &Path,
     make: &dyn Fn() -> scope_core::Result<UniqueId>,
+    killed: &[usize],
 ) where
     B: DeviceCollectives<Identity = UniqueId>,
 {
@@ -207,7 +246,7 @@ fn survive<B>(
     heal(me, &group, &weights, &mut host);
     let mut step = resume_at(me, 0);
     loop {
-        if me.rank() == 2 && me.restarts() == 0 && step == KILLED_AT {
+        if killed.contains(&me.rank()) && me.restarts() == 0 && step == KILLED_AT {
             // SAFETY: `raise` with a valid signal; the process ends here.
             unsafe { libc::raise(libc::SIGKILL) };
         }
@@ -247,9 +286,8 @@ fn survive<B>(
                     me.rank()
                 );
                 assert_eq!(
-                    missing,
-                    [2],
-                    "the coordinator names the killed worker: {failed}"
+                    missing, killed,
+                    "the coordinator names the killed: {failed}"
                 );
                 true
             }
@@ -260,7 +298,7 @@ fn survive<B>(
                 .rejoin(client.clone(), DEADLINE, make)
                 .expect("the next epoch");
             seen(me, &mut epochs);
-            if me.membership().members.len() == 3 {
+            if me.membership().members.len() == 4 - killed.len() {
                 std::fs::write(dir.join("left-out"), "").expect("a mark");
             }
             heal(me, &group, &weights, &mut host);

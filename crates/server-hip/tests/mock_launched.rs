@@ -26,6 +26,13 @@ fn a_killed_worker_is_left_out_then_admitted_and_healed() {
     });
 }
 
+#[test]
+fn two_workers_killed_at_once_are_left_out_then_admitted_and_healed() {
+    scope_test::launched::two_workers_killed_at_once_are_left_out_then_admitted_and_healed(|| {
+        mock_rccl();
+    });
+}
+
 /// One worker of the launches above; does nothing when run by hand.
 #[test]
 #[ignore = "a worker process of this file's launches"]
