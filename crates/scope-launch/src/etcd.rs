@@ -72,12 +72,24 @@ impl Etcd {
             .take(MAX_ANSWER)
             .read_to_end(&mut answer)
             .map_err(|e| self.lost(e))?;
+        // A member that dies mid-answer ends the connection early: an
+        // answer cut short is a lost coordinator, not a confused one.
+        let cut = |what: &str| self.lost(format!("{path}: the connection ended {what}"));
+        if !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            return Err(cut("before the answer's headers"));
+        }
         let (status, payload) = http_body(&answer)?;
         let value = serde_json::Deserializer::from_slice(&payload)
             .into_iter::<Value>()
             .next()
-            .ok_or_else(|| JobError::Protocol(format!("{path}: an empty answer (HTTP {status})")))?
-            .map_err(|e| JobError::Protocol(format!("{path}: {e}")))?;
+            .ok_or_else(|| cut("before the answer's body"))?
+            .map_err(|e| {
+                if e.is_eof() {
+                    cut("mid-answer")
+                } else {
+                    JobError::Protocol(format!("{path}: {e}"))
+                }
+            })?;
         if status == 200 {
             return Ok(value);
         }

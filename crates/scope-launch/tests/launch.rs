@@ -33,8 +33,12 @@ fn folder(name: &str) -> PathBuf {
     dir
 }
 
+/// Leaves a mark whole or not at all: written aside, then renamed, so a
+/// test that sees it never reads it half written.
 fn mark(dir: &Path, name: &str, text: &str) {
-    std::fs::write(dir.join(name), text).expect("a mark");
+    let aside = dir.join(format!(".{name}.{}", std::process::id()));
+    std::fs::write(&aside, text).expect("a mark");
+    std::fs::rename(&aside, dir.join(name)).expect("a mark");
 }
 
 fn marks(dir: &Path, prefix: &str) -> Vec<String> {
