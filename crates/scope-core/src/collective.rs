@@ -305,6 +305,7 @@ impl<B: Backend> Shared<B> {
             flights: Vec::new(),
             failed_from: None,
             failing: 0,
+            abort_due: None,
             mail: std::collections::BTreeMap::new(),
             membership: membership::Membership::new(ranks),
         };
@@ -352,6 +353,8 @@ struct State<B: Backend> {
     failed_from: Option<u64>,
     /// Failures in flight still being claimed.
     failing: usize,
+    /// An abort waiting for earlier rounds' parts to land (`watchdog.rs`).
+    abort_due: Option<watchdog::AbortDue>,
     /// Point-to-point parcels, by (sender, receiver).
     mail: std::collections::BTreeMap<(usize, usize), p2p::Mailbox>,
     membership: membership::Membership<B>,

@@ -467,6 +467,72 @@ pub fn fails_as_an_injected_fault(
     }
 }
 
+/// What one rank reported of [`a_round_in_flight_then_a_failed_issue`]: the
+/// second call, and its reads of the first round's output and the second's.
+pub type EarlierRoundThenFailure = (Result<()>, Result<Vec<u8>>, Result<Vec<u8>>);
+
+/// Every rank of `group` issues an all-reduce of 64 words, `busy` run on
+/// each rank before its input is written (a device busy past the call),
+/// then a second all-reduce whose call fails on rank 0 (an injected
+/// library failure). The second round's failure aborts the communicators
+/// while the first is still in flight; an abort ends what it finds
+/// unfinished, as NCCL's kernels return, and the CUDA and HIP timed mocks
+/// then leave scribbled bytes. They run it.
+///
+/// # Panics
+///
+/// When a step before the second call fails.
+pub fn a_round_in_flight_then_a_failed_issue<B: Backend>(
+    group: &Group<B>,
+    busy: impl Fn(&Rank<B>, &Buffer) + Sync,
+) -> Vec<EarlierRoundThenFailure> {
+    group.run(|rank| {
+        let c = rank.client();
+        let words = [rank.index() as u32 + 1; 64];
+        let first_input = c.upload(&as_bytes(&words)).unwrap();
+        busy(&rank, &first_input);
+        let first = c.try_allocate(256).unwrap();
+        rank.all_reduce(first_input.all(), first.all(), Element::U32, Reduce::Sum)
+            .expect("the first round is issued");
+        let second_input = c.upload(&as_bytes(&words)).unwrap();
+        let second = c.try_allocate(256).unwrap();
+        if rank.index() == 0 {
+            let failure = injected("the second round's call");
+            c.inject(FaultPlan::new().fail(Site::Collective, 1, failure));
+        }
+        let called = rank.all_reduce(second_input.all(), second.all(), Element::U32, Reduce::Sum);
+        c.inject(FaultPlan::new());
+        (called, c.read(&first), c.read(&second))
+    })
+}
+
+/// What rank `rank` reported of [`a_round_in_flight_then_a_failed_issue`].
+/// The first round was issued by every rank and nothing failed it: it reads
+/// its sum on every rank, never bytes an abort left, clean or not. The
+/// second fails on every rank, naming rank 0 (rules 47, 49).
+///
+/// # Panics
+///
+/// When a report differs from that.
+pub fn the_earlier_round_reads_right(
+    rank: usize,
+    (called, first, second): EarlierRoundThenFailure,
+) {
+    let sum = as_bytes(&[10u32; 64]);
+    match first {
+        Ok(bytes) => assert_eq!(bytes, sum, "rank {rank}'s first round"),
+        Err(error) => panic!("rank {rank}'s first round, which nothing failed: {error}"),
+    }
+    if rank == 0 {
+        called.expect_err("rank 0's call takes the injected failure");
+    }
+    let error = second.expect_err(&format!("rank {rank}: the failed round reads as clean"));
+    let CollectiveError::IssueFailed { rank: named, .. } = collective_error(error.root()) else {
+        panic!("rank {rank}: the failed round: {error}");
+    };
+    assert_eq!(*named, 0, "rank {rank}: the failed round: {error}");
+}
+
 /// The behaviours of rounds in flight: one `#[test]` each for `$suite`.
 #[macro_export]
 macro_rules! inflight_tests {

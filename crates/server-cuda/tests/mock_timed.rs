@@ -36,8 +36,8 @@ use scope_core::collective::device::DeviceCollectives;
 use scope_core::collective::{CollectiveError, Element, Group, Rank, Reduce};
 use scope_core::{Binding, Client, Dispatch, Error};
 use scope_test::inflight::{
-    RoundThenWork, a_fault_on, a_round_then_work_reading_it, fails_as_a_stalled_round,
-    fails_as_an_injected_fault,
+    RoundThenWork, a_fault_on, a_round_in_flight_then_a_failed_issue, a_round_then_work_reading_it,
+    fails_as_a_stalled_round, fails_as_an_injected_fault, the_earlier_round_reads_right,
 };
 use server_cuda::Cuda;
 
@@ -339,6 +339,25 @@ fn a_fault_injected_after_a_part_was_issued_fails_its_round() {
             fails_as_an_injected_fault(rank, 1, outcome);
         }
     }
+}
+
+/// Rank 2's device is busy for 500 ms before its part of a first round can
+/// start, when rank 0's call of a second round fails. The abort that
+/// releases the second round's peers would end the first round's parts
+/// unfinished and leave their outputs scribbled: it waits for them, so the
+/// first round reads its sum on every rank (rules 47, 49).
+#[test]
+fn a_failed_issue_never_ends_an_earlier_round_in_flight() {
+    let _timed = TIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    rank_2_busy_for(Duration::from_millis(500));
+    let group = Group::over_device(clients(), Duration::from_secs(10)).expect("a group");
+    let outcomes = a_round_in_flight_then_a_failed_issue(&group, rank_2_busy);
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        the_earlier_round_reads_right(rank, outcome);
+    }
+    timing_off();
 }
 
 /// Ranks joined alone: a round waits on the device for a producer busy

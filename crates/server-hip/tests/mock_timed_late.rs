@@ -13,7 +13,8 @@ use common::{add, copy, mock_library, scalars};
 use scope_core::collective::{Group, Rank};
 use scope_core::{Binding, Buffer, Client, Dispatch};
 use scope_test::inflight::{
-    a_fault_on, a_round_then_work_reading_it, fails_as_a_stalled_round, fails_as_an_injected_fault,
+    a_fault_on, a_round_in_flight_then_a_failed_issue, a_round_then_work_reading_it,
+    fails_as_a_stalled_round, fails_as_an_injected_fault, the_earlier_round_reads_right,
 };
 use server_hip::Hip;
 
@@ -56,6 +57,21 @@ fn a_fault_injected_after_a_part_was_issued_fails_its_round() {
         for (rank, outcome) in outcomes.into_iter().enumerate() {
             fails_as_an_injected_fault(rank, 1, outcome);
         }
+    }
+}
+
+/// Rank 2's device is busy for 500 ms before its part of a first round can
+/// start, when rank 0's call of a second round fails. The abort that
+/// releases the second round's peers would end the first round's parts
+/// unfinished and leave their outputs scribbled: it waits for them, so the
+/// first round reads its sum on every rank (rules 47, 49).
+#[test]
+fn a_failed_issue_never_ends_an_earlier_round_in_flight() {
+    let _timed = timed_copy_of(Duration::from_millis(500));
+    let group = Group::over_device(clients(), Duration::from_secs(10)).expect("a group");
+    let outcomes = a_round_in_flight_then_a_failed_issue(&group, rank_2_busy);
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        the_earlier_round_reads_right(rank, outcome);
     }
 }
 

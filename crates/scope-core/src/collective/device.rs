@@ -460,12 +460,14 @@ impl<B: DeviceCollectives> watchdog::Part for InFlight<B> {
         let Some(pending) = &self.pending else {
             return Ok(true);
         };
+        // Health first: a part that finished before a peer's abort is whole.
+        // SAFETY: the communicator was joined on a `B`.
+        let health = unsafe { B::health(&self.communicator) };
         // SAFETY: this backend's waiter, from `watch`; only `end` ends it.
         if pending.finished_by(std::time::Instant::now(), |w| unsafe { B::finished(w) })? {
             return Ok(true);
         }
-        // SAFETY: the communicator was joined on a `B`.
-        unsafe { B::health(&self.communicator) }.map(|()| false)
+        health.map(|()| false)
     }
 
     fn end(&mut self, waited: Result<()>) {
@@ -624,14 +626,14 @@ impl<B: Backend> Rank<B> {
         let status = match issued {
             Ok(()) => Input::Ready,
             Err(cause) => {
-                let first = {
+                let (first, round) = {
                     let mut state = self.shared.state.lock();
                     let first = state.first_failed.is_none();
                     state.first_failed.get_or_insert(self.rank);
+                    let round = state.rounds.last(self.rank);
                     if first && state.broken.is_none() {
                         // Marked before the abort, so the watchdog never
                         // reports the abort as a peer's own failure.
-                        let round = state.rounds.last(self.rank);
                         let error = super::round::issue_failed(
                             kind.name(),
                             round,
@@ -642,10 +644,10 @@ impl<B: Backend> Rank<B> {
                         state.failed_from = Some(state.failed_from.map_or(round, |f| f.min(round)));
                         self.shared.changed.notify_all();
                     }
-                    first
+                    (first, round)
                 };
                 // Release peers waiting inside the library first.
-                self.shared.abort_after_claims();
+                self.shared.abort_after_claims(round);
                 Input::IssueFailed(cause, first)
             }
         };

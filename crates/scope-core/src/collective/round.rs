@@ -201,9 +201,7 @@ impl<B: Backend> Shared<B> {
     pub(super) fn break_with(&self, state: &mut State<B>, error: &CollectiveError) {
         tracing::warn!("{error}");
         state.broken = Some(Arc::new(error.clone()));
-        if let Some(device) = &self.device {
-            device.break_off();
-        }
+        self.abort_once_landed(state, super::watchdog::AbortDue::break_off());
         self.changed.notify_all();
     }
 }

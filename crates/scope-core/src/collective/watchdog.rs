@@ -6,6 +6,7 @@
 //! 2. **A part that faulted, or is late, fails its round on every rank.**
 //!    Outputs are claimed before the communicators are aborted, so a peer
 //!    released by the abort never reads the round's bytes as clean.
+//!    And after earlier rounds' parts, which an abort would leave partial.
 //! 3. **The group breaks** (rule 43).
 //! 4. **Dropping a group waits for its rounds**, failing them at its deadline.
 //! 5. **The thread drops nothing that can wait** (a server's sync, a
@@ -370,6 +371,7 @@ impl<B: Backend> Shared<B> {
     pub(super) fn landed(&self, rank: usize, round: u64) {
         let mut state = self.state.lock();
         state.flights.retain(|f| f.rank != rank || f.round != round);
+        self.abort_if_due(&mut state);
         if state.flights.is_empty() && state.failing == 0 {
             self.all_landed.notify_all();
         }
@@ -404,6 +406,7 @@ impl<B: Backend> Shared<B> {
             // returns; claiming it here could wait on its server's lock.
             failed.retain(|f| !f.issuing);
             state.failing += 1;
+            merge_due(&mut state, AbortDue::before(first));
             // The cause is kept with the mark: a part that sees the mark
             // before the claims below are done claims with it.
             if state.broken.is_none() {
@@ -432,29 +435,80 @@ impl<B: Backend> Shared<B> {
         }
         let mut state = self.state.lock();
         state.failing -= 1;
-        if state.failing == 0 {
-            self.abort_claimed(&state);
-            if state.flights.is_empty() {
-                self.all_landed.notify_all();
+        self.abort_if_due(&mut state);
+        if state.failing == 0 && state.flights.is_empty() {
+            self.all_landed.notify_all();
+        }
+    }
+
+    /// Abort once claims are done and rounds before `round` landed.
+    pub(super) fn abort_after_claims(&self, round: u64) {
+        let mut state = self.state.lock();
+        self.abort_once_landed(&mut state, AbortDue::before(round));
+    }
+
+    /// Abort as `due` says, once nothing it would end unclaimed is left.
+    pub(super) fn abort_once_landed(&self, state: &mut State<B>, due: AbortDue) {
+        merge_due(state, due);
+        self.abort_if_due(state);
+    }
+
+    /// Abort if due, unclaimed and no earlier part is on a stream (one
+    /// inside its issue may wait for it); under the lock, as claims are.
+    fn abort_if_due(&self, state: &mut State<B>) {
+        let Some(due) = state.abort_due else {
+            return;
+        };
+        let earlier = |f: &Flight<B>| f.round < due.before && !f.issuing;
+        if state.failing > 0 || state.flights.iter().any(earlier) {
+            return;
+        }
+        state.abort_due = None;
+        if let Some(device) = &self.device {
+            if due.every {
+                device.abort_all();
+            } else {
+                device.break_off();
             }
         }
     }
+}
 
-    /// Abort now unless a claimer is busy, who aborts once done: an abort
-    /// ends parts not yet claimed, whose reads would pass as clean.
-    pub(super) fn abort_after_claims(&self) {
-        let state = self.state.lock();
-        if state.failing == 0 {
-            self.abort_claimed(&state);
+/// An abort waiting for parts of rounds before `before`, which finish or fail in time.
+#[derive(Clone, Copy)]
+pub(super) struct AbortDue {
+    before: u64,
+    /// Every communicator, or only across processes ([`Mover::break_off`](super::device::Mover::break_off)).
+    every: bool,
+}
+
+impl AbortDue {
+    /// The abort a round failing in flight, `round`, needs.
+    fn before(round: u64) -> Self {
+        Self {
+            before: round,
+            every: true,
         }
     }
 
-    /// Under the lock, so no claim starts before the abort ends.
-    fn abort_claimed(&self, _claims_done: &State<B>) {
-        if let Some(device) = &self.device {
-            device.abort_all();
+    /// The abort a rank that never came needs: after every part here.
+    pub(super) fn break_off() -> Self {
+        Self {
+            before: u64::MAX,
+            every: false,
         }
     }
+}
+
+/// Keep one abort: the earliest round, and every communicator if either says so.
+fn merge_due<B: Backend>(state: &mut State<B>, due: AbortDue) {
+    state.abort_due = Some(match state.abort_due {
+        None => due,
+        Some(kept) => AbortDue {
+            before: kept.before.min(due.before),
+            every: kept.every || due.every,
+        },
+    });
 }
 
 /// What failed round `round`, or one before it, in flight, under `state`.
