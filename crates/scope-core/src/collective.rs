@@ -25,8 +25,8 @@ mod replay;
 mod round;
 mod watchdog;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
@@ -34,7 +34,7 @@ use parking_lot::{Condvar, Mutex};
 use self::device::Mover;
 use self::meeting::Meeting;
 pub use self::p2p::{MAILBOX_BYTES, MAILBOX_PARCELS};
-use self::remote::Ballot;
+use self::remote::{Ballot, Liveness};
 use self::round::{Input, Kind, Outcome, Part, Written};
 #[doc(hidden)]
 pub use self::watchdog::background_drops_done;
@@ -283,6 +283,8 @@ struct Shared<B: Backend> {
     epoch: u64,
     /// Drain each rank's stream before a round, to measure against.
     draining: bool,
+    /// Who knows sooner than the deadline that a rank is gone ([`Rank::watch_liveness`]).
+    liveness: OnceLock<Arc<dyn Liveness>>,
     state: Mutex<State<B>>,
     changed: Condvar,
     /// Notified when no part of this process is in flight any more.
@@ -320,6 +322,7 @@ impl<B: Backend> Shared<B> {
             ballot,
             epoch,
             draining: false,
+            liveness: OnceLock::new(),
             state: Mutex::new(state),
             changed: Condvar::new(),
             all_landed: Condvar::new(),

@@ -5,6 +5,7 @@
 //! bytes before it joins (rule 49). The coordinator carries them, so a
 //! program needs one call and no file or socket of its own.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use scope_core::Client;
@@ -51,7 +52,8 @@ impl Launched {
     /// A worker started again first waits, at most [`ADMISSION`], to be
     /// admitted. Rank 0 of the epoch makes the identity with `make`; the
     /// others wait for it. `deadline` bounds that wait, the join and every
-    /// round after (rule 49).
+    /// round after (rule 49); a member whose process is gone fails it sooner,
+    /// as `Missing` naming it ([`Launched::epoch_liveness`]).
     ///
     /// # Errors
     ///
@@ -99,13 +101,15 @@ impl Launched {
             .ok_or_else(|| JobError::invalid("membership", "this worker is in no epoch"))?;
         let bytes = self.share(IDENTITY, deadline, || Ok(make()?.to_shared()))?;
         let identity = B::Identity::from_shared(&bytes).map_err(JobError::Group)?;
-        Ok(Rank::join_epoch(
+        let group = Rank::join_epoch(
             client,
             &identity,
             rank,
             epoch.members.len(),
             epoch.number,
             deadline,
-        )?)
+        )?;
+        group.watch_liveness(Arc::new(self.epoch_liveness()?))?;
+        Ok(group)
     }
 }

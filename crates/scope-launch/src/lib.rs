@@ -45,4 +45,4 @@ pub use group::{Joinable, Shareable};
 pub use launcher::{Launcher, Outcome, Plan, Policy};
 pub use settings::Settings;
 pub use store::{Coordinator, Lease, Store};
-pub use worker::{Epoch, Launched};
+pub use worker::{Epoch, EpochLiveness, Launched};

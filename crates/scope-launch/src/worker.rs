@@ -7,7 +7,11 @@
 //! launcher is gone: a renewal that fails marks the launch lost. From then
 //! on [`Launched::healthy`] answers [`JobError::CoordinatorLost`], and a
 //! loop that checks it each step stops with a typed error.
+//!
+//! Each beat also lists each rank's lease holder: a group learns from it
+//! that a peer is gone, with no call of its own ([`EpochLiveness`]).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -51,6 +55,40 @@ struct Heart {
     stopping: AtomicBool,
     lost: Mutex<Option<JobError>>,
     wake: Condvar,
+    /// Who held each launch rank's lease at the last beat: a process id.
+    holders: Mutex<BTreeMap<usize, Vec<u8>>>,
+}
+
+/// An epoch's [`Liveness`](scope_core::collective::remote::Liveness): a member
+/// is gone once the process that held its lease as the group formed no
+/// longer does; read from the heartbeat's last listing.
+pub struct EpochLiveness {
+    heart: Arc<Heart>,
+    /// Each group rank's launch rank and its holder as the group formed.
+    members: Vec<(usize, Option<Vec<u8>>)>,
+    coordinator: Arc<dyn Coordinator>,
+    /// Where the ranks' leases are listed.
+    alive: String,
+}
+
+impl scope_core::collective::remote::Liveness for EpochLiveness {
+    fn gone_now(&self) -> Option<Vec<usize>> {
+        if let Ok(holders) = listed(&*self.coordinator, &self.alive) {
+            *self.heart.holders.lock() = holders;
+        }
+        self.gone()
+    }
+
+    fn gone(&self) -> Option<Vec<usize>> {
+        let holders = self.heart.holders.lock();
+        let gone: Vec<usize> = (self.members.iter().enumerate())
+            .filter(|(_, (member, formed))| {
+                formed.is_none() || holders.get(member) != formed.as_ref()
+            })
+            .map(|(rank, _)| rank)
+            .collect();
+        (!gone.is_empty()).then_some(gone)
+    }
 }
 
 impl Launched {
@@ -110,10 +148,10 @@ impl Launched {
         let beating = {
             let (coordinator, heart) = (coordinator.clone(), heart.clone());
             let every = settings.liveness / 4;
-            let launcher = keys::launcher(&settings.job);
+            let keys = (keys::launcher(job), keys::alive_prefix(job));
             std::thread::Builder::new()
                 .name("scope-heartbeat".into())
-                .spawn(move || beat(&*coordinator, (lease, &launcher), every, &heart))
+                .spawn(move || beat(&*coordinator, (lease, &keys), every, &heart))
                 .map_err(|e| JobError::Process(format!("the heartbeat thread: {e}")))?
         };
         let epoch = Mutex::new(Epoch {
@@ -173,15 +211,29 @@ impl Launched {
 
     /// The ranks whose lease is alive now, this one among them.
     pub fn alive(&self) -> Result<Vec<usize>> {
-        let prefix = keys::alive_prefix(&self.settings.job);
-        let mut ranks: Vec<usize> = self
-            .coordinator
-            .list(&prefix)?
-            .into_iter()
-            .filter_map(|(key, _)| key[prefix.len()..].parse().ok())
+        let holders = listed(&*self.coordinator, &keys::alive_prefix(&self.settings.job))?;
+        Ok(holders.into_keys().collect())
+    }
+
+    /// The liveness of a group of the current epoch, formed now: each
+    /// member's lease holder, listed afresh, is the one it must keep.
+    ///
+    /// # Errors
+    ///
+    /// A lost coordinator.
+    pub fn epoch_liveness(&self) -> Result<EpochLiveness> {
+        let alive = keys::alive_prefix(&self.settings.job);
+        let holders = listed(&*self.coordinator, &alive)?;
+        let members = (self.membership().members.into_iter())
+            .map(|m| (m, holders.get(&m).cloned()))
             .collect();
-        ranks.sort_unstable();
-        Ok(ranks)
+        *self.heart.holders.lock() = holders;
+        Ok(EpochLiveness {
+            heart: self.heart.clone(),
+            members,
+            coordinator: self.coordinator.clone(),
+            alive,
+        })
     }
 
     /// What rank 0 of the current epoch shares as `name`: it makes it with
@@ -211,11 +263,21 @@ impl Launched {
     }
 }
 
-/// Renews `lease` every `every`, and checks the launcher's key is still
-/// held, until told to stop or until either fails, which it records.
+/// Each rank's lease holder, by the keys under `prefix`.
+fn listed(coordinator: &dyn Coordinator, prefix: &str) -> Result<BTreeMap<usize, Vec<u8>>> {
+    Ok(coordinator
+        .list(prefix)?
+        .into_iter()
+        .filter_map(|(key, holder)| Some((key[prefix.len()..].parse().ok()?, holder)))
+        .collect())
+}
+
+/// Renews `lease` every `every`, checks the launcher's key is still held
+/// and lists the ranks' holders, until told to stop or until any fails,
+/// which it records.
 fn beat(
     coordinator: &dyn Coordinator,
-    (lease, launcher): (Lease, &str),
+    (lease, (launcher, alive)): (Lease, &(String, String)),
     every: Duration,
     heart: &Heart,
 ) {
@@ -229,19 +291,22 @@ fn beat(
                 return;
             }
         }
-        let checked =
-            coordinator
-                .keep_alive(lease)
-                .and_then(|()| match coordinator.get(launcher)? {
-                    Some(_) => Ok(()),
-                    None => Err(JobError::LauncherLost {
-                        job: launcher.trim_end_matches("/launcher").to_owned(),
-                    }),
-                });
-        if let Err(error) = checked {
-            tracing::warn!(%error, "the launch is lost");
-            *heart.lost.lock() = Some(error);
-            return;
+        let checked = coordinator
+            .keep_alive(lease)
+            .and_then(|()| match coordinator.get(launcher)? {
+                Some(_) => Ok(()),
+                None => Err(JobError::LauncherLost {
+                    job: launcher.trim_end_matches("/launcher").to_owned(),
+                }),
+            })
+            .and_then(|()| listed(coordinator, alive));
+        match checked {
+            Ok(holders) => *heart.holders.lock() = holders,
+            Err(error) => {
+                tracing::warn!(%error, "the launch is lost");
+                *heart.lost.lock() = Some(error);
+                return;
+            }
         }
     }
 }
@@ -265,5 +330,56 @@ impl Drop for Launched {
             let _ = self.coordinator.put(&done, b"", None);
             let _ = self.coordinator.revoke(self.lease);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use scope_core::collective::remote::Liveness;
+
+    use super::*;
+    use crate::store::Store;
+
+    /// Launch ranks 0, 1 and 3 form a group (ranks 0, 1, 2); rank 2 is no member.
+    #[test]
+    fn a_member_is_gone_once_its_forming_process_no_longer_holds_its_lease() {
+        let store: Arc<dyn Coordinator> = Arc::new(Store::new());
+        let hold = |rank: usize, holder: &str| {
+            store
+                .put(&keys::alive("job", rank), holder.as_bytes(), None)
+                .unwrap();
+        };
+        for (rank, holder) in [(0, "10/0"), (1, "11/0"), (2, "12/0"), (3, "13/0")] {
+            hold(rank, holder);
+        }
+        let formed = |holder: &str| Some(holder.as_bytes().to_vec());
+        let liveness = EpochLiveness {
+            heart: Arc::new(Heart::default()),
+            members: vec![
+                (0, formed("10/0")),
+                (1, formed("11/0")),
+                (3, formed("13/0")),
+            ],
+            coordinator: store.clone(),
+            alive: keys::alive_prefix("job"),
+        };
+        assert_eq!(liveness.gone_now(), None, "every member holds its lease");
+        store.delete(&keys::alive("job", 2)).unwrap();
+        assert_eq!(liveness.gone_now(), None, "a worker that is no member");
+        store.delete(&keys::alive("job", 1)).unwrap();
+        assert_eq!(liveness.gone(), None, "the last listing, before the loss");
+        assert_eq!(liveness.gone_now(), Some(vec![1]), "a lease let go");
+        hold(1, "21/0");
+        assert_eq!(
+            liveness.gone_now(),
+            Some(vec![1]),
+            "started again: not the member"
+        );
+        store.delete(&keys::alive("job", 3)).unwrap();
+        assert_eq!(
+            liveness.gone_now(),
+            Some(vec![1, 2]),
+            "group ranks, not launch ranks"
+        );
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use scope_core::collective::device::DeviceCollectives;
-use scope_core::collective::{Element, Rank, Reduce};
+use scope_core::collective::{CollectiveError, Element, Rank, Reduce};
 use scope_core::{Buffer, Client};
 use scope_launch::{Launched, Launcher, Outcome, Plan, Settings};
 use scope_native::nccl::UniqueId;
@@ -39,8 +39,10 @@ fn killed(role: &str) -> Vec<usize> {
             .collect()
     })
 }
-/// Each round's deadline: a lost peer fails it by then.
-const DEADLINE: Duration = Duration::from_secs(3);
+/// Each round's deadline. A lost peer fails a round within the liveness
+/// window (1 s) by its lease, long before: a round that waits this long
+/// fails as `Stalled`, which the survivors refuse.
+const DEADLINE: Duration = Duration::from_secs(20);
 
 /// Launches four workers of this test binary in `role`; how the launch
 /// ended, and its folder. `prepare` runs first (loading the mock here, so a
@@ -77,7 +79,8 @@ pub fn four_launched_workers_join_with_one_call_and_sum(prepare: impl FnOnce()) 
 }
 
 /// Launch rank 2 is killed (`SIGKILL`) before its round of step 3. The
-/// survivors' round fails within the deadline; they decide epoch 1 without
+/// survivors' round fails as `Missing` naming rank 2, by its lease, not
+/// `Stalled` at the deadline; they decide epoch 1 without
 /// it and train on over three ranks. The launcher starts it again; it waits
 /// for the survivors' mark of epoch 1 before it registers (so the order is
 /// the test's, not the machine's). The survivors agree to admit it after
@@ -278,9 +281,30 @@ fn survive<B>(
                 me.change_due(step - 1).expect("the coordinator")
             }
             Err(failed) => {
-                // A lost peer, which the coordinator names: the next epoch
-                // without it, and this step again.
-                let missing = me.missing().expect("the coordinator");
+                // A lost peer, which the round names by its lease: the next
+                // epoch without it, and this step again.
+                let named = match failed.root() {
+                    scope_core::Error::Collective(error) => match &**error {
+                        CollectiveError::Missing { missing, .. } => missing.clone(),
+                        _ => panic!("launch rank {}: {failed}", me.rank()),
+                    },
+                    _ => panic!("launch rank {}: {failed}", me.rank()),
+                };
+                assert!(
+                    !named.is_empty() && named.iter().all(|r| killed.contains(&members[*r])),
+                    "the round names the killed {killed:?} of {members:?}: {failed}"
+                );
+                // Two workers killed at once die a few milliseconds apart,
+                // and the round fails at the first: the next epoch waits
+                // for both, so the order is the test's.
+                let began = Instant::now();
+                let missing = loop {
+                    let missing = me.missing().expect("the coordinator");
+                    if missing == killed || began.elapsed() > DEADLINE {
+                        break missing;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                };
                 eprintln!(
                     "launch rank {} at step {step}: {failed}; missing {missing:?}",
                     me.rank()

@@ -33,6 +33,7 @@ use common::{ADD, COPY, bytes, kernel};
 use ddp_step::{Schedule, Shape};
 use harness::mock;
 use scope_core::collective::device::DeviceCollectives;
+use scope_core::collective::remote::Liveness;
 use scope_core::collective::{CollectiveError, Element, Group, Rank, Reduce};
 use scope_core::{Binding, Client, Dispatch, Error};
 use scope_test::inflight::{
@@ -426,6 +427,71 @@ fn a_ballot_never_waits_behind_a_round_in_flight() {
     mock().kernel_time("copy", Duration::ZERO);
     mock().timing(false);
     mock().assert_clean();
+}
+
+/// A liveness that says rank 2 is gone once told to.
+struct Told(std::sync::atomic::AtomicBool);
+
+impl Liveness for Told {
+    fn gone(&self) -> Option<Vec<usize>> {
+        self.0
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then(|| vec![2])
+    }
+}
+
+/// Ranks joined alone, as in separate processes. Rank 2's device is busy
+/// for 3 s before its part of a round can start; rank 0's part is in
+/// flight when its liveness reports rank 2 gone. Its watchdog fails the
+/// round at once as `Missing` naming rank 2, not `Stalled` at the 30 s
+/// deadline, and its output does not read as clean (rule 49). Only rank
+/// 0 reads: in one process the mock NCCL ends every rank's part of a
+/// clique at one rank's abort, which NCCL across processes does not.
+#[test]
+fn a_round_in_flight_fails_naming_the_rank_its_liveness_reports_gone() {
+    let _timed = TIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let clients = clients();
+    rank_2_busy_for(Duration::from_secs(3));
+    let identity = <Cuda as DeviceCollectives>::identity().expect("the mock NCCL");
+    let told = std::sync::Arc::new(Told(false.into()));
+    let read = std::thread::scope(|scope| {
+        let threads: Vec<_> = (clients.into_iter().enumerate())
+            .map(|(r, client)| {
+                let (identity, told) = (&identity, told.clone());
+                scope.spawn(move || {
+                    let deadline = Duration::from_secs(30);
+                    let rank = Rank::join(client, identity, r, 4, deadline).expect("a rank");
+                    let c = rank.client();
+                    let input = c.upload(&bytes(&[r as u32 + 1; 64])).unwrap();
+                    rank_2_busy(&rank, &input);
+                    let output = c.try_allocate(256).unwrap();
+                    if r == 0 {
+                        rank.watch_liveness(told.clone())
+                            .expect("the first liveness");
+                    }
+                    rank.all_reduce(input.all(), output.all(), Element::U32, Reduce::Sum)
+                        .expect("the round is issued");
+                    (r == 0).then(|| {
+                        told.0.store(true, std::sync::atomic::Ordering::SeqCst);
+                        c.read(&output)
+                    })
+                })
+            })
+            .collect();
+        let mut reads = threads.into_iter().map(|t| t.join().expect("rank"));
+        reads.next().flatten().expect("rank 0 reads")
+    });
+    let error = read.expect_err("no output of a round a gone rank held reads clean");
+    let Error::Collective(failed) = error.root() else {
+        panic!("{error}");
+    };
+    let CollectiveError::Missing { missing, .. } = &**failed else {
+        panic!("{error}");
+    };
+    assert_eq!(missing, &[2], "{error}");
+    timing_off();
 }
 
 /// The mock's timing is the process's: one test at a time sets it.

@@ -460,14 +460,11 @@ impl<B: DeviceCollectives> watchdog::Part for InFlight<B> {
         let Some(pending) = &self.pending else {
             return Ok(true);
         };
-        // Health first: a part that finished before a peer's abort is whole.
-        // SAFETY: the communicator was joined on a `B`.
-        let health = unsafe { B::health(&self.communicator) };
         // SAFETY: this backend's waiter, from `watch`; only `end` ends it.
-        if pending.finished_by(std::time::Instant::now(), |w| unsafe { B::finished(w) })? {
-            return Ok(true);
-        }
-        health.map(|()| false)
+        let done = pending.finished_by(std::time::Instant::now(), |w| unsafe { B::finished(w) })?;
+        // Health after the part: an abort also ends it, its bytes partial.
+        // SAFETY: the communicator was joined on a `B`.
+        unsafe { B::health(&self.communicator) }.map(|()| done)
     }
 
     fn end(&mut self, waited: Result<()>) {

@@ -333,9 +333,8 @@ impl<B: Backend> Rank<B> {
         number: u64,
         part: Part,
     ) -> Result<Part> {
-        let deadline = self.shared.deadline;
         ballot
-            .exchange((self.rank, number), peer, part, deadline)
+            .exchange((self.rank, number), peer, part, self.shared.patience())
             .map_err(|error| {
                 self.shared
                     .break_with(&mut self.shared.state.lock(), &error);
@@ -351,10 +350,13 @@ impl<B: Backend> Rank<B> {
         moved: Result<()>,
         written: Option<Slice<'_>>,
     ) -> Result<()> {
-        let deadline = self.shared.deadline;
-        let error = match moved
-            .and_then(|()| ballot.settle(self.client(), std::time::Instant::now() + deadline))
-        {
+        let patience = self.shared.patience();
+        let (deadline, until) = (
+            patience.deadline,
+            std::time::Instant::now() + patience.deadline,
+        );
+        let missing = || patience.missing((kind.name(), number), until);
+        let error = match moved.and_then(|()| ballot.settle(self.client(), until, &missing)) {
             Ok(true) => return Ok(()),
             Ok(false) => CollectiveError::Stalled {
                 collective: kind.name(),

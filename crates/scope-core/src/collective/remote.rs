@@ -11,6 +11,7 @@
 //! 6. **Ballots have a stream and a communicator of their own**: usable
 //!    while the rank's stream records, never behind a round in flight.
 //! 7. **A round is watched, not waited for**, as in one process (rule 47).
+//! 8. **A launcher's leases name a gone rank** ([`Liveness`]): `Missing`, sooner.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,6 +45,66 @@ pub struct PeerReport {
     pub report: String,
 }
 
+/// A launcher's record of which ranks' processes are gone. Without one a gone
+/// peer fails a round at the deadline, and no rank can name it (rule 49).
+pub trait Liveness: Send + Sync {
+    /// The group's ranks known gone, lowest first; `None` while all live.
+    /// Asked at every poll of a round in flight, so it reads, never calls out.
+    fn gone(&self) -> Option<Vec<usize>>;
+
+    /// [`gone`](Self::gone) asked afresh, once a wait failed for a peer's
+    /// abort or the deadline: that peer may have learned first.
+    fn gone_now(&self) -> Option<Vec<usize>> {
+        self.gone()
+    }
+}
+
+/// How long a wait of the ballots lasts, and who may end it sooner.
+#[derive(Clone, Copy)]
+pub(super) struct Patience<'a> {
+    pub(super) deadline: Duration,
+    pub(super) liveness: Option<&'a dyn Liveness>,
+}
+
+impl Patience<'_> {
+    /// `Missing` for round `round` of `collective` if a rank is known gone.
+    pub(super) fn missing(
+        &self,
+        (collective, round): (&'static str, u64),
+        since: Instant,
+    ) -> Option<CollectiveError> {
+        let missing = self.liveness?.gone()?;
+        Some(missing_since((collective, round), missing, since))
+    }
+
+    /// `error`, or `Missing` where it is `Stalled` and a rank is known gone.
+    pub(super) fn naming(&self, error: CollectiveError, since: Instant) -> CollectiveError {
+        match &error {
+            CollectiveError::Stalled {
+                collective, round, ..
+            } => match self.liveness.and_then(Liveness::gone_now) {
+                Some(missing) => missing_since((collective, *round), missing, since),
+                None => error,
+            },
+            _ => error,
+        }
+    }
+}
+
+/// `Missing` naming `missing` in round `round` of `collective`, waited since `since`.
+pub(super) fn missing_since(
+    (collective, round): (&'static str, u64),
+    missing: Vec<usize>,
+    since: Instant,
+) -> CollectiveError {
+    CollectiveError::Missing {
+        collective,
+        round,
+        missing,
+        deadline: since.elapsed(),
+    }
+}
+
 /// How ranks without shared memory meet, erased for [`Shared<B>`].
 pub(super) trait Ballot<B: Backend>: Send + Sync {
     /// Exchange rank `rank`'s `part` of round `round` for every rank's.
@@ -56,12 +117,17 @@ pub(super) trait Ballot<B: Backend>: Send + Sync {
         &self,
         seat: (usize, u64),
         part: Part,
-        deadline: Duration,
+        patience: Patience<'_>,
     ) -> std::result::Result<Vec<Part>, CollectiveError>;
 
-    /// Wait until `until` for `client`'s stream. `false` if late, after
-    /// aborting the communicator; an error if a peer aborted it.
-    fn settle(&self, client: &Client<B>, until: Instant) -> Result<bool>;
+    /// Wait until `until` for `client`'s stream. `false` if late, after an
+    /// abort; an error if a peer aborted, or (after an abort) `missing`'s.
+    fn settle(
+        &self,
+        client: &Client<B>,
+        until: Instant,
+        missing: &dyn Fn() -> Option<CollectiveError>,
+    ) -> Result<bool>;
 
     /// Swap this rank's `part` of transfer `seat` for `peer`'s, the send's
     /// first so the halves pair; errors as [`vote`](Self::vote)'s.
@@ -70,7 +136,7 @@ pub(super) trait Ballot<B: Backend>: Send + Sync {
         seat: (usize, u64),
         peer: usize,
         part: Part,
-        deadline: Duration,
+        patience: Patience<'_>,
     ) -> std::result::Result<Part, CollectiveError>;
 
     /// Issue this rank's half of the transfer once the headers agreed.
@@ -107,99 +173,23 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
         &self,
         (rank, round): (usize, u64),
         part: Part,
-        deadline: Duration,
+        patience: Patience<'_>,
     ) -> std::result::Result<Vec<Part>, CollectiveError> {
-        let client = &self.client;
-        let kind = part.kind;
-        let failed = |cause: Error| blame(kind.name(), (rank, round), deadline, cause);
-        let until = self.post(round, &part, deadline).map_err(failed)?;
-        let ranks = self.ranks;
-        let communicator = &self.communicator;
-        client
-            .issue_collective(
-                ("ballot", None),
-                (self.send.all(), true),
-                self.gathered.all(),
-                |backend, stream, input, output| {
-                    let call = DeviceCall {
-                        call: Call::AllGather,
-                        input,
-                        output,
-                        rank,
-                        ranks,
-                    };
-                    // SAFETY: this rank's communicator; both buffers resolved at
-                    // all-gather sizes; every rank's next call is this ballot.
-                    unsafe { backend.collective(communicator, stream, &call) }
-                },
-            )
-            .map_err(failed)?;
-        if !self.settle(client, until).map_err(failed)? {
-            return Err(CollectiveError::Stalled {
-                collective: kind.name(),
-                round,
-                deadline,
-            });
-        }
-        let gathered = client.read(self.gathered.all()).map_err(failed)?;
-        tally(round, &gathered, ranks, (rank, part)).map_err(|()| {
-            // An unwritten record is no vote.
-            // SAFETY: the communicator was joined on a `B`.
-            unsafe { B::abort(communicator) };
-            CollectiveError::Stalled {
-                collective: kind.name(),
-                round,
-                deadline,
-            }
-        })
+        let since = Instant::now();
+        self.vote_within((rank, round), part, patience, since)
+            .map_err(|error| patience.naming(error, since))
     }
 
     fn exchange(
         &self,
-        (rank, number): (usize, u64),
+        seat: (usize, u64),
         peer: usize,
         part: Part,
-        deadline: Duration,
+        patience: Patience<'_>,
     ) -> std::result::Result<Part, CollectiveError> {
-        let client = &self.client;
-        let kind = part.kind;
-        let failed = |cause: Error| blame(kind.name(), (rank, number), deadline, cause);
-        let until = self.post(number, &part, deadline).map_err(failed)?;
-        let header = self.gathered.slice(0..RECORD as u64);
-        let send = || self.transfer(client, Direction::Send, peer, self.send.all());
-        let recv = || self.transfer(client, Direction::Recv, peer, header);
-        let exchanged = if kind == Kind::Send {
-            send().and_then(|()| recv())
-        } else {
-            recv().and_then(|()| send())
-        };
-        exchanged.map_err(failed)?;
-        if !self.settle(client, until).map_err(failed)? {
-            return Err(CollectiveError::Stalled {
-                collective: kind.name(),
-                round: number,
-                deadline,
-            });
-        }
-        let record = client.read(header).map_err(failed)?;
-        let expected = if kind == Kind::Send {
-            Kind::Recv
-        } else {
-            Kind::Send
-        };
-        match decode(number, &record) {
-            Ok(theirs) if theirs.kind == expected => Ok(theirs),
-            _ => {
-                // Not the peer's header for this transfer.
-                // SAFETY: the communicator was joined on a `B`.
-                unsafe { B::abort(&self.communicator) };
-                Err(CollectiveError::Stalled {
-                    collective: kind.name(),
-                    round: number,
-                    deadline,
-                })
-            }
-        }
+        let since = Instant::now();
+        self.exchange_within(seat, peer, part, patience, since)
+            .map_err(|error| patience.naming(error, since))
     }
 
     fn transfer(
@@ -226,7 +216,12 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
         })
     }
 
-    fn settle(&self, client: &Client<B>, until: Instant) -> Result<bool> {
+    fn settle(
+        &self,
+        client: &Client<B>,
+        until: Instant,
+        missing: &dyn Fn() -> Option<CollectiveError>,
+    ) -> Result<bool> {
         client.sync_within(
             until,
             // SAFETY: a `B` communicator; a live waiter of this backend.
@@ -234,11 +229,119 @@ impl<B: DeviceCollectives> Ballot<B> for Ballots<B> {
             |waiter| unsafe {
                 let finished = B::finished(waiter)?;
                 B::health(&self.communicator)?;
-                Ok(finished)
+                match missing() {
+                    Some(gone) if !finished => Err(gone.into()),
+                    _ => Ok(finished),
+                }
             },
             // SAFETY: the communicator was joined on a `B`.
             || unsafe { B::abort(&self.communicator) },
         )
+    }
+}
+
+impl<B: DeviceCollectives> Ballots<B> {
+    fn vote_within(
+        &self,
+        (rank, round): (usize, u64),
+        part: Part,
+        patience: Patience<'_>,
+        since: Instant,
+    ) -> std::result::Result<Vec<Part>, CollectiveError> {
+        let (client, deadline) = (&self.client, patience.deadline);
+        let kind = part.kind;
+        let failed = |cause: Error| blame(kind.name(), (rank, round), deadline, cause);
+        let until = self.post(round, &part, deadline).map_err(failed)?;
+        let ranks = self.ranks;
+        let communicator = &self.communicator;
+        client
+            .issue_collective(
+                ("ballot", None),
+                (self.send.all(), true),
+                self.gathered.all(),
+                |backend, stream, input, output| {
+                    let call = DeviceCall {
+                        call: Call::AllGather,
+                        input,
+                        output,
+                        rank,
+                        ranks,
+                    };
+                    // SAFETY: this rank's communicator; both buffers resolved at
+                    // all-gather sizes; every rank's next call is this ballot.
+                    unsafe { backend.collective(communicator, stream, &call) }
+                },
+            )
+            .map_err(failed)?;
+        let missing = || patience.missing((kind.name(), round), since);
+        if !self.settle(client, until, &missing).map_err(failed)? {
+            return Err(CollectiveError::Stalled {
+                collective: kind.name(),
+                round,
+                deadline,
+            });
+        }
+        let gathered = client.read(self.gathered.all()).map_err(failed)?;
+        tally(round, &gathered, ranks, (rank, part)).map_err(|()| {
+            // An unwritten record is no vote.
+            // SAFETY: the communicator was joined on a `B`.
+            unsafe { B::abort(communicator) };
+            CollectiveError::Stalled {
+                collective: kind.name(),
+                round,
+                deadline,
+            }
+        })
+    }
+
+    fn exchange_within(
+        &self,
+        (rank, number): (usize, u64),
+        peer: usize,
+        part: Part,
+        patience: Patience<'_>,
+        since: Instant,
+    ) -> std::result::Result<Part, CollectiveError> {
+        let (client, deadline) = (&self.client, patience.deadline);
+        let kind = part.kind;
+        let failed = |cause: Error| blame(kind.name(), (rank, number), deadline, cause);
+        let until = self.post(number, &part, deadline).map_err(failed)?;
+        let header = self.gathered.slice(0..RECORD as u64);
+        let send = || self.transfer(client, Direction::Send, peer, self.send.all());
+        let recv = || self.transfer(client, Direction::Recv, peer, header);
+        let exchanged = if kind == Kind::Send {
+            send().and_then(|()| recv())
+        } else {
+            recv().and_then(|()| send())
+        };
+        exchanged.map_err(failed)?;
+        let missing = || patience.missing((kind.name(), number), since);
+        if !self.settle(client, until, &missing).map_err(failed)? {
+            return Err(CollectiveError::Stalled {
+                collective: kind.name(),
+                round: number,
+                deadline,
+            });
+        }
+        let record = client.read(header).map_err(failed)?;
+        let expected = if kind == Kind::Send {
+            Kind::Recv
+        } else {
+            Kind::Send
+        };
+        match decode(number, &record) {
+            Ok(theirs) if theirs.kind == expected => Ok(theirs),
+            _ => {
+                // Not the peer's header for this transfer.
+                // SAFETY: the communicator was joined on a `B`.
+                unsafe { B::abort(&self.communicator) };
+                Err(CollectiveError::Stalled {
+                    collective: kind.name(),
+                    round: number,
+                    deadline,
+                })
+            }
+        }
     }
 }
 
@@ -517,12 +620,46 @@ impl<B: DeviceCollectives> Rank<B> {
     }
 }
 
+impl<B: Backend> Shared<B> {
+    /// The deadline, and the liveness if the group has one.
+    pub(super) fn patience(&self) -> Patience<'_> {
+        Patience {
+            deadline: self.deadline,
+            liveness: self.liveness.get().map(|l| &**l),
+        }
+    }
+
+    /// The ranks the liveness knows gone; `now` asks afresh ([`Liveness::gone_now`]).
+    pub(super) fn gone(&self, now: bool) -> Option<Vec<usize>> {
+        let liveness = self.liveness.get()?;
+        if now {
+            liveness.gone_now()
+        } else {
+            liveness.gone()
+        }
+    }
+}
+
 impl<B: Backend> Rank<B> {
+    /// Let `liveness` name a gone rank before the deadline: a wait on it
+    /// fails as [`CollectiveError::Missing`] naming it, at the next poll
+    /// (rule 49). Once a group; a group of the next epoch takes its own.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the group already has one.
+    pub fn watch_liveness(&self, liveness: Arc<dyn Liveness>) -> Result<()> {
+        self.shared
+            .liveness
+            .set(liveness)
+            .map_err(|_| Error::invalid("liveness", "this group already has one"))
+    }
+
     /// Meet by ballot: every rank's part, then the one outcome, or what
     /// broke the group ([`Ballot::vote`]).
     pub(super) fn vote(&self, ballot: &dyn Ballot<B>, part: Part) -> Result<Arc<Outcome>> {
         let round = self.next_round();
-        match ballot.vote((self.rank, round), part, self.shared.deadline) {
+        match ballot.vote((self.rank, round), part, self.shared.patience()) {
             Ok(parts) => Ok(Arc::new(decide(round, &parts))),
             Err(error) => {
                 self.shared

@@ -105,6 +105,10 @@ pub(super) fn blame(
                 deadline,
             }
         }
+        // Named by the liveness, with the round and how long it waited.
+        Error::Collective(missing) if matches!(**missing, CollectiveError::Missing { .. }) => {
+            (**missing).clone()
+        }
         _ => issue_failed(collective, round, rank, cause),
     }
 }

@@ -251,20 +251,41 @@ impl<B: Backend> Watch<B> {
                 shared.landed(self.rank, self.round);
                 return self.end(Ok(()));
             }
-            Ok(false) if now < self.until => return false,
-            Ok(false) => CollectiveError::Stalled {
-                collective: self.collective,
-                round: self.round,
-                deadline: shared.deadline,
+            Ok(false) => match shared.gone(false) {
+                Some(missing) => self.missing(shared, missing),
+                None if now < self.until => return false,
+                None => match shared.gone(true) {
+                    Some(missing) => self.missing(shared, missing),
+                    None => CollectiveError::Stalled {
+                        collective: self.collective,
+                        round: self.round,
+                        deadline: shared.deadline,
+                    },
+                },
             },
             Err(cause) => {
                 let seat = (self.rank, self.round);
-                super::round::blame(self.collective, seat, shared.deadline, cause)
+                match super::round::blame(self.collective, seat, shared.deadline, cause) {
+                    // A peer's abort: a gone rank is why, if one is known.
+                    stalled @ CollectiveError::Stalled { .. } => shared
+                        .gone(true)
+                        .map_or(stalled, |missing| self.missing(shared, missing)),
+                    error => error,
+                }
             }
         };
         shared.fail_in_flight(self.round, &error);
         shared.landed(self.rank, self.round);
         self.end(Err(error.into()))
+    }
+
+    /// `Missing` naming `missing`, waited since the part was issued.
+    fn missing(&self, shared: &Shared<B>, missing: Vec<usize>) -> CollectiveError {
+        let issued = self
+            .until
+            .checked_sub(shared.deadline)
+            .unwrap_or(self.until);
+        super::remote::missing_since((self.collective, self.round), missing, issued)
     }
 
     fn end(&mut self, waited: Result<()>) -> bool {
