@@ -10,8 +10,8 @@
 //! 3. **The group breaks** (rule 43).
 //! 4. **Dropping a group waits for its rounds**, failing them at its deadline.
 //! 5. **The thread drops nothing that can wait** (a server's sync, a
-//!    communicator's destroy): other threads do, so one busy device never
-//!    delays another group's deadline.
+//!    communicator's destroy, a part's end): other threads do. So one busy
+//!    device never delays another group's deadline.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -211,7 +211,18 @@ struct Watch<B: Backend> {
     rank: usize,
     collective: &'static str,
     part: Box<dyn Part>,
+    /// What the poll found, for the part's end on the reaper: an end takes
+    /// the server's lock, held by a rank blocked in an issue until an abort.
+    ended: Option<Result<()>>,
     until: Instant,
+}
+
+impl<B: Backend> Drop for Watch<B> {
+    fn drop(&mut self) {
+        if let Some(waited) = self.ended.take() {
+            self.part.end(waited);
+        }
+    }
 }
 
 impl<B: Backend> Watched for Watch<B> {
@@ -289,7 +300,7 @@ impl<B: Backend> Watch<B> {
     }
 
     fn end(&mut self, waited: Result<()>) -> bool {
-        self.part.end(waited);
+        self.ended = Some(waited);
         true
     }
 }
@@ -349,6 +360,7 @@ impl<B: Backend> Shared<B> {
             rank,
             collective,
             part,
+            ended: None,
             until: Instant::now() + self.deadline,
         }) as Box<dyn Watched>]);
     }
